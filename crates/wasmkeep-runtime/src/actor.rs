@@ -1,0 +1,659 @@
+//! One actor's queue and its turns.
+//!
+//! Events for an actor wait in its bounded queue. When the queue goes from
+//! empty to non-empty the actor is put on the node's run queue, and one
+//! worker takes it: that worker alone runs the actor's events until the
+//! queue is empty, so at most one event runs per actor at a time and each
+//! runs to completion before the next (serial turns).
+//!
+//! A worker takes all queued events (up to `batch_events_max`) and runs them
+//! in one SQLite transaction, each in a savepoint of its own: an event that
+//! fails rolls back alone. The transaction commits once; the replies then go
+//! to the durability stage, which releases them when the commit is on disk.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use parking_lot::Mutex;
+use tokio::sync::oneshot;
+use wasmkeep_store::{ActorDb, ActorId, OpenMode, paths};
+use wasmtime::Store;
+
+use crate::alarm::{self, RetryPolicy};
+use crate::app::App;
+use crate::config::Durability;
+use crate::durability::SyncJob;
+use crate::error::RuntimeError;
+use crate::host::{self, AlarmOp, HostState};
+use crate::metrics::Metrics;
+use crate::runtime::{Inner, epoch_ticks};
+
+/// An HTTP-shaped request for one actor.
+#[derive(Debug, Clone, Default)]
+pub struct ActorRequest {
+    pub method: String,
+    /// The path after the actor's address, starting with `/`.
+    pub path: String,
+    /// The query string without `?`.
+    pub query: String,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+/// What an actor answered.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ActorResponse {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+/// What a finished event reports to whoever waits for it.
+#[derive(Debug)]
+pub enum Outcome {
+    Response(ActorResponse),
+    /// An alarm ran (`true`) or found nothing due (`false`).
+    Alarm(bool),
+    /// A delete removed data (`true`) or found none (`false`).
+    Deleted(bool),
+    Done,
+}
+
+pub type Reply = oneshot::Sender<Result<Outcome, RuntimeError>>;
+
+pub enum EventKind {
+    Request(ActorRequest),
+    /// Run the alarm if the committed one is due (or, with `force`, now).
+    Alarm {
+        force: bool,
+    },
+    /// Open the actor ahead of an alarm, running nothing.
+    Prepare,
+    /// Remove the actor's data.
+    Delete,
+}
+
+pub struct Event {
+    pub kind: EventKind,
+    pub reply: Option<Reply>,
+    pub enqueued: Instant,
+}
+
+impl Event {
+    pub fn new(kind: EventKind, reply: Option<Reply>) -> Event {
+        Event {
+            kind,
+            reply,
+            enqueued: Instant::now(),
+        }
+    }
+
+    fn is_request(&self) -> bool {
+        matches!(self.kind, EventKind::Request(_))
+    }
+}
+
+#[derive(Default)]
+pub struct Queue {
+    pub events: VecDeque<Event>,
+    /// On the run queue or being run by a worker.
+    pub scheduled: bool,
+    /// Closed for good; whoever finds it so looks the actor up again.
+    pub retired: bool,
+}
+
+/// A live instance and the database it owns.
+pub struct Loaded {
+    store: Store<HostState>,
+    /// `None` after a trap: the next event gets a fresh instance.
+    bindings: Option<host::Actor>,
+    app: Arc<App>,
+    metrics: Arc<Metrics>,
+}
+
+impl Drop for Loaded {
+    fn drop(&mut self) {
+        self.metrics
+            .instances_active
+            .fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Loaded {
+    fn db(&mut self) -> &mut ActorDb {
+        self.store
+            .data_mut()
+            .db
+            .as_mut()
+            .expect("a loaded actor holds its database")
+    }
+
+    fn take_db(mut self) -> ActorDb {
+        self.store
+            .data_mut()
+            .db
+            .take()
+            .expect("a loaded actor holds its database")
+    }
+}
+
+pub struct Actor {
+    pub id: ActorId,
+    pub queue: Mutex<Queue>,
+    pub slot: Mutex<Option<Loaded>>,
+    /// Milliseconds since the runtime started, at the last event.
+    pub last_used_ms: AtomicU64,
+}
+
+impl Actor {
+    pub fn new(id: ActorId) -> Actor {
+        Actor {
+            id,
+            queue: Mutex::new(Queue::default()),
+            slot: Mutex::new(None),
+            last_used_ms: AtomicU64::new(0),
+        }
+    }
+
+    pub fn is_loaded(&self) -> bool {
+        self.slot.try_lock().map(|s| s.is_some()).unwrap_or(true)
+    }
+}
+
+fn reply(r: Option<Reply>, v: Result<Outcome, RuntimeError>) {
+    if let Some(r) = r {
+        let _ = r.send(v);
+    }
+}
+
+/// Runs one turn of `actor`: every event queued now, up to the batch bound.
+pub fn run_turn(rt: &Arc<Inner>, actor: &Arc<Actor>) {
+    let events: Vec<Event> = {
+        let mut q = actor.queue.lock();
+        let n = q.events.len().min(rt.config.batch_events_max);
+        q.events.drain(..n).collect()
+    };
+    actor.last_used_ms.store(rt.elapsed_ms(), Ordering::Relaxed);
+    {
+        let mut slot = actor.slot.lock();
+        let mut run: Vec<Event> = Vec::new();
+        for ev in events {
+            if matches!(ev.kind, EventKind::Delete) {
+                run_batch(rt, actor, &mut slot, std::mem::take(&mut run));
+                run_delete(rt, actor, &mut slot, ev);
+            } else {
+                run.push(ev);
+            }
+        }
+        run_batch(rt, actor, &mut slot, run);
+    }
+    let mut q = actor.queue.lock();
+    if q.events.is_empty() {
+        q.scheduled = false;
+    } else {
+        rt.schedule(Arc::clone(actor));
+    }
+}
+
+fn run_delete(rt: &Arc<Inner>, actor: &Actor, slot: &mut Option<Loaded>, ev: Event) {
+    *slot = None;
+    rt.timer.set(&actor.id, None);
+    let dir = paths::actor_dir(&rt.config.data_dir, &actor.id);
+    let existed = dir.join(paths::DB_FILE).exists();
+    let r = if existed {
+        // Renamed first so that a crash mid-removal never leaves a
+        // half-deleted database where the actor would find it.
+        let grave = dir.with_extension(format!("deleted-{}", rt.elapsed_ms()));
+        std::fs::rename(&dir, &grave)
+            .and_then(|()| std::fs::remove_dir_all(&grave))
+            .map(|()| Outcome::Deleted(true))
+            .map_err(|e| RuntimeError::Store(e.into()))
+    } else {
+        Ok(Outcome::Deleted(false))
+    };
+    reply(ev.reply, r);
+}
+
+fn fail_all(events: Vec<Event>, err: impl Fn() -> RuntimeError) {
+    for ev in events {
+        reply(ev.reply, Err(err()));
+    }
+}
+
+fn instantiate(
+    rt: &Arc<Inner>,
+    app: &Arc<App>,
+    id: &ActorId,
+    db: ActorDb,
+) -> Result<Loaded, (RuntimeError, Option<ActorDb>)> {
+    let state = HostState::new(
+        Some(db),
+        id.clone(),
+        Arc::clone(&rt.clock),
+        rt.config.instance_memory_bytes_max,
+    );
+    let mut store = Store::new(&rt.engine, state);
+    store.limiter(|s| &mut s.memory);
+    store.set_epoch_deadline(epoch_ticks(app.event_cpu_ms_max));
+    match app.pre.instantiate(&mut store) {
+        Ok(bindings) => {
+            rt.metrics.instances_active.fetch_add(1, Ordering::Relaxed);
+            Metrics::inc(&rt.metrics.instantiations_total);
+            Ok(Loaded {
+                store,
+                bindings: Some(bindings),
+                app: Arc::clone(app),
+                metrics: Arc::clone(&rt.metrics),
+            })
+        }
+        Err(e) => {
+            let db = store.data_mut().db.take();
+            Err((RuntimeError::Internal(format!("instantiate: {e:#}")), db))
+        }
+    }
+}
+
+/// Makes sure `slot` holds a current instance; `Ok(false)` if the actor
+/// has no database and `create` is false.
+fn load(
+    rt: &Arc<Inner>,
+    id: &ActorId,
+    app: &Arc<App>,
+    slot: &mut Option<Loaded>,
+    create: bool,
+) -> Result<bool, RuntimeError> {
+    if let Some(l) = slot.as_ref() {
+        if l.app.version == app.version && l.bindings.is_some() {
+            return Ok(true);
+        }
+    }
+    let db = match slot.take() {
+        Some(l) => l.take_db(),
+        None => {
+            let mode = if create {
+                OpenMode::Create
+            } else {
+                OpenMode::Existing
+            };
+            let dir = paths::actor_dir(&rt.config.data_dir, id);
+            match ActorDb::open(&dir, &app.store_limits, mode)? {
+                Some(db) => db,
+                None => return Ok(false),
+            }
+        }
+    };
+    rt.make_room(id);
+    match instantiate(rt, app, id, db) {
+        Ok(l) => {
+            *slot = Some(l);
+            Ok(true)
+        }
+        Err((e, _db)) => Err(e),
+    }
+}
+
+fn trap_error(e: wasmtime::Error, state: &mut HostState, cpu_ms_max: u64) -> RuntimeError {
+    if let Some(wasmtime::Trap::Interrupt) = e.downcast_ref::<wasmtime::Trap>() {
+        return RuntimeError::CpuTimeExceeded { limit: cpu_ms_max };
+    }
+    if state.memory.exceeded {
+        return RuntimeError::MemoryExceeded {
+            limit: state.memory.bytes_max,
+        };
+    }
+    match state.panic_message.take() {
+        Some(p) => RuntimeError::Trap(format!("panicked: {p}")),
+        None => RuntimeError::Trap(format!("{e:#}")),
+    }
+}
+
+/// Prepares the instance's per-event state before calling into it.
+fn enter(l: &mut Loaded) {
+    let cpu = epoch_ticks(l.app.event_cpu_ms_max);
+    l.store.set_epoch_deadline(cpu);
+    let s = l.store.data_mut();
+    s.memory.exceeded = false;
+    s.panic_message = None;
+    s.poison = None;
+    s.in_alarm = false;
+    s.alarm_op = AlarmOp::Untouched;
+}
+
+/// Calls `on-init` if the actor has not committed one yet. Runs inside the
+/// event's savepoint, so a failing first event leaves no trace of init.
+fn ensure_init(rt: &Inner, l: &mut Loaded, initialized: &mut bool) -> Result<(), RuntimeError> {
+    if *initialized {
+        return Ok(());
+    }
+    enter(l);
+    let class = l.store.data().id.class.clone();
+    let bindings = l.bindings.as_ref().expect("instance is live");
+    let r = bindings
+        .wasmkeep_actor_handler()
+        .call_on_init(&mut l.store, &class);
+    finish_call(rt, l, r.map(|inner| inner.map(|()| ())))?;
+    l.db().mark_initialized(rt.clock.now_ms())?;
+    *initialized = true;
+    Ok(())
+}
+
+/// Turns the result of a guest call into the event's result, dropping the
+/// instance after a trap.
+fn finish_call<T>(
+    rt: &Inner,
+    l: &mut Loaded,
+    r: wasmtime::Result<Result<T, host::WitError>>,
+) -> Result<T, RuntimeError> {
+    let cpu = l.app.event_cpu_ms_max;
+    match r {
+        Ok(Ok(v)) => match l.store.data_mut().poison.take() {
+            Some(e) => Err(RuntimeError::Guest {
+                code: e.code,
+                message: e.message,
+            }),
+            None => Ok(v),
+        },
+        Ok(Err(e)) => Err(RuntimeError::Guest {
+            code: e.code,
+            message: e.message,
+        }),
+        Err(e) => {
+            // A trapped instance may not be entered again.
+            l.bindings = None;
+            let _ = rt;
+            Err(trap_error(e, l.store.data_mut(), cpu))
+        }
+    }
+}
+
+fn run_request(
+    rt: &Arc<Inner>,
+    l: &mut Loaded,
+    req: ActorRequest,
+    initialized: &mut bool,
+) -> Result<Outcome, RuntimeError> {
+    let was_initialized = *initialized;
+    l.db().event_begin()?;
+    let r = (|| {
+        ensure_init(rt, l, initialized)?;
+        enter(l);
+        let class = l.store.data().id.class.clone();
+        let request = host::Request {
+            method: req.method,
+            path: req.path,
+            query: req.query,
+            headers: req.headers,
+            body: req.body,
+        };
+        let bindings = l.bindings.as_ref().expect("instance is live");
+        let r = bindings
+            .wasmkeep_actor_handler()
+            .call_on_request(&mut l.store, &class, &request);
+        let resp = finish_call(rt, l, r)?;
+        if resp.body.len() > rt.config.response_body_bytes_max {
+            return Err(RuntimeError::ResponseTooLarge {
+                size: resp.body.len(),
+                limit: rt.config.response_body_bytes_max,
+            });
+        }
+        Ok(ActorResponse {
+            status: resp.status,
+            headers: resp.headers,
+            body: resp.body,
+        })
+    })();
+    match r {
+        Ok(resp) => {
+            l.db().event_commit()?;
+            Ok(Outcome::Response(resp))
+        }
+        Err(e) => {
+            *initialized = was_initialized;
+            l.db().event_rollback()?;
+            Err(e)
+        }
+    }
+}
+
+fn run_alarm(
+    rt: &Arc<Inner>,
+    l: &mut Loaded,
+    initialized: bool,
+    force: bool,
+) -> Result<Outcome, RuntimeError> {
+    let now = rt.clock.now_ms();
+    let Some(state) = l.db().alarm()? else {
+        return Ok(Outcome::Alarm(false));
+    };
+    if (state.at_ms > now && !force) || !initialized {
+        return Ok(Outcome::Alarm(false));
+    }
+    rt.metrics
+        .alarm_lateness
+        .observe_ms(now.saturating_sub(state.at_ms) as f64);
+    l.db().event_begin()?;
+    // The alarm counts as set only until it starts: inside the handler,
+    // get-alarm sees none unless the handler sets one.
+    l.db().set_alarm(None)?;
+    enter(l);
+    l.store.data_mut().in_alarm = true;
+    let class = l.store.data().id.class.clone();
+    let info = host::AlarmInfo {
+        retry_count: state.retry_count,
+        is_retry: state.retry_count > 0,
+        scheduled_ms: state.at_ms,
+    };
+    let bindings = l.bindings.as_ref().expect("instance is live");
+    let r = bindings
+        .wasmkeep_actor_handler()
+        .call_on_alarm(&mut l.store, &class, info);
+    let op = l.store.data().alarm_op;
+    l.store.data_mut().in_alarm = false;
+    match finish_call(rt, l, r) {
+        Ok(()) => {
+            l.db().event_commit()?;
+            Metrics::inc(&rt.metrics.alarms_fired_total);
+            Ok(Outcome::Alarm(true))
+        }
+        Err(e) => {
+            l.db().event_rollback()?;
+            let policy = RetryPolicy {
+                first_ms: rt.config.alarm_retry_first_ms,
+                max_ms: rt.config.alarm_retry_max_ms,
+                retries_max: l.app.manifest.alarms.retries_max,
+            };
+            let next = alarm::after_failure(state, op, rt.clock.now_ms(), policy);
+            if next.is_none() && op != AlarmOp::Cleared {
+                Metrics::inc(&rt.metrics.alarms_abandoned_total);
+                tracing::warn!(actor = %l.store.data().id, retries = state.retry_count + 1, "alarm dropped after retries_max");
+            }
+            l.db().event_begin()?;
+            l.db().set_alarm(next)?;
+            l.db().event_commit()?;
+            Metrics::inc(&rt.metrics.alarms_failed_total);
+            tracing::info!(actor = %l.store.data().id, error = %e, retry_count = state.retry_count, "alarm failed");
+            Err(e)
+        }
+    }
+}
+
+fn run_batch(rt: &Arc<Inner>, actor: &Actor, slot: &mut Option<Loaded>, events: Vec<Event>) {
+    if events.is_empty() {
+        return;
+    }
+    let id = &actor.id;
+    let Some(app) = rt.app(&id.tenant, &id.app) else {
+        rt.timer.set(id, None);
+        return fail_all(events, || {
+            RuntimeError::AppNotFound(format!("{}/{}", id.tenant, id.app))
+        });
+    };
+    if !app.classes.iter().any(|c| *c == id.class) {
+        rt.timer.set(id, None);
+        return fail_all(events, || RuntimeError::ClassNotFound {
+            app: format!("{}/{}", id.tenant, id.app),
+            class: id.class.clone(),
+        });
+    }
+    let has_request = events.iter().any(Event::is_request);
+    match load(rt, id, &app, slot, has_request) {
+        Ok(true) => {}
+        Ok(false) => {
+            // No database and nothing that may create one: an alarm for an
+            // actor with no state does not create it.
+            rt.timer.set(id, None);
+            for ev in events {
+                let out = match ev.kind {
+                    EventKind::Alarm { .. } => Outcome::Alarm(false),
+                    _ => Outcome::Done,
+                };
+                reply(ev.reply, Ok(out));
+            }
+            return;
+        }
+        Err(e) => {
+            tracing::warn!(actor = %id, error = %e, "could not open actor");
+            let msg = e.to_string();
+            let code_err = move || RuntimeError::Internal(msg.clone());
+            if matches!(e, RuntimeError::Store(_)) {
+                // Keep the real store error for the first waiter.
+                let mut events = events;
+                let first = events.remove(0);
+                reply(first.reply, Err(e));
+                return fail_all(events, code_err);
+            }
+            return fail_all(events, code_err);
+        }
+    }
+    let l = slot.as_mut().expect("loaded");
+    let created = l.db().created();
+    let mut initialized = match l.db().is_initialized() {
+        Ok(b) => b,
+        Err(e) => {
+            let msg = e.to_string();
+            *slot = None;
+            return fail_all(events, || RuntimeError::Internal(msg.clone()));
+        }
+    };
+    if let Err(e) = l.db().begin() {
+        let msg = e.to_string();
+        *slot = None;
+        return fail_all(events, || RuntimeError::Internal(msg.clone()));
+    }
+    let mut results: Vec<(
+        Option<Reply>,
+        Result<Outcome, RuntimeError>,
+        Option<Instant>,
+    )> = Vec::with_capacity(events.len());
+    for ev in events {
+        Metrics::inc(&rt.metrics.events_total);
+        let started = ev.is_request().then_some(ev.enqueued);
+        let l = slot.as_mut().expect("loaded");
+        if l.bindings.is_none() {
+            // The previous event trapped: give this one a fresh instance.
+            let db = slot.take().expect("loaded").take_db();
+            match instantiate(rt, &app, id, db) {
+                Ok(new) => *slot = Some(new),
+                Err((e, _db)) => {
+                    // Without an instance the batch cannot go on: what ran
+                    // before is rolled back with the transaction.
+                    reply(ev.reply, Err(e));
+                    for (r, _, _) in results {
+                        reply(
+                            r,
+                            Err(RuntimeError::Internal("instance lost mid-batch".into())),
+                        );
+                    }
+                    rt.rearm_after_failure(id);
+                    return;
+                }
+            }
+        }
+        let l = slot.as_mut().expect("loaded");
+        let r = match ev.kind {
+            EventKind::Request(req) => run_request(rt, l, req, &mut initialized),
+            EventKind::Alarm { force } => run_alarm(rt, l, initialized, force),
+            EventKind::Prepare => Ok(Outcome::Done),
+            EventKind::Delete => unreachable!("deletes run on their own"),
+        };
+        if r.is_err() {
+            Metrics::inc(&rt.metrics.event_failures_total);
+        }
+        results.push((ev.reply, r, started));
+    }
+    let Some(l) = slot.as_mut() else {
+        return;
+    };
+    if let Err(e) = l.db().commit() {
+        Metrics::inc(&rt.metrics.commits_failed_total);
+        tracing::error!(actor = %id, error = %e, "commit failed");
+        l.db().rollback();
+        *slot = None;
+        let msg = e.to_string();
+        for (r, _, _) in results {
+            reply(
+                r,
+                Err(RuntimeError::Internal(format!("commit failed: {msg}"))),
+            );
+        }
+        rt.rearm_after_failure(id);
+        return;
+    }
+    Metrics::inc(&rt.metrics.batches_total);
+    // The timer follows what is committed.
+    match l.db().alarm() {
+        Ok(a) => rt.timer.set(id, a.map(|a| a.at_ms)),
+        Err(_) => rt.rearm_after_failure(id),
+    }
+    let dir = l.db().dir().to_owned();
+    let wal = l.db().wal_path();
+    let remove = created && !initialized;
+    if remove {
+        // The first event of a new actor failed: there is no actor.
+        *slot = None;
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    let waiting = results.iter().any(|(r, _, _)| r.is_some());
+    let metrics = Arc::clone(&rt.metrics);
+    let release = move |sync: Result<(), String>| {
+        for (r, out, started) in results {
+            let out = match (&sync, out) {
+                (Err(e), Ok(_)) => Err(RuntimeError::Internal(e.clone())),
+                (_, out) => out,
+            };
+            if let Some(t) = started {
+                metrics
+                    .event_latency
+                    .observe_ms(t.elapsed().as_secs_f64() * 1000.0);
+            }
+            reply(r, out);
+        }
+    };
+    if rt.config.durability == Durability::Fsync && waiting && !remove {
+        let dirs = if created {
+            // A new actor's folder entries must be durable too.
+            let mut dirs = vec![dir.clone()];
+            let mut p = dir.parent();
+            let actors = rt.config.data_dir.join("actors");
+            while let Some(d) = p {
+                dirs.push(d.to_owned());
+                if d == actors || !d.starts_with(&actors) {
+                    break;
+                }
+                p = d.parent();
+            }
+            dirs
+        } else {
+            Vec::new()
+        };
+        rt.durability.submit(SyncJob {
+            files: vec![wal],
+            dirs,
+            done: Box::new(release),
+        });
+    } else {
+        release(Ok(()));
+    }
+}

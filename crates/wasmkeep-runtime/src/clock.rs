@@ -1,0 +1,59 @@
+//! The one source of time for a node.
+//!
+//! Everything in the runtime that needs "now" (alarms, the guest's clock,
+//! lateness metrics) asks the node's [`Clock`]. Production uses
+//! [`SystemClock`]; the test kit uses [`ManualClock`] and moves it by hand.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Unix time in milliseconds, as the node sees it.
+pub trait Clock: Send + Sync + 'static {
+    fn now_ms(&self) -> u64;
+    /// Whether time moves by itself (a timer thread may sleep on it).
+    fn is_real(&self) -> bool {
+        true
+    }
+}
+
+/// The wall clock.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now_ms(&self) -> u64 {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0)
+    }
+}
+
+/// A clock that stands still until told to move.
+#[derive(Debug)]
+pub struct ManualClock(AtomicU64);
+
+impl ManualClock {
+    pub fn new(start_ms: u64) -> Self {
+        ManualClock(AtomicU64::new(start_ms))
+    }
+
+    /// Moves the clock forward (never back).
+    pub fn advance_ms(&self, ms: u64) -> u64 {
+        self.0.fetch_add(ms, Ordering::SeqCst) + ms
+    }
+
+    /// Sets the clock to `ms` if that is later than now.
+    pub fn set_ms(&self, ms: u64) {
+        self.0.fetch_max(ms, Ordering::SeqCst);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now_ms(&self) -> u64 {
+        self.0.load(Ordering::SeqCst)
+    }
+    fn is_real(&self) -> bool {
+        false
+    }
+}

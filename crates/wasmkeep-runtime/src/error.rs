@@ -1,0 +1,99 @@
+//! The runtime's errors, each with a stable code.
+
+use thiserror::Error;
+use wasmkeep_store::StoreError;
+use wasmkeep_store::id::InvalidId;
+
+/// What can make an event, a deploy or an admin call fail.
+#[derive(Debug, Error)]
+pub enum RuntimeError {
+    #[error(transparent)]
+    InvalidId(#[from] InvalidId),
+    #[error("app not found: {0}")]
+    AppNotFound(String),
+    #[error("class not found: app {app} has no class `{class}`")]
+    ClassNotFound { app: String, class: String },
+    #[error("actor not found: {0}")]
+    ActorNotFound(String),
+    #[error(
+        "actor overloaded: {queued} events queued, limit actor_queue_events_max={limit}; retry later"
+    )]
+    ActorOverloaded { queued: usize, limit: usize },
+    #[error("invalid component: {0}")]
+    InvalidComponent(String),
+    #[error("component too large: size={size} limit component_bytes_max={limit}")]
+    ComponentTooLarge { size: usize, limit: usize },
+    #[error("invalid manifest: {0}")]
+    InvalidManifest(String),
+    #[error("the actor failed: {code}: {message}")]
+    Guest { code: String, message: String },
+    #[error("the actor trapped: {0}")]
+    Trap(String),
+    #[error("event ran too long: limit event_cpu_ms_max={limit}")]
+    CpuTimeExceeded { limit: u64 },
+    #[error("instance memory exhausted: limit instance_memory_bytes_max={limit}")]
+    MemoryExceeded { limit: usize },
+    #[error("response too large: size={size} limit response_body_bytes_max={limit}")]
+    ResponseTooLarge { size: usize, limit: usize },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("the node is shutting down")]
+    ShuttingDown,
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl RuntimeError {
+    /// The stable code (see the README's error table).
+    pub fn code(&self) -> String {
+        match self {
+            RuntimeError::InvalidId(_) => "invalid_name".into(),
+            RuntimeError::AppNotFound(_) => "app_not_found".into(),
+            RuntimeError::ClassNotFound { .. } => "class_not_found".into(),
+            RuntimeError::ActorNotFound(_) => "actor_not_found".into(),
+            RuntimeError::ActorOverloaded { .. } => "actor_overloaded".into(),
+            RuntimeError::InvalidComponent(_) => "invalid_component".into(),
+            RuntimeError::ComponentTooLarge { .. } => "component_too_large".into(),
+            RuntimeError::InvalidManifest(_) => "invalid_manifest".into(),
+            RuntimeError::Guest { code, .. } => {
+                // Codes the host itself handed to the guest keep their
+                // meaning when the guest passes them on.
+                if is_store_code(code) {
+                    code.clone()
+                } else {
+                    "guest_error".into()
+                }
+            }
+            RuntimeError::Trap(_) => "guest_trap".into(),
+            RuntimeError::CpuTimeExceeded { .. } => "cpu_time_exceeded".into(),
+            RuntimeError::MemoryExceeded { .. } => "memory_exceeded".into(),
+            RuntimeError::ResponseTooLarge { .. } => "response_too_large".into(),
+            RuntimeError::Store(e) => e.code().into(),
+            RuntimeError::ShuttingDown => "shutting_down".into(),
+            RuntimeError::Internal(_) => "internal".into(),
+        }
+    }
+
+    /// Whether the caller may simply try again later.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            RuntimeError::ActorOverloaded { .. } | RuntimeError::ShuttingDown
+        )
+    }
+}
+
+fn is_store_code(code: &str) -> bool {
+    matches!(
+        code,
+        "value_too_large"
+            | "key_too_large"
+            | "statement_too_large"
+            | "too_many_parameters"
+            | "result_too_large"
+            | "database_full"
+            | "forbidden"
+            | "sql_error"
+            | "invalid_argument"
+    )
+}

@@ -1,0 +1,324 @@
+//! The host side of the `wasmkeep:actor` world: what a guest's imports do.
+//!
+//! One [`HostState`] lives in each instance's wasmtime `Store`, and owns the
+//! actor's open database for as long as the instance lives. Every import
+//! runs inside the event's savepoint, so whatever it changes commits or rolls
+//! back with the event.
+
+use std::sync::Arc;
+
+use wasmkeep_store::{ActorDb, ActorId, AlarmState, StoreError};
+use wasmtime::ResourceLimiter;
+use wasmtime::component::ResourceTable;
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+use crate::clock::Clock;
+
+wasmtime::component::bindgen!({
+    path: "../../wit",
+    world: "actor",
+});
+
+pub use exports::wasmkeep::actor::handler;
+pub use wasmkeep::actor::types::{AlarmInfo, Error as WitError, Request, Response};
+use wasmkeep::actor::{alarm, clock, identity, kv, log, sql, types};
+
+/// What the guest did to its alarm during an `on-alarm` run, which the
+/// retry rule needs after the run's own changes are rolled back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AlarmOp {
+    /// The handler never called set-alarm or delete-alarm.
+    #[default]
+    Untouched,
+    /// The handler's last call set the alarm to this time.
+    Set(u64),
+    /// The handler's last call cleared it.
+    Cleared,
+}
+
+/// Caps an instance's linear memory and remembers that it tried to grow
+/// past it, so the trap that follows is reported as what it is.
+pub struct MemoryCap {
+    pub bytes_max: usize,
+    pub exceeded: bool,
+}
+
+impl ResourceLimiter for MemoryCap {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        if desired > self.bytes_max {
+            self.exceeded = true;
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        Ok(desired <= 1_000_000)
+    }
+}
+
+/// Everything an instance's imports reach.
+pub struct HostState {
+    /// The actor's database; `None` only while the instance is being torn
+    /// down and the database handed to a new one.
+    pub db: Option<ActorDb>,
+    pub id: ActorId,
+    pub clock: Arc<dyn Clock>,
+    pub wasi: WasiCtx,
+    pub table: ResourceTable,
+    pub memory: MemoryCap,
+    /// Set while `on-alarm` runs.
+    pub in_alarm: bool,
+    pub alarm_op: AlarmOp,
+    /// The last panic message the guest's SDK reported in this event.
+    pub panic_message: Option<String>,
+    /// The guest's log lines go to the node's log under this target.
+    pub log_enabled: bool,
+    /// A failure of an import that cannot report errors (delete-alarm):
+    /// the event fails with it even if the handler returns `ok`.
+    pub poison: Option<WitError>,
+}
+
+impl HostState {
+    pub fn new(
+        db: Option<ActorDb>,
+        id: ActorId,
+        clock: Arc<dyn Clock>,
+        memory_bytes_max: usize,
+    ) -> Self {
+        // No preopened directories, no environment, no arguments, no
+        // sockets: a guest reaches the world only through wasmkeep's imports.
+        let wasi = WasiCtx::builder()
+            .allow_tcp(false)
+            .allow_udp(false)
+            .allow_ip_name_lookup(false)
+            .build();
+        HostState {
+            db,
+            id,
+            clock,
+            wasi,
+            table: ResourceTable::new(),
+            memory: MemoryCap {
+                bytes_max: memory_bytes_max,
+                exceeded: false,
+            },
+            in_alarm: false,
+            alarm_op: AlarmOp::Untouched,
+            panic_message: None,
+            log_enabled: true,
+            poison: None,
+        }
+    }
+
+    /// The database, or an error for the one instance that has none: the
+    /// one a deploy creates to ask the component for its classes.
+    fn db(&mut self) -> Result<&mut ActorDb, WitError> {
+        self.db.as_mut().ok_or_else(|| WitError {
+            code: "invalid_argument".into(),
+            message: "no database while the app is being deployed".into(),
+        })
+    }
+}
+
+impl WasiView for HostState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+fn wit_err(e: StoreError) -> WitError {
+    WitError {
+        code: e.code().to_owned(),
+        message: e.to_string(),
+    }
+}
+
+fn to_store_value(v: types::Value) -> wasmkeep_store::Value {
+    match v {
+        types::Value::Null => wasmkeep_store::Value::Null,
+        types::Value::Integer(i) => wasmkeep_store::Value::Integer(i),
+        types::Value::Real(f) => wasmkeep_store::Value::Real(f),
+        types::Value::Text(s) => wasmkeep_store::Value::Text(s),
+        types::Value::Blob(b) => wasmkeep_store::Value::Blob(b),
+    }
+}
+
+fn to_wit_value(v: wasmkeep_store::Value) -> types::Value {
+    match v {
+        wasmkeep_store::Value::Null => types::Value::Null,
+        wasmkeep_store::Value::Integer(i) => types::Value::Integer(i),
+        wasmkeep_store::Value::Real(f) => types::Value::Real(f),
+        wasmkeep_store::Value::Text(s) => types::Value::Text(s),
+        wasmkeep_store::Value::Blob(b) => types::Value::Blob(b),
+    }
+}
+
+impl types::Host for HostState {}
+
+impl sql::Host for HostState {
+    fn query(
+        &mut self,
+        statement: String,
+        params: Vec<types::Value>,
+    ) -> Result<sql::QueryResult, WitError> {
+        let params: Vec<_> = params.into_iter().map(to_store_value).collect();
+        let r = self.db()?.query(&statement, &params).map_err(wit_err)?;
+        Ok(sql::QueryResult {
+            columns: r.columns,
+            rows: r
+                .rows
+                .into_iter()
+                .map(|row| row.into_iter().map(to_wit_value).collect())
+                .collect(),
+            rows_read: r.rows_read,
+            rows_written: r.rows_written,
+        })
+    }
+
+    fn execute(
+        &mut self,
+        statement: String,
+        params: Vec<types::Value>,
+    ) -> Result<sql::ExecResult, WitError> {
+        let params: Vec<_> = params.into_iter().map(to_store_value).collect();
+        let r = self.db()?.execute(&statement, &params).map_err(wit_err)?;
+        Ok(sql::ExecResult {
+            rows_written: r.rows_written,
+            last_insert_rowid: r.last_insert_rowid,
+        })
+    }
+}
+
+impl kv::Host for HostState {
+    fn get(&mut self, key: String) -> Result<Option<Vec<u8>>, WitError> {
+        self.db()?.kv_get(&key).map_err(wit_err)
+    }
+
+    fn put(&mut self, key: String, value: Vec<u8>) -> Result<(), WitError> {
+        self.db()?.kv_put(&key, &value).map_err(wit_err)
+    }
+
+    fn delete(&mut self, key: String) -> Result<bool, WitError> {
+        self.db()?.kv_delete(&key).map_err(wit_err)
+    }
+
+    fn list(&mut self, o: kv::ListOptions) -> Result<Vec<(String, Vec<u8>)>, WitError> {
+        let o = wasmkeep_store::KvListOptions {
+            prefix: o.prefix,
+            start: o.start,
+            end: o.end,
+            limit: o.limit,
+            reverse: o.reverse,
+        };
+        self.db()?.kv_list(&o).map_err(wit_err)
+    }
+}
+
+/// Latest alarm time a guest may set: year 9999, so that every key format
+/// and timer that holds it stays in range (15 digits of milliseconds).
+pub const ALARM_AT_MS_MAX: u64 = 253_402_300_799_999;
+
+impl alarm::Host for HostState {
+    fn set_alarm(&mut self, at_ms: u64) -> Result<(), WitError> {
+        if at_ms > ALARM_AT_MS_MAX {
+            return Err(WitError {
+                code: "invalid_argument".into(),
+                message: format!(
+                    "alarm time out of range: at_ms={at_ms} limit alarm_at_ms_max={ALARM_AT_MS_MAX}"
+                ),
+            });
+        }
+        if self.in_alarm {
+            self.alarm_op = AlarmOp::Set(at_ms);
+        }
+        // A new time set by the app starts a fresh backoff.
+        self.db()?
+            .set_alarm(Some(AlarmState {
+                at_ms,
+                retry_count: 0,
+            }))
+            .map_err(wit_err)
+    }
+
+    fn get_alarm(&mut self) -> Option<u64> {
+        if self.in_alarm {
+            return match self.alarm_op {
+                AlarmOp::Set(at) => Some(at),
+                AlarmOp::Untouched | AlarmOp::Cleared => None,
+            };
+        }
+        let db = self.db().ok()?;
+        db.alarm().ok().flatten().map(|a| a.at_ms)
+    }
+
+    fn delete_alarm(&mut self) {
+        if self.in_alarm {
+            self.alarm_op = AlarmOp::Cleared;
+        }
+        let r = self.db().and_then(|db| db.set_alarm(None).map_err(wit_err));
+        if let Err(e) = r {
+            self.poison = Some(e);
+        }
+    }
+}
+
+impl identity::Host for HostState {
+    fn id(&mut self) -> identity::ActorId {
+        identity::ActorId {
+            tenant: self.id.tenant.clone(),
+            app: self.id.app.clone(),
+            class: self.id.class.clone(),
+            name: self.id.name.clone(),
+        }
+    }
+}
+
+impl clock::Host for HostState {
+    fn now_ms(&mut self) -> u64 {
+        self.clock.now_ms()
+    }
+}
+
+/// Longest guest log line kept; the rest is cut.
+const LOG_LINE_BYTES_MAX: usize = 4096;
+
+impl log::Host for HostState {
+    fn log(&mut self, level: log::Level, message: String) {
+        let mut message = message;
+        if message.len() > LOG_LINE_BYTES_MAX {
+            let mut cut = LOG_LINE_BYTES_MAX;
+            while !message.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            message.truncate(cut);
+        }
+        if let Some(panic) = message.strip_prefix("panic: ") {
+            self.panic_message = Some(panic.to_owned());
+        }
+        if !self.log_enabled {
+            return;
+        }
+        let actor = &self.id;
+        match level {
+            log::Level::Trace => tracing::trace!(target: "guest", %actor, "{message}"),
+            log::Level::Debug => tracing::debug!(target: "guest", %actor, "{message}"),
+            log::Level::Info => tracing::info!(target: "guest", %actor, "{message}"),
+            log::Level::Warn => tracing::warn!(target: "guest", %actor, "{message}"),
+            log::Level::Error => tracing::error!(target: "guest", %actor, "{message}"),
+        }
+    }
+}

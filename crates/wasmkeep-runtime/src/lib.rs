@@ -1,0 +1,34 @@
+//! The engine room of a wasmkeep node: it runs actors.
+//!
+//! A [`Runtime`] holds one wasmtime engine, the deployed apps (components
+//! compiled once and cached on disk), and the actors that are active. Every
+//! actor has a bounded queue and runs one event at a time on a pool of worker
+//! threads; the events an actor has queued run as one SQLite transaction
+//! with a savepoint each, and their responses leave only once that
+//! transaction is durable ([`durability`]). Alarms live in each actor's
+//! database; an in-memory [`timer`] fires them.
+//!
+//! This crate knows nothing about HTTP or JSON (the server crate does) and
+//! nothing about the bucket. It takes its time from one [`Clock`], so that a
+//! test kit can drive it with a virtual clock through the same code paths
+//! production uses.
+
+pub mod actor;
+pub mod alarm;
+pub mod app;
+pub mod clock;
+pub mod config;
+pub mod durability;
+pub mod error;
+pub mod host;
+pub mod metrics;
+pub mod runtime;
+pub mod timer;
+
+pub use actor::{ActorRequest, ActorResponse};
+pub use app::{AppInfo, AppManifest};
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use config::{Durability, RuntimeConfig};
+pub use error::RuntimeError;
+pub use runtime::{ActorInfo, Runtime};
+pub use wasmkeep_store::{ActorId, StoreLimits, Value as StoreValue};

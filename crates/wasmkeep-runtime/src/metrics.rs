@@ -1,0 +1,203 @@
+//! Counters and histograms, rendered in the Prometheus text format.
+//!
+//! Hand-rolled on atomics: the hot path only does relaxed adds, and the set
+//! of series is fixed, so a metrics library would add weight and nothing else.
+
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Upper bounds of latency buckets, in milliseconds.
+const BUCKETS_MS: &[f64] = &[
+    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0,
+    10000.0, 30000.0,
+];
+
+/// A latency histogram with fixed buckets.
+#[derive(Debug, Default)]
+pub struct Histogram {
+    buckets: [AtomicU64; 17],
+    count: AtomicU64,
+    sum_us: AtomicU64,
+}
+
+impl Histogram {
+    pub fn observe_ms(&self, ms: f64) {
+        let i = BUCKETS_MS
+            .iter()
+            .position(|b| ms <= *b)
+            .unwrap_or(BUCKETS_MS.len() - 1);
+        self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum_us
+            .fetch_add((ms * 1000.0).max(0.0) as u64, Ordering::Relaxed);
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        let mut cumulative = 0;
+        for (i, b) in BUCKETS_MS.iter().enumerate() {
+            cumulative += self.buckets[i].load(Ordering::Relaxed);
+            let _ = writeln!(out, "{name}_bucket{{le=\"{}\"}} {cumulative}", b / 1000.0);
+        }
+        let count = self.count.load(Ordering::Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
+        let sum = self.sum_us.load(Ordering::Relaxed) as f64 / 1e6;
+        let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {count}");
+    }
+}
+
+/// Every series a node exports.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    pub requests_total: AtomicU64,
+    pub request_errors_total: AtomicU64,
+    pub events_total: AtomicU64,
+    pub event_failures_total: AtomicU64,
+    pub batches_total: AtomicU64,
+    pub commits_failed_total: AtomicU64,
+    pub overloaded_total: AtomicU64,
+    pub instances_active: AtomicU64,
+    pub instantiations_total: AtomicU64,
+    pub evictions_total: AtomicU64,
+    pub syncs_total: AtomicU64,
+    pub syncfs_total: AtomicU64,
+    pub alarms_fired_total: AtomicU64,
+    pub alarms_failed_total: AtomicU64,
+    pub alarms_abandoned_total: AtomicU64,
+    pub alarms_pending: AtomicU64,
+    pub event_latency: Histogram,
+    pub sync_latency: Histogram,
+    pub alarm_lateness: Histogram,
+}
+
+impl Metrics {
+    pub fn inc(c: &AtomicU64) {
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The Prometheus text exposition of every series.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let counters: &[(&str, &AtomicU64, &str, &str)] = &[
+            (
+                "wasmkeep_requests_total",
+                &self.requests_total,
+                "counter",
+                "Requests handed to actors.",
+            ),
+            (
+                "wasmkeep_request_errors_total",
+                &self.request_errors_total,
+                "counter",
+                "Requests that ended in an error.",
+            ),
+            (
+                "wasmkeep_events_total",
+                &self.events_total,
+                "counter",
+                "Events run (requests, alarms, inits).",
+            ),
+            (
+                "wasmkeep_event_failures_total",
+                &self.event_failures_total,
+                "counter",
+                "Events rolled back.",
+            ),
+            (
+                "wasmkeep_batches_total",
+                &self.batches_total,
+                "counter",
+                "Transactions committed for batches of events.",
+            ),
+            (
+                "wasmkeep_commits_failed_total",
+                &self.commits_failed_total,
+                "counter",
+                "Batch commits that failed.",
+            ),
+            (
+                "wasmkeep_overloaded_total",
+                &self.overloaded_total,
+                "counter",
+                "Requests refused because an actor's queue was full.",
+            ),
+            (
+                "wasmkeep_instances_active",
+                &self.instances_active,
+                "gauge",
+                "Actors with a live instance.",
+            ),
+            (
+                "wasmkeep_instantiations_total",
+                &self.instantiations_total,
+                "counter",
+                "Instances created.",
+            ),
+            (
+                "wasmkeep_evictions_total",
+                &self.evictions_total,
+                "counter",
+                "Actors closed to make room for others.",
+            ),
+            (
+                "wasmkeep_syncs_total",
+                &self.syncs_total,
+                "counter",
+                "Durability barriers (fdatasync or syncfs).",
+            ),
+            (
+                "wasmkeep_syncfs_total",
+                &self.syncfs_total,
+                "counter",
+                "Barriers served by one syncfs for a group.",
+            ),
+            (
+                "wasmkeep_alarms_fired_total",
+                &self.alarms_fired_total,
+                "counter",
+                "Alarm handlers that succeeded.",
+            ),
+            (
+                "wasmkeep_alarms_retried_total",
+                &self.alarms_failed_total,
+                "counter",
+                "Alarm handlers that failed and were rescheduled.",
+            ),
+            (
+                "wasmkeep_alarms_abandoned_total",
+                &self.alarms_abandoned_total,
+                "counter",
+                "Alarms dropped after the app's retries_max.",
+            ),
+            (
+                "wasmkeep_alarms_pending",
+                &self.alarms_pending,
+                "gauge",
+                "Alarms in this node's timer.",
+            ),
+        ];
+        for (name, v, kind, help) in counters {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {}",
+                v.load(Ordering::Relaxed)
+            );
+        }
+        self.event_latency.render(
+            &mut out,
+            "wasmkeep_event_seconds",
+            "Time from enqueue to a request's response being released.",
+        );
+        self.sync_latency.render(
+            &mut out,
+            "wasmkeep_sync_seconds",
+            "Duration of durability barriers.",
+        );
+        self.alarm_lateness.render(
+            &mut out,
+            "wasmkeep_alarm_lateness_seconds",
+            "Time from an alarm's due time to its handler starting.",
+        );
+        out
+    }
+}

@@ -1,0 +1,710 @@
+//! [`Runtime`]: the node's actors, apps, workers and timers, and the API the
+//! server (and the test kit) drive.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex, RwLock};
+use serde::Serialize;
+use tokio::sync::oneshot;
+use wasmkeep_store::db::inspect_query;
+use wasmkeep_store::{ActorId, QueryResult, paths};
+use wasmtime::component::{HasSelf, Linker};
+use wasmtime::{Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
+
+use crate::actor::{self, Actor, ActorRequest, ActorResponse, Event, EventKind, Outcome};
+use crate::app::{self, App, AppInfo, Compiler};
+use crate::clock::Clock;
+use crate::config::RuntimeConfig;
+use crate::durability::DurabilityStage;
+use crate::error::RuntimeError;
+use crate::host::{self, HostState};
+use crate::metrics::Metrics;
+use crate::timer::Timer;
+
+/// How often the engine's epoch advances; the unit of the CPU deadline.
+pub const EPOCH_TICK_MS: u64 = 10;
+
+/// Epoch ticks that make up `ms` of run time.
+pub fn epoch_ticks(ms: u64) -> u64 {
+    ms.div_ceil(EPOCH_TICK_MS).max(1)
+}
+
+/// Actors visited per pass of the idle reaper.
+const REAP_INTERVAL_MS: u64 = 1000;
+
+/// What the admin API shows about one actor.
+#[derive(Debug, Clone, Serialize)]
+pub struct ActorInfo {
+    pub tenant: String,
+    pub app: String,
+    pub class: String,
+    pub name: String,
+    pub database_bytes: u64,
+    /// The committed alarm (during retries: the next attempt).
+    pub alarm_ms: Option<u64>,
+    pub alarm_retry_count: u32,
+    /// When the database last changed on disk (unix ms).
+    pub last_write_ms: Option<u64>,
+    /// Whether an instance is alive on this node now.
+    pub active: bool,
+}
+
+/// The shared core; workers and the server hold it through [`Runtime`].
+pub struct Inner {
+    pub config: RuntimeConfig,
+    pub clock: Arc<dyn Clock>,
+    pub engine: Engine,
+    linker: Linker<HostState>,
+    apps: RwLock<HashMap<(String, String), Arc<App>>>,
+    app_version: AtomicU64,
+    actors: Mutex<HashMap<ActorId, Arc<Actor>>>,
+    runq: Mutex<std::collections::VecDeque<Arc<Actor>>>,
+    runq_cv: Condvar,
+    pub durability: DurabilityStage,
+    pub timer: Timer,
+    pub metrics: Arc<Metrics>,
+    started: Instant,
+    stopping: AtomicBool,
+    cache_dir: PathBuf,
+}
+
+/// A node's runtime. Cheap to clone.
+#[derive(Clone)]
+pub struct Runtime {
+    inner: Arc<Inner>,
+}
+
+fn build_engine(config: &RuntimeConfig) -> Result<Engine, RuntimeError> {
+    let mut c = wasmtime::Config::new();
+    c.wasm_component_model(true);
+    c.epoch_interruption(true);
+    // The pooling allocator keeps instance memory slots ready, which makes
+    // instantiation a few microseconds (W3, cold start). Each slot reserves
+    // address space only; untouched pages cost nothing.
+    let n = config.instances_max + 16;
+    let mut pool = PoolingAllocationConfig::default();
+    pool.total_component_instances(n)
+        .total_core_instances(n * 8)
+        .total_memories(n * 2)
+        .total_tables(n * 4)
+        .max_memory_size(config.instance_memory_bytes_max);
+    c.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+    Engine::new(&c).map_err(|e| RuntimeError::Internal(format!("engine: {e:#}")))
+}
+
+impl Runtime {
+    /// Starts a runtime on `config.data_dir`: loads deployed apps, starts
+    /// workers, the durability stage, the idle reaper and, on a real clock,
+    /// the alarm timer, and schedules every alarm found on disk.
+    pub fn start(config: RuntimeConfig, clock: Arc<dyn Clock>) -> Result<Runtime, RuntimeError> {
+        std::fs::create_dir_all(config.data_dir.join("actors"))
+            .map_err(|e| RuntimeError::Store(e.into()))?;
+        let engine = build_engine(&config)?;
+        let mut linker: Linker<HostState> = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
+            .map_err(|e| RuntimeError::Internal(format!("linker: {e:#}")))?;
+        host::Actor::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)
+            .map_err(|e| RuntimeError::Internal(format!("linker: {e:#}")))?;
+        let metrics = Arc::new(Metrics::default());
+        let cache_dir = std::env::var_os("WASMKEEP_COMPILE_CACHE")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| config.data_dir.join("cache"));
+        let inner = Arc::new(Inner {
+            durability: DurabilityStage::start(config.data_dir.clone(), Arc::clone(&metrics)),
+            config,
+            clock,
+            engine,
+            linker,
+            apps: RwLock::new(HashMap::new()),
+            app_version: AtomicU64::new(1),
+            actors: Mutex::new(HashMap::new()),
+            runq: Mutex::new(Default::default()),
+            runq_cv: Condvar::new(),
+            timer: Timer::default(),
+            metrics,
+            started: Instant::now(),
+            stopping: AtomicBool::new(false),
+            cache_dir,
+        });
+        let rt = Runtime { inner };
+        rt.load_apps()?;
+        rt.spawn_threads();
+        rt.scan_alarms();
+        Ok(rt)
+    }
+
+    fn load_apps(&self) -> Result<(), RuntimeError> {
+        let data = self.inner.config.data_dir.clone();
+        for (tenant, app, wasm, manifest) in
+            app::load_all(&data).map_err(|e| RuntimeError::Store(e.into()))?
+        {
+            let version = self.inner.app_version.fetch_add(1, Ordering::SeqCst);
+            match self
+                .compiler()
+                .build(&tenant, &app, &wasm, &manifest, version)
+            {
+                Ok(a) => {
+                    self.inner.apps.write().insert((tenant, app), Arc::new(a));
+                }
+                Err(e) => {
+                    tracing::error!(%tenant, %app, error = %e, "a deployed app no longer loads")
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn compiler(&self) -> Compiler<'_> {
+        Compiler {
+            engine: &self.inner.engine,
+            linker: &self.inner.linker,
+            config: &self.inner.config,
+            clock: Arc::clone(&self.inner.clock),
+            cache_dir: self.inner.cache_dir.clone(),
+        }
+    }
+
+    fn spawn_threads(&self) {
+        let engine = self.inner.engine.clone();
+        let weak = Arc::downgrade(&self.inner);
+        std::thread::Builder::new()
+            .name("wasmkeep-epoch".into())
+            .spawn(move || {
+                while weak.strong_count() > 0 {
+                    std::thread::sleep(Duration::from_millis(EPOCH_TICK_MS));
+                    engine.increment_epoch();
+                }
+            })
+            .expect("spawn epoch thread");
+        for i in 0..self.inner.config.worker_threads() {
+            let rt = Arc::clone(&self.inner);
+            std::thread::Builder::new()
+                .name(format!("wasmkeep-worker-{i}"))
+                .spawn(move || worker(rt))
+                .expect("spawn worker");
+        }
+        let weak = Arc::downgrade(&self.inner);
+        std::thread::Builder::new()
+            .name("wasmkeep-reaper".into())
+            .spawn(move || {
+                loop {
+                    std::thread::sleep(Duration::from_millis(REAP_INTERVAL_MS));
+                    let Some(rt) = weak.upgrade() else { return };
+                    if rt.stopping.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    rt.reap_idle();
+                }
+            })
+            .expect("spawn reaper");
+        if self.inner.clock.is_real() {
+            let weak = Arc::downgrade(&self.inner);
+            std::thread::Builder::new()
+                .name("wasmkeep-timer".into())
+                .spawn(move || {
+                    loop {
+                        let Some(rt) = weak.upgrade() else { return };
+                        if rt.stopping.load(Ordering::Relaxed) {
+                            return;
+                        }
+                        let now = rt.clock.now_ms();
+                        rt.fire_due(now);
+                        rt.prepare_soon(now);
+                        let timer_wait = rt.config.alarm_prepare_ms.clamp(10, 500);
+                        // Hold only a weak reference while asleep.
+                        let rt2 = Arc::clone(&rt);
+                        drop(rt);
+                        rt2.timer.wait(rt2.clock.now_ms(), timer_wait);
+                    }
+                })
+                .expect("spawn timer");
+        }
+    }
+
+    /// Reads every actor's committed alarm from disk into the timer.
+    fn scan_alarms(&self) {
+        let rt = Arc::clone(&self.inner);
+        let scan = move || {
+            let started = Instant::now();
+            let mut n = 0u64;
+            for id in all_actors(&rt.config.data_dir) {
+                let path = paths::actor_db(&rt.config.data_dir, &id);
+                match wasmkeep_store::db::read_alarm(&path) {
+                    Ok(Some(a)) => {
+                        rt.timer.set(&id, Some(a.at_ms));
+                        n += 1;
+                    }
+                    Ok(None) => {}
+                    Err(e) => tracing::warn!(actor = %id, error = %e, "could not read alarm"),
+                }
+            }
+            rt.metrics
+                .alarms_pending
+                .store(rt.timer.len() as u64, Ordering::Relaxed);
+            tracing::info!(
+                alarms = n,
+                ms = started.elapsed().as_millis() as u64,
+                "alarm scan done"
+            );
+        };
+        if self.inner.clock.is_real() {
+            std::thread::Builder::new()
+                .name("wasmkeep-scan".into())
+                .spawn(scan)
+                .expect("spawn scan");
+        } else {
+            // Under a manual clock (tests) everything is synchronous.
+            scan();
+        }
+    }
+
+    // ---- the API ----
+
+    /// Sends a request to an actor and waits for its response, which
+    /// leaves only after the event's commit is durable.
+    pub async fn request(
+        &self,
+        id: ActorId,
+        req: ActorRequest,
+    ) -> Result<ActorResponse, RuntimeError> {
+        Metrics::inc(&self.inner.metrics.requests_total);
+        let (tx, rx) = oneshot::channel();
+        self.inner
+            .enqueue(&id, Event::new(EventKind::Request(req), Some(tx)), true)?;
+        let r = match rx.await {
+            Ok(Ok(Outcome::Response(r))) => Ok(r),
+            Ok(Ok(_)) => Err(RuntimeError::Internal("unexpected outcome".into())),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(RuntimeError::ShuttingDown),
+        };
+        if r.is_err() {
+            Metrics::inc(&self.inner.metrics.request_errors_total);
+        }
+        r
+    }
+
+    /// Deploys (or replaces) an app. Blocking: compiles the component.
+    pub fn deploy(
+        &self,
+        tenant: &str,
+        app: &str,
+        wasm: &[u8],
+        manifest: &str,
+    ) -> Result<AppInfo, RuntimeError> {
+        let version = self.inner.app_version.fetch_add(1, Ordering::SeqCst);
+        let built = self
+            .compiler()
+            .build(tenant, app, wasm, manifest, version)?;
+        app::persist(&self.inner.config.data_dir, &built, wasm, manifest)
+            .map_err(|e| RuntimeError::Store(e.into()))?;
+        let info = built.info();
+        self.inner
+            .apps
+            .write()
+            .insert((tenant.to_owned(), app.to_owned()), Arc::new(built));
+        tracing::info!(%tenant, %app, hash = %info.hash, classes = ?info.classes, "deployed");
+        Ok(info)
+    }
+
+    pub fn apps(&self) -> Vec<AppInfo> {
+        let mut v: Vec<AppInfo> = self.inner.apps.read().values().map(|a| a.info()).collect();
+        v.sort_by(|a, b| (&a.tenant, &a.app).cmp(&(&b.tenant, &b.app)));
+        v
+    }
+
+    pub fn app(&self, tenant: &str, app: &str) -> Option<AppInfo> {
+        self.inner.app(tenant, app).map(|a| a.info())
+    }
+
+    /// Names of a class's actors in byte order, after `after`.
+    pub fn list_actors(
+        &self,
+        tenant: &str,
+        app: &str,
+        class: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<String>, RuntimeError> {
+        ActorId::new(tenant, app, class, "x")?;
+        let dir = paths::class_dir(&self.inner.config.data_dir, tenant, app, class);
+        paths::list_names(&dir, after, limit).map_err(|e| RuntimeError::Store(e.into()))
+    }
+
+    /// What is known about one actor, from its database on disk.
+    pub fn actor_info(&self, id: &ActorId) -> Result<ActorInfo, RuntimeError> {
+        let path = paths::actor_db(&self.inner.config.data_dir, id);
+        if !path.exists() {
+            return Err(RuntimeError::ActorNotFound(id.to_string()));
+        }
+        let size = inspect_query(&path, "PRAGMA page_count", 1)
+            .ok()
+            .and_then(|r| r.rows.first().and_then(|row| row.first().cloned()))
+            .and_then(|v| match v {
+                wasmkeep_store::Value::Integer(p) => Some(p as u64 * 4096),
+                _ => None,
+            })
+            .unwrap_or(0);
+        let alarm = wasmkeep_store::db::read_alarm(&path)?;
+        let mtime = |p: PathBuf| {
+            std::fs::metadata(p)
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map(|d| d.as_millis() as u64)
+        };
+        let last_write_ms =
+            mtime(path.with_file_name(format!("{}-wal", paths::DB_FILE))).max(mtime(path.clone()));
+        let active = self
+            .inner
+            .actors
+            .lock()
+            .get(id)
+            .is_some_and(|a| a.is_loaded());
+        Ok(ActorInfo {
+            tenant: id.tenant.clone(),
+            app: id.app.clone(),
+            class: id.class.clone(),
+            name: id.name.clone(),
+            database_bytes: size,
+            alarm_ms: alarm.map(|a| a.at_ms),
+            alarm_retry_count: alarm.map(|a| a.retry_count).unwrap_or(0),
+            last_write_ms,
+            active,
+        })
+    }
+
+    /// Read-only SQL over an actor's database, internal tables included.
+    pub fn inspect_sql(
+        &self,
+        id: &ActorId,
+        sql: &str,
+        rows_max: usize,
+    ) -> Result<QueryResult, RuntimeError> {
+        let path = paths::actor_db(&self.inner.config.data_dir, id);
+        if !path.exists() {
+            return Err(RuntimeError::ActorNotFound(id.to_string()));
+        }
+        Ok(inspect_query(&path, sql, rows_max)?)
+    }
+
+    /// Deletes an actor's data (and so its alarm), as its next event.
+    pub async fn delete_actor(&self, id: ActorId) -> Result<bool, RuntimeError> {
+        let (tx, rx) = oneshot::channel();
+        self.inner
+            .enqueue(&id, Event::new(EventKind::Delete, Some(tx)), false)?;
+        match rx.await {
+            Ok(Ok(Outcome::Deleted(b))) => Ok(b),
+            Ok(Ok(_)) => Err(RuntimeError::Internal("unexpected outcome".into())),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(RuntimeError::ShuttingDown),
+        }
+    }
+
+    /// A tenant's pending alarms in due order.
+    pub fn pending_alarms(&self, tenant: &str, limit: usize) -> Vec<(ActorId, u64)> {
+        self.inner.timer.pending(tenant, limit)
+    }
+
+    /// The alarm this node's timer holds for an actor.
+    pub fn timer_alarm(&self, id: &ActorId) -> Option<u64> {
+        self.inner.timer.get(id)
+    }
+
+    /// The earliest alarm in the timer.
+    pub fn next_alarm_ms(&self) -> Option<u64> {
+        self.inner.timer.next_due()
+    }
+
+    /// Delivers every alarm due by the clock's now and waits until they ran.
+    /// Returns how many handlers ran. (The timer thread does this by itself
+    /// on a real clock; the test kit calls it.)
+    pub async fn run_due_alarms(&self) -> usize {
+        let now = self.inner.clock.now_ms();
+        let due = self.inner.timer.pop_due(now, usize::MAX);
+        let mut waits = Vec::with_capacity(due.len());
+        for (id, _) in due {
+            let (tx, rx) = oneshot::channel();
+            if self
+                .inner
+                .enqueue(
+                    &id,
+                    Event::new(EventKind::Alarm { force: false }, Some(tx)),
+                    false,
+                )
+                .is_ok()
+            {
+                waits.push(rx);
+            }
+        }
+        let mut ran = 0;
+        for w in waits {
+            if let Ok(Ok(Outcome::Alarm(true))) = w.await {
+                ran += 1;
+            }
+        }
+        ran
+    }
+
+    /// Runs an actor's pending alarm now, due or not; whether there was
+    /// one. Its handler sees the time it was set for in `scheduled-ms`.
+    pub async fn run_alarm_now(&self, id: &ActorId) -> Result<bool, RuntimeError> {
+        let (tx, rx) = oneshot::channel();
+        self.inner.enqueue(
+            id,
+            Event::new(EventKind::Alarm { force: true }, Some(tx)),
+            false,
+        )?;
+        match rx.await {
+            Ok(Ok(Outcome::Alarm(ran))) => Ok(ran),
+            Ok(Ok(_)) => Ok(false),
+            // The handler ran and failed: there was an alarm.
+            Ok(Err(_)) => Ok(true),
+            Err(_) => Err(RuntimeError::ShuttingDown),
+        }
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.inner.metrics
+    }
+
+    pub fn config(&self) -> &RuntimeConfig {
+        &self.inner.config
+    }
+
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.inner.clock
+    }
+
+    /// Actors with a queue or an instance on this node now.
+    pub fn active_actors(&self) -> usize {
+        self.inner.actors.lock().len()
+    }
+
+    /// Stops taking events, lets queued ones finish, and closes every
+    /// actor (SQLite checkpoints on close).
+    pub fn shutdown(&self, wait: Duration) {
+        let rt = &self.inner;
+        let deadline = Instant::now() + wait;
+        while Instant::now() < deadline {
+            let busy = rt.actors.lock().values().any(|a| a.queue.lock().scheduled);
+            if !busy {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        rt.stopping.store(true, Ordering::SeqCst);
+        rt.runq_cv.notify_all();
+        rt.timer.notify();
+        let actors: Vec<Arc<Actor>> = rt.actors.lock().drain().map(|(_, a)| a).collect();
+        for a in actors {
+            a.queue.lock().retired = true;
+            *a.slot.lock() = None;
+        }
+    }
+}
+
+impl Inner {
+    pub fn elapsed_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    pub fn app(&self, tenant: &str, app: &str) -> Option<Arc<App>> {
+        self.apps
+            .read()
+            .get(&(tenant.to_owned(), app.to_owned()))
+            .cloned()
+    }
+
+    /// Puts an actor on the run queue.
+    pub fn schedule(&self, actor: Arc<Actor>) {
+        self.runq.lock().push_back(actor);
+        self.runq_cv.notify_one();
+    }
+
+    /// Adds an event to an actor's queue, scheduling the actor if it was idle.
+    pub fn enqueue(&self, id: &ActorId, ev: Event, bounded: bool) -> Result<(), RuntimeError> {
+        if self.stopping.load(Ordering::Relaxed) {
+            return Err(RuntimeError::ShuttingDown);
+        }
+        loop {
+            let actor = {
+                let mut actors = self.actors.lock();
+                Arc::clone(
+                    actors
+                        .entry(id.clone())
+                        .or_insert_with(|| Arc::new(Actor::new(id.clone()))),
+                )
+            };
+            let mut q = actor.queue.lock();
+            if q.retired {
+                continue;
+            }
+            if bounded && q.events.len() >= self.config.actor_queue_events_max {
+                Metrics::inc(&self.metrics.overloaded_total);
+                return Err(RuntimeError::ActorOverloaded {
+                    queued: q.events.len(),
+                    limit: self.config.actor_queue_events_max,
+                });
+            }
+            q.events.push_back(ev);
+            if !q.scheduled {
+                q.scheduled = true;
+                drop(q);
+                self.schedule(actor);
+            }
+            return Ok(());
+        }
+    }
+
+    /// Closes idle actors: instance dropped, database closed.
+    fn reap_idle(&self) {
+        let now = self.elapsed_ms();
+        let idle = self.config.actor_idle_ms;
+        let mut closed = Vec::new();
+        {
+            let mut actors = self.actors.lock();
+            actors.retain(|_, a| {
+                let used = a.last_used_ms.load(Ordering::Relaxed);
+                if now.saturating_sub(used) < idle {
+                    return true;
+                }
+                let Some(mut q) = a.queue.try_lock() else {
+                    return true;
+                };
+                if q.scheduled || !q.events.is_empty() {
+                    return true;
+                }
+                q.retired = true;
+                closed.push(Arc::clone(a));
+                false
+            });
+        }
+        for a in closed {
+            *a.slot.lock() = None;
+        }
+    }
+
+    /// Before an instance is created: if the node is at `instances_max`,
+    /// closes the least recently used idle actor.
+    pub fn make_room(&self, for_id: &ActorId) {
+        let max = self.config.instances_max as u64;
+        while self.metrics.instances_active.load(Ordering::Relaxed) >= max {
+            let victim = {
+                let mut actors = self.actors.lock();
+                let mut best: Option<(u64, ActorId)> = None;
+                for (id, a) in actors.iter() {
+                    if id == for_id || !a.is_loaded() {
+                        continue;
+                    }
+                    let Some(q) = a.queue.try_lock() else {
+                        continue;
+                    };
+                    if q.scheduled || !q.events.is_empty() {
+                        continue;
+                    }
+                    let used = a.last_used_ms.load(Ordering::Relaxed);
+                    if best.as_ref().is_none_or(|(u, _)| used < *u) {
+                        best = Some((used, id.clone()));
+                    }
+                }
+                let Some((_, id)) = best else { return };
+                let a = actors.remove(&id).expect("present");
+                a.queue.lock().retired = true;
+                a
+            };
+            *victim.slot.lock() = None;
+            Metrics::inc(&self.metrics.evictions_total);
+        }
+    }
+
+    /// After a batch failed in a way that may leave a past-due alarm
+    /// committed: look again after the first retry delay, not at once.
+    pub fn rearm_after_failure(&self, id: &ActorId) {
+        let path = paths::actor_db(&self.config.data_dir, id);
+        let committed = wasmkeep_store::db::read_alarm(&path).ok().flatten();
+        let now = self.clock.now_ms();
+        self.timer.set(
+            id,
+            committed.map(|a| a.at_ms.max(now + self.config.alarm_retry_first_ms)),
+        );
+    }
+
+    /// Hands due alarms to their actors.
+    fn fire_due(&self, now: u64) {
+        let due = self.timer.pop_due(now, self.config.alarm_fire_batch_max);
+        for (id, _) in due {
+            let _ = self.enqueue(
+                &id,
+                Event::new(EventKind::Alarm { force: false }, None),
+                false,
+            );
+        }
+        self.metrics
+            .alarms_pending
+            .store(self.timer.len() as u64, Ordering::Relaxed);
+    }
+
+    /// Opens actors whose alarm is due soon, so the due instant only costs
+    /// the handler.
+    fn prepare_soon(&self, now: u64) {
+        if self.config.alarm_prepare_ms == 0 {
+            return;
+        }
+        let room = (self.config.instances_max as usize / 2).max(1);
+        for id in self
+            .timer
+            .to_prepare(now + self.config.alarm_prepare_ms, room)
+        {
+            let _ = self.enqueue(&id, Event::new(EventKind::Prepare, None), false);
+        }
+    }
+}
+
+fn worker(rt: Arc<Inner>) {
+    loop {
+        let actor = {
+            let mut q = rt.runq.lock();
+            loop {
+                if rt.stopping.load(Ordering::Relaxed) {
+                    return;
+                }
+                if let Some(a) = q.pop_front() {
+                    break a;
+                }
+                rt.runq_cv.wait_for(&mut q, Duration::from_millis(500));
+            }
+        };
+        actor::run_turn(&rt, &actor);
+    }
+}
+
+/// Every actor with a database under `data`.
+pub fn all_actors(data: &std::path::Path) -> Vec<ActorId> {
+    let mut out = Vec::new();
+    let dirs = |p: PathBuf| -> Vec<(String, PathBuf)> {
+        std::fs::read_dir(p)
+            .map(|rd| {
+                rd.flatten()
+                    .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
+                    .filter_map(|e| Some((e.file_name().into_string().ok()?, e.path())))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    for (tenant, tp) in dirs(data.join("actors")) {
+        for (app, ap) in dirs(tp) {
+            for (class, cp) in dirs(ap) {
+                for name in paths::list_names(&cp, None, usize::MAX).unwrap_or_default() {
+                    if let Ok(id) = ActorId::new(&tenant, &app, &class, &name) {
+                        out.push(id);
+                    }
+                }
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,175 @@
+//! The node's in-memory alarm timer.
+//!
+//! One ordered set of `(due, actor)` for every alarm this node knows of,
+//! filled from the events it commits and, at start-up, from a scan of the
+//! data directory. No task or thread per alarm: a million pending alarms
+//! cost a million small set entries. The actor's database stays the source
+//! of truth; an entry here only says "look at this actor then", and a
+//! delivery re-reads the committed alarm before running anything.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+
+use parking_lot::{Condvar, Mutex};
+use wasmkeep_store::ActorId;
+
+#[derive(Default)]
+struct State {
+    queue: BTreeSet<(u64, Arc<ActorId>)>,
+    by_actor: HashMap<Arc<ActorId>, u64>,
+    /// Actors already opened ahead of their alarm.
+    prepared: HashSet<Arc<ActorId>>,
+}
+
+/// Pending alarms by due time.
+#[derive(Default)]
+pub struct Timer {
+    state: Mutex<State>,
+    changed: Condvar,
+}
+
+impl Timer {
+    /// Records an actor's committed alarm (`None`: it has none).
+    pub fn set(&self, id: &ActorId, at_ms: Option<u64>) {
+        let mut s = self.state.lock();
+        let key = match s.by_actor.get_key_value(id) {
+            Some((k, _)) => Arc::clone(k),
+            None => Arc::new(id.clone()),
+        };
+        if let Some(old) = s.by_actor.remove(&key) {
+            s.queue.remove(&(old, Arc::clone(&key)));
+        }
+        s.prepared.remove(&key);
+        if let Some(at) = at_ms {
+            let earliest = s.queue.first().map(|(t, _)| *t);
+            s.queue.insert((at, Arc::clone(&key)));
+            s.by_actor.insert(key, at);
+            if earliest.is_none_or(|e| at < e) {
+                self.changed.notify_all();
+            }
+        }
+    }
+
+    /// Removes and returns up to `max` alarms due at or before `now_ms`,
+    /// earliest first.
+    pub fn pop_due(&self, now_ms: u64, max: usize) -> Vec<(ActorId, u64)> {
+        let mut s = self.state.lock();
+        let mut out = Vec::new();
+        while out.len() < max {
+            let Some((at, id)) = s.queue.first().cloned() else {
+                break;
+            };
+            if at > now_ms {
+                break;
+            }
+            s.queue.pop_first();
+            s.by_actor.remove(&id);
+            s.prepared.remove(&id);
+            out.push(((*id).clone(), at));
+        }
+        out
+    }
+
+    /// Actors due before `until_ms` that were not yet prepared, marking
+    /// them prepared.
+    pub fn to_prepare(&self, until_ms: u64, max: usize) -> Vec<ActorId> {
+        let mut s = self.state.lock();
+        let mut out = Vec::new();
+        let ids: Vec<Arc<ActorId>> = s
+            .queue
+            .iter()
+            .take_while(|(at, _)| *at <= until_ms)
+            .map(|(_, id)| Arc::clone(id))
+            .collect();
+        for id in ids {
+            if out.len() >= max {
+                break;
+            }
+            if s.prepared.insert(Arc::clone(&id)) {
+                out.push((*id).clone());
+            }
+        }
+        out
+    }
+
+    /// The earliest due time.
+    pub fn next_due(&self) -> Option<u64> {
+        self.state.lock().queue.first().map(|(t, _)| *t)
+    }
+
+    /// The alarm this timer holds for an actor.
+    pub fn get(&self, id: &ActorId) -> Option<u64> {
+        self.state.lock().by_actor.get(id).copied()
+    }
+
+    pub fn len(&self) -> usize {
+        self.state.lock().by_actor.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// A tenant's pending alarms in due order, at most `limit`.
+    pub fn pending(&self, tenant: &str, limit: usize) -> Vec<(ActorId, u64)> {
+        self.state
+            .lock()
+            .queue
+            .iter()
+            .filter(|(_, id)| id.tenant == tenant)
+            .take(limit)
+            .map(|(at, id)| ((**id).clone(), *at))
+            .collect()
+    }
+
+    /// Sleeps until the earliest alarm may be due, something earlier is
+    /// set, or `max_ms` passed.
+    pub fn wait(&self, now_ms: u64, max_ms: u64) {
+        let mut s = self.state.lock();
+        let wait_ms = match s.queue.first() {
+            Some((at, _)) if *at <= now_ms => return,
+            Some((at, _)) => (*at - now_ms).min(max_ms),
+            None => max_ms,
+        };
+        self.changed
+            .wait_for(&mut s, std::time::Duration::from_millis(wait_ms));
+    }
+
+    /// Wakes a thread in [`Timer::wait`].
+    pub fn notify(&self) {
+        self.changed.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(n: &str) -> ActorId {
+        ActorId::new("t", "a", "c", n).unwrap()
+    }
+
+    #[test]
+    fn set_replaces_and_pop_returns_due_in_order() {
+        let t = Timer::default();
+        t.set(&id("a"), Some(30));
+        t.set(&id("b"), Some(10));
+        t.set(&id("c"), Some(20));
+        t.set(&id("a"), Some(5));
+        t.set(&id("c"), None);
+        assert_eq!(t.len(), 2);
+        assert_eq!(t.pop_due(9, 10), vec![(id("a"), 5)]);
+        assert_eq!(t.pop_due(100, 10), vec![(id("b"), 10)]);
+        assert!(t.is_empty());
+    }
+
+    #[test]
+    fn prepare_marks_once_until_the_alarm_changes() {
+        let t = Timer::default();
+        t.set(&id("a"), Some(10));
+        assert_eq!(t.to_prepare(20, 10), vec![id("a")]);
+        assert!(t.to_prepare(20, 10).is_empty());
+        t.set(&id("a"), Some(15));
+        assert_eq!(t.to_prepare(20, 10), vec![id("a")]);
+    }
+}

@@ -1,0 +1,76 @@
+//! Errors at the HTTP edge: a status, a stable code and a message.
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use wasmkeep_runtime::RuntimeError;
+
+/// An error as the client sees it.
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: String,
+    pub message: String,
+    /// Seconds after which the client may retry, for 503s.
+    pub retry_after_s: Option<u32>,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            code: code.to_owned(),
+            message: message.into(),
+            retry_after_s: None,
+        }
+    }
+}
+
+/// The HTTP status each runtime error code gets.
+fn status_of(e: &RuntimeError) -> StatusCode {
+    match e {
+        RuntimeError::InvalidId(_) => StatusCode::BAD_REQUEST,
+        RuntimeError::AppNotFound(_)
+        | RuntimeError::ClassNotFound { .. }
+        | RuntimeError::ActorNotFound(_) => StatusCode::NOT_FOUND,
+        RuntimeError::ActorOverloaded { .. } | RuntimeError::ShuttingDown => {
+            StatusCode::SERVICE_UNAVAILABLE
+        }
+        RuntimeError::InvalidComponent(_) | RuntimeError::InvalidManifest(_) => {
+            StatusCode::UNPROCESSABLE_ENTITY
+        }
+        RuntimeError::ComponentTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+        // The actor failed the event: its writes were rolled back.
+        RuntimeError::Guest { .. }
+        | RuntimeError::Trap(_)
+        | RuntimeError::CpuTimeExceeded { .. }
+        | RuntimeError::MemoryExceeded { .. }
+        | RuntimeError::ResponseTooLarge { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+        RuntimeError::Store(s) if s.is_guest_fault() => StatusCode::BAD_REQUEST,
+        RuntimeError::Store(_) | RuntimeError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+impl From<RuntimeError> for ApiError {
+    fn from(e: RuntimeError) -> ApiError {
+        ApiError {
+            status: status_of(&e),
+            code: e.code(),
+            message: e.to_string(),
+            retry_after_s: e.is_retryable().then_some(1),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = serde_json::json!({
+            "error": { "code": self.code, "message": self.message }
+        });
+        let mut r = (self.status, axum::Json(body)).into_response();
+        if let Some(s) = self.retry_after_s {
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        r
+    }
+}

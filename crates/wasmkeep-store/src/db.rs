@@ -1,0 +1,836 @@
+//! [`ActorDb`]: one actor's SQLite database, its internal tables and the
+//! sandbox around guest SQL.
+//!
+//! Transactions belong to the runtime, never to the guest: the runtime opens
+//! one transaction for a batch of events ([`ActorDb::begin`]), wraps each
+//! event in a savepoint ([`ActorDb::event_begin`]) so that one failing event
+//! rolls back alone, and commits once ([`ActorDb::commit`]). The guest's SQL
+//! runs under an authorizer that refuses the internal tables, ATTACH,
+//! transaction control, temporary objects and pragmas other than a few
+//! read-only ones.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use rusqlite::hooks::{AuthAction, AuthContext, Authorization};
+use rusqlite::limits::Limit;
+use rusqlite::types::{ToSqlOutput, ValueRef};
+use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, ToSql, params};
+
+use crate::error::StoreError;
+use crate::limits::StoreLimits;
+use crate::paths::DB_FILE;
+
+/// Prefix of every table the runtime keeps in an actor's database.
+pub const INTERNAL_PREFIX: &str = "_wasmkeep_";
+
+/// Guest statements are cached under their text with this prefix, so that a
+/// guest can never be handed a statement the runtime prepared (and
+/// authorized) for itself by sending the same text.
+const GUEST_MARK: &str = "/*guest*/ ";
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS _wasmkeep_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS _wasmkeep_kv (key BLOB PRIMARY KEY, value BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS _wasmkeep_alarm (
+    id INTEGER PRIMARY KEY CHECK (id = 0),
+    at_ms INTEGER NOT NULL,
+    retry_count INTEGER NOT NULL DEFAULT 0
+);
+";
+
+/// Pragmas a guest may run: all read-only introspection.
+const GUEST_PRAGMAS: &[&str] = &[
+    "table_info",
+    "table_xinfo",
+    "table_list",
+    "index_list",
+    "index_info",
+    "index_xinfo",
+    "foreign_key_list",
+    "foreign_key_check",
+    "integrity_check",
+    "quick_check",
+    "page_count",
+    "page_size",
+    "freelist_count",
+    "data_version",
+];
+
+/// Virtual table modules a guest may create (full-text search and R-trees).
+const GUEST_VTAB_MODULES: &[&str] = &["fts5", "fts4", "fts3", "rtree"];
+
+/// A SQLite value as the runtime passes it between guest and database.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    Null,
+    Integer(i64),
+    Real(f64),
+    Text(String),
+    Blob(Vec<u8>),
+}
+
+impl Value {
+    fn from_ref(v: ValueRef<'_>) -> Result<Value, StoreError> {
+        Ok(match v {
+            ValueRef::Null => Value::Null,
+            ValueRef::Integer(i) => Value::Integer(i),
+            ValueRef::Real(f) => Value::Real(f),
+            ValueRef::Text(t) => Value::Text(
+                std::str::from_utf8(t)
+                    .map_err(|_| StoreError::Sql("text value is not valid utf-8".into()))?
+                    .to_owned(),
+            ),
+            ValueRef::Blob(b) => Value::Blob(b.to_vec()),
+        })
+    }
+
+    fn size_bytes(&self) -> usize {
+        match self {
+            Value::Null | Value::Integer(_) | Value::Real(_) => 8,
+            Value::Text(s) => s.len(),
+            Value::Blob(b) => b.len(),
+        }
+    }
+}
+
+impl ToSql for Value {
+    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+        Ok(ToSqlOutput::Borrowed(match self {
+            Value::Null => ValueRef::Null,
+            Value::Integer(i) => ValueRef::Integer(*i),
+            Value::Real(f) => ValueRef::Real(*f),
+            Value::Text(s) => ValueRef::Text(s.as_bytes()),
+            Value::Blob(b) => ValueRef::Blob(b),
+        }))
+    }
+}
+
+/// Rows returned by a guest query.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct QueryResult {
+    pub columns: Vec<String>,
+    pub rows: Vec<Vec<Value>>,
+    pub rows_read: u64,
+    pub rows_written: u64,
+}
+
+/// What a guest statement that returns no rows did.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ExecResult {
+    pub rows_written: u64,
+    pub last_insert_rowid: i64,
+}
+
+/// How a key-value listing is bounded and ordered.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KvListOptions {
+    pub prefix: Option<String>,
+    pub start: Option<String>,
+    pub end: Option<String>,
+    pub limit: Option<u32>,
+    pub reverse: bool,
+}
+
+/// The committed alarm of an actor: when it is due and how many attempts at
+/// it have failed so far (ADR 0009, "Retries are committed").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AlarmState {
+    pub at_ms: u64,
+    pub retry_count: u32,
+}
+
+/// Whether [`ActorDb::open`] may create a database that does not exist.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpenMode {
+    /// Create the folder and the database if missing.
+    Create,
+    /// Only open an existing database; `None` if there is none.
+    Existing,
+}
+
+/// One actor's open database.
+pub struct ActorDb {
+    conn: Connection,
+    guest: Arc<AtomicBool>,
+    denied: Arc<parking_lot_free::Slot>,
+    limits: StoreLimits,
+    dir: PathBuf,
+    created: bool,
+    page_size: u64,
+}
+
+/// A tiny mutex-protected slot: the authorizer records why it refused a
+/// statement, and the error that follows carries the reason.
+mod parking_lot_free {
+    use std::sync::Mutex;
+
+    #[derive(Default)]
+    pub struct Slot(Mutex<Option<String>>);
+
+    impl Slot {
+        pub fn set(&self, s: String) {
+            *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(s);
+        }
+        pub fn take(&self) -> Option<String> {
+            self.0.lock().unwrap_or_else(|p| p.into_inner()).take()
+        }
+    }
+}
+
+/// Sets the guest flag for as long as it lives, whatever way the guest call
+/// ends.
+struct GuestMode<'a>(&'a AtomicBool);
+
+impl<'a> GuestMode<'a> {
+    fn enter(flag: &'a AtomicBool) -> Self {
+        flag.store(true, Ordering::Relaxed);
+        GuestMode(flag)
+    }
+}
+
+impl Drop for GuestMode<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Relaxed);
+    }
+}
+
+fn is_internal(table: &str) -> bool {
+    table.len() >= INTERNAL_PREFIX.len()
+        && table[..INTERNAL_PREFIX.len()].eq_ignore_ascii_case(INTERNAL_PREFIX)
+}
+
+/// The guest sandbox: `Err(reason)` refuses the action.
+fn authorize_guest(ctx: &AuthContext<'_>) -> Result<(), String> {
+    let internal = |t: &str| {
+        if is_internal(t) {
+            Err(format!("table `{t}` is internal to the runtime"))
+        } else {
+            Ok(())
+        }
+    };
+    match ctx.action {
+        AuthAction::Read { table_name, .. }
+        | AuthAction::Insert { table_name }
+        | AuthAction::Update { table_name, .. }
+        | AuthAction::Delete { table_name }
+        | AuthAction::CreateTable { table_name }
+        | AuthAction::DropTable { table_name }
+        | AuthAction::AlterTable { table_name, .. }
+        | AuthAction::Analyze { table_name }
+        | AuthAction::CreateIndex { table_name, .. }
+        | AuthAction::DropIndex { table_name, .. }
+        | AuthAction::CreateTrigger { table_name, .. }
+        | AuthAction::DropTrigger { table_name, .. } => internal(table_name),
+        AuthAction::CreateView { view_name } | AuthAction::DropView { view_name } => {
+            internal(view_name)
+        }
+        AuthAction::CreateVtable {
+            table_name,
+            module_name,
+        }
+        | AuthAction::DropVtable {
+            table_name,
+            module_name,
+        } => {
+            internal(table_name)?;
+            if GUEST_VTAB_MODULES.contains(&module_name.to_ascii_lowercase().as_str()) {
+                Ok(())
+            } else {
+                Err(format!(
+                    "virtual table module `{module_name}` is not allowed"
+                ))
+            }
+        }
+        AuthAction::CreateTempIndex { .. }
+        | AuthAction::CreateTempTable { .. }
+        | AuthAction::CreateTempTrigger { .. }
+        | AuthAction::CreateTempView { .. }
+        | AuthAction::DropTempIndex { .. }
+        | AuthAction::DropTempTable { .. }
+        | AuthAction::DropTempTrigger { .. }
+        | AuthAction::DropTempView { .. } => Err(
+            "temporary tables, views and triggers are not allowed: they would outlive the event"
+                .into(),
+        ),
+        AuthAction::Attach { .. } | AuthAction::Detach { .. } => {
+            Err("ATTACH and DETACH are not allowed: an actor has exactly one database".into())
+        }
+        AuthAction::Transaction { .. } | AuthAction::Savepoint { .. } => {
+            Err("transaction control belongs to the runtime: every event is one transaction".into())
+        }
+        AuthAction::Pragma {
+            pragma_name,
+            pragma_value,
+        } => {
+            let name = pragma_name.to_ascii_lowercase();
+            let read_only = matches!(name.as_str(), "page_count" | "page_size" | "data_version");
+            if GUEST_PRAGMAS.contains(&name.as_str()) && !(read_only && pragma_value.is_some()) {
+                Ok(())
+            } else {
+                Err(format!("pragma `{pragma_name}` is not allowed"))
+            }
+        }
+        AuthAction::Function { function_name } => {
+            if function_name.eq_ignore_ascii_case("load_extension") {
+                Err("load_extension is not allowed".into())
+            } else {
+                Ok(())
+            }
+        }
+        AuthAction::Select | AuthAction::Recursive | AuthAction::Reindex { .. } => Ok(()),
+        _ => Err("this kind of statement is not allowed".into()),
+    }
+}
+
+impl ActorDb {
+    /// Opens (or, with [`OpenMode::Create`], creates) the database in `dir`.
+    pub fn open(
+        dir: &Path,
+        limits: &StoreLimits,
+        mode: OpenMode,
+    ) -> Result<Option<ActorDb>, StoreError> {
+        let path = dir.join(DB_FILE);
+        let exists = path.exists();
+        if !exists && mode == OpenMode::Existing {
+            return Ok(None);
+        }
+        if !exists {
+            std::fs::create_dir_all(dir)?;
+        }
+        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let conn = Connection::open_with_flags(&path, flags).map_err(open_err)?;
+        let mut db = ActorDb {
+            conn,
+            guest: Arc::new(AtomicBool::new(false)),
+            denied: Arc::new(parking_lot_free::Slot::default()),
+            limits: limits.clone(),
+            dir: dir.to_owned(),
+            created: !exists,
+            page_size: 4096,
+        };
+        db.configure()?;
+        Ok(Some(db))
+    }
+
+    fn configure(&mut self) -> Result<(), StoreError> {
+        let c = &self.conn;
+        c.pragma_update(None, "journal_mode", "WAL")
+            .map_err(open_err)?;
+        // The runtime makes commits durable itself, for many actors at once
+        // (see the `sync` module); SQLite still syncs around checkpoints.
+        c.pragma_update(None, "synchronous", "NORMAL")
+            .map_err(open_err)?;
+        c.pragma_update(None, "foreign_keys", true)
+            .map_err(open_err)?;
+        c.pragma_update(None, "journal_size_limit", 64 * 1024 * 1024)
+            .map_err(open_err)?;
+        self.page_size = c
+            .pragma_query_value(None, "page_size", |r| r.get::<_, i64>(0))
+            .map_err(open_err)? as u64;
+        let pages = self.limits.database_bytes_max / self.page_size.max(512);
+        c.pragma_update(None, "max_page_count", pages as i64)
+            .map_err(open_err)?;
+        let clamp = |v: usize| v.min(i32::MAX as usize) as i32;
+        c.set_limit(
+            Limit::SQLITE_LIMIT_LENGTH,
+            clamp(self.limits.value_bytes_max),
+        )
+        .map_err(open_err)?;
+        // Statement length and parameter count are checked before a guest
+        // statement reaches SQLite (`check_statement`); SQLite's own limits
+        // only keep a floor so the runtime's statements always fit.
+        c.set_limit(
+            Limit::SQLITE_LIMIT_VARIABLE_NUMBER,
+            clamp(self.limits.sql_params_max.max(16)),
+        )
+        .map_err(open_err)?;
+        c.set_limit(Limit::SQLITE_LIMIT_ATTACHED, 0)
+            .map_err(open_err)?;
+        c.set_prepared_statement_cache_capacity(64);
+        c.execute_batch(SCHEMA).map_err(open_err)?;
+        let guest = Arc::clone(&self.guest);
+        let denied = Arc::clone(&self.denied);
+        self.conn
+            .authorizer(Some(move |ctx: AuthContext<'_>| {
+                if !guest.load(Ordering::Relaxed) {
+                    return Authorization::Allow;
+                }
+                match authorize_guest(&ctx) {
+                    Ok(()) => Authorization::Allow,
+                    Err(reason) => {
+                        denied.set(reason);
+                        Authorization::Deny
+                    }
+                }
+            }))
+            .map_err(open_err)?;
+        Ok(())
+    }
+
+    /// Whether this open created the database file.
+    pub fn created(&self) -> bool {
+        self.created
+    }
+
+    /// The actor's folder.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The write-ahead log, which holds commits until a checkpoint.
+    pub fn wal_path(&self) -> PathBuf {
+        self.dir.join(format!("{DB_FILE}-wal"))
+    }
+
+    /// The limits this database enforces.
+    pub fn limits(&self) -> &StoreLimits {
+        &self.limits
+    }
+
+    fn err(&self, e: rusqlite::Error) -> StoreError {
+        let reason = self.denied.take();
+        match e {
+            rusqlite::Error::SqliteFailure(f, msg) => match f.code {
+                ErrorCode::TooBig => StoreError::RowTooLarge {
+                    limit: self.limits.value_bytes_max,
+                },
+                ErrorCode::DiskFull => {
+                    if self.size_bytes().unwrap_or(0) + 2 * self.page_size
+                        >= self.limits.database_bytes_max
+                    {
+                        StoreError::DatabaseFull {
+                            limit: self.limits.database_bytes_max,
+                        }
+                    } else {
+                        StoreError::Io("the disk is full".into())
+                    }
+                }
+                ErrorCode::AuthorizationForStatementDenied => StoreError::Forbidden(
+                    reason.unwrap_or_else(|| msg.unwrap_or_else(|| "not authorized".into())),
+                ),
+                ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase => {
+                    StoreError::Corrupt(msg.unwrap_or_else(|| f.to_string()))
+                }
+                ErrorCode::SystemIoFailure | ErrorCode::CannotOpen | ErrorCode::ReadOnly => {
+                    StoreError::Io(msg.unwrap_or_else(|| f.to_string()))
+                }
+                _ => StoreError::Sql(msg.unwrap_or_else(|| f.to_string())),
+            },
+            rusqlite::Error::MultipleStatement => {
+                StoreError::Sql("one statement per call: the text holds more than one".into())
+            }
+            rusqlite::Error::InvalidParameterCount(got, want) => StoreError::Sql(format!(
+                "wrong number of parameters: given={got} expected={want}"
+            )),
+            rusqlite::Error::ExecuteReturnedResults => {
+                StoreError::Sql("the statement returns rows: use query".into())
+            }
+            other => StoreError::Sql(other.to_string()),
+        }
+    }
+
+    // ---- transactions (the runtime's) ----
+
+    /// Starts the transaction that a batch of events shares.
+    pub fn begin(&mut self) -> Result<(), StoreError> {
+        self.conn
+            .execute_batch("BEGIN IMMEDIATE")
+            .map_err(|e| self.err(e))
+    }
+
+    /// Commits the batch's transaction.
+    pub fn commit(&mut self) -> Result<(), StoreError> {
+        self.conn.execute_batch("COMMIT").map_err(|e| self.err(e))
+    }
+
+    /// Abandons the batch's transaction, if one is open.
+    pub fn rollback(&mut self) {
+        if !self.conn.is_autocommit() {
+            let _ = self.conn.execute_batch("ROLLBACK");
+        }
+    }
+
+    /// Marks the start of one event inside the batch.
+    pub fn event_begin(&mut self) -> Result<(), StoreError> {
+        self.conn
+            .execute_batch("SAVEPOINT wasmkeep_event")
+            .map_err(|e| self.err(e))
+    }
+
+    /// Keeps the event's changes in the batch.
+    pub fn event_commit(&mut self) -> Result<(), StoreError> {
+        self.conn
+            .execute_batch("RELEASE wasmkeep_event")
+            .map_err(|e| self.err(e))
+    }
+
+    /// Undoes the event's changes, and only its.
+    pub fn event_rollback(&mut self) -> Result<(), StoreError> {
+        self.conn
+            .execute_batch("ROLLBACK TO wasmkeep_event; RELEASE wasmkeep_event")
+            .map_err(|e| self.err(e))
+    }
+
+    // ---- guest SQL ----
+
+    fn check_statement(&self, sql: &str, params: &[Value]) -> Result<(), StoreError> {
+        if sql.len() > self.limits.sql_bytes_max {
+            return Err(StoreError::StatementTooLarge {
+                size: sql.len(),
+                limit: self.limits.sql_bytes_max,
+            });
+        }
+        if params.len() > self.limits.sql_params_max {
+            return Err(StoreError::TooManyParams {
+                count: params.len(),
+                limit: self.limits.sql_params_max,
+            });
+        }
+        for p in params {
+            if p.size_bytes() > self.limits.value_bytes_max {
+                return Err(StoreError::ValueTooLarge {
+                    what: "parameter",
+                    size: p.size_bytes(),
+                    limit: self.limits.value_bytes_max,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs a guest statement and returns its rows.
+    pub fn query(&mut self, sql: &str, params: &[Value]) -> Result<QueryResult, StoreError> {
+        self.check_statement(sql, params)?;
+        let _guest = GuestMode::enter(&self.guest);
+        let before = self.conn.total_changes();
+        let text = format!("{GUEST_MARK}{sql}");
+        let mut stmt = self.conn.prepare_cached(&text).map_err(|e| self.err(e))?;
+        let columns: Vec<String> = stmt.column_names().map(|s| s.to_string()).collect();
+        let n = columns.len();
+        let mut rows_out = Vec::new();
+        let mut total = 0usize;
+        let mut rows = stmt
+            .query(rusqlite::params_from_iter(params.iter()))
+            .map_err(|e| self.err(e))?;
+        loop {
+            let row = match rows.next() {
+                Ok(Some(r)) => r,
+                Ok(None) => break,
+                Err(e) => return Err(self.err(e)),
+            };
+            let mut out = Vec::with_capacity(n);
+            for i in 0..n {
+                let v = Value::from_ref(row.get_ref(i).map_err(|e| self.err(e))?)?;
+                total += v.size_bytes();
+                out.push(v);
+            }
+            if total > self.limits.query_result_bytes_max {
+                return Err(StoreError::ResultTooLarge {
+                    limit: self.limits.query_result_bytes_max,
+                });
+            }
+            rows_out.push(out);
+        }
+        drop(rows);
+        drop(stmt);
+        let written = self.conn.total_changes().saturating_sub(before);
+        Ok(QueryResult {
+            columns,
+            rows_read: rows_out.len() as u64,
+            rows: rows_out,
+            rows_written: written,
+        })
+    }
+
+    /// Runs a guest statement that returns no rows.
+    pub fn execute(&mut self, sql: &str, params: &[Value]) -> Result<ExecResult, StoreError> {
+        self.check_statement(sql, params)?;
+        let _guest = GuestMode::enter(&self.guest);
+        let before = self.conn.total_changes();
+        let text = format!("{GUEST_MARK}{sql}");
+        let mut stmt = self.conn.prepare_cached(&text).map_err(|e| self.err(e))?;
+        stmt.execute(rusqlite::params_from_iter(params.iter()))
+            .map_err(|e| self.err(e))?;
+        drop(stmt);
+        Ok(ExecResult {
+            rows_written: self.conn.total_changes().saturating_sub(before),
+            last_insert_rowid: self.conn.last_insert_rowid(),
+        })
+    }
+
+    // ---- key-value ----
+
+    fn check_key(&self, key: &str) -> Result<(), StoreError> {
+        if key.len() > self.limits.key_bytes_max {
+            return Err(StoreError::KeyTooLarge {
+                size: key.len(),
+                limit: self.limits.key_bytes_max,
+            });
+        }
+        Ok(())
+    }
+
+    /// The value stored under `key`.
+    pub fn kv_get(&mut self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        self.check_key(key)?;
+        self.conn
+            .prepare_cached("SELECT value FROM _wasmkeep_kv WHERE key = ?1")
+            .and_then(|mut s| s.query_row([key.as_bytes()], |r| r.get(0)).optional())
+            .map_err(|e| self.err(e))
+    }
+
+    /// Stores `value` under `key`, replacing what was there.
+    pub fn kv_put(&mut self, key: &str, value: &[u8]) -> Result<(), StoreError> {
+        self.check_key(key)?;
+        let size = key.len() + value.len();
+        if size > self.limits.value_bytes_max {
+            return Err(StoreError::ValueTooLarge {
+                what: "key-value entry (key plus value)",
+                size,
+                limit: self.limits.value_bytes_max,
+            });
+        }
+        self.conn
+            .prepare_cached("INSERT OR REPLACE INTO _wasmkeep_kv (key, value) VALUES (?1, ?2)")
+            .and_then(|mut s| s.execute(params![key.as_bytes(), value]))
+            .map(|_| ())
+            .map_err(|e| self.err(e))
+    }
+
+    /// Removes `key`; whether it existed.
+    pub fn kv_delete(&mut self, key: &str) -> Result<bool, StoreError> {
+        self.check_key(key)?;
+        self.conn
+            .prepare_cached("DELETE FROM _wasmkeep_kv WHERE key = ?1")
+            .and_then(|mut s| s.execute([key.as_bytes()]))
+            .map(|n| n > 0)
+            .map_err(|e| self.err(e))
+    }
+
+    /// Entries in key order (or reverse), bounded by the options and by
+    /// `kv_list_entries_max`.
+    pub fn kv_list(&mut self, o: &KvListOptions) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        let mut lower: Option<Vec<u8>> = o.start.as_ref().map(|s| s.as_bytes().to_vec());
+        let mut upper: Option<Vec<u8>> = o.end.as_ref().map(|s| s.as_bytes().to_vec());
+        if let Some(p) = &o.prefix {
+            let p = p.as_bytes().to_vec();
+            if lower.as_ref().is_none_or(|l| *l < p) {
+                lower = Some(p.clone());
+            }
+            if let Some(succ) = prefix_successor(&p) {
+                if upper.as_ref().is_none_or(|u| *u > succ) {
+                    upper = Some(succ);
+                }
+            }
+        }
+        let limit = o
+            .limit
+            .unwrap_or(self.limits.kv_list_entries_max)
+            .min(self.limits.kv_list_entries_max);
+        let sql = format!(
+            "SELECT key, value FROM _wasmkeep_kv WHERE (?1 IS NULL OR key >= ?1) AND (?2 IS NULL OR key < ?2) ORDER BY key {} LIMIT ?3",
+            if o.reverse { "DESC" } else { "ASC" }
+        );
+        let mut stmt = self.conn.prepare_cached(&sql).map_err(|e| self.err(e))?;
+        let rows = stmt
+            .query_map(params![lower, upper, limit], |r| {
+                Ok((r.get::<_, Vec<u8>>(0)?, r.get::<_, Vec<u8>>(1)?))
+            })
+            .and_then(|rows| rows.collect::<Result<Vec<_>, _>>());
+        let rows = match rows {
+            Ok(r) => r,
+            Err(e) => {
+                drop(stmt);
+                return Err(self.err(e));
+            }
+        };
+        let mut total = 0usize;
+        let mut out = Vec::with_capacity(rows.len());
+        for (k, v) in rows {
+            total += k.len() + v.len();
+            if total > self.limits.query_result_bytes_max {
+                return Err(StoreError::ResultTooLarge {
+                    limit: self.limits.query_result_bytes_max,
+                });
+            }
+            let k = String::from_utf8(k)
+                .map_err(|_| StoreError::Corrupt("a key-value key is not utf-8".into()))?;
+            out.push((k, v));
+        }
+        Ok(out)
+    }
+
+    // ---- runtime metadata ----
+
+    /// A value the runtime keeps about the actor.
+    pub fn meta_get(&self, key: &str) -> Result<Option<String>, StoreError> {
+        self.conn
+            .prepare_cached("SELECT value FROM _wasmkeep_meta WHERE key = ?1")
+            .and_then(|mut s| s.query_row([key], |r| r.get(0)).optional())
+            .map_err(|e| self.err(e))
+    }
+
+    /// Records a value the runtime keeps about the actor.
+    pub fn meta_set(&self, key: &str, value: &str) -> Result<(), StoreError> {
+        self.conn
+            .prepare_cached("INSERT OR REPLACE INTO _wasmkeep_meta (key, value) VALUES (?1, ?2)")
+            .and_then(|mut s| s.execute([key, value]))
+            .map(|_| ())
+            .map_err(|e| self.err(e))
+    }
+
+    /// Whether `on-init` has committed for this actor: an actor without it
+    /// has no state, and an alarm for it must not create it.
+    pub fn is_initialized(&self) -> Result<bool, StoreError> {
+        Ok(self.meta_get("initialized_ms")?.is_some())
+    }
+
+    /// Records that `on-init` ran, at `now_ms`.
+    pub fn mark_initialized(&self, now_ms: u64) -> Result<(), StoreError> {
+        self.meta_set("initialized_ms", &now_ms.to_string())
+    }
+
+    // ---- the alarm ----
+
+    /// The committed alarm, if any.
+    pub fn alarm(&self) -> Result<Option<AlarmState>, StoreError> {
+        self.conn
+            .prepare_cached("SELECT at_ms, retry_count FROM _wasmkeep_alarm WHERE id = 0")
+            .and_then(|mut s| {
+                s.query_row([], |r| {
+                    Ok(AlarmState {
+                        at_ms: r.get::<_, i64>(0)? as u64,
+                        retry_count: r.get::<_, i64>(1)? as u32,
+                    })
+                })
+                .optional()
+            })
+            .map_err(|e| self.err(e))
+    }
+
+    /// Replaces (or, with `None`, clears) the alarm.
+    pub fn set_alarm(&self, alarm: Option<AlarmState>) -> Result<(), StoreError> {
+        let r = match alarm {
+            Some(a) => self
+                .conn
+                .prepare_cached(
+                    "INSERT OR REPLACE INTO _wasmkeep_alarm (id, at_ms, retry_count) VALUES (0, ?1, ?2)",
+                )
+                .and_then(|mut s| s.execute(params![a.at_ms as i64, a.retry_count as i64])),
+            None => self
+                .conn
+                .prepare_cached("DELETE FROM _wasmkeep_alarm WHERE id = 0")
+                .and_then(|mut s| s.execute([])),
+        };
+        r.map(|_| ()).map_err(|e| self.err(e))
+    }
+
+    // ---- inspection ----
+
+    /// The database's size in bytes (pages in use times page size).
+    pub fn size_bytes(&self) -> Result<u64, StoreError> {
+        let pages: i64 = self
+            .conn
+            .query_row("PRAGMA page_count", [], |r| r.get(0))
+            .map_err(|e| StoreError::Sql(e.to_string()))?;
+        Ok(pages as u64 * self.page_size)
+    }
+}
+
+/// The smallest byte string greater than every string starting with `p`,
+/// or `None` if there is none (`p` is all `0xff`).
+fn prefix_successor(p: &[u8]) -> Option<Vec<u8>> {
+    let mut s = p.to_vec();
+    while let Some(last) = s.pop() {
+        if last < 0xff {
+            s.push(last + 1);
+            return Some(s);
+        }
+    }
+    None
+}
+
+fn open_err(e: rusqlite::Error) -> StoreError {
+    match e {
+        rusqlite::Error::SqliteFailure(f, msg)
+            if matches!(f.code, ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase) =>
+        {
+            StoreError::Corrupt(msg.unwrap_or_else(|| f.to_string()))
+        }
+        other => StoreError::Io(other.to_string()),
+    }
+}
+
+/// Runs read-only SQL against an actor's database for an operator: a
+/// separate read-only connection, so it never waits for nor disturbs the
+/// actor's own, and sees internal tables too. Returns at most `rows_max` rows.
+pub fn inspect_query(
+    db_path: &Path,
+    sql: &str,
+    rows_max: usize,
+) -> Result<QueryResult, StoreError> {
+    let conn = Connection::open_with_flags(
+        db_path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(open_err)?;
+    conn.pragma_update(None, "query_only", true)
+        .map_err(open_err)?;
+    let sql_err = |e: rusqlite::Error| StoreError::Sql(e.to_string());
+    let mut stmt = conn.prepare(sql).map_err(sql_err)?;
+    if !stmt.readonly() {
+        return Err(StoreError::Forbidden(
+            "inspection runs read-only statements only".into(),
+        ));
+    }
+    let columns: Vec<String> = stmt.column_names().map(|s| s.to_string()).collect();
+    let n = columns.len();
+    let mut rows = stmt.query([]).map_err(sql_err)?;
+    let mut out = Vec::new();
+    while let Some(row) = rows.next().map_err(sql_err)? {
+        if out.len() >= rows_max {
+            break;
+        }
+        let mut r = Vec::with_capacity(n);
+        for i in 0..n {
+            r.push(Value::from_ref(row.get_ref(i).map_err(sql_err)?)?);
+        }
+        out.push(r);
+    }
+    Ok(QueryResult {
+        columns,
+        rows_read: out.len() as u64,
+        rows: out,
+        rows_written: 0,
+    })
+}
+
+/// The committed alarm of the database at `db_path`, read through a
+/// read-only connection (the start-up scan and the admin API use it).
+pub fn read_alarm(db_path: &Path) -> Result<Option<AlarmState>, StoreError> {
+    if !db_path.exists() {
+        return Ok(None);
+    }
+    let r = inspect_query(
+        db_path,
+        "SELECT at_ms, retry_count FROM _wasmkeep_alarm WHERE id = 0",
+        1,
+    );
+    let r = match r {
+        Ok(r) => r,
+        // A database created before its schema (a crash mid-creation).
+        Err(StoreError::Sql(m)) if m.contains("no such table") => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    Ok(r.rows.first().and_then(|row| match (&row[0], &row[1]) {
+        (Value::Integer(at), Value::Integer(n)) => Some(AlarmState {
+            at_ms: *at as u64,
+            retry_count: *n as u32,
+        }),
+        _ => None,
+    }))
+}

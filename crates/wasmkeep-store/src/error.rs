@@ -1,0 +1,70 @@
+//! The store's errors, each with a stable code.
+
+use thiserror::Error;
+
+/// Everything that can go wrong in one actor's database.
+///
+/// [`StoreError::code`] is the stable, machine-readable code the HTTP edge
+/// and guests see; the message names the limit or field involved.
+#[derive(Debug, Error)]
+pub enum StoreError {
+    #[error("value too large: {what} size={size} limit value_bytes_max={limit}")]
+    ValueTooLarge {
+        what: &'static str,
+        size: usize,
+        limit: usize,
+    },
+    #[error("value too large: a string, blob or row exceeds value_bytes_max={limit}")]
+    RowTooLarge { limit: usize },
+    #[error("key too large: size={size} limit key_bytes_max={limit}")]
+    KeyTooLarge { size: usize, limit: usize },
+    #[error("statement too large: size={size} limit sql_bytes_max={limit}")]
+    StatementTooLarge { size: usize, limit: usize },
+    #[error("too many parameters: count={count} limit sql_params_max={limit}")]
+    TooManyParams { count: usize, limit: usize },
+    #[error("result too large: limit query_result_bytes_max={limit}")]
+    ResultTooLarge { limit: usize },
+    #[error("database full: limit database_bytes_max={limit}")]
+    DatabaseFull { limit: u64 },
+    #[error("forbidden: {0}")]
+    Forbidden(String),
+    #[error("sql error: {0}")]
+    Sql(String),
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    #[error("actor database is corrupt or unreadable: {0}")]
+    Corrupt(String),
+    #[error("storage i/o error: {0}")]
+    Io(String),
+}
+
+impl StoreError {
+    /// The stable code for this error (see the README's error table).
+    pub fn code(&self) -> &'static str {
+        match self {
+            StoreError::ValueTooLarge { .. } | StoreError::RowTooLarge { .. } => "value_too_large",
+            StoreError::KeyTooLarge { .. } => "key_too_large",
+            StoreError::StatementTooLarge { .. } => "statement_too_large",
+            StoreError::TooManyParams { .. } => "too_many_parameters",
+            StoreError::ResultTooLarge { .. } => "result_too_large",
+            StoreError::DatabaseFull { .. } => "database_full",
+            StoreError::Forbidden(_) => "forbidden",
+            StoreError::Sql(_) => "sql_error",
+            StoreError::InvalidArgument(_) => "invalid_argument",
+            StoreError::Corrupt(_) => "storage_corrupt",
+            StoreError::Io(_) => "storage_error",
+        }
+    }
+
+    /// Whether the error is the guest's doing (bad SQL, a limit), as opposed
+    /// to the node's storage failing.
+    pub fn is_guest_fault(&self) -> bool {
+        !matches!(self, StoreError::Corrupt(_) | StoreError::Io(_))
+    }
+}
+
+impl From<std::io::Error> for StoreError {
+    fn from(e: std::io::Error) -> Self {
+        StoreError::Io(e.to_string())
+    }
+}

@@ -1,0 +1,129 @@
+//! Actor identity and the validation of its parts.
+
+use std::fmt;
+
+/// Longest tenant, app or class name.
+pub const SEGMENT_BYTES_MAX: usize = 63;
+/// Longest actor name, in bytes of UTF-8.
+pub const NAME_BYTES_MAX: usize = 512;
+
+/// `tenant/app/class/name`: one actor.
+///
+/// Tenant, app and class are identifiers (`[a-z0-9][a-z0-9_-]*`, at most
+/// [`SEGMENT_BYTES_MAX`] bytes) so they can appear in paths and bucket keys
+/// as they are. The name is any UTF-8 without control characters, at most
+/// [`NAME_BYTES_MAX`] bytes; it is hex-encoded wherever it becomes part of a
+/// path, so no name can escape its folder.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ActorId {
+    pub tenant: String,
+    pub app: String,
+    pub class: String,
+    pub name: String,
+}
+
+/// Why a part of an actor's address was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {field}: {reason}: `{value}`")]
+pub struct InvalidId {
+    pub field: &'static str,
+    pub reason: &'static str,
+    pub value: String,
+}
+
+/// Checks a tenant, app or class name.
+pub fn validate_segment(field: &'static str, value: &str) -> Result<(), InvalidId> {
+    let bad = |reason| {
+        Err(InvalidId {
+            field,
+            reason,
+            value: value.chars().take(80).collect(),
+        })
+    };
+    if value.is_empty() {
+        return bad("empty");
+    }
+    if value.len() > SEGMENT_BYTES_MAX {
+        return bad("longer than 63 bytes");
+    }
+    let mut bytes = value.bytes();
+    let first = bytes.next().unwrap_or(b'-');
+    if !(first.is_ascii_lowercase() || first.is_ascii_digit()) {
+        return bad("must start with a-z or 0-9");
+    }
+    if !bytes.all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_') {
+        return bad("only a-z, 0-9, '-' and '_' are allowed");
+    }
+    Ok(())
+}
+
+/// Checks an actor name.
+pub fn validate_name(value: &str) -> Result<(), InvalidId> {
+    let bad = |reason| {
+        Err(InvalidId {
+            field: "name",
+            reason,
+            value: value.chars().filter(|c| !c.is_control()).take(80).collect(),
+        })
+    };
+    if value.is_empty() {
+        return bad("empty");
+    }
+    if value.len() > NAME_BYTES_MAX {
+        return bad("longer than name_bytes_max=512");
+    }
+    if value.chars().any(char::is_control) {
+        return bad("contains a control character");
+    }
+    Ok(())
+}
+
+impl ActorId {
+    /// Builds an id, validating every part.
+    pub fn new(tenant: &str, app: &str, class: &str, name: &str) -> Result<ActorId, InvalidId> {
+        validate_segment("tenant", tenant)?;
+        validate_segment("app", app)?;
+        validate_segment("class", class)?;
+        validate_name(name)?;
+        Ok(ActorId {
+            tenant: tenant.to_owned(),
+            app: app.to_owned(),
+            class: class.to_owned(),
+            name: name.to_owned(),
+        })
+    }
+}
+
+impl fmt::Display for ActorId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}/{}/{}/{}",
+            self.tenant, self.app, self.class, self.name
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segments_are_identifiers() {
+        assert!(validate_segment("app", "chat-2_b").is_ok());
+        for bad in ["", "-a", "A", "a/b", "a.b", "..", "a b", &"x".repeat(64)] {
+            assert!(validate_segment("app", bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn names_are_any_text_without_control_characters() {
+        for good in ["a", "../..", "a/b/c", "ünï😀", ".", " spaced "] {
+            assert!(validate_name(good).is_ok(), "{good:?} refused");
+        }
+        for bad in ["", "a\nb", "\u{0}", &"x".repeat(513)] {
+            assert!(validate_name(bad).is_err(), "{bad:?} accepted");
+        }
+        assert!(validate_name(&"é".repeat(256)).is_ok());
+    }
+}

@@ -1,0 +1,23 @@
+//! One actor's SQLite database, and nothing else.
+//!
+//! This crate owns the on-disk shape of an actor: where its file lives under a
+//! node's data directory ([`paths`]), the runtime's internal tables
+//! (`_wasmkeep_*`: key-value, meta, alarm), the sandbox that keeps guest SQL
+//! away from them ([`ActorDb`]'s authorizer), and the limits that turn
+//! SQLite's low-level failures into errors that name the limit ([`limits`]).
+//!
+//! It knows nothing of WebAssembly, HTTP, the network or the bucket: the
+//! runtime decides *when* to open, begin, commit and sync; this crate decides
+//! *how*. Every method is blocking and meant to run on a worker thread.
+
+pub mod db;
+pub mod error;
+pub mod id;
+pub mod limits;
+pub mod paths;
+pub mod sync;
+
+pub use db::{ActorDb, AlarmState, ExecResult, KvListOptions, OpenMode, QueryResult, Value};
+pub use error::StoreError;
+pub use id::ActorId;
+pub use limits::StoreLimits;

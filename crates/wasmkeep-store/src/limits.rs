@@ -1,0 +1,39 @@
+//! The limits one actor's database enforces, in one place.
+//!
+//! Names end in their unit, as everywhere in wasmkeep. The defaults follow
+//! Durable Objects' documented SQLite limits where those exist, so that an
+//! app moved from there behaves the same.
+
+/// Bounds on what one actor's guest code may store or run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreLimits {
+    /// Largest string or blob value, and largest row (SQLite's
+    /// `SQLITE_LIMIT_LENGTH`); also a key-value entry's key plus value.
+    pub value_bytes_max: usize,
+    /// Longest SQL statement text.
+    pub sql_bytes_max: usize,
+    /// Most bound parameters in one statement.
+    pub sql_params_max: usize,
+    /// Longest key-value key.
+    pub key_bytes_max: usize,
+    /// Largest database file (enforced through `max_page_count`).
+    pub database_bytes_max: u64,
+    /// Most entries one key-value `list` returns.
+    pub kv_list_entries_max: u32,
+    /// Largest result one query may return, all rows together.
+    pub query_result_bytes_max: usize,
+}
+
+impl Default for StoreLimits {
+    fn default() -> Self {
+        StoreLimits {
+            value_bytes_max: 2 * 1024 * 1024,
+            sql_bytes_max: 100_000,
+            sql_params_max: 100,
+            key_bytes_max: 2048,
+            database_bytes_max: 10 * 1024 * 1024 * 1024,
+            kv_list_entries_max: 10_000,
+            query_result_bytes_max: 32 * 1024 * 1024,
+        }
+    }
+}

@@ -1,0 +1,231 @@
+//! The guest SQL sandbox, events as savepoints, and limits, against real
+//! SQLite files.
+
+use wasmkeep_store::{ActorDb, KvListOptions, OpenMode, StoreError, StoreLimits, Value};
+
+fn open(limits: StoreLimits) -> (tempfile::TempDir, ActorDb) {
+    let dir = tempfile::tempdir().unwrap();
+    let db = ActorDb::open(&dir.path().join("a"), &limits, OpenMode::Create)
+        .unwrap()
+        .unwrap();
+    (dir, db)
+}
+
+fn code(r: Result<impl std::fmt::Debug, StoreError>) -> &'static str {
+    r.expect_err("expected an error").code()
+}
+
+#[test]
+fn guest_sql_cannot_touch_internal_tables_or_escape() {
+    let (_d, mut db) = open(StoreLimits::default());
+    db.kv_put("secret", b"x").unwrap();
+    for sql in [
+        "SELECT * FROM _wasmkeep_kv",
+        "SELECT * FROM _WASMKEEP_KV",
+        "DELETE FROM _wasmkeep_alarm",
+        "INSERT INTO _wasmkeep_meta VALUES ('initialized_ms', '1')",
+        "DROP TABLE _wasmkeep_kv",
+        "ATTACH DATABASE '/tmp/x.db' AS x",
+        "BEGIN",
+        "COMMIT",
+        "SAVEPOINT s",
+        "PRAGMA synchronous = OFF",
+        "PRAGMA journal_mode = DELETE",
+        "PRAGMA writable_schema = 1",
+        "CREATE TEMP TABLE t (x)",
+        "SELECT load_extension('x')",
+    ] {
+        let r = db.execute(sql, &[]);
+        assert!(
+            matches!(r, Err(StoreError::Forbidden(_)) | Err(StoreError::Sql(_))),
+            "{sql} was allowed: {r:?}"
+        );
+    }
+    // A view over an internal table may be created, but never read.
+    let _ = db.execute("CREATE VIEW v AS SELECT * FROM _wasmkeep_kv", &[]);
+    assert!(db.query("SELECT * FROM v", &[]).is_err());
+    // A view created over a guest table cannot be used to reach internal data
+    // through a trigger either.
+    db.execute("CREATE TABLE t (x)", &[]).unwrap();
+    let created = db
+        .execute(
+            "CREATE TRIGGER tr AFTER INSERT ON t BEGIN DELETE FROM _wasmkeep_kv; END",
+            &[],
+        )
+        .is_ok();
+    let r = db.execute("INSERT INTO t VALUES (1)", &[]);
+    if created {
+        assert_eq!(code(r), "forbidden");
+    }
+    assert_eq!(db.kv_get("secret").unwrap().as_deref(), Some(&b"x"[..]));
+    // Read-only introspection is fine.
+    db.query("PRAGMA table_info(t)", &[]).unwrap();
+}
+
+#[test]
+fn forbidden_errors_say_why() {
+    let (_d, mut db) = open(StoreLimits::default());
+    let e = db.query("SELECT * FROM _wasmkeep_kv", &[]).unwrap_err();
+    assert_eq!(e.code(), "forbidden");
+    assert!(e.to_string().contains("_wasmkeep_kv"), "{e}");
+}
+
+#[test]
+fn a_failed_event_rolls_back_alone() {
+    let (_d, mut db) = open(StoreLimits::default());
+    db.execute("CREATE TABLE t (x)", &[]).unwrap();
+    db.begin().unwrap();
+    db.event_begin().unwrap();
+    db.execute("INSERT INTO t VALUES (1)", &[]).unwrap();
+    db.event_commit().unwrap();
+    db.event_begin().unwrap();
+    db.execute("INSERT INTO t VALUES (2)", &[]).unwrap();
+    db.kv_put("k", b"v").unwrap();
+    db.event_rollback().unwrap();
+    db.event_begin().unwrap();
+    db.execute("INSERT INTO t VALUES (3)", &[]).unwrap();
+    db.event_commit().unwrap();
+    db.commit().unwrap();
+    let r = db.query("SELECT x FROM t ORDER BY x", &[]).unwrap();
+    assert_eq!(
+        r.rows,
+        vec![vec![Value::Integer(1)], vec![Value::Integer(3)]]
+    );
+    assert_eq!(db.kv_get("k").unwrap(), None);
+}
+
+#[test]
+fn a_value_that_outgrows_the_limit_fails_only_its_own_write() {
+    // The second seed's outage: one stored value grows each event until a
+    // write fails; the event that shrinks it must still succeed.
+    let limits = StoreLimits {
+        value_bytes_max: 64 * 1024,
+        ..StoreLimits::default()
+    };
+    let (_d, mut db) = open(limits);
+    db.execute(
+        "CREATE TABLE watches (id INTEGER PRIMARY KEY, history BLOB)",
+        &[],
+    )
+    .unwrap();
+    let mut size = 1024;
+    let mut failed_at = None;
+    for i in 0..200 {
+        db.event_begin().unwrap();
+        let r = db.execute(
+            "INSERT OR REPLACE INTO watches VALUES (1, ?1)",
+            &[Value::Blob(vec![7; size])],
+        );
+        match r {
+            Ok(_) => db.event_commit().unwrap(),
+            Err(e) => {
+                assert_eq!(e.code(), "value_too_large", "{e}");
+                assert!(e.to_string().contains("value_bytes_max"), "{e}");
+                db.event_rollback().unwrap();
+                failed_at = Some(i);
+                break;
+            }
+        }
+        size += 1024;
+    }
+    assert!(failed_at.is_some(), "the value never hit the limit");
+    // The shrinking write succeeds, and so does an unrelated one.
+    db.execute("UPDATE watches SET history = substr(history, 1, 10)", &[])
+        .unwrap();
+    db.kv_put("other", b"still writable").unwrap();
+    let too_big = vec![0u8; 64 * 1024];
+    assert_eq!(code(db.kv_put("k", &too_big)), "value_too_large");
+    db.kv_put("k", &too_big[..1000]).unwrap();
+}
+
+#[test]
+fn limits_name_themselves() {
+    let limits = StoreLimits {
+        sql_bytes_max: 100,
+        sql_params_max: 3,
+        key_bytes_max: 8,
+        ..StoreLimits::default()
+    };
+    let (_d, mut db) = open(limits);
+    let long = format!("SELECT 1 {}", " ".repeat(200));
+    let e = db.query(&long, &[]).unwrap_err();
+    assert_eq!(e.code(), "statement_too_large");
+    assert!(e.to_string().contains("sql_bytes_max=100"));
+    let e = db
+        .query("SELECT ?, ?, ?, ?", &vec![Value::Null; 4])
+        .unwrap_err();
+    assert_eq!(e.code(), "too_many_parameters");
+    let e = db.kv_put("123456789", b"").unwrap_err();
+    assert_eq!(e.code(), "key_too_large");
+    assert!(e.to_string().contains("key_bytes_max=8"));
+}
+
+#[test]
+fn database_size_limit_is_a_clear_error_and_deleting_still_works() {
+    let limits = StoreLimits {
+        database_bytes_max: 256 * 1024,
+        ..StoreLimits::default()
+    };
+    let (_d, mut db) = open(limits);
+    db.execute("CREATE TABLE t (x BLOB)", &[]).unwrap();
+    let mut err = None;
+    for _ in 0..100 {
+        if let Err(e) = db.execute("INSERT INTO t VALUES (zeroblob(16000))", &[]) {
+            err = Some(e);
+            break;
+        }
+    }
+    let e = err.expect("the database never filled");
+    assert_eq!(e.code(), "database_full", "{e}");
+    assert!(e.to_string().contains("database_bytes_max"));
+    db.execute("DELETE FROM t", &[]).unwrap();
+    db.execute("INSERT INTO t VALUES (zeroblob(16000))", &[])
+        .unwrap();
+}
+
+#[test]
+fn kv_lists_by_prefix_range_limit_and_reverse() {
+    let (_d, mut db) = open(StoreLimits::default());
+    for k in ["a", "b/1", "b/2", "b/3", "c", "bz"] {
+        db.kv_put(k, k.as_bytes()).unwrap();
+    }
+    let keys = |o: KvListOptions, db: &mut ActorDb| -> Vec<String> {
+        db.kv_list(&o)
+            .unwrap()
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect()
+    };
+    let prefix = KvListOptions {
+        prefix: Some("b/".into()),
+        ..Default::default()
+    };
+    assert_eq!(keys(prefix.clone(), &mut db), ["b/1", "b/2", "b/3"]);
+    let rev = KvListOptions {
+        reverse: true,
+        limit: Some(2),
+        ..prefix.clone()
+    };
+    assert_eq!(keys(rev, &mut db), ["b/3", "b/2"]);
+    let range = KvListOptions {
+        start: Some("b/2".into()),
+        end: Some("c".into()),
+        ..Default::default()
+    };
+    assert_eq!(keys(range, &mut db), ["b/2", "b/3", "bz"]);
+    assert!(db.kv_delete("a").unwrap());
+    assert!(!db.kv_delete("a").unwrap());
+}
+
+#[test]
+fn existing_mode_does_not_create() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = ActorDb::open(
+        &dir.path().join("x"),
+        &StoreLimits::default(),
+        OpenMode::Existing,
+    )
+    .unwrap();
+    assert!(r.is_none());
+    assert!(!dir.path().join("x").exists());
+}

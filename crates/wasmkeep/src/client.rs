@@ -1,0 +1,209 @@
+//! The CLI's client side: small HTTP calls to a node's API.
+
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+use serde_json::Value;
+
+/// Where the node is and how to authenticate.
+#[derive(clap::Args)]
+pub struct Conn {
+    /// The node's base URL.
+    #[arg(long, env = "WASMKEEP_SERVER", default_value = "http://127.0.0.1:8080")]
+    server: String,
+    /// Bearer token (admin, or the tenant's for `call`).
+    #[arg(long, env = "WASMKEEP_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+}
+
+fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .new_agent()
+}
+
+impl Conn {
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.server.trim_end_matches('/'))
+    }
+
+    fn send(&self, method: &str, path: &str, body: Option<Vec<u8>>) -> Result<(u16, Vec<u8>)> {
+        let url = self.url(path);
+        let mut req = ureq::http::Request::builder().method(method).uri(&url);
+        if let Some(t) = &self.token {
+            req = req.header("authorization", format!("Bearer {t}"));
+        }
+        let req = req.body(body.unwrap_or_default())?;
+        let mut resp = agent()
+            .run(req)
+            .with_context(|| format!("{method} {url}"))?;
+        let status = resp.status().as_u16();
+        let bytes = resp.body_mut().with_config().limit(1 << 30).read_to_vec()?;
+        Ok((status, bytes))
+    }
+
+    fn json(&self, method: &str, path: &str, body: Option<Vec<u8>>) -> Result<Value> {
+        let (status, bytes) = self.send(method, path, body)?;
+        let v: Value = serde_json::from_slice(&bytes)
+            .with_context(|| format!("the node answered {status} with a body that is not JSON"))?;
+        if !(200..300).contains(&status) {
+            let code = v["error"]["code"].as_str().unwrap_or("?");
+            let msg = v["error"]["message"].as_str().unwrap_or("");
+            bail!("{status} {code}: {msg}");
+        }
+        Ok(v)
+    }
+}
+
+fn enc(s: &str) -> String {
+    percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
+}
+
+fn split<const N: usize>(target: &str, what: &str) -> Result<[String; N]> {
+    let parts: Vec<&str> = target.splitn(N, '/').collect();
+    if parts.len() != N || parts.iter().any(|p| p.is_empty()) {
+        bail!("expected {what}, got `{target}`");
+    }
+    Ok(std::array::from_fn(|i| parts[i].to_owned()))
+}
+
+fn print(v: &Value) {
+    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+}
+
+pub fn deploy(conn: &Conn, target: &str, component: &Path, manifest: Option<&Path>) -> Result<()> {
+    let [tenant, app] = split::<2>(target, "tenant/app")?;
+    let wasm = std::fs::read(component).with_context(|| format!("read {}", component.display()))?;
+    let mut path = format!("/admin/v1/apps/{}/{}", enc(&tenant), enc(&app));
+    if let Some(m) = manifest {
+        let text = std::fs::read_to_string(m).with_context(|| format!("read {}", m.display()))?;
+        path.push_str(&format!("?manifest={}", enc(&text)));
+    }
+    let v = conn.json("PUT", &path, Some(wasm))?;
+    println!(
+        "deployed {tenant}/{app} ({} bytes, sha256 {}), classes: {}",
+        v["component_bytes"],
+        v["hash"].as_str().unwrap_or("?"),
+        v["classes"]
+            .as_array()
+            .map(|a| a
+                .iter()
+                .filter_map(|c| c.as_str())
+                .collect::<Vec<_>>()
+                .join(", "))
+            .unwrap_or_default()
+    );
+    Ok(())
+}
+
+pub fn call(
+    conn: &Conn,
+    target: &str,
+    method: &str,
+    data: Option<String>,
+    durable: bool,
+) -> Result<()> {
+    let mut path = format!("/v1/{}", target.trim_start_matches('/'));
+    if durable {
+        path.push(if path.contains('?') { '&' } else { '?' });
+        path.push_str("durable=1");
+    }
+    let (status, body) = conn.send(&method.to_uppercase(), &path, data.map(String::into_bytes))?;
+    use std::io::Write;
+    std::io::stdout().write_all(&body)?;
+    if !body.ends_with(b"\n") && !body.is_empty() {
+        println!();
+    }
+    if !(200..300).contains(&status) {
+        eprintln!("HTTP {status}");
+        std::process::exit(1);
+    }
+    Ok(())
+}
+
+pub fn actors(conn: &Conn, target: &str, after: Option<String>, limit: usize) -> Result<()> {
+    let [t, a, c] = split::<3>(target, "tenant/app/class")?;
+    let mut path = format!(
+        "/admin/v1/actors/{}/{}/{}?limit={limit}",
+        enc(&t),
+        enc(&a),
+        enc(&c)
+    );
+    if let Some(after) = after {
+        path.push_str(&format!("&after={}", enc(&after)));
+    }
+    let v = conn.json("GET", &path, None)?;
+    for name in v["actors"].as_array().into_iter().flatten() {
+        println!("{}", name.as_str().unwrap_or_default());
+    }
+    if let Some(next) = v["next"].as_str() {
+        eprintln!("(more: --after {next:?})");
+    }
+    Ok(())
+}
+
+pub fn inspect(conn: &Conn, target: &str, sql: Option<String>, tables: bool) -> Result<()> {
+    let [t, a, c, n] = split::<4>(target, "tenant/app/class/name")?;
+    let base = format!(
+        "/admin/v1/actors/{}/{}/{}/{}",
+        enc(&t),
+        enc(&a),
+        enc(&c),
+        enc(&n)
+    );
+    let sql = if tables {
+        Some("SELECT type, name, sql FROM sqlite_schema ORDER BY name".to_string())
+    } else {
+        sql
+    };
+    match sql {
+        None => print(&conn.json("GET", &base, None)?),
+        Some(sql) => {
+            let v = conn.json("POST", &format!("{base}/sql"), Some(sql.into_bytes()))?;
+            let cols: Vec<&str> = v["columns"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|c| c.as_str())
+                .collect();
+            println!("{}", cols.join("\t"));
+            for row in v["rows"].as_array().into_iter().flatten() {
+                let cells: Vec<String> = row
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|c| match c {
+                        Value::String(s) => s.clone(),
+                        other => other.to_string(),
+                    })
+                    .collect();
+                println!("{}", cells.join("\t"));
+            }
+        }
+    }
+    Ok(())
+}
+
+pub fn alarms(conn: &Conn, tenant: &str, limit: usize) -> Result<()> {
+    let v = conn.json(
+        "GET",
+        &format!("/admin/v1/alarms/{}?limit={limit}", enc(tenant)),
+        None,
+    )?;
+    for a in v["alarms"].as_array().into_iter().flatten() {
+        println!(
+            "{}\t{}/{}/{}",
+            a["alarm_ms"],
+            a["app"].as_str().unwrap_or(""),
+            a["class"].as_str().unwrap_or(""),
+            a["name"].as_str().unwrap_or("")
+        );
+    }
+    Ok(())
+}
+
+pub fn apps(conn: &Conn) -> Result<()> {
+    print(&conn.json("GET", "/admin/v1/apps", None)?);
+    Ok(())
+}

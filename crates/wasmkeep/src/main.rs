@@ -1,0 +1,262 @@
+//! `wasmkeep`: run a node, deploy apps, call and inspect actors.
+//!
+//! `serve` starts a node (the runtime plus its HTTP edge); every other
+//! subcommand is a small HTTP client of a node's API. This binary holds no
+//! logic of its own beyond wiring and printing.
+
+mod client;
+mod config;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use wasmkeep_runtime::{Durability, Runtime, SystemClock};
+
+use crate::config::NodeConfig;
+
+#[derive(Parser)]
+#[command(
+    name = "wasmkeep",
+    version,
+    about = "Durable actors on WebAssembly and SQLite"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a node.
+    Serve(ServeArgs),
+    /// Deploy (or replace) an app: `wasmkeep deploy TENANT/APP app.wasm`.
+    Deploy {
+        #[command(flatten)]
+        conn: client::Conn,
+        /// `tenant/app`
+        target: String,
+        /// The component (built for wasm32-wasip2).
+        component: PathBuf,
+        /// The app's TOML manifest.
+        #[arg(long)]
+        manifest: Option<PathBuf>,
+    },
+    /// Call an actor: `wasmkeep call -X POST demo/examples/counter/a/increment`.
+    Call {
+        #[command(flatten)]
+        conn: client::Conn,
+        /// `tenant/app/class/name[/path][?query]`
+        target: String,
+        #[arg(short = 'X', long, default_value = "GET")]
+        method: String,
+        /// Request body.
+        #[arg(short, long)]
+        data: Option<String>,
+        /// Ask for a bucket-confirmed (durable) response.
+        #[arg(long)]
+        durable: bool,
+    },
+    /// List actors of a class by name.
+    Actors {
+        #[command(flatten)]
+        conn: client::Conn,
+        /// `tenant/app/class`
+        target: String,
+        #[arg(long)]
+        after: Option<String>,
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+    },
+    /// Show an actor (size, alarm), or run read-only SQL on its database.
+    Inspect {
+        #[command(flatten)]
+        conn: client::Conn,
+        /// `tenant/app/class/name`
+        target: String,
+        /// A read-only statement; internal tables are visible here.
+        #[arg(long)]
+        sql: Option<String>,
+        /// List the actor's tables.
+        #[arg(long)]
+        tables: bool,
+    },
+    /// List a tenant's pending alarms, earliest first.
+    Alarms {
+        #[command(flatten)]
+        conn: client::Conn,
+        tenant: String,
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+    },
+    /// List deployed apps.
+    Apps {
+        #[command(flatten)]
+        conn: client::Conn,
+    },
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// Data directory (actors' databases, deployed apps).
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// Address to listen on.
+    #[arg(long)]
+    listen: Option<std::net::SocketAddr>,
+    /// A TOML configuration file (see the README's table).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Also deploy the bundled examples as tenant `demo`, app `examples`.
+    #[arg(long)]
+    examples: bool,
+    /// `fsync` (default) or `process`.
+    #[arg(long, value_parser = parse_durability)]
+    durability: Option<Durability>,
+    /// Allow a non-loopback address without tokens.
+    #[arg(long)]
+    insecure: bool,
+    /// Token for the admin API.
+    #[arg(long, env = "WASMKEEP_ADMIN_TOKEN", hide_env_values = true)]
+    admin_token: Option<String>,
+}
+
+fn parse_durability(s: &str) -> Result<Durability, String> {
+    match s {
+        "fsync" => Ok(Durability::Fsync),
+        "process" => Ok(Durability::Process),
+        _ => Err(format!("unknown durability `{s}`: use fsync or process")),
+    }
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve(args) => serve(args),
+        Command::Deploy {
+            conn,
+            target,
+            component,
+            manifest,
+        } => client::deploy(&conn, &target, &component, manifest.as_deref()),
+        Command::Call {
+            conn,
+            target,
+            method,
+            data,
+            durable,
+        } => client::call(&conn, &target, &method, data, durable),
+        Command::Actors {
+            conn,
+            target,
+            after,
+            limit,
+        } => client::actors(&conn, &target, after, limit),
+        Command::Inspect {
+            conn,
+            target,
+            sql,
+            tables,
+        } => client::inspect(&conn, &target, sql, tables),
+        Command::Alarms {
+            conn,
+            tenant,
+            limit,
+        } => client::alarms(&conn, &tenant, limit),
+        Command::Apps { conn } => client::apps(&conn),
+    }
+}
+
+fn serve(args: ServeArgs) -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("WASMKEEP_LOG")
+                .unwrap_or_else(|_| "info,cranelift=warn,wasmtime=warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let mut cfg = match &args.config {
+        Some(p) => NodeConfig::load(p)?,
+        None => NodeConfig::default(),
+    };
+    if let Some(d) = args.data {
+        cfg.data = d;
+    }
+    if let Some(l) = args.listen {
+        cfg.listen = l;
+    }
+    if let Some(d) = args.durability {
+        cfg.durability = d;
+    }
+    if args.insecure {
+        cfg.insecure = true;
+    }
+    if args.admin_token.is_some() {
+        cfg.admin_token = args.admin_token;
+    }
+    cfg.check_exposure()?;
+    let rt = Runtime::start(cfg.runtime(), Arc::new(SystemClock))
+        .with_context(|| format!("start the runtime on {}", cfg.data.display()))?;
+    let examples = if args.examples {
+        let info = rt
+            .deploy("demo", "examples", wasmkeep_guests::DEMO, "")
+            .context("deploy the bundled examples")?;
+        Some(info.classes)
+    } else {
+        None
+    };
+    let tokio = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .worker_threads(2)
+        .build()?;
+    tokio.block_on(async {
+        let listener = tokio::net::TcpListener::bind(cfg.listen)
+            .await
+            .with_context(|| format!("listen on {}", cfg.listen))?;
+        let addr = listener.local_addr()?;
+        let base = format!("http://{addr}");
+        println!(
+            "wasmkeep {} listening on {base} (data: {}, durability: {:?})",
+            env!("CARGO_PKG_VERSION"),
+            cfg.data.display(),
+            cfg.durability
+        );
+        if let Some(classes) = examples {
+            println!(
+                "examples deployed as demo/examples (classes: {}). Try:",
+                classes.join(", ")
+            );
+            println!("  curl -X POST {base}/v1/demo/examples/counter/hello/increment");
+            println!("  curl {base}/v1/demo/examples/counter/hello/value");
+            println!(
+                "  curl -X POST '{base}/v1/demo/examples/notes/mine/notes?title=first' -d 'hello'"
+            );
+            println!("  curl {base}/v1/demo/examples/notes/mine/notes");
+            println!("  curl -X POST '{base}/v1/demo/examples/reminder/r1/set?at_ms=<unix ms>'");
+            println!("  curl {base}/admin/v1/actors/demo/examples/counter");
+        }
+        use std::io::Write;
+        std::io::stdout().flush()?;
+        let shutdown = async {
+            let ctrl_c = tokio::signal::ctrl_c();
+            #[cfg(unix)]
+            {
+                let mut term =
+                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                        .expect("install SIGTERM handler");
+                tokio::select! {
+                    _ = ctrl_c => {},
+                    _ = term.recv() => {},
+                }
+            }
+            #[cfg(not(unix))]
+            let _ = ctrl_c.await;
+            tracing::info!("shutting down");
+        };
+        wasmkeep_server::serve(rt.clone(), cfg.server(), listener, shutdown).await?;
+        anyhow::Ok(())
+    })?;
+    rt.shutdown(std::time::Duration::from_secs(10));
+    Ok(())
+}
