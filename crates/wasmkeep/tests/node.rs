@@ -1,0 +1,226 @@
+//! The single-node server over real HTTP: serial turns, transactions,
+//! the guest sandbox, crash durability and name encoding.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use common::{Node, code, enc};
+use wasmkeep_guests::{DEMO, TESTBED};
+
+fn node_with_apps(tmp: &tempfile::TempDir) -> Node {
+    let node = Node::start(tmp.path(), &["--examples"]);
+    let (s, v) = node.deploy("t/bed", TESTBED);
+    assert_eq!(s, 200, "{v}");
+    node
+}
+
+#[test]
+fn concurrent_increments_across_ten_actors_are_exact() {
+    let tmp = tempfile::tempdir().unwrap();
+    let node = Arc::new(Node::start(tmp.path(), &["--examples"]));
+    let threads: Vec<_> = (0..40)
+        .map(|t| {
+            let node = Arc::clone(&node);
+            std::thread::spawn(move || {
+                for i in 0..25 {
+                    let actor = (t * 25 + i) % 10;
+                    let (s, body) =
+                        node.post(&format!("/v1/demo/examples/counter/c{actor}/increment"), b"");
+                    assert_eq!(s, 200, "{body}");
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let mut total = 0;
+    for a in 0..10 {
+        let (s, v) = node.json("GET", &format!("/v1/demo/examples/counter/c{a}/value"), b"");
+        assert_eq!(s, 200);
+        assert_eq!(v["value"], 100, "actor c{a}");
+        total += v["value"].as_i64().unwrap();
+    }
+    assert_eq!(total, 1000);
+}
+
+#[test]
+fn a_failed_event_leaves_no_partial_write_and_the_actor_goes_on() {
+    let tmp = tempfile::tempdir().unwrap();
+    let node = node_with_apps(&tmp);
+    let p = "/v1/t/bed/probe/p1";
+    assert_eq!(node.post(&format!("{p}/write"), b"").0, 204);
+    for (what, want_code) in [
+        ("trap", "guest_trap"),
+        ("panic", "guest_trap"),
+        ("err", "guest_error"),
+    ] {
+        let (s, v) = node.json("POST", &format!("{p}/{what}"), b"");
+        assert_eq!(s, 500, "{what}: {v}");
+        assert_eq!(code(&v), want_code, "{what}: {v}");
+        let (_, c) = node.json("GET", &format!("{p}/count"), b"");
+        assert_eq!(c["count"], 1, "{what} left a write behind");
+    }
+    let (_, v) = node.json("POST", &format!("{p}/panic"), b"");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("panicked on purpose"),
+        "{v}"
+    );
+    assert_eq!(node.post(&format!("{p}/write"), b"").0, 204);
+    let (_, c) = node.json("GET", &format!("{p}/count"), b"");
+    assert_eq!(c["count"], 2);
+}
+
+#[test]
+fn guest_sql_cannot_reach_internal_tables() {
+    let tmp = tempfile::tempdir().unwrap();
+    let node = node_with_apps(&tmp);
+    let p = "/v1/t/bed/probe/p1";
+    for sql in [
+        "SELECT * FROM _wasmkeep_kv",
+        "DELETE FROM _wasmkeep_alarm",
+        "ATTACH DATABASE 'x.db' AS x",
+        "PRAGMA synchronous = OFF",
+        "COMMIT",
+    ] {
+        let (s, v) = node.json("POST", &format!("{p}/sql"), sql.as_bytes());
+        assert_eq!(s, 422, "{sql}: {v}");
+        assert_eq!(v["code"], "forbidden", "{sql}: {v}");
+    }
+    let (s, v) = node.json("POST", &format!("{p}/sql"), b"SELECT * FROM writes");
+    assert_eq!(s, 200, "{v}");
+}
+
+#[test]
+fn acknowledged_writes_survive_sigkill() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut node = Node::start(tmp.path(), &["--examples"]);
+    // Writers run until the process dies; every acknowledged increment
+    // must be there after the restart.
+    let acked: Arc<Vec<AtomicU64>> = Arc::new((0..4).map(|_| AtomicU64::new(0)).collect());
+    let base = node.base.clone();
+    let writers: Vec<_> = (0..4)
+        .map(|a| {
+            let acked = Arc::clone(&acked);
+            let base = base.clone();
+            std::thread::spawn(move || {
+                let agent = ureq::Agent::config_builder()
+                    .http_status_as_error(false)
+                    .build()
+                    .new_agent();
+                loop {
+                    let url = format!("{base}/v1/demo/examples/counter/k{a}/increment");
+                    match agent.post(&url).send_empty() {
+                        Ok(mut r) if r.status() == 200 => {
+                            let v: serde_json::Value =
+                                serde_json::from_str(&r.body_mut().read_to_string().unwrap())
+                                    .unwrap();
+                            acked[a].fetch_max(v["value"].as_u64().unwrap(), Ordering::SeqCst);
+                        }
+                        _ => return,
+                    }
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    node.kill();
+    for w in writers {
+        w.join().unwrap();
+    }
+    let node = Node::start(tmp.path(), &["--examples"]);
+    for a in 0..4 {
+        let want = acked[a].load(Ordering::SeqCst);
+        assert!(want > 0, "no write was acknowledged for k{a}");
+        let (_, v) = node.json("GET", &format!("/v1/demo/examples/counter/k{a}/value"), b"");
+        let got = v["value"].as_u64().unwrap();
+        // In-flight increments may have committed without an answer: never
+        // fewer than acknowledged, at most one more per writer.
+        assert!(got >= want && got <= want + 1, "k{a}: acknowledged {want}, found {got}");
+        let (s, v) = node.json(
+            "POST",
+            &format!("/admin/v1/actors/demo/examples/counter/k{a}/sql"),
+            b"PRAGMA integrity_check",
+        );
+        assert_eq!(s, 200, "{v}");
+        assert_eq!(v["rows"][0][0], "ok");
+    }
+}
+
+#[test]
+fn hostile_names_stay_in_their_folder_and_list_back() {
+    let tmp = tempfile::tempdir().unwrap();
+    let node = Node::start(tmp.path(), &["--examples"]);
+    let names = ["a/b", "..", "../../etc", "ü😀", ".", "x.y", "with space"];
+    for n in names {
+        let (s, v) = node.json(
+            "POST",
+            &format!("/v1/demo/examples/counter/{}/increment", enc(n)),
+            b"",
+        );
+        assert_eq!(s, 200, "{n}: {v}");
+    }
+    let class_dir = tmp.path().join("actors/demo/examples/counter");
+    for entry in walk(tmp.path()) {
+        let rel = entry.strip_prefix(tmp.path()).unwrap();
+        let top = rel.components().next().unwrap().as_os_str().to_owned();
+        if top == "actors" && entry.extension().is_some_and(|e| e == "db") {
+            assert!(entry.starts_with(&class_dir), "{entry:?} escaped");
+        }
+    }
+    let (s, v) = node.json("GET", "/admin/v1/actors/demo/examples/counter?limit=100", b"");
+    assert_eq!(s, 200);
+    let mut want: Vec<&str> = names.to_vec();
+    want.sort();
+    let got: Vec<&str> = v["actors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_str().unwrap())
+        .collect();
+    assert_eq!(got, want);
+    let (s, v) = node.json("POST", "/v1/demo/examples/counter/a%0Ab/increment", b"");
+    assert_eq!((s, code(&v)), (400, "invalid_name"));
+    let long = "n".repeat(513);
+    let (s, v) = node.json("POST", &format!("/v1/demo/examples/counter/{long}/increment"), b"");
+    assert_eq!((s, code(&v)), (400, "invalid_name"));
+}
+
+#[test]
+fn the_demo_app_matches_its_contract() {
+    let tmp = tempfile::tempdir().unwrap();
+    let node = Node::start(tmp.path(), &["--examples"]);
+    let (s, v) = node.json("POST", "/v1/demo/examples/counter/x/increment", b"");
+    assert_eq!((s, v["value"].clone()), (200, serde_json::json!(1)));
+    let (s, v) = node.json("GET", "/v1/demo/examples/counter/x/value", b"");
+    assert_eq!((s, v["value"].clone()), (200, serde_json::json!(1)));
+    let (s, v) = node.json("POST", "/v1/demo/examples/notes/d/notes?title=hi", b"body");
+    assert_eq!(s, 201, "{v}");
+    let id = v["id"].as_i64().unwrap();
+    assert_eq!(node.post(&format!("/v1/demo/examples/notes/d/notes/{id}/tags/red"), b"").0, 204);
+    assert_eq!(node.send("PUT", "/v1/demo/examples/notes/d/settings/theme", b"dark").0, 204);
+    let (_, v) = node.json("GET", "/v1/demo/examples/notes/d/notes", b"");
+    assert_eq!(v["notes"][0]["tags"][0], "red");
+    let (_, v) = node.json("GET", "/v1/demo/examples/notes/d/settings", b"");
+    assert_eq!(v["theme"], "dark");
+    // Redeploying the same bytes changes nothing for the actors.
+    let (s, _) = node.deploy("demo/examples", DEMO);
+    assert_eq!(s, 200);
+    let (_, v) = node.json("GET", "/v1/demo/examples/counter/x/value", b"");
+    assert_eq!(v["value"], 1);
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs what building and testing wasmkeep needs on a fresh machine:
+# the wasm32-wasip2 target of the pinned toolchain, and (with --test) the
+# S3-compatible test server (moto) in .venv. Safe to run again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# rustup does not add a target listed in rust-toolchain.toml when that
+# toolchain is already installed: ask for it explicitly, inside the repo so
+# the pinned toolchain is the one that gets it.
+rustup toolchain install >/dev/null 2>&1 || true
+rustup target add wasm32-wasip2 >/dev/null
+
+if [ "${1:-}" = "--test" ]; then
+  if [ ! -x .venv/bin/moto_server ]; then
+    python3 -m venv .venv
+    .venv/bin/pip install --quiet --upgrade pip
+    .venv/bin/pip install --quiet 'moto[server]'
+  fi
+fi
