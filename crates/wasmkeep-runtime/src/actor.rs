@@ -28,7 +28,7 @@ use crate::durability::SyncJob;
 use crate::error::RuntimeError;
 use crate::host::{self, AlarmOp, HostState};
 use crate::metrics::Metrics;
-use crate::runtime::{Inner, epoch_ticks};
+use crate::runtime::{Faults, Inner, epoch_ticks};
 
 /// An HTTP-shaped request for one actor.
 #[derive(Debug, Clone, Default)]
@@ -547,6 +547,7 @@ fn run_batch(rt: &Arc<Inner>, actor: &Actor, slot: &mut Option<Loaded>, events: 
         Result<Outcome, RuntimeError>,
         Option<Instant>,
     )> = Vec::with_capacity(events.len());
+    let mut alarm_ran = false;
     for ev in events {
         Metrics::inc(&rt.metrics.events_total);
         let started = ev.is_request().then_some(ev.enqueued);
@@ -574,7 +575,10 @@ fn run_batch(rt: &Arc<Inner>, actor: &Actor, slot: &mut Option<Loaded>, events: 
         let l = slot.as_mut().expect("loaded");
         let r = match ev.kind {
             EventKind::Request(req) => run_request(rt, l, req, &mut initialized),
-            EventKind::Alarm { force } => run_alarm(rt, l, initialized, force),
+            EventKind::Alarm { force } => {
+                alarm_ran = true;
+                run_alarm(rt, l, initialized, force)
+            }
             EventKind::Prepare => Ok(Outcome::Done),
             EventKind::Delete => unreachable!("deletes run on their own"),
         };
@@ -586,7 +590,15 @@ fn run_batch(rt: &Arc<Inner>, actor: &Actor, slot: &mut Option<Loaded>, events: 
     let Some(l) = slot.as_mut() else {
         return;
     };
-    if let Err(e) = l.db().commit() {
+    let injected = alarm_ran && Faults::take(&rt.faults.fail_alarm_commits);
+    let committed = if injected {
+        Err(wasmkeep_store::StoreError::Io(
+            "injected commit failure".into(),
+        ))
+    } else {
+        l.db().commit()
+    };
+    if let Err(e) = committed {
         Metrics::inc(&rt.metrics.commits_failed_total);
         tracing::error!(actor = %id, error = %e, "commit failed");
         l.db().rollback();
@@ -616,6 +628,18 @@ fn run_batch(rt: &Arc<Inner>, actor: &Actor, slot: &mut Option<Loaded>, events: 
         let _ = std::fs::remove_dir_all(&dir);
     }
     let waiting = results.iter().any(|(r, _, _)| r.is_some());
+    if waiting && Faults::take(&rt.faults.crash_after_commit) {
+        // As if the process died here: the commit stands, nobody hears of
+        // it, and the in-memory instance is gone.
+        *slot = None;
+        for (r, _, _) in results {
+            reply(
+                r,
+                Err(RuntimeError::Internal("injected crash after commit".into())),
+            );
+        }
+        return;
+    }
     let metrics = Arc::clone(&rt.metrics);
     let release = move |sync: Result<(), String>| {
         for (r, out, started) in results {

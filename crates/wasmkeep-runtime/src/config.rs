@@ -56,6 +56,10 @@ pub struct RuntimeConfig {
     pub alarm_fire_batch_max: usize,
     /// Limits of each actor's database (an app's manifest may lower them).
     pub store: StoreLimits,
+    /// Where compiled components are cached (default: `<data>/cache`).
+    /// Entries are named by component hash and engine settings, so nodes
+    /// and tests may share one folder.
+    pub compile_cache_dir: Option<PathBuf>,
 }
 
 impl RuntimeConfig {
@@ -77,6 +81,7 @@ impl RuntimeConfig {
             alarm_prepare_ms: 2_000,
             alarm_fire_batch_max: 4096,
             store: StoreLimits::default(),
+            compile_cache_dir: None,
         }
     }
 

@@ -67,6 +67,31 @@ impl ResourceLimiter for MemoryCap {
     }
 }
 
+/// The guest's WASI wall clock is the node's clock, so a test kit that
+/// controls time controls `std::time::SystemTime` inside guests too.
+struct WallClock(Arc<dyn Clock>);
+
+impl wasmtime_wasi::HostWallClock for WallClock {
+    fn resolution(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(1)
+    }
+    fn now(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.0.now_ms())
+    }
+}
+
+/// The monotonic clock follows the node's clock too (in nanoseconds).
+struct MonotonicClock(Arc<dyn Clock>);
+
+impl wasmtime_wasi::HostMonotonicClock for MonotonicClock {
+    fn resolution(&self) -> u64 {
+        1_000_000
+    }
+    fn now(&self) -> u64 {
+        self.0.now_ms().saturating_mul(1_000_000)
+    }
+}
+
 /// Everything an instance's imports reach.
 pub struct HostState {
     /// The actor's database; `None` only while the instance is being torn
@@ -99,6 +124,8 @@ impl HostState {
         // No preopened directories, no environment, no arguments, no
         // sockets: a guest reaches the world only through wasmkeep's imports.
         let wasi = WasiCtx::builder()
+            .wall_clock(WallClock(Arc::clone(&clock)))
+            .monotonic_clock(MonotonicClock(Arc::clone(&clock)))
             .allow_tcp(false)
             .allow_udp(false)
             .allow_ip_name_lookup(false)

@@ -70,6 +70,29 @@ pub struct Inner {
     started: Instant,
     stopping: AtomicBool,
     cache_dir: PathBuf,
+    /// Faults a test may inject (the test kit's switches).
+    pub faults: Faults,
+}
+
+/// Failures a test can ask for. Zero (the default) injects nothing; the
+/// checks cost one relaxed load per batch.
+#[derive(Debug, Default)]
+pub struct Faults {
+    /// The next this many batches that run an alarm fail their commit.
+    pub fail_alarm_commits: std::sync::atomic::AtomicU32,
+    /// The next this many batches with a waiting caller commit, then lose
+    /// their replies and their instance, as if the process died between
+    /// the commit and the response.
+    pub crash_after_commit: std::sync::atomic::AtomicU32,
+}
+
+impl Faults {
+    /// Takes one unit of a fault counter, if any is left.
+    pub fn take(counter: &std::sync::atomic::AtomicU32) -> bool {
+        counter
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+    }
 }
 
 /// A node's runtime. Cheap to clone.
@@ -110,8 +133,10 @@ impl Runtime {
         host::Actor::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)
             .map_err(|e| RuntimeError::Internal(format!("linker: {e:#}")))?;
         let metrics = Arc::new(Metrics::default());
-        let cache_dir = std::env::var_os("WASMKEEP_COMPILE_CACHE")
-            .map(PathBuf::from)
+        let cache_dir = config
+            .compile_cache_dir
+            .clone()
+            .or_else(|| std::env::var_os("WASMKEEP_COMPILE_CACHE").map(PathBuf::from))
             .unwrap_or_else(|| config.data_dir.join("cache"));
         let inner = Arc::new(Inner {
             durability: DurabilityStage::start(config.data_dir.clone(), Arc::clone(&metrics)),
@@ -129,6 +154,7 @@ impl Runtime {
             started: Instant::now(),
             stopping: AtomicBool::new(false),
             cache_dir,
+            faults: Faults::default(),
         });
         let rt = Runtime { inner };
         rt.load_apps()?;
@@ -469,6 +495,11 @@ impl Runtime {
 
     pub fn metrics(&self) -> &Metrics {
         &self.inner.metrics
+    }
+
+    /// The fault switches (for tests).
+    pub fn faults(&self) -> &Faults {
+        &self.inner.faults
     }
 
     pub fn config(&self) -> &RuntimeConfig {

@@ -26,8 +26,10 @@ fn concurrent_increments_across_ten_actors_are_exact() {
             std::thread::spawn(move || {
                 for i in 0..25 {
                     let actor = (t * 25 + i) % 10;
-                    let (s, body) =
-                        node.post(&format!("/v1/demo/examples/counter/c{actor}/increment"), b"");
+                    let (s, body) = node.post(
+                        &format!("/v1/demo/examples/counter/c{actor}/increment"),
+                        b"",
+                    );
                     assert_eq!(s, 200, "{body}");
                 }
             })
@@ -65,7 +67,10 @@ fn a_failed_event_leaves_no_partial_write_and_the_actor_goes_on() {
     }
     let (_, v) = node.json("POST", &format!("{p}/panic"), b"");
     assert!(
-        v["error"]["message"].as_str().unwrap().contains("panicked on purpose"),
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("panicked on purpose"),
         "{v}"
     );
     assert_eq!(node.post(&format!("{p}/write"), b"").0, 204);
@@ -138,7 +143,10 @@ fn acknowledged_writes_survive_sigkill() {
         let got = v["value"].as_u64().unwrap();
         // In-flight increments may have committed without an answer: never
         // fewer than acknowledged, at most one more per writer.
-        assert!(got >= want && got <= want + 1, "k{a}: acknowledged {want}, found {got}");
+        assert!(
+            got >= want && got <= want + 1,
+            "k{a}: acknowledged {want}, found {got}"
+        );
         let (s, v) = node.json(
             "POST",
             &format!("/admin/v1/actors/demo/examples/counter/k{a}/sql"),
@@ -170,7 +178,11 @@ fn hostile_names_stay_in_their_folder_and_list_back() {
             assert!(entry.starts_with(&class_dir), "{entry:?} escaped");
         }
     }
-    let (s, v) = node.json("GET", "/admin/v1/actors/demo/examples/counter?limit=100", b"");
+    let (s, v) = node.json(
+        "GET",
+        "/admin/v1/actors/demo/examples/counter?limit=100",
+        b"",
+    );
     assert_eq!(s, 200);
     let mut want: Vec<&str> = names.to_vec();
     want.sort();
@@ -184,7 +196,11 @@ fn hostile_names_stay_in_their_folder_and_list_back() {
     let (s, v) = node.json("POST", "/v1/demo/examples/counter/a%0Ab/increment", b"");
     assert_eq!((s, code(&v)), (400, "invalid_name"));
     let long = "n".repeat(513);
-    let (s, v) = node.json("POST", &format!("/v1/demo/examples/counter/{long}/increment"), b"");
+    let (s, v) = node.json(
+        "POST",
+        &format!("/v1/demo/examples/counter/{long}/increment"),
+        b"",
+    );
     assert_eq!((s, code(&v)), (400, "invalid_name"));
 }
 
@@ -199,8 +215,19 @@ fn the_demo_app_matches_its_contract() {
     let (s, v) = node.json("POST", "/v1/demo/examples/notes/d/notes?title=hi", b"body");
     assert_eq!(s, 201, "{v}");
     let id = v["id"].as_i64().unwrap();
-    assert_eq!(node.post(&format!("/v1/demo/examples/notes/d/notes/{id}/tags/red"), b"").0, 204);
-    assert_eq!(node.send("PUT", "/v1/demo/examples/notes/d/settings/theme", b"dark").0, 204);
+    assert_eq!(
+        node.post(
+            &format!("/v1/demo/examples/notes/d/notes/{id}/tags/red"),
+            b""
+        )
+        .0,
+        204
+    );
+    assert_eq!(
+        node.send("PUT", "/v1/demo/examples/notes/d/settings/theme", b"dark")
+            .0,
+        204
+    );
     let (_, v) = node.json("GET", "/v1/demo/examples/notes/d/notes", b"");
     assert_eq!(v["notes"][0]["tags"][0], "red");
     let (_, v) = node.json("GET", "/v1/demo/examples/notes/d/settings", b"");

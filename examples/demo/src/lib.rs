@@ -1,15 +1,18 @@
 //! The examples app that `wasmkeep serve --examples` deploys as
 //! `demo/examples`. Each module is one class; the benchmarks and the
-//! acceptance checks rely on the routes documented in each.
+//! acceptance checks rely on the routes documented in each. `rings` and
+//! `watch` are the second seed's two scenarios.
 
 mod counter;
 mod notes;
 mod reminder;
+mod rings;
 mod watch;
 
 wasmkeep_sdk::app!(
     "counter" => counter::Counter,
     "notes" => notes::Notes,
     "reminder" => reminder::Reminder,
+    "rings" => rings::Rings,
     "watch" => watch::Watch,
 );

@@ -13,10 +13,13 @@
 //! - `POST /kv?key=K&bytes=N`: stores N bytes under K.
 //! - `POST /grow?bytes=N`, `POST /shrink`: the second seed's outage, one
 //!   value that grows by N bytes per event, and the event that cuts it down.
-//! - `POST /alarm?at_ms=T`: sets the alarm.
+//! - `POST /alarm?at_ms=T&mode=M`: sets the alarm; on-alarm records a row,
+//!   then per mode: `ok`, `fail`, `reschedule-and-fail` (sets the alarm for
+//!   now, fails), `later-and-fail` (sets it an hour later, fails),
+//!   `clear-and-fail`, `trap`.
 //! - `GET /env`: what the guest can see of files, environment and network.
 
-use wasmkeep_sdk::{Actor, Error, Request, Response, Result, alarm, kv, params, sql};
+use wasmkeep_sdk::{Actor, AlarmInfo, Error, Request, Response, Result, alarm, kv, now_ms, params, sql};
 
 #[derive(Default)]
 struct Probe;
@@ -43,6 +46,10 @@ impl Actor for Probe {
         sql::execute("CREATE TABLE blob (id INTEGER PRIMARY KEY CHECK (id = 0), b BLOB NOT NULL)", &[])?;
         sql::execute("INSERT INTO blob VALUES (0, x'')", &[])?;
         Ok(())
+    }
+
+    fn alarm(&mut self, info: AlarmInfo) -> Result<()> {
+        self.on_alarm(info)
     }
 
     fn request(&mut self, req: Request) -> Result<Response> {
@@ -119,6 +126,8 @@ impl Actor for Probe {
             }
             ("POST", "/alarm") => {
                 let at = req.query_u64("at_ms")?.unwrap_or(0);
+                let mode = req.query_param("mode").unwrap_or_else(|| "ok".into());
+                kv::put("alarm_mode", mode.as_bytes())?;
                 alarm::set(at)?;
                 Ok(Response::status(204))
             }
@@ -132,6 +141,45 @@ impl Actor for Probe {
                 ))
             }
             _ => Ok(Response::not_found()),
+        }
+    }
+}
+
+impl Probe {
+    fn on_alarm(&mut self, info: AlarmInfo) -> Result<()> {
+        let mode = kv::get("alarm_mode")?.unwrap_or_default();
+        let now = now_ms();
+        sql::execute(
+            "INSERT INTO writes (v) VALUES (?1)",
+            params![format!("alarm retry={} at={now}", info.retry_count)],
+        )?;
+        match mode.as_slice() {
+            b"ok" => Ok(()),
+            b"fail" => Err(Error::new("probe_failed", "alarm failing on purpose")),
+            // Sets the alarm again for now (or sooner than the retry), then
+            // fails: the retry rule must still back off.
+            b"reschedule-and-fail" => {
+                alarm::set(now)?;
+                Err(Error::new("probe_failed", "rescheduled, then failed"))
+            }
+            b"later-and-fail" => {
+                alarm::set(now + 3_600_000)?;
+                Err(Error::new("probe_failed", "set a later alarm, then failed"))
+            }
+            b"clear-and-fail" => {
+                alarm::delete();
+                Err(Error::new("probe_failed", "cleared, then failed"))
+            }
+            b"trap" => {
+                #[cfg(target_arch = "wasm32")]
+                core::arch::wasm32::unreachable();
+                #[cfg(not(target_arch = "wasm32"))]
+                unreachable!()
+            }
+            other => Err(Error::new(
+                "probe_failed",
+                format!("unknown alarm mode {}", String::from_utf8_lossy(other)),
+            )),
         }
     }
 }

@@ -1,0 +1,346 @@
+//! Test your wasmkeep actors against the real runtime, in-process.
+//!
+//! A [`TestNode`] is a real wasmkeep runtime (wasmtime, your component, real
+//! SQLite files in a fresh temporary folder) whose clock stands still until
+//! the test moves it. Nothing is faked: requests go through the same queue,
+//! transaction and durability code as in production, reads of the database
+//! go through a separate SQLite connection and hand back copies, and alarms
+//! fire through the same delivery code when [`TestNode::advance`] reaches
+//! them.
+//!
+//! ```ignore
+//! use wasmkeep_testkit::TestNode;
+//!
+//! let node = TestNode::new();
+//! node.deploy("acme/shop", &std::fs::read("target/wasm32-wasip2/release/shop.wasm")?)?;
+//! let cart = node.actor("acme/shop/cart/alice");
+//! assert_eq!(cart.post("/add?item=apple", "").status, 200);
+//! node.advance(std::time::Duration::from_secs(60)); // runs alarms due by then
+//! ```
+//!
+//! Each node has its own data folder and runtime, so tests run in parallel
+//! and share nothing. What it is not: a mock of the runtime, or a network
+//! server (use the `wasmkeep` binary for that).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tempfile::TempDir;
+use wasmkeep_runtime::{
+    ActorId, ActorRequest, AppInfo, Clock, ManualClock, Runtime, RuntimeConfig, RuntimeError,
+    StoreValue,
+};
+
+/// The time a node's clock starts at: 2026-01-01T00:00:00Z.
+pub const START_MS: u64 = 1_767_225_600_000;
+
+/// Alarms one [`TestNode::advance`] runs before it decides a handler
+/// re-arms itself for ever.
+pub const ADVANCE_ALARMS_MAX: usize = 100_000;
+
+/// A response from an actor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TestResponse {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl TestResponse {
+    /// The body as text.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    /// The body parsed as JSON (panics with the body if it is not JSON).
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
+    }
+}
+
+/// A wasmkeep node in this process, with a manual clock.
+pub struct TestNode {
+    rt: Runtime,
+    clock: Arc<ManualClock>,
+    config: RuntimeConfig,
+    dir: TempDir,
+    exec: tokio::runtime::Runtime,
+}
+
+impl Default for TestNode {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl TestNode {
+    /// A node with default settings and a fresh data folder.
+    pub fn new() -> TestNode {
+        Self::with_config(|_| {})
+    }
+
+    /// A node whose runtime settings `f` may change (limits, retries, ...).
+    pub fn with_config(f: impl FnOnce(&mut RuntimeConfig)) -> TestNode {
+        let dir = tempfile::tempdir().expect("create a data folder");
+        let mut config = RuntimeConfig::new(dir.path());
+        // Small pools: many test nodes may live in one process at once.
+        config.instances_max = 64;
+        config.workers = 2;
+        config.compile_cache_dir = Some(std::env::temp_dir().join("wasmkeep-testkit-cache"));
+        f(&mut config);
+        config.data_dir = dir.path().to_owned();
+        let clock = Arc::new(ManualClock::new(START_MS));
+        let rt = Runtime::start(config.clone(), Arc::clone(&clock) as Arc<dyn Clock>)
+            .expect("start the runtime");
+        let exec = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a tokio runtime for blocking calls");
+        TestNode {
+            rt,
+            clock,
+            config,
+            dir,
+            exec,
+        }
+    }
+
+    /// Deploys a component as `tenant/app`.
+    pub fn deploy(&self, tenant_app: &str, wasm: &[u8]) -> Result<AppInfo, RuntimeError> {
+        self.deploy_with_manifest(tenant_app, wasm, "")
+    }
+
+    /// Deploys with a TOML manifest (`[alarms]`, `[limits]`).
+    pub fn deploy_with_manifest(
+        &self,
+        tenant_app: &str,
+        wasm: &[u8],
+        manifest: &str,
+    ) -> Result<AppInfo, RuntimeError> {
+        let (tenant, app) = tenant_app
+            .split_once('/')
+            .unwrap_or_else(|| panic!("expected tenant/app, got `{tenant_app}`"));
+        self.rt.deploy(tenant, app, wasm, manifest)
+    }
+
+    /// A handle to the actor `tenant/app/class/name` (the name may contain
+    /// slashes).
+    pub fn actor(&self, address: &str) -> ActorHandle<'_> {
+        let parts: Vec<&str> = address.splitn(4, '/').collect();
+        assert_eq!(
+            parts.len(),
+            4,
+            "expected tenant/app/class/name, got `{address}`"
+        );
+        let id =
+            ActorId::new(parts[0], parts[1], parts[2], parts[3]).unwrap_or_else(|e| panic!("{e}"));
+        ActorHandle { node: self, id }
+    }
+
+    /// The node's clock, unix milliseconds.
+    pub fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
+    /// Moves the clock forward by `by`, running every alarm that comes due
+    /// on the way, in due order, each at its own time. Returns how many
+    /// handlers succeeded.
+    pub fn advance(&self, by: Duration) -> usize {
+        self.advance_to(self.now_ms() + by.as_millis() as u64)
+    }
+
+    /// Like [`TestNode::advance`], to an absolute time.
+    pub fn advance_to(&self, target_ms: u64) -> usize {
+        let mut ran = 0;
+        let mut deliveries = 0;
+        while let Some(due) = self.rt.next_alarm_ms() {
+            if due > target_ms {
+                break;
+            }
+            self.clock.set_ms(due);
+            ran += self.exec.block_on(self.rt.run_due_alarms());
+            deliveries += 1;
+            assert!(
+                deliveries <= ADVANCE_ALARMS_MAX,
+                "more than {ADVANCE_ALARMS_MAX} alarm rounds before {target_ms}: does a handler re-arm itself for now?"
+            );
+        }
+        self.clock.set_ms(target_ms);
+        ran
+    }
+
+    /// Runs the alarms due at the current time (a past alarm fires "at
+    /// once": this is that moment).
+    pub fn run_due_alarms(&self) -> usize {
+        self.exec.block_on(self.rt.run_due_alarms())
+    }
+
+    /// Stops the node and starts it again on the same data folder, like a
+    /// process restart: instances, queues and timers are dropped; the
+    /// databases and deployed apps stay, and alarms are read back from disk.
+    pub fn restart(&mut self) {
+        self.rt.shutdown(Duration::from_secs(10));
+        self.rt = Runtime::start(
+            self.config.clone(),
+            Arc::clone(&self.clock) as Arc<dyn Clock>,
+        )
+        .expect("restart the runtime");
+    }
+
+    /// The next `n` batches that run an alarm fail to commit (the handler's
+    /// writes and the alarm's removal are lost; the alarm fires again).
+    pub fn fail_next_alarm_commits(&self, n: u32) {
+        self.rt
+            .faults()
+            .fail_alarm_commits
+            .store(n, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// The next `n` requests commit, then lose their response as if the
+    /// process died before answering.
+    pub fn crash_after_commit(&self, n: u32) {
+        self.rt
+            .faults()
+            .crash_after_commit
+            .store(n, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// The runtime underneath, for anything this API does not cover.
+    pub fn runtime(&self) -> &Runtime {
+        &self.rt
+    }
+
+    /// The node's data folder (deleted with the node).
+    pub fn data_dir(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for TestNode {
+    fn drop(&mut self) {
+        self.rt.shutdown(Duration::from_secs(5));
+    }
+}
+
+/// One actor of a [`TestNode`].
+pub struct ActorHandle<'a> {
+    node: &'a TestNode,
+    id: ActorId,
+}
+
+/// A row of a read-only query, as plain values.
+pub type Row = Vec<StoreValue>;
+
+impl ActorHandle<'_> {
+    /// Sends a request, exactly as the HTTP edge would (path after the
+    /// actor, with an optional `?query`).
+    pub fn request(
+        &self,
+        method: &str,
+        path_and_query: &str,
+        body: impl Into<Vec<u8>>,
+    ) -> Result<TestResponse, RuntimeError> {
+        let (path, query) = path_and_query
+            .split_once('?')
+            .unwrap_or((path_and_query, ""));
+        let req = ActorRequest {
+            method: method.to_uppercase(),
+            path: if path.starts_with('/') {
+                path.to_owned()
+            } else {
+                format!("/{path}")
+            },
+            query: query.to_owned(),
+            headers: Vec::new(),
+            body: body.into(),
+        };
+        let r = self
+            .node
+            .exec
+            .block_on(self.node.rt.request(self.id.clone(), req))?;
+        Ok(TestResponse {
+            status: r.status,
+            headers: r.headers,
+            body: r.body,
+        })
+    }
+
+    /// `GET`, panicking on a runtime error (the actor failed the event).
+    pub fn get(&self, path: &str) -> TestResponse {
+        self.request("GET", path, Vec::new())
+            .unwrap_or_else(|e| panic!("GET {path} on {}: {e}", self.id))
+    }
+
+    /// `POST`, panicking on a runtime error.
+    pub fn post(&self, path: &str, body: impl Into<Vec<u8>>) -> TestResponse {
+        self.request("POST", path, body)
+            .unwrap_or_else(|e| panic!("POST {path} on {}: {e}", self.id))
+    }
+
+    /// Read-only SQL over the actor's committed database (internal tables
+    /// included). Rows are copies.
+    pub fn sql(&self, statement: &str) -> Vec<Row> {
+        self.node
+            .rt
+            .inspect_sql(&self.id, statement, usize::MAX)
+            .unwrap_or_else(|e| panic!("sql on {}: {e}", self.id))
+            .rows
+    }
+
+    /// One integer from a read-only query (first row, first column).
+    pub fn sql_i64(&self, statement: &str) -> i64 {
+        match self.sql(statement).first().and_then(|r| r.first()) {
+            Some(StoreValue::Integer(i)) => *i,
+            other => panic!("`{statement}` gave {other:?}, not an integer"),
+        }
+    }
+
+    /// A key-value entry, as committed.
+    pub fn kv(&self, key: &str) -> Option<Vec<u8>> {
+        let hex: String = key.bytes().map(|b| format!("{b:02x}")).collect();
+        let rows = self.sql(&format!(
+            "SELECT value FROM _wasmkeep_kv WHERE key = x'{hex}'"
+        ));
+        rows.into_iter().next().map(|mut r| match r.remove(0) {
+            StoreValue::Blob(b) => b,
+            other => panic!("kv value is {other:?}"),
+        })
+    }
+
+    /// The committed alarm (during retries: the next attempt).
+    pub fn alarm(&self) -> Option<u64> {
+        match self.node.rt.actor_info(&self.id) {
+            Ok(info) => info.alarm_ms,
+            Err(RuntimeError::ActorNotFound(_)) => None,
+            Err(e) => panic!("alarm of {}: {e}", self.id),
+        }
+    }
+
+    /// How many attempts at the current alarm failed so far.
+    pub fn alarm_retry_count(&self) -> u32 {
+        self.node
+            .rt
+            .actor_info(&self.id)
+            .map(|i| i.alarm_retry_count)
+            .unwrap_or(0)
+    }
+
+    /// Runs the actor's pending alarm now, due or not; whether there was one.
+    pub fn run_alarm(&self) -> bool {
+        self.node
+            .exec
+            .block_on(self.node.rt.run_alarm_now(&self.id))
+            .unwrap_or_else(|e| panic!("run_alarm on {}: {e}", self.id))
+    }
+
+    /// Whether the actor has any state on disk.
+    pub fn exists(&self) -> bool {
+        self.node.rt.actor_info(&self.id).is_ok()
+    }
+
+    /// The actor's address.
+    pub fn id(&self) -> &ActorId {
+        &self.id
+    }
+}
