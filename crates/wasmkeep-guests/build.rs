@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const GUESTS: &[&str] = &["demo", "testbed", "hello"];
+const GUESTS: &[&str] = &["demo", "testbed", "hello", "bad_import"];
 
 fn main() {
     let manifest_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
@@ -24,6 +24,7 @@ fn main() {
         "examples/demo",
         "examples/testbed",
         "examples/hello",
+        "examples/bad-import",
         "crates/wasmkeep-sdk/src",
         "crates/wasmkeep-sdk/Cargo.toml",
         "wit",

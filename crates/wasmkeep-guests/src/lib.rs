@@ -13,3 +13,6 @@ pub const TESTBED: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/testbed.was
 
 /// The README's tour: one `counter` class in one file.
 pub const HELLO: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/hello.wasm"));
+
+/// A component that imports an interface no node provides (deploy tests).
+pub const BAD_IMPORT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/bad_import.wasm"));

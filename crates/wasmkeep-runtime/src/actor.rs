@@ -411,7 +411,9 @@ fn run_request(
         }
         Err(e) => {
             *initialized = was_initialized;
-            l.db().event_rollback()?;
+            if l.db().in_transaction() {
+                l.db().event_rollback()?;
+            }
             Err(e)
         }
     }
@@ -458,6 +460,10 @@ fn run_alarm(
             Ok(Outcome::Alarm(true))
         }
         Err(e) => {
+            if !l.db().in_transaction() {
+                // SQLite dropped the whole transaction (see run_batch).
+                return Err(e);
+            }
             l.db().event_rollback()?;
             let policy = RetryPolicy {
                 first_ms: rt.config.alarm_retry_first_ms,
@@ -586,6 +592,21 @@ fn run_batch(rt: &Arc<Inner>, actor: &Actor, slot: &mut Option<Loaded>, events: 
             Metrics::inc(&rt.metrics.event_failures_total);
         }
         results.push((ev.reply, r, started));
+        let l = slot.as_mut().expect("loaded");
+        if !l.db().in_transaction() {
+            // SQLite rolled the whole batch back after an error (a full
+            // database, an I/O error): what earlier events of the batch did
+            // is gone, so their callers must not hear "done".
+            for (_, out, _) in results.iter_mut() {
+                if out.is_ok() {
+                    *out = Err(RuntimeError::TransactionAborted);
+                }
+            }
+            initialized = l.db().is_initialized().unwrap_or(false);
+            if let Err(e) = l.db().begin() {
+                tracing::error!(actor = %id, error = %e, "could not begin again");
+            }
+        }
     }
     let Some(l) = slot.as_mut() else {
         return;

@@ -39,6 +39,10 @@ pub enum RuntimeError {
     Store(#[from] StoreError),
     #[error("the node is shutting down")]
     ShuttingDown,
+    #[error(
+        "transaction aborted: another event of the same batch failed in a way that rolled the whole transaction back; retry"
+    )]
+    TransactionAborted,
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -70,6 +74,7 @@ impl RuntimeError {
             RuntimeError::ResponseTooLarge { .. } => "response_too_large".into(),
             RuntimeError::Store(e) => e.code().into(),
             RuntimeError::ShuttingDown => "shutting_down".into(),
+            RuntimeError::TransactionAborted => "transaction_aborted".into(),
             RuntimeError::Internal(_) => "internal".into(),
         }
     }
@@ -78,7 +83,9 @@ impl RuntimeError {
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
-            RuntimeError::ActorOverloaded { .. } | RuntimeError::ShuttingDown
+            RuntimeError::ActorOverloaded { .. }
+                | RuntimeError::ShuttingDown
+                | RuntimeError::TransactionAborted
         )
     }
 }
@@ -95,5 +102,7 @@ fn is_store_code(code: &str) -> bool {
             | "forbidden"
             | "sql_error"
             | "invalid_argument"
+            | "storage_error"
+            | "storage_corrupt"
     )
 }

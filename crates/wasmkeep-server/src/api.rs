@@ -31,6 +31,8 @@ pub struct ServerConfig {
     pub list_actors_max: usize,
     /// Most rows one inspection query returns.
     pub inspect_rows_max: usize,
+    /// Largest deploy body (the runtime's `component_bytes_max`).
+    pub component_bytes_max: usize,
 }
 
 impl Default for ServerConfig {
@@ -41,6 +43,7 @@ impl Default for ServerConfig {
             tenant_tokens: BTreeMap::new(),
             list_actors_max: 1000,
             inspect_rows_max: 1000,
+            component_bytes_max: 64 * 1024 * 1024,
         }
     }
 }
@@ -268,7 +271,18 @@ async fn deploy(
 ) -> Result<Response, ApiError> {
     segment("tenant", &tenant)?;
     segment("app", &app)?;
-    let wasm = read_body(body, s.config.request_body_bytes_max).await?;
+    // One byte over the limit is read, so that the runtime names the limit.
+    let limit = s.config.component_bytes_max;
+    let wasm = read_body(body, limit + 1).await.map_err(|e| {
+        if e.code == "body_too_large" {
+            ApiError::from(wasmkeep_runtime::RuntimeError::ComponentTooLarge {
+                size: limit + 1,
+                limit,
+            })
+        } else {
+            e
+        }
+    })?;
     let rt = s.rt.clone();
     let manifest = q.manifest.unwrap_or_default();
     let info = tokio::task::spawn_blocking(move || rt.deploy(&tenant, &app, &wasm, &manifest))

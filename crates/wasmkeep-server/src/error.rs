@@ -32,9 +32,9 @@ fn status_of(e: &RuntimeError) -> StatusCode {
         RuntimeError::AppNotFound(_)
         | RuntimeError::ClassNotFound { .. }
         | RuntimeError::ActorNotFound(_) => StatusCode::NOT_FOUND,
-        RuntimeError::ActorOverloaded { .. } | RuntimeError::ShuttingDown => {
-            StatusCode::SERVICE_UNAVAILABLE
-        }
+        RuntimeError::ActorOverloaded { .. }
+        | RuntimeError::ShuttingDown
+        | RuntimeError::TransactionAborted => StatusCode::SERVICE_UNAVAILABLE,
         RuntimeError::InvalidComponent(_) | RuntimeError::InvalidManifest(_) => {
             StatusCode::UNPROCESSABLE_ENTITY
         }

@@ -399,9 +399,7 @@ impl ActorDb {
                     limit: self.limits.value_bytes_max,
                 },
                 ErrorCode::DiskFull => {
-                    if self.size_bytes().unwrap_or(0) + 2 * self.page_size
-                        >= self.limits.database_bytes_max
-                    {
+                    if disk_has_room(&self.dir) {
                         StoreError::DatabaseFull {
                             limit: self.limits.database_bytes_max,
                         }
@@ -452,6 +450,13 @@ impl ActorDb {
         if !self.conn.is_autocommit() {
             let _ = self.conn.execute_batch("ROLLBACK");
         }
+    }
+
+    /// Whether the batch's transaction is still open. SQLite rolls a whole
+    /// transaction back by itself after some errors (a full database, an
+    /// I/O error); the runtime checks this after every event.
+    pub fn in_transaction(&self) -> bool {
+        !self.conn.is_autocommit()
     }
 
     /// Marks the start of one event inside the batch.
@@ -738,6 +743,24 @@ impl ActorDb {
             .query_row("PRAGMA page_count", [], |r| r.get(0))
             .map_err(|e| StoreError::Sql(e.to_string()))?;
         Ok(pages as u64 * self.page_size)
+    }
+}
+
+/// Whether the filesystem holding `dir` has room left (16 MiB or more):
+/// if it does, SQLITE_FULL came from the database's own size limit.
+fn disk_has_room(dir: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+        return true;
+    };
+    // SAFETY: `c` is a valid NUL-terminated path and `st` a properly sized,
+    // zeroed out-parameter that statvfs fills in.
+    unsafe {
+        let mut st: libc::statvfs = std::mem::zeroed();
+        if libc::statvfs(c.as_ptr(), &mut st) != 0 {
+            return true;
+        }
+        (st.f_bavail as u64).saturating_mul(st.f_frsize as u64) >= 16 * 1024 * 1024
     }
 }
 

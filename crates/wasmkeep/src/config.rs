@@ -127,6 +127,7 @@ impl NodeConfig {
             tenant_tokens: self.tenant_tokens.clone(),
             list_actors_max: self.list_actors_max,
             inspect_rows_max: self.inspect_rows_max,
+            component_bytes_max: self.component_bytes_max,
         }
     }
 

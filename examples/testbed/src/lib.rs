@@ -43,8 +43,8 @@ fn error_json(e: &Error) -> Response {
 impl Actor for Probe {
     fn init(&mut self) -> Result<()> {
         sql::execute("CREATE TABLE writes (id INTEGER PRIMARY KEY, v TEXT)", &[])?;
-        sql::execute("CREATE TABLE blob (id INTEGER PRIMARY KEY CHECK (id = 0), b BLOB NOT NULL)", &[])?;
-        sql::execute("INSERT INTO blob VALUES (0, x'')", &[])?;
+        sql::execute("CREATE TABLE blob (id INTEGER PRIMARY KEY CHECK (id = 0), b TEXT NOT NULL)", &[])?;
+        sql::execute("INSERT INTO blob VALUES (0, '')", &[])?;
         Ok(())
     }
 
@@ -113,8 +113,9 @@ impl Actor for Probe {
             }
             ("POST", "/grow") => {
                 let n = req.query_u64("bytes")?.unwrap_or(1024) as i64;
+                // Text of n characters ('0'), appended to the one value.
                 sql::execute(
-                    "UPDATE blob SET b = b || zeroblob(?1) WHERE id = 0",
+                    "UPDATE blob SET b = b || substr(hex(zeroblob((?1 + 1) / 2)), 1, ?1) WHERE id = 0",
                     params![n],
                 )?;
                 let len = sql::query("SELECT length(b) FROM blob WHERE id = 0", &[])?.rows[0].int(0);
