@@ -566,6 +566,7 @@ fn run_batch(rt: &Arc<Inner>, actor: &Actor, slot: &mut Option<Loaded>, events: 
                 Err((e, _db)) => {
                     // Without an instance the batch cannot go on: what ran
                     // before is rolled back with the transaction.
+                    rt.rearm_after_failure(id);
                     reply(ev.reply, Err(e));
                     for (r, _, _) in results {
                         reply(
@@ -573,7 +574,6 @@ fn run_batch(rt: &Arc<Inner>, actor: &Actor, slot: &mut Option<Loaded>, events: 
                             Err(RuntimeError::Internal("instance lost mid-batch".into())),
                         );
                     }
-                    rt.rearm_after_failure(id);
                     return;
                 }
             }
@@ -625,13 +625,15 @@ fn run_batch(rt: &Arc<Inner>, actor: &Actor, slot: &mut Option<Loaded>, events: 
         l.db().rollback();
         *slot = None;
         let msg = e.to_string();
+        // Re-arm before anyone hears back, so a waiter that moves on (the
+        // test kit's clock) finds the retry already scheduled.
+        rt.rearm_after_failure(id);
         for (r, _, _) in results {
             reply(
                 r,
                 Err(RuntimeError::Internal(format!("commit failed: {msg}"))),
             );
         }
-        rt.rearm_after_failure(id);
         return;
     }
     Metrics::inc(&rt.metrics.batches_total);
@@ -649,7 +651,7 @@ fn run_batch(rt: &Arc<Inner>, actor: &Actor, slot: &mut Option<Loaded>, events: 
         let _ = std::fs::remove_dir_all(&dir);
     }
     let waiting = results.iter().any(|(r, _, _)| r.is_some());
-    if waiting && Faults::take(&rt.faults.crash_after_commit) {
+    if has_request && Faults::take(&rt.faults.crash_after_commit) {
         // As if the process died here: the commit stands, nobody hears of
         // it, and the in-memory instance is gone.
         *slot = None;

@@ -23,7 +23,8 @@ pub fn retry_delay_ms(retry_count: u32, first_ms: u64, max_ms: u64) -> u64 {
 pub struct RetryPolicy {
     pub first_ms: u64,
     pub max_ms: u64,
-    /// Failed attempts after which the alarm is dropped; `None`: never.
+    /// Retries after the first failure before the alarm is dropped;
+    /// `None`: never.
     pub retries_max: Option<u32>,
 }
 
@@ -120,7 +121,7 @@ mod tests {
     }
 
     #[test]
-    fn a_retry_limit_drops_the_alarm_after_that_many_failures() {
+    fn a_retry_limit_drops_the_alarm_when_the_last_retry_fails() {
         let p = RetryPolicy {
             retries_max: Some(2),
             ..P

@@ -51,9 +51,10 @@ pub struct AppManifest {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AlarmPolicy {
-    /// Failed attempts after which an alarm is dropped; `None` (the
-    /// default) retries for ever, backing off up to `alarm_retry_max_ms`.
-    /// Durable Objects gives up after 6.
+    /// Retries after a first failed attempt: the alarm is dropped when
+    /// attempt `retries_max + 1` fails. `None` (the default) retries for
+    /// ever, backing off up to `alarm_retry_max_ms`. Durable Objects gives
+    /// up after 6 retries.
     pub retries_max: Option<u32>,
 }
 
@@ -207,7 +208,7 @@ impl Compiler<'_> {
         let component = self.component(bytes, &hash)?;
         let pre = self.linker.instantiate_pre(&component).map_err(|e| {
             RuntimeError::InvalidComponent(format!(
-                "it imports something wasmkeep does not provide (only wasmkeep:actor@0.1.0 and wasi:cli/io/clocks/random are available): {e:#}"
+                "it imports something wasmkeep does not provide (only wasmkeep:actor@0.1.0 and WASI 0.2 are available, the latter with nothing granted): {e:#}"
             ))
         })?;
         let pre = ActorPre::new(pre).map_err(|e| {
@@ -371,5 +372,38 @@ mod tests {
         assert_eq!(AppManifest::parse("").unwrap(), AppManifest::default());
         let e = AppManifest::parse("[alarms]\nretries = 6\n").unwrap_err();
         assert_eq!(e.code(), "invalid_manifest");
+    }
+}
+
+#[cfg(test)]
+mod fuzz {
+    //! Manifests are outside input: anything parses or is refused cleanly.
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(3000))]
+
+        #[test]
+        fn any_manifest_text_parses_or_is_refused(
+            text in "(\\[(alarms|limits|x)\\]\n)?([a-z_]{1,20} = ([0-9]{1,25}|\"[a-z]*\"|true)\n){0,4}",
+            raw in any::<String>(),
+        ) {
+            for t in [text, raw] {
+                match AppManifest::parse(&t) {
+                    Ok(_) => {}
+                    Err(e) => prop_assert_eq!(e.code(), "invalid_manifest"),
+                }
+            }
+        }
+
+        #[test]
+        fn any_bytes_deployed_are_refused_before_compiling_unless_wasm(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
+            // The header check runs before anything is compiled.
+            let r = check_binary(&bytes);
+            if bytes.len() < 8 || &bytes[0..4] != b"\0asm" {
+                prop_assert!(r.is_err());
+            }
+        }
     }
 }

@@ -54,7 +54,8 @@ pub struct RuntimeConfig {
     pub alarm_prepare_ms: u64,
     /// Alarms handed to workers per timer pass.
     pub alarm_fire_batch_max: usize,
-    /// Limits of each actor's database (an app's manifest may lower them).
+    /// Limits of each actor's database (an app's manifest may override
+    /// them: deploying is an operator's act).
     pub store: StoreLimits,
     /// Where compiled components are cached (default: `<data>/cache`).
     /// Entries are named by component hash and engine settings, so nodes

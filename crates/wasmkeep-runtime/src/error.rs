@@ -104,5 +104,9 @@ fn is_store_code(code: &str) -> bool {
             | "invalid_argument"
             | "storage_error"
             | "storage_corrupt"
+            // Request-shaped failures a guest may choose (see the SDK).
+            | "bad_request"
+            | "not_found"
+            | "conflict"
     )
 }

@@ -33,7 +33,7 @@ pub fn epoch_ticks(ms: u64) -> u64 {
     ms.div_ceil(EPOCH_TICK_MS).max(1)
 }
 
-/// Actors visited per pass of the idle reaper.
+/// How often the idle reaper looks for actors to close.
 const REAP_INTERVAL_MS: u64 = 1000;
 
 /// What the admin API shows about one actor.
@@ -80,7 +80,7 @@ pub struct Inner {
 pub struct Faults {
     /// The next this many batches that run an alarm fail their commit.
     pub fail_alarm_commits: std::sync::atomic::AtomicU32,
-    /// The next this many batches with a waiting caller commit, then lose
+    /// The next this many batches that carry a request commit, then lose
     /// their replies and their instance, as if the process died between
     /// the commit and the response.
     pub crash_after_commit: std::sync::atomic::AtomicU32,
@@ -108,7 +108,9 @@ fn build_engine(config: &RuntimeConfig) -> Result<Engine, RuntimeError> {
     // The pooling allocator keeps instance memory slots ready, which makes
     // instantiation a few microseconds (W3, cold start). Each slot reserves
     // address space only; untouched pages cost nothing.
-    let n = config.instances_max + 16;
+    // Room for every instance, plus one per worker (a running actor pins
+    // its instance while another is made room for) and deploys' checks.
+    let n = config.instances_max + config.worker_threads() as u32 + 16;
     let mut pool = PoolingAllocationConfig::default();
     pool.total_component_instances(n)
         .total_core_instances(n * 8)
@@ -619,36 +621,38 @@ impl Inner {
         }
     }
 
-    /// Before an instance is created: if the node is at `instances_max`,
-    /// closes the least recently used idle actor.
+    /// Before an instance is created: while the node is at
+    /// `instances_max`, drops the instance of the least recently used actor
+    /// that is not running. Only running actors (at most one per worker)
+    /// pin their instance, so there is always one to drop; a dropped actor
+    /// keeps its queue and is simply instantiated again for its next turn.
     pub fn make_room(&self, for_id: &ActorId) {
         let max = self.config.instances_max as u64;
         while self.metrics.instances_active.load(Ordering::Relaxed) >= max {
-            let victim = {
-                let mut actors = self.actors.lock();
-                let mut best: Option<(u64, ActorId)> = None;
-                for (id, a) in actors.iter() {
-                    if id == for_id || !a.is_loaded() {
-                        continue;
-                    }
-                    let Some(q) = a.queue.try_lock() else {
-                        continue;
-                    };
-                    if q.scheduled || !q.events.is_empty() {
-                        continue;
-                    }
-                    let used = a.last_used_ms.load(Ordering::Relaxed);
-                    if best.as_ref().is_none_or(|(u, _)| used < *u) {
-                        best = Some((used, id.clone()));
+            let candidates: Vec<(u64, Arc<Actor>)> = {
+                let actors = self.actors.lock();
+                let mut v: Vec<(u64, Arc<Actor>)> = actors
+                    .iter()
+                    .filter(|(id, a)| *id != for_id && a.is_loaded())
+                    .map(|(_, a)| (a.last_used_ms.load(Ordering::Relaxed), Arc::clone(a)))
+                    .collect();
+                v.sort_by_key(|(used, _)| *used);
+                v
+            };
+            let mut evicted = false;
+            for (_, a) in candidates {
+                // A held lock means the actor is running: skip it.
+                if let Some(mut slot) = a.slot.try_lock() {
+                    if slot.take().is_some() {
+                        Metrics::inc(&self.metrics.evictions_total);
+                        evicted = true;
+                        break;
                     }
                 }
-                let Some((_, id)) = best else { return };
-                let a = actors.remove(&id).expect("present");
-                a.queue.lock().retired = true;
-                a
-            };
-            *victim.slot.lock() = None;
-            Metrics::inc(&self.metrics.evictions_total);
+            }
+            if !evicted {
+                return;
+            }
         }
     }
 

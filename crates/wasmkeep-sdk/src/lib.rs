@@ -70,9 +70,19 @@ impl Error {
         }
     }
 
-    /// A `bad_request`-coded error.
+    /// The request was at fault: the client gets 400 `bad_request`.
     pub fn bad_request(message: impl Into<String>) -> Error {
         Error::new("bad_request", message)
+    }
+
+    /// Something the request named does not exist: 404 `not_found`.
+    pub fn not_found(message: impl Into<String>) -> Error {
+        Error::new("not_found", message)
+    }
+
+    /// The request conflicts with the actor's state: 409 `conflict`.
+    pub fn conflict(message: impl Into<String>) -> Error {
+        Error::new("conflict", message)
     }
 }
 
@@ -89,7 +99,10 @@ pub trait Actor: Default + 'static {
         Ok(())
     }
 
-    /// An HTTP request addressed to this actor.
+    /// An HTTP request addressed to this actor. Returning `Err` rolls back
+    /// what the event wrote; the client gets 500 with the error's code, or
+    /// 400/404/409 for [`Error::bad_request`], [`Error::not_found`] and
+    /// [`Error::conflict`].
     fn request(&mut self, req: Request) -> Result<Response>;
 
     /// The actor's alarm fired. Returning `Err` (or panicking) rolls the

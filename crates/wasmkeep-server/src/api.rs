@@ -18,6 +18,14 @@ use wasmkeep_runtime::{ActorId, ActorRequest, Runtime};
 use crate::auth::Tokens;
 use crate::error::ApiError;
 
+/// Longest SQL text the inspection route accepts.
+pub const INSPECT_SQL_BYTES_MAX: usize = 1024 * 1024;
+/// Actor names a listing returns when the caller names no limit.
+pub const LIST_ACTORS_DEFAULT: usize = 100;
+/// Alarms a listing returns when the caller names no limit, and at most.
+pub const LIST_ALARMS_DEFAULT: usize = 100;
+pub const LIST_ALARMS_MAX: usize = 10_000;
+
 /// Settings of the HTTP edge.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
@@ -322,7 +330,10 @@ async fn list_actors(
     axum::extract::Path((tenant, app, class)): axum::extract::Path<(String, String, String)>,
     Query(q): Query<ListQuery>,
 ) -> Result<Response, ApiError> {
-    let limit = q.limit.unwrap_or(100).clamp(1, s.config.list_actors_max);
+    let limit = q
+        .limit
+        .unwrap_or(LIST_ACTORS_DEFAULT)
+        .clamp(1, s.config.list_actors_max);
     let names =
         s.rt.list_actors(&tenant, &app, &class, q.after.as_deref(), limit)?;
     let next = (names.len() == limit)
@@ -367,7 +378,19 @@ async fn inspect_sql(
     body: Body,
 ) -> Result<Response, ApiError> {
     let id = actor_id(&t, &a, &c, &n)?;
-    let sql = read_body(body, 1024 * 1024).await?;
+    let sql = read_body(body, INSPECT_SQL_BYTES_MAX).await.map_err(|e| {
+        if e.code == "body_too_large" {
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body_too_large",
+                format!(
+                    "inspection SQL too large: limit inspect_sql_bytes_max={INSPECT_SQL_BYTES_MAX}"
+                ),
+            )
+        } else {
+            e
+        }
+    })?;
     let sql = String::from_utf8(sql.to_vec())
         .map_err(|_| ApiError::new(StatusCode::BAD_REQUEST, "bad_body", "the SQL is not utf-8"))?;
     let rt = s.rt.clone();
@@ -407,7 +430,7 @@ async fn list_alarms(
     Query(q): Query<AlarmsQuery>,
 ) -> Result<Response, ApiError> {
     segment("tenant", &tenant)?;
-    let limit = q.limit.unwrap_or(100).min(10_000);
+    let limit = q.limit.unwrap_or(LIST_ALARMS_DEFAULT).min(LIST_ALARMS_MAX);
     let alarms: Vec<_> = s
         .rt
         .pending_alarms(&tenant, limit)
@@ -446,5 +469,29 @@ mod tests {
             parse_actor_path("/v1/t/a/c/%ff").unwrap_err().code,
             "invalid_name"
         );
+    }
+}
+
+#[cfg(test)]
+mod fuzz {
+    //! The actor path parser takes anything a client sends.
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(5000))]
+
+        #[test]
+        fn any_path_parses_or_gets_a_4xx(path in "/v1/[a-z0-9%/._ -]{0,80}", raw in proptest::arbitrary::any::<String>()) {
+            for p in [path, format!("/v1/{raw}")] {
+                match parse_actor_path(&p) {
+                    Ok((id, sub)) => {
+                        prop_assert!(sub.starts_with('/'));
+                        prop_assert!(ActorId::new(&id.tenant, &id.app, &id.class, &id.name).is_ok());
+                    }
+                    Err(e) => prop_assert!(e.status.is_client_error(), "{:?}", e),
+                }
+            }
+        }
     }
 }

@@ -39,6 +39,11 @@ fn status_of(e: &RuntimeError) -> StatusCode {
             StatusCode::UNPROCESSABLE_ENTITY
         }
         RuntimeError::ComponentTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+        // A guest may fail an event with one of these codes to say the
+        // request was at fault; the event is rolled back all the same.
+        RuntimeError::Guest { code, .. } if code == "bad_request" => StatusCode::BAD_REQUEST,
+        RuntimeError::Guest { code, .. } if code == "not_found" => StatusCode::NOT_FOUND,
+        RuntimeError::Guest { code, .. } if code == "conflict" => StatusCode::CONFLICT,
         // The actor failed the event: its writes were rolled back.
         RuntimeError::Guest { .. }
         | RuntimeError::Trap(_)

@@ -153,3 +153,49 @@ mod tests {
         assert_eq!(page, expected[2..4].to_vec());
     }
 }
+
+#[cfg(test)]
+mod fuzz {
+    //! Any name either is refused or lands in exactly one folder of its own
+    //! under its class folder, and lists back as itself.
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        #[test]
+        fn any_name_stays_in_its_class_folder(name in any::<String>()) {
+            let data = Path::new("/data");
+            if let Ok(id) = ActorId::new("t", "a", "c", &name) {
+                let class = class_dir(data, "t", "a", "c");
+                let dir = actor_dir(data, &id);
+                prop_assert!(dir.starts_with(&class));
+                let rest = dir.strip_prefix(&class).unwrap();
+                let parts: Vec<String> = rest
+                    .components()
+                    .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                    .collect();
+                for (i, p) in parts.iter().enumerate() {
+                    prop_assert!(p.len() <= HEX_SEGMENT_CHARS + 1);
+                    prop_assert_eq!(p.ends_with('+'), i + 1 < parts.len());
+                }
+                let hex: String = parts.iter().map(|p| p.trim_end_matches('+')).collect();
+                prop_assert_eq!(hex::decode(hex).unwrap(), name.as_bytes().to_vec());
+            }
+        }
+
+        #[test]
+        fn identifiers_are_validated_without_panicking(s in any::<String>()) {
+            let ok = crate::id::validate_segment("app", &s).is_ok();
+            prop_assert_eq!(
+                ok,
+                !s.is_empty()
+                    && s.len() <= 63
+                    && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+                    && !s.starts_with('-')
+                    && !s.starts_with('_')
+            );
+        }
+    }
+}

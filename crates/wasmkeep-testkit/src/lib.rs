@@ -26,9 +26,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tempfile::TempDir;
-use wasmkeep_runtime::{
-    ActorId, ActorRequest, AppInfo, Clock, ManualClock, Runtime, RuntimeConfig, RuntimeError,
-    StoreValue,
+use wasmkeep_runtime::{ActorRequest, Clock, ManualClock, Runtime};
+
+/// The runtime's types a test may need to name, so a test crate needs no
+/// other wasmkeep dependency.
+pub use wasmkeep_runtime::{
+    ActorId, AppInfo, Durability, RuntimeConfig, RuntimeError, StoreLimits, StoreValue,
 };
 
 /// The time a node's clock starts at: 2026-01-01T00:00:00Z.
@@ -197,8 +200,10 @@ impl TestNode {
             .store(n, std::sync::atomic::Ordering::SeqCst);
     }
 
-    /// The next `n` requests commit, then lose their response as if the
-    /// process died before answering.
+    /// The next `n` batches that carry a request (usually: the next `n`
+    /// requests) commit, then lose their response as if the process died
+    /// before answering. Alarm runs do not use it up. Applies to the whole
+    /// node.
     pub fn crash_after_commit(&self, n: u32) {
         self.rt
             .faults()
@@ -241,6 +246,17 @@ impl ActorHandle<'_> {
         path_and_query: &str,
         body: impl Into<Vec<u8>>,
     ) -> Result<TestResponse, RuntimeError> {
+        self.request_with_headers(method, path_and_query, &[], body)
+    }
+
+    /// Sends a request with headers.
+    pub fn request_with_headers(
+        &self,
+        method: &str,
+        path_and_query: &str,
+        headers: &[(&str, &str)],
+        body: impl Into<Vec<u8>>,
+    ) -> Result<TestResponse, RuntimeError> {
         let (path, query) = path_and_query
             .split_once('?')
             .unwrap_or((path_and_query, ""));
@@ -252,7 +268,10 @@ impl ActorHandle<'_> {
                 format!("/{path}")
             },
             query: query.to_owned(),
-            headers: Vec::new(),
+            headers: headers
+                .iter()
+                .map(|(k, v)| (k.to_ascii_lowercase(), v.to_string()))
+                .collect(),
             body: body.into(),
         };
         let r = self
@@ -276,6 +295,21 @@ impl ActorHandle<'_> {
     pub fn post(&self, path: &str, body: impl Into<Vec<u8>>) -> TestResponse {
         self.request("POST", path, body)
             .unwrap_or_else(|e| panic!("POST {path} on {}: {e}", self.id))
+    }
+
+    /// `PUT`, panicking on a runtime error.
+    pub fn put(&self, path: &str, body: impl Into<Vec<u8>>) -> TestResponse {
+        self.request("PUT", path, body)
+            .unwrap_or_else(|e| panic!("PUT {path} on {}: {e}", self.id))
+    }
+
+    /// Deletes the actor's data and alarm, as the admin API does; whether
+    /// there was any.
+    pub fn delete_actor(&self) -> bool {
+        self.node
+            .exec
+            .block_on(self.node.rt.delete_actor(self.id.clone()))
+            .unwrap_or_else(|e| panic!("delete {}: {e}", self.id))
     }
 
     /// Read-only SQL over the actor's committed database (internal tables

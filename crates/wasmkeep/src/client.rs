@@ -97,18 +97,8 @@ pub fn deploy(conn: &Conn, target: &str, component: &Path, manifest: Option<&Pat
     Ok(())
 }
 
-pub fn call(
-    conn: &Conn,
-    target: &str,
-    method: &str,
-    data: Option<String>,
-    durable: bool,
-) -> Result<()> {
-    let mut path = format!("/v1/{}", target.trim_start_matches('/'));
-    if durable {
-        path.push(if path.contains('?') { '&' } else { '?' });
-        path.push_str("durable=1");
-    }
+pub fn call(conn: &Conn, target: &str, method: &str, data: Option<String>) -> Result<()> {
+    let path = format!("/v1/{}", target.trim_start_matches('/'));
     let (status, body) = conn.send(&method.to_uppercase(), &path, data.map(String::into_bytes))?;
     use std::io::Write;
     std::io::stdout().write_all(&body)?;

@@ -47,16 +47,14 @@ enum Command {
     Call {
         #[command(flatten)]
         conn: client::Conn,
-        /// `tenant/app/class/name[/path][?query]`
+        /// `tenant/app/class/name[/path][?query]`; percent-encode a name
+        /// that contains `/` (`a%2Fb`).
         target: String,
         #[arg(short = 'X', long, default_value = "GET")]
         method: String,
         /// Request body.
         #[arg(short, long)]
         data: Option<String>,
-        /// Ask for a bucket-confirmed (durable) response.
-        #[arg(long)]
-        durable: bool,
     },
     /// List actors of a class by name.
     Actors {
@@ -95,6 +93,9 @@ enum Command {
         #[command(flatten)]
         conn: client::Conn,
     },
+    /// Run the benchmark workloads (docs/benchmarks.md) against nodes it
+    /// starts itself, or against `--server URL`.
+    Bench(wasmkeep_bench::BenchArgs),
 }
 
 #[derive(clap::Args)]
@@ -145,8 +146,7 @@ fn main() -> Result<()> {
             target,
             method,
             data,
-            durable,
-        } => client::call(&conn, &target, &method, data, durable),
+        } => client::call(&conn, &target, &method, data),
         Command::Actors {
             conn,
             target,
@@ -165,6 +165,7 @@ fn main() -> Result<()> {
             limit,
         } => client::alarms(&conn, &tenant, limit),
         Command::Apps { conn } => client::apps(&conn),
+        Command::Bench(args) => wasmkeep_bench::run(args),
     }
 }
 

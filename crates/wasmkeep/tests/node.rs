@@ -99,61 +99,72 @@ fn guest_sql_cannot_reach_internal_tables() {
 }
 
 #[test]
-fn acknowledged_writes_survive_sigkill() {
+fn acknowledged_writes_survive_repeated_sigkill() {
     let tmp = tempfile::tempdir().unwrap();
-    let mut node = Node::start(tmp.path(), &["--examples"]);
-    // Writers run until the process dies; every acknowledged increment
-    // must be there after the restart.
+    // Writers run until the process dies; every acknowledged increment must
+    // be there after each restart. Killed at a different point each round.
     let acked: Arc<Vec<AtomicU64>> = Arc::new((0..4).map(|_| AtomicU64::new(0)).collect());
-    let base = node.base.clone();
-    let writers: Vec<_> = (0..4)
-        .map(|a| {
-            let acked = Arc::clone(&acked);
-            let base = base.clone();
-            std::thread::spawn(move || {
-                let agent = ureq::Agent::config_builder()
-                    .http_status_as_error(false)
-                    .build()
-                    .new_agent();
-                loop {
-                    let url = format!("{base}/v1/demo/examples/counter/k{a}/increment");
-                    match agent.post(&url).send_empty() {
-                        Ok(mut r) if r.status() == 200 => {
-                            let v: serde_json::Value =
-                                serde_json::from_str(&r.body_mut().read_to_string().unwrap())
-                                    .unwrap();
-                            acked[a].fetch_max(v["value"].as_u64().unwrap(), Ordering::SeqCst);
+    let mut seed: u64 = std::process::id() as u64 ^ 0x9e37_79b9_7f4a_7c15;
+    for round in 0..4 {
+        let mut node = Node::start(tmp.path(), &["--examples"]);
+        let base = node.base.clone();
+        let writers: Vec<_> = (0..4)
+            .map(|a| {
+                let acked = Arc::clone(&acked);
+                let base = base.clone();
+                std::thread::spawn(move || {
+                    let agent = ureq::Agent::config_builder()
+                        .http_status_as_error(false)
+                        .build()
+                        .new_agent();
+                    loop {
+                        let url = format!("{base}/v1/demo/examples/counter/k{a}/increment");
+                        match agent.post(&url).send_empty() {
+                            Ok(mut r) if r.status() == 200 => {
+                                let v: serde_json::Value =
+                                    serde_json::from_str(&r.body_mut().read_to_string().unwrap())
+                                        .unwrap();
+                                acked[a].fetch_max(v["value"].as_u64().unwrap(), Ordering::SeqCst);
+                            }
+                            _ => return,
                         }
-                        _ => return,
                     }
-                }
+                })
             })
-        })
-        .collect();
-    std::thread::sleep(std::time::Duration::from_millis(1500));
-    node.kill();
-    for w in writers {
-        w.join().unwrap();
-    }
-    let node = Node::start(tmp.path(), &["--examples"]);
-    for a in 0..4 {
-        let want = acked[a].load(Ordering::SeqCst);
-        assert!(want > 0, "no write was acknowledged for k{a}");
-        let (_, v) = node.json("GET", &format!("/v1/demo/examples/counter/k{a}/value"), b"");
-        let got = v["value"].as_u64().unwrap();
-        // In-flight increments may have committed without an answer: never
-        // fewer than acknowledged, at most one more per writer.
-        assert!(
-            got >= want && got <= want + 1,
-            "k{a}: acknowledged {want}, found {got}"
-        );
-        let (s, v) = node.json(
-            "POST",
-            &format!("/admin/v1/actors/demo/examples/counter/k{a}/sql"),
-            b"PRAGMA integrity_check",
-        );
-        assert_eq!(s, 200, "{v}");
-        assert_eq!(v["rows"][0][0], "ok");
+            .collect();
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let delay = 200 + seed % 1200;
+        std::thread::sleep(std::time::Duration::from_millis(delay));
+        node.kill();
+        for w in writers {
+            w.join().unwrap();
+        }
+        let node = Node::start(tmp.path(), &["--examples"]);
+        for a in 0..4 {
+            let want = acked[a].load(Ordering::SeqCst);
+            assert!(
+                want > 0,
+                "round {round}: no write was acknowledged for k{a}"
+            );
+            let (_, v) = node.json("GET", &format!("/v1/demo/examples/counter/k{a}/value"), b"");
+            let got = v["value"].as_u64().unwrap();
+            // An in-flight increment may have committed without an answer:
+            // never fewer than acknowledged, at most one more per writer.
+            assert!(
+                got >= want && got <= want + 1,
+                "round {round} k{a}: acknowledged {want}, found {got}"
+            );
+            acked[a].fetch_max(got, Ordering::SeqCst);
+            let (s, v) = node.json(
+                "POST",
+                &format!("/admin/v1/actors/demo/examples/counter/k{a}/sql"),
+                b"PRAGMA integrity_check",
+            );
+            assert_eq!(s, 200, "{v}");
+            assert_eq!(v["rows"][0][0], "ok");
+        }
     }
 }
 

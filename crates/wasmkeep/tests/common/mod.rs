@@ -24,6 +24,12 @@ fn agent() -> ureq::Agent {
 impl Node {
     /// Starts a node on `data` with a free port; extra flags follow `serve`.
     pub fn start(data: &Path, extra: &[&str]) -> Node {
+        Self::start_logging(data, extra, None, "warn")
+    }
+
+    /// Like [`Node::start`], with the node's log (at `level`) written to
+    /// `log` instead of the test's stderr.
+    pub fn start_logging(data: &Path, extra: &[&str], log: Option<&Path>, level: &str) -> Node {
         let cache = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("compile-cache");
         let mut child = Command::new(env!("CARGO_BIN_EXE_wasmkeep"))
             .arg("serve")
@@ -32,9 +38,12 @@ impl Node {
             .args(["--listen", "127.0.0.1:0"])
             .args(extra)
             .env("WASMKEEP_COMPILE_CACHE", cache)
-            .env("WASMKEEP_LOG", "warn")
+            .env("WASMKEEP_LOG", level)
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(match log {
+                Some(p) => Stdio::from(std::fs::File::create(p).expect("log file")),
+                None => Stdio::inherit(),
+            })
             .spawn()
             .expect("spawn wasmkeep");
         let stdout = child.stdout.take().unwrap();
@@ -77,11 +86,24 @@ impl Node {
     }
 
     pub fn send(&self, method: &str, path: &str, body: &[u8]) -> (u16, String) {
-        let req = ureq::http::Request::builder()
+        self.send_with(method, path, body, None)
+    }
+
+    /// Sends with an optional bearer token.
+    pub fn send_with(
+        &self,
+        method: &str,
+        path: &str,
+        body: &[u8],
+        token: Option<&str>,
+    ) -> (u16, String) {
+        let mut req = ureq::http::Request::builder()
             .method(method)
-            .uri(format!("{}{path}", self.base))
-            .body(body.to_vec())
-            .unwrap();
+            .uri(format!("{}{path}", self.base));
+        if let Some(t) = token {
+            req = req.header("authorization", format!("Bearer {t}"));
+        }
+        let req = req.body(body.to_vec()).unwrap();
         let mut resp = agent().run(req).expect("http");
         let status = resp.status().as_u16();
         let text = resp

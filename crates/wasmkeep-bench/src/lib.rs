@@ -1,0 +1,315 @@
+//! `wasmkeep bench`: the fixed workloads of `docs/benchmarks.md` run against
+//! a real node, with a closed-loop HTTP/1.1 load generator of its own.
+//!
+//! What it is: a command that starts a fresh node per run (the same binary,
+//! `serve --examples` on a temporary data directory and a loopback port),
+//! or uses one given by `--server`, drives the W1, W1-hot, W2, W2-restart,
+//! W3 and W4 workloads through the public HTTP API, checks each run's
+//! correctness (no lost writes, every alarm fired once), and reports the
+//! median, minimum and maximum of every figure over `--runs` runs as a
+//! table and as JSON.
+//!
+//! What it is not: a general-purpose load tester, an open-loop latency
+//! meter (see [`load`] on coordinated omission), or a profiler. It knows the
+//! node only through HTTP, `/metrics` and `/proc/PID/status`; it links no
+//! runtime code. The generator runs on the same machine as the node and on
+//! one thread (a tokio current-thread runtime), so that it takes as little
+//! as possible of the cores the node is measured on; every report says so.
+//!
+//! Errors are `anyhow`: this crate is the body of a CLI command, and every
+//! error ends as a message to the person running it.
+
+pub mod client;
+pub mod load;
+pub mod node;
+mod report;
+pub mod workloads;
+
+use std::path::PathBuf;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result, bail};
+use clap::ValueEnum;
+
+use crate::client::Endpoint;
+use crate::report::{RunRecord, Skipped};
+use crate::workloads::{Env, Target};
+
+/// A workload of `docs/benchmarks.md`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Workload {
+    /// Counter-spread: increments over `--actors` counters.
+    #[value(name = "w1")]
+    W1,
+    /// Every increment to one counter.
+    #[value(name = "w1-hot")]
+    W1Hot,
+    /// Bucket-confirmed responses (not available in this version).
+    #[value(name = "w1-durable")]
+    W1Durable,
+    /// `--alarms` alarms due at the same instant.
+    #[value(name = "w2")]
+    W2,
+    /// W2 with the node SIGKILLed before the due time and restarted after.
+    #[value(name = "w2-restart")]
+    W2Restart,
+    /// First request to never-seen actors, one after another.
+    #[value(name = "w3")]
+    W3,
+    /// RSS after W1 and per idle actor.
+    #[value(name = "w4")]
+    W4,
+    /// Failover in a cluster (not available in this version).
+    #[value(name = "w5")]
+    W5,
+}
+
+impl Workload {
+    pub fn id(self) -> &'static str {
+        match self {
+            Workload::W1 => "w1",
+            Workload::W1Hot => "w1-hot",
+            Workload::W1Durable => "w1-durable",
+            Workload::W2 => "w2",
+            Workload::W2Restart => "w2-restart",
+            Workload::W3 => "w3",
+            Workload::W4 => "w4",
+            Workload::W5 => "w5",
+        }
+    }
+
+    /// Why the workload cannot run here, if it cannot.
+    fn unavailable(self, server: bool) -> Option<&'static str> {
+        match self {
+            Workload::W1Durable => Some(
+                "not available in this version: needs durable (bucket-confirmed) responses and an S3-compatible test server",
+            ),
+            Workload::W5 => {
+                Some("not available in this version: needs a cluster of nodes on one bucket")
+            }
+            Workload::W2Restart | Workload::W4 if server => Some(
+                "needs a node started by the benchmark (restart, RSS); not run against --server",
+            ),
+            _ => None,
+        }
+    }
+}
+
+/// Every workload: those that cannot run here are listed as such.
+const DEFAULT_WORKLOADS: &[Workload] = &[
+    Workload::W1,
+    Workload::W1Hot,
+    Workload::W1Durable,
+    Workload::W2,
+    Workload::W2Restart,
+    Workload::W3,
+    Workload::W4,
+    Workload::W5,
+];
+
+/// The node's durability for the runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DurabilityArg {
+    /// fsync before the response (the default of a node).
+    Fsync,
+    /// The commit reached the OS; survives a process crash, not power loss.
+    Process,
+    /// Each workload once per durability.
+    Both,
+}
+
+/// `wasmkeep bench`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchArgs {
+    /// Workloads, comma-separated: w1, w1-hot, w2, w2-restart, w3, w4
+    /// (w1-durable and w5 are listed as not available). Default: all.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub workloads: Option<Vec<Workload>>,
+    /// Runs of each workload (a fresh node per run); the report gives
+    /// median, min and max.
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    /// Durability of the nodes the benchmark starts.
+    #[arg(long, value_enum, default_value_t = DurabilityArg::Fsync)]
+    pub durability: DurabilityArg,
+    /// Use this node (`http://HOST:PORT`) instead of starting one; only the
+    /// workloads that need no restart and no RSS run.
+    #[arg(long)]
+    pub server: Option<String>,
+    /// Write every run's raw figures and checks here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// W1: concurrent keep-alive connections (closed loop); also the
+    /// concurrency of the set-up and check phases.
+    #[arg(long, default_value_t = 64)]
+    pub connections: usize,
+    /// W1: warm-up seconds (not measured; its writes are checked).
+    #[arg(long, default_value_t = 3.0)]
+    pub warmup_s: f64,
+    /// W1: measured seconds.
+    #[arg(long, default_value_t = 15.0)]
+    pub measure_s: f64,
+    /// W1: number of counter actors `a0..`.
+    #[arg(long, default_value_t = 1000)]
+    pub actors: usize,
+    /// W2: number of alarms (one actor each).
+    #[arg(long, default_value_t = 2000)]
+    pub alarms: usize,
+    /// W2: seconds from the start of setting the alarms to their due time
+    /// (the workload says 5; a run whose alarms are not all set by then
+    /// fails, as its lateness would measure set-up).
+    #[arg(long, default_value_t = 5.0)]
+    pub alarm_lead_s: f64,
+    /// W3: number of never-seen actors.
+    #[arg(long, default_value_t = 200)]
+    pub cold_actors: usize,
+    /// W4: actors touched once after W1, then left to go idle.
+    #[arg(long, default_value_t = 10_000)]
+    pub idle_actors: usize,
+    /// Seed of the generator's choice of actors.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Where the temporary data directories go (default: the system's
+    /// temporary directory). Its file system decides what fsync costs.
+    #[arg(long)]
+    pub data_root: Option<PathBuf>,
+    /// Keep the data directories and node logs, and print where they are.
+    #[arg(long)]
+    pub keep_data: bool,
+}
+
+/// Runs the benchmark; an error if any run failed or any check failed.
+pub fn run(args: BenchArgs) -> Result<()> {
+    // One thread: the generator must leave the cores to the node it measures.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(run_async(args))
+}
+
+async fn run_async(args: BenchArgs) -> Result<()> {
+    if args.runs == 0 || args.connections == 0 || args.actors == 0 || args.alarms == 0 {
+        bail!("--runs, --connections, --actors and --alarms must be at least 1");
+    }
+    let positive = |v: f64| v.is_finite() && v > 0.0;
+    if !positive(args.alarm_lead_s) {
+        bail!("--alarm-lead-s must be positive");
+    }
+    if !positive(args.measure_s) || !(args.warmup_s == 0.0 || positive(args.warmup_s)) {
+        bail!("--measure-s must be positive and --warmup-s not negative");
+    }
+    let workloads = args
+        .workloads
+        .clone()
+        .unwrap_or_else(|| DEFAULT_WORKLOADS.to_vec());
+    let server = match &args.server {
+        Some(url) => Some(Endpoint::parse(url).await?),
+        None => None,
+    };
+    let durabilities: Vec<&'static str> = match (&server, args.durability) {
+        (Some(_), _) => vec!["server"],
+        (None, DurabilityArg::Fsync) => vec!["fsync"],
+        (None, DurabilityArg::Process) => vec!["process"],
+        (None, DurabilityArg::Both) => vec!["fsync", "process"],
+    };
+    let data_root = args.data_root.clone().unwrap_or_else(std::env::temp_dir);
+    std::fs::create_dir_all(&data_root)?;
+    let root = tempfile::Builder::new()
+        .prefix("wasmkeep-bench-")
+        .tempdir_in(&data_root)
+        .with_context(|| format!("create a directory under {}", data_root.display()))?;
+    let exe = std::env::current_exe().context("find the wasmkeep binary")?;
+    // A compile cache shared by every node of this invocation (or the one
+    // the environment names): node start-up is in no figure but W2-restart's.
+    let compile_cache = std::env::var_os("WASMKEEP_COMPILE_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.path().join("compile-cache"));
+    let machine = report::Machine::probe(root.path());
+    eprintln!("{}", report::preamble(&args, &machine, server.is_some()));
+
+    let mut records = Vec::new();
+    let mut skipped = Vec::new();
+    for &w in &workloads {
+        if let Some(why) = w.unavailable(server.is_some()) {
+            skipped.push(Skipped {
+                workload: w.id(),
+                reason: why,
+            });
+        }
+    }
+    for &durability in &durabilities {
+        for &w in &workloads {
+            if w.unavailable(server.is_some()).is_some() {
+                continue;
+            }
+            for run in 1..=args.runs {
+                let dir = root.path().join(format!("{}-{durability}-{run}", w.id()));
+                let target = match &server {
+                    Some(ep) => Target::Server(ep.clone()),
+                    None => {
+                        std::fs::create_dir_all(&dir)?;
+                        Target::Own {
+                            exe: exe.clone(),
+                            durability,
+                            compile_cache: compile_cache.clone(),
+                            dir: dir.clone(),
+                        }
+                    }
+                };
+                let env = Env {
+                    args: &args,
+                    target: &target,
+                    nonce: SystemTime::now()
+                        .duration_since(UNIX_EPOCH)
+                        .map(|d| d.as_millis() as u64)
+                        .unwrap_or(0),
+                };
+                eprintln!("{} {durability} run {run}/{} …", w.id(), args.runs);
+                let cpu0 = report::CpuSample::now();
+                let t0 = std::time::Instant::now();
+                let result = match w {
+                    Workload::W1 => workloads::w1(&env, false).await,
+                    Workload::W1Hot => workloads::w1(&env, true).await,
+                    Workload::W2 => workloads::w2(&env, false).await,
+                    Workload::W2Restart => workloads::w2(&env, true).await,
+                    Workload::W3 => workloads::w3(&env).await,
+                    Workload::W4 => workloads::w4(&env).await,
+                    Workload::W1Durable | Workload::W5 => unreachable!("skipped above"),
+                };
+                let mut record = RunRecord::new(w.id(), durability, run, result, &dir);
+                record.wall_s = t0.elapsed().as_secs_f64();
+                record.other_cpu_s = match (cpu0, report::CpuSample::now()) {
+                    (Some(a), Some(b)) if server.is_none() => Some(b.others_since(&a)),
+                    // Against --server the node's CPU is "other".
+                    _ => None,
+                };
+                eprintln!("  {}", record.one_line());
+                records.push(record);
+                // The run's directory stays until the end: deleting ten
+                // thousand databases would load the disk during the next run.
+            }
+        }
+    }
+
+    let report = report::Report::new(&args, machine, server.is_some(), records, skipped);
+    println!("{}", report.table());
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report.json())?)
+            .with_context(|| format!("write {}", path.display()))?;
+        println!("JSON: {}", path.display());
+    }
+    if args.keep_data {
+        println!("data and node logs kept in {}", root.keep().display());
+    }
+    let failures = report.failures();
+    if !failures.is_empty() {
+        for f in &failures {
+            eprintln!("FAILED: {f}");
+        }
+        bail!(
+            "{} benchmark check(s) failed; the figures above are not valid",
+            failures.len()
+        );
+    }
+    Ok(())
+}

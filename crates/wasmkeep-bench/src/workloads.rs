@@ -1,0 +1,634 @@
+//! The workloads of `docs/benchmarks.md` (W1, W1-hot, W2, W2-restart, W3,
+//! W4). Each run measures, then checks its own correctness; a failed check
+//! makes the whole command fail.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result, anyhow};
+use hyper::Method;
+use serde::Serialize;
+
+use crate::BenchArgs;
+use crate::client::{self, Conn, Endpoint};
+use crate::load::{self, LoadSpec};
+use crate::node::{Node, NodeSpec, log_tail};
+
+/// The bundled examples' address prefix.
+const EXAMPLES: &str = "/v1/demo/examples";
+/// W2-restart: the node is killed this long before the due time…
+const ALARM_KILL_BEFORE_MS: u64 = 2_000;
+/// …and restarted this long after it.
+const ALARM_RESTART_AFTER_MS: u64 = 1_000;
+/// W2: the first look at the fired records, after the due time. Looking
+/// earlier would put the benchmark's own reads on the node while it fires.
+const ALARM_FIRST_POLL_AFTER_MS: u64 = 1_000;
+const ALARM_POLL_INTERVAL_MS: u64 = 250;
+/// W2: how long after the due time an alarm may still fire before it
+/// counts as lost.
+const ALARM_WAIT_MS_MAX: u64 = 60_000;
+/// W4: the node's idle timeout for this workload (`actor_idle_ms`).
+const W4_ACTOR_IDLE_MS: u64 = 2_000;
+/// W4: how long to wait for every actor to be closed, beyond the timeout.
+const W4_IDLE_WAIT_MS_MAX: u64 = 30_000;
+/// W4: a pause after the last actor closed, before RSS is read.
+const W4_SETTLE_MS: u64 = 1_000;
+
+/// One correctness check of a run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Check {
+    pub name: String,
+    pub ok: bool,
+    pub detail: String,
+}
+
+/// What one run of a workload produced.
+#[derive(Debug, Default, Serialize)]
+pub struct RunOutput {
+    /// Figures in report order (name, value); units are in the names.
+    pub figures: Vec<(String, f64)>,
+    pub checks: Vec<Check>,
+}
+
+impl RunOutput {
+    fn fig(&mut self, name: &str, v: f64) {
+        self.figures.push((name.to_string(), v));
+    }
+
+    fn check(&mut self, name: &str, ok: bool, detail: impl Into<String>) {
+        self.checks.push(Check {
+            name: name.to_string(),
+            ok,
+            detail: detail.into(),
+        });
+    }
+}
+
+/// Where a run sends its requests.
+pub enum Target {
+    /// A node the run starts itself.
+    Own {
+        exe: PathBuf,
+        durability: &'static str,
+        compile_cache: PathBuf,
+        /// This run's directory (data, log, config).
+        dir: PathBuf,
+    },
+    /// A node someone else runs (`--server`).
+    Server(Endpoint),
+}
+
+/// A run's view of its target: the node it started, if any.
+pub struct Env<'a> {
+    pub args: &'a BenchArgs,
+    pub target: &'a Target,
+    /// Makes actor names unique against a shared server.
+    pub nonce: u64,
+}
+
+impl Env<'_> {
+    fn spec(&self, config: Option<PathBuf>) -> Option<NodeSpec> {
+        match self.target {
+            Target::Own {
+                exe,
+                durability,
+                compile_cache,
+                dir,
+            } => Some(NodeSpec {
+                exe: exe.clone(),
+                data: dir.join("data"),
+                durability,
+                config,
+                compile_cache: compile_cache.clone(),
+                log: dir.join("node.log"),
+            }),
+            Target::Server(_) => None,
+        }
+    }
+
+    async fn start(&self, config: Option<PathBuf>) -> Result<Option<Node>> {
+        match self.spec(config) {
+            Some(s) => Ok(Some(Node::start(&s).await?)),
+            None => Ok(None),
+        }
+    }
+
+    fn endpoint(&self, node: &Option<Node>) -> Endpoint {
+        match (node, self.target) {
+            (Some(n), _) => n.endpoint.clone(),
+            (None, Target::Server(e)) => e.clone(),
+            (None, Target::Own { .. }) => unreachable!("an own target always has a node"),
+        }
+    }
+
+    /// A name prefix: `plain` on a fresh node, unique on a shared server.
+    fn prefix(&self, plain: &str) -> String {
+        match self.target {
+            Target::Own { .. } => plain.to_string(),
+            Target::Server(_) => format!("{plain}{}-", self.nonce),
+        }
+    }
+}
+
+/// Stops a node the run started, and records how long it took and whether
+/// it exited cleanly.
+async fn finish(node: Option<Node>, out: &mut RunOutput) {
+    if let Some(mut n) = node {
+        match n.stop().await {
+            Ok(ms) => {
+                out.fig("shutdown_ms", ms);
+                out.check("clean_shutdown", true, "exit 0 after SIGTERM");
+            }
+            Err(e) => out.check(
+                "clean_shutdown",
+                false,
+                format!("{e:#}\n{}", log_tail(&n.log, 20)),
+            ),
+        }
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_millis() as u64
+}
+
+async fn sleep_until_ms(t: u64) {
+    let now = now_ms();
+    if t > now {
+        tokio::time::sleep(Duration::from_millis(t - now)).await;
+    }
+}
+
+/// Nearest-rank quantile of sorted values.
+pub fn quantile<T: Copy>(sorted: &[T], q: f64) -> Option<T> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let rank = (q * sorted.len() as f64).ceil() as usize;
+    Some(sorted[rank.clamp(1, sorted.len()) - 1])
+}
+
+fn json_of(r: &Result<(u16, bytes::Bytes)>) -> Option<serde_json::Value> {
+    match r {
+        Ok((200, b)) => serde_json::from_slice(b).ok(),
+        _ => None,
+    }
+}
+
+/// Reads `{"value":N}` of every counter; the first failure is an error.
+async fn read_counters(ep: &Endpoint, conns: usize, names: &[String]) -> Result<Vec<u64>> {
+    let reqs = names
+        .iter()
+        .map(|n| (Method::GET, format!("{EXAMPLES}/counter/{n}/value")))
+        .collect();
+    let rs = client::send_all(ep, conns, reqs).await?;
+    names
+        .iter()
+        .zip(&rs)
+        .map(|(n, r)| {
+            json_of(r)
+                .and_then(|v| v["value"].as_u64())
+                .ok_or_else(|| anyhow!("read counter `{n}`: {}", client::describe(r)))
+        })
+        .collect()
+}
+
+/// W1's load on `names` (every request increments one of them), then the
+/// lost-write check: the counters grew by exactly the number of
+/// acknowledged increments.
+async fn counter_load(
+    env: &Env<'_>,
+    ep: &Endpoint,
+    names: Vec<String>,
+    out: &mut RunOutput,
+) -> Result<()> {
+    let a = env.args;
+    // A baseline, so the check also holds on a server whose counters are
+    // not at zero.
+    let before: u64 = read_counters(ep, a.connections, &names).await?.iter().sum();
+    let paths: Vec<String> = names
+        .iter()
+        .map(|n| format!("{EXAMPLES}/counter/{n}/increment"))
+        .collect();
+    let spec = LoadSpec {
+        connections: a.connections,
+        warmup: Duration::from_secs_f64(a.warmup_s),
+        measure: Duration::from_secs_f64(a.measure_s),
+        method: Method::POST,
+        paths: Arc::new(paths),
+        seed: a.seed,
+    };
+    let r = load::closed_loop(ep, &spec).await?;
+    out.fig("requests_per_s", r.requests_per_s());
+    out.fig("p50_ms", r.quantile_ms(0.50));
+    out.fig("p99_ms", r.quantile_ms(0.99));
+    out.fig("max_ms", r.latency_us.max() as f64 / 1000.0);
+    out.fig("requests_ok", r.ok_total as f64);
+    out.fig("errors", r.errors_total as f64);
+    out.check(
+        "no_errors",
+        r.errors_total == 0,
+        if r.errors_total == 0 {
+            "every request answered 2xx".to_string()
+        } else {
+            format!(
+                "{} requests failed; first: {}",
+                r.errors_total,
+                r.error_samples.join(" | ")
+            )
+        },
+    );
+    let after: u64 = read_counters(ep, a.connections, &names).await?.iter().sum();
+    let applied = after.saturating_sub(before);
+    let lost = r.ok_total.saturating_sub(applied);
+    out.fig("lost_writes", lost as f64);
+    // An increment whose request failed in transport may or may not have
+    // been applied: those (and only those) may appear as extra.
+    let extra = applied.saturating_sub(r.ok_total);
+    let ok = lost == 0 && extra <= r.errors_total;
+    out.check(
+        "no_lost_writes",
+        ok,
+        format!(
+            "acknowledged {} increments; the counters grew by {applied} ({before} -> {after}); \
+             lost {lost}, unacknowledged but applied {extra} (failed requests: {})",
+            r.ok_total, r.errors_total
+        ),
+    );
+    Ok(())
+}
+
+/// W1 (`hot = false`) and W1-hot.
+pub async fn w1(env: &Env<'_>, hot: bool) -> Result<RunOutput> {
+    let mut out = RunOutput::default();
+    let node = env.start(None).await?;
+    let ep = env.endpoint(&node);
+    let names = if hot {
+        vec![format!("{}hot", env.prefix(""))]
+    } else {
+        (0..env.args.actors).map(|i| format!("a{i}")).collect()
+    };
+    let r = counter_load(env, &ep, names, &mut out).await;
+    finish(node, &mut out).await;
+    r.map(|()| out)
+}
+
+/// W2 (`restart = false`) and W2-restart.
+pub async fn w2(env: &Env<'_>, restart: bool) -> Result<RunOutput> {
+    let mut out = RunOutput::default();
+    let a = env.args;
+    let mut node = env.start(None).await?;
+    let mut ep = env.endpoint(&node);
+    let prefix = env.prefix("r");
+    // The set requests also create the actors (each a new database), as
+    // the workload says. If setting takes longer than the lead time, the
+    // alarms set after their due time fire at once and "lateness" would
+    // measure the set-up: the run then fails `set_before_due` and
+    // `--alarm-lead-s` can give the node more time.
+    let due = now_ms() + (a.alarm_lead_s * 1000.0) as u64;
+    let t_set = Instant::now();
+    let reqs = (0..a.alarms)
+        .map(|i| {
+            (
+                Method::POST,
+                format!("{EXAMPLES}/reminder/{prefix}{i}/set?at_ms={due}"),
+            )
+        })
+        .collect();
+    let rs = client::send_all(&ep, a.connections, reqs).await?;
+    let set_s = t_set.elapsed().as_secs_f64();
+    out.fig("set_s", set_s);
+    let bad: Vec<String> = rs
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| json_of(r).and_then(|v| v["alarm"].as_u64()) != Some(due))
+        .take(5)
+        .map(|(i, r)| format!("{prefix}{i}: {}", client::describe(r)))
+        .collect();
+    out.check(
+        "alarms_set",
+        bad.is_empty(),
+        if bad.is_empty() {
+            format!("{} alarms set for {due} in {set_s:.2} s", a.alarms)
+        } else {
+            format!("some alarms were not set: {}", bad.join(" | "))
+        },
+    );
+    let set_done = now_ms();
+    out.check(
+        "set_before_due",
+        set_done < due,
+        format!(
+            "the last alarm was set {} ms before its due time{}",
+            due as i64 - set_done as i64,
+            if set_done < due {
+                ""
+            } else {
+                "; lateness would measure set-up time: give more --alarm-lead-s"
+            }
+        ),
+    );
+    if restart {
+        let kill_at = due.saturating_sub(ALARM_KILL_BEFORE_MS);
+        if now_ms() >= kill_at {
+            out.check(
+                "set_before_kill",
+                false,
+                format!(
+                    "setting the alarms took {set_s:.2} s, past the kill time (due − {ALARM_KILL_BEFORE_MS} ms)"
+                ),
+            );
+        }
+        sleep_until_ms(kill_at).await;
+        let n = node.as_mut().expect("W2-restart runs on its own node");
+        n.kill().await?;
+        sleep_until_ms(due + ALARM_RESTART_AFTER_MS).await;
+        let spec = env.spec(None).expect("own node");
+        let n = Node::start(&spec).await.context("restart the node")?;
+        out.fig("restart_ms", n.start_ms);
+        ep = n.endpoint.clone();
+        node = Some(n);
+    }
+    sleep_until_ms(due + ALARM_FIRST_POLL_AFTER_MS).await;
+    let fired_path = |i: usize| format!("{EXAMPLES}/reminder/{prefix}{i}/fired");
+    // Poll the actors that have not fired yet, until all have or time is up.
+    let mut pending: Vec<usize> = (0..a.alarms).collect();
+    let mut poll_errors = Vec::new();
+    while !pending.is_empty() && now_ms() < due + ALARM_WAIT_MS_MAX {
+        let reqs = pending
+            .iter()
+            .map(|&i| (Method::GET, fired_path(i)))
+            .collect();
+        let rs = client::send_all(&ep, a.connections, reqs).await?;
+        let mut still = Vec::new();
+        for (&i, r) in pending.iter().zip(&rs) {
+            let fired = json_of(r).is_some_and(|v| {
+                v["fired"]
+                    .as_array()
+                    .is_some_and(|f| f.iter().any(|e| e["due_ms"].as_u64() == Some(due)))
+            });
+            if !fired {
+                if r.as_ref().map(|(s, _)| *s != 200).unwrap_or(true) && poll_errors.len() < 5 {
+                    poll_errors.push(format!("{prefix}{i}: {}", client::describe(r)));
+                }
+                still.push(i);
+            }
+        }
+        pending = still;
+        if !pending.is_empty() {
+            tokio::time::sleep(Duration::from_millis(ALARM_POLL_INTERVAL_MS)).await;
+        }
+    }
+    // One last read of every actor: the figures, and duplicates that a
+    // "has it fired yet" poll would not see.
+    let reqs = (0..a.alarms)
+        .map(|i| (Method::GET, fired_path(i)))
+        .collect();
+    let rs = client::send_all(&ep, a.connections, reqs).await?;
+    let (mut lateness, mut duplicates, mut early, mut retried, mut unreadable) =
+        (Vec::new(), 0u64, Vec::new(), 0u64, Vec::new());
+    let mut last_fired = 0u64;
+    for (i, r) in rs.iter().enumerate() {
+        let Some(v) = json_of(r) else {
+            unreadable.push(format!("{prefix}{i}: {}", client::describe(r)));
+            continue;
+        };
+        let recs: Vec<&serde_json::Value> = v["fired"]
+            .as_array()
+            .map(|f| {
+                f.iter()
+                    .filter(|e| e["due_ms"].as_u64() == Some(due))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let Some(first) = recs.first() else { continue };
+        duplicates += recs.len().saturating_sub(1) as u64;
+        let fired_ms = first["fired_ms"].as_u64().unwrap_or(0);
+        if fired_ms < due {
+            early.push(format!("{prefix}{i} fired at {fired_ms}, due {due}"));
+        }
+        if first["retry_count"].as_u64().unwrap_or(0) > 0 {
+            retried += 1;
+        }
+        last_fired = last_fired.max(fired_ms);
+        lateness.push(fired_ms as i64 - due as i64);
+    }
+    lateness.sort_unstable();
+    let fired = lateness.len();
+    let q = |q| quantile(&lateness, q).map(|v| v as f64).unwrap_or(f64::NAN);
+    out.fig("lateness_p50_ms", q(0.50));
+    out.fig("lateness_p99_ms", q(0.99));
+    out.fig("lateness_max_ms", q(1.0));
+    out.fig(
+        "all_fired_after_ms",
+        if fired == a.alarms {
+            last_fired.saturating_sub(due) as f64
+        } else {
+            f64::NAN
+        },
+    );
+    out.fig("fired", fired as f64);
+    out.fig("lost", (a.alarms - fired) as f64);
+    out.fig("duplicates", duplicates as f64);
+    out.fig("retried", retried as f64);
+    out.check(
+        "all_fired",
+        fired == a.alarms,
+        format!(
+            "{fired} of {} alarms fired within {ALARM_WAIT_MS_MAX} ms of the due time{}{}",
+            a.alarms,
+            if unreadable.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "; unreadable: {}",
+                    unreadable[..unreadable.len().min(5)].join(" | ")
+                )
+            },
+            if poll_errors.is_empty() {
+                String::new()
+            } else {
+                format!("; poll errors: {}", poll_errors.join(" | "))
+            }
+        ),
+    );
+    out.check(
+        "fired_once",
+        duplicates == 0,
+        format!("{duplicates} extra runs of an alarm that had already fired"),
+    );
+    out.check(
+        "never_early",
+        early.is_empty(),
+        if early.is_empty() {
+            "no alarm fired before it was due".to_string()
+        } else {
+            early[..early.len().min(5)].join(" | ")
+        },
+    );
+    finish(node, &mut out).await;
+    Ok(out)
+}
+
+/// W3: the first request to never-seen actors, one after another.
+pub async fn w3(env: &Env<'_>) -> Result<RunOutput> {
+    let mut out = RunOutput::default();
+    let node = env.start(None).await?;
+    let ep = env.endpoint(&node);
+    let prefix = env.prefix("cold");
+    let mut conn = Conn::connect(&ep).await?;
+    // Warm the connection and the class (its component is instantiated
+    // once), so each measured request costs only a new actor.
+    let warm = conn
+        .send(
+            &Method::POST,
+            &format!("{EXAMPLES}/counter/{prefix}warm/increment"),
+        )
+        .await?;
+    anyhow::ensure!(
+        warm.0 == 200,
+        "warm-up request: {}",
+        client::describe(&Ok(warm))
+    );
+    let mut ms = Vec::with_capacity(env.args.cold_actors);
+    let mut bad = Vec::new();
+    for i in 0..env.args.cold_actors {
+        let path = format!("{EXAMPLES}/counter/{prefix}{i}/increment");
+        let t0 = Instant::now();
+        let r = conn.send(&Method::POST, &path).await;
+        ms.push(t0.elapsed().as_secs_f64() * 1000.0);
+        if json_of(&r).and_then(|v| v["value"].as_u64()) != Some(1) && bad.len() < 5 {
+            bad.push(format!("{prefix}{i}: {}", client::describe(&r)));
+        }
+    }
+    ms.sort_by(f64::total_cmp);
+    out.fig("p50_ms", quantile(&ms, 0.50).unwrap_or(f64::NAN));
+    out.fig("p99_ms", quantile(&ms, 0.99).unwrap_or(f64::NAN));
+    out.fig("max_ms", quantile(&ms, 1.0).unwrap_or(f64::NAN));
+    out.check(
+        "first_requests_ok",
+        bad.is_empty(),
+        if bad.is_empty() {
+            format!("{} new actors each answered {{\"value\":1}}", ms.len())
+        } else {
+            bad.join(" | ")
+        },
+    );
+    finish(node, &mut out).await;
+    Ok(out)
+}
+
+/// Waits until the node has no live instance (every actor closed).
+async fn wait_all_idle(ep: &Endpoint, limit_ms: u64) -> Result<bool> {
+    let deadline = Instant::now() + Duration::from_millis(limit_ms);
+    let mut conn = Conn::connect(ep).await?;
+    loop {
+        let (s, body) = conn.send(&Method::GET, "/metrics").await?;
+        anyhow::ensure!(s == 200, "GET /metrics answered {s}");
+        let text = String::from_utf8_lossy(&body);
+        let active = text
+            .lines()
+            .find_map(|l| l.strip_prefix("wasmkeep_instances_active "))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .ok_or_else(|| anyhow!("no wasmkeep_instances_active in /metrics"))?;
+        if active == 0 {
+            return Ok(true);
+        }
+        if Instant::now() >= deadline {
+            return Ok(false);
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+const MIB: f64 = 1024.0;
+
+/// W4: RSS after W1, and the cost of actors that were touched and went idle.
+pub async fn w4(env: &Env<'_>) -> Result<RunOutput> {
+    let mut out = RunOutput::default();
+    let a = env.args;
+    let Target::Own { dir, .. } = env.target else {
+        return Err(anyhow!("W4 needs a node started by the benchmark"));
+    };
+    let config = dir.join("node.toml");
+    std::fs::write(&config, format!("actor_idle_ms = {W4_ACTOR_IDLE_MS}\n"))?;
+    let node = env.start(Some(config)).await?.expect("own node");
+    let ep = node.endpoint.clone();
+    let mut w1 = RunOutput::default();
+    let names = (0..a.actors).map(|i| format!("a{i}")).collect();
+    let r = async {
+        counter_load(env, &ep, names, &mut w1).await?;
+        let after_w1 = node.rss_kib()? as f64;
+        out.fig("rss_after_w1_mib", after_w1 / MIB);
+        let idle_limit = W4_ACTOR_IDLE_MS + W4_IDLE_WAIT_MS_MAX;
+        let idle1 = wait_all_idle(&ep, idle_limit).await?;
+        tokio::time::sleep(Duration::from_millis(W4_SETTLE_MS)).await;
+        let before = node.rss_kib()? as f64;
+        out.fig("rss_w1_idle_mib", before / MIB);
+        let t = Instant::now();
+        let reqs = (0..a.idle_actors)
+            .map(|i| (Method::POST, format!("{EXAMPLES}/counter/idle{i}/increment")))
+            .collect();
+        let rs = client::send_all(&ep, a.connections, reqs).await?;
+        out.fig("touch_s", t.elapsed().as_secs_f64());
+        let bad: Vec<String> = rs
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| json_of(r).and_then(|v| v["value"].as_u64()) != Some(1))
+            .take(5)
+            .map(|(i, r)| format!("idle{i}: {}", client::describe(r)))
+            .collect();
+        out.check(
+            "touches_ok",
+            bad.is_empty(),
+            if bad.is_empty() {
+                format!("{} new actors each answered {{\"value\":1}}", a.idle_actors)
+            } else {
+                bad.join(" | ")
+            },
+        );
+        let idle2 = wait_all_idle(&ep, idle_limit).await?;
+        out.check(
+            "actors_went_idle",
+            idle1 && idle2,
+            format!(
+                "wasmkeep_instances_active reached 0 within {idle_limit} ms: after W1 {idle1}, after the touches {idle2}"
+            ),
+        );
+        tokio::time::sleep(Duration::from_millis(W4_SETTLE_MS)).await;
+        let after = node.rss_kib()? as f64;
+        out.fig("rss_after_idle_mib", after / MIB);
+        out.fig("kib_per_idle_actor", (after - before) / a.idle_actors as f64);
+        out.fig("peak_rss_mib", node.peak_rss_kib()? as f64 / MIB);
+        anyhow::Ok(())
+    }
+    .await;
+    // W1's correctness checks hold here too; its figures belong to W1.
+    for c in w1.checks {
+        out.checks.push(Check {
+            name: format!("w1_{}", c.name),
+            ..c
+        });
+    }
+    finish(Some(node), &mut out).await;
+    r.map(|()| out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::quantile;
+
+    #[test]
+    fn nearest_rank_quantiles() {
+        let v: Vec<u32> = (1..=200).collect();
+        assert_eq!(quantile(&v, 0.5), Some(100));
+        assert_eq!(quantile(&v, 0.99), Some(198));
+        assert_eq!(quantile(&v, 1.0), Some(200));
+        assert_eq!(quantile(&v, 0.0), Some(1));
+        assert_eq!(quantile::<u32>(&[], 0.5), None);
+    }
+}

@@ -1,0 +1,143 @@
+//! Every timing and size bound of the cluster protocol, in one place.
+
+use crate::error::Error;
+
+/// Longest class name in bytes. Class names are ASCII letters, digits, `-` and
+/// `_`, and appear in index keys as they are.
+pub const CLASS_BYTES_MAX: usize = 64;
+/// Longest actor name in bytes. Names appear as hex (twice as long), and an S3
+/// key holds 1,024 bytes: 400 bytes of name leave room for prefixes and tags.
+pub const NAME_BYTES_MAX: usize = 400;
+/// Longest node id in bytes.
+pub const NODE_BYTES_MAX: usize = 64;
+
+/// The cluster's timing and size bounds. Defaults are ADR 0009's and ADR 0020's.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterConfig {
+    /// How long a node lease lasts after the renewal that wrote it was sent.
+    pub lease_period_ms: u64,
+    /// How long other nodes wait past a lease's expiry before they treat it as
+    /// lapsed: it absorbs clock skew and requests in flight.
+    pub lease_grace_ms: u64,
+    /// A node stops acting as owner this long before its own lease expires by
+    /// its own clock, so that it stops before anyone else may start.
+    pub owner_margin_ms: u64,
+    /// How often each node sweeps the alarm index.
+    pub alarm_sweep_ms: u64,
+    /// The first committed retry of a failed `on-alarm` comes this long after it.
+    pub retry_first_ms: u64,
+    /// The longest backoff between committed retries.
+    pub retry_max_ms: u64,
+    /// Index entries read by one sweep pass at most.
+    pub sweep_entries_max: usize,
+    /// Alarms one node delivers from one sweep at most.
+    pub sweep_deliveries_max: usize,
+    /// One in this many of a sweep's deliveries is kept for anyone's entries.
+    pub sweep_anyones_share_divisor: usize,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            lease_period_ms: 10_000,
+            lease_grace_ms: 5_000,
+            owner_margin_ms: 1_000,
+            alarm_sweep_ms: 10_000,
+            retry_first_ms: 1_000,
+            retry_max_ms: 300_000,
+            sweep_entries_max: 2048,
+            sweep_deliveries_max: 256,
+            sweep_anyones_share_divisor: 8,
+        }
+    }
+}
+
+impl ClusterConfig {
+    /// A node renews its lease every third of the lease period, so that two
+    /// renewals can fail before it stops acting.
+    pub fn lease_renew_ms(&self) -> u64 {
+        (self.lease_period_ms / 3).max(1)
+    }
+
+    /// How overdue an index entry must be before a sweep reads it: a lease
+    /// period plus grace, by which time a live owner would have delivered it.
+    pub fn sweep_margin_ms(&self) -> u64 {
+        self.lease_period_ms + self.lease_grace_ms
+    }
+
+    /// How overdue an entry must be before any node may deliver it, whatever
+    /// the shard says: three sweep margins.
+    pub fn anyones_after_ms(&self) -> u64 {
+        3 * self.sweep_margin_ms()
+    }
+
+    /// Deliveries a sweep keeps for anyone's entries (an eighth by default).
+    pub fn sweep_anyones_reserved(&self) -> usize {
+        self.sweep_deliveries_max / self.sweep_anyones_share_divisor.max(1)
+    }
+
+    /// Checks the relations the protocol relies on.
+    pub fn validate(&self) -> Result<(), Error> {
+        let bad = |field, value: u64| Err(Error::InvalidConfig { field, value });
+        if self.lease_period_ms < 3 {
+            return bad("lease_period_ms", self.lease_period_ms);
+        }
+        if self.owner_margin_ms >= self.lease_period_ms - self.lease_renew_ms() {
+            // A node must still be acting when its next renewal is due.
+            return bad("owner_margin_ms", self.owner_margin_ms);
+        }
+        if self.alarm_sweep_ms == 0 {
+            return bad("alarm_sweep_ms", 0);
+        }
+        if self.retry_first_ms == 0 || self.retry_first_ms > self.retry_max_ms {
+            return bad("retry_first_ms", self.retry_first_ms);
+        }
+        if self.sweep_entries_max == 0 {
+            return bad("sweep_entries_max", 0);
+        }
+        if self.sweep_deliveries_max == 0 {
+            return bad("sweep_deliveries_max", 0);
+        }
+        if self.sweep_anyones_share_divisor == 0 {
+            return bad("sweep_anyones_share_divisor", 0);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_the_adrs() {
+        let c = ClusterConfig::default();
+        c.validate().unwrap();
+        assert_eq!(c.alarm_sweep_ms, 10_000);
+        assert_eq!(c.retry_max_ms, 300_000);
+        assert_eq!(c.sweep_margin_ms(), 15_000);
+        assert_eq!(c.anyones_after_ms(), 45_000);
+        assert_eq!(c.lease_renew_ms(), 3_333);
+        assert_eq!(c.sweep_anyones_reserved(), 32);
+    }
+
+    #[test]
+    fn validate_rejects_a_margin_that_outlasts_renewal() {
+        let c = ClusterConfig {
+            owner_margin_ms: 7_000,
+            ..ClusterConfig::default()
+        };
+        assert!(matches!(
+            c.validate(),
+            Err(Error::InvalidConfig {
+                field: "owner_margin_ms",
+                ..
+            })
+        ));
+        let c = ClusterConfig {
+            retry_first_ms: 0,
+            ..ClusterConfig::default()
+        };
+        assert!(c.validate().is_err());
+    }
+}

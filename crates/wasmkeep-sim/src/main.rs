@@ -1,0 +1,189 @@
+//! `wasmkeep-sim`: runs seeds of the cluster simulation from the command line.
+//!
+//! It is a thin argument parser over `wasmkeep_sim::run_seeds` and
+//! `wasmkeep_sim::run`; it is not a test harness (the tests in `tests/` are).
+//!
+//! ```text
+//! wasmkeep-sim --seeds N [--first-seed S]             safe rules; exit 0 only if every invariant held
+//! wasmkeep-sim --variant NAME [--seeds N] [--first-seed S]   hunt: exit 1 at the first seed that catches it
+//! wasmkeep-sim --variant NAME --seeds N --all        run all N seeds, count the catching ones
+//! wasmkeep-sim --seed S --trace [--variant NAME]      one seed's full trace
+//! --set name=value                                    change a fault or workload knob (see Options::set)
+//! ```
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+use wasmkeep_cluster::Variant;
+use wasmkeep_sim::{Options, run, run_seeds};
+
+const USAGE: &str =
+    "usage: wasmkeep-sim [--seeds N] [--first-seed S] [--variant NAME [--all]] [--seed S --trace]
+variants: untagged-keys no-generation-check no-fence upload-before-entry clear-on-empty-bucket";
+
+struct Args {
+    seeds: u64,
+    first_seed: u64,
+    seed: Option<u64>,
+    trace: bool,
+    all: bool,
+    variant: Variant,
+    knobs: Vec<(String, String)>,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut a = Args {
+        seeds: 200,
+        first_seed: 0,
+        seed: None,
+        trace: false,
+        all: false,
+        variant: Variant::Safe,
+        knobs: Vec::new(),
+    };
+    let mut it = std::env::args().skip(1);
+    let number = |v: Option<String>, flag: &str| -> Result<u64, String> {
+        v.ok_or_else(|| format!("missing value: flag={flag}"))?
+            .parse()
+            .map_err(|_| format!("not a number: flag={flag}"))
+    };
+    while let Some(flag) = it.next() {
+        match flag.as_str() {
+            "--seeds" => a.seeds = number(it.next(), "--seeds")?,
+            "--first-seed" => a.first_seed = number(it.next(), "--first-seed")?,
+            "--seed" => a.seed = Some(number(it.next(), "--seed")?),
+            "--trace" => a.trace = true,
+            "--all" => a.all = true,
+            "--set" => {
+                let kv = it.next().ok_or("missing value: flag=--set")?;
+                let (k, v) = kv
+                    .split_once('=')
+                    .ok_or_else(|| format!("expected name=value: arg={kv}"))?;
+                a.knobs.push((k.to_owned(), v.to_owned()));
+            }
+            "--variant" => {
+                let name = it.next().ok_or("missing value: flag=--variant")?;
+                a.variant =
+                    Variant::parse(&name).ok_or_else(|| format!("unknown variant: name={name}"))?;
+            }
+            "-h" | "--help" => return Err(String::new()),
+            other => return Err(format!("unknown argument: arg={other}")),
+        }
+    }
+    Ok(a)
+}
+
+fn main() -> ExitCode {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            if !e.is_empty() {
+                eprintln!("{e}");
+            }
+            eprintln!("{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut base = Options {
+        variant: args.variant,
+        ..Options::default()
+    };
+    for (k, v) in &args.knobs {
+        if let Err(e) = base.set(k, v) {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    }
+    if let Some(seed) = args.seed {
+        let r = run(Options {
+            seed,
+            trace: args.trace,
+            ..base
+        });
+        for line in &r.trace {
+            println!("{line}");
+        }
+        println!(
+            "variant={} seed={seed} trace_lines={} trace_hash={:016x}",
+            r.variant.name(),
+            r.trace_count,
+            r.trace_hash
+        );
+        println!("{}", r.stats);
+        return match r.violation {
+            Some(v) => {
+                println!(
+                    "VIOLATION seed={seed} kind={} at_ms={}: {}",
+                    v.kind, v.time_ms, v.detail
+                );
+                ExitCode::from(1)
+            }
+            None => {
+                println!("every invariant held: seed={seed}");
+                ExitCode::SUCCESS
+            }
+        };
+    }
+    let started = Instant::now();
+    let hunting = args.variant != Variant::Safe;
+    let batch = run_seeds(&base, args.first_seed, args.seeds, hunting && !args.all);
+    let secs = started.elapsed().as_secs_f64();
+    for (seed, v) in &batch.failures {
+        println!(
+            "VIOLATION seed={seed} kind={} at_ms={}: {}",
+            v.kind, v.time_ms, v.detail
+        );
+    }
+    println!("{}", batch.stats);
+    if hunting && args.all {
+        let seeds: Vec<String> = batch.failures.iter().map(|(s, _)| s.to_string()).collect();
+        println!(
+            "variant={} seeds={} first_seed={} caught_by={} ({secs:.1} s): {}",
+            args.variant.name(),
+            batch.seeds,
+            args.first_seed,
+            batch.failures.len(),
+            seeds.join(",")
+        );
+        return if batch.failures.is_empty() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
+        };
+    }
+    if hunting {
+        match batch.failures.first() {
+            Some((seed, v)) => {
+                println!(
+                    "caught variant={} seed={seed} kind={} after {} seeds ({secs:.1} s)",
+                    args.variant.name(),
+                    v.kind,
+                    batch.seeds
+                );
+                ExitCode::from(1)
+            }
+            None => {
+                println!(
+                    "not caught variant={} seeds={} ({secs:.1} s)",
+                    args.variant.name(),
+                    batch.seeds
+                );
+                ExitCode::SUCCESS
+            }
+        }
+    } else {
+        println!(
+            "seeds={} first_seed={} failed={} takeovers={} alarms={} ({secs:.1} s)",
+            batch.seeds,
+            args.first_seed,
+            batch.failures.len(),
+            batch.stats.takeovers,
+            batch.stats.alarms
+        );
+        if batch.failures.is_empty() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
+        }
+    }
+}
