@@ -81,5 +81,19 @@ fn dependencies_point_one_way() {
         if !["wasmkeep-server", "wasmkeep", "wasmkeep-bench"].contains(&k.as_str()) {
             assert_none(&d, k, &["axum"], "only the server speaks HTTP");
         }
+        if k != "wasmkeep-replica" {
+            assert_none(
+                &d,
+                k,
+                &["object_store"],
+                "only the replica talks to object storage",
+            );
+        }
     }
+    assert_none(
+        &d,
+        "wasmkeep-replica",
+        &["wasmtime", "wasmkeep-runtime", "wasmkeep-server", "axum"],
+        "the replica moves database pages; it knows no guests and no HTTP API",
+    );
 }

@@ -1,0 +1,79 @@
+//! The replica's errors, each with a stable code.
+
+use thiserror::Error;
+
+/// Everything that can go wrong while replicating, restoring or exporting.
+///
+/// [`ReplicaError::code`] is stable and machine-readable; messages are
+/// lowercase and end with the values involved.
+#[derive(Debug, Error)]
+pub enum ReplicaError {
+    /// Someone else's entry holds the seq this writer meant to take, or a
+    /// snapshot at or above it exists: the chain moved on without this
+    /// writer. The caller gives the actor up (drops its instance and claim)
+    /// and restores again before serving it.
+    #[error("chain moved: another writer holds the chain at or after seq={seq}")]
+    ChainMoved { seq: u64 },
+    /// A body in the bucket (or a sidecar on disk) failed its checks.
+    #[error("replica corrupt: {reason}: key=`{key}`")]
+    Corrupt { key: String, reason: String },
+    /// An entry or snapshot is larger than the configured bound.
+    #[error("entry too large: size={size} limit entry_bytes_max={limit}")]
+    EntryTooLarge { size: u64, limit: u64 },
+    /// The bucket's chain has a gap above the latest snapshot, or entries
+    /// that do not follow each other.
+    #[error("chain broken: {0}")]
+    ChainBroken(String),
+    /// An export asked for a point the bucket no longer (or never) holds.
+    #[error("point not retained: {0}")]
+    NotRetained(String),
+    /// An actor's bucket key would exceed the object store's key length.
+    #[error("key too long: size={size} limit key_bytes_max={limit}")]
+    KeyTooLong { size: usize, limit: usize },
+    /// `Bucket::from_url` could not make sense of its argument.
+    #[error("invalid bucket url: {0}")]
+    InvalidUrl(String),
+    /// The object store failed (network, permissions, throttling, ...).
+    #[error("bucket error: {0}")]
+    Bucket(#[from] object_store::Error),
+    /// Reading the local database through SQLite failed.
+    #[error("sqlite error: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    /// A local file could not be read, written or renamed.
+    #[error("local i/o error: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl ReplicaError {
+    /// The stable code for this error.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ReplicaError::ChainMoved { .. } => "chain_moved",
+            ReplicaError::Corrupt { .. } => "replica_corrupt",
+            ReplicaError::EntryTooLarge { .. } => "entry_too_large",
+            ReplicaError::ChainBroken(_) => "chain_broken",
+            ReplicaError::NotRetained(_) => "not_retained",
+            ReplicaError::KeyTooLong { .. } => "key_too_long",
+            ReplicaError::InvalidUrl(_) => "invalid_bucket_url",
+            ReplicaError::Bucket(_) => "bucket_error",
+            ReplicaError::Sqlite(_) => "replica_sqlite_error",
+            ReplicaError::Io(_) => "replica_io_error",
+        }
+    }
+
+    /// Whether the bucket said the object is missing (a listed entry that a
+    /// concurrent collection removed): a restore that meets it starts over.
+    pub fn is_not_found(&self) -> bool {
+        matches!(
+            self,
+            ReplicaError::Bucket(object_store::Error::NotFound { .. })
+        )
+    }
+
+    pub(crate) fn corrupt(key: impl Into<String>, reason: impl Into<String>) -> Self {
+        ReplicaError::Corrupt {
+            key: key.into(),
+            reason: reason.into(),
+        }
+    }
+}

@@ -1,0 +1,147 @@
+//! Where an actor's chain lives in the bucket.
+//!
+//! ```text
+//! <prefix>/state/<tenant>/<app>/<class>/<name as hex>/log/<seq, 20 digits>
+//! <prefix>/state/<tenant>/<app>/<class>/<name as hex>/snap/<seq, 20 digits>
+//! ```
+//!
+//! The name is hex-encoded and split exactly like the local layout
+//! (`wasmkeep_store::paths`): folders of 200 hex characters, every one but
+//! the last ending in `+`, so no actor's folder is a folder on the way to
+//! another's, and nothing in a key needs escaping. Seqs are zero-padded so
+//! that key order is seq order.
+
+use wasmkeep_store::ActorId;
+use wasmkeep_store::paths::HEX_SEGMENT_CHARS;
+
+use crate::error::ReplicaError;
+use crate::limits::KEY_BYTES_MAX;
+
+/// Digits of a seq in a key.
+pub const SEQ_DIGITS: usize = 20;
+/// Longest tail under an actor's root: `snap/` plus a seq.
+const TAIL_BYTES_MAX: usize = 5 + SEQ_DIGITS;
+
+/// One actor's folder in the bucket, relative to the bucket's prefix and
+/// ending in `/`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ActorRoot(String);
+
+impl ActorRoot {
+    /// The folder of `id`, refusing ids whose keys the store could not hold
+    /// (`prefix_bytes` is the bucket prefix's length, slash included).
+    pub fn new(id: &ActorId, prefix_bytes: usize) -> Result<ActorRoot, ReplicaError> {
+        let hex = hex::encode(id.name.as_bytes());
+        let chunks: Vec<&str> = hex
+            .as_bytes()
+            .chunks(HEX_SEGMENT_CHARS)
+            .map(|c| std::str::from_utf8(c).expect("hex is ascii"))
+            .collect();
+        let mut s = format!("state/{}/{}/{}/", id.tenant, id.app, id.class);
+        for (i, chunk) in chunks.iter().enumerate() {
+            s.push_str(chunk);
+            if i + 1 < chunks.len() {
+                s.push('+');
+            }
+            s.push('/');
+        }
+        let size = prefix_bytes + s.len() + TAIL_BYTES_MAX;
+        if size > KEY_BYTES_MAX {
+            return Err(ReplicaError::KeyTooLong {
+                size,
+                limit: KEY_BYTES_MAX,
+            });
+        }
+        Ok(ActorRoot(s))
+    }
+
+    /// The folder as a string ending in `/`.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// `log/<seq>` under this root.
+    pub fn log(&self, seq: u64) -> String {
+        format!("{}{}", self.0, log_key(seq))
+    }
+
+    /// `snap/<seq>` under this root.
+    pub fn snap(&self, seq: u64) -> String {
+        format!("{}{}", self.0, snap_key(seq))
+    }
+
+    /// The `log/` folder.
+    pub fn log_dir(&self) -> String {
+        format!("{}log/", self.0)
+    }
+
+    /// The `snap/` folder.
+    pub fn snap_dir(&self) -> String {
+        format!("{}snap/", self.0)
+    }
+}
+
+/// `log/<seq, 20 digits>`.
+pub fn log_key(seq: u64) -> String {
+    format!("log/{seq:0width$}", width = SEQ_DIGITS)
+}
+
+/// `snap/<seq, 20 digits>`.
+pub fn snap_key(seq: u64) -> String {
+    format!("snap/{seq:0width$}", width = SEQ_DIGITS)
+}
+
+/// The seq at the end of a key (`.../log/000...7` gives 7); `None` for
+/// anything else, such as a file a human left there.
+pub fn parse_seq(key: &str) -> Option<u64> {
+    let last = key.rsplit('/').next()?;
+    if last.len() != SEQ_DIGITS || !last.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    last.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(name: &str) -> ActorId {
+        ActorId::new("t", "a", "c", name).unwrap()
+    }
+
+    #[test]
+    fn keys_are_zero_padded_and_parse_back() {
+        assert_eq!(log_key(7), "log/00000000000000000007");
+        assert_eq!(snap_key(u64::MAX), "snap/18446744073709551615");
+        let root = ActorRoot::new(&id("a/b"), 0).unwrap();
+        assert_eq!(root.as_str(), "state/t/a/c/612f62/");
+        assert_eq!(root.log(3), "state/t/a/c/612f62/log/00000000000000000003");
+        assert_eq!(parse_seq(&root.log(3)), Some(3));
+        assert_eq!(parse_seq(&root.snap(u64::MAX)), Some(u64::MAX));
+        for bad in ["log/7", "log/0000000000000000000x", "", "log/"] {
+            assert_eq!(parse_seq(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn key_order_is_seq_order() {
+        let mut seqs = vec![10u64, 9, 100, 0, 1 << 40, 11];
+        let mut keys: Vec<String> = seqs.iter().map(|s| log_key(*s)).collect();
+        keys.sort();
+        seqs.sort();
+        let parsed: Vec<u64> = keys.iter().map(|k| parse_seq(k).unwrap()).collect();
+        assert_eq!(parsed, seqs);
+    }
+
+    #[test]
+    fn long_names_split_like_the_local_layout_and_are_bounded() {
+        let short = ActorRoot::new(&id(&"x".repeat(100)), 0).unwrap();
+        let long = ActorRoot::new(&id(&"x".repeat(103)), 0).unwrap();
+        assert!(!long.as_str().starts_with(short.as_str()));
+        assert!(long.as_str().contains("+/"));
+        // 512-byte names are 1024 hex characters: more than S3 takes.
+        let err = ActorRoot::new(&id(&"x".repeat(512)), 0).unwrap_err();
+        assert_eq!(err.code(), "key_too_long");
+        assert!(ActorRoot::new(&id(&"x".repeat(400)), 40).is_ok());
+    }
+}

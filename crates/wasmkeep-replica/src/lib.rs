@@ -1,0 +1,37 @@
+//! Replication of actor databases to an S3-compatible bucket: the only
+//! crate that talks to object storage.
+//!
+//! What it is: the bucket layout of an actor's chain ([`keys`]), the
+//! self-describing, checksummed entry format ([`entry`]), page-level change
+//! capture and applying entries ([`image`]), the owner's side of the chain
+//! (create-only appends, telling a lost response from a moved chain,
+//! snapshots and collection: [`Replica`]), restoring a local file with its
+//! sidecar and setting a mismatching one aside, and point-in-time export
+//! ([`export`]). Every request goes through [`Bucket`], which counts them.
+//! ADR 0007 (`docs/adr/0007-replication.md`) explains the decisions.
+//!
+//! What it is not: it decides nothing about ownership (leases and holds are
+//! `wasmkeep-cluster`'s), does not open, write or commit an actor's
+//! database through the store (it reads committed state and writes whole
+//! restored files while the actor is closed), and never reads a clock:
+//! times are passed in. Its calls are async (tokio, `object_store`);
+//! reading an [`Image`] is blocking and belongs on a worker thread.
+
+pub mod bucket;
+pub mod entry;
+pub mod error;
+pub mod export;
+pub mod image;
+pub mod keys;
+pub mod limits;
+pub mod replica;
+pub mod testing;
+
+pub use bucket::{Bucket, Metrics, MetricsSnapshot};
+pub use entry::{Entry, Kind, Position, Token};
+pub use error::ReplicaError;
+pub use export::{At, export};
+pub use image::Image;
+pub use keys::ActorRoot;
+pub use limits::ReplicaConfig;
+pub use replica::{Opened, Replica, Uploaded, set_aside, sidecar_path};

@@ -1,0 +1,590 @@
+//! One actor's replica: restoring it from the bucket, and appending its
+//! changes to the chain as their owner.
+
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+use wasmkeep_store::ActorId;
+
+use crate::bucket::{Bucket, Created};
+use crate::entry::{Entry, FIXED_HEADER_BYTES, Kind, Position, Token};
+use crate::error::ReplicaError;
+use crate::image::{Image, PageHashes};
+use crate::keys::{ActorRoot, parse_seq};
+use crate::limits::ReplicaConfig;
+
+/// Restarts of a restore whose listed objects vanished under it (a
+/// concurrent collection) before it reports the error.
+const RESTORE_ATTEMPTS_MAX: usize = 3;
+
+/// What [`Replica::open`] did with the local file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Opened {
+    /// The local file holds the bucket's latest position: nothing was
+    /// downloaded.
+    UpToDate,
+    /// The bucket's version was written to the local path. A local file
+    /// that was there (not matching) was set aside under `replaced`.
+    Restored { replaced: Option<PathBuf> },
+    /// The bucket has nothing for this actor. The local file (if `local`)
+    /// is untouched; the first upload creates `log/0` with every page.
+    BucketEmpty { local: bool },
+}
+
+/// The bucket's view of one actor's chain: the snapshots, and the entries
+/// above the latest snapshot.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Listing {
+    pub snaps: Vec<u64>,
+    pub logs: Vec<u64>,
+}
+
+impl Listing {
+    pub fn head(&self) -> Option<u64> {
+        self.logs.last().or(self.snaps.last()).copied()
+    }
+}
+
+pub(crate) async fn list_chain(bucket: &Bucket, root: &ActorRoot) -> Result<Listing, ReplicaError> {
+    let mut snaps: Vec<u64> = bucket
+        .list(&root.snap_dir(), None)
+        .await?
+        .iter()
+        .filter_map(|k| parse_seq(k))
+        .collect();
+    snaps.sort_unstable();
+    let after = snaps.last().map(|s| root.log(*s));
+    let mut logs: Vec<u64> = bucket
+        .list(&root.log_dir(), after.as_deref())
+        .await?
+        .iter()
+        .filter_map(|k| parse_seq(k))
+        .collect();
+    logs.sort_unstable();
+    Ok(Listing { snaps, logs })
+}
+
+/// Downloads and checks one body.
+pub(crate) async fn fetch(
+    bucket: &Bucket,
+    root: &ActorRoot,
+    kind: Kind,
+    seq: u64,
+    config: &ReplicaConfig,
+) -> Result<Entry, ReplicaError> {
+    let key = match kind {
+        Kind::Log => root.log(seq),
+        Kind::Snapshot => root.snap(seq),
+    };
+    let body = bucket.get(&key).await?;
+    let e = Entry::decode(&key, &body, config.entry_bytes_max)?;
+    if e.kind != kind || e.seq != seq || e.actor != root.as_str() {
+        return Err(ReplicaError::corrupt(
+            key,
+            format!(
+                "body says kind={:?} seq={} actor=`{}`",
+                e.kind, e.seq, e.actor
+            ),
+        ));
+    }
+    Ok(e)
+}
+
+/// The state at the head of `listing`: the latest snapshot and every entry
+/// after it, in order. Returns the image, the head entry's position and
+/// time, and the entries (count, bytes) since the snapshot.
+async fn rebuild(
+    bucket: &Bucket,
+    root: &ActorRoot,
+    listing: &Listing,
+    config: &ReplicaConfig,
+) -> Result<(Image, Position, u64, u64, u64), ReplicaError> {
+    let (mut image, mut next, mut pos, mut time) = match listing.snaps.last() {
+        Some(s) => {
+            let e = fetch(bucket, root, Kind::Snapshot, *s, config).await?;
+            let mut img = Image::empty(e.page_size);
+            img.apply(&e)?;
+            (img, s + 1, Some(e.position()), e.time_ms)
+        }
+        None => (Image::empty(4096), 0, None, 0),
+    };
+    let mut bytes = 0;
+    for seq in &listing.logs {
+        if *seq != next {
+            return Err(ReplicaError::ChainBroken(format!(
+                "expected seq={next} next, found seq={seq}: actor=`{}`",
+                root.as_str()
+            )));
+        }
+        let e = fetch(bucket, root, Kind::Log, *seq, config).await?;
+        bytes += e.encoded_len();
+        image.apply(&e)?;
+        pos = Some(e.position());
+        time = e.time_ms;
+        next += 1;
+    }
+    let pos = pos.ok_or_else(|| ReplicaError::ChainBroken("empty chain".into()))?;
+    Ok((image, pos, time, listing.logs.len() as u64, bytes))
+}
+
+// ---- the sidecar ----
+
+/// The file next to the local database that records which chain position
+/// the local file holds, and the SHA-256 of the file at that position.
+pub fn sidecar_path(db_path: &Path) -> PathBuf {
+    let mut s = db_path.as_os_str().to_owned();
+    s.push(".replica");
+    PathBuf::from(s)
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Sidecar {
+    position: Position,
+    sha256: String,
+}
+
+fn read_sidecar(db_path: &Path) -> Option<Sidecar> {
+    let text = std::fs::read_to_string(sidecar_path(db_path)).ok()?;
+    let mut lines = text.lines();
+    if lines.next()? != "wasmkeep-replica-sidecar 1" {
+        return None;
+    }
+    let mut seq = None;
+    let mut token = None;
+    let mut sha = None;
+    for l in lines {
+        match l.split_once('=') {
+            Some(("seq", v)) => seq = v.parse().ok(),
+            Some(("token", v)) => token = v.parse().ok(),
+            Some(("sha256", v)) => sha = Some(v.to_owned()),
+            _ => {}
+        }
+    }
+    Some(Sidecar {
+        position: Position {
+            seq: seq?,
+            token: token?,
+        },
+        sha256: sha?,
+    })
+}
+
+/// Written through a temporary file and a rename, without fsync: a lost or
+/// stale sidecar only makes the next open restore from the bucket, and one
+/// that survived while the database lost its last commit no longer matches
+/// the file's hash.
+fn write_sidecar(db_path: &Path, s: &Sidecar) -> Result<(), ReplicaError> {
+    let path = sidecar_path(db_path);
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let text = format!(
+        "wasmkeep-replica-sidecar 1\nseq={}\ntoken={}\nsha256={}\n",
+        s.position.seq, s.position.token, s.sha256
+    );
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, &path)?;
+    Ok(())
+}
+
+fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(suffix);
+    PathBuf::from(s)
+}
+
+/// Moves the local database (and its WAL, shared memory and sidecar) aside
+/// as `actor.db.replaced-<now_ms>` (`-wal`, `-shm`, `.replica` after it, so
+/// SQLite opens the set-aside file with its WAL). Never deletes anything.
+pub fn set_aside(db_path: &Path, now_ms: u64) -> Result<PathBuf, ReplicaError> {
+    let mut n = 0;
+    let target = loop {
+        let suffix = if n == 0 {
+            format!(".replaced-{now_ms}")
+        } else {
+            format!(".replaced-{now_ms}.{n}")
+        };
+        let t = with_suffix(db_path, &suffix);
+        if !t.exists() {
+            break t;
+        }
+        n += 1;
+    };
+    for extra in ["-wal", "-shm"] {
+        let from = with_suffix(db_path, extra);
+        if from.exists() {
+            std::fs::rename(&from, with_suffix(&target, extra))?;
+        }
+    }
+    let side = sidecar_path(db_path);
+    if side.exists() {
+        std::fs::rename(&side, sidecar_path(&target))?;
+    }
+    std::fs::rename(db_path, &target)?;
+    Ok(target)
+}
+
+/// Writes `bytes` as the database at `db_path` (temporary file, fsync,
+/// rename, fsync of the folder).
+fn write_db(db_path: &Path, bytes: &[u8]) -> Result<(), ReplicaError> {
+    use std::io::Write;
+    let dir = db_path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let tmp = with_suffix(db_path, ".restoring");
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    drop(f);
+    std::fs::rename(&tmp, db_path)?;
+    std::fs::File::open(dir)?.sync_all()?;
+    Ok(())
+}
+
+// ---- the replica ----
+
+/// What one [`Replica::upload`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Uploaded {
+    /// Nothing changed since the last upload: the head already holds it.
+    Unchanged,
+    /// A new entry is on the chain at `position`; `snapshot` says whether a
+    /// snapshot was written after it.
+    Appended {
+        position: Position,
+        entry_bytes: u64,
+        snapshot: bool,
+    },
+}
+
+/// One actor's replica, held by its owner.
+///
+/// Created by [`Replica::open`] (which restores the local file or leaves it
+/// as it is); every [`Replica::upload`] appends the pages that changed since
+/// the previous one as the next `log/<seq>` with a create-only write. Any
+/// error leaves the replica given up: the owner drops the actor and opens it
+/// again.
+#[derive(Debug)]
+pub struct Replica {
+    bucket: Bucket,
+    root: ActorRoot,
+    db_path: PathBuf,
+    generation: u64,
+    config: ReplicaConfig,
+    head: Option<Position>,
+    head_time_ms: u64,
+    /// Page hashes of the state at `head`; `None` makes the next entry
+    /// carry every page (first upload, or a local file we could not read).
+    base: Option<PageHashes>,
+    entries_since_snapshot: u64,
+    bytes_since_snapshot: u64,
+    given_up: bool,
+}
+
+impl Replica {
+    /// Brings the local file at `db_path` in line with the bucket and
+    /// returns the replica positioned at the bucket's head.
+    ///
+    /// The local file is kept if its sidecar names the bucket's latest
+    /// position and its bytes still hash as recorded; otherwise it is set
+    /// aside (see [`set_aside`]) and the bucket's version written in its
+    /// place. If the bucket has nothing for the actor, nothing local is
+    /// touched. The caller must not have the database open.
+    pub async fn open(
+        bucket: &Bucket,
+        id: &ActorId,
+        db_path: &Path,
+        generation: u64,
+        config: ReplicaConfig,
+        now_ms: u64,
+    ) -> Result<(Replica, Opened), ReplicaError> {
+        assert!(
+            config.snapshots_keep >= 1,
+            "snapshots_keep must be at least 1"
+        );
+        let root = ActorRoot::new(id, bucket.prefix_bytes())?;
+        let mut replica = Replica {
+            bucket: bucket.clone(),
+            root,
+            db_path: db_path.to_owned(),
+            generation,
+            config,
+            head: None,
+            head_time_ms: 0,
+            base: None,
+            entries_since_snapshot: 0,
+            bytes_since_snapshot: 0,
+            given_up: false,
+        };
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match replica.open_once(now_ms).await {
+                Err(e) if e.is_not_found() && attempt < RESTORE_ATTEMPTS_MAX => continue,
+                Err(e) => return Err(e),
+                Ok(opened) => return Ok((replica, opened)),
+            }
+        }
+    }
+
+    async fn open_once(&mut self, now_ms: u64) -> Result<Opened, ReplicaError> {
+        let listing = list_chain(&self.bucket, &self.root).await?;
+        let local = self.db_path.exists();
+        let Some(head_seq) = listing.head() else {
+            if local {
+                // The first upload ships every page; reading the file here
+                // would only tell us what that upload reads anyway.
+                self.base = None;
+            }
+            return Ok(Opened::BucketEmpty { local });
+        };
+        if local && let Some(side) = read_sidecar(&self.db_path) {
+            let head = self.head_position(&listing, head_seq).await?;
+            if side.position == head.0
+                && let Ok(image) = Image::read_path(&self.db_path)
+                && image.digest_hex() == side.sha256
+            {
+                self.head = Some(head.0);
+                self.head_time_ms = head.1;
+                self.base = Some(image.hashes());
+                self.entries_since_snapshot = listing.logs.len() as u64;
+                return Ok(Opened::UpToDate);
+            }
+        }
+        let (image, pos, time, n, bytes) =
+            rebuild(&self.bucket, &self.root, &listing, &self.config).await?;
+        let replaced = if local {
+            Some(set_aside(&self.db_path, now_ms)?)
+        } else {
+            None
+        };
+        write_db(&self.db_path, image.bytes())?;
+        write_sidecar(
+            &self.db_path,
+            &Sidecar {
+                position: pos,
+                sha256: image.digest_hex(),
+            },
+        )?;
+        self.head = Some(pos);
+        self.head_time_ms = time;
+        self.base = Some(image.hashes());
+        self.entries_since_snapshot = n;
+        self.bytes_since_snapshot = bytes;
+        Ok(Opened::Restored { replaced })
+    }
+
+    /// The position (and time) of the head, from its header alone.
+    async fn head_position(
+        &self,
+        listing: &Listing,
+        head_seq: u64,
+    ) -> Result<(Position, u64), ReplicaError> {
+        let key = if listing.logs.last() == Some(&head_seq) {
+            self.root.log(head_seq)
+        } else {
+            self.root.snap(head_seq)
+        };
+        let head = self
+            .bucket
+            .get_prefix(&key, FIXED_HEADER_BYTES as u64)
+            .await?;
+        let h = Entry::peek_header(&key, &head)?;
+        if h.seq != head_seq {
+            return Err(ReplicaError::corrupt(key, "header seq differs from key"));
+        }
+        Ok((
+            Position {
+                seq: head_seq,
+                token: h.token,
+            },
+            h.time_ms,
+        ))
+    }
+
+    /// The seq the next upload takes.
+    pub fn next_seq(&self) -> u64 {
+        self.head.map_or(0, |p| p.seq + 1)
+    }
+
+    /// The latest position this replica knows the chain at.
+    pub fn head(&self) -> Option<Position> {
+        self.head
+    }
+
+    /// The actor's folder in the bucket.
+    pub fn root(&self) -> &ActorRoot {
+        &self.root
+    }
+
+    /// Appends what changed in `image` (the committed state, read after the
+    /// commits to ship) since the last upload, as the next entry stamped
+    /// `time_ms` (the newest commit's time). Several commits may go in one
+    /// upload. Writes a snapshot afterwards when the policy says so, and
+    /// collects what retention allows.
+    ///
+    /// `ChainMoved`: another writer holds the next seq (or collected past
+    /// it); the caller gives the actor up. Any other error also gives the
+    /// replica up: whether the entry landed is unknown.
+    pub async fn upload(&mut self, image: &Image, time_ms: u64) -> Result<Uploaded, ReplicaError> {
+        if self.given_up {
+            return Err(ReplicaError::ChainBroken(
+                "this replica gave up after an earlier failure: open the actor again".into(),
+            ));
+        }
+        let result = self.upload_inner(image, time_ms).await;
+        if result.is_err() {
+            self.given_up = true;
+        }
+        result
+    }
+
+    async fn upload_inner(
+        &mut self,
+        image: &Image,
+        time_ms: u64,
+    ) -> Result<Uploaded, ReplicaError> {
+        let seq = self.next_seq();
+        let token = Token::fresh(self.generation)?;
+        let entry = image.diff(self.base.as_ref(), seq, time_ms, token, self.root.as_str());
+        let full = entry.pages.len() == image.db_pages() as usize;
+        if entry.pages.is_empty()
+            && self.head.is_some()
+            && self.base.is_some()
+            && entry.db_pages == self.base_pages()
+        {
+            return Ok(Uploaded::Unchanged);
+        }
+        let body = Bytes::from(entry.encode(self.config.entry_bytes_max)?);
+        let entry_bytes = body.len() as u64;
+        self.append(seq, body).await?;
+        let position = entry.position();
+        self.head = Some(position);
+        self.head_time_ms = time_ms;
+        self.base = Some(image.hashes());
+        write_sidecar(
+            &self.db_path,
+            &Sidecar {
+                position,
+                sha256: image.digest_hex(),
+            },
+        )?;
+        if full {
+            // An entry with every page is as quick to restore from as a
+            // snapshot; the log behind it costs nothing to restore.
+            self.entries_since_snapshot = 0;
+            self.bytes_since_snapshot = 0;
+        } else {
+            self.entries_since_snapshot += 1;
+            self.bytes_since_snapshot += entry_bytes;
+        }
+        let due = self.entries_since_snapshot >= self.config.snapshot_every_entries
+            || self.bytes_since_snapshot * 100
+                >= self.config.snapshot_log_ratio_pct * image.bytes().len() as u64;
+        let snapshot = due && self.entries_since_snapshot > 0;
+        if snapshot {
+            self.snapshot(image).await?;
+        }
+        Ok(Uploaded::Appended {
+            position,
+            entry_bytes,
+            snapshot,
+        })
+    }
+
+    fn base_pages(&self) -> u32 {
+        // Only called when `base` is set.
+        self.base.as_ref().map_or(0, |b| b.pages())
+    }
+
+    /// Creates `log/<seq>` and makes sure it is on the chain.
+    async fn append(&mut self, seq: u64, body: Bytes) -> Result<(), ReplicaError> {
+        let key = self.root.log(seq);
+        match self.bucket.create(&key, body.clone()).await? {
+            Created::Created => {}
+            Created::AlreadyExists => {
+                // Our own earlier attempt whose response was lost (the
+                // store's retry then finds it), or someone else's entry:
+                // only the bytes tell. Every body holds a fresh nonce.
+                let there = self.bucket.get(&key).await?;
+                if there != body {
+                    return Err(ReplicaError::ChainMoved { seq });
+                }
+            }
+        }
+        if !self.config.unsafe_skip_append_check {
+            // A create succeeds on a key that collection deleted. That
+            // happens only if a snapshot at or above `seq` was written
+            // first (snapshots precede the deletes, and the newest snapshot
+            // is never deleted), so one listing tells whether this entry is
+            // on the chain or below a snapshot nobody reads past.
+            let after = if seq == 0 {
+                None
+            } else {
+                Some(self.root.snap(seq - 1))
+            };
+            let later = self
+                .bucket
+                .list(&self.root.snap_dir(), after.as_deref())
+                .await?;
+            if later.iter().filter_map(|k| parse_seq(k)).any(|s| s >= seq) {
+                return Err(ReplicaError::ChainMoved { seq });
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes `snap/<head>` from `image` (the state at the head), then
+    /// collects: entries at or below the oldest kept snapshot, then
+    /// snapshots older than it.
+    pub async fn snapshot(&mut self, image: &Image) -> Result<(), ReplicaError> {
+        let head = self
+            .head
+            .ok_or_else(|| ReplicaError::ChainBroken("nothing to snapshot".into()))?;
+        let snap = image.snapshot(head.seq, self.head_time_ms, head.token, self.root.as_str());
+        let body = Bytes::from(snap.encode(self.config.entry_bytes_max)?);
+        let key = self.root.snap(head.seq);
+        if self.bucket.create(&key, body.clone()).await? == Created::AlreadyExists {
+            // Only the writer of `head` snapshots it, and a snapshot's bytes
+            // follow from the entry's state: anything else is not ours.
+            let there = self.bucket.get(&key).await?;
+            if there != body {
+                return Err(ReplicaError::ChainMoved { seq: head.seq });
+            }
+        }
+        self.entries_since_snapshot = 0;
+        self.bytes_since_snapshot = 0;
+        self.collect().await
+    }
+
+    /// Deletes what retention no longer needs. Never deletes the newest
+    /// snapshot, and deletes entries only at or below a snapshot that stays.
+    pub async fn collect(&self) -> Result<(), ReplicaError> {
+        let mut snaps: Vec<u64> = self
+            .bucket
+            .list(&self.root.snap_dir(), None)
+            .await?
+            .iter()
+            .filter_map(|k| parse_seq(k))
+            .collect();
+        snaps.sort_unstable();
+        if snaps.is_empty() {
+            return Ok(());
+        }
+        let keep_from = snaps.len().saturating_sub(self.config.snapshots_keep);
+        let oldest_kept = snaps[keep_from];
+        let logs: Vec<u64> = self
+            .bucket
+            .list(&self.root.log_dir(), None)
+            .await?
+            .iter()
+            .filter_map(|k| parse_seq(k))
+            .filter(|s| *s <= oldest_kept)
+            .collect();
+        for s in logs {
+            self.bucket.delete(&self.root.log(s)).await?;
+        }
+        for s in &snaps[..keep_from] {
+            self.bucket.delete(&self.root.snap(*s)).await?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,502 @@
+//! The replica against real stores: a local folder (`file://`), the
+//! in-memory store, and a real S3 server (moto). Every scenario runs on
+//! each; the source databases are the real store's.
+
+mod common;
+
+use std::path::Path;
+
+use common::{Backend, Moto, Source, actor, dump, dump_bytes};
+use wasmkeep_replica::{
+    At, Bucket, Image, Opened, Replica, ReplicaConfig, ReplicaError, Uploaded, export,
+};
+use wasmkeep_store::{ActorDb, OpenMode, StoreLimits, Value};
+
+const SCHEMA: &[&str] = &[
+    "CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT NOT NULL)",
+    // No primary key: a logical changeset could not replicate it.
+    "CREATE TABLE events (at INTEGER, body BLOB)",
+    "CREATE TABLE tags (k TEXT PRIMARY KEY, v TEXT) WITHOUT ROWID",
+    "CREATE INDEX events_at ON events (at)",
+];
+
+fn cfg(every: u64, keep: usize) -> ReplicaConfig {
+    ReplicaConfig {
+        snapshot_every_entries: every,
+        snapshots_keep: keep,
+        // Tests choose when snapshots happen by count alone.
+        snapshot_log_ratio_pct: u64::MAX / 1_000_000,
+        ..ReplicaConfig::default()
+    }
+}
+
+fn schema(src: &mut Source) {
+    let stmts: Vec<(&str, Vec<Value>)> = SCHEMA.iter().map(|s| (*s, vec![])).collect();
+    src.commit(&stmts);
+}
+
+/// One commit that touches every table, grows the file and deletes a bit.
+fn work(src: &mut Source, i: i64) {
+    src.commit(&[
+        (
+            "INSERT INTO users (id, name) VALUES (?, ?)",
+            vec![Value::Integer(i), Value::Text(format!("user {i}"))],
+        ),
+        (
+            "INSERT INTO events (at, body) VALUES (?, ?)",
+            vec![
+                Value::Integer(i),
+                Value::Blob(vec![i as u8; 700 + 97 * i as usize]),
+            ],
+        ),
+        (
+            "INSERT OR REPLACE INTO tags (k, v) VALUES (?, ?)",
+            vec![
+                Value::Text(format!("k{}", i % 5)),
+                Value::Text(format!("v{i}")),
+            ],
+        ),
+        (
+            "DELETE FROM events WHERE at = ?",
+            vec![Value::Integer(i - 7)],
+        ),
+    ]);
+}
+
+async fn upload(rep: &mut Replica, src: &Source, time_ms: u64) -> Result<Uploaded, ReplicaError> {
+    let image = Image::read_path(&src.path())?;
+    rep.upload(&image, time_ms).await
+}
+
+fn appended_seq(u: &Uploaded) -> u64 {
+    match u {
+        Uploaded::Appended { position, .. } => position.seq,
+        Uploaded::Unchanged => panic!("expected an append"),
+    }
+}
+
+async fn keys(bucket: &Bucket, rep: &Replica, dir: &str) -> Vec<String> {
+    let d = format!("{}{dir}/", rep.root().as_str());
+    bucket.list(&d, None).await.unwrap()
+}
+
+/// Many commits, uploaded one or two at a time, with snapshots and
+/// collection on the way; a restore elsewhere is the same file, byte for
+/// byte, and reopening it downloads nothing.
+async fn restore_is_byte_identical(b: &Backend, name: &str) {
+    let tmp = tempfile::tempdir().unwrap();
+    let id = actor(name);
+    let mut src = Source::new(&tmp.path().join("src"));
+    let (mut rep, opened) = Replica::open(&b.bucket, &id, &src.path(), 1, cfg(7, 2), 0)
+        .await
+        .unwrap();
+    assert_eq!(opened, Opened::BucketEmpty { local: true });
+    schema(&mut src);
+    let first = upload(&mut rep, &src, 1000).await.unwrap();
+    assert_eq!(appended_seq(&first), 0);
+    for i in 1..60i64 {
+        work(&mut src, i);
+        if i % 3 != 0 {
+            let before = b.bucket.metrics().snapshot();
+            let up = upload(&mut rep, &src, 1000 + i as u64).await.unwrap();
+            let after = b.bucket.metrics().snapshot();
+            if let Uploaded::Appended {
+                snapshot: false, ..
+            } = up
+            {
+                // One create and one listing per entry.
+                assert_eq!(after.puts - before.puts, 1);
+                assert_eq!(after.lists - before.lists, 1);
+            }
+        }
+    }
+    upload(&mut rep, &src, 2000).await.unwrap();
+    assert_eq!(
+        upload(&mut rep, &src, 2001).await.unwrap(),
+        Uploaded::Unchanged
+    );
+    let snaps = keys(&b.bucket, &rep, "snap").await;
+    assert_eq!(snaps.len(), 2, "{snaps:?}");
+    let logs = keys(&b.bucket, &rep, "log").await;
+    assert!(
+        !logs
+            .iter()
+            .any(|k| k.ends_with("/log/00000000000000000000")),
+        "{logs:?}"
+    );
+    assert!(!logs.is_empty(), "entries after the latest snapshot stay");
+
+    let source = src.close_and_read();
+    let dst = tmp.path().join("dst").join("actor.db");
+    let (rep2, opened) = Replica::open(&b.bucket, &id, &dst, 2, cfg(7, 2), 5000)
+        .await
+        .unwrap();
+    assert_eq!(opened, Opened::Restored { replaced: None });
+    assert_eq!(rep2.head(), rep.head());
+    assert_eq!(
+        std::fs::read(&dst).unwrap(),
+        source,
+        "restored file differs"
+    );
+    assert_eq!(
+        export(&b.bucket, &id, At::Latest, &cfg(7, 2))
+            .await
+            .unwrap(),
+        source
+    );
+    // The sidecar matches: opening again downloads nothing.
+    let gets = b.bucket.metrics().snapshot().get_bytes;
+    let (_, opened) = Replica::open(&b.bucket, &id, &dst, 3, cfg(7, 2), 6000)
+        .await
+        .unwrap();
+    assert_eq!(opened, Opened::UpToDate);
+    assert!(b.bucket.metrics().snapshot().get_bytes - gets < 200);
+}
+
+/// A create whose response was lost and retried finds its own entry; an
+/// entry another writer put at the next seq moves the chain.
+async fn lost_response_is_mine_and_foreign_entry_moves_the_chain(b: &Backend, name: &str) {
+    let tmp = tempfile::tempdir().unwrap();
+    let id = actor(name);
+    let mut a = Source::new(&tmp.path().join("a"));
+    let (mut ra, _) = Replica::open(&b.bucket, &id, &a.path(), 1, cfg(100, 2), 0)
+        .await
+        .unwrap();
+    schema(&mut a);
+    for i in 0..3 {
+        work(&mut a, i);
+        upload(&mut ra, &a, i as u64).await.unwrap();
+    }
+    b.faults.replay("log/00000000000000000003");
+    work(&mut a, 3);
+    let up = upload(&mut ra, &a, 3).await.unwrap();
+    assert_eq!(appended_seq(&up), 3);
+
+    let bdir = tmp.path().join("b");
+    let (mut rb, opened) = Replica::open(&b.bucket, &id, &bdir.join("actor.db"), 2, cfg(100, 2), 0)
+        .await
+        .unwrap();
+    assert!(matches!(opened, Opened::Restored { .. }));
+    let mut bsrc = Source::new(&bdir);
+    work(&mut bsrc, 100);
+    assert_eq!(appended_seq(&upload(&mut rb, &bsrc, 10).await.unwrap()), 4);
+
+    work(&mut a, 4);
+    let err = upload(&mut ra, &a, 4).await.unwrap_err();
+    assert!(matches!(err, ReplicaError::ChainMoved { seq: 4 }), "{err}");
+    assert_eq!(err.code(), "chain_moved");
+    assert!(
+        upload(&mut ra, &a, 5).await.is_err(),
+        "a replica that failed stays given up"
+    );
+}
+
+/// ADR 0007's late commit, both orders: an earlier owner's upload held in
+/// flight while a new owner restores.
+async fn late_commit(b: &Backend, name: &str, lands_first: bool) {
+    let tmp = tempfile::tempdir().unwrap();
+    let id = actor(name);
+    let mut a = Source::new(&tmp.path().join("a"));
+    let (mut ra, _) = Replica::open(&b.bucket, &id, &a.path(), 1, cfg(100, 2), 0)
+        .await
+        .unwrap();
+    schema(&mut a);
+    upload(&mut ra, &a, 1).await.unwrap(); // seq 0
+    work(&mut a, 1);
+    upload(&mut ra, &a, 2).await.unwrap(); // seq 1
+
+    // A's next upload (seq 2) is held on the way to the bucket.
+    a.commit(&[("INSERT INTO tags VALUES ('late', 'from a')", vec![])]);
+    let gate = b.faults.hold("log/00000000000000000002");
+    let image = Image::read_path(&a.path()).unwrap();
+    let task = tokio::spawn(async move {
+        let r = ra.upload(&image, 3).await;
+        (ra, r)
+    });
+    gate.arrived().await;
+
+    // B takes over and restores the head A left: seq 1.
+    let bdir = tmp.path().join("b");
+    let bpath = bdir.join("actor.db");
+    let (mut rb, _) = Replica::open(&b.bucket, &id, &bpath, 2, cfg(100, 2), 0)
+        .await
+        .unwrap();
+    assert_eq!(rb.next_seq(), 2);
+    let mut bsrc = Source::new(&bdir);
+    bsrc.commit(&[("INSERT INTO tags VALUES ('new', 'from b')", vec![])]);
+
+    if lands_first {
+        gate.release();
+        let (_, r) = task.await.unwrap();
+        assert_eq!(
+            appended_seq(&r.unwrap()),
+            2,
+            "the late upload is on the chain"
+        );
+        let err = upload(&mut rb, &bsrc, 4).await.unwrap_err();
+        assert!(matches!(err, ReplicaError::ChainMoved { seq: 2 }), "{err}");
+        // B gives the actor up and restores: A's late commit is the state,
+        // and B's own file is set aside, not deleted.
+        bsrc.db = None;
+        let (_, opened) = Replica::open(&b.bucket, &id, &bpath, 3, cfg(100, 2), 77)
+            .await
+            .unwrap();
+        let Opened::Restored {
+            replaced: Some(aside),
+        } = opened
+        else {
+            panic!("expected a restore with the local file set aside: {opened:?}")
+        };
+        let now = dump(&bpath);
+        assert!(now.contains("from a") && !now.contains("from b"), "{now}");
+        assert!(dump(&aside).contains("from b"));
+    } else {
+        assert_eq!(appended_seq(&upload(&mut rb, &bsrc, 4).await.unwrap()), 2);
+        gate.release();
+        let (_, r) = task.await.unwrap();
+        let err = r.unwrap_err();
+        assert!(matches!(err, ReplicaError::ChainMoved { seq: 2 }), "{err}");
+        let latest = dump_bytes(
+            &export(&b.bucket, &id, At::Latest, &cfg(100, 2))
+                .await
+                .unwrap(),
+        );
+        assert!(
+            latest.contains("from b") && !latest.contains("from a"),
+            "{latest}"
+        );
+    }
+}
+
+/// A writer stalled past a collection re-creates a deleted key: the check
+/// after the create finds the snapshot above it. With the check switched
+/// off (the mutation), the stalled writer believes it appended.
+async fn stalled_writer_past_collection(
+    b: &Backend,
+    name: &str,
+    check: bool,
+) -> Result<Uploaded, ReplicaError> {
+    let tmp = tempfile::tempdir().unwrap();
+    let id = actor(name);
+    let mut config = cfg(2, 1);
+    config.unsafe_skip_append_check = !check;
+    let mut a = Source::new(&tmp.path().join("a"));
+    let (mut ra, _) = Replica::open(&b.bucket, &id, &a.path(), 1, config.clone(), 0)
+        .await
+        .unwrap();
+    schema(&mut a);
+    upload(&mut ra, &a, 1).await.unwrap(); // seq 0, every page
+    work(&mut a, 1);
+    upload(&mut ra, &a, 2).await.unwrap(); // seq 1
+    work(&mut a, 2);
+    let gate = b.faults.hold("log/00000000000000000002");
+    let image = Image::read_path(&a.path()).unwrap();
+    let task = tokio::spawn(async move { ra.upload(&image, 3).await });
+    gate.arrived().await;
+
+    let bdir = tmp.path().join("b");
+    let (mut rb, _) = Replica::open(&b.bucket, &id, &bdir.join("actor.db"), 2, config.clone(), 0)
+        .await
+        .unwrap();
+    let mut bsrc = Source::new(&bdir);
+    for i in 10..16 {
+        work(&mut bsrc, i);
+        upload(&mut rb, &bsrc, i as u64).await.unwrap();
+    }
+    let logs = keys(&b.bucket, &rb, "log").await;
+    assert!(
+        !logs.iter().any(|k| k.ends_with("log/00000000000000000002")),
+        "collection removed seq 2: {logs:?}"
+    );
+    gate.release();
+    task.await.unwrap()
+}
+
+/// Two nodes with data of their own and nothing in the bucket: the first
+/// upload is `log/0` with every page, and only one wins it.
+async fn first_upload_race(b: &Backend, name: &str) {
+    let tmp = tempfile::tempdir().unwrap();
+    let id = actor(name);
+    let mut a = Source::new(&tmp.path().join("a"));
+    let mut bs = Source::new(&tmp.path().join("b"));
+    schema(&mut a);
+    schema(&mut bs);
+    let (mut ra, oa) = Replica::open(&b.bucket, &id, &a.path(), 1, cfg(100, 2), 0)
+        .await
+        .unwrap();
+    let (mut rb, ob) = Replica::open(&b.bucket, &id, &bs.path(), 1, cfg(100, 2), 0)
+        .await
+        .unwrap();
+    assert_eq!(oa, Opened::BucketEmpty { local: true });
+    assert_eq!(ob, Opened::BucketEmpty { local: true });
+    let image = Image::read_path(&a.path()).unwrap();
+    let Uploaded::Appended { entry_bytes, .. } = ra.upload(&image, 1).await.unwrap() else {
+        panic!()
+    };
+    assert!(
+        entry_bytes >= image.bytes().len() as u64,
+        "the first upload holds every page"
+    );
+    let err = upload(&mut rb, &bs, 1).await.unwrap_err();
+    assert!(matches!(err, ReplicaError::ChainMoved { seq: 0 }), "{err}");
+}
+
+/// Export at past seqs and times gives those points' data, back to the
+/// oldest kept snapshot, and refuses points before it.
+async fn point_in_time(b: &Backend, name: &str) {
+    let tmp = tempfile::tempdir().unwrap();
+    let id = actor(name);
+    let config = cfg(4, 2);
+    let mut src = Source::new(&tmp.path().join("src"));
+    let (mut rep, _) = Replica::open(&b.bucket, &id, &src.path(), 1, config.clone(), 0)
+        .await
+        .unwrap();
+    schema(&mut src);
+    let mut points = Vec::new();
+    for i in 0..20i64 {
+        if i > 0 {
+            work(&mut src, i);
+        }
+        let t = 10_000 + 100 * i as u64;
+        let seq = appended_seq(&upload(&mut rep, &src, t).await.unwrap());
+        points.push((seq, t, dump(&src.path())));
+    }
+    let snaps = keys(&b.bucket, &rep, "snap").await;
+    let oldest: u64 = snaps[0].rsplit('/').next().unwrap().parse().unwrap();
+    assert!(oldest > 0);
+    let mut checked = 0;
+    for (seq, t, expected) in &points {
+        let by_seq = export(&b.bucket, &id, At::Seq(*seq), &config).await;
+        let by_time = export(&b.bucket, &id, At::TimeMs(t + 50), &config).await;
+        if *seq >= oldest {
+            assert_eq!(&dump_bytes(&by_seq.unwrap()), expected, "seq {seq}");
+            assert_eq!(&dump_bytes(&by_time.unwrap()), expected, "time {t}");
+            checked += 1;
+        } else {
+            assert_eq!(by_seq.unwrap_err().code(), "not_retained", "seq {seq}");
+            assert_eq!(by_time.unwrap_err().code(), "not_retained", "time {t}");
+        }
+    }
+    assert!(checked >= 5, "checked {checked}");
+    let beyond = export(&b.bucket, &id, At::Seq(1000), &config).await;
+    assert_eq!(beyond.unwrap_err().code(), "not_retained");
+}
+
+/// A local file that does not match the bucket is set aside, never
+/// deleted, and each set-aside gets its own name.
+async fn set_aside_never_deletes(b: &Backend, name: &str) {
+    let tmp = tempfile::tempdir().unwrap();
+    let id = actor(name);
+    let mut src = Source::new(&tmp.path().join("src"));
+    let (mut rep, _) = Replica::open(&b.bucket, &id, &src.path(), 1, cfg(100, 2), 0)
+        .await
+        .unwrap();
+    schema(&mut src);
+    upload(&mut rep, &src, 1).await.unwrap();
+
+    let other = tmp.path().join("other");
+    let path = other.join("actor.db");
+    let mut asides = Vec::new();
+    for round in 0..2 {
+        {
+            if path.exists() {
+                std::fs::remove_file(&path).unwrap();
+            }
+            let mut db = ActorDb::open(&other, &StoreLimits::default(), OpenMode::Create)
+                .unwrap()
+                .unwrap();
+            db.begin().unwrap();
+            db.execute("CREATE TABLE mine (a, b)", &[]).unwrap();
+            db.execute(&format!("INSERT INTO mine VALUES ({round}, 'local')"), &[])
+                .unwrap();
+            db.commit().unwrap();
+        }
+        let (_, opened) = Replica::open(&b.bucket, &id, &path, 2, cfg(100, 2), 42)
+            .await
+            .unwrap();
+        let Opened::Restored {
+            replaced: Some(aside),
+        } = opened
+        else {
+            panic!("{opened:?}")
+        };
+        assert!(dump(&aside).contains(&format!("Integer({round}) Text(\"local\")")));
+        assert!(!dump(&path).contains("local"));
+        asides.push(aside);
+    }
+    assert_ne!(asides[0], asides[1]);
+    for a in &asides {
+        assert!(a.exists(), "{a:?} was deleted");
+    }
+}
+
+async fn all_scenarios(make: impl Fn() -> Backend) {
+    restore_is_byte_identical(&make(), "byte identical").await;
+    lost_response_is_mine_and_foreign_entry_moves_the_chain(&make(), "lost response").await;
+    late_commit(&make(), "late first", true).await;
+    late_commit(&make(), "late after", false).await;
+    let r = stalled_writer_past_collection(&make(), "stalled", true).await;
+    assert!(
+        matches!(r, Err(ReplicaError::ChainMoved { seq: 2 })),
+        "{r:?}"
+    );
+    // Mutation check: without the check the stalled writer is fooled.
+    let r = stalled_writer_past_collection(&make(), "stalled mutant", false).await;
+    assert!(r.is_ok(), "{r:?}");
+    first_upload_race(&make(), "first upload").await;
+    point_in_time(&make(), "pitr").await;
+    set_aside_never_deletes(&make(), "aside").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_local_folder() {
+    all_scenarios(Backend::file).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_memory() {
+    all_scenarios(Backend::memory).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_moto() {
+    let moto = Moto::start();
+    moto.create_bucket("wasmkeep-test");
+    all_scenarios(|| Backend::moto(&moto, "wasmkeep-test")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn from_url_reaches_moto_and_a_folder() {
+    let moto = Moto::start();
+    moto.create_bucket("urls");
+    let bucket = Bucket::from_url_with_options("s3://urls/some/prefix", moto.options()).unwrap();
+    bucket
+        .create("x/y", bytes::Bytes::from_static(b"1"))
+        .await
+        .unwrap();
+    assert_eq!(
+        bucket
+            .create("x/y", bytes::Bytes::from_static(b"2"))
+            .await
+            .unwrap(),
+        wasmkeep_replica::bucket::Created::AlreadyExists
+    );
+    assert_eq!(
+        bucket.list("x/", None).await.unwrap(),
+        vec!["x/y".to_owned()]
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", dir.path().join("b").display());
+    let local = Bucket::from_url(&url).unwrap();
+    local
+        .create("k", bytes::Bytes::from_static(b"1"))
+        .await
+        .unwrap();
+    assert!(Path::new(&dir.path().join("b/k")).exists());
+    for bad in ["http://x", "s3://", "file://relative"] {
+        assert_eq!(
+            Bucket::from_url(bad).unwrap_err().code(),
+            "invalid_bucket_url"
+        );
+    }
+}
