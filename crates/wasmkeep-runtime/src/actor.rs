@@ -643,6 +643,8 @@ fn run_batch(rt: &Arc<Inner>, actor: &Actor, slot: &mut Option<Loaded>, events: 
         Err(_) => rt.rearm_after_failure(id),
     }
     let dir = l.db().dir().to_owned();
+    // Only the first durable batch of a new actor syncs its folders.
+    let dirs = l.db().take_new_dirs();
     let wal = l.db().wal_path();
     let remove = created && !initialized;
     if remove {
@@ -679,22 +681,6 @@ fn run_batch(rt: &Arc<Inner>, actor: &Actor, slot: &mut Option<Loaded>, events: 
         }
     };
     if rt.config.durability == Durability::Fsync && waiting && !remove {
-        let dirs = if created {
-            // A new actor's folder entries must be durable too.
-            let mut dirs = vec![dir.clone()];
-            let mut p = dir.parent();
-            let actors = rt.config.data_dir.join("actors");
-            while let Some(d) = p {
-                dirs.push(d.to_owned());
-                if d == actors || !d.starts_with(&actors) {
-                    break;
-                }
-                p = d.parent();
-            }
-            dirs
-        } else {
-            Vec::new()
-        };
         rt.durability.submit(SyncJob {
             files: vec![wal],
             dirs,

@@ -61,18 +61,20 @@ fn run(rx: mpsc::Receiver<SyncJob>, root: PathBuf, metrics: Arc<Metrics>) {
         let mut files: Vec<&PathBuf> = jobs.iter().flat_map(|j| j.files.iter()).collect();
         files.sort();
         files.dedup();
-        let result = if files.len() >= sync::SYNCFS_FILES_MIN {
+        let mut dirs: Vec<&PathBuf> = jobs.iter().flat_map(|j| j.dirs.iter()).collect();
+        dirs.sort();
+        dirs.dedup();
+        // One syncfs covers every file and folder entry of the filesystem;
+        // a lone file is cheaper to sync by itself.
+        let result = if files.len() + dirs.len() >= sync::SYNCFS_FILES_MIN {
             Metrics::inc(&metrics.syncfs_total);
             sync::sync_filesystem(&root)
         } else {
-            files.iter().try_for_each(|f| sync::sync_file(f))
+            files
+                .iter()
+                .try_for_each(|f| sync::sync_file(f))
+                .and_then(|()| dirs.iter().try_for_each(|d| sync::sync_dir(d)))
         };
-        let result = result.and_then(|()| {
-            let mut dirs: Vec<&PathBuf> = jobs.iter().flat_map(|j| j.dirs.iter()).collect();
-            dirs.sort();
-            dirs.dedup();
-            dirs.iter().try_for_each(|d| sync::sync_dir(d))
-        });
         Metrics::inc(&metrics.syncs_total);
         metrics
             .sync_latency

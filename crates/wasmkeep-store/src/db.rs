@@ -158,6 +158,10 @@ pub struct ActorDb {
     limits: StoreLimits,
     dir: PathBuf,
     created: bool,
+    /// Folders whose entries must reach the disk for the creation to be
+    /// durable: each folder this open created, and the parent of the
+    /// topmost one.
+    new_dirs: Vec<PathBuf>,
     page_size: u64,
 }
 
@@ -296,8 +300,26 @@ impl ActorDb {
         if !exists && mode == OpenMode::Existing {
             return Ok(None);
         }
+        let mut new_dirs = Vec::new();
         if !exists {
+            let mut missing = Vec::new();
+            let mut d = Some(dir);
+            while let Some(p) = d {
+                if p.exists() {
+                    break;
+                }
+                missing.push(p.to_owned());
+                d = p.parent();
+            }
             std::fs::create_dir_all(dir)?;
+            // The actor's own folder gets the new database file's entry.
+            new_dirs.push(dir.to_owned());
+            for m in &missing {
+                if let Some(parent) = m.parent() {
+                    new_dirs.push(parent.to_owned());
+                }
+            }
+            new_dirs.dedup();
         }
         let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
             | OpenFlags::SQLITE_OPEN_CREATE
@@ -310,6 +332,7 @@ impl ActorDb {
             limits: limits.clone(),
             dir: dir.to_owned(),
             created: !exists,
+            new_dirs,
             page_size: 4096,
         };
         db.configure()?;
@@ -374,6 +397,12 @@ impl ActorDb {
     /// Whether this open created the database file.
     pub fn created(&self) -> bool {
         self.created
+    }
+
+    /// Takes the folders to sync for this database's creation to be
+    /// durable (empty if it existed, or once taken).
+    pub fn take_new_dirs(&mut self) -> Vec<PathBuf> {
+        std::mem::take(&mut self.new_dirs)
     }
 
     /// The actor's folder.
