@@ -162,6 +162,10 @@ impl Actor {
     }
 }
 
+fn ms_between(a: Instant, b: Instant) -> f64 {
+    b.saturating_duration_since(a).as_secs_f64() * 1000.0
+}
+
 fn reply(r: Option<Reply>, v: Result<Outcome, RuntimeError>) {
     if let Some(r) = r {
         let _ = r.send(v);
@@ -228,6 +232,7 @@ fn instantiate(
     id: &ActorId,
     db: ActorDb,
 ) -> Result<Loaded, (RuntimeError, Option<ActorDb>)> {
+    let started = Instant::now();
     let state = HostState::new(
         Some(db),
         id.clone(),
@@ -239,6 +244,9 @@ fn instantiate(
     store.set_epoch_deadline(epoch_ticks(app.event_cpu_ms_max));
     match app.pre.instantiate(&mut store) {
         Ok(bindings) => {
+            rt.metrics
+                .phase_instantiate
+                .observe_ms(started.elapsed().as_secs_f64() * 1000.0);
             rt.metrics.instances_active.fetch_add(1, Ordering::Relaxed);
             Metrics::inc(&rt.metrics.instantiations_total);
             Ok(Loaded {
@@ -504,7 +512,20 @@ fn run_batch(rt: &Arc<Inner>, actor: &Actor, slot: &mut Option<Loaded>, events: 
         });
     }
     let has_request = events.iter().any(Event::is_request);
-    match load(rt, id, &app, slot, has_request) {
+    let turn_started = Instant::now();
+    if let Some(first) = events.first() {
+        rt.metrics
+            .phase_queue
+            .observe_ms(ms_between(first.enqueued, turn_started));
+    }
+    let was_loaded = slot.is_some();
+    let loaded = load(rt, id, &app, slot, has_request);
+    if !was_loaded {
+        rt.metrics
+            .phase_open
+            .observe_ms(turn_started.elapsed().as_secs_f64() * 1000.0);
+    }
+    match loaded {
         Ok(true) => {}
         Ok(false) => {
             // No database and nothing that may create one: an alarm for an
@@ -554,6 +575,7 @@ fn run_batch(rt: &Arc<Inner>, actor: &Actor, slot: &mut Option<Loaded>, events: 
         Option<Instant>,
     )> = Vec::with_capacity(events.len());
     let mut alarm_ran = false;
+    let events_started = Instant::now();
     for ev in events {
         Metrics::inc(&rt.metrics.events_total);
         let started = ev.is_request().then_some(ev.enqueued);
@@ -611,6 +633,10 @@ fn run_batch(rt: &Arc<Inner>, actor: &Actor, slot: &mut Option<Loaded>, events: 
     let Some(l) = slot.as_mut() else {
         return;
     };
+    rt.metrics
+        .phase_events
+        .observe_ms(events_started.elapsed().as_secs_f64() * 1000.0);
+    let commit_started = Instant::now();
     let injected = alarm_ran && Faults::take(&rt.faults.fail_alarm_commits);
     let committed = if injected {
         Err(wasmkeep_store::StoreError::Io(
@@ -637,6 +663,10 @@ fn run_batch(rt: &Arc<Inner>, actor: &Actor, slot: &mut Option<Loaded>, events: 
         return;
     }
     Metrics::inc(&rt.metrics.batches_total);
+    let committed_at = Instant::now();
+    rt.metrics
+        .phase_commit
+        .observe_ms(ms_between(commit_started, committed_at));
     // The timer follows what is committed.
     match l.db().alarm() {
         Ok(a) => rt.timer.set(id, a.map(|a| a.at_ms)),
@@ -667,6 +697,9 @@ fn run_batch(rt: &Arc<Inner>, actor: &Actor, slot: &mut Option<Loaded>, events: 
     }
     let metrics = Arc::clone(&rt.metrics);
     let release = move |sync: Result<(), String>| {
+        metrics
+            .phase_durable
+            .observe_ms(committed_at.elapsed().as_secs_f64() * 1000.0);
         for (r, out, started) in results {
             let out = match (&sync, out) {
                 (Err(e), Ok(_)) => Err(RuntimeError::Internal(e.clone())),

@@ -68,6 +68,13 @@ pub struct Metrics {
     pub event_latency: Histogram,
     pub sync_latency: Histogram,
     pub alarm_lateness: Histogram,
+    /// Where a batch's time goes (see `render` for the series names).
+    pub phase_queue: Histogram,
+    pub phase_open: Histogram,
+    pub phase_instantiate: Histogram,
+    pub phase_events: Histogram,
+    pub phase_commit: Histogram,
+    pub phase_durable: Histogram,
 }
 
 impl Metrics {
@@ -197,6 +204,36 @@ impl Metrics {
             &mut out,
             "wasmkeep_alarm_lateness_seconds",
             "Time from an alarm's due time to its handler starting.",
+        );
+        self.phase_queue.render(
+            &mut out,
+            "wasmkeep_phase_queue_seconds",
+            "Time a batch's first event waited in its actor's queue and the run queue.",
+        );
+        self.phase_open.render(
+            &mut out,
+            "wasmkeep_phase_open_seconds",
+            "Time to open an actor's database and instantiate it, when a batch had to.",
+        );
+        self.phase_instantiate.render(
+            &mut out,
+            "wasmkeep_phase_instantiate_seconds",
+            "Time to instantiate a component for an actor (part of the open phase).",
+        );
+        self.phase_events.render(
+            &mut out,
+            "wasmkeep_phase_events_seconds",
+            "Time a batch spent running its events (guest code and its SQL).",
+        );
+        self.phase_commit.render(
+            &mut out,
+            "wasmkeep_phase_commit_seconds",
+            "Time to commit a batch's transaction.",
+        );
+        self.phase_durable.render(
+            &mut out,
+            "wasmkeep_phase_durable_seconds",
+            "Time from a batch's commit to its replies' release (the durability stage).",
         );
         out
     }

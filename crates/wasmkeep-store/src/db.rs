@@ -335,14 +335,41 @@ impl ActorDb {
             new_dirs,
             page_size: 4096,
         };
-        db.configure()?;
-        Ok(Some(db))
+        match db.configure() {
+            Ok(()) => Ok(Some(db)),
+            Err(StoreError::Corrupt(why)) if exists && interrupted_creation(&path) => {
+                // A creation that crashed before its first durable batch
+                // (see `configure`): nothing in it was ever acknowledged.
+                drop(db);
+                let aside = path.with_extension(format!("db.incomplete-{}", unix_ms()));
+                std::fs::rename(&path, &aside)?;
+                let _ = std::fs::remove_file(path.with_extension("db-journal"));
+                tracing::warn!(path = %path.display(), aside = %aside.display(), %why,
+                    "set aside a database whose creation was interrupted");
+                ActorDb::open(dir, limits, mode)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     fn configure(&mut self) -> Result<(), StoreError> {
         let c = &self.conn;
+        if self.created {
+            // Creating a database (switching it to WAL, writing the schema)
+            // with SQLite's own syncs costs about 3 ms, most of the cold
+            // start. Nothing in a new database is acknowledged before the
+            // first batch's durability barrier, which covers the new file
+            // and its folders (a syncfs), so creation runs without syncs.
+            // A crash before that barrier can leave a torn first page:
+            // `open` sets such a file aside (`interrupted_creation`).
+            c.pragma_update(None, "synchronous", "OFF")
+                .map_err(open_err)?;
+        }
         c.pragma_update(None, "journal_mode", "WAL")
             .map_err(open_err)?;
+        if self.created {
+            c.execute_batch(SCHEMA).map_err(open_err)?;
+        }
         // The runtime makes commits durable itself, for many actors at once
         // (see the `sync` module); SQLite still syncs around checkpoints.
         c.pragma_update(None, "synchronous", "NORMAL")
@@ -374,7 +401,10 @@ impl ActorDb {
         c.set_limit(Limit::SQLITE_LIMIT_ATTACHED, 0)
             .map_err(open_err)?;
         c.set_prepared_statement_cache_capacity(64);
-        c.execute_batch(SCHEMA).map_err(open_err)?;
+        if !self.created {
+            // Databases from older versions gain any table added since.
+            c.execute_batch(SCHEMA).map_err(open_err)?;
+        }
         let guest = Arc::clone(&self.guest);
         let denied = Arc::clone(&self.denied);
         self.conn
@@ -773,6 +803,24 @@ impl ActorDb {
             .map_err(|e| StoreError::Sql(e.to_string()))?;
         Ok(pages as u64 * self.page_size)
     }
+}
+
+/// Whether a database that SQLite refuses as corrupt is the remains of an
+/// interrupted creation: no bigger than its first page, with no committed
+/// frames in its write-ahead log. An acknowledged database never looks like
+/// this (its first batch was made durable, header and log alike), so
+/// setting it aside loses nothing anyone was told about.
+fn interrupted_creation(path: &Path) -> bool {
+    let len = |p: &Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+    let wal = path.with_extension("db-wal");
+    len(path) <= 65536 && len(&wal) <= 32
+}
+
+fn unix_ms() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0)
 }
 
 /// Whether the filesystem holding `dir` has room left (16 MiB or more):

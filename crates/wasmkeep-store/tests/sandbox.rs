@@ -229,3 +229,39 @@ fn existing_mode_does_not_create() {
     assert!(r.is_none());
     assert!(!dir.path().join("x").exists());
 }
+
+#[test]
+fn an_interrupted_creation_is_set_aside_but_real_data_never_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let actor = dir.path().join("a");
+    std::fs::create_dir_all(&actor).unwrap();
+    // A torn first page and no log: what a crash mid-creation can leave.
+    std::fs::write(actor.join("actor.db"), vec![0xA5u8; 4096]).unwrap();
+    // There is no actor: an alarm-only open finds none...
+    let none = ActorDb::open(&actor, &StoreLimits::default(), OpenMode::Existing).unwrap();
+    assert!(none.is_none());
+    // ...and a request creates it afresh.
+    let mut db = ActorDb::open(&actor, &StoreLimits::default(), OpenMode::Create)
+        .unwrap()
+        .expect("created afresh");
+    db.kv_put("k", b"v").unwrap();
+    let aside: Vec<_> = std::fs::read_dir(&actor)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().contains("incomplete"))
+        .collect();
+    assert_eq!(aside.len(), 1, "the torn file is kept, under another name");
+
+    // The same torn page with committed frames in the log is real data
+    // gone bad: refused, never replaced.
+    let other = dir.path().join("b");
+    std::fs::create_dir_all(&other).unwrap();
+    std::fs::write(other.join("actor.db"), vec![0xA5u8; 4096]).unwrap();
+    std::fs::write(other.join("actor.db-wal"), vec![1u8; 8192]).unwrap();
+    let r = ActorDb::open(&other, &StoreLimits::default(), OpenMode::Existing);
+    assert!(
+        r.is_err(),
+        "a damaged database with a log must not be replaced"
+    );
+    assert!(other.join("actor.db").exists());
+}
