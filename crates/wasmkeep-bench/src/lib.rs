@@ -278,11 +278,13 @@ async fn run_async(args: BenchArgs) -> Result<()> {
                 };
                 let mut record = RunRecord::new(w.id(), durability, run, result, &dir);
                 record.wall_s = t0.elapsed().as_secs_f64();
-                record.other_cpu_s = match (cpu0, report::CpuSample::now()) {
-                    (Some(a), Some(b)) if server.is_none() => Some(b.others_since(&a)),
-                    // Against --server the node's CPU is "other".
-                    _ => None,
-                };
+                match (cpu0, report::CpuSample::now()) {
+                    // Against --server the node's CPU is "other": not measured.
+                    (Some(a), Some(b)) if server.is_none() => {
+                        record.set_interference(b.since(&a), machine.cpus)
+                    }
+                    _ => {}
+                }
                 eprintln!("  {}", record.one_line());
                 records.push(record);
                 // The run's directory stays until the end: deleting ten

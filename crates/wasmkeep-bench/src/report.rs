@@ -124,10 +124,11 @@ pub struct RunRecord {
     pub error: Option<String>,
     /// Wall time of the run, node start and stop included.
     pub wall_s: f64,
-    /// CPU seconds that processes other than the benchmark and its nodes
-    /// used during the run (kernel threads included): how disturbed the
-    /// run was.
-    pub other_cpu_s: Option<f64>,
+    /// CPU that processes other than the benchmark and its nodes used
+    /// during the run: how disturbed the run was.
+    pub interference: Option<Interference>,
+    /// Other processes took more than [`DISTURBED_SHARE`] of the machine.
+    pub disturbed: bool,
 }
 
 fn figures_as_map<S: serde::Serializer>(f: &[(String, f64)], s: S) -> Result<S::Ok, S::Error> {
@@ -168,7 +169,8 @@ impl RunRecord {
                     checks,
                     error: None,
                     wall_s: 0.0,
-                    other_cpu_s: None,
+                    interference: None,
+                    disturbed: false,
                 }
             }
             Err(e) => {
@@ -185,10 +187,17 @@ impl RunRecord {
                     checks: Vec::new(),
                     error: Some(format!("{e:#}{tail}")),
                     wall_s: 0.0,
-                    other_cpu_s: None,
+                    interference: None,
+                    disturbed: false,
                 }
             }
         }
+    }
+
+    /// Records what else ran on the machine during the run.
+    pub fn set_interference(&mut self, i: Interference, cpus: usize) {
+        self.disturbed = i.other_user_cpu_s > DISTURBED_SHARE * self.wall_s * cpus.max(1) as f64;
+        self.interference = Some(i);
     }
 
     fn failures(&self) -> Vec<String> {
@@ -213,11 +222,17 @@ impl RunRecord {
             .map(|(k, v)| format!("{k}={}", num(*v)))
             .collect();
         let f = self.failures();
-        let env = format!(
-            "[{:.0} s; other processes: {} CPU-s]",
-            self.wall_s,
-            self.other_cpu_s.map(num).unwrap_or_else(|| "?".into())
-        );
+        let env = match self.interference {
+            Some(i) => format!(
+                "[{:.0} s; others: user {:.1} CPU-s, kernel {:.1}, steal {:.1}{}]",
+                self.wall_s,
+                i.other_user_cpu_s,
+                i.other_kernel_cpu_s,
+                i.steal_cpu_s,
+                if self.disturbed { "; DISTURBED" } else { "" }
+            ),
+            None => format!("[{:.0} s]", self.wall_s),
+        };
         if f.is_empty() {
             format!("ok: {} {env}", figs.join(" "))
         } else {
@@ -381,25 +396,58 @@ impl Report {
         for k in &self.skipped {
             let _ = writeln!(s, "\n{:<11} {}", k.workload, k.reason);
         }
-        let others: Vec<(f64, f64)> = self
+        let runs: Vec<(Interference, f64)> = self
             .records
             .iter()
-            .filter_map(|r| Some((r.other_cpu_s?, r.wall_s)))
+            .filter_map(|r| Some((r.interference?, r.wall_s)))
             .collect();
-        if !others.is_empty() {
-            let total: f64 = others.iter().map(|(o, _)| o).sum();
-            let wall: f64 = others.iter().map(|(_, w)| w).sum();
-            let worst = others
-                .iter()
-                .map(|(o, w)| o / (w * self.machine.cpus.max(1) as f64))
-                .fold(0.0, f64::max);
+        if !runs.is_empty() {
+            let cpus = self.machine.cpus.max(1) as f64;
+            let wall: f64 = runs.iter().map(|(_, w)| w).sum();
+            let share = |f: fn(&Interference) -> f64| {
+                let total: f64 = runs.iter().map(|(i, _)| f(i)).sum();
+                let worst = runs
+                    .iter()
+                    .map(|(i, w)| f(i) / (w * cpus))
+                    .fold(0.0, f64::max);
+                format!(
+                    "{total:.1} CPU-s ({:.1}% of the machine; worst run {:.1}%)",
+                    100.0 * total / (wall * cpus),
+                    100.0 * worst
+                )
+            };
             let _ = writeln!(
                 s,
-                "\nother processes used {total:.1} CPU-s during {wall:.0} s of runs \
-                 ({:.1}% of the machine on average, {:.1}% in the worst run)",
-                100.0 * total / (wall * self.machine.cpus.max(1) as f64),
-                100.0 * worst
+                "\nbesides the benchmark, during {wall:.0} s of runs: other processes' user time \
+                 {}; kernel time (mostly writeback of the node's own files) {}; steal {}",
+                share(|i| i.other_user_cpu_s),
+                share(|i| i.other_kernel_cpu_s),
+                share(|i| i.steal_cpu_s),
             );
+            let disturbed: Vec<String> = self
+                .records
+                .iter()
+                .filter(|r| r.disturbed)
+                .map(|r| {
+                    let other = r.interference.map(|i| i.other_user_cpu_s).unwrap_or(0.0);
+                    format!(
+                        "{} {} run {} ({:.0}%)",
+                        r.workload,
+                        r.durability,
+                        r.run,
+                        100.0 * other / (r.wall_s * cpus)
+                    )
+                })
+                .collect();
+            if !disturbed.is_empty() {
+                let _ = writeln!(
+                    s,
+                    "DISTURBED runs (other processes' user time above {:.0}% of the machine; \
+                     their figures are in the table): {}",
+                    100.0 * DISTURBED_SHARE,
+                    disturbed.join(", ")
+                );
+            }
         }
         let failures = self.failures();
         let _ = writeln!(
@@ -466,8 +514,29 @@ mod tests {
 /// beside the benchmark changes every figure.
 #[derive(Debug, Clone, Copy)]
 pub struct CpuSample {
-    machine_busy_s: f64,
-    ours_s: f64,
+    machine_user_s: f64,
+    machine_system_s: f64,
+    steal_s: f64,
+    ours_user_s: f64,
+    ours_system_s: f64,
+}
+
+/// A run is reported as disturbed when other processes' user time was
+/// more than this share of the machine's CPU time during the run.
+pub const DISTURBED_SHARE: f64 = 0.05;
+
+/// What a run's machine did besides the run, in CPU seconds.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Interference {
+    /// User time of other processes (a build, another benchmark): the
+    /// figure that says whether a run was disturbed.
+    pub other_user_cpu_s: f64,
+    /// Kernel time outside the benchmark's processes: mostly kernel threads
+    /// writing back and journaling the node's own files, plus other
+    /// processes' system time.
+    pub other_kernel_cpu_s: f64,
+    /// Time the hypervisor gave to someone else.
+    pub steal_cpu_s: f64,
 }
 
 impl CpuSample {
@@ -476,39 +545,43 @@ impl CpuSample {
         let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
         let hz = if hz > 0 { hz as f64 } else { 100.0 };
         let stat = std::fs::read_to_string("/proc/stat").ok()?;
+        // user nice system idle iowait irq softirq steal
         let cpu: Vec<f64> = stat
             .lines()
             .next()?
             .split_whitespace()
             .skip(1)
-            .filter_map(|v| v.parse().ok())
+            .map(|v| v.parse().unwrap_or(0.0))
             .collect();
-        // user nice system idle iowait irq softirq steal: busy is all but
-        // idle and iowait.
-        let busy: f64 = cpu
-            .iter()
-            .take(8)
-            .enumerate()
-            .filter(|(i, _)| *i != 3 && *i != 4)
-            .map(|(_, v)| v)
-            .sum();
+        let at = |i: usize| cpu.get(i).copied().unwrap_or(0.0);
         let me = std::fs::read_to_string("/proc/self/stat").ok()?;
         // Fields after the command name (which may hold spaces): utime,
         // stime, cutime and cstime are fields 14 to 17 of the line, indexes
         // 11 to 14 after the closing parenthesis (index 0 is the state).
         let after: Vec<&str> = me.rsplit_once(')')?.1.split_whitespace().collect();
-        let mut ours = 0.0;
-        for i in 11..=14 {
-            ours += after.get(i)?.parse::<f64>().ok()?;
-        }
+        let field = |i: usize| after.get(i).and_then(|v| v.parse::<f64>().ok());
         Some(CpuSample {
-            machine_busy_s: busy / hz,
-            ours_s: ours / hz,
+            machine_user_s: (at(0) + at(1)) / hz,
+            machine_system_s: (at(2) + at(5) + at(6)) / hz,
+            steal_s: at(7) / hz,
+            ours_user_s: (field(11)? + field(13)?) / hz,
+            ours_system_s: (field(12)? + field(14)?) / hz,
         })
     }
 
-    /// CPU seconds other processes used since `start`.
-    pub fn others_since(&self, start: &CpuSample) -> f64 {
-        ((self.machine_busy_s - start.machine_busy_s) - (self.ours_s - start.ours_s)).max(0.0)
+    /// What others used since `start`.
+    pub fn since(&self, start: &CpuSample) -> Interference {
+        let d = |a: f64, b: f64| (a - b).max(0.0);
+        Interference {
+            other_user_cpu_s: d(
+                self.machine_user_s - start.machine_user_s,
+                self.ours_user_s - start.ours_user_s,
+            ),
+            other_kernel_cpu_s: d(
+                self.machine_system_s - start.machine_system_s,
+                self.ours_system_s - start.ours_system_s,
+            ),
+            steal_cpu_s: d(self.steal_s, start.steal_s),
+        }
     }
 }

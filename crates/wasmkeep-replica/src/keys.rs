@@ -12,7 +12,7 @@
 //! that key order is seq order.
 
 use wasmkeep_store::ActorId;
-use wasmkeep_store::paths::HEX_SEGMENT_CHARS;
+use wasmkeep_store::paths::name_segments;
 
 use crate::error::ReplicaError;
 use crate::limits::KEY_BYTES_MAX;
@@ -31,18 +31,9 @@ impl ActorRoot {
     /// The folder of `id`, refusing ids whose keys the store could not hold
     /// (`prefix_bytes` is the bucket prefix's length, slash included).
     pub fn new(id: &ActorId, prefix_bytes: usize) -> Result<ActorRoot, ReplicaError> {
-        let hex = hex::encode(id.name.as_bytes());
-        let chunks: Vec<&str> = hex
-            .as_bytes()
-            .chunks(HEX_SEGMENT_CHARS)
-            .map(|c| std::str::from_utf8(c).expect("hex is ascii"))
-            .collect();
         let mut s = format!("state/{}/{}/{}/", id.tenant, id.app, id.class);
-        for (i, chunk) in chunks.iter().enumerate() {
-            s.push_str(chunk);
-            if i + 1 < chunks.len() {
-                s.push('+');
-            }
+        for segment in name_segments(&id.name) {
+            s.push_str(&segment);
             s.push('/');
         }
         let size = prefix_bytes + s.len() + TAIL_BYTES_MAX;

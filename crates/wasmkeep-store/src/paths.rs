@@ -29,22 +29,31 @@ pub fn class_dir(data: &Path, tenant: &str, app: &str, class: &str) -> PathBuf {
     data.join("actors").join(tenant).join(app).join(class)
 }
 
+/// The path segments that stand for an actor's name: its hex in pieces of
+/// at most [`HEX_SEGMENT_CHARS`], every piece but the last ending in `+`.
+/// The data directory and the bucket (wasmkeep-replica) both use them.
+pub fn name_segments(name: &str) -> Vec<String> {
+    let hex = hex::encode(name.as_bytes());
+    let chunks: Vec<&[u8]> = hex.as_bytes().chunks(HEX_SEGMENT_CHARS).collect();
+    let last = chunks.len().saturating_sub(1);
+    chunks
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let c = std::str::from_utf8(c).expect("hex is ascii");
+            if i < last {
+                format!("{c}+")
+            } else {
+                c.to_owned()
+            }
+        })
+        .collect()
+}
+
 /// The folder of one actor.
 pub fn actor_dir(data: &Path, id: &ActorId) -> PathBuf {
     let mut dir = class_dir(data, &id.tenant, &id.app, &id.class);
-    let hex = hex::encode(id.name.as_bytes());
-    let chunks: Vec<&str> = hex
-        .as_bytes()
-        .chunks(HEX_SEGMENT_CHARS)
-        .map(|c| std::str::from_utf8(c).expect("hex is ascii"))
-        .collect();
-    for (i, chunk) in chunks.iter().enumerate() {
-        if i + 1 < chunks.len() {
-            dir.push(format!("{chunk}+"));
-        } else {
-            dir.push(chunk);
-        }
-    }
+    dir.extend(name_segments(&id.name));
     dir
 }
 
