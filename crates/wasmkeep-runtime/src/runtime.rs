@@ -622,36 +622,42 @@ impl Inner {
     }
 
     /// Before an instance is created: while the node is at
-    /// `instances_max`, drops the instance of the least recently used actor
-    /// that is not running. Only running actors (at most one per worker)
-    /// pin their instance, so there is always one to drop; a dropped actor
-    /// keeps its queue and is simply instantiated again for its next turn.
+    /// `instances_max`, drops the instances of the least recently used
+    /// actors that are not running. Only running actors (at most one per
+    /// worker) pin their instance, so there is always one to drop; a
+    /// dropped actor keeps its queue and is instantiated again for its next
+    /// turn. One pass over the actors evicts a sixteenth of the pool at
+    /// once, so a stream of new actors does not scan the map for each one.
     pub fn make_room(&self, for_id: &ActorId) {
         let max = self.config.instances_max as u64;
-        while self.metrics.instances_active.load(Ordering::Relaxed) >= max {
-            let candidates: Vec<(u64, Arc<Actor>)> = {
-                let actors = self.actors.lock();
-                let mut v: Vec<(u64, Arc<Actor>)> = actors
-                    .iter()
-                    .filter(|(id, a)| *id != for_id && a.is_loaded())
-                    .map(|(_, a)| (a.last_used_ms.load(Ordering::Relaxed), Arc::clone(a)))
-                    .collect();
-                v.sort_by_key(|(used, _)| *used);
-                v
-            };
-            let mut evicted = false;
-            for (_, a) in candidates {
-                // A held lock means the actor is running: skip it.
-                if let Some(mut slot) = a.slot.try_lock() {
-                    if slot.take().is_some() {
-                        Metrics::inc(&self.metrics.evictions_total);
-                        evicted = true;
-                        break;
-                    }
-                }
+        if self.metrics.instances_active.load(Ordering::Relaxed) < max {
+            return;
+        }
+        let batch = (self.config.instances_max as usize / 16).max(1);
+        let mut candidates: Vec<(u64, Arc<Actor>)> = {
+            let actors = self.actors.lock();
+            actors
+                .iter()
+                .filter(|(id, a)| *id != for_id && a.is_loaded())
+                .map(|(_, a)| (a.last_used_ms.load(Ordering::Relaxed), Arc::clone(a)))
+                .collect()
+        };
+        if candidates.len() > batch {
+            candidates.select_nth_unstable_by_key(batch, |(used, _)| *used);
+        }
+        let head = candidates.len().min(batch + 1);
+        candidates[..head].sort_by_key(|(used, _)| *used);
+        let mut evicted = 0;
+        for (_, a) in candidates {
+            if evicted >= batch && self.metrics.instances_active.load(Ordering::Relaxed) < max {
+                break;
             }
-            if !evicted {
-                return;
+            // A held lock means the actor is running: skip it.
+            if let Some(mut slot) = a.slot.try_lock() {
+                if slot.take().is_some() {
+                    Metrics::inc(&self.metrics.evictions_total);
+                    evicted += 1;
+                }
             }
         }
     }
