@@ -22,7 +22,15 @@ use wasmkeep_cluster::lease::{
 use wasmkeep_cluster::sweep::{SweepInput, TimerMerge, merge_timer, plan_sweep};
 use wasmkeep_cluster::{Entry, IndexKey};
 
-use crate::world::{Never, Op, ReqErr, Resp, Shared, World, next_work, request, sleep};
+use crate::sim::SimEv;
+use crate::world::{Ev, Never, Op, ReqErr, Resp, Shared, World, next_work, request, sleep};
+
+/// Aimed re-arms sent with each aimed pause, and how long before the stall
+/// ends each is sent (lowest, highest): the newer owner's take, handler and
+/// upload land just before the stalled owner resumes, while its `on-alarm`
+/// run for that past time (up to a handler's time) has not committed yet.
+const REARMS: u64 = 3;
+const REARM_BEFORE_MS: (u64, u64) = (500, 6_000);
 
 /// The lease prefix in the bucket.
 pub const NODES_PREFIX: &str = "nodes/";
@@ -131,6 +139,9 @@ pub enum ClientOp {
     /// re-arm the same absolute times (a ring's expiry, a session's start),
     /// and a past one fires at once.
     SetDeadline(i64),
+    /// `set-alarm` to exactly this time (the aimed re-arm of a time an
+    /// earlier owner is cleaning up).
+    SetAt(u64),
     /// `delete-alarm`.
     Clear,
     /// A write that leaves the alarm alone.
@@ -356,7 +367,12 @@ impl Ctx {
     /// The aimed pause: between an owner's lease check and its listing of
     /// stale entries, the process stalls (a GC pause, a swapped-out VM), long
     /// enough for its lease to run out and another node to take over.
-    async fn pause_point(&self) {
+    ///
+    /// With it, the aimed workload (`p_aim_rearm`): clients ask other nodes to
+    /// re-arm the actor to exactly `at`, a few seconds before the stall ends,
+    /// so that a newer owner's entry at `at` is likely named when the stalled
+    /// owner resumes and lists the folder (the race R3 closes).
+    async fn pause_point(&self, actor: usize, at: u64) {
         if self.chance(|o| o.p_aim_pause) {
             let n = self.n;
             let ms = self.with(|w| w.rng.range(20_000, 45_000));
@@ -366,6 +382,21 @@ impl Ctx {
             self.with(|w| {
                 w.stats.aimed_pauses += 1;
                 w.nodes[n].stall_until = w.now + ms;
+                let p = w.opts.p_aim_rearm;
+                if w.rng.chance(p) {
+                    let end = w.now + ms;
+                    for _ in 0..REARMS {
+                        let before = w.rng.range(REARM_BEFORE_MS.0, REARM_BEFORE_MS.1);
+                        w.at(
+                            end.saturating_sub(before),
+                            Ev::Sim(SimEv::Rearm {
+                                actor,
+                                at_ms: at,
+                                avoid: n,
+                            }),
+                        );
+                    }
+                }
             });
             sleep(&self.w, 0).await;
         }
@@ -680,6 +711,7 @@ impl Ctx {
                 let current = (now.saturating_sub(offset) / every) as i64 + k;
                 (Some(current.max(0) as u64 * every + offset), 0)
             }
+            ClientOp::SetAt(at) => (Some(at), 0),
             ClientOp::Clear => (None, 0),
             ClientOp::Touch => (before.at_ms, before.retry_count),
         };
@@ -815,7 +847,7 @@ impl Ctx {
                     if !self.owner_ok(actor, claim.generation) {
                         return;
                     }
-                    self.pause_point().await;
+                    self.pause_point(actor, at).await;
                     let (prefix, address) = self
                         .with(|w| (w.opts.index_prefix.clone(), w.actors[actor].address.clone()));
                     let folder = format!("{prefix}{}", alarm_index::tagged_folder(at, &address));

@@ -49,6 +49,10 @@ pub struct Options {
     /// Aimed fault: an owner stalls 12 to 40 s between its lease check and
     /// its listing of stale entries.
     pub p_aim_pause: f64,
+    /// Aimed workload, with each aimed pause: clients ask other nodes to
+    /// re-arm the stalled owner's stale time exactly, timed to commit just
+    /// before the owner resumes (a newer owner's entry at that time).
+    pub p_aim_rearm: f64,
     /// `on-alarm` fails.
     pub p_handler_fail: f64,
     /// Mean time between crashes of one node.
@@ -95,6 +99,7 @@ impl Default for Options {
             p_aim_join: 0.5,
             p_aim_upload: 0.03,
             p_aim_pause: 0.4,
+            p_aim_rearm: 1.0,
             p_handler_fail: 0.2,
             crash_every_ms: 90_000,
             cut_every_ms: 90_000,
@@ -129,6 +134,7 @@ impl Options {
             "p_aim_join" => self.p_aim_join = f(value)?,
             "p_aim_upload" => self.p_aim_upload = f(value)?,
             "p_aim_pause" => self.p_aim_pause = f(value)?,
+            "p_aim_rearm" => self.p_aim_rearm = f(value)?,
             "p_handler_fail" => self.p_handler_fail = f(value)?,
             "crash_every_ms" => self.crash_every_ms = u(value)?,
             "cut_every_ms" => self.cut_every_ms = u(value)?,
@@ -170,6 +176,7 @@ pub struct Stats {
     pub cut_offs: u64,
     pub stalls: u64,
     pub aimed_pauses: u64,
+    pub aimed_rearms: u64,
     pub aimed_join_faults: u64,
     pub aimed_upload_faults: u64,
     pub joins: u64,
@@ -209,6 +216,7 @@ impl Stats {
             cut_offs,
             stalls,
             aimed_pauses,
+            aimed_rearms,
             aimed_join_faults,
             aimed_upload_faults,
             joins,
@@ -230,7 +238,7 @@ impl fmt::Display for Stats {
             "takeovers={} takes={} alarms={} alarm_runs={} alarm_failures={} client_events={} node_fences={} \
              fenced_nodes={} owner_fences={} releases={} give_ups={} late_commit_conflicts={} stale_deleted={} \
              left_on_empty_bucket={} joins={} set_aside={} crashes={} step_crashes={} cut_offs={} stalls={} \
-             aimed_pauses={} aimed_join_faults={} aimed_upload_faults={} clock_faults={} newer_entries_listed={} late_uploads_landed={} late_deletes_landed={} \
+             aimed_pauses={} aimed_rearms={} aimed_join_faults={} aimed_upload_faults={} clock_faults={} newer_entries_listed={} late_uploads_landed={} late_deletes_landed={} \
              sweeps={} sweep_offers={} requests={} checks={}",
             self.takeovers,
             self.takes,
@@ -253,6 +261,7 @@ impl fmt::Display for Stats {
             self.cut_offs,
             self.stalls,
             self.aimed_pauses,
+            self.aimed_rearms,
             self.aimed_join_faults,
             self.aimed_upload_faults,
             self.clock_faults,
@@ -322,6 +331,13 @@ pub enum SimEv {
     Skew(usize, u64),
     /// A client request.
     Client,
+    /// An aimed client request: set `actor`'s alarm to exactly `at_ms`, on
+    /// any up node but `avoid` (the stalled owner).
+    Rearm {
+        actor: usize,
+        at_ms: u64,
+        avoid: usize,
+    },
     /// Faults and client requests stop.
     FaultsOff,
 }
@@ -568,6 +584,36 @@ fn on_sim(ex: &mut Executor, ev: SimEv) {
             let mean = w.opts.client_every_ms;
             let t = w.now + every(&mut w, mean);
             w.at(t, Ev::Sim(SimEv::Client));
+        }
+        SimEv::Rearm {
+            actor,
+            at_ms,
+            avoid,
+        } => {
+            let mut w = ex.w.borrow_mut();
+            if !w.faults_on {
+                return;
+            }
+            let up: Vec<usize> = (0..w.nodes.len())
+                .filter(|i| *i != avoid && w.nodes[*i].up)
+                .collect();
+            if up.is_empty() {
+                return;
+            }
+            let node = up[w.rng.index(up.len())];
+            w.stats.aimed_rearms += 1;
+            let name = w.nodes[node].name.clone();
+            w.log(format!(
+                "{name} FAULT aimed: client re-arms a{actor}@{at_ms}"
+            ));
+            w.push_work(
+                node,
+                Work::Client {
+                    actor,
+                    op: ClientOp::SetAt(at_ms),
+                    hops: 0,
+                },
+            );
         }
         SimEv::FaultsOff => {
             let down: Vec<usize> = {
