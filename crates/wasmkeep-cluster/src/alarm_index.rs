@@ -717,10 +717,10 @@ mod tests {
             let mut bytes = random_key(&mut rng).to_key().into_bytes();
             let i = rng.below(bytes.len() as u64) as usize;
             bytes[i] = b"0aA/.-tf9 "[rng.below(10) as usize];
-            if let Ok(text) = String::from_utf8(bytes) {
-                if let Ok(k) = IndexKey::parse(&text) {
-                    assert_eq!(k.to_key(), text);
-                }
+            if let Ok(text) = String::from_utf8(bytes)
+                && let Ok(k) = IndexKey::parse(&text)
+            {
+                assert_eq!(k.to_key(), text);
             }
         }
     }

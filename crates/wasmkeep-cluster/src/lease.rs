@@ -204,10 +204,10 @@ impl NodeLease {
 
     /// The current state, after applying the clock.
     pub fn state(&mut self, now_ms: u64) -> LeaseState {
-        if let LeaseState::Valid { acting_until_ms } = self.state {
-            if now_ms >= acting_until_ms {
-                self.state = LeaseState::Lapsed;
-            }
+        if let LeaseState::Valid { acting_until_ms } = self.state
+            && now_ms >= acting_until_ms
+        {
+            self.state = LeaseState::Lapsed;
         }
         self.state
     }

@@ -272,10 +272,11 @@ fn load(
     slot: &mut Option<Loaded>,
     create: bool,
 ) -> Result<bool, RuntimeError> {
-    if let Some(l) = slot.as_ref() {
-        if l.app.version == app.version && l.bindings.is_some() {
-            return Ok(true);
-        }
+    if let Some(l) = slot.as_ref()
+        && l.app.version == app.version
+        && l.bindings.is_some()
+    {
+        return Ok(true);
     }
     let db = match slot.take() {
         Some(l) => l.take_db(),
@@ -341,7 +342,7 @@ fn ensure_init(rt: &Inner, l: &mut Loaded, initialized: &mut bool) -> Result<(),
     let r = bindings
         .wasmkeep_actor_handler()
         .call_on_init(&mut l.store, &class);
-    finish_call(rt, l, r.map(|inner| inner.map(|()| ())))?;
+    finish_call(l, r)?;
     l.db().mark_initialized(rt.clock.now_ms())?;
     *initialized = true;
     Ok(())
@@ -350,7 +351,6 @@ fn ensure_init(rt: &Inner, l: &mut Loaded, initialized: &mut bool) -> Result<(),
 /// Turns the result of a guest call into the event's result, dropping the
 /// instance after a trap.
 fn finish_call<T>(
-    rt: &Inner,
     l: &mut Loaded,
     r: wasmtime::Result<Result<T, host::WitError>>,
 ) -> Result<T, RuntimeError> {
@@ -370,7 +370,6 @@ fn finish_call<T>(
         Err(e) => {
             // A trapped instance may not be entered again.
             l.bindings = None;
-            let _ = rt;
             Err(trap_error(e, l.store.data_mut(), cpu))
         }
     }
@@ -399,7 +398,7 @@ fn run_request(
         let r = bindings
             .wasmkeep_actor_handler()
             .call_on_request(&mut l.store, &class, &request);
-        let resp = finish_call(rt, l, r)?;
+        let resp = finish_call(l, r)?;
         if resp.body.len() > rt.config.response_body_bytes_max {
             return Err(RuntimeError::ResponseTooLarge {
                 size: resp.body.len(),
@@ -461,7 +460,7 @@ fn run_alarm(
         .call_on_alarm(&mut l.store, &class, info);
     let op = l.store.data().alarm_op;
     l.store.data_mut().in_alarm = false;
-    match finish_call(rt, l, r) {
+    match finish_call(l, r) {
         Ok(()) => {
             l.db().event_commit()?;
             Metrics::inc(&rt.metrics.alarms_fired_total);
@@ -504,7 +503,7 @@ fn run_batch(rt: &Arc<Inner>, actor: &Actor, slot: &mut Option<Loaded>, events: 
             RuntimeError::AppNotFound(format!("{}/{}", id.tenant, id.app))
         });
     };
-    if !app.classes.iter().any(|c| *c == id.class) {
+    if !app.classes.contains(&id.class) {
         rt.timer.set(id, None);
         return fail_all(events, || RuntimeError::ClassNotFound {
             app: format!("{}/{}", id.tenant, id.app),

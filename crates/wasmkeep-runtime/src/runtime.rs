@@ -668,11 +668,11 @@ impl Inner {
                 break;
             }
             // A held lock means the actor is running: skip it.
-            if let Some(mut slot) = a.slot.try_lock() {
-                if slot.take().is_some() {
-                    Metrics::inc(&self.metrics.evictions_total);
-                    evicted += 1;
-                }
+            if let Some(mut slot) = a.slot.try_lock()
+                && slot.take().is_some()
+            {
+                Metrics::inc(&self.metrics.evictions_total);
+                evicted += 1;
             }
         }
     }

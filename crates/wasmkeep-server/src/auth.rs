@@ -78,10 +78,10 @@ impl Tokens {
     /// when no admin token is set either.
     pub fn tenant_ok(&self, tenant: &str, headers: &HeaderMap) -> bool {
         let got = Self::bearer(headers);
-        if let (Some(g), Some(a)) = (&got, &self.admin) {
-            if ct_eq(g, a) {
-                return true;
-            }
+        if let (Some(g), Some(a)) = (&got, &self.admin)
+            && ct_eq(g, a)
+        {
+            return true;
         }
         match self.tenants.get(tenant) {
             Some(want) => got.is_some_and(|g| ct_eq(&g, want)),

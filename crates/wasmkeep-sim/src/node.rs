@@ -1041,16 +1041,16 @@ pub async fn renew_loop(ctx: Ctx) {
                 }
             }
             Err(ReqErr::AlreadyExists) => {
-                if let Ok(body) = ctx.get(key).await {
-                    if let Ok(found) = LeaseRecord::decode(&body) {
-                        let now = ctx.now();
-                        ctx.with(|w| {
-                            w.nodes[n]
-                                .mem
-                                .lease
-                                .on_conflict(&write.key, &found, now, &cfg)
-                        });
-                    }
+                if let Ok(body) = ctx.get(key).await
+                    && let Ok(found) = LeaseRecord::decode(&body)
+                {
+                    let now = ctx.now();
+                    ctx.with(|w| {
+                        w.nodes[n]
+                            .mem
+                            .lease
+                            .on_conflict(&write.key, &found, now, &cfg)
+                    });
                 }
             }
             Err(_) => {}
@@ -1104,10 +1104,10 @@ async fn sweep_once(ctx: &Ctx) {
         if name == me {
             continue;
         }
-        if let Some(v) = ctx.node_view(&name).await {
-            if v.is_live() {
-                live.push(name);
-            }
+        if let Some(v) = ctx.node_view(&name).await
+            && v.is_live()
+        {
+            live.push(name);
         }
     }
     if !ctx.acting() {

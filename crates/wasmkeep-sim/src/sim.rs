@@ -413,14 +413,14 @@ fn check_delivered(w: &mut World) {
         let Some(state) = committed(w, &w.actors[i]) else {
             continue;
         };
-        if let Some(at) = state.alarm.at_ms {
-            if at + bound < w.now {
-                w.violate(
-                    "undelivered",
-                    format!("a{i} committed alarm {at} still pending at {}", w.now),
-                );
-                return;
-            }
+        if let Some(at) = state.alarm.at_ms
+            && at + bound < w.now
+        {
+            w.violate(
+                "undelivered",
+                format!("a{i} committed alarm {at} still pending at {}", w.now),
+            );
+            return;
         }
     }
 }

@@ -461,12 +461,12 @@ impl World {
     }
 
     fn respond(&mut self, id: u64, result: Result<Resp, ReqErr>) {
-        if let Some(r) = self.replies.get_mut(&id) {
-            if r.result.is_none() {
-                r.result = Some(result);
-                let t = r.task;
-                self.at(self.now, Ev::Wake(t));
-            }
+        if let Some(r) = self.replies.get_mut(&id)
+            && r.result.is_none()
+        {
+            r.result = Some(result);
+            let t = r.task;
+            self.at(self.now, Ev::Wake(t));
         }
     }
 }

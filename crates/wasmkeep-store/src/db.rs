@@ -685,10 +685,10 @@ impl ActorDb {
             if lower.as_ref().is_none_or(|l| *l < p) {
                 lower = Some(p.clone());
             }
-            if let Some(succ) = prefix_successor(&p) {
-                if upper.as_ref().is_none_or(|u| *u > succ) {
-                    upper = Some(succ);
-                }
+            if let Some(succ) = prefix_successor(&p)
+                && upper.as_ref().is_none_or(|u| *u > succ)
+            {
+                upper = Some(succ);
             }
         }
         let limit = o

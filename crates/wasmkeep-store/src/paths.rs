@@ -106,7 +106,7 @@ fn collect(dir: &Path, prefix: String, out: &mut Vec<String>) -> io::Result<()> 
 
 fn is_hex(s: &str) -> bool {
     !s.is_empty()
-        && s.len() % 2 == 0
+        && s.len().is_multiple_of(2)
         && s.bytes()
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
