@@ -226,6 +226,22 @@ impl Bucket {
         Ok(keys)
     }
 
+    /// The sequence numbers of the entries (or snapshots) in `dir` after
+    /// `after`, ascending: keys are zero-padded, so key order is seq order.
+    /// Keys that are not a seq (anything a human left there) are skipped.
+    pub async fn list_seqs(
+        &self,
+        dir: &str,
+        after: Option<&str>,
+    ) -> Result<Vec<u64>, ReplicaError> {
+        Ok(self
+            .list(dir, after)
+            .await?
+            .iter()
+            .filter_map(|k| crate::keys::parse_seq(k))
+            .collect())
+    }
+
     /// Deletes an object; a missing one is fine (a local folder reports it).
     pub async fn delete(&self, key: &str) -> Result<(), ReplicaError> {
         let path = self.path(key)?;

@@ -7,7 +7,7 @@ use crate::bucket::Bucket;
 use crate::entry::{Entry, FIXED_HEADER_BYTES, Kind};
 use crate::error::ReplicaError;
 use crate::image::Image;
-use crate::keys::{ActorRoot, parse_seq};
+use crate::keys::ActorRoot;
 use crate::limits::ReplicaConfig;
 use crate::replica::fetch;
 
@@ -33,13 +33,7 @@ pub async fn export(
     config: &ReplicaConfig,
 ) -> Result<Vec<u8>, ReplicaError> {
     let root = ActorRoot::new(id, bucket.prefix_bytes())?;
-    let mut snaps: Vec<u64> = bucket
-        .list(&root.snap_dir(), None)
-        .await?
-        .iter()
-        .filter_map(|k| parse_seq(k))
-        .collect();
-    snaps.sort_unstable();
+    let snaps = bucket.list_seqs(&root.snap_dir(), None).await?;
     // The base: the newest snapshot at or before the point.
     let base = match at {
         At::Latest => snaps.last().copied(),
@@ -75,12 +69,7 @@ pub async fn export(
         None => (None, 0),
     };
     let after = base.map(|s| root.log(s));
-    let logs: Vec<u64> = bucket
-        .list(&root.log_dir(), after.as_deref())
-        .await?
-        .iter()
-        .filter_map(|k| parse_seq(k))
-        .collect();
+    let logs = bucket.list_seqs(&root.log_dir(), after.as_deref()).await?;
     for seq in logs {
         if let At::Seq(n) = at
             && seq > n

@@ -10,7 +10,7 @@ use crate::bucket::{Bucket, Created};
 use crate::entry::{Entry, FIXED_HEADER_BYTES, Kind, Position, Token};
 use crate::error::ReplicaError;
 use crate::image::{Image, PageHashes};
-use crate::keys::{ActorRoot, parse_seq};
+use crate::keys::ActorRoot;
 use crate::limits::ReplicaConfig;
 
 /// Restarts of a restore whose listed objects vanished under it (a
@@ -46,21 +46,9 @@ impl Listing {
 }
 
 pub(crate) async fn list_chain(bucket: &Bucket, root: &ActorRoot) -> Result<Listing, ReplicaError> {
-    let mut snaps: Vec<u64> = bucket
-        .list(&root.snap_dir(), None)
-        .await?
-        .iter()
-        .filter_map(|k| parse_seq(k))
-        .collect();
-    snaps.sort_unstable();
+    let snaps = bucket.list_seqs(&root.snap_dir(), None).await?;
     let after = snaps.last().map(|s| root.log(*s));
-    let mut logs: Vec<u64> = bucket
-        .list(&root.log_dir(), after.as_deref())
-        .await?
-        .iter()
-        .filter_map(|k| parse_seq(k))
-        .collect();
-    logs.sort_unstable();
+    let logs = bucket.list_seqs(&root.log_dir(), after.as_deref()).await?;
     Ok(Listing { snaps, logs })
 }
 
@@ -523,9 +511,9 @@ impl Replica {
             };
             let later = self
                 .bucket
-                .list(&self.root.snap_dir(), after.as_deref())
+                .list_seqs(&self.root.snap_dir(), after.as_deref())
                 .await?;
-            if later.iter().filter_map(|k| parse_seq(k)).any(|s| s >= seq) {
+            if later.iter().any(|s| *s >= seq) {
                 return Err(ReplicaError::ChainMoved { seq });
             }
         }
@@ -558,14 +546,7 @@ impl Replica {
     /// Deletes what retention no longer needs. Never deletes the newest
     /// snapshot, and deletes entries only at or below a snapshot that stays.
     pub async fn collect(&self) -> Result<(), ReplicaError> {
-        let mut snaps: Vec<u64> = self
-            .bucket
-            .list(&self.root.snap_dir(), None)
-            .await?
-            .iter()
-            .filter_map(|k| parse_seq(k))
-            .collect();
-        snaps.sort_unstable();
+        let snaps = self.bucket.list_seqs(&self.root.snap_dir(), None).await?;
         if snaps.is_empty() {
             return Ok(());
         }
@@ -573,10 +554,9 @@ impl Replica {
         let oldest_kept = snaps[keep_from];
         let logs: Vec<u64> = self
             .bucket
-            .list(&self.root.log_dir(), None)
+            .list_seqs(&self.root.log_dir(), None)
             .await?
-            .iter()
-            .filter_map(|k| parse_seq(k))
+            .into_iter()
             .filter(|s| *s <= oldest_kept)
             .collect();
         for s in logs {
