@@ -420,6 +420,7 @@ pub async fn w2(env: &Env<'_>, restart: bool) -> Result<RunOutput> {
     lateness.sort_unstable();
     let fired = lateness.len();
     let q = |q| quantile(&lateness, q).map(|v| v as f64).unwrap_or(f64::NAN);
+    out.fig("lateness_min_ms", q(0.0));
     out.fig("lateness_p50_ms", q(0.50));
     out.fig("lateness_p99_ms", q(0.99));
     out.fig("lateness_max_ms", q(1.0));

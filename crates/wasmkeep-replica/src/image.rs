@@ -69,6 +69,7 @@ impl Image {
     /// The committed state of the database file at `path` (with its WAL),
     /// read through a read-only connection of its own.
     pub fn read_path(path: &Path) -> Result<Image, ReplicaError> {
+        wasmkeep_store::db::sqlite_setup();
         let mut conn = Connection::open_with_flags(
             path,
             OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use common::{Backend, Moto, Source, actor, dump, dump_bytes};
 use wasmkeep_replica::{
-    At, Bucket, Image, Opened, Replica, ReplicaConfig, ReplicaError, Uploaded, export,
+    At, Bucket, Opened, Replica, ReplicaConfig, ReplicaError, Uploaded, export,
 };
 use wasmkeep_store::{ActorDb, OpenMode, StoreLimits, Value};
 
@@ -63,8 +63,8 @@ fn work(src: &mut Source, i: i64) {
     ]);
 }
 
-async fn upload(rep: &mut Replica, src: &Source, time_ms: u64) -> Result<Uploaded, ReplicaError> {
-    let image = Image::read_path(&src.path())?;
+async fn upload(rep: &mut Replica, src: &mut Source, time_ms: u64) -> Result<Uploaded, ReplicaError> {
+    let image = src.image();
     rep.upload(&image, time_ms).await
 }
 
@@ -92,13 +92,13 @@ async fn restore_is_byte_identical(b: &Backend, name: &str) {
         .unwrap();
     assert_eq!(opened, Opened::BucketEmpty { local: true });
     schema(&mut src);
-    let first = upload(&mut rep, &src, 1000).await.unwrap();
+    let first = upload(&mut rep, &mut src, 1000).await.unwrap();
     assert_eq!(appended_seq(&first), 0);
     for i in 1..60i64 {
         work(&mut src, i);
         if i % 3 != 0 {
             let before = b.bucket.metrics().snapshot();
-            let up = upload(&mut rep, &src, 1000 + i as u64).await.unwrap();
+            let up = upload(&mut rep, &mut src, 1000 + i as u64).await.unwrap();
             let after = b.bucket.metrics().snapshot();
             if let Uploaded::Appended {
                 snapshot: false, ..
@@ -110,9 +110,9 @@ async fn restore_is_byte_identical(b: &Backend, name: &str) {
             }
         }
     }
-    upload(&mut rep, &src, 2000).await.unwrap();
+    upload(&mut rep, &mut src, 2000).await.unwrap();
     assert_eq!(
-        upload(&mut rep, &src, 2001).await.unwrap(),
+        upload(&mut rep, &mut src, 2001).await.unwrap(),
         Uploaded::Unchanged
     );
     let snaps = keys(&b.bucket, &rep, "snap").await;
@@ -165,11 +165,11 @@ async fn lost_response_is_mine_and_foreign_entry_moves_the_chain(b: &Backend, na
     schema(&mut a);
     for i in 0..3 {
         work(&mut a, i);
-        upload(&mut ra, &a, i as u64).await.unwrap();
+        upload(&mut ra, &mut a, i as u64).await.unwrap();
     }
     b.faults.replay("log/00000000000000000003");
     work(&mut a, 3);
-    let up = upload(&mut ra, &a, 3).await.unwrap();
+    let up = upload(&mut ra, &mut a, 3).await.unwrap();
     assert_eq!(appended_seq(&up), 3);
 
     let bdir = tmp.path().join("b");
@@ -179,14 +179,14 @@ async fn lost_response_is_mine_and_foreign_entry_moves_the_chain(b: &Backend, na
     assert!(matches!(opened, Opened::Restored { .. }));
     let mut bsrc = Source::new(&bdir);
     work(&mut bsrc, 100);
-    assert_eq!(appended_seq(&upload(&mut rb, &bsrc, 10).await.unwrap()), 4);
+    assert_eq!(appended_seq(&upload(&mut rb, &mut bsrc, 10).await.unwrap()), 4);
 
     work(&mut a, 4);
-    let err = upload(&mut ra, &a, 4).await.unwrap_err();
+    let err = upload(&mut ra, &mut a, 4).await.unwrap_err();
     assert!(matches!(err, ReplicaError::ChainMoved { seq: 4 }), "{err}");
     assert_eq!(err.code(), "chain_moved");
     assert!(
-        upload(&mut ra, &a, 5).await.is_err(),
+        upload(&mut ra, &mut a, 5).await.is_err(),
         "a replica that failed stays given up"
     );
 }
@@ -201,14 +201,14 @@ async fn late_commit(b: &Backend, name: &str, lands_first: bool) {
         .await
         .unwrap();
     schema(&mut a);
-    upload(&mut ra, &a, 1).await.unwrap(); // seq 0
+    upload(&mut ra, &mut a, 1).await.unwrap(); // seq 0
     work(&mut a, 1);
-    upload(&mut ra, &a, 2).await.unwrap(); // seq 1
+    upload(&mut ra, &mut a, 2).await.unwrap(); // seq 1
 
     // A's next upload (seq 2) is held on the way to the bucket.
     a.commit(&[("INSERT INTO tags VALUES ('late', 'from a')", vec![])]);
     let gate = b.faults.hold("log/00000000000000000002");
-    let image = Image::read_path(&a.path()).unwrap();
+    let image = a.image();
     let task = tokio::spawn(async move {
         let r = ra.upload(&image, 3).await;
         (ra, r)
@@ -233,7 +233,7 @@ async fn late_commit(b: &Backend, name: &str, lands_first: bool) {
             2,
             "the late upload is on the chain"
         );
-        let err = upload(&mut rb, &bsrc, 4).await.unwrap_err();
+        let err = upload(&mut rb, &mut bsrc, 4).await.unwrap_err();
         assert!(matches!(err, ReplicaError::ChainMoved { seq: 2 }), "{err}");
         // B gives the actor up and restores: A's late commit is the state,
         // and B's own file is set aside, not deleted.
@@ -251,7 +251,7 @@ async fn late_commit(b: &Backend, name: &str, lands_first: bool) {
         assert!(now.contains("from a") && !now.contains("from b"), "{now}");
         assert!(dump(&aside).contains("from b"));
     } else {
-        assert_eq!(appended_seq(&upload(&mut rb, &bsrc, 4).await.unwrap()), 2);
+        assert_eq!(appended_seq(&upload(&mut rb, &mut bsrc, 4).await.unwrap()), 2);
         gate.release();
         let (_, r) = task.await.unwrap();
         let err = r.unwrap_err();
@@ -285,12 +285,12 @@ async fn stalled_writer_past_collection(
         .await
         .unwrap();
     schema(&mut a);
-    upload(&mut ra, &a, 1).await.unwrap(); // seq 0, every page
+    upload(&mut ra, &mut a, 1).await.unwrap(); // seq 0, every page
     work(&mut a, 1);
-    upload(&mut ra, &a, 2).await.unwrap(); // seq 1
+    upload(&mut ra, &mut a, 2).await.unwrap(); // seq 1
     work(&mut a, 2);
     let gate = b.faults.hold("log/00000000000000000002");
-    let image = Image::read_path(&a.path()).unwrap();
+    let image = a.image();
     let task = tokio::spawn(async move { ra.upload(&image, 3).await });
     gate.arrived().await;
 
@@ -301,7 +301,7 @@ async fn stalled_writer_past_collection(
     let mut bsrc = Source::new(&bdir);
     for i in 10..16 {
         work(&mut bsrc, i);
-        upload(&mut rb, &bsrc, i as u64).await.unwrap();
+        upload(&mut rb, &mut bsrc, i as u64).await.unwrap();
     }
     let logs = keys(&b.bucket, &rb, "log").await;
     assert!(
@@ -329,7 +329,7 @@ async fn first_upload_race(b: &Backend, name: &str) {
         .unwrap();
     assert_eq!(oa, Opened::BucketEmpty { local: true });
     assert_eq!(ob, Opened::BucketEmpty { local: true });
-    let image = Image::read_path(&a.path()).unwrap();
+    let image = a.image();
     let Uploaded::Appended { entry_bytes, .. } = ra.upload(&image, 1).await.unwrap() else {
         panic!()
     };
@@ -337,7 +337,7 @@ async fn first_upload_race(b: &Backend, name: &str) {
         entry_bytes >= image.bytes().len() as u64,
         "the first upload holds every page"
     );
-    let err = upload(&mut rb, &bs, 1).await.unwrap_err();
+    let err = upload(&mut rb, &mut bs, 1).await.unwrap_err();
     assert!(matches!(err, ReplicaError::ChainMoved { seq: 0 }), "{err}");
 }
 
@@ -358,8 +358,8 @@ async fn point_in_time(b: &Backend, name: &str) {
             work(&mut src, i);
         }
         let t = 10_000 + 100 * i as u64;
-        let seq = appended_seq(&upload(&mut rep, &src, t).await.unwrap());
-        points.push((seq, t, dump(&src.path())));
+        let seq = appended_seq(&upload(&mut rep, &mut src, t).await.unwrap());
+        points.push((seq, t, dump_bytes(src.image().bytes())));
     }
     let snaps = keys(&b.bucket, &rep, "snap").await;
     let oldest: u64 = snaps[0].rsplit('/').next().unwrap().parse().unwrap();
@@ -392,7 +392,7 @@ async fn set_aside_never_deletes(b: &Backend, name: &str) {
         .await
         .unwrap();
     schema(&mut src);
-    upload(&mut rep, &src, 1).await.unwrap();
+    upload(&mut rep, &mut src, 1).await.unwrap();
 
     let other = tmp.path().join("other");
     let path = other.join("actor.db");

@@ -73,6 +73,21 @@ pub enum EventKind {
     Prepare,
     /// Remove the actor's data.
     Delete,
+    /// Read the actor's database between events (the admin API): through
+    /// its own connection if it is open, which holds the file while it is.
+    Inspect(InspectFn),
+}
+
+/// What an [`EventKind::Inspect`] runs; it sends its own result.
+pub type InspectFn = Box<dyn FnOnce(DbAccess<'_>) + Send>;
+
+/// How an inspection reaches an actor's database.
+pub enum DbAccess<'a> {
+    /// The actor is open: its own connection, between events.
+    Open(&'a ActorDb),
+    /// The actor is not open, and cannot be opened while this runs (its
+    /// turn holds it): the database file, which may not exist.
+    Closed(&'a std::path::Path),
 }
 
 pub struct Event {
@@ -184,11 +199,22 @@ pub fn run_turn(rt: &Arc<Inner>, actor: &Arc<Actor>) {
         let mut slot = actor.slot.lock();
         let mut run: Vec<Event> = Vec::new();
         for ev in events {
-            if matches!(ev.kind, EventKind::Delete) {
-                run_batch(rt, actor, &mut slot, std::mem::take(&mut run));
-                run_delete(rt, actor, &mut slot, ev);
-            } else {
-                run.push(ev);
+            match ev.kind {
+                EventKind::Delete => {
+                    run_batch(rt, actor, &mut slot, std::mem::take(&mut run));
+                    run_delete(rt, actor, &mut slot, ev);
+                }
+                EventKind::Inspect(f) => {
+                    run_batch(rt, actor, &mut slot, std::mem::take(&mut run));
+                    match slot.as_mut() {
+                        Some(l) => f(DbAccess::Open(l.db())),
+                        None => f(DbAccess::Closed(&paths::actor_db(
+                            &rt.config.data_dir,
+                            &actor.id,
+                        ))),
+                    }
+                }
+                _ => run.push(ev),
             }
         }
         run_batch(rt, actor, &mut slot, run);
@@ -563,6 +589,16 @@ fn run_batch(rt: &Arc<Inner>, actor: &Actor, slot: &mut Option<Loaded>, events: 
             return fail_all(events, || RuntimeError::Internal(msg.clone()));
         }
     };
+    if events.iter().all(|e| matches!(e.kind, EventKind::Prepare)) {
+        // Opened ahead of an alarm: no transaction to run. Reading the
+        // alarm re-prepares the statement the alarm's turn starts with
+        // (statements prepared before the actor's init went stale).
+        let _ = l.db().alarm();
+        for ev in events {
+            reply(ev.reply, Ok(Outcome::Done));
+        }
+        return;
+    }
     if let Err(e) = l.db().begin() {
         let msg = e.to_string();
         *slot = None;
@@ -584,9 +620,11 @@ fn run_batch(rt: &Arc<Inner>, actor: &Actor, slot: &mut Option<Loaded>, events: 
             let db = slot.take().expect("loaded").take_db();
             match instantiate(rt, &app, id, db) {
                 Ok(new) => *slot = Some(new),
-                Err((e, _db)) => {
+                Err((e, db)) => {
                     // Without an instance the batch cannot go on: what ran
-                    // before is rolled back with the transaction.
+                    // before is rolled back with the transaction (closing
+                    // the database, so that its alarm can be read).
+                    drop(db);
                     rt.rearm_after_failure(id);
                     reply(ev.reply, Err(e));
                     for (r, _, _) in results {
@@ -607,7 +645,9 @@ fn run_batch(rt: &Arc<Inner>, actor: &Actor, slot: &mut Option<Loaded>, events: 
                 run_alarm(rt, l, initialized, force)
             }
             EventKind::Prepare => Ok(Outcome::Done),
-            EventKind::Delete => unreachable!("deletes run on their own"),
+            EventKind::Delete | EventKind::Inspect(_) => {
+                unreachable!("deletes and inspections run on their own")
+            }
         };
         if r.is_err() {
             Metrics::inc(&rt.metrics.event_failures_total);

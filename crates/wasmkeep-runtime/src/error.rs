@@ -104,6 +104,7 @@ fn is_store_code(code: &str) -> bool {
             | "invalid_argument"
             | "storage_error"
             | "storage_corrupt"
+            | "storage_busy"
             // Request-shaped failures a guest may choose (see the SDK).
             | "bad_request"
             | "not_found"

@@ -15,7 +15,9 @@ use wasmkeep_store::{ActorId, QueryResult, paths};
 use wasmtime::component::{HasSelf, Linker};
 use wasmtime::{Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
-use crate::actor::{self, Actor, ActorRequest, ActorResponse, Event, EventKind, Outcome};
+use crate::actor::{
+    self, Actor, ActorRequest, ActorResponse, DbAccess, Event, EventKind, Outcome,
+};
 use crate::app::{self, App, AppInfo, Compiler};
 use crate::clock::Clock;
 use crate::config::RuntimeConfig;
@@ -272,10 +274,14 @@ impl Runtime {
                             let path = paths::actor_db(&rt.config.data_dir, id);
                             match wasmkeep_store::db::read_alarm(&path) {
                                 Ok(Some(a)) => {
-                                    rt.timer.set(id, Some(a.at_ms));
+                                    // An actor that ran meanwhile put its
+                                    // own, newer, alarm in the timer.
+                                    rt.timer.set_if_absent(id, a.at_ms);
                                     found.fetch_add(1, Ordering::Relaxed);
                                 }
                                 Ok(None) => {}
+                                // Open already: its turns keep the timer.
+                                Err(wasmkeep_store::StoreError::Busy) => {}
                                 Err(e) => {
                                     tracing::warn!(actor = %id, error = %e, "could not read alarm")
                                 }
@@ -377,21 +383,36 @@ impl Runtime {
         paths::list_names(&dir, after, limit).map_err(|e| RuntimeError::Store(e.into()))
     }
 
-    /// What is known about one actor, from its database on disk.
+    /// What is known about one actor, read between its events.
     pub fn actor_info(&self, id: &ActorId) -> Result<ActorInfo, RuntimeError> {
         let path = paths::actor_db(&self.inner.config.data_dir, id);
         if !path.exists() {
             return Err(RuntimeError::ActorNotFound(id.to_string()));
         }
-        let size = inspect_query(&path, "PRAGMA page_count", 1)
-            .ok()
-            .and_then(|r| r.rows.first().and_then(|row| row.first().cloned()))
-            .and_then(|v| match v {
-                wasmkeep_store::Value::Integer(p) => Some(p as u64 * 4096),
-                _ => None,
-            })
-            .unwrap_or(0);
-        let alarm = wasmkeep_store::db::read_alarm(&path)?;
+        let active = self
+            .inner
+            .actors
+            .lock()
+            .get(id)
+            .is_some_and(|a| a.is_loaded());
+        let name = id.to_string();
+        let (size, alarm) = self.with_db(id, move |db| match db {
+            DbAccess::Open(db) => Ok((db.size_bytes()?, db.alarm()?)),
+            DbAccess::Closed(path) => {
+                if !path.exists() {
+                    return Err(RuntimeError::ActorNotFound(name));
+                }
+                let pages = inspect_query(path, "PRAGMA page_count", 1)?
+                    .rows
+                    .first()
+                    .and_then(|row| row.first().cloned());
+                let size = match pages {
+                    Some(wasmkeep_store::Value::Integer(p)) => p as u64 * 4096,
+                    _ => 0,
+                };
+                Ok((size, wasmkeep_store::db::read_alarm(path)?))
+            }
+        })?;
         let mtime = |p: PathBuf| {
             std::fs::metadata(p)
                 .and_then(|m| m.modified())
@@ -401,12 +422,6 @@ impl Runtime {
         };
         let last_write_ms =
             mtime(path.with_file_name(format!("{}-wal", paths::DB_FILE))).max(mtime(path.clone()));
-        let active = self
-            .inner
-            .actors
-            .lock()
-            .get(id)
-            .is_some_and(|a| a.is_loaded());
         Ok(ActorInfo {
             tenant: id.tenant.clone(),
             app: id.app.clone(),
@@ -420,7 +435,8 @@ impl Runtime {
         })
     }
 
-    /// Read-only SQL over an actor's database, internal tables included.
+    /// Read-only SQL over an actor's committed database, internal tables
+    /// included, run between its events.
     pub fn inspect_sql(
         &self,
         id: &ActorId,
@@ -431,7 +447,30 @@ impl Runtime {
         if !path.exists() {
             return Err(RuntimeError::ActorNotFound(id.to_string()));
         }
-        Ok(inspect_query(&path, sql, rows_max)?)
+        let (sql, name) = (sql.to_owned(), id.to_string());
+        self.with_db(id, move |db| match db {
+            DbAccess::Open(db) => Ok(db.inspect(&sql, rows_max)?),
+            DbAccess::Closed(path) if path.exists() => Ok(inspect_query(path, &sql, rows_max)?),
+            DbAccess::Closed(_) => Err(RuntimeError::ActorNotFound(name)),
+        })
+    }
+
+    /// Runs `f` on an actor's database as the actor's next event (so
+    /// between two of its events), and waits for it. Blocking: call it from
+    /// a thread that may block, not from an async task.
+    pub fn with_db<T: Send + 'static>(
+        &self,
+        id: &ActorId,
+        f: impl FnOnce(DbAccess<'_>) -> Result<T, RuntimeError> + Send + 'static,
+    ) -> Result<T, RuntimeError> {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let run: actor::InspectFn = Box::new(move |db| {
+            let _ = tx.send(f(db));
+        });
+        self.inner
+            .enqueue(id, Event::new(EventKind::Inspect(run), None), false)?;
+        // A dropped event (the node stopping) drops the sender.
+        rx.recv().unwrap_or(Err(RuntimeError::ShuttingDown))
     }
 
     /// Deletes an actor's data (and so its alarm), as its next event.
@@ -679,14 +718,20 @@ impl Inner {
 
     /// After a batch failed in a way that may leave a past-due alarm
     /// committed: look again after the first retry delay, not at once.
+    /// Called with the actor's database closed; if it cannot be read, the
+    /// timer looks again anyway (an alarm event with nothing due changes
+    /// nothing and puts the committed alarm back in the timer).
     pub fn rearm_after_failure(&self, id: &ActorId) {
         let path = paths::actor_db(&self.config.data_dir, id);
-        let committed = wasmkeep_store::db::read_alarm(&path).ok().flatten();
-        let now = self.clock.now_ms();
-        self.timer.set(
-            id,
-            committed.map(|a| a.at_ms.max(now + self.config.alarm_retry_first_ms)),
-        );
+        let later = self.clock.now_ms() + self.config.alarm_retry_first_ms;
+        let next = match wasmkeep_store::db::read_alarm(&path) {
+            Ok(committed) => committed.map(|a| a.at_ms.max(later)),
+            Err(e) => {
+                tracing::warn!(actor = %id, error = %e, "could not read the committed alarm; looking again later");
+                Some(later)
+            }
+        };
+        self.timer.set(id, next);
     }
 
     /// Hands due alarms to their actors.

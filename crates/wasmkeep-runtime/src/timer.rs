@@ -32,6 +32,11 @@ impl Timer {
     /// Records an actor's committed alarm (`None`: it has none).
     pub fn set(&self, id: &ActorId, at_ms: Option<u64>) {
         let mut s = self.state.lock();
+        if s.by_actor.get(id).copied() == at_ms {
+            // Unchanged (most batches re-read an alarm they did not touch):
+            // it stays prepared and in place.
+            return;
+        }
         let key = match s.by_actor.get_key_value(id) {
             Some((k, _)) => Arc::clone(k),
             None => Arc::new(id.clone()),
@@ -48,6 +53,17 @@ impl Timer {
                 self.changed.notify_all();
             }
         }
+    }
+
+    /// Records an alarm read from disk unless the timer already holds one
+    /// for the actor (set by a turn, which knows better).
+    pub fn set_if_absent(&self, id: &ActorId, at_ms: u64) {
+        if self.state.lock().by_actor.contains_key(id) {
+            return;
+        }
+        // A turn may slip in between: its alarm is as new as any, and an
+        // early entry only wakes an alarm event that finds nothing due.
+        self.set(id, Some(at_ms));
     }
 
     /// Removes and returns up to `max` alarms due at or before `now_ms`,
@@ -169,7 +185,20 @@ mod tests {
         t.set(&id("a"), Some(10));
         assert_eq!(t.to_prepare(20, 10), vec![id("a")]);
         assert!(t.to_prepare(20, 10).is_empty());
+        // Turns re-record an alarm they did not change: still prepared.
+        t.set(&id("a"), Some(10));
+        assert!(t.to_prepare(20, 10).is_empty());
         t.set(&id("a"), Some(15));
         assert_eq!(t.to_prepare(20, 10), vec![id("a")]);
+    }
+
+    #[test]
+    fn the_scan_never_overwrites_what_a_turn_recorded() {
+        let t = Timer::default();
+        t.set(&id("a"), Some(50));
+        t.set_if_absent(&id("a"), 10);
+        assert_eq!(t.get(&id("a")), Some(50));
+        t.set_if_absent(&id("b"), 10);
+        assert_eq!(t.get(&id("b")), Some(10));
     }
 }

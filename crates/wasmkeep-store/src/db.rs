@@ -11,13 +11,14 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 
 use rusqlite::hooks::{AuthAction, AuthContext, Authorization};
 use rusqlite::limits::Limit;
 use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, ToSql, params};
 
+pub use crate::sqlite_setup::sqlite_setup;
 use crate::error::StoreError;
 use crate::limits::StoreLimits;
 use crate::paths::DB_FILE;
@@ -57,6 +58,10 @@ const GUEST_PRAGMAS: &[&str] = &[
     "freelist_count",
     "data_version",
 ];
+
+/// How long opening an actor waits for a reader that holds its file (the
+/// start-up scan reads one alarm in well under a millisecond).
+const BUSY_TIMEOUT_MS: u64 = 2_000;
 
 /// Virtual table modules a guest may create (full-text search and R-trees).
 const GUEST_VTAB_MODULES: &[&str] = &["fts5", "fts4", "fts3", "rtree"];
@@ -153,7 +158,9 @@ pub enum OpenMode {
 /// One actor's open database.
 pub struct ActorDb {
     conn: Connection,
-    guest: Arc<AtomicBool>,
+    /// Who the statement now being prepared is for (a `MODE_*` value);
+    /// the authorizer applies that one's rules.
+    mode: Arc<AtomicU8>,
     denied: Arc<parking_lot_free::Slot>,
     limits: StoreLimits,
     dir: PathBuf,
@@ -183,21 +190,76 @@ mod parking_lot_free {
     }
 }
 
-/// Sets the guest flag for as long as it lives, whatever way the guest call
-/// ends.
-struct GuestMode<'a>(&'a AtomicBool);
+/// The runtime's own statements: everything is allowed.
+const MODE_RUNTIME: u8 = 0;
+/// A guest's statement: the sandbox of [`authorize_guest`].
+const MODE_GUEST: u8 = 1;
+/// An operator's inspection: reads only ([`authorize_inspection`]).
+const MODE_INSPECT: u8 = 2;
 
-impl<'a> GuestMode<'a> {
-    fn enter(flag: &'a AtomicBool) -> Self {
-        flag.store(true, Ordering::Relaxed);
-        GuestMode(flag)
+/// Sets the connection's mode for as long as it lives, whatever way the
+/// call ends, then puts the runtime's back.
+struct Mode<'a>(&'a AtomicU8);
+
+impl<'a> Mode<'a> {
+    fn enter(flag: &'a AtomicU8, mode: u8) -> Self {
+        flag.store(mode, Ordering::Relaxed);
+        Mode(flag)
     }
 }
 
-impl Drop for GuestMode<'_> {
+impl Drop for Mode<'_> {
     fn drop(&mut self) {
-        self.0.store(false, Ordering::Relaxed);
+        self.0.store(MODE_RUNTIME, Ordering::Relaxed);
     }
+}
+
+/// Installs the authorizer that applies `mode`'s rules on `conn`.
+fn install_authorizer(
+    conn: &mut Connection,
+    mode: Arc<AtomicU8>,
+    denied: Arc<parking_lot_free::Slot>,
+) -> rusqlite::Result<()> {
+    conn.authorizer(Some(move |ctx: AuthContext<'_>| {
+        let verdict = match mode.load(Ordering::Relaxed) {
+            MODE_RUNTIME => return Authorization::Allow,
+            MODE_GUEST => authorize_guest(&ctx),
+            _ => authorize_inspection(&ctx),
+        };
+        match verdict {
+            Ok(()) => Authorization::Allow,
+            Err(reason) => {
+                denied.set(reason);
+                Authorization::Deny
+            }
+        }
+    }))
+}
+
+/// An inspection reads, internal tables included, and changes nothing: not
+/// the data, not the connection's transaction, not its settings.
+fn authorize_inspection(ctx: &AuthContext<'_>) -> Result<(), String> {
+    match ctx.action {
+        AuthAction::Read { .. } | AuthAction::Select | AuthAction::Recursive => Ok(()),
+        AuthAction::Function { function_name }
+            if !function_name.eq_ignore_ascii_case("load_extension") =>
+        {
+            Ok(())
+        }
+        AuthAction::Pragma {
+            pragma_name,
+            pragma_value,
+        } if read_pragma_allowed(pragma_name, pragma_value) => Ok(()),
+        _ => Err("inspection runs read-only statements only".into()),
+    }
+}
+
+/// The introspection pragmas (guests and inspections share them); those
+/// that would set a value take none.
+fn read_pragma_allowed(name: &str, value: Option<&str>) -> bool {
+    let name = name.to_ascii_lowercase();
+    let setting = matches!(name.as_str(), "page_count" | "page_size" | "data_version");
+    GUEST_PRAGMAS.contains(&name.as_str()) && !(setting && value.is_some())
 }
 
 fn is_internal(table: &str) -> bool {
@@ -268,9 +330,7 @@ fn authorize_guest(ctx: &AuthContext<'_>) -> Result<(), String> {
             pragma_name,
             pragma_value,
         } => {
-            let name = pragma_name.to_ascii_lowercase();
-            let read_only = matches!(name.as_str(), "page_count" | "page_size" | "data_version");
-            if GUEST_PRAGMAS.contains(&name.as_str()) && !(read_only && pragma_value.is_some()) {
+            if read_pragma_allowed(pragma_name, pragma_value) {
                 Ok(())
             } else {
                 Err(format!("pragma `{pragma_name}` is not allowed"))
@@ -295,6 +355,7 @@ impl ActorDb {
         limits: &StoreLimits,
         mode: OpenMode,
     ) -> Result<Option<ActorDb>, StoreError> {
+        sqlite_setup();
         let path = dir.join(DB_FILE);
         let exists = path.exists();
         if !exists && mode == OpenMode::Existing {
@@ -327,7 +388,7 @@ impl ActorDb {
         let conn = Connection::open_with_flags(&path, flags).map_err(open_err)?;
         let mut db = ActorDb {
             conn,
-            guest: Arc::new(AtomicBool::new(false)),
+            mode: Arc::new(AtomicU8::new(MODE_RUNTIME)),
             denied: Arc::new(parking_lot_free::Slot::default()),
             limits: limits.clone(),
             dir: dir.to_owned(),
@@ -365,6 +426,16 @@ impl ActorDb {
             c.pragma_update(None, "synchronous", "OFF")
                 .map_err(open_err)?;
         }
+        // The actor's connection is the only one that touches its file
+        // while it is open (inspection goes through it, see `inspect`), so
+        // it holds the file lock from the first read to the close: no lock
+        // calls per transaction and no shared-memory WAL index, only one in
+        // the heap (ADR 0004). A reader elsewhere (the start-up scan) makes
+        // an open wait at most the busy timeout.
+        c.busy_timeout(std::time::Duration::from_millis(BUSY_TIMEOUT_MS))
+            .map_err(open_err)?;
+        c.pragma_update(None, "locking_mode", "EXCLUSIVE")
+            .map_err(open_err)?;
         c.pragma_update(None, "journal_mode", "WAL")
             .map_err(open_err)?;
         if self.created {
@@ -405,21 +476,7 @@ impl ActorDb {
             // Databases from older versions gain any table added since.
             c.execute_batch(SCHEMA).map_err(open_err)?;
         }
-        let guest = Arc::clone(&self.guest);
-        let denied = Arc::clone(&self.denied);
-        self.conn
-            .authorizer(Some(move |ctx: AuthContext<'_>| {
-                if !guest.load(Ordering::Relaxed) {
-                    return Authorization::Allow;
-                }
-                match authorize_guest(&ctx) {
-                    Ok(()) => Authorization::Allow,
-                    Err(reason) => {
-                        denied.set(reason);
-                        Authorization::Deny
-                    }
-                }
-            }))
+        install_authorizer(&mut self.conn, Arc::clone(&self.mode), Arc::clone(&self.denied))
             .map_err(open_err)?;
         Ok(())
     }
@@ -494,14 +551,23 @@ impl ActorDb {
 
     /// Starts the transaction that a batch of events shares.
     pub fn begin(&mut self) -> Result<(), StoreError> {
-        self.conn
-            .execute_batch("BEGIN IMMEDIATE")
-            .map_err(|e| self.err(e))
+        self.control("BEGIN IMMEDIATE")
     }
 
     /// Commits the batch's transaction.
     pub fn commit(&mut self) -> Result<(), StoreError> {
-        self.conn.execute_batch("COMMIT").map_err(|e| self.err(e))
+        self.control("COMMIT")
+    }
+
+    /// Runs one of the runtime's transaction statements through the
+    /// statement cache: they run several times per event, and parsing them
+    /// each time showed in profiles.
+    fn control(&self, sql: &str) -> Result<(), StoreError> {
+        self.conn
+            .prepare_cached(sql)
+            .and_then(|mut s| s.execute([]))
+            .map(|_| ())
+            .map_err(|e| self.err(e))
     }
 
     /// Abandons the batch's transaction, if one is open.
@@ -520,23 +586,48 @@ impl ActorDb {
 
     /// Marks the start of one event inside the batch.
     pub fn event_begin(&mut self) -> Result<(), StoreError> {
-        self.conn
-            .execute_batch("SAVEPOINT wasmkeep_event")
-            .map_err(|e| self.err(e))
+        self.control("SAVEPOINT wasmkeep_event")
     }
 
     /// Keeps the event's changes in the batch.
     pub fn event_commit(&mut self) -> Result<(), StoreError> {
-        self.conn
-            .execute_batch("RELEASE wasmkeep_event")
-            .map_err(|e| self.err(e))
+        self.control("RELEASE wasmkeep_event")
     }
 
     /// Undoes the event's changes, and only its.
     pub fn event_rollback(&mut self) -> Result<(), StoreError> {
-        self.conn
-            .execute_batch("ROLLBACK TO wasmkeep_event; RELEASE wasmkeep_event")
-            .map_err(|e| self.err(e))
+        self.control("ROLLBACK TO wasmkeep_event")?;
+        self.control("RELEASE wasmkeep_event")
+    }
+
+    /// The committed database as one SQLite file image (what the replica
+    /// diffs against the bucket), read through this connection between
+    /// events: while the actor is open, no other connection may read it.
+    pub fn committed_image(&mut self) -> Result<Vec<u8>, StoreError> {
+        if self.in_transaction() {
+            return Err(StoreError::Sql(
+                "the committed image is read between events, not inside one".into(),
+            ));
+        }
+        match self.conn.serialize(rusqlite::MAIN_DB) {
+            Ok(data) => Ok(data.to_vec()),
+            Err(e) => Err(StoreError::Io(format!("reading the committed image: {e}"))),
+        }
+    }
+
+    // ---- inspection ----
+
+    /// Runs an operator's read-only statement on this connection, between
+    /// events (it sees what is committed). The same rules as
+    /// [`inspect_query`]: reads only, internal tables included.
+    pub fn inspect(&self, sql: &str, rows_max: usize) -> Result<QueryResult, StoreError> {
+        if self.in_transaction() {
+            return Err(StoreError::Sql(
+                "inspection runs between events, not inside one".into(),
+            ));
+        }
+        let _mode = Mode::enter(&self.mode, MODE_INSPECT);
+        run_inspection(&self.conn, &self.denied, sql, rows_max)
     }
 
     // ---- guest SQL ----
@@ -569,7 +660,7 @@ impl ActorDb {
     /// Runs a guest statement and returns its rows.
     pub fn query(&mut self, sql: &str, params: &[Value]) -> Result<QueryResult, StoreError> {
         self.check_statement(sql, params)?;
-        let _guest = GuestMode::enter(&self.guest);
+        let _guest = Mode::enter(&self.mode, MODE_GUEST);
         let before = self.conn.total_changes();
         let text = format!("{GUEST_MARK}{sql}");
         let mut stmt = self.conn.prepare_cached(&text).map_err(|e| self.err(e))?;
@@ -613,7 +704,7 @@ impl ActorDb {
     /// Runs a guest statement that returns no rows.
     pub fn execute(&mut self, sql: &str, params: &[Value]) -> Result<ExecResult, StoreError> {
         self.check_statement(sql, params)?;
-        let _guest = GuestMode::enter(&self.guest);
+        let _guest = Mode::enter(&self.mode, MODE_GUEST);
         let before = self.conn.total_changes();
         let text = format!("{GUEST_MARK}{sql}");
         let mut stmt = self.conn.prepare_cached(&text).map_err(|e| self.err(e))?;
@@ -865,22 +956,48 @@ fn open_err(e: rusqlite::Error) -> StoreError {
     }
 }
 
-/// Runs read-only SQL against an actor's database for an operator: a
-/// separate read-only connection, so it never waits for nor disturbs the
-/// actor's own, and sees internal tables too. Returns at most `rows_max` rows.
+/// Runs read-only SQL against the database of an actor that is not open,
+/// for an operator: a read-only connection of its own that sees internal
+/// tables too. Returns at most `rows_max` rows. (An open actor is inspected
+/// through its own connection: [`ActorDb::inspect`].)
 pub fn inspect_query(
     db_path: &Path,
     sql: &str,
     rows_max: usize,
 ) -> Result<QueryResult, StoreError> {
-    let conn = Connection::open_with_flags(
+    sqlite_setup();
+    let mut conn = Connection::open_with_flags(
         db_path,
         OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )
     .map_err(open_err)?;
     conn.pragma_update(None, "query_only", true)
         .map_err(open_err)?;
-    let sql_err = |e: rusqlite::Error| StoreError::Sql(e.to_string());
+    let denied = Arc::new(parking_lot_free::Slot::default());
+    install_authorizer(
+        &mut conn,
+        Arc::new(AtomicU8::new(MODE_INSPECT)),
+        Arc::clone(&denied),
+    )
+    .map_err(open_err)?;
+    run_inspection(&conn, &denied, sql, rows_max)
+}
+
+/// One inspection statement on `conn`, whose authorizer is in inspection
+/// mode.
+fn run_inspection(
+    conn: &Connection,
+    denied: &parking_lot_free::Slot,
+    sql: &str,
+    rows_max: usize,
+) -> Result<QueryResult, StoreError> {
+    let sql_err = |e: rusqlite::Error| match (denied.take(), &e) {
+        (Some(reason), _) => StoreError::Forbidden(reason),
+        (None, rusqlite::Error::SqliteFailure(f, _)) if f.code == ErrorCode::DatabaseBusy => {
+            StoreError::Busy
+        }
+        (None, _) => StoreError::Sql(e.to_string()),
+    };
     let mut stmt = conn.prepare(sql).map_err(sql_err)?;
     if !stmt.readonly() {
         return Err(StoreError::Forbidden(
@@ -910,7 +1027,8 @@ pub fn inspect_query(
 }
 
 /// The committed alarm of the database at `db_path`, read through a
-/// read-only connection (the start-up scan and the admin API use it).
+/// read-only connection. [`StoreError::Busy`] if the actor is open (its
+/// connection holds the file; ask it instead).
 pub fn read_alarm(db_path: &Path) -> Result<Option<AlarmState>, StoreError> {
     if !db_path.exists() {
         return Ok(None);

@@ -34,6 +34,8 @@ pub enum StoreError {
     InvalidArgument(String),
     #[error("actor database is corrupt or unreadable: {0}")]
     Corrupt(String),
+    #[error("the actor's database is held by its open connection")]
+    Busy,
     #[error("storage i/o error: {0}")]
     Io(String),
 }
@@ -53,6 +55,7 @@ impl StoreError {
             StoreError::InvalidArgument(_) => "invalid_argument",
             StoreError::Corrupt(_) => "storage_corrupt",
             StoreError::Io(_) => "storage_error",
+            StoreError::Busy => "storage_busy",
         }
     }
 

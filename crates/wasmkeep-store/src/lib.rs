@@ -15,6 +15,7 @@ pub mod error;
 pub mod id;
 pub mod limits;
 pub mod paths;
+pub mod sqlite_setup;
 pub mod sync;
 
 pub use db::{ActorDb, AlarmState, ExecResult, KvListOptions, OpenMode, QueryResult, Value};

@@ -265,3 +265,69 @@ fn an_interrupted_creation_is_set_aside_but_real_data_never_is() {
     );
     assert!(other.join("actor.db").exists());
 }
+
+/// An open actor holds its file (locking_mode=EXCLUSIVE): inspection goes
+/// through its own connection, which must read everything, internal tables
+/// included, and change nothing, not even the connection's transaction
+/// state or settings.
+#[test]
+fn inspection_through_the_open_connection_reads_and_changes_nothing() {
+    let (d, mut db) = open(StoreLimits::default());
+    db.begin().unwrap();
+    db.execute("CREATE TABLE t (x)", &[]).unwrap();
+    db.execute("INSERT INTO t VALUES (1)", &[]).unwrap();
+    db.set_alarm(Some(wasmkeep_store::AlarmState {
+        at_ms: 42,
+        retry_count: 0,
+    }))
+    .unwrap();
+    db.commit().unwrap();
+
+    let r = db.inspect("SELECT at_ms FROM _wasmkeep_alarm", 10).unwrap();
+    assert_eq!(r.rows, vec![vec![Value::Integer(42)]]);
+    assert_eq!(
+        db.inspect("PRAGMA table_info(t)", 10).unwrap().rows.len(),
+        1
+    );
+    for sql in [
+        "BEGIN",
+        "SAVEPOINT s",
+        "INSERT INTO t VALUES (2)",
+        "DELETE FROM _wasmkeep_alarm",
+        "PRAGMA journal_mode = DELETE",
+        "PRAGMA locking_mode = NORMAL",
+        "PRAGMA wal_checkpoint",
+        "PRAGMA user_version = 3",
+        "SELECT load_extension('x')",
+    ] {
+        let r = db.inspect(sql, 10);
+        assert_eq!(
+            r.as_ref().map(|_| ()).map_err(|e| e.code()),
+            Err("forbidden"),
+            "`{sql}` should be refused: {r:?}"
+        );
+        assert!(!db.in_transaction(), "`{sql}` left a transaction open");
+    }
+    // The guest's own statements are unaffected by the inspection mode.
+    db.begin().unwrap();
+    db.execute("INSERT INTO t VALUES (3)", &[]).unwrap();
+    db.commit().unwrap();
+    assert_eq!(
+        db.inspect("SELECT count(*) FROM t", 1).unwrap().rows,
+        vec![vec![Value::Integer(2)]]
+    );
+
+    // Meanwhile nobody else can read the file; once it is closed, they can.
+    let path = d.path().join("a").join("actor.db");
+    assert!(matches!(
+        wasmkeep_store::db::read_alarm(&path),
+        Err(StoreError::Busy)
+    ));
+    drop(db);
+    assert_eq!(
+        wasmkeep_store::db::read_alarm(&path).unwrap().map(|a| a.at_ms),
+        Some(42)
+    );
+    let closed = wasmkeep_store::db::inspect_query(&path, "INSERT INTO t VALUES (9)", 1);
+    assert_eq!(closed.map(|_| ()).map_err(|e| e.code()), Err("forbidden"));
+}

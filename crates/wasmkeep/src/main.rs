@@ -16,6 +16,15 @@ use wasmkeep_runtime::{Durability, Runtime, SystemClock};
 
 use crate::config::NodeConfig;
 
+/// mimalloc instead of glibc's allocator: an actor's SQLite connection and
+/// instance allocate on whichever worker runs it and free on another, and
+/// glibc's arenas then make the workers wait on each other's arena locks
+/// (seen in a profile of W2: workers asleep in `__lll_lock_wait_private`
+/// under malloc and free while due alarms waited). mimalloc frees across
+/// threads without that lock.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "wasmkeep",

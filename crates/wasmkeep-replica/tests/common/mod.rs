@@ -186,6 +186,13 @@ impl Source {
         self.dir.join("actor.db")
     }
 
+    /// The committed state, read through the open connection (which holds
+    /// the file while it is open, as the runtime's does).
+    pub fn image(&mut self) -> wasmkeep_replica::Image {
+        let bytes = self.db.as_mut().unwrap().committed_image().unwrap();
+        wasmkeep_replica::Image::from_bytes(bytes).unwrap()
+    }
+
     pub fn commit(&mut self, statements: &[(&str, Vec<Value>)]) {
         let db = self.db.as_mut().unwrap();
         db.begin().unwrap();

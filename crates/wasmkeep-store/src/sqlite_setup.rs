@@ -1,0 +1,114 @@
+//! Process-wide SQLite settings, applied once before the first connection.
+//!
+//! SQLite takes these only before it initialises itself, so every function
+//! of this crate that opens a connection calls [`sqlite_setup`] first (and
+//! so does the replica crate, which reads databases too).
+//!
+//! Both settings come from a profile of W2 (2,000 alarms at one instant, see
+//! docs/benchmarks.md), where the two workers spent much of the due instant
+//! asleep on each other's locks inside SQLite's allocations:
+//!
+//! - **Memory statistics off.** With them on, every allocation SQLite makes
+//!   takes one process-wide mutex. Nothing here reads the statistics or sets
+//!   a soft heap limit, which is what they are for.
+//! - **SQLite allocates through mimalloc.** An actor's connection allocates
+//!   on whichever worker runs the actor and frees on another; glibc's
+//!   arenas then make the workers wait on each other's arena locks.
+//!   mimalloc frees across threads without such a lock.
+
+use std::ffi::{c_int, c_void};
+
+use libmimalloc_sys as mi;
+use rusqlite::ffi;
+
+unsafe extern "C" fn x_malloc(n: c_int) -> *mut c_void {
+    // SAFETY: SQLite asks for a positive size; mi_malloc accepts any size.
+    unsafe { mi::mi_malloc(n.max(0) as usize) }
+}
+
+unsafe extern "C" fn x_free(p: *mut c_void) {
+    // SAFETY: SQLite frees only what x_malloc or x_realloc gave it.
+    unsafe { mi::mi_free(p) }
+}
+
+unsafe extern "C" fn x_realloc(p: *mut c_void, n: c_int) -> *mut c_void {
+    // SAFETY: `p` came from x_malloc or x_realloc, as SQLite guarantees.
+    unsafe { mi::mi_realloc(p, n.max(0) as usize) }
+}
+
+unsafe extern "C" fn x_size(p: *mut c_void) -> c_int {
+    // SAFETY: `p` is a live allocation of ours (SQLite's contract).
+    let n = unsafe { mi::mi_usable_size(p) };
+    n.min(c_int::MAX as usize) as c_int
+}
+
+unsafe extern "C" fn x_roundup(n: c_int) -> c_int {
+    // mimalloc's smallest alignment; SQLite uses this only to size requests.
+    (n.max(0).saturating_add(7)) & !7
+}
+
+unsafe extern "C" fn x_init(_: *mut c_void) -> c_int {
+    ffi::SQLITE_OK
+}
+
+unsafe extern "C" fn x_shutdown(_: *mut c_void) {}
+
+
+/// Applies the settings, once per process. If SQLite was initialised
+/// before (by code outside this crate), it keeps its defaults and a warning
+/// says so: slower, never wrong.
+pub fn sqlite_setup() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let methods = ffi::sqlite3_mem_methods {
+            xMalloc: Some(x_malloc),
+            xFree: Some(x_free),
+            xRealloc: Some(x_realloc),
+            xSize: Some(x_size),
+            xRoundup: Some(x_roundup),
+            xInit: Some(x_init),
+            xShutdown: Some(x_shutdown),
+            pAppData: std::ptr::null_mut(),
+        };
+        // SAFETY: both calls pass what their option takes (an int; a
+        // pointer to a complete sqlite3_mem_methods, which SQLite copies
+        // during the call)
+        // and run before any connection of this crate exists. After SQLite
+        // initialised, sqlite3_config returns SQLITE_MISUSE and changes
+        // nothing.
+        let (stats, malloc) = unsafe {
+            (
+                ffi::sqlite3_config(ffi::SQLITE_CONFIG_MEMSTATUS, 0 as c_int),
+                ffi::sqlite3_config(
+                    ffi::SQLITE_CONFIG_MALLOC,
+                    &methods as *const ffi::sqlite3_mem_methods,
+                ),
+            )
+        };
+        if stats != ffi::SQLITE_OK || malloc != ffi::SQLITE_OK {
+            tracing::warn!(
+                stats,
+                malloc,
+                "SQLite was initialised before wasmkeep's settings; it keeps its default allocator"
+            );
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sqlite_runs_on_the_configured_allocator() {
+        sqlite_setup();
+        let c = rusqlite::Connection::open_in_memory().unwrap();
+        c.execute_batch("CREATE TABLE t (v BLOB); INSERT INTO t VALUES (zeroblob(100000));")
+            .unwrap();
+        let n: i64 = c.query_row("SELECT length(v) FROM t", [], |r| r.get(0)).unwrap();
+        assert_eq!(n, 100_000);
+        // With memory statistics off, SQLite reports no memory in use.
+        // SAFETY: a plain query of a global counter.
+        assert_eq!(unsafe { ffi::sqlite3_memory_used() }, 0);
+    }
+}
