@@ -32,6 +32,18 @@ pub async fn export(
     at: At,
     config: &ReplicaConfig,
 ) -> Result<Vec<u8>, ReplicaError> {
+    export_with_progress(bucket, id, at, config, &|_, _| {}).await
+}
+
+/// [`export`], calling `progress(objects_read, objects_to_read)` as it
+/// reads the chain (for a progress bar).
+pub async fn export_with_progress(
+    bucket: &Bucket,
+    id: &ActorId,
+    at: At,
+    config: &ReplicaConfig,
+    progress: &(dyn Fn(u64, u64) + Sync),
+) -> Result<Vec<u8>, ReplicaError> {
     let root = ActorRoot::new(id, bucket.prefix_bytes())?;
     let snaps = bucket.list_seqs(&root.snap_dir(), None).await?;
     // The base: the newest snapshot at or before the point.
@@ -70,6 +82,9 @@ pub async fn export(
     };
     let after = base.map(|s| root.log(s));
     let logs = bucket.list_seqs(&root.log_dir(), after.as_deref()).await?;
+    let total = logs.len() as u64 + u64::from(base.is_some());
+    let mut done = u64::from(base.is_some());
+    progress(done, total);
     for seq in logs {
         if let At::Seq(n) = at
             && seq > n
@@ -90,6 +105,8 @@ pub async fn export(
             .get_or_insert_with(|| Image::empty(e.page_size))
             .apply(&e)?;
         next += 1;
+        done += 1;
+        progress(done, total);
     }
     let reached = next.checked_sub(1);
     let ok = match at {

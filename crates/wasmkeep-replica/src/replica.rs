@@ -568,3 +568,43 @@ impl Replica {
         Ok(())
     }
 }
+
+/// Deletes everything the bucket holds for `id`; how many objects. The
+/// owner must have stopped uploading (no upload in flight).
+///
+/// Snapshots go first, then entries from the oldest up: a crash part-way
+/// leaves a chain without its beginning, which restores as an error
+/// (`ChainBroken`) rather than as an older state of the actor. Running it
+/// again finishes the job.
+pub async fn delete_all(bucket: &Bucket, id: &ActorId) -> Result<u64, ReplicaError> {
+    let root = ActorRoot::new(id, bucket.prefix_bytes())?;
+    let mut n = 0;
+    for s in bucket.list_seqs(&root.snap_dir(), None).await? {
+        bucket.delete(&root.snap(s)).await?;
+        n += 1;
+    }
+    for s in bucket.list_seqs(&root.log_dir(), None).await? {
+        bucket.delete(&root.log(s)).await?;
+        n += 1;
+    }
+    Ok(n)
+}
+
+/// Makes `image` the actor's latest state in the bucket, as the next entry
+/// of its chain (what `wasmkeep restore` does). `scratch` is an empty
+/// folder for the current state, which the diff starts from. A node that
+/// holds the actor meanwhile finds its chain moved on its next upload, gives
+/// the actor up and restores this state.
+pub async fn put_back(
+    bucket: &Bucket,
+    id: &ActorId,
+    image: &Image,
+    generation: u64,
+    config: ReplicaConfig,
+    scratch: &Path,
+    now_ms: u64,
+) -> Result<Uploaded, ReplicaError> {
+    let db_path = scratch.join("actor.db");
+    let (mut replica, _) = Replica::open(bucket, id, &db_path, generation, config, now_ms).await?;
+    replica.upload(image, now_ms).await
+}

@@ -16,7 +16,14 @@ use object_store::{
     CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
     PutMultipartOptions, PutOptions, PutPayload, PutResult, Result,
 };
+use object_store::aws::AmazonS3Builder;
 use tokio::sync::Semaphore;
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 /// A held PUT: [`Gate::arrived`] waits until the PUT reached the store,
 /// [`Gate::release`] lets it through.
@@ -51,6 +58,8 @@ impl Gate {
 struct Faults {
     holds: Vec<(String, Arc<Gate>)>,
     replays: Vec<String>,
+    /// The next this many PUTs fail.
+    failing_puts: u32,
 }
 
 /// Wraps a store and injects faults into PUTs whose path ends with a
@@ -80,11 +89,26 @@ impl FaultStore {
         gate
     }
 
+    /// Makes the next `n` PUTs (to any path) fail, as a bucket that keeps
+    /// failing past the client's retries.
+    pub fn fail_puts(&self, n: u32) {
+        self.faults.lock().unwrap().failing_puts = n;
+    }
+
     /// Sends the next PUT to a path ending in `suffix` twice and answers
     /// with the second result, as a client retrying after a lost response.
     pub fn replay(&self, suffix: &str) {
         self.faults.lock().unwrap().replays.push(suffix.to_owned());
     }
+}
+
+/// A bucket in memory behind a [`FaultStore`], and the switches.
+pub fn memory_bucket() -> (crate::Bucket, Arc<FaultStore>) {
+    let faults = Arc::new(FaultStore::new(Arc::new(
+        object_store::memory::InMemory::new(),
+    )));
+    let bucket = crate::Bucket::new(Arc::clone(&faults) as Arc<dyn ObjectStore>, "test");
+    (bucket, faults)
 }
 
 impl fmt::Display for FaultStore {
@@ -103,6 +127,13 @@ impl ObjectStore for FaultStore {
     ) -> Result<PutResult> {
         let (gate, replay) = {
             let mut f = self.faults.lock().unwrap();
+            if f.failing_puts > 0 {
+                f.failing_puts -= 1;
+                return Err(object_store::Error::Generic {
+                    store: "FaultStore",
+                    source: format!("injected PUT failure for {location}").into(),
+                });
+            }
             let loc = location.as_ref();
             let gate = f
                 .holds
@@ -173,3 +204,121 @@ impl ObjectStore for FaultStore {
         self.inner.copy_opts(from, to, options).await
     }
 }
+
+/// A moto server on a free loopback port, killed on drop.
+pub struct Moto {
+    child: Child,
+    pub port: u16,
+}
+
+fn moto_binary() -> PathBuf {
+    if let Some(paths) = std::env::var_os("PATH") {
+        for dir in std::env::split_paths(&paths) {
+            let p = dir.join("moto_server");
+            if p.is_file() {
+                return p;
+            }
+        }
+    }
+    let venv = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/moto_server");
+    if venv.is_file() {
+        return venv;
+    }
+    panic!(
+        "moto_server not found on PATH nor in .venv/bin: run `scripts/setup.sh --test` \
+         (these tests need a real S3-compatible server and do not skip)"
+    );
+}
+
+fn http(port: u16, request: &str) -> std::io::Result<String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    s.write_all(request.as_bytes())?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)?;
+    Ok(out)
+}
+
+impl Moto {
+    pub fn start() -> Moto {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = Command::new(moto_binary())
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("starting moto_server");
+        let moto = Moto { child, port };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let get =
+                format!("GET / HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n");
+            if let Ok(r) = http(port, &get)
+                && r.starts_with("HTTP/1.1 200")
+            {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "moto_server did not answer within 30 s"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        moto
+    }
+
+    /// Creates a bucket (object_store cannot) with a plain HTTP PUT.
+    pub fn create_bucket(&self, name: &str) {
+        let put = format!(
+            "PUT /{name} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+            self.port
+        );
+        let r = http(self.port, &put).expect("create bucket");
+        assert!(r.starts_with("HTTP/1.1 200"), "create bucket: {r}");
+    }
+
+    pub fn options(&self) -> Vec<(String, String)> {
+        [
+            ("aws_endpoint", format!("http://127.0.0.1:{}", self.port)),
+            ("aws_allow_http", "true".into()),
+            ("aws_access_key_id", "test".into()),
+            ("aws_secret_access_key", "test".into()),
+            ("aws_region", "us-east-1".into()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect()
+    }
+
+    pub fn store(&self, bucket: &str) -> Arc<dyn ObjectStore> {
+        let mut b = AmazonS3Builder::new().with_bucket_name(bucket);
+        for (k, v) in self.options() {
+            b = b.with_config(k.parse().unwrap(), v);
+        }
+        Arc::new(b.build().unwrap())
+    }
+
+    /// The AWS environment a `wasmkeep serve --bucket s3://...` process
+    /// reads to reach this server.
+    pub fn env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("AWS_ENDPOINT_URL", format!("http://127.0.0.1:{}", self.port)),
+            ("AWS_ALLOW_HTTP", "true".into()),
+            ("AWS_ACCESS_KEY_ID", "test".into()),
+            ("AWS_SECRET_ACCESS_KEY", "test".into()),
+            ("AWS_REGION", "us-east-1".into()),
+        ]
+    }
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use tokio::sync::oneshot;
 use wasmkeep_store::{ActorDb, ActorId, OpenMode, paths};
 use wasmtime::Store;
@@ -28,6 +28,7 @@ use crate::durability::SyncJob;
 use crate::error::RuntimeError;
 use crate::host::{self, AlarmOp, HostState};
 use crate::metrics::Metrics;
+use crate::replication::{self, ActorReplica};
 use crate::runtime::{Faults, Inner, epoch_ticks};
 
 /// An HTTP-shaped request for one actor.
@@ -40,6 +41,10 @@ pub struct ActorRequest {
     pub query: String,
     pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
+    /// Answer only once the bucket holds the event's commit (the
+    /// `wasmkeep-durability: replicated` header); otherwise after the
+    /// local commit.
+    pub replicated: bool,
 }
 
 /// What an actor answered.
@@ -76,6 +81,9 @@ pub enum EventKind {
     /// Read the actor's database between events (the admin API): through
     /// its own connection if it is open, which holds the file while it is.
     Inspect(InspectFn),
+    /// Upload what is committed and not yet in the bucket (after an upload
+    /// ended and more had been committed meanwhile).
+    Replicate,
 }
 
 /// What an [`EventKind::Inspect`] runs; it sends its own result.
@@ -107,6 +115,10 @@ impl Event {
 
     fn is_request(&self) -> bool {
         matches!(self.kind, EventKind::Request(_))
+    }
+
+    fn is_replicated(&self) -> bool {
+        matches!(&self.kind, EventKind::Request(r) if r.replicated)
     }
 }
 
@@ -160,6 +172,10 @@ pub struct Actor {
     pub slot: Mutex<Option<Loaded>>,
     /// Milliseconds since the runtime started, at the last event.
     pub last_used_ms: AtomicU64,
+    /// Where the actor's replica stands (unused without a bucket).
+    pub repl: Mutex<ActorReplica>,
+    /// Signalled when an upload of this actor ends.
+    pub repl_done: Condvar,
 }
 
 impl Actor {
@@ -169,12 +185,25 @@ impl Actor {
             queue: Mutex::new(Queue::default()),
             slot: Mutex::new(None),
             last_used_ms: AtomicU64::new(0),
+            repl: Mutex::new(ActorReplica::default()),
+            repl_done: Condvar::new(),
         }
     }
 
     pub fn is_loaded(&self) -> bool {
         self.slot.try_lock().map(|s| s.is_some()).unwrap_or(true)
     }
+}
+
+/// An event of a batch that ran, waiting for the batch's commit (and its
+/// durability) to be answered.
+struct Ran {
+    reply: Option<Reply>,
+    out: Result<Outcome, RuntimeError>,
+    /// When a request was enqueued (for its latency).
+    started: Option<Instant>,
+    /// Whether it waits for the bucket too.
+    replicated: bool,
 }
 
 fn ms_between(a: Instant, b: Instant) -> f64 {
@@ -204,8 +233,27 @@ pub fn run_turn(rt: &Arc<Inner>, actor: &Arc<Actor>) {
                     run_batch(rt, actor, &mut slot, std::mem::take(&mut run));
                     run_delete(rt, actor, &mut slot, ev);
                 }
+                EventKind::Replicate => {
+                    run_batch(rt, actor, &mut slot, std::mem::take(&mut run));
+                    if let Some(repl) = &rt.replication {
+                        replication::upload_pending(
+                            rt,
+                            repl,
+                            actor,
+                            slot.as_mut().map(|l| l.db()),
+                        );
+                    }
+                }
                 EventKind::Inspect(f) => {
                     run_batch(rt, actor, &mut slot, std::mem::take(&mut run));
+                    if slot.is_none()
+                        && let Some(repl) = &rt.replication
+                        && let Err(e) = replication::ensure_open(rt, repl, actor)
+                    {
+                        // Inspection reads what is local; say why it may
+                        // be missing or stale.
+                        tracing::warn!(actor = %actor.id, error = %e, "could not bring the actor in line with the bucket before inspecting it");
+                    }
                     match slot.as_mut() {
                         Some(l) => f(DbAccess::Open(l.db())),
                         None => f(DbAccess::Closed(&paths::actor_db(
@@ -227,8 +275,13 @@ pub fn run_turn(rt: &Arc<Inner>, actor: &Arc<Actor>) {
     }
 }
 
-fn run_delete(rt: &Arc<Inner>, actor: &Actor, slot: &mut Option<Loaded>, ev: Event) {
+fn run_delete(rt: &Arc<Inner>, actor: &Arc<Actor>, slot: &mut Option<Loaded>, ev: Event) {
     *slot = None;
+    if let Some(repl) = &rt.replication
+        && let Err(e) = replication::delete(rt, repl, actor)
+    {
+        return reply(ev.reply, Err(e));
+    }
     rt.timer.set(&actor.id, None);
     let dir = paths::actor_dir(&rt.config.data_dir, &actor.id);
     let existed = dir.join(paths::DB_FILE).exists();
@@ -293,11 +346,17 @@ fn instantiate(
 /// has no database and `create` is false.
 fn load(
     rt: &Arc<Inner>,
-    id: &ActorId,
+    actor: &Actor,
     app: &Arc<App>,
     slot: &mut Option<Loaded>,
     create: bool,
 ) -> Result<bool, RuntimeError> {
+    let id = &actor.id;
+    if rt.replication.is_some() && actor.repl.lock().given_up() {
+        // The bucket no longer agrees with this instance's state: drop it
+        // and open the actor afresh from the bucket.
+        *slot = None;
+    }
     if let Some(l) = slot.as_ref()
         && l.app.version == app.version
         && l.bindings.is_some()
@@ -307,6 +366,9 @@ fn load(
     let db = match slot.take() {
         Some(l) => l.take_db(),
         None => {
+            if let Some(repl) = &rt.replication {
+                replication::ensure_open(rt, repl, actor)?;
+            }
             let mode = if create {
                 OpenMode::Create
             } else {
@@ -518,7 +580,7 @@ fn run_alarm(
     }
 }
 
-fn run_batch(rt: &Arc<Inner>, actor: &Actor, slot: &mut Option<Loaded>, events: Vec<Event>) {
+fn run_batch(rt: &Arc<Inner>, actor: &Arc<Actor>, slot: &mut Option<Loaded>, events: Vec<Event>) {
     if events.is_empty() {
         return;
     }
@@ -544,7 +606,7 @@ fn run_batch(rt: &Arc<Inner>, actor: &Actor, slot: &mut Option<Loaded>, events: 
             .observe_ms(ms_between(first.enqueued, turn_started));
     }
     let was_loaded = slot.is_some();
-    let loaded = load(rt, id, &app, slot, has_request);
+    let loaded = load(rt, actor, &app, slot, has_request);
     if !was_loaded {
         rt.metrics
             .phase_open
@@ -599,21 +661,23 @@ fn run_batch(rt: &Arc<Inner>, actor: &Actor, slot: &mut Option<Loaded>, events: 
         }
         return;
     }
+    // With a bucket: whether this batch changes anything to replicate.
+    let mark_before = match rt.replication {
+        Some(_) => l.db().change_mark().ok(),
+        None => None,
+    };
     if let Err(e) = l.db().begin() {
         let msg = e.to_string();
         *slot = None;
         return fail_all(events, || RuntimeError::Internal(msg.clone()));
     }
-    let mut results: Vec<(
-        Option<Reply>,
-        Result<Outcome, RuntimeError>,
-        Option<Instant>,
-    )> = Vec::with_capacity(events.len());
+    let mut results: Vec<Ran> = Vec::with_capacity(events.len());
     let mut alarm_ran = false;
     let events_started = Instant::now();
     for ev in events {
         Metrics::inc(&rt.metrics.events_total);
         let started = ev.is_request().then_some(ev.enqueued);
+        let replicated = ev.is_replicated();
         let l = slot.as_mut().expect("loaded");
         if l.bindings.is_none() {
             // The previous event trapped: give this one a fresh instance.
@@ -627,9 +691,9 @@ fn run_batch(rt: &Arc<Inner>, actor: &Actor, slot: &mut Option<Loaded>, events: 
                     drop(db);
                     rt.rearm_after_failure(id);
                     reply(ev.reply, Err(e));
-                    for (r, _, _) in results {
+                    for ran in results {
                         reply(
-                            r,
+                            ran.reply,
                             Err(RuntimeError::Internal("instance lost mid-batch".into())),
                         );
                     }
@@ -645,22 +709,27 @@ fn run_batch(rt: &Arc<Inner>, actor: &Actor, slot: &mut Option<Loaded>, events: 
                 run_alarm(rt, l, initialized, force)
             }
             EventKind::Prepare => Ok(Outcome::Done),
-            EventKind::Delete | EventKind::Inspect(_) => {
-                unreachable!("deletes and inspections run on their own")
+            EventKind::Delete | EventKind::Inspect(_) | EventKind::Replicate => {
+                unreachable!("deletes, inspections and uploads run on their own")
             }
         };
         if r.is_err() {
             Metrics::inc(&rt.metrics.event_failures_total);
         }
-        results.push((ev.reply, r, started));
+        results.push(Ran {
+            reply: ev.reply,
+            out: r,
+            started,
+            replicated,
+        });
         let l = slot.as_mut().expect("loaded");
         if !l.db().in_transaction() {
             // SQLite rolled the whole batch back after an error (a full
             // database, an I/O error): what earlier events of the batch did
             // is gone, so their callers must not hear "done".
-            for (_, out, _) in results.iter_mut() {
-                if out.is_ok() {
-                    *out = Err(RuntimeError::TransactionAborted);
+            for ran in results.iter_mut() {
+                if ran.out.is_ok() {
+                    ran.out = Err(RuntimeError::TransactionAborted);
                 }
             }
             initialized = l.db().is_initialized().unwrap_or(false);
@@ -693,9 +762,9 @@ fn run_batch(rt: &Arc<Inner>, actor: &Actor, slot: &mut Option<Loaded>, events: 
         // Re-arm before anyone hears back, so a waiter that moves on (the
         // test kit's clock) finds the retry already scheduled.
         rt.rearm_after_failure(id);
-        for (r, _, _) in results {
+        for ran in results {
             reply(
-                r,
+                ran.reply,
                 Err(RuntimeError::Internal(format!("commit failed: {msg}"))),
             );
         }
@@ -716,33 +785,57 @@ fn run_batch(rt: &Arc<Inner>, actor: &Actor, slot: &mut Option<Loaded>, events: 
     let dirs = l.db().take_new_dirs();
     let wal = l.db().wal_path();
     let remove = created && !initialized;
+    let repl_gen = match &rt.replication {
+        Some(repl) if !remove => {
+            let changed = match mark_before {
+                Some(before) => l.db().change_mark().ok() != Some(before),
+                None => true,
+            };
+            Some(replication::after_commit(rt, repl, actor, l.db(), changed))
+        }
+        _ => None,
+    };
     if remove {
         // The first event of a new actor failed: there is no actor.
         *slot = None;
         let _ = std::fs::remove_dir_all(&dir);
     }
-    let waiting = results.iter().any(|(r, _, _)| r.is_some());
+    let waiting = results.iter().any(|ran| ran.reply.is_some());
     if has_request && Faults::take(&rt.faults.crash_after_commit) {
         // As if the process died here: the commit stands, nobody hears of
         // it, and the in-memory instance is gone.
         *slot = None;
-        for (r, _, _) in results {
+        for ran in results {
             reply(
-                r,
+                ran.reply,
                 Err(RuntimeError::Internal("injected crash after commit".into())),
             );
         }
         return;
     }
     let metrics = Arc::clone(&rt.metrics);
+    let actor = Arc::clone(actor);
     let release = move |sync: Result<(), String>| {
         metrics
             .phase_durable
             .observe_ms(committed_at.elapsed().as_secs_f64() * 1000.0);
-        for (r, out, started) in results {
+        for Ran {
+            reply: r,
+            out,
+            started,
+            replicated,
+        } in results
+        {
             let out = match (&sync, out) {
                 (Err(e), Ok(_)) => Err(RuntimeError::Internal(e.clone())),
                 (_, out) => out,
+            };
+            let r = match (replicated && out.is_ok(), repl_gen, r) {
+                (true, Some(upto), Some(r)) => {
+                    replication::hold_until_uploaded(&metrics, &actor, upto, r, out, started);
+                    continue;
+                }
+                (_, _, r) => r,
             };
             if let Some(t) = started {
                 metrics

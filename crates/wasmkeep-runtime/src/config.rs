@@ -6,6 +6,7 @@
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
+use wasmkeep_replica::{Bucket, ReplicaConfig};
 use wasmkeep_store::StoreLimits;
 
 /// When a response may leave, relative to the disk.
@@ -61,6 +62,11 @@ pub struct RuntimeConfig {
     /// Entries are named by component hash and engine settings, so nodes
     /// and tests may share one folder.
     pub compile_cache_dir: Option<PathBuf>,
+    /// Where every actor's database is replicated (ADR 0007); `None`: the
+    /// node is purely local.
+    pub bucket: Option<Bucket>,
+    /// How each actor's chain in the bucket is snapshotted and kept.
+    pub replica: ReplicaConfig,
 }
 
 impl RuntimeConfig {
@@ -83,6 +89,8 @@ impl RuntimeConfig {
             alarm_fire_batch_max: 4096,
             store: StoreLimits::default(),
             compile_cache_dir: None,
+            bucket: None,
+            replica: ReplicaConfig::default(),
         }
     }
 

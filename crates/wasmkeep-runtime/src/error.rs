@@ -43,6 +43,10 @@ pub enum RuntimeError {
         "transaction aborted: another event of the same batch failed in a way that rolled the whole transaction back; retry"
     )]
     TransactionAborted,
+    #[error("replication failed: {0}; the actor was given up and restores from the bucket on its next event; retry")]
+    ReplicationFailed(String),
+    #[error("this node has no bucket: a request with `wasmkeep-durability: replicated` needs `serve --bucket`")]
+    ReplicationUnavailable,
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -75,6 +79,8 @@ impl RuntimeError {
             RuntimeError::Store(e) => e.code().into(),
             RuntimeError::ShuttingDown => "shutting_down".into(),
             RuntimeError::TransactionAborted => "transaction_aborted".into(),
+            RuntimeError::ReplicationFailed(_) => "replication_failed".into(),
+            RuntimeError::ReplicationUnavailable => "replication_unavailable".into(),
             RuntimeError::Internal(_) => "internal".into(),
         }
     }
@@ -86,6 +92,7 @@ impl RuntimeError {
             RuntimeError::ActorOverloaded { .. }
                 | RuntimeError::ShuttingDown
                 | RuntimeError::TransactionAborted
+                | RuntimeError::ReplicationFailed(_)
         )
     }
 }

@@ -22,6 +22,7 @@ pub mod durability;
 pub mod error;
 pub mod host;
 pub mod metrics;
+pub mod replication;
 pub mod runtime;
 pub mod timer;
 

@@ -75,6 +75,15 @@ pub struct Metrics {
     pub phase_events: Histogram,
     pub phase_commit: Histogram,
     pub phase_durable: Histogram,
+    pub replica_uploads_total: AtomicU64,
+    pub replica_entry_bytes_total: AtomicU64,
+    pub replica_snapshots_total: AtomicU64,
+    pub replica_restores_total: AtomicU64,
+    pub replica_given_up_total: AtomicU64,
+    pub replica_upload_latency: Histogram,
+    pub replica_lag: Histogram,
+    /// The bucket's own request counters, when the node has one.
+    pub bucket: Option<std::sync::Arc<wasmkeep_replica::Metrics>>,
 }
 
 impl Metrics {
@@ -235,6 +244,62 @@ impl Metrics {
             "wasmkeep_phase_durable_seconds",
             "Time from a batch's commit to its replies' release (the durability stage).",
         );
+        self.render_replication(&mut out);
         out
+    }
+
+    fn render_replication(&self, out: &mut String) {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let mut counters: Vec<(&str, u64, &str)> = vec![
+            (
+                "wasmkeep_replica_uploads_total",
+                l(&self.replica_uploads_total),
+                "Uploads to the bucket that finished (one entry each, or none if nothing changed).",
+            ),
+            (
+                "wasmkeep_replica_entry_bytes_total",
+                l(&self.replica_entry_bytes_total),
+                "Bytes of chain entries written.",
+            ),
+            (
+                "wasmkeep_replica_snapshots_total",
+                l(&self.replica_snapshots_total),
+                "Snapshots written after an entry.",
+            ),
+            (
+                "wasmkeep_replica_restores_total",
+                l(&self.replica_restores_total),
+                "Actors whose local file was restored from the bucket.",
+            ),
+            (
+                "wasmkeep_replica_given_up_total",
+                l(&self.replica_given_up_total),
+                "Actors given up after their chain moved or an upload failed.",
+            ),
+        ];
+        if let Some(b) = &self.bucket {
+            let b = b.snapshot();
+            counters.extend([
+                ("wasmkeep_bucket_puts_total", b.puts, "PUT requests to the bucket."),
+                ("wasmkeep_bucket_put_bytes_total", b.put_bytes, "Bytes PUT to the bucket."),
+                ("wasmkeep_bucket_gets_total", b.gets, "GET requests to the bucket."),
+                ("wasmkeep_bucket_get_bytes_total", b.get_bytes, "Bytes read from the bucket."),
+                ("wasmkeep_bucket_lists_total", b.lists, "LIST requests to the bucket."),
+                ("wasmkeep_bucket_deletes_total", b.deletes, "DELETE requests to the bucket."),
+            ]);
+        }
+        for (name, v, help) in counters {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+        }
+        self.replica_upload_latency.render(
+            out,
+            "wasmkeep_replica_upload_seconds",
+            "Duration of one upload (the entry's create-only PUT and its check).",
+        );
+        self.replica_lag.render(
+            out,
+            "wasmkeep_replica_lag_seconds",
+            "Replication lag: from the oldest commit an upload carried to the upload's end.",
+        );
     }
 }

@@ -25,6 +25,7 @@ use crate::durability::DurabilityStage;
 use crate::error::RuntimeError;
 use crate::host::{self, HostState};
 use crate::metrics::Metrics;
+use crate::replication::Replication;
 use crate::timer::Timer;
 
 /// How often the engine's epoch advances; the unit of the CPU deadline.
@@ -67,6 +68,8 @@ pub struct Inner {
     runq: Mutex<std::collections::VecDeque<Arc<Actor>>>,
     runq_cv: Condvar,
     pub durability: DurabilityStage,
+    /// The bucket side, when the node has one.
+    pub replication: Option<Replication>,
     pub timer: Timer,
     pub metrics: Arc<Metrics>,
     started: Instant,
@@ -136,7 +139,23 @@ impl Runtime {
             .map_err(|e| RuntimeError::Internal(format!("linker: {e:#}")))?;
         host::Actor::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)
             .map_err(|e| RuntimeError::Internal(format!("linker: {e:#}")))?;
-        let metrics = Arc::new(Metrics::default());
+        let mut metrics = Metrics::default();
+        let replication = match &config.bucket {
+            Some(bucket) => {
+                metrics.bucket = Some(Arc::clone(bucket.metrics()));
+                let generation = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_millis() as u64)
+                    .unwrap_or(0);
+                Some(Replication::start(
+                    bucket.clone(),
+                    config.replica.clone(),
+                    generation,
+                )?)
+            }
+            None => None,
+        };
+        let metrics = Arc::new(metrics);
         let cache_dir = config
             .compile_cache_dir
             .clone()
@@ -144,6 +163,7 @@ impl Runtime {
             .unwrap_or_else(|| config.data_dir.join("cache"));
         let inner = Arc::new(Inner {
             durability: DurabilityStage::start(config.data_dir.clone(), Arc::clone(&metrics)),
+            replication,
             config,
             clock,
             engine,
@@ -321,6 +341,10 @@ impl Runtime {
         req: ActorRequest,
     ) -> Result<ActorResponse, RuntimeError> {
         Metrics::inc(&self.inner.metrics.requests_total);
+        if req.replicated && self.inner.replication.is_none() {
+            Metrics::inc(&self.inner.metrics.request_errors_total);
+            return Err(RuntimeError::ReplicationUnavailable);
+        }
         let (tx, rx) = oneshot::channel();
         self.inner
             .enqueue(&id, Event::new(EventKind::Request(req), Some(tx)), true)?;
@@ -386,7 +410,8 @@ impl Runtime {
     /// What is known about one actor, read between its events.
     pub fn actor_info(&self, id: &ActorId) -> Result<ActorInfo, RuntimeError> {
         let path = paths::actor_db(&self.inner.config.data_dir, id);
-        if !path.exists() {
+        // With a bucket, an actor not yet restored here may still exist.
+        if !path.exists() && self.inner.replication.is_none() {
             return Err(RuntimeError::ActorNotFound(id.to_string()));
         }
         let active = self
@@ -444,7 +469,7 @@ impl Runtime {
         rows_max: usize,
     ) -> Result<QueryResult, RuntimeError> {
         let path = paths::actor_db(&self.inner.config.data_dir, id);
-        if !path.exists() {
+        if !path.exists() && self.inner.replication.is_none() {
             return Err(RuntimeError::ActorNotFound(id.to_string()));
         }
         let (sql, name) = (sql.to_owned(), id.to_string());
@@ -577,7 +602,12 @@ impl Runtime {
         let rt = &self.inner;
         let deadline = Instant::now() + wait;
         while Instant::now() < deadline {
-            let busy = rt.actors.lock().values().any(|a| a.queue.lock().scheduled);
+            // Queued events run, and what they committed reaches the bucket.
+            let busy = rt
+                .actors
+                .lock()
+                .values()
+                .any(|a| a.queue.lock().scheduled || a.repl.lock().busy());
             if !busy {
                 break;
             }
@@ -663,6 +693,10 @@ impl Inner {
                     return true;
                 };
                 if q.scheduled || !q.events.is_empty() {
+                    return true;
+                }
+                // Its uploads still need it (and its waiters, an answer).
+                if a.repl.try_lock().is_none_or(|r| r.busy()) {
                     return true;
                 }
                 q.retired = true;

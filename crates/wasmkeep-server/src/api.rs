@@ -203,6 +203,40 @@ fn parse_actor_path(path: &str) -> Result<(ActorId, String), ApiError> {
     Ok((id, sub))
 }
 
+/// The header (and query flag) by which a request asks to be answered only
+/// once the bucket holds its commit.
+pub const DURABILITY_HEADER: &str = "wasmkeep-durability";
+
+/// A request's durability: `replicated` (header or query flag) or the
+/// default, `local`. The query flag is taken out of the query the actor
+/// sees; the header stays among its headers.
+fn durability(headers: &axum::http::HeaderMap, query: &str) -> Result<(String, bool), ApiError> {
+    let bad = |v: &str| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "bad_durability",
+            format!("{DURABILITY_HEADER} must be `local` or `replicated`, not `{v}`"),
+        )
+    };
+    let parse = |v: &str| match v {
+        "replicated" => Ok(true),
+        "local" => Ok(false),
+        other => Err(bad(other)),
+    };
+    let mut replicated = false;
+    for v in headers.get_all(DURABILITY_HEADER) {
+        replicated |= parse(v.to_str().map_err(|_| bad("(not text)"))?)?;
+    }
+    let mut kept = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some((k, v)) if k == DURABILITY_HEADER => replicated |= parse(v)?,
+            _ => kept.push(pair),
+        }
+    }
+    Ok((kept.join("&"), replicated))
+}
+
 async fn actor_request(State(s): State<AppState>, req: Request) -> Result<Response, ApiError> {
     let (parts, body) = req.into_parts();
     let (id, path) = parse_actor_path(parts.uri.path())?;
@@ -223,12 +257,14 @@ async fn actor_request(State(s): State<AppState>, req: Request) -> Result<Respon
         .filter(|(k, _)| *k != axum::http::header::AUTHORIZATION)
         .filter_map(|(k, v)| Some((k.as_str().to_owned(), v.to_str().ok()?.to_owned())))
         .collect();
+    let (query, replicated) = durability(&parts.headers, parts.uri.query().unwrap_or(""))?;
     let request = ActorRequest {
         method: parts.method.as_str().to_owned(),
         path,
-        query: parts.uri.query().unwrap_or("").to_owned(),
+        query,
         headers,
         body: body.to_vec(),
+        replicated,
     };
     let resp = s.rt.request(id.clone(), request).await?;
     let status = StatusCode::from_u16(resp.status).map_err(|_| {

@@ -34,7 +34,9 @@ fn status_of(e: &RuntimeError) -> StatusCode {
         | RuntimeError::ActorNotFound(_) => StatusCode::NOT_FOUND,
         RuntimeError::ActorOverloaded { .. }
         | RuntimeError::ShuttingDown
-        | RuntimeError::TransactionAborted => StatusCode::SERVICE_UNAVAILABLE,
+        | RuntimeError::TransactionAborted
+        | RuntimeError::ReplicationFailed(_) => StatusCode::SERVICE_UNAVAILABLE,
+        RuntimeError::ReplicationUnavailable => StatusCode::BAD_REQUEST,
         RuntimeError::InvalidComponent(_) | RuntimeError::InvalidManifest(_) => {
             StatusCode::UNPROCESSABLE_ENTITY
         }

@@ -600,6 +600,18 @@ impl ActorDb {
         self.control("RELEASE wasmkeep_event")
     }
 
+    /// A mark that moves whenever the database changes (rows written by
+    /// anyone, or the schema): equal marks before and after a batch mean it
+    /// changed nothing, so there is nothing to replicate.
+    pub fn change_mark(&self) -> Result<(u64, i64), StoreError> {
+        let schema: i64 = self
+            .conn
+            .prepare_cached("PRAGMA schema_version")
+            .and_then(|mut s| s.query_row([], |r| r.get(0)))
+            .map_err(|e| self.err(e))?;
+        Ok((self.conn.total_changes(), schema))
+    }
+
     /// The committed database as one SQLite file image (what the replica
     /// diffs against the bucket), read through this connection between
     /// events: while the actor is open, no other connection may read it.

@@ -44,6 +44,10 @@ pub struct NodeConfig {
     pub alarm_fire_batch_max: usize,
     pub list_actors_max: usize,
     pub inspect_rows_max: usize,
+    pub bucket: Option<String>,
+    pub replica_snapshot_every_entries: u64,
+    pub replica_snapshot_log_ratio_pct: u64,
+    pub replica_snapshots_keep: usize,
 }
 
 impl Default for NodeConfig {
@@ -81,6 +85,10 @@ impl Default for NodeConfig {
             alarm_fire_batch_max: rt.alarm_fire_batch_max,
             list_actors_max: server.list_actors_max,
             inspect_rows_max: server.inspect_rows_max,
+            bucket: None,
+            replica_snapshot_every_entries: rt.replica.snapshot_every_entries,
+            replica_snapshot_log_ratio_pct: rt.replica.snapshot_log_ratio_pct,
+            replica_snapshots_keep: rt.replica.snapshots_keep,
         }
     }
 }
@@ -117,6 +125,14 @@ impl NodeConfig {
             kv_list_entries_max: self.kv_list_entries_max,
             query_result_bytes_max: self.query_result_bytes_max,
         };
+        c.replica.snapshot_every_entries = self.replica_snapshot_every_entries.max(1);
+        c.replica.snapshot_log_ratio_pct = self.replica_snapshot_log_ratio_pct.max(1);
+        c.replica.snapshots_keep = self.replica_snapshots_keep.max(1);
+        // A first upload and every snapshot carry the whole database.
+        c.replica.entry_bytes_max = c
+            .replica
+            .entry_bytes_max
+            .max(self.database_bytes_max + 1024 * 1024);
         c
     }
 

@@ -4,6 +4,7 @@
 //! subcommand is a small HTTP client of a node's API. This binary holds no
 //! logic of its own beyond wiring and printing.
 
+mod bucket;
 mod client;
 mod config;
 
@@ -102,6 +103,33 @@ enum Command {
         #[command(flatten)]
         conn: client::Conn,
     },
+    /// Write an actor's database, as the bucket holds it, to a plain SQLite
+    /// file: `wasmkeep export --bucket s3://b/p demo/examples/counter/a -o a.db`.
+    Export {
+        /// `s3://bucket/prefix` (AWS_* environment) or `file:///path`.
+        #[arg(long, env = "WASMKEEP_BUCKET")]
+        bucket: String,
+        /// `tenant/app/class/name`; percent-encode a name that contains `/`.
+        target: String,
+        /// The point to export: a sequence number (`42`), unix milliseconds
+        /// (`1764471600000ms`) or an RFC 3339 time; default: the latest.
+        #[arg(long)]
+        at: Option<String>,
+        /// The file to write (must not exist).
+        #[arg(short, long)]
+        output: PathBuf,
+    },
+    /// Make a SQLite file an actor's latest state in the bucket (a node
+    /// holding the actor restores it on its next upload).
+    Restore {
+        #[arg(long, env = "WASMKEEP_BUCKET")]
+        bucket: String,
+        /// `tenant/app/class/name`
+        target: String,
+        /// The SQLite file (for example one `export` wrote).
+        #[arg(short, long)]
+        input: PathBuf,
+    },
     /// Run the benchmark workloads (docs/benchmarks.md) against nodes it
     /// starts itself, or against `--server URL`.
     Bench(wasmkeep_bench::BenchArgs),
@@ -130,6 +158,12 @@ struct ServeArgs {
     /// Token for the admin API.
     #[arg(long, env = "WASMKEEP_ADMIN_TOKEN", hide_env_values = true)]
     admin_token: Option<String>,
+    /// Replicate every actor to this bucket: `s3://bucket/prefix` (endpoint,
+    /// region and credentials from AWS_ENDPOINT_URL, AWS_REGION,
+    /// AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ALLOW_HTTP) or
+    /// `file:///path`.
+    #[arg(long, env = "WASMKEEP_BUCKET")]
+    bucket: Option<String>,
 }
 
 fn parse_durability(s: &str) -> Result<Durability, String> {
@@ -174,6 +208,17 @@ fn main() -> Result<()> {
             limit,
         } => client::alarms(&conn, &tenant, limit),
         Command::Apps { conn } => client::apps(&conn),
+        Command::Export {
+            bucket,
+            target,
+            at,
+            output,
+        } => bucket::export(&bucket, &target, at.as_deref(), &output),
+        Command::Restore {
+            bucket,
+            target,
+            input,
+        } => bucket::restore(&bucket, &target, &input),
         Command::Bench(args) => wasmkeep_bench::run(args),
     }
 }
@@ -205,8 +250,17 @@ fn serve(args: ServeArgs) -> Result<()> {
     if args.admin_token.is_some() {
         cfg.admin_token = args.admin_token;
     }
+    if args.bucket.is_some() {
+        cfg.bucket = args.bucket;
+    }
     cfg.check_exposure()?;
-    let rt = Runtime::start(cfg.runtime(), Arc::new(SystemClock))
+    let mut rc = cfg.runtime();
+    if let Some(url) = &cfg.bucket {
+        rc.bucket = Some(
+            wasmkeep_replica::Bucket::from_url(url).with_context(|| format!("bucket {url}"))?,
+        );
+    }
+    let rt = Runtime::start(rc, Arc::new(SystemClock))
         .with_context(|| format!("start the runtime on {}", cfg.data.display()))?;
     let examples = if args.examples {
         let info = rt
@@ -227,10 +281,11 @@ fn serve(args: ServeArgs) -> Result<()> {
         let addr = listener.local_addr()?;
         let base = format!("http://{addr}");
         println!(
-            "wasmkeep {} listening on {base} (data: {}, durability: {:?})",
+            "wasmkeep {} listening on {base} (data: {}, durability: {:?}, bucket: {})",
             env!("CARGO_PKG_VERSION"),
             cfg.data.display(),
-            cfg.durability
+            cfg.durability,
+            cfg.bucket.as_deref().unwrap_or("none")
         );
         if let Some(classes) = examples {
             println!(

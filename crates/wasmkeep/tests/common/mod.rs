@@ -30,6 +30,21 @@ impl Node {
     /// Like [`Node::start`], with the node's log (at `level`) written to
     /// `log` instead of the test's stderr.
     pub fn start_logging(data: &Path, extra: &[&str], log: Option<&Path>, level: &str) -> Node {
+        Self::start_full(data, extra, log, level, &[])
+    }
+
+    /// Like [`Node::start`], with environment variables (a bucket's AWS_*).
+    pub fn start_env(data: &Path, extra: &[&str], env: &[(&str, String)]) -> Node {
+        Self::start_full(data, extra, None, "warn", env)
+    }
+
+    fn start_full(
+        data: &Path,
+        extra: &[&str],
+        log: Option<&Path>,
+        level: &str,
+        env: &[(&str, String)],
+    ) -> Node {
         let cache = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("compile-cache");
         let mut child = Command::new(env!("CARGO_BIN_EXE_wasmkeep"))
             .arg("serve")
@@ -39,6 +54,7 @@ impl Node {
             .args(extra)
             .env("WASMKEEP_COMPILE_CACHE", cache)
             .env("WASMKEEP_LOG", level)
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .stdout(Stdio::piped())
             .stderr(match log {
                 Some(p) => Stdio::from(std::fs::File::create(p).expect("log file")),
@@ -97,11 +113,23 @@ impl Node {
         body: &[u8],
         token: Option<&str>,
     ) -> (u16, String) {
+        let auth = token.map(|t| ("authorization", format!("Bearer {t}")));
+        self.send_headers(method, path, body, auth.as_slice())
+    }
+
+    /// Sends with extra headers.
+    pub fn send_headers(
+        &self,
+        method: &str,
+        path: &str,
+        body: &[u8],
+        headers: &[(&str, String)],
+    ) -> (u16, String) {
         let mut req = ureq::http::Request::builder()
             .method(method)
             .uri(format!("{}{path}", self.base));
-        if let Some(t) = token {
-            req = req.header("authorization", format!("Bearer {t}"));
+        for (k, v) in headers {
+            req = req.header(*k, v.as_str());
         }
         let req = req.body(body.to_vec()).unwrap();
         let mut resp = agent().run(req).expect("http");

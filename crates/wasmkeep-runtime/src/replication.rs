@@ -1,0 +1,404 @@
+//! Replication of every actor's database to the bucket, as the runtime
+//! drives it (ADR 0007; the chain itself is `wasmkeep-replica`'s).
+//!
+//! Per actor, an [`ActorReplica`] counts the batches that changed the
+//! database (`committed`) and those the bucket holds (`uploaded`). At most
+//! one upload per actor is in flight; it carries every commit up to the
+//! moment its image was read, so a busy actor costs one PUT per upload
+//! round trip, not one per event. When it lands, the next one starts if
+//! more commits came meanwhile (an [`EventKind::Replicate`] turn reads the
+//! image, since only the actor's own connection may read its file).
+//!
+//! A request that asked for `replicated` durability waits, after its local
+//! commit, until `uploaded` covers its batch. If an upload fails (the chain
+//! moved: another writer; or the bucket kept failing past the client's
+//! retries), the actor is given up: waiting requests get a retryable
+//! error, and its next turn drops the instance and opens the actor afresh
+//! from the bucket, setting the local file aside (the late-commit rule:
+//! never serve state the bucket does not agree with).
+//!
+//! Uploads run on a small tokio runtime of their own; opening, restoring
+//! and deleting block the worker that runs the actor's turn, as opening a
+//! database does.
+
+use std::future::Future;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use wasmkeep_replica::{Bucket, Image, Opened, Replica, ReplicaConfig, ReplicaError, Uploaded};
+use wasmkeep_store::{ActorDb, paths};
+
+use crate::actor::{Actor, Event, EventKind, Outcome, Reply};
+use crate::error::RuntimeError;
+use crate::metrics::Metrics;
+use crate::runtime::Inner;
+
+/// Threads that carry uploads (they wait on the network, not the CPU).
+const UPLOAD_THREADS: usize = 2;
+
+/// How long deleting an actor waits for its upload in flight to end.
+const DELETE_WAIT_MS: u64 = 30_000;
+
+/// The node's side of replication: the bucket and where uploads run.
+pub struct Replication {
+    pub bucket: Bucket,
+    pub config: ReplicaConfig,
+    /// Stamped into every entry this node writes (its start time), so that
+    /// two writers' entries never compare equal.
+    pub generation: u64,
+    io: Option<tokio::runtime::Runtime>,
+}
+
+impl Replication {
+    pub fn start(
+        bucket: Bucket,
+        config: ReplicaConfig,
+        generation: u64,
+    ) -> Result<Replication, RuntimeError> {
+        let io = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(UPLOAD_THREADS)
+            .thread_name("wasmkeep-upload")
+            .enable_all()
+            .build()
+            .map_err(|e| RuntimeError::Internal(format!("upload threads: {e}")))?;
+        Ok(Replication {
+            bucket,
+            config,
+            generation,
+            io: Some(io),
+        })
+    }
+
+    /// Runs `f` to completion on the upload runtime, blocking this thread
+    /// (a worker's, never an async task's).
+    pub fn block_on<F: Future>(&self, f: F) -> F::Output {
+        self.io.as_ref().expect("running").block_on(f)
+    }
+
+    fn spawn(&self, f: impl Future<Output = ()> + Send + 'static) {
+        self.io.as_ref().expect("running").spawn(f);
+    }
+}
+
+impl Drop for Replication {
+    fn drop(&mut self) {
+        // The last owner may be an async task: never block dropping it.
+        if let Some(io) = self.io.take() {
+            io.shutdown_background();
+        }
+    }
+}
+
+/// A request's result held until the bucket holds its batch.
+pub struct Waiter {
+    upto: u64,
+    reply: Reply,
+    out: Result<Outcome, RuntimeError>,
+    started: Option<Instant>,
+}
+
+/// One actor's replication state.
+#[derive(Default)]
+pub struct ActorReplica {
+    /// The chain's owner side; an upload in flight holds it meanwhile.
+    replica: Option<Replica>,
+    /// Whether the bucket was consulted since the actor was (re)opened.
+    opened: bool,
+    in_flight: bool,
+    /// Batches that changed the database since `opened`.
+    committed: u64,
+    /// Of those, how many the bucket holds.
+    uploaded: u64,
+    /// When the oldest commit no upload carries yet was made.
+    pending_since: Option<Instant>,
+    /// Why the actor was given up; its next turn reopens it.
+    given_up: Option<String>,
+    waiters: Vec<Waiter>,
+}
+
+impl ActorReplica {
+    /// Whether closing the actor now would lose track of something.
+    pub fn busy(&self) -> bool {
+        self.in_flight || self.committed > self.uploaded || !self.waiters.is_empty()
+    }
+
+    pub fn given_up(&self) -> bool {
+        self.given_up.is_some()
+    }
+}
+
+/// Before the actor's database is opened: makes sure the local file is the
+/// bucket's latest state (restoring it if not), once per opening. A given
+/// up actor starts over here.
+pub fn ensure_open(rt: &Inner, repl: &Replication, actor: &Actor) -> Result<(), RuntimeError> {
+    let mut st = actor.repl.lock();
+    while st.in_flight {
+        actor.repl_done.wait(&mut st);
+    }
+    if st.given_up.is_some() {
+        *st = ActorReplica::default();
+    }
+    if st.opened {
+        return Ok(());
+    }
+    let path = paths::actor_db(&rt.config.data_dir, &actor.id);
+    let opened = repl.block_on(Replica::open(
+        &repl.bucket,
+        &actor.id,
+        &path,
+        repl.generation,
+        repl.config.clone(),
+        rt.clock.now_ms(),
+    ));
+    let (replica, how) = opened.map_err(|e| {
+        RuntimeError::ReplicationFailed(format!("opening actor {} from the bucket: {e}", actor.id))
+    })?;
+    match how {
+        Opened::Restored { replaced } => {
+            Metrics::inc(&rt.metrics.replica_restores_total);
+            tracing::info!(actor = %actor.id, replaced = ?replaced, "restored from the bucket");
+            // Same bytes, same alarm: the timer learns the restored one.
+            match wasmkeep_store::db::read_alarm(&path) {
+                Ok(a) => rt.timer.set(&actor.id, a.map(|a| a.at_ms)),
+                Err(_) => rt.rearm_after_failure(&actor.id),
+            }
+        }
+        Opened::BucketEmpty { local: true } => {
+            // Local data the bucket has never seen: the next commit ships
+            // all of it as the chain's first entry.
+            st.committed = 1;
+            st.pending_since = Some(Instant::now());
+        }
+        Opened::BucketEmpty { local: false } | Opened::UpToDate => {}
+    }
+    st.replica = Some(replica);
+    st.opened = true;
+    Ok(())
+}
+
+/// After a batch committed: counts it if it changed anything, starts an
+/// upload if none is in flight, and returns the generation a durable
+/// request of this batch waits for.
+pub fn after_commit(
+    rt: &Arc<Inner>,
+    repl: &Replication,
+    actor: &Arc<Actor>,
+    db: &mut ActorDb,
+    changed: bool,
+) -> u64 {
+    let mut st = actor.repl.lock();
+    if changed {
+        st.committed += 1;
+        st.pending_since.get_or_insert_with(Instant::now);
+    }
+    let upto = st.committed;
+    maybe_upload(rt, repl, actor, &mut st, ImageFrom::Db(db));
+    upto
+}
+
+/// A `Replicate` turn: uploads what is committed and not yet uploaded.
+pub fn upload_pending(
+    rt: &Arc<Inner>,
+    repl: &Replication,
+    actor: &Arc<Actor>,
+    db: Option<&mut ActorDb>,
+) {
+    let path = paths::actor_db(&rt.config.data_dir, &actor.id);
+    let from = match db {
+        Some(db) => ImageFrom::Db(db),
+        // Closed meanwhile (evicted): the file is all there is, and this
+        // turn keeps anyone from opening it.
+        None => ImageFrom::File(&path),
+    };
+    let mut st = actor.repl.lock();
+    maybe_upload(rt, repl, actor, &mut st, from);
+}
+
+enum ImageFrom<'a> {
+    Db(&'a mut ActorDb),
+    File(&'a Path),
+}
+
+fn maybe_upload(
+    rt: &Arc<Inner>,
+    repl: &Replication,
+    actor: &Arc<Actor>,
+    st: &mut ActorReplica,
+    from: ImageFrom<'_>,
+) {
+    if st.committed <= st.uploaded || st.in_flight || st.given_up.is_some() {
+        return;
+    }
+    let Some(mut replica) = st.replica.take() else {
+        return;
+    };
+    let image = match from {
+        ImageFrom::Db(db) => db
+            .committed_image()
+            .map_err(|e| e.to_string())
+            .and_then(|b| Image::from_bytes(b).map_err(|e| e.to_string())),
+        ImageFrom::File(p) => Image::read_path(p).map_err(|e| e.to_string()),
+    };
+    let image = match image {
+        Ok(i) => i,
+        Err(e) => {
+            give_up(rt, actor, st, format!("reading the committed state: {e}"));
+            return;
+        }
+    };
+    st.in_flight = true;
+    let covered = st.committed;
+    let oldest = st.pending_since.take();
+    let time_ms = rt.clock.now_ms();
+    let (rt, actor) = (Arc::clone(rt), Arc::clone(actor));
+    repl.spawn(async move {
+        let started = Instant::now();
+        let result = replica.upload(&image, time_ms).await;
+        finish_upload(&rt, &actor, replica, covered, result, started, oldest);
+    });
+}
+
+fn finish_upload(
+    rt: &Arc<Inner>,
+    actor: &Arc<Actor>,
+    replica: Replica,
+    covered: u64,
+    result: Result<Uploaded, ReplicaError>,
+    started: Instant,
+    oldest: Option<Instant>,
+) {
+    let m = &rt.metrics;
+    let mut st = actor.repl.lock();
+    st.in_flight = false;
+    match result {
+        Ok(uploaded) => {
+            Metrics::inc(&m.replica_uploads_total);
+            m.replica_upload_latency
+                .observe_ms(started.elapsed().as_secs_f64() * 1000.0);
+            if let Some(t) = oldest {
+                m.replica_lag.observe_ms(t.elapsed().as_secs_f64() * 1000.0);
+            }
+            if let Uploaded::Appended {
+                entry_bytes,
+                snapshot,
+                ..
+            } = uploaded
+            {
+                m.replica_entry_bytes_total
+                    .fetch_add(entry_bytes, std::sync::atomic::Ordering::Relaxed);
+                if snapshot {
+                    Metrics::inc(&m.replica_snapshots_total);
+                }
+            }
+            st.replica = Some(replica);
+            st.uploaded = st.uploaded.max(covered);
+            let uploaded = st.uploaded;
+            let (ready, waiting): (Vec<Waiter>, Vec<Waiter>) = std::mem::take(&mut st.waiters)
+                .into_iter()
+                .partition(|w| w.upto <= uploaded);
+            st.waiters = waiting;
+            let more = st.committed > st.uploaded;
+            drop(st);
+            actor.repl_done.notify_all();
+            for w in ready {
+                release(m, w.reply, w.out, w.started);
+            }
+            if more {
+                // Only the actor's own turn may read its file.
+                let _ = rt.enqueue(&actor.id, Event::new(EventKind::Replicate, None), false);
+            }
+        }
+        Err(e) => {
+            give_up(rt, actor, &mut st, e.to_string());
+            drop(st);
+            actor.repl_done.notify_all();
+        }
+    }
+}
+
+/// Marks the actor given up and fails every request waiting on the bucket.
+fn give_up(rt: &Inner, actor: &Actor, st: &mut ActorReplica, why: String) {
+    Metrics::inc(&rt.metrics.replica_given_up_total);
+    tracing::warn!(actor = %actor.id, error = %why, "replication failed: giving the actor up");
+    for w in std::mem::take(&mut st.waiters) {
+        release(
+            &rt.metrics,
+            w.reply,
+            Err(RuntimeError::ReplicationFailed(why.clone())),
+            w.started,
+        );
+    }
+    st.given_up = Some(why);
+}
+
+fn release(
+    m: &Metrics,
+    reply: Reply,
+    out: Result<Outcome, RuntimeError>,
+    started: Option<Instant>,
+) {
+    if let Some(t) = started {
+        m.event_latency
+            .observe_ms(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    let _ = reply.send(out);
+}
+
+/// For a request that asked for replicated durability, once its batch is
+/// locally durable: answers now if the bucket holds generation `upto`,
+/// otherwise holds the answer until it does (or the actor is given up).
+pub fn hold_until_uploaded(
+    m: &Metrics,
+    actor: &Actor,
+    upto: u64,
+    reply: Reply,
+    out: Result<Outcome, RuntimeError>,
+    started: Option<Instant>,
+) {
+    let mut st = actor.repl.lock();
+    if let Some(why) = &st.given_up {
+        let why = why.clone();
+        drop(st);
+        return release(m, reply, Err(RuntimeError::ReplicationFailed(why)), started);
+    }
+    if st.uploaded >= upto {
+        drop(st);
+        return release(m, reply, out, started);
+    }
+    st.waiters.push(Waiter {
+        upto,
+        reply,
+        out,
+        started,
+    });
+}
+
+/// Deletes the actor's chain from the bucket (its data was deleted): waits
+/// for an upload in flight, then forgets the replica.
+pub fn delete(rt: &Inner, repl: &Replication, actor: &Actor) -> Result<u64, RuntimeError> {
+    let mut st = actor.repl.lock();
+    let deadline = Instant::now() + Duration::from_millis(DELETE_WAIT_MS);
+    while st.in_flight {
+        if actor.repl_done.wait_until(&mut st, deadline).timed_out() {
+            return Err(RuntimeError::ReplicationFailed(
+                "an upload of this actor is still in flight; retry the delete".into(),
+            ));
+        }
+    }
+    let n = repl
+        .block_on(wasmkeep_replica::delete_all(&repl.bucket, &actor.id))
+        .map_err(|e| RuntimeError::ReplicationFailed(format!("deleting from the bucket: {e}")))?;
+    for w in std::mem::take(&mut st.waiters) {
+        release(
+            &rt.metrics,
+            w.reply,
+            Err(RuntimeError::ReplicationFailed(
+                "the actor was deleted".into(),
+            )),
+            w.started,
+        );
+    }
+    *st = ActorReplica::default();
+    Ok(n)
+}

@@ -1,0 +1,170 @@
+//! Replication to a bucket as the runtime drives it: when a durable request
+//! answers, what a failed upload does, and a node with an empty data folder
+//! restoring actors. The bucket is in memory behind the replica crate's
+//! fault-injecting store; `crates/wasmkeep/tests/replication.rs` runs the
+//! same paths against moto and a folder, through real processes.
+
+use std::time::Duration;
+
+use wasmkeep_guests::DEMO;
+use wasmkeep_replica::testing::memory_bucket;
+use wasmkeep_replica::{Bucket, ReplicaConfig};
+use wasmkeep_testkit::{RuntimeError, TestNode};
+
+const REPLICATED: &[(&str, &str)] = &[("wasmkeep-durability", "replicated")];
+
+fn node_on(bucket: &Bucket) -> TestNode {
+    let bucket = bucket.clone();
+    let node = TestNode::with_config(move |c| {
+        c.bucket = Some(bucket);
+        // Keep the whole chain: these tests read it.
+        c.replica = ReplicaConfig {
+            snapshot_every_entries: 1_000,
+            snapshot_log_ratio_pct: 1_000_000,
+            ..ReplicaConfig::default()
+        };
+    });
+    node.deploy("demo/examples", DEMO).unwrap();
+    node
+}
+
+fn increment(node: &TestNode, name: &str, headers: &[(&str, &str)]) -> Result<i64, RuntimeError> {
+    let r = node
+        .actor(&format!("demo/examples/counter/{name}"))
+        .request_with_headers("POST", "/increment", headers, "")?;
+    Ok(r.json()["value"].as_i64().expect("a value"))
+}
+
+fn bucket_logs(bucket: &Bucket, node: &TestNode) -> usize {
+    let exec = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let root = wasmkeep_replica::ActorRoot::new(
+        node.actor("demo/examples/counter/a").id(),
+        bucket.prefix_bytes(),
+    )
+    .unwrap();
+    exec.block_on(bucket.list_seqs(&root.log_dir(), None))
+        .unwrap()
+        .len()
+}
+
+#[test]
+fn a_durable_request_answers_only_once_its_entry_is_in_the_bucket() {
+    let (bucket, faults) = memory_bucket();
+    let node = node_on(&bucket);
+    assert_eq!(increment(&node, "a", REPLICATED).unwrap(), 1);
+    assert_eq!(bucket_logs(&bucket, &node), 1);
+
+    // The next entry (seq 1) is held on its way to the bucket.
+    let gate = faults.hold("log/00000000000000000001");
+    std::thread::scope(|s| {
+        let durable = s.spawn(|| increment(&node, "a", REPLICATED));
+        let exec = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        exec.block_on(gate.arrived());
+        // Committed locally and uploading: the durable caller still waits,
+        // while a plain request answers after its local commit.
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(!durable.is_finished(), "answered before its entry landed");
+        assert_eq!(increment(&node, "b", &[]).unwrap(), 1);
+        assert!(!durable.is_finished());
+        gate.release();
+        assert_eq!(durable.join().unwrap().unwrap(), 2);
+    });
+    assert_eq!(bucket_logs(&bucket, &node), 2);
+}
+
+#[test]
+fn a_failed_upload_gives_the_actor_up_and_it_comes_back_from_the_bucket() {
+    let (bucket, faults) = memory_bucket();
+    let node = node_on(&bucket);
+    assert_eq!(increment(&node, "a", REPLICATED).unwrap(), 1);
+
+    faults.fail_puts(1);
+    let err = increment(&node, "a", REPLICATED).unwrap_err();
+    assert_eq!(err.code(), "replication_failed", "{err}");
+    assert!(err.is_retryable());
+
+    // The next event drops the instance, sets the local file (which holds
+    // the commit the bucket never got) aside and restores the bucket's
+    // state: the failed increment is gone.
+    assert_eq!(increment(&node, "a", REPLICATED).unwrap(), 2);
+    let dir = node
+        .data_dir()
+        .join(wasmkeep_store_dir(&node, "demo/examples/counter/a"));
+    let replaced: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            let n = e.file_name().to_string_lossy().into_owned();
+            n.starts_with("actor.db.replaced-") && !n.ends_with("-wal") && !n.ends_with("-shm") && !n.ends_with(".replica")
+        })
+        .collect();
+    let names: Vec<String> = replaced
+        .iter()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names.len(), 1, "the diverged file is kept, set aside: {names:?}");
+    assert_eq!(
+        node.runtime()
+            .metrics()
+            .replica_given_up_total
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+}
+
+fn wasmkeep_store_dir(node: &TestNode, address: &str) -> std::path::PathBuf {
+    let id = node.actor(address).id().clone();
+    wasmkeep_store::paths::actor_dir(std::path::Path::new(""), &id)
+}
+
+#[test]
+fn a_node_with_an_empty_folder_restores_each_actor_on_first_use() {
+    let (bucket, _faults) = memory_bucket();
+    let first = node_on(&bucket);
+    for _ in 0..3 {
+        increment(&first, "a", &[]).unwrap();
+    }
+    increment(&first, "b", REPLICATED).unwrap();
+    first
+        .actor("demo/examples/reminder/r")
+        .post("/set?at_ms=9999999999999", "");
+    // A graceful stop sends what plain requests committed.
+    first.runtime().shutdown(Duration::from_secs(10));
+
+    let second = node_on(&bucket);
+    assert_eq!(increment(&second, "a", &[]).unwrap(), 4);
+    assert_eq!(increment(&second, "b", &[]).unwrap(), 2);
+    // The alarm came back with the data.
+    assert_eq!(
+        second.actor("demo/examples/reminder/r").alarm(),
+        Some(9_999_999_999_999)
+    );
+    // An actor the bucket never had does not appear.
+    assert!(!second.actor("demo/examples/counter/never").exists());
+}
+
+#[test]
+fn deleting_an_actor_deletes_its_chain() {
+    let (bucket, _faults) = memory_bucket();
+    let node = node_on(&bucket);
+    increment(&node, "a", REPLICATED).unwrap();
+    assert_eq!(bucket_logs(&bucket, &node), 1);
+    assert!(node.actor("demo/examples/counter/a").delete_actor());
+    assert_eq!(bucket_logs(&bucket, &node), 0);
+    // Starts over, rather than coming back from the bucket.
+    assert_eq!(increment(&node, "a", REPLICATED).unwrap(), 1);
+}
+
+#[test]
+fn a_durable_request_on_a_node_without_a_bucket_is_refused() {
+    let node = TestNode::new();
+    node.deploy("demo/examples", DEMO).unwrap();
+    let err = increment(&node, "a", REPLICATED).unwrap_err();
+    assert_eq!(err.code(), "replication_unavailable");
+    assert!(!node.actor("demo/examples/counter/a").exists());
+}

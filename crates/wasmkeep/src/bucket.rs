@@ -1,0 +1,133 @@
+//! `wasmkeep export` and `wasmkeep restore`: an actor's database out of and
+//! back into the bucket, without a node (ADR 0007).
+
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+use indicatif::{ProgressBar, ProgressStyle};
+use wasmkeep_replica::{At, Bucket, Image, ReplicaConfig, Uploaded};
+use wasmkeep_store::ActorId;
+
+/// `tenant/app/class/name`, the name percent-decoded (a name may hold `/`).
+pub fn parse_actor(target: &str) -> Result<ActorId> {
+    let parts: Vec<&str> = target.splitn(4, '/').collect();
+    if parts.len() != 4 || parts.iter().any(|p| p.is_empty()) {
+        bail!("expected tenant/app/class/name, got `{target}`");
+    }
+    let name = percent_encoding::percent_decode_str(parts[3])
+        .decode_utf8()
+        .with_context(|| format!("the name in `{target}` is not UTF-8 once decoded"))?;
+    Ok(ActorId::new(parts[0], parts[1], parts[2], &name)?)
+}
+
+/// `--at`: a sequence number (`42`), a time in unix milliseconds with a
+/// unit (`1764471600000ms`), or an RFC 3339 time (`2026-11-30T03:00:00Z`).
+pub fn parse_at(s: Option<&str>) -> Result<At> {
+    let Some(s) = s else { return Ok(At::Latest) };
+    if let Ok(seq) = s.parse::<u64>() {
+        return Ok(At::Seq(seq));
+    }
+    if let Some(ms) = s.strip_suffix("ms")
+        && let Ok(ms) = ms.parse::<u64>()
+    {
+        return Ok(At::TimeMs(ms));
+    }
+    let t = humantime::parse_rfc3339_weak(s).map_err(|e| {
+        anyhow::anyhow!(
+            "--at `{s}`: not a sequence number, `<unix ms>ms` or an RFC 3339 time ({e})"
+        )
+    })?;
+    let ms = t
+        .duration_since(std::time::UNIX_EPOCH)
+        .context("--at is before 1970")?
+        .as_millis() as u64;
+    Ok(At::TimeMs(ms))
+}
+
+fn bar(len: u64, what: &str) -> ProgressBar {
+    let pb = ProgressBar::new(len);
+    pb.set_style(
+        ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} ({elapsed})")
+            .expect("a valid template")
+            .progress_chars("=> "),
+    );
+    pb.set_message(what.to_owned());
+    pb
+}
+
+fn io() -> Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?)
+}
+
+/// Writes the actor's database at `at` to `out` as a plain SQLite file.
+pub fn export(bucket_url: &str, target: &str, at: Option<&str>, out: &Path) -> Result<()> {
+    let id = parse_actor(target)?;
+    let at = parse_at(at)?;
+    if out.exists() {
+        bail!("{} exists: export never overwrites a file", out.display());
+    }
+    let bucket = Bucket::from_url(bucket_url).with_context(|| format!("bucket {bucket_url}"))?;
+    let pb = bar(0, "reading the chain");
+    let bytes = io()?.block_on(wasmkeep_replica::export_with_progress(
+        &bucket,
+        &id,
+        at,
+        &ReplicaConfig::default(),
+        &|done, total| {
+            pb.set_length(total);
+            pb.set_position(done);
+        },
+    ));
+    pb.finish_and_clear();
+    let bytes = bytes.with_context(|| format!("export {id} at {at:?}"))?;
+    // Written beside the target, then renamed: never a half-written file.
+    let tmp = out.with_extension("export-partial");
+    std::fs::write(&tmp, &bytes).with_context(|| format!("write {}", tmp.display()))?;
+    std::fs::rename(&tmp, out).with_context(|| format!("rename to {}", out.display()))?;
+    let m = bucket.metrics().snapshot();
+    println!(
+        "exported {id} ({at:?}) to {}: {} bytes, {} objects read",
+        out.display(),
+        bytes.len(),
+        m.gets
+    );
+    Ok(())
+}
+
+/// Makes the SQLite file `input` the actor's latest state in the bucket.
+pub fn restore(bucket_url: &str, target: &str, input: &Path) -> Result<()> {
+    let id = parse_actor(target)?;
+    let image = Image::read_path(input)
+        .with_context(|| format!("read {} as a SQLite database", input.display()))?;
+    let bucket = Bucket::from_url(bucket_url).with_context(|| format!("bucket {bucket_url}"))?;
+    let scratch = tempfile::tempdir().context("a scratch folder")?;
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_millis() as u64;
+    let pb = bar(1, "writing to the bucket");
+    let r = io()?.block_on(wasmkeep_replica::put_back(
+        &bucket,
+        &id,
+        &image,
+        now_ms,
+        ReplicaConfig::default(),
+        scratch.path(),
+        now_ms,
+    ));
+    pb.finish_and_clear();
+    match r.with_context(|| format!("restore {id}"))? {
+        Uploaded::Unchanged => println!("{id}: the bucket already holds this state"),
+        Uploaded::Appended {
+            position,
+            entry_bytes,
+            ..
+        } => println!(
+            "restored {} into {id} as seq {} ({entry_bytes} bytes); a node holding the actor gives it up on its next upload and restores this state",
+            input.display(),
+            position.seq
+        ),
+    }
+    Ok(())
+}
