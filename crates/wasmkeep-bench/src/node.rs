@@ -31,6 +31,8 @@ pub struct NodeSpec {
     pub compile_cache: PathBuf,
     /// The node's stderr goes here (appended, so a restart keeps the log).
     pub log: PathBuf,
+    /// `serve --bucket`.
+    pub bucket: Option<String>,
 }
 
 pub struct Node {
@@ -57,6 +59,9 @@ impl Node {
             .args(["--durability", spec.durability]);
         if let Some(c) = &spec.config {
             cmd.arg("--config").arg(c);
+        }
+        if let Some(b) = &spec.bucket {
+            cmd.arg("--bucket").arg(b);
         }
         cmd.env("WASMKEEP_COMPILE_CACHE", &spec.compile_cache)
             .env("WASMKEEP_LOG", "warn")

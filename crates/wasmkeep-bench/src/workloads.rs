@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use anyhow::{Context, Result, anyhow};
+use anyhow::{Context, Result, anyhow, bail};
 use hyper::Method;
 use serde::Serialize;
 
@@ -102,14 +102,22 @@ impl Env<'_> {
                 config,
                 compile_cache: compile_cache.clone(),
                 log: dir.join("node.log"),
+                bucket: None,
             }),
             Target::Server(_) => None,
         }
     }
 
     async fn start(&self, config: Option<PathBuf>) -> Result<Option<Node>> {
+        self.start_on(config, None).await
+    }
+
+    async fn start_on(&self, config: Option<PathBuf>, bucket: Option<String>) -> Result<Option<Node>> {
         match self.spec(config) {
-            Some(s) => Ok(Some(Node::start(&s).await?)),
+            Some(mut s) => {
+                s.bucket = bucket;
+                Ok(Some(Node::start(&s).await?))
+            }
             None => Ok(None),
         }
     }
@@ -204,15 +212,16 @@ async fn counter_load(
     env: &Env<'_>,
     ep: &Endpoint,
     names: Vec<String>,
+    query: &str,
     out: &mut RunOutput,
-) -> Result<()> {
+) -> Result<u64> {
     let a = env.args;
     // A baseline, so the check also holds on a server whose counters are
     // not at zero.
     let before: u64 = read_counters(ep, a.connections, &names).await?.iter().sum();
     let paths: Vec<String> = names
         .iter()
-        .map(|n| format!("{EXAMPLES}/counter/{n}/increment"))
+        .map(|n| format!("{EXAMPLES}/counter/{n}/increment{query}"))
         .collect();
     let spec = LoadSpec {
         connections: a.connections,
@@ -259,7 +268,7 @@ async fn counter_load(
             r.ok_total, r.errors_total
         ),
     );
-    Ok(())
+    Ok(r.ok_total + r.errors_total)
 }
 
 /// W1 (`hot = false`) and W1-hot.
@@ -272,9 +281,91 @@ pub async fn w1(env: &Env<'_>, hot: bool) -> Result<RunOutput> {
     } else {
         (0..env.args.actors).map(|i| format!("a{i}")).collect()
     };
-    let r = counter_load(env, &ep, names, &mut out).await;
+    let r = counter_load(env, &ep, names, "", &mut out).await;
     finish(node, &mut out).await;
-    r.map(|()| out)
+    r.map(|_| out)
+}
+
+/// The node's counters from `/metrics` (name -> value).
+async fn scrape(ep: &Endpoint) -> Result<std::collections::HashMap<String, f64>> {
+    let r = client::send_all(ep, 1, vec![(Method::GET, "/metrics".to_string())]).await?;
+    let body = match &r[0] {
+        Ok((200, b)) => String::from_utf8_lossy(b).into_owned(),
+        other => bail!("GET /metrics: {}", client::describe(other)),
+    };
+    Ok(body
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (k, v) = l.rsplit_once(' ')?;
+            Some((k.to_string(), v.parse().ok()?))
+        })
+        .collect())
+}
+
+/// W1-durable: W1 where every increment asks for `replicated` durability,
+/// on a node with a bucket; adds what the bucket was asked per request.
+pub async fn w1_durable(env: &Env<'_>) -> Result<RunOutput> {
+    let mut out = RunOutput::default();
+    let bucket = match (&env.args.bucket, env.target) {
+        (Some(b), _) => Some(b.clone()),
+        (None, Target::Own { dir, .. }) => {
+            let d = dir.join("bucket");
+            std::fs::create_dir_all(&d)?;
+            Some(format!("file://{}", d.display()))
+        }
+        // A --server node brings its own bucket.
+        (None, Target::Server(_)) => None,
+    };
+    let node = env.start_on(None, bucket).await?;
+    let ep = env.endpoint(&node);
+    let names: Vec<String> = (0..env.args.actors)
+        .map(|i| format!("{}d{i}", env.prefix("")))
+        .collect();
+    // Create the actors first (each one's first entry is a PUT of its own)
+    // and let their uploads finish, so the per-request figures count the
+    // load's requests only.
+    read_counters(&ep, env.args.connections, &names).await?;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let before = scrape(&ep).await?;
+    let r = counter_load(
+        env,
+        &ep,
+        names,
+        "?wasmkeep-durability=replicated",
+        &mut out,
+    )
+    .await;
+    let after = scrape(&ep).await;
+    if let (Ok(sent), Ok(after)) = (&r, &after) {
+        let d = |k: &str| after.get(k).copied().unwrap_or(0.0) - before.get(k).copied().unwrap_or(0.0);
+        let per = |k: &str| d(k) / (*sent).max(1) as f64;
+        let puts = d("wasmkeep_bucket_puts_total");
+        out.fig("puts_per_request", per("wasmkeep_bucket_puts_total"));
+        out.fig("gets_per_request", per("wasmkeep_bucket_gets_total"));
+        out.fig("lists_per_request", per("wasmkeep_bucket_lists_total"));
+        out.fig(
+            "put_kib_per_request",
+            per("wasmkeep_bucket_put_bytes_total") / 1024.0,
+        );
+        let uploads = d("wasmkeep_replica_uploads_total");
+        out.fig("requests_per_upload", *sent as f64 / uploads.max(1.0));
+        let lag_n = d("wasmkeep_replica_lag_seconds_count");
+        if lag_n > 0.0 {
+            out.fig(
+                "upload_mean_ms",
+                d("wasmkeep_replica_upload_seconds_sum") / d("wasmkeep_replica_upload_seconds_count").max(1.0) * 1000.0,
+            );
+        }
+        let given_up = d("wasmkeep_replica_given_up_total");
+        out.check(
+            "no_actor_given_up",
+            given_up == 0.0,
+            format!("{given_up} actors given up; {puts} PUTs for {sent} requests"),
+        );
+    }
+    finish(node, &mut out).await;
+    r.map(|_| out)
 }
 
 /// W2 (`restart = false`) and W2-restart.
@@ -562,7 +653,7 @@ pub async fn w4(env: &Env<'_>) -> Result<RunOutput> {
     let mut w1 = RunOutput::default();
     let names = (0..a.actors).map(|i| format!("a{i}")).collect();
     let r = async {
-        counter_load(env, &ep, names, &mut w1).await?;
+        counter_load(env, &ep, names, "", &mut w1).await?;
         let after_w1 = node.rss_kib()? as f64;
         out.fig("rss_after_w1_mib", after_w1 / MIB);
         let idle_limit = W4_ACTOR_IDLE_MS + W4_IDLE_WAIT_MS_MAX;

@@ -17,6 +17,11 @@ pub struct ReplicaConfig {
     /// to this many times the database's size: restoring from the log would
     /// then read more than restoring from a snapshot. In percent.
     pub snapshot_log_ratio_pct: u64,
+    /// ...but never before the entries since the last snapshot reach this
+    /// many bytes: for a small database, reading a few megabytes of log is
+    /// as quick as reading a snapshot, and writing a snapshot every few
+    /// entries would double the PUTs.
+    pub snapshot_log_bytes_min: u64,
     /// Snapshots kept (at least 1). Entries at or below the oldest kept
     /// snapshot are deleted; export reaches back to that snapshot.
     pub snapshots_keep: usize,
@@ -33,6 +38,7 @@ impl Default for ReplicaConfig {
             entry_bytes_max: 11 * 1024 * 1024 * 1024,
             snapshot_every_entries: 1000,
             snapshot_log_ratio_pct: 100,
+            snapshot_log_bytes_min: 4 * 1024 * 1024,
             snapshots_keep: 2,
             unsafe_skip_append_check: false,
         }

@@ -465,8 +465,9 @@ impl Replica {
             self.bytes_since_snapshot += entry_bytes;
         }
         let due = self.entries_since_snapshot >= self.config.snapshot_every_entries
-            || self.bytes_since_snapshot * 100
-                >= self.config.snapshot_log_ratio_pct * image.bytes().len() as u64;
+            || (self.bytes_since_snapshot * 100
+                >= self.config.snapshot_log_ratio_pct * image.bytes().len() as u64
+                && self.bytes_since_snapshot >= self.config.snapshot_log_bytes_min);
         let snapshot = due && self.entries_since_snapshot > 0;
         if snapshot {
             self.snapshot(image).await?;

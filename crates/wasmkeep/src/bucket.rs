@@ -131,3 +131,55 @@ pub fn restore(bucket_url: &str, target: &str, input: &Path) -> Result<()> {
     }
     Ok(())
 }
+
+/// Ships every actor of a node's data folder that the bucket does not hold
+/// yet as the first entry of its chain (a node's data, moving onto a
+/// bucket). Actors the bucket already has are left alone on both sides; the
+/// node must not be running.
+pub fn upload(bucket_url: &str, data: &Path) -> Result<()> {
+    let bucket = Bucket::from_url(bucket_url).with_context(|| format!("bucket {bucket_url}"))?;
+    let ids = wasmkeep_runtime::runtime::all_actors(data);
+    if ids.is_empty() {
+        bail!("no actors under {}", data.join("actors").display());
+    }
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_millis() as u64;
+    let pb = bar(ids.len() as u64, "uploading");
+    let (mut shipped, mut present) = (0u64, 0u64);
+    let io = io()?;
+    for id in &ids {
+        let db_path = wasmkeep_store::paths::actor_db(data, id);
+        let root = wasmkeep_replica::ActorRoot::new(id, bucket.prefix_bytes())?;
+        let has_chain = io.block_on(async {
+            let snaps = bucket.list_seqs(&root.snap_dir(), None).await?;
+            let logs = bucket.list_seqs(&root.log_dir(), None).await?;
+            anyhow::Ok(!snaps.is_empty() || !logs.is_empty())
+        })?;
+        if has_chain {
+            // Opening a replica here would restore over the local file.
+            present += 1;
+        } else {
+            let (mut replica, _) = io.block_on(wasmkeep_replica::Replica::open(
+                &bucket,
+                id,
+                &db_path,
+                now_ms,
+                ReplicaConfig::default(),
+                now_ms,
+            ))?;
+            let image = Image::read_path(&db_path)
+                .with_context(|| format!("read {}", db_path.display()))?;
+            io.block_on(replica.upload(&image, now_ms))
+                .with_context(|| format!("upload {id}"))?;
+            shipped += 1;
+        }
+        pb.inc(1);
+    }
+    pb.finish_and_clear();
+    println!(
+        "{shipped} actors uploaded, {present} already in the bucket (left as they are), from {}",
+        data.display()
+    );
+    Ok(())
+}

@@ -47,6 +47,7 @@ pub struct NodeConfig {
     pub bucket: Option<String>,
     pub replica_snapshot_every_entries: u64,
     pub replica_snapshot_log_ratio_pct: u64,
+    pub replica_snapshot_log_bytes_min: u64,
     pub replica_snapshots_keep: usize,
 }
 
@@ -88,6 +89,7 @@ impl Default for NodeConfig {
             bucket: None,
             replica_snapshot_every_entries: rt.replica.snapshot_every_entries,
             replica_snapshot_log_ratio_pct: rt.replica.snapshot_log_ratio_pct,
+            replica_snapshot_log_bytes_min: rt.replica.snapshot_log_bytes_min,
             replica_snapshots_keep: rt.replica.snapshots_keep,
         }
     }
@@ -127,6 +129,7 @@ impl NodeConfig {
         };
         c.replica.snapshot_every_entries = self.replica_snapshot_every_entries.max(1);
         c.replica.snapshot_log_ratio_pct = self.replica_snapshot_log_ratio_pct.max(1);
+        c.replica.snapshot_log_bytes_min = self.replica_snapshot_log_bytes_min;
         c.replica.snapshots_keep = self.replica_snapshots_keep.max(1);
         // A first upload and every snapshot carry the whole database.
         c.replica.entry_bytes_max = c

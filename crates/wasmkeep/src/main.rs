@@ -130,6 +130,15 @@ enum Command {
         #[arg(short, long)]
         input: PathBuf,
     },
+    /// Upload every actor of a (stopped) node's data folder that the bucket
+    /// does not hold yet, as the first entry of its chain.
+    Upload {
+        #[arg(long, env = "WASMKEEP_BUCKET")]
+        bucket: String,
+        /// The node's data folder.
+        #[arg(long)]
+        data: PathBuf,
+    },
     /// Run the benchmark workloads (docs/benchmarks.md) against nodes it
     /// starts itself, or against `--server URL`.
     Bench(wasmkeep_bench::BenchArgs),
@@ -219,6 +228,7 @@ fn main() -> Result<()> {
             target,
             input,
         } => bucket::restore(&bucket, &target, &input),
+        Command::Upload { bucket, data } => bucket::upload(&bucket, &data),
         Command::Bench(args) => wasmkeep_bench::run(args),
     }
 }

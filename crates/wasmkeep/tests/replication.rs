@@ -232,6 +232,36 @@ fn export_and_restore(t: &Target, tmp: &Path) {
     assert!(seen.is_some(), "the node never served the restored state");
 }
 
+/// A node that ran without a bucket moves onto one: `wasmkeep upload`
+/// ships its actors, and a fresh node on the bucket has their data.
+fn bulk_upload(t: &Target, tmp: &Path) {
+    let mut local = Node::start(&tmp.join("local"), &["--examples"]);
+    for i in 0..3 {
+        for _ in 0..=i {
+            let (s, _) = local.post(&format!("/v1/demo/examples/counter/u{i}/increment"), b"");
+            assert_eq!(s, 200);
+        }
+    }
+    local.stop();
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_wasmkeep"))
+        .args(["upload", "--bucket", &t.url, "--data"])
+        .arg(tmp.join("local"))
+        .envs(t.env.iter().map(|(k, v)| (*k, v.as_str())))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("3 actors uploaded"),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    let fresh = start(&tmp.join("fresh"), t);
+    for i in 0..3 {
+        let (s, body) = fresh.get(&format!("/v1/demo/examples/counter/u{i}/value"));
+        assert_eq!((s, value(&body)), (200, i + 1));
+    }
+}
+
 #[test]
 fn on_moto() {
     let moto = Moto::start();
@@ -239,16 +269,18 @@ fn on_moto() {
     restore_is_byte_identical(&moto_target(&moto, "bytes"));
     let tmp = tempfile::tempdir().unwrap();
     export_and_restore(&moto_target(&moto, "export"), tmp.path());
+    bulk_upload(&moto_target(&moto, "upload"), tmp.path());
 }
 
 #[test]
 fn on_a_local_folder() {
     let dirs = tempfile::tempdir().unwrap();
-    for d in ["kill", "bytes", "export"] {
+    for d in ["kill", "bytes", "export", "upload"] {
         std::fs::create_dir_all(dirs.path().join(d)).unwrap();
     }
     acknowledged_writes_survive_sigkill(&folder_target(&dirs.path().join("kill")));
     restore_is_byte_identical(&folder_target(&dirs.path().join("bytes")));
     let tmp = tempfile::tempdir().unwrap();
     export_and_restore(&folder_target(&dirs.path().join("export")), tmp.path());
+    bulk_upload(&folder_target(&dirs.path().join("upload")), tmp.path());
 }
