@@ -197,7 +197,10 @@ pub fn after_commit(
     upto
 }
 
-/// A `Replicate` turn: uploads what is committed and not yet uploaded.
+/// A `Replicate` turn: uploads what is committed and not yet uploaded. For
+/// a closed actor that never consulted the bucket (queued by the start-up
+/// pass over local data), it first does: local data the bucket lacks then
+/// counts as one pending commit.
 pub fn upload_pending(
     rt: &Arc<Inner>,
     repl: &Replication,
@@ -205,6 +208,15 @@ pub fn upload_pending(
     db: Option<&mut ActorDb>,
 ) {
     let path = paths::actor_db(&rt.config.data_dir, &actor.id);
+    if db.is_none()
+        && !actor.repl.lock().opened
+        && let Err(e) = ensure_open(rt, repl, actor)
+    {
+        // A closed actor queued for its first upload (the start-up pass):
+        // its next opening tries again.
+        tracing::warn!(actor = %actor.id, error = %e, "could not check the actor against the bucket");
+        return;
+    }
     let from = match db {
         Some(db) => ImageFrom::Db(db),
         // Closed meanwhile (evicted): the file is all there is, and this

@@ -286,12 +286,18 @@ impl Runtime {
             let threads = rt.config.worker_threads().max(1);
             let chunk = ids.len().div_ceil(threads).max(1);
             let found = AtomicU64::new(0);
+            let never_uploaded = Mutex::new(Vec::new());
             std::thread::scope(|s| {
                 for part in ids.chunks(chunk) {
-                    let (rt, found) = (&rt, &found);
+                    let (rt, found, never_uploaded) = (&rt, &found, &never_uploaded);
                     s.spawn(move || {
                         for id in part {
                             let path = paths::actor_db(&rt.config.data_dir, id);
+                            if rt.replication.is_some()
+                                && !wasmkeep_replica::sidecar_path(&path).exists()
+                            {
+                                never_uploaded.lock().push(id.clone());
+                            }
                             match wasmkeep_store::db::read_alarm(&path) {
                                 Ok(Some(a)) => {
                                     // An actor that ran meanwhile put its
@@ -319,6 +325,19 @@ impl Runtime {
                 ms = started.elapsed().as_millis() as u64,
                 "alarm scan done"
             );
+            // Local data the bucket may never have seen (no sidecar: never
+            // uploaded or restored here): each actor's turn checks it
+            // against the bucket and ships it as its chain's first entry.
+            let never_uploaded = never_uploaded.into_inner();
+            if !never_uploaded.is_empty() {
+                tracing::info!(
+                    actors = never_uploaded.len(),
+                    "uploading local actors the bucket may lack"
+                );
+            }
+            for id in never_uploaded {
+                let _ = rt.enqueue(&id, Event::new(EventKind::Replicate, None), false);
+            }
         };
         if self.inner.clock.is_real() {
             std::thread::Builder::new()

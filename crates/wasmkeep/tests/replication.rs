@@ -262,6 +262,35 @@ fn bulk_upload(t: &Target, tmp: &Path) {
     }
 }
 
+/// A node that ran without a bucket and restarts with one ships its actors
+/// by itself, without a request to any of them.
+fn local_data_moves_onto_the_bucket_at_start(t: &Target, tmp: &Path) {
+    let data = tmp.join("grows");
+    let mut local = Node::start(&data, &["--examples"]);
+    let (s, _) = local.post("/v1/demo/examples/counter/g/increment", b"");
+    assert_eq!(s, 200);
+    local.stop();
+    let _node = start(&data, t);
+    let out = tmp.join("g.db");
+    let mut exported = false;
+    for _ in 0..100 {
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_wasmkeep"))
+            .args(["export", "--bucket", &t.url, "demo/examples/counter/g", "-o"])
+            .arg(&out)
+            .envs(t.env.iter().map(|(k, v)| (*k, v.as_str())))
+            .output()
+            .unwrap();
+        if o.status.success() {
+            exported = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(exported, "the actor never reached the bucket");
+    let r = wasmkeep_store::db::inspect_query(&out, "SELECT n FROM counter", 1).unwrap();
+    assert_eq!(r.rows, vec![vec![wasmkeep_store::Value::Integer(1)]]);
+}
+
 #[test]
 fn on_moto() {
     let moto = Moto::start();
@@ -283,4 +312,6 @@ fn on_a_local_folder() {
     let tmp = tempfile::tempdir().unwrap();
     export_and_restore(&folder_target(&dirs.path().join("export")), tmp.path());
     bulk_upload(&folder_target(&dirs.path().join("upload")), tmp.path());
+    std::fs::create_dir_all(dirs.path().join("start")).unwrap();
+    local_data_moves_onto_the_bucket_at_start(&folder_target(&dirs.path().join("start")), tmp.path());
 }
