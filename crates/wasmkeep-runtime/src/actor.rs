@@ -785,7 +785,7 @@ fn run_batch(rt: &Arc<Inner>, actor: &Arc<Actor>, slot: &mut Option<Loaded>, eve
     let dirs = l.db().take_new_dirs();
     let wal = l.db().wal_path();
     let remove = created && !initialized;
-    let repl_gen = match &rt.replication {
+    let repl_mark = match &rt.replication {
         Some(repl) if !remove => {
             let changed = match mark_before {
                 Some(before) => l.db().change_mark().ok() != Some(before),
@@ -830,9 +830,9 @@ fn run_batch(rt: &Arc<Inner>, actor: &Arc<Actor>, slot: &mut Option<Loaded>, eve
                 (Err(e), Ok(_)) => Err(RuntimeError::Internal(e.clone())),
                 (_, out) => out,
             };
-            let r = match (replicated && out.is_ok(), repl_gen, r) {
-                (true, Some(upto), Some(r)) => {
-                    replication::hold_until_uploaded(&metrics, &actor, upto, r, out, started);
+            let r = match (replicated && out.is_ok(), repl_mark, r) {
+                (true, Some(mark), Some(r)) => {
+                    replication::hold_until_uploaded(&metrics, &actor, mark, r, out, started);
                     continue;
                 }
                 (_, _, r) => r,

@@ -26,6 +26,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use parking_lot::MutexGuard;
 use wasmkeep_replica::{Bucket, Image, Opened, Replica, ReplicaConfig, ReplicaError, Uploaded};
 use wasmkeep_store::{ActorDb, paths};
 
@@ -98,9 +99,20 @@ pub struct Waiter {
     started: Option<Instant>,
 }
 
+/// Where a batch's commit stands in an actor's replication: the
+/// generation a durable request waits for, within one opening of the actor.
+#[derive(Debug, Clone, Copy)]
+pub struct Mark {
+    /// Counts the actor's give-ups: a mark from before one is void.
+    epoch: u64,
+    upto: u64,
+}
+
 /// One actor's replication state.
 #[derive(Default)]
 pub struct ActorReplica {
+    /// Bumped each time the actor starts over after a give-up or delete.
+    epoch: u64,
     /// The chain's owner side; an upload in flight holds it meanwhile.
     replica: Option<Replica>,
     /// Whether the bucket was consulted since the actor was (re)opened.
@@ -118,6 +130,16 @@ pub struct ActorReplica {
 }
 
 impl ActorReplica {
+    /// Starts over (after a give-up or a delete): marks taken before are
+    /// void.
+    fn reset(&mut self) {
+        let epoch = self.epoch + 1;
+        *self = ActorReplica {
+            epoch,
+            ..ActorReplica::default()
+        };
+    }
+
     /// Whether closing the actor now would lose track of something.
     pub fn busy(&self) -> bool {
         self.in_flight || self.committed > self.uploaded || !self.waiters.is_empty()
@@ -137,11 +159,15 @@ pub fn ensure_open(rt: &Inner, repl: &Replication, actor: &Actor) -> Result<(), 
         actor.repl_done.wait(&mut st);
     }
     if st.given_up.is_some() {
-        *st = ActorReplica::default();
+        st.reset();
     }
     if st.opened {
         return Ok(());
     }
+    // Only this actor's turn (running this) changes the state meanwhile; the
+    // lock is not held across the bucket's round trips, so the durability
+    // stage never waits on a restore.
+    drop(st);
     let path = paths::actor_db(&rt.config.data_dir, &actor.id);
     let opened = repl.block_on(Replica::open(
         &repl.bucket,
@@ -154,6 +180,7 @@ pub fn ensure_open(rt: &Inner, repl: &Replication, actor: &Actor) -> Result<(), 
     let (replica, how) = opened.map_err(|e| {
         RuntimeError::ReplicationFailed(format!("opening actor {} from the bucket: {e}", actor.id))
     })?;
+    let mut st = actor.repl.lock();
     match how {
         Opened::Restored { replaced } => {
             Metrics::inc(&rt.metrics.replica_restores_total);
@@ -178,23 +205,26 @@ pub fn ensure_open(rt: &Inner, repl: &Replication, actor: &Actor) -> Result<(), 
 }
 
 /// After a batch committed: counts it if it changed anything, starts an
-/// upload if none is in flight, and returns the generation a durable
-/// request of this batch waits for.
+/// upload if none is in flight, and returns the mark a durable request of
+/// this batch waits for.
 pub fn after_commit(
     rt: &Arc<Inner>,
     repl: &Replication,
     actor: &Arc<Actor>,
     db: &mut ActorDb,
     changed: bool,
-) -> u64 {
+) -> Mark {
     let mut st = actor.repl.lock();
     if changed {
         st.committed += 1;
         st.pending_since.get_or_insert_with(Instant::now);
     }
-    let upto = st.committed;
-    maybe_upload(rt, repl, actor, &mut st, ImageFrom::Db(db));
-    upto
+    let mark = Mark {
+        epoch: st.epoch,
+        upto: st.committed,
+    };
+    maybe_upload(rt, repl, actor, st, ImageFrom::Db(db));
+    mark
 }
 
 /// A `Replicate` turn: uploads what is committed and not yet uploaded. For
@@ -223,8 +253,7 @@ pub fn upload_pending(
         // turn keeps anyone from opening it.
         None => ImageFrom::File(&path),
     };
-    let mut st = actor.repl.lock();
-    maybe_upload(rt, repl, actor, &mut st, from);
+    maybe_upload(rt, repl, actor, actor.repl.lock(), from);
 }
 
 enum ImageFrom<'a> {
@@ -232,11 +261,15 @@ enum ImageFrom<'a> {
     File(&'a Path),
 }
 
+/// Starts an upload if one is due and none is in flight. The state's lock
+/// is released before the image is read (a copy of the whole database),
+/// so that nobody waiting on this actor's state (the durability stage, an
+/// upload ending) waits for the copy.
 fn maybe_upload(
     rt: &Arc<Inner>,
     repl: &Replication,
     actor: &Arc<Actor>,
-    st: &mut ActorReplica,
+    mut st: MutexGuard<'_, ActorReplica>,
     from: ImageFrom<'_>,
 ) {
     if st.committed <= st.uploaded || st.in_flight || st.given_up.is_some() {
@@ -245,6 +278,12 @@ fn maybe_upload(
     let Some(mut replica) = st.replica.take() else {
         return;
     };
+    // In flight from here: the image read below covers every commit so far
+    // (only this actor's turn, which is running this, commits).
+    st.in_flight = true;
+    let covered = st.committed;
+    let oldest = st.pending_since.take();
+    drop(st);
     let image = match from {
         ImageFrom::Db(db) => db
             .committed_image()
@@ -255,13 +294,14 @@ fn maybe_upload(
     let image = match image {
         Ok(i) => i,
         Err(e) => {
-            give_up(rt, actor, st, format!("reading the committed state: {e}"));
+            let mut st = actor.repl.lock();
+            st.in_flight = false;
+            give_up(rt, actor, &mut st, format!("reading the committed state: {e}"));
+            drop(st);
+            actor.repl_done.notify_all();
             return;
         }
     };
-    st.in_flight = true;
-    let covered = st.committed;
-    let oldest = st.pending_since.take();
     let time_ms = rt.clock.now_ms();
     let (rt, actor) = (Arc::clone(rt), Arc::clone(actor));
     repl.spawn(async move {
@@ -358,28 +398,36 @@ fn release(
 }
 
 /// For a request that asked for replicated durability, once its batch is
-/// locally durable: answers now if the bucket holds generation `upto`,
-/// otherwise holds the answer until it does (or the actor is given up).
+/// locally durable: answers now if the bucket holds its batch, otherwise
+/// holds the answer until it does (or the actor is given up).
 pub fn hold_until_uploaded(
     m: &Metrics,
     actor: &Actor,
-    upto: u64,
+    mark: Mark,
     reply: Reply,
     out: Result<Outcome, RuntimeError>,
     started: Option<Instant>,
 ) {
     let mut st = actor.repl.lock();
-    if let Some(why) = &st.given_up {
-        let why = why.clone();
+    let failed = match &st.given_up {
+        Some(why) => Some(why.clone()),
+        // Given up and started over since the commit: the bucket's state,
+        // which the actor now serves, does not have it.
+        None if st.epoch != mark.epoch => {
+            Some("the actor was given up after this request's commit".to_string())
+        }
+        None => None,
+    };
+    if let Some(why) = failed {
         drop(st);
         return release(m, reply, Err(RuntimeError::ReplicationFailed(why)), started);
     }
-    if st.uploaded >= upto {
+    if st.uploaded >= mark.upto {
         drop(st);
         return release(m, reply, out, started);
     }
     st.waiters.push(Waiter {
-        upto,
+        upto: mark.upto,
         reply,
         out,
         started,
@@ -398,9 +446,12 @@ pub fn delete(rt: &Inner, repl: &Replication, actor: &Actor) -> Result<u64, Runt
             ));
         }
     }
+    // No upload can start meanwhile: this is the actor's turn.
+    drop(st);
     let n = repl
         .block_on(wasmkeep_replica::delete_all(&repl.bucket, &actor.id))
         .map_err(|e| RuntimeError::ReplicationFailed(format!("deleting from the bucket: {e}")))?;
+    let mut st = actor.repl.lock();
     for w in std::mem::take(&mut st.waiters) {
         release(
             &rt.metrics,
@@ -411,6 +462,47 @@ pub fn delete(rt: &Inner, repl: &Replication, actor: &Actor) -> Result<u64, Runt
             w.started,
         );
     }
-    *st = ActorReplica::default();
+    st.reset();
     Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wasmkeep_store::ActorId;
+
+    /// A durable request whose batch committed before the actor was given
+    /// up must fail even if its reply is released only after the actor
+    /// started over (its write is not in the state the actor now serves).
+    #[test]
+    fn a_mark_from_before_a_give_up_never_succeeds() {
+        let actor = Actor::new(ActorId::new("t", "a", "c", "n").unwrap());
+        let m = Metrics::default();
+        let mark = {
+            let mut st = actor.repl.lock();
+            st.committed = 1;
+            Mark {
+                epoch: st.epoch,
+                upto: 1,
+            }
+        };
+        // The upload failed and the next turn started over, before the
+        // batch's local sync released its reply.
+        actor.repl.lock().reset();
+        let (tx, mut rx) = tokio::sync::oneshot::channel();
+        hold_until_uploaded(&m, &actor, mark, tx, Ok(Outcome::Done), None);
+        match rx.try_recv() {
+            Ok(Err(RuntimeError::ReplicationFailed(_))) => {}
+            other => panic!("expected replication_failed at once, got {other:?}"),
+        }
+
+        // A mark of the current epoch waits for its upload.
+        let mark = Mark {
+            epoch: actor.repl.lock().epoch,
+            upto: 1,
+        };
+        let (tx, mut rx) = tokio::sync::oneshot::channel();
+        hold_until_uploaded(&m, &actor, mark, tx, Ok(Outcome::Done), None);
+        assert!(rx.try_recv().is_err(), "answered before its upload");
+    }
 }
