@@ -112,7 +112,11 @@ impl Env<'_> {
         self.start_on(config, None).await
     }
 
-    async fn start_on(&self, config: Option<PathBuf>, bucket: Option<String>) -> Result<Option<Node>> {
+    async fn start_on(
+        &self,
+        config: Option<PathBuf>,
+        bucket: Option<String>,
+    ) -> Result<Option<Node>> {
         match self.spec(config) {
             Some(mut s) => {
                 s.bucket = bucket;
@@ -328,17 +332,11 @@ pub async fn w1_durable(env: &Env<'_>) -> Result<RunOutput> {
     read_counters(&ep, env.args.connections, &names).await?;
     tokio::time::sleep(Duration::from_millis(1000)).await;
     let before = scrape(&ep).await?;
-    let r = counter_load(
-        env,
-        &ep,
-        names,
-        "?wasmkeep-durability=replicated",
-        &mut out,
-    )
-    .await;
+    let r = counter_load(env, &ep, names, "?wasmkeep-durability=replicated", &mut out).await;
     let after = scrape(&ep).await;
     if let (Ok(sent), Ok(after)) = (&r, &after) {
-        let d = |k: &str| after.get(k).copied().unwrap_or(0.0) - before.get(k).copied().unwrap_or(0.0);
+        let d =
+            |k: &str| after.get(k).copied().unwrap_or(0.0) - before.get(k).copied().unwrap_or(0.0);
         let per = |k: &str| d(k) / (*sent).max(1) as f64;
         let puts = d("wasmkeep_bucket_puts_total");
         out.fig("puts_per_request", per("wasmkeep_bucket_puts_total"));
@@ -350,11 +348,11 @@ pub async fn w1_durable(env: &Env<'_>) -> Result<RunOutput> {
         );
         let uploads = d("wasmkeep_replica_uploads_total");
         out.fig("requests_per_upload", *sent as f64 / uploads.max(1.0));
-        let lag_n = d("wasmkeep_replica_lag_seconds_count");
-        if lag_n > 0.0 {
+        let timed = d("wasmkeep_replica_upload_seconds_count");
+        if timed > 0.0 {
             out.fig(
                 "upload_mean_ms",
-                d("wasmkeep_replica_upload_seconds_sum") / d("wasmkeep_replica_upload_seconds_count").max(1.0) * 1000.0,
+                d("wasmkeep_replica_upload_seconds_sum") / timed * 1000.0,
             );
         }
         let given_up = d("wasmkeep_replica_given_up_total");

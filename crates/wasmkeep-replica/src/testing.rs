@@ -11,12 +11,12 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::stream::BoxStream;
+use object_store::aws::AmazonS3Builder;
 use object_store::path::Path;
 use object_store::{
     CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
     PutMultipartOptions, PutOptions, PutPayload, PutResult, Result,
 };
-use object_store::aws::AmazonS3Builder;
 use tokio::sync::Semaphore;
 
 use std::io::{Read, Write};
@@ -306,7 +306,10 @@ impl Moto {
     /// reads to reach this server.
     pub fn env(&self) -> Vec<(&'static str, String)> {
         vec![
-            ("AWS_ENDPOINT_URL", format!("http://127.0.0.1:{}", self.port)),
+            (
+                "AWS_ENDPOINT_URL",
+                format!("http://127.0.0.1:{}", self.port),
+            ),
             ("AWS_ALLOW_HTTP", "true".into()),
             ("AWS_ACCESS_KEY_ID", "test".into()),
             ("AWS_SECRET_ACCESS_KEY", "test".into()),
@@ -321,4 +324,3 @@ impl Drop for Moto {
         let _ = self.child.wait();
     }
 }
-

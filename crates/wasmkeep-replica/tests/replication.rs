@@ -63,7 +63,11 @@ fn work(src: &mut Source, i: i64) {
     ]);
 }
 
-async fn upload(rep: &mut Replica, src: &mut Source, time_ms: u64) -> Result<Uploaded, ReplicaError> {
+async fn upload(
+    rep: &mut Replica,
+    src: &mut Source,
+    time_ms: u64,
+) -> Result<Uploaded, ReplicaError> {
     let image = src.image();
     rep.upload(&image, time_ms).await
 }
@@ -179,7 +183,10 @@ async fn lost_response_is_mine_and_foreign_entry_moves_the_chain(b: &Backend, na
     assert!(matches!(opened, Opened::Restored { .. }));
     let mut bsrc = Source::new(&bdir);
     work(&mut bsrc, 100);
-    assert_eq!(appended_seq(&upload(&mut rb, &mut bsrc, 10).await.unwrap()), 4);
+    assert_eq!(
+        appended_seq(&upload(&mut rb, &mut bsrc, 10).await.unwrap()),
+        4
+    );
 
     work(&mut a, 4);
     let err = upload(&mut ra, &mut a, 4).await.unwrap_err();
@@ -251,7 +258,10 @@ async fn late_commit(b: &Backend, name: &str, lands_first: bool) {
         assert!(now.contains("from a") && !now.contains("from b"), "{now}");
         assert!(dump(&aside).contains("from b"));
     } else {
-        assert_eq!(appended_seq(&upload(&mut rb, &mut bsrc, 4).await.unwrap()), 2);
+        assert_eq!(
+            appended_seq(&upload(&mut rb, &mut bsrc, 4).await.unwrap()),
+            2
+        );
         gate.release();
         let (_, r) = task.await.unwrap();
         let err = r.unwrap_err();

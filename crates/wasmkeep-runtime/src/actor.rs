@@ -236,12 +236,7 @@ pub fn run_turn(rt: &Arc<Inner>, actor: &Arc<Actor>) {
                 EventKind::Replicate => {
                     run_batch(rt, actor, &mut slot, std::mem::take(&mut run));
                     if let Some(repl) = &rt.replication {
-                        replication::upload_pending(
-                            rt,
-                            repl,
-                            actor,
-                            slot.as_mut().map(|l| l.db()),
-                        );
+                        replication::upload_pending(rt, repl, actor, slot.as_mut().map(|l| l.db()));
                     }
                 }
                 EventKind::Inspect(f) => {

@@ -43,9 +43,13 @@ pub enum RuntimeError {
         "transaction aborted: another event of the same batch failed in a way that rolled the whole transaction back; retry"
     )]
     TransactionAborted,
-    #[error("replication failed: {0}; the actor was given up and restores from the bucket on its next event; retry")]
+    #[error(
+        "replication failed: {0}; the actor was given up and restores from the bucket on its next event; retry"
+    )]
     ReplicationFailed(String),
-    #[error("this node has no bucket: a request with `wasmkeep-durability: replicated` needs `serve --bucket`")]
+    #[error(
+        "this node has no bucket: a request with `wasmkeep-durability: replicated` needs `serve --bucket`"
+    )]
     ReplicationUnavailable,
     #[error("internal error: {0}")]
     Internal(String),

@@ -280,16 +280,43 @@ impl Metrics {
         if let Some(b) = &self.bucket {
             let b = b.snapshot();
             counters.extend([
-                ("wasmkeep_bucket_puts_total", b.puts, "PUT requests to the bucket."),
-                ("wasmkeep_bucket_put_bytes_total", b.put_bytes, "Bytes PUT to the bucket."),
-                ("wasmkeep_bucket_gets_total", b.gets, "GET requests to the bucket."),
-                ("wasmkeep_bucket_get_bytes_total", b.get_bytes, "Bytes read from the bucket."),
-                ("wasmkeep_bucket_lists_total", b.lists, "LIST requests to the bucket."),
-                ("wasmkeep_bucket_deletes_total", b.deletes, "DELETE requests to the bucket."),
+                (
+                    "wasmkeep_bucket_puts_total",
+                    b.puts,
+                    "PUT requests to the bucket.",
+                ),
+                (
+                    "wasmkeep_bucket_put_bytes_total",
+                    b.put_bytes,
+                    "Bytes PUT to the bucket.",
+                ),
+                (
+                    "wasmkeep_bucket_gets_total",
+                    b.gets,
+                    "GET requests to the bucket.",
+                ),
+                (
+                    "wasmkeep_bucket_get_bytes_total",
+                    b.get_bytes,
+                    "Bytes read from the bucket.",
+                ),
+                (
+                    "wasmkeep_bucket_lists_total",
+                    b.lists,
+                    "LIST requests to the bucket.",
+                ),
+                (
+                    "wasmkeep_bucket_deletes_total",
+                    b.deletes,
+                    "DELETE requests to the bucket.",
+                ),
             ]);
         }
         for (name, v, help) in counters {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
+            );
         }
         self.replica_upload_latency.render(
             out,

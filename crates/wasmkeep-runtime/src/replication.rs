@@ -296,7 +296,12 @@ fn maybe_upload(
         Err(e) => {
             let mut st = actor.repl.lock();
             st.in_flight = false;
-            give_up(rt, actor, &mut st, format!("reading the committed state: {e}"));
+            give_up(
+                rt,
+                actor,
+                &mut st,
+                format!("reading the committed state: {e}"),
+            );
             drop(st);
             actor.repl_done.notify_all();
             return;

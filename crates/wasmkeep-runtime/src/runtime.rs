@@ -15,9 +15,7 @@ use wasmkeep_store::{ActorId, QueryResult, paths};
 use wasmtime::component::{HasSelf, Linker};
 use wasmtime::{Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
-use crate::actor::{
-    self, Actor, ActorRequest, ActorResponse, DbAccess, Event, EventKind, Outcome,
-};
+use crate::actor::{self, Actor, ActorRequest, ActorResponse, DbAccess, Event, EventKind, Outcome};
 use crate::app::{self, App, AppInfo, Compiler};
 use crate::clock::Clock;
 use crate::config::RuntimeConfig;

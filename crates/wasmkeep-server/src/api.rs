@@ -510,7 +510,10 @@ mod tests {
     #[test]
     fn durability_comes_from_the_header_or_the_query_flag_which_the_actor_does_not_see() {
         let none = axum::http::HeaderMap::new();
-        assert_eq!(durability(&none, "a=1&b=2").unwrap(), ("a=1&b=2".into(), false));
+        assert_eq!(
+            durability(&none, "a=1&b=2").unwrap(),
+            ("a=1&b=2".into(), false)
+        );
         assert_eq!(
             durability(&none, "a=1&wasmkeep-durability=replicated&b=2").unwrap(),
             ("a=1&b=2".into(), true)
@@ -525,7 +528,9 @@ mod tests {
         h.insert(DURABILITY_HEADER, "fsync".parse().unwrap());
         assert_eq!(durability(&h, "").unwrap_err().code, "bad_durability");
         assert_eq!(
-            durability(&none, "wasmkeep-durability=maybe").unwrap_err().code,
+            durability(&none, "wasmkeep-durability=maybe")
+                .unwrap_err()
+                .code,
             "bad_durability"
         );
     }

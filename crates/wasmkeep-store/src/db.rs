@@ -18,10 +18,10 @@ use rusqlite::limits::Limit;
 use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, ToSql, params};
 
-pub use crate::sqlite_setup::sqlite_setup;
 use crate::error::StoreError;
 use crate::limits::StoreLimits;
 use crate::paths::DB_FILE;
+pub use crate::sqlite_setup::sqlite_setup;
 
 /// Prefix of every table the runtime keeps in an actor's database.
 pub const INTERNAL_PREFIX: &str = "_wasmkeep_";
@@ -476,8 +476,12 @@ impl ActorDb {
             // Databases from older versions gain any table added since.
             c.execute_batch(SCHEMA).map_err(open_err)?;
         }
-        install_authorizer(&mut self.conn, Arc::clone(&self.mode), Arc::clone(&self.denied))
-            .map_err(open_err)?;
+        install_authorizer(
+            &mut self.conn,
+            Arc::clone(&self.mode),
+            Arc::clone(&self.denied),
+        )
+        .map_err(open_err)?;
         Ok(())
     }
 

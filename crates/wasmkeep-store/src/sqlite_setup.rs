@@ -70,7 +70,6 @@ unsafe extern "C" fn x_init(_: *mut c_void) -> c_int {
 
 unsafe extern "C" fn x_shutdown(_: *mut c_void) {}
 
-
 /// Applies the settings, once per process. If SQLite was initialised
 /// before (by code outside this crate), it keeps its defaults and a warning
 /// says so: slower, never wrong.
@@ -143,7 +142,9 @@ mod tests {
         let c = rusqlite::Connection::open_in_memory().unwrap();
         c.execute_batch("CREATE TABLE t (v BLOB); INSERT INTO t VALUES (zeroblob(100000));")
             .unwrap();
-        let n: i64 = c.query_row("SELECT length(v) FROM t", [], |r| r.get(0)).unwrap();
+        let n: i64 = c
+            .query_row("SELECT length(v) FROM t", [], |r| r.get(0))
+            .unwrap();
         assert_eq!(n, 100_000);
         // With memory statistics off, SQLite reports no memory in use.
         // SAFETY: a plain query of a global counter.

@@ -325,7 +325,9 @@ fn inspection_through_the_open_connection_reads_and_changes_nothing() {
     ));
     drop(db);
     assert_eq!(
-        wasmkeep_store::db::read_alarm(&path).unwrap().map(|a| a.at_ms),
+        wasmkeep_store::db::read_alarm(&path)
+            .unwrap()
+            .map(|a| a.at_ms),
         Some(42)
     );
     let closed = wasmkeep_store::db::inspect_query(&path, "INSERT INTO t VALUES (9)", 1);

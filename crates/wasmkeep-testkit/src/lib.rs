@@ -273,9 +273,9 @@ impl ActorHandle<'_> {
                 .map(|(k, v)| (k.to_ascii_lowercase(), v.to_string()))
                 .collect(),
             body: body.into(),
-            replicated: headers.iter().any(|(k, v)| {
-                k.eq_ignore_ascii_case("wasmkeep-durability") && *v == "replicated"
-            }),
+            replicated: headers
+                .iter()
+                .any(|(k, v)| k.eq_ignore_ascii_case("wasmkeep-durability") && *v == "replicated"),
         };
         let r = self
             .node

@@ -100,14 +100,21 @@ fn a_failed_upload_gives_the_actor_up_and_it_comes_back_from_the_bucket() {
         .flatten()
         .filter(|e| {
             let n = e.file_name().to_string_lossy().into_owned();
-            n.starts_with("actor.db.replaced-") && !n.ends_with("-wal") && !n.ends_with("-shm") && !n.ends_with(".replica")
+            n.starts_with("actor.db.replaced-")
+                && !n.ends_with("-wal")
+                && !n.ends_with("-shm")
+                && !n.ends_with(".replica")
         })
         .collect();
     let names: Vec<String> = replaced
         .iter()
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect();
-    assert_eq!(names.len(), 1, "the diverged file is kept, set aside: {names:?}");
+    assert_eq!(
+        names.len(),
+        1,
+        "the diverged file is kept, set aside: {names:?}"
+    );
     assert_eq!(
         node.runtime()
             .metrics()

@@ -266,9 +266,8 @@ fn serve(args: ServeArgs) -> Result<()> {
     cfg.check_exposure()?;
     let mut rc = cfg.runtime();
     if let Some(url) = &cfg.bucket {
-        rc.bucket = Some(
-            wasmkeep_replica::Bucket::from_url(url).with_context(|| format!("bucket {url}"))?,
-        );
+        rc.bucket =
+            Some(wasmkeep_replica::Bucket::from_url(url).with_context(|| format!("bucket {url}"))?);
     }
     let rt = Runtime::start(rc, Arc::new(SystemClock))
         .with_context(|| format!("start the runtime on {}", cfg.data.display()))?;

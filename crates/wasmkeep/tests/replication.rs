@@ -44,7 +44,9 @@ fn start(data: &Path, t: &Target) -> Node {
 
 fn value(v: &str) -> i64 {
     let j: serde_json::Value = serde_json::from_str(v).unwrap_or_else(|_| panic!("not JSON: {v}"));
-    j["value"].as_i64().unwrap_or_else(|| panic!("no value: {v}"))
+    j["value"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("no value: {v}"))
 }
 
 /// Durable increments on several counters from several threads until the
@@ -97,7 +99,10 @@ fn acknowledged_writes_survive_sigkill(t: &Target) {
         w.join().unwrap();
     }
     let total: i64 = acked.iter().map(|a| a.load(Ordering::SeqCst)).sum();
-    assert!(total > 0, "no durable write was acknowledged before the kill");
+    assert!(
+        total > 0,
+        "no durable write was acknowledged before the kill"
+    );
 
     let b = start(&tmp.path().join("b"), t);
     for (i, acked) in acked.iter().enumerate() {
@@ -126,10 +131,7 @@ fn restore_is_byte_identical(t: &Target) {
         );
         assert_eq!(s, 201);
     }
-    let (s, _) = a.post(
-        "/v1/demo/examples/reminder/r/set?at_ms=9999999999999",
-        b"",
-    );
+    let (s, _) = a.post("/v1/demo/examples/reminder/r/set?at_ms=9999999999999", b"");
     assert_eq!(s, 200);
     a.stop();
 
@@ -146,7 +148,10 @@ fn restore_is_byte_identical(t: &Target) {
         let rel = format!("actors/demo/examples/{name}/actor.db");
         let fa = std::fs::read(tmp.path().join("a").join(&rel)).unwrap();
         let fb = std::fs::read(tmp.path().join("b").join(&rel)).unwrap();
-        assert!(fa == fb, "{rel}: the restored file differs from the original");
+        assert!(
+            fa == fb,
+            "{rel}: the restored file differs from the original"
+        );
     }
 }
 
@@ -275,7 +280,13 @@ fn local_data_moves_onto_the_bucket_at_start(t: &Target, tmp: &Path) {
     let mut exported = false;
     for _ in 0..100 {
         let o = std::process::Command::new(env!("CARGO_BIN_EXE_wasmkeep"))
-            .args(["export", "--bucket", &t.url, "demo/examples/counter/g", "-o"])
+            .args([
+                "export",
+                "--bucket",
+                &t.url,
+                "demo/examples/counter/g",
+                "-o",
+            ])
             .arg(&out)
             .envs(t.env.iter().map(|(k, v)| (*k, v.as_str())))
             .output()
@@ -313,5 +324,8 @@ fn on_a_local_folder() {
     export_and_restore(&folder_target(&dirs.path().join("export")), tmp.path());
     bulk_upload(&folder_target(&dirs.path().join("upload")), tmp.path());
     std::fs::create_dir_all(dirs.path().join("start")).unwrap();
-    local_data_moves_onto_the_bucket_at_start(&folder_target(&dirs.path().join("start")), tmp.path());
+    local_data_moves_onto_the_bucket_at_start(
+        &folder_target(&dirs.path().join("start")),
+        tmp.path(),
+    );
 }
