@@ -140,9 +140,14 @@ impl ActorReplica {
         };
     }
 
-    /// Whether closing the actor now would lose track of something.
+    /// Whether closing the actor now would lose track of something. A given
+    /// up actor is not: its unuploaded commits are void, its next opening
+    /// restores it, and nothing it holds will ever be uploaded (shutdown must
+    /// not wait for it).
     pub fn busy(&self) -> bool {
-        self.in_flight || self.committed > self.uploaded || !self.waiters.is_empty()
+        self.in_flight
+            || (self.given_up.is_none()
+                && (self.committed > self.uploaded || !self.waiters.is_empty()))
     }
 
     pub fn given_up(&self) -> bool {
@@ -509,5 +514,21 @@ mod tests {
         let (tx, mut rx) = tokio::sync::oneshot::channel();
         hold_until_uploaded(&m, &actor, mark, tx, Ok(Outcome::Done), None);
         assert!(rx.try_recv().is_err(), "answered before its upload");
+    }
+
+    /// A given-up actor holds nothing worth waiting for: shutdown and the
+    /// idle reaper must not wait on it.
+    #[test]
+    fn a_given_up_actor_is_not_busy() {
+        let mut st = ActorReplica {
+            committed: 3,
+            uploaded: 1,
+            ..ActorReplica::default()
+        };
+        assert!(st.busy());
+        st.given_up = Some("chain moved".into());
+        assert!(!st.busy());
+        st.in_flight = true;
+        assert!(st.busy());
     }
 }
