@@ -13,11 +13,14 @@
 //! What it is not: it decides nothing about ownership (leases and holds are
 //! `wasmkeep-cluster`'s), does not open, write or commit an actor's
 //! database through the store (it reads committed state and writes whole
-//! restored files while the actor is closed), and never reads a clock:
-//! times are passed in. Its calls are async (tokio, `object_store`);
-//! reading an [`Image`] is blocking and belongs on a worker thread.
+//! restored files while the actor is closed), and never reads the time of
+//! day: commit times are passed in. The one clock it reads is the boot
+//! clock, for the elapsed times of ADR 0007's collection grace. Its calls
+//! are async (tokio, `object_store`); reading an [`Image`] is blocking and
+//! belongs on a worker thread.
 
 pub mod bucket;
+mod clock;
 pub mod entry;
 pub mod error;
 pub mod export;

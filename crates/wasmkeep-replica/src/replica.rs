@@ -1,12 +1,15 @@
 //! One actor's replica: restoring it from the bucket, and appending its
 //! changes to the chain as their owner.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use bytes::Bytes;
 use wasmkeep_store::ActorId;
 
 use crate::bucket::{Bucket, Created};
+use crate::clock::since_boot;
 use crate::entry::{Entry, FIXED_HEADER_BYTES, Kind, Position, Token};
 use crate::error::ReplicaError;
 use crate::image::{Image, PageHashes};
@@ -265,6 +268,13 @@ pub struct Replica {
     entries_since_snapshot: u64,
     bytes_since_snapshot: u64,
     given_up: bool,
+    /// When (boot clock) the request that last confirmed `head` was sent:
+    /// the listing of `open`, or the create of the head entry. See
+    /// [`Replica::append`].
+    anchor: Option<Duration>,
+    /// Every snapshot this writer has seen, with when it first saw it
+    /// (boot clock, after the request that showed it returned).
+    snaps_seen: BTreeMap<u64, Duration>,
 }
 
 impl Replica {
@@ -301,6 +311,8 @@ impl Replica {
             entries_since_snapshot: 0,
             bytes_since_snapshot: 0,
             given_up: false,
+            anchor: None,
+            snaps_seen: BTreeMap::new(),
         };
         let mut attempt = 0;
         loop {
@@ -314,7 +326,10 @@ impl Replica {
     }
 
     async fn open_once(&mut self, now_ms: u64) -> Result<Opened, ReplicaError> {
+        let sent = since_boot();
         let listing = list_chain(&self.bucket, &self.root).await?;
+        self.anchor = Some(sent);
+        self.saw_snapshots(&listing.snaps);
         let local = self.db_path.exists();
         let Some(head_seq) = listing.head() else {
             if local {
@@ -484,9 +499,33 @@ impl Replica {
         self.base.as_ref().map_or(0, |b| b.pages())
     }
 
+    /// Records snapshots listed just now; the first sighting counts.
+    fn saw_snapshots(&mut self, snaps: &[u64]) {
+        let now = since_boot();
+        self.snaps_seen
+            .retain(|s, _| snaps.binary_search(s).is_ok());
+        for s in snaps {
+            self.snaps_seen.entry(*s).or_insert(now);
+        }
+    }
+
     /// Creates `log/<seq>` and makes sure it is on the chain.
+    ///
+    /// A create also succeeds on a key that collection deleted, so a
+    /// writer that stalled long enough could "append" below a snapshot
+    /// nobody reads past. Collection deletes an entry only once a snapshot
+    /// at or above it has been known to its collector for the grace
+    /// (`collect_grace_ms`), and that snapshot was written after the entry,
+    /// which was written after the request that confirmed our head was sent
+    /// (the anchor). So a create answered within the grace of the anchor
+    /// landed before any deletion of its key: it either took a free key or
+    /// found another writer's entry. Only a create answered later needs the
+    /// check: list `snap/` and refuse if a snapshot at or above `seq`
+    /// exists. Half the grace is used to leave room for clocks running at
+    /// different rates.
     async fn append(&mut self, seq: u64, body: Bytes) -> Result<(), ReplicaError> {
         let key = self.root.log(seq);
+        let sent = since_boot();
         match self.bucket.create(&key, body.clone()).await? {
             Created::Created => {}
             Created::AlreadyExists => {
@@ -499,12 +538,15 @@ impl Replica {
                 }
             }
         }
-        if !self.config.unsafe_skip_append_check {
-            // A create succeeds on a key that collection deleted. That
-            // happens only if a snapshot at or above `seq` was written
-            // first (snapshots precede the deletes, and the newest snapshot
-            // is never deleted), so one listing tells whether this entry is
-            // on the chain or below a snapshot nobody reads past.
+        let quick = self.anchor.is_some_and(|anchor| {
+            since_boot().saturating_sub(anchor)
+                < Duration::from_millis(self.config.append_check_after_ms())
+        });
+        if !quick && !self.config.unsafe_skip_append_check {
+            // Deleted only after a snapshot at or above `seq` was written
+            // (snapshots precede the deletes, and the newest snapshot is
+            // never deleted), so one listing tells whether this entry is on
+            // the chain or below a snapshot nobody reads past.
             let after = if seq == 0 {
                 None
             } else {
@@ -518,6 +560,7 @@ impl Replica {
                 return Err(ReplicaError::ChainMoved { seq });
             }
         }
+        self.anchor = Some(sent);
         Ok(())
     }
 
@@ -539,27 +582,44 @@ impl Replica {
                 return Err(ReplicaError::ChainMoved { seq: head.seq });
             }
         }
+        self.snaps_seen.entry(head.seq).or_insert_with(since_boot);
         self.entries_since_snapshot = 0;
         self.bytes_since_snapshot = 0;
         self.collect().await
     }
 
     /// Deletes what retention no longer needs. Never deletes the newest
-    /// snapshot, and deletes entries only at or below a snapshot that stays.
-    pub async fn collect(&self) -> Result<(), ReplicaError> {
+    /// snapshot; deletes entries only at or below a kept snapshot that this
+    /// writer has known for the grace (`collect_grace_ms`, see
+    /// [`Replica::append`] for why), so entries a fresh snapshot covers
+    /// stay until a later collection.
+    pub async fn collect(&mut self) -> Result<(), ReplicaError> {
         let snaps = self.bucket.list_seqs(&self.root.snap_dir(), None).await?;
+        self.saw_snapshots(&snaps);
         if snaps.is_empty() {
             return Ok(());
         }
         let keep_from = snaps.len().saturating_sub(self.config.snapshots_keep);
-        let oldest_kept = snaps[keep_from];
-        let logs: Vec<u64> = self
-            .bucket
-            .list_seqs(&self.root.log_dir(), None)
-            .await?
-            .into_iter()
-            .filter(|s| *s <= oldest_kept)
-            .collect();
+        let now = since_boot();
+        let grace = Duration::from_millis(self.config.collect_grace_ms);
+        let aged = |s: &u64| {
+            self.config.unsafe_collect_without_grace
+                || self
+                    .snaps_seen
+                    .get(s)
+                    .is_some_and(|seen| now.saturating_sub(*seen) >= grace)
+        };
+        let cover = snaps[..=keep_from].iter().rev().find(|s| aged(s)).copied();
+        let logs: Vec<u64> = match cover {
+            None => Vec::new(),
+            Some(cover) => self
+                .bucket
+                .list_seqs(&self.root.log_dir(), None)
+                .await?
+                .into_iter()
+                .filter(|s| *s <= cover)
+                .collect(),
+        };
         for s in logs {
             self.bucket.delete(&self.root.log(s)).await?;
         }

@@ -26,6 +26,9 @@ fn cfg(every: u64, keep: usize) -> ReplicaConfig {
         snapshots_keep: keep,
         // Tests choose when snapshots happen by count alone.
         snapshot_log_ratio_pct: u64::MAX / 1_000_000,
+        // Collection at once, and so the re-creation check after every
+        // create; the scenarios about the grace set their own.
+        collect_grace_ms: 0,
         ..ReplicaConfig::default()
     }
 }
@@ -278,18 +281,30 @@ async fn late_commit(b: &Backend, name: &str, lands_first: bool) {
     }
 }
 
-/// A writer stalled past a collection re-creates a deleted key: the check
-/// after the create finds the snapshot above it. With the check switched
-/// off (the mutation), the stalled writer believes it appended.
-async fn stalled_writer_past_collection(
-    b: &Backend,
-    name: &str,
-    check: bool,
-) -> Result<Uploaded, ReplicaError> {
+/// How [`stalled_writer`] stalls, and which rule is switched off.
+struct Stall {
+    grace_ms: u64,
+    /// How long the new writer waits before its last uploads (their
+    /// snapshot's collection then finds the earlier snapshots aged).
+    pause_ms: u64,
+    skip_check: bool,
+    collect_without_grace: bool,
+}
+
+/// A writer's create of seq 2 is held while another writer restores,
+/// appends past it, snapshots and collects; then the held create lands and
+/// its result is returned. Whatever happened, the stalled writer must not
+/// believe it appended: either collection waited out the grace (then the
+/// stalled writer's create came later than half of it after its previous
+/// one, and the check after it finds the snapshot), or the key was still
+/// there (then the create finds another writer's entry).
+async fn stalled_writer(b: &Backend, name: &str, stall: Stall) -> Result<Uploaded, ReplicaError> {
     let tmp = tempfile::tempdir().unwrap();
     let id = actor(name);
     let mut config = cfg(2, 1);
-    config.unsafe_skip_append_check = !check;
+    config.collect_grace_ms = stall.grace_ms;
+    config.unsafe_skip_append_check = stall.skip_check;
+    config.unsafe_collect_without_grace = stall.collect_without_grace;
     let mut a = Source::new(&tmp.path().join("a"));
     let (mut ra, _) = Replica::open(&b.bucket, &id, &a.path(), 1, config.clone(), 0)
         .await
@@ -311,13 +326,17 @@ async fn stalled_writer_past_collection(
     let mut bsrc = Source::new(&bdir);
     for i in 10..16 {
         work(&mut bsrc, i);
-        upload(&mut rb, &mut bsrc, i as u64).await.unwrap();
+        upload(&mut rb, &mut bsrc, i as u64).await.unwrap(); // seq 2..=7
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(stall.pause_ms)).await;
+    for i in 16..18 {
+        work(&mut bsrc, i);
+        upload(&mut rb, &mut bsrc, i as u64).await.unwrap(); // seq 8, 9
     }
     let logs = keys(&b.bucket, &rb, "log").await;
-    assert!(
-        !logs.iter().any(|k| k.ends_with("log/00000000000000000002")),
-        "collection removed seq 2: {logs:?}"
-    );
+    let collected = !logs.iter().any(|k| k.ends_with("log/00000000000000000002"));
+    let may_collect = stall.collect_without_grace || stall.pause_ms >= stall.grace_ms;
+    assert_eq!(collected, may_collect, "seq 2 collected? {logs:?}");
     gate.release();
     task.await.unwrap()
 }
@@ -440,19 +459,82 @@ async fn set_aside_never_deletes(b: &Backend, name: &str) {
     }
 }
 
+async fn stalled_writers(make: &impl Fn() -> Backend) {
+    let stalls = [
+        // Stalled past the grace and a collection: the check catches it.
+        ("past grace", 300, 400, false, false, false),
+        // Mutation: without the check the stalled writer is fooled.
+        ("past grace, no check", 300, 400, true, false, true),
+        // Stalled briefly: collection waits, the create finds B's entry.
+        ("brief", 60_000, 0, false, false, false),
+        // Mutation: collecting without the grace fools a quick writer,
+        // which skips the check.
+        ("brief, no grace", 60_000, 0, false, true, true),
+    ];
+    for (name, grace_ms, pause_ms, skip_check, collect_without_grace, fooled) in stalls {
+        let stall = Stall {
+            grace_ms,
+            pause_ms,
+            skip_check,
+            collect_without_grace,
+        };
+        let r = stalled_writer(&make(), name, stall).await;
+        if fooled {
+            assert!(r.is_ok(), "{name}: {r:?}");
+        } else {
+            assert!(
+                matches!(r, Err(ReplicaError::ChainMoved { seq: 2 })),
+                "{name}: {r:?}"
+            );
+        }
+    }
+}
+
+/// With the default grace, an actor uploading steadily pays one create per
+/// entry and no listing; entries a fresh snapshot covers stay until that
+/// snapshot is older than the grace.
+async fn quick_appends_skip_the_check(b: &Backend, name: &str) {
+    let tmp = tempfile::tempdir().unwrap();
+    let id = actor(name);
+    let config = ReplicaConfig {
+        collect_grace_ms: wasmkeep_replica::limits::COLLECT_GRACE_MS,
+        ..cfg(3, 1)
+    };
+    let mut src = Source::new(&tmp.path().join("src"));
+    let (mut rep, _) = Replica::open(&b.bucket, &id, &src.path(), 1, config, 0)
+        .await
+        .unwrap();
+    schema(&mut src);
+    upload(&mut rep, &mut src, 1).await.unwrap();
+    for i in 1..8 {
+        work(&mut src, i);
+        let before = b.bucket.metrics().snapshot();
+        let up = upload(&mut rep, &mut src, 1 + i as u64).await.unwrap();
+        let after = b.bucket.metrics().snapshot();
+        let Uploaded::Appended { snapshot, .. } = up else {
+            panic!("expected an append")
+        };
+        if !snapshot {
+            assert_eq!(after.puts - before.puts, 1, "entry {i}");
+            assert_eq!(after.lists - before.lists, 0, "entry {i}");
+        }
+    }
+    let logs = keys(&b.bucket, &rep, "log").await;
+    assert_eq!(
+        logs.len(),
+        8,
+        "nothing collected within the grace: {logs:?}"
+    );
+    assert_eq!(keys(&b.bucket, &rep, "snap").await.len(), 1);
+}
+
 async fn all_scenarios(make: impl Fn() -> Backend) {
     restore_is_byte_identical(&make(), "byte identical").await;
     lost_response_is_mine_and_foreign_entry_moves_the_chain(&make(), "lost response").await;
     late_commit(&make(), "late first", true).await;
     late_commit(&make(), "late after", false).await;
-    let r = stalled_writer_past_collection(&make(), "stalled", true).await;
-    assert!(
-        matches!(r, Err(ReplicaError::ChainMoved { seq: 2 })),
-        "{r:?}"
-    );
-    // Mutation check: without the check the stalled writer is fooled.
-    let r = stalled_writer_past_collection(&make(), "stalled mutant", false).await;
-    assert!(r.is_ok(), "{r:?}");
+    stalled_writers(&make).await;
+    quick_appends_skip_the_check(&make(), "quick").await;
     first_upload_race(&make(), "first upload").await;
     point_in_time(&make(), "pitr").await;
     set_aside_never_deletes(&make(), "aside").await;

@@ -1,0 +1,23 @@
+//! The one clock the replica reads: elapsed time for the collection grace
+//! of ADR 0007, never the time of day.
+
+use std::time::Duration;
+
+/// Time since the machine booted, suspend included (`CLOCK_BOOTTIME`).
+///
+/// Only differences of two readings mean anything. A suspended or paused
+/// process can only make a difference larger than the real one, which is
+/// the safe direction for both uses: a writer that measures a longer
+/// silence checks more, and a collector that measures a longer age
+/// deletes later.
+pub(crate) fn since_boot() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_BOOTTIME exists on
+    // every Linux since 2.6.39 (the node is Linux-only, ADR 0004).
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_BOOTTIME) failed");
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
