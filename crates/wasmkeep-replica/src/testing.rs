@@ -104,10 +104,17 @@ impl FaultStore {
 
 /// A bucket in memory behind a [`FaultStore`], and the switches.
 pub fn memory_bucket() -> (crate::Bucket, Arc<FaultStore>) {
-    let faults = Arc::new(FaultStore::new(Arc::new(
-        object_store::memory::InMemory::new(),
-    )));
-    let bucket = crate::Bucket::new(Arc::clone(&faults) as Arc<dyn ObjectStore>, "test");
+    faulty_bucket(Arc::new(object_store::memory::InMemory::new()), "test")
+}
+
+/// A bucket on any store (a folder, moto) behind a [`FaultStore`], and the
+/// switches.
+pub fn faulty_bucket(
+    inner: Arc<dyn ObjectStore>,
+    prefix: &str,
+) -> (crate::Bucket, Arc<FaultStore>) {
+    let faults = Arc::new(FaultStore::new(inner));
+    let bucket = crate::Bucket::new(Arc::clone(&faults) as Arc<dyn ObjectStore>, prefix);
     (bucket, faults)
 }
 

@@ -1,13 +1,15 @@
 //! Replication to a bucket as the runtime drives it: when a durable request
 //! answers, what a failed upload does, and a node with an empty data folder
 //! restoring actors. The bucket is in memory behind the replica crate's
-//! fault-injecting store; `crates/wasmkeep/tests/replication.rs` runs the
-//! same paths against moto and a folder, through real processes.
+//! fault-injecting store (the failed upload also runs on a folder and on
+//! moto); `crates/wasmkeep/tests/replication.rs` runs the same paths
+//! against moto and a folder, through real processes.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use wasmkeep_guests::DEMO;
-use wasmkeep_replica::testing::memory_bucket;
+use wasmkeep_replica::testing::{FaultStore, Moto, faulty_bucket, memory_bucket};
 use wasmkeep_replica::{Bucket, ReplicaConfig};
 use wasmkeep_testkit::{RuntimeError, TestNode};
 
@@ -80,7 +82,29 @@ fn a_durable_request_answers_only_once_its_entry_is_in_the_bucket() {
 #[test]
 fn a_failed_upload_gives_the_actor_up_and_it_comes_back_from_the_bucket() {
     let (bucket, faults) = memory_bucket();
-    let node = node_on(&bucket);
+    failed_upload_recovers(&bucket, &faults);
+}
+
+#[test]
+fn a_failed_upload_recovers_on_a_folder_bucket() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = object_store::local::LocalFileSystem::new_with_prefix(dir.path()).unwrap();
+    let (bucket, faults) = faulty_bucket(Arc::new(store), "");
+    failed_upload_recovers(&bucket, &faults);
+}
+
+#[test]
+fn a_failed_upload_recovers_on_moto() {
+    let moto = Moto::start();
+    moto.create_bucket("fail");
+    let (bucket, faults) = faulty_bucket(moto.store("fail"), "node");
+    failed_upload_recovers(&bucket, &faults);
+}
+
+/// The failed upload is a PUT the fault-injecting store refuses; the
+/// bucket behind it is real (a folder, moto) or in memory.
+fn failed_upload_recovers(bucket: &Bucket, faults: &FaultStore) {
+    let node = node_on(bucket);
     assert_eq!(increment(&node, "a", REPLICATED).unwrap(), 1);
 
     faults.fail_puts(1);
