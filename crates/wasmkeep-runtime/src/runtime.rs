@@ -11,6 +11,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use serde::Serialize;
 use tokio::sync::oneshot;
 use wasmkeep_store::db::inspect_query;
+use wasmkeep_store::sqlite_setup::release_free_memory;
 use wasmkeep_store::{ActorId, QueryResult, paths};
 use wasmtime::component::{HasSelf, Linker};
 use wasmtime::{Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
@@ -36,6 +37,9 @@ pub fn epoch_ticks(ms: u64) -> u64 {
 
 /// How often the idle reaper looks for actors to close.
 const REAP_INTERVAL_MS: u64 = 1000;
+/// A worker that waited this long for work after running some gives the
+/// memory its allocator no longer uses back to the system.
+const WORKER_IDLE_COLLECT_MS: u64 = 500;
 
 /// What the admin API shows about one actor.
 #[derive(Debug, Clone, Serialize)]
@@ -52,6 +56,19 @@ pub struct ActorInfo {
     pub last_write_ms: Option<u64>,
     /// Whether an instance is alive on this node now.
     pub active: bool,
+    /// What its open SQLite connection holds in memory (SQLite's own
+    /// accounting); `None` while the database is closed.
+    pub sqlite_memory: Option<SqliteMemoryInfo>,
+}
+
+/// One open connection's memory, in bytes (see `ActorDb::memory`). The
+/// write-ahead log's index (32 KiB per open actor) and lookaside buffer
+/// are not in these figures.
+#[derive(Debug, Clone, Serialize)]
+pub struct SqliteMemoryInfo {
+    pub cache_bytes: u64,
+    pub schema_bytes: u64,
+    pub statement_bytes: u64,
 }
 
 /// The shared core; workers and the server hold it through [`Runtime`].
@@ -65,6 +82,9 @@ pub struct Inner {
     actors: Mutex<HashMap<ActorId, Arc<Actor>>>,
     runq: Mutex<std::collections::VecDeque<Arc<Actor>>>,
     runq_cv: Condvar,
+    /// Passes of the reaper that closed actors; workers give memory back
+    /// after one (see `worker`).
+    reaped: AtomicU64,
     pub durability: DurabilityStage,
     /// The bucket side, when the node has one.
     pub replication: Option<Replication>,
@@ -171,6 +191,7 @@ impl Runtime {
             actors: Mutex::new(HashMap::new()),
             runq: Mutex::new(Default::default()),
             runq_cv: Condvar::new(),
+            reaped: AtomicU64::new(0),
             timer: Timer::default(),
             metrics,
             started: Instant::now(),
@@ -397,6 +418,8 @@ impl Runtime {
             .write()
             .insert((tenant.to_owned(), app.to_owned()), Arc::new(built));
         tracing::info!(%tenant, %app, hash = %info.hash, classes = ?info.classes, "deployed");
+        // Compiling took megabytes this thread no longer needs.
+        release_free_memory();
         Ok(info)
     }
 
@@ -438,8 +461,16 @@ impl Runtime {
             .get(id)
             .is_some_and(|a| a.is_loaded());
         let name = id.to_string();
-        let (size, alarm) = self.with_db(id, move |db| match db {
-            DbAccess::Open(db) => Ok((db.size_bytes()?, db.alarm()?)),
+        let (size, alarm, memory) = self.with_db(id, move |db| match db {
+            DbAccess::Open(db) => {
+                let m = db.memory();
+                let memory = SqliteMemoryInfo {
+                    cache_bytes: m.cache_bytes,
+                    schema_bytes: m.schema_bytes,
+                    statement_bytes: m.statement_bytes,
+                };
+                Ok((db.size_bytes()?, db.alarm()?, Some(memory)))
+            }
             DbAccess::Closed(path) => {
                 if !path.exists() {
                     return Err(RuntimeError::ActorNotFound(name));
@@ -452,7 +483,7 @@ impl Runtime {
                     Some(wasmkeep_store::Value::Integer(p)) => p as u64 * 4096,
                     _ => 0,
                 };
-                Ok((size, wasmkeep_store::db::read_alarm(path)?))
+                Ok((size, wasmkeep_store::db::read_alarm(path)?, None))
             }
         })?;
         let mtime = |p: PathBuf| {
@@ -474,6 +505,7 @@ impl Runtime {
             alarm_retry_count: alarm.map(|a| a.retry_count).unwrap_or(0),
             last_write_ms,
             active,
+            sqlite_memory: memory,
         })
     }
 
@@ -721,9 +753,14 @@ impl Inner {
                 false
             });
         }
+        if closed.is_empty() {
+            return;
+        }
         for a in closed {
             *a.slot.lock() = None;
         }
+        self.reaped.fetch_add(1, Ordering::Relaxed);
+        release_free_memory();
     }
 
     /// Before an instance is created: while the node is at
@@ -817,6 +854,11 @@ impl Inner {
 }
 
 fn worker(rt: Arc<Inner>) {
+    // Whether this worker's allocator may hold memory to give back: it ran
+    // turns, or the reaper freed actors (whose memory this worker's pages
+    // may hold) since it last gave memory back.
+    let mut worked = false;
+    let mut reaped_seen = rt.reaped.load(Ordering::Relaxed);
     loop {
         let actor = {
             let mut q = rt.runq.lock();
@@ -827,10 +869,21 @@ fn worker(rt: Arc<Inner>) {
                 if let Some(a) = q.pop_front() {
                     break a;
                 }
-                rt.runq_cv.wait_for(&mut q, Duration::from_millis(500));
+                let waited = rt
+                    .runq_cv
+                    .wait_for(&mut q, Duration::from_millis(WORKER_IDLE_COLLECT_MS));
+                let reaped = rt.reaped.load(Ordering::Relaxed);
+                if waited.timed_out() && (worked || reaped != reaped_seen) {
+                    // Quiet for a while after work: return what the burst
+                    // freed (W4's memory once W1's actors closed).
+                    worked = false;
+                    reaped_seen = reaped;
+                    parking_lot::MutexGuard::unlocked(&mut q, release_free_memory);
+                }
             }
         };
         actor::run_turn(&rt, &actor);
+        worked = true;
     }
 }
 

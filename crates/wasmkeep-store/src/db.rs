@@ -910,6 +910,43 @@ impl ActorDb {
             .map_err(|e| StoreError::Sql(e.to_string()))?;
         Ok(pages as u64 * self.page_size)
     }
+
+    /// What this connection holds in memory, from SQLite's own accounting
+    /// (`sqlite3_db_status`), which works with global statistics off.
+    pub fn memory(&self) -> SqliteMemory {
+        use rusqlite::ffi;
+        let status = |op: i32| {
+            let (mut cur, mut hi) = (0, 0);
+            // SAFETY: the handle is this open connection's, used on its
+            // own thread; the out pointers are valid.
+            let rc =
+                unsafe { ffi::sqlite3_db_status(self.conn.handle(), op, &mut cur, &mut hi, 0) };
+            if rc == ffi::SQLITE_OK {
+                cur.max(0) as u64
+            } else {
+                0
+            }
+        };
+        SqliteMemory {
+            cache_bytes: status(ffi::SQLITE_DBSTATUS_CACHE_USED),
+            schema_bytes: status(ffi::SQLITE_DBSTATUS_SCHEMA_USED),
+            statement_bytes: status(ffi::SQLITE_DBSTATUS_STMT_USED),
+            lookaside_slots: status(ffi::SQLITE_DBSTATUS_LOOKASIDE_USED),
+        }
+    }
+}
+
+/// One connection's memory by SQLite's accounting (see [`ActorDb::memory`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SqliteMemory {
+    /// The page cache, and (in exclusive locking mode) the WAL index.
+    pub cache_bytes: u64,
+    /// The parsed schema.
+    pub schema_bytes: u64,
+    /// Prepared statements, the runtime's cached ones included.
+    pub statement_bytes: u64,
+    /// Lookaside slots in use.
+    pub lookaside_slots: u64,
 }
 
 /// Whether a database that SQLite refuses as corrupt is the remains of an

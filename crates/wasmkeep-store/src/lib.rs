@@ -18,7 +18,9 @@ pub mod paths;
 pub mod sqlite_setup;
 pub mod sync;
 
-pub use db::{ActorDb, AlarmState, ExecResult, KvListOptions, OpenMode, QueryResult, Value};
+pub use db::{
+    ActorDb, AlarmState, ExecResult, KvListOptions, OpenMode, QueryResult, SqliteMemory, Value,
+};
 pub use error::StoreError;
 pub use id::ActorId;
 pub use limits::StoreLimits;

@@ -88,6 +88,12 @@ fn alarms_never_fire_before_they_are_due_and_show_in_the_admin_api() {
     );
     let (_, info) = node.json("GET", "/admin/v1/actors/demo/examples/reminder/e3", b"");
     assert_eq!(info["alarm_ms"], base + 150);
+    // Open (it just set its alarm): its connection's memory is shown.
+    assert_eq!(info["active"], true, "{info}");
+    assert!(
+        info["sqlite_memory"]["cache_bytes"].as_u64().unwrap() > 0,
+        "{info}"
+    );
     std::thread::sleep(Duration::from_millis(4_000));
     for i in 0..20u64 {
         let (_, v) = node.json(
