@@ -305,7 +305,7 @@ fn instantiate(
     app: &Arc<App>,
     id: &ActorId,
     db: ActorDb,
-) -> Result<Loaded, (RuntimeError, Option<ActorDb>)> {
+) -> Result<Loaded, Box<(RuntimeError, Option<ActorDb>)>> {
     let started = Instant::now();
     let state = HostState::new(
         Some(db),
@@ -332,7 +332,10 @@ fn instantiate(
         }
         Err(e) => {
             let db = store.data_mut().db.take();
-            Err((RuntimeError::Internal(format!("instantiate: {e:#}")), db))
+            Err(Box::new((
+                RuntimeError::Internal(format!("instantiate: {e:#}")),
+                db,
+            )))
         }
     }
 }
@@ -382,7 +385,7 @@ fn load(
             *slot = Some(l);
             Ok(true)
         }
-        Err((e, _db)) => Err(e),
+        Err(failed) => Err(failed.0),
     }
 }
 
@@ -679,7 +682,8 @@ fn run_batch(rt: &Arc<Inner>, actor: &Arc<Actor>, slot: &mut Option<Loaded>, eve
             let db = slot.take().expect("loaded").take_db();
             match instantiate(rt, &app, id, db) {
                 Ok(new) => *slot = Some(new),
-                Err((e, db)) => {
+                Err(failed) => {
+                    let (e, db) = *failed;
                     // Without an instance the batch cannot go on: what ran
                     // before is rolled back with the transaction (closing
                     // the database, so that its alarm can be read).

@@ -308,9 +308,16 @@ pub fn persist(data: &Path, app: &App, bytes: &[u8], manifest_text: &str) -> std
     wasmkeep_store::sync::sync_dir(&dir)
 }
 
-/// Reads what `persist` wrote: `(tenant, app, wasm, manifest)` for every
-/// app with a `current` pointer.
-pub fn load_all(data: &Path) -> std::io::Result<Vec<(String, String, Vec<u8>, String)>> {
+/// One deployed app as `persist` stored it.
+pub struct StoredApp {
+    pub tenant: String,
+    pub app: String,
+    pub wasm: Vec<u8>,
+    pub manifest: String,
+}
+
+/// Reads what `persist` wrote, for every app with a `current` pointer.
+pub fn load_all(data: &Path) -> std::io::Result<Vec<StoredApp>> {
     let mut out = Vec::new();
     let root = data.join("apps");
     let Ok(tenants) = std::fs::read_dir(&root) else {
@@ -329,12 +336,12 @@ pub fn load_all(data: &Path) -> std::io::Result<Vec<(String, String, Vec<u8>, St
             let wasm = std::fs::read(dir.join(format!("{hash}.wasm")))?;
             let manifest =
                 std::fs::read_to_string(dir.join(format!("{hash}.toml"))).unwrap_or_default();
-            out.push((
-                t.file_name().to_string_lossy().into_owned(),
-                a.file_name().to_string_lossy().into_owned(),
+            out.push(StoredApp {
+                tenant: t.file_name().to_string_lossy().into_owned(),
+                app: a.file_name().to_string_lossy().into_owned(),
                 wasm,
                 manifest,
-            ));
+            });
         }
     }
     Ok(out)

@@ -208,9 +208,13 @@ impl Runtime {
 
     fn load_apps(&self) -> Result<(), RuntimeError> {
         let data = self.inner.config.data_dir.clone();
-        for (tenant, app, wasm, manifest) in
-            app::load_all(&data).map_err(|e| RuntimeError::Store(e.into()))?
-        {
+        for stored in app::load_all(&data).map_err(|e| RuntimeError::Store(e.into()))? {
+            let app::StoredApp {
+                tenant,
+                app,
+                wasm,
+                manifest,
+            } = stored;
             let version = self.inner.app_version.fetch_add(1, Ordering::SeqCst);
             match self
                 .compiler()
@@ -224,6 +228,8 @@ impl Runtime {
                 }
             }
         }
+        // Compiling took megabytes this thread no longer needs.
+        release_free_memory();
         Ok(())
     }
 
