@@ -37,8 +37,8 @@ pub fn epoch_ticks(ms: u64) -> u64 {
 
 /// How often the idle reaper looks for actors to close.
 const REAP_INTERVAL_MS: u64 = 1000;
-/// A worker that waited this long for work after running some gives the
-/// memory its allocator no longer uses back to the system.
+/// A worker that waited this long for work after the reaper closed actors
+/// gives the memory its allocator no longer uses back to the system.
 const WORKER_IDLE_COLLECT_MS: u64 = 500;
 
 /// What the admin API shows about one actor.
@@ -860,10 +860,9 @@ impl Inner {
 }
 
 fn worker(rt: Arc<Inner>) {
-    // Whether this worker's allocator may hold memory to give back: it ran
-    // turns, or the reaper freed actors (whose memory this worker's pages
-    // may hold) since it last gave memory back.
-    let mut worked = false;
+    // The reaper's passes that closed actors, as of this worker's last
+    // return of memory: a closed actor's memory sits in the pages of the
+    // workers that allocated it until they collect.
     let mut reaped_seen = rt.reaped.load(Ordering::Relaxed);
     loop {
         let actor = {
@@ -879,17 +878,19 @@ fn worker(rt: Arc<Inner>) {
                     .runq_cv
                     .wait_for(&mut q, Duration::from_millis(WORKER_IDLE_COLLECT_MS));
                 let reaped = rt.reaped.load(Ordering::Relaxed);
-                if waited.timed_out() && (worked || reaped != reaped_seen) {
-                    // Quiet for a while after work: return what the burst
-                    // freed (W4's memory once W1's actors closed).
-                    worked = false;
+                if waited.timed_out() && reaped != reaped_seen {
+                    // Quiet for a while after the reaper closed actors:
+                    // return what they used (W4's memory once W1's actors
+                    // closed). Not after any work: memory returned before
+                    // a burst is faulted in again during it (W2's alarms
+                    // fired 20-40% later when every quiet worker returned
+                    // memory).
                     reaped_seen = reaped;
                     parking_lot::MutexGuard::unlocked(&mut q, release_free_memory);
                 }
             }
         };
         actor::run_turn(&rt, &actor);
-        worked = true;
     }
 }
 
