@@ -439,7 +439,10 @@ impl ActorDb {
         c.pragma_update(None, "journal_mode", "WAL")
             .map_err(open_err)?;
         if self.created {
-            c.execute_batch(SCHEMA).map_err(open_err)?;
+            // One transaction: each statement on its own would commit (and
+            // append to the WAL) separately.
+            c.execute_batch(&format!("BEGIN;{SCHEMA}COMMIT;"))
+                .map_err(open_err)?;
         }
         // The runtime makes commits durable itself, for many actors at once
         // (see the `sync` module); SQLite still syncs around checkpoints.
