@@ -181,6 +181,8 @@ impl Compiler<'_> {
                 let _ = std::fs::rename(&tmp, &cached);
             }
         }
+        // Compiling took megabytes this thread no longer needs.
+        wasmkeep_store::sqlite_setup::release_free_memory();
         Ok(component)
     }
 

@@ -228,8 +228,6 @@ impl Runtime {
                 }
             }
         }
-        // Compiling took megabytes this thread no longer needs.
-        release_free_memory();
         Ok(())
     }
 
@@ -424,8 +422,6 @@ impl Runtime {
             .write()
             .insert((tenant.to_owned(), app.to_owned()), Arc::new(built));
         tracing::info!(%tenant, %app, hash = %info.hash, classes = ?info.classes, "deployed");
-        // Compiling took megabytes this thread no longer needs.
-        release_free_memory();
         Ok(info)
     }
 
