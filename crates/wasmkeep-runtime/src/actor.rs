@@ -307,12 +307,13 @@ fn instantiate(
     db: ActorDb,
 ) -> Result<Loaded, Box<(RuntimeError, Option<ActorDb>)>> {
     let started = Instant::now();
-    let state = HostState::new(
+    let mut state = HostState::new(
         Some(db),
         id.clone(),
         Arc::clone(&rt.clock),
         rt.config.instance_memory_bytes_max,
     );
+    state.alarm_statements = app.alarm_statements.for_class(&id.class);
     let mut store = Store::new(&rt.engine, state);
     store.limiter(|s| &mut s.memory);
     store.set_epoch_deadline(epoch_ticks(app.event_cpu_ms_max));
@@ -650,10 +651,17 @@ fn run_batch(rt: &Arc<Inner>, actor: &Arc<Actor>, slot: &mut Option<Loaded>, eve
         }
     };
     if events.iter().all(|e| matches!(e.kind, EventKind::Prepare)) {
-        // Opened ahead of an alarm: no transaction to run. Reading the
-        // alarm re-prepares the statement the alarm's turn starts with
-        // (statements prepared before the actor's init went stale).
-        let _ = l.db().alarm();
+        // Opened ahead of an alarm: no transaction to run. What the due
+        // instant will run is prepared now: the turn's own statements, and
+        // those the class's handler ran on other actors (ADR 0026). A
+        // statement that does not prepare here (a table the handler has
+        // not created yet) is parsed when it runs, as without this.
+        let _ = l.db().warm_alarm_turn();
+        if let Some(learned) = l.app.alarm_statements.for_class(&id.class) {
+            for sql in learned.texts() {
+                let _ = l.db().warm(&sql);
+            }
+        }
         for ev in events {
             reply(ev.reply, Ok(Outcome::Done));
         }

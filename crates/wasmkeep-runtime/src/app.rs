@@ -27,6 +27,7 @@ use crate::clock::Clock;
 use crate::config::RuntimeConfig;
 use crate::error::RuntimeError;
 use crate::host::{ActorPre, HostState};
+use crate::warm::ClassStatements;
 
 /// An app's settings, from the optional TOML manifest given at deploy.
 ///
@@ -94,6 +95,8 @@ pub struct App {
     pub store_limits: StoreLimits,
     pub event_cpu_ms_max: u64,
     pub component_bytes: usize,
+    /// What each class's alarm handler ran, prepared ahead of alarms.
+    pub alarm_statements: ClassStatements,
 }
 
 /// What the admin API shows about an app.
@@ -236,6 +239,7 @@ impl Compiler<'_> {
             tenant: tenant.to_owned(),
             name: app.to_owned(),
             hash,
+            alarm_statements: ClassStatements::new(&classes),
             classes,
             event_cpu_ms_max: limits
                 .event_cpu_ms_max

@@ -13,6 +13,7 @@ use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use crate::clock::Clock;
+use crate::warm::AlarmStatements;
 
 wasmtime::component::bindgen!({
     path: "../../wit",
@@ -104,6 +105,8 @@ pub struct HostState {
     pub memory: MemoryCap,
     /// Set while `on-alarm` runs.
     pub in_alarm: bool,
+    /// Where the statements `on-alarm` runs are learned for the class.
+    pub alarm_statements: Option<Arc<AlarmStatements>>,
     pub alarm_op: AlarmOp,
     /// The last panic message the guest's SDK reported in this event.
     pub panic_message: Option<String>,
@@ -141,10 +144,20 @@ impl HostState {
                 exceeded: false,
             },
             in_alarm: false,
+            alarm_statements: None,
             alarm_op: AlarmOp::Untouched,
             panic_message: None,
             log_enabled: true,
             poison: None,
+        }
+    }
+
+    /// Records a statement that ran, if it ran in `on-alarm`.
+    fn learn(&self, sql: &str) {
+        if self.in_alarm
+            && let Some(s) = &self.alarm_statements
+        {
+            s.note(sql);
         }
     }
 
@@ -204,6 +217,7 @@ impl sql::Host for HostState {
     ) -> Result<sql::QueryResult, WitError> {
         let params: Vec<_> = params.into_iter().map(to_store_value).collect();
         let r = self.db()?.query(&statement, &params).map_err(wit_err)?;
+        self.learn(&statement);
         Ok(sql::QueryResult {
             columns: r.columns,
             rows: r
@@ -223,6 +237,7 @@ impl sql::Host for HostState {
     ) -> Result<sql::ExecResult, WitError> {
         let params: Vec<_> = params.into_iter().map(to_store_value).collect();
         let r = self.db()?.execute(&statement, &params).map_err(wit_err)?;
+        self.learn(&statement);
         Ok(sql::ExecResult {
             rows_written: r.rows_written,
             last_insert_rowid: r.last_insert_rowid,

@@ -25,6 +25,7 @@ pub mod metrics;
 pub mod replication;
 pub mod runtime;
 pub mod timer;
+pub mod warm;
 
 pub use actor::{ActorRequest, ActorResponse};
 pub use app::{AppInfo, AppManifest};

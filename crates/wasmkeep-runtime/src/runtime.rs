@@ -607,6 +607,14 @@ impl Runtime {
         ran
     }
 
+    /// Opens the actors whose alarm is due within `alarm_prepare_ms` of
+    /// the clock's now and prepares what their alarm's turn will run, as
+    /// the timer thread does on a real clock (the test kit calls it).
+    /// Returns at once: each actor's preparation runs before its next event.
+    pub fn prepare_alarms(&self) {
+        self.inner.prepare_soon(self.inner.clock.now_ms());
+    }
+
     /// Runs an actor's pending alarm now, due or not; whether there was
     /// one. Its handler sees the time it was set for in `scheduled-ms`.
     pub async fn run_alarm_now(&self, id: &ActorId) -> Result<bool, RuntimeError> {

@@ -31,6 +31,17 @@ pub const INTERNAL_PREFIX: &str = "_wasmkeep_";
 /// authorized) for itself by sending the same text.
 const GUEST_MARK: &str = "/*guest*/ ";
 
+// The runtime's own statements that run in every alarm's turn, named once
+// so that `warm_alarm_turn` prepares exactly what the turn runs.
+const SQL_BEGIN: &str = "BEGIN IMMEDIATE";
+const SQL_COMMIT: &str = "COMMIT";
+const SQL_EVENT_BEGIN: &str = "SAVEPOINT wasmkeep_event";
+const SQL_EVENT_COMMIT: &str = "RELEASE wasmkeep_event";
+const SQL_ALARM_GET: &str = "SELECT at_ms, retry_count FROM _wasmkeep_alarm WHERE id = 0";
+const SQL_ALARM_CLEAR: &str = "DELETE FROM _wasmkeep_alarm WHERE id = 0";
+const SQL_ALARM_SET: &str =
+    "INSERT OR REPLACE INTO _wasmkeep_alarm (id, at_ms, retry_count) VALUES (0, ?1, ?2)";
+
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS _wasmkeep_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS _wasmkeep_kv (key BLOB PRIMARY KEY, value BLOB NOT NULL);
@@ -558,12 +569,12 @@ impl ActorDb {
 
     /// Starts the transaction that a batch of events shares.
     pub fn begin(&mut self) -> Result<(), StoreError> {
-        self.control("BEGIN IMMEDIATE")
+        self.control(SQL_BEGIN)
     }
 
     /// Commits the batch's transaction.
     pub fn commit(&mut self) -> Result<(), StoreError> {
-        self.control("COMMIT")
+        self.control(SQL_COMMIT)
     }
 
     /// Runs one of the runtime's transaction statements through the
@@ -593,18 +604,18 @@ impl ActorDb {
 
     /// Marks the start of one event inside the batch.
     pub fn event_begin(&mut self) -> Result<(), StoreError> {
-        self.control("SAVEPOINT wasmkeep_event")
+        self.control(SQL_EVENT_BEGIN)
     }
 
     /// Keeps the event's changes in the batch.
     pub fn event_commit(&mut self) -> Result<(), StoreError> {
-        self.control("RELEASE wasmkeep_event")
+        self.control(SQL_EVENT_COMMIT)
     }
 
     /// Undoes the event's changes, and only its.
     pub fn event_rollback(&mut self) -> Result<(), StoreError> {
         self.control("ROLLBACK TO wasmkeep_event")?;
-        self.control("RELEASE wasmkeep_event")
+        self.control(SQL_EVENT_COMMIT)
     }
 
     /// A mark that moves whenever the database changes (rows written by
@@ -734,6 +745,22 @@ impl ActorDb {
             rows_written: self.conn.total_changes().saturating_sub(before),
             last_insert_rowid: self.conn.last_insert_rowid(),
         })
+    }
+
+    /// Prepares a guest statement into this connection's statement cache
+    /// without running it, so that its first run here does not parse it
+    /// (the runtime does this ahead of an alarm with the statements the
+    /// class's handler ran on other actors). Under the guest's rules: a
+    /// statement the guest could not prepare fails here too, and so does one
+    /// that names a table this database does not have (yet).
+    pub fn warm(&mut self, sql: &str) -> Result<(), StoreError> {
+        self.check_statement(sql, &[])?;
+        let _guest = Mode::enter(&self.mode, MODE_GUEST);
+        let text = format!("{GUEST_MARK}{sql}");
+        self.conn
+            .prepare_cached(&text)
+            .map(drop)
+            .map_err(|e| self.err(e))
     }
 
     // ---- key-value ----
@@ -873,7 +900,7 @@ impl ActorDb {
     /// The committed alarm, if any.
     pub fn alarm(&self) -> Result<Option<AlarmState>, StoreError> {
         self.conn
-            .prepare_cached("SELECT at_ms, retry_count FROM _wasmkeep_alarm WHERE id = 0")
+            .prepare_cached(SQL_ALARM_GET)
             .and_then(|mut s| {
                 s.query_row([], |r| {
                     Ok(AlarmState {
@@ -891,16 +918,56 @@ impl ActorDb {
         let r = match alarm {
             Some(a) => self
                 .conn
-                .prepare_cached(
-                    "INSERT OR REPLACE INTO _wasmkeep_alarm (id, at_ms, retry_count) VALUES (0, ?1, ?2)",
-                )
+                .prepare_cached(SQL_ALARM_SET)
                 .and_then(|mut s| s.execute(params![a.at_ms as i64, a.retry_count as i64])),
             None => self
                 .conn
-                .prepare_cached("DELETE FROM _wasmkeep_alarm WHERE id = 0")
+                .prepare_cached(SQL_ALARM_CLEAR)
                 .and_then(|mut s| s.execute([])),
         };
         r.map(|_| ()).map_err(|e| self.err(e))
+    }
+
+    /// Prepares the runtime's own statements of an alarm's turn (the
+    /// transaction around it, reading, clearing and re-setting the alarm),
+    /// so that the due instant does not parse them.
+    pub fn warm_alarm_turn(&self) -> Result<(), StoreError> {
+        for sql in [
+            SQL_BEGIN,
+            SQL_COMMIT,
+            SQL_EVENT_BEGIN,
+            SQL_EVENT_COMMIT,
+            SQL_ALARM_GET,
+            SQL_ALARM_CLEAR,
+            SQL_ALARM_SET,
+        ] {
+            self.conn
+                .prepare_cached(sql)
+                .map(drop)
+                .map_err(|e| self.err(e))?;
+        }
+        Ok(())
+    }
+
+    /// The text of every statement prepared on this connection (between
+    /// events: the cached ones), a guest's with its `/*guest*/ ` mark.
+    pub fn prepared_statements(&self) -> Vec<String> {
+        use rusqlite::ffi;
+        let mut out = Vec::new();
+        let db = unsafe { self.conn.handle() };
+        // SAFETY: the handle is this open connection's, used on its own
+        // thread; SQLite owns each statement and its text while it lives,
+        // and nothing finalizes one during this loop.
+        let mut stmt = unsafe { ffi::sqlite3_next_stmt(db, std::ptr::null_mut()) };
+        while !stmt.is_null() {
+            let text = unsafe { ffi::sqlite3_sql(stmt) };
+            if !text.is_null() {
+                let text = unsafe { std::ffi::CStr::from_ptr(text) };
+                out.push(text.to_string_lossy().into_owned());
+            }
+            stmt = unsafe { ffi::sqlite3_next_stmt(db, stmt) };
+        }
+        out
     }
 
     // ---- inspection ----
@@ -1089,11 +1156,7 @@ pub fn read_alarm(db_path: &Path) -> Result<Option<AlarmState>, StoreError> {
     if !db_path.exists() {
         return Ok(None);
     }
-    let r = inspect_query(
-        db_path,
-        "SELECT at_ms, retry_count FROM _wasmkeep_alarm WHERE id = 0",
-        1,
-    );
+    let r = inspect_query(db_path, SQL_ALARM_GET, 1);
     let r = match r {
         Ok(r) => r,
         // A database created before its schema (a crash mid-creation).

@@ -26,6 +26,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tempfile::TempDir;
+use wasmkeep_runtime::actor::DbAccess;
 use wasmkeep_runtime::{ActorRequest, Clock, ManualClock, Runtime};
 
 /// The runtime's types a test may need to name, so a test crate needs no
@@ -161,6 +162,13 @@ impl TestNode {
             if due > target_ms {
                 break;
             }
+            // As on a real clock, actors are prepared ahead of their alarm
+            // (the timer does it `alarm_prepare_ms` early).
+            let early = due.saturating_sub(self.config.alarm_prepare_ms);
+            if early > self.now_ms() {
+                self.clock.set_ms(early);
+            }
+            self.rt.prepare_alarms();
             self.clock.set_ms(due);
             ran += self.exec.block_on(self.rt.run_due_alarms());
             deliveries += 1;
@@ -369,6 +377,18 @@ impl ActorHandle<'_> {
             .exec
             .block_on(self.node.rt.run_alarm_now(&self.id))
             .unwrap_or_else(|e| panic!("run_alarm on {}: {e}", self.id))
+    }
+
+    /// The statements prepared on the actor's open connection (a guest's
+    /// with a `/*guest*/ ` mark in front); empty if the actor is not open.
+    pub fn prepared_statements(&self) -> Vec<String> {
+        self.node
+            .rt
+            .with_db(&self.id, |db| match db {
+                DbAccess::Open(db) => Ok(db.prepared_statements()),
+                DbAccess::Closed(_) => Ok(Vec::new()),
+            })
+            .unwrap_or_else(|e| panic!("prepared statements of {}: {e}", self.id))
     }
 
     /// Whether the actor has any state on disk.

@@ -284,3 +284,44 @@ fn ten_thousand_alarms_due_at_one_instant_all_fire() {
         assert_eq!(f.len(), 1);
     }
 }
+
+/// ADR 0026: an actor opened ahead of its alarm has the statements its
+/// class's handler ran elsewhere prepared before the due instant, so that
+/// thousands of alarms due together do not each parse them then.
+#[test]
+fn an_actor_is_prepared_with_the_statements_its_class_ran_in_alarms() {
+    let node = node();
+    let insert = "INSERT INTO fired";
+    let has = |r: &wasmkeep_testkit::ActorHandle, what: &str| {
+        r.prepared_statements()
+            .iter()
+            .any(|s| s.starts_with("/*guest*/ ") && s.contains(what))
+    };
+    let a = node.actor("demo/examples/reminder/a");
+    let b = node.actor("demo/examples/reminder/b");
+    let t = node.now_ms() + 10_000;
+    a.post(&format!("/set?at_ms={t}"), "");
+    b.post(&format!("/set?at_ms={}", t + 5_000), "");
+    // Nothing learned yet: a's alarm is the class's first.
+    node.advance_to(t - 1_000);
+    assert!(!has(&a, insert), "{:?}", a.prepared_statements());
+    assert_eq!(node.advance_to(t), 1);
+    // b is open, and only its request's statements are prepared.
+    node.advance_to(t + 3_500);
+    assert!(!has(&b, insert), "{:?}", b.prepared_statements());
+    // Within `alarm_prepare_ms` of b's alarm the timer prepares it: what
+    // a's handler ran is now ready on b's connection, before b's alarm.
+    node.runtime().prepare_alarms();
+    let ready = b.prepared_statements();
+    assert!(has(&b, insert), "{ready:?}");
+    assert!(has(&b, "SELECT anchor_ms"), "{ready:?}");
+    assert!(
+        ready
+            .iter()
+            .any(|s| s == "DELETE FROM _wasmkeep_alarm WHERE id = 0"),
+        "{ready:?}"
+    );
+    assert!(fired(&b).is_empty());
+    assert_eq!(node.advance_to(t + 5_000), 1);
+    assert_eq!(fired(&b).len(), 1);
+}
