@@ -13,7 +13,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
@@ -172,6 +172,8 @@ pub struct Actor {
     pub slot: Mutex<Option<Loaded>>,
     /// Milliseconds since the runtime started, at the last event.
     pub last_used_ms: AtomicU64,
+    /// Queued for the closer thread (`Inner::make_room`).
+    pub evicting: AtomicBool,
     /// Where the actor's replica stands (unused without a bucket).
     pub repl: Mutex<ActorReplica>,
     /// Signalled when an upload of this actor ends.
@@ -185,6 +187,7 @@ impl Actor {
             queue: Mutex::new(Queue::default()),
             slot: Mutex::new(None),
             last_used_ms: AtomicU64::new(0),
+            evicting: AtomicBool::new(false),
             repl: Mutex::new(ActorReplica::default()),
             repl_done: Condvar::new(),
         }

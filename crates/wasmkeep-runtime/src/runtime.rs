@@ -40,6 +40,12 @@ const REAP_INTERVAL_MS: u64 = 1000;
 /// A worker that waited this long for work after the reaper closed actors
 /// gives the memory its allocator no longer uses back to the system.
 const WORKER_IDLE_COLLECT_MS: u64 = 500;
+/// Actors evicted by `make_room` waiting for the closer thread. When it is
+/// full, the worker that needs room closes the actor itself.
+pub const CLOSE_QUEUE_MAX: usize = 1024;
+
+/// An evicted actor, and its `last_used_ms` when it was picked.
+type ToClose = (Arc<Actor>, u64);
 
 /// What the admin API shows about one actor.
 #[derive(Debug, Clone, Serialize)]
@@ -85,6 +91,13 @@ pub struct Inner {
     /// Passes of the reaper that closed actors; workers give memory back
     /// after one (see `worker`).
     reaped: AtomicU64,
+    /// Evicted actors for the closer thread, with their `last_used_ms`
+    /// when picked (see `make_room`).
+    close_tx: std::sync::mpsc::SyncSender<ToClose>,
+    close_rx: Mutex<Option<std::sync::mpsc::Receiver<ToClose>>>,
+    /// Instances queued for the closer and not closed yet: they still count
+    /// in `instances_active` but are on their way out.
+    closing: AtomicU64,
     pub durability: DurabilityStage,
     /// The bucket side, when the node has one.
     pub replication: Option<Replication>,
@@ -107,6 +120,12 @@ pub struct Faults {
     /// their replies and their instance, as if the process died between
     /// the commit and the response.
     pub crash_after_commit: std::sync::atomic::AtomicU32,
+    /// The closer thread holds each evicted actor this long before closing
+    /// it, to show that the actor's next turn waits for the close.
+    pub close_delay_ms: AtomicU64,
+    /// Unsafe, for that test only: the closer frees the actor's slot before
+    /// the old connection is closed.
+    pub unsafe_close_outside_slot: AtomicBool,
 }
 
 impl Faults {
@@ -179,6 +198,7 @@ impl Runtime {
             .clone()
             .or_else(|| std::env::var_os("WASMKEEP_COMPILE_CACHE").map(PathBuf::from))
             .unwrap_or_else(|| config.data_dir.join("cache"));
+        let (close_tx, close_rx) = std::sync::mpsc::sync_channel(CLOSE_QUEUE_MAX);
         let inner = Arc::new(Inner {
             durability: DurabilityStage::start(config.data_dir.clone(), Arc::clone(&metrics)),
             replication,
@@ -192,6 +212,9 @@ impl Runtime {
             runq: Mutex::new(Default::default()),
             runq_cv: Condvar::new(),
             reaped: AtomicU64::new(0),
+            close_tx,
+            close_rx: Mutex::new(Some(close_rx)),
+            closing: AtomicU64::new(0),
             timer: Timer::default(),
             metrics,
             started: Instant::now(),
@@ -259,6 +282,13 @@ impl Runtime {
                 .name(format!("wasmkeep-worker-{i}"))
                 .spawn(move || worker(rt))
                 .expect("spawn worker");
+        }
+        if let Some(rx) = self.inner.close_rx.lock().take() {
+            let weak = Arc::downgrade(&self.inner);
+            std::thread::Builder::new()
+                .name("wasmkeep-closer".into())
+                .spawn(move || closer(rx, weak))
+                .expect("spawn closer");
         }
         let weak = Arc::downgrade(&self.inner);
         std::thread::Builder::new()
@@ -773,6 +803,14 @@ impl Inner {
         release_free_memory();
     }
 
+    /// Instances that stay once the queued closes are done.
+    fn instances_staying(&self) -> u64 {
+        self.metrics
+            .instances_active
+            .load(Ordering::Relaxed)
+            .saturating_sub(self.closing.load(Ordering::Relaxed))
+    }
+
     /// Before an instance is created: while the node is at
     /// `instances_max`, drops the instances of the least recently used
     /// actors that are not running. Only running actors (at most one per
@@ -780,9 +818,14 @@ impl Inner {
     /// dropped actor keeps its queue and is instantiated again for its next
     /// turn. One pass over the actors evicts a sixteenth of the pool at
     /// once, so a stream of new actors does not scan the map for each one.
+    ///
+    /// The evicted actors are closed by the closer thread, not here: a
+    /// close checkpoints the actor's log and syncs its file, about a
+    /// millisecond, and a pass of a hundred of them stalled the worker and
+    /// every actor queued behind it (ADR 0024).
     pub fn make_room(&self, for_id: &ActorId) {
         let max = self.config.instances_max as u64;
-        if self.metrics.instances_active.load(Ordering::Relaxed) < max {
+        if self.instances_staying() < max {
             return;
         }
         let batch = (self.config.instances_max as usize / 16).max(1);
@@ -800,16 +843,32 @@ impl Inner {
         let head = candidates.len().min(batch + 1);
         candidates[..head].sort_by_key(|(used, _)| *used);
         let mut evicted = 0;
-        for (_, a) in candidates {
-            if evicted >= batch && self.metrics.instances_active.load(Ordering::Relaxed) < max {
+        for (used, a) in candidates {
+            if evicted >= batch && self.instances_staying() < max {
                 break;
             }
             // A held lock means the actor is running: skip it.
-            if let Some(mut slot) = a.slot.try_lock()
-                && slot.take().is_some()
+            if !a.slot.try_lock().is_some_and(|s| s.is_some())
+                || a.evicting.swap(true, Ordering::Relaxed)
             {
-                Metrics::inc(&self.metrics.evictions_total);
-                evicted += 1;
+                continue;
+            }
+            self.closing.fetch_add(1, Ordering::Relaxed);
+            match self.close_tx.try_send((a, used)) {
+                Ok(()) => evicted += 1,
+                Err(
+                    std::sync::mpsc::TrySendError::Full((a, _))
+                    | std::sync::mpsc::TrySendError::Disconnected((a, _)),
+                ) => {
+                    self.closing.fetch_sub(1, Ordering::Relaxed);
+                    a.evicting.store(false, Ordering::Relaxed);
+                    if let Some(mut slot) = a.slot.try_lock()
+                        && slot.take().is_some()
+                    {
+                        Metrics::inc(&self.metrics.evictions_total);
+                        evicted += 1;
+                    }
+                }
             }
         }
     }
@@ -860,6 +919,33 @@ impl Inner {
         {
             let _ = self.enqueue(&id, Event::new(EventKind::Prepare, None), false);
         }
+    }
+}
+
+/// Closes the actors `make_room` evicted. The close happens under the
+/// actor's slot lock, so the actor's next turn (a request, an alarm, its
+/// deletion) waits for it and never opens the database while the old
+/// connection still holds it. An actor used again since it was picked, or
+/// running now, stays open.
+fn closer(rx: std::sync::mpsc::Receiver<ToClose>, weak: std::sync::Weak<Inner>) {
+    while let Ok((a, used)) = rx.recv() {
+        let Some(rt) = weak.upgrade() else { return };
+        let delay = rt.faults.close_delay_ms.load(Ordering::Relaxed);
+        if let Some(mut slot) = a.slot.try_lock()
+            && a.last_used_ms.load(Ordering::Relaxed) == used
+            && let Some(loaded) = slot.take()
+        {
+            if rt.faults.unsafe_close_outside_slot.load(Ordering::Relaxed) {
+                // The mutation the closer's test kills: the slot is free
+                // while the old connection still holds the file.
+                drop(slot);
+            }
+            std::thread::sleep(Duration::from_millis(delay));
+            drop(loaded);
+            Metrics::inc(&rt.metrics.evictions_total);
+        }
+        a.evicting.store(false, Ordering::Relaxed);
+        rt.closing.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
