@@ -40,9 +40,11 @@ const REAP_INTERVAL_MS: u64 = 1000;
 /// A worker that waited this long for work after the reaper closed actors
 /// gives the memory its allocator no longer uses back to the system.
 const WORKER_IDLE_COLLECT_MS: u64 = 500;
-/// Actors evicted by `make_room` waiting for the closer thread. When it is
-/// full, the worker that needs room closes the actor itself.
-pub const CLOSE_QUEUE_MAX: usize = 1024;
+/// Actors evicted by `make_room` waiting for the closer thread (one
+/// eviction pass at the default `instances_max`). When it is full, the
+/// worker that needs room closes the actor itself. Their instances are
+/// still alive, so the instance pool has room for them too.
+pub const CLOSE_QUEUE_MAX: usize = 128;
 
 /// An evicted actor, and its `last_used_ms` when it was picked.
 type ToClose = (Arc<Actor>, u64);
@@ -150,9 +152,10 @@ fn build_engine(config: &RuntimeConfig) -> Result<Engine, RuntimeError> {
     // The pooling allocator keeps instance memory slots ready, which makes
     // instantiation a few microseconds (W3, cold start). Each slot reserves
     // address space only; untouched pages cost nothing.
-    // Room for every instance, plus one per worker (a running actor pins
+    // Room for every instance, plus the evicted ones waiting for the closer
+    // (and the one it is closing), one per worker (a running actor pins
     // its instance while another is made room for) and deploys' checks.
-    let n = config.instances_max + config.worker_threads() as u32 + 16;
+    let n = config.instances_max + CLOSE_QUEUE_MAX as u32 + 1 + config.worker_threads() as u32 + 16;
     let mut pool = PoolingAllocationConfig::default();
     pool.total_component_instances(n)
         .total_core_instances(n * 8)

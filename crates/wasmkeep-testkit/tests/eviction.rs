@@ -95,3 +95,25 @@ fn many_actors_through_one_instance_keep_every_write() {
         assert_eq!(v, want, "c{i}");
     }
 }
+
+/// Evicted instances live until the closer has closed them: with a closer
+/// far behind, a stream of new actors must still find an instance for
+/// each (the pool has room for the whole close queue; past it, workers
+/// close evicted actors themselves).
+#[test]
+fn a_slow_closer_never_runs_the_node_out_of_instances() {
+    let node = TestNode::with_config(|c| c.instances_max = 4);
+    node.deploy("demo/examples", DEMO).unwrap();
+    node.runtime()
+        .faults()
+        .close_delay_ms
+        .store(20, Ordering::Relaxed);
+    for i in 0..300 {
+        let (s, body) = increment(&node, &format!("n{i}"));
+        assert_eq!((s, body.as_str()), (200, r#"{"value":1}"#), "actor n{i}");
+    }
+    node.runtime()
+        .faults()
+        .close_delay_ms
+        .store(0, Ordering::Relaxed);
+}
