@@ -981,6 +981,19 @@ impl ActorDb {
         Ok(pages as u64 * self.page_size)
     }
 
+    /// Frees the pages this connection caches and is not using now; the
+    /// next statement that needs one reads it again (from the operating
+    /// system's cache, in practice). Called once after an actor's first
+    /// batch: opening and creating an actor touches pages (the internal
+    /// tables) that most of its later events never read again.
+    pub fn shrink_cache(&self) {
+        // SAFETY: the handle is this open connection's, used on its own
+        // thread.
+        unsafe {
+            rusqlite::ffi::sqlite3_db_release_memory(self.conn.handle());
+        }
+    }
+
     /// What this connection holds in memory, from SQLite's own accounting
     /// (`sqlite3_db_status`), which works with global statistics off.
     pub fn memory(&self) -> SqliteMemory {
