@@ -790,11 +790,6 @@ fn run_batch(rt: &Arc<Inner>, actor: &Arc<Actor>, slot: &mut Option<Loaded>, eve
         Ok(a) => rt.timer.set(id, a.map(|a| a.at_ms)),
         Err(_) => rt.rearm_after_failure(id),
     }
-    if !was_loaded {
-        // What opening (or creating) the actor read stays cached for as long
-        // as it is open; most of it its next events never read (W4).
-        l.db().shrink_cache();
-    }
     let dir = l.db().dir().to_owned();
     // Only the first durable batch of a new actor syncs its folders.
     let dirs = l.db().take_new_dirs();

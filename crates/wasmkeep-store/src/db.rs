@@ -408,7 +408,15 @@ impl ActorDb {
             page_size: 4096,
         };
         match db.configure() {
-            Ok(()) => Ok(Some(db)),
+            Ok(()) => {
+                if db.created {
+                    // Creating it wrote every internal table's pages, and
+                    // they would stay cached as long as the actor is open;
+                    // its events read back only those they use (W4).
+                    db.shrink_cache();
+                }
+                Ok(Some(db))
+            }
             Err(StoreError::Corrupt(why)) if exists && interrupted_creation(&path) => {
                 // A creation that crashed before its first durable batch
                 // (see `configure`): nothing in it was ever acknowledged.
@@ -983,9 +991,9 @@ impl ActorDb {
 
     /// Frees the pages this connection caches and is not using now; the
     /// next statement that needs one reads it again (from the operating
-    /// system's cache, in practice). Called once after an actor's first
-    /// batch: opening and creating an actor touches pages (the internal
-    /// tables) that most of its later events never read again.
+    /// system's cache, in practice). Done once when a database is created:
+    /// creating it writes pages (the internal tables) that most of its
+    /// events never read.
     pub fn shrink_cache(&self) {
         // SAFETY: the handle is this open connection's, used on its own
         // thread.

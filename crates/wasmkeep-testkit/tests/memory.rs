@@ -3,11 +3,10 @@
 use wasmkeep_guests::DEMO;
 use wasmkeep_testkit::TestNode;
 
-/// Opening and creating an actor reads pages (the internal tables) that
-/// most of its later events never read again; after its first batch the
-/// actor keeps only what its events read. A counter's database has seven
-/// pages, all cached once it was created (about 31 KiB by SQLite's count,
-/// each page 4 KiB plus its header); its increments read five of them.
+/// Creating an actor writes pages (the internal tables) that most of its
+/// events never read; they are not kept cached. A counter's database has
+/// seven pages, all cached once it was created (about 31 KiB by SQLite's
+/// count, each page 4 KiB plus its header); its increments read five.
 #[test]
 fn an_open_actor_caches_only_the_pages_its_events_use() {
     let node = TestNode::new();
