@@ -601,6 +601,11 @@ fn run_batch(rt: &Arc<Inner>, actor: &Arc<Actor>, slot: &mut Option<Loaded>, eve
         });
     }
     let has_request = events.iter().any(Event::is_request);
+    // The timer popped this actor's alarm to deliver it: the turn puts the
+    // committed one back, even when nothing was due.
+    let has_alarm = events
+        .iter()
+        .any(|e| matches!(e.kind, EventKind::Alarm { .. }));
     let turn_started = Instant::now();
     if let Some(first) = events.first() {
         rt.metrics
@@ -670,6 +675,7 @@ fn run_batch(rt: &Arc<Inner>, actor: &Arc<Actor>, slot: &mut Option<Loaded>, eve
         }
         return;
     }
+    let alarm_writes_before = l.db().alarm_writes();
     // With a bucket: whether this batch changes anything to replicate.
     let mark_before = match rt.replication {
         Some(_) => l.db().change_mark().ok(),
@@ -785,10 +791,15 @@ fn run_batch(rt: &Arc<Inner>, actor: &Arc<Actor>, slot: &mut Option<Loaded>, eve
     rt.metrics
         .phase_commit
         .observe_ms(ms_between(commit_started, committed_at));
-    // The timer follows what is committed.
-    match l.db().alarm() {
-        Ok(a) => rt.timer.set(id, a.map(|a| a.at_ms)),
-        Err(_) => rt.rearm_after_failure(id),
+    // The timer follows what is committed: read back after the batch
+    // that opened the actor, one that delivered an alarm, and any that
+    // wrote the alarm (rolled back or not); other batches left it as the
+    // timer has it.
+    if !was_loaded || has_alarm || l.db().alarm_writes() != alarm_writes_before {
+        match l.db().alarm() {
+            Ok(a) => rt.timer.set(id, a.map(|a| a.at_ms)),
+            Err(_) => rt.rearm_after_failure(id),
+        }
     }
     let dir = l.db().dir().to_owned();
     // Only the first durable batch of a new actor syncs its folders.

@@ -181,6 +181,13 @@ pub struct ActorDb {
     /// topmost one.
     new_dirs: Vec<PathBuf>,
     page_size: u64,
+    /// `on-init`'s mark was seen committed: it stays so for as long as
+    /// this connection is open (only deleting or restoring the actor
+    /// removes it, and both replace the connection).
+    initialized_committed: std::cell::Cell<bool>,
+    /// Calls to `set_alarm` on this connection: the runtime reads the
+    /// committed alarm back after a batch only if it moved.
+    alarm_writes: std::cell::Cell<u64>,
 }
 
 /// A tiny mutex-protected slot: the authorizer records why it refused a
@@ -406,6 +413,8 @@ impl ActorDb {
             created: !exists,
             new_dirs,
             page_size: 4096,
+            initialized_committed: std::cell::Cell::new(false),
+            alarm_writes: std::cell::Cell::new(0),
         };
         match db.configure() {
             Ok(()) => {
@@ -894,8 +903,19 @@ impl ActorDb {
 
     /// Whether `on-init` has committed for this actor: an actor without it
     /// has no state, and an alarm for it must not create it.
+    ///
+    /// Once seen committed (read outside a transaction), the answer is
+    /// kept: every batch asks, and the mark is never removed while the
+    /// connection is open.
     pub fn is_initialized(&self) -> Result<bool, StoreError> {
-        Ok(self.meta_get("initialized_ms")?.is_some())
+        if self.initialized_committed.get() {
+            return Ok(true);
+        }
+        let marked = self.meta_get("initialized_ms")?.is_some();
+        if marked && !self.in_transaction() {
+            self.initialized_committed.set(true);
+        }
+        Ok(marked)
     }
 
     /// Records that `on-init` ran, at `now_ms`.
@@ -921,8 +941,16 @@ impl ActorDb {
             .map_err(|e| self.err(e))
     }
 
+    /// How many times `set_alarm` ran on this connection (committed or
+    /// not): equal counts before and after a batch mean the batch left the
+    /// committed alarm as it was.
+    pub fn alarm_writes(&self) -> u64 {
+        self.alarm_writes.get()
+    }
+
     /// Replaces (or, with `None`, clears) the alarm.
     pub fn set_alarm(&self, alarm: Option<AlarmState>) -> Result<(), StoreError> {
+        self.alarm_writes.set(self.alarm_writes.get() + 1);
         let r = match alarm {
             Some(a) => self
                 .conn

@@ -325,3 +325,22 @@ fn an_actor_is_prepared_with_the_statements_its_class_ran_in_alarms() {
     assert_eq!(node.advance_to(t + 5_000), 1);
     assert_eq!(fired(&b).len(), 1);
 }
+
+/// The runtime reads the committed alarm back only after batches that may
+/// have moved it; a request that moves an open actor's alarm earlier is
+/// one, and the alarm fires at its new time, not the old one.
+#[test]
+fn an_alarm_moved_earlier_by_a_later_request_fires_at_its_new_time() {
+    let node = node();
+    let r = node.actor("demo/examples/reminder/a");
+    let t = node.now_ms();
+    r.post(&format!("/set?at_ms={}", t + 9_000), "");
+    // Another request in between that leaves the alarm alone.
+    r.get("/fired");
+    r.post(&format!("/set?at_ms={}", t + 1_000), "");
+    assert_eq!(node.advance_to(t + 1_000), 1);
+    let f = fired(&r);
+    assert_eq!(f.len(), 1);
+    assert_eq!(f[0]["due_ms"], t + 1_000);
+    assert_eq!(f[0]["fired_ms"], t + 1_000);
+}
