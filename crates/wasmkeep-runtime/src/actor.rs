@@ -665,10 +665,9 @@ fn run_batch(rt: &Arc<Inner>, actor: &Arc<Actor>, slot: &mut Option<Loaded>, eve
         // statement that does not prepare here (a table the handler has
         // not created yet) is parsed when it runs, as without this.
         let _ = l.db().warm_alarm_turn();
-        if let Some(learned) = l.app.alarm_statements.for_class(&id.class) {
-            for sql in learned.texts() {
-                let _ = l.db().warm(&sql);
-            }
+        let learned = l.store.data().alarm_statements.as_ref().map(|s| s.texts());
+        for sql in learned.into_iter().flatten() {
+            let _ = l.db().warm(&sql);
         }
         for ev in events {
             reply(ev.reply, Ok(Outcome::Done));
