@@ -428,10 +428,15 @@ fn ensure_init(rt: &Inner, l: &mut Loaded, initialized: &mut bool) -> Result<(),
     }
     enter(l);
     let class = l.store.data().id.class.clone();
+    // Init runs once in an actor's life: its statements are not kept.
+    l.db().keep_statements(false);
     let bindings = l.bindings.as_ref().expect("instance is live");
     let r = bindings
         .wasmkeep_actor_handler()
         .call_on_init(&mut l.store, &class);
+    if let Some(db) = l.store.data_mut().db.as_mut() {
+        db.keep_statements(true);
+    }
     finish_call(l, r)?;
     l.db().mark_initialized(rt.clock.now_ms())?;
     *initialized = true;

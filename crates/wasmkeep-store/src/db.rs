@@ -188,6 +188,8 @@ pub struct ActorDb {
     /// Calls to `set_alarm` on this connection: the runtime reads the
     /// committed alarm back after a batch only if it moved.
     alarm_writes: std::cell::Cell<u64>,
+    /// See [`ActorDb::keep_statements`].
+    keep_statements: std::cell::Cell<bool>,
 }
 
 /// A tiny mutex-protected slot: the authorizer records why it refused a
@@ -415,6 +417,7 @@ impl ActorDb {
             page_size: 4096,
             initialized_committed: std::cell::Cell::new(false),
             alarm_writes: std::cell::Cell::new(0),
+            keep_statements: std::cell::Cell::new(true),
         };
         match db.configure() {
             Ok(()) => {
@@ -738,7 +741,7 @@ impl ActorDb {
             rows_out.push(out);
         }
         drop(rows);
-        drop(stmt);
+        self.release(stmt);
         let written = self.conn.total_changes().saturating_sub(before);
         Ok(QueryResult {
             columns,
@@ -757,11 +760,30 @@ impl ActorDb {
         let mut stmt = self.conn.prepare_cached(&text).map_err(|e| self.err(e))?;
         stmt.execute(rusqlite::params_from_iter(params.iter()))
             .map_err(|e| self.err(e))?;
-        drop(stmt);
+        self.release(stmt);
         Ok(ExecResult {
             rows_written: self.conn.total_changes().saturating_sub(before),
             last_insert_rowid: self.conn.last_insert_rowid(),
         })
+    }
+
+    /// Whether guest statements stay prepared in the connection's cache
+    /// after they ran (the default). The runtime turns this off while the
+    /// guest's `on-init` runs: init runs once in an actor's life, and its
+    /// statements (table and index creation, first rows) would otherwise
+    /// hold memory for as long as the actor is open (W4).
+    pub fn keep_statements(&self, keep: bool) {
+        self.keep_statements.set(keep);
+    }
+
+    /// Returns a guest statement to the cache, or finalizes it when
+    /// statements are not kept (see [`ActorDb::keep_statements`]).
+    fn release(&self, stmt: rusqlite::CachedStatement<'_>) {
+        if self.keep_statements.get() {
+            drop(stmt);
+        } else {
+            stmt.discard();
+        }
     }
 
     /// Prepares a guest statement into this connection's statement cache
@@ -887,15 +909,18 @@ impl ActorDb {
     /// A value the runtime keeps about the actor.
     pub fn meta_get(&self, key: &str) -> Result<Option<String>, StoreError> {
         self.conn
-            .prepare_cached("SELECT value FROM _wasmkeep_meta WHERE key = ?1")
+            .prepare("SELECT value FROM _wasmkeep_meta WHERE key = ?1")
             .and_then(|mut s| s.query_row([key], |r| r.get(0)).optional())
             .map_err(|e| self.err(e))
     }
 
     /// Records a value the runtime keeps about the actor.
     pub fn meta_set(&self, key: &str, value: &str) -> Result<(), StoreError> {
+        // Not cached, nor is `meta_get`: each runs about once in an open
+        // actor's life (the init mark), and a cached statement stays in
+        // memory as long as the actor is open.
         self.conn
-            .prepare_cached("INSERT OR REPLACE INTO _wasmkeep_meta (key, value) VALUES (?1, ?2)")
+            .prepare("INSERT OR REPLACE INTO _wasmkeep_meta (key, value) VALUES (?1, ?2)")
             .and_then(|mut s| s.execute([key, value]))
             .map(|_| ())
             .map_err(|e| self.err(e))
