@@ -791,6 +791,10 @@ fn run_batch(rt: &Arc<Inner>, actor: &Arc<Actor>, slot: &mut Option<Loaded>, eve
         return;
     }
     Metrics::inc(&rt.metrics.batches_total);
+    if initialized {
+        // Rolled-back inits reset `initialized`: the mark is committed.
+        l.db().init_mark_committed();
+    }
     let committed_at = Instant::now();
     rt.metrics
         .phase_commit
@@ -801,7 +805,17 @@ fn run_batch(rt: &Arc<Inner>, actor: &Arc<Actor>, slot: &mut Option<Loaded>, eve
     // timer has it.
     if !was_loaded || has_alarm || l.db().alarm_writes() != alarm_writes_before {
         match l.db().alarm() {
-            Ok(a) => rt.timer.set(id, a.map(|a| a.at_ms)),
+            Ok(a) => {
+                if !was_loaded && a.is_none() {
+                    // Opening read pages (the init mark, the alarm) that the
+                    // actor's next events do not: they would stay cached as
+                    // long as it is open (W4). An actor with an alarm keeps
+                    // them: its alarm turn reads them again, maybe together
+                    // with thousands of others (W2).
+                    l.db().shrink_cache();
+                }
+                rt.timer.set(id, a.map(|a| a.at_ms))
+            }
             Err(_) => rt.rearm_after_failure(id),
         }
     }

@@ -943,6 +943,14 @@ impl ActorDb {
         Ok(marked)
     }
 
+    /// Tells the connection that `on-init`'s mark is committed: the runtime
+    /// saw the batch that wrote it (or read it) commit. `is_initialized`
+    /// then answers without reading it, and so does not bring its page back
+    /// into the cache.
+    pub fn init_mark_committed(&self) {
+        self.initialized_committed.set(true);
+    }
+
     /// Records that `on-init` ran, at `now_ms`.
     pub fn mark_initialized(&self, now_ms: u64) -> Result<(), StoreError> {
         self.meta_set("initialized_ms", &now_ms.to_string())
