@@ -78,6 +78,48 @@ fn a_failed_event_leaves_no_partial_write_and_the_actor_goes_on() {
     assert_eq!(c["count"], 2);
 }
 
+/// Events queued behind a busy actor run as one batch in one transaction,
+/// each in a savepoint of its own: the failing ones are undone alone, and
+/// the others' writes are kept and acknowledged.
+#[test]
+fn a_failed_event_in_a_batch_undoes_only_its_own_writes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tmp.path().join("node.toml");
+    std::fs::write(&config, "event_cpu_ms_max = 500\n").unwrap();
+    let data = tmp.path().join("data");
+    let config = config.to_str().unwrap().to_owned();
+    let node = Arc::new(Node::start(&data, &["--examples", "--config", &config]));
+    let (s, v) = node.deploy("t/bed", TESTBED);
+    assert_eq!(s, 200, "{v}");
+    let p = "/v1/t/bed/probe/b1";
+    assert_eq!(node.post(&format!("{p}/write"), b"").0, 204);
+    // The loop holds the actor until it is interrupted; the events sent
+    // meanwhile wait for it, and then run together.
+    let busy = {
+        let node = Arc::clone(&node);
+        std::thread::spawn(move || node.json("POST", &format!("{p}/loop"), b""))
+    };
+    std::thread::sleep(std::time::Duration::from_millis(150));
+    let queued: Vec<_> = ["write", "err", "write", "err", "write", "trap", "write"]
+        .into_iter()
+        .map(|what| {
+            let node = Arc::clone(&node);
+            std::thread::spawn(move || (what, node.json("POST", &format!("{p}/{what}"), b"")))
+        })
+        .collect();
+    let (s, v) = busy.join().unwrap();
+    assert_eq!((s, code(&v)), (500, "cpu_time_exceeded"), "{v}");
+    for t in queued {
+        let (what, (s, v)) = t.join().unwrap();
+        match what {
+            "write" => assert_eq!(s, 204, "{what}: {v}"),
+            _ => assert_eq!(s, 500, "{what}: {v}"),
+        }
+    }
+    let (_, c) = node.json("GET", &format!("{p}/count"), b"");
+    assert_eq!(c["count"], 5, "the first write and the four queued ones");
+}
+
 #[test]
 fn guest_sql_cannot_reach_internal_tables() {
     let tmp = tempfile::tempdir().unwrap();
