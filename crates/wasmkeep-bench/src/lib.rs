@@ -179,6 +179,11 @@ pub struct BenchArgs {
     /// runtime's side of replication but not a network round trip.
     #[arg(long)]
     pub bucket: Option<String>,
+    /// Settings for every node the benchmark starts, as `KEY = VALUE`
+    /// lines of `wasmkeep serve`'s configuration file (for instance
+    /// `sqlite_page_bytes = 1024`). W4 adds its own `actor_idle_ms`.
+    #[arg(long)]
+    pub node_config: Option<PathBuf>,
 }
 
 /// Runs the benchmark; an error if any run failed or any check failed.

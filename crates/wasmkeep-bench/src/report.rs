@@ -107,6 +107,11 @@ pub fn preamble(args: &BenchArgs, m: &Machine, server: bool) -> String {
         args.idle_actors,
         args.seed
     );
+    if let Some(p) = &args.node_config {
+        let text = std::fs::read_to_string(p).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+        let _ = write!(s, "\nnode settings (--node-config): {}", lines.join("; "));
+    }
     s
 }
 
@@ -312,6 +317,10 @@ impl Report {
             "seed": args.seed,
             "server": args.server,
             "durability": format!("{:?}", args.durability).to_lowercase(),
+            "node_config": args
+                .node_config
+                .as_ref()
+                .and_then(|p| std::fs::read_to_string(p).ok()),
         });
         Report {
             settings,

@@ -2,7 +2,7 @@
 //! W4). Each run measures, then checks its own correctness; a failed check
 //! makes the whole command fail.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -88,24 +88,41 @@ pub struct Env<'a> {
 }
 
 impl Env<'_> {
-    fn spec(&self, config: Option<PathBuf>) -> Option<NodeSpec> {
+    fn spec(&self, config: Option<PathBuf>) -> Result<Option<NodeSpec>> {
         match self.target {
             Target::Own {
                 exe,
                 durability,
                 compile_cache,
                 dir,
-            } => Some(NodeSpec {
+            } => Ok(Some(NodeSpec {
                 exe: exe.clone(),
                 data: dir.join("data"),
                 durability,
-                config,
+                config: self.node_config(dir, config)?,
                 compile_cache: compile_cache.clone(),
                 log: dir.join("node.log"),
                 bucket: None,
-            }),
-            Target::Server(_) => None,
+            })),
+            Target::Server(_) => Ok(None),
         }
+    }
+
+    /// The node's configuration file: `--node-config`'s settings, then the
+    /// workload's own (`config`), in one file in the run's directory.
+    fn node_config(&self, dir: &Path, config: Option<PathBuf>) -> Result<Option<PathBuf>> {
+        let Some(base) = &self.args.node_config else {
+            return Ok(config);
+        };
+        let mut text = std::fs::read_to_string(base)
+            .with_context(|| format!("--node-config {}", base.display()))?;
+        if let Some(own) = &config {
+            text.push('\n');
+            text.push_str(&std::fs::read_to_string(own)?);
+        }
+        let merged = dir.join("node-settings.toml");
+        std::fs::write(&merged, text)?;
+        Ok(Some(merged))
     }
 
     async fn start(&self, config: Option<PathBuf>) -> Result<Option<Node>> {
@@ -117,7 +134,7 @@ impl Env<'_> {
         config: Option<PathBuf>,
         bucket: Option<String>,
     ) -> Result<Option<Node>> {
-        match self.spec(config) {
+        match self.spec(config)? {
             Some(mut s) => {
                 s.bucket = bucket;
                 Ok(Some(Node::start(&s).await?))
@@ -436,7 +453,7 @@ pub async fn w2(env: &Env<'_>, restart: bool) -> Result<RunOutput> {
         let n = node.as_mut().expect("W2-restart runs on its own node");
         n.kill().await?;
         sleep_until_ms(due + ALARM_RESTART_AFTER_MS).await;
-        let spec = env.spec(None).expect("own node");
+        let spec = env.spec(None)?.expect("own node");
         let n = Node::start(&spec).await.context("restart the node")?;
         out.fig("restart_ms", n.start_ms);
         ep = n.endpoint.clone();

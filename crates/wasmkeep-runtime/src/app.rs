@@ -38,6 +38,9 @@ use crate::warm::ClassStatements;
 /// [limits]                 # override the node's limits for this app
 /// value_bytes_max = 1048576
 /// event_cpu_ms_max = 5000
+///
+/// [storage]
+/// sqlite_page_bytes = 1024 # page size of actor databases created from now on
 /// ```
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -46,6 +49,18 @@ pub struct AppManifest {
     pub alarms: AlarmPolicy,
     #[serde(default)]
     pub limits: AppLimits,
+    #[serde(default)]
+    pub storage: AppStorage,
+}
+
+/// How an app's actor databases are laid out; unset fields keep the
+/// node's settings.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AppStorage {
+    /// SQLite page size of the app's actor databases created from now on
+    /// (existing ones keep theirs). See ADR 0027.
+    pub sqlite_page_bytes: Option<u32>,
 }
 
 /// How an app's failing alarms are retried.
@@ -75,7 +90,13 @@ pub struct AppLimits {
 impl AppManifest {
     /// Parses a manifest; an empty text is the default manifest.
     pub fn parse(text: &str) -> Result<AppManifest, RuntimeError> {
-        toml::from_str(text).map_err(|e| RuntimeError::InvalidManifest(e.to_string()))
+        let manifest: AppManifest =
+            toml::from_str(text).map_err(|e| RuntimeError::InvalidManifest(e.to_string()))?;
+        if let Some(n) = manifest.storage.sqlite_page_bytes {
+            wasmkeep_store::limits::check_page_bytes("storage.sqlite_page_bytes", n)
+                .map_err(RuntimeError::InvalidManifest)?;
+        }
+        Ok(manifest)
     }
 }
 
@@ -234,6 +255,10 @@ impl Compiler<'_> {
                 .kv_list_entries_max
                 .unwrap_or(base.kv_list_entries_max),
             query_result_bytes_max: base.query_result_bytes_max,
+            page_bytes: manifest
+                .storage
+                .sqlite_page_bytes
+                .unwrap_or(base.page_bytes),
         };
         Ok(App {
             tenant: tenant.to_owned(),

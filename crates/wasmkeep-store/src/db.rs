@@ -467,6 +467,13 @@ impl ActorDb {
             .map_err(open_err)?;
         c.pragma_update(None, "locking_mode", "EXCLUSIVE")
             .map_err(open_err)?;
+        if self.created {
+            // Only a database without pages takes a page size, and only
+            // before it is switched to WAL. An invalid size is ignored by
+            // SQLite (the default stays); settings are checked where read.
+            c.pragma_update(None, "page_size", self.limits.page_bytes)
+                .map_err(open_err)?;
+        }
         c.pragma_update(None, "journal_mode", "WAL")
             .map_err(open_err)?;
         if self.created {

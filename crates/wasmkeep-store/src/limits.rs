@@ -4,7 +4,8 @@
 //! Durable Objects' documented SQLite limits where those exist, so that an
 //! app moved from there behaves the same.
 
-/// Bounds on what one actor's guest code may store or run.
+/// Bounds on what one actor's guest code may store or run, and the page
+/// size a new database is created with.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoreLimits {
     /// Largest string or blob value, and largest row (SQLite's
@@ -22,6 +23,27 @@ pub struct StoreLimits {
     pub kv_list_entries_max: u32,
     /// Largest result one query may return, all rows together.
     pub query_result_bytes_max: usize,
+    /// SQLite page size of a database created from now on; an existing one
+    /// keeps the size it was created with. Smaller pages make an open actor
+    /// with small rows cheaper in memory and its commits smaller; larger
+    /// ones suit values of a few KiB and more (ADR 0027).
+    pub page_bytes: u32,
+}
+
+/// Page sizes SQLite accepts.
+pub const PAGE_BYTES_MIN: u32 = 512;
+pub const PAGE_BYTES_MAX: u32 = 65536;
+
+/// Checks a page size setting: a power of two within SQLite's range.
+/// `field` names the setting in the error.
+pub fn check_page_bytes(field: &str, page_bytes: u32) -> Result<(), String> {
+    if (PAGE_BYTES_MIN..=PAGE_BYTES_MAX).contains(&page_bytes) && page_bytes.is_power_of_two() {
+        Ok(())
+    } else {
+        Err(format!(
+            "`{field}` must be a power of two from {PAGE_BYTES_MIN} to {PAGE_BYTES_MAX}, not {page_bytes}"
+        ))
+    }
 }
 
 impl Default for StoreLimits {
@@ -34,6 +56,7 @@ impl Default for StoreLimits {
             database_bytes_max: 10 * 1024 * 1024 * 1024,
             kv_list_entries_max: 10_000,
             query_result_bytes_max: 32 * 1024 * 1024,
+            page_bytes: 4096,
         }
     }
 }

@@ -52,3 +52,24 @@ fn an_open_actor_keeps_no_statement_only_its_init_ran() {
         a.prepared_statements()
     );
 }
+
+/// ADR 0027: an app's manifest sets the page size of its actor databases
+/// created from then on; a database keeps the size it was created with
+/// when the setting changes.
+#[test]
+fn a_new_database_takes_the_page_size_of_its_app_and_keeps_it() {
+    let node = TestNode::new();
+    let small = "[storage]\nsqlite_page_bytes = 1024\n";
+    node.deploy_with_manifest("demo/examples", DEMO, small)
+        .unwrap();
+    let a = node.actor("demo/examples/counter/a");
+    assert_eq!(a.post("/increment", "").text(), "{\"value\":1}");
+    assert_eq!(a.sql_i64("PRAGMA page_size"), 1024);
+    // Back to the node's default (4096): only new databases take it.
+    node.deploy("demo/examples", DEMO).unwrap();
+    let b = node.actor("demo/examples/counter/b");
+    assert_eq!(b.post("/increment", "").status, 200);
+    assert_eq!(b.sql_i64("PRAGMA page_size"), 4096);
+    assert_eq!(a.post("/increment", "").text(), "{\"value\":2}");
+    assert_eq!(a.sql_i64("PRAGMA page_size"), 1024);
+}

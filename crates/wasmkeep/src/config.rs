@@ -38,6 +38,7 @@ pub struct NodeConfig {
     pub database_bytes_max: u64,
     pub kv_list_entries_max: u32,
     pub query_result_bytes_max: usize,
+    pub sqlite_page_bytes: u32,
     pub alarm_retry_first_ms: u64,
     pub alarm_retry_max_ms: u64,
     pub alarm_prepare_ms: u64,
@@ -80,6 +81,7 @@ impl Default for NodeConfig {
             database_bytes_max: s.database_bytes_max,
             kv_list_entries_max: s.kv_list_entries_max,
             query_result_bytes_max: s.query_result_bytes_max,
+            sqlite_page_bytes: s.page_bytes,
             alarm_retry_first_ms: rt.alarm_retry_first_ms,
             alarm_retry_max_ms: rt.alarm_retry_max_ms,
             alarm_prepare_ms: rt.alarm_prepare_ms,
@@ -99,7 +101,17 @@ impl NodeConfig {
     pub fn load(path: &std::path::Path) -> anyhow::Result<NodeConfig> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| anyhow::anyhow!("read config {}: {e}", path.display()))?;
-        toml::from_str(&text).map_err(|e| anyhow::anyhow!("config {}: {e}", path.display()))
+        let c: NodeConfig =
+            toml::from_str(&text).map_err(|e| anyhow::anyhow!("config {}: {e}", path.display()))?;
+        c.check_settings()
+            .map_err(|e| anyhow::anyhow!("config {}: {e}", path.display()))?;
+        Ok(c)
+    }
+
+    /// Refuses settings no node can run with.
+    pub fn check_settings(&self) -> anyhow::Result<()> {
+        wasmkeep_store::limits::check_page_bytes("sqlite_page_bytes", self.sqlite_page_bytes)
+            .map_err(|e| anyhow::anyhow!(e))
     }
 
     pub fn runtime(&self) -> RuntimeConfig {
@@ -126,6 +138,7 @@ impl NodeConfig {
             database_bytes_max: self.database_bytes_max,
             kv_list_entries_max: self.kv_list_entries_max,
             query_result_bytes_max: self.query_result_bytes_max,
+            page_bytes: self.sqlite_page_bytes,
         };
         c.replica.snapshot_every_entries = self.replica_snapshot_every_entries.max(1);
         c.replica.snapshot_log_ratio_pct = self.replica_snapshot_log_ratio_pct.max(1);
@@ -203,5 +216,19 @@ mod tests {
             toml::from_str("durability = \"process\"\nvalue_bytes_max = 10").unwrap();
         assert_eq!(c.durability, Durability::Process);
         assert_eq!(c.runtime().store.value_bytes_max, 10);
+    }
+
+    #[test]
+    fn a_page_size_sqlite_cannot_take_is_refused_naming_the_setting() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("node.toml");
+        for bad in ["1000", "256", "131072"] {
+            std::fs::write(&path, format!("sqlite_page_bytes = {bad}")).unwrap();
+            let e = NodeConfig::load(&path).unwrap_err().to_string();
+            assert!(e.contains("`sqlite_page_bytes`") && e.contains(bad), "{e}");
+        }
+        std::fs::write(&path, "sqlite_page_bytes = 1024").unwrap();
+        let c = NodeConfig::load(&path).unwrap();
+        assert_eq!(c.runtime().store.page_bytes, 1024);
     }
 }

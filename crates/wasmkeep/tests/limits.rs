@@ -282,6 +282,18 @@ fn bad_deploys_are_refused_and_the_deployed_app_stays() {
         TESTBED,
     );
     assert_eq!((s, code(&v)), (422, "invalid_manifest"), "{v}");
+    // A page size SQLite cannot take is refused, naming the setting.
+    let (s, v) = node.json(
+        "PUT",
+        "/admin/v1/apps/t/bed?manifest=%5Bstorage%5D%0Asqlite_page_bytes%3D1000",
+        TESTBED,
+    );
+    assert_eq!((s, code(&v)), (422, "invalid_manifest"), "{v}");
+    let says = v["error"]["message"].as_str().unwrap();
+    assert!(
+        says.contains("storage.sqlite_page_bytes") && says.contains("1000"),
+        "{v}"
+    );
     assert_eq!(node.post(&format!("{P}/write"), b"").0, 204);
     // The name is checked before the body is read: send a small one (a
     // client still sending a large body when the 400 comes would see the
