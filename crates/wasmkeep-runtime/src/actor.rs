@@ -434,9 +434,7 @@ fn ensure_init(rt: &Inner, l: &mut Loaded, initialized: &mut bool) -> Result<(),
     let r = bindings
         .wasmkeep_actor_handler()
         .call_on_init(&mut l.store, &class);
-    if let Some(db) = l.store.data_mut().db.as_mut() {
-        db.keep_statements(true);
-    }
+    l.db().keep_statements(true);
     finish_call(l, r)?;
     l.db().mark_initialized(rt.clock.now_ms())?;
     *initialized = true;
