@@ -510,15 +510,8 @@ impl Runtime {
                 if !path.exists() {
                     return Err(RuntimeError::ActorNotFound(name));
                 }
-                let pragma = |name: &str| -> Result<u64, RuntimeError> {
-                    let rows = inspect_query(path, &format!("PRAGMA {name}"), 1)?.rows;
-                    Ok(match rows.first().and_then(|row| row.first()) {
-                        Some(wasmkeep_store::Value::Integer(n)) => *n as u64,
-                        _ => 0,
-                    })
-                };
                 // Databases differ in page size (ADR 0027).
-                let size = pragma("page_count")? * pragma("page_size")?;
+                let size = wasmkeep_store::db::size_bytes_at(path)?;
                 Ok((size, wasmkeep_store::db::read_alarm(path)?, None))
             }
         })?;

@@ -1238,6 +1238,24 @@ fn run_inspection(
     })
 }
 
+/// The size in bytes (pages in use times its own page size) of the
+/// database at `db_path` of a closed actor, read through one read-only
+/// connection (an open actor's own connection answers `size_bytes`).
+pub fn size_bytes_at(db_path: &Path) -> Result<u64, StoreError> {
+    sqlite_setup();
+    let conn = Connection::open_with_flags(
+        db_path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(open_err)?;
+    let pragma = |name: &str| -> Result<u64, StoreError> {
+        conn.pragma_query_value(None, name, |r| r.get::<_, i64>(0))
+            .map(|n| n.max(0) as u64)
+            .map_err(open_err)
+    };
+    Ok(pragma("page_count")? * pragma("page_size")?)
+}
+
 /// The committed alarm of the database at `db_path`, read through a
 /// read-only connection. [`StoreError::Busy`] if the actor is open (its
 /// connection holds the file; ask it instead).

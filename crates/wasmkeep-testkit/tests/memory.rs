@@ -72,4 +72,16 @@ fn a_new_database_takes_the_page_size_of_its_app_and_keeps_it() {
     assert_eq!(b.sql_i64("PRAGMA page_size"), 4096);
     assert_eq!(a.post("/increment", "").text(), "{\"value\":2}");
     assert_eq!(a.sql_i64("PRAGMA page_size"), 1024);
+    let pages = a.sql_i64("PRAGMA page_count") as u64;
+    let (a, b) = (a.id().clone(), b.id().clone());
+    // Closed (after a restart), each actor's size is still counted in its
+    // own pages.
+    let mut node = node;
+    node.restart();
+    let info = node.runtime().actor_info(&a).unwrap();
+    assert!(!info.active);
+    assert_eq!(info.database_bytes, pages * 1024);
+    let info = node.runtime().actor_info(&b).unwrap();
+    assert_eq!(info.database_bytes % 4096, 0);
+    assert!(info.database_bytes > 0);
 }
