@@ -70,13 +70,14 @@ pub struct ActorInfo {
 }
 
 /// One open connection's memory, in bytes (see `ActorDb::memory`). The
-/// write-ahead log's index (32 KiB per open actor) and lookaside buffer
-/// are not in these figures.
+/// lookaside buffer is not in these figures.
 #[derive(Debug, Clone, Serialize)]
 pub struct SqliteMemoryInfo {
     pub cache_bytes: u64,
     pub schema_bytes: u64,
     pub statement_bytes: u64,
+    /// The write-ahead log's index pages that are resident (ADR 0028).
+    pub wal_index_bytes: u64,
 }
 
 /// The shared core; workers and the server hold it through [`Runtime`].
@@ -503,6 +504,7 @@ impl Runtime {
                     cache_bytes: m.cache_bytes,
                     schema_bytes: m.schema_bytes,
                     statement_bytes: m.statement_bytes,
+                    wal_index_bytes: m.wal_index_bytes,
                 };
                 Ok((db.size_bytes()?, db.alarm()?, Some(memory)))
             }

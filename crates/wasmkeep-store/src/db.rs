@@ -22,6 +22,7 @@ use crate::error::StoreError;
 use crate::limits::StoreLimits;
 use crate::paths::DB_FILE;
 pub use crate::sqlite_setup::sqlite_setup;
+use crate::wal_index::{VFS_NAME, WalIndex};
 
 /// Prefix of every table the runtime keeps in an actor's database.
 pub const INTERNAL_PREFIX: &str = "_wasmkeep_";
@@ -190,6 +191,9 @@ pub struct ActorDb {
     alarm_writes: std::cell::Cell<u64>,
     /// See [`ActorDb::keep_statements`].
     keep_statements: std::cell::Cell<bool>,
+    /// The write-ahead log's index, when the connection keeps it through
+    /// wasmkeep's VFS (ADR 0028).
+    wal_index: Option<WalIndex>,
 }
 
 /// A tiny mutex-protected slot: the authorizer records why it refused a
@@ -405,7 +409,10 @@ impl ActorDb {
         let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
             | OpenFlags::SQLITE_OPEN_CREATE
             | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-        let conn = Connection::open_with_flags(&path, flags).map_err(open_err)?;
+        let conn = Connection::open_with_flags_and_vfs(&path, flags, VFS_NAME)
+            .or_else(|_| Connection::open_with_flags(&path, flags))
+            .map_err(open_err)?;
+        let wal_index = WalIndex::of(&conn);
         let mut db = ActorDb {
             conn,
             mode: Arc::new(AtomicU8::new(MODE_RUNTIME)),
@@ -418,9 +425,15 @@ impl ActorDb {
             initialized_committed: std::cell::Cell::new(false),
             alarm_writes: std::cell::Cell::new(0),
             keep_statements: std::cell::Cell::new(true),
+            wal_index,
         };
         match db.configure() {
             Ok(()) => {
+                if let Some(w) = &db.wal_index {
+                    // Opening may have rebuilt the index from a log left by
+                    // a crash, or created the database: both zero a block.
+                    w.release_zero_pages();
+                }
                 if db.created {
                     // Creating it wrote every internal table's pages, and
                     // they would stay cached as long as the actor is open;
@@ -460,13 +473,18 @@ impl ActorDb {
         // The actor's connection is the only one that touches its file
         // while it is open (inspection goes through it, see `inspect`), so
         // it holds the file lock from the first read to the close: no lock
-        // calls per transaction and no shared-memory WAL index, only one in
-        // the heap (ADR 0004). A reader elsewhere (the start-up scan) makes
-        // an open wait at most the busy timeout.
+        // calls per transaction (ADR 0024). wasmkeep's VFS takes that lock
+        // at the first read and keeps the log's index in private memory
+        // that gives its zero pages back (ADR 0028). A reader elsewhere
+        // (the start-up scan) makes an open wait at most the busy timeout.
         c.busy_timeout(std::time::Duration::from_millis(BUSY_TIMEOUT_MS))
             .map_err(open_err)?;
-        c.pragma_update(None, "locking_mode", "EXCLUSIVE")
-            .map_err(open_err)?;
+        if self.wal_index.is_none() {
+            // Without the VFS, SQLite keeps the index in its heap only if
+            // the locking mode is exclusive when it opens the log.
+            c.pragma_update(None, "locking_mode", "EXCLUSIVE")
+                .map_err(open_err)?;
+        }
         if self.created {
             // Only a database without pages takes a page size, and only
             // before it is switched to WAL. An invalid size is ignored by
@@ -476,6 +494,14 @@ impl ActorDb {
         }
         c.pragma_update(None, "journal_mode", "WAL")
             .map_err(open_err)?;
+        if self.wal_index.is_some() {
+            // The log opens with the VFS's index (SQLite would use its heap
+            // had the mode been exclusive already); exclusive from here on,
+            // SQLite skips the index's lock calls.
+            crate::wal_index::open_log(c).map_err(open_err)?;
+            c.pragma_update(None, "locking_mode", "EXCLUSIVE")
+                .map_err(open_err)?;
+        }
         if self.created {
             // One transaction: each statement on its own would commit (and
             // append to the WAL) separately.
@@ -599,9 +625,15 @@ impl ActorDb {
         self.control(SQL_BEGIN)
     }
 
-    /// Commits the batch's transaction.
+    /// Commits the batch's transaction. If the commit started the log over
+    /// (or grew its index), the index's pages left holding only zeros are
+    /// given back (ADR 0028).
     pub fn commit(&mut self) -> Result<(), StoreError> {
-        self.control(SQL_COMMIT)
+        self.control(SQL_COMMIT)?;
+        if let Some(w) = &self.wal_index {
+            w.release_zero_pages();
+        }
+        Ok(())
     }
 
     /// Runs one of the runtime's transaction statements through the
@@ -1091,6 +1123,7 @@ impl ActorDb {
             schema_bytes: status(ffi::SQLITE_DBSTATUS_SCHEMA_USED),
             statement_bytes: status(ffi::SQLITE_DBSTATUS_STMT_USED),
             lookaside_slots: status(ffi::SQLITE_DBSTATUS_LOOKASIDE_USED),
+            wal_index_bytes: self.wal_index.as_ref().map_or(0, WalIndex::resident_bytes),
         }
     }
 }
@@ -1098,7 +1131,7 @@ impl ActorDb {
 /// One connection's memory by SQLite's accounting (see [`ActorDb::memory`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SqliteMemory {
-    /// The page cache, and (in exclusive locking mode) the WAL index.
+    /// The page cache and the pager's own buffers.
     pub cache_bytes: u64,
     /// The parsed schema.
     pub schema_bytes: u64,
@@ -1106,6 +1139,9 @@ pub struct SqliteMemory {
     pub statement_bytes: u64,
     /// Lookaside slots in use.
     pub lookaside_slots: u64,
+    /// The write-ahead log's index, as far as it is resident (0 when
+    /// SQLite keeps it in its heap: without wasmkeep's VFS).
+    pub wal_index_bytes: u64,
 }
 
 /// Whether a database that SQLite refuses as corrupt is the remains of an

@@ -17,6 +17,7 @@ pub mod limits;
 pub mod paths;
 pub mod sqlite_setup;
 pub mod sync;
+mod wal_index;
 
 pub use db::{
     ActorDb, AlarmState, ExecResult, KvListOptions, OpenMode, QueryResult, SqliteMemory, Value,

@@ -27,6 +27,10 @@
 //! - **No bulk page-cache allocation.** Each connection's page cache
 //!   otherwise allocates 20 pages at once on its first read, although an
 //!   actor's database is often only a few pages.
+//!
+//! It also registers the VFS actors' connections open with, which keeps
+//! the write-ahead log's index in memory that gives its zero pages back
+//! (the `wal_index` module, ADR 0028).
 
 use std::ffi::{c_int, c_void};
 
@@ -127,6 +131,11 @@ pub fn sqlite_setup() {
                 lookaside,
                 pagecache,
                 "SQLite was initialised before wasmkeep's settings; it keeps its default allocator"
+            );
+        }
+        if !crate::wal_index::register() {
+            tracing::warn!(
+                "no unix VFS to build on: actors' WAL indexes stay in SQLite's heap memory"
             );
         }
     });

@@ -1,0 +1,709 @@
+//! The write-ahead log's index in private memory that gives its zero pages
+//! back (ADR 0028).
+//!
+//! SQLite indexes an actor's write-ahead log in blocks of 32 KiB (one per
+//! 4,062 frames), and zeroes a whole block when the log starts over (its
+//! first frame, and the first after each checkpoint). A small actor's
+//! index then holds a handful of entries in its first 4 KiB page and a few
+//! hash slots in its fifth: the other six pages are zeros, resident in
+//! every open actor (24 KiB each, 24 MiB over W4's 1,000 actors).
+//!
+//! This module registers a VFS, [`VFS_NAME`], that is SQLite's `unix` VFS
+//! (files, locks, syncs: every call goes to it) except for the index's
+//! memory. Its blocks are private anonymous mappings; after a commit,
+//! [`WalIndex::release_zero_pages`] hands the pages that hold only zeros
+//! back to the kernel (`madvise(MADV_DONTNEED)`), after which they read as
+//! zeros again: what SQLite sees does not change. It only scans after the
+//! log started over or grew a block, so most commits cost two loads.
+//!
+//! The index is private to the connection, so the VFS's shared-memory locks
+//! are no-ops. That is right only because an actor's connection is the
+//! only one using its file while it is open: it runs in
+//! `locking_mode=EXCLUSIVE` and holds the database's exclusive file lock
+//! from its first write to its close (ADR 0024), so any other connection,
+//! in this process or another, gets `SQLITE_BUSY` instead of a view of the
+//! log this index does not describe. A connection that opens without this
+//! VFS (the start-up scan, inspection of a closed actor) uses SQLite's own
+//! `-shm` file, as before.
+
+use std::ffi::{CStr, c_char, c_int, c_void};
+use std::ptr;
+use std::sync::atomic::{AtomicPtr, Ordering, fence};
+
+use rusqlite::ffi;
+
+/// The name actors' connections open their database with.
+pub const VFS_NAME: &str = "wasmkeep";
+const VFS_NAME_C: &CStr = c"wasmkeep";
+
+/// Where in the index's first block the log's salt is (the WAL-index
+/// header of SQLite's file format: `aSalt` at byte 32). A new salt means
+/// the log started over and SQLite zeroed the block.
+const HEADER_SALT_OFFSET: usize = 32;
+
+/// What the VFS keeps after the `unix` VFS's own file object.
+#[repr(C)]
+struct Extra {
+    /// The `unix` file's methods, which every call but the index's goes to.
+    real: *const ffi::sqlite3_io_methods,
+    /// The index, once SQLite asked for it (only the main database's file).
+    shm: *mut Shm,
+    /// Whether this is a main database file (not a log or a journal).
+    main_db: bool,
+    /// Whether this file holds the exclusive lock `x_lock` takes.
+    exclusive: bool,
+    /// Tests only: lock like the unix VFS (shared for readers), the unsafe
+    /// variant the lock test shows losing data.
+    #[cfg(test)]
+    shared_lock_unsafe: bool,
+}
+
+/// One connection's WAL index: blocks SQLite reads and writes directly.
+struct Shm {
+    regions: Vec<*mut u8>,
+    region_bytes: usize,
+    /// The salt and block count when zero pages were last given back.
+    released_at: Option<(u64, usize)>,
+}
+
+impl Drop for Shm {
+    fn drop(&mut self) {
+        for &r in &self.regions {
+            // SAFETY: each region is a mapping of `region_bytes` made by
+            // `x_shm_map` and not unmapped elsewhere.
+            unsafe {
+                libc::munmap(r.cast(), self.region_bytes);
+            }
+        }
+    }
+}
+
+/// The `unix` VFS's file object size, rounded so `Extra` is aligned.
+fn extra_offset(real_vfs: *const ffi::sqlite3_vfs) -> usize {
+    // SAFETY: `real_vfs` is the registered `unix` VFS, which lives as long
+    // as the process.
+    let n = unsafe { (*real_vfs).szOsFile } as usize;
+    n.next_multiple_of(std::mem::align_of::<Extra>())
+}
+
+fn real_vfs_of(vfs: *mut ffi::sqlite3_vfs) -> *mut ffi::sqlite3_vfs {
+    // SAFETY: our VFS's pAppData is the `unix` VFS (see `register`).
+    unsafe { (*vfs).pAppData.cast() }
+}
+
+/// The `unix` VFS, set once by `register` before any file is opened.
+static REAL_VFS: AtomicPtr<ffi::sqlite3_vfs> = AtomicPtr::new(ptr::null_mut());
+
+/// # Safety
+/// `f` is a file opened by `x_open` (its methods are ours).
+unsafe fn extra(f: *mut ffi::sqlite3_file) -> *mut Extra {
+    let real = REAL_VFS.load(Ordering::Relaxed);
+    // SAFETY: the file object is `szOsFile` bytes: the unix file, then
+    // `Extra` at `extra_offset`.
+    unsafe { f.cast::<u8>().add(extra_offset(real)).cast() }
+}
+
+/// # Safety
+/// As [`extra`].
+unsafe fn real(f: *mut ffi::sqlite3_file) -> &'static ffi::sqlite3_io_methods {
+    // SAFETY: `real` was set by `x_open` from the unix VFS's open.
+    unsafe { &*(*extra(f)).real }
+}
+
+unsafe extern "C" fn x_open(
+    vfs: *mut ffi::sqlite3_vfs,
+    name: *const c_char,
+    f: *mut ffi::sqlite3_file,
+    flags: c_int,
+    out_flags: *mut c_int,
+) -> c_int {
+    let real_vfs = real_vfs_of(vfs);
+    // SAFETY: SQLite gives a file object of our szOsFile bytes; the unix
+    // VFS fills in its own part at the start.
+    unsafe {
+        let rc = ((*real_vfs).xOpen.expect("unix xOpen"))(real_vfs, name, f, flags, out_flags);
+        let methods = (*f).pMethods;
+        if methods.is_null() {
+            // Failed before there was a file: nothing for SQLite to close.
+            return rc;
+        }
+        extra(f).write(Extra {
+            real: methods,
+            shm: ptr::null_mut(),
+            main_db: flags & ffi::SQLITE_OPEN_MAIN_DB != 0,
+            exclusive: false,
+            #[cfg(test)]
+            shared_lock_unsafe: false,
+        });
+        (*f).pMethods = &METHODS;
+        rc
+    }
+}
+
+unsafe extern "C" fn x_close(f: *mut ffi::sqlite3_file) -> c_int {
+    // SAFETY: `f` is ours (SQLite calls our methods only on our files).
+    unsafe {
+        let e = extra(f);
+        if !(*e).shm.is_null() {
+            drop(Box::from_raw((*e).shm));
+            (*e).shm = ptr::null_mut();
+        }
+        (real(f).xClose.expect("xClose"))(f)
+    }
+}
+
+unsafe extern "C" fn x_shm_map(
+    f: *mut ffi::sqlite3_file,
+    region: c_int,
+    region_bytes: c_int,
+    extend: c_int,
+    out: *mut *mut c_void,
+) -> c_int {
+    // SAFETY: `f` is ours; `out` is valid for a write (SQLite's contract).
+    unsafe {
+        let e = extra(f);
+        if (*e).shm.is_null() {
+            (*e).shm = Box::into_raw(Box::new(Shm {
+                regions: Vec::new(),
+                region_bytes: region_bytes as usize,
+                released_at: None,
+            }));
+        }
+        let shm = &mut *(*e).shm;
+        debug_assert_eq!(shm.region_bytes, region_bytes as usize);
+        let i = region as usize;
+        if i >= shm.regions.len() {
+            if extend == 0 {
+                // Like a shared-memory file that is not that long yet.
+                *out = ptr::null_mut();
+                return ffi::SQLITE_OK;
+            }
+            while shm.regions.len() <= i {
+                // Fresh anonymous memory reads as zeros and costs nothing
+                // until written.
+                let p = libc::mmap(
+                    ptr::null_mut(),
+                    shm.region_bytes,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                );
+                if p == libc::MAP_FAILED {
+                    *out = ptr::null_mut();
+                    return ffi::SQLITE_IOERR_SHMMAP;
+                }
+                shm.regions.push(p.cast());
+            }
+        }
+        *out = shm.regions[i].cast();
+        ffi::SQLITE_OK
+    }
+}
+
+unsafe extern "C" fn x_shm_lock(_: *mut ffi::sqlite3_file, _: c_int, _: c_int, _: c_int) -> c_int {
+    // The index is this connection's alone (see the module's docs).
+    ffi::SQLITE_OK
+}
+
+unsafe extern "C" fn x_shm_barrier(_: *mut ffi::sqlite3_file) {
+    fence(Ordering::SeqCst);
+}
+
+unsafe extern "C" fn x_shm_unmap(f: *mut ffi::sqlite3_file, _delete: c_int) -> c_int {
+    // SAFETY: `f` is ours; SQLite no longer uses the index's memory.
+    unsafe {
+        let e = extra(f);
+        if !(*e).shm.is_null() {
+            drop(Box::from_raw((*e).shm));
+            (*e).shm = ptr::null_mut();
+        }
+    }
+    ffi::SQLITE_OK
+}
+
+// Everything else goes to the unix VFS's file, unchanged.
+
+unsafe extern "C" fn x_read(f: *mut ffi::sqlite3_file, b: *mut c_void, n: c_int, o: i64) -> c_int {
+    // SAFETY: `f` is ours; the arguments are SQLite's, passed on.
+    unsafe { (real(f).xRead.expect("xRead"))(f, b, n, o) }
+}
+unsafe extern "C" fn x_write(
+    f: *mut ffi::sqlite3_file,
+    b: *const c_void,
+    n: c_int,
+    o: i64,
+) -> c_int {
+    // SAFETY: as `x_read`.
+    unsafe { (real(f).xWrite.expect("xWrite"))(f, b, n, o) }
+}
+unsafe extern "C" fn x_truncate(f: *mut ffi::sqlite3_file, n: i64) -> c_int {
+    // SAFETY: as `x_read`.
+    unsafe { (real(f).xTruncate.expect("xTruncate"))(f, n) }
+}
+unsafe extern "C" fn x_sync(f: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
+    // SAFETY: as `x_read`.
+    unsafe { (real(f).xSync.expect("xSync"))(f, flags) }
+}
+unsafe extern "C" fn x_file_size(f: *mut ffi::sqlite3_file, out: *mut i64) -> c_int {
+    // SAFETY: as `x_read`.
+    unsafe { (real(f).xFileSize.expect("xFileSize"))(f, out) }
+}
+// The main database is locked exclusively whenever SQLite locks it at all:
+// from before the log is first read (and its index built) until SQLite lets
+// go of every lock, no other connection reads or writes it, which is what
+// makes a private index right. SQLite believes it holds the lesser lock it
+// asked for and upgrades later at no cost.
+
+unsafe extern "C" fn x_lock(f: *mut ffi::sqlite3_file, level: c_int) -> c_int {
+    // SAFETY: `f` is ours; the unix VFS's lock calls are made in the order
+    // it allows (shared, then exclusive through its pending lock).
+    unsafe {
+        let e = extra(f);
+        let lock = real(f).xLock.expect("xLock");
+        #[cfg(test)]
+        if (*e).shared_lock_unsafe {
+            return lock(f, level);
+        }
+        if !(*e).main_db || (*e).exclusive {
+            return lock(f, level);
+        }
+        let rc = lock(f, ffi::SQLITE_LOCK_SHARED);
+        if rc != ffi::SQLITE_OK {
+            return rc;
+        }
+        let rc = lock(f, ffi::SQLITE_LOCK_EXCLUSIVE);
+        if rc != ffi::SQLITE_OK {
+            // Someone else reads it: hold nothing, and let SQLite's busy
+            // handler try again.
+            (real(f).xUnlock.expect("xUnlock"))(f, ffi::SQLITE_LOCK_NONE);
+            return rc;
+        }
+        (*e).exclusive = true;
+        ffi::SQLITE_OK
+    }
+}
+unsafe extern "C" fn x_unlock(f: *mut ffi::sqlite3_file, level: c_int) -> c_int {
+    // SAFETY: as `x_lock`.
+    unsafe {
+        let e = extra(f);
+        if (*e).main_db && (*e).exclusive {
+            if level > ffi::SQLITE_LOCK_NONE {
+                // Keep the exclusive lock until SQLite lets go of all.
+                return ffi::SQLITE_OK;
+            }
+            (*e).exclusive = false;
+        }
+        (real(f).xUnlock.expect("xUnlock"))(f, level)
+    }
+}
+unsafe extern "C" fn x_check_reserved_lock(f: *mut ffi::sqlite3_file, out: *mut c_int) -> c_int {
+    // SAFETY: as `x_lock`; `out` is valid for a write.
+    unsafe {
+        if (*extra(f)).exclusive {
+            // SQLite asks whether another connection is writing (say, to
+            // decide whether a rollback journal is hot). None can be: this
+            // one holds the exclusive lock, which the unix VFS would report
+            // as "reserved".
+            *out = 0;
+            return ffi::SQLITE_OK;
+        }
+        (real(f).xCheckReservedLock.expect("xCheckReservedLock"))(f, out)
+    }
+}
+unsafe extern "C" fn x_file_control(
+    f: *mut ffi::sqlite3_file,
+    op: c_int,
+    arg: *mut c_void,
+) -> c_int {
+    // SAFETY: as `x_read`.
+    unsafe { (real(f).xFileControl.expect("xFileControl"))(f, op, arg) }
+}
+unsafe extern "C" fn x_sector_size(f: *mut ffi::sqlite3_file) -> c_int {
+    // SAFETY: as `x_read`.
+    unsafe { (real(f).xSectorSize.expect("xSectorSize"))(f) }
+}
+unsafe extern "C" fn x_device_characteristics(f: *mut ffi::sqlite3_file) -> c_int {
+    // SAFETY: as `x_read`.
+    unsafe {
+        (real(f)
+            .xDeviceCharacteristics
+            .expect("xDeviceCharacteristics"))(f)
+    }
+}
+unsafe extern "C" fn x_fetch(
+    f: *mut ffi::sqlite3_file,
+    o: i64,
+    n: c_int,
+    out: *mut *mut c_void,
+) -> c_int {
+    // SAFETY: as `x_read`; a unix file without memory-mapped reads says
+    // "no mapping", which SQLite handles by reading.
+    unsafe {
+        let r = real(f);
+        match r.xFetch {
+            Some(x) if r.iVersion >= 3 => x(f, o, n, out),
+            _ => {
+                *out = ptr::null_mut();
+                ffi::SQLITE_OK
+            }
+        }
+    }
+}
+unsafe extern "C" fn x_unfetch(f: *mut ffi::sqlite3_file, o: i64, p: *mut c_void) -> c_int {
+    // SAFETY: as `x_fetch`.
+    unsafe {
+        let r = real(f);
+        match r.xUnfetch {
+            Some(x) if r.iVersion >= 3 => x(f, o, p),
+            _ => ffi::SQLITE_OK,
+        }
+    }
+}
+
+static METHODS: ffi::sqlite3_io_methods = ffi::sqlite3_io_methods {
+    iVersion: 3,
+    xClose: Some(x_close),
+    xRead: Some(x_read),
+    xWrite: Some(x_write),
+    xTruncate: Some(x_truncate),
+    xSync: Some(x_sync),
+    xFileSize: Some(x_file_size),
+    xLock: Some(x_lock),
+    xUnlock: Some(x_unlock),
+    xCheckReservedLock: Some(x_check_reserved_lock),
+    xFileControl: Some(x_file_control),
+    xSectorSize: Some(x_sector_size),
+    xDeviceCharacteristics: Some(x_device_characteristics),
+    xShmMap: Some(x_shm_map),
+    xShmLock: Some(x_shm_lock),
+    xShmBarrier: Some(x_shm_barrier),
+    xShmUnmap: Some(x_shm_unmap),
+    xFetch: Some(x_fetch),
+    xUnfetch: Some(x_unfetch),
+};
+
+/// Registers the VFS (not as the default). Called once, from
+/// `sqlite_setup`. Returns false, with SQLite's own VFS left in use, if
+/// there is no `unix` VFS to build on.
+pub(crate) fn register() -> bool {
+    // SAFETY: looks up a VFS by name; SQLite returns null if none.
+    let real = unsafe { ffi::sqlite3_vfs_find(c"unix".as_ptr()) };
+    if real.is_null() {
+        return false;
+    }
+    REAL_VFS.store(real, Ordering::Relaxed);
+    // SAFETY: `real` is a complete VFS object that lives as long as the
+    // process; ours is a copy with its own name, file size and open, and is
+    // leaked because SQLite keeps a pointer to it.
+    unsafe {
+        let mut vfs: ffi::sqlite3_vfs = ptr::read(real);
+        vfs.zName = VFS_NAME_C.as_ptr();
+        vfs.szOsFile = (extra_offset(real) + std::mem::size_of::<Extra>()) as c_int;
+        vfs.pAppData = real.cast();
+        vfs.pNext = ptr::null_mut();
+        vfs.xOpen = Some(x_open);
+        let vfs = Box::leak(Box::new(vfs));
+        ffi::sqlite3_vfs_register(vfs, 0) == ffi::SQLITE_OK
+    }
+}
+
+/// Makes SQLite open the write-ahead log (and ask this VFS for its index)
+/// now: a read does, once the database is in WAL mode. Call before
+/// `locking_mode=EXCLUSIVE`, with which SQLite would keep the index in its
+/// heap instead.
+pub(crate) fn open_log(c: &rusqlite::Connection) -> rusqlite::Result<()> {
+    c.query_row("PRAGMA schema_version", [], |_| Ok(()))
+}
+
+/// One open connection's WAL index, as this VFS keeps it.
+pub(crate) struct WalIndex {
+    extra: *mut Extra,
+}
+
+// SAFETY: the pointer is into the connection's own file object, and is used
+// only through the `ActorDb` that owns that connection (which moves between
+// threads, one at a time).
+unsafe impl Send for WalIndex {}
+
+impl WalIndex {
+    /// The index of `conn`'s main database, if it was opened with this VFS.
+    pub(crate) fn of(conn: &rusqlite::Connection) -> Option<WalIndex> {
+        let mut file: *mut ffi::sqlite3_file = ptr::null_mut();
+        // SAFETY: SQLITE_FCNTL_FILE_POINTER writes the main database's
+        // file object (which lives as long as the connection) to `file`.
+        let rc = unsafe {
+            ffi::sqlite3_file_control(
+                conn.handle(),
+                c"main".as_ptr(),
+                ffi::SQLITE_FCNTL_FILE_POINTER,
+                (&raw mut file).cast(),
+            )
+        };
+        // SAFETY: a non-null file object has a valid pMethods field.
+        if rc != ffi::SQLITE_OK
+            || file.is_null()
+            || unsafe { (*file).pMethods } != &raw const METHODS
+        {
+            return None;
+        }
+        // SAFETY: the file's methods are ours, so it has our layout.
+        Some(WalIndex {
+            extra: unsafe { extra(file) },
+        })
+    }
+
+    /// The index's blocks, once SQLite asked for them.
+    fn shm(&self) -> *mut Shm {
+        // SAFETY: `extra` is valid while the connection is open (see
+        // `of`); the index is touched only by the thread using the
+        // connection, between its statements.
+        unsafe { (*self.extra).shm }
+    }
+
+    /// Gives back the index's pages that hold only zeros, if the log
+    /// started over or grew a block since the last time. Call between
+    /// transactions, on the connection's thread. Returns the bytes given
+    /// back.
+    pub(crate) fn release_zero_pages(&self) -> usize {
+        self.release(false)
+    }
+
+    fn release(&self, unsafe_any_page: bool) -> usize {
+        // SAFETY: see `shm`; no other reference to the index exists while
+        // this one does.
+        let Some(shm) = (unsafe { self.shm().as_mut() }) else {
+            return 0;
+        };
+        let Some(&first) = shm.regions.first() else {
+            return 0;
+        };
+        // SAFETY: the header is in the first block, which is mapped.
+        let salt = unsafe { ptr::read_volatile(first.add(HEADER_SALT_OFFSET).cast::<u64>()) };
+        let mark = (salt, shm.regions.len());
+        if shm.released_at == Some(mark) {
+            return 0;
+        }
+        shm.released_at = Some(mark);
+        let page = os_page_bytes();
+        let mut released = 0;
+        for &r in &shm.regions {
+            let mut off = 0;
+            while off < shm.region_bytes {
+                // SAFETY: [r + off, + page) is inside the mapped block.
+                let p = unsafe { r.add(off) };
+                let zeros = unsafe { std::slice::from_raw_parts(p, page) }
+                    .iter()
+                    .all(|&b| b == 0);
+                if (zeros || unsafe_any_page) && off > 0 {
+                    // SAFETY: a whole page of our private mapping; after
+                    // this it reads as zeros, which it held (ADR 0028).
+                    if unsafe { libc::madvise(p.cast(), page, libc::MADV_DONTNEED) } == 0 {
+                        released += page;
+                    }
+                }
+                off += page;
+            }
+        }
+        released
+    }
+
+    /// The unsafe variant, kept for the test that shows why only zero
+    /// pages may go: gives back every page but each block's first, whatever
+    /// it holds.
+    #[cfg(test)]
+    fn release_any_pages_unsafe(&self) -> usize {
+        self.release(true)
+    }
+
+    /// The unsafe variant of the lock, for the test that shows why the
+    /// database is locked exclusively from the first read: call before it.
+    #[cfg(test)]
+    fn lock_shared_unsafe(&self) {
+        // SAFETY: as `shm`.
+        unsafe { (*self.extra).shared_lock_unsafe = true }
+    }
+
+    /// How many bytes of the index are resident now (`mincore`).
+    pub(crate) fn resident_bytes(&self) -> u64 {
+        // SAFETY: as in `release`.
+        let Some(shm) = (unsafe { self.shm().as_ref() }) else {
+            return 0;
+        };
+        let page = os_page_bytes();
+        let mut vec = vec![0u8; shm.region_bytes.div_ceil(page)];
+        let mut total = 0;
+        for &r in &shm.regions {
+            // SAFETY: `r` is a page-aligned mapping of `region_bytes`;
+            // `vec` has a byte per page.
+            if unsafe { libc::mincore(r.cast(), shm.region_bytes, vec.as_mut_ptr()) } == 0 {
+                total += vec.iter().filter(|&&b| b & 1 == 1).count() as u64 * page as u64;
+            }
+        }
+        total
+    }
+}
+
+fn os_page_bytes() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if n > 0 { n as usize } else { 4096 }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use rusqlite::{Connection, OpenFlags, params};
+
+    use super::*;
+    use crate::sqlite_setup::sqlite_setup;
+
+    /// A connection set up as an actor's is (WAL, then exclusive mode).
+    fn open(
+        path: &std::path::Path,
+        before_first_read: impl FnOnce(&WalIndex),
+    ) -> (Connection, WalIndex) {
+        sqlite_setup();
+        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE;
+        let c = Connection::open_with_flags_and_vfs(path, flags, VFS_NAME).unwrap();
+        let w = WalIndex::of(&c).expect("opened with the VFS");
+        before_first_read(&w);
+        c.busy_timeout(std::time::Duration::ZERO).unwrap();
+        c.pragma_update(None, "journal_mode", "WAL").unwrap();
+        open_log(&c).unwrap();
+        c.pragma_update(None, "locking_mode", "EXCLUSIVE").unwrap();
+        c.pragma_update(None, "synchronous", "OFF").unwrap();
+        (c, w)
+    }
+
+    /// Rows of 1,000 bytes, rewritten in rounds: enough pages that the
+    /// index's hash slots spread over all of its hash pages. After every
+    /// commit `release` runs; every read must see what was written.
+    fn rounds(release: fn(&WalIndex) -> usize) -> Result<(), String> {
+        let dir = tempfile::tempdir().unwrap();
+        let (c, w) = open(&dir.path().join("a.db"), |_| ());
+        c.execute_batch("CREATE TABLE t (k INTEGER PRIMARY KEY, v BLOB NOT NULL)")
+            .unwrap();
+        let mut expect = BTreeMap::new();
+        let mut released = 0;
+        for round in 0..40u32 {
+            c.execute_batch("BEGIN").unwrap();
+            for k in 0..200u32 {
+                if (k + round) % 3 == 0 {
+                    let v = vec![(k ^ round) as u8; 1000];
+                    c.execute(
+                        "INSERT OR REPLACE INTO t (k, v) VALUES (?1, ?2)",
+                        params![k, v],
+                    )
+                    .map_err(|e| e.to_string())?;
+                    expect.insert(k, v);
+                }
+            }
+            c.execute_batch("COMMIT").map_err(|e| e.to_string())?;
+            released += release(&w);
+            if round % 10 == 9 {
+                // Start the log over: the next commit zeroes the block again.
+                c.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+                    .map_err(|e| e.to_string())?;
+            }
+            // Reads go through the index only for pages not cached.
+            c.execute_batch("PRAGMA shrink_memory").unwrap();
+            let mut s = c.prepare_cached("SELECT k, v FROM t ORDER BY k").unwrap();
+            let got: BTreeMap<u32, Vec<u8>> = s
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+                .and_then(|rows| rows.collect())
+                .map_err(|e| e.to_string())?;
+            if got != expect {
+                return Err(format!("round {round}: the table is not what was written"));
+            }
+        }
+        assert!(released > 0, "no page was given back");
+        let ok: String = c
+            .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+            .map_err(|e| e.to_string())?;
+        if ok != "ok" {
+            return Err(ok);
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn giving_back_only_zero_pages_changes_nothing_sqlite_reads() {
+        rounds(WalIndex::release_zero_pages).unwrap();
+    }
+
+    #[test]
+    fn giving_back_pages_that_hold_entries_loses_writes() {
+        // The unsafe variant: without the "only zeros" rule, the index
+        // forgets frames and reads go to stale pages.
+        // (SQLite then reads a stale first page: "no such table: t".)
+        assert!(rounds(WalIndex::release_any_pages_unsafe).is_err());
+    }
+
+    #[test]
+    fn a_small_database_keeps_two_of_its_index_pages() {
+        let dir = tempfile::tempdir().unwrap();
+        let (c, w) = open(&dir.path().join("a.db"), |_| ());
+        c.execute_batch("CREATE TABLE t (n INTEGER); INSERT INTO t VALUES (1);")
+            .unwrap();
+        // SQLite zeroed the whole 32 KiB block at the log's first frame.
+        assert_eq!(w.resident_bytes(), 32 * 1024);
+        assert!(w.release_zero_pages() >= 24 * 1024);
+        for i in 0..20 {
+            c.execute("UPDATE t SET n = ?1", [i]).unwrap();
+            w.release_zero_pages();
+        }
+        // The header with the frames' page numbers, and the hash page
+        // holding the slots of pages 1 and 2.
+        assert_eq!(w.resident_bytes(), 2 * 4096);
+        let n: i64 = c.query_row("SELECT n FROM t", [], |r| r.get(0)).unwrap();
+        assert_eq!(n, 19);
+    }
+
+    /// Another connection (SQLite's own VFS, its own `-shm` index) writes
+    /// between this one's first read and its first write.
+    fn foreign_write_after_first_read(unsafe_lock: bool) -> Result<i64, String> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.db");
+        {
+            let (c, _) = open(&path, |_| ());
+            c.execute_batch("CREATE TABLE t (n INTEGER); INSERT INTO t VALUES (1);")
+                .unwrap();
+        }
+        let (c, _w) = open(&path, |w| {
+            if unsafe_lock {
+                w.lock_shared_unsafe()
+            }
+        });
+        let n: i64 = c.query_row("SELECT n FROM t", [], |r| r.get(0)).unwrap();
+        assert_eq!(n, 1);
+        {
+            let other = Connection::open(&path).map_err(|e| e.to_string())?;
+            other.busy_timeout(std::time::Duration::ZERO).unwrap();
+            other
+                .execute("UPDATE t SET n = n + 10", [])
+                .map_err(|e| e.to_string())?;
+        }
+        c.execute("UPDATE t SET n = n + 100", []).unwrap();
+        drop(c);
+        let check = Connection::open(&path).unwrap();
+        Ok(check
+            .query_row("SELECT n FROM t", [], |r| r.get(0))
+            .unwrap())
+    }
+
+    #[test]
+    fn no_other_connection_reaches_the_database_after_the_first_read() {
+        let e = foreign_write_after_first_read(false).unwrap_err();
+        assert!(e.contains("locked"), "{e}");
+    }
+
+    #[test]
+    fn with_a_shared_lock_another_connections_write_is_lost() {
+        // The unsafe variant: the other connection's write lands in the log
+        // where this connection's private index does not see it, and its
+        // own write goes over it.
+        assert_eq!(foreign_write_after_first_read(true).unwrap(), 101);
+    }
+}
