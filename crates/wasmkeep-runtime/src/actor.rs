@@ -806,11 +806,13 @@ fn run_batch(rt: &Arc<Inner>, actor: &Arc<Actor>, slot: &mut Option<Loaded>, eve
             Ok(a) => {
                 if !was_loaded && a.is_none() {
                     // Opening read pages (the init mark, the alarm) that the
-                    // actor's next events do not: they would stay cached as
-                    // long as it is open (W4). An actor with an alarm keeps
-                    // them: its alarm turn reads them again, maybe together
-                    // with thousands of others (W2).
+                    // actor's next events do not, with a statement they do
+                    // not run: both would stay as long as it is open (W4).
+                    // An actor with an alarm keeps them: its alarm turn
+                    // reads them again, maybe together with thousands of
+                    // others (W2).
                     l.db().shrink_cache();
+                    l.db().forget_alarm_read();
                 }
                 rt.timer.set(id, a.map(|a| a.at_ms))
             }

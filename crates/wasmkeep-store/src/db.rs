@@ -1089,6 +1089,15 @@ impl ActorDb {
         Ok(pages as u64 * self.page_size)
     }
 
+    /// Stops keeping the alarm's read prepared. The runtime reads the alarm
+    /// when an actor opens and after batches that touch it; an actor
+    /// without one does not read it again while it stays without (W4).
+    pub fn forget_alarm_read(&self) {
+        if let Ok(stmt) = self.conn.prepare_cached(SQL_ALARM_GET) {
+            stmt.discard();
+        }
+    }
+
     /// Frees the pages this connection caches and is not using now; the
     /// next statement that needs one reads it again (from the operating
     /// system's cache, in practice). Done once when a database is created:

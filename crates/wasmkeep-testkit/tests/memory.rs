@@ -46,7 +46,8 @@ fn an_open_actor_keeps_only_the_wal_index_pages_it_uses() {
 
 /// `on-init` runs once in an actor's life: the statements it ran (table
 /// creation, first rows) and the runtime's init mark are not kept
-/// prepared, while the statements its requests run are.
+/// prepared, nor is the alarm's read of an actor without an alarm, while
+/// the statements its requests run are.
 #[test]
 fn an_open_actor_keeps_no_statement_only_its_init_ran() {
     let node = TestNode::new();
@@ -61,6 +62,8 @@ fn an_open_actor_keeps_no_statement_only_its_init_ran() {
     assert!(!has("CREATE TABLE counter"), "{kept:?}");
     assert!(!has("INSERT INTO counter"), "{kept:?}");
     assert!(!has("_wasmkeep_meta"), "{kept:?}");
+    // Nor the alarm's read, which opening ran, for an actor without one.
+    assert!(!has("_wasmkeep_alarm"), "{kept:?}");
     // A request after init still prepares (and keeps) its statements.
     assert_eq!(a.get("/value").status, 200);
     assert!(
