@@ -205,8 +205,11 @@ impl Compiler<'_> {
                 let _ = std::fs::rename(&tmp, &cached);
             }
         }
-        // Compiling took megabytes this thread no longer needs.
+        // Compiling took megabytes that neither this thread nor the ones
+        // wasmtime compiled functions on in parallel (rayon's) need any
+        // more; each thread's allocator keeps what that thread freed.
         wasmkeep_store::sqlite_setup::release_free_memory();
+        rayon::broadcast(|_| wasmkeep_store::sqlite_setup::release_free_memory());
         Ok(component)
     }
 
