@@ -289,6 +289,17 @@ fn serve(args: ServeArgs) -> Result<()> {
             .with_context(|| format!("listen on {}", cfg.listen))?;
         let addr = listener.local_addr()?;
         let base = format!("http://{addr}");
+        // The handlers are in place before the node says it listens: a
+        // SIGTERM or Ctrl-C right after that line stops it cleanly instead
+        // of killing it (tokio installs a handler only when asked).
+        #[cfg(unix)]
+        let (mut term, mut int) = {
+            use tokio::signal::unix::{SignalKind, signal};
+            (
+                signal(SignalKind::terminate()).context("install a SIGTERM handler")?,
+                signal(SignalKind::interrupt()).context("install a SIGINT handler")?,
+            )
+        };
         println!(
             "wasmkeep {} listening on {base} (data: {}, durability: {:?}, bucket: {})",
             env!("CARGO_PKG_VERSION"),
@@ -312,20 +323,14 @@ fn serve(args: ServeArgs) -> Result<()> {
         }
         use std::io::Write;
         std::io::stdout().flush()?;
-        let shutdown = async {
-            let ctrl_c = tokio::signal::ctrl_c();
+        let shutdown = async move {
             #[cfg(unix)]
-            {
-                let mut term =
-                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                        .expect("install SIGTERM handler");
-                tokio::select! {
-                    _ = ctrl_c => {},
-                    _ = term.recv() => {},
-                }
+            tokio::select! {
+                _ = term.recv() => {},
+                _ = int.recv() => {},
             }
             #[cfg(not(unix))]
-            let _ = ctrl_c.await;
+            let _ = tokio::signal::ctrl_c().await;
             tracing::info!("shutting down");
         };
         wasmkeep_server::serve(rt.clone(), cfg.server(), listener, shutdown).await?;

@@ -93,12 +93,17 @@ impl Node {
         let _ = self.child.wait();
     }
 
-    /// SIGTERM, and wait for a clean exit.
-    pub fn stop(&mut self) {
+    /// SIGTERM, and wait for the exit.
+    pub fn stop(&mut self) -> std::process::ExitStatus {
+        self.signal_and_wait(libc::SIGTERM)
+    }
+
+    /// Sends `signal`, and waits for the exit.
+    pub fn signal_and_wait(&mut self, signal: i32) -> std::process::ExitStatus {
         unsafe {
-            libc::kill(self.pid(), libc::SIGTERM);
+            libc::kill(self.pid(), signal);
         }
-        let _ = self.child.wait();
+        self.child.wait().expect("wait for the node")
     }
 
     pub fn send(&self, method: &str, path: &str, body: &[u8]) -> (u16, String) {
