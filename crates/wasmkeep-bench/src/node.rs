@@ -112,6 +112,13 @@ impl Node {
         proc_status_kib(self.pid, "VmHWM:")
     }
 
+    /// Proportional set size, in KiB (Pss of /proc/PID/smaps_rollup):
+    /// RSS with each page shared by several mappings counted once in all,
+    /// such as the guest image every instance maps.
+    pub fn pss_kib(&self) -> Result<u64> {
+        proc_kib(self.pid, "smaps_rollup", "Pss:")
+    }
+
     /// SIGKILL, and wait until the process is gone.
     pub async fn kill(&mut self) -> Result<()> {
         self.child.start_kill()?;
@@ -153,12 +160,17 @@ impl Node {
 }
 
 fn proc_status_kib(pid: u32, field: &str) -> Result<u64> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .with_context(|| format!("read /proc/{pid}/status"))?;
+    proc_kib(pid, "status", field)
+}
+
+/// A `field: N kB` line of `/proc/PID/<file>`.
+fn proc_kib(pid: u32, file: &str, field: &str) -> Result<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/{file}"))
+        .with_context(|| format!("read /proc/{pid}/{file}"))?;
     text.lines()
         .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .ok_or_else(|| anyhow!("no {field} in /proc/{pid}/status"))
+        .ok_or_else(|| anyhow!("no {field} in /proc/{pid}/{file}"))
 }
 
 /// The last `n` lines of a node's log, for failure reports.
