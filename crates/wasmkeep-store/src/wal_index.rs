@@ -40,6 +40,8 @@ const VFS_NAME_C: &CStr = c"wasmkeep";
 /// header of SQLite's file format: `aSalt` at byte 32). A new salt means
 /// the log started over and SQLite zeroed the block.
 const HEADER_SALT_OFFSET: usize = 32;
+/// Where the header keeps the number of valid frames in the log (`mxFrame`).
+const HEADER_FRAMES_OFFSET: usize = 16;
 
 /// What the VFS keeps after the `unix` VFS's own file object.
 #[repr(C)]
@@ -479,7 +481,17 @@ impl WalIndex {
             return 0;
         };
         // SAFETY: the header is in the first block, which is mapped.
-        let salt = unsafe { ptr::read_volatile(first.add(HEADER_SALT_OFFSET).cast::<u64>()) };
+        let (frames, salt) = unsafe {
+            (
+                ptr::read_volatile(first.add(HEADER_FRAMES_OFFSET).cast::<u32>()),
+                ptr::read_volatile(first.add(HEADER_SALT_OFFSET).cast::<u64>()),
+            )
+        };
+        if frames == 0 {
+            // No frame yet: SQLite zeroes the block at the first one, and
+            // until then only the header was written.
+            return 0;
+        }
         let mark = (salt, shm.regions.len());
         if shm.released_at == Some(mark) {
             return 0;
@@ -488,19 +500,29 @@ impl WalIndex {
         let page = os_page_bytes();
         let mut released = 0;
         for &r in &shm.regions {
-            let mut off = 0;
-            while off < shm.region_bytes {
-                // SAFETY: [r + off, + page) is inside the mapped block.
-                let p = unsafe { r.add(off) };
-                let zeros = unsafe { std::slice::from_raw_parts(p, page) }
-                    .iter()
-                    .all(|&b| b == 0);
-                if (zeros || unsafe_any_page) && off > 0 {
-                    // SAFETY: a whole page of our private mapping; after
-                    // this it reads as zeros, which it held (ADR 0028).
-                    if unsafe { libc::madvise(p.cast(), page, libc::MADV_DONTNEED) } == 0 {
-                        released += page;
+            // Runs of pages to give back, one call each.
+            let mut run: Option<usize> = None;
+            let mut off = page; // the block's first page holds the header or entries
+            while off <= shm.region_bytes {
+                let goes = off < shm.region_bytes && {
+                    // SAFETY: [r + off, + page) is inside the mapped block.
+                    let bytes = unsafe { std::slice::from_raw_parts(r.add(off), page) };
+                    unsafe_any_page || bytes.iter().all(|&b| b == 0)
+                };
+                match (goes, run) {
+                    (true, None) => run = Some(off),
+                    (false, Some(from)) => {
+                        // SAFETY: whole pages of our private mapping; after
+                        // this they read as zeros, which they held.
+                        let rc = unsafe {
+                            libc::madvise(r.add(from).cast(), off - from, libc::MADV_DONTNEED)
+                        };
+                        if rc == 0 {
+                            released += off - from;
+                        }
+                        run = None;
                     }
+                    _ => {}
                 }
                 off += page;
             }
