@@ -668,6 +668,7 @@ fn run_batch(rt: &Arc<Inner>, actor: &Arc<Actor>, slot: &mut Option<Loaded>, eve
         // statement that does not prepare here (a table the handler has
         // not created yet) is parsed when it runs, as without this.
         let _ = l.db().warm_alarm_turn();
+        let _ = l.db().extend_log_ahead(4);
         let learned = l.store.data().alarm_statements.as_ref().map(|s| s.texts());
         for sql in learned.into_iter().flatten() {
             let _ = l.db().warm(&sql);

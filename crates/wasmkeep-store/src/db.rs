@@ -1057,6 +1057,25 @@ impl ActorDb {
         Ok(())
     }
 
+    /// Fills the write-ahead log's first frames with zeros if the file is
+    /// shorter, so that the commit of an alarm due later appends into
+    /// pages the operating system already holds instead of allocating
+    /// and zeroing them at the due instant (W2). Writes only past the
+    /// file's end: a log's bytes past its last valid frame are never read
+    /// as frames (their checksums do not match).
+    pub fn extend_log_ahead(&self, frames: u64) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        let want = 32 + frames * (24 + self.page_size);
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(self.wal_path())?;
+        let len = f.metadata()?.len();
+        if len < want {
+            f.write_all_at(&vec![0; (want - len) as usize], len)?;
+        }
+        Ok(())
+    }
+
     /// The text of every statement prepared on this connection (between
     /// events: the cached ones), a guest's with its `/*guest*/ ` mark.
     pub fn prepared_statements(&self) -> Vec<String> {

@@ -333,3 +333,41 @@ fn inspection_through_the_open_connection_reads_and_changes_nothing() {
     let closed = wasmkeep_store::db::inspect_query(&path, "INSERT INTO t VALUES (9)", 1);
     assert_eq!(closed.map(|_| ()).map_err(|e| e.code()), Err("forbidden"));
 }
+
+/// Zeros written past the log's end ahead of an alarm (W2) are never read
+/// as frames: a copy of the files taken while the actor is open (what a
+/// crash leaves) holds exactly the committed rows, before and after the
+/// commits that append over the zeros.
+#[test]
+fn a_log_extended_with_zeros_recovers_exactly_what_was_committed() {
+    let (d, mut db) = open(StoreLimits::default());
+    db.execute("CREATE TABLE t (x)", &[]).unwrap();
+    let crash_copy = |name: &str| {
+        let to = d.path().join(name);
+        std::fs::create_dir_all(&to).unwrap();
+        for f in ["actor.db", "actor.db-wal"] {
+            std::fs::copy(d.path().join("a").join(f), to.join(f)).unwrap();
+        }
+        let copy = ActorDb::open(&to, &StoreLimits::default(), OpenMode::Existing)
+            .unwrap()
+            .unwrap();
+        let rows = copy.inspect("SELECT count(*) FROM t", 10).unwrap().rows;
+        let ok = copy.inspect("PRAGMA integrity_check", 10).unwrap().rows;
+        (rows, ok)
+    };
+    for i in 1..=3 {
+        db.extend_log_ahead(4).unwrap();
+        let wal = std::fs::metadata(db.wal_path()).unwrap().len();
+        assert!(wal >= 32 + 4 * (24 + 4096), "{wal}");
+        let (rows, ok) = crash_copy(&format!("before-{i}"));
+        assert_eq!(rows, vec![vec![Value::Integer(i - 1)]]);
+        assert_eq!(ok, vec![vec![Value::Text("ok".into())]]);
+        db.begin().unwrap();
+        db.execute("INSERT INTO t VALUES (?1)", &[Value::Integer(i)])
+            .unwrap();
+        db.commit().unwrap();
+        let (rows, ok) = crash_copy(&format!("after-{i}"));
+        assert_eq!(rows, vec![vec![Value::Integer(i)]]);
+        assert_eq!(ok, vec![vec![Value::Text("ok".into())]]);
+    }
+}
