@@ -160,8 +160,6 @@ impl Env<'_> {
     }
 }
 
-/// Stops a node the run started, and records how long it took and whether
-/// it exited cleanly.
 /// Starts a node once and stops it, before the first run, so that the
 /// compile cache holds the examples' compiled code: every run's node then
 /// starts as a node restarting on its data directory does, whichever
@@ -191,6 +189,8 @@ pub async fn warm_compile_cache(
     Ok(())
 }
 
+/// Stops a node the run started, and records how long it took and whether
+/// it exited cleanly.
 async fn finish(node: Option<Node>, out: &mut RunOutput) {
     if let Some(mut n) = node {
         match n.stop().await {

@@ -1062,7 +1062,7 @@ impl ActorDb {
     /// pages the operating system already holds instead of allocating
     /// and zeroing them at the due instant (W2). Writes only past the
     /// file's end: a log's bytes past its last valid frame are never read
-    /// as frames (their checksums do not match).
+    /// as frames (a zero frame names page 0 and not the log's salt).
     pub fn extend_log_ahead(&self, frames: u64) -> std::io::Result<()> {
         use std::os::unix::fs::FileExt;
         let want = 32 + frames * (24 + self.page_size);

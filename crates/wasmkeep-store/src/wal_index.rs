@@ -18,9 +18,10 @@
 //!
 //! The index is private to the connection, so the VFS's shared-memory locks
 //! are no-ops. That is right only because an actor's connection is the
-//! only one using its file while it is open: it runs in
-//! `locking_mode=EXCLUSIVE` and holds the database's exclusive file lock
-//! from its first write to its close (ADR 0024), so any other connection,
+//! only one using its file while it is open: the VFS takes the database's
+//! exclusive file lock at SQLite's first lock of it (the first read, before
+//! the log is opened and its index built) and keeps it until SQLite lets go
+//! of every lock, which in WAL mode is at the close. Any other connection,
 //! in this process or another, gets `SQLITE_BUSY` instead of a view of the
 //! log this index does not describe. A connection that opens without this
 //! VFS (the start-up scan, inspection of a closed actor) uses SQLite's own
@@ -195,6 +196,9 @@ unsafe extern "C" fn x_shm_map(
                     *out = ptr::null_mut();
                     return ffi::SQLITE_IOERR_SHMMAP;
                 }
+                // A huge page would make a touched page cost 2 MiB where
+                // transparent huge pages are on for all memory.
+                libc::madvise(p, shm.region_bytes, libc::MADV_NOHUGEPAGE);
                 shm.regions.push(p.cast());
             }
         }
@@ -259,7 +263,9 @@ unsafe extern "C" fn x_file_size(f: *mut ffi::sqlite3_file, out: *mut i64) -> c_
 
 unsafe extern "C" fn x_lock(f: *mut ffi::sqlite3_file, level: c_int) -> c_int {
     // SAFETY: `f` is ours; the unix VFS's lock calls are made in the order
-    // it allows (shared, then exclusive through its pending lock).
+    // it allows (shared, then exclusive; from shared it goes straight to
+    // exclusive, so a stream of readers elsewhere can hold an opening off
+    // until the busy timeout, as SQLite's own exclusive mode could).
     unsafe {
         let e = extra(f);
         let lock = real(f).xLock.expect("xLock");
@@ -430,6 +436,8 @@ unsafe impl Send for WalIndex {}
 
 impl WalIndex {
     /// The index of `conn`'s main database, if it was opened with this VFS.
+    /// The handle is valid only while `conn` is open: `ActorDb` keeps the
+    /// two together and drops the connection first.
     pub(crate) fn of(conn: &rusqlite::Connection) -> Option<WalIndex> {
         let mut file: *mut ffi::sqlite3_file = ptr::null_mut();
         // SAFETY: SQLITE_FCNTL_FILE_POINTER writes the main database's
