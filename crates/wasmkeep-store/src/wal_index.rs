@@ -146,12 +146,23 @@ unsafe extern "C" fn x_open(
 unsafe extern "C" fn x_close(f: *mut ffi::sqlite3_file) -> c_int {
     // SAFETY: `f` is ours (SQLite calls our methods only on our files).
     unsafe {
-        let e = extra(f);
+        free_shm(extra(f));
+        (real(f).xClose.expect("xClose"))(f)
+    }
+}
+
+/// Unmaps the index's blocks, if any. Called when SQLite is done with them
+/// (`xShmUnmap`) and when the file closes.
+///
+/// # Safety
+/// `e` is a live file's `Extra`; SQLite no longer uses the blocks.
+unsafe fn free_shm(e: *mut Extra) {
+    // SAFETY: `shm` is null or came from `Box::into_raw` in `x_shm_map`.
+    unsafe {
         if !(*e).shm.is_null() {
             drop(Box::from_raw((*e).shm));
             (*e).shm = ptr::null_mut();
         }
-        (real(f).xClose.expect("xClose"))(f)
     }
 }
 
@@ -218,13 +229,7 @@ unsafe extern "C" fn x_shm_barrier(_: *mut ffi::sqlite3_file) {
 
 unsafe extern "C" fn x_shm_unmap(f: *mut ffi::sqlite3_file, _delete: c_int) -> c_int {
     // SAFETY: `f` is ours; SQLite no longer uses the index's memory.
-    unsafe {
-        let e = extra(f);
-        if !(*e).shm.is_null() {
-            drop(Box::from_raw((*e).shm));
-            (*e).shm = ptr::null_mut();
-        }
-    }
+    unsafe { free_shm(extra(f)) };
     ffi::SQLITE_OK
 }
 
