@@ -14,6 +14,7 @@ pub mod db;
 pub mod error;
 pub mod id;
 pub mod limits;
+mod log_writes;
 pub mod paths;
 pub mod sqlite_setup;
 pub mod sync;

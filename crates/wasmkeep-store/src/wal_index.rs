@@ -10,7 +10,8 @@
 //!
 //! This module registers a VFS, [`VFS_NAME`], that is SQLite's `unix` VFS
 //! (files, locks, syncs: every call goes to it) except for the index's
-//! memory. Its blocks are private anonymous mappings; after a commit,
+//! memory, and for the log's writes, which it gathers into one per commit
+//! ([`crate::log_writes`], ADR 0029). Its blocks are private anonymous mappings; after a commit,
 //! [`WalIndex::release_zero_pages`] hands the pages that hold only zeros
 //! back to the kernel (`madvise(MADV_DONTNEED)`), after which they read as
 //! zeros again: what SQLite sees does not change. It only scans after the
@@ -32,6 +33,8 @@ use std::ptr;
 use std::sync::atomic::{AtomicPtr, Ordering, fence};
 
 use rusqlite::ffi;
+
+use crate::log_writes::LogWrites;
 
 /// The name actors' connections open their database with.
 pub const VFS_NAME: &str = "wasmkeep";
@@ -55,6 +58,8 @@ struct Extra {
     main_db: bool,
     /// Whether this file holds the exclusive lock `x_lock` takes.
     exclusive: bool,
+    /// A write-ahead log's gathered writes (null for other files).
+    log: *mut LogWrites,
     /// Tests only: lock like the unix VFS (shared for readers), the unsafe
     /// variant the lock test shows losing data.
     #[cfg(test)]
@@ -130,11 +135,23 @@ unsafe extern "C" fn x_open(
             // Failed before there was a file: nothing for SQLite to close.
             return rc;
         }
+        let log = if flags & ffi::SQLITE_OPEN_WAL != 0 {
+            #[allow(unused_mut)]
+            let mut log = LogWrites::default();
+            #[cfg(test)]
+            {
+                log.unsafe_rules = tests::UNSAFE_LOG_RULES.get();
+            }
+            Box::into_raw(Box::new(log))
+        } else {
+            ptr::null_mut()
+        };
         extra(f).write(Extra {
             real: methods,
             shm: ptr::null_mut(),
             main_db: flags & ffi::SQLITE_OPEN_MAIN_DB != 0,
             exclusive: false,
+            log,
             #[cfg(test)]
             shared_lock_unsafe: false,
         });
@@ -144,10 +161,49 @@ unsafe extern "C" fn x_open(
 }
 
 unsafe extern "C" fn x_close(f: *mut ffi::sqlite3_file) -> c_int {
-    // SAFETY: `f` is ours (SQLite calls our methods only on our files).
+    // SAFETY: `f` is ours (SQLite calls our methods only on our files);
+    // `log` is null or came from `Box::into_raw` in `x_open`.
     unsafe {
-        free_shm(extra(f));
-        (real(f).xClose.expect("xClose"))(f)
+        let e = extra(f);
+        free_shm(e);
+        let flushed = flush_log(f);
+        if !(*e).log.is_null() {
+            drop(Box::from_raw((*e).log));
+            (*e).log = ptr::null_mut();
+        }
+        let rc = (real(f).xClose.expect("xClose"))(f);
+        if flushed != ffi::SQLITE_OK {
+            flushed
+        } else {
+            rc
+        }
+    }
+}
+
+/// Writes `data` at `offset` with the unix VFS.
+///
+/// # Safety
+/// `f` is ours and open.
+unsafe fn write_through(f: *mut ffi::sqlite3_file, data: &[u8], offset: i64) -> c_int {
+    // SAFETY: `data` is valid for its length, which SQLite's writes (at
+    // most a page, or the buffer's limit) keep within `c_int`.
+    unsafe {
+        (real(f).xWrite.expect("xWrite"))(f, data.as_ptr().cast(), data.len() as c_int, offset)
+    }
+}
+
+/// Hands a log's gathered writes to the file (nothing for other files).
+///
+/// # Safety
+/// `f` is ours and open.
+unsafe fn flush_log(f: *mut ffi::sqlite3_file) -> c_int {
+    // SAFETY: `log` is null or owned by this open file; SQLite uses a file
+    // from one thread at a time.
+    unsafe {
+        match (*extra(f)).log.as_mut() {
+            Some(log) => log.flush(|d, o| write_through(f, d, o)),
+            None => ffi::SQLITE_OK,
+        }
     }
 }
 
@@ -233,11 +289,21 @@ unsafe extern "C" fn x_shm_unmap(f: *mut ffi::sqlite3_file, _delete: c_int) -> c
     ffi::SQLITE_OK
 }
 
-// Everything else goes to the unix VFS's file, unchanged.
+// Everything else goes to the unix VFS's file; a log's gathered writes
+// (`log_writes`) go first, so every call sees the file SQLite wrote.
 
 unsafe extern "C" fn x_read(f: *mut ffi::sqlite3_file, b: *mut c_void, n: c_int, o: i64) -> c_int {
-    // SAFETY: `f` is ours; the arguments are SQLite's, passed on.
-    unsafe { (real(f).xRead.expect("xRead"))(f, b, n, o) }
+    // SAFETY: `f` is ours; the arguments are SQLite's, passed on; `log` as
+    // in `flush_log`.
+    unsafe {
+        if let Some(log) = (*extra(f)).log.as_mut() {
+            let rc = log.flush_before_read(|d, o| write_through(f, d, o));
+            if rc != ffi::SQLITE_OK {
+                return rc;
+            }
+        }
+        (real(f).xRead.expect("xRead"))(f, b, n, o)
+    }
 }
 unsafe extern "C" fn x_write(
     f: *mut ffi::sqlite3_file,
@@ -245,20 +311,43 @@ unsafe extern "C" fn x_write(
     n: c_int,
     o: i64,
 ) -> c_int {
-    // SAFETY: as `x_read`.
-    unsafe { (real(f).xWrite.expect("xWrite"))(f, b, n, o) }
+    // SAFETY: as `x_read`; `b` holds `n` bytes (SQLite's contract).
+    unsafe {
+        match (*extra(f)).log.as_mut() {
+            Some(log) => {
+                let data = std::slice::from_raw_parts(b.cast::<u8>(), n.max(0) as usize);
+                log.write(data, o, |d, o| write_through(f, d, o))
+            }
+            None => (real(f).xWrite.expect("xWrite"))(f, b, n, o),
+        }
+    }
 }
 unsafe extern "C" fn x_truncate(f: *mut ffi::sqlite3_file, n: i64) -> c_int {
     // SAFETY: as `x_read`.
-    unsafe { (real(f).xTruncate.expect("xTruncate"))(f, n) }
+    unsafe {
+        match flush_log(f) {
+            ffi::SQLITE_OK => (real(f).xTruncate.expect("xTruncate"))(f, n),
+            rc => rc,
+        }
+    }
 }
 unsafe extern "C" fn x_sync(f: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
     // SAFETY: as `x_read`.
-    unsafe { (real(f).xSync.expect("xSync"))(f, flags) }
+    unsafe {
+        match flush_log(f) {
+            ffi::SQLITE_OK => (real(f).xSync.expect("xSync"))(f, flags),
+            rc => rc,
+        }
+    }
 }
 unsafe extern "C" fn x_file_size(f: *mut ffi::sqlite3_file, out: *mut i64) -> c_int {
     // SAFETY: as `x_read`.
-    unsafe { (real(f).xFileSize.expect("xFileSize"))(f, out) }
+    unsafe {
+        match flush_log(f) {
+            ffi::SQLITE_OK => (real(f).xFileSize.expect("xFileSize"))(f, out),
+            rc => rc,
+        }
+    }
 }
 // The main database is locked exclusively whenever SQLite locks it at all:
 // from before the log is first read (and its index built) until SQLite lets
@@ -330,7 +419,12 @@ unsafe extern "C" fn x_file_control(
     arg: *mut c_void,
 ) -> c_int {
     // SAFETY: as `x_read`.
-    unsafe { (real(f).xFileControl.expect("xFileControl"))(f, op, arg) }
+    unsafe {
+        match flush_log(f) {
+            ffi::SQLITE_OK => (real(f).xFileControl.expect("xFileControl"))(f, op, arg),
+            rc => rc,
+        }
+    }
 }
 unsafe extern "C" fn x_sector_size(f: *mut ffi::sqlite3_file) -> c_int {
     // SAFETY: as `x_read`.
@@ -592,7 +686,15 @@ mod tests {
     use rusqlite::{Connection, OpenFlags, params};
 
     use super::*;
+    use crate::log_writes::UnsafeRules;
     use crate::sqlite_setup::sqlite_setup;
+
+    thread_local! {
+        /// The log-write rules a test breaks for the files this thread
+        /// opens next (`x_open` reads it).
+        pub(crate) static UNSAFE_LOG_RULES: std::cell::Cell<UnsafeRules> =
+            std::cell::Cell::new(UnsafeRules::default());
+    }
 
     /// A connection set up as an actor's is (WAL, then exclusive mode).
     fn open(
@@ -610,6 +712,17 @@ mod tests {
         c.pragma_update(None, "locking_mode", "EXCLUSIVE").unwrap();
         c.pragma_update(None, "synchronous", "OFF").unwrap();
         (c, w)
+    }
+
+    /// SQLite's check of the whole database: `Err` with what it found.
+    fn integrity(c: &Connection) -> Result<(), String> {
+        let ok: String = c
+            .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+            .map_err(|e| e.to_string())?;
+        if ok != "ok" {
+            return Err(ok);
+        }
+        Ok(())
     }
 
     /// Rows of 1,000 bytes, rewritten in rounds: enough pages that the
@@ -654,13 +767,7 @@ mod tests {
             }
         }
         assert!(released > 0, "no page was given back");
-        let ok: String = c
-            .query_row("PRAGMA integrity_check", [], |r| r.get(0))
-            .map_err(|e| e.to_string())?;
-        if ok != "ok" {
-            return Err(ok);
-        }
-        Ok(())
+        integrity(&c)
     }
 
     #[test]
@@ -740,5 +847,94 @@ mod tests {
         // where this connection's private index does not see it, and its
         // own write goes over it.
         assert_eq!(foreign_write_after_first_read(true).unwrap(), 101);
+    }
+
+    /// Commits a row, copies the database and its log while the connection
+    /// is still open (what a crash of the process leaves), and counts the
+    /// rows the copy holds.
+    fn rows_in_a_copy_after_commit(rules: UnsafeRules) -> Result<i64, String> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.db");
+        UNSAFE_LOG_RULES.set(rules);
+        let (c, _w) = open(&path, |_| ());
+        UNSAFE_LOG_RULES.set(UnsafeRules::default());
+        c.execute_batch("BEGIN; CREATE TABLE t (n INTEGER); INSERT INTO t VALUES (1); COMMIT;")
+            .unwrap();
+        let copy = dir.path().join("copy");
+        std::fs::create_dir(&copy).unwrap();
+        for name in ["a.db", "a.db-wal"] {
+            std::fs::copy(dir.path().join(name), copy.join(name)).unwrap();
+        }
+        let check = Connection::open(copy.join("a.db")).unwrap();
+        check
+            .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_commit_is_in_the_log_file_when_commit_returns() {
+        assert_eq!(rows_in_a_copy_after_commit(UnsafeRules::default()), Ok(1));
+    }
+
+    #[test]
+    fn a_commit_held_in_the_buffer_is_lost_in_a_crash() {
+        // The unsafe variant: the commit's frames wait for the next call
+        // on the log, and a crash before it loses an acknowledged commit.
+        let e = rows_in_a_copy_after_commit(UnsafeRules {
+            hold_commits: true,
+            ..UnsafeRules::default()
+        })
+        .unwrap_err();
+        assert!(e.contains("no such table"), "{e}");
+    }
+
+    /// One transaction larger than SQLite's page cache (its pages spill to
+    /// the log before the commit and are read back from there), then every
+    /// row read and the database checked.
+    fn a_transaction_that_spills(rules: UnsafeRules) -> Result<(), String> {
+        let dir = tempfile::tempdir().unwrap();
+        UNSAFE_LOG_RULES.set(rules);
+        let (c, _w) = open(&dir.path().join("a.db"), |_| ());
+        UNSAFE_LOG_RULES.set(UnsafeRules::default());
+        c.pragma_update(None, "cache_size", 8).unwrap();
+        let run = || -> rusqlite::Result<()> {
+            c.execute_batch("BEGIN; CREATE TABLE t (k INTEGER PRIMARY KEY, v BLOB NOT NULL);")?;
+            for k in 0..600i64 {
+                c.execute(
+                    "INSERT INTO t VALUES (?1, ?2)",
+                    params![k, vec![k as u8; 900]],
+                )?;
+            }
+            let sum: i64 = c.query_row("SELECT sum(length(v) + k) FROM t", [], |r| r.get(0))?;
+            assert_eq!(
+                sum,
+                600 * 900 + 599 * 600 / 2,
+                "read inside the transaction"
+            );
+            c.execute_batch("COMMIT")
+        };
+        run().map_err(|e| e.to_string())?;
+        integrity(&c)
+    }
+
+    #[test]
+    fn frames_spilled_before_a_commit_are_read_back_as_written() {
+        a_transaction_that_spills(UnsafeRules::default()).unwrap();
+    }
+
+    #[test]
+    fn reading_past_the_gathered_writes_corrupts_the_transaction() {
+        // The unsafe variant: SQLite reads a spilled page from the file
+        // while its frame is still in the buffer.
+        let result = std::panic::catch_unwind(|| {
+            a_transaction_that_spills(UnsafeRules {
+                read_past_buffer: true,
+                ..UnsafeRules::default()
+            })
+        });
+        assert!(
+            !matches!(result, Ok(Ok(()))),
+            "the spill was read back intact"
+        );
     }
 }
