@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
 use tokio::sync::oneshot;
-use wasmkeep_store::{ActorDb, ActorId, OpenMode, paths};
+use wasmkeep_store::{ActorDb, ActorId, AlarmState, OpenMode, paths};
 use wasmtime::Store;
 
 use crate::alarm::{self, RetryPolicy};
@@ -519,6 +519,31 @@ fn run_request(
     }
 }
 
+/// Calls `on-alarm` for the committed alarm `state`, inside the caller's
+/// transaction. The alarm counts as set only until it starts: it is
+/// cleared first, so inside the handler get-alarm sees none unless the
+/// handler sets one.
+fn call_on_alarm(
+    l: &mut Loaded,
+    state: AlarmState,
+) -> Result<wasmtime::Result<Result<(), host::WitError>>, RuntimeError> {
+    l.db().set_alarm(None)?;
+    enter(l);
+    l.store.data_mut().in_alarm = true;
+    let class = l.store.data().id.class.clone();
+    let info = host::AlarmInfo {
+        retry_count: state.retry_count,
+        is_retry: state.retry_count > 0,
+        scheduled_ms: state.at_ms,
+    };
+    let bindings = l.bindings.as_ref().expect("instance is live");
+    let r = bindings
+        .wasmkeep_actor_handler()
+        .call_on_alarm(&mut l.store, &class, info);
+    l.store.data_mut().in_alarm = false;
+    Ok(r)
+}
+
 fn run_alarm(
     rt: &Arc<Inner>,
     l: &mut Loaded,
@@ -536,23 +561,8 @@ fn run_alarm(
         .alarm_lateness
         .observe_ms(now.saturating_sub(state.at_ms) as f64);
     l.db().event_begin()?;
-    // The alarm counts as set only until it starts: inside the handler,
-    // get-alarm sees none unless the handler sets one.
-    l.db().set_alarm(None)?;
-    enter(l);
-    l.store.data_mut().in_alarm = true;
-    let class = l.store.data().id.class.clone();
-    let info = host::AlarmInfo {
-        retry_count: state.retry_count,
-        is_retry: state.retry_count > 0,
-        scheduled_ms: state.at_ms,
-    };
-    let bindings = l.bindings.as_ref().expect("instance is live");
-    let r = bindings
-        .wasmkeep_actor_handler()
-        .call_on_alarm(&mut l.store, &class, info);
+    let r = call_on_alarm(l, state)?;
     let op = l.store.data().alarm_op;
-    l.store.data_mut().in_alarm = false;
     match finish_call(l, r) {
         Ok(()) => {
             l.db().event_commit()?;
@@ -583,6 +593,61 @@ fn run_alarm(
             Err(e)
         }
     }
+}
+
+/// Runs the class's alarm handler once, for nothing, so that its statements
+/// are learned before the first of the class's alarms is due (ADR 0030).
+/// Only the first actor of a class prepared while nothing is learned of the
+/// class does this. The handler runs as at its due time, except that:
+/// its instance is a new one, dropped after (the actor's own instance and
+/// its memory are untouched); everything it writes is in a transaction
+/// rolled back (rows, key-value pairs, the alarm); its log lines are
+/// dropped. What stays is what the rehearsal is for: the statements it ran,
+/// prepared on this actor's connection and noted for the class.
+fn rehearse_alarm(rt: &Arc<Inner>, app: &Arc<App>, slot: &mut Option<Loaded>) {
+    let Some(l) = slot.as_mut() else {
+        return;
+    };
+    let Some(notes) = l.store.data().alarm_statements.clone() else {
+        return;
+    };
+    let Ok(Some(state)) = l.db().alarm() else {
+        return;
+    };
+    let Some(_rehearsing) = notes.claim_rehearsal() else {
+        return;
+    };
+    let id = l.store.data().id.clone();
+    let Some(db) = l.store.data_mut().db.take() else {
+        return;
+    };
+    let mut r = match instantiate(rt, app, &id, db) {
+        Ok(r) => r,
+        Err(failed) => {
+            // The database comes back with the error; without it the
+            // actor is closed and opened again by its next event.
+            match failed.1 {
+                Some(db) => l.store.data_mut().db = Some(db),
+                None => *slot = None,
+            }
+            return;
+        }
+    };
+    Metrics::inc(&rt.metrics.alarm_rehearsals_total);
+    let ran = (|| -> Result<(), RuntimeError> {
+        r.db().begin()?;
+        r.store.data_mut().log_enabled = false;
+        let call = call_on_alarm(&mut r, state)?;
+        finish_call(&mut r, call)
+    })();
+    let learned = notes.texts().len();
+    if rt.faults.unsafe_rehearsal_commits.load(Ordering::Relaxed) {
+        let _ = r.db().commit();
+    }
+    r.db().rollback();
+    tracing::debug!(actor = %id, statements = learned, outcome = ?ran.err(), "alarm rehearsed");
+    let l = slot.as_mut().expect("the slot was loaded above");
+    l.store.data_mut().db = Some(r.take_db());
 }
 
 fn run_batch(rt: &Arc<Inner>, actor: &Arc<Actor>, slot: &mut Option<Loaded>, events: Vec<Event>) {
@@ -661,23 +726,36 @@ fn run_batch(rt: &Arc<Inner>, actor: &Arc<Actor>, slot: &mut Option<Loaded>, eve
             return fail_all(events, || RuntimeError::Internal(msg.clone()));
         }
     };
-    if events.iter().all(|e| matches!(e.kind, EventKind::Prepare)) {
-        // Opened ahead of an alarm: no transaction to run. What the due
-        // instant will run is prepared now: the turn's own statements, and
-        // those the class's handler ran on other actors (ADR 0026). A
-        // statement that does not prepare here (a table the handler has
-        // not created yet) is parsed when it runs, as without this.
+    if events.iter().any(|e| matches!(e.kind, EventKind::Prepare)) {
+        // Opened ahead of an alarm. What the due instant will run is
+        // prepared now: the turn's own statements, and those the class's
+        // handler ran on other actors (ADR 0026) or in a rehearsal (ADR
+        // 0030). A statement that does not prepare here (a table the
+        // handler has not created yet) is parsed when it runs, as without
+        // this. Done before the batch's transaction, also when requests
+        // came in meanwhile and share the turn.
         let _ = l.db().warm_alarm_turn();
         let _ = l.db().extend_log_ahead(4);
+        if rt.config.alarm_rehearse && initialized {
+            rehearse_alarm(rt, &app, slot);
+        }
+        let Some(l) = slot.as_mut() else {
+            return fail_all(events, || {
+                RuntimeError::Internal("the actor closed while being prepared".into())
+            });
+        };
         let learned = l.store.data().alarm_statements.as_ref().map(|s| s.texts());
         for sql in learned.into_iter().flatten() {
             let _ = l.db().warm(&sql);
         }
-        for ev in events {
-            reply(ev.reply, Ok(Outcome::Done));
+        if events.iter().all(|e| matches!(e.kind, EventKind::Prepare)) {
+            for ev in events {
+                reply(ev.reply, Ok(Outcome::Done));
+            }
+            return;
         }
-        return;
     }
+    let l = slot.as_mut().expect("loaded");
     let alarm_writes_before = l.db().alarm_writes();
     // With a bucket: whether this batch changes anything to replicate.
     let mark_before = match rt.replication {

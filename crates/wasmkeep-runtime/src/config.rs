@@ -55,6 +55,11 @@ pub struct RuntimeConfig {
     pub alarm_prepare_ms: u64,
     /// Alarms handed to workers per timer pass.
     pub alarm_fire_batch_max: usize,
+    /// Whether the first actor of a class prepared ahead of its alarm, while
+    /// nothing is learned of the class's handler, runs the handler once on a
+    /// throwaway instance and rolls it back, to learn its statements
+    /// (ADR 0030).
+    pub alarm_rehearse: bool,
     /// Limits of each actor's database (an app's manifest may override
     /// them: deploying is an operator's act).
     pub store: StoreLimits,
@@ -87,6 +92,7 @@ impl RuntimeConfig {
             alarm_retry_first_ms: 1_000,
             alarm_prepare_ms: 2_000,
             alarm_fire_batch_max: 4096,
+            alarm_rehearse: true,
             store: StoreLimits::default(),
             compile_cache_dir: None,
             bucket: None,

@@ -64,6 +64,7 @@ pub struct Metrics {
     pub alarms_fired_total: AtomicU64,
     pub alarms_failed_total: AtomicU64,
     pub alarms_abandoned_total: AtomicU64,
+    pub alarm_rehearsals_total: AtomicU64,
     pub alarms_pending: AtomicU64,
     pub event_latency: Histogram,
     pub sync_latency: Histogram,
@@ -184,6 +185,12 @@ impl Metrics {
                 &self.alarms_abandoned_total,
                 "counter",
                 "Alarms dropped after the app's retries_max.",
+            ),
+            (
+                "wasmkeep_alarm_rehearsals_total",
+                &self.alarm_rehearsals_total,
+                "counter",
+                "Alarm handlers run once and rolled back to learn their statements (ADR 0030).",
             ),
             (
                 "wasmkeep_alarms_pending",

@@ -129,6 +129,9 @@ pub struct Faults {
     /// Unsafe, for that test only: the closer frees the actor's slot before
     /// the old connection is closed.
     pub unsafe_close_outside_slot: AtomicBool,
+    /// Unsafe, for that test only: an alarm rehearsal commits what the
+    /// handler wrote instead of rolling it back (ADR 0030).
+    pub unsafe_rehearsal_commits: AtomicBool,
 }
 
 impl Faults {

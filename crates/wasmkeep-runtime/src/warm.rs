@@ -11,16 +11,26 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 /// How many statements are kept per class. A handler that runs more
 /// distinct statements (built with values inside the text, say) gets the
 /// first ones warmed and the rest parsed at the due instant, as before.
 pub const ALARM_STATEMENTS_MAX: usize = 16;
 
+/// How long an actor of a class being rehearsed waits for the rehearsal to
+/// end before it is prepared without what the rehearsal learns (ADR 0030).
+/// A rehearsal takes about a millisecond; one whose handler runs longer
+/// does not hold other actors' turns for longer than this.
+pub const REHEARSAL_WAIT_MS_MAX: u64 = 100;
+
 /// The statements learned for one class, first run first.
 #[derive(Debug, Default)]
 pub struct AlarmStatements {
     texts: Mutex<Vec<Arc<str>>>,
+    /// Whether an actor of the class was given the class's one rehearsal
+    /// (ADR 0030); held while it runs.
+    rehearsal: parking_lot::Mutex<bool>,
 }
 
 impl AlarmStatements {
@@ -30,6 +40,25 @@ impl AlarmStatements {
         if texts.len() < ALARM_STATEMENTS_MAX && !texts.iter().any(|t| &**t == sql) {
             texts.push(Arc::from(sql));
         }
+    }
+
+    /// The class's one rehearsal of its alarm handler, to run while the
+    /// returned guard is held: `Some` once per app version, and only while
+    /// nothing was learned (a class whose alarms ran on this node needs
+    /// none). While another actor's rehearsal runs, this waits for it (at
+    /// most [`REHEARSAL_WAIT_MS_MAX`]), so that the caller is then prepared
+    /// with what it learned.
+    pub fn claim_rehearsal(&self) -> Option<parking_lot::MutexGuard<'_, bool>> {
+        self.claim_rehearsal_within(Duration::from_millis(REHEARSAL_WAIT_MS_MAX))
+    }
+
+    fn claim_rehearsal_within(&self, wait: Duration) -> Option<parking_lot::MutexGuard<'_, bool>> {
+        let mut claimed = self.rehearsal.try_lock_for(wait)?;
+        if *claimed || !self.texts().is_empty() {
+            return None;
+        }
+        *claimed = true;
+        Some(claimed)
     }
 
     /// What to prepare ahead of an alarm.
@@ -80,6 +109,34 @@ mod tests {
         let texts = s.texts();
         assert_eq!(texts.len(), ALARM_STATEMENTS_MAX);
         assert_eq!(&*texts[2], "SELECT 0");
+    }
+
+    #[test]
+    fn one_rehearsal_per_class_and_none_once_something_is_learned() {
+        let s = AlarmStatements::default();
+        assert!(s.claim_rehearsal().is_some());
+        assert!(s.claim_rehearsal().is_none());
+        let learned = AlarmStatements::default();
+        learned.note("SELECT 1");
+        assert!(learned.claim_rehearsal().is_none());
+    }
+
+    #[test]
+    fn an_actor_waits_for_the_rehearsal_that_runs_and_then_needs_none() {
+        let s = Arc::new(AlarmStatements::default());
+        let guard = s.claim_rehearsal().unwrap();
+        let other = {
+            let s = Arc::clone(&s);
+            std::thread::spawn(move || {
+                let claimed = s.claim_rehearsal_within(Duration::from_secs(30)).is_some();
+                (claimed, s.texts().len())
+            })
+        };
+        std::thread::sleep(Duration::from_millis(20));
+        s.note("SELECT 1");
+        drop(guard);
+        // It waited, and found the class learned.
+        assert_eq!(other.join().unwrap(), (false, 1));
     }
 
     #[test]

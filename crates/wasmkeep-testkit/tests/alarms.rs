@@ -290,13 +290,12 @@ fn ten_thousand_alarms_due_at_one_instant_all_fire() {
 /// thousands of alarms due together do not each parse them then.
 #[test]
 fn an_actor_is_prepared_with_the_statements_its_class_ran_in_alarms() {
-    let node = node();
+    // Learning from alarms that ran, without the rehearsal (ADR 0030) that
+    // would teach the class before its first alarm.
+    let node = TestNode::with_config(|c| c.alarm_rehearse = false);
+    node.deploy("demo/examples", DEMO).unwrap();
     let insert = "INSERT INTO fired";
-    let has = |r: &wasmkeep_testkit::ActorHandle, what: &str| {
-        r.prepared_statements()
-            .iter()
-            .any(|s| s.starts_with("/*guest*/ ") && s.contains(what))
-    };
+    let has = has_guest_statement;
     let a = node.actor("demo/examples/reminder/a");
     let b = node.actor("demo/examples/reminder/b");
     let t = node.now_ms() + 10_000;
@@ -324,6 +323,106 @@ fn an_actor_is_prepared_with_the_statements_its_class_ran_in_alarms() {
     assert!(fired(&b).is_empty());
     assert_eq!(node.advance_to(t + 5_000), 1);
     assert_eq!(fired(&b).len(), 1);
+}
+
+fn has_guest_statement(r: &wasmkeep_testkit::ActorHandle, what: &str) -> bool {
+    r.prepared_statements()
+        .iter()
+        .any(|s| s.starts_with("/*guest*/ ") && s.contains(what))
+}
+
+fn rehearsals(node: &TestNode) -> u64 {
+    node.runtime()
+        .metrics()
+        .alarm_rehearsals_total
+        .load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// ADR 0030: on a node where no alarm of the class ran yet, the first actor
+/// prepared ahead of its alarm runs its handler once, rolled back, so that
+/// every actor of the class prepared after it has the handler's statements
+/// ready before the due instant; nothing the rehearsal did remains.
+#[test]
+fn the_first_prepared_actor_rehearses_its_class_alarm_and_leaves_no_trace() {
+    let node = node();
+    let t = node.now_ms() + 10_000;
+    let actors: Vec<_> = (0..3)
+        .map(|i| node.actor(&format!("demo/examples/reminder/r{i}")))
+        .collect();
+    let set = format!("/set?at_ms={t}&every_ms=1000&count=2");
+    actors[0].post(&set, "");
+    // Within `alarm_prepare_ms` of r0's alarm the timer prepares it, and
+    // r0 rehearses the class.
+    node.advance_to(t - 1_500);
+    node.runtime().prepare_alarms();
+    assert!(fired(&actors[0]).is_empty());
+    assert_eq!(rehearsals(&node), 1);
+    // Actors prepared after it have the handler's statements ready.
+    for r in &actors[1..] {
+        r.post(&set, "");
+    }
+    node.runtime().prepare_alarms();
+    for r in &actors {
+        let ready = r.prepared_statements();
+        assert!(has_guest_statement(r, "INSERT INTO fired"), "{ready:?}");
+        assert!(has_guest_statement(r, "UPDATE plan"), "{ready:?}");
+        // What the handler wrote (its row, its run count, its next alarm)
+        // was rolled back.
+        assert!(fired(r).is_empty());
+        assert_eq!(r.sql_i64("SELECT runs_ok FROM plan"), 0);
+        assert_eq!(r.alarm(), Some(t));
+    }
+    assert_eq!(rehearsals(&node), 1);
+    assert_eq!(node.advance_to(t), 3);
+    for r in &actors {
+        let f = fired(r);
+        assert_eq!(f.len(), 1, "{f:?}");
+        assert_eq!(f[0]["fired_ms"], t);
+        assert_eq!(r.alarm(), Some(t + 1_000));
+    }
+    // Learned once: later alarms of the class need no rehearsal.
+    assert_eq!(node.advance_to(t + 1_000), 3);
+    assert_eq!(rehearsals(&node), 1);
+    assert!(actors.iter().all(|r| fired(r).len() == 2));
+}
+
+/// The unsafe variant: a rehearsal that keeps what the handler wrote runs
+/// the alarm before its time, and the alarm is gone when it is due.
+#[test]
+fn a_rehearsal_that_is_not_rolled_back_fires_the_alarm_early() {
+    let node = node();
+    node.runtime()
+        .faults()
+        .unsafe_rehearsal_commits
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    let r = node.actor("demo/examples/reminder/a");
+    let t = node.now_ms() + 10_000;
+    r.post(&format!("/set?at_ms={t}"), "");
+    node.advance_to(t - 1_000);
+    node.runtime().prepare_alarms();
+    let f = fired(&r);
+    assert_eq!(rehearsals(&node), 1);
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert!(f[0]["fired_ms"].as_u64().unwrap() < t);
+    assert_eq!(r.alarm(), None);
+}
+
+/// With `alarm_rehearse = false` nothing runs before the due instant, and
+/// the class's first alarms parse their statements then.
+#[test]
+fn without_rehearsal_the_first_alarm_of_a_class_is_not_prepared() {
+    let node = TestNode::with_config(|c| c.alarm_rehearse = false);
+    node.deploy("demo/examples", DEMO).unwrap();
+    let r = node.actor("demo/examples/reminder/a");
+    let t = node.now_ms() + 10_000;
+    r.post(&format!("/set?at_ms={t}"), "");
+    node.advance_to(t - 1_000);
+    node.runtime().prepare_alarms();
+    assert!(fired(&r).is_empty());
+    assert_eq!(rehearsals(&node), 0);
+    assert!(!has_guest_statement(&r, "INSERT INTO fired"));
+    assert_eq!(node.advance_to(t), 1);
+    assert_eq!(fired(&r).len(), 1);
 }
 
 /// The runtime reads the committed alarm back only after batches that may

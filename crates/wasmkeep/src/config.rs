@@ -43,6 +43,7 @@ pub struct NodeConfig {
     pub alarm_retry_max_ms: u64,
     pub alarm_prepare_ms: u64,
     pub alarm_fire_batch_max: usize,
+    pub alarm_rehearse: bool,
     pub list_actors_max: usize,
     pub inspect_rows_max: usize,
     pub bucket: Option<String>,
@@ -86,6 +87,7 @@ impl Default for NodeConfig {
             alarm_retry_max_ms: rt.alarm_retry_max_ms,
             alarm_prepare_ms: rt.alarm_prepare_ms,
             alarm_fire_batch_max: rt.alarm_fire_batch_max,
+            alarm_rehearse: rt.alarm_rehearse,
             list_actors_max: server.list_actors_max,
             inspect_rows_max: server.inspect_rows_max,
             bucket: None,
@@ -130,6 +132,7 @@ impl NodeConfig {
         c.alarm_retry_max_ms = self.alarm_retry_max_ms;
         c.alarm_prepare_ms = self.alarm_prepare_ms;
         c.alarm_fire_batch_max = self.alarm_fire_batch_max;
+        c.alarm_rehearse = self.alarm_rehearse;
         c.store = StoreLimits {
             value_bytes_max: self.value_bytes_max,
             sql_bytes_max: self.sql_bytes_max,
