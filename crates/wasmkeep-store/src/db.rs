@@ -492,8 +492,19 @@ impl ActorDb {
             c.pragma_update(None, "page_size", self.limits.page_bytes)
                 .map_err(open_err)?;
         }
+        if self.created {
+            // Switching a new file to WAL writes its header in a rollback
+            // transaction, whose journal file SQLite would create and
+            // delete: an inode made and freed for each new actor, which
+            // protects nothing here (creation runs without syncs, and an
+            // interrupted creation is set aside, see above). Kept in
+            // memory instead (ADR 0031).
+            c.pragma_update(None, "journal_mode", "MEMORY")
+                .map_err(open_err)?;
+        }
         c.pragma_update(None, "journal_mode", "WAL")
             .map_err(open_err)?;
+        keep_log_file(c);
         if self.wal_index.is_some() {
             // The log opens with the VFS's index (SQLite would use its heap
             // had the mode been exclusive already); exclusive from here on,
@@ -1170,6 +1181,24 @@ pub struct SqliteMemory {
     /// The write-ahead log's index, as far as it is resident (0 when
     /// SQLite keeps it in its heap: without wasmkeep's VFS).
     pub wal_index_bytes: u64,
+}
+
+/// Makes SQLite keep the write-ahead log's file, emptied, when the
+/// connection closes, instead of deleting it: closing an actor freed an
+/// inode and opening it again made one (ADR 0031).
+fn keep_log_file(c: &Connection) {
+    let mut on: std::ffi::c_int = 1;
+    // SAFETY: SQLITE_FCNTL_PERSIST_WAL reads and writes one int through
+    // the pointer, which lives for the call; the handle is this open
+    // connection's.
+    unsafe {
+        rusqlite::ffi::sqlite3_file_control(
+            c.handle(),
+            c"main".as_ptr(),
+            rusqlite::ffi::SQLITE_FCNTL_PERSIST_WAL,
+            (&raw mut on).cast(),
+        );
+    }
 }
 
 /// Whether a database that SQLite refuses as corrupt is the remains of an

@@ -334,6 +334,38 @@ fn inspection_through_the_open_connection_reads_and_changes_nothing() {
     assert_eq!(closed.map(|_| ()).map_err(|e| e.code()), Err("forbidden"));
 }
 
+/// Closing and opening an actor again frees and makes no inode (ADR 0031):
+/// its log file stays, emptied, when it closes.
+#[test]
+fn closing_an_actor_keeps_its_log_file_empty() {
+    use std::os::unix::fs::MetadataExt;
+    let (d, mut db) = open(StoreLimits::default());
+    let dir = d.path().join("a");
+    let names = || {
+        let mut n: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        n.sort();
+        n
+    };
+    assert_eq!(names(), ["actor.db", "actor.db-wal"]);
+    db.begin().unwrap();
+    db.kv_put("k", b"v").unwrap();
+    db.commit().unwrap();
+    let wal = dir.join("actor.db-wal");
+    let inode = std::fs::metadata(&wal).unwrap().ino();
+    drop(db);
+    let after = std::fs::metadata(&wal).unwrap();
+    assert_eq!((after.ino(), after.len()), (inode, 0));
+    let mut db = ActorDb::open(&dir, &StoreLimits::default(), OpenMode::Existing)
+        .unwrap()
+        .unwrap();
+    assert_eq!(db.kv_get("k").unwrap().as_deref(), Some(&b"v"[..]));
+    assert_eq!(std::fs::metadata(&wal).unwrap().ino(), inode);
+    assert_eq!(names(), ["actor.db", "actor.db-wal"]);
+}
+
 /// Zeros written past the log's end ahead of an alarm (W2) are never read
 /// as frames: a copy of the files taken while the actor is open (what a
 /// crash leaves) holds exactly the committed rows, before and after a
@@ -359,7 +391,7 @@ fn a_log_extended_with_zeros_recovers_exactly_what_was_committed() {
     let want = 32 + 4 * (24 + 4096);
     let wal_len = |db: &ActorDb| std::fs::metadata(db.wal_path()).unwrap().len();
     let reopen = |db: ActorDb| {
-        // Closing checkpoints the log and deletes it.
+        // Closing checkpoints the log and empties it.
         drop(db);
         ActorDb::open(&dir, &StoreLimits::default(), OpenMode::Existing)
             .unwrap()
