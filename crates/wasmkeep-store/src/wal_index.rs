@@ -322,32 +322,29 @@ unsafe extern "C" fn x_write(
         }
     }
 }
+/// Sends a log's gathered writes, then makes the call (or returns the
+/// send's error).
+///
+/// # Safety
+/// As [`flush_log`].
+unsafe fn after_flush(f: *mut ffi::sqlite3_file, call: impl FnOnce() -> c_int) -> c_int {
+    // SAFETY: the caller's.
+    match unsafe { flush_log(f) } {
+        ffi::SQLITE_OK => call(),
+        rc => rc,
+    }
+}
 unsafe extern "C" fn x_truncate(f: *mut ffi::sqlite3_file, n: i64) -> c_int {
     // SAFETY: as `x_read`.
-    unsafe {
-        match flush_log(f) {
-            ffi::SQLITE_OK => (real(f).xTruncate.expect("xTruncate"))(f, n),
-            rc => rc,
-        }
-    }
+    unsafe { after_flush(f, || (real(f).xTruncate.expect("xTruncate"))(f, n)) }
 }
 unsafe extern "C" fn x_sync(f: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
     // SAFETY: as `x_read`.
-    unsafe {
-        match flush_log(f) {
-            ffi::SQLITE_OK => (real(f).xSync.expect("xSync"))(f, flags),
-            rc => rc,
-        }
-    }
+    unsafe { after_flush(f, || (real(f).xSync.expect("xSync"))(f, flags)) }
 }
 unsafe extern "C" fn x_file_size(f: *mut ffi::sqlite3_file, out: *mut i64) -> c_int {
     // SAFETY: as `x_read`.
-    unsafe {
-        match flush_log(f) {
-            ffi::SQLITE_OK => (real(f).xFileSize.expect("xFileSize"))(f, out),
-            rc => rc,
-        }
-    }
+    unsafe { after_flush(f, || (real(f).xFileSize.expect("xFileSize"))(f, out)) }
 }
 // The main database is locked exclusively whenever SQLite locks it at all:
 // from before the log is first read (and its index built) until SQLite lets
@@ -420,10 +417,9 @@ unsafe extern "C" fn x_file_control(
 ) -> c_int {
     // SAFETY: as `x_read`.
     unsafe {
-        match flush_log(f) {
-            ffi::SQLITE_OK => (real(f).xFileControl.expect("xFileControl"))(f, op, arg),
-            rc => rc,
-        }
+        after_flush(f, || {
+            (real(f).xFileControl.expect("xFileControl"))(f, op, arg)
+        })
     }
 }
 unsafe extern "C" fn x_sector_size(f: *mut ffi::sqlite3_file) -> c_int {
