@@ -611,6 +611,9 @@ fn rehearse_alarm(rt: &Arc<Inner>, app: &Arc<App>, slot: &mut Option<Loaded>) {
     let Some(notes) = l.store.data().alarm_statements.clone() else {
         return;
     };
+    if !notes.may_need_rehearsal() {
+        return;
+    }
     let Ok(Some(state)) = l.db().alarm() else {
         return;
     };

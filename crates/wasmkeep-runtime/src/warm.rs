@@ -42,6 +42,18 @@ impl AlarmStatements {
         }
     }
 
+    /// Whether the class may still need its rehearsal: nothing learned, and
+    /// no rehearsal done (one running counts as "may", so that the caller
+    /// goes on to wait for it in [`Self::claim_rehearsal`]). A cheap check
+    /// before reading anything for a rehearsal.
+    pub fn may_need_rehearsal(&self) -> bool {
+        self.texts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty()
+            && self.rehearsal.try_lock().is_none_or(|claimed| !*claimed)
+    }
+
     /// The class's one rehearsal of its alarm handler, to run while the
     /// returned guard is held: `Some` once per app version, and only while
     /// nothing was learned (a class whose alarms ran on this node needs
@@ -114,10 +126,13 @@ mod tests {
     #[test]
     fn one_rehearsal_per_class_and_none_once_something_is_learned() {
         let s = AlarmStatements::default();
+        assert!(s.may_need_rehearsal());
         assert!(s.claim_rehearsal().is_some());
+        assert!(!s.may_need_rehearsal());
         assert!(s.claim_rehearsal().is_none());
         let learned = AlarmStatements::default();
         learned.note("SELECT 1");
+        assert!(!learned.may_need_rehearsal());
         assert!(learned.claim_rehearsal().is_none());
     }
 
@@ -125,6 +140,8 @@ mod tests {
     fn an_actor_waits_for_the_rehearsal_that_runs_and_then_needs_none() {
         let s = Arc::new(AlarmStatements::default());
         let guard = s.claim_rehearsal().unwrap();
+        // While it runs, others go on to wait for it.
+        assert!(s.may_need_rehearsal());
         let other = {
             let s = Arc::clone(&s);
             std::thread::spawn(move || {
