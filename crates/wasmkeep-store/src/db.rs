@@ -13,19 +13,22 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 
-use rusqlite::hooks::{AuthAction, AuthContext, Authorization};
 use rusqlite::limits::Limit;
 use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, ToSql, params};
 
 use crate::error::StoreError;
 use crate::limits::StoreLimits;
+use crate::memory_budget::{self, Refusal, StatementBudget};
 use crate::paths::DB_FILE;
+use crate::sandbox::{
+    Denied, Guard, MODE_GUEST, MODE_INSPECT, MODE_RUNTIME, Stopped, harden, install_authorizer,
+    install_guard,
+};
 pub use crate::sqlite_setup::sqlite_setup;
 use crate::wal_index::{VFS_NAME, WalIndex};
 
-/// Prefix of every table the runtime keeps in an actor's database.
-pub const INTERNAL_PREFIX: &str = "_wasmkeep_";
+pub use crate::sandbox::INTERNAL_PREFIX;
 
 /// Guest statements are cached under their text with this prefix, so that a
 /// guest can never be handed a statement the runtime prepared (and
@@ -53,30 +56,9 @@ CREATE TABLE IF NOT EXISTS _wasmkeep_alarm (
 );
 ";
 
-/// Pragmas a guest may run: all read-only introspection.
-const GUEST_PRAGMAS: &[&str] = &[
-    "table_info",
-    "table_xinfo",
-    "table_list",
-    "index_list",
-    "index_info",
-    "index_xinfo",
-    "foreign_key_list",
-    "foreign_key_check",
-    "integrity_check",
-    "quick_check",
-    "page_count",
-    "page_size",
-    "freelist_count",
-    "data_version",
-];
-
 /// How long opening an actor waits for a reader that holds its file (the
 /// start-up scan reads one alarm in well under a millisecond).
 const BUSY_TIMEOUT_MS: u64 = 2_000;
-
-/// Virtual table modules a guest may create (full-text search and R-trees).
-const GUEST_VTAB_MODULES: &[&str] = &["fts5", "fts4", "fts3", "rtree"];
 
 /// A SQLite value as the runtime passes it between guest and database.
 #[derive(Debug, Clone, PartialEq)]
@@ -109,6 +91,15 @@ impl Value {
             Value::Text(s) => s.len(),
             Value::Blob(b) => b.len(),
         }
+    }
+}
+
+/// What a value counts toward a result's size, read before it is copied.
+fn value_ref_bytes(v: ValueRef<'_>) -> usize {
+    match v {
+        ValueRef::Null | ValueRef::Integer(_) | ValueRef::Real(_) => 8,
+        ValueRef::Text(t) => t.len(),
+        ValueRef::Blob(b) => b.len(),
     }
 }
 
@@ -173,7 +164,9 @@ pub struct ActorDb {
     /// Who the statement now being prepared is for (a `MODE_*` value);
     /// the authorizer applies that one's rules.
     mode: Arc<AtomicU8>,
-    denied: Arc<parking_lot_free::Slot>,
+    denied: Arc<Denied>,
+    /// The deadline and stop flag guest statements run under.
+    guard: Arc<Guard>,
     limits: StoreLimits,
     dir: PathBuf,
     created: bool,
@@ -196,31 +189,6 @@ pub struct ActorDb {
     wal_index: Option<WalIndex>,
 }
 
-/// A tiny mutex-protected slot: the authorizer records why it refused a
-/// statement, and the error that follows carries the reason.
-mod parking_lot_free {
-    use std::sync::Mutex;
-
-    #[derive(Default)]
-    pub struct Slot(Mutex<Option<String>>);
-
-    impl Slot {
-        pub fn set(&self, s: String) {
-            *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(s);
-        }
-        pub fn take(&self) -> Option<String> {
-            self.0.lock().unwrap_or_else(|p| p.into_inner()).take()
-        }
-    }
-}
-
-/// The runtime's own statements: everything is allowed.
-const MODE_RUNTIME: u8 = 0;
-/// A guest's statement: the sandbox of [`authorize_guest`].
-const MODE_GUEST: u8 = 1;
-/// An operator's inspection: reads only ([`authorize_inspection`]).
-const MODE_INSPECT: u8 = 2;
-
 /// Sets the connection's mode for as long as it lives, whatever way the
 /// call ends, then puts the runtime's back.
 struct Mode<'a>(&'a AtomicU8);
@@ -235,140 +203,6 @@ impl<'a> Mode<'a> {
 impl Drop for Mode<'_> {
     fn drop(&mut self) {
         self.0.store(MODE_RUNTIME, Ordering::Relaxed);
-    }
-}
-
-/// Installs the authorizer that applies `mode`'s rules on `conn`.
-fn install_authorizer(
-    conn: &mut Connection,
-    mode: Arc<AtomicU8>,
-    denied: Arc<parking_lot_free::Slot>,
-) -> rusqlite::Result<()> {
-    conn.authorizer(Some(move |ctx: AuthContext<'_>| {
-        let verdict = match mode.load(Ordering::Relaxed) {
-            MODE_RUNTIME => return Authorization::Allow,
-            MODE_GUEST => authorize_guest(&ctx),
-            _ => authorize_inspection(&ctx),
-        };
-        match verdict {
-            Ok(()) => Authorization::Allow,
-            Err(reason) => {
-                denied.set(reason);
-                Authorization::Deny
-            }
-        }
-    }))
-}
-
-/// An inspection reads, internal tables included, and changes nothing: not
-/// the data, not the connection's transaction, not its settings.
-fn authorize_inspection(ctx: &AuthContext<'_>) -> Result<(), String> {
-    match ctx.action {
-        AuthAction::Read { .. } | AuthAction::Select | AuthAction::Recursive => Ok(()),
-        AuthAction::Function { function_name }
-            if !function_name.eq_ignore_ascii_case("load_extension") =>
-        {
-            Ok(())
-        }
-        AuthAction::Pragma {
-            pragma_name,
-            pragma_value,
-        } if read_pragma_allowed(pragma_name, pragma_value) => Ok(()),
-        _ => Err("inspection runs read-only statements only".into()),
-    }
-}
-
-/// The introspection pragmas (guests and inspections share them); those
-/// that would set a value take none.
-fn read_pragma_allowed(name: &str, value: Option<&str>) -> bool {
-    let name = name.to_ascii_lowercase();
-    let setting = matches!(name.as_str(), "page_count" | "page_size" | "data_version");
-    GUEST_PRAGMAS.contains(&name.as_str()) && !(setting && value.is_some())
-}
-
-fn is_internal(table: &str) -> bool {
-    table.len() >= INTERNAL_PREFIX.len()
-        && table[..INTERNAL_PREFIX.len()].eq_ignore_ascii_case(INTERNAL_PREFIX)
-}
-
-/// The guest sandbox: `Err(reason)` refuses the action.
-fn authorize_guest(ctx: &AuthContext<'_>) -> Result<(), String> {
-    let internal = |t: &str| {
-        if is_internal(t) {
-            Err(format!("table `{t}` is internal to the runtime"))
-        } else {
-            Ok(())
-        }
-    };
-    match ctx.action {
-        AuthAction::Read { table_name, .. }
-        | AuthAction::Insert { table_name }
-        | AuthAction::Update { table_name, .. }
-        | AuthAction::Delete { table_name }
-        | AuthAction::CreateTable { table_name }
-        | AuthAction::DropTable { table_name }
-        | AuthAction::AlterTable { table_name, .. }
-        | AuthAction::Analyze { table_name }
-        | AuthAction::CreateIndex { table_name, .. }
-        | AuthAction::DropIndex { table_name, .. }
-        | AuthAction::CreateTrigger { table_name, .. }
-        | AuthAction::DropTrigger { table_name, .. } => internal(table_name),
-        AuthAction::CreateView { view_name } | AuthAction::DropView { view_name } => {
-            internal(view_name)
-        }
-        AuthAction::CreateVtable {
-            table_name,
-            module_name,
-        }
-        | AuthAction::DropVtable {
-            table_name,
-            module_name,
-        } => {
-            internal(table_name)?;
-            if GUEST_VTAB_MODULES.contains(&module_name.to_ascii_lowercase().as_str()) {
-                Ok(())
-            } else {
-                Err(format!(
-                    "virtual table module `{module_name}` is not allowed"
-                ))
-            }
-        }
-        AuthAction::CreateTempIndex { .. }
-        | AuthAction::CreateTempTable { .. }
-        | AuthAction::CreateTempTrigger { .. }
-        | AuthAction::CreateTempView { .. }
-        | AuthAction::DropTempIndex { .. }
-        | AuthAction::DropTempTable { .. }
-        | AuthAction::DropTempTrigger { .. }
-        | AuthAction::DropTempView { .. } => Err(
-            "temporary tables, views and triggers are not allowed: they would outlive the event"
-                .into(),
-        ),
-        AuthAction::Attach { .. } | AuthAction::Detach { .. } => {
-            Err("ATTACH and DETACH are not allowed: an actor has exactly one database".into())
-        }
-        AuthAction::Transaction { .. } | AuthAction::Savepoint { .. } => {
-            Err("transaction control belongs to the runtime: every event is one transaction".into())
-        }
-        AuthAction::Pragma {
-            pragma_name,
-            pragma_value,
-        } => {
-            if read_pragma_allowed(pragma_name, pragma_value) {
-                Ok(())
-            } else {
-                Err(format!("pragma `{pragma_name}` is not allowed"))
-            }
-        }
-        AuthAction::Function { function_name } => {
-            if function_name.eq_ignore_ascii_case("load_extension") {
-                Err("load_extension is not allowed".into())
-            } else {
-                Ok(())
-            }
-        }
-        AuthAction::Select | AuthAction::Recursive | AuthAction::Reindex { .. } => Ok(()),
-        _ => Err("this kind of statement is not allowed".into()),
     }
 }
 
@@ -416,7 +250,8 @@ impl ActorDb {
         let mut db = ActorDb {
             conn,
             mode: Arc::new(AtomicU8::new(MODE_RUNTIME)),
-            denied: Arc::new(parking_lot_free::Slot::default()),
+            denied: Arc::new(Denied::default()),
+            guard: Arc::new(Guard::default()),
             limits: limits.clone(),
             dir: dir.to_owned(),
             created: !exists,
@@ -554,13 +389,32 @@ impl ActorDb {
             // Databases from older versions gain any table added since.
             c.execute_batch(SCHEMA).map_err(open_err)?;
         }
+        harden(&self.conn).map_err(open_err)?;
         install_authorizer(
             &mut self.conn,
             Arc::clone(&self.mode),
             Arc::clone(&self.denied),
         )
         .map_err(open_err)?;
+        install_guard(
+            &mut self.conn,
+            Arc::clone(&self.mode),
+            Arc::clone(&self.guard),
+        )
+        .map_err(open_err)?;
         Ok(())
+    }
+
+    /// Sets when guest statements must stop (the event's CPU deadline, the
+    /// same instant the wasm deadline is counted to); `None`: no deadline.
+    pub fn set_deadline(&self, deadline: Option<std::time::Instant>) {
+        self.guard.set_deadline(deadline);
+    }
+
+    /// Shares the node's stop flag: once it is set, a running guest
+    /// statement stops within [`crate::sandbox::PROGRESS_OPS`] steps.
+    pub fn set_stop_flag(&self, flag: Arc<std::sync::atomic::AtomicBool>) {
+        self.guard.set_stop_flag(flag);
     }
 
     /// Whether this open created the database file.
@@ -591,11 +445,44 @@ impl ActorDb {
 
     fn err(&self, e: rusqlite::Error) -> StoreError {
         let reason = self.denied.take();
+        let refusal = memory_budget::take_refusal();
+        let stopped = self.guard.take_stopped();
+        if let (
+            Some(reason),
+            rusqlite::Error::SqliteFailure(..) | rusqlite::Error::SqlInputError { .. },
+        ) = (&reason, &e)
+        {
+            // The authorizer refused something in the statement; SQLite
+            // reports some refusals (functions) as plain errors.
+            return StoreError::Forbidden(reason.clone());
+        }
         match e {
+            rusqlite::Error::SqliteFailure(f, _) if f.code == ErrorCode::OperationInterrupted => {
+                match stopped {
+                    Some(Stopped::Stopping) => StoreError::Stopping,
+                    _ => StoreError::DeadlineExceeded,
+                }
+            }
+            rusqlite::Error::SqliteFailure(f, _) if f.code == ErrorCode::OutOfMemory => {
+                match refusal {
+                    Some(Refusal::Statement) => StoreError::StatementMemoryExceeded {
+                        limit: self.limits.statement_memory_bytes_max,
+                    },
+                    Some(Refusal::Node) => StoreError::NodeMemoryExhausted {
+                        limit: memory_budget::node_bytes_max(),
+                    },
+                    Some(Refusal::Temp) | None => StoreError::Io("sqlite ran out of memory".into()),
+                }
+            }
             rusqlite::Error::SqliteFailure(f, msg) => match f.code {
                 ErrorCode::TooBig => StoreError::RowTooLarge {
                     limit: self.limits.value_bytes_max,
                 },
+                ErrorCode::DiskFull if refusal == Some(Refusal::Temp) => {
+                    StoreError::TempStorageExceeded {
+                        limit: self.limits.statement_temp_file_bytes_max,
+                    }
+                }
                 ErrorCode::DiskFull => {
                     if disk_has_room(&self.dir) {
                         StoreError::DatabaseFull {
@@ -758,14 +645,24 @@ impl ActorDb {
     }
 
     /// Runs a guest statement and returns its rows.
+    ///
+    /// The result's size is checked value by value before the value is
+    /// copied out of SQLite, so a result over `query_result_bytes_max`
+    /// costs at most that much memory here; what SQLite itself holds for
+    /// one row is bounded by `statement_memory_bytes_max`.
     pub fn query(&mut self, sql: &str, params: &[Value]) -> Result<QueryResult, StoreError> {
         self.check_statement(sql, params)?;
         let _guest = Mode::enter(&self.mode, MODE_GUEST);
+        let _budget = StatementBudget::arm(
+            self.limits.statement_memory_bytes_max,
+            self.limits.statement_temp_file_bytes_max,
+        );
         let before = self.conn.total_changes();
         let text = format!("{GUEST_MARK}{sql}");
         let mut stmt = self.conn.prepare_cached(&text).map_err(|e| self.err(e))?;
         let columns: Vec<String> = stmt.column_names().map(|s| s.to_string()).collect();
         let n = columns.len();
+        let limit = self.limits.query_result_bytes_max;
         let mut rows_out = Vec::new();
         let mut total = 0usize;
         let mut rows = stmt
@@ -779,14 +676,12 @@ impl ActorDb {
             };
             let mut out = Vec::with_capacity(n);
             for i in 0..n {
-                let v = Value::from_ref(row.get_ref(i).map_err(|e| self.err(e))?)?;
-                total += v.size_bytes();
-                out.push(v);
-            }
-            if total > self.limits.query_result_bytes_max {
-                return Err(StoreError::ResultTooLarge {
-                    limit: self.limits.query_result_bytes_max,
-                });
+                let v = row.get_ref(i).map_err(|e| self.err(e))?;
+                total = total.saturating_add(value_ref_bytes(v));
+                if total > limit {
+                    return Err(StoreError::ResultTooLarge { limit });
+                }
+                out.push(Value::from_ref(v)?);
             }
             rows_out.push(out);
         }
@@ -805,6 +700,10 @@ impl ActorDb {
     pub fn execute(&mut self, sql: &str, params: &[Value]) -> Result<ExecResult, StoreError> {
         self.check_statement(sql, params)?;
         let _guest = Mode::enter(&self.mode, MODE_GUEST);
+        let _budget = StatementBudget::arm(
+            self.limits.statement_memory_bytes_max,
+            self.limits.statement_temp_file_bytes_max,
+        );
         let before = self.conn.total_changes();
         let text = format!("{GUEST_MARK}{sql}");
         let mut stmt = self.conn.prepare_cached(&text).map_err(|e| self.err(e))?;
@@ -926,32 +825,12 @@ impl ActorDb {
             if o.reverse { "DESC" } else { "ASC" }
         );
         let mut stmt = self.conn.prepare_cached(&sql).map_err(|e| self.err(e))?;
-        let rows = stmt
-            .query_map(params![lower, upper, limit], |r| {
-                Ok((r.get::<_, Vec<u8>>(0)?, r.get::<_, Vec<u8>>(1)?))
-            })
-            .and_then(|rows| rows.collect::<Result<Vec<_>, _>>());
-        let rows = match rows {
+        let collected = collect_entries(&mut stmt, params![lower, upper, limit], self.limits.query_result_bytes_max);
+        drop(stmt);
+        match collected {
             Ok(r) => r,
-            Err(e) => {
-                drop(stmt);
-                return Err(self.err(e));
-            }
-        };
-        let mut total = 0usize;
-        let mut out = Vec::with_capacity(rows.len());
-        for (k, v) in rows {
-            total += k.len() + v.len();
-            if total > self.limits.query_result_bytes_max {
-                return Err(StoreError::ResultTooLarge {
-                    limit: self.limits.query_result_bytes_max,
-                });
-            }
-            let k = String::from_utf8(k)
-                .map_err(|_| StoreError::Corrupt("a key-value key is not utf-8".into()))?;
-            out.push((k, v));
+            Err(e) => Err(self.err(e)),
         }
-        Ok(out)
     }
 
     // ---- runtime metadata ----
@@ -1237,6 +1116,32 @@ fn disk_has_room(dir: &Path) -> bool {
     }
 }
 
+/// Reads a key-value listing's rows, checking the total size before each
+/// entry is copied, so a listing over `limit` costs at most that much.
+/// The outer error is SQLite's; the inner one the listing's own.
+fn collect_entries(
+    stmt: &mut rusqlite::CachedStatement<'_>,
+    params: impl rusqlite::Params,
+    limit: usize,
+) -> rusqlite::Result<Result<Vec<(String, Vec<u8>)>, StoreError>> {
+    let mut rows = stmt.query(params)?;
+    let mut out = Vec::new();
+    let mut total = 0usize;
+    while let Some(row) = rows.next()? {
+        let (k, v) = (row.get_ref(0)?, row.get_ref(1)?);
+        total = total.saturating_add(value_ref_bytes(k) + value_ref_bytes(v));
+        if total > limit {
+            return Ok(Err(StoreError::ResultTooLarge { limit }));
+        }
+        let k = match String::from_utf8(k.as_bytes()?.to_vec()) {
+            Ok(k) => k,
+            Err(_) => return Ok(Err(StoreError::Corrupt("a key-value key is not utf-8".into()))),
+        };
+        out.push((k, v.as_blob()?.to_vec()));
+    }
+    Ok(Ok(out))
+}
+
 /// The smallest byte string greater than every string starting with `p`,
 /// or `None` if there is none (`p` is all `0xff`).
 fn prefix_successor(p: &[u8]) -> Option<Vec<u8>> {
@@ -1278,7 +1183,8 @@ pub fn inspect_query(
     .map_err(open_err)?;
     conn.pragma_update(None, "query_only", true)
         .map_err(open_err)?;
-    let denied = Arc::new(parking_lot_free::Slot::default());
+    harden(&conn).map_err(open_err)?;
+    let denied = Arc::new(Denied::default());
     install_authorizer(
         &mut conn,
         Arc::new(AtomicU8::new(MODE_INSPECT)),
@@ -1292,7 +1198,7 @@ pub fn inspect_query(
 /// mode.
 fn run_inspection(
     conn: &Connection,
-    denied: &parking_lot_free::Slot,
+    denied: &Denied,
     sql: &str,
     rows_max: usize,
 ) -> Result<QueryResult, StoreError> {

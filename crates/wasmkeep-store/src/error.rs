@@ -26,6 +26,22 @@ pub enum StoreError {
     ResultTooLarge { limit: usize },
     #[error("database full: limit database_bytes_max={limit}")]
     DatabaseFull { limit: u64 },
+    #[error(
+        "statement ran past the event's deadline: limit event_cpu_ms_max (the same deadline as the guest's code)"
+    )]
+    DeadlineExceeded,
+    #[error("statement stopped: the node is shutting down")]
+    Stopping,
+    #[error("statement needed too much memory: limit statement_memory_bytes_max={limit}")]
+    StatementMemoryExceeded { limit: usize },
+    #[error(
+        "the node's memory for tenants is exhausted: limit node_memory_bytes_max={limit}; retry later"
+    )]
+    NodeMemoryExhausted { limit: u64 },
+    #[error(
+        "statement spilled too much to disk: limit statement_temp_file_bytes_max={limit}"
+    )]
+    TempStorageExceeded { limit: u64 },
     #[error("forbidden: {0}")]
     Forbidden(String),
     #[error("sql error: {0}")]
@@ -50,6 +66,11 @@ impl StoreError {
             StoreError::TooManyParams { .. } => "too_many_parameters",
             StoreError::ResultTooLarge { .. } => "result_too_large",
             StoreError::DatabaseFull { .. } => "database_full",
+            StoreError::DeadlineExceeded => "cpu_time_exceeded",
+            StoreError::Stopping => "shutting_down",
+            StoreError::StatementMemoryExceeded { .. } => "memory_exceeded",
+            StoreError::NodeMemoryExhausted { .. } => "node_memory_exhausted",
+            StoreError::TempStorageExceeded { .. } => "temp_storage_exceeded",
             StoreError::Forbidden(_) => "forbidden",
             StoreError::Sql(_) => "sql_error",
             StoreError::InvalidArgument(_) => "invalid_argument",
@@ -62,7 +83,13 @@ impl StoreError {
     /// Whether the error is the guest's doing (bad SQL, a limit), as opposed
     /// to the node's storage failing.
     pub fn is_guest_fault(&self) -> bool {
-        !matches!(self, StoreError::Corrupt(_) | StoreError::Io(_))
+        !matches!(
+            self,
+            StoreError::Corrupt(_)
+                | StoreError::Io(_)
+                | StoreError::Stopping
+                | StoreError::NodeMemoryExhausted { .. }
+        )
     }
 }
 

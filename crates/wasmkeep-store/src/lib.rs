@@ -3,7 +3,9 @@
 //! This crate owns the on-disk shape of an actor: where its file lives under a
 //! node's data directory ([`paths`]), the runtime's internal tables
 //! (`_wasmkeep_*`: key-value, meta, alarm), the sandbox that keeps guest SQL
-//! away from them ([`ActorDb`]'s authorizer), and the limits that turn
+//! inside its database ([`sandbox`]: allow-lists, hardened settings, a
+//! deadline per statement), the memory guest SQL may hold
+//! ([`memory_budget`]), and the limits that turn
 //! SQLite's low-level failures into errors that name the limit ([`limits`]).
 //!
 //! It knows nothing of WebAssembly, HTTP, the network or the bucket: the
@@ -15,7 +17,9 @@ pub mod error;
 pub mod id;
 pub mod limits;
 mod log_writes;
+pub mod memory_budget;
 pub mod paths;
+pub mod sandbox;
 pub mod sqlite_setup;
 pub mod sync;
 mod wal_index;

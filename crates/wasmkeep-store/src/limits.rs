@@ -23,6 +23,13 @@ pub struct StoreLimits {
     pub kv_list_entries_max: u32,
     /// Largest result one query may return, all rows together.
     pub query_result_bytes_max: usize,
+    /// Memory SQLite may hold for one guest statement while it runs (its
+    /// rows, sorts and temporary results), counted at the allocation: the
+    /// bound on what one statement can make the node allocate.
+    pub statement_memory_bytes_max: usize,
+    /// Largest temporary file one guest statement may make SQLite write
+    /// (a sort, `DISTINCT` or materialised subquery that spills to disk).
+    pub statement_temp_file_bytes_max: u64,
     /// SQLite page size of a database created from now on; an existing one
     /// keeps the size it was created with. Smaller pages make an open actor
     /// with small rows cheaper in memory and its commits smaller; larger
@@ -56,6 +63,8 @@ impl Default for StoreLimits {
             database_bytes_max: 10 * 1024 * 1024 * 1024,
             kv_list_entries_max: 10_000,
             query_result_bytes_max: 32 * 1024 * 1024,
+            statement_memory_bytes_max: 64 * 1024 * 1024,
+            statement_temp_file_bytes_max: 256 * 1024 * 1024,
             page_bytes: 4096,
         }
     }

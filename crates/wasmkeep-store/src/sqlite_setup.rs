@@ -9,8 +9,9 @@
 //! asleep on each other's locks inside SQLite's allocations:
 //!
 //! - **Memory statistics off.** With them on, every allocation SQLite makes
-//!   takes one process-wide mutex. Nothing here reads the statistics or sets
-//!   a soft heap limit, which is what they are for.
+//!   takes one process-wide mutex. SQLite's own heap limits need them, so
+//!   wasmkeep bounds the heap in its allocator hooks instead
+//!   ([`crate::memory_budget`], counted per thread without a lock).
 //! - **SQLite allocates through mimalloc.** An actor's connection allocates
 //!   on whichever worker runs the actor and frees on another; glibc's
 //!   arenas then make the workers wait on each other's arena locks.
@@ -28,6 +29,9 @@
 //!   otherwise allocates 20 pages at once on its first read, although an
 //!   actor's database is often only a few pages.
 //!
+//! Every allocation is counted in [`crate::memory_budget`], which bounds
+//! what a guest statement and all tenants together may make SQLite hold.
+//!
 //! It also registers the VFS actors' connections open with, which keeps
 //! the write-ahead log's index in memory that gives its zero pages back
 //! (the `wal_index` module, ADR 0028).
@@ -36,6 +40,8 @@ use std::ffi::{c_int, c_void};
 
 use libmimalloc_sys as mi;
 
+use crate::memory_budget as budget;
+
 /// Each connection's lookaside buffer: slots for SQLite's small, short-lived
 /// allocations.
 const LOOKASIDE_SLOT_BYTES: usize = 256;
@@ -43,18 +49,45 @@ const LOOKASIDE_SLOTS: usize = 32;
 use rusqlite::ffi;
 
 unsafe extern "C" fn x_malloc(n: c_int) -> *mut c_void {
-    // SAFETY: SQLite asks for a positive size; mi_malloc accepts any size.
-    unsafe { mi::mi_malloc(n.max(0) as usize) }
+    let n = n.max(0) as usize;
+    if !budget::may_allocate(n) {
+        return std::ptr::null_mut();
+    }
+    // SAFETY: mi_malloc accepts any size; a non-null result is a live
+    // allocation whose usable size mi_usable_size may read.
+    unsafe {
+        let p = mi::mi_malloc(n);
+        if !p.is_null() {
+            budget::note(mi::mi_usable_size(p) as i64);
+        }
+        p
+    }
 }
 
 unsafe extern "C" fn x_free(p: *mut c_void) {
-    // SAFETY: SQLite frees only what x_malloc or x_realloc gave it.
-    unsafe { mi::mi_free(p) }
+    // SAFETY: SQLite frees only what x_malloc or x_realloc gave it, so `p`
+    // is a live allocation of ours (or null, which both calls accept).
+    unsafe {
+        budget::note(-(mi::mi_usable_size(p) as i64));
+        mi::mi_free(p)
+    }
 }
 
 unsafe extern "C" fn x_realloc(p: *mut c_void, n: c_int) -> *mut c_void {
-    // SAFETY: `p` came from x_malloc or x_realloc, as SQLite guarantees.
-    unsafe { mi::mi_realloc(p, n.max(0) as usize) }
+    // SAFETY: `p` came from x_malloc or x_realloc, as SQLite guarantees; on
+    // failure mi_realloc leaves it valid and SQLite keeps using it.
+    unsafe {
+        let old = mi::mi_usable_size(p);
+        let n = n.max(0) as usize;
+        if n > old && !budget::may_allocate(n - old) {
+            return std::ptr::null_mut();
+        }
+        let q = mi::mi_realloc(p, n);
+        if !q.is_null() {
+            budget::note(mi::mi_usable_size(q) as i64 - old as i64);
+        }
+        q
+    }
 }
 
 unsafe extern "C" fn x_size(p: *mut c_void) -> c_int {
@@ -170,7 +203,8 @@ mod tests {
             .query_row("SELECT length(v) FROM t", [], |r| r.get(0))
             .unwrap();
         assert_eq!(n, 100_000);
-        // With memory statistics off, SQLite reports no memory in use.
+        // With memory statistics off, SQLite reports no memory in use:
+        // wasmkeep's own count (memory_budget) is the one that is kept.
         // SAFETY: a plain query of a global counter.
         assert_eq!(unsafe { ffi::sqlite3_memory_used() }, 0);
     }

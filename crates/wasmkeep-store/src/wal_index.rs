@@ -58,6 +58,10 @@ struct Extra {
     main_db: bool,
     /// Whether this file holds the exclusive lock `x_lock` takes.
     exclusive: bool,
+    /// Whether this is a temporary file a statement spills to (a sort, a
+    /// transient index, a temporary database): bounded per guest statement
+    /// (`memory_budget::may_grow_temp_file`).
+    temp: bool,
     /// A write-ahead log's gathered writes (null for other files).
     log: *mut LogWrites,
     /// Tests only: lock like the unix VFS (shared for readers), the unsafe
@@ -151,6 +155,11 @@ unsafe extern "C" fn x_open(
             shm: ptr::null_mut(),
             main_db: flags & ffi::SQLITE_OPEN_MAIN_DB != 0,
             exclusive: false,
+            temp: flags
+                & (ffi::SQLITE_OPEN_TEMP_JOURNAL
+                    | ffi::SQLITE_OPEN_TEMP_DB
+                    | ffi::SQLITE_OPEN_TRANSIENT_DB)
+                != 0,
             log,
             #[cfg(test)]
             shared_lock_unsafe: false,
@@ -313,6 +322,10 @@ unsafe extern "C" fn x_write(
 ) -> c_int {
     // SAFETY: as `x_read`; `b` holds `n` bytes (SQLite's contract).
     unsafe {
+        let end = (o.max(0) as u64).saturating_add(n.max(0) as u64);
+        if (*extra(f)).temp && !crate::memory_budget::may_grow_temp_file(end) {
+            return ffi::SQLITE_FULL;
+        }
         match (*extra(f)).log.as_mut() {
             Some(log) => {
                 let data = std::slice::from_raw_parts(b.cast::<u8>(), n.max(0) as usize);
