@@ -8,7 +8,9 @@ use futures::TryStreamExt;
 use object_store::aws::AmazonS3Builder;
 use object_store::local::LocalFileSystem;
 use object_store::path::Path;
-use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use object_store::{
+    GetOptions, GetRange, GetResult, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload,
+};
 
 use crate::error::ReplicaError;
 
@@ -188,13 +190,27 @@ impl Bucket {
         }
     }
 
-    /// The whole object.
-    pub async fn get(&self, key: &str) -> Result<Bytes, ReplicaError> {
+    /// The whole object, read as untrusted input: refused unread when the
+    /// GET's length is over `limit`, and cut off as soon as its body runs
+    /// past `limit` (the length is the bucket's claim). Callers that listed
+    /// the object check the listed size first. `limit_name` names the bound
+    /// in the error.
+    pub async fn get_bounded(
+        &self,
+        key: &str,
+        limit_name: &'static str,
+        limit: u64,
+    ) -> Result<Bytes, ReplicaError> {
+        let too_large = |size: u64| ReplicaError::ObjectTooLarge {
+            key: key.to_owned(),
+            size,
+            limit_name,
+            limit,
+        };
         let path = self.path(key)?;
         add(&self.metrics.gets, 1);
-        let bytes = self.store.get(&path).await?.bytes().await?;
-        add(&self.metrics.get_bytes, bytes.len() as u64);
-        Ok(bytes)
+        let result = self.store.get_opts(&path, GetOptions::default()).await?;
+        self.read_capped(key, result, limit, too_large).await
     }
 
     /// The first `n` bytes of an object (fewer if it is shorter).
@@ -203,14 +219,76 @@ impl Bucket {
         add(&self.metrics.heads, 1);
         let size = self.store.head(&path).await?.size;
         add(&self.metrics.gets, 1);
-        let bytes = self.store.get_range(&path, 0..n.min(size)).await?;
-        add(&self.metrics.get_bytes, bytes.len() as u64);
-        Ok(bytes)
+        let options = GetOptions {
+            range: Some(GetRange::Bounded(0..n.min(size))),
+            ..GetOptions::default()
+        };
+        let result = self.store.get_opts(&path, options).await?;
+        let too_large = |size: u64| ReplicaError::ObjectTooLarge {
+            key: key.to_owned(),
+            size,
+            limit_name: "requested_prefix_bytes",
+            limit: n,
+        };
+        self.read_capped(key, result, n, too_large).await
+    }
+
+    /// Reads a GET's body, refusing it before reading if its length says it
+    /// is over `limit` and as soon as the bytes received pass `limit`.
+    /// Memory grows with the bytes received, never with a length the
+    /// bucket claimed, and is reserved fallibly: a node short of memory
+    /// fails this read, it does not abort.
+    async fn read_capped(
+        &self,
+        key: &str,
+        result: GetResult,
+        limit: u64,
+        too_large: impl Fn(u64) -> ReplicaError,
+    ) -> Result<Bytes, ReplicaError> {
+        let claimed = result.range.end.saturating_sub(result.range.start);
+        if claimed > limit {
+            return Err(too_large(claimed));
+        }
+        let mut stream = result.into_stream();
+        let mut buf: Vec<u8> = Vec::new();
+        while let Some(chunk) = stream.try_next().await? {
+            add(&self.metrics.get_bytes, chunk.len() as u64);
+            let total = (buf.len() as u64).saturating_add(chunk.len() as u64);
+            if total > limit {
+                return Err(too_large(total));
+            }
+            if buf.capacity() - buf.len() < chunk.len() {
+                // Doubling, but never past the limit (which `total` is
+                // within), so a body at the limit costs no more than it.
+                let want = (buf.capacity() as u64 * 2).clamp(total, limit) as usize;
+                buf.try_reserve_exact(want - buf.len())
+                    .map_err(|_| ReplicaError::OutOfMemory {
+                        key: key.to_owned(),
+                        bytes: want as u64,
+                    })?;
+            }
+            buf.extend_from_slice(&chunk);
+        }
+        Ok(Bytes::from(buf))
     }
 
     /// Keys (relative to the prefix) in the folder `dir` (ending in `/`)
     /// that sort after `after`, sorted: some stores list unsorted.
     pub async fn list(&self, dir: &str, after: Option<&str>) -> Result<Vec<String>, ReplicaError> {
+        Ok(self
+            .list_sized(dir, after)
+            .await?
+            .into_iter()
+            .map(|(key, _)| key)
+            .collect())
+    }
+
+    /// [`Bucket::list`] with the size the listing gives for each key.
+    async fn list_sized(
+        &self,
+        dir: &str,
+        after: Option<&str>,
+    ) -> Result<Vec<(String, u64)>, ReplicaError> {
         let prefix = self.path(dir)?;
         add(&self.metrics.lists, 1);
         let stream = match after {
@@ -218,9 +296,12 @@ impl Bucket {
             None => self.store.list(Some(&prefix)),
         };
         let metas: Vec<_> = stream.try_collect().await?;
-        let mut keys: Vec<String> = metas.iter().map(|m| self.key_of(&m.location)).collect();
+        let mut keys: Vec<(String, u64)> = metas
+            .iter()
+            .map(|m| (self.key_of(&m.location), m.size))
+            .collect();
         if let Some(a) = after {
-            keys.retain(|k| k.as_str() > a);
+            keys.retain(|(k, _)| k.as_str() > a);
         }
         keys.sort_unstable();
         Ok(keys)
@@ -239,6 +320,21 @@ impl Bucket {
             .await?
             .iter()
             .filter_map(|k| crate::keys::parse_seq(k))
+            .collect())
+    }
+
+    /// [`Bucket::list_seqs`] with the size the listing gives for each
+    /// object, which reading it checks before downloading it.
+    pub(crate) async fn list_seqs_sized(
+        &self,
+        dir: &str,
+        after: Option<&str>,
+    ) -> Result<Vec<(u64, u64)>, ReplicaError> {
+        Ok(self
+            .list_sized(dir, after)
+            .await?
+            .iter()
+            .filter_map(|(k, size)| Some((crate::keys::parse_seq(k)?, *size)))
             .collect())
     }
 

@@ -28,13 +28,15 @@
 use sha2::{Digest, Sha256};
 
 use crate::error::ReplicaError;
+use crate::limits::{PAGE_NUMBER_BYTES, database_pages_max};
 
 /// The format version this crate writes and reads.
 pub const FORMAT_VERSION: u16 = 1;
 const MAGIC: &[u8; 4] = b"WKRP";
 /// Bytes of the fixed header before the actor's key.
 pub const FIXED_HEADER_BYTES: usize = 4 + 2 + 1 + 1 + 8 + 8 + 8 + 16 + 4 + 4 + 2;
-const DIGEST_BYTES: usize = 32;
+/// Bytes of the SHA-256 at the end of a body.
+pub(crate) const DIGEST_BYTES: usize = 32;
 
 /// Whether a body is a chain entry or a snapshot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,6 +115,15 @@ impl Entry {
         }
     }
 
+    /// The key this body belongs at, under its actor's root.
+    pub fn key(&self) -> String {
+        let tail = match self.kind {
+            Kind::Log => crate::keys::log_key(self.seq),
+            Kind::Snapshot => crate::keys::snap_key(self.seq),
+        };
+        format!("{}{tail}", self.actor)
+    }
+
     /// Bytes [`Entry::encode`] produces.
     pub fn encoded_len(&self) -> u64 {
         (FIXED_HEADER_BYTES + self.actor.len() + 4 + DIGEST_BYTES) as u64
@@ -184,16 +195,19 @@ impl Entry {
     }
 
     /// Decodes and checks a body read from `key`. Refuses anything over
-    /// `entry_bytes_max`, a wrong checksum, an unknown version and any
-    /// header or page list that breaks the rules.
+    /// `entry_bytes_max`, a wrong checksum, an unknown version, a database
+    /// larger than `entry_bytes_max` allows (see
+    /// [`crate::limits::database_pages_max`]) and any header or page list
+    /// that breaks the rules. Every count and size in the body is checked
+    /// against the bytes present before anything is allocated from it.
     pub fn decode(key: &str, body: &[u8], entry_bytes_max: u64) -> Result<Entry, ReplicaError> {
-        let bad = |reason: &str| ReplicaError::corrupt(key, reason);
         if body.len() as u64 > entry_bytes_max {
             return Err(ReplicaError::EntryTooLarge {
                 size: body.len() as u64,
                 limit: entry_bytes_max,
             });
         }
+        let bad = |reason: &str| ReplicaError::corrupt(key, reason);
         if body.len() < FIXED_HEADER_BYTES + 4 + DIGEST_BYTES {
             return Err(bad("body shorter than a header"));
         }
@@ -201,52 +215,18 @@ impl Entry {
         if Sha256::digest(content).as_slice() != digest {
             return Err(bad("checksum mismatch"));
         }
-        let mut r = Reader { buf: content };
-        if r.take(4)? != MAGIC {
-            return Err(bad("not a wasmkeep replica body"));
+        let mut r = Reader { key, buf: content };
+        let mut entry = read_header(key, &mut r)?;
+        let pages_max = database_pages_max(entry_bytes_max, entry.page_size);
+        if entry.db_pages > pages_max {
+            return Err(ReplicaError::DatabaseTooLarge {
+                key: key.to_owned(),
+                field: "db_pages",
+                value: entry.db_pages as u64,
+                limit: pages_max,
+            });
         }
-        let version = r.u16()?;
-        if version != FORMAT_VERSION {
-            return Err(bad(&format!("unknown format version {version}")));
-        }
-        let kind = match r.u8()? {
-            1 => Kind::Log,
-            2 => Kind::Snapshot,
-            k => return Err(bad(&format!("unknown kind {k}"))),
-        };
-        r.u8()?;
-        let seq = r.u64()?;
-        let time_ms = r.u64()?;
-        let generation = r.u64()?;
-        let nonce: [u8; 16] = r.take(16)?.try_into().expect("16 bytes");
-        let page_size = r.u32()?;
-        let db_pages = r.u32()?;
-        let actor_len = r.u16()? as usize;
-        let actor = std::str::from_utf8(r.take(actor_len)?)
-            .map_err(|_| bad("actor key is not utf-8"))?
-            .to_owned();
-        let count = r.u32()? as u64;
-        if !(512..=65536).contains(&page_size) || !page_size.is_power_of_two() {
-            return Err(bad(&format!("bad page size {page_size}")));
-        }
-        if count * (4 + page_size as u64) != r.buf.len() as u64 {
-            return Err(bad("page list does not fill the body"));
-        }
-        let mut pages = Vec::with_capacity(count as usize);
-        for _ in 0..count {
-            let no = r.u32()?;
-            pages.push((no, r.take(page_size as usize)?.to_vec()));
-        }
-        let entry = Entry {
-            kind,
-            seq,
-            time_ms,
-            token: Token { generation, nonce },
-            page_size,
-            db_pages,
-            actor,
-            pages,
-        };
+        entry.pages = read_pages(key, &mut r, entry.page_size)?;
         entry.check().map_err(|reason| bad(&reason))?;
         Ok(entry)
     }
@@ -257,7 +237,7 @@ impl Entry {
     /// verified when it is read for use.
     pub fn peek_header(key: &str, prefix: &[u8]) -> Result<Header, ReplicaError> {
         let bad = |reason: &str| ReplicaError::corrupt(key, reason);
-        let mut r = Reader { buf: prefix };
+        let mut r = Reader { key, buf: prefix };
         if r.take(4).map_err(|_| bad("short header"))? != MAGIC
             || r.u16().map_err(|_| bad("short header"))? != FORMAT_VERSION
         {
@@ -292,14 +272,87 @@ pub struct Header {
     pub token: Token,
 }
 
+/// Reads the header of a body whose checksum held, up to and including
+/// the actor's key; the page list is left for [`read_pages`].
+fn read_header(key: &str, r: &mut Reader<'_>) -> Result<Entry, ReplicaError> {
+    let bad = |reason: &str| ReplicaError::corrupt(key, reason);
+    if r.take(4)? != MAGIC {
+        return Err(bad("not a wasmkeep replica body"));
+    }
+    let version = r.u16()?;
+    if version != FORMAT_VERSION {
+        return Err(bad(&format!("unknown format version {version}")));
+    }
+    let kind = match r.u8()? {
+        1 => Kind::Log,
+        2 => Kind::Snapshot,
+        k => return Err(bad(&format!("unknown kind {k}"))),
+    };
+    r.u8()?;
+    let seq = r.u64()?;
+    let time_ms = r.u64()?;
+    let generation = r.u64()?;
+    let nonce: [u8; 16] = r.take(16)?.try_into().expect("16 bytes");
+    let page_size = r.u32()?;
+    if !(512..=65536).contains(&page_size) || !page_size.is_power_of_two() {
+        return Err(bad(&format!("bad page size {page_size}")));
+    }
+    let db_pages = r.u32()?;
+    let actor_len = r.u16()? as usize;
+    let actor = std::str::from_utf8(r.take(actor_len)?)
+        .map_err(|_| bad("actor key is not utf-8"))?
+        .to_owned();
+    Ok(Entry {
+        kind,
+        seq,
+        time_ms,
+        token: Token { generation, nonce },
+        page_size,
+        db_pages,
+        actor,
+        pages: Vec::new(),
+    })
+}
+
+/// Reads the page list: a count, then that many `(number, page)` pairs.
+/// The count must describe exactly the bytes left: a truncated or padded
+/// list is refused before anything is allocated from it.
+fn read_pages(
+    key: &str,
+    r: &mut Reader<'_>,
+    page_size: u32,
+) -> Result<Vec<(u32, Vec<u8>)>, ReplicaError> {
+    let bad = |reason: String| ReplicaError::corrupt(key, reason);
+    let count = r.u32()?;
+    let per_page = PAGE_NUMBER_BYTES + page_size as u64;
+    let left = r.buf.len() as u64;
+    if (count as u64).checked_mul(per_page) != Some(left) {
+        return Err(bad(format!(
+            "page list does not fill the body: count={count} page_size={page_size} bytes={left}"
+        )));
+    }
+    // `count` pages of `per_page` bytes are present in `r`, so this
+    // reserves no more than the body already holds. Their numbers are
+    // checked with the rest of the entry ([`Entry::check`]).
+    let mut pages = Vec::with_capacity(count as usize);
+    for _ in 0..count {
+        let no = r.u32()?;
+        pages.push((no, r.take(page_size as usize)?.to_vec()));
+    }
+    Ok(pages)
+}
+
+/// Reads big-endian fields from the front of a body; reading past its end
+/// is an error that names the body's key.
 struct Reader<'a> {
+    key: &'a str,
     buf: &'a [u8],
 }
 
 impl<'a> Reader<'a> {
     fn take(&mut self, n: usize) -> Result<&'a [u8], ReplicaError> {
         if self.buf.len() < n {
-            return Err(ReplicaError::corrupt("", "body ends early"));
+            return Err(ReplicaError::corrupt(self.key, "body ends early"));
         }
         let (a, b) = self.buf.split_at(n);
         self.buf = b;
@@ -401,6 +454,53 @@ mod tests {
         let mut c = content.to_vec();
         c[6] = Kind::Snapshot as u8;
         assert!(Entry::decode("k", &seal(&c), u64::MAX).is_err());
+    }
+
+    /// The reproduced attack: a body of about a hundred bytes, checksum
+    /// valid, whose header claims 2^32 - 1 pages. It is refused from its
+    /// header, naming the bound, before anything is sized from it.
+    #[test]
+    fn a_huge_page_count_is_refused_from_the_header() {
+        let forged = Entry {
+            db_pages: u32::MAX,
+            pages: Vec::new(),
+            page_size: 65536,
+            ..sample()
+        };
+        let body = forged.encode(u64::MAX).unwrap();
+        assert!(body.len() < 128, "{}", body.len());
+        for limit in [u64::MAX, 11 << 30, 1 << 20] {
+            let e = Entry::decode("k", &body, limit).unwrap_err();
+            assert_eq!(e.code(), "database_too_large", "{e}");
+            assert!(e.to_string().contains("db_pages=4294967295"), "{e}");
+            assert!(e.to_string().contains("database_pages_max="), "{e}");
+        }
+    }
+
+    /// The page list must fill the body exactly: a list cut short or padded
+    /// after sealing is refused before its count sizes anything.
+    #[test]
+    fn a_page_count_that_does_not_match_the_bytes_is_refused() {
+        let good = sample().encode(u64::MAX).unwrap();
+        let content = &good[..good.len() - 32];
+        for cut in [1, 512, 516, 600] {
+            let e =
+                Entry::decode("k", &seal(&content[..content.len() - cut]), u64::MAX).unwrap_err();
+            assert!(
+                e.to_string().contains("does not fill the body"),
+                "{cut}: {e}"
+            );
+        }
+        let mut padded = content.to_vec();
+        padded.extend_from_slice(&[0; 516]);
+        let e = Entry::decode("k", &seal(&padded), u64::MAX).unwrap_err();
+        assert!(e.to_string().contains("does not fill the body"), "{e}");
+        // A count far beyond the bytes (the field just before the list).
+        let mut c = content.to_vec();
+        let at = FIXED_HEADER_BYTES + "state/t/a/c/6869/".len();
+        c[at..at + 4].copy_from_slice(&u32::MAX.to_be_bytes());
+        let e = Entry::decode("k", &seal(&c), u64::MAX).unwrap_err();
+        assert!(e.to_string().contains("does not fill the body"), "{e}");
     }
 
     #[test]

@@ -20,6 +20,37 @@ pub enum ReplicaError {
     /// An entry or snapshot is larger than the configured bound.
     #[error("entry too large: size={size} limit entry_bytes_max={limit}")]
     EntryTooLarge { size: u64, limit: u64 },
+    /// An object in the bucket is larger than the bound it is read under:
+    /// refused from the listing's or the GET's size before its body is
+    /// read, or as soon as the body streams past the bound. `size` is what
+    /// the bucket claimed, or the bytes received when the body ran past it.
+    #[error("bucket object too large: size={size} limit {limit_name}={limit} key=`{key}`")]
+    ObjectTooLarge {
+        key: String,
+        size: u64,
+        limit_name: &'static str,
+        limit: u64,
+    },
+    /// A body in the bucket describes a database larger than this node
+    /// could ever have replicated (see `ReplicaConfig::database_pages_max`).
+    #[error(
+        "database in the bucket too large: {field}={value} limit database_pages_max={limit} key=`{key}`"
+    )]
+    DatabaseTooLarge {
+        key: String,
+        field: &'static str,
+        value: u64,
+        limit: u32,
+    },
+    /// The image a restore built from the bucket's bodies fails SQLite's
+    /// `PRAGMA quick_check`; it was not installed. `key` is the object the
+    /// image stands for (the chain's head).
+    #[error("restored image corrupt: quick_check says {detail}: key=`{key}`")]
+    ImageCorrupt { key: String, detail: String },
+    /// Memory for a body or an image could not be reserved: the bounds
+    /// allow it, but the node has no room now.
+    #[error("out of memory: could not reserve bytes={bytes} for key=`{key}`")]
+    OutOfMemory { key: String, bytes: u64 },
     /// The bucket's chain has a gap above the latest snapshot, or entries
     /// that do not follow each other.
     #[error("chain broken: {0}")]
@@ -51,6 +82,10 @@ impl ReplicaError {
             ReplicaError::ChainMoved { .. } => "chain_moved",
             ReplicaError::Corrupt { .. } => "replica_corrupt",
             ReplicaError::EntryTooLarge { .. } => "entry_too_large",
+            ReplicaError::ObjectTooLarge { .. } => "object_too_large",
+            ReplicaError::DatabaseTooLarge { .. } => "database_too_large",
+            ReplicaError::ImageCorrupt { .. } => "restored_image_corrupt",
+            ReplicaError::OutOfMemory { .. } => "replica_out_of_memory",
             ReplicaError::ChainBroken(_) => "chain_broken",
             ReplicaError::NotRetained(_) => "not_retained",
             ReplicaError::KeyTooLong { .. } => "key_too_long",
@@ -67,6 +102,20 @@ impl ReplicaError {
         matches!(
             self,
             ReplicaError::Bucket(object_store::Error::NotFound { .. })
+        )
+    }
+
+    /// Whether the bucket holds something for this actor that fails its
+    /// checks: every attempt to restore it fails the same way until someone
+    /// repairs the chain, so a caller should report it as corruption of
+    /// this actor, not as a failure worth retrying.
+    pub fn is_bad_bucket_input(&self) -> bool {
+        matches!(
+            self,
+            ReplicaError::Corrupt { .. }
+                | ReplicaError::ObjectTooLarge { .. }
+                | ReplicaError::DatabaseTooLarge { .. }
+                | ReplicaError::ImageCorrupt { .. }
         )
     }
 

@@ -45,27 +45,29 @@ pub async fn export_with_progress(
     progress: &(dyn Fn(u64, u64) + Sync),
 ) -> Result<Vec<u8>, ReplicaError> {
     let root = ActorRoot::new(id, bucket.prefix_bytes())?;
-    let snaps = bucket.list_seqs(&root.snap_dir(), None).await?;
-    // The base: the newest snapshot at or before the point.
+    let snaps = bucket.list_seqs_sized(&root.snap_dir(), None).await?;
+    // The base: the newest snapshot at or before the point, with the size
+    // the listing gave for it.
     let base = match at {
         At::Latest => snaps.last().copied(),
-        At::Seq(n) => snaps.iter().rev().find(|s| **s <= n).copied(),
+        At::Seq(n) => snaps.iter().rev().find(|(s, _)| *s <= n).copied(),
         At::TimeMs(t) => {
             let mut found = None;
-            for s in snaps.iter().rev() {
-                let key = root.snap(*s);
+            for &(s, size) in snaps.iter().rev() {
+                let key = root.snap(s);
                 let head = bucket.get_prefix(&key, FIXED_HEADER_BYTES as u64).await?;
                 if Entry::peek_header(&key, &head)?.time_ms <= t {
-                    found = Some(*s);
+                    found = Some((s, size));
                     break;
                 }
             }
             found
         }
     };
+    let base_seq = base.map(|(s, _)| s);
     let (mut image, mut next) = match base {
-        Some(s) => {
-            let e = fetch(bucket, &root, Kind::Snapshot, s, config).await?;
+        Some((s, size)) => {
+            let e = fetch(bucket, &root, Kind::Snapshot, (s, size), config).await?;
             if let At::TimeMs(t) = at
                 && e.time_ms > t
             {
@@ -80,12 +82,14 @@ pub async fn export_with_progress(
         }
         None => (None, 0),
     };
-    let after = base.map(|s| root.log(s));
-    let logs = bucket.list_seqs(&root.log_dir(), after.as_deref()).await?;
+    let after = base_seq.map(|s| root.log(s));
+    let logs = bucket
+        .list_seqs_sized(&root.log_dir(), after.as_deref())
+        .await?;
     let total = logs.len() as u64 + u64::from(base.is_some());
     let mut done = u64::from(base.is_some());
     progress(done, total);
-    for seq in logs {
+    for (seq, size) in logs {
         if let At::Seq(n) = at
             && seq > n
         {
@@ -95,7 +99,7 @@ pub async fn export_with_progress(
             // Below the oldest entry kept (no base) or a gap.
             break;
         }
-        let e = fetch(bucket, &root, Kind::Log, seq, config).await?;
+        let e = fetch(bucket, &root, Kind::Log, (seq, size), config).await?;
         if let At::TimeMs(t) = at
             && e.time_ms > t
         {

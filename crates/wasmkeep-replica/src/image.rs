@@ -18,6 +18,7 @@ use sha2::{Digest, Sha256};
 
 use crate::entry::{Entry, Kind, Token};
 use crate::error::ReplicaError;
+use crate::limits::{QUICK_CHECK_DETAIL_BYTES_MAX, QUICK_CHECK_ROWS_MAX};
 
 /// A database file's bytes: `db_pages()` pages of `page_size` bytes.
 #[derive(Clone, PartialEq, Eq)]
@@ -123,8 +124,17 @@ impl Image {
 
     /// Applies one entry or snapshot: resize to its `db_pages`, then
     /// overwrite its pages. A snapshot replaces everything.
+    ///
+    /// An entry may grow the database only by pages it carries: every
+    /// writer's diff ships each page beyond the state it started from
+    /// (those pages have no hash to compare with), so a body that claims
+    /// more pages than it holds was not written by the rules. Refusing it
+    /// means the image never grows past the bytes actually downloaded,
+    /// whatever a header says; memory is reserved fallibly, so a node short
+    /// of memory fails this restore rather than aborting.
     pub fn apply(&mut self, entry: &Entry) -> Result<(), ReplicaError> {
         if entry.kind == Kind::Snapshot || self.bytes.is_empty() {
+            self.bytes.clear();
             self.page_size = entry.page_size;
         }
         if entry.page_size != self.page_size {
@@ -133,8 +143,30 @@ impl Image {
                 entry.seq, entry.page_size, self.page_size
             )));
         }
+        let have = self.db_pages();
+        let grows_by = entry.db_pages.saturating_sub(have);
+        let carried = entry.pages.iter().filter(|(no, _)| *no > have).count();
+        if carried != grows_by as usize {
+            return Err(ReplicaError::corrupt(
+                entry.key(),
+                format!(
+                    "grows the database by pages={grows_by} but carries {carried} of them: db_pages={} before={have}",
+                    entry.db_pages
+                ),
+            ));
+        }
         let ps = self.page_size as usize;
-        self.bytes.resize(entry.db_pages as usize * ps, 0);
+        let len = (entry.db_pages as usize)
+            .checked_mul(ps)
+            .ok_or_else(|| ReplicaError::corrupt(entry.key(), "database size overflows"))?;
+        let more = len.saturating_sub(self.bytes.len());
+        self.bytes
+            .try_reserve_exact(more)
+            .map_err(|_| ReplicaError::OutOfMemory {
+                key: entry.key(),
+                bytes: more as u64,
+            })?;
+        self.bytes.resize(len, 0);
         for (no, bytes) in &entry.pages {
             let start = (*no as usize - 1) * ps;
             self.bytes[start..start + ps].copy_from_slice(bytes);
@@ -195,6 +227,80 @@ impl Image {
     }
 }
 
+/// Checks the database file at `path` (a restore's staged image, not yet
+/// installed) with SQLite's `PRAGMA quick_check`; `key` names the object
+/// the image stands for in the error.
+///
+/// `quick_check` rather than `integrity_check`: it verifies every b-tree
+/// page, cell, overflow chain and the freelist (every page used exactly
+/// once), which is what a malformed image could use to crash or mislead
+/// the node, in time linear in the database's size; `integrity_check`
+/// adds that each index matches its table and UNIQUE holds, in
+/// O(N log N). A forged image that is structurally sound but has
+/// inconsistent indexes is wrong data, not a danger to the node, and anyone
+/// who can write the bucket can already write any valid data.
+///
+/// The file is opened read-only and `immutable` (no locks, no `-wal` or
+/// `-shm` beside it, nothing written), with SQLite's defensive mode on and
+/// the schema untrusted, so that functions named in a hostile schema do not
+/// run while it is checked.
+pub(crate) fn quick_check(path: &Path, key: &str) -> Result<(), ReplicaError> {
+    use rusqlite::config::DbConfig;
+    let corrupt = |detail: String| ReplicaError::ImageCorrupt {
+        key: key.to_owned(),
+        detail,
+    };
+    wasmkeep_store::db::sqlite_setup();
+    let conn = Connection::open_with_flags(
+        file_uri(path, "immutable=1"),
+        OpenFlags::SQLITE_OPEN_READ_ONLY
+            | OpenFlags::SQLITE_OPEN_URI
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?;
+    conn.set_db_config(DbConfig::SQLITE_DBCONFIG_DEFENSIVE, true)?;
+    conn.set_db_config(DbConfig::SQLITE_DBCONFIG_TRUSTED_SCHEMA, false)?;
+    let sql = format!("PRAGMA quick_check({QUICK_CHECK_ROWS_MAX})");
+    let rows: Result<Vec<String>, rusqlite::Error> = conn
+        .prepare(&sql)
+        .and_then(|mut st| st.query_map([], |r| r.get(0))?.collect());
+    let rows = match rows {
+        Ok(rows) => rows,
+        // A file SQLite cannot even read as a database (a bad header, a
+        // schema it cannot parse) fails the check too.
+        Err(e) => return Err(corrupt(e.to_string())),
+    };
+    if rows.len() == 1 && rows[0] == "ok" {
+        return Ok(());
+    }
+    let mut detail = rows.join("; ").replace('\n', "; ");
+    if detail.len() > QUICK_CHECK_DETAIL_BYTES_MAX {
+        let mut end = QUICK_CHECK_DETAIL_BYTES_MAX;
+        while !detail.is_char_boundary(end) {
+            end -= 1;
+        }
+        detail.truncate(end);
+        detail.push_str(" ...");
+    }
+    Err(corrupt(detail))
+}
+
+/// `file:` URI of `path` with `query`, every byte outside the unreserved set
+/// and `/` percent-encoded (a data folder may hold `?`, `#` or `%`).
+fn file_uri(path: &Path, query: &str) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    let mut uri = String::from("file:");
+    for &b in path.as_os_str().as_bytes() {
+        if b.is_ascii_alphanumeric() || b"/-_.~".contains(&b) {
+            uri.push(b as char);
+        } else {
+            uri.push_str(&format!("%{b:02X}"));
+        }
+    }
+    uri.push('?');
+    uri.push_str(query);
+    uri
+}
+
 /// The hash of every page of the state last uploaded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PageHashes {
@@ -244,6 +350,35 @@ mod tests {
         let mut from_empty = Image::empty(1024);
         from_empty.apply(&full).unwrap();
         assert_eq!(from_empty, now);
+    }
+
+    /// An entry may grow the database only by pages it carries, so the
+    /// image never outgrows the bytes downloaded, whatever a header says.
+    #[test]
+    fn growth_must_be_carried() {
+        let mut c = db();
+        let base = Image::read(&mut c).unwrap();
+        let t = Token {
+            generation: 1,
+            nonce: [0; 16],
+        };
+        let mut e = base.diff(Some(&base.hashes()), 1, 0, t, "a/");
+        assert!(e.pages.is_empty());
+        e.db_pages = base.db_pages() + 1000;
+        let mut img = base.clone();
+        let err = img.apply(&e).unwrap_err();
+        assert_eq!(err.code(), "replica_corrupt", "{err}");
+        assert!(err.to_string().contains("carries 0"), "{err}");
+        assert_eq!(img, base, "a refused entry changes nothing");
+        // One page carried of two added is not enough either.
+        let n = base.db_pages();
+        e.db_pages = n + 2;
+        e.pages = vec![(n + 2, vec![0; 1024])];
+        assert!(img.apply(&e).is_err());
+        // Both carried: fine.
+        e.pages = vec![(n + 1, vec![0; 1024]), (n + 2, vec![0; 1024])];
+        img.apply(&e).unwrap();
+        assert_eq!(img.db_pages(), n + 2);
     }
 
     #[test]

@@ -8,6 +8,11 @@
 //! snapshots and collection: [`Replica`]), restoring a local file with its
 //! sidecar and setting a mismatching one aside, and point-in-time export
 //! ([`export`]). Every request goes through [`Bucket`], which counts them.
+//! What the bucket holds is untrusted input: every object is bounded before
+//! it is downloaded and while it streams in, every count in a body is
+//! checked against the bytes present and the bounds of [`limits`] before
+//! anything is sized from it, and a restored image passes SQLite's
+//! `PRAGMA quick_check` before it replaces a local file.
 //! ADR 0007 (`docs/adr/0007-replication.md`) explains the decisions.
 //!
 //! What it is not: it decides nothing about ownership (leases and holds are

@@ -12,7 +12,7 @@ use crate::bucket::{Bucket, Created};
 use crate::clock::since_boot;
 use crate::entry::{Entry, FIXED_HEADER_BYTES, Kind, Position, Token};
 use crate::error::ReplicaError;
-use crate::image::{Image, PageHashes};
+use crate::image::{Image, PageHashes, quick_check};
 use crate::keys::ActorRoot;
 use crate::limits::ReplicaConfig;
 
@@ -35,39 +35,67 @@ pub enum Opened {
 }
 
 /// The bucket's view of one actor's chain: the snapshots, and the entries
-/// above the latest snapshot.
+/// above the latest snapshot, each as `(seq, bytes the listing gives)`.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Listing {
-    pub snaps: Vec<u64>,
-    pub logs: Vec<u64>,
+    pub snaps: Vec<(u64, u64)>,
+    pub logs: Vec<(u64, u64)>,
 }
 
 impl Listing {
     pub fn head(&self) -> Option<u64> {
-        self.logs.last().or(self.snaps.last()).copied()
+        self.logs.last().or(self.snaps.last()).map(|(seq, _)| *seq)
+    }
+
+    pub fn snap_seqs(&self) -> Vec<u64> {
+        self.snaps.iter().map(|(seq, _)| *seq).collect()
     }
 }
 
 pub(crate) async fn list_chain(bucket: &Bucket, root: &ActorRoot) -> Result<Listing, ReplicaError> {
-    let snaps = bucket.list_seqs(&root.snap_dir(), None).await?;
-    let after = snaps.last().map(|s| root.log(*s));
-    let logs = bucket.list_seqs(&root.log_dir(), after.as_deref()).await?;
+    let snaps = bucket.list_seqs_sized(&root.snap_dir(), None).await?;
+    let after = snaps.last().map(|(s, _)| root.log(*s));
+    let logs = bucket
+        .list_seqs_sized(&root.log_dir(), after.as_deref())
+        .await?;
     Ok(Listing { snaps, logs })
 }
 
-/// Downloads and checks one body.
+/// Refuses an object whose listed size is over `entry_bytes_max`, before
+/// anything of it is downloaded.
+pub(crate) fn check_listed(
+    key: &str,
+    listed: u64,
+    config: &ReplicaConfig,
+) -> Result<(), ReplicaError> {
+    if listed > config.entry_bytes_max {
+        return Err(ReplicaError::ObjectTooLarge {
+            key: key.to_owned(),
+            size: listed,
+            limit_name: "entry_bytes_max",
+            limit: config.entry_bytes_max,
+        });
+    }
+    Ok(())
+}
+
+/// Downloads and checks one body, bounded by `entry_bytes_max` before the
+/// download (`listed`: the size the listing gave) and during it.
 pub(crate) async fn fetch(
     bucket: &Bucket,
     root: &ActorRoot,
     kind: Kind,
-    seq: u64,
+    (seq, listed): (u64, u64),
     config: &ReplicaConfig,
 ) -> Result<Entry, ReplicaError> {
     let key = match kind {
         Kind::Log => root.log(seq),
         Kind::Snapshot => root.snap(seq),
     };
-    let body = bucket.get(&key).await?;
+    check_listed(&key, listed, config)?;
+    let body = bucket
+        .get_bounded(&key, "entry_bytes_max", config.entry_bytes_max)
+        .await?;
     let e = Entry::decode(&key, &body, config.entry_bytes_max)?;
     if e.kind != kind || e.seq != seq || e.actor != root.as_str() {
         return Err(ReplicaError::corrupt(
@@ -90,9 +118,17 @@ async fn rebuild(
     listing: &Listing,
     config: &ReplicaConfig,
 ) -> Result<(Image, Position, u64, u64, u64), ReplicaError> {
+    // Every object of the chain is checked against its bound before the
+    // first one is downloaded: a restore that cannot finish spends nothing.
+    for &(seq, size) in &listing.snaps[listing.snaps.len().saturating_sub(1)..] {
+        check_listed(&root.snap(seq), size, config)?;
+    }
+    for &(seq, size) in &listing.logs {
+        check_listed(&root.log(seq), size, config)?;
+    }
     let (mut image, mut next, mut pos, mut time) = match listing.snaps.last() {
-        Some(s) => {
-            let e = fetch(bucket, root, Kind::Snapshot, *s, config).await?;
+        Some(&(s, size)) => {
+            let e = fetch(bucket, root, Kind::Snapshot, (s, size), config).await?;
             let mut img = Image::empty(e.page_size);
             img.apply(&e)?;
             (img, s + 1, Some(e.position()), e.time_ms)
@@ -100,14 +136,14 @@ async fn rebuild(
         None => (Image::empty(4096), 0, None, 0),
     };
     let mut bytes = 0;
-    for seq in &listing.logs {
-        if *seq != next {
+    for &(seq, size) in &listing.logs {
+        if seq != next {
             return Err(ReplicaError::ChainBroken(format!(
                 "expected seq={next} next, found seq={seq}: actor=`{}`",
                 root.as_str()
             )));
         }
-        let e = fetch(bucket, root, Kind::Log, *seq, config).await?;
+        let e = fetch(bucket, root, Kind::Log, (seq, size), config).await?;
         bytes += e.encoded_len();
         image.apply(&e)?;
         pos = Some(e.position());
@@ -214,18 +250,30 @@ pub fn set_aside(db_path: &Path, now_ms: u64) -> Result<PathBuf, ReplicaError> {
     Ok(target)
 }
 
-/// Writes `bytes` as the database at `db_path` (temporary file, fsync,
-/// rename, fsync of the folder).
-fn write_db(db_path: &Path, bytes: &[u8]) -> Result<(), ReplicaError> {
+/// Writes `bytes` beside the database at `db_path` as
+/// `actor.db.restoring`, synced, and returns its path: the image a restore
+/// checks before [`install_db`] puts it in place.
+fn stage_db(db_path: &Path, bytes: &[u8]) -> Result<PathBuf, ReplicaError> {
     use std::io::Write;
     let dir = db_path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
     let tmp = with_suffix(db_path, ".restoring");
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(bytes)?;
-    f.sync_all()?;
-    drop(f);
-    std::fs::rename(&tmp, db_path)?;
+    let written = std::fs::File::create(&tmp).and_then(|mut f| {
+        f.write_all(bytes)?;
+        f.sync_all()
+    });
+    if let Err(e) = written {
+        // A partial image is of no use to anyone (a full disk, say).
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e.into());
+    }
+    Ok(tmp)
+}
+
+/// Renames a staged image to `db_path` and syncs the folder.
+fn install_db(staged: &Path, db_path: &Path) -> Result<(), ReplicaError> {
+    let dir = db_path.parent().unwrap_or(Path::new("."));
+    std::fs::rename(staged, db_path)?;
     std::fs::File::open(dir)?.sync_all()?;
     Ok(())
 }
@@ -329,7 +377,7 @@ impl Replica {
         let sent = since_boot();
         let listing = list_chain(&self.bucket, &self.root).await?;
         self.anchor = Some(sent);
-        self.saw_snapshots(&listing.snaps);
+        self.saw_snapshots(&listing.snap_seqs());
         let local = self.db_path.exists();
         let Some(head_seq) = listing.head() else {
             if local {
@@ -354,12 +402,20 @@ impl Replica {
         }
         let (image, pos, time, n, bytes) =
             rebuild(&self.bucket, &self.root, &listing, &self.config).await?;
+        // The image is checked where it will be installed from, before the
+        // local file is touched: a bad one replaces nothing.
+        let staged = stage_db(&self.db_path, image.bytes())?;
+        let head_key = self.head_key(&listing, head_seq);
+        if let Err(e) = quick_check(&staged, &head_key) {
+            let _ = std::fs::remove_file(&staged);
+            return Err(e);
+        }
         let replaced = if local {
             Some(set_aside(&self.db_path, now_ms)?)
         } else {
             None
         };
-        write_db(&self.db_path, image.bytes())?;
+        install_db(&staged, &self.db_path)?;
         write_sidecar(
             &self.db_path,
             &Sidecar {
@@ -375,17 +431,23 @@ impl Replica {
         Ok(Opened::Restored { replaced })
     }
 
+    /// The key of the head: the entry at `head_seq` if the listing has
+    /// one, otherwise the snapshot.
+    fn head_key(&self, listing: &Listing, head_seq: u64) -> String {
+        if listing.logs.last().map(|(seq, _)| *seq) == Some(head_seq) {
+            self.root.log(head_seq)
+        } else {
+            self.root.snap(head_seq)
+        }
+    }
+
     /// The position (and time) of the head, from its header alone.
     async fn head_position(
         &self,
         listing: &Listing,
         head_seq: u64,
     ) -> Result<(Position, u64), ReplicaError> {
-        let key = if listing.logs.last() == Some(&head_seq) {
-            self.root.log(head_seq)
-        } else {
-            self.root.snap(head_seq)
-        };
+        let key = self.head_key(listing, head_seq);
         let head = self
             .bucket
             .get_prefix(&key, FIXED_HEADER_BYTES as u64)
@@ -532,8 +594,7 @@ impl Replica {
                 // Our own earlier attempt whose response was lost (the
                 // store's retry then finds it), or someone else's entry:
                 // only the bytes tell. Every body holds a fresh nonce.
-                let there = self.bucket.get(&key).await?;
-                if there != body {
+                if !self.holds(&key, &body).await? {
                     return Err(ReplicaError::ChainMoved { seq });
                 }
             }
@@ -564,6 +625,19 @@ impl Replica {
         Ok(())
     }
 
+    /// Whether the object at `key` is exactly `body` (read back after a
+    /// create found the key taken). It is read under the body's own length:
+    /// an object that runs past it is someone else's, and is not downloaded
+    /// to find that out.
+    async fn holds(&self, key: &str, body: &Bytes) -> Result<bool, ReplicaError> {
+        let limit = body.len() as u64;
+        match self.bucket.get_bounded(key, "own_body_bytes", limit).await {
+            Ok(there) => Ok(there == *body),
+            Err(ReplicaError::ObjectTooLarge { .. }) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Writes `snap/<head>` from `image` (the state at the head), then
     /// collects: entries at or below the oldest kept snapshot, then
     /// snapshots older than it.
@@ -577,8 +651,7 @@ impl Replica {
         if self.bucket.create(&key, body.clone()).await? == Created::AlreadyExists {
             // Only the writer of `head` snapshots it, and a snapshot's bytes
             // follow from the entry's state: anything else is not ours.
-            let there = self.bucket.get(&key).await?;
-            if there != body {
+            if !self.holds(&key, &body).await? {
                 return Err(ReplicaError::ChainMoved { seq: head.seq });
             }
         }

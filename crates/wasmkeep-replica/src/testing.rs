@@ -1,8 +1,10 @@
 //! Fault injection for tests: an [`ObjectStore`] wrapper that holds a
 //! chosen PUT until the test releases it (an upload that lands late) or
 //! sends a PUT twice and reports the second answer (a lost response that
-//! the client's retry follows). Used by this crate's tests and meant for
-//! the simulator and the runtime's tests; never for production.
+//! the client's retry follows), or that understates object sizes in
+//! listings and GETs (a bucket whose claims cannot be trusted). Used by
+//! this crate's tests and meant for the simulator and the runtime's tests;
+//! never for production.
 
 use std::fmt;
 use std::ops::Range;
@@ -11,11 +13,12 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
 use object_store::aws::AmazonS3Builder;
 use object_store::path::Path;
 use object_store::{
-    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
-    PutMultipartOptions, PutOptions, PutPayload, PutResult, Result,
+    CopyOptions, GetOptions, GetResult, GetResultPayload, ListResult, MultipartUpload, ObjectMeta,
+    ObjectStore, PutMultipartOptions, PutOptions, PutPayload, PutResult, Result,
 };
 use tokio::sync::Semaphore;
 
@@ -54,12 +57,28 @@ impl Gate {
     }
 }
 
+/// What a [`FaultStore`] says about the sizes of objects, to show that a
+/// reader bounds what it downloads by what arrives, not by what the
+/// bucket claims.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub enum SizeLies {
+    /// Sizes as the store gives them.
+    #[default]
+    Truthful,
+    /// Listings say every object is one byte long.
+    Listing,
+    /// Listings, and the length of every GET's body, say one byte; the body
+    /// that follows is the whole object.
+    ListingAndGet,
+}
+
 #[derive(Debug, Default)]
 struct Faults {
     holds: Vec<(String, Arc<Gate>)>,
     replays: Vec<String>,
     /// The next this many PUTs fail.
     failing_puts: u32,
+    size_lies: SizeLies,
 }
 
 /// Wraps a store and injects faults into PUTs whose path ends with a
@@ -93,6 +112,31 @@ impl FaultStore {
     /// failing past the client's retries.
     pub fn fail_puts(&self, n: u32) {
         self.faults.lock().unwrap().failing_puts = n;
+    }
+
+    /// From now on, reports object sizes as `lies` says.
+    pub fn lie_about_sizes(&self, lies: SizeLies) {
+        self.faults.lock().unwrap().size_lies = lies;
+    }
+
+    fn size_lies(&self) -> SizeLies {
+        self.faults.lock().unwrap().size_lies
+    }
+
+    /// A listing whose sizes follow [`SizeLies`].
+    fn listed(
+        &self,
+        stream: BoxStream<'static, Result<ObjectMeta>>,
+    ) -> BoxStream<'static, Result<ObjectMeta>> {
+        if self.size_lies() == SizeLies::Truthful {
+            return stream;
+        }
+        stream
+            .map_ok(|mut meta| {
+                meta.size = meta.size.min(1);
+                meta
+            })
+            .boxed()
     }
 
     /// Sends the next PUT to a path ending in `suffix` twice and answers
@@ -177,7 +221,28 @@ impl ObjectStore for FaultStore {
     }
 
     async fn get_opts(&self, location: &Path, options: GetOptions) -> Result<GetResult> {
-        self.inner.get_opts(location, options).await
+        let head = options.head;
+        let mut result = self.inner.get_opts(location, options).await?;
+        if head || self.size_lies() != SizeLies::ListingAndGet {
+            return Ok(result);
+        }
+        // The whole body follows, as a stream (a local file's payload would
+        // otherwise be read only as far as the claimed range).
+        let meta = ObjectMeta {
+            size: result.meta.size.min(1),
+            ..result.meta.clone()
+        };
+        let start = result.range.start;
+        let range = start..(start + 1).min(result.range.end);
+        let attributes = result.attributes.clone();
+        let extensions = std::mem::take(&mut result.extensions);
+        Ok(GetResult {
+            payload: GetResultPayload::Stream(result.into_stream()),
+            meta,
+            range,
+            attributes,
+            extensions,
+        })
     }
 
     async fn get_ranges(&self, location: &Path, ranges: &[Range<u64>]) -> Result<Vec<Bytes>> {
@@ -192,7 +257,7 @@ impl ObjectStore for FaultStore {
     }
 
     fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, Result<ObjectMeta>> {
-        self.inner.list(prefix)
+        self.listed(self.inner.list(prefix))
     }
 
     fn list_with_offset(
@@ -200,7 +265,7 @@ impl ObjectStore for FaultStore {
         prefix: Option<&Path>,
         offset: &Path,
     ) -> BoxStream<'static, Result<ObjectMeta>> {
-        self.inner.list_with_offset(prefix, offset)
+        self.listed(self.inner.list_with_offset(prefix, offset))
     }
 
     async fn list_with_delimiter(&self, prefix: Option<&Path>) -> Result<ListResult> {
