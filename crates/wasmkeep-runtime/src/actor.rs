@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
 use tokio::sync::oneshot;
-use wasmkeep_store::{ActorDb, ActorId, AlarmState, OpenMode, paths};
+use wasmkeep_store::{ActorDb, ActorId, AlarmState, OpenMode, StoreError, paths};
 use wasmtime::Store;
 
 use crate::alarm::{self, RetryPolicy};
@@ -66,7 +66,7 @@ pub enum Outcome {
     Done,
 }
 
-pub type Reply = oneshot::Sender<Result<Outcome, RuntimeError>>;
+pub use crate::reply::Reply;
 
 pub enum EventKind {
     Request(ActorRequest),
@@ -105,16 +105,31 @@ pub struct Event {
 }
 
 impl Event {
-    pub fn new(kind: EventKind, reply: Option<Reply>) -> Event {
+    pub fn new(
+        kind: EventKind,
+        reply: Option<oneshot::Sender<Result<Outcome, RuntimeError>>>,
+    ) -> Event {
         Event {
             kind,
-            reply,
+            reply: reply.map(Reply::new),
             enqueued: Instant::now(),
         }
     }
 
     fn is_request(&self) -> bool {
         matches!(self.kind, EventKind::Request(_))
+    }
+
+    /// What the event holds in memory while it waits in a queue (a
+    /// request's body, path and headers; other events are small).
+    pub fn queued_bytes(&self) -> u64 {
+        match &self.kind {
+            EventKind::Request(r) => {
+                let headers: usize = r.headers.iter().map(|(k, v)| k.len() + v.len()).sum();
+                (r.body.len() + r.path.len() + r.query.len() + r.method.len() + headers) as u64
+            }
+            _ => 0,
+        }
     }
 
     fn is_replicated(&self) -> bool {
@@ -129,6 +144,8 @@ pub struct Queue {
     pub scheduled: bool,
     /// Closed for good; whoever finds it so looks the actor up again.
     pub retired: bool,
+    /// What the queued events hold (`Event::queued_bytes`), summed.
+    pub bytes: u64,
 }
 
 /// A live instance and the database it owns.
@@ -224,7 +241,11 @@ pub fn run_turn(rt: &Arc<Inner>, actor: &Arc<Actor>) {
     let events: Vec<Event> = {
         let mut q = actor.queue.lock();
         let n = q.events.len().min(rt.config.batch_events_max);
-        q.events.drain(..n).collect()
+        let events: Vec<Event> = q.events.drain(..n).collect();
+        let bytes: u64 = events.iter().map(Event::queued_bytes).sum();
+        q.bytes -= bytes;
+        rt.queued_bytes.fetch_sub(bytes, Ordering::Relaxed);
+        events
     };
     actor.last_used_ms.store(rt.elapsed_ms(), Ordering::Relaxed);
     {
@@ -317,6 +338,10 @@ fn instantiate(
         rt.config.instance_memory_bytes_max,
     );
     state.alarm_statements = app.alarm_statements.for_class(&id.class);
+    state.log_budget = crate::log_budget::LogBudget::new(
+        rt.config.event_log_lines_max,
+        rt.config.event_log_bytes_max,
+    );
     let mut store = Store::new(&rt.engine, state);
     store.limiter(|s| &mut s.memory);
     store.set_epoch_deadline(epoch_ticks(app.event_cpu_ms_max));
@@ -335,11 +360,16 @@ fn instantiate(
             })
         }
         Err(e) => {
-            let db = store.data_mut().db.take();
-            Err(Box::new((
-                RuntimeError::Internal(format!("instantiate: {e:#}")),
-                db,
-            )))
+            let state = store.data_mut();
+            let db = state.db.take();
+            let err = if state.memory.node_refused {
+                RuntimeError::Store(wasmkeep_store::StoreError::NodeMemoryExhausted {
+                    limit: wasmkeep_store::memory_budget::node_bytes_max(),
+                })
+            } else {
+                RuntimeError::Internal(format!("instantiate: {e:#}"))
+            };
+            Err(Box::new((err, db)))
         }
     }
 }
@@ -378,12 +408,34 @@ fn load(
             };
             let dir = paths::actor_dir(&rt.config.data_dir, id);
             match ActorDb::open(&dir, &app.store_limits, mode)? {
-                Some(db) => db,
+                Some(db) => {
+                    db.set_stop_flag(Arc::clone(&rt.stopping));
+                    db
+                }
                 None => return Ok(false),
             }
         }
     };
     rt.make_room(id);
+    let failed = match instantiate(rt, app, id, db) {
+        Ok(l) => {
+            *slot = Some(l);
+            return Ok(true);
+        }
+        Err(failed) => failed,
+    };
+    let (err, db) = *failed;
+    let (RuntimeError::Store(StoreError::NodeMemoryExhausted { .. }), Some(db)) = (&err, db)
+    else {
+        return Err(err);
+    };
+    // Tenants' memory is full. Idle instances hold most of it (an actor
+    // that grew its memory and went quiet keeps it until it is closed):
+    // close the least recently used ones and try once more, so that one
+    // tenant's idle actors cannot keep every other actor from opening.
+    if rt.evict_for_memory(id) == 0 {
+        return Err(err);
+    }
     match instantiate(rt, app, id, db) {
         Ok(l) => {
             *slot = Some(l);
@@ -396,6 +448,11 @@ fn load(
 fn trap_error(e: wasmtime::Error, state: &mut HostState, cpu_ms_max: u64) -> RuntimeError {
     if let Some(wasmtime::Trap::Interrupt) = e.downcast_ref::<wasmtime::Trap>() {
         return RuntimeError::CpuTimeExceeded { limit: cpu_ms_max };
+    }
+    if state.memory.node_refused {
+        return RuntimeError::Store(wasmkeep_store::StoreError::NodeMemoryExhausted {
+            limit: wasmkeep_store::memory_budget::node_bytes_max(),
+        });
     }
     if state.memory.exceeded {
         return RuntimeError::MemoryExceeded {
@@ -410,10 +467,17 @@ fn trap_error(e: wasmtime::Error, state: &mut HostState, cpu_ms_max: u64) -> Run
 
 /// Prepares the instance's per-event state before calling into it.
 fn enter(l: &mut Loaded) {
-    let cpu = epoch_ticks(l.app.event_cpu_ms_max);
-    l.store.set_epoch_deadline(cpu);
+    let cpu_ms = l.app.event_cpu_ms_max;
+    l.store.set_epoch_deadline(epoch_ticks(cpu_ms));
     let s = l.store.data_mut();
+    // The guest's statements stop at the same deadline as its code: the
+    // wasm deadline cannot interrupt a host call into SQLite.
+    if let Some(db) = &s.db {
+        db.set_deadline(Some(Instant::now() + std::time::Duration::from_millis(cpu_ms)));
+    }
+    s.sql_stopped = None;
     s.memory.exceeded = false;
+    s.memory.node_refused = false;
     s.panic_message = None;
     s.poison = None;
     s.in_alarm = false;
@@ -448,6 +512,23 @@ fn finish_call<T>(
     r: wasmtime::Result<Result<T, host::WitError>>,
 ) -> Result<T, RuntimeError> {
     let cpu = l.app.event_cpu_ms_max;
+    let s = l.store.data_mut();
+    let dropped = s.log_budget.finish_call(&s.id);
+    l.metrics
+        .guest_log_lines_dropped_total
+        .fetch_add(dropped, Ordering::Relaxed);
+    if let Some(stop) = l.store.data_mut().sql_stopped.take() {
+        // A statement was stopped at the deadline (or by the node
+        // stopping): the event fails for it even if the guest swallowed
+        // the error and went on.
+        if r.is_err() {
+            l.bindings = None;
+        }
+        return Err(match stop {
+            host::SqlStopped::Deadline => RuntimeError::CpuTimeExceeded { limit: cpu },
+            host::SqlStopped::Stopping => RuntimeError::ShuttingDown,
+        });
+    }
     match r {
         Ok(Ok(v)) => match l.store.data_mut().poison.take() {
             Some(e) => Err(RuntimeError::Guest {
@@ -822,6 +903,9 @@ fn run_batch(rt: &Arc<Inner>, actor: &Arc<Actor>, slot: &mut Option<Loaded>, eve
             started,
             replicated,
         });
+        if Faults::take(&rt.faults.panic_in_batch) {
+            panic!("injected panic in a batch (test fault)");
+        }
         let l = slot.as_mut().expect("loaded");
         if !l.db().in_transaction() {
             // SQLite rolled the whole batch back after an error (a full

@@ -5,17 +5,31 @@
 //! <data>/apps/<tenant>/<app>/<hash>.wasm      the component as deployed
 //! <data>/apps/<tenant>/<app>/<hash>.toml      its manifest (may be empty)
 //! <compile cache>/<hash>-<engine>.cwasm       compiled code (default <data>/cache)
+//! <compile cache>/<hash>-<engine>.cwasm.<key id>.mac   its tag (`compile_cache`)
 //! ```
 //!
 //! A deploy is checked completely (a WebAssembly component, of the
 //! `wasmkeep:actor` world, whose imports the node provides, with valid class
-//! names) before anything is written, so a bad deploy leaves the app that
-//! was deployed as it was.
+//! names, and a manifest within the node's ceilings) before anything is
+//! written, so a bad deploy leaves the app that was deployed as it was.
+//!
+//! Components are hostile input. What bounds them here: their size
+//! (`component_bytes_max`), the wall time of their compilation
+//! (`component_compile_ms_max`, on a thread of its own; see `compile`), at
+//! most `COMPILES_RUNNING_MAX` compilations at once, each on one thread,
+//! and what wasmtime checks when it compiles (the pool's limits on core
+//! instances, memories and tables per component, a table's elements, the
+//! size of an instance's metadata). The memory a compilation takes is
+//! bounded only through the component's size and wasmparser's own limits
+//! (a function body of at most 7,654,321 bytes, at most 50,000 locals).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::time::{Duration, Instant};
 
+use parking_lot::{Condvar, Mutex};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use wasmkeep_store::StoreLimits;
@@ -24,10 +38,18 @@ use wasmtime::component::{Component, Linker};
 use wasmtime::{Engine, Store};
 
 use crate::clock::Clock;
+use crate::compile_cache::{ARTIFACT_BYTES_PER_COMPONENT_BYTE_MAX, CacheKey};
 use crate::config::RuntimeConfig;
 use crate::error::RuntimeError;
 use crate::host::{ActorPre, HostState};
+use crate::log_budget::LogBudget;
+use crate::metrics::Metrics;
 use crate::warm::ClassStatements;
+
+/// Compilations that may run at once, abandoned ones (past their deadline,
+/// still running) included. Each runs on one thread, so this bounds the
+/// cores that hostile components can keep busy compiling.
+pub const COMPILES_RUNNING_MAX: usize = 2;
 
 /// An app's settings, from the optional TOML manifest given at deploy.
 ///
@@ -75,6 +97,8 @@ pub struct AlarmPolicy {
 }
 
 /// Per-app overrides of the node's limits; unset fields keep the node's.
+/// The node's `app_limit_ceilings` has the same shape: the highest value
+/// each may be given.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AppLimits {
@@ -165,6 +189,156 @@ fn check_binary(bytes: &[u8]) -> Result<(), RuntimeError> {
     Ok(())
 }
 
+/// What a deploy does with a manifest limit above the node's ceiling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OverCeiling {
+    /// Refuse the deploy (`limit_above_node_ceiling`): a new deploy.
+    Refuse,
+    /// Use the ceiling instead, with a warning: an app deployed before the
+    /// ceiling was lowered, loaded at start-up. Refusing to load it would
+    /// take a working app down for a change of the node's settings; the
+    /// operator lowered the ceiling to bound every app, and this does.
+    Clamp,
+}
+
+/// One manifest limit within its node ceiling. `ceiling` unset, or below
+/// the node's own setting, is the node's setting.
+fn within_ceiling(
+    field: &'static str,
+    value: Option<u64>,
+    node: u64,
+    ceiling: Option<u64>,
+    over: OverCeiling,
+    app: &str,
+) -> Result<u64, RuntimeError> {
+    let ceiling = ceiling.unwrap_or(node).max(node);
+    let Some(value) = value else {
+        return Ok(node);
+    };
+    if value <= ceiling {
+        return Ok(value);
+    }
+    match over {
+        OverCeiling::Refuse => Err(RuntimeError::LimitAboveCeiling {
+            field,
+            value,
+            ceiling,
+        }),
+        OverCeiling::Clamp => {
+            tracing::warn!(%app, field, value, ceiling, "the app's manifest sets a limit above this node's ceiling (lowered since the deploy): the app gets the ceiling");
+            Ok(ceiling)
+        }
+    }
+}
+
+/// An app's store limits and CPU limit: its manifest's, each within the
+/// node's ceiling, or the node's own. Every field of `AppLimits` is
+/// checked here; the page size has no ceiling (SQLite's range bounds it,
+/// and SQLite's cache is sized in bytes, not pages), nor does
+/// `[alarms] retries_max` (it only ever lowers the node's default, which
+/// retries for ever).
+fn app_limits(
+    manifest: &AppManifest,
+    config: &RuntimeConfig,
+    over: OverCeiling,
+    app: &str,
+) -> Result<(StoreLimits, u64), RuntimeError> {
+    let (m, c, base) = (&manifest.limits, &config.app_limit_ceilings, &config.store);
+    let wide = |v: usize| v as u64;
+    let narrow = |v: u64| usize::try_from(v).unwrap_or(usize::MAX);
+    let pick = |field, value, node, ceiling| within_ceiling(field, value, node, ceiling, over, app);
+    let store = StoreLimits {
+        value_bytes_max: narrow(pick(
+            "value_bytes_max",
+            m.value_bytes_max.map(wide),
+            wide(base.value_bytes_max),
+            c.value_bytes_max.map(wide),
+        )?),
+        sql_bytes_max: narrow(pick(
+            "sql_bytes_max",
+            m.sql_bytes_max.map(wide),
+            wide(base.sql_bytes_max),
+            c.sql_bytes_max.map(wide),
+        )?),
+        sql_params_max: narrow(pick(
+            "sql_params_max",
+            m.sql_params_max.map(wide),
+            wide(base.sql_params_max),
+            c.sql_params_max.map(wide),
+        )?),
+        key_bytes_max: narrow(pick(
+            "key_bytes_max",
+            m.key_bytes_max.map(wide),
+            wide(base.key_bytes_max),
+            c.key_bytes_max.map(wide),
+        )?),
+        database_bytes_max: pick(
+            "database_bytes_max",
+            m.database_bytes_max,
+            base.database_bytes_max,
+            c.database_bytes_max,
+        )?,
+        kv_list_entries_max: u32::try_from(pick(
+            "kv_list_entries_max",
+            m.kv_list_entries_max.map(u64::from),
+            u64::from(base.kv_list_entries_max),
+            c.kv_list_entries_max.map(u64::from),
+        )?)
+        .unwrap_or(u32::MAX),
+        page_bytes: manifest
+            .storage
+            .sqlite_page_bytes
+            .unwrap_or(base.page_bytes),
+        // What no manifest may set stays the node's.
+        ..base.clone()
+    };
+    let event_cpu_ms_max = pick(
+        "event_cpu_ms_max",
+        m.event_cpu_ms_max,
+        config.event_cpu_ms_max,
+        c.event_cpu_ms_max,
+    )?;
+    Ok((store, event_cpu_ms_max))
+}
+
+/// Places for compilations (`COMPILES_RUNNING_MAX`), shared by a node's
+/// deploys and start-up.
+#[derive(Default)]
+pub struct CompileSlots {
+    running: Mutex<usize>,
+    freed: Condvar,
+}
+
+/// One place, given back when the compilation ends (not when its deploy
+/// stops waiting for it).
+struct CompileSlot(Arc<CompileSlots>);
+
+impl CompileSlots {
+    /// Waits for a place until `deadline`.
+    fn acquire(self: &Arc<Self>, deadline: Instant) -> Result<CompileSlot, RuntimeError> {
+        let mut running = self.running.lock();
+        while *running >= COMPILES_RUNNING_MAX {
+            if self.freed.wait_until(&mut running, deadline).timed_out()
+                && *running >= COMPILES_RUNNING_MAX
+            {
+                return Err(RuntimeError::CompileBusy {
+                    running: *running,
+                    limit: COMPILES_RUNNING_MAX,
+                });
+            }
+        }
+        *running += 1;
+        Ok(CompileSlot(Arc::clone(self)))
+    }
+}
+
+impl Drop for CompileSlot {
+    fn drop(&mut self) {
+        *self.0.running.lock() -= 1;
+        self.0.freed.notify_one();
+    }
+}
+
 /// Everything needed to compile and check components.
 pub struct Compiler<'a> {
     pub engine: &'a Engine,
@@ -172,49 +346,145 @@ pub struct Compiler<'a> {
     pub config: &'a RuntimeConfig,
     pub clock: Arc<dyn Clock>,
     pub cache_dir: PathBuf,
+    /// `None` when the node has no usable key: nothing is loaded from the
+    /// cache or written to it.
+    pub cache_key: Option<&'a CacheKey>,
+    pub compiles: &'a Arc<CompileSlots>,
+    pub metrics: &'a Metrics,
+    /// Unsafe, for its test only: cached code is loaded unchecked.
+    pub unsafe_trust_cache: bool,
 }
 
 impl Compiler<'_> {
-    fn cwasm_path(&self, hash: &str) -> PathBuf {
+    /// Where a component's compiled code is cached, and the engine
+    /// settings' hash that its name and tag carry.
+    fn cwasm_path(&self, hash: &str) -> (PathBuf, u64) {
         // The engine's settings are part of the name, so nodes with other
         // settings never load each other's code.
         let mut h = std::collections::hash_map::DefaultHasher::new();
         std::hash::Hash::hash(&self.engine.precompile_compatibility_hash(), &mut h);
         let engine = std::hash::Hasher::finish(&h);
-        self.cache_dir.join(format!("{hash}-{engine:016x}.cwasm"))
+        (
+            self.cache_dir.join(format!("{hash}-{engine:016x}.cwasm")),
+            engine,
+        )
     }
 
-    /// Compiles (or loads compiled code for) a component.
+    /// Compiles (or loads verified compiled code for) a component.
     fn component(&self, bytes: &[u8], hash: &str) -> Result<Component, RuntimeError> {
-        let cached = self.cwasm_path(hash);
-        if cached.exists() {
-            // SAFETY: the file was written by `Component::serialize` of an
-            // engine with the same settings, into a folder only this node
-            // writes; wasmtime checks the settings again on load.
-            match unsafe { Component::deserialize_file(self.engine, &cached) } {
-                Ok(c) => return Ok(c),
-                Err(e) => tracing::warn!(path = %cached.display(), error = %e, "recompiling"),
+        let (cached, engine) = self.cwasm_path(hash);
+        if let Some(c) = self.load_cached(&cached, hash, engine) {
+            return Ok(c);
+        }
+        let component = self.compile(bytes)?;
+        if let Some(key) = self.cache_key
+            && let Ok(code) = component.serialize()
+        {
+            let written = std::fs::create_dir_all(&self.cache_dir)
+                .and_then(|()| key.write(&cached, hash, engine, &code));
+            if let Err(e) = written {
+                tracing::warn!(path = %cached.display(), error = %e, "could not cache compiled code");
             }
         }
-        let component = Component::new(self.engine, bytes)
-            .map_err(|e| RuntimeError::InvalidComponent(format!("does not compile: {e:#}")))?;
-        if let Ok(code) = component.serialize() {
-            let _ = std::fs::create_dir_all(&self.cache_dir);
-            let tmp = cached.with_extension(format!("tmp{}", std::process::id()));
-            if std::fs::write(&tmp, code).is_ok() {
-                let _ = std::fs::rename(&tmp, &cached);
-            }
-        }
-        // Compiling took megabytes that neither this thread nor the ones
-        // wasmtime compiled functions on in parallel (rayon's) need any
-        // more; each thread's allocator keeps what that thread freed.
-        wasmkeep_store::sqlite_setup::release_free_memory();
-        rayon::broadcast(|_| wasmkeep_store::sqlite_setup::release_free_memory());
         Ok(component)
     }
 
+    /// Compiled code from the cache, if its tag says this node's key wrote
+    /// it for this component and engine.
+    fn load_cached(&self, path: &Path, hash: &str, engine: u64) -> Option<Component> {
+        let key = self.cache_key?;
+        let bytes_max = (self.config.component_bytes_max as u64)
+            .saturating_mul(ARTIFACT_BYTES_PER_COMPONENT_BYTE_MAX);
+        let checked = if self.unsafe_trust_cache {
+            // The mutation the cache's test kills: no tag is checked.
+            Ok(std::fs::read(path).ok())
+        } else {
+            key.read_verified(path, hash, engine, bytes_max)
+        };
+        let code = match checked {
+            Ok(Some(code)) => code,
+            Ok(None) => return None,
+            Err(why) => {
+                Metrics::inc(&self.metrics.compile_cache_rejected_total);
+                tracing::warn!(path = %path.display(), %why, "compiled code in the cache failed its check: compiling again");
+                return None;
+            }
+        };
+        // SAFETY: `deserialize` runs these bytes as machine code, so they
+        // must be what `Component::serialize` wrote for this component on
+        // an engine with these settings. They are: the tag over exactly
+        // this buffer (not the file, which may have changed since) was
+        // made with this node's secret key over the component's hash, the
+        // engine settings' hash and the bytes, and only `component` makes
+        // tags, right after serializing what it compiled. wasmtime checks
+        // the engine settings again.
+        match unsafe { Component::deserialize(self.engine, &code) } {
+            Ok(c) => Some(c),
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "compiled code in the cache does not load: compiling again");
+                None
+            }
+        }
+    }
+
+    /// Compiles on a thread of its own and waits at most
+    /// `component_compile_ms_max` for it, the wait for a free place
+    /// included. wasmtime cannot cancel a compilation: past the deadline
+    /// the deploy is answered (`compile_timeout`) and the node goes on
+    /// serving, while the compilation runs to its end on its thread,
+    /// holding its place, and its result is dropped. Nothing late is
+    /// cached, so deploying the same component again is refused again.
+    fn compile(&self, bytes: &[u8]) -> Result<Component, RuntimeError> {
+        let limit = self.config.component_compile_ms_max;
+        let deadline = Instant::now() + Duration::from_millis(limit);
+        let slot = self.compiles.acquire(deadline)?;
+        let (tx, rx) = mpsc::sync_channel(1);
+        let engine = self.engine.clone();
+        let bytes = bytes.to_vec();
+        std::thread::Builder::new()
+            .name("wasmkeep-compile".into())
+            .spawn(move || {
+                let _slot = slot;
+                let compiled = Component::new(&engine, &bytes).map_err(|e| format!("{e:#}"));
+                let _ = tx.send(compiled);
+                // Compiling took megabytes that this thread's allocator
+                // would otherwise keep.
+                wasmkeep_store::sqlite_setup::release_free_memory();
+            })
+            .map_err(|e| RuntimeError::Internal(format!("could not start a compilation: {e}")))?;
+        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(Ok(component)) => Ok(component),
+            Ok(Err(e)) => Err(self.compile_error(e)),
+            Err(RecvTimeoutError::Timeout) => {
+                tracing::warn!(
+                    limit_ms = limit,
+                    "a compilation ran past component_compile_ms_max: deploy refused, the compilation runs on to its end"
+                );
+                Err(RuntimeError::CompileTimeout { limit })
+            }
+            Err(RecvTimeoutError::Disconnected) => Err(RuntimeError::InvalidComponent(
+                "the compiler failed on it (it panicked; the node's log has the panic)".into(),
+            )),
+        }
+    }
+
+    /// Names the node's settings when the component needs more than the
+    /// instance pool gives one component.
+    fn compile_error(&self, e: String) -> RuntimeError {
+        let c = self.config;
+        if e.contains("pooling allocator") {
+            RuntimeError::InvalidComponent(format!(
+                "it needs more than this node gives one component (component_core_instances_max={}, component_memories_max={}, component_tables_max={}, one memory and one table per core module): {e}",
+                c.component_core_instances_max, c.component_memories_max, c.component_tables_max
+            ))
+        } else {
+            RuntimeError::InvalidComponent(format!("does not compile: {e}"))
+        }
+    }
+
     /// Checks and compiles a component for `tenant/app`, without writing
-    /// anything but compiled code to the cache.
+    /// anything but compiled code to the cache. `over` says what a
+    /// manifest limit above the node's ceiling does.
     pub fn build(
         &self,
         tenant: &str,
@@ -222,6 +492,7 @@ impl Compiler<'_> {
         bytes: &[u8],
         manifest_text: &str,
         version: u64,
+        over: OverCeiling,
     ) -> Result<App, RuntimeError> {
         validate_segment("tenant", tenant)?;
         validate_segment("app", app)?;
@@ -233,6 +504,9 @@ impl Compiler<'_> {
         }
         check_binary(bytes)?;
         let manifest = AppManifest::parse(manifest_text)?;
+        // Before compiling: a refused manifest costs no compilation.
+        let (store_limits, event_cpu_ms_max) =
+            app_limits(&manifest, self.config, over, &format!("{tenant}/{app}"))?;
         let hash = hex::encode(Sha256::digest(bytes));
         let component = self.component(bytes, &hash)?;
         let pre = self.linker.instantiate_pre(&component).map_err(|e| {
@@ -246,32 +520,13 @@ impl Compiler<'_> {
             ))
         })?;
         let classes = self.ask_classes(&pre, tenant, app)?;
-        let limits = &manifest.limits;
-        let base = &self.config.store;
-        let store_limits = StoreLimits {
-            value_bytes_max: limits.value_bytes_max.unwrap_or(base.value_bytes_max),
-            sql_bytes_max: limits.sql_bytes_max.unwrap_or(base.sql_bytes_max),
-            sql_params_max: limits.sql_params_max.unwrap_or(base.sql_params_max),
-            key_bytes_max: limits.key_bytes_max.unwrap_or(base.key_bytes_max),
-            database_bytes_max: limits.database_bytes_max.unwrap_or(base.database_bytes_max),
-            kv_list_entries_max: limits
-                .kv_list_entries_max
-                .unwrap_or(base.kv_list_entries_max),
-            query_result_bytes_max: base.query_result_bytes_max,
-            page_bytes: manifest
-                .storage
-                .sqlite_page_bytes
-                .unwrap_or(base.page_bytes),
-        };
         Ok(App {
             tenant: tenant.to_owned(),
             name: app.to_owned(),
             hash,
             alarm_statements: ClassStatements::new(&classes),
             classes,
-            event_cpu_ms_max: limits
-                .event_cpu_ms_max
-                .unwrap_or(self.config.event_cpu_ms_max),
+            event_cpu_ms_max,
             manifest,
             pre,
             version,
@@ -293,11 +548,15 @@ impl Compiler<'_> {
             class: "-".into(),
             name: "-".into(),
         };
-        let state = HostState::new(
+        let mut state = HostState::new(
             None,
             id,
             Arc::clone(&self.clock),
             self.config.instance_memory_bytes_max,
+        );
+        state.log_budget = LogBudget::new(
+            self.config.event_log_lines_max,
+            self.config.event_log_bytes_max,
         );
         let mut store = Store::new(self.engine, state);
         store.limiter(|s| &mut s.memory);
@@ -305,9 +564,10 @@ impl Compiler<'_> {
         let bindings = pre.instantiate(&mut store).map_err(|e| {
             RuntimeError::InvalidComponent(format!("it does not instantiate: {e:#}"))
         })?;
-        let classes = bindings
-            .wasmkeep_actor_handler()
-            .call_classes(&mut store)
+        let classes = bindings.wasmkeep_actor_handler().call_classes(&mut store);
+        let s = store.data_mut();
+        s.log_budget.finish_call(&s.id);
+        let classes = classes
             .map_err(|e| RuntimeError::InvalidComponent(format!("classes() failed: {e:#}")))?;
         if classes.is_empty() {
             return Err(RuntimeError::InvalidComponent(
@@ -404,6 +664,64 @@ mod tests {
         let e = check_binary(core).unwrap_err();
         assert!(e.to_string().contains("core WebAssembly module"), "{e}");
         assert!(check_binary(b"\0asm\x0d\0\x01\0").is_ok());
+    }
+
+    #[test]
+    fn every_manifest_limit_above_its_node_ceiling_is_refused_by_name() {
+        let node = RuntimeConfig::new("/nonexistent");
+        let s = &node.store;
+        // Exhaustive on purpose: a new field of `AppLimits` does not compile
+        // here until it has a ceiling in `app_limits` and a value below.
+        let one_above = AppLimits {
+            value_bytes_max: Some(s.value_bytes_max + 1),
+            sql_bytes_max: Some(s.sql_bytes_max + 1),
+            sql_params_max: Some(s.sql_params_max + 1),
+            key_bytes_max: Some(s.key_bytes_max + 1),
+            database_bytes_max: Some(s.database_bytes_max + 1),
+            kv_list_entries_max: Some(s.kv_list_entries_max + 1),
+            event_cpu_ms_max: Some(node.event_cpu_ms_max + 1),
+        };
+        let text = toml::to_string(&one_above).unwrap();
+        assert_eq!(text.lines().count(), 7, "{text}");
+        for line in text.lines() {
+            let field = line.split(" = ").next().unwrap();
+            let manifest = AppManifest::parse(&format!("[limits]\n{line}\n")).unwrap();
+            match app_limits(&manifest, &node, OverCeiling::Refuse, "t/a") {
+                Err(e @ RuntimeError::LimitAboveCeiling { .. }) => {
+                    assert_eq!(e.code(), "limit_above_node_ceiling");
+                    let says = e.to_string();
+                    assert!(says.contains(&format!("field=limits.{field} ")), "{says}");
+                    assert!(
+                        says.contains(&format!("app_limit_ceilings.{field}")),
+                        "{says}"
+                    );
+                }
+                other => panic!("{line}: {other:?}"),
+            }
+            // An app deployed before the ceiling came down gets the ceiling.
+            let clamped = app_limits(&manifest, &node, OverCeiling::Clamp, "t/a").unwrap();
+            assert_eq!(clamped, (s.clone(), node.event_cpu_ms_max), "{line}");
+        }
+    }
+
+    #[test]
+    fn manifests_may_lower_limits_and_raise_them_up_to_a_ceiling() {
+        let mut node = RuntimeConfig::new("/nonexistent");
+        let m = AppManifest::parse("[limits]\nevent_cpu_ms_max = 60000\nvalue_bytes_max = 1024\n")
+            .unwrap();
+        let e = app_limits(&m, &node, OverCeiling::Refuse, "t/a").unwrap_err();
+        assert!(
+            e.to_string()
+                .ends_with("field=limits.event_cpu_ms_max value=60000 ceiling=30000"),
+            "{e}"
+        );
+        node.app_limit_ceilings.event_cpu_ms_max = Some(120_000);
+        let (store, cpu) = app_limits(&m, &node, OverCeiling::Refuse, "t/a").unwrap();
+        assert_eq!((store.value_bytes_max, cpu), (1024, 60_000));
+        // A ceiling below the node's own setting counts as the setting.
+        node.app_limit_ceilings.event_cpu_ms_max = Some(10);
+        let m = AppManifest::parse("[limits]\nevent_cpu_ms_max = 30000\n").unwrap();
+        assert!(app_limits(&m, &node, OverCeiling::Refuse, "t/a").is_ok());
     }
 
     #[test]

@@ -9,6 +9,13 @@ use serde::{Deserialize, Serialize};
 use wasmkeep_replica::{Bucket, ReplicaConfig};
 use wasmkeep_store::StoreLimits;
 
+use crate::app::AppLimits;
+
+/// Default of `event_log_lines_max`.
+pub const EVENT_LOG_LINES_MAX: u32 = 1000;
+/// Default of `event_log_bytes_max`.
+pub const EVENT_LOG_BYTES_MAX: usize = 256 * 1024;
+
 /// When a response may leave, relative to the disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
@@ -30,7 +37,8 @@ pub struct RuntimeConfig {
     pub durability: Durability,
     /// Wall time one event may run before it is interrupted.
     pub event_cpu_ms_max: u64,
-    /// Linear memory one instance may grow to.
+    /// Memory one instance may grow to: all its linear memories and tables
+    /// together.
     pub instance_memory_bytes_max: usize,
     /// Instances alive at once; past it the least recently used idle actor
     /// is closed to make room (a request never fails for it).
@@ -39,12 +47,38 @@ pub struct RuntimeConfig {
     pub actor_idle_ms: u64,
     /// Events waiting for one actor; past it requests get `actor_overloaded`.
     pub actor_queue_events_max: usize,
+    /// Bytes of requests (bodies, paths, headers) waiting for one actor;
+    /// past it requests get `actor_overloaded`.
+    pub actor_queue_bytes_max: u64,
+    /// Bytes of requests waiting for all actors of the node together;
+    /// past it requests get `node_overloaded`.
+    pub node_queue_bytes_max: u64,
+    /// Memory all tenants together may make the node hold: guests' linear
+    /// memories and tables plus SQLite's heap. Past it a guest's memory
+    /// stops growing (`memory_exceeded`) and a guest's statement fails
+    /// (`node_memory_exhausted`).
+    pub node_memory_bytes_max: u64,
     /// Events of one actor that share one transaction.
     pub batch_events_max: usize,
     /// Worker threads running events (0: one per core, at least 2).
     pub workers: usize,
     /// Largest component a deploy accepts.
     pub component_bytes_max: usize,
+    /// Wall time compiling one component may take before its deploy is
+    /// refused (`compile_timeout`). The compilation itself cannot be
+    /// cancelled: it runs on to its end on its own thread, holding one of
+    /// `app::COMPILES_RUNNING_MAX` places, and its result is dropped.
+    pub component_compile_ms_max: u64,
+    /// Core instances, linear memories and tables one component may
+    /// contain; checked when it is compiled (a deploy past them is
+    /// refused), and they size the instance pool with `instances_max`.
+    pub component_core_instances_max: u32,
+    pub component_memories_max: u32,
+    pub component_tables_max: u32,
+    /// Log lines, and bytes of them, one call into a guest may write; past
+    /// either, its further lines are dropped and one line says how many.
+    pub event_log_lines_max: u32,
+    pub event_log_bytes_max: usize,
     /// Largest response body a guest may return.
     pub response_body_bytes_max: usize,
     /// Longest wait between retries of a failing alarm (ADR 0009).
@@ -61,12 +95,24 @@ pub struct RuntimeConfig {
     /// (ADR 0030).
     pub alarm_rehearse: bool,
     /// Limits of each actor's database (an app's manifest may override
-    /// them: deploying is an operator's act).
+    /// them, up to `app_limit_ceilings`).
     pub store: StoreLimits,
+    /// The highest value an app's manifest may give each of its `[limits]`;
+    /// an unset one (the default) is the node's own setting, so manifests
+    /// may only lower it. A ceiling below the node's setting counts as the
+    /// node's setting. A deploy above a ceiling is refused
+    /// (`limit_above_node_ceiling`); an app deployed before a ceiling was
+    /// lowered is clamped to it at start-up, with a warning.
+    pub app_limit_ceilings: AppLimits,
     /// Where compiled components are cached (default: `<data>/cache`).
     /// Entries are named by component hash and engine settings, so nodes
     /// and tests may share one folder.
     pub compile_cache_dir: Option<PathBuf>,
+    /// The secret that tags compiled components in the cache (default:
+    /// `<data>/compile-cache.key`, or `WASMKEEP_COMPILE_CACHE_KEY`); only
+    /// code tagged with it is loaded. Nodes sharing a cache folder share
+    /// compiled code only if they share this key.
+    pub compile_cache_key_path: Option<PathBuf>,
     /// Where every actor's database is replicated (ADR 0007); `None`: the
     /// node is purely local.
     pub bucket: Option<Bucket>,
@@ -84,9 +130,18 @@ impl RuntimeConfig {
             instances_max: 2048,
             actor_idle_ms: 60_000,
             actor_queue_events_max: 1000,
+            actor_queue_bytes_max: 64 * 1024 * 1024,
+            node_queue_bytes_max: 1024 * 1024 * 1024,
+            node_memory_bytes_max: 8 * 1024 * 1024 * 1024,
             batch_events_max: 256,
             workers: 0,
             component_bytes_max: 64 * 1024 * 1024,
+            component_compile_ms_max: 60_000,
+            component_core_instances_max: 8,
+            component_memories_max: 2,
+            component_tables_max: 4,
+            event_log_lines_max: EVENT_LOG_LINES_MAX,
+            event_log_bytes_max: EVENT_LOG_BYTES_MAX,
             response_body_bytes_max: 32 * 1024 * 1024,
             alarm_retry_max_ms: 300_000,
             alarm_retry_first_ms: 1_000,
@@ -94,7 +149,9 @@ impl RuntimeConfig {
             alarm_fire_batch_max: 4096,
             alarm_rehearse: true,
             store: StoreLimits::default(),
+            app_limit_ceilings: AppLimits::default(),
             compile_cache_dir: None,
+            compile_cache_key_path: None,
             bucket: None,
             replica: ReplicaConfig::default(),
         }

@@ -19,12 +19,37 @@ pub enum RuntimeError {
         "actor overloaded: {queued} events queued, limit actor_queue_events_max={limit}; retry later"
     )]
     ActorOverloaded { queued: usize, limit: usize },
+    #[error(
+        "{scope} overloaded: {queued} bytes of requests queued, limit {limit_name}={limit}; retry later"
+    )]
+    QueueBytesExceeded {
+        scope: &'static str,
+        limit_name: &'static str,
+        queued: u64,
+        limit: u64,
+    },
     #[error("invalid component: {0}")]
     InvalidComponent(String),
     #[error("component too large: size={size} limit component_bytes_max={limit}")]
     ComponentTooLarge { size: usize, limit: usize },
     #[error("invalid manifest: {0}")]
     InvalidManifest(String),
+    #[error(
+        "limit above node ceiling (an operator may raise it with `app_limit_ceilings.{field}`): field=limits.{field} value={value} ceiling={ceiling}"
+    )]
+    LimitAboveCeiling {
+        field: &'static str,
+        value: u64,
+        ceiling: u64,
+    },
+    #[error(
+        "compiling the component took too long; it was abandoned: limit component_compile_ms_max={limit}"
+    )]
+    CompileTimeout { limit: u64 },
+    #[error(
+        "too many compilations running (some may be abandoned ones finishing): running={running} limit={limit}; retry later"
+    )]
+    CompileBusy { running: usize, limit: usize },
     #[error("the actor failed: {code}: {message}")]
     Guest { code: String, message: String },
     #[error("the actor trapped: {0}")]
@@ -64,9 +89,13 @@ impl RuntimeError {
             RuntimeError::ClassNotFound { .. } => "class_not_found".into(),
             RuntimeError::ActorNotFound(_) => "actor_not_found".into(),
             RuntimeError::ActorOverloaded { .. } => "actor_overloaded".into(),
+            RuntimeError::QueueBytesExceeded { scope, .. } => format!("{scope}_overloaded"),
             RuntimeError::InvalidComponent(_) => "invalid_component".into(),
             RuntimeError::ComponentTooLarge { .. } => "component_too_large".into(),
             RuntimeError::InvalidManifest(_) => "invalid_manifest".into(),
+            RuntimeError::LimitAboveCeiling { .. } => "limit_above_node_ceiling".into(),
+            RuntimeError::CompileTimeout { .. } => "compile_timeout".into(),
+            RuntimeError::CompileBusy { .. } => "compile_busy".into(),
             RuntimeError::Guest { code, .. } => {
                 // Codes the host itself handed to the guest keep their
                 // meaning when the guest passes them on.
@@ -94,6 +123,9 @@ impl RuntimeError {
         matches!(
             self,
             RuntimeError::ActorOverloaded { .. }
+                | RuntimeError::QueueBytesExceeded { .. }
+                | RuntimeError::CompileBusy { .. }
+                | RuntimeError::Store(StoreError::NodeMemoryExhausted { .. })
                 | RuntimeError::ShuttingDown
                 | RuntimeError::TransactionAborted
                 | RuntimeError::ReplicationFailed(_)
@@ -111,6 +143,8 @@ fn is_store_code(code: &str) -> bool {
             | "result_too_large"
             | "database_full"
             | "forbidden"
+            | "memory_exceeded"
+            | "temp_storage_exceeded"
             | "sql_error"
             | "invalid_argument"
             | "storage_error"

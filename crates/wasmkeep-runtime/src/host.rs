@@ -7,12 +7,13 @@
 
 use std::sync::Arc;
 
-use wasmkeep_store::{ActorDb, ActorId, AlarmState, StoreError};
+use wasmkeep_store::{ActorDb, ActorId, AlarmState, StoreError, memory_budget};
 use wasmtime::ResourceLimiter;
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use crate::clock::Clock;
+use crate::log_budget::LogBudget;
 use crate::warm::AlarmStatements;
 
 wasmtime::component::bindgen!({
@@ -37,35 +38,84 @@ pub enum AlarmOp {
     Cleared,
 }
 
-/// Caps an instance's linear memory and remembers that it tried to grow
-/// past it, so the trap that follows is reported as what it is.
+/// What the runtime counts a table element as, in bytes (a reference).
+pub const TABLE_ELEMENT_BYTES: usize = 8;
+
+/// Caps what an instance holds in memory: all its linear memories and
+/// tables together (a component may have several of each), within the
+/// instance's own bound and the node's budget for all tenants
+/// (`memory_budget`), and remembers that it tried to grow past either, so
+/// the trap that follows is reported as what it is.
 pub struct MemoryCap {
     pub bytes_max: usize,
     pub exceeded: bool,
+    /// The refusal came from the node's budget, not the instance's bound.
+    pub node_refused: bool,
+    /// Bytes of all memories and tables, as grown so far; reserved in the
+    /// node's budget until the instance is dropped.
+    pub held: usize,
+}
+
+impl MemoryCap {
+    pub fn new(bytes_max: usize) -> MemoryCap {
+        MemoryCap {
+            bytes_max,
+            exceeded: false,
+            node_refused: false,
+            held: 0,
+        }
+    }
+
+    fn grow(&mut self, more: usize) -> bool {
+        let total = self.held.saturating_add(more);
+        if total > self.bytes_max {
+            self.exceeded = true;
+            return false;
+        }
+        if !memory_budget::reserve_guest(more as u64) {
+            self.exceeded = true;
+            self.node_refused = true;
+            return false;
+        }
+        self.held = total;
+        true
+    }
+}
+
+impl Drop for MemoryCap {
+    fn drop(&mut self) {
+        memory_budget::release_guest(self.held as u64);
+    }
 }
 
 impl ResourceLimiter for MemoryCap {
     fn memory_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        if desired > self.bytes_max {
-            self.exceeded = true;
-            return Ok(false);
-        }
-        Ok(true)
+        Ok(self.grow(desired.saturating_sub(current)))
     }
 
     fn table_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        Ok(desired <= 1_000_000)
+        let more = desired.saturating_sub(current);
+        Ok(self.grow(more.saturating_mul(TABLE_ELEMENT_BYTES)))
     }
+}
+
+/// Why a guest statement was stopped in this event (see `sql_stopped`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SqlStopped {
+    /// The event's deadline passed.
+    Deadline,
+    /// The node is stopping.
+    Stopping,
 }
 
 /// The guest's WASI wall clock is the node's clock, so a test kit that
@@ -112,9 +162,15 @@ pub struct HostState {
     pub panic_message: Option<String>,
     /// The guest's log lines go to the node's log under this target.
     pub log_enabled: bool,
+    /// What the running call may still log (`event_log_lines_max`,
+    /// `event_log_bytes_max`); `finish_call` reports what it dropped.
+    pub log_budget: LogBudget,
     /// A failure of an import that cannot report errors (delete-alarm):
     /// the event fails with it even if the handler returns `ok`.
     pub poison: Option<WitError>,
+    /// A guest statement was stopped (deadline, or the node stopping): the
+    /// event fails with that even if the guest carries on.
+    pub sql_stopped: Option<SqlStopped>,
 }
 
 impl HostState {
@@ -139,16 +195,15 @@ impl HostState {
             clock,
             wasi,
             table: ResourceTable::new(),
-            memory: MemoryCap {
-                bytes_max: memory_bytes_max,
-                exceeded: false,
-            },
+            memory: MemoryCap::new(memory_bytes_max),
             in_alarm: false,
             alarm_statements: None,
             alarm_op: AlarmOp::Untouched,
             panic_message: None,
             log_enabled: true,
+            log_budget: LogBudget::default(),
             poison: None,
+            sql_stopped: None,
         }
     }
 
@@ -159,6 +214,17 @@ impl HostState {
         {
             s.note(sql);
         }
+    }
+
+    /// Turns a store error into the guest's, remembering a stopped
+    /// statement for the event's outcome.
+    fn store_err(&mut self, e: StoreError) -> WitError {
+        match e {
+            StoreError::DeadlineExceeded => self.sql_stopped = Some(SqlStopped::Deadline),
+            StoreError::Stopping => self.sql_stopped = Some(SqlStopped::Stopping),
+            _ => {}
+        }
+        wit_err(e)
     }
 
     /// The database, or an error for the one instance that has none: the
@@ -216,7 +282,8 @@ impl sql::Host for HostState {
         params: Vec<types::Value>,
     ) -> Result<sql::QueryResult, WitError> {
         let params: Vec<_> = params.into_iter().map(to_store_value).collect();
-        let r = self.db()?.query(&statement, &params).map_err(wit_err)?;
+        let r = self.db()?.query(&statement, &params);
+        let r = r.map_err(|e| self.store_err(e))?;
         self.learn(&statement);
         Ok(sql::QueryResult {
             columns: r.columns,
@@ -236,7 +303,8 @@ impl sql::Host for HostState {
         params: Vec<types::Value>,
     ) -> Result<sql::ExecResult, WitError> {
         let params: Vec<_> = params.into_iter().map(to_store_value).collect();
-        let r = self.db()?.execute(&statement, &params).map_err(wit_err)?;
+        let r = self.db()?.execute(&statement, &params);
+        let r = r.map_err(|e| self.store_err(e))?;
         self.learn(&statement);
         Ok(sql::ExecResult {
             rows_written: r.rows_written,
@@ -354,6 +422,11 @@ impl log::Host for HostState {
         if !self.log_enabled {
             return;
         }
+        // After the panic message is kept: a guest that spent its budget
+        // still has its panic reported.
+        if !self.log_budget.admit(message.len()) {
+            return;
+        }
         let actor = &self.id;
         match level {
             log::Level::Trace => tracing::trace!(target: "guest", %actor, "{message}"),
@@ -362,5 +435,40 @@ impl log::Host for HostState {
             log::Level::Warn => tracing::warn!(target: "guest", %actor, "{message}"),
             log::Level::Error => tracing::error!(target: "guest", %actor, "{message}"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: usize = 1024 * 1024;
+
+    #[test]
+    fn the_instance_bound_covers_all_its_memories_and_tables_together() {
+        let mut cap = MemoryCap::new(128 * MIB);
+        // Two memories of 60 MiB fit; a third of 10 MiB does not, although
+        // each alone is far under the bound (a per-memory cap let a
+        // component with many memories hold many times the bound).
+        assert!(cap.memory_growing(0, 60 * MIB, None).unwrap());
+        assert!(cap.memory_growing(0, 60 * MIB, None).unwrap());
+        assert!(!cap.memory_growing(0, 10 * MIB, None).unwrap());
+        assert!(cap.exceeded && !cap.node_refused);
+        // Tables count too, at TABLE_ELEMENT_BYTES an element.
+        let mut cap = MemoryCap::new(MIB);
+        assert!(cap.table_growing(0, 1000, None).unwrap());
+        assert!(!cap.table_growing(1000, MIB / TABLE_ELEMENT_BYTES + 1, None).unwrap());
+    }
+
+    #[test]
+    fn what_an_instance_reserved_is_given_back_when_it_is_dropped() {
+        let before = memory_budget::guest_bytes();
+        let mut cap = MemoryCap::new(usize::MAX);
+        assert!(cap.memory_growing(0, 300 * MIB, None).unwrap());
+        assert!(memory_budget::guest_bytes() >= before + 300 * MIB as u64);
+        drop(cap);
+        // Other tests' instances come and go meanwhile: what this one held
+        // is gone, whatever they hold.
+        assert!(memory_budget::guest_bytes() < before + 300 * MIB as u64);
     }
 }

@@ -66,6 +66,14 @@ pub struct Metrics {
     pub alarms_abandoned_total: AtomicU64,
     pub alarm_rehearsals_total: AtomicU64,
     pub alarms_pending: AtomicU64,
+    /// Guest log lines dropped past `event_log_lines_max` or
+    /// `event_log_bytes_max`.
+    pub guest_log_lines_dropped_total: AtomicU64,
+    /// Turns a worker panicked in (a bug) and survived.
+    pub worker_panics_total: AtomicU64,
+    /// Compiled code in the cache that failed its check and was compiled
+    /// again.
+    pub compile_cache_rejected_total: AtomicU64,
     pub event_latency: Histogram,
     pub sync_latency: Histogram,
     pub alarm_lateness: Histogram,
@@ -197,6 +205,24 @@ impl Metrics {
                 &self.alarms_pending,
                 "gauge",
                 "Alarms in this node's timer.",
+            ),
+            (
+                "wasmkeep_guest_log_lines_dropped_total",
+                &self.guest_log_lines_dropped_total,
+                "counter",
+                "Guest log lines dropped past a call's log budget.",
+            ),
+            (
+                "wasmkeep_worker_panics_total",
+                &self.worker_panics_total,
+                "counter",
+                "Actor turns a worker panicked in and survived (a bug).",
+            ),
+            (
+                "wasmkeep_compile_cache_rejected_total",
+                &self.compile_cache_rejected_total,
+                "counter",
+                "Compiled components in the cache that failed their check and were compiled again.",
             ),
         ];
         for (name, v, kind, help) in counters {

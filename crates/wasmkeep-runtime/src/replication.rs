@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::MutexGuard;
 use wasmkeep_replica::{Bucket, Image, Opened, Replica, ReplicaConfig, ReplicaError, Uploaded};
-use wasmkeep_store::{ActorDb, paths};
+use wasmkeep_store::{ActorDb, ActorId, StoreError, paths};
 
 use crate::actor::{Actor, Event, EventKind, Outcome, Reply};
 use crate::error::RuntimeError;
@@ -182,9 +182,7 @@ pub fn ensure_open(rt: &Inner, repl: &Replication, actor: &Actor) -> Result<(), 
         repl.config.clone(),
         rt.clock.now_ms(),
     ));
-    let (replica, how) = opened.map_err(|e| {
-        RuntimeError::ReplicationFailed(format!("opening actor {} from the bucket: {e}", actor.id))
-    })?;
+    let (replica, how) = opened.map_err(|e| restore_error(&actor.id, e))?;
     let mut st = actor.repl.lock();
     match how {
         Opened::Restored { replaced } => {
@@ -207,6 +205,23 @@ pub fn ensure_open(rt: &Inner, repl: &Replication, actor: &Actor) -> Result<(), 
     st.replica = Some(replica);
     st.opened = true;
     Ok(())
+}
+
+/// The error a failed restore gives the actor's events. What the bucket
+/// holds for the actor failing its checks (a forged or damaged object, one
+/// over its bound, an image that fails `quick_check`) fails the same way on
+/// every attempt, so it is `storage_corrupt` (not retryable), naming the
+/// actor; the object's key is in the message. Anything else (the network,
+/// throttling) is worth a retry: `replication_failed`. Either way only this
+/// actor fails, and its local file is left as it was.
+fn restore_error(id: &ActorId, e: ReplicaError) -> RuntimeError {
+    if e.is_bad_bucket_input() {
+        RuntimeError::Store(StoreError::Corrupt(format!(
+            "the bucket's copy was refused: {e}: actor={id}"
+        )))
+    } else {
+        RuntimeError::ReplicationFailed(format!("opening actor {id} from the bucket: {e}"))
+    }
 }
 
 /// After a batch committed: counts it if it changed anything, starts an
@@ -479,7 +494,6 @@ pub fn delete(rt: &Inner, repl: &Replication, actor: &Actor) -> Result<u64, Runt
 #[cfg(test)]
 mod tests {
     use super::*;
-    use wasmkeep_store::ActorId;
 
     /// A durable request whose batch committed before the actor was given
     /// up must fail even if its reply is released only after the actor
@@ -500,7 +514,7 @@ mod tests {
         // batch's local sync released its reply.
         actor.repl.lock().reset();
         let (tx, mut rx) = tokio::sync::oneshot::channel();
-        hold_until_uploaded(&m, &actor, mark, tx, Ok(Outcome::Done), None);
+        hold_until_uploaded(&m, &actor, mark, Reply::new(tx), Ok(Outcome::Done), None);
         match rx.try_recv() {
             Ok(Err(RuntimeError::ReplicationFailed(_))) => {}
             other => panic!("expected replication_failed at once, got {other:?}"),
@@ -512,8 +526,31 @@ mod tests {
             upto: 1,
         };
         let (tx, mut rx) = tokio::sync::oneshot::channel();
-        hold_until_uploaded(&m, &actor, mark, tx, Ok(Outcome::Done), None);
+        hold_until_uploaded(&m, &actor, mark, Reply::new(tx), Ok(Outcome::Done), None);
         assert!(rx.try_recv().is_err(), "answered before its upload");
+    }
+
+    /// Bad bucket input fails the actor as `storage_corrupt`, not as a
+    /// retryable `replication_failed`, and names the actor and the object;
+    /// a failing bucket stays retryable.
+    #[test]
+    fn a_refused_restore_is_storage_corrupt_naming_the_actor() {
+        let id = ActorId::new("t", "a", "c", "n").unwrap();
+        let bad = ReplicaError::ImageCorrupt {
+            key: "state/t/a/c/6e/snap/00000000000000000007".into(),
+            detail: "Page 2 is never used".into(),
+        };
+        let e = restore_error(&id, bad);
+        assert_eq!(e.code(), "storage_corrupt");
+        assert!(!e.is_retryable());
+        let msg = e.to_string();
+        assert!(msg.contains("snap/00000000000000000007"), "{msg}");
+        assert!(msg.ends_with(&format!("actor={id}")), "{msg}");
+
+        let network = ReplicaError::InvalidUrl("unreachable".into());
+        let e = restore_error(&id, network);
+        assert_eq!(e.code(), "replication_failed");
+        assert!(e.is_retryable());
     }
 
     /// A given-up actor holds nothing worth waiting for: shutdown and the

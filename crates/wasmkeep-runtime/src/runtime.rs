@@ -2,6 +2,7 @@
 //! server (and the test kit) drive.
 
 use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -16,9 +17,12 @@ use wasmkeep_store::{ActorId, QueryResult, paths};
 use wasmtime::component::{HasSelf, Linker};
 use wasmtime::{Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
-use crate::actor::{self, Actor, ActorRequest, ActorResponse, DbAccess, Event, EventKind, Outcome};
-use crate::app::{self, App, AppInfo, Compiler};
+use crate::actor::{
+    self, Actor, ActorRequest, ActorResponse, DbAccess, Event, EventKind, Outcome, Queue,
+};
+use crate::app::{self, App, AppInfo, CompileSlots, Compiler, OverCeiling};
 use crate::clock::Clock;
+use crate::compile_cache::CacheKey;
 use crate::config::RuntimeConfig;
 use crate::durability::DurabilityStage;
 use crate::error::RuntimeError;
@@ -34,6 +38,11 @@ pub const EPOCH_TICK_MS: u64 = 10;
 pub fn epoch_ticks(ms: u64) -> u64 {
     ms.div_ceil(EPOCH_TICK_MS).max(1)
 }
+
+/// The deepest a guest's stack may grow (wasmtime's default, made
+/// explicit): it runs on the worker's own stack, with room left for the
+/// host calls it makes. Fixed, because worker threads are sized for it.
+pub const WASM_STACK_BYTES_MAX: usize = 512 * 1024;
 
 /// How often the idle reaper looks for actors to close.
 const REAP_INTERVAL_MS: u64 = 1000;
@@ -107,8 +116,17 @@ pub struct Inner {
     pub timer: Timer,
     pub metrics: Arc<Metrics>,
     started: Instant,
-    stopping: AtomicBool,
+    /// Set when the node stops; every open database shares it, so a
+    /// running guest statement stops too (`ActorDb::set_stop_flag`).
+    pub stopping: Arc<AtomicBool>,
+    /// Bytes of requests queued for all actors (`node_queue_bytes_max`).
+    pub queued_bytes: AtomicU64,
     cache_dir: PathBuf,
+    /// The key compiled code in the cache is tagged with; `None`: the cache
+    /// is not used (see `cache_key`).
+    cache_key: Option<CacheKey>,
+    /// Compilations running, abandoned ones included.
+    compiles: Arc<CompileSlots>,
     /// Faults a test may inject (the test kit's switches).
     pub faults: Faults,
 }
@@ -132,6 +150,12 @@ pub struct Faults {
     /// Unsafe, for that test only: an alarm rehearsal commits what the
     /// handler wrote instead of rolling it back (ADR 0030).
     pub unsafe_rehearsal_commits: AtomicBool,
+    /// The next this many batches panic after their first event ran, as a
+    /// bug in the runtime would (the worker survives it: `worker`).
+    pub panic_in_batch: std::sync::atomic::AtomicU32,
+    /// Unsafe, for that test only: deploys load compiled code from the
+    /// cache without checking its tag (`compile_cache`).
+    pub unsafe_trust_compile_cache: AtomicBool,
 }
 
 impl Faults {
@@ -143,16 +167,45 @@ impl Faults {
     }
 }
 
+/// Instances one open closes at most when tenants' memory is full
+/// (`Inner::evict_for_memory`).
+pub const EVICT_FOR_MEMORY_MAX: usize = 16;
+
 /// A node's runtime. Cheap to clone.
 #[derive(Clone)]
 pub struct Runtime {
     inner: Arc<Inner>,
 }
 
+/// The node's compile cache key (`compile_cache_key_path`, else
+/// `WASMKEEP_COMPILE_CACHE_KEY`, else `<data>/compile-cache.key`), created
+/// if there is none. Without a usable key the node still runs: it compiles
+/// every component it loads, and says so.
+fn cache_key(config: &RuntimeConfig) -> Option<CacheKey> {
+    let path = config
+        .compile_cache_key_path
+        .clone()
+        .or_else(|| std::env::var_os("WASMKEEP_COMPILE_CACHE_KEY").map(PathBuf::from))
+        .unwrap_or_else(|| config.data_dir.join("compile-cache.key"));
+    match CacheKey::load_or_create(&path) {
+        Ok(key) => Some(key),
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "no usable compile cache key: every component is compiled, none is cached");
+            None
+        }
+    }
+}
+
 fn build_engine(config: &RuntimeConfig) -> Result<Engine, RuntimeError> {
     let mut c = wasmtime::Config::new();
     c.wasm_component_model(true);
     c.epoch_interruption(true);
+    // Guest recursion traps at this depth, well inside a worker's stack.
+    c.max_wasm_stack(WASM_STACK_BYTES_MAX);
+    // A compilation runs on one thread (its own, see `app::Compiler`), so
+    // one that cannot be cancelled past its deadline keeps one core busy,
+    // not every core of the shared pool.
+    c.parallel_compilation(false);
     // The pooling allocator keeps instance memory slots ready, which makes
     // instantiation a few microseconds (W3, cold start). Each slot reserves
     // address space only; untouched pages cost nothing.
@@ -161,10 +214,21 @@ fn build_engine(config: &RuntimeConfig) -> Result<Engine, RuntimeError> {
     // its instance while another is made room for) and deploys' checks.
     let n = config.instances_max + CLOSE_QUEUE_MAX as u32 + 1 + config.worker_threads() as u32 + 16;
     let mut pool = PoolingAllocationConfig::default();
+    // Each component may hold at most this many core instances, memories
+    // and tables (checked when it is compiled), so a pool of n times each
+    // always has room for n instances.
+    let (cores, memories, tables) = (
+        config.component_core_instances_max,
+        config.component_memories_max,
+        config.component_tables_max,
+    );
     pool.total_component_instances(n)
-        .total_core_instances(n * 8)
-        .total_memories(n * 2)
-        .total_tables(n * 4)
+        .max_core_instances_per_component(cores)
+        .max_memories_per_component(memories)
+        .max_tables_per_component(tables)
+        .total_core_instances(n.saturating_mul(cores))
+        .total_memories(n.saturating_mul(memories))
+        .total_tables(n.saturating_mul(tables))
         .max_memory_size(config.instance_memory_bytes_max);
     c.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
     Engine::new(&c).map_err(|e| RuntimeError::Internal(format!("engine: {e:#}")))
@@ -177,6 +241,7 @@ impl Runtime {
     pub fn start(config: RuntimeConfig, clock: Arc<dyn Clock>) -> Result<Runtime, RuntimeError> {
         std::fs::create_dir_all(config.data_dir.join("actors"))
             .map_err(|e| RuntimeError::Store(e.into()))?;
+        wasmkeep_store::memory_budget::set_node_bytes_max(config.node_memory_bytes_max);
         let engine = build_engine(&config)?;
         let mut linker: Linker<HostState> = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
@@ -205,6 +270,7 @@ impl Runtime {
             .clone()
             .or_else(|| std::env::var_os("WASMKEEP_COMPILE_CACHE").map(PathBuf::from))
             .unwrap_or_else(|| config.data_dir.join("cache"));
+        let cache_key = cache_key(&config);
         let (close_tx, close_rx) = std::sync::mpsc::sync_channel(CLOSE_QUEUE_MAX);
         let inner = Arc::new(Inner {
             durability: DurabilityStage::start(config.data_dir.clone(), Arc::clone(&metrics)),
@@ -225,11 +291,17 @@ impl Runtime {
             timer: Timer::default(),
             metrics,
             started: Instant::now(),
-            stopping: AtomicBool::new(false),
+            stopping: Arc::new(AtomicBool::new(false)),
+            queued_bytes: AtomicU64::new(0),
             cache_dir,
+            cache_key,
+            compiles: Arc::default(),
             faults: Faults::default(),
         });
         let rt = Runtime { inner };
+        // Loading an app runs its `classes()`: the epoch must advance by
+        // then, or a guest that loops there would hang the start.
+        rt.spawn_epoch();
         rt.load_apps()?;
         rt.spawn_threads();
         rt.scan_alarms();
@@ -246,10 +318,16 @@ impl Runtime {
                 manifest,
             } = stored;
             let version = self.inner.app_version.fetch_add(1, Ordering::SeqCst);
-            match self
-                .compiler()
-                .build(&tenant, &app, &wasm, &manifest, version)
-            {
+            // Deployed before: a limit above a ceiling lowered since is
+            // clamped, not refused (see `OverCeiling`).
+            match self.compiler().build(
+                &tenant,
+                &app,
+                &wasm,
+                &manifest,
+                version,
+                OverCeiling::Clamp,
+            ) {
                 Ok(a) => {
                     self.inner.apps.write().insert((tenant, app), Arc::new(a));
                 }
@@ -268,10 +346,20 @@ impl Runtime {
             config: &self.inner.config,
             clock: Arc::clone(&self.inner.clock),
             cache_dir: self.inner.cache_dir.clone(),
+            cache_key: self.inner.cache_key.as_ref(),
+            compiles: &self.inner.compiles,
+            metrics: &self.inner.metrics,
+            unsafe_trust_cache: self
+                .inner
+                .faults
+                .unsafe_trust_compile_cache
+                .load(Ordering::Relaxed),
         }
     }
 
-    fn spawn_threads(&self) {
+    /// Starts the thread that advances the engine's epoch (the CPU
+    /// deadline's clock).
+    fn spawn_epoch(&self) {
         let engine = self.inner.engine.clone();
         let weak = Arc::downgrade(&self.inner);
         std::thread::Builder::new()
@@ -283,6 +371,9 @@ impl Runtime {
                 }
             })
             .expect("spawn epoch thread");
+    }
+
+    fn spawn_threads(&self) {
         for i in 0..self.inner.config.worker_threads() {
             let rt = Arc::clone(&self.inner);
             std::thread::Builder::new()
@@ -448,9 +539,9 @@ impl Runtime {
         manifest: &str,
     ) -> Result<AppInfo, RuntimeError> {
         let version = self.inner.app_version.fetch_add(1, Ordering::SeqCst);
-        let built = self
-            .compiler()
-            .build(tenant, app, wasm, manifest, version)?;
+        let built =
+            self.compiler()
+                .build(tenant, app, wasm, manifest, version, OverCeiling::Refuse)?;
         app::persist(&self.inner.config.data_dir, &built, wasm, manifest)
             .map_err(|e| RuntimeError::Store(e.into()))?;
         let info = built.info();
@@ -751,13 +842,12 @@ impl Inner {
             if q.retired {
                 continue;
             }
-            if bounded && q.events.len() >= self.config.actor_queue_events_max {
-                Metrics::inc(&self.metrics.overloaded_total);
-                return Err(RuntimeError::ActorOverloaded {
-                    queued: q.events.len(),
-                    limit: self.config.actor_queue_events_max,
-                });
+            if bounded {
+                self.admit(&q, &ev)?;
             }
+            let bytes = ev.queued_bytes();
+            q.bytes += bytes;
+            self.queued_bytes.fetch_add(bytes, Ordering::Relaxed);
             q.events.push_back(ev);
             if !q.scheduled {
                 q.scheduled = true;
@@ -765,6 +855,42 @@ impl Inner {
                 self.schedule(actor);
             }
             return Ok(());
+        }
+    }
+
+    /// Whether `ev` may join an actor's queue: bounded in events and bytes
+    /// per actor, and in bytes for the whole node, so that a wedged or slow
+    /// actor cannot make the node hold its callers' bodies without bound.
+    fn admit(&self, q: &Queue, ev: &Event) -> Result<(), RuntimeError> {
+        let c = &self.config;
+        let bytes = ev.queued_bytes();
+        let refused = if q.events.len() >= c.actor_queue_events_max {
+            Some(RuntimeError::ActorOverloaded {
+                queued: q.events.len(),
+                limit: c.actor_queue_events_max,
+            })
+        } else if q.bytes + bytes > c.actor_queue_bytes_max {
+            Some(RuntimeError::QueueBytesExceeded {
+                scope: "actor",
+                limit_name: "actor_queue_bytes_max",
+                queued: q.bytes,
+                limit: c.actor_queue_bytes_max,
+            })
+        } else {
+            let node = self.queued_bytes.load(Ordering::Relaxed);
+            (node + bytes > c.node_queue_bytes_max).then(|| RuntimeError::QueueBytesExceeded {
+                scope: "node",
+                limit_name: "node_queue_bytes_max",
+                queued: node,
+                limit: c.node_queue_bytes_max,
+            })
+        };
+        match refused {
+            Some(e) => {
+                Metrics::inc(&self.metrics.overloaded_total);
+                Err(e)
+            }
+            None => Ok(()),
         }
     }
 
@@ -875,6 +1001,37 @@ impl Inner {
         }
     }
 
+    /// Closes, on this thread, up to `EVICT_FOR_MEMORY_MAX` of the least
+    /// recently used instances that are not running, to give their memory
+    /// back to the node's budget (`node_memory_bytes_max`); returns how
+    /// many it closed. Rare (the budget is full), so it does not wait for
+    /// the closer thread.
+    pub fn evict_for_memory(&self, for_id: &ActorId) -> usize {
+        let mut candidates: Vec<(u64, Arc<Actor>)> = {
+            let actors = self.actors.lock();
+            actors
+                .iter()
+                .filter(|(id, a)| *id != for_id && a.is_loaded())
+                .map(|(_, a)| (a.last_used_ms.load(Ordering::Relaxed), Arc::clone(a)))
+                .collect()
+        };
+        candidates.sort_by_key(|(used, _)| *used);
+        let mut closed = 0;
+        for (_, a) in candidates {
+            if closed >= EVICT_FOR_MEMORY_MAX {
+                break;
+            }
+            // A held lock means the actor is running: skip it.
+            if let Some(mut slot) = a.slot.try_lock()
+                && slot.take().is_some()
+            {
+                Metrics::inc(&self.metrics.evictions_total);
+                closed += 1;
+            }
+        }
+        closed
+    }
+
     /// After a batch failed in a way that may leave a past-due alarm
     /// committed: look again after the first retry delay, not at once.
     /// Called with the actor's database closed; if it cannot be read, the
@@ -982,7 +1139,40 @@ fn worker(rt: Arc<Inner>) {
                 }
             }
         };
-        actor::run_turn(&rt, &actor);
+        run_turn_surviving_panics(&rt, &actor);
+    }
+}
+
+/// Runs one turn of `actor`, and survives a panic in it (a bug: guests
+/// trap, they do not panic the host). Without this, the worker thread
+/// would die with the actor still marked as scheduled, and the actor's
+/// queue would never be run again. The events of the batch that panicked
+/// are answered with an internal error as they are dropped (`Reply`); the
+/// instance is dropped, which closes the database and rolls back what the
+/// batch had not committed; the actor's next event opens it afresh.
+fn run_turn_surviving_panics(rt: &Arc<Inner>, actor: &Arc<Actor>) {
+    let turn = std::panic::catch_unwind(AssertUnwindSafe(|| actor::run_turn(rt, actor)));
+    let Err(panic) = turn else {
+        return;
+    };
+    let message = panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_default();
+    Metrics::inc(&rt.metrics.worker_panics_total);
+    tracing::error!(actor = %actor.id, panic = %message, "a worker panicked running this actor's turn: its events failed, its instance is dropped, the worker goes on");
+    let loaded = actor.slot.lock().take();
+    if std::panic::catch_unwind(AssertUnwindSafe(move || drop(loaded))).is_err() {
+        tracing::error!(actor = %actor.id, "closing the actor after the panic panicked too");
+    }
+    // The turn may have taken the actor's alarm from the timer.
+    rt.rearm_after_failure(&actor.id);
+    let mut q = actor.queue.lock();
+    if q.events.is_empty() {
+        q.scheduled = false;
+    } else {
+        rt.schedule(Arc::clone(actor));
     }
 }
 

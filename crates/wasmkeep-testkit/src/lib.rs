@@ -33,6 +33,7 @@ use wasmkeep_runtime::{ActorRequest, Clock, ManualClock, Runtime};
 /// other wasmkeep dependency.
 pub use wasmkeep_runtime::{
     ActorId, AppInfo, Durability, RuntimeConfig, RuntimeError, StoreLimits, StoreValue,
+    memory_budget,
 };
 
 /// The time a node's clock starts at: 2026-01-01T00:00:00Z.
@@ -92,6 +93,11 @@ impl TestNode {
         config.instances_max = 64;
         config.workers = 2;
         config.compile_cache_dir = Some(std::env::temp_dir().join("wasmkeep-testkit-cache"));
+        // Every test node shares one key, so that code one compiled and
+        // tagged is loaded by the others (a node's own key would make each
+        // compile everything again).
+        config.compile_cache_key_path =
+            Some(std::env::temp_dir().join("wasmkeep-testkit-cache.key"));
         f(&mut config);
         config.data_dir = dir.path().to_owned();
         let clock = Arc::new(ManualClock::new(START_MS));
@@ -191,6 +197,14 @@ impl TestNode {
     /// process restart: instances, queues and timers are dropped; the
     /// databases and deployed apps stay, and alarms are read back from disk.
     pub fn restart(&mut self) {
+        self.restart_with_config(|_| {});
+    }
+
+    /// Like [`TestNode::restart`], with settings `f` changes first (an
+    /// operator changing the node's configuration between two runs).
+    pub fn restart_with_config(&mut self, f: impl FnOnce(&mut RuntimeConfig)) {
+        f(&mut self.config);
+        self.config.data_dir = self.dir.path().to_owned();
         self.rt.shutdown(Duration::from_secs(10));
         self.rt = Runtime::start(
             self.config.clone(),
