@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const GUESTS: &[&str] = &["demo", "testbed", "hello", "bad_import"];
+const GUESTS: &[&str] = &["demo", "testbed", "hello", "bad_import", "hostile"];
 
 fn main() {
     let manifest_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
@@ -25,6 +25,7 @@ fn main() {
         "examples/testbed",
         "examples/hello",
         "examples/bad-import",
+        "examples/hostile",
         "crates/wasmkeep-sdk/src",
         "crates/wasmkeep-sdk/Cargo.toml",
         "wit",

@@ -16,3 +16,7 @@ pub const HELLO: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/hello.wasm"))
 
 /// A component that imports an interface no node provides (deploy tests).
 pub const BAD_IMPORT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/bad_import.wasm"));
+
+/// An actor that attacks the node running it (class `attacker`), for the
+/// hostile-guest tests (issue 17).
+pub const HOSTILE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/hostile.wasm"));

@@ -83,6 +83,11 @@ pub const GUEST_FUNCTIONS: &[&str] = &[
     "jsonb_remove", "json_replace", "jsonb_replace", "json_set", "jsonb_set", "json_type",
     "json_valid", "json_group_array", "jsonb_group_array", "json_group_object",
     "jsonb_group_object", "->", "->>",
+    // Functions SQLite's own ALTER TABLE runs while it rewrites the schema
+    // (they are internal: SQL cannot call them itself).
+    "sqlite_rename_column", "sqlite_rename_table", "sqlite_rename_test", "sqlite_drop_column",
+    "sqlite_rename_quotefix", "sqlite_drop_constraint", "sqlite_fail", "sqlite_add_constraint",
+    "sqlite_find_constraint",
     // Operators SQLite runs as functions (`MATCH` on full-text and R-tree
     // tables).
     "match",
