@@ -63,7 +63,14 @@ impl Node {
         if let Some(b) = &spec.bucket {
             cmd.arg("--bucket").arg(b);
         }
+        // Nodes load only compiled code tagged with their key: every node
+        // of the invocation shares one, beside the shared cache (unless the
+        // environment names one), so that none compiles at start-up.
+        let key = std::env::var_os("WASMKEEP_COMPILE_CACHE_KEY")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| spec.compile_cache.with_extension("key"));
         cmd.env("WASMKEEP_COMPILE_CACHE", &spec.compile_cache)
+            .env("WASMKEEP_COMPILE_CACHE_KEY", key)
             .env("WASMKEEP_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -5,7 +5,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::extract::{Query, Request, State};
 use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -31,9 +31,9 @@ pub const LIST_ALARMS_MAX: usize = 10_000;
 pub struct ServerConfig {
     /// Largest request body accepted (actors and deploys alike).
     pub request_body_bytes_max: usize,
-    /// Token for `/admin`; `None`: open.
+    /// Token for `/admin`; `None`: open, to loopback peers only.
     pub admin_token: Option<String>,
-    /// Tokens per tenant for `/v1/{tenant}`.
+    /// Tokens per tenant for `/v1/{tenant}`; they need an `admin_token`.
     pub tenant_tokens: BTreeMap<String, String>,
     /// Most actor names one listing returns.
     pub list_actors_max: usize,
@@ -41,6 +41,24 @@ pub struct ServerConfig {
     pub inspect_rows_max: usize,
     /// Largest deploy body (the runtime's `component_bytes_max`).
     pub component_bytes_max: usize,
+    /// Connections open at once; past it a connection is answered 503
+    /// `node_overloaded` and closed.
+    pub connections_max: usize,
+    /// Time a request head may take: from the accept for a connection's
+    /// first request, from the head's first byte for the next ones.
+    pub header_read_timeout_ms: u64,
+    /// Time a connection may stay open with no handler running and no byte
+    /// read or written (between kept-alive requests, or a client that does
+    /// not read its response).
+    pub idle_timeout_ms: u64,
+    /// Time a request body may take to arrive, plus one second per
+    /// `body_read_bytes_per_s_min` bytes received (408 `body_timeout`).
+    pub body_read_timeout_ms: u64,
+    /// The slowest rate at which a body may arrive after its first
+    /// `body_read_timeout_ms`; 0: the whole body within that time.
+    pub body_read_bytes_per_s_min: u64,
+    /// Time open connections get to finish when the node stops.
+    pub shutdown_drain_ms: u64,
 }
 
 impl Default for ServerConfig {
@@ -52,7 +70,96 @@ impl Default for ServerConfig {
             list_actors_max: 1000,
             inspect_rows_max: 1000,
             component_bytes_max: 64 * 1024 * 1024,
+            connections_max: 1024,
+            header_read_timeout_ms: 10_000,
+            idle_timeout_ms: 60_000,
+            body_read_timeout_ms: 20_000,
+            body_read_bytes_per_s_min: 16 * 1024,
+            shutdown_drain_ms: 10_000,
         }
+    }
+}
+
+/// Most connections `connections_max` may allow (a semaphore's permits are
+/// counted in `u32` when the node drains them).
+pub const CONNECTIONS_MAX_LIMIT: usize = 1_000_000;
+
+/// Why a node cannot serve with a configuration, or stopped serving.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error(
+        "tenant_tokens are set but admin_token is not: a node shared by tenants needs its admin \
+         API locked; set admin_token (--admin-token, WASMKEEP_ADMIN_TOKEN): tenants=`{0}`"
+    )]
+    TenantTokensWithoutAdminToken(String),
+    #[error("invalid setting: `{name}` must be {rule}: value={value}")]
+    InvalidSetting {
+        name: &'static str,
+        rule: &'static str,
+        value: u64,
+    },
+    #[error("serve: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl ServerError {
+    /// A stable code for the error.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ServerError::TenantTokensWithoutAdminToken(_) => "tenant_tokens_without_admin_token",
+            ServerError::InvalidSetting { .. } => "invalid_setting",
+            ServerError::Io(_) => "io",
+        }
+    }
+}
+
+impl ServerConfig {
+    /// Refuses settings a node must not serve with: tenant tokens without an
+    /// admin token, and limits that would refuse everything.
+    pub fn check(&self) -> Result<(), ServerError> {
+        if self.admin_token.is_none() && !self.tenant_tokens.is_empty() {
+            let names: Vec<&str> = self.tenant_tokens.keys().map(String::as_str).collect();
+            return Err(ServerError::TenantTokensWithoutAdminToken(names.join(",")));
+        }
+        let at_least_1 = [
+            ("header_read_timeout_ms", self.header_read_timeout_ms),
+            ("idle_timeout_ms", self.idle_timeout_ms),
+            ("body_read_timeout_ms", self.body_read_timeout_ms),
+            ("shutdown_drain_ms", self.shutdown_drain_ms),
+        ];
+        for (name, value) in at_least_1 {
+            if value == 0 {
+                let rule = "at least 1";
+                return Err(ServerError::InvalidSetting { name, rule, value });
+            }
+        }
+        if !(1..=CONNECTIONS_MAX_LIMIT).contains(&self.connections_max) {
+            return Err(ServerError::InvalidSetting {
+                name: "connections_max",
+                rule: "from 1 to 1000000",
+                value: self.connections_max as u64,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// How long a request body may take, from the config.
+#[derive(Debug, Clone, Copy)]
+struct BodyPace {
+    timeout_ms: u64,
+    bytes_per_s_min: u64,
+}
+
+impl BodyPace {
+    /// When a body of which `received` bytes arrived since `start` must be
+    /// complete: the grace time, plus one second per `bytes_per_s_min`.
+    fn deadline(&self, start: tokio::time::Instant, received: usize) -> tokio::time::Instant {
+        let earned_ms = match self.bytes_per_s_min {
+            0 => 0,
+            rate => (received as u64).saturating_mul(1000) / rate,
+        };
+        start + std::time::Duration::from_millis(self.timeout_ms.saturating_add(earned_ms))
     }
 }
 
@@ -61,6 +168,15 @@ struct AppState {
     rt: Runtime,
     config: Arc<ServerConfig>,
     tokens: Arc<Tokens>,
+}
+
+impl AppState {
+    fn pace(&self) -> BodyPace {
+        BodyPace {
+            timeout_ms: self.config.body_read_timeout_ms,
+            bytes_per_s_min: self.config.body_read_bytes_per_s_min,
+        }
+    }
 }
 
 /// The node's routes.
@@ -98,17 +214,18 @@ pub fn router(rt: Runtime, config: ServerConfig) -> Router {
         .with_state(state)
 }
 
-/// Serves `router` on `listener` until `shutdown` resolves.
+/// Serves the node's routes on `listener` until `shutdown` resolves, with
+/// the connection cap and timeouts of `config` (see [`crate::edge`]).
 pub async fn serve(
     rt: Runtime,
     config: ServerConfig,
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    let app = router(rt, config);
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
+) -> Result<(), ServerError> {
+    config.check()?;
+    let app = router(rt, config.clone());
+    crate::edge::run(app, &config, listener, shutdown).await;
+    Ok(())
 }
 
 async fn not_found() -> ApiError {
@@ -128,6 +245,13 @@ async fn admin_auth(
     req: Request,
     next: axum::middleware::Next,
 ) -> Response {
+    let peer = req
+        .extensions()
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map(|c| c.0);
+    if let Err(e) = s.tokens.admin_gate(peer, req.headers()) {
+        return e.into_response();
+    }
     if !s.tokens.admin_ok(req.headers()) {
         return ApiError::new(
             StatusCode::UNAUTHORIZED,
@@ -147,26 +271,59 @@ async fn metrics(State(s): State<AppState>) -> Response {
         .into_response()
 }
 
-async fn read_body(body: Body, limit: usize) -> Result<Bytes, ApiError> {
-    axum::body::to_bytes(body, limit).await.map_err(|e| {
-        let too_large = std::error::Error::source(&e)
-            .map(|s| s.to_string().contains("length limit"))
-            .unwrap_or(false)
-            || e.to_string().contains("length limit");
-        if too_large {
-            ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "body_too_large",
-                format!("request body too large: limit request_body_bytes_max={limit}"),
-            )
-        } else {
-            ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "bad_body",
-                format!("could not read the body: {e}"),
-            )
+/// Reads a request body of at most `limit` bytes, growing the buffer only
+/// as bytes arrive (a `Content-Length` over the limit is refused before any
+/// is read), and cut off with 408 `body_timeout` when it arrives slower
+/// than `pace` allows.
+async fn read_body(body: Body, limit: usize, pace: BodyPace) -> Result<Vec<u8>, ApiError> {
+    use axum::body::HttpBody;
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            format!("request body too large: limit request_body_bytes_max={limit}"),
+        )
+    };
+    let mut body = body;
+    if body.size_hint().lower() > limit as u64 {
+        return Err(too_large());
+    }
+    let start = tokio::time::Instant::now();
+    let mut buf = Vec::new();
+    loop {
+        let deadline = pace.deadline(start, buf.len());
+        let next = std::future::poll_fn(|cx| std::pin::Pin::new(&mut body).poll_frame(cx));
+        let frame = match tokio::time::timeout_at(deadline, next).await {
+            Err(_) => return Err(body_timeout(pace, buf.len())),
+            Ok(None) => return Ok(buf),
+            Ok(Some(Err(e))) => {
+                return Err(ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "bad_body",
+                    format!("could not read the body: {e}"),
+                ));
+            }
+            Ok(Some(Ok(frame))) => frame,
+        };
+        if let Ok(data) = frame.into_data() {
+            if data.len() > limit - buf.len() {
+                return Err(too_large());
+            }
+            buf.extend_from_slice(&data);
         }
-    })
+    }
+}
+
+fn body_timeout(pace: BodyPace, received: usize) -> ApiError {
+    ApiError::new(
+        StatusCode::REQUEST_TIMEOUT,
+        "body_timeout",
+        format!(
+            "request body too slow: limit body_read_timeout_ms={} plus 1 s per \
+             body_read_bytes_per_s_min={} bytes: received={received}",
+            pace.timeout_ms, pace.bytes_per_s_min
+        ),
+    )
 }
 
 fn decode_segment(field: &'static str, raw: &str) -> Result<String, ApiError> {
@@ -250,7 +407,7 @@ async fn actor_request(State(s): State<AppState>, req: Request) -> Result<Respon
             ),
         ));
     }
-    let body = read_body(body, s.config.request_body_bytes_max).await?;
+    let body = read_body(body, s.config.request_body_bytes_max, s.pace()).await?;
     let headers = parts
         .headers
         .iter()
@@ -263,7 +420,7 @@ async fn actor_request(State(s): State<AppState>, req: Request) -> Result<Respon
         path,
         query,
         headers,
-        body: body.to_vec(),
+        body,
         replicated,
     };
     let resp = s.rt.request(id.clone(), request).await?;
@@ -317,7 +474,7 @@ async fn deploy(
     segment("app", &app)?;
     // One byte over the limit is read, so that the runtime names the limit.
     let limit = s.config.component_bytes_max;
-    let wasm = read_body(body, limit + 1).await.map_err(|e| {
+    let wasm = read_body(body, limit + 1, s.pace()).await.map_err(|e| {
         if e.code == "body_too_large" {
             ApiError::from(wasmkeep_runtime::RuntimeError::ComponentTooLarge {
                 size: limit + 1,
@@ -414,7 +571,7 @@ async fn inspect_sql(
     body: Body,
 ) -> Result<Response, ApiError> {
     let id = actor_id(&t, &a, &c, &n)?;
-    let sql = read_body(body, INSPECT_SQL_BYTES_MAX).await.map_err(|e| {
+    let sql = read_body(body, INSPECT_SQL_BYTES_MAX, s.pace()).await.map_err(|e| {
         if e.code == "body_too_large" {
             ApiError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
@@ -427,7 +584,7 @@ async fn inspect_sql(
             e
         }
     })?;
-    let sql = String::from_utf8(sql.to_vec())
+    let sql = String::from_utf8(sql)
         .map_err(|_| ApiError::new(StatusCode::BAD_REQUEST, "bad_body", "the SQL is not utf-8"))?;
     let rt = s.rt.clone();
     let rows_max = s.config.inspect_rows_max;

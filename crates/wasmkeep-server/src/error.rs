@@ -33,13 +33,16 @@ fn status_of(e: &RuntimeError) -> StatusCode {
         | RuntimeError::ClassNotFound { .. }
         | RuntimeError::ActorNotFound(_) => StatusCode::NOT_FOUND,
         RuntimeError::ActorOverloaded { .. }
+        | RuntimeError::QueueBytesExceeded { .. }
+        | RuntimeError::CompileBusy { .. }
         | RuntimeError::ShuttingDown
         | RuntimeError::TransactionAborted
         | RuntimeError::ReplicationFailed(_) => StatusCode::SERVICE_UNAVAILABLE,
         RuntimeError::ReplicationUnavailable => StatusCode::BAD_REQUEST,
-        RuntimeError::InvalidComponent(_) | RuntimeError::InvalidManifest(_) => {
-            StatusCode::UNPROCESSABLE_ENTITY
-        }
+        RuntimeError::InvalidComponent(_)
+        | RuntimeError::InvalidManifest(_)
+        | RuntimeError::LimitAboveCeiling { .. }
+        | RuntimeError::CompileTimeout { .. } => StatusCode::UNPROCESSABLE_ENTITY,
         RuntimeError::ComponentTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
         // A guest may fail an event with one of these codes to say the
         // request was at fault; the event is rolled back all the same.
@@ -52,6 +55,10 @@ fn status_of(e: &RuntimeError) -> StatusCode {
         | RuntimeError::CpuTimeExceeded { .. }
         | RuntimeError::MemoryExceeded { .. }
         | RuntimeError::ResponseTooLarge { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+        // Tenants together hold the node's memory: retry later.
+        RuntimeError::Store(s) if s.code() == "node_memory_exhausted" => {
+            StatusCode::SERVICE_UNAVAILABLE
+        }
         RuntimeError::Store(s) if s.is_guest_fault() => StatusCode::BAD_REQUEST,
         RuntimeError::Store(_) | RuntimeError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
     }

@@ -8,11 +8,13 @@
 //!
 //! Every error leaves as `{"error":{"code":"…","message":"…"}}` with a
 //! stable code ([`error`]). Tokens are checked in constant time ([`auth`]).
+//! Connections are capped and timed out by the accept loop (`edge.rs`).
 //! The runtime underneath knows nothing of any of this.
 
 pub mod api;
 pub mod auth;
+mod edge;
 pub mod error;
 
-pub use api::{ServerConfig, router, serve};
+pub use api::{ServerConfig, ServerError, router, serve};
 pub use error::ApiError;

@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
-use wasmkeep_runtime::{Durability, RuntimeConfig, StoreLimits};
+use wasmkeep_runtime::{AppLimits, Durability, RuntimeConfig, StoreLimits};
 use wasmkeep_server::ServerConfig;
 
 /// Everything `wasmkeep serve` can be told. Field names are the TOML keys.
@@ -26,9 +26,18 @@ pub struct NodeConfig {
     pub instances_max: u32,
     pub actor_idle_ms: u64,
     pub actor_queue_events_max: usize,
+    pub actor_queue_bytes_max: u64,
+    pub node_queue_bytes_max: u64,
+    pub node_memory_bytes_max: u64,
     pub batch_events_max: usize,
     pub workers: usize,
     pub component_bytes_max: usize,
+    pub component_compile_ms_max: u64,
+    pub component_core_instances_max: u32,
+    pub component_memories_max: u32,
+    pub component_tables_max: u32,
+    pub event_log_lines_max: u32,
+    pub event_log_bytes_max: usize,
     pub request_body_bytes_max: usize,
     pub response_body_bytes_max: usize,
     pub value_bytes_max: usize,
@@ -38,6 +47,8 @@ pub struct NodeConfig {
     pub database_bytes_max: u64,
     pub kv_list_entries_max: u32,
     pub query_result_bytes_max: usize,
+    pub statement_memory_bytes_max: usize,
+    pub statement_temp_file_bytes_max: u64,
     pub sqlite_page_bytes: u32,
     pub alarm_retry_first_ms: u64,
     pub alarm_retry_max_ms: u64,
@@ -46,11 +57,20 @@ pub struct NodeConfig {
     pub alarm_rehearse: bool,
     pub list_actors_max: usize,
     pub inspect_rows_max: usize,
+    pub connections_max: usize,
+    pub header_read_timeout_ms: u64,
+    pub idle_timeout_ms: u64,
+    pub body_read_timeout_ms: u64,
+    pub body_read_bytes_per_s_min: u64,
+    pub shutdown_drain_ms: u64,
     pub bucket: Option<String>,
     pub replica_snapshot_every_entries: u64,
     pub replica_snapshot_log_ratio_pct: u64,
     pub replica_snapshot_log_bytes_min: u64,
     pub replica_snapshots_keep: usize,
+    /// A table (`[app_limit_ceilings]`), so last: the highest value an
+    /// app's manifest may give each of its `[limits]`.
+    pub app_limit_ceilings: AppLimits,
 }
 
 impl Default for NodeConfig {
@@ -70,9 +90,18 @@ impl Default for NodeConfig {
             instances_max: rt.instances_max,
             actor_idle_ms: rt.actor_idle_ms,
             actor_queue_events_max: rt.actor_queue_events_max,
+            actor_queue_bytes_max: rt.actor_queue_bytes_max,
+            node_queue_bytes_max: rt.node_queue_bytes_max,
+            node_memory_bytes_max: rt.node_memory_bytes_max,
             batch_events_max: rt.batch_events_max,
             workers: rt.workers,
             component_bytes_max: rt.component_bytes_max,
+            component_compile_ms_max: rt.component_compile_ms_max,
+            component_core_instances_max: rt.component_core_instances_max,
+            component_memories_max: rt.component_memories_max,
+            component_tables_max: rt.component_tables_max,
+            event_log_lines_max: rt.event_log_lines_max,
+            event_log_bytes_max: rt.event_log_bytes_max,
             request_body_bytes_max: server.request_body_bytes_max,
             response_body_bytes_max: rt.response_body_bytes_max,
             value_bytes_max: s.value_bytes_max,
@@ -82,6 +111,8 @@ impl Default for NodeConfig {
             database_bytes_max: s.database_bytes_max,
             kv_list_entries_max: s.kv_list_entries_max,
             query_result_bytes_max: s.query_result_bytes_max,
+            statement_memory_bytes_max: s.statement_memory_bytes_max,
+            statement_temp_file_bytes_max: s.statement_temp_file_bytes_max,
             sqlite_page_bytes: s.page_bytes,
             alarm_retry_first_ms: rt.alarm_retry_first_ms,
             alarm_retry_max_ms: rt.alarm_retry_max_ms,
@@ -90,11 +121,18 @@ impl Default for NodeConfig {
             alarm_rehearse: rt.alarm_rehearse,
             list_actors_max: server.list_actors_max,
             inspect_rows_max: server.inspect_rows_max,
+            connections_max: server.connections_max,
+            header_read_timeout_ms: server.header_read_timeout_ms,
+            idle_timeout_ms: server.idle_timeout_ms,
+            body_read_timeout_ms: server.body_read_timeout_ms,
+            body_read_bytes_per_s_min: server.body_read_bytes_per_s_min,
+            shutdown_drain_ms: server.shutdown_drain_ms,
             bucket: None,
             replica_snapshot_every_entries: rt.replica.snapshot_every_entries,
             replica_snapshot_log_ratio_pct: rt.replica.snapshot_log_ratio_pct,
             replica_snapshot_log_bytes_min: rt.replica.snapshot_log_bytes_min,
             replica_snapshots_keep: rt.replica.snapshots_keep,
+            app_limit_ceilings: rt.app_limit_ceilings.clone(),
         }
     }
 }
@@ -124,9 +162,19 @@ impl NodeConfig {
         c.instances_max = self.instances_max;
         c.actor_idle_ms = self.actor_idle_ms;
         c.actor_queue_events_max = self.actor_queue_events_max;
+        c.actor_queue_bytes_max = self.actor_queue_bytes_max;
+        c.node_queue_bytes_max = self.node_queue_bytes_max;
+        c.node_memory_bytes_max = self.node_memory_bytes_max;
         c.batch_events_max = self.batch_events_max.max(1);
         c.workers = self.workers;
         c.component_bytes_max = self.component_bytes_max;
+        c.component_compile_ms_max = self.component_compile_ms_max;
+        c.component_core_instances_max = self.component_core_instances_max;
+        c.component_memories_max = self.component_memories_max;
+        c.component_tables_max = self.component_tables_max;
+        c.event_log_lines_max = self.event_log_lines_max;
+        c.event_log_bytes_max = self.event_log_bytes_max;
+        c.app_limit_ceilings = self.app_limit_ceilings.clone();
         c.response_body_bytes_max = self.response_body_bytes_max;
         c.alarm_retry_first_ms = self.alarm_retry_first_ms;
         c.alarm_retry_max_ms = self.alarm_retry_max_ms;
@@ -141,17 +189,18 @@ impl NodeConfig {
             database_bytes_max: self.database_bytes_max,
             kv_list_entries_max: self.kv_list_entries_max,
             query_result_bytes_max: self.query_result_bytes_max,
+            statement_memory_bytes_max: self.statement_memory_bytes_max,
+            statement_temp_file_bytes_max: self.statement_temp_file_bytes_max,
             page_bytes: self.sqlite_page_bytes,
         };
         c.replica.snapshot_every_entries = self.replica_snapshot_every_entries.max(1);
         c.replica.snapshot_log_ratio_pct = self.replica_snapshot_log_ratio_pct.max(1);
         c.replica.snapshot_log_bytes_min = self.replica_snapshot_log_bytes_min;
         c.replica.snapshots_keep = self.replica_snapshots_keep.max(1);
-        // A first upload and every snapshot carry the whole database.
-        c.replica.entry_bytes_max = c
-            .replica
-            .entry_bytes_max
-            .max(self.database_bytes_max + 1024 * 1024);
+        // A first upload and every snapshot carry the whole database, and
+        // nothing read from the bucket may be larger (issue 17).
+        c.replica.entry_bytes_max =
+            wasmkeep_replica::ReplicaConfig::entry_bytes_max_for(self.database_bytes_max);
         c
     }
 
@@ -163,17 +212,29 @@ impl NodeConfig {
             list_actors_max: self.list_actors_max,
             inspect_rows_max: self.inspect_rows_max,
             component_bytes_max: self.component_bytes_max,
+            connections_max: self.connections_max,
+            header_read_timeout_ms: self.header_read_timeout_ms,
+            idle_timeout_ms: self.idle_timeout_ms,
+            body_read_timeout_ms: self.body_read_timeout_ms,
+            body_read_bytes_per_s_min: self.body_read_bytes_per_s_min,
+            shutdown_drain_ms: self.shutdown_drain_ms,
         }
     }
 
-    /// Refuses to expose a node without tokens, unless told it is fine.
+    /// Refuses to expose a node without tokens, unless told it is fine, and
+    /// settings the server refuses (tenant tokens without an admin token
+    /// above all); run once the flags are applied, before anything starts.
     pub fn check_exposure(&self) -> anyhow::Result<()> {
+        self.server()
+            .check()
+            .map_err(|e| anyhow::anyhow!("refusing to start: {e}"))?;
         let loopback = self.listen.ip().is_loopback();
         let has_tokens = self.admin_token.is_some();
         if !loopback && !has_tokens && !self.insecure {
             anyhow::bail!(
                 "refusing to listen on {} without an admin token: set admin_token (and tenant_tokens), \
-                 or pass --insecure if this network is trusted",
+                 or pass --insecure if this network is trusted (actors are then open to it; the \
+                 admin API stays loopback-only)",
                 self.listen
             );
         }
@@ -210,6 +271,60 @@ mod tests {
         c.admin_token = Some("x".into());
         assert!(c.check_exposure().is_ok());
         assert!(NodeConfig::default().check_exposure().is_ok());
+    }
+
+    #[test]
+    fn tenant_tokens_without_an_admin_token_are_refused_insecure_or_not() {
+        let mut c: NodeConfig = toml::from_str("[tenant_tokens]\nacme = \"t\"\n").unwrap();
+        for insecure in [false, true] {
+            c.insecure = insecure;
+            let e = c.check_exposure().unwrap_err().to_string();
+            assert!(e.contains("admin_token") && e.contains("acme"), "{e}");
+        }
+        c.admin_token = Some("root".into());
+        assert!(c.check_exposure().is_ok());
+    }
+
+    #[test]
+    fn edge_limits_reach_the_server_and_zero_timeouts_are_refused() {
+        let c: NodeConfig = toml::from_str(
+            "connections_max = 3\nheader_read_timeout_ms = 4\nidle_timeout_ms = 5\n\
+             body_read_timeout_ms = 6\nbody_read_bytes_per_s_min = 7\nshutdown_drain_ms = 8\n",
+        )
+        .unwrap();
+        let s = c.server();
+        let got = [
+            s.connections_max as u64,
+            s.header_read_timeout_ms,
+            s.idle_timeout_ms,
+            s.body_read_timeout_ms,
+            s.body_read_bytes_per_s_min,
+            s.shutdown_drain_ms,
+        ];
+        assert_eq!(got, [3, 4, 5, 6, 7, 8]);
+        let zero = [
+            "connections_max",
+            "header_read_timeout_ms",
+            "idle_timeout_ms",
+        ];
+        for bad in zero.map(|k| format!("{k} = 0")) {
+            let c: NodeConfig = toml::from_str(&bad).unwrap();
+            let e = c.check_exposure().unwrap_err().to_string();
+            assert!(e.contains(bad.split(' ').next().unwrap()), "{e}");
+        }
+    }
+
+    #[test]
+    fn app_limit_ceilings_and_component_bounds_reach_the_runtime() {
+        let c: NodeConfig = toml::from_str(
+            "component_memories_max = 3\nevent_log_lines_max = 5\n\
+             [app_limit_ceilings]\nevent_cpu_ms_max = 600000\n",
+        )
+        .unwrap();
+        let rt = c.runtime();
+        assert_eq!(rt.app_limit_ceilings.event_cpu_ms_max, Some(600_000));
+        assert_eq!((rt.component_memories_max, rt.event_log_lines_max), (3, 5));
+        assert!(toml::from_str::<NodeConfig>("[app_limit_ceilings]\ncpu_ms = 1\n").is_err());
     }
 
     #[test]

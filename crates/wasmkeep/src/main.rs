@@ -161,7 +161,9 @@ struct ServeArgs {
     /// `fsync` (default) or `process`.
     #[arg(long, value_parser = parse_durability)]
     durability: Option<Durability>,
-    /// Allow a non-loopback address without tokens.
+    /// Allow a non-loopback address without an admin token: actors are then
+    /// open to the network, while the admin API still answers only to
+    /// loopback peers.
     #[arg(long)]
     insecure: bool,
     /// Token for the admin API.
@@ -308,18 +310,7 @@ fn serve(args: ServeArgs) -> Result<()> {
             cfg.bucket.as_deref().unwrap_or("none")
         );
         if let Some(classes) = examples {
-            println!(
-                "examples deployed as demo/examples (classes: {}). Try:",
-                classes.join(", ")
-            );
-            println!("  curl -X POST {base}/v1/demo/examples/counter/hello/increment");
-            println!("  curl {base}/v1/demo/examples/counter/hello/value");
-            println!(
-                "  curl -X POST '{base}/v1/demo/examples/notes/mine/notes?title=first' -d 'hello'"
-            );
-            println!("  curl {base}/v1/demo/examples/notes/mine/notes");
-            println!("  curl -X POST '{base}/v1/demo/examples/reminder/r1/set?at_ms=<unix ms>'");
-            println!("  curl {base}/admin/v1/actors/demo/examples/counter");
+            print_examples(addr, &classes);
         }
         use std::io::Write;
         std::io::stdout().flush()?;
@@ -338,4 +329,25 @@ fn serve(args: ServeArgs) -> Result<()> {
     })?;
     rt.shutdown(std::time::Duration::from_secs(10));
     Ok(())
+}
+
+/// Prints what to try on the bundled examples. The commands go through
+/// loopback: without an admin token the admin API answers nothing else
+/// (and no `Host` but a loopback one), and 0.0.0.0 is no address to send to.
+fn print_examples(addr: std::net::SocketAddr, classes: &[String]) {
+    let mut local = addr;
+    if local.ip().is_unspecified() {
+        local.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+    }
+    let base = format!("http://{local}");
+    println!(
+        "examples deployed as demo/examples (classes: {}). Try:",
+        classes.join(", ")
+    );
+    println!("  curl -X POST {base}/v1/demo/examples/counter/hello/increment");
+    println!("  curl {base}/v1/demo/examples/counter/hello/value");
+    println!("  curl -X POST '{base}/v1/demo/examples/notes/mine/notes?title=first' -d 'hello'");
+    println!("  curl {base}/v1/demo/examples/notes/mine/notes");
+    println!("  curl -X POST '{base}/v1/demo/examples/reminder/r1/set?at_ms=<unix ms>'");
+    println!("  curl {base}/admin/v1/actors/demo/examples/counter");
 }

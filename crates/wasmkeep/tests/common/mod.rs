@@ -46,12 +46,21 @@ impl Node {
         env: &[(&str, String)],
     ) -> Node {
         let cache = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("compile-cache");
+        // A free loopback port, unless the test names its own address.
+        let listen: &[&str] = if extra.contains(&"--listen") {
+            &[]
+        } else {
+            &["--listen", "127.0.0.1:0"]
+        };
         let mut child = Command::new(env!("CARGO_BIN_EXE_wasmkeep"))
             .arg("serve")
             .arg("--data")
             .arg(data)
-            .args(["--listen", "127.0.0.1:0"])
+            .args(listen)
             .args(extra)
+            // One key for every test node, so they load the code one of
+            // them compiled (only code tagged with the node's key loads).
+            .env("WASMKEEP_COMPILE_CACHE_KEY", cache.with_extension("key"))
             .env("WASMKEEP_COMPILE_CACHE", cache)
             .env("WASMKEEP_LOG", level)
             .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
@@ -83,6 +92,11 @@ impl Node {
         }
     }
 
+    /// The node's `host:port`, as in `base`.
+    pub fn addr(&self) -> &str {
+        self.base.trim_start_matches("http://")
+    }
+
     pub fn pid(&self) -> i32 {
         self.child.id() as i32
     }
@@ -96,6 +110,25 @@ impl Node {
     /// SIGTERM, and wait for the exit.
     pub fn stop(&mut self) -> std::process::ExitStatus {
         self.signal_and_wait(libc::SIGTERM)
+    }
+
+    /// SIGTERM, and waits at most `limit` for the exit; `None` (after a
+    /// SIGKILL) if it did not come.
+    pub fn stop_within(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        // SAFETY: kill(2) takes two integers and touches no memory of this
+        // process; the pid is our child's, not reaped yet (so not reused).
+        unsafe {
+            libc::kill(self.pid(), libc::SIGTERM);
+        }
+        let end = std::time::Instant::now() + limit;
+        while std::time::Instant::now() < end {
+            if let Some(status) = self.child.try_wait().expect("wait for the node") {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.kill();
+        None
     }
 
     /// Sends `signal`, and waits for the exit.
@@ -172,6 +205,28 @@ impl Drop for Node {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Sends `request` (raw HTTP/1.1, which should say `connection: close`) to
+/// `addr` and reads the answer until the node closes: for headers a client
+/// library would set itself (`Host`) and for exact bytes on the wire.
+pub fn raw_http(addr: &str, request: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    s.write_all(request.as_bytes()).expect("send");
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The status of a raw HTTP answer, 0 if there is none.
+pub fn raw_status(answer: &str) -> u16 {
+    answer
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
 }
 
 /// The error code of a JSON error body.

@@ -1,0 +1,528 @@
+//! The accept loop: a cap on open connections, a watchdog per connection
+//! (request head, idle and stalled-write timeouts) and graceful shutdown,
+//! on hyper's HTTP/1 server.
+//!
+//! axum's own `serve` accepts without bound and sets no timeout: a client
+//! that opens sockets and sends nothing, or sends a request head one byte a
+//! second (slowloris), holds a file descriptor for ever. Here every
+//! connection holds one permit of a semaphore of `connections_max`; a
+//! connection past it is answered 503 `node_overloaded` and closed. Request
+//! bodies are bounded where they are read (`api::read_body`), since only the
+//! handler knows how much it wants.
+//!
+//! The watchdog replaces hyper's `header_read_timeout` rather than adding to
+//! it: hyper starts that timer whenever it waits for a head, so on a
+//! kept-alive connection it also bounds the idle time between requests, and
+//! the two limits could not be set apart. The watchdog reads what the
+//! connection's socket and service report ([`Activity`]) and applies the
+//! rule of nginx: a new connection must deliver its first head within
+//! `header_read_timeout_ms`; a kept-alive one may wait `idle_timeout_ms` for
+//! the next request's first byte, and then has `header_read_timeout_ms` for
+//! the rest of the head; a connection whose response makes no progress for
+//! `idle_timeout_ms` (a client that does not read) is closed too.
+//! This is not the place that knows routes, tokens or JSON errors beyond the
+//! one fixed 503 answer.
+
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::ConnectInfo;
+use axum::http::Request;
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
+use tokio::time::Instant;
+
+use crate::api::ServerConfig;
+
+/// Connections past `connections_max` that are answered 503 at the same
+/// time; past this too, a connection is closed without an answer, so that
+/// the answers themselves cannot hold file descriptors without bound.
+pub(crate) const REJECTS_MAX: usize = 64;
+/// How long an answered 503 waits for the client to finish sending and close,
+/// so that closing does not reset the connection and lose the answer.
+pub(crate) const REJECT_LINGER_MS: u64 = 1000;
+/// The `Retry-After` of the 503 answer, in seconds.
+pub(crate) const REJECT_RETRY_AFTER_S: u32 = 1;
+/// Pause after an accept error other than a connection's own (out of file
+/// descriptors, most likely), so that the loop does not spin on it.
+const ACCEPT_ERROR_PAUSE_MS: u64 = 100;
+
+/// The limits of the edge, read once from [`ServerConfig`].
+#[derive(Clone, Copy, Debug)]
+struct Limits {
+    connections_max: usize,
+    header_read: Duration,
+    idle: Duration,
+    shutdown_drain: Duration,
+}
+
+impl Limits {
+    fn of(c: &ServerConfig) -> Limits {
+        Limits {
+            connections_max: c.connections_max,
+            header_read: Duration::from_millis(c.header_read_timeout_ms),
+            idle: Duration::from_millis(c.idle_timeout_ms),
+            shutdown_drain: Duration::from_millis(c.shutdown_drain_ms),
+        }
+    }
+}
+
+/// No head in progress.
+const NONE: u64 = u64::MAX;
+
+/// What a connection's socket and service report to its watchdog. Times are
+/// milliseconds since the accept.
+struct Activity {
+    start: Instant,
+    /// The last time a byte was read or written, or a handler finished.
+    last_io_ms: AtomicU64,
+    /// When the first byte of the request head being read arrived; [`NONE`]
+    /// while no head is being read.
+    head_started_ms: AtomicU64,
+    /// Requests whose handler is running.
+    handling: AtomicUsize,
+    /// Woken when the deadline may have moved earlier (a head starts, a
+    /// handler starts or ends); bytes that only push it later do not wake.
+    changed: Notify,
+}
+
+impl Activity {
+    fn new() -> Activity {
+        Activity {
+            start: Instant::now(),
+            last_io_ms: AtomicU64::new(0),
+            // The first head's time runs from the accept: a connection that
+            // sends nothing is a slow head too.
+            head_started_ms: AtomicU64::new(0),
+            handling: AtomicUsize::new(0),
+            changed: Notify::new(),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.start.elapsed().as_millis() as u64
+    }
+
+    fn on_read(&self) {
+        let now = self.now_ms();
+        self.last_io_ms.store(now, Ordering::Relaxed);
+        // A byte that arrives while no handler runs starts the next head (a
+        // body is read by its handler).
+        if self.handling.load(Ordering::Relaxed) == 0
+            && self
+                .head_started_ms
+                .compare_exchange(NONE, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            self.changed.notify_one();
+        }
+    }
+
+    fn on_write(&self) {
+        self.last_io_ms.store(self.now_ms(), Ordering::Relaxed);
+    }
+
+    /// When the connection must be closed if nothing changes; `None` while a
+    /// handler runs (it bounds its own body read; the runtime bounds the
+    /// event).
+    fn deadline(&self, limits: &Limits) -> Option<Instant> {
+        if self.handling.load(Ordering::Relaxed) > 0 {
+            return None;
+        }
+        let head = self.head_started_ms.load(Ordering::Relaxed);
+        if head != NONE {
+            return Some(self.start + Duration::from_millis(head) + limits.header_read);
+        }
+        let last = self.last_io_ms.load(Ordering::Relaxed);
+        Some(self.start + Duration::from_millis(last) + limits.idle)
+    }
+}
+
+/// Marks a handler as running for as long as it lives.
+struct Handling(Arc<Activity>);
+
+impl Handling {
+    fn enter(a: Arc<Activity>) -> Handling {
+        a.handling.fetch_add(1, Ordering::Relaxed);
+        a.head_started_ms.store(NONE, Ordering::Relaxed);
+        a.changed.notify_one();
+        Handling(a)
+    }
+}
+
+impl Drop for Handling {
+    fn drop(&mut self) {
+        // The idle time starts when the response is ready, not at the last
+        // byte of the request, which may be long before.
+        self.0.on_write();
+        self.0.handling.fetch_sub(1, Ordering::Relaxed);
+        self.0.changed.notify_one();
+    }
+}
+
+/// Resolves when the connection has been quiet past its deadline. It
+/// sleeps until the deadline it computed, and computes it again when that
+/// passes (bytes may have pushed it later) or when [`Activity::changed`]
+/// says it may have moved earlier (a stored wake-up is never lost:
+/// `notify_one` keeps one for the next wait).
+async fn watchdog(a: &Activity, limits: &Limits) {
+    loop {
+        match a.deadline(limits) {
+            // A handler runs: nothing to time until it ends.
+            None => a.changed.notified().await,
+            Some(d) if Instant::now() >= d => return,
+            Some(d) => {
+                tokio::select! {
+                    () = tokio::time::sleep_until(d) => {}
+                    () = a.changed.notified() => {}
+                }
+            }
+        }
+    }
+}
+
+/// A socket that reports its reads and writes to an [`Activity`].
+struct TrackedIo {
+    inner: TcpStream,
+    activity: Arc<Activity>,
+}
+
+impl AsyncRead for TrackedIo {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.activity.on_read();
+        }
+        r
+    }
+}
+
+impl AsyncWrite for TrackedIo {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
+            self.activity.on_write();
+        }
+        r
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
+            self.activity.on_write();
+        }
+        r
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// The router, told the peer's address and watched by the connection's
+/// [`Activity`].
+#[derive(Clone)]
+struct EdgeService {
+    router: TowerToHyperService<Router>,
+    peer: SocketAddr,
+    activity: Arc<Activity>,
+}
+
+impl hyper::service::Service<Request<Incoming>> for EdgeService {
+    type Response = axum::response::Response;
+    type Error = std::convert::Infallible;
+    type Future =
+        Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send + 'static>>;
+
+    fn call(&self, mut req: Request<Incoming>) -> Self::Future {
+        // The admin API's loopback rule reads the peer from here.
+        req.extensions_mut().insert(ConnectInfo(self.peer));
+        let handling = Handling::enter(Arc::clone(&self.activity));
+        let fut = self.router.call(req);
+        Box::pin(async move {
+            let r = fut.await;
+            drop(handling);
+            r
+        })
+    }
+}
+
+/// Serves `router` on `listener` until `shutdown` resolves, then lets open
+/// connections finish for at most `shutdown_drain_ms`.
+pub(crate) async fn run(
+    router: Router,
+    config: &ServerConfig,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) {
+    let limits = Limits::of(config);
+    let conns = Arc::new(Semaphore::new(limits.connections_max));
+    let rejects = Arc::new(Semaphore::new(REJECTS_MAX));
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let router = TowerToHyperService::new(router);
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            () = &mut shutdown => break,
+            r = listener.accept() => match r {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    accept_error(e).await;
+                    continue;
+                }
+            },
+        };
+        match Arc::clone(&conns).try_acquire_owned() {
+            Ok(permit) => {
+                let conn = connection(
+                    stream,
+                    peer,
+                    router.clone(),
+                    limits,
+                    stop_rx.clone(),
+                    permit,
+                );
+                tokio::spawn(conn);
+            }
+            Err(_) => reject(stream, peer, &rejects, limits.connections_max),
+        }
+    }
+    drop(listener);
+    let _ = stop_tx.send(true);
+    drain(&conns, &limits).await;
+}
+
+/// Waits until every connection has closed, or the drain time is over.
+async fn drain(conns: &Semaphore, limits: &Limits) {
+    // Every permit back means every connection task has ended.
+    let all = u32::try_from(limits.connections_max).unwrap_or(u32::MAX);
+    let drained = tokio::time::timeout(limits.shutdown_drain, conns.acquire_many(all)).await;
+    if drained.is_err() {
+        tracing::warn!(
+            open = limits.connections_max - conns.available_permits(),
+            shutdown_drain_ms = limits.shutdown_drain.as_millis() as u64,
+            "connections still open after the drain time are cut"
+        );
+    }
+}
+
+async fn accept_error(e: io::Error) {
+    // A connection reset before it was accepted concerns that connection
+    // only; anything else (EMFILE, ENFILE, ENOBUFS) concerns the node.
+    let own = matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionRefused
+    );
+    if !own {
+        tracing::warn!(error = %e, "accept failed");
+        tokio::time::sleep(Duration::from_millis(ACCEPT_ERROR_PAUSE_MS)).await;
+    }
+}
+
+/// Serves one connection until it ends, times out, or the node stops.
+async fn connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    router: TowerToHyperService<Router>,
+    limits: Limits,
+    mut stop: watch::Receiver<bool>,
+    _permit: OwnedSemaphorePermit,
+) {
+    let _ = stream.set_nodelay(true);
+    let activity = Arc::new(Activity::new());
+    let io = TokioIo::new(TrackedIo {
+        inner: stream,
+        activity: Arc::clone(&activity),
+    });
+    let service = EdgeService {
+        router,
+        peer,
+        activity: Arc::clone(&activity),
+    };
+    // The watchdog owns the head timeout (see the module's doc), so hyper's
+    // own is off; it would otherwise also cut idle kept-alive connections.
+    let conn = hyper::server::conn::http1::Builder::new()
+        .header_read_timeout(None)
+        .serve_connection(io, service);
+    tokio::pin!(conn);
+    let mut draining = false;
+    loop {
+        tokio::select! {
+            r = conn.as_mut() => {
+                if let Err(e) = r {
+                    tracing::debug!(%peer, error = %e, "connection ended with an error");
+                }
+                return;
+            }
+            () = watchdog(&activity, &limits) => {
+                tracing::debug!(%peer, "connection closed: head, idle or write timeout");
+                return;
+            }
+            r = stop.changed(), if !draining => {
+                // A closed channel means the accept loop is gone: drain too.
+                let _ = r;
+                draining = true;
+                conn.as_mut().graceful_shutdown();
+            }
+        }
+    }
+}
+
+/// The answer of a connection past `connections_max`.
+fn overloaded_answer(connections_max: usize) -> Vec<u8> {
+    let body = serde_json::json!({
+        "error": {
+            "code": "node_overloaded",
+            "message": format!(
+                "the node has too many open connections: limit connections_max={connections_max}"
+            ),
+        }
+    })
+    .to_string();
+    format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nretry-after: {REJECT_RETRY_AFTER_S}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// Answers a connection past the cap with a 503 and closes it, in a task
+/// of its own bounded in number and time.
+fn reject(stream: TcpStream, peer: SocketAddr, rejects: &Arc<Semaphore>, connections_max: usize) {
+    tracing::debug!(%peer, connections_max, "connection refused: connections_max reached");
+    let Ok(permit) = Arc::clone(rejects).try_acquire_owned() else {
+        // Dropping the stream closes it at once.
+        return;
+    };
+    tokio::spawn(async move {
+        let _permit = permit;
+        let mut stream = stream;
+        let answer = overloaded_answer(connections_max);
+        let linger = Duration::from_millis(REJECT_LINGER_MS);
+        let _ = tokio::time::timeout(linger, async {
+            stream.write_all(&answer).await?;
+            stream.shutdown().await?;
+            // Read what the client sent until it closes: closing a socket
+            // with unread input resets the connection, and a reset may
+            // discard the answer before the client reads it.
+            let mut sink = [0u8; 4096];
+            while stream.read(&mut sink).await? > 0 {}
+            io::Result::Ok(())
+        })
+        .await;
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits() -> Limits {
+        Limits {
+            connections_max: 1,
+            header_read: Duration::from_millis(100),
+            idle: Duration::from_millis(1000),
+            shutdown_drain: Duration::from_millis(10),
+        }
+    }
+
+    #[test]
+    fn a_new_connection_has_the_head_timeout_then_idle_then_head_again() {
+        let l = limits();
+        let a = Arc::new(Activity::new());
+        let d0 = a.deadline(&l).unwrap();
+        assert_eq!(
+            d0,
+            a.start + l.header_read,
+            "a silent new connection is a slow head"
+        );
+        let h = Handling::enter(Arc::clone(&a));
+        assert!(a.deadline(&l).is_none(), "no timeout while a handler runs");
+        a.on_read();
+        drop(h);
+        let idle = a.deadline(&l).unwrap();
+        assert!(
+            idle >= a.start + l.idle,
+            "between requests the idle timeout applies"
+        );
+        a.on_read();
+        let head = a.deadline(&l).unwrap();
+        assert!(
+            head < idle,
+            "a byte of the next head starts the head timeout"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_watchdog_wakes_when_its_deadline_moves_earlier() {
+        let l = Limits {
+            header_read: Duration::from_secs(600),
+            idle: Duration::from_millis(50),
+            ..limits()
+        };
+        let a = Arc::new(Activity::new());
+        let dog = tokio::spawn({
+            let a = Arc::clone(&a);
+            async move { watchdog(&a, &l).await }
+        });
+        // The watchdog now sleeps toward the head deadline, ten minutes
+        // away; a request comes and goes, and the idle deadline is 50 ms.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        drop(Handling::enter(Arc::clone(&a)));
+        tokio::time::timeout(Duration::from_secs(60), dog)
+            .await
+            .expect("the watchdog slept past the idle deadline")
+            .unwrap();
+    }
+
+    #[test]
+    fn the_overloaded_answer_is_a_complete_response_naming_the_limit() {
+        let a = String::from_utf8(overloaded_answer(7)).unwrap();
+        let (head, body) = a.split_once("\r\n\r\n").unwrap();
+        assert!(head.starts_with("HTTP/1.1 503 "));
+        assert!(head.contains("retry-after: 1\r\n") && head.contains("connection: close"));
+        assert!(head.contains(&format!("content-length: {}", body.len())));
+        let v: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(v["error"]["code"], "node_overloaded");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("connections_max=7")
+        );
+    }
+}
