@@ -425,8 +425,7 @@ fn load(
         Err(failed) => failed,
     };
     let (err, db) = *failed;
-    let (RuntimeError::Store(StoreError::NodeMemoryExhausted { .. }), Some(db)) = (&err, db)
-    else {
+    let (RuntimeError::Store(StoreError::NodeMemoryExhausted { .. }), Some(db)) = (&err, db) else {
         return Err(err);
     };
     // Tenants' memory is full. Idle instances hold most of it (an actor
@@ -473,7 +472,9 @@ fn enter(l: &mut Loaded) {
     // The guest's statements stop at the same deadline as its code: the
     // wasm deadline cannot interrupt a host call into SQLite.
     if let Some(db) = &s.db {
-        db.set_deadline(Some(Instant::now() + std::time::Duration::from_millis(cpu_ms)));
+        db.set_deadline(Some(
+            Instant::now() + std::time::Duration::from_millis(cpu_ms),
+        ));
     }
     s.sql_stopped = None;
     s.memory.exceeded = false;

@@ -457,7 +457,10 @@ mod tests {
         // Tables count too, at TABLE_ELEMENT_BYTES an element.
         let mut cap = MemoryCap::new(MIB);
         assert!(cap.table_growing(0, 1000, None).unwrap());
-        assert!(!cap.table_growing(1000, MIB / TABLE_ELEMENT_BYTES + 1, None).unwrap());
+        assert!(
+            !cap.table_growing(1000, MIB / TABLE_ELEMENT_BYTES + 1, None)
+                .unwrap()
+        );
     }
 
     #[test]

@@ -957,14 +957,7 @@ impl Inner {
             return;
         }
         let batch = (self.config.instances_max as usize / 16).max(1);
-        let mut candidates: Vec<(u64, Arc<Actor>)> = {
-            let actors = self.actors.lock();
-            actors
-                .iter()
-                .filter(|(id, a)| *id != for_id && a.is_loaded())
-                .map(|(_, a)| (a.last_used_ms.load(Ordering::Relaxed), Arc::clone(a)))
-                .collect()
-        };
+        let mut candidates = self.loaded_actors_but(for_id);
         if candidates.len() > batch {
             candidates.select_nth_unstable_by_key(batch, |(used, _)| *used);
         }
@@ -1001,20 +994,24 @@ impl Inner {
         }
     }
 
+    /// Every actor with an instance except `for_id`, with when it was last
+    /// used: the candidates for eviction.
+    fn loaded_actors_but(&self, for_id: &ActorId) -> Vec<(u64, Arc<Actor>)> {
+        let actors = self.actors.lock();
+        actors
+            .iter()
+            .filter(|(id, a)| *id != for_id && a.is_loaded())
+            .map(|(_, a)| (a.last_used_ms.load(Ordering::Relaxed), Arc::clone(a)))
+            .collect()
+    }
+
     /// Closes, on this thread, up to `EVICT_FOR_MEMORY_MAX` of the least
     /// recently used instances that are not running, to give their memory
     /// back to the node's budget (`node_memory_bytes_max`); returns how
     /// many it closed. Rare (the budget is full), so it does not wait for
     /// the closer thread.
     pub fn evict_for_memory(&self, for_id: &ActorId) -> usize {
-        let mut candidates: Vec<(u64, Arc<Actor>)> = {
-            let actors = self.actors.lock();
-            actors
-                .iter()
-                .filter(|(id, a)| *id != for_id && a.is_loaded())
-                .map(|(_, a)| (a.last_used_ms.load(Ordering::Relaxed), Arc::clone(a)))
-                .collect()
-        };
+        let mut candidates = self.loaded_actors_but(for_id);
         candidates.sort_by_key(|(used, _)| *used);
         let mut closed = 0;
         for (_, a) in candidates {

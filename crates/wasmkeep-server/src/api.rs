@@ -424,13 +424,16 @@ async fn actor_request(State(s): State<AppState>, req: Request) -> Result<Respon
         replicated,
     };
     let resp = s.rt.request(id.clone(), request).await?;
-    let status = StatusCode::from_u16(resp.status).map_err(|_| {
-        ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "invalid_response",
-            format!("the actor answered an invalid status: {}", resp.status),
-        )
-    })?;
+    let status = StatusCode::from_u16(resp.status)
+        .ok()
+        .filter(|s| !s.is_informational())
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "invalid_response",
+                format!("the actor answered an invalid status: {}", resp.status),
+            )
+        })?;
     let mut out = Response::new(Body::from(resp.body));
     *out.status_mut() = status;
     let h = out.headers_mut();
@@ -439,6 +442,9 @@ async fn actor_request(State(s): State<AppState>, req: Request) -> Result<Respon
             HeaderName::from_bytes(k.as_bytes()),
             HeaderValue::from_str(&v),
         ) {
+            (Ok(k), _) if is_framing_header(&k) => {
+                tracing::debug!(actor = %id, header = %k, "dropped a framing header an actor set");
+            }
             (Ok(k), Ok(v)) => {
                 h.append(k, v);
             }
@@ -446,6 +452,26 @@ async fn actor_request(State(s): State<AppState>, req: Request) -> Result<Respon
         }
     }
     Ok(out)
+}
+
+/// Headers that frame the HTTP message or the connection: the node sets
+/// them, never an actor. A guest's own `content-length` would otherwise
+/// let it end its response early and write what the client reads as the
+/// answer to its next request on the connection (which, behind a proxy
+/// that reuses connections, may be another tenant's).
+fn is_framing_header(name: &HeaderName) -> bool {
+    use axum::http::header;
+    [
+        header::CONTENT_LENGTH,
+        header::TRANSFER_ENCODING,
+        header::CONNECTION,
+        header::UPGRADE,
+        header::TE,
+        header::TRAILER,
+    ]
+    .contains(name)
+        || name.as_str() == "keep-alive"
+        || name.as_str() == "proxy-connection"
 }
 
 fn segment(field: &'static str, v: &str) -> Result<(), ApiError> {

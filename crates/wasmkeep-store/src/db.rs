@@ -825,7 +825,11 @@ impl ActorDb {
             if o.reverse { "DESC" } else { "ASC" }
         );
         let mut stmt = self.conn.prepare_cached(&sql).map_err(|e| self.err(e))?;
-        let collected = collect_entries(&mut stmt, params![lower, upper, limit], self.limits.query_result_bytes_max);
+        let collected = collect_entries(
+            &mut stmt,
+            params![lower, upper, limit],
+            self.limits.query_result_bytes_max,
+        );
         drop(stmt);
         match collected {
             Ok(r) => r,
@@ -1135,7 +1139,11 @@ fn collect_entries(
         }
         let k = match String::from_utf8(k.as_bytes()?.to_vec()) {
             Ok(k) => k,
-            Err(_) => return Ok(Err(StoreError::Corrupt("a key-value key is not utf-8".into()))),
+            Err(_) => {
+                return Ok(Err(StoreError::Corrupt(
+                    "a key-value key is not utf-8".into(),
+                )));
+            }
         };
         out.push((k, v.as_blob()?.to_vec()));
     }

@@ -38,9 +38,7 @@ pub enum StoreError {
         "the node's memory for tenants is exhausted: limit node_memory_bytes_max={limit}; retry later"
     )]
     NodeMemoryExhausted { limit: u64 },
-    #[error(
-        "statement spilled too much to disk: limit statement_temp_file_bytes_max={limit}"
-    )]
+    #[error("statement spilled too much to disk: limit statement_temp_file_bytes_max={limit}")]
     TempStorageExceeded { limit: u64 },
     #[error("forbidden: {0}")]
     Forbidden(String),

@@ -31,10 +31,10 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
+use rusqlite::Connection;
 use rusqlite::config::DbConfig;
 use rusqlite::ffi;
 use rusqlite::hooks::{AuthAction, AuthContext, Authorization};
-use rusqlite::Connection;
 
 /// Prefix of every table the runtime keeps in an actor's database.
 pub const INTERNAL_PREFIX: &str = "_wasmkeep_";
@@ -55,6 +55,7 @@ pub(crate) const MODE_INSPECT: u8 = 2;
 /// `sqlite_compileoption_*` and `sqlite_offset` functions (facts about the
 /// node's build and file layout); the debugging functions of FTS and R-tree
 /// indexes (`fts5_decode`, `rtreenode`, ...).
+#[rustfmt::skip]
 pub const GUEST_FUNCTIONS: &[&str] = &[
     // Core scalar functions.
     "abs", "char", "coalesce", "concat", "concat_ws", "format", "glob", "hex", "if", "ifnull",
@@ -127,7 +128,8 @@ pub const GUEST_PRAGMAS: &[&str] = &[
 /// Pragmas of [`GUEST_PRAGMAS`] that would change a setting when given a
 /// value: a guest may only read them. (The others take a table or index
 /// name as their value, or, `defer_foreign_keys`, may be set.)
-const GUEST_PRAGMAS_READ_ONLY: &[&str] = &["page_count", "page_size", "data_version", "freelist_count"];
+const GUEST_PRAGMAS_READ_ONLY: &[&str] =
+    &["page_count", "page_size", "data_version", "freelist_count"];
 
 /// How many virtual-machine steps a statement takes between checks of its
 /// deadline: a few tens of microseconds of work.
@@ -229,7 +231,9 @@ fn function_allowed(name: &str) -> Result<(), String> {
     if listed(GUEST_FUNCTIONS, name) {
         Ok(())
     } else {
-        Err(format!("function `{name}` is not allowed (see docs/limits.md)"))
+        Err(format!(
+            "function `{name}` is not allowed (see docs/limits.md)"
+        ))
     }
 }
 
@@ -279,8 +283,7 @@ fn read_allowed(table: &str) -> Result<(), String> {
 
 fn internal(table: &str) -> Result<(), String> {
     let n = INTERNAL_PREFIX.len();
-    if table.len() >= n && table.as_bytes()[..n].eq_ignore_ascii_case(INTERNAL_PREFIX.as_bytes())
-    {
+    if table.len() >= n && table.as_bytes()[..n].eq_ignore_ascii_case(INTERNAL_PREFIX.as_bytes()) {
         Err(format!("table `{table}` is internal to the runtime"))
     } else {
         Ok(())

@@ -11,7 +11,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
-use wasmkeep_store::sandbox::{GUEST_FUNCTIONS, GUEST_PRAGMAS, GUEST_TABLE_FUNCTIONS, GUEST_VTAB_MODULES};
+use wasmkeep_store::sandbox::{
+    GUEST_FUNCTIONS, GUEST_PRAGMAS, GUEST_TABLE_FUNCTIONS, GUEST_VTAB_MODULES,
+};
 use wasmkeep_store::{ActorDb, OpenMode, StoreError, StoreLimits, Value};
 
 fn open(limits: StoreLimits) -> (tempfile::TempDir, ActorDb) {
@@ -43,7 +45,10 @@ fn fts3_tokenizer_leaks_an_address_on_plain_sqlite_and_is_unreachable_for_guests
     assert_eq!(leaked.len(), std::mem::size_of::<usize>());
 
     let (_d, mut db) = open(StoreLimits::default());
-    forbidden_naming(db.query("SELECT fts3_tokenizer('simple')", &[]), "fts3_tokenizer");
+    forbidden_naming(
+        db.query("SELECT fts3_tokenizer('simple')", &[]),
+        "fts3_tokenizer",
+    );
     forbidden_naming(
         db.query("SELECT fts3_tokenizer(?1)", &[Value::Text("simple".into())]),
         "fts3_tokenizer",
@@ -57,7 +62,10 @@ fn fts3_tokenizer_leaks_an_address_on_plain_sqlite_and_is_unreachable_for_guests
         db.execute("CREATE VIRTUAL TABLE t USING fts4(tokenize=simple)", &[]),
         "fts4",
     );
-    forbidden_naming(db.execute("CREATE VIRTUAL TABLE t USING fts3(x)", &[]), "fts3");
+    forbidden_naming(
+        db.execute("CREATE VIRTUAL TABLE t USING fts3(x)", &[]),
+        "fts3",
+    );
     // Through a view, the function is refused when the view is used.
     let _ = db.execute("CREATE VIEW v AS SELECT fts3_tokenizer('simple') AS p", &[]);
     assert!(db.query("SELECT p FROM v", &[]).is_err());
@@ -73,7 +81,9 @@ fn hardening_alone_makes_fts3_tokenizer_fail_where_no_authorizer_asks() {
         "SELECT fts3_tokenizer('simple')",
         "SELECT fts3_tokenizer('x', x'4141414141414141')",
     ] {
-        let e = c.query_row(sql, [], |r| r.get::<_, Vec<u8>>(0)).unwrap_err();
+        let e = c
+            .query_row(sql, [], |r| r.get::<_, Vec<u8>>(0))
+            .unwrap_err();
         assert!(e.to_string().contains("not available"), "{sql}: {e}");
     }
 }
@@ -82,17 +92,23 @@ fn hardening_alone_makes_fts3_tokenizer_fail_where_no_authorizer_asks() {
 fn shadow_tables_are_read_only_to_guests_but_writable_on_plain_sqlite() {
     let plain = rusqlite::Connection::open_in_memory().unwrap();
     plain
-        .execute_batch("CREATE VIRTUAL TABLE t USING fts5(body); INSERT INTO t_data VALUES (99, x'00');")
+        .execute_batch(
+            "CREATE VIRTUAL TABLE t USING fts5(body); INSERT INTO t_data VALUES (99, x'00');",
+        )
         .expect("without DEFENSIVE a shadow table takes any write");
 
     let (_d, mut db) = open(StoreLimits::default());
-    db.execute("CREATE VIRTUAL TABLE t USING fts5(body)", &[]).unwrap();
-    db.execute("INSERT INTO t (body) VALUES ('hello world')", &[]).unwrap();
+    db.execute("CREATE VIRTUAL TABLE t USING fts5(body)", &[])
+        .unwrap();
+    db.execute("INSERT INTO t (body) VALUES ('hello world')", &[])
+        .unwrap();
     let e = db
         .execute("INSERT INTO t_data VALUES (99, x'00')", &[])
         .unwrap_err();
     assert_eq!(e.code(), "sql_error", "{e}");
-    let hits = db.query("SELECT count(*) FROM t WHERE t MATCH 'hello'", &[]).unwrap();
+    let hits = db
+        .query("SELECT count(*) FROM t WHERE t MATCH 'hello'", &[])
+        .unwrap();
     assert_eq!(hits.rows[0][0], Value::Integer(1));
 }
 
@@ -130,21 +146,31 @@ fn functions_outside_the_allow_list_are_refused_and_inside_it_are_not() {
     }
     assert!(refused > 10, "{refused}");
     // The math functions Durable Objects offers are built in.
-    let r = db.query("SELECT sqrt(16), pow(2, 10), floor(ln(exp(2)))", &[]).unwrap();
-    assert_eq!(r.rows[0], vec![Value::Real(4.0), Value::Real(1024.0), Value::Real(2.0)]);
+    let r = db
+        .query("SELECT sqrt(16), pow(2, 10), floor(ln(exp(2)))", &[])
+        .unwrap();
+    assert_eq!(
+        r.rows[0],
+        vec![Value::Real(4.0), Value::Real(1024.0), Value::Real(2.0)]
+    );
 }
 
 #[test]
 fn modules_and_table_valued_functions_outside_the_allow_list_are_refused() {
     let (_d, mut db) = open(StoreLimits::default());
     let plain = rusqlite::Connection::open_in_memory().unwrap();
-    let mut stmt = plain.prepare("SELECT name FROM pragma_module_list").unwrap();
+    let mut stmt = plain
+        .prepare("SELECT name FROM pragma_module_list")
+        .unwrap();
     let modules: Vec<String> = stmt
         .query_map([], |r| r.get(0))
         .unwrap()
         .map(Result::unwrap)
         .collect();
-    assert!(!modules.iter().any(|m| m == "dbstat"), "dbstat is built out");
+    assert!(
+        !modules.iter().any(|m| m == "dbstat"),
+        "dbstat is built out"
+    );
     for m in &modules {
         let read = db.query(&format!("SELECT * FROM \"{m}\" LIMIT 1"), &[]);
         let listed = |l: &[&str]| l.iter().any(|x| x.eq_ignore_ascii_case(m));
@@ -153,20 +179,33 @@ fn modules_and_table_valued_functions_outside_the_allow_list_are_refused() {
             .is_some_and(|p| GUEST_PRAGMAS.contains(&p));
         if !(listed(GUEST_TABLE_FUNCTIONS) || listed(GUEST_VTAB_MODULES) || pragma_ok) {
             assert!(
-                matches!(&read, Err(StoreError::Forbidden(_)) | Err(StoreError::Sql(_))),
+                matches!(
+                    &read,
+                    Err(StoreError::Forbidden(_)) | Err(StoreError::Sql(_))
+                ),
                 "`{m}` was readable: {read:?}"
             );
             if !listed(GUEST_VTAB_MODULES) {
-                let made = db.execute(&format!("CREATE VIRTUAL TABLE v_{} USING \"{m}\"", m.len()), &[]);
+                let made = db.execute(
+                    &format!("CREATE VIRTUAL TABLE v_{} USING \"{m}\"", m.len()),
+                    &[],
+                );
                 assert!(made.is_err(), "module `{m}` made a table");
             }
         }
     }
-    forbidden_naming(db.query("SELECT * FROM pragma_compile_options", &[]), "compile_options");
-    let each = db.query("SELECT value FROM json_each('[1,2,3]')", &[]).unwrap();
+    forbidden_naming(
+        db.query("SELECT * FROM pragma_compile_options", &[]),
+        "compile_options",
+    );
+    let each = db
+        .query("SELECT value FROM json_each('[1,2,3]')", &[])
+        .unwrap();
     assert_eq!(each.rows.len(), 3);
     db.execute("CREATE TABLE t (x)", &[]).unwrap();
-    let info = db.query("SELECT name FROM pragma_table_info('t')", &[]).unwrap();
+    let info = db
+        .query("SELECT name FROM pragma_table_info('t')", &[])
+        .unwrap();
     assert_eq!(info.rows, vec![vec![Value::Text("x".into())]]);
 }
 
@@ -185,8 +224,10 @@ fn pragmas_outside_the_allow_list_are_refused_by_name() {
     ] {
         forbidden_naming(db.execute(sql, &[]), name);
     }
-    db.execute("CREATE TABLE p (id INTEGER PRIMARY KEY)", &[]).unwrap();
-    db.execute("CREATE TABLE c (p INTEGER REFERENCES p(id))", &[]).unwrap();
+    db.execute("CREATE TABLE p (id INTEGER PRIMARY KEY)", &[])
+        .unwrap();
+    db.execute("CREATE TABLE c (p INTEGER REFERENCES p(id))", &[])
+        .unwrap();
     db.begin().unwrap();
     db.execute("PRAGMA defer_foreign_keys = ON", &[]).unwrap();
     db.execute("INSERT INTO c VALUES (1)", &[]).unwrap();
@@ -197,11 +238,13 @@ fn pragmas_outside_the_allow_list_are_refused_by_name() {
 #[test]
 fn a_statement_stops_at_the_deadline_and_runs_to_its_end_without_one() {
     let (_d, mut db) = open(StoreLimits::default());
-    let bounded =
-        "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c LIMIT 300000) SELECT count(*) FROM c";
+    let bounded = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c LIMIT 300000) SELECT count(*) FROM c";
     // The unsafe variant: no deadline, the statement runs to its end.
     db.set_deadline(None);
-    assert_eq!(db.query(bounded, &[]).unwrap().rows[0][0], Value::Integer(300_000));
+    assert_eq!(
+        db.query(bounded, &[]).unwrap().rows[0][0],
+        Value::Integer(300_000)
+    );
     // A passed deadline stops it.
     db.set_deadline(Some(Instant::now()));
     let e = db.query(bounded, &[]).unwrap_err();
@@ -216,7 +259,10 @@ fn a_statement_stops_at_the_deadline_and_runs_to_its_end_without_one() {
     db.kv_put("k", b"v").unwrap();
     db.commit().unwrap();
     db.set_deadline(None);
-    assert_eq!(db.query("SELECT 1", &[]).unwrap().rows[0][0], Value::Integer(1));
+    assert_eq!(
+        db.query("SELECT 1", &[]).unwrap().rows[0][0],
+        Value::Integer(1)
+    );
 }
 
 #[test]
@@ -267,7 +313,10 @@ fn a_sort_that_spills_stops_at_the_temp_file_bound() {
     assert_eq!(e.code(), "temp_storage_exceeded", "{e}");
     // The unsafe variant: with a bound that is large enough it completes.
     let (_d2, mut roomy) = open(StoreLimits::default());
-    assert_eq!(roomy.query(sql, &[]).unwrap().rows[0][0], Value::Integer(20_000));
+    assert_eq!(
+        roomy.query(sql, &[]).unwrap().rows[0][0],
+        Value::Integer(20_000)
+    );
 }
 
 #[test]
@@ -314,9 +363,18 @@ const POOL: &[(&str, usize)] = &[
 
 fn expr() -> impl Strategy<Value = Expr> {
     let leaf = prop_oneof![
-        Just(Expr { sql: "1".into(), calls: vec![] }),
-        Just(Expr { sql: "'simple'".into(), calls: vec![] }),
-        Just(Expr { sql: "x'41'".into(), calls: vec![] }),
+        Just(Expr {
+            sql: "1".into(),
+            calls: vec![]
+        }),
+        Just(Expr {
+            sql: "'simple'".into(),
+            calls: vec![]
+        }),
+        Just(Expr {
+            sql: "x'41'".into(),
+            calls: vec![]
+        }),
     ];
     leaf.prop_recursive(3, 12, 2, |inner| {
         (0..POOL.len(), prop::collection::vec(inner, 2)).prop_map(|(i, args)| {
@@ -345,7 +403,10 @@ fn contexts(e: &str) -> Vec<Vec<String>> {
         vec![format!("SELECT {e}")],
         vec![format!("SELECT (SELECT {e})")],
         vec![format!("WITH w(v) AS (SELECT {e}) SELECT v FROM w")],
-        vec![format!("CREATE VIEW gv AS SELECT {e} AS v"), "SELECT v FROM gv".into()],
+        vec![
+            format!("CREATE VIEW gv AS SELECT {e} AS v"),
+            "SELECT v FROM gv".into(),
+        ],
         vec![
             "CREATE TABLE gt (v)".into(),
             format!("CREATE TRIGGER gtr AFTER INSERT ON gt BEGIN SELECT {e}; END"),

@@ -32,20 +32,31 @@ fn an_actor_queue_is_bounded_in_bytes_and_the_node_in_all_queues() {
         results
     });
     let refused: Vec<&RuntimeError> = outcomes.iter().filter_map(|r| r.as_ref().err()).collect();
-    assert!(!refused.is_empty(), "1.6 MB queued for an actor with a 1 MiB bound");
+    assert!(
+        !refused.is_empty(),
+        "1.6 MB queued for an actor with a 1 MiB bound"
+    );
     for e in &refused {
         assert_eq!(e.code(), "actor_overloaded", "{e}");
         assert!(e.to_string().contains("actor_queue_bytes_max"), "{e}");
     }
     let admitted = outcomes.iter().filter(|r| r.is_ok()).count();
-    assert!(admitted >= 2, "two 400 KiB requests fit in 1 MiB: {outcomes:?}");
+    assert!(
+        admitted >= 2,
+        "two 400 KiB requests fit in 1 MiB: {outcomes:?}"
+    );
 
     // Across actors: each queue is under its own bound, the node's is not.
     let node = &node;
     let outcomes = std::thread::scope(|s| {
         let wedged: Vec<_> = ["a", "b", "c", "d"]
             .iter()
-            .map(|n| s.spawn(move || node.actor(&format!("t/bed/probe/{n}")).request("POST", "/loop", "")))
+            .map(|n| {
+                s.spawn(move || {
+                    node.actor(&format!("t/bed/probe/{n}"))
+                        .request("POST", "/loop", "")
+                })
+            })
             .collect();
         std::thread::sleep(Duration::from_millis(300));
         let senders: Vec<_> = ["a", "b", "c", "d"]
@@ -54,7 +65,8 @@ fn an_actor_queue_is_bounded_in_bytes_and_the_node_in_all_queues() {
             .map(|n| {
                 let body = body.clone();
                 s.spawn(move || {
-                    node.actor(&format!("t/bed/probe/{n}")).request("POST", "/write", body)
+                    node.actor(&format!("t/bed/probe/{n}"))
+                        .request("POST", "/write", body)
                 })
             })
             .collect();
@@ -70,5 +82,8 @@ fn an_actor_queue_is_bounded_in_bytes_and_the_node_in_all_queues() {
         .filter_map(|r| r.as_ref().err())
         .filter(|e| e.code() == "node_overloaded")
         .count();
-    assert!(node_refused >= 1, "3.2 MB queued on a node with a 3 MiB bound: {outcomes:?}");
+    assert!(
+        node_refused >= 1,
+        "3.2 MB queued on a node with a 3 MiB bound: {outcomes:?}"
+    );
 }
