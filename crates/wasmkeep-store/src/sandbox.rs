@@ -25,6 +25,7 @@
 //! Memory is the fourth bound, kept in the allocator hooks
 //! (`memory_budget`).
 
+use std::collections::HashSet;
 use std::ffi::{c_char, c_int};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
@@ -227,8 +228,23 @@ fn listed(list: &[&str], name: &str) -> bool {
     list.iter().any(|n| n.eq_ignore_ascii_case(name))
 }
 
+/// [`GUEST_FUNCTIONS`] as a set: the authorizer asks for every function
+/// of every statement a guest prepares (a cold actor prepares all of its
+/// statements once).
+fn guest_functions() -> &'static HashSet<&'static str> {
+    static SET: OnceLock<HashSet<&'static str>> = OnceLock::new();
+    SET.get_or_init(|| GUEST_FUNCTIONS.iter().copied().collect())
+}
+
 fn function_allowed(name: &str) -> Result<(), String> {
-    if listed(GUEST_FUNCTIONS, name) {
+    // SQLite names its built-in functions in lowercase; a guest's spelling
+    // does not reach here (SQLite passes the function's own name).
+    let allowed = if name.bytes().any(|b| b.is_ascii_uppercase()) {
+        guest_functions().contains(name.to_ascii_lowercase().as_str())
+    } else {
+        guest_functions().contains(name)
+    };
+    if allowed {
         Ok(())
     } else {
         Err(format!(
@@ -267,10 +283,13 @@ fn module_names() -> &'static [String] {
 /// module is refused too: the message says why).
 fn read_allowed(table: &str) -> Result<(), String> {
     internal(table)?;
-    let lower = table.to_ascii_lowercase();
-    if !module_names().contains(&lower) || listed(GUEST_TABLE_FUNCTIONS, &lower) {
+    if !module_names().iter().any(|m| m.eq_ignore_ascii_case(table))
+        || listed(GUEST_TABLE_FUNCTIONS, table)
+        || listed(GUEST_VTAB_MODULES, table)
+    {
         return Ok(());
     }
+    let lower = table.to_ascii_lowercase();
     if let Some(pragma) = lower.strip_prefix("pragma_")
         && pragma_allowed(pragma, None)
     {
