@@ -91,13 +91,21 @@ struct Activity {
     head_started_ms: AtomicU64,
     /// Requests whose handler is running.
     handling: AtomicUsize,
-    /// Woken when the deadline may have moved earlier (a head starts, a
-    /// handler starts or ends); bytes that only push it later do not wake.
+    /// Woken when the deadline moved earlier than the one the watchdog
+    /// sleeps toward; changes that only push it later do not wake it.
     changed: Notify,
+    /// The deadline the watchdog sleeps toward, in ms since the accept
+    /// ([`NONE`]: none, it waits for a change). A request that moves the
+    /// deadline later costs no wake-up: the watchdog finds the later
+    /// deadline when it wakes at the earlier one (W1-hot paid a wake-up of
+    /// the connection's task and a new timer twice per request before).
+    sleeping_until_ms: AtomicU64,
+    /// The limits, for the deadline a change makes.
+    limits: Limits,
 }
 
 impl Activity {
-    fn new() -> Activity {
+    fn new(limits: Limits) -> Activity {
         Activity {
             start: Instant::now(),
             last_io_ms: AtomicU64::new(0),
@@ -106,6 +114,20 @@ impl Activity {
             head_started_ms: AtomicU64::new(0),
             handling: AtomicUsize::new(0),
             changed: Notify::new(),
+            sleeping_until_ms: AtomicU64::new(NONE),
+            limits,
+        }
+    }
+
+    /// Wakes the watchdog if the deadline is now earlier than the one it
+    /// sleeps toward. The state changes before this call and the
+    /// watchdog's store of its target are sequentially consistent, so
+    /// either this sees the watchdog's target or the watchdog, reading the
+    /// state after storing it, sees this change.
+    fn nudge(&self) {
+        let target = self.sleeping_until_ms.load(Ordering::SeqCst);
+        if self.deadline_ms(&self.limits).is_some_and(|d| d < target) {
+            self.changed.notify_one();
         }
     }
 
@@ -118,13 +140,13 @@ impl Activity {
         self.last_io_ms.store(now, Ordering::Relaxed);
         // A byte that arrives while no handler runs starts the next head (a
         // body is read by its handler).
-        if self.handling.load(Ordering::Relaxed) == 0
+        if self.handling.load(Ordering::SeqCst) == 0
             && self
                 .head_started_ms
-                .compare_exchange(NONE, now, Ordering::Relaxed, Ordering::Relaxed)
+                .compare_exchange(NONE, now, Ordering::SeqCst, Ordering::Relaxed)
                 .is_ok()
         {
-            self.changed.notify_one();
+            self.nudge();
         }
     }
 
@@ -136,15 +158,22 @@ impl Activity {
     /// handler runs (it bounds its own body read; the runtime bounds the
     /// event).
     fn deadline(&self, limits: &Limits) -> Option<Instant> {
-        if self.handling.load(Ordering::Relaxed) > 0 {
+        self.deadline_ms(limits)
+            .map(|ms| self.start + Duration::from_millis(ms))
+    }
+
+    /// [`Activity::deadline`] in ms since the accept.
+    fn deadline_ms(&self, limits: &Limits) -> Option<u64> {
+        if self.handling.load(Ordering::SeqCst) > 0 {
             return None;
         }
-        let head = self.head_started_ms.load(Ordering::Relaxed);
+        let ms = |d: Duration| d.as_millis() as u64;
+        let head = self.head_started_ms.load(Ordering::SeqCst);
         if head != NONE {
-            return Some(self.start + Duration::from_millis(head) + limits.header_read);
+            return Some(head.saturating_add(ms(limits.header_read)));
         }
-        let last = self.last_io_ms.load(Ordering::Relaxed);
-        Some(self.start + Duration::from_millis(last) + limits.idle)
+        let last = self.last_io_ms.load(Ordering::SeqCst);
+        Some(last.saturating_add(ms(limits.idle)))
     }
 }
 
@@ -153,9 +182,10 @@ struct Handling(Arc<Activity>);
 
 impl Handling {
     fn enter(a: Arc<Activity>) -> Handling {
-        a.handling.fetch_add(1, Ordering::Relaxed);
-        a.head_started_ms.store(NONE, Ordering::Relaxed);
-        a.changed.notify_one();
+        // No deadline while a handler runs: later than any, so the
+        // watchdog is not woken for it.
+        a.handling.fetch_add(1, Ordering::SeqCst);
+        a.head_started_ms.store(NONE, Ordering::SeqCst);
         Handling(a)
     }
 }
@@ -164,9 +194,9 @@ impl Drop for Handling {
     fn drop(&mut self) {
         // The idle time starts when the response is ready, not at the last
         // byte of the request, which may be long before.
-        self.0.on_write();
-        self.0.handling.fetch_sub(1, Ordering::Relaxed);
-        self.0.changed.notify_one();
+        self.0.last_io_ms.store(self.0.now_ms(), Ordering::SeqCst);
+        self.0.handling.fetch_sub(1, Ordering::SeqCst);
+        self.0.nudge();
     }
 }
 
@@ -177,7 +207,16 @@ impl Drop for Handling {
 /// `notify_one` keeps one for the next wait).
 async fn watchdog(a: &Activity, limits: &Limits) {
     loop {
-        match a.deadline(limits) {
+        let target = a.deadline_ms(limits);
+        a.sleeping_until_ms
+            .store(target.unwrap_or(NONE), Ordering::SeqCst);
+        // A change between computing the target and storing it that made
+        // the deadline earlier was not seen by its `nudge` (which read the
+        // previous target): look again.
+        if a.deadline_ms(limits).unwrap_or(NONE) < target.unwrap_or(NONE) {
+            continue;
+        }
+        match target.map(|ms| a.start + Duration::from_millis(ms)) {
             // A handler runs: nothing to time until it ends.
             None => a.changed.notified().await,
             Some(d) if Instant::now() >= d => return,
@@ -362,7 +401,7 @@ async fn connection(
     _permit: OwnedSemaphorePermit,
 ) {
     let _ = stream.set_nodelay(true);
-    let activity = Arc::new(Activity::new());
+    let activity = Arc::new(Activity::new(limits));
     let io = TokioIo::new(TrackedIo {
         inner: stream,
         activity: Arc::clone(&activity),
@@ -463,7 +502,7 @@ mod tests {
     #[test]
     fn a_new_connection_has_the_head_timeout_then_idle_then_head_again() {
         let l = limits();
-        let a = Arc::new(Activity::new());
+        let a = Arc::new(Activity::new(l));
         let d0 = a.deadline(&l).unwrap();
         assert_eq!(
             d0,
@@ -494,7 +533,7 @@ mod tests {
             idle: Duration::from_millis(50),
             ..limits()
         };
-        let a = Arc::new(Activity::new());
+        let a = Arc::new(Activity::new(l));
         let dog = tokio::spawn({
             let a = Arc::clone(&a);
             async move { watchdog(&a, &l).await }
