@@ -463,3 +463,75 @@ fn every_context_of_the_property_evaluates_an_allowed_function() {
         }
     }
 }
+
+/// Pragmas the generator draws from, with whether a guest may run them.
+const PRAGMA_POOL: &[(&str, bool)] = &[
+    ("table_info(t)", true),
+    ("quick_check", true),
+    ("defer_foreign_keys = ON", true),
+    ("page_count", true),
+    ("page_count = 1", false),
+    ("journal_mode = OFF", false),
+    ("writable_schema = ON", false),
+    ("trusted_schema = ON", false),
+    ("temp_store = MEMORY", false),
+    ("mmap_size = 1", false),
+    ("cache_size = -100000", false),
+    ("compile_options", false),
+    ("module_list", false),
+    ("function_list", false),
+    ("database_list", false),
+    ("hard_heap_limit = 1", false),
+    ("schema_version = 1", false),
+];
+
+/// Virtual-table modules the generator draws from, with whether a guest
+/// may create tables with them.
+const MODULE_POOL: &[(&str, bool)] = &[
+    ("fts5(body)", true),
+    ("rtree(id, x0, x1)", true),
+    ("fts4(body)", false),
+    ("fts3(body)", false),
+    ("fts3tokenize(simple)", false),
+    ("fts4aux(t)", false),
+    ("fts5vocab(t, row)", false),
+    ("json_each", false),
+];
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, .. ProptestConfig::default() })]
+
+    /// Any sequence of pragmas and virtual-table creations, in the three
+    /// ways SQLite reaches a pragma (the statement, its table-valued
+    /// function, a view over that function): what the allow-lists leave
+    /// out never runs, and what they allow does.
+    #[test]
+    fn pragmas_and_modules_outside_the_allow_lists_never_run(
+        picks in prop::collection::vec((0..PRAGMA_POOL.len(), 0..MODULE_POOL.len(), 0..3u8), 1..6)
+    ) {
+        let (_d, mut db) = open(StoreLimits::default());
+        db.execute("CREATE TABLE t (x)", &[]).unwrap();
+        for (i, (p, m, form)) in picks.into_iter().enumerate() {
+            let (pragma, allowed) = PRAGMA_POOL[p];
+            let name = pragma.split([' ', '(']).next().unwrap();
+            let sql = match (form, pragma.contains('=')) {
+                (0, _) | (_, true) => format!("PRAGMA {pragma}"),
+                (1, false) => format!("SELECT * FROM pragma_{name}"),
+                _ => format!("CREATE VIEW pv{i} AS SELECT * FROM pragma_{name}"),
+            };
+            let r = db.query(&sql, &[]);
+            let r = match (form, &r, pragma.contains('=')) {
+                (2, Ok(_), false) => db.query(&format!("SELECT * FROM pv{i}"), &[]),
+                _ => r,
+            };
+            if allowed {
+                prop_assert!(r.is_ok() || !sql.starts_with("PRAGMA"), "{sql}: {r:?}");
+            } else {
+                prop_assert!(r.is_err(), "{sql} ran: {r:?}");
+            }
+            let (module, allowed) = MODULE_POOL[m];
+            let r = db.execute(&format!("CREATE VIRTUAL TABLE v{i} USING {module}"), &[]);
+            prop_assert_eq!(r.is_ok(), allowed, "{}: {:?}", module, r);
+        }
+    }
+}
