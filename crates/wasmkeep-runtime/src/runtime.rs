@@ -878,7 +878,7 @@ impl Inner {
             })
         } else {
             let node = self.queued_bytes.load(Ordering::Relaxed);
-            (node + bytes > c.node_queue_bytes_max).then(|| RuntimeError::QueueBytesExceeded {
+            (node + bytes > c.node_queue_bytes_max).then_some(RuntimeError::QueueBytesExceeded {
                 scope: "node",
                 limit_name: "node_queue_bytes_max",
                 queued: node,

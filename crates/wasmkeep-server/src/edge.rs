@@ -157,6 +157,7 @@ impl Activity {
     /// When the connection must be closed if nothing changes; `None` while a
     /// handler runs (it bounds its own body read; the runtime bounds the
     /// event).
+    #[cfg(test)]
     fn deadline(&self, limits: &Limits) -> Option<Instant> {
         self.deadline_ms(limits)
             .map(|ms| self.start + Duration::from_millis(ms))

@@ -1120,6 +1120,9 @@ fn disk_has_room(dir: &Path) -> bool {
     }
 }
 
+/// Key-value entries as a listing returns them.
+type Entries = Vec<(String, Vec<u8>)>;
+
 /// Reads a key-value listing's rows, checking the total size before each
 /// entry is copied, so a listing over `limit` costs at most that much.
 /// The outer error is SQLite's; the inner one the listing's own.
@@ -1127,7 +1130,7 @@ fn collect_entries(
     stmt: &mut rusqlite::CachedStatement<'_>,
     params: impl rusqlite::Params,
     limit: usize,
-) -> rusqlite::Result<Result<Vec<(String, Vec<u8>)>, StoreError>> {
+) -> rusqlite::Result<Result<Entries, StoreError>> {
     let mut rows = stmt.query(params)?;
     let mut out = Vec::new();
     let mut total = 0usize;
