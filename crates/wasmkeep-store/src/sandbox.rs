@@ -413,8 +413,10 @@ pub(crate) struct Guard {
     /// Nanoseconds after [`epoch`] when guest statements must stop; 0: no
     /// deadline.
     deadline_ns: AtomicU64,
-    /// Set by the node when it stops; shared by all its connections.
-    stop: Mutex<Option<Arc<AtomicBool>>>,
+    /// Set by the node when it stops; shared by all its connections. Given
+    /// once, when the connection opens, and read without a lock by the
+    /// progress handler.
+    stop: OnceLock<Arc<AtomicBool>>,
     /// What stopped the last statement (`0` none, `1` deadline,
     /// `2` stopping).
     stopped: AtomicU8,
@@ -434,18 +436,15 @@ impl Guard {
         self.deadline_ns.store(ns, Ordering::Relaxed);
     }
 
+    /// Shares the node's stop flag; a connection keeps the first it is
+    /// given (a node gives each connection its own flag, once).
     pub(crate) fn set_stop_flag(&self, flag: Arc<AtomicBool>) {
-        *self.stop.lock().unwrap_or_else(|p| p.into_inner()) = Some(flag);
+        let _ = self.stop.set(flag);
     }
 
     /// Whether a guest statement must stop now; records why.
     pub(crate) fn must_stop(&self) -> bool {
-        let stopping = self
-            .stop
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_ref()
-            .is_some_and(|f| f.load(Ordering::Relaxed));
+        let stopping = self.stop.get().is_some_and(|f| f.load(Ordering::Relaxed));
         if stopping {
             self.stopped.store(2, Ordering::Relaxed);
             return true;
