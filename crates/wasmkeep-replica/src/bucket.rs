@@ -1,5 +1,12 @@
 //! The object store an actor's chain lives in, with request counters.
+//!
+//! Listings are untrusted input like bodies: they are read key by key as
+//! the store pages them, never collected whole. A reader that needs every
+//! key holds at most a bound of them ([`Bucket::list_seqs`]); a deleter
+//! takes the lowest keys in batches (`Bucket::lowest_seqs`).
 
+use std::collections::BinaryHeap;
+use std::ops::RangeInclusive;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -24,6 +31,9 @@ pub struct Metrics {
     pub get_bytes: AtomicU64,
     pub heads: AtomicU64,
     pub lists: AtomicU64,
+    /// Keys received from listings (every key the store sent, whether
+    /// kept or not): what listings cost the node.
+    pub listed_keys: AtomicU64,
     pub deletes: AtomicU64,
 }
 
@@ -36,6 +46,7 @@ pub struct MetricsSnapshot {
     pub get_bytes: u64,
     pub heads: u64,
     pub lists: u64,
+    pub listed_keys: u64,
     pub deletes: u64,
 }
 
@@ -49,6 +60,7 @@ impl Metrics {
             get_bytes: l(&self.get_bytes),
             heads: l(&self.heads),
             lists: l(&self.lists),
+            listed_keys: l(&self.listed_keys),
             deletes: l(&self.deletes),
         }
     }
@@ -56,6 +68,52 @@ impl Metrics {
 
 fn add(a: &AtomicU64, n: u64) {
     a.fetch_add(n, Ordering::Relaxed);
+}
+
+/// Whether a listing's reader wants the next key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Next {
+    More,
+    Stop,
+}
+
+/// Counts the keys a listing has given against its bound.
+struct Counted<'a> {
+    dir: &'a str,
+    seen: u64,
+    limit: u64,
+}
+
+impl<'a> Counted<'a> {
+    fn new(dir: &'a str, limit: u64) -> Self {
+        Counted {
+            dir,
+            seen: 0,
+            limit,
+        }
+    }
+
+    /// One more key; `listing_too_long` once there are more than the bound.
+    fn one(&mut self) -> Result<(), ReplicaError> {
+        self.seen += 1;
+        if self.seen > self.limit {
+            return Err(ReplicaError::ListingTooLong {
+                dir: self.dir.to_owned(),
+                limit: self.limit,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The seq of `key` if it is a seq directly in `dir` (not in a folder
+/// below it, where it could pose as one of the chain's keys).
+fn seq_in(dir: &str, key: &str) -> Option<u64> {
+    let rest = key.strip_prefix(dir)?;
+    if rest.contains('/') {
+        return None;
+    }
+    crate::keys::parse_seq(rest)
 }
 
 /// What a create-only write found.
@@ -272,54 +330,74 @@ impl Bucket {
         Ok(Bytes::from(buf))
     }
 
-    /// Keys (relative to the prefix) in the folder `dir` (ending in `/`)
-    /// that sort after `after`, sorted: some stores list unsorted.
-    pub async fn list(&self, dir: &str, after: Option<&str>) -> Result<Vec<String>, ReplicaError> {
-        Ok(self
-            .list_sized(dir, after)
-            .await?
-            .into_iter()
-            .map(|(key, _)| key)
-            .collect())
-    }
-
-    /// [`Bucket::list`] with the size the listing gives for each key.
-    async fn list_sized(
+    /// Streams the keys (relative to the prefix) in the folder `dir`
+    /// (ending in `/`) that sort after `after`, with the size the listing
+    /// gives for each, to `visit`, one at a time as the store pages them
+    /// (S3 sends a thousand keys a page), in the store's order: some stores
+    /// list unsorted. Nothing is collected here. The listing is dropped,
+    /// and no further page requested, as soon as `visit` says stop or fails.
+    async fn scan(
         &self,
         dir: &str,
         after: Option<&str>,
-    ) -> Result<Vec<(String, u64)>, ReplicaError> {
+        mut visit: impl FnMut(&str, u64) -> Result<Next, ReplicaError>,
+    ) -> Result<(), ReplicaError> {
         let prefix = self.path(dir)?;
         add(&self.metrics.lists, 1);
-        let stream = match after {
+        let mut stream = match after {
             Some(a) => self.store.list_with_offset(Some(&prefix), &self.path(a)?),
             None => self.store.list(Some(&prefix)),
         };
-        let metas: Vec<_> = stream.try_collect().await?;
-        let mut keys: Vec<(String, u64)> = metas
-            .iter()
-            .map(|m| (self.key_of(&m.location), m.size))
-            .collect();
-        if let Some(a) = after {
-            keys.retain(|(k, _)| k.as_str() > a);
+        while let Some(meta) = stream.try_next().await? {
+            add(&self.metrics.listed_keys, 1);
+            let key = self.key_of(&meta.location);
+            if after.is_some_and(|a| key.as_str() <= a) {
+                continue;
+            }
+            if visit(&key, meta.size)? == Next::Stop {
+                break;
+            }
         }
+        Ok(())
+    }
+
+    /// Keys (relative to the prefix) in the folder `dir` (ending in `/`)
+    /// that sort after `after`, sorted. Holds at most `keys_max` keys: a
+    /// longer listing fails with `listing_too_long` as soon as it runs past.
+    pub async fn list(
+        &self,
+        dir: &str,
+        after: Option<&str>,
+        keys_max: u64,
+    ) -> Result<Vec<String>, ReplicaError> {
+        let mut keys = Vec::new();
+        let mut seen = Counted::new(dir, keys_max);
+        self.scan(dir, after, |key, _| {
+            seen.one()?;
+            keys.push(key.to_owned());
+            Ok(Next::More)
+        })
+        .await?;
         keys.sort_unstable();
         Ok(keys)
     }
 
     /// The sequence numbers of the entries (or snapshots) in `dir` after
     /// `after`, ascending: keys are zero-padded, so key order is seq order.
-    /// Keys that are not a seq (anything a human left there) are skipped.
+    /// Keys that are not a seq directly in `dir` (anything a human left
+    /// there, a deeper folder) are skipped, but count towards `keys_max`
+    /// like every key the listing holds.
     pub async fn list_seqs(
         &self,
         dir: &str,
         after: Option<&str>,
+        keys_max: u64,
     ) -> Result<Vec<u64>, ReplicaError> {
         Ok(self
-            .list(dir, after)
+            .list_seqs_sized(dir, after, keys_max)
             .await?
-            .iter()
-            .filter_map(|k| crate::keys::parse_seq(k))
+            .into_iter()
+            .map(|(seq, _)| seq)
             .collect())
     }
 
@@ -329,13 +407,76 @@ impl Bucket {
         &self,
         dir: &str,
         after: Option<&str>,
+        keys_max: u64,
     ) -> Result<Vec<(u64, u64)>, ReplicaError> {
-        Ok(self
-            .list_sized(dir, after)
-            .await?
-            .iter()
-            .filter_map(|(k, size)| Some((crate::keys::parse_seq(k)?, *size)))
-            .collect())
+        let mut seqs = Vec::new();
+        let mut seen = Counted::new(dir, keys_max);
+        self.scan(dir, after, |key, size| {
+            seen.one()?;
+            if let Some(seq) = seq_in(dir, key) {
+                seqs.push((seq, size));
+            }
+            Ok(Next::More)
+        })
+        .await?;
+        seqs.sort_unstable();
+        Ok(seqs)
+    }
+
+    /// Whether `dir` holds a seq at or above `from` (after `after`),
+    /// reading the listing only until it finds one, and at most `keys_max`
+    /// keys (`listing_too_long` past them).
+    pub async fn any_seq(
+        &self,
+        dir: &str,
+        after: Option<&str>,
+        from: u64,
+        keys_max: u64,
+    ) -> Result<bool, ReplicaError> {
+        let mut found = false;
+        let mut seen = Counted::new(dir, keys_max);
+        self.scan(dir, after, |key, _| {
+            seen.one()?;
+            found = seq_in(dir, key).is_some_and(|s| s >= from);
+            Ok(if found { Next::Stop } else { Next::More })
+        })
+        .await?;
+        Ok(found)
+    }
+
+    /// The `n` lowest seqs in `dir` within `range`, ascending, and whether
+    /// the listing held more of them: one batch for a deleter that works
+    /// through a folder of any length in passes. The whole listing is
+    /// read, key by key, holding `n` seqs at most, so that a store that
+    /// lists unsorted still gives the lowest ones (deleting from the
+    /// oldest up never leaves a chain whose beginning is kept but whose end
+    /// is gone).
+    pub(crate) async fn lowest_seqs(
+        &self,
+        dir: &str,
+        range: RangeInclusive<u64>,
+        n: u64,
+    ) -> Result<(Vec<u64>, bool), ReplicaError> {
+        let n = n.max(1);
+        let mut lowest = BinaryHeap::new();
+        let mut more = false;
+        self.scan(dir, None, |key, _| {
+            let Some(seq) = seq_in(dir, key).filter(|s| range.contains(s)) else {
+                return Ok(Next::More);
+            };
+            if (lowest.len() as u64) < n {
+                lowest.push(seq);
+            } else {
+                more = true;
+                if lowest.peek().is_some_and(|top| seq < *top) {
+                    lowest.pop();
+                    lowest.push(seq);
+                }
+            }
+            Ok(Next::More)
+        })
+        .await?;
+        Ok((lowest.into_sorted_vec(), more))
     }
 
     /// Deletes an object; a missing one is fine (a local folder reports it).

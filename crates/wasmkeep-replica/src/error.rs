@@ -31,6 +31,26 @@ pub enum ReplicaError {
         limit_name: &'static str,
         limit: u64,
     },
+    /// A listing of one actor's folder holds more keys than a reader holds
+    /// (`ReplicaConfig::listing_keys_max`); the listing was dropped as soon
+    /// as it ran past the bound.
+    #[error(
+        "bucket listing too long: more than {limit} keys: limit listing_keys_max={limit} dir=`{dir}`"
+    )]
+    ListingTooLong { dir: String, limit: u64 },
+    /// A restore would replay more entries, or download more bytes, than it
+    /// is bounded to (`ReplicaConfig::restore_entries_max`,
+    /// `restore_bytes_max`). `value` is what the listing counted, or the
+    /// bytes received when a download ran past the budget; `key` is the
+    /// object at which the bound was crossed.
+    #[error("restore too long: {field}={value} limit {limit_name}={limit} key=`{key}`")]
+    RestoreTooLong {
+        key: String,
+        field: &'static str,
+        value: u64,
+        limit_name: &'static str,
+        limit: u64,
+    },
     /// A body in the bucket describes a database larger than this node
     /// could ever have replicated (see `ReplicaConfig::database_pages_max`).
     #[error(
@@ -84,6 +104,8 @@ impl ReplicaError {
             ReplicaError::EntryTooLarge { .. } => "entry_too_large",
             ReplicaError::ObjectTooLarge { .. } => "object_too_large",
             ReplicaError::DatabaseTooLarge { .. } => "database_too_large",
+            ReplicaError::ListingTooLong { .. } => "listing_too_long",
+            ReplicaError::RestoreTooLong { .. } => "restore_too_long",
             ReplicaError::ImageCorrupt { .. } => "restored_image_corrupt",
             ReplicaError::OutOfMemory { .. } => "replica_out_of_memory",
             ReplicaError::ChainBroken(_) => "chain_broken",
@@ -115,6 +137,8 @@ impl ReplicaError {
             ReplicaError::Corrupt { .. }
                 | ReplicaError::ObjectTooLarge { .. }
                 | ReplicaError::DatabaseTooLarge { .. }
+                | ReplicaError::ListingTooLong { .. }
+                | ReplicaError::RestoreTooLong { .. }
                 | ReplicaError::ImageCorrupt { .. }
         )
     }

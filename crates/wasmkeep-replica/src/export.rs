@@ -1,15 +1,27 @@
 //! Point in time: a plain SQLite database as the chain held it at a seq or
 //! at a time, within what retention keeps.
+//!
+//! [`export_to_path`] is the checked way out: the file is written under a
+//! temporary name beside its target, passes SQLite's `PRAGMA quick_check`
+//! (as a restored image does before it replaces a local file) and only
+//! then takes its name. [`export`] gives the bytes unchecked, for callers
+//! that check them their own way. Reading the chain is bounded like a
+//! restore's listing (`listing_keys_max`) and each object by
+//! `entry_bytes_max`; the number of entries replayed is not bounded beyond
+//! the listing's, since an export may start from an older snapshot than a
+//! restore and is run deliberately, for one actor, by an operator.
+
+use std::path::{Path, PathBuf};
 
 use wasmkeep_store::ActorId;
 
 use crate::bucket::Bucket;
 use crate::entry::{Entry, FIXED_HEADER_BYTES, Kind};
 use crate::error::ReplicaError;
-use crate::image::Image;
+use crate::image::{Image, quick_check};
 use crate::keys::ActorRoot;
 use crate::limits::ReplicaConfig;
-use crate::replica::fetch;
+use crate::replica::{Budget, fetch};
 
 /// Which point of an actor's history to export.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,8 +36,9 @@ pub enum At {
     Latest,
 }
 
-/// The database file's bytes at `at`. `NotRetained` when retention has
-/// already dropped that point, or it is beyond the chain.
+/// The database file's bytes at `at`, unchecked (see [`export_to_path`]).
+/// `NotRetained` when retention has already dropped that point, or it is
+/// beyond the chain.
 pub async fn export(
     bucket: &Bucket,
     id: &ActorId,
@@ -44,8 +57,79 @@ pub async fn export_with_progress(
     config: &ReplicaConfig,
     progress: &(dyn Fn(u64, u64) + Sync),
 ) -> Result<Vec<u8>, ReplicaError> {
+    Ok(rebuild_at(bucket, id, at, config, progress)
+        .await?
+        .0
+        .into_bytes())
+}
+
+/// Writes the database at `at` to `out` as a plain SQLite file, checked,
+/// and returns its size; calls `progress` as [`export_with_progress`] does.
+///
+/// The bytes go to `out` with `.partial` appended, synced, and are checked
+/// there with `PRAGMA quick_check` (read-only, `immutable`, defensive mode,
+/// untrusted schema). A file that fails it is deleted and the export fails
+/// with `restored_image_corrupt`, naming the last object applied; one that
+/// passes is linked to `out`, which is never overwritten (an existing `out`
+/// fails the export with `replica_io_error`, and nothing is left behind).
+pub async fn export_to_path(
+    bucket: &Bucket,
+    id: &ActorId,
+    at: At,
+    config: &ReplicaConfig,
+    out: &Path,
+    progress: &(dyn Fn(u64, u64) + Sync),
+) -> Result<u64, ReplicaError> {
+    let (image, key) = rebuild_at(bucket, id, at, config, progress).await?;
+    let staged = partial_path(out);
+    let result = write_checked(image.bytes(), &staged, &key, out);
+    // Whatever happened, nothing stays under the temporary name.
+    let _ = std::fs::remove_file(&staged);
+    result.map(|()| image.bytes().len() as u64)
+}
+
+/// `out` with `.partial` appended.
+fn partial_path(out: &Path) -> PathBuf {
+    let mut s = out.as_os_str().to_owned();
+    s.push(".partial");
+    PathBuf::from(s)
+}
+
+/// Writes `bytes` to `staged` (synced), checks it, and links it to `out`.
+fn write_checked(bytes: &[u8], staged: &Path, key: &str, out: &Path) -> Result<(), ReplicaError> {
+    use std::io::Write;
+    let mut f = std::fs::File::create(staged)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    drop(f);
+    quick_check(staged, key)?;
+    // A link, unlike a rename, fails rather than replace an existing file.
+    match std::fs::hard_link(staged, out) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Err(e.into()),
+        // A filesystem without links: a rename, once the name is free.
+        Err(_) if !out.exists() => std::fs::rename(staged, out)?,
+        Err(e) => return Err(e.into()),
+    }
+    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
+/// The image at `at`, and the key of the last object applied to it.
+async fn rebuild_at(
+    bucket: &Bucket,
+    id: &ActorId,
+    at: At,
+    config: &ReplicaConfig,
+    progress: &(dyn Fn(u64, u64) + Sync),
+) -> Result<(Image, String), ReplicaError> {
     let root = ActorRoot::new(id, bucket.prefix_bytes())?;
-    let snaps = bucket.list_seqs_sized(&root.snap_dir(), None).await?;
+    let bound = config.listing_bound();
+    let snaps = bucket
+        .list_seqs_sized(&root.snap_dir(), None, bound)
+        .await?;
     // The base: the newest snapshot at or before the point, with the size
     // the listing gave for it.
     let base = match at {
@@ -65,9 +149,11 @@ pub async fn export_with_progress(
         }
     };
     let base_seq = base.map(|(s, _)| s);
+    let budget = &mut Budget::unbounded();
+    let mut last_key = None;
     let (mut image, mut next) = match base {
         Some((s, size)) => {
-            let e = fetch(bucket, &root, Kind::Snapshot, (s, size), config).await?;
+            let e = fetch(bucket, &root, Kind::Snapshot, (s, size), config, budget).await?;
             if let At::TimeMs(t) = at
                 && e.time_ms > t
             {
@@ -78,13 +164,14 @@ pub async fn export_with_progress(
             }
             let mut img = Image::empty(e.page_size);
             img.apply(&e)?;
+            last_key = Some(root.snap(s));
             (Some(img), s + 1)
         }
         None => (None, 0),
     };
     let after = base_seq.map(|s| root.log(s));
     let logs = bucket
-        .list_seqs_sized(&root.log_dir(), after.as_deref())
+        .list_seqs_sized(&root.log_dir(), after.as_deref(), bound)
         .await?;
     let total = logs.len() as u64 + u64::from(base.is_some());
     let mut done = u64::from(base.is_some());
@@ -99,7 +186,7 @@ pub async fn export_with_progress(
             // Below the oldest entry kept (no base) or a gap.
             break;
         }
-        let e = fetch(bucket, &root, Kind::Log, (seq, size), config).await?;
+        let e = fetch(bucket, &root, Kind::Log, (seq, size), config, budget).await?;
         if let At::TimeMs(t) = at
             && e.time_ms > t
         {
@@ -108,6 +195,7 @@ pub async fn export_with_progress(
         image
             .get_or_insert_with(|| Image::empty(e.page_size))
             .apply(&e)?;
+        last_key = Some(root.log(seq));
         next += 1;
         done += 1;
         progress(done, total);
@@ -117,8 +205,8 @@ pub async fn export_with_progress(
         At::Seq(n) => reached == Some(n),
         At::TimeMs(_) | At::Latest => image.is_some(),
     };
-    match image {
-        Some(img) if ok => Ok(img.into_bytes()),
+    match (image, last_key) {
+        (Some(img), Some(key)) if ok => Ok((img, key)),
         _ => Err(ReplicaError::NotRetained(format!(
             "{at:?} for actor=`{}` (reached seq {reached:?})",
             root.as_str()

@@ -11,8 +11,10 @@
 //! What the bucket holds is untrusted input: every object is bounded before
 //! it is downloaded and while it streams in, every count in a body is
 //! checked against the bytes present and the bounds of [`limits`] before
-//! anything is sized from it, and a restored image passes SQLite's
-//! `PRAGMA quick_check` before it replaces a local file.
+//! anything is sized from it, listings are read key by key and held only
+//! up to a bound, a restore replays a bounded number of entries and bytes,
+//! and a restored image passes SQLite's `PRAGMA quick_check` before it
+//! replaces a local file (an exported one before it takes its name).
 //! ADR 0007 (`docs/adr/0007-replication.md`) explains the decisions.
 //!
 //! What it is not: it decides nothing about ownership (leases and holds are
@@ -38,7 +40,7 @@ pub mod testing;
 pub use bucket::{Bucket, Metrics, MetricsSnapshot};
 pub use entry::{Entry, Kind, Position, Token};
 pub use error::ReplicaError;
-pub use export::{At, export, export_with_progress};
+pub use export::{At, export, export_to_path, export_with_progress};
 pub use image::Image;
 pub use keys::ActorRoot;
 pub use limits::ReplicaConfig;

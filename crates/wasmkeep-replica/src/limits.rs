@@ -6,13 +6,26 @@
 //! [`ReplicaConfig::entry_bytes_max`] before it is downloaded and while
 //! it streams in, and every page count or page number in a body by
 //! [`ReplicaConfig::database_pages_max`], before anything is allocated
-//! from it.
+//! from it. A listing of one actor's folder is read key by key and holds at
+//! most [`ReplicaConfig::listing_keys_max`] keys, and a restore replays at
+//! most [`ReplicaConfig::restore_entries_max`] entries and downloads at
+//! most [`ReplicaConfig::restore_bytes_max`] bytes.
 
 use crate::entry::{DIGEST_BYTES, FIXED_HEADER_BYTES};
 
 /// Most bytes one object key may have: S3's limit, which the other stores
 /// accept too.
 pub const KEY_BYTES_MAX: usize = 1024;
+
+/// Default of [`ReplicaConfig::listing_keys_max`]: at the default
+/// retention an honest actor's restore lists at most three snapshots and
+/// about `snapshot_every_entries` (1,000) entries; a hundred times that is
+/// about 1.6 MiB of seqs and sizes held.
+pub const LISTING_KEYS_MAX: u64 = 100_000;
+
+/// Default of [`ReplicaConfig::restore_entries_max`]: ten times the
+/// default `snapshot_every_entries`.
+pub const RESTORE_ENTRIES_MAX: u64 = 10_000;
 
 /// Most bytes a body spends besides its pages: the fixed header, the
 /// actor's key (shorter than a whole object key), the page count and the
@@ -84,6 +97,34 @@ pub struct ReplicaConfig {
     /// value: it is a protocol constant that tests shorten, not a setting
     /// of `wasmkeep serve`.
     pub collect_grace_ms: u64,
+    /// Most keys one listing of an actor's `snap/` or `log/` folder may
+    /// hold. Listings are read key by key as the store pages them; a
+    /// listing that needs every key (restore, export, a writer's
+    /// collection of `snap/`) fails past it with `listing_too_long`, for
+    /// that actor only. Deleting (collection of `log/`, [`crate::delete_all`])
+    /// works in batches of at most this many keys instead. At least
+    /// [`LISTING_KEYS_MAX`] on a node, and raised by
+    /// [`ReplicaConfig::raise_bounds_to_retention`] to what the retention
+    /// can honestly leave.
+    pub listing_keys_max: u64,
+    /// Most entries above the latest snapshot one restore replays; a
+    /// longer chain fails the restore with `restore_too_long` before
+    /// anything is downloaded. A writer snapshots after
+    /// `snapshot_every_entries`, so an honest chain has at most about that
+    /// many.
+    pub restore_entries_max: u64,
+    /// Most bytes one restore downloads: the latest snapshot and every
+    /// entry above it. Checked against the listed sizes before the first
+    /// download, and each download is cut off where the remaining budget
+    /// ends (the listing may lie). A writer snapshots once the log since
+    /// the last snapshot outweighs the database (`snapshot_log_ratio_pct`),
+    /// so an honest chain stays within a few times `entry_bytes_max`.
+    pub restore_bytes_max: u64,
+    /// Test-only mutation switch: read listings whole, whatever their
+    /// length (the rule `listing_keys_max` enforces). A bucket with
+    /// millions of keys under one actor then makes a node hold them all.
+    /// Never set outside tests.
+    pub unsafe_unbounded_listings: bool,
     /// Test-only mutation switch: never run the re-creation check after a
     /// create (the listing of `snap/`). Without it a writer that stalled
     /// past the grace and a collection re-creates a deleted key and believes
@@ -122,11 +163,57 @@ impl ReplicaConfig {
     pub fn append_check_after_ms(&self) -> u64 {
         self.collect_grace_ms / 2
     }
+
+    /// The bound a listing is read under: `listing_keys_max`, or none
+    /// under the test-only `unsafe_unbounded_listings`.
+    pub fn listing_bound(&self) -> u64 {
+        if self.unsafe_unbounded_listings {
+            u64::MAX
+        } else {
+            self.listing_keys_max.max(1)
+        }
+    }
+
+    /// Raises the listing and restore bounds to at least what an honest
+    /// chain can need under this configuration's snapshot policy and
+    /// `entry_bytes_max` (a node sets those from its settings, then calls
+    /// this). Saturates rather than overflows.
+    ///
+    /// - Entries above the latest snapshot: a snapshot follows at the
+    ///   latest `snapshot_every_entries` entries after the last one (one
+    ///   more while a failed snapshot is retried), so twice that.
+    /// - Bytes of a restore: the snapshot and the database's worth of
+    ///   log that makes the next one due are each at most
+    ///   `entry_bytes_max`; the log runs to `snapshot_log_ratio_pct` of the
+    ///   database or `snapshot_log_bytes_min`, whichever is larger, plus
+    ///   the entry that crossed it. Twice that sum.
+    /// - Keys in a listing a restore or an export needs whole: the
+    ///   snapshots kept and the entries above the oldest of them, twice.
+    pub fn raise_bounds_to_retention(&mut self) {
+        let every = self.snapshot_every_entries.max(1);
+        self.restore_entries_max = self
+            .restore_entries_max
+            .max(every.saturating_mul(2).saturating_add(2));
+        let log = (self.entry_bytes_max / 100)
+            .saturating_mul(self.snapshot_log_ratio_pct)
+            .max(self.snapshot_log_bytes_min);
+        let honest = self.entry_bytes_max.saturating_mul(2).saturating_add(log);
+        self.restore_bytes_max = self.restore_bytes_max.max(honest.saturating_mul(2));
+        let kept = (self.snapshots_keep as u64).saturating_add(1);
+        let keys = kept
+            .saturating_mul(every)
+            .saturating_add(kept)
+            .saturating_mul(2);
+        self.listing_keys_max = self
+            .listing_keys_max
+            .max(keys)
+            .max(self.restore_entries_max);
+    }
 }
 
 impl Default for ReplicaConfig {
     fn default() -> Self {
-        ReplicaConfig {
+        let mut c = ReplicaConfig {
             entry_bytes_max: ReplicaConfig::entry_bytes_max_for(
                 wasmkeep_store::StoreLimits::default().database_bytes_max,
             ),
@@ -135,9 +222,15 @@ impl Default for ReplicaConfig {
             snapshot_log_bytes_min: 4 * 1024 * 1024,
             snapshots_keep: 2,
             collect_grace_ms: COLLECT_GRACE_MS,
+            listing_keys_max: LISTING_KEYS_MAX,
+            restore_entries_max: RESTORE_ENTRIES_MAX,
+            restore_bytes_max: 0,
+            unsafe_unbounded_listings: false,
             unsafe_skip_append_check: false,
             unsafe_collect_without_grace: false,
-        }
+        };
+        c.raise_bounds_to_retention();
+        c
     }
 }
 
@@ -179,5 +272,40 @@ mod tests {
         };
         assert_eq!(huge.database_pages_max(512) as u64, SQLITE_PAGES_MAX);
         assert_eq!(ReplicaConfig::entry_bytes_max_for(u64::MAX), u64::MAX);
+    }
+
+    #[test]
+    fn restore_bounds_follow_the_snapshot_policy_and_saturate() {
+        let d = ReplicaConfig::default();
+        assert_eq!(d.listing_keys_max, LISTING_KEYS_MAX);
+        assert_eq!(d.restore_entries_max, RESTORE_ENTRIES_MAX);
+        assert!(d.restore_bytes_max >= 3 * d.entry_bytes_max);
+        assert!(d.listing_keys_max >= d.restore_entries_max);
+        let mut rare = ReplicaConfig {
+            snapshot_every_entries: 100_000,
+            snapshots_keep: 5,
+            snapshot_log_ratio_pct: 1_000,
+            ..ReplicaConfig::default()
+        };
+        rare.raise_bounds_to_retention();
+        assert!(rare.restore_entries_max > 100_000);
+        assert!(rare.listing_keys_max > 6 * 100_000);
+        assert!(rare.restore_bytes_max > 10 * rare.entry_bytes_max);
+        let mut huge = ReplicaConfig {
+            snapshot_every_entries: u64::MAX,
+            snapshots_keep: usize::MAX,
+            entry_bytes_max: u64::MAX,
+            snapshot_log_ratio_pct: u64::MAX,
+            ..ReplicaConfig::default()
+        };
+        huge.raise_bounds_to_retention();
+        assert_eq!(huge.restore_entries_max, u64::MAX);
+        assert_eq!(huge.restore_bytes_max, u64::MAX);
+        assert_eq!(huge.listing_keys_max, u64::MAX);
+        let unbounded = ReplicaConfig {
+            unsafe_unbounded_listings: true,
+            ..ReplicaConfig::default()
+        };
+        assert_eq!(unbounded.listing_bound(), u64::MAX);
     }
 }

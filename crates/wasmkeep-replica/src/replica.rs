@@ -52,13 +52,62 @@ impl Listing {
     }
 }
 
-pub(crate) async fn list_chain(bucket: &Bucket, root: &ActorRoot) -> Result<Listing, ReplicaError> {
-    let snaps = bucket.list_seqs_sized(&root.snap_dir(), None).await?;
+/// Lists the chain: every snapshot, and the entries above the latest one
+/// (entries at or below it are not listed at all on S3, where the listing
+/// starts after a key). Each listing holds at most `listing_keys_max` keys.
+pub(crate) async fn list_chain(
+    bucket: &Bucket,
+    root: &ActorRoot,
+    config: &ReplicaConfig,
+) -> Result<Listing, ReplicaError> {
+    let bound = config.listing_bound();
+    let snaps = bucket
+        .list_seqs_sized(&root.snap_dir(), None, bound)
+        .await?;
     let after = snaps.last().map(|(s, _)| root.log(*s));
     let logs = bucket
-        .list_seqs_sized(&root.log_dir(), after.as_deref())
+        .list_seqs_sized(&root.log_dir(), after.as_deref(), bound)
         .await?;
     Ok(Listing { snaps, logs })
+}
+
+/// Bytes a reader may still download, against the bound it names.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Budget {
+    left: u64,
+    limit_name: &'static str,
+    limit: u64,
+}
+
+impl Budget {
+    /// A budget of `limit` bytes, named `limit_name` in errors.
+    pub fn new(limit_name: &'static str, limit: u64) -> Budget {
+        Budget {
+            left: limit,
+            limit_name,
+            limit,
+        }
+    }
+
+    /// No bound besides each object's own.
+    pub fn unbounded() -> Budget {
+        Budget::new("unbounded", u64::MAX)
+    }
+
+    /// The error for crossing the budget at `key` with `spent` bytes.
+    fn crossed(&self, key: &str, spent: u64) -> ReplicaError {
+        ReplicaError::RestoreTooLong {
+            key: key.to_owned(),
+            field: "bytes",
+            value: spent,
+            limit_name: self.limit_name,
+            limit: self.limit,
+        }
+    }
+
+    fn spent_before(&self) -> u64 {
+        self.limit - self.left
+    }
 }
 
 /// Refuses an object whose listed size is over `entry_bytes_max`, before
@@ -80,22 +129,42 @@ pub(crate) fn check_listed(
 }
 
 /// Downloads and checks one body, bounded by `entry_bytes_max` before the
-/// download (`listed`: the size the listing gave) and during it.
+/// download (`listed`: the size the listing gave) and during it, and by
+/// what is left of `budget` (which it spends): a download is cut off where
+/// the budget ends, whatever the listing said.
 pub(crate) async fn fetch(
     bucket: &Bucket,
     root: &ActorRoot,
     kind: Kind,
     (seq, listed): (u64, u64),
     config: &ReplicaConfig,
+    budget: &mut Budget,
 ) -> Result<Entry, ReplicaError> {
     let key = match kind {
         Kind::Log => root.log(seq),
         Kind::Snapshot => root.snap(seq),
     };
     check_listed(&key, listed, config)?;
-    let body = bucket
-        .get_bounded(&key, "entry_bytes_max", config.entry_bytes_max)
-        .await?;
+    if listed > budget.left {
+        return Err(budget.crossed(&key, budget.spent_before().saturating_add(listed)));
+    }
+    let body = if budget.left < config.entry_bytes_max {
+        let spent = budget.spent_before();
+        match bucket
+            .get_bounded(&key, budget.limit_name, budget.left)
+            .await
+        {
+            Err(ReplicaError::ObjectTooLarge { size, .. }) => {
+                return Err(budget.crossed(&key, spent.saturating_add(size)));
+            }
+            other => other?,
+        }
+    } else {
+        bucket
+            .get_bounded(&key, "entry_bytes_max", config.entry_bytes_max)
+            .await?
+    };
+    budget.left -= body.len() as u64;
     let e = Entry::decode(&key, &body, config.entry_bytes_max)?;
     if e.kind != kind || e.seq != seq || e.actor != root.as_str() {
         return Err(ReplicaError::corrupt(
@@ -109,6 +178,52 @@ pub(crate) async fn fetch(
     Ok(e)
 }
 
+/// Refuses, before anything is downloaded, a restore of `listing` that
+/// cannot finish within its bounds: an object over `entry_bytes_max`, more
+/// entries above the snapshot than `restore_entries_max`, or listed sizes
+/// that add up to more than `restore_bytes_max`.
+fn check_restore(
+    root: &ActorRoot,
+    listing: &Listing,
+    config: &ReplicaConfig,
+) -> Result<(), ReplicaError> {
+    let entries = listing.logs.len() as u64;
+    if entries > config.restore_entries_max {
+        // The first entry past the bound names where it was crossed.
+        let at = listing.logs[config.restore_entries_max as usize].0;
+        return Err(ReplicaError::RestoreTooLong {
+            key: root.log(at),
+            field: "entries",
+            value: entries,
+            limit_name: "restore_entries_max",
+            limit: config.restore_entries_max,
+        });
+    }
+    let snap = listing
+        .snaps
+        .last()
+        .map(|&(seq, size)| (root.snap(seq), size));
+    let logs = listing
+        .logs
+        .iter()
+        .map(|&(seq, size)| (root.log(seq), size));
+    let mut total: u64 = 0;
+    for (key, size) in snap.into_iter().chain(logs) {
+        check_listed(&key, size, config)?;
+        total = total.saturating_add(size);
+        if total > config.restore_bytes_max {
+            return Err(ReplicaError::RestoreTooLong {
+                key,
+                field: "bytes",
+                value: total,
+                limit_name: "restore_bytes_max",
+                limit: config.restore_bytes_max,
+            });
+        }
+    }
+    Ok(())
+}
+
 /// The state at the head of `listing`: the latest snapshot and every entry
 /// after it, in order. Returns the image, the head entry's position and
 /// time, and the entries (count, bytes) since the snapshot.
@@ -118,17 +233,14 @@ async fn rebuild(
     listing: &Listing,
     config: &ReplicaConfig,
 ) -> Result<(Image, Position, u64, u64, u64), ReplicaError> {
-    // Every object of the chain is checked against its bound before the
-    // first one is downloaded: a restore that cannot finish spends nothing.
-    for &(seq, size) in &listing.snaps[listing.snaps.len().saturating_sub(1)..] {
-        check_listed(&root.snap(seq), size, config)?;
-    }
-    for &(seq, size) in &listing.logs {
-        check_listed(&root.log(seq), size, config)?;
-    }
+    // The whole chain is checked against its bounds before the first
+    // object is downloaded: a restore that cannot finish spends nothing.
+    // The listing's sizes may lie, so the downloads spend a budget too.
+    check_restore(root, listing, config)?;
+    let budget = &mut Budget::new("restore_bytes_max", config.restore_bytes_max);
     let (mut image, mut next, mut pos, mut time) = match listing.snaps.last() {
         Some(&(s, size)) => {
-            let e = fetch(bucket, root, Kind::Snapshot, (s, size), config).await?;
+            let e = fetch(bucket, root, Kind::Snapshot, (s, size), config, budget).await?;
             let mut img = Image::empty(e.page_size);
             img.apply(&e)?;
             (img, s + 1, Some(e.position()), e.time_ms)
@@ -143,7 +255,7 @@ async fn rebuild(
                 root.as_str()
             )));
         }
-        let e = fetch(bucket, root, Kind::Log, (seq, size), config).await?;
+        let e = fetch(bucket, root, Kind::Log, (seq, size), config, budget).await?;
         bytes += e.encoded_len();
         image.apply(&e)?;
         pos = Some(e.position());
@@ -375,7 +487,7 @@ impl Replica {
 
     async fn open_once(&mut self, now_ms: u64) -> Result<Opened, ReplicaError> {
         let sent = since_boot();
-        let listing = list_chain(&self.bucket, &self.root).await?;
+        let listing = list_chain(&self.bucket, &self.root, &self.config).await?;
         self.anchor = Some(sent);
         self.saw_snapshots(&listing.snap_seqs());
         let local = self.db_path.exists();
@@ -397,6 +509,10 @@ impl Replica {
                 self.head_time_ms = head.1;
                 self.base = Some(image.hashes());
                 self.entries_since_snapshot = listing.logs.len() as u64;
+                // What a restore of this chain downloads besides the
+                // snapshot, so that the snapshot policy (and with it the
+                // restore bounds) holds across reopenings.
+                self.bytes_since_snapshot = listing.logs.iter().map(|(_, size)| size).sum();
                 return Ok(Opened::UpToDate);
             }
         }
@@ -532,9 +648,13 @@ impl Replica {
                 sha256: image.digest_hex(),
             },
         )?;
-        if full {
-            // An entry with every page is as quick to restore from as a
-            // snapshot; the log behind it costs nothing to restore.
+        if full && seq == 0 {
+            // The chain's first entry carries every page and has nothing
+            // behind it: restoring it is as quick as restoring a snapshot.
+            // A later entry with every page does not reset the counts: a
+            // restore still replays the log behind it (it starts from the
+            // latest snapshot), and the counts are what bound that replay
+            // (`restore_entries_max`, `restore_bytes_max`).
             self.entries_since_snapshot = 0;
             self.bytes_since_snapshot = 0;
         } else {
@@ -615,9 +735,14 @@ impl Replica {
             };
             let later = self
                 .bucket
-                .list_seqs(&self.root.snap_dir(), after.as_deref())
+                .any_seq(
+                    &self.root.snap_dir(),
+                    after.as_deref(),
+                    seq,
+                    self.config.listing_bound(),
+                )
                 .await?;
-            if later.iter().any(|s| *s >= seq) {
+            if later {
                 return Err(ReplicaError::ChainMoved { seq });
             }
         }
@@ -666,8 +791,19 @@ impl Replica {
     /// writer has known for the grace (`collect_grace_ms`, see
     /// [`Replica::append`] for why), so entries a fresh snapshot covers
     /// stay until a later collection.
+    ///
+    /// Bounded like every listing: `snap/` is listed whole (at most
+    /// `listing_keys_max` keys, or `listing_too_long`), and one collection
+    /// deletes at most `listing_keys_max` entries, the oldest first; the
+    /// next collection (after the next snapshot) goes on from there. An
+    /// honest chain has far fewer entries to collect than that, so this
+    /// only slows down the cleaning of a folder someone filled.
     pub async fn collect(&mut self) -> Result<(), ReplicaError> {
-        let snaps = self.bucket.list_seqs(&self.root.snap_dir(), None).await?;
+        let bound = self.config.listing_bound();
+        let snaps = self
+            .bucket
+            .list_seqs(&self.root.snap_dir(), None, bound)
+            .await?;
         self.saw_snapshots(&snaps);
         if snaps.is_empty() {
             return Ok(());
@@ -685,13 +821,12 @@ impl Replica {
         let cover = snaps[..=keep_from].iter().rev().find(|s| aged(s)).copied();
         let logs: Vec<u64> = match cover {
             None => Vec::new(),
-            Some(cover) => self
-                .bucket
-                .list_seqs(&self.root.log_dir(), None)
-                .await?
-                .into_iter()
-                .filter(|s| *s <= cover)
-                .collect(),
+            Some(cover) => {
+                self.bucket
+                    .lowest_seqs(&self.root.log_dir(), 0..=cover, bound)
+                    .await?
+                    .0
+            }
         };
         for s in logs {
             self.bucket.delete(&self.root.log(s)).await?;
@@ -710,16 +845,42 @@ impl Replica {
 /// leaves a chain without its beginning, which restores as an error
 /// (`ChainBroken`) rather than as an older state of the actor. Running it
 /// again finishes the job.
-pub async fn delete_all(bucket: &Bucket, id: &ActorId) -> Result<u64, ReplicaError> {
+///
+/// A folder of any length is deleted, in passes that each hold at most
+/// `listing_keys_max` seqs (the lowest ones left; each pass reads the
+/// folder's listing once), rather than refused: deleting is how a filled
+/// folder gets cleaned. Keys that are not a seq directly in `snap/` or
+/// `log/` are left alone, as ever.
+pub async fn delete_all(
+    bucket: &Bucket,
+    id: &ActorId,
+    config: &ReplicaConfig,
+) -> Result<u64, ReplicaError> {
     let root = ActorRoot::new(id, bucket.prefix_bytes())?;
     let mut n = 0;
-    for s in bucket.list_seqs(&root.snap_dir(), None).await? {
-        bucket.delete(&root.snap(s)).await?;
-        n += 1;
-    }
-    for s in bucket.list_seqs(&root.log_dir(), None).await? {
-        bucket.delete(&root.log(s)).await?;
-        n += 1;
+    for (dir, key) in [
+        (
+            root.snap_dir(),
+            ActorRoot::snap as fn(&ActorRoot, u64) -> String,
+        ),
+        (root.log_dir(), ActorRoot::log),
+    ] {
+        // Each pass starts above the last seq deleted, so the passes end
+        // even if a store kept listing what it deleted.
+        let mut from = 0;
+        loop {
+            let (batch, more) = bucket
+                .lowest_seqs(&dir, from..=u64::MAX, config.listing_bound())
+                .await?;
+            for s in &batch {
+                bucket.delete(&key(&root, *s)).await?;
+                n += 1;
+            }
+            match batch.last().and_then(|s| s.checked_add(1)) {
+                Some(next) if more => from = next,
+                _ => break,
+            }
+        }
     }
     Ok(n)
 }

@@ -18,7 +18,8 @@ use common::{Backend, Moto, Source, actor, dump};
 use sha2::{Digest, Sha256};
 use wasmkeep_replica::testing::SizeLies;
 use wasmkeep_replica::{
-    ActorRoot, At, Entry, Image, Kind, Opened, Replica, ReplicaConfig, ReplicaError, Token, export,
+    ActorRoot, At, Entry, Image, Kind, Opened, Replica, ReplicaConfig, ReplicaError, Token,
+    delete_all, export, export_to_path,
 };
 use wasmkeep_store::{ActorDb, ActorId, OpenMode, StoreLimits, Value};
 
@@ -153,6 +154,17 @@ impl Scene {
         bad_key: &str,
         before: BTreeMap<String, Vec<u8>>,
     ) {
+        self.refused_all(b, r, &[bad_key.to_owned()], before).await;
+    }
+
+    /// [`Scene::refused`] for an attack of several objects.
+    async fn refused_all(
+        &self,
+        b: &Backend,
+        r: Result<Opened, ReplicaError>,
+        bad_keys: &[String],
+        before: BTreeMap<String, Vec<u8>>,
+    ) {
         let e = r.expect_err("the restore must fail");
         assert!(e.is_bad_bucket_input(), "{e}");
         assert_eq!(self.local_files(), before, "the local folder changed");
@@ -163,7 +175,9 @@ impl Scene {
             .unwrap();
         assert_eq!(opened, Opened::Restored { replaced: None });
         assert!(dump(&other).contains("neighbour data"));
-        b.bucket.delete(bad_key).await.unwrap();
+        for key in bad_keys {
+            b.bucket.delete(key).await.unwrap();
+        }
         let opened = self.restore(b, config(64 * MIB)).await.unwrap();
         assert!(
             matches!(opened, Opened::Restored { replaced: Some(_) }),
@@ -283,6 +297,20 @@ async fn a_page_beyond_the_limit(b: &Backend) {
 /// restore checks it with `quick_check` before installing it.
 async fn a_corrupt_image(b: &Backend) {
     let mut s = Scene::new(b, "corrupt image").await;
+    let (key, root_page) = plant_corrupt_snapshot(b, &mut s).await;
+    let before = s.local_files();
+    let r = s.restore(b, config(64 * MIB)).await;
+    let e = r.as_ref().unwrap_err();
+    assert_eq!(e.code(), "restored_image_corrupt", "{e}");
+    assert!(e.to_string().contains(&key), "{e}");
+    assert!(e.to_string().contains(&format!("page {root_page}")), "{e}");
+    s.refused(b, r, &key, before).await;
+}
+
+/// Plants `snap/2`: the victim's state with the root page of table `big`
+/// scribbled over, sealed with a valid checksum. Returns its key and the
+/// page.
+async fn plant_corrupt_snapshot(b: &Backend, s: &mut Scene) -> (String, u32) {
     let image = s.source.image();
     let root_page = {
         let f = s.tmp.path().join("probe.db");
@@ -305,13 +333,7 @@ async fn a_corrupt_image(b: &Backend) {
     let key = s.root.snap(2);
     let body = Bytes::from(snap.encode(u64::MAX).unwrap());
     b.bucket.create(&key, body).await.unwrap();
-    let before = s.local_files();
-    let r = s.restore(b, config(64 * MIB)).await;
-    let e = r.as_ref().unwrap_err();
-    assert_eq!(e.code(), "restored_image_corrupt", "{e}");
-    assert!(e.to_string().contains(&key), "{e}");
-    assert!(e.to_string().contains(&format!("page {root_page}")), "{e}");
-    s.refused(b, r, &key, before).await;
+    (key, root_page)
 }
 
 /// An object far larger than the bound it is read under is refused before
@@ -326,7 +348,11 @@ async fn an_object_over_its_bound(b: &Backend) {
     ];
     for lie in lies {
         let s = Scene::new(b, &format!("oversized {lie:?}")).await;
-        let listed = b.bucket.list(&s.root.log_dir(), None).await.unwrap();
+        let listed = b
+            .bucket
+            .list(&s.root.log_dir(), None, u64::MAX)
+            .await
+            .unwrap();
         assert_eq!(listed.len(), 2);
         let chain_bytes = chain_bytes(b, &s).await;
         let key = s.root.log(2);
@@ -409,6 +435,323 @@ async fn a_large_object_at_the_next_seq(b: &Backend) {
     assert_eq!(after.get_bytes - before.get_bytes, 0);
 }
 
+/// What SQLite's `PRAGMA quick_check` says of the file at `path`: its first
+/// row, or the error that stopped it.
+fn sqlite_quick_check(path: &std::path::Path) -> String {
+    let c = rusqlite::Connection::open(path).unwrap();
+    c.query_row("PRAGMA quick_check", [], |r| r.get::<_, String>(0))
+        .unwrap_or_else(|e| e.to_string())
+}
+
+/// Bucket input (issue 17): an export rebuilt from a corrupt snapshot is written under a
+/// temporary name, fails `quick_check` there and never takes its name.
+/// The unchecked bytes (what the export wrote before the rule) are that
+/// corrupt file.
+async fn a_corrupt_export(b: &Backend) {
+    let mut s = Scene::new(b, "corrupt export").await;
+    let (key, root_page) = plant_corrupt_snapshot(b, &mut s).await;
+    let dir = s.tmp.path().join("exported");
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("out.db");
+    let none = &|_, _| {};
+    let e = export_to_path(
+        &b.bucket,
+        &s.victim,
+        At::Latest,
+        &config(64 * MIB),
+        &out,
+        none,
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(e.code(), "restored_image_corrupt", "{e}");
+    assert!(e.to_string().contains(&key), "{e}");
+    assert!(e.to_string().contains(&format!("page {root_page}")), "{e}");
+    let left: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+
+    // Without the check: the same bytes, written as they are, are a file
+    // SQLite finds corrupt.
+    let bytes = export(&b.bucket, &s.victim, At::Latest, &config(64 * MIB))
+        .await
+        .unwrap();
+    let unchecked = s.tmp.path().join("unchecked.db");
+    std::fs::write(&unchecked, &bytes).unwrap();
+    assert_ne!(sqlite_quick_check(&unchecked), "ok");
+
+    // Once the bad snapshot is gone the export is checked and written, and
+    // a second export never replaces it.
+    b.bucket.delete(&key).await.unwrap();
+    let n = export_to_path(
+        &b.bucket,
+        &s.victim,
+        At::Latest,
+        &config(64 * MIB),
+        &out,
+        none,
+    )
+    .await
+    .unwrap();
+    assert_eq!(n, std::fs::metadata(&out).unwrap().len());
+    assert_eq!(sqlite_quick_check(&out), "ok");
+    assert!(dump(&out).contains("row 0000"));
+    let written = std::fs::read(&out).unwrap();
+    let e = export_to_path(
+        &b.bucket,
+        &s.victim,
+        At::Latest,
+        &config(64 * MIB),
+        &out,
+        none,
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(e.code(), "replica_io_error", "{e}");
+    assert_eq!(std::fs::read(&out).unwrap(), written);
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
+}
+
+/// Bucket input (issue 17): a folder filled with keys (40 under `log/` here, standing for
+/// millions). A restore reads the listing key by key and gives up as soon
+/// as it holds more than `listing_keys_max`, having downloaded nothing.
+/// Without the rule (`unsafe_unbounded_listings`) the restore holds every
+/// key the bucket lists, however many: the attack.
+async fn a_long_listing(b: &Backend) {
+    let s = Scene::new(b, "long listing").await;
+    let junk: Vec<String> = (0..40)
+        .map(|i| format!("{}junk-{i:03}", s.root.log_dir()))
+        .collect();
+    for k in &junk {
+        b.bucket.create(k, Bytes::from_static(b"x")).await.unwrap();
+    }
+    let bounded = ReplicaConfig {
+        listing_keys_max: 16,
+        ..config(64 * MIB)
+    };
+    let files = s.local_files();
+    let before = b.bucket.metrics().snapshot();
+    let r = s.restore(b, bounded.clone()).await;
+    let after = b.bucket.metrics().snapshot();
+    let e = r.as_ref().unwrap_err();
+    assert_eq!(e.code(), "listing_too_long", "{e}");
+    assert!(
+        e.to_string()
+            .contains("more than 16 keys: limit listing_keys_max=16"),
+        "{e}"
+    );
+    assert!(e.to_string().contains(&s.root.log_dir()), "{e}");
+    assert_eq!(after.gets - before.gets, 0, "nothing is downloaded");
+    // `snap/` is empty; `log/` is dropped at its 17th key.
+    assert_eq!(after.listed_keys - before.listed_keys, 17);
+
+    let unbounded = ReplicaConfig {
+        unsafe_unbounded_listings: true,
+        ..bounded
+    };
+    let elsewhere = s.tmp.path().join("unbounded").join("actor.db");
+    let before = b.bucket.metrics().snapshot();
+    let (_, opened) = Replica::open(&b.bucket, &s.victim, &elsewhere, 7, unbounded, 0)
+        .await
+        .unwrap();
+    let after = b.bucket.metrics().snapshot();
+    assert_eq!(opened, Opened::Restored { replaced: None });
+    assert_eq!(after.listed_keys - before.listed_keys, 42, "every key held");
+    s.refused_all(b, r, &junk, files).await;
+}
+
+/// Gap 1, deleting: `delete_all` works through folders of any length in
+/// passes of at most `listing_keys_max` seqs, the lowest first, rather
+/// than refusing; keys that are not a seq stay. Without the rule it holds
+/// every key at once (one listing a folder).
+async fn deleting_a_filled_folder(b: &Backend) {
+    let s = Scene::new(b, "filled delete").await;
+    let stray = format!("{}notes.txt", s.root.log_dir());
+    let plant = || async {
+        for seq in 0..42 {
+            let k = s.root.log(seq);
+            if seq >= 2 {
+                b.bucket.create(&k, Bytes::from_static(b"x")).await.unwrap();
+            }
+        }
+        for seq in 0..20 {
+            let k = s.root.snap(seq);
+            b.bucket.create(&k, Bytes::from_static(b"x")).await.unwrap();
+        }
+        b.bucket
+            .create(&stray, Bytes::from_static(b"x"))
+            .await
+            .unwrap();
+    };
+    plant().await;
+    let bounded = ReplicaConfig {
+        listing_keys_max: 8,
+        ..config(64 * MIB)
+    };
+    let before = b.bucket.metrics().snapshot();
+    let n = delete_all(&b.bucket, &s.victim, &bounded).await.unwrap();
+    let after = b.bucket.metrics().snapshot();
+    assert_eq!(n, 62);
+    // `snap/`: 8, 8 and 4 seqs; `log/`: five passes of 8 and one of 2.
+    assert_eq!(after.lists - before.lists, 9);
+    let left = b.bucket.list(s.root.as_str(), None, u64::MAX).await;
+    assert_eq!(left.unwrap(), vec![stray.clone()]);
+    // The neighbour's chain is untouched.
+    let other = s.tmp.path().join("neighbour-after").join("actor.db");
+    let (_, opened) = Replica::open(&b.bucket, &s.neighbour, &other, 8, config(MIB), 0)
+        .await
+        .unwrap();
+    assert_eq!(opened, Opened::Restored { replaced: None });
+
+    // Logs 0 and 1 are gone for good; the rest planted again.
+    plant().await;
+    let unbounded = ReplicaConfig {
+        unsafe_unbounded_listings: true,
+        ..bounded
+    };
+    let before = b.bucket.metrics().snapshot();
+    let n = delete_all(&b.bucket, &s.victim, &unbounded).await.unwrap();
+    let after = b.bucket.metrics().snapshot();
+    assert_eq!(n, 60);
+    assert_eq!(
+        after.lists - before.lists,
+        2,
+        "one listing held each folder"
+    );
+}
+
+/// Gap 1, collecting: one collection deletes at most `listing_keys_max`
+/// entries, the oldest first; the next goes on from there.
+async fn collecting_in_batches(b: &Backend) {
+    let tmp = tempfile::tempdir().unwrap();
+    let id = actor("batched collect");
+    let mut src = Source::new(&tmp.path().join("src"));
+    let cfg = ReplicaConfig {
+        listing_keys_max: 8,
+        snapshots_keep: 1,
+        ..config(64 * MIB)
+    };
+    let (mut rep, _) = Replica::open(&b.bucket, &id, &src.path(), 1, cfg, 0)
+        .await
+        .unwrap();
+    src.commit(&[("CREATE TABLE t (i INTEGER)", vec![])]);
+    upload(&mut rep, &mut src, 1).await;
+    for i in 1..20 {
+        src.commit(&[("INSERT INTO t VALUES (?)", vec![Value::Integer(i)])]);
+        upload(&mut rep, &mut src, 1 + i as u64).await;
+    }
+    let dir = rep.root().log_dir();
+    let logs = |b: &Backend| {
+        let (bucket, dir) = (b.bucket.clone(), dir.clone());
+        async move { bucket.list_seqs(&dir, None, u64::MAX).await.unwrap() }
+    };
+    assert_eq!(logs(b).await, (0..20).collect::<Vec<u64>>());
+    let image = src.image();
+    rep.snapshot(&image).await.unwrap(); // snap/19, then a collection
+    assert_eq!(logs(b).await, (8..20).collect::<Vec<u64>>());
+    rep.collect().await.unwrap();
+    assert_eq!(logs(b).await, (16..20).collect::<Vec<u64>>());
+    rep.collect().await.unwrap();
+    assert_eq!(logs(b).await, Vec::<u64>::new());
+}
+
+/// Bucket input (issue 17): more entries above the latest snapshot than a restore replays
+/// are refused from the listing, before anything is downloaded; at the
+/// bound the same chain restores.
+async fn too_many_entries(b: &Backend) {
+    let mut s = Scene::new(b, "many entries").await;
+    for i in 0..6 {
+        let sql = format!("UPDATE big SET s = 'v{i}' WHERE i = {i}");
+        s.source.commit(&[(sql.as_str(), vec![])]);
+        upload(&mut s.writer, &mut s.source, 10 + i).await; // seq 2..=7
+    }
+    let files = s.local_files();
+    let before = b.bucket.metrics().snapshot();
+    let bounded = ReplicaConfig {
+        restore_entries_max: 5,
+        ..config(64 * MIB)
+    };
+    let r = s.restore(b, bounded).await;
+    let after = b.bucket.metrics().snapshot();
+    let e = r.as_ref().unwrap_err();
+    assert_eq!(e.code(), "restore_too_long", "{e}");
+    assert!(e.is_bad_bucket_input());
+    assert!(
+        e.to_string()
+            .contains("entries=8 limit restore_entries_max=5"),
+        "{e}"
+    );
+    assert!(e.to_string().contains(&s.root.log(5)), "{e}");
+    assert_eq!(after.gets - before.gets, 0, "nothing is downloaded");
+    assert_eq!(s.local_files(), files, "the local folder changed");
+    let at_the_bound = ReplicaConfig {
+        restore_entries_max: 8,
+        ..config(64 * MIB)
+    };
+    let opened = s.restore(b, at_the_bound).await.unwrap();
+    assert!(matches!(opened, Opened::Restored { replaced: Some(_) }));
+    assert!(dump(&s.local).contains("Text(\"v5\")"));
+}
+
+/// Gap 2, bytes: a chain whose objects add up to more than
+/// `restore_bytes_max` is refused from the listing's sizes before anything
+/// is downloaded; when the listing lies, each download is cut off where
+/// the budget ends (refused unread from the GET's length, or as its body
+/// runs past).
+async fn too_many_bytes(b: &Backend) {
+    let lies = [
+        SizeLies::Truthful,
+        SizeLies::Listing,
+        SizeLies::ListingAndGet,
+    ];
+    for lie in lies {
+        let s = Scene::new(b, &format!("many bytes {lie:?}")).await;
+        let first = b
+            .bucket
+            .get_bounded(&s.root.log(0), "test", u64::MAX)
+            .await
+            .unwrap()
+            .len() as u64;
+        let chain = chain_bytes(b, &s).await;
+        let limit = first + (chain - first) / 2;
+        let bounded = ReplicaConfig {
+            restore_bytes_max: limit,
+            ..config(64 * MIB)
+        };
+        let files = s.local_files();
+        b.faults.lie_about_sizes(lie);
+        let before = b.bucket.metrics().snapshot();
+        let r = s.restore(b, bounded).await;
+        let after = b.bucket.metrics().snapshot();
+        b.faults.lie_about_sizes(SizeLies::Truthful);
+        let e = r.as_ref().unwrap_err();
+        assert_eq!(e.code(), "restore_too_long", "{lie:?}: {e}");
+        let named = format!("limit restore_bytes_max={limit}");
+        assert!(e.to_string().contains(&named), "{e}");
+        assert!(e.to_string().contains(&s.root.log(1)), "{e}");
+        let (gets, read) = (after.gets - before.gets, after.get_bytes - before.get_bytes);
+        match lie {
+            SizeLies::Truthful => {
+                assert!(e.to_string().contains(&format!("bytes={chain}")), "{e}");
+                assert_eq!((gets, read), (0, 0), "refused from the listing");
+            }
+            SizeLies::Listing => {
+                assert_eq!((gets, read), (2, first), "refused from the GET's length");
+            }
+            SizeLies::ListingAndGet => {
+                assert_eq!(gets, 2);
+                assert!(read > first && read <= chain, "read {read}");
+            }
+        }
+        assert_eq!(s.local_files(), files, "the local folder changed");
+        let enough = ReplicaConfig {
+            restore_bytes_max: chain,
+            ..config(64 * MIB)
+        };
+        let opened = s.restore(b, enough).await.unwrap();
+        assert!(matches!(opened, Opened::Restored { replaced: Some(_) }));
+    }
+}
+
 async fn all_scenarios(make: impl Fn() -> Backend) {
     a_huge_page_count(&make()).await;
     growth_without_pages(&make()).await;
@@ -417,6 +760,12 @@ async fn all_scenarios(make: impl Fn() -> Backend) {
     a_corrupt_image(&make()).await;
     an_object_over_its_bound(&make()).await;
     a_large_object_at_the_next_seq(&make()).await;
+    a_corrupt_export(&make()).await;
+    a_long_listing(&make()).await;
+    deleting_a_filled_folder(&make()).await;
+    collecting_in_batches(&make()).await;
+    too_many_entries(&make()).await;
+    too_many_bytes(&make()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -84,7 +84,7 @@ fn appended_seq(u: &Uploaded) -> u64 {
 
 async fn keys(bucket: &Bucket, rep: &Replica, dir: &str) -> Vec<String> {
     let d = format!("{}{dir}/", rep.root().as_str());
-    bucket.list(&d, None).await.unwrap()
+    bucket.list(&d, None, u64::MAX).await.unwrap()
 }
 
 /// Many commits, uploaded one or two at a time, with snapshots and
@@ -574,7 +574,7 @@ async fn from_url_reaches_moto_and_a_folder() {
         wasmkeep_replica::bucket::Created::AlreadyExists
     );
     assert_eq!(
-        bucket.list("x/", None).await.unwrap(),
+        bucket.list("x/", None, u64::MAX).await.unwrap(),
         vec!["x/y".to_owned()]
     );
     let dir = tempfile::tempdir().unwrap();

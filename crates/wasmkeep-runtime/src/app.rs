@@ -14,14 +14,14 @@
 //! written, so a bad deploy leaves the app that was deployed as it was.
 //!
 //! Components are hostile input. What bounds them here: their size
-//! (`component_bytes_max`), the wall time of their compilation
-//! (`component_compile_ms_max`, on a thread of its own; see `compile`), at
-//! most `COMPILES_RUNNING_MAX` compilations at once, each on one thread,
-//! and what wasmtime checks when it compiles (the pool's limits on core
-//! instances, memories and tables per component, a table's elements, the
-//! size of an instance's metadata). The memory a compilation takes is
-//! bounded only through the component's size and wasmparser's own limits
-//! (a function body of at most 7,654,321 bytes, at most 50,000 locals).
+//! (`component_bytes_max`), the wall time and memory of their compilation
+//! (`component_compile_ms_max`, `component_compile_memory_bytes_max`, in a
+//! child process: see `compile_process`), at most `COMPILES_RUNNING_MAX`
+//! compilations at once, each on one thread, and what wasmtime checks when
+//! it loads compiled code (the pool's limits on core instances, memories
+//! and tables per component, a table's elements, the size of an
+//! instance's metadata). Compiled code is cached only once its component
+//! passed every check.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -39,6 +39,7 @@ use wasmtime::{Engine, Store};
 
 use crate::clock::Clock;
 use crate::compile_cache::{ARTIFACT_BYTES_PER_COMPONENT_BYTE_MAX, CacheKey};
+use crate::compile_process::{ChildCompile, Compile, EngineSettings};
 use crate::config::RuntimeConfig;
 use crate::error::RuntimeError;
 use crate::host::{ActorPre, HostState};
@@ -339,6 +340,15 @@ impl Drop for CompileSlot {
     }
 }
 
+/// Compiled code waiting for its component to pass its checks.
+struct ToCache {
+    path: PathBuf,
+    /// The engine settings' hash the name and tag carry.
+    engine: u64,
+    /// The serialized code, when a child compiled it.
+    code: Option<Vec<u8>>,
+}
+
 /// Everything needed to compile and check components.
 pub struct Compiler<'a> {
     pub engine: &'a Engine,
@@ -350,6 +360,8 @@ pub struct Compiler<'a> {
     /// cache or written to it.
     pub cache_key: Option<&'a CacheKey>,
     pub compiles: &'a Arc<CompileSlots>,
+    /// What `engine` was built from (a compile worker builds its own).
+    pub settings: EngineSettings,
     pub metrics: &'a Metrics,
     /// Unsafe, for its test only: cached code is loaded unchecked.
     pub unsafe_trust_cache: bool,
@@ -370,31 +382,44 @@ impl Compiler<'_> {
         )
     }
 
-    /// Compiles (or loads verified compiled code for) a component.
-    fn component(&self, bytes: &[u8], hash: &str) -> Result<Component, RuntimeError> {
-        let (cached, engine) = self.cwasm_path(hash);
-        if let Some(c) = self.load_cached(&cached, hash, engine) {
-            return Ok(c);
+    /// Compiles (or loads verified compiled code for) a component; with
+    /// what to write to the cache once the component has passed every
+    /// check (`None` when it came from the cache), so that a component a
+    /// deploy refuses never leaves compiled code behind.
+    fn component(
+        &self,
+        bytes: &[u8],
+        hash: &str,
+    ) -> Result<(Component, Option<ToCache>), RuntimeError> {
+        let (path, engine) = self.cwasm_path(hash);
+        if let Some(c) = self.load_cached(&path, hash, engine) {
+            return Ok((c, None));
         }
-        let component = self.compile(bytes)?;
-        if let Some(key) = self.cache_key
-            && let Ok(code) = component.serialize()
-        {
-            let written = std::fs::create_dir_all(&self.cache_dir)
-                .and_then(|()| key.write(&cached, hash, engine, &code));
-            if let Err(e) = written {
-                tracing::warn!(path = %cached.display(), error = %e, "could not cache compiled code");
-            }
+        let (component, code) = self.compile(bytes)?;
+        let to_cache = ToCache { path, engine, code };
+        Ok((component, Some(to_cache)))
+    }
+
+    /// Writes compiled code to the cache, tagged with this node's key.
+    fn cache(&self, hash: &str, component: &Component, to_cache: ToCache) {
+        let Some(key) = self.cache_key else {
+            return;
+        };
+        let Some(code) = to_cache.code.or_else(|| component.serialize().ok()) else {
+            return;
+        };
+        let written = std::fs::create_dir_all(&self.cache_dir)
+            .and_then(|()| key.write(&to_cache.path, hash, to_cache.engine, &code));
+        if let Err(e) = written {
+            tracing::warn!(path = %to_cache.path.display(), error = %e, "could not cache compiled code");
         }
-        Ok(component)
     }
 
     /// Compiled code from the cache, if its tag says this node's key wrote
     /// it for this component and engine.
     fn load_cached(&self, path: &Path, hash: &str, engine: u64) -> Option<Component> {
         let key = self.cache_key?;
-        let bytes_max = (self.config.component_bytes_max as u64)
-            .saturating_mul(ARTIFACT_BYTES_PER_COMPONENT_BYTE_MAX);
+        let bytes_max = self.code_bytes_max();
         let checked = if self.unsafe_trust_cache {
             // The mutation the cache's test kills: no tag is checked.
             Ok(std::fs::read(path).ok())
@@ -427,17 +452,54 @@ impl Compiler<'_> {
         }
     }
 
-    /// Compiles on a thread of its own and waits at most
-    /// `component_compile_ms_max` for it, the wait for a free place
-    /// included. wasmtime cannot cancel a compilation: past the deadline
-    /// the deploy is answered (`compile_timeout`) and the node goes on
-    /// serving, while the compilation runs to its end on its thread,
-    /// holding its place, and its result is dropped. Nothing late is
-    /// cached, so deploying the same component again is refused again.
-    fn compile(&self, bytes: &[u8]) -> Result<Component, RuntimeError> {
+    /// Compiles where `config.compile` says, waiting at most
+    /// `component_compile_ms_max` (the wait for a free place included);
+    /// the serialized code too when a child compiled it.
+    fn compile(&self, bytes: &[u8]) -> Result<(Component, Option<Vec<u8>>), RuntimeError> {
         let limit = self.config.component_compile_ms_max;
         let deadline = Instant::now() + Duration::from_millis(limit);
         let slot = self.compiles.acquire(deadline)?;
+        match &self.config.compile {
+            Compile::Thread => self.compile_on_thread(bytes, slot, deadline),
+            Compile::Process { program, args } => {
+                let code = ChildCompile {
+                    program,
+                    args,
+                    settings: self.settings,
+                    memory_bytes_max: self.config.component_compile_memory_bytes_max,
+                    code_bytes_max: self.code_bytes_max(),
+                    deadline,
+                    deadline_ms: limit,
+                }
+                .run(bytes)?;
+                drop(slot);
+                // SAFETY: `deserialize` runs these bytes as machine code.
+                // They are what `Engine::precompile_component` wrote in a
+                // child running this node's own program, given the
+                // component on a pipe only this process holds, and read
+                // from the child's stdout after it exited with success.
+                // wasmtime checks the engine settings and the instance
+                // pool's limits when it loads them.
+                let component = unsafe { Component::deserialize(self.engine, &code) }
+                    .map_err(|e| self.compile_error(format!("{e:#}")))?;
+                Ok((component, Some(code)))
+            }
+        }
+    }
+
+    /// Compiles on a thread of its own. wasmtime cannot cancel a
+    /// compilation: past the deadline the deploy is answered
+    /// (`compile_timeout`) and the node goes on serving, while the
+    /// compilation runs to its end on its thread, holding its place, and
+    /// its result is dropped. Nothing late is cached, so deploying the same
+    /// component again is refused again.
+    fn compile_on_thread(
+        &self,
+        bytes: &[u8],
+        slot: CompileSlot,
+        deadline: Instant,
+    ) -> Result<(Component, Option<Vec<u8>>), RuntimeError> {
+        let limit = self.config.component_compile_ms_max;
         let (tx, rx) = mpsc::sync_channel(1);
         let engine = self.engine.clone();
         let bytes = bytes.to_vec();
@@ -453,7 +515,7 @@ impl Compiler<'_> {
             })
             .map_err(|e| RuntimeError::Internal(format!("could not start a compilation: {e}")))?;
         match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            Ok(Ok(component)) => Ok(component),
+            Ok(Ok(component)) => Ok((component, None)),
             Ok(Err(e)) => Err(self.compile_error(e)),
             Err(RecvTimeoutError::Timeout) => {
                 tracing::warn!(
@@ -466,6 +528,12 @@ impl Compiler<'_> {
                 "the compiler failed on it (it panicked; the node's log has the panic)".into(),
             )),
         }
+    }
+
+    /// The most bytes compiled code for a component may take.
+    fn code_bytes_max(&self) -> u64 {
+        (self.config.component_bytes_max as u64)
+            .saturating_mul(ARTIFACT_BYTES_PER_COMPONENT_BYTE_MAX)
     }
 
     /// Names the node's settings when the component needs more than the
@@ -508,7 +576,7 @@ impl Compiler<'_> {
         let (store_limits, event_cpu_ms_max) =
             app_limits(&manifest, self.config, over, &format!("{tenant}/{app}"))?;
         let hash = hex::encode(Sha256::digest(bytes));
-        let component = self.component(bytes, &hash)?;
+        let (component, to_cache) = self.component(bytes, &hash)?;
         let pre = self.linker.instantiate_pre(&component).map_err(|e| {
             RuntimeError::InvalidComponent(format!(
                 "it imports something wasmkeep does not provide (only wasmkeep:actor@0.1.0 and WASI 0.2 are available, the latter with nothing granted): {e:#}"
@@ -520,6 +588,9 @@ impl Compiler<'_> {
             ))
         })?;
         let classes = self.ask_classes(&pre, tenant, app)?;
+        if let Some(to_cache) = to_cache {
+            self.cache(&hash, &component, to_cache);
+        }
         Ok(App {
             tenant: tenant.to_owned(),
             name: app.to_owned(),

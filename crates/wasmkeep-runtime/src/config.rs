@@ -10,11 +10,15 @@ use wasmkeep_replica::{Bucket, ReplicaConfig};
 use wasmkeep_store::StoreLimits;
 
 use crate::app::AppLimits;
+use crate::compile_process::Compile;
 
 /// Default of `event_log_lines_max`.
 pub const EVENT_LOG_LINES_MAX: u32 = 1000;
 /// Default of `event_log_bytes_max`.
 pub const EVENT_LOG_BYTES_MAX: usize = 256 * 1024;
+
+/// Default of `restore_refused_retry_ms`.
+pub const RESTORE_REFUSED_RETRY_MS: u64 = 60_000;
 
 /// When a response may leave, relative to the disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -65,10 +69,18 @@ pub struct RuntimeConfig {
     /// Largest component a deploy accepts.
     pub component_bytes_max: usize,
     /// Wall time compiling one component may take before its deploy is
-    /// refused (`compile_timeout`). The compilation itself cannot be
-    /// cancelled: it runs on to its end on its own thread, holding one of
-    /// `app::COMPILES_RUNNING_MAX` places, and its result is dropped.
+    /// refused (`compile_timeout`). In a child process ([`Compile::Process`])
+    /// the child is stopped then; on a thread ([`Compile::Thread`]) the
+    /// compilation cannot be cancelled: it runs on to its end, holding one
+    /// of `app::COMPILES_RUNNING_MAX` places, and its result is dropped.
     pub component_compile_ms_max: u64,
+    /// Memory (heap and private writable mappings) one compilation in a
+    /// child process may take (`compile_memory_exceeded`); a compilation
+    /// on a thread is not bounded.
+    pub component_compile_memory_bytes_max: u64,
+    /// Where components are compiled: a child process (bounded, stopped at
+    /// its deadline) or a thread of the node (for trusted components only).
+    pub compile: Compile,
     /// Core instances, linear memories and tables one component may
     /// contain; checked when it is compiled (a deploy past them is
     /// refused), and they size the instance pool with `instances_max`.
@@ -118,6 +130,11 @@ pub struct RuntimeConfig {
     pub bucket: Option<Bucket>,
     /// How each actor's chain in the bucket is snapshotted and kept.
     pub replica: ReplicaConfig,
+    /// How long a restore refused because of what the bucket holds
+    /// (`storage_corrupt`) is remembered: meanwhile the actor's events get
+    /// the same error without a request to the bucket. 0: every turn
+    /// tries again.
+    pub restore_refused_retry_ms: u64,
 }
 
 impl RuntimeConfig {
@@ -137,6 +154,8 @@ impl RuntimeConfig {
             workers: 0,
             component_bytes_max: 64 * 1024 * 1024,
             component_compile_ms_max: 60_000,
+            component_compile_memory_bytes_max: 1024 * 1024 * 1024,
+            compile: Compile::Thread,
             component_core_instances_max: 8,
             component_memories_max: 2,
             component_tables_max: 4,
@@ -154,6 +173,7 @@ impl RuntimeConfig {
             compile_cache_key_path: None,
             bucket: None,
             replica: ReplicaConfig::default(),
+            restore_refused_retry_ms: RESTORE_REFUSED_RETRY_MS,
         }
     }
 

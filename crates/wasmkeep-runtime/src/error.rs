@@ -47,6 +47,10 @@ pub enum RuntimeError {
     )]
     CompileTimeout { limit: u64 },
     #[error(
+        "compiling the component needed more memory than a compilation may take: limit component_compile_memory_bytes_max={limit}"
+    )]
+    CompileMemoryExceeded { limit: u64 },
+    #[error(
         "too many compilations running (some may be abandoned ones finishing): running={running} limit={limit}; retry later"
     )]
     CompileBusy { running: usize, limit: usize },
@@ -95,6 +99,7 @@ impl RuntimeError {
             RuntimeError::InvalidManifest(_) => "invalid_manifest".into(),
             RuntimeError::LimitAboveCeiling { .. } => "limit_above_node_ceiling".into(),
             RuntimeError::CompileTimeout { .. } => "compile_timeout".into(),
+            RuntimeError::CompileMemoryExceeded { .. } => "compile_memory_exceeded".into(),
             RuntimeError::CompileBusy { .. } => "compile_busy".into(),
             RuntimeError::Guest { code, .. } => {
                 // Codes the host itself handed to the guest keep their

@@ -20,13 +20,21 @@
 //! Uploads run on a small tokio runtime of their own; opening, restoring
 //! and deleting block the worker that runs the actor's turn, as opening a
 //! database does.
+//!
+//! A restore refused because of what the bucket holds (`storage_corrupt`:
+//! a forged or damaged object, a chain past its bounds) would fail the same
+//! way on every turn, re-listing and re-downloading the chain each time. It
+//! is remembered per actor for `restore_refused_retry_ms` (`Refusals`):
+//! meanwhile the actor's turns answer the same error without a request to
+//! the bucket. At most [`RESTORE_REFUSALS_MAX`] refusals are remembered.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::MutexGuard;
+use parking_lot::{Mutex, MutexGuard};
 use wasmkeep_replica::{Bucket, Image, Opened, Replica, ReplicaConfig, ReplicaError, Uploaded};
 use wasmkeep_store::{ActorDb, ActorId, StoreError, paths};
 
@@ -41,6 +49,92 @@ const UPLOAD_THREADS: usize = 2;
 /// How long deleting an actor waits for its upload in flight to end.
 const DELETE_WAIT_MS: u64 = 30_000;
 
+/// Most refused restores a node remembers at once (see `Refusals`); each
+/// costs its actor's id and an error message of a few KiB at most.
+pub const RESTORE_REFUSALS_MAX: usize = 1024;
+
+/// Restores refused because of the bucket's contents, remembered per actor
+/// so that its turns answer the same error for `retry_ms` without asking
+/// the bucket again. Bounded: past `cap` actors, expired refusals go first,
+/// then the oldest (whose actor may then try its restore early; nothing
+/// worse).
+#[derive(Debug)]
+pub(crate) struct Refusals {
+    entries: HashMap<ActorId, Refusal>,
+    cap: usize,
+    retry_ms: u64,
+}
+
+#[derive(Debug)]
+struct Refusal {
+    at_ms: u64,
+    message: String,
+}
+
+impl Refusals {
+    pub(crate) fn new(cap: usize, retry_ms: u64) -> Refusals {
+        Refusals {
+            entries: HashMap::new(),
+            cap: cap.max(1),
+            retry_ms,
+        }
+    }
+
+    /// Whether a refusal at `at_ms` still stands at `now_ms`. A clock that
+    /// went backwards ends it rather than prolong it.
+    fn stands(&self, at_ms: u64, now_ms: u64) -> bool {
+        now_ms >= at_ms && now_ms - at_ms < self.retry_ms
+    }
+
+    /// The message of `id`'s refusal if it still stands; a passed one is
+    /// forgotten.
+    pub(crate) fn get(&mut self, id: &ActorId, now_ms: u64) -> Option<String> {
+        let r = self.entries.get(id)?;
+        if self.stands(r.at_ms, now_ms) {
+            return Some(r.message.clone());
+        }
+        self.entries.remove(id);
+        None
+    }
+
+    /// Remembers that `id`'s restore was refused at `now_ms` with
+    /// `message`, making room if the map is full.
+    pub(crate) fn remember(&mut self, id: &ActorId, now_ms: u64, message: String) {
+        if self.retry_ms == 0 {
+            return;
+        }
+        if !self.entries.contains_key(id) && self.entries.len() >= self.cap {
+            let retry_ms = self.retry_ms;
+            self.entries
+                .retain(|_, r| now_ms >= r.at_ms && now_ms - r.at_ms < retry_ms);
+            if self.entries.len() >= self.cap {
+                let oldest = self
+                    .entries
+                    .iter()
+                    .min_by_key(|(_, r)| r.at_ms)
+                    .map(|(id, _)| id.clone());
+                if let Some(oldest) = oldest {
+                    self.entries.remove(&oldest);
+                }
+            }
+        }
+        let refusal = Refusal {
+            at_ms: now_ms,
+            message,
+        };
+        self.entries.insert(id.clone(), refusal);
+    }
+
+    pub(crate) fn forget(&mut self, id: &ActorId) {
+        self.entries.remove(id);
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.entries.len()
+    }
+}
+
 /// The node's side of replication: the bucket and where uploads run.
 pub struct Replication {
     pub bucket: Bucket,
@@ -48,14 +142,19 @@ pub struct Replication {
     /// Stamped into every entry this node writes (its start time), so that
     /// two writers' entries never compare equal.
     pub generation: u64,
+    /// Restores refused for the bucket's contents, per actor.
+    refusals: Mutex<Refusals>,
     io: Option<tokio::runtime::Runtime>,
 }
 
 impl Replication {
+    /// `restore_refused_retry_ms`: how long a restore refused for the
+    /// bucket's contents is answered from memory (0: never remembered).
     pub fn start(
         bucket: Bucket,
         config: ReplicaConfig,
         generation: u64,
+        restore_refused_retry_ms: u64,
     ) -> Result<Replication, RuntimeError> {
         let io = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(UPLOAD_THREADS)
@@ -67,6 +166,10 @@ impl Replication {
             bucket,
             config,
             generation,
+            refusals: Mutex::new(Refusals::new(
+                RESTORE_REFUSALS_MAX,
+                restore_refused_retry_ms,
+            )),
             io: Some(io),
         })
     }
@@ -173,6 +276,12 @@ pub fn ensure_open(rt: &Inner, repl: &Replication, actor: &Actor) -> Result<(), 
     // lock is not held across the bucket's round trips, so the durability
     // stage never waits on a restore.
     drop(st);
+    let now_ms = rt.clock.now_ms();
+    if let Some(message) = repl.refusals.lock().get(&actor.id, now_ms) {
+        // Refused a moment ago for what the bucket holds: the same answer,
+        // without reading the chain again.
+        return Err(RuntimeError::Store(StoreError::Corrupt(message)));
+    }
     let path = paths::actor_db(&rt.config.data_dir, &actor.id);
     let opened = repl.block_on(Replica::open(
         &repl.bucket,
@@ -180,9 +289,21 @@ pub fn ensure_open(rt: &Inner, repl: &Replication, actor: &Actor) -> Result<(), 
         &path,
         repl.generation,
         repl.config.clone(),
-        rt.clock.now_ms(),
+        now_ms,
     ));
-    let (replica, how) = opened.map_err(|e| restore_error(&actor.id, e))?;
+    let (replica, how) = match opened {
+        Ok(opened) => opened,
+        Err(e) => {
+            let e = restore_error(&actor.id, e);
+            if let RuntimeError::Store(StoreError::Corrupt(message)) = &e {
+                repl.refusals
+                    .lock()
+                    .remember(&actor.id, now_ms, message.clone());
+            }
+            return Err(e);
+        }
+    };
+    repl.refusals.lock().forget(&actor.id);
     let mut st = actor.repl.lock();
     match how {
         Opened::Restored { replaced } => {
@@ -474,8 +595,14 @@ pub fn delete(rt: &Inner, repl: &Replication, actor: &Actor) -> Result<u64, Runt
     // No upload can start meanwhile: this is the actor's turn.
     drop(st);
     let n = repl
-        .block_on(wasmkeep_replica::delete_all(&repl.bucket, &actor.id))
+        .block_on(wasmkeep_replica::delete_all(
+            &repl.bucket,
+            &actor.id,
+            &repl.config,
+        ))
         .map_err(|e| RuntimeError::ReplicationFailed(format!("deleting from the bucket: {e}")))?;
+    // Nothing of the refused chain is left: the actor starts over.
+    repl.refusals.lock().forget(&actor.id);
     let mut st = actor.repl.lock();
     for w in std::mem::take(&mut st.waiters) {
         release(
@@ -551,6 +678,53 @@ mod tests {
         let e = restore_error(&id, network);
         assert_eq!(e.code(), "replication_failed");
         assert!(e.is_retryable());
+    }
+
+    /// A refusal stands for its back-off and is then forgotten; a clock
+    /// that went backwards ends it; a back-off of 0 remembers nothing.
+    #[test]
+    fn a_refusal_stands_for_its_back_off() {
+        let id = ActorId::new("t", "a", "c", "n").unwrap();
+        let mut r = Refusals::new(8, 1_000);
+        assert_eq!(r.get(&id, 5_000), None);
+        r.remember(&id, 5_000, "refused".into());
+        assert_eq!(r.get(&id, 5_000).as_deref(), Some("refused"));
+        assert_eq!(r.get(&id, 5_999).as_deref(), Some("refused"));
+        assert_eq!(r.get(&id, 6_000), None);
+        assert_eq!(r.len(), 0, "a passed refusal is forgotten");
+        r.remember(&id, 5_000, "refused".into());
+        assert_eq!(r.get(&id, 4_000), None);
+        r.remember(&id, 5_000, "refused".into());
+        r.forget(&id);
+        assert_eq!(r.get(&id, 5_000), None);
+        let mut off = Refusals::new(8, 0);
+        off.remember(&id, 5_000, "refused".into());
+        assert_eq!(off.get(&id, 5_000), None);
+    }
+
+    /// However many actors are refused, the map holds at most its cap:
+    /// expired refusals go first, then the oldest.
+    #[test]
+    fn refusals_are_capped() {
+        let id = |i: u32| ActorId::new("t", "a", "c", &format!("n{i}")).unwrap();
+        let mut r = Refusals::new(4, 1_000);
+        for i in 0..4 {
+            r.remember(&id(i), 100 + i as u64, format!("refused {i}"));
+        }
+        // Full, nothing expired: the oldest (0) makes room.
+        r.remember(&id(4), 200, "refused 4".into());
+        assert_eq!(r.len(), 4);
+        assert_eq!(r.get(&id(0), 200), None);
+        assert!(r.get(&id(1), 200).is_some());
+        // Many more, later: never past the cap, and the newest stand.
+        for i in 5..10_000 {
+            r.remember(&id(i), 2_000 + i as u64, format!("refused {i}"));
+            assert!(r.len() <= 4);
+        }
+        assert!(r.get(&id(9_999), 12_000).is_some());
+        // Remembering an actor again replaces its refusal in place.
+        r.remember(&id(9_999), 12_001, "again".into());
+        assert_eq!(r.len(), 4);
     }
 
     /// A given-up actor holds nothing worth waiting for: shutdown and the

@@ -14,8 +14,8 @@ use tokio::sync::oneshot;
 use wasmkeep_store::db::inspect_query;
 use wasmkeep_store::sqlite_setup::release_free_memory;
 use wasmkeep_store::{ActorId, QueryResult, paths};
+use wasmtime::Engine;
 use wasmtime::component::{HasSelf, Linker};
-use wasmtime::{Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 use crate::actor::{
     self, Actor, ActorRequest, ActorResponse, DbAccess, Event, EventKind, Outcome, Queue,
@@ -23,6 +23,7 @@ use crate::actor::{
 use crate::app::{self, App, AppInfo, CompileSlots, Compiler, OverCeiling};
 use crate::clock::Clock;
 use crate::compile_cache::CacheKey;
+use crate::compile_process::EngineSettings;
 use crate::config::RuntimeConfig;
 use crate::durability::DurabilityStage;
 use crate::error::RuntimeError;
@@ -196,42 +197,22 @@ fn cache_key(config: &RuntimeConfig) -> Option<CacheKey> {
     }
 }
 
-fn build_engine(config: &RuntimeConfig) -> Result<Engine, RuntimeError> {
-    let mut c = wasmtime::Config::new();
-    c.wasm_component_model(true);
-    c.epoch_interruption(true);
-    // Guest recursion traps at this depth, well inside a worker's stack.
-    c.max_wasm_stack(WASM_STACK_BYTES_MAX);
-    // A compilation runs on one thread (its own, see `app::Compiler`), so
-    // one that cannot be cancelled past its deadline keeps one core busy,
-    // not every core of the shared pool.
-    c.parallel_compilation(false);
-    // The pooling allocator keeps instance memory slots ready, which makes
-    // instantiation a few microseconds (W3, cold start). Each slot reserves
-    // address space only; untouched pages cost nothing.
-    // Room for every instance, plus the evicted ones waiting for the closer
-    // (and the one it is closing), one per worker (a running actor pins
-    // its instance while another is made room for) and deploys' checks.
-    let n = config.instances_max + CLOSE_QUEUE_MAX as u32 + 1 + config.worker_threads() as u32 + 16;
-    let mut pool = PoolingAllocationConfig::default();
-    // Each component may hold at most this many core instances, memories
-    // and tables (checked when it is compiled), so a pool of n times each
-    // always has room for n instances.
-    let (cores, memories, tables) = (
-        config.component_core_instances_max,
-        config.component_memories_max,
-        config.component_tables_max,
-    );
-    pool.total_component_instances(n)
-        .max_core_instances_per_component(cores)
-        .max_memories_per_component(memories)
-        .max_tables_per_component(tables)
-        .total_core_instances(n.saturating_mul(cores))
-        .total_memories(n.saturating_mul(memories))
-        .total_tables(n.saturating_mul(tables))
-        .max_memory_size(config.instance_memory_bytes_max);
-    c.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
-    Engine::new(&c).map_err(|e| RuntimeError::Internal(format!("engine: {e:#}")))
+/// The settings of a node's engine: room in the pool for every instance,
+/// plus the evicted ones waiting for the closer (and the one it is
+/// closing), one per worker (a running actor pins its instance while
+/// another is made room for) and deploys' checks.
+pub(crate) fn engine_settings(config: &RuntimeConfig) -> EngineSettings {
+    EngineSettings {
+        instances: config.instances_max
+            + CLOSE_QUEUE_MAX as u32
+            + 1
+            + config.worker_threads() as u32
+            + 16,
+        cores: config.component_core_instances_max,
+        memories: config.component_memories_max,
+        tables: config.component_tables_max,
+        memory_bytes_max: config.instance_memory_bytes_max,
+    }
 }
 
 impl Runtime {
@@ -242,7 +223,7 @@ impl Runtime {
         std::fs::create_dir_all(config.data_dir.join("actors"))
             .map_err(|e| RuntimeError::Store(e.into()))?;
         wasmkeep_store::memory_budget::set_node_bytes_max(config.node_memory_bytes_max);
-        let engine = build_engine(&config)?;
+        let engine = engine_settings(&config).engine()?;
         let mut linker: Linker<HostState> = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
             .map_err(|e| RuntimeError::Internal(format!("linker: {e:#}")))?;
@@ -260,6 +241,7 @@ impl Runtime {
                     bucket.clone(),
                     config.replica.clone(),
                     generation,
+                    config.restore_refused_retry_ms,
                 )?)
             }
             None => None,
@@ -348,6 +330,7 @@ impl Runtime {
             cache_dir: self.inner.cache_dir.clone(),
             cache_key: self.inner.cache_key.as_ref(),
             compiles: &self.inner.compiles,
+            settings: engine_settings(&self.inner.config),
             metrics: &self.inner.metrics,
             unsafe_trust_cache: self
                 .inner

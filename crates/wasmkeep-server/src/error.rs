@@ -42,7 +42,8 @@ fn status_of(e: &RuntimeError) -> StatusCode {
         RuntimeError::InvalidComponent(_)
         | RuntimeError::InvalidManifest(_)
         | RuntimeError::LimitAboveCeiling { .. }
-        | RuntimeError::CompileTimeout { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+        | RuntimeError::CompileTimeout { .. }
+        | RuntimeError::CompileMemoryExceeded { .. } => StatusCode::UNPROCESSABLE_ENTITY,
         RuntimeError::ComponentTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
         // A guest may fail an event with one of these codes to say the
         // request was at fault; the event is rolled back all the same.

@@ -6,6 +6,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use wasmkeep_guests::forged::{EMPTY_MODULE, MEMORY_MODULE, TABLE_MODULE, instantiating};
 use wasmkeep_guests::{HELLO, HOSTILE, TESTBED};
 use wasmkeep_testkit::{RuntimeConfig, TestNode};
 
@@ -89,34 +90,6 @@ fn an_app_above_a_lowered_ceiling_is_clamped_at_restart() {
     assert!(e.to_string().ends_with("event_cpu_ms_max=200"), "{e}");
 }
 
-/// A component binary: one core module instantiated `instances` times.
-/// Each instance of it holds what the module defines.
-fn component_instantiating(module: &[u8], instances: u8) -> Vec<u8> {
-    assert!(
-        instances < 42 && module.len() < 128,
-        "one-byte LEB128 sizes"
-    );
-    let mut c = b"\0asm\x0d\x00\x01\x00".to_vec();
-    // The core module section, then one core instance section.
-    c.push(0x01);
-    c.push(module.len() as u8);
-    c.extend_from_slice(module);
-    c.push(0x02);
-    c.push(1 + 3 * instances);
-    c.push(instances);
-    for _ in 0..instances {
-        // Instantiate module 0 with no arguments.
-        c.extend_from_slice(&[0x00, 0x00, 0x00]);
-    }
-    c
-}
-
-const EMPTY_MODULE: &[u8] = b"\0asm\x01\0\0\0";
-/// A module defining one memory of no pages.
-const MEMORY_MODULE: &[u8] = b"\0asm\x01\0\0\0\x05\x03\x01\x00\x00";
-/// A module defining one empty table of function references.
-const TABLE_MODULE: &[u8] = b"\0asm\x01\0\0\0\x04\x04\x01\x70\x00\x00";
-
 #[test]
 fn a_component_with_more_memories_tables_or_instances_than_allowed_is_refused() {
     let node = TestNode::new();
@@ -135,12 +108,12 @@ fn a_component_with_more_memories_tables_or_instances_than_allowed_is_refused() 
         ),
     ];
     for (setting, module, max) in cases {
-        let over = component_instantiating(module, max as u8 + 1);
+        let over = instantiating(module, max as usize + 1);
         let e = node.deploy("t/many", &over).unwrap_err();
         assert_eq!(e.code(), "invalid_component", "{setting}: {e}");
         assert!(e.to_string().contains(setting), "{setting}: {e}");
         // At the bound it compiles, and fails later for what it lacks.
-        let at = component_instantiating(module, max as u8);
+        let at = instantiating(module, max as usize);
         let e = node.deploy("t/many", &at).unwrap_err();
         assert!(e.to_string().contains("does not export"), "{setting}: {e}");
     }
@@ -288,4 +261,21 @@ fn a_panic_in_a_batch_fails_its_events_and_the_worker_serves_on() {
         .worker_panics_total
         .load(Ordering::Relaxed);
     assert_eq!(panics, 1);
+}
+
+/// Compiled code is cached only for a component that passed every check,
+/// so refused deploys cannot fill the cache folder.
+#[test]
+fn a_refused_component_leaves_no_compiled_code_in_the_cache() {
+    let node = node_with_own_cache(|_| {});
+    let e = node
+        .deploy("t/bad", wasmkeep_guests::BAD_IMPORT)
+        .unwrap_err();
+    assert_eq!(e.code(), "invalid_component", "{e}");
+    let cached = std::fs::read_dir(cache_dir(&node))
+        .map(|d| d.flatten().count())
+        .unwrap_or(0);
+    assert_eq!(cached, 0, "a refused component was cached");
+    node.deploy("t/hello", HELLO).unwrap();
+    assert!(std::fs::read_dir(cache_dir(&node)).unwrap().count() > 0);
 }

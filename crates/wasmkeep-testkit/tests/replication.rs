@@ -11,11 +11,15 @@ use std::time::Duration;
 use wasmkeep_guests::DEMO;
 use wasmkeep_replica::testing::{FaultStore, Moto, faulty_bucket, memory_bucket};
 use wasmkeep_replica::{Bucket, ReplicaConfig};
-use wasmkeep_testkit::{RuntimeError, TestNode};
+use wasmkeep_testkit::{RuntimeConfig, RuntimeError, TestNode};
 
 const REPLICATED: &[(&str, &str)] = &[("wasmkeep-durability", "replicated")];
 
 fn node_on(bucket: &Bucket) -> TestNode {
+    node_with(bucket, |_| {})
+}
+
+fn node_with(bucket: &Bucket, f: impl FnOnce(&mut RuntimeConfig)) -> TestNode {
     let bucket = bucket.clone();
     let node = TestNode::with_config(move |c| {
         c.bucket = Some(bucket);
@@ -25,6 +29,7 @@ fn node_on(bucket: &Bucket) -> TestNode {
             snapshot_log_ratio_pct: 1_000_000,
             ..ReplicaConfig::default()
         };
+        f(c);
     });
     node.deploy("demo/examples", DEMO).unwrap();
     node
@@ -47,7 +52,7 @@ fn bucket_logs(bucket: &Bucket, node: &TestNode) -> usize {
         bucket.prefix_bytes(),
     )
     .unwrap();
-    exec.block_on(bucket.list_seqs(&root.log_dir(), None))
+    exec.block_on(bucket.list_seqs(&root.log_dir(), None, u64::MAX))
         .unwrap()
         .len()
 }
@@ -198,4 +203,63 @@ fn a_durable_request_on_a_node_without_a_bucket_is_refused() {
     let err = increment(&node, "a", REPLICATED).unwrap_err();
     assert_eq!(err.code(), "replication_unavailable");
     assert!(!node.actor("demo/examples/counter/a").exists());
+}
+
+/// A restore refused for what the bucket holds (a forged entry on a
+/// folder bucket) is remembered for `restore_refused_retry_ms`: the actor's
+/// next events get the same `storage_corrupt` without a request to the
+/// bucket, and once the back-off has passed (the node's clock moved) the
+/// next event reads the chain again, restoring it once it is repaired.
+/// With a back-off of 0 (the rule off) every event reads the chain again.
+#[test]
+fn a_refused_restore_is_remembered_for_its_back_off() {
+    for retry_ms in [60_000, 0] {
+        refused_restore(retry_ms);
+    }
+}
+
+fn refused_restore(retry_ms: u64) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = object_store::local::LocalFileSystem::new_with_prefix(dir.path()).unwrap();
+    let (bucket, _faults) = faulty_bucket(Arc::new(store), "");
+    let first = node_on(&bucket);
+    assert_eq!(increment(&first, "a", REPLICATED).unwrap(), 1);
+    let root = wasmkeep_replica::ActorRoot::new(
+        first.actor("demo/examples/counter/a").id(),
+        bucket.prefix_bytes(),
+    )
+    .unwrap();
+    first.runtime().shutdown(Duration::from_secs(10));
+    drop(first);
+    // A forged object where the chain's next entry would be.
+    let bad = dir.path().join(root.log(1));
+    std::fs::write(&bad, b"forged").unwrap();
+
+    // A node with an empty data folder restores the actor on first use.
+    let node = node_with(&bucket, |c| c.restore_refused_retry_ms = retry_ms);
+    let refused = increment(&node, "a", &[]).unwrap_err();
+    assert_eq!(refused.code(), "storage_corrupt", "{refused}");
+    assert!(refused.to_string().contains(&root.log(1)), "{refused}");
+    let before = bucket.metrics().snapshot();
+    let again = increment(&node, "a", &[]).unwrap_err();
+    let after = bucket.metrics().snapshot();
+    assert_eq!(again.code(), "storage_corrupt");
+    assert_eq!(again.to_string(), refused.to_string());
+    if retry_ms > 0 {
+        assert_eq!(
+            after, before,
+            "the bucket was read again within the back-off"
+        );
+    } else {
+        assert!(after.lists > before.lists && after.gets > before.gets);
+    }
+
+    // Repaired: the node notices once the back-off has passed.
+    std::fs::remove_file(&bad).unwrap();
+    if retry_ms > 0 {
+        let still = increment(&node, "a", &[]).unwrap_err();
+        assert_eq!(still.code(), "storage_corrupt");
+        node.advance(Duration::from_millis(retry_ms));
+    }
+    assert_eq!(increment(&node, "a", &[]).unwrap(), 2);
 }

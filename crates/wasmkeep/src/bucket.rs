@@ -70,27 +70,26 @@ pub fn export(bucket_url: &str, target: &str, at: Option<&str>, out: &Path) -> R
     }
     let bucket = Bucket::from_url(bucket_url).with_context(|| format!("bucket {bucket_url}"))?;
     let pb = bar(0, "reading the chain");
-    let bytes = io()?.block_on(wasmkeep_replica::export_with_progress(
+    // Written beside the target and checked with `PRAGMA quick_check`
+    // before it takes the target's name: never a half-written file, nor
+    // one SQLite finds corrupt.
+    let written = io()?.block_on(wasmkeep_replica::export_to_path(
         &bucket,
         &id,
         at,
         &ReplicaConfig::default(),
+        out,
         &|done, total| {
             pb.set_length(total);
             pb.set_position(done);
         },
     ));
     pb.finish_and_clear();
-    let bytes = bytes.with_context(|| format!("export {id} at {at:?}"))?;
-    // Written beside the target, then renamed: never a half-written file.
-    let tmp = out.with_extension("export-partial");
-    std::fs::write(&tmp, &bytes).with_context(|| format!("write {}", tmp.display()))?;
-    std::fs::rename(&tmp, out).with_context(|| format!("rename to {}", out.display()))?;
+    let bytes = written.with_context(|| format!("export {id} at {at:?}"))?;
     let m = bucket.metrics().snapshot();
     println!(
-        "exported {id} ({at:?}) to {}: {} bytes, {} objects read",
+        "exported {id} ({at:?}) to {}: {bytes} bytes, {} objects read",
         out.display(),
-        bytes.len(),
         m.gets
     );
     Ok(())
@@ -151,10 +150,11 @@ pub fn upload(bucket_url: &str, data: &Path) -> Result<()> {
     for id in &ids {
         let db_path = wasmkeep_store::paths::actor_db(data, id);
         let root = wasmkeep_replica::ActorRoot::new(id, bucket.prefix_bytes())?;
+        let keys_max = ReplicaConfig::default().listing_bound();
         let has_chain = io.block_on(async {
-            let snaps = bucket.list_seqs(&root.snap_dir(), None).await?;
-            let logs = bucket.list_seqs(&root.log_dir(), None).await?;
-            anyhow::Ok(!snaps.is_empty() || !logs.is_empty())
+            let snaps = bucket.any_seq(&root.snap_dir(), None, 0, keys_max).await?;
+            let logs = bucket.any_seq(&root.log_dir(), None, 0, keys_max).await?;
+            anyhow::Ok(snaps || logs)
         })?;
         if has_chain {
             // Opening a replica here would restore over the local file.

@@ -33,6 +33,11 @@ pub struct NodeConfig {
     pub workers: usize,
     pub component_bytes_max: usize,
     pub component_compile_ms_max: u64,
+    pub component_compile_memory_bytes_max: u64,
+    /// Compile in a child process (bounded memory, stopped at its
+    /// deadline); false compiles on a thread of the node, for trusted
+    /// components only.
+    pub compile_in_child: bool,
     pub component_core_instances_max: u32,
     pub component_memories_max: u32,
     pub component_tables_max: u32,
@@ -68,6 +73,7 @@ pub struct NodeConfig {
     pub replica_snapshot_log_ratio_pct: u64,
     pub replica_snapshot_log_bytes_min: u64,
     pub replica_snapshots_keep: usize,
+    pub restore_refused_retry_ms: u64,
     /// A table (`[app_limit_ceilings]`), so last: the highest value an
     /// app's manifest may give each of its `[limits]`.
     pub app_limit_ceilings: AppLimits,
@@ -97,6 +103,8 @@ impl Default for NodeConfig {
             workers: rt.workers,
             component_bytes_max: rt.component_bytes_max,
             component_compile_ms_max: rt.component_compile_ms_max,
+            component_compile_memory_bytes_max: rt.component_compile_memory_bytes_max,
+            compile_in_child: true,
             component_core_instances_max: rt.component_core_instances_max,
             component_memories_max: rt.component_memories_max,
             component_tables_max: rt.component_tables_max,
@@ -132,6 +140,7 @@ impl Default for NodeConfig {
             replica_snapshot_log_ratio_pct: rt.replica.snapshot_log_ratio_pct,
             replica_snapshot_log_bytes_min: rt.replica.snapshot_log_bytes_min,
             replica_snapshots_keep: rt.replica.snapshots_keep,
+            restore_refused_retry_ms: rt.restore_refused_retry_ms,
             app_limit_ceilings: rt.app_limit_ceilings.clone(),
         }
     }
@@ -169,6 +178,7 @@ impl NodeConfig {
         c.workers = self.workers;
         c.component_bytes_max = self.component_bytes_max;
         c.component_compile_ms_max = self.component_compile_ms_max;
+        c.component_compile_memory_bytes_max = self.component_compile_memory_bytes_max;
         c.component_core_instances_max = self.component_core_instances_max;
         c.component_memories_max = self.component_memories_max;
         c.component_tables_max = self.component_tables_max;
@@ -201,6 +211,10 @@ impl NodeConfig {
         // nothing read from the bucket may be larger (issue 17).
         c.replica.entry_bytes_max =
             wasmkeep_replica::ReplicaConfig::entry_bytes_max_for(self.database_bytes_max);
+        // What a listing holds and a restore replays is bounded (issue 17)
+        // well above what the snapshot policy above leaves an honest chain.
+        c.replica.raise_bounds_to_retention();
+        c.restore_refused_retry_ms = self.restore_refused_retry_ms;
         c
     }
 
@@ -245,6 +259,26 @@ impl NodeConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What a restore lists and replays is bounded above what the snapshot
+    /// settings leave an honest chain, and the refusal back-off reaches
+    /// the runtime.
+    #[test]
+    fn replica_bounds_follow_the_snapshot_settings() {
+        let c = NodeConfig {
+            replica_snapshot_every_entries: 100_000,
+            replica_snapshots_keep: 4,
+            restore_refused_retry_ms: 5,
+            ..NodeConfig::default()
+        };
+        let rt = c.runtime();
+        assert!(rt.replica.restore_entries_max >= 200_000);
+        assert!(rt.replica.listing_keys_max >= 5 * 100_000);
+        assert!(rt.replica.restore_bytes_max >= 3 * rt.replica.entry_bytes_max);
+        assert_eq!(rt.restore_refused_retry_ms, 5);
+        let d = NodeConfig::default().runtime();
+        assert_eq!(d.replica, wasmkeep_runtime::RuntimeConfig::new("x").replica);
+    }
 
     #[test]
     fn every_config_field_is_documented() {

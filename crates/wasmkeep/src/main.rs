@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
-use wasmkeep_runtime::{Durability, Runtime, SystemClock};
+use wasmkeep_runtime::{Compile, Durability, Runtime, SystemClock};
 
 use crate::config::NodeConfig;
 
@@ -185,7 +185,16 @@ fn parse_durability(s: &str) -> Result<Durability, String> {
     }
 }
 
+/// The hidden first argument that makes this binary a compile worker (see
+/// `wasmkeep_runtime::compile_process`): a node compiles hostile components
+/// in a child running its own program, never on its own threads.
+const COMPILE_WORKER: &str = "__compile-worker";
+
 fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some(COMPILE_WORKER) {
+        std::process::exit(wasmkeep_runtime::compile_process::worker_main(&args[2..]));
+    }
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(args) => serve(args),
@@ -267,6 +276,12 @@ fn serve(args: ServeArgs) -> Result<()> {
     }
     cfg.check_exposure()?;
     let mut rc = cfg.runtime();
+    if cfg.compile_in_child {
+        rc.compile = Compile::Process {
+            program: std::env::current_exe().context("find this program to run compile workers")?,
+            args: vec![COMPILE_WORKER.into()],
+        };
+    }
     if let Some(url) = &cfg.bucket {
         rc.bucket =
             Some(wasmkeep_replica::Bucket::from_url(url).with_context(|| format!("bucket {url}"))?);
@@ -281,6 +296,7 @@ fn serve(args: ServeArgs) -> Result<()> {
     } else {
         None
     };
+    let stop_asked = Arc::new(std::sync::OnceLock::new());
     let tokio = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .worker_threads(2)
@@ -314,6 +330,7 @@ fn serve(args: ServeArgs) -> Result<()> {
         }
         use std::io::Write;
         std::io::stdout().flush()?;
+        let asked = Arc::clone(&stop_asked);
         let shutdown = async move {
             #[cfg(unix)]
             tokio::select! {
@@ -322,12 +339,18 @@ fn serve(args: ServeArgs) -> Result<()> {
             }
             #[cfg(not(unix))]
             let _ = tokio::signal::ctrl_c().await;
+            let _ = asked.set(std::time::Instant::now());
             tracing::info!("shutting down");
         };
         wasmkeep_server::serve(rt.clone(), cfg.server(), listener, shutdown).await?;
         anyhow::Ok(())
     })?;
-    rt.shutdown(std::time::Duration::from_secs(10));
+    // One budget for stopping: what the connections' drain left of
+    // `shutdown_drain_ms` is what running events get before every guest
+    // statement is stopped.
+    let drain = std::time::Duration::from_millis(cfg.shutdown_drain_ms);
+    let spent = stop_asked.get().map(|t| t.elapsed()).unwrap_or_default();
+    rt.shutdown(drain.saturating_sub(spent));
     Ok(())
 }
 

@@ -480,9 +480,8 @@ fn a_guest_that_swallows_the_deadline_error_still_fails_its_event() {
 fn sigterm_stops_the_node_while_a_statement_runs_forever() {
     let tmp = tempfile::tempdir().unwrap();
     // A deadline far away: only the node's stop flag can end the statement.
-    // Stopping waits for connections (`shutdown_drain_ms`), then up to 10 s
-    // for running events, before it stops statements: a short drain keeps
-    // that within the bound below.
+    // Stopping gives connections and running events `shutdown_drain_ms`
+    // together before it stops statements.
     let config = "event_cpu_ms_max = 3600000\nworkers = 2\nshutdown_drain_ms = 1000\n";
     let node = start(tmp.path(), config);
     let base = node.base.clone();
