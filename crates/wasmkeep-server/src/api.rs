@@ -11,6 +11,8 @@ use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post, put};
 use percent_encoding::percent_decode_str;
+
+use crate::unsafe_rules::UnsafeRules;
 use serde::Deserialize;
 use serde_json::json;
 use wasmkeep_runtime::{ActorId, ActorRequest, Runtime};
@@ -59,6 +61,8 @@ pub struct ServerConfig {
     pub body_read_bytes_per_s_min: u64,
     /// Time open connections get to finish when the node stops.
     pub shutdown_drain_ms: u64,
+    /// Rules a test switched off (none, but in a `test-faults` build).
+    pub unsafe_rules: UnsafeRules,
 }
 
 impl Default for ServerConfig {
@@ -76,6 +80,7 @@ impl Default for ServerConfig {
             body_read_timeout_ms: 20_000,
             body_read_bytes_per_s_min: 16 * 1024,
             shutdown_drain_ms: 10_000,
+            unsafe_rules: UnsafeRules::default(),
         }
     }
 }
@@ -172,6 +177,13 @@ struct AppState {
 
 impl AppState {
     fn pace(&self) -> BodyPace {
+        if self.config.unsafe_rules.no_body_pace {
+            // The unsafe variant: a day for any body, however slow.
+            return BodyPace {
+                timeout_ms: 86_400_000,
+                bytes_per_s_min: 0,
+            };
+        }
         BodyPace {
             timeout_ms: self.config.body_read_timeout_ms,
             bytes_per_s_min: self.config.body_read_bytes_per_s_min,
@@ -181,7 +193,8 @@ impl AppState {
 
 /// The node's routes.
 pub fn router(rt: Runtime, config: ServerConfig) -> Router {
-    let tokens = Tokens::new(config.admin_token.as_deref(), &config.tenant_tokens);
+    let tokens = Tokens::new(config.admin_token.as_deref(), &config.tenant_tokens)
+        .with_unsafe_rules(config.unsafe_rules);
     let state = AppState {
         rt,
         config: Arc::new(config),
@@ -442,7 +455,7 @@ async fn actor_request(State(s): State<AppState>, req: Request) -> Result<Respon
             HeaderName::from_bytes(k.as_bytes()),
             HeaderValue::from_str(&v),
         ) {
-            (Ok(k), _) if is_framing_header(&k) => {
+            (Ok(k), _) if is_framing_header(&k) && !s.config.unsafe_rules.keep_framing_headers => {
                 tracing::debug!(actor = %id, header = %k, "dropped a framing header an actor set");
             }
             (Ok(k), Ok(v)) => {

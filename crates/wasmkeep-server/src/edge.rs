@@ -68,10 +68,26 @@ struct Limits {
 
 impl Limits {
     fn of(c: &ServerConfig) -> Limits {
+        let off = c.unsafe_rules;
+        // The unsafe variants: every connection, and a day for any head
+        // or idle wait.
+        let day = Duration::from_secs(86_400);
         Limits {
-            connections_max: c.connections_max,
-            header_read: Duration::from_millis(c.header_read_timeout_ms),
-            idle: Duration::from_millis(c.idle_timeout_ms),
+            connections_max: if off.no_connection_cap {
+                crate::api::CONNECTIONS_MAX_LIMIT
+            } else {
+                c.connections_max
+            },
+            header_read: if off.no_head_or_idle_timeouts {
+                day
+            } else {
+                Duration::from_millis(c.header_read_timeout_ms)
+            },
+            idle: if off.no_head_or_idle_timeouts {
+                day
+            } else {
+                Duration::from_millis(c.idle_timeout_ms)
+            },
             shutdown_drain: Duration::from_millis(c.shutdown_drain_ms),
         }
     }

@@ -15,6 +15,8 @@ pub mod api;
 pub mod auth;
 mod edge;
 pub mod error;
+pub mod unsafe_rules;
 
 pub use api::{ServerConfig, ServerError, router, serve};
 pub use error::ApiError;
+pub use unsafe_rules::UnsafeRules;

@@ -232,6 +232,7 @@ impl NodeConfig {
             body_read_timeout_ms: self.body_read_timeout_ms,
             body_read_bytes_per_s_min: self.body_read_bytes_per_s_min,
             shutdown_drain_ms: self.shutdown_drain_ms,
+            unsafe_rules: Default::default(),
         }
     }
 

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use wasmkeep_runtime::{Compile, Durability, Runtime, SystemClock};
+use wasmkeep_server::UnsafeRules;
 
 use crate::config::NodeConfig;
 
@@ -342,7 +343,12 @@ fn serve(args: ServeArgs) -> Result<()> {
             let _ = asked.set(std::time::Instant::now());
             tracing::info!("shutting down");
         };
-        wasmkeep_server::serve(rt.clone(), cfg.server(), listener, shutdown).await?;
+        let mut server = cfg.server();
+        server.unsafe_rules = UnsafeRules::from_env().map_err(anyhow::Error::msg)?;
+        if server.unsafe_rules.any() {
+            tracing::warn!(rules = ?server.unsafe_rules, "safety rules switched off for a test ({})", wasmkeep_server::unsafe_rules::ENV);
+        }
+        wasmkeep_server::serve(rt.clone(), server, listener, shutdown).await?;
         anyhow::Ok(())
     })?;
     // One budget for stopping: what the connections' drain left of

@@ -230,3 +230,31 @@ fn the_admin_api_refuses_browser_pages_and_answers_the_cli() {
     assert_eq!(raw_status(&a), 200, "a typed address was refused: {a}");
     cli(&open, None);
 }
+
+/// The unsafe variants of the admin API's rules (`WASMKEEP_UNSAFE`): with
+/// `admin_open_to_network` a request naming a foreign `Host` (what a
+/// rebinding page sends; a remote peer is refused by the same rule) gets
+/// in without a token; with `admin_takes_any_page` a page of another
+/// origin gets in with the admin token it rides on.
+#[test]
+fn without_their_rules_the_admin_api_takes_what_it_refuses() {
+    let tmp = tempfile::tempdir().unwrap();
+    let open = Node::start_env(
+        &tmp.path().join("a"),
+        &[],
+        &[("WASMKEEP_UNSAFE", "admin_open_to_network".to_owned())],
+    );
+    let addr = open.addr().to_owned();
+    let port = addr.rsplit(':').next().unwrap();
+    let a = admin_apps(&addr, &format!("rebind.example:{port}"), "");
+    assert_eq!(raw_status(&a), 200, "{a}");
+    let locked = Node::start_env(
+        &tmp.path().join("b"),
+        &["--admin-token", ADMIN],
+        &[("WASMKEEP_UNSAFE", "admin_takes_any_page".to_owned())],
+    );
+    let addr = locked.addr().to_owned();
+    let page = format!("authorization: Bearer {ADMIN}\r\norigin: http://evil.example\r\n");
+    let a = admin_apps(&addr, &addr, &page);
+    assert_eq!(raw_status(&a), 200, "{a}");
+}

@@ -15,9 +15,28 @@ use common::{Node, raw_http, raw_status};
 
 /// Starts a node with `settings` as its configuration file.
 fn start(tmp: &std::path::Path, settings: &str) -> Node {
+    start_without(tmp, settings, "")
+}
+
+/// Starts a node with `settings`, and the edge rules named in `rules`
+/// switched off (`WASMKEEP_UNSAFE`: the unsafe variants).
+fn start_without(tmp: &std::path::Path, settings: &str, rules: &str) -> Node {
+    std::fs::create_dir_all(tmp).unwrap();
     let cfg = tmp.join("node.toml");
     std::fs::write(&cfg, settings).unwrap();
-    Node::start(&tmp.join("data"), &["--config", cfg.to_str().unwrap()])
+    Node::start_env(
+        &tmp.join("data"),
+        &["--config", cfg.to_str().unwrap()],
+        &[("WASMKEEP_UNSAFE", rules.to_owned())],
+    )
+}
+
+/// Whether the node left `s` open for `wait` (it sent nothing and did not
+/// close it).
+fn still_open_after(s: &mut TcpStream, wait: Duration) -> bool {
+    s.set_read_timeout(Some(wait)).unwrap();
+    let mut byte = [0u8; 1];
+    matches!(s.read(&mut byte), Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut))
 }
 
 fn healthz(node: &Node) -> String {
@@ -219,4 +238,74 @@ fn an_idle_kept_alive_connection_is_closed_and_shutdown_does_not_wait_for_silent
     );
     let (_, closed) = read_until_closed(&mut silent);
     assert!(closed);
+}
+
+/// The unsafe variants of the rules above (`WASMKEEP_UNSAFE`), each
+/// against the attack of its test: without the head and idle timeouts a
+/// slow head and an idle connection hold their slots past twice the
+/// timeout; without the cap a connection past `connections_max` is
+/// served; without the body pace a trickling body is never cut off.
+#[test]
+fn without_their_rules_the_edge_attacks_get_through() {
+    let tmp = tempfile::tempdir().unwrap();
+    let node = start_without(
+        &tmp.path().join("timeouts"),
+        "connections_max = 1\nheader_read_timeout_ms = 1000\nidle_timeout_ms = 1000\n",
+        "no_head_or_idle_timeouts",
+    );
+    let mut slow = TcpStream::connect(node.addr()).unwrap();
+    slow.write_all(b"GET /healthz HTTP/1.1\r\nhost: 127")
+        .unwrap();
+    assert!(
+        still_open_after(&mut slow, Duration::from_millis(2500)),
+        "the head was cut off without its rule"
+    );
+    let refused = healthz(&node);
+    assert_eq!(raw_status(&refused), 503, "{refused}");
+    slow.write_all(b".0.0.1\r\n\r\n").unwrap();
+    let mut head = [0u8; 12];
+    slow.read_exact(&mut head).unwrap();
+    assert_eq!(&head, b"HTTP/1.1 200");
+    let mut rest = [0u8; 4096];
+    let _ = slow.read(&mut rest);
+    assert!(
+        still_open_after(&mut slow, Duration::from_millis(2500)),
+        "the idle connection was closed without its rule"
+    );
+    drop(slow);
+    drop(node);
+
+    let node = start_without(
+        &tmp.path().join("cap"),
+        "connections_max = 4\nheader_read_timeout_ms = 600000\nidle_timeout_ms = 600000\n",
+        "no_connection_cap",
+    );
+    let idle: Vec<TcpStream> = (0..8)
+        .map(|_| TcpStream::connect(node.addr()).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let answer = healthz(&node);
+    assert_eq!(raw_status(&answer), 200, "{answer}");
+    drop(idle);
+    drop(node);
+
+    let node = start_without(
+        &tmp.path().join("pace"),
+        "body_read_timeout_ms = 1000\nbody_read_bytes_per_s_min = 1000\n",
+        "no_body_pace",
+    );
+    let mut s = TcpStream::connect(node.addr()).unwrap();
+    s.write_all(
+        b"POST /v1/t/a/c/n/x HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-length: 100000\r\nconnection: close\r\n\r\n",
+    )
+    .unwrap();
+    // 10 bytes every 200 ms for 3 s: the safe node cuts it after about 1 s.
+    for _ in 0..15 {
+        s.write_all(&[b'x'; 10]).unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(
+        still_open_after(&mut s, Duration::from_millis(100)),
+        "the trickling body was cut off without its rule"
+    );
 }

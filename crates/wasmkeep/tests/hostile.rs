@@ -840,6 +840,41 @@ fn a_guest_cannot_frame_the_http_response() {
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
 
+/// The unsafe variant (`WASMKEEP_UNSAFE=keep_framing_headers`): the
+/// guest's framing headers reach hyper, and the attack of
+/// `a_guest_cannot_frame_the_http_response` gets through.
+#[test]
+fn without_the_rule_a_guest_frames_the_next_response() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = tmp.path().join("node.toml");
+    std::fs::write(&cfg, BASE).unwrap();
+    let node = Node::start_env(
+        &tmp.path().join("data"),
+        &["--config", cfg.to_str().unwrap()],
+        &[("WASMKEEP_UNSAFE", "keep_framing_headers".to_owned())],
+    );
+    let (s, v) = node.deploy("evil/x", HOSTILE);
+    assert_eq!(s, 200, "{v}");
+    let (s, v) = node.deploy("good/demo", DEMO);
+    assert_eq!(s, 200, "{v}");
+    let outcomes: Vec<Result<(), String>> = [
+        "content-length: 0",
+        "content-length: 5",
+        "transfer-encoding: identity",
+    ]
+    .into_iter()
+    .map(|header| framing_attack(&node, header))
+    .collect();
+    // What gets through depends on the build: hyper's debug assertions
+    // kill the connection on a length that is not the body's (no answer to
+    // the attack); a release build sends the forged response. Either fails
+    // `a_guest_cannot_frame_the_http_response`.
+    assert!(
+        outcomes.iter().any(Result::is_err),
+        "no framing attack got through without the rule: {outcomes:?}"
+    );
+}
+
 /// A framing header that hides a forged second response in the body: the
 /// next response on the same connection (a proxy's pooled connection may
 /// carry another tenant's request next) must be the neighbour's own.

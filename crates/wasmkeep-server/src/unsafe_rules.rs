@@ -1,0 +1,86 @@
+//! Safety rules of the edge and the admin API that a test can switch off,
+//! so that each rule's test is shown to fail without it (the unsafe
+//! variants `docs/limits.md` names beside each test).
+//!
+//! Every rule is on in every build. Only a build with the `test-faults`
+//! feature (the CLI crate's tests turn it on) reads [`ENV`]; a release
+//! build has no way to switch a rule off.
+
+/// The environment variable a `test-faults` build reads: rule names,
+/// separated by commas.
+pub const ENV: &str = "WASMKEEP_UNSAFE";
+
+/// Rules switched off; all `false` unless a `test-faults` build was asked.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct UnsafeRules {
+    /// `no_connection_cap`: every connection is served, `connections_max`
+    /// or not.
+    pub no_connection_cap: bool,
+    /// `no_head_or_idle_timeouts`: a request head and an idle connection
+    /// may take for ever.
+    pub no_head_or_idle_timeouts: bool,
+    /// `no_body_pace`: a request body may arrive as slowly as it likes.
+    pub no_body_pace: bool,
+    /// `keep_framing_headers`: an actor's `content-length`,
+    /// `transfer-encoding`, ... reach the wire.
+    pub keep_framing_headers: bool,
+    /// `admin_open_to_network`: without an admin token, the admin API
+    /// answers any peer and any `Host`.
+    pub admin_open_to_network: bool,
+    /// `admin_takes_any_page`: the admin API answers browser pages of
+    /// any origin.
+    pub admin_takes_any_page: bool,
+}
+
+impl UnsafeRules {
+    /// The rules named in `list` (comma-separated) switched off.
+    pub fn parse(list: &str) -> Result<UnsafeRules, String> {
+        let mut r = UnsafeRules::default();
+        for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            let flag = match name {
+                "no_connection_cap" => &mut r.no_connection_cap,
+                "no_head_or_idle_timeouts" => &mut r.no_head_or_idle_timeouts,
+                "no_body_pace" => &mut r.no_body_pace,
+                "keep_framing_headers" => &mut r.keep_framing_headers,
+                "admin_open_to_network" => &mut r.admin_open_to_network,
+                "admin_takes_any_page" => &mut r.admin_takes_any_page,
+                _ => return Err(format!("{ENV}: unknown rule `{name}`")),
+            };
+            *flag = true;
+        }
+        Ok(r)
+    }
+
+    /// What [`ENV`] switches off in a `test-faults` build; nothing in any
+    /// other build, whatever the environment says.
+    pub fn from_env() -> Result<UnsafeRules, String> {
+        if cfg!(feature = "test-faults") {
+            UnsafeRules::parse(&std::env::var(ENV).unwrap_or_default())
+        } else {
+            Ok(UnsafeRules::default())
+        }
+    }
+
+    /// Whether any rule is off.
+    pub fn any(&self) -> bool {
+        *self != UnsafeRules::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_parse_and_unknown_ones_are_refused() {
+        let r = UnsafeRules::parse("no_body_pace, admin_takes_any_page").unwrap();
+        assert!(r.no_body_pace && r.admin_takes_any_page && r.any());
+        assert!(!r.no_connection_cap);
+        assert!(!UnsafeRules::parse("").unwrap().any());
+        assert!(
+            UnsafeRules::parse("no_sandbox")
+                .unwrap_err()
+                .contains("no_sandbox")
+        );
+    }
+}
