@@ -570,20 +570,25 @@ fn run_request(
             body: req.body,
         };
         let bindings = l.bindings.as_ref().expect("instance is live");
+        // Headers and body arrive through the `response` imports, checked
+        // before they are copied (`crate::response`); the status is the
+        // result.
+        l.store
+            .data_mut()
+            .response
+            .start(rt.config.response_body_bytes_max);
         let r = bindings
             .wasmkeep_actor_handler()
             .call_on_request(&mut l.store, &class, &request);
-        let resp = finish_call(l, r)?;
-        if resp.body.len() > rt.config.response_body_bytes_max {
-            return Err(RuntimeError::ResponseTooLarge {
-                size: resp.body.len(),
-                limit: rt.config.response_body_bytes_max,
-            });
-        }
+        let parts = l.store.data_mut().response.finish();
+        let status = finish_call(l, r);
+        // A limit the guest ran into is the event's error, whatever the
+        // guest did with the error it got.
+        let (headers, body) = parts?;
         Ok(ActorResponse {
-            status: resp.status,
-            headers: resp.headers,
-            body: resp.body,
+            status: status?,
+            headers,
+            body,
         })
     })();
     match r {

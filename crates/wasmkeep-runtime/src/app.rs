@@ -461,10 +461,11 @@ impl Compiler<'_> {
         let slot = self.compiles.acquire(deadline)?;
         match &self.config.compile {
             Compile::Thread => self.compile_on_thread(bytes, slot, deadline),
-            Compile::Process { program, args } => {
+            Compile::Process { program, args, env } => {
                 let code = ChildCompile {
                     program,
                     args,
+                    env,
                     settings: self.settings,
                     memory_bytes_max: self.config.component_compile_memory_bytes_max,
                     code_bytes_max: self.code_bytes_max(),
@@ -579,12 +580,12 @@ impl Compiler<'_> {
         let (component, to_cache) = self.component(bytes, &hash)?;
         let pre = self.linker.instantiate_pre(&component).map_err(|e| {
             RuntimeError::InvalidComponent(format!(
-                "it imports something wasmkeep does not provide (only wasmkeep:actor@0.1.0 and WASI 0.2 are available, the latter with nothing granted): {e:#}"
+                "it imports something wasmkeep does not provide (only wasmkeep:actor@0.2.0 and WASI 0.2 are available, the latter with nothing granted): {e:#}"
             ))
         })?;
         let pre = ActorPre::new(pre).map_err(|e| {
             RuntimeError::InvalidComponent(format!(
-                "it does not export wasmkeep:actor/handler@0.1.0 (is it built against wit/actor.wit with the wasmkeep SDK?): {e:#}"
+                "it does not export wasmkeep:actor/handler@0.2.0 (is it built against wit/actor.wit with the wasmkeep SDK?): {e:#}"
             ))
         })?;
         let classes = self.ask_classes(&pre, tenant, app)?;

@@ -47,10 +47,12 @@ pub enum Compile {
     /// On a thread of the node's process: unbounded memory, not cancellable.
     Thread,
     /// In a child process: `program args… <settings>`, where the program
-    /// calls [`worker_main`] with the settings argument.
+    /// calls [`worker_main`] with the settings argument, with `env` added
+    /// to the node's environment.
     Process {
         program: PathBuf,
         args: Vec<OsString>,
+        env: Vec<(OsString, OsString)>,
     },
 }
 
@@ -243,6 +245,7 @@ fn limit_data(bytes: u64) -> std::io::Result<()> {
 pub(crate) struct ChildCompile<'a> {
     pub program: &'a PathBuf,
     pub args: &'a [OsString],
+    pub env: &'a [(OsString, OsString)],
     pub settings: EngineSettings,
     pub memory_bytes_max: u64,
     pub code_bytes_max: u64,
@@ -267,6 +270,7 @@ impl ChildCompile<'_> {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .env_remove("RUST_BACKTRACE")
             .env_remove("RUST_LIB_BACKTRACE")
             .spawn()

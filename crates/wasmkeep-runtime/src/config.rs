@@ -154,7 +154,7 @@ impl RuntimeConfig {
             workers: 0,
             component_bytes_max: 64 * 1024 * 1024,
             component_compile_ms_max: 60_000,
-            component_compile_memory_bytes_max: 1024 * 1024 * 1024,
+            component_compile_memory_bytes_max: 2 * 1024 * 1024 * 1024,
             compile: Compile::Thread,
             component_core_instances_max: 8,
             component_memories_max: 2,

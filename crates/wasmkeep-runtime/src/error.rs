@@ -64,6 +64,10 @@ pub enum RuntimeError {
     MemoryExceeded { limit: usize },
     #[error("response too large: size={size} limit response_body_bytes_max={limit}")]
     ResponseTooLarge { size: usize, limit: usize },
+    #[error(
+        "response headers too large: count={count} bytes={bytes} limit RESPONSE_HEADERS_MAX=256 RESPONSE_HEADER_BYTES_MAX=262144"
+    )]
+    ResponseHeadersTooLarge { count: usize, bytes: usize },
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("the node is shutting down")]
@@ -113,7 +117,8 @@ impl RuntimeError {
             RuntimeError::Trap(_) => "guest_trap".into(),
             RuntimeError::CpuTimeExceeded { .. } => "cpu_time_exceeded".into(),
             RuntimeError::MemoryExceeded { .. } => "memory_exceeded".into(),
-            RuntimeError::ResponseTooLarge { .. } => "response_too_large".into(),
+            RuntimeError::ResponseTooLarge { .. }
+            | RuntimeError::ResponseHeadersTooLarge { .. } => "response_too_large".into(),
             RuntimeError::Store(e) => e.code().into(),
             RuntimeError::ShuttingDown => "shutting_down".into(),
             RuntimeError::TransactionAborted => "transaction_aborted".into(),

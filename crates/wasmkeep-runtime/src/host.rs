@@ -22,7 +22,7 @@ wasmtime::component::bindgen!({
 });
 
 pub use exports::wasmkeep::actor::handler;
-pub use wasmkeep::actor::types::{AlarmInfo, Error as WitError, Request, Response};
+pub use wasmkeep::actor::types::{AlarmInfo, Error as WitError, Request};
 use wasmkeep::actor::{alarm, clock, identity, kv, log, sql, types};
 
 /// What the guest did to its alarm during an `on-alarm` run, which the
@@ -171,6 +171,8 @@ pub struct HostState {
     /// A guest statement was stopped (deadline, or the node stopping): the
     /// event fails with that even if the guest carries on.
     pub sql_stopped: Option<SqlStopped>,
+    /// The response the running `on-request` call builds.
+    pub response: crate::response::ResponseParts,
 }
 
 impl HostState {
@@ -204,6 +206,7 @@ impl HostState {
             log_budget: LogBudget::default(),
             poison: None,
             sql_stopped: None,
+            response: Default::default(),
         }
     }
 
@@ -271,6 +274,20 @@ fn to_wit_value(v: wasmkeep_store::Value) -> types::Value {
         wasmkeep_store::Value::Text(s) => types::Value::Text(s),
         wasmkeep_store::Value::Blob(b) => types::Value::Blob(b),
     }
+}
+
+/// Links the world's imports: the generated bindings' interfaces, and
+/// `response` by hand (`crate::response`).
+pub fn add_to_linker(linker: &mut wasmtime::component::Linker<HostState>) -> wasmtime::Result<()> {
+    use wasmtime::component::HasSelf;
+    types::add_to_linker::<HostState, HasSelf<HostState>>(linker, |s| s)?;
+    sql::add_to_linker::<HostState, HasSelf<HostState>>(linker, |s| s)?;
+    kv::add_to_linker::<HostState, HasSelf<HostState>>(linker, |s| s)?;
+    alarm::add_to_linker::<HostState, HasSelf<HostState>>(linker, |s| s)?;
+    identity::add_to_linker::<HostState, HasSelf<HostState>>(linker, |s| s)?;
+    clock::add_to_linker::<HostState, HasSelf<HostState>>(linker, |s| s)?;
+    log::add_to_linker::<HostState, HasSelf<HostState>>(linker, |s| s)?;
+    crate::response::add_to_linker(linker)
 }
 
 impl types::Host for HostState {}

@@ -27,6 +27,7 @@ mod log_budget;
 pub mod metrics;
 pub mod replication;
 mod reply;
+mod response;
 pub mod runtime;
 pub mod timer;
 pub mod warm;

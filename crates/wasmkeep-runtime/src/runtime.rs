@@ -15,7 +15,7 @@ use wasmkeep_store::db::inspect_query;
 use wasmkeep_store::sqlite_setup::release_free_memory;
 use wasmkeep_store::{ActorId, QueryResult, paths};
 use wasmtime::Engine;
-use wasmtime::component::{HasSelf, Linker};
+use wasmtime::component::Linker;
 
 use crate::actor::{
     self, Actor, ActorRequest, ActorResponse, DbAccess, Event, EventKind, Outcome, Queue,
@@ -227,7 +227,7 @@ impl Runtime {
         let mut linker: Linker<HostState> = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
             .map_err(|e| RuntimeError::Internal(format!("linker: {e:#}")))?;
-        host::Actor::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)
+        host::add_to_linker(&mut linker)
             .map_err(|e| RuntimeError::Internal(format!("linker: {e:#}")))?;
         let mut metrics = Metrics::default();
         let replication = match &config.bucket {

@@ -500,13 +500,19 @@ pub fn __request(r: bindings::exports::wasmkeep::actor::handler::Request) -> Req
     }
 }
 
+/// Hands a response to the node: its headers and body through the
+/// `response` interface (the node checks their sizes before it copies
+/// them), its status as `on-request`'s result.
 #[doc(hidden)]
-pub fn __response(r: Response) -> bindings::exports::wasmkeep::actor::handler::Response {
-    bindings::exports::wasmkeep::actor::handler::Response {
-        status: r.status,
-        headers: r.headers,
-        body: r.body,
+pub fn __response(r: Response) -> Result<u16> {
+    use bindings::wasmkeep::actor::response;
+    for (name, value) in &r.headers {
+        response::add_header(name, value)?;
     }
+    if !r.body.is_empty() {
+        response::write_body(&r.body)?;
+    }
+    Ok(r.status)
 }
 
 #[doc(hidden)]
@@ -538,10 +544,10 @@ macro_rules! app {
             fn on_request(
                 class: ::std::string::String,
                 request: $crate::bindings::exports::wasmkeep::actor::handler::Request,
-            ) -> $crate::Result<$crate::bindings::exports::wasmkeep::actor::handler::Response> {
+            ) -> $crate::Result<u16> {
                 let request = $crate::__request(request);
                 match class.as_str() {
-                    $($class => $crate::__with::<$ty, _>(|a| $crate::Actor::request(a, request)).map($crate::__response),)+
+                    $($class => $crate::__with::<$ty, _>(|a| $crate::Actor::request(a, request)).and_then($crate::__response),)+
                     other => Err($crate::__unknown_class(other)),
                 }
             }

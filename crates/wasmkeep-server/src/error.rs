@@ -55,7 +55,8 @@ fn status_of(e: &RuntimeError) -> StatusCode {
         | RuntimeError::Trap(_)
         | RuntimeError::CpuTimeExceeded { .. }
         | RuntimeError::MemoryExceeded { .. }
-        | RuntimeError::ResponseTooLarge { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+        | RuntimeError::ResponseTooLarge { .. }
+        | RuntimeError::ResponseHeadersTooLarge { .. } => StatusCode::INTERNAL_SERVER_ERROR,
         // Tenants together hold the node's memory: retry later.
         RuntimeError::Store(s) if s.code() == "node_memory_exhausted" => {
             StatusCode::SERVICE_UNAVAILABLE

@@ -281,6 +281,11 @@ fn serve(args: ServeArgs) -> Result<()> {
         rc.compile = Compile::Process {
             program: std::env::current_exe().context("find this program to run compile workers")?,
             args: vec![COMPILE_WORKER.into()],
+            // mimalloc reserves address space in 1 GiB arenas, writable,
+            // which counts against the worker's data limit whole and would
+            // make the limit refuse a small compilation; without arenas it
+            // maps what it uses.
+            env: vec![("MIMALLOC_ARENA_RESERVE".into(), "0".into())],
         };
     }
     if let Some(url) = &cfg.bucket {

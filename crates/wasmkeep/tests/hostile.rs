@@ -840,6 +840,59 @@ fn a_guest_cannot_frame_the_http_response() {
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
 
+/// A response's headers and body are measured in the guest's memory and
+/// refused there (ADR 0033): 300 headers, a 300 kB header, a body over
+/// `response_body_bytes_max`. Within the bounds they arrive as set.
+#[test]
+fn response_headers_and_body_are_refused_before_they_are_copied() {
+    let tmp = tempfile::tempdir().unwrap();
+    let node = start(
+        tmp.path(),
+        &format!("{BASE}response_body_bytes_max = 100000\n"),
+    );
+    with_neighbour(&node, "n", || {
+        let many: String = (0..300).map(|i| format!("x-h{i}: v\n")).collect();
+        let got = attack(&node, "h", "/respond", format!("{many}\nbody").as_bytes());
+        assert_refused(
+            &got,
+            "response_too_large",
+            "RESPONSE_HEADERS_MAX=256",
+            "300 headers",
+        );
+        let big = format!("x-big: {}\n\nbody", "v".repeat(300_000));
+        let got = attack(&node, "h", "/respond", big.as_bytes());
+        assert_refused(
+            &got,
+            "response_too_large",
+            "RESPONSE_HEADER_BYTES_MAX=262144",
+            "a 300 kB header",
+        );
+        let body = format!("x-a: 1\n\n{}", "b".repeat(200_000));
+        let got = attack(&node, "h", "/respond", body.as_bytes());
+        assert_refused(
+            &got,
+            "response_too_large",
+            "response_body_bytes_max=100000",
+            "a 200 kB body",
+        );
+        let fine: String = (0..200).map(|i| format!("x-h{i}: v{i}\n")).collect();
+        let body = format!("{fine}\nok");
+        let answer = common::raw_http(
+            node.addr(),
+            &format!(
+                "POST {EVIL}/h/respond HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            ),
+        );
+        assert_eq!(common::raw_status(&answer), 200, "{answer}");
+        assert!(
+            answer.contains("x-h199: v199") && answer.ends_with("ok"),
+            "{answer}"
+        );
+    });
+    assert_attacker_serves(&node, "h");
+}
+
 /// The unsafe variant (`WASMKEEP_UNSAFE=keep_framing_headers`): the
 /// guest's framing headers reach hyper, and the attack of
 /// `a_guest_cannot_frame_the_http_response` gets through.

@@ -1,0 +1,148 @@
+//! The `response` interface: how an `on-request` handler gives the node its
+//! response's headers and body (ADR 0033).
+//!
+//! These two imports are linked by hand rather than through the generated
+//! bindings: their parameters arrive as `WasmStr` and `WasmList<u8>`,
+//! views of the guest's memory, so a header or a chunk of body is measured
+//! against its limit before a byte of it is copied to the host. A result
+//! of `on-request` cannot be read that way (wasmtime frees it in the guest,
+//! post-return, before the host sees it), which is why 0.2 of the world
+//! moved both out of the result.
+
+use wasmtime::StoreContextMut;
+use wasmtime::component::{Linker, WasmList, WasmStr};
+
+use crate::error::RuntimeError;
+use crate::host::{HostState, WitError};
+
+/// The interface's name in the component model.
+const INTERFACE: &str = "wasmkeep:actor/response@0.2.0";
+
+/// Most headers one response may carry.
+pub const RESPONSE_HEADERS_MAX: usize = 256;
+/// Most bytes of header names and values one response may carry.
+pub const RESPONSE_HEADER_BYTES_MAX: usize = 256 * 1024;
+
+/// The response the running `on-request` call is building.
+#[derive(Debug, Default)]
+pub struct ResponseParts {
+    /// Whether an `on-request` call is running (outside one, both imports
+    /// fail with `no_request`).
+    active: bool,
+    /// `response_body_bytes_max` for this call.
+    body_bytes_max: usize,
+    pub headers: Vec<(String, String)>,
+    header_bytes: usize,
+    pub body: Vec<u8>,
+    /// The first limit the guest ran into: the event fails with it even if
+    /// the guest ignored the error it got.
+    refused: Option<RuntimeError>,
+}
+
+impl ResponseParts {
+    /// Opens a response for one `on-request` call.
+    pub fn start(&mut self, body_bytes_max: usize) {
+        *self = ResponseParts {
+            active: true,
+            body_bytes_max,
+            ..ResponseParts::default()
+        };
+    }
+
+    /// Closes the response: its parts, or the limit the guest ran into.
+    pub fn finish(&mut self) -> Result<(Vec<(String, String)>, Vec<u8>), RuntimeError> {
+        let parts = std::mem::take(self);
+        match parts.refused {
+            Some(e) => Err(e),
+            None => Ok((parts.headers, parts.body)),
+        }
+    }
+
+    fn refuse(&mut self, e: RuntimeError) -> WitError {
+        let err = WitError {
+            code: e.code(),
+            message: e.to_string(),
+        };
+        self.refused.get_or_insert(e);
+        err
+    }
+
+    fn no_request() -> WitError {
+        WitError {
+            code: "no_request".into(),
+            message: "there is no response to build outside on-request".into(),
+        }
+    }
+
+    /// Whether a header of `bytes` more fits; refuses it otherwise.
+    fn admit_header(&mut self, bytes: usize) -> Result<(), WitError> {
+        if !self.active {
+            return Err(Self::no_request());
+        }
+        let count = self.headers.len() + 1;
+        let total = self.header_bytes.saturating_add(bytes);
+        if count > RESPONSE_HEADERS_MAX || total > RESPONSE_HEADER_BYTES_MAX {
+            return Err(self.refuse(RuntimeError::ResponseHeadersTooLarge {
+                count,
+                bytes: total,
+            }));
+        }
+        self.header_bytes = total;
+        Ok(())
+    }
+
+    /// Whether a chunk of `bytes` more fits in the body; refuses it
+    /// otherwise.
+    fn admit_body(&mut self, bytes: usize) -> Result<(), WitError> {
+        if !self.active {
+            return Err(Self::no_request());
+        }
+        let size = self.body.len().saturating_add(bytes);
+        if size > self.body_bytes_max {
+            return Err(self.refuse(RuntimeError::ResponseTooLarge {
+                size,
+                limit: self.body_bytes_max,
+            }));
+        }
+        Ok(())
+    }
+}
+
+/// Links `add-header` and `write-body`.
+pub fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
+    let mut i = linker.instance(INTERFACE)?;
+    i.func_wrap(
+        "add-header",
+        |mut store: StoreContextMut<'_, HostState>, (name, value): (WasmStr, WasmStr)| {
+            // For UTF-8 these borrow the guest's memory: nothing is copied
+            // before the sizes are checked.
+            let bytes = {
+                let (n, v) = (name.to_str(&store)?, value.to_str(&store)?);
+                n.len().saturating_add(v.len())
+            };
+            if let Err(e) = store.data_mut().response.admit_header(bytes) {
+                return Ok((Err(e),));
+            }
+            let header = (
+                name.to_str(&store)?.into_owned(),
+                value.to_str(&store)?.into_owned(),
+            );
+            store.data_mut().response.headers.push(header);
+            Ok((Ok(()),))
+        },
+    )?;
+    i.func_wrap(
+        "write-body",
+        |mut store: StoreContextMut<'_, HostState>, (chunk,): (WasmList<u8>,)| {
+            let admitted = store.data_mut().response.admit_body(chunk.len());
+            if let Err(e) = admitted {
+                return Ok((Err(e),));
+            }
+            let mut body = std::mem::take(&mut store.data_mut().response.body);
+            body.extend_from_slice(chunk.as_le_slice(&store));
+            store.data_mut().response.body = body;
+            Ok((Ok(()),))
+        },
+    )?;
+    Ok(())
+}
