@@ -19,6 +19,9 @@ pub struct ClusterConfig {
     /// How long other nodes wait past a lease's expiry before they treat it as
     /// lapsed: it absorbs clock skew and requests in flight.
     pub lease_grace_ms: u64,
+    /// A node whose registration (its epoch's first lease record) failed tries
+    /// again this soon; renewals of a valid lease keep their own rhythm.
+    pub lease_register_retry_ms: u64,
     /// A node stops acting as owner this long before its own lease expires by
     /// its own clock, so that it stops before anyone else may start.
     pub owner_margin_ms: u64,
@@ -28,6 +31,9 @@ pub struct ClusterConfig {
     pub retry_first_ms: u64,
     /// The longest backoff between committed retries.
     pub retry_max_ms: u64,
+    /// Keys one listing request asks for at most (S3 pages hold 1,000): the
+    /// step machines read folders page by page, never a whole listing at once.
+    pub list_page_keys_max: usize,
     /// Index entries read by one sweep pass at most.
     pub sweep_entries_max: usize,
     /// Alarms one node delivers from one sweep at most.
@@ -41,10 +47,12 @@ impl Default for ClusterConfig {
         ClusterConfig {
             lease_period_ms: 10_000,
             lease_grace_ms: 5_000,
+            lease_register_retry_ms: 1_000,
             owner_margin_ms: 1_000,
             alarm_sweep_ms: 10_000,
             retry_first_ms: 1_000,
             retry_max_ms: 300_000,
+            list_page_keys_max: 1_000,
             sweep_entries_max: 2048,
             sweep_deliveries_max: 256,
             sweep_anyones_share_divisor: 8,
@@ -85,6 +93,12 @@ impl ClusterConfig {
         if self.owner_margin_ms >= self.lease_period_ms - self.lease_renew_ms() {
             // A node must still be acting when its next renewal is due.
             return bad("owner_margin_ms", self.owner_margin_ms);
+        }
+        if self.lease_register_retry_ms == 0 {
+            return bad("lease_register_retry_ms", 0);
+        }
+        if self.list_page_keys_max == 0 {
+            return bad("list_page_keys_max", 0);
         }
         if self.alarm_sweep_ms == 0 {
             return bad("alarm_sweep_ms", 0);

@@ -4,8 +4,13 @@
 //! below its folder; the latest one counts. Taking an actor is creating the
 //! next generation, so two nodes racing get one winner. A release is a new
 //! generation that names no owner. The owner is the node a hold names *while
-//! that node's lease is valid* ([`LeaseView`]); generations order owners, which
+//! that node's lease is valid* (`LeaseView`); generations order owners, which
 //! is what ADR 0009's R3 compares.
+//!
+//! The record format and key layout are public; the decisions (`lease_view`,
+//! `plan_take`) are private to the crate and reached through
+//! [`crate::machine::TakeMachine`] and [`crate::machine::ReleaseMachine`],
+//! which hold the order of the steps around them.
 
 use crate::error::Error;
 use crate::lease::{LeaseKey, NodeLeaseView, validate_node};
@@ -91,7 +96,7 @@ impl HoldRecord {
 
 /// Who owns an actor now: the hold exists and the node lease is valid.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum LeaseView {
+pub(crate) enum LeaseView {
     /// `node` in `epoch` owns the actor under `generation`.
     Owned {
         generation: u64,
@@ -108,7 +113,7 @@ pub enum LeaseView {
 }
 
 /// The view from the latest hold and the view of the node it names.
-pub fn lease_view(latest: Option<(u64, &HoldRecord)>, holder: &NodeLeaseView) -> LeaseView {
+pub(crate) fn lease_view(latest: Option<(u64, &HoldRecord)>, holder: &NodeLeaseView) -> LeaseView {
     let Some((generation, record)) = latest else {
         return LeaseView::Free {
             latest_generation: 0,
@@ -139,7 +144,7 @@ pub fn lease_view(latest: Option<(u64, &HoldRecord)>, holder: &NodeLeaseView) ->
 
 /// What a node does to act for an actor.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum TakePlan {
+pub(crate) enum TakePlan {
     /// It holds the actor already and has it loaded.
     Mine { generation: u64 },
     /// Another node owns it: forward the request (or drop an alarm delivery:
@@ -158,7 +163,15 @@ pub enum TakePlan {
 /// generation under which it has the actor restored, if it does: a node that
 /// gave an actor up takes it again under a new generation, so that everything
 /// it does after restoring is ordered after everything before.
-pub fn plan_take(me: &str, my_epoch: u64, loaded: Option<u64>, view: &LeaseView) -> TakePlan {
+///
+/// Private to the crate: [`crate::machine::TakeMachine`] is the one place
+/// that reads what this needs, in order, and acts on it.
+pub(crate) fn plan_take(
+    me: &str,
+    my_epoch: u64,
+    loaded: Option<u64>,
+    view: &LeaseView,
+) -> TakePlan {
     match view {
         LeaseView::Owned {
             generation,
@@ -188,7 +201,7 @@ pub fn plan_take(me: &str, my_epoch: u64, loaded: Option<u64>, view: &LeaseView)
 }
 
 /// The record a node writes to take (or, with `released`, to release) an actor.
-pub fn hold_record(node: &str, epoch: u64, nonce: u64, released: bool) -> HoldRecord {
+pub(crate) fn hold_record(node: &str, epoch: u64, nonce: u64, released: bool) -> HoldRecord {
     let node = node.to_owned();
     if released {
         HoldRecord::Released { node, epoch, nonce }

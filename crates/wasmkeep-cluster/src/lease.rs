@@ -11,6 +11,13 @@
 //!
 //! Clocks decide liveness and routing, never safety: the replication chain and
 //! the alarm index rules hold whatever two nodes believe about their leases.
+//!
+//! This module holds the records and the rules of one record; the loops around
+//! them are step machines in [`crate::machine`]: a node's own lease is
+//! [`crate::machine::NodeLeaseMachine`] (the holder's state, `NodeLease`, is
+//! private to the crate), reading another node's is
+//! [`crate::machine::NodeViewReader`], and fencing happens inside
+//! [`crate::machine::TakeMachine`].
 
 use crate::config::{ClusterConfig, NODE_BYTES_MAX};
 use crate::error::Error;
@@ -18,6 +25,9 @@ use crate::{parse_fixed_digits, parse_fixed_hex};
 
 /// Digits of an epoch or counter in a lease key.
 pub const LEASE_DIGITS: usize = 20;
+/// Where node leases live in the bucket (protocol.md's layout). The step
+/// machines use it; the pure functions take the prefix as a parameter.
+pub const NODES_PREFIX: &str = "nodes/";
 
 /// Checks a node id: 1 to 64 lowercase ASCII letters, digits or `-`.
 pub fn validate_node(node: &str) -> Result<(), Error> {
@@ -145,11 +155,11 @@ impl LeaseRecord {
 
 /// A lease record to create (create-only).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LeaseWrite {
+pub(crate) struct LeaseWrite {
     /// Where.
-    pub key: LeaseKey,
+    pub(crate) key: LeaseKey,
     /// What.
-    pub record: LeaseRecord,
+    pub(crate) record: LeaseRecord,
 }
 
 /// Where a node stands with its own lease.
@@ -168,10 +178,11 @@ pub enum LeaseState {
     Released,
 }
 
-/// The holder's side of a node lease: a state machine the node's renewal loop
-/// drives with the outcomes of its writes.
+/// The holder's side of a node lease: the rules of its records, which
+/// [`crate::machine::NodeLeaseMachine`] (the renewal loop's order) drives with
+/// the outcomes of its writes. Private to the crate: drivers use the machine.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct NodeLease {
+pub(crate) struct NodeLease {
     node: String,
     epoch: u64,
     written: Option<u64>,
@@ -181,7 +192,7 @@ pub struct NodeLease {
 
 impl NodeLease {
     /// A node starting with `epoch`, which must exceed every epoch it used before.
-    pub fn new(node: &str, epoch: u64) -> Result<NodeLease, Error> {
+    pub(crate) fn new(node: &str, epoch: u64) -> Result<NodeLease, Error> {
         validate_node(node)?;
         Ok(NodeLease {
             node: node.to_owned(),
@@ -193,17 +204,25 @@ impl NodeLease {
     }
 
     /// The node id.
-    pub fn node(&self) -> &str {
+    pub(crate) fn node(&self) -> &str {
         &self.node
     }
 
     /// This start's epoch.
-    pub fn epoch(&self) -> u64 {
+    pub(crate) fn epoch(&self) -> u64 {
         self.epoch
     }
 
+    /// Until when the node acts, as last computed (the clock not applied).
+    pub(crate) fn acting_until_ms(&self) -> Option<u64> {
+        match self.state {
+            LeaseState::Valid { acting_until_ms } => Some(acting_until_ms),
+            _ => None,
+        }
+    }
+
     /// The current state, after applying the clock.
-    pub fn state(&mut self, now_ms: u64) -> LeaseState {
+    pub(crate) fn state(&mut self, now_ms: u64) -> LeaseState {
         if let LeaseState::Valid { acting_until_ms } = self.state
             && now_ms >= acting_until_ms
         {
@@ -214,18 +233,18 @@ impl NodeLease {
 
     /// Whether the node may act as owner now. Every step an owner takes
     /// (a PUT, an upload, a delete) checks this first.
-    pub fn is_acting(&mut self, now_ms: u64) -> bool {
+    pub(crate) fn is_acting(&mut self, now_ms: u64) -> bool {
         matches!(self.state(now_ms), LeaseState::Valid { .. })
     }
 
     /// When the next renewal is due.
-    pub fn renew_at_ms(&self, config: &ClusterConfig) -> u64 {
+    pub(crate) fn renew_at_ms(&self, config: &ClusterConfig) -> u64 {
         self.last_sent_ms.map_or(0, |t| t + config.lease_renew_ms())
     }
 
     /// The next record to create, or `None` once the epoch is over (lapsed,
     /// fenced or released: the node must start a new epoch).
-    pub fn next_write(
+    pub(crate) fn next_write(
         &mut self,
         now_ms: u64,
         nonce: u64,
@@ -252,7 +271,7 @@ impl NodeLease {
 
     /// The write landed (or, after a lost response, the node read back its own
     /// record). The node acts until the record's expiry minus the margin.
-    pub fn on_written(&mut self, write: &LeaseWrite, now_ms: u64, config: &ClusterConfig) {
+    pub(crate) fn on_written(&mut self, write: &LeaseWrite, now_ms: u64, config: &ClusterConfig) {
         if self.written.is_some_and(|c| c >= write.key.counter) {
             return;
         }
@@ -279,7 +298,7 @@ impl NodeLease {
     /// own: an earlier attempt whose response was lost, which counts as
     /// written (its expiry, not this attempt's, bounds acting). A fenced
     /// record means another node fenced this epoch.
-    pub fn on_conflict(
+    pub(crate) fn on_conflict(
         &mut self,
         key: &LeaseKey,
         found: &LeaseRecord,
@@ -300,7 +319,7 @@ impl NodeLease {
     }
 
     /// The record a clean shutdown writes: the node's actors may be taken at once.
-    pub fn release(&mut self, nonce: u64) -> LeaseWrite {
+    pub(crate) fn release(&mut self, nonce: u64) -> LeaseWrite {
         let counter = self.written.map_or(0, |c| c + 1);
         LeaseWrite {
             key: LeaseKey {
@@ -339,7 +358,7 @@ impl NodeLeaseView {
 
 /// The latest lease record key of one node among listed keys (highest epoch,
 /// then highest counter); keys that do not parse are ignored.
-pub fn latest_lease_key<'a>(
+pub(crate) fn latest_lease_key<'a>(
     prefix: &str,
     node: &str,
     keys: impl IntoIterator<Item = &'a str>,
@@ -350,8 +369,9 @@ pub fn latest_lease_key<'a>(
         .max_by_key(|k| (k.epoch, k.counter))
 }
 
-/// The view of a node from its latest record, by the observer's clock.
-pub fn node_lease_view(
+/// The view of a node from its latest record, by the observer's clock
+/// ([`crate::machine::NodeViewReader`] reads the record and asks this).
+pub(crate) fn node_lease_view(
     latest: Option<(&LeaseKey, &LeaseRecord)>,
     now_ms: u64,
     config: &ClusterConfig,
@@ -372,8 +392,9 @@ pub fn node_lease_view(
     }
 }
 
-/// The record that fences a lapsed node: its next counter, marked fenced.
-pub fn fence_write(lapsed: &LeaseKey, by: &str, nonce: u64) -> LeaseWrite {
+/// The record that fences a lapsed node: its next counter, marked fenced
+/// (written by [`crate::machine::TakeMachine`]).
+pub(crate) fn fence_write(lapsed: &LeaseKey, by: &str, nonce: u64) -> LeaseWrite {
     LeaseWrite {
         key: lapsed.next(),
         record: LeaseRecord::Fenced {

@@ -7,12 +7,18 @@
 //! before replicating an event and which to remove after it (ADR 0009's rules
 //! R1 to R4 and the owner fence), and which overdue entries a sweep delivers.
 //!
+//! The order of the ownership steps (registering and renewing a node's lease,
+//! reading another node's, taking and releasing an actor) lives here too, as
+//! step machines in [`machine`]: time and nonces passed in, bucket operations
+//! and notices pulled out, answers fed back (quinn-proto's shape; the module
+//! documents it and shows a driver).
+//!
 //! What it is not: it does no I/O, reads no clock, draws no random numbers and
 //! spawns nothing. It knows no object store, no tokio, no SQLite. The server
 //! drives it with tokio and object_store; `wasmkeep-sim` drives the very same
-//! functions with a simulated clock, bucket and faults. The unsafe variants in
-//! [`rules`] exist only so that the simulator can show each rule is needed; the
-//! server always passes [`Rules::SAFE`].
+//! functions and machines with a simulated clock, bucket and faults. The unsafe
+//! variants in [`rules`] exist only so that the simulator can show each rule is
+//! needed; the server always passes [`Rules::SAFE`].
 //!
 //! Bucket layout the functions format and parse (prefixes are parameters):
 //!
@@ -30,6 +36,7 @@ pub mod config;
 mod error;
 pub mod hold;
 pub mod lease;
+pub mod machine;
 pub mod rules;
 pub mod sweep;
 

@@ -1,11 +1,22 @@
 //! A simulated wasmkeep node: the server's cluster loop, written against the
 //! simulated bucket, with every decision taken by `wasmkeep-cluster`.
 //!
-//! What this module adds to the core is only the plumbing the server also
-//! has: sending requests, keeping claims (restored actors), the timer, the
-//! worker that runs one piece of work at a time, and the replication chain
+//! The ownership steps (the node's lease, reading another node's lease,
+//! taking and releasing an actor) are `wasmkeep_cluster::machine`'s step
+//! machines: the functions here that run them (`renew_loop`, `node_view`,
+//! `take`, `release`) are thin drivers that perform each effect against the
+//! simulated bucket (`perform`), with its faults, latency and crashes, and feed
+//! the answer back. They hold no order of their own; the server drives the
+//! same machines.
+//!
+//! What this module adds to the core is the plumbing the server also has:
+//! sending requests, keeping claims (restored actors), the timer, the worker
+//! that runs one piece of work at a time, and the replication chain
 //! (`log/<seq>`, create-only, with ADR 0007's late-commit rule: whoever
-//! creates the next seq first wins, and the loser gives the actor up).
+//! creates the next seq first wins, and the loser gives the actor up). The
+//! alarm steps (`deliver`, `stale`, `run_event`, `join`, `sweep_once`) are
+//! still sequenced here, calling the pure rules of `alarm_index` and `sweep`;
+//! they are the next to move into machines.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -13,14 +24,14 @@ use wasmkeep_cluster::alarm_index::{
     self, AlarmState, Delivery, StaleContext, StaleStep, plan_delivery, plan_event,
     plan_first_upload,
 };
-use wasmkeep_cluster::hold::{
-    self, HoldRecord, TakePlan, hold_key, hold_record, lease_view, plan_take,
-};
-use wasmkeep_cluster::lease::{
-    self, LeaseKey, LeaseRecord, LeaseState, NodeLease, NodeLeaseView, node_lease_view,
+use wasmkeep_cluster::lease::{LeaseKey, NODES_PREFIX, NodeLeaseView};
+use wasmkeep_cluster::machine::{
+    BucketOp, BucketResult, EpochEnd, LeaseEffect, NodeLeaseMachine, NodeViewEffect,
+    NodeViewReader, ReleaseEffect, ReleaseMachine, ReleaseOutcome, TakeEffect, TakeMachine,
+    TakeOutcome, TakeStep,
 };
 use wasmkeep_cluster::sweep::{SweepInput, TimerMerge, merge_timer, plan_sweep};
-use wasmkeep_cluster::{Entry, IndexKey};
+use wasmkeep_cluster::{ClusterConfig, Entry, IndexKey};
 
 use crate::sim::SimEv;
 use crate::world::{Ev, Never, Op, ReqErr, Resp, Shared, World, next_work, request, sleep};
@@ -31,9 +42,6 @@ use crate::world::{Ev, Never, Op, ReqErr, Resp, Shared, World, next_work, reques
 /// run for that past time (up to a handler's time) has not committed yet.
 const REARMS: u64 = 3;
 const REARM_BEFORE_MS: (u64, u64) = (500, 6_000);
-
-/// The lease prefix in the bucket.
-pub const NODES_PREFIX: &str = "nodes/";
 
 /// One actor's database, as far as the cluster protocol sees it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -167,8 +175,8 @@ pub enum Work {
 
 /// What a node keeps in memory; a crash loses it.
 pub struct Mem {
-    /// The node's own lease.
-    pub lease: NodeLease,
+    /// The node's own lease, for this start.
+    pub lease: NodeLeaseMachine,
     /// Restored actors.
     pub claims: BTreeMap<usize, Claim>,
     /// The in-memory timer: one time per actor.
@@ -187,9 +195,10 @@ pub struct Mem {
 
 impl Mem {
     /// Fresh memory for a start in `epoch`.
-    pub fn new(name: &str, epoch: u64) -> Mem {
+    pub fn new(name: &str, epoch: u64, cfg: &ClusterConfig) -> Mem {
         Mem {
-            lease: NodeLease::new(name, epoch).expect("simulated node ids are valid"),
+            lease: NodeLeaseMachine::new(name, epoch, cfg.clone())
+                .expect("simulated node ids are valid"),
             claims: BTreeMap::new(),
             timer: BTreeMap::new(),
             queue: VecDeque::new(),
@@ -228,10 +237,6 @@ impl Ctx {
 
     fn name(&self) -> String {
         self.w.borrow().nodes[self.n].name.clone()
-    }
-
-    fn epoch(&self) -> u64 {
-        self.w.borrow().nodes[self.n].mem.lease.epoch()
     }
 
     fn log(&self, line: impl AsRef<str>) {
@@ -412,120 +417,151 @@ impl Ctx {
         sleep(&self.w, ms).await;
     }
 
-    fn new_epoch(&self, why: &str) {
+    fn new_epoch(&self, end: EpochEnd) {
         let n = self.n;
         let epoch = self.with(|w| {
+            let cfg = w.cfg.clone();
             let node = &mut w.nodes[n];
             node.durable.epoch += 1;
             let e = node.durable.epoch;
-            node.mem.lease = NodeLease::new(&node.name, e).expect("valid node id");
+            node.mem.lease = NodeLeaseMachine::new(&node.name, e, cfg).expect("valid node id");
             node.mem.claims.clear();
             w.stats.epochs += 1;
             e
         });
         self.log(format!(
-            "lease over ({why}): drops every actor, starts epoch {epoch}"
+            "lease over ({end:?}): drops every actor, starts epoch {epoch}"
         ));
     }
 
-    async fn node_view(&self, node: &str) -> Option<NodeLeaseView> {
-        let keys = self
-            .list(LeaseKey::node_folder(NODES_PREFIX, node), None, usize::MAX)
-            .await?;
-        let Some(latest) =
-            lease::latest_lease_key(NODES_PREFIX, node, keys.iter().map(String::as_str))
-        else {
-            return Some(NodeLeaseView::Absent);
+    /// Performs one bucket operation a step machine asked for, with every
+    /// fault the simulated network and bucket have, and translates the answer.
+    async fn perform(&self, op: BucketOp) -> BucketResult {
+        let op = match op {
+            BucketOp::PutCreate { key, body } => Op::Put {
+                key,
+                body: String::from_utf8(body).expect("protocol records are text"),
+                create_only: true,
+            },
+            BucketOp::Get { key } => Op::Get { key },
+            BucketOp::List {
+                prefix,
+                start_after,
+                limit,
+            } => Op::List {
+                prefix,
+                start_after,
+                limit,
+            },
+            BucketOp::Delete { key } => Op::Delete { key },
         };
-        let body = self.get(latest.to_key(NODES_PREFIX)).await.ok()?;
-        let record = LeaseRecord::decode(&body).ok()?;
-        let (now, cfg) = (self.now(), self.w.borrow().cfg.clone());
-        Some(node_lease_view(Some((&latest, &record)), now, &cfg))
+        match self.req(op).await {
+            Ok(Resp::Done) => BucketResult::Done,
+            Ok(Resp::Body(b)) => BucketResult::Body(b.into_bytes()),
+            Ok(Resp::Keys(k)) => BucketResult::Keys(k),
+            Err(ReqErr::AlreadyExists) => BucketResult::AlreadyExists,
+            Err(ReqErr::NotFound) => BucketResult::NotFound,
+            Err(ReqErr::Unavailable | ReqErr::Timeout) => BucketResult::Failed,
+        }
     }
 
-    /// Takes the actor if nobody owns it (ADR 0020), restoring it from the
-    /// chain.
-    async fn take(&self, actor: usize) -> Took {
-        if !self.acting() {
-            return Took::Failed;
-        }
-        if self.claim(actor).is_some() {
-            return Took::Mine;
-        }
-        let root = self.root(actor);
-        let Some(keys) = self.list(format!("{root}hold/"), None, usize::MAX).await else {
-            return Took::Failed;
-        };
-        let latest = hold::latest_generation(keys.iter().map(|k| &k[root.len()..]));
-        let record = match latest {
-            None => None,
-            Some(g) => match self
-                .get(format!("{root}{}", hold_key(g)))
-                .await
-                .map(|b| HoldRecord::decode(&b))
-            {
-                Ok(Ok(r)) => Some(r),
-                _ => return Took::Failed,
-            },
-        };
-        let holder = match &record {
-            Some(HoldRecord::Held { node, .. }) => match self.node_view(node).await {
-                Some(v) => v,
-                None => return Took::Failed,
-            },
-            _ => NodeLeaseView::Absent,
-        };
-        let view = lease_view(latest.zip(record.as_ref()), &holder);
-        let (me, epoch) = (self.name(), self.epoch());
-        let (generation, fence) = match plan_take(&me, epoch, None, &view) {
-            TakePlan::Forward { node } => {
-                let idx = self.with(|w| w.nodes.iter().position(|x| x.name == node));
-                return idx.map_or(Took::Failed, Took::Forward);
-            }
-            TakePlan::Mine { .. } => return Took::Mine,
-            TakePlan::Take { generation, fence } => (generation, fence),
-        };
-        if let Some(lapsed) = fence {
-            let fw = lease::fence_write(&lapsed, &me, self.nonce());
-            match self
-                .put(fw.key.to_key(NODES_PREFIX), fw.record.encode(), true)
-                .await
-            {
-                Ok(()) => {
-                    self.with(|w| w.stats.node_fences += 1);
-                    self.log(format!("fences {} epoch {}", lapsed.node, lapsed.epoch));
-                }
-                Err(ReqErr::AlreadyExists) => match self.get(fw.key.to_key(NODES_PREFIX)).await {
-                    Ok(b) if matches!(LeaseRecord::decode(&b), Ok(LeaseRecord::Fenced { .. })) => {}
-                    // The holder renewed first: it is alive, so the take is off.
-                    _ => return Took::Failed,
-                },
-                Err(_) => return Took::Failed,
-            }
-        }
-        self.step("take: create hold").await;
-        if !self.acting() {
-            return Took::Failed;
-        }
-        let body = hold_record(&me, epoch, self.nonce(), false).encode();
-        if self
-            .put(format!("{root}{}", hold_key(generation)), body, true)
-            .await
-            .is_err()
-        {
-            return Took::Failed;
-        }
-        let takeover = matches!(&record, Some(HoldRecord::Held { node, epoch: e, .. }) if *node != me || *e != epoch);
+    /// The epoch this node may act in now, if any (what the take and release
+    /// machines check before they write).
+    fn acting_epoch(&self) -> Option<u64> {
+        let n = self.n;
         self.with(|w| {
-            w.stats.takes += 1;
-            if takeover {
-                w.stats.takeovers += 1;
+            let now = w.node_now(n);
+            w.nodes[n].mem.lease.acting_epoch(now)
+        })
+    }
+
+    /// Reads another node's lease: drives `NodeViewReader`.
+    async fn node_view(&self, node: &str) -> Option<NodeLeaseView> {
+        let cfg = self.w.borrow().cfg.clone();
+        let mut reader = NodeViewReader::new(node, cfg);
+        loop {
+            match reader.poll_effect()? {
+                NodeViewEffect::Bucket(op) => {
+                    let result = self.perform(op).await;
+                    reader.on_result(result, self.now());
+                }
+                NodeViewEffect::Done(view) => return view.ok(),
             }
+        }
+    }
+
+    /// Takes the actor if nobody owns it (ADR 0020): drives `TakeMachine`,
+    /// with a crash point before each of its writes and before the restore.
+    async fn take(&self, actor: usize) -> Took {
+        let n = self.n;
+        let mut machine = self.with(|w| {
+            let node = &w.nodes[n];
+            let loaded = node.mem.claims.get(&actor).map(|c| c.generation);
+            TakeMachine::new(
+                &node.name,
+                node.mem.lease.epoch(),
+                &w.actors[actor].root,
+                loaded,
+                w.rng.next_u64(),
+                w.cfg.clone(),
+            )
         });
-        self.step("take: restore").await;
+        loop {
+            let Some(effect) = machine.poll_effect(self.acting_epoch()) else {
+                debug_assert!(false, "the take waits for nothing");
+                return Took::Failed;
+            };
+            match effect {
+                TakeEffect::Bucket(op) => {
+                    match machine.step() {
+                        TakeStep::Fence if op.is_write() => self.step("take: fence").await,
+                        TakeStep::CreateHold if op.is_write() => {
+                            self.step("take: create hold").await
+                        }
+                        _ => {}
+                    }
+                    let result = self.perform(op).await;
+                    machine.on_result(result, self.now());
+                }
+                TakeEffect::Fenced { node, epoch } => {
+                    self.with(|w| w.stats.node_fences += 1);
+                    self.log(format!("fences {node} epoch {epoch}"));
+                }
+                TakeEffect::Restore {
+                    generation,
+                    takeover,
+                } => {
+                    self.with(|w| {
+                        w.stats.takes += 1;
+                        if takeover {
+                            w.stats.takeovers += 1;
+                        }
+                    });
+                    self.step("take: restore").await;
+                    let restored = self.restore(actor, generation, takeover).await;
+                    machine.on_restored(restored);
+                }
+                TakeEffect::Done(outcome) => {
+                    return match outcome {
+                        TakeOutcome::Mine { .. } | TakeOutcome::Taken { .. } => Took::Mine,
+                        TakeOutcome::Forward { node } => {
+                            let idx = self.with(|w| w.nodes.iter().position(|x| x.name == node));
+                            idx.map_or(Took::Failed, Took::Forward)
+                        }
+                        TakeOutcome::Failed(_) => Took::Failed,
+                    };
+                }
+            }
+        }
+    }
+
+    /// The restore a take asks for: the latest chain entry becomes the claim
+    /// (the simulated chain has no snapshots; each entry is the whole state).
+    async fn restore(&self, actor: usize, generation: u64, takeover: bool) -> bool {
+        let root = self.root(actor);
         let Some(logs) = self.list(format!("{root}log/"), None, usize::MAX).await else {
             self.log(format!("took a{actor} g{generation} but cannot restore"));
-            return Took::Failed;
+            return false;
         };
         let (state, seq) = match logs.last() {
             None => (ActorState::default(), None),
@@ -538,7 +574,7 @@ impl Ctx {
                     .and_then(|b| ActorState::decode(&b))
                 {
                     Some(s) => (s, Some(seq)),
-                    None => return Took::Failed,
+                    None => return false,
                 }
             }
         };
@@ -567,7 +603,7 @@ impl Ctx {
         if alarm.is_some() {
             self.set_timer(actor, alarm);
         }
-        Took::Mine
+        true
     }
 
     /// Appends the next chain entry (create-only). Losing the race (an earlier
@@ -894,19 +930,38 @@ impl Ctx {
         }
     }
 
+    /// Releases an actor the node holds: drives `ReleaseMachine`, then drops
+    /// the claim whatever the outcome.
     async fn release(&self, actor: usize) {
         let Some(claim) = self.claim(actor) else {
             return;
         };
-        if self.acting() {
-            let body = hold_record(&self.name(), self.epoch(), self.nonce(), true).encode();
-            let key = format!("{}{}", self.root(actor), hold_key(claim.generation + 1));
-            if self.put(key, body, true).await.is_ok() {
-                self.with(|w| w.stats.releases += 1);
-                self.log(format!("releases a{actor} (g{})", claim.generation + 1));
+        let n = self.n;
+        let mut machine = self.with(|w| {
+            let node = &w.nodes[n];
+            ReleaseMachine::new(
+                &node.name,
+                node.mem.lease.epoch(),
+                &w.actors[actor].root,
+                claim.generation,
+                w.rng.next_u64(),
+            )
+        });
+        while let Some(effect) = machine.poll_effect(self.acting_epoch()) {
+            match effect {
+                ReleaseEffect::Bucket(op) => {
+                    let result = self.perform(op).await;
+                    machine.on_result(result);
+                }
+                ReleaseEffect::Done(outcome) => {
+                    if let ReleaseOutcome::Released { generation } = outcome {
+                        self.with(|w| w.stats.releases += 1);
+                        self.log(format!("releases a{actor} (g{generation})"));
+                    }
+                    break;
+                }
             }
         }
-        let n = self.n;
         self.with(|w| w.nodes[n].mem.claims.remove(&actor));
     }
 
@@ -1001,78 +1056,49 @@ impl Ctx {
     }
 }
 
-/// The lease loop: register, renew every third of the period, and start a new
-/// epoch once the lease lapsed or was fenced.
+/// The lease loop: drives the node's `NodeLeaseMachine` (register, renew
+/// every third of the period) and starts a new epoch when the machine says the
+/// last one is over (lapsed, fenced).
 pub async fn renew_loop(ctx: Ctx) {
+    let n = ctx.n;
     loop {
-        let n = ctx.n;
-        let write = ctx.with(|w| {
-            let (now, nonce, cfg) = (w.node_now(n), w.rng.next_u64(), w.cfg.clone());
-            w.nodes[n].mem.lease.next_write(now, nonce, &cfg)
-        });
-        let Some(write) = write else {
-            ctx.new_epoch("lapsed");
-            continue;
-        };
-        let key = write.key.to_key(NODES_PREFIX);
-        let result = ctx.put(key.clone(), write.record.encode(), true).await;
-        let cfg = ctx.w.borrow().cfg.clone();
-        match result {
-            Ok(()) => {
-                let now = ctx.now();
-                ctx.with(|w| w.nodes[n].mem.lease.on_written(&write, now, &cfg));
-                if write.key.counter >= 2 {
-                    // Old records are garbage; deleting them never races a
-                    // writer, since counters are never written twice.
-                    let old = LeaseKey {
-                        counter: write.key.counter - 2,
-                        ..write.key.clone()
-                    }
-                    .to_key(NODES_PREFIX);
+        while let Some(effect) = ctx.with(|w| {
+            let now = w.node_now(n);
+            w.nodes[n].mem.lease.poll_effect(now)
+        }) {
+            match effect {
+                LeaseEffect::Bucket(op) => {
+                    let result = ctx.perform(op).await;
+                    let now = ctx.now();
+                    ctx.with(|w| w.nodes[n].mem.lease.on_result(result, now));
+                }
+                LeaseEffect::Detached(op) => {
                     let me = ctx.clone();
                     ctx.with(|w| {
                         w.spawn(
                             n,
                             Box::pin(async move {
-                                let _ = me.req(Op::Delete { key: old }).await;
+                                let _ = me.perform(op).await;
                             }),
                         )
                     });
                 }
-            }
-            Err(ReqErr::AlreadyExists) => {
-                if let Ok(body) = ctx.get(key).await
-                    && let Ok(found) = LeaseRecord::decode(&body)
-                {
-                    let now = ctx.now();
-                    ctx.with(|w| {
-                        w.nodes[n]
-                            .mem
-                            .lease
-                            .on_conflict(&write.key, &found, now, &cfg)
-                    });
+                LeaseEffect::Renewed { .. } => {}
+                LeaseEffect::EpochOver(end) => {
+                    if end == EpochEnd::Fenced {
+                        ctx.with(|w| w.stats.fenced_nodes += 1);
+                    }
+                    ctx.new_epoch(end);
                 }
             }
-            Err(_) => {}
         }
-        let (now, state, renew_at) = ctx.with(|w| {
-            let now = w.node_now(n);
-            let l = &mut w.nodes[n].mem.lease;
-            (now, l.state(now), l.renew_at_ms(&cfg))
-        });
-        match state {
-            LeaseState::Fenced => {
-                ctx.with(|w| w.stats.fenced_nodes += 1);
-                ctx.new_epoch("fenced");
-                continue;
-            }
-            LeaseState::Lapsed | LeaseState::Released => {
-                ctx.new_epoch("lapsed");
-                continue;
-            }
-            LeaseState::Starting => sleep(&ctx.w, 1_000).await,
-            LeaseState::Valid { .. } => sleep(&ctx.w, renew_at.saturating_sub(now).max(1)).await,
-        }
+        let (now, at) = ctx.with(|w| (w.node_now(n), w.nodes[n].mem.lease.poll_timeout()));
+        let at = at.expect("a running epoch always waits for a time");
+        // At least one scheduling round, so that a timeout already due cannot
+        // spin without time passing.
+        sleep(&ctx.w, at.saturating_sub(now)).await;
+        let (now, nonce) = ctx.with(|w| (w.node_now(n), w.rng.next_u64()));
+        ctx.with(|w| w.nodes[n].mem.lease.handle_timeout(now, nonce));
     }
 }
 

@@ -431,9 +431,10 @@ fn start_node(ex: &mut Executor, n: usize) {
     if wm.nodes[n].up {
         return;
     }
+    let cfg = wm.cfg.clone();
     let node = &mut wm.nodes[n];
     node.durable.epoch += 1;
-    node.mem = Mem::new(&node.name, node.durable.epoch);
+    node.mem = Mem::new(&node.name, node.durable.epoch, &cfg);
     node.up = true;
     // The startup scan of the data directory fills the timer.
     let cached: Vec<(usize, u64)> = node
@@ -673,7 +674,7 @@ fn setup(w: &mut World) {
             format!("j{}", i - o.nodes)
         };
         w.nodes.push(Node {
-            mem: Mem::new(&name, 0),
+            mem: Mem::new(&name, 0, &w.cfg),
             name,
             up: false,
             cut_until: 0,

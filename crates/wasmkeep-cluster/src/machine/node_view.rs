@@ -1,0 +1,225 @@
+//! Reading another node's lease: list its folder, read the latest record,
+//! judge it by the reader's clock (ADR 0020's `node_lease_view`).
+//!
+//! Used by [`super::TakeMachine`] to learn whether an actor's holder is alive,
+//! and by drivers that need the live nodes (the sweep's sharding, the admin
+//! view of the cluster).
+
+use crate::config::ClusterConfig;
+use crate::lease::{LeaseKey, LeaseRecord, NODES_PREFIX, NodeLeaseView};
+use crate::lease::{latest_lease_key, node_lease_view};
+
+use super::{BucketOp, BucketResult, Failure, Pages, decode_body};
+
+/// What [`NodeViewReader::poll_effect`] asks of its driver.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NodeViewEffect {
+    /// Perform this operation and pass its answer to
+    /// [`NodeViewReader::on_result`].
+    Bucket(BucketOp),
+    /// The node's view, or why none could be read. Emitted once.
+    Done(Result<NodeLeaseView, Failure>),
+}
+
+#[derive(Clone, Debug)]
+enum Phase {
+    /// Listing the node's records (all epochs), keeping the latest key.
+    List {
+        pages: Pages,
+        latest: Option<LeaseKey>,
+    },
+    /// Reading the latest record.
+    Read { latest: LeaseKey },
+    /// Finished; the result until it is handed out.
+    Finished(Option<Result<NodeLeaseView, Failure>>),
+}
+
+/// Reads one node's latest lease record and judges it: valid, lapsed (fence
+/// it before taking its actors), fenced, released or absent.
+#[derive(Clone, Debug)]
+pub struct NodeViewReader {
+    node: String,
+    config: ClusterConfig,
+    phase: Phase,
+    awaiting: bool,
+}
+
+impl NodeViewReader {
+    /// A reader of `node`'s lease.
+    pub fn new(node: &str, config: ClusterConfig) -> NodeViewReader {
+        let pages = Pages::new(
+            LeaseKey::node_folder(NODES_PREFIX, node),
+            config.list_page_keys_max,
+        );
+        NodeViewReader {
+            node: node.to_owned(),
+            config,
+            phase: Phase::List {
+                pages,
+                latest: None,
+            },
+            awaiting: false,
+        }
+    }
+
+    /// The node being read.
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    /// The next effect, or `None` while an operation is outstanding (or after
+    /// `Done`).
+    pub fn poll_effect(&mut self) -> Option<NodeViewEffect> {
+        if let Some(op) = self.next_op() {
+            return Some(NodeViewEffect::Bucket(op));
+        }
+        match &mut self.phase {
+            Phase::Finished(result) => result.take().map(NodeViewEffect::Done),
+            _ => None,
+        }
+    }
+
+    /// Takes the answer to the last operation; `now_ms` is the reader's clock.
+    pub fn on_result(&mut self, result: BucketResult, now_ms: u64) {
+        if !std::mem::take(&mut self.awaiting) {
+            debug_assert!(false, "a result without an operation");
+            return;
+        }
+        let next = match (&mut self.phase, result) {
+            (Phase::List { pages, latest }, BucketResult::Keys(keys)) => {
+                let page_latest =
+                    latest_lease_key(NODES_PREFIX, &self.node, keys.iter().map(String::as_str));
+                if page_latest > *latest {
+                    *latest = page_latest;
+                }
+                if !pages.on_page(&keys) {
+                    return;
+                }
+                match latest.take() {
+                    None => Phase::Finished(Some(Ok(NodeLeaseView::Absent))),
+                    Some(latest) => Phase::Read { latest },
+                }
+            }
+            (Phase::Read { latest }, BucketResult::Body(body)) => {
+                let view = decode_body(&body, LeaseRecord::decode)
+                    .map(|record| node_lease_view(Some((latest, &record)), now_ms, &self.config))
+                    .ok_or(Failure::Malformed);
+                Phase::Finished(Some(view))
+            }
+            // An error, or the latest record vanished (its holder deletes
+            // records two counters back): nothing can be concluded.
+            (Phase::List { .. } | Phase::Read { .. }, _) => {
+                Phase::Finished(Some(Err(Failure::Bucket)))
+            }
+            (Phase::Finished(_), _) => return,
+        };
+        self.phase = next;
+    }
+
+    /// The operation to perform now, for this reader's own driver or for a
+    /// machine that embeds it.
+    pub(crate) fn next_op(&mut self) -> Option<BucketOp> {
+        if self.awaiting {
+            return None;
+        }
+        let op = match &self.phase {
+            Phase::List { pages, .. } => pages.op(),
+            Phase::Read { latest } => BucketOp::Get {
+                key: latest.to_key(NODES_PREFIX),
+            },
+            Phase::Finished(_) => return None,
+        };
+        self.awaiting = true;
+        Some(op)
+    }
+
+    /// The result, once finished (for a machine that embeds the reader).
+    pub(crate) fn take_result(&mut self) -> Option<Result<NodeLeaseView, Failure>> {
+        match &mut self.phase {
+            Phase::Finished(result) => result.take(),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::machine::testing::MapBucket;
+
+    fn read(bucket: &mut MapBucket, node: &str, now: u64, config: ClusterConfig) -> NodeViewEffect {
+        let mut r = NodeViewReader::new(node, config);
+        loop {
+            match r.poll_effect().expect("an effect") {
+                NodeViewEffect::Bucket(op) => {
+                    let res = bucket.perform(op);
+                    r.on_result(res, now);
+                }
+                done => return done,
+            }
+        }
+    }
+
+    fn key(epoch: u64, counter: u64) -> String {
+        LeaseKey {
+            node: "a".into(),
+            epoch,
+            counter,
+        }
+        .to_key(NODES_PREFIX)
+    }
+
+    #[test]
+    fn reads_the_latest_record_across_pages_and_judges_it() {
+        let mut b = MapBucket::default();
+        b.put(&key(1, 9), "live 100 0000000000000001");
+        b.put(&key(2, 3), "live 100 0000000000000002");
+        b.put(&key(2, 4), "live 10000 0000000000000003");
+        // Another node's folder shares the prefix's start: never read.
+        b.put("nodes/ab/00000000000000000009/00000000000000000000", "junk");
+        let c = ClusterConfig {
+            list_page_keys_max: 2,
+            ..ClusterConfig::default()
+        };
+        let valid = read(&mut b, "a", 14_999, c.clone());
+        assert_eq!(
+            valid,
+            NodeViewEffect::Done(Ok(NodeLeaseView::Valid { epoch: 2 }))
+        );
+        let lists = b
+            .log
+            .iter()
+            .filter(|op| matches!(op, BucketOp::List { .. }))
+            .count();
+        assert_eq!(lists, 2, "{:?}", b.log);
+        let lapsed = read(&mut b, "a", 15_000, c.clone());
+        let NodeViewEffect::Done(Ok(NodeLeaseView::Lapsed { latest })) = lapsed else {
+            panic!("{lapsed:?}")
+        };
+        assert_eq!((latest.epoch, latest.counter), (2, 4));
+        assert_eq!(
+            read(&mut b, "z", 0, c),
+            NodeViewEffect::Done(Ok(NodeLeaseView::Absent))
+        );
+    }
+
+    #[test]
+    fn a_bucket_error_or_a_malformed_record_concludes_nothing() {
+        let mut r = NodeViewReader::new("a", ClusterConfig::default());
+        assert!(matches!(r.poll_effect(), Some(NodeViewEffect::Bucket(_))));
+        assert_eq!(r.poll_effect(), None, "one operation at a time");
+        r.on_result(BucketResult::Failed, 0);
+        assert_eq!(
+            r.poll_effect(),
+            Some(NodeViewEffect::Done(Err(Failure::Bucket)))
+        );
+        assert_eq!(r.poll_effect(), None, "done is handed out once");
+
+        let mut b = MapBucket::default();
+        b.put(&key(1, 0), "live soon 0000000000000001");
+        assert_eq!(
+            read(&mut b, "a", 0, ClusterConfig::default()),
+            NodeViewEffect::Done(Err(Failure::Malformed))
+        );
+    }
+}

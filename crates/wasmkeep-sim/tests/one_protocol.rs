@@ -1,0 +1,57 @@
+//! One protocol, two drivers (issue 18): the simulator runs the ownership
+//! steps (its lease, reading another node's lease, taking and releasing an
+//! actor) through `wasmkeep_cluster::machine`, the step machines the server
+//! drives too, and holds no order of its own.
+//!
+//! The decisions a copy of that order would need (`plan_take`, `lease_view`,
+//! `fence_write`, the holder's `NodeLease`) are private to `wasmkeep-cluster`,
+//! so a copy does not compile (the crate's `compile_fail` doc tests show it).
+//! What stays public is the record formats; this test makes sure the
+//! simulator does not use them to write ownership records behind the
+//! machines' back, and that it does drive the machines.
+
+const SOURCES: [(&str, &str); 4] = [
+    ("node.rs", include_str!("../src/node.rs")),
+    ("sim.rs", include_str!("../src/sim.rs")),
+    ("world.rs", include_str!("../src/world.rs")),
+    ("lib.rs", include_str!("../src/lib.rs")),
+];
+
+#[test]
+fn the_simulator_writes_no_ownership_record_of_its_own() {
+    let banned = [
+        "HoldRecord",
+        "LeaseRecord",
+        "hold_key",
+        "hold_record",
+        "fence_write",
+        "plan_take",
+        "lease_view",
+        "NodeLease::",
+        "hold/",
+    ];
+    for (file, text) in SOURCES {
+        for needle in banned {
+            assert!(
+                !text.contains(needle),
+                "src/{file} mentions `{needle}`: ownership steps belong in wasmkeep_cluster::machine"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_simulated_node_drives_the_step_machines() {
+    let node = SOURCES[0].1;
+    for machine in [
+        "NodeLeaseMachine",
+        "NodeViewReader",
+        "TakeMachine",
+        "ReleaseMachine",
+    ] {
+        assert!(
+            node.contains(machine),
+            "src/node.rs no longer drives {machine}"
+        );
+    }
+}
