@@ -18,7 +18,7 @@ use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, ToSql, params};
 
 use crate::error::StoreError;
-use crate::limits::StoreLimits;
+use crate::limits::{FUNCTION_ARGS_MAX, LIKE_PATTERN_BYTES_MAX, StoreLimits};
 use crate::memory_budget::{self, Refusal, StatementBudget};
 use crate::paths::DB_FILE;
 use crate::sandbox::{
@@ -384,12 +384,22 @@ impl ActorDb {
         .map_err(open_err)?;
         c.set_limit(Limit::SQLITE_LIMIT_ATTACHED, 0)
             .map_err(open_err)?;
+        // Two bounds on how long one call of a built-in function may run,
+        // between two checks of the deadline (ADR 0032).
+        c.set_limit(
+            Limit::SQLITE_LIMIT_LIKE_PATTERN_LENGTH,
+            LIKE_PATTERN_BYTES_MAX,
+        )
+        .map_err(open_err)?;
+        c.set_limit(Limit::SQLITE_LIMIT_FUNCTION_ARG, FUNCTION_ARGS_MAX)
+            .map_err(open_err)?;
         c.set_prepared_statement_cache_capacity(64);
         if !self.created {
             // Databases from older versions gain any table added since.
             c.execute_batch(SCHEMA).map_err(open_err)?;
         }
         harden(&self.conn).map_err(open_err)?;
+        crate::guest_functions::install(&self.conn).map_err(open_err)?;
         install_authorizer(
             &mut self.conn,
             Arc::clone(&self.mode),
@@ -447,6 +457,7 @@ impl ActorDb {
         let reason = self.denied.take();
         let refusal = memory_budget::take_refusal();
         let stopped = self.guard.take_stopped();
+        let bounded = crate::guest_functions::take_refusal();
         if let (
             Some(reason),
             rusqlite::Error::SqliteFailure(..) | rusqlite::Error::SqlInputError { .. },
@@ -455,6 +466,9 @@ impl ActorDb {
             // The authorizer refused something in the statement; SQLite
             // reports some refusals (functions) as plain errors.
             return StoreError::Forbidden(reason.clone());
+        }
+        if let Some(over) = over_call_bound(&e, bounded) {
+            return over;
         }
         match e {
             rusqlite::Error::SqliteFailure(f, _) if f.code == ErrorCode::OperationInterrupted => {
@@ -1118,6 +1132,35 @@ fn disk_has_room(dir: &Path) -> bool {
         }
         (st.f_bavail as u64).saturating_mul(st.f_frsize as u64) >= 16 * 1024 * 1024
     }
+}
+
+/// A function call over one of the bounds on what one call may do (ADR
+/// 0032): a stand-in's refusal (`refused`, the statement's error if its
+/// message is the refusal's: one left by a statement whose error took
+/// another way, an inspection's, is not this one's), or SQLite's for a
+/// limit the actor's connection lowers. The messages name the limit.
+fn over_call_bound(e: &rusqlite::Error, refused: Option<String>) -> Option<StoreError> {
+    let msg = match e {
+        rusqlite::Error::SqliteFailure(_, Some(m))
+        | rusqlite::Error::SqlInputError { msg: m, .. } => m.as_str(),
+        _ => return None,
+    };
+    if let Some(r) = refused
+        && r == msg
+    {
+        return Some(StoreError::InvalidArgument(r));
+    }
+    if msg == "LIKE or GLOB pattern too complex" {
+        return Some(StoreError::InvalidArgument(format!(
+            "LIKE or GLOB pattern too long: limit like_pattern_bytes_max={LIKE_PATTERN_BYTES_MAX}"
+        )));
+    }
+    if msg.starts_with("too many arguments on function ") {
+        return Some(StoreError::Sql(format!(
+            "{msg}: limit function_args_max={FUNCTION_ARGS_MAX}"
+        )));
+    }
+    None
 }
 
 /// Key-value entries as a listing returns them.

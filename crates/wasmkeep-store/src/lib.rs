@@ -14,6 +14,7 @@
 
 pub mod db;
 pub mod error;
+mod guest_functions;
 pub mod id;
 pub mod limits;
 mod log_writes;

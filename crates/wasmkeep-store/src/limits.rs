@@ -37,6 +37,33 @@ pub struct StoreLimits {
     pub page_bytes: u32,
 }
 
+/// Longest LIKE or GLOB pattern a guest statement may match, in bytes
+/// (SQLite's `SQLITE_LIMIT_LIKE_PATTERN_LENGTH`, 50,000 by default).
+/// SQLite matches a pattern in time that grows with the pattern's length
+/// times the subject's, within one call the deadline cannot interrupt: with
+/// a 2 MiB subject, 50,000 bytes took a minute, 256 takes about half a
+/// second (ADR 0032, "One call between two checks"). Not a setting: it
+/// bounds how far past the event's deadline a statement may run.
+pub const LIKE_PATTERN_BYTES_MAX: i32 = 256;
+
+/// Most arguments one SQL function call may have in a guest statement
+/// (SQLite's `SQLITE_LIMIT_FUNCTION_ARG`: 1,000 by default since SQLite
+/// 3.48, 127 before). The JSON functions that take many paths
+/// (`json_extract`, `json_set`, `json_remove`, ...) look up each path from
+/// the document's start, in one call: at 1,000 arguments and a 2 MiB
+/// document that took 4 seconds, at 127 about half a second (ADR 0032).
+pub const FUNCTION_ARGS_MAX: i32 = 127;
+
+/// Bound on one `json_patch` or `jsonb_patch` call: the patch's object
+/// members (of any depth) times the bytes of both arguments. SQLite looks
+/// each member up among the target's from the first and moves the target's
+/// rest at each change, in one call the deadline cannot interrupt: two
+/// 2 MiB objects took about a minute; at this bound a call takes a tenth of
+/// a second at most (ADR 0032): a 2 MiB target takes a patch of about 60
+/// members, a 100 KiB one of about 1,200. A call over it fails with
+/// `invalid_argument`, naming the function and the bound.
+pub const JSON_PATCH_MEMBER_BYTES_MAX: u64 = 128_000_000;
+
 /// Page sizes SQLite accepts.
 pub const PAGE_BYTES_MIN: u32 = 512;
 pub const PAGE_BYTES_MAX: u32 = 65536;

@@ -155,6 +155,42 @@ pub(crate) fn take_refusal() -> Option<Refusal> {
     REFUSED.with(Cell::take)
 }
 
+/// Memory the store's own SQL functions hold for a call (their working
+/// sets, see `guest_functions`), counted like SQLite's allocations for as
+/// long as the value lives, so that a guest statement's budget bounds it
+/// too.
+pub(crate) struct Charge(i64);
+
+impl Charge {
+    /// Counts `bytes`; `None` (and the refusal recorded) if the running
+    /// statement's budget or the node's has no room for them.
+    pub(crate) fn new(bytes: usize) -> Option<Charge> {
+        let mut c = Charge(0);
+        c.grow_to(bytes).then_some(c)
+    }
+
+    /// Counts `bytes` in all (more than before only); `false` if refused,
+    /// which leaves the count as it was.
+    pub(crate) fn grow_to(&mut self, bytes: usize) -> bool {
+        let bytes = bytes.min(i64::MAX as usize) as i64;
+        if bytes <= self.0 {
+            return true;
+        }
+        if !may_allocate((bytes - self.0) as usize) {
+            return false;
+        }
+        note(bytes - self.0);
+        self.0 = bytes;
+        true
+    }
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        note(-self.0);
+    }
+}
+
 /// A guest statement's memory budget, armed on this thread for as long as
 /// the value lives.
 pub(crate) struct StatementBudget(());

@@ -280,6 +280,216 @@ fn the_node_stopping_stops_a_statement_that_has_no_deadline() {
     assert_eq!(e.code(), "shutting_down", "{e}");
 }
 
+/// Runs `sql` on `db` on a thread of its own and waits for it, at most
+/// `HUNG_S` seconds: a bound for a statement that holds its thread for
+/// minutes or hours, not a timing assertion.
+fn run_bounded(
+    mut db: ActorDb,
+    sql: &'static str,
+    params: Vec<Value>,
+) -> Result<wasmkeep_store::QueryResult, StoreError> {
+    const HUNG_S: u64 = 60;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(db.query(sql, &params));
+    });
+    rx.recv_timeout(Duration::from_secs(HUNG_S))
+        .unwrap_or_else(|_| panic!("one call held its thread for over {HUNG_S} s: {sql}"))
+}
+
+fn text(s: String) -> Value {
+    Value::Text(s)
+}
+
+#[test]
+fn one_call_on_large_values_ends_in_linear_time() {
+    // Each call is one step of SQLite's machine: the deadline is checked
+    // before and after it, never during. SQLite's own `trim`, `instr`,
+    // `replace` and `unhex` take time that grows with the product of these
+    // arguments' sizes (near 2 MiB; `trim` and `unhex` alone: minutes); an
+    // actor's connection runs linear stand-ins with the same results (ADR
+    // 0032), so the row comes back, or the deadline stops the statement
+    // after the calls. (The sets have as many characters as SQLite's
+    // `trim` takes: 12 bytes of bookkeeping each within value_bytes_max.)
+    let n = StoreLimits::default().value_bytes_max;
+    let (dir, db) = open(StoreLimits::default());
+    db.set_deadline(Some(Instant::now() + Duration::from_millis(50)));
+    let params = vec![
+        text("a".repeat(n - 1)),
+        text("b".repeat(n / 12 - 2) + "a"),
+        text("é".repeat(n / 2)),
+        text("ü".repeat(n / 12 - 2) + "é"),
+        text("a".repeat(n / 2) + "b"),
+        text(" ".repeat(n)),
+        text("x".repeat(n - 1) + " "),
+    ];
+    let r = run_bounded(
+        db,
+        "SELECT length(trim(?1, ?2)), length(rtrim(?3, ?4)), instr(?1, ?5), \
+         length(replace(?1, ?5, '')), length(unhex(?6, ?7))",
+        params,
+    );
+    match r {
+        Ok(r) => assert_eq!(
+            r.rows[0],
+            vec![
+                Value::Integer(0),
+                Value::Integer(0),
+                Value::Integer(0),
+                Value::Integer(n as i64 - 1),
+                Value::Integer(0),
+            ]
+        ),
+        Err(e) => assert_eq!(e.code(), "cpu_time_exceeded", "{e}"),
+    }
+    drop(dir);
+}
+
+#[test]
+fn fts5_highlight_and_snippet_on_a_large_document_end_in_linear_time() {
+    // FTS5's own `highlight()` prints its whole result again for every
+    // match it adds (74 s for this document), and `snippet()` scores every
+    // match against every other (about an hour); the actor's connection
+    // registers stand-ins with FTS5's results (ADR 0032).
+    let n = StoreLimits::default().value_bytes_max;
+    let (dir, mut db) = open(StoreLimits::default());
+    db.execute("CREATE VIRTUAL TABLE t USING fts5(body)", &[])
+        .unwrap();
+    db.execute(
+        "INSERT INTO t (body) VALUES (?1)",
+        &[text("a ".repeat(n / 2 - 512))],
+    )
+    .unwrap();
+    db.set_deadline(Some(Instant::now() + Duration::from_millis(50)));
+    let r = run_bounded(
+        db,
+        "SELECT length(highlight(t, 0, '', '')), snippet(t, 0, '[', ']', '...', 3) \
+         FROM t WHERE t MATCH 'a'",
+        vec![],
+    );
+    match r {
+        Ok(r) => assert_eq!(
+            r.rows[0],
+            vec![
+                Value::Integer(n as i64 - 1024),
+                Value::Text("[a] [a] [a]...".into())
+            ]
+        ),
+        Err(e) => assert_eq!(e.code(), "cpu_time_exceeded", "{e}"),
+    }
+    drop(dir);
+}
+
+#[test]
+fn the_built_in_runs_one_call_past_the_deadline_without_the_guard_being_asked() {
+    // The unsafe variant: SQLite's own `instr` on a plain connection whose
+    // progress handler is the guard's (every PROGRESS_OPS steps, stop once
+    // the deadline passed), on values an eighth of the size above.
+    wasmkeep_store::sqlite_setup::sqlite_setup();
+    let mut plain = rusqlite::Connection::open_in_memory().unwrap();
+    let asked = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let deadline = Instant::now() + Duration::from_millis(1);
+    let counter = Arc::clone(&asked);
+    plain
+        .progress_handler(
+            wasmkeep_store::sandbox::PROGRESS_OPS,
+            Some(move || {
+                counter.fetch_add(1, Ordering::Relaxed);
+                Instant::now() > deadline
+            }),
+        )
+        .unwrap();
+    let n = StoreLimits::default().value_bytes_max / 8;
+    let found: i64 = plain
+        .query_row(
+            "SELECT instr(?1, ?2)",
+            ["a".repeat(n), "a".repeat(n / 2) + "b"],
+            |r| r.get(0),
+        )
+        .unwrap();
+    // The call ran to its end although the deadline passed while it ran
+    // (tens of millions of byte comparisons against a deadline of 1 ms):
+    // the guard was never asked.
+    assert_eq!(found, 0);
+    assert!(Instant::now() > deadline);
+    assert_eq!(asked.load(Ordering::Relaxed), 0);
+}
+
+#[test]
+fn json_patch_refuses_arguments_over_its_bound_and_merges_those_under_it() {
+    // SQLite merges a patch in time that grows with the patch's members
+    // times the target's size: two 2 MiB objects took about a minute.
+    let (_d, mut db) = open(StoreLimits::default());
+    let object = |prefix: &str, n: usize| {
+        let members: Vec<String> = (0..n).map(|i| format!("\"{prefix}{i}\":0")).collect();
+        format!("{{{}}}", members.join(","))
+    };
+    let (big_target, big_patch) = (object("a", 100_000), object("b", 100_000));
+    for f in ["json_patch", "jsonb_patch"] {
+        let e = db
+            .query(
+                &format!("SELECT length({f}(?1, ?2))"),
+                &[text(big_target.clone()), text(big_patch.clone())],
+            )
+            .unwrap_err();
+        assert_eq!(e.code(), "invalid_argument", "{e}");
+        assert!(e.to_string().contains(f), "{e}");
+        assert!(e.to_string().contains("json_patch_member_bytes_max"), "{e}");
+    }
+    // A large target with a patch of fifty members is merged.
+    let r = db
+        .query(
+            "SELECT json_patch(?1, '{\"a1\":null,\"z\":1}') ->> '$.z', \
+             json_patch(?1, ?2) ->> '$.b49'",
+            &[text(big_target.clone()), text(object("b", 50))],
+        )
+        .unwrap();
+    assert_eq!(r.rows[0], vec![Value::Integer(1), Value::Integer(0)]);
+}
+
+#[test]
+fn like_patterns_and_function_arguments_are_bounded_by_name() {
+    // SQLite matches a LIKE or GLOB pattern in time that grows with the
+    // pattern's length times the subject's; a guest's patterns are
+    // shorter than SQLite's default bound (50,000 bytes), which a plain
+    // connection keeps.
+    let max = wasmkeep_store::limits::LIKE_PATTERN_BYTES_MAX as usize;
+    let (_d, mut db) = open(StoreLimits::default());
+    for (op, wild) in [("LIKE", "%"), ("GLOB", "*")] {
+        let sql = format!("SELECT 'abc' {op} ?1");
+        let at_max = format!("{wild}{}", "a".repeat(max - 1));
+        assert_eq!(
+            db.query(&sql, &[text(at_max)]).unwrap().rows[0][0],
+            Value::Integer(0)
+        );
+        let over = format!("{wild}{}", "a".repeat(max));
+        let e = db.query(&sql, &[text(over.clone())]).unwrap_err();
+        assert_eq!(e.code(), "invalid_argument", "{e}");
+        assert!(e.to_string().contains("like_pattern_bytes_max"), "{e}");
+        wasmkeep_store::sqlite_setup::sqlite_setup();
+        let plain = rusqlite::Connection::open_in_memory().unwrap();
+        let v: i64 = plain.query_row(&sql, [&over], |r| r.get(0)).unwrap();
+        assert_eq!(v, 0);
+    }
+    // The JSON functions that take many paths look each one up from the
+    // document's start: their number is bounded too.
+    let max = wasmkeep_store::limits::FUNCTION_ARGS_MAX as usize;
+    let paths = |n: usize| vec!["'$[0]'"; n].join(", ");
+    let r = db
+        .query(
+            &format!("SELECT json_extract('[1]', {})", paths(max - 1)),
+            &[],
+        )
+        .unwrap();
+    assert!(matches!(&r.rows[0][0], Value::Text(t) if t.starts_with("[1,1,")));
+    let e = db
+        .query(&format!("SELECT json_extract('[1]', {})", paths(max)), &[])
+        .unwrap_err();
+    assert_eq!(e.code(), "sql_error", "{e}");
+    assert!(e.to_string().contains("json_extract"), "{e}");
+    assert!(e.to_string().contains("function_args_max"), "{e}");
+}
+
 #[test]
 fn a_wide_row_stops_at_the_statement_budget_before_sqlite_holds_it() {
     let cols = vec!["randomblob(2000000)"; 64].join(", ");
