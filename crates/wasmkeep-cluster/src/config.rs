@@ -10,6 +10,9 @@ pub const CLASS_BYTES_MAX: usize = 64;
 pub const NAME_BYTES_MAX: usize = 400;
 /// Longest node id in bytes.
 pub const NODE_BYTES_MAX: usize = 64;
+/// Longest advertised address in bytes (`http://host:port` as other nodes
+/// reach the node; a DNS name is at most 253 bytes).
+pub const ADDRESS_BYTES_MAX: usize = 300;
 
 /// The cluster's timing and size bounds. Defaults are ADR 0009's and ADR 0020's.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -18,6 +18,11 @@ pub enum Error {
     InvalidName { reason: &'static str, bytes: usize },
     /// A node id that cannot appear in a key.
     InvalidNode { node: String },
+    /// An advertised address that cannot appear in a lease record.
+    InvalidAddress {
+        reason: &'static str,
+        address: String,
+    },
     /// A due time beyond what 15 digits hold.
     TimeOutOfRange { at_ms: u64 },
     /// A configuration value outside its allowed range.
@@ -38,6 +43,12 @@ impl fmt::Display for Error {
                 write!(f, "invalid actor name: {reason}: bytes={bytes}")
             }
             Error::InvalidNode { node } => write!(f, "invalid node id: node=`{node}`"),
+            Error::InvalidAddress { reason, address } => {
+                write!(
+                    f,
+                    "invalid advertised address: {reason}: address=`{address}`"
+                )
+            }
             Error::TimeOutOfRange { at_ms } => write!(f, "due time out of range: at_ms={at_ms}"),
             Error::InvalidConfig { field, value } => {
                 write!(f, "invalid configuration: field={field} value={value}")

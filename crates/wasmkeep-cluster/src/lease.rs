@@ -19,7 +19,7 @@
 //! [`crate::machine::NodeViewReader`], and fencing happens inside
 //! [`crate::machine::TakeMachine`].
 
-use crate::config::{ClusterConfig, NODE_BYTES_MAX};
+use crate::config::{ADDRESS_BYTES_MAX, ClusterConfig, NODE_BYTES_MAX};
 use crate::error::Error;
 use crate::{parse_fixed_digits, parse_fixed_hex};
 
@@ -43,6 +43,29 @@ pub fn validate_node(node: &str) -> Result<(), Error> {
             node: node.to_owned(),
         })
     }
+}
+
+/// Checks an advertised address (how other nodes reach this one): 1 to
+/// [`ADDRESS_BYTES_MAX`] bytes of printable ASCII without spaces, so that it
+/// is the last field of a live record and parses back unchanged. Its form
+/// (`http://host:port`) is the server's to check; the protocol only carries it.
+pub fn validate_address(address: &str) -> Result<(), Error> {
+    let bad = |reason| {
+        Err(Error::InvalidAddress {
+            reason,
+            address: address.chars().take(ADDRESS_BYTES_MAX).collect(),
+        })
+    };
+    if address.is_empty() {
+        return bad("empty");
+    }
+    if address.len() > ADDRESS_BYTES_MAX {
+        return bad("longer than 300 bytes");
+    }
+    if !address.bytes().all(|b| b.is_ascii_graphic()) {
+        return bad("not printable ascii without spaces");
+    }
+    Ok(())
 }
 
 /// The key of one lease record.
@@ -106,8 +129,13 @@ impl LeaseKey {
 /// lost a response can tell its own record from someone else's.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LeaseRecord {
-    /// The node is alive until `expires_at_ms` by its own clock.
-    Live { expires_at_ms: u64, nonce: u64 },
+    /// The node is alive until `expires_at_ms` by its own clock, and other
+    /// nodes reach it at `address` (its advertised address).
+    Live {
+        expires_at_ms: u64,
+        nonce: u64,
+        address: String,
+    },
     /// Another node fenced this epoch: it may not act again.
     Fenced { by: String, nonce: u64 },
     /// The node shut down cleanly and handed over.
@@ -121,7 +149,8 @@ impl LeaseRecord {
             LeaseRecord::Live {
                 expires_at_ms,
                 nonce,
-            } => format!("live {expires_at_ms} {nonce:016x}"),
+                address,
+            } => format!("live {expires_at_ms} {nonce:016x} {address}"),
             LeaseRecord::Fenced { by, nonce } => format!("fenced {by} {nonce:016x}"),
             LeaseRecord::Released { nonce } => format!("released {nonce:016x}"),
         }
@@ -136,10 +165,14 @@ impl LeaseRecord {
         let parts: Vec<&str> = body.split(' ').collect();
         let nonce = |s: &str| parse_fixed_hex(s, 16).ok_or_else(|| bad("nonce"));
         match parts.as_slice() {
-            ["live", at, n] => Ok(LeaseRecord::Live {
-                expires_at_ms: at.parse().map_err(|_| bad("expiry"))?,
-                nonce: nonce(n)?,
-            }),
+            ["live", at, n, address] => {
+                validate_address(address).map_err(|_| bad("address"))?;
+                Ok(LeaseRecord::Live {
+                    expires_at_ms: at.parse().map_err(|_| bad("expiry"))?,
+                    nonce: nonce(n)?,
+                    address: (*address).to_owned(),
+                })
+            }
             ["fenced", by, n] => {
                 validate_node(by).map_err(|_| bad("fencing node"))?;
                 Ok(LeaseRecord::Fenced {
@@ -185,18 +218,22 @@ pub enum LeaseState {
 pub(crate) struct NodeLease {
     node: String,
     epoch: u64,
+    address: String,
     written: Option<u64>,
     last_sent_ms: Option<u64>,
     state: LeaseState,
 }
 
 impl NodeLease {
-    /// A node starting with `epoch`, which must exceed every epoch it used before.
-    pub(crate) fn new(node: &str, epoch: u64) -> Result<NodeLease, Error> {
+    /// A node starting with `epoch`, which must exceed every epoch it used
+    /// before, reached by other nodes at `address`.
+    pub(crate) fn new(node: &str, epoch: u64, address: &str) -> Result<NodeLease, Error> {
         validate_node(node)?;
+        validate_address(address)?;
         Ok(NodeLease {
             node: node.to_owned(),
             epoch,
+            address: address.to_owned(),
             written: None,
             last_sent_ms: None,
             state: LeaseState::Starting,
@@ -265,6 +302,7 @@ impl NodeLease {
             record: LeaseRecord::Live {
                 expires_at_ms: now_ms + config.lease_period_ms,
                 nonce,
+                address: self.address.clone(),
             },
         })
     }
@@ -432,6 +470,7 @@ mod tests {
             LeaseRecord::Live {
                 expires_at_ms: 5,
                 nonce: 9,
+                address: "http://10.0.0.1:8080".into(),
             },
             LeaseRecord::Fenced {
                 by: "b".into(),
@@ -441,13 +480,23 @@ mod tests {
         ] {
             assert_eq!(LeaseRecord::decode(&r.encode()), Ok(r));
         }
-        assert!(LeaseRecord::decode("live x 0000000000000001").is_err());
+        assert!(LeaseRecord::decode("live x 0000000000000001 http://a:1").is_err());
+        // The address is required, bounded and one printable word.
+        assert!(LeaseRecord::decode("live 5 0000000000000001").is_err());
+        assert!(LeaseRecord::decode("live 5 0000000000000001 http://a:1 x").is_err());
+        let long = format!("live 5 0000000000000001 http://{}", "a".repeat(300));
+        assert!(LeaseRecord::decode(&long).is_err());
+        assert!(validate_address(&"a".repeat(300)).is_ok());
+        assert!(validate_address(&"a".repeat(301)).is_err());
+        for bad in ["", "http://a b", "http://\u{e9}", "http://a\n"] {
+            assert!(validate_address(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]
     fn acquire_renew_lapse() {
         let c = ClusterConfig::default();
-        let mut l = NodeLease::new("a", 1).unwrap();
+        let mut l = NodeLease::new("a", 1, "http://a:1").unwrap();
         assert!(!l.is_acting(0));
         let w = l.next_write(0, 1, &c).unwrap();
         assert_eq!(w.key.counter, 0);
@@ -469,7 +518,7 @@ mod tests {
     #[test]
     fn fence_wins_the_race_for_the_next_counter() {
         let c = ClusterConfig::default();
-        let mut l = NodeLease::new("a", 1).unwrap();
+        let mut l = NodeLease::new("a", 1, "http://a:1").unwrap();
         let w = l.next_write(0, 1, &c).unwrap();
         l.on_written(&w, 0, &c);
         let seen = node_lease_view(Some((&w.key, &w.record)), 15_000, &c);
@@ -483,7 +532,7 @@ mod tests {
         assert_eq!(l.state(3_400), LeaseState::Fenced);
         assert!(!l.is_acting(3_400));
         // Its own record read back after a lost response counts as written.
-        let mut l2 = NodeLease::new("a", 2).unwrap();
+        let mut l2 = NodeLease::new("a", 2, "http://a:1").unwrap();
         let lost = l2.next_write(0, 5, &c).unwrap();
         let retry = l2.next_write(2_000, 6, &c).unwrap();
         assert_eq!(lost.key, retry.key);
@@ -504,6 +553,7 @@ mod tests {
         let live = LeaseRecord::Live {
             expires_at_ms: 10_000,
             nonce: 0,
+            address: "http://a:1".into(),
         };
         assert_eq!(
             node_lease_view(Some((&k, &live)), 14_999, &c),
@@ -530,7 +580,7 @@ mod tests {
             "nodes/a/junk",
         ];
         assert_eq!(latest_lease_key("nodes/", "a", keys), Some(k));
-        let mut l = NodeLease::new("a", 3).unwrap();
+        let mut l = NodeLease::new("a", 3, "http://a:1").unwrap();
         let r = l.release(1);
         l.on_written(&r, 0, &c);
         assert_eq!(l.state(0), LeaseState::Released);

@@ -134,6 +134,9 @@ pub struct Bucket {
     /// Without leading or trailing slashes; empty for the store's root.
     prefix: String,
     metrics: Arc<Metrics>,
+    /// Whether the store lists keys in key order (S3 does; a local folder
+    /// does not), so that a page may stop reading once it is full.
+    listing_sorted: bool,
 }
 
 impl Bucket {
@@ -143,6 +146,7 @@ impl Bucket {
             store,
             prefix: prefix.trim_matches('/').to_owned(),
             metrics: Arc::new(Metrics::default()),
+            listing_sorted: false,
         }
     }
 
@@ -175,7 +179,9 @@ impl Bucket {
                 })?;
                 builder = builder.with_config(key, v);
             }
-            Ok(Bucket::new(Arc::new(builder.build()?), prefix))
+            let mut b = Bucket::new(Arc::new(builder.build()?), prefix);
+            b.listing_sorted = true;
+            Ok(b)
         } else if let Some(path) = url.strip_prefix("file://") {
             if !path.starts_with('/') {
                 return Err(ReplicaError::InvalidUrl(format!(
@@ -380,6 +386,46 @@ impl Bucket {
         .await?;
         keys.sort_unstable();
         Ok(keys)
+    }
+
+    /// One page of a paged listing: the first `limit` keys (relative to the
+    /// prefix) that start with `prefix` and sort after `start_after`, in key
+    /// order. `prefix` need not end at a folder: the folder it is in is
+    /// listed and its keys filtered. At most `limit` keys are held, whatever
+    /// the folder's length; a store that lists unsorted (a local folder) is
+    /// read to the end of the folder for each page, a sorted one (S3) only
+    /// until the page is full.
+    pub async fn list_page(
+        &self,
+        prefix: &str,
+        start_after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<String>, ReplicaError> {
+        let limit = limit.max(1);
+        let dir = match prefix.rfind('/') {
+            Some(i) => &prefix[..=i],
+            None => "",
+        };
+        let sorted = self.listing_sorted;
+        let mut lowest: BinaryHeap<String> = BinaryHeap::new();
+        self.scan(dir, start_after, |key, _| {
+            if !key.starts_with(prefix) {
+                return Ok(Next::More);
+            }
+            if lowest.len() < limit {
+                lowest.push(key.to_owned());
+            } else if lowest.peek().is_some_and(|top| key < top.as_str()) {
+                lowest.pop();
+                lowest.push(key.to_owned());
+            }
+            Ok(if sorted && lowest.len() == limit {
+                Next::Stop
+            } else {
+                Next::More
+            })
+        })
+        .await?;
+        Ok(lowest.into_sorted_vec())
     }
 
     /// The sequence numbers of the entries (or snapshots) in `dir` after

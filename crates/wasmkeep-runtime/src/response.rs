@@ -23,6 +23,9 @@ pub const RESPONSE_HEADERS_MAX: usize = 256;
 /// Most bytes of header names and values one response may carry.
 pub const RESPONSE_HEADER_BYTES_MAX: usize = 256 * 1024;
 
+/// A response's headers, in the order the guest added them.
+pub type Headers = Vec<(String, String)>;
+
 /// The response the running `on-request` call is building.
 #[derive(Debug, Default)]
 pub struct ResponseParts {
@@ -31,7 +34,7 @@ pub struct ResponseParts {
     active: bool,
     /// `response_body_bytes_max` for this call.
     body_bytes_max: usize,
-    pub headers: Vec<(String, String)>,
+    pub headers: Headers,
     header_bytes: usize,
     pub body: Vec<u8>,
     /// The first limit the guest ran into: the event fails with it even if
@@ -50,7 +53,7 @@ impl ResponseParts {
     }
 
     /// Closes the response: its parts, or the limit the guest ran into.
-    pub fn finish(&mut self) -> Result<(Vec<(String, String)>, Vec<u8>), RuntimeError> {
+    pub fn finish(&mut self) -> Result<(Headers, Vec<u8>), RuntimeError> {
         let parts = std::mem::take(self);
         match parts.refused {
             Some(e) => Err(e),

@@ -18,6 +18,7 @@ use serde_json::json;
 use wasmkeep_runtime::{ActorId, ActorRequest, Runtime};
 
 use crate::auth::Tokens;
+use crate::cluster::ClusterState;
 use crate::error::ApiError;
 
 /// Longest SQL text the inspection route accepts.
@@ -63,6 +64,10 @@ pub struct ServerConfig {
     pub shutdown_drain_ms: u64,
     /// Rules a test switched off (none, but in a `test-faults` build).
     pub unsafe_rules: UnsafeRules,
+    /// Cluster mode: the node's lease state, checked before an actor request
+    /// runs and before it is acknowledged. `None`: a single node, always
+    /// acting.
+    pub cluster: Option<Arc<ClusterState>>,
 }
 
 impl Default for ServerConfig {
@@ -81,6 +86,7 @@ impl Default for ServerConfig {
             body_read_bytes_per_s_min: 16 * 1024,
             shutdown_drain_ms: 10_000,
             unsafe_rules: UnsafeRules::default(),
+            cluster: None,
         }
     }
 }
@@ -213,6 +219,7 @@ pub fn router(rt: Runtime, config: ServerConfig) -> Router {
             post(inspect_sql),
         )
         .route("/alarms/{tenant}", get(list_alarms))
+        .route("/node", get(show_node))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             admin_auth,
@@ -277,11 +284,46 @@ async fn admin_auth(
 }
 
 async fn metrics(State(s): State<AppState>) -> Response {
-    (
-        [("content-type", "text/plain; version=0.0.4")],
-        s.rt.metrics().render(),
-    )
-        .into_response()
+    let mut text = s.rt.metrics().render();
+    if let Some(c) = &s.config.cluster {
+        text.push_str(&c.render_metrics());
+    }
+    ([("content-type", "text/plain; version=0.0.4")], text).into_response()
+}
+
+/// `GET /admin/v1/node`: this node's cluster state (`cluster: null` for a
+/// single node).
+async fn show_node(State(s): State<AppState>) -> Response {
+    let cluster = s.config.cluster.as_ref().map(|c| {
+        let n = c.status();
+        json!({
+            "node": n.node,
+            "address": n.address,
+            "epoch": n.epoch,
+            "acting": n.acting,
+            "acting_until_ms": n.acting_until_ms,
+            "lease_counter": n.lease_counter,
+            "renewals_total": n.renewals_total,
+            "epochs_total": n.epochs_total,
+            "lapsed_total": n.lapsed_total,
+            "fenced_total": n.fenced_total,
+        })
+    });
+    axum::Json(json!({ "cluster": cluster })).into_response()
+}
+
+/// 503 `node_not_acting` unless the node's lease lets it act (always, for a
+/// single node).
+fn check_acting(s: &AppState) -> Result<(), ApiError> {
+    match &s.config.cluster {
+        Some(c) if !c.is_acting() => Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "node_not_acting",
+            "this node's cluster lease does not let it act now (registering, lapsed or \
+             fenced); try again or another node",
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// Reads a request body of at most `limit` bytes, growing the buffer only
@@ -420,6 +462,7 @@ async fn actor_request(State(s): State<AppState>, req: Request) -> Result<Respon
             ),
         ));
     }
+    check_acting(&s)?;
     let body = read_body(body, s.config.request_body_bytes_max, s.pace()).await?;
     let headers = parts
         .headers
@@ -437,6 +480,9 @@ async fn actor_request(State(s): State<AppState>, req: Request) -> Result<Respon
         replicated,
     };
     let resp = s.rt.request(id.clone(), request).await?;
+    // The lease may have ended while the request ran: then it is not
+    // acknowledged (its effects may stand, as after a lost response).
+    check_acting(&s)?;
     let status = StatusCode::from_u16(resp.status)
         .ok()
         .filter(|s| !s.is_informational())

@@ -193,11 +193,17 @@ pub struct Mem {
     pub cursor: wasmkeep_cluster::sweep::SweepCursor,
 }
 
+/// The address a simulated node advertises in its lease records (nothing
+/// reaches it there: the simulator routes by node index).
+fn sim_address(name: &str) -> String {
+    format!("sim://{name}")
+}
+
 impl Mem {
     /// Fresh memory for a start in `epoch`.
     pub fn new(name: &str, epoch: u64, cfg: &ClusterConfig) -> Mem {
         Mem {
-            lease: NodeLeaseMachine::new(name, epoch, cfg.clone())
+            lease: NodeLeaseMachine::new(name, epoch, &sim_address(name), cfg.clone())
                 .expect("simulated node ids are valid"),
             claims: BTreeMap::new(),
             timer: BTreeMap::new(),
@@ -424,7 +430,8 @@ impl Ctx {
             let node = &mut w.nodes[n];
             node.durable.epoch += 1;
             let e = node.durable.epoch;
-            node.mem.lease = NodeLeaseMachine::new(&node.name, e, cfg).expect("valid node id");
+            node.mem.lease = NodeLeaseMachine::new(&node.name, e, &sim_address(&node.name), cfg)
+                .expect("valid node id");
             node.mem.claims.clear();
             w.stats.epochs += 1;
             e

@@ -11,6 +11,11 @@ use serde::{Deserialize, Serialize};
 use wasmkeep_runtime::{AppLimits, Durability, RuntimeConfig, StoreLimits};
 use wasmkeep_server::ServerConfig;
 
+/// Default of `cluster_bucket_timeout_ms`: well within a renewal interval
+/// (a third of the lease period), so that a hung request leaves time for
+/// the next renewal before the node stops acting.
+pub const CLUSTER_BUCKET_TIMEOUT_MS: u64 = 2_000;
+
 /// Everything `wasmkeep serve` can be told. Field names are the TOML keys.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -74,6 +79,16 @@ pub struct NodeConfig {
     pub replica_snapshot_log_bytes_min: u64,
     pub replica_snapshots_keep: usize,
     pub restore_refused_retry_ms: u64,
+    /// Cluster mode (with `bucket`): the address other nodes reach this
+    /// node at, `http://HOST:PORT`.
+    pub advertise: Option<String>,
+    /// The secret cluster nodes share (`WASMKEEP_CLUSTER_TOKEN`).
+    pub cluster_token: Option<String>,
+    pub lease_period_ms: u64,
+    pub lease_grace_ms: u64,
+    pub owner_margin_ms: u64,
+    pub lease_register_retry_ms: u64,
+    pub cluster_bucket_timeout_ms: u64,
     /// A table (`[app_limit_ceilings]`), so last: the highest value an
     /// app's manifest may give each of its `[limits]`.
     pub app_limit_ceilings: AppLimits,
@@ -84,6 +99,7 @@ impl Default for NodeConfig {
         let rt = RuntimeConfig::new("wasmkeep-data");
         let server = ServerConfig::default();
         let s = StoreLimits::default();
+        let cl = wasmkeep_server::cluster::ClusterConfig::default();
         NodeConfig {
             listen: "127.0.0.1:8080".parse().expect("valid address"),
             data: rt.data_dir.clone(),
@@ -141,6 +157,13 @@ impl Default for NodeConfig {
             replica_snapshot_log_bytes_min: rt.replica.snapshot_log_bytes_min,
             replica_snapshots_keep: rt.replica.snapshots_keep,
             restore_refused_retry_ms: rt.restore_refused_retry_ms,
+            advertise: None,
+            cluster_token: None,
+            lease_period_ms: cl.lease_period_ms,
+            lease_grace_ms: cl.lease_grace_ms,
+            owner_margin_ms: cl.owner_margin_ms,
+            lease_register_retry_ms: cl.lease_register_retry_ms,
+            cluster_bucket_timeout_ms: CLUSTER_BUCKET_TIMEOUT_MS,
             app_limit_ceilings: rt.app_limit_ceilings.clone(),
         }
     }
@@ -233,7 +256,38 @@ impl NodeConfig {
             body_read_bytes_per_s_min: self.body_read_bytes_per_s_min,
             shutdown_drain_ms: self.shutdown_drain_ms,
             unsafe_rules: Default::default(),
+            cluster: None,
         }
+    }
+
+    /// Cluster mode's settings, when `advertise` and `bucket` are both set:
+    /// `--bucket` alone keeps single-node replication.
+    pub fn cluster(&self) -> anyhow::Result<Option<wasmkeep_server::cluster::ClusterSettings>> {
+        let Some(advertise) = &self.advertise else {
+            return Ok(None);
+        };
+        if self.bucket.is_none() {
+            anyhow::bail!(
+                "refusing to start: advertise={advertise} needs a bucket (--bucket URL): a \
+                 cluster's nodes share one"
+            );
+        }
+        let settings = wasmkeep_server::cluster::ClusterSettings {
+            advertise: advertise.clone(),
+            cluster_token: self.cluster_token.clone(),
+            protocol: wasmkeep_server::cluster::ClusterConfig {
+                lease_period_ms: self.lease_period_ms,
+                lease_grace_ms: self.lease_grace_ms,
+                owner_margin_ms: self.owner_margin_ms,
+                lease_register_retry_ms: self.lease_register_retry_ms,
+                ..wasmkeep_server::cluster::ClusterConfig::default()
+            },
+            bucket_timeout_ms: self.cluster_bucket_timeout_ms,
+        };
+        settings
+            .check()
+            .map_err(|e| anyhow::anyhow!("refusing to start: {e}"))?;
+        Ok(Some(settings))
     }
 
     /// Refuses to expose a node without tokens, unless told it is fine, and
@@ -244,6 +298,14 @@ impl NodeConfig {
             .check()
             .map_err(|e| anyhow::anyhow!("refusing to start: {e}"))?;
         let loopback = self.listen.ip().is_loopback();
+        if self.cluster()?.is_some() && !loopback && self.cluster_token.is_none() {
+            anyhow::bail!(
+                "refusing to run a cluster node on {} without a cluster secret: set \
+                 cluster_token (--cluster-token, WASMKEEP_CLUSTER_TOKEN) to the same secret on \
+                 every node",
+                self.listen
+            );
+        }
         let has_tokens = self.admin_token.is_some();
         if !loopback && !has_tokens && !self.insecure {
             anyhow::bail!(
@@ -360,6 +422,41 @@ mod tests {
         assert_eq!(rt.app_limit_ceilings.event_cpu_ms_max, Some(600_000));
         assert_eq!((rt.component_memories_max, rt.event_log_lines_max), (3, 5));
         assert!(toml::from_str::<NodeConfig>("[app_limit_ceilings]\ncpu_ms = 1\n").is_err());
+    }
+
+    #[test]
+    fn cluster_mode_needs_advertise_and_bucket_and_off_loopback_a_secret() {
+        let mut c = NodeConfig {
+            bucket: Some("file:///tmp/b".into()),
+            ..NodeConfig::default()
+        };
+        assert!(c.cluster().unwrap().is_none(), "--bucket alone: one node");
+        c.advertise = Some("http://127.0.0.1:8080".into());
+        c.lease_period_ms = 900;
+        c.owner_margin_ms = 100;
+        let s = c.cluster().unwrap().unwrap();
+        assert_eq!(s.protocol.lease_period_ms, 900);
+        assert_eq!(s.protocol.lease_renew_ms(), 300);
+        assert!(c.check_exposure().is_ok());
+        c.listen = "0.0.0.0:8080".parse().unwrap();
+        c.insecure = true;
+        let e = c.check_exposure().unwrap_err().to_string();
+        assert!(e.contains("cluster_token"), "{e}");
+        c.cluster_token = Some("s".into());
+        assert!(c.check_exposure().is_ok());
+        c.owner_margin_ms = 800;
+        assert!(
+            c.cluster()
+                .unwrap_err()
+                .to_string()
+                .contains("owner_margin_ms")
+        );
+        c.owner_margin_ms = 100;
+        c.advertise = Some("127.0.0.1:8080".into());
+        assert!(c.cluster().is_err());
+        c.advertise = Some("http://127.0.0.1:8080".into());
+        c.bucket = None;
+        assert!(c.cluster().unwrap_err().to_string().contains("bucket"));
     }
 
     #[test]

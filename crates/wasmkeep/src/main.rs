@@ -176,6 +176,14 @@ struct ServeArgs {
     /// `file:///path`.
     #[arg(long, env = "WASMKEEP_BUCKET")]
     bucket: Option<String>,
+    /// Join the cluster on `--bucket`, reachable by other nodes at this
+    /// address (`http://HOST:PORT`). Without it `--bucket` only replicates.
+    #[arg(long)]
+    advertise: Option<String>,
+    /// The secret every node of the cluster shares (needed when listening
+    /// beyond loopback).
+    #[arg(long, env = "WASMKEEP_CLUSTER_TOKEN", hide_env_values = true)]
+    cluster_token: Option<String>,
 }
 
 fn parse_durability(s: &str) -> Result<Durability, String> {
@@ -275,7 +283,14 @@ fn serve(args: ServeArgs) -> Result<()> {
     if args.bucket.is_some() {
         cfg.bucket = args.bucket;
     }
+    if args.advertise.is_some() {
+        cfg.advertise = args.advertise;
+    }
+    if args.cluster_token.is_some() {
+        cfg.cluster_token = args.cluster_token;
+    }
     cfg.check_exposure()?;
+    let cluster = cfg.cluster()?;
     let mut rc = cfg.runtime();
     if cfg.compile_in_child {
         rc.compile = Compile::Process {
@@ -324,6 +339,21 @@ fn serve(args: ServeArgs) -> Result<()> {
                 signal(SignalKind::interrupt()).context("install a SIGINT handler")?,
             )
         };
+        // The node takes its next epoch (durably) before it says it listens.
+        let node = match (&cluster, &cfg.bucket) {
+            (Some(settings), Some(url)) => {
+                let bucket = wasmkeep_replica::Bucket::from_url(url)
+                    .with_context(|| format!("bucket {url}"))?;
+                let node = wasmkeep_server::cluster::ClusterNode::start(
+                    settings.clone(),
+                    bucket,
+                    &cfg.data,
+                )
+                .context("start cluster mode")?;
+                Some(node)
+            }
+            _ => None,
+        };
         println!(
             "wasmkeep {} listening on {base} (data: {}, durability: {:?}, bucket: {})",
             env!("CARGO_PKG_VERSION"),
@@ -349,11 +379,18 @@ fn serve(args: ServeArgs) -> Result<()> {
             tracing::info!("shutting down");
         };
         let mut server = cfg.server();
+        server.cluster = node.as_ref().map(|n| n.state());
         server.unsafe_rules = UnsafeRules::from_env().map_err(anyhow::Error::msg)?;
         if server.unsafe_rules.any() {
             tracing::warn!(rules = ?server.unsafe_rules, "safety rules switched off for a test ({})", wasmkeep_server::unsafe_rules::ENV);
         }
-        wasmkeep_server::serve(rt.clone(), server, listener, shutdown).await?;
+        let served = wasmkeep_server::serve(rt.clone(), server, listener, shutdown).await;
+        // Connections drained: the node stops acting and releases its lease
+        // (holds, once the node takes actors, are released before it).
+        if let Some(node) = node {
+            node.release().await;
+        }
+        served?;
         anyhow::Ok(())
     })?;
     // One budget for stopping: what the connections' drain left of

@@ -58,6 +58,13 @@ fn dependencies_point_one_way() {
         d["wasmkeep-cluster"]
     );
     assert_eq!(d["wasmkeep-sim"], vec!["wasmkeep-cluster".to_string()]);
+    // One protocol, two drivers: the server links the very crate the
+    // simulator proves (and passes it `Rules::SAFE`, checked in
+    // wasmkeep-server's `cluster::tests`).
+    assert!(
+        d["wasmkeep-server"].iter().any(|x| x == "wasmkeep-cluster"),
+        "the server drives wasmkeep-cluster's machines"
+    );
     assert_none(
         &d,
         "wasmkeep-store",

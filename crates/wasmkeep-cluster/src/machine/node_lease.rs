@@ -85,11 +85,17 @@ pub struct NodeLeaseMachine {
 
 impl NodeLeaseMachine {
     /// The lease of `node` in `epoch`, which must exceed every epoch the node
-    /// used before (the driver keeps the last one in its data directory). The
+    /// used before (the driver keeps the last one in its data directory).
+    /// Its live records carry `address`, where other nodes reach it. The
     /// registration is due at once.
-    pub fn new(node: &str, epoch: u64, config: ClusterConfig) -> Result<NodeLeaseMachine, Error> {
+    pub fn new(
+        node: &str,
+        epoch: u64,
+        address: &str,
+        config: ClusterConfig,
+    ) -> Result<NodeLeaseMachine, Error> {
         Ok(NodeLeaseMachine {
-            lease: NodeLease::new(node, epoch)?,
+            lease: NodeLease::new(node, epoch, address)?,
             config,
             phase: Phase::Idle { next_at_ms: 0 },
             awaiting: false,
@@ -354,7 +360,7 @@ mod tests {
     }
 
     fn machine() -> NodeLeaseMachine {
-        NodeLeaseMachine::new("a", 1, ClusterConfig::default()).unwrap()
+        NodeLeaseMachine::new("a", 1, "http://n:1", ClusterConfig::default()).unwrap()
     }
 
     #[test]
@@ -373,7 +379,10 @@ mod tests {
             }]
         );
         assert_eq!(m.acting_epoch(8_999), Some(1));
-        assert_eq!(b.body(&key(0)).unwrap(), "live 10000 0000000000000001");
+        assert_eq!(
+            b.body(&key(0)).unwrap(),
+            "live 10000 0000000000000001 http://n:1"
+        );
         assert_eq!(m.poll_timeout(), Some(3_333));
         m.handle_timeout(3_333, 2);
         run(&mut m, &mut b, 3_333);

@@ -172,9 +172,9 @@ mod tests {
     #[test]
     fn reads_the_latest_record_across_pages_and_judges_it() {
         let mut b = MapBucket::default();
-        b.put(&key(1, 9), "live 100 0000000000000001");
-        b.put(&key(2, 3), "live 100 0000000000000002");
-        b.put(&key(2, 4), "live 10000 0000000000000003");
+        b.put(&key(1, 9), "live 100 0000000000000001 http://n:1");
+        b.put(&key(2, 3), "live 100 0000000000000002 http://n:1");
+        b.put(&key(2, 4), "live 10000 0000000000000003 http://n:1");
         // Another node's folder shares the prefix's start: never read.
         b.put("nodes/ab/00000000000000000009/00000000000000000000", "junk");
         let c = ClusterConfig {

@@ -515,7 +515,10 @@ mod tests {
     fn a_live_owner_is_forwarded_to() {
         let mut b = MapBucket::default();
         b.put(&hold_at(3), "held b 2 0000000000000001");
-        b.put(&lease_at("b", 2, 5), "live 10000 0000000000000001");
+        b.put(
+            &lease_at("b", 2, 5),
+            "live 10000 0000000000000001 http://n:1",
+        );
         let (outcome, _) = drive(&mut machine("a", 1, None), &mut b, 5_000, |_, _| None);
         assert_eq!(outcome, TakeOutcome::Forward { node: "b".into() });
     }
@@ -524,7 +527,10 @@ mod tests {
     fn a_lapsed_owner_is_fenced_then_taken_over() {
         let mut b = MapBucket::default();
         b.put(&hold_at(3), "held b 2 0000000000000001");
-        b.put(&lease_at("b", 2, 5), "live 10000 0000000000000001");
+        b.put(
+            &lease_at("b", 2, 5),
+            "live 10000 0000000000000001 http://n:1",
+        );
         let mut m = machine("a", 1, None);
         let (outcome, notices) = drive(&mut m, &mut b, 15_000, |_, _| None);
         assert_eq!(outcome, TakeOutcome::Taken { generation: 4 });
@@ -546,11 +552,17 @@ mod tests {
     fn a_holder_that_renews_first_keeps_its_actor() {
         let mut b = MapBucket::default();
         b.put(&hold_at(3), "held b 2 0000000000000001");
-        b.put(&lease_at("b", 2, 5), "live 10000 0000000000000001");
+        b.put(
+            &lease_at("b", 2, 5),
+            "live 10000 0000000000000001 http://n:1",
+        );
         // b's renewal lands just before the fence.
         let (outcome, _) = drive(&mut machine("a", 1, None), &mut b, 15_000, |op, b| {
             if matches!(op, BucketOp::PutCreate { key, .. } if *key == lease_at("b", 2, 6)) {
-                b.put(&lease_at("b", 2, 6), "live 25000 0000000000000002");
+                b.put(
+                    &lease_at("b", 2, 6),
+                    "live 25000 0000000000000002 http://n:1",
+                );
             }
             None
         });
@@ -559,7 +571,10 @@ mod tests {
         // Someone else's fence counts as a fence.
         let mut b2 = MapBucket::default();
         b2.put(&hold_at(3), "held b 2 0000000000000001");
-        b2.put(&lease_at("b", 2, 5), "live 10000 0000000000000001");
+        b2.put(
+            &lease_at("b", 2, 5),
+            "live 10000 0000000000000001 http://n:1",
+        );
         b2.put(&lease_at("b", 2, 6), "fenced c 0000000000000003");
         // The reader sees counter 6 (fenced): the hold is dead, no fence needed.
         let (outcome, notices) = drive(&mut machine("a", 1, None), &mut b2, 15_000, |_, _| None);
@@ -599,7 +614,10 @@ mod tests {
         for failing in 0..3 {
             let mut b = MapBucket::default();
             b.put(&hold_at(3), "held b 2 0000000000000001");
-            b.put(&lease_at("b", 2, 5), "live 10000 0000000000000001");
+            b.put(
+                &lease_at("b", 2, 5),
+                "live 10000 0000000000000001 http://n:1",
+            );
             let mut n = 0;
             let (outcome, _) = drive(&mut machine("a", 1, None), &mut b, 15_000, |_, _| {
                 n += 1;
@@ -637,7 +655,10 @@ mod tests {
         // A hold of this node's previous epoch is dead: taken, as a takeover.
         let mut b = MapBucket::default();
         b.put(&hold_at(5), "held a 1 0000000000000001");
-        b.put(&lease_at("a", 2, 0), "live 10000 0000000000000001");
+        b.put(
+            &lease_at("a", 2, 0),
+            "live 10000 0000000000000001 http://n:1",
+        );
         let (outcome, notices) = drive(&mut machine("a", 2, None), &mut b, 0, |_, _| None);
         assert_eq!(outcome, TakeOutcome::Taken { generation: 6 });
         assert_eq!(
@@ -650,7 +671,10 @@ mod tests {
         // Its own live hold, not loaded (given up): the next generation.
         let mut b = MapBucket::default();
         b.put(&hold_at(5), "held a 2 0000000000000001");
-        b.put(&lease_at("a", 2, 0), "live 10000 0000000000000001");
+        b.put(
+            &lease_at("a", 2, 0),
+            "live 10000 0000000000000001 http://n:1",
+        );
         let (outcome, _) = drive(&mut machine("a", 2, None), &mut b, 0, |_, _| None);
         assert_eq!(outcome, TakeOutcome::Taken { generation: 6 });
     }
