@@ -38,5 +38,5 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use compile_process::Compile;
 pub use config::{Durability, RuntimeConfig};
 pub use error::RuntimeError;
-pub use runtime::{ActorInfo, Runtime};
+pub use runtime::{ActorInfo, RunGate, Runtime};
 pub use wasmkeep_store::{ActorId, StoreLimits, Value as StoreValue, memory_budget};

@@ -130,6 +130,20 @@ pub struct Inner {
     compiles: Arc<CompileSlots>,
     /// Faults a test may inject (the test kit's switches).
     pub faults: Faults,
+    /// Who may run an actor's alarms on this node ([`RunGate`]); unset:
+    /// every actor, as on a single node.
+    gate: std::sync::OnceLock<Arc<dyn RunGate>>,
+    /// Due alarms the gate kept from running here.
+    alarms_gated_total: AtomicU64,
+}
+
+/// Whether this node may run an actor's alarms now. A single node always
+/// may. In a cluster only while its lease lets it act and it holds the
+/// actor: an alarm due for an actor another node holds is that node's to
+/// fire, and one this node fired after losing its lease could run twice.
+/// Requests are gated at the HTTP edge, which knows who owns an actor.
+pub trait RunGate: Send + Sync {
+    fn may_run(&self, id: &ActorId) -> bool;
 }
 
 /// Failures a test can ask for. Zero (the default) injects nothing; the
@@ -279,6 +293,8 @@ impl Runtime {
             cache_key,
             compiles: Arc::default(),
             faults: Faults::default(),
+            gate: std::sync::OnceLock::new(),
+            alarms_gated_total: AtomicU64::new(0),
         });
         let rt = Runtime { inner };
         // Loading an app runs its `classes()`: the epoch must advance by
@@ -691,6 +707,9 @@ impl Runtime {
         let due = self.inner.timer.pop_due(now, usize::MAX);
         let mut waits = Vec::with_capacity(due.len());
         for (id, _) in due {
+            if !self.inner.may_run(&id) {
+                continue;
+            }
             let (tx, rx) = oneshot::channel();
             if self
                 .inner
@@ -754,6 +773,25 @@ impl Runtime {
 
     pub fn clock(&self) -> &Arc<dyn Clock> {
         &self.inner.clock
+    }
+
+    /// Sets who may run actors' alarms on this node (once; a cluster node
+    /// sets it before it acts). Returns `false` if a gate was set already.
+    pub fn set_gate(&self, gate: Arc<dyn RunGate>) -> bool {
+        self.inner.gate.set(gate).is_ok()
+    }
+
+    /// Due alarms the gate kept from running on this node.
+    pub fn alarms_gated_total(&self) -> u64 {
+        self.inner.alarms_gated_total.load(Ordering::Relaxed)
+    }
+
+    /// Closes every actor with nothing queued or running, whatever its idle
+    /// time: what a cluster node does when its lease ends, so that it takes
+    /// and restores each actor again before serving it. Returns how many it
+    /// closed; busy ones close on a later pass of the idle reaper.
+    pub fn close_idle_now(&self) -> usize {
+        self.inner.reap_idle_after(0)
     }
 
     /// Actors with a queue or an instance on this node now.
@@ -879,8 +917,13 @@ impl Inner {
 
     /// Closes idle actors: instance dropped, database closed.
     fn reap_idle(&self) {
+        self.reap_idle_after(self.config.actor_idle_ms);
+    }
+
+    /// Closes the actors unused for `idle` ms with nothing queued, running
+    /// or uploading; returns how many.
+    fn reap_idle_after(&self, idle: u64) -> usize {
         let now = self.elapsed_ms();
-        let idle = self.config.actor_idle_ms;
         let mut closed = Vec::new();
         {
             let mut actors = self.actors.lock();
@@ -905,13 +948,15 @@ impl Inner {
             });
         }
         if closed.is_empty() {
-            return;
+            return 0;
         }
+        let n = closed.len();
         for a in closed {
             *a.slot.lock() = None;
         }
         self.reaped.fetch_add(1, Ordering::Relaxed);
         release_free_memory();
+        n
     }
 
     /// Instances that stay once the queued closes are done.
@@ -1030,10 +1075,25 @@ impl Inner {
         self.timer.set(id, next);
     }
 
+    /// Whether the gate lets this node run `id`'s alarm now.
+    fn may_run(&self, id: &ActorId) -> bool {
+        let allowed = self.gate.get().is_none_or(|g| g.may_run(id));
+        if !allowed {
+            // Dropped from this node's timer: whoever holds the actor fires
+            // it, and a restore here arms the timer again from the database.
+            self.alarms_gated_total.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(actor = %id, "alarm not run: this node may not run the actor now");
+        }
+        allowed
+    }
+
     /// Hands due alarms to their actors.
     fn fire_due(&self, now: u64) {
         let due = self.timer.pop_due(now, self.config.alarm_fire_batch_max);
         for (id, _) in due {
+            if !self.may_run(&id) {
+                continue;
+            }
             let _ = self.enqueue(
                 &id,
                 Event::new(EventKind::Alarm { force: false }, None),
@@ -1056,6 +1116,9 @@ impl Inner {
             .timer
             .to_prepare(now + self.config.alarm_prepare_ms, room)
         {
+            if self.gate.get().is_some_and(|g| !g.may_run(&id)) {
+                continue;
+            }
             let _ = self.enqueue(&id, Event::new(EventKind::Prepare, None), false);
         }
     }

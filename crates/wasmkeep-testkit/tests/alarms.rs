@@ -443,3 +443,37 @@ fn an_alarm_moved_earlier_by_a_later_request_fires_at_its_new_time() {
     assert_eq!(f[0]["due_ms"], t + 1_000);
     assert_eq!(f[0]["fired_ms"], t + 1_000);
 }
+
+/// A cluster node runs an actor's alarm only while its gate says it holds
+/// the actor (`Runtime::set_gate`): a due alarm of an actor another node
+/// holds is not run here, and the database still has it for whoever
+/// restores the actor. Without a gate (a single node) every alarm runs.
+#[test]
+fn a_gate_keeps_alarms_of_actors_this_node_does_not_hold() {
+    struct HoldsOnly(&'static str);
+    impl wasmkeep_runtime::RunGate for HoldsOnly {
+        fn may_run(&self, id: &wasmkeep_runtime::ActorId) -> bool {
+            id.name == self.0
+        }
+    }
+    let node = node();
+    let held = node.actor("demo/examples/reminder/held");
+    let other = node.actor("demo/examples/reminder/other");
+    let t = node.now_ms() + 1_000;
+    for r in [&held, &other] {
+        assert_eq!(r.post(&format!("/set?at_ms={t}"), "").status, 200);
+    }
+    assert!(
+        node.runtime()
+            .set_gate(std::sync::Arc::new(HoldsOnly("held")))
+    );
+    assert_eq!(node.advance(Duration::from_millis(1_000)), 1);
+    assert_eq!(fired(&held).len(), 1);
+    assert!(fired(&other).is_empty());
+    // Not run, not lost: the actor's database keeps the alarm.
+    assert_eq!(other.get("/alarm").json()["alarm"], t);
+    assert_eq!(node.runtime().alarms_gated_total(), 1);
+    // The lease ended: every idle actor closes at once.
+    assert!(node.runtime().close_idle_now() >= 2);
+    assert_eq!(node.runtime().active_actors(), 0);
+}
