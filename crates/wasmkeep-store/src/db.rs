@@ -195,6 +195,7 @@ struct Mode<'a>(&'a AtomicU8);
 
 impl<'a> Mode<'a> {
     fn enter(flag: &'a AtomicU8, mode: u8) -> Self {
+        crate::guest_functions::statement_starts();
         flag.store(mode, Ordering::Relaxed);
         Mode(flag)
     }
@@ -1139,16 +1140,19 @@ fn disk_has_room(dir: &Path) -> bool {
 /// message is the refusal's: one left by a statement whose error took
 /// another way, an inspection's, is not this one's), or SQLite's for a
 /// limit the actor's connection lowers. The messages name the limit.
-fn over_call_bound(e: &rusqlite::Error, refused: Option<String>) -> Option<StoreError> {
+fn over_call_bound(
+    e: &rusqlite::Error,
+    refused: Option<crate::guest_functions::Refusal>,
+) -> Option<StoreError> {
     let msg = match e {
         rusqlite::Error::SqliteFailure(_, Some(m))
         | rusqlite::Error::SqlInputError { msg: m, .. } => m.as_str(),
         _ => return None,
     };
     if let Some(r) = refused
-        && r == msg
+        && r.explains(msg)
     {
-        return Some(StoreError::InvalidArgument(r));
+        return Some(StoreError::InvalidArgument(r.message));
     }
     if msg == "LIKE or GLOB pattern too complex" {
         return Some(StoreError::InvalidArgument(format!(

@@ -64,6 +64,17 @@ pub const FUNCTION_ARGS_MAX: i32 = 127;
 /// `invalid_argument`, naming the function and the bound.
 pub const JSON_PATCH_MEMBER_BYTES_MAX: u64 = 128_000_000;
 
+/// Most terms (tokens, a phrase without any counting as one) FTS5 may
+/// tokenize for a guest statement's full-text queries between two checks
+/// of the deadline (every `PROGRESS_OPS` steps, and the statement's start):
+/// one query's terms all count, since FTS5 parses a query in one step.
+/// FTS5 builds a query's expression tree in time that grows with the
+/// square of its phrases, in one step the deadline cannot interrupt:
+/// 80,000 OR'd phrases took 2.8 s, a 2 MiB query about a minute (ADR 0032).
+/// A query over it fails with `invalid_argument`, naming the bound.
+/// Documents are not counted.
+pub const FTS5_QUERY_TOKENS_MAX: u32 = 4096;
+
 /// Page sizes SQLite accepts.
 pub const PAGE_BYTES_MIN: u32 = 512;
 pub const PAGE_BYTES_MAX: u32 = 65536;

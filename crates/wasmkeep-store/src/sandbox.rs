@@ -477,6 +477,11 @@ pub(crate) fn install_guard(
 ) -> rusqlite::Result<()> {
     conn.progress_handler(
         PROGRESS_OPS,
-        Some(move || mode.load(Ordering::Relaxed) == MODE_GUEST && guard.must_stop()),
+        Some(move || {
+            // FTS5 counts the terms of queries from one check to the next
+            // (`limits::FTS5_QUERY_TOKENS_MAX`).
+            crate::guest_functions::deadline_checked();
+            mode.load(Ordering::Relaxed) == MODE_GUEST && guard.must_stop()
+        }),
     )
 }

@@ -415,6 +415,132 @@ fn the_built_in_runs_one_call_past_the_deadline_without_the_guard_being_asked() 
     assert_eq!(asked.load(Ordering::Relaxed), 0);
 }
 
+/// A full-text query of `n` phrases OR'd.
+fn or_query(phrase: &str, n: usize) -> String {
+    vec![phrase; n].join(" OR ")
+}
+
+#[test]
+fn fts5_queries_over_the_term_bound_are_refused_by_name() {
+    // FTS5 builds a query's tree in one step, in time that grows with the
+    // square of its phrases: 80,000 OR'd phrases ran 2.8 s past a 20 ms
+    // deadline, a 2 MiB query about a minute (ADR 0032). An actor's
+    // tokenizers count a query's terms and refuse past the bound, whatever
+    // the tokenizer and however the query reaches FTS5.
+    let max = wasmkeep_store::limits::FTS5_QUERY_TOKENS_MAX as usize;
+    let (_d, mut db) = open(StoreLimits::default());
+    let tables = [
+        ("t0", "fts5(body)"),
+        (
+            "t1",
+            "fts5(body, tokenize = 'porter unicode61 remove_diacritics 1')",
+        ),
+        ("t2", "fts5(body, tokenize = 'ascii')"),
+        ("t3", "fts5(body, tokenize = 'trigram case_sensitive 1')"),
+        ("t4", "fts5(body, tokenize = unicode61)"),
+    ];
+    // A document of more tokens than the bound is stored and found.
+    let doc = "word ".repeat(2 * max);
+    for (name, module) in tables {
+        db.execute(&format!("CREATE VIRTUAL TABLE {name} USING {module}"), &[])
+            .unwrap();
+        for body in [doc.clone(), "abc".into()] {
+            db.execute(
+                &format!("INSERT INTO {name} (body) VALUES (?1)"),
+                &[text(body)],
+            )
+            .unwrap();
+        }
+    }
+    let refused = |r: Result<wasmkeep_store::QueryResult, StoreError>, what: &str| match r {
+        Err(e) => {
+            assert_eq!(e.code(), "invalid_argument", "{what}: {e}");
+            assert!(
+                e.to_string().contains("fts5_query_tokens_max"),
+                "{what}: {e}"
+            );
+        }
+        Ok(r) => panic!("{what}: not refused: {:?}", r.rows),
+    };
+    for (name, _) in tables {
+        let sql = format!("SELECT count(*) FROM {name} WHERE {name} MATCH ?1");
+        // 80,000 phrases, bound as a parameter.
+        refused(
+            db.query(&sql, &[text(or_query("abc", 80_000))]),
+            &format!("{name}: 80,000 phrases"),
+        );
+        // One phrase of many tokens; phrases without tokens.
+        refused(
+            db.query(&sql, &[text(format!("\"{}\"", "abc ".repeat(max + 1)))]),
+            &format!("{name}: one long phrase"),
+        );
+        refused(
+            db.query(&sql, &[text(or_query("\"\"", max + 1))]),
+            &format!("{name}: empty phrases"),
+        );
+        // At the bound, the query runs.
+        let r = db.query(&sql, &[text(or_query("abc", max))]).unwrap();
+        assert_eq!(r.rows[0][0], Value::Integer(1), "{name}");
+        let r = db.query(&sql, &[text("word".into())]).unwrap();
+        assert_eq!(r.rows[0][0], Value::Integer(1), "{name}");
+    }
+    // A query computed in SQL, and the table-valued form.
+    refused(
+        db.query(
+            "SELECT count(*) FROM t0(trim(replace(printf('%.*c', ?1, 'x'), 'x', 'abc ')))",
+            &[Value::Integer(max as i64 + 1)],
+        ),
+        "computed query",
+    );
+    // The connection keeps working, and its counts start again.
+    let r = db
+        .query("SELECT count(*) FROM t0 WHERE t0 MATCH 'abc OR xyz'", &[])
+        .unwrap();
+    assert_eq!(r.rows[0][0], Value::Integer(1));
+    let r = db
+        .query("SELECT count(*) FROM t3 WHERE body LIKE '%abc%'", &[])
+        .unwrap();
+    assert_eq!(r.rows[0][0], Value::Integer(1));
+}
+
+#[test]
+fn fts5_parses_a_large_query_in_one_step_without_the_guard_being_asked() {
+    // The unsafe variant: a plain connection, whose tokenizers do not
+    // count, with the guard's progress handler (every PROGRESS_OPS steps,
+    // stop once the deadline passed). A query of 20,000 phrases, a quarter
+    // of the one above, is parsed to its end although the deadline passed
+    // while FTS5 parsed it: the guard was never asked.
+    wasmkeep_store::sqlite_setup::sqlite_setup();
+    let mut plain = rusqlite::Connection::open_in_memory().unwrap();
+    // (An empty table: FTS5 then has no index to read, and the statement
+    // takes a few steps besides the parse.)
+    plain
+        .execute_batch("CREATE VIRTUAL TABLE t USING fts5(body)")
+        .unwrap();
+    let asked = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counter = Arc::clone(&asked);
+    let deadline = Instant::now() + Duration::from_millis(1);
+    plain
+        .progress_handler(
+            wasmkeep_store::sandbox::PROGRESS_OPS,
+            Some(move || {
+                counter.fetch_add(1, Ordering::Relaxed);
+                Instant::now() > deadline
+            }),
+        )
+        .unwrap();
+    let found: i64 = plain
+        .query_row(
+            "SELECT count(*) FROM t WHERE t MATCH ?1",
+            [or_query("abc", 20_000)],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(found, 0);
+    assert!(Instant::now() > deadline);
+    assert_eq!(asked.load(Ordering::Relaxed), 0);
+}
+
 #[test]
 fn json_patch_refuses_arguments_over_its_bound_and_merges_those_under_it() {
     // SQLite merges a patch in time that grows with the patch's members

@@ -28,7 +28,8 @@ use crate::memory_budget::Charge;
 
 const OK: c_int = ffi::SQLITE_OK;
 
-/// Registers `highlight` and `snippet` with the connection's FTS5.
+/// Registers `highlight` and `snippet` with the connection's FTS5, and
+/// bounds the terms of its queries (`fts5_query`).
 ///
 /// SAFETY (caller): `db` is an open connection used on this thread, with
 /// no authorizer that would refuse `fts5()` yet.
@@ -70,13 +71,19 @@ pub(super) unsafe fn install(db: *mut ffi::sqlite3) -> c_int {
         if rc != OK {
             return rc;
         }
-        create(
+        let rc = create(
             api,
             c"snippet".as_ptr(),
             std::ptr::null_mut(),
             Some(snippet),
             None,
-        )
+        );
+        if rc != OK {
+            return rc;
+        }
+        // The connection has just opened: no FTS5 table has loaded a
+        // tokenizer yet.
+        super::fts5_query::install(api)
     }
 }
 

@@ -37,6 +37,7 @@ use rusqlite::Connection;
 use rusqlite::ffi;
 
 mod fts5;
+mod fts5_query;
 mod json;
 mod text;
 
@@ -115,9 +116,30 @@ fn guarded(ctx: *mut ffi::sqlite3_context, body: impl FnOnce()) {
 }
 
 thread_local! {
-    /// Why a stand-in refused its arguments, for the error the statement
-    /// ends with (`take_refusal`).
-    static REFUSED: RefCell<Option<String>> = const { RefCell::new(None) };
+    /// Why a stand-in or a bound refused, for the error the statement ends
+    /// with (`take_refusal`).
+    static REFUSED: RefCell<Option<Refusal>> = const { RefCell::new(None) };
+}
+
+/// Why a stand-in or a bound refused a call.
+pub(crate) struct Refusal {
+    /// The error's message, which names the bound.
+    pub(crate) message: String,
+    /// What SQLite reports where the refusal's own message does not reach
+    /// the statement (FTS5 passes a tokenizer's code on, not a message).
+    reported: Option<&'static str>,
+}
+
+impl Refusal {
+    /// Whether a statement that failed with `msg` failed for this refusal.
+    pub(crate) fn explains(&self, msg: &str) -> bool {
+        msg == self.message || self.reported == Some(msg)
+    }
+}
+
+/// Records a refusal for the statement's error.
+fn record_refusal(message: String, reported: Option<&'static str>) {
+    REFUSED.set(Some(Refusal { message, reported }));
 }
 
 /// Fails the running call with `message`, and records it.
@@ -128,13 +150,27 @@ unsafe fn refuse(ctx: *mut ffi::sqlite3_context, message: String) {
     unsafe {
         ffi::sqlite3_result_error(ctx, message.as_ptr().cast(), message.len() as c_int);
     }
-    REFUSED.set(Some(message));
+    record_refusal(message, None);
 }
 
-/// What a stand-in refused since the last call on this thread, if any: the
+/// What was refused since the last call on this thread, if any: the
 /// statement that failed then failed for that reason.
-pub(crate) fn take_refusal() -> Option<String> {
+pub(crate) fn take_refusal() -> Option<Refusal> {
     REFUSED.take()
+}
+
+/// A guest statement starts on this thread: no refusal is its yet, and
+/// the count of its FTS5 query terms starts at zero.
+pub(crate) fn statement_starts() {
+    REFUSED.take();
+    fts5_query::restart_count();
+}
+
+/// The deadline of a guest statement was just checked (the progress
+/// handler): FTS5 query terms are counted from here
+/// ([`crate::limits::FTS5_QUERY_TOKENS_MAX`]).
+pub(crate) fn deadline_checked() {
+    fts5_query::restart_count();
 }
 
 // ---- access to arguments and results ----
