@@ -9,12 +9,22 @@
 //! <due ms, 15 digits>/<class>/<name hex>                                               legacy
 //! ```
 //!
+//! `<name hex>` is one folder for names up to 100 bytes. A longer name's hex
+//! is split into folders of [`HEX_SEGMENT_CHARS`], every one but the last
+//! ending in `+` (a character hex never has), exactly as the store and the
+//! replica split it: a local folder (`file://`) holds 255-byte names, and
+//! a name of up to [`NAME_BYTES_MAX`] bytes is 512 hex characters. Keys of
+//! names up to 100 bytes are as before; no bucket held keys of longer names
+//! before this split (only the simulator's), so only the split form parses.
+//!
 //! The due time comes first and zero-padded, so a listing in key order yields
 //! the earliest alarms first. The name is lowercase hex, so no store escapes
 //! anything. Class names have no `.`, so the tagged folder `<class>.t` is never
 //! a legacy class and no key is both an object and the folder of others.
 
-use crate::config::{CLASS_BYTES_MAX, ClusterConfig, NAME_BYTES_MAX};
+use crate::config::{
+    CLASS_BYTES_MAX, ClusterConfig, HEX_SEGMENT_CHARS, NAME_BYTES_MAX, NAME_TOO_LONG,
+};
 use crate::error::Error;
 use crate::rules::Rules;
 use crate::{hex_decode, hex_encode, parse_fixed_digits, parse_fixed_hex};
@@ -51,7 +61,7 @@ impl Address {
         }
         if name.len() > NAME_BYTES_MAX {
             return Err(Error::InvalidName {
-                reason: "too long",
+                reason: NAME_TOO_LONG,
                 bytes: name.len(),
             });
         }
@@ -68,15 +78,28 @@ impl Address {
         &self.name
     }
 
-    /// The name as it appears in keys.
+    /// The name as hex, unsplit.
     pub fn name_hex(&self) -> String {
         hex_encode(self.name.as_bytes())
     }
 
-    /// `<class>/<name hex>`: the actor's folder below an app root, and what the
-    /// sweep shards on.
+    /// The name as it appears in keys: its hex in folders of at most
+    /// [`HEX_SEGMENT_CHARS`], every one but the last ending in `+`, joined
+    /// by `/`.
+    pub fn name_key(&self) -> String {
+        let hex = self.name_hex();
+        let chunks: Vec<&str> = hex
+            .as_bytes()
+            .chunks(HEX_SEGMENT_CHARS)
+            .map(|c| std::str::from_utf8(c).expect("hex is ascii"))
+            .collect();
+        chunks.join("+/")
+    }
+
+    /// `<class>/<name key>`: the actor's folder below an app root, and what
+    /// the sweep shards on.
     pub fn path(&self) -> String {
-        format!("{}/{}", self.class, self.name_hex())
+        format!("{}/{}", self.class, self.name_key())
     }
 }
 
@@ -204,7 +227,7 @@ impl IndexKey {
     pub fn to_key(&self) -> String {
         let at = self.entry.at_ms;
         let class = &self.address.class;
-        let name = self.address.name_hex();
+        let name = self.address.name_key();
         match &self.entry.tag {
             None => format!("{at:015}/{class}/{name}"),
             Some(t) => format!("{at:015}/{class}{TAGGED_SUFFIX}/{name}/{}", format_tag(t)),
@@ -219,22 +242,22 @@ impl IndexKey {
             key: key.to_owned(),
         };
         let segments: Vec<&str> = key.split('/').collect();
+        if segments.len() < 3 {
+            return Err(bad("segment count"));
+        }
         let at_ms = parse_fixed_digits(segments[0], DUE_DIGITS).ok_or_else(|| bad("due time"))?;
-        let (class, tagged) = match segments.len() {
-            3 => (segments[1], false),
-            4 => (
-                segments[1]
-                    .strip_suffix(TAGGED_SUFFIX)
-                    .ok_or_else(|| bad("tagged entry outside a .t folder"))?,
-                true,
-            ),
-            _ => return Err(bad("segment count")),
+        let (class, tagged) = match segments[1].strip_suffix(TAGGED_SUFFIX) {
+            Some(class) => (class, true),
+            None => (segments[1], false),
         };
         validate_class(class).map_err(|_| bad("class"))?;
-        let name_bytes = hex_decode(segments[2]).ok_or_else(|| bad("name hex"))?;
+        let name_end = segments.len() - usize::from(tagged);
+        let name_hex =
+            join_name_segments(&segments[2..name_end]).ok_or_else(|| bad("name segments"))?;
+        let name_bytes = hex_decode(&name_hex).ok_or_else(|| bad("name hex"))?;
         let name = String::from_utf8(name_bytes).map_err(|_| bad("name utf-8"))?;
         let tag = if tagged {
-            Some(parse_tag(segments[3]).ok_or_else(|| bad("tag"))?)
+            Some(parse_tag(segments[name_end]).ok_or_else(|| bad("tag"))?)
         } else {
             None
         };
@@ -257,6 +280,27 @@ impl IndexKey {
     }
 }
 
+/// The hex of a name from its folders, accepting only the one spelling
+/// [`Address::name_key`] writes: every folder but the last exactly
+/// [`HEX_SEGMENT_CHARS`] long and ending in `+`, the last one shorter or as
+/// long, without `+`, and not empty.
+fn join_name_segments(segments: &[&str]) -> Option<String> {
+    let (last, full) = segments.split_last()?;
+    let mut hex = String::new();
+    for s in full {
+        let part = s.strip_suffix('+')?;
+        if part.len() != HEX_SEGMENT_CHARS {
+            return None;
+        }
+        hex.push_str(part);
+    }
+    if last.is_empty() || last.len() > HEX_SEGMENT_CHARS || last.ends_with('+') {
+        return None;
+    }
+    hex.push_str(last);
+    Some(hex)
+}
+
 /// The due-time part of a relative key, if it has one: lets a sweep stop at
 /// the first entry not yet due even when that entry is malformed otherwise.
 pub fn due_of_key(key: &str) -> Option<u64> {
@@ -270,7 +314,7 @@ pub fn tagged_folder(at_ms: u64, address: &Address) -> String {
     format!(
         "{at_ms:015}/{}{TAGGED_SUFFIX}/{}/",
         address.class,
-        address.name_hex()
+        address.name_key()
     )
 }
 
@@ -606,7 +650,14 @@ mod tests {
         let class: String = (0..1 + rng.below(8))
             .map(|_| CLASS_CHARS[rng.below(11) as usize] as char)
             .collect();
-        let name: String = (0..1 + rng.below(12))
+        // Mostly short names, and now and then one long enough to be split
+        // (up to 85 characters of up to 3 bytes: within the limit).
+        let chars = if rng.below(4) == 0 {
+            1 + rng.below(85)
+        } else {
+            1 + rng.below(12)
+        };
+        let name: String = (0..chars)
             .map(|_| char::from_u32(rng.below(0x3000) as u32 + 1).unwrap_or('x'))
             .collect();
         let at = rng.below(DUE_MAX_MS + 1);
@@ -646,12 +697,43 @@ mod tests {
     }
 
     #[test]
+    fn the_longest_name_splits_into_short_folders_and_parses_back() {
+        let longest = "é".repeat(NAME_BYTES_MAX / 2);
+        let a = Address::new("room", longest.clone()).unwrap();
+        for entry in [Entry::legacy(5), Entry::tagged(5, 7, 9)] {
+            let key = IndexKey::new(a.clone(), entry).unwrap();
+            let text = key.to_key();
+            assert_eq!(IndexKey::parse(&text).unwrap(), key);
+            // A local folder holds names of 255 bytes.
+            assert!(
+                text.split('/').all(|f| f.len() <= HEX_SEGMENT_CHARS + 1),
+                "{text}"
+            );
+            assert_eq!(text.matches("+/").count(), 2);
+        }
+        assert!(
+            tagged_folder(5, &a).starts_with(&format!("000000000000005/room.t/{}", a.name_key()))
+        );
+        // Short names keep their one folder.
+        assert_eq!(addr().name_key(), addr().name_hex());
+        // A split that is not the one spelling is refused.
+        let text = IndexKey::new(a, Entry::legacy(5)).unwrap().to_key();
+        let unsplit = text.replace("+/", "");
+        assert!(IndexKey::parse(&unsplit).is_err());
+        // One byte more is refused, naming the limit.
+        let e = Address::new("room", format!("{longest}x")).unwrap_err();
+        assert!(e.to_string().contains("name_bytes_max=256"), "{e}");
+    }
+
+    #[test]
     fn no_key_is_both_an_object_and_a_folder() {
         // Every combination an actor can have at one time: legacy and tagged
         // entries of classes whose names extend each other.
         let mut keys = Vec::new();
+        let long = "x".repeat(HEX_SEGMENT_CHARS / 2);
+        let longer = "x".repeat(HEX_SEGMENT_CHARS / 2 + 1);
         for class in ["a", "a-t", "at", "a_t", "t"] {
-            for name in ["x", "xy"] {
+            for name in ["x", "xy", long.as_str(), longer.as_str()] {
                 let a = Address::new(class, name).unwrap();
                 keys.push(IndexKey::new(a.clone(), Entry::legacy(5)).unwrap().to_key());
                 keys.push(IndexKey::new(a, Entry::tagged(5, 1, 2)).unwrap().to_key());

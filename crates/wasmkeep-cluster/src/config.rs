@@ -5,9 +5,19 @@ use crate::error::Error;
 /// Longest class name in bytes. Class names are ASCII letters, digits, `-` and
 /// `_`, and appear in index keys as they are.
 pub const CLASS_BYTES_MAX: usize = 64;
-/// Longest actor name in bytes. Names appear as hex (twice as long), and an S3
-/// key holds 1,024 bytes: 400 bytes of name leave room for prefixes and tags.
-pub const NAME_BYTES_MAX: usize = 400;
+/// Longest actor name in bytes (`name_bytes_max`): the one limit of every
+/// layer, defined by `wasmkeep_store::id::NAME_BYTES_MAX` (which explains
+/// the value: an actor's chain keys within S3's 1,024 bytes). This crate
+/// depends on nothing, so it keeps an equal copy;
+/// `wasmkeep-replica/tests/names.rs` checks that the two agree.
+pub const NAME_BYTES_MAX: usize = 256;
+/// The reason an over-long name is refused with.
+pub const NAME_TOO_LONG: &str = "longer than name_bytes_max=256";
+/// Longest folder a hex name is split into in a key, as the store's
+/// `paths::HEX_SEGMENT_CHARS` splits it: within a local folder's 255-byte
+/// names even with the suffix a local store adds to a file while writing
+/// it. Checked equal by the same test.
+pub const HEX_SEGMENT_CHARS: usize = 200;
 /// Longest node id in bytes.
 pub const NODE_BYTES_MAX: usize = 64;
 /// Longest advertised address in bytes (`http://host:port` as other nodes

@@ -254,6 +254,24 @@ impl Bucket {
         }
     }
 
+    /// An unconditional write that replaces whatever is at `key`. Used for
+    /// one thing only: erasing the entries of a deleted actor's life in
+    /// place (ADR 0007, "Deleting an actor"), which keeps their keys taken
+    /// so that a stale writer's create of one of them still fails.
+    pub async fn overwrite(&self, key: &str, body: Bytes) -> Result<(), ReplicaError> {
+        let path = self.path(key)?;
+        add(&self.metrics.puts, 1);
+        add(&self.metrics.put_bytes, body.len() as u64);
+        let opts = PutOptions {
+            mode: PutMode::Overwrite,
+            ..Default::default()
+        };
+        self.store
+            .put_opts(&path, PutPayload::from_bytes(body), opts)
+            .await?;
+        Ok(())
+    }
+
     /// The whole object, read as untrusted input: refused unread when the
     /// GET's length is over `limit`, and cut off as soon as its body runs
     /// past `limit` (the length is the bucket's claim). Callers that listed
@@ -490,6 +508,21 @@ impl Bucket {
         Ok(found)
     }
 
+    /// The highest seq directly in `dir`, if any. Reads the whole listing
+    /// key by key and holds one seq: a deleter must find the head of a
+    /// folder of any length.
+    pub(crate) async fn highest_seq(&self, dir: &str) -> Result<Option<u64>, ReplicaError> {
+        let mut highest = None;
+        self.scan(dir, None, |key, _| {
+            if let Some(seq) = seq_in(dir, key) {
+                highest = highest.max(Some(seq));
+            }
+            Ok(Next::More)
+        })
+        .await?;
+        Ok(highest)
+    }
+
     /// The `n` lowest seqs in `dir` within `range`, ascending, and whether
     /// the listing held more of them: one batch for a deleter that works
     /// through a folder of any length in passes. The whole listing is
@@ -503,20 +536,31 @@ impl Bucket {
         range: RangeInclusive<u64>,
         n: u64,
     ) -> Result<(Vec<u64>, bool), ReplicaError> {
+        let (sized, more) = self.lowest_seqs_sized(dir, range, n).await?;
+        Ok((sized.into_iter().map(|(seq, _)| seq).collect(), more))
+    }
+
+    /// [`Bucket::lowest_seqs`] with the size the listing gives for each.
+    pub(crate) async fn lowest_seqs_sized(
+        &self,
+        dir: &str,
+        range: RangeInclusive<u64>,
+        n: u64,
+    ) -> Result<(Vec<(u64, u64)>, bool), ReplicaError> {
         let n = n.max(1);
         let mut lowest = BinaryHeap::new();
         let mut more = false;
-        self.scan(dir, None, |key, _| {
+        self.scan(dir, None, |key, size| {
             let Some(seq) = seq_in(dir, key).filter(|s| range.contains(s)) else {
                 return Ok(Next::More);
             };
             if (lowest.len() as u64) < n {
-                lowest.push(seq);
+                lowest.push((seq, size));
             } else {
                 more = true;
-                if lowest.peek().is_some_and(|top| seq < *top) {
+                if lowest.peek().is_some_and(|(top, _)| seq < *top) {
                     lowest.pop();
-                    lowest.push(seq);
+                    lowest.push((seq, size));
                 }
             }
             Ok(Next::More)

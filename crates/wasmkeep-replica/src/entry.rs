@@ -1,12 +1,14 @@
 //! The body of a `log/<seq>` entry or a `snap/<seq>` snapshot.
 //!
 //! Both are the same self-describing, checksummed format: a header, the
-//! pages, and a SHA-256 of everything before it.
+//! pages, and a SHA-256 of everything before it. A third kind, the
+//! tombstone, marks the deletion of the actor (ADR 0007, "Deleting an
+//! actor"): it carries no pages and stands for "no database".
 //!
 //! ```text
 //! magic      4  "WKRP"
 //! version    2  FORMAT_VERSION (big-endian, like every integer here)
-//! kind       1  1 = log entry, 2 = snapshot
+//! kind       1  1 = log entry, 2 = snapshot, 3 = tombstone
 //! reserved   1  0
 //! seq        8  the chain position this body stands for
 //! time_ms    8  commit time of the newest commit it holds (writer's clock)
@@ -24,6 +26,13 @@
 //! order, each at most `db_pages`. A snapshot lists every page from 1 to
 //! `db_pages`. Its token is the token of the log entry at its seq, so a
 //! snapshot names the same chain position as that entry.
+//!
+//! A tombstone has `db_pages` 0 and no pages. The same bytes go to
+//! `log/<seq>` (where they take the seq in the create-only race, like any
+//! entry) and `snap/<seq>` (where a restore starts from them), and, with
+//! the seq of each, over every entry of the erased life. Applying one
+//! leaves no database: the state after it is "deleted" until the next
+//! entry, which carries every page.
 
 use sha2::{Digest, Sha256};
 
@@ -38,11 +47,32 @@ pub const FIXED_HEADER_BYTES: usize = 4 + 2 + 1 + 1 + 8 + 8 + 8 + 16 + 4 + 4 + 2
 /// Bytes of the SHA-256 at the end of a body.
 pub(crate) const DIGEST_BYTES: usize = 32;
 
-/// Whether a body is a chain entry or a snapshot.
+/// Whether a body is a chain entry, a snapshot or a tombstone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
     Log = 1,
     Snapshot = 2,
+    /// The actor was deleted at this seq: no pages, no database. Found in
+    /// `log/` and in `snap/` alike.
+    Tombstone = 3,
+}
+
+impl Kind {
+    fn from_u8(k: u8) -> Option<Kind> {
+        match k {
+            1 => Some(Kind::Log),
+            2 => Some(Kind::Snapshot),
+            3 => Some(Kind::Tombstone),
+            _ => None,
+        }
+    }
+
+    /// Whether a body of this kind belongs in the folder of `folder`
+    /// (`Log` for `log/`, `Snapshot` for `snap/`): a tombstone belongs in
+    /// both.
+    pub fn fits(self, folder: Kind) -> bool {
+        self == folder || self == Kind::Tombstone
+    }
 }
 
 /// Who wrote an entry: the writer's hold generation and a nonce fresh for
@@ -107,6 +137,22 @@ pub struct Entry {
 }
 
 impl Entry {
+    /// A tombstone at `seq`: the actor has no database from here on, until
+    /// an entry with every page follows.
+    pub fn tombstone(seq: u64, time_ms: u64, token: Token, actor: &str) -> Entry {
+        Entry {
+            kind: Kind::Tombstone,
+            seq,
+            time_ms,
+            token,
+            // Any valid size: there are no pages. The next entry sets its own.
+            page_size: 4096,
+            db_pages: 0,
+            actor: actor.to_owned(),
+            pages: Vec::new(),
+        }
+    }
+
     /// The chain position this body stands for.
     pub fn position(&self) -> Position {
         Position {
@@ -115,10 +161,11 @@ impl Entry {
         }
     }
 
-    /// The key this body belongs at, under its actor's root.
+    /// The key this body belongs at, under its actor's root (for a
+    /// tombstone, the `log/` one; it is in `snap/` too).
     pub fn key(&self) -> String {
         let tail = match self.kind {
-            Kind::Log => crate::keys::log_key(self.seq),
+            Kind::Log | Kind::Tombstone => crate::keys::log_key(self.seq),
             Kind::Snapshot => crate::keys::snap_key(self.seq),
         };
         format!("{}{tail}", self.actor)
@@ -191,6 +238,9 @@ impl Entry {
         if self.kind == Kind::Snapshot && self.pages.len() != self.db_pages as usize {
             return Err("a snapshot must hold every page".into());
         }
+        if self.kind == Kind::Tombstone && self.db_pages != 0 {
+            return Err("a tombstone holds no database".into());
+        }
         Ok(())
     }
 
@@ -244,11 +294,8 @@ impl Entry {
             return Err(bad("not a wasmkeep replica body of this version"));
         }
         let short = |_| bad("short header");
-        let kind = match r.u8().map_err(short)? {
-            1 => Kind::Log,
-            2 => Kind::Snapshot,
-            k => return Err(bad(&format!("unknown kind {k}"))),
-        };
+        let k = r.u8().map_err(short)?;
+        let kind = Kind::from_u8(k).ok_or_else(|| bad(&format!("unknown kind {k}")))?;
         r.u8().map_err(short)?;
         let seq = r.u64().map_err(short)?;
         let time_ms = r.u64().map_err(short)?;
@@ -283,11 +330,8 @@ fn read_header(key: &str, r: &mut Reader<'_>) -> Result<Entry, ReplicaError> {
     if version != FORMAT_VERSION {
         return Err(bad(&format!("unknown format version {version}")));
     }
-    let kind = match r.u8()? {
-        1 => Kind::Log,
-        2 => Kind::Snapshot,
-        k => return Err(bad(&format!("unknown kind {k}"))),
-    };
+    let k = r.u8()?;
+    let kind = Kind::from_u8(k).ok_or_else(|| bad(&format!("unknown kind {k}")))?;
     r.u8()?;
     let seq = r.u64()?;
     let time_ms = r.u64()?;
@@ -501,6 +545,29 @@ mod tests {
         c[at..at + 4].copy_from_slice(&u32::MAX.to_be_bytes());
         let e = Entry::decode("k", &seal(&c), u64::MAX).unwrap_err();
         assert!(e.to_string().contains("does not fill the body"), "{e}");
+    }
+
+    #[test]
+    fn tombstones_round_trip_hold_no_pages_and_fit_both_folders() {
+        let t = Entry::tombstone(9, 5, sample().token, "state/t/a/c/6869/");
+        let body = t.encode(u64::MAX).unwrap();
+        assert_eq!(body.len() as u64, t.encoded_len());
+        assert_eq!(Entry::decode("k", &body, u64::MAX).unwrap(), t);
+        let h = Entry::peek_header("k", &body[..FIXED_HEADER_BYTES]).unwrap();
+        assert_eq!((h.kind, h.seq), (Kind::Tombstone, 9));
+        assert_eq!(t.key(), "state/t/a/c/6869/log/00000000000000000009");
+        assert!(Kind::Tombstone.fits(Kind::Log) && Kind::Tombstone.fits(Kind::Snapshot));
+        assert!(!Kind::Log.fits(Kind::Snapshot) && !Kind::Snapshot.fits(Kind::Log));
+        // A tombstone that claims a database is refused.
+        let content = &body[..body.len() - 32];
+        let mut c = content.to_vec();
+        let at = 4 + 2 + 1 + 1 + 8 + 8 + 8 + 16 + 4;
+        c[at..at + 4].copy_from_slice(&1u32.to_be_bytes());
+        let e = Entry::decode("k", &seal(&c), u64::MAX).unwrap_err();
+        assert!(
+            e.to_string().contains("a tombstone holds no database"),
+            "{e}"
+        );
     }
 
     #[test]

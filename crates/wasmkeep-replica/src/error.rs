@@ -78,6 +78,12 @@ pub enum ReplicaError {
     /// An export asked for a point the bucket no longer (or never) holds.
     #[error("point not retained: {0}")]
     NotRetained(String),
+    /// An actor's address fails the store's rules (an [`wasmkeep_store::ActorId`]
+    /// built by hand, bypassing `ActorId::new`): a name over
+    /// `name_bytes_max`, a bad tenant, app or class. Refused before any key
+    /// is built.
+    #[error("{0}")]
+    InvalidName(wasmkeep_store::id::InvalidId),
     /// An actor's bucket key would exceed the object store's key length.
     #[error("key too long: size={size} limit key_bytes_max={limit}")]
     KeyTooLong { size: usize, limit: usize },
@@ -110,6 +116,7 @@ impl ReplicaError {
             ReplicaError::OutOfMemory { .. } => "replica_out_of_memory",
             ReplicaError::ChainBroken(_) => "chain_broken",
             ReplicaError::NotRetained(_) => "not_retained",
+            ReplicaError::InvalidName(_) => "invalid_name",
             ReplicaError::KeyTooLong { .. } => "key_too_long",
             ReplicaError::InvalidUrl(_) => "invalid_bucket_url",
             ReplicaError::Bucket(_) => "bucket_error",

@@ -21,7 +21,7 @@ use crate::error::ReplicaError;
 use crate::image::{Image, quick_check};
 use crate::keys::ActorRoot;
 use crate::limits::ReplicaConfig;
-use crate::replica::{Budget, fetch};
+use crate::replica::{Budget, apply_to, fetch};
 
 /// Which point of an actor's history to export.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,7 +38,9 @@ pub enum At {
 
 /// The database file's bytes at `at`, unchecked (see [`export_to_path`]).
 /// `NotRetained` when retention has already dropped that point, or it is
-/// beyond the chain.
+/// beyond the chain, or the actor had no database then (its state at that
+/// point is a tombstone: it was deleted, and the entries of its deleted
+/// life were erased with it).
 pub async fn export(
     bucket: &Bucket,
     id: &ActorId,
@@ -162,10 +164,10 @@ async fn rebuild_at(
                     "header and body differ",
                 ));
             }
-            let mut img = Image::empty(e.page_size);
-            img.apply(&e)?;
+            let mut img = None;
+            apply_to(&mut img, &e)?;
             last_key = Some(root.snap(s));
-            (Some(img), s + 1)
+            (img, s + 1)
         }
         None => (None, 0),
     };
@@ -192,9 +194,7 @@ async fn rebuild_at(
         {
             break;
         }
-        image
-            .get_or_insert_with(|| Image::empty(e.page_size))
-            .apply(&e)?;
+        apply_to(&mut image, &e)?;
         last_key = Some(root.log(seq));
         next += 1;
         done += 1;

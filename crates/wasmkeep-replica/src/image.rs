@@ -132,8 +132,11 @@ impl Image {
     /// means the image never grows past the bytes actually downloaded,
     /// whatever a header says; memory is reserved fallibly, so a node short
     /// of memory fails this restore rather than aborting.
+    ///
+    /// A tombstone empties the image (it carries no pages); callers that
+    /// tell "deleted" from "empty" look at the entry's kind.
     pub fn apply(&mut self, entry: &Entry) -> Result<(), ReplicaError> {
-        if entry.kind == Kind::Snapshot || self.bytes.is_empty() {
+        if entry.kind != Kind::Log || self.bytes.is_empty() {
             self.bytes.clear();
             self.page_size = entry.page_size;
         }

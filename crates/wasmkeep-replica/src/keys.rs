@@ -8,10 +8,17 @@
 //! The name is hex-encoded and split exactly like the local layout
 //! (`wasmkeep_store::paths`): folders of 200 hex characters, every one but
 //! the last ending in `+`, so no actor's folder is a folder on the way to
-//! another's, and nothing in a key needs escaping. Seqs are zero-padded so
-//! that key order is seq order.
+//! another's, and nothing in a key needs escaping. Every folder name is at
+//! most 201 bytes, well within the 255 a local folder (`file://`) allows.
+//! Seqs are zero-padded so that key order is seq order.
+//!
+//! Names are at most `name_bytes_max` bytes ([`wasmkeep_store::id::NAME_BYTES_MAX`],
+//! the one limit of every layer), checked here again before a key is
+//! built; with it an actor's keys stay within S3's 1,024 bytes unless the
+//! bucket's prefix is longer than 284 bytes (`key_too_long`).
 
 use wasmkeep_store::ActorId;
+use wasmkeep_store::id::{validate_name, validate_segment};
 use wasmkeep_store::paths::name_segments;
 
 use crate::error::ReplicaError;
@@ -31,6 +38,15 @@ impl ActorRoot {
     /// The folder of `id`, refusing ids whose keys the store could not hold
     /// (`prefix_bytes` is the bucket prefix's length, slash included).
     pub fn new(id: &ActorId, prefix_bytes: usize) -> Result<ActorRoot, ReplicaError> {
+        // `ActorId`'s fields are public: the same rules as `ActorId::new`.
+        for (field, value) in [
+            ("tenant", &id.tenant),
+            ("app", &id.app),
+            ("class", &id.class),
+        ] {
+            validate_segment(field, value).map_err(ReplicaError::InvalidName)?;
+        }
+        validate_name(&id.name).map_err(ReplicaError::InvalidName)?;
         let mut s = format!("state/{}/{}/{}/", id.tenant, id.app, id.class);
         for segment in name_segments(&id.name) {
             s.push_str(&segment);
@@ -130,9 +146,23 @@ mod tests {
         let long = ActorRoot::new(&id(&"x".repeat(103)), 0).unwrap();
         assert!(!long.as_str().starts_with(short.as_str()));
         assert!(long.as_str().contains("+/"));
-        // 512-byte names are 1024 hex characters: more than S3 takes.
-        let err = ActorRoot::new(&id(&"x".repeat(512)), 0).unwrap_err();
+        // The longest name, with the longest tenant, app and class, fits
+        // with a prefix of 284 bytes and no more.
+        let max = wasmkeep_store::id::NAME_BYTES_MAX;
+        let seg = "s".repeat(wasmkeep_store::id::SEGMENT_BYTES_MAX);
+        let longest = ActorId::new(&seg, &seg, &seg, &"x".repeat(max)).unwrap();
+        assert!(ActorRoot::new(&longest, 284).is_ok());
+        let err = ActorRoot::new(&longest, 285).unwrap_err();
         assert_eq!(err.code(), "key_too_long");
-        assert!(ActorRoot::new(&id(&"x".repeat(400)), 40).is_ok());
+        // Every folder fits a local folder's 255-byte names.
+        let root = ActorRoot::new(&longest, 0).unwrap();
+        assert!(root.as_str().split('/').all(|f| f.len() <= 201), "{root:?}");
+        // A name one byte longer is refused by name, even in an id built by
+        // hand.
+        let mut over = id("x");
+        over.name = "x".repeat(max + 1);
+        let err = ActorRoot::new(&over, 0).unwrap_err();
+        assert_eq!(err.code(), "invalid_name");
+        assert!(err.to_string().contains("name_bytes_max=256"), "{err}");
     }
 }

@@ -5,7 +5,9 @@
 //! self-describing, checksummed entry format ([`entry`]), page-level change
 //! capture and applying entries ([`image`]), the owner's side of the chain
 //! (create-only appends, telling a lost response from a moved chain,
-//! snapshots and collection: [`Replica`]), restoring a local file with its
+//! snapshots and collection: [`Replica`]), deleting an actor with a
+//! tombstone so that its next life continues the chain ([`delete_all`]),
+//! restoring a local file with its
 //! sidecar and setting a mismatching one aside, and point-in-time export
 //! ([`export`]). Every request goes through [`Bucket`], which counts them.
 //! What the bucket holds is untrusted input: every object is bounded before

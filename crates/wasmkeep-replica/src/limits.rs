@@ -134,6 +134,12 @@ pub struct ReplicaConfig {
     /// Then a writer that skipped the check because its create was quick
     /// can re-create a key collected meanwhile. Never set outside tests.
     pub unsafe_collect_without_grace: bool,
+    /// Test-only mutation switch: [`crate::delete_all`] erases the chain
+    /// (deletes every key) instead of leaving a tombstone above it and
+    /// erasing the old life's entries in place. The next life then starts
+    /// again at seq 0, and a stale owner's late entry of the old life lands
+    /// in it (ADR 0007, "Deleting an actor"). Never set outside tests.
+    pub unsafe_delete_erases_chain: bool,
 }
 
 impl ReplicaConfig {
@@ -228,6 +234,7 @@ impl Default for ReplicaConfig {
             unsafe_unbounded_listings: false,
             unsafe_skip_append_check: false,
             unsafe_collect_without_grace: false,
+            unsafe_delete_erases_chain: false,
         };
         c.raise_bounds_to_retention();
         c

@@ -2,6 +2,7 @@
 //! changes to the chain as their owner.
 
 use std::collections::BTreeMap;
+use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -32,6 +33,12 @@ pub enum Opened {
     /// The bucket has nothing for this actor. The local file (if `local`)
     /// is untouched; the first upload creates `log/0` with every page.
     BucketEmpty { local: bool },
+    /// The bucket's latest state is a tombstone: the actor was deleted and
+    /// has no data. A local file (from before the deletion, or commits of a
+    /// new life never uploaded) was set aside under `replaced`, never
+    /// deleted. The next upload continues the chain above the tombstone
+    /// with every page.
+    Deleted { replaced: Option<PathBuf> },
 }
 
 /// The bucket's view of one actor's chain: the snapshots, and the entries
@@ -141,8 +148,8 @@ pub(crate) async fn fetch(
     budget: &mut Budget,
 ) -> Result<Entry, ReplicaError> {
     let key = match kind {
-        Kind::Log => root.log(seq),
         Kind::Snapshot => root.snap(seq),
+        Kind::Log | Kind::Tombstone => root.log(seq),
     };
     check_listed(&key, listed, config)?;
     if listed > budget.left {
@@ -166,7 +173,7 @@ pub(crate) async fn fetch(
     };
     budget.left -= body.len() as u64;
     let e = Entry::decode(&key, &body, config.entry_bytes_max)?;
-    if e.kind != kind || e.seq != seq || e.actor != root.as_str() {
+    if !e.kind.fits(kind) || e.seq != seq || e.actor != root.as_str() {
         return Err(ReplicaError::corrupt(
             key,
             format!(
@@ -224,28 +231,41 @@ fn check_restore(
     Ok(())
 }
 
+/// Applies `e` to the state `image` (`None`: no database, before the
+/// chain's first entry or after a tombstone).
+pub(crate) fn apply_to(image: &mut Option<Image>, e: &Entry) -> Result<(), ReplicaError> {
+    if e.kind == Kind::Tombstone {
+        *image = None;
+        return Ok(());
+    }
+    image
+        .get_or_insert_with(|| Image::empty(e.page_size))
+        .apply(e)
+}
+
 /// The state at the head of `listing`: the latest snapshot and every entry
-/// after it, in order. Returns the image, the head entry's position and
-/// time, and the entries (count, bytes) since the snapshot.
+/// after it, in order. Returns the image (`None` when the head is a
+/// tombstone: the actor was deleted), the head entry's position and time,
+/// and the entries (count, bytes) since the snapshot.
 async fn rebuild(
     bucket: &Bucket,
     root: &ActorRoot,
     listing: &Listing,
     config: &ReplicaConfig,
-) -> Result<(Image, Position, u64, u64, u64), ReplicaError> {
+) -> Result<(Option<Image>, Position, u64, u64, u64), ReplicaError> {
     // The whole chain is checked against its bounds before the first
     // object is downloaded: a restore that cannot finish spends nothing.
     // The listing's sizes may lie, so the downloads spend a budget too.
     check_restore(root, listing, config)?;
     let budget = &mut Budget::new("restore_bytes_max", config.restore_bytes_max);
-    let (mut image, mut next, mut pos, mut time) = match listing.snaps.last() {
+    let mut image = None;
+    let (mut next, mut pos, mut time) = match listing.snaps.last() {
         Some(&(s, size)) => {
             let e = fetch(bucket, root, Kind::Snapshot, (s, size), config, budget).await?;
-            let mut img = Image::empty(e.page_size);
-            img.apply(&e)?;
-            (img, s + 1, Some(e.position()), e.time_ms)
+            apply_to(&mut image, &e)?;
+            (s + 1, Some(e.position()), e.time_ms)
         }
-        None => (Image::empty(4096), 0, None, 0),
+        None => (0, None, 0),
     };
     let mut bytes = 0;
     for &(seq, size) in &listing.logs {
@@ -257,7 +277,7 @@ async fn rebuild(
         }
         let e = fetch(bucket, root, Kind::Log, (seq, size), config, budget).await?;
         bytes += e.encoded_len();
-        image.apply(&e)?;
+        apply_to(&mut image, &e)?;
         pos = Some(e.position());
         time = e.time_ms;
         next += 1;
@@ -518,6 +538,23 @@ impl Replica {
         }
         let (image, pos, time, n, bytes) =
             rebuild(&self.bucket, &self.root, &listing, &self.config).await?;
+        self.head = Some(pos);
+        self.head_time_ms = time;
+        self.entries_since_snapshot = n;
+        self.bytes_since_snapshot = bytes;
+        let Some(image) = image else {
+            // Deleted: no database, and the next upload carries every page
+            // above the tombstone. A local file is from before the deletion
+            // (or a new life's commits the bucket never got): set aside,
+            // like any local file that does not match the bucket.
+            self.base = None;
+            let replaced = if local {
+                Some(set_aside(&self.db_path, now_ms)?)
+            } else {
+                None
+            };
+            return Ok(Opened::Deleted { replaced });
+        };
         // The image is checked where it will be installed from, before the
         // local file is touched: a bad one replaces nothing.
         let staged = stage_db(&self.db_path, image.bytes())?;
@@ -539,11 +576,7 @@ impl Replica {
                 sha256: image.digest_hex(),
             },
         )?;
-        self.head = Some(pos);
-        self.head_time_ms = time;
         self.base = Some(image.hashes());
-        self.entries_since_snapshot = n;
-        self.bytes_since_snapshot = bytes;
         Ok(Opened::Restored { replaced })
     }
 
@@ -755,12 +788,7 @@ impl Replica {
     /// an object that runs past it is someone else's, and is not downloaded
     /// to find that out.
     async fn holds(&self, key: &str, body: &Bytes) -> Result<bool, ReplicaError> {
-        let limit = body.len() as u64;
-        match self.bucket.get_bounded(key, "own_body_bytes", limit).await {
-            Ok(there) => Ok(there == *body),
-            Err(ReplicaError::ObjectTooLarge { .. }) => Ok(false),
-            Err(e) => Err(e),
-        }
+        holds(&self.bucket, key, body).await
     }
 
     /// Writes `snap/<head>` from `image` (the state at the head), then
@@ -838,48 +866,212 @@ impl Replica {
     }
 }
 
-/// Deletes everything the bucket holds for `id`; how many objects. The
-/// owner must have stopped uploading (no upload in flight).
+/// Whether the object at `key` is exactly `body` (read back after a
+/// create found the key taken). It is read under the body's own length:
+/// an object that runs past it is someone else's, and is not downloaded
+/// to find that out.
+async fn holds(bucket: &Bucket, key: &str, body: &Bytes) -> Result<bool, ReplicaError> {
+    let limit = body.len() as u64;
+    match bucket.get_bounded(key, "own_body_bytes", limit).await {
+        Ok(there) => Ok(there == *body),
+        Err(ReplicaError::ObjectTooLarge { .. }) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Creates `body` at `key`, accepting only our own earlier attempt when the
+/// key is taken (`ChainMoved` for anyone else's object).
+async fn create_or_mine(
+    bucket: &Bucket,
+    key: &str,
+    seq: u64,
+    body: &Bytes,
+) -> Result<(), ReplicaError> {
+    if bucket.create(key, body.clone()).await? == Created::AlreadyExists
+        && !holds(bucket, key, body).await?
+    {
+        return Err(ReplicaError::ChainMoved { seq });
+    }
+    Ok(())
+}
+
+/// Deletes an actor from the bucket (ADR 0007, "Deleting an actor"); how
+/// many objects it deleted or erased. The owner must have stopped
+/// uploading (no upload in flight); `generation` and `now_ms` stamp the
+/// tombstone like an entry.
 ///
-/// Snapshots go first, then entries from the oldest up: a crash part-way
-/// leaves a chain without its beginning, which restores as an error
-/// (`ChainBroken`) rather than as an older state of the actor. Running it
-/// again finishes the job.
+/// 1. The tombstone: `log/<head + 1>` with create-only, the same race every
+///    entry runs, so the deletion has its place in the chain and any
+///    writer of the old life that tries that seq fails. Then the same
+///    bytes at `snap/<head + 1>`, where restores start from. If the head
+///    already is a tombstone (a delete run again after a crash part-way,
+///    or of a deleted actor), it is reused. A bucket with nothing for the
+///    actor gets nothing.
+/// 2. Snapshots below the tombstone are deleted (they hold the data; no
+///    writer of the old life creates one without first appending).
+/// 3. Entries below the tombstone are overwritten in place with a
+///    tombstone of their own seq, oldest first: their data is gone, but
+///    their keys stay taken, so a stalled writer's create of any of them
+///    fails as a create (no timing involved). Objects no longer than such a
+///    tombstone hold no page and are left as they are. Collection removes
+///    them later, under the grace, like any entry a snapshot covers.
 ///
-/// A folder of any length is deleted, in passes that each hold at most
-/// `listing_keys_max` seqs (the lowest ones left; each pass reads the
-/// folder's listing once), rather than refused: deleting is how a filled
-/// folder gets cleaned. Keys that are not a seq directly in `snap/` or
-/// `log/` are left alone, as ever.
+/// A folder of any length is handled in passes that each hold at most
+/// `listing_keys_max` seqs (the lowest ones left); finding the head reads
+/// the listings once more, holding one seq. Keys that are not a seq
+/// directly in `snap/` or `log/` are left alone, as ever.
+///
+/// With the test-only `unsafe_delete_erases_chain`, every key is deleted
+/// instead and the next life starts again at seq 0.
 pub async fn delete_all(
     bucket: &Bucket,
     id: &ActorId,
+    generation: u64,
     config: &ReplicaConfig,
+    now_ms: u64,
 ) -> Result<u64, ReplicaError> {
     let root = ActorRoot::new(id, bucket.prefix_bytes())?;
+    if config.unsafe_delete_erases_chain {
+        let snaps = erase(bucket, &root, Kind::Snapshot, 0..=u64::MAX, None, config).await?;
+        let logs = erase(bucket, &root, Kind::Log, 0..=u64::MAX, None, config).await?;
+        return Ok(snaps + logs);
+    }
+    let mut attempt = 0;
+    let tombstone = loop {
+        attempt += 1;
+        match place_tombstone(bucket, &root, generation, config, now_ms).await {
+            // Someone appended between the listing and the create: the
+            // deletion goes above their entry.
+            Err(ReplicaError::ChainMoved { .. }) if attempt < RESTORE_ATTEMPTS_MAX => continue,
+            other => break other?,
+        }
+    };
+    let Some(tombstone) = tombstone else {
+        return Ok(0);
+    };
+    let Some(below) = tombstone.seq.checked_sub(1) else {
+        return Ok(0);
+    };
+    let snaps = erase(bucket, &root, Kind::Snapshot, 0..=below, None, config).await?;
+    let logs = erase(
+        bucket,
+        &root,
+        Kind::Log,
+        0..=below,
+        Some(&tombstone),
+        config,
+    )
+    .await?;
+    Ok(snaps + logs)
+}
+
+/// Step 1 of [`delete_all`]: the tombstone in `log/` and `snap/` at the
+/// seq above the head (or the head, if it is one already); `None` when
+/// the bucket has nothing for the actor.
+async fn place_tombstone(
+    bucket: &Bucket,
+    root: &ActorRoot,
+    generation: u64,
+    config: &ReplicaConfig,
+    now_ms: u64,
+) -> Result<Option<Entry>, ReplicaError> {
+    let snap_head = bucket.highest_seq(&root.snap_dir()).await?;
+    let log_head = bucket.highest_seq(&root.log_dir()).await?;
+    let Some(head) = snap_head.max(log_head) else {
+        return Ok(None);
+    };
+    let head_key = if log_head == Some(head) {
+        root.log(head)
+    } else {
+        root.snap(head)
+    };
+    let (tombstone, body) = match read_tombstone(bucket, root, &head_key, head, config).await? {
+        Some(found) => found,
+        None => {
+            let seq = head.checked_add(1).ok_or_else(|| {
+                ReplicaError::ChainBroken(format!("no seq above {head}: actor=`{}`", root.as_str()))
+            })?;
+            let t = Entry::tombstone(seq, now_ms, Token::fresh(generation)?, root.as_str());
+            let body = Bytes::from(t.encode(config.entry_bytes_max)?);
+            create_or_mine(bucket, &root.log(seq), seq, &body).await?;
+            (t, body)
+        }
+    };
+    // The same bytes as a snapshot, where restores start from; only the
+    // writer of `log/<seq>` writes `snap/<seq>`, so anything else there is
+    // not ours.
+    create_or_mine(bucket, &root.snap(tombstone.seq), tombstone.seq, &body).await?;
+    Ok(Some(tombstone))
+}
+
+/// The tombstone at `key` (the head, at `seq`) and its bytes, if the
+/// object there is one. Anything else (an entry, a snapshot, an object
+/// that fails its checks, one collected meanwhile) is not.
+async fn read_tombstone(
+    bucket: &Bucket,
+    root: &ActorRoot,
+    key: &str,
+    seq: u64,
+    config: &ReplicaConfig,
+) -> Result<Option<(Entry, Bytes)>, ReplicaError> {
+    let t = Entry::tombstone(seq, 0, Token::fresh(0)?, root.as_str());
+    let limit = t.encoded_len();
+    let body = match bucket.get_bounded(key, "tombstone_bytes", limit).await {
+        Ok(body) => body,
+        Err(e) if e.is_not_found() || e.is_bad_bucket_input() => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    match Entry::decode(key, &body, config.entry_bytes_max) {
+        Ok(e) if e.kind == Kind::Tombstone && e.seq == seq && e.actor == root.as_str() => {
+            Ok(Some((e, body)))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// Deletes the seqs of `range` in the folder of `kind`, or, given a
+/// tombstone, overwrites each that holds pages with a tombstone of its
+/// own seq (the tombstone's token and time). In passes of at most
+/// `listing_keys_max` seqs, the lowest first; how many objects it changed.
+async fn erase(
+    bucket: &Bucket,
+    root: &ActorRoot,
+    kind: Kind,
+    range: RangeInclusive<u64>,
+    tombstone: Option<&Entry>,
+    config: &ReplicaConfig,
+) -> Result<u64, ReplicaError> {
+    let (dir, key): (String, fn(&ActorRoot, u64) -> String) = match kind {
+        Kind::Snapshot => (root.snap_dir(), ActorRoot::snap),
+        Kind::Log | Kind::Tombstone => (root.log_dir(), ActorRoot::log),
+    };
+    let (mut from, end) = range.into_inner();
     let mut n = 0;
-    for (dir, key) in [
-        (
-            root.snap_dir(),
-            ActorRoot::snap as fn(&ActorRoot, u64) -> String,
-        ),
-        (root.log_dir(), ActorRoot::log),
-    ] {
-        // Each pass starts above the last seq deleted, so the passes end
-        // even if a store kept listing what it deleted.
-        let mut from = 0;
-        loop {
-            let (batch, more) = bucket
-                .lowest_seqs(&dir, from..=u64::MAX, config.listing_bound())
-                .await?;
-            for s in &batch {
-                bucket.delete(&key(&root, *s)).await?;
-                n += 1;
+    // Each pass starts above the last seq handled, so the passes end even
+    // if a store kept listing what it deleted (or an overwrite leaves).
+    while from <= end {
+        let (batch, more) = bucket
+            .lowest_seqs_sized(&dir, from..=end, config.listing_bound())
+            .await?;
+        for &(s, size) in &batch {
+            let k = key(root, s);
+            match tombstone {
+                None => bucket.delete(&k).await?,
+                Some(t) => {
+                    let marker = Entry::tombstone(s, t.time_ms, t.token, root.as_str());
+                    if size <= marker.encoded_len() {
+                        // No page in it: nothing to erase.
+                        continue;
+                    }
+                    let body = Bytes::from(marker.encode(config.entry_bytes_max)?);
+                    bucket.overwrite(&k, body).await?;
+                }
             }
-            match batch.last().and_then(|s| s.checked_add(1)) {
-                Some(next) if more => from = next,
-                _ => break,
-            }
+            n += 1;
+        }
+        match batch.last().and_then(|(s, _)| s.checked_add(1)) {
+            Some(next) if more => from = next,
+            _ => break,
         }
     }
     Ok(n)

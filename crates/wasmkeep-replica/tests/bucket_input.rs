@@ -561,8 +561,11 @@ async fn a_long_listing(b: &Backend) {
 
 /// Gap 1, deleting: `delete_all` works through folders of any length in
 /// passes of at most `listing_keys_max` seqs, the lowest first, rather
-/// than refusing; keys that are not a seq stay. Without the rule it holds
-/// every key at once (one listing a folder).
+/// than refusing; keys that are not a seq stay. It leaves a tombstone
+/// above the highest seq (whatever that key holds), deletes the snapshots
+/// below it and erases the entries that hold pages in place (ADR 0007,
+/// "Deleting an actor"). Without the rule it holds every key at once (one
+/// listing a folder, besides the two that find the head).
 async fn deleting_a_filled_folder(b: &Backend) {
     let s = Scene::new(b, "filled delete").await;
     let stray = format!("{}notes.txt", s.root.log_dir());
@@ -588,13 +591,37 @@ async fn deleting_a_filled_folder(b: &Backend) {
         ..config(64 * MIB)
     };
     let before = b.bucket.metrics().snapshot();
-    let n = delete_all(&b.bucket, &s.victim, &bounded).await.unwrap();
+    let n = delete_all(&b.bucket, &s.victim, 9, &bounded, 50)
+        .await
+        .unwrap();
     let after = b.bucket.metrics().snapshot();
-    assert_eq!(n, 62);
-    // `snap/`: 8, 8 and 4 seqs; `log/`: five passes of 8 and one of 2.
-    assert_eq!(after.lists - before.lists, 9);
+    // 20 snapshots deleted; the two real entries erased in place (the
+    // planted one-byte objects hold no page and are left).
+    assert_eq!(n, 22);
+    // Two listings find the head; `snap/`: 8, 8 and 4 seqs; `log/`: five
+    // passes of 8 and one of 2.
+    assert_eq!(after.lists - before.lists, 11);
     let left = b.bucket.list(s.root.as_str(), None, u64::MAX).await;
-    assert_eq!(left.unwrap(), vec![stray.clone()]);
+    let mut expected: Vec<String> = (0..=42).map(|seq| s.root.log(seq)).collect();
+    expected.push(stray.clone());
+    expected.push(s.root.snap(42));
+    expected.sort();
+    assert_eq!(left.unwrap(), expected);
+    for key in [
+        s.root.log(0),
+        s.root.log(1),
+        s.root.log(42),
+        s.root.snap(42),
+    ] {
+        let body = b.bucket.get_bounded(&key, "test", u64::MAX).await.unwrap();
+        let e = Entry::decode(&key, &body, u64::MAX).unwrap();
+        assert_eq!((e.kind, e.pages.len()), (Kind::Tombstone, 0), "{key}");
+    }
+    let gone = s.restore(b, config(64 * MIB)).await.unwrap();
+    assert!(
+        matches!(gone, Opened::Deleted { replaced: Some(_) }),
+        "{gone:?}"
+    );
     // The neighbour's chain is untouched.
     let other = s.tmp.path().join("neighbour-after").join("actor.db");
     let (_, opened) = Replica::open(&b.bucket, &s.neighbour, &other, 8, config(MIB), 0)
@@ -602,21 +629,26 @@ async fn deleting_a_filled_folder(b: &Backend) {
         .unwrap();
     assert_eq!(opened, Opened::Restored { replaced: None });
 
-    // Logs 0 and 1 are gone for good; the rest planted again.
+    // The snapshots planted again (the entries' keys are still taken).
+    // Deleting again reuses the tombstone at the head.
     plant().await;
     let unbounded = ReplicaConfig {
         unsafe_unbounded_listings: true,
         ..bounded
     };
     let before = b.bucket.metrics().snapshot();
-    let n = delete_all(&b.bucket, &s.victim, &unbounded).await.unwrap();
+    let n = delete_all(&b.bucket, &s.victim, 9, &unbounded, 60)
+        .await
+        .unwrap();
     let after = b.bucket.metrics().snapshot();
-    assert_eq!(n, 60);
+    assert_eq!(n, 20);
     assert_eq!(
         after.lists - before.lists,
-        2,
-        "one listing held each folder"
+        4,
+        "one listing held each folder, besides the two that find the head"
     );
+    let snaps = b.bucket.list_seqs(&s.root.snap_dir(), None, u64::MAX).await;
+    assert_eq!(snaps.unwrap(), vec![42]);
 }
 
 /// Gap 1, collecting: one collection deletes at most `listing_keys_max`

@@ -7,8 +7,10 @@ mod common;
 use std::path::Path;
 
 use common::{Backend, Moto, Source, actor, dump, dump_bytes};
+use wasmkeep_replica::limits::COLLECT_GRACE_MS;
 use wasmkeep_replica::{
-    At, Bucket, Opened, Replica, ReplicaConfig, ReplicaError, Uploaded, export,
+    At, Bucket, Entry, Kind, Opened, Replica, ReplicaConfig, ReplicaError, Uploaded, delete_all,
+    export,
 };
 use wasmkeep_store::{ActorDb, OpenMode, StoreLimits, Value};
 
@@ -528,6 +530,174 @@ async fn quick_appends_skip_the_check(b: &Backend, name: &str) {
     assert_eq!(keys(&b.bucket, &rep, "snap").await.len(), 1);
 }
 
+/// ADR 0007, "Deleting an actor": a delete leaves a tombstone above the
+/// chain and erases the entries below it in place, so the old life's keys
+/// stay taken. Two writers of the old life are stale when it happens: A
+/// still at seq 0 (B took over after it) and B at the head (seq 2). After
+/// the delete a new life starts on another node (C). A's late upload (seq
+/// 1, erased in place) and B's (seq 3, the tombstone's own) fail as creates
+/// and never appear in the new life, whose uploads continue above the
+/// tombstone. With the test-only `unsafe_delete_erases_chain` the chain is
+/// erased, the new life starts again at seq 0 and A's late entry lands in
+/// it: a restore of the new life shows the old life's write.
+async fn delete_then_late_writers(b: &Backend, name: &str, unsafe_variant: bool) {
+    let tmp = tempfile::tempdir().unwrap();
+    let id = actor(name);
+    // The default grace: the stale writers' creates are quick and skip the
+    // re-creation check, so only keys that stay taken can stop them.
+    let config = ReplicaConfig {
+        collect_grace_ms: COLLECT_GRACE_MS,
+        unsafe_delete_erases_chain: unsafe_variant,
+        ..cfg(100, 2)
+    };
+    let mut a = Source::new(&tmp.path().join("a"));
+    let (mut ra, _) = Replica::open(&b.bucket, &id, &a.path(), 1, config.clone(), 0)
+        .await
+        .unwrap();
+    schema(&mut a);
+    assert_eq!(appended_seq(&upload(&mut ra, &mut a, 1).await.unwrap()), 0);
+    let bdir = tmp.path().join("b");
+    let (mut rb, _) = Replica::open(&b.bucket, &id, &bdir.join("actor.db"), 2, config.clone(), 0)
+        .await
+        .unwrap();
+    let mut bsrc = Source::new(&bdir);
+    for i in 1..3 {
+        work(&mut bsrc, i);
+        upload(&mut rb, &mut bsrc, 1 + i as u64).await.unwrap(); // seq 1, 2
+    }
+    a.commit(&[(
+        "INSERT INTO tags VALUES ('late', 'from the old life')",
+        vec![],
+    )]);
+    bsrc.commit(&[(
+        "INSERT INTO tags VALUES ('later', 'from the old life')",
+        vec![],
+    )]);
+
+    let n = delete_all(&b.bucket, &id, 3, &config, 100).await.unwrap();
+    let root = ra.root().clone();
+    let logs = keys(&b.bucket, &ra, "log").await;
+    let snaps = keys(&b.bucket, &ra, "snap").await;
+    if unsafe_variant {
+        assert_eq!(n, 3);
+        assert!(logs.is_empty() && snaps.is_empty(), "{logs:?} {snaps:?}");
+    } else {
+        assert_eq!(n, 3, "three entries erased in place, no snapshot");
+        assert_eq!(snaps, vec![root.snap(3)]);
+        assert_eq!(logs, (0..=3).map(|s| root.log(s)).collect::<Vec<_>>());
+        for key in logs.iter().chain(&snaps) {
+            let body = b.bucket.get_bounded(key, "test", u64::MAX).await.unwrap();
+            let e = Entry::decode(key, &body, u64::MAX).unwrap();
+            assert_eq!((e.kind, e.db_pages, e.pages.len()), (Kind::Tombstone, 0, 0));
+        }
+        for at in [At::Latest, At::Seq(2), At::Seq(3)] {
+            let e = export(&b.bucket, &id, at, &config).await.unwrap_err();
+            assert_eq!(e.code(), "not_retained", "{at:?}");
+        }
+        // Deleting again finds the tombstone at the head and changes nothing.
+        assert_eq!(
+            delete_all(&b.bucket, &id, 3, &config, 101).await.unwrap(),
+            0
+        );
+        assert_eq!(keys(&b.bucket, &ra, "log").await, logs);
+    }
+
+    // The next life, on another node.
+    let cdir = tmp.path().join("c");
+    let (mut rc, opened) = Replica::open(
+        &b.bucket,
+        &id,
+        &cdir.join("actor.db"),
+        4,
+        config.clone(),
+        200,
+    )
+    .await
+    .unwrap();
+    let expected = if unsafe_variant {
+        Opened::BucketEmpty { local: false }
+    } else {
+        Opened::Deleted { replaced: None }
+    };
+    assert_eq!(opened, expected);
+    let mut csrc = Source::new(&cdir);
+    schema(&mut csrc);
+    let first = appended_seq(&upload(&mut rc, &mut csrc, 201).await.unwrap());
+    assert_eq!(first, if unsafe_variant { 0 } else { 4 });
+
+    // A's late upload takes its next seq, 1.
+    let late = upload(&mut ra, &mut a, 5).await;
+    if unsafe_variant {
+        assert_eq!(appended_seq(&late.unwrap()), 1, "A believes it appended");
+    } else {
+        assert!(
+            matches!(late, Err(ReplicaError::ChainMoved { seq: 1 })),
+            "{late:?}"
+        );
+        // B's takes its next seq, 3: the tombstone's.
+        let later = upload(&mut rb, &mut bsrc, 6).await;
+        assert!(
+            matches!(later, Err(ReplicaError::ChainMoved { seq: 3 })),
+            "{later:?}"
+        );
+    }
+
+    // A restore of the new life, within a bound that only a restore
+    // starting at the tombstone's snapshot meets.
+    let restoring = ReplicaConfig {
+        restore_entries_max: if unsafe_variant { 2 } else { 1 },
+        ..config.clone()
+    };
+    let ddir = tmp.path().join("d").join("actor.db");
+    let (_, opened) = Replica::open(&b.bucket, &id, &ddir, 5, restoring, 300)
+        .await
+        .unwrap();
+    assert_eq!(opened, Opened::Restored { replaced: None });
+    let state = dump(&ddir);
+    assert!(!state.contains("user 1"), "{state}");
+    if unsafe_variant {
+        assert!(
+            state.contains("from the old life"),
+            "the late entry landed: {state}"
+        );
+        // And the new life's own next upload finds its chain taken.
+        csrc.commit(&[("INSERT INTO tags VALUES ('new', 'life')", vec![])]);
+        let e = upload(&mut rc, &mut csrc, 202).await.unwrap_err();
+        assert!(matches!(e, ReplicaError::ChainMoved { seq: 1 }), "{e}");
+        return;
+    }
+    assert!(!state.contains("from the old life"), "{state}");
+    csrc.commit(&[("INSERT INTO tags VALUES ('new', 'life')", vec![])]);
+    assert_eq!(
+        appended_seq(&upload(&mut rc, &mut csrc, 202).await.unwrap()),
+        5
+    );
+    let latest = dump_bytes(&export(&b.bucket, &id, At::Latest, &config).await.unwrap());
+    assert!(
+        latest.contains("life") && !latest.contains("old life"),
+        "{latest}"
+    );
+
+    // The second life is deleted in turn: a tombstone at 6; the first
+    // tombstone's snapshot goes, entries 4 and 5 are erased in place, and
+    // the first life's tombstones (no pages) are left as they are.
+    let n = delete_all(&b.bucket, &id, 6, &config, 400).await.unwrap();
+    assert_eq!(n, 3);
+    assert_eq!(keys(&b.bucket, &ra, "snap").await, vec![root.snap(6)]);
+    let (_, opened) = Replica::open(&b.bucket, &id, &ddir, 7, config.clone(), 500)
+        .await
+        .unwrap();
+    let Opened::Deleted {
+        replaced: Some(aside),
+    } = opened
+    else {
+        panic!("expected the restored file set aside: {opened:?}")
+    };
+    // D's file, the new life's schema as restored before the delete.
+    assert!(dump(&aside).contains("[tags]"));
+    assert!(!ddir.exists());
+}
+
 async fn all_scenarios(make: impl Fn() -> Backend) {
     restore_is_byte_identical(&make(), "byte identical").await;
     lost_response_is_mine_and_foreign_entry_moves_the_chain(&make(), "lost response").await;
@@ -538,6 +708,8 @@ async fn all_scenarios(make: impl Fn() -> Backend) {
     first_upload_race(&make(), "first upload").await;
     point_in_time(&make(), "pitr").await;
     set_aside_never_deletes(&make(), "aside").await;
+    delete_then_late_writers(&make(), "deleted", false).await;
+    delete_then_late_writers(&make(), "deleted unsafe", true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

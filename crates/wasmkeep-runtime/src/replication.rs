@@ -321,6 +321,14 @@ pub fn ensure_open(rt: &Inner, repl: &Replication, actor: &Actor) -> Result<(), 
             st.committed = 1;
             st.pending_since = Some(Instant::now());
         }
+        Opened::Deleted { replaced } => {
+            // Deleted (a tombstone heads the chain): the actor starts over
+            // with no data, above the tombstone.
+            if replaced.is_some() {
+                tracing::info!(actor = %actor.id, replaced = ?replaced, "the bucket says the actor was deleted; its local file was set aside");
+            }
+            rt.timer.set(&actor.id, None);
+        }
         Opened::BucketEmpty { local: false } | Opened::UpToDate => {}
     }
     st.replica = Some(replica);
@@ -580,8 +588,10 @@ pub fn hold_until_uploaded(
     });
 }
 
-/// Deletes the actor's chain from the bucket (its data was deleted): waits
-/// for an upload in flight, then forgets the replica.
+/// Deletes the actor from the bucket (its data was deleted): waits for an
+/// upload in flight, then leaves a tombstone above the chain and erases
+/// what is below it (ADR 0007, "Deleting an actor"), and forgets the
+/// replica. The next life continues the chain above the tombstone.
 pub fn delete(rt: &Inner, repl: &Replication, actor: &Actor) -> Result<u64, RuntimeError> {
     let mut st = actor.repl.lock();
     let deadline = Instant::now() + Duration::from_millis(DELETE_WAIT_MS);
@@ -598,10 +608,13 @@ pub fn delete(rt: &Inner, repl: &Replication, actor: &Actor) -> Result<u64, Runt
         .block_on(wasmkeep_replica::delete_all(
             &repl.bucket,
             &actor.id,
+            repl.generation,
             &repl.config,
+            rt.clock.now_ms(),
         ))
         .map_err(|e| RuntimeError::ReplicationFailed(format!("deleting from the bucket: {e}")))?;
-    // Nothing of the refused chain is left: the actor starts over.
+    // Nothing of the refused chain is readable any more: the actor starts
+    // over.
     repl.refusals.lock().forget(&actor.id);
     let mut st = actor.repl.lock();
     for w in std::mem::take(&mut st.waiters) {

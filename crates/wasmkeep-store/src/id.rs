@@ -4,8 +4,21 @@ use std::fmt;
 
 /// Longest tenant, app or class name.
 pub const SEGMENT_BYTES_MAX: usize = 63;
-/// Longest actor name, in bytes of UTF-8.
-pub const NAME_BYTES_MAX: usize = 512;
+/// Longest actor name, in bytes of UTF-8 (`name_bytes_max`): the one limit
+/// every layer enforces (the HTTP edge and the runtime through [`ActorId`],
+/// the replica before it builds a key, and `wasmkeep-cluster`, which
+/// depends on nothing and keeps an equal copy that
+/// `wasmkeep-replica/tests/names.rs` checks against this one).
+///
+/// Why 256: a name is hex in keys (twice as long), split into folders of
+/// [`crate::paths::HEX_SEGMENT_CHARS`]. An actor's longest bucket key,
+/// `state/<tenant>/<app>/<class>/<name hex>/snap/<seq>`, is then 223 bytes
+/// plus 517 for the name: 740 of S3's 1,024, which leaves 284 for the
+/// bucket's prefix; the alarm index's keys (ADR 0009) are shorter. A name
+/// of 512 bytes (this limit before) could never be replicated.
+pub const NAME_BYTES_MAX: usize = 256;
+/// The reason [`validate_name`] gives for a name over [`NAME_BYTES_MAX`].
+pub const NAME_TOO_LONG: &str = "longer than name_bytes_max=256";
 
 /// `tenant/app/class/name`: one actor.
 ///
@@ -70,7 +83,7 @@ pub fn validate_name(value: &str) -> Result<(), InvalidId> {
         return bad("empty");
     }
     if value.len() > NAME_BYTES_MAX {
-        return bad("longer than name_bytes_max=512");
+        return bad(NAME_TOO_LONG);
     }
     if value.chars().any(char::is_control) {
         return bad("contains a control character");
@@ -121,9 +134,18 @@ mod tests {
         for good in ["a", "../..", "a/b/c", "ünï😀", ".", " spaced "] {
             assert!(validate_name(good).is_ok(), "{good:?} refused");
         }
-        for bad in ["", "a\nb", "\u{0}", &"x".repeat(513)] {
+        for bad in ["", "a\nb", "\u{0}", &"x".repeat(NAME_BYTES_MAX + 1)] {
             assert!(validate_name(bad).is_err(), "{bad:?} accepted");
         }
-        assert!(validate_name(&"é".repeat(256)).is_ok());
+        assert!(validate_name(&"é".repeat(NAME_BYTES_MAX / 2)).is_ok());
+        assert!(validate_name(&"x".repeat(NAME_BYTES_MAX)).is_ok());
+    }
+
+    #[test]
+    fn a_long_name_is_refused_naming_the_limit() {
+        assert!(NAME_TOO_LONG.ends_with(&format!("name_bytes_max={NAME_BYTES_MAX}")));
+        let e = validate_name(&"é".repeat(NAME_BYTES_MAX / 2 + 1)).unwrap_err();
+        assert_eq!(e.reason, NAME_TOO_LONG);
+        assert!(e.to_string().contains("name_bytes_max=256"), "{e}");
     }
 }

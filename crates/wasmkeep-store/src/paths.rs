@@ -147,7 +147,13 @@ mod tests {
     #[test]
     fn listing_decodes_sorts_and_pages() {
         let tmp = tempfile::tempdir().unwrap();
-        let names = ["b", "a", "../x", &"y".repeat(300), "ü"];
+        let names = [
+            "b",
+            "a",
+            "../x",
+            &"y".repeat(crate::id::NAME_BYTES_MAX),
+            "ü",
+        ];
         for n in names {
             let p = actor_db(tmp.path(), &id(n));
             std::fs::create_dir_all(p.parent().unwrap()).unwrap();

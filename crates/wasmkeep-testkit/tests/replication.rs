@@ -184,6 +184,10 @@ fn a_node_with_an_empty_folder_restores_each_actor_on_first_use() {
     assert!(!second.actor("demo/examples/counter/never").exists());
 }
 
+/// Deleting an actor leaves a tombstone above its chain and erases the
+/// entries below it in place (ADR 0007, "Deleting an actor"): nothing of
+/// its data is left, and its next life continues the chain above the
+/// tombstone instead of starting again at seq 0.
 #[test]
 fn deleting_an_actor_deletes_its_chain() {
     let (bucket, _faults) = memory_bucket();
@@ -191,9 +195,46 @@ fn deleting_an_actor_deletes_its_chain() {
     increment(&node, "a", REPLICATED).unwrap();
     assert_eq!(bucket_logs(&bucket, &node), 1);
     assert!(node.actor("demo/examples/counter/a").delete_actor());
-    assert_eq!(bucket_logs(&bucket, &node), 0);
-    // Starts over, rather than coming back from the bucket.
+    // log/0 erased in place, log/1 the tombstone: no pages anywhere.
+    assert_eq!(bucket_logs(&bucket, &node), 2);
+    assert_eq!(bucket_pages(&bucket, &node), vec![(0, 0), (1, 0)]);
+    // Starts over, rather than coming back from the bucket, above the
+    // tombstone.
     assert_eq!(increment(&node, "a", REPLICATED).unwrap(), 1);
+    let pages = bucket_pages(&bucket, &node);
+    assert_eq!(pages.len(), 3);
+    assert_eq!(pages[2].0, 2);
+    assert!(
+        pages[2].1 > 0,
+        "the new life's first entry carries its pages"
+    );
+}
+
+/// Each entry of actor `a`'s `log/` as (seq, pages it carries).
+fn bucket_pages(bucket: &Bucket, node: &TestNode) -> Vec<(u64, usize)> {
+    let exec = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let root = wasmkeep_replica::ActorRoot::new(
+        node.actor("demo/examples/counter/a").id(),
+        bucket.prefix_bytes(),
+    )
+    .unwrap();
+    exec.block_on(async {
+        let mut out = Vec::new();
+        for seq in bucket
+            .list_seqs(&root.log_dir(), None, u64::MAX)
+            .await
+            .unwrap()
+        {
+            let key = root.log(seq);
+            let body = bucket.get_bounded(&key, "test", u64::MAX).await.unwrap();
+            let e = wasmkeep_replica::Entry::decode(&key, &body, u64::MAX).unwrap();
+            out.push((seq, e.pages.len()));
+        }
+        out
+    })
 }
 
 #[test]

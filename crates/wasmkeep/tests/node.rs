@@ -248,13 +248,16 @@ fn hostile_names_stay_in_their_folder_and_list_back() {
     assert_eq!(got, want);
     let (s, v) = node.json("POST", "/v1/demo/examples/counter/a%0Ab/increment", b"");
     assert_eq!((s, code(&v)), (400, "invalid_name"));
-    let long = "n".repeat(513);
+    // One byte over `name_bytes_max` (256, the one limit of every layer).
+    let long = "n".repeat(257);
     let (s, v) = node.json(
         "POST",
         &format!("/v1/demo/examples/counter/{long}/increment"),
         b"",
     );
     assert_eq!((s, code(&v)), (400, "invalid_name"));
+    let message = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("name_bytes_max=256"), "{v}");
 }
 
 #[test]
