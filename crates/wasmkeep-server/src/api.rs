@@ -18,8 +18,9 @@ use serde_json::json;
 use wasmkeep_runtime::{ActorId, ActorRequest, Runtime};
 
 use crate::auth::Tokens;
-use crate::cluster::ClusterState;
+use crate::cluster::{CLUSTER_TOKEN_HEADER, ClusterState, FORWARDED_HEADER, NODE_HEADER};
 use crate::error::ApiError;
+use std::sync::atomic::Ordering;
 
 /// Longest SQL text the inspection route accepts.
 pub const INSPECT_SQL_BYTES_MAX: usize = 1024 * 1024;
@@ -307,6 +308,7 @@ async fn show_node(State(s): State<AppState>) -> Response {
             "epochs_total": n.epochs_total,
             "lapsed_total": n.lapsed_total,
             "fenced_total": n.fenced_total,
+            "held_actors": c.acting_epoch().map_or(0, |e| c.ownership.held(e)),
         })
     });
     axum::Json(json!({ "cluster": cluster })).into_response()
@@ -452,7 +454,15 @@ fn durability(headers: &axum::http::HeaderMap, query: &str) -> Result<(String, b
 async fn actor_request(State(s): State<AppState>, req: Request) -> Result<Response, ApiError> {
     let (parts, body) = req.into_parts();
     let (id, path) = parse_actor_path(parts.uri.path())?;
-    if !s.tokens.tenant_ok(&id.tenant, &parts.headers) {
+    let cluster = s.config.cluster.clone();
+    // In cluster mode a request another node forwarded carries the hop
+    // marker; the tenant's token was checked there, so the secret decides.
+    let forwarded = cluster.is_some() && parts.headers.contains_key(FORWARDED_HEADER);
+    let trusted = match &cluster {
+        Some(c) if forwarded => cluster_token_check(c, &parts.headers)?,
+        _ => false,
+    };
+    if !trusted && !s.tokens.tenant_ok(&id.tenant, &parts.headers) {
         return Err(ApiError::new(
             StatusCode::UNAUTHORIZED,
             "unauthorized",
@@ -464,10 +474,199 @@ async fn actor_request(State(s): State<AppState>, req: Request) -> Result<Respon
     }
     check_acting(&s)?;
     let body = read_body(body, s.config.request_body_bytes_max, s.pace()).await?;
+    match cluster {
+        Some(c) => clustered_request(&s, &c, id, path, &parts, body, forwarded).await,
+        None => run_here(&s, id, path, &parts, body).await,
+    }
+}
+
+/// A forwarded request's cluster secret: `Ok(true)` if it is right (the
+/// request is trusted as the forwarding node checked it), `Ok(false)` if the
+/// node has no secret and none was sent (loopback: the tenant check
+/// applies), 403 `cluster_token_invalid` otherwise.
+fn cluster_token_check(
+    c: &ClusterState,
+    headers: &axum::http::HeaderMap,
+) -> Result<bool, ApiError> {
+    let presented = headers.get(CLUSTER_TOKEN_HEADER);
+    let ok = match presented {
+        None if !c.has_token() => return Ok(false),
+        Some(v) => c.token_ok(v.to_str().ok()),
+        None => false,
+    };
+    if ok {
+        return Ok(true);
+    }
+    Err(ApiError::new(
+        StatusCode::FORBIDDEN,
+        "cluster_token_invalid",
+        format!("a forwarded request needs the cluster secret in `{CLUSTER_TOKEN_HEADER}`"),
+    ))
+}
+
+/// Cluster mode: runs the request here if this node holds the actor (taking
+/// it if it has no live owner), or forwards it to the owner, once; a
+/// forward that did not reach the owner, or that the owner refused as not
+/// its own, drops the cached owner and routes again, once.
+async fn clustered_request(
+    s: &AppState,
+    c: &Arc<ClusterState>,
+    id: ActorId,
+    path: String,
+    parts: &axum::http::request::Parts,
+    body: Vec<u8>,
+    forwarded: bool,
+) -> Result<Response, ApiError> {
+    use crate::cluster::forward::{ForwardError, forward};
+    use crate::cluster::ownership::Route;
+    let counters = &c.ownership.counters;
+    let path_and_query = parts
+        .uri
+        .path_and_query()
+        .map_or("/", |p| p.as_str())
+        .to_owned();
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let last = attempt >= 2;
+        let route = c
+            .ownership
+            .route(&id, || c.route_epoch(), forwarded)
+            .await
+            .map_err(route_error)?;
+        let (node, address) = match route {
+            Route::Local(_in_use) => {
+                let mut out = run_here(s, id, path, parts, body).await?;
+                if let Ok(v) = HeaderValue::from_str(c.node()) {
+                    out.headers_mut().insert(NODE_HEADER, v);
+                }
+                return Ok(out);
+            }
+            Route::Forward { node, address } => (node, address),
+        };
+        counters.forwards_total.fetch_add(1, Ordering::Relaxed);
+        let sent = forward(
+            &address,
+            &parts.method,
+            &path_and_query,
+            &parts.headers,
+            body.clone(),
+            c.settings(),
+        )
+        .await;
+        let failed = |code: &'static str, status: StatusCode, why: String| {
+            counters
+                .forward_failures_total
+                .fetch_add(1, Ordering::Relaxed);
+            c.ownership.forget_owner(&id);
+            ApiError::new(
+                status,
+                code,
+                format!(
+                    "forwarding to the actor's owner failed: {why}: owner={node} address={address}"
+                ),
+            )
+        };
+        match sent {
+            Ok(resp) if !last && refused_as_not_owner(&resp) => {
+                failed(
+                    "forward_failed",
+                    StatusCode::BAD_GATEWAY,
+                    "not the owner".into(),
+                );
+            }
+            Ok(resp) => return Ok(relay(resp)),
+            Err(ForwardError::NotSent(why)) if !last => {
+                tracing::debug!(actor = %id, node, why, "forward did not reach the owner; routing again");
+                failed("forward_failed", StatusCode::BAD_GATEWAY, why);
+            }
+            Err(ForwardError::NotSent(why) | ForwardError::Failed(why)) => {
+                return Err(failed("forward_failed", StatusCode::BAD_GATEWAY, why));
+            }
+            Err(ForwardError::Timeout) => {
+                let why = format!(
+                    "no answer within cluster_forward_timeout_ms={}",
+                    c.settings().forward_timeout_ms
+                );
+                return Err(failed("forward_timeout", StatusCode::GATEWAY_TIMEOUT, why));
+            }
+        }
+    }
+}
+
+/// Whether an owner's answer says the request did not run there because it
+/// is not (or no longer) the owner, or does not act: worth routing again.
+fn refused_as_not_owner(resp: &axum::http::Response<bytes::Bytes>) -> bool {
+    if resp.status() != StatusCode::SERVICE_UNAVAILABLE {
+        return false;
+    }
+    let code = serde_json::from_slice::<serde_json::Value>(resp.body())
+        .ok()
+        .and_then(|v| v["error"]["code"].as_str().map(str::to_owned));
+    matches!(code.as_deref(), Some("not_owner" | "node_not_acting"))
+}
+
+/// The owner's answer, as this node's: status, headers (but those that
+/// frame the message, which this node sets) and body.
+fn relay(resp: axum::http::Response<bytes::Bytes>) -> Response {
+    let (parts, body) = resp.into_parts();
+    let mut out = Response::new(Body::from(body));
+    *out.status_mut() = parts.status;
+    let h = out.headers_mut();
+    for (k, v) in parts.headers.iter() {
+        if !is_framing_header(k) {
+            h.append(k.clone(), v.clone());
+        }
+    }
+    out
+}
+
+fn route_error(e: crate::cluster::ownership::RouteError) -> ApiError {
+    use crate::cluster::ownership::RouteError as E;
+    let unavailable = StatusCode::SERVICE_UNAVAILABLE;
+    match e {
+        E::NotActing => ApiError::new(
+            unavailable,
+            "node_not_acting",
+            "this node's cluster lease does not let it act now; try again or another node",
+        ),
+        E::NotOwner { owner } => ApiError::new(
+            unavailable,
+            "not_owner",
+            format!(
+                "a forwarded request reached a node that does not own the actor (owner: {}); \
+                 a forwarded request is never forwarded again",
+                owner.as_deref().unwrap_or("unknown")
+            ),
+        ),
+        E::TakeFailed(why) => ApiError::new(
+            unavailable,
+            "take_failed",
+            format!("could not take the actor for this node; try again: {why}"),
+        ),
+        E::Name(why) => ApiError::new(StatusCode::BAD_REQUEST, "invalid_name", why),
+        E::Full { limit } => ApiError::new(
+            unavailable,
+            "cluster_actors_full",
+            format!("this node tracks too many actors in use: limit cluster_actors_max={limit}"),
+        ),
+    }
+}
+
+/// Runs the request on this node's runtime.
+async fn run_here(
+    s: &AppState,
+    id: ActorId,
+    path: String,
+    parts: &axum::http::request::Parts,
+    body: Vec<u8>,
+) -> Result<Response, ApiError> {
+    let clustered = s.config.cluster.is_some();
     let headers = parts
         .headers
         .iter()
         .filter(|(k, _)| *k != axum::http::header::AUTHORIZATION)
+        .filter(|(k, _)| !clustered || *k != CLUSTER_TOKEN_HEADER)
         .filter_map(|(k, v)| Some((k.as_str().to_owned(), v.to_str().ok()?.to_owned())))
         .collect();
     let (query, replicated) = durability(&parts.headers, parts.uri.query().unwrap_or(""))?;
@@ -482,7 +681,7 @@ async fn actor_request(State(s): State<AppState>, req: Request) -> Result<Respon
     let resp = s.rt.request(id.clone(), request).await?;
     // The lease may have ended while the request ran: then it is not
     // acknowledged (its effects may stand, as after a lost response).
-    check_acting(&s)?;
+    check_acting(s)?;
     let status = StatusCode::from_u16(resp.status)
         .ok()
         .filter(|s| !s.is_informational())

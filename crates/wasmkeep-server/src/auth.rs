@@ -33,12 +33,12 @@ impl std::fmt::Debug for Tokens {
     }
 }
 
-fn digest(s: &str) -> [u8; 32] {
+pub(crate) fn digest(s: &str) -> [u8; 32] {
     Sha256::digest(s.as_bytes()).into()
 }
 
 /// Equal in time independent of where the inputs differ.
-fn ct_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
+pub(crate) fn ct_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
     let mut diff = 0u8;
     for i in 0..32 {
         diff |= a[i] ^ b[i];

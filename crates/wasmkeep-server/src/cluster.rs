@@ -2,36 +2,45 @@
 //! driver that runs `wasmkeep_cluster`'s step machines against the real
 //! bucket with the real clock (ADR 0020).
 //!
-//! What runs today is the node's **own lease** only: `wasmkeep serve
-//! --bucket URL --advertise http://HOST:PORT` starts [`ClusterNode`], which
-//! takes the next epoch in the data directory ([`identity`]), then drives a
-//! [`NodeLeaseMachine`] in a tokio task: it registers
-//! `nodes/<id>/<epoch>/<counter>` with the advertised address, renews every
-//! third of `lease_period_ms`, and when the epoch ends (lapsed: renewals
-//! failed until the margin; fenced: another node wrote the next counter)
-//! the node stops acknowledging at once, takes a new epoch and registers
-//! again. At shutdown [`ClusterNode::release`] writes `released`.
+//! `wasmkeep serve --bucket URL --advertise http://HOST:PORT` starts
+//! [`ClusterNode`], which takes the next epoch in the data directory
+//! ([`identity`]), then drives a [`NodeLeaseMachine`] in a tokio task: it
+//! registers `nodes/<id>/<epoch>/<counter>` with the advertised address,
+//! renews every third of `lease_period_ms`, and when the epoch ends
+//! (lapsed: renewals failed until the margin; fenced: another node wrote
+//! the next counter) the node stops acknowledging at once, takes a new
+//! epoch and registers again. At shutdown [`ClusterNode::release`] releases
+//! the node's holds, then writes `released` as its lease record.
+//!
+//! Actors' ownership ([`ownership`]): the actor route asks the table where
+//! a request runs; an actor the node does not hold is taken by a
+//! `TakeMachine` (held here) or found to be another live node's (forwarded
+//! there by [`forward`], one hop). Idle actors are released by a
+//! `ReleaseMachine`. [`ClusterNode::attach_runtime`] gates the runtime's
+//! alarms by ownership and closes its actors while the node does not act.
 //!
 //! The hook between the lease and the rest of the node is
 //! [`ClusterState::is_acting`]: the time until which the lease lets the node
 //! act, by the node's own clock, which the HTTP edge checks before it runs
 //! an actor request and again before it acknowledges one (503
-//! `node_not_acting` otherwise). Taking actors (holds), forwarding and
-//! failover are not here yet; neither is telling the runtime to drop its
-//! actors or stop its alarms while the node does not act.
+//! `node_not_acting` otherwise).
 //!
 //! | part | what it does |
 //! |---|---|
 //! | [`bucket`] | performs a machine's `BucketOp` on `wasmkeep_replica::Bucket`, bounded in time and bytes |
 //! | [`identity`] | `<data>/node/id` and `<data>/node/epoch` |
 //! | `lease_task` | the tokio task that drives `NodeLeaseMachine` |
+//! | [`ownership`] | the ownership table: takes, owner cache, releases |
+//! | [`forward`] | forwards a request to its actor's owner |
 //!
 //! The machines decide; this module only performs. The rules it runs are
 //! [`RULES`], ADR 0009's safe ones, the only ones a server may pass.
 
 pub mod bucket;
+pub mod forward;
 pub mod identity;
 mod lease_task;
+pub mod ownership;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -39,6 +48,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use wasmkeep_cluster::Rules;
 use wasmkeep_cluster::machine::NodeLeaseMachine;
+use wasmkeep_runtime::{ActorId, RunGate, Runtime};
 
 pub use wasmkeep_cluster::ClusterConfig;
 use wasmkeep_replica::Bucket;
@@ -57,15 +67,68 @@ pub struct ClusterSettings {
     /// The address other nodes reach this node at (`http://host:port`),
     /// written into every live lease record.
     pub advertise: String,
-    /// The secret nodes share for internal and forwarded calls. Carried for
-    /// the forwarding work; no internal route exists yet.
+    /// The secret nodes share: sent on every forwarded request, and
+    /// required on every forwarded request received.
     pub cluster_token: Option<String>,
     /// Lease timings and protocol bounds (ADR 0020's defaults).
     pub protocol: ClusterConfig,
     /// The longest one bucket operation of the cluster protocol may take
     /// before it counts as failed.
     pub bucket_timeout_ms: u64,
+    /// The longest a forwarded request may take, from connecting to the
+    /// owner to the last byte of its answer (504 `forward_timeout` past it).
+    pub forward_timeout_ms: u64,
+    /// Largest answer body a forwarding node relays (the owner's
+    /// `response_body_bytes_max` plus room for an error body).
+    pub forward_response_bytes_max: usize,
+    /// How long a node remembers which node owns an actor before it reads
+    /// the bucket again (dropped at once when a forward to it fails).
+    pub owner_cache_ttl_ms: u64,
+    /// Most actors the ownership table tracks (held, or owners cached).
+    pub actors_max: usize,
+    /// An actor with no request for this long is released (its hold
+    /// written `released`), so another node may take it at once. Longer
+    /// than the runtime's `actor_idle_ms`, so that the runtime closed it
+    /// first.
+    pub release_idle_ms: u64,
 }
+
+impl ClusterSettings {
+    /// The defaults for everything but the address, the secret and the
+    /// protocol's timings.
+    pub fn new(advertise: &str, cluster_token: Option<String>, protocol: ClusterConfig) -> Self {
+        ClusterSettings {
+            advertise: advertise.to_owned(),
+            cluster_token,
+            protocol,
+            bucket_timeout_ms: 2_000,
+            forward_timeout_ms: FORWARD_TIMEOUT_MS,
+            forward_response_bytes_max: 32 * 1024 * 1024 + 64 * 1024,
+            owner_cache_ttl_ms: OWNER_CACHE_TTL_MS,
+            actors_max: ACTORS_MAX,
+            release_idle_ms: 60_000 + RELEASE_AFTER_IDLE_CLOSE_MS,
+        }
+    }
+}
+
+/// Default of `cluster_forward_timeout_ms`.
+pub const FORWARD_TIMEOUT_MS: u64 = 30_000;
+/// Default of `cluster_owner_cache_ttl_ms`.
+pub const OWNER_CACHE_TTL_MS: u64 = 2_000;
+/// Default of `cluster_actors_max`.
+pub const ACTORS_MAX: usize = 100_000;
+/// How much longer than `actor_idle_ms` an actor must be idle before it is
+/// released: the runtime's reaper closes idle actors once a second, and a
+/// released actor must be closed here before another node may take it.
+pub const RELEASE_AFTER_IDLE_CLOSE_MS: u64 = 2_000;
+
+/// The header that marks a request forwarded by another node (one hop: a
+/// node never forwards a request that carries it).
+pub const FORWARDED_HEADER: &str = "x-wasmkeep-forwarded";
+/// The header that carries the cluster secret on a forwarded request.
+pub const CLUSTER_TOKEN_HEADER: &str = "x-wasmkeep-cluster-token";
+/// The response header naming the node that ran the request.
+pub const NODE_HEADER: &str = "x-wasmkeep-node";
 
 /// Why cluster mode could not start.
 #[derive(Debug, thiserror::Error)]
@@ -108,6 +171,20 @@ impl ClusterSettings {
             return Err(bad("nothing after the port"));
         }
         self.protocol.validate()?;
+        let zero = [
+            ("cluster_forward_timeout_ms", self.forward_timeout_ms),
+            ("cluster_actors_max", self.actors_max as u64),
+            (
+                "forward_response_bytes_max",
+                self.forward_response_bytes_max as u64,
+            ),
+        ];
+        if let Some((name, _)) = zero.iter().find(|(_, v)| *v == 0) {
+            return Err(ClusterError::Advertise {
+                reason: format!("{name} must be at least 1"),
+                address: self.advertise.clone(),
+            });
+        }
         if self.bucket_timeout_ms == 0 {
             return Err(ClusterError::Advertise {
                 reason: "cluster_bucket_timeout_ms must be at least 1".into(),
@@ -133,6 +210,14 @@ pub struct ClusterState {
     epochs_total: AtomicU64,
     lapsed_total: AtomicU64,
     fenced_total: AtomicU64,
+    /// The epoch in which the runtime has no actor open from an earlier
+    /// epoch (the first one, or one after the release task closed them):
+    /// actors are routed only in it.
+    fresh_epoch: AtomicU64,
+    /// SHA-256 of the cluster secret, if one is set.
+    token_digest: Option<[u8; 32]>,
+    /// The actors this node holds, and the owners it knows.
+    pub ownership: ownership::Ownership,
 }
 
 /// The node's view of its cluster state at one instant.
@@ -151,11 +236,20 @@ pub struct NodeStatus {
 }
 
 impl ClusterState {
-    fn new(node: &str, address: &str) -> ClusterState {
+    fn new(
+        node: &str,
+        first_epoch: u64,
+        settings: &ClusterSettings,
+        driver: BucketDriver,
+        prefix_bytes: usize,
+    ) -> ClusterState {
         ClusterState {
             node: node.to_owned(),
-            address: address.to_owned(),
+            address: settings.advertise.clone(),
+            token_digest: settings.cluster_token.as_deref().map(crate::auth::digest),
+            ownership: ownership::Ownership::new(node, driver, settings.clone(), prefix_bytes),
             epoch: AtomicU64::new(0),
+            fresh_epoch: AtomicU64::new(first_epoch),
             acting_until_ms: AtomicU64::new(0),
             lease_counter_plus_1: AtomicU64::new(0),
             renewals_total: AtomicU64::new(0),
@@ -169,6 +263,41 @@ impl ClusterState {
     /// machine's acting deadline: the record's expiry minus the margin).
     pub fn is_acting(&self) -> bool {
         now_ms() < self.acting_until_ms.load(Ordering::Acquire)
+    }
+
+    /// The epoch in which the node's lease lets it act now, if it does.
+    pub fn acting_epoch(&self) -> Option<u64> {
+        let epoch = self.epoch.load(Ordering::Acquire);
+        self.is_acting().then_some(epoch)
+    }
+
+    /// The epoch in which actors may be routed (taken, served) now: the
+    /// acting epoch, once the runtime closed the actors it had open in an
+    /// earlier one (a copy kept open across a change of owner would be
+    /// stale: the runtime consults the bucket once per opening).
+    pub fn route_epoch(&self) -> Option<u64> {
+        let fresh = self.fresh_epoch.load(Ordering::Acquire);
+        self.acting_epoch().filter(|e| *e == fresh)
+    }
+
+    /// Whether a forwarded request's cluster secret is right. Without a
+    /// secret (loopback only), forwarded requests are not trusted: they pass
+    /// the tenant check like any other.
+    pub fn token_ok(&self, presented: Option<&str>) -> bool {
+        match (&self.token_digest, presented) {
+            (Some(want), Some(got)) => crate::auth::ct_eq(&crate::auth::digest(got), want),
+            _ => false,
+        }
+    }
+
+    /// The node's cluster settings (the forwarder's bounds and secret).
+    pub(crate) fn settings(&self) -> &ClusterSettings {
+        self.ownership.settings()
+    }
+
+    /// Whether the node has a cluster secret.
+    pub fn has_token(&self) -> bool {
+        self.token_digest.is_some()
     }
 
     /// The node id.
@@ -226,6 +355,47 @@ impl ClusterState {
             "Epochs that ended because another node fenced this one.",
             s.fenced_total,
         );
+        let o = &self.ownership.counters;
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        for (name, help, value) in [
+            (
+                "wasmkeep_cluster_takes_total",
+                "Actors this node took (hold created).",
+                l(&o.takes_total),
+            ),
+            (
+                "wasmkeep_cluster_takeovers_total",
+                "Takes whose previous hold named another node or epoch.",
+                l(&o.takeovers_total),
+            ),
+            (
+                "wasmkeep_cluster_take_failures_total",
+                "Takes that failed (bucket, lost race, live holder).",
+                l(&o.take_failures_total),
+            ),
+            (
+                "wasmkeep_cluster_fences_total",
+                "Lapsed nodes this node fenced to take their actors.",
+                l(&o.fences_total),
+            ),
+            (
+                "wasmkeep_cluster_releases_total",
+                "Holds this node released (idle actors, shutdown).",
+                l(&o.releases_total),
+            ),
+            (
+                "wasmkeep_cluster_forwards_total",
+                "Requests forwarded to their owner.",
+                l(&o.forwards_total),
+            ),
+            (
+                "wasmkeep_cluster_forward_failures_total",
+                "Forwards that failed (owner unreachable, timed out, not the owner).",
+                l(&o.forward_failures_total),
+            ),
+        ] {
+            metric(name, "counter", help, value);
+        }
         metric(
             "wasmkeep_cluster_acting",
             "gauge",
@@ -247,7 +417,89 @@ pub struct ClusterNode {
     state: Arc<ClusterState>,
     stop: tokio::sync::watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
+    releaser: Option<tokio::task::JoinHandle<()>>,
+    release_idle_ms: u64,
     release_budget_ms: u64,
+}
+
+/// Every [`ownership::RELEASE_SCAN_MS`] until the node stops: releases
+/// idle actors (but those with an alarm pending in this node's timer), and
+/// while the node does not act, or when its epoch changed, closes the
+/// runtime's idle actors, so that each is taken and restored again before
+/// it is served.
+async fn release_task(
+    state: Arc<ClusterState>,
+    rt: Runtime,
+    idle_ms: u64,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let every = std::time::Duration::from_millis(ownership::RELEASE_SCAN_MS);
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = stop.changed() => return,
+        }
+        let epoch = state.acting_epoch();
+        let fresh = state.fresh_epoch.load(Ordering::Acquire);
+        if epoch.is_none() || epoch.is_some_and(|e| e != fresh) {
+            let rt = rt.clone();
+            if let Ok(n) = tokio::task::spawn_blocking(move || rt.close_idle_now()).await
+                && n > 0
+            {
+                tracing::info!(closed = n, "lease ended: closed this node's actors");
+            }
+            if let Some(e) = epoch {
+                // Closed after the epoch began: actors open before it are gone.
+                state.fresh_epoch.store(e, Ordering::Release);
+            }
+        }
+        let keep = |id: &ActorId| rt.timer_alarm(id).is_some();
+        state
+            .ownership
+            .release_idle(idle_ms, || state.acting_epoch(), keep)
+            .await;
+    }
+}
+
+/// The runtime's gate for alarms in cluster mode: an actor's alarm runs on
+/// this node only while its lease lets it act and it holds the actor. For an
+/// actor it does not hold, the node tries to take it first (its lease may
+/// have ended, or it restarted): taken, the alarm runs here (the alarm event
+/// re-reads the committed alarm after the restore, so a stale local copy
+/// runs nothing); owned by another live node, it is that node's alarm and
+/// leaves this node's timer. The take blocks the runtime's timer thread, for
+/// at most [`ALARM_TAKE_WAIT_MS`]; never an async thread (there it answers
+/// from the table alone).
+#[derive(Debug)]
+struct AlarmGate {
+    state: Arc<ClusterState>,
+    tokio: tokio::runtime::Handle,
+}
+
+/// The longest the alarm gate waits for a take of an actor whose alarm is
+/// due (or soon due) on this node.
+pub const ALARM_TAKE_WAIT_MS: u64 = 5_000;
+
+impl RunGate for AlarmGate {
+    fn may_run(&self, id: &ActorId) -> bool {
+        let state = &self.state;
+        let Some(epoch) = state.route_epoch() else {
+            return false;
+        };
+        if state.ownership.holds(id, epoch, true) {
+            return true;
+        }
+        if tokio::runtime::Handle::try_current().is_ok() {
+            return false;
+        }
+        let wait = std::time::Duration::from_millis(ALARM_TAKE_WAIT_MS);
+        let take = state.ownership.route(id, || state.route_epoch(), false);
+        // The timeout is made inside the runtime: a timer needs its reactor.
+        let routed = self
+            .tokio
+            .block_on(async { tokio::time::timeout(wait, take).await });
+        matches!(routed, Ok(Ok(ownership::Route::Local(_))))
+    }
 }
 
 impl ClusterNode {
@@ -268,9 +520,17 @@ impl ClusterNode {
             &settings.advertise,
             settings.protocol.clone(),
         )?;
-        let state = Arc::new(ClusterState::new(identity.node(), &settings.advertise));
-        let (stop, stop_rx) = tokio::sync::watch::channel(false);
+        let prefix_bytes = bucket.prefix_bytes();
         let driver = BucketDriver::new(bucket, settings.bucket_timeout_ms);
+        let state = Arc::new(ClusterState::new(
+            identity.node(),
+            identity.epoch(),
+            &settings,
+            driver.clone(),
+            prefix_bytes,
+        ));
+        let (stop, stop_rx) = tokio::sync::watch::channel(false);
+        let release_idle_ms = settings.release_idle_ms;
         // A release waits for a renewal in flight, then writes its record.
         let release_budget_ms = settings.bucket_timeout_ms.saturating_mul(3);
         tracing::info!(
@@ -290,8 +550,31 @@ impl ClusterNode {
             state,
             stop,
             task,
+            releaser: None,
+            release_idle_ms,
             release_budget_ms,
         })
+    }
+
+    /// Ties the node's runtime to its ownership: the runtime runs an
+    /// actor's alarms only while this node holds it (`AlarmGate`), closes
+    /// its actors when the lease ends, and idle actors are released. Call
+    /// once, before the node serves.
+    pub fn attach_runtime(&mut self, rt: &Runtime) {
+        let gate = AlarmGate {
+            state: Arc::clone(&self.state),
+            tokio: tokio::runtime::Handle::current(),
+        };
+        if !rt.set_gate(Arc::new(gate)) {
+            tracing::warn!("the runtime had a gate already; alarms are not gated by ownership");
+        }
+        let task = release_task(
+            Arc::clone(&self.state),
+            rt.clone(),
+            self.release_idle_ms,
+            self.stop.subscribe(),
+        );
+        self.releaser = Some(tokio::spawn(task));
     }
 
     /// The state the HTTP edge checks.
@@ -304,6 +587,20 @@ impl ClusterNode {
     /// to run out. Bounded: a bucket that does not answer only makes others
     /// wait.
     pub async fn release(self) {
+        // Holds first, while the lease still lets the node write them: the
+        // connections have drained, so every held actor is idle.
+        if let Some(releaser) = &self.releaser {
+            releaser.abort();
+        }
+        let budget = std::time::Duration::from_millis(self.release_budget_ms);
+        let state = Arc::clone(&self.state);
+        let holds = state
+            .ownership
+            .release_idle(0, || state.acting_epoch(), |_| false);
+        match tokio::time::timeout(budget, holds).await {
+            Ok(n) => tracing::info!(released = n, "released this node's actors"),
+            Err(_) => tracing::warn!("actors not all released in time; they lapse with the lease"),
+        }
         let _ = self.stop.send(true);
         let budget = std::time::Duration::from_millis(self.release_budget_ms);
         if tokio::time::timeout(budget, self.task).await.is_err() {
@@ -346,12 +643,7 @@ mod tests {
     use super::*;
 
     fn settings(advertise: &str) -> ClusterSettings {
-        ClusterSettings {
-            advertise: advertise.into(),
-            cluster_token: None,
-            protocol: ClusterConfig::default(),
-            bucket_timeout_ms: 1000,
-        }
+        ClusterSettings::new(advertise, None, ClusterConfig::default())
     }
 
     /// The server links the rules the simulator proves: `RULES` is
@@ -370,6 +662,8 @@ mod tests {
                 "cluster/lease_task.rs",
                 include_str!("cluster/lease_task.rs"),
             ),
+            ("cluster/ownership.rs", include_str!("cluster/ownership.rs")),
+            ("cluster/forward.rs", include_str!("cluster/forward.rs")),
         ];
         let forbidden = [
             ["Rules", "::with("].concat(),

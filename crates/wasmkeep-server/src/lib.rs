@@ -9,9 +9,11 @@
 //! Every error leaves as `{"error":{"code":"…","message":"…"}}` with a
 //! stable code ([`error`]). Tokens are checked in constant time ([`auth`]).
 //! Connections are capped and timed out by the accept loop (`edge.rs`).
-//! In cluster mode ([`cluster`]) the node keeps its own lease in the bucket by
-//! driving `wasmkeep-cluster`'s step machines, and refuses actor requests
-//! (503 `node_not_acting`) while the lease does not let it act.
+//! In cluster mode ([`cluster`]) the node keeps its own lease and its actors'
+//! holds in the bucket by driving `wasmkeep-cluster`'s step machines,
+//! forwards requests for actors another node holds (one hop), and refuses
+//! actor requests (503 `node_not_acting`) while the lease does not let it
+//! act.
 //! The runtime underneath knows nothing of any of this.
 
 pub mod api;

@@ -30,6 +30,10 @@ pub struct UnsafeRules {
     /// `admin_takes_any_page`: the admin API answers browser pages of
     /// any origin.
     pub admin_takes_any_page: bool,
+    /// `no_sql_allow_list`: guest SQL may call any function, pragma and
+    /// virtual-table module, and SQLite's escape hatches stay open
+    /// (process-wide; see [`UnsafeRules::apply_to_process`]).
+    pub no_sql_allow_list: bool,
 }
 
 impl UnsafeRules {
@@ -44,6 +48,7 @@ impl UnsafeRules {
                 "keep_framing_headers" => &mut r.keep_framing_headers,
                 "admin_open_to_network" => &mut r.admin_open_to_network,
                 "admin_takes_any_page" => &mut r.admin_takes_any_page,
+                "no_sql_allow_list" => &mut r.no_sql_allow_list,
                 _ => return Err(format!("{ENV}: unknown rule `{name}`")),
             };
             *flag = true;
@@ -58,6 +63,15 @@ impl UnsafeRules {
             UnsafeRules::parse(&std::env::var(ENV).unwrap_or_default())
         } else {
             Ok(UnsafeRules::default())
+        }
+    }
+
+    /// Switches off, before the runtime opens any database, the rules that
+    /// live below the server (the guest SQL allow-list).
+    pub fn apply_to_process(&self) {
+        #[cfg(feature = "test-faults")]
+        if self.no_sql_allow_list {
+            wasmkeep_store::sandbox::unsafe_drop_allow_list();
         }
     }
 

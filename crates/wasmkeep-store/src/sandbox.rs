@@ -150,9 +150,38 @@ impl Denied {
     }
 }
 
+/// The unsafe variant of the allow-list, for the node-level test that
+/// shows the hostile suite catches its removal: guest SQL may call any
+/// function, pragma and virtual-table module, and `fts3_tokenizer` is
+/// SQLite's own again. Process-wide; only a build with the `test-faults`
+/// feature can switch it on ([`unsafe_drop_allow_list`]).
+#[cfg(feature = "test-faults")]
+static UNSAFE_NO_ALLOW_LIST: AtomicBool = AtomicBool::new(false);
+
+/// Switches the allow-list off for every connection opened after this
+/// (test-faults builds only: the unsafe variant of ADR 0032's rule).
+#[cfg(feature = "test-faults")]
+pub fn unsafe_drop_allow_list() {
+    UNSAFE_NO_ALLOW_LIST.store(true, Ordering::SeqCst);
+}
+
+/// Whether the unsafe variant is on (never, in a build without
+/// `test-faults`).
+fn allow_list_dropped() -> bool {
+    #[cfg(feature = "test-faults")]
+    if UNSAFE_NO_ALLOW_LIST.load(Ordering::Relaxed) {
+        return true;
+    }
+    false
+}
+
 /// Turns on the settings that close SQLite's escape hatches, on every
 /// connection that runs SQL a tenant wrote or a bucket delivered.
 pub fn harden(conn: &Connection) -> rusqlite::Result<()> {
+    if allow_list_dropped() {
+        // The unsafe variant: none of the hatches is closed.
+        return Ok(());
+    }
     conn.set_db_config(DbConfig::SQLITE_DBCONFIG_DEFENSIVE, true)?;
     conn.set_db_config(DbConfig::SQLITE_DBCONFIG_TRUSTED_SCHEMA, false)?;
     conn.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_FTS3_TOKENIZER, false)?;
@@ -330,6 +359,17 @@ fn authorize_inspection(ctx: &AuthContext<'_>) -> Result<(), String> {
 
 /// The guest sandbox: `Err(reason)` refuses the action.
 fn authorize_guest(ctx: &AuthContext<'_>) -> Result<(), String> {
+    if allow_list_dropped()
+        && matches!(
+            ctx.action,
+            AuthAction::Function { .. }
+                | AuthAction::Pragma { .. }
+                | AuthAction::CreateVtable { .. }
+                | AuthAction::DropVtable { .. }
+        )
+    {
+        return Ok(());
+    }
     match ctx.action {
         AuthAction::Read { table_name, .. } => read_allowed(table_name),
         AuthAction::Insert { table_name }

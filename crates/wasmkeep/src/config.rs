@@ -89,6 +89,9 @@ pub struct NodeConfig {
     pub owner_margin_ms: u64,
     pub lease_register_retry_ms: u64,
     pub cluster_bucket_timeout_ms: u64,
+    pub cluster_forward_timeout_ms: u64,
+    pub cluster_owner_cache_ttl_ms: u64,
+    pub cluster_actors_max: usize,
     /// A table (`[app_limit_ceilings]`), so last: the highest value an
     /// app's manifest may give each of its `[limits]`.
     pub app_limit_ceilings: AppLimits,
@@ -164,6 +167,9 @@ impl Default for NodeConfig {
             owner_margin_ms: cl.owner_margin_ms,
             lease_register_retry_ms: cl.lease_register_retry_ms,
             cluster_bucket_timeout_ms: CLUSTER_BUCKET_TIMEOUT_MS,
+            cluster_forward_timeout_ms: wasmkeep_server::cluster::FORWARD_TIMEOUT_MS,
+            cluster_owner_cache_ttl_ms: wasmkeep_server::cluster::OWNER_CACHE_TTL_MS,
+            cluster_actors_max: wasmkeep_server::cluster::ACTORS_MAX,
             app_limit_ceilings: rt.app_limit_ceilings.clone(),
         }
     }
@@ -272,18 +278,28 @@ impl NodeConfig {
                  cluster's nodes share one"
             );
         }
-        let settings = wasmkeep_server::cluster::ClusterSettings {
-            advertise: advertise.clone(),
-            cluster_token: self.cluster_token.clone(),
-            protocol: wasmkeep_server::cluster::ClusterConfig {
-                lease_period_ms: self.lease_period_ms,
-                lease_grace_ms: self.lease_grace_ms,
-                owner_margin_ms: self.owner_margin_ms,
-                lease_register_retry_ms: self.lease_register_retry_ms,
-                ..wasmkeep_server::cluster::ClusterConfig::default()
-            },
-            bucket_timeout_ms: self.cluster_bucket_timeout_ms,
+        use wasmkeep_server::cluster::{ClusterConfig, ClusterSettings};
+        let protocol = ClusterConfig {
+            lease_period_ms: self.lease_period_ms,
+            lease_grace_ms: self.lease_grace_ms,
+            owner_margin_ms: self.owner_margin_ms,
+            lease_register_retry_ms: self.lease_register_retry_ms,
+            ..ClusterConfig::default()
         };
+        let mut settings = ClusterSettings::new(advertise, self.cluster_token.clone(), protocol);
+        settings.bucket_timeout_ms = self.cluster_bucket_timeout_ms;
+        settings.forward_timeout_ms = self.cluster_forward_timeout_ms;
+        settings.owner_cache_ttl_ms = self.cluster_owner_cache_ttl_ms;
+        settings.actors_max = self.cluster_actors_max;
+        // The runtime closes an actor idle for `actor_idle_ms`; the hold is
+        // released only after that (ownership.rs explains why).
+        settings.release_idle_ms = self
+            .actor_idle_ms
+            .saturating_add(wasmkeep_server::cluster::RELEASE_AFTER_IDLE_CLOSE_MS);
+        // An answer relayed from the owner is at most what its actor may
+        // send, plus an error body.
+        settings.forward_response_bytes_max =
+            self.response_body_bytes_max.saturating_add(64 * 1024);
         settings
             .check()
             .map_err(|e| anyhow::anyhow!("refusing to start: {e}"))?;

@@ -291,6 +291,10 @@ fn serve(args: ServeArgs) -> Result<()> {
     }
     cfg.check_exposure()?;
     let cluster = cfg.cluster()?;
+    // Rules a test-faults build was asked to switch off (none otherwise),
+    // applied before the runtime opens a database.
+    let unsafe_rules = UnsafeRules::from_env().map_err(anyhow::Error::msg)?;
+    unsafe_rules.apply_to_process();
     let mut rc = cfg.runtime();
     if cfg.compile_in_child {
         rc.compile = Compile::Process {
@@ -350,6 +354,8 @@ fn serve(args: ServeArgs) -> Result<()> {
                     &cfg.data,
                 )
                 .context("start cluster mode")?;
+                let mut node = node;
+                node.attach_runtime(&rt);
                 Some(node)
             }
             _ => None,
@@ -380,14 +386,20 @@ fn serve(args: ServeArgs) -> Result<()> {
         };
         let mut server = cfg.server();
         server.cluster = node.as_ref().map(|n| n.state());
-        server.unsafe_rules = UnsafeRules::from_env().map_err(anyhow::Error::msg)?;
+        server.unsafe_rules = unsafe_rules;
         if server.unsafe_rules.any() {
             tracing::warn!(rules = ?server.unsafe_rules, "safety rules switched off for a test ({})", wasmkeep_server::unsafe_rules::ENV);
         }
         let served = wasmkeep_server::serve(rt.clone(), server, listener, shutdown).await;
-        // Connections drained: the node stops acting and releases its lease
-        // (holds, once the node takes actors, are released before it).
+        // Connections drained. In a cluster the runtime finishes its queued
+        // events and uploads first, so that a node taking a released actor
+        // finds all of it in the bucket; then the node releases its holds
+        // and its lease.
         if let Some(node) = node {
+            let drain = std::time::Duration::from_millis(cfg.shutdown_drain_ms);
+            let spent = stop_asked.get().map(|t| t.elapsed()).unwrap_or_default();
+            let rt = rt.clone();
+            let _ = tokio::task::spawn_blocking(move || rt.shutdown(drain.saturating_sub(spent))).await;
             node.release().await;
         }
         served?;

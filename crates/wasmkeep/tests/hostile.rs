@@ -1077,3 +1077,29 @@ impl Raw {
         }
     }
 }
+
+/// The unsafe variant of the allow-list (`WASMKEEP_UNSAFE=no_sql_allow_list`,
+/// test-faults builds only): the attack of
+/// `fts3_tokenizer_is_unreachable_in_every_arity_and_form` gets a native
+/// address back, and a pragma the allow-list refuses runs, so the suite
+/// above fails without the rule. (The two-argument form, which would call
+/// through a forged pointer, is not sent: it would crash the node.)
+#[test]
+fn without_the_allow_list_a_guest_reads_a_native_address() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = tmp.path().join("node.toml");
+    std::fs::write(&cfg, BASE).unwrap();
+    let node = Node::start_env(
+        &tmp.path().join("data"),
+        &["--config", cfg.to_str().unwrap()],
+        &[("WASMKEEP_UNSAFE", "no_sql_allow_list".to_owned())],
+    );
+    let (s, v) = node.deploy("evil/x", HOSTILE);
+    assert_eq!(s, 200, "{v}");
+    let (s, v) = attack(&node, "a", "/sql", b"SELECT fts3_tokenizer('simple')");
+    assert_eq!(s, 200, "the leak was refused without the allow-list: {v}");
+    assert!(!v.to_string().contains("forbidden"), "{v}");
+    let (s, v) = attack(&node, "a", "/sql", b"PRAGMA cell_size_check = 1");
+    assert_eq!(s, 200, "the pragma was refused without the allow-list: {v}");
+    assert_alive(&node);
+}

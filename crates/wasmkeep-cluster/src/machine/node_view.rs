@@ -42,6 +42,8 @@ pub struct NodeViewReader {
     config: ClusterConfig,
     phase: Phase,
     awaiting: bool,
+    /// The address the latest record advertises, once read and live.
+    address: Option<String>,
 }
 
 impl NodeViewReader {
@@ -59,7 +61,15 @@ impl NodeViewReader {
                 latest: None,
             },
             awaiting: false,
+            address: None,
         }
+    }
+
+    /// The address the node advertised in its latest record (how a driver
+    /// reaches it to forward a request), once that record was read and is a
+    /// live one; `None` before, or for a fenced, released or absent node.
+    pub fn address(&self) -> Option<&str> {
+        self.address.as_deref()
     }
 
     /// The node being read.
@@ -101,7 +111,11 @@ impl NodeViewReader {
                 }
             }
             (Phase::Read { latest }, BucketResult::Body(body)) => {
-                let view = decode_body(&body, LeaseRecord::decode)
+                let record = decode_body(&body, LeaseRecord::decode);
+                if let Some(LeaseRecord::Live { address, .. }) = &record {
+                    self.address = Some(address.clone());
+                }
+                let view = record
                     .map(|record| node_lease_view(Some((latest, &record)), now_ms, &self.config))
                     .ok_or(Failure::Malformed);
                 Phase::Finished(Some(view))
@@ -192,6 +206,13 @@ mod tests {
             .filter(|op| matches!(op, BucketOp::List { .. }))
             .count();
         assert_eq!(lists, 2, "{:?}", b.log);
+        let mut r = NodeViewReader::new("a", c.clone());
+        while let Some(NodeViewEffect::Bucket(op)) = r.poll_effect() {
+            let res = b.perform(op);
+            r.on_result(res, 14_999);
+        }
+        assert_eq!(r.address(), Some("http://n:1"), "the live record's address");
+        assert_eq!(NodeViewReader::new("z", c.clone()).address(), None);
         let lapsed = read(&mut b, "a", 15_000, c.clone());
         let NodeViewEffect::Done(Ok(NodeLeaseView::Lapsed { latest })) = lapsed else {
             panic!("{lapsed:?}")

@@ -129,6 +129,8 @@ pub struct TakeMachine {
     phase: Phase,
     awaiting: bool,
     notices: VecDeque<TakeEffect>,
+    /// The address the holder's live lease record advertises, once read.
+    holder_address: Option<String>,
 }
 
 impl TakeMachine {
@@ -155,7 +157,15 @@ impl TakeMachine {
             phase: Phase::Start,
             awaiting: false,
             notices: VecDeque::new(),
+            holder_address: None,
         }
+    }
+
+    /// After [`TakeOutcome::Forward`]: the address the owner advertised in
+    /// the lease record the take judged it by, where the driver forwards
+    /// the request. `None` before the holder's lease was read.
+    pub fn forward_address(&self) -> Option<&str> {
+        self.holder_address.as_deref()
     }
 
     /// The step the take is at.
@@ -272,6 +282,7 @@ impl TakeMachine {
             }
             Phase::ReadHolderLease { latest, reader } => {
                 reader.on_result(result, now_ms);
+                self.holder_address = reader.address().map(str::to_owned);
                 match reader.take_result() {
                     None => {}
                     Some(Ok(view)) => {
@@ -519,8 +530,10 @@ mod tests {
             &lease_at("b", 2, 5),
             "live 10000 0000000000000001 http://n:1",
         );
-        let (outcome, _) = drive(&mut machine("a", 1, None), &mut b, 5_000, |_, _| None);
+        let mut m = machine("a", 1, None);
+        let (outcome, _) = drive(&mut m, &mut b, 5_000, |_, _| None);
         assert_eq!(outcome, TakeOutcome::Forward { node: "b".into() });
+        assert_eq!(m.forward_address(), Some("http://n:1"));
     }
 
     #[test]

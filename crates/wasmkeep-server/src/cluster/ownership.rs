@@ -1,0 +1,537 @@
+//! Which actors this node holds (ADR 0020's holds), driven by
+//! `wasmkeep-cluster`'s [`TakeMachine`] and [`ReleaseMachine`] against the
+//! real bucket: the ownership table, the owner cache, taking on the first
+//! request, and releasing idle actors.
+//!
+//! One [`Cell`] per actor the node knows about, in one map bounded by
+//! `cluster_actors_max`. A cell's async lock is held for the whole of a take
+//! or a release, so concurrent first requests for one actor share one take:
+//! the second waits for the lock and then finds the actor held (or its owner
+//! cached). A cell records either the hold this node has (generation and
+//! epoch: a hold of an earlier epoch is dead, the node's lease having ended)
+//! or another node that owns the actor, with its address, for
+//! `cluster_owner_cache_ttl_ms`.
+//!
+//! A take's `Restore` notice is answered "restored" without doing anything
+//! here: the runtime restores the actor from the bucket when it opens it,
+//! comparing the local file's sidecar with the bucket's head (ADR 0007), so
+//! a local copy that another owner moved past is set aside, never served.
+//! That holds as long as the runtime does not keep the actor open across a
+//! change of owner: this node releases an actor only after it has been idle
+//! for longer than the runtime's own idle close (`release_idle_ms`), and the
+//! runtime closes its actors when the node's lease ends.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use wasmkeep_cluster::machine::{
+    ReleaseEffect, ReleaseMachine, ReleaseOutcome, TakeEffect, TakeMachine, TakeOutcome,
+};
+use wasmkeep_replica::ActorRoot;
+use wasmkeep_runtime::ActorId;
+
+use super::bucket::BucketDriver;
+use super::{ClusterSettings, nonce, now_ms};
+
+/// How often the release task looks for idle actors to release.
+pub const RELEASE_SCAN_MS: u64 = 500;
+
+/// What routing decided for a request.
+#[derive(Debug)]
+pub enum Route {
+    /// This node holds the actor: run the request here. The guard marks the
+    /// actor in use until it is dropped.
+    Local(InUse),
+    /// `node` owns the actor; reach it at `address`.
+    Forward { node: String, address: String },
+}
+
+/// Why a request could not be routed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RouteError {
+    /// The node's lease does not let it act.
+    NotActing,
+    /// A forwarded request reached a node that does not own the actor.
+    NotOwner { owner: Option<String> },
+    /// The take failed (the bucket, a lost race, a live holder): retryable.
+    TakeFailed(String),
+    /// The actor's name makes keys the bucket cannot hold.
+    Name(String),
+    /// The ownership table is full of actors in use.
+    Full { limit: usize },
+}
+
+/// Marks an actor in use by a request; dropping it records the time, from
+/// which idleness is counted.
+#[derive(Debug)]
+pub struct InUse {
+    cell: Arc<Cell>,
+}
+
+impl Drop for InUse {
+    fn drop(&mut self) {
+        self.cell.last_used_ms.store(now_ms(), Ordering::Release);
+        self.cell.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+#[derive(Debug, Default)]
+struct Cell {
+    slot: tokio::sync::Mutex<Slot>,
+    in_flight: AtomicUsize,
+    last_used_ms: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+struct Slot {
+    held: Option<Held>,
+    owner: Option<Owner>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    generation: u64,
+    epoch: u64,
+}
+
+#[derive(Debug, Clone)]
+struct Owner {
+    node: String,
+    address: String,
+    until_ms: u64,
+}
+
+/// Counters for `/metrics` and `/admin/v1/node`.
+#[derive(Debug, Default)]
+pub struct OwnershipCounters {
+    pub takes_total: AtomicU64,
+    pub takeovers_total: AtomicU64,
+    pub take_failures_total: AtomicU64,
+    pub fences_total: AtomicU64,
+    pub releases_total: AtomicU64,
+    pub forwards_total: AtomicU64,
+    pub forward_failures_total: AtomicU64,
+}
+
+/// The node's ownership table and the settings that drive it.
+#[derive(Debug)]
+pub struct Ownership {
+    node: String,
+    driver: BucketDriver,
+    settings: ClusterSettings,
+    prefix_bytes: usize,
+    cells: Mutex<HashMap<ActorId, Arc<Cell>>>,
+    pub counters: OwnershipCounters,
+}
+
+impl Ownership {
+    pub(super) fn new(
+        node: &str,
+        driver: BucketDriver,
+        settings: ClusterSettings,
+        prefix_bytes: usize,
+    ) -> Ownership {
+        Ownership {
+            node: node.to_owned(),
+            driver,
+            settings,
+            prefix_bytes,
+            cells: Mutex::new(HashMap::new()),
+            counters: OwnershipCounters::default(),
+        }
+    }
+
+    pub(super) fn settings(&self) -> &ClusterSettings {
+        &self.settings
+    }
+
+    /// Whether the node holds `id` in `epoch`; `touch` counts this as a use
+    /// (an alarm about to run), from which idleness is measured. A cell
+    /// being taken or released counts as not held.
+    pub fn holds(&self, id: &ActorId, epoch: u64, touch: bool) -> bool {
+        let Some(cell) = self.cells.lock().expect("cells").get(id).cloned() else {
+            return false;
+        };
+        let held = cell
+            .slot
+            .try_lock()
+            .is_ok_and(|s| s.held.is_some_and(|h| h.epoch == epoch));
+        if held && touch {
+            cell.last_used_ms.store(now_ms(), Ordering::Release);
+        }
+        held
+    }
+
+    /// Actors this node holds in `epoch`.
+    pub fn held(&self, epoch: u64) -> usize {
+        let cells: Vec<Arc<Cell>> = self
+            .cells
+            .lock()
+            .expect("cells")
+            .values()
+            .cloned()
+            .collect();
+        cells
+            .iter()
+            .filter(|c| {
+                c.slot
+                    .try_lock()
+                    .is_ok_and(|s| s.held.is_some_and(|h| h.epoch == epoch))
+            })
+            .count()
+    }
+
+    fn root(&self, id: &ActorId) -> Result<String, RouteError> {
+        ActorRoot::new(id, self.prefix_bytes)
+            .map(|r| r.as_str().to_owned())
+            .map_err(|e| RouteError::Name(e.to_string()))
+    }
+
+    /// The actor's cell, made if needed; past `cluster_actors_max` cells,
+    /// those neither held nor in use are dropped first.
+    fn cell(&self, id: &ActorId) -> Result<Arc<Cell>, RouteError> {
+        let mut cells = self.cells.lock().expect("cells");
+        if let Some(c) = cells.get(id) {
+            return Ok(Arc::clone(c));
+        }
+        let limit = self.settings.actors_max;
+        if cells.len() >= limit {
+            cells.retain(|_, c| {
+                Arc::strong_count(c) > 1 || c.slot.try_lock().map_or(true, |s| s.held.is_some())
+            });
+            if cells.len() >= limit {
+                return Err(RouteError::Full { limit });
+            }
+        }
+        let c = Arc::new(Cell::default());
+        cells.insert(id.clone(), Arc::clone(&c));
+        Ok(c)
+    }
+
+    /// Where a request for `id` runs. `acting_epoch` is the epoch whose lease
+    /// lets the node act now. A `forwarded` request is never forwarded again:
+    /// the node takes the actor if it has no live owner, or refuses.
+    pub async fn route(
+        &self,
+        id: &ActorId,
+        acting_epoch: impl Fn() -> Option<u64>,
+        forwarded: bool,
+    ) -> Result<Route, RouteError> {
+        let root = self.root(id)?;
+        let cell = self.cell(id)?;
+        let mut slot = cell.slot.lock().await;
+        let epoch = acting_epoch().ok_or(RouteError::NotActing)?;
+        let local = |cell: &Arc<Cell>| {
+            cell.in_flight.fetch_add(1, Ordering::AcqRel);
+            cell.last_used_ms.store(now_ms(), Ordering::Release);
+            Route::Local(InUse {
+                cell: Arc::clone(cell),
+            })
+        };
+        if slot.held.is_some_and(|h| h.epoch == epoch) {
+            return Ok(local(&cell));
+        }
+        slot.held = None;
+        if !forwarded
+            && let Some(o) = &slot.owner
+            && now_ms() < o.until_ms
+        {
+            return Ok(Route::Forward {
+                node: o.node.clone(),
+                address: o.address.clone(),
+            });
+        }
+        slot.owner = None;
+        match self.take(&root, epoch, &acting_epoch).await {
+            Taken::Held(held) => {
+                slot.held = Some(held);
+                Ok(local(&cell))
+            }
+            Taken::Owner { node, address } if forwarded => {
+                tracing::debug!(actor = %id, owner = node, address, "forwarded here, owned elsewhere");
+                Err(RouteError::NotOwner { owner: Some(node) })
+            }
+            Taken::Owner { node, address } => {
+                let until_ms = now_ms() + self.settings.owner_cache_ttl_ms;
+                slot.owner = Some(Owner {
+                    node: node.clone(),
+                    address: address.clone(),
+                    until_ms,
+                });
+                Ok(Route::Forward { node, address })
+            }
+            Taken::Failed(why) => Err(RouteError::TakeFailed(why)),
+        }
+    }
+
+    /// Drops the cached owner of `id` (a forward to it failed, or it
+    /// answered that it does not own the actor).
+    pub fn forget_owner(&self, id: &ActorId) {
+        let cell = self.cells.lock().expect("cells").get(id).cloned();
+        if let Some(cell) = cell
+            && let Ok(mut slot) = cell.slot.try_lock()
+        {
+            slot.owner = None;
+        }
+    }
+
+    /// Drives one [`TakeMachine`] to its end.
+    async fn take(&self, root: &str, epoch: u64, acting: &impl Fn() -> Option<u64>) -> Taken {
+        let mut m = TakeMachine::new(
+            &self.node,
+            epoch,
+            root,
+            None,
+            nonce(),
+            self.settings.protocol.clone(),
+        );
+        let mut takeover = false;
+        let outcome = loop {
+            let Some(effect) = m.poll_effect(acting()) else {
+                debug_assert!(false, "the take waits for nothing this driver owes it");
+                break TakeOutcome::Failed(wasmkeep_cluster::machine::Failure::Bucket);
+            };
+            match effect {
+                TakeEffect::Bucket(op) => {
+                    let result = self.driver.perform(op).await;
+                    m.on_result(result, now_ms());
+                }
+                TakeEffect::Fenced { node, epoch } => {
+                    self.counters.fences_total.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(node, epoch, "fenced a lapsed node to take its actor");
+                }
+                TakeEffect::Restore {
+                    generation,
+                    takeover: t,
+                } => {
+                    // The runtime restores when it opens the actor (see the
+                    // module's documentation).
+                    tracing::debug!(root, generation, takeover = t, "hold created");
+                    takeover = t;
+                    m.on_restored(true);
+                }
+                TakeEffect::Done(outcome) => break outcome,
+            }
+        };
+        match outcome {
+            TakeOutcome::Mine { generation } => Taken::Held(Held { generation, epoch }),
+            TakeOutcome::Taken { generation } => {
+                self.counters.takes_total.fetch_add(1, Ordering::Relaxed);
+                if takeover {
+                    self.counters
+                        .takeovers_total
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                tracing::info!(root, generation, takeover, "took actor");
+                Taken::Held(Held { generation, epoch })
+            }
+            TakeOutcome::Forward { node } => match m.forward_address() {
+                Some(address) if node != self.node => Taken::Owner {
+                    address: address.to_owned(),
+                    node,
+                },
+                _ => {
+                    self.counters
+                        .take_failures_total
+                        .fetch_add(1, Ordering::Relaxed);
+                    Taken::Failed(format!("owner `{node}` has no address to forward to"))
+                }
+            },
+            TakeOutcome::Failed(failure) => {
+                self.counters
+                    .take_failures_total
+                    .fetch_add(1, Ordering::Relaxed);
+                Taken::Failed(format!("{failure:?}"))
+            }
+        }
+    }
+
+    /// Releases the actors held in `epoch` that are idle (no request for
+    /// `idle_ms`; 0: all that are not in use) unless `keep` says otherwise
+    /// (an actor with an alarm pending here stays held, so that its alarm
+    /// runs), and forgets holds of other epochs and stale owners. Returns
+    /// how many it released.
+    pub async fn release_idle(
+        &self,
+        idle_ms: u64,
+        acting_epoch: impl Fn() -> Option<u64>,
+        keep: impl Fn(&ActorId) -> bool,
+    ) -> usize {
+        let cells: Vec<(ActorId, Arc<Cell>)> = self
+            .cells
+            .lock()
+            .expect("cells")
+            .iter()
+            .map(|(id, c)| (id.clone(), Arc::clone(c)))
+            .collect();
+        let mut released = 0;
+        for (id, cell) in cells {
+            let Ok(mut slot) = cell.slot.try_lock() else {
+                continue;
+            };
+            let now = now_ms();
+            if slot.owner.as_ref().is_some_and(|o| now >= o.until_ms) {
+                slot.owner = None;
+            }
+            let Some(held) = slot.held else {
+                continue;
+            };
+            let Some(epoch) = acting_epoch() else {
+                continue;
+            };
+            if held.epoch != epoch {
+                // The lease that held it ended: nothing to write.
+                slot.held = None;
+                continue;
+            }
+            let idle = now.saturating_sub(cell.last_used_ms.load(Ordering::Acquire));
+            if cell.in_flight.load(Ordering::Acquire) > 0 || idle < idle_ms || keep(&id) {
+                continue;
+            }
+            let Ok(root) = self.root(&id) else {
+                continue;
+            };
+            // Whatever the outcome, the node gives the actor up.
+            slot.held = None;
+            if self.release(&root, held, &acting_epoch).await {
+                released += 1;
+                tracing::info!(actor = %id, idle_ms = idle, "released idle actor");
+            }
+        }
+        released
+    }
+
+    /// Drives one [`ReleaseMachine`]; true if the `released` hold landed.
+    async fn release(&self, root: &str, held: Held, acting: &impl Fn() -> Option<u64>) -> bool {
+        let mut m = ReleaseMachine::new(&self.node, held.epoch, root, held.generation, nonce());
+        loop {
+            match m.poll_effect(acting()) {
+                Some(ReleaseEffect::Bucket(op)) => {
+                    let result = self.driver.perform(op).await;
+                    m.on_result(result);
+                }
+                Some(ReleaseEffect::Done(ReleaseOutcome::Released { .. })) => {
+                    self.counters.releases_total.fetch_add(1, Ordering::Relaxed);
+                    return true;
+                }
+                Some(ReleaseEffect::Done(ReleaseOutcome::Failed(f))) => {
+                    tracing::debug!(root, failure = ?f, "release failed; the hold lapses with the lease");
+                    return false;
+                }
+                None => return false,
+            }
+        }
+    }
+}
+
+enum Taken {
+    Held(Held),
+    Owner { node: String, address: String },
+    Failed(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wasmkeep_cluster::ClusterConfig;
+    use wasmkeep_replica::Bucket;
+
+    fn table(node: &str, bucket: &std::path::Path) -> Ownership {
+        let url = format!("file://{}", bucket.display());
+        let bucket = Bucket::from_url(&url).unwrap();
+        let prefix = bucket.prefix_bytes();
+        let settings = ClusterSettings::new("http://127.0.0.1:1", None, ClusterConfig::default());
+        Ownership::new(node, BucketDriver::new(bucket, 5_000), settings, prefix)
+    }
+
+    fn holds(bucket: &std::path::Path) -> Vec<String> {
+        let dir = bucket.join("state/t/app/c/6e/hold");
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .map(|d| {
+                d.filter_map(|e| std::fs::read_to_string(e.ok()?.path()).ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v
+    }
+
+    fn id() -> ActorId {
+        ActorId::new("t", "app", "c", "n").unwrap()
+    }
+
+    /// Concurrent first requests share one take: one hold, one take.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_first_requests_share_one_take() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Arc::new(table("a", dir.path()));
+        let mut routes = Vec::new();
+        for _ in 0..8 {
+            let a = Arc::clone(&a);
+            routes.push(tokio::spawn(async move {
+                matches!(a.route(&id(), || Some(1), false).await, Ok(Route::Local(_)))
+            }));
+        }
+        for r in routes {
+            assert!(r.await.unwrap());
+        }
+        assert_eq!(a.counters.takes_total.load(Ordering::Relaxed), 1);
+        assert_eq!(holds(dir.path()).len(), 1);
+        assert!(a.holds(&id(), 1, false));
+        assert!(!a.holds(&id(), 2, false), "a hold of another epoch is dead");
+    }
+
+    /// Another node whose lease is live owns the actor: requests are routed
+    /// to its advertised address, a forwarded one is refused; once the
+    /// owner releases the idle actor, the other node takes it at once.
+    #[tokio::test]
+    async fn a_live_owner_is_forwarded_to_until_it_releases() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = table("a", dir.path());
+        let b = table("b", dir.path());
+        let lease = dir.path().join("nodes/a/00000000000000000001");
+        std::fs::create_dir_all(&lease).unwrap();
+        let far = now_ms() + 3_600_000;
+        std::fs::write(
+            lease.join("00000000000000000000"),
+            format!("live {far} 0000000000000001 http://a.example:7"),
+        )
+        .unwrap();
+        let local = a.route(&id(), || Some(1), false).await.unwrap();
+        assert!(matches!(local, Route::Local(_)));
+        match b.route(&id(), || Some(1), false).await.unwrap() {
+            Route::Forward { node, address } => {
+                assert_eq!(
+                    (node.as_str(), address.as_str()),
+                    ("a", "http://a.example:7")
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            b.route(&id(), || Some(1), true).await.unwrap_err(),
+            RouteError::NotOwner {
+                owner: Some("a".into())
+            }
+        );
+        // In use: not released.
+        assert_eq!(a.release_idle(0, || Some(1), |_| false).await, 0);
+        drop(local);
+        // An actor to keep (an alarm pending) is not released.
+        assert_eq!(a.release_idle(0, || Some(1), |_| true).await, 0);
+        assert_eq!(a.release_idle(0, || Some(1), |_| false).await, 1);
+        assert!(
+            holds(dir.path())
+                .last()
+                .unwrap()
+                .starts_with("released a 1 ")
+        );
+        // b's cached owner lapses; then b takes the actor without any fence.
+        b.forget_owner(&id());
+        let taken = b.route(&id(), || Some(1), false).await.unwrap();
+        assert!(matches!(taken, Route::Local(_)));
+        assert_eq!(b.counters.fences_total.load(Ordering::Relaxed), 0);
+        assert_eq!(holds(dir.path()).len(), 3);
+    }
+}

@@ -1,0 +1,383 @@
+//! Actors' ownership in a cluster (ADR 0020), through real processes on a
+//! shared folder bucket: two `wasmkeep serve` nodes, each with its own data
+//! folder and port. An actor created through one node is served through
+//! the other by forwarding (one hop, the answer names the node that ran
+//! it); a forwarded request without the cluster secret is refused; when
+//! the owner is killed the other node takes the actor over with every
+//! acknowledged write; an idle actor is released and taken by the other
+//! node while its first owner lives.
+//!
+//! Lease timings are short (set through the configuration file); no test
+//! asserts how long anything takes: waits poll with a generous bound.
+
+mod common;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use common::Node;
+
+const TOKEN: &str = "cluster-secret-for-tests";
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A shared bucket and one configuration for the nodes of a test.
+struct Cluster {
+    tmp: tempfile::TempDir,
+    bucket: PathBuf,
+    config: PathBuf,
+}
+
+/// A node of the cluster: its process, id and port.
+struct Member {
+    node: Node,
+    id: String,
+    port: u16,
+    data: PathBuf,
+}
+
+impl Cluster {
+    /// `actor_idle_ms`: how soon the nodes close (and so release) an idle
+    /// actor.
+    fn new(actor_idle_ms: u64) -> Cluster {
+        let tmp = tempfile::tempdir().unwrap();
+        let config = tmp.path().join("node.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "lease_period_ms = 1500\nlease_grace_ms = 1500\nowner_margin_ms = 300\n\
+                 lease_register_retry_ms = 200\ncluster_bucket_timeout_ms = 1000\n\
+                 cluster_owner_cache_ttl_ms = 500\ncluster_forward_timeout_ms = 20000\n\
+                 actor_idle_ms = {actor_idle_ms}\n"
+            ),
+        )
+        .unwrap();
+        Cluster {
+            bucket: tmp.path().join("bucket"),
+            config,
+            tmp,
+        }
+    }
+
+    fn start(&self, name: &str, token: &str) -> Member {
+        let port = free_port();
+        let data = self.tmp.path().join(name);
+        self.start_on(&data, port, token)
+    }
+
+    fn start_on(&self, data: &std::path::Path, port: u16, token: &str) -> Member {
+        let bucket = format!("file://{}", self.bucket.display());
+        let listen = format!("127.0.0.1:{port}");
+        let advertise = format!("http://127.0.0.1:{port}");
+        let config = self.config.display().to_string();
+        let node = Node::start(
+            data,
+            &[
+                "--examples",
+                "--listen",
+                &listen,
+                "--config",
+                &config,
+                "--bucket",
+                &bucket,
+                "--advertise",
+                &advertise,
+                "--cluster-token",
+                token,
+            ],
+        );
+        wait_for("the node to act", || {
+            node.json("GET", "/admin/v1/node", b"").1["cluster"]["acting"] == true
+        });
+        let id = node.json("GET", "/admin/v1/node", b"").1["cluster"]["node"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        Member {
+            node,
+            id,
+            port,
+            data: data.to_owned(),
+        }
+    }
+}
+
+/// Waits (polling) until `f` holds; panics with `what` after two minutes.
+fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+    let end = Instant::now() + Duration::from_secs(120);
+    while !f() {
+        assert!(Instant::now() < end, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// An answer with its headers.
+struct Answer {
+    status: u16,
+    node: Option<String>,
+    body: serde_json::Value,
+}
+
+fn send(port: u16, method: &str, path: &str, headers: &[(&str, &str)]) -> Answer {
+    let agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(60)))
+        .build()
+        .new_agent();
+    let mut req = ureq::http::Request::builder()
+        .method(method)
+        .uri(format!("http://127.0.0.1:{port}{path}"));
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let req = req.body(Vec::new()).unwrap();
+    match agent.run(req) {
+        Ok(mut resp) => {
+            let node = resp
+                .headers()
+                .get("x-wasmkeep-node")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
+            let status = resp.status().as_u16();
+            let text = resp.body_mut().read_to_string().unwrap_or_default();
+            let body = serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text));
+            Answer { status, node, body }
+        }
+        // A node being killed: no answer at all.
+        Err(e) => Answer {
+            status: 0,
+            node: None,
+            body: serde_json::Value::String(e.to_string()),
+        },
+    }
+}
+
+const REPLICATED: (&str, &str) = ("wasmkeep-durability", "replicated");
+
+fn increment(port: u16, actor: &str) -> Answer {
+    send(
+        port,
+        "POST",
+        &format!("/v1/demo/examples/counter/{actor}/increment"),
+        &[REPLICATED],
+    )
+}
+
+fn value(port: u16, actor: &str) -> Answer {
+    send(
+        port,
+        "GET",
+        &format!("/v1/demo/examples/counter/{actor}/value"),
+        &[],
+    )
+}
+
+fn counter(a: &Answer) -> u64 {
+    assert_eq!(a.status, 200, "{}", a.body);
+    a.body["value"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{}", a.body))
+}
+
+fn metric(node: &Node, name: &str) -> u64 {
+    let (_, text) = node.get("/metrics");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in /metrics"))
+}
+
+/// An actor created through A is served through B: B forwards (one hop)
+/// and the answer names A, with A's counter; A's own requests run there.
+/// A forwarded request with a wrong (or no) cluster secret is refused.
+#[test]
+fn requests_reach_the_owner_in_one_hop_and_forwards_need_the_secret() {
+    let c = Cluster::new(60_000);
+    let a = c.start("a", TOKEN);
+    let b = c.start("b", TOKEN);
+    assert_ne!(a.id, b.id);
+
+    let first = increment(a.port, "fwd");
+    assert_eq!(counter(&first), 1);
+    assert_eq!(first.node.as_deref(), Some(a.id.as_str()));
+
+    let via_b = increment(b.port, "fwd");
+    assert_eq!(counter(&via_b), 2, "B forwards to the owner");
+    assert_eq!(via_b.node.as_deref(), Some(a.id.as_str()), "run on A");
+    let read = value(b.port, "fwd");
+    assert_eq!(counter(&read), 2);
+    assert_eq!(read.node.as_deref(), Some(a.id.as_str()));
+    assert!(metric(&b.node, "wasmkeep_cluster_forwards_total") >= 2);
+    assert_eq!(metric(&a.node, "wasmkeep_cluster_forwards_total"), 0);
+    // An actor first asked for through B is B's.
+    let other = increment(b.port, "mine-b");
+    assert_eq!(other.node.as_deref(), Some(b.id.as_str()));
+    let held = |n: &Node| n.json("GET", "/admin/v1/node", b"").1["cluster"]["held_actors"].clone();
+    assert_eq!(held(&a.node), 1);
+    assert_eq!(held(&b.node), 1);
+
+    // Forwarded requests must carry the secret.
+    let path = "/v1/demo/examples/counter/fwd/increment";
+    for headers in [
+        vec![
+            ("x-wasmkeep-forwarded", "1"),
+            ("x-wasmkeep-cluster-token", "wrong"),
+        ],
+        vec![("x-wasmkeep-forwarded", "1")],
+    ] {
+        let refused = send(a.port, "POST", path, &headers);
+        assert_eq!(refused.status, 403, "{}", refused.body);
+        assert_eq!(refused.body["error"]["code"], "cluster_token_invalid");
+    }
+    assert_eq!(counter(&value(a.port, "fwd")), 2, "nothing ran");
+
+    // A forwarded request with the secret reaching a node that does not own
+    // the actor is not forwarded again.
+    let good = [
+        ("x-wasmkeep-forwarded", "1"),
+        ("x-wasmkeep-cluster-token", TOKEN),
+    ];
+    let not_owner = send(b.port, "POST", path, &good);
+    assert_eq!(not_owner.status, 503, "{}", not_owner.body);
+    assert_eq!(not_owner.body["error"]["code"], "not_owner");
+    let at_owner = send(a.port, "POST", path, &good);
+    assert_eq!(counter(&at_owner), 3);
+
+    // SIGTERM: the owner releases its holds (then its lease).
+    let mut a = a;
+    assert!(a.node.stop().success());
+    let holds = c.bucket.join("state/demo/examples/counter/667764/hold");
+    let mut records: Vec<(String, String)> = std::fs::read_dir(&holds)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            let body = std::fs::read_to_string(e.path()).unwrap();
+            (e.file_name().into_string().unwrap(), body)
+        })
+        .collect();
+    records.sort();
+    let (_, last) = records.last().unwrap();
+    assert!(
+        last.starts_with(&format!("released {} ", a.id)),
+        "{records:?}"
+    );
+    let after = increment(b.port, "fwd");
+    assert_eq!(counter(&after), 4);
+    assert_eq!(after.node.as_deref(), Some(b.id.as_str()));
+}
+
+/// SIGKILL the owner: requests through the other node succeed once its
+/// lease has lapsed (fenced, taken over), and the counter continues from
+/// its last acknowledged (replicated) value.
+#[test]
+fn a_killed_owners_actor_is_taken_over_with_every_acknowledged_write() {
+    let c = Cluster::new(60_000);
+    let mut a = c.start("a", TOKEN);
+    let b = c.start("b", TOKEN);
+    let mut acknowledged = 0;
+    for _ in 0..5 {
+        acknowledged = counter(&increment(a.port, "dies"));
+    }
+    assert_eq!(counter(&value(b.port, "dies")), acknowledged);
+
+    a.node.kill();
+    let mut taken = None;
+    wait_for("B to take the dead node's actor", || {
+        let r = increment(b.port, "dies");
+        if r.status == 200 {
+            taken = Some(r);
+            return true;
+        }
+        false
+    });
+    let taken = taken.unwrap();
+    assert_eq!(taken.node.as_deref(), Some(b.id.as_str()));
+    assert_eq!(
+        counter(&taken),
+        acknowledged + 1,
+        "no acknowledged write lost"
+    );
+    assert!(metric(&b.node, "wasmkeep_cluster_takeovers_total") >= 1);
+    assert!(metric(&b.node, "wasmkeep_cluster_fences_total") >= 1);
+
+    // A restarts (a new epoch, its old local copy behind the bucket): its
+    // requests for the actor go to B and see B's state.
+    let a2 = c.start_on(&a.data, a.port, TOKEN);
+    let seen = value(a2.port, "dies");
+    assert_eq!(counter(&seen), acknowledged + 1);
+    assert_eq!(seen.node.as_deref(), Some(b.id.as_str()));
+}
+
+/// An idle actor is released by its owner (alive), and the other node takes
+/// it at once, long before the owner's lease could lapse.
+#[test]
+fn an_idle_actor_is_released_and_taken_by_another_live_node() {
+    let c = Cluster::new(500);
+    let a = c.start("a", TOKEN);
+    let b = c.start("b", TOKEN);
+    let mut last = 0;
+    for _ in 0..3 {
+        last = counter(&increment(a.port, "idle"));
+    }
+    wait_for("A to release the idle actor", || {
+        metric(&a.node, "wasmkeep_cluster_releases_total") >= 1
+    });
+    let r = increment(b.port, "idle");
+    assert_eq!(counter(&r), last + 1);
+    assert_eq!(r.node.as_deref(), Some(b.id.as_str()), "B took it");
+    assert_eq!(metric(&b.node, "wasmkeep_cluster_fences_total"), 0);
+    assert_eq!(
+        a.node.json("GET", "/admin/v1/node", b"").1["cluster"]["acting"],
+        true,
+        "A is alive and acting"
+    );
+    // A's next request goes to B.
+    let via_a = value(a.port, "idle");
+    assert_eq!(counter(&via_a), last + 1);
+    assert_eq!(via_a.node.as_deref(), Some(b.id.as_str()));
+}
+
+/// An alarm outlives a restart of its node: SIGTERM releases the actor's
+/// hold, and after the restart the alarm (in the node's timer from its data
+/// folder) makes the node take the actor again and run it, with no request
+/// for the actor meanwhile; the other node, which never held it, runs
+/// nothing.
+#[test]
+fn a_due_alarm_makes_its_node_take_the_actor_after_a_restart() {
+    let c = Cluster::new(60_000);
+    let mut a = c.start("a", TOKEN);
+    let b = c.start("b", TOKEN);
+    let at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+        + 4_000;
+    let set = send(
+        a.port,
+        "POST",
+        &format!("/v1/demo/examples/reminder/r/set?at_ms={at}"),
+        &[REPLICATED],
+    );
+    assert_eq!(set.status, 200, "{}", set.body);
+    assert!(a.node.stop().success());
+    let a2 = c.start_on(&a.data, a.port, TOKEN);
+    wait_for("the restarted node to run the alarm", || {
+        metric(&a2.node, "wasmkeep_alarms_fired_total") >= 1
+    });
+    assert!(metric(&a2.node, "wasmkeep_cluster_takes_total") >= 1);
+    assert_eq!(metric(&b.node, "wasmkeep_alarms_fired_total"), 0);
+    let fired = send(a2.port, "GET", "/v1/demo/examples/reminder/r/fired", &[]);
+    assert_eq!(fired.status, 200, "{}", fired.body);
+    assert_eq!(fired.node.as_deref(), Some(a2.id.as_str()));
+    assert!(
+        fired.body.to_string().contains(&at.to_string()),
+        "{}",
+        fired.body
+    );
+}
