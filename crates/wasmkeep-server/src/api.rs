@@ -221,6 +221,7 @@ pub fn router(rt: Runtime, config: ServerConfig) -> Router {
         )
         .route("/alarms/{tenant}", get(list_alarms))
         .route("/node", get(show_node))
+        .route("/cluster", get(show_cluster))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             admin_auth,
@@ -308,10 +309,60 @@ async fn show_node(State(s): State<AppState>) -> Response {
             "epochs_total": n.epochs_total,
             "lapsed_total": n.lapsed_total,
             "fenced_total": n.fenced_total,
-            "held_actors": c.acting_epoch().map_or(0, |e| c.ownership.held(e)),
+            "held_actors": c.held_actors(),
         })
     });
     axum::Json(json!({ "cluster": cluster })).into_response()
+}
+
+/// `GET /admin/v1/cluster`: the live nodes as the bucket shows them (see
+/// `cluster::view`); 404 `not_a_cluster` on a single node, 503
+/// `bucket_unavailable` when the bucket cannot be listed. `held_actors` is
+/// known for the answering node only (`null` for the others: their counts
+/// are not in the bucket; each answers its own in `/admin/v1/node`).
+async fn show_cluster(State(s): State<AppState>) -> Result<Response, ApiError> {
+    let Some(c) = &s.config.cluster else {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_a_cluster",
+            "this node is not in a cluster (start it with --bucket and --advertise)",
+        ));
+    };
+    let view = c.view().await.map_err(|e| {
+        let mut e = ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "bucket_unavailable",
+            e.to_string(),
+        );
+        e.retry_after_s = Some(1);
+        e
+    })?;
+    let now = crate::cluster::now_ms();
+    let protocol = &c.settings().protocol;
+    let nodes: Vec<serde_json::Value> = view
+        .live
+        .iter()
+        .map(|n| {
+            let me = n.node == c.node();
+            json!({
+                "node": n.node,
+                "address": n.address,
+                "epoch": n.epoch,
+                "lease_age_ms": n.lease_age_ms(now, protocol),
+                "expires_in_ms": n.expires_in_ms(now),
+                "held_actors": me.then(|| c.held_actors()),
+                "self": me,
+            })
+        })
+        .collect();
+    Ok(axum::Json(json!({
+        "node": c.node(),
+        "nodes": nodes,
+        "not_live": view.not_live,
+        "unreadable": view.unreadable,
+        "truncated": view.truncated,
+    }))
+    .into_response())
 }
 
 /// 503 `node_not_acting` unless the node's lease lets it act (always, for a

@@ -32,6 +32,7 @@
 //! | `lease_task` | the tokio task that drives `NodeLeaseMachine` |
 //! | [`ownership`] | the ownership table: takes, owner cache, releases |
 //! | [`forward`] | forwards a request to its actor's owner |
+//! | [`view`] | the live nodes as the bucket shows them (`/admin/v1/cluster`) |
 //!
 //! The machines decide; this module only performs. The rules it runs are
 //! [`RULES`], ADR 0009's safe ones, the only ones a server may pass.
@@ -41,6 +42,7 @@ pub mod forward;
 pub mod identity;
 mod lease_task;
 pub mod ownership;
+pub mod view;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -216,6 +218,8 @@ pub struct ClusterState {
     fresh_epoch: AtomicU64,
     /// SHA-256 of the cluster secret, if one is set.
     token_digest: Option<[u8; 32]>,
+    /// The bucket, for reading other nodes' leases (the admin view).
+    driver: BucketDriver,
     /// The actors this node holds, and the owners it knows.
     pub ownership: ownership::Ownership,
 }
@@ -247,6 +251,7 @@ impl ClusterState {
             node: node.to_owned(),
             address: settings.advertise.clone(),
             token_digest: settings.cluster_token.as_deref().map(crate::auth::digest),
+            driver: driver.clone(),
             ownership: ownership::Ownership::new(node, driver, settings.clone(), prefix_bytes),
             epoch: AtomicU64::new(0),
             fresh_epoch: AtomicU64::new(first_epoch),
@@ -303,6 +308,16 @@ impl ClusterState {
     /// The node id.
     pub fn node(&self) -> &str {
         &self.node
+    }
+
+    /// The live nodes as the bucket shows them, for `/admin/v1/cluster`.
+    pub async fn view(&self) -> Result<view::ClusterView, view::ViewError> {
+        view::read(&self.driver, &self.settings().protocol).await
+    }
+
+    /// Actors this node holds in its current epoch (0 while it does not act).
+    pub fn held_actors(&self) -> usize {
+        self.acting_epoch().map_or(0, |e| self.ownership.held(e))
     }
 
     /// A copy of the state for `/admin/v1/node`.
@@ -664,6 +679,7 @@ mod tests {
             ),
             ("cluster/ownership.rs", include_str!("cluster/ownership.rs")),
             ("cluster/forward.rs", include_str!("cluster/forward.rs")),
+            ("cluster/view.rs", include_str!("cluster/view.rs")),
         ];
         let forbidden = [
             ["Rules", "::with("].concat(),

@@ -197,3 +197,102 @@ pub fn apps(conn: &Conn) -> Result<()> {
     print(&conn.json("GET", "/admin/v1/apps", None)?);
     Ok(())
 }
+
+/// How long `cluster` waits for another node's `/admin/v1/node` (its held
+/// actors) before printing `?` for it.
+const PEER_TIMEOUT_MS: u64 = 2_000;
+
+/// `wasmkeep cluster`: the live nodes as the bucket shows them, one line a
+/// node. Held actors are the answering node's own count; for the others
+/// the CLI asks each node's `/admin/v1/node` itself (with the same token,
+/// within [`PEER_TIMEOUT_MS`]; `?` if it does not answer).
+pub fn cluster(conn: &Conn) -> Result<()> {
+    let v = conn
+        .json("GET", "/admin/v1/cluster", None)
+        .context("read the cluster view")?;
+    let nodes = v["nodes"].as_array().cloned().unwrap_or_default();
+    let mut rows = vec![[
+        "NODE".to_owned(),
+        "ADDRESS".to_owned(),
+        "EPOCH".to_owned(),
+        "LEASE AGE".to_owned(),
+        "EXPIRES IN".to_owned(),
+        "HELD".to_owned(),
+    ]];
+    for n in &nodes {
+        let me = n["self"] == true;
+        let address = n["address"].as_str().unwrap_or("?");
+        let held = match n["held_actors"].as_u64() {
+            Some(h) => h.to_string(),
+            None => peer_held(conn, address).map_or("?".into(), |h| h.to_string()),
+        };
+        let node = n["node"].as_str().unwrap_or("?");
+        rows.push([
+            if me {
+                format!("{node} *")
+            } else {
+                node.to_owned()
+            },
+            address.to_owned(),
+            n["epoch"].to_string(),
+            seconds(&n["lease_age_ms"]),
+            seconds(&n["expires_in_ms"]),
+            held,
+        ]);
+    }
+    let widths: Vec<usize> = (0..6)
+        .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
+        .collect();
+    for row in &rows {
+        let cells: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        println!("{}", cells.join("  ").trim_end());
+    }
+    let mut notes = vec![format!("{} live", nodes.len())];
+    for (key, what) in [("not_live", "not live"), ("unreadable", "unreadable")] {
+        if let Some(k) = v[key].as_u64().filter(|k| *k > 0) {
+            notes.push(format!("{k} {what}"));
+        }
+    }
+    if v["truncated"] == true {
+        notes.push("more nodes than the view lists".into());
+    }
+    println!("({}; * the node that answered)", notes.join(", "));
+    Ok(())
+}
+
+/// Milliseconds as seconds with one decimal (`-0.4 s` for a lease in its
+/// grace).
+fn seconds(ms: &Value) -> String {
+    ms.as_i64()
+        .map_or("?".into(), |ms| format!("{:.1} s", ms as f64 / 1000.0))
+}
+
+/// Another node's held actors, from its `/admin/v1/node`.
+fn peer_held(conn: &Conn, address: &str) -> Option<u64> {
+    let url = format!("{}/admin/v1/node", address.trim_end_matches('/'));
+    let mut req = ureq::http::Request::builder().method("GET").uri(&url);
+    if let Some(t) = &conn.token {
+        req = req.header("authorization", format!("Bearer {t}"));
+    }
+    let agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(std::time::Duration::from_millis(PEER_TIMEOUT_MS)))
+        .build()
+        .new_agent();
+    let mut resp = agent.run(req.body(Vec::new()).ok()?).ok()?;
+    if resp.status().as_u16() != 200 {
+        return None;
+    }
+    let body = resp
+        .body_mut()
+        .with_config()
+        .limit(1 << 20)
+        .read_to_vec()
+        .ok()?;
+    let v: Value = serde_json::from_slice(&body).ok()?;
+    v["cluster"]["held_actors"].as_u64()
+}

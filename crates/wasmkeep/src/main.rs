@@ -104,6 +104,12 @@ enum Command {
         #[command(flatten)]
         conn: client::Conn,
     },
+    /// Show the cluster's live nodes: addresses, epochs, lease ages, held
+    /// actors (`GET /admin/v1/cluster`).
+    Cluster {
+        #[command(flatten)]
+        conn: client::Conn,
+    },
     /// Write an actor's database, as the bucket holds it, to a plain SQLite
     /// file: `wasmkeep export --bucket s3://b/p demo/examples/counter/a -o a.db`.
     Export {
@@ -237,6 +243,7 @@ fn main() -> Result<()> {
             limit,
         } => client::alarms(&conn, &tenant, limit),
         Command::Apps { conn } => client::apps(&conn),
+        Command::Cluster { conn } => client::cluster(&conn),
         Command::Export {
             bucket,
             target,

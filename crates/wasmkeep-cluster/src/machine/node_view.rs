@@ -44,6 +44,8 @@ pub struct NodeViewReader {
     awaiting: bool,
     /// The address the latest record advertises, once read and live.
     address: Option<String>,
+    /// The expiry the latest record states, once read and live.
+    expires_at_ms: Option<u64>,
 }
 
 impl NodeViewReader {
@@ -62,6 +64,7 @@ impl NodeViewReader {
             },
             awaiting: false,
             address: None,
+            expires_at_ms: None,
         }
     }
 
@@ -70,6 +73,14 @@ impl NodeViewReader {
     /// live one; `None` before, or for a fenced, released or absent node.
     pub fn address(&self) -> Option<&str> {
         self.address.as_deref()
+    }
+
+    /// The expiry (by the writer's clock, ms since the Unix epoch) the
+    /// node's latest record states, once that record was read and is a live
+    /// one: how an admin view tells how fresh a lease is. `None` as for
+    /// [`NodeViewReader::address`].
+    pub fn expires_at_ms(&self) -> Option<u64> {
+        self.expires_at_ms
     }
 
     /// The node being read.
@@ -112,8 +123,14 @@ impl NodeViewReader {
             }
             (Phase::Read { latest }, BucketResult::Body(body)) => {
                 let record = decode_body(&body, LeaseRecord::decode);
-                if let Some(LeaseRecord::Live { address, .. }) = &record {
+                if let Some(LeaseRecord::Live {
+                    address,
+                    expires_at_ms,
+                    ..
+                }) = &record
+                {
                     self.address = Some(address.clone());
+                    self.expires_at_ms = Some(*expires_at_ms);
                 }
                 let view = record
                     .map(|record| node_lease_view(Some((latest, &record)), now_ms, &self.config))
@@ -212,6 +229,7 @@ mod tests {
             r.on_result(res, 14_999);
         }
         assert_eq!(r.address(), Some("http://n:1"), "the live record's address");
+        assert_eq!(r.expires_at_ms(), Some(10_000), "the live record's expiry");
         assert_eq!(NodeViewReader::new("z", c.clone()).address(), None);
         let lapsed = read(&mut b, "a", 15_000, c.clone());
         let NodeViewEffect::Done(Ok(NodeLeaseView::Lapsed { latest })) = lapsed else {
