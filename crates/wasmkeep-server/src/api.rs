@@ -570,6 +570,13 @@ async fn clustered_request(
 ) -> Result<Response, ApiError> {
     use crate::cluster::forward::{ForwardError, forward};
     use crate::cluster::ownership::Route;
+    let Some(_in_flight) = c.enter() else {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "node_not_acting",
+            "this node is stopping and hands its actors over; try again or another node",
+        ));
+    };
     let counters = &c.ownership.counters;
     let path_and_query = parts
         .uri

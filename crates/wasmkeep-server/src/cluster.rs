@@ -222,6 +222,22 @@ pub struct ClusterState {
     driver: BucketDriver,
     /// The actors this node holds, and the owners it knows.
     pub ownership: ownership::Ownership,
+    /// Set when the node starts to stop: new actor requests are refused
+    /// (503 `node_not_acting`, which a forwarding node answers by routing
+    /// again) while the ones in flight finish and the node hands its actors
+    /// over, with its listener still open (see [`ClusterState::in_flight`]).
+    draining: std::sync::atomic::AtomicBool,
+    /// Actor requests this node is routing, running or forwarding now.
+    in_flight: std::sync::atomic::AtomicUsize,
+}
+
+/// One actor request in flight ([`ClusterState::enter`]); leaves on drop.
+pub struct InFlight<'a>(&'a ClusterState);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// The node's view of its cluster state at one instant.
@@ -261,7 +277,31 @@ impl ClusterState {
             epochs_total: AtomicU64::new(0),
             lapsed_total: AtomicU64::new(0),
             fenced_total: AtomicU64::new(0),
+            draining: std::sync::atomic::AtomicBool::new(false),
+            in_flight: std::sync::atomic::AtomicUsize::new(0),
         }
+    }
+
+    /// Counts an actor request in flight, unless the node is draining.
+    pub fn enter(&self) -> Option<InFlight<'_>> {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        let guard = InFlight(self);
+        // Checked after counting: a request either sees the drain and
+        // leaves, or is counted before the drain waits for the count.
+        if self.draining.load(Ordering::Acquire) {
+            return None;
+        }
+        Some(guard)
+    }
+
+    /// Refuses new actor requests from now on (a clean stop).
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::Release);
+    }
+
+    /// Actor requests in flight.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Acquire)
     }
 
     /// Whether the node's lease lets it act now, by its own clock (the lease

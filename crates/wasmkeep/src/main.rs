@@ -380,6 +380,10 @@ fn serve(args: ServeArgs) -> Result<()> {
         use std::io::Write;
         std::io::stdout().flush()?;
         let asked = Arc::clone(&stop_asked);
+        let state = node.as_ref().map(|n| n.state());
+        let stopping_rt = rt.clone();
+        let drain = std::time::Duration::from_millis(cfg.shutdown_drain_ms);
+        let linger = std::time::Duration::from_millis(cfg.cluster_owner_cache_ttl_ms);
         let shutdown = async move {
             #[cfg(unix)]
             tokio::select! {
@@ -388,27 +392,36 @@ fn serve(args: ServeArgs) -> Result<()> {
             }
             #[cfg(not(unix))]
             let _ = tokio::signal::ctrl_c().await;
-            let _ = asked.set(std::time::Instant::now());
+            let started = std::time::Instant::now();
+            let _ = asked.set(started);
             tracing::info!("shutting down");
+            // A cluster node hands its actors over with its listener still
+            // open: closing it first would reset forwards already on their
+            // way, whose sender cannot tell whether they ran. New actor
+            // requests get 503 node_not_acting (a forwarding node routes
+            // again), those in flight finish, queued events and uploads
+            // finish, the holds and the lease are released; then it lingers
+            // for the owner cache's lifetime, so no node still sends here
+            // when the listener closes.
+            if let Some(node) = node {
+                let state = node.state();
+                state.start_draining();
+                while state.in_flight() > 0 && started.elapsed() < drain {
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                }
+                let left = drain.saturating_sub(started.elapsed());
+                let _ = tokio::task::spawn_blocking(move || stopping_rt.shutdown(left)).await;
+                node.release().await;
+                tokio::time::sleep(linger).await;
+            }
         };
         let mut server = cfg.server();
-        server.cluster = node.as_ref().map(|n| n.state());
+        server.cluster = state;
         server.unsafe_rules = unsafe_rules;
         if server.unsafe_rules.any() {
             tracing::warn!(rules = ?server.unsafe_rules, "safety rules switched off for a test ({})", wasmkeep_server::unsafe_rules::ENV);
         }
         let served = wasmkeep_server::serve(rt.clone(), server, listener, shutdown).await;
-        // Connections drained. In a cluster the runtime finishes its queued
-        // events and uploads first, so that a node taking a released actor
-        // finds all of it in the bucket; then the node releases its holds
-        // and its lease.
-        if let Some(node) = node {
-            let drain = std::time::Duration::from_millis(cfg.shutdown_drain_ms);
-            let spent = stop_asked.get().map(|t| t.elapsed()).unwrap_or_default();
-            let rt = rt.clone();
-            let _ = tokio::task::spawn_blocking(move || rt.shutdown(drain.saturating_sub(spent))).await;
-            node.release().await;
-        }
         served?;
         anyhow::Ok(())
     })?;

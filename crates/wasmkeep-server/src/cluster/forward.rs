@@ -107,10 +107,15 @@ pub async fn forward(
     }
     let limit = settings.forward_response_bytes_max;
     let exchange = async {
-        let resp = sender
-            .send_request(req)
-            .await
-            .map_err(|e| ForwardError::Failed(format!("send: {e}")))?;
+        // A request hyper gives back was never written (the owner closed
+        // the connection first: a node that is stopping): it did not run.
+        let resp = sender.try_send_request(req).await.map_err(|e| {
+            if e.message().is_some() {
+                ForwardError::NotSent(format!("connection closed before sending: {}", e.error()))
+            } else {
+                ForwardError::Failed(format!("send: {}", e.error()))
+            }
+        })?;
         let (parts, body) = resp.into_parts();
         let body = Limited::new(body, limit)
             .collect()

@@ -37,6 +37,17 @@ use super::{ClusterSettings, nonce, now_ms};
 /// How often the release task looks for idle actors to release.
 pub const RELEASE_SCAN_MS: u64 = 500;
 
+/// How long a route waits, reading the bucket again, for an owner that a
+/// forward just failed to reach to give the actor up. A node stopping
+/// cleanly closes its listener before it releases its holds (it finishes
+/// its requests and uploads first); without this wait every request for
+/// its actors in that window fails (issue 18's rolling restart).
+pub const UNREACHABLE_OWNER_WAIT_MS: u64 = 1_000;
+/// The first pause between two reads of the bucket in that wait (doubled
+/// up to [`UNREACHABLE_OWNER_POLL_MAX_MS`]).
+const UNREACHABLE_OWNER_POLL_MS: u64 = 25;
+const UNREACHABLE_OWNER_POLL_MAX_MS: u64 = 200;
+
 /// What routing decided for a request.
 #[derive(Debug)]
 pub enum Route {
@@ -87,6 +98,9 @@ struct Cell {
 struct Slot {
     held: Option<Held>,
     owner: Option<Owner>,
+    /// The owner a forward just failed to reach (or that refused the
+    /// request as not its own): the next route waits for it to let go.
+    unreachable: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -243,7 +257,11 @@ impl Ownership {
             });
         }
         slot.owner = None;
-        match self.take(&root, epoch, &acting_epoch).await {
+        let unreachable = slot.unreachable.take();
+        match self
+            .take_waiting(&root, epoch, &acting_epoch, unreachable.as_deref())
+            .await
+        {
             Taken::Held(held) => {
                 slot.held = Some(held);
                 Ok(local(&cell))
@@ -261,18 +279,51 @@ impl Ownership {
                 });
                 Ok(Route::Forward { node, address })
             }
+            Taken::LostRace => Err(RouteError::TakeFailed("LostRace".into())),
             Taken::Failed(why) => Err(RouteError::TakeFailed(why)),
         }
     }
 
     /// Drops the cached owner of `id` (a forward to it failed, or it
-    /// answered that it does not own the actor).
+    /// answered that it does not own the actor), and remembers it so that
+    /// the next route waits a little for it to release the actor.
     pub fn forget_owner(&self, id: &ActorId) {
         let cell = self.cells.lock().expect("cells").get(id).cloned();
         if let Some(cell) = cell
             && let Ok(mut slot) = cell.slot.try_lock()
         {
-            slot.owner = None;
+            slot.unreachable = slot.owner.take().map(|o| o.node);
+        }
+    }
+
+    /// [`Self::take`], again while the bucket still names `unreachable` as
+    /// the owner (for at most [`UNREACHABLE_OWNER_WAIT_MS`]: a node stopping
+    /// cleanly is about to release its holds; a dead one's lease lapses
+    /// later, and the request fails as before), and once more after losing
+    /// the race to create the hold (two nodes taking an actor another just
+    /// released: the winner is then the owner to forward to).
+    async fn take_waiting(
+        &self,
+        root: &str,
+        epoch: u64,
+        acting: &impl Fn() -> Option<u64>,
+        unreachable: Option<&str>,
+    ) -> Taken {
+        let end = now_ms() + UNREACHABLE_OWNER_WAIT_MS;
+        let mut pause = UNREACHABLE_OWNER_POLL_MS;
+        let mut lost_races = 0;
+        loop {
+            let taken = self.take(root, epoch, acting).await;
+            match &taken {
+                Taken::LostRace if lost_races == 0 => lost_races += 1,
+                Taken::Owner { node, .. }
+                    if unreachable == Some(node.as_str()) && now_ms() + pause < end =>
+                {
+                    tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
+                    pause = (pause * 2).min(UNREACHABLE_OWNER_POLL_MAX_MS);
+                }
+                _ => return taken,
+            }
         }
     }
 
@@ -342,6 +393,9 @@ impl Ownership {
                 self.counters
                     .take_failures_total
                     .fetch_add(1, Ordering::Relaxed);
+                if failure == wasmkeep_cluster::machine::Failure::LostRace {
+                    return Taken::LostRace;
+                }
                 Taken::Failed(format!("{failure:?}"))
             }
         }
@@ -427,7 +481,12 @@ impl Ownership {
 
 enum Taken {
     Held(Held),
-    Owner { node: String, address: String },
+    Owner {
+        node: String,
+        address: String,
+    },
+    /// Another node created its hold first.
+    LostRace,
     Failed(String),
 }
 
@@ -533,5 +592,56 @@ mod tests {
         assert!(matches!(taken, Route::Local(_)));
         assert_eq!(b.counters.fences_total.load(Ordering::Relaxed), 0);
         assert_eq!(holds(dir.path()).len(), 3);
+    }
+
+    /// A forward to the owner failed (a node stopping cleanly closes its
+    /// listener before it releases its holds): the next route waits for the
+    /// release and takes the actor instead of forwarding to it again. An
+    /// owner that never lets go is forwarded to after the wait, as before.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_route_after_a_failed_forward_waits_for_the_owner_to_release() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Arc::new(table("a", dir.path()));
+        let b = table("b", dir.path());
+        let far = now_ms() + 3_600_000;
+        for (node, port) in [("a", 7), ("b", 8)] {
+            let lease = dir
+                .path()
+                .join(format!("nodes/{node}/00000000000000000001"));
+            std::fs::create_dir_all(&lease).unwrap();
+            std::fs::write(
+                lease.join("00000000000000000000"),
+                format!("live {far} 0000000000000001 http://{node}.example:{port}"),
+            )
+            .unwrap();
+        }
+        drop(a.route(&id(), || Some(1), false).await.unwrap());
+        assert!(matches!(
+            b.route(&id(), || Some(1), false).await.unwrap(),
+            Route::Forward { .. }
+        ));
+        b.forget_owner(&id());
+        let releaser = {
+            let a = Arc::clone(&a);
+            tokio::spawn(async move {
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                assert_eq!(a.release_idle(0, || Some(1), |_| false).await, 1);
+            })
+        };
+        let routed = b.route(&id(), || Some(1), false).await.unwrap();
+        assert!(matches!(routed, Route::Local(_)), "{routed:?}");
+        releaser.await.unwrap();
+        drop(routed);
+
+        // Now b owns it and never lets go: a waits, then forwards.
+        assert!(matches!(
+            a.route(&id(), || Some(1), false).await.unwrap(),
+            Route::Forward { .. }
+        ));
+        a.forget_owner(&id());
+        assert!(matches!(
+            a.route(&id(), || Some(1), false).await.unwrap(),
+            Route::Forward { .. }
+        ));
     }
 }
