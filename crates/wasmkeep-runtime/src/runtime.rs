@@ -794,6 +794,13 @@ impl Runtime {
         self.inner.reap_idle_after(0)
     }
 
+    /// Whether `id` has a queue or an instance on this node now (a cluster
+    /// node releases an actor's hold only once it is not open here, so that
+    /// no copy stays open after another node may have taken it).
+    pub fn is_open(&self, id: &ActorId) -> bool {
+        self.inner.actors.lock().contains_key(id)
+    }
+
     /// Actors with a queue or an instance on this node now.
     pub fn active_actors(&self) -> usize {
         self.inner.actors.lock().len()

@@ -508,7 +508,9 @@ async fn release_task(
                 state.fresh_epoch.store(e, Ordering::Release);
             }
         }
-        let keep = |id: &ActorId| rt.timer_alarm(id).is_some();
+        // Kept: actors with an alarm pending here, and actors the runtime
+        // still has open (their hold outlives their open copy).
+        let keep = |id: &ActorId| rt.timer_alarm(id).is_some() || rt.is_open(id);
         state
             .ownership
             .release_idle(idle_ms, || state.acting_epoch(), keep)

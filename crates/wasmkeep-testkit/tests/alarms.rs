@@ -474,6 +474,9 @@ fn a_gate_keeps_alarms_of_actors_this_node_does_not_hold() {
     assert_eq!(other.get("/alarm").json()["alarm"], t);
     assert_eq!(node.runtime().alarms_gated_total(), 1);
     // The lease ended: every idle actor closes at once.
+    let held_id = wasmkeep_runtime::ActorId::new("demo", "examples", "reminder", "held").unwrap();
+    assert!(node.runtime().is_open(&held_id));
     assert!(node.runtime().close_idle_now() >= 2);
     assert_eq!(node.runtime().active_actors(), 0);
+    assert!(!node.runtime().is_open(&held_id));
 }

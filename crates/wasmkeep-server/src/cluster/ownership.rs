@@ -18,8 +18,9 @@
 //! a local copy that another owner moved past is set aside, never served.
 //! That holds as long as the runtime does not keep the actor open across a
 //! change of owner: this node releases an actor only after it has been idle
-//! for longer than the runtime's own idle close (`release_idle_ms`), and the
-//! runtime closes its actors when the node's lease ends.
+//! for longer than the runtime's own idle close (`release_idle_ms`) and the
+//! runtime no longer has it open (`Runtime::is_open`, the release task's
+//! `keep`), and the runtime closes its actors when the node's lease ends.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
