@@ -226,11 +226,7 @@ impl Metrics {
             ),
         ];
         for (name, v, kind, help) in counters {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {}",
-                v.load(Ordering::Relaxed)
-            );
+            write_sample(&mut out, name, kind, help, v.load(Ordering::Relaxed));
         }
         self.event_latency.render(
             &mut out,
@@ -346,10 +342,7 @@ impl Metrics {
             ]);
         }
         for (name, v, help) in counters {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
-            );
+            write_sample(out, name, "counter", help, v);
         }
         self.replica_upload_latency.render(
             out,
@@ -362,4 +355,14 @@ impl Metrics {
             "Replication lag: from the oldest commit an upload carried to the upload's end.",
         );
     }
+}
+
+/// Appends one sample in Prometheus' text format, with its `HELP` and
+/// `TYPE` lines: the one place the node writes a counter or gauge (the
+/// runtime's and the server's cluster counters alike).
+pub fn write_sample(out: &mut String, name: &str, kind: &str, help: &str, value: u64) {
+    let _ = writeln!(
+        out,
+        "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
+    );
 }

@@ -380,89 +380,92 @@ impl ClusterState {
     /// Prometheus text for the cluster's counters (appended to `/metrics`).
     pub fn render_metrics(&self) -> String {
         let s = self.status();
-        let mut out = String::new();
-        let mut metric = |name: &str, kind: &str, help: &str, value: u64| {
-            out.push_str(&format!(
-                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n"
-            ));
-        };
-        metric(
-            "wasmkeep_cluster_lease_renewals_total",
-            "counter",
-            "Lease records of this node that landed (registrations and renewals).",
-            s.renewals_total,
-        );
-        metric(
-            "wasmkeep_cluster_epochs_total",
-            "counter",
-            "Epochs this process started (one at start, one after each lapse or fence).",
-            s.epochs_total,
-        );
-        metric(
-            "wasmkeep_cluster_lease_lapses_total",
-            "counter",
-            "Epochs that ended because renewals failed until the margin.",
-            s.lapsed_total,
-        );
-        metric(
-            "wasmkeep_cluster_lease_fences_total",
-            "counter",
-            "Epochs that ended because another node fenced this one.",
-            s.fenced_total,
-        );
         let o = &self.ownership.counters;
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        for (name, help, value) in [
+        let samples: [(&str, &str, &str, u64); 13] = [
+            (
+                "wasmkeep_cluster_lease_renewals_total",
+                "counter",
+                "Lease records of this node that landed (registrations and renewals).",
+                s.renewals_total,
+            ),
+            (
+                "wasmkeep_cluster_epochs_total",
+                "counter",
+                "Epochs this process started (one at start, one after each lapse or fence).",
+                s.epochs_total,
+            ),
+            (
+                "wasmkeep_cluster_lease_lapses_total",
+                "counter",
+                "Epochs that ended because renewals failed until the margin.",
+                s.lapsed_total,
+            ),
+            (
+                "wasmkeep_cluster_lease_fences_total",
+                "counter",
+                "Epochs that ended because another node fenced this one.",
+                s.fenced_total,
+            ),
             (
                 "wasmkeep_cluster_takes_total",
+                "counter",
                 "Actors this node took (hold created).",
                 l(&o.takes_total),
             ),
             (
                 "wasmkeep_cluster_takeovers_total",
+                "counter",
                 "Takes whose previous hold named another node or epoch.",
                 l(&o.takeovers_total),
             ),
             (
                 "wasmkeep_cluster_take_failures_total",
+                "counter",
                 "Takes that failed (bucket, lost race, live holder).",
                 l(&o.take_failures_total),
             ),
             (
                 "wasmkeep_cluster_fences_total",
+                "counter",
                 "Lapsed nodes this node fenced to take their actors.",
                 l(&o.fences_total),
             ),
             (
                 "wasmkeep_cluster_releases_total",
+                "counter",
                 "Holds this node released (idle actors, shutdown).",
                 l(&o.releases_total),
             ),
             (
                 "wasmkeep_cluster_forwards_total",
+                "counter",
                 "Requests forwarded to their owner.",
                 l(&o.forwards_total),
             ),
             (
                 "wasmkeep_cluster_forward_failures_total",
+                "counter",
                 "Forwards that failed (owner unreachable, timed out, not the owner).",
                 l(&o.forward_failures_total),
             ),
-        ] {
-            metric(name, "counter", help, value);
+            (
+                "wasmkeep_cluster_acting",
+                "gauge",
+                "1 while the node's lease lets it act.",
+                u64::from(s.acting),
+            ),
+            (
+                "wasmkeep_cluster_epoch",
+                "gauge",
+                "This node's current epoch.",
+                s.epoch,
+            ),
+        ];
+        let mut out = String::new();
+        for (name, kind, help, value) in samples {
+            wasmkeep_runtime::metrics::write_sample(&mut out, name, kind, help, value);
         }
-        metric(
-            "wasmkeep_cluster_acting",
-            "gauge",
-            "1 while the node's lease lets it act.",
-            u64::from(s.acting),
-        );
-        metric(
-            "wasmkeep_cluster_epoch",
-            "gauge",
-            "This node's current epoch.",
-            s.epoch,
-        );
         out
     }
 }
