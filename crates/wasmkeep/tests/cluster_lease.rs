@@ -15,19 +15,15 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::Node;
+use common::cluster::{self, free_port};
+
+/// Waits until `f` holds (a bound of 60 s for a hung cluster).
+fn wait_for(what: &str, f: impl FnMut() -> bool) {
+    cluster::wait_for(what, 60, 20, f)
+}
 
 const LEASE_PERIOD_MS: u64 = 1_500;
 const LEASE_GRACE_MS: u64 = 2_000;
-
-/// A free loopback port (bound, then let go), so that `--advertise` can
-/// name the port the node listens on.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 struct Cluster {
     _tmp: tempfile::TempDir,
@@ -89,15 +85,6 @@ fn status(node: &Node) -> serde_json::Value {
     let (code, v) = node.json("GET", "/admin/v1/node", b"");
     assert_eq!(code, 200, "{v}");
     v["cluster"].clone()
-}
-
-/// Waits (polling) until `f` holds; panics with `what` after a minute.
-fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
-    let end = Instant::now() + Duration::from_secs(60);
-    while !f() {
-        assert!(Instant::now() < end, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// The lease records of one epoch in a folder bucket: (counter, body).

@@ -28,16 +28,14 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use common::Node;
+use common::cluster::{self, counter, free_port, increment, value};
+
+/// Waits until `f` holds (a bound of 60 s for a hung cluster).
+fn wait_for(what: &str, f: impl FnMut() -> bool) {
+    cluster::wait_for(what, 60, 20, f)
+}
 
 const TOKEN: &str = "cluster-secret-for-load-tests";
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// A shared bucket and one configuration for the nodes of a test.
 struct Cluster {
@@ -122,88 +120,8 @@ impl Cluster {
     }
 }
 
-/// Waits (polling) until `f` holds; panics with `what` after a minute.
-fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
-    let end = Instant::now() + Duration::from_secs(60);
-    while !f() {
-        assert!(Instant::now() < end, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// An answer: status (0: no answer, the connection failed), the node that
-/// ran the request, and the body.
-struct Answer {
-    status: u16,
-    node: Option<String>,
-    body: serde_json::Value,
-}
-
-/// One request on a fresh connection (no pooled connection outlives a node
-/// restart), with no retry of any kind.
-fn send(port: u16, method: &str, path: &str, headers: &[(&str, &str)]) -> Answer {
-    let agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(30)))
-        .build()
-        .new_agent();
-    let mut req = ureq::http::Request::builder()
-        .method(method)
-        .uri(format!("http://127.0.0.1:{port}{path}"));
-    for (k, v) in headers {
-        req = req.header(*k, *v);
-    }
-    let req = req.body(Vec::new()).unwrap();
-    match agent.run(req) {
-        Ok(mut resp) => {
-            let node = resp
-                .headers()
-                .get("x-wasmkeep-node")
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned);
-            let status = resp.status().as_u16();
-            let text = resp.body_mut().read_to_string().unwrap_or_default();
-            let body = serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text));
-            Answer { status, node, body }
-        }
-        Err(e) => Answer {
-            status: 0,
-            node: None,
-            body: serde_json::Value::String(e.to_string()),
-        },
-    }
-}
-
-/// Asks for the reply only once the write is in the bucket.
-const REPLICATED: (&str, &str) = ("wasmkeep-durability", "replicated");
-
 fn actor_name(i: usize) -> String {
     format!("load-{i}")
-}
-
-fn increment(port: u16, actor: &str) -> Answer {
-    send(
-        port,
-        "POST",
-        &format!("/v1/demo/examples/counter/{actor}/increment"),
-        &[REPLICATED],
-    )
-}
-
-fn value(port: u16, actor: &str) -> Answer {
-    send(
-        port,
-        "GET",
-        &format!("/v1/demo/examples/counter/{actor}/value"),
-        &[],
-    )
-}
-
-fn counter(a: &Answer) -> u64 {
-    assert_eq!(a.status, 200, "{}", a.body);
-    a.body["value"]
-        .as_u64()
-        .unwrap_or_else(|| panic!("{}", a.body))
 }
 
 /// The load balancer's view of the nodes: which are in rotation, and how

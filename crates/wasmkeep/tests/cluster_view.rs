@@ -13,25 +13,13 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::time::{Duration, Instant};
 
 use common::Node;
+use common::cluster::{self, free_port};
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// Waits (polling) until `f` holds; panics with `what` after three minutes.
-fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
-    let end = Instant::now() + Duration::from_secs(180);
-    while !f() {
-        assert!(Instant::now() < end, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+/// Waits until `f` holds (a bound of 180 s for a hung cluster).
+fn wait_for(what: &str, f: impl FnMut() -> bool) {
+    cluster::wait_for(what, 180, 100, f)
 }
 
 /// Starts a node with exactly the contract's flags (the harness adds only

@@ -1,5 +1,6 @@
 //! A real `wasmkeep serve` process on a loopback port, for tests.
 #![allow(dead_code)]
+pub mod cluster;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
