@@ -43,6 +43,24 @@ fn start_with_log(tmp: &Path, config: &str, log: Option<&Path>) -> Node {
         log,
         "warn",
     );
+    deploy_both(node)
+}
+
+/// Like [`start`], with the rules named in `rules` switched off
+/// (`WASMKEEP_UNSAFE`, a test-faults build: the unsafe variants).
+fn start_without(tmp: &Path, config: &str, rules: &str) -> Node {
+    let cfg = tmp.join("node.toml");
+    std::fs::write(&cfg, config).unwrap();
+    let node = Node::start_env(
+        &tmp.join("data"),
+        &["--config", cfg.to_str().unwrap()],
+        &[("WASMKEEP_UNSAFE", rules.to_owned())],
+    );
+    deploy_both(node)
+}
+
+/// Deploys the attacker (`evil/x`) and the neighbour (`good/demo`).
+fn deploy_both(node: Node) -> Node {
     let (s, v) = node.deploy("evil/x", HOSTILE);
     assert_eq!(s, 200, "deploy the attacker: {v}");
     let (s, v) = node.deploy("good/demo", DEMO);
@@ -899,17 +917,7 @@ fn response_headers_and_body_are_refused_before_they_are_copied() {
 #[test]
 fn without_the_rule_a_guest_frames_the_next_response() {
     let tmp = tempfile::tempdir().unwrap();
-    let cfg = tmp.path().join("node.toml");
-    std::fs::write(&cfg, BASE).unwrap();
-    let node = Node::start_env(
-        &tmp.path().join("data"),
-        &["--config", cfg.to_str().unwrap()],
-        &[("WASMKEEP_UNSAFE", "keep_framing_headers".to_owned())],
-    );
-    let (s, v) = node.deploy("evil/x", HOSTILE);
-    assert_eq!(s, 200, "{v}");
-    let (s, v) = node.deploy("good/demo", DEMO);
-    assert_eq!(s, 200, "{v}");
+    let node = start_without(tmp.path(), BASE, "keep_framing_headers");
     let outcomes: Vec<Result<(), String>> = [
         "content-length: 0",
         "content-length: 5",
@@ -1087,15 +1095,7 @@ impl Raw {
 #[test]
 fn without_the_allow_list_a_guest_reads_a_native_address() {
     let tmp = tempfile::tempdir().unwrap();
-    let cfg = tmp.path().join("node.toml");
-    std::fs::write(&cfg, BASE).unwrap();
-    let node = Node::start_env(
-        &tmp.path().join("data"),
-        &["--config", cfg.to_str().unwrap()],
-        &[("WASMKEEP_UNSAFE", "no_sql_allow_list".to_owned())],
-    );
-    let (s, v) = node.deploy("evil/x", HOSTILE);
-    assert_eq!(s, 200, "{v}");
+    let node = start_without(tmp.path(), BASE, "no_sql_allow_list");
     let (s, v) = attack(&node, "a", "/sql", b"SELECT fts3_tokenizer('simple')");
     assert_eq!(s, 200, "the leak was refused without the allow-list: {v}");
     assert!(!v.to_string().contains("forbidden"), "{v}");
