@@ -77,21 +77,33 @@ impl ResponseParts {
         }
     }
 
-    /// Whether a header of `bytes` more fits; refuses it otherwise.
-    fn admit_header(&mut self, bytes: usize) -> Result<(), WitError> {
+    /// Why a header of `bytes` more does not fit, if it does not: the
+    /// guest's error, and the event's (none outside `on-request`).
+    fn header_refusal(&self, bytes: usize) -> Option<(WitError, Option<RuntimeError>)> {
         if !self.active {
-            return Err(Self::no_request());
+            return Some((Self::no_request(), None));
         }
         let count = self.headers.len() + 1;
         let total = self.header_bytes.saturating_add(bytes);
-        if count > RESPONSE_HEADERS_MAX || total > RESPONSE_HEADER_BYTES_MAX {
-            return Err(self.refuse(RuntimeError::ResponseHeadersTooLarge {
+        (count > RESPONSE_HEADERS_MAX || total > RESPONSE_HEADER_BYTES_MAX).then(|| {
+            let e = RuntimeError::ResponseHeadersTooLarge {
                 count,
                 bytes: total,
-            }));
+            };
+            let guest = WitError {
+                code: e.code(),
+                message: e.to_string(),
+            };
+            (guest, Some(e))
+        })
+    }
+
+    /// Records what [`Self::header_refusal`] found; the guest's error.
+    fn refuse_header(&mut self, (guest, event): (WitError, Option<RuntimeError>)) -> WitError {
+        if let Some(e) = event {
+            self.refused.get_or_insert(e);
         }
-        self.header_bytes = total;
-        Ok(())
+        guest
     }
 
     /// Whether a chunk of `bytes` more fits in the body; refuses it
@@ -119,18 +131,15 @@ pub fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
         |mut store: StoreContextMut<'_, HostState>, (name, value): (WasmStr, WasmStr)| {
             // For UTF-8 these borrow the guest's memory: nothing is copied
             // before the sizes are checked.
-            let bytes = {
-                let (n, v) = (name.to_str(&store)?, value.to_str(&store)?);
-                n.len().saturating_add(v.len())
-            };
-            if let Err(e) = store.data_mut().response.admit_header(bytes) {
-                return Ok((Err(e),));
+            let (n, v) = (name.to_str(&store)?, value.to_str(&store)?);
+            let bytes = n.len().saturating_add(v.len());
+            if let Some(refusal) = store.data().response.header_refusal(bytes) {
+                return Ok((Err(store.data_mut().response.refuse_header(refusal)),));
             }
-            let header = (
-                name.to_str(&store)?.into_owned(),
-                value.to_str(&store)?.into_owned(),
-            );
-            store.data_mut().response.headers.push(header);
+            let header = (n.into_owned(), v.into_owned());
+            let parts = &mut store.data_mut().response;
+            parts.header_bytes += bytes;
+            parts.headers.push(header);
             Ok((Ok(()),))
         },
     )?;
