@@ -568,7 +568,7 @@ async fn clustered_request(
     body: Vec<u8>,
     forwarded: bool,
 ) -> Result<Response, ApiError> {
-    use crate::cluster::forward::{ForwardError, forward};
+    use crate::cluster::forward::ForwardError;
     use crate::cluster::ownership::Route;
     let Some(_in_flight) = c.enter() else {
         return Err(ApiError::new(
@@ -603,15 +603,17 @@ async fn clustered_request(
             Route::Forward { node, address } => (node, address),
         };
         counters.forwards_total.fetch_add(1, Ordering::Relaxed);
-        let sent = forward(
-            &address,
-            &parts.method,
-            &path_and_query,
-            &parts.headers,
-            body.clone(),
-            c.settings(),
-        )
-        .await;
+        let sent = c
+            .forwarder
+            .forward(
+                &address,
+                &parts.method,
+                &path_and_query,
+                &parts.headers,
+                body.clone(),
+                c.settings(),
+            )
+            .await;
         let failed = |code: &'static str, status: StatusCode, why: String| {
             counters
                 .forward_failures_total

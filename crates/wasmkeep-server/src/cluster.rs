@@ -15,7 +15,7 @@
 //! Actors' ownership ([`ownership`]): the actor route asks the table where
 //! a request runs; an actor the node does not hold is taken by a
 //! `TakeMachine` (held here) or found to be another live node's (forwarded
-//! there by [`forward`], one hop). Idle actors are released by a
+//! there by [`forward::Forwarder`], one hop). Idle actors are released by a
 //! `ReleaseMachine`. [`ClusterNode::attach_runtime`] gates the runtime's
 //! alarms by ownership and closes its actors while the node does not act.
 //!
@@ -31,7 +31,7 @@
 //! | [`identity`] | `<data>/node/id` and `<data>/node/epoch` |
 //! | `lease_task` | the tokio task that drives `NodeLeaseMachine` |
 //! | [`ownership`] | the ownership table: takes, owner cache, releases |
-//! | [`forward`] | forwards a request to its actor's owner |
+//! | [`forward`] | forwards a request to its actor's owner over kept connections |
 //! | [`view`] | the live nodes as the bucket shows them (`/admin/v1/cluster`) |
 //!
 //! The machines decide; this module only performs. The rules it runs are
@@ -222,6 +222,8 @@ pub struct ClusterState {
     driver: BucketDriver,
     /// The actors this node holds, and the owners it knows.
     pub ownership: ownership::Ownership,
+    /// Kept connections to the owners requests are forwarded to.
+    pub forwarder: forward::Forwarder,
     /// Set when the node starts to stop: new actor requests are refused
     /// (503 `node_not_acting`, which a forwarding node answers by routing
     /// again) while the ones in flight finish and the node hands its actors
@@ -269,6 +271,7 @@ impl ClusterState {
             token_digest: settings.cluster_token.as_deref().map(crate::auth::digest),
             driver: driver.clone(),
             ownership: ownership::Ownership::new(node, driver, settings.clone(), prefix_bytes),
+            forwarder: forward::Forwarder::default(),
             epoch: AtomicU64::new(0),
             fresh_epoch: AtomicU64::new(first_epoch),
             acting_until_ms: AtomicU64::new(0),

@@ -7,7 +7,11 @@
 //! ([`FORWARDED_HEADER`]) and the cluster secret ([`CLUSTER_TOKEN_HEADER`]).
 //! The owner never forwards it again. Bounded: the whole exchange within
 //! `cluster_forward_timeout_ms`, the answer's body within
-//! `forward_response_bytes_max`. One connection per forward (no pool yet).
+//! `forward_response_bytes_max`. Connections to owners are kept open and
+//! reused ([`Forwarder`]), bounded per owner and in owners.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, Uri};
@@ -49,87 +53,193 @@ fn relayed(name: &http::HeaderName) -> bool {
         )
 }
 
-/// Sends the request to `address` (`http://host:port`) and returns the
-/// owner's answer.
-pub async fn forward(
-    address: &str,
-    method: &Method,
-    path_and_query: &str,
-    headers: &HeaderMap,
-    body: Vec<u8>,
-    settings: &ClusterSettings,
-) -> Result<Response<Bytes>, ForwardError> {
-    let budget = std::time::Duration::from_millis(settings.forward_timeout_ms);
-    let deadline = tokio::time::Instant::now() + budget;
-    let base: Uri = address
-        .parse()
-        .map_err(|_| ForwardError::NotSent(format!("bad owner address `{address}`")))?;
-    if base.scheme_str() != Some("http") {
-        return Err(ForwardError::NotSent(format!(
-            "only http:// owners can be forwarded to: address=`{address}`"
-        )));
+/// Most idle connections kept open to one owner: about the concurrency a
+/// node forwards at; each costs a file descriptor and a few KiB.
+pub const IDLE_PER_OWNER_MAX: usize = 64;
+/// Most owners idle connections are kept for at once.
+pub const OWNERS_MAX: usize = 256;
+/// How long an idle connection is kept (shorter than the default
+/// `idle_timeout_ms` of the owner's edge, so that the owner seldom closes
+/// one first; when it does, the request comes back unwritten and is sent
+/// on a fresh connection).
+pub const IDLE_KEEP_MS: u64 = 10_000;
+
+type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
+
+/// Forwards requests over keep-alive connections to the owners, reused
+/// across forwards, so that a forward costs a request on an open
+/// connection rather than a TCP handshake. Bounded per owner
+/// ([`IDLE_PER_OWNER_MAX`]) and in owners ([`OWNERS_MAX`]); a connection
+/// idle past [`IDLE_KEEP_MS`] is dropped when next looked at.
+#[derive(Debug, Default)]
+pub struct Forwarder {
+    idle: std::sync::Mutex<HashMap<String, Vec<(Sender, Instant)>>>,
+}
+
+impl Forwarder {
+    /// The kept connections (a panic while holding them loses nothing
+    /// that matters: they are only connections).
+    fn idle(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<(Sender, Instant)>>> {
+        self.idle.lock().unwrap_or_else(|p| p.into_inner())
     }
-    let authority = base
-        .authority()
-        .ok_or_else(|| ForwardError::NotSent(format!("no host in `{address}`")))?
-        .clone();
-    let connect = tokio::net::TcpStream::connect(authority.as_str());
-    let stream = match tokio::time::timeout_at(deadline, connect).await {
-        Err(_) => return Err(ForwardError::NotSent("connect timed out".into())),
-        Ok(Err(e)) => return Err(ForwardError::NotSent(format!("connect: {e}"))),
-        Ok(Ok(s)) => s,
-    };
-    let _ = stream.set_nodelay(true);
-    let handshake = hyper::client::conn::http1::handshake(TokioIo::new(stream));
-    let (mut sender, conn) = match tokio::time::timeout_at(deadline, handshake).await {
-        Err(_) => return Err(ForwardError::NotSent("handshake timed out".into())),
-        Ok(Err(e)) => return Err(ForwardError::NotSent(format!("handshake: {e}"))),
-        Ok(Ok(pair)) => pair,
-    };
-    let conn = tokio::spawn(conn);
-    let mut req = Request::builder()
-        .method(method.clone())
-        .uri(path_and_query)
-        .body(Full::new(Bytes::from(body)))
-        .map_err(|e| ForwardError::NotSent(format!("request: {e}")))?;
-    let h = req.headers_mut();
-    for (k, v) in headers.iter().filter(|(k, _)| relayed(k)) {
-        h.append(k.clone(), v.clone());
-    }
-    if let Ok(host) = HeaderValue::from_str(authority.as_str()) {
-        h.insert(http::header::HOST, host);
-    }
-    h.insert(FORWARDED_HEADER, HeaderValue::from_static("1"));
-    if let Some(token) = &settings.cluster_token
-        && let Ok(v) = HeaderValue::from_str(token)
-    {
-        h.insert(CLUSTER_TOKEN_HEADER, v);
-    }
-    let limit = settings.forward_response_bytes_max;
-    let exchange = async {
-        // A request hyper gives back was never written (the owner closed
-        // the connection first: a node that is stopping): it did not run.
-        let resp = sender.try_send_request(req).await.map_err(|e| {
-            if e.message().is_some() {
-                ForwardError::NotSent(format!("connection closed before sending: {}", e.error()))
-            } else {
-                ForwardError::Failed(format!("send: {}", e.error()))
+
+    /// An idle connection to `authority` that is still open, if one is kept.
+    fn checkout(&self, authority: &str) -> Option<Sender> {
+        let mut idle = self.idle();
+        let list = idle.get_mut(authority)?;
+        let keep = Duration::from_millis(IDLE_KEEP_MS);
+        while let Some((sender, since)) = list.pop() {
+            if !sender.is_closed() && since.elapsed() < keep {
+                return Some(sender);
             }
-        })?;
-        let (parts, body) = resp.into_parts();
-        let body = Limited::new(body, limit)
-            .collect()
-            .await
-            .map_err(|e| ForwardError::Failed(format!("answer body (limit {limit}): {e}")))?
-            .to_bytes();
-        Ok(Response::from_parts(parts, body))
-    };
-    let out = match tokio::time::timeout_at(deadline, exchange).await {
-        Err(_) => Err(ForwardError::Timeout),
-        Ok(r) => r,
-    };
-    conn.abort();
-    out
+        }
+        None
+    }
+
+    /// Keeps a connection whose exchange ended cleanly for the next forward.
+    fn checkin(&self, authority: &str, sender: Sender) {
+        if sender.is_closed() {
+            return;
+        }
+        let mut idle = self.idle();
+        if !idle.contains_key(authority) && idle.len() >= OWNERS_MAX {
+            let keep = Duration::from_millis(IDLE_KEEP_MS);
+            idle.retain(|_, list| {
+                list.retain(|(s, since)| !s.is_closed() && since.elapsed() < keep);
+                !list.is_empty()
+            });
+            if idle.len() >= OWNERS_MAX {
+                return;
+            }
+        }
+        let list = idle.entry(authority.to_owned()).or_default();
+        if list.len() < IDLE_PER_OWNER_MAX {
+            list.push((sender, Instant::now()));
+        }
+    }
+
+    /// Idle connections kept now.
+    pub fn idle_connections(&self) -> usize {
+        self.idle().values().map(Vec::len).sum()
+    }
+
+    /// Sends the request to `address` (`http://host:port`) and returns the
+    /// owner's answer.
+    pub async fn forward(
+        &self,
+        address: &str,
+        method: &Method,
+        path_and_query: &str,
+        headers: &HeaderMap,
+        body: Vec<u8>,
+        settings: &ClusterSettings,
+    ) -> Result<Response<Bytes>, ForwardError> {
+        let budget = Duration::from_millis(settings.forward_timeout_ms);
+        let deadline = tokio::time::Instant::now() + budget;
+        let base: Uri = address
+            .parse()
+            .map_err(|_| ForwardError::NotSent(format!("bad owner address `{address}`")))?;
+        if base.scheme_str() != Some("http") {
+            return Err(ForwardError::NotSent(format!(
+                "only http:// owners can be forwarded to: address=`{address}`"
+            )));
+        }
+        let authority = base
+            .authority()
+            .ok_or_else(|| ForwardError::NotSent(format!("no host in `{address}`")))?
+            .as_str()
+            .to_owned();
+        let mut req = Request::builder()
+            .method(method.clone())
+            .uri(path_and_query)
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|e| ForwardError::NotSent(format!("request: {e}")))?;
+        let h = req.headers_mut();
+        for (k, v) in headers.iter().filter(|(k, _)| relayed(k)) {
+            h.append(k.clone(), v.clone());
+        }
+        if let Ok(host) = HeaderValue::from_str(&authority) {
+            h.insert(http::header::HOST, host);
+        }
+        h.insert(FORWARDED_HEADER, HeaderValue::from_static("1"));
+        if let Some(token) = &settings.cluster_token
+            && let Ok(v) = HeaderValue::from_str(token)
+        {
+            h.insert(CLUSTER_TOKEN_HEADER, v);
+        }
+        let limit = settings.forward_response_bytes_max;
+        // Until a request is handed to a connection, a timeout means it
+        // never reached the owner.
+        let handed = std::sync::atomic::AtomicBool::new(false);
+        let exchange = async {
+            let mut req = req;
+            // A kept connection is tried once; a fresh one ends the loop.
+            loop {
+                let (mut sender, fresh) = match self.checkout(&authority) {
+                    Some(sender) => (sender, false),
+                    None => (connect(&authority).await?, true),
+                };
+                if sender.ready().await.is_err() {
+                    if fresh {
+                        return Err(ForwardError::NotSent("connection closed at once".into()));
+                    }
+                    continue;
+                }
+                handed.store(true, std::sync::atomic::Ordering::Relaxed);
+                let resp = match sender.try_send_request(req).await {
+                    Ok(resp) => resp,
+                    // Given back unwritten (the owner closed the connection
+                    // first): the request did not run there.
+                    Err(mut e) => match e.take_message() {
+                        Some(unsent) if !fresh => {
+                            req = unsent;
+                            continue;
+                        }
+                        Some(_) => {
+                            return Err(ForwardError::NotSent(format!(
+                                "connection closed before sending: {}",
+                                e.error()
+                            )));
+                        }
+                        None => return Err(ForwardError::Failed(format!("send: {}", e.error()))),
+                    },
+                };
+                let (parts, body) = resp.into_parts();
+                let body = Limited::new(body, limit)
+                    .collect()
+                    .await
+                    .map_err(|e| ForwardError::Failed(format!("answer body (limit {limit}): {e}")))?
+                    .to_bytes();
+                self.checkin(&authority, sender);
+                return Ok(Response::from_parts(parts, body));
+            }
+        };
+        match tokio::time::timeout_at(deadline, exchange).await {
+            Err(_) if !handed.load(std::sync::atomic::Ordering::Relaxed) => {
+                Err(ForwardError::NotSent("connect timed out".into()))
+            }
+            Err(_) => Err(ForwardError::Timeout),
+            Ok(r) => r,
+        }
+    }
+}
+
+/// Opens a connection to `authority` and starts its HTTP/1.1 client task
+/// (which ends when the last sender is dropped).
+async fn connect(authority: &str) -> Result<Sender, ForwardError> {
+    let stream = tokio::net::TcpStream::connect(authority)
+        .await
+        .map_err(|e| ForwardError::NotSent(format!("connect: {e}")))?;
+    let _ = stream.set_nodelay(true);
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| ForwardError::NotSent(format!("handshake: {e}")))?;
+    tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            tracing::debug!(error = %e, "forward connection ended");
+        }
+    });
+    Ok(sender)
 }
 
 #[cfg(test)]
@@ -152,5 +262,85 @@ mod tests {
         for kept in ["authorization", "content-type", "wasmkeep-durability"] {
             assert!(relayed(&http::HeaderName::from_static(kept)), "{kept}");
         }
+    }
+
+    /// A loopback owner that answers `200 n` (the request's number on its
+    /// connection) and closes each connection after `per_connection`
+    /// answers without saying so; returns its address and its count of
+    /// connections accepted.
+    fn owner(per_connection: usize) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+        use std::io::{BufRead, BufReader, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = format!("http://{}", listener.local_addr().unwrap());
+        let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = accepted.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { return };
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let mut reader = BufReader::new(stream.try_clone().unwrap());
+                let mut out = stream;
+                for n in 0..per_connection {
+                    let mut line = String::new();
+                    // The head ends with an empty line; the tests send no body.
+                    loop {
+                        line.clear();
+                        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                            break;
+                        }
+                        if line == "\r\n" {
+                            break;
+                        }
+                    }
+                    let body = n.to_string();
+                    let answer = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
+                        body.len()
+                    );
+                    if out.write_all(answer.as_bytes()).is_err() {
+                        break;
+                    }
+                }
+            }
+        });
+        (address, accepted)
+    }
+
+    async fn get(f: &Forwarder, address: &str) -> Result<Response<Bytes>, ForwardError> {
+        let settings = ClusterSettings::new(address, None, Default::default());
+        f.forward(
+            address,
+            &Method::GET,
+            "/x",
+            &HeaderMap::new(),
+            Vec::new(),
+            &settings,
+        )
+        .await
+    }
+
+    #[tokio::test]
+    async fn forwards_reuse_a_kept_connection() {
+        let (address, accepted) = owner(usize::MAX);
+        let f = Forwarder::default();
+        for n in 0..5 {
+            let resp = get(&f, &address).await.unwrap();
+            assert_eq!(resp.body().as_ref(), n.to_string().as_bytes());
+        }
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert_eq!(f.idle_connections(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_kept_connection_the_owner_closed_is_replaced_without_an_error() {
+        let (address, accepted) = owner(1);
+        let f = Forwarder::default();
+        for _ in 0..3 {
+            let resp = get(&f, &address).await.unwrap();
+            assert_eq!(resp.body().as_ref(), b"0");
+            // Let the client task see the owner's close.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 3);
     }
 }
