@@ -159,9 +159,7 @@ pub struct Loaded {
 
 impl Drop for Loaded {
     fn drop(&mut self) {
-        self.metrics
-            .instances_active
-            .fetch_sub(1, Ordering::Relaxed);
+        self.metrics.instances_active.dec();
     }
 }
 
@@ -350,7 +348,7 @@ fn instantiate(
             rt.metrics
                 .phase_instantiate
                 .observe_ms(started.elapsed().as_secs_f64() * 1000.0);
-            rt.metrics.instances_active.fetch_add(1, Ordering::Relaxed);
+            rt.metrics.instances_active.inc();
             Metrics::inc(&rt.metrics.instantiations_total);
             Ok(Loaded {
                 store,
@@ -515,9 +513,7 @@ fn finish_call<T>(
     let cpu = l.app.event_cpu_ms_max;
     let s = l.store.data_mut();
     let dropped = s.log_budget.finish_call(&s.id);
-    l.metrics
-        .guest_log_lines_dropped_total
-        .fetch_add(dropped, Ordering::Relaxed);
+    l.metrics.guest_log_lines_dropped_total.inc_by(dropped);
     if let Some(stop) = l.store.data_mut().sql_stopped.take() {
         // A statement was stopped at the deadline (or by the node
         // stopping): the event fails for it even if the guest swallowed

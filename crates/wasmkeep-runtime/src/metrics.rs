@@ -1,368 +1,635 @@
-//! Counters and histograms, rendered in the Prometheus text format.
+//! The node's counters, gauges and latency histograms, rendered by the
+//! Prometheus client library (`prometheus-client`) in the OpenMetrics text
+//! format.
 //!
-//! Hand-rolled on atomics: the hot path only does relaxed adds, and the set
-//! of series is fixed, so a metrics library would add weight and nothing else.
+//! Counters and gauges are the library's own: an atomic each, so the hot
+//! path does one relaxed add. Latency histograms are [`Histogram`]: an
+//! atomic per bucket, because the library's histogram takes a lock on every
+//! observation, and an event records several. The library encodes them all
+//! (names, `_total` suffixes, units, bucket bounds, `+Inf`), from one
+//! registry per [`Metrics`].
+//!
+//! [`Metrics::encode`] writes the series without the closing `# EOF`: the
+//! server appends its cluster series to the same exposition and ends it
+//! (`wasmkeep-server`'s `/metrics`). This module knows nothing of HTTP.
 
-use std::fmt::Write;
+use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
-/// Upper bounds of latency buckets, in milliseconds.
-const BUCKETS_MS: &[f64] = &[
-    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0,
-    10000.0, 30000.0,
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, MetricEncoder, NoLabelSet};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::{Metric, Registry, Unit};
+
+/// A gauge that counts things (never negative).
+pub type GaugeU64 = Gauge<u64, AtomicU64>;
+
+/// Upper bounds of the latency buckets, in seconds. Observations above the
+/// last fall in the `+Inf` bucket only.
+pub const BUCKETS_SECONDS: [f64; 17] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0, 30.0,
 ];
 
-/// A latency histogram with fixed buckets.
+/// A latency histogram with the fixed bounds [`BUCKETS_SECONDS`], lock-free:
+/// an observation is one relaxed add to its bucket and one to the sum.
+/// Clones share their counts (one clone sits in the registry).
+#[derive(Debug, Default, Clone)]
+pub struct Histogram(Arc<HistogramCells>);
+
 #[derive(Debug, Default)]
-pub struct Histogram {
-    buckets: [AtomicU64; 17],
-    count: AtomicU64,
-    sum_us: AtomicU64,
+struct HistogramCells {
+    /// Observations per bucket, not cumulative: one slot per bound of
+    /// [`BUCKETS_SECONDS`], then the `+Inf` slot. The count is their sum,
+    /// so the `+Inf` bucket and `_count` always agree.
+    buckets: [AtomicU64; BUCKETS_SECONDS.len() + 1],
+    /// The sum of observations in seconds, as `f64` bits.
+    sum_bits: AtomicU64,
 }
 
 impl Histogram {
+    /// Records a duration in milliseconds.
     pub fn observe_ms(&self, ms: f64) {
-        let i = BUCKETS_MS
-            .iter()
-            .position(|b| ms <= *b)
-            .unwrap_or(BUCKETS_MS.len() - 1);
-        self.buckets[i].fetch_add(1, Ordering::Relaxed);
-        self.count.fetch_add(1, Ordering::Relaxed);
-        self.sum_us
-            .fetch_add((ms * 1000.0).max(0.0) as u64, Ordering::Relaxed);
+        self.observe_seconds(ms / 1000.0);
     }
 
-    fn render(&self, out: &mut String, name: &str, help: &str) {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-        let mut cumulative = 0;
-        for (i, b) in BUCKETS_MS.iter().enumerate() {
-            cumulative += self.buckets[i].load(Ordering::Relaxed);
-            let _ = writeln!(out, "{name}_bucket{{le=\"{}\"}} {cumulative}", b / 1000.0);
-        }
-        let count = self.count.load(Ordering::Relaxed);
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
-        let sum = self.sum_us.load(Ordering::Relaxed) as f64 / 1e6;
-        let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {count}");
+    /// Records a duration in seconds; a negative (or NaN) one counts as 0.
+    pub fn observe_seconds(&self, seconds: f64) {
+        let seconds = seconds.max(0.0);
+        // The first bound not below the value: `le` is inclusive. Past the
+        // last bound this is the `+Inf` slot.
+        let i = BUCKETS_SECONDS.partition_point(|b| *b < seconds);
+        self.0.buckets[i].fetch_add(1, Ordering::Relaxed);
+        let _ = self
+            .0
+            .sum_bits
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
+                Some((f64::from_bits(bits) + seconds).to_bits())
+            });
+    }
+
+    /// Observations so far.
+    pub fn count(&self) -> u64 {
+        self.0
+            .buckets
+            .iter()
+            .map(|b| b.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    /// The sum of the observations, in seconds.
+    pub fn sum_seconds(&self) -> f64 {
+        f64::from_bits(self.0.sum_bits.load(Ordering::Relaxed))
     }
 }
 
-/// Every series a node exports.
+impl EncodeMetric for Histogram {
+    fn encode(&self, mut encoder: MetricEncoder) -> fmt::Result {
+        let mut buckets = [(f64::INFINITY, 0u64); BUCKETS_SECONDS.len() + 1];
+        for (i, slot) in buckets.iter_mut().enumerate() {
+            if let Some(bound) = BUCKETS_SECONDS.get(i) {
+                slot.0 = *bound;
+            }
+            slot.1 = self.0.buckets[i].load(Ordering::Relaxed);
+        }
+        let count = buckets.iter().map(|b| b.1).sum();
+        encoder.encode_histogram::<NoLabelSet>(self.sum_seconds(), count, &buckets, None)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Histogram
+    }
+}
+
+/// Every series a node's runtime exports. Counters are named here by what
+/// they count; [`Metrics::encode`] shows each under its series name.
 #[derive(Debug, Default)]
 pub struct Metrics {
-    pub requests_total: AtomicU64,
-    pub request_errors_total: AtomicU64,
-    pub events_total: AtomicU64,
-    pub event_failures_total: AtomicU64,
-    pub batches_total: AtomicU64,
-    pub commits_failed_total: AtomicU64,
-    pub overloaded_total: AtomicU64,
-    pub instances_active: AtomicU64,
-    pub instantiations_total: AtomicU64,
-    pub evictions_total: AtomicU64,
-    pub syncs_total: AtomicU64,
-    pub syncfs_total: AtomicU64,
-    pub alarms_fired_total: AtomicU64,
-    pub alarms_failed_total: AtomicU64,
-    pub alarms_abandoned_total: AtomicU64,
-    pub alarm_rehearsals_total: AtomicU64,
-    pub alarms_pending: AtomicU64,
+    pub requests_total: Counter,
+    pub request_errors_total: Counter,
+    pub events_total: Counter,
+    pub event_failures_total: Counter,
+    pub batches_total: Counter,
+    pub commits_failed_total: Counter,
+    pub overloaded_total: Counter,
+    pub instances_active: GaugeU64,
+    pub instantiations_total: Counter,
+    pub evictions_total: Counter,
+    pub syncs_total: Counter,
+    pub syncfs_total: Counter,
+    pub alarms_fired_total: Counter,
+    /// `wasmkeep_alarms_retried_total`.
+    pub alarms_failed_total: Counter,
+    pub alarms_abandoned_total: Counter,
+    pub alarm_rehearsals_total: Counter,
+    pub alarms_pending: GaugeU64,
     /// Guest log lines dropped past `event_log_lines_max` or
     /// `event_log_bytes_max`.
-    pub guest_log_lines_dropped_total: AtomicU64,
+    pub guest_log_lines_dropped_total: Counter,
     /// Turns a worker panicked in (a bug) and survived.
-    pub worker_panics_total: AtomicU64,
+    pub worker_panics_total: Counter,
     /// Compiled code in the cache that failed its check and was compiled
     /// again.
-    pub compile_cache_rejected_total: AtomicU64,
+    pub compile_cache_rejected_total: Counter,
     pub event_latency: Histogram,
     pub sync_latency: Histogram,
     pub alarm_lateness: Histogram,
-    /// Where a batch's time goes (see `render` for the series names).
+    /// Where a batch's time goes (see `register_phases` for the series
+    /// names).
     pub phase_queue: Histogram,
     pub phase_open: Histogram,
     pub phase_instantiate: Histogram,
     pub phase_events: Histogram,
     pub phase_commit: Histogram,
     pub phase_durable: Histogram,
-    pub replica_uploads_total: AtomicU64,
-    pub replica_entry_bytes_total: AtomicU64,
-    pub replica_snapshots_total: AtomicU64,
-    pub replica_restores_total: AtomicU64,
-    pub replica_given_up_total: AtomicU64,
+    pub replica_uploads_total: Counter,
+    pub replica_entry_bytes_total: Counter,
+    pub replica_snapshots_total: Counter,
+    pub replica_restores_total: Counter,
+    pub replica_given_up_total: Counter,
     pub replica_upload_latency: Histogram,
     pub replica_lag: Histogram,
-    /// The bucket's own request counters, when the node has one.
-    pub bucket: Option<std::sync::Arc<wasmkeep_replica::Metrics>>,
+    /// The bucket's own request counters, when the node has one. Set before
+    /// the first [`Metrics::encode`]: the registry is built then, once.
+    pub bucket: Option<Arc<wasmkeep_replica::Metrics>>,
+    /// Clones of the series above under their names, built on the first
+    /// encode (after `bucket` is set).
+    registry: OnceLock<Registry>,
 }
 
 impl Metrics {
-    pub fn inc(c: &AtomicU64) {
-        c.fetch_add(1, Ordering::Relaxed);
+    /// The series of a node with a bucket: the bucket's request counters
+    /// too.
+    pub fn with_bucket(bucket: Arc<wasmkeep_replica::Metrics>) -> Metrics {
+        Metrics {
+            bucket: Some(bucket),
+            ..Metrics::default()
+        }
     }
 
-    /// The Prometheus text exposition of every series.
-    pub fn render(&self) -> String {
-        let mut out = String::new();
-        let counters: &[(&str, &AtomicU64, &str, &str)] = &[
+    pub fn inc(c: &Counter) {
+        c.inc();
+    }
+
+    /// Appends every series in the OpenMetrics text format, without the
+    /// closing `# EOF` (the caller ends the exposition, after anything it
+    /// appends: see `prometheus_client::encoding::text::encode_eof`).
+    pub fn encode(&self, out: &mut String) -> fmt::Result {
+        let registry = self.registry.get_or_init(|| self.build_registry());
+        prometheus_client::encoding::text::encode_registry(out, registry)
+    }
+
+    fn build_registry(&self) -> Registry {
+        let mut r = Registry::default();
+        self.register_node(&mut r);
+        self.register_phases(&mut r);
+        self.register_replication(&mut r);
+        if let Some(b) = &self.bucket {
+            r.register_collector(Box::new(BucketCollector(Arc::clone(b))));
+        }
+        r
+    }
+
+    fn register_node(&self, r: &mut Registry) {
+        // Counters are registered without `_total`: the library appends it.
+        let series: [(&str, &Counter, &str); 7] = [
             (
-                "wasmkeep_requests_total",
+                "wasmkeep_requests",
                 &self.requests_total,
-                "counter",
                 "Requests handed to actors.",
             ),
             (
-                "wasmkeep_request_errors_total",
+                "wasmkeep_request_errors",
                 &self.request_errors_total,
-                "counter",
                 "Requests that ended in an error.",
             ),
             (
-                "wasmkeep_events_total",
+                "wasmkeep_events",
                 &self.events_total,
-                "counter",
                 "Events run (requests, alarms, inits).",
             ),
             (
-                "wasmkeep_event_failures_total",
+                "wasmkeep_event_failures",
                 &self.event_failures_total,
-                "counter",
                 "Events rolled back.",
             ),
             (
-                "wasmkeep_batches_total",
+                "wasmkeep_batches",
                 &self.batches_total,
-                "counter",
                 "Transactions committed for batches of events.",
             ),
             (
-                "wasmkeep_commits_failed_total",
+                "wasmkeep_commits_failed",
                 &self.commits_failed_total,
-                "counter",
                 "Batch commits that failed.",
             ),
             (
-                "wasmkeep_overloaded_total",
+                "wasmkeep_overloaded",
                 &self.overloaded_total,
-                "counter",
                 "Requests refused because an actor's queue was full.",
             ),
+        ];
+        for (name, c, help) in series {
+            register(r, name, help, None, c.clone());
+        }
+        register(
+            r,
+            "wasmkeep_instances_active",
+            "Actors with a live instance.",
+            None,
+            self.instances_active.clone(),
+        );
+        let series: [(&str, &Counter, &str); 8] = [
             (
-                "wasmkeep_instances_active",
-                &self.instances_active,
-                "gauge",
-                "Actors with a live instance.",
-            ),
-            (
-                "wasmkeep_instantiations_total",
+                "wasmkeep_instantiations",
                 &self.instantiations_total,
-                "counter",
                 "Instances created.",
             ),
             (
-                "wasmkeep_evictions_total",
+                "wasmkeep_evictions",
                 &self.evictions_total,
-                "counter",
                 "Actors closed to make room for others.",
             ),
             (
-                "wasmkeep_syncs_total",
+                "wasmkeep_syncs",
                 &self.syncs_total,
-                "counter",
                 "Durability barriers (fdatasync or syncfs).",
             ),
             (
-                "wasmkeep_syncfs_total",
+                "wasmkeep_syncfs",
                 &self.syncfs_total,
-                "counter",
                 "Barriers served by one syncfs for a group.",
             ),
             (
-                "wasmkeep_alarms_fired_total",
+                "wasmkeep_alarms_fired",
                 &self.alarms_fired_total,
-                "counter",
                 "Alarm handlers that succeeded.",
             ),
             (
-                "wasmkeep_alarms_retried_total",
+                "wasmkeep_alarms_retried",
                 &self.alarms_failed_total,
-                "counter",
                 "Alarm handlers that failed and were rescheduled.",
             ),
             (
-                "wasmkeep_alarms_abandoned_total",
+                "wasmkeep_alarms_abandoned",
                 &self.alarms_abandoned_total,
-                "counter",
                 "Alarms dropped after the app's retries_max.",
             ),
             (
-                "wasmkeep_alarm_rehearsals_total",
+                "wasmkeep_alarm_rehearsals",
                 &self.alarm_rehearsals_total,
-                "counter",
                 "Alarm handlers run once and rolled back to learn their statements (ADR 0030).",
             ),
+        ];
+        for (name, c, help) in series {
+            register(r, name, help, None, c.clone());
+        }
+        register(
+            r,
+            "wasmkeep_alarms_pending",
+            "Alarms in this node's timer.",
+            None,
+            self.alarms_pending.clone(),
+        );
+        let series: [(&str, &Counter, &str); 3] = [
             (
-                "wasmkeep_alarms_pending",
-                &self.alarms_pending,
-                "gauge",
-                "Alarms in this node's timer.",
-            ),
-            (
-                "wasmkeep_guest_log_lines_dropped_total",
+                "wasmkeep_guest_log_lines_dropped",
                 &self.guest_log_lines_dropped_total,
-                "counter",
                 "Guest log lines dropped past a call's log budget.",
             ),
             (
-                "wasmkeep_worker_panics_total",
+                "wasmkeep_worker_panics",
                 &self.worker_panics_total,
-                "counter",
                 "Actor turns a worker panicked in and survived (a bug).",
             ),
             (
-                "wasmkeep_compile_cache_rejected_total",
+                "wasmkeep_compile_cache_rejected",
                 &self.compile_cache_rejected_total,
-                "counter",
                 "Compiled components in the cache that failed their check and were compiled again.",
             ),
         ];
-        for (name, v, kind, help) in counters {
-            write_sample(&mut out, name, kind, help, v.load(Ordering::Relaxed));
+        for (name, c, help) in series {
+            register(r, name, help, None, c.clone());
         }
-        self.event_latency.render(
-            &mut out,
-            "wasmkeep_event_seconds",
-            "Time from enqueue to a request's response being released.",
-        );
-        self.sync_latency.render(
-            &mut out,
-            "wasmkeep_sync_seconds",
-            "Duration of durability barriers.",
-        );
-        self.alarm_lateness.render(
-            &mut out,
-            "wasmkeep_alarm_lateness_seconds",
-            "Time from an alarm's due time to its handler starting.",
-        );
-        self.phase_queue.render(
-            &mut out,
-            "wasmkeep_phase_queue_seconds",
-            "Time a batch's first event waited in its actor's queue and the run queue.",
-        );
-        self.phase_open.render(
-            &mut out,
-            "wasmkeep_phase_open_seconds",
-            "Time to open an actor's database and instantiate it, when a batch had to.",
-        );
-        self.phase_instantiate.render(
-            &mut out,
-            "wasmkeep_phase_instantiate_seconds",
-            "Time to instantiate a component for an actor (part of the open phase).",
-        );
-        self.phase_events.render(
-            &mut out,
-            "wasmkeep_phase_events_seconds",
-            "Time a batch spent running its events (guest code and its SQL).",
-        );
-        self.phase_commit.render(
-            &mut out,
-            "wasmkeep_phase_commit_seconds",
-            "Time to commit a batch's transaction.",
-        );
-        self.phase_durable.render(
-            &mut out,
-            "wasmkeep_phase_durable_seconds",
-            "Time from a batch's commit to its replies' release (the durability stage).",
-        );
-        self.render_replication(&mut out);
-        out
     }
 
-    fn render_replication(&self, out: &mut String) {
-        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let mut counters: Vec<(&str, u64, &str)> = vec![
+    fn register_phases(&self, r: &mut Registry) {
+        // Histograms are registered without `_seconds`: the unit appends it.
+        let series: [(&str, &Histogram, &str); 9] = [
             (
-                "wasmkeep_replica_uploads_total",
-                l(&self.replica_uploads_total),
-                "Uploads to the bucket that finished (one entry each, or none if nothing changed).",
+                "wasmkeep_event",
+                &self.event_latency,
+                "Time from enqueue to a request's response being released.",
             ),
             (
-                "wasmkeep_replica_entry_bytes_total",
-                l(&self.replica_entry_bytes_total),
-                "Bytes of chain entries written.",
+                "wasmkeep_sync",
+                &self.sync_latency,
+                "Duration of durability barriers.",
             ),
             (
-                "wasmkeep_replica_snapshots_total",
-                l(&self.replica_snapshots_total),
+                "wasmkeep_alarm_lateness",
+                &self.alarm_lateness,
+                "Time from an alarm's due time to its handler starting.",
+            ),
+            (
+                "wasmkeep_phase_queue",
+                &self.phase_queue,
+                "Time a batch's first event waited in its actor's queue and the run queue.",
+            ),
+            (
+                "wasmkeep_phase_open",
+                &self.phase_open,
+                "Time to open an actor's database and instantiate it, when a batch had to.",
+            ),
+            (
+                "wasmkeep_phase_instantiate",
+                &self.phase_instantiate,
+                "Time to instantiate a component for an actor (part of the open phase).",
+            ),
+            (
+                "wasmkeep_phase_events",
+                &self.phase_events,
+                "Time a batch spent running its events (guest code and its SQL).",
+            ),
+            (
+                "wasmkeep_phase_commit",
+                &self.phase_commit,
+                "Time to commit a batch's transaction.",
+            ),
+            (
+                "wasmkeep_phase_durable",
+                &self.phase_durable,
+                "Time from a batch's commit to its replies' release (the durability stage).",
+            ),
+        ];
+        for (name, h, help) in series {
+            register(r, name, help, Some(Unit::Seconds), h.clone());
+        }
+    }
+
+    fn register_replication(&self, r: &mut Registry) {
+        register(
+            r,
+            "wasmkeep_replica_uploads",
+            "Uploads to the bucket that finished (one entry each, or none if nothing changed).",
+            None,
+            self.replica_uploads_total.clone(),
+        );
+        register(
+            r,
+            "wasmkeep_replica_entry",
+            "Bytes of chain entries written.",
+            Some(Unit::Bytes),
+            self.replica_entry_bytes_total.clone(),
+        );
+        let series: [(&str, &Counter, &str); 3] = [
+            (
+                "wasmkeep_replica_snapshots",
+                &self.replica_snapshots_total,
                 "Snapshots written after an entry.",
             ),
             (
-                "wasmkeep_replica_restores_total",
-                l(&self.replica_restores_total),
+                "wasmkeep_replica_restores",
+                &self.replica_restores_total,
                 "Actors whose local file was restored from the bucket.",
             ),
             (
-                "wasmkeep_replica_given_up_total",
-                l(&self.replica_given_up_total),
+                "wasmkeep_replica_given_up",
+                &self.replica_given_up_total,
                 "Actors given up after their chain moved or an upload failed.",
             ),
         ];
-        if let Some(b) = &self.bucket {
-            let b = b.snapshot();
-            counters.extend([
-                (
-                    "wasmkeep_bucket_puts_total",
-                    b.puts,
-                    "PUT requests to the bucket.",
-                ),
-                (
-                    "wasmkeep_bucket_put_bytes_total",
-                    b.put_bytes,
-                    "Bytes PUT to the bucket.",
-                ),
-                (
-                    "wasmkeep_bucket_gets_total",
-                    b.gets,
-                    "GET requests to the bucket.",
-                ),
-                (
-                    "wasmkeep_bucket_get_bytes_total",
-                    b.get_bytes,
-                    "Bytes read from the bucket.",
-                ),
-                (
-                    "wasmkeep_bucket_lists_total",
-                    b.lists,
-                    "LIST requests to the bucket.",
-                ),
-                (
-                    "wasmkeep_bucket_deletes_total",
-                    b.deletes,
-                    "DELETE requests to the bucket.",
-                ),
-            ]);
+        for (name, c, help) in series {
+            register(r, name, help, None, c.clone());
         }
-        for (name, v, help) in counters {
-            write_sample(out, name, "counter", help, v);
-        }
-        self.replica_upload_latency.render(
-            out,
-            "wasmkeep_replica_upload_seconds",
+        register(
+            r,
+            "wasmkeep_replica_upload",
             "Duration of one upload (the entry's create-only PUT and its check).",
+            Some(Unit::Seconds),
+            self.replica_upload_latency.clone(),
         );
-        self.replica_lag.render(
-            out,
-            "wasmkeep_replica_lag_seconds",
+        register(
+            r,
+            "wasmkeep_replica_lag",
             "Replication lag: from the oldest commit an upload carried to the upload's end.",
+            Some(Unit::Seconds),
+            self.replica_lag.clone(),
         );
     }
 }
 
-/// Appends one sample in Prometheus' text format, with its `HELP` and
-/// `TYPE` lines: the one place the node writes a counter or gauge (the
-/// runtime's and the server's cluster counters alike).
-pub fn write_sample(out: &mut String, name: &str, kind: &str, help: &str, value: u64) {
-    let _ = writeln!(
-        out,
-        "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
-    );
+/// Registers one series: the one place the node names a series (the
+/// runtime's and the server's cluster series alike). `help` is a sentence;
+/// the library adds the full stop itself, so it is taken off here.
+pub fn register(r: &mut Registry, name: &str, help: &str, unit: Option<Unit>, metric: impl Metric) {
+    let help = help.strip_suffix('.').unwrap_or(help);
+    match unit {
+        Some(unit) => r.register_with_unit(name, help, unit, metric),
+        None => r.register(name, help, metric),
+    }
+}
+
+/// The bucket's request counters, which `wasmkeep-replica` keeps on its own
+/// atomics: read once per scrape.
+#[derive(Debug)]
+struct BucketCollector(Arc<wasmkeep_replica::Metrics>);
+
+impl Collector for BucketCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
+        let b = self.0.snapshot();
+        let series: [(&str, Option<Unit>, u64, &str); 6] = [
+            (
+                "wasmkeep_bucket_puts",
+                None,
+                b.puts,
+                "PUT requests to the bucket.",
+            ),
+            (
+                "wasmkeep_bucket_put",
+                Some(Unit::Bytes),
+                b.put_bytes,
+                "Bytes PUT to the bucket.",
+            ),
+            (
+                "wasmkeep_bucket_gets",
+                None,
+                b.gets,
+                "GET requests to the bucket.",
+            ),
+            (
+                "wasmkeep_bucket_get",
+                Some(Unit::Bytes),
+                b.get_bytes,
+                "Bytes read from the bucket.",
+            ),
+            (
+                "wasmkeep_bucket_lists",
+                None,
+                b.lists,
+                "LIST requests to the bucket.",
+            ),
+            (
+                "wasmkeep_bucket_deletes",
+                None,
+                b.deletes,
+                "DELETE requests to the bucket.",
+            ),
+        ];
+        for (name, unit, value, help) in series {
+            let counter = ConstCounter::new(value);
+            let metric =
+                encoder.encode_descriptor(name, help, unit.as_ref(), counter.metric_type())?;
+            counter.encode(metric)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::{BTreeMap, BTreeSet};
+
+    fn exposition(m: &Metrics) -> String {
+        let mut out = String::new();
+        m.encode(&mut out).unwrap();
+        prometheus_client::encoding::text::encode_eof(&mut out).unwrap();
+        out
+    }
+
+    /// The value of one sample line (`name{labels} value`).
+    fn sample(text: &str, series: &str) -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+            .unwrap_or_else(|| panic!("no `{series}` in:\n{text}"))
+            .parse()
+            .unwrap()
+    }
+
+    /// An observation past the largest bound is counted by `+Inf` only; the
+    /// old renderer clamped it into `le="30"`.
+    #[test]
+    fn an_observation_above_the_largest_bound_lands_only_in_inf() {
+        let m = Metrics::default();
+        m.event_latency.observe_ms(45_000.0);
+        m.event_latency.observe_ms(30_000.0);
+        m.event_latency.observe_ms(2.0);
+        let text = exposition(&m);
+        let bucket = |le: &str| {
+            sample(
+                &text,
+                &format!("wasmkeep_event_seconds_bucket{{le=\"{le}\"}}"),
+            )
+        };
+        assert_eq!(bucket("0.001"), 0.0);
+        assert_eq!(bucket("0.0025"), 1.0);
+        assert_eq!(bucket("10.0"), 1.0);
+        // `le` is inclusive: 30 s is in the last bound, 45 s past it.
+        assert_eq!(bucket("30.0"), 2.0);
+        assert_eq!(bucket("+Inf"), 3.0);
+        assert_eq!(sample(&text, "wasmkeep_event_seconds_count"), 3.0);
+        let sum = sample(&text, "wasmkeep_event_seconds_sum");
+        assert!((sum - 75.002).abs() < 1e-9, "{sum}");
+    }
+
+    /// Every bound of `BUCKETS_SECONDS` appears as its own `le`, in order,
+    /// cumulative, followed by `+Inf`.
+    #[test]
+    fn buckets_are_cumulative_with_the_same_bounds() {
+        let h = Histogram::default();
+        for b in BUCKETS_SECONDS {
+            h.observe_seconds(b);
+        }
+        h.observe_seconds(-1.0);
+        let m = Metrics {
+            sync_latency: h,
+            ..Metrics::default()
+        };
+        let text = exposition(&m);
+        let les: Vec<(f64, f64)> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("wasmkeep_sync_seconds_bucket{le=\""))
+            .map(|l| {
+                let (le, v) = l.split_once("\"} ").unwrap();
+                let le = if le == "+Inf" {
+                    f64::INFINITY
+                } else {
+                    le.parse().unwrap()
+                };
+                (le, v.parse().unwrap())
+            })
+            .collect();
+        let mut bounds: Vec<f64> = BUCKETS_SECONDS.to_vec();
+        bounds.push(f64::INFINITY);
+        assert_eq!(les.iter().map(|l| l.0).collect::<Vec<_>>(), bounds);
+        // The negative one counts as 0, in the first bucket.
+        let counts: Vec<f64> = les.iter().map(|l| l.1).collect();
+        let expected: Vec<f64> = (2..=18).map(f64::from).chain([18.0]).collect();
+        assert_eq!(counts, expected);
+    }
+
+    /// The exposition parses: every family has one `TYPE` and one `HELP`,
+    /// before its samples, each sample belongs to the family above it, and
+    /// no name appears twice. Counters keep their `_total` names.
+    #[test]
+    fn the_exposition_has_one_type_per_family_and_unique_samples() {
+        let m = Metrics::with_bucket(Arc::new(wasmkeep_replica::Metrics::default()));
+        Metrics::inc(&m.requests_total);
+        m.replica_entry_bytes_total.inc_by(10);
+        m.instances_active.inc();
+        let text = exposition(&m);
+        assert!(text.ends_with("# EOF\n"));
+        assert_eq!(text.matches("# EOF").count(), 1);
+
+        let mut types: BTreeMap<String, String> = BTreeMap::new();
+        let mut helps = BTreeSet::new();
+        let mut samples = BTreeSet::new();
+        let mut family = String::new();
+        for line in text.lines().filter(|l| *l != "# EOF") {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let (name, kind) = rest.split_once(' ').unwrap();
+                assert!(
+                    types.insert(name.into(), kind.into()).is_none(),
+                    "{name} twice"
+                );
+                family = name.into();
+            } else if let Some(rest) = line.strip_prefix("# HELP ") {
+                let (name, help) = rest.split_once(' ').unwrap();
+                assert!(helps.insert(name.to_string()), "HELP {name} twice");
+                assert!(help.ends_with('.') && !help.ends_with(".."), "{line}");
+            } else if line.starts_with("# UNIT ") {
+            } else {
+                let (series, value) = line.rsplit_once(' ').unwrap();
+                let _: f64 = value.parse().unwrap();
+                assert!(samples.insert(series.to_string()), "{series} twice");
+                let name = series.split('{').next().unwrap();
+                let suffixes: &[&str] = match types[&family].as_str() {
+                    "counter" => &["_total"],
+                    "histogram" => &["_bucket", "_sum", "_count"],
+                    _ => &[""],
+                };
+                assert!(
+                    suffixes.iter().any(|s| name == format!("{family}{s}")),
+                    "{name} under {family}"
+                );
+            }
+        }
+        assert_eq!(
+            types.keys().collect::<Vec<_>>(),
+            helps.iter().collect::<Vec<_>>()
+        );
+        assert_eq!(sample(&text, "wasmkeep_requests_total"), 1.0);
+        assert_eq!(sample(&text, "wasmkeep_replica_entry_bytes_total"), 10.0);
+        assert_eq!(sample(&text, "wasmkeep_instances_active"), 1.0);
+        assert_eq!(sample(&text, "wasmkeep_bucket_put_bytes_total"), 0.0);
+        assert_eq!(types["wasmkeep_event_seconds"], "histogram");
+        assert_eq!(types["wasmkeep_alarms_pending"], "gauge");
+        // 20 node series, 9 phase histograms, 7 of replication, 6 bucket
+        // counters.
+        assert_eq!(types.len(), 42);
+    }
 }

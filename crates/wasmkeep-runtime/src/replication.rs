@@ -491,8 +491,7 @@ fn finish_upload(
                 ..
             } = uploaded
             {
-                m.replica_entry_bytes_total
-                    .fetch_add(entry_bytes, std::sync::atomic::Ordering::Relaxed);
+                m.replica_entry_bytes_total.inc_by(entry_bytes);
                 if snapshot {
                     Metrics::inc(&m.replica_snapshots_total);
                 }

@@ -466,9 +466,7 @@ impl Runtime {
                     });
                 }
             });
-            rt.metrics
-                .alarms_pending
-                .store(rt.timer.len() as u64, Ordering::Relaxed);
+            rt.metrics.alarms_pending.set(rt.timer.len() as u64);
             tracing::info!(
                 actors = ids.len(),
                 alarms = found.load(Ordering::Relaxed),
@@ -970,7 +968,7 @@ impl Inner {
     fn instances_staying(&self) -> u64 {
         self.metrics
             .instances_active
-            .load(Ordering::Relaxed)
+            .get()
             .saturating_sub(self.closing.load(Ordering::Relaxed))
     }
 
@@ -1107,9 +1105,7 @@ impl Inner {
                 false,
             );
         }
-        self.metrics
-            .alarms_pending
-            .store(self.timer.len() as u64, Ordering::Relaxed);
+        self.metrics.alarms_pending.set(self.timer.len() as u64);
     }
 
     /// Opens actors whose alarm is due soon, so the due instant only costs

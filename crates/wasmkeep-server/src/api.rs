@@ -20,7 +20,6 @@ use wasmkeep_runtime::{ActorId, ActorRequest, Runtime};
 use crate::auth::Tokens;
 use crate::cluster::{CLUSTER_TOKEN_HEADER, ClusterState, FORWARDED_HEADER, NODE_HEADER};
 use crate::error::ApiError;
-use std::sync::atomic::Ordering;
 
 /// Longest SQL text the inspection route accepts.
 pub const INSPECT_SQL_BYTES_MAX: usize = 1024 * 1024;
@@ -285,12 +284,34 @@ async fn admin_auth(
     next.run(req).await
 }
 
+/// `Content-Type` of `/metrics`: the OpenMetrics text format.
+const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
 async fn metrics(State(s): State<AppState>) -> Response {
-    let mut text = s.rt.metrics().render();
-    if let Some(c) = &s.config.cluster {
-        text.push_str(&c.render_metrics());
+    match exposition(s.rt.metrics(), s.config.cluster.as_deref()) {
+        Ok(text) => ([("content-type", METRICS_CONTENT_TYPE)], text).into_response(),
+        Err(e) => ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("encoding metrics: {e}"),
+        )
+        .into_response(),
     }
-    ([("content-type", "text/plain; version=0.0.4")], text).into_response()
+}
+
+/// The node's one OpenMetrics exposition: the runtime's series, then the
+/// cluster's (in cluster mode), then the single `# EOF` that ends it.
+pub(crate) fn exposition(
+    runtime: &wasmkeep_runtime::metrics::Metrics,
+    cluster: Option<&ClusterState>,
+) -> Result<String, std::fmt::Error> {
+    let mut text = String::new();
+    runtime.encode(&mut text)?;
+    if let Some(c) = cluster {
+        c.encode_metrics(&mut text)?;
+    }
+    prometheus_client::encoding::text::encode_eof(&mut text)?;
+    Ok(text)
 }
 
 /// `GET /admin/v1/node`: this node's cluster state (`cluster: null` for a
@@ -602,22 +623,20 @@ async fn clustered_request(
             }
             Route::Forward { node, address } => (node, address),
         };
-        counters.forwards_total.fetch_add(1, Ordering::Relaxed);
+        counters.forwards_total.inc();
         let sent = c
             .forwarder
             .forward(
                 &address,
                 &parts.method,
-                &path_and_query,
+                path_and_query,
                 &parts.headers,
                 body.clone(),
                 c.settings(),
             )
             .await;
         let failed = |code: &'static str, status: StatusCode, why: String| {
-            counters
-                .forward_failures_total
-                .fetch_add(1, Ordering::Relaxed);
+            counters.forward_failures_total.inc();
             c.ownership.forget_owner(&id);
             ApiError::new(
                 status,

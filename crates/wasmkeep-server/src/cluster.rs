@@ -48,8 +48,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 use wasmkeep_cluster::Rules;
 use wasmkeep_cluster::machine::NodeLeaseMachine;
+use wasmkeep_runtime::metrics::{self, GaugeU64};
 use wasmkeep_runtime::{ActorId, RunGate, Runtime};
 
 pub use wasmkeep_cluster::ClusterConfig;
@@ -208,10 +212,8 @@ pub struct ClusterState {
     acting_until_ms: AtomicU64,
     /// The counter of the last record that landed, plus one (0: none yet).
     lease_counter_plus_1: AtomicU64,
-    renewals_total: AtomicU64,
-    epochs_total: AtomicU64,
-    lapsed_total: AtomicU64,
-    fenced_total: AtomicU64,
+    /// The lease's counters, and the registry of the cluster's series.
+    metrics: ClusterMetrics,
     /// The epoch in which the runtime has no actor open from an earlier
     /// epoch (the first one, or one after the release task closed them):
     /// actors are routed only in it.
@@ -265,21 +267,20 @@ impl ClusterState {
         driver: BucketDriver,
         prefix_bytes: usize,
     ) -> ClusterState {
+        let ownership =
+            ownership::Ownership::new(node, driver.clone(), settings.clone(), prefix_bytes);
         ClusterState {
             node: node.to_owned(),
             address: settings.advertise.clone(),
             token_digest: settings.cluster_token.as_deref().map(crate::auth::digest),
-            driver: driver.clone(),
-            ownership: ownership::Ownership::new(node, driver, settings.clone(), prefix_bytes),
+            driver,
+            metrics: ClusterMetrics::new(&ownership.counters),
+            ownership,
             forwarder: forward::Forwarder::default(),
             epoch: AtomicU64::new(0),
             fresh_epoch: AtomicU64::new(first_epoch),
             acting_until_ms: AtomicU64::new(0),
             lease_counter_plus_1: AtomicU64::new(0),
-            renewals_total: AtomicU64::new(0),
-            epochs_total: AtomicU64::new(0),
-            lapsed_total: AtomicU64::new(0),
-            fenced_total: AtomicU64::new(0),
             draining: std::sync::atomic::AtomicBool::new(false),
             in_flight: std::sync::atomic::AtomicUsize::new(0),
         }
@@ -373,103 +374,85 @@ impl ClusterState {
             acting: self.is_acting(),
             acting_until_ms: l(&self.acting_until_ms),
             lease_counter: l(&self.lease_counter_plus_1).checked_sub(1),
-            renewals_total: l(&self.renewals_total),
-            epochs_total: l(&self.epochs_total),
-            lapsed_total: l(&self.lapsed_total),
-            fenced_total: l(&self.fenced_total),
+            renewals_total: self.metrics.renewals_total.get(),
+            epochs_total: self.metrics.epochs_total.get(),
+            lapsed_total: self.metrics.lapsed_total.get(),
+            fenced_total: self.metrics.fenced_total.get(),
         }
     }
 
-    /// Prometheus text for the cluster's counters (appended to `/metrics`).
-    pub fn render_metrics(&self) -> String {
-        let s = self.status();
-        let o = &self.ownership.counters;
-        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let samples: [(&str, &str, &str, u64); 13] = [
+    /// Appends the cluster's series to `/metrics`, in the OpenMetrics text
+    /// format and without the closing `# EOF` (the caller ends the
+    /// exposition). The gauges are read from the lease state now.
+    pub fn encode_metrics(&self, out: &mut String) -> std::fmt::Result {
+        let m = &self.metrics;
+        m.acting.set(i64::from(self.is_acting()));
+        m.epoch.set(self.epoch.load(Ordering::Acquire));
+        prometheus_client::encoding::text::encode_registry(out, &m.registry)
+    }
+}
+
+/// The lease's counters and gauges, and the registry that holds them with
+/// the ownership table's counters.
+#[derive(Debug, Default)]
+struct ClusterMetrics {
+    renewals_total: Counter,
+    epochs_total: Counter,
+    lapsed_total: Counter,
+    fenced_total: Counter,
+    /// Set on each scrape ([`ClusterState::encode_metrics`]).
+    acting: Gauge,
+    epoch: GaugeU64,
+    registry: Registry,
+}
+
+impl ClusterMetrics {
+    fn new(ownership: &ownership::OwnershipCounters) -> ClusterMetrics {
+        let mut m = ClusterMetrics::default();
+        let mut r = Registry::default();
+        // Counters are registered without `_total`: the library appends it.
+        let counters: [(&str, &Counter, &str); 4] = [
             (
-                "wasmkeep_cluster_lease_renewals_total",
-                "counter",
+                "wasmkeep_cluster_lease_renewals",
+                &m.renewals_total,
                 "Lease records of this node that landed (registrations and renewals).",
-                s.renewals_total,
             ),
             (
-                "wasmkeep_cluster_epochs_total",
-                "counter",
+                "wasmkeep_cluster_epochs",
+                &m.epochs_total,
                 "Epochs this process started (one at start, one after each lapse or fence).",
-                s.epochs_total,
             ),
             (
-                "wasmkeep_cluster_lease_lapses_total",
-                "counter",
+                "wasmkeep_cluster_lease_lapses",
+                &m.lapsed_total,
                 "Epochs that ended because renewals failed until the margin.",
-                s.lapsed_total,
             ),
             (
-                "wasmkeep_cluster_lease_fences_total",
-                "counter",
+                "wasmkeep_cluster_lease_fences",
+                &m.fenced_total,
                 "Epochs that ended because another node fenced this one.",
-                s.fenced_total,
-            ),
-            (
-                "wasmkeep_cluster_takes_total",
-                "counter",
-                "Actors this node took (hold created).",
-                l(&o.takes_total),
-            ),
-            (
-                "wasmkeep_cluster_takeovers_total",
-                "counter",
-                "Takes whose previous hold named another node or epoch.",
-                l(&o.takeovers_total),
-            ),
-            (
-                "wasmkeep_cluster_take_failures_total",
-                "counter",
-                "Takes that failed (bucket, lost race, live holder).",
-                l(&o.take_failures_total),
-            ),
-            (
-                "wasmkeep_cluster_fences_total",
-                "counter",
-                "Lapsed nodes this node fenced to take their actors.",
-                l(&o.fences_total),
-            ),
-            (
-                "wasmkeep_cluster_releases_total",
-                "counter",
-                "Holds this node released (idle actors, shutdown).",
-                l(&o.releases_total),
-            ),
-            (
-                "wasmkeep_cluster_forwards_total",
-                "counter",
-                "Requests forwarded to their owner.",
-                l(&o.forwards_total),
-            ),
-            (
-                "wasmkeep_cluster_forward_failures_total",
-                "counter",
-                "Forwards that failed (owner unreachable, timed out, not the owner).",
-                l(&o.forward_failures_total),
-            ),
-            (
-                "wasmkeep_cluster_acting",
-                "gauge",
-                "1 while the node's lease lets it act.",
-                u64::from(s.acting),
-            ),
-            (
-                "wasmkeep_cluster_epoch",
-                "gauge",
-                "This node's current epoch.",
-                s.epoch,
             ),
         ];
-        let mut out = String::new();
-        for (name, kind, help, value) in samples {
-            wasmkeep_runtime::metrics::write_sample(&mut out, name, kind, help, value);
+        for (name, counter, help) in counters {
+            metrics::register(&mut r, name, help, None, counter.clone());
         }
-        out
+        ownership.register(&mut r);
+        metrics::register(
+            &mut r,
+            "wasmkeep_cluster_acting",
+            "1 while the node's lease lets it act.",
+            None,
+            m.acting.clone(),
+        );
+        metrics::register(
+            &mut r,
+            "wasmkeep_cluster_epoch",
+            "This node's current epoch.",
+            None,
+            m.epoch.clone(),
+        );
+        m.registry = r;
+        m
     }
 }
 
@@ -769,5 +752,85 @@ mod tests {
         }
         let long = format!("http://{}:1", "a".repeat(300));
         assert!(settings(&long).check().is_err());
+    }
+
+    /// A cluster node's `/metrics` is one OpenMetrics exposition: the
+    /// runtime's families and the cluster's, each with one `TYPE`, no name
+    /// twice, one `# EOF` at the end; and its series are exactly the ones
+    /// the README's "Health and metrics" section lists.
+    #[test]
+    fn metrics_are_one_exposition_with_the_series_the_readme_lists() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("file://{}", dir.path().display());
+        let bucket = Bucket::from_url(&url).unwrap();
+        let prefix_bytes = bucket.prefix_bytes();
+        let driver = BucketDriver::new(bucket, 5_000);
+        let state = ClusterState::new(
+            "n1",
+            1,
+            &settings("http://127.0.0.1:1"),
+            driver,
+            prefix_bytes,
+        );
+        state.metrics.renewals_total.inc();
+        state.ownership.counters.forwards_total.inc();
+        state.epoch.store(7, Ordering::Release);
+        let runtime = metrics::Metrics::with_bucket(Arc::new(wasmkeep_replica::Metrics::default()));
+        runtime.requests_total.inc();
+
+        let text = crate::api::exposition(&runtime, Some(&state)).unwrap();
+        assert!(text.ends_with("\n# EOF\n"), "{text}");
+        assert_eq!(text.matches("# EOF").count(), 1);
+        let mut families = std::collections::BTreeSet::new();
+        let mut samples = std::collections::BTreeSet::new();
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let name = rest.split(' ').next().unwrap();
+                assert!(families.insert(name.to_owned()), "TYPE {name} twice");
+            } else if !line.starts_with('#') {
+                let (series, value) = line.rsplit_once(' ').unwrap();
+                assert!(value.parse::<f64>().is_ok(), "{line}");
+                assert!(samples.insert(series.to_owned()), "{series} twice");
+            }
+        }
+        let sample = |s: &str| text.lines().find_map(|l| l.strip_prefix(&format!("{s} ")));
+        assert_eq!(sample("wasmkeep_requests_total"), Some("1"));
+        assert_eq!(sample("wasmkeep_cluster_lease_renewals_total"), Some("1"));
+        assert_eq!(sample("wasmkeep_cluster_forwards_total"), Some("1"));
+        assert_eq!(sample("wasmkeep_cluster_epoch"), Some("7"));
+        assert_eq!(sample("wasmkeep_cluster_acting"), Some("0"));
+
+        // What a dashboard selects: counters' and gauges' samples, and
+        // histograms by their family name.
+        let exported: std::collections::BTreeSet<String> = samples
+            .iter()
+            .map(|s| s.split('{').next().unwrap())
+            .filter_map(|n| {
+                let h = ["_bucket", "_sum", "_count"]
+                    .iter()
+                    .find_map(|x| n.strip_suffix(x));
+                match h {
+                    Some(family) if families.contains(family) => None,
+                    _ => Some(n.to_owned()),
+                }
+            })
+            .chain(families.iter().filter(|f| f.ends_with("_seconds")).cloned())
+            .collect();
+        let readme = include_str!("../../../README.md");
+        let section = readme
+            .split("### Health and metrics")
+            .nth(1)
+            .and_then(|s| s.split("\n## ").next())
+            .expect("the README's metrics section");
+        let listed: std::collections::BTreeSet<String> = section
+            .split('`')
+            .filter(|w| {
+                w.starts_with("wasmkeep_")
+                    && !w.ends_with('*')
+                    && w.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
+            })
+            .map(str::to_owned)
+            .collect();
+        assert_eq!(exported, listed);
     }
 }

@@ -4,7 +4,8 @@
 //! - `ANY /v1/{tenant}/{app}/{class}/{name}/{path...}` runs the actor's
 //!   request handler ([`api`]).
 //! - `/admin/v1/...` deploys apps and lists, inspects and deletes actors.
-//! - `/healthz` and `/metrics` (Prometheus text).
+//! - `/healthz` and `/metrics` (one OpenMetrics text exposition: the
+//!   runtime's series, then the cluster's).
 //!
 //! Every error leaves as `{"error":{"code":"…","message":"…"}}` with a
 //! stable code ([`error`]). Tokens are checked in constant time ([`auth`]).

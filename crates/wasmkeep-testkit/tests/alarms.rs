@@ -332,10 +332,7 @@ fn has_guest_statement(r: &wasmkeep_testkit::ActorHandle, what: &str) -> bool {
 }
 
 fn rehearsals(node: &TestNode) -> u64 {
-    node.runtime()
-        .metrics()
-        .alarm_rehearsals_total
-        .load(std::sync::atomic::Ordering::Relaxed)
+    node.runtime().metrics().alarm_rehearsals_total.get()
 }
 
 /// ADR 0030: on a node where no alarm of the class ran yet, the first actor

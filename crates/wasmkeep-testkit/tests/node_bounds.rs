@@ -41,10 +41,7 @@ fn cached_files(node: &TestNode, hash: &str) -> (std::path::PathBuf, std::path::
 }
 
 fn rejected(node: &TestNode) -> u64 {
-    node.runtime()
-        .metrics()
-        .compile_cache_rejected_total
-        .load(Ordering::Relaxed)
+    node.runtime().metrics().compile_cache_rejected_total.get()
 }
 
 #[test]
@@ -199,10 +196,7 @@ fn tampered_compiled_code_is_compiled_again_at_restart_and_the_app_works() {
 }
 
 fn dropped_lines(node: &TestNode) -> u64 {
-    node.runtime()
-        .metrics()
-        .guest_log_lines_dropped_total
-        .load(Ordering::Relaxed)
+    node.runtime().metrics().guest_log_lines_dropped_total.get()
 }
 
 #[test]
@@ -255,11 +249,7 @@ fn a_panic_in_a_batch_fails_its_events_and_the_worker_serves_on() {
     let n = std::sync::Arc::clone(&node);
     let count = within(60, move || n.actor(a).get("/count").text());
     assert_eq!(count, r#"{"count":1}"#);
-    let panics = node
-        .runtime()
-        .metrics()
-        .worker_panics_total
-        .load(Ordering::Relaxed);
+    let panics = node.runtime().metrics().worker_panics_total.get();
     assert_eq!(panics, 1);
 }
 

@@ -144,13 +144,7 @@ fn failed_upload_recovers(bucket: &Bucket, faults: &FaultStore) {
         1,
         "the diverged file is kept, set aside: {names:?}"
     );
-    assert_eq!(
-        node.runtime()
-            .metrics()
-            .replica_given_up_total
-            .load(std::sync::atomic::Ordering::Relaxed),
-        1
-    );
+    assert_eq!(node.runtime().metrics().replica_given_up_total.get(), 1);
 }
 
 fn wasmkeep_store_dir(node: &TestNode, address: &str) -> std::path::PathBuf {

@@ -33,7 +33,7 @@ pub(super) async fn run(
         let epoch = identity.epoch();
         state.epoch.store(epoch, Ordering::Release);
         state.lease_counter_plus_1.store(0, Ordering::Release);
-        state.epochs_total.fetch_add(1, Ordering::Relaxed);
+        state.metrics.epochs_total.inc();
         let machine = NodeLeaseMachine::new(
             identity.node(),
             epoch,
@@ -53,11 +53,11 @@ pub(super) async fn run(
                 return;
             }
             EpochEnd::Lapsed => {
-                state.lapsed_total.fetch_add(1, Ordering::Relaxed);
+                state.metrics.lapsed_total.inc();
                 tracing::warn!(epoch, "lease lapsed: stopped acting; starting a new epoch");
             }
             EpochEnd::Fenced => {
-                state.fenced_total.fetch_add(1, Ordering::Relaxed);
+                state.metrics.fenced_total.inc();
                 tracing::warn!(
                     epoch,
                     "lease fenced by another node: stopped acting; starting a new epoch"
@@ -138,7 +138,7 @@ async fn drive_epoch(
                     counter,
                     acting_until_ms,
                 } => {
-                    state.renewals_total.fetch_add(1, Ordering::Relaxed);
+                    state.metrics.renewals_total.inc();
                     state
                         .lease_counter_plus_1
                         .store(counter + 1, Ordering::Release);

@@ -26,11 +26,14 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::registry::Registry;
+
 use wasmkeep_cluster::machine::{
     ReleaseEffect, ReleaseMachine, ReleaseOutcome, TakeEffect, TakeMachine, TakeOutcome,
 };
 use wasmkeep_replica::ActorRoot;
-use wasmkeep_runtime::ActorId;
+use wasmkeep_runtime::{ActorId, metrics};
 
 use super::bucket::BucketDriver;
 use super::{ClusterSettings, nonce, now_ms};
@@ -120,13 +123,60 @@ struct Owner {
 /// Counters for `/metrics` and `/admin/v1/node`.
 #[derive(Debug, Default)]
 pub struct OwnershipCounters {
-    pub takes_total: AtomicU64,
-    pub takeovers_total: AtomicU64,
-    pub take_failures_total: AtomicU64,
-    pub fences_total: AtomicU64,
-    pub releases_total: AtomicU64,
-    pub forwards_total: AtomicU64,
-    pub forward_failures_total: AtomicU64,
+    pub takes_total: Counter,
+    pub takeovers_total: Counter,
+    pub take_failures_total: Counter,
+    pub fences_total: Counter,
+    pub releases_total: Counter,
+    pub forwards_total: Counter,
+    pub forward_failures_total: Counter,
+}
+
+impl OwnershipCounters {
+    /// Registers the counters in `r` (under names without `_total`, which
+    /// the library appends).
+    pub fn register(&self, r: &mut Registry) {
+        let series: [(&str, &Counter, &str); 7] = [
+            (
+                "wasmkeep_cluster_takes",
+                &self.takes_total,
+                "Actors this node took (hold created).",
+            ),
+            (
+                "wasmkeep_cluster_takeovers",
+                &self.takeovers_total,
+                "Takes whose previous hold named another node or epoch.",
+            ),
+            (
+                "wasmkeep_cluster_take_failures",
+                &self.take_failures_total,
+                "Takes that failed (bucket, lost race, live holder).",
+            ),
+            (
+                "wasmkeep_cluster_fences",
+                &self.fences_total,
+                "Lapsed nodes this node fenced to take their actors.",
+            ),
+            (
+                "wasmkeep_cluster_releases",
+                &self.releases_total,
+                "Holds this node released (idle actors, shutdown).",
+            ),
+            (
+                "wasmkeep_cluster_forwards",
+                &self.forwards_total,
+                "Requests forwarded to their owner.",
+            ),
+            (
+                "wasmkeep_cluster_forward_failures",
+                &self.forward_failures_total,
+                "Forwards that failed (owner unreachable, timed out, not the owner).",
+            ),
+        ];
+        for (name, counter, help) in series {
+            metrics::register(r, name, help, None, counter.clone());
+        }
+    }
 }
 
 /// The node's ownership table and the settings that drive it.
@@ -350,7 +400,7 @@ impl Ownership {
                     m.on_result(result, now_ms());
                 }
                 TakeEffect::Fenced { node, epoch } => {
-                    self.counters.fences_total.fetch_add(1, Ordering::Relaxed);
+                    self.counters.fences_total.inc();
                     tracing::warn!(node, epoch, "fenced a lapsed node to take its actor");
                 }
                 TakeEffect::Restore {
@@ -369,11 +419,9 @@ impl Ownership {
         match outcome {
             TakeOutcome::Mine { generation } => Taken::Held(Held { generation, epoch }),
             TakeOutcome::Taken { generation } => {
-                self.counters.takes_total.fetch_add(1, Ordering::Relaxed);
+                self.counters.takes_total.inc();
                 if takeover {
-                    self.counters
-                        .takeovers_total
-                        .fetch_add(1, Ordering::Relaxed);
+                    self.counters.takeovers_total.inc();
                 }
                 tracing::info!(root, generation, takeover, "took actor");
                 Taken::Held(Held { generation, epoch })
@@ -384,16 +432,12 @@ impl Ownership {
                     node,
                 },
                 _ => {
-                    self.counters
-                        .take_failures_total
-                        .fetch_add(1, Ordering::Relaxed);
+                    self.counters.take_failures_total.inc();
                     Taken::Failed(format!("owner `{node}` has no address to forward to"))
                 }
             },
             TakeOutcome::Failed(failure) => {
-                self.counters
-                    .take_failures_total
-                    .fetch_add(1, Ordering::Relaxed);
+                self.counters.take_failures_total.inc();
                 if failure == wasmkeep_cluster::machine::Failure::LostRace {
                     return Taken::LostRace;
                 }
@@ -467,7 +511,7 @@ impl Ownership {
                     m.on_result(result);
                 }
                 Some(ReleaseEffect::Done(ReleaseOutcome::Released { .. })) => {
-                    self.counters.releases_total.fetch_add(1, Ordering::Relaxed);
+                    self.counters.releases_total.inc();
                     return true;
                 }
                 Some(ReleaseEffect::Done(ReleaseOutcome::Failed(f))) => {
@@ -536,7 +580,7 @@ mod tests {
         for r in routes {
             assert!(r.await.unwrap());
         }
-        assert_eq!(a.counters.takes_total.load(Ordering::Relaxed), 1);
+        assert_eq!(a.counters.takes_total.get(), 1);
         assert_eq!(holds(dir.path()).len(), 1);
         assert!(a.holds(&id(), 1, false));
         assert!(!a.holds(&id(), 2, false), "a hold of another epoch is dead");
@@ -591,7 +635,7 @@ mod tests {
         b.forget_owner(&id());
         let taken = b.route(&id(), || Some(1), false).await.unwrap();
         assert!(matches!(taken, Route::Local(_)));
-        assert_eq!(b.counters.fences_total.load(Ordering::Relaxed), 0);
+        assert_eq!(b.counters.fences_total.get(), 0);
         assert_eq!(holds(dir.path()).len(), 3);
     }
 
