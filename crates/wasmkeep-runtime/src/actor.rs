@@ -998,7 +998,19 @@ fn run_batch(rt: &Arc<Inner>, actor: &Arc<Actor>, slot: &mut Option<Loaded>, eve
                 Some(before) => l.db().change_mark().ok() != Some(before),
                 None => true,
             };
-            Some(replication::after_commit(rt, repl, actor, l.db(), changed))
+            // A `replicated` request waits for this batch's upload: it
+            // does not wait for the upload interval.
+            let urgent = results
+                .iter()
+                .any(|ran| ran.replicated && ran.reply.is_some());
+            Some(replication::after_commit(
+                rt,
+                repl,
+                actor,
+                l.db(),
+                changed,
+                urgent,
+            ))
         }
         _ => None,
     };

@@ -20,6 +20,9 @@ pub const EVENT_LOG_BYTES_MAX: usize = 256 * 1024;
 /// Default of `restore_refused_retry_ms`.
 pub const RESTORE_REFUSED_RETRY_MS: u64 = 60_000;
 
+/// Default of `replica_upload_interval_ms`: Litestream's sync interval.
+pub const REPLICA_UPLOAD_INTERVAL_MS: u64 = 1_000;
+
 /// When a response may leave, relative to the disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
@@ -135,6 +138,12 @@ pub struct RuntimeConfig {
     /// the same error without a request to the bucket. 0: every turn
     /// tries again.
     pub restore_refused_retry_ms: u64,
+    /// Least time between the starts of two uploads of one actor, unless a
+    /// `replicated` request waits for the later one (it starts as soon as
+    /// the one in flight ends). Bounds what a busy actor costs in PUTs: at
+    /// most one per interval for plain replies. 0: upload after every
+    /// commit, as soon as the previous upload ended.
+    pub replica_upload_interval_ms: u64,
 }
 
 impl RuntimeConfig {
@@ -174,6 +183,7 @@ impl RuntimeConfig {
             bucket: None,
             replica: ReplicaConfig::default(),
             restore_refused_retry_ms: RESTORE_REFUSED_RETRY_MS,
+            replica_upload_interval_ms: REPLICA_UPLOAD_INTERVAL_MS,
         }
     }
 

@@ -7,7 +7,12 @@
 //! moment its image was read, so a busy actor costs one PUT per upload
 //! round trip, not one per event. When it lands, the next one starts if
 //! more commits came meanwhile (an [`EventKind::Replicate`] turn reads the
-//! image, since only the actor's own connection may read its file).
+//! image, since only the actor's own connection may read its file). An
+//! upload that no `replicated` request waits for also waits until
+//! `replica_upload_interval_ms` has passed since the previous one started
+//! (a `Replicate` event scheduled for then), so plain commits cost at most
+//! one PUT per interval (ADR 0034); a stopping node uploads at once
+//! ([`flush_deferred`]).
 //!
 //! A request that asked for `replicated` durability waits, after its local
 //! commit, until `uploaded` covers its batch. If an upload fails (the chain
@@ -144,17 +149,24 @@ pub struct Replication {
     pub generation: u64,
     /// Restores refused for the bucket's contents, per actor.
     refusals: Mutex<Refusals>,
+    /// `replica_upload_interval_ms`.
+    upload_interval: Duration,
+    /// Set when the node stops: uploads no longer wait for the interval.
+    flushing: std::sync::atomic::AtomicBool,
     io: Option<tokio::runtime::Runtime>,
 }
 
 impl Replication {
     /// `restore_refused_retry_ms`: how long a restore refused for the
-    /// bucket's contents is answered from memory (0: never remembered).
+    /// bucket's contents is answered from memory (0: never remembered);
+    /// `upload_interval_ms`: least time between two uploads of one actor
+    /// that no `replicated` request waits for.
     pub fn start(
         bucket: Bucket,
         config: ReplicaConfig,
         generation: u64,
         restore_refused_retry_ms: u64,
+        upload_interval_ms: u64,
     ) -> Result<Replication, RuntimeError> {
         let io = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(UPLOAD_THREADS)
@@ -170,6 +182,8 @@ impl Replication {
                 RESTORE_REFUSALS_MAX,
                 restore_refused_retry_ms,
             )),
+            upload_interval: Duration::from_millis(upload_interval_ms),
+            flushing: std::sync::atomic::AtomicBool::new(false),
             io: Some(io),
         })
     }
@@ -227,6 +241,13 @@ pub struct ActorReplica {
     uploaded: u64,
     /// When the oldest commit no upload carries yet was made.
     pending_since: Option<Instant>,
+    /// When the last upload started (the upload interval counts from it).
+    last_started: Option<Instant>,
+    /// The last commit a `replicated` request waits for: an upload that
+    /// carries it starts without waiting for the interval.
+    urgent_upto: u64,
+    /// A `Replicate` event is scheduled for when the interval ends.
+    deferred: bool,
     /// Why the actor was given up; its next turn reopens it.
     given_up: Option<String>,
     waiters: Vec<Waiter>,
@@ -354,19 +375,25 @@ fn restore_error(id: &ActorId, e: ReplicaError) -> RuntimeError {
 }
 
 /// After a batch committed: counts it if it changed anything, starts an
-/// upload if none is in flight, and returns the mark a durable request of
-/// this batch waits for.
+/// upload if one is due and none is in flight, and returns the mark a
+/// durable request of this batch waits for. `urgent`: a `replicated`
+/// request of this batch waits for it, so its upload does not wait for the
+/// upload interval.
 pub fn after_commit(
     rt: &Arc<Inner>,
     repl: &Replication,
     actor: &Arc<Actor>,
     db: &mut ActorDb,
     changed: bool,
+    urgent: bool,
 ) -> Mark {
     let mut st = actor.repl.lock();
     if changed {
         st.committed += 1;
         st.pending_since.get_or_insert_with(Instant::now);
+    }
+    if urgent {
+        st.urgent_upto = st.committed;
     }
     let mark = Mark {
         epoch: st.epoch,
@@ -424,12 +451,33 @@ fn maybe_upload(
     if st.committed <= st.uploaded || st.in_flight || st.given_up.is_some() {
         return;
     }
+    let interval = if repl.flushing.load(std::sync::atomic::Ordering::Relaxed) {
+        Duration::ZERO
+    } else {
+        repl.upload_interval
+    };
+    if let Some(wait) = interval_left(&st, interval) {
+        // Plain commits only, and an upload started less than an interval
+        // ago: one upload at the interval's end carries them all.
+        if !st.deferred {
+            st.deferred = true;
+            let (rt, actor) = (Arc::clone(rt), Arc::clone(actor));
+            repl.spawn(async move {
+                tokio::time::sleep(wait).await;
+                actor.repl.lock().deferred = false;
+                // Only the actor's own turn may read its file.
+                let _ = rt.enqueue(&actor.id, Event::new(EventKind::Replicate, None), false);
+            });
+        }
+        return;
+    }
     let Some(mut replica) = st.replica.take() else {
         return;
     };
     // In flight from here: the image read below covers every commit so far
     // (only this actor's turn, which is running this, commits).
     st.in_flight = true;
+    st.last_started = Some(Instant::now());
     let covered = st.committed;
     let oldest = st.pending_since.take();
     drop(st);
@@ -463,6 +511,35 @@ fn maybe_upload(
         let result = replica.upload(&image, time_ms).await;
         finish_upload(&rt, &actor, replica, covered, result, started, oldest);
     });
+}
+
+/// When the node stops: what waits for the upload interval is uploaded
+/// now (a `Replicate` turn for each such actor), and later commits do not
+/// wait for it.
+pub fn flush_deferred(rt: &Inner, repl: &Replication) {
+    repl.flushing
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    let actors: Vec<Arc<Actor>> = rt.actors.lock().values().cloned().collect();
+    for actor in actors {
+        let pending = {
+            let st = actor.repl.lock();
+            st.deferred && !st.in_flight
+        };
+        if pending {
+            let _ = rt.enqueue(&actor.id, Event::new(EventKind::Replicate, None), false);
+        }
+    }
+}
+
+/// How long the next upload must still wait for the upload interval, if
+/// it must: not when a `replicated` request waits for a commit it would
+/// carry.
+fn interval_left(st: &ActorReplica, interval: Duration) -> Option<Duration> {
+    if st.urgent_upto > st.uploaded {
+        return None;
+    }
+    let since = st.last_started?.elapsed();
+    (since < interval).then(|| interval - since)
 }
 
 fn finish_upload(

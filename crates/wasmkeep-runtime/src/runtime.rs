@@ -98,7 +98,7 @@ pub struct Inner {
     linker: Linker<HostState>,
     apps: RwLock<HashMap<(String, String), Arc<App>>>,
     app_version: AtomicU64,
-    actors: Mutex<HashMap<ActorId, Arc<Actor>>>,
+    pub(crate) actors: Mutex<HashMap<ActorId, Arc<Actor>>>,
     runq: Mutex<std::collections::VecDeque<Arc<Actor>>>,
     runq_cv: Condvar,
     /// Passes of the reaper that closed actors; workers give memory back
@@ -256,6 +256,7 @@ impl Runtime {
                     config.replica.clone(),
                     generation,
                     config.restore_refused_retry_ms,
+                    config.replica_upload_interval_ms,
                 )?)
             }
             None => None,
@@ -809,6 +810,9 @@ impl Runtime {
     pub fn shutdown(&self, wait: Duration) {
         let rt = &self.inner;
         let deadline = Instant::now() + wait;
+        if let Some(repl) = &rt.replication {
+            crate::replication::flush_deferred(rt, repl);
+        }
         while Instant::now() < deadline {
             // Queued events run, and what they committed reaches the bucket.
             let busy = rt

@@ -152,6 +152,55 @@ fn wasmkeep_store_dir(node: &TestNode, address: &str) -> std::path::PathBuf {
     wasmkeep_store::paths::actor_dir(std::path::Path::new(""), &id)
 }
 
+/// Waits (up to 20 s) until the bucket holds `n` of actor `a`'s entries.
+fn wait_for_logs(bucket: &Bucket, node: &TestNode, n: usize) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while bucket_logs(bucket, node) < n {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{n} entries never landed"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Plain commits of a busy actor are uploaded at most once per
+/// `replica_upload_interval_ms` (what a busy actor costs the bucket), and a
+/// `replicated` request does not wait for the interval: its upload starts
+/// at once and carries the plain commits before it.
+#[test]
+fn plain_commits_wait_for_the_upload_interval_and_replicated_ones_do_not() {
+    let (bucket, _faults) = memory_bucket();
+    let node = node_with(&bucket, |c| c.replica_upload_interval_ms = 3_600_000);
+    // The actor's first upload is due at once.
+    assert_eq!(increment(&node, "a", &[]).unwrap(), 1);
+    wait_for_logs(&bucket, &node, 1);
+    for n in 2..=6 {
+        assert_eq!(increment(&node, "a", &[]).unwrap(), n);
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        bucket_logs(&bucket, &node),
+        1,
+        "a plain commit was uploaded within the interval"
+    );
+
+    // Answered within the test's bound, not after the hour.
+    assert_eq!(increment(&node, "a", REPLICATED).unwrap(), 7);
+    assert_eq!(
+        bucket_logs(&bucket, &node),
+        2,
+        "one entry carries the six commits"
+    );
+
+    // A graceful stop uploads what waits for the interval.
+    assert_eq!(increment(&node, "a", &[]).unwrap(), 8);
+    node.runtime().shutdown(Duration::from_secs(10));
+    assert_eq!(bucket_logs(&bucket, &node), 3);
+    let second = node_on(&bucket);
+    assert_eq!(increment(&second, "a", &[]).unwrap(), 9);
+}
+
 #[test]
 fn a_node_with_an_empty_folder_restores_each_actor_on_first_use() {
     let (bucket, _faults) = memory_bucket();
