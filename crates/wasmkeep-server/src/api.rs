@@ -62,6 +62,10 @@ pub struct ServerConfig {
     pub body_read_bytes_per_s_min: u64,
     /// Time open connections get to finish when the node stops.
     pub shutdown_drain_ms: u64,
+    /// Whether a request that names no durability is answered only once
+    /// the bucket holds its write (`replicated`), as a cluster node does by
+    /// default (ADR 0034); otherwise after the local commit.
+    pub replicated_by_default: bool,
     /// Rules a test switched off (none, but in a `test-faults` build).
     pub unsafe_rules: UnsafeRules,
     /// Cluster mode: the node's lease state, checked before an actor request
@@ -85,6 +89,7 @@ impl Default for ServerConfig {
             body_read_timeout_ms: 20_000,
             body_read_bytes_per_s_min: 16 * 1024,
             shutdown_drain_ms: 10_000,
+            replicated_by_default: false,
             unsafe_rules: UnsafeRules::default(),
             cluster: None,
         }
@@ -229,7 +234,7 @@ pub fn router(rt: Runtime, config: ServerConfig) -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/metrics", get(metrics))
         .route("/v1/{*rest}", any(actor_request))
-        .nest("/admin/v1", admin)
+        .nest(ADMIN_PREFIX, admin)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
@@ -248,6 +253,9 @@ pub async fn serve(
     crate::edge::run(app, &config, listener, shutdown).await;
     Ok(())
 }
+
+/// Where the admin routes are nested.
+const ADMIN_PREFIX: &str = "/admin/v1";
 
 async fn not_found() -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, "route_not_found", "no such route")
@@ -270,6 +278,17 @@ async fn admin_auth(
         .extensions()
         .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
         .map(|c| c.0);
+    // An admin request about one actor that another node forwarded to its
+    // owner: the admin token was checked there, so the secret decides.
+    if let Some(c) = &s.config.cluster
+        && req.headers().contains_key(FORWARDED_HEADER)
+    {
+        match cluster_token_check(c, req.headers()) {
+            Ok(true) => return next.run(req).await,
+            Ok(false) => {}
+            Err(e) => return e.into_response(),
+        }
+    }
     if let Err(e) = s.tokens.admin_gate(peer, req.headers()) {
         return e.into_response();
     }
@@ -493,10 +512,15 @@ fn parse_actor_path(path: &str) -> Result<(ActorId, String), ApiError> {
 /// once the bucket holds its commit.
 pub const DURABILITY_HEADER: &str = "wasmkeep-durability";
 
-/// A request's durability: `replicated` (header or query flag) or the
-/// default, `local`. The query flag is taken out of the query the actor
-/// sees; the header stays among its headers.
-fn durability(headers: &axum::http::HeaderMap, query: &str) -> Result<(String, bool), ApiError> {
+/// A request's durability: `replicated` if a header or query flag says so,
+/// `local` if one says that (and none `replicated`), otherwise the node's
+/// default (`replicated_by_default`). The query flag is taken out of the
+/// query the actor sees; the header stays among its headers.
+fn durability(
+    headers: &axum::http::HeaderMap,
+    query: &str,
+    replicated_by_default: bool,
+) -> Result<(String, bool), ApiError> {
     let bad = |v: &str| {
         ApiError::new(
             StatusCode::BAD_REQUEST,
@@ -509,18 +533,21 @@ fn durability(headers: &axum::http::HeaderMap, query: &str) -> Result<(String, b
         "local" => Ok(false),
         other => Err(bad(other)),
     };
-    let mut replicated = false;
+    let mut asked: Option<bool> = None;
     for v in headers.get_all(DURABILITY_HEADER) {
-        replicated |= parse(v.to_str().map_err(|_| bad("(not text)"))?)?;
+        let replicated = parse(v.to_str().map_err(|_| bad("(not text)"))?)?;
+        asked = Some(asked.unwrap_or(false) | replicated);
     }
     let mut kept = Vec::new();
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         match pair.split_once('=') {
-            Some((k, v)) if k == DURABILITY_HEADER => replicated |= parse(v)?,
+            Some((k, v)) if k == DURABILITY_HEADER => {
+                asked = Some(asked.unwrap_or(false) | parse(v)?);
+            }
             _ => kept.push(pair),
         }
     }
-    Ok((kept.join("&"), replicated))
+    Ok((kept.join("&"), asked.unwrap_or(replicated_by_default)))
 }
 
 async fn actor_request(State(s): State<AppState>, req: Request) -> Result<Response, ApiError> {
@@ -547,7 +574,11 @@ async fn actor_request(State(s): State<AppState>, req: Request) -> Result<Respon
     check_acting(&s)?;
     let body = read_body(body, s.config.request_body_bytes_max, s.pace()).await?;
     match cluster {
-        Some(c) => clustered_request(&s, &c, id, path, &parts, body, forwarded).await,
+        Some(c) => {
+            let pq = path_and_query(&parts.uri, "");
+            let run = |id, body| run_here(&s, id, path, &parts, body);
+            clustered_request(&c, id, &pq, &parts, body, forwarded, run).await
+        }
         None => run_here(&s, id, path, &parts, body).await,
     }
 }
@@ -576,19 +607,24 @@ fn cluster_token_check(
     ))
 }
 
-/// Cluster mode: runs the request here if this node holds the actor (taking
-/// it if it has no live owner), or forwards it to the owner, once; a
-/// forward that did not reach the owner, or that the owner refused as not
-/// its own, drops the cached owner and routes again, once.
-async fn clustered_request(
-    s: &AppState,
+/// Cluster mode: runs the request here (`run`) if this node holds the actor
+/// (taking it if it has no live owner), or forwards it to the owner, once;
+/// a forward that did not reach the owner, or that the owner refused as not
+/// its own, drops the cached owner and routes again, once. Actor requests
+/// and the admin routes about one actor both go this way.
+async fn clustered_request<F, Fut>(
     c: &Arc<ClusterState>,
     id: ActorId,
-    path: String,
+    path_and_query: &str,
     parts: &axum::http::request::Parts,
     body: Vec<u8>,
     forwarded: bool,
-) -> Result<Response, ApiError> {
+    run: F,
+) -> Result<Response, ApiError>
+where
+    F: FnOnce(ActorId, Vec<u8>) -> Fut,
+    Fut: std::future::Future<Output = Result<Response, ApiError>>,
+{
     use crate::cluster::forward::ForwardError;
     use crate::cluster::ownership::Route;
     let Some(_in_flight) = c.enter() else {
@@ -599,11 +635,6 @@ async fn clustered_request(
         ));
     };
     let counters = &c.ownership.counters;
-    let path_and_query = parts
-        .uri
-        .path_and_query()
-        .map_or("/", |p| p.as_str())
-        .to_owned();
     let mut attempt = 0;
     loop {
         attempt += 1;
@@ -615,7 +646,7 @@ async fn clustered_request(
             .map_err(route_error)?;
         let (node, address) = match route {
             Route::Local(_in_use) => {
-                let mut out = run_here(s, id, path, parts, body).await?;
+                let mut out = run(id, body).await?;
                 if let Ok(v) = HeaderValue::from_str(c.node()) {
                     out.headers_mut().insert(NODE_HEADER, v);
                 }
@@ -748,7 +779,11 @@ async fn run_here(
         .filter(|(k, _)| !clustered || *k != CLUSTER_TOKEN_HEADER)
         .filter_map(|(k, v)| Some((k.as_str().to_owned(), v.to_str().ok()?.to_owned())))
         .collect();
-    let (query, replicated) = durability(&parts.headers, parts.uri.query().unwrap_or(""))?;
+    let (query, replicated) = durability(
+        &parts.headers,
+        parts.uri.query().unwrap_or(""),
+        s.config.replicated_by_default,
+    )?;
     let request = ActorRequest {
         method: parts.method.as_str().to_owned(),
         path,
@@ -905,35 +940,86 @@ fn actor_id(t: &str, a: &str, c: &str, n: &str) -> Result<ActorId, ApiError> {
 
 type ActorPath = axum::extract::Path<(String, String, String, String)>;
 
+/// The path and query a request is forwarded with: `prefix` (that of the
+/// router the handler is nested in) and the URI as the handler sees it.
+fn path_and_query(uri: &axum::http::Uri, prefix: &str) -> String {
+    let pq = uri.path_and_query().map_or("/", |p| p.as_str());
+    format!("{prefix}{pq}")
+}
+
+/// An admin route about one actor runs where the actor's requests run: in
+/// cluster mode on its owner (forwarded there, or here once this node took
+/// it), so that it reads and changes the one open copy.
+async fn on_owner<F, Fut>(
+    s: &AppState,
+    id: ActorId,
+    parts: &axum::http::request::Parts,
+    body: Vec<u8>,
+    run: F,
+) -> Result<Response, ApiError>
+where
+    F: FnOnce(ActorId, Vec<u8>) -> Fut,
+    Fut: std::future::Future<Output = Result<Response, ApiError>>,
+{
+    match &s.config.cluster {
+        Some(c) => {
+            check_acting(s)?;
+            let forwarded = parts.headers.contains_key(FORWARDED_HEADER);
+            // The admin router is nested: its handlers see the path
+            // without the prefix.
+            let pq = path_and_query(&parts.uri, ADMIN_PREFIX);
+            clustered_request(c, id, &pq, parts, body, forwarded, run).await
+        }
+        None => run(id, body).await,
+    }
+}
+
+/// A blocking runtime call, off the async workers.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, wasmkeep_runtime::RuntimeError> + Send + 'static,
+) -> Result<T, ApiError> {
+    Ok(tokio::task::spawn_blocking(f).await.map_err(|e| {
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
+    })??)
+}
+
 async fn show_actor(
     State(s): State<AppState>,
     axum::extract::Path((t, a, c, n)): ActorPath,
+    req: Request,
 ) -> Result<Response, ApiError> {
     let id = actor_id(&t, &a, &c, &n)?;
+    let (parts, _) = req.into_parts();
     let rt = s.rt.clone();
-    let info = tokio::task::spawn_blocking(move || rt.actor_info(&id))
-        .await
-        .map_err(|e| {
-            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
-        })??;
-    Ok(axum::Json(info).into_response())
+    on_owner(&s, id, &parts, Vec::new(), |id, _| async move {
+        let info = blocking(move || rt.actor_info(&id)).await?;
+        Ok(axum::Json(info).into_response())
+    })
+    .await
 }
 
 async fn delete_actor(
     State(s): State<AppState>,
     axum::extract::Path((t, a, c, n)): ActorPath,
+    req: Request,
 ) -> Result<Response, ApiError> {
     let id = actor_id(&t, &a, &c, &n)?;
-    let deleted = s.rt.delete_actor(id).await?;
-    Ok(axum::Json(json!({ "deleted": deleted })).into_response())
+    let (parts, _) = req.into_parts();
+    let rt = s.rt.clone();
+    on_owner(&s, id, &parts, Vec::new(), |id, _| async move {
+        let deleted = rt.delete_actor(id).await?;
+        Ok(axum::Json(json!({ "deleted": deleted })).into_response())
+    })
+    .await
 }
 
 async fn inspect_sql(
     State(s): State<AppState>,
     axum::extract::Path((t, a, c, n)): ActorPath,
-    body: Body,
+    req: Request,
 ) -> Result<Response, ApiError> {
     let id = actor_id(&t, &a, &c, &n)?;
+    let (parts, body) = req.into_parts();
     let sql = read_body(body, INSPECT_SQL_BYTES_MAX, s.pace()).await.map_err(|e| {
         if e.code == "body_too_large" {
             ApiError::new(
@@ -947,21 +1033,21 @@ async fn inspect_sql(
             e
         }
     })?;
-    let sql = String::from_utf8(sql)
-        .map_err(|_| ApiError::new(StatusCode::BAD_REQUEST, "bad_body", "the SQL is not utf-8"))?;
     let rt = s.rt.clone();
     let rows_max = s.config.inspect_rows_max;
-    let r = tokio::task::spawn_blocking(move || rt.inspect_sql(&id, &sql, rows_max))
-        .await
-        .map_err(|e| {
-            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
-        })??;
-    let rows: Vec<Vec<serde_json::Value>> = r
-        .rows
-        .into_iter()
-        .map(|row| row.into_iter().map(value_json).collect())
-        .collect();
-    Ok(axum::Json(json!({ "columns": r.columns, "rows": rows })).into_response())
+    on_owner(&s, id, &parts, sql, |id, sql| async move {
+        let sql = String::from_utf8(sql).map_err(|_| {
+            ApiError::new(StatusCode::BAD_REQUEST, "bad_body", "the SQL is not utf-8")
+        })?;
+        let r = blocking(move || rt.inspect_sql(&id, &sql, rows_max)).await?;
+        let rows: Vec<Vec<serde_json::Value>> = r
+            .rows
+            .into_iter()
+            .map(|row| row.into_iter().map(value_json).collect())
+            .collect();
+        Ok(axum::Json(json!({ "columns": r.columns, "rows": rows })).into_response())
+    })
+    .await
 }
 
 fn value_json(v: wasmkeep_runtime::StoreValue) -> serde_json::Value {
@@ -1031,27 +1117,53 @@ mod tests {
     fn durability_comes_from_the_header_or_the_query_flag_which_the_actor_does_not_see() {
         let none = axum::http::HeaderMap::new();
         assert_eq!(
-            durability(&none, "a=1&b=2").unwrap(),
+            durability(&none, "a=1&b=2", false).unwrap(),
             ("a=1&b=2".into(), false)
         );
         assert_eq!(
-            durability(&none, "a=1&wasmkeep-durability=replicated&b=2").unwrap(),
+            durability(&none, "a=1&wasmkeep-durability=replicated&b=2", false).unwrap(),
             ("a=1&b=2".into(), true)
         );
         assert_eq!(
-            durability(&none, "wasmkeep-durability=local").unwrap(),
+            durability(&none, "wasmkeep-durability=local", false).unwrap(),
             (String::new(), false)
         );
         let mut h = axum::http::HeaderMap::new();
         h.insert(DURABILITY_HEADER, "replicated".parse().unwrap());
-        assert_eq!(durability(&h, "x=1").unwrap(), ("x=1".into(), true));
+        assert_eq!(durability(&h, "x=1", false).unwrap(), ("x=1".into(), true));
         h.insert(DURABILITY_HEADER, "fsync".parse().unwrap());
-        assert_eq!(durability(&h, "").unwrap_err().code, "bad_durability");
         assert_eq!(
-            durability(&none, "wasmkeep-durability=maybe")
+            durability(&h, "", false).unwrap_err().code,
+            "bad_durability"
+        );
+        assert_eq!(
+            durability(&none, "wasmkeep-durability=maybe", false)
                 .unwrap_err()
                 .code,
             "bad_durability"
+        );
+    }
+
+    /// A node that replicates by default (a cluster node's default) does
+    /// so for a request that names no durability; `local` opts out, and
+    /// `replicated` anywhere wins over `local`.
+    #[test]
+    fn the_default_durability_applies_only_when_none_is_named() {
+        let none = axum::http::HeaderMap::new();
+        assert_eq!(
+            durability(&none, "a=1", true).unwrap(),
+            ("a=1".into(), true)
+        );
+        assert_eq!(
+            durability(&none, "wasmkeep-durability=local", true).unwrap(),
+            (String::new(), false)
+        );
+        let mut h = axum::http::HeaderMap::new();
+        h.insert(DURABILITY_HEADER, "local".parse().unwrap());
+        assert_eq!(durability(&h, "", true).unwrap(), (String::new(), false));
+        assert_eq!(
+            durability(&h, "wasmkeep-durability=replicated", true).unwrap(),
+            (String::new(), true)
         );
     }
 }

@@ -17,12 +17,27 @@ use wasmkeep_server::ServerConfig;
 pub const CLUSTER_BUCKET_TIMEOUT_MS: u64 = 2_000;
 
 /// Everything `wasmkeep serve` can be told. Field names are the TOML keys.
+/// When a reply leaves, by default: `default_durability`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReplyDurability {
+    /// After the local commit (and its fsync, with `durability = "fsync"`).
+    Local,
+    /// Once the bucket holds the commit.
+    Replicated,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct NodeConfig {
     pub listen: SocketAddr,
     pub data: PathBuf,
     pub durability: Durability,
+    /// How a request that names no durability is answered: `local` (after
+    /// the local commit) or `replicated` (once the bucket holds it). Unset:
+    /// `replicated` on a cluster node (`advertise`), `local` otherwise
+    /// (ADR 0034).
+    pub default_durability: Option<ReplyDurability>,
     pub admin_token: Option<String>,
     pub tenant_tokens: BTreeMap<String, String>,
     pub insecure: bool,
@@ -79,6 +94,7 @@ pub struct NodeConfig {
     pub replica_snapshot_log_bytes_min: u64,
     pub replica_snapshots_keep: usize,
     pub restore_refused_retry_ms: u64,
+    pub replica_upload_interval_ms: u64,
     /// Cluster mode (with `bucket`): the address other nodes reach this
     /// node at, `http://HOST:PORT`.
     pub advertise: Option<String>,
@@ -106,6 +122,7 @@ impl Default for NodeConfig {
         NodeConfig {
             listen: "127.0.0.1:8080".parse().expect("valid address"),
             data: rt.data_dir.clone(),
+            default_durability: None,
             durability: rt.durability,
             admin_token: None,
             tenant_tokens: BTreeMap::new(),
@@ -160,6 +177,7 @@ impl Default for NodeConfig {
             replica_snapshot_log_bytes_min: rt.replica.snapshot_log_bytes_min,
             replica_snapshots_keep: rt.replica.snapshots_keep,
             restore_refused_retry_ms: rt.restore_refused_retry_ms,
+            replica_upload_interval_ms: rt.replica_upload_interval_ms,
             advertise: None,
             cluster_token: None,
             lease_period_ms: cl.lease_period_ms,
@@ -244,11 +262,17 @@ impl NodeConfig {
         // well above what the snapshot policy above leaves an honest chain.
         c.replica.raise_bounds_to_retention();
         c.restore_refused_retry_ms = self.restore_refused_retry_ms;
+        c.replica_upload_interval_ms = self.replica_upload_interval_ms;
         c
     }
 
     pub fn server(&self) -> ServerConfig {
+        let replicated_by_default = match self.default_durability {
+            Some(d) => d == ReplyDurability::Replicated,
+            None => self.advertise.is_some(),
+        };
         ServerConfig {
+            replicated_by_default,
             request_body_bytes_max: self.request_body_bytes_max,
             admin_token: self.admin_token.clone(),
             tenant_tokens: self.tenant_tokens.clone(),
@@ -269,6 +293,12 @@ impl NodeConfig {
     /// Cluster mode's settings, when `advertise` and `bucket` are both set:
     /// `--bucket` alone keeps single-node replication.
     pub fn cluster(&self) -> anyhow::Result<Option<wasmkeep_server::cluster::ClusterSettings>> {
+        if self.default_durability == Some(ReplyDurability::Replicated) && self.bucket.is_none() {
+            anyhow::bail!(
+                "refusing to start: default_durability = \"replicated\" needs a bucket \
+                 (--bucket URL)"
+            );
+        }
         let Some(advertise) = &self.advertise else {
             return Ok(None);
         };
@@ -348,6 +378,7 @@ mod tests {
             replica_snapshot_every_entries: 100_000,
             replica_snapshots_keep: 4,
             restore_refused_retry_ms: 5,
+            replica_upload_interval_ms: 6,
             ..NodeConfig::default()
         };
         let rt = c.runtime();
@@ -355,6 +386,7 @@ mod tests {
         assert!(rt.replica.listing_keys_max >= 5 * 100_000);
         assert!(rt.replica.restore_bytes_max >= 3 * rt.replica.entry_bytes_max);
         assert_eq!(rt.restore_refused_retry_ms, 5);
+        assert_eq!(rt.replica_upload_interval_ms, 6);
         let d = NodeConfig::default().runtime();
         assert_eq!(d.replica, wasmkeep_runtime::RuntimeConfig::new("x").replica);
     }
@@ -438,6 +470,32 @@ mod tests {
         assert_eq!(rt.app_limit_ceilings.event_cpu_ms_max, Some(600_000));
         assert_eq!((rt.component_memories_max, rt.event_log_lines_max), (3, 5));
         assert!(toml::from_str::<NodeConfig>("[app_limit_ceilings]\ncpu_ms = 1\n").is_err());
+    }
+
+    /// A cluster node answers `replicated` by default, a single node
+    /// `local`; the setting overrides either, and `replicated` needs a
+    /// bucket.
+    #[test]
+    fn a_cluster_node_replicates_replies_by_default() {
+        let mut c = NodeConfig::default();
+        assert!(!c.server().replicated_by_default);
+        c.bucket = Some("file:///tmp/b".into());
+        assert!(!c.server().replicated_by_default, "--bucket alone: local");
+        c.advertise = Some("http://127.0.0.1:8080".into());
+        assert!(c.server().replicated_by_default);
+        c.default_durability = Some(ReplyDurability::Local);
+        assert!(!c.server().replicated_by_default);
+        let mut single: NodeConfig = toml::from_str("default_durability = \"replicated\"").unwrap();
+        assert!(
+            single
+                .cluster()
+                .unwrap_err()
+                .to_string()
+                .contains("default_durability")
+        );
+        single.bucket = Some("file:///tmp/b".into());
+        assert!(single.server().replicated_by_default);
+        assert!(toml::from_str::<NodeConfig>("default_durability = \"fsync\"").is_err());
     }
 
     #[test]

@@ -301,3 +301,53 @@ fn a_due_alarm_makes_its_node_take_the_actor_after_a_restart() {
         fired.body
     );
 }
+
+/// The admin routes about one actor (show, SQL inspection, delete) run on
+/// the actor's owner, as its requests do: asked through a node that does
+/// not hold it, they are forwarded, so they read and change the one open
+/// copy rather than a node's stale or missing local file.
+#[test]
+fn admin_routes_about_an_actor_run_on_its_owner() {
+    let c = Cluster::new(60_000);
+    let a = c.start("a", TOKEN);
+    let b = c.start("b", TOKEN);
+    for n in 1..=2 {
+        assert_eq!(counter(&increment(a.port, "adm")), n);
+    }
+    let admin = "/admin/v1/actors/demo/examples/counter/adm";
+
+    let shown = send(b.port, "GET", admin, &[]);
+    assert_eq!(shown.status, 200, "{}", shown.body);
+    assert_eq!(
+        shown.node.as_deref(),
+        Some(a.id.as_str()),
+        "shown by the owner"
+    );
+
+    let (status, rows) = b
+        .node
+        .json("POST", &format!("{admin}/sql"), b"SELECT n FROM counter");
+    assert_eq!(status, 200, "{rows}");
+    assert_eq!(rows["rows"], serde_json::json!([[2]]), "the owner's copy");
+
+    let deleted = send(b.port, "DELETE", admin, &[]);
+    assert_eq!(deleted.status, 200, "{}", deleted.body);
+    assert_eq!(deleted.node.as_deref(), Some(a.id.as_str()));
+    assert_eq!(deleted.body["deleted"], true, "{}", deleted.body);
+    let again = increment(b.port, "adm");
+    assert_eq!(counter(&again), 1, "the owner's copy was deleted");
+    assert_eq!(again.node.as_deref(), Some(a.id.as_str()));
+
+    // Forwarded admin requests need the secret too.
+    let refused = send(
+        a.port,
+        "GET",
+        admin,
+        &[
+            ("x-wasmkeep-forwarded", "1"),
+            ("x-wasmkeep-cluster-token", "wrong"),
+        ],
+    );
+    assert_eq!(refused.status, 403, "{}", refused.body);
+    assert_eq!(refused.body["error"]["code"], "cluster_token_invalid");
+}
