@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::Node;
-use common::cluster::{self, free_port};
+use common::cluster::{self, free_port, status};
 
 /// Waits until `f` holds (a bound of 60 s for a hung cluster).
 fn wait_for(what: &str, f: impl FnMut() -> bool) {
@@ -36,16 +36,7 @@ struct Cluster {
 impl Cluster {
     fn new() -> Cluster {
         let tmp = tempfile::tempdir().unwrap();
-        let config = tmp.path().join("node.toml");
-        std::fs::write(
-            &config,
-            format!(
-                "lease_period_ms = {LEASE_PERIOD_MS}\nlease_grace_ms = {LEASE_GRACE_MS}\n\
-                 owner_margin_ms = 300\nlease_register_retry_ms = 200\n\
-                 cluster_bucket_timeout_ms = 400\n"
-            ),
-        )
-        .unwrap();
+        let config = cluster::node_config(tmp.path(), LEASE_PERIOD_MS, LEASE_GRACE_MS, 400, "");
         Cluster {
             bucket: tmp.path().join("bucket"),
             data: tmp.path().join("data"),
@@ -61,30 +52,10 @@ impl Cluster {
 
     fn start(&self) -> Node {
         let bucket = format!("file://{}", self.bucket.display());
-        let listen = format!("127.0.0.1:{}", self.port);
-        let config = self.config.display().to_string();
-        let advertise = self.advertise();
-        Node::start(
-            &self.data,
-            &[
-                "--examples",
-                "--listen",
-                &listen,
-                "--config",
-                &config,
-                "--bucket",
-                &bucket,
-                "--advertise",
-                &advertise,
-            ],
-        )
+        let flags = cluster::serve_flags(self.port, &self.config, &bucket);
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        Node::start(&self.data, &flags)
     }
-}
-
-fn status(node: &Node) -> serde_json::Value {
-    let (code, v) = node.json("GET", "/admin/v1/node", b"");
-    assert_eq!(code, 200, "{v}");
-    v["cluster"].clone()
 }
 
 /// The lease records of one epoch in a folder bucket: (counter, body).

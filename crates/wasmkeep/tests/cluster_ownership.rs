@@ -12,97 +12,13 @@
 
 mod common;
 
-use std::path::PathBuf;
-
 use common::Node;
-use common::cluster::{self, REPLICATED, counter, free_port, increment, send, value};
+use common::cluster::{self, REPLICATED, counter, increment, send, value};
+use common::load::{Cluster, Store, TOKEN};
 
 /// Waits until `f` holds (a bound of 120 s for a hung cluster).
 fn wait_for(what: &str, f: impl FnMut() -> bool) {
     cluster::wait_for(what, 120, 50, f)
-}
-
-const TOKEN: &str = "cluster-secret-for-tests";
-
-/// A shared bucket and one configuration for the nodes of a test.
-struct Cluster {
-    tmp: tempfile::TempDir,
-    bucket: PathBuf,
-    config: PathBuf,
-}
-
-/// A node of the cluster: its process, id and port.
-struct Member {
-    node: Node,
-    id: String,
-    port: u16,
-    data: PathBuf,
-}
-
-impl Cluster {
-    /// `actor_idle_ms`: how soon the nodes close (and so release) an idle
-    /// actor.
-    fn new(actor_idle_ms: u64) -> Cluster {
-        let tmp = tempfile::tempdir().unwrap();
-        let config = tmp.path().join("node.toml");
-        std::fs::write(
-            &config,
-            format!(
-                "lease_period_ms = 1500\nlease_grace_ms = 1500\nowner_margin_ms = 300\n\
-                 lease_register_retry_ms = 200\ncluster_bucket_timeout_ms = 1000\n\
-                 cluster_owner_cache_ttl_ms = 500\ncluster_forward_timeout_ms = 20000\n\
-                 actor_idle_ms = {actor_idle_ms}\n"
-            ),
-        )
-        .unwrap();
-        Cluster {
-            bucket: tmp.path().join("bucket"),
-            config,
-            tmp,
-        }
-    }
-
-    fn start(&self, name: &str, token: &str) -> Member {
-        let port = free_port();
-        let data = self.tmp.path().join(name);
-        self.start_on(&data, port, token)
-    }
-
-    fn start_on(&self, data: &std::path::Path, port: u16, token: &str) -> Member {
-        let bucket = format!("file://{}", self.bucket.display());
-        let listen = format!("127.0.0.1:{port}");
-        let advertise = format!("http://127.0.0.1:{port}");
-        let config = self.config.display().to_string();
-        let node = Node::start(
-            data,
-            &[
-                "--examples",
-                "--listen",
-                &listen,
-                "--config",
-                &config,
-                "--bucket",
-                &bucket,
-                "--advertise",
-                &advertise,
-                "--cluster-token",
-                token,
-            ],
-        );
-        wait_for("the node to act", || {
-            node.json("GET", "/admin/v1/node", b"").1["cluster"]["acting"] == true
-        });
-        let id = node.json("GET", "/admin/v1/node", b"").1["cluster"]["node"]
-            .as_str()
-            .unwrap()
-            .to_owned();
-        Member {
-            node,
-            id,
-            port,
-            data: data.to_owned(),
-        }
-    }
 }
 
 fn metric(node: &Node, name: &str) -> u64 {
@@ -118,9 +34,9 @@ fn metric(node: &Node, name: &str) -> u64 {
 /// A forwarded request with a wrong (or no) cluster secret is refused.
 #[test]
 fn requests_reach_the_owner_in_one_hop_and_forwards_need_the_secret() {
-    let c = Cluster::new(60_000);
-    let a = c.start("a", TOKEN);
-    let b = c.start("b", TOKEN);
+    let c = Cluster::new(Store::Folder);
+    let a = c.start("a");
+    let b = c.start("b");
     assert_ne!(a.id, b.id);
 
     let first = increment(a.port, "fwd");
@@ -172,7 +88,7 @@ fn requests_reach_the_owner_in_one_hop_and_forwards_need_the_secret() {
     // SIGTERM: the owner releases its holds (then its lease).
     let mut a = a;
     assert!(a.node.stop().success());
-    let holds = c.bucket.join("state/demo/examples/counter/667764/hold");
+    let holds = c.folder().join("state/demo/examples/counter/667764/hold");
     let mut records: Vec<(String, String)> = std::fs::read_dir(&holds)
         .unwrap()
         .map(|e| {
@@ -197,9 +113,9 @@ fn requests_reach_the_owner_in_one_hop_and_forwards_need_the_secret() {
 /// its last acknowledged (replicated) value.
 #[test]
 fn a_killed_owners_actor_is_taken_over_with_every_acknowledged_write() {
-    let c = Cluster::new(60_000);
-    let mut a = c.start("a", TOKEN);
-    let b = c.start("b", TOKEN);
+    let c = Cluster::new(Store::Folder);
+    let mut a = c.start("a");
+    let b = c.start("b");
     let mut acknowledged = 0;
     for _ in 0..5 {
         acknowledged = counter(&increment(a.port, "dies"));
@@ -228,7 +144,7 @@ fn a_killed_owners_actor_is_taken_over_with_every_acknowledged_write() {
 
     // A restarts (a new epoch, its old local copy behind the bucket): its
     // requests for the actor go to B and see B's state.
-    let a2 = c.start_on(&a.data, a.port, TOKEN);
+    let a2 = c.start_on(&a.data, a.port, None);
     let seen = value(a2.port, "dies");
     assert_eq!(counter(&seen), acknowledged + 1);
     assert_eq!(seen.node.as_deref(), Some(b.id.as_str()));
@@ -238,9 +154,9 @@ fn a_killed_owners_actor_is_taken_over_with_every_acknowledged_write() {
 /// it at once, long before the owner's lease could lapse.
 #[test]
 fn an_idle_actor_is_released_and_taken_by_another_live_node() {
-    let c = Cluster::new(500);
-    let a = c.start("a", TOKEN);
-    let b = c.start("b", TOKEN);
+    let c = Cluster::with_idle(Store::Folder, 500);
+    let a = c.start("a");
+    let b = c.start("b");
     let mut last = 0;
     for _ in 0..3 {
         last = counter(&increment(a.port, "idle"));
@@ -270,9 +186,9 @@ fn an_idle_actor_is_released_and_taken_by_another_live_node() {
 /// nothing.
 #[test]
 fn a_due_alarm_makes_its_node_take_the_actor_after_a_restart() {
-    let c = Cluster::new(60_000);
-    let mut a = c.start("a", TOKEN);
-    let b = c.start("b", TOKEN);
+    let c = Cluster::new(Store::Folder);
+    let mut a = c.start("a");
+    let b = c.start("b");
     let at = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -286,7 +202,7 @@ fn a_due_alarm_makes_its_node_take_the_actor_after_a_restart() {
     );
     assert_eq!(set.status, 200, "{}", set.body);
     assert!(a.node.stop().success());
-    let a2 = c.start_on(&a.data, a.port, TOKEN);
+    let a2 = c.start_on(&a.data, a.port, None);
     wait_for("the restarted node to run the alarm", || {
         metric(&a2.node, "wasmkeep_alarms_fired_total") >= 1
     });
@@ -308,9 +224,9 @@ fn a_due_alarm_makes_its_node_take_the_actor_after_a_restart() {
 /// copy rather than a node's stale or missing local file.
 #[test]
 fn admin_routes_about_an_actor_run_on_its_owner() {
-    let c = Cluster::new(60_000);
-    let a = c.start("a", TOKEN);
-    let b = c.start("b", TOKEN);
+    let c = Cluster::new(Store::Folder);
+    let a = c.start("a");
+    let b = c.start("b");
     for n in 1..=2 {
         assert_eq!(counter(&increment(a.port, "adm")), n);
     }

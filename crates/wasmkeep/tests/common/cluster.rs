@@ -1,7 +1,60 @@
 //! Helpers for the cluster tests (`cluster_*.rs`): free ports, bounded
 //! polling, and requests that record which node answered.
 
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+
+/// Writes `node.toml` in `dir` with the cluster tests' short lease timings
+/// (a lease of `period_ms` with `grace_ms` of grace, 300 ms of owner
+/// margin, registration retried every 200 ms), `bucket_timeout_ms` for each
+/// of the cluster's bucket calls, and the TOML lines `more`; returns its
+/// path.
+pub fn node_config(
+    dir: &Path,
+    period_ms: u64,
+    grace_ms: u64,
+    bucket_timeout_ms: u64,
+    more: &str,
+) -> PathBuf {
+    let config = dir.join("node.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "lease_period_ms = {period_ms}\nlease_grace_ms = {grace_ms}\n\
+             owner_margin_ms = 300\nlease_register_retry_ms = 200\n\
+             cluster_bucket_timeout_ms = {bucket_timeout_ms}\n{more}"
+        ),
+    )
+    .unwrap();
+    config
+}
+
+/// The flags of `wasmkeep serve` for a cluster node with the bundled
+/// examples on loopback `port` (advertised as itself), with the
+/// configuration file `config` and the bucket at `bucket` (a URL).
+pub fn serve_flags(port: u16, config: &Path, bucket: &str) -> Vec<String> {
+    let addr = format!("127.0.0.1:{port}");
+    [
+        "--examples",
+        "--listen",
+        &addr,
+        "--config",
+        &config.display().to_string(),
+        "--bucket",
+        bucket,
+        "--advertise",
+        &format!("http://{addr}"),
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
+/// The node's `cluster` object from `GET /admin/v1/node`.
+pub fn status(node: &super::Node) -> serde_json::Value {
+    let (code, v) = node.json("GET", "/admin/v1/node", b"");
+    assert_eq!(code, 200, "{v}");
+    v["cluster"].clone()
+}
 
 /// A loopback port nothing listens on now.
 pub fn free_port() -> u16 {
@@ -34,9 +87,20 @@ pub struct Answer {
 /// One request on a fresh connection (no pooled connection outlives a node
 /// restart), with no retry of any kind.
 pub fn send(port: u16, method: &str, path: &str, headers: &[(&str, &str)]) -> Answer {
+    send_within(port, method, path, headers, Duration::from_secs(60))
+}
+
+/// [`send`], giving up after `timeout` (status 0, as for no answer).
+pub fn send_within(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    timeout: Duration,
+) -> Answer {
     let agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(60)))
+        .timeout_global(Some(timeout))
         .build()
         .new_agent();
     let mut req = ureq::http::Request::builder()
@@ -71,11 +135,17 @@ pub const REPLICATED: (&str, &str) = ("wasmkeep-durability", "replicated");
 
 /// `POST …/counter/{actor}/increment`, answered once replicated.
 pub fn increment(port: u16, actor: &str) -> Answer {
-    send(
+    increment_within(port, actor, Duration::from_secs(60))
+}
+
+/// [`increment`], giving up after `timeout`.
+pub fn increment_within(port: u16, actor: &str, timeout: Duration) -> Answer {
+    send_within(
         port,
         "POST",
         &format!("/v1/demo/examples/counter/{actor}/increment"),
         &[REPLICATED],
+        timeout,
     )
 }
 

@@ -1,6 +1,8 @@
 //! A real `wasmkeep serve` process on a loopback port, for tests.
 #![allow(dead_code)]
 pub mod cluster;
+pub mod load;
+pub mod proxy;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
