@@ -343,6 +343,9 @@ async fn show_node(State(s): State<AppState>) -> Response {
             "address": n.address,
             "epoch": n.epoch,
             "acting": n.acting,
+            // Acting, and done closing what an earlier epoch left open:
+            // what a load balancer's health check should wait for.
+            "serving": c.route_epoch().is_some() && !c.is_draining(),
             "acting_until_ms": n.acting_until_ms,
             "lease_counter": n.lease_counter,
             "renewals_total": n.renewals_total,
@@ -645,8 +648,19 @@ where
             .await
             .map_err(route_error)?;
         let (node, address) = match route {
-            Route::Local(_in_use) => {
+            Route::Local(in_use) => {
                 let mut out = run(id, body).await?;
+                if c.acting_epoch() != Some(in_use.epoch()) {
+                    // The lease lapsed while the request ran (and maybe
+                    // another node took the actor): not acknowledged, even
+                    // if the node acts again in a new epoch now.
+                    return Err(ApiError::new(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "node_not_acting",
+                        "this node's cluster lease lapsed while the request ran; its effects \
+                         may stand, as after a lost response",
+                    ));
+                }
                 if let Ok(v) = HeaderValue::from_str(c.node()) {
                     out.headers_mut().insert(NODE_HEADER, v);
                 }

@@ -303,6 +303,11 @@ impl ClusterState {
         self.draining.store(true, Ordering::Release);
     }
 
+    /// Whether the node refuses new actor requests because it is stopping.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire)
+    }
+
     /// Actor requests in flight.
     pub fn in_flight(&self) -> usize {
         self.in_flight.load(Ordering::Acquire)

@@ -82,6 +82,17 @@ pub enum RouteError {
 #[derive(Debug)]
 pub struct InUse {
     cell: Arc<Cell>,
+    epoch: u64,
+}
+
+impl InUse {
+    /// The epoch the actor was routed here in: a request that ran is
+    /// acknowledged only if the node still acts in it (a node whose lease
+    /// lapsed meanwhile may have lost the actor to another node, even if it
+    /// acts again in a new epoch by the time the request ends).
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
 }
 
 impl Drop for InUse {
@@ -292,6 +303,7 @@ impl Ownership {
             cell.last_used_ms.store(now_ms(), Ordering::Release);
             Route::Local(InUse {
                 cell: Arc::clone(cell),
+                epoch,
             })
         };
         if slot.held.is_some_and(|h| h.epoch == epoch) {
@@ -342,8 +354,12 @@ impl Ownership {
         let cell = self.cells.lock().expect("cells").get(id).cloned();
         if let Some(cell) = cell
             && let Ok(mut slot) = cell.slot.try_lock()
+            && let Some(owner) = slot.owner.take()
         {
-            slot.unreachable = slot.owner.take().map(|o| o.node);
+            // A second request that failed against the same owner finds
+            // it forgotten already: it must not erase the mark the first
+            // left (its next route would then not wait for the release).
+            slot.unreachable = Some(owner.node);
         }
     }
 
