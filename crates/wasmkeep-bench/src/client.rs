@@ -58,6 +58,18 @@ impl Endpoint {
     }
 }
 
+/// The response header naming the cluster node that ran a request.
+pub const NODE_HEADER: &str = "x-wasmkeep-node";
+
+/// A response: status, the node that ran it (`x-wasmkeep-node`, cluster
+/// mode only) and the whole body.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    pub status: u16,
+    pub node: Option<String>,
+    pub body: Bytes,
+}
+
 /// One keep-alive connection.
 pub struct Conn {
     endpoint: Endpoint,
@@ -86,6 +98,13 @@ impl Conn {
     /// Sends one request with an empty body and reads the whole response.
     /// A dead connection is replaced once before giving up.
     pub async fn send(&mut self, method: &Method, path: &str) -> Result<(u16, Bytes)> {
+        self.send_full(method, path)
+            .await
+            .map(|a| (a.status, a.body))
+    }
+
+    /// [`Conn::send`], with the node that ran the request (cluster mode).
+    pub async fn send_full(&mut self, method: &Method, path: &str) -> Result<Answer> {
         if self.sender.is_closed() {
             *self = Conn::connect(&self.endpoint).await?;
         }
@@ -98,8 +117,13 @@ impl Conn {
                 .body(Empty::<Bytes>::new())?;
             let resp = self.sender.send_request(req).await?;
             let status = resp.status().as_u16();
+            let node = resp
+                .headers()
+                .get(NODE_HEADER)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
             let body = resp.into_body().collect().await?.to_bytes();
-            anyhow::Ok((status, body))
+            anyhow::Ok(Answer { status, node, body })
         };
         match tokio::time::timeout(Duration::from_millis(REQUEST_TIMEOUT_MS), fut).await {
             Ok(r) => r.with_context(|| format!("{method} {path}")),
@@ -121,6 +145,19 @@ pub async fn send_all(
     connections: usize,
     reqs: Vec<(Method, String)>,
 ) -> Result<Vec<Result<(u16, Bytes)>>> {
+    Ok(send_all_full(endpoint, connections, reqs)
+        .await?
+        .into_iter()
+        .map(|r| r.map(|a| (a.status, a.body)))
+        .collect())
+}
+
+/// [`send_all`], with the node that ran each request.
+pub async fn send_all_full(
+    endpoint: &Endpoint,
+    connections: usize,
+    reqs: Vec<(Method, String)>,
+) -> Result<Vec<Result<Answer>>> {
     let reqs = Arc::new(reqs);
     let next = Arc::new(AtomicUsize::new(0));
     let mut tasks = Vec::new();
@@ -133,12 +170,12 @@ pub async fn send_all(
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some((m, p)) = reqs.get(i) else { break };
-                out.push((i, conn.send(m, p).await));
+                out.push((i, conn.send_full(m, p).await));
             }
             out
         }));
     }
-    let mut slots: Vec<Option<Result<(u16, Bytes)>>> = (0..reqs.len()).map(|_| None).collect();
+    let mut slots: Vec<Option<Result<Answer>>> = (0..reqs.len()).map(|_| None).collect();
     for t in tasks {
         for (i, r) in t.await? {
             slots[i] = Some(r);

@@ -3,11 +3,14 @@
 //!
 //! What it is: a command that starts a fresh node per run (the same binary,
 //! `serve --examples` on a temporary data directory and a loopback port),
-//! or uses one given by `--server`, drives the W1, W1-hot, W2, W2-restart,
-//! W3 and W4 workloads through the public HTTP API, checks each run's
-//! correctness (no lost writes, every alarm fired once), and reports the
-//! median, minimum and maximum of every figure over `--runs` runs as a
-//! table and as JSON.
+//! or uses one given by `--server`, drives the W1, W1-hot, W1-durable, W2,
+//! W2-restart, W3 and W4 workloads through the public HTTP API, checks each
+//! run's correctness (no lost writes, every alarm fired once), and reports
+//! the median, minimum and maximum of every figure over `--runs` runs as a
+//! table and as JSON. The cluster workloads W6 (forwarded requests) and
+//! W5-kill (takeover after a SIGKILL) start three such nodes per run on a
+//! folder bucket ([`cluster`]); they take about a minute a run and are
+//! not in the default set (ask for them with `--workloads w6,w5-kill`).
 //!
 //! What it is not: a general-purpose load tester, an open-loop latency
 //! meter (see [`load`] on coordinated omission), or a profiler. It knows the
@@ -20,6 +23,7 @@
 //! error ends as a message to the person running it.
 
 pub mod client;
+pub mod cluster;
 pub mod load;
 pub mod node;
 mod report;
@@ -62,6 +66,12 @@ pub enum Workload {
     /// Failover in a cluster (not available in this version).
     #[value(name = "w5")]
     W5,
+    /// W1 on a 3-node cluster: sent to the owners, and to other nodes.
+    #[value(name = "w6")]
+    W6,
+    /// SIGKILL of a node of a 3-node cluster under replicated W1.
+    #[value(name = "w5-kill")]
+    W5Kill,
 }
 
 impl Workload {
@@ -75,6 +85,8 @@ impl Workload {
             Workload::W3 => "w3",
             Workload::W4 => "w4",
             Workload::W5 => "w5",
+            Workload::W6 => "w6",
+            Workload::W5Kill => "w5-kill",
         }
     }
 
@@ -87,12 +99,17 @@ impl Workload {
             Workload::W2Restart | Workload::W4 if server => Some(
                 "needs a node started by the benchmark (restart, RSS); not run against --server",
             ),
+            Workload::W6 | Workload::W5Kill if server => {
+                Some("needs a cluster of nodes started by the benchmark; not run against --server")
+            }
             _ => None,
         }
     }
 }
 
-/// Every workload: those that cannot run here are listed as such.
+/// The workloads run when none is named: every single-node one (those
+/// that cannot run here are listed as such); not the cluster ones, which
+/// take about a minute a run each ([`NOT_BY_DEFAULT`]).
 const DEFAULT_WORKLOADS: &[Workload] = &[
     Workload::W1,
     Workload::W1Hot,
@@ -103,6 +120,9 @@ const DEFAULT_WORKLOADS: &[Workload] = &[
     Workload::W4,
     Workload::W5,
 ];
+
+/// Left out of the default set, and said so in the report.
+const NOT_BY_DEFAULT: &[Workload] = &[Workload::W6, Workload::W5Kill];
 
 /// The node's durability for the runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -115,12 +135,34 @@ pub enum DurabilityArg {
     Both,
 }
 
+/// The durability a request names (`wasmkeep-durability`), for the
+/// workloads where a node's default would decide otherwise.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ReplyDurability {
+    /// Answered after the local commit (W1's request).
+    Local,
+    /// Answered once the bucket holds the commit.
+    Replicated,
+}
+
+impl ReplyDurability {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReplyDurability::Local => "local",
+            ReplyDurability::Replicated => "replicated",
+        }
+    }
+}
+
 /// `wasmkeep bench`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {
     /// Workloads, comma-separated: w1, w1-hot, w1-durable, w2, w2-restart,
-    /// w3, w4 (w5 is listed as not available). Default: all.
-    #[arg(long, value_enum, value_delimiter = ',')]
+    /// w3, w4 (w5 is listed as not available), and the cluster ones w6
+    /// (forwarded requests) and w5-kill (takeover after a SIGKILL), which
+    /// start three nodes per run and take about a minute each. Default: all
+    /// but w6 and w5-kill.
+    #[arg(long, alias = "workload", value_enum, value_delimiter = ',')]
     pub workloads: Option<Vec<Workload>>,
     /// Runs of each workload (a fresh node per run); the report gives
     /// median, min and max.
@@ -146,7 +188,7 @@ pub struct BenchArgs {
     /// W1: measured seconds.
     #[arg(long, default_value_t = 15.0)]
     pub measure_s: f64,
-    /// W1: number of counter actors `a0..`.
+    /// W1, W6, W5-kill: number of counter actors `a0..` (`k0..`).
     #[arg(long, default_value_t = 1000)]
     pub actors: usize,
     /// W2: number of alarms (one actor each).
@@ -184,6 +226,20 @@ pub struct BenchArgs {
     /// `sqlite_page_bytes = 1024`). W4 adds its own `actor_idle_ms`.
     #[arg(long)]
     pub node_config: Option<PathBuf>,
+    /// W6, W5-kill: the nodes' `lease_period_ms` (the node's default; the
+    /// timings that must follow a shorter lease are set to match).
+    #[arg(long, default_value_t = cluster::DEFAULT_LEASE_PERIOD_MS)]
+    pub lease_period_ms: u64,
+    /// W6, W5-kill: the nodes' `lease_grace_ms` (the node's default). A
+    /// killed node's actors move after lease + grace at most.
+    #[arg(long, default_value_t = cluster::DEFAULT_LEASE_GRACE_MS)]
+    pub lease_grace_ms: u64,
+    /// W6: the durability its increments name. `local` is W1's request
+    /// (answered after the local commit), so that the ratio measures the
+    /// forwarding; `replicated` is what a cluster node answers a request
+    /// that names none (ADR 0034). W5-kill always sends `replicated`.
+    #[arg(long, value_enum, default_value_t = ReplyDurability::Local)]
+    pub w6_durability: ReplyDurability,
 }
 
 /// Runs the benchmark; an error if any run failed or any check failed.
@@ -205,6 +261,9 @@ async fn run_async(args: BenchArgs) -> Result<()> {
     }
     if !positive(args.measure_s) || !(args.warmup_s == 0.0 || positive(args.warmup_s)) {
         bail!("--measure-s must be positive and --warmup-s not negative");
+    }
+    if args.lease_period_ms < 300 {
+        bail!("--lease-period-ms must be at least 300");
     }
     let workloads = args
         .workloads
@@ -253,6 +312,15 @@ async fn run_async(args: BenchArgs) -> Result<()> {
 
     let mut records = Vec::new();
     let mut skipped = Vec::new();
+    if args.workloads.is_none() {
+        for &w in NOT_BY_DEFAULT {
+            skipped.push(Skipped {
+                workload: w.id(),
+                reason: "not in the default set (a 3-node cluster, about a minute a run): \
+                         ask for it with --workloads",
+            });
+        }
+    }
     for &w in &workloads {
         if let Some(why) = w.unavailable(server.is_some()) {
             skipped.push(Skipped {
@@ -299,6 +367,8 @@ async fn run_async(args: BenchArgs) -> Result<()> {
                     Workload::W3 => workloads::w3(&env).await,
                     Workload::W4 => workloads::w4(&env).await,
                     Workload::W1Durable => workloads::w1_durable(&env).await,
+                    Workload::W6 => cluster::w6(&env).await,
+                    Workload::W5Kill => cluster::w5_kill(&env).await,
                     Workload::W5 => unreachable!("skipped above"),
                 };
                 let mut record = RunRecord::new(w.id(), durability, run, result, &dir);

@@ -56,6 +56,10 @@ pub struct LoadOutcome {
     pub latency_us: Histogram<u64>,
     /// Length of the measured period, in seconds.
     pub measured_s: f64,
+    /// 2xx responses run by another node than the one expected
+    /// ([`Targets::expect`]): in a cluster, the actor's owner changed.
+    pub unexpected_node: u64,
+    pub unexpected_samples: Vec<String>,
 }
 
 impl LoadOutcome {
@@ -99,71 +103,223 @@ impl SplitMix {
 /// starts, so connection setup is in neither period.
 pub async fn closed_loop(endpoint: &Endpoint, spec: &LoadSpec) -> Result<LoadOutcome> {
     assert!(!spec.paths.is_empty(), "a load needs at least one path");
-    let mut conns = Vec::with_capacity(spec.connections);
-    for _ in 0..spec.connections.max(1) {
-        conns.push(Conn::connect(endpoint).await?);
+    let targets = Arc::new(Targets {
+        paths: spec.paths.to_vec(),
+        expect: None,
+    });
+    let users = (0..spec.connections.max(1))
+        .map(|_| User {
+            endpoint: endpoint.clone(),
+            phases: vec![Arc::clone(&targets)],
+        })
+        .collect();
+    let phased = PhasedSpec {
+        users,
+        warmup: spec.warmup,
+        measure: spec.measure,
+        slice: spec.measure.max(Duration::from_millis(1)),
+        method: spec.method.clone(),
+        seed: spec.seed,
+    };
+    let mut out = closed_loop_phased(&phased).await?;
+    Ok(out.remove(0))
+}
+
+/// What one virtual user sends in one phase: paths it picks from uniformly
+/// at random, and the node expected to run them (`x-wasmkeep-node`), if
+/// one is.
+pub struct Targets {
+    pub paths: Vec<String>,
+    pub expect: Option<String>,
+}
+
+/// A virtual user: its connection's node, and its targets per phase.
+pub struct User {
+    pub endpoint: Endpoint,
+    pub phases: Vec<Arc<Targets>>,
+}
+
+/// Several loads measured in one run, interleaved in time: the run's
+/// clock is cut into slices of `slice`, given to the phases in turn (from
+/// the end of the warm-up on, and backwards through it), so that every
+/// phase sees the same machine, whatever else runs on it. Each phase is
+/// measured for `measure` in all.
+pub struct PhasedSpec {
+    pub users: Vec<User>,
+    pub warmup: Duration,
+    /// Measured time per phase.
+    pub measure: Duration,
+    pub slice: Duration,
+    pub method: Method,
+    pub seed: u64,
+}
+
+impl PhasedSpec {
+    fn phases(&self) -> usize {
+        self.users.first().map_or(1, |u| u.phases.len()).max(1)
+    }
+
+    /// Seconds of the measured window that belong to each phase.
+    fn measured_s(&self) -> Vec<f64> {
+        let n = self.phases();
+        let total = self.measure.as_secs_f64() * n as f64;
+        let slice = self.slice.as_secs_f64();
+        let mut out = vec![0.0; n];
+        let mut t = 0.0;
+        let mut i = 0usize;
+        while t < total {
+            let d = slice.min(total - t);
+            out[i % n] += d;
+            t += d;
+            i += 1;
+        }
+        out
+    }
+}
+
+/// Of `n` phases in turn in slices of `slice_s`, the one whose slice holds
+/// `since_warm_end_s` (negative during the warm-up).
+fn phase_at(n: usize, slice_s: f64, since_warm_end_s: f64) -> usize {
+    if n <= 1 {
+        return 0;
+    }
+    ((since_warm_end_s / slice_s).floor() as i64).rem_euclid(n as i64) as usize
+}
+
+/// Runs the closed loop of [`PhasedSpec`]; one outcome per phase. A
+/// request belongs to the phase of the slice it was sent in.
+pub async fn closed_loop_phased(spec: &PhasedSpec) -> Result<Vec<LoadOutcome>> {
+    let n = spec.phases();
+    assert!(
+        spec.users
+            .iter()
+            .all(|u| u.phases.len() == n && u.phases.iter().all(|t| !t.paths.is_empty())),
+        "every user needs paths in every phase"
+    );
+    let mut conns = Vec::with_capacity(spec.users.len());
+    for u in &spec.users {
+        conns.push(Conn::connect(&u.endpoint).await?);
     }
     let start = Instant::now();
     let warm_end = start + spec.warmup;
-    let end = warm_end + spec.measure;
+    let end = warm_end + spec.measure * n as u32;
+    let slice_s = spec.slice.as_secs_f64();
     let mut tasks = Vec::with_capacity(conns.len());
-    for (i, mut conn) in conns.into_iter().enumerate() {
-        let paths = Arc::clone(&spec.paths);
+    for (i, (mut conn, user)) in conns.into_iter().zip(&spec.users).enumerate() {
+        let phases = user.phases.clone();
         let method = spec.method.clone();
         let mut rng = SplitMix::new(spec.seed ^ (i as u64).wrapping_mul(0x1000_0000_01B3));
         tasks.push(tokio::spawn(async move {
-            let mut hist = histogram_us();
-            let (mut ok, mut errors, mut samples) = (0u64, 0u64, Vec::new());
+            let mut per: Vec<PhaseTally> = (0..n).map(|_| PhaseTally::new()).collect();
             loop {
                 let t0 = Instant::now();
                 if t0 >= end {
                     break;
                 }
-                let path = &paths[rng.below(paths.len())];
-                let r = conn.send(&method, path).await;
+                let since = if t0 >= warm_end {
+                    (t0 - warm_end).as_secs_f64()
+                } else {
+                    -(warm_end - t0).as_secs_f64()
+                };
+                let p = phase_at(n, slice_s, since);
+                let targets = &phases[p];
+                let path = &targets.paths[rng.below(targets.paths.len())];
+                let r = conn.send_full(&method, path).await;
                 let t1 = Instant::now();
+                let tally = &mut per[p];
                 match r {
-                    Ok((s, _)) if (200..300).contains(&s) => {
-                        ok += 1;
+                    Ok(a) if (200..300).contains(&a.status) => {
+                        tally.ok += 1;
+                        if let Some(want) = &targets.expect
+                            && a.node.as_deref() != Some(want.as_str())
+                        {
+                            tally.unexpected_node += 1;
+                            if tally.unexpected_samples.len() < ERROR_SAMPLES_MAX {
+                                tally.unexpected_samples.push(format!(
+                                    "{path}: ran on {}, expected {want}",
+                                    a.node.as_deref().unwrap_or("(no x-wasmkeep-node)")
+                                ));
+                            }
+                        }
                         if t0 >= warm_end && t1 <= end {
                             let us = (t1 - t0).as_micros().max(1) as u64;
-                            hist.saturating_record(us);
+                            tally.hist.saturating_record(us);
                         }
                     }
                     other => {
-                        errors += 1;
-                        if samples.len() < ERROR_SAMPLES_MAX {
-                            samples.push(format!("{path}: {}", crate::client::describe(&other)));
+                        tally.errors += 1;
+                        let failed_in_transport = other.is_err();
+                        if tally.samples.len() < ERROR_SAMPLES_MAX {
+                            let other = other.map(|a| (a.status, a.body));
+                            tally
+                                .samples
+                                .push(format!("{path}: {}", crate::client::describe(&other)));
                         }
-                        if other.is_err() {
+                        if failed_in_transport {
                             // Do not spin on a refused connection.
                             tokio::time::sleep(Duration::from_millis(10)).await;
                         }
                     }
                 }
             }
-            (hist, ok, errors, samples)
+            per
         }));
     }
-    let mut out = LoadOutcome {
-        ok_total: 0,
-        errors_total: 0,
-        error_samples: Vec::new(),
-        latency_us: histogram_us(),
-        measured_s: spec.measure.as_secs_f64(),
-    };
+    let measured = spec.measured_s();
+    let mut out: Vec<LoadOutcome> = measured
+        .iter()
+        .map(|&s| LoadOutcome {
+            ok_total: 0,
+            errors_total: 0,
+            error_samples: Vec::new(),
+            latency_us: histogram_us(),
+            measured_s: s,
+            unexpected_node: 0,
+            unexpected_samples: Vec::new(),
+        })
+        .collect();
     for t in tasks {
-        let (hist, ok, errors, samples) = t.await?;
-        out.latency_us.add(&hist).expect("same bounds");
-        out.ok_total += ok;
-        out.errors_total += errors;
-        for s in samples {
-            if out.error_samples.len() < ERROR_SAMPLES_MAX {
-                out.error_samples.push(s);
+        for (o, tally) in out.iter_mut().zip(t.await?) {
+            o.latency_us.add(&tally.hist).expect("same bounds");
+            o.ok_total += tally.ok;
+            o.errors_total += tally.errors;
+            o.unexpected_node += tally.unexpected_node;
+            for s in tally.samples {
+                if o.error_samples.len() < ERROR_SAMPLES_MAX {
+                    o.error_samples.push(s);
+                }
+            }
+            for s in tally.unexpected_samples {
+                if o.unexpected_samples.len() < ERROR_SAMPLES_MAX {
+                    o.unexpected_samples.push(s);
+                }
             }
         }
     }
     Ok(out)
+}
+
+/// One user's counts for one phase.
+struct PhaseTally {
+    hist: Histogram<u64>,
+    ok: u64,
+    errors: u64,
+    samples: Vec<String>,
+    unexpected_node: u64,
+    unexpected_samples: Vec<String>,
+}
+
+impl PhaseTally {
+    fn new() -> Self {
+        PhaseTally {
+            hist: histogram_us(),
+            ok: 0,
+            errors: 0,
+            samples: Vec::new(),
+            unexpected_node: 0,
+            unexpected_samples: Vec::new(),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -181,5 +337,39 @@ mod tests {
             seen[x] = true;
         }
         assert!(seen.iter().all(|s| *s));
+    }
+
+    #[test]
+    fn phases_take_turns_and_share_the_measured_time() {
+        assert_eq!(phase_at(1, 1.0, 5.5), 0);
+        assert_eq!(phase_at(2, 1.0, 0.0), 0);
+        assert_eq!(phase_at(2, 1.0, 1.2), 1);
+        assert_eq!(phase_at(2, 1.0, 2.9), 0);
+        // The warm-up runs the turns backwards from its end.
+        assert_eq!(phase_at(2, 1.0, -0.5), 1);
+        assert_eq!(phase_at(2, 1.0, -1.5), 0);
+        let endpoint = Endpoint {
+            addr: "127.0.0.1:1".parse().unwrap(),
+            host: "127.0.0.1:1".into(),
+        };
+        let t = Arc::new(Targets {
+            paths: vec!["/".into()],
+            expect: None,
+        });
+        let spec = |measure_ms, slice_ms| PhasedSpec {
+            users: vec![User {
+                endpoint: endpoint.clone(),
+                phases: vec![Arc::clone(&t), Arc::clone(&t)],
+            }],
+            warmup: Duration::ZERO,
+            measure: Duration::from_millis(measure_ms),
+            slice: Duration::from_millis(slice_ms),
+            method: Method::GET,
+            seed: 1,
+        };
+        let close = |a: Vec<f64>, b: [f64; 2]| a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-9);
+        assert!(close(spec(3000, 1000).measured_s(), [3.0, 3.0]));
+        // 2.5 s each: slices 1,1,1,1,1 (phases 0,1,0,1,0) make 3 and 2.
+        assert!(close(spec(2500, 1000).measured_s(), [3.0, 2.0]));
     }
 }

@@ -33,6 +33,10 @@ pub struct NodeSpec {
     pub log: PathBuf,
     /// `serve --bucket`.
     pub bucket: Option<String>,
+    /// Cluster mode: listen on this loopback port and advertise it
+    /// (`--advertise http://127.0.0.1:PORT`; needs `bucket`). None: any
+    /// free port, no cluster.
+    pub cluster_port: Option<u16>,
 }
 
 pub struct Node {
@@ -52,11 +56,16 @@ impl Node {
             .open(&spec.log)
             .with_context(|| format!("open {}", spec.log.display()))?;
         let mut cmd = Command::new(&spec.exe);
+        let listen = format!("127.0.0.1:{}", spec.cluster_port.unwrap_or(0));
         cmd.arg("serve")
             .arg("--data")
             .arg(&spec.data)
-            .args(["--listen", "127.0.0.1:0", "--examples"])
+            .args(["--listen", &listen, "--examples"])
             .args(["--durability", spec.durability]);
+        if let Some(port) = spec.cluster_port {
+            cmd.arg("--advertise")
+                .arg(format!("http://127.0.0.1:{port}"));
+        }
         if let Some(c) = &spec.config {
             cmd.arg("--config").arg(c);
         }
@@ -76,6 +85,24 @@ impl Node {
             .stdout(Stdio::piped())
             .stderr(Stdio::from(log))
             .kill_on_drop(true);
+        // If the benchmark itself dies (SIGKILL, a panic that aborts), the
+        // kernel kills its nodes: no node outlives the command.
+        #[cfg(target_os = "linux")]
+        // SAFETY: the closure runs in the child between fork and exec and
+        // calls only `prctl` and `getppid`, both async-signal-safe.
+        unsafe {
+            let parent = libc::getpid();
+            cmd.pre_exec(move || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // The parent may have died before the prctl took effect.
+                if libc::getppid() != parent {
+                    libc::_exit(1);
+                }
+                Ok(())
+            });
+        }
         let t0 = Instant::now();
         let mut child = cmd
             .spawn()
@@ -178,6 +205,14 @@ fn proc_kib(pid: u32, file: &str, field: &str) -> Result<u64> {
         .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .ok_or_else(|| anyhow!("no {field} in /proc/{pid}/{file}"))
+}
+
+/// A loopback port nothing listens on now (a node told to listen on it
+/// may still find it taken: [`Node::start`]'s caller retries).
+pub fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
 }
 
 /// The last `n` lines of a node's log, for failure reports.

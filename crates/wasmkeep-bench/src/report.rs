@@ -88,14 +88,16 @@ pub fn preamble(args: &BenchArgs, m: &Machine, server: bool) -> String {
     } else {
         let _ = writeln!(
             s,
-            "target: a fresh `wasmkeep serve --examples` per run (same binary), data on {}",
+            "target: a fresh `wasmkeep serve --examples` per run (same binary; w6 and w5-kill: \
+             three, a cluster on a folder bucket), data on {}",
             m.data_fs
         );
     }
     let _ = write!(
         s,
         "settings: runs={} connections={} warmup_s={} measure_s={} actors={} alarms={} \
-         alarm_lead_s={} cold_actors={} idle_actors={} seed={}",
+         alarm_lead_s={} cold_actors={} idle_actors={} seed={} lease_period_ms={} \
+         lease_grace_ms={} w6_durability={}",
         args.runs,
         args.connections,
         args.warmup_s,
@@ -105,7 +107,10 @@ pub fn preamble(args: &BenchArgs, m: &Machine, server: bool) -> String {
         args.alarm_lead_s,
         args.cold_actors,
         args.idle_actors,
-        args.seed
+        args.seed,
+        args.lease_period_ms,
+        args.lease_grace_ms,
+        args.w6_durability.as_str()
     );
     if let Some(p) = &args.node_config {
         let text = std::fs::read_to_string(p).unwrap_or_default();
@@ -155,16 +160,18 @@ impl RunRecord {
         result: Result<RunOutput>,
         dir: &Path,
     ) -> RunRecord {
-        let log = dir.join("node.log");
+        let logs = node_logs(dir);
         match result {
             Ok(out) => {
                 let mut checks = out.checks;
-                if checks.iter().any(|c| !c.ok) && log.exists() {
-                    checks.push(Check {
-                        name: "node_log_tail".into(),
-                        ok: true,
-                        detail: log_tail(&log, 30),
-                    });
+                if checks.iter().any(|c| !c.ok) {
+                    for (name, log) in &logs {
+                        checks.push(Check {
+                            name: format!("{name}_log_tail"),
+                            ok: true,
+                            detail: log_tail(log, 30),
+                        });
+                    }
                 }
                 RunRecord {
                     workload,
@@ -179,11 +186,10 @@ impl RunRecord {
                 }
             }
             Err(e) => {
-                let tail = if log.exists() {
-                    format!("\nnode log (last lines):\n{}", log_tail(&log, 30))
-                } else {
-                    String::new()
-                };
+                let tail: String = logs
+                    .iter()
+                    .map(|(name, log)| format!("\n{name} log (last lines):\n{}", log_tail(log, 30)))
+                    .collect();
                 RunRecord {
                     workload,
                     durability,
@@ -244,6 +250,30 @@ impl RunRecord {
             format!("FAILED: {} | {} {env}", f.join(" | "), figs.join(" "))
         }
     }
+}
+
+/// The node logs of a run's directory (`node.log`, or a cluster's
+/// `node0.log`…), named by their stem.
+fn node_logs(dir: &Path) -> Vec<(String, std::path::PathBuf)> {
+    let mut logs: Vec<(String, std::path::PathBuf)> = std::fs::read_dir(dir)
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.path())
+                .filter(|p| {
+                    p.extension().is_some_and(|x| x == "log")
+                        && p.file_stem()
+                            .and_then(|s| s.to_str())
+                            .is_some_and(|s| s.starts_with("node"))
+                })
+                .map(|p| {
+                    let name = p.file_stem().unwrap_or_default().to_string_lossy().into();
+                    (name, p)
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    logs.sort();
+    logs
 }
 
 /// A workload that was asked for and not run.
@@ -315,6 +345,9 @@ impl Report {
             "cold_actors": args.cold_actors,
             "idle_actors": args.idle_actors,
             "seed": args.seed,
+            "lease_period_ms": args.lease_period_ms,
+            "lease_grace_ms": args.lease_grace_ms,
+            "w6_durability": args.w6_durability.as_str(),
             "server": args.server,
             "durability": format!("{:?}", args.durability).to_lowercase(),
             "node_config": args
@@ -380,7 +413,7 @@ impl Report {
         let _ = writeln!(s, "\n{}\n", self.preamble);
         let _ = writeln!(
             s,
-            "{:<11} {:<20} {:>10} {:>10} {:>10}  {:<10} {:>4}",
+            "{:<11} {:<24} {:>10} {:>10} {:>10}  {:<10} {:>4}",
             "workload", "figure", "median", "min", "max", "durability", "runs"
         );
         let mut last = "";
@@ -392,7 +425,7 @@ impl Report {
             let f = |v: Option<f64>| v.map(num).unwrap_or_else(|| "-".into());
             let _ = writeln!(
                 s,
-                "{:<11} {:<20} {:>10} {:>10} {:>10}  {:<10} {:>4}",
+                "{:<11} {:<24} {:>10} {:>10} {:>10}  {:<10} {:>4}",
                 r.workload,
                 r.figure,
                 f(r.median),

@@ -1,6 +1,7 @@
-//! The workloads of `docs/benchmarks.md` (W1, W1-hot, W2, W2-restart, W3,
-//! W4). Each run measures, then checks its own correctness; a failed check
-//! makes the whole command fail.
+//! The single-node workloads of `docs/benchmarks.md` (W1, W1-hot,
+//! W1-durable, W2, W2-restart, W3, W4; the cluster ones are in
+//! [`crate::cluster`]). Each run measures, then checks its own
+//! correctness; a failed check makes the whole command fail.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -16,7 +17,7 @@ use crate::load::{self, LoadSpec};
 use crate::node::{Node, NodeSpec, log_tail};
 
 /// The bundled examples' address prefix.
-const EXAMPLES: &str = "/v1/demo/examples";
+pub(crate) const EXAMPLES: &str = "/v1/demo/examples";
 /// W2-restart: the node is killed this long before the due time…
 const ALARM_KILL_BEFORE_MS: u64 = 2_000;
 /// …and restarted this long after it.
@@ -52,11 +53,11 @@ pub struct RunOutput {
 }
 
 impl RunOutput {
-    fn fig(&mut self, name: &str, v: f64) {
+    pub(crate) fn fig(&mut self, name: &str, v: f64) {
         self.figures.push((name.to_string(), v));
     }
 
-    fn check(&mut self, name: &str, ok: bool, detail: impl Into<String>) {
+    pub(crate) fn check(&mut self, name: &str, ok: bool, detail: impl Into<String>) {
         self.checks.push(Check {
             name: name.to_string(),
             ok,
@@ -103,6 +104,7 @@ impl Env<'_> {
                 compile_cache: compile_cache.clone(),
                 log: dir.join("node.log"),
                 bucket: None,
+                cluster_port: None,
             })),
             Target::Server(_) => Ok(None),
         }
@@ -238,7 +240,11 @@ fn json_of(r: &Result<(u16, bytes::Bytes)>) -> Option<serde_json::Value> {
 }
 
 /// Reads `{"value":N}` of every counter; the first failure is an error.
-async fn read_counters(ep: &Endpoint, conns: usize, names: &[String]) -> Result<Vec<u64>> {
+pub(crate) async fn read_counters(
+    ep: &Endpoint,
+    conns: usize,
+    names: &[String],
+) -> Result<Vec<u64>> {
     let reqs = names
         .iter()
         .map(|n| (Method::GET, format!("{EXAMPLES}/counter/{n}/value")))
@@ -337,7 +343,7 @@ pub async fn w1(env: &Env<'_>, hot: bool) -> Result<RunOutput> {
 }
 
 /// The node's counters from `/metrics` (name -> value).
-async fn scrape(ep: &Endpoint) -> Result<std::collections::HashMap<String, f64>> {
+pub(crate) async fn scrape(ep: &Endpoint) -> Result<std::collections::HashMap<String, f64>> {
     let r = client::send_all(ep, 1, vec![(Method::GET, "/metrics".to_string())]).await?;
     let body = match &r[0] {
         Ok((200, b)) => String::from_utf8_lossy(b).into_owned(),
