@@ -11,6 +11,7 @@
 //! reused ([`Forwarder`]), bounded per owner and in owners.
 
 use std::collections::HashMap;
+use std::pin::Pin;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -65,47 +66,129 @@ pub const OWNERS_MAX: usize = 256;
 pub const IDLE_KEEP_MS: u64 = 10_000;
 
 type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
+type Conn = hyper::client::conn::http1::Connection<TokioIo<tokio::net::TcpStream>, Full<Bytes>>;
+
+/// An open connection to an owner: its sender and the connection's own
+/// future, which the forward that uses it drives (no task per connection:
+/// a forward then wakes no other task, which on a small machine is most of
+/// what a forward costs). Idle, nobody polls it; the next forward that
+/// takes it sees a close the owner sent meanwhile ([`Kept::ready`]).
+struct Kept {
+    sender: Sender,
+    conn: Pin<Box<Conn>>,
+    since: Instant,
+}
+
+/// What one attempt on a connection gave.
+enum Attempt {
+    Answer(Response<Bytes>),
+    /// Given back unwritten (the owner closed the connection first): the
+    /// request did not run there.
+    Unsent(Request<Full<Bytes>>, String),
+    Failed(String),
+}
+
+impl Kept {
+    /// Waits until the connection can carry a request; false if it closed.
+    async fn ready(&mut self) -> bool {
+        let Kept { sender, conn, .. } = self;
+        tokio::select! {
+            biased;
+            ready = sender.ready() => ready.is_ok(),
+            _ = conn.as_mut() => false,
+        }
+    }
+
+    /// Sends `req` and reads the whole answer (at most `limit` bytes of
+    /// body), driving the connection meanwhile. Returns what happened and
+    /// whether the connection may carry another request.
+    async fn exchange(&mut self, req: Request<Full<Bytes>>, limit: usize) -> (Attempt, bool) {
+        let Kept { sender, conn, .. } = self;
+        let work = async {
+            let resp = match sender.try_send_request(req).await {
+                Ok(resp) => resp,
+                Err(mut e) => {
+                    return match e.take_message() {
+                        Some(unsent) => Attempt::Unsent(unsent, e.error().to_string()),
+                        None => Attempt::Failed(format!("send: {}", e.error())),
+                    };
+                }
+            };
+            let (parts, body) = resp.into_parts();
+            match Limited::new(body, limit).collect().await {
+                Ok(body) => Attempt::Answer(Response::from_parts(parts, body.to_bytes())),
+                Err(e) => Attempt::Failed(format!("answer body (limit {limit}): {e}")),
+            }
+        };
+        tokio::pin!(work);
+        let mut ended = false;
+        loop {
+            tokio::select! {
+                biased;
+                out = &mut work => return (out, !ended),
+                end = conn.as_mut(), if !ended => {
+                    // The exchange ends at once now (its answer is lost or
+                    // already read).
+                    ended = true;
+                    if let Err(e) = end {
+                        tracing::debug!(error = %e, "forward connection ended");
+                    }
+                }
+            }
+        }
+    }
+}
 
 /// Forwards requests over keep-alive connections to the owners, reused
 /// across forwards, so that a forward costs a request on an open
 /// connection rather than a TCP handshake. Bounded per owner
 /// ([`IDLE_PER_OWNER_MAX`]) and in owners ([`OWNERS_MAX`]); a connection
 /// idle past [`IDLE_KEEP_MS`] is dropped when next looked at.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Forwarder {
-    idle: std::sync::Mutex<HashMap<String, Vec<(Sender, Instant)>>>,
+    idle: std::sync::Mutex<HashMap<String, Vec<Kept>>>,
+}
+
+impl std::fmt::Debug for Forwarder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Forwarder")
+            .field("idle_connections", &self.idle_connections())
+            .finish()
+    }
 }
 
 impl Forwarder {
     /// The kept connections (a panic while holding them loses nothing
     /// that matters: they are only connections).
-    fn idle(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<(Sender, Instant)>>> {
+    fn idle(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<Kept>>> {
         self.idle.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// An idle connection to `authority` that is still open, if one is kept.
-    fn checkout(&self, authority: &str) -> Option<Sender> {
+    /// The most recently used idle connection to `authority` that is not
+    /// too old, if one is kept.
+    fn checkout(&self, authority: &str) -> Option<Kept> {
         let mut idle = self.idle();
         let list = idle.get_mut(authority)?;
         let keep = Duration::from_millis(IDLE_KEEP_MS);
-        while let Some((sender, since)) = list.pop() {
-            if !sender.is_closed() && since.elapsed() < keep {
-                return Some(sender);
+        while let Some(kept) = list.pop() {
+            if kept.since.elapsed() < keep {
+                return Some(kept);
             }
         }
         None
     }
 
     /// Keeps a connection whose exchange ended cleanly for the next forward.
-    fn checkin(&self, authority: &str, sender: Sender) {
-        if sender.is_closed() {
+    fn checkin(&self, authority: &str, mut kept: Kept) {
+        if kept.sender.is_closed() {
             return;
         }
+        kept.since = Instant::now();
         let mut idle = self.idle();
         if !idle.contains_key(authority) && idle.len() >= OWNERS_MAX {
             let keep = Duration::from_millis(IDLE_KEEP_MS);
             idle.retain(|_, list| {
-                list.retain(|(s, since)| !s.is_closed() && since.elapsed() < keep);
+                list.retain(|k| k.since.elapsed() < keep);
                 !list.is_empty()
             });
             if idle.len() >= OWNERS_MAX {
@@ -114,7 +197,7 @@ impl Forwarder {
         }
         let list = idle.entry(authority.to_owned()).or_default();
         if list.len() < IDLE_PER_OWNER_MAX {
-            list.push((sender, Instant::now()));
+            list.push(kept);
         }
     }
 
@@ -175,43 +258,33 @@ impl Forwarder {
             let mut req = req;
             // A kept connection is tried once; a fresh one ends the loop.
             loop {
-                let (mut sender, fresh) = match self.checkout(&authority) {
-                    Some(sender) => (sender, false),
+                let (mut kept, fresh) = match self.checkout(&authority) {
+                    Some(kept) => (kept, false),
                     None => (connect(&authority).await?, true),
                 };
-                if sender.ready().await.is_err() {
+                if !kept.ready().await {
                     if fresh {
                         return Err(ForwardError::NotSent("connection closed at once".into()));
                     }
                     continue;
                 }
                 handed.store(true, std::sync::atomic::Ordering::Relaxed);
-                let resp = match sender.try_send_request(req).await {
-                    Ok(resp) => resp,
-                    // Given back unwritten (the owner closed the connection
-                    // first): the request did not run there.
-                    Err(mut e) => match e.take_message() {
-                        Some(unsent) if !fresh => {
-                            req = unsent;
-                            continue;
+                let (attempt, reusable) = kept.exchange(req, limit).await;
+                match attempt {
+                    Attempt::Answer(resp) => {
+                        if reusable {
+                            self.checkin(&authority, kept);
                         }
-                        Some(_) => {
-                            return Err(ForwardError::NotSent(format!(
-                                "connection closed before sending: {}",
-                                e.error()
-                            )));
-                        }
-                        None => return Err(ForwardError::Failed(format!("send: {}", e.error()))),
-                    },
-                };
-                let (parts, body) = resp.into_parts();
-                let body = Limited::new(body, limit)
-                    .collect()
-                    .await
-                    .map_err(|e| ForwardError::Failed(format!("answer body (limit {limit}): {e}")))?
-                    .to_bytes();
-                self.checkin(&authority, sender);
-                return Ok(Response::from_parts(parts, body));
+                        return Ok(resp);
+                    }
+                    Attempt::Unsent(unsent, _) if !fresh => req = unsent,
+                    Attempt::Unsent(_, why) => {
+                        return Err(ForwardError::NotSent(format!(
+                            "connection closed before sending: {why}"
+                        )));
+                    }
+                    Attempt::Failed(why) => return Err(ForwardError::Failed(why)),
+                }
             }
         };
         match tokio::time::timeout_at(deadline, exchange).await {
@@ -224,9 +297,9 @@ impl Forwarder {
     }
 }
 
-/// Opens a connection to `authority` and starts its HTTP/1.1 client task
-/// (which ends when the last sender is dropped).
-async fn connect(authority: &str) -> Result<Sender, ForwardError> {
+/// Opens a connection to `authority` (its future is driven by the
+/// forwards that use it, see [`Kept`]).
+async fn connect(authority: &str) -> Result<Kept, ForwardError> {
     let stream = tokio::net::TcpStream::connect(authority)
         .await
         .map_err(|e| ForwardError::NotSent(format!("connect: {e}")))?;
@@ -234,12 +307,11 @@ async fn connect(authority: &str) -> Result<Sender, ForwardError> {
     let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
         .map_err(|e| ForwardError::NotSent(format!("handshake: {e}")))?;
-    tokio::spawn(async move {
-        if let Err(e) = conn.await {
-            tracing::debug!(error = %e, "forward connection ended");
-        }
-    });
-    Ok(sender)
+    Ok(Kept {
+        sender,
+        conn: Box::pin(conn),
+        since: Instant::now(),
+    })
 }
 
 #[cfg(test)]
