@@ -75,8 +75,19 @@ type Conn = hyper::client::conn::http1::Connection<TokioIo<tokio::net::TcpStream
 /// takes it sees a close the owner sent meanwhile ([`Kept::ready`]).
 struct Kept {
     sender: Sender,
-    conn: Pin<Box<Conn>>,
+    /// `None` once it ended: it is then dropped at once, which closes the
+    /// sender's channel, so that a request queued on it fails instead of
+    /// waiting for a connection nobody will poll again.
+    conn: Option<Pin<Box<Conn>>>,
     since: Instant,
+}
+
+/// Resolves when the connection ends (never, once it has).
+async fn ended(conn: &mut Option<Pin<Box<Conn>>>) -> Result<(), hyper::Error> {
+    match conn {
+        Some(c) => c.as_mut().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// What one attempt on a connection gave.
@@ -92,10 +103,12 @@ impl Kept {
     /// Waits until the connection can carry a request; false if it closed.
     async fn ready(&mut self) -> bool {
         let Kept { sender, conn, .. } = self;
+        // The connection first: a close the owner sent while it was idle is
+        // read before the sender is asked.
         tokio::select! {
             biased;
+            _ = ended(conn) => false,
             ready = sender.ready() => ready.is_ok(),
-            _ = conn.as_mut() => false,
         }
     }
 
@@ -121,19 +134,17 @@ impl Kept {
             }
         };
         tokio::pin!(work);
-        let mut ended = false;
         loop {
-            tokio::select! {
+            let end = tokio::select! {
                 biased;
-                out = &mut work => return (out, !ended),
-                end = conn.as_mut(), if !ended => {
-                    // The exchange ends at once now (its answer is lost or
-                    // already read).
-                    ended = true;
-                    if let Err(e) = end {
-                        tracing::debug!(error = %e, "forward connection ended");
-                    }
-                }
+                out = &mut work => return (out, conn.is_some()),
+                end = ended(conn) => end,
+            };
+            // Dropped, so that the exchange ends at once (its answer was
+            // read already, or is lost).
+            *conn = None;
+            if let Err(e) = end {
+                tracing::debug!(error = %e, "forward connection ended");
             }
         }
     }
@@ -309,7 +320,7 @@ async fn connect(authority: &str) -> Result<Kept, ForwardError> {
         .map_err(|e| ForwardError::NotSent(format!("handshake: {e}")))?;
     Ok(Kept {
         sender,
-        conn: Box::pin(conn),
+        conn: Some(Box::pin(conn)),
         since: Instant::now(),
     })
 }
@@ -341,6 +352,14 @@ mod tests {
     /// answers without saying so; returns its address and its count of
     /// connections accepted.
     fn owner(per_connection: usize) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+        owner_lingering(per_connection, Duration::ZERO)
+    }
+
+    /// [`owner`], closing each connection `linger` after its last answer.
+    fn owner_lingering(
+        per_connection: usize,
+        linger: Duration,
+    ) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
         use std::io::{BufRead, BufReader, Write};
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let address = format!("http://{}", listener.local_addr().unwrap());
@@ -373,6 +392,7 @@ mod tests {
                         break;
                     }
                 }
+                std::thread::sleep(linger);
             }
         });
         (address, accepted)
@@ -414,5 +434,42 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 3);
+    }
+
+    /// An owner that closes each connection right after its answer: the
+    /// next forward finds the kept connection closed (or closing) and
+    /// either reconnects or fails at once; it never waits for its timeout
+    /// on a connection nobody polls any more.
+    #[tokio::test]
+    async fn a_connection_that_closes_after_its_answer_never_stalls_a_forward() {
+        let (address, _) = owner(1);
+        never_stalls(&address, Duration::ZERO).await;
+        // Closed while idle, after the connection was ready for the next
+        // request: the close must be read before a request is queued on
+        // it (a request queued on a connection that then ends waited for
+        // the forward timeout).
+        let (address, accepted) = owner_lingering(1, Duration::from_millis(50));
+        never_stalls(&address, Duration::from_millis(150)).await;
+        assert!(accepted.load(std::sync::atomic::Ordering::SeqCst) > 1);
+    }
+
+    async fn never_stalls(address: &str, pause: Duration) {
+        let f = Forwarder::default();
+        let mut settings = ClusterSettings::new(address, None, Default::default());
+        settings.forward_timeout_ms = 2_000;
+        let mut answered = 0;
+        for _ in 0..10 {
+            tokio::time::sleep(pause).await;
+            let headers = HeaderMap::new();
+            let r = f
+                .forward(address, &Method::GET, "/x", &headers, Vec::new(), &settings)
+                .await;
+            match r {
+                Ok(_) => answered += 1,
+                Err(ForwardError::Timeout) => panic!("a forward waited for its timeout"),
+                Err(_) => {}
+            }
+        }
+        assert!(answered > 0);
     }
 }
