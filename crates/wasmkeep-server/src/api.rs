@@ -254,6 +254,16 @@ pub async fn serve(
     Ok(())
 }
 
+/// Most routes one request gets in cluster mode (the first and the
+/// re-routes after refusals or forwards that reached nobody).
+const REROUTES_MAX: u32 = 8;
+/// After this long since a request was first routed, its next answer or
+/// failure is final.
+const REROUTE_BUDGET_MS: u64 = 3_000;
+/// The first pause before a re-route after a second refusal (doubling, at
+/// most 200 ms).
+const REROUTE_PAUSE_MS: u64 = 25;
+
 /// Where the admin routes are nested.
 const ADMIN_PREFIX: &str = "/admin/v1";
 
@@ -611,10 +621,11 @@ fn cluster_token_check(
 }
 
 /// Cluster mode: runs the request here (`run`) if this node holds the actor
-/// (taking it if it has no live owner), or forwards it to the owner, once;
-/// a forward that did not reach the owner, or that the owner refused as not
-/// its own, drops the cached owner and routes again, once. Actor requests
-/// and the admin routes about one actor both go this way.
+/// (taking it if it has no live owner), or forwards it to the owner (one
+/// hop); a forward that did not reach the owner, or that the owner refused
+/// as not its own, drops the cached owner and routes again, within
+/// [`REROUTES_MAX`] and [`REROUTE_BUDGET_MS`]. Actor requests and the admin
+/// routes about one actor both go this way.
 async fn clustered_request<F, Fut>(
     c: &Arc<ClusterState>,
     id: ActorId,
@@ -638,10 +649,17 @@ where
         ));
     };
     let counters = &c.ownership.counters;
+    // A refusal (the owner is stopping or no longer owns the actor) or a
+    // forward that reached nobody did not run the request: it is routed
+    // again, after a pause that doubles, within a bound in attempts and
+    // time (a stopping owner releases its actors within about a second).
+    let started = std::time::Instant::now();
+    let mut pause = std::time::Duration::from_millis(REROUTE_PAUSE_MS);
     let mut attempt = 0;
     loop {
         attempt += 1;
-        let last = attempt >= 2;
+        let last = attempt >= REROUTES_MAX
+            || started.elapsed() >= std::time::Duration::from_millis(REROUTE_BUDGET_MS);
         let route = c
             .ownership
             .route(&id, || c.route_epoch(), forwarded)
@@ -698,6 +716,11 @@ where
                     StatusCode::BAD_GATEWAY,
                     "not the owner".into(),
                 );
+                // Not at once: the owner that refused is handing over.
+                if attempt > 1 {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(std::time::Duration::from_millis(200));
+                }
             }
             Ok(resp) => return Ok(relay(resp)),
             Err(ForwardError::NotSent(why)) if !last => {
