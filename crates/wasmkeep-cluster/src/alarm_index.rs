@@ -576,51 +576,6 @@ pub fn stale_entries_to_delete(
     out
 }
 
-/// The committed backoff after `failures` failed runs (1 for the first
-/// retry): `retry_first_ms` doubling up to `retry_max_ms`.
-pub fn retry_delay_ms(config: &ClusterConfig, failures: u32) -> u64 {
-    let shift = failures.saturating_sub(1).min(40);
-    config
-        .retry_first_ms
-        .saturating_mul(1u64 << shift)
-        .min(config.retry_max_ms)
-}
-
-/// The alarm an `on-alarm` run commits.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct AlarmOutcome {
-    /// The alarm to commit.
-    pub at_ms: Option<u64>,
-    /// The failure count to commit.
-    pub retry_count: u32,
-}
-
-/// Committed retries. `left_at_ms` is the alarm the handler left (the same
-/// one if it did not touch it, none if it cleared it). On success the handler's
-/// alarm stands and the count resets. On failure, an alarm left due before the
-/// retry time moves to the retry time; one set later, or a clear, stands.
-pub fn after_alarm_run(
-    config: &ClusterConfig,
-    succeeded: bool,
-    left_at_ms: Option<u64>,
-    retry_count_before: u32,
-    now_ms: u64,
-) -> AlarmOutcome {
-    if succeeded {
-        return AlarmOutcome {
-            at_ms: left_at_ms,
-            retry_count: 0,
-        };
-    }
-    let retry_count = retry_count_before.saturating_add(1);
-    let retry_at = now_ms + retry_delay_ms(config, retry_count);
-    let at_ms = match left_at_ms {
-        Some(at) if at < retry_at => Some(retry_at),
-        other => other,
-    };
-    AlarmOutcome { at_ms, retry_count }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1024,39 +979,5 @@ mod tests {
         );
         assert_eq!(plan_delivery(1_000, Some(2_000), 5_000), Delivery::Stale);
         assert_eq!(plan_delivery(1_000, None, 5_000), Delivery::Stale);
-    }
-
-    #[test]
-    fn committed_retries_back_off_and_reset() {
-        let c = ClusterConfig::default();
-        let delays: Vec<u64> = (1..=11).map(|n| retry_delay_ms(&c, n)).collect();
-        assert_eq!(&delays[..4], &[1_000, 2_000, 4_000, 8_000]);
-        assert_eq!(delays[9], 300_000);
-        assert_eq!(retry_delay_ms(&c, u32::MAX), 300_000);
-        // The same alarm left due moves to the retry time.
-        assert_eq!(
-            after_alarm_run(&c, false, Some(100), 0, 100),
-            AlarmOutcome {
-                at_ms: Some(1_100),
-                retry_count: 1
-            }
-        );
-        // One set for now moves too; one set later stands; a clear stands.
-        assert_eq!(
-            after_alarm_run(&c, false, Some(150), 1, 100).at_ms,
-            Some(2_100)
-        );
-        assert_eq!(
-            after_alarm_run(&c, false, Some(90_000), 1, 100).at_ms,
-            Some(90_000)
-        );
-        assert_eq!(after_alarm_run(&c, false, None, 1, 100).at_ms, None);
-        assert_eq!(
-            after_alarm_run(&c, true, Some(5), 4, 100),
-            AlarmOutcome {
-                at_ms: Some(5),
-                retry_count: 0
-            }
-        );
     }
 }

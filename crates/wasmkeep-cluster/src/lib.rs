@@ -37,6 +37,7 @@ mod error;
 pub mod hold;
 pub mod lease;
 pub mod machine;
+pub mod retry;
 pub mod rules;
 pub mod sweep;
 

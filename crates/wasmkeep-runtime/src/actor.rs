@@ -18,10 +18,10 @@ use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
 use tokio::sync::oneshot;
+use wasmkeep_cluster::retry::{RetryPolicy, after_alarm_run};
 use wasmkeep_store::{ActorDb, ActorId, AlarmState, OpenMode, StoreError, paths};
 use wasmtime::Store;
 
-use crate::alarm::{self, RetryPolicy};
 use crate::app::App;
 use crate::config::Durability;
 use crate::durability::SyncJob;
@@ -663,8 +663,19 @@ fn run_alarm(
                 max_ms: rt.config.alarm_retry_max_ms,
                 retries_max: l.app.manifest.alarms.retries_max,
             };
-            let next = alarm::after_failure(state, op, rt.clock.now_ms(), policy);
-            if next.is_none() && op != AlarmOp::Cleared {
+            // The alarm the handler left before it failed: the one that
+            // ran if it did not touch it.
+            let left = match op {
+                AlarmOp::Cleared => None,
+                AlarmOp::Set(at) => Some(at),
+                AlarmOp::Untouched => Some(state.at_ms),
+            };
+            let out = after_alarm_run(&policy, false, left, state.retry_count, rt.clock.now_ms());
+            let next = out.at_ms.map(|at_ms| AlarmState {
+                at_ms,
+                retry_count: out.retry_count,
+            });
+            if out.dropped {
                 Metrics::inc(&rt.metrics.alarms_abandoned_total);
                 tracing::warn!(actor = %l.store.data().id, retries = state.retry_count + 1, "alarm dropped after retries_max");
             }

@@ -14,7 +14,6 @@
 //! production uses.
 
 pub mod actor;
-pub mod alarm;
 pub mod app;
 pub mod clock;
 mod compile_cache;

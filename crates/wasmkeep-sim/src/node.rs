@@ -823,8 +823,8 @@ impl Ctx {
                 });
                 self.handler_time().await;
                 let cfg = self.w.borrow().cfg.clone();
-                let out = alarm_index::after_alarm_run(
-                    &cfg,
+                let out = wasmkeep_cluster::retry::after_alarm_run(
+                    &wasmkeep_cluster::retry::RetryPolicy::from_config(&cfg),
                     !fail,
                     left,
                     claim.state.alarm.retry_count,

@@ -55,3 +55,31 @@ fn the_simulated_node_drives_the_step_machines() {
         );
     }
 }
+
+/// One retry rule (issue 19): the runtime commits the alarm a failed
+/// `on-alarm` leaves through `wasmkeep_cluster::retry`, the rule the
+/// simulator checks, and keeps no rule of its own beside it.
+#[test]
+fn the_runtime_and_the_simulator_share_the_retry_rule() {
+    let actor = include_str!("../../wasmkeep-runtime/src/actor.rs");
+    assert!(actor.contains("use wasmkeep_cluster::retry::{RetryPolicy, after_alarm_run};"));
+    assert!(actor.contains("after_alarm_run(&policy"));
+    assert!(
+        SOURCES[0]
+            .1
+            .contains("wasmkeep_cluster::retry::after_alarm_run")
+    );
+    let runtime_lib = include_str!("../../wasmkeep-runtime/src/lib.rs");
+    assert!(
+        !runtime_lib.contains("mod alarm;"),
+        "a second retry rule in the runtime"
+    );
+    for (file, text) in SOURCES.iter().copied().chain([("actor.rs", actor)]) {
+        for copy in ["fn retry_delay", "fn after_failure", "checked_shl"] {
+            assert!(
+                !text.contains(copy),
+                "{file} has a retry rule of its own (`{copy}`)"
+            );
+        }
+    }
+}
