@@ -318,6 +318,9 @@ fn serve(args: ServeArgs) -> Result<()> {
         rc.bucket =
             Some(wasmkeep_replica::Bucket::from_url(url).with_context(|| format!("bucket {url}"))?);
     }
+    // One bucket (and so one set of request counters) for replication and
+    // the cluster protocol: `wasmkeep_bucket_*` counts both.
+    let bucket = rc.bucket.clone();
     let rt = Runtime::start(rc, Arc::new(SystemClock))
         .with_context(|| format!("start the runtime on {}", cfg.data.display()))?;
     let examples = if args.examples {
@@ -351,13 +354,11 @@ fn serve(args: ServeArgs) -> Result<()> {
             )
         };
         // The node takes its next epoch (durably) before it says it listens.
-        let node = match (&cluster, &cfg.bucket) {
-            (Some(settings), Some(url)) => {
-                let bucket = wasmkeep_replica::Bucket::from_url(url)
-                    .with_context(|| format!("bucket {url}"))?;
+        let node = match (&cluster, &bucket) {
+            (Some(settings), Some(bucket)) => {
                 let node = wasmkeep_server::cluster::ClusterNode::start(
                     settings.clone(),
-                    bucket,
+                    bucket.clone(),
                     &cfg.data,
                 )
                 .context("start cluster mode")?;

@@ -111,12 +111,24 @@ fn the_lease_is_registered_renewed_released_and_a_restart_takes_the_next_epoch()
             .last()
             .is_some_and(|(n, _)| *n >= seen + 3)
     });
-    assert!(status(&node)["renewals_total"].as_u64().unwrap() >= 4);
+    let renewals = status(&node)["renewals_total"].as_u64().unwrap();
+    assert!(renewals >= 4);
     let (_, metrics) = node.get("/metrics");
     assert!(
         metrics.contains("wasmkeep_cluster_lease_renewals_total ")
             && metrics.contains("wasmkeep_cluster_epochs_total 1"),
         "{metrics}"
+    );
+    // The bucket's request counters count the cluster protocol's requests
+    // too: every renewal is a PUT (one increment's upload adds one more).
+    let puts = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("wasmkeep_bucket_puts_total "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .expect("wasmkeep_bucket_puts_total");
+    assert!(
+        puts >= renewals as f64 + 1.0,
+        "{puts} PUTs for {renewals} renewals"
     );
 
     // SIGTERM releases the lease: the epoch's last record says so.
