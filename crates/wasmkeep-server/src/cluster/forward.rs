@@ -472,4 +472,39 @@ mod tests {
         }
         assert!(answered > 0);
     }
+
+    /// An answer larger than `forward_response_bytes_max` is not relayed:
+    /// the forward fails, naming the limit.
+    #[tokio::test]
+    async fn an_answer_over_its_bound_is_not_relayed() {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = format!("http://{}", listener.local_addr().unwrap());
+        std::thread::spawn(move || {
+            let (mut stream, _) = listener.accept().unwrap();
+            let mut head = [0u8; 1024];
+            let _ = stream.read(&mut head);
+            let body = "x".repeat(100);
+            let answer = format!("HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n{body}");
+            let _ = stream.write_all(answer.as_bytes());
+        });
+        let mut settings = ClusterSettings::new(&address, None, Default::default());
+        settings.forward_response_bytes_max = 10;
+        let f = Forwarder::default();
+        let headers = HeaderMap::new();
+        let r = f
+            .forward(
+                &address,
+                &Method::GET,
+                "/x",
+                &headers,
+                Vec::new(),
+                &settings,
+            )
+            .await;
+        match r {
+            Err(ForwardError::Failed(why)) => assert!(why.contains("limit 10"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+    }
 }
