@@ -507,4 +507,33 @@ mod tests {
             other => panic!("{other:?}"),
         }
     }
+
+    /// An owner that takes the request and never answers: the forward
+    /// ends at `cluster_forward_timeout_ms` as a timeout (it may have run),
+    /// not as a request that never left.
+    #[tokio::test]
+    async fn an_owner_that_never_answers_times_out() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = format!("http://{}", listener.local_addr().unwrap());
+        std::thread::spawn(move || {
+            let (stream, _) = listener.accept().unwrap();
+            std::thread::sleep(Duration::from_secs(5));
+            drop(stream);
+        });
+        let mut settings = ClusterSettings::new(&address, None, Default::default());
+        settings.forward_timeout_ms = 300;
+        let f = Forwarder::default();
+        let headers = HeaderMap::new();
+        let r = f
+            .forward(
+                &address,
+                &Method::GET,
+                "/x",
+                &headers,
+                Vec::new(),
+                &settings,
+            )
+            .await;
+        assert!(matches!(r, Err(ForwardError::Timeout)), "{r:?}");
+    }
 }
