@@ -664,13 +664,15 @@ fn run_alarm(
                 retries_max: l.app.manifest.alarms.retries_max,
             };
             // The alarm the handler left before it failed: the one that
-            // ran if it did not touch it.
+            // ran if it did not touch it, due now even if it was run early
+            // (the test kit's `run_alarm_now`), so that it backs off.
+            let now = rt.clock.now_ms();
             let left = match op {
                 AlarmOp::Cleared => None,
                 AlarmOp::Set(at) => Some(at),
-                AlarmOp::Untouched => Some(state.at_ms),
+                AlarmOp::Untouched => Some(state.at_ms.min(now)),
             };
-            let out = after_alarm_run(&policy, false, left, state.retry_count, rt.clock.now_ms());
+            let out = after_alarm_run(&policy, false, left, state.retry_count, now);
             let next = out.at_ms.map(|at_ms| AlarmState {
                 at_ms,
                 retry_count: out.retry_count,

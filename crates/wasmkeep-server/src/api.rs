@@ -672,12 +672,7 @@ where
                     // The lease lapsed while the request ran (and maybe
                     // another node took the actor): not acknowledged, even
                     // if the node acts again in a new epoch now.
-                    return Err(ApiError::new(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "node_not_acting",
-                        "this node's cluster lease lapsed while the request ran; its effects \
-                         may stand, as after a lost response",
-                    ));
+                    return Err(lease_lapsed());
                 }
                 if let Ok(v) = HeaderValue::from_str(c.node()) {
                     out.headers_mut().insert(NODE_HEADER, v);
@@ -700,7 +695,7 @@ where
             .await;
         let failed = |code: &'static str, status: StatusCode, why: String| {
             counters.forward_failures_total.inc();
-            c.ownership.forget_owner(&id);
+            c.ownership.forget_owner(&id, &node);
             ApiError::new(
                 status,
                 code,
@@ -741,10 +736,25 @@ where
     }
 }
 
+/// The answer to a request that ran while the node's lease lapsed: not
+/// acknowledged, and not a refusal either (its effects may stand), so a
+/// forwarding node relays it rather than route the request again.
+fn lease_lapsed() -> ApiError {
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "lease_lapsed",
+        "this node's cluster lease lapsed while the request ran: it is not acknowledged, and \
+         its effects may stand, as after a lost response",
+    )
+}
+
 /// Whether an owner's answer says the request did not run there because it
 /// is not (or no longer) the owner, or does not act: worth routing again.
+/// Only the node's own refusals count: whatever an actor answered carries
+/// the node header (set over any the actor set), a refusal does not.
 fn refused_as_not_owner(resp: &axum::http::Response<bytes::Bytes>) -> bool {
-    if resp.status() != StatusCode::SERVICE_UNAVAILABLE {
+    if resp.status() != StatusCode::SERVICE_UNAVAILABLE || resp.headers().contains_key(NODE_HEADER)
+    {
         return false;
     }
     let code = serde_json::from_slice::<serde_json::Value>(resp.body())
@@ -832,7 +842,11 @@ async fn run_here(
     let resp = s.rt.request(id.clone(), request).await?;
     // The lease may have ended while the request ran: then it is not
     // acknowledged (its effects may stand, as after a lost response).
-    check_acting(s)?;
+    if let Some(c) = &s.config.cluster
+        && !c.is_acting()
+    {
+        return Err(lease_lapsed());
+    }
     let status = StatusCode::from_u16(resp.status)
         .ok()
         .filter(|s| !s.is_informational())
@@ -1179,6 +1193,36 @@ mod tests {
                 .code,
             "bad_durability"
         );
+    }
+
+    /// Only the node's own refusals are routed again: not an answer an
+    /// actor gave (it carries the node header), whatever its body says,
+    /// and not `lease_lapsed` (the request ran; its effects may stand).
+    #[test]
+    fn only_the_nodes_own_refusals_are_routed_again() {
+        let answer = |code: &str, node: bool| {
+            let body = format!("{{\"error\":{{\"code\":\"{code}\",\"message\":\"x\"}}}}");
+            let mut r = axum::http::Response::new(bytes::Bytes::from(body));
+            *r.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+            if node {
+                r.headers_mut()
+                    .insert(NODE_HEADER, HeaderValue::from_static("0123abcd"));
+            }
+            r
+        };
+        assert!(refused_as_not_owner(&answer("not_owner", false)));
+        assert!(refused_as_not_owner(&answer("node_not_acting", false)));
+        assert!(
+            !refused_as_not_owner(&answer("not_owner", true)),
+            "an actor's answer"
+        );
+        assert!(!refused_as_not_owner(&answer("lease_lapsed", false)));
+        let lapsed =
+            serde_json::to_vec(&serde_json::json!({"error": {"code": lease_lapsed().code}}))
+                .unwrap();
+        let mut r = axum::http::Response::new(bytes::Bytes::from(lapsed));
+        *r.status_mut() = lease_lapsed().status;
+        assert!(!refused_as_not_owner(&r));
     }
 
     /// A node that replicates by default (a cluster node's default) does

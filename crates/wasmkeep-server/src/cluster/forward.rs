@@ -158,6 +158,8 @@ impl Kept {
 #[derive(Default)]
 pub struct Forwarder {
     idle: std::sync::Mutex<HashMap<String, Vec<Kept>>>,
+    /// When every owner's list was last pruned of aged connections.
+    pruned: std::sync::Mutex<Option<Instant>>,
 }
 
 impl std::fmt::Debug for Forwarder {
@@ -181,12 +183,10 @@ impl Forwarder {
         let mut idle = self.idle();
         let list = idle.get_mut(authority)?;
         let keep = Duration::from_millis(IDLE_KEEP_MS);
-        while let Some(kept) = list.pop() {
-            if kept.since.elapsed() < keep {
-                return Some(kept);
-            }
-        }
-        None
+        // Aged ones go wherever they are in the list (the newest is taken
+        // first, so the oldest would otherwise stay).
+        list.retain(|k| k.since.elapsed() < keep);
+        list.pop()
     }
 
     /// Keeps a connection whose exchange ended cleanly for the next forward.
@@ -195,16 +195,27 @@ impl Forwarder {
             return;
         }
         kept.since = Instant::now();
+        let keep = Duration::from_millis(IDLE_KEEP_MS);
         let mut idle = self.idle();
-        if !idle.contains_key(authority) && idle.len() >= OWNERS_MAX {
-            let keep = Duration::from_millis(IDLE_KEEP_MS);
+        // Once per keep time, or when the owners are at their bound: aged
+        // connections of every owner go, including owners no longer
+        // forwarded to (moved, gone).
+        let due = {
+            let mut pruned = self.pruned.lock().unwrap_or_else(|p| p.into_inner());
+            let due = pruned.is_none_or(|t| t.elapsed() >= keep);
+            if due {
+                *pruned = Some(Instant::now());
+            }
+            due
+        };
+        if due || (!idle.contains_key(authority) && idle.len() >= OWNERS_MAX) {
             idle.retain(|_, list| {
                 list.retain(|k| k.since.elapsed() < keep);
                 !list.is_empty()
             });
-            if idle.len() >= OWNERS_MAX {
-                return;
-            }
+        }
+        if !idle.contains_key(authority) && idle.len() >= OWNERS_MAX {
+            return;
         }
         let list = idle.entry(authority.to_owned()).or_default();
         if list.len() < IDLE_PER_OWNER_MAX {

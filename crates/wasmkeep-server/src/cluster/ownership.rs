@@ -347,19 +347,19 @@ impl Ownership {
         }
     }
 
-    /// Drops the cached owner of `id` (a forward to it failed, or it
-    /// answered that it does not own the actor), and remembers it so that
-    /// the next route waits a little for it to release the actor.
-    pub fn forget_owner(&self, id: &ActorId) {
+    /// Drops the cached owner of `id` if it is `node` (a forward to it
+    /// failed, or it answered that it does not own the actor), and
+    /// remembers it so that the next route waits a little for it to release
+    /// the actor. Another cached owner (one a concurrent request found
+    /// since) stays, and so does the mark of an earlier failure.
+    pub fn forget_owner(&self, id: &ActorId, node: &str) {
         let cell = self.cells.lock().expect("cells").get(id).cloned();
         if let Some(cell) = cell
             && let Ok(mut slot) = cell.slot.try_lock()
-            && let Some(owner) = slot.owner.take()
+            && slot.owner.as_ref().is_some_and(|o| o.node == node)
         {
-            // A second request that failed against the same owner finds
-            // it forgotten already: it must not erase the mark the first
-            // left (its next route would then not wait for the release).
-            slot.unreachable = Some(owner.node);
+            slot.owner = None;
+            slot.unreachable = Some(node.to_owned());
         }
     }
 
@@ -648,7 +648,7 @@ mod tests {
                 .starts_with("released a 1 ")
         );
         // b's cached owner lapses; then b takes the actor without any fence.
-        b.forget_owner(&id());
+        b.forget_owner(&id(), "a");
         let taken = b.route(&id(), || Some(1), false).await.unwrap();
         assert!(matches!(taken, Route::Local(_)));
         assert_eq!(b.counters.fences_total.get(), 0);
@@ -681,7 +681,13 @@ mod tests {
             b.route(&id(), || Some(1), false).await.unwrap(),
             Route::Forward { .. }
         ));
-        b.forget_owner(&id());
+        // Forgetting another node than the one cached changes nothing.
+        b.forget_owner(&id(), "c");
+        assert!(matches!(
+            b.route(&id(), || Some(1), false).await.unwrap(),
+            Route::Forward { .. }
+        ));
+        b.forget_owner(&id(), "a");
         let releaser = {
             let a = Arc::clone(&a);
             tokio::spawn(async move {
@@ -699,7 +705,7 @@ mod tests {
             a.route(&id(), || Some(1), false).await.unwrap(),
             Route::Forward { .. }
         ));
-        a.forget_owner(&id());
+        a.forget_owner(&id(), "b");
         assert!(matches!(
             a.route(&id(), || Some(1), false).await.unwrap(),
             Route::Forward { .. }
