@@ -477,3 +477,17 @@ fn a_gate_keeps_alarms_of_actors_this_node_does_not_hold() {
     assert_eq!(node.runtime().active_actors(), 0);
     assert!(!node.runtime().is_open(&held_id));
 }
+
+/// An alarm run early by the test kit (`run_alarm`) whose handler fails
+/// backs off from now, as a due one does: it does not stay at its later
+/// time with one more failure counted.
+#[test]
+fn a_failing_alarm_run_early_backs_off_from_now() {
+    let node = node();
+    let p = node.actor("t/bed/probe/early");
+    let t = node.now_ms() + 3_600_000;
+    p.post(&format!("/alarm?at_ms={t}&mode=fail"), "");
+    assert!(p.run_alarm());
+    assert_eq!(p.alarm(), Some(node.now_ms() + 1_000));
+    assert_eq!(p.alarm_retry_count(), 1);
+}
