@@ -387,18 +387,7 @@ fn the_built_in_runs_one_call_past_the_deadline_without_the_guard_being_asked() 
     // the deadline passed), on values an eighth of the size above.
     wasmkeep_store::sqlite_setup::sqlite_setup();
     let mut plain = rusqlite::Connection::open_in_memory().unwrap();
-    let asked = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let deadline = Instant::now() + Duration::from_millis(1);
-    let counter = Arc::clone(&asked);
-    plain
-        .progress_handler(
-            wasmkeep_store::sandbox::PROGRESS_OPS,
-            Some(move || {
-                counter.fetch_add(1, Ordering::Relaxed);
-                Instant::now() > deadline
-            }),
-        )
-        .unwrap();
+    let (asked, deadline) = guard_like_progress(&mut plain);
     let n = StoreLimits::default().value_bytes_max / 8;
     let found: i64 = plain
         .query_row(
@@ -517,18 +506,7 @@ fn fts5_parses_a_large_query_in_one_step_without_the_guard_being_asked() {
     plain
         .execute_batch("CREATE VIRTUAL TABLE t USING fts5(body)")
         .unwrap();
-    let asked = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let counter = Arc::clone(&asked);
-    let deadline = Instant::now() + Duration::from_millis(1);
-    plain
-        .progress_handler(
-            wasmkeep_store::sandbox::PROGRESS_OPS,
-            Some(move || {
-                counter.fetch_add(1, Ordering::Relaxed);
-                Instant::now() > deadline
-            }),
-        )
-        .unwrap();
+    let (asked, deadline) = guard_like_progress(&mut plain);
     let found: i64 = plain
         .query_row(
             "SELECT count(*) FROM t WHERE t MATCH ?1",
@@ -870,4 +848,26 @@ proptest! {
             prop_assert_eq!(r.is_ok(), allowed, "{}: {:?}", module, r);
         }
     }
+}
+
+/// The unsafe variants' stand-in for the guard: a progress handler on a
+/// plain connection that stops a statement, every `PROGRESS_OPS` steps,
+/// once a 1 ms deadline passed. Returns how often it was asked, and the
+/// deadline.
+fn guard_like_progress(
+    plain: &mut rusqlite::Connection,
+) -> (Arc<std::sync::atomic::AtomicU64>, Instant) {
+    let asked = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counter = Arc::clone(&asked);
+    let deadline = Instant::now() + Duration::from_millis(1);
+    plain
+        .progress_handler(
+            wasmkeep_store::sandbox::PROGRESS_OPS,
+            Some(move || {
+                counter.fetch_add(1, Ordering::Relaxed);
+                Instant::now() > deadline
+            }),
+        )
+        .unwrap();
+    (asked, deadline)
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use wasmkeep_guests::DEMO;
 use wasmkeep_replica::testing::{FaultStore, Moto, faulty_bucket, memory_bucket};
-use wasmkeep_replica::{Bucket, ReplicaConfig};
+use wasmkeep_replica::{ActorRoot, Bucket, ReplicaConfig};
 use wasmkeep_testkit::{RuntimeConfig, RuntimeError, TestNode};
 
 const REPLICATED: &[(&str, &str)] = &[("wasmkeep-durability", "replicated")];
@@ -42,16 +42,22 @@ fn increment(node: &TestNode, name: &str, headers: &[(&str, &str)]) -> Result<i6
     Ok(r.json()["value"].as_i64().expect("a value"))
 }
 
-fn bucket_logs(bucket: &Bucket, node: &TestNode) -> usize {
+/// A runtime to ask the bucket with, and counter `a`'s place in it.
+fn actor_a_root(bucket: &Bucket, node: &TestNode) -> (tokio::runtime::Runtime, ActorRoot) {
     let exec = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    let root = wasmkeep_replica::ActorRoot::new(
+    let root = ActorRoot::new(
         node.actor("demo/examples/counter/a").id(),
         bucket.prefix_bytes(),
     )
     .unwrap();
+    (exec, root)
+}
+
+fn bucket_logs(bucket: &Bucket, node: &TestNode) -> usize {
+    let (exec, root) = actor_a_root(bucket, node);
     exec.block_on(bucket.list_seqs(&root.log_dir(), None, u64::MAX))
         .unwrap()
         .len()
@@ -255,15 +261,7 @@ fn deleting_an_actor_deletes_its_chain() {
 
 /// Each entry of actor `a`'s `log/` as (seq, pages it carries).
 fn bucket_pages(bucket: &Bucket, node: &TestNode) -> Vec<(u64, usize)> {
-    let exec = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let root = wasmkeep_replica::ActorRoot::new(
-        node.actor("demo/examples/counter/a").id(),
-        bucket.prefix_bytes(),
-    )
-    .unwrap();
+    let (exec, root) = actor_a_root(bucket, node);
     exec.block_on(async {
         let mut out = Vec::new();
         for seq in bucket
@@ -308,11 +306,7 @@ fn refused_restore(retry_ms: u64) {
     let (bucket, _faults) = faulty_bucket(Arc::new(store), "");
     let first = node_on(&bucket);
     assert_eq!(increment(&first, "a", REPLICATED).unwrap(), 1);
-    let root = wasmkeep_replica::ActorRoot::new(
-        first.actor("demo/examples/counter/a").id(),
-        bucket.prefix_bytes(),
-    )
-    .unwrap();
+    let (_, root) = actor_a_root(&bucket, &first);
     first.runtime().shutdown(Duration::from_secs(10));
     drop(first);
     // A forged object where the chain's next entry would be.

@@ -411,15 +411,18 @@ mod tests {
 
     async fn get(f: &Forwarder, address: &str) -> Result<Response<Bytes>, ForwardError> {
         let settings = ClusterSettings::new(address, None, Default::default());
-        f.forward(
-            address,
-            &Method::GET,
-            "/x",
-            &HeaderMap::new(),
-            Vec::new(),
-            &settings,
-        )
-        .await
+        get_with(f, address, &settings).await
+    }
+
+    /// `GET /x` forwarded to `address` with `settings`.
+    async fn get_with(
+        f: &Forwarder,
+        address: &str,
+        settings: &ClusterSettings,
+    ) -> Result<Response<Bytes>, ForwardError> {
+        let headers = HeaderMap::new();
+        f.forward(address, &Method::GET, "/x", &headers, Vec::new(), settings)
+            .await
     }
 
     #[tokio::test]
@@ -471,10 +474,7 @@ mod tests {
         let mut answered = 0;
         for _ in 0..10 {
             tokio::time::sleep(pause).await;
-            let headers = HeaderMap::new();
-            let r = f
-                .forward(address, &Method::GET, "/x", &headers, Vec::new(), &settings)
-                .await;
+            let r = get_with(&f, address, &settings).await;
             match r {
                 Ok(_) => answered += 1,
                 Err(ForwardError::Timeout) => panic!("a forward waited for its timeout"),
@@ -502,17 +502,7 @@ mod tests {
         let mut settings = ClusterSettings::new(&address, None, Default::default());
         settings.forward_response_bytes_max = 10;
         let f = Forwarder::default();
-        let headers = HeaderMap::new();
-        let r = f
-            .forward(
-                &address,
-                &Method::GET,
-                "/x",
-                &headers,
-                Vec::new(),
-                &settings,
-            )
-            .await;
+        let r = get_with(&f, &address, &settings).await;
         match r {
             Err(ForwardError::Failed(why)) => assert!(why.contains("limit 10"), "{why}"),
             other => panic!("{other:?}"),
@@ -534,17 +524,7 @@ mod tests {
         let mut settings = ClusterSettings::new(&address, None, Default::default());
         settings.forward_timeout_ms = 300;
         let f = Forwarder::default();
-        let headers = HeaderMap::new();
-        let r = f
-            .forward(
-                &address,
-                &Method::GET,
-                "/x",
-                &headers,
-                Vec::new(),
-                &settings,
-            )
-            .await;
+        let r = get_with(&f, &address, &settings).await;
         assert!(matches!(r, Err(ForwardError::Timeout)), "{r:?}");
     }
 }
