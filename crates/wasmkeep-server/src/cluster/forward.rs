@@ -157,9 +157,15 @@ impl Kept {
 /// idle past [`IDLE_KEEP_MS`] is dropped when next looked at.
 #[derive(Default)]
 pub struct Forwarder {
-    idle: std::sync::Mutex<HashMap<String, Vec<Kept>>>,
+    idle: std::sync::Mutex<Idle>,
+}
+
+/// The kept connections, by owner, under one lock.
+#[derive(Default)]
+struct Idle {
+    owners: HashMap<String, Vec<Kept>>,
     /// When every owner's list was last pruned of aged connections.
-    pruned: std::sync::Mutex<Option<Instant>>,
+    pruned: Option<Instant>,
 }
 
 impl std::fmt::Debug for Forwarder {
@@ -173,7 +179,7 @@ impl std::fmt::Debug for Forwarder {
 impl Forwarder {
     /// The kept connections (a panic while holding them loses nothing
     /// that matters: they are only connections).
-    fn idle(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<Kept>>> {
+    fn idle(&self) -> std::sync::MutexGuard<'_, Idle> {
         self.idle.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -181,7 +187,7 @@ impl Forwarder {
     /// too old, if one is kept.
     fn checkout(&self, authority: &str) -> Option<Kept> {
         let mut idle = self.idle();
-        let list = idle.get_mut(authority)?;
+        let list = idle.owners.get_mut(authority)?;
         let keep = Duration::from_millis(IDLE_KEEP_MS);
         // Aged ones go wherever they are in the list (the newest is taken
         // first, so the oldest would otherwise stay).
@@ -196,28 +202,25 @@ impl Forwarder {
         }
         kept.since = Instant::now();
         let keep = Duration::from_millis(IDLE_KEEP_MS);
-        let mut idle = self.idle();
+        let mut guard = self.idle();
+        let idle = &mut *guard;
+        let full = |owners: &HashMap<String, Vec<Kept>>| {
+            !owners.contains_key(authority) && owners.len() >= OWNERS_MAX
+        };
         // Once per keep time, or when the owners are at their bound: aged
         // connections of every owner go, including owners no longer
         // forwarded to (moved, gone).
-        let due = {
-            let mut pruned = self.pruned.lock().unwrap_or_else(|p| p.into_inner());
-            let due = pruned.is_none_or(|t| t.elapsed() >= keep);
-            if due {
-                *pruned = Some(Instant::now());
-            }
-            due
-        };
-        if due || (!idle.contains_key(authority) && idle.len() >= OWNERS_MAX) {
-            idle.retain(|_, list| {
+        if idle.pruned.is_none_or(|t| t.elapsed() >= keep) || full(&idle.owners) {
+            idle.pruned = Some(Instant::now());
+            idle.owners.retain(|_, list| {
                 list.retain(|k| k.since.elapsed() < keep);
                 !list.is_empty()
             });
         }
-        if !idle.contains_key(authority) && idle.len() >= OWNERS_MAX {
+        if full(&idle.owners) {
             return;
         }
-        let list = idle.entry(authority.to_owned()).or_default();
+        let list = idle.owners.entry(authority.to_owned()).or_default();
         if list.len() < IDLE_PER_OWNER_MAX {
             list.push(kept);
         }
@@ -225,7 +228,7 @@ impl Forwarder {
 
     /// Idle connections kept now.
     pub fn idle_connections(&self) -> usize {
-        self.idle().values().map(Vec::len).sum()
+        self.idle().owners.values().map(Vec::len).sum()
     }
 
     /// Sends the request to `address` (`http://host:port`) and returns the
