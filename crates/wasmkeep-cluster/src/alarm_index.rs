@@ -576,6 +576,143 @@ pub fn stale_entries_to_delete(
     out
 }
 
+/// Where an app's index lives: below the app's root (ADR 0022's layout), so
+/// that two apps of a tenant with the same class and actor names never share
+/// an entry, and one app's cleanup never touches another's.
+pub fn app_index_prefix(tenant: &str, app: &str) -> String {
+    format!("state/{tenant}/{app}/alarms/")
+}
+
+/// Where ADR 0009 first kept the index, for a whole tenant and without the
+/// app. Read (swept, delivered to every app of the tenant that has the
+/// class) and migrated on an actor's next event; never written.
+pub fn tenant_index_prefix(tenant: &str) -> String {
+    format!("alarms/{tenant}/")
+}
+
+/// Which of the two index layouts an entry is in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Layout {
+    /// Below the app's root ([`app_index_prefix`]): what owners write.
+    App,
+    /// The tenant-wide index without the app ([`tenant_index_prefix`]).
+    Tenant,
+}
+
+/// What `alarm_indexed` names: an entry and the layout it is in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Indexed {
+    /// The layout the entry is in.
+    pub layout: Layout,
+    /// The entry.
+    pub entry: Entry,
+}
+
+/// How an `alarm_indexed` value marks an entry in the app's index; a value
+/// without it names an entry in the tenant-wide index (written before the
+/// app was part of the address).
+const APP_LAYOUT_MARK: &str = "app:";
+
+impl Indexed {
+    /// An entry in the app's index.
+    pub fn app(entry: Entry) -> Indexed {
+        Indexed {
+            layout: Layout::App,
+            entry,
+        }
+    }
+
+    /// The `alarm_indexed` value; empty for none.
+    pub fn to_meta(indexed: Option<&Indexed>) -> String {
+        match indexed {
+            None => String::new(),
+            Some(i) => match i.layout {
+                Layout::App => format!("{APP_LAYOUT_MARK}{}", Entry::to_meta(Some(&i.entry))),
+                Layout::Tenant => Entry::to_meta(Some(&i.entry)),
+            },
+        }
+    }
+
+    /// Parses an `alarm_indexed` value written by [`Indexed::to_meta`] or,
+    /// before the app was in the address, by [`Entry::to_meta`].
+    pub fn parse_meta(meta: &str) -> Result<Option<Indexed>, Error> {
+        let (layout, rest) = match meta.strip_prefix(APP_LAYOUT_MARK) {
+            Some(rest) if !rest.is_empty() => (Layout::App, rest),
+            Some(_) => {
+                return Err(Error::MalformedRecord {
+                    reason: "app mark without an entry",
+                    record: meta.to_owned(),
+                });
+            }
+            None => (Layout::Tenant, meta),
+        };
+        Ok(Entry::parse_meta(rest)?.map(|entry| Indexed { layout, entry }))
+    }
+}
+
+/// [`plan_event`] across the two layouts: what the owner writes is always
+/// in the app's index; an entry the database names in the tenant-wide
+/// index is replaced by one in the app's (migration), and removed after
+/// the upload like any replaced entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LayoutPlan {
+    /// PUT in the app's index before the upload.
+    pub put_before_upload: Option<Put>,
+    /// The new `alarm_indexed` value.
+    pub record: Option<Indexed>,
+    /// Remove after the upload: the replaced entry and its layout.
+    pub delete_after_upload: Option<(Layout, IndexKey)>,
+}
+
+/// The owner's rule for one event over both layouts: [`plan_event`] for an
+/// entry in the app's index; for one in the tenant-wide index, a fresh
+/// entry in the app's index whenever an alarm is set (the tenant-wide one
+/// is then replaced, so removed after the upload).
+pub fn plan_event_in_layouts(
+    rules: Rules,
+    address: &Address,
+    indexed_before: Option<&Indexed>,
+    alarm_after: Option<u64>,
+    generation: u64,
+    nonce: u64,
+) -> Result<LayoutPlan, Error> {
+    match indexed_before {
+        Some(Indexed {
+            layout: Layout::Tenant,
+            entry,
+        }) => {
+            let p = plan_event(rules, address, None, alarm_after, generation, nonce)?;
+            Ok(LayoutPlan {
+                put_before_upload: p.put_before_upload,
+                record: p.record.map(Indexed::app),
+                delete_after_upload: Some((
+                    Layout::Tenant,
+                    IndexKey {
+                        address: address.clone(),
+                        entry: *entry,
+                    },
+                )),
+            })
+        }
+        before => {
+            let before = before.map(|i| i.entry);
+            let p = plan_event(
+                rules,
+                address,
+                before.as_ref(),
+                alarm_after,
+                generation,
+                nonce,
+            )?;
+            Ok(LayoutPlan {
+                put_before_upload: p.put_before_upload,
+                record: p.record.map(Indexed::app),
+                delete_after_upload: p.delete_after_upload.map(|k| (Layout::App, k)),
+            })
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -622,6 +759,31 @@ mod tests {
             Entry::tagged(at, rng.next(), rng.next())
         };
         IndexKey::new(Address::new(class, name).unwrap(), entry).unwrap()
+    }
+
+    #[test]
+    fn the_record_tells_the_two_layouts_apart_and_migrates_the_tenant_one() {
+        let app = Indexed::app(Entry::tagged(5, 2, 3));
+        let tenant = Indexed {
+            layout: Layout::Tenant,
+            entry: Entry::tagged(5, 2, 3),
+        };
+        for i in [app, tenant, Indexed::app(Entry::legacy(7))] {
+            assert_eq!(Indexed::parse_meta(&Indexed::to_meta(Some(&i))), Ok(Some(i)));
+        }
+        assert_eq!(Indexed::parse_meta(""), Ok(None));
+        assert!(Indexed::parse_meta("app:").is_err());
+        assert_ne!(Indexed::to_meta(Some(&app)), Indexed::to_meta(Some(&tenant)));
+        assert_eq!(app_index_prefix("t", "a"), "state/t/a/alarms/");
+        // The same alarm named in the tenant-wide index: a fresh entry in the
+        // app's, the old one removed after the upload.
+        let p = plan_event_in_layouts(Rules::SAFE, &addr(), Some(&tenant), Some(5), 4, 9).unwrap();
+        assert_eq!(p.put_before_upload.unwrap().key.entry, Entry::tagged(5, 4, 9));
+        assert_eq!(p.record, Some(Indexed::app(Entry::tagged(5, 4, 9))));
+        assert_eq!(p.delete_after_upload.unwrap().0, Layout::Tenant);
+        // Named in the app's index and unchanged: nothing to do.
+        let p = plan_event_in_layouts(Rules::SAFE, &addr(), Some(&app), Some(5), 4, 9).unwrap();
+        assert_eq!((p.put_before_upload, p.record, p.delete_after_upload), (None, Some(app), None));
     }
 
     #[test]

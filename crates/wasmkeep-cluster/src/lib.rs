@@ -41,7 +41,7 @@ pub mod retry;
 pub mod rules;
 pub mod sweep;
 
-pub use alarm_index::{Address, Entry, IndexKey, Tag};
+pub use alarm_index::{Address, Entry, IndexKey, Indexed, Layout, Tag};
 pub use config::ClusterConfig;
 pub use error::Error;
 pub use rules::{Rules, Variant};

@@ -27,6 +27,7 @@ use crate::config::Durability;
 use crate::durability::SyncJob;
 use crate::error::RuntimeError;
 use crate::host::{self, AlarmOp, HostState};
+use crate::index::{DeliverStep, Delivered};
 use crate::metrics::Metrics;
 use crate::replication::{self, ActorReplica};
 use crate::runtime::{Faults, Inner, epoch_ticks};
@@ -63,6 +64,8 @@ pub enum Outcome {
     Alarm(bool),
     /// A delete removed data (`true`) or found none (`false`).
     Deleted(bool),
+    /// What a sweep's delivery of an index entry found.
+    Delivered(crate::index::Delivered),
     Done,
 }
 
@@ -76,6 +79,12 @@ pub enum EventKind {
     },
     /// Open the actor ahead of an alarm, running nothing.
     Prepare,
+    /// A sweep delivers the alarm index entry at `at_ms` (ADR 0009): run
+    /// the alarm if it is the committed one and due, otherwise find out
+    /// what may be removed (a cluster node only).
+    Deliver {
+        at_ms: u64,
+    },
     /// Remove the actor's data.
     Delete,
     /// Read the actor's database between events (the admin API): through
@@ -293,11 +302,23 @@ pub fn run_turn(rt: &Arc<Inner>, actor: &Arc<Actor>) {
 }
 
 fn run_delete(rt: &Arc<Inner>, actor: &Arc<Actor>, slot: &mut Option<Loaded>, ev: Event) {
+    // The entry the database names goes once the tombstone landed (R2).
+    let named = if rt.keeps_index() {
+        match slot.as_mut() {
+            Some(l) => crate::index::read_record(l.db()).ok().flatten(),
+            None => crate::index::read_record_at(&paths::actor_db(&rt.config.data_dir, &actor.id)),
+        }
+    } else {
+        None
+    };
     *slot = None;
     if let Some(repl) = &rt.replication
         && let Err(e) = replication::delete(rt, repl, actor)
     {
         return reply(ev.reply, Err(e));
+    }
+    if let (Some(named), Some(repl)) = (named, &rt.replication) {
+        crate::index::remove_named(rt, repl, &actor.id, &named);
     }
     rt.timer.set(&actor.id, None);
     let dir = paths::actor_dir(&rt.config.data_dir, &actor.id);
@@ -627,6 +648,56 @@ fn call_on_alarm(
     Ok(r)
 }
 
+/// A sweep's delivery of the entry at `at_ms` (see `index::deliver`).
+fn run_delivery(
+    rt: &Arc<Inner>,
+    actor: &Actor,
+    l: &mut Loaded,
+    initialized: bool,
+    at_ms: u64,
+) -> Result<Outcome, RuntimeError> {
+    let (had_state, uploaded) = {
+        let st = actor.repl.lock();
+        (st.had_state(), st.uploaded_any())
+    };
+    let step = crate::index::deliver(
+        rt,
+        l.db(),
+        &actor.id,
+        at_ms,
+        initialized,
+        had_state,
+        uploaded,
+    )?;
+    match step {
+        DeliverStep::Run => match run_alarm(rt, l, initialized, false)? {
+            Outcome::Alarm(true) => Ok(Outcome::Delivered(Delivered::Ran { ok: true })),
+            _ => Ok(Outcome::Delivered(Delivered::NotDue)),
+        },
+        DeliverStep::Fence => Ok(Outcome::Delivered(Delivered::Fenced)),
+        DeliverStep::Done(d) => Ok(Outcome::Delivered(d)),
+    }
+}
+
+/// A delivery for an actor with no database, here or in the bucket.
+fn delivered_without_state(rt: &Inner, actor: &Actor) -> Result<Outcome, RuntimeError> {
+    let (had_state, uploaded) = {
+        let st = actor.repl.lock();
+        (st.had_state(), st.uploaded_any())
+    };
+    let generation = rt.hold_generation(&actor.id).ok_or_else(|| {
+        RuntimeError::ReplicationFailed(format!("this node does not hold actor {}", actor.id))
+    })?;
+    let config = wasmkeep_cluster::ClusterConfig::default();
+    Ok(Outcome::Delivered(crate::index::no_state(
+        had_state,
+        uploaded,
+        generation,
+        rt.clock.now_ms(),
+        &config,
+    )))
+}
+
 fn run_alarm(
     rt: &Arc<Inner>,
     l: &mut Loaded,
@@ -772,7 +843,7 @@ fn run_batch(rt: &Arc<Inner>, actor: &Arc<Actor>, slot: &mut Option<Loaded>, eve
     // committed one back, even when nothing was due.
     let has_alarm = events
         .iter()
-        .any(|e| matches!(e.kind, EventKind::Alarm { .. }));
+        .any(|e| matches!(e.kind, EventKind::Alarm { .. } | EventKind::Deliver { .. }));
     let turn_started = Instant::now();
     if let Some(first) = events.first() {
         rt.metrics
@@ -794,10 +865,11 @@ fn run_batch(rt: &Arc<Inner>, actor: &Arc<Actor>, slot: &mut Option<Loaded>, eve
             rt.timer.set(id, None);
             for ev in events {
                 let out = match ev.kind {
-                    EventKind::Alarm { .. } => Outcome::Alarm(false),
-                    _ => Outcome::Done,
+                    EventKind::Alarm { .. } => Ok(Outcome::Alarm(false)),
+                    EventKind::Deliver { .. } => delivered_without_state(rt, actor),
+                    _ => Ok(Outcome::Done),
                 };
-                reply(ev.reply, Ok(out));
+                reply(ev.reply, out);
             }
             return;
         }
@@ -868,11 +940,14 @@ fn run_batch(rt: &Arc<Inner>, actor: &Arc<Actor>, slot: &mut Option<Loaded>, eve
     }
     let mut results: Vec<Ran> = Vec::with_capacity(events.len());
     let mut alarm_ran = false;
+    // A delivery wrote the owner's fence: the batch plans the index and its
+    // delivery answers once the upload landed.
+    let mut fenced = false;
     let events_started = Instant::now();
     for ev in events {
         Metrics::inc(&rt.metrics.events_total);
         let started = ev.is_request().then_some(ev.enqueued);
-        let replicated = ev.is_replicated();
+        let mut replicated = ev.is_replicated();
         let l = slot.as_mut().expect("loaded");
         if l.bindings.is_none() {
             // The previous event trapped: give this one a fresh instance.
@@ -903,6 +978,15 @@ fn run_batch(rt: &Arc<Inner>, actor: &Arc<Actor>, slot: &mut Option<Loaded>, eve
             EventKind::Alarm { force } => {
                 alarm_ran = true;
                 run_alarm(rt, l, initialized, force)
+            }
+            EventKind::Deliver { at_ms } => {
+                alarm_ran = true;
+                let r = run_delivery(rt, actor, l, initialized, at_ms);
+                if matches!(r, Ok(Outcome::Delivered(Delivered::Fenced))) {
+                    fenced = true;
+                    replicated = true;
+                }
+                r
             }
             EventKind::Prepare => Ok(Outcome::Done),
             EventKind::Delete | EventKind::Inspect(_) | EventKind::Replicate => {
@@ -944,6 +1028,28 @@ fn run_batch(rt: &Arc<Inner>, actor: &Arc<Actor>, slot: &mut Option<Loaded>, eve
         .phase_events
         .observe_ms(events_started.elapsed().as_secs_f64() * 1000.0);
     let commit_started = Instant::now();
+    // A cluster node lists the committed alarm in the index (ADR 0009): the
+    // record goes in with the batch, the bucket writes wait for its upload.
+    let plan_index = rt.keeps_index()
+        && (initialized || !created)
+        && (fenced || l.db().alarm_writes() != alarm_writes_before || actor.repl.lock().needs_plan);
+    let planned = if plan_index {
+        crate::index::plan_before_commit(rt, actor, l.db()).map(|_| ())
+    } else {
+        Ok(())
+    };
+    if let Err(e) = planned {
+        tracing::warn!(actor = %id, error = %e, "the alarm index could not be brought in line: the batch is rolled back");
+        l.db().rollback();
+        *slot = None;
+        crate::index::forget_planned(actor);
+        rt.rearm_after_failure(id);
+        let msg = e.to_string();
+        for ran in results {
+            reply(ran.reply, Err(RuntimeError::ReplicationFailed(msg.clone())));
+        }
+        return;
+    }
     let injected = alarm_ran && Faults::take(&rt.faults.fail_alarm_commits);
     let committed = if injected {
         Err(wasmkeep_store::StoreError::Io(
@@ -957,6 +1063,8 @@ fn run_batch(rt: &Arc<Inner>, actor: &Arc<Actor>, slot: &mut Option<Loaded>, eve
         tracing::error!(actor = %id, error = %e, "commit failed");
         l.db().rollback();
         *slot = None;
+        // Index writes planned for this commit name what never committed.
+        crate::index::forget_planned(actor);
         let msg = e.to_string();
         // Re-arm before anyone hears back, so a waiter that moves on (the
         // test kit's clock) finds the retry already scheduled.
@@ -970,6 +1078,9 @@ fn run_batch(rt: &Arc<Inner>, actor: &Arc<Actor>, slot: &mut Option<Loaded>, eve
         return;
     }
     Metrics::inc(&rt.metrics.batches_total);
+    if plan_index {
+        actor.repl.lock().needs_plan = false;
+    }
     if initialized {
         // Rolled-back inits reset `initialized`: the mark is committed.
         l.db().init_mark_committed();

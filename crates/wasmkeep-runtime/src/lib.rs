@@ -22,6 +22,7 @@ pub mod config;
 pub mod durability;
 pub mod error;
 pub mod host;
+pub mod index;
 mod log_budget;
 pub mod metrics;
 pub mod replication;

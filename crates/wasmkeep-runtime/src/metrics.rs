@@ -150,6 +150,10 @@ pub struct Metrics {
     pub replica_snapshots_total: Counter,
     pub replica_restores_total: Counter,
     pub replica_given_up_total: Counter,
+    /// Alarm index entries listed and removed by this node as an owner
+    /// (ADR 0009; a cluster node only).
+    pub index_puts_total: Counter,
+    pub index_deletes_total: Counter,
     pub replica_upload_latency: Histogram,
     pub replica_lag: Histogram,
     /// The bucket's own request counters, when the node has one. Set before
@@ -385,7 +389,7 @@ impl Metrics {
             Some(Unit::Bytes),
             self.replica_entry_bytes_total.clone(),
         );
-        let series: [(&str, &Counter, &str); 3] = [
+        let series: [(&str, &Counter, &str); 5] = [
             (
                 "wasmkeep_replica_snapshots",
                 &self.replica_snapshots_total,
@@ -400,6 +404,16 @@ impl Metrics {
                 "wasmkeep_replica_given_up",
                 &self.replica_given_up_total,
                 "Actors given up after their chain moved or an upload failed.",
+            ),
+            (
+                "wasmkeep_alarm_index_puts",
+                &self.index_puts_total,
+                "Alarm index entries this node listed before an upload (cluster).",
+            ),
+            (
+                "wasmkeep_alarm_index_deletes",
+                &self.index_deletes_total,
+                "Replaced alarm index entries this node removed after an upload (cluster).",
             ),
         ];
         for (name, c, help) in series {

@@ -236,11 +236,11 @@ pub struct ActorReplica {
     opened: bool,
     in_flight: bool,
     /// Batches that changed the database since `opened`.
-    committed: u64,
+    pub(crate) committed: u64,
     /// Of those, how many the bucket holds.
     uploaded: u64,
     /// When the oldest commit no upload carries yet was made.
-    pending_since: Option<Instant>,
+    pub(crate) pending_since: Option<Instant>,
     /// When the last upload started (the upload interval counts from it).
     last_started: Option<Instant>,
     /// The last commit a `replicated` request waits for: an upload that
@@ -251,6 +251,14 @@ pub struct ActorReplica {
     /// Why the actor was given up; its next turn reopens it.
     given_up: Option<String>,
     waiters: Vec<Waiter>,
+    /// Alarm index writes waiting for an upload (a cluster node only).
+    pub(crate) index: crate::index::Pending,
+    /// The bucket held the actor's history (a state or a tombstone) when
+    /// it was opened.
+    pub(crate) had_state: bool,
+    /// No batch has planned the alarm index since the actor was opened: the
+    /// next commit does (migration, R4), and no upload goes before it.
+    pub(crate) needs_plan: bool,
 }
 
 impl ActorReplica {
@@ -276,6 +284,16 @@ impl ActorReplica {
 
     pub fn given_up(&self) -> bool {
         self.given_up.is_some()
+    }
+
+    /// Whether the bucket held the actor's history when it was opened.
+    pub fn had_state(&self) -> bool {
+        self.had_state
+    }
+
+    /// Whether an upload of this opening has landed.
+    pub fn uploaded_any(&self) -> bool {
+        self.uploaded > 0
     }
 }
 
@@ -326,6 +344,8 @@ pub fn ensure_open(rt: &Inner, repl: &Replication, actor: &Actor) -> Result<(), 
     };
     repl.refusals.lock().forget(&actor.id);
     let mut st = actor.repl.lock();
+    st.had_state = !matches!(how, Opened::BucketEmpty { .. });
+    st.needs_plan = rt.keeps_index();
     match how {
         Opened::Restored { replaced } => {
             Metrics::inc(&rt.metrics.replica_restores_total);
@@ -423,6 +443,36 @@ pub fn upload_pending(
         tracing::warn!(actor = %actor.id, error = %e, "could not check the actor against the bucket");
         return;
     }
+    // A cluster node lists the alarm of what it uploads first (R4): with no
+    // batch since the actor was opened, a transaction of its own does.
+    let mut own: Option<ActorDb> = None;
+    let mut db = db;
+    if actor.repl.lock().needs_plan {
+        if db.is_none() {
+            let Some(app) = rt.app(&actor.id.tenant, &actor.id.app) else {
+                return;
+            };
+            let dir = paths::actor_dir(&rt.config.data_dir, &actor.id);
+            match ActorDb::open(&dir, &app.store_limits, wasmkeep_store::OpenMode::Existing) {
+                Ok(Some(d)) => own = Some(d),
+                Ok(None) => return,
+                Err(e) => {
+                    tracing::warn!(actor = %actor.id, error = %e, "could not open the actor to list its alarm before its first upload");
+                    return;
+                }
+            }
+        }
+        let Some(d) = db.as_deref_mut().or(own.as_mut()) else {
+            return;
+        };
+        if let Err(e) = crate::index::plan_alone(rt, actor, d) {
+            tracing::warn!(actor = %actor.id, error = %e, "could not list the actor's alarm in the index: nothing uploaded");
+            return;
+        }
+        if own.is_some() {
+            db = own.as_mut();
+        }
+    }
     let from = match db {
         Some(db) => ImageFrom::Db(db),
         // Closed meanwhile (evicted): the file is all there is, and this
@@ -448,7 +498,7 @@ fn maybe_upload(
     mut st: MutexGuard<'_, ActorReplica>,
     from: ImageFrom<'_>,
 ) {
-    if st.committed <= st.uploaded || st.in_flight || st.given_up.is_some() {
+    if st.committed <= st.uploaded || st.in_flight || st.given_up.is_some() || st.needs_plan {
         return;
     }
     let interval = if repl.flushing.load(std::sync::atomic::Ordering::Relaxed) {
@@ -480,6 +530,11 @@ fn maybe_upload(
     st.last_started = Some(Instant::now());
     let covered = st.committed;
     let oldest = st.pending_since.take();
+    // Every entry this upload's commits name is listed before it (ADR 0009).
+    let puts: Vec<String> = std::mem::take(&mut st.index.puts)
+        .into_iter()
+        .map(|(_, key)| key)
+        .collect();
     drop(st);
     let image = match from {
         ImageFrom::Db(db) => db
@@ -506,10 +561,19 @@ fn maybe_upload(
     };
     let time_ms = rt.clock.now_ms();
     let (rt, actor) = (Arc::clone(rt), Arc::clone(actor));
+    let bucket = repl.bucket.clone();
     repl.spawn(async move {
         let started = Instant::now();
-        let result = replica.upload(&image, time_ms).await;
-        finish_upload(&rt, &actor, replica, covered, result, started, oldest);
+        let result = match list_entries(&rt, &bucket, &puts).await {
+            Ok(()) => replica
+                .upload(&image, time_ms)
+                .await
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e),
+        };
+        finish_upload(
+            &rt, &actor, &bucket, replica, covered, result, started, oldest,
+        );
     });
 }
 
@@ -542,12 +606,42 @@ fn interval_left(st: &ActorReplica, interval: Duration) -> Option<Duration> {
     (since < interval).then(|| interval - since)
 }
 
+/// PUTs index entries (create-only, empty) before the upload that names
+/// them. An entry found there already is this node's own earlier attempt:
+/// its key is fresh (R1).
+async fn list_entries(rt: &Inner, bucket: &Bucket, keys: &[String]) -> Result<(), String> {
+    for key in keys {
+        bucket
+            .create(key, bytes::Bytes::new())
+            .await
+            .map_err(|e| format!("listing the alarm in the index ({key}): {e}"))?;
+        Metrics::inc(&rt.metrics.index_puts_total);
+    }
+    Ok(())
+}
+
+/// Removes replaced index entries once the upload that stopped naming them
+/// landed (R2). A failed removal leaves an extra entry, which a sweep
+/// delivers once and then removes as stale.
+async fn remove_entries(rt: Arc<Inner>, bucket: Bucket, keys: Vec<String>) {
+    for key in keys {
+        match bucket.delete(&key).await {
+            Ok(()) => Metrics::inc(&rt.metrics.index_deletes_total),
+            Err(e) => {
+                tracing::warn!(key, error = %e, "could not remove a replaced alarm index entry; a sweep removes it")
+            }
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
 fn finish_upload(
     rt: &Arc<Inner>,
     actor: &Arc<Actor>,
+    bucket: &Bucket,
     replica: Replica,
     covered: u64,
-    result: Result<Uploaded, ReplicaError>,
+    result: Result<Uploaded, String>,
     started: Instant,
     oldest: Option<Instant>,
 ) {
@@ -576,6 +670,14 @@ fn finish_upload(
             st.replica = Some(replica);
             st.uploaded = st.uploaded.max(covered);
             let uploaded = st.uploaded;
+            let (done, later): (Vec<_>, Vec<_>) = std::mem::take(&mut st.index.deletes)
+                .into_iter()
+                .partition(|(commit, _)| *commit <= uploaded);
+            st.index.deletes = later;
+            if !done.is_empty() {
+                let keys = done.into_iter().map(|(_, k)| k).collect();
+                tokio::spawn(remove_entries(Arc::clone(rt), bucket.clone(), keys));
+            }
             let (ready, waiting): (Vec<Waiter>, Vec<Waiter>) = std::mem::take(&mut st.waiters)
                 .into_iter()
                 .partition(|w| w.upto <= uploaded);
@@ -592,7 +694,7 @@ fn finish_upload(
             }
         }
         Err(e) => {
-            give_up(rt, actor, &mut st, e.to_string());
+            give_up(rt, actor, &mut st, e);
             drop(st);
             actor.repl_done.notify_all();
         }

@@ -144,6 +144,25 @@ pub struct Inner {
 /// Requests are gated at the HTTP edge, which knows who owns an actor.
 pub trait RunGate: Send + Sync {
     fn may_run(&self, id: &ActorId) -> bool;
+
+    /// Whether this node keeps ADR 0009's alarm index (a cluster node):
+    /// then every change of an actor's alarm is listed in the bucket
+    /// before the upload that carries it (see `index`).
+    fn keeps_index(&self) -> bool {
+        false
+    }
+
+    /// The generation of the hold under which this node has `id` now, if
+    /// its lease lets it act and it holds the actor; what index entries
+    /// are tagged with (R1, R3).
+    fn hold_generation(&self, _id: &ActorId) -> Option<u64> {
+        None
+    }
+
+    /// A random number this node never used before for an entry (R1).
+    fn nonce(&self) -> u64 {
+        0
+    }
 }
 
 /// Failures a test can ask for. Zero (the default) injects nothing; the
@@ -739,6 +758,27 @@ impl Runtime {
         self.inner.prepare_soon(self.inner.clock.now_ms());
     }
 
+    /// Delivers the alarm index entry at `at_ms` to its actor (a sweep of
+    /// a cluster node; see `index`) and waits for what it found.
+    pub async fn deliver(
+        &self,
+        id: &ActorId,
+        at_ms: u64,
+    ) -> Result<crate::index::Delivered, RuntimeError> {
+        let (tx, rx) = oneshot::channel();
+        self.inner.enqueue(
+            id,
+            Event::new(EventKind::Deliver { at_ms }, Some(tx)),
+            false,
+        )?;
+        match rx.await {
+            Ok(Ok(Outcome::Delivered(d))) => Ok(d),
+            Ok(Ok(_)) => Err(RuntimeError::Internal("unexpected outcome".into())),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(RuntimeError::ShuttingDown),
+        }
+    }
+
     /// Runs an actor's pending alarm now, due or not; whether there was
     /// one. Its handler sees the time it was set for in `scheduled-ms`.
     pub async fn run_alarm_now(&self, id: &ActorId) -> Result<bool, RuntimeError> {
@@ -839,6 +879,30 @@ impl Runtime {
 impl Inner {
     pub fn elapsed_ms(&self) -> u64 {
         self.started.elapsed().as_millis() as u64
+    }
+
+    /// Whether this node keeps the alarm index (its gate says so).
+    pub fn keeps_index(&self) -> bool {
+        self.replication.is_some() && self.gate.get().is_some_and(|g| g.keeps_index())
+    }
+
+    /// The hold generation index entries of `id` are tagged with.
+    pub fn hold_generation(&self, id: &ActorId) -> Option<u64> {
+        self.gate.get().and_then(|g| g.hold_generation(id))
+    }
+
+    /// A fresh nonce for an index entry.
+    pub fn index_nonce(&self) -> u64 {
+        self.gate.get().map_or(0, |g| g.nonce())
+    }
+
+    /// How many of a tenant's apps deployed here have a class named `class`.
+    pub fn apps_with_class(&self, tenant: &str, class: &str) -> usize {
+        self.apps
+            .read()
+            .iter()
+            .filter(|((t, _), a)| t == tenant && a.classes.iter().any(|c| c == class))
+            .count()
     }
 
     pub fn app(&self, tenant: &str, app: &str) -> Option<Arc<App>> {

@@ -1132,7 +1132,20 @@ async fn list_alarms(
             |(id, at)| json!({ "app": id.app, "class": id.class, "name": id.name, "alarm_ms": at }),
         )
         .collect();
-    Ok(axum::Json(json!({ "alarms": alarms })).into_response())
+    // A cluster node also shows the bucket's index (ADR 0009): what any
+    // node's sweep would find.
+    let index = match &s.config.cluster {
+        Some(c) => {
+            let shown = crate::cluster::sweep::show_index(c, &s.rt, &tenant, limit)
+                .await
+                .map_err(|e| {
+                    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "bucket_unavailable", e)
+                })?;
+            Some(shown)
+        }
+        None => None,
+    };
+    Ok(axum::Json(json!({ "alarms": alarms, "index": index })).into_response())
 }
 
 #[cfg(test)]

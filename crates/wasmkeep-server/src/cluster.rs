@@ -32,6 +32,7 @@
 //! | `lease_task` | the tokio task that drives `NodeLeaseMachine` |
 //! | [`ownership`] | the ownership table: takes, owner cache, releases |
 //! | [`forward`] | forwards a request to its actor's owner over kept connections |
+//! | [`sweep`] | every node's sweep of the alarm index (ADR 0009): orphaned alarms fire |
 //! | [`view`] | the live nodes as the bucket shows them (`/admin/v1/cluster`) |
 //!
 //! The machines decide; this module only performs. The rules it runs are
@@ -42,6 +43,7 @@ pub mod forward;
 pub mod identity;
 mod lease_task;
 pub mod ownership;
+pub mod sweep;
 pub mod view;
 
 use std::path::{Path, PathBuf};
@@ -233,6 +235,8 @@ pub struct ClusterState {
     draining: std::sync::atomic::AtomicBool,
     /// Actor requests this node is routing, running or forwarding now.
     in_flight: std::sync::atomic::AtomicUsize,
+    /// The alarm sweep's counters.
+    pub sweep: Arc<sweep::SweepCounters>,
 }
 
 /// One actor request in flight ([`ClusterState::enter`]); leaves on drop.
@@ -269,12 +273,14 @@ impl ClusterState {
     ) -> ClusterState {
         let ownership =
             ownership::Ownership::new(node, driver.clone(), settings.clone(), prefix_bytes);
+        let sweep = Arc::new(sweep::SweepCounters::default());
         ClusterState {
             node: node.to_owned(),
             address: settings.advertise.clone(),
             token_digest: settings.cluster_token.as_deref().map(crate::auth::digest),
             driver,
-            metrics: ClusterMetrics::new(&ownership.counters),
+            metrics: ClusterMetrics::new(&ownership.counters, &sweep),
+            sweep,
             ownership,
             forwarder: forward::Forwarder::default(),
             epoch: AtomicU64::new(0),
@@ -412,7 +418,10 @@ struct ClusterMetrics {
 }
 
 impl ClusterMetrics {
-    fn new(ownership: &ownership::OwnershipCounters) -> ClusterMetrics {
+    fn new(
+        ownership: &ownership::OwnershipCounters,
+        sweep: &sweep::SweepCounters,
+    ) -> ClusterMetrics {
         let mut m = ClusterMetrics::default();
         let mut r = Registry::default();
         // Counters are registered without `_total`: the library appends it.
@@ -442,6 +451,7 @@ impl ClusterMetrics {
             metrics::register(&mut r, name, help, None, counter.clone());
         }
         ownership.register(&mut r);
+        sweep.register(&mut r);
         metrics::register(
             &mut r,
             "wasmkeep_cluster_acting",
@@ -467,6 +477,7 @@ pub struct ClusterNode {
     stop: tokio::sync::watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
     releaser: Option<tokio::task::JoinHandle<()>>,
+    sweeper: Option<tokio::task::JoinHandle<()>>,
     release_idle_ms: u64,
     release_budget_ms: u64,
 }
@@ -551,6 +562,19 @@ impl RunGate for AlarmGate {
             .block_on(async { tokio::time::timeout(wait, take).await });
         matches!(routed, Ok(Ok(ownership::Route::Local(_))))
     }
+
+    fn keeps_index(&self) -> bool {
+        true
+    }
+
+    fn hold_generation(&self, id: &ActorId) -> Option<u64> {
+        let epoch = self.state.route_epoch()?;
+        self.state.ownership.generation(id, epoch)
+    }
+
+    fn nonce(&self) -> u64 {
+        nonce()
+    }
 }
 
 impl ClusterNode {
@@ -602,6 +626,7 @@ impl ClusterNode {
             stop,
             task,
             releaser: None,
+            sweeper: None,
             release_idle_ms,
             release_budget_ms,
         })
@@ -626,6 +651,8 @@ impl ClusterNode {
             self.stop.subscribe(),
         );
         self.releaser = Some(tokio::spawn(task));
+        let sweep = sweep::run(Arc::clone(&self.state), rt.clone(), self.stop.subscribe());
+        self.sweeper = Some(tokio::spawn(sweep));
     }
 
     /// The state the HTTP edge checks.
@@ -642,6 +669,9 @@ impl ClusterNode {
         // connections have drained, so every held actor is idle.
         if let Some(releaser) = &self.releaser {
             releaser.abort();
+        }
+        if let Some(sweeper) = &self.sweeper {
+            sweeper.abort();
         }
         let budget = std::time::Duration::from_millis(self.release_budget_ms);
         let state = Arc::clone(&self.state);

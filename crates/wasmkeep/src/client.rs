@@ -190,6 +190,21 @@ pub fn alarms(conn: &Conn, tenant: &str, limit: usize) -> Result<()> {
             a["name"].as_str().unwrap_or("")
         );
     }
+    // A cluster node: the bucket's index, which every node's sweep reads.
+    if let Some(index) = v["index"].as_array() {
+        println!("# the bucket's index: due_ms app/class/name generation nonce");
+        for e in index {
+            println!(
+                "{}\t{}/{}/{}\t{}\t{}",
+                e["due_ms"],
+                e["app"].as_str().unwrap_or("(tenant-wide)"),
+                e["class"].as_str().unwrap_or(""),
+                e["name"].as_str().unwrap_or(""),
+                e["generation"],
+                e["nonce"].as_str().unwrap_or("-")
+            );
+        }
+    }
     Ok(())
 }
 

@@ -104,6 +104,8 @@ pub struct NodeConfig {
     pub lease_grace_ms: u64,
     pub owner_margin_ms: u64,
     pub lease_register_retry_ms: u64,
+    /// How often a cluster node sweeps the alarm index (ADR 0009).
+    pub alarm_sweep_ms: u64,
     pub cluster_bucket_timeout_ms: u64,
     pub cluster_forward_timeout_ms: u64,
     pub cluster_owner_cache_ttl_ms: u64,
@@ -184,6 +186,7 @@ impl Default for NodeConfig {
             lease_grace_ms: cl.lease_grace_ms,
             owner_margin_ms: cl.owner_margin_ms,
             lease_register_retry_ms: cl.lease_register_retry_ms,
+            alarm_sweep_ms: cl.alarm_sweep_ms,
             cluster_bucket_timeout_ms: CLUSTER_BUCKET_TIMEOUT_MS,
             cluster_forward_timeout_ms: wasmkeep_server::cluster::FORWARD_TIMEOUT_MS,
             cluster_owner_cache_ttl_ms: wasmkeep_server::cluster::OWNER_CACHE_TTL_MS,
@@ -314,6 +317,7 @@ impl NodeConfig {
             lease_grace_ms: self.lease_grace_ms,
             owner_margin_ms: self.owner_margin_ms,
             lease_register_retry_ms: self.lease_register_retry_ms,
+            alarm_sweep_ms: self.alarm_sweep_ms,
             ..ClusterConfig::default()
         };
         let mut settings = ClusterSettings::new(advertise, self.cluster_token.clone(), protocol);

@@ -107,6 +107,18 @@ struct Cell {
     slot: tokio::sync::Mutex<Slot>,
     in_flight: AtomicUsize,
     last_used_ms: AtomicU64,
+    /// A copy of `slot.held`, readable without the slot's lock (which a
+    /// take holds across the bucket's round trips): what an actor's turn
+    /// tags its alarm index entries with.
+    held_copy: std::sync::Mutex<Option<Held>>,
+}
+
+impl Cell {
+    /// Sets the hold, and its copy, together.
+    fn set_held(&self, slot: &mut Slot, held: Option<Held>) {
+        slot.held = held;
+        *self.held_copy.lock().expect("held copy") = held;
+    }
 }
 
 #[derive(Debug, Default)]
@@ -239,6 +251,14 @@ impl Ownership {
         held
     }
 
+    /// The generation of this node's hold of `id`, if it holds it in
+    /// `epoch`. Never waits for the actor's slot.
+    pub fn generation(&self, id: &ActorId, epoch: u64) -> Option<u64> {
+        let cell = self.cells.lock().expect("cells").get(id).cloned()?;
+        let held = *cell.held_copy.lock().expect("held copy");
+        held.filter(|h| h.epoch == epoch).map(|h| h.generation)
+    }
+
     /// Actors this node holds in `epoch`.
     pub fn held(&self, epoch: u64) -> usize {
         let cells: Vec<Arc<Cell>> = self
@@ -309,7 +329,7 @@ impl Ownership {
         if slot.held.is_some_and(|h| h.epoch == epoch) {
             return Ok(local(&cell));
         }
-        slot.held = None;
+        cell.set_held(&mut slot, None);
         if !forwarded
             && let Some(o) = &slot.owner
             && now_ms() < o.until_ms
@@ -326,7 +346,7 @@ impl Ownership {
             .await
         {
             Taken::Held(held) => {
-                slot.held = Some(held);
+                cell.set_held(&mut slot, Some(held));
                 Ok(local(&cell))
             }
             Taken::Owner { node, address } if forwarded => {
@@ -497,7 +517,7 @@ impl Ownership {
             };
             if held.epoch != epoch {
                 // The lease that held it ended: nothing to write.
-                slot.held = None;
+                cell.set_held(&mut slot, None);
                 continue;
             }
             let idle = now.saturating_sub(cell.last_used_ms.load(Ordering::Acquire));
@@ -508,7 +528,7 @@ impl Ownership {
                 continue;
             };
             // Whatever the outcome, the node gives the actor up.
-            slot.held = None;
+            cell.set_held(&mut slot, None);
             if self.release(&root, held, &acting_epoch).await {
                 released += 1;
                 tracing::info!(actor = %id, idle_ms = idle, "released idle actor");

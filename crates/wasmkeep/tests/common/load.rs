@@ -82,6 +82,12 @@ impl Cluster {
     /// `actor_idle_ms`: how soon the nodes close (and so release) an idle
     /// actor.
     pub fn with_idle(store: Store, actor_idle_ms: u64) -> Cluster {
+        Self::with_settings(store, actor_idle_ms, "")
+    }
+
+    /// [`Cluster::with_idle`], with more TOML lines in the nodes'
+    /// configuration.
+    pub fn with_settings(store: Store, actor_idle_ms: u64, more: &str) -> Cluster {
         let tmp = tempfile::tempdir().unwrap();
         let config = cluster::node_config(
             tmp.path(),
@@ -90,7 +96,7 @@ impl Cluster {
             1000,
             &format!(
                 "cluster_owner_cache_ttl_ms = 500\ncluster_forward_timeout_ms = 20000\n\
-                 actor_idle_ms = {actor_idle_ms}\n"
+                 actor_idle_ms = {actor_idle_ms}\n{more}"
             ),
         );
         let (url, moto) = match store {

@@ -1,0 +1,240 @@
+//! Alarms in a cluster (ADR 0009), through real processes on a shared
+//! folder bucket: owners list each alarm in the bucket's index before the
+//! upload that carries it, and every node sweeps the index, so an alarm
+//! fires when the node that set it is gone.
+//!
+//! Three `wasmkeep serve` nodes with short lease timings and a sweep every
+//! 300 ms. The `reminder` example records each run of its alarm with the
+//! time it was due and the time it ran (`GET …/fired`). No test asserts how
+//! long anything takes: waits poll with a generous bound.
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use common::cluster::{self, REPLICATED, send};
+use common::load::{Cluster, Member, Store};
+
+/// The nodes sweep often, so that tests wait seconds, not minutes.
+const SETTINGS: &str = "alarm_sweep_ms = 300\n";
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+fn wait_for(what: &str, f: impl FnMut() -> bool) {
+    cluster::wait_for(what, 120, 100, f)
+}
+
+fn reminder(name: &str) -> String {
+    format!("/v1/demo/examples/reminder/{name}")
+}
+
+/// Sets `name`'s alarm for `at_ms` through `port`; answered once the
+/// bucket holds it. Returns the node that ran the request.
+fn set(port: u16, name: &str, at_ms: u64) -> String {
+    let a = send(
+        port,
+        "POST",
+        &format!("{}/set?at_ms={at_ms}", reminder(name)),
+        &[REPLICATED],
+    );
+    assert_eq!(a.status, 200, "{}", a.body);
+    a.node.expect("the answer names its node")
+}
+
+/// Every run of `name`'s alarm, as `(due_ms, fired_ms)`, read through
+/// `port`, and the node that answered.
+fn fired(port: u16, name: &str) -> (Vec<(u64, u64)>, Option<String>) {
+    let a = send(port, "GET", &format!("{}/fired", reminder(name)), &[]);
+    if a.status != 200 {
+        return (Vec::new(), None);
+    }
+    let runs = a.body["fired"]
+        .as_array()
+        .map(|v| {
+            v.iter()
+                .map(|r| {
+                    (
+                        r["due_ms"].as_u64().unwrap(),
+                        r["fired_ms"].as_u64().unwrap(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    (runs, a.node)
+}
+
+/// The index entries in the folder bucket (relative to `alarms/` roots).
+fn entries(bucket: &Path) -> Vec<String> {
+    let root = bucket.join("state/demo/examples/alarms");
+    let mut out = Vec::new();
+    let mut stack = vec![root.clone()];
+    while let Some(dir) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push(p.strip_prefix(&root).unwrap().display().to_string());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+fn metric(m: &Member, name: &str) -> u64 {
+    let (_, text) = m.node.get("/metrics");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Alarms set through one node, which is SIGKILLed before they are due,
+/// fire on the others: each exactly once, none early. While they are
+/// pending the index lists one entry per alarm; once they ran it is empty.
+#[test]
+fn alarms_of_a_killed_node_fire_on_the_others_once_and_not_early() {
+    const ALARMS: usize = 12;
+    let c = Cluster::with_settings(Store::Folder, 60_000, SETTINGS);
+    let mut members = c.start_three();
+    let due = now_ms() + 3_000;
+    for i in 0..ALARMS {
+        let ran_on = set(members[0].port, &format!("orphan-{i}"), due);
+        assert_eq!(ran_on, members[0].id, "the first request takes the actor");
+    }
+    let listed = entries(&c.folder());
+    assert_eq!(listed.len(), ALARMS, "one entry per alarm: {listed:?}");
+    assert!(
+        listed.iter().all(|k| k.contains(".t/")),
+        "tagged: {listed:?}"
+    );
+    // Any node shows the bucket's index.
+    let (code, shown) = members[1]
+        .node
+        .json("GET", "/admin/v1/alarms/demo?limit=100", b"");
+    assert_eq!(code, 200, "{shown}");
+    let index = shown["index"]
+        .as_array()
+        .expect("a cluster node shows the index");
+    assert_eq!(index.len(), ALARMS, "{shown}");
+    for e in index {
+        assert_eq!(
+            (&e["app"], &e["class"]),
+            (&"examples".into(), &"reminder".into())
+        );
+        assert_eq!(e["due_ms"], due);
+        assert!(e["generation"].as_u64().is_some_and(|g| g >= 1), "{e}");
+        assert!(e["name"].as_str().unwrap().starts_with("orphan-"));
+    }
+    members[0].node.kill();
+
+    let survivors = [&members[1], &members[2]];
+    // Nothing asks for the actors (a request would take one and fire its
+    // alarm from the restored database): only the sweep can reach them.
+    // Each run's upload removes its entry.
+    wait_for("every alarm to run and its entry to go", || {
+        entries(&c.folder()).is_empty()
+    });
+    let swept: u64 = survivors
+        .iter()
+        .map(|m| metric(m, "wasmkeep_alarm_sweep_alarms_run_total"))
+        .sum();
+    assert_eq!(swept, ALARMS as u64, "the sweeps ran every orphaned alarm");
+    for i in 0..ALARMS {
+        let name = format!("orphan-{i}");
+        let (runs, node) = fired(survivors[i % 2].port, &name);
+        assert_eq!(runs.len(), 1, "{name} ran exactly once: {runs:?}");
+        let (due_ms, fired_ms) = runs[0];
+        assert_eq!(due_ms, due);
+        assert!(fired_ms >= due_ms, "{name} fired early: {runs:?}");
+        assert_ne!(node.as_deref(), Some(members[0].id.as_str()));
+    }
+}
+
+/// A deleted actor's alarm never runs: the delete removes its entry, and an
+/// entry left behind for it (as a crash between an entry's PUT and its
+/// upload leaves one) is removed by a sweep without running anything or
+/// bringing the actor back.
+#[test]
+fn the_alarm_of_a_deleted_actor_never_runs() {
+    let c = Cluster::with_settings(Store::Folder, 60_000, SETTINGS);
+    let mut members = c.start_three();
+    let due = now_ms() + 2_000;
+    set(members[0].port, "gone", due);
+    let listed = entries(&c.folder());
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    // A copy of the entry under another tag: a leftover no state names.
+    let key = c
+        .folder()
+        .join("state/demo/examples/alarms")
+        .join(&listed[0]);
+    let leftover = key.with_file_name("00000000000000000001-00000000000000aa");
+    std::fs::write(&leftover, b"").unwrap();
+
+    let admin = "/admin/v1/actors/demo/examples/reminder/gone";
+    let deleted = send(members[0].port, "DELETE", admin, &[]);
+    assert_eq!(deleted.status, 200, "{}", deleted.body);
+    assert_eq!(deleted.body["deleted"], true);
+    assert!(!key.exists(), "the delete removed the entry it named");
+    members[0].node.kill();
+
+    wait_for("the leftover entry to be removed", || !leftover.exists());
+    std::thread::sleep(Duration::from_secs(1));
+    for m in &members[1..] {
+        let shown = send(m.port, "GET", admin, &[]);
+        assert_eq!(shown.status, 404, "the actor stays deleted: {}", shown.body);
+    }
+    let removed: u64 = members[1..]
+        .iter()
+        .map(|m| metric(m, "wasmkeep_alarm_sweep_stale_removed_total"))
+        .sum();
+    assert!(removed >= 1);
+    let run: u64 = members[1..]
+        .iter()
+        .map(|m| metric(m, "wasmkeep_alarm_sweep_alarms_run_total"))
+        .sum();
+    assert_eq!(run, 0, "nothing ran for the deleted actor");
+}
+
+/// Every node restarts in turn (a clean stop hands its actors over) while
+/// alarms come due: every alarm fires, once.
+#[test]
+fn a_rolling_restart_loses_no_alarm() {
+    const ALARMS: usize = 18;
+    let c = Cluster::with_settings(Store::Folder, 60_000, SETTINGS);
+    let mut members = c.start_three();
+    let start = now_ms();
+    // Spread over the three nodes and over the restarts.
+    for i in 0..ALARMS {
+        let due = start + 2_000 + 500 * i as u64;
+        set(members[i % 3].port, &format!("roll-{i}"), due);
+    }
+    for m in members.iter_mut() {
+        assert!(m.node.stop().success());
+        let (data, port, id) = (m.data.clone(), m.port, m.id.clone());
+        let again = c.start_on(&data, port, None);
+        assert_eq!(again.id, id);
+        *m = again;
+    }
+    wait_for("every alarm to run and its entry to go", || {
+        entries(&c.folder()).is_empty()
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    for i in 0..ALARMS {
+        let name = format!("roll-{i}");
+        let (runs, _) = fired(members[0].port, &name);
+        assert_eq!(runs.len(), 1, "{name}: {runs:?}");
+        assert!(runs[0].1 >= runs[0].0, "{name} fired early: {runs:?}");
+    }
+}
