@@ -209,14 +209,14 @@ async fn finish(node: Option<Node>, out: &mut RunOutput) {
     }
 }
 
-fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .expect("clock after 1970")
         .as_millis() as u64
 }
 
-async fn sleep_until_ms(t: u64) {
+pub(crate) async fn sleep_until_ms(t: u64) {
     let now = now_ms();
     if t > now {
         tokio::time::sleep(Duration::from_millis(t - now)).await;

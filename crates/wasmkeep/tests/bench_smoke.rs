@@ -183,3 +183,39 @@ fn every_run_passed(runs: &[serde_json::Value]) {
         assert!(checks.iter().all(|c| c["ok"] == true), "{r:#}");
     }
 }
+
+/// W5, tiny: alarms set on one node of three, SIGKILLed before they are
+/// due, fired by the others' sweeps. It checks that the run passes its own
+/// checks (all fired, none early, none twice, none on the dead node) and
+/// reports its figures; it asserts no timing.
+#[test]
+fn bench_runs_w5_alarm_failover() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tmp.path().join("sweep.toml");
+    std::fs::write(&config, "alarm_sweep_ms = 300\n").unwrap();
+    let (_, v) = bench(
+        &tmp,
+        &format!(
+            "--workloads w5 --runs 1 --alarms 24 --w5-lead-s 8 --connections 4 \
+             --lease-period-ms 1500 --lease-grace-ms 1000 --node-config {}",
+            config.display()
+        ),
+    );
+    assert_eq!(v["ok"], true, "{v:#}");
+    let runs = v["runs"].as_array().unwrap();
+    let w5 = &runs[0];
+    assert_eq!(w5["workload"], "w5");
+    for f in [
+        "lateness_p50_ms",
+        "lateness_p99_ms",
+        "lateness_max_ms",
+        "drain_per_live_node_min_per_s",
+        "lateness_over_bar",
+    ] {
+        assert!(w5["figures"][f].as_f64().is_some(), "w5 lacks {f}: {w5:#}");
+    }
+    assert_eq!(w5["figures"]["fired"], 24.0, "{w5:#}");
+    assert_eq!(w5["figures"]["alarm_sweep_ms"], 300.0);
+    assert_eq!(w5["figures"]["bar_ms"], 2800.0);
+    every_run_passed(runs);
+}
