@@ -144,6 +144,11 @@ pub struct RuntimeConfig {
     /// most one per interval for plain replies. 0: upload after every
     /// commit, as soon as the previous upload ended.
     pub replica_upload_interval_ms: u64,
+    /// A cluster node (`--advertise`): it keeps ADR 0009's alarm index,
+    /// and uploads only actors it holds (see `index`). The hold comes from
+    /// the [`RunGate`](crate::RunGate) the node sets before it serves;
+    /// until then nothing is uploaded.
+    pub cluster: bool,
 }
 
 impl RuntimeConfig {
@@ -184,6 +189,7 @@ impl RuntimeConfig {
             replica: ReplicaConfig::default(),
             restore_refused_retry_ms: RESTORE_REFUSED_RETRY_MS,
             replica_upload_interval_ms: REPLICA_UPLOAD_INTERVAL_MS,
+            cluster: false,
         }
     }
 

@@ -465,6 +465,12 @@ pub fn upload_pending(
         let Some(d) = db.as_deref_mut().or(own.as_mut()) else {
             return;
         };
+        if rt.hold_generation(&actor.id).is_none() {
+            // Not held here (the start-up pass over local data in a
+            // cluster): uploaded once this node takes the actor, by the
+            // batch that lists its alarm first (R4).
+            return;
+        }
         if let Err(e) = crate::index::plan_alone(rt, actor, d) {
             tracing::warn!(actor = %actor.id, error = %e, "could not list the actor's alarm in the index: nothing uploaded");
             return;

@@ -145,13 +145,6 @@ pub struct Inner {
 pub trait RunGate: Send + Sync {
     fn may_run(&self, id: &ActorId) -> bool;
 
-    /// Whether this node keeps ADR 0009's alarm index (a cluster node):
-    /// then every change of an actor's alarm is listed in the bucket
-    /// before the upload that carries it (see `index`).
-    fn keeps_index(&self) -> bool {
-        false
-    }
-
     /// The generation of the hold under which this node has `id` now, if
     /// its lease lets it act and it holds the actor; what index entries
     /// are tagged with (R1, R3).
@@ -881,9 +874,9 @@ impl Inner {
         self.started.elapsed().as_millis() as u64
     }
 
-    /// Whether this node keeps the alarm index (its gate says so).
+    /// Whether this node keeps the alarm index: a cluster node with a bucket.
     pub fn keeps_index(&self) -> bool {
-        self.replication.is_some() && self.gate.get().is_some_and(|g| g.keeps_index())
+        self.replication.is_some() && self.config.cluster
     }
 
     /// The hold generation index entries of `id` are tagged with.

@@ -563,10 +563,6 @@ impl RunGate for AlarmGate {
         matches!(routed, Ok(Ok(ownership::Route::Local(_))))
     }
 
-    fn keeps_index(&self) -> bool {
-        true
-    }
-
     fn hold_generation(&self, id: &ActorId) -> Option<u64> {
         let epoch = self.state.route_epoch()?;
         self.state.ownership.generation(id, epoch)

@@ -266,6 +266,7 @@ impl NodeConfig {
         c.replica.raise_bounds_to_retention();
         c.restore_refused_retry_ms = self.restore_refused_retry_ms;
         c.replica_upload_interval_ms = self.replica_upload_interval_ms;
+        c.cluster = self.advertise.is_some() && self.bucket.is_some();
         c
     }
 

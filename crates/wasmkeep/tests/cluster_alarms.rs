@@ -238,3 +238,47 @@ fn a_rolling_restart_loses_no_alarm() {
         assert!(runs[0].1 >= runs[0].0, "{name} fired early: {runs:?}");
     }
 }
+
+/// R4: a node that ran on its own joins the cluster with an actor whose
+/// alarm is pending. The first time it takes the actor, it lists the alarm
+/// before the actor's first upload; killed before the alarm is due, the
+/// alarm fires on another node.
+#[test]
+fn an_alarm_from_single_node_data_is_listed_before_its_first_upload() {
+    let c = Cluster::with_settings(Store::Folder, 60_000, SETTINGS);
+    let data = c.folder().with_file_name("joining");
+    let port = cluster::free_port();
+    let due = now_ms() + 8_000;
+    {
+        let mut alone = common::Node::start(&data, &["--examples"]);
+        let (code, body) = alone.post(&format!("{}/set?at_ms={due}", reminder("alone")), b"");
+        assert_eq!(code, 200, "{body}");
+        assert!(alone.stop().success());
+    }
+    let joining = c.start_on(&data, port, None);
+    let mut others = vec![c.start("b"), c.start("c")];
+    assert!(
+        entries(&c.folder()).is_empty(),
+        "nothing listed before the take"
+    );
+    // The first request takes the actor here and uploads it, replicated.
+    let a = send(
+        port,
+        "GET",
+        &format!("{}/alarm", reminder("alone")),
+        &[REPLICATED],
+    );
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert_eq!(a.body["alarm"], due);
+    assert_eq!(entries(&c.folder()).len(), 1, "listed before the upload");
+    let mut joining = joining;
+    joining.node.kill();
+    wait_for("the joined node's alarm to run elsewhere", || {
+        entries(&c.folder()).is_empty()
+    });
+    let (runs, node) = fired(others[0].port, "alone");
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    assert_eq!(runs[0].0, due);
+    assert_ne!(node.as_deref(), Some(joining.id.as_str()));
+    others.clear();
+}
