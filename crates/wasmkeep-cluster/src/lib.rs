@@ -33,6 +33,7 @@
 
 pub mod alarm_index;
 pub mod config;
+pub mod delivery;
 mod error;
 pub mod hold;
 pub mod lease;

@@ -25,16 +25,22 @@ pub enum Variant {
     /// Breaks R2's empty-bucket clause: an owner that found nothing in the
     /// bucket for the actor removes stale entries anyway.
     ClearOnEmptyBucket,
+    /// Breaks the sweep's no-state rule: an entry delivered for an actor with
+    /// no state (no committed alarm and no `on-init` recorded: deleted since,
+    /// or never initialised) runs `on-alarm` anyway, which creates the actor
+    /// again (a deleted actor comes back).
+    RunWithoutState,
 }
 
 impl Variant {
     /// Every unsafe variant, in the order the ADR lists them.
-    pub const UNSAFE: [Variant; 5] = [
+    pub const UNSAFE: [Variant; 6] = [
         Variant::UntaggedKeys,
         Variant::NoGenerationCheck,
         Variant::NoFence,
         Variant::UploadBeforeEntry,
         Variant::ClearOnEmptyBucket,
+        Variant::RunWithoutState,
     ];
 
     /// The variant's name on the command line.
@@ -46,6 +52,7 @@ impl Variant {
             Variant::NoFence => "no-fence",
             Variant::UploadBeforeEntry => "upload-before-entry",
             Variant::ClearOnEmptyBucket => "clear-on-empty-bucket",
+            Variant::RunWithoutState => "run-without-state",
         }
     }
 
@@ -100,6 +107,13 @@ impl Rules {
     pub fn keep_on_empty_bucket(self) -> bool {
         self.variant != Variant::ClearOnEmptyBucket
     }
+
+    /// The sweep's no-state rule: an entry delivered for an actor with no
+    /// state is removed without running the actor
+    /// ([`crate::delivery::plan_delivery`]).
+    pub fn skip_without_state(self) -> bool {
+        self.variant != Variant::RunWithoutState
+    }
 }
 
 #[cfg(test)]
@@ -117,6 +131,7 @@ mod tests {
                 r.owner_fence(),
                 r.entry_before_first_upload(),
                 r.keep_on_empty_bucket(),
+                r.skip_without_state(),
             ];
             let broken = kept.iter().filter(|k| !**k).count();
             assert_eq!(broken, usize::from(v != Variant::Safe), "{v:?}");

@@ -10,6 +10,11 @@
 //! wasmkeep-sim --seed S --trace [--variant NAME]      one seed's full trace
 //! --set name=value                                    change a fault or workload knob (see Options::set)
 //! ```
+//!
+//! Every summary ends with the counters (`Stats`), among them how often each
+//! sweep cap bound: `entries_cap_bound` (passes that read
+//! `sweep_entries_max` entries) and `deliveries_cap_bound` (passes where
+//! `sweep_deliveries_max` left eligible entries for the next sweep).
 
 use std::process::ExitCode;
 use std::time::Instant;
@@ -17,9 +22,8 @@ use std::time::Instant;
 use wasmkeep_cluster::Variant;
 use wasmkeep_sim::{Options, run, run_seeds};
 
-const USAGE: &str =
-    "usage: wasmkeep-sim [--seeds N] [--first-seed S] [--variant NAME [--all]] [--seed S --trace]
-variants: untagged-keys no-generation-check no-fence upload-before-entry clear-on-empty-bucket";
+const USAGE: &str = "usage: wasmkeep-sim [--seeds N] [--first-seed S] [--variant NAME [--all]] \
+                     [--seed S --trace] [--set name=value]";
 
 struct Args {
     seeds: u64,
@@ -81,6 +85,8 @@ fn main() -> ExitCode {
                 eprintln!("{e}");
             }
             eprintln!("{USAGE}");
+            let names: Vec<&str> = Variant::UNSAFE.iter().map(|v| v.name()).collect();
+            eprintln!("variants: {}", names.join(" "));
             return ExitCode::from(2);
         }
     };
@@ -109,6 +115,7 @@ fn main() -> ExitCode {
             r.trace_count,
             r.trace_hash
         );
+        println!("{:?}", r.profile);
         println!("{}", r.stats);
         return match r.violation {
             Some(v) => {
@@ -172,13 +179,20 @@ fn main() -> ExitCode {
             }
         }
     } else {
+        let s = &batch.stats;
         println!(
-            "seeds={} first_seed={} failed={} takeovers={} alarms={} ({secs:.1} s)",
+            "seeds={} first_seed={} failed={} takeovers={} alarms={} deletes={} no_state_deliveries={} \
+             entries_cap_bound={} deliveries_cap_bound={} listing_missed={} ({secs:.1} s)",
             batch.seeds,
             args.first_seed,
             batch.failures.len(),
-            batch.stats.takeovers,
-            batch.stats.alarms
+            s.takeovers,
+            s.alarms,
+            s.deletes,
+            s.no_state_deliveries,
+            s.entries_cap_bound,
+            s.deliveries_cap_bound,
+            s.listing_missed
         );
         if batch.failures.is_empty() {
             ExitCode::SUCCESS

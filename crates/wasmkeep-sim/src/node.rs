@@ -15,22 +15,28 @@
 //! (`log/<seq>`, create-only, with ADR 0007's late-commit rule: whoever
 //! creates the next seq first wins, and the loser gives the actor up). The
 //! alarm steps (`deliver`, `stale`, `run_event`, `join`, `sweep_once`) are
-//! still sequenced here, calling the pure rules of `alarm_index` and `sweep`;
-//! they are the next to move into machines.
+//! still sequenced here, calling the pure rules of `alarm_index`, `delivery`
+//! and `sweep`; they are the next to move into machines.
+//!
+//! Each actor belongs to one app and lists its alarm in that app's index
+//! (its prefix is a parameter of every index function); each node sweeps
+//! every app's index with a cursor per app, reading it page by page.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use wasmkeep_cluster::alarm_index::{
-    self, AlarmState, Delivery, StaleContext, StaleStep, plan_delivery, plan_event,
-    plan_first_upload,
+    self, AlarmState, StaleContext, StaleStep, due_of_key, plan_event, plan_first_upload,
 };
+use wasmkeep_cluster::delivery::{Delivery, Restored, plan_delivery};
 use wasmkeep_cluster::lease::{LeaseKey, NODES_PREFIX, NodeLeaseView};
 use wasmkeep_cluster::machine::{
     BucketOp, BucketResult, EpochEnd, LeaseEffect, NodeLeaseMachine, NodeViewEffect,
     NodeViewReader, ReleaseEffect, ReleaseMachine, ReleaseOutcome, TakeEffect, TakeMachine,
     TakeOutcome, TakeStep,
 };
-use wasmkeep_cluster::sweep::{SweepInput, TimerMerge, merge_timer, plan_sweep};
+use wasmkeep_cluster::sweep::{
+    SweepCursor, SweepInput, TimerMerge, merge_timer, plan_sweep, sweep_until_ms,
+};
 use wasmkeep_cluster::{ClusterConfig, Entry, IndexKey};
 
 use crate::sim::SimEv;
@@ -43,29 +49,95 @@ use crate::world::{Ev, Never, Op, ReqErr, Resp, Shared, World, next_work, reques
 const REARMS: u64 = 3;
 const REARM_BEFORE_MS: (u64, u64) = (500, 6_000);
 
+/// What wrote a chain entry.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Cause {
+    /// The run's setup (the state before the run).
+    #[default]
+    Setup,
+    /// A client request.
+    Client,
+    /// An `on-alarm` run.
+    Alarm,
+    /// An event that keeps the alarm, to index it under a tagged key before
+    /// stale entries are removed.
+    Index,
+    /// The `owner_fence` upload.
+    Fence,
+    /// A joining node's first upload (R4).
+    Join,
+}
+
+impl Cause {
+    fn name(self) -> &'static str {
+        match self {
+            Cause::Setup => "setup",
+            Cause::Client => "client",
+            Cause::Alarm => "alarm",
+            Cause::Index => "index",
+            Cause::Fence => "fence",
+            Cause::Join => "join",
+        }
+    }
+
+    fn parse(name: &str) -> Option<Cause> {
+        [
+            Cause::Setup,
+            Cause::Client,
+            Cause::Alarm,
+            Cause::Index,
+            Cause::Fence,
+            Cause::Join,
+        ]
+        .into_iter()
+        .find(|c| c.name() == name)
+    }
+}
+
 /// One actor's database, as far as the cluster protocol sees it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ActorState {
     /// The alarm, `alarm_indexed` and the failure count.
     pub alarm: AlarmState,
+    /// `on-init` is recorded: the actor was initialised and not deleted since.
+    /// A deleted actor's state is a tombstone: no alarm, no `on-init`.
+    pub init: bool,
     /// Events committed.
     pub version: u64,
     /// `owner_fence`: the generation of the last owner that fenced.
     pub fence: u64,
+    /// What wrote this version.
+    pub cause: Cause,
     /// Who wrote this version (node, generation, nonce): every body differs.
     pub writer: String,
 }
 
 impl ActorState {
+    /// What the delivery rule reads of the state.
+    pub fn restored(&self) -> Restored {
+        Restored {
+            alarm_at_ms: self.alarm.at_ms,
+            initialised: self.init,
+        }
+    }
+
+    /// Whether the actor has state (a committed alarm or `on-init`): not
+    /// deleted, not empty.
+    pub fn has_state(&self) -> bool {
+        self.restored().has_state()
+    }
+
     /// The body of a `log/<seq>` entry.
     pub fn encode(&self) -> String {
         let at = self.alarm.at_ms.map_or("-".to_owned(), |t| t.to_string());
         format!(
-            "alarm={at};indexed={};retry={};version={};fence={};writer={}",
+            "alarm={at};indexed={};retry={};init={};version={};fence={};cause={};writer={}",
             Entry::to_meta(self.alarm.indexed.as_ref()),
             self.alarm.retry_count,
+            u8::from(self.init),
             self.version,
             self.fence,
+            self.cause.name(),
             self.writer
         )
     }
@@ -85,8 +157,10 @@ impl ActorState {
                 }
                 "indexed" => s.alarm.indexed = Entry::parse_meta(v).ok()?,
                 "retry" => s.alarm.retry_count = v.parse().ok()?,
+                "init" => s.init = v == "1",
                 "version" => s.version = v.parse().ok()?,
                 "fence" => s.fence = v.parse().ok()?,
+                "cause" => s.cause = Cause::parse(v)?,
                 "writer" => s.writer = v.to_owned(),
                 _ => return None,
             }
@@ -154,6 +228,11 @@ pub enum ClientOp {
     Clear,
     /// A write that leaves the alarm alone.
     Touch,
+    /// Deletes the actor: its state becomes a tombstone (no alarm, no
+    /// `on-init`), and the entry it named is removed once that is replicated
+    /// (R2, the same as for a cleared alarm). A later request creates the
+    /// actor again; an alarm delivery never does.
+    Delete,
 }
 
 /// Work for a node's worker, one at a time (turns are serial).
@@ -189,8 +268,8 @@ pub struct Mem {
     pub in_flight: BTreeSet<usize>,
     /// Actors with a release queued.
     pub releasing: BTreeSet<usize>,
-    /// The sweep's cursor.
-    pub cursor: wasmkeep_cluster::sweep::SweepCursor,
+    /// The sweep's cursor in each app's index.
+    pub cursors: Vec<SweepCursor>,
 }
 
 /// The address a simulated node advertises in its lease records (nothing
@@ -200,8 +279,8 @@ fn sim_address(name: &str) -> String {
 }
 
 impl Mem {
-    /// Fresh memory for a start in `epoch`.
-    pub fn new(name: &str, epoch: u64, cfg: &ClusterConfig) -> Mem {
+    /// Fresh memory for a start in `epoch`, sweeping `apps` indexes.
+    pub fn new(name: &str, epoch: u64, cfg: &ClusterConfig, apps: usize) -> Mem {
         Mem {
             lease: NodeLeaseMachine::new(name, epoch, &sim_address(name), cfg.clone())
                 .expect("simulated node ids are valid"),
@@ -211,7 +290,7 @@ impl Mem {
             worker_waiting: None,
             in_flight: BTreeSet::new(),
             releasing: BTreeSet::new(),
-            cursor: Default::default(),
+            cursors: vec![SweepCursor::default(); apps.max(1)],
         }
     }
 }
@@ -229,6 +308,15 @@ enum Took {
     Mine,
     Forward(usize),
     Failed,
+}
+
+/// What an event does to the actor besides its alarm.
+#[derive(Clone, Copy, Debug)]
+struct Change {
+    /// `on-init` recorded after the event: false for a delete.
+    init: bool,
+    /// What runs the event.
+    cause: Cause,
 }
 
 impl Ctx {
@@ -289,6 +377,22 @@ impl Ctx {
         }
     }
 
+    /// Lists every key under `prefix`, page by page (`list_page_keys_max`
+    /// keys a page, continuing after the last key); `None` if a page fails.
+    async fn list_all(&self, prefix: String) -> Option<Vec<String>> {
+        let page = self.w.borrow().cfg.list_page_keys_max;
+        let mut keys: Vec<String> = Vec::new();
+        loop {
+            let after = keys.last().cloned();
+            let got = self.list(prefix.clone(), after, page).await?;
+            let done = got.len() < page;
+            keys.extend(got);
+            if done {
+                return Some(keys);
+            }
+        }
+    }
+
     async fn get(&self, key: String) -> Result<String, ReqErr> {
         match self.req(Op::Get { key }).await {
             Ok(Resp::Body(b)) => Ok(b),
@@ -297,14 +401,32 @@ impl Ctx {
         }
     }
 
-    async fn put(&self, key: String, body: String, create_only: bool) -> Result<(), ReqErr> {
+    async fn put(
+        &self,
+        actor: usize,
+        key: String,
+        body: String,
+        create_only: bool,
+    ) -> Result<(), ReqErr> {
         self.req(Op::Put {
             key,
             body,
             create_only,
+            actor: Some(actor),
         })
         .await
         .map(|_| ())
+    }
+
+    /// Removes an index entry of `actor`; whatever the answer, nothing waits
+    /// on it (a delete that fails leaves an entry: one wake-up more).
+    async fn delete(&self, actor: usize, key: String) {
+        let _ = self
+            .req(Op::Delete {
+                key,
+                actor: Some(actor),
+            })
+            .await;
     }
 
     fn acting(&self) -> bool {
@@ -337,7 +459,8 @@ impl Ctx {
         let had = self.with(|w| w.nodes[n].mem.claims.remove(&actor).is_some());
         if had {
             self.with(|w| w.stats.give_ups += 1);
-            self.log(format!("gives up a{actor}: {why}"));
+            let label = self.label(actor);
+            self.log(format!("gives up {label}: {why}"));
         }
     }
 
@@ -357,8 +480,17 @@ impl Ctx {
         self.w.borrow().actors[actor].root.clone()
     }
 
-    fn index_key(&self, key: &IndexKey) -> String {
-        format!("{}{}", self.w.borrow().opts.index_prefix, key.to_key())
+    fn label(&self, actor: usize) -> String {
+        self.w.borrow().actors[actor].label.clone()
+    }
+
+    /// The full key of one of `actor`'s entries, in its app's index.
+    fn index_key(&self, actor: usize, key: &IndexKey) -> String {
+        format!(
+            "{}{}",
+            self.w.borrow().actors[actor].index_prefix,
+            key.to_key()
+        )
     }
 
     /// A crash point between two steps: with a small probability the node
@@ -449,6 +581,7 @@ impl Ctx {
                 key,
                 body: String::from_utf8(body).expect("protocol records are text"),
                 create_only: true,
+                actor: None,
             },
             BucketOp::Get { key } => Op::Get { key },
             BucketOp::List {
@@ -460,7 +593,7 @@ impl Ctx {
                 start_after,
                 limit,
             },
-            BucketOp::Delete { key } => Op::Delete { key },
+            BucketOp::Delete { key } => Op::Delete { key, actor: None },
         };
         match self.req(op).await {
             Ok(Resp::Done) => BucketResult::Done,
@@ -566,8 +699,9 @@ impl Ctx {
     /// (the simulated chain has no snapshots; each entry is the whole state).
     async fn restore(&self, actor: usize, generation: u64, takeover: bool) -> bool {
         let root = self.root(actor);
-        let Some(logs) = self.list(format!("{root}log/"), None, usize::MAX).await else {
-            self.log(format!("took a{actor} g{generation} but cannot restore"));
+        let label = self.label(actor);
+        let Some(logs) = self.list_all(format!("{root}log/")).await else {
+            self.log(format!("took {label} g{generation} but cannot restore"));
             return false;
         };
         let (state, seq) = match logs.last() {
@@ -586,10 +720,11 @@ impl Ctx {
             }
         };
         self.log(format!(
-            "takes a{actor} g{generation}{} at seq {seq:?}: alarm {:?} indexed {}",
+            "takes {label} g{generation}{} at seq {seq:?}: alarm {:?} indexed {}{}",
             if takeover { " (takeover)" } else { "" },
             state.alarm.at_ms,
-            Entry::to_meta(state.alarm.indexed.as_ref())
+            Entry::to_meta(state.alarm.indexed.as_ref()),
+            if state.has_state() { "" } else { ", no state" }
         ));
         let now = self.now();
         let alarm = state.alarm.at_ms;
@@ -626,7 +761,7 @@ impl Ctx {
         let seq = claim.seq.map_or(0, |s| s + 1);
         state.writer = format!("{}:{}:{:016x}", self.name(), claim.generation, self.nonce());
         let key = format!("{}{}", self.root(actor), log_key(seq));
-        match self.put(key, state.encode(), true).await {
+        match self.put(actor, key, state.encode(), true).await {
             Ok(()) => {
                 let n = self.n;
                 let alarm = state.alarm.at_ms;
@@ -653,8 +788,16 @@ impl Ctx {
         }
     }
 
-    /// One event: ADR 0009's owner rule around replication.
-    async fn run_event(&self, actor: usize, alarm_after: Option<u64>, retry_count: u32) -> bool {
+    /// One event: ADR 0009's owner rule around replication. A delete is an
+    /// event like any other: its alarm is none, so the entry the state named
+    /// is removed once the tombstone is replicated (R2).
+    async fn run_event(
+        &self,
+        actor: usize,
+        alarm_after: Option<u64>,
+        retry_count: u32,
+        change: Change,
+    ) -> bool {
         let Some(claim) = self.claim(actor) else {
             return false;
         };
@@ -675,11 +818,26 @@ impl Ctx {
                 return false;
             }
             if let Err(e) = self
-                .put(self.index_key(&put.key), String::new(), put.create_only)
+                .put(
+                    actor,
+                    self.index_key(actor, &put.key),
+                    String::new(),
+                    put.create_only,
+                )
                 .await
             {
                 self.give_up(actor, &format!("index put failed: {e:?}"));
                 return false;
+            }
+            // The aimed fault at the race `owner_fence` closes: the new entry
+            // is due, and the upload naming it is held.
+            if put.key.entry.at_ms <= self.now() && self.chance(|o| o.p_aim_new_entry) {
+                let n = self.n;
+                self.with(|w| {
+                    let late = w.rng.range(30_000, 75_000);
+                    let cut = w.rng.range(20_000, 45_000);
+                    w.nodes[n].aim_upload = Some((late, cut));
+                });
             }
         }
         self.step("event: replicate").await;
@@ -689,6 +847,8 @@ impl Ctx {
                 indexed: plan.record,
                 retry_count,
             },
+            init: change.init,
+            cause: change.cause,
             version: claim.state.version + 1,
             ..claim.state.clone()
         };
@@ -699,11 +859,7 @@ impl Ctx {
         if let Some(old) = &plan.delete_after_upload {
             self.step("event: remove the replaced entry").await;
             if self.owner_ok(actor, claim.generation) {
-                let _ = self
-                    .req(Op::Delete {
-                        key: self.index_key(old),
-                    })
-                    .await;
+                self.delete(actor, self.index_key(actor, old)).await;
             }
         }
         true
@@ -742,6 +898,11 @@ impl Ctx {
             w.stats.client_events += 1;
         });
         let before = claim.state.alarm;
+        let label = self.label(actor);
+        if matches!(op, ClientOp::Delete) && !claim.state.has_state() {
+            // Deleting an actor that has no state changes nothing.
+            return;
+        }
         let slot = self.w.borrow().opts.slot_ms;
         let (after, retry) = match op {
             ClientOp::SetSlot(k) => {
@@ -755,15 +916,28 @@ impl Ctx {
                 (Some(current.max(0) as u64 * every + offset), 0)
             }
             ClientOp::SetAt(at) => (Some(at), 0),
-            ClientOp::Clear => (None, 0),
+            ClientOp::Clear | ClientOp::Delete => (None, 0),
             ClientOp::Touch => (before.at_ms, before.retry_count),
         };
+        // A request to a deleted actor creates it again (`on-init` runs).
+        let delete = matches!(op, ClientOp::Delete);
+        let recreate = !delete && !claim.state.has_state();
         self.log(format!(
-            "event on a{actor}: {op:?} alarm {:?} -> {after:?}",
-            before.at_ms
+            "event on {label}: {op:?} alarm {:?} -> {after:?}{}",
+            before.at_ms,
+            if recreate { " (creates it again)" } else { "" }
         ));
         self.handler_time().await;
-        self.run_event(actor, after, retry).await;
+        let change = Change {
+            init: !delete,
+            cause: Cause::Client,
+        };
+        if self.run_event(actor, after, retry, change).await {
+            self.with(|w| {
+                w.stats.deletes += u64::from(delete);
+                w.stats.recreated += u64::from(recreate);
+            });
+        }
     }
 
     async fn deliver(&self, actor: usize, at: u64) {
@@ -771,7 +945,8 @@ impl Ctx {
             Took::Mine => {}
             Took::Forward(_) => {
                 // The owner has the alarm, committed and indexed.
-                self.log(format!("drops delivery of a{actor}@{at}: owned elsewhere"));
+                let label = self.label(actor);
+                self.log(format!("drops delivery of {label}@{at}: owned elsewhere"));
                 return;
             }
             Took::Failed => {
@@ -793,7 +968,9 @@ impl Ctx {
                 c.last_used = now;
             }
         });
-        match plan_delivery(at, claim.state.alarm.at_ms, now) {
+        let label = self.label(actor);
+        let rules = self.w.borrow().rules;
+        match plan_delivery(rules, at, &claim.state.restored(), now) {
             Delivery::Run => {
                 // Checked against simulated time, not the node's clock: a clock
                 // that runs behind may deliver late, never early.
@@ -803,12 +980,18 @@ impl Ctx {
                     self.with(|w| {
                         w.violate(
                             "early-delivery",
-                            format!("{name} ran a{actor}'s alarm due {at} at {true_now}"),
+                            format!("{name} ran {label}'s alarm due {at} at {true_now}"),
                         )
                     });
                     return;
                 }
+                if !claim.state.has_state() {
+                    // Only under the unsafe variant: the actor is started,
+                    // which runs `on-init` and creates it again.
+                    self.log(format!("runs {label}@{at} with no state (creates it)"));
+                }
                 let fail = self.chance(|o| o.p_handler_fail);
+                let delete = !fail && self.chance(|o| o.p_alarm_delete);
                 let slot = self.w.borrow().opts.slot_ms;
                 let left = self.with(|w| {
                     let r = w.rng.range(0, 9);
@@ -830,11 +1013,20 @@ impl Ctx {
                     claim.state.alarm.retry_count,
                     now,
                 );
+                // `on-alarm` may delete its own actor: then nothing is left,
+                // not even the alarm it set.
+                let (alarm_after, retry_after) = if delete {
+                    (None, 0)
+                } else {
+                    (out.at_ms, out.retry_count)
+                };
                 self.log(format!(
-                    "runs on-alarm a{actor}@{at} ({}) -> alarm {:?} retry {}",
-                    if fail { "fails" } else { "ok" },
-                    out.at_ms,
-                    out.retry_count
+                    "runs on-alarm {label}@{at} ({}) -> alarm {alarm_after:?} retry {retry_after}",
+                    match (fail, delete) {
+                        (true, _) => "fails",
+                        (false, true) => "ok, deletes the actor",
+                        (false, false) => "ok",
+                    },
                 ));
                 self.with(|w| {
                     w.stats.alarm_runs += 1;
@@ -842,12 +1034,34 @@ impl Ctx {
                         w.stats.alarm_failures += 1;
                     }
                 });
-                if self.run_event(actor, out.at_ms, out.retry_count).await {
-                    self.with(|w| w.stats.alarms += 1);
+                let change = Change {
+                    init: !delete,
+                    cause: Cause::Alarm,
+                };
+                if self
+                    .run_event(actor, alarm_after, retry_after, change)
+                    .await
+                {
+                    self.with(|w| {
+                        w.stats.alarms += 1;
+                        w.stats.alarm_deletes += u64::from(delete);
+                        w.stats.deletes += u64::from(delete);
+                    });
                 }
             }
             Delivery::NotDue { at_ms } => self.set_timer(actor, Some(at_ms)),
             Delivery::Stale => self.stale(actor, at).await,
+            Delivery::NoState => {
+                // Deleted since, or never initialised: the actor is not
+                // started (that would create it); the entry goes by the
+                // stale-entry steps, which keep it while the bucket had
+                // nothing for the actor.
+                self.log(format!(
+                    "{label}@{at}: no state, removes the entry, runs nothing"
+                ));
+                self.with(|w| w.stats.no_state_deliveries += 1);
+                self.stale(actor, at).await;
+            }
         }
     }
 
@@ -866,11 +1080,16 @@ impl Ctx {
                 uploaded_since_take: claim.uploaded,
             };
             let step = alarm_index::next_stale_step(rules, &ctx, &cfg, now);
-            self.log(format!("stale a{actor}@{at}: {step:?}"));
+            let label = self.label(actor);
+            self.log(format!("stale {label}@{at}: {step:?}"));
             match step {
                 StaleStep::IndexCommitted => {
                     let a = claim.state.alarm;
-                    if !self.run_event(actor, a.at_ms, a.retry_count).await {
+                    let change = Change {
+                        init: claim.state.init,
+                        cause: Cause::Index,
+                    };
+                    if !self.run_event(actor, a.at_ms, a.retry_count, change).await {
                         return;
                     }
                 }
@@ -879,6 +1098,7 @@ impl Ctx {
                     let state = ActorState {
                         fence: claim.generation,
                         version: claim.state.version + 1,
+                        cause: Cause::Fence,
                         ..claim.state
                     };
                     if !self.upload(actor, state).await {
@@ -891,10 +1111,12 @@ impl Ctx {
                         return;
                     }
                     self.pause_point(actor, at).await;
-                    let (prefix, address) = self
-                        .with(|w| (w.opts.index_prefix.clone(), w.actors[actor].address.clone()));
+                    let (prefix, address) = self.with(|w| {
+                        let a = &w.actors[actor];
+                        (a.index_prefix.clone(), a.address.clone())
+                    });
                     let folder = format!("{prefix}{}", alarm_index::tagged_folder(at, &address));
-                    let Some(keys) = self.list(folder, None, usize::MAX).await else {
+                    let Some(keys) = self.list_all(folder).await else {
                         return;
                     };
                     let rel: Vec<String> =
@@ -906,7 +1128,7 @@ impl Ctx {
                         .count() as u64;
                     if newer > 0 {
                         self.log(format!(
-                            "stale a{actor}@{at}: lists {newer} entries of a newer owner"
+                            "stale {label}@{at}: lists {newer} entries of a newer owner"
                         ));
                         self.with(|w| w.stats.newer_entries_listed += newer);
                     }
@@ -919,11 +1141,11 @@ impl Ctx {
                         claim.generation,
                     );
                     for k in doomed {
-                        let key = self.index_key(&k);
+                        let key = self.index_key(actor, &k);
                         if self.w.borrow().bucket.contains_key(&key) {
                             self.with(|w| w.stats.stale_deleted += 1);
                         }
-                        let _ = self.req(Op::Delete { key }).await;
+                        self.delete(actor, key).await;
                     }
                     return;
                 }
@@ -963,7 +1185,8 @@ impl Ctx {
                 ReleaseEffect::Done(outcome) => {
                     if let ReleaseOutcome::Released { generation } = outcome {
                         self.with(|w| w.stats.releases += 1);
-                        self.log(format!("releases a{actor} (g{generation})"));
+                        let label = self.label(actor);
+                        self.log(format!("releases {label} (g{generation})"));
                     }
                     break;
                 }
@@ -1006,8 +1229,9 @@ impl Ctx {
                 w.nodes[n].durable.joins.remove(&actor);
                 w.stats.set_aside += 1;
             });
+            let label = self.label(actor);
             self.log(format!(
-                "sets its own copy of a{actor} aside: the bucket has it"
+                "sets its own copy of {label} aside: the bucket has it"
             ));
             return;
         }
@@ -1018,7 +1242,12 @@ impl Ctx {
             self.step("join: list the alarm").await;
             if !self.owner_ok(actor, claim.generation)
                 || self
-                    .put(self.index_key(&put.key), String::new(), put.create_only)
+                    .put(
+                        actor,
+                        self.index_key(actor, &put.key),
+                        String::new(),
+                        put.create_only,
+                    )
                     .await
                     .is_err()
             {
@@ -1038,11 +1267,14 @@ impl Ctx {
                 indexed: plan.record,
                 retry_count: 0,
             },
+            init: true,
+            cause: Cause::Join,
             version: 1,
             ..ActorState::default()
         };
+        let label = self.label(actor);
         self.log(format!(
-            "joins with a{actor}: alarm {:?} indexed {}",
+            "joins with {label}: alarm {:?} indexed {}",
             local.alarm,
             Entry::to_meta(plan.record.as_ref())
         ));
@@ -1052,7 +1284,12 @@ impl Ctx {
         if let Some(put) = &plan.put_after_upload {
             self.step("join: list the alarm after the upload").await;
             let _ = self
-                .put(self.index_key(&put.key), String::new(), put.create_only)
+                .put(
+                    actor,
+                    self.index_key(actor, &put.key),
+                    String::new(),
+                    put.create_only,
+                )
                 .await;
         }
         self.with(|w| {
@@ -1123,7 +1360,7 @@ pub async fn sweep_loop(ctx: Ctx) {
 }
 
 async fn sweep_once(ctx: &Ctx) {
-    let Some(keys) = ctx.list(NODES_PREFIX.to_owned(), None, usize::MAX).await else {
+    let Some(keys) = ctx.list_all(NODES_PREFIX.to_owned()).await else {
         return;
     };
     let names: BTreeSet<String> = keys
@@ -1148,49 +1385,109 @@ async fn sweep_once(ctx: &Ctx) {
     }
     live.push(me.clone());
     live.sort();
+    ctx.with(|w| w.stats.sweeps += 1);
+    let apps = ctx.with(|w| w.apps.len());
+    for app in 0..apps {
+        if !ctx.acting() {
+            return;
+        }
+        sweep_app(ctx, app, &me, &live).await;
+    }
+}
+
+/// One pass over one app's index: up to `sweep_entries_max` keys from the
+/// app's cursor, read page by page (a page of `list_page_keys_max` keys at
+/// most, the next one after the last key), ending early at a page whose last
+/// key is not yet overdue; then `plan_sweep` and the timer.
+async fn sweep_app(ctx: &Ctx, app: usize, me: &str, live: &[String]) {
     let n = ctx.n;
     let (request, prefix, cfg) = ctx.with(|w| {
         (
-            w.nodes[n].mem.cursor.request(&w.cfg),
-            w.opts.index_prefix.clone(),
+            w.nodes[n].mem.cursors[app].request(&w.cfg),
+            w.apps[app].index_prefix.clone(),
             w.cfg.clone(),
         )
     });
-    let start_after = request.start_after.map(|s| format!("{prefix}{s}"));
-    let Some(keys) = ctx.list(prefix.clone(), start_after, request.limit).await else {
-        return;
-    };
-    let rel: Vec<String> = keys.iter().map(|k| k[prefix.len()..].to_owned()).collect();
+    let until = sweep_until_ms(ctx.now(), &cfg);
+    let mut rel: Vec<String> = Vec::new();
+    let mut after = request.start_after.map(|s| format!("{prefix}{s}"));
+    loop {
+        let want = (request.limit - rel.len()).min(cfg.list_page_keys_max);
+        let Some(page) = ctx.list(prefix.clone(), after.clone(), want).await else {
+            return;
+        };
+        ctx.with(|w| w.stats.sweep_pages += 1);
+        let short = page.len() < want;
+        let beyond = page
+            .last()
+            .and_then(|k| due_of_key(&k[prefix.len()..]))
+            .is_some_and(|due| due > until);
+        if let Some(last) = page.last() {
+            after = Some(last.clone());
+        }
+        rel.extend(page.iter().map(|k| k[prefix.len()..].to_owned()));
+        if short || beyond || rel.len() >= request.limit {
+            break;
+        }
+    }
     ctx.with(|w| {
         let now = w.node_now(n);
-        let pass = w.nodes[n].mem.cursor.on_listed(&rel, now, &cfg);
+        let pass = w.nodes[n].mem.cursors[app].on_listed(&rel, now, &cfg);
+        w.stats.sweep_passes += 1;
+        // The pass read `sweep_entries_max` entries: the next one resumes
+        // after them.
+        if w.nodes[n].mem.cursors[app]
+            .request(&cfg)
+            .start_after
+            .is_some()
+        {
+            w.stats.entries_cap_bound += 1;
+        }
         let busy: BTreeSet<wasmkeep_cluster::Address> = w.nodes[n]
             .mem
             .in_flight
             .iter()
+            .filter(|a| w.actors[**a].app == app)
             .map(|a| w.actors[*a].address.clone())
             .collect();
         let rotation = w.rng.next_u64();
         let input = SweepInput {
             entries: &pass.entries,
-            me: &me,
-            live_nodes: &live,
+            me,
+            live_nodes: live,
             busy: &busy,
             rotation,
             now_ms: now,
         };
         let plan = plan_sweep(&input, &cfg);
-        w.stats.sweeps += 1;
+        // The deliveries cap bound if a larger one would have let more
+        // through: entries were left for the next sweep.
+        let one_more = ClusterConfig {
+            sweep_deliveries_max: cfg.sweep_deliveries_max + 1,
+            ..cfg.clone()
+        };
+        if plan_sweep(&input, &one_more).len() > cfg.sweep_deliveries_max {
+            w.stats.deliveries_cap_bound += 1;
+        }
         for e in plan {
-            let Some(actor) = w.actors.iter().position(|a| a.address == e.address) else {
+            // The actor of this app with the entry's address: apps share
+            // class and actor names.
+            let Some(actor) = w
+                .by_address
+                .get(&e.address)
+                .and_then(|v| v.iter().copied().find(|a| w.actors[*a].app == app))
+            else {
                 continue;
             };
+            let full = format!("{prefix}{}", e.to_key());
+            crate::sim::check_offer(w, &full, actor);
             let held = w.nodes[n].mem.timer.get(&actor).copied();
             if merge_timer(held, e.entry.at_ms, now, &cfg) == TimerMerge::TakeOffered {
                 w.nodes[n].mem.timer.insert(actor, e.entry.at_ms);
                 w.stats.sweep_offers += 1;
                 let name = w.nodes[n].name.clone();
-                w.log(format!("{name} sweep offers a{actor}@{}", e.entry.at_ms));
+                let label = w.actors[actor].label.clone();
+                w.log(format!("{name} sweep offers {label}@{}", e.entry.at_ms));
             }
         }
     });

@@ -4,10 +4,14 @@ use std::cell::RefCell;
 use std::fmt;
 use std::rc::Rc;
 
-use wasmkeep_cluster::{Address, ClusterConfig, Entry, IndexKey, Variant};
+use wasmkeep_cluster::{Address, ClusterConfig, Entry, IndexKey, Variant, alarm_index};
 
-use crate::node::{self, ActorState, ClientOp, Ctx, Durable, JoinData, Mem, Work, log_key};
+use crate::node::{self, ActorState, Cause, ClientOp, Ctx, Durable, JoinData, Mem, Work, log_key};
+use crate::rng::Rng;
 use crate::world::{Ev, Executor, Node, World};
+
+/// The tenant every simulated app belongs to.
+pub const TENANT: &str = "t1";
 
 /// What a run does. Every field has a default; the seed picks the rest.
 #[derive(Clone, Debug)]
@@ -20,8 +24,40 @@ pub struct Options {
     pub trace: bool,
     /// Nodes in the cluster from the start.
     pub nodes: usize,
-    /// Actors in the bucket from the start.
+    /// Apps of the tenant. Every app has the same class and actor names
+    /// (`room/a0`, `room/a1`, ...), each app its own index.
+    pub apps: usize,
+    /// Actors in the bucket from the start, in each app (clients reach
+    /// these and the joining nodes' actors, not the backlog).
     pub actors: usize,
+    /// All apps list their entries under the tenant-wide prefix
+    /// (`alarm_index::tenant_index_prefix`, `alarms/t1/`, the layout before
+    /// ADR 0022) instead of their own (`alarm_index::app_index_prefix`,
+    /// below the app's root): apps with the same names then share entries. Only for the test that shows the app-isolation invariant
+    /// catches it.
+    pub shared_index: bool,
+    /// Idle actors whose alarm is already overdue at the start, in each app
+    /// (a dead node's actors, no hold): what makes the sweep's caps bind.
+    /// `None`: the seed picks ([`Profile`]).
+    pub backlog: Option<usize>,
+    /// Entries nobody can act on, in each app's index: of a class no node
+    /// serves (`gone`), due at time 0, so they sort ahead of every live
+    /// entry and stay (ADR 0009: sweeps step past them). More than a pass's
+    /// worth means only the sweep's cursor gets past them. `None`: the seed
+    /// picks.
+    pub orphans: Option<usize>,
+    /// How long after it landed an index entry may still be missing from
+    /// listings. `None`: the seed picks.
+    pub list_lag_ms: Option<u64>,
+    /// Keys in one page of a listing (`list_page_keys_max`). `None`: the
+    /// seed picks.
+    pub page_keys: Option<usize>,
+    /// `sweep_entries_max`. `None`: the seed picks (the default, 2,048, or a
+    /// small cap in seeds with a small backlog).
+    pub sweep_entries_max: Option<usize>,
+    /// `sweep_deliveries_max`. `None`: the seed picks (the default, 256, or a
+    /// small cap).
+    pub sweep_deliveries_max: Option<usize>,
     /// Simulated time with faults and client requests.
     pub fault_ms: u64,
     /// Simulated time after faults stop, for every committed alarm to fire.
@@ -46,6 +82,11 @@ pub struct Options {
     /// Aimed fault: an owner's upload lands 20 to 60 s late and the owner is
     /// cut off for 20 to 45 s right after sending it.
     pub p_aim_upload: f64,
+    /// Aimed fault: an upload that names a new entry whose time has come
+    /// lands 30 to 75 s late and the owner is cut off for 20 to 45 s right
+    /// after sending it: the entry comes up in a sweep elsewhere while the
+    /// state naming it is still on its way (the race `owner_fence` closes).
+    pub p_aim_new_entry: f64,
     /// Aimed fault: an owner stalls 12 to 40 s between its lease check and
     /// its listing of stale entries.
     pub p_aim_pause: f64,
@@ -55,6 +96,10 @@ pub struct Options {
     pub p_aim_rearm: f64,
     /// `on-alarm` fails.
     pub p_handler_fail: f64,
+    /// A client request deletes the actor (its state becomes a tombstone).
+    pub p_delete: f64,
+    /// A successful `on-alarm` deletes its actor.
+    pub p_alarm_delete: f64,
     /// Mean time between crashes of one node.
     pub crash_every_ms: u64,
     /// Mean time between cut-offs of one node.
@@ -75,8 +120,6 @@ pub struct Options {
     pub deadline_ms: u64,
     /// A handler runs this long (lowest, highest).
     pub handler_ms: (u64, u64),
-    /// The alarm index prefix.
-    pub index_prefix: String,
 }
 
 impl Default for Options {
@@ -86,7 +129,15 @@ impl Default for Options {
             variant: Variant::Safe,
             trace: false,
             nodes: 3,
-            actors: 5,
+            apps: 2,
+            actors: 3,
+            shared_index: false,
+            backlog: None,
+            orphans: None,
+            list_lag_ms: None,
+            page_keys: None,
+            sweep_entries_max: None,
+            sweep_deliveries_max: None,
             fault_ms: 240_000,
             quiet_ms: 600_000,
             check_every_ms: 50,
@@ -98,9 +149,12 @@ impl Default for Options {
             p_step_crash: 0.01,
             p_aim_join: 0.5,
             p_aim_upload: 0.03,
+            p_aim_new_entry: 0.1,
             p_aim_pause: 0.4,
             p_aim_rearm: 1.0,
             p_handler_fail: 0.2,
+            p_delete: 0.05,
+            p_alarm_delete: 0.1,
             crash_every_ms: 90_000,
             cut_every_ms: 90_000,
             stall_every_ms: 120_000,
@@ -110,7 +164,6 @@ impl Default for Options {
             slot_ms: 5_000,
             deadline_ms: 20_000,
             handler_ms: (1, 3_000),
-            index_prefix: "alarms/t1/".to_owned(),
         }
     }
 }
@@ -123,7 +176,18 @@ impl Options {
         let u = |v: &str| v.parse::<u64>().map_err(|_| bad());
         match name {
             "nodes" => self.nodes = u(value)? as usize,
+            "apps" => self.apps = (u(value)? as usize).max(1),
             "actors" => self.actors = u(value)? as usize,
+            "shared_index" => self.shared_index = u(value)? != 0,
+            "backlog" => self.backlog = Some(u(value)? as usize),
+            "orphans" => self.orphans = Some(u(value)? as usize),
+            "list_lag_ms" => self.list_lag_ms = Some(u(value)?),
+            "page_keys" => self.page_keys = Some((u(value)? as usize).max(1)),
+            "sweep_entries_max" => self.sweep_entries_max = Some((u(value)? as usize).max(1)),
+            "sweep_deliveries_max" => self.sweep_deliveries_max = Some((u(value)? as usize).max(1)),
+            "p_delete" => self.p_delete = f(value)?,
+            "p_alarm_delete" => self.p_alarm_delete = f(value)?,
+            "handler_ms_min" => self.handler_ms.0 = u(value)?,
             "fault_ms" => self.fault_ms = u(value)?,
             "quiet_ms" => self.quiet_ms = u(value)?,
             "p_error" => self.p_error = f(value)?,
@@ -133,6 +197,7 @@ impl Options {
             "p_step_crash" => self.p_step_crash = f(value)?,
             "p_aim_join" => self.p_aim_join = f(value)?,
             "p_aim_upload" => self.p_aim_upload = f(value)?,
+            "p_aim_new_entry" => self.p_aim_new_entry = f(value)?,
             "p_aim_pause" => self.p_aim_pause = f(value)?,
             "p_aim_rearm" => self.p_aim_rearm = f(value)?,
             "p_handler_fail" => self.p_handler_fail = f(value)?,
@@ -147,7 +212,91 @@ impl Options {
             "handler_ms_max" => self.handler_ms.1 = u(value)?,
             _ => return Err(format!("unknown knob: knob={name}")),
         }
+        if self.handler_ms.0 > self.handler_ms.1 {
+            return Err(format!("handler_ms_min above handler_ms_max: {value}"));
+        }
         Ok(())
+    }
+}
+
+/// What a seed picks where [`Options`] leaves it open. Drawn from a generator
+/// of its own, so that fixing one of these (`--set`) leaves the others and
+/// the run's other draws as the seed had them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Profile {
+    /// Listing lag: none in a third of the seeds, else 0.1 to 3 s.
+    pub list_lag_ms: u64,
+    /// Keys per listing page: S3's 1,000 in half the seeds, 100 in a
+    /// quarter, 10 to 40 in the rest.
+    pub page_keys: usize,
+    /// Overdue idle actors per app at the start: 60 to 160 in a quarter of
+    /// the seeds (with small caps), else 0 to 8.
+    pub backlog: usize,
+    /// Entries of a class no node serves, per app: in the seeds with small
+    /// caps, a pass's worth and a few more (the seed's `sweep_entries_max`
+    /// plus 1 to `sweep_deliveries_max` - 1, so that the pass after them
+    /// still has room for live entries), else 0 to 3.
+    pub orphans: usize,
+    /// `sweep_entries_max`: 16 to 48 in the seeds with a large backlog, else
+    /// the default.
+    pub sweep_entries_max: usize,
+    /// `sweep_deliveries_max`: 4 to 12 in the seeds with a large backlog,
+    /// else the default.
+    pub sweep_deliveries_max: usize,
+}
+
+impl Profile {
+    /// The seed's picks, with the options' fixed values in their place.
+    pub fn of(opts: &Options) -> Profile {
+        let mut r = Rng::new(opts.seed ^ 0x7072_6f66_696c_6573);
+        let lag = if r.chance(1.0 / 3.0) {
+            0
+        } else {
+            r.range(100, 3_000)
+        };
+        let page = match r.range(0, 3) {
+            0 | 1 => 1_000,
+            2 => 100,
+            _ => r.range(10, 40) as usize,
+        };
+        let defaults = ClusterConfig::default();
+        let small = r.chance(0.25);
+        let (backlog, entries, deliveries) = if small {
+            (
+                r.range(60, 160) as usize,
+                r.range(16, 48) as usize,
+                r.range(4, 12) as usize,
+            )
+        } else {
+            (
+                r.range(0, 8) as usize,
+                defaults.sweep_entries_max,
+                defaults.sweep_deliveries_max,
+            )
+        };
+        let orphans = if small {
+            entries + r.range(1, deliveries as u64 - 1) as usize
+        } else {
+            r.range(0, 3) as usize
+        };
+        Profile {
+            list_lag_ms: opts.list_lag_ms.unwrap_or(lag),
+            page_keys: opts.page_keys.unwrap_or(page),
+            backlog: opts.backlog.unwrap_or(backlog),
+            orphans: opts.orphans.unwrap_or(orphans),
+            sweep_entries_max: opts.sweep_entries_max.unwrap_or(entries),
+            sweep_deliveries_max: opts.sweep_deliveries_max.unwrap_or(deliveries),
+        }
+    }
+
+    /// The protocol configuration of a run with this profile.
+    pub fn config(&self) -> ClusterConfig {
+        ClusterConfig {
+            list_page_keys_max: self.page_keys,
+            sweep_entries_max: self.sweep_entries_max,
+            sweep_deliveries_max: self.sweep_deliveries_max,
+            ..ClusterConfig::default()
+        }
     }
 }
 
@@ -179,6 +328,8 @@ pub struct Stats {
     pub aimed_rearms: u64,
     pub aimed_join_faults: u64,
     pub aimed_upload_faults: u64,
+    /// Aimed faults on uploads that name a new entry already due.
+    pub aimed_new_entry_faults: u64,
     pub joins: u64,
     pub set_aside: u64,
     pub epochs: u64,
@@ -187,6 +338,36 @@ pub struct Stats {
     pub newer_entries_listed: u64,
     pub late_uploads_landed: u64,
     pub late_deletes_landed: u64,
+    /// Actors deleted (replicated tombstones), by clients or by `on-alarm`.
+    pub deletes: u64,
+    /// Of those, by their own `on-alarm`.
+    pub alarm_deletes: u64,
+    /// Deleted actors a client request created again.
+    pub recreated: u64,
+    /// Entries delivered for an actor with no state: nothing ran.
+    pub no_state_deliveries: u64,
+    /// Overdue idle actors at the start.
+    pub backlog_actors: u64,
+    /// Entries of a class no node serves at the start.
+    pub orphan_entries: u64,
+    /// Sweep passes (one per app's index per sweep).
+    pub sweep_passes: u64,
+    /// Listing pages those passes read.
+    pub sweep_pages: u64,
+    /// Passes that read `sweep_entries_max` entries (the next resumes after).
+    pub entries_cap_bound: u64,
+    /// Passes where `sweep_deliveries_max` left eligible entries undelivered.
+    pub deliveries_cap_bound: u64,
+    /// Index entries a listing did not show because of the listing lag.
+    pub listing_missed: u64,
+    /// Listings of a later page (with `start_after`), of any prefix.
+    pub continued_listings: u64,
+    /// Seeds with a listing lag.
+    pub lagged_seeds: u64,
+    /// Seeds with pages smaller than S3's 1,000 keys.
+    pub small_page_seeds: u64,
+    /// Seeds with caps below the defaults.
+    pub small_cap_seeds: u64,
 }
 
 impl Stats {
@@ -219,6 +400,7 @@ impl Stats {
             aimed_rearms,
             aimed_join_faults,
             aimed_upload_faults,
+            aimed_new_entry_faults,
             joins,
             set_aside,
             epochs,
@@ -226,7 +408,22 @@ impl Stats {
             clock_faults,
             newer_entries_listed,
             late_uploads_landed,
-            late_deletes_landed
+            late_deletes_landed,
+            deletes,
+            alarm_deletes,
+            recreated,
+            no_state_deliveries,
+            backlog_actors,
+            orphan_entries,
+            sweep_passes,
+            sweep_pages,
+            entries_cap_bound,
+            deliveries_cap_bound,
+            listing_missed,
+            continued_listings,
+            lagged_seeds,
+            small_page_seeds,
+            small_cap_seeds
         );
     }
 }
@@ -238,8 +435,10 @@ impl fmt::Display for Stats {
             "takeovers={} takes={} alarms={} alarm_runs={} alarm_failures={} client_events={} node_fences={} \
              fenced_nodes={} owner_fences={} releases={} give_ups={} late_commit_conflicts={} stale_deleted={} \
              left_on_empty_bucket={} joins={} set_aside={} crashes={} step_crashes={} cut_offs={} stalls={} \
-             aimed_pauses={} aimed_rearms={} aimed_join_faults={} aimed_upload_faults={} clock_faults={} newer_entries_listed={} late_uploads_landed={} late_deletes_landed={} \
-             sweeps={} sweep_offers={} requests={} checks={}",
+             aimed_pauses={} aimed_rearms={} aimed_join_faults={} aimed_upload_faults={} aimed_new_entry_faults={} clock_faults={} newer_entries_listed={} late_uploads_landed={} late_deletes_landed={} \
+             sweeps={} sweep_offers={} requests={} checks={} deletes={} alarm_deletes={} recreated={} \
+             no_state_deliveries={} backlog_actors={} orphan_entries={} sweep_passes={} sweep_pages={} entries_cap_bound={} \
+             deliveries_cap_bound={} listing_missed={} continued_listings={} lagged_seeds={} small_page_seeds={} small_cap_seeds={}",
             self.takeovers,
             self.takes,
             self.alarms,
@@ -264,6 +463,7 @@ impl fmt::Display for Stats {
             self.aimed_rearms,
             self.aimed_join_faults,
             self.aimed_upload_faults,
+            self.aimed_new_entry_faults,
             self.clock_faults,
             self.newer_entries_listed,
             self.late_uploads_landed,
@@ -271,7 +471,22 @@ impl fmt::Display for Stats {
             self.sweeps,
             self.sweep_offers,
             self.requests,
-            self.checks
+            self.checks,
+            self.deletes,
+            self.alarm_deletes,
+            self.recreated,
+            self.no_state_deliveries,
+            self.backlog_actors,
+            self.orphan_entries,
+            self.sweep_passes,
+            self.sweep_pages,
+            self.entries_cap_bound,
+            self.deliveries_cap_bound,
+            self.listing_missed,
+            self.continued_listings,
+            self.lagged_seeds,
+            self.small_page_seeds,
+            self.small_cap_seeds
         )
     }
 }
@@ -281,37 +496,75 @@ impl fmt::Display for Stats {
 pub struct Violation {
     /// When.
     pub time_ms: u64,
-    /// Which invariant: `missing-entry`, `early-delivery` or `undelivered`.
+    /// Which invariant: `missing-entry`, `early-delivery`, `undelivered`,
+    /// `entry-left`, `deleted-actor-ran`, `created-by-alarm`,
+    /// `cross-app-alarm` or `cross-app-delete`.
     pub kind: &'static str,
     /// What was seen.
     pub detail: String,
 }
 
+/// An app of the tenant.
+#[derive(Clone, Debug)]
+pub struct AppInfo {
+    /// Its name.
+    pub name: String,
+    /// Where its alarm index lives: below the app's root
+    /// (`alarm_index::app_index_prefix`, ADR 0022), or the tenant-wide
+    /// `alarms/t1/` with [`Options::shared_index`].
+    pub index_prefix: String,
+}
+
 /// An actor of the run.
 #[derive(Clone, Debug)]
 pub struct ActorInfo {
-    /// Its address.
+    /// Its app (an index into the world's apps).
+    pub app: usize,
+    /// Its address within the app.
     pub address: Address,
-    /// Its folder in the bucket, `state/t1/app/<class>/<name hex>/`.
+    /// `<app>/<class>/<name>`, for the trace.
+    pub label: String,
+    /// Its folder in the bucket, `state/t1/<app>/<class>/<name hex>/`.
     pub root: String,
+    /// Its app's index prefix.
+    pub index_prefix: String,
     /// Where this actor's fixed deadlines start.
     pub deadline_offset_ms: u64,
+    /// One of the overdue idle actors of the backlog: no client reaches it.
+    pub backlog: bool,
     log_lo: String,
     log_hi: String,
 }
 
 impl ActorInfo {
-    fn new(address: Address, deadline_offset_ms: u64) -> ActorInfo {
-        let root = format!("state/t1/app/{}/", address.path());
+    fn new(app: (usize, &AppInfo), address: Address, deadline_offset_ms: u64) -> ActorInfo {
+        let root = format!("state/{TENANT}/{}/{}/", app.1.name, address.path());
         // `log/` up to `log0`: '0' is the byte after '/'.
         ActorInfo {
+            app: app.0,
+            label: format!("{}/{}/{}", app.1.name, address.class(), address.name()),
             log_lo: format!("{root}log/"),
             log_hi: format!("{root}log0"),
             address,
             root,
+            index_prefix: app.1.index_prefix.clone(),
             deadline_offset_ms,
+            backlog: false,
         }
     }
+}
+
+/// Adds an actor to the world's lists and maps.
+fn add_actor(w: &mut World, info: ActorInfo) -> usize {
+    let i = w.actors.len();
+    w.by_root.insert(info.root.clone(), i);
+    w.by_address
+        .entry(info.address.clone())
+        .or_default()
+        .push(i);
+    w.dirty.insert(i);
+    w.actors.push(info);
+    i
 }
 
 /// Simulator events.
@@ -349,6 +602,8 @@ pub struct Report {
     pub seed: u64,
     /// The rules.
     pub variant: Variant,
+    /// What the seed picked.
+    pub profile: Profile,
     /// The first broken invariant.
     pub violation: Option<Violation>,
     /// Counters.
@@ -362,7 +617,7 @@ pub struct Report {
 }
 
 /// The latest committed state of an actor: the last entry of its chain.
-fn committed(w: &World, a: &ActorInfo) -> Option<ActorState> {
+pub(crate) fn committed(w: &World, a: &ActorInfo) -> Option<ActorState> {
     let (_, body) = w
         .bucket
         .range(a.log_lo.clone()..a.log_hi.clone())
@@ -371,9 +626,14 @@ fn committed(w: &World, a: &ActorInfo) -> Option<ActorState> {
 }
 
 /// The invariant: a committed alarm's named entry exists in the bucket.
+///
+/// Only actors whose chain or index entries changed since the last check are
+/// looked at: nothing else can change the answer for an actor, so this is the
+/// same check as looking at every actor, at a cost that does not grow with a
+/// backlog of idle actors.
 fn check_named_entries(w: &mut World) {
     w.stats.checks += 1;
-    for i in 0..w.actors.len() {
+    for i in std::mem::take(&mut w.dirty) {
         let Some(state) = committed(w, &w.actors[i]) else {
             continue;
         };
@@ -390,25 +650,106 @@ fn check_named_entries(w: &mut World) {
                     address: w.actors[i].address.clone(),
                     entry: e,
                 };
-                let full = format!("{}{}", w.opts.index_prefix, key.to_key());
+                let full = format!("{}{}", w.actors[i].index_prefix, key.to_key());
                 (!w.bucket.contains_key(&full)).then(|| format!("entry {full} is missing"))
             }
         };
         if let Some(p) = problem {
+            let label = w.actors[i].label.clone();
             w.violate(
                 "missing-entry",
-                format!("a{i} committed alarm {at} (writer {}): {p}", state.writer),
+                format!(
+                    "{label} committed alarm {at} (writer {}): {p}",
+                    state.writer
+                ),
             );
             return;
         }
     }
 }
 
+/// The no-state invariant, checked as each chain entry lands: an alarm of a
+/// deleted actor never runs, and no alarm delivery creates an actor. A chain
+/// entry written by an `on-alarm` run follows, in the chain, the state the
+/// run was based on (the chain is create-only: a writer appends right after
+/// what it restored or wrote). That state must have had state: a committed
+/// alarm or `on-init`, not a tombstone, and not nothing at all.
+pub(crate) fn on_chain_put(w: &mut World, actor: usize, seq: u64, body: &str) {
+    let Some(state) = ActorState::decode(body) else {
+        return;
+    };
+    if state.cause != Cause::Alarm {
+        return;
+    }
+    let label = w.actors[actor].label.clone();
+    if seq == 0 {
+        w.violate(
+            "created-by-alarm",
+            format!(
+                "{label}: an on-alarm run created the actor (writer {})",
+                state.writer
+            ),
+        );
+        return;
+    }
+    let before = format!("{}{}", w.actors[actor].root, log_key(seq - 1));
+    let Some(prev) = w.bucket.get(&before).and_then(|b| ActorState::decode(b)) else {
+        return;
+    };
+    if !prev.has_state() {
+        w.violate(
+            "deleted-actor-ran",
+            format!(
+                "{label}: an on-alarm run (writer {}) committed on top of seq {} with no state \
+                 (written by {}, {:?})",
+                state.writer,
+                seq - 1,
+                prev.writer,
+                prev.cause
+            ),
+        );
+    }
+}
+
+/// The app-isolation invariant for cleanups: a node removes an index entry
+/// only for an actor of the app that wrote it.
+pub(crate) fn on_index_delete(w: &mut World, key: &str, actor: Option<usize>) {
+    if let Some(by) = actor {
+        same_app(w, key, by, "cross-app-delete", "a cleanup for");
+    }
+}
+
+/// The app-isolation invariant for deliveries: a sweep offers an entry only
+/// to an actor of the app that wrote it, so each app's alarms fire for that
+/// app only.
+pub(crate) fn check_offer(w: &mut World, full_key: &str, actor: usize) {
+    same_app(w, full_key, actor, "cross-app-alarm", "a sweep offer to");
+}
+
+/// Reports `invariant` if the entry `key` was written by an actor of
+/// another app than `actor`'s (what `doing` touched it).
+fn same_app(w: &mut World, key: &str, actor: usize, invariant: &'static str, doing: &str) {
+    let Some(&writer) = w.index_writer.get(key) else {
+        return;
+    };
+    if w.actors[writer].app != w.actors[actor].app {
+        let detail = format!(
+            "{doing} {} touches {key}, an entry of {}",
+            w.actors[actor].label, w.actors[writer].label
+        );
+        w.violate(invariant, detail);
+    }
+}
+
+/// The longest an alarm may wait past its time once faults stop.
+fn delivery_bound(c: &ClusterConfig) -> u64 {
+    c.retry_max_ms + c.anyones_after_ms() + 2 * c.alarm_sweep_ms + 30_000
+}
+
 /// Once faults stop, every committed alarm is delivered: at the end, no
 /// committed alarm is older than the longest delivery delay the ADR allows.
 fn check_delivered(w: &mut World) {
-    let c = &w.cfg;
-    let bound = c.retry_max_ms + c.anyones_after_ms() + 2 * c.alarm_sweep_ms + 30_000;
+    let bound = delivery_bound(&w.cfg);
     for i in 0..w.actors.len() {
         let Some(state) = committed(w, &w.actors[i]) else {
             continue;
@@ -416,12 +757,47 @@ fn check_delivered(w: &mut World) {
         if let Some(at) = state.alarm.at_ms
             && at + bound < w.now
         {
+            let label = w.actors[i].label.clone();
             w.violate(
                 "undelivered",
-                format!("a{i} committed alarm {at} still pending at {}", w.now),
+                format!("{label} committed alarm {at} still pending at {}", w.now),
             );
             return;
         }
+    }
+}
+
+/// Once faults stop, every overdue entry is delivered, and one the state does
+/// not name is then removed, however listings are paged, capped or lagging:
+/// at the end no index entry is older than the delivery bound, except where
+/// the ADR keeps it (an entry for an actor the bucket has nothing for, R4).
+fn check_index_drained(w: &mut World) {
+    let bound = delivery_bound(&w.cfg);
+    let mut left = None;
+    for (key, _) in w.bucket.iter() {
+        let Some(app) = (0..w.apps.len()).find(|a| key.starts_with(&w.apps[*a].index_prefix))
+        else {
+            continue;
+        };
+        let Ok(k) = IndexKey::parse_full(&w.apps[app].index_prefix, key) else {
+            continue;
+        };
+        if k.entry.at_ms + bound >= w.now {
+            continue;
+        }
+        let prefix = &w.apps[app].index_prefix;
+        let actors = w.by_address.get(&k.address).cloned().unwrap_or_default();
+        if actors
+            .iter()
+            .any(|a| &w.actors[*a].index_prefix == prefix && w.in_bucket.contains(a))
+        {
+            left = Some(key.clone());
+            break;
+        }
+    }
+    if let Some(key) = left {
+        let now = w.now;
+        w.violate("entry-left", format!("{key} still in the index at {now}"));
     }
 }
 
@@ -432,9 +808,10 @@ fn start_node(ex: &mut Executor, n: usize) {
         return;
     }
     let cfg = wm.cfg.clone();
+    let apps = wm.apps.len();
     let node = &mut wm.nodes[n];
     node.durable.epoch += 1;
-    node.mem = Mem::new(&node.name, node.durable.epoch, &cfg);
+    node.mem = Mem::new(&node.name, node.durable.epoch, &cfg, apps);
     node.up = true;
     // The startup scan of the data directory fills the timer.
     let cached: Vec<(usize, u64)> = node
@@ -566,19 +943,29 @@ fn on_sim(ex: &mut Executor, ev: SimEv) {
             }
             // Clients only reach actors the bucket has: a request for an actor
             // still only on a joining node would create it empty elsewhere (the
-            // ADR's "start the node with the data first").
-            let existing: Vec<usize> = (0..w.actors.len())
-                .filter(|i| committed(&w, &w.actors[*i]).is_some())
+            // ADR's "start the node with the data first"). A deleted actor is
+            // in the bucket (a tombstone): a request creates it again. The
+            // backlog's idle actors get no requests.
+            let existing: Vec<usize> = w
+                .in_bucket
+                .iter()
+                .copied()
+                .filter(|i| !w.actors[*i].backlog)
                 .collect();
             let up: Vec<usize> = (0..w.nodes.len()).filter(|i| w.nodes[*i].up).collect();
             if !existing.is_empty() && !up.is_empty() {
                 let actor = existing[w.rng.index(existing.len())];
                 let node = up[w.rng.index(up.len())];
-                let op = match w.rng.range(0, 19) {
-                    0..=4 => ClientOp::SetSlot(w.rng.range(0, 12) as i64 - 8),
-                    5..=9 => ClientOp::SetDeadline(w.rng.range(0, 2) as i64 - 1),
-                    10..=12 => ClientOp::Clear,
-                    _ => ClientOp::Touch,
+                let p_delete = w.opts.p_delete;
+                let op = if w.rng.chance(p_delete) {
+                    ClientOp::Delete
+                } else {
+                    match w.rng.range(0, 19) {
+                        0..=4 => ClientOp::SetSlot(w.rng.range(0, 12) as i64 - 8),
+                        5..=9 => ClientOp::SetDeadline(w.rng.range(0, 2) as i64 - 1),
+                        10..=12 => ClientOp::Clear,
+                        _ => ClientOp::Touch,
+                    }
                 };
                 w.push_work(node, Work::Client { actor, op, hops: 0 });
             }
@@ -604,8 +991,9 @@ fn on_sim(ex: &mut Executor, ev: SimEv) {
             let node = up[w.rng.index(up.len())];
             w.stats.aimed_rearms += 1;
             let name = w.nodes[node].name.clone();
+            let label = w.actors[actor].label.clone();
             w.log(format!(
-                "{name} FAULT aimed: client re-arms a{actor}@{at_ms}"
+                "{name} FAULT aimed: client re-arms {label}@{at_ms}"
             ));
             w.push_work(
                 node,
@@ -626,6 +1014,7 @@ fn on_sim(ex: &mut Executor, ev: SimEv) {
                     node.cut_until = node.cut_until.min(now);
                     node.stall_until = node.stall_until.min(now);
                     node.aim_first_upload = None;
+                    node.aim_upload = None;
                     node.clock_behind = 0;
                 }
                 (0..w.nodes.len()).filter(|i| !w.nodes[*i].up).collect()
@@ -642,9 +1031,13 @@ fn on_sim(ex: &mut Executor, ev: SimEv) {
 /// Builds the cluster for `opts` and runs it to the end or the first
 /// violation.
 pub fn run(opts: Options) -> Report {
-    let cfg = ClusterConfig::default();
+    let profile = Profile::of(&opts);
+    let cfg = profile.config();
+    cfg.validate()
+        .expect("the simulator's configuration is valid");
     let mut world = World::new(opts.clone(), cfg);
-    setup(&mut world);
+    world.list_lag_ms = profile.list_lag_ms;
+    setup(&mut world, &profile);
     let end = opts.fault_ms + opts.quiet_ms;
     let w = Rc::new(RefCell::new(world));
     let mut ex = Executor::new(w.clone());
@@ -653,9 +1046,13 @@ pub fn run(opts: Options) -> Report {
     if wm.violation.is_none() {
         check_delivered(&mut wm);
     }
+    if wm.violation.is_none() {
+        check_index_drained(&mut wm);
+    }
     Report {
         seed: opts.seed,
         variant: opts.variant,
+        profile,
         violation: wm.violation.clone(),
         stats: wm.stats.clone(),
         trace_hash: wm.trace.hash,
@@ -664,8 +1061,35 @@ pub fn run(opts: Options) -> Report {
     }
 }
 
-fn setup(w: &mut World) {
+/// Puts an actor's first chain entry in the bucket, and the index entry its
+/// state names.
+fn seed_bucket(w: &mut World, actor: usize, state: &ActorState) {
+    if let Some(entry) = state.alarm.indexed {
+        let a = &w.actors[actor];
+        let key = IndexKey {
+            address: a.address.clone(),
+            entry,
+        };
+        let full = format!("{}{}", a.index_prefix, key.to_key());
+        w.bucket.insert(full.clone(), String::new());
+        w.index_writer.insert(full, actor);
+    }
+    let root = w.actors[actor].root.clone();
+    w.bucket
+        .insert(format!("{root}{}", log_key(0)), state.encode());
+    w.in_bucket.insert(actor);
+}
+
+fn setup(w: &mut World, profile: &Profile) {
     let o = w.opts.clone();
+    w.log(format!("profile: {profile:?}"));
+    let defaults = ClusterConfig::default();
+    w.stats.lagged_seeds = u64::from(profile.list_lag_ms > 0);
+    w.stats.small_page_seeds = u64::from(profile.page_keys < defaults.list_page_keys_max);
+    w.stats.small_cap_seeds = u64::from(
+        profile.sweep_entries_max < defaults.sweep_entries_max
+            || profile.sweep_deliveries_max < defaults.sweep_deliveries_max,
+    );
     let joiners = w.rng.range(1, 2) as usize;
     for i in 0..o.nodes + joiners {
         let name = if i < o.nodes {
@@ -674,53 +1098,101 @@ fn setup(w: &mut World) {
             format!("j{}", i - o.nodes)
         };
         w.nodes.push(Node {
-            mem: Mem::new(&name, 0, &w.cfg),
+            mem: Mem::new(&name, 0, &w.cfg, o.apps),
             name,
             up: false,
             cut_until: 0,
             stall_until: 0,
             durable: Durable::default(),
             aim_first_upload: None,
+            aim_upload: None,
             clock_behind: 0,
         });
     }
-    // Actors already in the bucket, some with an alarm listed under a legacy
-    // key (from before tags), some under a tagged one.
-    for i in 0..o.actors {
-        let address = Address::new("room", format!("a{i}")).expect("valid");
-        let offset = w.rng.range(0, o.deadline_ms - 1);
-        let info = ActorInfo::new(address.clone(), offset);
-        let mut state = ActorState {
-            version: 1,
-            writer: format!("setup:{i}"),
-            ..ActorState::default()
+    for a in 0..o.apps.max(1) {
+        let name = format!("app{}", a + 1);
+        let index_prefix = if o.shared_index {
+            alarm_index::tenant_index_prefix(TENANT)
+        } else {
+            alarm_index::app_index_prefix(TENANT, &name)
         };
-        if w.rng.chance(0.7) {
-            let at = w.rng.range(0, 30) * o.slot_ms;
-            let entry = if w.rng.chance(0.3) {
-                Entry::legacy(at)
-            } else {
-                Entry::tagged(at, 0, w.rng.next_u64())
+        w.apps.push(AppInfo { name, index_prefix });
+    }
+    // Actors already in the bucket, the same names in every app, some with an
+    // alarm listed under a legacy key (from before tags), some under a tagged
+    // one.
+    for app in 0..w.apps.len() {
+        for i in 0..o.actors {
+            let address = Address::new("room", format!("a{i}")).expect("valid");
+            let offset = w.rng.range(0, o.deadline_ms - 1);
+            let info = ActorInfo::new((app, &w.apps[app]), address, offset);
+            let actor = add_actor(w, info);
+            let mut state = ActorState {
+                version: 1,
+                init: true,
+                writer: format!("setup:{actor}"),
+                ..ActorState::default()
+            };
+            if w.rng.chance(0.7) {
+                let at = w.rng.range(0, 30) * o.slot_ms;
+                let entry = if w.rng.chance(0.3) {
+                    Entry::legacy(at)
+                } else {
+                    Entry::tagged(at, 0, w.rng.next_u64())
+                };
+                state.alarm.at_ms = Some(at);
+                state.alarm.indexed = Some(entry);
+            }
+            seed_bucket(w, actor, &state);
+        }
+    }
+    // The backlog: idle actors, again with the same names in every app, whose
+    // owner is gone (no hold) and whose alarm is due within the first 20 s,
+    // so that sweeps find them all overdue at once.
+    for app in 0..w.apps.len() {
+        for i in 0..profile.backlog {
+            let address = Address::new("room", format!("b{i}")).expect("valid");
+            let offset = w.rng.range(0, o.deadline_ms - 1);
+            let mut info = ActorInfo::new((app, &w.apps[app]), address, offset);
+            info.backlog = true;
+            let actor = add_actor(w, info);
+            let at = w.rng.range(0, 20_000);
+            let mut state = ActorState {
+                version: 1,
+                init: true,
+                writer: format!("setup:{actor}"),
+                ..ActorState::default()
             };
             state.alarm.at_ms = Some(at);
-            state.alarm.indexed = Some(entry);
-            let key = IndexKey { address, entry };
-            w.bucket
-                .insert(format!("{}{}", o.index_prefix, key.to_key()), String::new());
+            state.alarm.indexed = Some(Entry::tagged(at, 0, w.rng.next_u64()));
+            seed_bucket(w, actor, &state);
+            w.stats.backlog_actors += 1;
         }
-        w.bucket
-            .insert(format!("{}{}", info.root, log_key(0)), state.encode());
-        w.actors.push(info);
+    }
+    // Entries nobody can act on: a class no node serves, due first (`gone`
+    // sorts before `room`).
+    for app in 0..w.apps.len() {
+        for i in 0..profile.orphans {
+            let address = Address::new("gone", format!("o{i}")).expect("valid");
+            let at = 0;
+            let key = IndexKey {
+                address,
+                entry: Entry::tagged(at, 0, w.rng.next_u64()),
+            };
+            let full = format!("{}{}", w.apps[app].index_prefix, key.to_key());
+            w.bucket.insert(full, String::new());
+            w.stats.orphan_entries += 1;
+        }
     }
     // Nodes that ran on their own join later, with alarms in their own data (R4).
     for j in 0..joiners {
         let n = o.nodes + j;
         let join_at = w.rng.range(20_000, o.fault_ms / 2);
         for k in 0..w.rng.range(1, 2) {
-            let actor = w.actors.len();
+            let app = w.rng.index(w.apps.len());
             let address = Address::new("room", format!("j{j}-{k}")).expect("valid");
             let offset = w.rng.range(0, o.deadline_ms - 1);
-            w.actors.push(ActorInfo::new(address, offset));
+            let actor = add_actor(w, ActorInfo::new((app, &w.apps[app]), address, offset));
             let at = (join_at + w.rng.range(0, 40_000)).saturating_sub(30_000);
             w.nodes[n]
                 .durable
@@ -779,4 +1251,126 @@ pub fn run_seeds(base: &Options, first: u64, count: u64, stop_at_first: bool) ->
         }
     }
     batch
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A world with two apps and an actor `room/a0` in each, its entries
+    /// recorded as written by app1's actor.
+    fn two_apps() -> (World, String) {
+        let mut w = World::new(Options::default(), ClusterConfig::default());
+        for name in ["app1", "app2"] {
+            let index_prefix = alarm_index::app_index_prefix(TENANT, name);
+            w.apps.push(AppInfo {
+                name: name.to_owned(),
+                index_prefix,
+            });
+        }
+        for app in 0..2 {
+            let address = Address::new("room", "a0").expect("valid");
+            let info = ActorInfo::new((app, &w.apps[app]), address, 0);
+            add_actor(&mut w, info);
+        }
+        let key = IndexKey {
+            address: w.actors[0].address.clone(),
+            entry: Entry::tagged(5_000, 1, 7),
+        };
+        let full = format!("{}{}", w.actors[0].index_prefix, key.to_key());
+        w.index_writer.insert(full.clone(), 0);
+        (w, full)
+    }
+
+    #[test]
+    fn the_app_isolation_checks_fire_across_apps_only() {
+        let (mut w, full) = two_apps();
+        on_index_delete(&mut w, &full, Some(0));
+        check_offer(&mut w, &full, 0);
+        on_index_delete(&mut w, &full, None);
+        assert_eq!(w.violation, None);
+        on_index_delete(&mut w, &full, Some(1));
+        assert_eq!(
+            w.violation.as_ref().map(|v| v.kind),
+            Some("cross-app-delete")
+        );
+        let (mut w, full) = two_apps();
+        check_offer(&mut w, &full, 1);
+        assert_eq!(
+            w.violation.as_ref().map(|v| v.kind),
+            Some("cross-app-alarm")
+        );
+    }
+
+    #[test]
+    fn an_alarm_run_on_no_state_is_caught_as_its_chain_entry_lands() {
+        let (mut w, _) = two_apps();
+        let root = w.actors[0].root.clone();
+        let live = ActorState {
+            init: true,
+            ..ActorState::default()
+        };
+        let tombstone = ActorState {
+            cause: Cause::Client,
+            ..ActorState::default()
+        };
+        let ran = ActorState {
+            init: true,
+            cause: Cause::Alarm,
+            ..ActorState::default()
+        };
+        // On top of a live state: fine; so is a client creating it again.
+        w.bucket
+            .insert(format!("{root}{}", log_key(0)), live.encode());
+        on_chain_put(&mut w, 0, 1, &ran.encode());
+        w.bucket
+            .insert(format!("{root}{}", log_key(1)), tombstone.encode());
+        let client = ActorState {
+            cause: Cause::Client,
+            ..ran.clone()
+        };
+        on_chain_put(&mut w, 0, 2, &client.encode());
+        assert_eq!(w.violation, None);
+        // On top of the tombstone: a deleted actor's alarm ran.
+        on_chain_put(&mut w, 0, 2, &ran.encode());
+        assert_eq!(
+            w.violation.as_ref().map(|v| v.kind),
+            Some("deleted-actor-ran")
+        );
+        // Creating the actor from nothing.
+        let (mut w, _) = two_apps();
+        on_chain_put(&mut w, 1, 0, &ran.encode());
+        assert_eq!(
+            w.violation.as_ref().map(|v| v.kind),
+            Some("created-by-alarm")
+        );
+    }
+
+    #[test]
+    fn the_profile_keeps_fixed_options_and_varies_the_rest() {
+        let fixed = Options {
+            list_lag_ms: Some(0),
+            page_keys: Some(7),
+            ..Options::default()
+        };
+        let mut lags = 0;
+        let mut small = 0;
+        for seed in 0..200 {
+            let p = Profile::of(&Options {
+                seed,
+                ..Options::default()
+            });
+            p.config().validate().expect("valid");
+            lags += u64::from(p.list_lag_ms > 0);
+            small += u64::from(p.sweep_deliveries_max < 256);
+            let q = Profile::of(&Options {
+                seed,
+                ..fixed.clone()
+            });
+            assert_eq!((q.list_lag_ms, q.page_keys), (0, 7));
+            assert_eq!(q.backlog, p.backlog);
+        }
+        assert!((100..170).contains(&lags), "{lags}");
+        assert!((25..80).contains(&small), "{small}");
+    }
 }

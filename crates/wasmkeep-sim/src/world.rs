@@ -1,6 +1,13 @@
 //! The deterministic world: a discrete-event scheduler, a bucket, a network
 //! with faults, and a tiny executor for the nodes' async code.
 //!
+//! The bucket answers a LIST with one page at most (`list_page_keys_max` of
+//! the run's configuration; the client continues with `start_after`), and a
+//! listing of an alarm index may miss an entry written within the run's
+//! listing lag (S3's listings were eventually consistent before 2020; other
+//! stores' still may be). Holds, leases and chains list consistently: the
+//! ownership protocol (ADR 0020) relies on read-after-write listings.
+//!
 //! Everything happens in one thread, in the order of (time, sequence number)
 //! of scheduled events, and every random choice comes from one seeded
 //! generator, so a seed names one run. Node code is written as ordinary
@@ -10,17 +17,17 @@
 
 use std::cell::RefCell;
 use std::cmp::Ordering;
-use std::collections::{BTreeMap, BinaryHeap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
 
-use wasmkeep_cluster::{ClusterConfig, Rules};
+use wasmkeep_cluster::{Address, ClusterConfig, IndexKey, Rules};
 
 use crate::node::{Durable, Mem, Work};
 use crate::rng::Rng;
-use crate::sim::{ActorInfo, Options, Stats, Violation};
+use crate::sim::{ActorInfo, AppInfo, Options, Stats, Violation};
 
 /// A node's future.
 pub type Task = Pin<Box<dyn Future<Output = ()>>>;
@@ -28,22 +35,27 @@ pub type Task = Pin<Box<dyn Future<Output = ()>>>;
 /// A request to the bucket.
 #[derive(Clone, Debug)]
 pub enum Op {
-    /// A PUT; create-only (`If-None-Match: *`) or overwriting.
+    /// A PUT; create-only (`If-None-Match: *`) or overwriting. `actor` is
+    /// the actor the node writes for (none for ownership records): the
+    /// simulator's bookkeeping, not part of the request.
     Put {
         key: String,
         body: String,
         create_only: bool,
+        actor: Option<usize>,
     },
     /// A GET.
     Get { key: String },
-    /// A listing in key order: keys under `prefix`, after `start_after`.
+    /// A listing in key order: keys under `prefix`, after `start_after`, at
+    /// most `limit` and at most one page.
     List {
         prefix: String,
         start_after: Option<String>,
         limit: usize,
     },
     /// A DELETE by path, without any precondition (as object_store sends it).
-    Delete { key: String },
+    /// `actor`: the actor the node removes an entry for, as for a PUT.
+    Delete { key: String, actor: Option<usize> },
 }
 
 impl Op {
@@ -58,7 +70,7 @@ impl Op {
                 start_after,
                 ..
             } => format!("list {prefix} after={start_after:?}"),
-            Op::Delete { key } => format!("delete {key}"),
+            Op::Delete { key, .. } => format!("delete {key}"),
         }
     }
 }
@@ -158,6 +170,10 @@ pub struct Node {
     /// Aimed fault: the next upload of a first snapshot lands this late and
     /// the node is cut off this long right after sending it.
     pub aim_first_upload: Option<(u64, u64)>,
+    /// Aimed fault: the node's next upload lands this late and the node is
+    /// cut off this long right after sending it (set for an upload that
+    /// names a new entry already due, `p_aim_new_entry`).
+    pub aim_upload: Option<(u64, u64)>,
 }
 
 /// The trace: every event's line is hashed; lines are kept on request.
@@ -209,6 +225,25 @@ pub struct World {
     pub nodes: Vec<Node>,
     /// The actors.
     pub actors: Vec<ActorInfo>,
+    /// The apps (of tenant `t1`) the actors belong to.
+    pub apps: Vec<AppInfo>,
+    /// Actors by their root folder (`state/t1/<app>/<class>/<name hex>/`).
+    pub by_root: BTreeMap<String, usize>,
+    /// Actors by address: one per app at most, since apps share class and
+    /// actor names.
+    pub by_address: BTreeMap<Address, Vec<usize>>,
+    /// Actors whose chain or index entries changed since the last check.
+    pub dirty: BTreeSet<usize>,
+    /// Actors the bucket has a chain for.
+    pub in_bucket: BTreeSet<usize>,
+    /// The actor whose node wrote each index entry still in the bucket.
+    pub index_writer: BTreeMap<String, usize>,
+    /// Index entries a listing does not show yet (the listing lag), with the
+    /// time from which it does.
+    pub unlisted_until: BTreeMap<String, u64>,
+    /// The run's listing lag: an index entry shows in listings at most this
+    /// long after it landed.
+    pub list_lag_ms: u64,
     in_flight: BTreeMap<u64, InFlight>,
     replies: BTreeMap<u64, Reply>,
     next_req: u64,
@@ -246,6 +281,14 @@ impl World {
             bucket: BTreeMap::new(),
             nodes: Vec::new(),
             actors: Vec::new(),
+            apps: Vec::new(),
+            by_root: BTreeMap::new(),
+            by_address: BTreeMap::new(),
+            dirty: BTreeSet::new(),
+            in_bucket: BTreeSet::new(),
+            index_writer: BTreeMap::new(),
+            unlisted_until: BTreeMap::new(),
+            list_lag_ms: 0,
             in_flight: BTreeMap::new(),
             replies: BTreeMap::new(),
             next_req: 0,
@@ -338,7 +381,20 @@ impl World {
         let upload = matches!(&op, Op::Put { key, .. } if key.contains("/log/"));
         let first_upload =
             matches!(&op, Op::Put { key, .. } if key.contains("/log/00000000000000000000"));
-        if first_upload {
+        let aimed = if upload {
+            self.nodes[node].aim_upload.take()
+        } else {
+            None
+        };
+        if let Some((late, cut)) = aimed {
+            delay = late;
+            self.nodes[node].cut_until = self.now + cut;
+            self.stats.aimed_new_entry_faults += 1;
+            self.log(format!(
+                "{} FAULT aimed: upload naming a new entry lands in {late} ms, cut off {cut} ms",
+                self.nodes[node].name
+            ));
+        } else if first_upload {
             if let Some((late, cut)) = self.nodes[node].aim_first_upload.take() {
                 delay = late;
                 self.nodes[node].cut_until = self.now + cut;
@@ -404,24 +460,68 @@ impl World {
         }
     }
 
+    /// The apps whose index prefix `key` is under (one, or every app when
+    /// they share the tenant-wide prefix).
+    fn index_apps(&self, key: &str) -> Vec<usize> {
+        (0..self.apps.len())
+            .filter(|a| key.starts_with(&self.apps[*a].index_prefix))
+            .collect()
+    }
+
+    /// The actors an index key may be an entry of.
+    fn index_actors(&self, key: &str) -> Vec<usize> {
+        let mut out = Vec::new();
+        for app in self.index_apps(key) {
+            let Ok(k) = IndexKey::parse_full(&self.apps[app].index_prefix, key) else {
+                continue;
+            };
+            if let Some(actors) = self.by_address.get(&k.address) {
+                out.extend(actors.iter().filter(|a| self.actors[**a].app == app));
+            }
+        }
+        out
+    }
+
+    /// The actor a chain key (`<root>log/<seq>`) belongs to, and the seq.
+    fn chain_actor(&self, key: &str) -> Option<(usize, u64)> {
+        let at = key.rfind("/log/")?;
+        let actor = *self.by_root.get(&key[..=at])?;
+        let seq = key[at + 5..].parse().ok()?;
+        Some((actor, seq))
+    }
+
     fn apply(&mut self, node: usize, op: &Op) -> Result<Resp, ReqErr> {
         match op {
             Op::Put {
                 key,
                 body,
                 create_only,
+                actor,
             } => {
                 if *create_only && self.bucket.contains_key(key) {
                     return Err(ReqErr::AlreadyExists);
                 }
-                if self.trace.keep
-                    || key.contains("/log/")
-                    || key.starts_with(&self.opts.index_prefix)
-                {
+                let index = !self.index_apps(key).is_empty();
+                if self.trace.keep || key.contains("/log/") || index {
                     let name = self.nodes[node].name.clone();
                     self.log(format!("bucket: {name} put {key}"));
                 }
                 self.bucket.insert(key.clone(), body.clone());
+                if index {
+                    if let Some(a) = actor {
+                        self.index_writer.insert(key.clone(), *a);
+                    }
+                    if self.list_lag_ms > 0 {
+                        let lag = self.rng.range(0, self.list_lag_ms);
+                        self.unlisted_until.insert(key.clone(), self.now + lag);
+                    }
+                    let touched = self.index_actors(key);
+                    self.dirty.extend(touched);
+                } else if let Some((a, seq)) = self.chain_actor(key) {
+                    self.dirty.insert(a);
+                    self.in_bucket.insert(a);
+                    crate::sim::on_chain_put(self, a, seq, body);
+                }
                 Ok(Resp::Done)
             }
             Op::Get { key } => self
@@ -439,21 +539,42 @@ impl World {
                     Some(s) if s.as_str() >= prefix.as_str() => s.clone(),
                     _ => prefix.clone(),
                 };
-                let keys = self
+                // One page at most, as a store answers.
+                let limit = (*limit).min(self.cfg.list_page_keys_max);
+                let now = self.now;
+                let mut missed = 0;
+                let keys: Vec<String> = self
                     .bucket
                     .range(start.clone()..)
                     .map(|(k, _)| k)
                     .filter(|k| Some(*k) != start_after.as_ref())
                     .take_while(|k| k.starts_with(prefix.as_str()))
-                    .take(*limit)
+                    .filter(|k| {
+                        let hidden = self.unlisted_until.get(*k).is_some_and(|t| *t > now);
+                        missed += u64::from(hidden);
+                        !hidden
+                    })
+                    .take(limit)
                     .cloned()
                     .collect();
+                self.stats.listing_missed += missed;
+                self.stats.continued_listings += u64::from(start_after.is_some());
                 Ok(Resp::Keys(keys))
             }
-            Op::Delete { key } => {
+            Op::Delete { key, actor } => {
+                let index = !self.index_apps(key).is_empty();
+                if index {
+                    crate::sim::on_index_delete(self, key, *actor);
+                }
                 if self.bucket.remove(key).is_some() {
                     let name = self.nodes[node].name.clone();
                     self.log(format!("bucket: {name} delete {key}"));
+                    if index {
+                        self.index_writer.remove(key);
+                        self.unlisted_until.remove(key);
+                        let touched = self.index_actors(key);
+                        self.dirty.extend(touched);
+                    }
                 }
                 Ok(Resp::Done)
             }

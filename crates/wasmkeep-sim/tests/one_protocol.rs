@@ -83,3 +83,17 @@ fn the_runtime_and_the_simulator_share_the_retry_rule() {
         }
     }
 }
+
+/// One delivery rule: the server's owner side (`wasmkeep-runtime`'s
+/// `index.rs`) decides what a sweep's delivery does with
+/// `wasmkeep_cluster::delivery::plan_delivery` under `Rules::SAFE`, the
+/// rule whose no-state clause the simulator checks (`run-without-state`).
+#[test]
+fn the_runtime_and_the_simulator_share_the_delivery_rule() {
+    let index = include_str!("../../wasmkeep-runtime/src/index.rs");
+    assert!(index.contains("delivery::plan_delivery(Rules::SAFE,"));
+    assert!(index.contains("alarm_index::next_stale_step(Rules::SAFE,"));
+    assert!(index.contains("alarm_index::plan_event_in_layouts("));
+    let node = include_str!("../src/node.rs");
+    assert!(node.contains("plan_delivery(rules, at,"));
+}
