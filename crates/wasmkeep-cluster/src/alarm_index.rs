@@ -1,8 +1,10 @@
 //! ADR 0009's alarm index: the key format, the `alarm_indexed` record, and the
 //! owner's rules as pure decisions.
 //!
-//! Keys are relative to an index prefix the caller owns (`alarms/<tenant>/`
-//! today, `state/<tenant>/<app>/alarms/` once ADR 0022 lands):
+//! Keys are relative to an index prefix the caller owns: an app's index
+//! below the app's root ([`app_index_prefix`], `state/<tenant>/<app>/_alarms/`,
+//! ADR 0035), or the tenant-wide index ADR 0009 first wrote
+//! ([`tenant_index_prefix`], `alarms/<tenant>/`, read and migrated only):
 //!
 //! ```text
 //! <due ms, 15 digits>/<class>.t/<name hex>/<generation, 20 digits>-<nonce, 16 hex>   tagged
@@ -578,9 +580,11 @@ pub fn stale_entries_to_delete(
 
 /// Where an app's index lives: below the app's root (ADR 0022's layout), so
 /// that two apps of a tenant with the same class and actor names never share
-/// an entry, and one app's cleanup never touches another's.
+/// an entry, and one app's cleanup never touches another's. The folder is
+/// `_alarms`, a name no class can take (a class starts with a letter or a
+/// digit), so no actor's chain is ever inside the index.
 pub fn app_index_prefix(tenant: &str, app: &str) -> String {
-    format!("state/{tenant}/{app}/alarms/")
+    format!("state/{tenant}/{app}/_alarms/")
 }
 
 /// Where ADR 0009 first kept the index, for a whole tenant and without the
@@ -774,7 +778,7 @@ mod tests {
         assert_eq!(Indexed::parse_meta(""), Ok(None));
         assert!(Indexed::parse_meta("app:").is_err());
         assert_ne!(Indexed::to_meta(Some(&app)), Indexed::to_meta(Some(&tenant)));
-        assert_eq!(app_index_prefix("t", "a"), "state/t/a/alarms/");
+        assert_eq!(app_index_prefix("t", "a"), "state/t/a/_alarms/");
         // The same alarm named in the tenant-wide index: a fresh entry in the
         // app's, the old one removed after the upload.
         let p = plan_event_in_layouts(Rules::SAFE, &addr(), Some(&tenant), Some(5), 4, 9).unwrap();

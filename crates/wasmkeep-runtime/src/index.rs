@@ -25,8 +25,9 @@
 use std::sync::Arc;
 
 use wasmkeep_cluster::alarm_index::{
-    self, Address, AlarmState as IndexAlarm, Delivery, Indexed, Layout, StaleContext, StaleStep,
+    self, Address, AlarmState as IndexAlarm, Indexed, Layout, StaleContext, StaleStep,
 };
+use wasmkeep_cluster::delivery::{self, Delivery, Restored};
 use wasmkeep_cluster::{ClusterConfig, Rules};
 use wasmkeep_store::{ActorDb, ActorId};
 
@@ -192,12 +193,18 @@ pub fn deliver(
     let generation = generation(rt, id)?;
     let config = ClusterConfig::default();
     let now = rt.clock.now_ms();
-    if committed.is_none() && !initialized {
-        return Ok(DeliverStep::Done(no_state(
-            had_state, uploaded, generation, now, &config,
-        )));
-    }
-    match alarm_index::plan_delivery(at_ms, committed.map(|a| a.at_ms), now) {
+    let restored = Restored {
+        alarm_at_ms: committed.map(|a| a.at_ms),
+        initialised: initialized,
+    };
+    // The same rule the simulator checks, with its no-state clause: an
+    // actor with no state is not run (that would create it again).
+    match delivery::plan_delivery(Rules::SAFE, at_ms, &restored, now) {
+        Delivery::NoState => {
+            return Ok(DeliverStep::Done(no_state(
+                had_state, uploaded, generation, now, &config,
+            )));
+        }
         Delivery::Run => return Ok(DeliverStep::Run),
         Delivery::NotDue { .. } => return Ok(DeliverStep::Done(Delivered::NotDue)),
         Delivery::Stale => {}

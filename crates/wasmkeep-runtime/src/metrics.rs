@@ -642,8 +642,8 @@ mod tests {
         assert_eq!(sample(&text, "wasmkeep_bucket_put_bytes_total"), 0.0);
         assert_eq!(types["wasmkeep_event_seconds"], "histogram");
         assert_eq!(types["wasmkeep_alarms_pending"], "gauge");
-        // 20 node series, 9 phase histograms, 7 of replication, 6 bucket
-        // counters.
-        assert_eq!(types.len(), 42);
+        // 20 node series, 9 phase histograms, 7 of replication, 2 of the
+        // alarm index, 6 bucket counters.
+        assert_eq!(types.len(), 44);
     }
 }

@@ -1139,7 +1139,10 @@ async fn list_alarms(
             let shown = crate::cluster::sweep::show_index(c, &s.rt, &tenant, limit)
                 .await
                 .map_err(|e| {
-                    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "bucket_unavailable", e)
+                    let mut e =
+                        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "bucket_unavailable", e);
+                    e.retry_after_s = Some(1);
+                    e
                 })?;
             Some(shown)
         }

@@ -72,7 +72,7 @@ fn fired(port: u16, name: &str) -> (Vec<(u64, u64)>, Option<String>) {
 
 /// The index entries in the folder bucket (relative to `alarms/` roots).
 fn entries(bucket: &Path) -> Vec<String> {
-    let root = bucket.join("state/demo/examples/alarms");
+    let root = bucket.join("state/demo/examples/_alarms");
     let mut out = Vec::new();
     let mut stack = vec![root.clone()];
     while let Some(dir) = stack.pop() {
@@ -177,7 +177,7 @@ fn the_alarm_of_a_deleted_actor_never_runs() {
     // A copy of the entry under another tag: a leftover no state names.
     let key = c
         .folder()
-        .join("state/demo/examples/alarms")
+        .join("state/demo/examples/_alarms")
         .join(&listed[0]);
     let leftover = key.with_file_name("00000000000000000001-00000000000000aa");
     std::fs::write(&leftover, b"").unwrap();

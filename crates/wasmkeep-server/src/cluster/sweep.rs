@@ -379,7 +379,15 @@ async fn deliver(
     let retry_later = now_ms() + config.lease_period_ms;
     let mut removable: Vec<(Option<Indexed>, u64)> = Vec::new();
     let mut all_removable = !apps.is_empty();
-    let mut left_until: Option<u64> = None;
+    // Every delivered entry is left alone a while: what ran removes it
+    // once its upload landed, and what reaches no actor here (a class no
+    // app deployed here has, a name no actor can have) waits the longest
+    // backoff, so that neither takes a pass's deliveries again and again.
+    let mut left_until = if apps.is_empty() {
+        now_ms() + config.retry_max_ms
+    } else {
+        now_ms() + AFTER_RUN_MS
+    };
     for app in apps {
         let Ok(id) = ActorId::new(
             &job.index.tenant,
@@ -388,6 +396,7 @@ async fn deliver(
             job.key.address.name(),
         ) else {
             all_removable = false;
+            left_until = left_until.max(now_ms() + config.retry_max_ms);
             continue;
         };
         counters.deliveries_total.inc();
@@ -399,32 +408,27 @@ async fn deliver(
             Outcome::Found(Delivered::Ran { .. }) => {
                 counters.alarms_run_total.inc();
                 all_removable = false;
-                left_until = Some(now_ms() + AFTER_RUN_MS);
             }
-            Outcome::Found(Delivered::NotDue | Delivered::Fenced) => {
-                all_removable = false;
-                left_until = Some(now_ms() + AFTER_RUN_MS);
-            }
+            Outcome::Found(Delivered::NotDue | Delivered::Fenced) => all_removable = false,
             Outcome::Found(Delivered::Leave { retry_at_ms }) => {
                 all_removable = false;
-                left_until = Some(left_until.map_or(retry_at_ms, |t| t.max(retry_at_ms)));
+                left_until = left_until.max(retry_at_ms);
             }
             Outcome::NotOwner => {
                 counters.not_owner_total.inc();
                 all_removable = false;
-                left_until = Some(now_ms() + AFTER_RUN_MS);
             }
             Outcome::Failed => {
                 counters.delivery_failures_total.inc();
                 all_removable = false;
-                left_until = Some(retry_later);
+                left_until = left_until.max(retry_later);
             }
         }
     }
     if all_removable && !removable.is_empty() {
         remove_stale(state, job, &removable).await;
     }
-    left_until
+    Some(left_until)
 }
 
 enum Outcome {
