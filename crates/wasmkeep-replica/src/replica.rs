@@ -614,6 +614,37 @@ impl Replica {
         ))
     }
 
+    /// Ends the history with a tombstone at the next seq (create-only, like
+    /// any entry), when the actor's latest state is a tombstone already:
+    /// a writer of an earlier life whose upload is still on its way then
+    /// finds its seq taken, so what the chain says (deleted) can no longer
+    /// change behind this replica. The alarm index's owner fence for an
+    /// actor with no state (ADR 0009, R2). `ChainMoved`: someone appended
+    /// first (the actor may have state again).
+    pub async fn fence_deleted(&mut self, time_ms: u64) -> Result<(), ReplicaError> {
+        if self.given_up {
+            return Err(ReplicaError::ChainBroken(
+                "this replica gave up after an earlier failure: open the actor again".into(),
+            ));
+        }
+        let seq = self.next_seq();
+        let t = Entry::tombstone(
+            seq,
+            time_ms,
+            Token::fresh(self.generation)?,
+            self.root.as_str(),
+        );
+        let body = Bytes::from(t.encode(self.config.entry_bytes_max)?);
+        if let Err(e) = self.append(seq, body).await {
+            self.given_up = true;
+            return Err(e);
+        }
+        self.head = Some(t.position());
+        self.head_time_ms = time_ms;
+        self.base = None;
+        Ok(())
+    }
+
     /// The seq the next upload takes.
     pub fn next_seq(&self) -> u64 {
         self.head.map_or(0, |p| p.seq + 1)

@@ -84,6 +84,9 @@ pub enum EventKind {
     /// what may be removed (a cluster node only).
     Deliver {
         at_ms: u64,
+        /// The entry is in the actor's app's index: stale entries are
+        /// removed in the turn (see `index::deliver`).
+        remove_here: bool,
     },
     /// Remove the actor's data.
     Delete,
@@ -648,54 +651,73 @@ fn call_on_alarm(
     Ok(r)
 }
 
-/// A sweep's delivery of the entry at `at_ms` (see `index::deliver`).
+/// A sweep's delivery of the entry at `at_ms` (see `index::deliver`). A
+/// fence or a wait for the bucket answers `Fenced`, once the batch's
+/// commits are uploaded (the caller makes the event wait for them).
 fn run_delivery(
     rt: &Arc<Inner>,
     actor: &Actor,
     l: &mut Loaded,
     initialized: bool,
     at_ms: u64,
+    remove_here: bool,
 ) -> Result<Outcome, RuntimeError> {
-    let (had_state, uploaded) = {
-        let st = actor.repl.lock();
-        (st.had_state(), st.uploaded_any())
-    };
+    let standing = crate::index::Standing::of(actor);
     let step = crate::index::deliver(
         rt,
         l.db(),
         &actor.id,
         at_ms,
         initialized,
-        had_state,
-        uploaded,
+        standing,
+        remove_here,
     )?;
     match step {
         DeliverStep::Run => match run_alarm(rt, l, initialized, false)? {
-            Outcome::Alarm(true) => Ok(Outcome::Delivered(Delivered::Ran { ok: true })),
+            Outcome::Alarm(true) => Ok(Outcome::Delivered(Delivered::Ran)),
             _ => Ok(Outcome::Delivered(Delivered::NotDue)),
         },
-        DeliverStep::Fence => Ok(Outcome::Delivered(Delivered::Fenced)),
+        DeliverStep::Fence | DeliverStep::Wait => Ok(Outcome::Delivered(Delivered::Fenced)),
         DeliverStep::Done(d) => Ok(Outcome::Delivered(d)),
     }
 }
 
-/// A delivery for an actor with no database, here or in the bucket.
-fn delivered_without_state(rt: &Inner, actor: &Actor) -> Result<Outcome, RuntimeError> {
-    let (had_state, uploaded) = {
-        let st = actor.repl.lock();
-        (st.had_state(), st.uploaded_any())
-    };
+/// A delivery for an actor with no database, here or in the bucket: never
+/// run. Its entries go when the bucket holds the actor's history (a
+/// tombstone) and this opening ended that history (a fence: a tombstone
+/// above the one restored); they stay (R2's empty-bucket clause) when the
+/// bucket never had the actor.
+fn delivered_without_state(
+    rt: &Inner,
+    actor: &Actor,
+    at_ms: u64,
+    remove_here: bool,
+) -> Result<Outcome, RuntimeError> {
+    let standing = crate::index::Standing::of(actor);
     let generation = rt.hold_generation(&actor.id).ok_or_else(|| {
         RuntimeError::ReplicationFailed(format!("this node does not hold actor {}", actor.id))
     })?;
     let config = wasmkeep_cluster::ClusterConfig::default();
-    Ok(Outcome::Delivered(crate::index::no_state(
-        had_state,
-        uploaded,
-        generation,
-        rt.clock.now_ms(),
-        &config,
-    )))
+    if !standing.had_state && !standing.uploaded {
+        return Ok(Outcome::Delivered(crate::index::leave(
+            rt.clock.now_ms(),
+            &config,
+        )));
+    }
+    let Some(repl) = rt.replication.as_ref() else {
+        return Ok(Outcome::Delivered(Delivered::NotDue));
+    };
+    if !standing.uploaded {
+        replication::fence_deleted(rt, repl, actor)?;
+    }
+    if !remove_here {
+        return Ok(Outcome::Delivered(Delivered::Remove {
+            named: None,
+            generation,
+        }));
+    }
+    let removed = crate::index::remove_stale_here(rt, &actor.id, at_ms, None, generation)?;
+    Ok(Outcome::Delivered(Delivered::Cleaned { removed }))
 }
 
 fn run_alarm(
@@ -866,7 +888,9 @@ fn run_batch(rt: &Arc<Inner>, actor: &Arc<Actor>, slot: &mut Option<Loaded>, eve
             for ev in events {
                 let out = match ev.kind {
                     EventKind::Alarm { .. } => Ok(Outcome::Alarm(false)),
-                    EventKind::Deliver { .. } => delivered_without_state(rt, actor),
+                    EventKind::Deliver { at_ms, remove_here } => {
+                        delivered_without_state(rt, actor, at_ms, remove_here)
+                    }
                     _ => Ok(Outcome::Done),
                 };
                 reply(ev.reply, out);
@@ -979,10 +1003,12 @@ fn run_batch(rt: &Arc<Inner>, actor: &Arc<Actor>, slot: &mut Option<Loaded>, eve
                 alarm_ran = true;
                 run_alarm(rt, l, initialized, force)
             }
-            EventKind::Deliver { at_ms } => {
+            EventKind::Deliver { at_ms, remove_here } => {
                 alarm_ran = true;
-                let r = run_delivery(rt, actor, l, initialized, at_ms);
+                let r = run_delivery(rt, actor, l, initialized, at_ms, remove_here);
                 if matches!(r, Ok(Outcome::Delivered(Delivered::Fenced))) {
+                    // Answered once the bucket holds what this turn (and
+                    // every earlier one) committed.
                     fenced = true;
                     replicated = true;
                 }

@@ -14,13 +14,22 @@
 //!   fails, nothing is uploaded and the actor is given up (no other node
 //!   could find an alarm the bucket's state names but the index lacks).
 //!   Once the upload landed, the replaced entry is removed (R2).
+//! - While the bucket has nothing for the actor and this opening uploaded
+//!   nothing, the first batch lists the alarm under a fresh key whatever
+//!   the database records (R4): an entry recorded before may never have
+//!   been written (its PUT failed, or the node died before it).
 //! - A delivery from a sweep ([`deliver`]) runs the alarm if it is the
-//!   committed one and due; otherwise it reports what the sweep may remove
-//!   (R2, R3), after indexing the committed alarm and fencing (one upload
-//!   of `owner_fence`) when the rules ask for it.
+//!   committed one and due. Otherwise, inside the actor's turn, it removes
+//!   the actor's stale entries at that time (R2, R3): only once every
+//!   local commit is in the bucket (what the replicated state names is
+//!   then what the database names), after indexing the committed alarm
+//!   and fencing (an upload of `owner_fence`, or for a deleted actor a
+//!   tombstone above the one restored) when this opening uploaded nothing.
+//!   An actor with no state is never run.
 //!
-//! Only a node whose [`RunGate`](crate::RunGate) keeps the index (a cluster
-//! node) does any of this; a single node has no index.
+//! Only a cluster node (`RuntimeConfig::cluster`, with a bucket) does any
+//! of this; a single node has no index. The hold generation entries are
+//! tagged with comes from the node's [`RunGate`](crate::RunGate).
 
 use std::sync::Arc;
 
@@ -52,30 +61,34 @@ pub struct Pending {
     pub deletes: Vec<(u64, String)>,
 }
 
+/// Keys one listing of an actor's entries at one time reads when a
+/// delivery removes stale ones; entries beyond go on a later delivery.
+pub const STALE_LISTING_KEYS_MAX: usize = 1_000;
+
 /// What a sweep's delivery of an index entry found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Delivered {
     /// The entry is the committed alarm and it was due: `on-alarm` ran
-    /// (`ok`: without failing; a failure committed its retry).
-    Ran { ok: bool },
+    /// without failing (a failing handler answers its error, its retry
+    /// committed).
+    Ran,
     /// The committed alarm is at the entry's time but not due by this
-    /// node's clock: the timer holds it.
+    /// node's clock (the timer holds it), or the actor cannot run it.
     NotDue,
-    /// The entry is stale and the owner indexed its alarm or uploaded its
-    /// fence first: deliver again to learn what to remove.
+    /// The entry is stale and the owner indexed its alarm, fenced, or
+    /// waited for its commits to reach the bucket first: deliver again.
     Fenced,
-    /// The entry is stale: remove the actor's entries at that time in that
-    /// layout but `named`, none written under a generation above
-    /// `generation`.
+    /// The entry was stale: this many of the actor's entries at that time
+    /// were removed, in the actor's turn (an app's index).
+    Cleaned { removed: u64 },
+    /// The entry is stale (in the tenant-wide index, which the sweep
+    /// cleans across apps): remove the actor's entries at that time but
+    /// `named`, none written under a generation above `generation`. Every
+    /// local commit was in the bucket when this was answered.
     Remove {
         named: Option<Indexed>,
         generation: u64,
     },
-    /// The actor has no state (deleted since, or never initialised): remove
-    /// its entries at that time without running anything, none above
-    /// `generation`. Only when the bucket holds the actor's history (a
-    /// tombstone after a delete).
-    NoState { generation: u64 },
     /// The bucket had nothing for the actor and this node uploaded nothing:
     /// remove nothing, try the entry again at `retry_at_ms` and let the
     /// actor go (R2's empty-bucket clause).
@@ -136,15 +149,45 @@ pub fn plan_before_commit(
     let before = read_record(db)?;
     let address = address_of(id)?;
     let generation = generation(rt, id)?;
-    let plan = alarm_index::plan_event_in_layouts(
-        Rules::SAFE,
-        &address,
-        before.as_ref(),
-        alarm,
-        generation,
-        rt.index_nonce(),
-    )
-    .map_err(|e| RuntimeError::Internal(format!("planning the alarm's index entry: {e}")))?;
+    let first = {
+        let st = actor.repl.lock();
+        st.needs_plan && !st.had_state && !st.uploaded_any()
+    };
+    let bad = |e| RuntimeError::Internal(format!("planning the alarm's index entry: {e}"));
+    let plan = if first {
+        // Nothing of the actor is in the bucket: the entry the database
+        // records may never have been written. A fresh one, listed before
+        // the first upload (R4); the recorded one goes after it.
+        let p = alarm_index::plan_first_upload(
+            Rules::SAFE,
+            &address,
+            alarm,
+            generation,
+            rt.index_nonce(),
+        )
+        .map_err(bad)?;
+        alarm_index::LayoutPlan {
+            put_before_upload: p.put_before_upload,
+            record: p.record.map(Indexed::app),
+            delete_after_upload: before.map(|b| {
+                let key = alarm_index::IndexKey {
+                    address: address.clone(),
+                    entry: b.entry,
+                };
+                (b.layout, key)
+            }),
+        }
+    } else {
+        alarm_index::plan_event_in_layouts(
+            Rules::SAFE,
+            &address,
+            before.as_ref(),
+            alarm,
+            generation,
+            rt.index_nonce(),
+        )
+        .map_err(bad)?
+    };
     if plan.record == before && plan.put_before_upload.is_none() {
         return Ok(false);
     }
@@ -177,17 +220,42 @@ pub fn may_remove(rt: &Inner, id: &ActorId, layout: Layout, key: &alarm_index::I
         || rt.apps_with_class(&id.tenant, &id.class) <= 1
 }
 
+/// Where an actor's replication stands when a delivery reaches it.
+#[derive(Debug, Clone, Copy)]
+pub struct Standing {
+    /// The bucket held the actor's history (a state or a tombstone) when
+    /// it was opened.
+    pub had_state: bool,
+    /// An upload (or a fence) of this opening landed.
+    pub uploaded: bool,
+    /// Every local commit is in the bucket.
+    pub settled: bool,
+}
+
+impl Standing {
+    /// The actor's standing now.
+    pub fn of(actor: &Actor) -> Standing {
+        let st = actor.repl.lock();
+        Standing {
+            had_state: st.had_state(),
+            uploaded: st.uploaded_any(),
+            settled: st.settled(),
+        }
+    }
+}
+
 /// A sweep's delivery of an entry at `at_ms`, inside the batch's
-/// transaction. `had_state`: the bucket held the actor's history when it
-/// was opened; `uploaded`: this node uploaded the actor since.
+/// transaction. `remove_here`: the entry is in the actor's app's index, so
+/// stale entries are removed in this turn; otherwise (the tenant-wide
+/// index) the sweep removes them once every app answered.
 pub fn deliver(
     rt: &Inner,
     db: &ActorDb,
     id: &ActorId,
     at_ms: u64,
     initialized: bool,
-    had_state: bool,
-    uploaded: bool,
+    standing: Standing,
+    remove_here: bool,
 ) -> Result<DeliverStep, RuntimeError> {
     let committed = db.alarm()?;
     let generation = generation(rt, id)?;
@@ -197,19 +265,42 @@ pub fn deliver(
         alarm_at_ms: committed.map(|a| a.at_ms),
         initialised: initialized,
     };
+    let record = read_record(db)?;
+    let fence = |db: &ActorDb| -> Result<DeliverStep, RuntimeError> {
+        // One commit does both: the batch's planning lists the committed
+        // alarm, and the fence makes it an upload.
+        db.meta_set(
+            OWNER_FENCE_META,
+            &format!("{generation:020}-{:016x}", rt.index_nonce()),
+        )?;
+        Ok(DeliverStep::Fence)
+    };
     // The same rule the simulator checks, with its no-state clause: an
     // actor with no state is not run (that would create it again).
     match delivery::plan_delivery(Rules::SAFE, at_ms, &restored, now) {
         Delivery::NoState => {
-            return Ok(DeliverStep::Done(no_state(
-                had_state, uploaded, generation, now, &config,
-            )));
+            if !standing.had_state && !standing.uploaded {
+                return Ok(DeliverStep::Done(leave(now, &config)));
+            }
+            if !standing.uploaded {
+                return fence(db);
+            }
+            if !standing.settled {
+                return Ok(DeliverStep::Wait);
+            }
+            return Ok(DeliverStep::Done(removal(
+                rt,
+                id,
+                at_ms,
+                record,
+                generation,
+                remove_here,
+            )?));
         }
         Delivery::Run => return Ok(DeliverStep::Run),
         Delivery::NotDue { .. } => return Ok(DeliverStep::Done(Delivered::NotDue)),
         Delivery::Stale => {}
     }
-    let record = read_record(db)?;
     let indexed = match record {
         Some(Indexed {
             layout: Layout::App,
@@ -225,48 +316,96 @@ pub fn deliver(
     let ctx = StaleContext {
         delivered_at_ms: at_ms,
         committed: &state,
-        bucket_had_state: had_state,
-        uploaded_since_take: uploaded,
+        bucket_had_state: standing.had_state,
+        uploaded_since_take: standing.uploaded,
     };
-    Ok(
-        match alarm_index::next_stale_step(Rules::SAFE, &ctx, &config, now) {
-            StaleStep::IndexCommitted | StaleStep::Fence => {
-                // One commit does both: the batch's planning lists the
-                // committed alarm, and the fence makes it an upload.
-                db.meta_set(
-                    OWNER_FENCE_META,
-                    &format!("{generation:020}-{:016x}", rt.index_nonce()),
-                )?;
-                DeliverStep::Fence
-            }
-            StaleStep::ListAndDelete => DeliverStep::Done(Delivered::Remove {
-                named: record,
-                generation,
-            }),
-            StaleStep::LeaveAndRelease { retry_at_ms } => {
-                DeliverStep::Done(Delivered::Leave { retry_at_ms })
-            }
-        },
-    )
-}
-
-/// An entry delivered for an actor with no state: removed when the bucket
-/// holds the actor's history (deleted since); left, as R2 says, when the
-/// bucket never had the actor and this node uploaded nothing of it.
-pub fn no_state(
-    had_state: bool,
-    uploaded: bool,
-    generation: u64,
-    now_ms: u64,
-    config: &ClusterConfig,
-) -> Delivered {
-    if had_state || uploaded {
-        Delivered::NoState { generation }
-    } else {
-        Delivered::Leave {
-            retry_at_ms: now_ms + config.retry_max_ms,
+    match alarm_index::next_stale_step(Rules::SAFE, &ctx, &config, now) {
+        StaleStep::IndexCommitted | StaleStep::Fence => fence(db),
+        // R2 speaks of the replicated state: until every local commit is
+        // in the bucket, what the database names is not what a restore
+        // would find.
+        StaleStep::ListAndDelete if !standing.settled => Ok(DeliverStep::Wait),
+        StaleStep::ListAndDelete => Ok(DeliverStep::Done(removal(
+            rt,
+            id,
+            at_ms,
+            record,
+            generation,
+            remove_here,
+        )?)),
+        StaleStep::LeaveAndRelease { retry_at_ms } => {
+            Ok(DeliverStep::Done(Delivered::Leave { retry_at_ms }))
         }
     }
+}
+
+/// R2's empty-bucket clause: remove nothing, try again after the longest
+/// backoff.
+pub fn leave(now_ms: u64, config: &ClusterConfig) -> Delivered {
+    Delivered::Leave {
+        retry_at_ms: now_ms + config.retry_max_ms,
+    }
+}
+
+/// Removes the actor's stale entries at `at_ms` now (its app's index), or
+/// says what the sweep may remove (the tenant-wide index).
+fn removal(
+    rt: &Inner,
+    id: &ActorId,
+    at_ms: u64,
+    named: Option<Indexed>,
+    generation: u64,
+    remove_here: bool,
+) -> Result<Delivered, RuntimeError> {
+    if !remove_here {
+        return Ok(Delivered::Remove { named, generation });
+    }
+    let removed = remove_stale_here(rt, id, at_ms, named, generation)?;
+    Ok(Delivered::Cleaned { removed })
+}
+
+/// In the actor's turn (so no event of the actor lists a new entry
+/// meanwhile): lists the actor's tagged entries at `at_ms` in its app's
+/// index and removes those R2 and R3 allow: all but the one the database
+/// names, none of a generation above this node's hold. Returns how many.
+pub fn remove_stale_here(
+    rt: &Inner,
+    id: &ActorId,
+    at_ms: u64,
+    named: Option<Indexed>,
+    generation: u64,
+) -> Result<u64, RuntimeError> {
+    let Some(repl) = rt.replication.as_ref() else {
+        return Ok(0);
+    };
+    let address = address_of(id)?;
+    let prefix = alarm_index::app_index_prefix(&id.tenant, &id.app);
+    let folder = format!("{prefix}{}", alarm_index::tagged_folder(at_ms, &address));
+    let listed = repl
+        .block_on(repl.bucket.list_page(&folder, None, STALE_LISTING_KEYS_MAX))
+        .map_err(|e| RuntimeError::ReplicationFailed(format!("listing {folder}: {e}")))?;
+    let listed: Vec<String> = listed
+        .iter()
+        .map(|k| k.strip_prefix(&prefix).unwrap_or(k).to_owned())
+        .collect();
+    let named = named.filter(|n| n.layout == Layout::App).map(|n| n.entry);
+    let doomed = alarm_index::stale_entries_to_delete(
+        Rules::SAFE,
+        &address,
+        at_ms,
+        &listed,
+        named.as_ref(),
+        generation,
+    );
+    let mut removed = 0;
+    // Owners write only tagged entries in an app's index.
+    for key in doomed.iter().filter(|k| k.entry.tag.is_some()) {
+        let full = format!("{prefix}{}", key.to_key());
+        repl.block_on(repl.bucket.delete(&full))
+            .map_err(|e| RuntimeError::ReplicationFailed(format!("removing {full}: {e}")))?;
+        removed += 1;
+    }
+    Ok(removed)
 }
 
 /// What [`deliver`] leaves to the batch.
@@ -277,6 +416,9 @@ pub enum DeliverStep {
     /// The fence is written: the batch must plan the index and wait for
     /// the upload before it answers [`Delivered::Fenced`].
     Fence,
+    /// Local commits are not all in the bucket yet: the batch waits for
+    /// them before it answers [`Delivered::Fenced`].
+    Wait,
     /// Nothing to run.
     Done(Delivered),
 }

@@ -259,6 +259,9 @@ pub struct ActorReplica {
     /// No batch has planned the alarm index since the actor was opened: the
     /// next commit does (migration, R4), and no upload goes before it.
     pub(crate) needs_plan: bool,
+    /// A tombstone above the one restored landed (`fence_deleted`): this
+    /// opening ended the deleted actor's history.
+    fenced: bool,
 }
 
 impl ActorReplica {
@@ -277,9 +280,11 @@ impl ActorReplica {
     /// restores it, and nothing it holds will ever be uploaded (shutdown must
     /// not wait for it).
     pub fn busy(&self) -> bool {
-        self.in_flight
-            || (self.given_up.is_none()
-                && (self.committed > self.uploaded || !self.waiters.is_empty()))
+        // Local data the bucket lacks and no batch has listed the alarm of
+        // (a cluster node): nothing may upload it yet, and closing the
+        // actor loses nothing (its next opening finds it again).
+        let uploadable = self.committed > self.uploaded && !self.needs_plan;
+        self.in_flight || (self.given_up.is_none() && (uploadable || !self.waiters.is_empty()))
     }
 
     pub fn given_up(&self) -> bool {
@@ -291,9 +296,14 @@ impl ActorReplica {
         self.had_state
     }
 
-    /// Whether an upload of this opening has landed.
+    /// Whether an upload (or a fence) of this opening has landed.
     pub fn uploaded_any(&self) -> bool {
-        self.uploaded > 0
+        self.uploaded > 0 || self.fenced
+    }
+
+    /// Whether every commit of this opening is in the bucket.
+    pub fn settled(&self) -> bool {
+        self.committed <= self.uploaded && !self.in_flight
     }
 }
 
@@ -434,10 +444,14 @@ pub fn upload_pending(
     db: Option<&mut ActorDb>,
 ) {
     let path = paths::actor_db(&rt.config.data_dir, &actor.id);
-    if db.is_none()
-        && !actor.repl.lock().opened
-        && let Err(e) = ensure_open(rt, repl, actor)
-    {
+    let unopened = db.is_none() && !actor.repl.lock().opened;
+    if unopened && rt.keeps_index() && rt.hold_generation(&actor.id).is_none() {
+        // A cluster node uploads only what it holds (the start-up pass over
+        // local data queues every actor): this one is uploaded once the
+        // node takes it, by the batch that lists its alarm first (R4).
+        return;
+    }
+    if unopened && let Err(e) = ensure_open(rt, repl, actor) {
         // A closed actor queued for its first upload (the start-up pass):
         // its next opening tries again.
         tracing::warn!(actor = %actor.id, error = %e, "could not check the actor against the bucket");
@@ -465,12 +479,6 @@ pub fn upload_pending(
         let Some(d) = db.as_deref_mut().or(own.as_mut()) else {
             return;
         };
-        if rt.hold_generation(&actor.id).is_none() {
-            // Not held here (the start-up pass over local data in a
-            // cluster): uploaded once this node takes the actor, by the
-            // batch that lists its alarm first (R4).
-            return;
-        }
         if let Err(e) = crate::index::plan_alone(rt, actor, d) {
             tracing::warn!(actor = %actor.id, error = %e, "could not list the actor's alarm in the index: nothing uploaded");
             return;
@@ -581,6 +589,43 @@ fn maybe_upload(
             &rt, &actor, &bucket, replica, covered, result, started, oldest,
         );
     });
+}
+
+/// The owner fence for a deleted actor (ADR 0009, R2): a tombstone above
+/// the one the opening restored, so that a late upload of an earlier life
+/// can no longer land and name an entry about to be removed. Only for an
+/// actor opened from a tombstone (no database here); a chain that moved
+/// gives the actor up.
+pub fn fence_deleted(rt: &Inner, repl: &Replication, actor: &Actor) -> Result<(), RuntimeError> {
+    let mut st = actor.repl.lock();
+    while st.in_flight {
+        actor.repl_done.wait(&mut st);
+    }
+    let Some(mut replica) = st.replica.take() else {
+        return Err(RuntimeError::ReplicationFailed(
+            "the actor's replica is not open".into(),
+        ));
+    };
+    st.in_flight = true;
+    drop(st);
+    let result = repl.block_on(replica.fence_deleted(rt.clock.now_ms()));
+    let mut st = actor.repl.lock();
+    st.in_flight = false;
+    st.replica = Some(replica);
+    let out = match result {
+        Ok(()) => {
+            st.fenced = true;
+            Ok(())
+        }
+        Err(e) => {
+            let why = format!("fencing the deleted actor: {e}");
+            give_up(rt, actor, &mut st, why.clone());
+            Err(RuntimeError::ReplicationFailed(why))
+        }
+    };
+    drop(st);
+    actor.repl_done.notify_all();
+    out
 }
 
 /// When the node stops: what waits for the upload interval is uploaded

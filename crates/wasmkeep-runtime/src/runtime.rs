@@ -753,15 +753,18 @@ impl Runtime {
 
     /// Delivers the alarm index entry at `at_ms` to its actor (a sweep of
     /// a cluster node; see `index`) and waits for what it found.
+    /// `remove_here`: the entry is in the actor's app's index (its stale
+    /// entries are removed in the actor's turn).
     pub async fn deliver(
         &self,
         id: &ActorId,
         at_ms: u64,
+        remove_here: bool,
     ) -> Result<crate::index::Delivered, RuntimeError> {
         let (tx, rx) = oneshot::channel();
         self.inner.enqueue(
             id,
-            Event::new(EventKind::Deliver { at_ms }, Some(tx)),
+            Event::new(EventKind::Deliver { at_ms, remove_here }, Some(tx)),
             false,
         )?;
         match rx.await {

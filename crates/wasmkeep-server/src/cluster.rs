@@ -502,15 +502,27 @@ async fn release_task(
         let epoch = state.acting_epoch();
         let fresh = state.fresh_epoch.load(Ordering::Acquire);
         if epoch.is_none() || epoch.is_some_and(|e| e != fresh) {
-            let rt = rt.clone();
-            if let Ok(n) = tokio::task::spawn_blocking(move || rt.close_idle_now()).await
+            let closer = rt.clone();
+            if let Ok(n) = tokio::task::spawn_blocking(move || closer.close_idle_now()).await
                 && n > 0
             {
                 tracing::info!(closed = n, "lease ended: closed this node's actors");
             }
             if let Some(e) = epoch {
-                // Closed after the epoch began: actors open before it are gone.
-                state.fresh_epoch.store(e, Ordering::Release);
+                if rt.active_actors() == 0 {
+                    // Closed after the epoch began: actors open before it
+                    // are gone.
+                    state.fresh_epoch.store(e, Ordering::Release);
+                } else {
+                    // Some are busy (an upload in flight or due): a copy
+                    // kept open across the change would be stale and think
+                    // it uploaded since its take. Routed again once they
+                    // closed, on a later scan.
+                    tracing::debug!(
+                        open = rt.active_actors(),
+                        "waiting for the earlier epoch's actors to close"
+                    );
+                }
             }
         }
         // Kept: actors with an alarm pending here, and actors the runtime

@@ -282,3 +282,97 @@ fn an_alarm_from_single_node_data_is_listed_before_its_first_upload() {
     assert_ne!(node.as_deref(), Some(joining.id.as_str()));
     others.clear();
 }
+
+/// The alarm a bucket's state names, read through `port` (a request
+/// restores the actor from the bucket on a node that did not have it).
+fn alarm_of(port: u16, name: &str) -> Option<u64> {
+    let a = send(port, "GET", &format!("{}/alarm", reminder(name)), &[]);
+    assert_eq!(a.status, 200, "{}", a.body);
+    a.body["alarm"].as_u64()
+}
+
+/// The due times of the index's entries for `name`.
+fn listed_dues(bucket: &Path, name: &str) -> Vec<u64> {
+    let hex: String = name.bytes().map(|b| format!("{b:02x}")).collect();
+    entries(bucket)
+        .iter()
+        .filter(|k| k.contains(&format!("/{hex}/")))
+        .map(|k| k[..15].parse().unwrap())
+        .collect()
+}
+
+/// An actor whose first upload failed because its entry could not be
+/// listed is given up with its alarm committed locally; its next opening
+/// (the bucket still has nothing for it) lists the alarm under a fresh key
+/// before the first upload, rather than trust the entry its database
+/// records, which was never written. Then the node is killed and the
+/// alarm runs elsewhere.
+#[test]
+fn a_first_upload_after_a_failed_listing_lists_the_alarm_afresh() {
+    let c = Cluster::with_settings(Store::Folder, 60_000, SETTINGS);
+    let mut members = c.start_three();
+    // A file where the app's index folder goes: every PUT below it fails.
+    let index = c.folder().join("state/demo/examples/_alarms");
+    std::fs::create_dir_all(index.parent().unwrap()).unwrap();
+    std::fs::write(&index, b"in the way").unwrap();
+    let due = now_ms() + 6_000;
+    let failed = send(
+        members[0].port,
+        "POST",
+        &format!("{}/set?at_ms={due}", reminder("afresh")),
+        &[REPLICATED],
+    );
+    assert_eq!(failed.status, 503, "{}", failed.body);
+    assert_eq!(failed.body["error"]["code"], "replication_failed");
+    std::fs::remove_file(&index).unwrap();
+    // The next request reopens the actor from its local data.
+    let again = send(
+        members[0].port,
+        "GET",
+        &format!("{}/alarm", reminder("afresh")),
+        &[REPLICATED],
+    );
+    assert_eq!(again.status, 200, "{}", again.body);
+    assert_eq!(again.body["alarm"], due);
+    assert_eq!(listed_dues(&c.folder(), "afresh"), vec![due]);
+    members[0].node.kill();
+    wait_for("the alarm to run elsewhere", || {
+        entries(&c.folder()).is_empty()
+    });
+    let (runs, _) = fired(members[1].port, "afresh");
+    assert_eq!(runs.len(), 1, "{runs:?}");
+}
+
+/// A sweep's delivery of an entry whose alarm moved while the move is not
+/// in the bucket yet (plain replies upload once a minute here) waits for
+/// the upload before it removes the entry: what the bucket's state names
+/// is listed whenever the node is killed.
+#[test]
+fn a_stale_entry_goes_only_once_the_state_that_replaced_it_is_in_the_bucket() {
+    let c = Cluster::with_settings(
+        Store::Folder,
+        60_000,
+        &format!("{SETTINGS}replica_upload_interval_ms = 60000\n"),
+    );
+    let mut members = c.start_three();
+    let first = now_ms() + 1_000;
+    set(members[0].port, "moved", first);
+    assert_eq!(listed_dues(&c.folder(), "moved"), vec![first]);
+    // Moved far ahead, answered after the local commit only.
+    let later = now_ms() + 3_600_000;
+    let moved = send(
+        members[0].port,
+        "POST",
+        &format!("{}/set?at_ms={later}", reminder("moved")),
+        &[("wasmkeep-durability", "local")],
+    );
+    assert_eq!(moved.status, 200, "{}", moved.body);
+    // The sweep finds the first entry overdue and delivers it to its owner.
+    wait_for("the first entry to go", || {
+        !listed_dues(&c.folder(), "moved").contains(&first)
+    });
+    members[0].node.kill();
+    let named = alarm_of(members[1].port, "moved");
+    assert_eq!(named, Some(later), "the move reached the bucket first");
+    assert_eq!(listed_dues(&c.folder(), "moved"), vec![later]);
+}

@@ -47,7 +47,7 @@ pub const SWEEP_DELIVERIES_CONCURRENT: usize = 32;
 /// again early.
 pub const SWEEP_DEFERRED_MAX: usize = 16_384;
 /// Keys one listing of an actor's tagged entries at one time reads.
-pub const STALE_LISTING_KEYS_MAX: usize = 1_000;
+pub use wasmkeep_runtime::index::STALE_LISTING_KEYS_MAX;
 /// After a delivery ran the alarm or found it not due, the entry is left
 /// alone this long: the run's upload removes it.
 const AFTER_RUN_MS: u64 = 10_000;
@@ -149,12 +149,30 @@ impl Index {
     }
 }
 
+/// An entry left alone until a time.
+#[derive(Debug, Clone, Copy)]
+struct Deferred {
+    until_ms: u64,
+    failures: u32,
+}
+
+/// What one entry's delivery came to.
+struct Delivery {
+    /// Leave the entry alone until then.
+    until_ms: u64,
+    /// Whether it failed (the bucket, the route, the actor).
+    failed: bool,
+    /// Whether it ran an alarm or removed an entry.
+    progress: bool,
+}
+
 /// The sweep's memory across passes.
 #[derive(Default)]
 struct Sweeper {
     cursors: HashMap<Index, SweepCursor>,
-    /// Full keys not to deliver before a time (ms).
-    deferred: HashMap<String, u64>,
+    /// Full keys not to deliver before a time (ms), with how many
+    /// deliveries of each failed in a row (each doubles the wait).
+    deferred: HashMap<String, Deferred>,
     rotation: u64,
 }
 
@@ -218,7 +236,11 @@ async fn pass(
         });
     }
     let now = now_ms();
-    sweeper.deferred.retain(|_, until| *until > now);
+    // Expired entries are kept while they count failures: the next failure
+    // waits longer.
+    sweeper
+        .deferred
+        .retain(|_, d| d.until_ms > now || d.failures > 0);
     let mut budget = config.sweep_deliveries_max;
     let mut oldest: Option<u64> = None;
     let mut jobs: Vec<Job> = Vec::new();
@@ -236,9 +258,10 @@ async fn pass(
         let waiting: Vec<IndexKey> = entries
             .into_iter()
             .filter(|k| {
-                !sweeper
+                sweeper
                     .deferred
-                    .contains_key(&format!("{prefix}{}", k.to_key()))
+                    .get(&format!("{prefix}{}", k.to_key()))
+                    .is_none_or(|d| d.until_ms <= now)
             })
             .collect();
         // Actors with a delivery planned in this pass already count as busy.
@@ -274,7 +297,8 @@ async fn pass(
     counters
         .lag_ms
         .set(oldest.map_or(0, |o| now.saturating_sub(o)));
-    let full = budget == 0;
+    let capped = budget == 0;
+    let mut progress = false;
     // Deliveries run a bounded number at a time.
     let mut running = tokio::task::JoinSet::new();
     let mut queue = jobs.into_iter();
@@ -291,20 +315,41 @@ async fn pass(
         let Some(done) = running.join_next().await else {
             break;
         };
-        if let Ok((key, Some(until))) = done {
-            if sweeper.deferred.len() >= SWEEP_DEFERRED_MAX
-                && let Some(first) = sweeper
-                    .deferred
-                    .iter()
-                    .min_by_key(|(_, t)| **t)
-                    .map(|(k, _)| k.clone())
-            {
-                sweeper.deferred.remove(&first);
-            }
-            sweeper.deferred.insert(key, until);
+        let Ok((key, d)) = done else { continue };
+        progress |= d.progress;
+        let failures = match (d.failed, sweeper.deferred.get(&key)) {
+            (true, Some(before)) => before.failures.saturating_add(1),
+            (true, None) => 1,
+            (false, _) => 0,
+        };
+        // A failing entry waits a lease period, doubled for each failure
+        // in a row, up to the longest backoff.
+        let until_ms = if d.failed {
+            let wait = config
+                .lease_period_ms
+                .saturating_mul(1u64 << (failures - 1).min(16))
+                .min(config.retry_max_ms);
+            now_ms() + wait
+        } else {
+            d.until_ms
+        };
+        if !sweeper.deferred.contains_key(&key)
+            && sweeper.deferred.len() >= SWEEP_DEFERRED_MAX
+            && let Some(first) = sweeper
+                .deferred
+                .iter()
+                .min_by_key(|(_, d)| d.until_ms)
+                .map(|(k, _)| k.clone())
+        {
+            sweeper.deferred.remove(&first);
         }
+        sweeper
+            .deferred
+            .insert(key, Deferred { until_ms, failures });
     }
-    full
+    // Again at once only when the cap bound and deliveries got somewhere:
+    // entries that fail or reach nobody never make passes run back to back.
+    capped && progress
 }
 
 /// One entry to deliver, in its index.
@@ -362,7 +407,7 @@ async fn deliver(
     rt: &Runtime,
     config: &ClusterConfig,
     job: &Job,
-) -> Option<u64> {
+) -> Delivery {
     let counters = &state.sweep;
     let apps: Vec<String> = match &job.index.app {
         Some(app) => vec![app.clone()],
@@ -376,7 +421,8 @@ async fn deliver(
             .map(|a| a.app)
             .collect(),
     };
-    let retry_later = now_ms() + config.lease_period_ms;
+    let mut failed = false;
+    let mut progress = false;
     let mut removable: Vec<(Option<Indexed>, u64)> = Vec::new();
     let mut all_removable = !apps.is_empty();
     // Every delivered entry is left alone a while: what ran removes it
@@ -400,13 +446,19 @@ async fn deliver(
             continue;
         };
         counters.deliveries_total.inc();
-        match deliver_to(state, rt, &id, job.key.entry.at_ms).await {
+        let remove_here = job.index.layout() == Layout::App;
+        match deliver_to(state, rt, &id, job.key.entry.at_ms, remove_here).await {
             Outcome::Found(Delivered::Remove { named, generation }) => {
                 removable.push((named, generation));
             }
-            Outcome::Found(Delivered::NoState { generation }) => removable.push((None, generation)),
-            Outcome::Found(Delivered::Ran { .. }) => {
+            Outcome::Found(Delivered::Cleaned { removed }) => {
+                counters.stale_removed_total.inc_by(removed);
+                progress |= removed > 0;
+                all_removable = false;
+            }
+            Outcome::Found(Delivered::Ran) => {
                 counters.alarms_run_total.inc();
+                progress = true;
                 all_removable = false;
             }
             Outcome::Found(Delivered::NotDue | Delivered::Fenced) => all_removable = false,
@@ -421,14 +473,18 @@ async fn deliver(
             Outcome::Failed => {
                 counters.delivery_failures_total.inc();
                 all_removable = false;
-                left_until = left_until.max(retry_later);
+                failed = true;
             }
         }
     }
     if all_removable && !removable.is_empty() {
-        remove_stale(state, job, &removable).await;
+        progress |= remove_stale(state, job, &removable).await > 0;
     }
-    Some(left_until)
+    Delivery {
+        until_ms: left_until,
+        failed,
+        progress,
+    }
 }
 
 enum Outcome {
@@ -442,7 +498,13 @@ enum Outcome {
 /// Routes `id` here (taking it if no live node has it) and delivers the
 /// entry at `at_ms`; after a fence, delivers it once more to learn what to
 /// remove.
-async fn deliver_to(state: &Arc<ClusterState>, rt: &Runtime, id: &ActorId, at_ms: u64) -> Outcome {
+async fn deliver_to(
+    state: &Arc<ClusterState>,
+    rt: &Runtime,
+    id: &ActorId,
+    at_ms: u64,
+    remove_here: bool,
+) -> Outcome {
     let held_before = state
         .route_epoch()
         .is_some_and(|e| state.ownership.holds(id, e, false));
@@ -461,9 +523,9 @@ async fn deliver_to(state: &Arc<ClusterState>, rt: &Runtime, id: &ActorId, at_ms
     if !held_before {
         state.sweep.takeovers_total.inc();
     }
-    let mut found = rt.deliver(id, at_ms).await;
+    let mut found = rt.deliver(id, at_ms, remove_here).await;
     if matches!(found, Ok(Delivered::Fenced)) {
-        found = rt.deliver(id, at_ms).await;
+        found = rt.deliver(id, at_ms, remove_here).await;
     }
     // Acknowledged only in the epoch it was routed in (a lapse meanwhile
     // may have handed the actor to another node).
@@ -483,7 +545,11 @@ async fn deliver_to(state: &Arc<ClusterState>, rt: &Runtime, id: &ActorId, at_ms
 /// time in that index but those any app's database names and those of a
 /// newer generation than the deliverer's hold (R2, R3); in the tenant-wide
 /// index also the untagged entry, if no app names it.
-async fn remove_stale(state: &ClusterState, job: &Job, removable: &[(Option<Indexed>, u64)]) {
+async fn remove_stale(
+    state: &ClusterState,
+    job: &Job,
+    removable: &[(Option<Indexed>, u64)],
+) -> u64 {
     let layout = job.index.layout();
     let prefix = job.index.prefix();
     let at = job.key.entry.at_ms;
@@ -497,7 +563,7 @@ async fn remove_stale(state: &ClusterState, job: &Job, removable: &[(Option<Inde
         limit: STALE_LISTING_KEYS_MAX,
     };
     let BucketResult::Keys(listed) = state.driver.perform(op).await else {
-        return;
+        return 0;
     };
     let listed: Vec<String> = listed
         .iter()
@@ -523,14 +589,17 @@ async fn remove_stale(state: &ClusterState, job: &Job, removable: &[(Option<Inde
             Some(d) => d.intersection(&mine).cloned().collect(),
         });
     }
+    let mut removed = 0;
     for key in doomed.unwrap_or_default() {
         let op = BucketOp::Delete {
             key: format!("{prefix}{}", key.to_key()),
         };
         if matches!(state.driver.perform(op).await, BucketResult::Done) {
             state.sweep.stale_removed_total.inc();
+            removed += 1;
         }
     }
+    removed
 }
 
 /// One entry of the bucket's index, as `/admin/v1/alarms` shows it.
