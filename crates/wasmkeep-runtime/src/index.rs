@@ -436,13 +436,20 @@ pub fn forget_planned(actor: &Actor) {
 /// The `alarm_indexed` record of a closed actor's database file, if it
 /// has one that parses.
 pub fn read_record_at(db_path: &std::path::Path) -> Option<Indexed> {
+    let meta = read_meta_at(db_path, ALARM_INDEXED_META)?;
+    Indexed::parse_meta(&meta).ok().flatten()
+}
+
+/// One `_wasmkeep_meta` value of a closed actor's database file (`key` is
+/// one of this module's constants).
+pub fn read_meta_at(db_path: &std::path::Path, key: &str) -> Option<String> {
     if !db_path.exists() {
         return None;
     }
-    let sql = format!("SELECT value FROM _wasmkeep_meta WHERE key = '{ALARM_INDEXED_META}'");
+    let sql = format!("SELECT value FROM _wasmkeep_meta WHERE key = '{key}'");
     let r = wasmkeep_store::db::inspect_query(db_path, &sql, 1).ok()?;
     match r.rows.first()?.first()? {
-        wasmkeep_store::Value::Text(t) => Indexed::parse_meta(t).ok().flatten(),
+        wasmkeep_store::Value::Text(t) => Some(t.clone()),
         _ => None,
     }
 }

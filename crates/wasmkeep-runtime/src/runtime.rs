@@ -77,6 +77,12 @@ pub struct ActorInfo {
     /// What its open SQLite connection holds in memory (SQLite's own
     /// accounting); `None` while the database is closed.
     pub sqlite_memory: Option<SqliteMemoryInfo>,
+    /// In a cluster: the alarm index entry the database names
+    /// (`alarm_indexed`, ADR 0009) and the owner fence last uploaded
+    /// (`owner_fence`: the hold generation and nonce of the owner that
+    /// ended the history before removing stale entries); `None` when unset.
+    pub alarm_indexed: Option<String>,
+    pub owner_fence: Option<String>,
 }
 
 /// One open connection's memory, in bytes (see `ActorDb::memory`). The
@@ -601,7 +607,7 @@ impl Runtime {
             .get(id)
             .is_some_and(|a| a.is_loaded());
         let name = id.to_string();
-        let (size, alarm, memory) = self.with_db(id, move |db| match db {
+        let (size, alarm, memory, index) = self.with_db(id, move |db| match db {
             DbAccess::Open(db) => {
                 let m = db.memory();
                 let memory = SqliteMemoryInfo {
@@ -610,7 +616,11 @@ impl Runtime {
                     statement_bytes: m.statement_bytes,
                     wal_index_bytes: m.wal_index_bytes,
                 };
-                Ok((db.size_bytes()?, db.alarm()?, Some(memory)))
+                let index = (
+                    db.meta_get(crate::index::ALARM_INDEXED_META)?,
+                    db.meta_get(crate::index::OWNER_FENCE_META)?,
+                );
+                Ok((db.size_bytes()?, db.alarm()?, Some(memory), index))
             }
             DbAccess::Closed(path) => {
                 if !path.exists() {
@@ -618,7 +628,11 @@ impl Runtime {
                 }
                 // Databases differ in page size (ADR 0027).
                 let size = wasmkeep_store::db::size_bytes_at(path)?;
-                Ok((size, wasmkeep_store::db::read_alarm(path)?, None))
+                let index = (
+                    crate::index::read_meta_at(path, crate::index::ALARM_INDEXED_META),
+                    crate::index::read_meta_at(path, crate::index::OWNER_FENCE_META),
+                );
+                Ok((size, wasmkeep_store::db::read_alarm(path)?, None, index))
             }
         })?;
         let mtime = |p: PathBuf| {
@@ -638,6 +652,8 @@ impl Runtime {
             database_bytes: size,
             alarm_ms: alarm.map(|a| a.at_ms),
             alarm_retry_count: alarm.map(|a| a.retry_count).unwrap_or(0),
+            alarm_indexed: index.0.filter(|v| !v.is_empty()),
+            owner_fence: index.1.filter(|v| !v.is_empty()),
             last_write_ms,
             active,
             sqlite_memory: memory,

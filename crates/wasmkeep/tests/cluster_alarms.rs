@@ -137,6 +137,20 @@ fn alarms_of_a_killed_node_fire_on_the_others_once_and_not_early() {
         assert!(e["generation"].as_u64().is_some_and(|g| g >= 1), "{e}");
         assert!(e["name"].as_str().unwrap().starts_with("orphan-"));
     }
+    // The owner's database names its entry (shown through another node).
+    let shown = send(
+        members[1].port,
+        "GET",
+        "/admin/v1/actors/demo/examples/reminder/orphan-0",
+        &[],
+    );
+    assert_eq!(shown.status, 200, "{}", shown.body);
+    let named = shown.body["alarm_indexed"].as_str().unwrap_or_default();
+    assert!(
+        named.starts_with(&format!("app:{due:015}/")),
+        "{}",
+        shown.body
+    );
     members[0].node.kill();
 
     let survivors = [&members[1], &members[2]];
