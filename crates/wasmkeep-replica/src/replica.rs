@@ -627,6 +627,14 @@ impl Replica {
                 "this replica gave up after an earlier failure: open the actor again".into(),
             ));
         }
+        if self.head.is_none() || self.base.is_some() {
+            // Only a chain whose latest state is a tombstone: there is no
+            // image behind this replica.
+            return Err(ReplicaError::ChainBroken(format!(
+                "a tombstone fence is for a deleted actor only: actor=`{}`",
+                self.root.as_str()
+            )));
+        }
         let seq = self.next_seq();
         let t = Entry::tombstone(
             seq,
@@ -635,13 +643,21 @@ impl Replica {
             self.root.as_str(),
         );
         let body = Bytes::from(t.encode(self.config.entry_bytes_max)?);
-        if let Err(e) = self.append(seq, body).await {
+        if let Err(e) = self.append(seq, body.clone()).await {
             self.given_up = true;
             return Err(e);
         }
         self.head = Some(t.position());
         self.head_time_ms = time_ms;
         self.base = None;
+        // The same bytes as a snapshot, as a delete writes it: restores
+        // start there, and collection may drop what is below.
+        if let Err(e) = create_or_mine(&self.bucket, &self.root.snap(seq), seq, &body).await {
+            self.given_up = true;
+            return Err(e);
+        }
+        self.entries_since_snapshot = 0;
+        self.bytes_since_snapshot = 0;
         Ok(())
     }
 

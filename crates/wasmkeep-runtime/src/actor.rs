@@ -283,6 +283,14 @@ pub fn run_turn(rt: &Arc<Inner>, actor: &Arc<Actor>) {
                         // be missing or stale.
                         tracing::warn!(actor = %actor.id, error = %e, "could not bring the actor in line with the bucket before inspecting it");
                     }
+                    if rt.keeps_index() && actor.repl.lock().awaits_first_plan() {
+                        // Opened (and held) for an inspection with local
+                        // data the bucket lacks: uploaded now, its alarm
+                        // listed first, rather than left for a close to
+                        // forget.
+                        let _ =
+                            rt.enqueue(&actor.id, Event::new(EventKind::Replicate, None), false);
+                    }
                     match slot.as_mut() {
                         Some(l) => f(DbAccess::Open(l.db())),
                         None => f(DbAccess::Closed(&paths::actor_db(
@@ -406,9 +414,13 @@ fn load(
     create: bool,
 ) -> Result<bool, RuntimeError> {
     let id = &actor.id;
-    if rt.replication.is_some() && actor.repl.lock().given_up() {
-        // The bucket no longer agrees with this instance's state: drop it
-        // and open the actor afresh from the bucket.
+    if rt.replication.is_some() && {
+        let st = actor.repl.lock();
+        st.given_up() || (rt.keeps_index() && st.stale_epoch(rt.gate_epoch()))
+    } {
+        // The bucket no longer agrees with this instance's state, or the
+        // copy is from before a lapse of the node's lease: drop it and
+        // open the actor afresh from the bucket.
         *slot = None;
     }
     if let Some(l) = slot.as_ref()

@@ -65,6 +65,11 @@ pub struct Pending {
 /// delivery removes stale ones; entries beyond go on a later delivery.
 pub const STALE_LISTING_KEYS_MAX: usize = 1_000;
 
+/// Stale entries one delivery removes at most: the removals run in the
+/// actor's turn, on a worker, so a long list waits for later deliveries
+/// rather than hold a worker through a thousand round trips.
+pub const STALE_DELETES_PER_TURN: usize = 16;
+
 /// What a sweep's delivery of an index entry found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Delivered {
@@ -399,7 +404,8 @@ pub fn remove_stale_here(
     );
     let mut removed = 0;
     // Owners write only tagged entries in an app's index.
-    for key in doomed.iter().filter(|k| k.entry.tag.is_some()) {
+    let tagged = doomed.iter().filter(|k| k.entry.tag.is_some());
+    for key in tagged.take(STALE_DELETES_PER_TURN) {
         let full = format!("{prefix}{}", key.to_key());
         repl.block_on(repl.bucket.delete(&full))
             .map_err(|e| RuntimeError::ReplicationFailed(format!("removing {full}: {e}")))?;

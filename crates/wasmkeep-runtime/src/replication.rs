@@ -262,6 +262,9 @@ pub struct ActorReplica {
     /// A tombstone above the one restored landed (`fence_deleted`): this
     /// opening ended the deleted actor's history.
     fenced: bool,
+    /// The gate's routing epoch when the actor was opened (a cluster node):
+    /// a copy from an earlier epoch is opened afresh (`stale_epoch`).
+    opened_epoch: u64,
 }
 
 impl ActorReplica {
@@ -291,6 +294,19 @@ impl ActorReplica {
         self.given_up.is_some()
     }
 
+    /// Local data the bucket lacks that no batch has listed the alarm of
+    /// yet (a cluster node): a `Replicate` turn plans and uploads it.
+    pub fn awaits_first_plan(&self) -> bool {
+        self.needs_plan && self.committed > self.uploaded
+    }
+
+    /// Whether this copy was opened in an earlier routing epoch than
+    /// `epoch` (a cluster node whose lease lapsed since: it may have lost
+    /// and retaken the actor, so what this copy knows is stale).
+    pub fn stale_epoch(&self, epoch: u64) -> bool {
+        self.opened && self.opened_epoch != epoch
+    }
+
     /// Whether the bucket held the actor's history when it was opened.
     pub fn had_state(&self) -> bool {
         self.had_state
@@ -314,6 +330,15 @@ pub fn ensure_open(rt: &Inner, repl: &Replication, actor: &Actor) -> Result<(), 
     let mut st = actor.repl.lock();
     while st.in_flight {
         actor.repl_done.wait(&mut st);
+    }
+    let epoch = rt.gate_epoch();
+    if rt.keeps_index() && st.given_up.is_none() && st.stale_epoch(epoch) {
+        give_up(
+            rt,
+            actor,
+            &mut st,
+            "the node's lease lapsed since this copy was opened".into(),
+        );
     }
     if st.given_up.is_some() {
         st.reset();
@@ -355,6 +380,7 @@ pub fn ensure_open(rt: &Inner, repl: &Replication, actor: &Actor) -> Result<(), 
     repl.refusals.lock().forget(&actor.id);
     let mut st = actor.repl.lock();
     st.had_state = !matches!(how, Opened::BucketEmpty { .. });
+    st.opened_epoch = rt.gate_epoch();
     st.needs_plan = rt.keeps_index();
     match how {
         Opened::Restored { replaced } => {

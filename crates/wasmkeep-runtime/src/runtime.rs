@@ -162,6 +162,14 @@ pub trait RunGate: Send + Sync {
     fn nonce(&self) -> u64 {
         0
     }
+
+    /// The epoch of the lease in which this node routes actors now (a
+    /// cluster node; `None` while it does not). An actor's copy opened in
+    /// an earlier epoch is stale: the node may have lost and retaken the
+    /// actor since, so its next turn opens it afresh from the bucket.
+    fn epoch(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// Failures a test can ask for. Zero (the default) injects nothing; the
@@ -901,6 +909,12 @@ impl Inner {
     /// The hold generation index entries of `id` are tagged with.
     pub fn hold_generation(&self, id: &ActorId) -> Option<u64> {
         self.gate.get().and_then(|g| g.hold_generation(id))
+    }
+
+    /// The gate's routing epoch (0 on a single node, and while a cluster
+    /// node does not route).
+    pub fn gate_epoch(&self) -> u64 {
+        self.gate.get().and_then(|g| g.epoch()).unwrap_or(0)
     }
 
     /// A fresh nonce for an index entry.

@@ -509,20 +509,11 @@ async fn release_task(
                 tracing::info!(closed = n, "lease ended: closed this node's actors");
             }
             if let Some(e) = epoch {
-                if rt.active_actors() == 0 {
-                    // Closed after the epoch began: actors open before it
-                    // are gone.
-                    state.fresh_epoch.store(e, Ordering::Release);
-                } else {
-                    // Some are busy (an upload in flight or due): a copy
-                    // kept open across the change would be stale and think
-                    // it uploaded since its take. Routed again once they
-                    // closed, on a later scan.
-                    tracing::debug!(
-                        open = rt.active_actors(),
-                        "waiting for the earlier epoch's actors to close"
-                    );
-                }
+                // Closed after the epoch began: idle actors open before it
+                // are gone. A busy one (an upload in flight) stays open;
+                // its next turn finds its copy from an earlier epoch and
+                // opens it afresh (the runtime's `RunGate::epoch`).
+                state.fresh_epoch.store(e, Ordering::Release);
             }
         }
         // Kept: actors with an alarm pending here, and actors the runtime
@@ -582,6 +573,10 @@ impl RunGate for AlarmGate {
 
     fn nonce(&self) -> u64 {
         nonce()
+    }
+
+    fn epoch(&self) -> Option<u64> {
+        self.state.route_epoch()
     }
 }
 

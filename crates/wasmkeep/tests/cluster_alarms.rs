@@ -390,3 +390,49 @@ fn a_stale_entry_goes_only_once_the_state_that_replaced_it_is_in_the_bucket() {
     assert_eq!(named, Some(later), "the move reached the bucket first");
     assert_eq!(listed_dues(&c.folder(), "moved"), vec![later]);
 }
+
+/// ADR 0009's tenant-wide index (written before the app was part of the
+/// address) is still swept: entries there no actor's state names, tagged
+/// and untagged, are delivered to the app that has the class and removed
+/// without running anything; the actor's own entry stays.
+#[test]
+fn stale_entries_of_the_tenant_wide_index_are_swept_too() {
+    let c = Cluster::with_settings(Store::Folder, 60_000, SETTINGS);
+    let members = c.start_three();
+    let later = now_ms() + 3_600_000;
+    set(members[0].port, "legacy", later);
+    let hex: String = "legacy".bytes().map(|b| format!("{b:02x}")).collect();
+    let past = now_ms() - 60_000;
+    let root = c.folder().join("alarms/demo");
+    let tagged = root
+        .join(format!("{past:015}/reminder.t/{hex}"))
+        .join("00000000000000000001-00000000000000ab");
+    let untagged = root.join(format!("{:015}/reminder/{hex}", past + 1));
+    for f in [&tagged, &untagged] {
+        std::fs::create_dir_all(f.parent().unwrap()).unwrap();
+        std::fs::write(f, b"").unwrap();
+    }
+    // Any node shows them, as tenant-wide (`app` null).
+    let (code, shown) = members[1]
+        .node
+        .json("GET", "/admin/v1/alarms/demo?limit=100", b"");
+    assert_eq!(code, 200, "{shown}");
+    let tenant_wide = shown["index"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["app"].is_null())
+        .count();
+    assert_eq!(tenant_wide, 2, "{shown}");
+    wait_for("the tenant-wide entries to be removed", || {
+        !tagged.exists() && !untagged.exists()
+    });
+    assert_eq!(listed_dues(&c.folder(), "legacy"), vec![later]);
+    let (runs, _) = fired(members[0].port, "legacy");
+    assert!(runs.is_empty(), "nothing ran: {runs:?}");
+    let removed: u64 = members
+        .iter()
+        .map(|m| metric(m, "wasmkeep_alarm_sweep_stale_removed_total"))
+        .sum();
+    assert!(removed >= 2, "{removed}");
+}
