@@ -773,21 +773,33 @@ mod tests {
             entry: Entry::tagged(5, 2, 3),
         };
         for i in [app, tenant, Indexed::app(Entry::legacy(7))] {
-            assert_eq!(Indexed::parse_meta(&Indexed::to_meta(Some(&i))), Ok(Some(i)));
+            assert_eq!(
+                Indexed::parse_meta(&Indexed::to_meta(Some(&i))),
+                Ok(Some(i))
+            );
         }
         assert_eq!(Indexed::parse_meta(""), Ok(None));
         assert!(Indexed::parse_meta("app:").is_err());
-        assert_ne!(Indexed::to_meta(Some(&app)), Indexed::to_meta(Some(&tenant)));
+        assert_ne!(
+            Indexed::to_meta(Some(&app)),
+            Indexed::to_meta(Some(&tenant))
+        );
         assert_eq!(app_index_prefix("t", "a"), "state/t/a/_alarms/");
         // The same alarm named in the tenant-wide index: a fresh entry in the
         // app's, the old one removed after the upload.
         let p = plan_event_in_layouts(Rules::SAFE, &addr(), Some(&tenant), Some(5), 4, 9).unwrap();
-        assert_eq!(p.put_before_upload.unwrap().key.entry, Entry::tagged(5, 4, 9));
+        assert_eq!(
+            p.put_before_upload.unwrap().key.entry,
+            Entry::tagged(5, 4, 9)
+        );
         assert_eq!(p.record, Some(Indexed::app(Entry::tagged(5, 4, 9))));
         assert_eq!(p.delete_after_upload.unwrap().0, Layout::Tenant);
         // Named in the app's index and unchanged: nothing to do.
         let p = plan_event_in_layouts(Rules::SAFE, &addr(), Some(&app), Some(5), 4, 9).unwrap();
-        assert_eq!((p.put_before_upload, p.record, p.delete_after_upload), (None, Some(app), None));
+        assert_eq!(
+            (p.put_before_upload, p.record, p.delete_after_upload),
+            (None, Some(app), None)
+        );
     }
 
     #[test]
