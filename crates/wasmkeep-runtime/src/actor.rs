@@ -705,31 +705,27 @@ fn delivered_without_state(
     at_ms: u64,
     remove_here: bool,
 ) -> Result<Outcome, RuntimeError> {
-    let standing = crate::index::Standing::of(actor);
-    let generation = rt.hold_generation(&actor.id).ok_or_else(|| {
-        RuntimeError::ReplicationFailed(format!("this node does not hold actor {}", actor.id))
-    })?;
-    let config = wasmkeep_cluster::ClusterConfig::default();
-    if !standing.had_state && !standing.uploaded {
-        return Ok(Outcome::Delivered(crate::index::leave(
-            rt.clock.now_ms(),
-            &config,
-        )));
-    }
+    use crate::index::{NoStateStep, no_state_step, removal};
+    let generation = crate::index::generation(rt, &actor.id)?;
     let Some(repl) = rt.replication.as_ref() else {
         return Ok(Outcome::Delivered(Delivered::NotDue));
     };
-    if !standing.uploaded {
-        replication::fence_deleted(rt, repl, actor)?;
-    }
-    if !remove_here {
-        return Ok(Outcome::Delivered(Delivered::Remove {
-            named: None,
-            generation,
-        }));
-    }
-    let removed = crate::index::remove_stale_here(rt, &actor.id, at_ms, None, generation)?;
-    Ok(Outcome::Delivered(Delivered::Cleaned { removed }))
+    let delivered = match no_state_step(crate::index::Standing::of(actor)) {
+        NoStateStep::Leave => {
+            let config = wasmkeep_cluster::ClusterConfig::default();
+            crate::index::leave(rt.clock.now_ms(), &config)
+        }
+        // No database to write `owner_fence` in: a tombstone above the
+        // one restored ends the history, and the entries go at once.
+        NoStateStep::Fence => {
+            replication::fence_deleted(rt, repl, actor)?;
+            removal(rt, &actor.id, at_ms, None, generation, remove_here)?
+        }
+        // An upload still in flight: deliver again.
+        NoStateStep::Wait => Delivered::Fenced,
+        NoStateStep::Remove => removal(rt, &actor.id, at_ms, None, generation, remove_here)?,
+    };
+    Ok(Outcome::Delivered(delivered))
 }
 
 fn run_alarm(

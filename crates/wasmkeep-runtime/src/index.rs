@@ -131,7 +131,7 @@ pub fn read_record(db: &ActorDb) -> Result<Option<Indexed>, RuntimeError> {
 
 /// The hold generation this node writes entries under, or the error that
 /// gives the actor up: without a hold the index cannot be kept in line.
-fn generation(rt: &Inner, id: &ActorId) -> Result<u64, RuntimeError> {
+pub(crate) fn generation(rt: &Inner, id: &ActorId) -> Result<u64, RuntimeError> {
     rt.hold_generation(id).ok_or_else(|| {
         RuntimeError::ReplicationFailed(format!(
             "this node does not hold actor {id}: its alarm cannot be listed in the index"
@@ -280,27 +280,20 @@ pub fn deliver(
         )?;
         Ok(DeliverStep::Fence)
     };
+    let remove = || -> Result<DeliverStep, RuntimeError> {
+        let done = removal(rt, id, at_ms, record, generation, remove_here)?;
+        Ok(DeliverStep::Done(done))
+    };
     // The same rule the simulator checks, with its no-state clause: an
     // actor with no state is not run (that would create it again).
     match delivery::plan_delivery(Rules::SAFE, at_ms, &restored, now) {
         Delivery::NoState => {
-            if !standing.had_state && !standing.uploaded {
-                return Ok(DeliverStep::Done(leave(now, &config)));
-            }
-            if !standing.uploaded {
-                return fence(db);
-            }
-            if !standing.settled {
-                return Ok(DeliverStep::Wait);
-            }
-            return Ok(DeliverStep::Done(removal(
-                rt,
-                id,
-                at_ms,
-                record,
-                generation,
-                remove_here,
-            )?));
+            return match no_state_step(standing) {
+                NoStateStep::Leave => Ok(DeliverStep::Done(leave(now, &config))),
+                NoStateStep::Fence => fence(db),
+                NoStateStep::Wait => Ok(DeliverStep::Wait),
+                NoStateStep::Remove => remove(),
+            };
         }
         Delivery::Run => return Ok(DeliverStep::Run),
         Delivery::NotDue { .. } => return Ok(DeliverStep::Done(Delivered::NotDue)),
@@ -330,17 +323,39 @@ pub fn deliver(
         // in the bucket, what the database names is not what a restore
         // would find.
         StaleStep::ListAndDelete if !standing.settled => Ok(DeliverStep::Wait),
-        StaleStep::ListAndDelete => Ok(DeliverStep::Done(removal(
-            rt,
-            id,
-            at_ms,
-            record,
-            generation,
-            remove_here,
-        )?)),
+        StaleStep::ListAndDelete => remove(),
         StaleStep::LeaveAndRelease { retry_at_ms } => {
             Ok(DeliverStep::Done(Delivered::Leave { retry_at_ms }))
         }
+    }
+}
+
+/// What a delivery does for an actor with no state (none committed, never
+/// initialised), whether its database exists here or not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NoStateStep {
+    /// The bucket never had the actor and this opening uploaded nothing:
+    /// remove nothing (R2's empty-bucket clause).
+    Leave,
+    /// Nothing uploaded since the opening: end the history first (R2's
+    /// fence), then deliver again.
+    Fence,
+    /// Local commits are not all in the bucket: wait for them.
+    Wait,
+    /// Remove the actor's entries at that time (never running anything).
+    Remove,
+}
+
+/// The no-state rule's clauses, one place for both kinds of delivery.
+pub(crate) fn no_state_step(standing: Standing) -> NoStateStep {
+    if !standing.had_state && !standing.uploaded {
+        NoStateStep::Leave
+    } else if !standing.uploaded {
+        NoStateStep::Fence
+    } else if !standing.settled {
+        NoStateStep::Wait
+    } else {
+        NoStateStep::Remove
     }
 }
 
@@ -354,7 +369,7 @@ pub fn leave(now_ms: u64, config: &ClusterConfig) -> Delivered {
 
 /// Removes the actor's stale entries at `at_ms` now (its app's index), or
 /// says what the sweep may remove (the tenant-wide index).
-fn removal(
+pub(crate) fn removal(
     rt: &Inner,
     id: &ActorId,
     at_ms: u64,
