@@ -416,7 +416,7 @@ async fn deliver(
             .into_iter()
             .filter(|a| {
                 a.tenant == job.index.tenant
-                    && a.classes.contains(&job.key.address.class().to_owned())
+                    && a.classes.iter().any(|c| c == job.key.address.class())
             })
             .map(|a| a.app)
             .collect(),
