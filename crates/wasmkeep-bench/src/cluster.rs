@@ -1133,43 +1133,6 @@ async fn w5_kill_run(
     Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_cluster_config_follows_the_lease_and_leaves_base_keys_alone() {
-        let t = |p, g| Timings {
-            lease_period_ms: p,
-            lease_grace_ms: g,
-        };
-        // The defaults derive the node's defaults.
-        let text = t(10_000, 5_000).config_text("").unwrap();
-        for line in [
-            "lease_period_ms = 10000",
-            "lease_grace_ms = 5000",
-            "owner_margin_ms = 1000",
-            "lease_register_retry_ms = 1000",
-            "cluster_bucket_timeout_ms = 2000",
-        ] {
-            assert!(text.contains(line), "{text}");
-        }
-        let text = t(1_500, 1_000)
-            .config_text("owner_margin_ms = 250\n[app_limit_ceilings]\n")
-            .unwrap();
-        assert!(!text.contains("owner_margin_ms = 300"), "{text}");
-        assert!(text.contains("cluster_bucket_timeout_ms = 1000"), "{text}");
-        assert!(text.ends_with("[app_limit_ceilings]\n"), "{text}");
-        assert!(t(1_500, 1_000).config_text(" lease_grace_ms=1").is_err());
-        assert!(sets_key(
-            "a = 1\n  lease_period_ms   = 2",
-            "lease_period_ms"
-        ));
-        assert!(!sets_key("lease_period_ms_x = 2", "lease_period_ms"));
-        assert_eq!(t(10_000, 5_000).bar_ms(), 16_000);
-    }
-}
-
 /// W5: how long past the last possible instant (due + lease + grace +
 /// sweep) the run waits for the orphaned alarms before it fails
 /// `all_fired`.
@@ -1403,3 +1366,40 @@ fn sweep_ms_of(env: &Env<'_>) -> Result<u64> {
 
 /// The node's default `alarm_sweep_ms` (ADR 0009).
 pub const DEFAULT_ALARM_SWEEP_MS: u64 = 10_000;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cluster_config_follows_the_lease_and_leaves_base_keys_alone() {
+        let t = |p, g| Timings {
+            lease_period_ms: p,
+            lease_grace_ms: g,
+        };
+        // The defaults derive the node's defaults.
+        let text = t(10_000, 5_000).config_text("").unwrap();
+        for line in [
+            "lease_period_ms = 10000",
+            "lease_grace_ms = 5000",
+            "owner_margin_ms = 1000",
+            "lease_register_retry_ms = 1000",
+            "cluster_bucket_timeout_ms = 2000",
+        ] {
+            assert!(text.contains(line), "{text}");
+        }
+        let text = t(1_500, 1_000)
+            .config_text("owner_margin_ms = 250\n[app_limit_ceilings]\n")
+            .unwrap();
+        assert!(!text.contains("owner_margin_ms = 300"), "{text}");
+        assert!(text.contains("cluster_bucket_timeout_ms = 1000"), "{text}");
+        assert!(text.ends_with("[app_limit_ceilings]\n"), "{text}");
+        assert!(t(1_500, 1_000).config_text(" lease_grace_ms=1").is_err());
+        assert!(sets_key(
+            "a = 1\n  lease_period_ms   = 2",
+            "lease_period_ms"
+        ));
+        assert!(!sets_key("lease_period_ms_x = 2", "lease_period_ms"));
+        assert_eq!(t(10_000, 5_000).bar_ms(), 16_000);
+    }
+}
