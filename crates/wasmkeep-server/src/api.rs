@@ -717,7 +717,13 @@ where
                     pause = (pause * 2).min(std::time::Duration::from_millis(200));
                 }
             }
-            Ok(resp) => return Ok(relay(resp)),
+            Ok(resp) => {
+                // Only the owner's own answer names it (a refusal does not).
+                if resp.headers().get(NODE_HEADER).map(|v| v.as_bytes()) == Some(node.as_bytes()) {
+                    c.ownership.confirm_owner(&id, &node);
+                }
+                return Ok(relay(resp));
+            }
             Err(ForwardError::NotSent(why)) if !last => {
                 tracing::debug!(actor = %id, node, why, "forward did not reach the owner; routing again");
                 failed("forward_failed", StatusCode::BAD_GATEWAY, why);

@@ -90,7 +90,8 @@ pub struct ClusterSettings {
     /// `response_body_bytes_max` plus room for an error body).
     pub forward_response_bytes_max: usize,
     /// How long a node remembers which node owns an actor before it reads
-    /// the bucket again (dropped at once when a forward to it fails).
+    /// the bucket again, from the lookup or the owner's last answer to a
+    /// forward (dropped at once when a forward to it fails).
     pub owner_cache_ttl_ms: u64,
     /// Most actors the ownership table tracks (held, or owners cached).
     pub actors_max: usize,

@@ -10,7 +10,8 @@
 //! cached). A cell records either the hold this node has (generation and
 //! epoch: a hold of an earlier epoch is dead, the node's lease having ended)
 //! or another node that owns the actor, with its address, for
-//! `cluster_owner_cache_ttl_ms`.
+//! `cluster_owner_cache_ttl_ms` from the lookup or from that node's last
+//! answer to a forwarded request ([`Ownership::confirm_owner`]).
 //!
 //! A take's `Restore` notice is answered "restored" without doing anything
 //! here: the runtime restores the actor from the bucket when it opens it,
@@ -383,6 +384,26 @@ impl Ownership {
         }
     }
 
+    /// Keeps the cached owner of `id` for another `cluster_owner_cache_ttl_ms`
+    /// if it is `node`: that node just ran a forwarded request for the actor
+    /// (its answer carries its node header), which proves it the owner as
+    /// well as reading the bucket would. An actor forwarded to without a gap
+    /// of a TTL is then never looked up again; a stale entry still goes at
+    /// the first refusal or failed forward, and one naming a stopping node
+    /// still ends within a TTL of its last answer (the node's linger).
+    pub fn confirm_owner(&self, id: &ActorId, node: &str) {
+        let cell = self.cells.lock().expect("cells").get(id).cloned();
+        if let Some(cell) = cell
+            && let Ok(mut slot) = cell.slot.try_lock()
+            && let Some(owner) = slot.owner.as_mut()
+            && owner.node == node
+        {
+            owner.until_ms = owner
+                .until_ms
+                .max(now_ms() + self.settings.owner_cache_ttl_ms);
+        }
+    }
+
     /// [`Self::take`], again while the bucket still names `unreachable` as
     /// the owner (for at most [`UNREACHABLE_OWNER_WAIT_MS`]: a node stopping
     /// cleanly is about to release its holds; a dead one's lease lapses
@@ -597,6 +618,19 @@ mod tests {
         v
     }
 
+    /// A lease record of `node` (epoch 1) live for an hour, advertising
+    /// `http://{node}.example:{port}`.
+    fn live_lease(bucket: &std::path::Path, node: &str, port: u16) {
+        let lease = bucket.join(format!("nodes/{node}/00000000000000000001"));
+        std::fs::create_dir_all(&lease).unwrap();
+        let far = now_ms() + 3_600_000;
+        std::fs::write(
+            lease.join("00000000000000000000"),
+            format!("live {far} 0000000000000001 http://{node}.example:{port}"),
+        )
+        .unwrap();
+    }
+
     fn id() -> ActorId {
         ActorId::new("t", "app", "c", "n").unwrap()
     }
@@ -630,14 +664,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let a = table("a", dir.path());
         let b = table("b", dir.path());
-        let lease = dir.path().join("nodes/a/00000000000000000001");
-        std::fs::create_dir_all(&lease).unwrap();
-        let far = now_ms() + 3_600_000;
-        std::fs::write(
-            lease.join("00000000000000000000"),
-            format!("live {far} 0000000000000001 http://a.example:7"),
-        )
-        .unwrap();
+        live_lease(dir.path(), "a", 7);
         let local = a.route(&id(), || Some(1), false).await.unwrap();
         assert!(matches!(local, Route::Local(_)));
         match b.route(&id(), || Some(1), false).await.unwrap() {
@@ -675,6 +702,41 @@ mod tests {
         assert_eq!(holds(dir.path()).len(), 3);
     }
 
+    /// The owner `id` is cached with, and until when.
+    fn cached_owner(table: &Ownership, id: &ActorId) -> Option<(String, u64)> {
+        let cell = table.cells.lock().unwrap().get(id).cloned()?;
+        let slot = cell.slot.try_lock().ok()?;
+        slot.owner.as_ref().map(|o| (o.node.clone(), o.until_ms))
+    }
+
+    /// An answer from the cached owner keeps it cached for another TTL
+    /// (no bucket read while an actor is forwarded to steadily); one naming
+    /// another node keeps nothing, and a forget still drops it.
+    #[tokio::test]
+    async fn an_answer_from_the_owner_keeps_it_cached() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = table("a", dir.path());
+        let b = table("b", dir.path());
+        live_lease(dir.path(), "a", 7);
+        let _local = a.route(&id(), || Some(1), false).await.unwrap();
+        let routed = b.route(&id(), || Some(1), false).await.unwrap();
+        assert!(matches!(routed, Route::Forward { .. }));
+        let (node, first) = cached_owner(&b, &id()).unwrap();
+        assert_eq!(node, "a");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        b.confirm_owner(&id(), "c");
+        assert_eq!(cached_owner(&b, &id()).unwrap().1, first);
+        let asked = now_ms();
+        b.confirm_owner(&id(), "a");
+        let (_, kept) = cached_owner(&b, &id()).unwrap();
+        assert!(kept > first, "{kept} > {first}");
+        assert!(kept >= asked + b.settings.owner_cache_ttl_ms);
+        b.forget_owner(&id(), "a");
+        assert_eq!(cached_owner(&b, &id()), None);
+        b.confirm_owner(&id(), "a");
+        assert_eq!(cached_owner(&b, &id()), None, "a confirm never caches anew");
+    }
+
     /// A forward to the owner failed (a node stopping cleanly closes its
     /// listener before it releases its holds): the next route waits for the
     /// release and takes the actor instead of forwarding to it again. An
@@ -684,17 +746,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let a = Arc::new(table("a", dir.path()));
         let b = table("b", dir.path());
-        let far = now_ms() + 3_600_000;
         for (node, port) in [("a", 7), ("b", 8)] {
-            let lease = dir
-                .path()
-                .join(format!("nodes/{node}/00000000000000000001"));
-            std::fs::create_dir_all(&lease).unwrap();
-            std::fs::write(
-                lease.join("00000000000000000000"),
-                format!("live {far} 0000000000000001 http://{node}.example:{port}"),
-            )
-            .unwrap();
+            live_lease(dir.path(), node, port);
         }
         drop(a.route(&id(), || Some(1), false).await.unwrap());
         assert!(matches!(
