@@ -112,14 +112,13 @@ impl Image {
 
     /// SHA-256 of every page.
     pub fn hashes(&self) -> PageHashes {
-        PageHashes {
-            page_size: self.page_size,
-            hashes: self
-                .bytes
+        PageHashes::new(
+            self.page_size,
+            self.bytes
                 .chunks(self.page_size as usize)
                 .map(|p| Sha256::digest(p).into())
                 .collect(),
-        }
+        )
     }
 
     /// Applies one entry or snapshot: resize to its `db_pages`, then
@@ -192,7 +191,7 @@ impl Image {
         let pages = (1..=self.db_pages())
             .filter(|no| {
                 let i = *no as usize - 1;
-                !(same_size && base.and_then(|b| b.hashes.get(i)) == Some(&now.hashes[i]))
+                !(same_size && base.and_then(|b| b.leaf(i)) == now.leaf(i))
             })
             .map(|no| (no, self.page(no).to_vec()))
             .collect();
@@ -224,7 +223,8 @@ impl Image {
         }
     }
 
-    /// SHA-256 of the whole file, as the sidecar records it.
+    /// SHA-256 of the whole file, as sidecars recorded it before page
+    /// capture (still accepted when one is read).
     pub fn digest_hex(&self) -> String {
         hex::encode(Sha256::digest(&self.bytes))
     }
@@ -304,17 +304,131 @@ fn file_uri(path: &Path, query: &str) -> String {
     uri
 }
 
-/// The hash of every page of the state last uploaded.
+/// The hash of every page of the state last uploaded, as the leaves of a
+/// binary hash tree whose root the sidecar records ([`Self::digest_hex`]).
+///
+/// An upload of captured pages changes a few leaves: updating them and
+/// their ancestors costs O(pages changed × log pages), so keeping the
+/// sidecar's digest true costs no read or hash of the whole database. The
+/// tree is canonical (its width is the smallest power of two that holds
+/// every page, the leaves past the last page are zeros), so a tree kept up
+/// to date and one built afresh from the file agree.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PageHashes {
     page_size: u32,
-    hashes: Vec<[u8; 32]>,
+    pages: usize,
+    /// Nodes by heap index: the root at 1, node `i`'s children at `2i` and
+    /// `2i + 1`, the leaves from `width()` on.
+    tree: Vec<[u8; 32]>,
+}
+
+/// Two children's hash.
+fn node_hash(left: &[u8; 32], right: &[u8; 32]) -> [u8; 32] {
+    let mut d = Sha256::new();
+    d.update(left);
+    d.update(right);
+    d.finalize().into()
 }
 
 impl PageHashes {
+    /// The tree over `leaves` (one hash per page, in order).
+    fn new(page_size: u32, leaves: Vec<[u8; 32]>) -> PageHashes {
+        let width = leaves.len().max(1).next_power_of_two();
+        let mut tree = vec![[0u8; 32]; 2 * width];
+        tree[width..width + leaves.len()].copy_from_slice(&leaves);
+        for i in (1..width).rev() {
+            tree[i] = node_hash(&tree[2 * i], &tree[2 * i + 1]);
+        }
+        PageHashes {
+            page_size,
+            pages: leaves.len(),
+            tree,
+        }
+    }
+
+    fn width(&self) -> usize {
+        self.tree.len() / 2
+    }
+
+    /// The hash of page `i + 1`.
+    fn leaf(&self, i: usize) -> Option<&[u8; 32]> {
+        (i < self.pages).then(|| &self.tree[self.width() + i])
+    }
+
     /// Pages in the state these hashes describe.
     pub fn pages(&self) -> u32 {
-        self.hashes.len() as u32
+        self.pages as u32
+    }
+
+    pub fn page_size(&self) -> u32 {
+        self.page_size
+    }
+
+    /// Whether page `no` (1-based) holds exactly `page` in this state.
+    pub fn holds(&self, no: u32, page: &[u8]) -> bool {
+        let hash: [u8; 32] = Sha256::digest(page).into();
+        self.leaf((no as usize).wrapping_sub(1)) == Some(&hash)
+    }
+
+    /// The hashes of the state that `pages` and a size of `db_pages` take
+    /// this one to (pages beyond the old size must all be among `pages`).
+    /// A size that needs another width rebuilds the tree (rare: the
+    /// database doubled, or shrank below half).
+    pub fn update<'a>(&mut self, db_pages: u32, pages: impl IntoIterator<Item = (u32, &'a [u8])>) {
+        let n = db_pages as usize;
+        if n.max(1).next_power_of_two() != self.width() {
+            let mut leaves: Vec<[u8; 32]> = (0..self.pages.min(n))
+                .map(|i| self.tree[self.width() + i])
+                .collect();
+            leaves.resize(n, [0; 32]);
+            for (no, page) in pages {
+                if let Some(h) = leaves.get_mut((no as usize).wrapping_sub(1)) {
+                    *h = Sha256::digest(page).into();
+                }
+            }
+            *self = PageHashes::new(self.page_size, leaves);
+            return;
+        }
+        let width = self.width();
+        let mut touched: Vec<usize> = Vec::new();
+        // Leaves past the new size read as zeros again.
+        for i in n..self.pages {
+            self.tree[width + i] = [0; 32];
+            touched.push((width + i) / 2);
+        }
+        self.pages = n;
+        for (no, page) in pages {
+            let i = (no as usize).wrapping_sub(1);
+            if i < n {
+                self.tree[width + i] = Sha256::digest(page).into();
+                touched.push((width + i) / 2);
+            }
+        }
+        // Up the tree a level at a time, each parent once.
+        while !touched.is_empty() && touched[0] >= 1 {
+            touched.sort_unstable();
+            touched.dedup();
+            for &i in &touched {
+                self.tree[i] = node_hash(&self.tree[2 * i], &self.tree[2 * i + 1]);
+            }
+            if touched == [1] {
+                break;
+            }
+            for i in touched.iter_mut() {
+                *i /= 2;
+            }
+        }
+    }
+
+    /// What the sidecar records of the state: SHA-256 over the page size,
+    /// the page count and the tree's root.
+    pub fn digest_hex(&self) -> String {
+        let mut d = Sha256::new();
+        d.update(b"wasmkeep-page-tree 1");
+        d.update(self.page_size.to_be_bytes());
+        d.update((self.pages as u64).to_be_bytes());
+        d.update(self.tree[1]);
+        hex::encode(d.finalize())
     }
 }
 
@@ -382,6 +496,48 @@ mod tests {
         e.pages = vec![(n + 1, vec![0; 1024]), (n + 2, vec![0; 1024])];
         img.apply(&e).unwrap();
         assert_eq!(img.db_pages(), n + 2);
+    }
+
+    /// A tree kept up to date page by page (growing, shrinking, across
+    /// widths) always equals the tree built afresh from the same pages, so
+    /// the sidecar's digest does not depend on the history.
+    #[test]
+    fn an_updated_tree_is_the_tree_of_its_pages() {
+        let mut seed = 7u64;
+        let mut next = |n: u64| {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 33) % n
+        };
+        let mut pages: Vec<Vec<u8>> = vec![vec![1; 16]];
+        let mut kept = PageHashes::new(16, vec![Sha256::digest(&pages[0]).into()]);
+        for round in 0..400 {
+            let n = match next(10) {
+                0 => 1 + next(3) as usize,
+                1 => pages.len() * 2 + next(5) as usize,
+                _ => (pages.len() as i64 + next(7) as i64 - 3).max(1) as usize,
+            };
+            let old = pages.len();
+            pages.resize(n, vec![0; 16]);
+            let mut changed: Vec<u32> = (old + 1..=n).map(|p| p as u32).collect();
+            for _ in 0..next(6) {
+                changed.push(1 + next(n as u64) as u32);
+            }
+            for &p in &changed {
+                pages[p as usize - 1] = vec![(round % 256) as u8, p as u8, next(256) as u8];
+            }
+            kept.update(
+                n as u32,
+                changed
+                    .iter()
+                    .map(|&p| (p, pages[p as usize - 1].as_slice())),
+            );
+            let fresh =
+                PageHashes::new(16, pages.iter().map(|p| Sha256::digest(p).into()).collect());
+            assert_eq!(kept, fresh, "round {round}: n={n}");
+            assert_eq!(kept.digest_hex(), fresh.digest_hex());
+        }
     }
 
     #[test]

@@ -46,4 +46,6 @@ pub use export::{At, export, export_to_path, export_with_progress};
 pub use image::Image;
 pub use keys::ActorRoot;
 pub use limits::ReplicaConfig;
-pub use replica::{Opened, Replica, Uploaded, delete_all, put_back, set_aside, sidecar_path};
+pub use replica::{
+    Opened, Pages, Replica, Uploaded, delete_all, put_back, set_aside, sidecar_path,
+};

@@ -299,7 +299,26 @@ pub fn sidecar_path(db_path: &Path) -> PathBuf {
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Sidecar {
     position: Position,
-    sha256: String,
+    /// [`PageHashes::digest_hex`] of the file at `position` (or, in a
+    /// sidecar written before page capture, the SHA-256 of the whole file).
+    digest: Digest,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Digest {
+    Pages(String),
+    WholeFile(String),
+}
+
+impl Digest {
+    /// Whether `image` (whose page hashes are `hashes`) is the file this
+    /// digest was taken of.
+    fn matches(&self, image: &Image, hashes: &PageHashes) -> bool {
+        match self {
+            Digest::Pages(d) => *d == hashes.digest_hex(),
+            Digest::WholeFile(d) => *d == image.digest_hex(),
+        }
+    }
 }
 
 fn read_sidecar(db_path: &Path) -> Option<Sidecar> {
@@ -315,7 +334,8 @@ fn read_sidecar(db_path: &Path) -> Option<Sidecar> {
         match l.split_once('=') {
             Some(("seq", v)) => seq = v.parse().ok(),
             Some(("token", v)) => token = v.parse().ok(),
-            Some(("sha256", v)) => sha = Some(v.to_owned()),
+            Some(("pages_sha256", v)) => sha = Some(Digest::Pages(v.to_owned())),
+            Some(("sha256", v)) if sha.is_none() => sha = Some(Digest::WholeFile(v.to_owned())),
             _ => {}
         }
     }
@@ -324,7 +344,7 @@ fn read_sidecar(db_path: &Path) -> Option<Sidecar> {
             seq: seq?,
             token: token?,
         },
-        sha256: sha?,
+        digest: sha?,
     })
 }
 
@@ -336,9 +356,13 @@ fn write_sidecar(db_path: &Path, s: &Sidecar) -> Result<(), ReplicaError> {
     let path = sidecar_path(db_path);
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");
+    let digest = match &s.digest {
+        Digest::Pages(d) => format!("pages_sha256={d}"),
+        Digest::WholeFile(d) => format!("sha256={d}"),
+    };
     let text = format!(
-        "wasmkeep-replica-sidecar 1\nseq={}\ntoken={}\nsha256={}\n",
-        s.position.seq, s.position.token, s.sha256
+        "wasmkeep-replica-sidecar 1\nseq={}\ntoken={}\n{digest}\n",
+        s.position.seq, s.position.token
     );
     std::fs::write(&tmp, text)?;
     std::fs::rename(&tmp, &path)?;
@@ -412,6 +436,21 @@ fn install_db(staged: &Path, db_path: &Path) -> Result<(), ReplicaError> {
 
 // ---- the replica ----
 
+/// The pages commits wrote since the last upload, as the runtime captured
+/// them (`wasmkeep_store::page_capture`): what [`Replica::upload_pages`]
+/// ships.
+#[derive(Debug, Clone, Default)]
+pub struct Pages {
+    pub page_size: u32,
+    /// The database's size in pages after the newest commit.
+    pub db_pages: u32,
+    /// The smallest size a commit since the last upload left: every page
+    /// above it up to `db_pages` must be in `pages`.
+    pub low_pages: u32,
+    /// Page number to its newest committed content.
+    pub pages: BTreeMap<u32, Vec<u8>>,
+}
+
 /// What one [`Replica::upload`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Uploaded {
@@ -447,6 +486,10 @@ pub struct Replica {
     base: Option<PageHashes>,
     entries_since_snapshot: u64,
     bytes_since_snapshot: u64,
+    /// The snapshot policy asked for a snapshot after an upload of pages
+    /// (which has no image to write one from): the next upload reads the
+    /// whole database and writes it.
+    snapshot_due: bool,
     given_up: bool,
     /// When (boot clock) the request that last confirmed `head` was sent:
     /// the listing of `open`, or the create of the head entry. See
@@ -490,6 +533,7 @@ impl Replica {
             base: None,
             entries_since_snapshot: 0,
             bytes_since_snapshot: 0,
+            snapshot_due: false,
             given_up: false,
             anchor: None,
             snaps_seen: BTreeMap::new(),
@@ -523,11 +567,12 @@ impl Replica {
             let head = self.head_position(&listing, head_seq).await?;
             if side.position == head.0
                 && let Ok(image) = Image::read_path(&self.db_path)
-                && image.digest_hex() == side.sha256
+                && let hashes = image.hashes()
+                && side.digest.matches(&image, &hashes)
             {
                 self.head = Some(head.0);
                 self.head_time_ms = head.1;
-                self.base = Some(image.hashes());
+                self.base = Some(hashes);
                 self.entries_since_snapshot = listing.logs.len() as u64;
                 // What a restore of this chain downloads besides the
                 // snapshot, so that the snapshot policy (and with it the
@@ -569,14 +614,15 @@ impl Replica {
             None
         };
         install_db(&staged, &self.db_path)?;
+        let hashes = image.hashes();
         write_sidecar(
             &self.db_path,
             &Sidecar {
                 position: pos,
-                sha256: image.digest_hex(),
+                digest: Digest::Pages(hashes.digest_hex()),
             },
         )?;
-        self.base = Some(image.hashes());
+        self.base = Some(hashes);
         Ok(Opened::Restored { replaced })
     }
 
@@ -622,11 +668,7 @@ impl Replica {
     /// actor with no state (ADR 0009, R2). `ChainMoved`: someone appended
     /// first (the actor may have state again).
     pub async fn fence_deleted(&mut self, time_ms: u64) -> Result<(), ReplicaError> {
-        if self.given_up {
-            return Err(ReplicaError::ChainBroken(
-                "this replica gave up after an earlier failure: open the actor again".into(),
-            ));
-        }
+        self.refuse_if_given_up()?;
         if self.head.is_none() || self.base.is_some() {
             // Only a chain whose latest state is a tombstone: there is no
             // image behind this replica.
@@ -686,16 +728,145 @@ impl Replica {
     /// it); the caller gives the actor up. Any other error also gives the
     /// replica up: whether the entry landed is unknown.
     pub async fn upload(&mut self, image: &Image, time_ms: u64) -> Result<Uploaded, ReplicaError> {
+        self.refuse_if_given_up()?;
+        let result = self.upload_inner(image, time_ms).await;
+        self.given_up |= result.is_err();
+        result
+    }
+
+    fn refuse_if_given_up(&self) -> Result<(), ReplicaError> {
         if self.given_up {
             return Err(ReplicaError::ChainBroken(
                 "this replica gave up after an earlier failure: open the actor again".into(),
             ));
         }
-        let result = self.upload_inner(image, time_ms).await;
-        if result.is_err() {
-            self.given_up = true;
+        Ok(())
+    }
+
+    /// After an append: `position` is the head, whose state has page hashes
+    /// `hashes`; the sidecar says so.
+    fn settle_head(
+        &mut self,
+        position: Position,
+        time_ms: u64,
+        hashes: PageHashes,
+    ) -> Result<(), ReplicaError> {
+        self.head = Some(position);
+        self.head_time_ms = time_ms;
+        write_sidecar(
+            &self.db_path,
+            &Sidecar {
+                position,
+                digest: Digest::Pages(hashes.digest_hex()),
+            },
+        )?;
+        self.base = Some(hashes);
+        Ok(())
+    }
+
+    /// Whether the next upload needs the whole database ([`Self::upload`]):
+    /// there is no base to describe changes against (the first upload, or
+    /// after the bucket's copy was deleted), or a snapshot is due.
+    pub fn wants_image(&self) -> bool {
+        self.base.is_none() || self.snapshot_due
+    }
+
+    /// Whether `pages` (captured as SQLite wrote them, ADR 0036) describe
+    /// the step from the head to a database of `db_pages` pages: the same
+    /// page size, and every page the database has beyond the smallest size
+    /// a commit left (`low_pages`) among them. If not, the caller uploads
+    /// the whole database instead.
+    pub fn pages_suffice(&self, pages: &Pages) -> bool {
+        let Some(base) = &self.base else {
+            return false;
+        };
+        if self.snapshot_due || base.page_size() != pages.page_size {
+            return false;
         }
+        let low = pages.low_pages.min(base.pages());
+        (low + 1..=pages.db_pages).all(|no| pages.pages.contains_key(&no))
+            && pages.pages.iter().all(|(no, p)| {
+                (1..=pages.db_pages).contains(no) && p.len() == pages.page_size as usize
+            })
+    }
+
+    /// Appends the pages that commits wrote since the last upload (captured
+    /// where SQLite wrote them: no read of the whole database) as the next
+    /// entry; pages whose content the head already holds are left out.
+    /// Like [`Self::upload`] otherwise, but a snapshot the policy asks for
+    /// waits for the next upload ([`Self::wants_image`]). The caller checks
+    /// [`Self::pages_suffice`] first; pages that do not are refused without
+    /// touching the bucket (`ChainBroken`).
+    pub async fn upload_pages(
+        &mut self,
+        pages: &Pages,
+        time_ms: u64,
+    ) -> Result<Uploaded, ReplicaError> {
+        self.refuse_if_given_up()?;
+        if !self.pages_suffice(pages) {
+            return Err(ReplicaError::ChainBroken(
+                "the captured pages do not describe the step from the head".into(),
+            ));
+        }
+        let result = self.upload_pages_inner(pages, time_ms).await;
+        self.given_up |= result.is_err();
         result
+    }
+
+    async fn upload_pages_inner(
+        &mut self,
+        pages: &Pages,
+        time_ms: u64,
+    ) -> Result<Uploaded, ReplicaError> {
+        let base = self.base.as_ref().expect("checked by pages_suffice");
+        let changed: Vec<(u32, Vec<u8>)> = pages
+            .pages
+            .iter()
+            .filter(|(no, p)| !base.holds(**no, p))
+            .map(|(no, p)| (*no, p.clone()))
+            .collect();
+        if changed.is_empty() && self.head.is_some() && pages.db_pages == base.pages() {
+            return Ok(Uploaded::Unchanged);
+        }
+        let seq = self.next_seq();
+        let entry = Entry {
+            kind: Kind::Log,
+            seq,
+            time_ms,
+            token: Token::fresh(self.generation)?,
+            page_size: pages.page_size,
+            db_pages: pages.db_pages,
+            actor: self.root.as_str().to_owned(),
+            pages: changed,
+        };
+        let body = Bytes::from(entry.encode(self.config.entry_bytes_max)?);
+        let entry_bytes = body.len() as u64;
+        self.append(seq, body).await?;
+        let position = entry.position();
+        let mut hashes = self.base.take().expect("checked by pages_suffice");
+        hashes.update(
+            entry.db_pages,
+            entry.pages.iter().map(|(no, p)| (*no, p.as_slice())),
+        );
+        self.settle_head(position, time_ms, hashes)?;
+        self.entries_since_snapshot += 1;
+        self.bytes_since_snapshot += entry_bytes;
+        let db_bytes = entry.db_pages as u64 * entry.page_size as u64;
+        self.snapshot_due = self.snapshot_policy_due(db_bytes);
+        Ok(Uploaded::Appended {
+            position,
+            entry_bytes,
+            snapshot: false,
+        })
+    }
+
+    /// Whether the log since the last snapshot calls for one: by entries,
+    /// or by bytes against the database's size (`db_bytes`).
+    fn snapshot_policy_due(&self, db_bytes: u64) -> bool {
+        let due = self.entries_since_snapshot >= self.config.snapshot_every_entries
+            || (self.bytes_since_snapshot * 100 >= self.config.snapshot_log_ratio_pct * db_bytes
+                && self.bytes_since_snapshot >= self.config.snapshot_log_bytes_min);
+        due && self.entries_since_snapshot > 0
     }
 
     async fn upload_inner(
@@ -718,16 +889,7 @@ impl Replica {
         let entry_bytes = body.len() as u64;
         self.append(seq, body).await?;
         let position = entry.position();
-        self.head = Some(position);
-        self.head_time_ms = time_ms;
-        self.base = Some(image.hashes());
-        write_sidecar(
-            &self.db_path,
-            &Sidecar {
-                position,
-                sha256: image.digest_hex(),
-            },
-        )?;
+        self.settle_head(position, time_ms, image.hashes())?;
         if full && seq == 0 {
             // The chain's first entry carries every page and has nothing
             // behind it: restoring it is as quick as restoring a snapshot.
@@ -741,11 +903,8 @@ impl Replica {
             self.entries_since_snapshot += 1;
             self.bytes_since_snapshot += entry_bytes;
         }
-        let due = self.entries_since_snapshot >= self.config.snapshot_every_entries
-            || (self.bytes_since_snapshot * 100
-                >= self.config.snapshot_log_ratio_pct * image.bytes().len() as u64
-                && self.bytes_since_snapshot >= self.config.snapshot_log_bytes_min);
-        let snapshot = due && self.entries_since_snapshot > 0;
+        let snapshot = self.snapshot_policy_due(image.bytes().len() as u64)
+            || (self.snapshot_due && self.entries_since_snapshot > 0);
         if snapshot {
             self.snapshot(image).await?;
         }
@@ -858,6 +1017,7 @@ impl Replica {
         self.snaps_seen.entry(head.seq).or_insert_with(since_boot);
         self.entries_since_snapshot = 0;
         self.bytes_since_snapshot = 0;
+        self.snapshot_due = false;
         self.collect().await
     }
 

@@ -9,8 +9,8 @@ use std::path::Path;
 use common::{Backend, Moto, Source, actor, dump, dump_bytes};
 use wasmkeep_replica::limits::COLLECT_GRACE_MS;
 use wasmkeep_replica::{
-    At, Bucket, Entry, Kind, Opened, Replica, ReplicaConfig, ReplicaError, Uploaded, delete_all,
-    export,
+    At, Bucket, Entry, Kind, Opened, Pages, Replica, ReplicaConfig, ReplicaError, Uploaded,
+    delete_all, export,
 };
 use wasmkeep_store::{ActorDb, OpenMode, StoreLimits, Value};
 
@@ -89,6 +89,29 @@ async fn keys(bucket: &Bucket, rep: &Replica, dir: &str) -> Vec<String> {
     bucket.list(&d, None, u64::MAX).await.unwrap()
 }
 
+/// Restores `rep`'s actor into a fresh folder under `tmp` and checks that
+/// it is at the same head and is `source`, byte for byte; returns its path.
+async fn restored_elsewhere(
+    b: &Backend,
+    id: &wasmkeep_store::ActorId,
+    rep: &Replica,
+    tmp: &std::path::Path,
+    config: ReplicaConfig,
+    source: &[u8],
+) -> std::path::PathBuf {
+    let dst = tmp.join("dst").join("actor.db");
+    let (rep2, opened) = Replica::open(&b.bucket, id, &dst, 2, config, 5000)
+        .await
+        .unwrap();
+    assert_eq!(opened, Opened::Restored { replaced: None });
+    assert_eq!(rep2.head(), rep.head());
+    assert!(
+        std::fs::read(&dst).unwrap() == source,
+        "restored file differs"
+    );
+    dst
+}
+
 /// Many commits, uploaded one or two at a time, with snapshots and
 /// collection on the way; a restore elsewhere is the same file, byte for
 /// byte, and reopening it downloads nothing.
@@ -136,17 +159,7 @@ async fn restore_is_byte_identical(b: &Backend, name: &str) {
     assert!(!logs.is_empty(), "entries after the latest snapshot stay");
 
     let source = src.close_and_read();
-    let dst = tmp.path().join("dst").join("actor.db");
-    let (rep2, opened) = Replica::open(&b.bucket, &id, &dst, 2, cfg(7, 2), 5000)
-        .await
-        .unwrap();
-    assert_eq!(opened, Opened::Restored { replaced: None });
-    assert_eq!(rep2.head(), rep.head());
-    assert_eq!(
-        std::fs::read(&dst).unwrap(),
-        source,
-        "restored file differs"
-    );
+    let dst = restored_elsewhere(b, &id, &rep, tmp.path(), cfg(7, 2), &source).await;
     assert_eq!(
         export(&b.bucket, &id, At::Latest, &cfg(7, 2))
             .await
@@ -160,6 +173,88 @@ async fn restore_is_byte_identical(b: &Backend, name: &str) {
         .unwrap();
     assert_eq!(opened, Opened::UpToDate);
     assert!(b.bucket.metrics().snapshot().get_bytes - gets < 200);
+}
+
+/// What the runtime uploads (ADR 0036): the pages commits wrote, captured
+/// as SQLite wrote them, unless the replica wants the whole database (the
+/// first upload, a snapshot due). Returns whether pages were shipped.
+async fn upload_captured(
+    rep: &mut Replica,
+    src: &mut Source,
+    time_ms: u64,
+) -> Result<(Uploaded, bool), ReplicaError> {
+    let ch = src.db.as_ref().unwrap().take_changes().expect("tracked");
+    assert!(ch.lost.is_none(), "{:?}", ch.lost);
+    if let (Some(db_pages), Some(page_size)) = (ch.db_pages, ch.page_size) {
+        let pages = Pages {
+            page_size,
+            db_pages,
+            low_pages: ch.low_pages.unwrap_or(db_pages),
+            pages: ch.pages,
+        };
+        if !rep.wants_image() && rep.pages_suffice(&pages) {
+            return Ok((rep.upload_pages(&pages, time_ms).await?, true));
+        }
+    }
+    Ok((upload(rep, src, time_ms).await?, false))
+}
+
+/// Uploads of captured pages (with rolled-back batches between the
+/// commits, and snapshots when due) rebuild the database byte for byte:
+/// a restore elsewhere is the source file, and reopening the source's copy
+/// downloads nothing (the sidecar's digest, kept up to date from the pages
+/// alone, matches the file).
+async fn captured_pages_restore_byte_identical(b: &Backend, name: &str) {
+    let tmp = tempfile::tempdir().unwrap();
+    let id = actor(name);
+    let dir = tmp.path().join("src");
+    wasmkeep_store::page_capture::track(&dir);
+    let mut src = Source::new(&dir);
+    let (mut rep, _) = Replica::open(&b.bucket, &id, &src.path(), 1, cfg(9, 2), 0)
+        .await
+        .unwrap();
+    schema(&mut src);
+    let (_, pages) = upload_captured(&mut rep, &mut src, 1000).await.unwrap();
+    assert!(!pages, "the first upload reads the whole database");
+    let mut shipped = 0;
+    for i in 1..40i64 {
+        work(&mut src, i);
+        if i % 4 == 1 {
+            // A batch that fails: nothing of it may reach the bucket.
+            let db = src.db.as_mut().unwrap();
+            db.begin().unwrap();
+            db.execute(
+                "INSERT INTO events (at, body) VALUES (?, ?)",
+                &[Value::Integer(-i), Value::Blob(vec![0xEE; 30_000])],
+            )
+            .unwrap();
+            db.rollback();
+        }
+        if i % 3 != 0 {
+            let (_, pages) = upload_captured(&mut rep, &mut src, 1000 + i as u64)
+                .await
+                .unwrap();
+            shipped += pages as u32;
+        }
+    }
+    upload_captured(&mut rep, &mut src, 2000).await.unwrap();
+    assert!(shipped >= 20, "{shipped} uploads of pages");
+    assert!(!keys(&b.bucket, &rep, "snap").await.is_empty());
+    let source = src.close_and_read();
+    let dst = restored_elsewhere(b, &id, &rep, tmp.path(), cfg(9, 2), &source).await;
+    assert!(
+        !dump(&dst).contains("Integer(-"),
+        "a rolled-back row reached the bucket"
+    );
+    let (_, opened) = Replica::open(&b.bucket, &id, &src.path(), 3, cfg(9, 2), 6000)
+        .await
+        .unwrap();
+    assert_eq!(
+        opened,
+        Opened::UpToDate,
+        "the sidecar's digest matches the file"
+    );
+    wasmkeep_store::page_capture::untrack(&dir);
 }
 
 /// A create whose response was lost and retried finds its own entry; an
@@ -700,6 +795,7 @@ async fn delete_then_late_writers(b: &Backend, name: &str, unsafe_variant: bool)
 
 async fn all_scenarios(make: impl Fn() -> Backend) {
     restore_is_byte_identical(&make(), "byte identical").await;
+    captured_pages_restore_byte_identical(&make(), "captured pages").await;
     lost_response_is_mine_and_foreign_entry_moves_the_chain(&make(), "lost response").await;
     late_commit(&make(), "late first", true).await;
     late_commit(&make(), "late after", false).await;

@@ -150,6 +150,10 @@ pub struct Metrics {
     pub replica_snapshots_total: Counter,
     pub replica_restores_total: Counter,
     pub replica_given_up_total: Counter,
+    /// Uploads built from the pages commits wrote (ADR 0036), and those
+    /// that read the whole database instead.
+    pub replica_page_uploads_total: Counter,
+    pub replica_image_reads_total: Counter,
     /// Alarm index entries listed and removed by this node as an owner
     /// (ADR 0009; a cluster node only).
     pub index_puts_total: Counter,
@@ -389,7 +393,17 @@ impl Metrics {
             Some(Unit::Bytes),
             self.replica_entry_bytes_total.clone(),
         );
-        let series: [(&str, &Counter, &str); 5] = [
+        let series: [(&str, &Counter, &str); 7] = [
+            (
+                "wasmkeep_replica_page_uploads",
+                &self.replica_page_uploads_total,
+                "Uploads that shipped the pages commits wrote, captured as SQLite wrote them.",
+            ),
+            (
+                "wasmkeep_replica_image_reads",
+                &self.replica_image_reads_total,
+                "Uploads that read the whole database (the first, a snapshot, or a capture that gave up).",
+            ),
             (
                 "wasmkeep_replica_snapshots",
                 &self.replica_snapshots_total,
@@ -642,8 +656,8 @@ mod tests {
         assert_eq!(sample(&text, "wasmkeep_bucket_put_bytes_total"), 0.0);
         assert_eq!(types["wasmkeep_event_seconds"], "histogram");
         assert_eq!(types["wasmkeep_alarms_pending"], "gauge");
-        // 20 node series, 9 phase histograms, 7 of replication, 2 of the
+        // 20 node series, 9 phase histograms, 9 of replication, 2 of the
         // alarm index, 6 bucket counters.
-        assert_eq!(types.len(), 44);
+        assert_eq!(types.len(), 46);
     }
 }

@@ -40,7 +40,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, MutexGuard};
-use wasmkeep_replica::{Bucket, Image, Opened, Replica, ReplicaConfig, ReplicaError, Uploaded};
+use wasmkeep_replica::{
+    Bucket, Image, Opened, Pages, Replica, ReplicaConfig, ReplicaError, Uploaded,
+};
+use wasmkeep_store::page_capture;
 use wasmkeep_store::{ActorDb, ActorId, StoreError, paths};
 
 use crate::actor::{Actor, Event, EventKind, Outcome, Reply};
@@ -378,6 +381,9 @@ pub fn ensure_open(rt: &Inner, repl: &Replication, actor: &Actor) -> Result<(), 
         }
     };
     repl.refusals.lock().forget(&actor.id);
+    // The local file is now the head (or will be uploaded whole): the
+    // pages commits write from here on describe the next entries.
+    page_capture::track(&paths::actor_dir(&rt.config.data_dir, &actor.id));
     let mut st = actor.repl.lock();
     st.had_state = !matches!(how, Opened::BucketEmpty { .. });
     st.opened_epoch = rt.gate_epoch();
@@ -527,6 +533,59 @@ enum ImageFrom<'a> {
     File(&'a Path),
 }
 
+/// What an upload ships: the pages commits wrote since the last one
+/// (captured as SQLite wrote them, ADR 0036), or the whole database.
+enum Source {
+    Pages(Pages),
+    Image(Image),
+}
+
+/// Chooses what the next upload ships, in the actor's turn. The captured
+/// pages are taken in every case (a whole image covers them too), and used
+/// when the replica can build an entry from them; otherwise (no base yet, a
+/// snapshot due, a capture that gave up or saw no commit, a closed actor's
+/// file) the whole database is read.
+fn upload_source(
+    rt: &Inner,
+    actor: &Actor,
+    replica: &Replica,
+    from: ImageFrom<'_>,
+) -> Result<Source, String> {
+    let (changes, image) = match from {
+        ImageFrom::Db(db) => (db.take_changes(), ImageFrom::Db(db)),
+        ImageFrom::File(p) => {
+            let dir = paths::actor_dir(&rt.config.data_dir, &actor.id);
+            let changes = page_capture::of(&dir).map(|c| page_capture::lock(&c).take());
+            (changes, ImageFrom::File(p))
+        }
+    };
+    let pages = changes.and_then(|c| match (c.lost, c.db_pages, c.page_size) {
+        (None, Some(db_pages), Some(page_size)) => Some(Pages {
+            page_size,
+            db_pages,
+            low_pages: c.low_pages.unwrap_or(db_pages),
+            pages: c.pages,
+        }),
+        _ => None,
+    });
+    if let (Some(pages), ImageFrom::Db(_)) = (pages, &image)
+        && !replica.wants_image()
+        && replica.pages_suffice(&pages)
+    {
+        Metrics::inc(&rt.metrics.replica_page_uploads_total);
+        return Ok(Source::Pages(pages));
+    }
+    Metrics::inc(&rt.metrics.replica_image_reads_total);
+    let image = match image {
+        ImageFrom::Db(db) => db
+            .committed_image()
+            .map_err(|e| e.to_string())
+            .and_then(|b| Image::from_bytes(b).map_err(|e| e.to_string())),
+        ImageFrom::File(p) => Image::read_path(p).map_err(|e| e.to_string()),
+    };
+    image.map(Source::Image)
+}
+
 /// Starts an upload if one is due and none is in flight. The state's lock
 /// is released before the image is read (a copy of the whole database),
 /// so that nobody waiting on this actor's state (the durability stage, an
@@ -576,14 +635,8 @@ fn maybe_upload(
         .map(|(_, key)| key)
         .collect();
     drop(st);
-    let image = match from {
-        ImageFrom::Db(db) => db
-            .committed_image()
-            .map_err(|e| e.to_string())
-            .and_then(|b| Image::from_bytes(b).map_err(|e| e.to_string())),
-        ImageFrom::File(p) => Image::read_path(p).map_err(|e| e.to_string()),
-    };
-    let image = match image {
+    let source = upload_source(rt, actor, &replica, from);
+    let source = match source {
         Ok(i) => i,
         Err(e) => {
             let mut st = actor.repl.lock();
@@ -605,10 +658,11 @@ fn maybe_upload(
     repl.spawn(async move {
         let started = Instant::now();
         let result = match list_entries(&rt, &bucket, &puts).await {
-            Ok(()) => replica
-                .upload(&image, time_ms)
-                .await
-                .map_err(|e| e.to_string()),
+            Ok(()) => match &source {
+                Source::Pages(pages) => replica.upload_pages(pages, time_ms).await,
+                Source::Image(image) => replica.upload(image, time_ms).await,
+            }
+            .map_err(|e| e.to_string()),
             Err(e) => Err(e),
         };
         finish_upload(

@@ -187,6 +187,10 @@ pub struct ActorDb {
     /// The write-ahead log's index, when the connection keeps it through
     /// wasmkeep's VFS (ADR 0028).
     wal_index: Option<WalIndex>,
+    /// The pages commits write, when the runtime tracks this actor
+    /// ([`crate::page_capture`]); after `conn`, so it outlives the
+    /// connection that feeds it.
+    capture: Option<crate::page_capture::Shared>,
 }
 
 /// Sets the connection's mode for as long as it lives, whatever way the
@@ -248,6 +252,12 @@ impl ActorDb {
             .or_else(|_| Connection::open_with_flags(&path, flags))
             .map_err(open_err)?;
         let wal_index = WalIndex::of(&conn);
+        // Attached before anything is written: the capture must see every
+        // commit of this connection.
+        let capture = match &wal_index {
+            Some(w) => crate::page_capture::of(dir).inspect(|c| w.attach_capture(c)),
+            None => None,
+        };
         let mut db = ActorDb {
             conn,
             mode: Arc::new(AtomicU8::new(MODE_RUNTIME)),
@@ -262,6 +272,7 @@ impl ActorDb {
             alarm_writes: std::cell::Cell::new(0),
             keep_statements: std::cell::Cell::new(true),
             wal_index,
+            capture,
         };
         match db.configure() {
             Ok(()) => {
@@ -615,6 +626,30 @@ impl ActorDb {
             Ok(data) => Ok(data.to_vec()),
             Err(e) => Err(StoreError::Io(format!("reading the committed image: {e}"))),
         }
+    }
+
+    /// Bytes of each of the database's pages.
+    pub fn page_size(&self) -> u64 {
+        self.page_size
+    }
+
+    /// The connection itself, for tests that drive SQLite directly.
+    #[cfg(test)]
+    pub(crate) fn conn_for_tests(&self) -> &Connection {
+        &self.conn
+    }
+
+    /// The pages committed since the last call, captured as SQLite wrote
+    /// them ([`crate::page_capture`]), by every connection to this file;
+    /// `None` if the runtime does not track the actor or this connection
+    /// could not feed the capture (then the whole database is the only
+    /// source). Call between events.
+    pub fn take_changes(&self) -> Option<crate::page_capture::Changes> {
+        if self.in_transaction() {
+            return None;
+        }
+        let capture = self.capture.as_ref()?;
+        Some(crate::page_capture::lock(capture).take())
     }
 
     // ---- inspection ----

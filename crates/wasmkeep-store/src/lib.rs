@@ -19,6 +19,7 @@ pub mod id;
 pub mod limits;
 mod log_writes;
 pub mod memory_budget;
+pub mod page_capture;
 pub mod paths;
 pub mod sandbox;
 pub mod sqlite_setup;

@@ -35,6 +35,8 @@ use std::sync::atomic::{AtomicPtr, Ordering, fence};
 use rusqlite::ffi;
 
 use crate::log_writes::LogWrites;
+use crate::page_capture::Capture;
+use std::sync::Mutex;
 
 /// The name actors' connections open their database with.
 pub const VFS_NAME: &str = "wasmkeep";
@@ -64,6 +66,12 @@ struct Extra {
     temp: bool,
     /// A write-ahead log's gathered writes (null for other files).
     log: *mut LogWrites,
+    /// A main database file's page capture, when the runtime tracks the
+    /// actor (`ActorDb` holds it for longer than the connection lives).
+    capture: *const Mutex<Capture>,
+    /// A write-ahead log's main database file (whose `capture` its writes
+    /// feed), if that file is ours; SQLite closes the log first.
+    main_file: *mut ffi::sqlite3_file,
     /// Tests only: lock like the unix VFS (shared for readers), the unsafe
     /// variant the lock test shows losing data.
     #[cfg(test)]
@@ -139,6 +147,17 @@ unsafe extern "C" fn x_open(
             // Failed before there was a file: nothing for SQLite to close.
             return rc;
         }
+        let main_file = if flags & ffi::SQLITE_OPEN_WAL != 0 && !name.is_null() {
+            // SQLite's own lookup of the log's database file object.
+            let m = ffi::sqlite3_database_file_object(name);
+            if !m.is_null() && (*m).pMethods == &raw const METHODS {
+                m
+            } else {
+                ptr::null_mut()
+            }
+        } else {
+            ptr::null_mut()
+        };
         let log = if flags & ffi::SQLITE_OPEN_WAL != 0 {
             #[allow(unused_mut)]
             let mut log = LogWrites::default();
@@ -161,6 +180,8 @@ unsafe extern "C" fn x_open(
                     | ffi::SQLITE_OPEN_TRANSIENT_DB)
                 != 0,
             log,
+            capture: ptr::null(),
+            main_file,
             #[cfg(test)]
             shared_lock_unsafe: false,
         });
@@ -329,7 +350,16 @@ unsafe extern "C" fn x_write(
         match (*extra(f)).log.as_mut() {
             Some(log) => {
                 let data = std::slice::from_raw_parts(b.cast::<u8>(), n.max(0) as usize);
-                log.write(data, o, |d, o| write_through(f, d, o))
+                let rc = log.write(data, o, |d, o| write_through(f, d, o));
+                let main = (*extra(f)).main_file;
+                if rc == ffi::SQLITE_OK && !main.is_null() {
+                    // The main file outlives its log; `capture` outlives
+                    // the main file (see `WalIndex::attach_capture`).
+                    if let Some(capture) = (*extra(main)).capture.as_ref() {
+                        crate::page_capture::lock_raw(capture).written(data, o);
+                    }
+                }
+                rc
             }
             None => (real(f).xWrite.expect("xWrite"))(f, b, n, o),
         }
@@ -569,6 +599,15 @@ impl WalIndex {
         Some(WalIndex {
             extra: unsafe { extra(file) },
         })
+    }
+
+    /// Makes the writes to this database's log feed `capture` (before the
+    /// log is opened). The caller keeps `capture` alive for longer than the
+    /// connection: `ActorDb` holds it and drops the connection first.
+    pub(crate) fn attach_capture(&self, capture: &crate::page_capture::Shared) {
+        // SAFETY: `extra` is valid while the connection is open (see `of`);
+        // only the connection's thread touches it.
+        unsafe { (*self.extra).capture = std::sync::Arc::as_ptr(capture) };
     }
 
     /// The index's blocks, once SQLite asked for them.

@@ -42,6 +42,15 @@ fn start(data: &Path, t: &Target) -> Node {
     Node::start_env(data, &["--examples", "--bucket", &t.url], &t.env)
 }
 
+/// A counter of the node's `/metrics`.
+fn metric(node: &Node, name: &str) -> f64 {
+    let (s, text) = node.get("/metrics");
+    assert_eq!(s, 200, "{text}");
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in /metrics"))
+}
+
 fn value(v: &str) -> i64 {
     let j: serde_json::Value = serde_json::from_str(v).unwrap_or_else(|_| panic!("not JSON: {v}"));
     j["value"]
@@ -93,6 +102,9 @@ fn acknowledged_writes_survive_sigkill(t: &Target) {
         })
         .collect();
     std::thread::sleep(Duration::from_millis(2500));
+    // The node was uploading the pages its commits wrote (ADR 0036), so
+    // the kill falls between capturing pages and uploading them.
+    assert!(metric(&a, "wasmkeep_replica_page_uploads_total") > 0.0);
     a.kill();
     stop.store(true, Ordering::Relaxed);
     for w in workers {
@@ -133,6 +145,14 @@ fn restore_is_byte_identical(t: &Target) {
     }
     let (s, _) = a.post("/v1/demo/examples/reminder/r/set?at_ms=9999999999999", b"");
     assert_eq!(s, 200);
+    // The uploads after an actor's first shipped captured pages (plain
+    // replies: the notes after the first go in one upload at the end of
+    // the upload interval, a second from now).
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    while metric(&a, "wasmkeep_replica_page_uploads_total") < 1.0 {
+        assert!(std::time::Instant::now() < until, "no upload of pages");
+        std::thread::sleep(Duration::from_millis(100));
+    }
     a.stop();
 
     let mut b = start(&tmp.path().join("b"), t);
