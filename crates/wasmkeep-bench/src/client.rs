@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
 use bytes::Bytes;
-use http_body_util::{BodyExt, Empty};
+use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper::{Method, Request};
 use hyper_util::rt::TokioIo;
@@ -73,7 +73,7 @@ pub struct Answer {
 /// One keep-alive connection.
 pub struct Conn {
     endpoint: Endpoint,
-    sender: SendRequest<Empty<Bytes>>,
+    sender: SendRequest<Full<Bytes>>,
 }
 
 impl Conn {
@@ -105,6 +105,16 @@ impl Conn {
 
     /// [`Conn::send`], with the node that ran the request (cluster mode).
     pub async fn send_full(&mut self, method: &Method, path: &str) -> Result<Answer> {
+        self.send_with_body(method, path, Bytes::new()).await
+    }
+
+    /// [`Conn::send_full`] with `body` as the request's body.
+    pub async fn send_with_body(
+        &mut self,
+        method: &Method,
+        path: &str,
+        body: Bytes,
+    ) -> Result<Answer> {
         if self.sender.is_closed() {
             *self = Conn::connect(&self.endpoint).await?;
         }
@@ -114,7 +124,7 @@ impl Conn {
                 .method(method.clone())
                 .uri(path)
                 .header(hyper::header::HOST, &self.endpoint.host)
-                .body(Empty::<Bytes>::new())?;
+                .body(Full::new(body))?;
             let resp = self.sender.send_request(req).await?;
             let status = resp.status().as_u16();
             let node = resp

@@ -24,6 +24,7 @@
 
 pub mod client;
 pub mod cluster;
+pub mod large;
 pub mod load;
 pub mod node;
 mod report;
@@ -51,6 +52,10 @@ pub enum Workload {
     /// W1 with every response waiting for the bucket (`--bucket`).
     #[value(name = "w1-durable")]
     W1Durable,
+    /// W1-durable on `--large-actors` actors of `--large-mb` each, then on
+    /// small ones: a write's cost against the actor's size.
+    #[value(name = "w1-durable-large")]
+    W1DurableLarge,
     /// `--alarms` alarms due at the same instant.
     #[value(name = "w2")]
     W2,
@@ -81,6 +86,7 @@ impl Workload {
             Workload::W1 => "w1",
             Workload::W1Hot => "w1-hot",
             Workload::W1Durable => "w1-durable",
+            Workload::W1DurableLarge => "w1-durable-large",
             Workload::W2 => "w2",
             Workload::W2Restart => "w2-restart",
             Workload::W3 => "w3",
@@ -119,7 +125,12 @@ const DEFAULT_WORKLOADS: &[Workload] = &[
 ];
 
 /// Left out of the default set, and said so in the report.
-const NOT_BY_DEFAULT: &[Workload] = &[Workload::W5, Workload::W6, Workload::W5Kill];
+const NOT_BY_DEFAULT: &[Workload] = &[
+    Workload::W1DurableLarge,
+    Workload::W5,
+    Workload::W6,
+    Workload::W5Kill,
+];
 
 /// The node's durability for the runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -155,10 +166,12 @@ impl ReplyDurability {
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {
     /// Workloads, comma-separated: w1, w1-hot, w1-durable, w2, w2-restart,
-    /// w3, w4 (w5 is listed as not available), and the cluster ones w6
-    /// (forwarded requests) and w5-kill (takeover after a SIGKILL), which
-    /// start three nodes per run and take about a minute each. Default: all
-    /// but w6 and w5-kill.
+    /// w3, w4, w1-durable-large (large actors against small ones; minutes
+    /// a run at the default 4 actors of 1 GiB), and the cluster ones w5
+    /// (alarms of a killed node), w6 (forwarded requests) and w5-kill
+    /// (takeover after a SIGKILL), which start three nodes per run and
+    /// take about a minute each. Default: all but w1-durable-large, w5, w6
+    /// and w5-kill.
     #[arg(long, alias = "workload", value_enum, value_delimiter = ',')]
     pub workloads: Option<Vec<Workload>>,
     /// Runs of each workload (a fresh node per run); the report gives
@@ -200,6 +213,14 @@ pub struct BenchArgs {
     /// time; node 0 is killed once all are set, which must be before then.
     #[arg(long, default_value_t = 30.0)]
     pub w5_lead_s: f64,
+    /// W1-durable-large: how many large actors (as many small ones, at
+    /// most 16).
+    #[arg(long, default_value_t = 4)]
+    pub large_actors: usize,
+    /// W1-durable-large: each large actor's database, in notes of about
+    /// 1 MiB.
+    #[arg(long, default_value_t = 1024)]
+    pub large_mb: usize,
     /// W3: number of never-seen actors.
     #[arg(long, default_value_t = 200)]
     pub cold_actors: usize,
@@ -368,6 +389,7 @@ async fn run_async(args: BenchArgs) -> Result<()> {
                     Workload::W3 => workloads::w3(&env).await,
                     Workload::W4 => workloads::w4(&env).await,
                     Workload::W1Durable => workloads::w1_durable(&env).await,
+                    Workload::W1DurableLarge => large::w1_durable_large(&env).await,
                     Workload::W6 => cluster::w6(&env).await,
                     Workload::W5Kill => cluster::w5_kill(&env).await,
                     Workload::W5 => cluster::w5(&env).await,

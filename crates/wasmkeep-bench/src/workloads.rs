@@ -131,7 +131,7 @@ impl Env<'_> {
         self.start_on(config, None).await
     }
 
-    async fn start_on(
+    pub(crate) async fn start_on(
         &self,
         config: Option<PathBuf>,
         bucket: Option<String>,
@@ -145,7 +145,7 @@ impl Env<'_> {
         }
     }
 
-    fn endpoint(&self, node: &Option<Node>) -> Endpoint {
+    pub(crate) fn endpoint(&self, node: &Option<Node>) -> Endpoint {
         match (node, self.target) {
             (Some(n), _) => n.endpoint.clone(),
             (None, Target::Server(e)) => e.clone(),
@@ -154,7 +154,7 @@ impl Env<'_> {
     }
 
     /// A name prefix: `plain` on a fresh node, unique on a shared server.
-    fn prefix(&self, plain: &str) -> String {
+    pub(crate) fn prefix(&self, plain: &str) -> String {
         match self.target {
             Target::Own { .. } => plain.to_string(),
             Target::Server(_) => format!("{plain}{}-", self.nonce),
@@ -193,7 +193,7 @@ pub async fn warm_compile_cache(
 
 /// Stops a node the run started, and records how long it took and whether
 /// it exited cleanly.
-async fn finish(node: Option<Node>, out: &mut RunOutput) {
+pub(crate) async fn finish(node: Option<Node>, out: &mut RunOutput) {
     if let Some(mut n) = node {
         match n.stop().await {
             Ok(ms) => {
@@ -359,21 +359,25 @@ pub(crate) async fn scrape(ep: &Endpoint) -> Result<std::collections::HashMap<St
         .collect())
 }
 
-/// W1-durable: W1 where every increment asks for `replicated` durability,
-/// on a node with a bucket; adds what the bucket was asked per request.
-pub async fn w1_durable(env: &Env<'_>) -> Result<RunOutput> {
-    let mut out = RunOutput::default();
-    let bucket = match (&env.args.bucket, env.target) {
+/// The bucket of a node a durable workload starts: `--bucket`, or a folder
+/// in the run's directory; none for a `--server` node (it has its own).
+pub(crate) fn bucket_of(env: &Env<'_>) -> Result<Option<String>> {
+    Ok(match (&env.args.bucket, env.target) {
         (Some(b), _) => Some(b.clone()),
         (None, Target::Own { dir, .. }) => {
             let d = dir.join("bucket");
             std::fs::create_dir_all(&d)?;
             Some(format!("file://{}", d.display()))
         }
-        // A --server node brings its own bucket.
         (None, Target::Server(_)) => None,
-    };
-    let node = env.start_on(None, bucket).await?;
+    })
+}
+
+/// W1-durable: W1 where every increment asks for `replicated` durability,
+/// on a node with a bucket; adds what the bucket was asked per request.
+pub async fn w1_durable(env: &Env<'_>) -> Result<RunOutput> {
+    let mut out = RunOutput::default();
+    let node = env.start_on(None, bucket_of(env)?).await?;
     let ep = env.endpoint(&node);
     let names: Vec<String> = (0..env.args.actors)
         .map(|i| format!("{}d{i}", env.prefix("")))
