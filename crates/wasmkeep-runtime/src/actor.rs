@@ -333,6 +333,7 @@ fn run_delete(rt: &Arc<Inner>, actor: &Arc<Actor>, slot: &mut Option<Loaded>, ev
     }
     rt.timer.set(&actor.id, None);
     let dir = paths::actor_dir(&rt.config.data_dir, &actor.id);
+    wasmkeep_store::page_capture::untrack(&dir);
     let existed = dir.join(paths::DB_FILE).exists();
     let r = if existed {
         // Renamed first so that a crash mid-removal never leaves a

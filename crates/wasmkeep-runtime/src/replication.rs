@@ -845,6 +845,9 @@ fn give_up(rt: &Inner, actor: &Actor, st: &mut ActorReplica, why: String) {
         );
     }
     st.given_up = Some(why);
+    // What was captured describes a file the next opening replaces; its
+    // memory goes when the last connection holding it closes.
+    page_capture::untrack(&paths::actor_dir(&rt.config.data_dir, &actor.id));
 }
 
 fn release(

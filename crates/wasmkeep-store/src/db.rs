@@ -256,7 +256,14 @@ impl ActorDb {
         // commit of this connection.
         let capture = match &wal_index {
             Some(w) => crate::page_capture::of(dir).inspect(|c| w.attach_capture(c)),
-            None => None,
+            None => {
+                // Commits of this connection reach the file unseen: the
+                // next upload must read the whole database.
+                if let Some(c) = crate::page_capture::of(dir) {
+                    crate::page_capture::lock(&c).lose("a connection without wasmkeep's VFS");
+                }
+                None
+            }
         };
         let mut db = ActorDb {
             conn,
@@ -348,6 +355,18 @@ impl ActorDb {
             // memory instead (ADR 0031).
             c.pragma_update(None, "journal_mode", "MEMORY")
                 .map_err(open_err)?;
+        }
+        if !self.created
+            && let Some(capture) = &self.capture
+        {
+            let mode: String = c
+                .pragma_query_value(None, "journal_mode", |r| r.get(0))
+                .map_err(open_err)?;
+            if !mode.eq_ignore_ascii_case("wal") {
+                // Switching an existing file (one put back by `wasmkeep
+                // restore`, say) to WAL rewrites its header outside the log.
+                crate::page_capture::lock(capture).lose("a database switched to WAL");
+            }
         }
         c.pragma_update(None, "journal_mode", "WAL")
             .map_err(open_err)?;
@@ -553,7 +572,14 @@ impl ActorDb {
     /// (or grew its index), the index's pages left holding only zeros are
     /// given back (ADR 0028).
     pub fn commit(&mut self) -> Result<(), StoreError> {
-        self.control(SQL_COMMIT)?;
+        if let Err(e) = self.control(SQL_COMMIT) {
+            // SQLite may have written the commit's frames before failing
+            // (an allocation while indexing them): not a commit.
+            if let Some(c) = &self.capture {
+                crate::page_capture::lock(c).lose("a commit that failed");
+            }
+            return Err(e);
+        }
         if let Some(w) = &self.wal_index {
             w.release_zero_pages();
         }

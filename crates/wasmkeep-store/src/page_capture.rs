@@ -77,6 +77,12 @@ pub struct Capture {
     low_pages: Option<u32>,
     /// Why the capture gave up since the last take, if it did.
     lost: Option<&'static str>,
+    /// The offset of the newest commit frame captured in this log (none
+    /// after a new log header). A commit that SQLite abandoned after
+    /// writing its frames (an allocation failing while it indexes them) is
+    /// written over by the next transaction, which starts at or before
+    /// it; and `ActorDb::commit` reports a failed commit ([`Capture::lose`]).
+    last_commit_at: Option<i64>,
     /// Tests only: at a commit, keep every held frame, including those
     /// beyond the commit frame (a rolled-back transaction's).
     #[cfg(test)]
@@ -114,12 +120,16 @@ impl Capture {
             // frame into the database): no transaction is open.
             self.drop_pending();
             self.header = None;
+            self.last_commit_at = None;
             return;
         }
         if data.len() == FRAME_HEADER_BYTES && offset >= LOG_HEADER_BYTES as i64 {
             // A new frame's header, or SQLite rewriting an earlier header
             // of this transaction (its checksums): the page follows only
             // in the first case.
+            if self.last_commit_at.is_some_and(|c| offset <= c) {
+                return self.give_up("a commit that the log did not keep");
+            }
             let pgno = u32::from_be_bytes([data[0], data[1], data[2], data[3]]);
             let size = u32::from_be_bytes([data[4], data[5], data[6], data[7]]);
             self.header = Some((offset, pgno, size));
@@ -176,6 +186,7 @@ impl Capture {
         self.shrink(gone.values().map(Vec::len).sum());
         self.db_pages = Some(size);
         self.low_pages = Some(self.low_pages.map_or(size, |low| low.min(size)));
+        self.last_commit_at = Some(at);
     }
 
     fn grow(&mut self, n: usize) {
@@ -191,6 +202,12 @@ impl Capture {
     fn drop_pending(&mut self) {
         self.shrink(self.pending.values().map(|(_, p)| p.len()).sum());
         self.pending.clear();
+    }
+
+    /// Gives up until the next take: something wrote the database where
+    /// the capture cannot see it.
+    pub(crate) fn lose(&mut self, why: &'static str) {
+        self.give_up(why);
     }
 
     fn give_up(&mut self, why: &'static str) {
@@ -226,6 +243,7 @@ impl Capture {
         self.db_pages = None;
         self.low_pages = None;
         self.lost = None;
+        self.last_commit_at = None;
     }
 }
 
@@ -468,6 +486,51 @@ mod tests {
             .unwrap()
             .unwrap();
         assert!(plain.take_changes().is_none());
+    }
+
+    /// A transaction written over a captured commit (SQLite abandoned the
+    /// commit after writing its frames) makes the capture give up; a new
+    /// log header (the log starting over) does not.
+    #[test]
+    fn a_commit_written_over_is_not_trusted() {
+        let page = vec![3u8; 1024];
+        let frame = |c: &mut Capture, at: i64, pgno: u32, commit: u32| {
+            let mut h = [0u8; 24];
+            h[0..4].copy_from_slice(&pgno.to_be_bytes());
+            h[4..8].copy_from_slice(&commit.to_be_bytes());
+            c.written(&h, at);
+            c.written(&page, at + 24);
+        };
+        let mut c = Capture::default();
+        frame(&mut c, 32, 1, 0);
+        frame(&mut c, 32 + 1048, 2, 2);
+        // The log starts over: frames from the start are a new generation.
+        c.written(&[0u8; 32], 0);
+        frame(&mut c, 32, 2, 2);
+        assert!(c.take().lost.is_none());
+        frame(&mut c, 32 + 1048, 1, 2);
+        // The next transaction starts at the commit just captured.
+        frame(&mut c, 32 + 1048, 1, 2);
+        assert_eq!(c.take().lost, Some("a commit that the log did not keep"));
+    }
+
+    /// Opening a database that is not in WAL mode rewrites its header
+    /// outside the log: the capture gives up for that upload.
+    #[test]
+    fn a_database_switched_to_wal_is_read_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = rusqlite::Connection::open(dir.path().join(crate::paths::DB_FILE)).unwrap();
+        c.execute_batch("PRAGMA journal_mode=DELETE; CREATE TABLE t (v);")
+            .unwrap();
+        drop(c);
+        track(dir.path());
+        let db = ActorDb::open(dir.path(), &StoreLimits::default(), OpenMode::Existing);
+        // The file lacks the runtime's tables: whether it opens does not
+        // matter here, only what the capture says.
+        drop(db);
+        let ch = lock(&of(dir.path()).unwrap()).take();
+        assert_eq!(ch.lost, Some("a database switched to WAL"));
+        untrack(dir.path());
     }
 
     /// Past its bound the capture gives up (the next upload reads the

@@ -197,6 +197,7 @@ unsafe extern "C" fn x_close(f: *mut ffi::sqlite3_file) -> c_int {
         let e = extra(f);
         free_shm(e);
         let flushed = flush_log(f);
+
         if !(*e).log.is_null() {
             drop(Box::from_raw((*e).log));
             (*e).log = ptr::null_mut();
