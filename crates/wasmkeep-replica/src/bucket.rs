@@ -254,6 +254,39 @@ impl Bucket {
         }
     }
 
+    /// Writes `key` from parts received on `parts` as one multipart upload
+    /// (an unconditional write: object stores do not offer a create-only
+    /// multipart upload), completed only if every part arrived and none
+    /// was an error; otherwise aborted, so nothing appears at `key`. Used
+    /// for snapshots larger than one part (ADR 0036).
+    pub async fn put_parts(
+        &self,
+        key: &str,
+        parts: &mut tokio::sync::mpsc::Receiver<Result<Bytes, ReplicaError>>,
+    ) -> Result<(), ReplicaError> {
+        let path = self.path(key)?;
+        let mut upload = self.store.put_multipart(&path).await?;
+        let mut sent = async {
+            while let Some(part) = parts.recv().await {
+                let part = part?;
+                add(&self.metrics.puts, 1);
+                add(&self.metrics.put_bytes, part.len() as u64);
+                upload.put_part(PutPayload::from_bytes(part)).await?;
+            }
+            Ok::<(), ReplicaError>(())
+        }
+        .await;
+        if sent.is_ok() {
+            add(&self.metrics.puts, 1);
+            sent = upload.complete().await.map(|_| ()).map_err(Into::into);
+            if sent.is_ok() {
+                return Ok(());
+            }
+        }
+        let _ = upload.abort().await;
+        sent
+    }
+
     /// An unconditional write that replaces whatever is at `key`. Used for
     /// one thing only: erasing the entries of a deleted actor's life in
     /// place (ADR 0007, "Deleting an actor"), which keeps their keys taken

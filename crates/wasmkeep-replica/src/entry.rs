@@ -191,6 +191,20 @@ impl Entry {
             panic!("encoding an invalid entry: {reason}");
         }
         let mut out = Vec::with_capacity(size as usize);
+        self.write_header(&mut out, self.pages.len() as u32);
+        for (no, bytes) in &self.pages {
+            out.extend_from_slice(&no.to_be_bytes());
+            out.extend_from_slice(bytes);
+        }
+        let digest = Sha256::digest(&out);
+        out.extend_from_slice(&digest);
+        debug_assert_eq!(out.len() as u64, size);
+        Ok(out)
+    }
+
+    /// The header of this body with `count` pages to follow (those of a
+    /// snapshot streamed page by page are not in `pages`).
+    pub(crate) fn write_header(&self, out: &mut Vec<u8>, count: u32) {
         out.extend_from_slice(MAGIC);
         out.extend_from_slice(&FORMAT_VERSION.to_be_bytes());
         out.push(self.kind as u8);
@@ -203,15 +217,7 @@ impl Entry {
         out.extend_from_slice(&self.db_pages.to_be_bytes());
         out.extend_from_slice(&(self.actor.len() as u16).to_be_bytes());
         out.extend_from_slice(self.actor.as_bytes());
-        out.extend_from_slice(&(self.pages.len() as u32).to_be_bytes());
-        for (no, bytes) in &self.pages {
-            out.extend_from_slice(&no.to_be_bytes());
-            out.extend_from_slice(bytes);
-        }
-        let digest = Sha256::digest(&out);
-        out.extend_from_slice(&digest);
-        debug_assert_eq!(out.len() as u64, size);
-        Ok(out)
+        out.extend_from_slice(&count.to_be_bytes());
     }
 
     /// The rules every entry follows, whoever built it.

@@ -99,6 +99,11 @@ pub enum ReplicaError {
     /// A local file could not be read, written or renamed.
     #[error("local i/o error: {0}")]
     Io(#[from] std::io::Error),
+    /// A snapshot streamed from the local file found a page that is not
+    /// the head's (the file changed under it): nothing was completed in
+    /// the bucket, and the snapshot is tried again later.
+    #[error("snapshot torn: page {page} of the local file is not the head's: key=`{key}`")]
+    SnapshotTorn { key: String, page: u32 },
 }
 
 impl ReplicaError {
@@ -122,6 +127,7 @@ impl ReplicaError {
             ReplicaError::Bucket(_) => "bucket_error",
             ReplicaError::Sqlite(_) => "replica_sqlite_error",
             ReplicaError::Io(_) => "replica_io_error",
+            ReplicaError::SnapshotTorn { .. } => "snapshot_torn",
         }
     }
 

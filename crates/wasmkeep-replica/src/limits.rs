@@ -23,6 +23,12 @@ pub const KEY_BYTES_MAX: usize = 1024;
 /// about 1.6 MiB of seqs and sizes held.
 pub const LISTING_KEYS_MAX: u64 = 100_000;
 
+/// Default of [`ReplicaConfig::snapshot_part_bytes`].
+pub const SNAPSHOT_PART_BYTES: usize = 8 * 1024 * 1024;
+
+/// Smallest part of a multipart upload S3 accepts (but the last).
+pub const SNAPSHOT_PART_BYTES_MIN: usize = 5 * 1024 * 1024;
+
 /// Default of [`ReplicaConfig::restore_entries_max`]: ten times the
 /// default `snapshot_every_entries`.
 pub const RESTORE_ENTRIES_MAX: u64 = 10_000;
@@ -120,6 +126,16 @@ pub struct ReplicaConfig {
     /// the last snapshot outweighs the database (`snapshot_log_ratio_pct`),
     /// so an honest chain stays within a few times `entry_bytes_max`.
     pub restore_bytes_max: u64,
+    /// Bytes of each part of a snapshot streamed from the local file
+    /// (ADR 0036): the most a snapshot holds in memory at once is about
+    /// three parts. A snapshot no larger is one create-only PUT; a larger
+    /// one a multipart upload. At least [`SNAPSHOT_PART_BYTES_MIN`].
+    pub snapshot_part_bytes: usize,
+    /// Test-only mutation switch: a snapshot streamed from the local file
+    /// does not check its pages against the head's hashes, so a file that
+    /// changed under it is uploaded as the head's state. Never set
+    /// outside tests.
+    pub unsafe_snapshot_unverified: bool,
     /// Test-only mutation switch: read listings whole, whatever their
     /// length (the rule `listing_keys_max` enforces). A bucket with
     /// millions of keys under one actor then makes a node hold them all.
@@ -231,6 +247,8 @@ impl Default for ReplicaConfig {
             listing_keys_max: LISTING_KEYS_MAX,
             restore_entries_max: RESTORE_ENTRIES_MAX,
             restore_bytes_max: 0,
+            snapshot_part_bytes: SNAPSHOT_PART_BYTES,
+            unsafe_snapshot_unverified: false,
             unsafe_unbounded_listings: false,
             unsafe_skip_append_check: false,
             unsafe_collect_without_grace: false,

@@ -15,7 +15,13 @@ use crate::entry::{Entry, FIXED_HEADER_BYTES, Kind, Position, Token};
 use crate::error::ReplicaError;
 use crate::image::{Image, PageHashes, quick_check};
 use crate::keys::ActorRoot;
-use crate::limits::ReplicaConfig;
+use crate::limits::PAGE_NUMBER_BYTES;
+use crate::limits::{ReplicaConfig, SNAPSHOT_PART_BYTES_MIN};
+
+/// Most entries a writer remembers since its last snapshot (see
+/// `Replica::recent`); past it the oldest are forgotten, which only makes
+/// the next snapshot come sooner.
+const RECENT_ENTRIES_MAX: usize = 100_000;
 
 /// Restarts of a restore whose listed objects vanished under it (a
 /// concurrent collection) before it reports the error.
@@ -434,6 +440,113 @@ fn install_db(staged: &Path, db_path: &Path) -> Result<(), ReplicaError> {
     Ok(())
 }
 
+// ---- snapshots streamed from the local file ----
+
+/// A snapshot of a replica's head, streamed from the local database file
+/// (ADR 0036): pages are read in order, each checked against the head's
+/// page hashes, and sent in parts of `snapshot_part_bytes`, so at most a
+/// few parts are in memory whatever the database's size. A snapshot of
+/// one part is a create-only PUT (read back if the key is taken, like an
+/// entry); a larger one a multipart upload, completed only after its last
+/// page passed its check.
+#[derive(Debug)]
+pub struct SnapshotJob {
+    bucket: Bucket,
+    key: String,
+    header: Entry,
+    hashes: PageHashes,
+    db_path: PathBuf,
+    part_bytes: usize,
+    verify: bool,
+}
+
+impl SnapshotJob {
+    /// The seq the snapshot stands for.
+    pub fn seq(&self) -> u64 {
+        self.header.seq
+    }
+
+    /// Streams the snapshot; returns its seq once it is in the bucket.
+    /// `SnapshotTorn` if the file is not the head's state (nothing landed).
+    pub async fn run(self) -> Result<u64, ReplicaError> {
+        let seq = self.header.seq;
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<Bytes, ReplicaError>>(2);
+        let total = self.header.encoded_len()
+            + self.header.db_pages as u64 * (PAGE_NUMBER_BYTES + self.header.page_size as u64);
+        let single = total <= self.part_bytes as u64;
+        let (bucket, key) = (self.bucket.clone(), self.key.clone());
+        let reader = tokio::task::spawn_blocking(move || self.read_parts(&tx));
+        let sent = if single {
+            match rx.recv().await {
+                Some(Ok(body)) => match bucket.create(&key, body.clone()).await {
+                    Ok(Created::Created) => Ok(()),
+                    Ok(Created::AlreadyExists) if holds(&bucket, &key, &body).await? => Ok(()),
+                    Ok(Created::AlreadyExists) => Err(ReplicaError::ChainMoved { seq }),
+                    Err(e) => Err(e),
+                },
+                Some(Err(e)) => Err(e),
+                None => Err(ReplicaError::ChainBroken(
+                    "the snapshot's reader ended".into(),
+                )),
+            }
+        } else {
+            bucket.put_parts(&key, &mut rx).await
+        };
+        drop(rx);
+        let read = reader
+            .await
+            .map_err(|e| ReplicaError::ChainBroken(format!("the snapshot's reader: {e}")))?;
+        sent.and(read).map(|()| seq)
+    }
+
+    /// Reads the file's pages into parts (on a blocking thread), checking
+    /// each against the head's hashes, and ends with the body's SHA-256.
+    fn read_parts(
+        self,
+        tx: &tokio::sync::mpsc::Sender<Result<Bytes, ReplicaError>>,
+    ) -> Result<(), ReplicaError> {
+        use sha2::Digest as _;
+        use std::os::unix::fs::FileExt;
+        let send = |part: Vec<u8>| -> Result<(), ReplicaError> {
+            tx.blocking_send(Ok(Bytes::from(part)))
+                .map_err(|_| ReplicaError::ChainBroken("the snapshot's upload ended".into()))
+        };
+        let fail = |e: ReplicaError| {
+            let why = e.to_string();
+            let _ = tx.blocking_send(Err(e));
+            ReplicaError::ChainBroken(why)
+        };
+        let file = std::fs::File::open(&self.db_path).map_err(|e| fail(e.into()))?;
+        let ps = self.header.page_size as usize;
+        let mut hasher = sha2::Sha256::new();
+        let mut part = Vec::with_capacity(self.part_bytes + ps + 4);
+        self.header.write_header(&mut part, self.header.db_pages);
+        let mut page = vec![0u8; ps];
+        for no in 1..=self.header.db_pages {
+            file.read_exact_at(&mut page, (no as u64 - 1) * ps as u64)
+                .map_err(|e| fail(e.into()))?;
+            if self.verify && !self.hashes.holds(no, &page) {
+                return Err(fail(ReplicaError::SnapshotTorn {
+                    key: self.key.clone(),
+                    page: no,
+                }));
+            }
+            part.extend_from_slice(&no.to_be_bytes());
+            part.extend_from_slice(&page);
+            if part.len() >= self.part_bytes {
+                hasher.update(&part);
+                send(std::mem::replace(
+                    &mut part,
+                    Vec::with_capacity(self.part_bytes + ps + 4),
+                ))?;
+            }
+        }
+        hasher.update(&part);
+        part.extend_from_slice(&hasher.finalize());
+        send(part)
+    }
+}
+
 // ---- the replica ----
 
 /// The pages commits wrote since the last upload, as the runtime captured
@@ -486,10 +599,17 @@ pub struct Replica {
     base: Option<PageHashes>,
     entries_since_snapshot: u64,
     bytes_since_snapshot: u64,
-    /// The snapshot policy asked for a snapshot after an upload of pages
-    /// (which has no image to write one from): the next upload reads the
-    /// whole database and writes it.
+    /// The snapshot policy asked for a snapshot after an upload of pages:
+    /// the caller streams one from the local file ([`Replica::snapshot_job`])
+    /// or, if its next upload reads the whole database, that upload writes it.
     snapshot_due: bool,
+    /// A streamed snapshot landed: the next upload collects.
+    collect_due: bool,
+    /// Seq and bytes of the entries this writer appended since the last
+    /// snapshot it knows of (at most [`RECENT_ENTRIES_MAX`]): when a
+    /// streamed snapshot of an earlier head lands, those above it still
+    /// count towards the next.
+    recent: std::collections::VecDeque<(u64, u64)>,
     given_up: bool,
     /// When (boot clock) the request that last confirmed `head` was sent:
     /// the listing of `open`, or the create of the head entry. See
@@ -534,6 +654,8 @@ impl Replica {
             entries_since_snapshot: 0,
             bytes_since_snapshot: 0,
             snapshot_due: false,
+            collect_due: false,
+            recent: Default::default(),
             given_up: false,
             anchor: None,
             snaps_seen: BTreeMap::new(),
@@ -768,7 +890,67 @@ impl Replica {
     /// there is no base to describe changes against (the first upload, or
     /// after the bucket's copy was deleted), or a snapshot is due.
     pub fn wants_image(&self) -> bool {
-        self.base.is_none() || self.snapshot_due
+        self.base.is_none()
+    }
+
+    /// Whether the snapshot policy asks for a snapshot (see
+    /// [`Replica::snapshot_job`]).
+    pub fn snapshot_due(&self) -> bool {
+        self.snapshot_due
+    }
+
+    /// A snapshot of the head streamed from the local file, if one is due.
+    /// The caller makes sure the file holds exactly the head's state while
+    /// the job runs (it checkpointed the log into it before the upload that
+    /// made the head, and no checkpoint writes it meanwhile); the job checks
+    /// every page against the head's hashes and completes nothing if one
+    /// differs.
+    pub fn snapshot_job(&self) -> Option<SnapshotJob> {
+        let (true, Some(head), Some(base)) = (self.snapshot_due, self.head, &self.base) else {
+            return None;
+        };
+        Some(SnapshotJob {
+            bucket: self.bucket.clone(),
+            key: self.root.snap(head.seq),
+            header: Entry {
+                kind: Kind::Snapshot,
+                seq: head.seq,
+                time_ms: self.head_time_ms,
+                token: head.token,
+                page_size: base.page_size(),
+                db_pages: base.pages(),
+                actor: self.root.as_str().to_owned(),
+                pages: Vec::new(),
+            },
+            hashes: base.clone(),
+            db_path: self.db_path.clone(),
+            part_bytes: self.config.snapshot_part_bytes.max(SNAPSHOT_PART_BYTES_MIN),
+            verify: !self.config.unsafe_snapshot_unverified,
+        })
+    }
+
+    /// A snapshot streamed by a [`SnapshotJob`] landed at `seq`: entries
+    /// after it count towards the next one, and the next collection may
+    /// delete what it covers.
+    pub fn snapshot_landed(&mut self, seq: u64) {
+        self.snaps_seen.entry(seq).or_insert_with(since_boot);
+        self.recent.retain(|(s, _)| *s > seq);
+        self.entries_since_snapshot = self.recent.len() as u64;
+        self.bytes_since_snapshot = self.recent.iter().map(|(_, b)| b).sum();
+        let db_bytes = self
+            .base
+            .as_ref()
+            .map_or(0, |b| b.pages() as u64 * b.page_size() as u64);
+        self.snapshot_due = self.snapshot_policy_due(db_bytes);
+        self.collect_due = true;
+    }
+
+    /// Notes an entry this writer appended (see `recent`).
+    fn appended(&mut self, seq: u64, bytes: u64) {
+        if self.recent.len() >= RECENT_ENTRIES_MAX {
+            self.recent.pop_front();
+        }
+        self.recent.push_back((seq, bytes));
     }
 
     /// Whether `pages` (captured as SQLite wrote them, ADR 0036) describe
@@ -780,7 +962,7 @@ impl Replica {
         let Some(base) = &self.base else {
             return false;
         };
-        if self.snapshot_due || base.page_size() != pages.page_size {
+        if base.page_size() != pages.page_size {
             return false;
         }
         let low = pages.low_pages.min(base.pages());
@@ -851,8 +1033,12 @@ impl Replica {
         self.settle_head(position, time_ms, hashes)?;
         self.entries_since_snapshot += 1;
         self.bytes_since_snapshot += entry_bytes;
+        self.appended(seq, entry_bytes);
         let db_bytes = entry.db_pages as u64 * entry.page_size as u64;
         self.snapshot_due = self.snapshot_policy_due(db_bytes);
+        if std::mem::take(&mut self.collect_due) {
+            self.collect().await?;
+        }
         Ok(Uploaded::Appended {
             position,
             entry_bytes,
@@ -864,7 +1050,8 @@ impl Replica {
     /// or by bytes against the database's size (`db_bytes`).
     fn snapshot_policy_due(&self, db_bytes: u64) -> bool {
         let due = self.entries_since_snapshot >= self.config.snapshot_every_entries
-            || (self.bytes_since_snapshot * 100 >= self.config.snapshot_log_ratio_pct * db_bytes
+            || (self.bytes_since_snapshot.saturating_mul(100)
+                >= self.config.snapshot_log_ratio_pct.saturating_mul(db_bytes)
                 && self.bytes_since_snapshot >= self.config.snapshot_log_bytes_min);
         due && self.entries_since_snapshot > 0
     }
@@ -902,6 +1089,7 @@ impl Replica {
         } else {
             self.entries_since_snapshot += 1;
             self.bytes_since_snapshot += entry_bytes;
+            self.appended(seq, entry_bytes);
         }
         let snapshot = self.snapshot_policy_due(image.bytes().len() as u64)
             || (self.snapshot_due && self.entries_since_snapshot > 0);
@@ -1018,6 +1206,7 @@ impl Replica {
         self.entries_since_snapshot = 0;
         self.bytes_since_snapshot = 0;
         self.snapshot_due = false;
+        self.recent.clear();
         self.collect().await
     }
 

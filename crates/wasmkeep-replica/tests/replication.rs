@@ -183,8 +183,15 @@ async fn upload_captured(
     src: &mut Source,
     time_ms: u64,
 ) -> Result<(Uploaded, bool), ReplicaError> {
+    // A snapshot due streams from the file, which holds the head's state
+    // from the checkpoint before the upload until the thaw after it.
+    let snapshot = rep.snapshot_due();
+    if snapshot {
+        src.db.as_ref().unwrap().freeze_file().unwrap();
+    }
     let ch = src.db.as_ref().unwrap().take_changes().expect("tracked");
     assert!(ch.lost.is_none(), "{:?}", ch.lost);
+    let mut shipped = None;
     if let (Some(db_pages), Some(page_size)) = (ch.db_pages, ch.page_size) {
         let pages = Pages {
             page_size,
@@ -193,10 +200,122 @@ async fn upload_captured(
             pages: ch.pages,
         };
         if !rep.wants_image() && rep.pages_suffice(&pages) {
-            return Ok((rep.upload_pages(&pages, time_ms).await?, true));
+            shipped = Some(rep.upload_pages(&pages, time_ms).await?);
         }
     }
-    Ok((upload(rep, src, time_ms).await?, false))
+    let (up, pages) = match shipped {
+        Some(up) => (up, true),
+        None => (upload(rep, src, time_ms).await?, false),
+    };
+    if let Some(job) = rep.snapshot_job().filter(|_| snapshot) {
+        let seq = job.run().await?;
+        rep.snapshot_landed(seq);
+    }
+    if snapshot {
+        src.db.as_ref().unwrap().thaw().unwrap();
+    }
+    Ok((up, pages))
+}
+
+/// A database several parts large: its snapshot streams from the file in
+/// parts (a multipart upload) and a restore elsewhere is the source file,
+/// byte for byte. Then a file that changes under a snapshot (a page the
+/// head does not have) makes the snapshot fail and leaves no object; with
+/// the check switched off (the unsafe variant) the torn file lands as the
+/// head's state and a restore from it is not the source.
+async fn large_snapshot_streams_in_parts(b: &Backend, name: &str, verify: bool) {
+    let tmp = tempfile::tempdir().unwrap();
+    let id = actor(name);
+    let dir = tmp.path().join("src");
+    wasmkeep_store::page_capture::track(&dir);
+    let mut src = Source::new(&dir);
+    let config = ReplicaConfig {
+        snapshot_part_bytes: wasmkeep_replica::limits::SNAPSHOT_PART_BYTES_MIN,
+        unsafe_snapshot_unverified: !verify,
+        ..cfg(4, 2)
+    };
+    let (mut rep, _) = Replica::open(&b.bucket, &id, &src.path(), 1, config.clone(), 0)
+        .await
+        .unwrap();
+    schema(&mut src);
+    for i in 0..12i64 {
+        src.commit(&[(
+            "INSERT INTO events (at, body) VALUES (?, ?)",
+            vec![Value::Integer(i), Value::Blob(vec![i as u8; 1_000_000])],
+        )]);
+    }
+    upload_captured(&mut rep, &mut src, 1000).await.unwrap();
+    let mut i = 100;
+    while !rep.snapshot_due() {
+        work(&mut src, i);
+        upload_captured(&mut rep, &mut src, 1000 + i as u64)
+            .await
+            .unwrap();
+        i += 1;
+    }
+    // The next upload freezes the file; the snapshot streams after it.
+    work(&mut src, i);
+    let snaps = keys(&b.bucket, &rep, "snap").await.len();
+    let db = src.db.as_ref().unwrap();
+    db.freeze_file().unwrap();
+    let ch = db.take_changes().unwrap();
+    let pages = Pages {
+        page_size: ch.page_size.unwrap(),
+        db_pages: ch.db_pages.unwrap(),
+        low_pages: ch.low_pages.unwrap(),
+        pages: ch.pages,
+    };
+    rep.upload_pages(&pages, 5000).await.unwrap();
+    let job = rep.snapshot_job().expect("a snapshot is due");
+    let seq = job.seq();
+    let image = src.image();
+    assert!(image.bytes().len() > 2 * wasmkeep_replica::limits::SNAPSHOT_PART_BYTES_MIN);
+    if verify {
+        // First a torn file: one page that is not the head's.
+        let path = src.path();
+        let page = std::fs::read(&path).unwrap()[4096..8192].to_vec();
+        let mut torn = page.clone();
+        torn[100] ^= 0xFF;
+        std::fs::write(&path, {
+            let mut f = std::fs::read(&path).unwrap();
+            f[4096..8192].copy_from_slice(&torn);
+            f
+        })
+        .unwrap();
+        let err = rep.snapshot_job().unwrap().run().await.unwrap_err();
+        assert_eq!(err.code(), "snapshot_torn", "{err}");
+        assert_eq!(
+            keys(&b.bucket, &rep, "snap").await.len(),
+            snaps,
+            "nothing landed"
+        );
+        let mut f = std::fs::read(&path).unwrap();
+        f[4096..8192].copy_from_slice(&page);
+        std::fs::write(&path, f).unwrap();
+        assert_eq!(job.run().await.unwrap(), seq);
+        rep.snapshot_landed(seq);
+        src.db.as_ref().unwrap().thaw().unwrap();
+        let source = src.close_and_read();
+        assert_eq!(source, image.bytes());
+        restored_elsewhere(b, &id, &rep, tmp.path(), config, &source).await;
+    } else {
+        let path = src.path();
+        let mut f = std::fs::read(&path).unwrap();
+        f[4096 + 100] ^= 0xFF;
+        std::fs::write(&path, f).unwrap();
+        assert_eq!(
+            job.run().await.unwrap(),
+            seq,
+            "unverified, the torn file lands"
+        );
+        let dst = tmp.path().join("dst").join("actor.db");
+        let restored = Replica::open(&b.bucket, &id, &dst, 2, config, 5000).await;
+        assert!(
+            restored.is_err() || std::fs::read(&dst).unwrap() != image.bytes(),
+            "the torn snapshot restored as the head's state"
+        );
+    }
+    wasmkeep_store::page_capture::untrack(&dir);
 }
 
 /// Uploads of captured pages (with rolled-back batches between the
@@ -796,6 +915,8 @@ async fn delete_then_late_writers(b: &Backend, name: &str, unsafe_variant: bool)
 async fn all_scenarios(make: impl Fn() -> Backend) {
     restore_is_byte_identical(&make(), "byte identical").await;
     captured_pages_restore_byte_identical(&make(), "captured pages").await;
+    large_snapshot_streams_in_parts(&make(), "large snapshot", true).await;
+    large_snapshot_streams_in_parts(&make(), "large snapshot unsafe", false).await;
     lost_response_is_mine_and_foreign_entry_moves_the_chain(&make(), "lost response").await;
     late_commit(&make(), "late first", true).await;
     late_commit(&make(), "late after", false).await;

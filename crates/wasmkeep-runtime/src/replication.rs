@@ -268,6 +268,15 @@ pub struct ActorReplica {
     /// The gate's routing epoch when the actor was opened (a cluster node):
     /// a copy from an earlier epoch is opened afresh (`stale_epoch`).
     opened_epoch: u64,
+    /// The actor's connection stopped checkpointing so that a snapshot can
+    /// be streamed from its file (`ActorDb::freeze_file`); its turn thaws
+    /// it once no snapshot runs.
+    frozen: bool,
+    /// A snapshot is being streamed from the file.
+    snapshotting: bool,
+    /// How the last streamed snapshot ended, for the replica to learn at
+    /// its next upload.
+    snapshot_done: Option<Result<u64, String>>,
 }
 
 impl ActorReplica {
@@ -290,7 +299,9 @@ impl ActorReplica {
         // (a cluster node): nothing may upload it yet, and closing the
         // actor loses nothing (its next opening finds it again).
         let uploadable = self.committed > self.uploaded && !self.needs_plan;
-        self.in_flight || (self.given_up.is_none() && (uploadable || !self.waiters.is_empty()))
+        self.in_flight
+            || self.snapshotting
+            || (self.given_up.is_none() && (uploadable || !self.waiters.is_empty()))
     }
 
     pub fn given_up(&self) -> bool {
@@ -450,6 +461,7 @@ pub fn after_commit(
     urgent: bool,
 ) -> Mark {
     let mut st = actor.repl.lock();
+    thaw_if_done(actor, &mut st, db);
     if changed {
         st.committed += 1;
         st.pending_since.get_or_insert_with(Instant::now);
@@ -463,6 +475,19 @@ pub fn after_commit(
     };
     maybe_upload(rt, repl, actor, st, ImageFrom::Db(db));
     mark
+}
+
+/// Lets the actor's connection checkpoint again once no snapshot is
+/// streamed from its file.
+fn thaw_if_done(actor: &Actor, st: &mut ActorReplica, db: &ActorDb) {
+    if st.frozen && !st.snapshotting {
+        match db.thaw() {
+            Ok(()) => st.frozen = false,
+            Err(e) => {
+                tracing::warn!(actor = %actor.id, error = %e, "could not let the actor's database checkpoint again")
+            }
+        }
+    }
 }
 
 /// A `Replicate` turn: uploads what is committed and not yet uploaded. For
@@ -518,6 +543,9 @@ pub fn upload_pending(
         if own.is_some() {
             db = own.as_mut();
         }
+    }
+    if let Some(d) = db.as_deref() {
+        thaw_if_done(actor, &mut actor.repl.lock(), d);
     }
     let from = match db {
         Some(db) => ImageFrom::Db(db),
@@ -623,6 +651,16 @@ fn maybe_upload(
     let Some(mut replica) = st.replica.take() else {
         return;
     };
+    match st.snapshot_done.take() {
+        Some(Ok(seq)) => {
+            replica.snapshot_landed(seq);
+            Metrics::inc(&rt.metrics.replica_snapshots_total);
+        }
+        Some(Err(e)) => {
+            tracing::warn!(actor = %actor.id, error = %e, "a snapshot streamed from the file failed; tried again later")
+        }
+        None => {}
+    }
     // In flight from here: the image read below covers every commit so far
     // (only this actor's turn, which is running this, commits).
     st.in_flight = true;
@@ -634,6 +672,24 @@ fn maybe_upload(
         .into_iter()
         .map(|(_, key)| key)
         .collect();
+    // A snapshot is due: the file is made to hold what this upload will
+    // make the head, and kept so while the snapshot streams from it.
+    let mut snapshot = false;
+    if replica.snapshot_due()
+        && !st.snapshotting
+        && !st.frozen
+        && let ImageFrom::Db(db) = &from
+    {
+        match db.freeze_file() {
+            Ok(()) => {
+                st.frozen = true;
+                snapshot = true;
+            }
+            Err(e) => {
+                tracing::warn!(actor = %actor.id, error = %e, "could not prepare the file for a snapshot")
+            }
+        }
+    }
     drop(st);
     let source = upload_source(rt, actor, &replica, from);
     let source = match source {
@@ -665,9 +721,33 @@ fn maybe_upload(
             .map_err(|e| e.to_string()),
             Err(e) => Err(e),
         };
+        let job = match (&result, snapshot) {
+            (Ok(_), true) => replica.snapshot_job(),
+            _ => None,
+        };
+        let mut epoch = None;
+        if job.is_some() {
+            // Before the upload is seen to end: nobody closes the actor (or
+            // checkpoints its file) while the snapshot streams.
+            let mut st = actor.repl.lock();
+            st.snapshotting = true;
+            epoch = Some(st.epoch);
+        }
         finish_upload(
             &rt, &actor, &bucket, replica, covered, result, started, oldest,
         );
+        if let Some(job) = job {
+            let landed = job.run().await.map_err(|e| e.to_string());
+            let mut st = actor.repl.lock();
+            // An actor given up meanwhile starts over with a replica of its
+            // own, which learns the chain from the bucket.
+            if Some(st.epoch) == epoch {
+                st.snapshotting = false;
+                st.snapshot_done = Some(landed);
+            }
+            drop(st);
+            actor.repl_done.notify_all();
+        }
     });
 }
 

@@ -149,6 +149,9 @@ pub struct AlarmState {
     pub retry_count: u32,
 }
 
+/// Pages of log after which SQLite checkpoints by itself (its default).
+const WAL_AUTOCHECKPOINT_PAGES: i64 = 1000;
+
 /// Whether [`ActorDb::open`] may create a database that does not exist.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OpenMode {
@@ -657,6 +660,40 @@ impl ActorDb {
     /// Bytes of each of the database's pages.
     pub fn page_size(&self) -> u64 {
         self.page_size
+    }
+
+    /// Makes the database file hold exactly what is committed, and keep
+    /// holding it: the log is checkpointed into the file in full and
+    /// emptied, and automatic checkpoints stop (commits stay in the log),
+    /// so that a snapshot can be streamed from the file while the actor
+    /// goes on (ADR 0036). [`ActorDb::thaw`] undoes it. Between events.
+    pub fn freeze_file(&self) -> Result<(), StoreError> {
+        if self.in_transaction() {
+            return Err(StoreError::Sql(
+                "the file is frozen between events, not inside one".into(),
+            ));
+        }
+        let (busy, log, done): (i64, i64, i64) = self
+            .conn
+            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+            })
+            .map_err(|e| self.err(e))?;
+        if busy != 0 || log != done {
+            return Err(StoreError::Io(format!(
+                "the log could not be checkpointed in full: busy={busy} log={log} checkpointed={done}"
+            )));
+        }
+        self.conn
+            .pragma_update(None, "wal_autocheckpoint", 0)
+            .map_err(|e| self.err(e))
+    }
+
+    /// Lets SQLite checkpoint again (its default, every 1,000 pages of log).
+    pub fn thaw(&self) -> Result<(), StoreError> {
+        self.conn
+            .pragma_update(None, "wal_autocheckpoint", WAL_AUTOCHECKPOINT_PAGES)
+            .map_err(|e| self.err(e))
     }
 
     /// The connection itself, for tests that drive SQLite directly.
