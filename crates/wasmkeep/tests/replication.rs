@@ -322,6 +322,50 @@ fn local_data_moves_onto_the_bucket_at_start(t: &Target, tmp: &Path) {
     assert_eq!(r.rows, vec![vec![wasmkeep_store::Value::Integer(1)]]);
 }
 
+/// Snapshots taken by a running node stream from its file beside the
+/// uploads (ADR 0036): with a snapshot due every few entries, the node
+/// reads its database whole only for the actor's first upload, every
+/// snapshot lands, and a fresh node restores the last acknowledged value.
+fn snapshots_stream_from_the_file(t: &Target, tmp: &Path) {
+    let config = tmp.join("snapshots.toml");
+    std::fs::write(&config, "replica_snapshot_every_entries = 4\n").unwrap();
+    let cfg = config.to_str().unwrap();
+    let data = tmp.join("snapshots-a");
+    let a = Node::start_env(
+        &data,
+        &["--examples", "--bucket", &t.url, "--config", cfg],
+        &t.env,
+    );
+    let mut last = 0;
+    for _ in 0..30 {
+        let (s, body) = a.post(
+            "/v1/demo/examples/counter/snap/increment?wasmkeep-durability=replicated",
+            b"",
+        );
+        assert_eq!(s, 200, "{body}");
+        last = value(&body);
+    }
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    while metric(&a, "wasmkeep_replica_snapshots_total") < 3.0 {
+        assert!(
+            std::time::Instant::now() < until,
+            "too few snapshots landed"
+        );
+        a.post(
+            "/v1/demo/examples/counter/snap/increment?wasmkeep-durability=replicated",
+            b"",
+        );
+        last += 1;
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(metric(&a, "wasmkeep_replica_image_reads_total"), 1.0);
+    drop(a);
+    let b = start(&tmp.join("snapshots-b"), t);
+    let (s, body) = b.get("/v1/demo/examples/counter/snap/value");
+    assert_eq!(s, 200, "{body}");
+    assert!(value(&body) >= last, "{body}: {last} was acknowledged");
+}
+
 #[test]
 fn on_moto() {
     let moto = Moto::start();
@@ -330,6 +374,7 @@ fn on_moto() {
     let tmp = tempfile::tempdir().unwrap();
     export_and_restore(&moto_target(&moto, "export"), tmp.path());
     bulk_upload(&moto_target(&moto, "upload"), tmp.path());
+    snapshots_stream_from_the_file(&moto_target(&moto, "snapshots"), tmp.path());
 }
 
 #[test]
@@ -343,6 +388,8 @@ fn on_a_local_folder() {
     let tmp = tempfile::tempdir().unwrap();
     export_and_restore(&folder_target(&dirs.path().join("export")), tmp.path());
     bulk_upload(&folder_target(&dirs.path().join("upload")), tmp.path());
+    std::fs::create_dir_all(dirs.path().join("snapshots")).unwrap();
+    snapshots_stream_from_the_file(&folder_target(&dirs.path().join("snapshots")), tmp.path());
     std::fs::create_dir_all(dirs.path().join("start")).unwrap();
     local_data_moves_onto_the_bucket_at_start(
         &folder_target(&dirs.path().join("start")),
