@@ -102,8 +102,8 @@ pub enum ReplicaError {
     /// A snapshot streamed from the local file found a page that is not
     /// the head's (the file changed under it): nothing was completed in
     /// the bucket, and the snapshot is tried again later.
-    #[error("snapshot torn: page {page} of the local file is not the head's: key=`{key}`")]
-    SnapshotTorn { key: String, page: u32 },
+    #[error("snapshot torn: the local file's pages are not the head's: key=`{key}`")]
+    SnapshotTorn { key: String },
 }
 
 impl ReplicaError {

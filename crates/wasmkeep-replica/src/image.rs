@@ -423,12 +423,55 @@ impl PageHashes {
     /// What the sidecar records of the state: SHA-256 over the page size,
     /// the page count and the tree's root.
     pub fn digest_hex(&self) -> String {
-        let mut d = Sha256::new();
-        d.update(b"wasmkeep-page-tree 1");
-        d.update(self.page_size.to_be_bytes());
-        d.update((self.pages as u64).to_be_bytes());
-        d.update(self.tree[1]);
-        hex::encode(d.finalize())
+        tree_digest(self.page_size, self.pages as u64, &self.tree[1])
+    }
+}
+
+fn tree_digest(page_size: u32, pages: u64, root: &[u8; 32]) -> String {
+    let mut d = Sha256::new();
+    d.update(b"wasmkeep-page-tree 1");
+    d.update(page_size.to_be_bytes());
+    d.update(pages.to_be_bytes());
+    d.update(root);
+    hex::encode(d.finalize())
+}
+
+/// [`PageHashes::digest_hex`] of pages given one at a time, in order, in
+/// memory proportional to the tree's height: what a snapshot streamed from
+/// a file checks the file against.
+#[derive(Debug, Default)]
+pub struct TreeDigest {
+    /// Roots of complete subtrees, by level, the lowest last.
+    stack: Vec<(u32, [u8; 32])>,
+    leaves: u64,
+}
+
+impl TreeDigest {
+    pub fn push(&mut self, page: &[u8]) {
+        self.push_leaf(Sha256::digest(page).into());
+    }
+
+    fn push_leaf(&mut self, leaf: [u8; 32]) {
+        let mut node = (0, leaf);
+        while let Some(&(level, left)) = self.stack.last()
+            && level == node.0
+        {
+            self.stack.pop();
+            node = (level + 1, node_hash(&left, &node.1));
+        }
+        self.stack.push(node);
+        self.leaves += 1;
+    }
+
+    /// The digest of the pages pushed, with `page_size` bytes each.
+    pub fn finish(mut self, page_size: u32) -> String {
+        let pages = self.leaves;
+        // The canonical tree's padding: zero leaves up to its width.
+        let width = pages.max(1).next_power_of_two();
+        while self.leaves < width {
+            self.push_leaf([0; 32]);
+        }
+        tree_digest(page_size, pages, &self.stack[0].1)
     }
 }
 
@@ -537,6 +580,11 @@ mod tests {
                 PageHashes::new(16, pages.iter().map(|p| Sha256::digest(p).into()).collect());
             assert_eq!(kept, fresh, "round {round}: n={n}");
             assert_eq!(kept.digest_hex(), fresh.digest_hex());
+            let mut streamed = TreeDigest::default();
+            for p in &pages {
+                streamed.push(p);
+            }
+            assert_eq!(streamed.finish(16), fresh.digest_hex(), "streamed, n={n}");
         }
     }
 

@@ -13,7 +13,7 @@ use crate::bucket::{Bucket, Created};
 use crate::clock::since_boot;
 use crate::entry::{Entry, FIXED_HEADER_BYTES, Kind, Position, Token};
 use crate::error::ReplicaError;
-use crate::image::{Image, PageHashes, quick_check};
+use crate::image::{Image, PageHashes, TreeDigest, quick_check};
 use crate::keys::ActorRoot;
 use crate::limits::PAGE_NUMBER_BYTES;
 use crate::limits::{ReplicaConfig, SNAPSHOT_PART_BYTES_MIN};
@@ -443,18 +443,21 @@ fn install_db(staged: &Path, db_path: &Path) -> Result<(), ReplicaError> {
 // ---- snapshots streamed from the local file ----
 
 /// A snapshot of a replica's head, streamed from the local database file
-/// (ADR 0036): pages are read in order, each checked against the head's
-/// page hashes, and sent in parts of `snapshot_part_bytes`, so at most a
-/// few parts are in memory whatever the database's size. A snapshot of
-/// one part is a create-only PUT (read back if the key is taken, like an
-/// entry); a larger one a multipart upload, completed only after its last
-/// page passed its check.
+/// (ADR 0036): pages are read in order into a hash tree of their own
+/// ([`TreeDigest`], memory of the tree's height) and sent in parts of
+/// `snapshot_part_bytes`, so at most a few parts are in memory whatever the
+/// database's size. The last part goes only if the tree's digest is the
+/// head's (the sidecar's): a snapshot of one part is then a create-only
+/// PUT (read back if the key is taken, like an entry), a larger one a
+/// multipart upload completed by that part; otherwise nothing lands.
 #[derive(Debug)]
 pub struct SnapshotJob {
     bucket: Bucket,
     key: String,
     header: Entry,
-    hashes: PageHashes,
+    /// The head's [`PageHashes::digest_hex`]: what the file's pages must
+    /// hash to.
+    digest: String,
     db_path: PathBuf,
     part_bytes: usize,
     verify: bool,
@@ -522,15 +525,11 @@ impl SnapshotJob {
         let mut part = Vec::with_capacity(self.part_bytes + ps + 4);
         self.header.write_header(&mut part, self.header.db_pages);
         let mut page = vec![0u8; ps];
+        let mut tree = TreeDigest::default();
         for no in 1..=self.header.db_pages {
             file.read_exact_at(&mut page, (no as u64 - 1) * ps as u64)
                 .map_err(|e| fail(e.into()))?;
-            if self.verify && !self.hashes.holds(no, &page) {
-                return Err(fail(ReplicaError::SnapshotTorn {
-                    key: self.key.clone(),
-                    page: no,
-                }));
-            }
+            tree.push(&page);
             part.extend_from_slice(&no.to_be_bytes());
             part.extend_from_slice(&page);
             if part.len() >= self.part_bytes {
@@ -540,6 +539,13 @@ impl SnapshotJob {
                     Vec::with_capacity(self.part_bytes + ps + 4),
                 ))?;
             }
+        }
+        // The last part goes only if every page was the head's: a multipart
+        // upload without it is aborted, a single PUT never sent.
+        if self.verify && tree.finish(self.header.page_size) != self.digest {
+            return Err(fail(ReplicaError::SnapshotTorn {
+                key: self.key.clone(),
+            }));
         }
         hasher.update(&part);
         part.extend_from_slice(&hasher.finalize());
@@ -903,7 +909,7 @@ impl Replica {
     /// The caller makes sure the file holds exactly the head's state while
     /// the job runs (it checkpointed the log into it before the upload that
     /// made the head, and no checkpoint writes it meanwhile); the job checks
-    /// every page against the head's hashes and completes nothing if one
+    /// the file's pages against the head's digest and completes nothing if one
     /// differs.
     pub fn snapshot_job(&self) -> Option<SnapshotJob> {
         let (true, Some(head), Some(base)) = (self.snapshot_due, self.head, &self.base) else {
@@ -922,7 +928,7 @@ impl Replica {
                 actor: self.root.as_str().to_owned(),
                 pages: Vec::new(),
             },
-            hashes: base.clone(),
+            digest: base.digest_hex(),
             db_path: self.db_path.clone(),
             part_bytes: self.config.snapshot_part_bytes.max(SNAPSHOT_PART_BYTES_MIN),
             verify: !self.config.unsafe_snapshot_unverified,
