@@ -54,6 +54,33 @@ use crate::runtime::Inner;
 /// Threads that carry uploads (they wait on the network, not the CPU).
 const UPLOAD_THREADS: usize = 2;
 
+/// Most snapshots a node streams from its files at once (ADR 0036). Each
+/// holds a few parts of `replica_snapshot_part_bytes` in memory and reads
+/// its whole file; an actor whose snapshot is due while the slots are
+/// taken keeps uploading entries and tries again at a later upload.
+pub const SNAPSHOTS_RUNNING_MAX: usize = 1;
+
+/// A slot of [`SNAPSHOTS_RUNNING_MAX`], given back when dropped.
+struct SnapshotSlot(Arc<std::sync::atomic::AtomicUsize>);
+
+impl SnapshotSlot {
+    fn take(running: &Arc<std::sync::atomic::AtomicUsize>) -> Option<SnapshotSlot> {
+        use std::sync::atomic::Ordering::AcqRel;
+        running
+            .fetch_update(AcqRel, std::sync::atomic::Ordering::Acquire, |n| {
+                (n < SNAPSHOTS_RUNNING_MAX).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| SnapshotSlot(Arc::clone(running)))
+    }
+}
+
+impl Drop for SnapshotSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
 /// How long deleting an actor waits for its upload in flight to end.
 const DELETE_WAIT_MS: u64 = 30_000;
 
@@ -156,6 +183,8 @@ pub struct Replication {
     upload_interval: Duration,
     /// Set when the node stops: uploads no longer wait for the interval.
     flushing: std::sync::atomic::AtomicBool,
+    /// Snapshots streaming now (at most [`SNAPSHOTS_RUNNING_MAX`]).
+    snapshots_running: Arc<std::sync::atomic::AtomicUsize>,
     io: Option<tokio::runtime::Runtime>,
 }
 
@@ -187,6 +216,7 @@ impl Replication {
             )),
             upload_interval: Duration::from_millis(upload_interval_ms),
             flushing: std::sync::atomic::AtomicBool::new(false),
+            snapshots_running: Default::default(),
             io: Some(io),
         })
     }
@@ -674,16 +704,17 @@ fn maybe_upload(
         .collect();
     // A snapshot is due: the file is made to hold what this upload will
     // make the head, and kept so while the snapshot streams from it.
-    let mut snapshot = false;
+    let mut snapshot = None;
     if replica.snapshot_due()
         && !st.snapshotting
         && !st.frozen
         && let ImageFrom::Db(db) = &from
+        && let Some(slot) = SnapshotSlot::take(&repl.snapshots_running)
     {
         match db.freeze_file() {
             Ok(()) => {
                 st.frozen = true;
-                snapshot = true;
+                snapshot = Some(slot);
             }
             Err(e) => {
                 tracing::warn!(actor = %actor.id, error = %e, "could not prepare the file for a snapshot")
@@ -721,8 +752,8 @@ fn maybe_upload(
             .map_err(|e| e.to_string()),
             Err(e) => Err(e),
         };
-        let job = match (&result, snapshot) {
-            (Ok(_), true) => replica.snapshot_job(),
+        let job = match (&result, &snapshot) {
+            (Ok(_), Some(_)) => replica.snapshot_job(),
             _ => None,
         };
         let mut epoch = None;
@@ -748,6 +779,7 @@ fn maybe_upload(
             drop(st);
             actor.repl_done.notify_all();
         }
+        drop(snapshot);
     });
 }
 

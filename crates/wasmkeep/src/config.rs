@@ -93,6 +93,7 @@ pub struct NodeConfig {
     pub replica_snapshot_log_ratio_pct: u64,
     pub replica_snapshot_log_bytes_min: u64,
     pub replica_snapshots_keep: usize,
+    pub replica_snapshot_part_bytes: usize,
     pub restore_refused_retry_ms: u64,
     pub replica_upload_interval_ms: u64,
     /// Cluster mode (with `bucket`): the address other nodes reach this
@@ -178,6 +179,7 @@ impl Default for NodeConfig {
             replica_snapshot_log_ratio_pct: rt.replica.snapshot_log_ratio_pct,
             replica_snapshot_log_bytes_min: rt.replica.snapshot_log_bytes_min,
             replica_snapshots_keep: rt.replica.snapshots_keep,
+            replica_snapshot_part_bytes: rt.replica.snapshot_part_bytes,
             restore_refused_retry_ms: rt.restore_refused_retry_ms,
             replica_upload_interval_ms: rt.replica_upload_interval_ms,
             advertise: None,
@@ -257,6 +259,9 @@ impl NodeConfig {
         c.replica.snapshot_log_ratio_pct = self.replica_snapshot_log_ratio_pct.max(1);
         c.replica.snapshot_log_bytes_min = self.replica_snapshot_log_bytes_min;
         c.replica.snapshots_keep = self.replica_snapshots_keep.max(1);
+        c.replica.snapshot_part_bytes = self
+            .replica_snapshot_part_bytes
+            .max(wasmkeep_replica::limits::SNAPSHOT_PART_BYTES_MIN);
         // A first upload and every snapshot carry the whole database, and
         // nothing read from the bucket may be larger (issue 17).
         c.replica.entry_bytes_max =
