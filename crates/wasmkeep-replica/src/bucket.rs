@@ -21,6 +21,20 @@ use object_store::{
 
 use crate::error::ReplicaError;
 
+/// The error for an object at `key` over `limit` (named `limit_name`).
+fn too_large<'k>(
+    key: &'k str,
+    limit_name: &'static str,
+    limit: u64,
+) -> impl Fn(u64) -> ReplicaError + 'k {
+    move |size| ReplicaError::ObjectTooLarge {
+        key: key.to_owned(),
+        size,
+        limit_name,
+        limit,
+    }
+}
+
 /// Requests and bytes sent to the bucket, for metrics and the benchmark's
 /// "PUTs per event".
 #[derive(Debug, Default)]
@@ -316,16 +330,11 @@ impl Bucket {
         limit_name: &'static str,
         limit: u64,
     ) -> Result<Bytes, ReplicaError> {
-        let too_large = |size: u64| ReplicaError::ObjectTooLarge {
-            key: key.to_owned(),
-            size,
-            limit_name,
-            limit,
-        };
         let path = self.path(key)?;
         add(&self.metrics.gets, 1);
         let result = self.store.get_opts(&path, GetOptions::default()).await?;
-        self.read_capped(key, result, limit, too_large).await
+        self.read_capped(key, result, limit, too_large(key, limit_name, limit))
+            .await
     }
 
     /// The first `n` bytes of an object (fewer if it is shorter).
@@ -339,12 +348,7 @@ impl Bucket {
             ..GetOptions::default()
         };
         let result = self.store.get_opts(&path, options).await?;
-        let too_large = |size: u64| ReplicaError::ObjectTooLarge {
-            key: key.to_owned(),
-            size,
-            limit_name: "requested_prefix_bytes",
-            limit: n,
-        };
+        let too_large = too_large(key, "requested_prefix_bytes", n);
         self.read_capped(key, result, n, too_large).await
     }
 
@@ -360,18 +364,8 @@ impl Bucket {
         limit: u64,
         too_large: impl Fn(u64) -> ReplicaError,
     ) -> Result<Bytes, ReplicaError> {
-        let claimed = result.range.end.saturating_sub(result.range.start);
-        if claimed > limit {
-            return Err(too_large(claimed));
-        }
-        let mut stream = result.into_stream();
         let mut buf: Vec<u8> = Vec::new();
-        while let Some(chunk) = stream.try_next().await? {
-            add(&self.metrics.get_bytes, chunk.len() as u64);
-            let total = (buf.len() as u64).saturating_add(chunk.len() as u64);
-            if total > limit {
-                return Err(too_large(total));
-            }
+        self.stream_capped(result, limit, &too_large, |chunk, total| {
             if buf.capacity() - buf.len() < chunk.len() {
                 // Doubling, but never past the limit (which `total` is
                 // within), so a body at the limit costs no more than it.
@@ -382,9 +376,60 @@ impl Bucket {
                         bytes: want as u64,
                     })?;
             }
-            buf.extend_from_slice(&chunk);
-        }
+            buf.extend_from_slice(chunk);
+            Ok(())
+        })
+        .await?;
         Ok(Bytes::from(buf))
+    }
+
+    /// Hands a GET's body to `each` chunk by chunk (with the bytes so far),
+    /// refused unread when the GET's length is over `limit` and cut off as
+    /// soon as the body runs past it.
+    async fn stream_capped(
+        &self,
+        result: GetResult,
+        limit: u64,
+        too_large: &impl Fn(u64) -> ReplicaError,
+        mut each: impl FnMut(&[u8], u64) -> Result<(), ReplicaError>,
+    ) -> Result<(), ReplicaError> {
+        let claimed = result.range.end.saturating_sub(result.range.start);
+        if claimed > limit {
+            return Err(too_large(claimed));
+        }
+        let mut stream = result.into_stream();
+        let mut total = 0u64;
+        while let Some(chunk) = stream.try_next().await? {
+            add(&self.metrics.get_bytes, chunk.len() as u64);
+            total = total.saturating_add(chunk.len() as u64);
+            if total > limit {
+                return Err(too_large(total));
+            }
+            each(&chunk, total)?;
+        }
+        Ok(())
+    }
+
+    /// [`Bucket::get_bounded`] without holding the body: `each` gets it
+    /// chunk by chunk as it streams in. Returns the bytes received.
+    pub async fn get_streamed(
+        &self,
+        key: &str,
+        limit_name: &'static str,
+        limit: u64,
+        mut each: impl FnMut(&[u8]) -> Result<(), ReplicaError>,
+    ) -> Result<u64, ReplicaError> {
+        let path = self.path(key)?;
+        add(&self.metrics.gets, 1);
+        let result = self.store.get_opts(&path, GetOptions::default()).await?;
+        let mut received = 0;
+        let too_large = too_large(key, limit_name, limit);
+        self.stream_capped(result, limit, &too_large, |chunk, total| {
+            received = total;
+            each(chunk)
+        })
+        .await?;
+        Ok(received)
     }
 
     /// Streams the keys (relative to the prefix) in the folder `dir`

@@ -230,22 +230,28 @@ impl Entry {
         }
         let mut prev = 0u32;
         for (no, bytes) in &self.pages {
-            if *no <= prev || *no > self.db_pages {
-                return Err(format!(
-                    "page {no} out of order or beyond db_pages={}",
-                    self.db_pages
-                ));
-            }
+            page_in_order(prev, *no, self.db_pages)?;
             if bytes.len() != self.page_size as usize {
                 return Err(format!("page {no} has {} bytes", bytes.len()));
             }
             prev = *no;
         }
-        if self.kind == Kind::Snapshot && self.pages.len() != self.db_pages as usize {
+        self.count_fits(self.pages.len() as u64)
+    }
+
+    /// Whether `count` pages are what a body of this kind and size holds.
+    fn count_fits(&self, count: u64) -> Result<(), String> {
+        if self.kind == Kind::Snapshot && count != self.db_pages as u64 {
             return Err("a snapshot must hold every page".into());
         }
         if self.kind == Kind::Tombstone && self.db_pages != 0 {
             return Err("a tombstone holds no database".into());
+        }
+        if count > self.db_pages as u64 {
+            return Err(format!(
+                "count={count} pages in a database of db_pages={}",
+                self.db_pages
+            ));
         }
         Ok(())
     }
@@ -390,6 +396,247 @@ fn read_pages(
         pages.push((no, r.take(page_size as usize)?.to_vec()));
     }
     Ok(pages)
+}
+
+/// Page `no` may follow page `prev` in a body of a `db_pages` database.
+fn page_in_order(prev: u32, no: u32, db_pages: u32) -> Result<(), String> {
+    if no <= prev || no > db_pages {
+        return Err(format!(
+            "page {no} out of order or beyond db_pages={db_pages}"
+        ));
+    }
+    Ok(())
+}
+
+/// Where the pages of a body read piece by piece ([`BodyReader`]) go.
+pub(crate) trait PageSink {
+    /// The body's header (no pages), checked, before its first page.
+    fn header(&mut self, head: &Entry, count: u32) -> Result<(), ReplicaError>;
+    /// One page, in ascending order, checked against the header.
+    fn page(&mut self, no: u32, page: &[u8]) -> Result<(), ReplicaError>;
+}
+
+/// A sink that keeps the pages in memory, as [`Entry::decode`] does.
+#[derive(Default)]
+pub(crate) struct Collect {
+    pub(crate) pages: Vec<(u32, Vec<u8>)>,
+}
+
+impl PageSink for Collect {
+    fn header(&mut self, _: &Entry, _announced: u32) -> Result<(), ReplicaError> {
+        // Pages announced are not yet received: nothing is reserved from
+        // a number alone.
+        Ok(())
+    }
+
+    fn page(&mut self, no: u32, page: &[u8]) -> Result<(), ReplicaError> {
+        self.pages.push((no, page.to_vec()));
+        Ok(())
+    }
+}
+
+/// Reads a body handed to it in pieces (as a download streams in), with
+/// the rules of [`Entry::decode`] and the same order of refusals: a body
+/// over `entry_bytes_max` at once, then one shorter than a header, then a
+/// checksum that does not hold, then the header's fields, a database within
+/// `entry_bytes_max`, a page list that fills the body exactly, pages in
+/// ascending order within the database and every page in a snapshot. The
+/// checksum is only known once the last byte arrived ([`BodyReader::finish`]):
+/// pages go to the sink as they come, so a sink must make nothing
+/// permanent before `finish` said yes. Holds at most one page (or the
+/// header) in memory.
+pub(crate) struct BodyReader<'k> {
+    key: &'k str,
+    entry_bytes_max: u64,
+    /// SHA-256 of every byte received but the last 32, which are `tail`.
+    hasher: Sha256,
+    tail: Vec<u8>,
+    received: u64,
+    /// Bytes of the part being parsed (the header, or a page with its
+    /// number).
+    buf: Vec<u8>,
+    /// The header, once read, and the pages still to come.
+    head: Option<(Entry, u32)>,
+    prev: u32,
+    /// The first rule the body broke: reported at `finish`, after the
+    /// checksum (as `decode` does). Nothing more is parsed after it.
+    broken: Option<ReplicaError>,
+    /// The page count the header announced.
+    count: u32,
+}
+
+impl<'k> BodyReader<'k> {
+    pub(crate) fn new(key: &'k str, entry_bytes_max: u64) -> BodyReader<'k> {
+        BodyReader {
+            key,
+            entry_bytes_max,
+            hasher: Sha256::new(),
+            tail: Vec::with_capacity(2 * DIGEST_BYTES),
+            received: 0,
+            buf: Vec::new(),
+            head: None,
+            prev: 0,
+            broken: None,
+            count: 0,
+        }
+    }
+
+    /// Takes the next bytes of the body. Errors only for a body over
+    /// `entry_bytes_max` and for what the sink refuses.
+    pub(crate) fn feed(
+        &mut self,
+        bytes: &[u8],
+        sink: &mut impl PageSink,
+    ) -> Result<(), ReplicaError> {
+        self.received += bytes.len() as u64;
+        if self.received > self.entry_bytes_max {
+            return Err(ReplicaError::EntryTooLarge {
+                size: self.received,
+                limit: self.entry_bytes_max,
+            });
+        }
+        // Every byte but the last 32 is hashed.
+        self.tail.extend_from_slice(bytes);
+        if self.tail.len() > DIGEST_BYTES {
+            let n = self.tail.len() - DIGEST_BYTES;
+            self.hasher.update(&self.tail[..n]);
+            self.tail.drain(..n);
+        }
+        let mut bytes = bytes;
+        while !bytes.is_empty() && self.broken.is_none() {
+            let Some(want) = self.want() else {
+                // Past the page list: only the digest may follow.
+                let list = self.list_bytes();
+                if list > 0 {
+                    self.broken = Some(self.list_mismatch());
+                }
+                break;
+            };
+            let n = (want - self.buf.len()).min(bytes.len());
+            self.buf.extend_from_slice(&bytes[..n]);
+            bytes = &bytes[n..];
+            if self.buf.len() == want
+                && let Err(e) = self.parsed(sink)
+            {
+                // What the sink could not write stops the read; a rule the
+                // body broke is reported at `finish`, after the checksum.
+                if matches!(e, ReplicaError::Io(_)) {
+                    return Err(e);
+                }
+                self.broken = Some(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Bytes the part being parsed takes; `None` once the page list ended.
+    fn want(&self) -> Option<usize> {
+        match &self.head {
+            None if self.buf.len() < FIXED_HEADER_BYTES => Some(FIXED_HEADER_BYTES),
+            None => {
+                let n = u16::from_be_bytes([
+                    self.buf[FIXED_HEADER_BYTES - 2],
+                    self.buf[FIXED_HEADER_BYTES - 1],
+                ]) as usize;
+                Some(FIXED_HEADER_BYTES + n + 4)
+            }
+            Some((head, left)) if *left > 0 => Some(4 + head.page_size as usize),
+            Some(_) => None,
+        }
+    }
+
+    /// Bytes received past the page list the header announced (the digest
+    /// is 32 of them).
+    fn list_bytes(&self) -> u64 {
+        let Some((head, _)) = &self.head else {
+            return 0;
+        };
+        let header = (FIXED_HEADER_BYTES + head.actor.len() + 4) as u64;
+        let per_page = PAGE_NUMBER_BYTES + head.page_size as u64;
+        let announced = header + self.count as u64 * per_page + DIGEST_BYTES as u64;
+        self.received.saturating_sub(announced)
+    }
+
+    fn list_mismatch(&self) -> ReplicaError {
+        let (page_size, header) = match &self.head {
+            Some((h, _)) => (h.page_size, (FIXED_HEADER_BYTES + h.actor.len() + 4) as u64),
+            None => (0, 0),
+        };
+        let left = self
+            .received
+            .saturating_sub(header)
+            .saturating_sub(DIGEST_BYTES as u64);
+        ReplicaError::corrupt(
+            self.key,
+            format!(
+                "page list does not fill the body: count={} page_size={page_size} bytes={left}",
+                self.count
+            ),
+        )
+    }
+
+    /// A part was read whole: the header, or one page.
+    fn parsed(&mut self, sink: &mut impl PageSink) -> Result<(), ReplicaError> {
+        let bad = |reason: String| ReplicaError::corrupt(self.key, reason);
+        match &mut self.head {
+            // The fixed part: `want` now covers the actor's key and the
+            // count, which follow.
+            None if self.buf.len() == FIXED_HEADER_BYTES => Ok(()),
+            None => {
+                let mut r = Reader {
+                    key: self.key,
+                    buf: &self.buf,
+                };
+                let head = read_header(self.key, &mut r)?;
+                let count = r.u32()?;
+                let pages_max = database_pages_max(self.entry_bytes_max, head.page_size);
+                if head.db_pages > pages_max {
+                    return Err(ReplicaError::DatabaseTooLarge {
+                        key: self.key.to_owned(),
+                        field: "db_pages",
+                        value: head.db_pages as u64,
+                        limit: pages_max,
+                    });
+                }
+                self.count = count;
+                head.count_fits(count as u64).map_err(bad)?;
+                sink.header(&head, count)?;
+                self.head = Some((head, count));
+                self.buf.clear();
+                Ok(())
+            }
+            Some((head, left)) => {
+                let no = u32::from_be_bytes(self.buf[..4].try_into().expect("4 bytes"));
+                page_in_order(self.prev, no, head.db_pages).map_err(bad)?;
+                sink.page(no, &self.buf[4..])?;
+                self.prev = no;
+                *left -= 1;
+                self.buf.clear();
+                Ok(())
+            }
+        }
+    }
+
+    /// After the last byte: the body was whole, its checksum holds and it
+    /// broke no rule. Returns its header.
+    pub(crate) fn finish(mut self) -> Result<Entry, ReplicaError> {
+        let bad = |reason: &str| ReplicaError::corrupt(self.key, reason);
+        if self.received < (FIXED_HEADER_BYTES + 4 + DIGEST_BYTES) as u64 {
+            return Err(bad("body shorter than a header"));
+        }
+        if std::mem::take(&mut self.hasher).finalize().as_slice() != self.tail.as_slice() {
+            return Err(bad("checksum mismatch"));
+        }
+        if let Some(e) = self.broken.take() {
+            return Err(e);
+        }
+        let extra = self.list_bytes();
+        match self.head.take() {
+            Some((head, 0)) if extra == 0 => Ok(head),
+            Some(_) => Err(self.list_mismatch()),
+            None => Err(bad("body ends early")),
+        }
+    }
 }
 
 /// Reads big-endian fields from the front of a body; reading past its end
@@ -652,6 +899,43 @@ mod fuzz {
                 damaged[i] ^= 1 << bit;
             }
             prop_assert!(Entry::decode("k", &damaged, u64::MAX).is_err());
+        }
+
+        /// The streaming reader (what a restore uses) and `decode` agree on
+        /// every body, whole or damaged, however it is cut into pieces:
+        /// the same bodies refused with the same code, the same pages read.
+        #[test]
+        fn the_streaming_reader_agrees_with_decode(
+            e in arb_entry(),
+            at in any::<prop::sample::Index>(),
+            bit in 0u8..8,
+            damage in 0u8..3,
+            chunk in 1usize..700,
+        ) {
+            let mut body = e.encode(u64::MAX).unwrap();
+            let i = at.index(body.len());
+            match damage {
+                0 => {}
+                1 => body[i] ^= 1 << bit,
+                _ => body.truncate(i),
+            }
+            let decoded = Entry::decode("k", &body, u64::MAX);
+            let mut got = Collect::default();
+            let mut r = BodyReader::new("k", u64::MAX);
+            let mut fed = Ok(());
+            for piece in body.chunks(chunk) {
+                fed = r.feed(piece, &mut got);
+                if fed.is_err() { break; }
+            }
+            let streamed = fed.and_then(|()| r.finish()).map(|mut head| {
+                head.pages = std::mem::take(&mut got.pages);
+                head
+            });
+            match (&decoded, &streamed) {
+                (Ok(a), Ok(b)) => prop_assert_eq!(a, b),
+                (Err(a), Err(b)) => prop_assert_eq!(a.code(), b.code(), "{} / {}", a, b),
+                _ => prop_assert!(false, "decode {:?} but streamed {:?}", decoded.as_ref().err(), streamed.as_ref().err()),
+            }
         }
     }
 }

@@ -332,6 +332,10 @@ fn node_hash(left: &[u8; 32], right: &[u8; 32]) -> [u8; 32] {
 
 impl PageHashes {
     /// The tree over `leaves` (one hash per page, in order).
+    pub(crate) fn from_leaves(page_size: u32, leaves: Vec<[u8; 32]>) -> PageHashes {
+        PageHashes::new(page_size, leaves)
+    }
+
     fn new(page_size: u32, leaves: Vec<[u8; 32]>) -> PageHashes {
         let width = leaves.len().max(1).next_power_of_two();
         let mut tree = vec![[0u8; 32]; 2 * width];

@@ -11,7 +11,9 @@ use wasmkeep_store::ActorId;
 
 use crate::bucket::{Bucket, Created};
 use crate::clock::since_boot;
-use crate::entry::{Entry, FIXED_HEADER_BYTES, Kind, Position, Token};
+use crate::entry::{
+    BodyReader, Collect, Entry, FIXED_HEADER_BYTES, Kind, PageSink, Position, Token,
+};
 use crate::error::ReplicaError;
 use crate::image::{Image, PageHashes, TreeDigest, quick_check};
 use crate::keys::ActorRoot;
@@ -149,9 +151,28 @@ pub(crate) async fn fetch(
     bucket: &Bucket,
     root: &ActorRoot,
     kind: Kind,
+    at: (u64, u64),
+    config: &ReplicaConfig,
+    budget: &mut Budget,
+) -> Result<Entry, ReplicaError> {
+    let mut pages = Collect::default();
+    let mut e = fetch_into(bucket, root, kind, at, config, budget, &mut pages).await?;
+    e.pages = pages.pages;
+    Ok(e)
+}
+
+/// [`fetch`], handing the pages to `sink` as the body streams in (only
+/// one page in memory): the body is checked as [`Entry::decode`] does, and
+/// its kind, seq and actor against its key, before this returns its header
+/// (so a sink keeps nothing until then).
+async fn fetch_into(
+    bucket: &Bucket,
+    root: &ActorRoot,
+    kind: Kind,
     (seq, listed): (u64, u64),
     config: &ReplicaConfig,
     budget: &mut Budget,
+    sink: &mut impl PageSink,
 ) -> Result<Entry, ReplicaError> {
     let key = match kind {
         Kind::Snapshot => root.snap(seq),
@@ -161,24 +182,24 @@ pub(crate) async fn fetch(
     if listed > budget.left {
         return Err(budget.crossed(&key, budget.spent_before().saturating_add(listed)));
     }
-    let body = if budget.left < config.entry_bytes_max {
-        let spent = budget.spent_before();
-        match bucket
-            .get_bounded(&key, budget.limit_name, budget.left)
-            .await
-        {
-            Err(ReplicaError::ObjectTooLarge { size, .. }) => {
-                return Err(budget.crossed(&key, spent.saturating_add(size)));
-            }
-            other => other?,
-        }
+    let (limit_name, limit) = if budget.left < config.entry_bytes_max {
+        (budget.limit_name, budget.left)
     } else {
-        bucket
-            .get_bounded(&key, "entry_bytes_max", config.entry_bytes_max)
-            .await?
+        ("entry_bytes_max", config.entry_bytes_max)
     };
-    budget.left -= body.len() as u64;
-    let e = Entry::decode(&key, &body, config.entry_bytes_max)?;
+    let mut reader = BodyReader::new(&key, config.entry_bytes_max);
+    let spent = budget.spent_before();
+    let received = match bucket
+        .get_streamed(&key, limit_name, limit, |chunk| reader.feed(chunk, sink))
+        .await
+    {
+        Err(ReplicaError::ObjectTooLarge { size, .. }) if limit_name == budget.limit_name => {
+            return Err(budget.crossed(&key, spent.saturating_add(size)));
+        }
+        other => other?,
+    };
+    budget.left -= received;
+    let e = reader.finish()?;
     if !e.kind.fits(kind) || e.seq != seq || e.actor != root.as_str() {
         return Err(ReplicaError::corrupt(
             key,
@@ -249,26 +270,147 @@ pub(crate) fn apply_to(image: &mut Option<Image>, e: &Entry) -> Result<(), Repli
         .apply(e)
 }
 
-/// The state at the head of `listing`: the latest snapshot and every entry
-/// after it, in order. Returns the image (`None` when the head is a
-/// tombstone: the actor was deleted), the head entry's position and time,
-/// and the entries (count, bytes) since the snapshot.
-async fn rebuild(
+/// A database being rebuilt from the bucket in its staging file, body by
+/// body, as [`Image::apply`] does in memory: a snapshot (or a body on an
+/// empty state) starts it over, a log entry sets its size and overwrites
+/// its pages and may grow it only by pages it carries, a tombstone leaves
+/// no database. A body that fails its checks fails the whole restore, and
+/// the staging file is deleted.
+struct Staged {
+    file: std::fs::File,
+    page_size: u32,
+    /// The database's size in pages (0: none yet, or deleted).
+    pages: u32,
+    deleted: bool,
+    /// The body being read: the size before it, the size it sets, and the
+    /// pages it carried beyond the old size.
+    before: u32,
+    target: u32,
+    carried: u32,
+    actor: String,
+}
+
+impl PageSink for Staged {
+    fn header(&mut self, head: &Entry, _count: u32) -> Result<(), ReplicaError> {
+        if head.kind != Kind::Log || self.pages == 0 {
+            self.file.set_len(0)?;
+            self.pages = 0;
+            self.page_size = head.page_size;
+        }
+        self.deleted = head.kind == Kind::Tombstone;
+        if head.page_size != self.page_size {
+            return Err(ReplicaError::ChainBroken(format!(
+                "entry at seq={} has page_size={} but the database has {}",
+                head.seq, head.page_size, self.page_size
+            )));
+        }
+        self.before = self.pages;
+        self.target = head.db_pages;
+        self.carried = 0;
+        Ok(())
+    }
+
+    fn page(&mut self, no: u32, page: &[u8]) -> Result<(), ReplicaError> {
+        use std::os::unix::fs::FileExt;
+        if no > self.before {
+            self.carried += 1;
+        }
+        self.file
+            .write_all_at(page, (no as u64 - 1) * self.page_size as u64)?;
+        Ok(())
+    }
+}
+
+impl Staged {
+    /// After a body's checksum held: it may grow the database only by
+    /// pages it carries; then the file takes the size it sets.
+    fn body_done(&mut self, key: &str) -> Result<(), ReplicaError> {
+        let grows_by = self.target.saturating_sub(self.before);
+        if self.carried != grows_by {
+            return Err(ReplicaError::corrupt(
+                key,
+                format!(
+                    "grows the database by pages={grows_by} but carries {} of them: db_pages={} before={}",
+                    self.carried, self.target, self.before
+                ),
+            ));
+        }
+        self.file
+            .set_len(self.target as u64 * self.page_size as u64)?;
+        self.pages = self.target;
+        Ok(())
+    }
+
+    /// The page hashes of the rebuilt file, read back in order.
+    fn hashes(&self) -> Result<PageHashes, ReplicaError> {
+        use std::os::unix::fs::FileExt;
+        let ps = self.page_size as usize;
+        let mut leaves = Vec::new();
+        leaves
+            .try_reserve_exact(self.pages as usize)
+            .map_err(|_| ReplicaError::OutOfMemory {
+                key: self.actor.clone(),
+                bytes: self.pages as u64 * 32,
+            })?;
+        let mut chunk = vec![0u8; ps * 256];
+        let mut no = 0u64;
+        while no < self.pages as u64 {
+            let n = (self.pages as u64 - no).min(256) as usize;
+            self.file
+                .read_exact_at(&mut chunk[..n * ps], no * ps as u64)?;
+            leaves.extend(
+                chunk[..n * ps]
+                    .chunks(ps)
+                    .map(|p| -> [u8; 32] { <sha2::Sha256 as sha2::Digest>::digest(p).into() }),
+            );
+            no += n as u64;
+        }
+        Ok(PageHashes::from_leaves(self.page_size, leaves))
+    }
+}
+
+/// [`rebuild`], into the staging file `path` instead of memory: what a
+/// restore installs. Returns the page hashes of the rebuilt database
+/// (`None` when the head is a tombstone), the head's position and time,
+/// and the entries (count, bytes) since the snapshot. The file is synced.
+async fn rebuild_staged(
     bucket: &Bucket,
     root: &ActorRoot,
     listing: &Listing,
     config: &ReplicaConfig,
-) -> Result<(Option<Image>, Position, u64, u64, u64), ReplicaError> {
-    // The whole chain is checked against its bounds before the first
-    // object is downloaded: a restore that cannot finish spends nothing.
-    // The listing's sizes may lie, so the downloads spend a budget too.
+    path: &Path,
+) -> Result<(Option<PageHashes>, Position, u64, u64, u64), ReplicaError> {
     check_restore(root, listing, config)?;
     let budget = &mut Budget::new("restore_bytes_max", config.restore_bytes_max);
-    let mut image = None;
+    std::fs::create_dir_all(path.parent().unwrap_or(Path::new(".")))?;
+    let mut staged = Staged {
+        file: std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(path)?,
+        page_size: 0,
+        pages: 0,
+        deleted: false,
+        before: 0,
+        target: 0,
+        carried: 0,
+        actor: root.as_str().to_owned(),
+    };
     let (mut next, mut pos, mut time) = match listing.snaps.last() {
         Some(&(s, size)) => {
-            let e = fetch(bucket, root, Kind::Snapshot, (s, size), config, budget).await?;
-            apply_to(&mut image, &e)?;
+            let e = fetch_into(
+                bucket,
+                root,
+                Kind::Snapshot,
+                (s, size),
+                config,
+                budget,
+                &mut staged,
+            )
+            .await?;
+            staged.body_done(&root.snap(s))?;
             (s + 1, Some(e.position()), e.time_ms)
         }
         None => (0, None, 0),
@@ -281,15 +423,30 @@ async fn rebuild(
                 root.as_str()
             )));
         }
-        let e = fetch(bucket, root, Kind::Log, (seq, size), config, budget).await?;
-        bytes += e.encoded_len();
-        apply_to(&mut image, &e)?;
+        let before = budget.left;
+        let e = fetch_into(
+            bucket,
+            root,
+            Kind::Log,
+            (seq, size),
+            config,
+            budget,
+            &mut staged,
+        )
+        .await?;
+        staged.body_done(&root.log(seq))?;
+        bytes += before - budget.left;
         pos = Some(e.position());
         time = e.time_ms;
         next += 1;
     }
     let pos = pos.ok_or_else(|| ReplicaError::ChainBroken("empty chain".into()))?;
-    Ok((image, pos, time, listing.logs.len() as u64, bytes))
+    if staged.deleted {
+        return Ok((None, pos, time, listing.logs.len() as u64, bytes));
+    }
+    staged.file.sync_all()?;
+    let hashes = staged.hashes()?;
+    Ok((Some(hashes), pos, time, listing.logs.len() as u64, bytes))
 }
 
 // ---- the sidecar ----
@@ -410,26 +567,6 @@ pub fn set_aside(db_path: &Path, now_ms: u64) -> Result<PathBuf, ReplicaError> {
     }
     std::fs::rename(db_path, &target)?;
     Ok(target)
-}
-
-/// Writes `bytes` beside the database at `db_path` as
-/// `actor.db.restoring`, synced, and returns its path: the image a restore
-/// checks before [`install_db`] puts it in place.
-fn stage_db(db_path: &Path, bytes: &[u8]) -> Result<PathBuf, ReplicaError> {
-    use std::io::Write;
-    let dir = db_path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir)?;
-    let tmp = with_suffix(db_path, ".restoring");
-    let written = std::fs::File::create(&tmp).and_then(|mut f| {
-        f.write_all(bytes)?;
-        f.sync_all()
-    });
-    if let Err(e) = written {
-        // A partial image is of no use to anyone (a full disk, say).
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e.into());
-    }
-    Ok(tmp)
 }
 
 /// Renames a staged image to `db_path` and syncs the folder.
@@ -709,13 +846,25 @@ impl Replica {
                 return Ok(Opened::UpToDate);
             }
         }
-        let (image, pos, time, n, bytes) =
-            rebuild(&self.bucket, &self.root, &listing, &self.config).await?;
+        // Rebuilt where it will be installed from, streamed (a bounded
+        // buffer, whatever the database's size), and checked there before
+        // the local file is touched: a bad one replaces nothing.
+        let staged = with_suffix(&self.db_path, ".restoring");
+        let rebuilt =
+            rebuild_staged(&self.bucket, &self.root, &listing, &self.config, &staged).await;
+        let (hashes, pos, time, n, bytes) = match rebuilt {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = std::fs::remove_file(&staged);
+                return Err(e);
+            }
+        };
         self.head = Some(pos);
         self.head_time_ms = time;
         self.entries_since_snapshot = n;
         self.bytes_since_snapshot = bytes;
-        let Some(image) = image else {
+        let Some(hashes) = hashes else {
+            let _ = std::fs::remove_file(&staged);
             // Deleted: no database, and the next upload carries every page
             // above the tombstone. A local file is from before the deletion
             // (or a new life's commits the bucket never got): set aside,
@@ -728,9 +877,6 @@ impl Replica {
             };
             return Ok(Opened::Deleted { replaced });
         };
-        // The image is checked where it will be installed from, before the
-        // local file is touched: a bad one replaces nothing.
-        let staged = stage_db(&self.db_path, image.bytes())?;
         let head_key = self.head_key(&listing, head_seq);
         if let Err(e) = quick_check(&staged, &head_key) {
             let _ = std::fs::remove_file(&staged);
@@ -742,7 +888,6 @@ impl Replica {
             None
         };
         install_db(&staged, &self.db_path)?;
-        let hashes = image.hashes();
         write_sidecar(
             &self.db_path,
             &Sidecar {
