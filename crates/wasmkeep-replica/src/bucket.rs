@@ -270,22 +270,31 @@ impl Bucket {
 
     /// Writes `key` from parts received on `parts` as one multipart upload
     /// (an unconditional write: object stores do not offer a create-only
-    /// multipart upload), completed only if every part arrived and none
-    /// was an error; otherwise aborted, so nothing appears at `key`. Used
-    /// for snapshots larger than one part (ADR 0036).
+    /// multipart upload), completed only if parts of exactly `bytes` bytes
+    /// arrived and none was an error; otherwise aborted, so nothing appears
+    /// at `key` (a sender that ends early, even by a panic, completes
+    /// nothing). Used for snapshots larger than one part (ADR 0036).
     pub async fn put_parts(
         &self,
         key: &str,
         parts: &mut tokio::sync::mpsc::Receiver<Result<Bytes, ReplicaError>>,
+        bytes: u64,
     ) -> Result<(), ReplicaError> {
         let path = self.path(key)?;
         let mut upload = self.store.put_multipart(&path).await?;
         let mut sent = async {
+            let mut total = 0u64;
             while let Some(part) = parts.recv().await {
                 let part = part?;
+                total += part.len() as u64;
                 add(&self.metrics.puts, 1);
                 add(&self.metrics.put_bytes, part.len() as u64);
                 upload.put_part(PutPayload::from_bytes(part)).await?;
+            }
+            if total != bytes {
+                return Err(ReplicaError::ChainBroken(format!(
+                    "the parts of `{key}` ended at bytes={total} of {bytes}"
+                )));
             }
             Ok::<(), ReplicaError>(())
         }

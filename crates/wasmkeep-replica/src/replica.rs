@@ -21,8 +21,9 @@ use crate::limits::PAGE_NUMBER_BYTES;
 use crate::limits::{ReplicaConfig, SNAPSHOT_PART_BYTES_MIN};
 
 /// Most entries a writer remembers since its last snapshot (see
-/// `Replica::recent`); past it the oldest are forgotten, which only makes
-/// the next snapshot come sooner.
+/// `Replica::recent`); past it the oldest are forgotten (a streamed
+/// snapshot landing then counts fewer entries after it than there are,
+/// which the policy's count rule catches up with at the next entries).
 const RECENT_ENTRIES_MAX: usize = 100_000;
 
 /// Restarts of a restore whose listed objects vanished under it (a
@@ -630,7 +631,7 @@ impl SnapshotJob {
                 )),
             }
         } else {
-            bucket.put_parts(&key, &mut rx).await
+            bucket.put_parts(&key, &mut rx, total).await
         };
         drop(rx);
         let read = reader
@@ -1041,7 +1042,18 @@ impl Replica {
     /// there is no base to describe changes against (the first upload, or
     /// after the bucket's copy was deleted), or a snapshot is due.
     pub fn wants_image(&self) -> bool {
-        self.base.is_none()
+        self.base.is_none() || self.snapshot_overdue()
+    }
+
+    /// A snapshot due has not landed for half the policy again (streamed
+    /// ones torn, or the node's snapshot slot taken): the next upload
+    /// reads the whole database and writes one, so the chain stays within
+    /// the restore bounds (`raise_bounds_to_retention` allows twice the
+    /// policy).
+    fn snapshot_overdue(&self) -> bool {
+        self.snapshot_due
+            && self.entries_since_snapshot
+                >= self.config.snapshot_every_entries.saturating_mul(3) / 2
     }
 
     /// Whether the snapshot policy asks for a snapshot (see
@@ -1136,7 +1148,7 @@ impl Replica {
         time_ms: u64,
     ) -> Result<Uploaded, ReplicaError> {
         self.refuse_if_given_up()?;
-        if !self.pages_suffice(pages) {
+        if !self.pages_suffice(pages) || self.snapshot_overdue() {
             return Err(ReplicaError::ChainBroken(
                 "the captured pages do not describe the step from the head".into(),
             ));
@@ -1187,8 +1199,12 @@ impl Replica {
         self.appended(seq, entry_bytes);
         let db_bytes = entry.db_pages as u64 * entry.page_size as u64;
         self.snapshot_due = self.snapshot_policy_due(db_bytes);
-        if std::mem::take(&mut self.collect_due) {
-            self.collect().await?;
+        if self.collect_due {
+            // Best effort: the entry is on the chain whatever happens here,
+            // and the next upload tries again.
+            if self.collect().await.is_ok() {
+                self.collect_due = false;
+            }
         }
         Ok(Uploaded::Appended {
             position,

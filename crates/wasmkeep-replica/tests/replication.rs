@@ -217,6 +217,48 @@ async fn upload_captured(
     Ok((up, pages))
 }
 
+/// A snapshot that is due but never streams (the node's slot taken, or
+/// every attempt torn): once the entries since the last snapshot reach half
+/// the policy again, the replica wants the whole database, and that upload
+/// writes the snapshot, so the chain stays within the restore bounds.
+async fn an_overdue_snapshot_is_written_from_the_image(b: &Backend, name: &str) {
+    let tmp = tempfile::tempdir().unwrap();
+    let id = actor(name);
+    let dir = tmp.path().join("src");
+    wasmkeep_store::page_capture::track(&dir);
+    let mut src = Source::new(&dir);
+    let (mut rep, _) = Replica::open(&b.bucket, &id, &src.path(), 1, cfg(4, 2), 0)
+        .await
+        .unwrap();
+    schema(&mut src);
+    upload(&mut rep, &mut src, 1000).await.unwrap();
+    src.db.as_ref().unwrap().take_changes().unwrap();
+    let mut i = 1;
+    while !rep.wants_image() {
+        work(&mut src, i);
+        let ch = src.db.as_ref().unwrap().take_changes().unwrap();
+        let pages = Pages {
+            page_size: ch.page_size.unwrap(),
+            db_pages: ch.db_pages.unwrap(),
+            low_pages: ch.low_pages.unwrap(),
+            pages: ch.pages,
+        };
+        rep.upload_pages(&pages, 1000 + i as u64).await.unwrap();
+        i += 1;
+        assert!(i < 20, "the snapshot never became overdue");
+    }
+    assert!(rep.snapshot_due());
+    assert_eq!(i, 7, "overdue at 1.5 times snapshot_every_entries");
+    work(&mut src, i);
+    src.db.as_ref().unwrap().take_changes().unwrap();
+    match upload(&mut rep, &mut src, 2000).await.unwrap() {
+        Uploaded::Appended { snapshot, .. } => assert!(snapshot, "the image upload snapshots"),
+        Uploaded::Unchanged => panic!("expected an append"),
+    }
+    assert!(!rep.snapshot_due() && !rep.wants_image());
+    wasmkeep_store::page_capture::untrack(&dir);
+}
+
 /// A database several parts large: its snapshot streams from the file in
 /// parts (a multipart upload) and a restore elsewhere is the source file,
 /// byte for byte. Then a file that changes under a snapshot (a page the
@@ -916,6 +958,7 @@ async fn all_scenarios(make: impl Fn() -> Backend) {
     restore_is_byte_identical(&make(), "byte identical").await;
     captured_pages_restore_byte_identical(&make(), "captured pages").await;
     large_snapshot_streams_in_parts(&make(), "large snapshot", true).await;
+    an_overdue_snapshot_is_written_from_the_image(&make(), "overdue snapshot").await;
     large_snapshot_streams_in_parts(&make(), "large snapshot unsafe", false).await;
     lost_response_is_mine_and_foreign_entry_moves_the_chain(&make(), "lost response").await;
     late_commit(&make(), "late first", true).await;

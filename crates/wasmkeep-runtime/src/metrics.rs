@@ -153,6 +153,9 @@ pub struct Metrics {
     /// Uploads built from the pages commits wrote (ADR 0036), and those
     /// that read the whole database instead.
     pub replica_page_uploads_total: Counter,
+    /// Snapshots streamed from an actor's file that did not land (torn,
+    /// or the bucket failed); tried again later.
+    pub replica_snapshot_failures_total: Counter,
     pub replica_image_reads_total: Counter,
     /// Alarm index entries listed and removed by this node as an owner
     /// (ADR 0009; a cluster node only).
@@ -203,7 +206,12 @@ impl Metrics {
 
     fn register_node(&self, r: &mut Registry) {
         // Counters are registered without `_total`: the library appends it.
-        let series: [(&str, &Counter, &str); 7] = [
+        let series: [(&str, &Counter, &str); 8] = [
+            (
+                "wasmkeep_replica_snapshot_failures",
+                &self.replica_snapshot_failures_total,
+                "Snapshots streamed from an actor's file that did not land (tried again later).",
+            ),
             (
                 "wasmkeep_requests",
                 &self.requests_total,
@@ -656,8 +664,8 @@ mod tests {
         assert_eq!(sample(&text, "wasmkeep_bucket_put_bytes_total"), 0.0);
         assert_eq!(types["wasmkeep_event_seconds"], "histogram");
         assert_eq!(types["wasmkeep_alarms_pending"], "gauge");
-        // 20 node series, 9 phase histograms, 9 of replication, 2 of the
+        // 20 node series, 9 phase histograms, 10 of replication, 2 of the
         // alarm index, 6 bucket counters.
-        assert_eq!(types.len(), 46);
+        assert_eq!(types.len(), 47);
     }
 }

@@ -682,10 +682,7 @@ fn maybe_upload(
         return;
     };
     match st.snapshot_done.take() {
-        Some(Ok(seq)) => {
-            replica.snapshot_landed(seq);
-            Metrics::inc(&rt.metrics.replica_snapshots_total);
-        }
+        Some(Ok(seq)) => replica.snapshot_landed(seq),
         Some(Err(e)) => {
             tracing::warn!(actor = %actor.id, error = %e, "a snapshot streamed from the file failed; tried again later")
         }
@@ -769,6 +766,10 @@ fn maybe_upload(
         );
         if let Some(job) = job {
             let landed = job.run().await.map_err(|e| e.to_string());
+            match &landed {
+                Ok(_) => Metrics::inc(&rt.metrics.replica_snapshots_total),
+                Err(_) => Metrics::inc(&rt.metrics.replica_snapshot_failures_total),
+            }
             let mut st = actor.repl.lock();
             // An actor given up meanwhile starts over with a replica of its
             // own, which learns the chain from the bucket.
@@ -1019,10 +1020,12 @@ pub fn hold_until_uploaded(
 pub fn delete(rt: &Inner, repl: &Replication, actor: &Actor) -> Result<u64, RuntimeError> {
     let mut st = actor.repl.lock();
     let deadline = Instant::now() + Duration::from_millis(DELETE_WAIT_MS);
-    while st.in_flight {
+    // A snapshot streaming would land below the tombstone, after the
+    // delete removed the snapshots there: it is waited for too.
+    while st.in_flight || st.snapshotting {
         if actor.repl_done.wait_until(&mut st, deadline).timed_out() {
             return Err(RuntimeError::ReplicationFailed(
-                "an upload of this actor is still in flight; retry the delete".into(),
+                "an upload or snapshot of this actor is still in flight; retry the delete".into(),
             ));
         }
     }
