@@ -136,6 +136,10 @@ pub struct ReplicaConfig {
     /// changed under it is uploaded as the head's state. Never set
     /// outside tests.
     pub unsafe_snapshot_unverified: bool,
+    /// Test-only mutation switch: deleting an actor does not wait for a
+    /// snapshot streaming from its file, which may then land below the
+    /// tombstone with the deleted life's data. Never set outside tests.
+    pub unsafe_delete_ignores_snapshots: bool,
     /// Test-only mutation switch: read listings whole, whatever their
     /// length (the rule `listing_keys_max` enforces). A bucket with
     /// millions of keys under one actor then makes a node hold them all.
@@ -249,6 +253,7 @@ impl Default for ReplicaConfig {
             restore_bytes_max: 0,
             snapshot_part_bytes: SNAPSHOT_PART_BYTES,
             unsafe_snapshot_unverified: false,
+            unsafe_delete_ignores_snapshots: false,
             unsafe_unbounded_listings: false,
             unsafe_skip_append_check: false,
             unsafe_collect_without_grace: false,

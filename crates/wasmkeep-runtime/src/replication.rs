@@ -1022,7 +1022,8 @@ pub fn delete(rt: &Inner, repl: &Replication, actor: &Actor) -> Result<u64, Runt
     let deadline = Instant::now() + Duration::from_millis(DELETE_WAIT_MS);
     // A snapshot streaming would land below the tombstone, after the
     // delete removed the snapshots there: it is waited for too.
-    while st.in_flight || st.snapshotting {
+    let snapshots = !repl.config.unsafe_delete_ignores_snapshots;
+    while st.in_flight || (snapshots && st.snapshotting) {
         if actor.repl_done.wait_until(&mut st, deadline).timed_out() {
             return Err(RuntimeError::ReplicationFailed(
                 "an upload or snapshot of this actor is still in flight; retry the delete".into(),

@@ -259,6 +259,62 @@ fn deleting_an_actor_deletes_its_chain() {
     );
 }
 
+/// A snapshot streaming from the actor's file when it is deleted: the
+/// delete waits for it, so it cannot land below the tombstone after the
+/// delete removed the snapshots there (bringing the old life's data back).
+#[test]
+fn a_delete_waits_for_a_snapshot_streaming() {
+    delete_during_a_snapshot(false).unwrap();
+}
+
+#[test]
+fn a_delete_that_does_not_wait_lets_the_deleted_life_back() {
+    // The unsafe variant: the snapshot lands below the tombstone.
+    let e = delete_during_a_snapshot(true).unwrap_err();
+    assert!(e.contains("landed below the tombstone"), "{e}");
+}
+
+fn delete_during_a_snapshot(unsafe_no_wait: bool) -> Result<(), String> {
+    let (bucket, faults) = memory_bucket();
+    let node = node_with(&bucket, |c| {
+        c.replica.snapshot_every_entries = 3;
+        c.replica.unsafe_delete_ignores_snapshots = unsafe_no_wait;
+    });
+    // log/0, then three entries make a snapshot due: the next upload
+    // (seq 4) freezes the file and its snapshot streams after it.
+    let gate = faults.hold("snap/00000000000000000004");
+    for _ in 0..5 {
+        increment(&node, "a", REPLICATED).unwrap();
+    }
+    let exec = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    exec.block_on(gate.arrived());
+    std::thread::scope(|s| {
+        let deleting = s.spawn(|| node.actor("demo/examples/counter/a").delete_actor());
+        std::thread::sleep(Duration::from_millis(300));
+        gate.release();
+        assert!(deleting.join().unwrap());
+    });
+    // Whatever was in flight has landed by now.
+    std::thread::sleep(Duration::from_millis(300));
+    let (exec, root) = actor_a_root(&bucket, &node);
+    let logs = exec
+        .block_on(bucket.list_seqs(&root.log_dir(), None, u64::MAX))
+        .unwrap();
+    let tombstone = *logs.last().unwrap();
+    let snaps = exec
+        .block_on(bucket.list_seqs(&root.snap_dir(), None, u64::MAX))
+        .unwrap();
+    if snaps.iter().any(|seq| *seq < tombstone) {
+        return Err(format!(
+            "a snapshot of the deleted life landed below the tombstone at {tombstone}: {snaps:?}"
+        ));
+    }
+    Ok(())
+}
+
 /// Each entry of actor `a`'s `log/` as (seq, pages it carries).
 fn bucket_pages(bucket: &Bucket, node: &TestNode) -> Vec<(u64, usize)> {
     let (exec, root) = actor_a_root(bucket, node);
