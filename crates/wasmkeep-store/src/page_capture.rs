@@ -44,6 +44,12 @@ pub const CAPTURE_BYTES_MAX: usize = 16 * 1024 * 1024;
 /// actors writing at once cannot make the node hold more than this.
 pub const CAPTURE_NODE_BYTES_MAX: usize = 256 * 1024 * 1024;
 
+/// Bytes every capture may hold whatever the others hold: a tenant that
+/// fills the node's pool with large transactions makes only captures past
+/// this give up, never a neighbour's small commits (whose uploads would
+/// otherwise fall back to reading their whole databases).
+pub const CAPTURE_RESERVED_BYTES: usize = 64 * 1024;
+
 /// Bytes all captures hold now.
 static NODE_BYTES: AtomicUsize = AtomicUsize::new(0);
 
@@ -253,7 +259,7 @@ fn room(mine: usize, node: usize, n: usize) -> Result<(), &'static str> {
     if mine + n > CAPTURE_BYTES_MAX {
         return Err("more changed pages than CAPTURE_BYTES_MAX");
     }
-    if node + n > CAPTURE_NODE_BYTES_MAX {
+    if mine + n > CAPTURE_RESERVED_BYTES && node + n > CAPTURE_NODE_BYTES_MAX {
         return Err("the node's captures hold CAPTURE_NODE_BYTES_MAX");
     }
     Ok(())
@@ -556,9 +562,13 @@ mod tests {
         let ch = c.take();
         assert!(ch.lost.is_some() && ch.pages.is_empty());
         assert_eq!(c.bytes, 0);
-        // The node's bound holds whatever one capture holds.
-        assert!(room(0, CAPTURE_NODE_BYTES_MAX - 4096, 4096).is_ok());
-        assert!(room(0, CAPTURE_NODE_BYTES_MAX - 4095, 4096).is_err());
+        // The node's bound holds past each capture's reserve; within it a
+        // capture keeps its pages however full the node's pool is.
+        let big = CAPTURE_RESERVED_BYTES;
+        assert!(room(big, CAPTURE_NODE_BYTES_MAX - 4096, 4096).is_ok());
+        assert!(room(big, CAPTURE_NODE_BYTES_MAX - 4095, 4096).is_err());
+        assert!(room(0, CAPTURE_NODE_BYTES_MAX, 4096).is_ok());
+        assert!(room(big - 4096, CAPTURE_NODE_BYTES_MAX, 4096).is_ok());
         assert!(room(CAPTURE_BYTES_MAX - 4095, 0, 4096).is_err());
     }
 }
