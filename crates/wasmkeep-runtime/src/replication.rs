@@ -344,6 +344,13 @@ impl ActorReplica {
         self.needs_plan && self.committed > self.uploaded
     }
 
+    /// Whether a snapshot is streaming from the actor's file, or about to
+    /// (the file was frozen for the upload in flight): closing the actor's
+    /// connection now would checkpoint into the file and tear it.
+    pub fn snapshot_reads_file(&self) -> bool {
+        self.snapshotting || (self.frozen && self.in_flight)
+    }
+
     /// Whether this copy was opened in an earlier routing epoch than
     /// `epoch` (a cluster node whose lease lapsed since: it may have lost
     /// and retaken the actor, so what this copy knows is stale).

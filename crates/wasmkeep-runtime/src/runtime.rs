@@ -1095,8 +1095,10 @@ impl Inner {
             if evicted >= batch && self.instances_staying() < max {
                 break;
             }
-            // A held lock means the actor is running: skip it.
+            // A held lock means the actor is running: skip it. So is one
+            // whose snapshot reads its file (closing would tear it).
             if !a.slot.try_lock().is_some_and(|s| s.is_some())
+                || a.repl.try_lock().is_none_or(|r| r.snapshot_reads_file())
                 || a.evicting.swap(true, Ordering::Relaxed)
             {
                 continue;
@@ -1145,7 +1147,11 @@ impl Inner {
             if closed >= EVICT_FOR_MEMORY_MAX {
                 break;
             }
-            // A held lock means the actor is running: skip it.
+            // A held lock means the actor is running: skip it. So is one
+            // whose snapshot reads its file (closing would tear it).
+            if a.repl.try_lock().is_none_or(|r| r.snapshot_reads_file()) {
+                continue;
+            }
             if let Some(mut slot) = a.slot.try_lock()
                 && slot.take().is_some()
             {
