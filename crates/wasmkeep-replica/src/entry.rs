@@ -55,6 +55,10 @@ pub enum Kind {
     /// The actor was deleted at this seq: no pages, no database. Found in
     /// `log/` and in `snap/` alike.
     Tombstone = 3,
+    /// Every page that changed between a snapshot (the folder it is in,
+    /// `delta/<base>/`) and this seq, as of this seq (ADR 0037): a restore
+    /// from that snapshot applies it instead of the entries it covers.
+    Delta = 4,
 }
 
 impl Kind {
@@ -63,15 +67,16 @@ impl Kind {
             1 => Some(Kind::Log),
             2 => Some(Kind::Snapshot),
             3 => Some(Kind::Tombstone),
+            4 => Some(Kind::Delta),
             _ => None,
         }
     }
 
     /// Whether a body of this kind belongs in the folder of `folder`
-    /// (`Log` for `log/`, `Snapshot` for `snap/`): a tombstone belongs in
-    /// both.
+    /// (`Log` for `log/`, `Snapshot` for `snap/`, `Delta` for `delta/`): a
+    /// tombstone belongs in the first two.
     pub fn fits(self, folder: Kind) -> bool {
-        self == folder || self == Kind::Tombstone
+        self == folder || (self == Kind::Tombstone && folder != Kind::Delta)
     }
 }
 
@@ -162,11 +167,14 @@ impl Entry {
     }
 
     /// The key this body belongs at, under its actor's root (for a
-    /// tombstone, the `log/` one; it is in `snap/` too).
+    /// tombstone, the `log/` one; it is in `snap/` too). A delta's body does
+    /// not say which snapshot it starts from: its key here names the
+    /// folder `delta/` only, for messages.
     pub fn key(&self) -> String {
         let tail = match self.kind {
             Kind::Log | Kind::Tombstone => crate::keys::log_key(self.seq),
             Kind::Snapshot => crate::keys::snap_key(self.seq),
+            Kind::Delta => format!("delta/…/{:0w$}", self.seq, w = crate::keys::SEQ_DIGITS),
         };
         format!("{}{tail}", self.actor)
     }

@@ -5,11 +5,14 @@
 //! temporary name beside its target, passes SQLite's `PRAGMA quick_check`
 //! (as a restored image does before it replaces a local file) and only
 //! then takes its name. [`export`] gives the bytes unchecked, for callers
-//! that check them their own way. Reading the chain is bounded like a
-//! restore's listing (`listing_keys_max`) and each object by
-//! `entry_bytes_max`; the number of entries replayed is not bounded beyond
-//! the listing's, since an export may start from an older snapshot than a
-//! restore and is run deliberately, for one actor, by an operator.
+//! that check them their own way. The snapshots' listing is bounded like a
+//! restore's (`listing_keys_max`) and each object by `entry_bytes_max`; the
+//! entries are listed a page of `listing_keys_max` at a time, and their
+//! number is not bounded, since an export may start from an older snapshot
+//! than a restore and is run deliberately, for one actor, by an operator.
+//! Between whole snapshots the log may hold a database's worth of entries
+//! (ADR 0037): an export starts from the newest delta at or before its
+//! point when the snapshot it starts from has one.
 
 use std::path::{Path, PathBuf};
 
@@ -21,7 +24,7 @@ use crate::error::ReplicaError;
 use crate::image::{Image, quick_check};
 use crate::keys::ActorRoot;
 use crate::limits::ReplicaConfig;
-use crate::replica::{Budget, apply_to, fetch};
+use crate::replica::{Budget, apply_to, fetch, fetch_delta};
 
 /// Which point of an actor's history to export.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,6 +122,38 @@ fn write_checked(bytes: &[u8], staged: &Path, key: &str, out: &Path) -> Result<(
     Ok(())
 }
 
+/// The newest delta from the snapshot at `base` that stands at or before
+/// `at`, whose own entry is still listed: `(seq, listed size)`.
+async fn delta_at(
+    bucket: &Bucket,
+    root: &ActorRoot,
+    base: u64,
+    at: At,
+    bound: u64,
+) -> Result<Option<(u64, u64)>, ReplicaError> {
+    let deltas = bucket
+        .list_seqs_sized(&root.deltas_of(base), None, bound)
+        .await?;
+    for &(seq, size) in deltas.iter().rev().filter(|(seq, _)| *seq > base) {
+        let fits = match at {
+            At::Latest => true,
+            At::Seq(n) => seq <= n,
+            At::TimeMs(t) => {
+                let key = root.delta(base, seq);
+                let head = bucket.get_prefix(&key, FIXED_HEADER_BYTES as u64).await?;
+                Entry::peek_header(&key, &head)?.time_ms <= t
+            }
+        };
+        if fits {
+            let (entry, _) = bucket
+                .lowest_seqs_sized(&root.log_dir(), seq..=seq, 1)
+                .await?;
+            return Ok((!entry.is_empty()).then_some((seq, size)));
+        }
+    }
+    Ok(None)
+}
+
 /// The image at `at`, and the key of the last object applied to it.
 async fn rebuild_at(
     bucket: &Bucket,
@@ -171,34 +206,47 @@ async fn rebuild_at(
         }
         None => (None, 0),
     };
-    let after = base_seq.map(|s| root.log(s));
-    let logs = bucket
-        .list_seqs_sized(&root.log_dir(), after.as_deref(), bound)
-        .await?;
-    let total = logs.len() as u64 + u64::from(base.is_some());
+    if let Some(s) = base_seq
+        && let Some((seq, size)) = delta_at(bucket, &root, s, at, bound).await?
+    {
+        let e = fetch_delta(bucket, &root, (s, seq, size), config, budget).await?;
+        apply_to(&mut image, &e)?;
+        // The entry at the delta's seq is applied next, like a restore does.
+        next = seq;
+    }
+    let head = bucket.highest_seq(&root.log_dir()).await?;
+    let total = head.map_or(0, |h| (h + 1).saturating_sub(next)) + u64::from(base.is_some());
     let mut done = u64::from(base.is_some());
     progress(done, total);
-    for (seq, size) in logs {
-        if let At::Seq(n) = at
-            && seq > n
-        {
+    'pages: loop {
+        let (logs, more) = bucket
+            .lowest_seqs_sized(&root.log_dir(), next..=u64::MAX, bound)
+            .await?;
+        for &(seq, size) in &logs {
+            if let At::Seq(n) = at
+                && seq > n
+            {
+                break 'pages;
+            }
+            if seq != next {
+                // Below the oldest entry kept (no base) or a gap.
+                break 'pages;
+            }
+            let e = fetch(bucket, &root, Kind::Log, (seq, size), config, budget).await?;
+            if let At::TimeMs(t) = at
+                && e.time_ms > t
+            {
+                break 'pages;
+            }
+            apply_to(&mut image, &e)?;
+            last_key = Some(root.log(seq));
+            next += 1;
+            done += 1;
+            progress(done, total);
+        }
+        if !more || logs.is_empty() {
             break;
         }
-        if seq != next {
-            // Below the oldest entry kept (no base) or a gap.
-            break;
-        }
-        let e = fetch(bucket, &root, Kind::Log, (seq, size), config, budget).await?;
-        if let At::TimeMs(t) = at
-            && e.time_ms > t
-        {
-            break;
-        }
-        apply_to(&mut image, &e)?;
-        last_key = Some(root.log(seq));
-        next += 1;
-        done += 1;
-        progress(done, total);
     }
     let reached = next.checked_sub(1);
     let ok = match at {

@@ -135,7 +135,7 @@ impl Image {
     /// A tombstone empties the image (it carries no pages); callers that
     /// tell "deleted" from "empty" look at the entry's kind.
     pub fn apply(&mut self, entry: &Entry) -> Result<(), ReplicaError> {
-        if entry.kind != Kind::Log || self.bytes.is_empty() {
+        if !matches!(entry.kind, Kind::Log | Kind::Delta) || self.bytes.is_empty() {
             self.bytes.clear();
             self.page_size = entry.page_size;
         }
@@ -366,6 +366,11 @@ impl PageHashes {
 
     pub fn page_size(&self) -> u32 {
         self.page_size
+    }
+
+    /// The hash of page `no` (1-based) in this state.
+    pub fn page_hash(&self, no: u32) -> Option<[u8; 32]> {
+        self.leaf((no as usize).wrapping_sub(1)).copied()
     }
 
     /// Whether page `no` (1-based) holds exactly `page` in this state.

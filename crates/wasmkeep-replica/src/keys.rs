@@ -3,6 +3,7 @@
 //! ```text
 //! <prefix>/state/<tenant>/<app>/<class>/<name as hex>/log/<seq, 20 digits>
 //! <prefix>/state/<tenant>/<app>/<class>/<name as hex>/snap/<seq, 20 digits>
+//! <prefix>/state/<tenant>/<app>/<class>/<name as hex>/delta/<snapshot seq, 20 digits>/<seq, 20 digits>
 //! ```
 //!
 //! The name is hex-encoded and split exactly like the local layout
@@ -15,7 +16,7 @@
 //! Names are at most `name_bytes_max` bytes ([`wasmkeep_store::id::NAME_BYTES_MAX`],
 //! the one limit of every layer), checked here again before a key is
 //! built; with it an actor's keys stay within S3's 1,024 bytes unless the
-//! bucket's prefix is longer than 284 bytes (`key_too_long`).
+//! bucket's prefix is longer than 262 bytes (`key_too_long`).
 
 use wasmkeep_store::ActorId;
 use wasmkeep_store::id::{validate_name, validate_segment};
@@ -26,8 +27,9 @@ use crate::limits::KEY_BYTES_MAX;
 
 /// Digits of a seq in a key.
 pub const SEQ_DIGITS: usize = 20;
-/// Longest tail under an actor's root: `snap/` plus a seq.
-const TAIL_BYTES_MAX: usize = 5 + SEQ_DIGITS;
+/// Longest tail under an actor's root: `delta/`, the snapshot's seq, `/`
+/// and the delta's seq.
+const TAIL_BYTES_MAX: usize = 6 + SEQ_DIGITS + 1 + SEQ_DIGITS;
 
 /// One actor's folder in the bucket, relative to the bucket's prefix and
 /// ending in `/`.
@@ -77,6 +79,22 @@ impl ActorRoot {
         format!("{}{}", self.0, snap_key(seq))
     }
 
+    /// `delta/<base>/<seq>` under this root: the pages that changed
+    /// between the snapshot at `base` and `seq` (ADR 0037).
+    pub fn delta(&self, base: u64, seq: u64) -> String {
+        format!("{}delta/{base:0w$}/{seq:0w$}", self.0, w = SEQ_DIGITS)
+    }
+
+    /// The `delta/` folder (every snapshot's deltas).
+    pub fn delta_dir(&self) -> String {
+        format!("{}delta/", self.0)
+    }
+
+    /// The folder of the deltas from the snapshot at `base`.
+    pub fn deltas_of(&self, base: u64) -> String {
+        format!("{}delta/{base:0w$}/", self.0, w = SEQ_DIGITS)
+    }
+
     /// The `log/` folder.
     pub fn log_dir(&self) -> String {
         format!("{}log/", self.0)
@@ -108,6 +126,15 @@ pub fn parse_seq(key: &str) -> Option<u64> {
     last.parse().ok()
 }
 
+/// The snapshot's seq and the delta's seq at the end of a delta's key
+/// (`…/delta/<base>/<seq>`); `None` for anything else.
+pub fn parse_delta(key: &str) -> Option<(u64, u64)> {
+    let mut tail = key.rsplit('/');
+    let seq = parse_seq(tail.next()?)?;
+    let base = parse_seq(tail.next()?)?;
+    (tail.next()? == "delta").then_some((base, seq))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -125,6 +152,13 @@ mod tests {
         assert_eq!(root.log(3), "state/t/a/c/612f62/log/00000000000000000003");
         assert_eq!(parse_seq(&root.log(3)), Some(3));
         assert_eq!(parse_seq(&root.snap(u64::MAX)), Some(u64::MAX));
+        assert_eq!(
+            root.delta(2, 9),
+            "state/t/a/c/612f62/delta/00000000000000000002/00000000000000000009"
+        );
+        assert_eq!(parse_delta(&root.delta(2, 9)), Some((2, 9)));
+        assert!(root.delta(2, 9).starts_with(&root.deltas_of(2)));
+        assert_eq!(parse_delta(&root.log(9)), None);
         for bad in ["log/7", "log/0000000000000000000x", "", "log/"] {
             assert_eq!(parse_seq(bad), None, "{bad}");
         }
@@ -147,12 +181,12 @@ mod tests {
         assert!(!long.as_str().starts_with(short.as_str()));
         assert!(long.as_str().contains("+/"));
         // The longest name, with the longest tenant, app and class, fits
-        // with a prefix of 284 bytes and no more.
+        // with a prefix of 262 bytes and no more.
         let max = wasmkeep_store::id::NAME_BYTES_MAX;
         let seg = "s".repeat(wasmkeep_store::id::SEGMENT_BYTES_MAX);
         let longest = ActorId::new(&seg, &seg, &seg, &"x".repeat(max)).unwrap();
-        assert!(ActorRoot::new(&longest, 284).is_ok());
-        let err = ActorRoot::new(&longest, 285).unwrap_err();
+        assert!(ActorRoot::new(&longest, 262).is_ok());
+        let err = ActorRoot::new(&longest, 263).unwrap_err();
         assert_eq!(err.code(), "key_too_long");
         // Every folder fits a local folder's 255-byte names.
         let root = ActorRoot::new(&longest, 0).unwrap();

@@ -23,6 +23,13 @@ pub const KEY_BYTES_MAX: usize = 1024;
 /// about 1.6 MiB of seqs and sizes held.
 pub const LISTING_KEYS_MAX: u64 = 100_000;
 
+/// Most changed pages a writer tracks between snapshots to build deltas
+/// from (ADR 0037), about 2.5 MiB of page numbers and seqs per actor: past
+/// it the next snapshot due is a whole one (a delta of more than 256 MiB
+/// at 4 KiB pages saves little over one), and tracking starts over from
+/// it.
+pub const DELTA_PAGES_MAX: usize = 65_536;
+
 /// Default of [`ReplicaConfig::snapshot_part_bytes`].
 pub const SNAPSHOT_PART_BYTES: usize = 8 * 1024 * 1024;
 
@@ -81,11 +88,20 @@ pub struct ReplicaConfig {
     /// bounds the databases a restore builds
     /// ([`ReplicaConfig::database_pages_max`]).
     pub entry_bytes_max: u64,
-    /// A snapshot is written after this many entries since the last one.
+    /// A snapshot or a delta (ADR 0037) is written after this many entries
+    /// since the last of either.
     pub snapshot_every_entries: u64,
+    /// A due snapshot is written as a delta (the pages changed since the
+    /// last snapshot) while the delta's body stays within this share of the
+    /// database's size, in percent; a larger one is written whole. 0
+    /// writes no deltas.
+    pub snapshot_delta_ratio_pct: u64,
     /// A snapshot is also written once the entries since the last one add up
     /// to this many times the database's size: restoring from the log would
-    /// then read more than restoring from a snapshot. In percent.
+    /// then read more than restoring from a snapshot. In percent. The same
+    /// share of the entries since the last delta makes a delta (or a
+    /// snapshot) due; the whole snapshot is what bounds the log the bucket
+    /// keeps (entries go only once a whole snapshot covers them).
     pub snapshot_log_ratio_pct: u64,
     /// ...but never before the entries since the last snapshot reach this
     /// many bytes: for a small database, reading a few megabytes of log is
@@ -160,6 +176,11 @@ pub struct ReplicaConfig {
     /// again at seq 0, and a stale owner's late entry of the old life lands
     /// in it (ADR 0007, "Deleting an actor"). Never set outside tests.
     pub unsafe_delete_erases_chain: bool,
+    /// Test-only mutation switch: a delta carries only the pages of the
+    /// entries since the previous delta, not every page changed since its
+    /// snapshot, so a restore through it misses pages. Never set outside
+    /// tests.
+    pub unsafe_delta_forgets_pages: bool,
 }
 
 impl ReplicaConfig {
@@ -244,6 +265,7 @@ impl Default for ReplicaConfig {
                 wasmkeep_store::StoreLimits::default().database_bytes_max,
             ),
             snapshot_every_entries: 1000,
+            snapshot_delta_ratio_pct: 50,
             snapshot_log_ratio_pct: 100,
             snapshot_log_bytes_min: 4 * 1024 * 1024,
             snapshots_keep: 2,
@@ -258,6 +280,7 @@ impl Default for ReplicaConfig {
             unsafe_skip_append_check: false,
             unsafe_collect_without_grace: false,
             unsafe_delete_erases_chain: false,
+            unsafe_delta_forgets_pages: false,
         };
         c.raise_bounds_to_retention();
         c

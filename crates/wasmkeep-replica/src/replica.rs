@@ -16,9 +16,9 @@ use crate::entry::{
 };
 use crate::error::ReplicaError;
 use crate::image::{Image, PageHashes, TreeDigest, quick_check};
-use crate::keys::ActorRoot;
+use crate::keys::{ActorRoot, parse_delta};
 use crate::limits::PAGE_NUMBER_BYTES;
-use crate::limits::{ReplicaConfig, SNAPSHOT_PART_BYTES_MIN};
+use crate::limits::{DELTA_PAGES_MAX, ReplicaConfig, SNAPSHOT_PART_BYTES_MIN};
 
 /// Most entries a writer remembers since its last snapshot (see
 /// `Replica::recent`); past it the oldest are forgotten (a streamed
@@ -50,11 +50,18 @@ pub enum Opened {
     Deleted { replaced: Option<PathBuf> },
 }
 
-/// The bucket's view of one actor's chain: the snapshots, and the entries
-/// above the latest snapshot, each as `(seq, bytes the listing gives)`.
+/// The bucket's view of one actor's chain: the snapshots, the newest
+/// delta from the latest snapshot, and the entries a restore replays (above
+/// the latest snapshot, or from the delta's seq on), each as `(seq, bytes
+/// the listing gives)`.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Listing {
     pub snaps: Vec<(u64, u64)>,
+    /// The delta a restore applies on the latest snapshot, if there is one
+    /// whose own entry is listed: `(seq, bytes)`. `logs` then starts at its
+    /// seq (that entry is replayed again: it carries the head's token and
+    /// writes what the delta wrote).
+    pub delta: Option<(u64, u64)>,
     pub logs: Vec<(u64, u64)>,
 }
 
@@ -80,11 +87,40 @@ pub(crate) async fn list_chain(
     let snaps = bucket
         .list_seqs_sized(&root.snap_dir(), None, bound)
         .await?;
-    let after = snaps.last().map(|(s, _)| root.log(*s));
-    let logs = bucket
-        .list_seqs_sized(&root.log_dir(), after.as_deref(), bound)
+    let Some(&(base, _)) = snaps.last() else {
+        let logs = bucket.list_seqs_sized(&root.log_dir(), None, bound).await?;
+        return Ok(Listing {
+            snaps,
+            delta: None,
+            logs,
+        });
+    };
+    // The newest delta from the latest snapshot, if its entry is there
+    // (entries above the latest snapshot are never collected, so it is,
+    // unless someone tampered with the folder: then restore without it).
+    let deltas = bucket
+        .list_seqs_sized(&root.deltas_of(base), None, bound)
         .await?;
-    Ok(Listing { snaps, logs })
+    if let Some(&(seq, size)) = deltas.iter().rev().find(|(seq, _)| *seq > base) {
+        let logs = bucket
+            .list_seqs_sized(&root.log_dir(), Some(&root.log(seq - 1)), bound)
+            .await?;
+        if logs.first().map(|(s, _)| *s) == Some(seq) {
+            return Ok(Listing {
+                snaps,
+                delta: Some((seq, size)),
+                logs,
+            });
+        }
+    }
+    let logs = bucket
+        .list_seqs_sized(&root.log_dir(), Some(&root.log(base)), bound)
+        .await?;
+    Ok(Listing {
+        snaps,
+        delta: None,
+        logs,
+    })
 }
 
 /// Bytes a reader may still download, against the bound it names.
@@ -157,7 +193,36 @@ pub(crate) async fn fetch(
     budget: &mut Budget,
 ) -> Result<Entry, ReplicaError> {
     let mut pages = Collect::default();
-    let mut e = fetch_into(bucket, root, kind, at, config, budget, &mut pages).await?;
+    let key = match kind {
+        Kind::Snapshot => root.snap(at.0),
+        _ => root.log(at.0),
+    };
+    let mut e = fetch_into(bucket, root, (kind, &key), at, config, budget, &mut pages).await?;
+    e.pages = pages.pages;
+    Ok(e)
+}
+
+/// [`fetch`] for the delta `(base, seq, listed size)`: the pages changed
+/// from the snapshot at `base` to `seq` (ADR 0037).
+pub(crate) async fn fetch_delta(
+    bucket: &Bucket,
+    root: &ActorRoot,
+    (base, seq, listed): (u64, u64, u64),
+    config: &ReplicaConfig,
+    budget: &mut Budget,
+) -> Result<Entry, ReplicaError> {
+    let mut pages = Collect::default();
+    let key = root.delta(base, seq);
+    let mut e = fetch_into(
+        bucket,
+        root,
+        (Kind::Delta, &key),
+        (seq, listed),
+        config,
+        budget,
+        &mut pages,
+    )
+    .await?;
     e.pages = pages.pages;
     Ok(e)
 }
@@ -169,16 +234,13 @@ pub(crate) async fn fetch(
 async fn fetch_into(
     bucket: &Bucket,
     root: &ActorRoot,
-    kind: Kind,
+    (kind, key): (Kind, &str),
     (seq, listed): (u64, u64),
     config: &ReplicaConfig,
     budget: &mut Budget,
     sink: &mut impl PageSink,
 ) -> Result<Entry, ReplicaError> {
-    let key = match kind {
-        Kind::Snapshot => root.snap(seq),
-        Kind::Log | Kind::Tombstone => root.log(seq),
-    };
+    let key = key.to_owned();
     check_listed(&key, listed, config)?;
     if listed > budget.left {
         return Err(budget.crossed(&key, budget.spent_before().saturating_add(listed)));
@@ -238,12 +300,16 @@ fn check_restore(
         .snaps
         .last()
         .map(|&(seq, size)| (root.snap(seq), size));
+    let delta = listing.delta.zip(snap.as_ref()).map(|((seq, size), _)| {
+        let base = listing.snaps.last().map_or(0, |s| s.0);
+        (root.delta(base, seq), size)
+    });
     let logs = listing
         .logs
         .iter()
         .map(|&(seq, size)| (root.log(seq), size));
     let mut total: u64 = 0;
-    for (key, size) in snap.into_iter().chain(logs) {
+    for (key, size) in snap.into_iter().chain(delta).chain(logs) {
         check_listed(&key, size, config)?;
         total = total.saturating_add(size);
         if total > config.restore_bytes_max {
@@ -293,7 +359,7 @@ struct Staged {
 
 impl PageSink for Staged {
     fn header(&mut self, head: &Entry, _count: u32) -> Result<(), ReplicaError> {
-        if head.kind != Kind::Log || self.pages == 0 {
+        if !matches!(head.kind, Kind::Log | Kind::Delta) || self.pages == 0 {
             self.file.set_len(0)?;
             self.pages = 0;
             self.page_size = head.page_size;
@@ -370,6 +436,22 @@ impl Staged {
     }
 }
 
+/// Streams the body at `key` into `staged` and checks what it did to the
+/// database's size.
+async fn stage(
+    bucket: &Bucket,
+    root: &ActorRoot,
+    (kind, key): (Kind, String),
+    at: (u64, u64),
+    config: &ReplicaConfig,
+    budget: &mut Budget,
+    staged: &mut Staged,
+) -> Result<Entry, ReplicaError> {
+    let e = fetch_into(bucket, root, (kind, &key), at, config, budget, staged).await?;
+    staged.body_done(&key)?;
+    Ok(e)
+}
+
 /// [`rebuild`], into the staging file `path` instead of memory: what a
 /// restore installs. Returns the page hashes of the rebuilt database
 /// (`None` when the head is a tombstone), the head's position and time,
@@ -401,21 +483,19 @@ async fn rebuild_staged(
     };
     let (mut next, mut pos, mut time) = match listing.snaps.last() {
         Some(&(s, size)) => {
-            let e = fetch_into(
-                bucket,
-                root,
-                Kind::Snapshot,
-                (s, size),
-                config,
-                budget,
-                &mut staged,
-            )
-            .await?;
-            staged.body_done(&root.snap(s))?;
+            let at = (Kind::Snapshot, root.snap(s));
+            let e = stage(bucket, root, at, (s, size), config, budget, &mut staged).await?;
             (s + 1, Some(e.position()), e.time_ms)
         }
         None => (0, None, 0),
     };
+    if let (Some(&(base, _)), Some((seq, size))) = (listing.snaps.last(), listing.delta) {
+        // Every page that changed from the snapshot to `seq`: the entries
+        // between are skipped, the one at `seq` is replayed next.
+        let at = (Kind::Delta, root.delta(base, seq));
+        stage(bucket, root, at, (seq, size), config, budget, &mut staged).await?;
+        next = seq;
+    }
     let mut bytes = 0;
     for &(seq, size) in &listing.logs {
         if seq != next {
@@ -425,17 +505,8 @@ async fn rebuild_staged(
             )));
         }
         let before = budget.left;
-        let e = fetch_into(
-            bucket,
-            root,
-            Kind::Log,
-            (seq, size),
-            config,
-            budget,
-            &mut staged,
-        )
-        .await?;
-        staged.body_done(&root.log(seq))?;
+        let at = (Kind::Log, root.log(seq));
+        let e = stage(bucket, root, at, (seq, size), config, budget, &mut staged).await?;
         bytes += before - budget.left;
         pos = Some(e.position());
         time = e.time_ms;
@@ -588,6 +659,10 @@ fn install_db(staged: &Path, db_path: &Path) -> Result<(), ReplicaError> {
 /// head's (the sidecar's): a snapshot of one part is then a create-only
 /// PUT (read back if the key is taken, like an entry), a larger one a
 /// multipart upload completed by that part; otherwise nothing lands.
+///
+/// A delta (ADR 0037) streams the same way but reads only the pages that
+/// changed since the writer's last snapshot, each checked against the
+/// head's hash of that page before it is sent.
 #[derive(Debug)]
 pub struct SnapshotJob {
     bucket: Bucket,
@@ -596,9 +671,25 @@ pub struct SnapshotJob {
     /// The head's [`PageHashes::digest_hex`]: what the file's pages must
     /// hash to.
     digest: String,
+    /// For a delta: the snapshot it starts from, and the pages it carries
+    /// with the head's hash of each, in page order.
+    delta: Option<DeltaPlan>,
     db_path: PathBuf,
     part_bytes: usize,
     verify: bool,
+}
+
+/// A delta's snapshot seq, and its pages with the head's hash of each, in
+/// page order.
+type DeltaPlan = (u64, Vec<(u32, [u8; 32])>);
+
+/// What a [`SnapshotJob`] landed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Landed {
+    /// The seq it stands for.
+    pub seq: u64,
+    /// For a delta, the snapshot it starts from; `None` for a snapshot.
+    pub delta_from: Option<u64>,
 }
 
 impl SnapshotJob {
@@ -607,13 +698,29 @@ impl SnapshotJob {
         self.header.seq
     }
 
-    /// Streams the snapshot; returns its seq once it is in the bucket.
+    /// Whether this is a delta rather than a whole snapshot.
+    pub fn is_delta(&self) -> bool {
+        self.delta.is_some()
+    }
+
+    /// Pages the body carries.
+    fn count(&self) -> u32 {
+        self.delta
+            .as_ref()
+            .map_or(self.header.db_pages, |(_, pages)| pages.len() as u32)
+    }
+
+    /// Streams the snapshot; returns what landed once it is in the bucket.
     /// `SnapshotTorn` if the file is not the head's state (nothing landed).
-    pub async fn run(self) -> Result<u64, ReplicaError> {
+    pub async fn run(self) -> Result<Landed, ReplicaError> {
         let seq = self.header.seq;
+        let landed = Landed {
+            seq,
+            delta_from: self.delta.as_ref().map(|(base, _)| *base),
+        };
         let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<Bytes, ReplicaError>>(2);
         let total = self.header.encoded_len()
-            + self.header.db_pages as u64 * (PAGE_NUMBER_BYTES + self.header.page_size as u64);
+            + self.count() as u64 * (PAGE_NUMBER_BYTES + self.header.page_size as u64);
         let single = total <= self.part_bytes as u64;
         let (bucket, key) = (self.bucket.clone(), self.key.clone());
         let reader = tokio::task::spawn_blocking(move || self.read_parts(&tx));
@@ -637,7 +744,7 @@ impl SnapshotJob {
         let read = reader
             .await
             .map_err(|e| ReplicaError::ChainBroken(format!("the snapshot's reader: {e}")))?;
-        sent.and(read).map(|()| seq)
+        sent.and(read).map(|()| landed)
     }
 
     /// Reads the file's pages into parts (on a blocking thread), checking
@@ -661,13 +768,23 @@ impl SnapshotJob {
         let ps = self.header.page_size as usize;
         let mut hasher = sha2::Sha256::new();
         let mut part = Vec::with_capacity(self.part_bytes + ps + 4);
-        self.header.write_header(&mut part, self.header.db_pages);
+        self.header.write_header(&mut part, self.count());
         let mut page = vec![0u8; ps];
         let mut tree = TreeDigest::default();
-        for no in 1..=self.header.db_pages {
+        let mut torn = false;
+        let numbers: Box<dyn Iterator<Item = (u32, Option<&[u8; 32]>)>> = match &self.delta {
+            None => Box::new((1..=self.header.db_pages).map(|no| (no, None))),
+            Some((_, pages)) => Box::new(pages.iter().map(|(no, hash)| (*no, Some(hash)))),
+        };
+        for (no, hash) in numbers {
             file.read_exact_at(&mut page, (no as u64 - 1) * ps as u64)
                 .map_err(|e| fail(e.into()))?;
-            tree.push(&page);
+            match hash {
+                None => tree.push(&page),
+                Some(hash) => {
+                    torn |= <sha2::Sha256 as sha2::Digest>::digest(&page).as_slice() != hash;
+                }
+            }
             part.extend_from_slice(&no.to_be_bytes());
             part.extend_from_slice(&page);
             if part.len() >= self.part_bytes {
@@ -680,7 +797,11 @@ impl SnapshotJob {
         }
         // The last part goes only if every page was the head's: a multipart
         // upload without it is aborted, a single PUT never sent.
-        if self.verify && tree.finish(self.header.page_size) != self.digest {
+        let torn = match self.delta {
+            None => tree.finish(self.header.page_size) != self.digest,
+            Some(_) => torn,
+        };
+        if self.verify && torn {
             return Err(fail(ReplicaError::SnapshotTorn {
                 key: self.key.clone(),
             }));
@@ -762,6 +883,29 @@ pub struct Replica {
     /// Every snapshot this writer has seen, with when it first saw it
     /// (boot clock, after the request that showed it returned).
     snaps_seen: BTreeMap<u64, Duration>,
+    /// The latest snapshot this writer wrote: where its deltas start.
+    delta_base: Option<u64>,
+    /// The pages this writer's entries changed (see [`Tracking`]); `None`
+    /// when it does not know them all (after opening, or past
+    /// [`DELTA_PAGES_MAX`]): the next snapshot due is then a whole one.
+    tracking: Option<Tracking>,
+    /// Bytes of the entries since `delta_base`: once they outweigh the
+    /// database (`snapshot_log_ratio_pct`), the next snapshot is whole, so
+    /// the log the bucket keeps stays within the database's size.
+    bytes_since_base: u64,
+    /// Every delta this writer has seen, `(base, seq)`, with when it first
+    /// saw it (as `snaps_seen`): a delta a newer one replaces is deleted
+    /// once that one is a grace old.
+    deltas_seen: BTreeMap<(u64, u64), Duration>,
+}
+
+/// The pages a writer's entries changed since seq `from`: page number to
+/// the seq of the newest entry that wrote it. A delta from a snapshot at
+/// or above `from` carries those of them that the database still has.
+#[derive(Debug, Default)]
+struct Tracking {
+    from: u64,
+    pages: BTreeMap<u32, u64>,
 }
 
 impl Replica {
@@ -803,6 +947,10 @@ impl Replica {
             given_up: false,
             anchor: None,
             snaps_seen: BTreeMap::new(),
+            delta_base: None,
+            tracking: None,
+            bytes_since_base: 0,
+            deltas_seen: BTreeMap::new(),
         };
         let mut attempt = 0;
         loop {
@@ -1068,15 +1216,35 @@ impl Replica {
     /// made the head, and no checkpoint writes it meanwhile); the job checks
     /// the file's pages against the head's digest and completes nothing if one
     /// differs.
-    pub fn snapshot_job(&self) -> Option<SnapshotJob> {
+    ///
+    /// It is a delta (ADR 0037) when this writer knows every page that
+    /// changed since its last snapshot, they make a body within
+    /// `snapshot_delta_ratio_pct` of the database, and the log since that
+    /// snapshot does not outweigh the database yet; otherwise a whole
+    /// snapshot. A whole one starts the tracking of changed pages when none
+    /// runs.
+    pub fn snapshot_job(&mut self) -> Option<SnapshotJob> {
         let (true, Some(head), Some(base)) = (self.snapshot_due, self.head, &self.base) else {
             return None;
         };
+        let delta = self.delta_plan(head.seq, base);
+        let (kind, key) = match &delta {
+            Some((from, _)) => (Kind::Delta, self.root.delta(*from, head.seq)),
+            None => (Kind::Snapshot, self.root.snap(head.seq)),
+        };
+        if delta.is_none() && self.tracking.is_none() {
+            self.tracking = Some(Tracking {
+                from: head.seq,
+                pages: BTreeMap::new(),
+            });
+        }
+        let base = self.base.as_ref().expect("checked above");
         Some(SnapshotJob {
             bucket: self.bucket.clone(),
-            key: self.root.snap(head.seq),
+            key,
+            delta,
             header: Entry {
-                kind: Kind::Snapshot,
+                kind,
                 seq: head.seq,
                 time_ms: self.head_time_ms,
                 token: head.token,
@@ -1092,11 +1260,82 @@ impl Replica {
         })
     }
 
-    /// A snapshot streamed by a [`SnapshotJob`] landed at `seq`: entries
+    /// The delta the snapshot due at `head` can be, if any: the snapshot it
+    /// starts from, and the pages it carries with their hashes in `base`
+    /// (the head's state).
+    fn delta_plan(&self, head: u64, base: &PageHashes) -> Option<DeltaPlan> {
+        let (Some(from), Some(tracking)) = (self.delta_base, &self.tracking) else {
+            return None;
+        };
+        let db_bytes = base.pages() as u64 * base.page_size() as u64;
+        if self.config.snapshot_delta_ratio_pct == 0
+            || tracking.from > from
+            || head <= from
+            || self.log_outweighs(self.bytes_since_base, db_bytes)
+        {
+            return None;
+        }
+        let pages: Vec<(u32, [u8; 32])> = tracking
+            .pages
+            .keys()
+            .filter_map(|no| Some((*no, base.page_hash(*no)?)))
+            .collect();
+        let body = pages.len() as u64 * (PAGE_NUMBER_BYTES + base.page_size() as u64);
+        (body.saturating_mul(100)
+            <= self
+                .config
+                .snapshot_delta_ratio_pct
+                .saturating_mul(db_bytes))
+        .then_some((from, pages))
+    }
+
+    /// Notes the pages an entry at `seq` wrote, for the deltas.
+    fn track(&mut self, seq: u64, pages: impl Iterator<Item = u32>) {
+        let Some(t) = &mut self.tracking else {
+            return;
+        };
+        for no in pages {
+            t.pages.insert(no, seq);
+            if t.pages.len() > DELTA_PAGES_MAX {
+                self.tracking = None;
+                return;
+            }
+        }
+    }
+
+    /// A snapshot or delta streamed by a [`SnapshotJob`] landed: entries
     /// after it count towards the next one, and the next collection may
-    /// delete what it covers.
-    pub fn snapshot_landed(&mut self, seq: u64) {
-        self.snaps_seen.entry(seq).or_insert_with(since_boot);
+    /// delete what it replaces.
+    pub fn snapshot_landed(&mut self, landed: Landed) {
+        let seq = landed.seq;
+        match landed.delta_from {
+            None => {
+                self.snaps_seen.entry(seq).or_insert_with(since_boot);
+                self.delta_base = Some(seq);
+                if let Some(t) = &mut self.tracking
+                    && t.from <= seq
+                {
+                    t.from = seq;
+                    t.pages.retain(|_, changed| *changed > seq);
+                }
+                self.bytes_since_base = self
+                    .recent
+                    .iter()
+                    .filter(|(s, _)| *s > seq)
+                    .map(|(_, b)| b)
+                    .sum();
+            }
+            Some(from) => {
+                self.deltas_seen
+                    .entry((from, seq))
+                    .or_insert_with(since_boot);
+                if self.config.unsafe_delta_forgets_pages
+                    && let Some(t) = &mut self.tracking
+                {
+                    t.pages.retain(|_, changed| *changed > seq);
+                }
+            }
+        }
         self.recent.retain(|(s, _)| *s > seq);
         self.entries_since_snapshot = self.recent.len() as u64;
         self.bytes_since_snapshot = self.recent.iter().map(|(_, b)| b).sum();
@@ -1196,7 +1435,9 @@ impl Replica {
         self.settle_head(position, time_ms, hashes)?;
         self.entries_since_snapshot += 1;
         self.bytes_since_snapshot += entry_bytes;
+        self.bytes_since_base += entry_bytes;
         self.appended(seq, entry_bytes);
+        self.track(seq, entry.pages.iter().map(|(no, _)| *no));
         let db_bytes = entry.db_pages as u64 * entry.page_size as u64;
         self.snapshot_due = self.snapshot_policy_due(db_bytes);
         if self.collect_due {
@@ -1217,10 +1458,15 @@ impl Replica {
     /// or by bytes against the database's size (`db_bytes`).
     fn snapshot_policy_due(&self, db_bytes: u64) -> bool {
         let due = self.entries_since_snapshot >= self.config.snapshot_every_entries
-            || (self.bytes_since_snapshot.saturating_mul(100)
-                >= self.config.snapshot_log_ratio_pct.saturating_mul(db_bytes)
-                && self.bytes_since_snapshot >= self.config.snapshot_log_bytes_min);
+            || self.log_outweighs(self.bytes_since_snapshot, db_bytes);
         due && self.entries_since_snapshot > 0
+    }
+
+    /// Whether `log_bytes` of entries outweigh a database of `db_bytes`
+    /// (`snapshot_log_ratio_pct`, and at least `snapshot_log_bytes_min`).
+    fn log_outweighs(&self, log_bytes: u64, db_bytes: u64) -> bool {
+        log_bytes.saturating_mul(100) >= self.config.snapshot_log_ratio_pct.saturating_mul(db_bytes)
+            && log_bytes >= self.config.snapshot_log_bytes_min
     }
 
     async fn upload_inner(
@@ -1258,6 +1504,8 @@ impl Replica {
             self.bytes_since_snapshot += entry_bytes;
             self.appended(seq, entry_bytes);
         }
+        self.bytes_since_base += entry_bytes;
+        self.track(seq, entry.pages.iter().map(|(no, _)| *no));
         let snapshot = self.snapshot_policy_due(image.bytes().len() as u64)
             || (self.snapshot_due && self.entries_since_snapshot > 0);
         if snapshot {
@@ -1374,6 +1622,12 @@ impl Replica {
         self.bytes_since_snapshot = 0;
         self.snapshot_due = false;
         self.recent.clear();
+        self.delta_base = Some(head.seq);
+        self.bytes_since_base = 0;
+        self.tracking = Some(Tracking {
+            from: head.seq,
+            pages: BTreeMap::new(),
+        });
         self.collect().await
     }
 
@@ -1424,6 +1678,56 @@ impl Replica {
         }
         for s in &snaps[..keep_from] {
             self.bucket.delete(&self.root.snap(*s)).await?;
+        }
+        let newest_aged = snaps.iter().rev().find(|s| aged(s)).copied();
+        self.collect_deltas(newest_aged, bound).await
+    }
+
+    /// Deletes the deltas no restore will read: those from a snapshot below
+    /// the newest one known for the grace, and those a newer delta from
+    /// the same snapshot replaces once that one is known for the grace (a
+    /// restore that listed the older one a moment ago still finds it).
+    async fn collect_deltas(
+        &mut self,
+        newest_aged_snapshot: Option<u64>,
+        bound: u64,
+    ) -> Result<(), ReplicaError> {
+        let keys = self
+            .bucket
+            .list(&self.root.delta_dir(), None, bound)
+            .await?;
+        let deltas: std::collections::BTreeSet<(u64, u64)> =
+            keys.iter().filter_map(|k| parse_delta(k)).collect();
+        let now = since_boot();
+        self.deltas_seen.retain(|d, _| deltas.contains(d));
+        for d in &deltas {
+            self.deltas_seen.entry(*d).or_insert(now);
+        }
+        let grace = Duration::from_millis(self.config.collect_grace_ms);
+        let aged = |d: &(u64, u64)| {
+            self.config.unsafe_collect_without_grace
+                || self
+                    .deltas_seen
+                    .get(d)
+                    .is_some_and(|seen| now.saturating_sub(*seen) >= grace)
+        };
+        // Per snapshot, the newest delta known for the grace: one pass over
+        // the listing (sorted by snapshot, then seq).
+        let mut newest_aged: BTreeMap<u64, u64> = BTreeMap::new();
+        for d in deltas.iter().filter(|d| aged(d)) {
+            newest_aged.insert(d.0, d.1);
+        }
+        let gone: Vec<(u64, u64)> = deltas
+            .iter()
+            .filter(|(base, seq)| {
+                newest_aged_snapshot.is_some_and(|s| *base < s)
+                    || newest_aged.get(base).is_some_and(|newest| newest > seq)
+            })
+            .copied()
+            .collect();
+        for (base, seq) in gone {
+            self.bucket.delete(&self.root.delta(base, seq)).await?;
+            self.deltas_seen.remove(&(base, seq));
         }
         Ok(())
     }
@@ -1497,7 +1801,8 @@ pub async fn delete_all(
     if config.unsafe_delete_erases_chain {
         let snaps = erase(bucket, &root, Kind::Snapshot, 0..=u64::MAX, None, config).await?;
         let logs = erase(bucket, &root, Kind::Log, 0..=u64::MAX, None, config).await?;
-        return Ok(snaps + logs);
+        let deltas = erase_deltas(bucket, &root).await?;
+        return Ok(snaps + logs + deltas);
     }
     let mut attempt = 0;
     let tombstone = loop {
@@ -1516,6 +1821,7 @@ pub async fn delete_all(
         return Ok(0);
     };
     let snaps = erase(bucket, &root, Kind::Snapshot, 0..=below, None, config).await?;
+    let deltas = erase_deltas(bucket, &root).await?;
     let logs = erase(
         bucket,
         &root,
@@ -1525,7 +1831,31 @@ pub async fn delete_all(
         config,
     )
     .await?;
-    Ok(snaps + logs)
+    Ok(snaps + deltas + logs)
+}
+
+/// Deletes every delta of the actor (they hold its data, like snapshots),
+/// a page of keys at a time.
+async fn erase_deltas(bucket: &Bucket, root: &ActorRoot) -> Result<u64, ReplicaError> {
+    /// Keys one page of the listing holds.
+    const PAGE: usize = 1000;
+    let mut after: Option<String> = None;
+    let mut n = 0;
+    loop {
+        let page = bucket
+            .list_page(&root.delta_dir(), after.as_deref(), PAGE)
+            .await?;
+        for key in &page {
+            if parse_delta(key).is_some() {
+                bucket.delete(key).await?;
+                n += 1;
+            }
+        }
+        if page.len() < PAGE {
+            return Ok(n);
+        }
+        after = page.last().cloned();
+    }
 }
 
 /// Step 1 of [`delete_all`]: the tombstone in `log/` and `snap/` at the
@@ -1607,6 +1937,7 @@ async fn erase(
     let (dir, key): (String, fn(&ActorRoot, u64) -> String) = match kind {
         Kind::Snapshot => (root.snap_dir(), ActorRoot::snap),
         Kind::Log | Kind::Tombstone => (root.log_dir(), ActorRoot::log),
+        Kind::Delta => unreachable!("deltas are erased by erase_deltas"),
     };
     let (mut from, end) = range.into_inner();
     let mut n = 0;

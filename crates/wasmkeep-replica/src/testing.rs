@@ -353,6 +353,36 @@ impl Moto {
         assert!(r.starts_with("HTTP/1.1 200"), "create bucket: {r}");
     }
 
+    /// The SHA-256 (base64) the server keeps with `key` in `bucket`, as a
+    /// signed HEAD with checksum mode enabled answers it (boto3, from the
+    /// Python environment moto runs in); `None` if the object was written
+    /// without one.
+    pub fn checksum_sha256(&self, bucket: &str, key: &str) -> Option<String> {
+        const HEAD: &str = "import sys, boto3\n\
+            s3 = boto3.client('s3', endpoint_url=sys.argv[1], region_name='us-east-1',\n\
+                aws_access_key_id='test', aws_secret_access_key='test')\n\
+            h = s3.head_object(Bucket=sys.argv[2], Key=sys.argv[3], ChecksumMode='ENABLED')\n\
+            print(h.get('ChecksumSHA256') or '')\n";
+        let python = moto_binary().with_file_name("python3");
+        let out = Command::new(&python)
+            .args([
+                "-c",
+                HEAD,
+                &format!("http://127.0.0.1:{}", self.port),
+                bucket,
+                key,
+            ])
+            .output()
+            .expect("running the Python beside moto_server");
+        assert!(
+            out.status.success(),
+            "head {key}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let sum = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        (!sum.is_empty()).then_some(sum)
+    }
+
     pub fn options(&self) -> Vec<(String, String)> {
         [
             ("aws_endpoint", format!("http://127.0.0.1:{}", self.port)),

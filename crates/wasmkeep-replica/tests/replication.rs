@@ -207,14 +207,41 @@ async fn upload_captured(
         Some(up) => (up, true),
         None => (upload(rep, src, time_ms).await?, false),
     };
-    if let Some(job) = rep.snapshot_job().filter(|_| snapshot) {
-        let seq = job.run().await?;
-        rep.snapshot_landed(seq);
+    // As the runtime does: a job only when the file was frozen for it.
+    if snapshot && let Some(job) = rep.snapshot_job() {
+        let landed = job.run().await?;
+        rep.snapshot_landed(landed);
     }
     if snapshot {
         src.db.as_ref().unwrap().thaw().unwrap();
     }
     Ok((up, pages))
+}
+
+/// `rows` commits of one event of `bytes` each: a database of about
+/// `rows × bytes`.
+fn fill(src: &mut Source, rows: i64, bytes: usize) {
+    for i in 0..rows {
+        src.commit(&[(
+            "INSERT INTO events (at, body) VALUES (?, ?)",
+            vec![Value::Integer(i), Value::Blob(vec![i as u8; bytes])],
+        )]);
+    }
+}
+
+/// What the runtime does before a snapshot or delta streams: freeze the
+/// file (checkpointed, and kept so), then upload the captured pages.
+async fn frozen_upload(rep: &mut Replica, src: &Source, time_ms: u64) {
+    let db = src.db.as_ref().unwrap();
+    db.freeze_file().unwrap();
+    let ch = db.take_changes().unwrap();
+    let pages = Pages {
+        page_size: ch.page_size.unwrap(),
+        db_pages: ch.db_pages.unwrap(),
+        low_pages: ch.low_pages.unwrap(),
+        pages: ch.pages,
+    };
+    rep.upload_pages(&pages, time_ms).await.unwrap();
 }
 
 /// A snapshot that is due but never streams (the node's slot taken, or
@@ -280,12 +307,7 @@ async fn large_snapshot_streams_in_parts(b: &Backend, name: &str, verify: bool) 
         .await
         .unwrap();
     schema(&mut src);
-    for i in 0..12i64 {
-        src.commit(&[(
-            "INSERT INTO events (at, body) VALUES (?, ?)",
-            vec![Value::Integer(i), Value::Blob(vec![i as u8; 1_000_000])],
-        )]);
-    }
+    fill(&mut src, 12, 1_000_000);
     upload_captured(&mut rep, &mut src, 1000).await.unwrap();
     let mut i = 100;
     while !rep.snapshot_due() {
@@ -298,16 +320,7 @@ async fn large_snapshot_streams_in_parts(b: &Backend, name: &str, verify: bool) 
     // The next upload freezes the file; the snapshot streams after it.
     work(&mut src, i);
     let snaps = keys(&b.bucket, &rep, "snap").await.len();
-    let db = src.db.as_ref().unwrap();
-    db.freeze_file().unwrap();
-    let ch = db.take_changes().unwrap();
-    let pages = Pages {
-        page_size: ch.page_size.unwrap(),
-        db_pages: ch.db_pages.unwrap(),
-        low_pages: ch.low_pages.unwrap(),
-        pages: ch.pages,
-    };
-    rep.upload_pages(&pages, 5000).await.unwrap();
+    frozen_upload(&mut rep, &src, 5000).await;
     let job = rep.snapshot_job().expect("a snapshot is due");
     let seq = job.seq();
     let image = src.image();
@@ -334,8 +347,9 @@ async fn large_snapshot_streams_in_parts(b: &Backend, name: &str, verify: bool) 
         let mut f = std::fs::read(&path).unwrap();
         f[4096..8192].copy_from_slice(&page);
         std::fs::write(&path, f).unwrap();
-        assert_eq!(job.run().await.unwrap(), seq);
-        rep.snapshot_landed(seq);
+        let landed = job.run().await.unwrap();
+        assert_eq!((landed.seq, landed.delta_from), (seq, None));
+        rep.snapshot_landed(landed);
         src.db.as_ref().unwrap().thaw().unwrap();
         let source = src.close_and_read();
         assert_eq!(source, image.bytes());
@@ -346,7 +360,7 @@ async fn large_snapshot_streams_in_parts(b: &Backend, name: &str, verify: bool) 
         f[4096 + 100] ^= 0xFF;
         std::fs::write(&path, f).unwrap();
         assert_eq!(
-            job.run().await.unwrap(),
+            job.run().await.unwrap().seq,
             seq,
             "unverified, the torn file lands"
         );
@@ -356,6 +370,187 @@ async fn large_snapshot_streams_in_parts(b: &Backend, name: &str, verify: bool) 
             restored.is_err() || std::fs::read(&dst).unwrap() != image.bytes(),
             "the torn snapshot restored as the head's state"
         );
+    }
+    wasmkeep_store::page_capture::untrack(&dir);
+}
+
+/// One commit of phase `what` (see below), numbered `i`: `users` also
+/// grows the database.
+fn step(what: &str, i: i64) -> Vec<(&'static str, Vec<Value>)> {
+    match what {
+        "users" => vec![
+            (
+                "UPDATE users SET name = ? WHERE id = 1",
+                vec![Value::Text(format!("name {i}"))],
+            ),
+            (
+                "INSERT INTO events (at, body) VALUES (?, ?)",
+                vec![Value::Integer(1000 + i), Value::Blob(vec![9; 20_000])],
+            ),
+        ],
+        _ => vec![(
+            "INSERT OR REPLACE INTO tags (k, v) VALUES ('k', ?)",
+            vec![Value::Text(format!("v{i}"))],
+        )],
+    }
+}
+
+/// Whether a delta above `head` is in the bucket.
+async fn delta_since(
+    bucket: &Bucket,
+    rep: &Replica,
+    head: Option<wasmkeep_replica::Position>,
+) -> bool {
+    let from = head.map_or(0, |p| p.seq);
+    keys(bucket, rep, "delta")
+        .await
+        .iter()
+        .any(|k| wasmkeep_replica::keys::parse_delta(k).is_some_and(|(_, seq)| seq > from))
+}
+
+/// Deltas (ADR 0037): on a database of a few megabytes whose commits touch
+/// a few pages, the snapshots due after the first are deltas carrying every
+/// page changed since that snapshot. Phase A changes `users` and grows the
+/// database, phase B only `tags`, so the last delta must still carry phase
+/// A's pages (and the pages the database grew by). A delta streamed from a
+/// file whose pages are not the head's lands nothing. A restore
+/// elsewhere reads the snapshot, the newest delta and the entries from its
+/// seq on (the entries it covers are deleted here to prove it), and is the
+/// source byte for byte; deltas a newer one replaced are collected. In the
+/// unsafe variant a delta carries only the pages since the previous delta:
+/// the restore misses phase A's pages.
+async fn deltas_carry_every_page_since_the_snapshot(b: &Backend, name: &str, forget: bool) {
+    let tmp = tempfile::tempdir().unwrap();
+    let id = actor(name);
+    let dir = tmp.path().join("src");
+    wasmkeep_store::page_capture::track(&dir);
+    let mut src = Source::new(&dir);
+    let config = ReplicaConfig {
+        unsafe_delta_forgets_pages: forget,
+        ..cfg(4, 2)
+    };
+    let (mut rep, _) = Replica::open(&b.bucket, &id, &src.path(), 1, config.clone(), 0)
+        .await
+        .unwrap();
+    schema(&mut src);
+    fill(&mut src, 40, 100_000);
+    src.commit(&[("INSERT INTO users (id, name) VALUES (1, 'first')", vec![])]);
+    upload_captured(&mut rep, &mut src, 1000).await.unwrap();
+    // Up to the first snapshot (whole: nothing was tracked before it).
+    let mut i = 0;
+    while keys(&b.bucket, &rep, "snap").await.is_empty() {
+        i += 1;
+        src.commit(&step("tags", i));
+        upload_captured(&mut rep, &mut src, 2000 + i as u64)
+            .await
+            .unwrap();
+        assert!(i < 20, "no snapshot");
+    }
+    for what in ["users", "tags"] {
+        let before = rep.head();
+        let mut n = 0;
+        while n < 2 || !delta_since(&b.bucket, &rep, before).await {
+            i += 1;
+            n += 1;
+            src.commit(&step(what, i));
+            upload_captured(&mut rep, &mut src, 2000 + i as u64)
+                .await
+                .unwrap();
+            assert!(n < 20, "no delta in phase {what}");
+        }
+    }
+    if !forget {
+        // A delta whose file changed under it (every page, whichever the
+        // delta carries) is torn: nothing lands. The same job then lands.
+        i += 1;
+        src.commit(&step("tags", i));
+        let due = |rep: &Replica| rep.snapshot_due();
+        while !due(&rep) {
+            upload_captured(&mut rep, &mut src, 2000 + i as u64)
+                .await
+                .unwrap();
+            i += 1;
+            src.commit(&step("tags", i));
+        }
+        frozen_upload(&mut rep, &src, 3000).await;
+        let job = rep.snapshot_job().expect("due");
+        assert!(job.is_delta(), "a few pages changed: a delta");
+        let path = src.path();
+        let good = std::fs::read(&path).unwrap();
+        let mut torn = good.clone();
+        for page in torn.chunks_mut(4096) {
+            page[100] ^= 0xFF;
+        }
+        std::fs::write(&path, &torn).unwrap();
+        let before = keys(&b.bucket, &rep, "delta").await;
+        let err = rep.snapshot_job().unwrap().run().await.unwrap_err();
+        assert_eq!(err.code(), "snapshot_torn", "{err}");
+        assert_eq!(
+            keys(&b.bucket, &rep, "delta").await,
+            before,
+            "nothing landed"
+        );
+        std::fs::write(&path, &good).unwrap();
+        let landed = job.run().await.unwrap();
+        assert!(landed.delta_from.is_some());
+        rep.snapshot_landed(landed);
+        src.db.as_ref().unwrap().thaw().unwrap();
+    }
+    // One more entry above the newest delta, and a collection.
+    i += 1;
+    src.commit(&step("tags", i));
+    upload_captured(&mut rep, &mut src, 2000 + i as u64)
+        .await
+        .unwrap();
+    assert_eq!(
+        keys(&b.bucket, &rep, "snap").await.len(),
+        1,
+        "one whole snapshot"
+    );
+    let deltas = keys(&b.bucket, &rep, "delta").await;
+    assert_eq!(deltas.len(), 1, "replaced deltas are collected: {deltas:?}");
+    let (snap, newest) = wasmkeep_replica::keys::parse_delta(&deltas[0]).unwrap();
+    assert!(
+        b.bucket
+            .list(&format!("{}snap/", rep.root().as_str()), None, 10)
+            .await
+            .unwrap()[0]
+            .ends_with(&format!("{snap:020}"))
+    );
+    // The entries the delta covers are not needed: delete them.
+    for s in snap + 1..newest {
+        b.bucket.delete(&rep.root().log(s)).await.unwrap();
+    }
+    let source = src.close_and_read();
+    let dst = tmp.path().join("dst").join("actor.db");
+    let restored = Replica::open(&b.bucket, &id, &dst, 2, config, 5000).await;
+    if forget {
+        assert!(
+            restored.is_err() || std::fs::read(&dst).unwrap() != source,
+            "a delta without phase A's pages restored the source"
+        );
+    } else {
+        let (rep2, opened) = restored.unwrap();
+        assert_eq!(opened, Opened::Restored { replaced: None });
+        assert_eq!(rep2.head(), rep.head());
+        assert!(
+            std::fs::read(&dst).unwrap() == source,
+            "restored file differs"
+        );
+        // An export goes through the delta too (the entries it covers are
+        // gone).
+        assert!(
+            export(&b.bucket, &id, At::Latest, &cfg(4, 2))
+                .await
+                .unwrap()
+                == source,
+            "the export differs"
+        );
+        // Deltas hold the actor's data: deleting it deletes them.
+        delete_all(&b.bucket, &id, 3, &cfg(4, 2), 9000)
+            .await
+            .unwrap();
+        assert_eq!(keys(&b.bucket, &rep, "delta").await, Vec::<String>::new());
     }
     wasmkeep_store::page_capture::untrack(&dir);
 }
@@ -959,6 +1154,8 @@ async fn all_scenarios(make: impl Fn() -> Backend) {
     captured_pages_restore_byte_identical(&make(), "captured pages").await;
     large_snapshot_streams_in_parts(&make(), "large snapshot", true).await;
     an_overdue_snapshot_is_written_from_the_image(&make(), "overdue snapshot").await;
+    deltas_carry_every_page_since_the_snapshot(&make(), "deltas", false).await;
+    deltas_carry_every_page_since_the_snapshot(&make(), "deltas unsafe", true).await;
     large_snapshot_streams_in_parts(&make(), "large snapshot unsafe", false).await;
     lost_response_is_mine_and_foreign_entry_moves_the_chain(&make(), "lost response").await;
     late_commit(&make(), "late first", true).await;
@@ -1008,6 +1205,32 @@ async fn from_url_reaches_moto_and_a_folder() {
     assert_eq!(
         bucket.list("x/", None, u64::MAX).await.unwrap(),
         vec!["x/y".to_owned()]
+    );
+    // Every PUT, and every part of a multipart upload, carries its SHA-256,
+    // which the store checks and keeps with the object. moto keeps it for a
+    // multipart upload (not for a single PUT unless boto's own header comes
+    // with it) and refuses no wrong one, as S3 does: what this shows is
+    // that the node sends it, against a bucket over a store configured
+    // without it.
+    async fn parts_to(bucket: &Bucket, key: &str) {
+        let (tx, mut rx) = tokio::sync::mpsc::channel(2);
+        for p in [vec![7u8; 5 * 1024 * 1024], vec![8u8; 100]] {
+            tx.send(Ok(bytes::Bytes::from(p))).await.unwrap();
+        }
+        drop(tx);
+        bucket
+            .put_parts(key, &mut rx, 5 * 1024 * 1024 + 100)
+            .await
+            .unwrap();
+    }
+    parts_to(&bucket, "x/parts").await;
+    let unchecked = Bucket::new(moto.store("urls"), "some/prefix");
+    parts_to(&unchecked, "x/bare").await;
+    assert_eq!(moto.checksum_sha256("urls", "some/prefix/x/bare"), None);
+    assert!(
+        moto.checksum_sha256("urls", "some/prefix/x/parts")
+            .is_some(),
+        "a multipart upload carries its parts' SHA-256"
     );
     let dir = tempfile::tempdir().unwrap();
     let url = format!("file://{}", dir.path().join("b").display());

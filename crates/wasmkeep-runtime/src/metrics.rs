@@ -156,6 +156,9 @@ pub struct Metrics {
     /// Snapshots streamed from an actor's file that did not land (torn,
     /// or the bucket failed); tried again later.
     pub replica_snapshot_failures_total: Counter,
+    /// Deltas (the pages changed since the last snapshot, ADR 0037)
+    /// streamed in place of a whole snapshot.
+    pub replica_deltas_total: Counter,
     pub replica_image_reads_total: Counter,
     /// Alarm index entries listed and removed by this node as an owner
     /// (ADR 0009; a cluster node only).
@@ -206,11 +209,16 @@ impl Metrics {
 
     fn register_node(&self, r: &mut Registry) {
         // Counters are registered without `_total`: the library appends it.
-        let series: [(&str, &Counter, &str); 8] = [
+        let series: [(&str, &Counter, &str); 9] = [
             (
                 "wasmkeep_replica_snapshot_failures",
                 &self.replica_snapshot_failures_total,
                 "Snapshots streamed from an actor's file that did not land (tried again later).",
+            ),
+            (
+                "wasmkeep_replica_deltas",
+                &self.replica_deltas_total,
+                "Deltas (the pages changed since the actor's last snapshot) written in place of a whole snapshot.",
             ),
             (
                 "wasmkeep_requests",
@@ -415,7 +423,7 @@ impl Metrics {
             (
                 "wasmkeep_replica_snapshots",
                 &self.replica_snapshots_total,
-                "Snapshots written after an entry.",
+                "Whole snapshots written after an entry.",
             ),
             (
                 "wasmkeep_replica_restores",
@@ -664,8 +672,8 @@ mod tests {
         assert_eq!(sample(&text, "wasmkeep_bucket_put_bytes_total"), 0.0);
         assert_eq!(types["wasmkeep_event_seconds"], "histogram");
         assert_eq!(types["wasmkeep_alarms_pending"], "gauge");
-        // 20 node series, 9 phase histograms, 10 of replication, 2 of the
+        // 20 node series, 9 phase histograms, 11 of replication, 2 of the
         // alarm index, 6 bucket counters.
-        assert_eq!(types.len(), 47);
+        assert_eq!(types.len(), 48);
     }
 }

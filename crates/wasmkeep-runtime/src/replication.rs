@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, MutexGuard};
 use wasmkeep_replica::{
-    Bucket, Image, Opened, Pages, Replica, ReplicaConfig, ReplicaError, Uploaded,
+    Bucket, Image, Landed, Opened, Pages, Replica, ReplicaConfig, ReplicaError, Uploaded,
 };
 use wasmkeep_store::page_capture;
 use wasmkeep_store::{ActorDb, ActorId, StoreError, paths};
@@ -306,7 +306,7 @@ pub struct ActorReplica {
     snapshotting: bool,
     /// How the last streamed snapshot ended, for the replica to learn at
     /// its next upload.
-    snapshot_done: Option<Result<u64, String>>,
+    snapshot_done: Option<Result<Landed, String>>,
 }
 
 impl ActorReplica {
@@ -689,7 +689,7 @@ fn maybe_upload(
         return;
     };
     match st.snapshot_done.take() {
-        Some(Ok(seq)) => replica.snapshot_landed(seq),
+        Some(Ok(landed)) => replica.snapshot_landed(landed),
         Some(Err(e)) => {
             tracing::warn!(actor = %actor.id, error = %e, "a snapshot streamed from the file failed; tried again later")
         }
@@ -774,6 +774,7 @@ fn maybe_upload(
         if let Some(job) = job {
             let landed = job.run().await.map_err(|e| e.to_string());
             match &landed {
+                Ok(l) if l.delta_from.is_some() => Metrics::inc(&rt.metrics.replica_deltas_total),
                 Ok(_) => Metrics::inc(&rt.metrics.replica_snapshots_total),
                 Err(_) => Metrics::inc(&rt.metrics.replica_snapshot_failures_total),
             }

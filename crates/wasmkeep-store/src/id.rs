@@ -12,8 +12,8 @@ pub const SEGMENT_BYTES_MAX: usize = 63;
 ///
 /// Why 256: a name is hex in keys (twice as long), split into folders of
 /// [`crate::paths::HEX_SEGMENT_CHARS`]. An actor's longest bucket key,
-/// `state/<tenant>/<app>/<class>/<name hex>/snap/<seq>`, is then 223 bytes
-/// plus 517 for the name: 740 of S3's 1,024, which leaves 284 for the
+/// `state/<tenant>/<app>/<class>/<name hex>/delta/<seq>/<seq>`, is then 245
+/// bytes plus 517 for the name: 762 of S3's 1,024, which leaves 262 for the
 /// bucket's prefix; the alarm index's keys (ADR 0009) are shorter. A name
 /// of 512 bytes (this limit before) could never be replicated.
 pub const NAME_BYTES_MAX: usize = 256;
