@@ -34,6 +34,17 @@ const SMALL_ACTORS_MAX: usize = 16;
 /// How often the node's RSS is read while the large actors take writes.
 const RSS_SAMPLE_MS: u64 = 50;
 
+/// Writes per large actor in one round of the settling after the fill: one
+/// more than the node's default `replica_snapshot_every_entries`, so each
+/// round makes a snapshot or a delta due for every large actor.
+const SETTLE_WRITES: usize = 1001;
+
+/// Most rounds of settling before the measured load starts anyway.
+const SETTLE_ROUNDS_MAX: usize = 6;
+
+/// How long one round waits for its snapshots and deltas to land.
+const SETTLE_WAIT: Duration = Duration::from_secs(120);
+
 pub async fn w1_durable_large(env: &Env<'_>) -> Result<RunOutput> {
     let a = env.args;
     if a.large_actors == 0 || a.large_mb == 0 {
@@ -56,8 +67,14 @@ pub async fn w1_durable_large(env: &Env<'_>) -> Result<RunOutput> {
         fill(&ep, &small, 1).await?;
         out.fig("large_mb", a.large_mb as f64);
         out.fig("large_actors", large.len() as f64);
-        // Let the fill's last uploads and snapshots end.
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        // The fill's log since each large actor's last snapshot calls for
+        // a whole one: writes until those have landed and a round of writes
+        // makes deltas only (ADR 0037), so the measured load sees the
+        // steady state, not the fill's snapshots.
+        let started = std::time::Instant::now();
+        let rounds = settle(&ep, &large).await?;
+        out.fig("settle_s", started.elapsed().as_secs_f64());
+        out.fig("settle_rounds", rounds as f64);
         let idle = match &node {
             Some(n) => Some(n.rss_kib()?),
             None => None,
@@ -94,6 +111,57 @@ pub async fn w1_durable_large(env: &Env<'_>) -> Result<RunOutput> {
     .await;
     finish(node, &mut out).await;
     r.map(|()| out)
+}
+
+/// Rounds of [`SETTLE_WRITES`] `replicated` writes to each actor of
+/// `names`, each round waiting until as many snapshots or deltas as there
+/// are actors have landed, until a round lands deltas only (or
+/// [`SETTLE_ROUNDS_MAX`]); returns the rounds.
+async fn settle(ep: &Endpoint, names: &[String]) -> Result<usize> {
+    let landed = |m: &std::collections::HashMap<String, f64>| {
+        let g = |k: &str| m.get(k).copied().unwrap_or(0.0);
+        (
+            g("wasmkeep_replica_snapshots_total"),
+            g("wasmkeep_replica_deltas_total"),
+        )
+    };
+    for round in 1..=SETTLE_ROUNDS_MAX {
+        let (snaps0, deltas0) = landed(&scrape(ep).await?);
+        let mut tasks = Vec::new();
+        for name in names {
+            let mut conn = Conn::connect(ep).await?;
+            let path = format!("{EXAMPLES}/notes/{name}/settings/k?wasmkeep-durability=replicated");
+            tasks.push(tokio::spawn(async move {
+                for i in 0..SETTLE_WRITES {
+                    let a = conn
+                        .send_with_body(&Method::PUT, &path, Bytes::from(i.to_string()))
+                        .await?;
+                    if a.status >= 300 {
+                        bail!("settling: {path}: {}", a.status);
+                    }
+                }
+                anyhow::Ok(())
+            }));
+        }
+        for t in tasks {
+            t.await??;
+        }
+        let waited = std::time::Instant::now();
+        loop {
+            let (snaps, deltas) = landed(&scrape(ep).await?);
+            if (snaps - snaps0) + (deltas - deltas0) >= names.len() as f64 {
+                if snaps == snaps0 {
+                    return Ok(round);
+                }
+                break;
+            }
+            if waited.elapsed() > SETTLE_WAIT {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    Ok(SETTLE_ROUNDS_MAX)
 }
 
 /// Sends `mb` notes of about 1 MiB to each actor of `names`, one connection
@@ -168,6 +236,10 @@ async fn group(
     out.fig(
         &format!("{label}_snapshots"),
         d("wasmkeep_replica_snapshots_total"),
+    );
+    out.fig(
+        &format!("{label}_deltas"),
+        d("wasmkeep_replica_deltas_total"),
     );
     out.fig(
         &format!("{label}_image_reads"),
