@@ -851,48 +851,140 @@ fn rehearse_alarm(rt: &Arc<Inner>, app: &Arc<App>, slot: &mut Option<Loaded>) {
     l.store.data_mut().db = Some(r.take_db());
 }
 
+/// One turn: the batch's events in one transaction, in the phases below,
+/// each its own function. A phase that ends the turn early (it answered
+/// every event itself) returns `None`.
+///
+/// 1. [`resolve_class`]: the actor's app and class still exist.
+/// 2. [`open_for_turn`]: the database and an instance are loaded.
+/// 3. [`prepare_turn`]: a turn opened ahead of an alarm warms it up.
+/// 4. [`run_events`]: each event in the transaction, a savepoint each.
+/// 5. [`commit_turn`]: the alarm index is planned, the transaction commits.
+/// 6. [`after_commit`]: the timer follows the committed alarm, and the
+///    commit is handed to replication.
+/// 7. [`release_replies`]: the replies go out once the commit is durable
+///    (and, for `replicated` ones, once it is in the bucket).
 fn run_batch(rt: &Arc<Inner>, actor: &Arc<Actor>, slot: &mut Option<Loaded>, events: Vec<Event>) {
     if events.is_empty() {
         return;
     }
-    let id = &actor.id;
+    let Some((app, events)) = resolve_class(rt, &actor.id, events) else {
+        return;
+    };
+    let turn = Turn::new(rt, &events, slot.is_some());
+    let Some((events, mut initialized)) = open_for_turn(rt, actor, &app, slot, events, &turn)
+    else {
+        return;
+    };
+    let Some(events) = prepare_turn(rt, &app, slot, events, initialized) else {
+        return;
+    };
+    let Some(ran) = run_events(rt, actor, &app, slot, events, &mut initialized) else {
+        return;
+    };
+    let Some((ran, committed_at)) = commit_turn(rt, actor, slot, ran, initialized) else {
+        return;
+    };
+    let Some((after, results)) = after_commit(rt, actor, slot, &turn, ran, initialized) else {
+        return;
+    };
+    release_replies(rt, actor, results, after, committed_at);
+}
+
+/// What the phases of one turn share about its events.
+struct Turn {
+    has_request: bool,
+    /// The timer popped this actor's alarm to deliver it: the turn puts
+    /// the committed one back, even when nothing was due.
+    has_alarm: bool,
+    /// The actor was open before this turn.
+    was_loaded: bool,
+}
+
+impl Turn {
+    fn new(rt: &Inner, events: &[Event], was_loaded: bool) -> Turn {
+        if let Some(first) = events.first() {
+            rt.metrics
+                .phase_queue
+                .observe_ms(ms_between(first.enqueued, Instant::now()));
+        }
+        Turn {
+            has_request: events.iter().any(Event::is_request),
+            has_alarm: events
+                .iter()
+                .any(|e| matches!(e.kind, EventKind::Alarm { .. } | EventKind::Deliver { .. })),
+            was_loaded,
+        }
+    }
+}
+
+/// What [`run_events`] leaves for the commit.
+struct EventsRan {
+    results: Vec<Ran>,
+    /// An alarm or a delivery ran.
+    alarm_ran: bool,
+    /// A delivery wrote the owner's fence: the batch plans the index and
+    /// its delivery answers once the upload landed.
+    fenced: bool,
+    alarm_writes_before: u64,
+    /// With a bucket: the database's change mark before the batch.
+    mark_before: Option<(u64, i64)>,
+}
+
+/// What [`after_commit`] leaves for the release of the replies.
+struct AfterCommit {
+    /// The upload that will carry this commit, with a bucket.
+    repl_mark: Option<replication::Mark>,
+    /// The first event of a new actor failed: its folder was removed.
+    removed: bool,
+    wal: std::path::PathBuf,
+    dirs: Vec<std::path::PathBuf>,
+}
+
+/// Phase 1: the actor's app and class, or every event fails with
+/// `app_not_found` / `class_not_found` (an app deleted or redeployed
+/// without the class since the events were queued).
+fn resolve_class(rt: &Inner, id: &ActorId, events: Vec<Event>) -> Option<(Arc<App>, Vec<Event>)> {
     let Some(app) = rt.app(&id.tenant, &id.app) else {
         rt.timer.set(id, None);
-        return fail_all(events, || {
+        fail_all(events, || {
             RuntimeError::AppNotFound(format!("{}/{}", id.tenant, id.app))
         });
+        return None;
     };
     if !app.classes.contains(&id.class) {
         rt.timer.set(id, None);
-        return fail_all(events, || RuntimeError::ClassNotFound {
+        fail_all(events, || RuntimeError::ClassNotFound {
             app: format!("{}/{}", id.tenant, id.app),
             class: id.class.clone(),
         });
+        return None;
     }
-    let has_request = events.iter().any(Event::is_request);
-    // The timer popped this actor's alarm to deliver it: the turn puts the
-    // committed one back, even when nothing was due.
-    let has_alarm = events
-        .iter()
-        .any(|e| matches!(e.kind, EventKind::Alarm { .. } | EventKind::Deliver { .. }));
-    let turn_started = Instant::now();
-    if let Some(first) = events.first() {
-        rt.metrics
-            .phase_queue
-            .observe_ms(ms_between(first.enqueued, turn_started));
-    }
-    let was_loaded = slot.is_some();
-    let loaded = load(rt, actor, &app, slot, has_request);
-    if !was_loaded {
+    Some((app, events))
+}
+
+/// Phase 2: the database and an instance, and whether the actor's init
+/// ran. An actor with no database gets one only from a request; an alarm
+/// for an actor with no state does not create it.
+fn open_for_turn(
+    rt: &Arc<Inner>,
+    actor: &Arc<Actor>,
+    app: &Arc<App>,
+    slot: &mut Option<Loaded>,
+    events: Vec<Event>,
+    turn: &Turn,
+) -> Option<(Vec<Event>, bool)> {
+    let id = &actor.id;
+    let started = Instant::now();
+    let loaded = load(rt, actor, app, slot, turn.has_request);
+    if !turn.was_loaded {
         rt.metrics
             .phase_open
-            .observe_ms(turn_started.elapsed().as_secs_f64() * 1000.0);
+            .observe_ms(started.elapsed().as_secs_f64() * 1000.0);
     }
     match loaded {
         Ok(true) => {}
         Ok(false) => {
-            // No database and nothing that may create one: an alarm for an
-            // actor with no state does not create it.
             rt.timer.set(id, None);
             for ev in events {
                 let out = match ev.kind {
@@ -904,7 +996,7 @@ fn run_batch(rt: &Arc<Inner>, actor: &Arc<Actor>, slot: &mut Option<Loaded>, eve
                 };
                 reply(ev.reply, out);
             }
-            return;
+            return None;
         }
         Err(e) => {
             tracing::warn!(actor = %id, error = %e, "could not open actor");
@@ -915,53 +1007,82 @@ fn run_batch(rt: &Arc<Inner>, actor: &Arc<Actor>, slot: &mut Option<Loaded>, eve
                 let mut events = events;
                 let first = events.remove(0);
                 reply(first.reply, Err(e));
-                return fail_all(events, code_err);
+                fail_all(events, code_err);
+                return None;
             }
-            return fail_all(events, code_err);
+            fail_all(events, code_err);
+            return None;
         }
     }
     let l = slot.as_mut().expect("loaded");
-    let created = l.db().created();
-    let mut initialized = match l.db().is_initialized() {
-        Ok(b) => b,
+    match l.db().is_initialized() {
+        Ok(initialized) => Some((events, initialized)),
         Err(e) => {
             let msg = e.to_string();
             *slot = None;
-            return fail_all(events, || RuntimeError::Internal(msg.clone()));
-        }
-    };
-    if events.iter().any(|e| matches!(e.kind, EventKind::Prepare)) {
-        // Opened ahead of an alarm. What the due instant will run is
-        // prepared now: the turn's own statements, and those the class's
-        // handler ran on other actors (ADR 0026) or in a rehearsal (ADR
-        // 0030). A statement that does not prepare here (a table the
-        // handler has not created yet) is parsed when it runs, as without
-        // this. Done before the batch's transaction, also when requests
-        // came in meanwhile and share the turn.
-        let _ = l.db().warm_alarm_turn();
-        let _ = l.db().extend_log_ahead(4);
-        if rt.config.alarm_rehearse && initialized {
-            rehearse_alarm(rt, &app, slot);
-        }
-        let Some(l) = slot.as_mut() else {
-            return fail_all(events, || {
-                RuntimeError::Internal("the actor closed while being prepared".into())
-            });
-        };
-        let learned = l.store.data().alarm_statements.as_ref().map(|s| s.texts());
-        for sql in learned.into_iter().flatten() {
-            let _ = l.db().warm(&sql);
-        }
-        if events.iter().all(|e| matches!(e.kind, EventKind::Prepare)) {
-            for ev in events {
-                reply(ev.reply, Ok(Outcome::Done));
-            }
-            return;
+            fail_all(events, || RuntimeError::Internal(msg.clone()));
+            None
         }
     }
+}
+
+/// Phase 3: a turn opened ahead of an alarm prepares what the due instant
+/// will run: the turn's own statements, and those the class's handler ran
+/// on other actors (ADR 0026) or in a rehearsal (ADR 0030). A statement
+/// that does not prepare here (a table the handler has not created yet) is
+/// parsed when it runs, as without this. Done before the batch's
+/// transaction, also when requests came in meanwhile and share the turn;
+/// a turn of `Prepare` events only ends here.
+fn prepare_turn(
+    rt: &Arc<Inner>,
+    app: &Arc<App>,
+    slot: &mut Option<Loaded>,
+    events: Vec<Event>,
+    initialized: bool,
+) -> Option<Vec<Event>> {
+    if !events.iter().any(|e| matches!(e.kind, EventKind::Prepare)) {
+        return Some(events);
+    }
+    let l = slot.as_mut().expect("loaded");
+    let _ = l.db().warm_alarm_turn();
+    let _ = l.db().extend_log_ahead(4);
+    if rt.config.alarm_rehearse && initialized {
+        rehearse_alarm(rt, app, slot);
+    }
+    let Some(l) = slot.as_mut() else {
+        fail_all(events, || {
+            RuntimeError::Internal("the actor closed while being prepared".into())
+        });
+        return None;
+    };
+    let learned = l.store.data().alarm_statements.as_ref().map(|s| s.texts());
+    for sql in learned.into_iter().flatten() {
+        let _ = l.db().warm(&sql);
+    }
+    if events.iter().all(|e| matches!(e.kind, EventKind::Prepare)) {
+        for ev in events {
+            reply(ev.reply, Ok(Outcome::Done));
+        }
+        return None;
+    }
+    Some(events)
+}
+
+/// Phase 4: the transaction, and each event in it. An event that traps
+/// leaves the next one a fresh instance; one that makes SQLite roll the
+/// whole transaction back turns what earlier events did into
+/// `transaction_aborted`.
+fn run_events(
+    rt: &Arc<Inner>,
+    actor: &Arc<Actor>,
+    app: &Arc<App>,
+    slot: &mut Option<Loaded>,
+    events: Vec<Event>,
+    initialized: &mut bool,
+) -> Option<EventsRan> {
+    let id = &actor.id;
     let l = slot.as_mut().expect("loaded");
     let alarm_writes_before = l.db().alarm_writes();
-    // With a bucket: whether this batch changes anything to replicate.
     let mark_before = match rt.replication {
         Some(_) => l.db().change_mark().ok(),
         None => None,
@@ -969,13 +1090,16 @@ fn run_batch(rt: &Arc<Inner>, actor: &Arc<Actor>, slot: &mut Option<Loaded>, eve
     if let Err(e) = l.db().begin() {
         let msg = e.to_string();
         *slot = None;
-        return fail_all(events, || RuntimeError::Internal(msg.clone()));
+        fail_all(events, || RuntimeError::Internal(msg.clone()));
+        return None;
     }
-    let mut results: Vec<Ran> = Vec::with_capacity(events.len());
-    let mut alarm_ran = false;
-    // A delivery wrote the owner's fence: the batch plans the index and its
-    // delivery answers once the upload landed.
-    let mut fenced = false;
+    let mut ran = EventsRan {
+        results: Vec::with_capacity(events.len()),
+        alarm_ran: false,
+        fenced: false,
+        alarm_writes_before,
+        mark_before,
+    };
     let events_started = Instant::now();
     for ev in events {
         Metrics::inc(&rt.metrics.events_total);
@@ -985,7 +1109,7 @@ fn run_batch(rt: &Arc<Inner>, actor: &Arc<Actor>, slot: &mut Option<Loaded>, eve
         if l.bindings.is_none() {
             // The previous event trapped: give this one a fresh instance.
             let db = slot.take().expect("loaded").take_db();
-            match instantiate(rt, &app, id, db) {
+            match instantiate(rt, app, id, db) {
                 Ok(new) => *slot = Some(new),
                 Err(failed) => {
                     let (e, db) = *failed;
@@ -995,30 +1119,30 @@ fn run_batch(rt: &Arc<Inner>, actor: &Arc<Actor>, slot: &mut Option<Loaded>, eve
                     drop(db);
                     rt.rearm_after_failure(id);
                     reply(ev.reply, Err(e));
-                    for ran in results {
+                    for r in ran.results {
                         reply(
-                            ran.reply,
+                            r.reply,
                             Err(RuntimeError::Internal("instance lost mid-batch".into())),
                         );
                     }
-                    return;
+                    return None;
                 }
             }
         }
         let l = slot.as_mut().expect("loaded");
         let r = match ev.kind {
-            EventKind::Request(req) => run_request(rt, l, req, &mut initialized),
+            EventKind::Request(req) => run_request(rt, l, req, initialized),
             EventKind::Alarm { force } => {
-                alarm_ran = true;
-                run_alarm(rt, l, initialized, force)
+                ran.alarm_ran = true;
+                run_alarm(rt, l, *initialized, force)
             }
             EventKind::Deliver { at_ms, remove_here } => {
-                alarm_ran = true;
-                let r = run_delivery(rt, actor, l, initialized, at_ms, remove_here);
+                ran.alarm_ran = true;
+                let r = run_delivery(rt, actor, l, *initialized, at_ms, remove_here);
                 if matches!(r, Ok(Outcome::Delivered(Delivered::Fenced))) {
                     // Answered once the bucket holds what this turn (and
                     // every earlier one) committed.
-                    fenced = true;
+                    ran.fenced = true;
                     replicated = true;
                 }
                 r
@@ -1031,7 +1155,7 @@ fn run_batch(rt: &Arc<Inner>, actor: &Arc<Actor>, slot: &mut Option<Loaded>, eve
         if r.is_err() {
             Metrics::inc(&rt.metrics.event_failures_total);
         }
-        results.push(Ran {
+        ran.results.push(Ran {
             reply: ev.reply,
             out: r,
             started,
@@ -1045,29 +1169,43 @@ fn run_batch(rt: &Arc<Inner>, actor: &Arc<Actor>, slot: &mut Option<Loaded>, eve
             // SQLite rolled the whole batch back after an error (a full
             // database, an I/O error): what earlier events of the batch did
             // is gone, so their callers must not hear "done".
-            for ran in results.iter_mut() {
-                if ran.out.is_ok() {
-                    ran.out = Err(RuntimeError::TransactionAborted);
+            for r in ran.results.iter_mut() {
+                if r.out.is_ok() {
+                    r.out = Err(RuntimeError::TransactionAborted);
                 }
             }
-            initialized = l.db().is_initialized().unwrap_or(false);
+            *initialized = l.db().is_initialized().unwrap_or(false);
             if let Err(e) = l.db().begin() {
                 tracing::error!(actor = %id, error = %e, "could not begin again");
             }
         }
     }
-    let Some(l) = slot.as_mut() else {
-        return;
-    };
+    slot.as_ref()?;
     rt.metrics
         .phase_events
         .observe_ms(events_started.elapsed().as_secs_f64() * 1000.0);
+    Some(ran)
+}
+
+/// Phase 5: a cluster node lists the committed alarm in the index (ADR
+/// 0009: the record goes in with the batch, the bucket writes wait for its
+/// upload), then the transaction commits. A failure of either rolls the
+/// batch back, closes the actor and answers every event with it.
+fn commit_turn(
+    rt: &Arc<Inner>,
+    actor: &Arc<Actor>,
+    slot: &mut Option<Loaded>,
+    ran: EventsRan,
+    initialized: bool,
+) -> Option<(EventsRan, Instant)> {
+    let id = &actor.id;
+    let l = slot.as_mut().expect("loaded");
     let commit_started = Instant::now();
-    // A cluster node lists the committed alarm in the index (ADR 0009): the
-    // record goes in with the batch, the bucket writes wait for its upload.
     let plan_index = rt.keeps_index()
-        && (initialized || !created)
-        && (fenced || l.db().alarm_writes() != alarm_writes_before || actor.repl.lock().needs_plan);
+        && (initialized || !l.db().created())
+        && (ran.fenced
+            || l.db().alarm_writes() != ran.alarm_writes_before
+            || actor.repl.lock().needs_plan);
     let planned = if plan_index {
         crate::index::plan_before_commit(rt, actor, l.db()).map(|_| ())
     } else {
@@ -1080,12 +1218,12 @@ fn run_batch(rt: &Arc<Inner>, actor: &Arc<Actor>, slot: &mut Option<Loaded>, eve
         crate::index::forget_planned(actor);
         rt.rearm_after_failure(id);
         let msg = e.to_string();
-        for ran in results {
-            reply(ran.reply, Err(RuntimeError::ReplicationFailed(msg.clone())));
+        for r in ran.results {
+            reply(r.reply, Err(RuntimeError::ReplicationFailed(msg.clone())));
         }
-        return;
+        return None;
     }
-    let injected = alarm_ran && Faults::take(&rt.faults.fail_alarm_commits);
+    let injected = ran.alarm_ran && Faults::take(&rt.faults.fail_alarm_commits);
     let committed = if injected {
         Err(wasmkeep_store::StoreError::Io(
             "injected commit failure".into(),
@@ -1104,13 +1242,13 @@ fn run_batch(rt: &Arc<Inner>, actor: &Arc<Actor>, slot: &mut Option<Loaded>, eve
         // Re-arm before anyone hears back, so a waiter that moves on (the
         // test kit's clock) finds the retry already scheduled.
         rt.rearm_after_failure(id);
-        for ran in results {
+        for r in ran.results {
             reply(
-                ran.reply,
+                r.reply,
                 Err(RuntimeError::Internal(format!("commit failed: {msg}"))),
             );
         }
-        return;
+        return None;
     }
     Metrics::inc(&rt.metrics.batches_total);
     if plan_index {
@@ -1124,14 +1262,29 @@ fn run_batch(rt: &Arc<Inner>, actor: &Arc<Actor>, slot: &mut Option<Loaded>, eve
     rt.metrics
         .phase_commit
         .observe_ms(ms_between(commit_started, committed_at));
-    // The timer follows what is committed: read back after the batch
-    // that opened the actor, one that delivered an alarm, and any that
-    // wrote the alarm (rolled back or not); other batches left it as the
-    // timer has it.
-    if !was_loaded || has_alarm || l.db().alarm_writes() != alarm_writes_before {
+    Some((ran, committed_at))
+}
+
+/// Phase 6: the timer follows what is committed, the commit is handed to
+/// replication (with a bucket), and the folder of a new actor whose first
+/// event failed is removed (there is no actor).
+fn after_commit(
+    rt: &Arc<Inner>,
+    actor: &Arc<Actor>,
+    slot: &mut Option<Loaded>,
+    turn: &Turn,
+    ran: EventsRan,
+    initialized: bool,
+) -> Option<(AfterCommit, Vec<Ran>)> {
+    let id = &actor.id;
+    let l = slot.as_mut().expect("loaded");
+    // Read back after the batch that opened the actor, one that delivered
+    // an alarm, and any that wrote the alarm (rolled back or not); other
+    // batches left it as the timer has it.
+    if !turn.was_loaded || turn.has_alarm || l.db().alarm_writes() != ran.alarm_writes_before {
         match l.db().alarm() {
             Ok(a) => {
-                if !was_loaded && a.is_none() {
+                if !turn.was_loaded && a.is_none() {
                     // Opening read pages (the init mark, the alarm) that the
                     // actor's next events do not, with a statement they do
                     // not run: both would stay as long as it is open (W4).
@@ -1150,18 +1303,19 @@ fn run_batch(rt: &Arc<Inner>, actor: &Arc<Actor>, slot: &mut Option<Loaded>, eve
     // Only the first durable batch of a new actor syncs its folders.
     let dirs = l.db().take_new_dirs();
     let wal = l.db().wal_path();
-    let remove = created && !initialized;
+    let removed = l.db().created() && !initialized;
     let repl_mark = match &rt.replication {
-        Some(repl) if !remove => {
-            let changed = match mark_before {
+        Some(repl) if !removed => {
+            let changed = match ran.mark_before {
                 Some(before) => l.db().change_mark().ok() != Some(before),
                 None => true,
             };
             // A `replicated` request waits for this batch's upload: it
             // does not wait for the upload interval.
-            let urgent = results
+            let urgent = ran
+                .results
                 .iter()
-                .any(|ran| ran.replicated && ran.reply.is_some());
+                .any(|r| r.replicated && r.reply.is_some());
             Some(replication::after_commit(
                 rt,
                 repl,
@@ -1173,26 +1327,47 @@ fn run_batch(rt: &Arc<Inner>, actor: &Arc<Actor>, slot: &mut Option<Loaded>, eve
         }
         _ => None,
     };
-    if remove {
-        // The first event of a new actor failed: there is no actor.
+    if removed {
         *slot = None;
         let _ = std::fs::remove_dir_all(&dir);
     }
-    let waiting = results.iter().any(|ran| ran.reply.is_some());
-    if has_request && Faults::take(&rt.faults.crash_after_commit) {
+    if turn.has_request && Faults::take(&rt.faults.crash_after_commit) {
         // As if the process died here: the commit stands, nobody hears of
         // it, and the in-memory instance is gone.
         *slot = None;
-        for ran in results {
+        for r in ran.results {
             reply(
-                ran.reply,
+                r.reply,
                 Err(RuntimeError::Internal("injected crash after commit".into())),
             );
         }
-        return;
+        return None;
     }
+    Some((
+        AfterCommit {
+            repl_mark,
+            removed,
+            wal,
+            dirs,
+        },
+        ran.results,
+    ))
+}
+
+/// Phase 7: the replies, once the commit is on disk (`fsync` durability,
+/// when anyone waits); a `replicated` one waits for the upload that
+/// carries the commit too. A failed sync fails the events that succeeded.
+fn release_replies(
+    rt: &Arc<Inner>,
+    actor: &Arc<Actor>,
+    results: Vec<Ran>,
+    after: AfterCommit,
+    committed_at: Instant,
+) {
+    let waiting = results.iter().any(|r| r.reply.is_some());
     let metrics = Arc::clone(&rt.metrics);
     let actor = Arc::clone(actor);
+    let repl_mark = after.repl_mark;
     let release = move |sync: Result<(), String>| {
         metrics
             .phase_durable
@@ -1223,10 +1398,10 @@ fn run_batch(rt: &Arc<Inner>, actor: &Arc<Actor>, slot: &mut Option<Loaded>, eve
             reply(r, out);
         }
     };
-    if rt.config.durability == Durability::Fsync && waiting && !remove {
+    if rt.config.durability == Durability::Fsync && waiting && !after.removed {
         rt.durability.submit(SyncJob {
-            files: vec![wal],
-            dirs,
+            files: vec![after.wal],
+            dirs: after.dirs,
             done: Box::new(release),
         });
     } else {
