@@ -1260,6 +1260,25 @@ impl Replica {
         })
     }
 
+    /// Whether the snapshot due would be a delta if it streamed now (the
+    /// upload before it may still change that: see [`Replica::delta_job`]).
+    pub fn delta_possible(&self) -> bool {
+        match (self.head, &self.base) {
+            (Some(head), Some(base)) => self.delta_plan(head.seq, base).is_some(),
+            _ => false,
+        }
+    }
+
+    /// [`Replica::snapshot_job`], but only if it is a delta: a caller that
+    /// took a delta's slot ([`Replica::delta_possible`]) gets nothing when
+    /// the upload since made it a whole snapshot, and tries again later.
+    pub fn delta_job(&mut self) -> Option<SnapshotJob> {
+        if !self.delta_possible() {
+            return None;
+        }
+        self.snapshot_job()
+    }
+
     /// The delta the snapshot due at `head` can be, if any: the snapshot it
     /// starts from, and the pages it carries with their hashes in `base`
     /// (the head's state).

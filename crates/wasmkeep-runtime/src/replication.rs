@@ -60,15 +60,23 @@ const UPLOAD_THREADS: usize = 2;
 /// taken keeps uploading entries and tries again at a later upload.
 pub const SNAPSHOTS_RUNNING_MAX: usize = 1;
 
-/// A slot of [`SNAPSHOTS_RUNNING_MAX`], given back when dropped.
+/// Most deltas (ADR 0037) a node streams at once, beside the whole
+/// snapshot: each holds a few parts in memory like a snapshot, but reads
+/// only the pages that changed, so an actor whose delta is due does not
+/// wait behind a whole snapshot of another (and fall back to reading its
+/// database whole once its snapshot is overdue).
+pub const DELTAS_RUNNING_MAX: usize = 4;
+
+/// A slot of [`SNAPSHOTS_RUNNING_MAX`] or [`DELTAS_RUNNING_MAX`], given
+/// back when dropped.
 struct SnapshotSlot(Arc<std::sync::atomic::AtomicUsize>);
 
 impl SnapshotSlot {
-    fn take(running: &Arc<std::sync::atomic::AtomicUsize>) -> Option<SnapshotSlot> {
+    fn take(running: &Arc<std::sync::atomic::AtomicUsize>, max: usize) -> Option<SnapshotSlot> {
         use std::sync::atomic::Ordering::AcqRel;
         running
             .fetch_update(AcqRel, std::sync::atomic::Ordering::Acquire, |n| {
-                (n < SNAPSHOTS_RUNNING_MAX).then_some(n + 1)
+                (n < max).then_some(n + 1)
             })
             .ok()
             .map(|_| SnapshotSlot(Arc::clone(running)))
@@ -185,6 +193,8 @@ pub struct Replication {
     flushing: std::sync::atomic::AtomicBool,
     /// Snapshots streaming now (at most [`SNAPSHOTS_RUNNING_MAX`]).
     snapshots_running: Arc<std::sync::atomic::AtomicUsize>,
+    /// Deltas streaming now (at most [`DELTAS_RUNNING_MAX`]).
+    deltas_running: Arc<std::sync::atomic::AtomicUsize>,
     io: Option<tokio::runtime::Runtime>,
 }
 
@@ -217,6 +227,7 @@ impl Replication {
             upload_interval: Duration::from_millis(upload_interval_ms),
             flushing: std::sync::atomic::AtomicBool::new(false),
             snapshots_running: Default::default(),
+            deltas_running: Default::default(),
             io: Some(io),
         })
     }
@@ -707,18 +718,25 @@ fn maybe_upload(
         .map(|(_, key)| key)
         .collect();
     // A snapshot is due: the file is made to hold what this upload will
-    // make the head, and kept so while the snapshot streams from it.
+    // make the head, and kept so while the snapshot streams from it. A
+    // delta takes a slot of its own kind, and then streams only as a delta.
     let mut snapshot = None;
+    let delta = replica.snapshot_due() && replica.delta_possible();
+    let (running, max) = if delta {
+        (&repl.deltas_running, DELTAS_RUNNING_MAX)
+    } else {
+        (&repl.snapshots_running, SNAPSHOTS_RUNNING_MAX)
+    };
     if replica.snapshot_due()
         && !st.snapshotting
         && !st.frozen
         && let ImageFrom::Db(db) = &from
-        && let Some(slot) = SnapshotSlot::take(&repl.snapshots_running)
+        && let Some(slot) = SnapshotSlot::take(running, max)
     {
         match db.freeze_file() {
             Ok(()) => {
                 st.frozen = true;
-                snapshot = Some(slot);
+                snapshot = Some((slot, delta));
             }
             Err(e) => {
                 tracing::warn!(actor = %actor.id, error = %e, "could not prepare the file for a snapshot")
@@ -757,7 +775,8 @@ fn maybe_upload(
             Err(e) => Err(e),
         };
         let job = match (&result, &snapshot) {
-            (Ok(_), Some(_)) => replica.snapshot_job(),
+            (Ok(_), Some((_, true))) => replica.delta_job(),
+            (Ok(_), Some((_, false))) => replica.snapshot_job(),
             _ => None,
         };
         let mut epoch = None;
