@@ -34,15 +34,11 @@ const SMALL_ACTORS_MAX: usize = 16;
 /// How often the node's RSS is read while the large actors take writes.
 const RSS_SAMPLE_MS: u64 = 50;
 
-/// Writes per large actor in one round of the settling after the fill: one
-/// more than the node's default `replica_snapshot_every_entries`, so each
-/// round makes a snapshot or a delta due for every large actor.
-const SETTLE_WRITES: usize = 1001;
-
 /// Most rounds of settling before the measured load starts anyway.
 const SETTLE_ROUNDS_MAX: usize = 6;
 
-/// How long one round waits for its snapshots and deltas to land.
+/// How long one round of settling writes, at most, waiting for its
+/// snapshots and deltas to land.
 const SETTLE_WAIT: Duration = Duration::from_secs(120);
 
 pub async fn w1_durable_large(env: &Env<'_>) -> Result<RunOutput> {
@@ -113,10 +109,11 @@ pub async fn w1_durable_large(env: &Env<'_>) -> Result<RunOutput> {
     r.map(|()| out)
 }
 
-/// Rounds of [`SETTLE_WRITES`] `replicated` writes to each actor of
-/// `names`, each round waiting until as many snapshots or deltas as there
-/// are actors have landed, until a round lands deltas only (or
-/// [`SETTLE_ROUNDS_MAX`]); returns the rounds.
+/// Rounds of `replicated` writes to each actor of `names` (one connection
+/// each), each round writing until as many snapshots or deltas as there
+/// are actors have landed (a snapshot due streams at the actor's next
+/// upload, so the writes go on while it does), until a round lands deltas
+/// only (or [`SETTLE_ROUNDS_MAX`]); returns the rounds.
 async fn settle(ep: &Endpoint, names: &[String]) -> Result<usize> {
     let landed = |m: &std::collections::HashMap<String, f64>| {
         let g = |k: &str| m.get(k).copied().unwrap_or(0.0);
@@ -127,12 +124,17 @@ async fn settle(ep: &Endpoint, names: &[String]) -> Result<usize> {
     };
     for round in 1..=SETTLE_ROUNDS_MAX {
         let (snaps0, deltas0) = landed(&scrape(ep).await?);
+        let stop = Arc::new(AtomicBool::new(false));
         let mut tasks = Vec::new();
         for name in names {
             let mut conn = Conn::connect(ep).await?;
-            let path = format!("{EXAMPLES}/notes/{name}/settings/k?wasmkeep-durability=replicated");
+            let path =
+                format!("{EXAMPLES}/notes/{name}/settings/k?wasmkeep-durability=replicated");
+            let stop = Arc::clone(&stop);
             tasks.push(tokio::spawn(async move {
-                for i in 0..SETTLE_WRITES {
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    i += 1;
                     let a = conn
                         .send_with_body(&Method::PUT, &path, Bytes::from(i.to_string()))
                         .await?;
@@ -143,22 +145,23 @@ async fn settle(ep: &Endpoint, names: &[String]) -> Result<usize> {
                 anyhow::Ok(())
             }));
         }
+        let waited = std::time::Instant::now();
+        let clean = loop {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let (snaps, deltas) = landed(&scrape(ep).await?);
+            if (snaps - snaps0) + (deltas - deltas0) >= names.len() as f64 {
+                break snaps == snaps0;
+            }
+            if waited.elapsed() > SETTLE_WAIT {
+                break false;
+            }
+        };
+        stop.store(true, Ordering::Relaxed);
         for t in tasks {
             t.await??;
         }
-        let waited = std::time::Instant::now();
-        loop {
-            let (snaps, deltas) = landed(&scrape(ep).await?);
-            if (snaps - snaps0) + (deltas - deltas0) >= names.len() as f64 {
-                if snaps == snaps0 {
-                    return Ok(round);
-                }
-                break;
-            }
-            if waited.elapsed() > SETTLE_WAIT {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
+        if clean {
+            return Ok(round);
         }
     }
     Ok(SETTLE_ROUNDS_MAX)
