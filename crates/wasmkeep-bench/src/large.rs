@@ -128,8 +128,7 @@ async fn settle(ep: &Endpoint, names: &[String]) -> Result<usize> {
         let mut tasks = Vec::new();
         for name in names {
             let mut conn = Conn::connect(ep).await?;
-            let path =
-                format!("{EXAMPLES}/notes/{name}/settings/k?wasmkeep-durability=replicated");
+            let path = format!("{EXAMPLES}/notes/{name}/settings/k?wasmkeep-durability=replicated");
             let stop = Arc::clone(&stop);
             tasks.push(tokio::spawn(async move {
                 let mut i = 0u64;
