@@ -34,6 +34,11 @@ const SMALL_ACTORS_MAX: usize = 16;
 /// How often the node's RSS is read while the large actors take writes.
 const RSS_SAMPLE_MS: u64 = 50;
 
+/// Least time one round of settling writes: longer than a whole snapshot
+/// of one large actor streams, so a round that lands deltas only cannot
+/// hide one still streaming.
+const SETTLE_ROUND_MIN: Duration = Duration::from_secs(10);
+
 /// Most rounds of settling before the measured load starts anyway.
 const SETTLE_ROUNDS_MAX: usize = 6;
 
@@ -110,10 +115,11 @@ pub async fn w1_durable_large(env: &Env<'_>) -> Result<RunOutput> {
 }
 
 /// Rounds of `replicated` writes to each actor of `names` (one connection
-/// each), each round writing until as many snapshots or deltas as there
-/// are actors have landed (a snapshot due streams at the actor's next
-/// upload, so the writes go on while it does), until a round lands deltas
-/// only (or [`SETTLE_ROUNDS_MAX`]); returns the rounds.
+/// each), each round writing for at least [`SETTLE_ROUND_MIN`] and until
+/// twice as many snapshots or deltas as there are actors have landed (a
+/// snapshot due streams at the actor's next upload, so the writes go on
+/// while it does), until a round lands deltas only (or
+/// [`SETTLE_ROUNDS_MAX`]); returns the rounds.
 async fn settle(ep: &Endpoint, names: &[String]) -> Result<usize> {
     let landed = |m: &std::collections::HashMap<String, f64>| {
         let g = |k: &str| m.get(k).copied().unwrap_or(0.0);
@@ -148,7 +154,9 @@ async fn settle(ep: &Endpoint, names: &[String]) -> Result<usize> {
         let clean = loop {
             tokio::time::sleep(Duration::from_millis(200)).await;
             let (snaps, deltas) = landed(&scrape(ep).await?);
-            if (snaps - snaps0) + (deltas - deltas0) >= names.len() as f64 {
+            if (snaps - snaps0) + (deltas - deltas0) >= 2.0 * names.len() as f64
+                && waited.elapsed() >= SETTLE_ROUND_MIN
+            {
                 break snaps == snaps0;
             }
             if waited.elapsed() > SETTLE_WAIT {

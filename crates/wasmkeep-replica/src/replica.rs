@@ -885,6 +885,10 @@ pub struct Replica {
     snaps_seen: BTreeMap<u64, Duration>,
     /// The latest snapshot this writer wrote: where its deltas start.
     delta_base: Option<u64>,
+    /// A [`SnapshotJob`] of this replica is streaming (handed out, neither
+    /// landed nor failed): the snapshot is not overdue meanwhile, so the
+    /// upload path does not read the whole database to write another one.
+    streaming: bool,
     /// The pages this writer's entries changed (see [`Tracking`]); `None`
     /// when it does not know them all (after opening, or past
     /// [`DELTA_PAGES_MAX`]): the next snapshot due is then a whole one.
@@ -948,6 +952,7 @@ impl Replica {
             anchor: None,
             snaps_seen: BTreeMap::new(),
             delta_base: None,
+            streaming: false,
             tracking: None,
             bytes_since_base: 0,
             deltas_seen: BTreeMap::new(),
@@ -1200,6 +1205,7 @@ impl Replica {
     /// policy).
     fn snapshot_overdue(&self) -> bool {
         self.snapshot_due
+            && !self.streaming
             && self.entries_since_snapshot
                 >= self.config.snapshot_every_entries.saturating_mul(3) / 2
     }
@@ -1239,6 +1245,7 @@ impl Replica {
             });
         }
         let base = self.base.as_ref().expect("checked above");
+        self.streaming = true;
         Some(SnapshotJob {
             bucket: self.bucket.clone(),
             key,
@@ -1308,6 +1315,13 @@ impl Replica {
         .then_some((from, pages))
     }
 
+    /// The job [`Replica::snapshot_job`] handed out did not land (torn, or
+    /// the bucket failed): the policy may ask again, and the snapshot may
+    /// become overdue.
+    pub fn snapshot_failed(&mut self) {
+        self.streaming = false;
+    }
+
     /// Notes the pages an entry at `seq` wrote, for the deltas.
     fn track(&mut self, seq: u64, pages: impl Iterator<Item = u32>) {
         let Some(t) = &mut self.tracking else {
@@ -1327,7 +1341,14 @@ impl Replica {
     /// delete what it replaces.
     pub fn snapshot_landed(&mut self, landed: Landed) {
         let seq = landed.seq;
+        self.streaming = false;
         match landed.delta_from {
+            // A snapshot older than the one deltas start from (a job that
+            // streamed while the upload path wrote a newer one) changes
+            // nothing for the deltas.
+            None if self.delta_base.is_some_and(|b| b > seq) => {
+                self.snaps_seen.entry(seq).or_insert_with(since_boot);
+            }
             None => {
                 self.snaps_seen.entry(seq).or_insert_with(since_boot);
                 self.delta_base = Some(seq);

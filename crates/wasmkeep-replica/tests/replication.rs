@@ -232,9 +232,13 @@ fn fill(src: &mut Source, rows: i64, bytes: usize) {
 /// What the runtime does before a snapshot or delta streams: freeze the
 /// file (checkpointed, and kept so), then upload the captured pages.
 async fn frozen_upload(rep: &mut Replica, src: &Source, time_ms: u64) {
-    let db = src.db.as_ref().unwrap();
-    db.freeze_file().unwrap();
-    let ch = db.take_changes().unwrap();
+    src.db.as_ref().unwrap().freeze_file().unwrap();
+    captured_upload(rep, src, time_ms).await;
+}
+
+/// An upload of the pages captured since the last one.
+async fn captured_upload(rep: &mut Replica, src: &Source, time_ms: u64) {
+    let ch = src.db.as_ref().unwrap().take_changes().unwrap();
     let pages = Pages {
         page_size: ch.page_size.unwrap(),
         db_pages: ch.db_pages.unwrap(),
@@ -283,6 +287,72 @@ async fn an_overdue_snapshot_is_written_from_the_image(b: &Backend, name: &str) 
         Uploaded::Unchanged => panic!("expected an append"),
     }
     assert!(!rep.snapshot_due() && !rep.wants_image());
+    wasmkeep_store::page_capture::untrack(&dir);
+}
+
+/// A snapshot handed out as a job and still streaming is not overdue,
+/// however many entries follow (the upload path would otherwise read the
+/// whole database to write a second one beside it). If the upload path
+/// writes a newer snapshot anyway (an upload of the whole image), the
+/// older job landing after it does not move the deltas' base back (they
+/// would all be whole snapshots from then on). Once a job failed, the
+/// snapshot is overdue again.
+async fn a_streaming_snapshot_is_not_overdue(b: &Backend, name: &str) {
+    let tmp = tempfile::tempdir().unwrap();
+    let id = actor(name);
+    let dir = tmp.path().join("src");
+    wasmkeep_store::page_capture::track(&dir);
+    let mut src = Source::new(&dir);
+    let (mut rep, _) = Replica::open(&b.bucket, &id, &src.path(), 1, cfg(4, 2), 0)
+        .await
+        .unwrap();
+    schema(&mut src);
+    fill(&mut src, 20, 50_000);
+    upload(&mut rep, &mut src, 1000).await.unwrap();
+    src.db.as_ref().unwrap().take_changes().unwrap();
+    let mut i = 1;
+    let next = async |rep: &mut Replica, src: &mut Source, i: &mut i64| {
+        src.commit(&step("tags", *i));
+        captured_upload(rep, src, 1000 + *i as u64).await;
+        *i += 1;
+    };
+    while !rep.snapshot_due() {
+        next(&mut rep, &mut src, &mut i).await;
+    }
+    // As the runtime does: the file frozen at the head the job streams.
+    src.commit(&step("tags", i));
+    i += 1;
+    frozen_upload(&mut rep, &src, 3000).await;
+    let whole = rep.snapshot_job().expect("due");
+    assert!(!whole.is_delta(), "nothing tracked yet: a whole snapshot");
+    for _ in 0..10 {
+        next(&mut rep, &mut src, &mut i).await;
+        assert!(!rep.wants_image(), "overdue while its snapshot streams");
+    }
+    // The image path writes a newer snapshot; the older job lands after.
+    src.commit(&step("tags", i));
+    i += 1;
+    src.db.as_ref().unwrap().take_changes().unwrap();
+    match upload(&mut rep, &mut src, 5000).await.unwrap() {
+        Uploaded::Appended { snapshot, .. } => assert!(snapshot),
+        Uploaded::Unchanged => panic!("expected an append"),
+    }
+    let landed = whole.run().await.unwrap();
+    rep.snapshot_landed(landed);
+    src.db.as_ref().unwrap().thaw().unwrap();
+    while !rep.snapshot_due() {
+        next(&mut rep, &mut src, &mut i).await;
+    }
+    assert!(rep.delta_possible(), "the deltas' base moved back");
+    let delta = rep.snapshot_job().expect("due");
+    assert!(delta.is_delta());
+    for _ in 0..3 {
+        next(&mut rep, &mut src, &mut i).await;
+    }
+    assert!(!rep.wants_image());
+    drop(delta);
+    rep.snapshot_failed();
+    assert!(rep.wants_image(), "overdue once the job failed");
     wasmkeep_store::page_capture::untrack(&dir);
 }
 
@@ -1154,6 +1224,7 @@ async fn all_scenarios(make: impl Fn() -> Backend) {
     captured_pages_restore_byte_identical(&make(), "captured pages").await;
     large_snapshot_streams_in_parts(&make(), "large snapshot", true).await;
     an_overdue_snapshot_is_written_from_the_image(&make(), "overdue snapshot").await;
+    a_streaming_snapshot_is_not_overdue(&make(), "streaming snapshot").await;
     deltas_carry_every_page_since_the_snapshot(&make(), "deltas", false).await;
     deltas_carry_every_page_since_the_snapshot(&make(), "deltas unsafe", true).await;
     large_snapshot_streams_in_parts(&make(), "large snapshot unsafe", false).await;

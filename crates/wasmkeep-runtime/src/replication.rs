@@ -702,6 +702,7 @@ fn maybe_upload(
     match st.snapshot_done.take() {
         Some(Ok(landed)) => replica.snapshot_landed(landed),
         Some(Err(e)) => {
+            replica.snapshot_failed();
             tracing::warn!(actor = %actor.id, error = %e, "a snapshot streamed from the file failed; tried again later")
         }
         None => {}
