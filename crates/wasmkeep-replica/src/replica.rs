@@ -1203,7 +1203,7 @@ impl Replica {
     /// reads the whole database and writes one, so the chain stays within
     /// the restore bounds (`raise_bounds_to_retention` allows twice the
     /// policy).
-    fn snapshot_overdue(&self) -> bool {
+    pub fn snapshot_overdue(&self) -> bool {
         self.snapshot_due
             && !self.streaming
             && self.entries_since_snapshot
@@ -1231,6 +1231,7 @@ impl Replica {
     /// runs.
     pub fn snapshot_job(&mut self) -> Option<SnapshotJob> {
         let (true, Some(head), Some(base)) = (self.snapshot_due, self.head, &self.base) else {
+            self.streaming = false;
             return None;
         };
         let delta = self.delta_plan(head.seq, base);
@@ -1281,9 +1282,19 @@ impl Replica {
     /// the upload since made it a whole snapshot, and tries again later.
     pub fn delta_job(&mut self) -> Option<SnapshotJob> {
         if !self.delta_possible() {
+            self.streaming = false;
             return None;
         }
         self.snapshot_job()
+    }
+
+    /// The caller froze the actor's file for the snapshot due, which is
+    /// overdue, without waiting for a slot: the job it takes after the next
+    /// upload streams it. Until then the snapshot is not overdue, so that
+    /// upload ships the captured pages instead of the whole database
+    /// (ADR 0037, "Overdue snapshots stream too").
+    pub fn snapshot_streams_next(&mut self) {
+        self.streaming = true;
     }
 
     /// The delta the snapshot due at `head` can be, if any: the snapshot it

@@ -296,7 +296,8 @@ async fn an_overdue_snapshot_is_written_from_the_image(b: &Backend, name: &str) 
 /// writes a newer snapshot anyway (an upload of the whole image), the
 /// older job landing after it does not move the deltas' base back (they
 /// would all be whole snapshots from then on). Once a job failed, the
-/// snapshot is overdue again.
+/// snapshot is overdue again, and an overdue one streams like any other
+/// when its caller froze the file for it (no whole-database read).
 async fn a_streaming_snapshot_is_not_overdue(b: &Backend, name: &str) {
     let tmp = tempfile::tempdir().unwrap();
     let id = actor(name);
@@ -353,6 +354,18 @@ async fn a_streaming_snapshot_is_not_overdue(b: &Backend, name: &str) {
     drop(delta);
     rep.snapshot_failed();
     assert!(rep.wants_image(), "overdue once the job failed");
+    // An overdue snapshot streams too, without waiting for a slot: the
+    // caller freezes the file and says so, the upload ships pages, and the
+    // job after it lands.
+    src.commit(&step("tags", i));
+    src.db.as_ref().unwrap().freeze_file().unwrap();
+    rep.snapshot_streams_next();
+    assert!(!rep.wants_image(), "the upload reads the whole database");
+    captured_upload(&mut rep, &src, 9000).await;
+    let landed = rep.snapshot_job().expect("due").run().await.unwrap();
+    rep.snapshot_landed(landed);
+    src.db.as_ref().unwrap().thaw().unwrap();
+    assert!(!rep.snapshot_due() && !rep.wants_image());
     wasmkeep_store::page_capture::untrack(&dir);
 }
 

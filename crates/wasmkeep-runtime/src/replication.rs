@@ -721,8 +721,11 @@ fn maybe_upload(
     // A snapshot is due: the file is made to hold what this upload will
     // make the head, and kept so while the snapshot streams from it. A
     // delta takes a slot of its own kind, and then streams only as a delta.
+    // An overdue one streams without a slot: a few parts in memory, where
+    // waiting longer would make the upload read the whole database.
     let mut snapshot = None;
     let delta = replica.snapshot_due() && replica.delta_possible();
+    let overdue = replica.snapshot_overdue();
     let (running, max) = if delta {
         (&repl.deltas_running, DELTAS_RUNNING_MAX)
     } else {
@@ -732,11 +735,18 @@ fn maybe_upload(
         && !st.snapshotting
         && !st.frozen
         && let ImageFrom::Db(db) = &from
-        && let Some(slot) = SnapshotSlot::take(running, max)
+        && let Some(slot) = if overdue {
+            Some(None)
+        } else {
+            SnapshotSlot::take(running, max).map(Some)
+        }
     {
         match db.freeze_file() {
             Ok(()) => {
                 st.frozen = true;
+                if overdue {
+                    replica.snapshot_streams_next();
+                }
                 snapshot = Some((slot, delta));
             }
             Err(e) => {
