@@ -1406,6 +1406,42 @@ impl Replica {
         self.recent.push_back((seq, bytes));
     }
 
+    /// The pages of the database file at `path` that differ from the head
+    /// (and those beyond its size), read page by page and compared with the
+    /// head's page hashes: what an upload carries when no capture has them
+    /// (it gave up, or the node restarted with commits the bucket lacks),
+    /// holding only the pages that differ, never the whole database. The
+    /// caller makes sure the file holds the committed state (checkpointed,
+    /// and no checkpoint meanwhile). `None` without a head to compare with,
+    /// or for a file that is not whole pages of the head's page size.
+    pub fn diff_file(&self, path: &Path) -> Result<Option<Pages>, ReplicaError> {
+        use std::os::unix::fs::FileExt;
+        let Some(base) = &self.base else {
+            return Ok(None);
+        };
+        let ps = base.page_size() as u64;
+        let file = std::fs::File::open(path)?;
+        let len = file.metadata()?.len();
+        if len % ps != 0 || len / ps > u32::MAX as u64 {
+            return Ok(None);
+        }
+        let db_pages = (len / ps) as u32;
+        let mut pages = BTreeMap::new();
+        let mut page = vec![0u8; ps as usize];
+        for no in 1..=db_pages {
+            file.read_exact_at(&mut page, (no as u64 - 1) * ps)?;
+            if !base.holds(no, &page) {
+                pages.insert(no, page.clone());
+            }
+        }
+        Ok(Some(Pages {
+            page_size: base.page_size(),
+            db_pages,
+            low_pages: db_pages.min(base.pages()),
+            pages,
+        }))
+    }
+
     /// Whether `pages` (captured as SQLite wrote them, ADR 0036) describe
     /// the step from the head to a database of `db_pages` pages: the same
     /// page size, and every page the database has beyond the smallest size

@@ -369,6 +369,40 @@ async fn a_streaming_snapshot_is_not_overdue(b: &Backend, name: &str) {
     wasmkeep_store::page_capture::untrack(&dir);
 }
 
+/// Commits no capture saw (it gave up, or the node restarted before their
+/// upload) are found by reading the file page by page against the head's
+/// hashes: the upload carries the pages that differ (and those the
+/// database grew by), never the whole database, and a restore elsewhere is
+/// the source byte for byte.
+async fn a_file_diff_ships_only_what_changed(b: &Backend, name: &str) {
+    let tmp = tempfile::tempdir().unwrap();
+    let id = actor(name);
+    let mut src = Source::new(&tmp.path().join("src"));
+    let (mut rep, _) = Replica::open(&b.bucket, &id, &src.path(), 1, cfg(100, 2), 0)
+        .await
+        .unwrap();
+    schema(&mut src);
+    fill(&mut src, 20, 50_000);
+    upload(&mut rep, &mut src, 1000).await.unwrap();
+    for i in 1..4 {
+        work(&mut src, i);
+    }
+    let db = src.db.as_ref().unwrap();
+    db.freeze_file().unwrap();
+    let pages = rep.diff_file(&src.path()).unwrap().expect("a head");
+    db.thaw().unwrap();
+    assert!(rep.pages_suffice(&pages));
+    assert!(
+        (pages.pages.len() as u32) * 4 < pages.db_pages,
+        "{} of {} pages",
+        pages.pages.len(),
+        pages.db_pages
+    );
+    rep.upload_pages(&pages, 2000).await.unwrap();
+    let source = src.close_and_read();
+    restored_elsewhere(b, &id, &rep, tmp.path(), cfg(100, 2), &source).await;
+}
+
 /// A database several parts large: its snapshot streams from the file in
 /// parts (a multipart upload) and a restore elsewhere is the source file,
 /// byte for byte. Then a file that changes under a snapshot (a page the
@@ -1238,6 +1272,7 @@ async fn all_scenarios(make: impl Fn() -> Backend) {
     large_snapshot_streams_in_parts(&make(), "large snapshot", true).await;
     an_overdue_snapshot_is_written_from_the_image(&make(), "overdue snapshot").await;
     a_streaming_snapshot_is_not_overdue(&make(), "streaming snapshot").await;
+    a_file_diff_ships_only_what_changed(&make(), "file diff").await;
     deltas_carry_every_page_since_the_snapshot(&make(), "deltas", false).await;
     deltas_carry_every_page_since_the_snapshot(&make(), "deltas unsafe", true).await;
     large_snapshot_streams_in_parts(&make(), "large snapshot unsafe", false).await;

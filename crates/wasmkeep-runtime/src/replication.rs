@@ -626,6 +626,7 @@ fn upload_source(
     actor: &Actor,
     replica: &Replica,
     from: ImageFrom<'_>,
+    file: FileState,
 ) -> Result<Source, String> {
     let (changes, image) = match from {
         ImageFrom::Db(db) => (db.take_changes(), ImageFrom::Db(db)),
@@ -652,6 +653,30 @@ fn upload_source(
         return Ok(Source::Pages(pages));
     }
     Metrics::inc(&rt.metrics.replica_image_reads_total);
+    // With a head to compare with, the file is read page by page and only
+    // the pages that differ are kept (ADR 0037): never the whole database
+    // in memory. Not when the file is frozen at an earlier head (a snapshot
+    // streams from it), nor for an overdue snapshot (that upload writes it).
+    if file != FileState::Stale && !replica.snapshot_overdue() {
+        let path = paths::actor_db(&rt.config.data_dir, &actor.id);
+        let diffed = match &image {
+            // A file that cannot be frozen is read through SQLite below.
+            ImageFrom::Db(db) if file == FileState::Free => match db.freeze_file() {
+                Ok(()) => {
+                    let diffed = replica.diff_file(&path);
+                    db.thaw().map_err(|e| e.to_string())?;
+                    diffed.map(Some)
+                }
+                Err(_) => Ok(None),
+            },
+            _ => replica.diff_file(&path).map(Some),
+        };
+        if let Some(Some(pages)) = diffed.map_err(|e| e.to_string())?
+            && replica.pages_suffice(&pages)
+        {
+            return Ok(Source::Pages(pages));
+        }
+    }
     let image = match image {
         ImageFrom::Db(db) => db
             .committed_image()
@@ -660,6 +685,19 @@ fn upload_source(
         ImageFrom::File(p) => Image::read_path(p).map_err(|e| e.to_string()),
     };
     image.map(Source::Image)
+}
+
+/// What the actor's database file holds when an upload starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FileState {
+    /// Frozen for this upload's snapshot: exactly the committed state.
+    Current,
+    /// Frozen at an earlier head, for a snapshot streaming from it.
+    Stale,
+    /// Not frozen: an open actor's checkpoints may leave commits in the
+    /// log (freezing makes it current), a closed actor's file is all there
+    /// is.
+    Free,
 }
 
 /// Starts an upload if one is due and none is in flight. The state's lock
@@ -754,8 +792,15 @@ fn maybe_upload(
             }
         }
     }
+    let file = if snapshot.is_some() {
+        FileState::Current
+    } else if st.frozen {
+        FileState::Stale
+    } else {
+        FileState::Free
+    };
     drop(st);
-    let source = upload_source(rt, actor, &replica, from);
+    let source = upload_source(rt, actor, &replica, from, file);
     let source = match source {
         Ok(i) => i,
         Err(e) => {
