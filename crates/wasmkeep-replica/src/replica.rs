@@ -889,6 +889,9 @@ pub struct Replica {
     /// landed nor failed): the snapshot is not overdue meanwhile, so the
     /// upload path does not read the whole database to write another one.
     streaming: bool,
+    /// A streamed job failed since the last snapshot landed (see
+    /// [`Replica::overdue_may_stream`]).
+    stream_failed: bool,
     /// The pages this writer's entries changed (see [`Tracking`]); `None`
     /// when it does not know them all (after opening, or past
     /// [`DELTA_PAGES_MAX`]): the next snapshot due is then a whole one.
@@ -953,6 +956,7 @@ impl Replica {
             snaps_seen: BTreeMap::new(),
             delta_base: None,
             streaming: false,
+            stream_failed: false,
             tracking: None,
             bytes_since_base: 0,
             deltas_seen: BTreeMap::new(),
@@ -1331,6 +1335,16 @@ impl Replica {
     /// become overdue.
     pub fn snapshot_failed(&mut self) {
         self.streaming = false;
+        self.stream_failed = true;
+    }
+
+    /// Whether an overdue snapshot may stream ([`Replica::snapshot_streams_next`]):
+    /// not once a streamed one failed since the last landed, so a file
+    /// that keeps tearing (or a bucket that keeps refusing parts) falls
+    /// back to the snapshot written from the whole database, which resets
+    /// the head's hashes from what the file holds.
+    pub fn overdue_may_stream(&self) -> bool {
+        !self.stream_failed
     }
 
     /// Notes the pages an entry at `seq` wrote, for the deltas.
@@ -1353,6 +1367,7 @@ impl Replica {
     pub fn snapshot_landed(&mut self, landed: Landed) {
         let seq = landed.seq;
         self.streaming = false;
+        self.stream_failed = false;
         match landed.delta_from {
             // A snapshot older than the one deltas start from (a job that
             // streamed while the upload path wrote a newer one) changes
@@ -1711,6 +1726,7 @@ impl Replica {
         self.recent.clear();
         self.delta_base = Some(head.seq);
         self.bytes_since_base = 0;
+        self.stream_failed = false;
         self.tracking = Some(Tracking {
             from: head.seq,
             pages: BTreeMap::new(),

@@ -354,6 +354,10 @@ async fn a_streaming_snapshot_is_not_overdue(b: &Backend, name: &str) {
     drop(delta);
     rep.snapshot_failed();
     assert!(rep.wants_image(), "overdue once the job failed");
+    assert!(
+        !rep.overdue_may_stream(),
+        "a failed stream is retried from the whole database"
+    );
     // An overdue snapshot streams too, without waiting for a slot: the
     // caller freezes the file and says so, the upload ships pages, and the
     // job after it lands.
@@ -366,6 +370,7 @@ async fn a_streaming_snapshot_is_not_overdue(b: &Backend, name: &str) {
     rep.snapshot_landed(landed);
     src.db.as_ref().unwrap().thaw().unwrap();
     assert!(!rep.snapshot_due() && !rep.wants_image());
+    assert!(rep.overdue_may_stream());
     wasmkeep_store::page_capture::untrack(&dir);
 }
 

@@ -67,6 +67,11 @@ pub const SNAPSHOTS_RUNNING_MAX: usize = 1;
 /// database whole once its snapshot is overdue).
 pub const DELTAS_RUNNING_MAX: usize = 4;
 
+/// Most overdue snapshots (ADR 0037) a node streams at once besides the
+/// others: an actor whose snapshot is overdue while these are taken too
+/// writes it from the whole database, the bounded fallback of ADR 0036.
+pub const OVERDUE_RUNNING_MAX: usize = 16;
+
 /// A slot of [`SNAPSHOTS_RUNNING_MAX`] or [`DELTAS_RUNNING_MAX`], given
 /// back when dropped.
 struct SnapshotSlot(Arc<std::sync::atomic::AtomicUsize>);
@@ -195,6 +200,8 @@ pub struct Replication {
     snapshots_running: Arc<std::sync::atomic::AtomicUsize>,
     /// Deltas streaming now (at most [`DELTAS_RUNNING_MAX`]).
     deltas_running: Arc<std::sync::atomic::AtomicUsize>,
+    /// Overdue snapshots streaming now (at most [`OVERDUE_RUNNING_MAX`]).
+    overdue_running: Arc<std::sync::atomic::AtomicUsize>,
     io: Option<tokio::runtime::Runtime>,
 }
 
@@ -228,6 +235,7 @@ impl Replication {
             flushing: std::sync::atomic::AtomicBool::new(false),
             snapshots_running: Default::default(),
             deltas_running: Default::default(),
+            overdue_running: Default::default(),
             io: Some(io),
         })
     }
@@ -669,6 +677,9 @@ fn upload_source(
                 }
                 Err(_) => Ok(None),
             },
+            // A closed actor: its file is whole only if closing
+            // checkpointed the log into it (an empty or missing log).
+            ImageFrom::File(_) if !log_is_empty(&path) => Ok(None),
             _ => replica.diff_file(&path).map(Some),
         };
         if let Some(Some(pages)) = diffed.map_err(|e| e.to_string())?
@@ -687,6 +698,14 @@ fn upload_source(
     image.map(Source::Image)
 }
 
+/// Whether the write-ahead log beside the database at `db_path` holds no
+/// frame (missing or empty).
+fn log_is_empty(db_path: &std::path::Path) -> bool {
+    let mut wal = db_path.as_os_str().to_owned();
+    wal.push("-wal");
+    std::fs::metadata(std::path::PathBuf::from(wal)).map_or(true, |m| m.len() == 0)
+}
+
 /// What the actor's database file holds when an upload starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum FileState {
@@ -695,8 +714,8 @@ enum FileState {
     /// Frozen at an earlier head, for a snapshot streaming from it.
     Stale,
     /// Not frozen: an open actor's checkpoints may leave commits in the
-    /// log (freezing makes it current), a closed actor's file is all there
-    /// is.
+    /// log (freezing makes it current); a closed actor's file is current
+    /// if closing emptied its log (checked before it is read).
     Free,
 }
 
@@ -759,12 +778,16 @@ fn maybe_upload(
     // A snapshot is due: the file is made to hold what this upload will
     // make the head, and kept so while the snapshot streams from it. A
     // delta takes a slot of its own kind, and then streams only as a delta.
-    // An overdue one streams without a slot: a few parts in memory, where
+    // An overdue one streams in a slot of its own: a few parts in memory, where
     // waiting longer would make the upload read the whole database.
     let mut snapshot = None;
-    let delta = replica.snapshot_due() && replica.delta_possible();
-    let overdue = replica.snapshot_overdue();
-    let (running, max) = if delta {
+    let overdue = replica.snapshot_overdue() && replica.overdue_may_stream();
+    // A delta's slot streams only a delta; an overdue one streams
+    // whichever the upload leaves due.
+    let delta_only = !overdue && replica.snapshot_due() && replica.delta_possible();
+    let (running, max) = if overdue {
+        (&repl.overdue_running, OVERDUE_RUNNING_MAX)
+    } else if delta_only {
         (&repl.deltas_running, DELTAS_RUNNING_MAX)
     } else {
         (&repl.snapshots_running, SNAPSHOTS_RUNNING_MAX)
@@ -773,11 +796,7 @@ fn maybe_upload(
         && !st.snapshotting
         && !st.frozen
         && let ImageFrom::Db(db) = &from
-        && let Some(slot) = if overdue {
-            Some(None)
-        } else {
-            SnapshotSlot::take(running, max).map(Some)
-        }
+        && let Some(slot) = SnapshotSlot::take(running, max)
     {
         match db.freeze_file() {
             Ok(()) => {
@@ -785,16 +804,18 @@ fn maybe_upload(
                 if overdue {
                     replica.snapshot_streams_next();
                 }
-                snapshot = Some((slot, delta));
+                snapshot = Some((slot, delta_only));
             }
             Err(e) => {
                 tracing::warn!(actor = %actor.id, error = %e, "could not prepare the file for a snapshot")
             }
         }
     }
+    // A closed actor's file was checkpointed when it closed (upload_source
+    // checks that its log is empty), whatever `frozen` still says.
     let file = if snapshot.is_some() {
         FileState::Current
-    } else if st.frozen {
+    } else if st.snapshotting || (st.frozen && matches!(from, ImageFrom::Db(_))) {
         FileState::Stale
     } else {
         FileState::Free
