@@ -78,6 +78,13 @@ impl Kind {
     pub fn fits(self, folder: Kind) -> bool {
         self == folder || (self == Kind::Tombstone && folder != Kind::Delta)
     }
+
+    /// Whether a body of this kind changes the state before it (a log
+    /// entry, a delta) rather than starting over (a snapshot, a
+    /// tombstone): the one rule of every rebuild, in memory or streamed.
+    pub fn applies_on_top(self) -> bool {
+        matches!(self, Kind::Log | Kind::Delta)
+    }
 }
 
 /// Who wrote an entry: the writer's hold generation and a nonce fresh for

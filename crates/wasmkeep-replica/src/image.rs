@@ -135,7 +135,7 @@ impl Image {
     /// A tombstone empties the image (it carries no pages); callers that
     /// tell "deleted" from "empty" look at the entry's kind.
     pub fn apply(&mut self, entry: &Entry) -> Result<(), ReplicaError> {
-        if !matches!(entry.kind, Kind::Log | Kind::Delta) || self.bytes.is_empty() {
+        if !entry.kind.applies_on_top() || self.bytes.is_empty() {
             self.bytes.clear();
             self.page_size = entry.page_size;
         }

@@ -359,7 +359,7 @@ struct Staged {
 
 impl PageSink for Staged {
     fn header(&mut self, head: &Entry, _count: u32) -> Result<(), ReplicaError> {
-        if !matches!(head.kind, Kind::Log | Kind::Delta) || self.pages == 0 {
+        if !head.kind.applies_on_top() || self.pages == 0 {
             self.file.set_len(0)?;
             self.pages = 0;
             self.page_size = head.page_size;

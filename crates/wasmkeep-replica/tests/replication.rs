@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use common::{Backend, Moto, Source, actor, dump, dump_bytes};
 use wasmkeep_replica::limits::COLLECT_GRACE_MS;
@@ -12,7 +12,7 @@ use wasmkeep_replica::{
     At, Bucket, Entry, Kind, Opened, Pages, Replica, ReplicaConfig, ReplicaError, Uploaded,
     delete_all, export,
 };
-use wasmkeep_store::{ActorDb, OpenMode, StoreLimits, Value};
+use wasmkeep_store::{ActorDb, ActorId, OpenMode, StoreLimits, Value};
 
 const SCHEMA: &[&str] = &[
     "CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT NOT NULL)",
@@ -238,14 +238,36 @@ async fn frozen_upload(rep: &mut Replica, src: &Source, time_ms: u64) {
 
 /// An upload of the pages captured since the last one.
 async fn captured_upload(rep: &mut Replica, src: &Source, time_ms: u64) {
+    rep.upload_pages(&captured(src), time_ms).await.unwrap();
+}
+
+/// The pages the store captured since the last take.
+fn captured(src: &Source) -> Pages {
     let ch = src.db.as_ref().unwrap().take_changes().unwrap();
-    let pages = Pages {
+    Pages {
         page_size: ch.page_size.unwrap(),
         db_pages: ch.db_pages.unwrap(),
         low_pages: ch.low_pages.unwrap(),
         pages: ch.pages,
-    };
-    rep.upload_pages(&pages, time_ms).await.unwrap();
+    }
+}
+
+/// A source actor in a fresh folder whose commits the store captures, and
+/// its replica opened with `config`. The caller untracks `dir` at its end.
+async fn tracked(
+    b: &Backend,
+    name: &str,
+    config: ReplicaConfig,
+) -> (tempfile::TempDir, ActorId, PathBuf, Source, Replica) {
+    let tmp = tempfile::tempdir().unwrap();
+    let id = actor(name);
+    let dir = tmp.path().join("src");
+    wasmkeep_store::page_capture::track(&dir);
+    let src = Source::new(&dir);
+    let (rep, _) = Replica::open(&b.bucket, &id, &src.path(), 1, config, 0)
+        .await
+        .unwrap();
+    (tmp, id, dir, src, rep)
 }
 
 /// A snapshot that is due but never streams (the node's slot taken, or
@@ -253,28 +275,14 @@ async fn captured_upload(rep: &mut Replica, src: &Source, time_ms: u64) {
 /// the policy again, the replica wants the whole database, and that upload
 /// writes the snapshot, so the chain stays within the restore bounds.
 async fn an_overdue_snapshot_is_written_from_the_image(b: &Backend, name: &str) {
-    let tmp = tempfile::tempdir().unwrap();
-    let id = actor(name);
-    let dir = tmp.path().join("src");
-    wasmkeep_store::page_capture::track(&dir);
-    let mut src = Source::new(&dir);
-    let (mut rep, _) = Replica::open(&b.bucket, &id, &src.path(), 1, cfg(4, 2), 0)
-        .await
-        .unwrap();
+    let (_tmp, _id, dir, mut src, mut rep) = tracked(b, name, cfg(4, 2)).await;
     schema(&mut src);
     upload(&mut rep, &mut src, 1000).await.unwrap();
     src.db.as_ref().unwrap().take_changes().unwrap();
     let mut i = 1;
     while !rep.wants_image() {
         work(&mut src, i);
-        let ch = src.db.as_ref().unwrap().take_changes().unwrap();
-        let pages = Pages {
-            page_size: ch.page_size.unwrap(),
-            db_pages: ch.db_pages.unwrap(),
-            low_pages: ch.low_pages.unwrap(),
-            pages: ch.pages,
-        };
-        rep.upload_pages(&pages, 1000 + i as u64).await.unwrap();
+        captured_upload(&mut rep, &src, 1000 + i as u64).await;
         i += 1;
         assert!(i < 20, "the snapshot never became overdue");
     }
@@ -299,14 +307,7 @@ async fn an_overdue_snapshot_is_written_from_the_image(b: &Backend, name: &str) 
 /// snapshot is overdue again, and an overdue one streams like any other
 /// when its caller froze the file for it (no whole-database read).
 async fn a_streaming_snapshot_is_not_overdue(b: &Backend, name: &str) {
-    let tmp = tempfile::tempdir().unwrap();
-    let id = actor(name);
-    let dir = tmp.path().join("src");
-    wasmkeep_store::page_capture::track(&dir);
-    let mut src = Source::new(&dir);
-    let (mut rep, _) = Replica::open(&b.bucket, &id, &src.path(), 1, cfg(4, 2), 0)
-        .await
-        .unwrap();
+    let (_tmp, _id, dir, mut src, mut rep) = tracked(b, name, cfg(4, 2)).await;
     schema(&mut src);
     fill(&mut src, 20, 50_000);
     upload(&mut rep, &mut src, 1000).await.unwrap();
@@ -415,19 +416,12 @@ async fn a_file_diff_ships_only_what_changed(b: &Backend, name: &str) {
 /// the check switched off (the unsafe variant) the torn file lands as the
 /// head's state and a restore from it is not the source.
 async fn large_snapshot_streams_in_parts(b: &Backend, name: &str, verify: bool) {
-    let tmp = tempfile::tempdir().unwrap();
-    let id = actor(name);
-    let dir = tmp.path().join("src");
-    wasmkeep_store::page_capture::track(&dir);
-    let mut src = Source::new(&dir);
     let config = ReplicaConfig {
         snapshot_part_bytes: wasmkeep_replica::limits::SNAPSHOT_PART_BYTES_MIN,
         unsafe_snapshot_unverified: !verify,
         ..cfg(4, 2)
     };
-    let (mut rep, _) = Replica::open(&b.bucket, &id, &src.path(), 1, config.clone(), 0)
-        .await
-        .unwrap();
+    let (tmp, id, dir, mut src, mut rep) = tracked(b, name, config.clone()).await;
     schema(&mut src);
     fill(&mut src, 12, 1_000_000);
     upload_captured(&mut rep, &mut src, 1000).await.unwrap();
@@ -542,18 +536,11 @@ async fn delta_since(
 /// unsafe variant a delta carries only the pages since the previous delta:
 /// the restore misses phase A's pages.
 async fn deltas_carry_every_page_since_the_snapshot(b: &Backend, name: &str, forget: bool) {
-    let tmp = tempfile::tempdir().unwrap();
-    let id = actor(name);
-    let dir = tmp.path().join("src");
-    wasmkeep_store::page_capture::track(&dir);
-    let mut src = Source::new(&dir);
     let config = ReplicaConfig {
         unsafe_delta_forgets_pages: forget,
         ..cfg(4, 2)
     };
-    let (mut rep, _) = Replica::open(&b.bucket, &id, &src.path(), 1, config.clone(), 0)
-        .await
-        .unwrap();
+    let (tmp, id, dir, mut src, mut rep) = tracked(b, name, config.clone()).await;
     schema(&mut src);
     fill(&mut src, 40, 100_000);
     src.commit(&[("INSERT INTO users (id, name) VALUES (1, 'first')", vec![])]);
@@ -683,14 +670,7 @@ async fn deltas_carry_every_page_since_the_snapshot(b: &Backend, name: &str, for
 /// downloads nothing (the sidecar's digest, kept up to date from the pages
 /// alone, matches the file).
 async fn captured_pages_restore_byte_identical(b: &Backend, name: &str) {
-    let tmp = tempfile::tempdir().unwrap();
-    let id = actor(name);
-    let dir = tmp.path().join("src");
-    wasmkeep_store::page_capture::track(&dir);
-    let mut src = Source::new(&dir);
-    let (mut rep, _) = Replica::open(&b.bucket, &id, &src.path(), 1, cfg(9, 2), 0)
-        .await
-        .unwrap();
+    let (tmp, id, dir, mut src, mut rep) = tracked(b, name, cfg(9, 2)).await;
     schema(&mut src);
     let (_, pages) = upload_captured(&mut rep, &mut src, 1000).await.unwrap();
     assert!(!pages, "the first upload reads the whole database");
