@@ -255,6 +255,10 @@ async fn group(
         &format!("{label}_image_reads"),
         d("wasmkeep_replica_image_reads_total"),
     );
+    out.fig(
+        &format!("{label}_file_reads"),
+        d("wasmkeep_replica_file_reads_total"),
+    );
     out.check(
         &format!("{label}_no_errors"),
         r.errors_total == 0,

@@ -59,6 +59,12 @@ pub enum Kind {
     /// `delta/<base>/`) and this seq, as of this seq (ADR 0037): a restore
     /// from that snapshot applies it instead of the entries it covers.
     Delta = 4,
+    /// A log entry too large for one create-only PUT (ADR 0038): its body
+    /// is a `Log` body with every page at `whole/<seq>/<token>`, written
+    /// (as a multipart upload) before this pointer was created, with the
+    /// same seq and token. Holds no pages; found in `log/` only. A reader
+    /// follows it once and reads what it points to as the entry.
+    Pointer = 5,
 }
 
 impl Kind {
@@ -68,20 +74,24 @@ impl Kind {
             2 => Some(Kind::Snapshot),
             3 => Some(Kind::Tombstone),
             4 => Some(Kind::Delta),
+            5 => Some(Kind::Pointer),
             _ => None,
         }
     }
 
     /// Whether a body of this kind belongs in the folder of `folder`
     /// (`Log` for `log/`, `Snapshot` for `snap/`, `Delta` for `delta/`): a
-    /// tombstone belongs in the first two.
+    /// tombstone belongs in the first two, a pointer in `log/`.
     pub fn fits(self, folder: Kind) -> bool {
-        self == folder || (self == Kind::Tombstone && folder != Kind::Delta)
+        self == folder
+            || (self == Kind::Tombstone && folder != Kind::Delta)
+            || (self == Kind::Pointer && folder == Kind::Log)
     }
 
     /// Whether a body of this kind changes the state before it (a log
     /// entry, a delta) rather than starting over (a snapshot, a
     /// tombstone): the one rule of every rebuild, in memory or streamed.
+    /// A pointer is never applied: readers apply the body it points to.
     pub fn applies_on_top(self) -> bool {
         matches!(self, Kind::Log | Kind::Delta)
     }
@@ -179,7 +189,7 @@ impl Entry {
     /// folder `delta/` only, for messages.
     pub fn key(&self) -> String {
         let tail = match self.kind {
-            Kind::Log | Kind::Tombstone => crate::keys::log_key(self.seq),
+            Kind::Log | Kind::Tombstone | Kind::Pointer => crate::keys::log_key(self.seq),
             Kind::Snapshot => crate::keys::snap_key(self.seq),
             Kind::Delta => format!("delta/…/{:0w$}", self.seq, w = crate::keys::SEQ_DIGITS),
         };
@@ -261,6 +271,9 @@ impl Entry {
         }
         if self.kind == Kind::Tombstone && self.db_pages != 0 {
             return Err("a tombstone holds no database".into());
+        }
+        if self.kind == Kind::Pointer && count != 0 {
+            return Err("a pointer holds no page: its body holds them".into());
         }
         if count > self.db_pages as u64 {
             return Err(format!(
@@ -432,11 +445,13 @@ pub(crate) trait PageSink {
 }
 
 /// A sink that keeps the pages in memory, as [`Entry::decode`] does.
+#[cfg(test)]
 #[derive(Default)]
 pub(crate) struct Collect {
     pub(crate) pages: Vec<(u32, Vec<u8>)>,
 }
 
+#[cfg(test)]
 impl PageSink for Collect {
     fn header(&mut self, _: &Entry, _announced: u32) -> Result<(), ReplicaError> {
         // Pages announced are not yet received: nothing is reserved from

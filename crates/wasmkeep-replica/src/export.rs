@@ -1,11 +1,13 @@
 //! Point in time: a plain SQLite database as the chain held it at a seq or
 //! at a time, within what retention keeps.
 //!
-//! [`export_to_path`] is the checked way out: the file is written under a
-//! temporary name beside its target, passes SQLite's `PRAGMA quick_check`
-//! (as a restored image does before it replaces a local file) and only
-//! then takes its name. [`export`] gives the bytes unchecked, for callers
-//! that check them their own way. The snapshots' listing is bounded like a
+//! [`export_to_path`] is the checked way out: the file is rebuilt under a
+//! temporary name beside its target, body by body as they stream in (a
+//! page at a time in memory, whatever the database's size), passes
+//! SQLite's `PRAGMA quick_check` (as a restored image does before it
+//! replaces a local file) and only then takes its name. [`export`] gives
+//! the bytes unchecked, for callers that check them their own way (and can
+//! hold them). The snapshots' listing is bounded like a
 //! restore's (`listing_keys_max`) and each object by `entry_bytes_max`; the
 //! entries are listed a page of `listing_keys_max` at a time, and their
 //! number is not bounded, since an export may start from an older snapshot
@@ -21,10 +23,10 @@ use wasmkeep_store::ActorId;
 use crate::bucket::Bucket;
 use crate::entry::{Entry, FIXED_HEADER_BYTES, Kind};
 use crate::error::ReplicaError;
-use crate::image::{Image, quick_check};
+use crate::image::quick_check;
 use crate::keys::ActorRoot;
 use crate::limits::ReplicaConfig;
-use crate::replica::{Budget, apply_to, fetch, fetch_delta};
+use crate::replica::{Budget, Staged, stage};
 
 /// Which point of an actor's history to export.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,7 +56,8 @@ pub async fn export(
 }
 
 /// [`export`], calling `progress(objects_read, objects_to_read)` as it
-/// reads the chain (for a progress bar).
+/// reads the chain (for a progress bar). The database is rebuilt in a
+/// temporary file (under the system's temporary folder) and read back.
 pub async fn export_with_progress(
     bucket: &Bucket,
     id: &ActorId,
@@ -62,19 +65,26 @@ pub async fn export_with_progress(
     config: &ReplicaConfig,
     progress: &(dyn Fn(u64, u64) + Sync),
 ) -> Result<Vec<u8>, ReplicaError> {
-    Ok(rebuild_at(bucket, id, at, config, progress)
-        .await?
-        .0
-        .into_bytes())
+    static EXPORTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = EXPORTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path = std::env::temp_dir().join(format!(
+        "wasmkeep-export-{}-{n}.partial",
+        std::process::id()
+    ));
+    let result = rebuild_at(bucket, id, at, config, progress, &path).await;
+    let bytes = result.and_then(|_| Ok(std::fs::read(&path)?));
+    let _ = std::fs::remove_file(&path);
+    bytes
 }
 
 /// Writes the database at `at` to `out` as a plain SQLite file, checked,
 /// and returns its size; calls `progress` as [`export_with_progress`] does.
 ///
-/// The bytes go to `out` with `.partial` appended, synced, and are checked
-/// there with `PRAGMA quick_check` (read-only, `immutable`, defensive mode,
-/// untrusted schema). A file that fails it is deleted and the export fails
-/// with `restored_image_corrupt`, naming the last object applied; one that
+/// The database is rebuilt in `out` with `.partial` appended, body by
+/// body as each streams in, synced, and checked there with `PRAGMA
+/// quick_check` (read-only, `immutable`, defensive mode, untrusted
+/// schema). A file that fails it is deleted and the export fails with
+/// `restored_image_corrupt`, naming the last object applied; one that
 /// passes is linked to `out`, which is never overwritten (an existing `out`
 /// fails the export with `replica_io_error`, and nothing is left behind).
 pub async fn export_to_path(
@@ -85,12 +95,14 @@ pub async fn export_to_path(
     out: &Path,
     progress: &(dyn Fn(u64, u64) + Sync),
 ) -> Result<u64, ReplicaError> {
-    let (image, key) = rebuild_at(bucket, id, at, config, progress).await?;
     let staged = partial_path(out);
-    let result = write_checked(image.bytes(), &staged, &key, out);
+    let result = match rebuild_at(bucket, id, at, config, progress, &staged).await {
+        Ok((bytes, key)) => link_checked(&staged, &key, out).map(|()| bytes),
+        Err(e) => Err(e),
+    };
     // Whatever happened, nothing stays under the temporary name.
     let _ = std::fs::remove_file(&staged);
-    result.map(|()| image.bytes().len() as u64)
+    result
 }
 
 /// `out` with `.partial` appended.
@@ -100,13 +112,8 @@ fn partial_path(out: &Path) -> PathBuf {
     PathBuf::from(s)
 }
 
-/// Writes `bytes` to `staged` (synced), checks it, and links it to `out`.
-fn write_checked(bytes: &[u8], staged: &Path, key: &str, out: &Path) -> Result<(), ReplicaError> {
-    use std::io::Write;
-    let mut f = std::fs::File::create(staged)?;
-    f.write_all(bytes)?;
-    f.sync_all()?;
-    drop(f);
+/// Checks the rebuilt file `staged` (synced), and links it to `out`.
+fn link_checked(staged: &Path, key: &str, out: &Path) -> Result<(), ReplicaError> {
     quick_check(staged, key)?;
     // A link, unlike a rename, fails rather than replace an existing file.
     match std::fs::hard_link(staged, out) {
@@ -138,11 +145,7 @@ async fn delta_at(
         let fits = match at {
             At::Latest => true,
             At::Seq(n) => seq <= n,
-            At::TimeMs(t) => {
-                let key = root.delta(base, seq);
-                let head = bucket.get_prefix(&key, FIXED_HEADER_BYTES as u64).await?;
-                Entry::peek_header(&key, &head)?.time_ms <= t
-            }
+            At::TimeMs(t) => time_of(bucket, &root.delta(base, seq)).await? <= t,
         };
         if fits {
             let (entry, _) = bucket
@@ -154,14 +157,17 @@ async fn delta_at(
     Ok(None)
 }
 
-/// The image at `at`, and the key of the last object applied to it.
+/// Rebuilds the database at `at` in the file `path` (created or
+/// truncated, synced at the end), body by body as each streams in; returns
+/// its size and the key of the last object applied to it.
 async fn rebuild_at(
     bucket: &Bucket,
     id: &ActorId,
     at: At,
     config: &ReplicaConfig,
     progress: &(dyn Fn(u64, u64) + Sync),
-) -> Result<(Image, String), ReplicaError> {
+    path: &Path,
+) -> Result<(u64, String), ReplicaError> {
     let root = ActorRoot::new(id, bucket.prefix_bytes())?;
     let bound = config.listing_bound();
     let snaps = bucket
@@ -175,9 +181,7 @@ async fn rebuild_at(
         At::TimeMs(t) => {
             let mut found = None;
             for &(s, size) in snaps.iter().rev() {
-                let key = root.snap(s);
-                let head = bucket.get_prefix(&key, FIXED_HEADER_BYTES as u64).await?;
-                if Entry::peek_header(&key, &head)?.time_ms <= t {
+                if time_of(bucket, &root.snap(s)).await? <= t {
                     found = Some((s, size));
                     break;
                 }
@@ -187,30 +191,21 @@ async fn rebuild_at(
     };
     let base_seq = base.map(|(s, _)| s);
     let budget = &mut Budget::unbounded();
+    let staged = &mut Staged::create(path, root.as_str())?;
     let mut last_key = None;
-    let (mut image, mut next) = match base {
-        Some((s, size)) => {
-            let e = fetch(bucket, &root, Kind::Snapshot, (s, size), config, budget).await?;
-            if let At::TimeMs(t) = at
-                && e.time_ms > t
-            {
-                return Err(ReplicaError::corrupt(
-                    root.snap(s),
-                    "header and body differ",
-                ));
-            }
-            let mut img = None;
-            apply_to(&mut img, &e)?;
-            last_key = Some(root.snap(s));
-            (img, s + 1)
-        }
-        None => (None, 0),
-    };
+    let mut next = 0;
+    if let Some((s, size)) = base {
+        let key = root.snap(s);
+        let body = (Kind::Snapshot, key.clone());
+        stage_before(bucket, &root, body, (s, size), config, budget, staged, at).await?;
+        last_key = Some(key);
+        next = s + 1;
+    }
     if let Some(s) = base_seq
         && let Some((seq, size)) = delta_at(bucket, &root, s, at, bound).await?
     {
-        let e = fetch_delta(bucket, &root, (s, seq, size), config, budget).await?;
-        apply_to(&mut image, &e)?;
+        let at = (Kind::Delta, root.delta(s, seq));
+        stage(bucket, &root, at, (seq, size), config, budget, staged).await?;
         // The entry at the delta's seq is applied next, like a restore does.
         next = seq;
     }
@@ -232,14 +227,17 @@ async fn rebuild_at(
                 // Below the oldest entry kept (no base) or a gap.
                 break 'pages;
             }
-            let e = fetch(bucket, &root, Kind::Log, (seq, size), config, budget).await?;
+            let key = root.log(seq);
+            // Its pages are written as they stream in: the time is read
+            // first, from the header alone.
             if let At::TimeMs(t) = at
-                && e.time_ms > t
+                && time_of(bucket, &key).await? > t
             {
                 break 'pages;
             }
-            apply_to(&mut image, &e)?;
-            last_key = Some(root.log(seq));
+            let body = (Kind::Log, key.clone());
+            stage_before(bucket, &root, body, (seq, size), config, budget, staged, at).await?;
+            last_key = Some(key);
             next += 1;
             done += 1;
             progress(done, total);
@@ -251,13 +249,52 @@ async fn rebuild_at(
     let reached = next.checked_sub(1);
     let ok = match at {
         At::Seq(n) => reached == Some(n),
-        At::TimeMs(_) | At::Latest => image.is_some(),
+        At::TimeMs(_) | At::Latest => staged.has_database(),
     };
-    match (image, last_key) {
-        (Some(img), Some(key)) if ok => Ok((img, key)),
+    match last_key {
+        Some(key) if ok && staged.has_database() => {
+            staged.sync()?;
+            Ok((staged.bytes(), key))
+        }
         _ => Err(ReplicaError::NotRetained(format!(
             "{at:?} for actor=`{}` (reached seq {reached:?})",
             root.as_str()
         ))),
     }
+}
+
+/// [`stage`], for a body whose header said it was written no later than
+/// `at` (when `at` is a time): the body must say so too.
+#[allow(clippy::too_many_arguments)]
+async fn stage_before(
+    bucket: &Bucket,
+    root: &ActorRoot,
+    (kind, key): (Kind, String),
+    listed: (u64, u64),
+    config: &ReplicaConfig,
+    budget: &mut Budget,
+    staged: &mut Staged,
+    at: At,
+) -> Result<(), ReplicaError> {
+    let e = stage(
+        bucket,
+        root,
+        (kind, key.clone()),
+        listed,
+        config,
+        budget,
+        staged,
+    )
+    .await?;
+    match at {
+        At::TimeMs(t) if e.time_ms > t => Err(ReplicaError::corrupt(key, "header and body differ")),
+        _ => Ok(()),
+    }
+}
+
+/// The time in the header of the body at `key`, read from its first bytes
+/// (unchecked: the whole body is checked when it is applied).
+async fn time_of(bucket: &Bucket, key: &str) -> Result<u64, ReplicaError> {
+    let head = bucket.get_prefix(key, FIXED_HEADER_BYTES as u64).await?;
+    Ok(Entry::peek_header(key, &head)?.time_ms)
 }

@@ -40,7 +40,7 @@ impl std::fmt::Debug for Image {
 
 /// The page size a database header records (offset 16, big-endian; 1 means
 /// 65536).
-fn header_page_size(bytes: &[u8]) -> Option<u32> {
+pub(crate) fn header_page_size(bytes: &[u8]) -> Option<u32> {
     let raw = u16::from_be_bytes([*bytes.get(16)?, *bytes.get(17)?]) as u32;
     let size = if raw == 1 { 65536 } else { raw };
     ((512..=65536).contains(&size) && size.is_power_of_two()).then_some(size)
@@ -79,6 +79,7 @@ impl Image {
     }
 
     /// An empty database: what applying a chain starts from.
+    #[cfg(test)]
     pub(crate) fn empty(page_size: u32) -> Image {
         Image {
             page_size,

@@ -22,14 +22,19 @@ use wasmkeep_store::ActorId;
 use wasmkeep_store::id::{validate_name, validate_segment};
 use wasmkeep_store::paths::name_segments;
 
+use crate::entry::Token;
 use crate::error::ReplicaError;
 use crate::limits::KEY_BYTES_MAX;
 
 /// Digits of a seq in a key.
 pub const SEQ_DIGITS: usize = 20;
 /// Longest tail under an actor's root: `delta/`, the snapshot's seq, `/`
-/// and the delta's seq.
+/// and the delta's seq (a `whole/` key is as long: see [`WHOLE_TAG_BYTES`]).
 const TAIL_BYTES_MAX: usize = 6 + SEQ_DIGITS + 1 + SEQ_DIGITS;
+/// Bytes of an entry's nonce that name its body in `whole/` (hex, two
+/// digits each): 80 random bits keep two writers' bodies apart, and the
+/// key is no longer than a delta's. The reader checks the whole token.
+const WHOLE_TAG_BYTES: usize = SEQ_DIGITS / 2;
 
 /// One actor's folder in the bucket, relative to the bucket's prefix and
 /// ending in `/`.
@@ -85,6 +90,19 @@ impl ActorRoot {
         format!("{}delta/{base:0w$}/{seq:0w$}", self.0, w = SEQ_DIGITS)
     }
 
+    /// `whole/<seq>/<tag>` under this root: the body of the entry at `seq`
+    /// that a pointer in `log/<seq>` names (ADR 0038); `tag` is the first
+    /// bytes of the entry's nonce, so two writers never share the key.
+    pub fn whole(&self, seq: u64, token: &Token) -> String {
+        let tag = hex::encode(&token.nonce[..WHOLE_TAG_BYTES]);
+        format!("{}whole/{seq:0w$}/{tag}", self.0, w = SEQ_DIGITS)
+    }
+
+    /// The `whole/` folder.
+    pub fn whole_dir(&self) -> String {
+        format!("{}whole/", self.0)
+    }
+
     /// The `delta/` folder (every snapshot's deltas).
     pub fn delta_dir(&self) -> String {
         format!("{}delta/", self.0)
@@ -135,6 +153,16 @@ pub fn parse_delta(key: &str) -> Option<(u64, u64)> {
     (tail.next()? == "delta").then_some((base, seq))
 }
 
+/// The seq of a body in `whole/` (`…/whole/<seq>/<tag>`); `None` for
+/// anything else.
+pub fn parse_whole(key: &str) -> Option<u64> {
+    let mut tail = key.rsplit('/');
+    let tag = tail.next()?;
+    let seq = parse_seq(tail.next()?)?;
+    let tagged = tag.len() == 2 * WHOLE_TAG_BYTES && tag.bytes().all(|b| b.is_ascii_hexdigit());
+    (tagged && tail.next()? == "whole").then_some(seq)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -159,6 +187,21 @@ mod tests {
         assert_eq!(parse_delta(&root.delta(2, 9)), Some((2, 9)));
         assert!(root.delta(2, 9).starts_with(&root.deltas_of(2)));
         assert_eq!(parse_delta(&root.log(9)), None);
+        let token = Token {
+            generation: u64::MAX,
+            nonce: [0xab; 16],
+        };
+        let whole = root.whole(9, &token);
+        assert_eq!(
+            whole,
+            "state/t/a/c/612f62/whole/00000000000000000009/abababababababababab"
+        );
+        assert!(whole.starts_with(&root.whole_dir()));
+        // No longer than a delta's key: the bound on names holds for it.
+        assert_eq!(whole.len(), root.delta(2, 9).len());
+        assert_eq!(parse_whole(&whole), Some(9));
+        assert_eq!(parse_whole(&root.delta(2, 9)), None);
+        assert_eq!(parse_whole(&format!("{whole}x")), None);
         for bad in ["log/7", "log/0000000000000000000x", "", "log/"] {
             assert_eq!(parse_seq(bad), None, "{bad}");
         }

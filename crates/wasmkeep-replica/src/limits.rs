@@ -181,6 +181,11 @@ pub struct ReplicaConfig {
     /// snapshot, so a restore through it misses pages. Never set outside
     /// tests.
     pub unsafe_delta_forgets_pages: bool,
+    /// Test-only mutation switch: an upload of a whole file larger than
+    /// one part creates its pointer in `log/` before its body is uploaded,
+    /// so a body that fails part-way leaves the chain naming nothing.
+    /// Never set outside tests.
+    pub unsafe_pointer_before_body: bool,
 }
 
 impl ReplicaConfig {
@@ -281,6 +286,7 @@ impl Default for ReplicaConfig {
             unsafe_collect_without_grace: false,
             unsafe_delete_erases_chain: false,
             unsafe_delta_forgets_pages: false,
+            unsafe_pointer_before_body: false,
         };
         c.raise_bounds_to_retention();
         c

@@ -11,12 +11,10 @@ use wasmkeep_store::ActorId;
 
 use crate::bucket::{Bucket, Created};
 use crate::clock::since_boot;
-use crate::entry::{
-    BodyReader, Collect, Entry, FIXED_HEADER_BYTES, Kind, PageSink, Position, Token,
-};
+use crate::entry::{BodyReader, Entry, FIXED_HEADER_BYTES, Kind, PageSink, Position, Token};
 use crate::error::ReplicaError;
 use crate::image::{Image, PageHashes, TreeDigest, quick_check};
-use crate::keys::{ActorRoot, parse_delta};
+use crate::keys::{ActorRoot, parse_delta, parse_whole};
 use crate::limits::PAGE_NUMBER_BYTES;
 use crate::limits::{DELTA_PAGES_MAX, ReplicaConfig, SNAPSHOT_PART_BYTES_MIN};
 
@@ -180,58 +178,57 @@ pub(crate) fn check_listed(
     Ok(())
 }
 
-/// Downloads and checks one body, bounded by `entry_bytes_max` before the
-/// download (`listed`: the size the listing gave) and during it, and by
-/// what is left of `budget` (which it spends): a download is cut off where
-/// the budget ends, whatever the listing said.
-pub(crate) async fn fetch(
+/// Downloads one body, handing the pages to `sink` as they stream in (one
+/// page in memory), bounded by `entry_bytes_max` before the download
+/// (`listed`: the size the listing gave) and during it, and by what is left
+/// of `budget` (which it spends). The body is checked as [`Entry::decode`]
+/// does, and its kind, seq and actor against its key, before this returns
+/// its header (so a sink keeps nothing until then).
+///
+/// A pointer in `log/` (ADR 0038) is followed once: the body it names is
+/// read into `sink` the same way and must be a log entry of the same seq,
+/// token and size, which is what this returns. A sink ignores a pointer's
+/// header.
+async fn fetch_into(
     bucket: &Bucket,
     root: &ActorRoot,
-    kind: Kind,
+    (kind, key): (Kind, &str),
     at: (u64, u64),
     config: &ReplicaConfig,
     budget: &mut Budget,
+    sink: &mut impl PageSink,
 ) -> Result<Entry, ReplicaError> {
-    let mut pages = Collect::default();
-    let key = match kind {
-        Kind::Snapshot => root.snap(at.0),
-        _ => root.log(at.0),
-    };
-    let mut e = fetch_into(bucket, root, (kind, &key), at, config, budget, &mut pages).await?;
-    e.pages = pages.pages;
-    Ok(e)
-}
-
-/// [`fetch`] for the delta `(base, seq, listed size)`: the pages changed
-/// from the snapshot at `base` to `seq` (ADR 0037).
-pub(crate) async fn fetch_delta(
-    bucket: &Bucket,
-    root: &ActorRoot,
-    (base, seq, listed): (u64, u64, u64),
-    config: &ReplicaConfig,
-    budget: &mut Budget,
-) -> Result<Entry, ReplicaError> {
-    let mut pages = Collect::default();
-    let key = root.delta(base, seq);
-    let mut e = fetch_into(
+    let e = fetch_one(bucket, root, (kind, key), at, config, budget, sink).await?;
+    if e.kind != Kind::Pointer {
+        return Ok(e);
+    }
+    // Its size is not listed: the download itself is bounded (by
+    // `entry_bytes_max` and what is left of the budget).
+    let target = root.whole(e.seq, &e.token);
+    let body = fetch_one(
         bucket,
         root,
-        (Kind::Delta, &key),
-        (seq, listed),
+        (Kind::Log, &target),
+        (e.seq, 0),
         config,
         budget,
-        &mut pages,
+        sink,
     )
     .await?;
-    e.pages = pages.pages;
-    Ok(e)
+    if body.kind != Kind::Log || body.token != e.token || body.db_pages != e.db_pages {
+        return Err(ReplicaError::corrupt(
+            target,
+            format!(
+                "is not the body its pointer names: kind={:?} token={} db_pages={} (the pointer at `{key}` says token={} db_pages={})",
+                body.kind, body.token, body.db_pages, e.token, e.db_pages
+            ),
+        ));
+    }
+    Ok(body)
 }
 
-/// [`fetch`], handing the pages to `sink` as the body streams in (only
-/// one page in memory): the body is checked as [`Entry::decode`] does, and
-/// its kind, seq and actor against its key, before this returns its header
-/// (so a sink keeps nothing until then).
-async fn fetch_into(
+/// One body of [`fetch_into`], pointer or not.
+async fn fetch_one(
     bucket: &Bucket,
     root: &ActorRoot,
     (kind, key): (Kind, &str),
@@ -325,25 +322,13 @@ fn check_restore(
     Ok(())
 }
 
-/// Applies `e` to the state `image` (`None`: no database, before the
-/// chain's first entry or after a tombstone).
-pub(crate) fn apply_to(image: &mut Option<Image>, e: &Entry) -> Result<(), ReplicaError> {
-    if e.kind == Kind::Tombstone {
-        *image = None;
-        return Ok(());
-    }
-    image
-        .get_or_insert_with(|| Image::empty(e.page_size))
-        .apply(e)
-}
-
 /// A database being rebuilt from the bucket in its staging file, body by
 /// body, as [`Image::apply`] does in memory: a snapshot (or a body on an
 /// empty state) starts it over, a log entry sets its size and overwrites
 /// its pages and may grow it only by pages it carries, a tombstone leaves
 /// no database. A body that fails its checks fails the whole restore, and
 /// the staging file is deleted.
-struct Staged {
+pub(crate) struct Staged {
     file: std::fs::File,
     page_size: u32,
     /// The database's size in pages (0: none yet, or deleted).
@@ -359,6 +344,10 @@ struct Staged {
 
 impl PageSink for Staged {
     fn header(&mut self, head: &Entry, _count: u32) -> Result<(), ReplicaError> {
+        if head.kind == Kind::Pointer {
+            // The body it names follows, with a header of its own.
+            return Ok(());
+        }
         if !head.kind.applies_on_top() || self.pages == 0 {
             self.file.set_len(0)?;
             self.pages = 0;
@@ -389,6 +378,43 @@ impl PageSink for Staged {
 }
 
 impl Staged {
+    /// An empty staging file at `path` (created, or truncated) for the
+    /// chain of the actor at `actor` (its root).
+    pub(crate) fn create(path: &Path, actor: &str) -> Result<Staged, ReplicaError> {
+        std::fs::create_dir_all(path.parent().unwrap_or(Path::new(".")))?;
+        Ok(Staged {
+            file: std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(path)?,
+            page_size: 0,
+            pages: 0,
+            deleted: false,
+            before: 0,
+            target: 0,
+            carried: 0,
+            actor: actor.to_owned(),
+        })
+    }
+
+    /// Whether the bodies staged so far leave a database (none before the
+    /// first, none after a tombstone).
+    pub(crate) fn has_database(&self) -> bool {
+        !self.deleted && self.pages > 0
+    }
+
+    /// The database's size in bytes.
+    pub(crate) fn bytes(&self) -> u64 {
+        self.pages as u64 * self.page_size as u64
+    }
+
+    /// Makes what was staged durable.
+    pub(crate) fn sync(&self) -> Result<(), ReplicaError> {
+        Ok(self.file.sync_all()?)
+    }
+
     /// After a body's checksum held: it may grow the database only by
     /// pages it carries; then the file takes the size it sets.
     fn body_done(&mut self, key: &str) -> Result<(), ReplicaError> {
@@ -438,7 +464,7 @@ impl Staged {
 
 /// Streams the body at `key` into `staged` and checks what it did to the
 /// database's size.
-async fn stage(
+pub(crate) async fn stage(
     bucket: &Bucket,
     root: &ActorRoot,
     (kind, key): (Kind, String),
@@ -465,22 +491,7 @@ async fn rebuild_staged(
 ) -> Result<(Option<PageHashes>, Position, u64, u64, u64), ReplicaError> {
     check_restore(root, listing, config)?;
     let budget = &mut Budget::new("restore_bytes_max", config.restore_bytes_max);
-    std::fs::create_dir_all(path.parent().unwrap_or(Path::new(".")))?;
-    let mut staged = Staged {
-        file: std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(path)?,
-        page_size: 0,
-        pages: 0,
-        deleted: false,
-        before: 0,
-        target: 0,
-        carried: 0,
-        actor: root.as_str().to_owned(),
-    };
+    let mut staged = Staged::create(path, root.as_str())?;
     let (mut next, mut pos, mut time) = match listing.snaps.last() {
         Some(&(s, size)) => {
             let at = (Kind::Snapshot, root.snap(s));
@@ -516,7 +527,7 @@ async fn rebuild_staged(
     if staged.deleted {
         return Ok((None, pos, time, listing.logs.len() as u64, bytes));
     }
-    staged.file.sync_all()?;
+    staged.sync()?;
     let hashes = staged.hashes()?;
     Ok((Some(hashes), pos, time, listing.logs.len() as u64, bytes))
 }
@@ -753,22 +764,10 @@ impl SnapshotJob {
         self,
         tx: &tokio::sync::mpsc::Sender<Result<Bytes, ReplicaError>>,
     ) -> Result<(), ReplicaError> {
-        use sha2::Digest as _;
         use std::os::unix::fs::FileExt;
-        let send = |part: Vec<u8>| -> Result<(), ReplicaError> {
-            tx.blocking_send(Ok(Bytes::from(part)))
-                .map_err(|_| ReplicaError::ChainBroken("the snapshot's upload ended".into()))
-        };
-        let fail = |e: ReplicaError| {
-            let why = e.to_string();
-            let _ = tx.blocking_send(Err(e));
-            ReplicaError::ChainBroken(why)
-        };
-        let file = std::fs::File::open(&self.db_path).map_err(|e| fail(e.into()))?;
+        let mut parts = Parts::new(tx, &self.header, self.count(), self.part_bytes);
+        let file = std::fs::File::open(&self.db_path).map_err(|e| parts.fail(e.into()))?;
         let ps = self.header.page_size as usize;
-        let mut hasher = sha2::Sha256::new();
-        let mut part = Vec::with_capacity(self.part_bytes + ps + 4);
-        self.header.write_header(&mut part, self.count());
         let mut page = vec![0u8; ps];
         let mut tree = TreeDigest::default();
         let mut torn = false;
@@ -778,22 +777,14 @@ impl SnapshotJob {
         };
         for (no, hash) in numbers {
             file.read_exact_at(&mut page, (no as u64 - 1) * ps as u64)
-                .map_err(|e| fail(e.into()))?;
+                .map_err(|e| parts.fail(e.into()))?;
             match hash {
                 None => tree.push(&page),
                 Some(hash) => {
                     torn |= <sha2::Sha256 as sha2::Digest>::digest(&page).as_slice() != hash;
                 }
             }
-            part.extend_from_slice(&no.to_be_bytes());
-            part.extend_from_slice(&page);
-            if part.len() >= self.part_bytes {
-                hasher.update(&part);
-                send(std::mem::replace(
-                    &mut part,
-                    Vec::with_capacity(self.part_bytes + ps + 4),
-                ))?;
-            }
+            parts.page(no, &page)?;
         }
         // The last part goes only if every page was the head's: a multipart
         // upload without it is aborted, a single PUT never sent.
@@ -802,13 +793,186 @@ impl SnapshotJob {
             Some(_) => torn,
         };
         if self.verify && torn {
-            return Err(fail(ReplicaError::SnapshotTorn {
+            return Err(parts.fail(ReplicaError::SnapshotTorn {
                 key: self.key.clone(),
             }));
         }
-        hasher.update(&part);
-        part.extend_from_slice(&hasher.finalize());
-        send(part)
+        parts.finish()
+    }
+}
+
+/// A body cut into parts of at least `part_bytes` as its pages come (on a
+/// blocking thread): the header first, the SHA-256 of every byte last.
+/// Each full part goes to `tx`, where an upload sends it; the last one
+/// only at [`Parts::finish`], so a reader that stops early completes
+/// nothing.
+struct Parts<'a> {
+    tx: &'a tokio::sync::mpsc::Sender<Result<Bytes, ReplicaError>>,
+    part_bytes: usize,
+    page_size: usize,
+    part: Vec<u8>,
+    hasher: sha2::Sha256,
+}
+
+impl<'a> Parts<'a> {
+    fn new(
+        tx: &'a tokio::sync::mpsc::Sender<Result<Bytes, ReplicaError>>,
+        header: &Entry,
+        count: u32,
+        part_bytes: usize,
+    ) -> Parts<'a> {
+        let page_size = header.page_size as usize;
+        let mut part = Vec::with_capacity(part_bytes + page_size + 4);
+        header.write_header(&mut part, count);
+        Parts {
+            tx,
+            part_bytes,
+            page_size,
+            part,
+            hasher: <sha2::Sha256 as sha2::Digest>::new(),
+        }
+    }
+
+    fn send(&self, part: Vec<u8>) -> Result<(), ReplicaError> {
+        self.tx
+            .blocking_send(Ok(Bytes::from(part)))
+            .map_err(|_| ReplicaError::ChainBroken("the body's upload ended".into()))
+    }
+
+    /// Hands `e` to the upload (which then completes nothing) and returns
+    /// it for the reader's own result.
+    fn fail(&self, e: ReplicaError) -> ReplicaError {
+        let why = e.to_string();
+        let _ = self.tx.blocking_send(Err(e));
+        ReplicaError::ChainBroken(why)
+    }
+
+    fn page(&mut self, no: u32, page: &[u8]) -> Result<(), ReplicaError> {
+        use sha2::Digest as _;
+        self.part.extend_from_slice(&no.to_be_bytes());
+        self.part.extend_from_slice(page);
+        if self.part.len() >= self.part_bytes {
+            self.hasher.update(&self.part);
+            let fresh = Vec::with_capacity(self.part_bytes + self.page_size + 4);
+            let full = std::mem::replace(&mut self.part, fresh);
+            self.send(full)?;
+        }
+        Ok(())
+    }
+
+    fn finish(mut self) -> Result<(), ReplicaError> {
+        use sha2::Digest as _;
+        self.hasher.update(&self.part);
+        let digest = std::mem::take(&mut self.hasher).finalize();
+        let mut part = std::mem::take(&mut self.part);
+        part.extend_from_slice(&digest);
+        self.send(part)
+    }
+}
+
+/// A database file that an upload reads whole, page by page
+/// ([`Replica::upload_file`]): its page size and size in pages, as its
+/// header and length gave them when it was probed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WholeFile {
+    path: PathBuf,
+    page_size: u32,
+    db_pages: u32,
+}
+
+impl WholeFile {
+    /// The database file at `path`, if it is one this way can read: no
+    /// commit left in its write-ahead log, a header with a valid page size,
+    /// whole pages, and the size in pages the header records (when it
+    /// records one). The caller keeps the file
+    /// unchanged from here until the upload ends (checkpointed, and no
+    /// checkpoint meanwhile).
+    pub fn probe(path: &Path) -> Result<WholeFile, ReplicaError> {
+        use std::os::unix::fs::FileExt;
+        let bad = |why: String| ReplicaError::corrupt(path.display().to_string(), why);
+        let mut wal = path.as_os_str().to_owned();
+        wal.push("-wal");
+        if let Ok(m) = std::fs::metadata(PathBuf::from(wal))
+            && m.len() > 0
+        {
+            return Err(bad(format!(
+                "its write-ahead log holds commits the file lacks: bytes={}",
+                m.len()
+            )));
+        }
+        let file = std::fs::File::open(path)?;
+        let len = file.metadata()?.len();
+        let mut head = [0u8; 100];
+        file.read_exact_at(&mut head, 0)
+            .map_err(|_| bad(format!("shorter than a database header: bytes={len}")))?;
+        let page_size = crate::image::header_page_size(&head)
+            .ok_or_else(|| bad("not a sqlite database header".into()))?;
+        let db_pages = len / page_size as u64;
+        if len % page_size as u64 != 0 || db_pages > u32::MAX as u64 {
+            return Err(bad(format!(
+                "not a whole number of pages of {page_size} bytes: bytes={len}"
+            )));
+        }
+        // SQLite's own count, valid when the change counter matches the
+        // "version valid for" number (offsets 28, 24 and 92).
+        let word = |at: usize| u32::from_be_bytes(head[at..at + 4].try_into().expect("4 bytes"));
+        let recorded = word(28);
+        if word(24) == word(92) && recorded != 0 && recorded as u64 != db_pages {
+            return Err(bad(format!(
+                "the header records pages={recorded} but the file holds {db_pages}"
+            )));
+        }
+        Ok(WholeFile {
+            path: path.to_owned(),
+            page_size,
+            db_pages: db_pages as u32,
+        })
+    }
+
+    /// The database's size in bytes.
+    pub fn bytes(&self) -> u64 {
+        self.db_pages as u64 * self.page_size as u64
+    }
+
+    /// Reads every page into `header`'s body, in parts (on a blocking
+    /// thread), and returns the hash of each page. Fails if the file's
+    /// size changed since it was probed.
+    fn read_parts(
+        &self,
+        header: &Entry,
+        part_bytes: usize,
+        tx: &tokio::sync::mpsc::Sender<Result<Bytes, ReplicaError>>,
+    ) -> Result<Vec<[u8; 32]>, ReplicaError> {
+        use std::os::unix::fs::FileExt;
+        let mut parts = Parts::new(tx, header, self.db_pages, part_bytes);
+        let file = std::fs::File::open(&self.path).map_err(|e| parts.fail(e.into()))?;
+        let len = file.metadata().map_err(|e| parts.fail(e.into()))?.len();
+        if len != self.bytes() {
+            return Err(parts.fail(ReplicaError::ChainBroken(format!(
+                "`{}` changed while it was uploaded: bytes={len}, probed at {}",
+                self.path.display(),
+                self.bytes()
+            ))));
+        }
+        let mut leaves = Vec::new();
+        leaves
+            .try_reserve_exact(self.db_pages as usize)
+            .map_err(|_| {
+                parts.fail(ReplicaError::OutOfMemory {
+                    key: header.actor.clone(),
+                    bytes: self.db_pages as u64 * 32,
+                })
+            })?;
+        let ps = self.page_size as usize;
+        let mut page = vec![0u8; ps];
+        for no in 1..=self.db_pages {
+            file.read_exact_at(&mut page, (no as u64 - 1) * ps as u64)
+                .map_err(|e| parts.fail(e.into()))?;
+            leaves.push(<sha2::Sha256 as sha2::Digest>::digest(&page).into());
+            parts.page(no, &page)?;
+        }
+        parts.finish()?;
+        Ok(leaves)
     }
 }
 
@@ -1592,7 +1756,25 @@ impl Replica {
         self.append(seq, body).await?;
         let position = entry.position();
         self.settle_head(position, time_ms, image.hashes())?;
-        if full && seq == 0 {
+        self.count_entry(seq, full, entry_bytes);
+        self.track(seq, entry.pages.iter().map(|(no, _)| *no));
+        let snapshot = self.snapshot_policy_due(image.bytes().len() as u64)
+            || (self.snapshot_due && self.entries_since_snapshot > 0);
+        if snapshot {
+            self.snapshot(image).await?;
+        }
+        Ok(Uploaded::Appended {
+            position,
+            entry_bytes,
+            snapshot,
+        })
+    }
+
+    /// Counts the entry this writer appended at `seq` (`entry_bytes`
+    /// long; `every_page`: it carries the whole database) towards the
+    /// snapshot policy.
+    fn count_entry(&mut self, seq: u64, every_page: bool, entry_bytes: u64) {
+        if every_page && seq == 0 {
             // The chain's first entry carries every page and has nothing
             // behind it: restoring it is as quick as restoring a snapshot.
             // A later entry with every page does not reset the counts: a
@@ -1607,17 +1789,148 @@ impl Replica {
             self.appended(seq, entry_bytes);
         }
         self.bytes_since_base += entry_bytes;
-        self.track(seq, entry.pages.iter().map(|(no, _)| *no));
-        let snapshot = self.snapshot_policy_due(image.bytes().len() as u64)
-            || (self.snapshot_due && self.entries_since_snapshot > 0);
-        if snapshot {
-            self.snapshot(image).await?;
+    }
+
+    /// Appends the whole database file `file` (every page, read page by
+    /// page: a few parts in memory and the hash of each page, whatever
+    /// its size) as the next entry stamped `time_ms`: what an upload
+    /// without a base ([`Self::has_base`]) ships instead of reading the
+    /// database into memory (ADR 0038).
+    ///
+    /// A body of one part is created at `log/<seq>` like any entry. A
+    /// larger one is uploaded in parts to `whole/<seq>/<tag>`, a key no
+    /// other writer uses, and only then is a pointer to it created at
+    /// `log/<seq>`: the create-only race for the seq is the pointer's, and
+    /// the chain never names a body that is not all there. A writer that
+    /// loses the race deletes its body.
+    ///
+    /// A snapshot the policy asks for waits for the next upload, as with
+    /// [`Self::upload_pages`]. Errors give the replica up, as for
+    /// [`Self::upload`].
+    pub async fn upload_file(
+        &mut self,
+        file: &WholeFile,
+        time_ms: u64,
+    ) -> Result<Uploaded, ReplicaError> {
+        self.refuse_if_given_up()?;
+        let result = self.upload_file_inner(file, time_ms).await;
+        self.given_up |= result.is_err();
+        result
+    }
+
+    async fn upload_file_inner(
+        &mut self,
+        file: &WholeFile,
+        time_ms: u64,
+    ) -> Result<Uploaded, ReplicaError> {
+        let seq = self.next_seq();
+        let header = Entry {
+            kind: Kind::Log,
+            seq,
+            time_ms,
+            token: Token::fresh(self.generation)?,
+            page_size: file.page_size,
+            db_pages: file.db_pages,
+            actor: self.root.as_str().to_owned(),
+            pages: Vec::new(),
+        };
+        let total = header.encoded_len()
+            + file.db_pages as u64 * (PAGE_NUMBER_BYTES + file.page_size as u64);
+        if total > self.config.entry_bytes_max {
+            return Err(ReplicaError::EntryTooLarge {
+                size: total,
+                limit: self.config.entry_bytes_max,
+            });
+        }
+        let part_bytes = self.config.snapshot_part_bytes.max(SNAPSHOT_PART_BYTES_MIN);
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<Bytes, ReplicaError>>(2);
+        let reader = {
+            let (file, header) = (file.clone(), header.clone());
+            tokio::task::spawn_blocking(move || file.read_parts(&header, part_bytes, &tx))
+        };
+        let joined = |r: Result<_, tokio::task::JoinError>| {
+            r.map_err(|e| ReplicaError::ChainBroken(format!("the file's reader: {e}")))
+        };
+        let leaves = if total <= part_bytes as u64 {
+            let body = rx.recv().await;
+            let leaves = joined(reader.await)??;
+            match body {
+                Some(Ok(body)) => self.append(seq, body).await?,
+                Some(Err(e)) => return Err(e),
+                None => return Err(ReplicaError::ChainBroken("the file's reader ended".into())),
+            }
+            leaves
+        } else {
+            let key = self.root.whole(seq, &header.token);
+            let mut pointer = header.clone();
+            pointer.kind = Kind::Pointer;
+            let pointer = Bytes::from(pointer.encode(self.config.entry_bytes_max)?);
+            if self.config.unsafe_pointer_before_body {
+                self.append(seq, pointer.clone()).await?;
+            }
+            let sent = self.bucket.put_parts(&key, &mut rx, total).await;
+            drop(rx);
+            let leaves = joined(reader.await)?;
+            let leaves = sent.and(leaves)?;
+            if self.config.unsafe_pointer_before_body {
+                // Already on the chain (the mutation under test).
+            } else if let Err(e) = self.append(seq, pointer).await {
+                if matches!(e, ReplicaError::ChainMoved { .. }) {
+                    // Nobody will ever point at it. (Anything else: whether
+                    // the pointer landed is unknown, so the body stays;
+                    // collection removes it if it is not on the chain.)
+                    let _ = self.bucket.delete(&key).await;
+                }
+                return Err(e);
+            }
+            leaves
+        };
+        let position = header.position();
+        self.settle_head(
+            position,
+            time_ms,
+            PageHashes::from_leaves(file.page_size, leaves),
+        )?;
+        self.count_entry(seq, true, total);
+        self.track(seq, 1..=file.db_pages);
+        self.snapshot_due = self.snapshot_policy_due(file.bytes());
+        if self.collect_due && self.collect().await.is_ok() {
+            self.collect_due = false;
         }
         Ok(Uploaded::Appended {
             position,
-            entry_bytes,
-            snapshot,
+            entry_bytes: total,
+            snapshot: false,
         })
+    }
+
+    /// Whether `file` holds exactly the head's state, compared page by page
+    /// with the head's hashes (a page in memory). False without a head.
+    pub fn file_is_head(&self, file: &WholeFile) -> Result<bool, ReplicaError> {
+        use std::os::unix::fs::FileExt;
+        let Some(base) = &self.base else {
+            return Ok(false);
+        };
+        if base.page_size() != file.page_size || base.pages() != file.db_pages {
+            return Ok(false);
+        }
+        let f = std::fs::File::open(&file.path)?;
+        let ps = file.page_size as u64;
+        let mut page = vec![0u8; ps as usize];
+        for no in 1..=file.db_pages {
+            f.read_exact_at(&mut page, (no as u64 - 1) * ps)?;
+            if !base.holds(no, &page) {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Whether the replica knows the head's page hashes: without them the
+    /// next upload carries every page ([`Self::upload_file`] or
+    /// [`Self::upload`]).
+    pub fn has_base(&self) -> bool {
+        self.base.is_some()
     }
 
     fn base_pages(&self) -> u32 {
@@ -1779,6 +2092,19 @@ impl Replica {
         for s in logs {
             self.bucket.delete(&self.root.log(s)).await?;
         }
+        if let Some(cover) = cover {
+            // The bodies pointers at or below it named (ADR 0038), and any
+            // a writer left there without a pointer.
+            let wholes = self
+                .bucket
+                .list(&self.root.whole_dir(), None, bound)
+                .await?;
+            for key in wholes {
+                if parse_whole(&key).is_some_and(|s| s <= cover) {
+                    self.bucket.delete(&key).await?;
+                }
+            }
+        }
         for s in &snaps[..keep_from] {
             self.bucket.delete(&self.root.snap(*s)).await?;
         }
@@ -1905,7 +2231,8 @@ pub async fn delete_all(
         let snaps = erase(bucket, &root, Kind::Snapshot, 0..=u64::MAX, None, config).await?;
         let logs = erase(bucket, &root, Kind::Log, 0..=u64::MAX, None, config).await?;
         let deltas = erase_deltas(bucket, &root).await?;
-        return Ok(snaps + logs + deltas);
+        let wholes = erase_wholes(bucket, &root).await?;
+        return Ok(snaps + logs + deltas + wholes);
     }
     let mut attempt = 0;
     let tombstone = loop {
@@ -1925,6 +2252,7 @@ pub async fn delete_all(
     };
     let snaps = erase(bucket, &root, Kind::Snapshot, 0..=below, None, config).await?;
     let deltas = erase_deltas(bucket, &root).await?;
+    let wholes = erase_wholes(bucket, &root).await?;
     let logs = erase(
         bucket,
         &root,
@@ -1934,22 +2262,35 @@ pub async fn delete_all(
         config,
     )
     .await?;
-    Ok(snaps + deltas + logs)
+    Ok(snaps + deltas + wholes + logs)
 }
 
-/// Deletes every delta of the actor (they hold its data, like snapshots),
-/// a page of keys at a time.
+/// Deletes every delta of the actor (they hold its data, like snapshots).
 async fn erase_deltas(bucket: &Bucket, root: &ActorRoot) -> Result<u64, ReplicaError> {
+    erase_folder(bucket, &root.delta_dir(), |k| parse_delta(k).is_some()).await
+}
+
+/// Deletes every body in `whole/` (ADR 0038): the pointers to them are
+/// erased in place like any entry, and a pointer holds no page itself.
+async fn erase_wholes(bucket: &Bucket, root: &ActorRoot) -> Result<u64, ReplicaError> {
+    erase_folder(bucket, &root.whole_dir(), |k| parse_whole(k).is_some()).await
+}
+
+/// Deletes the keys under `dir` that `ours` accepts, a page of keys at a
+/// time; how many.
+async fn erase_folder(
+    bucket: &Bucket,
+    dir: &str,
+    ours: impl Fn(&str) -> bool,
+) -> Result<u64, ReplicaError> {
     /// Keys one page of the listing holds.
     const PAGE: usize = 1000;
     let mut after: Option<String> = None;
     let mut n = 0;
     loop {
-        let page = bucket
-            .list_page(&root.delta_dir(), after.as_deref(), PAGE)
-            .await?;
+        let page = bucket.list_page(dir, after.as_deref(), PAGE).await?;
         for key in &page {
-            if parse_delta(key).is_some() {
+            if ours(key) {
                 bucket.delete(key).await?;
                 n += 1;
             }
@@ -2039,7 +2380,7 @@ async fn erase(
 ) -> Result<u64, ReplicaError> {
     let (dir, key): (String, fn(&ActorRoot, u64) -> String) = match kind {
         Kind::Snapshot => (root.snap_dir(), ActorRoot::snap),
-        Kind::Log | Kind::Tombstone => (root.log_dir(), ActorRoot::log),
+        Kind::Log | Kind::Tombstone | Kind::Pointer => (root.log_dir(), ActorRoot::log),
         Kind::Delta => unreachable!("deltas are erased by erase_deltas"),
     };
     let (mut from, end) = range.into_inner();
@@ -2074,21 +2415,34 @@ async fn erase(
     Ok(n)
 }
 
-/// Makes `image` the actor's latest state in the bucket, as the next entry
-/// of its chain (what `wasmkeep restore` does). `scratch` is an empty
-/// folder for the current state, which the diff starts from. A node that
-/// holds the actor meanwhile finds its chain moved on its next upload, gives
-/// the actor up and restores this state.
+/// Makes the database file `input` the actor's latest state in the
+/// bucket, as the next entry of its chain (what `wasmkeep restore` does).
+/// `scratch` is an empty folder for the current state. A node that holds
+/// the actor meanwhile finds its chain moved on its next upload, gives the
+/// actor up and restores this state.
+///
+/// The file must pass `PRAGMA quick_check`. It is uploaded whole, read
+/// page by page ([`Replica::upload_file`]), whatever its size; a file with
+/// commits still in its write-ahead log is read through SQLite instead.
+/// `Unchanged` if the bucket's head already is this file.
 pub async fn put_back(
     bucket: &Bucket,
     id: &ActorId,
-    image: &Image,
+    input: &Path,
     generation: u64,
     config: ReplicaConfig,
     scratch: &Path,
     now_ms: u64,
 ) -> Result<Uploaded, ReplicaError> {
+    let file = WholeFile::probe(input);
+    if file.is_ok() {
+        quick_check(input, &input.display().to_string())?;
+    }
     let db_path = scratch.join("actor.db");
     let (mut replica, _) = Replica::open(bucket, id, &db_path, generation, config, now_ms).await?;
-    replica.upload(image, now_ms).await
+    match file {
+        Ok(file) if replica.file_is_head(&file)? => Ok(Uploaded::Unchanged),
+        Ok(file) => replica.upload_file(&file, now_ms).await,
+        Err(_) => replica.upload(&Image::read_path(input)?, now_ms).await,
+    }
 }

@@ -598,9 +598,9 @@ async fn deleting_a_filled_folder(b: &Backend) {
     // 20 snapshots deleted; the two real entries erased in place (the
     // planted one-byte objects hold no page and are left).
     assert_eq!(n, 22);
-    // Two listings find the head; `snap/`: 8, 8 and 4 seqs; `delta/`: one
-    // page (empty); `log/`: five passes of 8 and one of 2.
-    assert_eq!(after.lists - before.lists, 12);
+    // Two listings find the head; `snap/`: 8, 8 and 4 seqs; `delta/` and
+    // `whole/`: one page each (empty); `log/`: five passes of 8 and one of 2.
+    assert_eq!(after.lists - before.lists, 13);
     let left = b.bucket.list(s.root.as_str(), None, u64::MAX).await;
     let mut expected: Vec<String> = (0..=42).map(|seq| s.root.log(seq)).collect();
     expected.push(stray.clone());
@@ -644,8 +644,8 @@ async fn deleting_a_filled_folder(b: &Backend) {
     assert_eq!(n, 20);
     assert_eq!(
         after.lists - before.lists,
-        5,
-        "one listing held each folder (`snap/`, `delta/`, `log/`), besides the two that find the head"
+        6,
+        "one listing held each folder (`snap/`, `delta/`, `whole/`, `log/`), besides the two that find the head"
     );
     let snaps = b.bucket.list_seqs(&s.root.snap_dir(), None, u64::MAX).await;
     assert_eq!(snaps.unwrap(), vec![42]);

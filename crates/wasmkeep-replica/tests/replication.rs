@@ -925,6 +925,156 @@ async fn first_upload_race(b: &Backend, name: &str) {
     assert!(matches!(err, ReplicaError::ChainMoved { seq: 0 }), "{err}");
 }
 
+/// A first upload of a database larger than one part streams from the
+/// frozen file: its body goes to `whole/` in parts and a pointer takes
+/// `log/0`; restores and exports follow the pointer to the same bytes; a
+/// writer that loses the race for the seq deletes its body; a pointer
+/// whose body is not the one it names is refused; collection removes the
+/// body with its pointer. With `unsafe_pointer_before_body`, a body that
+/// fails part-way leaves a pointer to nothing, which this catches.
+async fn a_large_first_upload_streams_through_a_pointer(b: &Backend, name: &str, safe: bool) {
+    use wasmkeep_replica::WholeFile;
+    let part = wasmkeep_replica::limits::SNAPSHOT_PART_BYTES_MIN;
+    let config = ReplicaConfig {
+        snapshot_part_bytes: part,
+        unsafe_pointer_before_body: !safe,
+        ..cfg(100, 1)
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let id = actor(name);
+    let mut src = Source::new(&tmp.path().join("src"));
+    schema(&mut src);
+    fill(&mut src, 12, 1_000_000);
+    let open = |path: PathBuf| {
+        let (bucket, id, config) = (b.bucket.clone(), id.clone(), config.clone());
+        async move {
+            Replica::open(&bucket, &id, &path, 1, config, 0)
+                .await
+                .unwrap()
+        }
+    };
+    let (mut rep, opened) = open(src.path()).await;
+    assert_eq!(opened, Opened::BucketEmpty { local: true });
+    assert!(!rep.has_base());
+    src.db.as_ref().unwrap().freeze_file().unwrap();
+    let first = std::fs::read(src.path()).unwrap();
+    assert!(first.len() > 2 * part, "{} bytes", first.len());
+
+    // A file that changes under the upload (one page more) lands nothing
+    // safely; with the pointer first, the chain names a body never written.
+    let file = WholeFile::probe(&src.path()).unwrap();
+    let grown = tmp.path().join("grown.db");
+    std::fs::write(&grown, &first).unwrap();
+    let probed = WholeFile::probe(&grown).unwrap();
+    std::fs::write(&grown, [first.as_slice(), &first[..4096]].concat()).unwrap();
+    let (mut torn, _) = open(grown.clone()).await;
+    let err = torn.upload_file(&probed, 500).await.unwrap_err();
+    assert!(
+        err.to_string().contains("changed while it was uploaded"),
+        "{err}"
+    );
+    let dst = tmp.path().join("dst0").join("actor.db");
+    let restored = Replica::open(&b.bucket, &id, &dst, 2, config.clone(), 0).await;
+    if !safe {
+        assert!(
+            restored.is_err(),
+            "a pointer to a body never written is on the chain"
+        );
+        return;
+    }
+    assert_eq!(restored.unwrap().1, Opened::BucketEmpty { local: false });
+
+    // Another writer that will race for seq 0.
+    let (mut late, _) = open(src.path()).await;
+    let puts = b.bucket.metrics().snapshot();
+    let Uploaded::Appended {
+        position,
+        entry_bytes,
+        ..
+    } = rep.upload_file(&file, 1000).await.unwrap()
+    else {
+        panic!("expected an append")
+    };
+    assert_eq!(position.seq, 0);
+    assert!(entry_bytes > first.len() as u64, "{entry_bytes}");
+    let sent = b.bucket.metrics().snapshot();
+    assert!(
+        sent.puts - puts.puts >= 4,
+        "parts, completion, pointer: {sent:?}"
+    );
+    assert_eq!(keys(&b.bucket, &rep, "log").await.len(), 1);
+    let pointer = b
+        .bucket
+        .get_bounded(&rep.root().log(0), "pointer", 1024)
+        .await;
+    assert!(
+        pointer.is_ok(),
+        "log/0 is a pointer, not the body: {pointer:?}"
+    );
+    assert_eq!(keys(&b.bucket, &rep, "whole").await.len(), 1);
+    // The head's hashes came from the file: the next upload is a diff.
+    assert!(rep.has_base());
+
+    // The other writer loses the race and leaves no body.
+    let err = late.upload_file(&file, 1001).await.unwrap_err();
+    assert!(matches!(err, ReplicaError::ChainMoved { seq: 0 }), "{err}");
+    assert_eq!(keys(&b.bucket, &rep, "whole").await.len(), 1);
+
+    src.db.as_ref().unwrap().thaw().unwrap();
+    for i in 0..3 {
+        work(&mut src, i);
+        upload(&mut rep, &mut src, 2000 + i as u64).await.unwrap();
+    }
+    let source = src.close_and_read();
+    restored_elsewhere(b, &id, &rep, tmp.path(), config.clone(), &source).await;
+    assert_eq!(
+        export(&b.bucket, &id, At::Latest, &config).await.unwrap(),
+        source
+    );
+    assert_eq!(
+        export(&b.bucket, &id, At::Seq(0), &config).await.unwrap(),
+        first
+    );
+
+    // A pointer whose token differs from its body's (the same key: only
+    // the nonce's last bytes differ) is refused, not followed.
+    let key = rep.root().log(0);
+    let honest = b.bucket.get_bounded(&key, "test", u64::MAX).await.unwrap();
+    let mut forged = Entry::decode(&key, &honest, u64::MAX).unwrap();
+    assert_eq!(forged.kind, Kind::Pointer);
+    forged.token.nonce[15] ^= 1;
+    let forged = forged.encode(u64::MAX).unwrap();
+    b.bucket.overwrite(&key, forged.into()).await.unwrap();
+    let dst = tmp.path().join("dst1").join("actor.db");
+    let err = Replica::open(&b.bucket, &id, &dst, 2, config.clone(), 0)
+        .await
+        .unwrap_err();
+    assert!(err.is_bad_bucket_input(), "{err}");
+    assert!(
+        err.to_string()
+            .contains("is not the body its pointer names"),
+        "{err}"
+    );
+    b.bucket.overwrite(&key, honest).await.unwrap();
+
+    // A snapshot covers the pointer: collection removes it and its body.
+    let mut src = Source::new(&tmp.path().join("src"));
+    let image = src.image();
+    rep.snapshot(&image).await.unwrap();
+    assert_eq!(keys(&b.bucket, &rep, "whole").await, Vec::<String>::new());
+    assert!(keys(&b.bucket, &rep, "log").await.is_empty());
+    src.close_and_read();
+    restored_elsewhere(
+        b,
+        &id,
+        &rep,
+        tmp.path().join("after").as_path(),
+        config,
+        &source,
+    )
+    .await;
+}
+
 /// Export at past seqs and times gives those points' data, back to the
 /// oldest kept snapshot, and refuses points before it.
 async fn point_in_time(b: &Backend, name: &str) {
@@ -1267,6 +1417,8 @@ async fn all_scenarios(make: impl Fn() -> Backend) {
     stalled_writers(&make).await;
     quick_appends_skip_the_check(&make(), "quick").await;
     first_upload_race(&make(), "first upload").await;
+    a_large_first_upload_streams_through_a_pointer(&make(), "pointer", true).await;
+    a_large_first_upload_streams_through_a_pointer(&make(), "pointer unsafe", false).await;
     point_in_time(&make(), "pitr").await;
     set_aside_never_deletes(&make(), "aside").await;
     delete_then_late_writers(&make(), "deleted", false).await;

@@ -160,6 +160,9 @@ pub struct Metrics {
     /// streamed in place of a whole snapshot.
     pub replica_deltas_total: Counter,
     pub replica_image_reads_total: Counter,
+    /// Uploads that read the actor's file whole, page by page, without
+    /// holding it in memory (an upload with no base: ADR 0038).
+    pub replica_file_reads_total: Counter,
     /// Alarm index entries listed and removed by this node as an owner
     /// (ADR 0009; a cluster node only).
     pub index_puts_total: Counter,
@@ -209,7 +212,12 @@ impl Metrics {
 
     fn register_node(&self, r: &mut Registry) {
         // Counters are registered without `_total`: the library appends it.
-        let series: [(&str, &Counter, &str); 9] = [
+        let series: [(&str, &Counter, &str); 10] = [
+            (
+                "wasmkeep_replica_file_reads",
+                &self.replica_file_reads_total,
+                "Uploads that read the actor's file whole, page by page, without holding it in memory (a first upload).",
+            ),
             (
                 "wasmkeep_replica_snapshot_failures",
                 &self.replica_snapshot_failures_total,
@@ -418,7 +426,7 @@ impl Metrics {
             (
                 "wasmkeep_replica_image_reads",
                 &self.replica_image_reads_total,
-                "Uploads that read the whole database (the first, a snapshot, or a capture that gave up).",
+                "Uploads that could not use captured pages and read the whole database: page by page against the head's hashes, or into memory (a snapshot overdue after a failed stream, a file that could not be read page by page).",
             ),
             (
                 "wasmkeep_replica_snapshots",
@@ -672,8 +680,8 @@ mod tests {
         assert_eq!(sample(&text, "wasmkeep_bucket_put_bytes_total"), 0.0);
         assert_eq!(types["wasmkeep_event_seconds"], "histogram");
         assert_eq!(types["wasmkeep_alarms_pending"], "gauge");
-        // 20 node series, 9 phase histograms, 11 of replication, 2 of the
+        // 21 node series, 9 phase histograms, 11 of replication, 2 of the
         // alarm index, 6 bucket counters.
-        assert_eq!(types.len(), 48);
+        assert_eq!(types.len(), 49);
     }
 }

@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, MutexGuard};
 use wasmkeep_replica::{
-    Bucket, Image, Landed, Opened, Pages, Replica, ReplicaConfig, ReplicaError, Uploaded,
+    Bucket, Image, Landed, Opened, Pages, Replica, ReplicaConfig, ReplicaError, Uploaded, WholeFile,
 };
 use wasmkeep_store::page_capture;
 use wasmkeep_store::{ActorDb, ActorId, StoreError, paths};
@@ -533,10 +533,11 @@ pub fn after_commit(
     mark
 }
 
-/// Lets the actor's connection checkpoint again once no snapshot is
-/// streamed from its file.
+/// Lets the actor's connection checkpoint again once nothing reads its
+/// file: no snapshot streams from it, and no upload is in flight (one that
+/// froze the file reads it, or hands it to a snapshot when it ends).
 fn thaw_if_done(actor: &Actor, st: &mut ActorReplica, db: &ActorDb) {
-    if st.frozen && !st.snapshotting {
+    if st.frozen && !st.snapshotting && !st.in_flight {
         match db.thaw() {
             Ok(()) => st.frozen = false,
             Err(e) => {
@@ -622,6 +623,9 @@ enum ImageFrom<'a> {
 enum Source {
     Pages(Pages),
     Image(Image),
+    /// The whole file, read page by page while it uploads (no base yet,
+    /// ADR 0038): it stays frozen until the upload ends.
+    File(WholeFile),
 }
 
 /// Chooses what the next upload ships, in the actor's turn. The captured
@@ -659,6 +663,33 @@ fn upload_source(
     {
         Metrics::inc(&rt.metrics.replica_page_uploads_total);
         return Ok(Source::Pages(pages));
+    }
+    // No base (a first upload, or after a tombstone): every page goes, read
+    // from the file as it uploads rather than held in memory. The file must
+    // hold the committed state and keep it until the upload ends: an open
+    // actor's is frozen here (the caller keeps it so), a closed one's is
+    // whole if its log is empty (nobody opens it while the upload is in
+    // flight).
+    if !replica.has_base() && file == FileState::Free {
+        let path = paths::actor_db(&rt.config.data_dir, &actor.id);
+        let frozen = match &image {
+            ImageFrom::Db(db) => db.freeze_file().is_ok(),
+            ImageFrom::File(_) => log_is_empty(&path),
+        };
+        if frozen {
+            match WholeFile::probe(&path) {
+                Ok(whole) => {
+                    Metrics::inc(&rt.metrics.replica_file_reads_total);
+                    return Ok(Source::File(whole));
+                }
+                Err(e) => {
+                    tracing::warn!(actor = %actor.id, error = %e, "could not read the actor's file page by page: reading it through SQLite");
+                    if let ImageFrom::Db(db) = &image {
+                        db.thaw().map_err(|e| e.to_string())?;
+                    }
+                }
+            }
+        }
     }
     Metrics::inc(&rt.metrics.replica_image_reads_total);
     // With a head to compare with, the file is read page by page and only
@@ -821,7 +852,13 @@ fn maybe_upload(
         FileState::Free
     };
     drop(st);
+    let open = matches!(from, ImageFrom::Db(_));
     let source = upload_source(rt, actor, &replica, from, file);
+    if open && matches!(source, Ok(Source::File(_))) {
+        // Frozen for the upload: the actor's turn thaws it once no upload
+        // or snapshot reads the file (`thaw_if_done`).
+        actor.repl.lock().frozen = true;
+    }
     let source = match source {
         Ok(i) => i,
         Err(e) => {
@@ -847,6 +884,7 @@ fn maybe_upload(
             Ok(()) => match &source {
                 Source::Pages(pages) => replica.upload_pages(pages, time_ms).await,
                 Source::Image(image) => replica.upload(image, time_ms).await,
+                Source::File(file) => replica.upload_file(file, time_ms).await,
             }
             .map_err(|e| e.to_string()),
             Err(e) => Err(e),

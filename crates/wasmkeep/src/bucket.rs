@@ -98,8 +98,9 @@ pub fn export(bucket_url: &str, target: &str, at: Option<&str>, out: &Path) -> R
 /// Makes the SQLite file `input` the actor's latest state in the bucket.
 pub fn restore(bucket_url: &str, target: &str, input: &Path) -> Result<()> {
     let id = parse_actor(target)?;
-    let image = Image::read_path(input)
-        .with_context(|| format!("read {} as a SQLite database", input.display()))?;
+    if !input.is_file() {
+        bail!("{} is not a file", input.display());
+    }
     let bucket = Bucket::from_url(bucket_url).with_context(|| format!("bucket {bucket_url}"))?;
     let scratch = tempfile::tempdir().context("a scratch folder")?;
     let now_ms = std::time::SystemTime::now()
@@ -109,7 +110,7 @@ pub fn restore(bucket_url: &str, target: &str, input: &Path) -> Result<()> {
     let r = io()?.block_on(wasmkeep_replica::put_back(
         &bucket,
         &id,
-        &image,
+        input,
         now_ms,
         ReplicaConfig::default(),
         scratch.path(),
@@ -168,10 +169,17 @@ pub fn upload(bucket_url: &str, data: &Path) -> Result<()> {
                 ReplicaConfig::default(),
                 now_ms,
             ))?;
-            let image = Image::read_path(&db_path)
-                .with_context(|| format!("read {}", db_path.display()))?;
-            io.block_on(replica.upload(&image, now_ms))
-                .with_context(|| format!("upload {id}"))?;
+            // Read page by page, whatever its size (ADR 0038); through
+            // SQLite if its log still holds commits.
+            let uploaded = match wasmkeep_replica::WholeFile::probe(&db_path) {
+                Ok(file) => io.block_on(replica.upload_file(&file, now_ms)),
+                Err(_) => {
+                    let image = Image::read_path(&db_path)
+                        .with_context(|| format!("read {}", db_path.display()))?;
+                    io.block_on(replica.upload(&image, now_ms))
+                }
+            };
+            uploaded.with_context(|| format!("upload {id}"))?;
             shipped += 1;
         }
         pb.inc(1);

@@ -288,43 +288,77 @@ fn bulk_upload(t: &Target, tmp: &Path) {
 }
 
 /// A node that ran without a bucket and restarts with one ships its actors
-/// by itself, without a request to any of them.
-fn local_data_moves_onto_the_bucket_at_start(t: &Target, tmp: &Path) {
+/// by itself, without a request to any of them. An actor larger than one
+/// part of the bucket's uploads goes page by page, in parts, behind a
+/// pointer (ADR 0038): nothing reads it into memory, and an export gives
+/// back every note.
+fn local_data_moves_onto_the_bucket_at_start(t: &Target, tmp: &Path, bucket_dir: Option<&Path>) {
+    const NOTES: usize = 10;
+    const NOTE_BYTES: usize = 1_000_000;
     let data = tmp.join("grows");
     let mut local = Node::start(&data, &["--examples"]);
     let (s, _) = local.post("/v1/demo/examples/counter/g/increment", b"");
     assert_eq!(s, 200);
-    local.stop();
-    let _node = start(&data, t);
-    let out = tmp.join("g.db");
-    let mut exported = false;
-    for _ in 0..100 {
-        let o = std::process::Command::new(env!("CARGO_BIN_EXE_wasmkeep"))
-            .args([
-                "export",
-                "--bucket",
-                &t.url,
-                "demo/examples/counter/g",
-                "-o",
-            ])
-            .arg(&out)
-            .envs(t.env.iter().map(|(k, v)| (*k, v.as_str())))
-            .output()
-            .unwrap();
-        if o.status.success() {
-            exported = true;
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
+    for i in 0..NOTES {
+        let text = vec![b'a' + i as u8; NOTE_BYTES];
+        let (s, body) = local.post(
+            &format!("/v1/demo/examples/notes/big/notes?title=n{i}"),
+            &text,
+        );
+        assert_eq!(s, 201, "{body}");
     }
-    assert!(exported, "the actor never reached the bucket");
+    local.stop();
+    let node = start(&data, t);
+    let export = |target: &str, out: &Path| {
+        for _ in 0..100 {
+            let o = std::process::Command::new(env!("CARGO_BIN_EXE_wasmkeep"))
+                .args(["export", "--bucket", &t.url, target, "-o"])
+                .arg(out)
+                .envs(t.env.iter().map(|(k, v)| (*k, v.as_str())))
+                .output()
+                .unwrap();
+            if o.status.success() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("{target} never reached the bucket");
+    };
+    let out = tmp.join("g.db");
+    export("demo/examples/counter/g", &out);
     let r = wasmkeep_store::db::inspect_query(&out, "SELECT n FROM counter", 1).unwrap();
     assert_eq!(r.rows, vec![vec![wasmkeep_store::Value::Integer(1)]]);
+    let out = tmp.join("big.db");
+    export("demo/examples/notes/big", &out);
+    assert!(std::fs::metadata(&out).unwrap().len() > (NOTES * NOTE_BYTES) as u64);
+    let r = wasmkeep_store::db::inspect_query(
+        &out,
+        "SELECT count(*), sum(length(body)), count(DISTINCT body) FROM notes",
+        1,
+    )
+    .unwrap();
+    let n = |v: usize| wasmkeep_store::Value::Integer(v as i64);
+    assert_eq!(
+        r.rows,
+        vec![vec![n(NOTES), n(NOTES * NOTE_BYTES), n(NOTES)]]
+    );
+    assert_eq!(metric(&node, "wasmkeep_replica_file_reads_total"), 2.0);
+    assert_eq!(metric(&node, "wasmkeep_replica_image_reads_total"), 0.0);
+    if let Some(dir) = bucket_dir {
+        // The large one's first entry is a pointer to its body in parts.
+        let id = wasmkeep_store::ActorId::new("demo", "examples", "notes", "big").unwrap();
+        let root = dir.join(wasmkeep_replica::ActorRoot::new(&id, 0).unwrap().as_str());
+        let wholes = std::fs::read_dir(root.join("whole")).map_or(0, |d| d.count());
+        assert_eq!(wholes, 1, "one body under whole/");
+        let pointer = std::fs::metadata(root.join(format!("log/{:020}", 0))).unwrap();
+        assert!(pointer.len() < 1024, "log/0 is {} bytes", pointer.len());
+    }
 }
 
 /// Snapshots taken by a running node stream from its file beside the
 /// uploads (ADR 0036): with a snapshot due every few entries, the node
-/// reads its database whole only for the actor's first upload, every
+/// reads its file whole only for the actor's first upload (page by page,
+/// ADR 0038), never into memory, every
 /// snapshot lands, the ones after the first whole one are deltas (ADR
 /// 0037: a counter's commits change a page or two), and a fresh node
 /// restores the last acknowledged value through them.
@@ -362,7 +396,10 @@ fn snapshots_stream_from_the_file(t: &Target, tmp: &Path) {
         last += 1;
         std::thread::sleep(Duration::from_millis(50));
     }
-    assert_eq!(metric(&a, "wasmkeep_replica_image_reads_total"), 1.0);
+    // The first upload read the file page by page (ADR 0038); nothing read
+    // the database into memory.
+    assert_eq!(metric(&a, "wasmkeep_replica_file_reads_total"), 1.0);
+    assert_eq!(metric(&a, "wasmkeep_replica_image_reads_total"), 0.0);
     assert_eq!(metric(&a, "wasmkeep_replica_snapshot_failures_total"), 0.0);
     drop(a);
     let b = start(&tmp.join("snapshots-b"), t);
@@ -380,6 +417,7 @@ fn on_moto() {
     export_and_restore(&moto_target(&moto, "export"), tmp.path());
     bulk_upload(&moto_target(&moto, "upload"), tmp.path());
     snapshots_stream_from_the_file(&moto_target(&moto, "snapshots"), tmp.path());
+    local_data_moves_onto_the_bucket_at_start(&moto_target(&moto, "start"), tmp.path(), None);
 }
 
 #[test]
@@ -395,9 +433,7 @@ fn on_a_local_folder() {
     bulk_upload(&folder_target(&dirs.path().join("upload")), tmp.path());
     std::fs::create_dir_all(dirs.path().join("snapshots")).unwrap();
     snapshots_stream_from_the_file(&folder_target(&dirs.path().join("snapshots")), tmp.path());
-    std::fs::create_dir_all(dirs.path().join("start")).unwrap();
-    local_data_moves_onto_the_bucket_at_start(
-        &folder_target(&dirs.path().join("start")),
-        tmp.path(),
-    );
+    let start = dirs.path().join("start");
+    std::fs::create_dir_all(&start).unwrap();
+    local_data_moves_onto_the_bucket_at_start(&folder_target(&start), tmp.path(), Some(&start));
 }
