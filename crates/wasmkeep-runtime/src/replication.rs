@@ -72,8 +72,20 @@ pub const DELTAS_RUNNING_MAX: usize = 4;
 /// writes it from the whole database, the bounded fallback of ADR 0036.
 pub const OVERDUE_RUNNING_MAX: usize = 16;
 
-/// A slot of [`SNAPSHOTS_RUNNING_MAX`] or [`DELTAS_RUNNING_MAX`], given
-/// back when dropped.
+/// Most uploads of a whole file larger than one part (ADR 0038: an actor's
+/// first upload) a node runs at once. Each holds a few parts in memory and
+/// reads its whole file; an actor that finds them taken tries again
+/// [`FILE_UPLOAD_RETRY_MS`] later (a node moving many large actors onto a
+/// bucket uploads them a few at a time).
+pub const FILE_UPLOADS_RUNNING_MAX: usize = 4;
+
+/// How long an actor waits for a slot of [`FILE_UPLOADS_RUNNING_MAX`]
+/// before it tries again.
+const FILE_UPLOAD_RETRY_MS: u64 = 200;
+
+/// A slot of [`SNAPSHOTS_RUNNING_MAX`], [`DELTAS_RUNNING_MAX`],
+/// [`OVERDUE_RUNNING_MAX`] or [`FILE_UPLOADS_RUNNING_MAX`], given back when
+/// dropped.
 struct SnapshotSlot(Arc<std::sync::atomic::AtomicUsize>);
 
 impl SnapshotSlot {
@@ -202,6 +214,9 @@ pub struct Replication {
     deltas_running: Arc<std::sync::atomic::AtomicUsize>,
     /// Overdue snapshots streaming now (at most [`OVERDUE_RUNNING_MAX`]).
     overdue_running: Arc<std::sync::atomic::AtomicUsize>,
+    /// Uploads of a file larger than one part running now (at most
+    /// [`FILE_UPLOADS_RUNNING_MAX`]).
+    file_uploads_running: Arc<std::sync::atomic::AtomicUsize>,
     io: Option<tokio::runtime::Runtime>,
 }
 
@@ -236,6 +251,7 @@ impl Replication {
             snapshots_running: Default::default(),
             deltas_running: Default::default(),
             overdue_running: Default::default(),
+            file_uploads_running: Default::default(),
             io: Some(io),
         })
     }
@@ -772,17 +788,29 @@ fn maybe_upload(
     if let Some(wait) = interval_left(&st, interval) {
         // Plain commits only, and an upload started less than an interval
         // ago: one upload at the interval's end carries them all.
-        if !st.deferred {
-            st.deferred = true;
-            let (rt, actor) = (Arc::clone(rt), Arc::clone(actor));
-            repl.spawn(async move {
-                tokio::time::sleep(wait).await;
-                actor.repl.lock().deferred = false;
-                // Only the actor's own turn may read its file.
-                let _ = rt.enqueue(&actor.id, Event::new(EventKind::Replicate, None), false);
-            });
-        }
+        defer(rt, repl, actor, &mut st, wait);
         return;
+    }
+    // An upload with no base reads the whole file (ADR 0038): one larger
+    // than a part waits for a slot.
+    let mut file_slot = None;
+    if st.replica.as_ref().is_some_and(|r| !r.has_base())
+        && std::fs::metadata(paths::actor_db(&rt.config.data_dir, &actor.id))
+            .is_ok_and(|m| m.len() > repl.config.snapshot_part_bytes as u64)
+    {
+        match SnapshotSlot::take(&repl.file_uploads_running, FILE_UPLOADS_RUNNING_MAX) {
+            Some(slot) => file_slot = Some(slot),
+            None => {
+                defer(
+                    rt,
+                    repl,
+                    actor,
+                    &mut st,
+                    Duration::from_millis(FILE_UPLOAD_RETRY_MS),
+                );
+                return;
+            }
+        }
     }
     let Some(mut replica) = st.replica.take() else {
         return;
@@ -889,6 +917,7 @@ fn maybe_upload(
             .map_err(|e| e.to_string()),
             Err(e) => Err(e),
         };
+        drop(file_slot);
         let job = match (&result, &snapshot) {
             (Ok(_), Some((_, true))) => replica.delta_job(),
             (Ok(_), Some((_, false))) => replica.snapshot_job(),
@@ -923,6 +952,27 @@ fn maybe_upload(
             actor.repl_done.notify_all();
         }
         drop(snapshot);
+    });
+}
+
+/// Queues a `Replicate` turn for the actor `wait` from now, unless one is
+/// queued already: only the actor's own turn may read its file.
+fn defer(
+    rt: &Arc<Inner>,
+    repl: &Replication,
+    actor: &Arc<Actor>,
+    st: &mut ActorReplica,
+    wait: Duration,
+) {
+    if st.deferred {
+        return;
+    }
+    st.deferred = true;
+    let (rt, actor) = (Arc::clone(rt), Arc::clone(actor));
+    repl.spawn(async move {
+        tokio::time::sleep(wait).await;
+        actor.repl.lock().deferred = false;
+        let _ = rt.enqueue(&actor.id, Event::new(EventKind::Replicate, None), false);
     });
 }
 

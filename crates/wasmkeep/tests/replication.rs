@@ -291,26 +291,39 @@ fn bulk_upload(t: &Target, tmp: &Path) {
 /// by itself, without a request to any of them. An actor larger than one
 /// part of the bucket's uploads goes page by page, in parts, behind a
 /// pointer (ADR 0038): nothing reads it into memory, and an export gives
-/// back every note.
+/// back every note. There are more large actors than a node uploads at
+/// once (`FILE_UPLOADS_RUNNING_MAX`): those that find no slot come back for
+/// one.
 fn local_data_moves_onto_the_bucket_at_start(t: &Target, tmp: &Path, bucket_dir: Option<&Path>) {
-    const NOTES: usize = 10;
+    const LARGE: usize = 6;
+    const NOTES: usize = 6;
     const NOTE_BYTES: usize = 1_000_000;
     let data = tmp.join("grows");
     let mut local = Node::start(&data, &["--examples"]);
     let (s, _) = local.post("/v1/demo/examples/counter/g/increment", b"");
     assert_eq!(s, 200);
-    for i in 0..NOTES {
-        let text = vec![b'a' + i as u8; NOTE_BYTES];
-        let (s, body) = local.post(
-            &format!("/v1/demo/examples/notes/big/notes?title=n{i}"),
-            &text,
-        );
-        assert_eq!(s, 201, "{body}");
+    for a in 0..LARGE {
+        for i in 0..NOTES {
+            let text = vec![b'a' + i as u8; NOTE_BYTES];
+            let path = format!("/v1/demo/examples/notes/big{a}/notes?title=n{i}");
+            let (s, body) = local.post(&path, &text);
+            assert_eq!(s, 201, "{body}");
+        }
     }
     local.stop();
-    let node = start(&data, t);
+    // Parts of 5 MiB: each large actor is two.
+    let config = tmp.join("parts.toml");
+    std::fs::write(&config, "replica_snapshot_part_bytes = 5242880\n").unwrap();
+    let args = [
+        "--examples",
+        "--bucket",
+        &t.url,
+        "--config",
+        config.to_str().unwrap(),
+    ];
+    let node = Node::start_env(&data, &args, &t.env);
     let export = |target: &str, out: &Path| {
-        for _ in 0..100 {
+        for _ in 0..300 {
             let o = std::process::Command::new(env!("CARGO_BIN_EXE_wasmkeep"))
                 .args(["export", "--bucket", &t.url, target, "-o"])
                 .arg(out)
@@ -328,31 +341,40 @@ fn local_data_moves_onto_the_bucket_at_start(t: &Target, tmp: &Path, bucket_dir:
     export("demo/examples/counter/g", &out);
     let r = wasmkeep_store::db::inspect_query(&out, "SELECT n FROM counter", 1).unwrap();
     assert_eq!(r.rows, vec![vec![wasmkeep_store::Value::Integer(1)]]);
-    let out = tmp.join("big.db");
-    export("demo/examples/notes/big", &out);
-    assert!(std::fs::metadata(&out).unwrap().len() > (NOTES * NOTE_BYTES) as u64);
-    let r = wasmkeep_store::db::inspect_query(
-        &out,
-        "SELECT count(*), sum(length(body)), count(DISTINCT body) FROM notes",
-        1,
-    )
-    .unwrap();
     let n = |v: usize| wasmkeep_store::Value::Integer(v as i64);
-    assert_eq!(
-        r.rows,
-        vec![vec![n(NOTES), n(NOTES * NOTE_BYTES), n(NOTES)]]
-    );
-    assert_eq!(metric(&node, "wasmkeep_replica_file_reads_total"), 2.0);
-    assert_eq!(metric(&node, "wasmkeep_replica_image_reads_total"), 0.0);
-    if let Some(dir) = bucket_dir {
-        // The large one's first entry is a pointer to its body in parts.
-        let id = wasmkeep_store::ActorId::new("demo", "examples", "notes", "big").unwrap();
-        let root = dir.join(wasmkeep_replica::ActorRoot::new(&id, 0).unwrap().as_str());
-        let wholes = std::fs::read_dir(root.join("whole")).map_or(0, |d| d.count());
-        assert_eq!(wholes, 1, "one body under whole/");
-        let pointer = std::fs::metadata(root.join(format!("log/{:020}", 0))).unwrap();
-        assert!(pointer.len() < 1024, "log/0 is {} bytes", pointer.len());
+    for a in 0..LARGE {
+        let out = tmp.join(format!("big{a}.db"));
+        export(&format!("demo/examples/notes/big{a}"), &out);
+        assert!(std::fs::metadata(&out).unwrap().len() > (NOTES * NOTE_BYTES) as u64);
+        let r = wasmkeep_store::db::inspect_query(
+            &out,
+            "SELECT count(*), sum(length(body)), count(DISTINCT body) FROM notes",
+            1,
+        )
+        .unwrap();
+        assert_eq!(
+            r.rows,
+            vec![vec![n(NOTES), n(NOTES * NOTE_BYTES), n(NOTES)]]
+        );
+        if let Some(dir) = bucket_dir {
+            // The first entry is a pointer to its body in parts.
+            let id = wasmkeep_store::ActorId::new("demo", "examples", "notes", &format!("big{a}"));
+            let root = dir.join(
+                wasmkeep_replica::ActorRoot::new(&id.unwrap(), 0)
+                    .unwrap()
+                    .as_str(),
+            );
+            let wholes = std::fs::read_dir(root.join("whole")).map_or(0, |d| d.count());
+            assert_eq!(wholes, 1, "one body under whole/");
+            let pointer = std::fs::metadata(root.join(format!("log/{:020}", 0))).unwrap();
+            assert!(pointer.len() < 1024, "log/0 is {} bytes", pointer.len());
+        }
     }
+    assert_eq!(
+        metric(&node, "wasmkeep_replica_file_reads_total"),
+        (LARGE + 1) as f64
+    );
+    assert_eq!(metric(&node, "wasmkeep_replica_image_reads_total"), 0.0);
 }
 
 /// Snapshots taken by a running node stream from its file beside the
