@@ -65,12 +65,14 @@ pub async fn export_with_progress(
     config: &ReplicaConfig,
     progress: &(dyn Fn(u64, u64) + Sync),
 ) -> Result<Vec<u8>, ReplicaError> {
-    static EXPORTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = EXPORTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let path = std::env::temp_dir().join(format!(
-        "wasmkeep-export-{}-{n}.partial",
-        std::process::id()
-    ));
+    // A fresh random name, claimed before use (never an existing file or
+    // a link someone left there).
+    let nonce = crate::entry::Token::fresh(0)?.nonce;
+    let path = std::env::temp_dir().join(format!("wasmkeep-export-{}", hex::encode(nonce)));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&path)?;
     let result = rebuild_at(bucket, id, at, config, progress, &path).await;
     let bytes = result.and_then(|_| Ok(std::fs::read(&path)?));
     let _ = std::fs::remove_file(&path);

@@ -381,7 +381,6 @@ impl Staged {
     /// An empty staging file at `path` (created, or truncated) for the
     /// chain of the actor at `actor` (its root).
     pub(crate) fn create(path: &Path, actor: &str) -> Result<Staged, ReplicaError> {
-        std::fs::create_dir_all(path.parent().unwrap_or(Path::new(".")))?;
         Ok(Staged {
             file: std::fs::OpenOptions::new()
                 .read(true)
@@ -491,6 +490,7 @@ async fn rebuild_staged(
 ) -> Result<(Option<PageHashes>, Position, u64, u64, u64), ReplicaError> {
     check_restore(root, listing, config)?;
     let budget = &mut Budget::new("restore_bytes_max", config.restore_bytes_max);
+    std::fs::create_dir_all(path.parent().unwrap_or(Path::new(".")))?;
     let mut staged = Staged::create(path, root.as_str())?;
     let (mut next, mut pos, mut time) = match listing.snaps.last() {
         Some(&(s, size)) => {
@@ -882,7 +882,8 @@ pub struct WholeFile {
 
 impl WholeFile {
     /// The database file at `path`, if it is one this way can read: no
-    /// commit left in its write-ahead log, a header with a valid page size,
+    /// commit left in its write-ahead log, no rollback journal beside it, a
+    /// header with a valid page size,
     /// whole pages, and the size in pages the header records (when it
     /// records one). The caller keeps the file
     /// unchanged from here until the upload ends (checkpointed, and no
@@ -890,15 +891,21 @@ impl WholeFile {
     pub fn probe(path: &Path) -> Result<WholeFile, ReplicaError> {
         use std::os::unix::fs::FileExt;
         let bad = |why: String| ReplicaError::corrupt(path.display().to_string(), why);
-        let mut wal = path.as_os_str().to_owned();
-        wal.push("-wal");
-        if let Ok(m) = std::fs::metadata(PathBuf::from(wal))
-            && m.len() > 0
-        {
-            return Err(bad(format!(
-                "its write-ahead log holds commits the file lacks: bytes={}",
-                m.len()
-            )));
+        // Beside the file: what SQLite would apply on top of it.
+        for (suffix, what) in [
+            ("-wal", "its write-ahead log holds commits the file lacks"),
+            (
+                "-journal",
+                "a rollback journal beside it may hold a transaction to undo",
+            ),
+        ] {
+            let mut side = path.as_os_str().to_owned();
+            side.push(suffix);
+            if let Ok(m) = std::fs::metadata(PathBuf::from(side))
+                && m.len() > 0
+            {
+                return Err(bad(format!("{what}: bytes={}", m.len())));
+            }
         }
         let file = std::fs::File::open(path)?;
         let len = file.metadata()?.len();
@@ -1164,7 +1171,7 @@ impl Replica {
                 // What a restore of this chain downloads besides the
                 // snapshot, so that the snapshot policy (and with it the
                 // restore bounds) holds across reopenings.
-                self.bytes_since_snapshot = listing.logs.iter().map(|(_, size)| size).sum();
+                self.bytes_since_snapshot = self.restore_bytes(&listing.logs).await?;
                 return Ok(Opened::UpToDate);
             }
         }
@@ -1219,6 +1226,30 @@ impl Replica {
         )?;
         self.base = Some(hashes);
         Ok(Opened::Restored { replaced })
+    }
+
+    /// Bytes a restore downloads for the entries `logs` (`(seq, listed
+    /// size)`): their listed sizes, but for a pointer (ADR 0038), whose
+    /// listing shows only a header, the size of the body it names. Only
+    /// entries as short as a header are read to tell.
+    async fn restore_bytes(&self, logs: &[(u64, u64)]) -> Result<u64, ReplicaError> {
+        let header_only =
+            Entry::tombstone(0, 0, Token::fresh(0)?, self.root.as_str()).encoded_len();
+        let mut total = 0u64;
+        for &(seq, size) in logs {
+            let mut bytes = size;
+            if size == header_only {
+                let key = self.root.log(seq);
+                let body = self.bucket.get_bounded(&key, "pointer_bytes", size).await?;
+                let e = Entry::decode(&key, &body, self.config.entry_bytes_max)?;
+                if e.kind == Kind::Pointer {
+                    bytes = e.encoded_len()
+                        + e.db_pages as u64 * (PAGE_NUMBER_BYTES + e.page_size as u64);
+                }
+            }
+            total = total.saturating_add(bytes);
+        }
+        Ok(total)
     }
 
     /// The key of the head: the entry at `head_seq` if the listing has
@@ -1359,9 +1390,10 @@ impl Replica {
         Ok(())
     }
 
-    /// Whether the next upload needs the whole database ([`Self::upload`]):
-    /// there is no base to describe changes against (the first upload, or
-    /// after the bucket's copy was deleted), or a snapshot is due.
+    /// Whether the next upload needs the whole database: there is no base
+    /// to describe changes against (the first upload, or after the bucket's
+    /// copy was deleted: [`Self::upload_file`] reads it page by page), or a
+    /// snapshot is overdue ([`Self::upload`] writes it from memory).
     pub fn wants_image(&self) -> bool {
         self.base.is_none() || self.snapshot_overdue()
     }
@@ -2421,10 +2453,13 @@ async fn erase(
 /// the actor meanwhile finds its chain moved on its next upload, gives the
 /// actor up and restores this state.
 ///
-/// The file must pass `PRAGMA quick_check`. It is uploaded whole, read
-/// page by page ([`Replica::upload_file`]), whatever its size; a file with
-/// commits still in its write-ahead log is read through SQLite instead.
-/// `Unchanged` if the bucket's head already is this file.
+/// The input must pass `PRAGMA quick_check`. It is copied into `scratch`
+/// (through SQLite if its write-ahead log still holds commits: a plain
+/// file then) and uploaded whole, read page by page
+/// ([`Replica::upload_file`]), whatever its size; a snapshot of it follows
+/// when the policy asks for one, so that restores never pile entries of
+/// every page on the chain. `Unchanged` if the bucket's head already is
+/// this state.
 pub async fn put_back(
     bucket: &Bucket,
     id: &ActorId,
@@ -2434,15 +2469,28 @@ pub async fn put_back(
     scratch: &Path,
     now_ms: u64,
 ) -> Result<Uploaded, ReplicaError> {
-    let file = WholeFile::probe(input);
-    if file.is_ok() {
-        quick_check(input, &input.display().to_string())?;
+    let copy = scratch.join("input.db");
+    match WholeFile::probe(input) {
+        Ok(_) => {
+            std::fs::copy(input, &copy)?;
+        }
+        // Commits in its log (or a journal): SQLite reads them.
+        Err(_) => std::fs::write(&copy, Image::read_path(input)?.bytes())?,
     }
+    quick_check(&copy, &input.display().to_string())?;
     let db_path = scratch.join("actor.db");
     let (mut replica, _) = Replica::open(bucket, id, &db_path, generation, config, now_ms).await?;
-    match file {
-        Ok(file) if replica.file_is_head(&file)? => Ok(Uploaded::Unchanged),
-        Ok(file) => replica.upload_file(&file, now_ms).await,
-        Err(_) => replica.upload(&Image::read_path(input)?, now_ms).await,
+    // The replica streams its snapshot from its own path: the input is it.
+    std::fs::rename(&copy, &db_path)?;
+    let file = WholeFile::probe(&db_path)?;
+    if replica.file_is_head(&file)? {
+        return Ok(Uploaded::Unchanged);
     }
+    let uploaded = replica.upload_file(&file, now_ms).await?;
+    if let Some(job) = replica.snapshot_job() {
+        let landed = job.run().await?;
+        replica.snapshot_landed(landed);
+        replica.collect().await?;
+    }
+    Ok(uploaded)
 }

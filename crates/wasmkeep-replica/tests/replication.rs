@@ -1069,6 +1069,31 @@ async fn a_large_first_upload_streams_through_a_pointer(b: &Backend, name: &str,
         &id,
         &rep,
         tmp.path().join("after").as_path(),
+        config.clone(),
+        &source,
+    )
+    .await;
+
+    // Deleted, then a new life from the same large file: its first entry
+    // above the tombstone goes behind a pointer too, and deletion erased
+    // the old body.
+    delete_all(&b.bucket, &id, 3, &config, 9000).await.unwrap();
+    let path = tmp.path().join("life2").join("actor.db");
+    let (mut life2, opened) = Replica::open(&b.bucket, &id, &path, 4, config.clone(), 9000)
+        .await
+        .unwrap();
+    assert_eq!(opened, Opened::Deleted { replaced: None });
+    assert!(!life2.has_base());
+    std::fs::write(&path, &source).unwrap();
+    let file = WholeFile::probe(&path).unwrap();
+    let seq = appended_seq(&life2.upload_file(&file, 9500).await.unwrap());
+    assert!(seq > 0);
+    assert_eq!(keys(&b.bucket, &life2, "whole").await.len(), 1);
+    restored_elsewhere(
+        b,
+        &id,
+        &life2,
+        tmp.path().join("life2-restored").as_path(),
         config,
         &source,
     )

@@ -333,9 +333,10 @@ pub struct ActorReplica {
     /// The gate's routing epoch when the actor was opened (a cluster node):
     /// a copy from an earlier epoch is opened afresh (`stale_epoch`).
     opened_epoch: u64,
-    /// The actor's connection stopped checkpointing so that a snapshot can
-    /// be streamed from its file (`ActorDb::freeze_file`); its turn thaws
-    /// it once no snapshot runs.
+    /// The actor's connection stopped checkpointing (even at its close) so
+    /// that a snapshot or a whole-file upload can read its file
+    /// (`ActorDb::freeze_file`); its turn thaws it once nothing reads the
+    /// file (`thaw_if_done`).
     frozen: bool,
     /// A snapshot is being streamed from the file.
     snapshotting: bool,
@@ -379,9 +380,11 @@ impl ActorReplica {
         self.needs_plan && self.committed > self.uploaded
     }
 
-    /// Whether a snapshot is streaming from the actor's file, or about to
-    /// (the file was frozen for the upload in flight): closing the actor's
-    /// connection now would checkpoint into the file and tear it.
+    /// Whether a snapshot is streaming from the actor's file, or the upload
+    /// in flight reads it or froze it for a snapshot. A frozen connection
+    /// does not checkpoint at its close (ADR 0038), so closing it now tears
+    /// nothing, but the eviction waits anyway: the actor's next turn thaws
+    /// it, and a closed actor's upload then finds its log empty.
     pub fn snapshot_reads_file(&self) -> bool {
         self.snapshotting || (self.frozen && self.in_flight)
     }
@@ -588,33 +591,35 @@ pub fn upload_pending(
         return;
     }
     // A cluster node lists the alarm of what it uploads first (R4): with no
-    // batch since the actor was opened, a transaction of its own does.
-    let mut own: Option<ActorDb> = None;
+    // batch since the actor was opened, a transaction of its own does. A
+    // closed actor whose log still holds commits (it closed while its file
+    // was frozen, ADR 0038) is opened too, so that its upload finds the
+    // file whole instead of reading the database into memory.
+    let mut own: Option<ActorDb>;
     let mut db = db;
-    if actor.repl.lock().needs_plan {
-        if db.is_none() {
-            let Some(app) = rt.app(&actor.id.tenant, &actor.id.app) else {
+    let needs_plan = actor.repl.lock().needs_plan;
+    if db.is_none() && (needs_plan || !log_is_empty(&path)) {
+        let Some(app) = rt.app(&actor.id.tenant, &actor.id.app) else {
+            return;
+        };
+        let dir = paths::actor_dir(&rt.config.data_dir, &actor.id);
+        match ActorDb::open(&dir, &app.store_limits, wasmkeep_store::OpenMode::Existing) {
+            Ok(Some(d)) => own = Some(d),
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(actor = %actor.id, error = %e, "could not open the actor for its upload");
                 return;
-            };
-            let dir = paths::actor_dir(&rt.config.data_dir, &actor.id);
-            match ActorDb::open(&dir, &app.store_limits, wasmkeep_store::OpenMode::Existing) {
-                Ok(Some(d)) => own = Some(d),
-                Ok(None) => return,
-                Err(e) => {
-                    tracing::warn!(actor = %actor.id, error = %e, "could not open the actor to list its alarm before its first upload");
-                    return;
-                }
             }
         }
-        let Some(d) = db.as_deref_mut().or(own.as_mut()) else {
+        db = own.as_mut();
+    }
+    if needs_plan {
+        let Some(d) = db.as_deref_mut() else {
             return;
         };
         if let Err(e) = crate::index::plan_alone(rt, actor, d) {
             tracing::warn!(actor = %actor.id, error = %e, "could not list the actor's alarm in the index: nothing uploaded");
             return;
-        }
-        if own.is_some() {
-            db = own.as_mut();
         }
     }
     if let Some(d) = db.as_deref() {

@@ -666,7 +666,10 @@ impl ActorDb {
     /// holding it: the log is checkpointed into the file in full and
     /// emptied, and automatic checkpoints stop (commits stay in the log),
     /// so that a snapshot can be streamed from the file while the actor
-    /// goes on (ADR 0036). [`ActorDb::thaw`] undoes it. Between events.
+    /// goes on (ADR 0036). Closing the connection does not checkpoint
+    /// either (SQLite's checkpoint on close is off): an actor closed while
+    /// its file is read leaves its commits in the log, which the next
+    /// opening reads (ADR 0038). [`ActorDb::thaw`] undoes it. Between events.
     pub fn freeze_file(&self) -> Result<(), StoreError> {
         if self.in_transaction() {
             return Err(StoreError::Sql(
@@ -686,13 +689,24 @@ impl ActorDb {
         }
         self.conn
             .pragma_update(None, "wal_autocheckpoint", 0)
-            .map_err(|e| self.err(e))
+            .map_err(|e| self.err(e))?;
+        self.checkpoint_on_close(false)
     }
 
-    /// Lets SQLite checkpoint again (its default, every 1,000 pages of log).
+    /// Lets SQLite checkpoint again (its default, every 1,000 pages of log,
+    /// and when the connection closes).
     pub fn thaw(&self) -> Result<(), StoreError> {
         self.conn
             .pragma_update(None, "wal_autocheckpoint", WAL_AUTOCHECKPOINT_PAGES)
+            .map_err(|e| self.err(e))?;
+        self.checkpoint_on_close(true)
+    }
+
+    fn checkpoint_on_close(&self, on: bool) -> Result<(), StoreError> {
+        use rusqlite::config::DbConfig;
+        self.conn
+            .set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, !on)
+            .map(|_| ())
             .map_err(|e| self.err(e))
     }
 
