@@ -340,6 +340,10 @@ pub struct ActorReplica {
     frozen: bool,
     /// A snapshot is being streamed from the file.
     snapshotting: bool,
+    /// The upload in flight reads the actor's file (a whole-file upload,
+    /// ADR 0038) or froze it for the snapshot that streams after it: the
+    /// file must stay as it is until the upload ends.
+    upload_reads_file: bool,
     /// How the last streamed snapshot ended, for the replica to learn at
     /// its next upload.
     snapshot_done: Option<Result<Landed, String>>,
@@ -386,7 +390,7 @@ impl ActorReplica {
     /// nothing, but the eviction waits anyway: the actor's next turn thaws
     /// it, and a closed actor's upload then finds its log empty.
     pub fn snapshot_reads_file(&self) -> bool {
-        self.snapshotting || (self.frozen && self.in_flight)
+        self.snapshotting || (self.upload_reads_file && self.in_flight)
     }
 
     /// Whether this copy was opened in an earlier routing epoch than
@@ -553,10 +557,12 @@ pub fn after_commit(
 }
 
 /// Lets the actor's connection checkpoint again once nothing reads its
-/// file: no snapshot streams from it, and no upload is in flight (one that
-/// froze the file reads it, or hands it to a snapshot when it ends).
+/// file: no snapshot streams from it, and the upload in flight (if any)
+/// neither reads it nor froze it for the snapshot that follows it. (An
+/// upload of captured pages does not hold the file frozen: under steady
+/// `replicated` writes one is nearly always in flight.)
 fn thaw_if_done(actor: &Actor, st: &mut ActorReplica, db: &ActorDb) {
-    if st.frozen && !st.snapshotting && !st.in_flight {
+    if st.frozen && !st.snapshotting && !(st.in_flight && st.upload_reads_file) {
         match db.thaw() {
             Ok(()) => st.frozen = false,
             Err(e) => {
@@ -884,19 +890,23 @@ fn maybe_upload(
     } else {
         FileState::Free
     };
+    st.upload_reads_file = snapshot.is_some();
     drop(st);
     let open = matches!(from, ImageFrom::Db(_));
     let source = upload_source(rt, actor, &replica, from, file);
-    if open && matches!(source, Ok(Source::File(_))) {
+    if matches!(source, Ok(Source::File(_))) {
+        let mut st = actor.repl.lock();
+        st.upload_reads_file = true;
         // Frozen for the upload: the actor's turn thaws it once no upload
         // or snapshot reads the file (`thaw_if_done`).
-        actor.repl.lock().frozen = true;
+        st.frozen |= open;
     }
     let source = match source {
         Ok(i) => i,
         Err(e) => {
             let mut st = actor.repl.lock();
             st.in_flight = false;
+            st.upload_reads_file = false;
             give_up(
                 rt,
                 actor,
@@ -1089,6 +1099,7 @@ fn finish_upload(
     let m = &rt.metrics;
     let mut st = actor.repl.lock();
     st.in_flight = false;
+    st.upload_reads_file = false;
     match result {
         Ok(uploaded) => {
             Metrics::inc(&m.replica_uploads_total);
