@@ -24,6 +24,11 @@ use crate::limits::{DELTA_PAGES_MAX, ReplicaConfig, SNAPSHOT_PART_BYTES_MIN};
 /// which the policy's count rule catches up with at the next entries).
 const RECENT_ENTRIES_MAX: usize = 100_000;
 
+/// Streamed snapshots that may fail (the bucket refusing them) before an
+/// overdue one is written from the whole database instead (see
+/// [`Replica::overdue_may_stream`]).
+const STREAM_FAILURES_MAX: u32 = 2;
+
 /// Restarts of a restore whose listed objects vanished under it (a
 /// concurrent collection) before it reports the error.
 const RESTORE_ATTEMPTS_MAX: usize = 3;
@@ -1060,9 +1065,12 @@ pub struct Replica {
     /// landed nor failed): the snapshot is not overdue meanwhile, so the
     /// upload path does not read the whole database to write another one.
     streaming: bool,
-    /// A streamed job failed since the last snapshot landed (see
+    /// A streamed job found the file torn, or [`STREAM_FAILURES_MAX`] of
+    /// them failed, since the last snapshot landed (see
     /// [`Replica::overdue_may_stream`]).
     stream_failed: bool,
+    /// Streamed jobs that failed since the last snapshot landed.
+    stream_failures: u32,
     /// The pages this writer's entries changed (see [`Tracking`]); `None`
     /// when it does not know them all (after opening, or past
     /// [`DELTA_PAGES_MAX`]): the next snapshot due is then a whole one.
@@ -1128,6 +1136,7 @@ impl Replica {
             delta_base: None,
             streaming: false,
             stream_failed: false,
+            stream_failures: 0,
             tracking: None,
             bytes_since_base: 0,
             deltas_seen: BTreeMap::new(),
@@ -1529,16 +1538,22 @@ impl Replica {
     /// The job [`Replica::snapshot_job`] handed out did not land (torn, or
     /// the bucket failed): the policy may ask again, and the snapshot may
     /// become overdue.
-    pub fn snapshot_failed(&mut self) {
+    pub fn snapshot_failed(&mut self, torn: bool) {
         self.streaming = false;
-        self.stream_failed = true;
+        self.stream_failures += 1;
+        self.stream_failed |= torn || self.stream_failures >= STREAM_FAILURES_MAX;
     }
 
     /// Whether an overdue snapshot may stream ([`Replica::snapshot_streams_next`]):
-    /// not once a streamed one failed since the last landed, so a file
-    /// that keeps tearing (or a bucket that keeps refusing parts) falls
-    /// back to the snapshot written from the whole database, which resets
-    /// the head's hashes from what the file holds.
+    /// not once a streamed one found the file torn (its pages are not the
+    /// head's, `snapshot_torn`) since the last landed, nor after
+    /// [`STREAM_FAILURES_MAX`] failures of any kind. A torn file disagrees
+    /// with what this writer believes the head holds (a bug: the file is
+    /// frozen while it is read), so the repair is the snapshot written
+    /// from the whole database as SQLite reads it, which resets the head's
+    /// hashes from it; a bucket that keeps failing streams gets the same,
+    /// rather than a chain growing past the restore bounds meanwhile. The
+    /// one upload that still reads a database into memory (ADR 0038).
     pub fn overdue_may_stream(&self) -> bool {
         !self.stream_failed
     }
@@ -1564,6 +1579,7 @@ impl Replica {
         let seq = landed.seq;
         self.streaming = false;
         self.stream_failed = false;
+        self.stream_failures = 0;
         match landed.delta_from {
             // A snapshot older than the one deltas start from (a job that
             // streamed while the upload path wrote a newer one) changes
@@ -2057,7 +2073,20 @@ impl Replica {
         let snap = image.snapshot(head.seq, self.head_time_ms, head.token, self.root.as_str());
         let body = Bytes::from(snap.encode(self.config.entry_bytes_max)?);
         let key = self.root.snap(head.seq);
-        if self.bucket.create(&key, body.clone()).await? == Created::AlreadyExists {
+        let part_bytes = self.config.snapshot_part_bytes.max(SNAPSHOT_PART_BYTES_MIN);
+        if body.len() > part_bytes {
+            // In parts, as a streamed snapshot is (S3 refuses one PUT over
+            // 5 GB): only the writer of `head` writes `snap/<head>`.
+            let (tx, mut rx) = tokio::sync::mpsc::channel(body.len().div_ceil(part_bytes));
+            for part in body.chunks(part_bytes) {
+                tx.try_send(Ok(body.slice_ref(part)))
+                    .expect("the channel holds every part");
+            }
+            drop(tx);
+            self.bucket
+                .put_parts(&key, &mut rx, body.len() as u64)
+                .await?;
+        } else if self.bucket.create(&key, body.clone()).await? == Created::AlreadyExists {
             // Only the writer of `head` snapshots it, and a snapshot's bytes
             // follow from the entry's state: anything else is not ours.
             if !self.holds(&key, &body).await? {
@@ -2072,6 +2101,7 @@ impl Replica {
         self.delta_base = Some(head.seq);
         self.bytes_since_base = 0;
         self.stream_failed = false;
+        self.stream_failures = 0;
         self.tracking = Some(Tracking {
             from: head.seq,
             pages: BTreeMap::new(),

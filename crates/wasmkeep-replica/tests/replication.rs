@@ -305,7 +305,8 @@ async fn an_overdue_snapshot_is_written_from_the_image(b: &Backend, name: &str) 
 /// older job landing after it does not move the deltas' base back (they
 /// would all be whole snapshots from then on). Once a job failed, the
 /// snapshot is overdue again, and an overdue one streams like any other
-/// when its caller froze the file for it (no whole-database read).
+/// when its caller froze the file for it (no whole-database read), unless
+/// the job found the file torn.
 async fn a_streaming_snapshot_is_not_overdue(b: &Backend, name: &str) {
     let (_tmp, _id, dir, mut src, mut rep) = tracked(b, name, cfg(4, 2)).await;
     schema(&mut src);
@@ -353,11 +354,16 @@ async fn a_streaming_snapshot_is_not_overdue(b: &Backend, name: &str) {
     }
     assert!(!rep.wants_image());
     drop(delta);
-    rep.snapshot_failed();
+    rep.snapshot_failed(false);
     assert!(rep.wants_image(), "overdue once the job failed");
     assert!(
+        rep.overdue_may_stream(),
+        "a stream the bucket failed streams again"
+    );
+    rep.snapshot_failed(false);
+    assert!(
         !rep.overdue_may_stream(),
-        "a failed stream is retried from the whole database"
+        "after a second failure, the snapshot is written from the whole database"
     );
     // An overdue snapshot streams too, without waiting for a slot: the
     // caller freezes the file and says so, the upload ships pages, and the
@@ -372,6 +378,11 @@ async fn a_streaming_snapshot_is_not_overdue(b: &Backend, name: &str) {
     src.db.as_ref().unwrap().thaw().unwrap();
     assert!(!rep.snapshot_due() && !rep.wants_image());
     assert!(rep.overdue_may_stream());
+    rep.snapshot_failed(true);
+    assert!(
+        !rep.overdue_may_stream(),
+        "a torn file is repaired from the whole database at once"
+    );
     wasmkeep_store::page_capture::untrack(&dir);
 }
 
@@ -1060,7 +1071,13 @@ async fn a_large_first_upload_streams_through_a_pointer(b: &Backend, name: &str,
     // A snapshot covers the pointer: collection removes it and its body.
     let mut src = Source::new(&tmp.path().join("src"));
     let image = src.image();
+    let before = b.bucket.metrics().snapshot().puts;
     rep.snapshot(&image).await.unwrap();
+    let puts = b.bucket.metrics().snapshot().puts - before;
+    assert!(
+        puts >= 4,
+        "a snapshot over a part goes in parts: {puts} PUTs"
+    );
     assert_eq!(keys(&b.bucket, &rep, "whole").await, Vec::<String>::new());
     assert!(keys(&b.bucket, &rep, "log").await.is_empty());
     src.close_and_read();

@@ -68,20 +68,22 @@ pub const SNAPSHOTS_RUNNING_MAX: usize = 1;
 pub const DELTAS_RUNNING_MAX: usize = 4;
 
 /// Most overdue snapshots (ADR 0037) a node streams at once besides the
-/// others: an actor whose snapshot is overdue while these are taken too
-/// writes it from the whole database, the bounded fallback of ADR 0036.
+/// others: an actor whose snapshot is overdue while these are taken waits
+/// for one ([`SLOT_RETRY_MS`]) before it uploads again (ADR 0038; it used
+/// to write the snapshot from the whole database in memory).
 pub const OVERDUE_RUNNING_MAX: usize = 16;
 
 /// Most uploads of a whole file larger than one part (ADR 0038: an actor's
 /// first upload) a node runs at once. Each holds a few parts in memory and
 /// reads its whole file; an actor that finds them taken tries again
-/// [`FILE_UPLOAD_RETRY_MS`] later (a node moving many large actors onto a
+/// [`SLOT_RETRY_MS`] later (a node moving many large actors onto a
 /// bucket uploads them a few at a time).
 pub const FILE_UPLOADS_RUNNING_MAX: usize = 4;
 
-/// How long an actor waits for a slot of [`FILE_UPLOADS_RUNNING_MAX`]
-/// before it tries again.
-const FILE_UPLOAD_RETRY_MS: u64 = 200;
+/// How long an actor waits for a slot of [`FILE_UPLOADS_RUNNING_MAX`] (or
+/// of [`OVERDUE_RUNNING_MAX`], for an overdue snapshot) before it tries
+/// again.
+const SLOT_RETRY_MS: u64 = 200;
 
 /// A slot of [`SNAPSHOTS_RUNNING_MAX`], [`DELTAS_RUNNING_MAX`],
 /// [`OVERDUE_RUNNING_MAX`] or [`FILE_UPLOADS_RUNNING_MAX`], given back when
@@ -346,7 +348,8 @@ pub struct ActorReplica {
     upload_reads_file: bool,
     /// How the last streamed snapshot ended, for the replica to learn at
     /// its next upload.
-    snapshot_done: Option<Result<Landed, String>>,
+    /// An error says whether the file was torn (`snapshot_torn`).
+    snapshot_done: Option<Result<Landed, (String, bool)>>,
 }
 
 impl ActorReplica {
@@ -603,8 +606,17 @@ pub fn upload_pending(
     // file whole instead of reading the database into memory.
     let mut own: Option<ActorDb>;
     let mut db = db;
-    let needs_plan = actor.repl.lock().needs_plan;
-    if db.is_none() && (needs_plan || !log_is_empty(&path)) {
+    let (needs_plan, overdue) = {
+        let st = actor.repl.lock();
+        let overdue = st
+            .replica
+            .as_ref()
+            .is_some_and(|r| r.snapshot_overdue() && r.overdue_may_stream());
+        (st.needs_plan, overdue)
+    };
+    // An overdue snapshot streams from an open actor's frozen file: a
+    // closed one is opened for it too.
+    if db.is_none() && (needs_plan || overdue || !log_is_empty(&path)) {
         let Some(app) = rt.app(&actor.id.tenant, &actor.id.app) else {
             return;
         };
@@ -809,18 +821,10 @@ fn maybe_upload(
         && std::fs::metadata(paths::actor_db(&rt.config.data_dir, &actor.id))
             .is_ok_and(|m| m.len() > repl.config.snapshot_part_bytes as u64)
     {
-        match SnapshotSlot::take(&repl.file_uploads_running, FILE_UPLOADS_RUNNING_MAX) {
-            Some(slot) => file_slot = Some(slot),
-            None => {
-                defer(
-                    rt,
-                    repl,
-                    actor,
-                    &mut st,
-                    Duration::from_millis(FILE_UPLOAD_RETRY_MS),
-                );
-                return;
-            }
+        let running = (&repl.file_uploads_running, FILE_UPLOADS_RUNNING_MAX);
+        file_slot = slot_or_retry(rt, repl, actor, &mut st, running);
+        if file_slot.is_none() {
+            return;
         }
     }
     let Some(mut replica) = st.replica.take() else {
@@ -828,11 +832,24 @@ fn maybe_upload(
     };
     match st.snapshot_done.take() {
         Some(Ok(landed)) => replica.snapshot_landed(landed),
-        Some(Err(e)) => {
-            replica.snapshot_failed();
+        Some(Err((e, torn))) => {
+            replica.snapshot_failed(torn);
             tracing::warn!(actor = %actor.id, error = %e, "a snapshot streamed from the file failed; tried again later")
         }
         None => {}
+    }
+    // An overdue snapshot streams in a slot of its own (below); with none
+    // free, the upload waits for one rather than read the whole database
+    // into memory, so the chain grows no further meanwhile.
+    let overdue = replica.snapshot_overdue() && replica.overdue_may_stream();
+    let mut overdue_slot = None;
+    if overdue && !st.snapshotting && !st.frozen && matches!(from, ImageFrom::Db(_)) {
+        let running = (&repl.overdue_running, OVERDUE_RUNNING_MAX);
+        overdue_slot = slot_or_retry(rt, repl, actor, &mut st, running);
+        if overdue_slot.is_none() {
+            st.replica = Some(replica);
+            return;
+        }
     }
     // In flight from here: the image read below covers every commit so far
     // (only this actor's turn, which is running this, commits).
@@ -851,7 +868,6 @@ fn maybe_upload(
     // An overdue one streams in a slot of its own: a few parts in memory, where
     // waiting longer would make the upload read the whole database.
     let mut snapshot = None;
-    let overdue = replica.snapshot_overdue() && replica.overdue_may_stream();
     // A delta's slot streams only a delta; an overdue one streams
     // whichever the upload leaves due.
     let delta_only = !overdue && replica.snapshot_due() && replica.delta_possible();
@@ -866,7 +882,7 @@ fn maybe_upload(
         && !st.snapshotting
         && !st.frozen
         && let ImageFrom::Db(db) = &from
-        && let Some(slot) = SnapshotSlot::take(running, max)
+        && let Some(slot) = overdue_slot.or_else(|| SnapshotSlot::take(running, max))
     {
         match db.freeze_file() {
             Ok(()) => {
@@ -950,7 +966,10 @@ fn maybe_upload(
             &rt, &actor, &bucket, replica, covered, result, started, oldest,
         );
         if let Some(job) = job {
-            let landed = job.run().await.map_err(|e| e.to_string());
+            let landed = job.run().await.map_err(|e| {
+                let torn = matches!(e, ReplicaError::SnapshotTorn { .. });
+                (e.to_string(), torn)
+            });
             match &landed {
                 Ok(l) if l.delta_from.is_some() => Metrics::inc(&rt.metrics.replica_deltas_total),
                 Ok(_) => Metrics::inc(&rt.metrics.replica_snapshots_total),
@@ -968,6 +987,22 @@ fn maybe_upload(
         }
         drop(snapshot);
     });
+}
+
+/// A slot of `running` (its counter and bound), or none: then the actor's
+/// upload is tried again [`SLOT_RETRY_MS`] later.
+fn slot_or_retry(
+    rt: &Arc<Inner>,
+    repl: &Replication,
+    actor: &Arc<Actor>,
+    st: &mut ActorReplica,
+    (running, max): (&Arc<std::sync::atomic::AtomicUsize>, usize),
+) -> Option<SnapshotSlot> {
+    let slot = SnapshotSlot::take(running, max);
+    if slot.is_none() {
+        defer(rt, repl, actor, st, Duration::from_millis(SLOT_RETRY_MS));
+    }
+    slot
 }
 
 /// Queues a `Replicate` turn for the actor `wait` from now, unless one is
