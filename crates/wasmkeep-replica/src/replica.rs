@@ -1549,13 +1549,22 @@ impl Replica {
     /// head's, `snapshot_torn`) since the last landed, nor after
     /// [`STREAM_FAILURES_MAX`] failures of any kind. A torn file disagrees
     /// with what this writer believes the head holds (a bug: the file is
-    /// frozen while it is read), so the repair is the snapshot written
-    /// from the whole database as SQLite reads it, which resets the head's
+    /// frozen while it is read), so the repair is a snapshot of the whole
+    /// database as it is, which resets the head's
     /// hashes from it; a bucket that keeps failing streams gets the same,
-    /// rather than a chain growing past the restore bounds meanwhile. The
-    /// one upload that still reads a database into memory (ADR 0038).
+    /// rather than a chain growing past the restore bounds meanwhile
+    /// ([`Self::needs_repair`]).
     pub fn overdue_may_stream(&self) -> bool {
         !self.stream_failed
+    }
+
+    /// The snapshot is overdue and may not stream as it is
+    /// ([`Self::overdue_may_stream`]): the repair is an upload of the
+    /// whole file ([`Self::upload_file`], which resets the head's hashes
+    /// from it, page by page) followed by a snapshot streamed from the same
+    /// frozen file (ADR 0038).
+    pub fn needs_repair(&self) -> bool {
+        self.snapshot_overdue() && !self.overdue_may_stream()
     }
 
     /// Notes the pages an entry at `seq` wrote, for the deltas.
@@ -1941,7 +1950,9 @@ impl Replica {
         )?;
         self.count_entry(seq, true, total);
         self.track(seq, 1..=file.db_pages);
-        self.snapshot_due = self.snapshot_policy_due(file.bytes());
+        // A repair (`needs_repair`) keeps its snapshot due: the job that
+        // streams the file it just read lands it.
+        self.snapshot_due |= self.snapshot_policy_due(file.bytes());
         if self.collect_due && self.collect().await.is_ok() {
             self.collect_due = false;
         }

@@ -362,9 +362,24 @@ async fn a_streaming_snapshot_is_not_overdue(b: &Backend, name: &str) {
     );
     rep.snapshot_failed(false);
     assert!(
-        !rep.overdue_may_stream(),
-        "after a second failure, the snapshot is written from the whole database"
+        !rep.overdue_may_stream() && rep.needs_repair(),
+        "after a second failure, the snapshot is repaired"
     );
+    // The repair, as the runtime does it: the file frozen, every page
+    // uploaded from it page by page, then its snapshot streamed from it.
+    src.commit(&step("tags", i));
+    i += 1;
+    src.db.as_ref().unwrap().freeze_file().unwrap();
+    src.db.as_ref().unwrap().take_changes().unwrap();
+    let file = wasmkeep_replica::WholeFile::probe(&src.path()).unwrap();
+    rep.upload_file(&file, 8000).await.unwrap();
+    let job = rep.snapshot_job().expect("the repair's snapshot is due");
+    rep.snapshot_landed(job.run().await.unwrap());
+    assert!(!rep.needs_repair() && rep.overdue_may_stream() && !rep.wants_image());
+    src.db.as_ref().unwrap().thaw().unwrap();
+    while !rep.snapshot_overdue() {
+        next(&mut rep, &mut src, &mut i).await;
+    }
     // An overdue snapshot streams too, without waiting for a slot: the
     // caller freezes the file and says so, the upload ships pages, and the
     // job after it lands.

@@ -608,10 +608,7 @@ pub fn upload_pending(
     let mut db = db;
     let (needs_plan, overdue) = {
         let st = actor.repl.lock();
-        let overdue = st
-            .replica
-            .as_ref()
-            .is_some_and(|r| r.snapshot_overdue() && r.overdue_may_stream());
+        let overdue = st.replica.as_ref().is_some_and(|r| r.snapshot_overdue());
         (st.needs_plan, overdue)
     };
     // An overdue snapshot streams from an open actor's frozen file: a
@@ -703,13 +700,14 @@ fn upload_source(
         Metrics::inc(&rt.metrics.replica_page_uploads_total);
         return Ok(Source::Pages(pages));
     }
-    // No base (a first upload, or after a tombstone): every page goes, read
-    // from the file as it uploads rather than held in memory. The file must
+    // No base (a first upload, or after a tombstone), or a repair (the
+    // snapshot's stream found the file torn, or failed twice): every page
+    // goes, read from the file as it uploads rather than held in memory. The file must
     // hold the committed state and keep it until the upload ends: an open
     // actor's is frozen here (the caller keeps it so), a closed one's is
     // whole if its log is empty (nobody opens it while the upload is in
     // flight).
-    if !replica.has_base() && file == FileState::Free {
+    if (!replica.has_base() || replica.needs_repair()) && file != FileState::Stale {
         let path = paths::actor_db(&rt.config.data_dir, &actor.id);
         let frozen = match &image {
             ImageFrom::Db(db) => db.freeze_file().is_ok(),
@@ -841,9 +839,12 @@ fn maybe_upload(
     // An overdue snapshot streams in a slot of its own (below); with none
     // free, the upload waits for one rather than read the whole database
     // into memory, so the chain grows no further meanwhile.
+    // A repair (a torn stream, or two failed) streams too: the whole file,
+    // then its snapshot (ADR 0038).
     let overdue = replica.snapshot_overdue() && replica.overdue_may_stream();
+    let repair = replica.needs_repair();
     let mut overdue_slot = None;
-    if overdue && !st.snapshotting && !st.frozen && matches!(from, ImageFrom::Db(_)) {
+    if (overdue || repair) && !st.snapshotting && !st.frozen && matches!(from, ImageFrom::Db(_)) {
         let running = (&repl.overdue_running, OVERDUE_RUNNING_MAX);
         overdue_slot = slot_or_retry(rt, repl, actor, &mut st, running);
         if overdue_slot.is_none() {
@@ -870,8 +871,8 @@ fn maybe_upload(
     let mut snapshot = None;
     // A delta's slot streams only a delta; an overdue one streams
     // whichever the upload leaves due.
-    let delta_only = !overdue && replica.snapshot_due() && replica.delta_possible();
-    let (running, max) = if overdue {
+    let delta_only = !overdue && !repair && replica.snapshot_due() && replica.delta_possible();
+    let (running, max) = if overdue || repair {
         (&repl.overdue_running, OVERDUE_RUNNING_MAX)
     } else if delta_only {
         (&repl.deltas_running, DELTAS_RUNNING_MAX)
@@ -949,6 +950,7 @@ fn maybe_upload(
             Err(e) => Err(e),
         };
         drop(file_slot);
+        let job_repairs = repair && snapshot.is_some();
         let job = match (&result, &snapshot) {
             (Ok(_), Some((_, true))) => replica.delta_job(),
             (Ok(_), Some((_, false))) => replica.snapshot_job(),
@@ -980,7 +982,15 @@ fn maybe_upload(
             // own, which learns the chain from the bucket.
             if Some(st.epoch) == epoch {
                 st.snapshotting = false;
-                st.snapshot_done = Some(landed);
+                match landed {
+                    // A repair that did not land: the actor starts over
+                    // from the bucket rather than repair again (each repair
+                    // appends an entry of every page).
+                    Err((e, _)) if job_repairs => {
+                        give_up(&rt, &actor, &mut st, format!("repairing its snapshot: {e}"))
+                    }
+                    landed => st.snapshot_done = Some(landed),
+                }
             }
             drop(st);
             actor.repl_done.notify_all();
