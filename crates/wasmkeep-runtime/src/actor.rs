@@ -445,6 +445,9 @@ fn load(
             match ActorDb::open(&dir, &app.store_limits, mode)? {
                 Some(db) => {
                     db.set_stop_flag(Arc::clone(&rt.stopping));
+                    if rt.replication.is_some() {
+                        replication::after_open(actor, &db)?;
+                    }
                     db
                 }
                 None => return Ok(false),

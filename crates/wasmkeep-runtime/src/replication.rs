@@ -575,6 +575,33 @@ fn thaw_if_done(actor: &Actor, st: &mut ActorReplica, db: &ActorDb) {
     }
 }
 
+/// After the actor's connection was opened: if its file is frozen (a
+/// snapshot of an earlier connection streams from it, or an upload reads
+/// it), the new connection holds it as it is too, until its turn thaws it
+/// (`thaw_if_done`): a checkpoint would tear what is being read.
+pub fn after_open(actor: &Actor, db: &ActorDb) -> Result<(), RuntimeError> {
+    if actor.repl.lock().frozen {
+        db.hold_file()?;
+    }
+    Ok(())
+}
+
+/// Applies what the last streamed snapshot did to the replica, if the
+/// replica is here (not taken by an upload in flight).
+fn learn_snapshot(actor: &Actor, st: &mut ActorReplica) {
+    let Some(replica) = st.replica.as_mut() else {
+        return;
+    };
+    match st.snapshot_done.take() {
+        Some(Ok(landed)) => replica.snapshot_landed(landed),
+        Some(Err((e, torn))) => {
+            replica.snapshot_failed(torn);
+            tracing::warn!(actor = %actor.id, error = %e, "a snapshot streamed from the file failed; tried again later")
+        }
+        None => {}
+    }
+}
+
 /// A `Replicate` turn: uploads what is committed and not yet uploaded. For
 /// a closed actor that never consulted the bucket (queued by the start-up
 /// pass over local data), it first does: local data the bucket lacks then
@@ -607,12 +634,20 @@ pub fn upload_pending(
     let mut own: Option<ActorDb>;
     let mut db = db;
     let (needs_plan, overdue) = {
-        let st = actor.repl.lock();
+        let mut st = actor.repl.lock();
+        if db.is_none() && st.snapshot_reads_file() {
+            // A closed actor whose file is read: opening it now would make
+            // a connection that nothing keeps from checkpointing into it
+            // when it closes. Its upload waits for the read to end.
+            retry_soon(rt, repl, actor, &mut st);
+            return;
+        }
+        learn_snapshot(actor, &mut st);
         let overdue = st.replica.as_ref().is_some_and(|r| r.snapshot_overdue());
         (st.needs_plan, overdue)
     };
-    // An overdue snapshot streams from an open actor's frozen file: a
-    // closed one is opened for it too.
+    // An overdue snapshot (or its repair) streams from an open actor's
+    // frozen file: a closed one is opened for it too.
     if db.is_none() && (needs_plan || overdue || !log_is_empty(&path)) {
         let Some(app) = rt.app(&actor.id.tenant, &actor.id.app) else {
             return;
@@ -721,7 +756,8 @@ fn upload_source(
                 }
                 Err(e) => {
                     tracing::warn!(actor = %actor.id, error = %e, "could not read the actor's file page by page: reading it through SQLite");
-                    if let ImageFrom::Db(db) = &image {
+                    // Frozen here for this read only (not for a snapshot).
+                    if let (ImageFrom::Db(db), FileState::Free) = (&image, file) {
                         db.thaw().map_err(|e| e.to_string())?;
                     }
                 }
@@ -825,17 +861,10 @@ fn maybe_upload(
             return;
         }
     }
+    learn_snapshot(actor, &mut st);
     let Some(mut replica) = st.replica.take() else {
         return;
     };
-    match st.snapshot_done.take() {
-        Some(Ok(landed)) => replica.snapshot_landed(landed),
-        Some(Err((e, torn))) => {
-            replica.snapshot_failed(torn);
-            tracing::warn!(actor = %actor.id, error = %e, "a snapshot streamed from the file failed; tried again later")
-        }
-        None => {}
-    }
     // An overdue snapshot streams in a slot of its own (below); with none
     // free, the upload waits for one rather than read the whole database
     // into memory, so the chain grows no further meanwhile.
@@ -844,7 +873,15 @@ fn maybe_upload(
     let overdue = replica.snapshot_overdue() && replica.overdue_may_stream();
     let repair = replica.needs_repair();
     let mut overdue_slot = None;
-    if (overdue || repair) && !st.snapshotting && !st.frozen && matches!(from, ImageFrom::Db(_)) {
+    if overdue || repair {
+        if st.snapshotting || st.frozen || !matches!(from, ImageFrom::Db(_)) {
+            // Not streamable now (the file is held for another read, or
+            // the actor is closed): the upload waits rather than read the
+            // whole database into memory.
+            st.replica = Some(replica);
+            retry_soon(rt, repl, actor, &mut st);
+            return;
+        }
         let running = (&repl.overdue_running, OVERDUE_RUNNING_MAX);
         overdue_slot = slot_or_retry(rt, repl, actor, &mut st, running);
         if overdue_slot.is_none() {
@@ -1010,9 +1047,15 @@ fn slot_or_retry(
 ) -> Option<SnapshotSlot> {
     let slot = SnapshotSlot::take(running, max);
     if slot.is_none() {
-        defer(rt, repl, actor, st, Duration::from_millis(SLOT_RETRY_MS));
+        retry_soon(rt, repl, actor, st);
     }
     slot
+}
+
+/// Queues the actor's upload again [`SLOT_RETRY_MS`] from now: what it
+/// needs (a slot, its file) is taken.
+fn retry_soon(rt: &Arc<Inner>, repl: &Replication, actor: &Arc<Actor>, st: &mut ActorReplica) {
+    defer(rt, repl, actor, st, Duration::from_millis(SLOT_RETRY_MS));
 }
 
 /// Queues a `Replicate` turn for the actor `wait` from now, unless one is

@@ -687,6 +687,16 @@ impl ActorDb {
                 "the log could not be checkpointed in full: busy={busy} log={log} checkpointed={done}"
             )));
         }
+        self.hold_file()
+    }
+
+    /// Keeps the database file as it is from now on without checkpointing
+    /// first: no automatic checkpoint and none at the close. For a
+    /// connection opened while its file is read (the snapshot of an
+    /// earlier connection, frozen by [`ActorDb::freeze_file`], still
+    /// streams): the file holds an earlier state that must not move.
+    /// [`ActorDb::thaw`] undoes it. Between events.
+    pub fn hold_file(&self) -> Result<(), StoreError> {
         self.conn
             .pragma_update(None, "wal_autocheckpoint", 0)
             .map_err(|e| self.err(e))?;

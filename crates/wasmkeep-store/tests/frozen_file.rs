@@ -71,3 +71,32 @@ fn closing_a_frozen_actor_leaves_its_file_as_it_was() {
     // the rule above is what keeps the frozen file still.
     assert!(close_after_commits(false), "a thawed close checkpoints");
 }
+
+/// A connection opened while the file is still read (the frozen one closed
+/// under it) holds the file too once told to, without checkpointing the
+/// log first; thawed, its close checkpoints everything.
+#[test]
+fn a_connection_that_holds_the_file_leaves_it_as_it_was() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("a");
+    let mut db = open(&dir);
+    db.begin().unwrap();
+    db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, body BLOB)", &[])
+        .unwrap();
+    db.commit().unwrap();
+    db.freeze_file().unwrap();
+    let file = dir.join("actor.db");
+    let before = std::fs::read(&file).unwrap();
+    insert(&mut db, 0, 50);
+    drop(db);
+    let mut again = open(&dir);
+    again.hold_file().unwrap();
+    insert(&mut again, 50, 400);
+    drop(again);
+    assert_eq!(std::fs::read(&file).unwrap(), before, "the file moved");
+    let again = open(&dir);
+    again.thaw().unwrap();
+    drop(again);
+    assert_ne!(std::fs::read(&file).unwrap(), before);
+    assert_eq!(count(&dir), 450);
+}
