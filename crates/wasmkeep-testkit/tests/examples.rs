@@ -110,3 +110,116 @@ fn every_test_node_starts_empty() {
     assert!(!b.actor("demo/examples/counter/shared").exists());
     assert_ne!(a.data_dir(), b.data_dir());
 }
+
+/// Many named timers on the one alarm (issue 20, `wasmkeep_sdk::timers`):
+/// the alarm is always the earliest timer, so a later one never postpones
+/// an earlier one; each fires once, at its time, with its payload; a
+/// cancelled one never fires.
+#[test]
+fn timers_share_the_alarm_and_a_later_one_never_postpones_an_earlier_one() {
+    let node = node();
+    let a = node.actor("demo/examples/timers/t1");
+    let t0 = node.now_ms();
+    let set = |name: &str, after_ms: u64, payload: &str| {
+        let r = a.post(
+            &format!("/set?name={name}&due_ms={}", t0 + after_ms),
+            payload,
+        );
+        assert_eq!(r.status, 204, "{}", r.text());
+    };
+    set("watch", 60_000, "w");
+    set("ring", 10_000, "booking-17");
+    assert_eq!(a.alarm(), Some(t0 + 10_000));
+    set("late", 120_000, "l");
+    assert_eq!(
+        a.alarm(),
+        Some(t0 + 10_000),
+        "a later timer moved the alarm"
+    );
+    // Moving a timer earlier brings the alarm forward.
+    set("watch", 5_000, "w2");
+    assert_eq!(a.alarm(), Some(t0 + 5_000));
+
+    node.advance(Duration::from_secs(10));
+    let fired = a.get("/fired").json()["fired"].clone();
+    let names: Vec<&str> = fired
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["watch", "ring"], "earliest first, each once");
+    assert_eq!(fired[0]["fired_ms"], t0 + 5_000);
+    assert_eq!(fired[0]["payload"], "w2");
+    assert_eq!(fired[1]["fired_ms"], t0 + 10_000);
+    assert_eq!(fired[1]["payload"], "booking-17");
+    assert_eq!(a.alarm(), Some(t0 + 120_000));
+
+    set("never", 30_000, "n");
+    assert_eq!(a.alarm(), Some(t0 + 30_000));
+    assert_eq!(a.post("/cancel?name=never", "").json()["cancelled"], true);
+    assert_eq!(a.post("/cancel?name=never", "").json()["cancelled"], false);
+    assert_eq!(a.alarm(), Some(t0 + 120_000), "the alarm follows a cancel");
+    node.advance(Duration::from_secs(200));
+    let fired = a.get("/fired").json()["fired"].clone();
+    assert_eq!(fired.as_array().unwrap().len(), 3);
+    assert_eq!(fired[2]["name"], "late");
+    let listed = a.get("/timers").json();
+    assert_eq!(listed["timers"].as_array().unwrap().len(), 0);
+    assert_eq!(listed["alarm_ms"], serde_json::Value::Null);
+    assert_eq!(a.alarm(), None);
+}
+
+/// A timer run that fails rolls back with the timers it took: the alarm's
+/// retry fires every one of them, none twice.
+#[test]
+fn a_failed_timer_run_fires_its_timers_again_and_none_twice() {
+    let node = node();
+    let a = node.actor("demo/examples/timers/t2");
+    let t0 = node.now_ms();
+    for name in ["fail-1", "ok"] {
+        let r = a.post(&format!("/set?name={name}&due_ms={}", t0 + 5_000), "p");
+        assert_eq!(r.status, 204);
+    }
+    node.advance(Duration::from_secs(5));
+    assert_eq!(a.get("/fired").json()["fired"].as_array().unwrap().len(), 0);
+    assert_eq!(a.alarm_retry_count(), 1);
+    assert_eq!(
+        a.get("/timers").json()["timers"].as_array().unwrap().len(),
+        2
+    );
+    node.advance(Duration::from_secs(60));
+    let fired = a.get("/fired").json()["fired"].clone();
+    let mut names: Vec<&str> = fired
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["name"].as_str().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["fail-1", "ok"]);
+    assert_eq!(a.alarm(), None);
+}
+
+/// A timer name or payload over its limit is refused with `invalid_timer`,
+/// naming the limit, and sets nothing.
+#[test]
+fn a_timer_over_its_limits_is_refused_by_name() {
+    let node = node();
+    let a = node.actor("demo/examples/timers/t3");
+    let long = "n".repeat(257);
+    let err = a
+        .request("POST", &format!("/set?name={long}&due_ms=1"), "")
+        .unwrap_err();
+    assert!(err.to_string().contains("invalid_timer"), "{err}");
+    assert!(err.to_string().contains("name_bytes_max"), "{err}");
+    let err = a
+        .request("POST", "/set?name=big&due_ms=1", vec![0u8; 64 * 1024 + 1])
+        .unwrap_err();
+    assert!(err.to_string().contains("payload_bytes_max"), "{err}");
+    assert_eq!(
+        a.get("/timers").json()["timers"].as_array().unwrap().len(),
+        0
+    );
+    assert_eq!(a.alarm(), None);
+}

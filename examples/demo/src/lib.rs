@@ -7,6 +7,7 @@ mod counter;
 mod notes;
 mod reminder;
 mod rings;
+mod timers;
 mod watch;
 
 wasmkeep_sdk::app!(
@@ -14,5 +15,6 @@ wasmkeep_sdk::app!(
     "notes" => notes::Notes,
     "reminder" => reminder::Reminder,
     "rings" => rings::Rings,
+    "timers" => timers::Timers,
     "watch" => watch::Watch,
 );
