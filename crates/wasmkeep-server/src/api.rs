@@ -10,7 +10,6 @@ use axum::extract::{Query, Request, State};
 use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post, put};
-use percent_encoding::percent_decode_str;
 
 use crate::unsafe_rules::UnsafeRules;
 use serde::Deserialize;
@@ -487,17 +486,15 @@ fn body_timeout(pace: BodyPace, received: usize) -> ApiError {
     )
 }
 
+/// Decodes one path segment strictly ([`wasmkeep_store::id::decode_name`]).
 fn decode_segment(field: &'static str, raw: &str) -> Result<String, ApiError> {
-    percent_decode_str(raw)
-        .decode_utf8()
-        .map(|s| s.into_owned())
-        .map_err(|_| {
-            ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "invalid_name",
-                format!("invalid {field}: percent-encoding is not utf-8"),
-            )
-        })
+    wasmkeep_store::id::decode_name(raw).map_err(|why| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_name",
+            format!("invalid {field}: {why}"),
+        )
+    })
 }
 
 /// Splits `/v1/{tenant}/{app}/{class}/{name}/{rest}` of the raw path.
@@ -1184,6 +1181,12 @@ mod tests {
             parse_actor_path("/v1/t/a/c/%ff").unwrap_err().code,
             "invalid_name"
         );
+        for bad in ["a%ZZ", "a%", "a%2", "%g0", "100%"] {
+            let e = parse_actor_path(&format!("/v1/t/a/c/{bad}")).unwrap_err();
+            assert_eq!(e.code, "invalid_name", "{bad}");
+        }
+        let (id, _) = parse_actor_path("/v1/t/a/c/a%2Fb%20c").unwrap();
+        assert_eq!(id.name, "a/b c");
     }
 
     #[test]

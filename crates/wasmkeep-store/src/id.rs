@@ -44,6 +44,35 @@ pub struct InvalidId {
     pub value: String,
 }
 
+/// Decodes a percent-encoded actor name (one path segment) strictly: every
+/// `%` must start two hex digits, and the bytes must be UTF-8. A lenient
+/// decoder keeps `a%ZZ` as the name `a%ZZ`, so a typo would reach an actor
+/// of its own; this refuses it. The error says what is wrong, for the
+/// caller's `invalid_name`.
+pub fn decode_name(raw: &str) -> Result<String, String> {
+    let bytes = raw.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] != b'%' {
+            out.push(bytes[i]);
+            i += 1;
+            continue;
+        }
+        let hex = |j: usize| bytes.get(j).and_then(|b| (*b as char).to_digit(16));
+        match (hex(i + 1), hex(i + 2)) {
+            (Some(hi), Some(lo)) => out.push((hi * 16 + lo) as u8),
+            _ => {
+                return Err(format!(
+                    "`%` at byte {i} is not followed by two hex digits (percent-encoding)"
+                ));
+            }
+        }
+        i += 3;
+    }
+    String::from_utf8(out).map_err(|_| "percent-encoding is not utf-8".to_owned())
+}
+
 /// Checks a tenant, app or class name.
 pub fn validate_segment(field: &'static str, value: &str) -> Result<(), InvalidId> {
     let bad = |reason| {
@@ -120,6 +149,18 @@ impl fmt::Display for ActorId {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_decode_strictly() {
+        assert_eq!(decode_name("a%2Fb%20c").unwrap(), "a/b c");
+        assert_eq!(decode_name("caf%C3%A9").unwrap(), "café");
+        assert_eq!(decode_name("plain").unwrap(), "plain");
+        for bad in ["a%ZZ", "a%", "a%2", "%g0", "100%"] {
+            let why = decode_name(bad).unwrap_err();
+            assert!(why.contains("two hex digits"), "{bad}: {why}");
+        }
+        assert!(decode_name("%ff").unwrap_err().contains("utf-8"));
+    }
 
     #[test]
     fn segments_are_identifiers() {

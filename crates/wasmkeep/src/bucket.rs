@@ -14,9 +14,8 @@ pub fn parse_actor(target: &str) -> Result<ActorId> {
     if parts.len() != 4 || parts.iter().any(|p| p.is_empty()) {
         bail!("expected tenant/app/class/name, got `{target}`");
     }
-    let name = percent_encoding::percent_decode_str(parts[3])
-        .decode_utf8()
-        .with_context(|| format!("the name in `{target}` is not UTF-8 once decoded"))?;
+    let name = wasmkeep_store::id::decode_name(parts[3])
+        .map_err(|why| anyhow::anyhow!("invalid_name: the name in `{target}`: {why}"))?;
     Ok(ActorId::new(parts[0], parts[1], parts[2], &name)?)
 }
 
