@@ -10,6 +10,16 @@ fn open(dir: &std::path::Path) -> ActorDb {
         .unwrap()
 }
 
+/// A fresh actor at `dir` with the table the tests fill.
+fn fresh(dir: &std::path::Path) -> ActorDb {
+    let mut db = open(dir);
+    db.begin().unwrap();
+    db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, body BLOB)", &[])
+        .unwrap();
+    db.commit().unwrap();
+    db
+}
+
 fn insert(db: &mut ActorDb, from: i64, n: i64) {
     db.begin().unwrap();
     for i in from..from + n {
@@ -36,11 +46,7 @@ fn count(dir: &std::path::Path) -> i64 {
 fn close_after_commits(frozen: bool) -> bool {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("a");
-    let mut db = open(&dir);
-    db.begin().unwrap();
-    db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, body BLOB)", &[])
-        .unwrap();
-    db.commit().unwrap();
+    let mut db = fresh(&dir);
     insert(&mut db, 0, 50);
     db.freeze_file().unwrap();
     let file = dir.join("actor.db");
@@ -79,11 +85,7 @@ fn closing_a_frozen_actor_leaves_its_file_as_it_was() {
 fn a_connection_that_holds_the_file_leaves_it_as_it_was() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("a");
-    let mut db = open(&dir);
-    db.begin().unwrap();
-    db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, body BLOB)", &[])
-        .unwrap();
-    db.commit().unwrap();
+    let mut db = fresh(&dir);
     db.freeze_file().unwrap();
     let file = dir.join("actor.db");
     let before = std::fs::read(&file).unwrap();
