@@ -29,6 +29,7 @@ use crate::error::RuntimeError;
 use crate::host::{self, AlarmOp, HostState};
 use crate::index::{DeliverStep, Delivered};
 use crate::metrics::Metrics;
+use crate::outbox::{Answer, Inbound, MessageAnswer};
 use crate::replication::{self, ActorReplica};
 use crate::runtime::{Faults, Inner, epoch_ticks};
 
@@ -66,10 +67,15 @@ pub enum Outcome {
     Deleted(bool),
     /// What a sweep's delivery of an index entry found.
     Delivered(crate::index::Delivered),
+    /// What a message's receiver answered (ADR 0040).
+    Answered(MessageAnswer),
     Done,
 }
 
 pub use crate::reply::Reply;
+
+mod inbound;
+use inbound::{OutboxBatch, hand_over, offer_outbox, read_outbox, run_message, run_response};
 
 pub enum EventKind {
     Request(ActorRequest),
@@ -96,6 +102,11 @@ pub enum EventKind {
     /// Upload what is committed and not yet in the bucket (after an upload
     /// ended and more had been committed meanwhile).
     Replicate,
+    /// A message from another actor, or the answer to one this actor sent
+    /// (ADR 0040).
+    Inbound(Inbound),
+    /// Open the actor and hand its outbox's rows to the dispatcher again.
+    OutboxResume,
 }
 
 /// What an [`EventKind::Inspect`] runs; it sends its own result.
@@ -132,6 +143,14 @@ impl Event {
         matches!(self.kind, EventKind::Request(_))
     }
 
+    /// Whether the event may create the actor (a request or a message).
+    fn creates(&self) -> bool {
+        matches!(
+            self.kind,
+            EventKind::Request(_) | EventKind::Inbound(Inbound::Message { .. })
+        )
+    }
+
     /// What the event holds in memory while it waits in a queue (a
     /// request's body, path and headers; other events are small).
     pub fn queued_bytes(&self) -> u64 {
@@ -140,6 +159,15 @@ impl Event {
                 let headers: usize = r.headers.iter().map(|(k, v)| k.len() + v.len()).sum();
                 (r.body.len() + r.path.len() + r.query.len() + r.method.len() + headers) as u64
             }
+            EventKind::Inbound(Inbound::Message { body, .. }) => body.len() as u64,
+            EventKind::Inbound(Inbound::Response { answer, .. }) => match answer {
+                Answer::Message(MessageAnswer::Reply(b)) => b.len() as u64,
+                Answer::Http { body, headers, .. } => {
+                    let h: usize = headers.iter().map(|(k, v)| k.len() + v.len()).sum();
+                    (body.len() + h) as u64
+                }
+                _ => 0,
+            },
             _ => 0,
         }
     }
@@ -165,6 +193,8 @@ pub struct Loaded {
     store: Store<HostState>,
     /// `None` after a trap: the next event gets a fresh instance.
     bindings: Option<host::Actor>,
+    /// The app's `inbox` export, if it has one (ADR 0040).
+    inbox: Option<host::inbox_exports::InboxExports>,
     app: Arc<App>,
     metrics: Arc<Metrics>,
 }
@@ -205,6 +235,9 @@ pub struct Actor {
     pub repl: Mutex<ActorReplica>,
     /// Signalled when an upload of this actor ends.
     pub repl_done: Condvar,
+    /// The highest outbox row handed to the dispatcher since the actor was
+    /// opened (0 after opening: all of them are offered again).
+    pub outbox_offered: AtomicU64,
 }
 
 impl Actor {
@@ -217,6 +250,7 @@ impl Actor {
             evicting: AtomicBool::new(false),
             repl: Mutex::new(ActorReplica::default()),
             repl_done: Condvar::new(),
+            outbox_offered: AtomicU64::new(0),
         }
     }
 
@@ -332,6 +366,8 @@ fn run_delete(rt: &Arc<Inner>, actor: &Arc<Actor>, slot: &mut Option<Loaded>, ev
         crate::index::remove_named(rt, repl, &actor.id, &named);
     }
     rt.timer.set(&actor.id, None);
+    rt.outbox.forget(&actor.id);
+    actor.outbox_offered.store(0, Ordering::Relaxed);
     let dir = paths::actor_dir(&rt.config.data_dir, &actor.id);
     wasmkeep_store::page_capture::untrack(&dir);
     let existed = dir.join(paths::DB_FILE).exists();
@@ -369,6 +405,17 @@ fn instantiate(
         rt.config.instance_memory_bytes_max,
     );
     state.alarm_statements = app.alarm_statements.for_class(&id.class);
+    if rt
+        .faults
+        .unsafe_outbox_before_commit
+        .load(Ordering::Relaxed)
+    {
+        state.sent_before_commit = Some(Vec::new());
+    }
+    state.outbox = crate::outbox::OutboxSettings {
+        limits: rt.config.outbox.clone(),
+        policy: Arc::clone(&app.outbound),
+    };
     state.log_budget = crate::log_budget::LogBudget::new(
         rt.config.event_log_lines_max,
         rt.config.event_log_bytes_max,
@@ -376,8 +423,20 @@ fn instantiate(
     let mut store = Store::new(&rt.engine, state);
     store.limiter(|s| &mut s.memory);
     store.set_epoch_deadline(epoch_ticks(app.event_cpu_ms_max));
-    match app.pre.instantiate(&mut store) {
-        Ok(bindings) => {
+    let instantiated = app
+        .pre
+        .instance_pre()
+        .instantiate(&mut store)
+        .and_then(|instance| {
+            let bindings = app.indices.load(&mut store, &instance)?;
+            let inbox = match &app.inbox {
+                Some(i) => Some(i.load(&mut store, &instance)?),
+                None => None,
+            };
+            Ok((bindings, inbox))
+        });
+    match instantiated {
+        Ok((bindings, inbox)) => {
             rt.metrics
                 .phase_instantiate
                 .observe_ms(started.elapsed().as_secs_f64() * 1000.0);
@@ -386,6 +445,7 @@ fn instantiate(
             Ok(Loaded {
                 store,
                 bindings: Some(bindings),
+                inbox,
                 app: Arc::clone(app),
                 metrics: Arc::clone(&rt.metrics),
             })
@@ -912,7 +972,7 @@ impl Turn {
                 .observe_ms(ms_between(first.enqueued, Instant::now()));
         }
         Turn {
-            has_request: events.iter().any(Event::is_request),
+            has_request: events.iter().any(Event::creates),
             has_alarm: events
                 .iter()
                 .any(|e| matches!(e.kind, EventKind::Alarm { .. } | EventKind::Deliver { .. })),
@@ -942,6 +1002,9 @@ struct AfterCommit {
     removed: bool,
     wal: std::path::PathBuf,
     dirs: Vec<std::path::PathBuf>,
+    /// Rows this batch committed to the outbox, for the dispatcher once
+    /// the commit is durable (and in the bucket).
+    outbox: Option<OutboxBatch>,
 }
 
 /// Phase 1: the actor's app and class, or every event fails with
@@ -1018,6 +1081,24 @@ fn open_for_turn(
         }
     }
     let l = slot.as_mut().expect("loaded");
+    if !turn.was_loaded {
+        // What an earlier run (or another node) left unsent goes out again.
+        actor.outbox_offered.store(0, Ordering::Relaxed);
+        offer_outbox(rt, actor, l);
+    }
+    let (resumes, events): (Vec<Event>, Vec<Event>) = events
+        .into_iter()
+        .partition(|e| matches!(e.kind, EventKind::OutboxResume));
+    if !resumes.is_empty() && turn.was_loaded {
+        // Rows that did not fit in the dispatcher before.
+        offer_outbox(rt, actor, l);
+    }
+    for ev in resumes {
+        reply(ev.reply, Ok(Outcome::Done));
+    }
+    if events.is_empty() {
+        return None;
+    }
     match l.db().is_initialized() {
         Ok(initialized) => Some((events, initialized)),
         Err(e) => {
@@ -1096,6 +1177,7 @@ fn run_events(
         fail_all(events, || RuntimeError::Internal(msg.clone()));
         return None;
     }
+    l.store.data_mut().outbox_sent = false;
     let mut ran = EventsRan {
         results: Vec::with_capacity(events.len()),
         alarm_ran: false,
@@ -1150,7 +1232,19 @@ fn run_events(
                 }
                 r
             }
-            EventKind::Prepare => Ok(Outcome::Done),
+            EventKind::Prepare | EventKind::OutboxResume => Ok(Outcome::Done),
+            EventKind::Inbound(Inbound::Message {
+                from,
+                life,
+                seq,
+                body,
+            }) => run_message(rt, l, &from, life, seq, body, initialized),
+            EventKind::Inbound(Inbound::Response {
+                seq,
+                answer,
+                attempts,
+                discard,
+            }) => run_response(rt, l, seq, answer, attempts, discard),
             EventKind::Delete | EventKind::Inspect(_) | EventKind::Replicate => {
                 unreachable!("deletes, inspections and uploads run on their own")
             }
@@ -1166,6 +1260,17 @@ fn run_events(
         });
         if Faults::take(&rt.faults.panic_in_batch) {
             panic!("injected panic in a batch (test fault)");
+        }
+        if let Some(l) = slot.as_mut()
+            && let Some(early) = l.store.data_mut().sent_before_commit.as_mut()
+            && !early.is_empty()
+        {
+            // The unsafe variant: handed over before the commit, whatever
+            // becomes of the event.
+            let rows = std::mem::take(early);
+            let life = l.db().outbox_life().unwrap_or(0);
+            rt.outbox
+                .offer(&actor.id, life, rows, Arc::clone(&l.app.outbound));
         }
         let l = slot.as_mut().expect("loaded");
         if !l.db().in_transaction() {
@@ -1307,6 +1412,11 @@ fn after_commit(
     let dirs = l.db().take_new_dirs();
     let wal = l.db().wal_path();
     let removed = l.db().created() && !initialized;
+    let outbox = if l.store.data().outbox_sent && !removed {
+        read_outbox(rt, actor, l)
+    } else {
+        None
+    };
     let repl_mark = match &rt.replication {
         Some(repl) if !removed => {
             let changed = match ran.mark_before {
@@ -1315,10 +1425,13 @@ fn after_commit(
             };
             // A `replicated` request waits for this batch's upload: it
             // does not wait for the upload interval.
-            let urgent = ran
-                .results
-                .iter()
-                .any(|r| r.replicated && r.reply.is_some());
+            // So does a batch that sent something: its messages leave
+            // once the bucket holds it.
+            let urgent = outbox.is_some()
+                || ran
+                    .results
+                    .iter()
+                    .any(|r| r.replicated && r.reply.is_some());
             Some(replication::after_commit(
                 rt,
                 repl,
@@ -1352,6 +1465,7 @@ fn after_commit(
             removed,
             wal,
             dirs,
+            outbox,
         },
         ran.results,
     ))
@@ -1367,14 +1481,19 @@ fn release_replies(
     after: AfterCommit,
     committed_at: Instant,
 ) {
-    let waiting = results.iter().any(|r| r.reply.is_some());
+    let waiting = results.iter().any(|r| r.reply.is_some()) || after.outbox.is_some();
     let metrics = Arc::clone(&rt.metrics);
     let actor = Arc::clone(actor);
     let repl_mark = after.repl_mark;
+    let outbox = after.outbox;
+    let weak = Arc::downgrade(rt);
     let release = move |sync: Result<(), String>| {
         metrics
             .phase_durable
             .observe_ms(committed_at.elapsed().as_secs_f64() * 1000.0);
+        if let (Ok(()), Some(batch), Some(rt)) = (&sync, outbox, weak.upgrade()) {
+            hand_over(&rt, &actor, batch, repl_mark);
+        }
         for Ran {
             reply: r,
             out,

@@ -45,7 +45,11 @@ use crate::error::RuntimeError;
 use crate::host::{ActorPre, HostState};
 use crate::log_budget::LogBudget;
 use crate::metrics::Metrics;
+use crate::outbox::OutboundPolicy;
 use crate::warm::ClassStatements;
+
+/// The optional export messages and answers arrive through.
+const INBOX_EXPORT: &str = "wasmkeep:actor/inbox@0.2.0";
 
 /// Compilations that may run at once, abandoned ones (past their deadline,
 /// still running) included. Each runs on one thread, so this bounds the
@@ -64,6 +68,13 @@ pub const COMPILES_RUNNING_MAX: usize = 2;
 ///
 /// [storage]
 /// sqlite_page_bytes = 1024 # page size of actor databases created from now on
+///
+/// [outbound]               # outbound HTTP calls (ADR 0040); nothing by default
+/// hosts = ["api.example.com", "127.0.0.1:9000"]  # a host (any port) or host:port
+/// timeout_ms = 10000       # per attempt; at most the node's outbound_timeout_ms_max
+/// response_bytes_max = 1048576
+/// per_actor_max = 2        # calls one actor has in flight
+/// per_app_max = 64         # calls the app has in flight on a node
 /// ```
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -74,6 +85,56 @@ pub struct AppManifest {
     pub limits: AppLimits,
     #[serde(default)]
     pub storage: AppStorage,
+    #[serde(default)]
+    pub outbound: AppOutbound,
+}
+
+/// What an app's actors may reach over HTTP; unset limits keep the
+/// node's, and no host is allowed unless listed.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AppOutbound {
+    /// `host` (any port) or `host:port`; names are compared lower-case.
+    #[serde(default)]
+    pub hosts: Vec<String>,
+    pub timeout_ms: Option<u64>,
+    pub response_bytes_max: Option<usize>,
+    pub per_actor_max: Option<usize>,
+    pub per_app_max: Option<usize>,
+}
+
+/// Hosts one app may list.
+pub const OUTBOUND_HOSTS_MAX: usize = 256;
+
+/// Checks one `[outbound] hosts` entry: a name or address, an optional
+/// port, nothing else (no scheme, path or wildcard).
+fn check_outbound_host(entry: &str) -> Result<(), String> {
+    let bad = |why: &str| Err(format!("outbound.hosts: `{}` {why}", entry.escape_debug()));
+    let (host, port) = match entry.rsplit_once(':') {
+        Some((h, p)) if !h.contains(':') || h.ends_with(']') => (h, Some(p)),
+        _ => (entry, None),
+    };
+    if let Some(p) = port
+        && p.parse::<u16>().map_or(true, |p| p == 0)
+    {
+        return bad("has a port that is not 1 to 65535");
+    }
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    if host.is_empty() || host.len() > 253 {
+        return bad("is not a host name");
+    }
+    if host.parse::<std::net::IpAddr>().is_ok() {
+        return Ok(());
+    }
+    let ok = host
+        .split('.')
+        .all(|l| !l.is_empty() && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'));
+    if !ok {
+        return bad(
+            "is not a host name (write `host` or `host:port`: no scheme, path or wildcard)",
+        );
+    }
+    Ok(())
 }
 
 /// How an app's actor databases are laid out; unset fields keep the
@@ -117,6 +178,15 @@ impl AppManifest {
     pub fn parse(text: &str) -> Result<AppManifest, RuntimeError> {
         let manifest: AppManifest =
             toml::from_str(text).map_err(|e| RuntimeError::InvalidManifest(e.to_string()))?;
+        if manifest.outbound.hosts.len() > OUTBOUND_HOSTS_MAX {
+            return Err(RuntimeError::InvalidManifest(format!(
+                "outbound.hosts: {} entries, limit outbound_hosts_max={OUTBOUND_HOSTS_MAX}",
+                manifest.outbound.hosts.len()
+            )));
+        }
+        for h in &manifest.outbound.hosts {
+            check_outbound_host(h).map_err(RuntimeError::InvalidManifest)?;
+        }
         if let Some(n) = manifest.storage.sqlite_page_bytes {
             wasmkeep_store::limits::check_page_bytes("storage.sqlite_page_bytes", n)
                 .map_err(RuntimeError::InvalidManifest)?;
@@ -143,6 +213,12 @@ pub struct App {
     pub component_bytes: usize,
     /// What each class's alarm handler ran, prepared ahead of alarms.
     pub alarm_statements: ClassStatements,
+    /// Where `handler` is in an instance.
+    pub indices: crate::host::ActorIndices,
+    /// Where `inbox` is, if the component exports it (ADR 0040).
+    pub inbox: Option<crate::host::inbox_exports::InboxExportsIndices>,
+    /// What the app's actors may reach over HTTP.
+    pub outbound: Arc<OutboundPolicy>,
 }
 
 /// What the admin API shows about an app.
@@ -300,6 +376,41 @@ fn app_limits(
         c.event_cpu_ms_max,
     )?;
     Ok((store, event_cpu_ms_max))
+}
+
+/// An app's outbound HTTP policy: its manifest's `[outbound]`, each limit
+/// within the node's ceiling.
+fn outbound_policy(
+    manifest: &AppManifest,
+    config: &RuntimeConfig,
+    over: OverCeiling,
+    app: &str,
+) -> Result<OutboundPolicy, RuntimeError> {
+    let (m, c) = (&manifest.outbound, &config.outbound);
+    let pick = |field, value: Option<u64>, node: u64| {
+        within_ceiling(field, value, node, Some(node), over, app)
+    };
+    let narrow = |v: u64| usize::try_from(v).unwrap_or(usize::MAX);
+    Ok(OutboundPolicy {
+        hosts: m.hosts.iter().map(|h| h.to_ascii_lowercase()).collect(),
+        timeout_ms: pick("outbound.timeout_ms", m.timeout_ms, c.timeout_ms_max)?,
+        response_bytes_max: narrow(pick(
+            "outbound.response_bytes_max",
+            m.response_bytes_max.map(|v| v as u64),
+            c.response_bytes_max as u64,
+        )?),
+        per_actor_max: narrow(pick(
+            "outbound.per_actor_max",
+            m.per_actor_max.map(|v| v as u64),
+            c.per_actor_max as u64,
+        )?),
+        per_app_max: narrow(pick(
+            "outbound.per_app_max",
+            m.per_app_max.map(|v| v as u64),
+            c.per_app_max as u64,
+        )?),
+        private_allowed: c.private_allowed,
+    })
 }
 
 /// Places for compilations (`COMPILES_RUNNING_MAX`), shared by a node's
@@ -576,6 +687,7 @@ impl Compiler<'_> {
         // Before compiling: a refused manifest costs no compilation.
         let (store_limits, event_cpu_ms_max) =
             app_limits(&manifest, self.config, over, &format!("{tenant}/{app}"))?;
+        let outbound = outbound_policy(&manifest, self.config, over, &format!("{tenant}/{app}"))?;
         let hash = hex::encode(Sha256::digest(bytes));
         let (component, to_cache) = self.component(bytes, &hash)?;
         let pre = self.linker.instantiate_pre(&component).map_err(|e| {
@@ -588,6 +700,19 @@ impl Compiler<'_> {
                 "it does not export wasmkeep:actor/handler@0.2.0 (is it built against wit/actor.wit with the wasmkeep SDK?): {e:#}"
             ))
         })?;
+        let indices = crate::host::ActorIndices::new(pre.instance_pre())
+            .map_err(|e| RuntimeError::InvalidComponent(format!("its handler export: {e:#}")))?;
+        let inbox = match crate::host::inbox_exports::InboxExportsIndices::new(pre.instance_pre()) {
+            Ok(i) => Some(i),
+            Err(e) => {
+                if component.get_export_index(None, INBOX_EXPORT).is_some() {
+                    return Err(RuntimeError::InvalidComponent(format!(
+                        "it exports {INBOX_EXPORT} with other types than wit/actor.wit's: {e:#}"
+                    )));
+                }
+                None
+            }
+        };
         let classes = self.ask_classes(&pre, tenant, app)?;
         if let Some(to_cache) = to_cache {
             self.cache(&hash, &component, to_cache);
@@ -605,6 +730,9 @@ impl Compiler<'_> {
             deployed_ms: self.clock.now_ms(),
             store_limits,
             component_bytes: bytes.len(),
+            indices,
+            inbox,
+            outbound: Arc::new(outbound),
         })
     }
 

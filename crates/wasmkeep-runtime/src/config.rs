@@ -149,6 +149,39 @@ pub struct RuntimeConfig {
     /// the [`RunGate`](crate::RunGate) the node sets before it serves;
     /// until then nothing is uploaded.
     pub cluster: bool,
+    /// The outbox's bounds (ADR 0040; `outbox_*` in the configuration).
+    pub outbox: crate::outbox::OutboxLimits,
+    /// The highest each app's `[outbound]` may set, and what an app that
+    /// sets none gets (its hosts list stays empty: nothing is allowed).
+    pub outbound: OutboundCeilings,
+}
+
+/// The node's bounds on outbound HTTP calls; an app's `[outbound]` may
+/// lower each, never raise it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboundCeilings {
+    /// Per attempt.
+    pub timeout_ms_max: u64,
+    pub response_bytes_max: usize,
+    /// Calls one actor has in flight.
+    pub per_actor_max: usize,
+    /// Calls one app has in flight on this node.
+    pub per_app_max: usize,
+    /// Whether tenants may reach loopback, private and link-local
+    /// addresses (off: an allowed name that resolves there is refused).
+    pub private_allowed: bool,
+}
+
+impl Default for OutboundCeilings {
+    fn default() -> Self {
+        OutboundCeilings {
+            timeout_ms_max: 30_000,
+            response_bytes_max: 4 * 1024 * 1024,
+            per_actor_max: 4,
+            per_app_max: 256,
+            private_allowed: false,
+        }
+    }
 }
 
 impl RuntimeConfig {
@@ -190,6 +223,8 @@ impl RuntimeConfig {
             restore_refused_retry_ms: RESTORE_REFUSED_RETRY_MS,
             replica_upload_interval_ms: REPLICA_UPLOAD_INTERVAL_MS,
             cluster: false,
+            outbox: Default::default(),
+            outbound: OutboundCeilings::default(),
         }
     }
 

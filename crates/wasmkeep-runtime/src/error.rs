@@ -11,6 +11,8 @@ pub enum RuntimeError {
     InvalidId(#[from] InvalidId),
     #[error("app not found: {0}")]
     AppNotFound(String),
+    #[error("no inbox: {0}")]
+    NoInbox(String),
     #[error("class not found: app {app} has no class `{class}`")]
     ClassNotFound { app: String, class: String },
     #[error("actor not found: {0}")]
@@ -95,6 +97,7 @@ impl RuntimeError {
             RuntimeError::InvalidId(_) => "invalid_name".into(),
             RuntimeError::AppNotFound(_) => "app_not_found".into(),
             RuntimeError::ClassNotFound { .. } => "class_not_found".into(),
+            RuntimeError::NoInbox(_) => "no_inbox".into(),
             RuntimeError::ActorNotFound(_) => "actor_not_found".into(),
             RuntimeError::ActorOverloaded { .. } => "actor_overloaded".into(),
             RuntimeError::QueueBytesExceeded { scope, .. } => format!("{scope}_overloaded"),
@@ -160,6 +163,11 @@ fn is_store_code(code: &str) -> bool {
             | "storage_error"
             | "storage_corrupt"
             | "storage_busy"
+            // The outbox's refusals (ADR 0040).
+            | "outbox_full"
+            | "host_not_allowed"
+            | "invalid_url"
+            | "invalid_name"
             // Request-shaped failures a guest may choose (see the SDK).
             | "bad_request"
             | "not_found"

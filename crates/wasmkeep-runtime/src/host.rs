@@ -18,8 +18,25 @@ use crate::warm::AlarmStatements;
 
 wasmtime::component::bindgen!({
     path: "../../wit",
-    world: "actor",
+    world: "node",
 });
+
+/// The optional `inbox` export (ADR 0040): looked up apart, since apps
+/// built before it do not have it.
+pub mod inbox_exports {
+    wasmtime::component::bindgen!({
+        path: "../../wit",
+        world: "inbox-exports",
+        // The same types as the node's bindings, not a copy.
+        with: { "wasmkeep:actor/types": crate::host::wasmkeep::actor::types },
+    });
+    pub use exports::wasmkeep::actor::inbox;
+}
+
+/// What a node binds of an app: every import, and `handler`.
+pub type Actor = Node;
+pub type ActorPre<T> = NodePre<T>;
+pub type ActorIndices = NodeIndices;
 
 pub use exports::wasmkeep::actor::handler;
 pub use wasmkeep::actor::types::{AlarmInfo, Error as WitError, Request};
@@ -173,6 +190,15 @@ pub struct HostState {
     pub sql_stopped: Option<SqlStopped>,
     /// The response the running `on-request` call builds.
     pub response: crate::response::ResponseParts,
+    /// What `outbox` checks sends against (the node's bounds, the app's
+    /// outbound policy).
+    pub outbox: crate::outbox::OutboxSettings,
+    /// A send ran in this batch (committed or not): after the commit the
+    /// turn reads the outbox for rows to hand over.
+    pub outbox_sent: bool,
+    /// Unsafe, for its test only (`Faults::unsafe_outbox_before_commit`):
+    /// copies of the rows sent, handed over before the commit.
+    pub sent_before_commit: Option<Vec<wasmkeep_store::OutboxRow>>,
 }
 
 impl HostState {
@@ -207,6 +233,9 @@ impl HostState {
             poison: None,
             sql_stopped: None,
             response: Default::default(),
+            outbox: Default::default(),
+            outbox_sent: false,
+            sent_before_commit: None,
         }
     }
 
@@ -287,6 +316,7 @@ pub fn add_to_linker(linker: &mut wasmtime::component::Linker<HostState>) -> was
     identity::add_to_linker::<HostState, HasSelf<HostState>>(linker, |s| s)?;
     clock::add_to_linker::<HostState, HasSelf<HostState>>(linker, |s| s)?;
     log::add_to_linker::<HostState, HasSelf<HostState>>(linker, |s| s)?;
+    wasmkeep::actor::outbox::add_to_linker::<HostState, HasSelf<HostState>>(linker, |s| s)?;
     crate::response::add_to_linker(linker)
 }
 

@@ -8,8 +8,12 @@
 //! transaction is durable ([`durability`]). Alarms live in each actor's
 //! database; an in-memory [`timer`] fires them.
 //!
-//! This crate knows nothing about HTTP or JSON (the server crate does) and
-//! nothing about the bucket. It takes its time from one [`Clock`], so that a
+//! Actors reach other actors and the world only through their durable
+//! [`outbox`], whose dispatcher delivers what committed off the workers.
+//!
+//! This crate knows nothing about serving HTTP or JSON (the server crate
+//! does; the outbox makes outbound calls) and nothing about the bucket's
+//! protocol beyond the replica it uploads to. It takes its time from one [`Clock`], so that a
 //! test kit can drive it with a virtual clock through the same code paths
 //! production uses.
 
@@ -25,6 +29,7 @@ pub mod host;
 pub mod index;
 mod log_budget;
 pub mod metrics;
+pub mod outbox;
 pub mod replication;
 mod reply;
 mod response;

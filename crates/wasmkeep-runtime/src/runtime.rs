@@ -29,6 +29,7 @@ use crate::durability::DurabilityStage;
 use crate::error::RuntimeError;
 use crate::host::{self, HostState};
 use crate::metrics::Metrics;
+use crate::outbox::{Dispatcher, Inbound, MessageAnswer};
 use crate::replication::Replication;
 use crate::timer::Timer;
 
@@ -141,6 +142,8 @@ pub struct Inner {
     gate: std::sync::OnceLock<Arc<dyn RunGate>>,
     /// Due alarms the gate kept from running here.
     alarms_gated_total: AtomicU64,
+    /// Delivers what actors sent (ADR 0040).
+    pub outbox: Dispatcher,
 }
 
 /// Whether this node may run an actor's alarms now. A single node always
@@ -197,6 +200,22 @@ pub struct Faults {
     /// Unsafe, for that test only: deploys load compiled code from the
     /// cache without checking its tag (`compile_cache`).
     pub unsafe_trust_compile_cache: AtomicBool,
+    /// The outbox's dispatcher starts no delivery while set (rows wait).
+    pub outbox_held: AtomicBool,
+    /// The next this many answers of receivers are lost on their way back,
+    /// as a network would lose them: the message is delivered again.
+    pub outbox_lose_answers: std::sync::atomic::AtomicU32,
+    /// The next this many answers reach their sender twice.
+    pub outbox_repeat_responses: std::sync::atomic::AtomicU32,
+    /// Unsafe, for that test only: rows go to the dispatcher as soon as an
+    /// event wrote them, before the batch commits (ADR 0040's first rule).
+    pub unsafe_outbox_before_commit: AtomicBool,
+    /// Unsafe, for that test only: a receiver runs `on-message` for a
+    /// repeated delivery too (no `_wasmkeep_inbox` check).
+    pub unsafe_inbox_no_dedup: AtomicBool,
+    /// Unsafe, for that test only: an answer's event reads its row without
+    /// deleting it, so a second answer is applied too.
+    pub unsafe_response_keeps_row: AtomicBool,
 }
 
 impl Faults {
@@ -295,6 +314,8 @@ impl Runtime {
             .unwrap_or_else(|| config.data_dir.join("cache"));
         let cache_key = cache_key(&config);
         let (close_tx, close_rx) = std::sync::mpsc::sync_channel(CLOSE_QUEUE_MAX);
+        let outbox_dispatcher =
+            Dispatcher::new(config.outbox.clone(), config.outbound.private_allowed);
         let inner = Arc::new(Inner {
             durability: DurabilityStage::start(config.data_dir.clone(), Arc::clone(&metrics)),
             replication,
@@ -322,7 +343,9 @@ impl Runtime {
             faults: Faults::default(),
             gate: std::sync::OnceLock::new(),
             alarms_gated_total: AtomicU64::new(0),
+            outbox: outbox_dispatcher,
         });
+        inner.outbox.attach(Arc::downgrade(&inner));
         let rt = Runtime { inner };
         // Loading an app runs its `classes()`: the epoch must advance by
         // then, or a guest that loops there would hang the start.
@@ -474,6 +497,12 @@ impl Runtime {
                                 && !wasmkeep_replica::sidecar_path(&path).exists()
                             {
                                 never_uploaded.lock().push(id.clone());
+                            }
+                            // Messages an earlier run did not finish
+                            // delivering (ADR 0040): the actor opens and
+                            // hands them to the dispatcher again.
+                            if let Ok(true) = wasmkeep_store::db::has_outbox(&path) {
+                                rt.resume_outbox(id);
                             }
                             match wasmkeep_store::db::read_alarm(&path) {
                                 Ok(Some(a)) => {
@@ -853,11 +882,35 @@ impl Runtime {
         self.inner.reap_idle_after(0)
     }
 
+    /// The node's outbox dispatcher (ADR 0040).
+    pub fn outbox(&self) -> &Dispatcher {
+        &self.inner.outbox
+    }
+
+    /// Runs an inbound event on this node (the cluster's router, for an
+    /// actor this node holds).
+    pub async fn inbound(
+        &self,
+        to: ActorId,
+        ev: Inbound,
+    ) -> Result<Option<MessageAnswer>, RuntimeError> {
+        deliver_inbound(&self.inner, to, ev).await
+    }
+
     /// Whether `id` has a queue or an instance on this node now (a cluster
     /// node releases an actor's hold only once it is not open here, so that
     /// no copy stays open after another node may have taken it).
     pub fn is_open(&self, id: &ActorId) -> bool {
         self.inner.actors.lock().contains_key(id)
+    }
+
+    /// Whether any actor has events queued or running.
+    pub fn busy(&self) -> bool {
+        self.inner
+            .actors
+            .lock()
+            .values()
+            .any(|a| a.queue.lock().scheduled)
     }
 
     /// Actors with a queue or an instance on this node now.
@@ -886,6 +939,8 @@ impl Runtime {
             std::thread::sleep(Duration::from_millis(10));
         }
         rt.stopping.store(true, Ordering::SeqCst);
+        // Deliveries in flight stop; their rows stay in their databases.
+        rt.outbox.shutdown();
         rt.runq_cv.notify_all();
         rt.timer.notify();
         let actors: Vec<Arc<Actor>> = rt.actors.lock().drain().map(|(_, a)| a).collect();
@@ -896,7 +951,30 @@ impl Runtime {
     }
 }
 
+/// Runs an inbound event (ADR 0040) on this node and returns what a
+/// message's receiver answered.
+pub(crate) async fn deliver_inbound(
+    rt: &Arc<Inner>,
+    to: ActorId,
+    ev: Inbound,
+) -> Result<Option<MessageAnswer>, RuntimeError> {
+    let (tx, rx) = oneshot::channel();
+    rt.enqueue(&to, Event::new(EventKind::Inbound(ev), Some(tx)), true)?;
+    match rx.await {
+        Ok(Ok(Outcome::Answered(a))) => Ok(Some(a)),
+        Ok(Ok(_)) => Ok(None),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(RuntimeError::ShuttingDown),
+    }
+}
+
 impl Inner {
+    /// Opens `id` to hand its outbox's rows to the dispatcher again (after
+    /// a restart, or once the dispatcher has room).
+    pub fn resume_outbox(&self, id: &ActorId) {
+        let _ = self.enqueue(id, Event::new(EventKind::OutboxResume, None), false);
+    }
+
     pub fn elapsed_ms(&self) -> u64 {
         self.started.elapsed().as_millis() as u64
     }

@@ -112,6 +112,26 @@ pub trait Actor: Default + 'static {
         let _ = info;
         Ok(())
     }
+
+    /// A message from another actor ([`outbox::send`]). What this returns
+    /// is the sender's answer; `Err` also rolls back what the handler
+    /// wrote. A message is handled once: a repeated delivery gets the same
+    /// answer without calling this again. By default: `Err(no_handler)`.
+    fn message(&mut self, msg: outbox::Message) -> Result<Vec<u8>> {
+        let _ = msg;
+        Err(Error::new(
+            "no_handler",
+            "this class does not handle messages",
+        ))
+    }
+
+    /// The answer to a message or HTTP call this actor sent, once, in an
+    /// event of its own. Returning `Err` rolls back what it wrote, and the
+    /// node offers the answer again (a few times; then it is dropped).
+    fn response(&mut self, r: outbox::Response) -> Result<()> {
+        let _ = r;
+        Ok(())
+    }
 }
 
 /// An HTTP request addressed to one actor.
@@ -317,6 +337,54 @@ pub mod sql {
     /// Like [`execute`], returning the last inserted rowid.
     pub fn insert(statement: &str, params: &[Value]) -> Result<i64> {
         Ok(wit::sql::execute(statement, params)?.last_insert_rowid)
+    }
+
+    fn same(a: &Value, b: &Value) -> bool {
+        match (a, b) {
+            (Value::Null, Value::Null) => true,
+            (Value::Integer(x), Value::Integer(y)) => x == y,
+            (Value::Real(x), Value::Real(y)) => x == y,
+            (Value::Text(x), Value::Text(y)) => x == y,
+            (Value::Blob(x), Value::Blob(y)) => x == y,
+            _ => false,
+        }
+    }
+
+    /// Applies a decision only if the record it was taken on is unchanged:
+    /// `read` (one row, one column: a generation, a version, a state)
+    /// must still give `seen`, or `apply` does not run and this returns
+    /// `Ok(false)`. A missing row reads as NULL.
+    ///
+    /// The decision and its inputs may be an event apart: a send recorded
+    /// `seen` in its context, and the answer's event applies only if
+    /// nothing moved the record meanwhile (the second seed's stale
+    /// timeout, which overwrote an answer given while the call was out).
+    ///
+    /// ```ignore
+    /// let applied = sql::apply_if_unchanged(
+    ///     "SELECT generation FROM rings WHERE booking = ?1",
+    ///     &[booking.into()],
+    ///     &Value::Integer(generation),
+    ///     || sql::execute("UPDATE rings SET state = 'timeout' WHERE booking = ?1", &[booking.into()]).map(drop),
+    /// )?;
+    /// ```
+    pub fn apply_if_unchanged(
+        read: &str,
+        params: &[Value],
+        seen: &Value,
+        apply: impl FnOnce() -> Result<()>,
+    ) -> Result<bool> {
+        let rows = query(read, params)?;
+        let now = rows
+            .rows
+            .first()
+            .and_then(|r| r.0.first().cloned())
+            .unwrap_or(Value::Null);
+        if !same(&now, seen) {
+            return Ok(false);
+        }
+        apply()?;
+        Ok(true)
     }
 }
 
@@ -681,6 +749,319 @@ pub mod log {
     }
 }
 
+/// Messages to other actors and HTTP calls to the world (ADR 0040).
+///
+/// A send only writes the message in this event's transaction: it leaves
+/// after the event commits, and never if the event fails. The answer (or
+/// the final failure) comes back later as a call of [`Actor::response`],
+/// in an event of its own, with the context the send attached: decide
+/// there, from what the database holds *then*, not from what it held when
+/// you sent (see [`sql::apply_if_unchanged`]).
+///
+/// ```ignore
+/// wasmkeep_sdk::context! {
+///     pub enum Ctx {
+///         Ping { n: u64 },
+///     }
+/// }
+/// outbox::send(&outbox::to("pinger", "bob"), b"ping", &Ctx::Ping { n: 1 })?;
+/// // later, in `response`:
+/// match r.context::<Ctx>() {
+///     Some(Ctx::Ping { n }) => { /* r.answer */ }
+///     None => {}
+/// }
+/// ```
+pub mod outbox {
+    use super::{Result, wit};
+    pub use crate::bindings::exports::wasmkeep::actor::inbox::{Answer, HttpResponse};
+    pub use wit::types::Address;
+
+    /// What a send attaches, to find again in the answer. Implemented for
+    /// `()`, `Vec<u8>`, `String`, `u64`, and by [`context!`](crate::context)
+    /// for an enum.
+    pub trait Context: Sized {
+        fn encode(&self) -> Vec<u8>;
+        fn decode(bytes: &[u8]) -> Option<Self>;
+    }
+
+    impl Context for () {
+        fn encode(&self) -> Vec<u8> {
+            Vec::new()
+        }
+        fn decode(_: &[u8]) -> Option<Self> {
+            Some(())
+        }
+    }
+
+    impl Context for Vec<u8> {
+        fn encode(&self) -> Vec<u8> {
+            self.clone()
+        }
+        fn decode(bytes: &[u8]) -> Option<Self> {
+            Some(bytes.to_vec())
+        }
+    }
+
+    impl Context for String {
+        fn encode(&self) -> Vec<u8> {
+            self.as_bytes().to_vec()
+        }
+        fn decode(bytes: &[u8]) -> Option<Self> {
+            String::from_utf8(bytes.to_vec()).ok()
+        }
+    }
+
+    impl Context for u64 {
+        fn encode(&self) -> Vec<u8> {
+            self.to_le_bytes().to_vec()
+        }
+        fn decode(bytes: &[u8]) -> Option<Self> {
+            Some(u64::from_le_bytes(bytes.try_into().ok()?))
+        }
+    }
+
+    /// One field of a [`context!`](crate::context) enum.
+    #[doc(hidden)]
+    pub trait Field: Sized {
+        fn put(&self, out: &mut Vec<u8>);
+        fn take(input: &mut &[u8]) -> Option<Self>;
+    }
+
+    fn take_n<'a>(input: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
+        if input.len() < n {
+            return None;
+        }
+        let (head, rest) = input.split_at(n);
+        *input = rest;
+        Some(head)
+    }
+
+    impl Field for u64 {
+        fn put(&self, out: &mut Vec<u8>) {
+            out.extend_from_slice(&self.to_le_bytes());
+        }
+        fn take(input: &mut &[u8]) -> Option<Self> {
+            Some(u64::from_le_bytes(take_n(input, 8)?.try_into().ok()?))
+        }
+    }
+
+    impl Field for i64 {
+        fn put(&self, out: &mut Vec<u8>) {
+            out.extend_from_slice(&self.to_le_bytes());
+        }
+        fn take(input: &mut &[u8]) -> Option<Self> {
+            Some(i64::from_le_bytes(take_n(input, 8)?.try_into().ok()?))
+        }
+    }
+
+    impl Field for bool {
+        fn put(&self, out: &mut Vec<u8>) {
+            out.push(u8::from(*self));
+        }
+        fn take(input: &mut &[u8]) -> Option<Self> {
+            Some(take_n(input, 1)?[0] != 0)
+        }
+    }
+
+    impl Field for Vec<u8> {
+        fn put(&self, out: &mut Vec<u8>) {
+            (self.len() as u64).put(out);
+            out.extend_from_slice(self);
+        }
+        fn take(input: &mut &[u8]) -> Option<Self> {
+            let n = usize::try_from(u64::take(input)?).ok()?;
+            Some(take_n(input, n)?.to_vec())
+        }
+    }
+
+    impl Field for String {
+        fn put(&self, out: &mut Vec<u8>) {
+            self.as_bytes().to_vec().put(out);
+        }
+        fn take(input: &mut &[u8]) -> Option<Self> {
+            String::from_utf8(Vec::<u8>::take(input)?).ok()
+        }
+    }
+
+    /// Actor `class/name` of this actor's own app.
+    pub fn to(class: &str, name: &str) -> Address {
+        Address {
+            app: crate::id().app,
+            class: class.into(),
+            name: name.into(),
+        }
+    }
+
+    /// Sends `body` to actor `to` (of this tenant); returns the message's
+    /// sequence number. Its answer arrives in [`crate::Actor::response`].
+    pub fn send(to: &Address, body: &[u8], context: &impl Context) -> Result<u64> {
+        wit::outbox::send(to, body, &context.encode())
+    }
+
+    /// An outbound HTTP call; only hosts the app's manifest lists in
+    /// `[outbound] hosts` are reached.
+    #[derive(Debug, Clone)]
+    pub struct Call {
+        pub method: String,
+        pub url: String,
+        pub headers: Vec<(String, String)>,
+        pub body: Vec<u8>,
+        pub timeout_ms: Option<u32>,
+    }
+
+    impl Call {
+        pub fn new(method: &str, url: &str) -> Call {
+            Call {
+                method: method.into(),
+                url: url.into(),
+                headers: Vec::new(),
+                body: Vec::new(),
+                timeout_ms: None,
+            }
+        }
+        pub fn get(url: &str) -> Call {
+            Call::new("GET", url)
+        }
+        pub fn post(url: &str, body: impl Into<Vec<u8>>) -> Call {
+            Call::new("POST", url).body(body)
+        }
+        pub fn header(mut self, name: &str, value: &str) -> Call {
+            self.headers.push((name.into(), value.into()));
+            self
+        }
+        pub fn body(mut self, body: impl Into<Vec<u8>>) -> Call {
+            self.body = body.into();
+            self
+        }
+        pub fn timeout_ms(mut self, ms: u32) -> Call {
+            self.timeout_ms = Some(ms);
+            self
+        }
+    }
+
+    /// Makes an HTTP call after this event commits; returns its sequence
+    /// number. Its answer arrives in [`crate::Actor::response`].
+    pub fn fetch(call: Call, context: &impl Context) -> Result<u64> {
+        let call = wit::outbox::HttpCall {
+            method: call.method,
+            url: call.url,
+            headers: call.headers,
+            body: call.body,
+            timeout_ms: call.timeout_ms,
+        };
+        wit::outbox::fetch(&call, &context.encode())
+    }
+
+    /// A message from another actor of this tenant.
+    #[derive(Debug, Clone)]
+    pub struct Message {
+        pub from: Address,
+        /// The sender's sequence number of this message.
+        pub seq: u64,
+        pub body: Vec<u8>,
+    }
+
+    /// The answer to something this actor sent.
+    #[derive(Debug, Clone)]
+    pub struct Response {
+        /// What `send` or `fetch` returned.
+        pub seq: u64,
+        pub answer: Answer,
+        /// Deliveries tried.
+        pub attempts: u32,
+        context: Vec<u8>,
+    }
+
+    impl Response {
+        /// The context the send attached, decoded as `C`; `None` if it is
+        /// not a `C`.
+        pub fn context<C: Context>(&self) -> Option<C> {
+            C::decode(&self.context)
+        }
+
+        /// The context's bytes.
+        pub fn context_bytes(&self) -> &[u8] {
+            &self.context
+        }
+    }
+
+    #[doc(hidden)]
+    pub fn __message(m: crate::bindings::exports::wasmkeep::actor::inbox::Message) -> Message {
+        Message {
+            from: m.from,
+            seq: m.seq,
+            body: m.body,
+        }
+    }
+
+    #[doc(hidden)]
+    pub fn __response(r: crate::bindings::exports::wasmkeep::actor::inbox::Response) -> Response {
+        Response {
+            seq: r.seq,
+            answer: r.answer,
+            attempts: r.attempts,
+            context: r.context,
+        }
+    }
+}
+
+/// Declares an enum usable as an outbox [`outbox::Context`]: every field
+/// is a `u64`, `i64`, `bool`, `String` or `Vec<u8>`.
+///
+/// ```ignore
+/// wasmkeep_sdk::context! {
+///     pub enum Ctx {
+///         Ping { n: u64 },
+///         Settle { booking: String, generation: i64 },
+///     }
+/// }
+/// ```
+#[macro_export]
+macro_rules! context {
+    (
+        $(#[$meta:meta])*
+        $vis:vis enum $name:ident {
+            $($variant:ident { $($field:ident : $ty:ty),* $(,)? }),+ $(,)?
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, PartialEq)]
+        $vis enum $name {
+            $($variant { $($field: $ty),* }),+
+        }
+
+        impl $crate::outbox::Context for $name {
+            fn encode(&self) -> ::std::vec::Vec<u8> {
+                let mut out = ::std::vec::Vec::new();
+                let names: &[&str] = &[$(stringify!($variant)),+];
+                match self {
+                    $($name::$variant { $($field),* } => {
+                        let tag = names.iter().position(|n| *n == stringify!($variant)).unwrap_or(0);
+                        out.push(tag as u8);
+                        $($crate::outbox::Field::put($field, &mut out);)*
+                    })+
+                }
+                out
+            }
+
+            fn decode(bytes: &[u8]) -> ::std::option::Option<Self> {
+                let names: &[&str] = &[$(stringify!($variant)),+];
+                let (&tag, mut input) = bytes.split_first()?;
+                let name = *names.get(tag as usize)?;
+                $(
+                    if name == stringify!($variant) {
+                        let v = $name::$variant {
+                            $($field: <$ty as $crate::outbox::Field>::take(&mut input)?),*
+                        };
+                        return input.is_empty().then_some(v);
+                    }
+                )+
+                None
+            }
+        }
+    };
+}
+
 // ---- the export glue used by `app!` ----
 
 use std::any::Any;
@@ -782,6 +1163,30 @@ macro_rules! app {
             fn on_alarm(class: ::std::string::String, info: $crate::AlarmInfo) -> $crate::Result<()> {
                 match class.as_str() {
                     $($class => $crate::timers::__alarm_run(|| $crate::__with::<$ty, _>(|a| $crate::Actor::alarm(a, info))),)+
+                    other => Err($crate::__unknown_class(other)),
+                }
+            }
+        }
+
+        impl $crate::bindings::exports::wasmkeep::actor::inbox::Guest for __WasmkeepApp {
+            fn on_message(
+                class: ::std::string::String,
+                message: $crate::bindings::exports::wasmkeep::actor::inbox::Message,
+            ) -> $crate::Result<::std::vec::Vec<u8>> {
+                let message = $crate::outbox::__message(message);
+                match class.as_str() {
+                    $($class => $crate::__with::<$ty, _>(|a| $crate::Actor::message(a, message)),)+
+                    other => Err($crate::__unknown_class(other)),
+                }
+            }
+
+            fn on_response(
+                class: ::std::string::String,
+                response: $crate::bindings::exports::wasmkeep::actor::inbox::Response,
+            ) -> $crate::Result<()> {
+                let response = $crate::outbox::__response(response);
+                match class.as_str() {
+                    $($class => $crate::__with::<$ty, _>(|a| $crate::Actor::response(a, response)),)+
                     other => Err($crate::__unknown_class(other)),
                 }
             }

@@ -39,6 +39,8 @@ fn status_of(e: &RuntimeError) -> StatusCode {
         | RuntimeError::TransactionAborted
         | RuntimeError::ReplicationFailed(_) => StatusCode::SERVICE_UNAVAILABLE,
         RuntimeError::ReplicationUnavailable => StatusCode::BAD_REQUEST,
+        // Messages only: no request carries one to the edge.
+        RuntimeError::NoInbox(_) => StatusCode::UNPROCESSABLE_ENTITY,
         RuntimeError::InvalidComponent(_)
         | RuntimeError::InvalidManifest(_)
         | RuntimeError::LimitAboveCeiling { .. }

@@ -28,6 +28,9 @@ use crate::sandbox::{
 pub use crate::sqlite_setup::sqlite_setup;
 use crate::wal_index::{VFS_NAME, WalIndex};
 
+mod outbox;
+pub use outbox::{InboxSeen, OutboxKind, OutboxRow, has_outbox};
+
 pub use crate::sandbox::INTERNAL_PREFIX;
 
 /// Guest statements are cached under their text with this prefix, so that a

@@ -50,6 +50,10 @@ pub enum StoreError {
     Corrupt(String),
     #[error("the actor's database is held by its open connection")]
     Busy,
+    #[error(
+        "outbox full: {pending} messages wait for their answer, limit outbox_pending_max={limit}"
+    )]
+    OutboxFull { pending: u64, limit: u64 },
     #[error("storage i/o error: {0}")]
     Io(String),
 }
@@ -75,6 +79,7 @@ impl StoreError {
             StoreError::Corrupt(_) => "storage_corrupt",
             StoreError::Io(_) => "storage_error",
             StoreError::Busy => "storage_busy",
+            StoreError::OutboxFull { .. } => "outbox_full",
         }
     }
 

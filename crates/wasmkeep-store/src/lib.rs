@@ -2,7 +2,7 @@
 //!
 //! This crate owns the on-disk shape of an actor: where its file lives under a
 //! node's data directory ([`paths`]), the runtime's internal tables
-//! (`_wasmkeep_*`: key-value, meta, alarm), the sandbox that keeps guest SQL
+//! (`_wasmkeep_*`: key-value, meta, alarm, outbox and inbox), the sandbox that keeps guest SQL
 //! inside its database ([`sandbox`]: allow-lists, hardened settings, a
 //! deadline per statement), the memory guest SQL may hold
 //! ([`memory_budget`]), and the limits that turn
@@ -27,7 +27,8 @@ pub mod sync;
 mod wal_index;
 
 pub use db::{
-    ActorDb, AlarmState, ExecResult, KvListOptions, OpenMode, QueryResult, SqliteMemory, Value,
+    ActorDb, AlarmState, ExecResult, InboxSeen, KvListOptions, OpenMode, OutboxKind, OutboxRow,
+    QueryResult, SqliteMemory, Value,
 };
 pub use error::StoreError;
 pub use id::ActorId;

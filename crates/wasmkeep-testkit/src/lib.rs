@@ -64,6 +64,9 @@ impl TestResponse {
     }
 }
 
+/// How long [`TestNode::settle_outbox`] waits.
+pub const OUTBOX_SETTLE_MS: u64 = 30_000;
+
 /// A wasmkeep node in this process, with a manual clock.
 pub struct TestNode {
     rt: Runtime,
@@ -231,6 +234,39 @@ impl TestNode {
             .faults()
             .crash_after_commit
             .store(n, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Waits (in real time, up to `OUTBOX_SETTLE_MS`) until every message
+    /// and call actors sent was delivered and its answer applied: the
+    /// outbox's dispatcher holds nothing and no actor has queued events.
+    /// Deliveries run on the node's own threads, whatever the test clock
+    /// says. Panics if they do not settle.
+    pub fn settle_outbox(&self) {
+        let deadline = std::time::Instant::now() + Duration::from_millis(OUTBOX_SETTLE_MS);
+        let mut quiet = 0;
+        while quiet < 3 {
+            if std::time::Instant::now() > deadline {
+                panic!(
+                    "the outbox did not settle within {OUTBOX_SETTLE_MS} ms: {} rows still in delivery",
+                    self.rt.outbox().pending()
+                );
+            }
+            if self.rt.outbox().pending() == 0 && !self.rt.busy() {
+                quiet += 1;
+            } else {
+                quiet = 0;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Holds (`true`) or lets go (`false`) every delivery of the outbox:
+    /// what actors send meanwhile waits, as if the network were down.
+    pub fn hold_outbox(&self, held: bool) {
+        self.rt
+            .faults()
+            .outbox_held
+            .store(held, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// The runtime underneath, for anything this API does not cover.

@@ -5,6 +5,7 @@
 
 mod counter;
 mod notes;
+mod pinger;
 mod reminder;
 mod rings;
 mod timers;
@@ -13,6 +14,7 @@ mod watch;
 wasmkeep_sdk::app!(
     "counter" => counter::Counter,
     "notes" => notes::Notes,
+    "pinger" => pinger::Pinger,
     "reminder" => reminder::Reminder,
     "rings" => rings::Rings,
     "timers" => timers::Timers,

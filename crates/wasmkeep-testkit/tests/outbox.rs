@@ -1,0 +1,358 @@
+//! The durable outbox (ADR 0040) against the real runtime: the bundled
+//! `pinger` class sends messages to other actors and HTTP calls to a
+//! server on loopback. Each safety rule has a test that fails when the
+//! rule is switched off (the `unsafe_*` faults).
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use wasmkeep_guests::DEMO;
+use wasmkeep_testkit::TestNode;
+
+fn node_with(f: impl FnOnce(&mut wasmkeep_runtime::RuntimeConfig)) -> TestNode {
+    let node = TestNode::with_config(|c| {
+        c.outbox.retry_first_ms = 5;
+        c.outbox.retry_max_ms = 50;
+        f(c)
+    });
+    node.deploy("demo/examples", DEMO).unwrap();
+    node
+}
+
+fn node() -> TestNode {
+    node_with(|_| {})
+}
+
+fn pongs(node: &TestNode, name: &str) -> serde_json::Value {
+    node.actor(&format!("demo/examples/pinger/{name}"))
+        .get("/pongs")
+        .json()
+}
+
+fn stats(node: &TestNode, name: &str) -> serde_json::Value {
+    node.actor(&format!("demo/examples/pinger/{name}"))
+        .get("/stats")
+        .json()
+}
+
+fn ping(node: &TestNode, from: &str, to: &str, n: u32) -> u16 {
+    node.actor(&format!("demo/examples/pinger/{from}"))
+        .post(&format!("/ping?to={to}&n={n}"), "")
+        .status
+}
+
+#[test]
+fn every_message_is_answered_once_and_applied_once() {
+    let node = node();
+    assert_eq!(ping(&node, "a", "b", 20), 200);
+    // A cycle: b pings a while a's messages to b are in flight.
+    assert_eq!(ping(&node, "b", "a", 7), 200);
+    node.settle_outbox();
+    let a = pongs(&node, "a");
+    assert_eq!(
+        a,
+        serde_json::json!({"sent": 20, "answered": 20, "duplicates": 0})
+    );
+    let b = pongs(&node, "b");
+    assert_eq!(
+        b,
+        serde_json::json!({"sent": 7, "answered": 7, "duplicates": 0})
+    );
+    assert_eq!(stats(&node, "b")["received"], 20);
+    assert_eq!(stats(&node, "a")["received"], 7);
+    // Answered rows are gone from the sender's outbox.
+    assert_eq!(
+        node.actor("demo/examples/pinger/a")
+            .sql_i64("SELECT count(*) FROM _wasmkeep_outbox"),
+        0
+    );
+}
+
+#[test]
+fn an_event_that_fails_sends_nothing() {
+    let node = node();
+    let e = node
+        .actor("demo/examples/pinger/a")
+        .request("POST", "/ping?to=b&n=3&fail=1", "")
+        .unwrap_err();
+    assert!(e.to_string().contains("asked_to_fail"), "{e}");
+    assert_eq!(ping(&node, "a", "c", 1), 200);
+    node.settle_outbox();
+    assert_eq!(stats(&node, "c")["received"], 1);
+    assert!(
+        !node.actor("demo/examples/pinger/b").exists(),
+        "the rolled-back sends never reached b"
+    );
+}
+
+#[test]
+fn unsafe_handing_over_before_the_commit_sends_for_a_failed_event() {
+    let node = node();
+    node.runtime()
+        .faults()
+        .unsafe_outbox_before_commit
+        .store(true, Ordering::SeqCst);
+    let e = node
+        .actor("demo/examples/pinger/a")
+        .request("POST", "/ping?to=b&n=3&fail=1", "")
+        .unwrap_err();
+    assert!(e.to_string().contains("asked_to_fail"), "{e}");
+    node.settle_outbox();
+    assert_eq!(
+        stats(&node, "b")["received"],
+        3,
+        "without the rule, messages of an event that rolled back are delivered"
+    );
+}
+
+#[test]
+fn a_lost_answer_is_delivered_again_and_the_receiver_applies_it_once() {
+    let node = node();
+    node.runtime()
+        .faults()
+        .outbox_lose_answers
+        .store(3, Ordering::SeqCst);
+    assert_eq!(ping(&node, "a", "b", 5), 200);
+    node.settle_outbox();
+    assert_eq!(
+        pongs(&node, "a"),
+        serde_json::json!({"sent": 5, "answered": 5, "duplicates": 0})
+    );
+    assert_eq!(stats(&node, "b")["received"], 5);
+    assert_eq!(stats(&node, "b")["received_twice"], 0);
+}
+
+#[test]
+fn unsafe_without_the_inbox_check_a_repeated_delivery_is_applied_twice() {
+    let node = node();
+    let faults = node.runtime().faults();
+    faults.unsafe_inbox_no_dedup.store(true, Ordering::SeqCst);
+    faults.outbox_lose_answers.store(1, Ordering::SeqCst);
+    assert_eq!(ping(&node, "a", "b", 2), 200);
+    node.settle_outbox();
+    assert_eq!(
+        stats(&node, "b")["received_twice"],
+        1,
+        "without the rule, the redelivered message runs the handler again"
+    );
+}
+
+#[test]
+fn a_repeated_answer_is_applied_once() {
+    let node = node();
+    node.runtime()
+        .faults()
+        .outbox_repeat_responses
+        .store(2, Ordering::SeqCst);
+    assert_eq!(ping(&node, "a", "b", 3), 200);
+    node.settle_outbox();
+    assert_eq!(pongs(&node, "a")["duplicates"], 0);
+    assert_eq!(pongs(&node, "a")["answered"], 3);
+}
+
+#[test]
+fn unsafe_an_answer_that_keeps_its_row_is_applied_twice() {
+    let node = node();
+    let faults = node.runtime().faults();
+    faults
+        .unsafe_response_keeps_row
+        .store(true, Ordering::SeqCst);
+    faults.outbox_repeat_responses.store(1, Ordering::SeqCst);
+    assert_eq!(ping(&node, "a", "b", 1), 200);
+    node.settle_outbox();
+    assert_eq!(
+        pongs(&node, "a")["duplicates"],
+        1,
+        "without the rule, the repeated answer is applied again"
+    );
+}
+
+#[test]
+fn unsent_messages_survive_a_restart() {
+    let mut node = node();
+    node.hold_outbox(true);
+    assert_eq!(ping(&node, "a", "b", 4), 200);
+    node.restart();
+    assert_eq!(
+        node.actor("demo/examples/pinger/a")
+            .sql_i64("SELECT count(*) FROM _wasmkeep_outbox"),
+        4,
+        "the rows are in the database"
+    );
+    node.settle_outbox();
+    assert_eq!(
+        pongs(&node, "a"),
+        serde_json::json!({"sent": 4, "answered": 4, "duplicates": 0})
+    );
+    assert_eq!(stats(&node, "b")["received"], 4);
+}
+
+/// A small HTTP server on loopback: answers every request with `status`
+/// and the request's `idempotency-key` as the body, after counting it.
+struct Authority {
+    port: u16,
+    seen: Arc<Mutex<Vec<String>>>,
+}
+
+fn authority(statuses: Vec<u16>) -> Authority {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = Arc::clone(&seen);
+    std::thread::spawn(move || {
+        let mut statuses = statuses.into_iter();
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut key = String::new();
+            let mut length = 0usize;
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                    break;
+                }
+                let lower = line.to_ascii_lowercase();
+                if let Some(v) = lower.strip_prefix("idempotency-key:") {
+                    key = v.trim().to_string();
+                }
+                if let Some(v) = lower.strip_prefix("content-length:") {
+                    length = v.trim().parse().unwrap_or(0);
+                }
+            }
+            let mut body = vec![0; length];
+            let _ = reader.read_exact(&mut body);
+            log.lock().unwrap().push(key.clone());
+            let status = statuses.next().unwrap_or(200);
+            let answer = format!(
+                "HTTP/1.1 {status} X\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{key}",
+                key.len()
+            );
+            let _ = stream.write_all(answer.as_bytes());
+        }
+    });
+    Authority { port, seen }
+}
+
+fn http_node(manifest: &str, private_allowed: bool) -> TestNode {
+    let node = TestNode::with_config(|c| {
+        c.outbox.retry_first_ms = 5;
+        c.outbox.retry_max_ms = 50;
+        c.outbound.private_allowed = private_allowed;
+    });
+    node.deploy_with_manifest("demo/examples", DEMO, manifest)
+        .unwrap();
+    node
+}
+
+fn calls(node: &TestNode) -> Vec<serde_json::Value> {
+    node.actor("demo/examples/pinger/a").get("/calls").json()["calls"]
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+#[test]
+fn an_allowed_call_is_answered_with_an_idempotency_key_and_retried_on_503() {
+    let server = authority(vec![503, 200]);
+    let node = http_node(
+        &format!("[outbound]\nhosts = [\"127.0.0.1:{}\"]\n", server.port),
+        true,
+    );
+    let r = node.actor("demo/examples/pinger/a").post(
+        &format!("/fetch?url=http://127.0.0.1:{}/x", server.port),
+        "",
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    node.settle_outbox();
+    let c = calls(&node);
+    assert_eq!(c.len(), 1, "{c:?}");
+    assert_eq!(c[0]["status"], 200);
+    let key = "demo/examples/pinger/a/1";
+    assert_eq!(c[0]["body"], key);
+    let seen = server.seen.lock().unwrap().clone();
+    assert_eq!(
+        seen,
+        vec![key.to_string(), key.to_string()],
+        "the 503 was retried with the same key"
+    );
+}
+
+#[test]
+fn hosts_outside_the_allow_list_are_refused_at_send() {
+    let server = authority(vec![]);
+    let node = http_node("", true);
+    let e = node
+        .actor("demo/examples/pinger/a")
+        .request(
+            "POST",
+            &format!("/fetch?url=http://127.0.0.1:{}/x", server.port),
+            "",
+        )
+        .unwrap_err();
+    assert_eq!(e.code(), "host_not_allowed", "{e}");
+    node.settle_outbox();
+    assert!(server.seen.lock().unwrap().is_empty());
+}
+
+#[test]
+fn private_addresses_are_refused_unless_the_node_allows_them() {
+    let server = authority(vec![]);
+    let node = http_node(
+        "[outbound]\nhosts = [\"127.0.0.1\", \"localhost\"]\n",
+        false,
+    );
+    for url in [
+        format!("http://127.0.0.1:{}/x", server.port),
+        format!("http://localhost:{}/x", server.port),
+    ] {
+        let r = node
+            .actor("demo/examples/pinger/a")
+            .post(&format!("/fetch?url={url}"), "");
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    node.settle_outbox();
+    let c = calls(&node);
+    assert_eq!(c.len(), 2);
+    for call in &c {
+        assert_eq!(call["code"], "address_forbidden", "{call}");
+    }
+    assert!(
+        server.seen.lock().unwrap().is_empty(),
+        "nothing reached loopback"
+    );
+}
+
+#[test]
+fn an_unreachable_host_fails_for_good_after_its_attempts() {
+    // A port nobody listens on.
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let node = TestNode::with_config(|c| {
+        c.outbox.retry_first_ms = 1;
+        c.outbox.retry_max_ms = 2;
+        c.outbox.attempts_max = 3;
+        c.outbound.private_allowed = true;
+    });
+    node.deploy_with_manifest(
+        "demo/examples",
+        DEMO,
+        &format!("[outbound]\nhosts = [\"127.0.0.1:{port}\"]\n"),
+    )
+    .unwrap();
+    let r = node
+        .actor("demo/examples/pinger/a")
+        .post(&format!("/fetch?url=http://127.0.0.1:{port}/"), "");
+    assert_eq!(r.status, 200);
+    node.settle_outbox();
+    let c = calls(&node);
+    assert_eq!(c[0]["code"], "delivery_failed", "{c:?}");
+    assert!(
+        c[0]["body"].as_str().unwrap().contains("3 attempts"),
+        "{c:?}"
+    );
+}
