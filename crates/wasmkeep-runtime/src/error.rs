@@ -13,6 +13,14 @@ pub enum RuntimeError {
     AppNotFound(String),
     #[error("no inbox: {0}")]
     NoInbox(String),
+    /// What another node answered for an inbound event it ran (or could
+    /// not route), as its code says.
+    #[error("{code}: {message}")]
+    Relayed {
+        code: String,
+        message: String,
+        retryable: bool,
+    },
     #[error("class not found: app {app} has no class `{class}`")]
     ClassNotFound { app: String, class: String },
     #[error("actor not found: {0}")]
@@ -98,6 +106,7 @@ impl RuntimeError {
             RuntimeError::AppNotFound(_) => "app_not_found".into(),
             RuntimeError::ClassNotFound { .. } => "class_not_found".into(),
             RuntimeError::NoInbox(_) => "no_inbox".into(),
+            RuntimeError::Relayed { code, .. } => code.clone(),
             RuntimeError::ActorNotFound(_) => "actor_not_found".into(),
             RuntimeError::ActorOverloaded { .. } => "actor_overloaded".into(),
             RuntimeError::QueueBytesExceeded { scope, .. } => format!("{scope}_overloaded"),
@@ -133,6 +142,9 @@ impl RuntimeError {
 
     /// Whether the caller may simply try again later.
     pub fn is_retryable(&self) -> bool {
+        if let RuntimeError::Relayed { retryable, .. } = self {
+            return *retryable;
+        }
         matches!(
             self,
             RuntimeError::ActorOverloaded { .. }

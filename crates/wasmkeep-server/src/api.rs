@@ -17,6 +17,8 @@ use serde_json::json;
 use wasmkeep_runtime::{ActorId, ActorRequest, Runtime};
 
 use crate::auth::Tokens;
+
+mod inbound;
 use crate::cluster::{CLUSTER_TOKEN_HEADER, ClusterState, FORWARDED_HEADER, NODE_HEADER};
 use crate::error::ApiError;
 
@@ -210,6 +212,7 @@ pub fn router(rt: Runtime, config: ServerConfig) -> Router {
         config: Arc::new(config),
         tokens: Arc::new(tokens),
     };
+    inbound::install(&state);
     let admin = Router::new()
         .route("/apps", get(list_apps))
         .route("/apps/{tenant}/{app}", put(deploy).get(show_app))
@@ -233,6 +236,10 @@ pub fn router(rt: Runtime, config: ServerConfig) -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/metrics", get(metrics))
         .route("/v1/{*rest}", any(actor_request))
+        .route(
+            &format!("{}/{{*rest}}", inbound::INBOUND_PREFIX),
+            post(inbound::inbound_route),
+        )
         .nest(ADMIN_PREFIX, admin)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)

@@ -41,6 +41,7 @@ fn status_of(e: &RuntimeError) -> StatusCode {
         RuntimeError::ReplicationUnavailable => StatusCode::BAD_REQUEST,
         // Messages only: no request carries one to the edge.
         RuntimeError::NoInbox(_) => StatusCode::UNPROCESSABLE_ENTITY,
+        RuntimeError::Relayed { .. } => StatusCode::BAD_GATEWAY,
         RuntimeError::InvalidComponent(_)
         | RuntimeError::InvalidManifest(_)
         | RuntimeError::LimitAboveCeiling { .. }

@@ -1,0 +1,386 @@
+//! Messages between actors in a cluster (ADR 0040): the outbox's
+//! dispatcher delivers an inbound event (a message, or the answer to one)
+//! to whichever node holds its actor, through the same routing and
+//! forwarding as a client's request (one hop, re-routed when the owner
+//! refused as not its own).
+//!
+//! On the wire the event is a `POST` to
+//! `/internal/inbound/v1/{tenant}/{app}/{class}/{name}`, a JSON body, and
+//! the cluster secret; the owner answers `{"answer": ...}` or an error in
+//! the usual shape. A node never serves that route outside cluster mode,
+//! nor without the secret when it has one.
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+use wasmkeep_runtime::outbox::{Answer, Inbound, MessageAnswer, Routed, Router};
+use wasmkeep_runtime::{ActorId, RuntimeError};
+
+use super::{
+    ApiError, AppState, cluster_token_check, clustered_request, parse_actor_path, read_body,
+};
+use crate::cluster::FORWARDED_HEADER;
+
+/// The route's prefix, before an actor's `/v1/...` path.
+pub(super) const INBOUND_PREFIX: &str = "/internal/inbound";
+
+fn err_json(code: &str, message: &str) -> Value {
+    json!({ "code": code, "message": message })
+}
+
+fn answer_json(a: &Answer) -> Value {
+    match a {
+        Answer::Message(MessageAnswer::Reply(b)) => json!({ "reply": hex::encode(b) }),
+        Answer::Message(MessageAnswer::Refused { code, message }) => {
+            json!({ "refused": err_json(code, message) })
+        }
+        Answer::Http {
+            status,
+            headers,
+            body,
+        } => json!({ "http": { "status": status, "headers": headers, "body": hex::encode(body) } }),
+        Answer::Failed { code, message } => json!({ "failed": err_json(code, message) }),
+    }
+}
+
+fn text(v: &Value, field: &str) -> Option<String> {
+    v.get(field)?.as_str().map(str::to_owned)
+}
+
+fn bytes(v: &Value, field: &str) -> Option<Vec<u8>> {
+    hex::decode(v.get(field)?.as_str()?).ok()
+}
+
+fn error_of(v: &Value) -> Option<(String, String)> {
+    Some((text(v, "code")?, text(v, "message")?))
+}
+
+fn answer_from(v: &Value) -> Option<Answer> {
+    if let Some(b) = v.get("reply").and_then(Value::as_str) {
+        return Some(Answer::Message(MessageAnswer::Reply(hex::decode(b).ok()?)));
+    }
+    if let Some(e) = v.get("refused") {
+        let (code, message) = error_of(e)?;
+        return Some(Answer::Message(MessageAnswer::Refused { code, message }));
+    }
+    if let Some(h) = v.get("http") {
+        let headers = serde_json::from_value(h.get("headers")?.clone()).ok()?;
+        return Some(Answer::Http {
+            status: u16::try_from(h.get("status")?.as_u64()?).ok()?,
+            headers,
+            body: bytes(h, "body")?,
+        });
+    }
+    let (code, message) = error_of(v.get("failed")?)?;
+    Some(Answer::Failed { code, message })
+}
+
+/// The event as the route's body.
+fn encode(ev: &Inbound) -> Vec<u8> {
+    let v = match ev {
+        Inbound::Message {
+            from,
+            life,
+            seq,
+            body,
+        } => json!({
+            "message": {
+                "from": [from.tenant, from.app, from.class, from.name],
+                "life": life.to_string(),
+                "seq": seq,
+                "body": hex::encode(body),
+            }
+        }),
+        Inbound::Response {
+            seq,
+            answer,
+            attempts,
+            discard,
+        } => json!({
+            "response": {
+                "seq": seq,
+                "answer": answer_json(answer),
+                "attempts": attempts,
+                "discard": discard,
+            }
+        }),
+    };
+    v.to_string().into_bytes()
+}
+
+fn decode(body: &[u8]) -> Option<Inbound> {
+    let v: Value = serde_json::from_slice(body).ok()?;
+    if let Some(m) = v.get("message") {
+        let from: Vec<String> = serde_json::from_value(m.get("from")?.clone()).ok()?;
+        let [t, a, c, n] = from.as_slice() else {
+            return None;
+        };
+        return Some(Inbound::Message {
+            from: ActorId::new(t, a, c, n).ok()?,
+            life: text(m, "life")?.parse().ok()?,
+            seq: m.get("seq")?.as_u64()?,
+            body: bytes(m, "body")?,
+        });
+    }
+    let r = v.get("response")?;
+    Some(Inbound::Response {
+        seq: r.get("seq")?.as_u64()?,
+        answer: answer_from(r.get("answer")?)?,
+        attempts: u32::try_from(r.get("attempts")?.as_u64()?).ok()?,
+        discard: r.get("discard")?.as_bool()?,
+    })
+}
+
+/// An actor name (or any segment) as one URL path segment.
+fn encode_segment(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+fn inbound_path(id: &ActorId) -> String {
+    format!(
+        "{INBOUND_PREFIX}/v1/{}/{}/{}/{}",
+        id.tenant,
+        id.app,
+        id.class,
+        encode_segment(&id.name)
+    )
+}
+
+/// Runs the event on this node and answers it.
+async fn run_here(
+    rt: wasmkeep_runtime::Runtime,
+    id: ActorId,
+    ev: Inbound,
+) -> Result<Response, ApiError> {
+    let answer = rt.inbound(id, ev).await?;
+    let body = match answer {
+        Some(a) => json!({ "answer": answer_json(&Answer::Message(a)) }),
+        None => json!({ "answer": null }),
+    };
+    Ok((StatusCode::OK, axum::Json(body)).into_response())
+}
+
+/// `POST /internal/inbound/v1/...`: an inbound event another node (or this
+/// one) routes to the actor's owner.
+pub(super) async fn inbound_route(
+    State(s): State<AppState>,
+    req: Request,
+) -> Result<Response, ApiError> {
+    let Some(c) = s.config.cluster.clone() else {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "route_not_found",
+            "inbound events travel between cluster nodes only",
+        ));
+    };
+    let (parts, body) = req.into_parts();
+    let path = parts.uri.path();
+    let (id, _) = parse_actor_path(path.strip_prefix(INBOUND_PREFIX).unwrap_or(path))?;
+    let trusted = cluster_token_check(&c, &parts.headers)?;
+    if !trusted && (c.has_token() || !s.tokens.tenant_ok(&id.tenant, &parts.headers)) {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "cluster_token_invalid",
+            "inbound events need the cluster secret",
+        ));
+    }
+    super::check_acting(&s)?;
+    let limit = s.config.request_body_bytes_max.saturating_mul(2) + 64 * 1024;
+    let body = read_body(body, limit, s.pace()).await?;
+    let forwarded = parts.headers.contains_key(FORWARDED_HEADER);
+    let pq = parts.uri.path().to_string();
+    let rt = s.rt.clone();
+    clustered_request(
+        &c,
+        id,
+        &pq,
+        &parts,
+        body,
+        forwarded,
+        move |id, body| async move {
+            let ev = decode(&body).ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "bad_request",
+                    "not an inbound event",
+                )
+            })?;
+            run_here(rt, id, ev).await
+        },
+    )
+    .await
+}
+
+/// The dispatcher's way to actors on other nodes.
+pub(super) struct ClusterRouter {
+    pub(super) state: AppState,
+    /// The server's runtime, where forwards and their connections live.
+    pub(super) handle: tokio::runtime::Handle,
+}
+
+impl Router for ClusterRouter {
+    fn deliver(&self, to: ActorId, ev: Inbound) -> Routed {
+        let s = self.state.clone();
+        let handle = self.handle.clone();
+        Box::pin(async move {
+            let joined = handle.spawn(async move { route(s, to, ev).await }).await;
+            joined.unwrap_or_else(|e| Err(RuntimeError::Internal(format!("inbound: {e}"))))
+        })
+    }
+}
+
+async fn route(
+    s: AppState,
+    to: ActorId,
+    ev: Inbound,
+) -> Result<Option<MessageAnswer>, RuntimeError> {
+    let Some(c) = s.config.cluster.clone() else {
+        return s.rt.inbound(to, ev).await;
+    };
+    let pq = inbound_path(&to);
+    let req = axum::http::Request::builder()
+        .method("POST")
+        .uri(&pq)
+        .header("content-type", "application/json")
+        .body(())
+        .map_err(|e| RuntimeError::Internal(format!("inbound request: {e}")))?;
+    let (parts, ()) = req.into_parts();
+    let rt = s.rt.clone();
+    let local = ev.clone();
+    let r = clustered_request(
+        &c,
+        to,
+        &pq,
+        &parts,
+        encode(&ev),
+        false,
+        move |id, _| async move { run_here(rt, id, local).await },
+    )
+    .await;
+    let resp = match r {
+        Ok(resp) => resp,
+        Err(e) => return Err(relayed(e.status, e.code, e.message)),
+    };
+    let status = resp.status();
+    let body = axum::body::to_bytes(resp.into_body(), 64 * 1024 * 1024)
+        .await
+        .map_err(|e| RuntimeError::Internal(format!("inbound answer: {e}")))?;
+    let v: Value = serde_json::from_slice(&body)
+        .map_err(|e| RuntimeError::Internal(format!("inbound answer is not JSON: {e}")))?;
+    if !status.is_success() {
+        let code = v["error"]["code"]
+            .as_str()
+            .unwrap_or("internal")
+            .to_string();
+        let message = v["error"]["message"].as_str().unwrap_or("").to_string();
+        return Err(relayed(status, code, message));
+    }
+    match v.get("answer") {
+        Some(Value::Null) | None => Ok(None),
+        Some(a) => match answer_from(a) {
+            Some(Answer::Message(m)) => Ok(Some(m)),
+            _ => Err(RuntimeError::Internal(
+                "inbound answer of the wrong kind".into(),
+            )),
+        },
+    }
+}
+
+/// An error the owner (or the routing) answered, as the dispatcher
+/// classifies it: what the node could not do now is retried, what the
+/// actor or its app refused is final.
+fn relayed(status: StatusCode, code: String, message: String) -> RuntimeError {
+    let retryable = status == StatusCode::SERVICE_UNAVAILABLE
+        || status == StatusCode::BAD_GATEWAY
+        || status == StatusCode::GATEWAY_TIMEOUT
+        || code == "internal";
+    RuntimeError::Relayed {
+        code,
+        message,
+        retryable,
+    }
+}
+
+/// Installs the router when the node is in a cluster.
+pub(super) fn install(state: &AppState) {
+    if state.config.cluster.is_none() {
+        return;
+    }
+    let Ok(handle) = tokio::runtime::Handle::try_current() else {
+        tracing::warn!(
+            "no tokio runtime while building the routes: messages between actors stay on this node"
+        );
+        return;
+    };
+    let router = ClusterRouter {
+        state: state.clone(),
+        handle,
+    };
+    state.rt.outbox().set_router(Arc::new(router));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_and_answers_round_trip_through_json() {
+        let from = ActorId::new("t", "a", "c", "n/with slash").unwrap();
+        let m = Inbound::Message {
+            from: from.clone(),
+            life: u64::MAX,
+            seq: 7,
+            body: vec![0, 255, 3],
+        };
+        match decode(&encode(&m)).unwrap() {
+            Inbound::Message {
+                from: f,
+                life,
+                seq,
+                body,
+            } => {
+                assert_eq!((f, life, seq, body), (from, u64::MAX, 7, vec![0, 255, 3]));
+            }
+            other => panic!("{other:?}"),
+        }
+        for answer in [
+            Answer::Message(MessageAnswer::Reply(b"pong".to_vec())),
+            Answer::Message(MessageAnswer::Refused {
+                code: "x".into(),
+                message: "y".into(),
+            }),
+            Answer::Http {
+                status: 503,
+                headers: vec![("a".into(), "b".into())],
+                body: b"z".to_vec(),
+            },
+            Answer::Failed {
+                code: "delivery_failed".into(),
+                message: "m".into(),
+            },
+        ] {
+            let r = Inbound::Response {
+                seq: 1,
+                answer: answer.clone(),
+                attempts: 2,
+                discard: false,
+            };
+            match decode(&encode(&r)).unwrap() {
+                Inbound::Response { answer: a, .. } => assert_eq!(a, answer),
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(encode_segment("a b/ü"), "a%20b%2F%C3%BC");
+    }
+}

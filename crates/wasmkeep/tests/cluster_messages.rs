@@ -1,0 +1,71 @@
+//! Messages between actors held by different nodes of a cluster (ADR
+//! 0040), through real processes on a shared folder bucket: the outbox's
+//! dispatcher routes each message (and each answer) to whichever node
+//! holds its actor, through the cluster's forwarding.
+
+mod common;
+
+use common::cluster::{self, send};
+use common::load::{Cluster, Store};
+
+fn wait_for(what: &str, f: impl FnMut() -> bool) {
+    cluster::wait_for(what, 120, 50, f)
+}
+
+fn pinger(port: u16, name: &str, path: &str, method: &str) -> cluster::Answer {
+    send(
+        port,
+        method,
+        &format!("/v1/demo/examples/pinger/{name}{path}"),
+        &[],
+    )
+}
+
+#[test]
+fn messages_reach_actors_on_other_nodes_and_their_answers_come_back() {
+    let c = Cluster::new(Store::Folder);
+    let a = c.start("a");
+    let b = c.start("b");
+    // x is a's, y is b's: each is created through its node.
+    let x = pinger(a.port, "x", "/pongs", "GET");
+    assert_eq!(x.status, 200, "{}", x.body);
+    assert_eq!(x.node.as_deref(), Some(a.id.as_str()));
+    let y = pinger(b.port, "y", "/pongs", "GET");
+    assert_eq!(y.node.as_deref(), Some(b.id.as_str()));
+
+    let sent = pinger(a.port, "x", "/ping?to=y&n=10", "POST");
+    assert_eq!(sent.status, 200, "{}", sent.body);
+    let sent = pinger(b.port, "y", "/ping?to=x&n=5", "POST");
+    assert_eq!(sent.status, 200, "{}", sent.body);
+    wait_for("x's ten answers", || {
+        pinger(b.port, "x", "/pongs", "GET").body["answered"] == 10
+    });
+    wait_for("y's five answers", || {
+        pinger(a.port, "y", "/pongs", "GET").body["answered"] == 5
+    });
+    let x = pinger(a.port, "x", "/pongs", "GET");
+    assert_eq!(
+        x.body,
+        serde_json::json!({"sent": 10, "answered": 10, "duplicates": 0})
+    );
+    let ys = pinger(a.port, "y", "/stats", "GET");
+    assert_eq!(ys.node.as_deref(), Some(b.id.as_str()), "y stayed on b");
+    assert_eq!(ys.body["received"], 10);
+    assert_eq!(ys.body["received_twice"], 0);
+    let xs = pinger(b.port, "x", "/stats", "GET");
+    assert_eq!(xs.body["received"], 5);
+}
+
+#[test]
+fn the_inbound_route_needs_the_cluster_secret() {
+    let c = Cluster::new(Store::Folder);
+    let a = c.start("a");
+    let r = send(
+        a.port,
+        "POST",
+        "/internal/inbound/v1/demo/examples/pinger/x",
+        &[],
+    );
+    assert_eq!(r.status, 403, "{}", r.body);
+    assert_eq!(r.body["error"]["code"], "cluster_token_invalid");
+}
