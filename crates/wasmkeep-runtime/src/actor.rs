@@ -75,7 +75,7 @@ pub enum Outcome {
 pub use crate::reply::Reply;
 
 mod inbound;
-use inbound::{OutboxBatch, hand_over, offer_outbox, read_outbox, run_message, run_response};
+use inbound::{offer_outbox, outbox_opened, outbox_ready, run_message, run_response};
 
 pub enum EventKind {
     Request(ActorRequest),
@@ -105,8 +105,13 @@ pub enum EventKind {
     /// A message from another actor, or the answer to one this actor sent
     /// (ADR 0040).
     Inbound(Inbound),
-    /// Open the actor and hand its outbox's rows to the dispatcher again.
-    OutboxResume,
+    /// Hand the outbox's rows up to `upto` to the dispatcher (after a
+    /// batch that sent, once its commit is durable and, with a bucket, in
+    /// the bucket); with `None`, all of them again (after a restart, or
+    /// once the dispatcher has room).
+    OutboxResume {
+        upto: Option<u64>,
+    },
 }
 
 /// What an [`EventKind::Inspect`] runs; it sends its own result.
@@ -172,8 +177,16 @@ impl Event {
         }
     }
 
+    /// Whether the event's answer waits for the bucket too (with one): a
+    /// `replicated` request, and every message or answer between actors,
+    /// since its sender acts on it (deletes its row, sends the next) as if
+    /// it could not be lost.
     fn is_replicated(&self) -> bool {
-        matches!(&self.kind, EventKind::Request(r) if r.replicated)
+        match &self.kind {
+            EventKind::Request(r) => r.replicated,
+            EventKind::Inbound(_) => true,
+            _ => false,
+        }
     }
 }
 
@@ -412,6 +425,10 @@ fn instantiate(
     {
         state.sent_before_commit = Some(Vec::new());
     }
+    state.config = crate::app_config::InstanceConfig {
+        vars: Arc::clone(&app.vars),
+        secrets: rt.secrets.of(&id.tenant, &id.app),
+    };
     state.outbox = crate::outbox::OutboxSettings {
         limits: rt.config.outbox.clone(),
         policy: Arc::clone(&app.outbound),
@@ -984,6 +1001,8 @@ impl Turn {
 /// What [`run_events`] leaves for the commit.
 struct EventsRan {
     results: Vec<Ran>,
+    /// An event sent something (committed or not).
+    outbox_sent: bool,
     /// An alarm or a delivery ran.
     alarm_ran: bool,
     /// A delivery wrote the owner's fence: the batch plans the index and
@@ -1002,9 +1021,9 @@ struct AfterCommit {
     removed: bool,
     wal: std::path::PathBuf,
     dirs: Vec<std::path::PathBuf>,
-    /// Rows this batch committed to the outbox, for the dispatcher once
-    /// the commit is durable (and in the bucket).
-    outbox: Option<OutboxBatch>,
+    /// The outbox's highest row after a batch that sent: rows up to it go
+    /// to the dispatcher once the commit is durable (and in the bucket).
+    outbox: Option<u64>,
 }
 
 /// Phase 1: the actor's app and class, or every event fails with
@@ -1083,17 +1102,19 @@ fn open_for_turn(
     let l = slot.as_mut().expect("loaded");
     if !turn.was_loaded {
         // What an earlier run (or another node) left unsent goes out again.
-        actor.outbox_offered.store(0, Ordering::Relaxed);
-        offer_outbox(rt, actor, l);
+        outbox_opened(rt, actor, l);
     }
     let (resumes, events): (Vec<Event>, Vec<Event>) = events
         .into_iter()
-        .partition(|e| matches!(e.kind, EventKind::OutboxResume));
-    if !resumes.is_empty() && turn.was_loaded {
-        // Rows that did not fit in the dispatcher before.
-        offer_outbox(rt, actor, l);
-    }
+        .partition(|e| matches!(e.kind, EventKind::OutboxResume { .. }));
     for ev in resumes {
+        match ev.kind {
+            EventKind::OutboxResume { upto: Some(upto) } => offer_outbox(rt, actor, l, Some(upto)),
+            // All of them again (restart, room in the dispatcher), behind
+            // what is committed reaching the bucket.
+            _ if turn.was_loaded => outbox_opened(rt, actor, l),
+            _ => {}
+        }
         reply(ev.reply, Ok(Outcome::Done));
     }
     if events.is_empty() {
@@ -1179,6 +1200,7 @@ fn run_events(
     }
     l.store.data_mut().outbox_sent = false;
     let mut ran = EventsRan {
+        outbox_sent: false,
         results: Vec::with_capacity(events.len()),
         alarm_ran: false,
         fenced: false,
@@ -1232,7 +1254,7 @@ fn run_events(
                 }
                 r
             }
-            EventKind::Prepare | EventKind::OutboxResume => Ok(Outcome::Done),
+            EventKind::Prepare | EventKind::OutboxResume { .. } => Ok(Outcome::Done),
             EventKind::Inbound(Inbound::Message {
                 from,
                 life,
@@ -1240,17 +1262,22 @@ fn run_events(
                 body,
             }) => run_message(rt, l, &from, life, seq, body, initialized),
             EventKind::Inbound(Inbound::Response {
+                life,
                 seq,
                 answer,
                 attempts,
                 discard,
-            }) => run_response(rt, l, seq, answer, attempts, discard),
+            }) => run_response(rt, l, life, seq, answer, attempts, discard),
             EventKind::Delete | EventKind::Inspect(_) | EventKind::Replicate => {
                 unreachable!("deletes, inspections and uploads run on their own")
             }
         };
         if r.is_err() {
             Metrics::inc(&rt.metrics.event_failures_total);
+        }
+        // Read before a trap's instance is replaced (which would lose it).
+        if let Some(l) = slot.as_ref() {
+            ran.outbox_sent |= l.store.data().outbox_sent;
         }
         ran.results.push(Ran {
             reply: ev.reply,
@@ -1412,8 +1439,8 @@ fn after_commit(
     let dirs = l.db().take_new_dirs();
     let wal = l.db().wal_path();
     let removed = l.db().created() && !initialized;
-    let outbox = if l.store.data().outbox_sent && !removed {
-        read_outbox(rt, actor, l)
+    let outbox = if ran.outbox_sent && !removed {
+        l.db().outbox_max_seq().ok().flatten()
     } else {
         None
     };
@@ -1491,8 +1518,9 @@ fn release_replies(
         metrics
             .phase_durable
             .observe_ms(committed_at.elapsed().as_secs_f64() * 1000.0);
-        if let (Ok(()), Some(batch), Some(rt)) = (&sync, outbox, weak.upgrade()) {
-            hand_over(&rt, &actor, batch, repl_mark);
+        if let (Ok(()), Some(upto), Some(rt)) = (&sync, outbox, weak.upgrade()) {
+            outbox_ready(&rt, &actor, upto, repl_mark);
+            crate::outbox::drop_elsewhere(rt);
         }
         for Ran {
             reply: r,

@@ -69,6 +69,9 @@ pub const COMPILES_RUNNING_MAX: usize = 2;
 /// [storage]
 /// sqlite_page_bytes = 1024 # page size of actor databases created from now on
 ///
+/// [vars]                   # read by actors with config.get (ADR 0041)
+/// REGION = "eu"
+///
 /// [outbound]               # outbound HTTP calls (ADR 0040); nothing by default
 /// hosts = ["api.example.com", "127.0.0.1:9000"]  # a host (any port) or host:port
 /// timeout_ms = 10000       # per attempt; at most the node's outbound_timeout_ms_max
@@ -87,6 +90,11 @@ pub struct AppManifest {
     pub storage: AppStorage,
     #[serde(default)]
     pub outbound: AppOutbound,
+    /// Variables the app's actors read with `config.get` (ADR 0041);
+    /// shown by the admin API like the rest of the manifest (secrets are
+    /// set apart, through the admin API).
+    #[serde(default)]
+    pub vars: BTreeMap<String, String>,
 }
 
 /// What an app's actors may reach over HTTP; unset limits keep the
@@ -178,6 +186,7 @@ impl AppManifest {
     pub fn parse(text: &str) -> Result<AppManifest, RuntimeError> {
         let manifest: AppManifest =
             toml::from_str(text).map_err(|e| RuntimeError::InvalidManifest(e.to_string()))?;
+        crate::app_config::check_vars(&manifest.vars).map_err(RuntimeError::InvalidManifest)?;
         if manifest.outbound.hosts.len() > OUTBOUND_HOSTS_MAX {
             return Err(RuntimeError::InvalidManifest(format!(
                 "outbound.hosts: {} entries, limit outbound_hosts_max={OUTBOUND_HOSTS_MAX}",
@@ -219,6 +228,8 @@ pub struct App {
     pub inbox: Option<crate::host::inbox_exports::InboxExportsIndices>,
     /// What the app's actors may reach over HTTP.
     pub outbound: Arc<OutboundPolicy>,
+    /// The manifest's `[vars]`.
+    pub vars: Arc<BTreeMap<String, String>>,
 }
 
 /// What the admin API shows about an app.
@@ -714,6 +725,7 @@ impl Compiler<'_> {
             }
         };
         let classes = self.ask_classes(&pre, tenant, app)?;
+        let vars = Arc::new(manifest.vars.clone());
         if let Some(to_cache) = to_cache {
             self.cache(&hash, &component, to_cache);
         }
@@ -733,6 +745,7 @@ impl Compiler<'_> {
             indices,
             inbox,
             outbound: Arc::new(outbound),
+            vars,
         })
     }
 

@@ -11,6 +11,8 @@ pub enum RuntimeError {
     InvalidId(#[from] InvalidId),
     #[error("app not found: {0}")]
     AppNotFound(String),
+    #[error("invalid configuration: {0}")]
+    InvalidConfig(String),
     #[error("no inbox: {0}")]
     NoInbox(String),
     /// What another node answered for an inbound event it ran (or could
@@ -106,6 +108,7 @@ impl RuntimeError {
             RuntimeError::AppNotFound(_) => "app_not_found".into(),
             RuntimeError::ClassNotFound { .. } => "class_not_found".into(),
             RuntimeError::NoInbox(_) => "no_inbox".into(),
+            RuntimeError::InvalidConfig(_) => "invalid_config".into(),
             RuntimeError::Relayed { code, .. } => code.clone(),
             RuntimeError::ActorNotFound(_) => "actor_not_found".into(),
             RuntimeError::ActorOverloaded { .. } => "actor_overloaded".into(),
@@ -137,6 +140,22 @@ impl RuntimeError {
             RuntimeError::ReplicationFailed(_) => "replication_failed".into(),
             RuntimeError::ReplicationUnavailable => "replication_unavailable".into(),
             RuntimeError::Internal(_) => "internal".into(),
+        }
+    }
+
+    /// Whether the guest's own code or data failed the event (its error,
+    /// a trap, a limit it ran into), which trying again would repeat; as
+    /// opposed to the node failing it.
+    pub fn is_guest_failure(&self) -> bool {
+        match self {
+            RuntimeError::Store(s) => s.is_guest_fault() && !matches!(s, StoreError::Busy),
+            RuntimeError::Guest { .. }
+            | RuntimeError::Trap(_)
+            | RuntimeError::CpuTimeExceeded { .. }
+            | RuntimeError::MemoryExceeded { .. }
+            | RuntimeError::ResponseTooLarge { .. }
+            | RuntimeError::ResponseHeadersTooLarge { .. } => true,
+            _ => false,
         }
     }
 

@@ -199,6 +199,8 @@ pub struct HostState {
     /// Unsafe, for its test only (`Faults::unsafe_outbox_before_commit`):
     /// copies of the rows sent, handed over before the commit.
     pub sent_before_commit: Option<Vec<wasmkeep_store::OutboxRow>>,
+    /// The app's variables and secrets (`config.get`).
+    pub config: crate::app_config::InstanceConfig,
 }
 
 impl HostState {
@@ -236,6 +238,7 @@ impl HostState {
             outbox: Default::default(),
             outbox_sent: false,
             sent_before_commit: None,
+            config: Default::default(),
         }
     }
 
@@ -317,6 +320,7 @@ pub fn add_to_linker(linker: &mut wasmtime::component::Linker<HostState>) -> was
     clock::add_to_linker::<HostState, HasSelf<HostState>>(linker, |s| s)?;
     log::add_to_linker::<HostState, HasSelf<HostState>>(linker, |s| s)?;
     wasmkeep::actor::outbox::add_to_linker::<HostState, HasSelf<HostState>>(linker, |s| s)?;
+    wasmkeep::actor::config::add_to_linker::<HostState, HasSelf<HostState>>(linker, |s| s)?;
     crate::response::add_to_linker(linker)
 }
 
@@ -455,7 +459,8 @@ const LOG_LINE_BYTES_MAX: usize = 4096;
 
 impl log::Host for HostState {
     fn log(&mut self, level: log::Level, message: String) {
-        let mut message = message;
+        // A secret's value never reaches the node's log.
+        let mut message = self.config.scrub(message);
         if message.len() > LOG_LINE_BYTES_MAX {
             let mut cut = LOG_LINE_BYTES_MAX;
             while !message.is_char_boundary(cut) {

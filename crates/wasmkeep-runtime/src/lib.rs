@@ -19,6 +19,7 @@
 
 pub mod actor;
 pub mod app;
+pub mod app_config;
 pub mod clock;
 mod compile_cache;
 pub mod compile_process;

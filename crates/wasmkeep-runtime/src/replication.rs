@@ -1272,6 +1272,16 @@ fn release(
     let _ = reply.send(out);
 }
 
+/// Where the actor's replication stands now: a waiter at this mark is
+/// released once everything committed so far is in the bucket.
+pub fn current_mark(actor: &Actor) -> Mark {
+    let st = actor.repl.lock();
+    Mark {
+        epoch: st.epoch,
+        upto: st.committed,
+    }
+}
+
 /// For a request that asked for replicated durability, once its batch is
 /// locally durable: answers now if the bucket holds its batch, otherwise
 /// holds the answer until it does (or the actor is given up).

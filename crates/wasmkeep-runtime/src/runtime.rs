@@ -144,6 +144,8 @@ pub struct Inner {
     alarms_gated_total: AtomicU64,
     /// Delivers what actors sent (ADR 0040).
     pub outbox: Dispatcher,
+    /// Apps' secrets (ADR 0041).
+    pub secrets: crate::app_config::SecretStore,
 }
 
 /// Whether this node may run an actor's alarms now. A single node always
@@ -210,6 +212,12 @@ pub struct Faults {
     /// Unsafe, for that test only: rows go to the dispatcher as soon as an
     /// event wrote them, before the batch commits (ADR 0040's first rule).
     pub unsafe_outbox_before_commit: AtomicBool,
+    /// Unsafe, for that test only: a lane delivers its messages newest
+    /// first, as if messages to one receiver had no order.
+    pub unsafe_lanes_reversed: AtomicBool,
+    /// Unsafe, for that test only: a batch's rows go out once it is
+    /// durable locally, without waiting for the bucket to hold it.
+    pub unsafe_outbox_before_upload: AtomicBool,
     /// Unsafe, for that test only: a receiver runs `on-message` for a
     /// repeated delivery too (no `_wasmkeep_inbox` check).
     pub unsafe_inbox_no_dedup: AtomicBool,
@@ -314,6 +322,7 @@ impl Runtime {
             .unwrap_or_else(|| config.data_dir.join("cache"));
         let cache_key = cache_key(&config);
         let (close_tx, close_rx) = std::sync::mpsc::sync_channel(CLOSE_QUEUE_MAX);
+        let config_data_dir = config.data_dir.clone();
         let outbox_dispatcher =
             Dispatcher::new(config.outbox.clone(), config.outbound.private_allowed);
         let inner = Arc::new(Inner {
@@ -344,6 +353,7 @@ impl Runtime {
             gate: std::sync::OnceLock::new(),
             alarms_gated_total: AtomicU64::new(0),
             outbox: outbox_dispatcher,
+            secrets: crate::app_config::SecretStore::open(&config_data_dir),
         });
         inner.outbox.attach(Arc::downgrade(&inner));
         let rt = Runtime { inner };
@@ -882,6 +892,28 @@ impl Runtime {
         self.inner.reap_idle_after(0)
     }
 
+    /// Sets (or replaces) one of an app's secrets (ADR 0041); the app's
+    /// actors read the new value from their next `config.get`.
+    pub fn set_secret(
+        &self,
+        tenant: &str,
+        app: &str,
+        name: &str,
+        value: &str,
+    ) -> Result<(), RuntimeError> {
+        self.inner.secrets.set(tenant, app, name, value)
+    }
+
+    /// Removes one of an app's secrets; whether it existed.
+    pub fn delete_secret(&self, tenant: &str, app: &str, name: &str) -> Result<bool, RuntimeError> {
+        self.inner.secrets.delete(tenant, app, name)
+    }
+
+    /// The names (never the values) of an app's secrets.
+    pub fn secret_names(&self, tenant: &str, app: &str) -> Result<Vec<String>, RuntimeError> {
+        self.inner.secrets.names(tenant, app)
+    }
+
     /// The node's outbox dispatcher (ADR 0040).
     pub fn outbox(&self) -> &Dispatcher {
         &self.inner.outbox
@@ -972,7 +1004,17 @@ impl Inner {
     /// Opens `id` to hand its outbox's rows to the dispatcher again (after
     /// a restart, or once the dispatcher has room).
     pub fn resume_outbox(&self, id: &ActorId) {
-        let _ = self.enqueue(id, Event::new(EventKind::OutboxResume, None), false);
+        self.enqueue_outbox_resume(id, None);
+    }
+
+    /// Asks `id`'s next turn to hand its outbox's rows up to `upto` (all
+    /// of them, read again from the first, with `None`) to the dispatcher.
+    pub(crate) fn enqueue_outbox_resume(&self, id: &ActorId, upto: Option<u64>) {
+        let _ = self.enqueue(
+            id,
+            Event::new(EventKind::OutboxResume { upto }, None),
+            false,
+        );
     }
 
     pub fn elapsed_ms(&self) -> u64 {

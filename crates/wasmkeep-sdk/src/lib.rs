@@ -749,6 +749,19 @@ pub mod log {
     }
 }
 
+/// The app's configuration (ADR 0041): its manifest's `[vars]` and the
+/// secrets an operator set (`wasmkeep secret set`).
+pub mod config {
+    use super::wit;
+
+    /// The secret named `name`, else the variable, else `None`. Read it
+    /// where you use it: a secret set while the actor is active is seen by
+    /// its next call.
+    pub fn get(name: &str) -> Option<String> {
+        wit::config::get(name)
+    }
+}
+
 /// Messages to other actors and HTTP calls to the world (ADR 0040).
 ///
 /// A send only writes the message in this event's transaction: it leaves

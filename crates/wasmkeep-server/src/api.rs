@@ -216,6 +216,11 @@ pub fn router(rt: Runtime, config: ServerConfig) -> Router {
     let admin = Router::new()
         .route("/apps", get(list_apps))
         .route("/apps/{tenant}/{app}", put(deploy).get(show_app))
+        .route("/apps/{tenant}/{app}/secrets", get(list_secrets))
+        .route(
+            "/apps/{tenant}/{app}/secrets/{name}",
+            put(put_secret).delete(delete_secret),
+        )
         .route("/actors/{tenant}/{app}/{class}", get(list_actors))
         .route(
             "/actors/{tenant}/{app}/{class}/{name}",
@@ -969,6 +974,47 @@ async fn show_app(
             format!("app not found: {tenant}/{app}"),
         )),
     }
+}
+
+/// `GET /admin/v1/apps/{tenant}/{app}/secrets`: the names of an app's
+/// secrets on this node, never their values (ADR 0041).
+async fn list_secrets(
+    State(s): State<AppState>,
+    axum::extract::Path((tenant, app)): axum::extract::Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let names = s.rt.secret_names(&tenant, &app)?;
+    Ok(axum::Json(json!({ "tenant": tenant, "app": app, "names": names })).into_response())
+}
+
+/// `PUT /admin/v1/apps/{tenant}/{app}/secrets/{name}` with the value as
+/// the body (UTF-8): sets the secret on this node.
+async fn put_secret(
+    State(s): State<AppState>,
+    axum::extract::Path((tenant, app, name)): axum::extract::Path<(String, String, String)>,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let limit = wasmkeep_runtime::app_config::CONFIG_VALUE_BYTES_MAX + 1;
+    let value = read_body(body, limit, s.pace()).await?;
+    let value = String::from_utf8(value).map_err(|_| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_config",
+            "a secret's value must be UTF-8",
+        )
+    })?;
+    let rt = s.rt.clone();
+    blocking(move || rt.set_secret(&tenant, &app, &name, &value)).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// `DELETE /admin/v1/apps/{tenant}/{app}/secrets/{name}`.
+async fn delete_secret(
+    State(s): State<AppState>,
+    axum::extract::Path((tenant, app, name)): axum::extract::Path<(String, String, String)>,
+) -> Result<Response, ApiError> {
+    let rt = s.rt.clone();
+    let existed = blocking(move || rt.delete_secret(&tenant, &app, &name)).await?;
+    Ok(axum::Json(json!({ "deleted": existed })).into_response())
 }
 
 #[derive(Deserialize)]

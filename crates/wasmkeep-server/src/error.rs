@@ -28,7 +28,7 @@ impl ApiError {
 /// The HTTP status each runtime error code gets.
 fn status_of(e: &RuntimeError) -> StatusCode {
     match e {
-        RuntimeError::InvalidId(_) => StatusCode::BAD_REQUEST,
+        RuntimeError::InvalidId(_) | RuntimeError::InvalidConfig(_) => StatusCode::BAD_REQUEST,
         RuntimeError::AppNotFound(_)
         | RuntimeError::ClassNotFound { .. }
         | RuntimeError::ActorNotFound(_) => StatusCode::NOT_FOUND,

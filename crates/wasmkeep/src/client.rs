@@ -97,6 +97,36 @@ pub fn deploy(conn: &Conn, target: &str, component: &Path, manifest: Option<&Pat
     Ok(())
 }
 
+/// `wasmkeep secret set|delete|list TENANT/APP [NAME]`; `set` reads the
+/// value from standard input (a trailing newline is dropped), so that it
+/// never appears in a shell's history or the process list.
+pub fn secret(conn: &Conn, action: &str, target: &str, name: Option<&str>) -> Result<()> {
+    let [tenant, app] = split::<2>(target, "tenant/app")?;
+    let base = format!("/admin/v1/apps/{}/{}/secrets", enc(&tenant), enc(&app));
+    let named = || {
+        name.map(|n| format!("{base}/{}", enc(n)))
+            .ok_or_else(|| anyhow::anyhow!("`secret {action}` needs the secret's name"))
+    };
+    match action {
+        "set" => {
+            let mut value = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut value)
+                .context("read the secret's value from stdin")?;
+            let value = value.strip_suffix('\n').unwrap_or(&value);
+            let value = value.strip_suffix('\r').unwrap_or(value);
+            let (status, body) = conn.send("PUT", &named()?, Some(value.as_bytes().to_vec()))?;
+            if status != 204 {
+                anyhow::bail!("HTTP {status}: {}", String::from_utf8_lossy(&body));
+            }
+            println!("set {tenant}/{app} secret {}", name.unwrap_or_default());
+        }
+        "delete" => print(&conn.json("DELETE", &named()?, None)?),
+        "list" => print(&conn.json("GET", &base, None)?),
+        other => anyhow::bail!("unknown action `{other}`: set, delete or list"),
+    }
+    Ok(())
+}
+
 pub fn call(conn: &Conn, target: &str, method: &str, data: Option<String>) -> Result<()> {
     let path = format!("/v1/{}", target.trim_start_matches('/'));
     let (status, body) = conn.send(&method.to_uppercase(), &path, data.map(String::into_bytes))?;

@@ -111,6 +111,22 @@ pub struct NodeConfig {
     pub cluster_forward_timeout_ms: u64,
     pub cluster_owner_cache_ttl_ms: u64,
     pub cluster_actors_max: usize,
+    /// The outbox's bounds and outbound HTTP's ceilings (ADR 0040).
+    pub outbox_pending_max: u64,
+    pub outbox_body_bytes_max: usize,
+    pub outbox_context_bytes_max: usize,
+    pub outbox_attempts_max: u32,
+    pub outbox_retry_first_ms: u64,
+    pub outbox_retry_max_ms: u64,
+    pub outbox_response_attempts_max: u32,
+    pub outbox_in_flight_max: usize,
+    pub outbox_per_actor_max: usize,
+    pub outbox_node_bytes_max: u64,
+    pub outbound_timeout_ms_max: u64,
+    pub outbound_response_bytes_max: usize,
+    pub outbound_per_actor_max: usize,
+    pub outbound_per_app_max: usize,
+    pub outbound_private_allowed: bool,
     /// A table (`[app_limit_ceilings]`), so last: the highest value an
     /// app's manifest may give each of its `[limits]`.
     pub app_limit_ceilings: AppLimits,
@@ -193,6 +209,21 @@ impl Default for NodeConfig {
             cluster_forward_timeout_ms: wasmkeep_server::cluster::FORWARD_TIMEOUT_MS,
             cluster_owner_cache_ttl_ms: wasmkeep_server::cluster::OWNER_CACHE_TTL_MS,
             cluster_actors_max: wasmkeep_server::cluster::ACTORS_MAX,
+            outbox_pending_max: rt.outbox.pending_max,
+            outbox_body_bytes_max: rt.outbox.body_bytes_max,
+            outbox_context_bytes_max: rt.outbox.context_bytes_max,
+            outbox_attempts_max: rt.outbox.attempts_max,
+            outbox_retry_first_ms: rt.outbox.retry_first_ms,
+            outbox_retry_max_ms: rt.outbox.retry_max_ms,
+            outbox_response_attempts_max: rt.outbox.response_attempts_max,
+            outbox_in_flight_max: rt.outbox.in_flight_max,
+            outbox_per_actor_max: rt.outbox.per_actor_max,
+            outbox_node_bytes_max: rt.outbox.node_bytes_max,
+            outbound_timeout_ms_max: rt.outbound.timeout_ms_max,
+            outbound_response_bytes_max: rt.outbound.response_bytes_max,
+            outbound_per_actor_max: rt.outbound.per_actor_max,
+            outbound_per_app_max: rt.outbound.per_app_max,
+            outbound_private_allowed: rt.outbound.private_allowed,
             app_limit_ceilings: rt.app_limit_ceilings.clone(),
         }
     }
@@ -272,6 +303,21 @@ impl NodeConfig {
         c.restore_refused_retry_ms = self.restore_refused_retry_ms;
         c.replica_upload_interval_ms = self.replica_upload_interval_ms;
         c.cluster = self.advertise.is_some() && self.bucket.is_some();
+        c.outbox.pending_max = self.outbox_pending_max;
+        c.outbox.body_bytes_max = self.outbox_body_bytes_max;
+        c.outbox.context_bytes_max = self.outbox_context_bytes_max;
+        c.outbox.attempts_max = self.outbox_attempts_max;
+        c.outbox.retry_first_ms = self.outbox_retry_first_ms;
+        c.outbox.retry_max_ms = self.outbox_retry_max_ms;
+        c.outbox.response_attempts_max = self.outbox_response_attempts_max;
+        c.outbox.in_flight_max = self.outbox_in_flight_max;
+        c.outbox.per_actor_max = self.outbox_per_actor_max;
+        c.outbox.node_bytes_max = self.outbox_node_bytes_max;
+        c.outbound.timeout_ms_max = self.outbound_timeout_ms_max;
+        c.outbound.response_bytes_max = self.outbound_response_bytes_max;
+        c.outbound.per_actor_max = self.outbound_per_actor_max;
+        c.outbound.per_app_max = self.outbound_per_app_max;
+        c.outbound.private_allowed = self.outbound_private_allowed;
         c
     }
 

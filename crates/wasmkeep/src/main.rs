@@ -99,6 +99,18 @@ enum Command {
         #[arg(long, default_value_t = 100)]
         limit: usize,
     },
+    /// Set, remove or list an app's secrets on a node (ADR 0041):
+    /// `wasmkeep secret set acme/shop API_KEY` reads the value from stdin.
+    Secret {
+        #[command(flatten)]
+        conn: client::Conn,
+        /// `set`, `delete` or `list`.
+        action: String,
+        /// `tenant/app`
+        target: String,
+        /// The secret's name (not for `list`).
+        name: Option<String>,
+    },
     /// List deployed apps.
     Apps {
         #[command(flatten)]
@@ -243,6 +255,12 @@ fn main() -> Result<()> {
             limit,
         } => client::alarms(&conn, &tenant, limit),
         Command::Apps { conn } => client::apps(&conn),
+        Command::Secret {
+            conn,
+            action,
+            target,
+            name,
+        } => client::secret(&conn, &action, &target, name.as_deref()),
         Command::Cluster { conn } => client::cluster(&conn),
         Command::Export {
             bucket,

@@ -82,7 +82,7 @@ fn dependencies_point_one_way() {
         &d,
         "wasmkeep-runtime",
         &["axum", "hyper", "serde_json", "wasmkeep-server", "ureq"],
-        "the runtime knows nothing of HTTP or JSON",
+        "the runtime serves no HTTP and knows no JSON",
     );
     for k in d.keys() {
         if !["wasmkeep-server", "wasmkeep", "wasmkeep-bench"].contains(&k.as_str()) {
@@ -103,4 +103,35 @@ fn dependencies_point_one_way() {
         &["wasmtime", "wasmkeep-runtime", "wasmkeep-server", "axum"],
         "the replica moves database pages; it knows no guests and no HTTP API",
     );
+}
+
+/// The runtime's one HTTP client is the outbox's (ADR 0040): actors' calls
+/// go out through `outbox/`, under the app's policy, and nothing else in
+/// the runtime makes a request.
+#[test]
+fn only_the_outbox_makes_http_requests_in_the_runtime() {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../wasmkeep-runtime/src");
+    let mut found = Vec::new();
+    let mut stack = vec![src.clone()];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if std::fs::read_to_string(&p).unwrap().contains("reqwest") {
+                found.push(p.strip_prefix(&src).unwrap().display().to_string());
+            }
+        }
+    }
+    found.sort();
+    assert!(
+        !found.is_empty(),
+        "the outbox's client is where it is said to be"
+    );
+    for f in &found {
+        assert!(
+            f.starts_with("outbox/"),
+            "{f} uses reqwest: only the outbox may"
+        );
+    }
 }

@@ -15,6 +15,10 @@
 //!   "code"}]}`, the answers so far (`status` 0 and `code` set for a final
 //!   failure).
 //!
+//! - `GET /config?name=N`: `{"value": V|null}`, the app's variable or
+//!   secret `N` (ADR 0041); `POST /config/log?name=N` writes it to the
+//!   node's log (where a secret's value shows as `[secret]`).
+//!
 //! With `fail=1`, `/ping` and `/fetch` send and then fail: nothing leaves.
 //! Each message's body is `{sender}:{n}`, unique per message; the receiver
 //! answers `pong {n}`.
@@ -110,6 +114,19 @@ impl Actor for Pinger {
                     return Err(Error::new("asked_to_fail", "failing after the call, as asked"));
                 }
                 Ok(Response::json(200, json!({ "seq": seq }).to_string()))
+            }
+            ("GET", "/config") | ("POST", "/config/log") => {
+                let name = req
+                    .query_param("name")
+                    .ok_or_else(|| Error::bad_request("`name` is required"))?;
+                let value = wasmkeep_sdk::config::get(&name);
+                if req.method == "POST" {
+                    wasmkeep_sdk::log::info(&format!(
+                        "config {name} = {}",
+                        value.as_deref().unwrap_or("(none)")
+                    ));
+                }
+                Ok(Response::json(200, json!({ "value": value }).to_string()))
             }
             ("GET", "/calls") => {
                 let rows = sql::query("SELECT seq, status, body, code FROM calls ORDER BY seq", &[])?;

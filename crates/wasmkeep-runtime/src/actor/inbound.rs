@@ -4,71 +4,68 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use wasmkeep_store::{ActorId, InboxSeen, OutboxRow};
+use wasmkeep_store::{ActorId, InboxSeen};
 
 use super::{Actor, Loaded, Outcome, ensure_init, enter, finish_call};
 use crate::error::RuntimeError;
 use crate::host::inbox_exports::inbox;
 use crate::host::wasmkeep::actor::types::Address;
-use crate::outbox::{Answer, MessageAnswer, OutboundPolicy};
+use crate::outbox::{Answer, MessageAnswer, Offered};
 use crate::replication;
 use crate::runtime::Inner;
 
-/// Rows one batch committed, for the dispatcher.
-pub(super) struct OutboxBatch {
-    life: u64,
-    rows: Vec<OutboxRow>,
-    policy: Arc<OutboundPolicy>,
-}
-
-/// The committed rows above what was handed over already.
-pub(super) fn read_outbox(rt: &Inner, actor: &Actor, l: &mut Loaded) -> Option<OutboxBatch> {
+/// Hands rows above the actor's mark (up to `upto`, or all) to the
+/// dispatcher, read now from the database in sequence order, and moves
+/// the mark only if the dispatcher took them (one that set them aside
+/// sends an `OutboxResume` when it has room, which reads them again).
+pub(super) fn offer_outbox(rt: &Inner, actor: &Actor, l: &mut Loaded, upto: Option<u64>) {
     let after = actor.outbox_offered.load(Ordering::Relaxed);
     let limit = rt.config.outbox.pending_max as usize;
-    let rows = match l.db().outbox_pending(after, limit) {
+    let mut rows = match l.db().outbox_pending(after, limit) {
         Ok(r) => r,
         Err(e) => {
             tracing::warn!(actor = %actor.id, error = %e, "could not read the outbox: its rows go out when the actor opens again");
-            return None;
+            return;
         }
     };
-    let last = rows.last()?.seq;
-    let life = match l.db().outbox_life() {
-        Ok(n) => n,
+    if let Some(upto) = upto {
+        rows.retain(|r| r.seq <= upto);
+    }
+    let Some(last) = rows.last().map(|r| r.seq) else {
+        return;
+    };
+    let life = match l.db().outbox_life_if_any() {
+        Ok(Some(n)) => n,
+        Ok(None) => return,
         Err(e) => {
             tracing::warn!(actor = %actor.id, error = %e, "could not read the outbox's life");
-            return None;
+            return;
         }
     };
-    actor.outbox_offered.store(last, Ordering::Relaxed);
-    Some(OutboxBatch {
-        life,
-        rows,
-        policy: Arc::clone(&l.app.outbound),
-    })
-}
-
-/// Hands what the actor's database holds to the dispatcher now: at
-/// opening, the rows are committed and durable already.
-pub(super) fn offer_outbox(rt: &Inner, actor: &Actor, l: &mut Loaded) {
-    if let Some(b) = read_outbox(rt, actor, l) {
-        rt.outbox.offer(&actor.id, b.life, b.rows, b.policy);
+    let policy = Arc::clone(&l.app.outbound);
+    if rt.outbox.offer(&actor.id, life, rows, policy) == Offered::Taken {
+        actor.outbox_offered.store(last, Ordering::Relaxed);
     }
 }
 
-/// Hands a batch's rows to the dispatcher once its commit is durable: at
-/// once without a bucket, once the bucket holds the commit with one (a
-/// message must not leave for a commit that a restore from the bucket
-/// would not have).
-pub(super) fn hand_over(
+/// After a batch that sent, once its commit is durable: its rows (up to
+/// `upto`) go out in a later turn of the actor (an `OutboxResume` event,
+/// which reads them from the database), at once without a bucket, once
+/// the bucket holds the commit with one: a message must not leave for a
+/// commit that a restore from the bucket would not have.
+pub(super) fn outbox_ready(
     rt: &Arc<Inner>,
     actor: &Arc<Actor>,
-    batch: OutboxBatch,
+    upto: u64,
     mark: Option<replication::Mark>,
 ) {
+    let mark = mark.filter(|_| {
+        !rt.faults
+            .unsafe_outbox_before_upload
+            .load(Ordering::Relaxed)
+    });
     let Some(mark) = mark else {
-        rt.outbox
-            .offer(&actor.id, batch.life, batch.rows, batch.policy);
+        rt.enqueue_outbox_resume(&actor.id, Some(upto));
         return;
     };
     let (tx, rx) = tokio::sync::oneshot::channel();
@@ -82,22 +79,24 @@ pub(super) fn hand_over(
     );
     let id = actor.id.clone();
     rt.outbox
-        .offer_when(rx, id, batch.life, batch.rows, batch.policy);
+        .when_uploaded(rx, move |rt| rt.enqueue_outbox_resume(&id, Some(upto)));
 }
 
-/// Whether a failure of `on-message` is the receiver's answer (its own
-/// doing, which a retry would repeat) rather than the node's (worth
-/// delivering again).
-fn is_answer(e: &RuntimeError) -> bool {
-    match e {
-        RuntimeError::Store(s) => s.is_guest_fault(),
-        RuntimeError::Guest { .. }
-        | RuntimeError::Trap(_)
-        | RuntimeError::CpuTimeExceeded { .. }
-        | RuntimeError::MemoryExceeded { .. }
-        | RuntimeError::ResponseTooLarge { .. }
-        | RuntimeError::ResponseHeadersTooLarge { .. } => true,
-        _ => false,
+/// At opening: what the outbox holds goes out, at once without a bucket,
+/// and with one once everything committed so far is in the bucket.
+pub(super) fn outbox_opened(rt: &Arc<Inner>, actor: &Arc<Actor>, l: &mut Loaded) {
+    actor.outbox_offered.store(0, Ordering::Relaxed);
+    let max = match l.db().outbox_max_seq() {
+        Ok(Some(m)) => m,
+        Ok(None) => return,
+        Err(e) => {
+            tracing::warn!(actor = %actor.id, error = %e, "could not read the outbox");
+            return;
+        }
+    };
+    match &rt.replication {
+        None => offer_outbox(rt, actor, l, None),
+        Some(_) => outbox_ready(rt, actor, max, Some(replication::current_mark(actor))),
     }
 }
 
@@ -194,7 +193,7 @@ pub(super) fn run_message(
                 l.db().event_commit()?;
                 MessageAnswer::Reply(bytes)
             }
-            Err(e) if is_answer(&e) && l.db().in_transaction() => {
+            Err(e) if e.is_guest_failure() && l.db().in_transaction() => {
                 l.db().event_rollback()?;
                 MessageAnswer::Refused {
                     code: e.code(),
@@ -252,6 +251,7 @@ fn wit_answer(a: Answer) -> inbox::Answer {
 pub(super) fn run_response(
     rt: &Inner,
     l: &mut Loaded,
+    life: u64,
     seq: u64,
     answer: Answer,
     attempts: u32,
@@ -259,9 +259,13 @@ pub(super) fn run_response(
 ) -> Result<Outcome, RuntimeError> {
     l.db().event_begin()?;
     let r = (|| {
+        if l.db().outbox_life_if_any()? != Some(life) {
+            // An answer to an earlier life of this actor (deleted since).
+            return Ok(());
+        }
         let row = if rt.faults.unsafe_response_keeps_row.load(Ordering::Relaxed) {
             l.db()
-                .outbox_pending(seq - 1, 1)?
+                .outbox_pending(seq.saturating_sub(1), 1)?
                 .into_iter()
                 .find(|r| r.seq == seq)
         } else {

@@ -1,13 +1,19 @@
 //! The node's dispatcher: delivers committed outbox rows off the workers.
 //!
-//! Rows arrive from a turn once their commit is durable ([`Dispatcher::offer`])
-//! or from an actor's opening (rows an earlier run of the node, or another
-//! node, left). Messages from one sender to one receiver go one at a time,
-//! in order (a *lane*), which is what lets the receiver keep only the last
+//! Rows come from an actor's own turn ([`Dispatcher::offer`]), read from
+//! its database, in sequence order: after a batch that sent, once the
+//! commit is durable (and, with a bucket, in the bucket), and when the
+//! actor opens (rows an earlier run of the node, or another node, left).
+//! The dispatcher never keeps a copy of a row for later: whatever waits
+//! (for the bucket, for room) is read again from the database when its
+//! time comes, so a row answered meanwhile is not sent again.
+//!
+//! Messages from one sender's life to one receiver go one at a time, in
+//! order (a *lane*), which is what lets the receiver keep only the last
 //! one it applied. HTTP calls have no order. Every delivery takes a permit
-//! of the node (`outbox_in_flight_max`) and of its actor
-//! (`outbox_per_actor_max`; for HTTP the app's `per_actor_max`), and an
-//! HTTP call one of its app (`per_app_max`).
+//! of its actor (`outbox_per_actor_max`; for HTTP the app's
+//! `per_actor_max` and `per_app_max`) and then one of the node
+//! (`outbox_in_flight_max`), so one busy actor cannot hold the node's.
 //!
 //! A delivery that fails in a way worth retrying waits (doubling from
 //! `outbox_retry_first_ms` up to `outbox_retry_max_ms`) without its
@@ -16,13 +22,16 @@
 //! the sender's `on-response` keeps failing, the row is dropped after
 //! `outbox_response_attempts_max` offers (logged, counted).
 //!
-//! Rows held here count their bodies against `outbox_node_bytes_max`; an
-//! actor whose rows do not fit is remembered, and its rows are read again
-//! from its database (an `OutboxResume` event) when there is room.
+//! Rows held here count their bodies, contexts, answers and a fixed
+//! overhead against `outbox_node_bytes_max`; an actor whose rows do not fit
+//! is set aside whole (none of its later rows go first), and its rows are
+//! read again from its database (an `OutboxResume` event) when there is
+//! room.
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
@@ -33,7 +42,7 @@ use wasmkeep_store::{ActorId, OutboxKind, OutboxRow};
 use super::http::{self, Attempt};
 use super::{OutboundPolicy, OutboxLimits, decode_target};
 use crate::error::RuntimeError;
-use crate::runtime::Inner;
+use crate::runtime::{Faults, Inner};
 
 /// What the receiver of a message answered.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,6 +69,23 @@ pub enum Answer {
     },
 }
 
+impl Answer {
+    fn bytes(&self) -> u64 {
+        match self {
+            Answer::Message(MessageAnswer::Reply(b)) => b.len() as u64,
+            Answer::Http { headers, body, .. } => {
+                (body.len()
+                    + headers
+                        .iter()
+                        .map(|(k, v)| k.len() + v.len())
+                        .sum::<usize>()) as u64
+            }
+            Answer::Message(MessageAnswer::Refused { message, .. })
+            | Answer::Failed { message, .. } => message.len() as u64,
+        }
+    }
+}
+
 /// An event the dispatcher brings to an actor.
 #[derive(Debug, Clone)]
 pub enum Inbound {
@@ -71,9 +97,11 @@ pub enum Inbound {
         seq: u64,
         body: Vec<u8>,
     },
-    /// The answer to the receiver's own row `seq`. With `discard`, the row
-    /// is deleted without running `on-response` (it kept failing).
+    /// The answer to the receiver's own row `seq` of its outbox's `life`.
+    /// With `discard`, the row is deleted without running `on-response`
+    /// (it kept failing).
     Response {
+        life: u64,
         seq: u64,
         answer: Answer,
         attempts: u32,
@@ -92,24 +120,30 @@ pub trait Router: Send + Sync {
     fn deliver(&self, to: ActorId, ev: Inbound) -> Routed;
 }
 
-/// A lane's key: one sender's messages to one receiver.
-type Lane = (ActorId, String);
+/// What a row costs in memory besides its bytes (the row, its lane and
+/// task), so that many tiny rows are bounded too.
+const ROW_OVERHEAD_BYTES: u64 = 512;
 
-#[derive(Default)]
+/// A lane's key: one sender's life's messages to one receiver.
+type Lane = (ActorId, u64, String);
+
 struct ActorOut {
-    /// Rows offered and not yet finished.
+    /// The sender's outbox life these rows belong to; rows of another
+    /// life replace the entry (the actor was deleted and began again).
+    life: u64,
+    /// Rows taken and not yet finished.
     known: BTreeSet<u64>,
     /// Lanes with a task working through them.
     running: HashSet<String>,
-    per_actor: Option<Arc<Semaphore>>,
-    http_per_actor: Option<Arc<Semaphore>>,
+    per_actor: Arc<Semaphore>,
+    http_per_actor: Arc<Semaphore>,
 }
 
 #[derive(Default)]
 struct State {
     actors: HashMap<ActorId, ActorOut>,
     lanes: HashMap<Lane, VecDeque<OutboxRow>>,
-    /// Bodies and contexts held.
+    /// Rows, answers and overhead held.
     bytes: u64,
     /// Actors whose rows did not fit; read again when there is room.
     deferred: BTreeSet<ActorId>,
@@ -117,7 +151,7 @@ struct State {
 }
 
 fn row_bytes(r: &OutboxRow) -> u64 {
-    (r.body.len() + r.context.len() + r.target.len()) as u64
+    (r.body.len() + r.context.len() + r.target.len()) as u64 + ROW_OVERHEAD_BYTES
 }
 
 struct Shared {
@@ -129,15 +163,27 @@ struct Shared {
     state: Mutex<State>,
     in_flight: Arc<Semaphore>,
     handle: tokio::runtime::Handle,
-    delivered: std::sync::atomic::AtomicU64,
-    failed: std::sync::atomic::AtomicU64,
-    dropped: std::sync::atomic::AtomicU64,
+    /// Batches waiting for the bucket before their rows are read.
+    waiting: AtomicU64,
+    delivered: AtomicU64,
+    failed: AtomicU64,
+    dropped: AtomicU64,
 }
 
 /// The node's outbox dispatcher (see the module's documentation).
 pub struct Dispatcher {
     shared: Arc<Shared>,
     io: Mutex<Option<tokio::runtime::Runtime>>,
+}
+
+/// How an offer went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Offered {
+    /// The rows are the dispatcher's now.
+    Taken,
+    /// They stay in the database until the dispatcher has room (the actor
+    /// gets an `OutboxResume` event then).
+    Deferred,
 }
 
 impl Dispatcher {
@@ -157,9 +203,10 @@ impl Dispatcher {
             private_allowed,
             state: Mutex::new(State::default()),
             handle: io.handle().clone(),
-            delivered: Default::default(),
-            failed: Default::default(),
-            dropped: Default::default(),
+            waiting: AtomicU64::new(0),
+            delivered: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            dropped: AtomicU64::new(0),
         });
         Dispatcher {
             shared,
@@ -176,43 +223,58 @@ impl Dispatcher {
         self.shared.router.set(router).is_ok()
     }
 
-    /// Rows offered and not yet finished, on this node.
+    /// Rows taken and not yet finished, actors set aside, and batches
+    /// waiting for the bucket, on this node.
     pub fn pending(&self) -> usize {
         let st = self.shared.state.lock();
-        st.actors.values().map(|a| a.known.len()).sum::<usize>() + st.deferred.len()
+        st.actors.values().map(|a| a.known.len()).sum::<usize>()
+            + st.deferred.len()
+            + self.shared.waiting.load(Ordering::Relaxed) as usize
+    }
+
+    /// Bytes held (rows, answers, overhead).
+    pub fn bytes(&self) -> u64 {
+        self.shared.state.lock().bytes
     }
 
     /// Answers delivered to senders, deliveries that failed for good, and
     /// answers dropped after their sender's `on-response` kept failing.
     pub fn counts(&self) -> (u64, u64, u64) {
-        use std::sync::atomic::Ordering::Relaxed;
         (
-            self.shared.delivered.load(Relaxed),
-            self.shared.failed.load(Relaxed),
-            self.shared.dropped.load(Relaxed),
+            self.shared.delivered.load(Ordering::Relaxed),
+            self.shared.failed.load(Ordering::Relaxed),
+            self.shared.dropped.load(Ordering::Relaxed),
         )
     }
 
-    /// Forgets an actor that was deleted: what is in flight for it will
-    /// not answer its next life.
+    /// Forgets an actor that was deleted: what is in flight for it stops
+    /// at its next step and answers nobody.
     pub fn forget(&self, id: &ActorId) {
         let mut st = self.shared.state.lock();
         st.actors.remove(id);
         st.deferred.remove(id);
     }
 
-    /// Takes committed rows of `from` for delivery; rows already known are
-    /// skipped. `policy` is the sender's app's.
+    /// Takes rows of `from` (read from its database, in sequence order)
+    /// for delivery; rows already taken are skipped. `policy` is the
+    /// sender's app's.
     pub fn offer(
         &self,
         from: &ActorId,
         life: u64,
         rows: Vec<OutboxRow>,
         policy: Arc<OutboundPolicy>,
-    ) {
+    ) -> Offered {
         let sh = &self.shared;
         let mut guard = sh.state.lock();
         let st = &mut *guard;
+        if st.deferred.contains(from) {
+            return Offered::Deferred;
+        }
+        if st.actors.get(from).is_some_and(|a| a.life != life) {
+            // A new life of a deleted actor: the old one's tasks stop.
+            st.actors.remove(from);
+        }
         let fresh: Vec<OutboxRow> = match st.actors.get(from) {
             Some(a) => rows
                 .into_iter()
@@ -221,28 +283,30 @@ impl Dispatcher {
             None => rows,
         };
         if fresh.is_empty() {
-            return;
+            return Offered::Taken;
         }
         let bytes: u64 = fresh.iter().map(row_bytes).sum();
         if st.bytes + bytes > sh.limits.node_bytes_max && st.bytes > 0 {
             tracing::debug!(actor = %from, "outbox rows wait in the database: outbox_node_bytes_max");
             st.deferred.insert(from.clone());
-            return;
+            return Offered::Deferred;
         }
         st.bytes += bytes;
-        let per_actor_max = sh.limits.per_actor_max.max(1);
-        let a = st.actors.entry(from.clone()).or_default();
-        a.per_actor
-            .get_or_insert_with(|| Arc::new(Semaphore::new(per_actor_max)));
-        a.http_per_actor
-            .get_or_insert_with(|| Arc::new(Semaphore::new(policy.per_actor_max.max(1))));
+        let limits = &sh.limits;
+        let a = st.actors.entry(from.clone()).or_insert_with(|| ActorOut {
+            life,
+            known: BTreeSet::new(),
+            running: HashSet::new(),
+            per_actor: Arc::new(Semaphore::new(limits.per_actor_max.max(1))),
+            http_per_actor: Arc::new(Semaphore::new(policy.per_actor_max.max(1))),
+        });
         let mut start_lanes = Vec::new();
         let mut calls = Vec::new();
         for row in fresh {
             a.known.insert(row.seq);
             match row.kind {
                 OutboxKind::Message => {
-                    let lane = (from.clone(), row.target.clone());
+                    let lane = (from.clone(), life, row.target.clone());
                     if a.running.insert(row.target.clone()) {
                         start_lanes.push(lane.clone());
                     }
@@ -251,12 +315,16 @@ impl Dispatcher {
                 OutboxKind::Http => calls.push(row),
             }
         }
+        let app_sem = Arc::clone(
+            st.apps
+                .entry((from.tenant.clone(), from.app.clone()))
+                .or_insert_with(|| Arc::new(Semaphore::new(policy.per_app_max.max(1)))),
+        );
         drop(guard);
         for lane in start_lanes {
             let sh = Arc::clone(sh);
-            sh.handle.clone().spawn(run_lane(sh, lane, life));
+            sh.handle.clone().spawn(run_lane(sh, lane));
         }
-        let app_sem = self.app_semaphore(from, &policy);
         for row in calls {
             let sh = Arc::clone(sh);
             let policy = Arc::clone(&policy);
@@ -266,36 +334,31 @@ impl Dispatcher {
                 .clone()
                 .spawn(async move { run_call(sh, from, life, row, policy, app_sem).await });
         }
+        Offered::Taken
     }
 
-    /// Offers `rows` once `ready` says their commit is in the bucket; if
-    /// it says the actor was given up instead, they are not sent (the
-    /// bucket's state, which the actor serves from now on, lacks them).
-    pub(crate) fn offer_when(
+    /// Runs `then` once `ready` says a batch's commit is in the bucket (it
+    /// reads the batch's rows again from the database, in the actor's
+    /// turn); not at all if the actor was given up (the bucket's state,
+    /// which it serves from now on, lacks them).
+    pub(crate) fn when_uploaded(
         &self,
         ready: tokio::sync::oneshot::Receiver<Result<crate::actor::Outcome, RuntimeError>>,
-        from: ActorId,
-        life: u64,
-        rows: Vec<OutboxRow>,
-        policy: Arc<OutboundPolicy>,
+        then: impl FnOnce(&Arc<Inner>) + Send + 'static,
     ) {
-        let Some(rt) = self.shared.runtime() else {
-            return;
-        };
+        let sh = Arc::clone(&self.shared);
+        sh.waiting.fetch_add(1, Ordering::Relaxed);
+        let weak = sh.rt.get().cloned();
         self.shared.handle.spawn(async move {
-            if let Ok(Ok(_)) = ready.await {
-                rt.outbox.offer(&from, life, rows, policy);
+            let ok = matches!(ready.await, Ok(Ok(_)));
+            if ok && let Some(rt) = weak.as_ref().and_then(Weak::upgrade) {
+                then(&rt);
+                // Dropped on a thread of its own if it was the last one:
+                // never inside this runtime (see `Drop for Dispatcher`).
+                drop_elsewhere(rt);
             }
+            sh.waiting.fetch_sub(1, Ordering::Relaxed);
         });
-    }
-
-    fn app_semaphore(&self, from: &ActorId, policy: &OutboundPolicy) -> Arc<Semaphore> {
-        let mut st = self.shared.state.lock();
-        Arc::clone(
-            st.apps
-                .entry((from.tenant.clone(), from.app.clone()))
-                .or_insert_with(|| Arc::new(Semaphore::new(policy.per_app_max.max(1)))),
-        )
     }
 
     /// Stops delivering: tasks in flight are dropped (their rows stay in
@@ -304,6 +367,28 @@ impl Dispatcher {
         if let Some(io) = self.io.lock().take() {
             io.shutdown_background();
         }
+    }
+}
+
+impl Drop for Dispatcher {
+    fn drop(&mut self) {
+        // The node may go away while one of the runtime's own tasks holds
+        // it last; a tokio runtime cannot be dropped inside itself.
+        if let Some(io) = self.io.lock().take() {
+            let _ = std::thread::Builder::new()
+                .name("wasmkeep-outbox-stop".into())
+                .spawn(move || io.shutdown_background());
+        }
+    }
+}
+
+/// Drops a strong reference to the node off the current thread when it
+/// may be the last one.
+pub(crate) fn drop_elsewhere(rt: Arc<Inner>) {
+    if Arc::strong_count(&rt) <= 1 {
+        let _ = std::thread::Builder::new()
+            .name("wasmkeep-outbox-drop".into())
+            .spawn(move || drop(rt));
     }
 }
 
@@ -330,53 +415,73 @@ impl Shared {
         Duration::from_millis(ms - (ms / 5) * (nanos % 1000) / 1000)
     }
 
-    async fn permits(
-        &self,
-        actor: &ActorId,
-        http: bool,
-    ) -> Option<(OwnedSemaphorePermit, OwnedSemaphorePermit)> {
-        let sem = {
-            let st = self.state.lock();
-            let a = st.actors.get(actor)?;
-            if http {
-                a.http_per_actor.clone()?
-            } else {
-                a.per_actor.clone()?
-            }
-        };
-        let node = Arc::clone(&self.in_flight).acquire_owned().await.ok()?;
-        let own = sem.acquire_owned().await.ok()?;
-        Some((node, own))
-    }
-
     /// Whether a test fault is set (false once the node is gone).
-    fn fault(&self, f: impl Fn(&crate::runtime::Faults) -> bool) -> bool {
-        self.runtime().is_some_and(|rt| f(&rt.faults))
+    fn fault(&self, f: impl Fn(&Faults) -> bool) -> bool {
+        match self.runtime() {
+            Some(rt) => {
+                let set = f(&rt.faults);
+                drop_elsewhere(rt);
+                set
+            }
+            None => false,
+        }
     }
 
     /// A test holds deliveries (`Faults::outbox_held`).
     async fn wait_while_held(&self) {
-        while self.fault(|f| f.outbox_held.load(std::sync::atomic::Ordering::Relaxed)) {
+        while self.fault(|f| f.outbox_held.load(Ordering::Relaxed)) {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
 
-    /// Whether `seq` of `actor` is still wanted (not forgotten by a delete).
-    fn still_known(&self, actor: &ActorId, seq: u64) -> bool {
+    /// The actor's permit (and the app's, for HTTP), then the node's.
+    async fn permits(
+        &self,
+        actor: &ActorId,
+        life: u64,
+        app: Option<&Arc<Semaphore>>,
+    ) -> Option<Vec<OwnedSemaphorePermit>> {
+        let own = {
+            let st = self.state.lock();
+            let a = st.actors.get(actor).filter(|a| a.life == life)?;
+            if app.is_some() {
+                Arc::clone(&a.http_per_actor)
+            } else {
+                Arc::clone(&a.per_actor)
+            }
+        };
+        let mut held = vec![own.acquire_owned().await.ok()?];
+        if let Some(app) = app {
+            held.push(Arc::clone(app).acquire_owned().await.ok()?);
+        }
+        held.push(Arc::clone(&self.in_flight).acquire_owned().await.ok()?);
+        Some(held)
+    }
+
+    /// Whether `seq` of `actor`'s `life` is still wanted (not forgotten by
+    /// a delete, not of a life that ended).
+    fn still_known(&self, actor: &ActorId, life: u64, seq: u64) -> bool {
         self.state
             .lock()
             .actors
             .get(actor)
-            .is_some_and(|a| a.known.contains(&seq))
+            .is_some_and(|a| a.life == life && a.known.contains(&seq))
     }
 
-    /// `seq` of `actor` is done: its bytes are given back, and actors that
-    /// waited for room are read again.
-    fn finish(&self, actor: &ActorId, row: &OutboxRow) {
+    fn hold_bytes(&self, n: u64) {
+        self.state.lock().bytes += n;
+    }
+
+    /// `seq` is done (answered, dropped, or forgotten): its bytes (and
+    /// `extra`, an answer's) are given back, and actors set aside are read
+    /// again when there is room. Called on every way out of a delivery.
+    fn finish(&self, actor: &ActorId, life: u64, row: &OutboxRow, extra: u64) {
         let resume: Vec<ActorId> = {
             let mut st = self.state.lock();
-            st.bytes = st.bytes.saturating_sub(row_bytes(row));
-            if let Some(a) = st.actors.get_mut(actor) {
+            st.bytes = st.bytes.saturating_sub(row_bytes(row) + extra);
+            if let Some(a) = st.actors.get_mut(actor)
+                && a.life == life
+            {
                 a.known.remove(&row.seq);
                 if a.known.is_empty() && a.running.is_empty() {
                     st.actors.remove(actor);
@@ -388,10 +493,13 @@ impl Shared {
                 std::mem::take(&mut st.deferred).into_iter().collect()
             }
         };
-        if let Some(rt) = self.runtime() {
+        if !resume.is_empty()
+            && let Some(rt) = self.runtime()
+        {
             for id in resume {
                 rt.resume_outbox(&id);
             }
+            drop_elsewhere(rt);
         }
     }
 
@@ -406,19 +514,32 @@ impl Shared {
             return router.deliver(to, ev).await;
         }
         let rt = self.runtime().ok_or(RuntimeError::ShuttingDown)?;
-        crate::runtime::deliver_inbound(&rt, to, ev).await
+        let r = crate::runtime::deliver_inbound(&rt, to, ev).await;
+        drop_elsewhere(rt);
+        r
     }
 
     /// Brings `answer` to the sender; offers it again while its
-    /// `on-response` fails, then drops the row.
-    async fn respond(&self, from: &ActorId, row: &OutboxRow, answer: Answer, attempts: u32) {
-        let mut offers = 0;
+    /// `on-response` fails (the guest's failures count toward
+    /// `outbox_response_attempts_max`; the node's do not), then drops the
+    /// row.
+    async fn respond(
+        &self,
+        from: &ActorId,
+        life: u64,
+        row: &OutboxRow,
+        answer: Answer,
+        attempts: u32,
+    ) {
+        let mut failures = 0;
+        let mut tries = 0;
         loop {
-            if !self.still_known(from, row.seq) {
+            if !self.still_known(from, life, row.seq) {
                 return;
             }
-            offers += 1;
+            tries += 1;
             let ev = Inbound::Response {
+                life,
                 seq: row.seq,
                 answer: answer.clone(),
                 attempts,
@@ -426,49 +547,71 @@ impl Shared {
             };
             match self.deliver(from.clone(), ev.clone()).await {
                 Ok(_) => {
-                    if self.fault(|f| crate::runtime::Faults::take(&f.outbox_repeat_responses)) {
+                    if self.fault(|f| Faults::take(&f.outbox_repeat_responses)) {
                         let _ = self.deliver(from.clone(), ev).await;
                     }
-                    self.delivered
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    self.delivered.fetch_add(1, Ordering::Relaxed);
                     return;
                 }
-                Err(e)
-                    if offers >= self.limits.response_attempts_max.max(1) && !e.is_retryable() =>
-                {
-                    tracing::warn!(actor = %from, seq = row.seq, error = %e, "on-response kept failing: the answer is dropped (outbox_response_attempts_max)");
-                    self.dropped
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let ev = Inbound::Response {
-                        seq: row.seq,
-                        answer: answer.clone(),
-                        attempts,
-                        discard: true,
-                    };
-                    let _ = self.deliver(from.clone(), ev).await;
-                    return;
+                Err(e) if e.is_guest_failure() => {
+                    failures += 1;
+                    if failures >= self.limits.response_attempts_max.max(1) {
+                        tracing::warn!(actor = %from, seq = row.seq, error = %e, "on-response kept failing: the answer is dropped (outbox_response_attempts_max)");
+                        self.dropped.fetch_add(1, Ordering::Relaxed);
+                        let ev = Inbound::Response {
+                            life,
+                            seq: row.seq,
+                            answer: answer.clone(),
+                            attempts,
+                            discard: true,
+                        };
+                        let _ = self.deliver(from.clone(), ev).await;
+                        return;
+                    }
+                    tokio::time::sleep(self.backoff(failures)).await;
                 }
                 Err(e) => {
                     tracing::debug!(actor = %from, seq = row.seq, error = %e, "answer not applied yet");
-                    tokio::time::sleep(self.backoff(offers)).await;
+                    tokio::time::sleep(self.backoff(tries)).await;
                 }
             }
         }
     }
 }
 
+/// Failures of a message's delivery that trying again cannot mend.
+fn final_failure(e: &RuntimeError) -> bool {
+    match e {
+        RuntimeError::AppNotFound(_)
+        | RuntimeError::ClassNotFound { .. }
+        | RuntimeError::NoInbox(_)
+        | RuntimeError::InvalidId(_) => true,
+        RuntimeError::Relayed { retryable, .. } => !retryable,
+        _ => false,
+    }
+}
+
 /// Works through one lane: each message in order, with its retries, then
 /// its answer.
-async fn run_lane(sh: Arc<Shared>, lane: Lane, life: u64) {
-    let (from, target) = lane.clone();
+async fn run_lane(sh: Arc<Shared>, lane: Lane) {
+    let (from, life, target) = lane.clone();
     loop {
         let row = {
             let mut st = sh.state.lock();
-            match st.lanes.get_mut(&lane).and_then(VecDeque::pop_front) {
+            let newest_first = sh.fault(|f| f.unsafe_lanes_reversed.load(Ordering::Relaxed));
+            let queue = st.lanes.get_mut(&lane);
+            let next = if newest_first {
+                queue.and_then(VecDeque::pop_back)
+            } else {
+                queue.and_then(VecDeque::pop_front)
+            };
+            match next {
                 Some(r) => r,
                 None => {
                     st.lanes.remove(&lane);
-                    if let Some(a) = st.actors.get_mut(&from) {
+                    if let Some(a) = st.actors.get_mut(&from)
+                        && a.life == life
+                    {
                         a.running.remove(&target);
                         if a.known.is_empty() && a.running.is_empty() {
                             st.actors.remove(&from);
@@ -478,70 +621,74 @@ async fn run_lane(sh: Arc<Shared>, lane: Lane, life: u64) {
                 }
             }
         };
-        if !sh.still_known(&from, row.seq) {
+        if !sh.still_known(&from, life, row.seq) {
+            sh.finish(&from, life, &row, 0);
             continue;
         }
-        let (answer, attempts) = send_message(&sh, &from, life, &row).await;
-        sh.respond(&from, &row, answer, attempts).await;
-        sh.finish(&from, &row);
+        let answer = send_message(&sh, &from, life, &row).await;
+        if let Some((answer, attempts)) = answer {
+            let extra = answer.bytes();
+            sh.hold_bytes(extra);
+            sh.respond(&from, life, &row, answer, attempts).await;
+            sh.finish(&from, life, &row, extra);
+        } else {
+            sh.finish(&from, life, &row, 0);
+        }
     }
 }
 
-async fn send_message(sh: &Shared, from: &ActorId, life: u64, row: &OutboxRow) -> (Answer, u32) {
+/// One message's deliveries; `None` if the sender was forgotten meanwhile.
+async fn send_message(
+    sh: &Shared,
+    from: &ActorId,
+    life: u64,
+    row: &OutboxRow,
+) -> Option<(Answer, u32)> {
     let Some(to) = decode_target(&from.tenant, &row.target) else {
-        return (
+        return Some((
             Answer::Failed {
                 code: "invalid_name".into(),
                 message: format!("cannot address `{}`", row.target),
             },
             0,
-        );
+        ));
     };
     let mut attempts = 0;
     loop {
         attempts += 1;
-        let Some(permits) = sh.permits(from, false).await else {
-            // Forgotten (the sender was deleted): nobody to answer.
-            return (
-                Answer::Failed {
-                    code: "shutting_down".into(),
-                    message: String::new(),
-                },
-                attempts,
-            );
-        };
+        let permits = sh.permits(from, life, None).await?;
+        sh.wait_while_held().await;
         let ev = Inbound::Message {
             from: from.clone(),
             life,
             seq: row.seq,
             body: row.body.clone(),
         };
-        sh.wait_while_held().await;
         let mut r = sh.deliver(to.clone(), ev).await;
         drop(permits);
-        if r.is_ok() && sh.fault(|f| crate::runtime::Faults::take(&f.outbox_lose_answers)) {
+        if r.is_ok() && sh.fault(|f| Faults::take(&f.outbox_lose_answers)) {
             r = Err(RuntimeError::Internal(
                 "injected: the answer was lost on its way back".into(),
             ));
         }
         let e = match r {
-            Ok(Some(answer)) => return (Answer::Message(answer), attempts),
+            Ok(Some(answer)) => return Some((Answer::Message(answer), attempts)),
             Ok(None) => RuntimeError::Internal("a message got no answer".into()),
             Err(e) => e,
         };
-        if !e.is_retryable() && !matches!(e, RuntimeError::Internal(_)) {
-            sh.failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            return (
+        if final_failure(&e) {
+            sh.failed.fetch_add(1, Ordering::Relaxed);
+            return Some((
                 Answer::Failed {
                     code: e.code(),
                     message: e.to_string(),
                 },
                 attempts,
-            );
+            ));
         }
         if attempts >= sh.limits.attempts_max.max(1) {
-            sh.failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            return (
+            sh.failed.fetch_add(1, Ordering::Relaxed);
+            return Some((
                 Answer::Failed {
                     code: "delivery_failed".into(),
                     message: format!(
@@ -550,11 +697,17 @@ async fn send_message(sh: &Shared, from: &ActorId, life: u64, row: &OutboxRow) -
                     ),
                 },
                 attempts,
-            );
+            ));
         }
         tracing::debug!(actor = %from, to = %to, seq = row.seq, error = %e, "message not delivered yet");
         tokio::time::sleep(sh.backoff(attempts)).await;
     }
+}
+
+/// The idempotency key of a row's attempts: the sender, its outbox's
+/// life, and the row's sequence number.
+pub fn idempotency_key(from: &ActorId, life: u64, seq: u64) -> String {
+    format!("{from}/{life:016x}/{seq}")
 }
 
 async fn run_call(
@@ -565,20 +718,17 @@ async fn run_call(
     policy: Arc<OutboundPolicy>,
     app_sem: Arc<Semaphore>,
 ) {
-    let _ = life;
-    let key = format!("{from}/{}", row.seq);
+    let key = idempotency_key(&from, life, row.seq);
     let mut attempts = 0;
     let answer = loop {
         attempts += 1;
-        let Some(permits) = sh.permits(&from, true).await else {
-            return;
-        };
-        let Ok(app_permit) = Arc::clone(&app_sem).acquire_owned().await else {
+        let Some(permits) = sh.permits(&from, life, Some(&app_sem)).await else {
+            sh.finish(&from, life, &row, 0);
             return;
         };
         sh.wait_while_held().await;
         let r = http::attempt(sh.client(), &row, &key, &policy).await;
-        drop((permits, app_permit));
+        drop(permits);
         let last = attempts >= sh.limits.attempts_max.max(1);
         match r {
             Attempt::Answered {
@@ -597,12 +747,12 @@ async fn run_call(
                 };
             }
             Attempt::Final(code, message) => {
-                sh.failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                sh.failed.fetch_add(1, Ordering::Relaxed);
                 break Answer::Failed { code, message };
             }
             Attempt::Retry(code, message) => {
                 if last {
-                    sh.failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    sh.failed.fetch_add(1, Ordering::Relaxed);
                     break Answer::Failed {
                         code: "delivery_failed".into(),
                         message: format!(
@@ -615,6 +765,8 @@ async fn run_call(
             }
         }
     };
-    sh.respond(&from, &row, answer, attempts).await;
-    sh.finish(&from, &row);
+    let extra = answer.bytes();
+    sh.hold_bytes(extra);
+    sh.respond(&from, life, &row, answer, attempts).await;
+    sh.finish(&from, life, &row, extra);
 }

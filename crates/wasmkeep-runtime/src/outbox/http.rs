@@ -61,14 +61,29 @@ pub(crate) fn is_private(ip: IpAddr) -> bool {
                 || a.is_unspecified()
                 || a.is_multicast()
                 || a.is_broadcast()
+                || a.octets()[0] == 0 // 0.0.0.0/8, "this network"
+                || a.octets()[0] >= 240 // 240.0.0.0/4, reserved
                 // 100.64.0.0/10, carrier-grade NAT.
                 || (a.octets()[0] == 100 && (a.octets()[1] & 0xc0) == 64)
+                // 198.18.0.0/15, benchmarking.
+                || (a.octets()[0] == 198 && (a.octets()[1] & 0xfe) == 18)
         }
         IpAddr::V6(a) => {
+            let s = a.segments();
+            let embedded = |hi: u16, lo: u16| {
+                std::net::Ipv4Addr::new((hi >> 8) as u8, hi as u8, (lo >> 8) as u8, lo as u8)
+            };
             if let Some(v4) = a.to_ipv4_mapped() {
                 return is_private(IpAddr::V4(v4));
             }
-            let s = a.segments();
+            // IPv4-compatible (::a.b.c.d), NAT64 (64:ff9b::/96) and 6to4
+            // (2002::/16) addresses reach an IPv4 address: judged as it.
+            if s[..6] == [0; 6] || s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+                return is_private(IpAddr::V4(embedded(s[6], s[7])));
+            }
+            if s[0] == 0x2002 {
+                return is_private(IpAddr::V4(embedded(s[1], s[2])));
+            }
             a.is_loopback()
                 || a.is_unspecified()
                 || a.is_multicast()
@@ -268,10 +283,21 @@ mod tests {
             "fd00::1",
             "fe80::1",
             "::ffff:127.0.0.1",
+            "0.1.2.3",
+            "198.18.0.1",
+            "240.0.0.1",
+            "64:ff9b::a9fe:a9fe",
+            "2002:7f00:1::",
+            "::127.0.0.1",
         ] {
             assert!(is_private(a.parse().unwrap()), "{a}");
         }
-        for a in ["93.184.216.34", "2606:2800:220:1::1", "100.128.0.1"] {
+        for a in [
+            "93.184.216.34",
+            "2606:2800:220:1::1",
+            "100.128.0.1",
+            "64:ff9b::5db8:d822",
+        ] {
             assert!(!is_private(a.parse().unwrap()), "{a}");
         }
     }

@@ -27,7 +27,10 @@ use std::sync::Arc;
 
 use wasmkeep_store::{ActorId, OutboxKind, OutboxRow};
 
-pub use dispatch::{Answer, Dispatcher, Inbound, MessageAnswer, Routed, Router};
+pub(crate) use dispatch::drop_elsewhere;
+pub use dispatch::{
+    Answer, Dispatcher, Inbound, MessageAnswer, Offered, Routed, Router, idempotency_key,
+};
 
 use crate::host::HostState;
 use crate::host::WitError;

@@ -95,12 +95,14 @@ fn encode(ev: &Inbound) -> Vec<u8> {
             }
         }),
         Inbound::Response {
+            life,
             seq,
             answer,
             attempts,
             discard,
         } => json!({
             "response": {
+                "life": life.to_string(),
                 "seq": seq,
                 "answer": answer_json(answer),
                 "attempts": attempts,
@@ -127,6 +129,7 @@ fn decode(body: &[u8]) -> Option<Inbound> {
     }
     let r = v.get("response")?;
     Some(Inbound::Response {
+        life: text(r, "life")?.parse().ok()?,
         seq: r.get("seq")?.as_u64()?,
         answer: answer_from(r.get("answer")?)?,
         attempts: u32::try_from(r.get("attempts")?.as_u64()?).ok()?,
@@ -371,6 +374,7 @@ mod tests {
             },
         ] {
             let r = Inbound::Response {
+                life: 3,
                 seq: 1,
                 answer: answer.clone(),
                 attempts: 2,

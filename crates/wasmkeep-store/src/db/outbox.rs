@@ -199,6 +199,26 @@ impl ActorDb {
         Ok(n)
     }
 
+    /// The outbox's life if this database ever sent (read only).
+    pub fn outbox_life_if_any(&self) -> Result<Option<u64>, StoreError> {
+        Ok(self
+            .meta_get(OUTBOX_LIFE_KEY)?
+            .and_then(|v| v.parse::<u64>().ok()))
+    }
+
+    /// The highest sequence number waiting for its answer.
+    pub fn outbox_max_seq(&self) -> Result<Option<u64>, StoreError> {
+        match self
+            .conn
+            .prepare_cached("SELECT max(seq) FROM _wasmkeep_outbox")
+            .and_then(|mut s| s.query_row([], |r| r.get::<_, Option<i64>>(0)))
+        {
+            Ok(n) => Ok(n.map(|n| n as u64)),
+            Err(e) if no_table(&e) => Ok(None),
+            Err(e) => Err(self.err(e)),
+        }
+    }
+
     /// How many messages wait for their answer.
     pub fn outbox_len(&self) -> Result<u64, StoreError> {
         match self
