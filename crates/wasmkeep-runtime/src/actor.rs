@@ -281,6 +281,9 @@ struct Ran {
     started: Option<Instant>,
     /// Whether it waits for the bucket too.
     replicated: bool,
+    /// The request parked its reply (ADR 0042): it waits for a later
+    /// event to complete it instead of leaving.
+    park: Option<crate::parked::Park>,
 }
 
 fn ms_between(a: Instant, b: Instant) -> f64 {
@@ -380,6 +383,7 @@ fn run_delete(rt: &Arc<Inner>, actor: &Arc<Actor>, slot: &mut Option<Loaded>, ev
     }
     rt.timer.set(&actor.id, None);
     rt.outbox.forget(&actor.id);
+    rt.parked.drop_actor(&actor.id);
     actor.outbox_offered.store(0, Ordering::Relaxed);
     let dir = paths::actor_dir(&rt.config.data_dir, &actor.id);
     wasmkeep_store::page_capture::untrack(&dir);
@@ -425,6 +429,8 @@ fn instantiate(
     {
         state.sent_before_commit = Some(Vec::new());
     }
+    state.parked = Some(Arc::clone(&rt.parked));
+    state.response_body_bytes_max = rt.config.response_body_bytes_max;
     state.config = crate::app_config::InstanceConfig {
         vars: Arc::clone(&app.vars),
         secrets: rt.secrets.of(&id.tenant, &id.app),
@@ -1001,6 +1007,8 @@ impl Turn {
 /// What [`run_events`] leaves for the commit.
 struct EventsRan {
     results: Vec<Ran>,
+    /// Parked replies the batch's successful events completed.
+    completions: Vec<(u64, ActorResponse)>,
     /// An event sent something (committed or not).
     outbox_sent: bool,
     /// An alarm or a delivery ran.
@@ -1024,6 +1032,8 @@ struct AfterCommit {
     /// The outbox's highest row after a batch that sent: rows up to it go
     /// to the dispatcher once the commit is durable (and in the bucket).
     outbox: Option<u64>,
+    /// Parked replies this batch completed, sent once it is durable.
+    completions: Vec<(u64, ActorResponse)>,
 }
 
 /// Phase 1: the actor's app and class, or every event fails with
@@ -1201,6 +1211,7 @@ fn run_events(
     l.store.data_mut().outbox_sent = false;
     let mut ran = EventsRan {
         outbox_sent: false,
+        completions: Vec::new(),
         results: Vec::with_capacity(events.len()),
         alarm_ran: false,
         fenced: false,
@@ -1237,6 +1248,20 @@ fn run_events(
             }
         }
         let l = slot.as_mut().expect("loaded");
+        {
+            // What earlier events of the batch parked may be completed by
+            // this one; nothing else carries over.
+            let parked_in_batch = ran
+                .results
+                .iter()
+                .filter_map(|r| r.park)
+                .map(|p| p.ticket)
+                .collect();
+            l.store.data_mut().replies = crate::parked::ReplyOps {
+                parked_in_batch,
+                ..Default::default()
+            };
+        }
         let r = match ev.kind {
             EventKind::Request(req) => run_request(rt, l, req, initialized),
             EventKind::Alarm { force } => {
@@ -1276,14 +1301,21 @@ fn run_events(
             Metrics::inc(&rt.metrics.event_failures_total);
         }
         // Read before a trap's instance is replaced (which would lose it).
-        if let Some(l) = slot.as_ref() {
+        let mut park = None;
+        if let Some(l) = slot.as_mut() {
             ran.outbox_sent |= l.store.data().outbox_sent;
+            let ops = std::mem::take(&mut l.store.data_mut().replies);
+            if r.is_ok() {
+                park = ops.park;
+                ran.completions.extend(ops.completions);
+            }
         }
         ran.results.push(Ran {
             reply: ev.reply,
             out: r,
             started,
             replicated,
+            park,
         });
         if Faults::take(&rt.faults.panic_in_batch) {
             panic!("injected panic in a batch (test fault)");
@@ -1308,7 +1340,9 @@ fn run_events(
                 if r.out.is_ok() {
                     r.out = Err(RuntimeError::TransactionAborted);
                 }
+                r.park = None;
             }
+            ran.completions.clear();
             *initialized = l.db().is_initialized().unwrap_or(false);
             if let Err(e) = l.db().begin() {
                 tracing::error!(actor = %id, error = %e, "could not begin again");
@@ -1493,6 +1527,7 @@ fn after_commit(
             wal,
             dirs,
             outbox,
+            completions: ran.completions,
         },
         ran.results,
     ))
@@ -1508,7 +1543,10 @@ fn release_replies(
     after: AfterCommit,
     committed_at: Instant,
 ) {
-    let waiting = results.iter().any(|r| r.reply.is_some()) || after.outbox.is_some();
+    let waiting = results.iter().any(|r| r.reply.is_some())
+        || after.outbox.is_some()
+        || !after.completions.is_empty();
+    let completions = after.completions;
     let metrics = Arc::clone(&rt.metrics);
     let actor = Arc::clone(actor);
     let repl_mark = after.repl_mark;
@@ -1522,16 +1560,27 @@ fn release_replies(
             outbox_ready(&rt, &actor, upto, repl_mark);
             crate::outbox::drop_elsewhere(rt);
         }
+        let rt = weak.upgrade();
         for Ran {
             reply: r,
             out,
             started,
             replicated,
+            park,
         } in results
         {
             let out = match (&sync, out) {
                 (Err(e), Ok(_)) => Err(RuntimeError::Internal(e.clone())),
                 (_, out) => out,
+            };
+            let r = match (park, &out, r, &rt) {
+                (Some(park), Ok(_), Some(r), Some(rt)) => {
+                    // Parked: it leaves when a later event completes it.
+                    rt.parked
+                        .park(&actor.id, park, r, started, replicated, rt.outbox.handle());
+                    continue;
+                }
+                (_, _, r, _) => r,
             };
             let r = match (replicated && out.is_ok(), repl_mark, r) {
                 (true, Some(mark), Some(r)) => {
@@ -1546,6 +1595,15 @@ fn release_replies(
                     .observe_ms(t.elapsed().as_secs_f64() * 1000.0);
             }
             reply(r, out);
+        }
+        if let Some(rt) = rt {
+            if sync.is_ok() {
+                for (ticket, resp) in completions {
+                    rt.parked
+                        .complete(&metrics, &actor, ticket, resp, repl_mark);
+                }
+            }
+            crate::outbox::drop_elsewhere(rt);
         }
     };
     if rt.config.durability == Durability::Fsync && waiting && !after.removed {

@@ -154,6 +154,8 @@ pub struct RuntimeConfig {
     /// The highest each app's `[outbound]` may set, and what an app that
     /// sets none gets (its hosts list stays empty: nothing is allowed).
     pub outbound: OutboundCeilings,
+    /// Parked replies' bounds (ADR 0042).
+    pub parked: crate::parked::ParkedLimits,
 }
 
 /// The node's bounds on outbound HTTP calls; an app's `[outbound]` may
@@ -225,6 +227,7 @@ impl RuntimeConfig {
             cluster: false,
             outbox: Default::default(),
             outbound: OutboundCeilings::default(),
+            parked: Default::default(),
         }
     }
 

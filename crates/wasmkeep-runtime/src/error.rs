@@ -11,6 +11,8 @@ pub enum RuntimeError {
     InvalidId(#[from] InvalidId),
     #[error("app not found: {0}")]
     AppNotFound(String),
+    #[error("reply expired: the parked reply was not completed in time (or its actor was deleted)")]
+    ReplyExpired,
     #[error("invalid configuration: {0}")]
     InvalidConfig(String),
     #[error("no inbox: {0}")]
@@ -109,6 +111,7 @@ impl RuntimeError {
             RuntimeError::ClassNotFound { .. } => "class_not_found".into(),
             RuntimeError::NoInbox(_) => "no_inbox".into(),
             RuntimeError::InvalidConfig(_) => "invalid_config".into(),
+            RuntimeError::ReplyExpired => "reply_expired".into(),
             RuntimeError::Relayed { code, .. } => code.clone(),
             RuntimeError::ActorNotFound(_) => "actor_not_found".into(),
             RuntimeError::ActorOverloaded { .. } => "actor_overloaded".into(),

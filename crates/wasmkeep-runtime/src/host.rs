@@ -201,6 +201,12 @@ pub struct HostState {
     pub sent_before_commit: Option<Vec<wasmkeep_store::OutboxRow>>,
     /// The app's variables and secrets (`config.get`).
     pub config: crate::app_config::InstanceConfig,
+    /// The node's parked replies (`None` in the instance a deploy makes).
+    pub parked: Option<Arc<crate::parked::ParkedReplies>>,
+    /// What the running event parked and completed (ADR 0042).
+    pub replies: crate::parked::ReplyOps,
+    /// The node's `response_body_bytes_max` (a completed reply's body).
+    pub response_body_bytes_max: usize,
 }
 
 impl HostState {
@@ -239,6 +245,9 @@ impl HostState {
             outbox_sent: false,
             sent_before_commit: None,
             config: Default::default(),
+            parked: None,
+            replies: Default::default(),
+            response_body_bytes_max: 0,
         }
     }
 
@@ -321,6 +330,7 @@ pub fn add_to_linker(linker: &mut wasmtime::component::Linker<HostState>) -> was
     log::add_to_linker::<HostState, HasSelf<HostState>>(linker, |s| s)?;
     wasmkeep::actor::outbox::add_to_linker::<HostState, HasSelf<HostState>>(linker, |s| s)?;
     wasmkeep::actor::config::add_to_linker::<HostState, HasSelf<HostState>>(linker, |s| s)?;
+    wasmkeep::actor::replies::add_to_linker::<HostState, HasSelf<HostState>>(linker, |s| s)?;
     crate::response::add_to_linker(linker)
 }
 

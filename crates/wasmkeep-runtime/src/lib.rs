@@ -31,6 +31,7 @@ pub mod index;
 mod log_budget;
 pub mod metrics;
 pub mod outbox;
+pub mod parked;
 pub mod replication;
 mod reply;
 mod response;

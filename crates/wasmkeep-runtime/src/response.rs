@@ -53,6 +53,11 @@ impl ResponseParts {
     }
 
     /// Closes the response: its parts, or the limit the guest ran into.
+    /// Whether a request is being handled (between `start` and `finish`).
+    pub fn is_open(&self) -> bool {
+        self.active
+    }
+
     pub fn finish(&mut self) -> Result<(Headers, Vec<u8>), RuntimeError> {
         let parts = std::mem::take(self);
         match parts.refused {
@@ -124,6 +129,23 @@ impl ResponseParts {
 }
 
 /// Links `add-header` and `write-body`.
+/// Checks a whole set of headers against the same bounds (a parked
+/// reply's, completed in one call).
+pub fn check_headers(headers: &[(String, String)]) -> Result<(), WitError> {
+    let bytes: usize = headers.iter().map(|(k, v)| k.len() + v.len()).sum();
+    if headers.len() > RESPONSE_HEADERS_MAX || bytes > RESPONSE_HEADER_BYTES_MAX {
+        let e = RuntimeError::ResponseHeadersTooLarge {
+            count: headers.len(),
+            bytes,
+        };
+        return Err(WitError {
+            code: e.code(),
+            message: e.to_string(),
+        });
+    }
+    Ok(())
+}
+
 pub fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
     let mut i = linker.instance(INTERFACE)?;
     i.func_wrap(

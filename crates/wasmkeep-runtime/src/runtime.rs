@@ -146,6 +146,8 @@ pub struct Inner {
     pub outbox: Dispatcher,
     /// Apps' secrets (ADR 0041).
     pub secrets: crate::app_config::SecretStore,
+    /// Replies parked until a later event completes them (ADR 0042).
+    pub parked: Arc<crate::parked::ParkedReplies>,
 }
 
 /// Whether this node may run an actor's alarms now. A single node always
@@ -323,6 +325,7 @@ impl Runtime {
         let cache_key = cache_key(&config);
         let (close_tx, close_rx) = std::sync::mpsc::sync_channel(CLOSE_QUEUE_MAX);
         let config_data_dir = config.data_dir.clone();
+        let parked_limits = config.parked.clone();
         let outbox_dispatcher =
             Dispatcher::new(config.outbox.clone(), config.outbound.private_allowed);
         let inner = Arc::new(Inner {
@@ -354,6 +357,7 @@ impl Runtime {
             alarms_gated_total: AtomicU64::new(0),
             outbox: outbox_dispatcher,
             secrets: crate::app_config::SecretStore::open(&config_data_dir),
+            parked: Arc::new(crate::parked::ParkedReplies::new(parked_limits)),
         });
         inner.outbox.attach(Arc::downgrade(&inner));
         let rt = Runtime { inner };
@@ -912,6 +916,11 @@ impl Runtime {
     /// The names (never the values) of an app's secrets.
     pub fn secret_names(&self, tenant: &str, app: &str) -> Result<Vec<String>, RuntimeError> {
         self.inner.secrets.names(tenant, app)
+    }
+
+    /// Replies parked now (ADR 0042).
+    pub fn parked_replies(&self) -> usize {
+        self.inner.parked.len()
     }
 
     /// The node's outbox dispatcher (ADR 0040).

@@ -749,6 +749,36 @@ pub mod log {
     }
 }
 
+/// Replies that wait (ADR 0042): park the reply to the request being
+/// handled, and complete it from a later event of the same actor (when
+/// another actor's answer arrives, say), without holding this actor's
+/// turn meanwhile.
+///
+/// ```ignore
+/// // in `request`:
+/// let ticket = replies::park(30_000)?;
+/// outbox::send(&outbox::to("backend", "b"), b"question", &Ctx::Ask { ticket })?;
+/// Ok(Response::status(202)) // ignored: the reply is parked
+/// // in `response`, on Ctx::Ask { ticket }:
+/// replies::complete(ticket, Response::text(200, "the answer"))?;
+/// ```
+pub mod replies {
+    use super::{Response, Result, wit};
+
+    /// Parks the reply to the request being handled for at most
+    /// `timeout_ms` (504 `reply_expired` past it); returns its ticket.
+    /// Whatever the handler returns is then ignored.
+    pub fn park(timeout_ms: u32) -> Result<u64> {
+        wit::replies::park(timeout_ms)
+    }
+
+    /// Completes a reply this actor parked; it leaves once this event
+    /// commits. `reply_not_found` if it expired or the node restarted.
+    pub fn complete(ticket: u64, response: Response) -> Result<()> {
+        wit::replies::complete(ticket, response.status, &response.headers, &response.body)
+    }
+}
+
 /// The app's configuration (ADR 0041): its manifest's `[vars]` and the
 /// secrets an operator set (`wasmkeep secret set`).
 pub mod config {

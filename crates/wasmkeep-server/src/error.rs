@@ -42,6 +42,7 @@ fn status_of(e: &RuntimeError) -> StatusCode {
         // Messages only: no request carries one to the edge.
         RuntimeError::NoInbox(_) => StatusCode::UNPROCESSABLE_ENTITY,
         RuntimeError::Relayed { .. } => StatusCode::BAD_GATEWAY,
+        RuntimeError::ReplyExpired => StatusCode::GATEWAY_TIMEOUT,
         RuntimeError::InvalidComponent(_)
         | RuntimeError::InvalidManifest(_)
         | RuntimeError::LimitAboveCeiling { .. }

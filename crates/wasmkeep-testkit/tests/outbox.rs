@@ -490,3 +490,36 @@ fn unsafe_without_waiting_for_the_bucket_messages_leave_before_their_commit_is_i
         "without the rule, a message left before the upload landed"
     );
 }
+
+#[test]
+fn a_parked_reply_is_completed_by_the_event_that_applies_another_actors_answer() {
+    let node = node();
+    // client -> a -> b -> a answers the client, without holding a's turn:
+    // a serves other requests meanwhile.
+    let r = node.actor("demo/examples/pinger/a").post("/relay?to=b", "");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(r.text().starts_with("relayed: pong relay-"), "{}", r.text());
+    assert_eq!(stats(&node, "b")["received"], 1);
+    assert_eq!(node.runtime().parked_replies(), 0);
+}
+
+#[test]
+fn a_parked_reply_nobody_completes_expires_with_a_clear_error() {
+    let node = node();
+    let e = node
+        .actor("demo/examples/pinger/a")
+        .request("POST", "/park?ms=50", "")
+        .unwrap_err();
+    assert_eq!(e.code(), "reply_expired", "{e}");
+    assert_eq!(node.runtime().parked_replies(), 0);
+}
+
+#[test]
+fn parking_past_its_bound_is_refused_naming_it() {
+    let node = node_with(|c| c.parked.reply_ms_max = 1_000);
+    let e = node
+        .actor("demo/examples/pinger/a")
+        .request("POST", "/park?ms=5000", "")
+        .unwrap_err();
+    assert!(e.to_string().contains("parked_reply_ms_max"), "{e}");
+}

@@ -127,6 +127,10 @@ pub struct NodeConfig {
     pub outbound_per_actor_max: usize,
     pub outbound_per_app_max: usize,
     pub outbound_private_allowed: bool,
+    /// Parked replies' bounds (ADR 0042).
+    pub parked_reply_ms_max: u64,
+    pub parked_replies_max: usize,
+    pub parked_per_actor_max: usize,
     /// A table (`[app_limit_ceilings]`), so last: the highest value an
     /// app's manifest may give each of its `[limits]`.
     pub app_limit_ceilings: AppLimits,
@@ -224,6 +228,9 @@ impl Default for NodeConfig {
             outbound_per_actor_max: rt.outbound.per_actor_max,
             outbound_per_app_max: rt.outbound.per_app_max,
             outbound_private_allowed: rt.outbound.private_allowed,
+            parked_reply_ms_max: rt.parked.reply_ms_max,
+            parked_replies_max: rt.parked.node_max,
+            parked_per_actor_max: rt.parked.per_actor_max,
             app_limit_ceilings: rt.app_limit_ceilings.clone(),
         }
     }
@@ -318,6 +325,9 @@ impl NodeConfig {
         c.outbound.per_actor_max = self.outbound_per_actor_max;
         c.outbound.per_app_max = self.outbound_per_app_max;
         c.outbound.private_allowed = self.outbound_private_allowed;
+        c.parked.reply_ms_max = self.parked_reply_ms_max;
+        c.parked.node_max = self.parked_replies_max;
+        c.parked.per_actor_max = self.parked_per_actor_max;
         c
     }
 

@@ -54,6 +54,22 @@ fn messages_reach_actors_on_other_nodes_and_their_answers_come_back() {
     assert_eq!(ys.body["received_twice"], 0);
     let xs = pinger(b.port, "x", "/stats", "GET");
     assert_eq!(xs.body["received"], 5);
+
+    // A parked reply (ADR 0042): the client asks x through b; x parks its
+    // reply, asks y (on b), and answers from the event that applies y's
+    // answer.
+    let relayed = pinger(b.port, "x", "/relay?to=y", "POST");
+    assert_eq!(relayed.status, 200, "{}", relayed.body);
+    assert!(
+        relayed
+            .body
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("relayed: pong relay-"),
+        "{}",
+        relayed.body
+    );
+    assert_eq!(relayed.node.as_deref(), Some(a.id.as_str()));
 }
 
 #[test]

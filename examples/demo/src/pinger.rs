@@ -15,6 +15,11 @@
 //!   "code"}]}`, the answers so far (`status` 0 and `code` set for a final
 //!   failure).
 //!
+//! - `POST /relay?to={other}`: parks this request's reply (ADR 0042),
+//!   sends one message to `pinger/{other}`, and answers the client from
+//!   the event that applies the answer: `relayed: pong {n}`.
+//!   `POST /park?ms={t}` parks its reply and never completes it (the
+//!   client gets 504 `reply_expired` after `t` ms).
 //! - `GET /config?name=N`: `{"value": V|null}`, the app's variable or
 //!   secret `N` (ADR 0041); `POST /config/log?name=N` writes it to the
 //!   node's log (where a secret's value shows as `[secret]`).
@@ -32,6 +37,7 @@ wasmkeep_sdk::context! {
     pub enum Ctx {
         Ping { n: u64 },
         Fetch { url: String },
+        Relay { ticket: u64 },
     }
 }
 
@@ -115,6 +121,20 @@ impl Actor for Pinger {
                 }
                 Ok(Response::json(200, json!({ "seq": seq }).to_string()))
             }
+            ("POST", "/relay") => {
+                let to = req
+                    .query_param("to")
+                    .ok_or_else(|| Error::bad_request("`to` is required"))?;
+                let ticket = wasmkeep_sdk::replies::park(30_000)?;
+                let body = format!("{}:relay-{ticket}", id().name);
+                outbox::send(&outbox::to("pinger", &to), body.as_bytes(), &Ctx::Relay { ticket })?;
+                Ok(Response::status(202))
+            }
+            ("POST", "/park") => {
+                let ms = req.query_u64("ms")?.unwrap_or(100);
+                wasmkeep_sdk::replies::park(ms as u32)?;
+                Ok(Response::status(202))
+            }
             ("GET", "/config") | ("POST", "/config/log") => {
                 let name = req
                     .query_param("name")
@@ -174,6 +194,14 @@ impl Actor for Pinger {
     fn response(&mut self, r: outbox::Response) -> Result<()> {
         let n = match r.context::<Ctx>() {
             Some(Ctx::Ping { n }) => n,
+            Some(Ctx::Relay { ticket }) => {
+                let text = match &r.answer {
+                    Answer::Reply(b) => format!("relayed: {}", String::from_utf8_lossy(b)),
+                    other => format!("relay failed: {other:?}"),
+                };
+                wasmkeep_sdk::replies::complete(ticket, Response::text(200, text))?;
+                return Ok(());
+            }
             Some(Ctx::Fetch { .. }) => {
                 let (status, body, code) = match &r.answer {
                     Answer::Http(h) => (h.status as i64, String::from_utf8_lossy(&h.body).into_owned(), String::new()),

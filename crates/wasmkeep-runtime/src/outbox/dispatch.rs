@@ -214,6 +214,11 @@ impl Dispatcher {
         }
     }
 
+    /// The dispatcher's tokio runtime (timers of parked replies run there).
+    pub(crate) fn handle(&self) -> &tokio::runtime::Handle {
+        &self.shared.handle
+    }
+
     pub(crate) fn attach(&self, rt: Weak<Inner>) {
         let _ = self.shared.rt.set(rt);
     }
