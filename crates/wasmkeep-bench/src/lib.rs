@@ -27,6 +27,7 @@ pub mod cluster;
 pub mod large;
 pub mod load;
 pub mod node;
+pub mod outbox;
 mod report;
 pub mod workloads;
 
@@ -78,6 +79,10 @@ pub enum Workload {
     /// SIGKILL of a node of a 3-node cluster under replicated W1.
     #[value(name = "w5-kill")]
     W5Kill,
+    /// The outbox: messages between `--actors` actors, and outbound HTTP
+    /// calls to a loopback server.
+    #[value(name = "w7")]
+    W7,
 }
 
 impl Workload {
@@ -94,12 +99,16 @@ impl Workload {
             Workload::W5 => "w5",
             Workload::W6 => "w6",
             Workload::W5Kill => "w5-kill",
+            Workload::W7 => "w7",
         }
     }
 
     /// Why the workload cannot run here, if it cannot.
     fn unavailable(self, server: bool) -> Option<&'static str> {
         match self {
+            Workload::W7 if server => Some(
+                "needs a node started by the benchmark (it lets actors reach loopback); not run against --server",
+            ),
             Workload::W2Restart | Workload::W4 if server => Some(
                 "needs a node started by the benchmark (restart, RSS); not run against --server",
             ),
@@ -122,6 +131,7 @@ const DEFAULT_WORKLOADS: &[Workload] = &[
     Workload::W2Restart,
     Workload::W3,
     Workload::W4,
+    Workload::W7,
 ];
 
 /// Left out of the default set, and said so in the report.
@@ -393,6 +403,7 @@ async fn run_async(args: BenchArgs) -> Result<()> {
                     Workload::W6 => cluster::w6(&env).await,
                     Workload::W5Kill => cluster::w5_kill(&env).await,
                     Workload::W5 => cluster::w5(&env).await,
+                    Workload::W7 => outbox::w7(&env).await,
                 };
                 let mut record = RunRecord::new(w.id(), durability, run, result, &dir);
                 record.wall_s = t0.elapsed().as_secs_f64();

@@ -127,7 +127,15 @@ impl Env<'_> {
         Ok(Some(merged))
     }
 
-    async fn start(&self, config: Option<PathBuf>) -> Result<Option<Node>> {
+    /// The run's own directory, when the benchmark started the node.
+    pub(crate) fn own_dir(&self) -> Option<&Path> {
+        match self.target {
+            Target::Own { dir, .. } => Some(dir),
+            Target::Server(_) => None,
+        }
+    }
+
+    pub(crate) async fn start(&self, config: Option<PathBuf>) -> Result<Option<Node>> {
         self.start_on(config, None).await
     }
 

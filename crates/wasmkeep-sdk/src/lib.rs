@@ -1064,13 +1064,13 @@ macro_rules! context {
     (
         $(#[$meta:meta])*
         $vis:vis enum $name:ident {
-            $($variant:ident { $($field:ident : $ty:ty),* $(,)? }),+ $(,)?
+            $($(#[$vmeta:meta])* $variant:ident { $($field:ident : $ty:ty),* $(,)? }),+ $(,)?
         }
     ) => {
         $(#[$meta])*
         #[derive(Debug, Clone, PartialEq)]
         $vis enum $name {
-            $($variant { $($field: $ty),* }),+
+            $($(#[$vmeta])* $variant { $($field: $ty),* }),+
         }
 
         impl $crate::outbox::Context for $name {

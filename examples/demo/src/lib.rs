@@ -1,11 +1,14 @@
 //! The examples app that `wasmkeep serve --examples` deploys as
 //! `demo/examples`. Each module is one class; the benchmarks and the
 //! acceptance checks rely on the routes documented in each. `rings` and
-//! `watch` are the second seed's two scenarios.
+//! `watch` are the second seed's two scenarios; `presence` is its
+//! LivePresence object whole, on the outbox (issue 20); `pinger` is the
+//! outbox's acceptance contract.
 
 mod counter;
 mod notes;
 mod pinger;
+mod presence;
 mod reminder;
 mod rings;
 mod timers;
@@ -15,6 +18,7 @@ wasmkeep_sdk::app!(
     "counter" => counter::Counter,
     "notes" => notes::Notes,
     "pinger" => pinger::Pinger,
+    "presence" => presence::Presence,
     "reminder" => reminder::Reminder,
     "rings" => rings::Rings,
     "timers" => timers::Timers,

@@ -10,10 +10,12 @@
 //!   this actor applied as a receiver, those it applied twice (must stay
 //!   0), and sends that failed for good.
 //!
-//! - `POST /fetch?url={u}`: an outbound `GET` of `u` (the app's manifest
-//!   must allow its host); `GET /calls`: `{"calls":[{"seq","status","body",
-//!   "code"}]}`, the answers so far (`status` 0 and `code` set for a final
-//!   failure).
+//! - `POST /fetch?url={u}&n={k}`: `k` (default 1) outbound `GET`s of `u`
+//!   (the app's manifest must allow its host); `GET /calls`:
+//!   `{"calls":[{"seq","status","body","code"}]}`, the answers so far
+//!   (`status` 0 and `code` set for a final failure).
+//! - `GET /latencies`: `{"pings":[[sent_ms,answered_ms]...],"calls":[...]}`
+//!   (answered ones; the benchmark's W7 reads them).
 //!
 //! - `POST /relay?to={other}`: parks this request's reply (ADR 0042),
 //!   sends one message to `pinger/{other}`, and answers the client from
@@ -30,7 +32,7 @@
 
 use serde_json::json;
 use wasmkeep_sdk::outbox::{self, Answer};
-use wasmkeep_sdk::{Actor, Error, Request, Response, Result, id, params, sql};
+use wasmkeep_sdk::{Actor, Error, Request, Response, Result, id, now_ms, params, sql};
 
 wasmkeep_sdk::context! {
     /// What a ping remembers until its answer.
@@ -54,7 +56,7 @@ fn count(sql_text: &str) -> Result<i64> {
 impl Actor for Pinger {
     fn init(&mut self) -> Result<()> {
         sql::execute(
-            "CREATE TABLE pings (seq INTEGER PRIMARY KEY, n INTEGER NOT NULL, answered INTEGER NOT NULL DEFAULT 0, failed INTEGER NOT NULL DEFAULT 0)",
+            "CREATE TABLE pings (seq INTEGER PRIMARY KEY, n INTEGER NOT NULL, answered INTEGER NOT NULL DEFAULT 0, failed INTEGER NOT NULL DEFAULT 0, sent_ms INTEGER NOT NULL, answered_ms INTEGER)",
             &[],
         )?;
         sql::execute(
@@ -67,7 +69,7 @@ impl Actor for Pinger {
             &[],
         )?;
         sql::execute(
-            "CREATE TABLE calls (seq INTEGER PRIMARY KEY, status INTEGER NOT NULL, body TEXT NOT NULL, code TEXT NOT NULL)",
+            "CREATE TABLE calls (seq INTEGER PRIMARY KEY, status INTEGER, body TEXT, code TEXT, sent_ms INTEGER NOT NULL, answered_ms INTEGER)",
             &[],
         )?;
         Ok(())
@@ -94,8 +96,8 @@ impl Actor for Pinger {
                     let body = format!("{me}:{k}");
                     let seq = outbox::send(&target, body.as_bytes(), &Ctx::Ping { n: k })?;
                     sql::execute(
-                        "INSERT INTO pings (seq, n) VALUES (?1, ?2)",
-                        params![seq as i64, k as i64],
+                        "INSERT INTO pings (seq, n, sent_ms) VALUES (?1, ?2, ?3)",
+                        params![seq as i64, k as i64, now_ms() as i64],
                     )?;
                     if i == 0 {
                         first = seq;
@@ -114,8 +116,21 @@ impl Actor for Pinger {
                 let url = req
                     .query_param("url")
                     .ok_or_else(|| Error::bad_request("`url` is required"))?;
-                let call = outbox::Call::get(&url).header("x-wasmkeep-example", "pinger");
-                let seq = outbox::fetch(call, &Ctx::Fetch { url })?;
+                let n = req.query_u64("n")?.unwrap_or(1);
+                if n == 0 || n > PINGS_PER_REQUEST_MAX {
+                    return Err(Error::bad_request(format!(
+                        "`n` must be 1 to {PINGS_PER_REQUEST_MAX}"
+                    )));
+                }
+                let mut seq = 0;
+                for _ in 0..n {
+                    let call = outbox::Call::get(&url).header("x-wasmkeep-example", "pinger");
+                    seq = outbox::fetch(call, &Ctx::Fetch { url: url.clone() })?;
+                    sql::execute(
+                        "INSERT INTO calls (seq, sent_ms) VALUES (?1, ?2)",
+                        params![seq as i64, now_ms() as i64],
+                    )?;
+                }
                 if req.query_param("fail").as_deref() == Some("1") {
                     return Err(Error::new("asked_to_fail", "failing after the call, as asked"));
                 }
@@ -149,7 +164,10 @@ impl Actor for Pinger {
                 Ok(Response::json(200, json!({ "value": value }).to_string()))
             }
             ("GET", "/calls") => {
-                let rows = sql::query("SELECT seq, status, body, code FROM calls ORDER BY seq", &[])?;
+                let rows = sql::query(
+                    "SELECT seq, status, body, code FROM calls WHERE answered_ms IS NOT NULL ORDER BY seq",
+                    &[],
+                )?;
                 let calls: Vec<_> = rows
                     .rows
                     .iter()
@@ -166,6 +184,18 @@ impl Actor for Pinger {
                     json!({ "sent": sent, "answered": answered, "duplicates": duplicates })
                         .to_string(),
                 ))
+            }
+            ("GET", "/latencies") => {
+                let pairs = |q: &str| -> Result<Vec<[i64; 2]>> {
+                    Ok(sql::query(q, &[])?
+                        .rows
+                        .iter()
+                        .map(|r| [r.int(0), r.int(1)])
+                        .collect())
+                };
+                let pings = pairs("SELECT sent_ms, answered_ms FROM pings WHERE answered_ms IS NOT NULL")?;
+                let calls = pairs("SELECT sent_ms, answered_ms FROM calls WHERE answered_ms IS NOT NULL AND status = 200")?;
+                Ok(Response::json(200, json!({ "pings": pings, "calls": calls }).to_string()))
             }
             ("GET", "/stats") => {
                 let received = count("SELECT count(*) FROM received")?;
@@ -209,8 +239,8 @@ impl Actor for Pinger {
                     Answer::Reply(_) => (0, String::new(), "unexpected".into()),
                 };
                 sql::execute(
-                    "INSERT INTO calls (seq, status, body, code) VALUES (?1, ?2, ?3, ?4)",
-                    params![r.seq as i64, status, body, code],
+                    "UPDATE calls SET status = ?2, body = ?3, code = ?4, answered_ms = ?5 WHERE seq = ?1",
+                    params![r.seq as i64, status, body, code, now_ms() as i64],
                 )?;
                 return Ok(());
             }
@@ -229,8 +259,8 @@ impl Actor for Pinger {
             _ => "failed",
         };
         sql::execute(
-            &format!("UPDATE pings SET {column} = 1 WHERE seq = ?1"),
-            params![r.seq as i64],
+            &format!("UPDATE pings SET {column} = 1, answered_ms = ?2 WHERE seq = ?1"),
+            params![r.seq as i64, now_ms() as i64],
         )?;
         Ok(())
     }

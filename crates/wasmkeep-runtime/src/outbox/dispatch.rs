@@ -600,10 +600,25 @@ fn final_failure(e: &RuntimeError) -> bool {
 /// its answer.
 async fn run_lane(sh: Arc<Shared>, lane: Lane) {
     let (from, life, target) = lane.clone();
+    // The answers go back to the sender in the lane's order, by a task of
+    // their own: the next message leaves as soon as the receiver answered
+    // the last one (all the receiver's rule needs), not once the sender
+    // applied the answer.
+    let (answers, mut queued) = tokio::sync::mpsc::unbounded_channel::<(OutboxRow, Answer, u32)>();
+    let responder = {
+        let (sh, from) = (Arc::clone(&sh), from.clone());
+        tokio::spawn(async move {
+            while let Some((row, answer, attempts)) = queued.recv().await {
+                let extra = answer.bytes();
+                sh.respond(&from, life, &row, answer, attempts).await;
+                sh.finish(&from, life, &row, extra);
+            }
+        })
+    };
     loop {
+        let newest_first = sh.fault(|f| f.unsafe_lanes_reversed.load(Ordering::Relaxed));
         let row = {
             let mut st = sh.state.lock();
-            let newest_first = sh.fault(|f| f.unsafe_lanes_reversed.load(Ordering::Relaxed));
             let queue = st.lanes.get_mut(&lane);
             let next = if newest_first {
                 queue.and_then(VecDeque::pop_back)
@@ -622,7 +637,7 @@ async fn run_lane(sh: Arc<Shared>, lane: Lane) {
                             st.actors.remove(&from);
                         }
                     }
-                    return;
+                    break;
                 }
             }
         };
@@ -630,16 +645,19 @@ async fn run_lane(sh: Arc<Shared>, lane: Lane) {
             sh.finish(&from, life, &row, 0);
             continue;
         }
-        let answer = send_message(&sh, &from, life, &row).await;
-        if let Some((answer, attempts)) = answer {
-            let extra = answer.bytes();
-            sh.hold_bytes(extra);
-            sh.respond(&from, life, &row, answer, attempts).await;
-            sh.finish(&from, life, &row, extra);
-        } else {
-            sh.finish(&from, life, &row, 0);
+        match send_message(&sh, &from, life, &row).await {
+            Some((answer, attempts)) => {
+                sh.hold_bytes(answer.bytes());
+                if let Err(e) = answers.send((row, answer, attempts)) {
+                    let (row, answer, _) = e.0;
+                    sh.finish(&from, life, &row, answer.bytes());
+                }
+            }
+            None => sh.finish(&from, life, &row, 0),
         }
     }
+    drop(answers);
+    let _ = responder.await;
 }
 
 /// One message's deliveries; `None` if the sender was forgotten meanwhile.

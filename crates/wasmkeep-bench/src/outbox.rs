@@ -1,0 +1,316 @@
+//! W7, the outbox (ADR 0040): actor-to-actor messages and outbound HTTP
+//! calls, delivered by the node's dispatcher.
+//!
+//! Messages: `--actors` actors of the bundled `pinger` class each send 10
+//! messages to the next one (`/ping?to=…&n=10`, one event each), which
+//! answers each; the benchmark waits until every answer was applied and
+//! reads, from the senders' own databases, when each message was sent and
+//! when its answer's event ran. Then calls: each actor makes 5 outbound
+//! `GET`s to an HTTP server in the benchmark's process on loopback.
+//!
+//! Figures: messages (and calls) per second from the first send to the
+//! last answer applied, send-to-answer latency p50/p99 (the node's clock,
+//! in the guest), and the checks: none lost, none applied twice (by the
+//! receiver or by the sender). The node runs with `outbound_private_allowed
+//! = true` (loopback is a private address) and the app is deployed as
+//! `bench/outbox` with the server in its `[outbound] hosts`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use bytes::Bytes;
+use hyper::Method;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::client::{self, Conn, Endpoint};
+use crate::workloads::{Env, RunOutput, finish, quantile};
+
+/// Messages each actor sends.
+pub const MESSAGES_PER_ACTOR: u64 = 10;
+/// Outbound calls each actor makes.
+pub const CALLS_PER_ACTOR: u64 = 5;
+/// How long the benchmark waits for every answer.
+const SETTLE_LIMIT: Duration = Duration::from_secs(120);
+const APP: &str = "/v1/bench/outbox/pinger";
+
+/// A loopback HTTP server answering `ok` to every request (one request a
+/// connection), counting them.
+async fn loopback_server() -> Result<(u16, Arc<AtomicU64>)> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let port = listener.local_addr()?.port();
+    let served = Arc::new(AtomicU64::new(0));
+    let count = Arc::clone(&served);
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else {
+                return;
+            };
+            let count = Arc::clone(&count);
+            tokio::spawn(async move {
+                let mut buf = Vec::with_capacity(1024);
+                let mut chunk = [0u8; 1024];
+                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                    if buf.len() > 64 * 1024 {
+                        return;
+                    }
+                }
+                count.fetch_add(1, Ordering::Relaxed);
+                let _ = s
+                    .write_all(
+                        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok",
+                    )
+                    .await;
+            });
+        }
+    });
+    Ok((port, served))
+}
+
+fn json(r: &Result<(u16, Bytes)>) -> Option<serde_json::Value> {
+    match r {
+        Ok((200, b)) => serde_json::from_slice(b).ok(),
+        _ => None,
+    }
+}
+
+/// Sums a field of every actor's JSON answer to `GET {route}`.
+async fn sum(
+    ep: &Endpoint,
+    conns: usize,
+    names: &[String],
+    route: &str,
+    fields: &[&str],
+) -> Result<Vec<u64>> {
+    let reqs = names
+        .iter()
+        .map(|n| (Method::GET, format!("{APP}/{n}{route}")))
+        .collect();
+    let rs = client::send_all(ep, conns, reqs).await?;
+    let mut totals = vec![0u64; fields.len()];
+    for (n, r) in names.iter().zip(&rs) {
+        let v = json(r).ok_or_else(|| anyhow!("{route} of {n}: {}", client::describe(r)))?;
+        for (t, f) in totals.iter_mut().zip(fields) {
+            *t += v[*f].as_u64().unwrap_or(0);
+        }
+    }
+    Ok(totals)
+}
+
+/// Every actor's answered `[sent_ms, answered_ms]` pairs of `kind`.
+async fn pairs(
+    ep: &Endpoint,
+    conns: usize,
+    names: &[String],
+    kind: &str,
+) -> Result<Vec<(u64, u64)>> {
+    let reqs = names
+        .iter()
+        .map(|n| (Method::GET, format!("{APP}/{n}/latencies")))
+        .collect();
+    let rs = client::send_all(ep, conns, reqs).await?;
+    let mut out = Vec::new();
+    for (n, r) in names.iter().zip(&rs) {
+        let v = json(r).ok_or_else(|| anyhow!("latencies of {n}: {}", client::describe(r)))?;
+        for p in v[kind].as_array().into_iter().flatten() {
+            out.push((p[0].as_u64().unwrap_or(0), p[1].as_u64().unwrap_or(0)));
+        }
+    }
+    Ok(out)
+}
+
+/// Rate, p50 and p99 of `(sent, answered)` pairs, into `out` as `{name}_…`.
+fn figures(out: &mut RunOutput, name: &str, pairs: &[(u64, u64)]) {
+    let first = pairs.iter().map(|p| p.0).min().unwrap_or(0);
+    let last = pairs.iter().map(|p| p.1).max().unwrap_or(0);
+    let span_s = (last.saturating_sub(first) as f64 / 1000.0).max(0.001);
+    out.fig(&format!("{name}_per_s"), pairs.len() as f64 / span_s);
+    let mut lat: Vec<u64> = pairs.iter().map(|(s, a)| a.saturating_sub(*s)).collect();
+    lat.sort_unstable();
+    out.fig(
+        &format!("{name}_p50_ms"),
+        quantile(&lat, 0.50).unwrap_or(0) as f64,
+    );
+    out.fig(
+        &format!("{name}_p99_ms"),
+        quantile(&lat, 0.99).unwrap_or(0) as f64,
+    );
+}
+
+/// Polls `done` until it holds or [`SETTLE_LIMIT`] passes.
+async fn settle<F, Fut>(mut done: F) -> Result<bool>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<bool>>,
+{
+    let t = Instant::now();
+    while t.elapsed() < SETTLE_LIMIT {
+        if done().await? {
+            return Ok(true);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(false)
+}
+
+fn encode(s: &str) -> String {
+    let mut out = String::new();
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+pub async fn w7(env: &Env<'_>) -> Result<RunOutput> {
+    let mut out = RunOutput::default();
+    let config = env.own_dir().map(|d| d.join("w7.toml"));
+    if let Some(path) = &config {
+        std::fs::write(path, "outbound_private_allowed = true\n")?;
+    }
+    let node = env.start(config).await?;
+    let ep = env.endpoint(&node);
+    let r = run(env, &ep, &mut out).await;
+    finish(node, &mut out).await;
+    r.map(|_| out)
+}
+
+async fn run(env: &Env<'_>, ep: &Endpoint, out: &mut RunOutput) -> Result<()> {
+    let conns = env.args.connections;
+    let (port, served) = loopback_server().await?;
+    let manifest = format!("[outbound]\nhosts = [\"127.0.0.1:{port}\"]\nper_actor_max = 4\n");
+    let mut admin = Conn::connect(ep).await?;
+    let deployed = admin
+        .send_with_body(
+            &Method::PUT,
+            &format!("/admin/v1/apps/bench/outbox?manifest={}", encode(&manifest)),
+            Bytes::from_static(wasmkeep_guests::DEMO),
+        )
+        .await?;
+    if deployed.status != 200 {
+        bail!(
+            "deploy bench/outbox: {} {}",
+            deployed.status,
+            String::from_utf8_lossy(&deployed.body)
+        );
+    }
+    let n = env.args.actors.max(2);
+    let names: Vec<String> = (0..n).map(|i| format!("{}m{i}", env.prefix(""))).collect();
+
+    // Messages.
+    let sends = names
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            let to = &names[(i + 1) % n];
+            (
+                Method::POST,
+                format!("{APP}/{name}/ping?to={to}&n={MESSAGES_PER_ACTOR}"),
+            )
+        })
+        .collect();
+    let rs = client::send_all(ep, conns, sends).await?;
+    let refused = rs.iter().filter(|r| !matches!(r, Ok((200, _)))).count();
+    if refused > 0 {
+        let first = rs.iter().find(|r| !matches!(r, Ok((200, _)))).expect("one");
+        bail!(
+            "{refused} ping requests failed; first: {}",
+            client::describe(first)
+        );
+    }
+    let expected = n as u64 * MESSAGES_PER_ACTOR;
+    let settled = settle(|| async {
+        let t = sum(ep, conns, &names, "/pongs", &["answered"]).await?;
+        Ok(t[0] >= expected)
+    })
+    .await?;
+    let pongs = sum(
+        ep,
+        conns,
+        &names,
+        "/pongs",
+        &["sent", "answered", "duplicates"],
+    )
+    .await?;
+    let stats = sum(
+        ep,
+        conns,
+        &names,
+        "/stats",
+        &["received", "received_twice", "failed"],
+    )
+    .await?;
+    let (sent, answered, duplicates) = (pongs[0], pongs[1], pongs[2]);
+    let (received, twice, failed) = (stats[0], stats[1], stats[2]);
+    let msgs = pairs(ep, conns, &names, "pings").await?;
+    figures(out, "messages", &msgs);
+    out.fig("messages_sent", sent as f64);
+    out.fig("messages_lost", sent.saturating_sub(answered) as f64);
+    out.fig("applied_twice", (duplicates + twice) as f64);
+    out.check(
+        "no_lost_messages",
+        settled && answered == expected && received == expected && failed == 0,
+        format!(
+            "sent {sent} (expected {expected}); answered {answered}; received {received}; failed {failed}; settled within {} s: {settled}",
+            SETTLE_LIMIT.as_secs()
+        ),
+    );
+    out.check(
+        "none_applied_twice",
+        duplicates == 0 && twice == 0,
+        format!("answers applied twice {duplicates}; messages applied twice {twice}"),
+    );
+
+    // Outbound calls.
+    let url = format!("http://127.0.0.1:{port}/w7");
+    let calls = names
+        .iter()
+        .map(|name| {
+            (
+                Method::POST,
+                format!(
+                    "{APP}/{name}/fetch?url={}&n={CALLS_PER_ACTOR}",
+                    encode(&url)
+                ),
+            )
+        })
+        .collect();
+    let rs = client::send_all(ep, conns, calls).await?;
+    let refused = rs.iter().filter(|r| !matches!(r, Ok((200, _)))).count();
+    if refused > 0 {
+        let first = rs.iter().find(|r| !matches!(r, Ok((200, _)))).expect("one");
+        bail!(
+            "{refused} fetch requests failed; first: {}",
+            client::describe(first)
+        );
+    }
+    let expected_calls = n as u64 * CALLS_PER_ACTOR;
+    let t = Instant::now();
+    let mut got = pairs(ep, conns, &names, "calls").await?;
+    while (got.len() as u64) < expected_calls && t.elapsed() < SETTLE_LIMIT {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        got = pairs(ep, conns, &names, "calls")
+            .await
+            .context("waiting for the calls' answers")?;
+    }
+    let settled = got.len() as u64 >= expected_calls;
+    figures(out, "calls", &got);
+    let served = served.load(Ordering::Relaxed);
+    out.check(
+        "every_call_answered",
+        settled && got.len() as u64 == expected_calls,
+        format!(
+            "{} of {expected_calls} calls answered 200; the server saw {served} requests",
+            got.len()
+        ),
+    );
+    Ok(())
+}
