@@ -4,8 +4,9 @@
 //! What it is: a command that starts a fresh node per run (the same binary,
 //! `serve --examples` on a temporary data directory and a loopback port),
 //! or uses one given by `--server`, drives the W1, W1-hot, W1-durable, W2,
-//! W2-restart, W3 and W4 workloads through the public HTTP API, checks each
-//! run's correctness (no lost writes, every alarm fired once), and reports
+//! W2-restart, W3, W4 and W7 (the outbox, [`outbox`]) workloads through the
+//! public HTTP API, checks each run's correctness (no lost writes, every
+//! alarm fired once, every message answered once), and reports
 //! the median, minimum and maximum of every figure over `--runs` runs as a
 //! table and as JSON. The cluster workloads W6 (forwarded requests) and
 //! W5-kill (takeover after a SIGKILL) start three such nodes per run on a
