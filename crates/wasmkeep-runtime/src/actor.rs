@@ -251,6 +251,9 @@ pub struct Actor {
     /// The highest outbox row handed to the dispatcher since the actor was
     /// opened (0 after opening: all of them are offered again).
     pub outbox_offered: AtomicU64,
+    /// The highest outbox row known durable (and, with a bucket, in the
+    /// bucket): what may be offered again without waiting.
+    pub outbox_durable: AtomicU64,
 }
 
 impl Actor {
@@ -264,6 +267,7 @@ impl Actor {
             repl: Mutex::new(ActorReplica::default()),
             repl_done: Condvar::new(),
             outbox_offered: AtomicU64::new(0),
+            outbox_durable: AtomicU64::new(0),
         }
     }
 
@@ -385,6 +389,7 @@ fn run_delete(rt: &Arc<Inner>, actor: &Arc<Actor>, slot: &mut Option<Loaded>, ev
     rt.outbox.forget(&actor.id);
     rt.parked.drop_actor(&actor.id);
     actor.outbox_offered.store(0, Ordering::Relaxed);
+    actor.outbox_durable.store(0, Ordering::Relaxed);
     let dir = paths::actor_dir(&rt.config.data_dir, &actor.id);
     wasmkeep_store::page_capture::untrack(&dir);
     let existed = dir.join(paths::DB_FILE).exists();
@@ -657,14 +662,21 @@ fn finish_call<T>(
             }),
             None => Ok(v),
         },
+        // The guest's own words reach callers and the node's log: without
+        // the app's secret values (ADR 0041).
         Ok(Err(e)) => Err(RuntimeError::Guest {
             code: e.code,
-            message: e.message,
+            message: l.store.data().config.scrub(e.message),
         }),
         Err(e) => {
             // A trapped instance may not be entered again.
             l.bindings = None;
-            Err(trap_error(e, l.store.data_mut(), cpu))
+            let state = l.store.data_mut();
+            let err = trap_error(e, state, cpu);
+            Err(match err {
+                RuntimeError::Trap(m) => RuntimeError::Trap(state.config.scrub(m)),
+                other => other,
+            })
         }
     }
 }
@@ -1120,9 +1132,14 @@ fn open_for_turn(
     for ev in resumes {
         match ev.kind {
             EventKind::OutboxResume { upto: Some(upto) } => offer_outbox(rt, actor, l, Some(upto)),
-            // All of them again (restart, room in the dispatcher), behind
-            // what is committed reaching the bucket.
-            _ if turn.was_loaded => outbox_opened(rt, actor, l),
+            // All of them again (room in the dispatcher), but only those
+            // known durable (and in the bucket): a batch still on its way
+            // there hands its own over when it arrives.
+            _ if turn.was_loaded => {
+                actor.outbox_offered.store(0, Ordering::Relaxed);
+                let durable = actor.outbox_durable.load(Ordering::Relaxed);
+                offer_outbox(rt, actor, l, Some(durable));
+            }
             _ => {}
         }
         reply(ev.reply, Ok(Outcome::Done));
@@ -1308,6 +1325,12 @@ fn run_events(
             if r.is_ok() {
                 park = ops.park;
                 ran.completions.extend(ops.completions);
+            } else if rt
+                .faults
+                .unsafe_completions_from_failed_events
+                .load(Ordering::Relaxed)
+            {
+                ran.completions.extend(ops.completions);
             }
         }
         ran.results.push(Ran {
@@ -1489,6 +1512,7 @@ fn after_commit(
             // So does a batch that sent something: its messages leave
             // once the bucket holds it.
             let urgent = outbox.is_some()
+                || !ran.completions.is_empty()
                 || ran
                     .results
                     .iter()
@@ -1504,6 +1528,14 @@ fn after_commit(
         }
         _ => None,
     };
+    // Replies this batch parked can be completed from the next batch on,
+    // before this one is durable (their replies are attached when it is).
+    for r in &ran.results {
+        if let (Some(park), Ok(_)) = (r.park, &r.out) {
+            rt.parked
+                .reserve(&actor.id, park, r.replicated, rt.outbox.handle());
+        }
+    }
     if removed {
         *slot = None;
         let _ = std::fs::remove_dir_all(&dir);
@@ -1556,10 +1588,6 @@ fn release_replies(
         metrics
             .phase_durable
             .observe_ms(committed_at.elapsed().as_secs_f64() * 1000.0);
-        if let (Ok(()), Some(upto), Some(rt)) = (&sync, outbox, weak.upgrade()) {
-            outbox_ready(&rt, &actor, upto, repl_mark);
-            crate::outbox::drop_elsewhere(rt);
-        }
         let rt = weak.upgrade();
         for Ran {
             reply: r,
@@ -1575,10 +1603,16 @@ fn release_replies(
             };
             let r = match (park, &out, r, &rt) {
                 (Some(park), Ok(_), Some(r), Some(rt)) => {
-                    // Parked: it leaves when a later event completes it.
-                    rt.parked
-                        .park(&actor.id, park, r, started, replicated, rt.outbox.handle());
+                    // Parked: it leaves when a later event completes it
+                    // (or did already, while this batch was made durable).
+                    rt.parked.attach(&metrics, &actor, park.ticket, r, started);
                     continue;
+                }
+                (Some(park), _, r, Some(rt)) => {
+                    // Reserved at the commit, which did not become
+                    // durable: the request hears the error.
+                    rt.parked.cancel(park.ticket);
+                    r
                 }
                 (_, _, r, _) => r,
             };
@@ -1601,6 +1635,9 @@ fn release_replies(
                 for (ticket, resp) in completions {
                     rt.parked
                         .complete(&metrics, &actor, ticket, resp, repl_mark);
+                }
+                if let Some(upto) = outbox {
+                    outbox_ready(&rt, &actor, upto, repl_mark);
                 }
             }
             crate::outbox::drop_elsewhere(rt);

@@ -182,6 +182,9 @@ impl SecretStore {
     /// Removes a secret; whether it existed.
     pub fn delete(&self, tenant: &str, app: &str, name: &str) -> Result<bool, RuntimeError> {
         Self::check_app(tenant, app)?;
+        if !self.peek(tenant, app).contains_key(name) {
+            return Ok(false);
+        }
         let secrets = self.of(tenant, app);
         let mut map = secrets.write();
         if !map.contains_key(name) {
@@ -198,8 +201,48 @@ impl SecretStore {
     /// The names of an app's secrets, never their values.
     pub fn names(&self, tenant: &str, app: &str) -> Result<Vec<String>, RuntimeError> {
         Self::check_app(tenant, app)?;
-        Ok(self.of(tenant, app).read().keys().cloned().collect())
+        Ok(self.peek(tenant, app).keys().cloned().collect())
     }
+
+    /// An app's secrets as they stand, without keeping a shared entry for
+    /// an app that has none (an admin listing must not grow the table).
+    fn peek(&self, tenant: &str, app: &str) -> BTreeMap<String, String> {
+        if let Some(s) = self.apps.read().get(&(tenant.to_owned(), app.to_owned())) {
+            return s.read().clone();
+        }
+        std::fs::read_to_string(self.file(tenant, app))
+            .map(|text| decode(&text))
+            .unwrap_or_default()
+    }
+
+    /// `text` with the app's secret values replaced (see [`scrub`]).
+    pub fn scrub(&self, tenant: &str, app: &str, text: &str) -> String {
+        match self.apps.read().get(&(tenant.to_owned(), app.to_owned())) {
+            Some(s) => scrub(&s.read(), text.to_owned()),
+            None => text.to_owned(),
+        }
+    }
+}
+
+/// `line` with every secret value (of at least [`SCRUB_BYTES_MIN`] bytes)
+/// replaced by `[secret]`, longest first, so that a secret that begins
+/// another does not leave the longer one's tail.
+pub fn scrub(secrets: &BTreeMap<String, String>, line: String) -> String {
+    if secrets.is_empty() {
+        return line;
+    }
+    let mut values: Vec<&String> = secrets
+        .values()
+        .filter(|v| v.len() >= SCRUB_BYTES_MIN)
+        .collect();
+    values.sort_by_key(|v| std::cmp::Reverse(v.len()));
+    let mut line = line;
+    for v in values {
+        if line.contains(v.as_str()) {
+            line = line.replace(v.as_str(), "[secret]");
+        }
+    }
+    line
 }
 
 /// What an instance's `config.get` reads.
@@ -213,17 +256,7 @@ impl InstanceConfig {
     /// `line` with every secret value (of at least [`SCRUB_BYTES_MIN`]
     /// bytes) replaced by `[secret]`.
     pub fn scrub(&self, line: String) -> String {
-        let secrets = self.secrets.read();
-        if secrets.is_empty() {
-            return line;
-        }
-        let mut line = line;
-        for v in secrets.values() {
-            if v.len() >= SCRUB_BYTES_MIN && line.contains(v.as_str()) {
-                line = line.replace(v.as_str(), "[secret]");
-            }
-        }
-        line
+        scrub(&self.secrets.read(), line)
     }
 }
 
@@ -281,9 +314,11 @@ mod tests {
         let c = InstanceConfig::default();
         c.secrets.write().insert("K".into(), "hunter22".into());
         c.secrets.write().insert("SHORT".into(), "ab".into());
+        c.secrets.write().insert("A_PREFIX".into(), "hunter".into());
         assert_eq!(
             c.scrub("token=hunter22 and ab".into()),
-            "token=[secret] and ab"
+            "token=[secret] and ab",
+            "the longer secret first, so the shorter one that begins it leaves no tail"
         );
     }
 }

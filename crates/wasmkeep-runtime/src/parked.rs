@@ -47,23 +47,54 @@ impl Default for ParkedLimits {
     }
 }
 
+/// A completion that arrived before its reply was attached.
+type Early = (ActorResponse, Option<crate::replication::Mark>);
+
 struct Parked {
     actor: ActorId,
-    reply: Reply,
+    /// `None` between the commit that parked it and the release of that
+    /// commit's replies (its durability): the ticket can be completed
+    /// meanwhile, and the completion waits here for the reply.
+    reply: Option<Reply>,
     deadline: Instant,
     /// When the request was enqueued (its latency, when it leaves).
     started: Option<Instant>,
     /// It asked to be answered once the bucket holds what answers it.
     replicated: bool,
+    early: Option<Early>,
+    /// The deadline's timer, stopped when the reply leaves otherwise.
+    timer: Option<tokio::task::AbortHandle>,
 }
 
 /// The node's parked replies.
 pub struct ParkedReplies {
     limits: ParkedLimits,
-    map: Mutex<HashMap<u64, Parked>>,
+    map: Mutex<Table>,
     /// Tickets start at a random number, so that one kept in an actor's
     /// database from before a restart does not name a new reply.
     next: AtomicU64,
+}
+
+#[derive(Default)]
+struct Table {
+    parked: HashMap<u64, Parked>,
+    per_actor: HashMap<ActorId, usize>,
+}
+
+impl Table {
+    fn remove(&mut self, ticket: u64) -> Option<Parked> {
+        let p = self.parked.remove(&ticket)?;
+        if let Some(n) = self.per_actor.get_mut(&p.actor) {
+            *n -= 1;
+            if *n == 0 {
+                self.per_actor.remove(&p.actor);
+            }
+        }
+        if let Some(t) = &p.timer {
+            t.abort();
+        }
+        Some(p)
+    }
 }
 
 /// What a request's event asked for its reply.
@@ -81,7 +112,7 @@ impl ParkedReplies {
             .unwrap_or(1);
         ParkedReplies {
             limits,
-            map: Mutex::new(HashMap::new()),
+            map: Mutex::new(Table::default()),
             next: AtomicU64::new(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1),
         }
     }
@@ -92,7 +123,7 @@ impl ParkedReplies {
 
     /// Replies parked now.
     pub fn len(&self) -> usize {
-        self.map.lock().len()
+        self.map.lock().parked.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -103,14 +134,14 @@ impl ParkedReplies {
     /// one more (`already` counts what its running batch parked so far).
     fn ticket(&self, actor: &ActorId, already: usize) -> Result<u64, String> {
         let map = self.map.lock();
-        if map.len() + already >= self.limits.node_max {
+        if map.parked.len() + already >= self.limits.node_max {
             return Err(format!(
                 "{} replies are parked on this node, limit parked_replies_max={}",
-                map.len(),
+                map.parked.len(),
                 self.limits.node_max
             ));
         }
-        let mine = map.values().filter(|p| p.actor == *actor).count() + already;
+        let mine = map.per_actor.get(actor).copied().unwrap_or(0) + already;
         if mine >= self.limits.per_actor_max {
             return Err(format!(
                 "{mine} replies of this actor are parked, limit parked_per_actor_max={}",
@@ -120,56 +151,103 @@ impl ParkedReplies {
         Ok(self.next.fetch_add(1, Ordering::Relaxed))
     }
 
-    /// Whether `ticket` is one of `actor`'s parked replies.
+    /// Whether `ticket` is one of `actor`'s parked replies, not completed.
     fn holds(&self, actor: &ActorId, ticket: u64) -> bool {
         self.map
             .lock()
+            .parked
             .get(&ticket)
-            .is_some_and(|p| p.actor == *actor)
+            .is_some_and(|p| p.actor == *actor && p.early.is_none())
     }
 
-    /// Parks `reply` (its event committed and is durable) until completed
-    /// or `park.timeout_ms` passes.
-    pub(crate) fn park(
+    /// Registers a reply its event parked, as soon as that event's batch
+    /// committed (before it is durable): later events can complete it at
+    /// once. Its deadline starts now.
+    pub(crate) fn reserve(
         self: &Arc<Self>,
         actor: &ActorId,
         park: Park,
-        reply: Reply,
-        started: Option<Instant>,
         replicated: bool,
         handle: &tokio::runtime::Handle,
     ) {
         let timeout = Duration::from_millis(park.timeout_ms.min(self.limits.reply_ms_max));
-        self.map.lock().insert(
-            park.ticket,
-            Parked {
-                actor: actor.clone(),
-                reply,
-                deadline: Instant::now() + timeout,
-                started,
-                replicated,
-            },
-        );
         let me = Arc::downgrade(self);
         let ticket = park.ticket;
-        handle.spawn(async move {
+        let timer = handle.spawn(async move {
             tokio::time::sleep(timeout).await;
             if let Some(me) = me.upgrade() {
                 me.expire(ticket);
             }
         });
+        let mut map = self.map.lock();
+        *map.per_actor.entry(actor.clone()).or_default() += 1;
+        map.parked.insert(
+            ticket,
+            Parked {
+                actor: actor.clone(),
+                reply: None,
+                deadline: Instant::now() + timeout,
+                started: None,
+                replicated,
+                early: None,
+                timer: Some(timer.abort_handle()),
+            },
+        );
+    }
+
+    /// Hands over the reply of a reserved ticket once its commit is
+    /// durable: it waits for its completion, or leaves now if that came
+    /// first; a ticket that expired or whose actor was deleted meanwhile
+    /// answers `reply_expired` at once.
+    pub(crate) fn attach(
+        &self,
+        metrics: &crate::metrics::Metrics,
+        actor: &Arc<crate::actor::Actor>,
+        ticket: u64,
+        reply: Reply,
+        started: Option<Instant>,
+    ) {
+        let ready = {
+            let mut map = self.map.lock();
+            match map.parked.get_mut(&ticket) {
+                Some(p) if p.early.is_some() => {
+                    let early = p.early.take();
+                    let p = map.remove(ticket).expect("present");
+                    Some((p, early))
+                }
+                Some(p) => {
+                    p.reply = Some(reply);
+                    p.started = started;
+                    return;
+                }
+                None => {
+                    drop(map);
+                    let _ = reply.send(Err(RuntimeError::ReplyExpired));
+                    return;
+                }
+            }
+        };
+        if let Some((p, Some((resp, mark)))) = ready {
+            send(metrics, actor, reply, started, p.replicated, resp, mark);
+        }
+    }
+
+    /// Takes back a reserved ticket whose commit did not become durable:
+    /// its request is answered with the error instead.
+    pub(crate) fn cancel(&self, ticket: u64) {
+        self.map.lock().remove(ticket);
     }
 
     fn expire(&self, ticket: u64) {
         let gone = {
             let mut map = self.map.lock();
-            match map.get(&ticket) {
-                Some(p) if p.deadline <= Instant::now() => map.remove(&ticket),
+            match map.parked.get(&ticket) {
+                Some(p) if p.deadline <= Instant::now() => map.remove(ticket),
                 _ => None,
             }
         };
-        if let Some(p) = gone {
-            let _ = p.reply.send(Err(RuntimeError::ReplyExpired));
+        if let Some(Parked { reply: Some(r), .. }) = gone {
+            let _ = r.send(Err(RuntimeError::ReplyExpired));
         }
     }
 
@@ -185,27 +263,28 @@ impl ParkedReplies {
     ) {
         let p = {
             let mut map = self.map.lock();
-            match map.get(&ticket) {
-                Some(p) if p.actor == actor.id => map.remove(&ticket),
+            match map.parked.get_mut(&ticket) {
+                Some(p) if p.actor == actor.id && p.reply.is_none() => {
+                    // Completed before its own commit was durable: the
+                    // reply leaves when it is attached.
+                    p.early = Some((resp, mark));
+                    return;
+                }
+                Some(p) if p.actor == actor.id => map.remove(ticket),
                 _ => None,
             }
         };
         // Expired meanwhile: its client heard `reply_expired` already.
-        let Some(p) = p else { return };
-        let out = Ok(Outcome::Response(resp));
-        match mark {
-            Some(mark) if p.replicated => crate::replication::hold_until_uploaded(
-                metrics, actor, mark, p.reply, out, p.started,
-            ),
-            _ => {
-                if let Some(t) = p.started {
-                    metrics
-                        .event_latency
-                        .observe_ms(t.elapsed().as_secs_f64() * 1000.0);
-                }
-                let _ = p.reply.send(out);
-            }
-        }
+        let Some(Parked {
+            reply: Some(reply),
+            started,
+            replicated,
+            ..
+        }) = p
+        else {
+            return;
+        };
+        send(metrics, actor, reply, started, replicated, resp, mark);
     }
 
     /// Drops every parked reply of `actor` (deleted): its clients hear
@@ -214,14 +293,42 @@ impl ParkedReplies {
         let gone: Vec<Parked> = {
             let mut map = self.map.lock();
             let tickets: Vec<u64> = map
+                .parked
                 .iter()
                 .filter(|(_, p)| p.actor == *actor)
                 .map(|(t, _)| *t)
                 .collect();
-            tickets.iter().filter_map(|t| map.remove(t)).collect()
+            tickets.into_iter().filter_map(|t| map.remove(t)).collect()
         };
         for p in gone {
-            let _ = p.reply.send(Err(RuntimeError::ReplyExpired));
+            if let Some(r) = p.reply {
+                let _ = r.send(Err(RuntimeError::ReplyExpired));
+            }
+        }
+    }
+}
+
+fn send(
+    metrics: &crate::metrics::Metrics,
+    actor: &Arc<crate::actor::Actor>,
+    reply: Reply,
+    started: Option<Instant>,
+    replicated: bool,
+    resp: ActorResponse,
+    mark: Option<crate::replication::Mark>,
+) {
+    let out = Ok(Outcome::Response(resp));
+    match mark {
+        Some(mark) if replicated => {
+            crate::replication::hold_until_uploaded(metrics, actor, mark, reply, out, started)
+        }
+        _ => {
+            if let Some(t) = started {
+                metrics
+                    .event_latency
+                    .observe_ms(t.elapsed().as_secs_f64() * 1000.0);
+            }
+            let _ = reply.send(out);
         }
     }
 }

@@ -220,6 +220,9 @@ pub struct Faults {
     /// Unsafe, for that test only: a batch's rows go out once it is
     /// durable locally, without waiting for the bucket to hold it.
     pub unsafe_outbox_before_upload: AtomicBool,
+    /// Unsafe, for that test only: replies completed by an event that
+    /// failed are sent all the same (ADR 0042).
+    pub unsafe_completions_from_failed_events: AtomicBool,
     /// Unsafe, for that test only: a receiver runs `on-message` for a
     /// repeated delivery too (no `_wasmkeep_inbox` check).
     pub unsafe_inbox_no_dedup: AtomicBool,

@@ -313,27 +313,89 @@ fn a_failed_or_pending_answer_records_nothing_and_asks_again_five_seconds_on() {
     assert_eq!(authority.settles(), 5);
 }
 
-#[test]
-fn rings_and_watches_share_the_alarm_and_neither_postpones_the_other() {
+/// A watch due in 60 s, then a ring claimed (expiring in 150 s), then a
+/// second arrival pulling the watch to 30 s: the alarm after each step.
+fn shared_alarm(unsafe_rules: &str) -> (u64, [Option<u64>; 3], serde_json::Value) {
     let authority = Authority::start();
-    let node = node(&authority, "");
+    let node = node(&authority, unsafe_rules);
     let t0 = node.now_ms();
     node.actor(ENV)
         .post(&format!("/arrive?booking=w&due_ms={}", t0 + 60_000), "");
-    assert_eq!(node.actor(ENV).alarm(), Some(t0 + 60_000));
-    // A later ring expiry does not postpone the watch's earlier boundary...
+    let first = node.actor(ENV).alarm();
     node.actor(ENV).post("/claim?booking=r", "");
-    assert_eq!(node.actor(ENV).alarm(), Some(t0 + 60_000));
-    // ...and an earlier boundary from a second arrival pulls it in.
+    let second = node.actor(ENV).alarm();
     node.actor(ENV)
         .post(&format!("/arrive?booking=w&due_ms={}", t0 + 30_000), "");
-    assert_eq!(node.actor(ENV).alarm(), Some(t0 + 30_000));
-    let w = &node.actor(ENV).get("/watches").json()["w"];
+    let third = node.actor(ENV).alarm();
+    let w = node.actor(ENV).get("/watches").json()["w"].clone();
+    (t0, [first, second, third], w)
+}
+
+#[test]
+fn rings_and_watches_share_the_alarm_and_neither_postpones_the_other() {
+    let (t0, [first, second, third], w) = shared_alarm("");
+    assert_eq!(first, Some(t0 + 60_000));
+    assert_eq!(
+        second,
+        Some(t0 + 60_000),
+        "a later ring expiry does not postpone the watch"
+    );
+    assert_eq!(
+        third,
+        Some(t0 + 30_000),
+        "an earlier boundary pulls the alarm in"
+    );
     assert_eq!(
         w["anchor_ms"],
         t0 + 60_000,
         "an earlier boundary buys no life: {w}"
     );
+}
+
+#[test]
+fn unsafe_each_job_setting_the_alarm_for_itself_postpones_the_other() {
+    let (t0, [_, second, _], _) = shared_alarm("own_job_alarm");
+    assert_eq!(
+        second,
+        Some(t0 + RING_MS),
+        "without the rule, the claim moved the alarm past the watch's boundary"
+    );
+}
+
+/// A watch as an earlier version stored it: no anchor, and 5,000
+/// boundaries a minute apart ending a minute before its due time.
+fn grown_watch(node: &TestNode, due: u64) {
+    let history: Vec<u64> = (1..=5_000u64).rev().map(|i| due - i * 60_000).collect();
+    let fixture = serde_json::json!({ "old": { "due_ms": due, "evaluated": history } });
+    let r = node.actor(ENV).put("/watches", fixture.to_string());
+    assert_eq!(r.status, 204, "{}", r.text());
+}
+
+fn drain_grown_watch(unsafe_rules: &str) -> serde_json::Value {
+    let authority = Authority::start();
+    let node = node(&authority, unsafe_rules);
+    let due = node.now_ms() + 60_000;
+    grown_watch(&node, due);
+    node.advance_to(due);
+    node.actor(ENV).get("/watches").json()
+}
+
+#[test]
+fn a_watch_stored_before_anchors_retires_at_its_first_drain() {
+    // Its anchor is rebuilt from the untrimmed history: days old.
+    let w = drain_grown_watch("");
+    assert!(w.get("old").is_none(), "{w}");
+}
+
+#[test]
+fn unsafe_an_anchor_taken_after_the_cap_keeps_a_grown_watch_alive() {
+    let w = drain_grown_watch("anchor_from_tail");
+    assert!(
+        w.get("old").is_some(),
+        "without the rule it looks young: {w}"
+    );
+    let kept = w["old"]["evaluated"].as_array().unwrap().len();
+    assert!(kept <= MAX_EVALUATED, "it still writes small: {kept}");
 }
 
 /// Runs the alarm at every boundary, on time, until the watch is gone (or

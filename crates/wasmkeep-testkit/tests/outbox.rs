@@ -523,3 +523,64 @@ fn parking_past_its_bound_is_refused_naming_it() {
         .unwrap_err();
     assert!(e.to_string().contains("parked_reply_ms_max"), "{e}");
 }
+
+#[test]
+fn a_later_request_completes_a_parked_reply() {
+    let node = Arc::new(node());
+    let parked = {
+        let node = Arc::clone(&node);
+        std::thread::spawn(move || {
+            node.actor("demo/examples/pinger/a")
+                .request("POST", "/park?ms=20000", "")
+        })
+    };
+    wait_until(|| node.runtime().parked_replies() == 1);
+    let r = node
+        .actor("demo/examples/pinger/a")
+        .post("/complete-parked", "");
+    assert_eq!(r.status, 204, "{}", r.text());
+    let answer = parked.join().unwrap().unwrap();
+    assert_eq!(answer.status, 200);
+    assert_eq!(answer.text(), "completed by a later request");
+}
+
+fn wait_until(mut f: impl FnMut() -> bool) {
+    for _ in 0..4_000 {
+        if f() {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    panic!("timed out");
+}
+
+/// The completing event fails: its completion goes with its writes.
+fn relay_whose_completion_fails(node: &TestNode) -> Result<String, String> {
+    node.actor("demo/examples/pinger/a")
+        .request("POST", "/relay?to=b&fail=1&ms=500", "")
+        .map(|r| r.text())
+        .map_err(|e| e.code())
+}
+
+#[test]
+fn a_completion_from_an_event_that_fails_is_not_sent() {
+    let node = node();
+    assert_eq!(
+        relay_whose_completion_fails(&node),
+        Err("reply_expired".into())
+    );
+}
+
+#[test]
+fn unsafe_a_completion_kept_from_a_failed_event_answers_the_client() {
+    let node = node();
+    node.runtime()
+        .faults()
+        .unsafe_completions_from_failed_events
+        .store(true, Ordering::SeqCst);
+    let r = relay_whose_completion_fails(&node);
+    assert!(
+        r.as_deref().is_ok_and(|t| t.starts_with("relayed: ")),
+        "without the rule, the rolled-back event answered: {r:?}"
+    );
+}

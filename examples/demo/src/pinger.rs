@@ -20,8 +20,11 @@
 //! - `POST /relay?to={other}`: parks this request's reply (ADR 0042),
 //!   sends one message to `pinger/{other}`, and answers the client from
 //!   the event that applies the answer: `relayed: pong {n}`.
-//!   `POST /park?ms={t}` parks its reply and never completes it (the
-//!   client gets 504 `reply_expired` after `t` ms).
+//!   With `fail=1` the event that completes it then fails, so the reply
+//!   stays parked; `ms` sets the park's deadline (default 30 s).
+//!   `POST /park?ms={t}` parks its reply (the client gets 504
+//!   `reply_expired` after `t` ms) unless `POST /complete-parked` completes
+//!   it from a later request first.
 //! - `GET /config?name=N`: `{"value": V|null}`, the app's variable or
 //!   secret `N` (ADR 0041); `POST /config/log?name=N` writes it to the
 //!   node's log (where a secret's value shows as `[secret]`).
@@ -39,7 +42,7 @@ wasmkeep_sdk::context! {
     pub enum Ctx {
         Ping { n: u64 },
         Fetch { url: String },
-        Relay { ticket: u64 },
+        Relay { ticket: u64, fail: bool },
     }
 }
 
@@ -140,15 +143,25 @@ impl Actor for Pinger {
                 let to = req
                     .query_param("to")
                     .ok_or_else(|| Error::bad_request("`to` is required"))?;
-                let ticket = wasmkeep_sdk::replies::park(30_000)?;
+                let ms = req.query_u64("ms")?.unwrap_or(30_000);
+                let fail = req.query_param("fail").as_deref() == Some("1");
+                let ticket = wasmkeep_sdk::replies::park(ms as u32)?;
                 let body = format!("{}:relay-{ticket}", id().name);
-                outbox::send(&outbox::to("pinger", &to), body.as_bytes(), &Ctx::Relay { ticket })?;
+                outbox::send(&outbox::to("pinger", &to), body.as_bytes(), &Ctx::Relay { ticket, fail })?;
                 Ok(Response::status(202))
             }
             ("POST", "/park") => {
                 let ms = req.query_u64("ms")?.unwrap_or(100);
-                wasmkeep_sdk::replies::park(ms as u32)?;
+                let ticket = wasmkeep_sdk::replies::park(ms as u32)?;
+                wasmkeep_sdk::kv::put("parked_ticket", ticket.to_string().as_bytes())?;
                 Ok(Response::status(202))
+            }
+            ("POST", "/complete-parked") => {
+                let ticket: u64 = wasmkeep_sdk::kv::get("parked_ticket")?
+                    .and_then(|b| String::from_utf8(b).ok()?.parse().ok())
+                    .ok_or_else(|| Error::not_found("nothing parked"))?;
+                wasmkeep_sdk::replies::complete(ticket, Response::text(200, "completed by a later request"))?;
+                Ok(Response::status(204))
             }
             ("GET", "/config") | ("POST", "/config/log") => {
                 let name = req
@@ -224,12 +237,15 @@ impl Actor for Pinger {
     fn response(&mut self, r: outbox::Response) -> Result<()> {
         let n = match r.context::<Ctx>() {
             Some(Ctx::Ping { n }) => n,
-            Some(Ctx::Relay { ticket }) => {
+            Some(Ctx::Relay { ticket, fail }) => {
                 let text = match &r.answer {
                     Answer::Reply(b) => format!("relayed: {}", String::from_utf8_lossy(b)),
                     other => format!("relay failed: {other:?}"),
                 };
                 wasmkeep_sdk::replies::complete(ticket, Response::text(200, text))?;
+                if fail {
+                    return Err(Error::new("asked_to_fail", "failing after completing, as asked"));
+                }
                 return Ok(());
             }
             Some(Ctx::Fetch { .. }) => {

@@ -25,6 +25,12 @@
 //!   given meanwhile is overwritten with the stale timeout.
 //! - `moving_deadline`: a watch's age is measured from the boundary being
 //!   processed, not its anchor: on-time drains keep it alive for ever.
+//! - `anchor_from_tail`: a watch stored before anchors existed takes its
+//!   anchor from its history *after* the cap on read, a later boundary:
+//!   a watch that grew for days looks young and lives on.
+//! - `own_job_alarm`: a claim or an arrival sets the alarm for its own
+//!   job's time, whatever the other job needs: one job postpones the
+//!   other (the seed's rule is the earliest candidate of both).
 //!
 //! Configuration: `AUTHORITY_URL` (variable) names the authority, which
 //! serves `POST /settle` (body `{"booking","reason"}`, answers one word:
@@ -42,6 +48,13 @@
 //!   the alert but keeps the anchor).
 //! - `GET /rings`, `GET /watches`: the two maps; `GET /alarm`:
 //!   `{"alarm_ms": T|null}`.
+//! - `PUT /watches` with a JSON map: replaces the stored watches as an
+//!   earlier version of the object left them (tests start from a
+//!   5,000-boundary fixture, as the seed's did).
+//!
+//! Two jobs share the alarm and must not share failures: a rescue check
+//! that cannot be sent is logged and its watch still advanced, and a ring
+//! whose authority call cannot be made gets the retry candidate.
 
 use serde_json::{Map, Value as Json, json};
 use wasmkeep_sdk::outbox::{self, Answer, Call};
@@ -118,11 +131,18 @@ fn normalized_watch(w: &Json) -> Option<Json> {
         .as_array()
         .map(|a| a.iter().filter_map(Json::as_u64).collect())
         .unwrap_or_default();
+    let kept = history[history.len().saturating_sub(MAX_EVALUATED)..].to_vec();
+    // A missing anchor is rebuilt from the untrimmed history's first entry
+    // (the fallback, not necessarily the minimum), before the cap.
+    let from = if unsafe_rule("anchor_from_tail") {
+        &kept
+    } else {
+        &history
+    };
     let anchor = w["anchor_ms"]
         .as_u64()
-        .or_else(|| history.first().copied())
+        .or_else(|| from.first().copied())
         .unwrap_or(due);
-    let kept = history[history.len().saturating_sub(MAX_EVALUATED)..].to_vec();
     Some(json!({ "anchor_ms": anchor, "due_ms": due, "evaluated": kept }))
 }
 
@@ -200,7 +220,11 @@ impl Actor for Presence {
                     json!({ "claimed_ms": now, "expires_ms": now + RING_MS, "outcome": "pending", "asking_since_ms": null }),
                 );
                 write_map("rings", &rings)?;
-                arm_alarm(now)?;
+                if unsafe_rule("own_job_alarm") {
+                    alarm::set(now + RING_MS)?;
+                } else {
+                    arm_alarm(now)?;
+                }
                 Ok(Response::status(204))
             }
             ("POST", "/answer") => {
@@ -230,8 +254,20 @@ impl Actor for Presence {
                     }
                     None => json!({ "anchor_ms": due, "due_ms": due, "evaluated": [] }),
                 };
+                let due_now = num(&next, "due_ms");
                 watches.insert(booking, next);
                 write_map("watches", &watches)?;
+                if unsafe_rule("own_job_alarm") {
+                    alarm::set(due_now)?;
+                } else {
+                    arm_alarm(now)?;
+                }
+                Ok(Response::status(204))
+            }
+            ("PUT", "/watches") => {
+                let stored: Json = serde_json::from_slice(&req.body)
+                    .map_err(|e| Error::bad_request(format!("not JSON: {e}")))?;
+                kv::put("watches", stored.to_string().as_bytes())?;
                 arm_alarm(now)?;
                 Ok(Response::status(204))
             }
@@ -255,8 +291,15 @@ impl Actor for Presence {
             if ring["outcome"] == "pending" && expired && !asking {
                 // The authority decides; its answer arrives as an event of
                 // its own, with the generation evaluated here.
-                let call = authority_call("/settle", json!({ "booking": booking, "reason": "timeout" }))?;
-                outbox::fetch(
+                let call = match authority_call("/settle", json!({ "booking": booking, "reason": "timeout" })) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        // No decision: the ring stays pending and asks again.
+                        wasmkeep_sdk::log::warn(&format!("ring {booking}: cannot ask the authority: {e}"));
+                        continue;
+                    }
+                };
+                let sent = outbox::fetch(
                     call,
                     &Ctx::Settle {
                         booking: booking.clone(),
@@ -269,9 +312,12 @@ impl Actor for Presence {
                             String::new()
                         },
                     },
-                )?;
-                // Not part of the generation: marks the inquiry in flight.
-                ring["asking_since_ms"] = json!(now);
+                );
+                match sent {
+                    // Not part of the generation: marks the inquiry in flight.
+                    Ok(_) => ring["asking_since_ms"] = json!(now),
+                    Err(e) => wasmkeep_sdk::log::warn(&format!("ring {booking}: cannot ask the authority: {e}")),
+                }
             }
         }
         // Prune terminal rings an hour after their claim (within this
@@ -354,7 +400,11 @@ impl Presence {
                 watches.insert(booking.clone(), w);
                 continue;
             }
-            notify(booking, "rescue-check")?;
+            // A failure here is logged and the watch advanced all the same:
+            // it must never take the ring timeouts down with it.
+            if let Err(e) = notify(booking, "rescue-check") {
+                wasmkeep_sdk::log::warn(&format!("watch {booking}: rescue check not sent: {e}"));
+            }
             let mut evaluated: Vec<Json> = w["evaluated"].as_array().cloned().unwrap_or_default();
             evaluated.push(json!(due));
             let evaluated = evaluated[evaluated.len().saturating_sub(MAX_EVALUATED)..].to_vec();

@@ -19,6 +19,10 @@ use crate::runtime::Inner;
 /// the mark only if the dispatcher took them (one that set them aside
 /// sends an `OutboxResume` when it has room, which reads them again).
 pub(super) fn offer_outbox(rt: &Inner, actor: &Actor, l: &mut Loaded, upto: Option<u64>) {
+    if let Some(upto) = upto {
+        // Offered up to `upto` only once it is durable (see the callers).
+        actor.outbox_durable.fetch_max(upto, Ordering::Relaxed);
+    }
     let after = actor.outbox_offered.load(Ordering::Relaxed);
     let limit = rt.config.outbox.pending_max as usize;
     let mut rows = match l.db().outbox_pending(after, limit) {
@@ -95,7 +99,8 @@ pub(super) fn outbox_opened(rt: &Arc<Inner>, actor: &Arc<Actor>, l: &mut Loaded)
         }
     };
     match &rt.replication {
-        None => offer_outbox(rt, actor, l, None),
+        // What a database holds when it is opened is on disk.
+        None => offer_outbox(rt, actor, l, Some(max)),
         Some(_) => outbox_ready(rt, actor, max, Some(replication::current_mark(actor))),
     }
 }
@@ -195,6 +200,9 @@ pub(super) fn run_message(
             }
             Err(e) if e.is_guest_failure() && l.db().in_transaction() => {
                 l.db().event_rollback()?;
+                // What the failed handler did is gone, replies it
+                // completed included.
+                l.store.data_mut().replies.completions.clear();
                 MessageAnswer::Refused {
                     code: e.code(),
                     message: e.to_string(),

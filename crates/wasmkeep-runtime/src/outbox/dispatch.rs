@@ -420,6 +420,19 @@ impl Shared {
         Duration::from_millis(ms - (ms / 5) * (nanos % 1000) / 1000)
     }
 
+    /// `text` without the sender's app's secret values (an error of a call
+    /// may quote its URL, which a guest may have built with one).
+    fn scrub(&self, from: &ActorId, text: &str) -> String {
+        match self.runtime() {
+            Some(rt) => {
+                let out = rt.secrets.scrub(&from.tenant, &from.app, text);
+                drop_elsewhere(rt);
+                out
+            }
+            None => text.to_owned(),
+        }
+    }
+
     /// Whether a test fault is set (false once the node is gone).
     fn fault(&self, f: impl Fn(&Faults) -> bool) -> bool {
         match self.runtime() {
@@ -561,7 +574,7 @@ impl Shared {
                 Err(e) if e.is_guest_failure() => {
                     failures += 1;
                     if failures >= self.limits.response_attempts_max.max(1) {
-                        tracing::warn!(actor = %from, seq = row.seq, error = %e, "on-response kept failing: the answer is dropped (outbox_response_attempts_max)");
+                        tracing::warn!(actor = %from, seq = row.seq, error = %self.scrub(from, &e.to_string()), "on-response kept failing: the answer is dropped (outbox_response_attempts_max)");
                         self.dropped.fetch_add(1, Ordering::Relaxed);
                         let ev = Inbound::Response {
                             life,
@@ -575,8 +588,14 @@ impl Shared {
                     }
                     tokio::time::sleep(self.backoff(failures)).await;
                 }
+                Err(e) if final_failure(&e) => {
+                    // The sender's app or class is gone: nobody to tell.
+                    // The row stays in its database for a later deploy.
+                    tracing::warn!(actor = %from, seq = row.seq, error = %self.scrub(from, &e.to_string()), "an answer cannot reach its sender: kept in its outbox");
+                    return;
+                }
                 Err(e) => {
-                    tracing::debug!(actor = %from, seq = row.seq, error = %e, "answer not applied yet");
+                    tracing::debug!(actor = %from, seq = row.seq, error = %self.scrub(from, &e.to_string()), "answer not applied yet");
                     tokio::time::sleep(self.backoff(tries)).await;
                 }
             }
@@ -600,21 +619,6 @@ fn final_failure(e: &RuntimeError) -> bool {
 /// its answer.
 async fn run_lane(sh: Arc<Shared>, lane: Lane) {
     let (from, life, target) = lane.clone();
-    // The answers go back to the sender in the lane's order, by a task of
-    // their own: the next message leaves as soon as the receiver answered
-    // the last one (all the receiver's rule needs), not once the sender
-    // applied the answer.
-    let (answers, mut queued) = tokio::sync::mpsc::unbounded_channel::<(OutboxRow, Answer, u32)>();
-    let responder = {
-        let (sh, from) = (Arc::clone(&sh), from.clone());
-        tokio::spawn(async move {
-            while let Some((row, answer, attempts)) = queued.recv().await {
-                let extra = answer.bytes();
-                sh.respond(&from, life, &row, answer, attempts).await;
-                sh.finish(&from, life, &row, extra);
-            }
-        })
-    };
     loop {
         let newest_first = sh.fault(|f| f.unsafe_lanes_reversed.load(Ordering::Relaxed));
         let row = {
@@ -637,7 +641,7 @@ async fn run_lane(sh: Arc<Shared>, lane: Lane) {
                             st.actors.remove(&from);
                         }
                     }
-                    break;
+                    return;
                 }
             }
         };
@@ -645,19 +649,20 @@ async fn run_lane(sh: Arc<Shared>, lane: Lane) {
             sh.finish(&from, life, &row, 0);
             continue;
         }
+        // The next message leaves only once the sender applied this one's
+        // answer: the receiver keeps only the last answer it gave, so a
+        // sender that restarts before applying an earlier one must find it
+        // there when it asks again.
         match send_message(&sh, &from, life, &row).await {
             Some((answer, attempts)) => {
-                sh.hold_bytes(answer.bytes());
-                if let Err(e) = answers.send((row, answer, attempts)) {
-                    let (row, answer, _) = e.0;
-                    sh.finish(&from, life, &row, answer.bytes());
-                }
+                let extra = answer.bytes();
+                sh.hold_bytes(extra);
+                sh.respond(&from, life, &row, answer, attempts).await;
+                sh.finish(&from, life, &row, extra);
             }
             None => sh.finish(&from, life, &row, 0),
         }
     }
-    drop(answers);
-    let _ = responder.await;
 }
 
 /// One message's deliveries; `None` if the sender was forgotten meanwhile.
@@ -704,7 +709,7 @@ async fn send_message(
             return Some((
                 Answer::Failed {
                     code: e.code(),
-                    message: e.to_string(),
+                    message: sh.scrub(from, &e.to_string()),
                 },
                 attempts,
             ));
@@ -722,7 +727,7 @@ async fn send_message(
                 attempts,
             ));
         }
-        tracing::debug!(actor = %from, to = %to, seq = row.seq, error = %e, "message not delivered yet");
+        tracing::debug!(actor = %from, to = %to, seq = row.seq, error = %sh.scrub(from, &e.to_string()), "message not delivered yet");
         tokio::time::sleep(sh.backoff(attempts)).await;
     }
 }
@@ -771,19 +776,25 @@ async fn run_call(
             }
             Attempt::Final(code, message) => {
                 sh.failed.fetch_add(1, Ordering::Relaxed);
-                break Answer::Failed { code, message };
+                break Answer::Failed {
+                    code,
+                    message: sh.scrub(&from, &message),
+                };
             }
             Attempt::Retry(code, message) => {
                 if last {
                     sh.failed.fetch_add(1, Ordering::Relaxed);
                     break Answer::Failed {
                         code: "delivery_failed".into(),
-                        message: format!(
-                            "no answer after {attempts} attempts (outbox_attempts_max): {code}: {message}"
+                        message: sh.scrub(
+                            &from,
+                            &format!(
+                                "no answer after {attempts} attempts (outbox_attempts_max): {code}: {message}"
+                            ),
                         ),
                     };
                 }
-                tracing::debug!(actor = %from, seq = row.seq, %code, %message, "call not answered yet");
+                tracing::debug!(actor = %from, seq = row.seq, %code, message = %sh.scrub(&from, &message), "call not answered yet");
                 tokio::time::sleep(sh.backoff(attempts)).await;
             }
         }
