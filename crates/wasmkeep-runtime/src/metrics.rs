@@ -134,6 +134,18 @@ pub struct Metrics {
     /// Compiled code in the cache that failed its check and was compiled
     /// again.
     pub compile_cache_rejected_total: Counter,
+    /// Outbox rows the dispatcher took for delivery (ADR 0040).
+    pub outbox_taken_total: Counter,
+    /// Answers (or final failures) applied by their senders.
+    pub outbox_answers_total: Counter,
+    /// Deliveries that failed for good (their senders heard `failed`).
+    pub outbox_failed_total: Counter,
+    /// Answers dropped after their sender's `on-response` kept failing.
+    pub outbox_answers_dropped_total: Counter,
+    /// Rows the dispatcher holds now (taken, not yet finished).
+    pub outbox_pending: GaugeU64,
+    /// Replies parked now (ADR 0042).
+    pub parked_replies: GaugeU64,
     pub event_latency: Histogram,
     pub sync_latency: Histogram,
     pub alarm_lateness: Histogram,
@@ -346,6 +358,45 @@ impl Metrics {
         for (name, c, help) in series {
             register(r, name, help, None, c.clone());
         }
+        let series: [(&str, &Counter, &str); 4] = [
+            (
+                "wasmkeep_outbox_taken",
+                &self.outbox_taken_total,
+                "Messages and calls actors sent that the dispatcher took for delivery (ADR 0040).",
+            ),
+            (
+                "wasmkeep_outbox_answers",
+                &self.outbox_answers_total,
+                "Answers (or final failures) applied by the actors that sent.",
+            ),
+            (
+                "wasmkeep_outbox_failed",
+                &self.outbox_failed_total,
+                "Deliveries that failed for good (the sender heard failed).",
+            ),
+            (
+                "wasmkeep_outbox_answers_dropped",
+                &self.outbox_answers_dropped_total,
+                "Answers dropped after the sender's on-response kept failing.",
+            ),
+        ];
+        for (name, c, help) in series {
+            register(r, name, help, None, c.clone());
+        }
+        register(
+            r,
+            "wasmkeep_outbox_pending",
+            "Messages and calls the dispatcher holds (taken, not finished).",
+            None,
+            self.outbox_pending.clone(),
+        );
+        register(
+            r,
+            "wasmkeep_parked_replies",
+            "Replies parked until a later event completes them (ADR 0042).",
+            None,
+            self.parked_replies.clone(),
+        );
     }
 
     fn register_phases(&self, r: &mut Registry) {
@@ -680,8 +731,11 @@ mod tests {
         assert_eq!(sample(&text, "wasmkeep_bucket_put_bytes_total"), 0.0);
         assert_eq!(types["wasmkeep_event_seconds"], "histogram");
         assert_eq!(types["wasmkeep_alarms_pending"], "gauge");
-        // 21 node series, 9 phase histograms, 11 of replication, 2 of the
-        // alarm index, 6 bucket counters.
-        assert_eq!(types.len(), 49);
+        // 21 node series, 6 of the outbox and parked replies, 9 phase
+        // histograms, 11 of replication, 2 of the alarm index, 6 bucket
+        // counters.
+        assert_eq!(types.len(), 55);
+        assert_eq!(types["wasmkeep_outbox_pending"], "gauge");
+        assert_eq!(types["wasmkeep_outbox_answers"], "counter");
     }
 }

@@ -79,11 +79,14 @@ pub struct ParkedReplies {
 struct Table {
     parked: HashMap<u64, Parked>,
     per_actor: HashMap<ActorId, usize>,
+    /// `wasmkeep_parked_replies` (a clone shares the node's series).
+    gauge: crate::metrics::GaugeU64,
 }
 
 impl Table {
     fn remove(&mut self, ticket: u64) -> Option<Parked> {
         let p = self.parked.remove(&ticket)?;
+        self.gauge.dec();
         if let Some(n) = self.per_actor.get_mut(&p.actor) {
             *n -= 1;
             if *n == 0 {
@@ -105,14 +108,17 @@ pub struct Park {
 }
 
 impl ParkedReplies {
-    pub fn new(limits: ParkedLimits) -> ParkedReplies {
+    pub fn new(limits: ParkedLimits, metrics: Arc<crate::metrics::Metrics>) -> ParkedReplies {
         let seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos() as u64)
             .unwrap_or(1);
         ParkedReplies {
             limits,
-            map: Mutex::new(Table::default()),
+            map: Mutex::new(Table {
+                gauge: metrics.parked_replies.clone(),
+                ..Table::default()
+            }),
             next: AtomicU64::new(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1),
         }
     }
@@ -181,6 +187,7 @@ impl ParkedReplies {
         });
         let mut map = self.map.lock();
         *map.per_actor.entry(actor.clone()).or_default() += 1;
+        map.gauge.inc();
         map.parked.insert(
             ticket,
             Parked {

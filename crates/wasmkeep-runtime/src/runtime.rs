@@ -329,8 +329,12 @@ impl Runtime {
         let (close_tx, close_rx) = std::sync::mpsc::sync_channel(CLOSE_QUEUE_MAX);
         let config_data_dir = config.data_dir.clone();
         let parked_limits = config.parked.clone();
-        let outbox_dispatcher =
-            Dispatcher::new(config.outbox.clone(), config.outbound.private_allowed);
+        let parked_metrics = Arc::clone(&metrics);
+        let outbox_dispatcher = Dispatcher::new(
+            config.outbox.clone(),
+            config.outbound.private_allowed,
+            Arc::clone(&metrics),
+        );
         let inner = Arc::new(Inner {
             durability: DurabilityStage::start(config.data_dir.clone(), Arc::clone(&metrics)),
             replication,
@@ -360,7 +364,10 @@ impl Runtime {
             alarms_gated_total: AtomicU64::new(0),
             outbox: outbox_dispatcher,
             secrets: crate::app_config::SecretStore::open(&config_data_dir),
-            parked: Arc::new(crate::parked::ParkedReplies::new(parked_limits)),
+            parked: Arc::new(crate::parked::ParkedReplies::new(
+                parked_limits,
+                Arc::clone(&parked_metrics),
+            )),
         });
         inner.outbox.attach(Arc::downgrade(&inner));
         let rt = Runtime { inner };

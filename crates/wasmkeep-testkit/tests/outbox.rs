@@ -62,6 +62,10 @@ fn every_message_is_answered_once_and_applied_once() {
     );
     assert_eq!(stats(&node, "b")["received"], 20);
     assert_eq!(stats(&node, "a")["received"], 7);
+    let m = node.runtime().metrics();
+    assert_eq!(m.outbox_taken_total.get(), 27);
+    assert_eq!(m.outbox_answers_total.get(), 27);
+    assert_eq!(m.outbox_pending.get(), 0, "every row taken was finished");
     // Answered rows are gone from the sender's outbox.
     assert_eq!(
         node.actor("demo/examples/pinger/a")
@@ -501,6 +505,7 @@ fn a_parked_reply_is_completed_by_the_event_that_applies_another_actors_answer()
     assert!(r.text().starts_with("relayed: pong relay-"), "{}", r.text());
     assert_eq!(stats(&node, "b")["received"], 1);
     assert_eq!(node.runtime().parked_replies(), 0);
+    assert_eq!(node.runtime().metrics().parked_replies.get(), 0);
 }
 
 #[test]
@@ -583,4 +588,43 @@ fn unsafe_a_completion_kept_from_a_failed_event_answers_the_client() {
         r.as_deref().is_ok_and(|t| t.starts_with("relayed: ")),
         "without the rule, the rolled-back event answered: {r:?}"
     );
+}
+
+#[test]
+fn unsent_messages_move_with_the_actor_restored_on_another_node() {
+    let (bucket, _faults) = wasmkeep_replica::testing::memory_bucket();
+    let first = {
+        let bucket = bucket.clone();
+        node_with(move |c| c.bucket = Some(bucket))
+    };
+    first.hold_outbox(true);
+    // `replicated`: answered once the bucket holds the sends.
+    let r = first
+        .actor("demo/examples/pinger/a")
+        .request_with_headers(
+            "POST",
+            "/ping?to=b&n=3",
+            &[("wasmkeep-durability", "replicated")],
+            "",
+        )
+        .unwrap();
+    assert_eq!(r.status, 200);
+    // The node is gone before it delivered anything.
+    first.runtime().shutdown(std::time::Duration::from_secs(5));
+    assert_eq!(
+        first.runtime().outbox().counts().0,
+        0,
+        "nothing was answered"
+    );
+
+    // Another node, empty, on the same bucket: the actor's first event
+    // restores it, and its outbox goes out from there.
+    let second = node_with(move |c| c.bucket = Some(bucket));
+    assert_eq!(pongs(&second, "a")["sent"], 3);
+    second.settle_outbox();
+    assert_eq!(
+        pongs(&second, "a"),
+        serde_json::json!({"sent": 3, "answered": 3, "duplicates": 0})
+    );
+    assert_eq!(stats(&second, "b")["received"], 3);
 }

@@ -165,9 +165,7 @@ struct Shared {
     handle: tokio::runtime::Handle,
     /// Batches waiting for the bucket before their rows are read.
     waiting: AtomicU64,
-    delivered: AtomicU64,
-    failed: AtomicU64,
-    dropped: AtomicU64,
+    metrics: Arc<crate::metrics::Metrics>,
 }
 
 /// The node's outbox dispatcher (see the module's documentation).
@@ -187,7 +185,11 @@ pub enum Offered {
 }
 
 impl Dispatcher {
-    pub fn new(limits: OutboxLimits, private_allowed: bool) -> Dispatcher {
+    pub fn new(
+        limits: OutboxLimits,
+        private_allowed: bool,
+        metrics: Arc<crate::metrics::Metrics>,
+    ) -> Dispatcher {
         let io = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("wasmkeep-outbox")
@@ -204,9 +206,7 @@ impl Dispatcher {
             state: Mutex::new(State::default()),
             handle: io.handle().clone(),
             waiting: AtomicU64::new(0),
-            delivered: AtomicU64::new(0),
-            failed: AtomicU64::new(0),
-            dropped: AtomicU64::new(0),
+            metrics,
         });
         Dispatcher {
             shared,
@@ -245,10 +245,11 @@ impl Dispatcher {
     /// Answers delivered to senders, deliveries that failed for good, and
     /// answers dropped after their sender's `on-response` kept failing.
     pub fn counts(&self) -> (u64, u64, u64) {
+        let m = &self.shared.metrics;
         (
-            self.shared.delivered.load(Ordering::Relaxed),
-            self.shared.failed.load(Ordering::Relaxed),
-            self.shared.dropped.load(Ordering::Relaxed),
+            m.outbox_answers_total.get(),
+            m.outbox_failed_total.get(),
+            m.outbox_answers_dropped_total.get(),
         )
     }
 
@@ -297,6 +298,8 @@ impl Dispatcher {
             return Offered::Deferred;
         }
         st.bytes += bytes;
+        sh.metrics.outbox_taken_total.inc_by(fresh.len() as u64);
+        sh.metrics.outbox_pending.inc_by(fresh.len() as u64);
         let limits = &sh.limits;
         let a = st.actors.entry(from.clone()).or_insert_with(|| ActorOut {
             life,
@@ -499,12 +502,14 @@ impl Shared {
             st.bytes = st.bytes.saturating_sub(row_bytes(row) + extra);
             if let Some(a) = st.actors.get_mut(actor)
                 && a.life == life
+                && a.known.remove(&row.seq)
+                && a.known.is_empty()
+                && a.running.is_empty()
             {
-                a.known.remove(&row.seq);
-                if a.known.is_empty() && a.running.is_empty() {
-                    st.actors.remove(actor);
-                }
+                st.actors.remove(actor);
             }
+            // Every row taken ends here once, whatever became of it.
+            self.metrics.outbox_pending.dec();
             if st.deferred.is_empty() || st.bytes > self.limits.node_bytes_max / 2 {
                 Vec::new()
             } else {
@@ -568,14 +573,14 @@ impl Shared {
                     if self.fault(|f| Faults::take(&f.outbox_repeat_responses)) {
                         let _ = self.deliver(from.clone(), ev).await;
                     }
-                    self.delivered.fetch_add(1, Ordering::Relaxed);
+                    self.metrics.outbox_answers_total.inc();
                     return;
                 }
                 Err(e) if e.is_guest_failure() => {
                     failures += 1;
                     if failures >= self.limits.response_attempts_max.max(1) {
                         tracing::warn!(actor = %from, seq = row.seq, error = %self.scrub(from, &e.to_string()), "on-response kept failing: the answer is dropped (outbox_response_attempts_max)");
-                        self.dropped.fetch_add(1, Ordering::Relaxed);
+                        self.metrics.outbox_answers_dropped_total.inc();
                         let ev = Inbound::Response {
                             life,
                             seq: row.seq,
@@ -705,7 +710,7 @@ async fn send_message(
             Err(e) => e,
         };
         if final_failure(&e) {
-            sh.failed.fetch_add(1, Ordering::Relaxed);
+            sh.metrics.outbox_failed_total.inc();
             return Some((
                 Answer::Failed {
                     code: e.code(),
@@ -715,7 +720,7 @@ async fn send_message(
             ));
         }
         if attempts >= sh.limits.attempts_max.max(1) {
-            sh.failed.fetch_add(1, Ordering::Relaxed);
+            sh.metrics.outbox_failed_total.inc();
             return Some((
                 Answer::Failed {
                     code: "delivery_failed".into(),
@@ -775,7 +780,7 @@ async fn run_call(
                 };
             }
             Attempt::Final(code, message) => {
-                sh.failed.fetch_add(1, Ordering::Relaxed);
+                sh.metrics.outbox_failed_total.inc();
                 break Answer::Failed {
                     code,
                     message: sh.scrub(&from, &message),
@@ -783,7 +788,7 @@ async fn run_call(
             }
             Attempt::Retry(code, message) => {
                 if last {
-                    sh.failed.fetch_add(1, Ordering::Relaxed);
+                    sh.metrics.outbox_failed_total.inc();
                     break Answer::Failed {
                         code: "delivery_failed".into(),
                         message: sh.scrub(
