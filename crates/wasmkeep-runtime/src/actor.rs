@@ -55,6 +55,25 @@ pub struct ActorResponse {
     pub status: u16,
     pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
+    /// The request's event accepted a WebSocket upgrade (ADR 0043): the
+    /// socket's id, registered in the node's table once the event was
+    /// durable; the edge completes the upgrade.
+    pub socket: Option<u64>,
+}
+
+/// Something that happened on one of an actor's sockets (ADR 0043).
+#[derive(Debug, Clone)]
+pub enum SocketEvent {
+    Message {
+        id: u64,
+        message: crate::host::wasmkeep::actor::sockets::Message,
+    },
+    /// The socket is gone from the table; `info` is what it was.
+    Closed {
+        info: crate::host::wasmkeep::actor::sockets::SocketInfo,
+        code: u16,
+        reason: String,
+    },
 }
 
 /// What a finished event reports to whoever waits for it.
@@ -105,6 +124,8 @@ pub enum EventKind {
     /// A message from another actor, or the answer to one this actor sent
     /// (ADR 0040).
     Inbound(Inbound),
+    /// A socket's message or close (ADR 0043).
+    Socket(SocketEvent),
     /// Hand the outbox's rows up to `upto` to the dispatcher (after a
     /// batch that sent, once its commit is durable and, with a bucket, in
     /// the bucket); with `None`, all of them again (after a restart, or
@@ -165,6 +186,10 @@ impl Event {
                 (r.body.len() + r.path.len() + r.query.len() + r.method.len() + headers) as u64
             }
             EventKind::Inbound(Inbound::Message { body, .. }) => body.len() as u64,
+            EventKind::Socket(SocketEvent::Message { message, .. }) => match message {
+                crate::host::wasmkeep::actor::sockets::Message::Text(t) => t.len() as u64,
+                crate::host::wasmkeep::actor::sockets::Message::Binary(b) => b.len() as u64,
+            },
             EventKind::Inbound(Inbound::Response { answer, .. }) => match answer {
                 Answer::Message(MessageAnswer::Reply(b)) => b.len() as u64,
                 Answer::Http { body, headers, .. } => {
@@ -208,6 +233,8 @@ pub struct Loaded {
     bindings: Option<host::Actor>,
     /// The app's `inbox` export, if it has one (ADR 0040).
     inbox: Option<host::inbox_exports::InboxExports>,
+    /// The app's `socket-handler` export, if it has one (ADR 0043).
+    socket_handler: Option<host::socket_exports::SocketExports>,
     app: Arc<App>,
     metrics: Arc<Metrics>,
 }
@@ -288,6 +315,8 @@ struct Ran {
     /// The request parked its reply (ADR 0042): it waits for a later
     /// event to complete it instead of leaving.
     park: Option<crate::parked::Park>,
+    /// The request accepted a WebSocket (ADR 0043).
+    accepted: Option<crate::sockets::Accepted>,
 }
 
 fn ms_between(a: Instant, b: Instant) -> f64 {
@@ -388,6 +417,11 @@ fn run_delete(rt: &Arc<Inner>, actor: &Arc<Actor>, slot: &mut Option<Loaded>, ev
     rt.timer.set(&actor.id, None);
     rt.outbox.forget(&actor.id);
     rt.parked.drop_actor(&actor.id);
+    rt.sockets.close_all(
+        Some(&actor.id),
+        crate::sockets::close_code::TRY_AGAIN,
+        "the actor was deleted",
+    );
     actor.outbox_offered.store(0, Ordering::Relaxed);
     actor.outbox_durable.store(0, Ordering::Relaxed);
     let dir = paths::actor_dir(&rt.config.data_dir, &actor.id);
@@ -435,6 +469,7 @@ fn instantiate(
         state.sent_before_commit = Some(Vec::new());
     }
     state.parked = Some(Arc::clone(&rt.parked));
+    state.sockets = Some(Arc::clone(&rt.sockets));
     state.response_body_bytes_max = rt.config.response_body_bytes_max;
     state.config = crate::app_config::InstanceConfig {
         vars: Arc::clone(&app.vars),
@@ -461,10 +496,14 @@ fn instantiate(
                 Some(i) => Some(i.load(&mut store, &instance)?),
                 None => None,
             };
-            Ok((bindings, inbox))
+            let sockets = match &app.socket_handler {
+                Some(i) => Some(i.load(&mut store, &instance)?),
+                None => None,
+            };
+            Ok((bindings, inbox, sockets))
         });
     match instantiated {
-        Ok((bindings, inbox)) => {
+        Ok((bindings, inbox, socket_handler)) => {
             rt.metrics
                 .phase_instantiate
                 .observe_ms(started.elapsed().as_secs_f64() * 1000.0);
@@ -474,6 +513,7 @@ fn instantiate(
                 store,
                 bindings: Some(bindings),
                 inbox,
+                socket_handler,
                 app: Arc::clone(app),
                 metrics: Arc::clone(&rt.metrics),
             })
@@ -681,6 +721,55 @@ fn finish_call<T>(
     }
 }
 
+/// A socket's message or close, as an event of its actor (ADR 0043): its
+/// handler runs in a savepoint like a request's; an app without
+/// `socket-handler` ignores it.
+fn run_socket(l: &mut Loaded, ev: SocketEvent) -> Result<Outcome, RuntimeError> {
+    if l.socket_handler.is_none() {
+        return Ok(Outcome::Done);
+    }
+    let table = l.store.data().sockets.clone();
+    l.db().event_begin()?;
+    enter(l);
+    let class = l.store.data().id.class.clone();
+    let id = l.store.data().id.clone();
+    let exports = l.socket_handler.as_ref().expect("checked above");
+    let r = match ev {
+        SocketEvent::Message {
+            id: socket,
+            message,
+        } => {
+            let Some(info) = table.and_then(|t| t.info(&id, socket)) else {
+                // Closed meanwhile: its close event follows.
+                l.db().event_commit()?;
+                return Ok(Outcome::Done);
+            };
+            let r = exports
+                .wasmkeep_actor_socket_handler()
+                .call_on_socket_message(&mut l.store, &class, &info, &message);
+            finish_call(l, r)
+        }
+        SocketEvent::Closed { info, code, reason } => {
+            let r = exports
+                .wasmkeep_actor_socket_handler()
+                .call_on_socket_close(&mut l.store, &class, &info, code, &reason);
+            finish_call(l, r)
+        }
+    };
+    match r {
+        Ok(()) => {
+            l.db().event_commit()?;
+            Ok(Outcome::Done)
+        }
+        Err(e) => {
+            if l.db().in_transaction() {
+                l.db().event_rollback()?;
+            }
+            Err(e)
+        }
+    }
+}
+
 fn run_request(
     rt: &Arc<Inner>,
     l: &mut Loaded,
@@ -693,6 +782,10 @@ fn run_request(
         ensure_init(rt, l, initialized)?;
         enter(l);
         let class = l.store.data().id.class.clone();
+        l.store.data_mut().request_is_upgrade = req
+            .headers
+            .iter()
+            .any(|(k, v)| k.eq_ignore_ascii_case("upgrade") && v.eq_ignore_ascii_case("websocket"));
         let request = host::Request {
             method: req.method,
             path: req.path,
@@ -716,10 +809,12 @@ fn run_request(
         // A limit the guest ran into is the event's error, whatever the
         // guest did with the error it got.
         let (headers, body) = parts?;
+        let socket = l.store.data().socket_accepted.as_ref().map(|a| a.id);
         Ok(ActorResponse {
             status: status?,
             headers,
             body,
+            socket,
         })
     })();
     match r {
@@ -1021,6 +1116,8 @@ struct EventsRan {
     results: Vec<Ran>,
     /// Parked replies the batch's successful events completed.
     completions: Vec<(u64, ActorResponse)>,
+    /// What the batch's successful events sent to sockets.
+    socket_ops: Vec<crate::sockets::SocketOp>,
     /// An event sent something (committed or not).
     outbox_sent: bool,
     /// An alarm or a delivery ran.
@@ -1046,6 +1143,8 @@ struct AfterCommit {
     outbox: Option<u64>,
     /// Parked replies this batch completed, sent once it is durable.
     completions: Vec<(u64, ActorResponse)>,
+    /// What it sent to sockets, applied once it is durable.
+    socket_ops: Vec<crate::sockets::SocketOp>,
 }
 
 /// Phase 1: the actor's app and class, or every event fails with
@@ -1229,6 +1328,7 @@ fn run_events(
     let mut ran = EventsRan {
         outbox_sent: false,
         completions: Vec::new(),
+        socket_ops: Vec::new(),
         results: Vec::with_capacity(events.len()),
         alarm_ran: false,
         fenced: false,
@@ -1274,10 +1374,16 @@ fn run_events(
                 .filter_map(|r| r.park)
                 .map(|p| p.ticket)
                 .collect();
-            l.store.data_mut().replies = crate::parked::ReplyOps {
+            let accepted_in_batch = ran.results.iter().filter(|r| r.accepted.is_some()).count();
+            let state = l.store.data_mut();
+            state.replies = crate::parked::ReplyOps {
                 parked_in_batch,
                 ..Default::default()
             };
+            state.socket_ops.clear();
+            state.socket_accepted = None;
+            state.sockets_accepted_in_batch = accepted_in_batch;
+            state.request_is_upgrade = false;
         }
         let r = match ev.kind {
             EventKind::Request(req) => run_request(rt, l, req, initialized),
@@ -1297,6 +1403,7 @@ fn run_events(
                 r
             }
             EventKind::Prepare | EventKind::OutboxResume { .. } => Ok(Outcome::Done),
+            EventKind::Socket(ev) => run_socket(l, ev),
             EventKind::Inbound(Inbound::Message {
                 from,
                 life,
@@ -1319,12 +1426,17 @@ fn run_events(
         }
         // Read before a trap's instance is replaced (which would lose it).
         let mut park = None;
+        let mut accepted = None;
         if let Some(l) = slot.as_mut() {
             ran.outbox_sent |= l.store.data().outbox_sent;
             let ops = std::mem::take(&mut l.store.data_mut().replies);
+            let socket_ops = std::mem::take(&mut l.store.data_mut().socket_ops);
+            let socket_accepted = l.store.data_mut().socket_accepted.take();
             if r.is_ok() {
                 park = ops.park;
                 ran.completions.extend(ops.completions);
+                ran.socket_ops.extend(socket_ops);
+                accepted = socket_accepted;
             } else if rt
                 .faults
                 .unsafe_completions_from_failed_events
@@ -1339,6 +1451,7 @@ fn run_events(
             started,
             replicated,
             park,
+            accepted,
         });
         if Faults::take(&rt.faults.panic_in_batch) {
             panic!("injected panic in a batch (test fault)");
@@ -1364,8 +1477,10 @@ fn run_events(
                     r.out = Err(RuntimeError::TransactionAborted);
                 }
                 r.park = None;
+                r.accepted = None;
             }
             ran.completions.clear();
+            ran.socket_ops.clear();
             *initialized = l.db().is_initialized().unwrap_or(false);
             if let Err(e) = l.db().begin() {
                 tracing::error!(actor = %id, error = %e, "could not begin again");
@@ -1560,6 +1675,7 @@ fn after_commit(
             dirs,
             outbox,
             completions: ran.completions,
+            socket_ops: ran.socket_ops,
         },
         ran.results,
     ))
@@ -1577,8 +1693,10 @@ fn release_replies(
 ) {
     let waiting = results.iter().any(|r| r.reply.is_some())
         || after.outbox.is_some()
-        || !after.completions.is_empty();
+        || !after.completions.is_empty()
+        || !after.socket_ops.is_empty();
     let completions = after.completions;
+    let socket_ops = after.socket_ops;
     let metrics = Arc::clone(&rt.metrics);
     let actor = Arc::clone(actor);
     let repl_mark = after.repl_mark;
@@ -1595,12 +1713,18 @@ fn release_replies(
             started,
             replicated,
             park,
+            accepted,
         } in results
         {
             let out = match (&sync, out) {
                 (Err(e), Ok(_)) => Err(RuntimeError::Internal(e.clone())),
                 (_, out) => out,
             };
+            if let (Some(a), Ok(_), Some(rt)) = (accepted, &out, &rt) {
+                // Registered before the reply leaves: the edge connects to
+                // it when the reply tells it the id.
+                rt.sockets.register(&actor.id, a);
+            }
             let r = match (park, &out, r, &rt) {
                 (Some(park), Ok(_), Some(r), Some(rt)) => {
                     // Parked: it leaves when a later event completes it
@@ -1638,6 +1762,9 @@ fn release_replies(
                 }
                 if let Some(upto) = outbox {
                     outbox_ready(&rt, &actor, upto, repl_mark);
+                }
+                if !socket_ops.is_empty() {
+                    rt.sockets.apply(&actor.id, socket_ops);
                 }
             }
             crate::outbox::drop_elsewhere(rt);

@@ -50,6 +50,8 @@ use crate::warm::ClassStatements;
 
 /// The optional export messages and answers arrive through.
 const INBOX_EXPORT: &str = "wasmkeep:actor/inbox@0.2.0";
+/// The optional export socket events arrive through.
+const SOCKETS_EXPORT: &str = "wasmkeep:actor/socket-handler@0.2.0";
 
 /// Compilations that may run at once, abandoned ones (past their deadline,
 /// still running) included. Each runs on one thread, so this bounds the
@@ -226,6 +228,8 @@ pub struct App {
     pub indices: crate::host::ActorIndices,
     /// Where `inbox` is, if the component exports it (ADR 0040).
     pub inbox: Option<crate::host::inbox_exports::InboxExportsIndices>,
+    /// Where `socket-handler` is, if the component exports it (ADR 0043).
+    pub socket_handler: Option<crate::host::socket_exports::SocketExportsIndices>,
     /// What the app's actors may reach over HTTP.
     pub outbound: Arc<OutboundPolicy>,
     /// The manifest's `[vars]`.
@@ -724,6 +728,19 @@ impl Compiler<'_> {
                 None
             }
         };
+        let socket_handler = match crate::host::socket_exports::SocketExportsIndices::new(
+            pre.instance_pre(),
+        ) {
+            Ok(i) => Some(i),
+            Err(e) => {
+                if component.get_export_index(None, SOCKETS_EXPORT).is_some() {
+                    return Err(RuntimeError::InvalidComponent(format!(
+                        "it exports {SOCKETS_EXPORT} with other types than wit/actor.wit's: {e:#}"
+                    )));
+                }
+                None
+            }
+        };
         let classes = self.ask_classes(&pre, tenant, app)?;
         let vars = Arc::new(manifest.vars.clone());
         if let Some(to_cache) = to_cache {
@@ -744,6 +761,7 @@ impl Compiler<'_> {
             component_bytes: bytes.len(),
             indices,
             inbox,
+            socket_handler,
             outbound: Arc::new(outbound),
             vars,
         })

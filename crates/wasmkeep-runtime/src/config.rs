@@ -156,6 +156,8 @@ pub struct RuntimeConfig {
     pub outbound: OutboundCeilings,
     /// Parked replies' bounds (ADR 0042).
     pub parked: crate::parked::ParkedLimits,
+    /// WebSockets' bounds (ADR 0043).
+    pub sockets: crate::sockets::SocketLimits,
 }
 
 /// The node's bounds on outbound HTTP calls; an app's `[outbound]` may
@@ -228,6 +230,7 @@ impl RuntimeConfig {
             outbox: Default::default(),
             outbound: OutboundCeilings::default(),
             parked: Default::default(),
+            sockets: Default::default(),
         }
     }
 

@@ -202,6 +202,12 @@ fn is_store_code(code: &str) -> bool {
             | "host_not_allowed"
             | "invalid_url"
             | "invalid_name"
+            // The parked replies' and sockets' refusals (ADR 0042, 0043).
+            | "reply_not_found"
+            | "too_many_parked"
+            | "not_an_upgrade"
+            | "too_many_sockets"
+            | "socket_not_found"
             // Request-shaped failures a guest may choose (see the SDK).
             | "bad_request"
             | "not_found"

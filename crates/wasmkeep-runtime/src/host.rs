@@ -33,6 +33,19 @@ pub mod inbox_exports {
     pub use exports::wasmkeep::actor::inbox;
 }
 
+/// The optional `socket-handler` export (ADR 0043).
+pub mod socket_exports {
+    wasmtime::component::bindgen!({
+        path: "../../wit",
+        world: "socket-exports",
+        with: {
+            "wasmkeep:actor/types": crate::host::wasmkeep::actor::types,
+            "wasmkeep:actor/sockets": crate::host::wasmkeep::actor::sockets,
+        },
+    });
+    pub use exports::wasmkeep::actor::socket_handler;
+}
+
 /// What a node binds of an app: every import, and `handler`.
 pub type Actor = Node;
 pub type ActorPre<T> = NodePre<T>;
@@ -207,6 +220,16 @@ pub struct HostState {
     pub replies: crate::parked::ReplyOps,
     /// The node's `response_body_bytes_max` (a completed reply's body).
     pub response_body_bytes_max: usize,
+    /// The node's sockets (`None` in the instance a deploy makes).
+    pub sockets: Option<Arc<crate::sockets::SocketTable>>,
+    /// What the running event sends and closes, applied once durable.
+    pub socket_ops: Vec<crate::sockets::SocketOp>,
+    /// The socket the running request accepted.
+    pub socket_accepted: Option<crate::sockets::Accepted>,
+    /// Sockets accepted by earlier events of the running batch.
+    pub sockets_accepted_in_batch: usize,
+    /// The running request asks for a WebSocket upgrade.
+    pub request_is_upgrade: bool,
 }
 
 impl HostState {
@@ -248,6 +271,11 @@ impl HostState {
             parked: None,
             replies: Default::default(),
             response_body_bytes_max: 0,
+            sockets: None,
+            socket_ops: Vec::new(),
+            socket_accepted: None,
+            sockets_accepted_in_batch: 0,
+            request_is_upgrade: false,
         }
     }
 
@@ -331,6 +359,7 @@ pub fn add_to_linker(linker: &mut wasmtime::component::Linker<HostState>) -> was
     wasmkeep::actor::outbox::add_to_linker::<HostState, HasSelf<HostState>>(linker, |s| s)?;
     wasmkeep::actor::config::add_to_linker::<HostState, HasSelf<HostState>>(linker, |s| s)?;
     wasmkeep::actor::replies::add_to_linker::<HostState, HasSelf<HostState>>(linker, |s| s)?;
+    wasmkeep::actor::sockets::add_to_linker::<HostState, HasSelf<HostState>>(linker, |s| s)?;
     crate::response::add_to_linker(linker)
 }
 

@@ -36,6 +36,7 @@ pub mod replication;
 mod reply;
 mod response;
 pub mod runtime;
+pub mod sockets;
 pub mod timer;
 pub mod warm;
 

@@ -431,6 +431,7 @@ impl replies::Host for HostState {
                 status,
                 headers,
                 body,
+                socket: None,
             },
         ));
         Ok(())

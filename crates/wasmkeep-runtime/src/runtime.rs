@@ -148,6 +148,8 @@ pub struct Inner {
     pub secrets: crate::app_config::SecretStore,
     /// Replies parked until a later event completes them (ADR 0042).
     pub parked: Arc<crate::parked::ParkedReplies>,
+    /// Open WebSockets (ADR 0043).
+    pub sockets: Arc<crate::sockets::SocketTable>,
 }
 
 /// Whether this node may run an actor's alarms now. A single node always
@@ -329,6 +331,7 @@ impl Runtime {
         let (close_tx, close_rx) = std::sync::mpsc::sync_channel(CLOSE_QUEUE_MAX);
         let config_data_dir = config.data_dir.clone();
         let parked_limits = config.parked.clone();
+        let socket_limits = config.sockets.clone();
         let parked_metrics = Arc::clone(&metrics);
         let outbox_dispatcher = Dispatcher::new(
             config.outbox.clone(),
@@ -364,6 +367,7 @@ impl Runtime {
             alarms_gated_total: AtomicU64::new(0),
             outbox: outbox_dispatcher,
             secrets: crate::app_config::SecretStore::open(&config_data_dir),
+            sockets: Arc::new(crate::sockets::SocketTable::new(socket_limits)),
             parked: Arc::new(crate::parked::ParkedReplies::new(
                 parked_limits,
                 Arc::clone(&parked_metrics),
@@ -928,6 +932,22 @@ impl Runtime {
         self.inner.secrets.names(tenant, app)
     }
 
+    /// The node's open WebSockets (ADR 0043).
+    pub fn sockets(&self) -> &Arc<crate::sockets::SocketTable> {
+        &self.inner.sockets
+    }
+
+    /// Brings a socket's message or close to its actor as an event
+    /// (bounded like a request: `actor_overloaded` when its queue is full).
+    pub fn socket_event(
+        &self,
+        id: &ActorId,
+        ev: crate::actor::SocketEvent,
+    ) -> Result<(), RuntimeError> {
+        self.inner
+            .enqueue(id, Event::new(EventKind::Socket(ev), None), true)
+    }
+
     /// Replies parked now (ADR 0042).
     pub fn parked_replies(&self) -> usize {
         self.inner.parked.len()
@@ -990,6 +1010,11 @@ impl Runtime {
             std::thread::sleep(Duration::from_millis(10));
         }
         rt.stopping.store(true, Ordering::SeqCst);
+        rt.sockets.close_all(
+            None,
+            crate::sockets::close_code::GOING_AWAY,
+            "the node is stopping: reconnect",
+        );
         // Deliveries in flight stop; their rows stay in their databases.
         rt.outbox.shutdown();
         rt.runq_cv.notify_all();

@@ -132,6 +132,31 @@ pub trait Actor: Default + 'static {
         let _ = r;
         Ok(())
     }
+
+    /// A message on one of the actor's WebSockets ([`sockets::accept`]),
+    /// as an event of its own; the actor may have been closed since the
+    /// last one (hibernated), so keep state in the database or the
+    /// socket's attachment, not in `self`.
+    fn socket_message(
+        &mut self,
+        socket: sockets::SocketInfo,
+        message: sockets::Message,
+    ) -> Result<()> {
+        let _ = (socket, message);
+        Ok(())
+    }
+
+    /// One of the actor's sockets closed (`code` is the WebSocket close
+    /// code; see the README for the node's own).
+    fn socket_close(
+        &mut self,
+        socket: sockets::SocketInfo,
+        code: u16,
+        reason: String,
+    ) -> Result<()> {
+        let _ = (socket, code, reason);
+        Ok(())
+    }
 }
 
 /// An HTTP request addressed to one actor.
@@ -779,6 +804,63 @@ pub mod replies {
     }
 }
 
+/// WebSockets with hibernation (ADR 0043). A request's handler accepts
+/// the upgrade; the node holds the connection, and every message on it is
+/// an event of the actor ([`Actor::socket_message`]). What an event sends
+/// leaves once it commits, never for an event that fails.
+///
+/// ```ignore
+/// // in `request`, for `GET /ws`:
+/// sockets::accept(&["lobby"], b"")?;
+/// Ok(Response::status(101)) // ignored: the node answers the upgrade
+/// // in `socket_message`:
+/// sockets::broadcast(Some("lobby"), message)?;
+/// ```
+pub mod sockets {
+    use super::{Result, wit};
+    pub use wit::sockets::{Message, SocketInfo};
+
+    /// Accepts the WebSocket upgrade of the request being handled, with
+    /// tags to find it by and an attachment that survives hibernation.
+    pub fn accept(tags: &[&str], attachment: &[u8]) -> Result<u64> {
+        let tags: Vec<String> = tags.iter().map(|t| t.to_string()).collect();
+        wit::sockets::accept(&tags, attachment)
+    }
+
+    /// Sends to one socket once this event commits.
+    pub fn send(id: u64, message: Message) -> Result<()> {
+        wit::sockets::send(id, &message)
+    }
+
+    /// Sends to every socket with `tag` (all of them with `None`) once
+    /// this event commits; how many it goes to.
+    pub fn broadcast(tag: Option<&str>, message: Message) -> Result<u32> {
+        wit::sockets::broadcast(tag, &message)
+    }
+
+    /// Closes a socket once this event commits (code 1000 or 3000-4999).
+    pub fn close(id: u64, code: u16, reason: &str) -> Result<()> {
+        wit::sockets::close(id, code, reason)
+    }
+
+    /// The actor's open sockets, with `tag` only those.
+    pub fn list(tag: Option<&str>) -> Vec<SocketInfo> {
+        wit::sockets::list(tag)
+    }
+
+    /// Replaces a socket's attachment (at once, not rolled back).
+    pub fn set_attachment(id: u64, attachment: &[u8]) -> Result<()> {
+        wit::sockets::set_attachment(id, attachment)
+    }
+
+    /// A text message the node answers itself without waking the actor
+    /// (`None` turns it off): `set_auto_response(Some(("ping", "pong")))`.
+    pub fn set_auto_response(pair: Option<(&str, &str)>) -> Result<()> {
+        let pair = pair.map(|(a, b)| (a.to_string(), b.to_string()));
+        wit::sockets::set_auto_response(pair.as_ref().map(|(a, b)| (a.as_str(), b.as_str())))
+    }
+}
+
 /// The app's configuration (ADR 0041): its manifest's `[vars]` and the
 /// secrets an operator set (`wasmkeep secret set`).
 pub mod config {
@@ -1230,6 +1312,31 @@ macro_rules! app {
                 let response = $crate::outbox::__response(response);
                 match class.as_str() {
                     $($class => $crate::__with::<$ty, _>(|a| $crate::Actor::response(a, response)),)+
+                    other => Err($crate::__unknown_class(other)),
+                }
+            }
+        }
+
+        impl $crate::bindings::exports::wasmkeep::actor::socket_handler::Guest for __WasmkeepApp {
+            fn on_socket_message(
+                class: ::std::string::String,
+                socket: $crate::sockets::SocketInfo,
+                message: $crate::sockets::Message,
+            ) -> $crate::Result<()> {
+                match class.as_str() {
+                    $($class => $crate::__with::<$ty, _>(|a| $crate::Actor::socket_message(a, socket, message)),)+
+                    other => Err($crate::__unknown_class(other)),
+                }
+            }
+
+            fn on_socket_close(
+                class: ::std::string::String,
+                socket: $crate::sockets::SocketInfo,
+                code: u16,
+                reason: ::std::string::String,
+            ) -> $crate::Result<()> {
+                match class.as_str() {
+                    $($class => $crate::__with::<$ty, _>(|a| $crate::Actor::socket_close(a, socket, code, reason)),)+
                     other => Err($crate::__unknown_class(other)),
                 }
             }

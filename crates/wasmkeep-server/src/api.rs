@@ -19,6 +19,7 @@ use wasmkeep_runtime::{ActorId, ActorRequest, Runtime};
 use crate::auth::Tokens;
 
 mod inbound;
+mod sockets;
 use crate::cluster::{CLUSTER_TOKEN_HEADER, ClusterState, FORWARDED_HEADER, NODE_HEADER};
 use crate::error::ApiError;
 
@@ -573,7 +574,21 @@ fn durability(
 }
 
 async fn actor_request(State(s): State<AppState>, req: Request) -> Result<Response, ApiError> {
-    let (parts, body) = req.into_parts();
+    let (mut parts, body) = req.into_parts();
+    // A WebSocket upgrade (ADR 0043): kept aside; the actor accepts it or
+    // not, and the upgrade completes only once its event is durable.
+    let ws = if parts
+        .headers
+        .get(axum::http::header::UPGRADE)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"websocket"))
+    {
+        use axum::extract::FromRequestParts;
+        axum::extract::ws::WebSocketUpgrade::from_request_parts(&mut parts, &s)
+            .await
+            .ok()
+    } else {
+        None
+    };
     let (id, path) = parse_actor_path(parts.uri.path())?;
     let cluster = s.config.cluster.clone();
     // In cluster mode a request another node forwarded carries the hop
@@ -598,10 +613,10 @@ async fn actor_request(State(s): State<AppState>, req: Request) -> Result<Respon
     match cluster {
         Some(c) => {
             let pq = path_and_query(&parts.uri, "");
-            let run = |id, body| run_here(&s, id, path, &parts, body);
+            let run = |id, body| run_here(&s, id, path, &parts, body, ws);
             clustered_request(&c, id, &pq, &parts, body, forwarded, run).await
         }
-        None => run_here(&s, id, path, &parts, body).await,
+        None => run_here(&s, id, path, &parts, body, ws).await,
     }
 }
 
@@ -832,6 +847,7 @@ async fn run_here(
     path: String,
     parts: &axum::http::request::Parts,
     body: Vec<u8>,
+    ws: Option<axum::extract::ws::WebSocketUpgrade>,
 ) -> Result<Response, ApiError> {
     let clustered = s.config.cluster.is_some();
     let headers = parts
@@ -855,6 +871,9 @@ async fn run_here(
         replicated,
     };
     let resp = s.rt.request(id.clone(), request).await?;
+    if let Some(socket) = resp.socket {
+        return Ok(sockets::upgrade(s, id, socket, ws));
+    }
     // The lease may have ended while the request ran: then it is not
     // acknowledged (its effects may stand, as after a lost response).
     if let Some(c) = &s.config.cluster

@@ -430,9 +430,13 @@ async fn connection(
     };
     // The watchdog owns the head timeout (see the module's doc), so hyper's
     // own is off; it would otherwise also cut idle kept-alive connections.
+    // With upgrades: a WebSocket an actor accepted (ADR 0043) leaves this
+    // loop once upgraded, and lives on in its own task under the socket
+    // limits, not `connections_max`.
     let conn = hyper::server::conn::http1::Builder::new()
         .header_read_timeout(None)
-        .serve_connection(io, service);
+        .serve_connection(io, service)
+        .with_upgrades();
     tokio::pin!(conn);
     let mut draining = false;
     loop {

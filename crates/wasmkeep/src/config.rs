@@ -131,6 +131,12 @@ pub struct NodeConfig {
     pub parked_reply_ms_max: u64,
     pub parked_replies_max: usize,
     pub parked_per_actor_max: usize,
+    /// WebSockets' bounds (ADR 0043).
+    pub sockets_per_actor_max: usize,
+    pub sockets_max: usize,
+    pub socket_message_bytes_max: usize,
+    pub socket_send_buffer_bytes_max: usize,
+    pub socket_idle_ms: u64,
     /// A table (`[app_limit_ceilings]`), so last: the highest value an
     /// app's manifest may give each of its `[limits]`.
     pub app_limit_ceilings: AppLimits,
@@ -231,6 +237,11 @@ impl Default for NodeConfig {
             parked_reply_ms_max: rt.parked.reply_ms_max,
             parked_replies_max: rt.parked.node_max,
             parked_per_actor_max: rt.parked.per_actor_max,
+            sockets_per_actor_max: rt.sockets.per_actor_max,
+            sockets_max: rt.sockets.node_max,
+            socket_message_bytes_max: rt.sockets.message_bytes_max,
+            socket_send_buffer_bytes_max: rt.sockets.send_buffer_bytes_max,
+            socket_idle_ms: rt.sockets.idle_ms,
             app_limit_ceilings: rt.app_limit_ceilings.clone(),
         }
     }
@@ -328,6 +339,11 @@ impl NodeConfig {
         c.parked.reply_ms_max = self.parked_reply_ms_max;
         c.parked.node_max = self.parked_replies_max;
         c.parked.per_actor_max = self.parked_per_actor_max;
+        c.sockets.per_actor_max = self.sockets_per_actor_max;
+        c.sockets.node_max = self.sockets_max;
+        c.sockets.message_bytes_max = self.socket_message_bytes_max;
+        c.sockets.send_buffer_bytes_max = self.socket_send_buffer_bytes_max;
+        c.sockets.idle_ms = self.socket_idle_ms;
         c
     }
 

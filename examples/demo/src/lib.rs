@@ -5,6 +5,7 @@
 //! LivePresence object whole, on the outbox (issue 20); `pinger` is the
 //! outbox's acceptance contract.
 
+mod chat;
 mod counter;
 mod notes;
 mod pinger;
@@ -15,6 +16,7 @@ mod timers;
 mod watch;
 
 wasmkeep_sdk::app!(
+    "chat" => chat::Chat,
     "counter" => counter::Counter,
     "notes" => notes::Notes,
     "pinger" => pinger::Pinger,

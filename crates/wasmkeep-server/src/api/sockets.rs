@@ -1,0 +1,143 @@
+//! The edge's side of WebSockets (ADR 0043): completing an upgrade an
+//! actor accepted, and carrying frames between the client and the node's
+//! socket table (`wasmkeep_runtime::sockets`).
+//!
+//! One task per connection reads the client's messages (each becomes an
+//! event of the actor, unless it is the actor's auto-response request,
+//! which is answered here without waking it), writes what the actor's
+//! committed events sent, closes an idle socket after `socket_idle_ms`,
+//! and, when the socket ends, takes it out of the table and tells the
+//! actor with a close event. WebSocket pings are answered by the protocol
+//! layer, never by the actor.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use axum::extract::ws::{CloseFrame, Message as WsMessage, WebSocket, WebSocketUpgrade};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use wasmkeep_runtime::actor::SocketEvent;
+use wasmkeep_runtime::host::wasmkeep::actor::sockets::Message;
+use wasmkeep_runtime::sockets::{Outgoing, close_code};
+use wasmkeep_runtime::{ActorId, Runtime};
+
+use super::{ApiError, AppState};
+
+/// Completes the upgrade of an accepted socket, or, if the request could
+/// not be upgraded after all, takes the socket back.
+pub(super) fn upgrade(
+    s: &AppState,
+    actor: ActorId,
+    socket: u64,
+    ws: Option<WebSocketUpgrade>,
+) -> Response {
+    let rt = s.rt.clone();
+    let Some(ws) = ws else {
+        rt.sockets().remove(&actor, socket);
+        return ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "not_an_upgrade",
+            "the actor accepted a WebSocket, but the request is not a valid upgrade",
+        )
+        .into_response();
+    };
+    let limit = rt.sockets().limits().message_bytes_max;
+    let (rt2, actor2) = (rt.clone(), actor.clone());
+    ws.max_message_size(limit)
+        .max_frame_size(limit)
+        .on_failed_upgrade(move |_| {
+            rt2.sockets().remove(&actor2, socket);
+        })
+        .on_upgrade(move |ws| bridge(rt, actor, socket, ws))
+}
+
+fn close(code: u16, reason: &str) -> WsMessage {
+    WsMessage::Close(Some(CloseFrame {
+        code,
+        reason: reason.into(),
+    }))
+}
+
+async fn bridge(rt: Runtime, actor: ActorId, socket: u64, mut ws: WebSocket) {
+    let Some(mut conn) = rt.sockets().connect(&actor, socket) else {
+        let _ = ws.send(close(close_code::GOING_AWAY, "gone")).await;
+        return;
+    };
+    let idle_ms = rt.sockets().limits().idle_ms;
+    let idle = || {
+        let ms = if idle_ms == 0 { u64::MAX / 4 } else { idle_ms };
+        tokio::time::Instant::now() + Duration::from_millis(ms)
+    };
+    let mut deadline = idle();
+    let (code, reason): (u16, String) = loop {
+        tokio::select! {
+            incoming = ws.recv() => {
+                deadline = idle();
+                let message = match incoming {
+                    Some(Ok(WsMessage::Text(t))) => Message::Text(t.to_string()),
+                    Some(Ok(WsMessage::Binary(b))) => Message::Binary(b.to_vec()),
+                    Some(Ok(WsMessage::Ping(_) | WsMessage::Pong(_))) => continue,
+                    Some(Ok(WsMessage::Close(frame))) => {
+                        break frame.map_or((1005, String::new()), |f| (f.code, f.reason.to_string()));
+                    }
+                    Some(Err(e)) => {
+                        let text = e.to_string();
+                        let code = if text.contains("too long") || text.contains("too big") || text.contains("Space limit") {
+                            close_code::TOO_BIG
+                        } else {
+                            1006
+                        };
+                        let reason = format!("{text} (socket_message_bytes_max={})", rt.sockets().limits().message_bytes_max);
+                        let _ = ws.send(close(code, &reason.chars().take(120).collect::<String>())).await;
+                        break (code, reason);
+                    }
+                    None => break (1006, "the connection ended".into()),
+                };
+                if let (Message::Text(t), Some((ask, answer))) = (&message, rt.sockets().auto_response(&actor))
+                    && *t == ask
+                {
+                    // Answered here: the actor stays asleep.
+                    let _ = ws.send(WsMessage::Text(answer.into())).await;
+                    continue;
+                }
+                if let Err(e) = rt.socket_event(&actor, SocketEvent::Message { id: socket, message }) {
+                    let reason = format!("the actor cannot take messages now: {}", e.code());
+                    let _ = ws.send(close(close_code::TRY_AGAIN, &reason)).await;
+                    break (close_code::TRY_AGAIN, reason);
+                }
+            }
+            out = conn.rx.recv() => {
+                deadline = idle();
+                match out {
+                    Some(Outgoing::Message(m)) => {
+                        let (frame, n) = match m {
+                            Message::Text(t) => { let n = t.len(); (WsMessage::Text(t.into()), n) }
+                            Message::Binary(b) => { let n = b.len(); (WsMessage::Binary(b.into()), n) }
+                        };
+                        let sent = ws.send(frame).await;
+                        conn.queued.fetch_sub(n, Ordering::Relaxed);
+                        if sent.is_err() {
+                            break (1006, "the connection ended".into());
+                        }
+                    }
+                    Some(Outgoing::Close(code, reason)) => {
+                        let _ = ws.send(close(code, &reason)).await;
+                        break (code, reason);
+                    }
+                    None => {
+                        let _ = ws.send(close(close_code::GOING_AWAY, "gone")).await;
+                        break (close_code::GOING_AWAY, "gone".into());
+                    }
+                }
+            }
+            _ = tokio::time::sleep_until(deadline) => {
+                let reason = format!("idle past socket_idle_ms={idle_ms}");
+                let _ = ws.send(close(close_code::GOING_AWAY, &reason)).await;
+                break (close_code::GOING_AWAY, reason);
+            }
+        }
+    };
+    if let Some(info) = rt.sockets().remove(&actor, socket) {
+        let _ = rt.socket_event(&actor, SocketEvent::Closed { info, code, reason });
+    }
+}
