@@ -756,6 +756,12 @@ fn run_socket(l: &mut Loaded, ev: SocketEvent) -> Result<Outcome, RuntimeError> 
             finish_call(l, r)
         }
     };
+    end_event(l, r)
+}
+
+/// Ends an event begun with `event_begin` that answers nothing but done:
+/// kept if its handler succeeded, rolled back if it failed.
+fn end_event(l: &mut Loaded, r: Result<(), RuntimeError>) -> Result<Outcome, RuntimeError> {
     match r {
         Ok(()) => {
             l.db().event_commit()?;

@@ -100,6 +100,17 @@ impl Table {
     }
 }
 
+/// A number to start a node's ids at, different at every start (the
+/// clock's nanoseconds, spread), so that an id kept from before a restart
+/// names nothing new.
+pub(crate) fn random_start() -> u64 {
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(1);
+    seed.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}
+
 /// What a request's event asked for its reply.
 #[derive(Debug, Clone, Copy)]
 pub struct Park {
@@ -109,17 +120,13 @@ pub struct Park {
 
 impl ParkedReplies {
     pub fn new(limits: ParkedLimits, metrics: Arc<crate::metrics::Metrics>) -> ParkedReplies {
-        let seed = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(1);
         ParkedReplies {
             limits,
             map: Mutex::new(Table {
                 gauge: metrics.parked_replies.clone(),
                 ..Table::default()
             }),
-            next: AtomicU64::new(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1),
+            next: AtomicU64::new(random_start() | 1),
         }
     }
 

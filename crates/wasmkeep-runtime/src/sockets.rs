@@ -140,14 +140,10 @@ pub struct Accepted {
 
 impl SocketTable {
     pub fn new(limits: SocketLimits) -> SocketTable {
-        let seed = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(1);
         SocketTable {
             limits,
             t: Mutex::new(Tables {
-                next: seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 12,
+                next: crate::parked::random_start() >> 12,
                 ..Tables::default()
             }),
         }
@@ -345,6 +341,19 @@ impl SocketTable {
     }
 }
 
+fn check_attachment(attachment: &[u8]) -> Result<(), crate::host::WitError> {
+    if attachment.len() > ATTACHMENT_BYTES_MAX {
+        return Err(refusal(
+            "value_too_large",
+            format!(
+                "attachment too large: size={} limit socket_attachment_bytes_max={ATTACHMENT_BYTES_MAX}",
+                attachment.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 fn check_message(m: &Message, limit: usize) -> Result<(), crate::host::WitError> {
     if size(m) > limit {
         return Err(refusal(
@@ -397,15 +406,7 @@ impl wit::Host for HostState {
                 format!("at most {TAGS_MAX} tags of at most {TAG_BYTES_MAX} bytes each"),
             ));
         }
-        if attachment.len() > ATTACHMENT_BYTES_MAX {
-            return Err(refusal(
-                "value_too_large",
-                format!(
-                    "attachment too large: size={} limit socket_attachment_bytes_max={ATTACHMENT_BYTES_MAX}",
-                    attachment.len()
-                ),
-            ));
-        }
+        check_attachment(&attachment)?;
         let table = self.table()?;
         let id = table
             .next_id(&self.id, self.sockets_accepted_in_batch)
@@ -478,15 +479,7 @@ impl wit::Host for HostState {
         id: u64,
         attachment: Vec<u8>,
     ) -> Result<(), crate::host::WitError> {
-        if attachment.len() > ATTACHMENT_BYTES_MAX {
-            return Err(refusal(
-                "value_too_large",
-                format!(
-                    "attachment too large: size={} limit socket_attachment_bytes_max={ATTACHMENT_BYTES_MAX}",
-                    attachment.len()
-                ),
-            ));
-        }
+        check_attachment(&attachment)?;
         if let Some(a) = self.socket_accepted.as_mut()
             && a.id == id
         {

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 
 use wasmkeep_store::{ActorId, InboxSeen};
 
-use super::{Actor, Loaded, Outcome, ensure_init, enter, finish_call};
+use super::{Actor, Loaded, Outcome, end_event, ensure_init, enter, finish_call};
 use crate::error::RuntimeError;
 use crate::host::inbox_exports::inbox;
 use crate::host::wasmkeep::actor::types::Address;
@@ -303,16 +303,5 @@ pub(super) fn run_response(
             .call_on_response(&mut l.store, &class, &response);
         finish_call(l, r)
     })();
-    match r {
-        Ok(()) => {
-            l.db().event_commit()?;
-            Ok(Outcome::Done)
-        }
-        Err(e) => {
-            if l.db().in_transaction() {
-                l.db().event_rollback()?;
-            }
-            Err(e)
-        }
-    }
+    end_event(l, r)
 }
