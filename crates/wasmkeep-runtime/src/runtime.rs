@@ -937,6 +937,12 @@ impl Runtime {
         &self.inner.sockets
     }
 
+    /// Whether this node may run `id`'s events now (a cluster node: its
+    /// lease lets it act and it holds the actor; a single node: always).
+    pub fn may_run_actor(&self, id: &ActorId) -> bool {
+        self.inner.gate.get().is_none_or(|g| g.may_run(id))
+    }
+
     /// Brings a socket's message or close to its actor as an event
     /// (bounded like a request: `actor_overloaded` when its queue is full).
     pub fn socket_event(

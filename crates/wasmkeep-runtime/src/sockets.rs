@@ -67,6 +67,9 @@ pub mod close_code {
     pub const POLICY: u16 = 1008;
     /// A message over `socket_message_bytes_max`.
     pub const TOO_BIG: u16 = 1009;
+    /// Cluster mode: this node no longer holds the actor (its lease lapsed,
+    /// or the actor moved): reconnect, and reach its owner.
+    pub const MOVED: u16 = 1012;
     /// The actor was deleted, or its queue could not take a message:
     /// reconnect later.
     pub const TRY_AGAIN: u16 = 1013;
@@ -309,6 +312,33 @@ impl SocketTable {
                 self.push(e, Outgoing::Close(code, reason.to_owned()));
             }
         }
+    }
+
+    /// Whether `actor` has open sockets on this node (a cluster node keeps
+    /// holding such an actor rather than release it while they are open).
+    pub fn has_sockets(&self, actor: &ActorId) -> bool {
+        self.t
+            .lock()
+            .actors
+            .get(actor)
+            .is_some_and(|a| !a.sockets.is_empty())
+    }
+
+    /// Closes the sockets of every actor `keep` says no to (a cluster node
+    /// that no longer holds them); how many actors lost theirs.
+    pub fn close_unless(&self, keep: impl Fn(&ActorId) -> bool, code: u16, reason: &str) -> usize {
+        let mut t = self.t.lock();
+        let mut n = 0;
+        for (id, a) in t.actors.iter_mut() {
+            if a.sockets.is_empty() || keep(id) {
+                continue;
+            }
+            n += 1;
+            for e in a.sockets.values_mut() {
+                self.push(e, Outgoing::Close(code, reason.to_owned()));
+            }
+        }
+        n
     }
 
     /// The actor's text auto-response pair, if any.

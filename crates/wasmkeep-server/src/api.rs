@@ -609,6 +609,23 @@ async fn actor_request(State(s): State<AppState>, req: Request) -> Result<Respon
         ));
     }
     check_acting(&s)?;
+    if let (Some(c), Some(_)) = (&cluster, &ws) {
+        // A WebSocket is opened on its actor's owner: the forwarder carries
+        // requests, not connections (ADR 0043).
+        use crate::cluster::ownership::Route;
+        if let Route::Forward { node, address } = c
+            .ownership
+            .route(&id, || c.route_epoch(), forwarded)
+            .await
+            .map_err(route_error)?
+        {
+            return Err(ApiError::new(
+                StatusCode::MISDIRECTED_REQUEST,
+                "socket_on_owner_only",
+                format!("the actor is held by node {node}: open its WebSocket there, at {address}"),
+            ));
+        }
+    }
     let body = read_body(body, s.config.request_body_bytes_max, s.pace()).await?;
     match cluster {
         Some(c) => {

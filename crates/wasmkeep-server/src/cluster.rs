@@ -509,6 +509,19 @@ async fn release_task(
             {
                 tracing::info!(closed = n, "lease ended: closed this node's actors");
             }
+            // Sockets of actors this node no longer holds go too, with the
+            // code that tells their clients to reconnect (ADR 0043).
+            let moved = rt.sockets().close_unless(
+                |id| rt.may_run_actor(id),
+                wasmkeep_runtime::sockets::close_code::MOVED,
+                "this node no longer holds the actor: reconnect",
+            );
+            if moved > 0 {
+                tracing::info!(
+                    actors = moved,
+                    "lease ended: closed the sockets of actors no longer held"
+                );
+            }
             if let Some(e) = epoch {
                 // Closed after the epoch began: idle actors open before it
                 // are gone. A busy one (an upload in flight) stays open;
@@ -519,7 +532,10 @@ async fn release_task(
         }
         // Kept: actors with an alarm pending here, and actors the runtime
         // still has open (their hold outlives their open copy).
-        let keep = |id: &ActorId| rt.timer_alarm(id).is_some() || rt.is_open(id);
+        // An actor with open WebSockets stays held: its sockets are here.
+        let keep = |id: &ActorId| {
+            rt.timer_alarm(id).is_some() || rt.is_open(id) || rt.sockets().has_sockets(id)
+        };
         state
             .ownership
             .release_idle(idle_ms, || state.acting_epoch(), keep)

@@ -49,6 +49,8 @@ pub struct TestResponse {
     pub status: u16,
     pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
+    /// The WebSocket the request's event accepted, if it did.
+    pub socket: Option<u64>,
 }
 
 impl TestResponse {
@@ -292,10 +294,90 @@ pub struct ActorHandle<'a> {
     id: ActorId,
 }
 
+/// A WebSocket the test holds (see [`ActorHandle::websocket`]).
+pub struct TestSocket<'a> {
+    node: &'a TestNode,
+    actor: ActorId,
+    socket: u64,
+    conn: wasmkeep_runtime::sockets::Connection,
+}
+
+/// What a [`TestSocket`] receives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SocketReceived {
+    Text(String),
+    Binary(Vec<u8>),
+    /// The actor or the node closed it, with this code and reason.
+    Closed(u16, String),
+}
+
+impl TestSocket<'_> {
+    /// The socket's id in the node's table.
+    pub fn id(&self) -> u64 {
+        self.socket
+    }
+
+    /// Sends a text message: an event of the actor (enqueued; it runs on
+    /// the node's workers).
+    pub fn send_text(&self, text: &str) -> Result<(), RuntimeError> {
+        use wasmkeep_runtime::host::wasmkeep::actor::sockets::Message;
+        self.node.rt.socket_event(
+            &self.actor,
+            wasmkeep_runtime::actor::SocketEvent::Message {
+                id: self.socket,
+                message: Message::Text(text.to_owned()),
+            },
+        )
+    }
+
+    /// The next message the actor sent this socket, waiting (in real time)
+    /// up to `within`; `None` if nothing came.
+    pub fn recv(&mut self, within: Duration) -> Option<SocketReceived> {
+        use wasmkeep_runtime::host::wasmkeep::actor::sockets::Message;
+        use wasmkeep_runtime::sockets::Outgoing;
+        let got = self
+            .node
+            .exec
+            .block_on(async { tokio::time::timeout(within, self.conn.rx.recv()).await })
+            .ok()
+            .flatten()?;
+        Some(match got {
+            Outgoing::Message(Message::Text(t)) => {
+                self.conn
+                    .queued
+                    .fetch_sub(t.len(), std::sync::atomic::Ordering::Relaxed);
+                SocketReceived::Text(t)
+            }
+            Outgoing::Message(Message::Binary(b)) => {
+                self.conn
+                    .queued
+                    .fetch_sub(b.len(), std::sync::atomic::Ordering::Relaxed);
+                SocketReceived::Binary(b)
+            }
+            Outgoing::Close(code, reason) => SocketReceived::Closed(code, reason),
+        })
+    }
+
+    /// Closes the socket as its client would: the actor hears a close
+    /// event with `code`.
+    pub fn close(self, code: u16, reason: &str) {
+        if let Some(info) = self.node.rt.sockets().remove(&self.actor, self.socket) {
+            let _ = self.node.rt.socket_event(
+                &self.actor,
+                wasmkeep_runtime::actor::SocketEvent::Closed {
+                    info,
+                    code,
+                    reason: reason.to_owned(),
+                },
+            );
+        }
+    }
+}
+
 /// A row of a read-only query, as plain values.
 pub type Row = Vec<StoreValue>;
 
-impl ActorHandle<'_> {
+impl<'a> ActorHandle<'a> {
     /// Sends a request, exactly as the HTTP edge would (path after the
     /// actor, with an optional `?query`).
     pub fn request(
@@ -343,6 +425,7 @@ impl ActorHandle<'_> {
             status: r.status,
             headers: r.headers,
             body: r.body,
+            socket: r.socket,
         })
     }
 
@@ -439,6 +522,38 @@ impl ActorHandle<'_> {
                 DbAccess::Closed(_) => Ok(Vec::new()),
             })
             .unwrap_or_else(|e| panic!("prepared statements of {}: {e}", self.id))
+    }
+
+    /// Opens a WebSocket to the actor (ADR 0043): a `GET` of `path` asking
+    /// for an upgrade, which the actor's handler accepts or not. The
+    /// returned socket is the node's own (its table, its events), reached
+    /// in process instead of over TCP; messages go to the actor as events,
+    /// and what the actor's committed events send arrives in [`TestSocket::recv`].
+    pub fn websocket(&self, path: &str) -> Result<TestSocket<'a>, RuntimeError> {
+        let r = self.request_with_headers(
+            "GET",
+            path,
+            &[("upgrade", "websocket"), ("connection", "upgrade")],
+            "",
+        )?;
+        let Some(socket) = r.socket else {
+            return Err(RuntimeError::Internal(format!(
+                "the actor answered {} without accepting the WebSocket",
+                r.status
+            )));
+        };
+        let conn = self
+            .node
+            .rt
+            .sockets()
+            .connect(&self.id, socket)
+            .ok_or_else(|| RuntimeError::Internal("the socket is gone".into()))?;
+        Ok(TestSocket {
+            node: self.node,
+            actor: self.id.clone(),
+            socket,
+            conn,
+        })
     }
 
     /// Whether the actor has any state on disk.

@@ -223,3 +223,44 @@ fn a_timer_over_its_limits_is_refused_by_name() {
     );
     assert_eq!(a.alarm(), None);
 }
+
+/// The chat room (issue 21's contract) through the test kit's sockets.
+#[test]
+fn chat_delivers_every_text_to_every_socket_of_the_room_and_nothing_of_a_failed_event() {
+    use wasmkeep_testkit::SocketReceived;
+    let node = node();
+    let room = node.actor("demo/examples/chat/lobby");
+    let mut a = room.websocket("/ws").unwrap();
+    let mut b = room.websocket("/ws").unwrap();
+    let mut elsewhere = node
+        .actor("demo/examples/chat/other")
+        .websocket("/ws")
+        .unwrap();
+    assert_eq!(room.get("/count").json()["sockets"], 2);
+    a.send_text("hello").unwrap();
+    let within = Duration::from_secs(10);
+    assert_eq!(a.recv(within), Some(SocketReceived::Text("hello".into())));
+    assert_eq!(b.recv(within), Some(SocketReceived::Text("hello".into())));
+    assert_eq!(elsewhere.recv(Duration::from_millis(200)), None);
+    // The broadcast of a failed event never leaves.
+    b.send_text("!fail").unwrap();
+    b.send_text("after").unwrap();
+    assert_eq!(a.recv(within), Some(SocketReceived::Text("after".into())));
+    // A plain GET is not an upgrade.
+    let e = room.request("GET", "/ws", "").unwrap_err();
+    assert_eq!(e.code(), "not_an_upgrade");
+    b.close(1000, "bye");
+    for _ in 0..200 {
+        if room.get("/count").json()["sockets"] == 1 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(room.get("/count").json()["sockets"], 1);
+    // Deleting the room closes its sockets with 1013.
+    assert!(room.delete_actor());
+    assert!(matches!(
+        a.recv(within),
+        Some(SocketReceived::Closed(1013, _))
+    ));
+}

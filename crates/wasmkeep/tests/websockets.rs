@@ -176,3 +176,41 @@ fn a_request_that_is_not_an_upgrade_is_refused_by_the_actor() {
     assert_eq!(status, 500, "{v}");
     assert_eq!(v["error"]["code"], "not_an_upgrade", "{v}");
 }
+
+/// In a cluster a socket is opened on its actor's owner (another node
+/// says where, 421), and an actor with open sockets stays held by its
+/// node however idle it is.
+#[test]
+fn in_a_cluster_a_socket_opens_on_the_owner_and_keeps_the_actor_held() {
+    use common::cluster::send;
+    use common::load::{Cluster, Store};
+    let c = Cluster::with_idle(Store::Folder, 300);
+    let a = c.start("a");
+    let b = c.start("b");
+    let first = send(a.port, "GET", "/v1/demo/examples/chat/x/count", &[]);
+    assert_eq!(first.node.as_deref(), Some(a.id.as_str()));
+    rt().block_on(async {
+        let via_b = format!("ws://127.0.0.1:{}/v1/demo/examples/chat/x/ws", b.port);
+        match tokio_tungstenite::connect_async(via_b).await {
+            Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => {
+                assert_eq!(resp.status(), 421);
+                let body = String::from_utf8_lossy(resp.body().as_deref().unwrap_or_default())
+                    .into_owned();
+                assert!(body.contains("socket_on_owner_only"), "{body}");
+            }
+            other => panic!("expected a 421, got {:?}", other.map(|(_, r)| r.status())),
+        }
+        let url = format!("ws://127.0.0.1:{}/v1/demo/examples/chat/x/ws", a.port);
+        let (mut ws, _) = tokio_tungstenite::connect_async(url).await.unwrap();
+        // Well past the idle time and a release scan or two.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let after = send(b.port, "GET", "/v1/demo/examples/chat/x/count", &[]);
+        assert_eq!(after.node.as_deref(), Some(a.id.as_str()), "still a's");
+        assert_eq!(after.body["sockets"], 1);
+        ws.send(Message::Text("hi".into())).await.unwrap();
+        assert_eq!(
+            next_text(&mut ws, Duration::from_secs(10)).await.as_deref(),
+            Some("hi")
+        );
+    });
+}

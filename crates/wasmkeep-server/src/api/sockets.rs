@@ -100,6 +100,13 @@ async fn bridge(rt: Runtime, actor: ActorId, socket: u64, mut ws: WebSocket) {
                     let _ = ws.send(WsMessage::Text(answer.into())).await;
                     continue;
                 }
+                if !rt.may_run_actor(&actor) {
+                    // A cluster node that lost its lease or the actor: the
+                    // actor's events run on its owner now.
+                    let reason = "the actor moved: reconnect".to_string();
+                    let _ = ws.send(close(close_code::MOVED, &reason)).await;
+                    break (close_code::MOVED, reason);
+                }
                 if let Err(e) = rt.socket_event(&actor, SocketEvent::Message { id: socket, message }) {
                     let reason = format!("the actor cannot take messages now: {}", e.code());
                     let _ = ws.send(close(close_code::TRY_AGAIN, &reason)).await;
