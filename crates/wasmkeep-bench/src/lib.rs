@@ -30,6 +30,7 @@ pub mod load;
 pub mod node;
 pub mod outbox;
 mod report;
+pub mod sockets;
 pub mod workloads;
 
 use std::path::PathBuf;
@@ -84,6 +85,10 @@ pub enum Workload {
     /// calls to a loopback server.
     #[value(name = "w7")]
     W7,
+    /// `--sockets` WebSockets over 100 hibernated rooms: memory per idle
+    /// socket, broadcast fan-out, round trips.
+    #[value(name = "w8")]
+    W8,
 }
 
 impl Workload {
@@ -101,12 +106,16 @@ impl Workload {
             Workload::W6 => "w6",
             Workload::W5Kill => "w5-kill",
             Workload::W7 => "w7",
+            Workload::W8 => "w8",
         }
     }
 
     /// Why the workload cannot run here, if it cannot.
     fn unavailable(self, server: bool) -> Option<&'static str> {
         match self {
+            Workload::W8 if server => Some(
+                "needs a node started by the benchmark (its RSS, its settings); not run against --server",
+            ),
             Workload::W7 if server => Some(
                 "needs a node started by the benchmark (it lets actors reach loopback); not run against --server",
             ),
@@ -138,6 +147,7 @@ const DEFAULT_WORKLOADS: &[Workload] = &[
 /// Left out of the default set, and said so in the report.
 const NOT_BY_DEFAULT: &[Workload] = &[
     Workload::W1DurableLarge,
+    Workload::W8,
     Workload::W5,
     Workload::W6,
     Workload::W5Kill,
@@ -238,6 +248,9 @@ pub struct BenchArgs {
     /// W4: actors touched once after W1, then left to go idle.
     #[arg(long, default_value_t = 10_000)]
     pub idle_actors: usize,
+    /// W8: WebSockets opened over its 100 rooms.
+    #[arg(long, default_value_t = 10_000)]
+    pub sockets: usize,
     /// Seed of the generator's choice of actors.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -347,10 +360,23 @@ async fn run_async(args: BenchArgs) -> Result<()> {
     let mut skipped = Vec::new();
     if args.workloads.is_none() {
         for &w in NOT_BY_DEFAULT {
+            let reason = match w {
+                Workload::W8 => {
+                    "not in the default set (20,000 open files, about half a minute a run): \
+                     ask for it with --workloads"
+                }
+                Workload::W1DurableLarge => {
+                    "not in the default set (about 90 s and 15 GB of disk a run): \
+                     ask for it with --workloads"
+                }
+                _ => {
+                    "not in the default set (a 3-node cluster, about a minute a run): \
+                     ask for it with --workloads"
+                }
+            };
             skipped.push(Skipped {
                 workload: w.id(),
-                reason: "not in the default set (a 3-node cluster, about a minute a run): \
-                         ask for it with --workloads",
+                reason,
             });
         }
     }
@@ -405,6 +431,7 @@ async fn run_async(args: BenchArgs) -> Result<()> {
                     Workload::W5Kill => cluster::w5_kill(&env).await,
                     Workload::W5 => cluster::w5(&env).await,
                     Workload::W7 => outbox::w7(&env).await,
+                    Workload::W8 => sockets::w8(&env).await,
                 };
                 let mut record = RunRecord::new(w.id(), durability, run, result, &dir);
                 record.wall_s = t0.elapsed().as_secs_f64();

@@ -23,6 +23,9 @@ use wasmkeep_runtime::{ActorId, Runtime};
 
 use super::{ApiError, AppState};
 
+/// The read buffer of one socket's connection.
+const READ_BUFFER_BYTES: usize = 1024;
+
 /// Completes the upgrade of an accepted socket, or, if the request could
 /// not be upgraded after all, takes the socket back.
 pub(super) fn upgrade(
@@ -43,7 +46,12 @@ pub(super) fn upgrade(
     };
     let limit = rt.sockets().limits().message_bytes_max;
     let (rt2, actor2) = (rt.clone(), actor.clone());
-    ws.max_message_size(limit)
+    // Small buffers: an idle socket holds what its connection needs and
+    // little more (the library's defaults, 128 KiB each way, are sized for
+    // throughput, not for thousands of hibernated sockets).
+    ws.read_buffer_size(READ_BUFFER_BYTES)
+        .write_buffer_size(0)
+        .max_message_size(limit)
         .max_frame_size(limit)
         .on_failed_upgrade(move |_| {
             rt2.sockets().remove(&actor2, socket);
