@@ -264,3 +264,45 @@ fn chat_delivers_every_text_to_every_socket_of_the_room_and_nothing_of_a_failed_
         Some(SocketReceived::Closed(1013, _))
     ));
 }
+
+#[test]
+fn sockets_past_the_actors_bound_are_refused_naming_it() {
+    let node = TestNode::with_config(|c| c.sockets.per_actor_max = 2);
+    node.deploy("demo/examples", DEMO).unwrap();
+    let room = node.actor("demo/examples/chat/small");
+    let _a = room.websocket("/ws").unwrap();
+    let _b = room.websocket("/ws").unwrap();
+    let e = room.websocket("/ws").err().expect("a third is refused");
+    assert_eq!(e.code(), "too_many_sockets", "{e}");
+    assert!(e.to_string().contains("sockets_per_actor_max"), "{e}");
+}
+
+#[test]
+fn a_socket_that_does_not_read_is_closed_with_1008_not_buffered() {
+    use wasmkeep_testkit::SocketReceived;
+    let node = TestNode::with_config(|c| c.sockets.send_buffer_bytes_max = 64);
+    node.deploy("demo/examples", DEMO).unwrap();
+    let room = node.actor("demo/examples/chat/slow");
+    let writer = room.websocket("/ws").unwrap();
+    let mut reader = room.websocket("/ws").unwrap();
+    for k in 0..10 {
+        writer.send_text(&format!("message number {k:02}")).unwrap();
+    }
+    // Every broadcast ran (and was applied) before the reader reads any.
+    node.settle_outbox();
+    // 64 bytes hold three of these 17-byte texts; the fourth closes it.
+    let within = Duration::from_secs(10);
+    let mut got = Vec::new();
+    while let Some(m) = reader.recv(within) {
+        let closed = matches!(m, SocketReceived::Closed(..));
+        got.push(m);
+        if closed {
+            break;
+        }
+    }
+    assert_eq!(got.len(), 4, "{got:?}");
+    assert!(
+        matches!(&got[3], SocketReceived::Closed(1008, why) if why.contains("socket_send_buffer_bytes_max")),
+        "{got:?}"
+    );
+}
