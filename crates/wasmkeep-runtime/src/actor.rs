@@ -1729,7 +1729,7 @@ fn release_replies(
             if let (Some(a), Ok(_), Some(rt)) = (accepted, &out, &rt) {
                 // Registered before the reply leaves: the edge connects to
                 // it when the reply tells it the id.
-                rt.sockets.register(&actor.id, a);
+                rt.sockets.register(&actor.id, a, rt.clock.now_ms());
             }
             let r = match (park, &out, r, &rt) {
                 (Some(park), Ok(_), Some(r), Some(rt)) => {

@@ -476,6 +476,7 @@ impl Runtime {
                         return;
                     }
                     rt.reap_idle();
+                    rt.sockets.close_idle(rt.clock.now_ms());
                 }
             })
             .expect("spawn reaper");
@@ -950,6 +951,11 @@ impl Runtime {
         id: &ActorId,
         ev: crate::actor::SocketEvent,
     ) -> Result<(), RuntimeError> {
+        if let crate::actor::SocketEvent::Message { id: socket, .. } = &ev {
+            self.inner
+                .sockets
+                .touch(id, *socket, self.inner.clock.now_ms());
+        }
         self.inner
             .enqueue(id, Event::new(EventKind::Socket(ev), None), true)
     }

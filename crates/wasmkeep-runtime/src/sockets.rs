@@ -17,7 +17,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 use tokio::sync::mpsc;
@@ -94,6 +94,9 @@ pub struct Connection {
     pub rx: mpsc::UnboundedReceiver<Outgoing>,
     /// Bytes queued and not yet written; the edge subtracts what it wrote.
     pub queued: Arc<AtomicUsize>,
+    /// When a message last went either way (the node's clock, ms); the
+    /// edge sets it when it writes, the runtime when a message arrives.
+    pub last_ms: Arc<AtomicU64>,
 }
 
 struct Entry {
@@ -101,6 +104,7 @@ struct Entry {
     attachment: Vec<u8>,
     tx: mpsc::UnboundedSender<Outgoing>,
     queued: Arc<AtomicUsize>,
+    last_ms: Arc<AtomicU64>,
     /// Until the edge takes it.
     rx: Option<mpsc::UnboundedReceiver<Outgoing>>,
     closing: bool,
@@ -188,7 +192,7 @@ impl SocketTable {
 
     /// Registers an accepted socket (its event is durable); the edge takes
     /// its connection next. `false` if the node is full meanwhile.
-    pub(crate) fn register(&self, actor: &ActorId, a: Accepted) -> bool {
+    pub(crate) fn register(&self, actor: &ActorId, a: Accepted, now_ms: u64) -> bool {
         let mut t = self.t.lock();
         if t.total >= self.limits.node_max {
             return false;
@@ -202,6 +206,7 @@ impl SocketTable {
                 attachment: a.attachment,
                 tx,
                 queued: Arc::default(),
+                last_ms: Arc::new(AtomicU64::new(now_ms)),
                 rx: Some(rx),
                 closing: false,
             },
@@ -216,6 +221,7 @@ impl SocketTable {
         Some(Connection {
             rx: e.rx.take()?,
             queued: Arc::clone(&e.queued),
+            last_ms: Arc::clone(&e.last_ms),
         })
     }
 
@@ -312,6 +318,42 @@ impl SocketTable {
                 self.push(e, Outgoing::Close(code, reason.to_owned()));
             }
         }
+    }
+
+    /// A message arrived on the socket now.
+    pub(crate) fn touch(&self, actor: &ActorId, id: u64, now_ms: u64) {
+        let t = self.t.lock();
+        if let Some(e) = t.actors.get(actor).and_then(|a| a.sockets.get(&id)) {
+            e.last_ms.store(now_ms, Ordering::Relaxed);
+        }
+    }
+
+    /// Closes (1001) every socket with no message either way for
+    /// `socket_idle_ms` by the node's clock (the reaper calls this; the
+    /// test kit too, when it moves its clock); how many.
+    pub fn close_idle(&self, now_ms: u64) -> usize {
+        let idle = self.limits.idle_ms;
+        if idle == 0 {
+            return 0;
+        }
+        let mut t = self.t.lock();
+        let mut n = 0;
+        for a in t.actors.values_mut() {
+            for e in a.sockets.values_mut() {
+                let last = e.last_ms.load(Ordering::Relaxed);
+                if !e.closing && now_ms.saturating_sub(last) >= idle {
+                    n += 1;
+                    self.push(
+                        e,
+                        Outgoing::Close(
+                            close_code::GOING_AWAY,
+                            format!("idle past socket_idle_ms={idle}"),
+                        ),
+                    );
+                }
+            }
+        }
+        n
     }
 
     /// Whether `actor` has open sockets on this node (a cluster node keeps

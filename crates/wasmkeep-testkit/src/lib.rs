@@ -189,6 +189,9 @@ impl TestNode {
             );
         }
         self.clock.set_ms(target_ms);
+        // Sockets idle by the moved clock are closed now (the node's
+        // reaper does it once a second).
+        self.rt.sockets().close_idle(target_ms);
         ran
     }
 

@@ -306,3 +306,25 @@ fn a_socket_that_does_not_read_is_closed_with_1008_not_buffered() {
         "{got:?}"
     );
 }
+
+#[test]
+fn an_idle_socket_is_closed_by_the_test_clock() {
+    use wasmkeep_testkit::SocketReceived;
+    let node = TestNode::with_config(|c| c.sockets.idle_ms = 60_000);
+    node.deploy("demo/examples", DEMO).unwrap();
+    let room = node.actor("demo/examples/chat/quiet");
+    let mut a = room.websocket("/ws").unwrap();
+    node.advance(Duration::from_secs(30));
+    a.send_text("still talking").unwrap();
+    assert_eq!(
+        a.recv(Duration::from_secs(10)),
+        Some(SocketReceived::Text("still talking".into()))
+    );
+    // A minute without a message either way.
+    node.advance(Duration::from_secs(59));
+    assert_eq!(a.recv(Duration::from_millis(100)), None, "not yet");
+    node.advance(Duration::from_secs(2));
+    assert!(
+        matches!(a.recv(Duration::from_secs(10)), Some(SocketReceived::Closed(1001, why)) if why.contains("socket_idle_ms")),
+    );
+}

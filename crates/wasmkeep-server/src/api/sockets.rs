@@ -84,7 +84,12 @@ async fn bridge(rt: Runtime, actor: ActorId, socket: u64, mut ws: WebSocket) {
                 let message = match incoming {
                     Some(Ok(WsMessage::Text(t))) => Message::Text(t.to_string()),
                     Some(Ok(WsMessage::Binary(b))) => Message::Binary(b.to_vec()),
-                    Some(Ok(WsMessage::Ping(_) | WsMessage::Pong(_))) => continue,
+                    Some(Ok(WsMessage::Ping(_) | WsMessage::Pong(_))) => {
+                        // Answered by the protocol layer; it keeps the
+                        // socket from being idle.
+                        conn.last_ms.store(rt.clock().now_ms(), Ordering::Relaxed);
+                        continue;
+                    }
                     Some(Ok(WsMessage::Close(frame))) => {
                         break frame.map_or((1005, String::new()), |f| (f.code, f.reason.to_string()));
                     }
