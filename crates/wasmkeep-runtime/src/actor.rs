@@ -67,6 +67,11 @@ pub enum SocketEvent {
     Message {
         id: u64,
         message: crate::host::wasmkeep::actor::sockets::Message,
+        /// The socket as it was when the message arrived (filled by
+        /// `Runtime::socket_event`): what the event carries if the socket
+        /// closed before it ran, so a message sent just before a close is
+        /// not lost.
+        sent_as: Option<crate::host::wasmkeep::actor::sockets::SocketInfo>,
     },
     /// The socket is gone from the table; `info` is what it was.
     Closed {
@@ -724,8 +729,18 @@ fn finish_call<T>(
 /// A socket's message or close, as an event of its actor (ADR 0043): its
 /// handler runs in a savepoint like a request's; an app without
 /// `socket-handler` ignores it.
-fn run_socket(l: &mut Loaded, ev: SocketEvent) -> Result<Outcome, RuntimeError> {
+fn run_socket(rt: &Inner, l: &mut Loaded, ev: SocketEvent) -> Result<Outcome, RuntimeError> {
     if l.socket_handler.is_none() {
+        return Ok(Outcome::Done);
+    }
+    if !rt.holds_actor(&l.store.data().id) {
+        // A cluster node that no longer holds the actor: its events run on
+        // its owner now, and its clients reconnect there.
+        rt.sockets.close_all(
+            Some(&l.store.data().id),
+            crate::sockets::close_code::MOVED,
+            "this node no longer holds the actor: reconnect",
+        );
         return Ok(Outcome::Done);
     }
     let table = l.store.data().sockets.clone();
@@ -738,9 +753,9 @@ fn run_socket(l: &mut Loaded, ev: SocketEvent) -> Result<Outcome, RuntimeError> 
         SocketEvent::Message {
             id: socket,
             message,
+            sent_as,
         } => {
-            let Some(info) = table.and_then(|t| t.info(&id, socket)) else {
-                // Closed meanwhile: its close event follows.
+            let Some(info) = table.and_then(|t| t.info(&id, socket)).or(sent_as) else {
                 l.db().event_commit()?;
                 return Ok(Outcome::Done);
             };
@@ -757,6 +772,33 @@ fn run_socket(l: &mut Loaded, ev: SocketEvent) -> Result<Outcome, RuntimeError> 
         }
     };
     end_event(l, r)
+}
+
+/// Applies what a batch sent to sockets once it is durable: at once
+/// without a bucket, once the bucket holds it with one (a client must not
+/// see what a restore would not have).
+fn apply_socket_ops(
+    rt: &Arc<Inner>,
+    actor: &Arc<Actor>,
+    ops: Vec<crate::sockets::SocketOp>,
+    mark: Option<replication::Mark>,
+) {
+    let Some(mark) = mark else {
+        rt.sockets.apply(&actor.id, ops);
+        return;
+    };
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    replication::hold_until_uploaded(
+        &rt.metrics,
+        actor,
+        mark,
+        Reply::new(tx),
+        Ok(Outcome::Done),
+        None,
+    );
+    let id = actor.id.clone();
+    rt.outbox
+        .when_uploaded(rx, move |rt| rt.sockets.apply(&id, ops));
 }
 
 /// Ends an event begun with `event_begin` that answers nothing but done:
@@ -1390,6 +1432,7 @@ fn run_events(
             state.socket_accepted = None;
             state.sockets_accepted_in_batch = accepted_in_batch;
             state.request_is_upgrade = false;
+            state.socket_sent_bytes = 0;
         }
         let r = match ev.kind {
             EventKind::Request(req) => run_request(rt, l, req, initialized),
@@ -1409,7 +1452,7 @@ fn run_events(
                 r
             }
             EventKind::Prepare | EventKind::OutboxResume { .. } => Ok(Outcome::Done),
-            EventKind::Socket(ev) => run_socket(l, ev),
+            EventKind::Socket(ev) => run_socket(rt, l, ev),
             EventKind::Inbound(Inbound::Message {
                 from,
                 life,
@@ -1770,7 +1813,7 @@ fn release_replies(
                     outbox_ready(&rt, &actor, upto, repl_mark);
                 }
                 if !socket_ops.is_empty() {
-                    rt.sockets.apply(&actor.id, socket_ops);
+                    apply_socket_ops(&rt, &actor, socket_ops, repl_mark);
                 }
             }
             crate::outbox::drop_elsewhere(rt);

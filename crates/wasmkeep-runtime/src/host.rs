@@ -230,6 +230,8 @@ pub struct HostState {
     pub sockets_accepted_in_batch: usize,
     /// The running request asks for a WebSocket upgrade.
     pub request_is_upgrade: bool,
+    /// Bytes the running event sent to sockets (its budget).
+    pub socket_sent_bytes: usize,
 }
 
 impl HostState {
@@ -276,6 +278,7 @@ impl HostState {
             socket_accepted: None,
             sockets_accepted_in_batch: 0,
             request_is_upgrade: false,
+            socket_sent_bytes: 0,
         }
     }
 

@@ -941,7 +941,12 @@ impl Runtime {
     /// Whether this node may run `id`'s events now (a cluster node: its
     /// lease lets it act and it holds the actor; a single node: always).
     pub fn may_run_actor(&self, id: &ActorId) -> bool {
-        self.inner.gate.get().is_none_or(|g| g.may_run(id))
+        // The hold's generation, never waiting on the actor's slot: a
+        // route or release scan holding it must not read as "moved".
+        self.inner
+            .gate
+            .get()
+            .is_none_or(|g| g.hold_generation(id).is_some())
     }
 
     /// Brings a socket's message or close to its actor as an event
@@ -951,13 +956,25 @@ impl Runtime {
         id: &ActorId,
         ev: crate::actor::SocketEvent,
     ) -> Result<(), RuntimeError> {
-        if let crate::actor::SocketEvent::Message { id: socket, .. } = &ev {
-            self.inner
-                .sockets
-                .touch(id, *socket, self.inner.clock.now_ms());
-        }
+        // A close is always taken (the actor's view of its sockets must
+        // not drift); a message is bounded like a request.
+        let mut ev = ev;
+        let bounded = match &mut ev {
+            crate::actor::SocketEvent::Message {
+                id: socket,
+                sent_as,
+                ..
+            } => {
+                self.inner
+                    .sockets
+                    .touch(id, *socket, self.inner.clock.now_ms());
+                *sent_as = self.inner.sockets.info(id, *socket);
+                true
+            }
+            crate::actor::SocketEvent::Closed { .. } => false,
+        };
         self.inner
-            .enqueue(id, Event::new(EventKind::Socket(ev), None), true)
+            .enqueue(id, Event::new(EventKind::Socket(ev), None), bounded)
     }
 
     /// Replies parked now (ADR 0042).
@@ -1057,6 +1074,14 @@ pub(crate) async fn deliver_inbound(
 }
 
 impl Inner {
+    /// Whether this node holds `id` now (always, on a single node); never
+    /// waits for the actor's slot in the cluster's table.
+    pub(crate) fn holds_actor(&self, id: &ActorId) -> bool {
+        self.gate
+            .get()
+            .is_none_or(|g| g.hold_generation(id).is_some())
+    }
+
     /// Opens `id` to hand its outbox's rows to the dispatcher again (after
     /// a restart, or once the dispatcher has room).
     pub fn resume_outbox(&self, id: &ActorId) {

@@ -75,12 +75,20 @@ pub mod close_code {
     pub const TRY_AGAIN: u16 = 1013;
 }
 
-/// What the edge writes to a client.
+/// What the edge writes to a client. A broadcast's message is shared by
+/// every socket it goes to, not copied per socket.
 #[derive(Debug, Clone)]
 pub enum Outgoing {
-    Message(Message),
+    Message(Arc<Message>),
     Close(u16, String),
 }
+
+/// Bytes of messages one event may send, broadcasts counted once (ADR
+/// 0043): what the node holds for an event until it commits.
+pub const SENDS_PER_EVENT_BYTES_MAX: usize = 8 * 1024 * 1024;
+/// A socket registered but never connected by the edge (its upgrade did
+/// not happen) is removed after this long.
+pub const UNCONNECTED_MS_MAX: u64 = 30_000;
 
 fn size(m: &Message) -> usize {
     match m {
@@ -105,6 +113,7 @@ struct Entry {
     tx: mpsc::UnboundedSender<Outgoing>,
     queued: Arc<AtomicUsize>,
     last_ms: Arc<AtomicU64>,
+    registered_ms: u64,
     /// Until the edge takes it.
     rx: Option<mpsc::UnboundedReceiver<Outgoing>>,
     closing: bool,
@@ -194,7 +203,8 @@ impl SocketTable {
     /// its connection next. `false` if the node is full meanwhile.
     pub(crate) fn register(&self, actor: &ActorId, a: Accepted, now_ms: u64) -> bool {
         let mut t = self.t.lock();
-        if t.total >= self.limits.node_max {
+        let mine = t.actors.get(actor).map_or(0, |a| a.sockets.len());
+        if t.total >= self.limits.node_max || mine >= self.limits.per_actor_max {
             return false;
         }
         let (tx, rx) = mpsc::unbounded_channel();
@@ -207,6 +217,7 @@ impl SocketTable {
                 tx,
                 queued: Arc::default(),
                 last_ms: Arc::new(AtomicU64::new(now_ms)),
+                registered_ms: now_ms,
                 rx: Some(rx),
                 closing: false,
             },
@@ -258,7 +269,7 @@ impl SocketTable {
             return;
         }
         if let Outgoing::Message(m) = &out {
-            let n = size(m);
+            let n = size(m.as_ref());
             let queued = e.queued.fetch_add(n, Ordering::Relaxed) + n;
             if queued > self.limits.send_buffer_bytes_max {
                 e.closing = true;
@@ -287,13 +298,14 @@ impl SocketTable {
             match op {
                 SocketOp::Send(id, m) => {
                     if let Some(e) = a.sockets.get_mut(&id) {
-                        self.push(e, Outgoing::Message(m));
+                        self.push(e, Outgoing::Message(Arc::new(m)));
                     }
                 }
                 SocketOp::Broadcast(tag, m) => {
+                    let m = Arc::new(m);
                     for e in a.sockets.values_mut() {
                         if tag.as_ref().is_none_or(|t| e.tags.contains(t)) {
-                            self.push(e, Outgoing::Message(m.clone()));
+                            self.push(e, Outgoing::Message(Arc::clone(&m)));
                         }
                     }
                 }
@@ -310,6 +322,10 @@ impl SocketTable {
     /// node (stopping).
     pub fn close_all(&self, actor: Option<&ActorId>, code: u16, reason: &str) {
         let mut t = self.t.lock();
+        // A deleted actor's auto-response goes with it.
+        if let Some(a) = actor.and_then(|id| t.actors.get_mut(id)) {
+            a.auto = None;
+        }
         for (id, a) in t.actors.iter_mut() {
             if actor.is_some_and(|x| x != id) {
                 continue;
@@ -333,15 +349,22 @@ impl SocketTable {
     /// test kit too, when it moves its clock); how many.
     pub fn close_idle(&self, now_ms: u64) -> usize {
         let idle = self.limits.idle_ms;
-        if idle == 0 {
-            return 0;
-        }
         let mut t = self.t.lock();
         let mut n = 0;
+        // Registered, never connected (the upgrade did not happen): gone.
+        let mut unconnected = 0;
+        for a in t.actors.values_mut() {
+            let before = a.sockets.len();
+            a.sockets.retain(|_, e| {
+                e.rx.is_none() || now_ms.saturating_sub(e.registered_ms) < UNCONNECTED_MS_MAX
+            });
+            unconnected += before - a.sockets.len();
+        }
+        t.total -= unconnected;
         for a in t.actors.values_mut() {
             for e in a.sockets.values_mut() {
                 let last = e.last_ms.load(Ordering::Relaxed);
-                if !e.closing && now_ms.saturating_sub(last) >= idle {
+                if idle > 0 && !e.closing && now_ms.saturating_sub(last) >= idle {
                     n += 1;
                     self.push(
                         e,
@@ -446,6 +469,21 @@ impl HostState {
             .ok_or_else(|| refusal("no_request", "no sockets here"))
     }
 
+    /// Counts `m` against the event's budget of sends.
+    fn spend(&mut self, m: &Message) -> Result<(), crate::host::WitError> {
+        let total = self.socket_sent_bytes + size(m);
+        if total > SENDS_PER_EVENT_BYTES_MAX {
+            return Err(refusal(
+                "value_too_large",
+                format!(
+                    "this event sent {total} bytes to sockets, limit socket_sends_per_event_bytes_max={SENDS_PER_EVENT_BYTES_MAX}"
+                ),
+            ));
+        }
+        self.socket_sent_bytes = total;
+        Ok(())
+    }
+
     fn socket_known(&self, table: &SocketTable, id: u64) -> bool {
         table.has(&self.id, id) || self.socket_accepted.as_ref().is_some_and(|a| a.id == id)
     }
@@ -500,6 +538,7 @@ impl wit::Host for HostState {
                 format!("no open socket {id} on this actor"),
             ));
         }
+        self.spend(&message)?;
         self.socket_ops.push(SocketOp::Send(id, message));
         Ok(())
     }
@@ -517,6 +556,7 @@ impl wit::Host for HostState {
         {
             n += 1;
         }
+        self.spend(&message)?;
         self.socket_ops.push(SocketOp::Broadcast(tag, message));
         Ok(n as u32)
     }

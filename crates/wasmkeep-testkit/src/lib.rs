@@ -329,6 +329,7 @@ impl TestSocket<'_> {
             wasmkeep_runtime::actor::SocketEvent::Message {
                 id: self.socket,
                 message: Message::Text(text.to_owned()),
+                sent_as: None,
             },
         )
     }
@@ -345,17 +346,15 @@ impl TestSocket<'_> {
             .ok()
             .flatten()?;
         Some(match got {
-            Outgoing::Message(Message::Text(t)) => {
+            Outgoing::Message(m) => {
+                let (received, n) = match m.as_ref() {
+                    Message::Text(t) => (SocketReceived::Text(t.clone()), t.len()),
+                    Message::Binary(b) => (SocketReceived::Binary(b.clone()), b.len()),
+                };
                 self.conn
                     .queued
-                    .fetch_sub(t.len(), std::sync::atomic::Ordering::Relaxed);
-                SocketReceived::Text(t)
-            }
-            Outgoing::Message(Message::Binary(b)) => {
-                self.conn
-                    .queued
-                    .fetch_sub(b.len(), std::sync::atomic::Ordering::Relaxed);
-                SocketReceived::Binary(b)
+                    .fetch_sub(n, std::sync::atomic::Ordering::Relaxed);
+                received
             }
             Outgoing::Close(code, reason) => SocketReceived::Closed(code, reason),
         })
@@ -364,6 +363,10 @@ impl TestSocket<'_> {
     /// Closes the socket as its client would: the actor hears a close
     /// event with `code`.
     pub fn close(self, code: u16, reason: &str) {
+        self.close_with(code, reason);
+    }
+
+    fn close_with(&self, code: u16, reason: &str) {
         if let Some(info) = self.node.rt.sockets().remove(&self.actor, self.socket) {
             let _ = self.node.rt.socket_event(
                 &self.actor,
@@ -374,6 +377,14 @@ impl TestSocket<'_> {
                 },
             );
         }
+    }
+}
+
+impl Drop for TestSocket<'_> {
+    /// A socket the test drops goes away as a client's that disconnects
+    /// (1006), rather than stay in the node's table.
+    fn drop(&mut self) {
+        self.close_with(1006, "the test dropped the socket");
     }
 }
 

@@ -414,6 +414,13 @@ fn serve(args: ServeArgs) -> Result<()> {
             let started = std::time::Instant::now();
             let _ = asked.set(started);
             tracing::info!("shutting down");
+            // Open WebSockets hear 1001 now, while the node can still
+            // write to them (ADR 0043); their clients reconnect elsewhere.
+            stopping_rt.sockets().close_all(
+                None,
+                wasmkeep_runtime::sockets::close_code::GOING_AWAY,
+                "the node is stopping: reconnect",
+            );
             // A cluster node hands its actors over with its listener still
             // open: closing it first would reset forwards already on their
             // way, whose sender cannot tell whether they ran. New actor

@@ -123,6 +123,7 @@ fn sockets_stay_open_while_their_actor_is_closed_and_wake_it() {
     rt().block_on(async {
         let mut a = open(&node, "sleepy").await;
         let mut b = open(&node, "sleepy").await;
+        assert_eq!(count(&node, "sleepy"), 2);
         // Instances alive on the node, read from /metrics (asking the
         // actor itself would be an event, which keeps it open).
         let instances = |node: &Node| -> u64 {
@@ -139,7 +140,8 @@ fn sockets_stay_open_while_their_actor_is_closed_and_wake_it() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert_eq!(instances(&node), 0, "the room was closed, its sockets open");
-        assert_eq!(count(&node, "sleepy"), 2);
+        // Nothing asked the room anything since it closed: the message
+        // below is what opens it again.
         a.send(Message::Text("still here".into())).await.unwrap();
         assert_eq!(
             next_text(&mut b, Duration::from_secs(10)).await.as_deref(),

@@ -8,7 +8,10 @@
 //! committed events sent, closes an idle socket after `socket_idle_ms`,
 //! and, when the socket ends, takes it out of the table and tells the
 //! actor with a close event. WebSocket pings are answered by the protocol
-//! layer, never by the actor.
+//! layer, never by the actor. Idle sockets are closed by the runtime's
+//! reaper (`SocketTable::close_idle`, on the node's clock), through the
+//! same channel; a write a client does not take within 10 s cuts the
+//! socket off.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -36,13 +39,27 @@ pub(super) fn upgrade(
 ) -> Response {
     let rt = s.rt.clone();
     let Some(ws) = ws else {
-        rt.sockets().remove(&actor, socket);
+        gone(
+            &rt,
+            &actor,
+            socket,
+            1006,
+            "the request was not a valid upgrade",
+        );
         return ApiError::new(
             StatusCode::BAD_REQUEST,
             "not_an_upgrade",
             "the actor accepted a WebSocket, but the request is not a valid upgrade",
         )
         .into_response();
+    };
+    // Taken before answering 101: a socket the table could not register
+    // (the node's or actor's bound reached meanwhile) is refused here.
+    let Some(conn) = rt.sockets().connect(&actor, socket) else {
+        let why = "the node's or the actor's sockets are at their bound (sockets_max, sockets_per_actor_max)";
+        tell_actor(&rt, &actor, socket, 1013, why);
+        return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "too_many_sockets", why)
+            .into_response();
     };
     let limit = rt.sockets().limits().message_bytes_max;
     let (rt2, actor2) = (rt.clone(), actor.clone());
@@ -53,11 +70,44 @@ pub(super) fn upgrade(
         .write_buffer_size(0)
         .max_message_size(limit)
         .max_frame_size(limit)
-        .on_failed_upgrade(move |_| {
-            rt2.sockets().remove(&actor2, socket);
-        })
-        .on_upgrade(move |ws| bridge(rt, actor, socket, ws))
+        .on_failed_upgrade(move |_| gone(&rt2, &actor2, socket, 1006, "the upgrade failed"))
+        .on_upgrade(move |ws| bridge(rt, actor, socket, conn, ws))
 }
+
+/// The socket ends: out of the table, and its actor hears of it.
+fn gone(rt: &Runtime, actor: &ActorId, socket: u64, code: u16, reason: &str) {
+    if let Some(info) = rt.sockets().remove(actor, socket) {
+        let _ = rt.socket_event(
+            actor,
+            SocketEvent::Closed {
+                info,
+                code,
+                reason: reason.to_owned(),
+            },
+        );
+    }
+}
+
+/// The actor hears that a socket it accepted never opened.
+fn tell_actor(rt: &Runtime, actor: &ActorId, socket: u64, code: u16, reason: &str) {
+    let info = wasmkeep_runtime::host::wasmkeep::actor::sockets::SocketInfo {
+        id: socket,
+        tags: Vec::new(),
+        attachment: Vec::new(),
+    };
+    let _ = rt.socket_event(
+        actor,
+        SocketEvent::Closed {
+            info,
+            code,
+            reason: reason.to_owned(),
+        },
+    );
+}
+
+/// How long one write to a client may take: a client that stops reading
+/// (its receive window full) is cut off rather than waited for.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
 fn close(code: u16, reason: &str) -> WsMessage {
     WsMessage::Close(Some(CloseFrame {
@@ -66,21 +116,16 @@ fn close(code: u16, reason: &str) -> WsMessage {
     }))
 }
 
-async fn bridge(rt: Runtime, actor: ActorId, socket: u64, mut ws: WebSocket) {
-    let Some(mut conn) = rt.sockets().connect(&actor, socket) else {
-        let _ = ws.send(close(close_code::GOING_AWAY, "gone")).await;
-        return;
-    };
-    let idle_ms = rt.sockets().limits().idle_ms;
-    let idle = || {
-        let ms = if idle_ms == 0 { u64::MAX / 4 } else { idle_ms };
-        tokio::time::Instant::now() + Duration::from_millis(ms)
-    };
-    let mut deadline = idle();
+async fn bridge(
+    rt: Runtime,
+    actor: ActorId,
+    socket: u64,
+    mut conn: wasmkeep_runtime::sockets::Connection,
+    mut ws: WebSocket,
+) {
     let (code, reason): (u16, String) = loop {
         tokio::select! {
             incoming = ws.recv() => {
-                deadline = idle();
                 let message = match incoming {
                     Some(Ok(WsMessage::Text(t))) => Message::Text(t.to_string()),
                     Some(Ok(WsMessage::Binary(b))) => Message::Binary(b.to_vec()),
@@ -120,44 +165,42 @@ async fn bridge(rt: Runtime, actor: ActorId, socket: u64, mut ws: WebSocket) {
                     let _ = ws.send(close(close_code::MOVED, &reason)).await;
                     break (close_code::MOVED, reason);
                 }
-                if let Err(e) = rt.socket_event(&actor, SocketEvent::Message { id: socket, message }) {
+                if let Err(e) = rt.socket_event(&actor, SocketEvent::Message { id: socket, message, sent_as: None }) {
                     let reason = format!("the actor cannot take messages now: {}", e.code());
                     let _ = ws.send(close(close_code::TRY_AGAIN, &reason)).await;
                     break (close_code::TRY_AGAIN, reason);
                 }
             }
             out = conn.rx.recv() => {
-                deadline = idle();
+                conn.last_ms.store(rt.clock().now_ms(), Ordering::Relaxed);
                 match out {
                     Some(Outgoing::Message(m)) => {
-                        let (frame, n) = match m {
-                            Message::Text(t) => { let n = t.len(); (WsMessage::Text(t.into()), n) }
-                            Message::Binary(b) => { let n = b.len(); (WsMessage::Binary(b.into()), n) }
+                        let (frame, n) = match m.as_ref() {
+                            Message::Text(t) => (WsMessage::Text(t.clone().into()), t.len()),
+                            Message::Binary(b) => (WsMessage::Binary(b.clone().into()), b.len()),
                         };
-                        let sent = ws.send(frame).await;
+                        let sent = tokio::time::timeout(WRITE_TIMEOUT, ws.send(frame)).await;
                         conn.queued.fetch_sub(n, Ordering::Relaxed);
-                        if sent.is_err() {
-                            break (1006, "the connection ended".into());
+                        match sent {
+                            Ok(Ok(())) => {}
+                            Ok(Err(_)) => break (1006, "the connection ended".into()),
+                            Err(_) => break (
+                                close_code::POLICY,
+                                "the client stopped reading (a write took longer than 10 s)".into(),
+                            ),
                         }
                     }
                     Some(Outgoing::Close(code, reason)) => {
-                        let _ = ws.send(close(code, &reason)).await;
+                        let _ = tokio::time::timeout(WRITE_TIMEOUT, ws.send(close(code, &reason))).await;
                         break (code, reason);
                     }
                     None => {
-                        let _ = ws.send(close(close_code::GOING_AWAY, "gone")).await;
+                        let _ = tokio::time::timeout(WRITE_TIMEOUT, ws.send(close(close_code::GOING_AWAY, "gone"))).await;
                         break (close_code::GOING_AWAY, "gone".into());
                     }
                 }
             }
-            _ = tokio::time::sleep_until(deadline) => {
-                let reason = format!("idle past socket_idle_ms={idle_ms}");
-                let _ = ws.send(close(close_code::GOING_AWAY, &reason)).await;
-                break (close_code::GOING_AWAY, reason);
-            }
         }
     };
-    if let Some(info) = rt.sockets().remove(&actor, socket) {
-        let _ = rt.socket_event(&actor, SocketEvent::Closed { info, code, reason });
-    }
+    gone(&rt, &actor, socket, code, &reason);
 }
