@@ -787,6 +787,18 @@ fn apply_socket_ops(
         rt.sockets.apply(&actor.id, ops);
         return;
     };
+    let id = actor.id.clone();
+    when_uploaded(rt, actor, mark, move |rt| rt.sockets.apply(&id, ops));
+}
+
+/// Runs `then` once the bucket holds everything up to `mark` (on the
+/// outbox's runtime); never if the actor was given up meanwhile.
+fn when_uploaded(
+    rt: &Arc<Inner>,
+    actor: &Arc<Actor>,
+    mark: replication::Mark,
+    then: impl FnOnce(&Arc<Inner>) + Send + 'static,
+) {
     let (tx, rx) = tokio::sync::oneshot::channel();
     replication::hold_until_uploaded(
         &rt.metrics,
@@ -796,9 +808,7 @@ fn apply_socket_ops(
         Ok(Outcome::Done),
         None,
     );
-    let id = actor.id.clone();
-    rt.outbox
-        .when_uploaded(rx, move |rt| rt.sockets.apply(&id, ops));
+    rt.outbox.when_uploaded(rx, then);
 }
 
 /// Ends an event begun with `event_begin` that answers nothing but done:

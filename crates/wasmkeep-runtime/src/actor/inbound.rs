@@ -72,18 +72,10 @@ pub(super) fn outbox_ready(
         rt.enqueue_outbox_resume(&actor.id, Some(upto));
         return;
     };
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    replication::hold_until_uploaded(
-        &rt.metrics,
-        actor,
-        mark,
-        crate::reply::Reply::new(tx),
-        Ok(Outcome::Done),
-        None,
-    );
     let id = actor.id.clone();
-    rt.outbox
-        .when_uploaded(rx, move |rt| rt.enqueue_outbox_resume(&id, Some(upto)));
+    super::when_uploaded(rt, actor, mark, move |rt| {
+        rt.enqueue_outbox_resume(&id, Some(upto))
+    });
 }
 
 /// At opening: what the outbox holds goes out, at once without a bucket,

@@ -77,14 +77,7 @@ pub(super) fn upgrade(
 /// The socket ends: out of the table, and its actor hears of it.
 fn gone(rt: &Runtime, actor: &ActorId, socket: u64, code: u16, reason: &str) {
     if let Some(info) = rt.sockets().remove(actor, socket) {
-        let _ = rt.socket_event(
-            actor,
-            SocketEvent::Closed {
-                info,
-                code,
-                reason: reason.to_owned(),
-            },
-        );
+        closed(rt, actor, info, code, reason);
     }
 }
 
@@ -95,6 +88,17 @@ fn tell_actor(rt: &Runtime, actor: &ActorId, socket: u64, code: u16, reason: &st
         tags: Vec::new(),
         attachment: Vec::new(),
     };
+    closed(rt, actor, info, code, reason);
+}
+
+/// A close event for the socket's actor.
+fn closed(
+    rt: &Runtime,
+    actor: &ActorId,
+    info: wasmkeep_runtime::host::wasmkeep::actor::sockets::SocketInfo,
+    code: u16,
+    reason: &str,
+) {
     let _ = rt.socket_event(
         actor,
         SocketEvent::Closed {
