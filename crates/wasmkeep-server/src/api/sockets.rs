@@ -113,6 +113,21 @@ fn closed(
 /// (its receive window full) is cut off rather than waited for.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Writes `frame` within [`WRITE_TIMEOUT`]. Most writes complete when
+/// first polled, and take no timer; only one that has to wait does.
+async fn send_within(
+    ws: &mut WebSocket,
+    frame: WsMessage,
+) -> Result<Result<(), axum::Error>, tokio::time::error::Elapsed> {
+    use std::future::Future;
+    use std::task::Poll;
+    let mut fut = std::pin::pin!(ws.send(frame));
+    if let Poll::Ready(r) = std::future::poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx))).await {
+        return Ok(r);
+    }
+    tokio::time::timeout(WRITE_TIMEOUT, fut).await
+}
+
 fn close(code: u16, reason: &str) -> WsMessage {
     WsMessage::Close(Some(CloseFrame {
         code,
@@ -183,7 +198,7 @@ async fn bridge(
                             Message::Text(t) => (WsMessage::Text(t.clone().into()), t.len()),
                             Message::Binary(b) => (WsMessage::Binary(b.clone().into()), b.len()),
                         };
-                        let sent = tokio::time::timeout(WRITE_TIMEOUT, ws.send(frame)).await;
+                        let sent = send_within(&mut ws, frame).await;
                         conn.queued.fetch_sub(n, Ordering::Relaxed);
                         match sent {
                             Ok(Ok(())) => {}
@@ -195,11 +210,11 @@ async fn bridge(
                         }
                     }
                     Some(Outgoing::Close(code, reason)) => {
-                        let _ = tokio::time::timeout(WRITE_TIMEOUT, ws.send(close(code, &reason))).await;
+                        let _ = send_within(&mut ws, close(code, &reason)).await;
                         break (code, reason);
                     }
                     None => {
-                        let _ = tokio::time::timeout(WRITE_TIMEOUT, ws.send(close(close_code::GOING_AWAY, "gone"))).await;
+                        let _ = send_within(&mut ws, close(close_code::GOING_AWAY, "gone")).await;
                         break (close_code::GOING_AWAY, "gone".into());
                     }
                 }
