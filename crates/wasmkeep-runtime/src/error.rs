@@ -13,6 +13,8 @@ pub enum RuntimeError {
     AppNotFound(String),
     #[error("reply expired: the parked reply was not completed in time (or its actor was deleted)")]
     ReplyExpired,
+    #[error("tenant not found: no app of tenant `{0}` is deployed on this node")]
+    TenantNotFound(String),
     #[error("invalid configuration: {0}")]
     InvalidConfig(String),
     #[error("no inbox: {0}")]
@@ -111,6 +113,7 @@ impl RuntimeError {
             RuntimeError::ClassNotFound { .. } => "class_not_found".into(),
             RuntimeError::NoInbox(_) => "no_inbox".into(),
             RuntimeError::InvalidConfig(_) => "invalid_config".into(),
+            RuntimeError::TenantNotFound(_) => "tenant_not_found".into(),
             RuntimeError::ReplyExpired => "reply_expired".into(),
             RuntimeError::Relayed { code, .. } => code.clone(),
             RuntimeError::ActorNotFound(_) => "actor_not_found".into(),

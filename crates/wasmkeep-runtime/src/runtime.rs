@@ -660,7 +660,33 @@ impl Runtime {
     }
 
     /// What is known about one actor, read between its events.
+    /// `app_not_found` or `class_not_found` unless the app is deployed
+    /// here with that class: what a typo in an admin call gets (issue 22),
+    /// rather than an empty answer or `actor_not_found`.
+    pub fn check_class(&self, tenant: &str, app: &str, class: &str) -> Result<(), RuntimeError> {
+        let Some(a) = self.inner.app(tenant, app) else {
+            return Err(RuntimeError::AppNotFound(format!("{tenant}/{app}")));
+        };
+        if !a.classes.iter().any(|c| c == class) {
+            return Err(RuntimeError::ClassNotFound {
+                app: format!("{tenant}/{app}"),
+                class: class.to_owned(),
+            });
+        }
+        Ok(())
+    }
+
+    /// `tenant_not_found` unless some app of `tenant` is deployed here.
+    pub fn check_tenant(&self, tenant: &str) -> Result<(), RuntimeError> {
+        if self.apps().iter().any(|a| a.tenant == tenant) {
+            Ok(())
+        } else {
+            Err(RuntimeError::TenantNotFound(tenant.to_owned()))
+        }
+    }
+
     pub fn actor_info(&self, id: &ActorId) -> Result<ActorInfo, RuntimeError> {
+        self.check_class(&id.tenant, &id.app, &id.class)?;
         let path = paths::actor_db(&self.inner.config.data_dir, id);
         // With a bucket, an actor not yet restored here may still exist.
         if !path.exists() && self.inner.replication.is_none() {
@@ -734,6 +760,7 @@ impl Runtime {
         sql: &str,
         rows_max: usize,
     ) -> Result<QueryResult, RuntimeError> {
+        self.check_class(&id.tenant, &id.app, &id.class)?;
         let path = paths::actor_db(&self.inner.config.data_dir, id);
         if !path.exists() && self.inner.replication.is_none() {
             return Err(RuntimeError::ActorNotFound(id.to_string()));

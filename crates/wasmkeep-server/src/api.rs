@@ -1068,6 +1068,7 @@ async fn list_actors(
         .limit
         .unwrap_or(LIST_ACTORS_DEFAULT)
         .clamp(1, s.config.list_actors_max);
+    s.rt.check_class(&tenant, &app, &class)?;
     let names =
         s.rt.list_actors(&tenant, &app, &class, q.after.as_deref(), limit)?;
     let next = (names.len() == limit)
@@ -1215,6 +1216,7 @@ async fn list_alarms(
     Query(q): Query<AlarmsQuery>,
 ) -> Result<Response, ApiError> {
     segment("tenant", &tenant)?;
+    s.rt.check_tenant(&tenant)?;
     let limit = q.limit.unwrap_or(LIST_ALARMS_DEFAULT).min(LIST_ALARMS_MAX);
     let alarms: Vec<_> = s
         .rt

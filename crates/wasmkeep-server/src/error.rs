@@ -30,6 +30,7 @@ fn status_of(e: &RuntimeError) -> StatusCode {
     match e {
         RuntimeError::InvalidId(_) | RuntimeError::InvalidConfig(_) => StatusCode::BAD_REQUEST,
         RuntimeError::AppNotFound(_)
+        | RuntimeError::TenantNotFound(_)
         | RuntimeError::ClassNotFound { .. }
         | RuntimeError::ActorNotFound(_) => StatusCode::NOT_FOUND,
         RuntimeError::ActorOverloaded { .. }

@@ -217,7 +217,19 @@ fn parse_durability(s: &str) -> Result<Durability, String> {
 /// in a child running its own program, never on its own threads.
 const COMPILE_WORKER: &str = "__compile-worker";
 
-fn main() -> Result<()> {
+/// A user's mistake is one line on stderr and exit code 1, whatever
+/// `RUST_BACKTRACE` says (issue 22): no backtrace for a typo.
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some(COMPILE_WORKER) {
         std::process::exit(wasmkeep_runtime::compile_process::worker_main(&args[2..]));

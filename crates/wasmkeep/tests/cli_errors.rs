@@ -1,0 +1,52 @@
+//! The CLI's mistakes (issue 22): a typo in a tenant, app or class is an
+//! error with the right code, never an empty answer, and it is one line
+//! on stderr with exit code 1, without a backtrace whatever
+//! `RUST_BACKTRACE` says.
+
+mod common;
+
+use std::process::Command;
+
+use common::Node;
+
+fn cli(node: &Node, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_wasmkeep"))
+        .args(args)
+        .args(["--server", &node.base])
+        .env("RUST_BACKTRACE", "1")
+        .output()
+        .expect("run the CLI");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn typos_are_errors_with_their_code_in_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path(), &["--examples"]);
+    for (args, code) in [
+        (vec!["actors", "demo/exampels/counter"], "app_not_found"),
+        (vec!["actors", "demo/examples/countr"], "class_not_found"),
+        (vec!["alarms", "nobody"], "tenant_not_found"),
+        (
+            vec!["inspect", "demo/exampels/counter/alice"],
+            "app_not_found",
+        ),
+    ] {
+        let (status, stdout, stderr) = cli(&node, &args);
+        assert_eq!(status, 1, "{args:?}: {stdout} {stderr}");
+        assert!(stderr.contains(code), "{args:?}: {stderr}");
+        assert_eq!(
+            stderr.trim_end().lines().count(),
+            1,
+            "one line, no backtrace: {stderr}"
+        );
+        assert!(stderr.starts_with("error: "), "{stderr}");
+    }
+    // The right spellings still answer.
+    let (status, _, stderr) = cli(&node, &["actors", "demo/examples/counter"]);
+    assert_eq!(status, 0, "{stderr}");
+}
