@@ -610,20 +610,20 @@ async fn actor_request(State(s): State<AppState>, req: Request) -> Result<Respon
     }
     check_acting(&s)?;
     if let (Some(c), Some(_)) = (&cluster, &ws) {
-        // A WebSocket is opened on its actor's owner: the forwarder carries
-        // requests, not connections (ADR 0043).
+        // A WebSocket for an actor another node holds is relayed there:
+        // this node opens one to the owner (one hop, with the cluster
+        // secret), then upgrades the client and carries frames both ways
+        // (ADR 0043).
         use crate::cluster::ownership::Route;
-        if let Route::Forward { node, address } = c
+        if let Route::Forward { address, .. } = c
             .ownership
             .route(&id, || c.route_epoch(), forwarded)
             .await
             .map_err(route_error)?
         {
-            return Err(ApiError::new(
-                StatusCode::MISDIRECTED_REQUEST,
-                "socket_on_owner_only",
-                format!("the actor is held by node {node}: open its WebSocket there, at {address}"),
-            ));
+            let pq = path_and_query(&parts.uri, "");
+            let upgrade = ws.expect("checked above");
+            return sockets::relay(c, &address, &pq, &parts.headers, upgrade).await;
         }
     }
     let body = read_body(body, s.config.request_body_bytes_max, s.pace()).await?;

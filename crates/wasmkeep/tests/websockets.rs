@@ -179,11 +179,11 @@ fn a_request_that_is_not_an_upgrade_is_refused_by_the_actor() {
     assert_eq!(v["error"]["code"], "not_an_upgrade", "{v}");
 }
 
-/// In a cluster a socket is opened on its actor's owner (another node
-/// says where, 421), and an actor with open sockets stays held by its
-/// node however idle it is.
+/// In a cluster a socket opened on any node reaches the actor's owner
+/// (the node it reached relays it, one hop), and an actor with open
+/// sockets stays held by its node however idle it is.
 #[test]
-fn in_a_cluster_a_socket_opens_on_the_owner_and_keeps_the_actor_held() {
+fn in_a_cluster_a_socket_reaches_the_owner_from_any_node_and_keeps_the_actor_held() {
     use common::cluster::send;
     use common::load::{Cluster, Store};
     let c = Cluster::with_idle(Store::Folder, 300);
@@ -192,27 +192,42 @@ fn in_a_cluster_a_socket_opens_on_the_owner_and_keeps_the_actor_held() {
     let first = send(a.port, "GET", "/v1/demo/examples/chat/x/count", &[]);
     assert_eq!(first.node.as_deref(), Some(a.id.as_str()));
     rt().block_on(async {
+        let on_a = format!("ws://127.0.0.1:{}/v1/demo/examples/chat/x/ws", a.port);
         let via_b = format!("ws://127.0.0.1:{}/v1/demo/examples/chat/x/ws", b.port);
-        match tokio_tungstenite::connect_async(via_b).await {
-            Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => {
-                assert_eq!(resp.status(), 421);
-                let body = String::from_utf8_lossy(resp.body().as_deref().unwrap_or_default())
-                    .into_owned();
-                assert!(body.contains("socket_on_owner_only"), "{body}");
-            }
-            other => panic!("expected a 421, got {:?}", other.map(|(_, r)| r.status())),
-        }
-        let url = format!("ws://127.0.0.1:{}/v1/demo/examples/chat/x/ws", a.port);
-        let (mut ws, _) = tokio_tungstenite::connect_async(url).await.unwrap();
+        let (mut direct, _) = tokio_tungstenite::connect_async(on_a).await.unwrap();
+        let (mut relayed, resp) = tokio_tungstenite::connect_async(via_b).await.unwrap();
+        assert_eq!(resp.status(), 101);
         // Well past the idle time and a release scan or two.
         tokio::time::sleep(Duration::from_secs(3)).await;
         let after = send(b.port, "GET", "/v1/demo/examples/chat/x/count", &[]);
         assert_eq!(after.node.as_deref(), Some(a.id.as_str()), "still a's");
-        assert_eq!(after.body["sockets"], 1);
-        ws.send(Message::Text("hi".into())).await.unwrap();
+        assert_eq!(after.body["sockets"], 2, "both sockets are the owner's");
+        relayed.send(Message::Text("from b".into())).await.unwrap();
+        for ws in [&mut direct, &mut relayed] {
+            assert_eq!(
+                next_text(ws, Duration::from_secs(10)).await.as_deref(),
+                Some("from b")
+            );
+        }
+        direct.send(Message::Text("from a".into())).await.unwrap();
         assert_eq!(
-            next_text(&mut ws, Duration::from_secs(10)).await.as_deref(),
-            Some("hi")
+            next_text(&mut relayed, Duration::from_secs(10))
+                .await
+                .as_deref(),
+            Some("from a")
         );
+        // A close through the relay reaches the owner.
+        relayed.close(None).await.unwrap();
+        let mut left = 2;
+        for _ in 0..200 {
+            left = send(a.port, "GET", "/v1/demo/examples/chat/x/count", &[]).body["sockets"]
+                .as_u64()
+                .unwrap();
+            if left == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(left, 1);
     });
 }

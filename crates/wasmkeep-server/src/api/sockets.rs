@@ -223,3 +223,151 @@ async fn bridge(
     };
     gone(&rt, &actor, socket, code, &reason);
 }
+
+/// Cluster mode: opens the client's WebSocket on the actor's owner at
+/// `address`, then upgrades the client and carries frames both ways until
+/// either side closes. The owner's refusal (not the owner any more, a
+/// failed accept) is the client's answer, before any 101.
+pub(super) async fn relay(
+    c: &crate::cluster::ClusterState,
+    address: &str,
+    path_and_query: &str,
+    headers: &axum::http::HeaderMap,
+    ws: WebSocketUpgrade,
+) -> Result<Response, ApiError> {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let url = format!(
+        "ws://{}{path_and_query}",
+        address.trim_start_matches("http://").trim_end_matches('/')
+    );
+    let mut req = url.as_str().into_client_request().map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_GATEWAY,
+            "forward_failed",
+            format!("the owner's address: {e}"),
+        )
+    })?;
+    let h = req.headers_mut();
+    for (k, v) in headers {
+        // What frames the upgrade is the client library's own to set.
+        let own = k.as_str().starts_with("sec-websocket")
+            || [
+                axum::http::header::HOST,
+                axum::http::header::UPGRADE,
+                axum::http::header::CONNECTION,
+            ]
+            .contains(k);
+        if !own {
+            h.append(k.clone(), v.clone());
+        }
+    }
+    h.insert(
+        crate::cluster::FORWARDED_HEADER,
+        axum::http::HeaderValue::from_static("1"),
+    );
+    if let Some(token) = &c.settings().cluster_token
+        && let Ok(v) = axum::http::HeaderValue::from_str(token)
+    {
+        h.insert(crate::cluster::CLUSTER_TOKEN_HEADER, v);
+    }
+    let timeout = Duration::from_millis(c.settings().forward_timeout_ms);
+    let upstream = match tokio::time::timeout(timeout, tokio_tungstenite::connect_async(req)).await
+    {
+        Ok(Ok((upstream, _))) => upstream,
+        Ok(Err(tokio_tungstenite::tungstenite::Error::Http(resp))) => {
+            let status =
+                StatusCode::from_u16(resp.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+            let body = resp.body().clone().unwrap_or_default();
+            let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+            return Err(ApiError::new(
+                status,
+                v["error"]["code"].as_str().unwrap_or("forward_failed"),
+                v["error"]["message"]
+                    .as_str()
+                    .unwrap_or("the owner refused the WebSocket")
+                    .to_owned(),
+            ));
+        }
+        Ok(Err(e)) => {
+            return Err(ApiError::new(
+                StatusCode::BAD_GATEWAY,
+                "forward_failed",
+                format!("opening the WebSocket on the actor's owner failed: {e}"),
+            ));
+        }
+        Err(_) => {
+            return Err(ApiError::new(
+                StatusCode::GATEWAY_TIMEOUT,
+                "forward_timeout",
+                "the actor's owner did not answer the WebSocket upgrade in time",
+            ));
+        }
+    };
+    let limit = c.settings().forward_response_bytes_max;
+    Ok(ws
+        .read_buffer_size(READ_BUFFER_BYTES)
+        .write_buffer_size(0)
+        .max_message_size(limit)
+        .on_upgrade(move |client| pipe(client, upstream)))
+}
+
+/// Carries frames between the client and the owner's socket.
+async fn pipe(
+    mut client: WebSocket,
+    upstream: tokio_tungstenite::WebSocketStream<
+        tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
+    >,
+) {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message as Up;
+    use tokio_tungstenite::tungstenite::protocol::CloseFrame as UpClose;
+    let (mut up_tx, mut up_rx) = upstream.split();
+    loop {
+        tokio::select! {
+            from_client = client.recv() => {
+                let out = match from_client {
+                    Some(Ok(WsMessage::Text(t))) => Up::Text(t.as_str().into()),
+                    Some(Ok(WsMessage::Binary(b))) => Up::Binary(b),
+                    Some(Ok(WsMessage::Ping(_) | WsMessage::Pong(_))) => continue,
+                    Some(Ok(WsMessage::Close(f))) => {
+                        let _ = up_tx
+                            .send(Up::Close(f.map(|f| UpClose {
+                                code: f.code.into(),
+                                reason: f.reason.as_str().into(),
+                            })))
+                            .await;
+                        return;
+                    }
+                    _ => {
+                        let _ = up_tx.send(Up::Close(None)).await;
+                        return;
+                    }
+                };
+                if up_tx.send(out).await.is_err() {
+                    let _ = send_within(&mut client, close(close_code::MOVED, "the owner is gone: reconnect")).await;
+                    return;
+                }
+            }
+            from_owner = up_rx.next() => {
+                let out = match from_owner {
+                    Some(Ok(Up::Text(t))) => WsMessage::Text(t.as_str().into()),
+                    Some(Ok(Up::Binary(b))) => WsMessage::Binary(b),
+                    Some(Ok(Up::Ping(_) | Up::Pong(_) | Up::Frame(_))) => continue,
+                    Some(Ok(Up::Close(f))) => {
+                        let (code, reason) = f.map_or((1000, String::new()), |f| (u16::from(f.code), f.reason.to_string()));
+                        let _ = send_within(&mut client, close(code, &reason)).await;
+                        return;
+                    }
+                    _ => {
+                        let _ = send_within(&mut client, close(close_code::MOVED, "the owner is gone: reconnect")).await;
+                        return;
+                    }
+                };
+                if !matches!(send_within(&mut client, out).await, Ok(Ok(()))) {
+                    let _ = up_tx.send(Up::Close(None)).await;
+                    return;
+                }
+            }
+        }
+    }
+}
