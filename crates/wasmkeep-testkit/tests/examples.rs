@@ -328,3 +328,54 @@ fn an_idle_socket_is_closed_by_the_test_clock() {
         matches!(a.recv(Duration::from_secs(10)), Some(SocketReceived::Closed(1001, why)) if why.contains("socket_idle_ms")),
     );
 }
+
+#[test]
+fn a_sockets_attachment_outlives_its_rooms_hibernation() {
+    let node = node();
+    let room = node.actor("demo/examples/chat/names");
+    let _a = room.websocket("/ws?name=ada").unwrap();
+    let _b = room.websocket("/ws?name=bob").unwrap();
+    // Every open actor closed, as the reaper does to idle ones.
+    assert!(node.runtime().close_idle_now() > 0);
+    assert!(!node.runtime().is_open(room.id()), "the room hibernated");
+    assert_eq!(
+        room.get("/who").json()["names"],
+        serde_json::json!(["ada", "bob"])
+    );
+}
+
+/// A node that no longer holds an actor (its cluster lease ended, the
+/// actor moved) runs no event for it and closes its sockets with 1012.
+#[test]
+fn sockets_of_an_actor_the_node_no_longer_holds_are_closed_with_1012() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use wasmkeep_runtime::{ActorId, RunGate};
+    use wasmkeep_testkit::SocketReceived;
+    struct Gate(AtomicBool);
+    impl RunGate for Gate {
+        fn may_run(&self, _: &ActorId) -> bool {
+            self.0.load(Ordering::SeqCst)
+        }
+        fn hold_generation(&self, _: &ActorId) -> Option<u64> {
+            self.0.load(Ordering::SeqCst).then_some(1)
+        }
+    }
+    let node = node();
+    let gate = Arc::new(Gate(AtomicBool::new(true)));
+    assert!(
+        node.runtime()
+            .set_gate(Arc::clone(&gate) as Arc<dyn RunGate>)
+    );
+    let room = node.actor("demo/examples/chat/moving");
+    let mut a = room.websocket("/ws").unwrap();
+    gate.0.store(false, Ordering::SeqCst);
+    a.send_text("anyone?").unwrap();
+    assert!(
+        matches!(
+            a.recv(Duration::from_secs(10)),
+            Some(SocketReceived::Closed(1012, _))
+        ),
+        "the client is told to reconnect, and nothing was broadcast"
+    );
+}

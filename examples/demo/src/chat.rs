@@ -7,7 +7,9 @@
 //!   `!fail` is broadcast and then the event fails, so nobody receives it
 //!   (a send leaves only with its event's commit).
 //! - `ping` is answered `pong` by the node itself, without waking the room.
-//! - `GET /count`: `{"sockets":N}`.
+//! - `GET /count`: `{"sockets":N}`; `GET /who`: `{"names":[...]}`, the
+//!   `name` each socket gave in `/ws?name=N` (kept as its attachment, which
+//!   outlives the room's hibernation).
 //!
 //! The room keeps nothing in memory: between messages it may be closed,
 //! and its sockets stay open.
@@ -23,7 +25,8 @@ impl Actor for Chat {
     fn request(&mut self, req: Request) -> Result<Response> {
         match req.route() {
             ("GET", "/ws") => {
-                sockets::accept(&["room"], b"")?;
+                let name = req.query_param("name").unwrap_or_default();
+                sockets::accept(&["room"], name.as_bytes())?;
                 sockets::set_auto_response(Some(("ping", "pong")))?;
                 Ok(Response::status(101))
             }
@@ -31,6 +34,14 @@ impl Actor for Chat {
                 200,
                 json!({ "sockets": sockets::list(None).len() }).to_string(),
             )),
+            ("GET", "/who") => {
+                let mut names: Vec<String> = sockets::list(None)
+                    .into_iter()
+                    .map(|s| String::from_utf8_lossy(&s.attachment).into_owned())
+                    .collect();
+                names.sort();
+                Ok(Response::json(200, json!({ "names": names }).to_string()))
+            }
             _ => Ok(Response::not_found()),
         }
     }
