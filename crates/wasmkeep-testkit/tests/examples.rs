@@ -379,3 +379,24 @@ fn sockets_of_an_actor_the_node_no_longer_holds_are_closed_with_1012() {
         "the client is told to reconnect, and nothing was broadcast"
     );
 }
+
+#[test]
+fn sockets_past_the_nodes_bound_are_refused_naming_it() {
+    let node = TestNode::with_config(|c| c.sockets.node_max = 2);
+    node.deploy("demo/examples", DEMO).unwrap();
+    let _a = node
+        .actor("demo/examples/chat/one")
+        .websocket("/ws")
+        .unwrap();
+    let _b = node
+        .actor("demo/examples/chat/two")
+        .websocket("/ws")
+        .unwrap();
+    let e = node
+        .actor("demo/examples/chat/three")
+        .websocket("/ws")
+        .err()
+        .expect("a third on the node is refused");
+    assert_eq!(e.code(), "too_many_sockets", "{e}");
+    assert!(e.to_string().contains("sockets_max"), "{e}");
+}
