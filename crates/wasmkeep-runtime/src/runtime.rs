@@ -527,24 +527,26 @@ impl Runtime {
                             {
                                 never_uploaded.lock().push(id.clone());
                             }
-                            // Messages an earlier run did not finish
-                            // delivering (ADR 0040): the actor opens and
-                            // hands them to the dispatcher again.
-                            if let Ok(true) = wasmkeep_store::db::has_outbox(&path) {
-                                rt.resume_outbox(id);
-                            }
-                            match wasmkeep_store::db::read_alarm(&path) {
-                                Ok(Some(a)) => {
-                                    // An actor that ran meanwhile put its
-                                    // own, newer, alarm in the timer.
-                                    rt.timer.set_if_absent(id, a.at_ms);
-                                    found.fetch_add(1, Ordering::Relaxed);
+                            // One read for both: the alarm, and messages
+                            // an earlier run did not finish delivering (ADR
+                            // 0040), which the actor hands to the
+                            // dispatcher again once opened.
+                            match wasmkeep_store::db::read_wake(&path) {
+                                Ok((alarm, outbox)) => {
+                                    if outbox {
+                                        rt.resume_outbox(id);
+                                    }
+                                    if let Some(a) = alarm {
+                                        // An actor that ran meanwhile put
+                                        // its own, newer, alarm in the timer.
+                                        rt.timer.set_if_absent(id, a.at_ms);
+                                        found.fetch_add(1, Ordering::Relaxed);
+                                    }
                                 }
-                                Ok(None) => {}
                                 // Open already: its turns keep the timer.
                                 Err(wasmkeep_store::StoreError::Busy) => {}
                                 Err(e) => {
-                                    tracing::warn!(actor = %id, error = %e, "could not read alarm")
+                                    tracing::warn!(actor = %id, error = %e, "could not read the alarm and outbox")
                                 }
                             }
                         }

@@ -29,7 +29,7 @@ pub use crate::sqlite_setup::sqlite_setup;
 use crate::wal_index::{VFS_NAME, WalIndex};
 
 mod outbox;
-pub use outbox::{InboxSeen, OutboxKind, OutboxRow, has_outbox};
+pub use outbox::{InboxSeen, OutboxKind, OutboxRow};
 
 pub use crate::sandbox::INTERNAL_PREFIX;
 
@@ -1358,6 +1358,12 @@ pub fn inspect_query(
     sql: &str,
     rows_max: usize,
 ) -> Result<QueryResult, StoreError> {
+    let (conn, denied) = open_inspection(db_path)?;
+    run_inspection(&conn, &denied, sql, rows_max)
+}
+
+/// A read-only connection under the inspection authorizer.
+fn open_inspection(db_path: &Path) -> Result<(Connection, Arc<Denied>), StoreError> {
     sqlite_setup();
     let mut conn = Connection::open_with_flags(
         db_path,
@@ -1374,7 +1380,7 @@ pub fn inspect_query(
         Arc::clone(&denied),
     )
     .map_err(open_err)?;
-    run_inspection(&conn, &denied, sql, rows_max)
+    Ok((conn, denied))
 }
 
 /// One inspection statement on `conn`, whose authorizer is in inspection
@@ -1445,7 +1451,26 @@ pub fn read_alarm(db_path: &Path) -> Result<Option<AlarmState>, StoreError> {
     if !db_path.exists() {
         return Ok(None);
     }
-    let r = inspect_query(db_path, SQL_ALARM_GET, 1);
+    let (conn, denied) = open_inspection(db_path)?;
+    alarm_of(&conn, &denied)
+}
+
+/// What the node's start-up scan needs of an actor it has not opened: its
+/// committed alarm, and whether its outbox holds messages waiting for an
+/// answer (ADR 0040), read through one read-only connection.
+/// [`StoreError::Busy`] if the actor is open.
+pub fn read_wake(db_path: &Path) -> Result<(Option<AlarmState>, bool), StoreError> {
+    if !db_path.exists() {
+        return Ok((None, false));
+    }
+    let (conn, denied) = open_inspection(db_path)?;
+    let alarm = alarm_of(&conn, &denied)?;
+    let outbox = outbox::has_rows(&conn, &denied)?;
+    Ok((alarm, outbox))
+}
+
+fn alarm_of(conn: &Connection, denied: &Denied) -> Result<Option<AlarmState>, StoreError> {
+    let r = run_inspection(conn, denied, SQL_ALARM_GET, 1);
     let r = match r {
         Ok(r) => r,
         // A database created before its schema (a crash mid-creation).

@@ -144,9 +144,6 @@ impl ActorDb {
                 limit: pending_max,
             });
         }
-        self.conn
-            .execute_batch(OUTBOX_SCHEMA)
-            .map_err(|e| self.err(e))?;
         // The last number given is kept in the meta table, out of the
         // guest's reach (SQLite's `sqlite_sequence` is not).
         let last: u64 = self
@@ -159,7 +156,8 @@ impl ActorDb {
             self.outbox_life()?;
         }
         let headers = encode_headers(&row.headers);
-        self.conn
+        let insert = || {
+            self.conn
             .prepare_cached(
                 "INSERT INTO _wasmkeep_outbox (seq, kind, target, method, headers, body, context, timeout_ms, created_ms) VALUES (?9, ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
             )
@@ -176,7 +174,20 @@ impl ActorDb {
                     seq as i64
                 ])
             })
-            .map_err(|e| self.err(e))?;
+        };
+        // The table is made by the actor's first send, not checked on
+        // every one.
+        match insert() {
+            Err(e) if no_table(&e) => {
+                self.conn
+                    .execute_batch(OUTBOX_SCHEMA)
+                    .map_err(|e| self.err(e))?;
+                insert().map_err(|e| self.err(e))?;
+            }
+            r => {
+                r.map_err(|e| self.err(e))?;
+            }
+        }
         Ok(seq)
     }
 
@@ -312,14 +323,13 @@ impl ActorDb {
     }
 }
 
-/// Whether the database at `db_path` has messages waiting for an answer,
-/// read through a read-only connection ([`StoreError::Busy`] while the
-/// actor is open).
-pub fn has_outbox(db_path: &std::path::Path) -> Result<bool, StoreError> {
-    if !db_path.exists() {
-        return Ok(false);
-    }
-    match super::inspect_query(db_path, "SELECT 1 FROM _wasmkeep_outbox LIMIT 1", 1) {
+/// Whether an inspection connection's database has messages waiting for
+/// an answer (see `read_wake`).
+pub(super) fn has_rows(
+    conn: &rusqlite::Connection,
+    denied: &crate::sandbox::Denied,
+) -> Result<bool, StoreError> {
+    match super::run_inspection(conn, denied, "SELECT 1 FROM _wasmkeep_outbox LIMIT 1", 1) {
         Ok(r) => Ok(!r.rows.is_empty()),
         Err(StoreError::Sql(m)) if m.contains("no such table") => Ok(false),
         Err(e) => Err(e),
