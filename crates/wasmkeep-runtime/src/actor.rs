@@ -475,6 +475,7 @@ fn instantiate(
     }
     state.parked = Some(Arc::clone(&rt.parked));
     state.sockets = Some(Arc::clone(&rt.sockets));
+    state.logs = Some(Arc::clone(&rt.logs));
     state.response_body_bytes_max = rt.config.response_body_bytes_max;
     state.config = crate::app_config::InstanceConfig {
         vars: Arc::clone(&app.vars),
@@ -993,9 +994,15 @@ fn run_alarm(
     if (state.at_ms > now && !force) || !initialized {
         return Ok(Outcome::Alarm(false));
     }
-    rt.metrics
-        .alarm_lateness
-        .observe_ms(now.saturating_sub(state.at_ms) as f64);
+    let late_ms = now.saturating_sub(state.at_ms) as f64;
+    rt.metrics.alarm_lateness.observe_ms(late_ms);
+    let class = rt.class_metrics.of(&l.store.data().id);
+    if let Some(c) = &class {
+        c.alarm_lateness.observe_ms(late_ms);
+        if state.retry_count > 0 {
+            c.alarm_retries.inc();
+        }
+    }
     l.db().event_begin()?;
     let r = call_on_alarm(l, state)?;
     let op = l.store.data().alarm_op;
@@ -1003,6 +1010,9 @@ fn run_alarm(
         Ok(()) => {
             l.db().event_commit()?;
             Metrics::inc(&rt.metrics.alarms_fired_total);
+            if let Some(c) = &class {
+                c.alarm_runs_ok.inc();
+            }
             Ok(Outcome::Alarm(true))
         }
         Err(e) => {
@@ -1030,15 +1040,35 @@ fn run_alarm(
                 at_ms,
                 retry_count: out.retry_count,
             });
-            if out.dropped {
-                Metrics::inc(&rt.metrics.alarms_abandoned_total);
-                tracing::warn!(actor = %l.store.data().id, retries = state.retry_count + 1, "alarm dropped after retries_max");
-            }
             l.db().event_begin()?;
             l.db().set_alarm(next)?;
             l.db().event_commit()?;
             Metrics::inc(&rt.metrics.alarms_failed_total);
-            tracing::info!(actor = %l.store.data().id, error = %e, retry_count = state.retry_count, "alarm failed");
+            if let Some(c) = &class {
+                c.alarm_runs_failed.inc();
+            }
+            // A failing alarm is a warning with its count of failures so
+            // far and what happens next (issue 22), in the node's log and
+            // the actor's (`wasmkeep logs`).
+            let id = l.store.data().id.clone();
+            let failures = state.retry_count + 1;
+            let message = match next {
+                _ if out.dropped => {
+                    Metrics::inc(&rt.metrics.alarms_abandoned_total);
+                    format!(
+                        "alarm failed ({failures} failures): dropped after retries_max; error: {e}"
+                    )
+                }
+                Some(n) => format!(
+                    "alarm failed ({failures} failures so far), retry in {} ms; error: {e}",
+                    n.at_ms.saturating_sub(now)
+                ),
+                None => format!("alarm failed ({failures} failures so far); error: {e}"),
+            };
+            tracing::warn!(actor = %id, error = %e, retry_count = state.retry_count, dropped = out.dropped, "alarm failed");
+            use crate::logs::{Level, LogLine, Source};
+            rt.logs
+                .push(LogLine::new(now, Level::Warn, Source::Runtime, id, message));
             Err(e)
         }
     }

@@ -158,6 +158,14 @@ pub struct RuntimeConfig {
     pub parked: crate::parked::ParkedLimits,
     /// WebSockets' bounds (ADR 0043).
     pub sockets: crate::sockets::SocketLimits,
+    /// The recent log lines kept for `wasmkeep logs` ([`crate::logs`]).
+    pub logs: crate::logs::LogHubLimits,
+    /// Classes with label sets of their own in `/metrics`; past it, a
+    /// deployed class counts under `_other` ([`crate::class_metrics`]).
+    pub metrics_classes_max: usize,
+    /// How often the data folder is walked for each class's disk use (0:
+    /// never).
+    pub metrics_census_ms: u64,
 }
 
 /// The node's bounds on outbound HTTP calls; an app's `[outbound]` may
@@ -231,6 +239,9 @@ impl RuntimeConfig {
             outbound: OutboundCeilings::default(),
             parked: Default::default(),
             sockets: Default::default(),
+            logs: Default::default(),
+            metrics_classes_max: 1_000,
+            metrics_census_ms: 60_000,
         }
     }
 

@@ -100,6 +100,10 @@ pub enum RuntimeError {
         "this node has no bucket: a request with `wasmkeep-durability: replicated` needs `serve --bucket`"
     )]
     ReplicationUnavailable,
+    #[error(
+        "too many log followers: limit log_followers_max={max}; stop another `wasmkeep logs --follow` or retry later"
+    )]
+    TooManyFollowers { max: usize },
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -145,6 +149,7 @@ impl RuntimeError {
             RuntimeError::TransactionAborted => "transaction_aborted".into(),
             RuntimeError::ReplicationFailed(_) => "replication_failed".into(),
             RuntimeError::ReplicationUnavailable => "replication_unavailable".into(),
+            RuntimeError::TooManyFollowers { .. } => "too_many_followers".into(),
             RuntimeError::Internal(_) => "internal".into(),
         }
     }
@@ -179,6 +184,7 @@ impl RuntimeError {
                 | RuntimeError::ShuttingDown
                 | RuntimeError::TransactionAborted
                 | RuntimeError::ReplicationFailed(_)
+                | RuntimeError::TooManyFollowers { .. }
         )
     }
 }

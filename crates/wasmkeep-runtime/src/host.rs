@@ -232,6 +232,9 @@ pub struct HostState {
     pub request_is_upgrade: bool,
     /// Bytes the running event sent to sockets (its budget).
     pub socket_sent_bytes: usize,
+    /// Where the guest's lines go besides the node's log, for `wasmkeep
+    /// logs` (`None` in the instance a deploy makes).
+    pub logs: Option<Arc<crate::logs::LogHub>>,
 }
 
 impl HostState {
@@ -279,6 +282,7 @@ impl HostState {
             sockets_accepted_in_batch: 0,
             request_is_upgrade: false,
             socket_sent_bytes: 0,
+            logs: None,
         }
     }
 
@@ -528,6 +532,25 @@ impl log::Host for HostState {
             log::Level::Info => tracing::info!(target: "guest", %actor, "{message}"),
             log::Level::Warn => tracing::warn!(target: "guest", %actor, "{message}"),
             log::Level::Error => tracing::error!(target: "guest", %actor, "{message}"),
+        }
+        if let Some(hub) = &self.logs {
+            use crate::logs::Level;
+            let level = match level {
+                log::Level::Trace => Level::Trace,
+                log::Level::Debug => Level::Debug,
+                log::Level::Info => Level::Info,
+                log::Level::Warn => Level::Warn,
+                log::Level::Error => Level::Error,
+            };
+            let at_ms = self.clock.now_ms();
+            let source = crate::logs::Source::Guest;
+            hub.push(crate::logs::LogLine::new(
+                at_ms,
+                level,
+                source,
+                self.id.clone(),
+                message,
+            ));
         }
     }
 }

@@ -20,6 +20,7 @@
 pub mod actor;
 pub mod app;
 pub mod app_config;
+pub mod class_metrics;
 pub mod clock;
 mod compile_cache;
 pub mod compile_process;
@@ -29,6 +30,7 @@ pub mod error;
 pub mod host;
 pub mod index;
 mod log_budget;
+pub mod logs;
 pub mod metrics;
 pub mod outbox;
 pub mod parked;

@@ -184,6 +184,9 @@ pub struct Metrics {
     /// The bucket's own request counters, when the node has one. Set before
     /// the first [`Metrics::encode`]: the registry is built then, once.
     pub bucket: Option<Arc<wasmkeep_replica::Metrics>>,
+    /// The series labelled by tenant, app and class, when the node keeps
+    /// them ([`crate::class_metrics`]).
+    pub classes: Option<Arc<crate::class_metrics::ClassMetricsRegistry>>,
     /// Clones of the series above under their names, built on the first
     /// encode (after `bucket` is set).
     registry: OnceLock<Registry>,
@@ -218,6 +221,11 @@ impl Metrics {
         self.register_replication(&mut r);
         if let Some(b) = &self.bucket {
             r.register_collector(Box::new(BucketCollector(Arc::clone(b))));
+        }
+        if let Some(c) = &self.classes {
+            r.register_collector(Box::new(crate::class_metrics::ClassCollector(Arc::clone(
+                c,
+            ))));
         }
         r
     }

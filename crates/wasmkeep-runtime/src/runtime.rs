@@ -150,6 +150,12 @@ pub struct Inner {
     pub parked: Arc<crate::parked::ParkedReplies>,
     /// Open WebSockets (ADR 0043).
     pub sockets: Arc<crate::sockets::SocketTable>,
+    /// Recent log lines about actors, for `wasmkeep logs` (issue 22).
+    pub logs: Arc<crate::logs::LogHub>,
+    /// Series labelled by tenant, app and class (also in `metrics`).
+    pub class_metrics: Arc<crate::class_metrics::ClassMetricsRegistry>,
+    /// When the reaper last walked the data folder for the class census.
+    census_at: Mutex<Option<Instant>>,
 }
 
 /// Whether this node may run an actor's alarms now. A single node always
@@ -304,6 +310,10 @@ impl Runtime {
         host::add_to_linker(&mut linker)
             .map_err(|e| RuntimeError::Internal(format!("linker: {e:#}")))?;
         let mut metrics = Metrics::default();
+        let class_metrics = Arc::new(crate::class_metrics::ClassMetricsRegistry::new(
+            config.metrics_classes_max,
+        ));
+        metrics.classes = Some(Arc::clone(&class_metrics));
         let replication = match &config.bucket {
             Some(bucket) => {
                 metrics.bucket = Some(Arc::clone(bucket.metrics()));
@@ -332,6 +342,7 @@ impl Runtime {
         let config_data_dir = config.data_dir.clone();
         let parked_limits = config.parked.clone();
         let socket_limits = config.sockets.clone();
+        let log_limits = config.logs;
         let parked_metrics = Arc::clone(&metrics);
         let outbox_dispatcher = Dispatcher::new(
             config.outbox.clone(),
@@ -368,6 +379,9 @@ impl Runtime {
             outbox: outbox_dispatcher,
             secrets: crate::app_config::SecretStore::open(&config_data_dir),
             sockets: Arc::new(crate::sockets::SocketTable::new(socket_limits)),
+            logs: Arc::new(crate::logs::LogHub::new(log_limits)),
+            class_metrics,
+            census_at: Mutex::new(None),
             parked: Arc::new(crate::parked::ParkedReplies::new(
                 parked_limits,
                 Arc::clone(&parked_metrics),
@@ -405,6 +419,7 @@ impl Runtime {
                 OverCeiling::Clamp,
             ) {
                 Ok(a) => {
+                    self.register_classes(&tenant, &app, &a.info().classes);
                     self.inner.apps.write().insert((tenant, app), Arc::new(a));
                 }
                 Err(e) => {
@@ -413,6 +428,14 @@ impl Runtime {
             }
         }
         Ok(())
+    }
+
+    /// Gives an app's classes their label sets in `/metrics` (while
+    /// `metrics_classes_max` allows).
+    fn register_classes(&self, tenant: &str, app: &str, classes: &[String]) {
+        for class in classes {
+            self.inner.class_metrics.register(tenant, app, class);
+        }
     }
 
     fn compiler(&self) -> Compiler<'_> {
@@ -477,6 +500,7 @@ impl Runtime {
                     }
                     rt.reap_idle();
                     rt.sockets.close_idle(rt.clock.now_ms());
+                    rt.census_if_due();
                 }
             })
             .expect("spawn reaper");
@@ -595,23 +619,33 @@ impl Runtime {
         req: ActorRequest,
     ) -> Result<ActorResponse, RuntimeError> {
         Metrics::inc(&self.inner.metrics.requests_total);
-        if req.replicated && self.inner.replication.is_none() {
+        let class = self.inner.class_metrics.of(&id);
+        if let Some(c) = &class {
+            c.requests.inc();
+        }
+        let failed = |e: RuntimeError| {
             Metrics::inc(&self.inner.metrics.request_errors_total);
-            return Err(RuntimeError::ReplicationUnavailable);
+            if let Some(c) = &class {
+                c.error(&e.code());
+            }
+            Err(e)
+        };
+        if req.replicated && self.inner.replication.is_none() {
+            return failed(RuntimeError::ReplicationUnavailable);
         }
         let (tx, rx) = oneshot::channel();
-        self.inner
-            .enqueue(&id, Event::new(EventKind::Request(req), Some(tx)), true)?;
-        let r = match rx.await {
-            Ok(Ok(Outcome::Response(r))) => Ok(r),
-            Ok(Ok(_)) => Err(RuntimeError::Internal("unexpected outcome".into())),
-            Ok(Err(e)) => Err(e),
-            Err(_) => Err(RuntimeError::ShuttingDown),
-        };
-        if r.is_err() {
-            Metrics::inc(&self.inner.metrics.request_errors_total);
+        if let Err(e) = self
+            .inner
+            .enqueue(&id, Event::new(EventKind::Request(req), Some(tx)), true)
+        {
+            return failed(e);
         }
-        r
+        match rx.await {
+            Ok(Ok(Outcome::Response(r))) => Ok(r),
+            Ok(Ok(_)) => failed(RuntimeError::Internal("unexpected outcome".into())),
+            Ok(Err(e)) => failed(e),
+            Err(_) => failed(RuntimeError::ShuttingDown),
+        }
     }
 
     /// Deploys (or replaces) an app. Blocking: compiles the component.
@@ -629,6 +663,7 @@ impl Runtime {
         app::persist(&self.inner.config.data_dir, &built, wasm, manifest)
             .map_err(|e| RuntimeError::Store(e.into()))?;
         let info = built.info();
+        self.register_classes(tenant, app, &info.classes);
         self.inner
             .apps
             .write()
@@ -667,7 +702,7 @@ impl Runtime {
     /// rather than an empty answer or `actor_not_found`.
     pub fn check_class(&self, tenant: &str, app: &str, class: &str) -> Result<(), RuntimeError> {
         let Some(a) = self.inner.app(tenant, app) else {
-            return Err(RuntimeError::AppNotFound(format!("{tenant}/{app}")));
+            return Err(self.app_missing(tenant, app));
         };
         if !a.classes.iter().any(|c| c == class) {
             return Err(RuntimeError::ClassNotFound {
@@ -676,6 +711,22 @@ impl Runtime {
             });
         }
         Ok(())
+    }
+
+    /// `app_not_found` unless the app is deployed here (`tenant_not_found`
+    /// if no app of its tenant is).
+    pub fn check_app(&self, tenant: &str, app: &str) -> Result<(), RuntimeError> {
+        match self.inner.app(tenant, app) {
+            Some(_) => Ok(()),
+            None => Err(self.app_missing(tenant, app)),
+        }
+    }
+
+    fn app_missing(&self, tenant: &str, app: &str) -> RuntimeError {
+        match self.check_tenant(tenant) {
+            Err(e) => e,
+            Ok(()) => RuntimeError::AppNotFound(format!("{tenant}/{app}")),
+        }
     }
 
     /// `tenant_not_found` unless some app of `tenant` is deployed here.
@@ -967,6 +1018,16 @@ impl Runtime {
         &self.inner.sockets
     }
 
+    /// The recent log lines about actors (`wasmkeep logs`).
+    pub fn logs(&self) -> &Arc<crate::logs::LogHub> {
+        &self.inner.logs
+    }
+
+    /// The series labelled by class (`wasmkeep_class_*`).
+    pub fn class_metrics(&self) -> &Arc<crate::class_metrics::ClassMetricsRegistry> {
+        &self.inner.class_metrics
+    }
+
     /// Whether this node may run `id`'s events now (a cluster node: its
     /// lease lets it act and it holds the actor; a single node: always).
     pub fn may_run_actor(&self, id: &ActorId) -> bool {
@@ -1242,6 +1303,34 @@ impl Inner {
             }
             None => Ok(()),
         }
+    }
+
+    /// Walks the data folder for each class's disk use and actor count
+    /// (`wasmkeep_class_database_bytes`, `wasmkeep_class_actors`) once every
+    /// `metrics_census_ms`, on the reaper's thread. It only reads file
+    /// sizes: no database is opened.
+    fn census_if_due(&self) {
+        let every = self.config.metrics_census_ms;
+        if every == 0 {
+            return;
+        }
+        {
+            let mut at = self.census_at.lock();
+            if at.is_some_and(|t| t.elapsed() < Duration::from_millis(every)) {
+                return;
+            }
+            *at = Some(Instant::now());
+        }
+        let size = |p: &std::path::Path| std::fs::metadata(p).map_or(0, |m| m.len());
+        let mut per_class: HashMap<(String, String, String), (u64, u64)> = HashMap::new();
+        for id in all_actors(&self.config.data_dir) {
+            let db = paths::actor_db(&self.config.data_dir, &id);
+            let bytes = size(&db) + size(&db.with_file_name(format!("{}-wal", paths::DB_FILE)));
+            let c = per_class.entry((id.tenant, id.app, id.class)).or_default();
+            c.0 += bytes;
+            c.1 += 1;
+        }
+        self.class_metrics.set_census(&per_class);
     }
 
     /// Closes idle actors: instance dropped, database closed.

@@ -19,6 +19,7 @@ use wasmkeep_runtime::{ActorId, ActorRequest, Runtime};
 use crate::auth::Tokens;
 
 mod inbound;
+mod logs;
 mod sockets;
 use crate::cluster::{CLUSTER_TOKEN_HEADER, ClusterState, FORWARDED_HEADER, NODE_HEADER};
 use crate::error::ApiError;
@@ -74,6 +75,12 @@ pub struct ServerConfig {
     /// runs and before it is acknowledged. `None`: a single node, always
     /// acting.
     pub cluster: Option<Arc<ClusterState>>,
+    /// One structured line per actor request (`wasmkeep::access`), also
+    /// kept for `wasmkeep logs`.
+    pub access_log: bool,
+    /// Failed requests logged per second at most (the rest are counted
+    /// and the next line says how many were left out).
+    pub failed_request_log_per_s: u64,
 }
 
 impl Default for ServerConfig {
@@ -94,6 +101,8 @@ impl Default for ServerConfig {
             replicated_by_default: false,
             unsafe_rules: UnsafeRules::default(),
             cluster: None,
+            access_log: false,
+            failed_request_log_per_s: 100,
         }
     }
 }
@@ -186,6 +195,8 @@ struct AppState {
     rt: Runtime,
     config: Arc<ServerConfig>,
     tokens: Arc<Tokens>,
+    /// Cuts failed-request lines to `failed_request_log_per_s`.
+    failure_rate: Arc<logs::FailureLogRate>,
 }
 
 impl AppState {
@@ -212,6 +223,7 @@ pub fn router(rt: Runtime, config: ServerConfig) -> Router {
         rt,
         config: Arc::new(config),
         tokens: Arc::new(tokens),
+        failure_rate: Arc::default(),
     };
     inbound::install(&state);
     let admin = Router::new()
@@ -232,6 +244,10 @@ pub fn router(rt: Runtime, config: ServerConfig) -> Router {
             post(inspect_sql),
         )
         .route("/alarms/{tenant}", get(list_alarms))
+        .route("/logs/{tenant}", get(logs::logs_route))
+        .route("/logs/{tenant}/{app}", get(logs::logs_route))
+        .route("/logs/{tenant}/{app}/{class}", get(logs::logs_route))
+        .route("/logs/{tenant}/{app}/{class}/{name}", get(logs::logs_route))
         .route("/node", get(show_node))
         .route("/cluster", get(show_cluster))
         .route_layer(axum::middleware::from_fn_with_state(
@@ -261,7 +277,9 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
     config.check()?;
+    let hub = Arc::clone(rt.logs());
     let app = router(rt, config.clone());
+    let shutdown = logs::close_on(hub, shutdown);
     crate::edge::run(app, &config, listener, shutdown).await;
     Ok(())
 }
@@ -573,7 +591,32 @@ fn durability(
     Ok((kept.join("&"), asked.unwrap_or(replicated_by_default)))
 }
 
-async fn actor_request(State(s): State<AppState>, req: Request) -> Result<Response, ApiError> {
+/// An actor request, and the access and failure lines it calls for.
+async fn actor_request(State(s): State<AppState>, req: Request) -> Response {
+    let started = std::time::Instant::now();
+    let (method, uri) = (req.method().clone(), req.uri().clone());
+    let (resp, code, message) = match answer_actor_request(s.clone(), req).await {
+        Ok(r) => (r, None, None),
+        Err(e) => {
+            let (code, message) = (e.code.clone(), e.message.clone());
+            (e.into_response(), Some(code), Some(message))
+        }
+    };
+    logs::record(
+        &s,
+        logs::Answered {
+            method: method.as_str(),
+            path: uri.path(),
+            status: resp.status().as_u16(),
+            started,
+            code: code.as_deref(),
+            message: message.as_deref(),
+        },
+    );
+    resp
+}
+
+async fn answer_actor_request(s: AppState, req: Request) -> Result<Response, ApiError> {
     let (mut parts, body) = req.into_parts();
     // A WebSocket upgrade (ADR 0043): kept aside; the actor accepts it or
     // not, and the upgrade completes only once its event is durable.

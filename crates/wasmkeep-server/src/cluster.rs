@@ -830,7 +830,16 @@ mod tests {
         state.metrics.renewals_total.inc();
         state.ownership.counters.forwards_total.inc();
         state.epoch.store(7, Ordering::Release);
-        let runtime = metrics::Metrics::with_bucket(Arc::new(wasmkeep_replica::Metrics::default()));
+        let mut runtime =
+            metrics::Metrics::with_bucket(Arc::new(wasmkeep_replica::Metrics::default()));
+        // The labelled series, with one class of its own (and `_other`).
+        let classes = Arc::new(wasmkeep_runtime::class_metrics::ClassMetricsRegistry::new(
+            10,
+        ));
+        classes.register("t", "a", "c");
+        let id = wasmkeep_runtime::ActorId::new("t", "a", "c", "n").unwrap();
+        classes.of(&id).unwrap().error("guest_error");
+        runtime.classes = Some(classes);
         runtime.requests_total.inc();
 
         let text = crate::api::exposition(&runtime, Some(&state)).unwrap();

@@ -37,6 +37,7 @@ fn status_of(e: &RuntimeError) -> StatusCode {
         | RuntimeError::QueueBytesExceeded { .. }
         | RuntimeError::CompileBusy { .. }
         | RuntimeError::ShuttingDown
+        | RuntimeError::TooManyFollowers { .. }
         | RuntimeError::TransactionAborted
         | RuntimeError::ReplicationFailed(_) => StatusCode::SERVICE_UNAVAILABLE,
         RuntimeError::ReplicationUnavailable => StatusCode::BAD_REQUEST,
