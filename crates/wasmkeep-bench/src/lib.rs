@@ -203,10 +203,11 @@ pub struct BenchArgs {
     #[arg(long, value_enum, default_value_t = DurabilityArg::Fsync)]
     pub durability: DurabilityArg,
     /// Use this node (`http://HOST:PORT`) instead of starting one; only the
-    /// workloads that need no restart and no RSS run.
+    /// workloads that need no restart and no RSS run [default: none: the
+    /// benchmark starts its own nodes].
     #[arg(long)]
     pub server: Option<String>,
-    /// Write every run's raw figures and checks here.
+    /// Write every run's raw figures and checks here [default: none].
     #[arg(long)]
     pub json: Option<PathBuf>,
     /// W1: concurrent keep-alive connections (closed loop); also the
@@ -269,7 +270,8 @@ pub struct BenchArgs {
     pub bucket: Option<String>,
     /// Settings for every node the benchmark starts, as `KEY = VALUE`
     /// lines of `wasmkeep serve`'s configuration file (for instance
-    /// `sqlite_page_bytes = 1024`). W4 adds its own `actor_idle_ms`.
+    /// `sqlite_page_bytes = 1024`). W4 adds its own `actor_idle_ms`
+    /// [default: none].
     #[arg(long)]
     pub node_config: Option<PathBuf>,
     /// W6, W5-kill: the nodes' `lease_period_ms` (the node's default; the

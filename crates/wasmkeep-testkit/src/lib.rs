@@ -25,6 +25,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+mod build;
+pub use build::{WASM_TARGET, build_component, build_component_at};
+
 use tempfile::TempDir;
 use wasmkeep_runtime::actor::DbAccess;
 use wasmkeep_runtime::{ActorRequest, Clock, ManualClock, Runtime};

@@ -5,15 +5,32 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
+use crate::output::{self, Output};
+
 /// Where the node is and how to authenticate.
 #[derive(clap::Args)]
 pub struct Conn {
     /// The node's base URL.
     #[arg(long, env = "WASMKEEP_SERVER", default_value = "http://127.0.0.1:8080")]
     server: String,
-    /// Bearer token (admin, or the tenant's for `call`).
+    /// Bearer token (admin, or the tenant's for `call`) [default: none].
     #[arg(long, env = "WASMKEEP_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// Print the node's JSON as it came instead of tables and readable
+    /// sizes and times (for scripts).
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl Conn {
+    /// A node at `server` without a token (`wasmkeep dev`'s own).
+    pub fn local(server: String) -> Conn {
+        Conn {
+            server,
+            token: None,
+            json: false,
+        }
+    }
 }
 
 fn agent() -> ureq::Agent {
@@ -35,9 +52,12 @@ impl Conn {
             req = req.header("authorization", format!("Bearer {t}"));
         }
         let req = req.body(body.unwrap_or_default())?;
-        let mut resp = agent()
-            .run(req)
-            .with_context(|| format!("{method} {url}"))?;
+        let mut resp = agent().run(req).with_context(|| {
+            format!(
+                "{method} {url} (hint: is a node running there? `wasmkeep serve` starts one; \
+                 --server or WASMKEEP_SERVER names another)"
+            )
+        })?;
         let status = resp.status().as_u16();
         let bytes = resp.body_mut().with_config().limit(1 << 30).read_to_vec()?;
         Ok((status, bytes))
@@ -48,12 +68,36 @@ impl Conn {
         let v: Value = serde_json::from_slice(&bytes)
             .with_context(|| format!("the node answered {status} with a body that is not JSON"))?;
         if !(200..300).contains(&status) {
-            let code = v["error"]["code"].as_str().unwrap_or("?");
-            let msg = v["error"]["message"].as_str().unwrap_or("");
-            bail!("{status} {code}: {msg}");
+            return Err(api_error(status, &bytes));
         }
         Ok(v)
     }
+}
+
+/// The node's error answer as one line: `404 app_not_found: …`.
+fn api_error(status: u16, body: &[u8]) -> anyhow::Error {
+    let v: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    let code = v["error"]["code"].as_str().unwrap_or("?");
+    let msg = v["error"]["message"].as_str().unwrap_or("");
+    match hint(code) {
+        Some(h) => anyhow::anyhow!("{status} {code}: {msg} (hint: {h})"),
+        None => anyhow::anyhow!("{status} {code}: {msg}"),
+    }
+}
+
+/// What to try next after the errors a person most often makes.
+fn hint(code: &str) -> Option<&'static str> {
+    Some(match code {
+        "tenant_not_found" | "app_not_found" | "class_not_found" => {
+            "`wasmkeep apps` lists the deployed apps and their classes"
+        }
+        "actor_not_found" => "`wasmkeep actors TENANT/APP/CLASS` lists the actors",
+        "unauthorized" => "pass --token or set WASMKEEP_TOKEN",
+        "invalid_name" => {
+            "tenant, app and class are [a-z0-9][a-z0-9_-]*; percent-encode a name's `/` as %2F"
+        }
+        _ => return None,
+    })
 }
 
 fn enc(s: &str) -> String {
@@ -68,11 +112,13 @@ fn split<const N: usize>(target: &str, what: &str) -> Result<[String; N]> {
     Ok(std::array::from_fn(|i| parts[i].to_owned()))
 }
 
-fn print(v: &Value) {
-    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
-}
-
-pub fn deploy(conn: &Conn, target: &str, component: &Path, manifest: Option<&Path>) -> Result<()> {
+pub fn deploy(
+    conn: &Conn,
+    out: Output,
+    target: &str,
+    component: &Path,
+    manifest: Option<&Path>,
+) -> Result<()> {
     let [tenant, app] = split::<2>(target, "tenant/app")?;
     let wasm = std::fs::read(component).with_context(|| format!("read {}", component.display()))?;
     let mut path = format!("/admin/v1/apps/{}/{}", enc(&tenant), enc(&app));
@@ -81,26 +127,36 @@ pub fn deploy(conn: &Conn, target: &str, component: &Path, manifest: Option<&Pat
         path.push_str(&format!("?manifest={}", enc(&text)));
     }
     let v = conn.json("PUT", &path, Some(wasm))?;
-    println!(
-        "deployed {tenant}/{app} ({} bytes, sha256 {}), classes: {}",
-        v["component_bytes"],
-        v["hash"].as_str().unwrap_or("?"),
-        v["classes"]
-            .as_array()
-            .map(|a| a
-                .iter()
-                .filter_map(|c| c.as_str())
-                .collect::<Vec<_>>()
-                .join(", "))
-            .unwrap_or_default()
-    );
+    out.print(&v, |v| {
+        println!(
+            "deployed {tenant}/{app} ({}, sha256 {}), classes: {}",
+            output::bytes(v["component_bytes"].as_u64().unwrap_or(0)),
+            v["hash"].as_str().unwrap_or("?"),
+            strings(&v["classes"]).join(", ")
+        )
+    });
     Ok(())
+}
+
+/// The strings of a JSON array (none if it is not one).
+fn strings(v: &Value) -> Vec<&str> {
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect()
 }
 
 /// `wasmkeep secret set|delete|list TENANT/APP [NAME]`; `set` reads the
 /// value from standard input (a trailing newline is dropped), so that it
 /// never appears in a shell's history or the process list.
-pub fn secret(conn: &Conn, action: &str, target: &str, name: Option<&str>) -> Result<()> {
+pub fn secret(
+    conn: &Conn,
+    out: Output,
+    action: &str,
+    target: &str,
+    name: Option<&str>,
+) -> Result<()> {
     let [tenant, app] = split::<2>(target, "tenant/app")?;
     let base = format!("/admin/v1/apps/{}/{}/secrets", enc(&tenant), enc(&app));
     let named = || {
@@ -120,8 +176,29 @@ pub fn secret(conn: &Conn, action: &str, target: &str, name: Option<&str>) -> Re
             }
             println!("set {tenant}/{app} secret {}", name.unwrap_or_default());
         }
-        "delete" => print(&conn.json("DELETE", &named()?, None)?),
-        "list" => print(&conn.json("GET", &base, None)?),
+        "delete" => {
+            let v = conn.json("DELETE", &named()?, None)?;
+            out.print(&v, |v| {
+                let what = if v["deleted"] == true {
+                    "deleted"
+                } else {
+                    "had no"
+                };
+                println!("{what} {tenant}/{app} secret {}", name.unwrap_or_default())
+            });
+        }
+        "list" => {
+            let v = conn.json("GET", &base, None)?;
+            out.print(&v, |v| {
+                let names = strings(&v["names"]);
+                if names.is_empty() {
+                    println!("(no secrets)");
+                }
+                for n in names {
+                    println!("{n}");
+                }
+            });
+        }
         other => anyhow::bail!("unknown action `{other}`: set, delete or list"),
     }
     Ok(())
@@ -142,7 +219,13 @@ pub fn call(conn: &Conn, target: &str, method: &str, data: Option<String>) -> Re
     Ok(())
 }
 
-pub fn actors(conn: &Conn, target: &str, after: Option<String>, limit: usize) -> Result<()> {
+pub fn actors(
+    conn: &Conn,
+    out: Output,
+    target: &str,
+    after: Option<String>,
+    limit: usize,
+) -> Result<()> {
     let [t, a, c] = split::<3>(target, "tenant/app/class")?;
     let mut path = format!(
         "/admin/v1/actors/{}/{}/{}?limit={limit}",
@@ -154,16 +237,31 @@ pub fn actors(conn: &Conn, target: &str, after: Option<String>, limit: usize) ->
         path.push_str(&format!("&after={}", enc(&after)));
     }
     let v = conn.json("GET", &path, None)?;
-    for name in v["actors"].as_array().into_iter().flatten() {
-        println!("{}", name.as_str().unwrap_or_default());
-    }
-    if let Some(next) = v["next"].as_str() {
-        eprintln!("(more: --after {next:?})");
-    }
+    out.print(&v, |v| {
+        for name in strings(&v["actors"]) {
+            println!("{name}");
+        }
+        if let Some(next) = v["next"].as_str() {
+            eprintln!("(more: --after {next:?})");
+        }
+    });
     Ok(())
 }
 
-pub fn inspect(conn: &Conn, target: &str, sql: Option<String>, tables: bool) -> Result<()> {
+/// What `inspect` shows besides the actor's summary.
+pub enum InspectWhat {
+    Summary,
+    Sql(String),
+    Tables,
+    /// The actor's key-value pairs (`kv.*`), keys from `prefix`, at most
+    /// `limit`.
+    Kv {
+        prefix: String,
+        limit: usize,
+    },
+}
+
+pub fn inspect(conn: &Conn, out: Output, target: &str, what: InspectWhat) -> Result<()> {
     let [t, a, c, n] = split::<4>(target, "tenant/app/class/name")?;
     let base = format!(
         "/admin/v1/actors/{}/{}/{}/{}",
@@ -172,75 +270,267 @@ pub fn inspect(conn: &Conn, target: &str, sql: Option<String>, tables: bool) -> 
         enc(&c),
         enc(&n)
     );
-    let sql = if tables {
-        Some("SELECT type, name, sql FROM sqlite_schema ORDER BY name".to_string())
-    } else {
-        sql
+    let sql = match what {
+        InspectWhat::Summary => {
+            let v = conn.json("GET", &base, None)?;
+            out.print(&v, print_actor);
+            return Ok(());
+        }
+        InspectWhat::Sql(sql) => sql,
+        InspectWhat::Tables => "SELECT type, name, sql FROM sqlite_schema ORDER BY name".into(),
+        // Keys are stored as the UTF-8 bytes of the SDK's string keys;
+        // the prefix is matched on those bytes.
+        InspectWhat::Kv { prefix, limit } => format!(
+            "SELECT key, value FROM _wasmkeep_kv WHERE substr(key, 1, {}) = x'{}' \
+             ORDER BY key LIMIT {limit}",
+            prefix.len(),
+            hex::encode(prefix.as_bytes())
+        ),
     };
-    match sql {
-        None => print(&conn.json("GET", &base, None)?),
-        Some(sql) => {
-            let v = conn.json("POST", &format!("{base}/sql"), Some(sql.into_bytes()))?;
-            let cols: Vec<&str> = v["columns"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|c| c.as_str())
-                .collect();
-            println!("{}", cols.join("\t"));
-            for row in v["rows"].as_array().into_iter().flatten() {
-                let cells: Vec<String> = row
-                    .as_array()
+    let v = conn.json("POST", &format!("{base}/sql"), Some(sql.into_bytes()))?;
+    out.print(&v, |v| {
+        let mut rows = vec![
+            strings(&v["columns"])
+                .iter()
+                .map(|c| c.to_uppercase())
+                .collect(),
+        ];
+        for row in v["rows"].as_array().into_iter().flatten() {
+            rows.push(
+                row.as_array()
                     .into_iter()
                     .flatten()
-                    .map(|c| match c {
-                        Value::String(s) => s.clone(),
-                        other => other.to_string(),
-                    })
-                    .collect();
-                println!("{}", cells.join("\t"));
-            }
+                    .map(output::cell)
+                    .collect(),
+            );
         }
-    }
+        output::table(&rows);
+        if rows.len() == 1 {
+            println!("(no rows)");
+        }
+    });
     Ok(())
 }
 
-pub fn alarms(conn: &Conn, tenant: &str, limit: usize) -> Result<()> {
+/// An actor's summary, one field a line.
+fn print_actor(v: &Value) {
+    let mut rows: Vec<Vec<String>> = Vec::new();
+    let mut row = |k: &str, val: String| rows.push(vec![k.to_owned(), val]);
+    row(
+        "actor",
+        format!(
+            "{}/{}/{}/{}",
+            v["tenant"].as_str().unwrap_or("?"),
+            v["app"].as_str().unwrap_or("?"),
+            v["class"].as_str().unwrap_or("?"),
+            v["name"].as_str().unwrap_or("?")
+        ),
+    );
+    let active = if v["active"] == true {
+        "yes (in memory)"
+    } else {
+        "no (on disk only)"
+    };
+    row("active", active.into());
+    row(
+        "database",
+        output::bytes(v["database_bytes"].as_u64().unwrap_or(0)),
+    );
+    let written = v["last_write_ms"]
+        .as_u64()
+        .map_or("never".into(), output::time);
+    row("last write", written);
+    let alarm = match v["alarm_ms"].as_u64() {
+        None => "none".into(),
+        Some(at) => match v["alarm_retry_count"].as_u64().unwrap_or(0) {
+            0 => output::time(at),
+            r => format!("{} (retry {r} after failures)", output::time(at)),
+        },
+    };
+    row("alarm", alarm);
+    if let Some(m) = v["sqlite_memory"].as_object() {
+        let part = |k: &str| output::bytes(m.get(k).and_then(Value::as_u64).unwrap_or(0));
+        row(
+            "sqlite memory",
+            format!(
+                "cache {}, schema {}, statements {}, WAL index {}",
+                part("cache_bytes"),
+                part("schema_bytes"),
+                part("statement_bytes"),
+                part("wal_index_bytes")
+            ),
+        );
+    }
+    for (key, label) in [
+        ("alarm_indexed", "alarm index"),
+        ("owner_fence", "owner fence"),
+    ] {
+        if let Some(s) = v[key].as_str() {
+            row(label, s.to_owned());
+        }
+    }
+    output::table(&rows);
+}
+
+pub fn alarms(conn: &Conn, out: Output, tenant: &str, limit: usize) -> Result<()> {
     let v = conn.json(
         "GET",
         &format!("/admin/v1/alarms/{}?limit={limit}", enc(tenant)),
         None,
     )?;
-    for a in v["alarms"].as_array().into_iter().flatten() {
-        println!(
-            "{}\t{}/{}/{}",
-            a["alarm_ms"],
-            a["app"].as_str().unwrap_or(""),
-            a["class"].as_str().unwrap_or(""),
-            a["name"].as_str().unwrap_or("")
-        );
-    }
-    // A cluster node: the bucket's index, which every node's sweep reads.
-    if let Some(index) = v["index"].as_array() {
-        println!("# the bucket's index: due_ms app/class/name generation nonce");
-        for e in index {
-            println!(
-                "{}\t{}/{}/{}\t{}\t{}",
-                e["due_ms"],
-                e["app"].as_str().unwrap_or("(tenant-wide)"),
-                e["class"].as_str().unwrap_or(""),
-                e["name"].as_str().unwrap_or(""),
-                e["generation"],
-                e["nonce"].as_str().unwrap_or("-")
-            );
+    out.print(&v, |v| {
+        let alarms = v["alarms"].as_array().cloned().unwrap_or_default();
+        if alarms.is_empty() {
+            println!("(no pending alarms)");
+        } else {
+            let mut rows = vec![vec!["DUE".to_owned(), "ACTOR".to_owned()]];
+            for a in &alarms {
+                rows.push(vec![
+                    a["alarm_ms"].as_u64().map_or("?".into(), output::time),
+                    format!(
+                        "{}/{}/{}",
+                        a["app"].as_str().unwrap_or(""),
+                        a["class"].as_str().unwrap_or(""),
+                        a["name"].as_str().unwrap_or("")
+                    ),
+                ]);
+            }
+            output::table(&rows);
         }
+        // A cluster node: the bucket's index, which every node's sweep reads.
+        if let Some(index) = v["index"].as_array() {
+            println!();
+            println!("the bucket's alarm index:");
+            let mut rows = vec![vec![
+                "DUE".to_owned(),
+                "ACTOR".to_owned(),
+                "GENERATION".to_owned(),
+                "NONCE".to_owned(),
+            ]];
+            for e in index {
+                rows.push(vec![
+                    e["due_ms"].as_u64().map_or("?".into(), output::time),
+                    format!(
+                        "{}/{}/{}",
+                        e["app"].as_str().unwrap_or("(tenant-wide)"),
+                        e["class"].as_str().unwrap_or(""),
+                        e["name"].as_str().unwrap_or("")
+                    ),
+                    e["generation"].to_string(),
+                    e["nonce"].as_str().unwrap_or("-").to_owned(),
+                ]);
+            }
+            output::table(&rows);
+        }
+    });
+    Ok(())
+}
+
+pub fn apps(conn: &Conn, out: Output) -> Result<()> {
+    let v = conn.json("GET", "/admin/v1/apps", None)?;
+    out.print(&v, |v| {
+        let apps = v["apps"].as_array().cloned().unwrap_or_default();
+        if apps.is_empty() {
+            println!("(no apps deployed)");
+            return;
+        }
+        let mut rows = vec![vec![
+            "APP".to_owned(),
+            "CLASSES".to_owned(),
+            "SIZE".to_owned(),
+            "DEPLOYED".to_owned(),
+            "SHA256".to_owned(),
+        ]];
+        for a in &apps {
+            rows.push(vec![
+                format!(
+                    "{}/{}",
+                    a["tenant"].as_str().unwrap_or("?"),
+                    a["app"].as_str().unwrap_or("?")
+                ),
+                strings(&a["classes"]).join(", "),
+                output::bytes(a["component_bytes"].as_u64().unwrap_or(0)),
+                a["deployed_ms"].as_u64().map_or("?".into(), output::time),
+                a["hash"].as_str().unwrap_or("?").chars().take(12).collect(),
+            ]);
+        }
+        output::table(&rows);
+    });
+    Ok(())
+}
+
+/// `wasmkeep logs SCOPE`: the node's kept lines about a tenant, app, class
+/// or actor, then, with `follow`, each new one as it comes (until the node
+/// stops or Ctrl-C). One line each: time (UTC), level, actor, message;
+/// `--json` prints the node's NDJSON as it is.
+pub fn logs(
+    conn: &Conn,
+    out: Output,
+    scope: &str,
+    follow: bool,
+    level: &str,
+    lines: usize,
+) -> Result<()> {
+    let parts: Vec<&str> = scope.splitn(4, '/').collect();
+    if parts.iter().any(|p| p.is_empty()) {
+        bail!("expected TENANT[/APP[/CLASS[/NAME]]], got `{scope}`");
+    }
+    let path: Vec<String> = parts.iter().map(|p| enc(p)).collect();
+    let url = format!(
+        "/admin/v1/logs/{}?follow={follow}&level={}&lines={lines}",
+        path.join("/"),
+        enc(level)
+    );
+    let mut req = ureq::http::Request::builder()
+        .method("GET")
+        .uri(conn.url(&url));
+    if let Some(t) = &conn.token {
+        req = req.header("authorization", format!("Bearer {t}"));
+    }
+    let mut resp = agent()
+        .run(req.body(Vec::new())?)
+        .with_context(|| format!("GET {}", conn.url(&url)))?;
+    let status = resp.status().as_u16();
+    if status != 200 {
+        let body = resp.body_mut().with_config().limit(1 << 20).read_to_vec()?;
+        return Err(api_error(status, &body));
+    }
+    let reader = std::io::BufReader::new(resp.into_body().into_reader());
+    use std::io::{BufRead, Write};
+    let mut stdout = std::io::stdout();
+    for line in reader.lines() {
+        let line = line.context("read the node's log stream")?;
+        if line.is_empty() {
+            continue; // a heartbeat
+        }
+        if out.json {
+            writeln!(stdout, "{line}")?;
+        } else {
+            let v: Value = serde_json::from_str(&line)
+                .with_context(|| format!("a log line that is not JSON: {line}"))?;
+            writeln!(stdout, "{}", log_line(&v))?;
+        }
+        stdout.flush()?;
     }
     Ok(())
 }
 
-pub fn apps(conn: &Conn) -> Result<()> {
-    print(&conn.json("GET", "/admin/v1/apps", None)?);
-    Ok(())
+/// One NDJSON log line for a person.
+pub fn log_line(v: &Value) -> String {
+    if let Some(n) = v["missed"].as_u64() {
+        return format!("(missed {n} lines: this reader fell behind)");
+    }
+    let a = &v["actor"];
+    format!(
+        "{} {:<5} {}/{}/{}/{}  {}",
+        output::clock(v["at_ms"].as_u64().unwrap_or(0)),
+        v["level"].as_str().unwrap_or("?").to_uppercase(),
+        a["tenant"].as_str().unwrap_or("?"),
+        a["app"].as_str().unwrap_or("?"),
+        a["class"].as_str().unwrap_or("?"),
+        a["name"].as_str().unwrap_or("?"),
+        output::printable(v["message"].as_str().unwrap_or(""))
+    )
 }
 
 /// How long `cluster` waits for another node's `/admin/v1/node` (its held
@@ -251,10 +541,14 @@ const PEER_TIMEOUT_MS: u64 = 2_000;
 /// node. Held actors are the answering node's own count; for the others
 /// the CLI asks each node's `/admin/v1/node` itself (with the same token,
 /// within [`PEER_TIMEOUT_MS`]; `?` if it does not answer).
-pub fn cluster(conn: &Conn) -> Result<()> {
+pub fn cluster(conn: &Conn, out: Output) -> Result<()> {
     let v = conn
         .json("GET", "/admin/v1/cluster", None)
         .context("read the cluster view")?;
+    if out.json {
+        out.print(&v, |_| {});
+        return Ok(());
+    }
     let nodes = v["nodes"].as_array().cloned().unwrap_or_default();
     let mut rows = vec![[
         "NODE".to_owned(),
@@ -285,17 +579,8 @@ pub fn cluster(conn: &Conn) -> Result<()> {
             held,
         ]);
     }
-    let widths: Vec<usize> = (0..6)
-        .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
-        .collect();
-    for row in &rows {
-        let cells: Vec<String> = row
-            .iter()
-            .zip(&widths)
-            .map(|(c, w)| format!("{c:<w$}"))
-            .collect();
-        println!("{}", cells.join("  ").trim_end());
-    }
+    let rows: Vec<Vec<String>> = rows.into_iter().map(Vec::from).collect();
+    output::table(&rows);
     let mut notes = vec![format!("{} live", nodes.len())];
     for (key, what) in [("not_live", "not live"), ("unreadable", "unreadable")] {
         if let Some(k) = v[key].as_u64().filter(|k| *k > 0) {

@@ -137,6 +137,17 @@ pub struct NodeConfig {
     pub socket_message_bytes_max: usize,
     pub socket_send_buffer_bytes_max: usize,
     pub socket_idle_ms: u64,
+    /// One line per actor request in the node's log (`wasmkeep::access`).
+    pub access_log: bool,
+    pub failed_request_log_per_s: u64,
+    /// The recent lines `wasmkeep logs` can read (issue 22).
+    pub log_buffer_lines: usize,
+    pub log_buffer_bytes: usize,
+    pub log_followers_max: usize,
+    /// Label sets of `wasmkeep_class_*` in `/metrics`, and how often the
+    /// data folder is walked for their disk sizes.
+    pub metrics_classes_max: usize,
+    pub metrics_census_ms: u64,
     /// A table (`[app_limit_ceilings]`), so last: the highest value an
     /// app's manifest may give each of its `[limits]`.
     pub app_limit_ceilings: AppLimits,
@@ -242,6 +253,13 @@ impl Default for NodeConfig {
             socket_message_bytes_max: rt.sockets.message_bytes_max,
             socket_send_buffer_bytes_max: rt.sockets.send_buffer_bytes_max,
             socket_idle_ms: rt.sockets.idle_ms,
+            access_log: server.access_log,
+            failed_request_log_per_s: server.failed_request_log_per_s,
+            log_buffer_lines: rt.logs.lines_max,
+            log_buffer_bytes: rt.logs.bytes_max,
+            log_followers_max: rt.logs.followers_max,
+            metrics_classes_max: rt.metrics_classes_max,
+            metrics_census_ms: rt.metrics_census_ms,
             app_limit_ceilings: rt.app_limit_ceilings.clone(),
         }
     }
@@ -344,6 +362,11 @@ impl NodeConfig {
         c.sockets.message_bytes_max = self.socket_message_bytes_max;
         c.sockets.send_buffer_bytes_max = self.socket_send_buffer_bytes_max;
         c.sockets.idle_ms = self.socket_idle_ms;
+        c.logs.lines_max = self.log_buffer_lines;
+        c.logs.bytes_max = self.log_buffer_bytes;
+        c.logs.followers_max = self.log_followers_max;
+        c.metrics_classes_max = self.metrics_classes_max;
+        c.metrics_census_ms = self.metrics_census_ms;
         c
     }
 
@@ -368,6 +391,8 @@ impl NodeConfig {
             shutdown_drain_ms: self.shutdown_drain_ms,
             unsafe_rules: Default::default(),
             cluster: None,
+            access_log: self.access_log,
+            failed_request_log_per_s: self.failed_request_log_per_s,
         }
     }
 

@@ -7,6 +7,9 @@
 mod bucket;
 mod client;
 mod config;
+mod dev;
+mod output;
+mod scaffold;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -50,7 +53,8 @@ enum Command {
         target: String,
         /// The component (built for wasm32-wasip2).
         component: PathBuf,
-        /// The app's TOML manifest.
+        /// The app's TOML manifest (default: none; every limit at the
+        /// node's default).
         #[arg(long)]
         manifest: Option<PathBuf>,
     },
@@ -61,9 +65,10 @@ enum Command {
         /// `tenant/app/class/name[/path][?query]`; percent-encode a name
         /// that contains `/` (`a%2Fb`).
         target: String,
+        /// The HTTP method.
         #[arg(short = 'X', long, default_value = "GET")]
         method: String,
-        /// Request body.
+        /// Request body (default: none).
         #[arg(short, long)]
         data: Option<String>,
     },
@@ -73,8 +78,11 @@ enum Command {
         conn: client::Conn,
         /// `tenant/app/class`
         target: String,
+        /// Start after this name (the `--after` a truncated listing
+        /// printed; default: from the first).
         #[arg(long)]
         after: Option<String>,
+        /// At most this many names.
         #[arg(long, default_value_t = 100)]
         limit: usize,
     },
@@ -84,21 +92,60 @@ enum Command {
         conn: client::Conn,
         /// `tenant/app/class/name`
         target: String,
-        /// A read-only statement; internal tables are visible here.
-        #[arg(long)]
+        /// A read-only statement; internal tables are visible here
+        /// [default: none: the actor's summary].
+        #[arg(long, conflicts_with_all = ["tables", "kv"])]
         sql: Option<String>,
         /// List the actor's tables.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "kv")]
         tables: bool,
+        /// List the actor's key-value pairs (`kv.*`), values as text where
+        /// they are UTF-8, `x'…'` hex otherwise.
+        #[arg(long)]
+        kv: bool,
+        /// With `--kv`: only keys that start with this (default: all).
+        #[arg(long, requires = "kv", default_value = "")]
+        prefix: String,
+        /// With `--kv`: at most this many pairs, in key order.
+        #[arg(long, requires = "kv", default_value_t = 100)]
+        limit: usize,
     },
     /// List a tenant's pending alarms, earliest first.
     Alarms {
         #[command(flatten)]
         conn: client::Conn,
         tenant: String,
+        /// At most this many alarms.
         #[arg(long, default_value_t = 100)]
         limit: usize,
     },
+    /// Print a node's recent log lines about a tenant, app, class or actor
+    /// (the actor's own lines, failed alarms and requests, and access lines
+    /// when the access log is on), and with `--follow` each new one.
+    Logs {
+        #[command(flatten)]
+        conn: client::Conn,
+        /// `tenant[/app[/class[/name]]]`; percent-encode a name that
+        /// contains `/`.
+        scope: String,
+        /// Keep printing new lines as they come, until Ctrl-C or the node
+        /// stops.
+        #[arg(short, long)]
+        follow: bool,
+        /// The lowest level shown: trace, debug, info, warn or error.
+        #[arg(long, default_value = "info")]
+        level: String,
+        /// How many of the kept lines to print first.
+        #[arg(long, default_value_t = 100)]
+        lines: usize,
+    },
+    /// Make a new actor crate in `./NAME`: Cargo.toml, src/lib.rs (a
+    /// counter with an alarm), a test with the test kit, .gitignore.
+    New(scaffold::NewArgs),
+    /// Run a node for one actor crate and keep it deployed: build, deploy,
+    /// then rebuild and redeploy on every saved change, printing each
+    /// request and the actor's log lines.
+    Dev(dev::DevArgs),
     /// Set, remove or list an app's secrets on a node (ADR 0041):
     /// `wasmkeep secret set acme/shop API_KEY` reads the value from stdin.
     Secret {
@@ -125,7 +172,8 @@ enum Command {
     /// Write an actor's database, as the bucket holds it, to a plain SQLite
     /// file: `wasmkeep export --bucket s3://b/p demo/examples/counter/a -o a.db`.
     Export {
-        /// `s3://bucket/prefix` (AWS_* environment) or `file:///path`.
+        /// `s3://bucket/prefix` (AWS_* environment) or `file:///path`
+        /// (required, here or in WASMKEEP_BUCKET).
         #[arg(long, env = "WASMKEEP_BUCKET")]
         bucket: String,
         /// `tenant/app/class/name`; percent-encode a name that contains `/`.
@@ -134,27 +182,31 @@ enum Command {
         /// (`1764471600000ms`) or an RFC 3339 time; default: the latest.
         #[arg(long)]
         at: Option<String>,
-        /// The file to write (must not exist).
+        /// The file to write (required; it must not exist).
         #[arg(short, long)]
         output: PathBuf,
     },
     /// Make a SQLite file an actor's latest state in the bucket (a node
     /// holding the actor restores it on its next upload).
     Restore {
+        /// The bucket, as for `export` (required, here or in
+        /// WASMKEEP_BUCKET).
         #[arg(long, env = "WASMKEEP_BUCKET")]
         bucket: String,
         /// `tenant/app/class/name`
         target: String,
-        /// The SQLite file (for example one `export` wrote).
+        /// The SQLite file (required; for example one `export` wrote).
         #[arg(short, long)]
         input: PathBuf,
     },
     /// Upload every actor of a (stopped) node's data folder that the bucket
     /// does not hold yet, as the first entry of its chain.
     Upload {
+        /// The bucket, as for `export` (required, here or in
+        /// WASMKEEP_BUCKET).
         #[arg(long, env = "WASMKEEP_BUCKET")]
         bucket: String,
-        /// The node's data folder.
+        /// The node's data folder (required).
         #[arg(long)]
         data: PathBuf,
     },
@@ -165,19 +217,23 @@ enum Command {
 
 #[derive(clap::Args)]
 struct ServeArgs {
-    /// Data directory (actors' databases, deployed apps).
+    /// Data directory (actors' databases, deployed apps) [default:
+    /// ./wasmkeep-data, or the config file's `data`].
     #[arg(long)]
     data: Option<PathBuf>,
-    /// Address to listen on.
+    /// Address to listen on [default: 127.0.0.1:8080, or the config
+    /// file's `listen`].
     #[arg(long)]
     listen: Option<std::net::SocketAddr>,
-    /// A TOML configuration file (see the README's table).
+    /// A TOML configuration file (see the README's table) [default: none,
+    /// every setting at its default].
     #[arg(long)]
     config: Option<PathBuf>,
     /// Also deploy the bundled examples as tenant `demo`, app `examples`.
     #[arg(long)]
     examples: bool,
-    /// `fsync` (default) or `process`.
+    /// `fsync` or `process` [default: fsync, or the config file's
+    /// `durability`].
     #[arg(long, value_parser = parse_durability)]
     durability: Option<Durability>,
     /// Allow a non-loopback address without an admin token: actors are then
@@ -185,21 +241,23 @@ struct ServeArgs {
     /// loopback peers.
     #[arg(long)]
     insecure: bool,
-    /// Token for the admin API.
+    /// Token for the admin API [default: none: the admin API answers
+    /// loopback peers only].
     #[arg(long, env = "WASMKEEP_ADMIN_TOKEN", hide_env_values = true)]
     admin_token: Option<String>,
     /// Replicate every actor to this bucket: `s3://bucket/prefix` (endpoint,
     /// region and credentials from AWS_ENDPOINT_URL, AWS_REGION,
     /// AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ALLOW_HTTP) or
-    /// `file:///path`.
+    /// `file:///path` [default: none: no replication].
     #[arg(long, env = "WASMKEEP_BUCKET")]
     bucket: Option<String>,
     /// Join the cluster on `--bucket`, reachable by other nodes at this
-    /// address (`http://HOST:PORT`). Without it `--bucket` only replicates.
+    /// address (`http://HOST:PORT`). Without it (the default) `--bucket`
+    /// only replicates.
     #[arg(long)]
     advertise: Option<String>,
     /// The secret every node of the cluster shares (needed when listening
-    /// beyond loopback).
+    /// beyond loopback) [default: none].
     #[arg(long, env = "WASMKEEP_CLUSTER_TOKEN", hide_env_values = true)]
     cluster_token: Option<String>,
 }
@@ -235,6 +293,7 @@ fn run() -> Result<()> {
         std::process::exit(wasmkeep_runtime::compile_process::worker_main(&args[2..]));
     }
     let cli = Cli::parse();
+    let out = |conn: &client::Conn| output::Output { json: conn.json };
     match cli.command {
         Command::Serve(args) => serve(args),
         Command::Deploy {
@@ -242,7 +301,7 @@ fn run() -> Result<()> {
             target,
             component,
             manifest,
-        } => client::deploy(&conn, &target, &component, manifest.as_deref()),
+        } => client::deploy(&conn, out(&conn), &target, &component, manifest.as_deref()),
         Command::Call {
             conn,
             target,
@@ -254,26 +313,47 @@ fn run() -> Result<()> {
             target,
             after,
             limit,
-        } => client::actors(&conn, &target, after, limit),
+        } => client::actors(&conn, out(&conn), &target, after, limit),
         Command::Inspect {
             conn,
             target,
             sql,
             tables,
-        } => client::inspect(&conn, &target, sql, tables),
+            kv,
+            prefix,
+            limit,
+        } => {
+            use client::InspectWhat;
+            let what = match (sql, tables, kv) {
+                (Some(sql), _, _) => InspectWhat::Sql(sql),
+                (None, true, _) => InspectWhat::Tables,
+                (None, false, true) => InspectWhat::Kv { prefix, limit },
+                (None, false, false) => InspectWhat::Summary,
+            };
+            client::inspect(&conn, out(&conn), &target, what)
+        }
         Command::Alarms {
             conn,
             tenant,
             limit,
-        } => client::alarms(&conn, &tenant, limit),
-        Command::Apps { conn } => client::apps(&conn),
+        } => client::alarms(&conn, out(&conn), &tenant, limit),
+        Command::Logs {
+            conn,
+            scope,
+            follow,
+            level,
+            lines,
+        } => client::logs(&conn, out(&conn), &scope, follow, &level, lines),
+        Command::New(args) => scaffold::new(args),
+        Command::Dev(args) => dev::run(args),
+        Command::Apps { conn } => client::apps(&conn, out(&conn)),
         Command::Secret {
             conn,
             action,
             target,
             name,
-        } => client::secret(&conn, &action, &target, name.as_deref()),
-        Command::Cluster { conn } => client::cluster(&conn),
+        } => client::secret(&conn, out(&conn), &action, &target, name.as_deref()),
+        Command::Cluster { conn } => client::cluster(&conn, out(&conn)),
         Command::Export {
             bucket,
             target,
@@ -290,14 +370,28 @@ fn run() -> Result<()> {
     }
 }
 
-fn serve(args: ServeArgs) -> Result<()> {
+/// The node's log on stderr: `WASMKEEP_LOG` (an `EnvFilter`) or
+/// `default`; colours only when stderr is a terminal and `NO_COLOR` is
+/// unset.
+pub(crate) fn init_tracing(default: &str) {
+    use std::io::IsTerminal;
+    let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("WASMKEEP_LOG")
-                .unwrap_or_else(|_| "info,cranelift=warn,wasmtime=warn".into()),
+                .unwrap_or_else(|_| default.into()),
         )
+        .with_ansi(colour)
         .with_writer(std::io::stderr)
         .init();
+}
+
+/// Called once the node listens, with its runtime and address (`dev`
+/// starts its build loop there).
+pub(crate) type OnListening = Box<dyn FnOnce(Runtime, std::net::SocketAddr) + Send>;
+
+fn serve(args: ServeArgs) -> Result<()> {
+    init_tracing("info,cranelift=warn,wasmtime=warn");
     let mut cfg = match &args.config {
         Some(p) => NodeConfig::load(p)?,
         None => NodeConfig::default(),
@@ -326,6 +420,15 @@ fn serve(args: ServeArgs) -> Result<()> {
     if args.cluster_token.is_some() {
         cfg.cluster_token = args.cluster_token;
     }
+    run_node(cfg, args.examples, None)
+}
+
+/// Runs a node with `cfg` until SIGTERM or Ctrl-C.
+pub(crate) fn run_node(
+    cfg: NodeConfig,
+    examples: bool,
+    on_listening: Option<OnListening>,
+) -> Result<()> {
     cfg.check_exposure()?;
     let cluster = cfg.cluster()?;
     // Rules a test-faults build was asked to switch off (none otherwise),
@@ -353,7 +456,7 @@ fn serve(args: ServeArgs) -> Result<()> {
     let bucket = rc.bucket.clone();
     let rt = Runtime::start(rc, Arc::new(SystemClock))
         .with_context(|| format!("start the runtime on {}", cfg.data.display()))?;
-    let examples = if args.examples {
+    let examples = if examples {
         let info = rt
             .deploy("demo", "examples", wasmkeep_guests::DEMO, "")
             .context("deploy the bundled examples")?;
@@ -399,14 +502,20 @@ fn serve(args: ServeArgs) -> Result<()> {
             _ => None,
         };
         println!(
-            "wasmkeep {} listening on {base} (data: {}, durability: {:?}, bucket: {})",
+            "wasmkeep {} listening on {base} (data: {}, durability: {}, bucket: {})",
             env!("CARGO_PKG_VERSION"),
             cfg.data.display(),
-            cfg.durability,
+            match cfg.durability {
+                Durability::Fsync => "fsync",
+                Durability::Process => "process",
+            },
             cfg.bucket.as_deref().unwrap_or("none")
         );
         if let Some(classes) = examples {
             print_examples(addr, &classes);
+        }
+        if let Some(hook) = on_listening {
+            hook(rt.clone(), addr);
         }
         use std::io::Write;
         std::io::stdout().flush()?;
@@ -472,15 +581,21 @@ fn serve(args: ServeArgs) -> Result<()> {
     Ok(())
 }
 
-/// Prints what to try on the bundled examples. The commands go through
-/// loopback: without an admin token the admin API answers nothing else
-/// (and no `Host` but a loopback one), and 0.0.0.0 is no address to send to.
-fn print_examples(addr: std::net::SocketAddr, classes: &[String]) {
+/// The URL to reach a node listening on `addr` from this machine: through
+/// loopback, since without an admin token the admin API answers nothing
+/// else (and no `Host` but a loopback one), and 0.0.0.0 is no address to
+/// send to.
+pub(crate) fn local_base(addr: std::net::SocketAddr) -> String {
     let mut local = addr;
     if local.ip().is_unspecified() {
         local.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
     }
-    let base = format!("http://{local}");
+    format!("http://{local}")
+}
+
+/// Prints what to try on the bundled examples.
+fn print_examples(addr: std::net::SocketAddr, classes: &[String]) {
+    let base = local_base(addr);
     println!(
         "examples deployed as demo/examples (classes: {}). Try:",
         classes.join(", ")

@@ -46,6 +46,18 @@ fn typos_are_errors_with_their_code_in_one_line() {
         );
         assert!(stderr.starts_with("error: "), "{stderr}");
     }
+    // A hint, on the same line.
+    let (_, _, stderr) = cli(&node, &["actors", "demo/exampels/counter"]);
+    assert!(stderr.contains("(hint: `wasmkeep apps` lists"), "{stderr}");
+    // No node there: one line that says so, with a hint.
+    let out = Command::new(env!("CARGO_BIN_EXE_wasmkeep"))
+        .args(["apps", "--server", "http://127.0.0.1:9"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("is a node running there?"), "{stderr}");
     // The right spellings still answer.
     let (status, _, stderr) = cli(&node, &["actors", "demo/examples/counter"]);
     assert_eq!(status, 0, "{stderr}");

@@ -1,0 +1,209 @@
+//! `wasmkeep new` then `wasmkeep dev` as a new user runs them (issue 22):
+//! the scaffold builds on the first try, `dev` serves it with an access
+//! line per request and the actor's log lines inline, a saved change is
+//! served within a bound, and a change that does not build leaves the last
+//! good deploy serving.
+//!
+//! The scaffold's component builds into `target/dev-loop-test` of this
+//! workspace (through `CARGO_TARGET_DIR`), kept between runs, so only the
+//! first run pays for compiling the SDK.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// How long a rebuild and redeploy of the scaffold may take before the
+/// test says the watch loop failed (a cold first build takes longer and is
+/// waited for apart).
+const RELOAD_BOUND: Duration = Duration::from_secs(240);
+const FIRST_BUILD_BOUND: Duration = Duration::from_secs(900);
+
+fn target_dir() -> PathBuf {
+    // tests/ → crates/wasmkeep → crates → the workspace root.
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../target/dev-loop-test")
+        .to_path_buf()
+}
+
+struct Dev {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Dev {
+    fn wait_for(&mut self, what: &str, bound: Duration, pred: impl Fn(&str) -> bool) -> String {
+        let end = Instant::now() + bound;
+        while let Some(left) = end.checked_duration_since(Instant::now()) {
+            match self.lines.recv_timeout(left) {
+                Ok(l) => {
+                    self.seen.push(l.clone());
+                    if pred(&l) {
+                        return l;
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+        panic!(
+            "dev printed no line {what} within {bound:?}; it printed:\n{}",
+            self.seen.join("\n")
+        );
+    }
+}
+
+impl Drop for Dev {
+    fn drop(&mut self) {
+        // SIGTERM: the node stops cleanly and its temporary folder goes.
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+        let _ = self.child.wait();
+    }
+}
+
+fn call(base: &str, method: &str, path: &str) -> (u16, String) {
+    let agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(30)))
+        .build()
+        .new_agent();
+    let req = ureq::http::Request::builder()
+        .method(method)
+        .uri(format!("{base}{path}"))
+        .body(Vec::new())
+        .unwrap();
+    let mut resp = agent.run(req).expect("call the dev node");
+    let status = resp.status().as_u16();
+    (status, resp.body_mut().read_to_string().unwrap_or_default())
+}
+
+#[test]
+fn new_then_dev_serves_logs_and_reloads_a_saved_change() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_wasmkeep"))
+        .args(["new", "tally"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let krate = dir.path().join("tally");
+    for f in [
+        "Cargo.toml",
+        "Cargo.lock",
+        "src/lib.rs",
+        "tests/actor.rs",
+        ".gitignore",
+    ] {
+        assert!(krate.join(f).is_file(), "new wrote {f}");
+    }
+    // A second `new` with the same name refuses, touching nothing.
+    let again = Command::new(env!("CARGO_BIN_EXE_wasmkeep"))
+        .args(["new", "tally"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(again.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&again.stderr).contains("exists already"));
+
+    let mut child = Command::new(env!("CARGO_BIN_EXE_wasmkeep"))
+        .args(["dev", "--listen", "127.0.0.1:0", "--poll-ms", "100"])
+        .current_dir(&krate)
+        .env("CARGO_TARGET_DIR", target_dir())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { return };
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let mut dev = Dev {
+        child,
+        lines: rx,
+        seen: Vec::new(),
+    };
+    let listening = dev.wait_for("saying where it listens", Duration::from_secs(120), |l| {
+        l.contains("listening on ")
+    });
+    let base = listening
+        .split("listening on ")
+        .nth(1)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_owned();
+    dev.wait_for("saying it deployed", FIRST_BUILD_BOUND, |l| {
+        l.starts_with("[dev] deployed dev/tally (classes: counter)")
+    });
+
+    let (status, body) = call(&base, "POST", "/v1/dev/tally/counter/alice/increment");
+    assert_eq!((status, body.as_str()), (200, r#"{"value":1}"#));
+    dev.wait_for("with the actor's log line", Duration::from_secs(30), |l| {
+        l.contains("INFO  dev/tally/counter/alice  counted 1")
+    });
+    dev.wait_for("with the access line", Duration::from_secs(30), |l| {
+        l.contains("dev/tally/counter/alice  POST /v1/dev/tally/counter/alice/increment 200")
+            && l.ends_with(" ms")
+    });
+
+    // A saved change is served within the bound.
+    let lib = krate.join("src/lib.rs");
+    let source = std::fs::read_to_string(&lib).unwrap();
+    let changed = source.replace(r#"format!("counted {n}")"#, r#"format!("tallied {n}")"#);
+    let changed = changed.replace(
+        r#"("GET", "/value") => {"#,
+        r#"("GET", "/version") => Ok(Response::text(200, "2")),
+            ("GET", "/value") => {"#,
+    );
+    assert_ne!(
+        changed, source,
+        "the scaffold's text changed: update this test"
+    );
+    let saved = Instant::now();
+    std::fs::write(&lib, &changed).unwrap();
+    loop {
+        let (status, body) = call(&base, "GET", "/v1/dev/tally/counter/alice/version");
+        if status == 200 && body == "2" {
+            break;
+        }
+        assert!(
+            saved.elapsed() < RELOAD_BOUND,
+            "the change was not served within {RELOAD_BOUND:?}:\n{}",
+            dev.seen.join("\n")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    eprintln!("a saved change was served after {:?}", saved.elapsed());
+    // The actor's data survived the redeploy, and the new code runs.
+    let (_, body) = call(&base, "POST", "/v1/dev/tally/counter/alice/increment");
+    assert_eq!(body, r#"{"value":2}"#);
+    dev.wait_for("with the new log line", Duration::from_secs(30), |l| {
+        l.contains("tallied 2")
+    });
+
+    // A change that does not build: the last good deploy keeps serving.
+    std::fs::write(&lib, format!("{changed}\nthis does not compile")).unwrap();
+    dev.wait_for("about the failed build", RELOAD_BOUND, |l| {
+        l.starts_with("[dev] build failed")
+    });
+    let (status, body) = call(&base, "GET", "/v1/dev/tally/counter/alice/version");
+    assert_eq!(
+        (status, body.as_str()),
+        (200, "2"),
+        "the last good deploy serves"
+    );
+}
