@@ -41,6 +41,18 @@ pub enum At {
     Latest,
 }
 
+impl std::fmt::Display for At {
+    /// As a person reads it: `the latest state`, `seq 42`, `1764471600000 ms
+    /// (unix)`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            At::Latest => f.write_str("the latest state"),
+            At::Seq(n) => write!(f, "seq {n}"),
+            At::TimeMs(t) => write!(f, "{t} ms (unix)"),
+        }
+    }
+}
+
 /// The database file's bytes at `at`, unchecked (see [`export_to_path`]).
 /// `NotRetained` when retention has already dropped that point, or it is
 /// beyond the chain, or the actor had no database then (its state at that
@@ -258,10 +270,17 @@ async fn rebuild_at(
             staged.sync()?;
             Ok((staged.bytes(), key))
         }
-        _ => Err(ReplicaError::NotRetained(format!(
-            "{at:?} for actor=`{}` (reached seq {reached:?})",
-            root.as_str()
-        ))),
+        _ => Err(ReplicaError::NotRetained(match reached {
+            None => format!(
+                "the bucket holds no state of actor {id}: it was never uploaded there, or it \
+                 was deleted"
+            ),
+            Some(r) => format!(
+                "actor {id} has no database at {at} in the bucket: its history there reaches \
+                 seq {r}, retention may have dropped older points, and a deleted life leaves \
+                 none"
+            ),
+        })),
     }
 }
 

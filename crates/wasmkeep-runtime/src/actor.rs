@@ -981,6 +981,10 @@ fn delivered_without_state(
     Ok(Outcome::Delivered(delivered))
 }
 
+/// Failing-alarm warnings written to the node's log per second at most
+/// (the rest are counted in the next one's `left_out`).
+pub const ALARM_FAILURE_LOG_PER_S: u64 = 100;
+
 fn run_alarm(
     rt: &Arc<Inner>,
     l: &mut Loaded,
@@ -1065,7 +1069,11 @@ fn run_alarm(
                 ),
                 None => format!("alarm failed ({failures} failures so far); error: {e}"),
             };
-            tracing::warn!(actor = %id, error = %e, retry_count = state.retry_count, dropped = out.dropped, "alarm failed");
+            // Many failing actors must not flood the node's log: the
+            // warnings are cut to a rate (each actor's own lines are not).
+            if let Some(left_out) = rt.alarm_failure_rate.admit(ALARM_FAILURE_LOG_PER_S) {
+                tracing::warn!(actor = %id, error = %e, retry_count = state.retry_count, dropped = out.dropped, left_out, "alarm failed");
+            }
             use crate::logs::{Level, LogLine, Source};
             rt.logs
                 .push(LogLine::new(now, Level::Warn, Source::Runtime, id, message));

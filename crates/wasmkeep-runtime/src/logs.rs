@@ -111,9 +111,30 @@ pub struct Access {
     pub code: Option<String>,
 }
 
+/// Longest message a line keeps (the rest is cut, marked `…`): a guest's
+/// error message can be megabytes.
+pub const LINE_BYTES_MAX: usize = 4096;
+
+/// `s` cut to at most `max` bytes on a character boundary, marked `…`.
+pub fn clip(s: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    if s.len() <= max {
+        return s.into();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end]).into()
+}
+
 impl LogLine {
-    /// A line to [`LogHub::push`] (which numbers it).
+    /// A line to [`LogHub::push`] (which numbers it); the message is cut
+    /// to [`LINE_BYTES_MAX`].
     pub fn new(at_ms: u64, level: Level, source: Source, actor: ActorId, message: String) -> Self {
+        let message = match clip(&message, LINE_BYTES_MAX) {
+            std::borrow::Cow::Borrowed(_) => message,
+            std::borrow::Cow::Owned(cut) => cut,
+        };
         LogLine {
             seq: 0,
             at_ms,
@@ -179,8 +200,37 @@ impl Default for LogHubLimits {
 }
 
 /// Lines a follower may fall behind before it misses some: the broadcast
-/// channel's capacity.
-pub const FOLLOW_BACKLOG_LINES: usize = 4_096;
+/// channel's capacity, shared by all followers (at most this many lines of
+/// at most [`LINE_BYTES_MAX`] each are held for them).
+pub const FOLLOW_BACKLOG_LINES: usize = 1_024;
+
+/// Cuts lines of one kind to a rate: at most `per_s` in each second of
+/// the node's run; the next line admitted learns how many were left out.
+#[derive(Debug, Default)]
+pub struct RateCut {
+    /// The second (since `start`) the count is for, and the count.
+    window: std::sync::atomic::AtomicU64,
+    in_window: std::sync::atomic::AtomicU64,
+    left_out: std::sync::atomic::AtomicU64,
+    start: std::sync::OnceLock<std::time::Instant>,
+}
+
+impl RateCut {
+    /// `Some(left out before this one)` if a line may be written now.
+    pub fn admit(&self, per_s: u64) -> Option<u64> {
+        let start = *self.start.get_or_init(std::time::Instant::now);
+        let second = start.elapsed().as_secs();
+        if self.window.swap(second, Ordering::Relaxed) != second {
+            self.in_window.store(0, Ordering::Relaxed);
+        }
+        if self.in_window.fetch_add(1, Ordering::Relaxed) < per_s {
+            Some(self.left_out.swap(0, Ordering::Relaxed))
+        } else {
+            self.left_out.fetch_add(1, Ordering::Relaxed);
+            None
+        }
+    }
+}
 
 /// The node's recent lines and its followers.
 pub struct LogHub {
@@ -342,6 +392,32 @@ mod tests {
             class: p.next(),
             name: p.next(),
         }
+    }
+
+    #[test]
+    fn long_messages_are_cut_on_a_character_boundary() {
+        let long = "é".repeat(LINE_BYTES_MAX);
+        let l = LogLine::new(
+            1,
+            Level::Info,
+            Source::Guest,
+            line("t/a/c/n", Level::Info, "").actor,
+            long,
+        );
+        assert!(l.message.len() <= LINE_BYTES_MAX + "…".len());
+        assert!(l.message.ends_with('…'));
+        assert_eq!(clip("short", 10), "short");
+    }
+
+    #[test]
+    fn a_rate_cut_admits_per_second_and_counts_what_it_left_out() {
+        let r = RateCut::default();
+        assert_eq!(r.admit(2), Some(0));
+        assert_eq!(r.admit(2), Some(0));
+        assert_eq!(r.admit(2), None);
+        assert_eq!(r.admit(2), None);
+        std::thread::sleep(std::time::Duration::from_millis(1_050));
+        assert_eq!(r.admit(2), Some(2), "the next line says two were left out");
     }
 
     #[test]

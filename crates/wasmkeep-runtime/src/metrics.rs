@@ -190,6 +190,8 @@ pub struct Metrics {
     /// Clones of the series above under their names, built on the first
     /// encode (after `bucket` is set).
     registry: OnceLock<Registry>,
+    /// The same for `classes` ([`Metrics::encode_classes`]).
+    class_registry: OnceLock<Registry>,
 }
 
 impl Metrics {
@@ -214,6 +216,22 @@ impl Metrics {
         prometheus_client::encoding::text::encode_registry(out, registry)
     }
 
+    /// Appends the series labelled by tenant, app and class (none when the
+    /// node keeps none). Apart from [`Metrics::encode`]: they name tenants,
+    /// so the server shows them only to whoever may use the admin API.
+    pub fn encode_classes(&self, out: &mut String) -> fmt::Result {
+        let Some(classes) = &self.classes else {
+            return Ok(());
+        };
+        let registry = self.class_registry.get_or_init(|| {
+            let mut r = Registry::default();
+            let collector = crate::class_metrics::ClassCollector(Arc::clone(classes));
+            r.register_collector(Box::new(collector));
+            r
+        });
+        prometheus_client::encoding::text::encode_registry(out, registry)
+    }
+
     fn build_registry(&self) -> Registry {
         let mut r = Registry::default();
         self.register_node(&mut r);
@@ -221,11 +239,6 @@ impl Metrics {
         self.register_replication(&mut r);
         if let Some(b) = &self.bucket {
             r.register_collector(Box::new(BucketCollector(Arc::clone(b))));
-        }
-        if let Some(c) = &self.classes {
-            r.register_collector(Box::new(crate::class_metrics::ClassCollector(Arc::clone(
-                c,
-            ))));
         }
         r
     }

@@ -152,10 +152,10 @@ pub struct Inner {
     pub sockets: Arc<crate::sockets::SocketTable>,
     /// Recent log lines about actors, for `wasmkeep logs` (issue 22).
     pub logs: Arc<crate::logs::LogHub>,
+    /// Cuts failing-alarm warnings in the node's log to a rate.
+    pub alarm_failure_rate: crate::logs::RateCut,
     /// Series labelled by tenant, app and class (also in `metrics`).
     pub class_metrics: Arc<crate::class_metrics::ClassMetricsRegistry>,
-    /// When the reaper last walked the data folder for the class census.
-    census_at: Mutex<Option<Instant>>,
 }
 
 /// Whether this node may run an actor's alarms now. A single node always
@@ -380,8 +380,8 @@ impl Runtime {
             secrets: crate::app_config::SecretStore::open(&config_data_dir),
             sockets: Arc::new(crate::sockets::SocketTable::new(socket_limits)),
             logs: Arc::new(crate::logs::LogHub::new(log_limits)),
+            alarm_failure_rate: Default::default(),
             class_metrics,
-            census_at: Mutex::new(None),
             parked: Arc::new(crate::parked::ParkedReplies::new(
                 parked_limits,
                 Arc::clone(&parked_metrics),
@@ -488,6 +488,26 @@ impl Runtime {
                 .spawn(move || closer(rx, weak))
                 .expect("spawn closer");
         }
+        // The class census (disk per class) on a thread of its own: a walk
+        // of a big data folder must not hold up the reaper.
+        let every = self.inner.config.metrics_census_ms;
+        if every > 0 {
+            let weak = Arc::downgrade(&self.inner);
+            std::thread::Builder::new()
+                .name("wasmkeep-census".into())
+                .spawn(move || {
+                    loop {
+                        let Some(rt) = weak.upgrade() else { return };
+                        if rt.stopping.load(Ordering::Relaxed) {
+                            return;
+                        }
+                        rt.census();
+                        drop(rt);
+                        std::thread::sleep(Duration::from_millis(every));
+                    }
+                })
+                .expect("spawn census");
+        }
         let weak = Arc::downgrade(&self.inner);
         std::thread::Builder::new()
             .name("wasmkeep-reaper".into())
@@ -500,7 +520,6 @@ impl Runtime {
                     }
                     rt.reap_idle();
                     rt.sockets.close_idle(rt.clock.now_ms());
-                    rt.census_if_due();
                 }
             })
             .expect("spawn reaper");
@@ -1306,29 +1325,45 @@ impl Inner {
     }
 
     /// Walks the data folder for each class's disk use and actor count
-    /// (`wasmkeep_class_database_bytes`, `wasmkeep_class_actors`) once every
-    /// `metrics_census_ms`, on the reaper's thread. It only reads file
-    /// sizes: no database is opened.
-    fn census_if_due(&self) {
-        let every = self.config.metrics_census_ms;
-        if every == 0 {
-            return;
-        }
-        {
-            let mut at = self.census_at.lock();
-            if at.is_some_and(|t| t.elapsed() < Duration::from_millis(every)) {
-                return;
-            }
-            *at = Some(Instant::now());
-        }
-        let size = |p: &std::path::Path| std::fs::metadata(p).map_or(0, |m| m.len());
+    /// (`wasmkeep_class_database_bytes`, `wasmkeep_class_actors`). It only
+    /// reads file sizes (no database is opened), one directory entry at a
+    /// time: memory stays flat however many actors a class has.
+    fn census(&self) {
         let mut per_class: HashMap<(String, String, String), (u64, u64)> = HashMap::new();
-        for id in all_actors(&self.config.data_dir) {
-            let db = paths::actor_db(&self.config.data_dir, &id);
-            let bytes = size(&db) + size(&db.with_file_name(format!("{}-wal", paths::DB_FILE)));
-            let c = per_class.entry((id.tenant, id.app, id.class)).or_default();
-            c.0 += bytes;
-            c.1 += 1;
+        let subdirs = |p: &std::path::Path| -> Vec<(String, PathBuf)> {
+            std::fs::read_dir(p)
+                .map(|rd| {
+                    rd.flatten()
+                        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                        .filter_map(|e| Some((e.file_name().into_string().ok()?, e.path())))
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        for (tenant, tp) in subdirs(&self.config.data_dir.join("actors")) {
+            for (app, ap) in subdirs(&tp) {
+                for (class, cp) in subdirs(&ap) {
+                    let (mut bytes, mut actors) = (0u64, 0u64);
+                    let mut stack = vec![cp];
+                    while let Some(dir) = stack.pop() {
+                        let Ok(rd) = std::fs::read_dir(&dir) else {
+                            continue;
+                        };
+                        for e in rd.flatten() {
+                            let Ok(meta) = e.metadata() else { continue };
+                            if meta.is_dir() {
+                                stack.push(e.path());
+                            } else {
+                                bytes += meta.len();
+                                if e.file_name() == paths::DB_FILE {
+                                    actors += 1;
+                                }
+                            }
+                        }
+                    }
+                    per_class.insert((tenant.clone(), app.clone(), class), (bytes, actors));
+                }
+            }
         }
         self.class_metrics.set_census(&per_class);
     }

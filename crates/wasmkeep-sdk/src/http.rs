@@ -147,7 +147,8 @@ fn percent_decode(s: &str) -> String {
 /// their size first: at most 256 headers and 256 KiB of them, and a body
 /// of at most `response_body_bytes_max` (32 MiB by default); past either,
 /// the event fails with `response_too_large`. A status that is not a valid
-/// HTTP status, or a 1xx one, fails it with `invalid_response`.
+/// HTTP status, or a 1xx one, is refused by the node after the event
+/// committed (its writes stand): the client gets 500 `invalid_response`.
 ///
 /// ```no_run
 /// use wasmkeep_sdk::Response;

@@ -162,8 +162,10 @@ pub fn list(options: &ListOptions) -> Result<Vec<(String, Vec<u8>)>> {
 /// same in the store's listings as in code, and so that what an actor
 /// stored with `n.to_string()` reads back with `get_as`; the store never
 /// orders values (only keys), so a binary encoding would buy nothing but
-/// a few bytes. Decoding is strict: `get_as::<u64>` of `"12 "`, `"-1"` or
-/// `"1.5"` is an error, not a guess.
+/// a few bytes. Integers decode strictly: `get_as::<u64>` of `"12 "`,
+/// `"+12"`, `"-1"` or `"1.5"` is an error, not a guess. An `f64` decodes
+/// with Rust's own parser, which also takes forms `encode_kv` never
+/// writes (`+1`, `1E5`, `infinity`).
 ///
 /// Implement it for a type of your own to store it the same way:
 ///
@@ -225,7 +227,12 @@ macro_rules! decimal_kv_value {
                     self.to_string().into_bytes()
                 }
                 fn decode_kv(bytes: &[u8]) -> Option<Self> {
-                    std::str::from_utf8(bytes).ok()?.parse().ok()
+                    // Only what `encode_kv` writes: no `+` sign.
+                    let text = std::str::from_utf8(bytes).ok()?;
+                    if text.starts_with('+') {
+                        return None;
+                    }
+                    text.parse().ok()
                 }
             }
         )*
@@ -408,6 +415,8 @@ mod tests {
     #[test]
     fn decoding_is_strict() {
         assert_eq!(u64::decode_kv(b"12 "), None);
+        assert_eq!(u64::decode_kv(b"+12"), None);
+        assert_eq!(i64::decode_kv(b"+12"), None);
         assert_eq!(u64::decode_kv(b"-1"), None);
         assert_eq!(u64::decode_kv(b"1.5"), None);
         assert_eq!(u64::decode_kv(b""), None);

@@ -342,8 +342,9 @@ pub trait Actor: Default + 'static {
     ///
     /// The body is `{"error":{"code":...,"message":...}}`. A panic is a 500
     /// `guest_trap`. Past `response_body_bytes_max`, 256 headers or 256 KiB
-    /// of headers the event fails with `response_too_large`; a status that
-    /// is not a valid HTTP status, or a 1xx one, fails it with
+    /// of headers the event fails with `response_too_large`. A status that
+    /// is not a valid HTTP status, or a 1xx one, is refused by the node
+    /// after the event committed: its writes stand, and the client gets 500
     /// `invalid_response`.
     fn request(&mut self, req: Request) -> Result<Response>;
 

@@ -23,6 +23,7 @@ mod logs;
 mod sockets;
 use crate::cluster::{CLUSTER_TOKEN_HEADER, ClusterState, FORWARDED_HEADER, NODE_HEADER};
 use crate::error::ApiError;
+pub use logs::LOG_LINES_DEFAULT;
 
 /// Longest SQL text the inspection route accepts.
 pub const INSPECT_SQL_BYTES_MAX: usize = 1024 * 1024;
@@ -196,7 +197,7 @@ struct AppState {
     config: Arc<ServerConfig>,
     tokens: Arc<Tokens>,
     /// Cuts failed-request lines to `failed_request_log_per_s`.
-    failure_rate: Arc<logs::FailureLogRate>,
+    failure_rate: Arc<wasmkeep_runtime::logs::RateCut>,
 }
 
 impl AppState {
@@ -346,8 +347,17 @@ async fn admin_auth(
 /// `Content-Type` of `/metrics`: the OpenMetrics text format.
 const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-async fn metrics(State(s): State<AppState>) -> Response {
-    match exposition(s.rt.metrics(), s.config.cluster.as_deref()) {
+/// `GET /metrics`: open to any client, like `/healthz`; the series that
+/// name tenants (`wasmkeep_class_*`) only for a request the admin API would
+/// take (the admin token, or loopback on a node without one).
+async fn metrics(State(s): State<AppState>, req: Request) -> Response {
+    let peer = req
+        .extensions()
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map(|c| c.0);
+    let admin =
+        s.tokens.admin_gate(peer, req.headers()).is_ok() && s.tokens.admin_ok(req.headers());
+    match exposition(s.rt.metrics(), s.config.cluster.as_deref(), admin) {
         Ok(text) => ([("content-type", METRICS_CONTENT_TYPE)], text).into_response(),
         Err(e) => ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -363,9 +373,13 @@ async fn metrics(State(s): State<AppState>) -> Response {
 pub(crate) fn exposition(
     runtime: &wasmkeep_runtime::metrics::Metrics,
     cluster: Option<&ClusterState>,
+    with_classes: bool,
 ) -> Result<String, std::fmt::Error> {
     let mut text = String::new();
     runtime.encode(&mut text)?;
+    if with_classes {
+        runtime.encode_classes(&mut text)?;
+    }
     if let Some(c) = cluster {
         c.encode_metrics(&mut text)?;
     }

@@ -842,7 +842,7 @@ mod tests {
         runtime.classes = Some(classes);
         runtime.requests_total.inc();
 
-        let text = crate::api::exposition(&runtime, Some(&state)).unwrap();
+        let text = crate::api::exposition(&runtime, Some(&state), true).unwrap();
         assert!(text.ends_with("\n# EOF\n"), "{text}");
         assert_eq!(text.matches("# EOF").count(), 1);
         let mut families = std::collections::BTreeSet::new();

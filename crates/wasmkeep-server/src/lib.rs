@@ -24,6 +24,6 @@ mod edge;
 pub mod error;
 pub mod unsafe_rules;
 
-pub use api::{ServerConfig, ServerError, router, serve};
+pub use api::{LOG_LINES_DEFAULT, ServerConfig, ServerError, router, serve};
 pub use error::ApiError;
 pub use unsafe_rules::UnsafeRules;

@@ -84,10 +84,10 @@ pub fn export(bucket_url: &str, target: &str, at: Option<&str>, out: &Path) -> R
         },
     ));
     pb.finish_and_clear();
-    let bytes = written.with_context(|| format!("export {id} at {at:?}"))?;
+    let bytes = written.with_context(|| format!("export {id} at {at}"))?;
     let m = bucket.metrics().snapshot();
     println!(
-        "exported {id} ({at:?}) to {}: {bytes} bytes, {} objects read",
+        "exported {id} ({at}) to {}: {bytes} bytes, {} objects read",
         out.display(),
         m.gets
     );

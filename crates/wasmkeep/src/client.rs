@@ -16,18 +16,18 @@ pub struct Conn {
     /// Bearer token (admin, or the tenant's for `call`) [default: none].
     #[arg(long, env = "WASMKEEP_TOKEN", hide_env_values = true)]
     token: Option<String>,
-    /// Print the node's JSON as it came instead of tables and readable
-    /// sizes and times (for scripts).
+    /// Print the node's JSON (pretty-printed; NDJSON for `logs`) instead of
+    /// tables and readable sizes and times, for scripts.
     #[arg(long)]
     pub json: bool,
 }
 
 impl Conn {
-    /// A node at `server` without a token (`wasmkeep dev`'s own).
-    pub fn local(server: String) -> Conn {
+    /// A node at `server` (`wasmkeep dev`'s own).
+    pub fn local(server: String, token: Option<String>) -> Conn {
         Conn {
             server,
-            token: None,
+            token,
             json: false,
         }
     }

@@ -104,6 +104,7 @@ pub fn run(args: DevArgs) -> Result<()> {
     };
     let job = Job {
         dir,
+        token: cfg.admin_token.clone(),
         tenant: args.tenant.clone(),
         app,
         poll: Duration::from_millis(args.poll_ms.max(10)),
@@ -136,6 +137,8 @@ fn package_name(dir: &Path) -> Result<String> {
 
 struct Job {
     dir: PathBuf,
+    /// The node's admin token, if its configuration sets one.
+    token: Option<String>,
     tenant: String,
     app: String,
     poll: Duration,
@@ -160,10 +163,15 @@ impl Job {
                 following = true;
                 let scope = format!("{}/{}", self.tenant, self.app);
                 println!("[dev] try: curl {base}/v1/{scope}/{}/NAME/", classes[0]);
-                let (conn, level) = (Conn::local(base.clone()), self.level.clone());
+                let conn = Conn::local(base.clone(), self.token.clone());
+                let level = self.level.clone();
                 std::thread::spawn(move || {
                     let out = Output { json: false };
-                    if let Err(e) = client::logs(&conn, out, &scope, true, &level, 0) {
+                    // From the kept lines on (this node's ring holds only
+                    // this app's), so a request made before the stream is
+                    // open is not missed.
+                    let kept = wasmkeep_server::LOG_LINES_DEFAULT;
+                    if let Err(e) = client::logs(&conn, out, &scope, true, &level, kept) {
                         eprintln!("[dev] the log stream ended: {e:#}");
                     }
                 });
@@ -258,12 +266,13 @@ fn fingerprint(dir: &Path) -> u64 {
             }
             files += 1;
             if files > WATCH_FILES_MAX {
-                if files == WATCH_FILES_MAX + 1 {
-                    eprintln!(
+                static SAID: std::sync::Once = std::sync::Once::new();
+                SAID.call_once(|| {
+                    println!(
                         "[dev] more than {WATCH_FILES_MAX} files under {}: the rest are not watched",
                         dir.display()
-                    );
-                }
+                    )
+                });
                 return h.finish();
             }
             e.path().hash(&mut h);

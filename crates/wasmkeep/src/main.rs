@@ -125,8 +125,8 @@ enum Command {
     Logs {
         #[command(flatten)]
         conn: client::Conn,
-        /// `tenant[/app[/class[/name]]]`; percent-encode a name that
-        /// contains `/`.
+        /// `tenant[/app[/class[/name]]]`, the name as it is (`a/b`, not
+        /// percent-encoded: the CLI encodes it).
         scope: String,
         /// Keep printing new lines as they come, until Ctrl-C or the node
         /// stops.

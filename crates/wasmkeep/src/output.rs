@@ -98,22 +98,31 @@ pub fn table(rows: &[Vec<String>]) {
     }
 }
 
-/// Text a tenant wrote (a log line, a stored value), safe to print on an
-/// operator's terminal: control characters (an escape sequence could
-/// rewrite the screen) are shown escaped, `\u{1b}`; tabs stay.
+/// Text a tenant wrote (a log line, a stored value, a column's name), safe
+/// to print on an operator's terminal: control characters (an escape
+/// sequence could rewrite the screen) and text-reordering ones are shown
+/// escaped, `\u{1b}`; tabs stay.
 pub fn printable(s: &str) -> String {
-    if !s.chars().any(|c| c.is_control() && c != '\t') {
+    if !s.chars().any(unsafe_on_terminal) {
         return s.to_owned();
     }
     s.chars()
         .map(|c| {
-            if c.is_control() && c != '\t' {
-                c.escape_default().to_string()
+            if unsafe_on_terminal(c) {
+                c.escape_unicode().to_string()
             } else {
                 c.to_string()
             }
         })
         .collect()
+}
+
+/// Control characters but the tab, and the invisible characters that
+/// reorder or hide text (bidirectional overrides and isolates, zero-width
+/// ones): a line must show what it holds.
+fn unsafe_on_terminal(c: char) -> bool {
+    (c.is_control() && c != '\t')
+        || matches!(c, '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}' | '\u{FEFF}')
 }
 
 /// A cell of an inspection result: text as it is, a blob as UTF-8 where
@@ -164,6 +173,7 @@ mod tests {
         assert_eq!(cell(&Value::Null), "NULL");
         assert_eq!(cell(&serde_json::json!(7)), "7");
         assert_eq!(printable("red \u{1b}[31m\ttab"), "red \\u{1b}[31m\ttab");
+        assert_eq!(printable("abc\u{202E}fed"), "abc\\u{202e}fed");
         assert_eq!(cell(&serde_json::json!("a\u{7}b")), "a\\u{7}b");
     }
 }

@@ -146,7 +146,11 @@ fn lines_of(child: &mut std::process::Child) -> mpsc::Receiver<String> {
     rx
 }
 
-fn wait_line(rx: &mpsc::Receiver<String>, what: &str, pred: impl Fn(&str) -> bool) -> String {
+fn wait_line(
+    rx: &mpsc::Receiver<String>,
+    what: &str,
+    mut pred: impl FnMut(&str) -> bool,
+) -> String {
     let end = std::time::Instant::now() + Duration::from_secs(30);
     while let Some(left) = end.checked_duration_since(std::time::Instant::now()) {
         match rx.recv_timeout(left) {
@@ -201,11 +205,19 @@ fn follow_prints_new_lines_as_they_come_and_followers_are_bounded() {
         "an access line: method, path, actor, status, duration: {line}"
     );
     assert!(line.ends_with(" ms"), "{line}");
-    // Lines of another class do not reach this follower.
+    // Lines of another class do not reach this follower: every line up to
+    // the next counter request is the counter's.
     node.post("/v1/demo/examples/notes/n/notes?title=x", b"x");
     node.post("/v1/demo/examples/counter/c2/increment", b"");
-    let next = wait_line(&rx, "for c2", |l| l.contains("counter/c2"));
-    assert!(!next.contains("notes"));
+    let mut between = Vec::new();
+    wait_line(&rx, "for c2", |l| {
+        between.push(l.to_owned());
+        l.contains("counter/c2")
+    });
+    assert!(
+        between.iter().all(|l| l.contains("demo/examples/counter/")),
+        "{between:?}"
+    );
     let _ = follower.kill();
     let _ = follower.wait();
     // Its place is free again once the node notices the closed stream, at
@@ -304,6 +316,60 @@ fn metrics_are_labelled_by_class_under_a_cap() {
         .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
         .sum();
     assert!(bytes > 0, "{text}");
+}
+
+/// Without a token, nobody sees the series that name tenants, and nobody
+/// writes into a tenant's lines: a refused request is in the node's own
+/// log only.
+#[test]
+fn tenants_names_and_lines_are_the_admins() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(
+        dir.path(),
+        "admin_token = \"adm\"\n[tenant_tokens]\ndemo = \"ten\"\n",
+    );
+    let node = Node::start(&dir.path().join("data"), &["--examples", "--config", &cfg]);
+    let port: u16 = node.addr().rsplit(':').next().unwrap().parse().unwrap();
+    let send = |path: &str, headers: &[(&str, &str)]| {
+        common::cluster::send(port, "POST", path, headers).status
+    };
+    let tenant = ("authorization", "Bearer ten");
+    assert_eq!(send("/v1/demo/examples/counter/x/increment", &[]), 401);
+    assert_eq!(send("/v1/demo/examples/reminder/x/set", &[tenant]), 400);
+    let (status, lines, stderr) = {
+        let out = Command::new(env!("CARGO_BIN_EXE_wasmkeep"))
+            .args(["logs", "demo", "--server", &node.base, "--token", "adm"])
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    assert_eq!(status, Some(0), "{stderr}");
+    assert!(lines.contains("reminder/x/set 400 bad_request"), "{lines}");
+    assert!(
+        !lines.contains("unauthorized") && !lines.contains("counter/x"),
+        "{lines}"
+    );
+
+    let scrape = |headers: &[(&str, &str)]| {
+        let a = common::cluster::send(port, "GET", "/metrics", headers);
+        assert_eq!(a.status, 200);
+        a.body.as_str().unwrap_or_default().to_owned()
+    };
+    let open = scrape(&[]);
+    assert!(open.contains("wasmkeep_requests_total"), "{open}");
+    assert!(
+        !open.contains("wasmkeep_class_"),
+        "no tenant names without the admin token"
+    );
+    let admin = scrape(&[("authorization", "Bearer adm")]);
+    assert!(
+        admin.contains("wasmkeep_class_requests_total{tenant=\"demo\""),
+        "{admin}"
+    );
 }
 
 #[test]

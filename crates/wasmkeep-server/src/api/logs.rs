@@ -16,18 +16,17 @@
 //!   comes, with an empty line every [`HEARTBEAT_MS`] so that a quiet
 //!   stream is not taken for a dead one. It ends when the node stops.
 
+use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::{Query, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde::Deserialize;
 use serde_json::json;
 use wasmkeep_runtime::ActorId;
-use wasmkeep_runtime::logs::{Access, Followed, Level, LogHub, LogLine, Scope, Source};
+use wasmkeep_runtime::logs::{Access, Followed, Level, LogHub, LogLine, Scope, Source, clip};
 
 use super::{AppState, segment};
 use crate::error::ApiError;
@@ -40,35 +39,6 @@ pub const LOG_LINES_DEFAULT: usize = 100;
 /// How often a follow response writes an empty line when nothing happens.
 pub const HEARTBEAT_MS: u64 = 15_000;
 
-/// Cuts failed-request lines to a rate: at most `per_s` in each second.
-#[derive(Debug, Default)]
-pub struct FailureLogRate {
-    /// The second (since `start`) the count is for, and the count.
-    window: AtomicU64,
-    in_window: AtomicU64,
-    /// Lines left out since the last one written.
-    left_out: AtomicU64,
-    start: std::sync::OnceLock<Instant>,
-}
-
-impl FailureLogRate {
-    /// Whether a line may be written now; if so, also how many were left
-    /// out before it.
-    fn admit(&self, per_s: u64) -> Option<u64> {
-        let start = *self.start.get_or_init(Instant::now);
-        let second = start.elapsed().as_secs();
-        if self.window.swap(second, Ordering::Relaxed) != second {
-            self.in_window.store(0, Ordering::Relaxed);
-        }
-        if self.in_window.fetch_add(1, Ordering::Relaxed) < per_s {
-            Some(self.left_out.swap(0, Ordering::Relaxed))
-        } else {
-            self.left_out.fetch_add(1, Ordering::Relaxed);
-            None
-        }
-    }
-}
-
 /// What the edge records of one actor request once it is answered.
 pub(crate) struct Answered<'a> {
     pub method: &'a str,
@@ -80,6 +50,14 @@ pub(crate) struct Answered<'a> {
     pub message: Option<&'a str>,
 }
 
+/// Codes of refusals made before anyone was let near the actor: whoever
+/// sends them proves nothing, so they never reach a tenant's lines (only
+/// the node's own log, rate-cut).
+const UNAUTHENTICATED: [&str; 2] = ["unauthorized", "cluster_token_invalid"];
+
+/// Longest error message a failure line quotes.
+const LINE_MESSAGE_BYTES_MAX: usize = 2048;
+
 /// Writes the access line and the failure line a request calls for.
 pub(crate) fn record(s: &AppState, a: Answered<'_>) {
     let hub = s.rt.logs();
@@ -89,7 +67,7 @@ pub(crate) fn record(s: &AppState, a: Answered<'_>) {
         return;
     }
     let duration_us = a.started.elapsed().as_micros() as u64;
-    let path = cut(a.path);
+    let path = clip(a.path, ACCESS_PATH_BYTES_MAX);
     let path: &str = &path;
     // Parsed again only here, when a line is written.
     let id: Option<ActorId> = super::parse_actor_path(a.path).ok().map(|(id, _)| id);
@@ -100,21 +78,34 @@ pub(crate) fn record(s: &AppState, a: Answered<'_>) {
     if access_on {
         tracing::info!(target: "wasmkeep::access", method = a.method, path, actor, status = a.status, ms, code);
     }
-    if failed {
-        let per_s = s.config.failed_request_log_per_s;
-        if let Some(left_out) = s.failure_rate.admit(per_s) {
-            // One line: a trap's message carries the guest's backtrace.
-            let message = a.message.unwrap_or("").replace('\n', " | ");
-            if a.status >= 500 {
-                tracing::warn!(target: "wasmkeep::request", method = a.method, path, actor, status = a.status, code, left_out, "request failed: {message}");
-            } else {
-                tracing::info!(target: "wasmkeep::request", method = a.method, path, actor, status = a.status, code, left_out, "request refused: {message}");
+    // A failure is written (to the node's log and the actor's lines) only
+    // while the rate allows: a flood of bad requests floods neither.
+    let failure_admitted = failed
+        && {
+            let per_s = s.config.failed_request_log_per_s;
+            match s.failure_rate.admit(per_s) {
+                None => false,
+                Some(left_out) => {
+                    // One line: a trap's message carries the guest's backtrace.
+                    let message = clip(a.message.unwrap_or(""), LINE_MESSAGE_BYTES_MAX);
+                    let message = message.replace('\n', " | ");
+                    if a.status >= 500 {
+                        tracing::warn!(target: "wasmkeep::request", method = a.method, path, actor, status = a.status, code, left_out, "request failed: {message}");
+                    } else {
+                        tracing::info!(target: "wasmkeep::request", method = a.method, path, actor, status = a.status, code, left_out, "request refused: {message}");
+                    }
+                    true
+                }
             }
-        }
-    }
-    // The hub takes lines about a known actor only (a scope selects them).
+        };
+    // The hub takes lines about actors of deployed classes only, never
+    // what an unauthenticated client sent: nobody can fill a tenant's
+    // lines with text of their own or names the node does not serve.
     let Some(id) = id else { return };
-    if !(access_on || failed || hub.followed()) {
+    if (failed && !failure_admitted)
+        || UNAUTHENTICATED.contains(&code)
+        || s.rt.class_metrics().of(&id).is_none()
+    {
         return;
     }
     let level = match a.status {
@@ -122,7 +113,10 @@ pub(crate) fn record(s: &AppState, a: Answered<'_>) {
         _ => Level::Info,
     };
     let message = match a.message {
-        Some(m) if failed => format!("{} {path} {} {code}: {m}", a.method, a.status),
+        Some(m) if failed => {
+            let m = clip(m, LINE_MESSAGE_BYTES_MAX);
+            format!("{} {path} {} {code}: {m}", a.method, a.status)
+        }
         _ => format!("{} {path} {} {ms:.1} ms", a.method, a.status),
     };
     let mut line = LogLine::new(s.rt.clock().now_ms(), level, Source::Access, id, message);
@@ -136,27 +130,46 @@ pub(crate) fn record(s: &AppState, a: Answered<'_>) {
     hub.push(line);
 }
 
-fn cut(path: &str) -> std::borrow::Cow<'_, str> {
-    if path.len() <= ACCESS_PATH_BYTES_MAX {
-        return path.into();
-    }
-    let mut end = ACCESS_PATH_BYTES_MAX;
-    while !path.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &path[..end]).into()
+/// `?follow=`, `?level=`, `?lines=` of a logs request.
+struct LogsQuery {
+    /// Keep the response open and add new lines as they come.
+    follow: bool,
+    /// The lowest level shown (default info).
+    level: Level,
+    /// How many of the kept lines to send first (default
+    /// [`LOG_LINES_DEFAULT`]).
+    lines: usize,
 }
 
-#[derive(Deserialize)]
-pub(crate) struct LogsQuery {
-    /// Keep the response open and add new lines as they come.
-    #[serde(default)]
-    follow: bool,
-    /// The lowest level shown: trace, debug, info (default), warn, error.
-    level: Option<String>,
-    /// How many of the kept lines to send first (default
-    /// [`LOG_LINES_DEFAULT`]; 0 with `follow`: only new ones).
-    lines: Option<usize>,
+impl LogsQuery {
+    fn parse(q: &HashMap<String, String>) -> Result<LogsQuery, ApiError> {
+        let bad = |field: &str, v: &str, want: &str| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                format!("{field}: `{}` is not {want}", clip(v, 64)),
+            )
+        };
+        let follow = match q.get("follow").map(String::as_str) {
+            None | Some("false") => false,
+            Some("true") => true,
+            Some(v) => return Err(bad("follow", v, "true or false")),
+        };
+        let level = match q.get("level") {
+            None => Level::Info,
+            Some(v) => Level::parse(v)
+                .ok_or_else(|| bad("level", v, "one of trace, debug, info, warn, error"))?,
+        };
+        let lines = match q.get("lines") {
+            None => LOG_LINES_DEFAULT,
+            Some(v) => v.parse().map_err(|_| bad("lines", v, "a count"))?,
+        };
+        Ok(LogsQuery {
+            follow,
+            level,
+            lines,
+        })
+    }
 }
 
 type ScopePath = axum::extract::Path<Vec<(String, String)>>;
@@ -165,8 +178,9 @@ type ScopePath = axum::extract::Path<Vec<(String, String)>>;
 pub(crate) async fn logs_route(
     State(s): State<AppState>,
     axum::extract::Path(parts): ScopePath,
-    Query(q): Query<LogsQuery>,
+    Query(q): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
+    let q = LogsQuery::parse(&q)?;
     let get = |key: &str| parts.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone());
     let scope = Scope {
         tenant: get("tenant").unwrap_or_default(),
@@ -187,20 +201,11 @@ pub(crate) async fn logs_route(
         }
         _ => s.rt.check_tenant(&scope.tenant)?,
     }
-    let level = match q.level.as_deref() {
-        None => Level::Info,
-        Some(l) => Level::parse(l).ok_or_else(|| {
-            ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "bad_request",
-                format!("level: `{l}` is not one of trace, debug, info, warn, error"),
-            )
-        })?,
-    };
+    let level = q.level;
     let hub = Arc::clone(s.rt.logs());
     // Subscribe before reading the past, so that no line falls between.
     let follower = if q.follow { Some(hub.follow()?) } else { None };
-    let past = hub.recent(&scope, level, q.lines.unwrap_or(LOG_LINES_DEFAULT));
+    let past = hub.recent(&scope, level, q.lines);
     let last_past = past.last().map_or(0, |l| l.seq);
     let mut first = String::new();
     for line in &past {
@@ -210,13 +215,18 @@ pub(crate) async fn logs_route(
     let body = match follower {
         None => Body::from_stream(head),
         Some(follower) => {
+            // Something is written at least every `heartbeat` (an empty
+            // line if nothing else), counted from the last write, so that
+            // the edge's idle timeout never cuts a quiet follower and a
+            // client that went away is noticed.
+            let heartbeat =
+                Duration::from_millis(HEARTBEAT_MS.min(s.config.idle_timeout_ms / 2).max(100));
             let live = futures_util::stream::unfold(
                 (follower, scope, hub),
                 move |(mut f, scope, hub)| async move {
+                    let deadline = tokio::time::Instant::now() + heartbeat;
                     let out = loop {
-                        let next =
-                            tokio::time::timeout(Duration::from_millis(HEARTBEAT_MS), f.next());
-                        match next.await {
+                        match tokio::time::timeout_at(deadline, f.next()).await {
                             Err(_) => break "\n".to_owned(),
                             Ok(Followed::Closed) => return None,
                             Ok(Followed::Missed(n)) => {
@@ -289,22 +299,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn failure_lines_are_cut_to_the_rate_and_the_next_one_counts_the_cut() {
-        let r = FailureLogRate::default();
-        assert_eq!(r.admit(2), Some(0));
-        assert_eq!(r.admit(2), Some(0));
-        assert_eq!(r.admit(2), None);
-        assert_eq!(r.admit(2), None);
-        std::thread::sleep(Duration::from_millis(1_050));
-        assert_eq!(r.admit(2), Some(2), "the next line says two were left out");
-    }
-
-    #[test]
-    fn long_paths_are_cut_on_a_character_boundary() {
-        let long = "é".repeat(ACCESS_PATH_BYTES_MAX);
-        let c = cut(&long);
-        assert!(c.len() <= ACCESS_PATH_BYTES_MAX + "…".len());
-        assert!(c.ends_with('…'));
-        assert_eq!(cut("/v1/a"), "/v1/a");
+    fn bad_query_values_are_refused_with_the_field_named() {
+        let q = |pairs: &[(&str, &str)]| {
+            let m: HashMap<String, String> = pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            LogsQuery::parse(&m)
+        };
+        let ok = q(&[]).unwrap();
+        assert!(!ok.follow && ok.level == Level::Info && ok.lines == LOG_LINES_DEFAULT);
+        for (pairs, field) in [
+            (vec![("lines", "abc")], "lines"),
+            (vec![("level", "loud")], "level"),
+            (vec![("follow", "yes")], "follow"),
+        ] {
+            let e = q(&pairs).err().expect("refused");
+            assert_eq!(e.code, "bad_request");
+            assert!(e.message.starts_with(field), "{}", e.message);
+        }
     }
 }
