@@ -272,8 +272,8 @@ async fn rebuild_at(
         }
         _ => Err(ReplicaError::NotRetained(match reached {
             None => format!(
-                "the bucket holds no state of actor {id}: it was never uploaded there, or it \
-                 was deleted"
+                "the bucket holds nothing of actor {id} at {at}: it was never uploaded there, \
+                 was deleted, or retention dropped that point"
             ),
             Some(r) => format!(
                 "actor {id} has no database at {at} in the bucket: its history there reaches \

@@ -1072,7 +1072,9 @@ fn run_alarm(
             // Many failing actors must not flood the node's log: the
             // warnings are cut to a rate (each actor's own lines are not).
             if let Some(left_out) = rt.alarm_failure_rate.admit(ALARM_FAILURE_LOG_PER_S) {
-                tracing::warn!(actor = %id, error = %e, retry_count = state.retry_count, dropped = out.dropped, left_out, "alarm failed");
+                let error =
+                    crate::logs::clip(&e.to_string(), crate::logs::LINE_BYTES_MAX).into_owned();
+                tracing::warn!(actor = %id, %error, retry_count = state.retry_count, dropped = out.dropped, left_out, "alarm failed");
             }
             use crate::logs::{Level, LogLine, Source};
             rt.logs

@@ -13,8 +13,8 @@
 //! per series (times the error codes, a fixed list, for errors).
 //!
 //! Counting is an atomic add on an `Arc` looked up under a read lock; the
-//! disk sizes come from a census of the data folder that the reaper runs
-//! every `metrics_census_ms`, off the workers.
+//! disk sizes come from a census of the data folder that a thread of its
+//! own runs every `metrics_census_ms`, off the workers.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -56,6 +56,10 @@ pub struct ClassMetrics {
     pub database_bytes: GaugeU64,
     /// The class's actors on this node's disk, at the last census.
     pub actors: GaugeU64,
+    /// Cuts the class's failed-request lines to a rate (the edge's
+    /// `failed_request_log_per_s`), so that one class's failures cannot
+    /// crowd another's out.
+    pub failure_lines: crate::logs::RateCut,
 }
 
 impl ClassMetrics {

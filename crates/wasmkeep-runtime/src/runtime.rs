@@ -489,21 +489,23 @@ impl Runtime {
                 .expect("spawn closer");
         }
         // The class census (disk per class) on a thread of its own: a walk
-        // of a big data folder must not hold up the reaper.
+        // of a big data folder must not hold up the reaper. It holds what
+        // it reads and writes, not the runtime.
         let every = self.inner.config.metrics_census_ms;
         if every > 0 {
-            let weak = Arc::downgrade(&self.inner);
+            let data = self.inner.config.data_dir.clone();
+            let classes = Arc::clone(&self.inner.class_metrics);
+            let stopping = Arc::clone(&self.inner.stopping);
             std::thread::Builder::new()
                 .name("wasmkeep-census".into())
                 .spawn(move || {
-                    loop {
-                        let Some(rt) = weak.upgrade() else { return };
-                        if rt.stopping.load(Ordering::Relaxed) {
-                            return;
+                    while !stopping.load(Ordering::Relaxed) {
+                        census(&data, &classes, &stopping);
+                        // Sleep in short steps so a stopping node is noticed.
+                        let until = Instant::now() + Duration::from_millis(every);
+                        while Instant::now() < until && !stopping.load(Ordering::Relaxed) {
+                            std::thread::sleep(Duration::from_millis(every.min(200)));
                         }
-                        rt.census();
-                        drop(rt);
-                        std::thread::sleep(Duration::from_millis(every));
                     }
                 })
                 .expect("spawn census");
@@ -1324,50 +1326,6 @@ impl Inner {
         }
     }
 
-    /// Walks the data folder for each class's disk use and actor count
-    /// (`wasmkeep_class_database_bytes`, `wasmkeep_class_actors`). It only
-    /// reads file sizes (no database is opened), one directory entry at a
-    /// time: memory stays flat however many actors a class has.
-    fn census(&self) {
-        let mut per_class: HashMap<(String, String, String), (u64, u64)> = HashMap::new();
-        let subdirs = |p: &std::path::Path| -> Vec<(String, PathBuf)> {
-            std::fs::read_dir(p)
-                .map(|rd| {
-                    rd.flatten()
-                        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-                        .filter_map(|e| Some((e.file_name().into_string().ok()?, e.path())))
-                        .collect()
-                })
-                .unwrap_or_default()
-        };
-        for (tenant, tp) in subdirs(&self.config.data_dir.join("actors")) {
-            for (app, ap) in subdirs(&tp) {
-                for (class, cp) in subdirs(&ap) {
-                    let (mut bytes, mut actors) = (0u64, 0u64);
-                    let mut stack = vec![cp];
-                    while let Some(dir) = stack.pop() {
-                        let Ok(rd) = std::fs::read_dir(&dir) else {
-                            continue;
-                        };
-                        for e in rd.flatten() {
-                            let Ok(meta) = e.metadata() else { continue };
-                            if meta.is_dir() {
-                                stack.push(e.path());
-                            } else {
-                                bytes += meta.len();
-                                if e.file_name() == paths::DB_FILE {
-                                    actors += 1;
-                                }
-                            }
-                        }
-                    }
-                    per_class.insert((tenant.clone(), app.clone(), class), (bytes, actors));
-                }
-            }
-        }
-        self.class_metrics.set_census(&per_class);
-    }
-
     /// Closes idle actors: instance dropped, database closed.
     fn reap_idle(&self) {
         self.reap_idle_after(self.config.actor_idle_ms);
@@ -1674,6 +1632,61 @@ fn run_turn_surviving_panics(rt: &Arc<Inner>, actor: &Arc<Actor>) {
     } else {
         rt.schedule(Arc::clone(actor));
     }
+}
+
+/// Walks the data folder for each class's disk use and actor count
+/// (`wasmkeep_class_database_bytes`, `wasmkeep_class_actors`). It reads
+/// file sizes only (no database is opened), and holds one directory
+/// iterator per level it is in, never a class's list of actors: memory
+/// stays flat however many actors a class has. It stops early when the
+/// node stops (the counts of that walk are then dropped).
+fn census(
+    data: &std::path::Path,
+    classes: &crate::class_metrics::ClassMetricsRegistry,
+    stopping: &AtomicBool,
+) {
+    let mut per_class: HashMap<(String, String, String), (u64, u64)> = HashMap::new();
+    let subdirs = |p: &std::path::Path| -> Vec<(String, PathBuf)> {
+        std::fs::read_dir(p)
+            .map(|rd| {
+                rd.flatten()
+                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                    .filter_map(|e| Some((e.file_name().into_string().ok()?, e.path())))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    for (tenant, tp) in subdirs(&data.join("actors")) {
+        for (app, ap) in subdirs(&tp) {
+            for (class, cp) in subdirs(&ap) {
+                if stopping.load(Ordering::Relaxed) {
+                    return;
+                }
+                let (mut bytes, mut actors) = (0u64, 0u64);
+                let mut open: Vec<std::fs::ReadDir> = std::fs::read_dir(&cp).into_iter().collect();
+                while let Some(level) = open.last_mut() {
+                    let Some(entry) = level.next() else {
+                        open.pop();
+                        continue;
+                    };
+                    let Ok(e) = entry else { continue };
+                    let Ok(meta) = e.metadata() else { continue };
+                    if meta.is_dir() {
+                        if let Ok(rd) = std::fs::read_dir(e.path()) {
+                            open.push(rd);
+                        }
+                    } else {
+                        bytes += meta.len();
+                        if e.file_name() == paths::DB_FILE {
+                            actors += 1;
+                        }
+                    }
+                }
+                per_class.insert((tenant.clone(), app.clone(), class), (bytes, actors));
+            }
+        }
+    }
+    classes.set_census(&per_class);
 }
 
 /// Every actor with a database under `data`.

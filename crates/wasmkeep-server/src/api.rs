@@ -196,8 +196,12 @@ struct AppState {
     rt: Runtime,
     config: Arc<ServerConfig>,
     tokens: Arc<Tokens>,
-    /// Cuts failed-request lines to `failed_request_log_per_s`.
+    /// Cuts failed-request lines in the node's log to
+    /// `failed_request_log_per_s`.
     failure_rate: Arc<wasmkeep_runtime::logs::RateCut>,
+    /// The same for failures no tenant vouches for (unauthenticated, no
+    /// such class, no actor path): they never reach a tenant's lines.
+    anon_failure_rate: Arc<wasmkeep_runtime::logs::RateCut>,
 }
 
 impl AppState {
@@ -225,6 +229,7 @@ pub fn router(rt: Runtime, config: ServerConfig) -> Router {
         config: Arc::new(config),
         tokens: Arc::new(tokens),
         failure_rate: Arc::default(),
+        anon_failure_rate: Arc::default(),
     };
     inbound::install(&state);
     let admin = Router::new()

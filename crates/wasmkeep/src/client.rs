@@ -79,6 +79,8 @@ fn api_error(status: u16, body: &[u8]) -> anyhow::Error {
     let v: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
     let code = v["error"]["code"].as_str().unwrap_or("?");
     let msg = v["error"]["message"].as_str().unwrap_or("");
+    // The message can quote a tenant's text (an SQL error naming its table).
+    let msg = output::printable(msg);
     match hint(code) {
         Some(h) => anyhow::anyhow!("{status} {code}: {msg} (hint: {h})"),
         None => anyhow::anyhow!("{status} {code}: {msg}"),
@@ -239,7 +241,7 @@ pub fn actors(
     let v = conn.json("GET", &path, None)?;
     out.print(&v, |v| {
         for name in strings(&v["actors"]) {
-            println!("{name}");
+            println!("{}", output::printable(name));
         }
         if let Some(next) = v["next"].as_str() {
             eprintln!("(more: --after {next:?})");
@@ -292,7 +294,7 @@ pub fn inspect(conn: &Conn, out: Output, target: &str, what: InspectWhat) -> Res
         let mut rows = vec![
             strings(&v["columns"])
                 .iter()
-                .map(|c| c.to_uppercase())
+                .map(|c| output::printable(&c.to_uppercase()))
                 .collect(),
         ];
         for row in v["rows"].as_array().into_iter().flatten() {
@@ -323,7 +325,7 @@ fn print_actor(v: &Value) {
             v["tenant"].as_str().unwrap_or("?"),
             v["app"].as_str().unwrap_or("?"),
             v["class"].as_str().unwrap_or("?"),
-            v["name"].as_str().unwrap_or("?")
+            output::printable(v["name"].as_str().unwrap_or("?"))
         ),
     );
     let active = if v["active"] == true {
@@ -391,7 +393,7 @@ pub fn alarms(conn: &Conn, out: Output, tenant: &str, limit: usize) -> Result<()
                         "{}/{}/{}",
                         a["app"].as_str().unwrap_or(""),
                         a["class"].as_str().unwrap_or(""),
-                        a["name"].as_str().unwrap_or("")
+                        output::printable(a["name"].as_str().unwrap_or(""))
                     ),
                 ]);
             }
@@ -414,7 +416,7 @@ pub fn alarms(conn: &Conn, out: Output, tenant: &str, limit: usize) -> Result<()
                         "{}/{}/{}",
                         e["app"].as_str().unwrap_or("(tenant-wide)"),
                         e["class"].as_str().unwrap_or(""),
-                        e["name"].as_str().unwrap_or("")
+                        output::printable(e["name"].as_str().unwrap_or(""))
                     ),
                     e["generation"].to_string(),
                     e["nonce"].as_str().unwrap_or("-").to_owned(),
@@ -528,7 +530,7 @@ pub fn log_line(v: &Value) -> String {
         a["tenant"].as_str().unwrap_or("?"),
         a["app"].as_str().unwrap_or("?"),
         a["class"].as_str().unwrap_or("?"),
-        a["name"].as_str().unwrap_or("?"),
+        output::printable(a["name"].as_str().unwrap_or("?")),
         output::printable(v["message"].as_str().unwrap_or(""))
     )
 }

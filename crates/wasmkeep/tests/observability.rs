@@ -48,7 +48,10 @@ fn config(dir: &std::path::Path, text: &str) -> String {
 #[test]
 fn logs_show_a_scopes_guest_lines_failed_requests_and_failing_alarms_with_their_count() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = config(dir.path(), "alarm_retry_first_ms = 200\n");
+    let cfg = config(
+        dir.path(),
+        "alarm_retry_first_ms = 200\nfailed_request_log_per_s = 2\n",
+    );
     let node = Node::start(&dir.path().join("data"), &["--examples", "--config", &cfg]);
     // A guest line, in an actor of another class too (the scope must
     // leave it out).
@@ -64,6 +67,12 @@ fn logs_show_a_scopes_guest_lines_failed_requests_and_failing_alarms_with_their_
     // A failed request with its code.
     let (status, _) = node.post("/v1/demo/examples/reminder/r1/set", b"");
     assert_eq!(status, 400);
+    // A flood of failures in one class is cut to the rate (2 a second,
+    // here) and does not crowd out another class's failure.
+    for _ in 0..6 {
+        node.post("/v1/demo/examples/reminder/flood/set", b"");
+    }
+    assert_eq!(node.get("/v1/demo/examples/pinger/p1/config").0, 400);
     // An alarm that fails twice, then succeeds.
     let at = now_ms();
     let (status, body) = node.post(
@@ -87,6 +96,16 @@ fn logs_show_a_scopes_guest_lines_failed_requests_and_failing_alarms_with_their_
         "the scope is the class: {pinger}"
     );
 
+    let flood = ok(&node, &["logs", "demo/examples/reminder/flood"]);
+    let kept = flood.matches("reminder/flood/set 400 bad_request").count();
+    assert!(
+        (1..=4).contains(&kept),
+        "6 failures within about a second, 2 a second kept: {flood}"
+    );
+    assert!(
+        ok(&node, &["logs", "demo/examples/pinger"]).contains("pinger/p1/config 400 bad_request"),
+        "the other class's failure is kept"
+    );
     let reminder = ok(&node, &["logs", "demo/examples/reminder/r1"]);
     assert!(
         reminder.contains("POST /v1/demo/examples/reminder/r1/set 400 bad_request"),

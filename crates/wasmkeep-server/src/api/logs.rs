@@ -58,6 +58,18 @@ const UNAUTHENTICATED: [&str; 2] = ["unauthorized", "cluster_token_invalid"];
 /// Longest error message a failure line quotes.
 const LINE_MESSAGE_BYTES_MAX: usize = 2048;
 
+/// A failed request in the node's log, on one line.
+fn trace_failure(a: &Answered<'_>, path: &str, actor: &str, code: &str, left_out: u64) {
+    // One line: a trap's message carries the guest's backtrace.
+    let message = clip(a.message.unwrap_or(""), LINE_MESSAGE_BYTES_MAX);
+    let message = message.replace('\n', " | ");
+    if a.status >= 500 {
+        tracing::warn!(target: "wasmkeep::request", method = a.method, path, actor, status = a.status, code, left_out, "request failed: {message}");
+    } else {
+        tracing::info!(target: "wasmkeep::request", method = a.method, path, actor, status = a.status, code, left_out, "request refused: {message}");
+    }
+}
+
 /// Writes the access line and the failure line a request calls for.
 pub(crate) fn record(s: &AppState, a: Answered<'_>) {
     let hub = s.rt.logs();
@@ -78,34 +90,37 @@ pub(crate) fn record(s: &AppState, a: Answered<'_>) {
     if access_on {
         tracing::info!(target: "wasmkeep::access", method = a.method, path, actor, status = a.status, ms, code);
     }
-    // A failure is written (to the node's log and the actor's lines) only
-    // while the rate allows: a flood of bad requests floods neither.
+    // Lines reach a tenant's log (the ring) only about actors of deployed
+    // classes, and never from a request refused as unauthenticated: nobody
+    // can fill a tenant's lines with text of their own or names the node
+    // does not serve.
+    let class = id.as_ref().and_then(|id| s.rt.class_metrics().of(id));
+    let trusted = class.is_some() && !UNAUTHENTICATED.contains(&code);
+    // A failure is written only while its rate allows: per class for the
+    // trusted (one class's flood cannot crowd another's lines out), one
+    // node-wide rate for the rest, and the node-wide rate again for the
+    // node's own log.
+    let per_s = s.config.failed_request_log_per_s;
     let failure_admitted = failed
-        && {
-            let per_s = s.config.failed_request_log_per_s;
-            match s.failure_rate.admit(per_s) {
-                None => false,
-                Some(left_out) => {
-                    // One line: a trap's message carries the guest's backtrace.
-                    let message = clip(a.message.unwrap_or(""), LINE_MESSAGE_BYTES_MAX);
-                    let message = message.replace('\n', " | ");
-                    if a.status >= 500 {
-                        tracing::warn!(target: "wasmkeep::request", method = a.method, path, actor, status = a.status, code, left_out, "request failed: {message}");
-                    } else {
-                        tracing::info!(target: "wasmkeep::request", method = a.method, path, actor, status = a.status, code, left_out, "request refused: {message}");
-                    }
-                    true
+        && match &class {
+            Some(c) if trusted => {
+                let admitted = c.failure_lines.admit(per_s);
+                if let Some(left_out) = admitted
+                    && s.failure_rate.admit(per_s).is_some()
+                {
+                    trace_failure(&a, path, actor, code, left_out);
                 }
+                admitted.is_some()
+            }
+            _ => {
+                if let Some(left_out) = s.anon_failure_rate.admit(per_s) {
+                    trace_failure(&a, path, actor, code, left_out);
+                }
+                false
             }
         };
-    // The hub takes lines about actors of deployed classes only, never
-    // what an unauthenticated client sent: nobody can fill a tenant's
-    // lines with text of their own or names the node does not serve.
     let Some(id) = id else { return };
-    if (failed && !failure_admitted)
-        || UNAUTHENTICATED.contains(&code)
-        || s.rt.class_metrics().of(&id).is_none()
-    {
+    if !trusted || (failed && !failure_admitted) {
         return;
     }
     let level = match a.status {
@@ -220,7 +235,7 @@ pub(crate) async fn logs_route(
             // the edge's idle timeout never cuts a quiet follower and a
             // client that went away is noticed.
             let heartbeat =
-                Duration::from_millis(HEARTBEAT_MS.min(s.config.idle_timeout_ms / 2).max(100));
+                Duration::from_millis(HEARTBEAT_MS.min(s.config.idle_timeout_ms / 2).max(1));
             let live = futures_util::stream::unfold(
                 (follower, scope, hub),
                 move |(mut f, scope, hub)| async move {
