@@ -35,6 +35,9 @@ pub struct ParkedLimits {
     pub node_max: usize,
     /// Replies one actor has parked at once.
     pub per_actor_max: usize,
+    /// Replies one tenant's actors have parked at once on the node, so
+    /// that one tenant cannot take every place the node has.
+    pub per_tenant_max: usize,
 }
 
 impl Default for ParkedLimits {
@@ -43,6 +46,7 @@ impl Default for ParkedLimits {
             reply_ms_max: 300_000,
             node_max: 10_000,
             per_actor_max: 1_000,
+            per_tenant_max: 5_000,
         }
     }
 }
@@ -79,6 +83,7 @@ pub struct ParkedReplies {
 struct Table {
     parked: HashMap<u64, Parked>,
     per_actor: HashMap<ActorId, usize>,
+    per_tenant: HashMap<String, usize>,
     /// `wasmkeep_parked_replies` (a clone shares the node's series).
     gauge: crate::metrics::GaugeU64,
 }
@@ -91,6 +96,12 @@ impl Table {
             *n -= 1;
             if *n == 0 {
                 self.per_actor.remove(&p.actor);
+            }
+        }
+        if let Some(n) = self.per_tenant.get_mut(&p.actor.tenant) {
+            *n -= 1;
+            if *n == 0 {
+                self.per_tenant.remove(&p.actor.tenant);
             }
         }
         if let Some(t) = &p.timer {
@@ -161,6 +172,13 @@ impl ParkedReplies {
                 self.limits.per_actor_max
             ));
         }
+        let tenants = map.per_tenant.get(&actor.tenant).copied().unwrap_or(0) + already;
+        if tenants >= self.limits.per_tenant_max {
+            return Err(format!(
+                "{tenants} replies of tenant `{}` are parked on this node, limit parked_per_tenant_max={}",
+                actor.tenant, self.limits.per_tenant_max
+            ));
+        }
         Ok(self.next.fetch_add(1, Ordering::Relaxed))
     }
 
@@ -194,6 +212,7 @@ impl ParkedReplies {
         });
         let mut map = self.map.lock();
         *map.per_actor.entry(actor.clone()).or_default() += 1;
+        *map.per_tenant.entry(actor.tenant.clone()).or_default() += 1;
         map.gauge.inc();
         map.parked.insert(
             ticket,

@@ -31,6 +31,9 @@ use crate::outbox::refusal;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SocketLimits {
     pub per_actor_max: usize,
+    /// Sockets one tenant's actors hold on the node together, so that one
+    /// tenant cannot take every socket the node allows.
+    pub per_tenant_max: usize,
     pub node_max: usize,
     /// Largest message either way.
     pub message_bytes_max: usize,
@@ -45,6 +48,7 @@ impl Default for SocketLimits {
     fn default() -> Self {
         SocketLimits {
             per_actor_max: 10_000,
+            per_tenant_max: 50_000,
             node_max: 100_000,
             message_bytes_max: 1024 * 1024,
             send_buffer_bytes_max: 1024 * 1024,
@@ -129,7 +133,15 @@ struct ActorSockets {
 struct Tables {
     actors: HashMap<ActorId, ActorSockets>,
     total: usize,
+    /// Open sockets per tenant (no entry: none).
+    per_tenant: HashMap<String, usize>,
     next: u64,
+}
+
+impl Tables {
+    fn of_tenant(&self, actor: &ActorId) -> usize {
+        self.per_tenant.get(&actor.tenant).copied().unwrap_or(0)
+    }
 }
 
 /// The node's sockets.
@@ -195,6 +207,13 @@ impl SocketTable {
                 self.limits.per_actor_max
             ));
         }
+        let tenants = t.of_tenant(actor) + pending;
+        if tenants >= self.limits.per_tenant_max {
+            return Err(format!(
+                "{tenants} sockets of tenant `{}` are open on this node, limit sockets_per_tenant_max={}",
+                actor.tenant, self.limits.per_tenant_max
+            ));
+        }
         t.next += 1;
         Ok(t.next)
     }
@@ -204,11 +223,15 @@ impl SocketTable {
     pub(crate) fn register(&self, actor: &ActorId, a: Accepted, now_ms: u64) -> bool {
         let mut t = self.t.lock();
         let mine = t.actors.get(actor).map_or(0, |a| a.sockets.len());
-        if t.total >= self.limits.node_max || mine >= self.limits.per_actor_max {
+        if t.total >= self.limits.node_max
+            || mine >= self.limits.per_actor_max
+            || t.of_tenant(actor) >= self.limits.per_tenant_max
+        {
             return false;
         }
         let (tx, rx) = mpsc::unbounded_channel();
         t.total += 1;
+        *t.per_tenant.entry(actor.tenant.clone()).or_default() += 1;
         t.actors.entry(actor.clone()).or_default().sockets.insert(
             a.id,
             Entry {
@@ -246,6 +269,12 @@ impl SocketTable {
             t.actors.remove(actor);
         }
         t.total -= 1;
+        if let Some(n) = t.per_tenant.get_mut(&actor.tenant) {
+            *n -= 1;
+            if *n == 0 {
+                t.per_tenant.remove(&actor.tenant);
+            }
+        }
         Some(SocketInfo {
             id,
             tags: e.tags,
@@ -352,15 +381,28 @@ impl SocketTable {
         let mut t = self.t.lock();
         let mut n = 0;
         // Registered, never connected (the upgrade did not happen): gone.
-        let mut unconnected = 0;
-        for a in t.actors.values_mut() {
+        let Tables {
+            actors,
+            total,
+            per_tenant,
+            ..
+        } = &mut *t;
+        for (id, a) in actors.iter_mut() {
             let before = a.sockets.len();
             a.sockets.retain(|_, e| {
                 e.rx.is_none() || now_ms.saturating_sub(e.registered_ms) < UNCONNECTED_MS_MAX
             });
-            unconnected += before - a.sockets.len();
+            let gone = before - a.sockets.len();
+            if gone > 0 {
+                *total -= gone;
+                if let Some(n) = per_tenant.get_mut(&id.tenant) {
+                    *n -= gone;
+                    if *n == 0 {
+                        per_tenant.remove(&id.tenant);
+                    }
+                }
+            }
         }
-        t.total -= unconnected;
         for a in t.actors.values_mut() {
             for e in a.sockets.values_mut() {
                 let last = e.last_ms.load(Ordering::Relaxed);

@@ -388,6 +388,50 @@ fn sockets_of_an_actor_the_node_no_longer_holds_are_closed_with_1012() {
     );
 }
 
+/// One tenant cannot take every socket of the node: past its own bound it
+/// is refused, and another tenant still connects.
+#[test]
+fn sockets_past_a_tenants_bound_are_refused_and_another_tenant_still_connects() {
+    let node = TestNode::with_config(|c| {
+        c.sockets.per_tenant_max = 2;
+        c.sockets.node_max = 10;
+    });
+    node.deploy("demo/examples", DEMO).unwrap();
+    node.deploy("other/examples", DEMO).unwrap();
+    let _a = node
+        .actor("demo/examples/chat/one")
+        .websocket("/ws")
+        .unwrap();
+    let b = node
+        .actor("demo/examples/chat/two")
+        .websocket("/ws")
+        .unwrap();
+    let e = node
+        .actor("demo/examples/chat/three")
+        .websocket("/ws")
+        .err()
+        .expect("a third of the tenant is refused");
+    assert_eq!(e.code(), "too_many_sockets", "{e}");
+    assert!(e.to_string().contains("sockets_per_tenant_max"), "{e}");
+    let _c = node
+        .actor("other/examples/chat/one")
+        .websocket("/ws")
+        .expect("another tenant still connects");
+    // A closed socket frees its tenant's place.
+    b.close(1000, "done");
+    let end = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match node.actor("demo/examples/chat/three").websocket("/ws") {
+            Ok(_) => break,
+            Err(e) => {
+                assert_eq!(e.code(), "too_many_sockets", "{e}");
+                assert!(std::time::Instant::now() < end, "the place was never freed");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
+
 #[test]
 fn sockets_past_the_nodes_bound_are_refused_naming_it() {
     let node = TestNode::with_config(|c| c.sockets.node_max = 2);

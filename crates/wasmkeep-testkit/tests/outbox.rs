@@ -529,6 +529,42 @@ fn parking_past_its_bound_is_refused_naming_it() {
     assert!(e.to_string().contains("parked_reply_ms_max"), "{e}");
 }
 
+/// One tenant cannot take every place for parked replies: past its own
+/// bound a park is refused, while another tenant still parks.
+#[test]
+fn parking_past_a_tenants_bound_is_refused_and_another_tenant_still_parks() {
+    let node = Arc::new(node_with(|c| {
+        c.parked.per_tenant_max = 1;
+        c.parked.node_max = 10;
+    }));
+    node.deploy("other/examples", DEMO).unwrap();
+    let parked = {
+        let node = Arc::clone(&node);
+        std::thread::spawn(move || {
+            node.actor("demo/examples/pinger/a")
+                .request("POST", "/park?ms=20000", "")
+        })
+    };
+    wait_until(|| node.runtime().parked_replies() == 1);
+    let e = node
+        .actor("demo/examples/pinger/b")
+        .request("POST", "/park?ms=20000", "")
+        .unwrap_err();
+    assert_eq!(e.code(), "too_many_parked", "{e}");
+    assert!(e.to_string().contains("parked_per_tenant_max"), "{e}");
+    // Another tenant parks (and, nobody completing it, hears it expired).
+    let e = node
+        .actor("other/examples/pinger/a")
+        .request("POST", "/park?ms=100", "")
+        .unwrap_err();
+    assert_eq!(e.code(), "reply_expired", "parked, then expired: {e}");
+    let r = node
+        .actor("demo/examples/pinger/a")
+        .post("/complete-parked", "");
+    assert_eq!(r.status, 204, "{}", r.text());
+    assert_eq!(parked.join().unwrap().unwrap().status, 200);
+}
+
 #[test]
 fn a_later_request_completes_a_parked_reply() {
     let node = Arc::new(node());

@@ -131,8 +131,10 @@ pub struct NodeConfig {
     pub parked_reply_ms_max: u64,
     pub parked_replies_max: usize,
     pub parked_per_actor_max: usize,
+    pub parked_per_tenant_max: usize,
     /// WebSockets' bounds (ADR 0043).
     pub sockets_per_actor_max: usize,
+    pub sockets_per_tenant_max: usize,
     pub sockets_max: usize,
     pub socket_message_bytes_max: usize,
     pub socket_send_buffer_bytes_max: usize,
@@ -248,7 +250,9 @@ impl Default for NodeConfig {
             parked_reply_ms_max: rt.parked.reply_ms_max,
             parked_replies_max: rt.parked.node_max,
             parked_per_actor_max: rt.parked.per_actor_max,
+            parked_per_tenant_max: rt.parked.per_tenant_max,
             sockets_per_actor_max: rt.sockets.per_actor_max,
+            sockets_per_tenant_max: rt.sockets.per_tenant_max,
             sockets_max: rt.sockets.node_max,
             socket_message_bytes_max: rt.sockets.message_bytes_max,
             socket_send_buffer_bytes_max: rt.sockets.send_buffer_bytes_max,
@@ -357,7 +361,9 @@ impl NodeConfig {
         c.parked.reply_ms_max = self.parked_reply_ms_max;
         c.parked.node_max = self.parked_replies_max;
         c.parked.per_actor_max = self.parked_per_actor_max;
+        c.parked.per_tenant_max = self.parked_per_tenant_max;
         c.sockets.per_actor_max = self.sockets_per_actor_max;
+        c.sockets.per_tenant_max = self.sockets_per_tenant_max;
         c.sockets.node_max = self.sockets_max;
         c.sockets.message_bytes_max = self.socket_message_bytes_max;
         c.sockets.send_buffer_bytes_max = self.socket_send_buffer_bytes_max;
