@@ -8,9 +8,11 @@
 //! database: a parked reply is a client waiting on this node's socket, and
 //! it is gone with the process (the client's connection closes).
 //!
-//! Bounded per node (`parked_replies_max`) and per actor
-//! (`parked_per_actor_max`); a park past either fails the guest's call
-//! with `too_many_parked`.
+//! Bounded per node (`parked_replies_max`), per tenant
+//! (`parked_per_tenant_max`) and per actor (`parked_per_actor_max`); a park
+//! past any fails the guest's call with `too_many_parked`. The bounds are
+//! checked when the ticket is taken, so actors of one tenant parking in
+//! batches at the same moment may pass the tenant's bound by a few.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -202,30 +204,42 @@ impl ParkedReplies {
         handle: &tokio::runtime::Handle,
     ) {
         let timeout = Duration::from_millis(park.timeout_ms.min(self.limits.reply_ms_max));
-        let me = Arc::downgrade(self);
         let ticket = park.ticket;
+        // The deadline first, the entry next, the timer last and for that
+        // very deadline: a timer that fired before the entry was in, or a
+        // moment before its deadline, would leave it parked for ever (and
+        // its places taken).
+        let deadline = Instant::now() + timeout;
+        {
+            let mut map = self.map.lock();
+            *map.per_actor.entry(actor.clone()).or_default() += 1;
+            *map.per_tenant.entry(actor.tenant.clone()).or_default() += 1;
+            map.gauge.inc();
+            map.parked.insert(
+                ticket,
+                Parked {
+                    actor: actor.clone(),
+                    reply: None,
+                    deadline,
+                    started: None,
+                    replicated,
+                    early: None,
+                    timer: None,
+                },
+            );
+        }
+        let me = Arc::downgrade(self);
         let timer = handle.spawn(async move {
-            tokio::time::sleep(timeout).await;
+            tokio::time::sleep_until(tokio::time::Instant::from_std(deadline)).await;
             if let Some(me) = me.upgrade() {
                 me.expire(ticket);
             }
         });
-        let mut map = self.map.lock();
-        *map.per_actor.entry(actor.clone()).or_default() += 1;
-        *map.per_tenant.entry(actor.tenant.clone()).or_default() += 1;
-        map.gauge.inc();
-        map.parked.insert(
-            ticket,
-            Parked {
-                actor: actor.clone(),
-                reply: None,
-                deadline: Instant::now() + timeout,
-                started: None,
-                replicated,
-                early: None,
-                timer: Some(timer.abort_handle()),
-            },
-        );
+        match self.map.lock().parked.get_mut(&ticket) {
+            Some(p) => p.timer = Some(timer.abort_handle()),
+            // Completed or taken back meanwhile: no timer is needed.
+            None => timer.abort(),
+        }
     }
 
     /// Hands over the reply of a reserved ticket once its commit is

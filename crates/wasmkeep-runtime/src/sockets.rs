@@ -11,7 +11,7 @@
 //! is applied here only once the event's batch is durable, so a client
 //! never sees a message whose cause was rolled back.
 //!
-//! Bounded: sockets per actor and per node, tags and attachment sizes, a
+//! Bounded: sockets per actor, per tenant and per node, tags and attachment sizes, a
 //! message's size (the edge refuses larger frames), and each socket's send
 //! buffer (a reader that falls behind by more is closed with 1008).
 
@@ -395,9 +395,10 @@ impl SocketTable {
             let gone = before - a.sockets.len();
             if gone > 0 {
                 *total -= gone;
-                if let Some(n) = per_tenant.get_mut(&id.tenant) {
-                    *n -= gone;
-                    if *n == 0 {
+                if let Some(count) = per_tenant.get_mut(&id.tenant) {
+                    debug_assert!(*count >= gone, "a tenant's count below its sockets");
+                    *count -= gone;
+                    if *count == 0 {
                         per_tenant.remove(&id.tenant);
                     }
                 }
@@ -675,5 +676,50 @@ impl wit::Host for HostState {
         let mut t = table.t.lock();
         t.actors.entry(self.id.clone()).or_default().auto = pair;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(tenant: &str, name: &str) -> ActorId {
+        ActorId::new(tenant, "app", "room", name).unwrap()
+    }
+
+    fn accept(t: &SocketTable, actor: &ActorId, now_ms: u64) -> Result<u64, String> {
+        let id = t.next_id(actor, 0)?;
+        let a = Accepted {
+            id,
+            tags: Vec::new(),
+            attachment: Vec::new(),
+        };
+        assert!(t.register(actor, a, now_ms));
+        Ok(id)
+    }
+
+    /// A tenant's bound counts its sockets on the node, and every way a
+    /// socket goes (closed, or never connected and swept) gives its place
+    /// back.
+    #[test]
+    fn a_tenants_places_come_back_however_its_sockets_go() {
+        let t = SocketTable::new(SocketLimits {
+            per_tenant_max: 2,
+            ..SocketLimits::default()
+        });
+        let first = accept(&t, &id("a", "one"), 0).unwrap();
+        accept(&t, &id("a", "two"), 0).unwrap();
+        let e = accept(&t, &id("a", "three"), 0).unwrap_err();
+        assert!(e.contains("sockets_per_tenant_max=2"), "{e}");
+        accept(&t, &id("b", "one"), 0).expect("another tenant");
+        // Closed: its place is free.
+        t.remove(&id("a", "one"), first).unwrap();
+        let third = accept(&t, &id("a", "three"), 0).unwrap();
+        assert!(third > first);
+        // Never connected, swept: their places are free too.
+        t.close_idle(UNCONNECTED_MS_MAX);
+        assert_eq!(t.len(), 0);
+        accept(&t, &id("a", "four"), UNCONNECTED_MS_MAX).unwrap();
+        accept(&t, &id("a", "five"), UNCONNECTED_MS_MAX).unwrap();
     }
 }

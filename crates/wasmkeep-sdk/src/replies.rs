@@ -49,7 +49,8 @@ use crate::{Response, Result, wit};
 ///
 /// Errors: `invalid_argument` for a timeout over the node's
 /// `parked_reply_ms_max` (5 min by default); `too_many_parked` past
-/// `parked_replies_max` or `parked_per_actor_max`; `no_request` outside a
+/// `parked_replies_max`, `parked_per_tenant_max` or `parked_per_actor_max`;
+/// `no_request` outside a
 /// request's handler.
 pub fn park(timeout_ms: u32) -> Result<u64> {
     wit::replies::park(timeout_ms)

@@ -65,7 +65,8 @@ pub use wit::sockets::SocketInfo;
 /// Errors: `not_an_upgrade` if the request does not ask for one;
 /// `invalid_argument` for more than 10 tags or a tag over 256 bytes;
 /// `value_too_large` for an attachment over 16 KiB; `too_many_sockets`
-/// past `sockets_per_actor_max` or `sockets_max`; `no_request` outside a
+/// past `sockets_per_actor_max`, `sockets_per_tenant_max` or `sockets_max`;
+/// `no_request` outside a
 /// request's handler.
 pub fn accept(tags: &[&str], attachment: &[u8]) -> Result<u64> {
     let tags: Vec<String> = tags.iter().map(|t| t.to_string()).collect();

@@ -563,6 +563,12 @@ fn parking_past_a_tenants_bound_is_refused_and_another_tenant_still_parks() {
         .post("/complete-parked", "");
     assert_eq!(r.status, 204, "{}", r.text());
     assert_eq!(parked.join().unwrap().unwrap().status, 200);
+    // The completed reply gave its tenant's place back.
+    let e = node
+        .actor("demo/examples/pinger/b")
+        .request("POST", "/park?ms=100", "")
+        .unwrap_err();
+    assert_eq!(e.code(), "reply_expired", "parked again, then expired: {e}");
 }
 
 #[test]

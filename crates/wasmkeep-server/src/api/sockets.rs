@@ -54,9 +54,10 @@ pub(super) fn upgrade(
         .into_response();
     };
     // Taken before answering 101: a socket the table could not register
-    // (the node's or actor's bound reached meanwhile) is refused here.
+    // (the node's, tenant's or actor's bound reached meanwhile) is
+    // refused here.
     let Some(conn) = rt.sockets().connect(&actor, socket) else {
-        let why = "the node's or the actor's sockets are at their bound (sockets_max, sockets_per_actor_max)";
+        let why = "the node's, the tenant's or the actor's sockets are at their bound (sockets_max, sockets_per_tenant_max, sockets_per_actor_max)";
         tell_actor(&rt, &actor, socket, 1013, why);
         return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "too_many_sockets", why)
             .into_response();
