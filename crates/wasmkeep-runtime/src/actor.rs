@@ -1056,24 +1056,24 @@ fn run_alarm(
             // the actor's (`wasmkeep logs`).
             let id = l.store.data().id.clone();
             let failures = state.retry_count + 1;
+            // A guest's error can be megabytes: formatted once, cut once.
+            let error = crate::logs::clip(&e.to_string(), crate::logs::LINE_BYTES_MAX).into_owned();
             let message = match next {
                 _ if out.dropped => {
                     Metrics::inc(&rt.metrics.alarms_abandoned_total);
                     format!(
-                        "alarm failed ({failures} failures): dropped after retries_max; error: {e}"
+                        "alarm failed ({failures} failures): dropped after retries_max; error: {error}"
                     )
                 }
                 Some(n) => format!(
-                    "alarm failed ({failures} failures so far), retry in {} ms; error: {e}",
+                    "alarm failed ({failures} failures so far), retry in {} ms; error: {error}",
                     n.at_ms.saturating_sub(now)
                 ),
-                None => format!("alarm failed ({failures} failures so far); error: {e}"),
+                None => format!("alarm failed ({failures} failures so far); error: {error}"),
             };
             // Many failing actors must not flood the node's log: the
             // warnings are cut to a rate (each actor's own lines are not).
             if let Some(left_out) = rt.alarm_failure_rate.admit(ALARM_FAILURE_LOG_PER_S) {
-                let error =
-                    crate::logs::clip(&e.to_string(), crate::logs::LINE_BYTES_MAX).into_owned();
                 tracing::warn!(actor = %id, %error, retry_count = state.retry_count, dropped = out.dropped, left_out, "alarm failed");
             }
             use crate::logs::{Level, LogLine, Source};

@@ -64,11 +64,18 @@ pub struct ClassMetrics {
 
 impl ClassMetrics {
     pub fn error(&self, code: &str) {
-        *self.errors.lock().entry(code.to_owned()).or_default() += 1;
+        let mut errors = self.errors.lock();
+        match errors.get_mut(code) {
+            Some(n) => *n += 1,
+            None => {
+                errors.insert(code.to_owned(), 1);
+            }
+        }
     }
 
     /// Failed requests with `code` so far.
-    pub fn errors_of(&self, code: &str) -> u64 {
+    #[cfg(test)]
+    fn errors_of(&self, code: &str) -> u64 {
         self.errors.lock().get(code).copied().unwrap_or(0)
     }
 }
@@ -159,12 +166,8 @@ impl ClassMetricsRegistry {
     }
 
     /// The label sets in use (not counting [`OTHER`]).
-    pub fn len(&self) -> usize {
+    fn label_sets(&self) -> usize {
         self.own.load(Ordering::Relaxed) as usize
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     /// The classes with label sets of their own, in label order.
@@ -295,7 +298,7 @@ impl Collector for ClassCollector {
             (
                 "wasmkeep_class_label_sets",
                 "Classes with label sets of their own (at most metrics_classes_max).",
-                self.0.len() as u64,
+                self.0.label_sets() as u64,
             ),
             (
                 "wasmkeep_class_label_sets_folded",
@@ -330,7 +333,7 @@ mod tests {
         r.of(&id("t", "a", "three")).unwrap().requests.inc();
         r.of(&id("t", "a", "three")).unwrap().error("guest_error");
         assert!(r.of(&id("t", "a", "typo")).is_none());
-        assert_eq!(r.len(), 2);
+        assert_eq!(r.label_sets(), 2);
         assert_eq!(r.folded_count.load(Ordering::Relaxed), 1);
         assert_eq!(r.other.requests.get(), 1);
         assert_eq!(r.other.errors_of("guest_error"), 1);

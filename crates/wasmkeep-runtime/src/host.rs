@@ -500,20 +500,15 @@ impl clock::Host for HostState {
     }
 }
 
-/// Longest guest log line kept; the rest is cut.
-const LOG_LINE_BYTES_MAX: usize = 4096;
-
 impl log::Host for HostState {
     fn log(&mut self, level: log::Level, message: String) {
         // A secret's value never reaches the node's log.
-        let mut message = self.config.scrub(message);
-        if message.len() > LOG_LINE_BYTES_MAX {
-            let mut cut = LOG_LINE_BYTES_MAX;
-            while !message.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            message.truncate(cut);
-        }
+        // Cut to the longest line kept (`logs::LINE_BYTES_MAX`), marked.
+        let message = self.config.scrub(message);
+        let message = match crate::logs::clip(&message, crate::logs::LINE_BYTES_MAX) {
+            std::borrow::Cow::Borrowed(_) => message,
+            std::borrow::Cow::Owned(cut) => cut,
+        };
         if let Some(panic) = message.strip_prefix("panic: ") {
             self.panic_message = Some(panic.to_owned());
         }

@@ -277,24 +277,22 @@ impl LogHub {
     /// Adds a line (its `seq` is set here).
     pub fn push(&self, mut line: LogLine) {
         let mut ring = self.ring.lock();
+        line.seq = ring.next_seq;
+        ring.next_seq += 1;
+        let line = Arc::new(line);
+        ring.bytes += line.bytes();
+        ring.lines.push_back(Arc::clone(&line));
+        while ring.lines.len() > self.limits.lines_max
+            || (ring.bytes > self.limits.bytes_max && ring.lines.len() > 1)
         {
-            line.seq = ring.next_seq;
-            ring.next_seq += 1;
-            let line = Arc::new(line);
-            ring.bytes += line.bytes();
-            ring.lines.push_back(Arc::clone(&line));
-            while ring.lines.len() > self.limits.lines_max
-                || (ring.bytes > self.limits.bytes_max && ring.lines.len() > 1)
-            {
-                if let Some(old) = ring.lines.pop_front() {
-                    ring.bytes -= old.bytes();
-                }
+            if let Some(old) = ring.lines.pop_front() {
+                ring.bytes -= old.bytes();
             }
-            // No receiver is not an error: nobody follows. Sent under the
-            // lock, so followers see lines in `seq` order.
-            if let Some(live) = &ring.live {
-                let _ = live.send(line);
-            }
+        }
+        // No receiver is not an error: nobody follows. Sent under the
+        // lock, so followers see lines in `seq` order.
+        if let Some(live) = &ring.live {
+            let _ = live.send(line);
         }
     }
 

@@ -1634,6 +1634,19 @@ fn run_turn_surviving_panics(rt: &Arc<Inner>, actor: &Arc<Actor>) {
     }
 }
 
+/// The folders in `p` with UTF-8 names (a tenant's, an app's, a class's
+/// level of the data folder); none if it cannot be read.
+fn subdirs(p: &std::path::Path) -> Vec<(String, PathBuf)> {
+    std::fs::read_dir(p)
+        .map(|rd| {
+            rd.flatten()
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .filter_map(|e| Some((e.file_name().into_string().ok()?, e.path())))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// Walks the data folder for each class's disk use and actor count
 /// (`wasmkeep_class_database_bytes`, `wasmkeep_class_actors`). It reads
 /// file sizes only (no database is opened), and holds one directory
@@ -1646,16 +1659,6 @@ fn census(
     stopping: &AtomicBool,
 ) {
     let mut per_class: HashMap<(String, String, String), (u64, u64)> = HashMap::new();
-    let subdirs = |p: &std::path::Path| -> Vec<(String, PathBuf)> {
-        std::fs::read_dir(p)
-            .map(|rd| {
-                rd.flatten()
-                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-                    .filter_map(|e| Some((e.file_name().into_string().ok()?, e.path())))
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
     for (tenant, tp) in subdirs(&data.join("actors")) {
         for (app, ap) in subdirs(&tp) {
             for (class, cp) in subdirs(&ap) {
@@ -1692,19 +1695,9 @@ fn census(
 /// Every actor with a database under `data`.
 pub fn all_actors(data: &std::path::Path) -> Vec<ActorId> {
     let mut out = Vec::new();
-    let dirs = |p: PathBuf| -> Vec<(String, PathBuf)> {
-        std::fs::read_dir(p)
-            .map(|rd| {
-                rd.flatten()
-                    .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
-                    .filter_map(|e| Some((e.file_name().into_string().ok()?, e.path())))
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
-    for (tenant, tp) in dirs(data.join("actors")) {
-        for (app, ap) in dirs(tp) {
-            for (class, cp) in dirs(ap) {
+    for (tenant, tp) in subdirs(&data.join("actors")) {
+        for (app, ap) in subdirs(&tp) {
+            for (class, cp) in subdirs(&ap) {
                 for name in paths::list_names(&cp, None, usize::MAX).unwrap_or_default() {
                     if let Ok(id) = ActorId::new(&tenant, &app, &class, &name) {
                         out.push(id);

@@ -398,57 +398,38 @@ fn sockets_past_a_tenants_bound_are_refused_and_another_tenant_still_connects() 
     });
     node.deploy("demo/examples", DEMO).unwrap();
     node.deploy("other/examples", DEMO).unwrap();
-    let _a = node
-        .actor("demo/examples/chat/one")
-        .websocket("/ws")
-        .unwrap();
-    let b = node
-        .actor("demo/examples/chat/two")
-        .websocket("/ws")
-        .unwrap();
-    let e = node
-        .actor("demo/examples/chat/three")
-        .websocket("/ws")
-        .err()
-        .expect("a third of the tenant is refused");
-    assert_eq!(e.code(), "too_many_sockets", "{e}");
-    assert!(e.to_string().contains("sockets_per_tenant_max"), "{e}");
-    let _c = node
-        .actor("other/examples/chat/one")
-        .websocket("/ws")
-        .expect("another tenant still connects");
+    let _a = chat_socket(&node, "demo/examples/chat/one").unwrap();
+    let b = chat_socket(&node, "demo/examples/chat/two").unwrap();
+    refused_naming(&node, "demo/examples/chat/three", "sockets_per_tenant_max");
+    let _c = chat_socket(&node, "other/examples/chat/one").expect("another tenant still connects");
     // A closed socket frees its tenant's place.
     b.close(1000, "done");
-    let end = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        match node.actor("demo/examples/chat/three").websocket("/ws") {
-            Ok(_) => break,
-            Err(e) => {
-                assert_eq!(e.code(), "too_many_sockets", "{e}");
-                assert!(std::time::Instant::now() < end, "the place was never freed");
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-    }
+    let _d = chat_socket(&node, "demo/examples/chat/three").expect("the place was freed");
+}
+
+/// A chat socket on `address`.
+fn chat_socket<'a>(
+    node: &'a TestNode,
+    address: &str,
+) -> Result<wasmkeep_testkit::TestSocket<'a>, wasmkeep_testkit::RuntimeError> {
+    node.actor(address).websocket("/ws")
+}
+
+/// A chat socket on `address` is refused with `too_many_sockets`, naming
+/// `limit`.
+fn refused_naming(node: &TestNode, address: &str, limit: &str) {
+    let e = chat_socket(node, address)
+        .err()
+        .expect("refused past the bound");
+    assert_eq!(e.code(), "too_many_sockets", "{e}");
+    assert!(e.to_string().contains(limit), "{e}");
 }
 
 #[test]
 fn sockets_past_the_nodes_bound_are_refused_naming_it() {
     let node = TestNode::with_config(|c| c.sockets.node_max = 2);
     node.deploy("demo/examples", DEMO).unwrap();
-    let _a = node
-        .actor("demo/examples/chat/one")
-        .websocket("/ws")
-        .unwrap();
-    let _b = node
-        .actor("demo/examples/chat/two")
-        .websocket("/ws")
-        .unwrap();
-    let e = node
-        .actor("demo/examples/chat/three")
-        .websocket("/ws")
-        .err()
-        .expect("a third on the node is refused");
-    assert_eq!(e.code(), "too_many_sockets", "{e}");
-    assert!(e.to_string().contains("sockets_max"), "{e}");
+    let _a = chat_socket(&node, "demo/examples/chat/one").unwrap();
+    let _b = chat_socket(&node, "demo/examples/chat/two").unwrap();
+    refused_naming(&node, "demo/examples/chat/three", "sockets_max");
 }

@@ -538,14 +538,7 @@ fn parking_past_a_tenants_bound_is_refused_and_another_tenant_still_parks() {
         c.parked.node_max = 10;
     }));
     node.deploy("other/examples", DEMO).unwrap();
-    let parked = {
-        let node = Arc::clone(&node);
-        std::thread::spawn(move || {
-            node.actor("demo/examples/pinger/a")
-                .request("POST", "/park?ms=20000", "")
-        })
-    };
-    wait_until(|| node.runtime().parked_replies() == 1);
+    let parked = park_on_a_thread(&node, "demo/examples/pinger/a");
     let e = node
         .actor("demo/examples/pinger/b")
         .request("POST", "/park?ms=20000", "")
@@ -574,14 +567,7 @@ fn parking_past_a_tenants_bound_is_refused_and_another_tenant_still_parks() {
 #[test]
 fn a_later_request_completes_a_parked_reply() {
     let node = Arc::new(node());
-    let parked = {
-        let node = Arc::clone(&node);
-        std::thread::spawn(move || {
-            node.actor("demo/examples/pinger/a")
-                .request("POST", "/park?ms=20000", "")
-        })
-    };
-    wait_until(|| node.runtime().parked_replies() == 1);
+    let parked = park_on_a_thread(&node, "demo/examples/pinger/a");
     let r = node
         .actor("demo/examples/pinger/a")
         .post("/complete-parked", "");
@@ -589,6 +575,22 @@ fn a_later_request_completes_a_parked_reply() {
     let answer = parked.join().unwrap().unwrap();
     assert_eq!(answer.status, 200);
     assert_eq!(answer.text(), "completed by a later request");
+}
+
+/// A request to `address` that parks its reply for 20 s, on a thread of
+/// its own; returns once the node holds one more parked reply.
+fn park_on_a_thread(
+    node: &Arc<TestNode>,
+    address: &str,
+) -> std::thread::JoinHandle<Result<wasmkeep_testkit::TestResponse, wasmkeep_testkit::RuntimeError>>
+{
+    let before = node.runtime().parked_replies();
+    let parked = {
+        let (node, address) = (Arc::clone(node), address.to_owned());
+        std::thread::spawn(move || node.actor(&address).request("POST", "/park?ms=20000", ""))
+    };
+    wait_until(|| node.runtime().parked_replies() == before + 1);
+    parked
 }
 
 fn wait_until(mut f: impl FnMut() -> bool) {

@@ -45,19 +45,29 @@ impl Conn {
         format!("{}{path}", self.server.trim_end_matches('/'))
     }
 
-    fn send(&self, method: &str, path: &str, body: Option<Vec<u8>>) -> Result<(u16, Vec<u8>)> {
+    /// Sends a request with the token; the response with its body unread.
+    fn open(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<ureq::http::Response<ureq::Body>> {
         let url = self.url(path);
         let mut req = ureq::http::Request::builder().method(method).uri(&url);
         if let Some(t) = &self.token {
             req = req.header("authorization", format!("Bearer {t}"));
         }
         let req = req.body(body.unwrap_or_default())?;
-        let mut resp = agent().run(req).with_context(|| {
+        agent().run(req).with_context(|| {
             format!(
                 "{method} {url} (hint: is a node running there? `wasmkeep serve` starts one; \
                  --server or WASMKEEP_SERVER names another)"
             )
-        })?;
+        })
+    }
+
+    fn send(&self, method: &str, path: &str, body: Option<Vec<u8>>) -> Result<(u16, Vec<u8>)> {
+        let mut resp = self.open(method, path, body)?;
         let status = resp.status().as_u16();
         let bytes = resp.body_mut().with_config().limit(1 << 30).read_to_vec()?;
         Ok((status, bytes))
@@ -389,12 +399,7 @@ pub fn alarms(conn: &Conn, out: Output, tenant: &str, limit: usize) -> Result<()
             for a in &alarms {
                 rows.push(vec![
                     a["alarm_ms"].as_u64().map_or("?".into(), output::time),
-                    format!(
-                        "{}/{}/{}",
-                        a["app"].as_str().unwrap_or(""),
-                        a["class"].as_str().unwrap_or(""),
-                        output::printable(a["name"].as_str().unwrap_or(""))
-                    ),
+                    address(a, ""),
                 ]);
             }
             output::table(&rows);
@@ -412,12 +417,7 @@ pub fn alarms(conn: &Conn, out: Output, tenant: &str, limit: usize) -> Result<()
             for e in index {
                 rows.push(vec![
                     e["due_ms"].as_u64().map_or("?".into(), output::time),
-                    format!(
-                        "{}/{}/{}",
-                        e["app"].as_str().unwrap_or("(tenant-wide)"),
-                        e["class"].as_str().unwrap_or(""),
-                        output::printable(e["name"].as_str().unwrap_or(""))
-                    ),
+                    address(e, "(tenant-wide)"),
                     e["generation"].to_string(),
                     e["nonce"].as_str().unwrap_or("-").to_owned(),
                 ]);
@@ -426,6 +426,17 @@ pub fn alarms(conn: &Conn, out: Output, tenant: &str, limit: usize) -> Result<()
         }
     });
     Ok(())
+}
+
+/// `app/class/name` of a listed alarm (`no_app` when it names none), the
+/// name escaped for the terminal.
+fn address(v: &Value, no_app: &str) -> String {
+    format!(
+        "{}/{}/{}",
+        v["app"].as_str().unwrap_or(no_app),
+        v["class"].as_str().unwrap_or(""),
+        output::printable(v["name"].as_str().unwrap_or(""))
+    )
 }
 
 pub fn apps(conn: &Conn, out: Output) -> Result<()> {
@@ -483,15 +494,7 @@ pub fn logs(
         path.join("/"),
         enc(level)
     );
-    let mut req = ureq::http::Request::builder()
-        .method("GET")
-        .uri(conn.url(&url));
-    if let Some(t) = &conn.token {
-        req = req.header("authorization", format!("Bearer {t}"));
-    }
-    let mut resp = agent()
-        .run(req.body(Vec::new())?)
-        .with_context(|| format!("GET {}", conn.url(&url)))?;
+    let mut resp = conn.open("GET", &url, None)?;
     let status = resp.status().as_u16();
     if status != 200 {
         let body = resp.body_mut().with_config().limit(1 << 20).read_to_vec()?;

@@ -83,7 +83,11 @@ pub(crate) fn record(s: &AppState, a: Answered<'_>) {
     let path: &str = &path;
     // Parsed again only here, when a line is written.
     let id: Option<ActorId> = super::parse_actor_path(a.path).ok().map(|(id, _)| id);
-    let actor = id.as_ref().map(|id| id.to_string());
+    // The address as text only for the node's own log lines.
+    let actor = id
+        .as_ref()
+        .filter(|_| access_on || failed)
+        .map(|id| id.to_string());
     let actor = actor.as_deref().unwrap_or("-");
     let code = a.code.unwrap_or("-");
     let ms = duration_us as f64 / 1000.0;
@@ -236,9 +240,8 @@ pub(crate) async fn logs_route(
             // client that went away is noticed.
             let heartbeat =
                 Duration::from_millis(HEARTBEAT_MS.min(s.config.idle_timeout_ms / 2).max(1));
-            let live = futures_util::stream::unfold(
-                (follower, scope, hub),
-                move |(mut f, scope, hub)| async move {
+            let live =
+                futures_util::stream::unfold((follower, scope), move |(mut f, scope)| async move {
                     let deadline = tokio::time::Instant::now() + heartbeat;
                     let out = loop {
                         match tokio::time::timeout_at(deadline, f.next()).await {
@@ -259,9 +262,8 @@ pub(crate) async fn logs_route(
                             }
                         }
                     };
-                    Some((Ok::<_, std::io::Error>(out), (f, scope, hub)))
-                },
-            );
+                    Some((Ok::<_, std::io::Error>(out), (f, scope)))
+                });
             use futures_util::StreamExt;
             Body::from_stream(head.chain(live))
         }
