@@ -46,6 +46,27 @@ pub fn epoch_ticks(ms: u64) -> u64 {
 /// host calls it makes. Fixed, because worker threads are sized for it.
 pub const WASM_STACK_BYTES_MAX: usize = 512 * 1024;
 
+/// The native stack of each worker thread: the deepest wasm stack a guest
+/// may have, the stack SQLite is guaranteed on a guest's behalf
+/// (`wasmkeep_store::stack::SQL_STACK_BYTES_MIN`, checked before every
+/// call into it), and room for wasmtime's and the host's own frames.
+/// Only the pages a thread touches are resident.
+pub const WORKER_STACK_BYTES: usize = 16 * 1024 * 1024;
+const _: () = assert!(
+    WORKER_STACK_BYTES
+        >= WASM_STACK_BYTES_MAX + wasmkeep_store::stack::SQL_STACK_BYTES_MIN + 2 * 1024 * 1024
+);
+
+/// The stack a worker is spawned with: [`WORKER_STACK_BYTES`], or Rust's
+/// default in the unsafe variant of the stack rule (a `test-faults` build).
+pub(crate) fn worker_stack_bytes() -> usize {
+    if wasmkeep_store::stack::rule_dropped() {
+        2 * 1024 * 1024
+    } else {
+        WORKER_STACK_BYTES
+    }
+}
+
 /// How often the idle reaper looks for actors to close.
 const REAP_INTERVAL_MS: u64 = 1000;
 /// A worker that waited this long for work after the reaper closed actors
@@ -478,6 +499,7 @@ impl Runtime {
             let rt = Arc::clone(&self.inner);
             std::thread::Builder::new()
                 .name(format!("wasmkeep-worker-{i}"))
+                .stack_size(worker_stack_bytes())
                 .spawn(move || worker(rt))
                 .expect("spawn worker");
         }

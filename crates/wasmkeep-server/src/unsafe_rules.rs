@@ -34,6 +34,10 @@ pub struct UnsafeRules {
     /// virtual-table module, and SQLite's escape hatches stay open
     /// (process-wide; see [`UnsafeRules::apply_to_process`]).
     pub no_sql_allow_list: bool,
+    /// `no_stack_rule`: workers run on Rust's default 2 MiB stacks and
+    /// calls into SQLite do not check the stack left (process-wide; see
+    /// `wasmkeep_store::stack`).
+    pub no_stack_rule: bool,
 }
 
 impl UnsafeRules {
@@ -49,6 +53,7 @@ impl UnsafeRules {
                 "admin_open_to_network" => &mut r.admin_open_to_network,
                 "admin_takes_any_page" => &mut r.admin_takes_any_page,
                 "no_sql_allow_list" => &mut r.no_sql_allow_list,
+                "no_stack_rule" => &mut r.no_stack_rule,
                 _ => return Err(format!("{ENV}: unknown rule `{name}`")),
             };
             *flag = true;
@@ -72,6 +77,10 @@ impl UnsafeRules {
         #[cfg(feature = "test-faults")]
         if self.no_sql_allow_list {
             wasmkeep_store::sandbox::unsafe_drop_allow_list();
+        }
+        #[cfg(feature = "test-faults")]
+        if self.no_stack_rule {
+            wasmkeep_store::stack::unsafe_drop_stack_rule();
         }
     }
 

@@ -791,6 +791,7 @@ impl ActorDb {
     /// costs at most that much memory here; what SQLite itself holds for
     /// one row is bounded by `statement_memory_bytes_max`.
     pub fn query(&mut self, sql: &str, params: &[Value]) -> Result<QueryResult, StoreError> {
+        crate::stack::check()?;
         self.check_statement(sql, params)?;
         let _guest = Mode::enter(&self.mode, MODE_GUEST);
         let _budget = StatementBudget::arm(
@@ -838,6 +839,7 @@ impl ActorDb {
 
     /// Runs a guest statement that returns no rows.
     pub fn execute(&mut self, sql: &str, params: &[Value]) -> Result<ExecResult, StoreError> {
+        crate::stack::check()?;
         self.check_statement(sql, params)?;
         let _guest = Mode::enter(&self.mode, MODE_GUEST);
         let _budget = StatementBudget::arm(
@@ -882,6 +884,7 @@ impl ActorDb {
     /// statement the guest could not prepare fails here too, and so does one
     /// that names a table this database does not have (yet).
     pub fn warm(&mut self, sql: &str) -> Result<(), StoreError> {
+        crate::stack::check()?;
         self.check_statement(sql, &[])?;
         let _guest = Mode::enter(&self.mode, MODE_GUEST);
         let text = format!("{GUEST_MARK}{sql}");
@@ -894,6 +897,9 @@ impl ActorDb {
     // ---- key-value ----
 
     fn check_key(&self, key: &str) -> Result<(), StoreError> {
+        // The key-value statements are the runtime's, on tables no guest
+        // trigger can reach; the check costs a thread-local read.
+        crate::stack::check()?;
         if key.len() > self.limits.key_bytes_max {
             return Err(StoreError::KeyTooLarge {
                 size: key.len(),
@@ -1391,6 +1397,7 @@ fn run_inspection(
     sql: &str,
     rows_max: usize,
 ) -> Result<QueryResult, StoreError> {
+    crate::stack::check()?;
     let sql_err = |e: rusqlite::Error| match (denied.take(), &e) {
         (Some(reason), _) => StoreError::Forbidden(reason),
         (None, rusqlite::Error::SqliteFailure(f, _)) if f.code == ErrorCode::DatabaseBusy => {

@@ -40,6 +40,10 @@ pub enum StoreError {
     NodeMemoryExhausted { limit: u64 },
     #[error("statement spilled too much to disk: limit statement_temp_file_bytes_max={limit}")]
     TempStorageExceeded { limit: u64 },
+    #[error(
+        "not enough native stack left for SQLite: left={left} bytes, limit sql_stack_bytes_min={needed}; the guest's own call stack is too deep"
+    )]
+    StackExhausted { left: usize, needed: usize },
     #[error("forbidden: {0}")]
     Forbidden(String),
     #[error("sql error: {0}")]
@@ -73,6 +77,7 @@ impl StoreError {
             StoreError::StatementMemoryExceeded { .. } => "memory_exceeded",
             StoreError::NodeMemoryExhausted { .. } => "node_memory_exhausted",
             StoreError::TempStorageExceeded { .. } => "temp_storage_exceeded",
+            StoreError::StackExhausted { .. } => "stack_exhausted",
             StoreError::Forbidden(_) => "forbidden",
             StoreError::Sql(_) => "sql_error",
             StoreError::InvalidArgument(_) => "invalid_argument",

@@ -23,6 +23,7 @@ pub mod page_capture;
 pub mod paths;
 pub mod sandbox;
 pub mod sqlite_setup;
+pub mod stack;
 pub mod sync;
 mod wal_index;
 

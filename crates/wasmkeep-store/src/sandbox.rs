@@ -178,6 +178,7 @@ fn allow_list_dropped() -> bool {
 /// Turns on the settings that close SQLite's escape hatches, on every
 /// connection that runs SQL a tenant wrote or a bucket delivered.
 pub fn harden(conn: &Connection) -> rusqlite::Result<()> {
+    set_depth_limits(conn);
     if allow_list_dropped() {
         // The unsafe variant: none of the hatches is closed.
         return Ok(());
@@ -190,6 +191,33 @@ pub fn harden(conn: &Connection) -> rusqlite::Result<()> {
     disable_function(conn, c"fts3_tokenizer", 2)?;
     Ok(())
 }
+
+/// Sets SQLite's bounds on recursive paths to the values the native stack
+/// is sized for (see [`crate::stack`]), whatever the library's build
+/// defaults are. They hold for the unsafe variant of the allow-list too:
+/// the stack's sizing is a rule of its own.
+pub(crate) fn set_depth_limits(conn: &Connection) {
+    use crate::stack::{
+        SQL_COMPOUND_SELECT_MAX, SQL_EXPR_DEPTH_MAX, SQL_PARSER_DEPTH_MAX, SQL_TRIGGER_DEPTH_MAX,
+    };
+    for (limit, value) in [
+        (ffi::SQLITE_LIMIT_TRIGGER_DEPTH, SQL_TRIGGER_DEPTH_MAX),
+        (ffi::SQLITE_LIMIT_EXPR_DEPTH, SQL_EXPR_DEPTH_MAX),
+        (ffi::SQLITE_LIMIT_COMPOUND_SELECT, SQL_COMPOUND_SELECT_MAX),
+        (SQLITE_LIMIT_PARSER_DEPTH, SQL_PARSER_DEPTH_MAX),
+    ] {
+        // SAFETY: the handle is this open connection's, used on its own
+        // thread; `sqlite3_limit` takes any limit id and value (values
+        // above the library's hard bound are lowered to it).
+        unsafe {
+            ffi::sqlite3_limit(conn.handle(), limit, value);
+        }
+    }
+}
+
+/// `SQLITE_LIMIT_PARSER_DEPTH` (SQLite 3.50), which the bindings do not
+/// name yet.
+const SQLITE_LIMIT_PARSER_DEPTH: c_int = 12;
 
 unsafe extern "C" fn refuse_call(
     ctx: *mut ffi::sqlite3_context,

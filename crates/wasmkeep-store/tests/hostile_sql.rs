@@ -871,3 +871,27 @@ fn guard_like_progress(
         .unwrap();
     (asked, deadline)
 }
+
+#[test]
+fn a_call_with_less_stack_left_than_sqlite_is_guaranteed_is_refused_by_name() {
+    use wasmkeep_store::stack::SQL_STACK_BYTES_MIN;
+    let run = |stack: usize| {
+        std::thread::Builder::new()
+            .stack_size(stack)
+            .spawn(|| {
+                let (_d, mut db) = open(StoreLimits::default());
+                db.query("SELECT 1", &[]).map(|_| ())
+            })
+            .unwrap()
+            .join()
+            .unwrap()
+    };
+    match run(SQL_STACK_BYTES_MIN / 2) {
+        Err(e @ StoreError::StackExhausted { .. }) => {
+            assert_eq!(e.code(), "stack_exhausted");
+            assert!(e.to_string().contains("sql_stack_bytes_min"), "{e}");
+        }
+        other => panic!("a thread with half the stack SQLite needs ran a statement: {other:?}"),
+    }
+    run(SQL_STACK_BYTES_MIN + (2 << 20)).expect("a thread with room ran nothing");
+}

@@ -15,6 +15,10 @@
 //! - `POST /sql-batch` (body: a JSON array of statements): runs them in
 //!   order in one event; answers `{"results":[…]}`, or the first error with
 //!   its `"step"`.
+//! - `POST /deep-sql?frames=N` (body as for `/sql-batch`): recurses N wasm
+//!   frames, each holding its values on the native stack, then runs the
+//!   statements at the bottom (what is left of the worker's native stack
+//!   is all SQLite gets); answers as `/sql-batch`, with `"frames"`.
 //! - `POST /forever`: a recursive CTE that never ends.
 //! - `POST /catch-forever`: runs it, ignores the error, and runs it again,
 //!   for ever.
@@ -111,6 +115,25 @@ fn run_batch(body: &[u8]) -> Result<Response> {
         200,
         json!({ "results": results }).to_string(),
     ))
+}
+
+/// Recurses `n` frames whose values stay live across the call (so each
+/// frame spills them to the native stack), then runs `body`'s statements.
+#[inline(never)]
+fn deep(n: u64, a: u64, b: u64, c: u64, d: u64, body: &[u8]) -> Result<Response> {
+    if n == 0 {
+        return run_batch(body);
+    }
+    let (e, f, g, h) = (
+        std::hint::black_box(a ^ n),
+        std::hint::black_box(b.wrapping_add(n)),
+        std::hint::black_box(c.rotate_left(3)),
+        std::hint::black_box(d.wrapping_mul(31)),
+    );
+    let r = deep(n - 1, e, f, g, h, body);
+    // Uses every value after the call, so none can be dropped before it.
+    std::hint::black_box(a ^ b ^ c ^ d ^ e ^ f ^ g ^ h);
+    r
 }
 
 /// The query parameter `name` as a number, or `default`.
@@ -254,6 +277,7 @@ impl Actor for Attacker {
                 Ok(run(req.text()?, &[Value::Blob(forged)]))
             }
             ("POST", "/sql-batch") => run_batch(&req.body),
+            ("POST", "/deep-sql") => deep(num(&req, "frames", 0)?, 1, 2, 3, 4, &req.body),
             ("POST", "/forever") => Ok(run(FOREVER, &[])),
             ("POST", "/catch-forever") => {
                 // A guest that swallows the deadline's error and carries on:

@@ -1,6 +1,7 @@
 //! A real `wasmkeep serve` process on a loopback port, for tests.
 #![allow(dead_code)]
 pub mod cluster;
+pub mod hostile;
 pub mod load;
 pub mod proxy;
 
