@@ -306,14 +306,26 @@ impl HostState {
         wit_err(e)
     }
 
-    /// The database, or an error for the one instance that has none: the
-    /// one a deploy creates to ask the component for its classes.
+    /// The database for a host call, or an error: for the one instance
+    /// that has none (the one a deploy creates to ask the component for
+    /// its classes), and for a call made with less native stack left than
+    /// SQLite is guaranteed ([`guest_db`]).
     fn db(&mut self) -> Result<&mut ActorDb, WitError> {
-        self.db.as_mut().ok_or_else(|| WitError {
-            code: "invalid_argument".into(),
-            message: "no database while the app is being deployed".into(),
-        })
+        guest_db(&mut self.db)
     }
+}
+
+/// `db` for a guest's host call: every call that reaches SQLite comes
+/// through here, and is refused (`stack_exhausted`) when the guest's own
+/// frames left less native stack than `wasmkeep_store::stack` guarantees
+/// SQLite. Workers are sized so that no wasm stack can get there
+/// (`WORKER_STACK_BYTES`); the check holds whatever thread runs the guest.
+fn guest_db(db: &mut Option<ActorDb>) -> Result<&mut ActorDb, WitError> {
+    wasmkeep_store::stack::check().map_err(wit_err)?;
+    db.as_mut().ok_or_else(|| WitError {
+        code: "invalid_argument".into(),
+        message: "no database while the app is being deployed".into(),
+    })
 }
 
 impl WasiView for HostState {
@@ -573,6 +585,31 @@ mod tests {
             !cap.table_growing(1000, MIB / TABLE_ELEMENT_BYTES + 1, None)
                 .unwrap()
         );
+    }
+
+    #[test]
+    fn a_host_call_with_less_stack_left_than_sqlite_is_guaranteed_is_refused() {
+        use wasmkeep_store::stack::SQL_STACK_BYTES_MIN;
+        let call = |stack: usize| {
+            std::thread::Builder::new()
+                .stack_size(stack)
+                .spawn(|| {
+                    let dir = tempfile::tempdir().unwrap();
+                    let limits = wasmkeep_store::StoreLimits::default();
+                    let mut db =
+                        ActorDb::open(dir.path(), &limits, wasmkeep_store::OpenMode::Create)
+                            .unwrap();
+                    guest_db(&mut db).map(|_| ()).map_err(|e| e.code)
+                })
+                .unwrap()
+                .join()
+                .unwrap()
+        };
+        assert_eq!(
+            call(SQL_STACK_BYTES_MIN / 2),
+            Err("stack_exhausted".to_string())
+        );
+        assert_eq!(call(crate::runtime::WORKER_STACK_BYTES), Ok(()));
     }
 
     #[test]

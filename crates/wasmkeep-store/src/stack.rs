@@ -19,7 +19,8 @@
 //!   stack a guest may have, plus [`SQL_STACK_BYTES_MIN`] for SQLite, plus
 //!   room for wasmtime's and the host's own frames (the runtime's
 //!   `WORKER_STACK_BYTES`).
-//! - Every call into SQLite on a guest's behalf first checks the stack left
+//! - Every host call of a guest that reaches SQLite (the runtime's
+//!   `host.rs`, `guest_db`) first checks the stack left
 //!   ([`check`]) and refuses with [`StoreError::StackExhausted`] when it is
 //!   below [`SQL_STACK_BYTES_MIN`]: the check holds even if a thread was
 //!   started with less, or a guest found a deeper path than the sizes
