@@ -14,7 +14,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 use tokio::sync::oneshot;
@@ -270,6 +270,8 @@ impl Loaded {
 
 pub struct Actor {
     pub id: ActorId,
+    /// The actor's tenant, shared with the run queue's tenant queues.
+    pub tenant: Arc<str>,
     pub queue: Mutex<Queue>,
     pub slot: Mutex<Option<Loaded>>,
     /// Milliseconds since the runtime started, at the last event.
@@ -291,6 +293,7 @@ pub struct Actor {
 impl Actor {
     pub fn new(id: ActorId) -> Actor {
         Actor {
+            tenant: Arc::from(id.tenant.as_str()),
             id,
             queue: Mutex::new(Queue::default()),
             slot: Mutex::new(None),
@@ -334,7 +337,10 @@ fn reply(r: Option<Reply>, v: Result<Outcome, RuntimeError>) {
     }
 }
 
-/// Runs one turn of `actor`: every event queued now, up to the batch bound.
+/// Runs one turn of `actor`: the events queued now, up to the batch bound,
+/// until the turn has run `batch_time_budget_ms`; what it did not start
+/// goes back to the front of the queue, and the actor behind the others of
+/// its tenant (`scheduler`).
 pub fn run_turn(rt: &Arc<Inner>, actor: &Arc<Actor>) {
     let events: Vec<Event> = {
         let mut q = actor.queue.lock();
@@ -346,57 +352,92 @@ pub fn run_turn(rt: &Arc<Inner>, actor: &Arc<Actor>) {
         events
     };
     actor.last_used_ms.store(rt.elapsed_ms(), Ordering::Relaxed);
-    {
+    let yield_at = Instant::now() + Duration::from_millis(rt.config.batch_time_budget_ms);
+    let not_started = {
         let mut slot = actor.slot.lock();
-        let mut run: Vec<Event> = Vec::new();
-        for ev in events {
-            match ev.kind {
-                EventKind::Delete => {
-                    run_batch(rt, actor, &mut slot, std::mem::take(&mut run));
-                    run_delete(rt, actor, &mut slot, ev);
-                }
-                EventKind::Replicate => {
-                    run_batch(rt, actor, &mut slot, std::mem::take(&mut run));
-                    if let Some(repl) = &rt.replication {
-                        replication::upload_pending(rt, repl, actor, slot.as_mut().map(|l| l.db()));
-                    }
-                }
-                EventKind::Inspect(f) => {
-                    run_batch(rt, actor, &mut slot, std::mem::take(&mut run));
-                    if slot.is_none()
-                        && let Some(repl) = &rt.replication
-                        && let Err(e) = replication::ensure_open(rt, repl, actor)
-                    {
-                        // Inspection reads what is local; say why it may
-                        // be missing or stale.
-                        tracing::warn!(actor = %actor.id, error = %e, "could not bring the actor in line with the bucket before inspecting it");
-                    }
-                    if rt.keeps_index() && actor.repl.lock().awaits_first_plan() {
-                        // Opened (and held) for an inspection with local
-                        // data the bucket lacks: uploaded now, its alarm
-                        // listed first, rather than left for a close to
-                        // forget.
-                        let _ =
-                            rt.enqueue(&actor.id, Event::new(EventKind::Replicate, None), false);
-                    }
-                    match slot.as_mut() {
-                        Some(l) => f(DbAccess::Open(l.db())),
-                        None => f(DbAccess::Closed(&paths::actor_db(
-                            &rt.config.data_dir,
-                            &actor.id,
-                        ))),
-                    }
-                }
-                _ => run.push(ev),
-            }
-        }
-        run_batch(rt, actor, &mut slot, run);
-    }
+        run_turn_events(rt, actor, &mut slot, events, yield_at)
+    };
     let mut q = actor.queue.lock();
+    if !not_started.is_empty() {
+        let bytes: u64 = not_started.iter().map(Event::queued_bytes).sum();
+        q.bytes += bytes;
+        rt.queued_bytes.fetch_add(bytes, Ordering::Relaxed);
+        for ev in not_started.into_iter().rev() {
+            q.events.push_front(ev);
+        }
+    }
     if q.events.is_empty() {
         q.scheduled = false;
     } else {
         rt.schedule(Arc::clone(actor));
+    }
+}
+
+/// Runs a turn's events in order: batches of ordinary events, and deletes,
+/// uploads and inspections each on its own between them. Returns the
+/// events it did not start because the turn ran out of time (in order).
+fn run_turn_events(
+    rt: &Arc<Inner>,
+    actor: &Arc<Actor>,
+    slot: &mut Option<Loaded>,
+    events: Vec<Event>,
+    yield_at: Instant,
+) -> Vec<Event> {
+    let mut run: Vec<Event> = Vec::new();
+    let mut rest = events.into_iter();
+    while let Some(ev) = rest.next() {
+        if !matches!(
+            ev.kind,
+            EventKind::Delete | EventKind::Replicate | EventKind::Inspect(_)
+        ) {
+            run.push(ev);
+            continue;
+        }
+        let left = run_batch(rt, actor, slot, std::mem::take(&mut run), yield_at);
+        if !left.is_empty() {
+            return left
+                .into_iter()
+                .chain(std::iter::once(ev))
+                .chain(rest)
+                .collect();
+        }
+        match ev.kind {
+            EventKind::Delete => run_delete(rt, actor, slot, ev),
+            EventKind::Replicate => {
+                if let Some(repl) = &rt.replication {
+                    replication::upload_pending(rt, repl, actor, slot.as_mut().map(|l| l.db()));
+                }
+            }
+            EventKind::Inspect(f) => run_inspect(rt, actor, slot, f),
+            _ => unreachable!("only deletes, uploads and inspections run on their own"),
+        }
+    }
+    run_batch(rt, actor, slot, run, yield_at)
+}
+
+/// Runs an inspection between two events: through the actor's own
+/// connection if it is open, on its file otherwise.
+fn run_inspect(rt: &Arc<Inner>, actor: &Arc<Actor>, slot: &mut Option<Loaded>, f: InspectFn) {
+    if slot.is_none()
+        && let Some(repl) = &rt.replication
+        && let Err(e) = replication::ensure_open(rt, repl, actor)
+    {
+        // Inspection reads what is local; say why it may be missing or
+        // stale.
+        tracing::warn!(actor = %actor.id, error = %e, "could not bring the actor in line with the bucket before inspecting it");
+    }
+    if rt.keeps_index() && actor.repl.lock().awaits_first_plan() {
+        // Opened (and held) for an inspection with local data the bucket
+        // lacks: uploaded now, its alarm listed first, rather than left for
+        // a close to forget.
+        let _ = rt.enqueue(&actor.id, Event::new(EventKind::Replicate, None), false);
+    }
+    match slot.as_mut() {
+        Some(l) => f(DbAccess::Open(l.db())),
+        None => f(DbAccess::Closed(&paths::actor_db(
+            &rt.config.data_dir,
+            &actor.id,
+        ))),
     }
 }
 
@@ -1155,31 +1196,43 @@ fn rehearse_alarm(rt: &Arc<Inner>, app: &Arc<App>, slot: &mut Option<Loaded>) {
 ///    commit is handed to replication.
 /// 7. [`release_replies`]: the replies go out once the commit is durable
 ///    (and, for `replicated` ones, once it is in the bucket).
-fn run_batch(rt: &Arc<Inner>, actor: &Arc<Actor>, slot: &mut Option<Loaded>, events: Vec<Event>) {
+/// Runs `events` as one batch: one transaction, a savepoint each. Returns
+/// the events it did not start because `yield_at` passed (in order), for
+/// the actor's next turn.
+fn run_batch(
+    rt: &Arc<Inner>,
+    actor: &Arc<Actor>,
+    slot: &mut Option<Loaded>,
+    events: Vec<Event>,
+    yield_at: Instant,
+) -> Vec<Event> {
     if events.is_empty() {
-        return;
+        return Vec::new();
     }
     let Some((app, events)) = resolve_class(rt, &actor.id, events) else {
-        return;
+        return Vec::new();
     };
     let turn = Turn::new(rt, &events, slot.is_some());
     let Some((events, mut initialized)) = open_for_turn(rt, actor, &app, slot, events, &turn)
     else {
-        return;
+        return Vec::new();
     };
     let Some(events) = prepare_turn(rt, &app, slot, events, initialized) else {
-        return;
+        return Vec::new();
     };
-    let Some(ran) = run_events(rt, actor, &app, slot, events, &mut initialized) else {
-        return;
+    let Some(mut ran) = run_events(rt, actor, &app, slot, events, &mut initialized, yield_at)
+    else {
+        return Vec::new();
     };
+    let not_started = std::mem::take(&mut ran.not_started);
     let Some((ran, committed_at)) = commit_turn(rt, actor, slot, ran, initialized) else {
-        return;
+        return not_started;
     };
     let Some((after, results)) = after_commit(rt, actor, slot, &turn, ran, initialized) else {
-        return;
+        return not_started;
     };
     release_replies(rt, actor, results, after, committed_at);
+    not_started
 }
 
 /// What the phases of one turn share about its events.
@@ -1226,6 +1279,8 @@ struct EventsRan {
     alarm_writes_before: u64,
     /// With a bucket: the database's change mark before the batch.
     mark_before: Option<(u64, i64)>,
+    /// Events the batch did not start: the turn's time budget ran out.
+    not_started: Vec<Event>,
 }
 
 /// What [`after_commit`] leaves for the release of the replies.
@@ -1408,6 +1463,7 @@ fn run_events(
     slot: &mut Option<Loaded>,
     events: Vec<Event>,
     initialized: &mut bool,
+    yield_at: Instant,
 ) -> Option<EventsRan> {
     let id = &actor.id;
     let l = slot.as_mut().expect("loaded");
@@ -1432,9 +1488,11 @@ fn run_events(
         fenced: false,
         alarm_writes_before,
         mark_before,
+        not_started: Vec::new(),
     };
     let events_started = Instant::now();
-    for ev in events {
+    let mut events = events.into_iter();
+    while let Some(ev) = events.next() {
         Metrics::inc(&rt.metrics.events_total);
         let started = ev.is_request().then_some(ev.enqueued);
         let mut replicated = ev.is_replicated();
@@ -1584,6 +1642,13 @@ fn run_events(
             if let Err(e) = l.db().begin() {
                 tracing::error!(actor = %id, error = %e, "could not begin again");
             }
+        }
+        if Instant::now() >= yield_at && events.len() > 0 {
+            // The turn's time is up: the rest waits for the actor's next
+            // turn, behind other actors (fair shares, issue 33).
+            ran.not_started = events.collect();
+            Metrics::inc(&rt.metrics.turns_yielded_total);
+            break;
         }
     }
     slot.as_ref()?;

@@ -67,8 +67,22 @@ pub struct RuntimeConfig {
     pub node_memory_bytes_max: u64,
     /// Events of one actor that share one transaction.
     pub batch_events_max: usize,
+    /// A turn starts no new event once it has run this long: the rest of
+    /// the actor's queue waits for its next turn, behind other actors.
+    pub batch_time_budget_ms: u64,
     /// Worker threads running events (0: one per core, at least 2).
     pub workers: usize,
+    /// Threads beside `workers` that run turns only while others have run
+    /// past `turn_slice_ms` (`None`: twice `workers`), so that short turns
+    /// are not stuck behind runaway ones (see `scheduler`).
+    pub workers_spare: Option<usize>,
+    /// A turn that has run longer than this makes room for another on a
+    /// spare thread.
+    pub turn_slice_ms: u64,
+    /// Turns of one tenant running at once, long ones included (`None`: as
+    /// many as `workers`): a tenant's runaway events hold its own share
+    /// only.
+    pub tenant_workers_max: Option<usize>,
     /// Largest component a deploy accepts.
     pub component_bytes_max: usize,
     /// Wall time compiling one component may take before its deploy is
@@ -210,7 +224,11 @@ impl RuntimeConfig {
             node_queue_bytes_max: 1024 * 1024 * 1024,
             node_memory_bytes_max: 8 * 1024 * 1024 * 1024,
             batch_events_max: 256,
+            batch_time_budget_ms: 20,
             workers: 0,
+            workers_spare: None,
+            turn_slice_ms: 100,
+            tenant_workers_max: None,
             component_bytes_max: 64 * 1024 * 1024,
             component_compile_ms_max: 60_000,
             component_compile_memory_bytes_max: 2 * 1024 * 1024 * 1024,
@@ -245,7 +263,7 @@ impl RuntimeConfig {
         }
     }
 
-    /// Worker threads to start.
+    /// Worker threads that run turns side by side (the cores' worth).
     pub fn worker_threads(&self) -> usize {
         if self.workers > 0 {
             self.workers
@@ -254,6 +272,23 @@ impl RuntimeConfig {
                 .map(|n| n.get())
                 .unwrap_or(2)
                 .max(2)
+        }
+    }
+
+    /// Every thread that may run a turn: the workers and the spares.
+    pub fn turn_threads(&self) -> usize {
+        let spare = self.workers_spare.unwrap_or(2 * self.worker_threads());
+        self.worker_threads() + spare
+    }
+
+    /// How the run queue shares the threads ([`crate::scheduler`]).
+    pub(crate) fn shares(&self) -> crate::scheduler::Shares {
+        let workers = self.worker_threads();
+        crate::scheduler::Shares {
+            workers,
+            threads: self.turn_threads(),
+            tenant_turns_max: self.tenant_workers_max.unwrap_or(workers).max(1),
+            slice: std::time::Duration::from_millis(self.turn_slice_ms.max(1)),
         }
     }
 }

@@ -468,7 +468,9 @@ pub fn read_meta_at(db_path: &std::path::Path, key: &str) -> Option<String> {
         return None;
     }
     let sql = format!("SELECT value FROM _wasmkeep_meta WHERE key = '{key}'");
-    let r = wasmkeep_store::db::inspect_query(db_path, &sql, 1).ok()?;
+    let r =
+        wasmkeep_store::db::inspect_query(db_path, &sql, &wasmkeep_store::InspectBounds::rows(1))
+            .ok()?;
     match r.rows.first()?.first()? {
         wasmkeep_store::Value::Text(t) => Some(t.clone()),
         _ => None,

@@ -38,6 +38,7 @@ pub mod replication;
 mod reply;
 mod response;
 pub mod runtime;
+mod scheduler;
 pub mod sockets;
 pub mod timer;
 pub mod warm;

@@ -113,6 +113,8 @@ pub struct Metrics {
     pub events_total: Counter,
     pub event_failures_total: Counter,
     pub batches_total: Counter,
+    /// Turns that stopped at `batch_time_budget_ms` with events left.
+    pub turns_yielded_total: Counter,
     pub commits_failed_total: Counter,
     pub overloaded_total: Counter,
     pub instances_active: GaugeU64,
@@ -245,7 +247,7 @@ impl Metrics {
 
     fn register_node(&self, r: &mut Registry) {
         // Counters are registered without `_total`: the library appends it.
-        let series: [(&str, &Counter, &str); 10] = [
+        let series: [(&str, &Counter, &str); 11] = [
             (
                 "wasmkeep_replica_file_reads",
                 &self.replica_file_reads_total,
@@ -285,6 +287,11 @@ impl Metrics {
                 "wasmkeep_batches",
                 &self.batches_total,
                 "Transactions committed for batches of events.",
+            ),
+            (
+                "wasmkeep_turns_yielded",
+                &self.turns_yielded_total,
+                "Turns that stopped at batch_time_budget_ms with events left for the actor's next turn.",
             ),
             (
                 "wasmkeep_commits_failed",
@@ -752,10 +759,10 @@ mod tests {
         assert_eq!(sample(&text, "wasmkeep_bucket_put_bytes_total"), 0.0);
         assert_eq!(types["wasmkeep_event_seconds"], "histogram");
         assert_eq!(types["wasmkeep_alarms_pending"], "gauge");
-        // 21 node series, 6 of the outbox and parked replies, 9 phase
+        // 22 node series, 6 of the outbox and parked replies, 9 phase
         // histograms, 11 of replication, 2 of the alarm index, 6 bucket
         // counters.
-        assert_eq!(types.len(), 55);
+        assert_eq!(types.len(), 56);
         assert_eq!(types["wasmkeep_outbox_pending"], "gauge");
         assert_eq!(types["wasmkeep_outbox_answers"], "counter");
     }

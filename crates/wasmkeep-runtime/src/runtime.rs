@@ -8,12 +8,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex, RwLock};
+use parking_lot::{Mutex, RwLock};
 use serde::Serialize;
 use tokio::sync::oneshot;
 use wasmkeep_store::db::inspect_query;
 use wasmkeep_store::sqlite_setup::release_free_memory;
-use wasmkeep_store::{ActorId, QueryResult, paths};
+use wasmkeep_store::{ActorId, InspectBounds, QueryResult, paths};
 use wasmtime::Engine;
 use wasmtime::component::Linker;
 
@@ -127,8 +127,8 @@ pub struct Inner {
     apps: RwLock<HashMap<(String, String), Arc<App>>>,
     app_version: AtomicU64,
     pub(crate) actors: Mutex<HashMap<ActorId, Arc<Actor>>>,
-    runq: Mutex<std::collections::VecDeque<Arc<Actor>>>,
-    runq_cv: Condvar,
+    /// Actors waiting for a turn, by tenant ([`crate::scheduler`]).
+    runq: crate::scheduler::RunQueue,
     /// Passes of the reaper that closed actors; workers give memory back
     /// after one (see `worker`).
     reaped: AtomicU64,
@@ -307,7 +307,7 @@ pub(crate) fn engine_settings(config: &RuntimeConfig) -> EngineSettings {
         instances: config.instances_max
             + CLOSE_QUEUE_MAX as u32
             + 1
-            + config.worker_threads() as u32
+            + config.turn_threads() as u32
             + 16,
         cores: config.component_core_instances_max,
         memories: config.component_memories_max,
@@ -362,6 +362,7 @@ impl Runtime {
         let (close_tx, close_rx) = std::sync::mpsc::sync_channel(CLOSE_QUEUE_MAX);
         let config_data_dir = config.data_dir.clone();
         let parked_limits = config.parked.clone();
+        let shares = config.shares();
         let socket_limits = config.sockets.clone();
         let log_limits = config.logs;
         let parked_metrics = Arc::clone(&metrics);
@@ -380,8 +381,7 @@ impl Runtime {
             apps: RwLock::new(HashMap::new()),
             app_version: AtomicU64::new(1),
             actors: Mutex::new(HashMap::new()),
-            runq: Mutex::new(Default::default()),
-            runq_cv: Condvar::new(),
+            runq: crate::scheduler::RunQueue::new(shares),
             reaped: AtomicU64::new(0),
             close_tx,
             close_rx: Mutex::new(Some(close_rx)),
@@ -495,13 +495,8 @@ impl Runtime {
     }
 
     fn spawn_threads(&self) {
-        for i in 0..self.inner.config.worker_threads() {
-            let rt = Arc::clone(&self.inner);
-            std::thread::Builder::new()
-                .name(format!("wasmkeep-worker-{i}"))
-                .stack_size(worker_stack_bytes())
-                .spawn(move || worker(rt))
-                .expect("spawn worker");
+        for slot in 0..self.inner.config.turn_threads() {
+            spawn_worker(Arc::clone(&self.inner), slot).expect("spawn worker");
         }
         if let Some(rx) = self.inner.close_rx.lock().take() {
             let weak = Arc::downgrade(&self.inner);
@@ -849,7 +844,9 @@ impl Runtime {
     }
 
     /// Read-only SQL over an actor's committed database, internal tables
-    /// included, run between its events.
+    /// included, run between its events, within a guest statement's
+    /// bounds: `event_cpu_ms_max`, `statement_memory_bytes_max`,
+    /// `query_result_bytes_max`, and the node's stop.
     pub fn inspect_sql(
         &self,
         id: &ActorId,
@@ -862,10 +859,19 @@ impl Runtime {
             return Err(RuntimeError::ActorNotFound(id.to_string()));
         }
         let (sql, name) = (sql.to_owned(), id.to_string());
-        self.with_db(id, move |db| match db {
-            DbAccess::Open(db) => Ok(db.inspect(&sql, rows_max)?),
-            DbAccess::Closed(path) if path.exists() => Ok(inspect_query(path, &sql, rows_max)?),
-            DbAccess::Closed(_) => Err(RuntimeError::ActorNotFound(name)),
+        let mut bounds = InspectBounds::new(&self.inner.config.store, rows_max);
+        bounds.stop = Some(Arc::clone(&self.inner.stopping));
+        let cpu_ms = self.inner.config.event_cpu_ms_max;
+        self.with_db(id, move |db| {
+            // The guest's deadline, counted from when the inspection runs:
+            // it reads what a tenant wrote (issue 33: a view over a
+            // never-ending query held a worker past any bound).
+            bounds.deadline = Some(Instant::now() + Duration::from_millis(cpu_ms));
+            match db {
+                DbAccess::Open(db) => Ok(db.inspect(&sql, &bounds)?),
+                DbAccess::Closed(path) if path.exists() => Ok(inspect_query(path, &sql, &bounds)?),
+                DbAccess::Closed(_) => Err(RuntimeError::ActorNotFound(name)),
+            }
         })
     }
 
@@ -1179,7 +1185,7 @@ impl Runtime {
         );
         // Deliveries in flight stop; their rows stay in their databases.
         rt.outbox.shutdown();
-        rt.runq_cv.notify_all();
+        rt.runq.wake_all();
         rt.timer.notify();
         let actors: Vec<Arc<Actor>> = rt.actors.lock().drain().map(|(_, a)| a).collect();
         for a in actors {
@@ -1274,8 +1280,7 @@ impl Inner {
 
     /// Puts an actor on the run queue.
     pub fn schedule(&self, actor: Arc<Actor>) {
-        self.runq.lock().push_back(actor);
-        self.runq_cv.notify_one();
+        self.runq.push(actor);
     }
 
     /// Adds an event to an actor's queue, scheduling the actor if it was idle.
@@ -1588,38 +1593,51 @@ fn closer(rx: std::sync::mpsc::Receiver<ToClose>, weak: std::sync::Weak<Inner>) 
     }
 }
 
-fn worker(rt: Arc<Inner>) {
+/// Starts the thread that runs turns in place `slot` of the run queue.
+fn spawn_worker(rt: Arc<Inner>, slot: usize) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name(format!("wasmkeep-worker-{slot}"))
+        .stack_size(worker_stack_bytes())
+        .spawn(move || worker(rt, slot))
+        .map(drop)
+}
+
+/// A thread that runs turns; `slot` is its place in the run queue.
+fn worker(rt: Arc<Inner>, slot: usize) {
+    rt.runq.register(slot);
     // The reaper's passes that closed actors, as of this worker's last
     // return of memory: a closed actor's memory sits in the pages of the
     // workers that allocated it until they collect.
     let mut reaped_seen = rt.reaped.load(Ordering::Relaxed);
+    let idle = Duration::from_millis(WORKER_IDLE_COLLECT_MS);
     loop {
-        let actor = {
-            let mut q = rt.runq.lock();
-            loop {
-                if rt.stopping.load(Ordering::Relaxed) {
-                    return;
-                }
-                if let Some(a) = q.pop_front() {
-                    break a;
-                }
-                let waited = rt
-                    .runq_cv
-                    .wait_for(&mut q, Duration::from_millis(WORKER_IDLE_COLLECT_MS));
-                let reaped = rt.reaped.load(Ordering::Relaxed);
-                if waited.timed_out() && reaped != reaped_seen {
-                    // Quiet for a while after the reaper closed actors:
-                    // return what they used (W4's memory once W1's actors
-                    // closed). Not after any work: memory returned before
-                    // a burst is faulted in again during it (W2's alarms
-                    // fired 20-40% later when every quiet worker returned
-                    // memory).
-                    reaped_seen = reaped;
-                    parking_lot::MutexGuard::unlocked(&mut q, release_free_memory);
-                }
+        let taken = rt.runq.take(slot, &rt.stopping, idle, || {
+            let reaped = rt.reaped.load(Ordering::Relaxed);
+            if reaped != reaped_seen {
+                // Quiet for a while after the reaper closed actors:
+                // return what they used (W4's memory once W1's actors
+                // closed). Not after any work: memory returned before a
+                // burst is faulted in again during it (W2's alarms fired
+                // 20-40% later when every quiet worker returned memory).
+                reaped_seen = reaped;
+                release_free_memory();
             }
+        });
+        let crate::scheduler::Taken::Turn(actor) = taken else {
+            return;
         };
         run_turn_surviving_panics(&rt, &actor);
+        drop(actor);
+        if rt.runq.done(slot) == crate::scheduler::Done::Retire {
+            // This thread ran a long turn at a lowered priority, which the
+            // process may not raise again: a fresh thread takes its place.
+            wasmkeep_store::memory_budget::fold_thread();
+            if let Err(e) = spawn_worker(Arc::clone(&rt), slot) {
+                tracing::error!(error = %e, slot, "could not start a worker in place of one that ran a long turn; this one goes on at a low priority");
+                continue;
+            }
+            return;
+        }
     }
 }
 

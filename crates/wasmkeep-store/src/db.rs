@@ -755,15 +755,19 @@ impl ActorDb {
 
     /// Runs an operator's read-only statement on this connection, between
     /// events (it sees what is committed). The same rules as
-    /// [`inspect_query`]: reads only, internal tables included.
-    pub fn inspect(&self, sql: &str, rows_max: usize) -> Result<QueryResult, StoreError> {
+    /// [`inspect_query`]: reads only, internal tables included, within
+    /// `bounds`.
+    pub fn inspect(&self, sql: &str, bounds: &InspectBounds) -> Result<QueryResult, StoreError> {
         if self.in_transaction() {
             return Err(StoreError::Sql(
                 "inspection runs between events, not inside one".into(),
             ));
         }
         let _mode = Mode::enter(&self.mode, MODE_INSPECT);
-        run_inspection(&self.conn, &self.denied, sql, rows_max)
+        self.guard.set_deadline(bounds.deadline);
+        let r = run_inspection(&self.conn, &self.denied, &self.guard, sql, bounds);
+        self.guard.set_deadline(None);
+        r
     }
 
     // ---- guest SQL ----
@@ -1359,21 +1363,67 @@ fn open_err(e: rusqlite::Error) -> StoreError {
     }
 }
 
+/// Bounds on one operator's inspection statement (the admin API's
+/// read-only SQL): an actor's tenant wrote the schema it reads, views over
+/// never-ending queries and wide rows included, so it gets a guest
+/// statement's bounds (issue 33).
+#[derive(Debug, Clone)]
+pub struct InspectBounds {
+    /// Rows returned at most (the rest are not read).
+    pub rows_max: usize,
+    /// The result's size, each value at its cost in the host
+    /// (`query_result_bytes_max`).
+    pub result_bytes_max: usize,
+    /// What SQLite may allocate for the statement
+    /// (`statement_memory_bytes_max`), and its temporary files.
+    pub memory_bytes_max: usize,
+    pub temp_file_bytes_max: u64,
+    /// When it must stop (`None`: no deadline).
+    pub deadline: Option<std::time::Instant>,
+    /// The node's stop flag: it stops the statement too.
+    pub stop: Option<Arc<std::sync::atomic::AtomicBool>>,
+}
+
+impl InspectBounds {
+    /// An actor's limits for a guest statement, `rows_max` rows, no
+    /// deadline and no stop flag.
+    pub fn new(limits: &StoreLimits, rows_max: usize) -> InspectBounds {
+        InspectBounds {
+            rows_max,
+            result_bytes_max: limits.query_result_bytes_max,
+            memory_bytes_max: limits.statement_memory_bytes_max,
+            temp_file_bytes_max: limits.statement_temp_file_bytes_max,
+            deadline: None,
+            stop: None,
+        }
+    }
+
+    /// The default limits and `rows_max` rows (tests, tools).
+    pub fn rows(rows_max: usize) -> InspectBounds {
+        InspectBounds::new(&StoreLimits::default(), rows_max)
+    }
+}
+
 /// Runs read-only SQL against the database of an actor that is not open,
 /// for an operator: a read-only connection of its own that sees internal
-/// tables too. Returns at most `rows_max` rows. (An open actor is inspected
-/// through its own connection: [`ActorDb::inspect`].)
+/// tables too, within `bounds`. (An open actor is inspected through its own
+/// connection: [`ActorDb::inspect`].)
 pub fn inspect_query(
     db_path: &Path,
     sql: &str,
-    rows_max: usize,
+    bounds: &InspectBounds,
 ) -> Result<QueryResult, StoreError> {
-    let (conn, denied) = open_inspection(db_path)?;
-    run_inspection(&conn, &denied, sql, rows_max)
+    let (conn, denied, guard) = open_inspection(db_path)?;
+    if let Some(stop) = &bounds.stop {
+        guard.set_stop_flag(Arc::clone(stop));
+    }
+    guard.set_deadline(bounds.deadline);
+    run_inspection(&conn, &denied, &guard, sql, bounds)
 }
 
-/// A read-only connection under the inspection authorizer.
-fn open_inspection(db_path: &Path) -> Result<(Connection, Arc<Denied>), StoreError> {
+/// A read-only connection under the inspection authorizer and a guard
+/// that stops its statements.
+fn open_inspection(db_path: &Path) -> Result<(Connection, Arc<Denied>, Arc<Guard>), StoreError> {
     sqlite_setup();
     let mut conn = Connection::open_with_flags(
         db_path,
@@ -1384,30 +1434,24 @@ fn open_inspection(db_path: &Path) -> Result<(Connection, Arc<Denied>), StoreErr
         .map_err(open_err)?;
     harden(&conn).map_err(open_err)?;
     let denied = Arc::new(Denied::default());
-    install_authorizer(
-        &mut conn,
-        Arc::new(AtomicU8::new(MODE_INSPECT)),
-        Arc::clone(&denied),
-    )
-    .map_err(open_err)?;
-    Ok((conn, denied))
+    let mode = Arc::new(AtomicU8::new(MODE_INSPECT));
+    install_authorizer(&mut conn, Arc::clone(&mode), Arc::clone(&denied)).map_err(open_err)?;
+    let guard = Arc::new(Guard::default());
+    install_guard(&mut conn, mode, Arc::clone(&guard)).map_err(open_err)?;
+    Ok((conn, denied, guard))
 }
 
 /// One inspection statement on `conn`, whose authorizer is in inspection
-/// mode.
+/// mode and whose `guard` has the statement's deadline, within `bounds`.
 fn run_inspection(
     conn: &Connection,
     denied: &Denied,
+    guard: &Guard,
     sql: &str,
-    rows_max: usize,
+    bounds: &InspectBounds,
 ) -> Result<QueryResult, StoreError> {
-    let sql_err = |e: rusqlite::Error| match (denied.take(), &e) {
-        (Some(reason), _) => StoreError::Forbidden(reason),
-        (None, rusqlite::Error::SqliteFailure(f, _)) if f.code == ErrorCode::DatabaseBusy => {
-            StoreError::Busy
-        }
-        (None, _) => StoreError::Sql(e.to_string()),
-    };
+    let _budget = StatementBudget::arm(bounds.memory_bytes_max, bounds.temp_file_bytes_max);
+    let sql_err = |e: rusqlite::Error| inspection_error(e, denied, guard, bounds);
     let mut stmt = conn.prepare(sql).map_err(sql_err)?;
     if !stmt.readonly() {
         return Err(StoreError::Forbidden(
@@ -1418,13 +1462,22 @@ fn run_inspection(
     let n = columns.len();
     let mut rows = stmt.query([]).map_err(sql_err)?;
     let mut out = Vec::new();
+    let mut total = 0usize;
     while let Some(row) = rows.next().map_err(sql_err)? {
-        if out.len() >= rows_max {
+        if out.len() >= bounds.rows_max {
             break;
         }
+        total = total.saturating_add(ROW_HOST_BYTES);
         let mut r = Vec::with_capacity(n);
         for i in 0..n {
-            r.push(Value::from_ref(row.get_ref(i).map_err(sql_err)?)?);
+            let v = row.get_ref(i).map_err(sql_err)?;
+            total = total.saturating_add(value_ref_bytes(v));
+            if total > bounds.result_bytes_max {
+                return Err(StoreError::ResultTooLarge {
+                    limit: bounds.result_bytes_max,
+                });
+            }
+            r.push(Value::from_ref(v)?);
         }
         out.push(r);
     }
@@ -1434,6 +1487,40 @@ fn run_inspection(
         rows: out,
         rows_written: 0,
     })
+}
+
+/// What an inspection statement's failure is: refused by the authorizer,
+/// stopped by its deadline or the node's stop, over a memory bound, or
+/// SQLite's own error.
+fn inspection_error(
+    e: rusqlite::Error,
+    denied: &Denied,
+    guard: &Guard,
+    bounds: &InspectBounds,
+) -> StoreError {
+    let refusal = memory_budget::take_refusal();
+    let stopped = guard.take_stopped();
+    if let Some(reason) = denied.take() {
+        return StoreError::Forbidden(reason);
+    }
+    let rusqlite::Error::SqliteFailure(f, _) = &e else {
+        return StoreError::Sql(e.to_string());
+    };
+    match (f.code, stopped, refusal) {
+        (ErrorCode::DatabaseBusy, ..) => StoreError::Busy,
+        (ErrorCode::OperationInterrupted, Some(Stopped::Stopping), _) => StoreError::Stopping,
+        (ErrorCode::OperationInterrupted, ..) => StoreError::DeadlineExceeded,
+        (ErrorCode::OutOfMemory, _, Some(Refusal::Node)) => StoreError::NodeMemoryExhausted {
+            limit: memory_budget::node_bytes_max(),
+        },
+        (ErrorCode::OutOfMemory, ..) => StoreError::StatementMemoryExceeded {
+            limit: bounds.memory_bytes_max,
+        },
+        (ErrorCode::DiskFull, _, Some(Refusal::Temp)) => StoreError::TempStorageExceeded {
+            limit: bounds.temp_file_bytes_max,
+        },
+        _ => StoreError::Sql(e.to_string()),
+    }
 }
 
 /// The size in bytes (pages in use times its own page size) of the
@@ -1461,8 +1548,8 @@ pub fn read_alarm(db_path: &Path) -> Result<Option<AlarmState>, StoreError> {
     if !db_path.exists() {
         return Ok(None);
     }
-    let (conn, denied) = open_inspection(db_path)?;
-    alarm_of(&conn, &denied)
+    let (conn, denied, guard) = open_inspection(db_path)?;
+    alarm_of(&conn, &denied, &guard)
 }
 
 /// What the node's start-up scan needs of an actor it has not opened: its
@@ -1473,14 +1560,18 @@ pub fn read_wake(db_path: &Path) -> Result<(Option<AlarmState>, bool), StoreErro
     if !db_path.exists() {
         return Ok((None, false));
     }
-    let (conn, denied) = open_inspection(db_path)?;
-    let alarm = alarm_of(&conn, &denied)?;
-    let outbox = outbox::has_rows(&conn, &denied)?;
+    let (conn, denied, guard) = open_inspection(db_path)?;
+    let alarm = alarm_of(&conn, &denied, &guard)?;
+    let outbox = outbox::has_rows(&conn, &denied, &guard)?;
     Ok((alarm, outbox))
 }
 
-fn alarm_of(conn: &Connection, denied: &Denied) -> Result<Option<AlarmState>, StoreError> {
-    let r = run_inspection(conn, denied, SQL_ALARM_GET, 1);
+fn alarm_of(
+    conn: &Connection,
+    denied: &Denied,
+    guard: &Guard,
+) -> Result<Option<AlarmState>, StoreError> {
+    let r = run_inspection(conn, denied, guard, SQL_ALARM_GET, &InspectBounds::rows(1));
     let r = match r {
         Ok(r) => r,
         // A database created before its schema (a crash mid-creation).

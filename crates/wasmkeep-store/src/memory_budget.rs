@@ -150,6 +150,16 @@ pub(crate) fn note(delta: i64) {
     });
 }
 
+/// Folds this thread's uncounted allocations into the shared total: a
+/// thread that is about to exit calls it, so that what it allocated and
+/// others free is not miscounted.
+pub fn fold_thread() {
+    UNFOLDED.with(|u| {
+        SQLITE_BYTES.fetch_add(u.get(), Ordering::Relaxed);
+        u.set(0);
+    });
+}
+
 /// The bound that refused an allocation since the last call, if any.
 pub(crate) fn take_refusal() -> Option<Refusal> {
     REFUSED.with(Cell::take)

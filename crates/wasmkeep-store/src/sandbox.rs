@@ -535,9 +535,10 @@ impl Guard {
     }
 }
 
-/// Installs the progress handler that stops guest statements when `guard`
-/// says so. The runtime's own statements (commits above all) are never
-/// interrupted: only a statement in guest mode is.
+/// Installs the progress handler that stops guest and inspection
+/// statements when `guard` says so. The runtime's own statements (commits
+/// above all) are never interrupted: only a guest's, and an operator's
+/// inspection (which reads what a guest wrote: its views and triggers).
 pub(crate) fn install_guard(
     conn: &mut Connection,
     mode: Arc<AtomicU8>,
@@ -549,7 +550,8 @@ pub(crate) fn install_guard(
             // FTS5 counts the terms of queries from one check to the next
             // (`limits::FTS5_QUERY_TOKENS_MAX`).
             crate::guest_functions::deadline_checked();
-            mode.load(Ordering::Relaxed) == MODE_GUEST && guard.must_stop()
+            let m = mode.load(Ordering::Relaxed);
+            (m == MODE_GUEST || m == MODE_INSPECT) && guard.must_stop()
         }),
     )
 }

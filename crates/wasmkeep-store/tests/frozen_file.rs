@@ -34,7 +34,12 @@ fn insert(db: &mut ActorDb, from: i64, n: i64) {
 
 fn count(dir: &std::path::Path) -> i64 {
     let db = open(dir);
-    let r = db.inspect("SELECT count(*) FROM t", 1).unwrap();
+    let r = db
+        .inspect(
+            "SELECT count(*) FROM t",
+            &wasmkeep_store::InspectBounds::rows(1),
+        )
+        .unwrap();
     match r.rows[0][0] {
         Value::Integer(n) => n,
         ref v => panic!("{v:?}"),

@@ -283,10 +283,21 @@ fn inspection_through_the_open_connection_reads_and_changes_nothing() {
     .unwrap();
     db.commit().unwrap();
 
-    let r = db.inspect("SELECT at_ms FROM _wasmkeep_alarm", 10).unwrap();
+    let r = db
+        .inspect(
+            "SELECT at_ms FROM _wasmkeep_alarm",
+            &wasmkeep_store::InspectBounds::rows(10),
+        )
+        .unwrap();
     assert_eq!(r.rows, vec![vec![Value::Integer(42)]]);
     assert_eq!(
-        db.inspect("PRAGMA table_info(t)", 10).unwrap().rows.len(),
+        db.inspect(
+            "PRAGMA table_info(t)",
+            &wasmkeep_store::InspectBounds::rows(10)
+        )
+        .unwrap()
+        .rows
+        .len(),
         1
     );
     for sql in [
@@ -300,7 +311,7 @@ fn inspection_through_the_open_connection_reads_and_changes_nothing() {
         "PRAGMA user_version = 3",
         "SELECT load_extension('x')",
     ] {
-        let r = db.inspect(sql, 10);
+        let r = db.inspect(sql, &wasmkeep_store::InspectBounds::rows(10));
         assert_eq!(
             r.as_ref().map(|_| ()).map_err(|e| e.code()),
             Err("forbidden"),
@@ -313,7 +324,12 @@ fn inspection_through_the_open_connection_reads_and_changes_nothing() {
     db.execute("INSERT INTO t VALUES (3)", &[]).unwrap();
     db.commit().unwrap();
     assert_eq!(
-        db.inspect("SELECT count(*) FROM t", 1).unwrap().rows,
+        db.inspect(
+            "SELECT count(*) FROM t",
+            &wasmkeep_store::InspectBounds::rows(1)
+        )
+        .unwrap()
+        .rows,
         vec![vec![Value::Integer(2)]]
     );
 
@@ -330,7 +346,11 @@ fn inspection_through_the_open_connection_reads_and_changes_nothing() {
             .map(|a| a.at_ms),
         Some(42)
     );
-    let closed = wasmkeep_store::db::inspect_query(&path, "INSERT INTO t VALUES (9)", 1);
+    let closed = wasmkeep_store::db::inspect_query(
+        &path,
+        "INSERT INTO t VALUES (9)",
+        &wasmkeep_store::InspectBounds::rows(1),
+    );
     assert_eq!(closed.map(|_| ()).map_err(|e| e.code()), Err("forbidden"));
 }
 
@@ -384,8 +404,20 @@ fn a_log_extended_with_zeros_recovers_exactly_what_was_committed() {
         let copy = ActorDb::open(&to, &StoreLimits::default(), OpenMode::Existing)
             .unwrap()
             .unwrap();
-        let rows = copy.inspect("SELECT count(*) FROM t", 10).unwrap().rows;
-        let ok = copy.inspect("PRAGMA integrity_check", 10).unwrap().rows;
+        let rows = copy
+            .inspect(
+                "SELECT count(*) FROM t",
+                &wasmkeep_store::InspectBounds::rows(10),
+            )
+            .unwrap()
+            .rows;
+        let ok = copy
+            .inspect(
+                "PRAGMA integrity_check",
+                &wasmkeep_store::InspectBounds::rows(10),
+            )
+            .unwrap()
+            .rows;
         (rows, ok)
     };
     let want = 32 + 4 * (24 + 4096);

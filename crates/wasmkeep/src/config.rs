@@ -50,7 +50,11 @@ pub struct NodeConfig {
     pub node_queue_bytes_max: u64,
     pub node_memory_bytes_max: u64,
     pub batch_events_max: usize,
+    pub batch_time_budget_ms: u64,
     pub workers: usize,
+    pub workers_spare: Option<usize>,
+    pub turn_slice_ms: u64,
+    pub tenant_workers_max: Option<usize>,
     pub component_bytes_max: usize,
     pub component_compile_ms_max: u64,
     pub component_compile_memory_bytes_max: u64,
@@ -178,7 +182,11 @@ impl Default for NodeConfig {
             node_queue_bytes_max: rt.node_queue_bytes_max,
             node_memory_bytes_max: rt.node_memory_bytes_max,
             batch_events_max: rt.batch_events_max,
+            batch_time_budget_ms: rt.batch_time_budget_ms,
             workers: rt.workers,
+            workers_spare: rt.workers_spare,
+            turn_slice_ms: rt.turn_slice_ms,
+            tenant_workers_max: rt.tenant_workers_max,
             component_bytes_max: rt.component_bytes_max,
             component_compile_ms_max: rt.component_compile_ms_max,
             component_compile_memory_bytes_max: rt.component_compile_memory_bytes_max,
@@ -298,7 +306,11 @@ impl NodeConfig {
         c.node_queue_bytes_max = self.node_queue_bytes_max;
         c.node_memory_bytes_max = self.node_memory_bytes_max;
         c.batch_events_max = self.batch_events_max.max(1);
+        c.batch_time_budget_ms = self.batch_time_budget_ms;
         c.workers = self.workers;
+        c.workers_spare = self.workers_spare;
+        c.turn_slice_ms = self.turn_slice_ms;
+        c.tenant_workers_max = self.tenant_workers_max;
         c.component_bytes_max = self.component_bytes_max;
         c.component_compile_ms_max = self.component_compile_ms_max;
         c.component_compile_memory_bytes_max = self.component_compile_memory_bytes_max;

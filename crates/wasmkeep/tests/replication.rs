@@ -229,7 +229,12 @@ fn export_and_restore(t: &Target, tmp: &Path) {
         "-o",
         out.to_str().unwrap(),
     ]);
-    let r = wasmkeep_store::db::inspect_query(&out, "SELECT n FROM counter", 1).unwrap();
+    let r = wasmkeep_store::db::inspect_query(
+        &out,
+        "SELECT n FROM counter",
+        &wasmkeep_store::InspectBounds::rows(1),
+    )
+    .unwrap();
     assert_eq!(r.rows, vec![vec![wasmkeep_store::Value::Integer(3)]]);
 
     // Put seq 2's state back: the node gives its copy up and serves it.
@@ -339,7 +344,12 @@ fn local_data_moves_onto_the_bucket_at_start(t: &Target, tmp: &Path, bucket_dir:
     };
     let out = tmp.join("g.db");
     export("demo/examples/counter/g", &out);
-    let r = wasmkeep_store::db::inspect_query(&out, "SELECT n FROM counter", 1).unwrap();
+    let r = wasmkeep_store::db::inspect_query(
+        &out,
+        "SELECT n FROM counter",
+        &wasmkeep_store::InspectBounds::rows(1),
+    )
+    .unwrap();
     assert_eq!(r.rows, vec![vec![wasmkeep_store::Value::Integer(1)]]);
     let n = |v: usize| wasmkeep_store::Value::Integer(v as i64);
     for a in 0..LARGE {
@@ -349,7 +359,7 @@ fn local_data_moves_onto_the_bucket_at_start(t: &Target, tmp: &Path, bucket_dir:
         let r = wasmkeep_store::db::inspect_query(
             &out,
             "SELECT count(*), sum(length(body)), count(DISTINCT body) FROM notes",
-            1,
+            &wasmkeep_store::InspectBounds::rows(1),
         )
         .unwrap();
         assert_eq!(

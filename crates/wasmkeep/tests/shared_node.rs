@@ -211,3 +211,178 @@ fn without_the_stack_rule_a_deep_guest_aborts_the_node() {
     );
     assert!(how.contains("signal"), "{how}");
 }
+
+// ---------------------------------------------------------------------
+// Fair shares: a tenant's runaway statements hold its own share only.
+// ---------------------------------------------------------------------
+
+/// The neighbour's 20 sequential increments, each one's time.
+fn twenty_increments(neighbour: &mut Neighbour) -> Vec<std::time::Duration> {
+    (0..20)
+        .map(|_| {
+            let t = std::time::Instant::now();
+            neighbour.increment().unwrap();
+            t.elapsed()
+        })
+        .collect()
+}
+
+/// Keeps `actors` of the attacker running statements that never end (each
+/// stops at `event_cpu_ms_max`, and is sent again) until the node goes.
+fn runaway_statements(node: &Node, actors: usize) {
+    for i in 0..actors {
+        let base = node.base.clone();
+        std::thread::spawn(move || {
+            while http(&base, "POST", &format!("{EVIL}/runaway{i}/forever"), b"").is_ok() {}
+        });
+    }
+}
+
+/// The contract's bound: max(1 s, twice the slowest without the attack).
+fn fair_bound(calm: &[std::time::Duration]) -> std::time::Duration {
+    let slowest = calm.iter().max().copied().unwrap_or_default();
+    (2 * slowest).max(std::time::Duration::from_secs(1))
+}
+
+#[test]
+fn a_tenants_runaway_statements_on_four_actors_leave_a_neighbour_its_latency() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut node = start(tmp.path(), DEFAULTS);
+    let mut neighbour = Neighbour::new(&node, "n");
+    let calm = twenty_increments(&mut neighbour);
+    runaway_statements(&node, 4);
+    // Lets the four statements start (and two of them run past the
+    // slice) before the neighbour's requests; the test holds either way.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let attacked = twenty_increments(&mut neighbour);
+    let bound = fair_bound(&calm);
+    eprintln!("neighbour without the attack: {calm:?}\nwith four runaway statements: {attacked:?}");
+    let slow: Vec<_> = attacked.iter().filter(|d| **d > bound).collect();
+    assert!(
+        slow.is_empty(),
+        "{} of 20 requests took longer than {bound:?} while another tenant ran runaway statements: {slow:?}",
+        slow.len()
+    );
+    assert_alive(&node);
+    node.kill();
+}
+
+#[test]
+fn without_fair_shares_runaway_statements_starve_a_neighbour() {
+    // The unsafe variant, by settings alone: no spare threads, no share
+    // per tenant, no slice and no time budget per turn (one queue, as many
+    // threads as cores: the scheduler before issue 33).
+    let tmp = tempfile::tempdir().unwrap();
+    let config = format!(
+        "{DEFAULTS}event_cpu_ms_max = 5000\nworkers_spare = 0\ntenant_workers_max = 1000\n\
+         turn_slice_ms = 86400000\nbatch_time_budget_ms = 86400000\n"
+    );
+    let mut node = start(tmp.path(), &config);
+    let mut neighbour = Neighbour::new(&node, "n");
+    let calm = twenty_increments(&mut neighbour);
+    runaway_statements(&node, 4);
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let started = std::time::Instant::now();
+    neighbour.increment().unwrap();
+    let waited = started.elapsed();
+    eprintln!("without fair shares the neighbour waited {waited:?}");
+    assert!(
+        waited > fair_bound(&calm),
+        "the neighbour was served in {waited:?} without fair shares: the test above could not fail"
+    );
+    node.kill();
+}
+
+// ---------------------------------------------------------------------
+// Operator inspection reads what a tenant wrote: bounded like a guest.
+// ---------------------------------------------------------------------
+
+/// A view over a query that never ends, planted by the attacker.
+const FOREVER_VIEW: &str = "CREATE VIEW forever AS WITH RECURSIVE c(x) AS \
+     (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) AS n FROM c";
+
+/// Plants the view on `actor` and returns the path that inspects it.
+fn plant_forever_view(node: &Node, actor: &str) -> String {
+    let (s, v) = attack(node, actor, "/sql", FOREVER_VIEW.as_bytes());
+    assert_eq!(s, 200, "{v}");
+    format!("/admin/v1/actors/evil/x/attacker/{actor}/sql")
+}
+
+#[test]
+fn inspecting_a_view_that_never_ends_stops_at_the_deadline_and_frees_the_workers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let node = start(tmp.path(), BASE);
+    let paths: Vec<String> = ["v1", "v2"]
+        .into_iter()
+        .map(|a| plant_forever_view(&node, a))
+        .collect();
+    let inspections: Vec<_> = paths
+        .into_iter()
+        .map(|path| {
+            let base = node.base.clone();
+            std::thread::spawn(move || http(&base, "POST", &path, b"SELECT n FROM forever"))
+        })
+        .collect();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let mut neighbour = Neighbour::new(&node, "n");
+    neighbour
+        .increment()
+        .unwrap_or_else(|e| panic!("the neighbour was not served during two inspections: {e}"));
+    for i in inspections {
+        let (s, v) = i.join().unwrap().unwrap();
+        assert_ne!(s, 200, "{v}");
+        assert_eq!(attack_code(&v), "cpu_time_exceeded", "{v}");
+        assert!(attack_message(&v).contains("event_cpu_ms_max"), "{v}");
+    }
+    // A wide result is bounded as a guest's is.
+    let (s, v) = attack(&node, "w", "/sql", b"CREATE TABLE w(x)");
+    assert_eq!(s, 200, "{v}");
+    let cols: Vec<String> = (0..250).map(|i| format!("'' AS c{i}")).collect();
+    let wide = format!(
+        "WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r) SELECT {} FROM r",
+        cols.join(", ")
+    );
+    let (s, v) = node.json(
+        "POST",
+        "/admin/v1/actors/evil/x/attacker/w/sql?limit=1000000",
+        wide.as_bytes(),
+    );
+    assert!(
+        s != 200 || v["rows"].as_array().is_some_and(|r| r.len() <= 1000),
+        "{s} {v}"
+    );
+    assert_alive(&node);
+}
+
+#[test]
+fn sigterm_ends_the_node_within_its_drain_while_inspections_run_forever() {
+    let tmp = tempfile::tempdir().unwrap();
+    // No deadline worth the name: only the node's stop ends the statements.
+    let config = "workers = 2\nevent_cpu_ms_max = 3600000\nshutdown_drain_ms = 1000\n";
+    let node = start(tmp.path(), config);
+    let paths: Vec<String> = ["s1", "s2"]
+        .into_iter()
+        .map(|a| plant_forever_view(&node, a))
+        .collect();
+    let _inspections: Vec<_> = paths
+        .into_iter()
+        .map(|path| {
+            let base = node.base.clone();
+            std::thread::spawn(move || http(&base, "POST", &path, b"SELECT n FROM forever"))
+        })
+        .collect();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    // SAFETY: sends a signal to the node process this test started.
+    unsafe {
+        libc::kill(node.pid(), libc::SIGTERM);
+    }
+    // A bound for a hung node, not a timing assertion.
+    let bound = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let mut how = exit_of(&node);
+    while how.is_none() && std::time::Instant::now() < bound {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        how = exit_of(&node);
+    }
+    let how = how.expect("SIGTERM did not stop the node while two inspections ran (waited 20 s)");
+    assert!(how.starts_with("exited"), "{how}");
+}

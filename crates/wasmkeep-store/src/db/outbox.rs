@@ -328,8 +328,10 @@ impl ActorDb {
 pub(super) fn has_rows(
     conn: &rusqlite::Connection,
     denied: &crate::sandbox::Denied,
+    guard: &crate::sandbox::Guard,
 ) -> Result<bool, StoreError> {
-    match super::run_inspection(conn, denied, "SELECT 1 FROM _wasmkeep_outbox LIMIT 1", 1) {
+    let sql = "SELECT 1 FROM _wasmkeep_outbox LIMIT 1";
+    match super::run_inspection(conn, denied, guard, sql, &super::InspectBounds::rows(1)) {
         Ok(r) => Ok(!r.rows.is_empty()),
         Err(StoreError::Sql(m)) if m.contains("no such table") => Ok(false),
         Err(e) => Err(e),
