@@ -1196,9 +1196,9 @@ fn rehearse_alarm(rt: &Arc<Inner>, app: &Arc<App>, slot: &mut Option<Loaded>) {
 ///    commit is handed to replication.
 /// 7. [`release_replies`]: the replies go out once the commit is durable
 ///    (and, for `replicated` ones, once it is in the bucket).
-/// Runs `events` as one batch: one transaction, a savepoint each. Returns
-/// the events it did not start because `yield_at` passed (in order), for
-/// the actor's next turn.
+///
+/// Returns the events [`run_events`] did not start because `yield_at`
+/// passed (in order), for the actor's next turn.
 fn run_batch(
     rt: &Arc<Inner>,
     actor: &Arc<Actor>,

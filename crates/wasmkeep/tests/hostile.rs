@@ -11,7 +11,7 @@ mod common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::Node;
 use common::hostile::*;
@@ -302,13 +302,8 @@ fn sigterm_stops_the_node_while_a_statement_runs_forever() {
     }
     // A bound for a hung node, not a timing assertion: a node that ignores
     // its stop flag never exits.
-    let bound = Instant::now() + Duration::from_secs(20);
-    let mut how = exit_of(&node);
-    while how.is_none() && Instant::now() < bound {
-        std::thread::sleep(Duration::from_millis(100));
-        how = exit_of(&node);
-    }
-    let how = how.expect("SIGTERM did not stop the node while a statement ran (waited 20 s)");
+    let how = exit_within(&node, Duration::from_secs(20))
+        .expect("SIGTERM did not stop the node while a statement ran (waited 20 s)");
     assert!(
         how.starts_with("exited"),
         "the node did not stop cleanly: {how}"

@@ -200,13 +200,7 @@ fn without_the_stack_rule_a_deep_guest_aborts_the_node() {
     let body = serde_json::to_vec(&["INSERT INTO t0 VALUES(1)"]).unwrap();
     let path = format!("{EVIL}/chain/deep-sql?frames={}", deepest - 1);
     let _ = http(&node.base, "POST", &path, &body);
-    let bound = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    let mut how = exit_of(&node);
-    while how.is_none() && std::time::Instant::now() < bound {
-        std::thread::sleep(std::time::Duration::from_millis(50));
-        how = exit_of(&node);
-    }
-    let how = how.expect(
+    let how = exit_within(&node, std::time::Duration::from_secs(30)).expect(
         "without the stack rule the node survived the attack: the rule's test could not fail",
     );
     assert!(how.contains("signal"), "{how}");
@@ -376,13 +370,7 @@ fn sigterm_ends_the_node_within_its_drain_while_inspections_run_forever() {
     unsafe {
         libc::kill(node.pid(), libc::SIGTERM);
     }
-    // A bound for a hung node, not a timing assertion.
-    let bound = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    let mut how = exit_of(&node);
-    while how.is_none() && std::time::Instant::now() < bound {
-        std::thread::sleep(std::time::Duration::from_millis(100));
-        how = exit_of(&node);
-    }
-    let how = how.expect("SIGTERM did not stop the node while two inspections ran (waited 20 s)");
+    let how = exit_within(&node, std::time::Duration::from_secs(20))
+        .expect("SIGTERM did not stop the node while two inspections ran (waited 20 s)");
     assert!(how.starts_with("exited"), "{how}");
 }

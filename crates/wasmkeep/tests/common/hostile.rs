@@ -203,6 +203,19 @@ pub fn exit_of(node: &Node) -> Option<String> {
     }
 }
 
+/// How the node ended once it did, waiting at most `bound` (a bound for a
+/// hung node, not a timing assertion); `None` if it still runs.
+pub fn exit_within(node: &Node, bound: Duration) -> Option<String> {
+    let until = std::time::Instant::now() + bound;
+    loop {
+        let how = exit_of(node);
+        if how.is_some() || std::time::Instant::now() >= until {
+            return how;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// The node process still runs (no SIGSEGV, no abort) and answers.
 pub fn assert_alive(node: &Node) {
     if let Some(how) = exit_of(node) {
