@@ -325,15 +325,20 @@ async fn admin_auth(
         .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
         .map(|c| c.0);
     // An admin request about one actor that another node forwarded to its
-    // owner: the admin token was checked there, so the secret decides.
+    // owner: the admin token was checked there, so the node's signature
+    // decides (over the body too, which is read here and handed on).
     if let Some(c) = &s.config.cluster
         && req.headers().contains_key(FORWARDED_HEADER)
     {
-        match cluster_token_check(c, req.headers()) {
-            Ok(true) => return next.run(req).await,
-            Ok(false) => {}
+        let (parts, body) = req.into_parts();
+        let body = match read_body(body, INSPECT_SQL_BYTES_MAX, s.pace()).await {
+            Ok(b) => b,
             Err(e) => return e.into_response(),
+        };
+        if let Err(e) = check_from_node(c, &parts, ADMIN_PREFIX, &body) {
+            return e.into_response();
         }
+        return next.run(Request::from_parts(parts, Body::from(body))).await;
     }
     if let Err(e) = s.tokens.admin_gate(peer, req.headers()) {
         return e.into_response();
@@ -654,21 +659,29 @@ async fn answer_actor_request(s: AppState, req: Request) -> Result<Response, Api
     let (id, path) = parse_actor_path(parts.uri.path())?;
     let cluster = s.config.cluster.clone();
     // In cluster mode a request another node forwarded carries the hop
-    // marker; the tenant's token was checked there, so the secret decides.
+    // marker and the node's signature over it, body included; the tenant's
+    // token was checked there, so the signature decides.
     let forwarded = cluster.is_some() && parts.headers.contains_key(FORWARDED_HEADER);
-    let trusted = match &cluster {
-        Some(c) if forwarded => cluster_token_check(c, &parts.headers)?,
-        _ => false,
-    };
-    if !trusted && !s.tokens.tenant_ok(&id.tenant, &parts.headers) {
-        return Err(ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            format!(
-                "tenant `{}` needs `Authorization: Bearer <tenant token>`",
-                id.tenant
-            ),
-        ));
+    let mut body = Some(body);
+    let mut read = None;
+    match &cluster {
+        Some(c) if forwarded => {
+            let taken = body.take().expect("not read yet");
+            let bytes = read_body(taken, s.config.request_body_bytes_max, s.pace()).await?;
+            check_from_node(c, &parts, "", &bytes)?;
+            read = Some(bytes);
+        }
+        _ if !s.tokens.tenant_ok(&id.tenant, &parts.headers) => {
+            return Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                format!(
+                    "tenant `{}` needs `Authorization: Bearer <tenant token>`",
+                    id.tenant
+                ),
+            ));
+        }
+        _ => {}
     }
     check_acting(&s)?;
     if let (Some(c), Some(_)) = (&cluster, &ws) {
@@ -688,7 +701,11 @@ async fn answer_actor_request(s: AppState, req: Request) -> Result<Response, Api
             return sockets::relay(c, &address, &pq, &parts.headers, upgrade).await;
         }
     }
-    let body = read_body(body, s.config.request_body_bytes_max, s.pace()).await?;
+    let body = match (read, body) {
+        (Some(bytes), _) => bytes,
+        (None, Some(body)) => read_body(body, s.config.request_body_bytes_max, s.pace()).await?,
+        (None, None) => unreachable!("a body is read once"),
+    };
     match cluster {
         Some(c) => {
             let pq = path_and_query(&parts.uri, "");
@@ -699,28 +716,24 @@ async fn answer_actor_request(s: AppState, req: Request) -> Result<Response, Api
     }
 }
 
-/// A forwarded request's cluster secret: `Ok(true)` if it is right (the
-/// request is trusted as the forwarding node checked it), `Ok(false)` if the
-/// node has no secret and none was sent (loopback: the tenant check
-/// applies), 403 `cluster_token_invalid` otherwise.
-fn cluster_token_check(
+/// Refuses a request that carries the forwarded marker unless a node of
+/// this cluster signed it, over this very request (`prefix` is where the
+/// router nested the route: the sender signed the full path).
+fn check_from_node(
     c: &ClusterState,
-    headers: &axum::http::HeaderMap,
-) -> Result<bool, ApiError> {
-    let presented = headers.get(CLUSTER_TOKEN_HEADER);
-    let ok = match presented {
-        None if !c.has_token() => return Ok(false),
-        Some(v) => c.token_ok(v.to_str().ok()),
-        None => false,
-    };
-    if ok {
-        return Ok(true);
-    }
-    Err(ApiError::new(
-        StatusCode::FORBIDDEN,
-        "cluster_token_invalid",
-        format!("a forwarded request needs the cluster secret in `{CLUSTER_TOKEN_HEADER}`"),
-    ))
+    parts: &axum::http::request::Parts,
+    prefix: &str,
+    body: &[u8],
+) -> Result<(), ApiError> {
+    let pq = path_and_query(&parts.uri, prefix);
+    c.verify_from_node(parts.method.as_str(), &pq, &parts.headers, body)
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::FORBIDDEN,
+                "node_signature_invalid",
+                format!("only the nodes of this cluster may send this: {e}"),
+            )
+        })
 }
 
 /// Cluster mode: runs the request here (`run`) if this node holds the actor
@@ -933,7 +946,10 @@ async fn run_here(
         .headers
         .iter()
         .filter(|(k, _)| *k != axum::http::header::AUTHORIZATION)
-        .filter(|(k, _)| !clustered || *k != CLUSTER_TOKEN_HEADER)
+        .filter(|(k, _)| {
+            !clustered
+                || (*k != CLUSTER_TOKEN_HEADER && *k != crate::cluster::sign::SIGNATURE_HEADER)
+        })
         .filter_map(|(k, v)| Some((k.as_str().to_owned(), v.to_str().ok()?.to_owned())))
         .collect();
     let (query, replicated) = durability(

@@ -43,6 +43,7 @@ pub mod forward;
 pub mod identity;
 mod lease_task;
 pub mod ownership;
+pub mod sign;
 pub mod sweep;
 pub mod view;
 
@@ -75,8 +76,9 @@ pub struct ClusterSettings {
     /// The address other nodes reach this node at (`http://host:port`),
     /// written into every live lease record.
     pub advertise: String,
-    /// The secret nodes share: sent on every forwarded request, and
-    /// required on every forwarded request received.
+    /// The secret nodes share, which keys the signature of every request
+    /// between them ([`sign`]); it never travels. `None` until the node
+    /// starts: then the one in the bucket ([`sign::cluster_secret`]).
     pub cluster_token: Option<String>,
     /// Lease timings and protocol bounds (ADR 0020's defaults).
     pub protocol: ClusterConfig,
@@ -134,7 +136,9 @@ pub const RELEASE_AFTER_IDLE_CLOSE_MS: u64 = 2_000;
 /// The header that marks a request forwarded by another node (one hop: a
 /// node never forwards a request that carries it).
 pub const FORWARDED_HEADER: &str = "x-wasmkeep-forwarded";
-/// The header that carries the cluster secret on a forwarded request.
+/// The header that carried the cluster secret on forwarded requests
+/// before they were signed: never sent any more, and dropped from what a
+/// node relays or hands an actor.
 pub const CLUSTER_TOKEN_HEADER: &str = "x-wasmkeep-cluster-token";
 /// The response header naming the node that ran the request.
 pub const NODE_HEADER: &str = "x-wasmkeep-node";
@@ -152,6 +156,8 @@ pub enum ClusterError {
     Protocol(#[from] wasmkeep_cluster::Error),
     #[error("no randomness for the node id or nonces: {0}")]
     Random(std::io::Error),
+    #[error("no cluster secret: configure cluster_token, or let the node read the bucket's")]
+    NoSecret,
 }
 
 impl ClusterSettings {
@@ -221,8 +227,9 @@ pub struct ClusterState {
     /// epoch (the first one, or one after the release task closed them):
     /// actors are routed only in it.
     fresh_epoch: AtomicU64,
-    /// SHA-256 of the cluster secret, if one is set.
-    token_digest: Option<[u8; 32]>,
+    /// Signs requests to other nodes and checks theirs (the cluster's
+    /// secret never leaves the node).
+    pub signer: Arc<sign::Signer>,
     /// The bucket, for reading other nodes' leases (the admin view).
     driver: BucketDriver,
     /// The actors this node holds, and the owners it knows.
@@ -274,16 +281,22 @@ impl ClusterState {
     ) -> ClusterState {
         let ownership =
             ownership::Ownership::new(node, driver.clone(), settings.clone(), prefix_bytes);
+        let signer = Arc::new(sign::Signer::new(
+            settings
+                .cluster_token
+                .as_deref()
+                .expect("ClusterNode::start checked the secret"),
+        ));
         let sweep = Arc::new(sweep::SweepCounters::default());
         ClusterState {
             node: node.to_owned(),
             address: settings.advertise.clone(),
-            token_digest: settings.cluster_token.as_deref().map(crate::auth::digest),
+            signer: Arc::clone(&signer),
             driver,
             metrics: ClusterMetrics::new(&ownership.counters, &sweep),
             sweep,
             ownership,
-            forwarder: forward::Forwarder::default(),
+            forwarder: forward::Forwarder::new(signer),
             epoch: AtomicU64::new(0),
             fresh_epoch: AtomicU64::new(first_epoch),
             acting_until_ms: AtomicU64::new(0),
@@ -341,24 +354,44 @@ impl ClusterState {
         self.acting_epoch().filter(|e| *e == fresh)
     }
 
-    /// Whether a forwarded request's cluster secret is right. Without a
-    /// secret (loopback only), forwarded requests are not trusted: they pass
-    /// the tenant check like any other.
-    pub fn token_ok(&self, presented: Option<&str>) -> bool {
-        match (&self.token_digest, presented) {
-            (Some(want), Some(got)) => crate::auth::ct_eq(&crate::auth::digest(got), want),
-            _ => false,
-        }
+    /// Checks that a request carrying the forwarded marker comes from a
+    /// node of this cluster ([`sign`]): `path_and_query` as the sender
+    /// addressed it, the body as received.
+    pub fn verify_from_node(
+        &self,
+        method: &str,
+        path_and_query: &str,
+        headers: &http::HeaderMap,
+        body: &[u8],
+    ) -> Result<(), sign::SignError> {
+        let header = headers
+            .get(sign::SIGNATURE_HEADER)
+            .and_then(|v| v.to_str().ok());
+        let signed = sign::Signed {
+            method,
+            to: &self.address,
+            path_and_query,
+            body,
+            forwarded: true,
+        };
+        self.signer.verify(header, &signed, now_ms())
+    }
+
+    /// The header a request to the node at `to` carries (forwarded).
+    pub fn sign_for(&self, method: &str, to: &str, path_and_query: &str, body: &[u8]) -> String {
+        let signed = sign::Signed {
+            method,
+            to,
+            path_and_query,
+            body,
+            forwarded: true,
+        };
+        self.signer.sign(&signed, now_ms())
     }
 
     /// The node's cluster settings (the forwarder's bounds and secret).
     pub(crate) fn settings(&self) -> &ClusterSettings {
         self.ownership.settings()
-    }
-
-    /// Whether the node has a cluster secret.
-    pub fn has_token(&self) -> bool {
-        self.token_digest.is_some()
     }
 
     /// The node id.
@@ -607,6 +640,9 @@ impl ClusterNode {
         data: &Path,
     ) -> Result<ClusterNode, ClusterError> {
         settings.check()?;
+        if settings.cluster_token.is_none() {
+            return Err(ClusterError::NoSecret);
+        }
         let identity = NodeIdentity::start(data)?;
         // Checks the id and address once here; every later epoch reuses them.
         NodeLeaseMachine::new(
@@ -744,7 +780,11 @@ mod tests {
     use super::*;
 
     fn settings(advertise: &str) -> ClusterSettings {
-        ClusterSettings::new(advertise, None, ClusterConfig::default())
+        ClusterSettings::new(
+            advertise,
+            Some("test secret".into()),
+            ClusterConfig::default(),
+        )
     }
 
     /// The server links the rules the simulator proves: `RULES` is

@@ -469,14 +469,10 @@ impl NodeConfig {
             .check()
             .map_err(|e| anyhow::anyhow!("refusing to start: {e}"))?;
         let loopback = self.listen.ip().is_loopback();
-        if self.cluster()?.is_some() && !loopback && self.cluster_token.is_none() {
-            anyhow::bail!(
-                "refusing to run a cluster node on {} without a cluster secret: set \
-                 cluster_token (--cluster-token, WASMKEEP_CLUSTER_TOKEN) to the same secret on \
-                 every node",
-                self.listen
-            );
-        }
+        // A cluster without a configured secret shares the one its first
+        // node wrote into the bucket: requests between nodes are signed
+        // with it, and it never crosses the network (issue 33).
+        self.cluster()?;
         let has_tokens = self.admin_token.is_some();
         if !loopback && !has_tokens && !self.insecure {
             anyhow::bail!(
@@ -624,7 +620,7 @@ mod tests {
     }
 
     #[test]
-    fn cluster_mode_needs_advertise_and_bucket_and_off_loopback_a_secret() {
+    fn cluster_mode_needs_advertise_and_bucket() {
         let mut c = NodeConfig {
             bucket: Some("file:///tmp/b".into()),
             ..NodeConfig::default()
@@ -637,11 +633,10 @@ mod tests {
         assert_eq!(s.protocol.lease_period_ms, 900);
         assert_eq!(s.protocol.lease_renew_ms(), 300);
         assert!(c.check_exposure().is_ok());
+        // Off loopback too: without `cluster_token` the bucket's secret
+        // signs what nodes send each other.
         c.listen = "0.0.0.0:8080".parse().unwrap();
         c.insecure = true;
-        let e = c.check_exposure().unwrap_err().to_string();
-        assert!(e.contains("cluster_token"), "{e}");
-        c.cluster_token = Some("s".into());
         assert!(c.check_exposure().is_ok());
         c.owner_margin_ms = 800;
         assert!(

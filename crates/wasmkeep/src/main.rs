@@ -489,8 +489,18 @@ pub(crate) fn run_node(
         // The node takes its next epoch (durably) before it says it listens.
         let node = match (&cluster, &bucket) {
             (Some(settings), Some(bucket)) => {
+                // Every cluster has a secret that signs what its nodes send
+                // each other: the configured one, or the bucket's.
+                let mut settings = settings.clone();
+                let secret = wasmkeep_server::cluster::sign::cluster_secret(
+                    settings.cluster_token.as_deref(),
+                    bucket,
+                )
+                .await
+                .context("read or create the cluster secret in the bucket")?;
+                settings.cluster_token = Some(secret);
                 let node = wasmkeep_server::cluster::ClusterNode::start(
-                    settings.clone(),
+                    settings,
                     bucket.clone(),
                     &cfg.data,
                 )

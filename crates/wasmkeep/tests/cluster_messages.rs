@@ -73,7 +73,7 @@ fn messages_reach_actors_on_other_nodes_and_their_answers_come_back() {
 }
 
 #[test]
-fn the_inbound_route_needs_the_cluster_secret() {
+fn the_inbound_route_needs_a_nodes_signature() {
     let c = Cluster::new(Store::Folder);
     let a = c.start("a");
     let r = send(
@@ -83,5 +83,5 @@ fn the_inbound_route_needs_the_cluster_secret() {
         &[],
     );
     assert_eq!(r.status, 403, "{}", r.body);
-    assert_eq!(r.body["error"]["code"], "cluster_token_invalid");
+    assert_eq!(r.body["error"]["code"], "node_signature_invalid");
 }

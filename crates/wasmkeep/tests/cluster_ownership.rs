@@ -58,32 +58,40 @@ fn requests_reach_the_owner_in_one_hop_and_forwards_need_the_secret() {
     assert_eq!(held(&a.node), 1);
     assert_eq!(held(&b.node), 1);
 
-    // Forwarded requests must carry the secret.
+    // Forwarded requests must carry a node's signature: not the secret
+    // itself, not a signature with another secret, not one for another
+    // node, not the same one twice.
     let path = "/v1/demo/examples/counter/fwd/increment";
+    let wrong = cluster::node_headers("wrong", "POST", a.port, path);
+    let for_b = cluster::node_headers(TOKEN, "POST", b.port, path);
     for headers in [
         vec![
             ("x-wasmkeep-forwarded", "1"),
-            ("x-wasmkeep-cluster-token", "wrong"),
+            ("x-wasmkeep-cluster-token", TOKEN),
         ],
         vec![("x-wasmkeep-forwarded", "1")],
+        cluster::as_pairs(&wrong),
+        cluster::as_pairs(&for_b),
     ] {
         let refused = send(a.port, "POST", path, &headers);
         assert_eq!(refused.status, 403, "{}", refused.body);
-        assert_eq!(refused.body["error"]["code"], "cluster_token_invalid");
+        assert_eq!(refused.body["error"]["code"], "node_signature_invalid");
     }
     assert_eq!(counter(&value(a.port, "fwd")), 2, "nothing ran");
 
-    // A forwarded request with the secret reaching a node that does not own
-    // the actor is not forwarded again.
-    let good = [
-        ("x-wasmkeep-forwarded", "1"),
-        ("x-wasmkeep-cluster-token", TOKEN),
-    ];
-    let not_owner = send(b.port, "POST", path, &good);
+    // A signed forwarded request reaching a node that does not own the
+    // actor is not forwarded again.
+    let to_b = cluster::node_headers(TOKEN, "POST", b.port, path);
+    let not_owner = send(b.port, "POST", path, &cluster::as_pairs(&to_b));
     assert_eq!(not_owner.status, 503, "{}", not_owner.body);
     assert_eq!(not_owner.body["error"]["code"], "not_owner");
-    let at_owner = send(a.port, "POST", path, &good);
+    let to_a = cluster::node_headers(TOKEN, "POST", a.port, path);
+    let at_owner = send(a.port, "POST", path, &cluster::as_pairs(&to_a));
     assert_eq!(counter(&at_owner), 3);
+    // The same signature twice is a replay.
+    let replayed = send(a.port, "POST", path, &cluster::as_pairs(&to_a));
+    assert_eq!(replayed.status, 403, "{}", replayed.body);
+    assert_eq!(replayed.body["error"]["code"], "node_signature_invalid");
 
     // SIGTERM: the owner releases its holds (then its lease).
     let mut a = a;
@@ -254,16 +262,9 @@ fn admin_routes_about_an_actor_run_on_its_owner() {
     assert_eq!(counter(&again), 1, "the owner's copy was deleted");
     assert_eq!(again.node.as_deref(), Some(a.id.as_str()));
 
-    // Forwarded admin requests need the secret too.
-    let refused = send(
-        a.port,
-        "GET",
-        admin,
-        &[
-            ("x-wasmkeep-forwarded", "1"),
-            ("x-wasmkeep-cluster-token", "wrong"),
-        ],
-    );
+    // Forwarded admin requests need a node's signature too.
+    let wrong = cluster::node_headers("wrong", "GET", a.port, admin);
+    let refused = send(a.port, "GET", admin, &cluster::as_pairs(&wrong));
     assert_eq!(refused.status, 403, "{}", refused.body);
-    assert_eq!(refused.body["error"]["code"], "cluster_token_invalid");
+    assert_eq!(refused.body["error"]["code"], "node_signature_invalid");
 }

@@ -9,7 +9,10 @@
 
 mod common;
 
+use std::path::Path;
+
 use common::Node;
+use common::cluster;
 use common::hostile::*;
 use serde_json::Value as Json;
 
@@ -373,4 +376,164 @@ fn sigterm_ends_the_node_within_its_drain_while_inspections_run_forever() {
     let how = exit_within(&node, std::time::Duration::from_secs(20))
         .expect("SIGTERM did not stop the node while two inspections ran (waited 20 s)");
     assert!(how.starts_with("exited"), "{how}");
+}
+
+// ---------------------------------------------------------------------
+// Internal routes trust only the nodes of the cluster.
+// ---------------------------------------------------------------------
+
+/// Starts a cluster node on a folder bucket, loopback, with no configured
+/// cluster secret; returns it and its port.
+fn lone_cluster_node(tmp: &Path, bucket: &Path, name: &str) -> (Node, u16) {
+    let port = cluster::free_port();
+    std::fs::create_dir_all(tmp.join(name)).unwrap();
+    let config = cluster::node_config(&tmp.join(name), 3000, 1000, 1000, "");
+    let flags = cluster::serve_flags(port, &config, &format!("file://{}", bucket.display()));
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let node = Node::start(&tmp.join(name).join("data"), &flags);
+    cluster::wait_for("the node to serve", 120, 50, || {
+        cluster::status(&node)["serving"] == true
+    });
+    (node, port)
+}
+
+/// A message for `demo/examples/pinger/victim` claiming to come from
+/// another tenant's actor, in the inbound route's body.
+fn forged_message() -> Vec<u8> {
+    serde_json::json!({
+        "message": {
+            "from": ["other", "app", "class", "someone"],
+            "life": "1",
+            "seq": 1,
+            "body": hex::encode(b"ping"),
+        }
+    })
+    .to_string()
+    .into_bytes()
+}
+
+#[test]
+fn internal_routes_refuse_clients_on_a_loopback_cluster_with_no_configured_secret() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bucket = tmp.path().join("bucket");
+    let (node, port) = lone_cluster_node(tmp.path(), &bucket, "a");
+    // The cluster's secret was made in the bucket by its first node.
+    let secret = std::fs::read_to_string(bucket.join("cluster/secret")).unwrap();
+    assert!(secret.len() >= 32, "{secret}");
+    let path = "/internal/inbound/v1/demo/examples/pinger/victim";
+    let forged = forged_message();
+    let attempts: Vec<Vec<(String, String)>> = vec![
+        vec![],
+        vec![("x-wasmkeep-forwarded".into(), "1".into())],
+        vec![
+            ("x-wasmkeep-forwarded".into(), "1".into()),
+            ("x-wasmkeep-cluster-token".into(), secret.clone()),
+        ],
+        // A real signature, but over an empty body: not this message.
+        cluster::node_headers(&secret, "POST", port, path),
+    ];
+    for headers in attempts {
+        let mut req = ureq::http::Request::builder()
+            .method("POST")
+            .uri(format!("http://127.0.0.1:{port}{path}"));
+        for (k, v) in &headers {
+            req = req.header(k, v);
+        }
+        let agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .build()
+            .new_agent();
+        let mut resp = agent.run(req.body(forged.clone()).unwrap()).unwrap();
+        let text = resp.body_mut().read_to_string().unwrap();
+        assert_eq!(resp.status().as_u16(), 403, "{headers:?}: {text}");
+        assert!(text.contains("node_signature_invalid"), "{text}");
+    }
+    // Nothing reached the receiver: it has never run.
+    let (s, v) = node.json("GET", "/admin/v1/actors/demo/examples/pinger/victim", b"");
+    assert_eq!(s, 404, "the forged message created the receiver: {v}");
+    // A forwarded actor request without a signature does not skip the
+    // tenant's token either.
+    let r = cluster::send(
+        port,
+        "POST",
+        "/v1/demo/examples/counter/x/increment",
+        &[("x-wasmkeep-forwarded", "1")],
+    );
+    assert_eq!(r.status, 403, "{}", r.body);
+}
+
+/// A TCP proxy that passes everything from `listen` to `upstream` and keeps
+/// a copy of what the client sent.
+fn recording_proxy(upstream: u16) -> (u16, std::sync::Arc<std::sync::Mutex<Vec<u8>>>) {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let copy = std::sync::Arc::clone(&seen);
+    std::thread::spawn(move || {
+        for client in listener.incoming().flatten() {
+            let Ok(server) = std::net::TcpStream::connect(("127.0.0.1", upstream)) else {
+                continue;
+            };
+            let (mut c_read, mut s_write) =
+                (client.try_clone().unwrap(), server.try_clone().unwrap());
+            let (mut s_read, mut c_write) = (server, client);
+            let seen = std::sync::Arc::clone(&copy);
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 8192];
+                while let Ok(n) = c_read.read(&mut buf) {
+                    if n == 0 || s_write.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                    seen.lock().unwrap().extend_from_slice(&buf[..n]);
+                }
+            });
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 8192];
+                while let Ok(n) = s_read.read(&mut buf) {
+                    if n == 0 || c_write.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    (port, seen)
+}
+
+#[test]
+fn the_cluster_secret_never_crosses_the_network() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bucket = tmp.path().join("bucket");
+    let (a, a_port) = lone_cluster_node(tmp.path(), &bucket, "a");
+    // B is reached by other nodes through a proxy that records what they
+    // send: B advertises the proxy's address.
+    let b_port = cluster::free_port();
+    let (proxy_port, seen) = recording_proxy(b_port);
+    std::fs::create_dir_all(tmp.path().join("b")).unwrap();
+    let config = cluster::node_config(&tmp.path().join("b"), 3000, 1000, 1000, "");
+    let mut flags = cluster::serve_flags(b_port, &config, &format!("file://{}", bucket.display()));
+    let i = flags.iter().position(|f| f == "--advertise").unwrap();
+    flags[i + 1] = format!("http://127.0.0.1:{proxy_port}");
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let b = Node::start(&tmp.path().join("b").join("data"), &flags);
+    cluster::wait_for("b to serve", 120, 50, || {
+        cluster::status(&b)["serving"] == true
+    });
+    // An actor of B's, then a request for it through A: forwarded to B.
+    let own = cluster::increment(b_port, "held-by-b");
+    assert_eq!(cluster::counter(&own), 1);
+    let via_a = cluster::increment(a_port, "held-by-b");
+    assert_eq!(cluster::counter(&via_a), 2, "{}", via_a.body);
+    let secret = std::fs::read_to_string(bucket.join("cluster/secret")).unwrap();
+    let sent = String::from_utf8_lossy(&seen.lock().unwrap()).into_owned();
+    assert!(
+        sent.contains("x-wasmkeep-signature"),
+        "nothing was forwarded through the proxy"
+    );
+    assert!(
+        !sent.contains(secret.trim()),
+        "the cluster secret crossed the network"
+    );
+    drop(a);
 }

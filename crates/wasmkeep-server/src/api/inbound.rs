@@ -6,9 +6,10 @@
 //!
 //! On the wire the event is a `POST` to
 //! `/internal/inbound/v1/{tenant}/{app}/{class}/{name}`, a JSON body, and
-//! the cluster secret; the owner answers `{"answer": ...}` or an error in
-//! the usual shape. A node never serves that route outside cluster mode,
-//! nor without the secret when it has one.
+//! the signature of the node that sends it (`cluster::sign`); the owner
+//! answers `{"answer": ...}` or an error in the usual shape. A node never
+//! serves that route outside cluster mode, nor to anyone but its cluster's
+//! nodes.
 
 use std::sync::Arc;
 
@@ -19,9 +20,7 @@ use serde_json::{Value, json};
 use wasmkeep_runtime::outbox::{Answer, Inbound, MessageAnswer, Routed, Router};
 use wasmkeep_runtime::{ActorId, RuntimeError};
 
-use super::{
-    ApiError, AppState, cluster_token_check, clustered_request, parse_actor_path, read_body,
-};
+use super::{ApiError, AppState, check_from_node, clustered_request, parse_actor_path, read_body};
 use crate::cluster::FORWARDED_HEADER;
 
 /// The route's prefix, before an actor's `/v1/...` path.
@@ -190,18 +189,20 @@ pub(super) async fn inbound_route(
     let (parts, body) = req.into_parts();
     let path = parts.uri.path();
     let (id, _) = parse_actor_path(path.strip_prefix(INBOUND_PREFIX).unwrap_or(path))?;
-    let trusted = cluster_token_check(&c, &parts.headers)?;
-    if !trusted && (c.has_token() || !s.tokens.tenant_ok(&id.tenant, &parts.headers)) {
-        return Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            "cluster_token_invalid",
-            "inbound events need the cluster secret",
-        ));
-    }
-    super::check_acting(&s)?;
+    // Only nodes send these, always forwarded and signed: a message names
+    // its sender, which no client may forge (issue 33).
     let limit = s.config.request_body_bytes_max.saturating_mul(2) + 64 * 1024;
     let body = read_body(body, limit, s.pace()).await?;
     let forwarded = parts.headers.contains_key(FORWARDED_HEADER);
+    if !forwarded {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "node_signature_invalid",
+            "only the nodes of this cluster may send inbound events",
+        ));
+    }
+    check_from_node(&c, &parts, "", &body)?;
+    super::check_acting(&s)?;
     let pq = parts.uri.path().to_string();
     let rt = s.rt.clone();
     clustered_request(

@@ -53,7 +53,7 @@ pub(crate) struct Answered<'a> {
 /// Codes of refusals made before anyone was let near the actor: whoever
 /// sends them proves nothing, so they never reach a tenant's lines (only
 /// the node's own log, rate-cut).
-const UNAUTHENTICATED: [&str; 2] = ["unauthorized", "cluster_token_invalid"];
+const UNAUTHENTICATED: [&str; 2] = ["unauthorized", "node_signature_invalid"];
 
 /// Longest error message a failure line quotes.
 const LINE_MESSAGE_BYTES_MAX: usize = 2048;

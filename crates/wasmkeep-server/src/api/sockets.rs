@@ -266,10 +266,9 @@ pub(super) async fn relay(
         crate::cluster::FORWARDED_HEADER,
         axum::http::HeaderValue::from_static("1"),
     );
-    if let Some(token) = &c.settings().cluster_token
-        && let Ok(v) = axum::http::HeaderValue::from_str(token)
-    {
-        h.insert(crate::cluster::CLUSTER_TOKEN_HEADER, v);
+    let signature = c.sign_for("GET", address, path_and_query, b"");
+    if let Ok(v) = axum::http::HeaderValue::from_str(&signature) {
+        h.insert(crate::cluster::sign::SIGNATURE_HEADER, v);
     }
     let timeout = Duration::from_millis(c.settings().forward_timeout_ms);
     let upstream = match tokio::time::timeout(timeout, tokio_tungstenite::connect_async(req)).await

@@ -50,7 +50,11 @@ fn relayed(name: &http::HeaderName) -> bool {
     .contains(name)
         && !matches!(
             name.as_str(),
-            "keep-alive" | "proxy-connection" | FORWARDED_HEADER | CLUSTER_TOKEN_HEADER
+            "keep-alive"
+                | "proxy-connection"
+                | FORWARDED_HEADER
+                | CLUSTER_TOKEN_HEADER
+                | super::sign::SIGNATURE_HEADER
         )
 }
 
@@ -155,9 +159,10 @@ impl Kept {
 /// connection rather than a TCP handshake. Bounded per owner
 /// ([`IDLE_PER_OWNER_MAX`]) and in owners ([`OWNERS_MAX`]); a connection
 /// idle past [`IDLE_KEEP_MS`] is dropped when next looked at.
-#[derive(Default)]
 pub struct Forwarder {
     idle: std::sync::Mutex<Idle>,
+    /// Signs every forward for the owner ([`super::sign`]).
+    signer: std::sync::Arc<super::sign::Signer>,
 }
 
 /// The kept connections, by owner, under one lock.
@@ -177,6 +182,14 @@ impl std::fmt::Debug for Forwarder {
 }
 
 impl Forwarder {
+    /// A forwarder whose requests `signer` signs.
+    pub fn new(signer: std::sync::Arc<super::sign::Signer>) -> Forwarder {
+        Forwarder {
+            idle: Default::default(),
+            signer,
+        }
+    }
+
     /// The kept connections (a panic while holding them loses nothing
     /// that matters: they are only connections).
     fn idle(&self) -> std::sync::MutexGuard<'_, Idle> {
@@ -257,6 +270,16 @@ impl Forwarder {
             .ok_or_else(|| ForwardError::NotSent(format!("no host in `{address}`")))?
             .as_str()
             .to_owned();
+        let signature = self.signer.sign(
+            &super::sign::Signed {
+                method: method.as_str(),
+                to: address,
+                path_and_query,
+                body: &body,
+                forwarded: true,
+            },
+            super::now_ms(),
+        );
         let mut req = Request::builder()
             .method(method.clone())
             .uri(path_and_query)
@@ -270,10 +293,8 @@ impl Forwarder {
             h.insert(http::header::HOST, host);
         }
         h.insert(FORWARDED_HEADER, HeaderValue::from_static("1"));
-        if let Some(token) = &settings.cluster_token
-            && let Ok(v) = HeaderValue::from_str(token)
-        {
-            h.insert(CLUSTER_TOKEN_HEADER, v);
+        if let Ok(v) = HeaderValue::from_str(&signature) {
+            h.insert(super::sign::SIGNATURE_HEADER, v);
         }
         let limit = settings.forward_response_bytes_max;
         // Until a request is handed to a connection, a timeout means it
@@ -412,6 +433,12 @@ mod tests {
         (address, accepted)
     }
 
+    fn forwarder() -> Forwarder {
+        Forwarder::new(std::sync::Arc::new(crate::cluster::sign::Signer::new(
+            "test",
+        )))
+    }
+
     async fn get(f: &Forwarder, address: &str) -> Result<Response<Bytes>, ForwardError> {
         let settings = ClusterSettings::new(address, None, Default::default());
         get_with(f, address, &settings).await
@@ -431,7 +458,7 @@ mod tests {
     #[tokio::test]
     async fn forwards_reuse_a_kept_connection() {
         let (address, accepted) = owner(usize::MAX);
-        let f = Forwarder::default();
+        let f = forwarder();
         for n in 0..5 {
             let resp = get(&f, &address).await.unwrap();
             assert_eq!(resp.body().as_ref(), n.to_string().as_bytes());
@@ -443,7 +470,7 @@ mod tests {
     #[tokio::test]
     async fn a_kept_connection_the_owner_closed_is_replaced_without_an_error() {
         let (address, accepted) = owner(1);
-        let f = Forwarder::default();
+        let f = forwarder();
         for _ in 0..3 {
             let resp = get(&f, &address).await.unwrap();
             assert_eq!(resp.body().as_ref(), b"0");
@@ -471,7 +498,7 @@ mod tests {
     }
 
     async fn never_stalls(address: &str, pause: Duration) {
-        let f = Forwarder::default();
+        let f = forwarder();
         let mut settings = ClusterSettings::new(address, None, Default::default());
         settings.forward_timeout_ms = 2_000;
         let mut answered = 0;
@@ -504,7 +531,7 @@ mod tests {
         });
         let mut settings = ClusterSettings::new(&address, None, Default::default());
         settings.forward_response_bytes_max = 10;
-        let f = Forwarder::default();
+        let f = forwarder();
         let r = get_with(&f, &address, &settings).await;
         match r {
             Err(ForwardError::Failed(why)) => assert!(why.contains("limit 10"), "{why}"),
@@ -526,7 +553,7 @@ mod tests {
         });
         let mut settings = ClusterSettings::new(&address, None, Default::default());
         settings.forward_timeout_ms = 300;
-        let f = Forwarder::default();
+        let f = forwarder();
         let r = get_with(&f, &address, &settings).await;
         assert!(matches!(r, Err(ForwardError::Timeout)), "{r:?}");
     }

@@ -130,6 +130,40 @@ pub fn send_within(
     }
 }
 
+/// The headers of a request forwarded by a node of a cluster whose secret
+/// is `secret`, to the node on `port`, with an empty body: the hop marker
+/// and the signature (`wasmkeep_server::cluster::sign`).
+pub fn node_headers(secret: &str, method: &str, port: u16, path: &str) -> Vec<(String, String)> {
+    use wasmkeep_server::cluster::sign::{SIGNATURE_HEADER, Signed, Signer};
+    let to = format!("http://127.0.0.1:{port}");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let signed = Signed {
+        method,
+        to: &to,
+        path_and_query: path,
+        body: b"",
+        forwarded: true,
+    };
+    vec![
+        ("x-wasmkeep-forwarded".into(), "1".into()),
+        (
+            SIGNATURE_HEADER.into(),
+            Signer::new(secret).sign(&signed, now),
+        ),
+    ]
+}
+
+/// `headers` as [`send`] takes them.
+pub fn as_pairs(headers: &[(String, String)]) -> Vec<(&str, &str)> {
+    headers
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect()
+}
+
 /// Asks for the reply only once the write is in the bucket.
 pub const REPLICATED: (&str, &str) = ("wasmkeep-durability", "replicated");
 
