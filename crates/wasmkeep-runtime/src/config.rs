@@ -65,6 +65,13 @@ pub struct RuntimeConfig {
     /// stops growing (`memory_exceeded`) and a guest's statement fails
     /// (`node_memory_exhausted`).
     pub node_memory_bytes_max: u64,
+    /// Request bodies being read, all tenants together (`None`: an eighth of
+    /// `node_memory_bytes_max`), and WebSocket messages being received
+    /// (`None`: a sixteenth); see [`crate::pools`].
+    pub request_bodies_bytes_max: Option<u64>,
+    pub socket_buffers_bytes_max: Option<u64>,
+    /// The share of each pool one tenant may hold, in percent.
+    pub tenant_share_pct: u8,
     /// Events of one actor that share one transaction.
     pub batch_events_max: usize,
     /// A turn starts no new event once it has run this long: the rest of
@@ -222,7 +229,10 @@ impl RuntimeConfig {
             actor_queue_events_max: 1000,
             actor_queue_bytes_max: 64 * 1024 * 1024,
             node_queue_bytes_max: 1024 * 1024 * 1024,
-            node_memory_bytes_max: 8 * 1024 * 1024 * 1024,
+            node_memory_bytes_max: crate::pools::default_node_memory_bytes(),
+            request_bodies_bytes_max: None,
+            socket_buffers_bytes_max: None,
+            tenant_share_pct: crate::pools::TENANT_SHARE_PCT,
             batch_events_max: 256,
             batch_time_budget_ms: 20,
             workers: 0,
@@ -272,6 +282,19 @@ impl RuntimeConfig {
                 .map(|n| n.get())
                 .unwrap_or(2)
                 .max(2)
+        }
+    }
+
+    /// The pools' bounds ([`crate::pools`]).
+    pub fn pool_limits(&self) -> crate::pools::PoolLimits {
+        crate::pools::PoolLimits {
+            request_bodies_bytes_max: self
+                .request_bodies_bytes_max
+                .unwrap_or(self.node_memory_bytes_max / 8),
+            socket_buffers_bytes_max: self
+                .socket_buffers_bytes_max
+                .unwrap_or(self.node_memory_bytes_max / 16),
+            tenant_share_pct: self.tenant_share_pct,
         }
     }
 

@@ -34,6 +34,7 @@ pub mod logs;
 pub mod metrics;
 pub mod outbox;
 pub mod parked;
+pub mod pools;
 pub mod replication;
 mod reply;
 mod response;

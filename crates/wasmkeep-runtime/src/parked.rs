@@ -46,9 +46,12 @@ impl Default for ParkedLimits {
     fn default() -> Self {
         ParkedLimits {
             reply_ms_max: 300_000,
-            node_max: 10_000,
-            per_actor_max: 1_000,
-            per_tenant_max: 5_000,
+            // Each parked reply holds its request's connection: below the
+            // default connections_max (1,024), whose requests in flight
+            // are bounded per tenant too (the server's `shares`).
+            node_max: 768,
+            per_actor_max: 256,
+            per_tenant_max: 256,
         }
     }
 }

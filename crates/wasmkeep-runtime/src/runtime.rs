@@ -177,6 +177,8 @@ pub struct Inner {
     pub alarm_failure_rate: crate::logs::RateCut,
     /// Series labelled by tenant, app and class (also in `metrics`).
     pub class_metrics: Arc<crate::class_metrics::ClassMetricsRegistry>,
+    /// What the host holds for tenants besides SQLite and guests.
+    pub pools: crate::pools::Pools,
 }
 
 /// Whether this node may run an actor's alarms now. A single node always
@@ -363,6 +365,7 @@ impl Runtime {
         let config_data_dir = config.data_dir.clone();
         let parked_limits = config.parked.clone();
         let shares = config.shares();
+        let pool_limits = config.pool_limits();
         let socket_limits = config.sockets.clone();
         let log_limits = config.logs;
         let parked_metrics = Arc::clone(&metrics);
@@ -403,6 +406,7 @@ impl Runtime {
             logs: Arc::new(crate::logs::LogHub::new(log_limits)),
             alarm_failure_rate: Default::default(),
             class_metrics,
+            pools: crate::pools::Pools::new(&pool_limits),
             parked: Arc::new(crate::parked::ParkedReplies::new(
                 parked_limits,
                 Arc::clone(&parked_metrics),
@@ -1065,6 +1069,11 @@ impl Runtime {
     /// The node's open WebSockets (ADR 0043).
     pub fn sockets(&self) -> &Arc<crate::sockets::SocketTable> {
         &self.inner.sockets
+    }
+
+    /// The memory pools for what the host holds for tenants.
+    pub fn pools(&self) -> &crate::pools::Pools {
+        &self.inner.pools
     }
 
     /// The recent log lines about actors (`wasmkeep logs`).

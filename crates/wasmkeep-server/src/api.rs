@@ -20,6 +20,7 @@ use crate::auth::Tokens;
 
 mod inbound;
 mod logs;
+mod shares;
 mod sockets;
 use crate::cluster::{CLUSTER_TOKEN_HEADER, ClusterState, FORWARDED_HEADER, NODE_HEADER};
 use crate::error::ApiError;
@@ -202,6 +203,8 @@ struct AppState {
     /// The same for failures no tenant vouches for (unauthenticated, no
     /// such class, no actor path): they never reach a tenant's lines.
     anon_failure_rate: Arc<wasmkeep_runtime::logs::RateCut>,
+    /// Each tenant's requests in flight here (`shares`).
+    in_flight: Arc<shares::TenantRequests>,
 }
 
 impl AppState {
@@ -224,7 +227,12 @@ impl AppState {
 pub fn router(rt: Runtime, config: ServerConfig) -> Router {
     let tokens = Tokens::new(config.admin_token.as_deref(), &config.tenant_tokens)
         .with_unsafe_rules(config.unsafe_rules);
+    let in_flight = Arc::new(shares::TenantRequests::new(
+        config.connections_max,
+        rt.config().tenant_share_pct,
+    ));
     let state = AppState {
+        in_flight,
         rt,
         config: Arc::new(config),
         tokens: Arc::new(tokens),
@@ -331,11 +339,15 @@ async fn admin_auth(
         && req.headers().contains_key(FORWARDED_HEADER)
     {
         let (parts, body) = req.into_parts();
+        let named = match check_from_node(c, &parts, ADMIN_PREFIX) {
+            Ok(named) => named,
+            Err(e) => return e.into_response(),
+        };
         let body = match read_body(body, INSPECT_SQL_BYTES_MAX, s.pace()).await {
             Ok(b) => b,
             Err(e) => return e.into_response(),
         };
-        if let Err(e) = check_from_node(c, &parts, ADMIN_PREFIX, &body) {
+        if let Err(e) = check_body_from_node(&body, &named) {
             return e.into_response();
         }
         return next.run(Request::from_parts(parts, Body::from(body))).await;
@@ -491,32 +503,56 @@ fn check_acting(s: &AppState) -> Result<(), ApiError> {
 /// is read), and cut off with 408 `body_timeout` when it arrives slower
 /// than `pace` allows.
 async fn read_body(body: Body, limit: usize, pace: BodyPace) -> Result<Vec<u8>, ApiError> {
+    read_body_within(body, limit, pace, None).await
+}
+
+/// [`read_body`], each byte reserved in `hold` (a tenant's share of the
+/// request bodies' pool) before the buffer grows to hold it: a body the
+/// pool has no room for is refused (503, with its code), not read.
+async fn read_body_within(
+    body: Body,
+    limit: usize,
+    pace: BodyPace,
+    mut hold: Option<&mut wasmkeep_runtime::pools::Hold>,
+) -> Result<Vec<u8>, ApiError> {
     use axum::body::HttpBody;
+    // The body is not read to its end: the connection closes after the
+    // answer (and lingers, so that the client reads it: `edge`).
     let too_large = || {
         ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             "body_too_large",
             format!("request body too large: limit request_body_bytes_max={limit}"),
         )
+        .closing()
     };
     let mut body = body;
-    if body.size_hint().lower() > limit as u64 {
+    let announced = body.size_hint().lower();
+    if announced > limit as u64 {
         return Err(too_large());
     }
-    let start = tokio::time::Instant::now();
+    // A body whose length is announced gets its whole buffer at once.
     let mut buf = Vec::new();
+    if let Some(h) = hold.as_deref_mut()
+        && announced > 0
+    {
+        h.grow(announced).map_err(pool_refused)?;
+        buf.reserve_exact(announced as usize);
+    }
+    let start = tokio::time::Instant::now();
     loop {
         let deadline = pace.deadline(start, buf.len());
         let next = std::future::poll_fn(|cx| std::pin::Pin::new(&mut body).poll_frame(cx));
         let frame = match tokio::time::timeout_at(deadline, next).await {
-            Err(_) => return Err(body_timeout(pace, buf.len())),
+            Err(_) => return Err(body_timeout(pace, buf.len()).closing()),
             Ok(None) => return Ok(buf),
             Ok(Some(Err(e))) => {
                 return Err(ApiError::new(
                     StatusCode::BAD_REQUEST,
                     "bad_body",
                     format!("could not read the body: {e}"),
-                ));
+                )
+                .closing());
             }
             Ok(Some(Ok(frame))) => frame,
         };
@@ -524,9 +560,27 @@ async fn read_body(body: Body, limit: usize, pace: BodyPace) -> Result<Vec<u8>, 
             if data.len() > limit - buf.len() {
                 return Err(too_large());
             }
+            if let Some(h) = hold.as_deref_mut() {
+                // What the buffer will take, at its growth: counted before.
+                let need = buf.len() + data.len();
+                if need > buf.capacity() {
+                    let capacity = need.max(buf.capacity() * 2).min(limit) as u64;
+                    h.grow(capacity.saturating_sub(h.bytes()))
+                        .map_err(pool_refused)?;
+                    buf.reserve_exact(capacity as usize - buf.len());
+                }
+            }
             buf.extend_from_slice(&data);
         }
     }
+}
+
+/// A pool's refusal at the edge: 503 with its code and `Retry-After`; the
+/// body is not read, so the connection closes after the answer.
+fn pool_refused(e: wasmkeep_runtime::pools::PoolError) -> ApiError {
+    let mut err = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.code(), e.to_string());
+    err.retry_after_s = Some(1);
+    err.closing()
 }
 
 fn body_timeout(pace: BodyPace, received: usize) -> ApiError {
@@ -662,15 +716,8 @@ async fn answer_actor_request(s: AppState, req: Request) -> Result<Response, Api
     // marker and the node's signature over it, body included; the tenant's
     // token was checked there, so the signature decides.
     let forwarded = cluster.is_some() && parts.headers.contains_key(FORWARDED_HEADER);
-    let mut body = Some(body);
-    let mut read = None;
-    match &cluster {
-        Some(c) if forwarded => {
-            let taken = body.take().expect("not read yet");
-            let bytes = read_body(taken, s.config.request_body_bytes_max, s.pace()).await?;
-            check_from_node(c, &parts, "", &bytes)?;
-            read = Some(bytes);
-        }
+    let signed_body = match &cluster {
+        Some(c) if forwarded => Some(check_from_node(c, &parts, "")?),
         _ if !s.tokens.tenant_ok(&id.tenant, &parts.headers) => {
             return Err(ApiError::new(
                 StatusCode::UNAUTHORIZED,
@@ -681,8 +728,11 @@ async fn answer_actor_request(s: AppState, req: Request) -> Result<Response, Api
                 ),
             ));
         }
-        _ => {}
-    }
+        _ => None,
+    };
+    // Nothing is read, counted or taken for a class this node cannot run.
+    s.rt.check_class(&id.tenant, &id.app, &id.class)?;
+    let _in_flight = s.in_flight.enter(&id.tenant)?;
     check_acting(&s)?;
     if let (Some(c), Some(_)) = (&cluster, &ws) {
         // A WebSocket for an actor another node holds is relayed there:
@@ -701,11 +751,20 @@ async fn answer_actor_request(s: AppState, req: Request) -> Result<Response, Api
             return sockets::relay(c, &address, &pq, &parts.headers, upgrade).await;
         }
     }
-    let body = match (read, body) {
-        (Some(bytes), _) => bytes,
-        (None, Some(body)) => read_body(body, s.config.request_body_bytes_max, s.pace()).await?,
-        (None, None) => unreachable!("a body is read once"),
-    };
+    // The body is read into the tenant's share of the node's pool, and
+    // held there until the request's event is done with it.
+    let mut hold =
+        s.rt.pools()
+            .request_bodies
+            .reserve(&id.tenant, 0)
+            .map_err(pool_refused)?;
+    let limit = s.config.request_body_bytes_max;
+    // The unsafe variant reads bodies outside the pool.
+    let pooled = (!s.config.unsafe_rules.no_request_body_pool).then_some(&mut hold);
+    let body = read_body_within(body, limit, s.pace(), pooled).await?;
+    if let Some(named) = signed_body {
+        check_body_from_node(&body, &named)?;
+    }
     match cluster {
         Some(c) => {
             let pq = path_and_query(&parts.uri, "");
@@ -716,24 +775,40 @@ async fn answer_actor_request(s: AppState, req: Request) -> Result<Response, Api
     }
 }
 
-/// Refuses a request that carries the forwarded marker unless a node of
-/// this cluster signed it, over this very request (`prefix` is where the
-/// router nested the route: the sender signed the full path).
+/// Refuses, before its body is read, a request that carries the forwarded
+/// marker unless a node of this cluster signed it, for this very request
+/// (`prefix` is where the router nested the route: the sender signed the
+/// full path); returns the hash its body must have.
 fn check_from_node(
     c: &ClusterState,
     parts: &axum::http::request::Parts,
     prefix: &str,
-    body: &[u8],
-) -> Result<(), ApiError> {
+) -> Result<crate::cluster::sign::BodyHash, ApiError> {
     let pq = path_and_query(&parts.uri, prefix);
-    c.verify_from_node(parts.method.as_str(), &pq, &parts.headers, body)
-        .map_err(|e| {
-            ApiError::new(
-                StatusCode::FORBIDDEN,
-                "node_signature_invalid",
-                format!("only the nodes of this cluster may send this: {e}"),
-            )
-        })
+    c.verify_from_node(parts.method.as_str(), &pq, &parts.headers)
+        .map_err(node_signature_invalid)
+}
+
+/// Refuses a signed request whose body is not the one its signature named.
+fn check_body_from_node(
+    body: &[u8],
+    named: &crate::cluster::sign::BodyHash,
+) -> Result<(), ApiError> {
+    if crate::cluster::sign::body_matches(body, named) {
+        Ok(())
+    } else {
+        Err(node_signature_invalid(
+            crate::cluster::sign::SignError::Mismatch,
+        ))
+    }
+}
+
+fn node_signature_invalid(e: crate::cluster::sign::SignError) -> ApiError {
+    ApiError::new(
+        StatusCode::FORBIDDEN,
+        "node_signature_invalid",
+        format!("only the nodes of this cluster may send this: {e}"),
+    )
 }
 
 /// Cluster mode: runs the request here (`run`) if this node holds the actor

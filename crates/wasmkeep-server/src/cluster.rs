@@ -354,16 +354,16 @@ impl ClusterState {
         self.acting_epoch().filter(|e| *e == fresh)
     }
 
-    /// Checks that a request carrying the forwarded marker comes from a
-    /// node of this cluster ([`sign`]): `path_and_query` as the sender
-    /// addressed it, the body as received.
+    /// Checks, before its body is read, that a request carrying the
+    /// forwarded marker comes from a node of this cluster ([`sign`]):
+    /// `path_and_query` as the sender addressed it. Returns the hash the
+    /// body must have ([`sign::body_matches`]).
     pub fn verify_from_node(
         &self,
         method: &str,
         path_and_query: &str,
         headers: &http::HeaderMap,
-        body: &[u8],
-    ) -> Result<(), sign::SignError> {
+    ) -> Result<sign::BodyHash, sign::SignError> {
         let header = headers
             .get(sign::SIGNATURE_HEADER)
             .and_then(|v| v.to_str().ok());
@@ -371,10 +371,9 @@ impl ClusterState {
             method,
             to: &self.address,
             path_and_query,
-            body,
             forwarded: true,
         };
-        self.signer.verify(header, &signed, now_ms())
+        self.signer.verify_head(header, &signed, now_ms())
     }
 
     /// The header a request to the node at `to` carries (forwarded).
@@ -383,10 +382,9 @@ impl ClusterState {
             method,
             to,
             path_and_query,
-            body,
             forwarded: true,
         };
-        self.signer.sign(&signed, now_ms())
+        self.signer.sign(&signed, body, now_ms())
     }
 
     /// The node's cluster settings (the forwarder's bounds and secret).

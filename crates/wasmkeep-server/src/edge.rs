@@ -56,6 +56,16 @@ pub(crate) const REJECT_RETRY_AFTER_S: u32 = 1;
 /// Pause after an accept error other than a connection's own (out of file
 /// descriptors, most likely), so that the loop does not spin on it.
 const ACCEPT_ERROR_PAUSE_MS: u64 = 100;
+/// How long a connection past `connections_max` waits for the place of the
+/// idle connection it made close, before it is answered 503.
+pub(crate) const EVICT_WAIT_MS: u64 = 500;
+/// How long a connection closed after an answer keeps reading (and
+/// dropping) what its client still sends (nginx's lingering close): a
+/// client that writes its whole body before it reads, such as Python's
+/// `urllib`, then reads a 413 instead of a reset.
+pub(crate) const LINGER_MS: u64 = 2_000;
+/// Most bytes a lingering close reads and drops.
+pub(crate) const LINGER_BYTES_MAX: u64 = 64 * 1024 * 1024;
 
 /// The limits of the edge, read once from [`ServerConfig`].
 #[derive(Clone, Copy, Debug)]
@@ -118,6 +128,12 @@ struct Activity {
     sleeping_until_ms: AtomicU64,
     /// The limits, for the deadline a change makes.
     limits: Limits,
+    /// Asked to close because the node is at `connections_max` and this
+    /// connection was the most idle: it closes if no handler runs.
+    evict: Notify,
+    /// The answer said `Connection: close`: the close lingers (see
+    /// [`LINGER_MS`]).
+    linger: std::sync::atomic::AtomicBool,
 }
 
 impl Activity {
@@ -132,7 +148,14 @@ impl Activity {
             changed: Notify::new(),
             sleeping_until_ms: AtomicU64::new(NONE),
             limits,
+            evict: Notify::new(),
+            linger: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Whether no handler runs: between requests, or before the first.
+    fn is_idle(&self) -> bool {
+        self.handling.load(Ordering::SeqCst) == 0
     }
 
     /// Wakes the watchdog if the deadline is now earlier than the one it
@@ -247,10 +270,20 @@ async fn watchdog(a: &Activity, limits: &Limits) {
     }
 }
 
-/// A socket that reports its reads and writes to an [`Activity`].
+/// A socket that reports its reads and writes to an [`Activity`], and
+/// lingers on close when its last answer said `Connection: close`.
 struct TrackedIo {
     inner: TcpStream,
     activity: Arc<Activity>,
+    linger: Option<Linger>,
+}
+
+/// A lingering close in progress: the write side is shut, what the client
+/// sends is read and dropped until it closes, [`LINGER_MS`] pass or
+/// [`LINGER_BYTES_MAX`] were read.
+struct Linger {
+    until: Pin<Box<tokio::time::Sleep>>,
+    read: u64,
 }
 
 impl AsyncRead for TrackedIo {
@@ -302,7 +335,32 @@ impl AsyncWrite for TrackedIo {
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
+        let this = &mut *self;
+        if !this.activity.linger.load(Ordering::Relaxed) {
+            return Pin::new(&mut this.inner).poll_shutdown(cx);
+        }
+        if this.linger.is_none() {
+            // The answer is written: the FIN goes now, the reads go on.
+            std::task::ready!(Pin::new(&mut this.inner).poll_shutdown(cx))?;
+            this.linger = Some(Linger {
+                until: Box::pin(tokio::time::sleep(Duration::from_millis(LINGER_MS))),
+                read: 0,
+            });
+        }
+        let linger = this.linger.as_mut().expect("set above");
+        let mut sink = [0u8; 16 * 1024];
+        loop {
+            if linger.until.as_mut().poll(cx).is_ready() || linger.read >= LINGER_BYTES_MAX {
+                return Poll::Ready(Ok(()));
+            }
+            let mut buf = ReadBuf::new(&mut sink);
+            match Pin::new(&mut this.inner).poll_read(cx, &mut buf) {
+                Poll::Ready(Ok(())) if buf.filled().is_empty() => return Poll::Ready(Ok(())),
+                Poll::Ready(Ok(())) => linger.read += buf.filled().len() as u64,
+                Poll::Ready(Err(_)) => return Poll::Ready(Ok(())),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
     }
 }
 
@@ -325,17 +383,70 @@ impl hyper::service::Service<Request<Incoming>> for EdgeService {
         // The admin API's loopback rule reads the peer from here.
         req.extensions_mut().insert(ConnectInfo(self.peer));
         let handling = Handling::enter(Arc::clone(&self.activity));
+        let activity = Arc::clone(&self.activity);
         let fut = self.router.call(req);
         Box::pin(async move {
             let r = fut.await;
+            if let Ok(resp) = &r
+                && resp
+                    .headers()
+                    .get(axum::http::header::CONNECTION)
+                    .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"close"))
+            {
+                // Refused before its body was read, maybe: the client may
+                // still be sending it.
+                activity.linger.store(true, Ordering::Relaxed);
+            }
             drop(handling);
             r
         })
     }
 }
 
+/// The open connections' activities, so that a connection past
+/// `connections_max` can make the most idle one close.
+#[derive(Default)]
+struct Open {
+    next: AtomicU64,
+    conns: parking_lot::Mutex<std::collections::HashMap<u64, Arc<Activity>>>,
+}
+
+impl Open {
+    fn add(&self, a: &Arc<Activity>) -> u64 {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        self.conns.lock().insert(id, Arc::clone(a));
+        id
+    }
+
+    fn remove(&self, id: u64) {
+        self.conns.lock().remove(&id);
+    }
+
+    /// Asks the connection idle the longest (no handler running) to
+    /// close; whether there was one.
+    fn evict_most_idle(&self) -> bool {
+        let conns = self.conns.lock();
+        let victim = conns
+            .values()
+            .filter(|a| a.is_idle())
+            .min_by_key(|a| a.start + Duration::from_millis(a.last_io_ms.load(Ordering::Relaxed)));
+        match victim {
+            Some(a) => {
+                a.evict.notify_one();
+                true
+            }
+            None => false,
+        }
+    }
+}
+
 /// Serves `router` on `listener` until `shutdown` resolves, then lets open
-/// connections finish for at most `shutdown_drain_ms`.
+/// connections finish for at most `shutdown_drain_ms`. At
+/// `connections_max`, a new connection makes the most idle one close and
+/// takes its place (a kept-alive connection with no request, or one that
+/// has not sent its head): only connections whose requests are being
+/// handled hold places for sure, and those are bounded per tenant
+/// (`api::shares`).
 pub(crate) async fn run(
     router: Router,
     config: &ServerConfig,
@@ -345,6 +456,7 @@ pub(crate) async fn run(
     let limits = Limits::of(config);
     let conns = Arc::new(Semaphore::new(limits.connections_max));
     let rejects = Arc::new(Semaphore::new(REJECTS_MAX));
+    let open = Arc::new(Open::default());
     let (stop_tx, stop_rx) = watch::channel(false);
     let router = TowerToHyperService::new(router);
     tokio::pin!(shutdown);
@@ -359,24 +471,63 @@ pub(crate) async fn run(
                 }
             },
         };
+        let ctx = Ctx {
+            router: router.clone(),
+            limits,
+            stop: stop_rx.clone(),
+            open: Arc::clone(&open),
+        };
         match Arc::clone(&conns).try_acquire_owned() {
             Ok(permit) => {
-                let conn = connection(
-                    stream,
-                    peer,
-                    router.clone(),
-                    limits,
-                    stop_rx.clone(),
-                    permit,
-                );
-                tokio::spawn(conn);
+                tokio::spawn(connection(stream, peer, ctx, permit));
             }
-            Err(_) => reject(stream, peer, &rejects, limits.connections_max),
+            Err(_) => make_room(stream, peer, ctx, &conns, &rejects),
         }
     }
     drop(listener);
     let _ = stop_tx.send(true);
     drain(&conns, &limits).await;
+}
+
+/// What serving one connection needs.
+#[derive(Clone)]
+struct Ctx {
+    router: TowerToHyperService<Router>,
+    limits: Limits,
+    stop: watch::Receiver<bool>,
+    open: Arc<Open>,
+}
+
+/// A connection past `connections_max`: the most idle connection is asked
+/// to close and this one waits (at most [`EVICT_WAIT_MS`], in a task of
+/// its own bounded by [`REJECTS_MAX`]) for its place; without one it is
+/// answered 503.
+fn make_room(
+    stream: TcpStream,
+    peer: SocketAddr,
+    ctx: Ctx,
+    conns: &Arc<Semaphore>,
+    rejects: &Arc<Semaphore>,
+) {
+    let max = ctx.limits.connections_max;
+    if !ctx.open.evict_most_idle() {
+        return reject(stream, peer, rejects, max);
+    }
+    let Ok(waiting) = Arc::clone(rejects).try_acquire_owned() else {
+        tracing::debug!(%peer, "connection dropped: connections_max reached and too many waiting");
+        return;
+    };
+    let conns = Arc::clone(conns);
+    let rejects = Arc::clone(rejects);
+    tokio::spawn(async move {
+        let wait = Duration::from_millis(EVICT_WAIT_MS);
+        let permit = tokio::time::timeout(wait, conns.acquire_owned()).await;
+        drop(waiting);
+        match permit {
+            Ok(Ok(permit)) => connection(stream, peer, ctx, permit).await,
+            _ => reject(stream, peer, &rejects, max),
+        }
+    });
 }
 
 /// Waits until every connection has closed, or the drain time is over.
@@ -408,20 +559,22 @@ async fn accept_error(e: io::Error) {
     }
 }
 
-/// Serves one connection until it ends, times out, or the node stops.
-async fn connection(
-    stream: TcpStream,
-    peer: SocketAddr,
-    router: TowerToHyperService<Router>,
-    limits: Limits,
-    mut stop: watch::Receiver<bool>,
-    _permit: OwnedSemaphorePermit,
-) {
+/// Serves one connection until it ends, times out, is evicted for a new
+/// one (see [`Open`]), or the node stops.
+async fn connection(stream: TcpStream, peer: SocketAddr, ctx: Ctx, _permit: OwnedSemaphorePermit) {
+    let Ctx {
+        router,
+        limits,
+        mut stop,
+        open,
+    } = ctx;
     let _ = stream.set_nodelay(true);
     let activity = Arc::new(Activity::new(limits));
+    let registered = Registered(&open, open.add(&activity));
     let io = TokioIo::new(TrackedIo {
         inner: stream,
         activity: Arc::clone(&activity),
+        linger: None,
     });
     let service = EdgeService {
         router,
@@ -445,11 +598,18 @@ async fn connection(
                 if let Err(e) = r {
                     tracing::debug!(%peer, error = %e, "connection ended with an error");
                 }
-                return;
+                break;
             }
             () = watchdog(&activity, &limits) => {
                 tracing::debug!(%peer, "connection closed: head, idle or write timeout");
-                return;
+                break;
+            }
+            () = activity.evict.notified() => {
+                // A handler may have started since it was picked.
+                if activity.is_idle() {
+                    tracing::debug!(%peer, "idle connection closed for a new one at connections_max");
+                    break;
+                }
             }
             r = stop.changed(), if !draining => {
                 // A closed channel means the accept loop is gone: drain too.
@@ -458,6 +618,16 @@ async fn connection(
                 conn.as_mut().graceful_shutdown();
             }
         }
+    }
+    drop(registered);
+}
+
+/// A connection's place in [`Open`], given back when dropped.
+struct Registered<'a>(&'a Open, u64);
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        self.0.remove(self.1);
     }
 }
 

@@ -12,6 +12,10 @@ pub struct ApiError {
     pub message: String,
     /// Seconds after which the client may retry, for 503s.
     pub retry_after_s: Option<u32>,
+    /// The connection closes after this answer (`Connection: close`): a
+    /// refusal that frees the connection for someone else, or a 413 whose
+    /// body was not read (the edge then drains it, see `edge::TrackedIo`).
+    pub close: bool,
 }
 
 impl ApiError {
@@ -21,7 +25,14 @@ impl ApiError {
             code: code.to_owned(),
             message: message.into(),
             retry_after_s: None,
+            close: false,
         }
+    }
+
+    /// The same error, closing the connection after it.
+    pub fn closing(mut self) -> ApiError {
+        self.close = true;
+        self
     }
 }
 
@@ -79,6 +90,7 @@ impl From<RuntimeError> for ApiError {
             code: e.code(),
             message: e.to_string(),
             retry_after_s: e.is_retryable().then_some(1),
+            close: false,
         }
     }
 }
@@ -92,6 +104,10 @@ impl IntoResponse for ApiError {
         if let Some(s) = self.retry_after_s {
             r.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        if self.close {
+            r.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         r
     }

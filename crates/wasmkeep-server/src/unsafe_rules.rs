@@ -38,6 +38,9 @@ pub struct UnsafeRules {
     /// calls into SQLite do not check the stack left (process-wide; see
     /// `wasmkeep_store::stack`).
     pub no_stack_rule: bool,
+    /// `no_request_body_pool`: request bodies are read without reserving
+    /// them in the node's pool (any number, any size within the limit).
+    pub no_request_body_pool: bool,
 }
 
 impl UnsafeRules {
@@ -54,6 +57,7 @@ impl UnsafeRules {
                 "admin_takes_any_page" => &mut r.admin_takes_any_page,
                 "no_sql_allow_list" => &mut r.no_sql_allow_list,
                 "no_stack_rule" => &mut r.no_stack_rule,
+                "no_request_body_pool" => &mut r.no_request_body_pool,
                 _ => return Err(format!("{ENV}: unknown rule `{name}`")),
             };
             *flag = true;

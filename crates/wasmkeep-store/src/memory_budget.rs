@@ -11,7 +11,9 @@
 //!   columns materialises its whole row inside SQLite before the runtime
 //!   sees a byte of it: this is what stops it, at the allocation.
 //! - **Node-wide** ([`set_node_bytes_max`]): SQLite's heap plus guests'
-//!   memories may not pass `node_memory_bytes_max`. The runtime reserves
+//!   memories plus the host's buffers held for tenants (request bodies,
+//!   socket buffers: the runtime's pools, [`reserve_host`]) may not pass
+//!   `node_memory_bytes_max`. The runtime reserves
 //!   guests' memory growth here ([`reserve_guest`]); SQLite allocations are
 //!   refused past the bound only while a guest statement runs, so the
 //!   runtime's own statements (commits, the alarm table) never fail for a
@@ -43,6 +45,9 @@ pub const FOLD_BYTES: i64 = 256 * 1024;
 static SQLITE_BYTES: AtomicI64 = AtomicI64::new(0);
 /// Guests' linear memories and tables, as reserved by the runtime.
 static GUEST_BYTES: AtomicI64 = AtomicI64::new(0);
+/// What the host holds for tenants outside SQLite and guests (request
+/// bodies, socket buffers, ...), as reserved by the runtime's pools.
+static HOST_BYTES: AtomicI64 = AtomicI64::new(0);
 /// The node-wide bound (`u64::MAX`: none).
 static NODE_BYTES_MAX: AtomicU64 = AtomicU64::new(u64::MAX);
 
@@ -92,9 +97,31 @@ pub fn guest_bytes() -> u64 {
     GUEST_BYTES.load(Ordering::Relaxed).max(0) as u64
 }
 
+/// The host's buffers held for tenants as reserved.
+pub fn host_bytes() -> u64 {
+    HOST_BYTES.load(Ordering::Relaxed).max(0) as u64
+}
+
 fn in_use(extra: i64) -> u64 {
     let sqlite = SQLITE_BYTES.load(Ordering::Relaxed) + UNFOLDED.with(Cell::get);
-    (sqlite + GUEST_BYTES.load(Ordering::Relaxed) + extra).max(0) as u64
+    let held = GUEST_BYTES.load(Ordering::Relaxed) + HOST_BYTES.load(Ordering::Relaxed);
+    (sqlite + held + extra).max(0) as u64
+}
+
+/// Reserves `bytes` of the host's buffers for tenants; `false` (nothing
+/// reserved) if the node's budget has no room for them.
+pub fn reserve_host(bytes: u64) -> bool {
+    let bytes = bytes.min(i64::MAX as u64) as i64;
+    if in_use(bytes) > node_bytes_max() {
+        return false;
+    }
+    HOST_BYTES.fetch_add(bytes, Ordering::Relaxed);
+    true
+}
+
+/// Gives back what [`reserve_host`] reserved.
+pub fn release_host(bytes: u64) {
+    HOST_BYTES.fetch_sub(bytes.min(i64::MAX as u64) as i64, Ordering::Relaxed);
 }
 
 /// Reserves `bytes` more of guest memory; `false` (nothing reserved) if the

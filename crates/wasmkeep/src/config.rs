@@ -49,6 +49,9 @@ pub struct NodeConfig {
     pub actor_queue_bytes_max: u64,
     pub node_queue_bytes_max: u64,
     pub node_memory_bytes_max: u64,
+    pub request_bodies_bytes_max: Option<u64>,
+    pub socket_buffers_bytes_max: Option<u64>,
+    pub tenant_share_pct: u8,
     pub batch_events_max: usize,
     pub batch_time_budget_ms: u64,
     pub workers: usize,
@@ -181,6 +184,9 @@ impl Default for NodeConfig {
             actor_queue_bytes_max: rt.actor_queue_bytes_max,
             node_queue_bytes_max: rt.node_queue_bytes_max,
             node_memory_bytes_max: rt.node_memory_bytes_max,
+            request_bodies_bytes_max: rt.request_bodies_bytes_max,
+            socket_buffers_bytes_max: rt.socket_buffers_bytes_max,
+            tenant_share_pct: rt.tenant_share_pct,
             batch_events_max: rt.batch_events_max,
             batch_time_budget_ms: rt.batch_time_budget_ms,
             workers: rt.workers,
@@ -291,7 +297,24 @@ impl NodeConfig {
     /// Refuses settings no node can run with.
     pub fn check_settings(&self) -> anyhow::Result<()> {
         wasmkeep_store::limits::check_page_bytes("sqlite_page_bytes", self.sqlite_page_bytes)
-            .map_err(|e| anyhow::anyhow!(e))
+            .map_err(|e| anyhow::anyhow!(e))?;
+        // Each parked reply holds its request's connection: as many as the
+        // connections would leave none for anyone else (issue 33).
+        if self.parked_replies_max >= self.connections_max {
+            anyhow::bail!(
+                "parked_replies_max={} must be below connections_max={}: each parked reply \
+                 holds a connection",
+                self.parked_replies_max,
+                self.connections_max
+            );
+        }
+        if !(1..=100).contains(&self.tenant_share_pct) {
+            anyhow::bail!(
+                "tenant_share_pct must be from 1 to 100, not {}",
+                self.tenant_share_pct
+            );
+        }
+        Ok(())
     }
 
     pub fn runtime(&self) -> RuntimeConfig {
@@ -305,6 +328,9 @@ impl NodeConfig {
         c.actor_queue_bytes_max = self.actor_queue_bytes_max;
         c.node_queue_bytes_max = self.node_queue_bytes_max;
         c.node_memory_bytes_max = self.node_memory_bytes_max;
+        c.request_bodies_bytes_max = self.request_bodies_bytes_max;
+        c.socket_buffers_bytes_max = self.socket_buffers_bytes_max;
+        c.tenant_share_pct = self.tenant_share_pct;
         c.batch_events_max = self.batch_events_max.max(1);
         c.batch_time_budget_ms = self.batch_time_budget_ms;
         c.workers = self.workers;
@@ -465,6 +491,8 @@ impl NodeConfig {
     /// settings the server refuses (tenant tokens without an admin token
     /// above all); run once the flags are applied, before anything starts.
     pub fn check_exposure(&self) -> anyhow::Result<()> {
+        self.check_settings()
+            .map_err(|e| anyhow::anyhow!("refusing to start: {e}"))?;
         self.server()
             .check()
             .map_err(|e| anyhow::anyhow!("refusing to start: {e}"))?;

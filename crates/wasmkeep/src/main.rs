@@ -423,6 +423,24 @@ fn serve(args: ServeArgs) -> Result<()> {
     run_node(cfg, args.examples, None)
 }
 
+/// Raises the soft bound on open files to the hard one: a node holds a
+/// descriptor per connection and socket (`connections_max` 1,024 and
+/// `sockets_max` besides) and per open database, and many systems start
+/// processes with a soft bound of 1,024.
+fn raise_open_files_limit() {
+    // SAFETY: `getrlimit` fills the plain struct it is given; `setrlimit`
+    // only changes this process's own soft bound, within the hard one.
+    unsafe {
+        let mut l: libc::rlimit = std::mem::zeroed();
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) == 0 && l.rlim_cur < l.rlim_max {
+            l.rlim_cur = l.rlim_max;
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &l) != 0 {
+                tracing::warn!(error = %std::io::Error::last_os_error(), "could not raise the open files limit");
+            }
+        }
+    }
+}
+
 /// Runs a node with `cfg` until SIGTERM or Ctrl-C.
 pub(crate) fn run_node(
     cfg: NodeConfig,
@@ -431,6 +449,7 @@ pub(crate) fn run_node(
 ) -> Result<()> {
     cfg.check_exposure()?;
     let cluster = cfg.cluster()?;
+    raise_open_files_limit();
     // Rules a test-faults build was asked to switch off (none otherwise),
     // applied before the runtime opens a database.
     let unsafe_rules = UnsafeRules::from_env().map_err(anyhow::Error::msg)?;

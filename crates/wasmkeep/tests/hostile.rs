@@ -355,16 +355,6 @@ fn a_wide_row_is_stopped_at_the_allocation() {
 }
 
 /// The node process's peak resident memory (`VmHWM`).
-fn peak_rss_bytes(node: &Node) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{}/status", node.pid())).unwrap();
-    let kib: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmHWM in /proc/<pid>/status");
-    kib * 1024
-}
-
 #[test]
 fn a_sort_that_spills_to_disk_is_bounded() {
     let tmp = tempfile::tempdir().unwrap();

@@ -537,3 +537,200 @@ fn the_cluster_secret_never_crosses_the_network() {
     );
     drop(a);
 }
+
+// ---------------------------------------------------------------------
+// Connections: parked replies, idle connections, bodies, 413s.
+// ---------------------------------------------------------------------
+
+/// A node with the bundled examples (`demo/examples`) and `config`.
+fn start_examples(tmp: &Path, config: &str) -> Node {
+    let cfg = tmp.join("node.toml");
+    std::fs::write(&cfg, config).unwrap();
+    Node::start(
+        &tmp.join("data"),
+        &["--examples", "--config", cfg.to_str().unwrap()],
+    )
+}
+
+/// Writes `request` on a new connection to `node` and leaves it unread.
+fn open_with(node: &Node, request: &str) -> std::net::TcpStream {
+    use std::io::Write;
+    let mut s = std::net::TcpStream::connect(node.addr()).unwrap();
+    s.write_all(request.as_bytes()).unwrap();
+    s
+}
+
+/// What a connection answered within `ms` (empty: nothing yet).
+fn answer_within(s: &mut std::net::TcpStream, ms: u64) -> String {
+    use std::io::Read;
+    s.set_read_timeout(Some(std::time::Duration::from_millis(ms)))
+        .unwrap();
+    let mut buf = vec![0u8; 4096];
+    match s.read(&mut buf) {
+        Ok(n) => String::from_utf8_lossy(&buf[..n]).into_owned(),
+        Err(_) => String::new(),
+    }
+}
+
+#[test]
+fn eleven_hundred_connections_parking_replies_leave_healthz_answering() {
+    let tmp = tempfile::tempdir().unwrap();
+    let node = start_examples(tmp.path(), DEFAULTS);
+    let conns: Vec<std::net::TcpStream> = (0..1100)
+        .map(|i| {
+            open_with(
+                &node,
+                &format!(
+                    "POST /v1/demo/examples/pinger/pk{i}/park?ms=120000 HTTP/1.1\r\n\
+                     Host: x\r\nContent-Length: 0\r\n\r\n"
+                ),
+            )
+        })
+        .collect();
+    // Whatever state those are in, the node still answers its health check
+    // on a new connection (a bound for a wedged node, not a timing).
+    let mut healthy = false;
+    for _ in 0..50 {
+        let mut probe = open_with(&node, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+        if answer_within(&mut probe, 2000).starts_with("HTTP/1.1 200") {
+            healthy = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(
+        healthy,
+        "/healthz did not answer 200 with 1,100 parking connections open"
+    );
+    // The tenant holds its share of the node, no more: the rest were told.
+    let (mut parked, mut refused) = (0, 0);
+    for mut c in conns {
+        let a = answer_within(&mut c, 50);
+        if a.is_empty() {
+            parked += 1;
+        } else if a.contains("tenant_overloaded")
+            || a.contains("too_many_parked")
+            || a.contains("node_overloaded")
+        {
+            refused += 1;
+        }
+    }
+    eprintln!("parked {parked}, refused {refused}, of 1,100");
+    assert!(
+        parked <= 256,
+        "{parked} replies parked: more than the tenant's share"
+    );
+    assert_alive(&node);
+}
+
+#[test]
+fn a_new_connection_at_connections_max_takes_the_place_of_an_idle_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let node = start_examples(
+        tmp.path(),
+        &format!("{DEFAULTS}connections_max = 16\nparked_replies_max = 8\n"),
+    );
+    // Sixteen kept-alive connections that each served a request and idle.
+    let idle: Vec<std::net::TcpStream> = (0..16)
+        .map(|_| {
+            let mut s = open_with(&node, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+            assert!(answer_within(&mut s, 5000).starts_with("HTTP/1.1 200"));
+            s
+        })
+        .collect();
+    let mut probe = open_with(&node, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+    let answer = answer_within(&mut probe, 5000);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    drop(idle);
+}
+
+/// The head of a request to the attacker's actor `actor` announcing a body
+/// of `bytes` bytes.
+fn attacker_head(actor: &str, bytes: usize) -> String {
+    format!("POST {EVIL}/{actor}/ping HTTP/1.1\r\nHost: x\r\nContent-Length: {bytes}\r\n\r\n")
+}
+
+#[test]
+fn a_413_reaches_a_client_that_writes_its_whole_body_before_it_reads() {
+    use std::io::Write;
+    let tmp = tempfile::tempdir().unwrap();
+    let node = start(tmp.path(), DEFAULTS);
+    // 33 MiB, over request_body_bytes_max (32 MiB): more than the kernel
+    // buffers of both sides hold, so the node must read what it refused.
+    let bytes = 33 << 20;
+    let mut s = open_with(&node, &attacker_head("big", bytes));
+    s.write_all(&vec![b'x'; bytes])
+        .expect("the node reset the connection while the client wrote its body");
+    let answer = answer_within(&mut s, 10_000);
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer:?}");
+    assert!(answer.contains("request_body_bytes_max"), "{answer}");
+}
+
+/// Sends 100 requests announcing bodies of 32 MiB less a byte, writes 8 MiB
+/// of each and stalls; returns the connections.
+fn stalled_bodies(node: &Node) -> Vec<std::net::TcpStream> {
+    use std::io::Write;
+    let chunk = vec![b'x'; 8 << 20];
+    (0..100)
+        .map(|i| {
+            let mut s = open_with(node, &attacker_head(&format!("body{i}"), (32 << 20) - 1));
+            // A refused connection may close while this is written.
+            let _ = s.write_all(&chunk);
+            s
+        })
+        .collect()
+}
+
+/// Config for the body attack: a 1 GiB memory budget and 128 MiB of
+/// request bodies (a tenant's share: 32 MiB).
+const BODY_BUDGET: &str =
+    "node_memory_bytes_max = 1073741824\nrequest_bodies_bytes_max = 134217728\n";
+
+#[test]
+fn stalled_bodies_hold_no_more_than_the_tenants_share_of_the_pool() {
+    let tmp = tempfile::tempdir().unwrap();
+    let node = start(tmp.path(), &format!("{DEFAULTS}{BODY_BUDGET}"));
+    let mut conns = stalled_bodies(&node);
+    let mut neighbour = Neighbour::new(&node, "n");
+    neighbour.increment().unwrap();
+    let answers: Vec<String> = conns.iter_mut().map(|c| answer_within(c, 200)).collect();
+    let refused = answers
+        .iter()
+        .filter(|a| a.starts_with("HTTP/1.1 503") && a.contains("tenant_overloaded"))
+        .count();
+    let peak = peak_rss_bytes(&node);
+    eprintln!(
+        "refused {refused} of 100 stalled bodies; peak RSS {} MiB",
+        peak >> 20
+    );
+    assert!(
+        refused >= 99,
+        "only {refused} of 100 bodies were refused: {answers:?}"
+    );
+    assert!(
+        peak < 1 << 30,
+        "peak RSS {peak} past the node's 1 GiB budget"
+    );
+    assert_alive(&node);
+}
+
+#[test]
+fn without_the_body_pool_stalled_bodies_are_all_read() {
+    let tmp = tempfile::tempdir().unwrap();
+    let node = start_without(
+        tmp.path(),
+        &format!("{DEFAULTS}{BODY_BUDGET}"),
+        "no_request_body_pool",
+    );
+    let mut conns = stalled_bodies(&node);
+    let answers: Vec<String> = conns.iter_mut().map(|c| answer_within(c, 200)).collect();
+    let refused = answers.iter().filter(|a| !a.is_empty()).count();
+    eprintln!(
+        "without the pool: refused {refused}; peak RSS {} MiB",
+        peak_rss_bytes(&node) >> 20
+    );
+    assert_eq!(
+        refused, 0,
+        "the unsafe variant refused bodies: the test above could not fail"
+    );
+}

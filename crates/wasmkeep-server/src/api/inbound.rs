@@ -20,7 +20,10 @@ use serde_json::{Value, json};
 use wasmkeep_runtime::outbox::{Answer, Inbound, MessageAnswer, Routed, Router};
 use wasmkeep_runtime::{ActorId, RuntimeError};
 
-use super::{ApiError, AppState, check_from_node, clustered_request, parse_actor_path, read_body};
+use super::{
+    ApiError, AppState, check_body_from_node, check_from_node, clustered_request, parse_actor_path,
+    read_body,
+};
 use crate::cluster::FORWARDED_HEADER;
 
 /// The route's prefix, before an actor's `/v1/...` path.
@@ -191,8 +194,6 @@ pub(super) async fn inbound_route(
     let (id, _) = parse_actor_path(path.strip_prefix(INBOUND_PREFIX).unwrap_or(path))?;
     // Only nodes send these, always forwarded and signed: a message names
     // its sender, which no client may forge (issue 33).
-    let limit = s.config.request_body_bytes_max.saturating_mul(2) + 64 * 1024;
-    let body = read_body(body, limit, s.pace()).await?;
     let forwarded = parts.headers.contains_key(FORWARDED_HEADER);
     if !forwarded {
         return Err(ApiError::new(
@@ -201,7 +202,10 @@ pub(super) async fn inbound_route(
             "only the nodes of this cluster may send inbound events",
         ));
     }
-    check_from_node(&c, &parts, "", &body)?;
+    let named = check_from_node(&c, &parts, "")?;
+    let limit = s.config.request_body_bytes_max.saturating_mul(2) + 64 * 1024;
+    let body = read_body(body, limit, s.pace()).await?;
+    check_body_from_node(&body, &named)?;
     super::check_acting(&s)?;
     let pq = parts.uri.path().to_string();
     let rt = s.rt.clone();

@@ -275,9 +275,9 @@ impl Forwarder {
                 method: method.as_str(),
                 to: address,
                 path_and_query,
-                body: &body,
                 forwarded: true,
             },
+            &body,
             super::now_ms(),
         );
         let mut req = Request::builder()

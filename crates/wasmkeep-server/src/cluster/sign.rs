@@ -16,7 +16,11 @@
 //! receiver refuses a signature that does not check out, one whose time is
 //! more than [`SIGNATURE_WINDOW_MS`] from its own clock, and a nonce it
 //! already accepted within that window (a replay), so a captured request
-//! is worth nothing after the window and nothing twice within it.
+//! is worth nothing after the window and nothing twice within it. The
+//! body's hash travels in the header too, so the signature is checked
+//! before the body is read ([`Signer::verify_head`]) and the body against
+//! it after ([`body_matches`]): nobody but a node makes a node read a body
+//! on a tenant's account.
 //!
 //! The secret is the configured `cluster_token`, or one the first node
 //! created in the bucket ([`cluster_secret`]): every cluster has one.
@@ -67,7 +71,7 @@ pub enum SignError {
     Busy,
 }
 
-/// What a signature covers, beside the key.
+/// What a signature covers, beside the key and the body.
 #[derive(Debug, Clone, Copy)]
 pub struct Signed<'a> {
     pub method: &'a str,
@@ -75,9 +79,17 @@ pub struct Signed<'a> {
     /// node is worth nothing at another.
     pub to: &'a str,
     pub path_and_query: &'a str,
-    pub body: &'a [u8],
     /// Whether it carries the forwarded marker.
     pub forwarded: bool,
+}
+
+/// The SHA-256 a signature names for the body.
+pub type BodyHash = [u8; 32];
+
+/// Whether `body` is the one the signature named.
+pub fn body_matches(body: &[u8], named: &BodyHash) -> bool {
+    let hash: BodyHash = Sha256::digest(body).into();
+    bool::from(hash.ct_eq(named))
 }
 
 /// Signs requests to other nodes and checks those from them.
@@ -107,9 +119,8 @@ impl Signer {
         }
     }
 
-    fn mac(&self, r: &Signed<'_>, at_ms: u64, nonce: &[u8; 16]) -> [u8; 32] {
+    fn mac(&self, r: &Signed<'_>, at_ms: u64, nonce: &[u8; 16], body: &BodyHash) -> [u8; 32] {
         let mut mac = HmacSha256::new_from_slice(&self.key).expect("HMAC takes any key length");
-        let body: [u8; 32] = Sha256::digest(r.body).into();
         let text = format!(
             "wasmkeep-node-request-v1\n{}\n{}\n{}\n{at_ms}\n{}\n{}\n{}\n",
             r.method,
@@ -123,8 +134,8 @@ impl Signer {
         mac.finalize().into_bytes().into()
     }
 
-    /// The header value for `r`, sent at `now_ms`.
-    pub fn sign(&self, r: &Signed<'_>, now_ms: u64) -> String {
+    /// The header value for `r` with `body`, sent at `now_ms`.
+    pub fn sign(&self, r: &Signed<'_>, body: &[u8], now_ms: u64) -> String {
         let mut nonce = [0u8; 16];
         if getrandom::fill(&mut nonce).is_err() {
             // Without the system's randomness, a value that still never
@@ -134,25 +145,28 @@ impl Signer {
             nonce[..8].copy_from_slice(&now_ms.to_le_bytes());
             nonce[8..].copy_from_slice(&COUNTER.fetch_add(1, Ordering::Relaxed).to_le_bytes());
         }
-        let mac = self.mac(r, now_ms, &nonce);
+        let hash: BodyHash = Sha256::digest(body).into();
+        let mac = self.mac(r, now_ms, &nonce, &hash);
         format!(
-            "v1 t={now_ms} n={} s={}",
+            "v1 t={now_ms} n={} h={} s={}",
             hex::encode(nonce),
+            hex::encode(hash),
             hex::encode(mac)
         )
     }
 
     /// Checks the signature `header` carries for `r`, received at `now_ms`,
-    /// and remembers its nonce.
-    pub fn verify(
+    /// and remembers its nonce; returns the body's hash it names, which
+    /// the body must match ([`body_matches`]) once read.
+    pub fn verify_head(
         &self,
         header: Option<&str>,
         r: &Signed<'_>,
         now_ms: u64,
-    ) -> Result<(), SignError> {
+    ) -> Result<BodyHash, SignError> {
         let header = header.ok_or(SignError::Missing)?;
-        let (at_ms, nonce, mac) = parse(header).ok_or(SignError::Malformed)?;
-        let want = self.mac(r, at_ms, &nonce);
+        let (at_ms, nonce, hash, mac) = parse(header).ok_or(SignError::Malformed)?;
+        let want = self.mac(r, at_ms, &nonce, &hash);
         if !bool::from(want.ct_eq(&mac)) {
             return Err(SignError::Mismatch);
         }
@@ -160,7 +174,24 @@ impl Signer {
         if skew > SIGNATURE_WINDOW_MS {
             return Err(SignError::Stale(skew));
         }
-        self.seen.lock().admit(nonce, at_ms, now_ms)
+        self.seen.lock().admit(nonce, at_ms, now_ms)?;
+        Ok(hash)
+    }
+
+    /// [`Signer::verify_head`] and [`body_matches`] at once.
+    pub fn verify(
+        &self,
+        header: Option<&str>,
+        r: &Signed<'_>,
+        body: &[u8],
+        now_ms: u64,
+    ) -> Result<(), SignError> {
+        let hash = self.verify_head(header, r, now_ms)?;
+        if body_matches(body, &hash) {
+            Ok(())
+        } else {
+            Err(SignError::Mismatch)
+        }
     }
 }
 
@@ -194,8 +225,8 @@ impl Nonces {
     }
 }
 
-/// `v1 t=<ms> n=<32 hex> s=<64 hex>`.
-fn parse(h: &str) -> Option<(u64, [u8; 16], [u8; 32])> {
+/// `v1 t=<ms> n=<32 hex> h=<64 hex> s=<64 hex>`.
+fn parse(h: &str) -> Option<(u64, [u8; 16], BodyHash, [u8; 32])> {
     let mut parts = h.split(' ');
     if parts.next()? != "v1" {
         return None;
@@ -205,11 +236,15 @@ fn parse(h: &str) -> Option<(u64, [u8; 16], [u8; 32])> {
         .ok()?
         .try_into()
         .ok()?;
+    let hash = hex::decode(parts.next()?.strip_prefix("h=")?)
+        .ok()?
+        .try_into()
+        .ok()?;
     let mac = hex::decode(parts.next()?.strip_prefix("s=")?)
         .ok()?
         .try_into()
         .ok()?;
-    parts.next().is_none().then_some((at, nonce, mac))
+    parts.next().is_none().then_some((at, nonce, hash, mac))
 }
 
 /// The cluster's secret: `configured`, or the one in the bucket at
@@ -261,12 +296,11 @@ pub async fn cluster_secret(
 mod tests {
     use super::*;
 
-    fn req<'a>(body: &'a [u8]) -> Signed<'a> {
+    fn req() -> Signed<'static> {
         Signed {
             method: "POST",
             to: "http://127.0.0.1:9001",
             path_and_query: "/internal/inbound/v1/t/a/c/n",
-            body,
             forwarded: true,
         }
     }
@@ -275,47 +309,59 @@ mod tests {
     fn a_signature_checks_once_and_only_for_what_it_signed() {
         let (a, b) = (Signer::new("secret"), Signer::new("secret"));
         let now = 1_000_000;
-        let h = a.sign(&req(b"hello"), now);
-        assert_eq!(b.verify(Some(&h), &req(b"hello"), now + 10), Ok(()));
+        let h = a.sign(&req(), b"hello", now);
+        assert_eq!(b.verify(Some(&h), &req(), b"hello", now + 10), Ok(()));
         assert_eq!(
-            b.verify(Some(&h), &req(b"hello"), now + 20),
+            b.verify(Some(&h), &req(), b"hello", now + 20),
             Err(SignError::Replayed)
         );
-        let fresh = a.sign(&req(b"hello"), now);
-        let mut other = req(b"hello");
+        let mut other = req();
         other.to = "http://127.0.0.1:9002";
+        let fresh = || a.sign(&req(), b"hello", now);
         assert_eq!(
-            b.verify(Some(&fresh), &other, now),
+            b.verify(Some(&fresh()), &other, b"hello", now),
             Err(SignError::Mismatch)
         );
         assert_eq!(
-            b.verify(Some(&fresh), &req(b"hellp"), now),
+            b.verify(Some(&fresh()), &req(), b"hellp", now),
             Err(SignError::Mismatch)
         );
-        let mut unmarked = req(b"hello");
+        let mut unmarked = req();
         unmarked.forwarded = false;
         assert_eq!(
-            b.verify(Some(&fresh), &unmarked, now),
+            b.verify(Some(&fresh()), &unmarked, b"hello", now),
             Err(SignError::Mismatch)
         );
         assert_eq!(
-            Signer::new("other").verify(Some(&fresh), &req(b"hello"), now),
+            Signer::new("other").verify(Some(&fresh()), &req(), b"hello", now),
             Err(SignError::Mismatch)
         );
-        assert_eq!(b.verify(None, &req(b"hello"), now), Err(SignError::Missing));
         assert_eq!(
-            b.verify(Some("v1 t=1"), &req(b"hello"), now),
+            b.verify(None, &req(), b"hello", now),
+            Err(SignError::Missing)
+        );
+        assert_eq!(
+            b.verify(Some("v1 t=1"), &req(), b"hello", now),
             Err(SignError::Malformed)
+        );
+        // Another body's hash put in the header breaks the signature.
+        let h = fresh();
+        let hash = |b: &[u8]| hex::encode(Sha256::digest(b));
+        let forged = h.replace(&hash(b"hello"), &hash(b"other"));
+        assert_ne!(forged, h);
+        assert_eq!(
+            b.verify(Some(&forged), &req(), b"other", now),
+            Err(SignError::Mismatch)
         );
     }
 
     #[test]
     fn a_signature_from_outside_the_window_is_refused() {
         let s = Signer::new("secret");
-        let h = s.sign(&req(b""), 1_000_000);
+        let h = s.sign(&req(), b"", 1_000_000);
         let late = 1_000_000 + SIGNATURE_WINDOW_MS + 1;
         assert!(matches!(
-            s.verify(Some(&h), &req(b""), late),
+            s.verify(Some(&h), &req(), b"", late),
             Err(SignError::Stale(_))
         ));
     }

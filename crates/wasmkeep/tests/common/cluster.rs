@@ -144,14 +144,13 @@ pub fn node_headers(secret: &str, method: &str, port: u16, path: &str) -> Vec<(S
         method,
         to: &to,
         path_and_query: path,
-        body: b"",
         forwarded: true,
     };
     vec![
         ("x-wasmkeep-forwarded".into(), "1".into()),
         (
             SIGNATURE_HEADER.into(),
-            Signer::new(secret).sign(&signed, now),
+            Signer::new(secret).sign(&signed, b"", now),
         ),
     ]
 }

@@ -233,3 +233,14 @@ pub fn assert_attacker_serves(node: &Node, actor: &str) {
         "{actor} after its attack: {v}"
     );
 }
+
+/// The node's peak resident memory (`VmHWM`).
+pub fn peak_rss_bytes(node: &Node) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", node.pid())).unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM in /proc/<pid>/status");
+    kib * 1024
+}
