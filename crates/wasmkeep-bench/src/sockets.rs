@@ -120,8 +120,11 @@ pub async fn w8(env: &Env<'_>) -> Result<RunOutput> {
     let config = dir.join("w8.toml");
     std::fs::write(
         &config,
+        // Every socket comes from this one address (the load generator):
+        // the per-address bound is raised with the node's.
         format!(
-            "actor_idle_ms = 1000\nsocket_idle_ms = 0\nsockets_max = {}\n",
+            "actor_idle_ms = 1000\nsocket_idle_ms = 0\nsockets_max = {0}\n\
+             sockets_per_client_max = {0}\n",
             sockets * 2
         ),
     )?;

@@ -22,6 +22,7 @@ mod inbound;
 mod logs;
 mod shares;
 mod sockets;
+mod ws;
 use crate::cluster::{CLUSTER_TOKEN_HEADER, ClusterState, FORWARDED_HEADER, NODE_HEADER};
 use crate::error::ApiError;
 pub use logs::LOG_LINES_DEFAULT;
@@ -83,6 +84,9 @@ pub struct ServerConfig {
     /// Failed requests logged per second at most (the rest are counted
     /// and the next line says how many were left out).
     pub failed_request_log_per_s: u64,
+    /// WebSockets one client address may hold on this node
+    /// (`too_many_sockets` past it).
+    pub sockets_per_client_max: usize,
 }
 
 impl Default for ServerConfig {
@@ -105,6 +109,7 @@ impl Default for ServerConfig {
             cluster: None,
             access_log: false,
             failed_request_log_per_s: 100,
+            sockets_per_client_max: 1_000,
         }
     }
 }
@@ -205,6 +210,8 @@ struct AppState {
     anon_failure_rate: Arc<wasmkeep_runtime::logs::RateCut>,
     /// Each tenant's requests in flight here (`shares`).
     in_flight: Arc<shares::TenantRequests>,
+    /// Each client address's WebSockets here (`ws`).
+    client_sockets: Arc<ws::ClientSockets>,
 }
 
 impl AppState {
@@ -233,6 +240,7 @@ pub fn router(rt: Runtime, config: ServerConfig) -> Router {
     ));
     let state = AppState {
         in_flight,
+        client_sockets: Arc::new(ws::ClientSockets::new(config.sockets_per_client_max)),
         rt,
         config: Arc::new(config),
         tokens: Arc::new(tokens),
@@ -698,18 +706,7 @@ async fn answer_actor_request(s: AppState, req: Request) -> Result<Response, Api
     let (mut parts, body) = req.into_parts();
     // A WebSocket upgrade (ADR 0043): kept aside; the actor accepts it or
     // not, and the upgrade completes only once its event is durable.
-    let ws = if parts
-        .headers
-        .get(axum::http::header::UPGRADE)
-        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"websocket"))
-    {
-        use axum::extract::FromRequestParts;
-        axum::extract::ws::WebSocketUpgrade::from_request_parts(&mut parts, &s)
-            .await
-            .ok()
-    } else {
-        None
-    };
+    let ws = ws::Upgrade::from_parts(&mut parts);
     let (id, path) = parse_actor_path(parts.uri.path())?;
     let cluster = s.config.cluster.clone();
     // In cluster mode a request another node forwarded carries the hop
@@ -734,6 +731,20 @@ async fn answer_actor_request(s: AppState, req: Request) -> Result<Response, Api
     s.rt.check_class(&id.tenant, &id.app, &id.class)?;
     let _in_flight = s.in_flight.enter(&id.tenant)?;
     check_acting(&s)?;
+    // A client's sockets count against its address (not a forwarding
+    // node's: the first node counted them).
+    let ws = match ws {
+        Some(upgrade) if !forwarded => {
+            let peer = parts
+                .extensions
+                .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+                .map(|c| c.0.ip());
+            let client = peer.map(|ip| s.client_sockets.enter(ip)).transpose()?;
+            Some((upgrade, client))
+        }
+        Some(upgrade) => Some((upgrade, None)),
+        None => None,
+    };
     if let (Some(c), Some(_)) = (&cluster, &ws) {
         // A WebSocket for an actor another node holds is relayed there:
         // this node opens one to the owner (one hop, with the cluster
@@ -748,7 +759,7 @@ async fn answer_actor_request(s: AppState, req: Request) -> Result<Response, Api
         {
             let pq = path_and_query(&parts.uri, "");
             let upgrade = ws.expect("checked above");
-            return sockets::relay(c, &address, &pq, &parts.headers, upgrade).await;
+            return sockets::relay(&s, c, &address, &pq, &parts.headers, upgrade, &id.tenant).await;
         }
     }
     // The body is read into the tenant's share of the node's pool, and
@@ -1014,7 +1025,7 @@ async fn run_here(
     path: String,
     parts: &axum::http::request::Parts,
     body: Vec<u8>,
-    ws: Option<axum::extract::ws::WebSocketUpgrade>,
+    ws: Option<(ws::Upgrade, Option<ws::ClientSocket>)>,
 ) -> Result<Response, ApiError> {
     let clustered = s.config.cluster.is_some();
     let headers = parts

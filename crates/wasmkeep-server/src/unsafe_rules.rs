@@ -41,6 +41,9 @@ pub struct UnsafeRules {
     /// `no_request_body_pool`: request bodies are read without reserving
     /// them in the node's pool (any number, any size within the limit).
     pub no_request_body_pool: bool,
+    /// `no_socket_buffer_pool`: what WebSockets read is not counted (any
+    /// number of unfinished messages, each up to its bound).
+    pub no_socket_buffer_pool: bool,
 }
 
 impl UnsafeRules {
@@ -58,6 +61,7 @@ impl UnsafeRules {
                 "no_sql_allow_list" => &mut r.no_sql_allow_list,
                 "no_stack_rule" => &mut r.no_stack_rule,
                 "no_request_body_pool" => &mut r.no_request_body_pool,
+                "no_socket_buffer_pool" => &mut r.no_socket_buffer_pool,
                 _ => return Err(format!("{ENV}: unknown rule `{name}`")),
             };
             *flag = true;

@@ -146,6 +146,7 @@ pub struct NodeConfig {
     pub socket_message_bytes_max: usize,
     pub socket_send_buffer_bytes_max: usize,
     pub socket_idle_ms: u64,
+    pub sockets_per_client_max: usize,
     /// One line per actor request in the node's log (`wasmkeep::access`).
     pub access_log: bool,
     pub failed_request_log_per_s: u64,
@@ -271,6 +272,7 @@ impl Default for NodeConfig {
             socket_message_bytes_max: rt.sockets.message_bytes_max,
             socket_send_buffer_bytes_max: rt.sockets.send_buffer_bytes_max,
             socket_idle_ms: rt.sockets.idle_ms,
+            sockets_per_client_max: server.sockets_per_client_max,
             access_log: server.access_log,
             failed_request_log_per_s: server.failed_request_log_per_s,
             log_buffer_lines: rt.logs.lines_max,
@@ -437,6 +439,7 @@ impl NodeConfig {
             cluster: None,
             access_log: self.access_log,
             failed_request_log_per_s: self.failed_request_log_per_s,
+            sockets_per_client_max: self.sockets_per_client_max,
         }
     }
 

@@ -734,3 +734,147 @@ fn without_the_body_pool_stalled_bodies_are_all_read() {
         "the unsafe variant refused bodies: the test above could not fail"
     );
 }
+
+// ---------------------------------------------------------------------
+// WebSocket fragments count against the node's socket buffers.
+// ---------------------------------------------------------------------
+
+/// Opens a WebSocket to `path` by hand (the handshake, no library), so
+/// that the test can send frames a library would not.
+fn raw_websocket(node: &Node, path: &str) -> std::net::TcpStream {
+    let mut s = open_with(
+        node,
+        &format!(
+            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+             Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+        ),
+    );
+    let answer = answer_within(&mut s, 10_000);
+    assert!(answer.starts_with("HTTP/1.1 101"), "{answer}");
+    s
+}
+
+/// Writes one masked frame (a zero mask: the payload as it is).
+fn frame(
+    s: &mut std::net::TcpStream,
+    fin: bool,
+    opcode: u8,
+    payload: &[u8],
+) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut head = vec![(u8::from(fin) << 7) | opcode];
+    match payload.len() {
+        n if n < 126 => head.push(0x80 | n as u8),
+        n if n <= 0xffff => {
+            head.push(0x80 | 126);
+            head.extend_from_slice(&(n as u16).to_be_bytes());
+        }
+        n => {
+            head.push(0x80 | 127);
+            head.extend_from_slice(&(n as u64).to_be_bytes());
+        }
+    }
+    head.extend_from_slice(&[0, 0, 0, 0]);
+    s.write_all(&head)?;
+    s.write_all(payload)
+}
+
+/// Opens `n` sockets on the attacker's chat rooms and sends each an
+/// unfinished message of almost 1 MiB in 64 KiB fragments; returns them.
+fn unfinished_messages(node: &Node, n: usize) -> Vec<std::net::TcpStream> {
+    let piece = vec![b'x'; 64 * 1024];
+    (0..n)
+        .map(|i| {
+            let mut s = raw_websocket(node, &format!("/v1/evil/chat/chat/room{}/ws", i % 8));
+            let _ = frame(&mut s, false, 1, &piece);
+            for _ in 0..14 {
+                if frame(&mut s, false, 0, &piece).is_err() {
+                    break;
+                }
+            }
+            s
+        })
+        .collect()
+}
+
+/// A 1 GiB memory budget, 64 MiB for socket buffers (16 MiB a tenant),
+/// and room for 400 sockets from this one address.
+const SOCKET_BUDGET: &str = "node_memory_bytes_max = 1073741824\nsocket_buffers_bytes_max = 67108864\n\
+     sockets_per_client_max = 1000\n";
+
+#[test]
+fn unfinished_fragmented_messages_are_bounded_by_the_socket_buffers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let node = start(tmp.path(), &format!("{DEFAULTS}{SOCKET_BUDGET}"));
+    let (s, v) = node.deploy("evil/chat", wasmkeep_guests::DEMO);
+    assert_eq!(s, 200, "{v}");
+    let before = peak_rss_bytes(&node);
+    let mut sockets = unfinished_messages(&node, 400);
+    let mut neighbour = Neighbour::new(&node, "n");
+    neighbour.increment().unwrap();
+    // Sockets past the tenant's share were closed with 1013.
+    // (A close frame's first byte is not text: only its reason is read.)
+    let closed = sockets
+        .iter_mut()
+        .map(|s| answer_within(s, 100))
+        .filter(|a| a.contains("socket_buffers_bytes_max"))
+        .count();
+    let grew = peak_rss_bytes(&node).saturating_sub(before);
+    eprintln!(
+        "{closed} of 400 sockets closed; peak RSS grew {} MiB",
+        grew >> 20
+    );
+    assert!(
+        closed >= 300,
+        "only {closed} of 400 sockets were closed at the bound"
+    );
+    assert!(
+        grew < 256 << 20,
+        "400 unfinished messages grew the node by {grew} bytes"
+    );
+    assert_alive(&node);
+}
+
+#[test]
+fn a_client_address_holds_at_most_its_sockets() {
+    let tmp = tempfile::tempdir().unwrap();
+    let node = start(
+        tmp.path(),
+        &format!("{DEFAULTS}sockets_per_client_max = 3\n"),
+    );
+    let (s, v) = node.deploy("evil/chat", wasmkeep_guests::DEMO);
+    assert_eq!(s, 200, "{v}");
+    let _open: Vec<_> = (0..3)
+        .map(|_| raw_websocket(&node, "/v1/evil/chat/chat/r/ws"))
+        .collect();
+    let mut refused = open_with(
+        &node,
+        "GET /v1/evil/chat/chat/r/ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\n\
+         Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\n\
+         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+    );
+    let answer = answer_within(&mut refused, 10_000);
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(answer.contains("sockets_per_client_max"), "{answer}");
+}
+
+#[test]
+fn without_the_socket_pool_unfinished_messages_grow_the_node() {
+    let tmp = tempfile::tempdir().unwrap();
+    let node = start_without(
+        tmp.path(),
+        &format!("{DEFAULTS}{SOCKET_BUDGET}"),
+        "no_socket_buffer_pool",
+    );
+    let (s, v) = node.deploy("evil/chat", wasmkeep_guests::DEMO);
+    assert_eq!(s, 200, "{v}");
+    let before = peak_rss_bytes(&node);
+    let _sockets = unfinished_messages(&node, 400);
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let grew = peak_rss_bytes(&node).saturating_sub(before);
+    eprintln!("without the pool, peak RSS grew {} MiB", grew >> 20);
+    assert!(
+        grew >= 256 << 20,
+        "the unsafe variant grew the node by {grew} bytes only: the test above could not fail"
+    );
+}

@@ -11,20 +11,24 @@
 //! layer, never by the actor. Idle sockets are closed by the runtime's
 //! reaper (`SocketTable::close_idle`, on the node's clock), through the
 //! same channel; a write a client does not take within 10 s cuts the
-//! socket off.
+//! socket off. What a socket reads is counted in the node's
+//! `socket_buffers` pool until it is delivered (`ws`).
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use axum::extract::ws::{CloseFrame, Message as WsMessage, WebSocket, WebSocketUpgrade};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use futures_util::{SinkExt, StreamExt};
+use tokio_tungstenite::tungstenite::Message as WsMessage;
+use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
 use wasmkeep_runtime::actor::SocketEvent;
 use wasmkeep_runtime::host::wasmkeep::actor::sockets::Message;
 use wasmkeep_runtime::sockets::{Outgoing, close_code};
 use wasmkeep_runtime::{ActorId, Runtime};
 
-use super::{ApiError, AppState};
+use super::ws::{ClientSocket, Reads, Socket, Upgrade};
+use super::{ApiError, AppState, pool_refused};
 
 /// The read buffer of one socket's connection.
 const READ_BUFFER_BYTES: usize = 1024;
@@ -35,10 +39,10 @@ pub(super) fn upgrade(
     s: &AppState,
     actor: ActorId,
     socket: u64,
-    ws: Option<WebSocketUpgrade>,
+    ws: Option<(Upgrade, Option<ClientSocket>)>,
 ) -> Response {
     let rt = s.rt.clone();
-    let Some(ws) = ws else {
+    let Some((ws, client)) = ws else {
         gone(
             &rt,
             &actor,
@@ -62,17 +66,38 @@ pub(super) fn upgrade(
         return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "too_many_sockets", why)
             .into_response();
     };
+    let reads = match rt.pools().socket_buffers.reserve(&actor.tenant, 0) {
+        // The unsafe variant counts nothing.
+        _ if s.config.unsafe_rules.no_socket_buffer_pool => None,
+        Ok(hold) => Some(std::sync::Arc::new(parking_lot::Mutex::new(hold))),
+        Err(e) => {
+            gone(&rt, &actor, socket, close_code::TRY_AGAIN, &e.to_string());
+            return pool_refused(e).into_response();
+        }
+    };
     let limit = rt.sockets().limits().message_bytes_max;
     let (rt2, actor2) = (rt.clone(), actor.clone());
-    // Small buffers: an idle socket holds what its connection needs and
-    // little more (the library's defaults, 128 KiB each way, are sized for
-    // throughput, not for thousands of hibernated sockets).
-    ws.read_buffer_size(READ_BUFFER_BYTES)
+    ws.respond(
+        config(limit),
+        reads.clone(),
+        move |ws| async move {
+            bridge(rt, actor, socket, conn, ws, reads).await;
+            drop(client);
+        },
+        move || gone(&rt2, &actor2, socket, 1006, "the upgrade failed"),
+    )
+}
+
+/// A socket's settings. Small buffers: an idle socket holds what its
+/// connection needs and little more (the library's defaults, 128 KiB each
+/// way, are sized for throughput, not for thousands of hibernated
+/// sockets).
+fn config(message_bytes_max: usize) -> WebSocketConfig {
+    WebSocketConfig::default()
+        .read_buffer_size(READ_BUFFER_BYTES)
         .write_buffer_size(0)
-        .max_message_size(limit)
-        .max_frame_size(limit)
-        .on_failed_upgrade(move |_| gone(&rt2, &actor2, socket, 1006, "the upgrade failed"))
-        .on_upgrade(move |ws| bridge(rt, actor, socket, conn, ws))
+        .max_message_size(Some(message_bytes_max))
+        .max_frame_size(Some(message_bytes_max))
 }
 
 /// The socket ends: out of the table, and its actor hears of it.
@@ -117,9 +142,9 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Writes `frame` within [`WRITE_TIMEOUT`]. Most writes complete when
 /// first polled, and take no timer; only one that has to wait does.
 async fn send_within(
-    ws: &mut WebSocket,
+    ws: &mut Socket,
     frame: WsMessage,
-) -> Result<Result<(), axum::Error>, tokio::time::error::Elapsed> {
+) -> Result<Result<(), tokio_tungstenite::tungstenite::Error>, tokio::time::error::Elapsed> {
     use std::future::Future;
     use std::task::Poll;
     let mut fut = std::pin::pin!(ws.send(frame));
@@ -131,7 +156,7 @@ async fn send_within(
 
 fn close(code: u16, reason: &str) -> WsMessage {
     WsMessage::Close(Some(CloseFrame {
-        code,
+        code: code.into(),
         reason: reason.into(),
     }))
 }
@@ -141,22 +166,33 @@ async fn bridge(
     actor: ActorId,
     socket: u64,
     mut conn: wasmkeep_runtime::sockets::Connection,
-    mut ws: WebSocket,
+    mut ws: Socket,
+    reads: Reads,
 ) {
     let (code, reason): (u16, String) = loop {
         tokio::select! {
-            incoming = ws.recv() => {
+            incoming = ws.next() => {
+                if matches!(incoming, Some(Ok(_))) {
+                    // Out of the protocol layer: what it read is the
+                    // event's (or gone) now.
+                    super::ws::delivered(&reads);
+                }
                 let message = match incoming {
                     Some(Ok(WsMessage::Text(t))) => Message::Text(t.to_string()),
                     Some(Ok(WsMessage::Binary(b))) => Message::Binary(b.to_vec()),
-                    Some(Ok(WsMessage::Ping(_) | WsMessage::Pong(_))) => {
+                    Some(Ok(WsMessage::Ping(_) | WsMessage::Pong(_) | WsMessage::Frame(_))) => {
                         // Answered by the protocol layer; it keeps the
                         // socket from being idle.
                         conn.last_ms.store(rt.clock().now_ms(), Ordering::Relaxed);
                         continue;
                     }
                     Some(Ok(WsMessage::Close(frame))) => {
-                        break frame.map_or((1005, String::new()), |f| (f.code, f.reason.to_string()));
+                        break frame.map_or((1005, String::new()), |f| (u16::from(f.code), f.reason.to_string()));
+                    }
+                    Some(Err(e)) if super::ws::pool_refused(&e).is_some() => {
+                        let reason = super::ws::pool_refused(&e).unwrap_or_default();
+                        let _ = send_within(&mut ws, close(close_code::TRY_AGAIN, &reason.chars().take(120).collect::<String>())).await;
+                        break (close_code::TRY_AGAIN, reason);
                     }
                     Some(Err(e)) => {
                         let text = e.to_string();
@@ -230,11 +266,13 @@ async fn bridge(
 /// either side closes. The owner's refusal (not the owner any more, a
 /// failed accept) is the client's answer, before any 101.
 pub(super) async fn relay(
+    s: &AppState,
     c: &crate::cluster::ClusterState,
     address: &str,
     path_and_query: &str,
     headers: &axum::http::HeaderMap,
-    ws: WebSocketUpgrade,
+    (ws, client): (Upgrade, Option<ClientSocket>),
+    tenant: &str,
 ) -> Result<Response, ApiError> {
     use tokio_tungstenite::tungstenite::client::IntoClientRequest;
     let url = format!(
@@ -304,38 +342,45 @@ pub(super) async fn relay(
         }
     };
     let limit = c.settings().forward_response_bytes_max;
-    Ok(ws
-        .read_buffer_size(READ_BUFFER_BYTES)
-        .write_buffer_size(0)
-        .max_message_size(limit)
-        .on_upgrade(move |client| pipe(client, upstream)))
+    let hold =
+        s.rt.pools()
+            .socket_buffers
+            .reserve(tenant, 0)
+            .map_err(pool_refused)?;
+    let reads = Some(std::sync::Arc::new(parking_lot::Mutex::new(hold)));
+    Ok(ws.respond(
+        config(limit),
+        reads.clone(),
+        move |ws| async move {
+            pipe(ws, upstream, reads).await;
+            drop(client);
+        },
+        || {},
+    ))
 }
 
 /// Carries frames between the client and the owner's socket.
 async fn pipe(
-    mut client: WebSocket,
+    mut client: Socket,
     upstream: tokio_tungstenite::WebSocketStream<
         tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
     >,
+    reads: Reads,
 ) {
-    use futures_util::{SinkExt, StreamExt};
     use tokio_tungstenite::tungstenite::Message as Up;
-    use tokio_tungstenite::tungstenite::protocol::CloseFrame as UpClose;
     let (mut up_tx, mut up_rx) = upstream.split();
     loop {
         tokio::select! {
-            from_client = client.recv() => {
+            from_client = client.next() => {
+                if matches!(from_client, Some(Ok(_))) {
+                    super::ws::delivered(&reads);
+                }
                 let out = match from_client {
-                    Some(Ok(WsMessage::Text(t))) => Up::Text(t.as_str().into()),
+                    Some(Ok(WsMessage::Text(t))) => Up::Text(t),
                     Some(Ok(WsMessage::Binary(b))) => Up::Binary(b),
-                    Some(Ok(WsMessage::Ping(_) | WsMessage::Pong(_))) => continue,
+                    Some(Ok(WsMessage::Ping(_) | WsMessage::Pong(_) | WsMessage::Frame(_))) => continue,
                     Some(Ok(WsMessage::Close(f))) => {
-                        let _ = up_tx
-                            .send(Up::Close(f.map(|f| UpClose {
-                                code: f.code.into(),
-                                reason: f.reason.as_str().into(),
-                            })))
-                            .await;
+                        let _ = up_tx.send(Up::Close(f)).await;
                         return;
                     }
                     _ => {
@@ -350,7 +395,7 @@ async fn pipe(
             }
             from_owner = up_rx.next() => {
                 let out = match from_owner {
-                    Some(Ok(Up::Text(t))) => WsMessage::Text(t.as_str().into()),
+                    Some(Ok(Up::Text(t))) => WsMessage::Text(t),
                     Some(Ok(Up::Binary(b))) => WsMessage::Binary(b),
                     Some(Ok(Up::Ping(_) | Up::Pong(_) | Up::Frame(_))) => continue,
                     Some(Ok(Up::Close(f))) => {
