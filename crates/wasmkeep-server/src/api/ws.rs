@@ -15,7 +15,6 @@
 //! The sockets of one client address are bounded too
 //! (`sockets_per_client_max`, [`ClientSockets`]).
 
-use std::collections::HashMap;
 use std::io;
 use std::net::IpAddr;
 use std::pin::Pin;
@@ -34,6 +33,7 @@ use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
 use wasmkeep_runtime::pools::Hold;
 
+use super::shares::{Place, Places};
 use crate::error::ApiError;
 
 /// A client's socket, its reads counted in the pool.
@@ -188,60 +188,31 @@ pub(crate) fn pool_refused(e: &tokio_tungstenite::tungstenite::Error) -> Option<
 
 /// The sockets each client address holds on this node.
 #[derive(Debug)]
-pub(crate) struct ClientSockets {
-    max: usize,
-    counts: Mutex<HashMap<IpAddr, usize>>,
-}
+pub(crate) struct ClientSockets(Arc<Places<IpAddr>>);
 
 /// One client's socket; leaves when dropped.
-#[derive(Debug)]
-pub(crate) struct ClientSocket {
-    of: Arc<ClientSockets>,
-    addr: IpAddr,
-}
+pub(crate) type ClientSocket = Place<IpAddr>;
 
 impl ClientSockets {
     pub(crate) fn new(max: usize) -> ClientSockets {
-        ClientSockets {
-            max,
-            counts: Mutex::new(HashMap::new()),
-        }
+        ClientSockets(Arc::new(Places::new(max, usize::MAX)))
     }
 
     /// Counts a socket of `addr`, or refuses it past the bound.
-    pub(crate) fn enter(self: &Arc<Self>, addr: IpAddr) -> Result<ClientSocket, ApiError> {
-        let mut counts = self.counts.lock();
-        let n = counts.entry(addr).or_insert(0);
-        if *n >= self.max {
+    pub(crate) fn enter(&self, addr: IpAddr) -> Result<ClientSocket, ApiError> {
+        self.0.take(&addr).map_err(|_| {
             let mut e = ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "too_many_sockets",
                 format!(
                     "this client address holds too many WebSockets on this node: limit \
                      sockets_per_client_max={}",
-                    self.max
+                    self.0.per_key_max()
                 ),
             );
             e.retry_after_s = Some(1);
-            return Err(e);
-        }
-        *n += 1;
-        Ok(ClientSocket {
-            of: Arc::clone(self),
-            addr,
+            e
         })
-    }
-}
-
-impl Drop for ClientSocket {
-    fn drop(&mut self) {
-        let mut counts = self.of.counts.lock();
-        if let Some(n) = counts.get_mut(&self.addr) {
-            *n -= 1;
-            if *n == 0 {
-                counts.remove(&self.addr);
-            }
-        }
     }
 }
 
@@ -251,7 +222,7 @@ mod tests {
 
     #[test]
     fn a_client_address_holds_at_most_its_sockets() {
-        let c = Arc::new(ClientSockets::new(2));
+        let c = ClientSockets::new(2);
         let ip: IpAddr = "10.0.0.1".parse().unwrap();
         let (a, _b) = (c.enter(ip).unwrap(), c.enter(ip).unwrap());
         let e = c.enter(ip).unwrap_err();
