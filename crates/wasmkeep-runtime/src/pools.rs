@@ -69,12 +69,11 @@ pub struct Pool {
 
 impl Pool {
     pub fn new(what: &'static str, limit_name: &'static str, node_max: u64, share_pct: u8) -> Pool {
-        let pct = u64::from(share_pct.clamp(1, 100));
         Pool {
             what,
             limit_name,
             node_max,
-            tenant_max: (node_max / 100).saturating_mul(pct).max(1),
+            tenant_max: share_of(node_max, share_pct).max(1),
             used: AtomicU64::new(0),
             tenants: Mutex::new(HashMap::new()),
         }
@@ -153,6 +152,11 @@ impl Pool {
         self.used.fetch_sub(bytes, Ordering::Relaxed);
         wasmkeep_store::memory_budget::release_host(bytes);
     }
+}
+
+/// `pct` percent (1 to 100) of `n`, rounded down.
+pub fn share_of(n: u64, pct: u8) -> u64 {
+    (u128::from(n) * u128::from(pct.clamp(1, 100)) / 100) as u64
 }
 
 /// Bytes reserved in a pool for one tenant, given back when dropped.

@@ -372,6 +372,7 @@ impl Runtime {
         let outbox_dispatcher = Dispatcher::new(
             config.outbox.clone(),
             config.outbound.private_allowed,
+            config.tenant_share_pct,
             Arc::clone(&metrics),
         );
         let inner = Arc::new(Inner {

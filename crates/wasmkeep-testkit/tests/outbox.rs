@@ -672,3 +672,70 @@ fn unsent_messages_move_with_the_actor_restored_on_another_node() {
     );
     assert_eq!(stats(&second, "b")["received"], 3);
 }
+
+/// A server on loopback that accepts connections and never answers.
+fn silent_server() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for stream in listener.incoming().flatten() {
+            held.push(stream);
+        }
+    });
+    port
+}
+
+/// Eight actors of tenant `evil` call a server that never answers; then
+/// `good` calls one that does. Returns whether good's call was answered
+/// within 10 s (a bound for the test, not a timing).
+fn good_call_answered_beside_eight_stuck_ones(tenant_share_pct: u8) -> bool {
+    let (silent, fast) = (silent_server(), authority(vec![]));
+    let node = TestNode::with_config(|c| {
+        c.outbox.in_flight_max = 8;
+        c.outbound.private_allowed = true;
+        c.outbound.timeout_ms_max = 120_000;
+        c.tenant_share_pct = tenant_share_pct;
+    });
+    for (tenant, port) in [("evil", silent), ("good", fast.port)] {
+        let manifest = format!("[outbound]\nhosts = [\"127.0.0.1:{port}\"]\ntimeout_ms = 120000\n");
+        node.deploy_with_manifest(&format!("{tenant}/examples"), DEMO, &manifest)
+            .unwrap();
+    }
+    for i in 0..8 {
+        let r = node
+            .actor(&format!("evil/examples/pinger/e{i}"))
+            .post(&format!("/fetch?url=http://127.0.0.1:{silent}/x"), "");
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let good = node.actor("good/examples/pinger/g");
+    let r = good.post(&format!("/fetch?url=http://127.0.0.1:{}/y", fast.port), "");
+    assert_eq!(r.status, 200, "{}", r.text());
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::time::Instant::now() < until {
+        let calls = good.get("/calls").json();
+        if calls["calls"].as_array().is_some_and(|c| !c.is_empty()) {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    false
+}
+
+#[test]
+fn a_tenant_holds_at_most_its_share_of_the_nodes_deliveries() {
+    assert!(
+        good_call_answered_beside_eight_stuck_ones(25),
+        "another tenant's stuck calls held every delivery of the node"
+    );
+}
+
+#[test]
+fn unsafe_without_a_tenants_share_its_stuck_calls_hold_every_delivery() {
+    assert!(
+        !good_call_answered_beside_eight_stuck_ones(100),
+        "served without the share: the test above could not fail"
+    );
+}
+

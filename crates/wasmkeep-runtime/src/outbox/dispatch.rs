@@ -12,8 +12,10 @@
 //! order (a *lane*), which is what lets the receiver keep only the last
 //! one it applied. HTTP calls have no order. Every delivery takes a permit
 //! of its actor (`outbox_per_actor_max`; for HTTP the app's
-//! `per_actor_max` and `per_app_max`) and then one of the node
-//! (`outbox_in_flight_max`), so one busy actor cannot hold the node's.
+//! `per_actor_max` and `per_app_max`), then one of its tenant
+//! (`tenant_share_pct` of the node's) and then one of the node
+//! (`outbox_in_flight_max`), so one busy actor, or tenant, cannot hold the
+//! node's.
 //!
 //! A delivery that fails in a way worth retrying waits (doubling from
 //! `outbox_retry_first_ms` up to `outbox_retry_max_ms`) without its
@@ -148,6 +150,10 @@ struct State {
     /// Actors whose rows did not fit; read again when there is room.
     deferred: BTreeSet<ActorId>,
     apps: HashMap<(String, String), Arc<Semaphore>>,
+    /// Each tenant's deliveries at once (its share of `in_flight_max`).
+    tenants: HashMap<String, Arc<Semaphore>>,
+    /// Rows' bytes held per tenant (its share of `node_bytes_max`).
+    tenant_bytes: HashMap<String, u64>,
 }
 
 fn row_bytes(r: &OutboxRow) -> u64 {
@@ -162,6 +168,9 @@ struct Shared {
     private_allowed: bool,
     state: Mutex<State>,
     in_flight: Arc<Semaphore>,
+    /// A tenant's share of `in_flight_max` and `node_bytes_max`, in
+    /// percent (`tenant_share_pct`).
+    tenant_share_pct: u8,
     handle: tokio::runtime::Handle,
     /// Batches waiting for the bucket before their rows are read.
     waiting: AtomicU64,
@@ -188,6 +197,7 @@ impl Dispatcher {
     pub fn new(
         limits: OutboxLimits,
         private_allowed: bool,
+        tenant_share_pct: u8,
         metrics: Arc<crate::metrics::Metrics>,
     ) -> Dispatcher {
         let io = tokio::runtime::Builder::new_multi_thread()
@@ -200,6 +210,7 @@ impl Dispatcher {
             rt: OnceLock::new(),
             router: OnceLock::new(),
             in_flight: Arc::new(Semaphore::new(limits.in_flight_max.max(1))),
+            tenant_share_pct,
             limits,
             client: OnceLock::new(),
             private_allowed,
@@ -292,12 +303,17 @@ impl Dispatcher {
             return Offered::Taken;
         }
         let bytes: u64 = fresh.iter().map(row_bytes).sum();
-        if st.bytes + bytes > sh.limits.node_bytes_max && st.bytes > 0 {
-            tracing::debug!(actor = %from, "outbox rows wait in the database: outbox_node_bytes_max");
+        let tenant_held = st.tenant_bytes.get(&from.tenant).copied().unwrap_or(0);
+        let tenant_max = sh.share(sh.limits.node_bytes_max);
+        if (st.bytes + bytes > sh.limits.node_bytes_max && st.bytes > 0)
+            || (tenant_held + bytes > tenant_max && tenant_held > 0)
+        {
+            tracing::debug!(actor = %from, "outbox rows wait in the database: outbox_node_bytes_max (or the tenant's share)");
             st.deferred.insert(from.clone());
             return Offered::Deferred;
         }
         st.bytes += bytes;
+        *st.tenant_bytes.entry(from.tenant.clone()).or_insert(0) += bytes;
         sh.metrics.outbox_taken_total.inc_by(fresh.len() as u64);
         sh.metrics.outbox_pending.inc_by(fresh.len() as u64);
         let limits = &sh.limits;
@@ -328,6 +344,10 @@ impl Dispatcher {
                 .entry((from.tenant.clone(), from.app.clone()))
                 .or_insert_with(|| Arc::new(Semaphore::new(policy.per_app_max.max(1)))),
         );
+        let share = sh.share(limits.in_flight_max as u64).max(1) as usize;
+        st.tenants
+            .entry(from.tenant.clone())
+            .or_insert_with(|| Arc::new(Semaphore::new(share)));
         drop(guard);
         for lane in start_lanes {
             let sh = Arc::clone(sh);
@@ -455,26 +475,35 @@ impl Shared {
         }
     }
 
-    /// The actor's permit (and the app's, for HTTP), then the node's.
+    /// `tenant_share_pct` of `n`.
+    fn share(&self, n: u64) -> u64 {
+        crate::pools::share_of(n, self.tenant_share_pct)
+    }
+
+    /// The actor's permit (and the app's, for HTTP), then its tenant's,
+    /// then the node's: no tenant holds more than its share of the node's
+    /// deliveries (issue 33).
     async fn permits(
         &self,
         actor: &ActorId,
         life: u64,
         app: Option<&Arc<Semaphore>>,
     ) -> Option<Vec<OwnedSemaphorePermit>> {
-        let own = {
+        let (own, tenant) = {
             let st = self.state.lock();
             let a = st.actors.get(actor).filter(|a| a.life == life)?;
-            if app.is_some() {
+            let own = if app.is_some() {
                 Arc::clone(&a.http_per_actor)
             } else {
                 Arc::clone(&a.per_actor)
-            }
+            };
+            (own, st.tenants.get(&actor.tenant).cloned()?)
         };
         let mut held = vec![own.acquire_owned().await.ok()?];
         if let Some(app) = app {
             held.push(Arc::clone(app).acquire_owned().await.ok()?);
         }
+        held.push(tenant.acquire_owned().await.ok()?);
         held.push(Arc::clone(&self.in_flight).acquire_owned().await.ok()?);
         Some(held)
     }
@@ -500,6 +529,12 @@ impl Shared {
         let resume: Vec<ActorId> = {
             let mut st = self.state.lock();
             st.bytes = st.bytes.saturating_sub(row_bytes(row) + extra);
+            if let Some(t) = st.tenant_bytes.get_mut(&actor.tenant) {
+                *t = t.saturating_sub(row_bytes(row));
+                if *t == 0 {
+                    st.tenant_bytes.remove(&actor.tenant);
+                }
+            }
             if let Some(a) = st.actors.get_mut(actor)
                 && a.life == life
                 && a.known.remove(&row.seq)
