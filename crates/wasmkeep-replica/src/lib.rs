@@ -47,6 +47,6 @@ pub use image::Image;
 pub use keys::ActorRoot;
 pub use limits::ReplicaConfig;
 pub use replica::{
-    Landed, Opened, Pages, Replica, SnapshotJob, Uploaded, WholeFile, delete_all, put_back,
+    Diff, Landed, Opened, Pages, Replica, SnapshotJob, Uploaded, WholeFile, delete_all, put_back,
     set_aside, sidecar_path,
 };

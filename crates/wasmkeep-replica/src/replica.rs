@@ -1005,6 +1005,17 @@ pub struct Pages {
     pub pages: BTreeMap<u32, Vec<u8>>,
 }
 
+/// What [`Replica::diff_file_within`] found.
+#[derive(Debug)]
+pub enum Diff {
+    /// The pages that differ from the head.
+    Pages(Pages),
+    /// No head to compare with, or a file that is not whole pages.
+    NoBase,
+    /// The caller's bound refused a page: the diff holds too much.
+    Refused,
+}
+
 /// What one [`Replica::upload`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Uploaded {
@@ -1651,15 +1662,30 @@ impl Replica {
     /// and no checkpoint meanwhile). `None` without a head to compare with,
     /// or for a file that is not whole pages of the head's page size.
     pub fn diff_file(&self, path: &Path) -> Result<Option<Pages>, ReplicaError> {
+        match self.diff_file_within(path, &mut |_| true)? {
+            Diff::Pages(p) => Ok(Some(p)),
+            Diff::NoBase | Diff::Refused => Ok(None),
+        }
+    }
+
+    /// [`Self::diff_file`], asking `room` before it keeps each changed page
+    /// (with the page's size): it stops with [`Diff::Refused`] as soon as
+    /// `room` says no, so a caller bounds what the diff holds (a write
+    /// burst's diff can be most of the database, issue 33).
+    pub fn diff_file_within(
+        &self,
+        path: &Path,
+        room: &mut dyn FnMut(u64) -> bool,
+    ) -> Result<Diff, ReplicaError> {
         use std::os::unix::fs::FileExt;
         let Some(base) = &self.base else {
-            return Ok(None);
+            return Ok(Diff::NoBase);
         };
         let ps = base.page_size() as u64;
         let file = std::fs::File::open(path)?;
         let len = file.metadata()?.len();
         if len % ps != 0 || len / ps > u32::MAX as u64 {
-            return Ok(None);
+            return Ok(Diff::NoBase);
         }
         let db_pages = (len / ps) as u32;
         let mut pages = BTreeMap::new();
@@ -1667,10 +1693,13 @@ impl Replica {
         for no in 1..=db_pages {
             file.read_exact_at(&mut page, (no as u64 - 1) * ps)?;
             if !base.holds(no, &page) {
+                if !room(ps) {
+                    return Ok(Diff::Refused);
+                }
                 pages.insert(no, page.clone());
             }
         }
-        Ok(Some(Pages {
+        Ok(Diff::Pages(Pages {
             page_size: base.page_size(),
             db_pages,
             low_pages: db_pages.min(base.pages()),
@@ -1706,11 +1735,11 @@ impl Replica {
     /// touching the bucket (`ChainBroken`).
     pub async fn upload_pages(
         &mut self,
-        pages: &Pages,
+        pages: Pages,
         time_ms: u64,
     ) -> Result<Uploaded, ReplicaError> {
         self.refuse_if_given_up()?;
-        if !self.pages_suffice(pages) || self.snapshot_overdue() {
+        if !self.pages_suffice(&pages) || self.snapshot_overdue() {
             return Err(ReplicaError::ChainBroken(
                 "the captured pages do not describe the step from the head".into(),
             ));
@@ -1722,15 +1751,16 @@ impl Replica {
 
     async fn upload_pages_inner(
         &mut self,
-        pages: &Pages,
+        pages: Pages,
         time_ms: u64,
     ) -> Result<Uploaded, ReplicaError> {
         let base = self.base.as_ref().expect("checked by pages_suffice");
+        // Moved, not copied: a write burst's pages are held once, then once
+        // more as the entry's body.
         let changed: Vec<(u32, Vec<u8>)> = pages
             .pages
-            .iter()
-            .filter(|(no, p)| !base.holds(**no, p))
-            .map(|(no, p)| (*no, p.clone()))
+            .into_iter()
+            .filter(|(no, p)| !base.holds(*no, p))
             .collect();
         if changed.is_empty() && self.head.is_some() && pages.db_pages == base.pages() {
             return Ok(Uploaded::Unchanged);

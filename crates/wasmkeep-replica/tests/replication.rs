@@ -200,7 +200,7 @@ async fn upload_captured(
             pages: ch.pages,
         };
         if !rep.wants_image() && rep.pages_suffice(&pages) {
-            shipped = Some(rep.upload_pages(&pages, time_ms).await?);
+            shipped = Some(rep.upload_pages(pages, time_ms).await?);
         }
     }
     let (up, pages) = match shipped {
@@ -238,7 +238,7 @@ async fn frozen_upload(rep: &mut Replica, src: &Source, time_ms: u64) {
 
 /// An upload of the pages captured since the last one.
 async fn captured_upload(rep: &mut Replica, src: &Source, time_ms: u64) {
-    rep.upload_pages(&captured(src), time_ms).await.unwrap();
+    rep.upload_pages(captured(src), time_ms).await.unwrap();
 }
 
 /// The pages the store captured since the last take.
@@ -430,7 +430,7 @@ async fn a_file_diff_ships_only_what_changed(b: &Backend, name: &str) {
         pages.pages.len(),
         pages.db_pages
     );
-    rep.upload_pages(&pages, 2000).await.unwrap();
+    rep.upload_pages(pages, 2000).await.unwrap();
     let source = src.close_and_read();
     restored_elsewhere(b, &id, &rep, tmp.path(), cfg(100, 2), &source).await;
 }

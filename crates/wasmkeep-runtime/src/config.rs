@@ -70,6 +70,9 @@ pub struct RuntimeConfig {
     /// (`None`: a sixteenth); see [`crate::pools`].
     pub request_bodies_bytes_max: Option<u64>,
     pub socket_buffers_bytes_max: Option<u64>,
+    /// The changed pages uploads hold (`None`: an eighth of
+    /// `node_memory_bytes_max`).
+    pub replica_buffers_bytes_max: Option<u64>,
     /// The share of each pool one tenant may hold, in percent.
     pub tenant_share_pct: u8,
     /// Events of one actor that share one transaction.
@@ -232,6 +235,7 @@ impl RuntimeConfig {
             node_memory_bytes_max: crate::pools::default_node_memory_bytes(),
             request_bodies_bytes_max: None,
             socket_buffers_bytes_max: None,
+            replica_buffers_bytes_max: None,
             tenant_share_pct: crate::pools::TENANT_SHARE_PCT,
             batch_events_max: 256,
             batch_time_budget_ms: 20,
@@ -294,6 +298,9 @@ impl RuntimeConfig {
             socket_buffers_bytes_max: self
                 .socket_buffers_bytes_max
                 .unwrap_or(self.node_memory_bytes_max / 16),
+            replica_buffers_bytes_max: self
+                .replica_buffers_bytes_max
+                .unwrap_or(self.node_memory_bytes_max / 8),
             tenant_share_pct: self.tenant_share_pct,
         }
     }

@@ -204,6 +204,9 @@ pub struct Pools {
     /// WebSocket messages being received, from their first byte to the
     /// event that delivers them (`socket_buffers_bytes_max`).
     pub socket_buffers: Arc<Pool>,
+    /// The changed pages an upload holds in memory, and the entry made of
+    /// them, until the upload ends (`replica_buffers_bytes_max`).
+    pub replica_buffers: Arc<Pool>,
 }
 
 impl Pools {
@@ -222,6 +225,12 @@ impl Pools {
                 limits.socket_buffers_bytes_max,
                 share,
             )),
+            replica_buffers: Arc::new(Pool::new(
+                "changed pages on their way to the bucket",
+                "replica_buffers_bytes_max",
+                limits.replica_buffers_bytes_max,
+                share,
+            )),
         }
     }
 }
@@ -231,6 +240,7 @@ impl Pools {
 pub struct PoolLimits {
     pub request_bodies_bytes_max: u64,
     pub socket_buffers_bytes_max: u64,
+    pub replica_buffers_bytes_max: u64,
     /// The share of each pool one tenant may hold, in percent.
     pub tenant_share_pct: u8,
 }

@@ -54,6 +54,13 @@ use crate::runtime::Inner;
 /// Threads that carry uploads (they wait on the network, not the CPU).
 const UPLOAD_THREADS: usize = 2;
 
+/// Most bytes of changed pages an upload reads from an actor's file into
+/// memory (issue 33: 60 transactions of 10 MB made uploads hold 1.5 GB).
+/// An upload with more changes ships the whole file, read a few parts at a
+/// time as it uploads; one that would read a larger database whole into
+/// memory waits until its file can be read page by page.
+pub const UPLOAD_DIFF_BYTES_MAX: u64 = 16 * 1024 * 1024;
+
 /// Most snapshots a node streams from its files at once (ADR 0036). Each
 /// holds a few parts of `replica_snapshot_part_bytes` in memory and reads
 /// its whole file; an actor whose snapshot is due while the slots are
@@ -710,6 +717,7 @@ fn upload_source(
     replica: &Replica,
     from: ImageFrom<'_>,
     file: FileState,
+    hold: &mut crate::pools::Hold,
 ) -> Result<Source, String> {
     let (changes, image) = match from {
         ImageFrom::Db(db) => (db.take_changes(), ImageFrom::Db(db)),
@@ -771,12 +779,22 @@ fn upload_source(
     // streams from it), nor for an overdue snapshot (that upload writes it).
     if file != FileState::Stale && !replica.snapshot_overdue() {
         let path = paths::actor_db(&rt.config.data_dir, &actor.id);
+        // What the diff keeps is bounded (and reserved in the pool, twice:
+        // the pages and the entry's body); past either, the whole file
+        // streams instead, frozen until that upload ends.
+        let mut kept = 0u64;
+        let mut room = |n: u64| {
+            kept += n;
+            kept <= UPLOAD_DIFF_BYTES_MAX && hold.grow(2 * n).is_ok()
+        };
         let diffed = match &image {
             // A file that cannot be frozen is read through SQLite below.
             ImageFrom::Db(db) if file == FileState::Free => match db.freeze_file() {
                 Ok(()) => {
-                    let diffed = replica.diff_file(&path);
-                    db.thaw().map_err(|e| e.to_string())?;
+                    let diffed = replica.diff_file_within(&path, &mut room);
+                    if !matches!(diffed, Ok(wasmkeep_replica::Diff::Refused)) {
+                        db.thaw().map_err(|e| e.to_string())?;
+                    }
                     diffed.map(Some)
                 }
                 Err(_) => Ok(None),
@@ -784,12 +802,19 @@ fn upload_source(
             // A closed actor: its file is whole only if closing
             // checkpointed the log into it (an empty or missing log).
             ImageFrom::File(_) if !log_is_empty(&path) => Ok(None),
-            _ => replica.diff_file(&path).map(Some),
+            _ => replica.diff_file_within(&path, &mut room).map(Some),
         };
-        if let Some(Some(pages)) = diffed.map_err(|e| e.to_string())?
-            && replica.pages_suffice(&pages)
-        {
-            return Ok(Source::Pages(pages));
+        match diffed.map_err(|e| e.to_string())? {
+            Some(wasmkeep_replica::Diff::Pages(pages)) if replica.pages_suffice(&pages) => {
+                return Ok(Source::Pages(pages));
+            }
+            Some(wasmkeep_replica::Diff::Refused) => {
+                hold.shrink_to(0);
+                let whole = WholeFile::probe(&path).map_err(|e| e.to_string())?;
+                Metrics::inc(&rt.metrics.replica_file_reads_total);
+                return Ok(Source::File(whole));
+            }
+            _ => hold.shrink_to(0),
         }
     }
     let image = match image {
@@ -800,6 +825,22 @@ fn upload_source(
         ImageFrom::File(p) => Image::read_path(p).map_err(|e| e.to_string()),
     };
     image.map(Source::Image)
+}
+
+/// Whether an upload now would find the actor's file held at an older
+/// state (a snapshot streams from it), its capture gone, and its database
+/// larger than [`UPLOAD_DIFF_BYTES_MAX`]: then it could only read the
+/// whole database into memory.
+fn stale_and_large(rt: &Inner, actor: &Actor, st: &ActorReplica, from: &ImageFrom<'_>) -> bool {
+    let ImageFrom::Db(db) = from else {
+        return false;
+    };
+    if !(st.snapshotting || st.frozen) {
+        return false;
+    }
+    let dir = paths::actor_dir(&rt.config.data_dir, &actor.id);
+    let follows = page_capture::of(&dir).is_some_and(|c| page_capture::lock(&c).follows());
+    !follows && db.size_bytes().is_ok_and(|b| b > UPLOAD_DIFF_BYTES_MAX)
 }
 
 /// Whether the write-ahead log beside the database at `db_path` holds no
@@ -862,6 +903,13 @@ fn maybe_upload(
         }
     }
     learn_snapshot(actor, &mut st);
+    if stale_and_large(rt, actor, &st, &from) {
+        // The file is held at an older state for a snapshot, and the pages
+        // the commits wrote were not all captured: this upload would read
+        // the whole database into memory. It waits for the file instead.
+        retry_soon(rt, repl, actor, &mut st);
+        return;
+    }
     let Some(mut replica) = st.replica.take() else {
         return;
     };
@@ -947,7 +995,11 @@ fn maybe_upload(
     st.upload_reads_file = snapshot.is_some();
     drop(st);
     let open = matches!(from, ImageFrom::Db(_));
-    let source = upload_source(rt, actor, &replica, from, file);
+    let mut hold = match rt.pools.replica_buffers.reserve(&actor.id.tenant, 0) {
+        Ok(hold) => hold,
+        Err(e) => unreachable!("reserving nothing cannot fail: {e}"),
+    };
+    let source = upload_source(rt, actor, &replica, from, file, &mut hold);
     if matches!(source, Ok(Source::File(_))) {
         let mut st = actor.repl.lock();
         st.upload_reads_file = true;
@@ -978,14 +1030,16 @@ fn maybe_upload(
     repl.spawn(async move {
         let started = Instant::now();
         let result = match list_entries(&rt, &bucket, &puts).await {
-            Ok(()) => match &source {
+            Ok(()) => match source {
                 Source::Pages(pages) => replica.upload_pages(pages, time_ms).await,
-                Source::Image(image) => replica.upload(image, time_ms).await,
-                Source::File(file) => replica.upload_file(file, time_ms).await,
+                Source::Image(image) => replica.upload(&image, time_ms).await,
+                Source::File(file) => replica.upload_file(&file, time_ms).await,
             }
             .map_err(|e| e.to_string()),
             Err(e) => Err(e),
         };
+        // What the upload held in memory is gone with it.
+        drop(hold);
         drop(file_slot);
         let job_repairs = repair && snapshot.is_some();
         let job = match (&result, &snapshot) {

@@ -227,6 +227,12 @@ impl Capture {
     /// The pages committed since the last take; the capture starts over
     /// (frames of a transaction still open stay). Call between
     /// transactions.
+    /// Whether the capture still follows every change (it did not give
+    /// up since the last take).
+    pub fn follows(&self) -> bool {
+        self.lost.is_none()
+    }
+
     pub fn take(&mut self) -> Changes {
         self.shrink(self.committed.values().map(Vec::len).sum());
         Changes {

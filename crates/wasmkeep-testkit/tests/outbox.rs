@@ -738,4 +738,3 @@ fn unsafe_without_a_tenants_share_its_stuck_calls_hold_every_delivery() {
         "served without the share: the test above could not fail"
     );
 }
-

@@ -51,6 +51,7 @@ pub struct NodeConfig {
     pub node_memory_bytes_max: u64,
     pub request_bodies_bytes_max: Option<u64>,
     pub socket_buffers_bytes_max: Option<u64>,
+    pub replica_buffers_bytes_max: Option<u64>,
     pub tenant_share_pct: u8,
     pub batch_events_max: usize,
     pub batch_time_budget_ms: u64,
@@ -187,6 +188,7 @@ impl Default for NodeConfig {
             node_memory_bytes_max: rt.node_memory_bytes_max,
             request_bodies_bytes_max: rt.request_bodies_bytes_max,
             socket_buffers_bytes_max: rt.socket_buffers_bytes_max,
+            replica_buffers_bytes_max: rt.replica_buffers_bytes_max,
             tenant_share_pct: rt.tenant_share_pct,
             batch_events_max: rt.batch_events_max,
             batch_time_budget_ms: rt.batch_time_budget_ms,
@@ -332,6 +334,7 @@ impl NodeConfig {
         c.node_memory_bytes_max = self.node_memory_bytes_max;
         c.request_bodies_bytes_max = self.request_bodies_bytes_max;
         c.socket_buffers_bytes_max = self.socket_buffers_bytes_max;
+        c.replica_buffers_bytes_max = self.replica_buffers_bytes_max;
         c.tenant_share_pct = self.tenant_share_pct;
         c.batch_events_max = self.batch_events_max.max(1);
         c.batch_time_budget_ms = self.batch_time_budget_ms;

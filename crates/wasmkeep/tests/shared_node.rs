@@ -878,3 +878,60 @@ fn without_the_socket_pool_unfinished_messages_grow_the_node() {
         "the unsafe variant grew the node by {grew} bytes only: the test above could not fail"
     );
 }
+
+// ---------------------------------------------------------------------
+// Write bursts: what replication holds stays within the budget.
+// ---------------------------------------------------------------------
+
+#[test]
+fn sixty_ten_megabyte_transactions_replicate_within_the_budget() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bucket = tmp.path().join("bucket");
+    std::fs::create_dir_all(&bucket).unwrap();
+    let cfg = tmp.path().join("node.toml");
+    std::fs::write(
+        &cfg,
+        format!("{DEFAULTS}node_memory_bytes_max = 536870912\n"),
+    )
+    .unwrap();
+    let url = format!("file://{}", bucket.display());
+    let node = deploy_both(Node::start_logging(
+        &tmp.path().join("data"),
+        &["--config", cfg.to_str().unwrap(), "--bucket", &url],
+        None,
+        "warn",
+    ));
+    let (s, v) = attack(&node, "fill", "/sql", b"CREATE TABLE big(b)");
+    assert_eq!(s, 200, "{v}");
+    let before = peak_rss_bytes(&node);
+    let fill = "WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r WHERE i < 10) \
+                INSERT INTO big(b) SELECT randomblob(1000000) FROM r";
+    for i in 0..60 {
+        let (s, v) = attack(&node, "fill", "/sql", fill.as_bytes());
+        assert_eq!(s, 200, "transaction {i}: {v}");
+    }
+    // Every commit reaches the bucket (a bound for a stuck upload).
+    let (s, v) = node.json(
+        "POST",
+        &format!("{EVIL}/fill/ping?wasmkeep-durability=replicated"),
+        b"",
+    );
+    assert!(s == 200 || s == 404, "{s} {v}");
+    let grew = peak_rss_bytes(&node).saturating_sub(before);
+    let (_, metrics) = node.get("/metrics");
+    for l in metrics
+        .lines()
+        .filter(|l| l.starts_with("wasmkeep_replica"))
+    {
+        eprintln!("{l}");
+    }
+    eprintln!(
+        "60 transactions of 10 MB grew the node's peak RSS by {} MiB",
+        grew >> 20
+    );
+    assert!(
+        grew < 512 << 20,
+        "replicating a write burst grew the node by {grew} bytes"
+    );
+    assert_alive(&node);
+}
