@@ -248,7 +248,7 @@ impl Image {
 /// `-shm` beside it, nothing written), with SQLite's defensive mode on and
 /// the schema untrusted, so that functions named in a hostile schema do not
 /// run while it is checked.
-pub(crate) fn quick_check(path: &Path, key: &str) -> Result<(), ReplicaError> {
+pub fn quick_check(path: &Path, key: &str) -> Result<(), ReplicaError> {
     use rusqlite::config::DbConfig;
     let corrupt = |detail: String| ReplicaError::ImageCorrupt {
         key: key.to_owned(),

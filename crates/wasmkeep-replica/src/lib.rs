@@ -43,7 +43,7 @@ pub use bucket::{Bucket, Metrics, MetricsSnapshot};
 pub use entry::{Entry, Kind, Position, Token};
 pub use error::ReplicaError;
 pub use export::{At, export, export_to_path, export_with_progress};
-pub use image::Image;
+pub use image::{Image, quick_check};
 pub use keys::ActorRoot;
 pub use limits::ReplicaConfig;
 pub use replica::{

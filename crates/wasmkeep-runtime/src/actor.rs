@@ -89,6 +89,8 @@ pub enum Outcome {
     Alarm(bool),
     /// A delete removed data (`true`) or found none (`false`).
     Deleted(bool),
+    /// An operator's database became the actor's (`crate::restore`).
+    Restored(crate::restore::Restored),
     /// What a sweep's delivery of an index entry found.
     Delivered(crate::index::Delivered),
     /// What a message's receiver answered (ADR 0040).
@@ -120,6 +122,9 @@ pub enum EventKind {
     },
     /// Remove the actor's data.
     Delete,
+    /// Make the database file at this path the actor's: an operator's
+    /// restore, between two events (`crate::restore`).
+    Restore(std::path::PathBuf),
     /// Read the actor's database between events (the admin API): through
     /// its own connection if it is open, which holds the file while it is.
     Inspect(InspectFn),
@@ -388,7 +393,10 @@ fn run_turn_events(
     while let Some(ev) = rest.next() {
         if !matches!(
             ev.kind,
-            EventKind::Delete | EventKind::Replicate | EventKind::Inspect(_)
+            EventKind::Delete
+                | EventKind::Restore(_)
+                | EventKind::Replicate
+                | EventKind::Inspect(_)
         ) {
             run.push(ev);
             continue;
@@ -403,6 +411,10 @@ fn run_turn_events(
         }
         match ev.kind {
             EventKind::Delete => run_delete(rt, actor, slot, ev),
+            EventKind::Restore(file) => {
+                let r = run_restore(rt, actor, slot, &file).map(Outcome::Restored);
+                reply(ev.reply, r);
+            }
             EventKind::Replicate => {
                 if let Some(repl) = &rt.replication {
                     replication::upload_pending(rt, repl, actor, slot.as_mut().map(|l| l.db()));
@@ -485,6 +497,37 @@ fn run_delete(rt: &Arc<Inner>, actor: &Arc<Actor>, slot: &mut Option<Loaded>, ev
         Ok(Outcome::Deleted(false))
     };
     reply(ev.reply, r);
+}
+
+/// An operator's restore, between two turns (`crate::restore`).
+fn run_restore(
+    rt: &Arc<Inner>,
+    actor: &Arc<Actor>,
+    slot: &mut Option<Loaded>,
+    file: &std::path::Path,
+) -> Result<crate::restore::Restored, RuntimeError> {
+    let bytes = crate::restore::check(file)?;
+    if let Some(repl) = &rt.replication {
+        replication::flush_for_restore(rt, repl, actor, slot.as_mut().map(|l| l.db()))?;
+    }
+    // Closed before its file is replaced.
+    *slot = None;
+    let (replaced, kept) = crate::restore::swap(rt, actor, file)?;
+    let bucket_seq = match &rt.replication {
+        Some(repl) => {
+            let db = paths::actor_db(&rt.config.data_dir, &actor.id);
+            Some(replication::upload_restored(rt, repl, actor, &db)?)
+        }
+        None => None,
+    };
+    crate::restore::follow(rt, actor);
+    tracing::info!(actor = %actor.id, bytes, replaced, ?kept, ?bucket_seq, "restored the actor's database from an operator's file");
+    Ok(crate::restore::Restored {
+        replaced,
+        kept,
+        bucket_seq,
+        bytes,
+    })
 }
 
 fn fail_all(events: Vec<Event>, err: impl Fn() -> RuntimeError) {
@@ -1574,8 +1617,11 @@ fn run_events(
                 attempts,
                 discard,
             }) => run_response(rt, l, life, seq, answer, attempts, discard),
-            EventKind::Delete | EventKind::Inspect(_) | EventKind::Replicate => {
-                unreachable!("deletes, inspections and uploads run on their own")
+            EventKind::Delete
+            | EventKind::Restore(_)
+            | EventKind::Inspect(_)
+            | EventKind::Replicate => {
+                unreachable!("deletes, restores, inspections and uploads run on their own")
             }
         };
         if r.is_err() {

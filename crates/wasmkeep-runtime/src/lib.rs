@@ -38,6 +38,7 @@ pub mod pools;
 pub mod replication;
 mod reply;
 mod response;
+pub mod restore;
 pub mod runtime;
 mod scheduler;
 pub mod sockets;

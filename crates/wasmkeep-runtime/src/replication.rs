@@ -1298,7 +1298,22 @@ fn finish_upload(
 /// Marks the actor given up and fails every request waiting on the bucket.
 fn give_up(rt: &Inner, actor: &Actor, st: &mut ActorReplica, why: String) {
     Metrics::inc(&rt.metrics.replica_given_up_total);
-    tracing::warn!(actor = %actor.id, error = %why, "replication failed: giving the actor up");
+    let unshipped = st.committed.saturating_sub(st.uploaded);
+    if unshipped > 0 {
+        // Said loudly: batches committed (and maybe acknowledged, without
+        // `replicated`) that the bucket never got. Their database is set
+        // aside as `actor.db.replaced-<ms>` when the actor opens again.
+        tracing::error!(
+            actor = %actor.id,
+            error = %why,
+            batches = unshipped,
+            "replication failed with commits the bucket lacks: the actor reopens from the bucket \
+             and its local database, with them, is set aside beside it (actor.db.replaced-<ms>); \
+             an operator's restore goes through the node (`wasmkeep restore --server`) to avoid this"
+        );
+    } else {
+        tracing::warn!(actor = %actor.id, error = %why, "replication failed: giving the actor up");
+    }
     for w in std::mem::take(&mut st.waiters) {
         release(
             &rt.metrics,
@@ -1377,6 +1392,84 @@ pub fn hold_until_uploaded(
 /// upload in flight, then leaves a tombstone above the chain and erases
 /// what is below it (ADR 0007, "Deleting an actor"), and forgets the
 /// replica. The next life continues the chain above the tombstone.
+/// Before an operator's restore (`crate::restore`), in the actor's turn:
+/// every commit of the actor is in the bucket, so that what was
+/// acknowledged before the restore stays in its history (`wasmkeep export
+/// --at` finds it), and no upload is in flight or due. Waits at most
+/// [`DELETE_WAIT_MS`].
+pub fn flush_for_restore(
+    rt: &Arc<Inner>,
+    repl: &Replication,
+    actor: &Arc<Actor>,
+    mut db: Option<&mut ActorDb>,
+) -> Result<(), RuntimeError> {
+    ensure_open(rt, repl, actor)?;
+    let deadline = Instant::now() + Duration::from_millis(DELETE_WAIT_MS);
+    loop {
+        let mut st = actor.repl.lock();
+        if let Some(why) = &st.given_up {
+            return Err(RuntimeError::ReplicationFailed(format!(
+                "the actor's replication failed before the restore: {why}"
+            )));
+        }
+        if st.uploaded >= st.committed && !st.in_flight && !st.snapshotting {
+            return Ok(());
+        }
+        if !st.in_flight && st.uploaded < st.committed {
+            // Now, not at the upload interval's end.
+            st.urgent_upto = st.committed;
+            st.last_started = None;
+            drop(st);
+            upload_pending(rt, repl, actor, db.as_deref_mut());
+            continue;
+        }
+        if actor.repl_done.wait_until(&mut st, deadline).timed_out() {
+            return Err(RuntimeError::ReplicationFailed(
+                "an upload or snapshot of this actor is still in flight; retry the restore".into(),
+            ));
+        }
+    }
+}
+
+/// An operator's restore put `path` in place of the actor's database (the
+/// actor is closed): it goes to the bucket as the next entry of the chain,
+/// every page of it, and the actor reopens from the chain at its next turn.
+/// Returns the entry's seq.
+pub fn upload_restored(
+    rt: &Inner,
+    repl: &Replication,
+    actor: &Actor,
+    path: &Path,
+) -> Result<u64, RuntimeError> {
+    let mut st = actor.repl.lock();
+    let Some(mut replica) = st.replica.take() else {
+        return Err(RuntimeError::ReplicationFailed(
+            "the actor's replica is not open".into(),
+        ));
+    };
+    drop(st);
+    let file = WholeFile::probe(path).map_err(|e| RuntimeError::Internal(e.to_string()))?;
+    let landed = repl.block_on(replica.upload_file(&file, rt.clock.now_ms()));
+    let mut st = actor.repl.lock();
+    match landed {
+        Ok(Uploaded::Appended { position, .. }) => {
+            // The next turn opens the actor afresh: its sidecar names the
+            // head this upload made.
+            st.reset();
+            Ok(position.seq)
+        }
+        Ok(Uploaded::Unchanged) => {
+            st.reset();
+            Ok(0)
+        }
+        Err(e) => {
+            let why = format!("uploading the restored database: {e}");
+            give_up(rt, actor, &mut st, why.clone());
+            Err(RuntimeError::ReplicationFailed(why))
+        }
+    }
+}
+
 pub fn delete(rt: &Inner, repl: &Replication, actor: &Actor) -> Result<u64, RuntimeError> {
     let mut st = actor.repl.lock();
     let deadline = Instant::now() + Duration::from_millis(DELETE_WAIT_MS);

@@ -325,6 +325,8 @@ impl Runtime {
     pub fn start(config: RuntimeConfig, clock: Arc<dyn Clock>) -> Result<Runtime, RuntimeError> {
         std::fs::create_dir_all(config.data_dir.join("actors"))
             .map_err(|e| RuntimeError::Store(e.into()))?;
+        // Files a restore staged and a crash left behind.
+        let _ = std::fs::remove_dir_all(config.data_dir.join("staging"));
         wasmkeep_store::memory_budget::set_node_bytes_max(config.node_memory_bytes_max);
         let engine = engine_settings(&config).engine()?;
         let mut linker: Linker<HostState> = Linker::new(&engine);
@@ -909,6 +911,45 @@ impl Runtime {
             Ok(Err(e)) => Err(e),
             Err(_) => Err(RuntimeError::ShuttingDown),
         }
+    }
+
+    /// Makes the SQLite file `file` the actor's database, as its next
+    /// event (`crate::restore`); the file is moved, or removed if the
+    /// restore is refused.
+    pub async fn restore_actor(
+        &self,
+        id: ActorId,
+        file: PathBuf,
+    ) -> Result<crate::restore::Restored, RuntimeError> {
+        self.check_class(&id.tenant, &id.app, &id.class)?;
+        let (tx, rx) = oneshot::channel();
+        let queued = self.inner.enqueue(
+            &id,
+            Event::new(EventKind::Restore(file.clone()), Some(tx)),
+            false,
+        );
+        let out = match queued {
+            Ok(()) => match rx.await {
+                Ok(Ok(Outcome::Restored(r))) => Ok(r),
+                Ok(Ok(_)) => Err(RuntimeError::Internal("unexpected outcome".into())),
+                Ok(Err(e)) => Err(e),
+                Err(_) => Err(RuntimeError::ShuttingDown),
+            },
+            Err(e) => Err(e),
+        };
+        // Moved into place when the restore went through.
+        let _ = std::fs::remove_file(&file);
+        out
+    }
+
+    /// A fresh path under the data folder for a file on its way to
+    /// becoming an actor's database (same filesystem: moved, not copied).
+    pub fn staging_path(&self) -> Result<PathBuf, RuntimeError> {
+        let dir = self.inner.config.data_dir.join("staging");
+        std::fs::create_dir_all(&dir).map_err(|e| RuntimeError::Store(e.into()))?;
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        Ok(dir.join(format!("restore-{}-{n}.db", self.inner.clock.now_ms())))
     }
 
     /// A tenant's pending alarms in due order.

@@ -29,6 +29,11 @@ pub use logs::LOG_LINES_DEFAULT;
 
 /// Longest SQL text the inspection route accepts.
 pub const INSPECT_SQL_BYTES_MAX: usize = 1024 * 1024;
+/// Largest database the restore route takes (held in memory while it is
+/// written to the node's staging folder, and forwarded to the owner in a
+/// cluster); a larger one is restored with `wasmkeep restore --bucket` on
+/// a stopped node.
+pub const RESTORE_BYTES_MAX: usize = 256 * 1024 * 1024;
 /// Actor names a listing returns when the caller names no limit.
 pub const LIST_ACTORS_DEFAULT: usize = 100;
 /// Alarms a listing returns when the caller names no limit, and at most.
@@ -265,6 +270,10 @@ pub fn router(rt: Runtime, config: ServerConfig) -> Router {
             "/actors/{tenant}/{app}/{class}/{name}/sql",
             post(inspect_sql),
         )
+        .route(
+            "/actors/{tenant}/{app}/{class}/{name}/database",
+            put(restore_actor),
+        )
         .route("/alarms/{tenant}", get(list_alarms))
         .route("/logs/{tenant}", get(logs::logs_route))
         .route("/logs/{tenant}/{app}", get(logs::logs_route))
@@ -351,7 +360,9 @@ async fn admin_auth(
             Ok(named) => named,
             Err(e) => return e.into_response(),
         };
-        let body = match read_body(body, INSPECT_SQL_BYTES_MAX, s.pace()).await {
+        // Signed by a node: the largest body an admin route takes.
+        let limit = INSPECT_SQL_BYTES_MAX.max(RESTORE_BYTES_MAX);
+        let body = match read_body(body, limit, s.pace()).await {
             Ok(b) => b,
             Err(e) => return e.into_response(),
         };
@@ -1354,6 +1365,51 @@ async fn inspect_sql(
             .map(|row| row.into_iter().map(value_json).collect())
             .collect();
         Ok(axum::Json(json!({ "columns": r.columns, "rows": rows })).into_response())
+    })
+    .await
+}
+
+/// `PUT /admin/v1/actors/{t}/{a}/{c}/{n}/database`: makes the SQLite file
+/// in the body the actor's database, as its next event, on its owner
+/// (`wasmkeep_runtime::restore`): nothing acknowledged before is lost (with
+/// a bucket it is in the chain's history), everything after builds on it.
+async fn restore_actor(
+    State(s): State<AppState>,
+    axum::extract::Path((t, a, c, n)): ActorPath,
+    req: Request,
+) -> Result<Response, ApiError> {
+    let id = actor_id(&t, &a, &c, &n)?;
+    s.rt.check_class(&id.tenant, &id.app, &id.class)?;
+    let (parts, body) = req.into_parts();
+    let file = read_body(body, RESTORE_BYTES_MAX, s.pace())
+        .await
+        .map_err(|e| {
+            if e.code == "body_too_large" {
+                ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "body_too_large",
+                    format!(
+                        "a database restored through the node is at most \
+                         restore_bytes_max={RESTORE_BYTES_MAX}; restore a larger one with \
+                         `wasmkeep restore --bucket` while the node is stopped"
+                    ),
+                )
+                .closing()
+            } else {
+                e
+            }
+        })?;
+    let rt = s.rt.clone();
+    on_owner(&s, id, &parts, file, |id, file| async move {
+        let path = rt.staging_path()?;
+        let staged = path.clone();
+        blocking(move || {
+            std::fs::write(&staged, &file)
+                .map_err(|e| wasmkeep_runtime::RuntimeError::Store(e.into()))
+        })
+        .await?;
+        let restored = rt.restore_actor(id, path).await?;
+        Ok(axum::Json(restored).into_response())
     })
     .await
 }

@@ -94,13 +94,32 @@ pub fn export(bucket_url: &str, target: &str, at: Option<&str>, out: &Path) -> R
     Ok(())
 }
 
-/// Makes the SQLite file `input` the actor's latest state in the bucket.
-pub fn restore(bucket_url: &str, target: &str, input: &Path) -> Result<()> {
+/// Makes the SQLite file `input` the actor's latest state in the bucket,
+/// with no node in between: refused while a cluster node's lease is live
+/// (unless `force`), since a node holding the actor would then drop its
+/// writes not yet uploaded (restore through it instead: `--server`).
+pub fn restore(bucket_url: &str, target: &str, input: &Path, force: bool) -> Result<()> {
     let id = parse_actor(target)?;
     if !input.is_file() {
         bail!("{} is not a file", input.display());
     }
     let bucket = Bucket::from_url(bucket_url).with_context(|| format!("bucket {bucket_url}"))?;
+    let live = live_nodes(&bucket)?;
+    if !live.is_empty() && !force {
+        bail!(
+            "refusing to write into a bucket that live cluster nodes use ({}): a node holding \
+             {id} would drop its writes not yet in the bucket. Restore through a node instead: \
+             `wasmkeep restore --server {} {target} -i {}` (it runs between two events and \
+             keeps every acknowledged write), or stop the nodes; --force writes anyway",
+            live.join(", "),
+            live.first().map(String::as_str).unwrap_or("URL"),
+            input.display()
+        );
+    }
+    eprintln!(
+        "note: a node running on this bucket without --advertise (single-node replication) \
+         is not seen here: stop it first, or restore through it with --server"
+    );
     let scratch = tempfile::tempdir().context("a scratch folder")?;
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)?
@@ -129,6 +148,16 @@ pub fn restore(bucket_url: &str, target: &str, input: &Path) -> Result<()> {
         ),
     }
     Ok(())
+}
+
+/// The advertised addresses of the cluster nodes whose lease in the bucket
+/// is live now.
+fn live_nodes(bucket: &Bucket) -> Result<Vec<String>> {
+    use wasmkeep_server::cluster::{ClusterConfig, bucket::BucketDriver, view};
+    let driver = BucketDriver::new(bucket.clone(), 10_000);
+    let seen = io()?.block_on(view::read(&driver, &ClusterConfig::default()));
+    let seen = seen.map_err(|e| anyhow::anyhow!("reading the cluster's leases: {e}"))?;
+    Ok(seen.live.into_iter().map(|n| n.address).collect())
 }
 
 /// Ships every actor of a node's data folder that the bucket does not hold

@@ -150,6 +150,42 @@ pub fn deploy(
     Ok(())
 }
 
+/// `wasmkeep restore TARGET -i FILE` through the node: the actor's next
+/// event makes the file its database.
+pub fn restore(conn: &Conn, out: Output, target: &str, input: &Path) -> Result<()> {
+    let id = crate::bucket::parse_actor(target)?;
+    let file = std::fs::read(input).with_context(|| format!("read {}", input.display()))?;
+    let path = format!(
+        "/admin/v1/actors/{}/{}/{}/{}/database",
+        enc(&id.tenant),
+        enc(&id.app),
+        enc(&id.class),
+        enc(&id.name)
+    );
+    let v = conn.json("PUT", &path, Some(file))?;
+    out.print(&v, |v| {
+        let what = if v["replaced"] == true {
+            "replaced its database"
+        } else {
+            "created it"
+        };
+        let kept = match (&v["bucket_seq"], v["kept"].as_str()) {
+            (Value::Number(seq), _) => format!(
+                "; the state it replaced stays in the bucket's history before seq {seq} \
+                 (`wasmkeep export --at`)"
+            ),
+            (_, Some(p)) => format!("; the state it replaced is kept at {p}"),
+            _ => String::new(),
+        };
+        println!(
+            "restored {target} from {} ({}): {what} between two of its events{kept}",
+            input.display(),
+            output::bytes(v["bytes"].as_u64().unwrap_or(0))
+        )
+    });
+    Ok(())
+}
+
 /// The strings of a JSON array (none if it is not one).
 fn strings(v: &Value) -> Vec<&str> {
     v.as_array()

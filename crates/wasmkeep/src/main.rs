@@ -186,13 +186,24 @@ enum Command {
         #[arg(short, long)]
         output: PathBuf,
     },
-    /// Make a SQLite file an actor's latest state in the bucket (a node
-    /// holding the actor restores it on its next upload).
+    /// Make a SQLite file an actor's database: through the node that runs
+    /// it (`--server`, the default), as the actor's next event, so that
+    /// every write acknowledged before is kept (in the bucket's history,
+    /// or beside the database) and every one after builds on it; or, with
+    /// `--bucket`, straight into the bucket while no node runs the actor.
     Restore {
-        /// The bucket, as for `export` (required, here or in
-        /// WASMKEEP_BUCKET).
-        #[arg(long, env = "WASMKEEP_BUCKET")]
-        bucket: String,
+        #[command(flatten)]
+        conn: client::Conn,
+        /// Write into this bucket directly instead of through a node (no
+        /// node may be running on it: refused while a cluster node's lease
+        /// is live) [default: through the node at --server].
+        #[arg(long)]
+        bucket: Option<String>,
+        /// With --bucket: write even though cluster nodes are live (a node
+        /// holding the actor then drops its writes that were not uploaded
+        /// yet, and keeps them aside in its data folder).
+        #[arg(long)]
+        force: bool,
         /// `tenant/app/class/name`
         target: String,
         /// The SQLite file (required; for example one `export` wrote).
@@ -361,10 +372,15 @@ fn run() -> Result<()> {
             output,
         } => bucket::export(&bucket, &target, at.as_deref(), &output),
         Command::Restore {
+            conn,
             bucket,
+            force,
             target,
             input,
-        } => bucket::restore(&bucket, &target, &input),
+        } => match bucket {
+            Some(bucket) => bucket::restore(&bucket, &target, &input, force),
+            None => client::restore(&conn, out(&conn), &target, &input),
+        },
         Command::Upload { bucket, data } => bucket::upload(&bucket, &data),
         Command::Bench(args) => wasmkeep_bench::run(args),
     }

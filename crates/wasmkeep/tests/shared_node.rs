@@ -935,3 +935,215 @@ fn sixty_ten_megabyte_transactions_replicate_within_the_budget() {
     );
     assert_alive(&node);
 }
+
+// ---------------------------------------------------------------------
+// Nothing acknowledged is lost by an operator's restore.
+// ---------------------------------------------------------------------
+
+/// A database of the demo's `counter` at `n`, as `wasmkeep export` would
+/// write one, in `dir`; returns its path.
+fn counter_db(dir: &Path, n: i64) -> std::path::PathBuf {
+    use wasmkeep_store::{ActorDb, OpenMode, StoreLimits, Value};
+    let mut db = ActorDb::open(dir, &StoreLimits::default(), OpenMode::Create)
+        .unwrap()
+        .unwrap();
+    db.begin().unwrap();
+    db.execute(
+        "CREATE TABLE counter (id INTEGER PRIMARY KEY CHECK (id = 0), n INTEGER NOT NULL)",
+        &[],
+    )
+    .unwrap();
+    db.execute("INSERT INTO counter VALUES (0, ?1)", &[Value::Integer(n)])
+        .unwrap();
+    db.mark_initialized(0).unwrap();
+    db.commit().unwrap();
+    drop(db);
+    dir.join("actor.db")
+}
+
+/// Increments `actor` through `port` until `stop`, recording every value
+/// acknowledged (in order), each answered once in the bucket if
+/// `replicated`.
+fn writer(
+    port: u16,
+    actor: &str,
+    replicated: bool,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<Vec<u64>> {
+    let actor = actor.to_owned();
+    std::thread::spawn(move || {
+        let mut acked = Vec::new();
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            let a = if replicated {
+                cluster::increment(port, &actor)
+            } else {
+                let path = format!("/v1/demo/examples/counter/{actor}/increment");
+                cluster::send(port, "POST", &path, &[])
+            };
+            if a.status == 200 {
+                acked.push(cluster::counter(&a));
+            }
+        }
+        acked
+    })
+}
+
+/// `wasmkeep` with `args`: its exit code and output.
+fn cli(args: &[&str]) -> (i32, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_wasmkeep"))
+        .args(args)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code().unwrap_or(-1), text)
+}
+
+/// Writes through a restore: acknowledged values go up by one, once jump to
+/// the restored value plus one, and then go up by one again; the counter
+/// ends at the last value acknowledged. Returns the last value acknowledged
+/// before the restore.
+fn assert_every_write_kept(acked: &[u64], restored: u64, end: u64) -> u64 {
+    let jump = acked
+        .windows(2)
+        .position(|w| w[1] != w[0] + 1)
+        .expect("no write was acknowledged after the restore");
+    let (before, after) = acked.split_at(jump + 1);
+    assert_eq!(
+        after[0],
+        restored + 1,
+        "the first write after the restore: {acked:?}"
+    );
+    assert!(
+        after.windows(2).all(|w| w[1] == w[0] + 1),
+        "a write acknowledged after the restore was lost: {after:?}"
+    );
+    assert_eq!(
+        end,
+        *after.last().unwrap(),
+        "the counter lost acknowledged writes"
+    );
+    *before.last().unwrap()
+}
+
+#[test]
+fn writes_through_a_restore_on_one_node_are_all_kept() {
+    let tmp = tempfile::tempdir().unwrap();
+    let node = start_examples(tmp.path(), DEFAULTS);
+    let port: u16 = node.addr().rsplit(':').next().unwrap().parse().unwrap();
+    let file = counter_db(&tmp.path().join("backup"), 1000);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let w = writer(port, "r", false, std::sync::Arc::clone(&stop));
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let (code, out) = cli(&[
+        "restore",
+        "--server",
+        &node.base,
+        "--json",
+        "demo/examples/counter/r",
+        "-i",
+        file.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{out}");
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let acked = w.join().unwrap();
+    let end = cluster::counter(&cluster::value(port, "r"));
+    let last_before = assert_every_write_kept(&acked, 1000, end);
+    // What the restore replaced is kept beside the database.
+    let v: Json = serde_json::from_str(out.trim()).unwrap_or_else(|_| panic!("{out}"));
+    let kept = v["kept"].as_str().unwrap_or_else(|| panic!("{v}"));
+    let r = wasmkeep_store::db::inspect_query(
+        Path::new(kept),
+        "SELECT n FROM counter",
+        &wasmkeep_store::InspectBounds::rows(1),
+    )
+    .unwrap();
+    assert_eq!(
+        r.rows[0][0],
+        wasmkeep_store::Value::Integer(last_before as i64)
+    );
+    // A file that is not a database is refused, and nothing changes.
+    let junk = tmp.path().join("junk.db");
+    std::fs::write(&junk, vec![7u8; 8192]).unwrap();
+    let (code, out) = cli(&[
+        "restore",
+        "--server",
+        &node.base,
+        "demo/examples/counter/r",
+        "-i",
+        junk.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("invalid_argument"), "{out}");
+    assert_eq!(cluster::counter(&cluster::value(port, "r")), end);
+}
+
+#[test]
+fn writes_through_a_restore_on_a_cluster_are_all_kept_and_the_bucket_keeps_the_history() {
+    let c = common::load::Cluster::new(common::load::Store::Folder);
+    let (a, b) = (c.start("a"), c.start("b"));
+    let tmp = tempfile::tempdir().unwrap();
+    let file = counter_db(&tmp.path().join("backup"), 1000);
+    // The actor is A's; the writer and the restore go through B.
+    assert_eq!(cluster::increment(a.port, "r").status, 200);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let w = writer(b.port, "r", true, std::sync::Arc::clone(&stop));
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    // Straight into the bucket is refused while the nodes live.
+    let bucket = format!("file://{}", c.folder().display());
+    let (code, out) = cli(&[
+        "restore",
+        "--bucket",
+        &bucket,
+        "demo/examples/counter/r",
+        "-i",
+        file.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("--server"), "{out}");
+    let (code, out) = cli(&[
+        "restore",
+        "--server",
+        &format!("http://127.0.0.1:{}", b.port),
+        "--json",
+        "demo/examples/counter/r",
+        "-i",
+        file.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{out}");
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let acked = w.join().unwrap();
+    let end = cluster::counter(&cluster::value(b.port, "r"));
+    let last_before = assert_every_write_kept(&acked, 1000, end);
+    // The state the restore replaced is in the bucket, just before it.
+    let v: Json = serde_json::from_str(out.trim()).unwrap_or_else(|_| panic!("{out}"));
+    let seq = v["bucket_seq"].as_u64().unwrap_or_else(|| panic!("{v}"));
+    let before = tmp.path().join("before.db");
+    let (code, out) = cli(&[
+        "export",
+        "--bucket",
+        &bucket,
+        "--at",
+        &(seq - 1).to_string(),
+        "demo/examples/counter/r",
+        "-o",
+        before.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{out}");
+    let r = wasmkeep_store::db::inspect_query(
+        &before,
+        "SELECT n FROM counter",
+        &wasmkeep_store::InspectBounds::rows(1),
+    )
+    .unwrap();
+    assert_eq!(
+        r.rows[0][0],
+        wasmkeep_store::Value::Integer(last_before as i64)
+    );
+    drop((a, b));
+}
