@@ -177,15 +177,9 @@ fn restore_is_byte_identical(t: &Target) {
 
 /// `export --at` gives the state of that point; `restore` puts a file back
 /// and a node picks it up.
-fn export_and_restore(t: &Target, tmp: &Path) {
-    // Keep every entry: no snapshot within this test.
-    let config = tmp.join("node.toml");
-    std::fs::write(
-        &config,
-        "replica_snapshot_every_entries = 100000\nreplica_snapshot_log_ratio_pct = 100000000\n",
-    )
-    .unwrap();
-    let node = Node::start_env(
+/// A node with the examples on `t`'s bucket, its data in `tmp/a`.
+fn start_node(t: &Target, tmp: &Path, config: &Path) -> Node {
+    Node::start_env(
         &tmp.join("a"),
         &[
             "--examples",
@@ -195,7 +189,18 @@ fn export_and_restore(t: &Target, tmp: &Path) {
             config.to_str().unwrap(),
         ],
         &t.env,
-    );
+    )
+}
+
+fn export_and_restore(t: &Target, tmp: &Path) {
+    // Keep every entry: no snapshot within this test.
+    let config = tmp.join("node.toml");
+    std::fs::write(
+        &config,
+        "replica_snapshot_every_entries = 100000\nreplica_snapshot_log_ratio_pct = 100000000\n",
+    )
+    .unwrap();
+    let node = start_node(t, tmp, &config);
     for want in 1..=5 {
         let (s, body) = node.send_headers(
             "POST",
@@ -274,17 +279,7 @@ fn export_and_restore(t: &Target, tmp: &Path) {
         "-i",
         out.to_str().unwrap(),
     ]);
-    let node = Node::start_env(
-        &tmp.join("a"),
-        &[
-            "--examples",
-            "--bucket",
-            &t.url,
-            "--config",
-            config.to_str().unwrap(),
-        ],
-        &t.env,
-    );
+    let node = start_node(t, tmp, &config);
     let (s, body) = node.get("/v1/demo/examples/counter/e/value");
     assert_eq!((s, value(&body)), (200, 3), "{body}");
 }

@@ -1029,6 +1029,49 @@ fn assert_every_write_kept(acked: &[u64], restored: u64, end: u64) -> u64 {
     *before.last().unwrap()
 }
 
+/// Restores `file` as `demo/examples/counter/r` through the node at
+/// `server` while `writer` writes, stops the writer a moment later, and
+/// checks that every write was kept ([`assert_every_write_kept`]).
+/// Returns the restore's JSON output and the last value acknowledged
+/// before it.
+fn restore_under_writes(
+    server: &str,
+    port: u16,
+    file: &Path,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    writer: std::thread::JoinHandle<Vec<u64>>,
+) -> (String, u64) {
+    let (code, out) = cli(&[
+        "restore",
+        "--server",
+        server,
+        "--json",
+        "demo/examples/counter/r",
+        "-i",
+        file.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{out}");
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let acked = writer.join().unwrap();
+    let end = cluster::counter(&cluster::value(port, "r"));
+    (out, assert_every_write_kept(&acked, 1000, end))
+}
+
+/// The demo counter's value in the database file at `path`.
+fn counter_in(path: &Path) -> i64 {
+    let r = wasmkeep_store::db::inspect_query(
+        path,
+        "SELECT n FROM counter",
+        &wasmkeep_store::InspectBounds::rows(1),
+    )
+    .unwrap();
+    match r.rows[0][0] {
+        wasmkeep_store::Value::Integer(n) => n,
+        ref other => panic!("{other:?}"),
+    }
+}
+
 #[test]
 fn writes_through_a_restore_on_one_node_are_all_kept() {
     let tmp = tempfile::tempdir().unwrap();
@@ -1038,35 +1081,13 @@ fn writes_through_a_restore_on_one_node_are_all_kept() {
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let w = writer(port, "r", false, std::sync::Arc::clone(&stop));
     std::thread::sleep(std::time::Duration::from_millis(500));
-    let (code, out) = cli(&[
-        "restore",
-        "--server",
-        &node.base,
-        "--json",
-        "demo/examples/counter/r",
-        "-i",
-        file.to_str().unwrap(),
-    ]);
-    assert_eq!(code, 0, "{out}");
-    std::thread::sleep(std::time::Duration::from_millis(500));
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let acked = w.join().unwrap();
-    let end = cluster::counter(&cluster::value(port, "r"));
-    let last_before = assert_every_write_kept(&acked, 1000, end);
+    let (out, last_before) = restore_under_writes(&node.base, port, &file, stop, w);
     // What the restore replaced is kept beside the database.
     let v: Json = serde_json::from_str(out.trim()).unwrap_or_else(|_| panic!("{out}"));
     let kept = v["kept"].as_str().unwrap_or_else(|| panic!("{v}"));
-    let r = wasmkeep_store::db::inspect_query(
-        Path::new(kept),
-        "SELECT n FROM counter",
-        &wasmkeep_store::InspectBounds::rows(1),
-    )
-    .unwrap();
-    assert_eq!(
-        r.rows[0][0],
-        wasmkeep_store::Value::Integer(last_before as i64)
-    );
+    assert_eq!(counter_in(Path::new(kept)), last_before as i64);
     // A file that is not a database is refused, and nothing changes.
+    let end = cluster::counter(&cluster::value(port, "r"));
     let junk = tmp.path().join("junk.db");
     std::fs::write(&junk, vec![7u8; 8192]).unwrap();
     let (code, out) = cli(&[
@@ -1105,21 +1126,13 @@ fn writes_through_a_restore_on_a_cluster_are_all_kept_and_the_bucket_keeps_the_h
     ]);
     assert_eq!(code, 1, "{out}");
     assert!(out.contains("--server"), "{out}");
-    let (code, out) = cli(&[
-        "restore",
-        "--server",
+    let (out, last_before) = restore_under_writes(
         &format!("http://127.0.0.1:{}", b.port),
-        "--json",
-        "demo/examples/counter/r",
-        "-i",
-        file.to_str().unwrap(),
-    ]);
-    assert_eq!(code, 0, "{out}");
-    std::thread::sleep(std::time::Duration::from_millis(500));
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let acked = w.join().unwrap();
-    let end = cluster::counter(&cluster::value(b.port, "r"));
-    let last_before = assert_every_write_kept(&acked, 1000, end);
+        b.port,
+        &file,
+        stop,
+        w,
+    );
     // The state the restore replaced is in the bucket, just before it.
     let v: Json = serde_json::from_str(out.trim()).unwrap_or_else(|_| panic!("{out}"));
     let seq = v["bucket_seq"].as_u64().unwrap_or_else(|| panic!("{v}"));
@@ -1135,15 +1148,6 @@ fn writes_through_a_restore_on_a_cluster_are_all_kept_and_the_bucket_keeps_the_h
         before.to_str().unwrap(),
     ]);
     assert_eq!(code, 0, "{out}");
-    let r = wasmkeep_store::db::inspect_query(
-        &before,
-        "SELECT n FROM counter",
-        &wasmkeep_store::InspectBounds::rows(1),
-    )
-    .unwrap();
-    assert_eq!(
-        r.rows[0][0],
-        wasmkeep_store::Value::Integer(last_before as i64)
-    );
+    assert_eq!(counter_in(&before), last_before as i64);
     drop((a, b));
 }
