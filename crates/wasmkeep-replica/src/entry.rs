@@ -548,9 +548,13 @@ impl<'k> BodyReader<'k> {
             if self.buf.len() == want
                 && let Err(e) = self.parsed(sink)
             {
-                // What the sink could not write stops the read; a rule the
-                // body broke is reported at `finish`, after the checksum.
-                if matches!(e, ReplicaError::Io(_)) {
+                // What the sink could not write stops the read, and so does
+                // a header that cannot be read: nothing after it can be
+                // parsed, and the rest may be gigabytes (issue 33: a planted
+                // 6 GiB object was read whole before it was refused); a
+                // rule the body broke later is reported at `finish`, after
+                // the checksum.
+                if matches!(e, ReplicaError::Io(_)) || self.head.is_none() {
                     return Err(e);
                 }
                 self.broken = Some(e);
