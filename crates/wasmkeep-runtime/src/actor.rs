@@ -463,6 +463,11 @@ fn run_delete(rt: &Arc<Inner>, actor: &Arc<Actor>, slot: &mut Option<Loaded>, ev
     } else {
         None
     };
+    let path = paths::actor_db(&rt.config.data_dir, &actor.id);
+    let size = match slot.as_mut() {
+        Some(l) => l.db().size_bytes().ok(),
+        None => wasmkeep_store::db::size_bytes_at(&path).ok(),
+    };
     *slot = None;
     if let Some(repl) = &rt.replication
         && let Err(e) = replication::delete(rt, repl, actor)
@@ -485,6 +490,10 @@ fn run_delete(rt: &Arc<Inner>, actor: &Arc<Actor>, slot: &mut Option<Loaded>, ev
     let dir = paths::actor_dir(&rt.config.data_dir, &actor.id);
     wasmkeep_store::page_capture::untrack(&dir);
     let existed = dir.join(paths::DB_FILE).exists();
+    if existed {
+        rt.quotas
+            .counted(&actor.id.tenant, false, size.unwrap_or(0));
+    }
     let r = if existed {
         // Renamed first so that a crash mid-removal never leaves a
         // half-deleted database where the actor would find it.
@@ -512,7 +521,14 @@ fn run_restore(
     }
     // Closed before its file is replaced.
     *slot = None;
+    let before =
+        wasmkeep_store::db::size_bytes_at(&paths::actor_db(&rt.config.data_dir, &actor.id)).ok();
     let (replaced, kept) = crate::restore::swap(rt, actor, file)?;
+    if replaced {
+        rt.quotas
+            .counted(&actor.id.tenant, false, before.unwrap_or(0));
+    }
+    rt.quotas.counted(&actor.id.tenant, true, bytes);
     let bucket_seq = match &rt.replication {
         Some(repl) => {
             let db = paths::actor_db(&rt.config.data_dir, &actor.id);
@@ -660,8 +676,15 @@ fn load(
                 OpenMode::Existing
             };
             let dir = paths::actor_dir(&rt.config.data_dir, id);
+            if create && !dir.join(paths::DB_FILE).exists() {
+                // A new actor: within its tenant's quota, or not at all.
+                rt.quotas.may_create(&id.tenant)?;
+            }
             match ActorDb::open(&dir, &app.store_limits, mode)? {
                 Some(db) => {
+                    if db.created() {
+                        rt.quotas.counted(&id.tenant, true, 0);
+                    }
                     db.set_stop_flag(Arc::clone(&rt.stopping));
                     if rt.replication.is_some() {
                         replication::after_open(actor, &db)?;
@@ -841,7 +864,7 @@ fn run_socket(rt: &Inner, l: &mut Loaded, ev: SocketEvent) -> Result<Outcome, Ru
             sent_as,
         } => {
             let Some(info) = table.and_then(|t| t.info(&id, socket)).or(sent_as) else {
-                l.db().event_commit()?;
+                commit_event(l)?;
                 return Ok(Outcome::Done);
             };
             let r = exports
@@ -898,10 +921,26 @@ fn when_uploaded(
 
 /// Ends an event begun with `event_begin` that answers nothing but done:
 /// kept if its handler succeeded, rolled back if it failed.
+/// Releases the event's savepoint. When SQLite abandoned the whole
+/// transaction under the guest (a full database, the tenant's quota), the
+/// event fails with that statement's error, whatever the guest made of
+/// it, rather than with the savepoint SQLite dropped.
+fn commit_event(l: &mut Loaded) -> Result<(), RuntimeError> {
+    if let Some(e) = l.store.data_mut().tx_lost.take()
+        && !l.db().in_transaction()
+    {
+        return Err(RuntimeError::Guest {
+            code: e.code,
+            message: e.message,
+        });
+    }
+    Ok(l.db().event_commit()?)
+}
+
 fn end_event(l: &mut Loaded, r: Result<(), RuntimeError>) -> Result<Outcome, RuntimeError> {
     match r {
         Ok(()) => {
-            l.db().event_commit()?;
+            commit_event(l)?;
             Ok(Outcome::Done)
         }
         Err(e) => {
@@ -962,7 +1001,7 @@ fn run_request(
     })();
     match r {
         Ok(resp) => {
-            l.db().event_commit()?;
+            commit_event(l)?;
             Ok(Outcome::Response(resp))
         }
         Err(e) => {
@@ -1096,7 +1135,7 @@ fn run_alarm(
     let op = l.store.data().alarm_op;
     match finish_call(l, r) {
         Ok(()) => {
-            l.db().event_commit()?;
+            commit_event(l)?;
             Metrics::inc(&rt.metrics.alarms_fired_total);
             if let Some(c) = &class {
                 c.alarm_runs_ok.inc();
@@ -1130,7 +1169,7 @@ fn run_alarm(
             });
             l.db().event_begin()?;
             l.db().set_alarm(next)?;
-            l.db().event_commit()?;
+            commit_event(l)?;
             Metrics::inc(&rt.metrics.alarms_failed_total);
             if let Some(c) = &class {
                 c.alarm_runs_failed.inc();
@@ -1322,6 +1361,8 @@ struct EventsRan {
     alarm_writes_before: u64,
     /// With a bucket: the database's change mark before the batch.
     mark_before: Option<(u64, i64)>,
+    /// The database's size before the batch (for the tenant's quota).
+    size_before: u64,
     /// Events the batch did not start: the turn's time budget ran out.
     not_started: Vec<Event>,
 }
@@ -1398,6 +1439,21 @@ fn open_for_turn(
                 };
                 reply(ev.reply, out);
             }
+            return None;
+        }
+        Err(RuntimeError::QuotaExceeded {
+            tenant,
+            what,
+            limit_name,
+            limit,
+        }) => {
+            // The tenant's doing: every event hears of its quota.
+            fail_all(events, || RuntimeError::QuotaExceeded {
+                tenant: tenant.clone(),
+                what,
+                limit_name,
+                limit,
+            });
             return None;
         }
         Err(e) => {
@@ -1515,6 +1571,15 @@ fn run_events(
         Some(_) => l.db().change_mark().ok(),
         None => None,
     };
+    // The room the tenant's quota leaves this database for the batch.
+    let size_before = l.db().size_bytes().unwrap_or(0);
+    let left = rt.quotas.bytes_left(&id.tenant);
+    if let Err(e) = l
+        .db()
+        .cap_pages(size_before, Some(left), rt.quotas.bytes_max())
+    {
+        tracing::warn!(actor = %id, error = %e, "could not apply the tenant's disk quota");
+    }
     if let Err(e) = l.db().begin() {
         let msg = e.to_string();
         *slot = None;
@@ -1531,6 +1596,7 @@ fn run_events(
         fenced: false,
         alarm_writes_before,
         mark_before,
+        size_before,
         not_started: Vec::new(),
     };
     let events_started = Instant::now();
@@ -1580,6 +1646,7 @@ fn run_events(
                 ..Default::default()
             };
             state.socket_ops.clear();
+            state.tx_lost = None;
             state.socket_accepted = None;
             state.sockets_accepted_in_batch = accepted_in_batch;
             state.request_is_upgrade = false;
@@ -1821,6 +1888,12 @@ fn after_commit(
     let dirs = l.db().take_new_dirs();
     let wal = l.db().wal_path();
     let removed = l.db().created() && !initialized;
+    if removed {
+        rt.quotas.counted(&actor.id.tenant, false, ran.size_before);
+    } else {
+        let after = l.db().size_bytes().unwrap_or(ran.size_before);
+        rt.quotas.resized(&actor.id.tenant, ran.size_before, after);
+    }
     let outbox = if ran.outbox_sent && !removed {
         l.db().outbox_max_seq().ok().flatten()
     } else {

@@ -75,6 +75,11 @@ pub struct RuntimeConfig {
     pub replica_buffers_bytes_max: Option<u64>,
     /// The share of each pool one tenant may hold, in percent.
     pub tenant_share_pct: u8,
+    /// Actors one tenant may have on this node ([`crate::quotas`]).
+    pub tenant_actors_max: u64,
+    /// Bytes one tenant's databases may take on this node together
+    /// (`None`: `tenant_share_pct` of the data folder's filesystem).
+    pub tenant_disk_bytes_max: Option<u64>,
     /// Events of one actor that share one transaction.
     pub batch_events_max: usize,
     /// A turn starts no new event once it has run this long: the rest of
@@ -237,6 +242,8 @@ impl RuntimeConfig {
             socket_buffers_bytes_max: None,
             replica_buffers_bytes_max: None,
             tenant_share_pct: crate::pools::TENANT_SHARE_PCT,
+            tenant_actors_max: 1_000_000,
+            tenant_disk_bytes_max: None,
             batch_events_max: 256,
             batch_time_budget_ms: 20,
             workers: 0,

@@ -104,6 +104,15 @@ pub enum RuntimeError {
         "too many log followers: limit log_followers_max={max}; stop another `wasmkeep logs --follow` or retry later"
     )]
     TooManyFollowers { max: usize },
+    #[error(
+        "quota exceeded: tenant `{tenant}` has as many {what} on this node as it may: limit {limit_name}={limit}"
+    )]
+    QuotaExceeded {
+        tenant: String,
+        what: &'static str,
+        limit_name: &'static str,
+        limit: u64,
+    },
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -150,6 +159,7 @@ impl RuntimeError {
             RuntimeError::ReplicationFailed(_) => "replication_failed".into(),
             RuntimeError::ReplicationUnavailable => "replication_unavailable".into(),
             RuntimeError::TooManyFollowers { .. } => "too_many_followers".into(),
+            RuntimeError::QuotaExceeded { .. } => "quota_exceeded".into(),
             RuntimeError::Internal(_) => "internal".into(),
         }
     }
@@ -198,6 +208,8 @@ fn is_store_code(code: &str) -> bool {
             | "too_many_parameters"
             | "result_too_large"
             | "database_full"
+            | "quota_exceeded"
+            | "stack_exhausted"
             | "forbidden"
             | "memory_exceeded"
             | "temp_storage_exceeded"

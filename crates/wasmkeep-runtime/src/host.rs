@@ -198,6 +198,11 @@ pub struct HostState {
     /// A failure of an import that cannot report errors (delete-alarm):
     /// the event fails with it even if the handler returns `ok`.
     pub poison: Option<WitError>,
+    /// A statement's error that made SQLite abandon the whole transaction
+    /// (a full database, the tenant's quota, an I/O error): the event
+    /// cannot commit, whatever the guest made of the error, and fails
+    /// with it.
+    pub tx_lost: Option<WitError>,
     /// A guest statement was stopped (deadline, or the node stopping): the
     /// event fails with that even if the guest carries on.
     pub sql_stopped: Option<SqlStopped>,
@@ -267,6 +272,7 @@ impl HostState {
             log_enabled: true,
             log_budget: LogBudget::default(),
             poison: None,
+            tx_lost: None,
             sql_stopped: None,
             response: Default::default(),
             outbox: Default::default(),
@@ -303,7 +309,15 @@ impl HostState {
             StoreError::Stopping => self.sql_stopped = Some(SqlStopped::Stopping),
             _ => {}
         }
-        wit_err(e)
+        let lost = matches!(
+            e,
+            StoreError::DatabaseFull { .. } | StoreError::QuotaExceeded { .. } | StoreError::Io(_)
+        ) && !self.db.as_ref().is_some_and(ActorDb::in_transaction);
+        let err = wit_err(e);
+        if lost {
+            self.tx_lost.get_or_insert_with(|| err.clone());
+        }
+        err
     }
 
     /// The database for a host call, or an error: for the one instance

@@ -35,6 +35,7 @@ pub mod metrics;
 pub mod outbox;
 pub mod parked;
 pub mod pools;
+pub mod quotas;
 pub mod replication;
 mod reply;
 mod response;

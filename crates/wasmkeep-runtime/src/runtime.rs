@@ -179,6 +179,8 @@ pub struct Inner {
     pub class_metrics: Arc<crate::class_metrics::ClassMetricsRegistry>,
     /// What the host holds for tenants besides SQLite and guests.
     pub pools: crate::pools::Pools,
+    /// Each tenant's actors and bytes on this node, and their bounds.
+    pub quotas: Arc<crate::quotas::Quotas>,
 }
 
 /// Whether this node may run an actor's alarms now. A single node always
@@ -368,6 +370,18 @@ impl Runtime {
         let parked_limits = config.parked.clone();
         let shares = config.shares();
         let pool_limits = config.pool_limits();
+        let quotas = Arc::new(crate::quotas::Quotas::new(
+            config.tenant_actors_max,
+            config.tenant_disk_bytes_max.unwrap_or_else(|| {
+                crate::quotas::default_tenant_disk_bytes(&config.data_dir, config.tenant_share_pct)
+            }),
+        ));
+        // What each tenant has here, before any request: the quotas hold
+        // from the start.
+        quotas.set_counted(by_tenant(&walk_classes(
+            &config.data_dir,
+            &AtomicBool::new(false),
+        )));
         let socket_limits = config.sockets.clone();
         let log_limits = config.logs;
         let parked_metrics = Arc::clone(&metrics);
@@ -410,6 +424,7 @@ impl Runtime {
             alarm_failure_rate: Default::default(),
             class_metrics,
             pools: crate::pools::Pools::new(&pool_limits),
+            quotas,
             parked: Arc::new(crate::parked::ParkedReplies::new(
                 parked_limits,
                 Arc::clone(&parked_metrics),
@@ -519,12 +534,13 @@ impl Runtime {
         if every > 0 {
             let data = self.inner.config.data_dir.clone();
             let classes = Arc::clone(&self.inner.class_metrics);
+            let quotas = Arc::clone(&self.inner.quotas);
             let stopping = Arc::clone(&self.inner.stopping);
             std::thread::Builder::new()
                 .name("wasmkeep-census".into())
                 .spawn(move || {
                     while !stopping.load(Ordering::Relaxed) {
-                        census(&data, &classes, &stopping);
+                        census(&data, &classes, &quotas, &stopping);
                         // Sleep in short steps so a stopping node is noticed.
                         let until = Instant::now() + Duration::from_millis(every);
                         while Instant::now() < until && !stopping.load(Ordering::Relaxed) {
@@ -1738,23 +1754,38 @@ fn subdirs(p: &std::path::Path) -> Vec<(String, PathBuf)> {
         .unwrap_or_default()
 }
 
+/// Disk use and actor count of each class: (tenant, app, class) to
+/// (bytes, actors).
+type ClassUsage = HashMap<(String, String, String), (u64, u64)>;
+
 /// Walks the data folder for each class's disk use and actor count
-/// (`wasmkeep_class_database_bytes`, `wasmkeep_class_actors`). It reads
-/// file sizes only (no database is opened), and holds one directory
-/// iterator per level it is in, never a class's list of actors: memory
-/// stays flat however many actors a class has. It stops early when the
-/// node stops (the counts of that walk are then dropped).
+/// (`wasmkeep_class_database_bytes`, `wasmkeep_class_actors`, and the
+/// tenants' quotas). It reads file sizes only (no database is opened), and
+/// holds one directory iterator per level it is in, never a class's list
+/// of actors: memory stays flat however many actors a class has. It stops
+/// early when the node stops (the counts of that walk are then dropped).
 fn census(
     data: &std::path::Path,
     classes: &crate::class_metrics::ClassMetricsRegistry,
+    quotas: &crate::quotas::Quotas,
     stopping: &AtomicBool,
 ) {
-    let mut per_class: HashMap<(String, String, String), (u64, u64)> = HashMap::new();
+    let per_class = walk_classes(data, stopping);
+    if stopping.load(Ordering::Relaxed) {
+        return;
+    }
+    classes.set_census(&per_class);
+    quotas.set_counted(by_tenant(&per_class));
+}
+
+/// [`census`]'s walk.
+fn walk_classes(data: &std::path::Path, stopping: &AtomicBool) -> ClassUsage {
+    let mut per_class = ClassUsage::new();
     for (tenant, tp) in subdirs(&data.join("actors")) {
         for (app, ap) in subdirs(&tp) {
             for (class, cp) in subdirs(&ap) {
                 if stopping.load(Ordering::Relaxed) {
-                    return;
+                    return per_class;
                 }
                 let (mut bytes, mut actors) = (0u64, 0u64);
                 let mut open: Vec<std::fs::ReadDir> = std::fs::read_dir(&cp).into_iter().collect();
@@ -1780,7 +1811,18 @@ fn census(
             }
         }
     }
-    classes.set_census(&per_class);
+    per_class
+}
+
+/// Classes' use summed per tenant.
+fn by_tenant(per_class: &ClassUsage) -> HashMap<String, crate::quotas::Usage> {
+    let mut out: HashMap<String, crate::quotas::Usage> = HashMap::new();
+    for ((tenant, _, _), (bytes, actors)) in per_class {
+        let u = out.entry(tenant.clone()).or_default();
+        u.bytes += bytes;
+        u.actors += actors;
+    }
+    out
 }
 
 /// Every actor with a database under `data`.

@@ -62,6 +62,7 @@ fn status_of(e: &RuntimeError) -> StatusCode {
         | RuntimeError::CompileTimeout { .. }
         | RuntimeError::CompileMemoryExceeded { .. } => StatusCode::UNPROCESSABLE_ENTITY,
         RuntimeError::ComponentTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+        RuntimeError::QuotaExceeded { .. } => StatusCode::INSUFFICIENT_STORAGE,
         // A guest may fail an event with one of these codes to say the
         // request was at fault; the event is rolled back all the same.
         RuntimeError::Guest { code, .. } if code == "bad_request" => StatusCode::BAD_REQUEST,

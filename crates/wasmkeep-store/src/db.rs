@@ -199,6 +199,9 @@ pub struct ActorDb {
     alarm_writes: std::cell::Cell<u64>,
     /// See [`ActorDb::keep_statements`].
     keep_statements: std::cell::Cell<bool>,
+    /// The tenant's quota (`tenant_disk_bytes_max`) while it caps this
+    /// database below its own limit (`cap_pages`).
+    quota: std::cell::Cell<Option<u64>>,
     /// The write-ahead log's index, when the connection keeps it through
     /// wasmkeep's VFS (ADR 0028).
     wal_index: Option<WalIndex>,
@@ -293,6 +296,7 @@ impl ActorDb {
             initialized_committed: std::cell::Cell::new(false),
             alarm_writes: std::cell::Cell::new(0),
             keep_statements: std::cell::Cell::new(true),
+            quota: std::cell::Cell::new(None),
             wal_index,
             capture,
         };
@@ -544,7 +548,11 @@ impl ActorDb {
                     }
                 }
                 ErrorCode::DiskFull => {
-                    if disk_has_room(&self.dir) {
+                    if let Some(limit) = self.quota.get() {
+                        // The tenant's quota capped this database below
+                        // its own limit (`cap_pages`).
+                        StoreError::QuotaExceeded { limit }
+                    } else if disk_has_room(&self.dir) {
                         StoreError::DatabaseFull {
                             limit: self.limits.database_bytes_max,
                         }
@@ -1151,9 +1159,37 @@ impl ActorDb {
     pub fn size_bytes(&self) -> Result<u64, StoreError> {
         let pages: i64 = self
             .conn
-            .query_row("PRAGMA page_count", [], |r| r.get(0))
+            .prepare_cached("PRAGMA page_count")
+            .and_then(|mut st| st.query_row([], |r| r.get(0)))
             .map_err(|e| StoreError::Sql(e.to_string()))?;
         Ok(pages as u64 * self.page_size)
+    }
+
+    /// Caps the database (`now_bytes` now: [`Self::size_bytes`]) at `left`
+    /// bytes more, the room
+    /// its tenant's quota (`limit`, named in the error past it) leaves it,
+    /// when that is below its own `database_bytes_max`; `None` (or room
+    /// enough) lifts the cap. For the batch about to run.
+    pub fn cap_pages(
+        &self,
+        now_bytes: u64,
+        left: Option<u64>,
+        limit: u64,
+    ) -> Result<(), StoreError> {
+        let own = self.limits.database_bytes_max / self.page_size.max(512);
+        let now = now_bytes / self.page_size.max(512);
+        let capped = left
+            .map(|l| now + l / self.page_size.max(512))
+            .filter(|pages| *pages < own);
+        if capped.is_none() && self.quota.get().is_none() {
+            return Ok(());
+        }
+        let pages = capped.unwrap_or(own);
+        self.conn
+            .pragma_update(None, "max_page_count", pages as i64)
+            .map_err(|e| StoreError::Sql(e.to_string()))?;
+        self.quota.set(capped.map(|_| limit));
+        Ok(())
     }
 
     /// Stops keeping the alarm's read prepared. The runtime reads the alarm

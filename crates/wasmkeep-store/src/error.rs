@@ -27,6 +27,10 @@ pub enum StoreError {
     #[error("database full: limit database_bytes_max={limit}")]
     DatabaseFull { limit: u64 },
     #[error(
+        "quota exceeded: the tenant's databases on this node take all they may: limit tenant_disk_bytes_max={limit}"
+    )]
+    QuotaExceeded { limit: u64 },
+    #[error(
         "statement ran past the event's deadline: limit event_cpu_ms_max (the same deadline as the guest's code)"
     )]
     DeadlineExceeded,
@@ -72,6 +76,7 @@ impl StoreError {
             StoreError::TooManyParams { .. } => "too_many_parameters",
             StoreError::ResultTooLarge { .. } => "result_too_large",
             StoreError::DatabaseFull { .. } => "database_full",
+            StoreError::QuotaExceeded { .. } => "quota_exceeded",
             StoreError::DeadlineExceeded => "cpu_time_exceeded",
             StoreError::Stopping => "shutting_down",
             StoreError::StatementMemoryExceeded { .. } => "memory_exceeded",

@@ -53,6 +53,8 @@ pub struct NodeConfig {
     pub socket_buffers_bytes_max: Option<u64>,
     pub replica_buffers_bytes_max: Option<u64>,
     pub tenant_share_pct: u8,
+    pub tenant_actors_max: u64,
+    pub tenant_disk_bytes_max: Option<u64>,
     pub batch_events_max: usize,
     pub batch_time_budget_ms: u64,
     pub workers: usize,
@@ -190,6 +192,8 @@ impl Default for NodeConfig {
             socket_buffers_bytes_max: rt.socket_buffers_bytes_max,
             replica_buffers_bytes_max: rt.replica_buffers_bytes_max,
             tenant_share_pct: rt.tenant_share_pct,
+            tenant_actors_max: rt.tenant_actors_max,
+            tenant_disk_bytes_max: rt.tenant_disk_bytes_max,
             batch_events_max: rt.batch_events_max,
             batch_time_budget_ms: rt.batch_time_budget_ms,
             workers: rt.workers,
@@ -336,6 +340,8 @@ impl NodeConfig {
         c.socket_buffers_bytes_max = self.socket_buffers_bytes_max;
         c.replica_buffers_bytes_max = self.replica_buffers_bytes_max;
         c.tenant_share_pct = self.tenant_share_pct;
+        c.tenant_actors_max = self.tenant_actors_max;
+        c.tenant_disk_bytes_max = self.tenant_disk_bytes_max;
         c.batch_events_max = self.batch_events_max.max(1);
         c.batch_time_budget_ms = self.batch_time_budget_ms;
         c.workers = self.workers;

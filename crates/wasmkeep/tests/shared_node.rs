@@ -1151,3 +1151,66 @@ fn writes_through_a_restore_on_a_cluster_are_all_kept_and_the_bucket_keeps_the_h
     assert_eq!(counter_in(&before), last_before as i64);
     drop((a, b));
 }
+
+// ---------------------------------------------------------------------
+// Disk quotas per tenant.
+// ---------------------------------------------------------------------
+
+#[test]
+fn a_tenant_gets_its_actors_on_this_node_and_no_more() {
+    let tmp = tempfile::tempdir().unwrap();
+    let node = start(tmp.path(), &format!("{DEFAULTS}tenant_actors_max = 3\n"));
+    for i in 0..3 {
+        let (s, v) = node.json("GET", &format!("{EVIL}/q{i}/ping"), b"");
+        assert_eq!(s, 200, "{v}");
+    }
+    let (s, v) = node.json("GET", &format!("{EVIL}/q3/ping"), b"");
+    assert_eq!((s, attack_code(&v)), (507, "quota_exceeded"), "{v}");
+    assert!(attack_message(&v).contains("tenant_actors_max=3"), "{v}");
+    let mut neighbour = Neighbour::new(&node, "n");
+    neighbour.increment().unwrap();
+    // Deleting one makes room for another.
+    let (s, v) = node.json("DELETE", "/admin/v1/actors/evil/x/attacker/q0", b"");
+    assert_eq!(s, 200, "{v}");
+    let (s, v) = node.json("GET", &format!("{EVIL}/q3/ping"), b"");
+    assert_eq!(s, 200, "{v}");
+}
+
+#[test]
+fn a_tenant_fills_its_disk_quota_and_no_more() {
+    let tmp = tempfile::tempdir().unwrap();
+    let node = start(
+        tmp.path(),
+        &format!("{DEFAULTS}tenant_disk_bytes_max = 8388608\n"),
+    );
+    let (s, v) = attack(&node, "d0", "/sql", b"CREATE TABLE big(b)");
+    assert_eq!(s, 200, "{v}");
+    let fill = b"INSERT INTO big(b) VALUES (randomblob(1000000))";
+    let mut refused = None;
+    for i in 0..20 {
+        let got = attack(&node, "d0", "/sql", fill);
+        if got.0 != 200 {
+            refused = Some((i, got));
+            break;
+        }
+    }
+    let (i, got) = refused.expect("20 MB went into an 8 MiB quota");
+    assert!(
+        i >= 5,
+        "refused after {i} MB of an 8 MiB quota: {:?}",
+        got.1
+    );
+    assert_refused(
+        &got,
+        "quota_exceeded",
+        "tenant_disk_bytes_max",
+        "a write past the quota",
+    );
+    // The actor is still readable and writable within what is left: a
+    // delete makes room.
+    let (s, v) = attack(&node, "d0", "/sql", b"DELETE FROM big WHERE rowid = 1");
+    assert_eq!(s, 200, "{v}");
+    let mut neighbour = Neighbour::new(&node, "n");
+    neighbour.increment().unwrap();
+    assert_alive(&node);
+}

@@ -187,7 +187,7 @@ pub(super) fn run_message(
             .call_on_message(&mut l.store, &class, &message);
         let answer = match finish_call(l, r) {
             Ok(bytes) => {
-                l.db().event_commit()?;
+                super::commit_event(l)?;
                 MessageAnswer::Reply(bytes)
             }
             Err(e) if e.is_guest_failure() && l.db().in_transaction() => {
@@ -208,7 +208,7 @@ pub(super) fn run_message(
     })();
     match r {
         Ok(answer) => {
-            l.db().event_commit()?;
+            super::commit_event(l)?;
             Ok(Outcome::Answered(answer))
         }
         Err(e) => {
