@@ -25,6 +25,7 @@
 
 pub mod client;
 pub mod cluster;
+pub mod isolation;
 pub mod large;
 pub mod load;
 pub mod node;
@@ -89,6 +90,11 @@ pub enum Workload {
     /// socket, broadcast fan-out, round trips.
     #[value(name = "w8")]
     W8,
+    /// Isolation: a neighbour's latency while another tenant runs
+    /// statements that never end on twice as many actors as there are
+    /// cores.
+    #[value(name = "w11")]
+    W11,
 }
 
 impl Workload {
@@ -107,13 +113,14 @@ impl Workload {
             Workload::W5Kill => "w5-kill",
             Workload::W7 => "w7",
             Workload::W8 => "w8",
+            Workload::W11 => "w11",
         }
     }
 
     /// Why the workload cannot run here, if it cannot.
     fn unavailable(self, server: bool) -> Option<&'static str> {
         match self {
-            Workload::W8 if server => Some(
+            Workload::W8 | Workload::W11 if server => Some(
                 "needs a node started by the benchmark (its RSS, its settings); not run against --server",
             ),
             Workload::W7 if server => Some(
@@ -142,6 +149,7 @@ const DEFAULT_WORKLOADS: &[Workload] = &[
     Workload::W3,
     Workload::W4,
     Workload::W7,
+    Workload::W11,
 ];
 
 /// Left out of the default set, and said so in the report.
@@ -434,6 +442,7 @@ async fn run_async(args: BenchArgs) -> Result<()> {
                     Workload::W5 => cluster::w5(&env).await,
                     Workload::W7 => outbox::w7(&env).await,
                     Workload::W8 => sockets::w8(&env).await,
+                    Workload::W11 => isolation::w11(&env).await,
                 };
                 let mut record = RunRecord::new(w.id(), durability, run, result, &dir);
                 record.wall_s = t0.elapsed().as_secs_f64();

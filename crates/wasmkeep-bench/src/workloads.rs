@@ -240,7 +240,7 @@ pub fn quantile<T: Copy>(sorted: &[T], q: f64) -> Option<T> {
     Some(sorted[rank.clamp(1, sorted.len()) - 1])
 }
 
-fn json_of(r: &Result<(u16, bytes::Bytes)>) -> Option<serde_json::Value> {
+pub(crate) fn json_of(r: &Result<(u16, bytes::Bytes)>) -> Option<serde_json::Value> {
     match r {
         Ok((200, b)) => serde_json::from_slice(b).ok(),
         _ => None,
