@@ -2,7 +2,7 @@
 //! depth limits actors' connections have (`wasmkeep_store::stack`), by
 //! painting a thread's stack before the statement and finding how much of
 //! the paint it overwrote. The figures behind `SQL_STACK_BYTES_MIN`
-//! (docs/adr/0045-a-node-no-tenant-can-abort.md) come from
+//! (docs/adr/0045-a-node-any-tenant-can-share.md) come from
 //! `cargo run --release -p wasmkeep-store --example stack_probe`.
 //! A measuring tool, not a test: it asserts nothing.
 
@@ -12,7 +12,6 @@ use wasmkeep_store::{ActorDb, OpenMode, StoreLimits};
 const PAINT: u8 = 0xA5;
 
 /// The lowest address of this thread's stack.
-
 fn stack_low() -> usize {
     // SAFETY: the attributes are filled by `pthread_getattr_np` before
     // they are read and destroyed once.
