@@ -50,7 +50,10 @@ async fn run(env: &Env<'_>, ep: &Endpoint, out: &mut RunOutput) -> Result<()> {
     let mut conn = Conn::connect(ep).await?;
     // The neighbour's actor exists before anything is measured.
     let first = conn
-        .send(&Method::POST, &format!("{EXAMPLES}/counter/{name}/increment"))
+        .send(
+            &Method::POST,
+            &format!("{EXAMPLES}/counter/{name}/increment"),
+        )
         .await;
     anyhow::ensure!(
         crate::workloads::json_of(&first).is_some(),

@@ -81,6 +81,10 @@ struct State {
     running: Vec<Option<Running>>,
     /// Each place's thread (its kernel id; 0 before it registered).
     threads: Vec<i32>,
+    /// Threads waiting with work queued for the first running turn to
+    /// turn long: while one does, a push that finds every worker's place
+    /// taken wakes nobody (a woken thread would only wait again).
+    watching: usize,
 }
 
 /// What a thread does after [`RunQueue::done`].
@@ -117,6 +121,7 @@ impl RunQueue {
                 ring: VecDeque::new(),
                 running: (0..shares.threads).map(|_| None).collect(),
                 threads: vec![0; shares.threads],
+                watching: 0,
             }),
             cv: Condvar::new(),
         }
@@ -132,8 +137,12 @@ impl RunQueue {
         if q.actors.len() == 1 {
             st.ring.push_back(tenant);
         }
+        let (short, _) = self.short_turns(&st, Instant::now());
+        let wake = short < self.shares.workers || st.watching == 0;
         drop(st);
-        self.cv.notify_one();
+        if wake {
+            self.cv.notify_one();
+        }
     }
 
     /// The thread in place `slot` starts taking turns.
@@ -175,7 +184,10 @@ impl RunQueue {
                 Some(at) if has_work => at,
                 _ => now + idle,
             };
+            let watch = has_work && next_long.is_some();
+            st.watching += usize::from(watch);
             let timed_out = self.cv.wait_until(&mut st, wake).timed_out();
+            st.watching -= usize::from(watch);
             if timed_out && !has_work {
                 parking_lot::MutexGuard::unlocked(&mut st, &mut on_idle);
             }
@@ -241,9 +253,9 @@ impl RunQueue {
             }
         }
         drop(st);
-        // A waiting thread may now take this place, or this tenant's next
-        // actor.
-        self.cv.notify_one();
+        // No thread is woken: this one takes the next turn itself (or the
+        // one replacing it does), and threads watching for long turns keep
+        // their deadlines.
         if retire { Done::Retire } else { Done::Next }
     }
 
