@@ -88,14 +88,20 @@ pub fn fnv1a64(bytes: &[u8]) -> u64 {
 /// the address with each node id, so that a node joining or leaving moves only
 /// its own share.
 pub fn shard_node<'a>(address: &Address, live_nodes: &'a [String]) -> Option<&'a str> {
-    let path = address.path();
+    rendezvous(&address.path(), live_nodes)
+}
+
+/// The live node rendezvous hashing picks for `key`: the one whose id
+/// hashed with the key is highest, so that a node joining or leaving moves
+/// only the keys it wins or held.
+pub fn rendezvous<'a>(key: &str, live_nodes: &'a [String]) -> Option<&'a str> {
     live_nodes
         .iter()
         .max_by_key(|n| {
-            let mut bytes = Vec::with_capacity(n.len() + path.len() + 1);
+            let mut bytes = Vec::with_capacity(n.len() + key.len() + 1);
             bytes.extend_from_slice(n.as_bytes());
             bytes.push(b'\n');
-            bytes.extend_from_slice(path.as_bytes());
+            bytes.extend_from_slice(key.as_bytes());
             (fnv1a64(&bytes), n.as_str())
         })
         .map(String::as_str)

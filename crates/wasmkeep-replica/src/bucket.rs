@@ -477,6 +477,24 @@ impl Bucket {
         Ok(())
     }
 
+    /// Visits every object under the folder `dir` (ending in `/`, its
+    /// subfolders included) with its key and size, as the store lists
+    /// them, until `visit` returns `false`. Holds nothing of the listing.
+    pub async fn sum_under(
+        &self,
+        dir: &str,
+        mut visit: impl FnMut(&str, u64) -> bool,
+    ) -> Result<(), ReplicaError> {
+        self.scan(dir, None, |key, size| {
+            Ok(if visit(key, size) {
+                Next::More
+            } else {
+                Next::Stop
+            })
+        })
+        .await
+    }
+
     /// Keys (relative to the prefix) in the folder `dir` (ending in `/`)
     /// that sort after `after`, sorted. Holds at most `keys_max` keys: a
     /// longer listing fails with `listing_too_long` as soon as it runs past.

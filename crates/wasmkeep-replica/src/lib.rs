@@ -38,6 +38,7 @@ pub mod keys;
 pub mod limits;
 pub mod replica;
 pub mod testing;
+pub mod usage;
 
 pub use bucket::{Bucket, Metrics, MetricsSnapshot};
 pub use entry::{Entry, Kind, Position, Token};

@@ -1573,10 +1573,10 @@ fn run_events(
     };
     // The room the tenant's quota leaves this database for the batch.
     let size_before = l.db().size_bytes().unwrap_or(0);
-    let left = rt.quotas.bytes_left(&id.tenant);
+    let room = rt.quotas.room(&id.tenant);
     if let Err(e) = l
         .db()
-        .cap_pages(size_before, Some(left), rt.quotas.bytes_max())
+        .cap_pages(size_before, Some(room.left), (room.limit_name, room.limit))
     {
         tracing::warn!(actor = %id, error = %e, "could not apply the tenant's disk quota");
     }

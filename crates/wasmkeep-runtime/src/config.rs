@@ -80,6 +80,14 @@ pub struct RuntimeConfig {
     /// Bytes one tenant's databases may take on this node together
     /// (`None`: `tenant_share_pct` of the data folder's filesystem).
     pub tenant_disk_bytes_max: Option<u64>,
+    /// Bytes one tenant may hold in the bucket, all nodes together, as last
+    /// measured (`None`: four times `tenant_disk_bytes_max`, what a
+    /// database's snapshots and log keep beside it); see
+    /// [`crate::quotas`].
+    pub tenant_bucket_bytes_max: Option<u64>,
+    /// How often a tenant's bytes and actors in the bucket are measured
+    /// (0: never, and the bucket quota is not checked).
+    pub bucket_usage_interval_ms: u64,
     /// Events of one actor that share one transaction.
     pub batch_events_max: usize,
     /// A turn starts no new event once it has run this long: the rest of
@@ -244,6 +252,8 @@ impl RuntimeConfig {
             tenant_share_pct: crate::pools::TENANT_SHARE_PCT,
             tenant_actors_max: 1_000_000,
             tenant_disk_bytes_max: None,
+            tenant_bucket_bytes_max: None,
+            bucket_usage_interval_ms: 300_000,
             batch_events_max: 256,
             batch_time_budget_ms: 20,
             workers: 0,

@@ -105,7 +105,7 @@ pub enum RuntimeError {
     )]
     TooManyFollowers { max: usize },
     #[error(
-        "quota exceeded: tenant `{tenant}` has as many {what} on this node as it may: limit {limit_name}={limit}"
+        "quota exceeded: tenant `{tenant}` has as many {what} as it may: limit {limit_name}={limit}"
     )]
     QuotaExceeded {
         tenant: String,

@@ -14,10 +14,22 @@
 //! full database does (the actor's other data is untouched, and it may
 //! delete to make room). Two actors of one tenant growing on two workers
 //! at once may pass the bound by what one batch of each writes.
+//!
+//! With a bucket, a tenant's bytes there, all nodes together, are bounded
+//! too (`tenant_bucket_bytes_max`), and its actors there by
+//! `tenant_actors_max` as well: every `bucket_usage_interval_ms` the
+//! tenant's folder is measured ([`wasmkeep_replica::usage`]; in a cluster
+//! by one node, chosen by rendezvous hashing among the live ones, which
+//! publishes the figures for the others to read) and a tenant past either
+//! bound is refused new actors and growth, as on this node's disk. The
+//! measurement is as old as the interval: a tenant may pass the bound by
+//! what it writes between two.
 
 use std::collections::HashMap;
 
 use parking_lot::Mutex;
+
+use wasmkeep_replica::usage::Measured;
 
 use crate::error::RuntimeError;
 
@@ -28,21 +40,45 @@ pub struct Usage {
     pub bytes: u64,
 }
 
+/// The room a tenant's databases have left, and the bound that leaves
+/// the least.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Room {
+    pub left: u64,
+    pub limit_name: &'static str,
+    pub limit: u64,
+}
+
 /// The node's quotas and each tenant's use.
 #[derive(Debug)]
 pub struct Quotas {
     actors_max: u64,
     bytes_max: u64,
+    bucket_bytes_max: u64,
     usage: Mutex<HashMap<String, Usage>>,
+    /// Each tenant's last measurement of the bucket.
+    bucket: Mutex<HashMap<String, Measured>>,
 }
 
 impl Quotas {
-    pub fn new(actors_max: u64, bytes_max: u64) -> Quotas {
+    pub fn new(actors_max: u64, bytes_max: u64, bucket_bytes_max: u64) -> Quotas {
         Quotas {
             actors_max,
             bytes_max,
+            bucket_bytes_max,
             usage: Mutex::new(HashMap::new()),
+            bucket: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Takes a measurement of the tenant's bytes and actors in the bucket.
+    pub fn set_measured(&self, tenant: &str, m: Measured) {
+        self.bucket.lock().insert(tenant.to_owned(), m);
+    }
+
+    /// The tenant's last measurement of the bucket.
+    pub fn measured(&self, tenant: &str) -> Measured {
+        self.bucket.lock().get(tenant).copied().unwrap_or_default()
     }
 
     /// Replaces every tenant's use with what a walk of the data folder
@@ -59,27 +95,47 @@ impl Quotas {
     /// Whether `tenant` may have one more actor here.
     pub fn may_create(&self, tenant: &str) -> Result<(), RuntimeError> {
         let used = self.usage(tenant);
-        if used.actors >= self.actors_max {
-            return Err(RuntimeError::QuotaExceeded {
+        let measured = self.measured(tenant);
+        let exceeded = |what, limit_name, limit| {
+            Err(RuntimeError::QuotaExceeded {
                 tenant: tenant.to_owned(),
-                what: "actors",
-                limit_name: "tenant_actors_max",
-                limit: self.actors_max,
-            });
+                what,
+                limit_name,
+                limit,
+            })
+        };
+        if used.actors >= self.actors_max {
+            return exceeded("actors on this node", "tenant_actors_max", self.actors_max);
         }
-        if used.bytes >= self.bytes_max {
-            return Err(self.bytes_exceeded(tenant));
+        if measured.actors >= self.actors_max {
+            return exceeded("actors in the bucket", "tenant_actors_max", self.actors_max);
+        }
+        let room = self.room(tenant);
+        if room.left == 0 {
+            return exceeded("bytes of databases", room.limit_name, room.limit);
         }
         Ok(())
     }
 
-    /// The error of a tenant at its bytes.
-    pub fn bytes_exceeded(&self, tenant: &str) -> RuntimeError {
-        RuntimeError::QuotaExceeded {
-            tenant: tenant.to_owned(),
-            what: "bytes of databases",
+    /// The room `tenant`'s databases have left: on this node's disk, or
+    /// in the bucket as last measured, whichever is less.
+    pub fn room(&self, tenant: &str) -> Room {
+        let disk = Room {
+            left: self.bytes_max.saturating_sub(self.usage(tenant).bytes),
             limit_name: "tenant_disk_bytes_max",
             limit: self.bytes_max,
+        };
+        let bucket = Room {
+            left: self
+                .bucket_bytes_max
+                .saturating_sub(self.measured(tenant).bytes),
+            limit_name: "tenant_bucket_bytes_max",
+            limit: self.bucket_bytes_max,
+        };
+        if bucket.left < disk.left {
+            bucket
+        } else {
+            disk
         }
     }
 
@@ -106,14 +162,45 @@ impl Quotas {
         let u = usage.entry(tenant.to_owned()).or_default();
         u.bytes = (u.bytes + after).saturating_sub(before);
     }
+}
 
-    /// Bytes `tenant`'s databases may still grow by.
-    pub fn bytes_left(&self, tenant: &str) -> u64 {
-        self.bytes_max.saturating_sub(self.usage(tenant).bytes)
-    }
-
-    pub fn bytes_max(&self) -> u64 {
-        self.bytes_max
+/// One round of the bucket's measurements: for each of `tenants`, the
+/// ones `mine` says this node measures are listed and published, the
+/// others' published figures are read; each lands in `quotas`. A tenant
+/// whose measurement fails keeps its last one (logged). Returns early when
+/// `stop` is set.
+pub fn measure_bucket(
+    repl: &crate::replication::Replication,
+    quotas: &Quotas,
+    tenants: &[String],
+    mine: &dyn Fn(&str) -> bool,
+    now_ms: u64,
+    stop: &std::sync::atomic::AtomicBool,
+) {
+    use wasmkeep_replica::usage;
+    for tenant in tenants {
+        if stop.load(std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
+        let got = if mine(tenant) {
+            repl.block_on(async {
+                let m = usage::measure_tenant(&repl.bucket, tenant, now_ms, stop).await?;
+                if let Some(m) = &m {
+                    usage::publish(&repl.bucket, tenant, m).await?;
+                }
+                Ok(m)
+            })
+        } else {
+            repl.block_on(usage::read_published(&repl.bucket, tenant))
+        };
+        match got {
+            Ok(Some(m)) => quotas.set_measured(tenant, m),
+            Ok(None) => {}
+            Err(e) => {
+                let e: wasmkeep_replica::ReplicaError = e;
+                tracing::warn!(%tenant, error = %e, "could not measure the tenant's bytes in the bucket");
+            }
+        }
     }
 }
 
@@ -142,7 +229,7 @@ mod tests {
 
     #[test]
     fn a_tenant_is_held_to_its_actors_and_bytes_and_others_are_not() {
-        let q = Quotas::new(2, 1000);
+        let q = Quotas::new(2, 1000, 4000);
         q.counted("evil", true, 100);
         q.may_create("evil").unwrap();
         q.counted("evil", true, 100);
@@ -151,7 +238,7 @@ mod tests {
         assert!(e.to_string().contains("tenant_actors_max=2"), "{e}");
         q.may_create("good").unwrap();
         q.resized("evil", 100, 900);
-        assert_eq!(q.bytes_left("evil"), 0);
+        assert_eq!(q.room("evil").left, 0);
         q.counted("evil", false, 900);
         assert_eq!(
             q.usage("evil"),
@@ -160,5 +247,49 @@ mod tests {
                 bytes: 100
             }
         );
+    }
+
+    #[test]
+    fn the_buckets_measurement_bounds_a_tenant_beside_this_nodes_disk() {
+        let q = Quotas::new(3, 1000, 4000);
+        q.counted("evil", true, 100);
+        q.set_measured(
+            "evil",
+            Measured {
+                bytes: 3500,
+                actors: 1,
+                at_ms: 0,
+            },
+        );
+        let room = q.room("evil");
+        assert_eq!(
+            (room.left, room.limit_name),
+            (500, "tenant_bucket_bytes_max")
+        );
+        q.set_measured(
+            "evil",
+            Measured {
+                bytes: 100,
+                actors: 3,
+                at_ms: 1,
+            },
+        );
+        let e = q.may_create("evil").unwrap_err();
+        assert!(e.to_string().contains("in the bucket"), "{e}");
+        assert_eq!(q.room("evil").limit_name, "tenant_disk_bytes_max");
+        q.set_measured(
+            "evil",
+            Measured {
+                bytes: 4000,
+                actors: 1,
+                at_ms: 2,
+            },
+        );
+        let e = q.may_create("evil").unwrap_err();
+        assert!(
+            e.to_string().contains("tenant_bucket_bytes_max=4000"),
+            "{e}"
+        );
+        q.may_create("good").unwrap();
     }
 }

@@ -210,6 +210,13 @@ pub trait RunGate: Send + Sync {
     fn epoch(&self) -> Option<u64> {
         None
     }
+
+    /// Whether this node measures `tenant`'s use of the bucket (and
+    /// publishes it) rather than reading another node's measurement: in a
+    /// cluster one node per tenant does ([`crate::quotas`]).
+    fn measures_usage(&self, _tenant: &str) -> bool {
+        true
+    }
 }
 
 /// Failures a test can ask for. Zero (the default) injects nothing; the
@@ -370,11 +377,15 @@ impl Runtime {
         let parked_limits = config.parked.clone();
         let shares = config.shares();
         let pool_limits = config.pool_limits();
+        let disk_bytes_max = config.tenant_disk_bytes_max.unwrap_or_else(|| {
+            crate::quotas::default_tenant_disk_bytes(&config.data_dir, config.tenant_share_pct)
+        });
         let quotas = Arc::new(crate::quotas::Quotas::new(
             config.tenant_actors_max,
-            config.tenant_disk_bytes_max.unwrap_or_else(|| {
-                crate::quotas::default_tenant_disk_bytes(&config.data_dir, config.tenant_share_pct)
-            }),
+            disk_bytes_max,
+            config
+                .tenant_bucket_bytes_max
+                .unwrap_or(disk_bytes_max.saturating_mul(4)),
         ));
         // What each tenant has here, before any request: the quotas hold
         // from the start.
@@ -549,6 +560,13 @@ impl Runtime {
                     }
                 })
                 .expect("spawn census");
+        }
+        if self.inner.replication.is_some() && self.inner.config.bucket_usage_interval_ms > 0 {
+            let weak = Arc::downgrade(&self.inner);
+            std::thread::Builder::new()
+                .name("wasmkeep-usage".into())
+                .spawn(move || measure_bucket_usage(weak))
+                .expect("spawn usage");
         }
         let weak = Arc::downgrade(&self.inner);
         std::thread::Builder::new()
@@ -1757,6 +1775,33 @@ fn subdirs(p: &std::path::Path) -> Vec<(String, PathBuf)> {
 /// Disk use and actor count of each class: (tenant, app, class) to
 /// (bytes, actors).
 type ClassUsage = HashMap<(String, String, String), (u64, u64)>;
+
+/// The bucket quota's measurements (`wasmkeep-usage`), every
+/// `bucket_usage_interval_ms` until the node stops, the first at once.
+fn measure_bucket_usage(weak: std::sync::Weak<Inner>) {
+    loop {
+        let Some(rt) = weak.upgrade() else { return };
+        let Some(repl) = &rt.replication else { return };
+        let mut tenants: Vec<String> = rt.apps.read().values().map(|a| a.info().tenant).collect();
+        tenants.sort_unstable();
+        tenants.dedup();
+        let gate = rt.gate.get().cloned();
+        let mine = |t: &str| gate.as_ref().is_none_or(|g| g.measures_usage(t));
+        let now = rt.clock.now_ms();
+        crate::quotas::measure_bucket(repl, &rt.quotas, &tenants, &mine, now, &rt.stopping);
+        let every = rt.config.bucket_usage_interval_ms;
+        let stopping = Arc::clone(&rt.stopping);
+        drop(rt);
+        // Sleep in short steps so a stopping node is noticed.
+        let until = Instant::now() + Duration::from_millis(every);
+        while Instant::now() < until {
+            if stopping.load(Ordering::Relaxed) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(every.min(200)));
+        }
+    }
+}
 
 /// Walks the data folder for each class's disk use and actor count
 /// (`wasmkeep_class_database_bytes`, `wasmkeep_class_actors`, and the

@@ -245,6 +245,9 @@ pub struct ClusterState {
     in_flight: std::sync::atomic::AtomicUsize,
     /// The alarm sweep's counters.
     pub sweep: Arc<sweep::SweepCounters>,
+    /// The live nodes as the sweep's last pass read them: whose tenants'
+    /// bucket use this node measures ([`ClusterState::measures_usage`]).
+    live: parking_lot::Mutex<Vec<String>>,
 }
 
 /// One actor request in flight ([`ClusterState::enter`]); leaves on drop.
@@ -272,6 +275,21 @@ pub struct NodeStatus {
 }
 
 impl ClusterState {
+    /// Takes the live nodes a sweep pass read.
+    pub(crate) fn set_live(&self, live: &[String]) {
+        live.clone_into(&mut self.live.lock());
+    }
+
+    /// Whether this node measures `tenant`'s use of the bucket: the live
+    /// node that rendezvous hashing picks for it (every node, until a
+    /// sweep pass has read the live nodes).
+    pub fn measures_usage(&self, tenant: &str) -> bool {
+        let live = self.live.lock();
+        live.is_empty()
+            || wasmkeep_cluster::sweep::rendezvous(&format!("usage/{tenant}"), &live)
+                == Some(self.node())
+    }
+
     fn new(
         node: &str,
         first_epoch: u64,
@@ -303,6 +321,7 @@ impl ClusterState {
             lease_counter_plus_1: AtomicU64::new(0),
             draining: std::sync::atomic::AtomicBool::new(false),
             in_flight: std::sync::atomic::AtomicUsize::new(0),
+            live: parking_lot::Mutex::new(Vec::new()),
         }
     }
 
@@ -625,6 +644,10 @@ impl RunGate for AlarmGate {
 
     fn epoch(&self) -> Option<u64> {
         self.state.route_epoch()
+    }
+
+    fn measures_usage(&self, tenant: &str) -> bool {
+        self.state.measures_usage(tenant)
     }
 }
 

@@ -199,9 +199,9 @@ pub struct ActorDb {
     alarm_writes: std::cell::Cell<u64>,
     /// See [`ActorDb::keep_statements`].
     keep_statements: std::cell::Cell<bool>,
-    /// The tenant's quota (`tenant_disk_bytes_max`) while it caps this
+    /// The tenant's quota (its name and value) while it caps this
     /// database below its own limit (`cap_pages`).
-    quota: std::cell::Cell<Option<u64>>,
+    quota: std::cell::Cell<Option<(&'static str, u64)>>,
     /// The write-ahead log's index, when the connection keeps it through
     /// wasmkeep's VFS (ADR 0028).
     wal_index: Option<WalIndex>,
@@ -548,10 +548,10 @@ impl ActorDb {
                     }
                 }
                 ErrorCode::DiskFull => {
-                    if let Some(limit) = self.quota.get() {
+                    if let Some((name, limit)) = self.quota.get() {
                         // The tenant's quota capped this database below
                         // its own limit (`cap_pages`).
-                        StoreError::QuotaExceeded { limit }
+                        StoreError::QuotaExceeded { name, limit }
                     } else if disk_has_room(&self.dir) {
                         StoreError::DatabaseFull {
                             limit: self.limits.database_bytes_max,
@@ -1166,15 +1166,15 @@ impl ActorDb {
     }
 
     /// Caps the database (`now_bytes` now: [`Self::size_bytes`]) at `left`
-    /// bytes more, the room
-    /// its tenant's quota (`limit`, named in the error past it) leaves it,
-    /// when that is below its own `database_bytes_max`; `None` (or room
-    /// enough) lifts the cap. For the batch about to run.
+    /// bytes more, the room its tenant's quota (`quota`: its name and value,
+    /// for the error past it) leaves it, when that is below its own
+    /// `database_bytes_max`; `None` (or room enough) lifts the cap. For the
+    /// batch about to run.
     pub fn cap_pages(
         &self,
         now_bytes: u64,
         left: Option<u64>,
-        limit: u64,
+        quota: (&'static str, u64),
     ) -> Result<(), StoreError> {
         let own = self.limits.database_bytes_max / self.page_size.max(512);
         let now = now_bytes / self.page_size.max(512);
@@ -1188,7 +1188,7 @@ impl ActorDb {
         self.conn
             .pragma_update(None, "max_page_count", pages as i64)
             .map_err(|e| StoreError::Sql(e.to_string()))?;
-        self.quota.set(capped.map(|_| limit));
+        self.quota.set(capped.map(|_| quota));
         Ok(())
     }
 

@@ -26,10 +26,8 @@ pub enum StoreError {
     ResultTooLarge { limit: usize },
     #[error("database full: limit database_bytes_max={limit}")]
     DatabaseFull { limit: u64 },
-    #[error(
-        "quota exceeded: the tenant's databases on this node take all they may: limit tenant_disk_bytes_max={limit}"
-    )]
-    QuotaExceeded { limit: u64 },
+    #[error("quota exceeded: the tenant's databases take all they may: limit {name}={limit}")]
+    QuotaExceeded { name: &'static str, limit: u64 },
     #[error(
         "statement ran past the event's deadline: limit event_cpu_ms_max (the same deadline as the guest's code)"
     )]

@@ -55,6 +55,8 @@ pub struct NodeConfig {
     pub tenant_share_pct: u8,
     pub tenant_actors_max: u64,
     pub tenant_disk_bytes_max: Option<u64>,
+    pub tenant_bucket_bytes_max: Option<u64>,
+    pub bucket_usage_interval_ms: u64,
     pub batch_events_max: usize,
     pub batch_time_budget_ms: u64,
     pub workers: usize,
@@ -194,6 +196,8 @@ impl Default for NodeConfig {
             tenant_share_pct: rt.tenant_share_pct,
             tenant_actors_max: rt.tenant_actors_max,
             tenant_disk_bytes_max: rt.tenant_disk_bytes_max,
+            tenant_bucket_bytes_max: rt.tenant_bucket_bytes_max,
+            bucket_usage_interval_ms: rt.bucket_usage_interval_ms,
             batch_events_max: rt.batch_events_max,
             batch_time_budget_ms: rt.batch_time_budget_ms,
             workers: rt.workers,
@@ -342,6 +346,8 @@ impl NodeConfig {
         c.tenant_share_pct = self.tenant_share_pct;
         c.tenant_actors_max = self.tenant_actors_max;
         c.tenant_disk_bytes_max = self.tenant_disk_bytes_max;
+        c.tenant_bucket_bytes_max = self.tenant_bucket_bytes_max;
+        c.bucket_usage_interval_ms = self.bucket_usage_interval_ms;
         c.batch_events_max = self.batch_events_max.max(1);
         c.batch_time_budget_ms = self.batch_time_budget_ms;
         c.workers = self.workers;

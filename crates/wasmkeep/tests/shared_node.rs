@@ -1214,3 +1214,110 @@ fn a_tenant_fills_its_disk_quota_and_no_more() {
     neighbour.increment().unwrap();
     assert_alive(&node);
 }
+
+// ---------------------------------------------------------------------
+// Bucket quotas per tenant.
+// ---------------------------------------------------------------------
+
+/// Writes 1 MB rows into `actor` until a write is refused (at most
+/// `tries`); the refusal and how many were written before it.
+fn fill_until_refused(node: &Node, actor: &str, tries: usize) -> (usize, (u16, Json)) {
+    let (s, v) = attack(node, actor, "/sql", b"CREATE TABLE IF NOT EXISTS big(b)");
+    assert_eq!(s, 200, "{v}");
+    let fill = b"INSERT INTO big(b) VALUES (randomblob(1000000))";
+    for i in 0..tries {
+        let got = attack(node, actor, "/sql", fill);
+        if got.0 != 200 {
+            return (i, got);
+        }
+        // Give the upload (every second) and the measurement a chance to
+        // see what was written.
+        std::thread::sleep(std::time::Duration::from_millis(300));
+    }
+    panic!("{tries} MB were written under the bucket quota");
+}
+
+#[test]
+fn a_tenant_fills_its_bucket_quota_and_no_more() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bucket = tmp.path().join("bucket");
+    let node = start(
+        tmp.path(),
+        &format!(
+            "{DEFAULTS}bucket = \"file://{}\"\ntenant_bucket_bytes_max = 8388608\n\
+             bucket_usage_interval_ms = 200\n",
+            bucket.display()
+        ),
+    );
+    let (i, got) = fill_until_refused(&node, "b0", 60);
+    eprintln!("refused after {i} MB: {:?}", got.1);
+    assert_refused(
+        &got,
+        "quota_exceeded",
+        "tenant_bucket_bytes_max",
+        "a write past the bucket quota",
+    );
+    // The measurement is published in the bucket.
+    let published = std::fs::read_to_string(bucket.join("usage/evil")).unwrap();
+    assert!(published.starts_with("v1 "), "{published}");
+    // Another actor of the tenant cannot grow either: refused when it is
+    // created, or at its first write; another tenant writes.
+    let (s, v) = attack(&node, "b1", "/sql", b"CREATE TABLE IF NOT EXISTS big(b)");
+    let got = if s == 200 {
+        attack(
+            &node,
+            "b1",
+            "/sql",
+            b"INSERT INTO big(b) VALUES (randomblob(1000000))",
+        )
+    } else {
+        (s, v)
+    };
+    assert_refused(
+        &got,
+        "quota_exceeded",
+        "tenant_bucket_bytes_max",
+        "another actor's write past the bucket quota",
+    );
+    let mut neighbour = Neighbour::new(&node, "n");
+    neighbour.increment().unwrap();
+    assert_alive(&node);
+}
+
+#[test]
+fn a_tenants_bucket_quota_holds_across_the_nodes_of_a_cluster() {
+    let c = common::load::Cluster::with_settings(
+        common::load::Store::Folder,
+        60_000,
+        "tenant_bucket_bytes_max = 8388608\nbucket_usage_interval_ms = 200\n",
+    );
+    let (a, b) = (c.start("a"), c.start("b"));
+    let note = vec![b'n'; 1_000_000];
+    let write = |m: &common::load::Member, actor: &str, i: usize| {
+        m.node.json(
+            "POST",
+            &format!("/v1/demo/examples/notes/{actor}/notes?title=t{i}"),
+            &note,
+        )
+    };
+    // One actor fills the tenant's share of the bucket through A.
+    let mut refused = None;
+    for i in 0..60 {
+        let got = write(&a, "q0", i);
+        if got.0 >= 300 {
+            refused = Some(got);
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(300));
+    }
+    let (s, v) = refused.expect("60 MB were written under an 8 MiB bucket quota");
+    assert!(v.to_string().contains("tenant_bucket_bytes_max"), "{s} {v}");
+    // One node measured the tenant and published it; through B, another
+    // actor of the tenant cannot grow either.
+    assert!(c.folder().join("usage/demo").is_file());
+    let (s, v) = write(&b, "q1", 0);
+    assert!(
+        s >= 300 && v.to_string().contains("tenant_bucket_bytes_max"),
+        "{s} {v}"
+    );
+}

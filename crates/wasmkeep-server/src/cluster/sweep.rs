@@ -219,6 +219,7 @@ async fn pass(
         return false;
     };
     let live: Vec<String> = view.live.iter().map(|n| n.node.clone()).collect();
+    state.set_live(&live);
     if !live.iter().any(|n| n == state.node()) {
         // This node's own lease is not readable as live: no share is its.
         return false;
