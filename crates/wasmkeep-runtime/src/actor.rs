@@ -1088,7 +1088,9 @@ fn delivered_without_state(
     };
     let delivered = match no_state_step(crate::index::Standing::of(actor)) {
         NoStateStep::Leave => {
-            let config = wasmkeep_cluster::ClusterConfig::default();
+            let config = rt
+                .config
+                .with_alarm_retry(wasmkeep_cluster::ClusterConfig::default());
             crate::index::leave(rt.clock.now_ms(), &config)
         }
         // No database to write `owner_fence` in: a tombstone above the

@@ -234,6 +234,21 @@ impl Default for OutboundCeilings {
 }
 
 impl RuntimeConfig {
+    /// The cluster protocol with this node's alarm backoff: the one source
+    /// of `retry_first_ms`/`retry_max_ms` for the sweep, the index rules
+    /// and the committed retries alike (they were two settings once, and
+    /// the sweep kept the default cap whatever `alarm_retry_max_ms` said).
+    pub fn with_alarm_retry(
+        &self,
+        protocol: wasmkeep_cluster::ClusterConfig,
+    ) -> wasmkeep_cluster::ClusterConfig {
+        wasmkeep_cluster::ClusterConfig {
+            retry_first_ms: self.alarm_retry_first_ms,
+            retry_max_ms: self.alarm_retry_max_ms,
+            ..protocol
+        }
+    }
+
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
         RuntimeConfig {
             data_dir: data_dir.into(),

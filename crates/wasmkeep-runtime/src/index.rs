@@ -264,7 +264,7 @@ pub fn deliver(
 ) -> Result<DeliverStep, RuntimeError> {
     let committed = db.alarm()?;
     let generation = generation(rt, id)?;
-    let config = ClusterConfig::default();
+    let config = rt.config.with_alarm_retry(ClusterConfig::default());
     let now = rt.clock.now_ms();
     let restored = Restored {
         alarm_at_ms: committed.map(|a| a.at_ms),

@@ -477,14 +477,16 @@ impl NodeConfig {
             );
         }
         use wasmkeep_server::cluster::{ClusterConfig, ClusterSettings};
-        let protocol = ClusterConfig {
+        // The alarm backoff comes from the runtime's settings, its one
+        // source (issue 34: the sweep's cap stayed at 300 s before).
+        let protocol = self.runtime().with_alarm_retry(ClusterConfig {
             lease_period_ms: self.lease_period_ms,
             lease_grace_ms: self.lease_grace_ms,
             owner_margin_ms: self.owner_margin_ms,
             lease_register_retry_ms: self.lease_register_retry_ms,
             alarm_sweep_ms: self.alarm_sweep_ms,
             ..ClusterConfig::default()
-        };
+        });
         let mut settings = ClusterSettings::new(advertise, self.cluster_token.clone(), protocol);
         settings.bucket_timeout_ms = self.cluster_bucket_timeout_ms;
         settings.forward_timeout_ms = self.cluster_forward_timeout_ms;
@@ -663,6 +665,22 @@ mod tests {
         single.bucket = Some("file:///tmp/b".into());
         assert!(single.server().replicated_by_default);
         assert!(toml::from_str::<NodeConfig>("default_durability = \"fsync\"").is_err());
+    }
+
+    #[test]
+    fn the_alarm_backoff_reaches_the_runtime_and_the_clusters_sweep() {
+        let c: NodeConfig = toml::from_str(
+            "alarm_retry_first_ms = 250\nalarm_retry_max_ms = 7000\n\
+             advertise = \"http://127.0.0.1:8080\"\nbucket = \"file:///tmp/b\"\n",
+        )
+        .unwrap();
+        let rt = c.runtime();
+        assert_eq!(
+            (rt.alarm_retry_first_ms, rt.alarm_retry_max_ms),
+            (250, 7000)
+        );
+        let p = c.cluster().unwrap().unwrap().protocol;
+        assert_eq!((p.retry_first_ms, p.retry_max_ms), (250, 7000));
     }
 
     #[test]
