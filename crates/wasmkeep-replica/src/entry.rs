@@ -109,8 +109,7 @@ impl Token {
     /// A token with a fresh random nonce.
     pub fn fresh(generation: u64) -> std::io::Result<Token> {
         let mut nonce = [0u8; 16];
-        use std::io::Read;
-        std::fs::File::open("/dev/urandom")?.read_exact(&mut nonce)?;
+        getrandom::fill(&mut nonce).map_err(|e| std::io::Error::other(e.to_string()))?;
         Ok(Token { generation, nonce })
     }
 }

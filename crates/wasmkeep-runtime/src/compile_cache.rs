@@ -24,7 +24,9 @@ use std::io::{Read, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
 
 /// Bytes of the node's secret.
 const KEY_BYTES: usize = 32;
@@ -166,7 +168,7 @@ fn create(path: &Path) -> std::io::Result<()> {
         std::fs::create_dir_all(dir)?;
     }
     let mut key = [0u8; KEY_BYTES];
-    std::fs::File::open("/dev/urandom")?.read_exact(&mut key)?;
+    getrandom::fill(&mut key).map_err(|e| std::io::Error::other(e.to_string()))?;
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
     let _ = std::fs::remove_file(&tmp);
     {
@@ -211,28 +213,19 @@ fn write_renamed(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     std::fs::rename(&tmp, path)
 }
 
-/// HMAC-SHA256 (RFC 2104) of the concatenation of `parts`, for a key of at
-/// most one block (64 bytes).
+/// HMAC-SHA256 (RFC 2104) of the concatenation of `parts`.
 fn hmac_sha256(key: &[u8], parts: &[&[u8]]) -> [u8; 32] {
-    const BLOCK: usize = 64;
-    assert!(key.len() <= BLOCK, "HMAC keys here fit one block");
-    let mut block = [0u8; BLOCK];
-    block[..key.len()].copy_from_slice(key);
-    let mut inner = Sha256::new();
-    inner.update(block.map(|b| b ^ 0x36));
+    let mut mac = Hmac::<Sha256>::new_from_slice(key).expect("HMAC takes any key length");
     for p in parts {
-        inner.update(p);
+        mac.update(p);
     }
-    let mut outer = Sha256::new();
-    outer.update(block.map(|b| b ^ 0x5c));
-    outer.update(inner.finalize());
-    outer.finalize().into()
+    mac.finalize().into_bytes().into()
 }
 
 /// Compares two tags without an early exit, so the time taken says
 /// nothing about where they differ.
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    bool::from(a.ct_eq(b))
 }
 
 #[cfg(test)]

@@ -39,11 +39,7 @@ pub(crate) fn digest(s: &str) -> [u8; 32] {
 
 /// Equal in time independent of where the inputs differ.
 pub(crate) fn ct_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
-    let mut diff = 0u8;
-    for i in 0..32 {
-        diff |= a[i] ^ b[i];
-    }
-    std::hint::black_box(diff) == 0
+    bool::from(subtle::ConstantTimeEq::ct_eq(&a[..], &b[..]))
 }
 
 impl Tokens {

@@ -771,18 +771,15 @@ impl ClusterNode {
 /// expiries are compared across nodes by their own clocks (ADR 0020's
 /// grace absorbs the skew), so this is the wall clock.
 pub(crate) fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+    use wasmkeep_runtime::Clock;
+    wasmkeep_runtime::SystemClock.now_ms()
 }
 
 /// `bytes` random bytes as lowercase hex, from the operating system.
 pub(crate) fn random_hex(bytes: usize) -> Result<String, ClusterError> {
-    use std::io::Read;
     let mut buf = vec![0u8; bytes];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut buf))
-        .map_err(ClusterError::Random)?;
+    getrandom::fill(&mut buf)
+        .map_err(|e| ClusterError::Random(std::io::Error::other(e.to_string())))?;
     Ok(hex::encode(buf))
 }
 

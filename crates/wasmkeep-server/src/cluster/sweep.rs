@@ -326,10 +326,12 @@ async fn pass(
         // A failing entry waits a lease period, doubled for each failure
         // in a row, up to the longest backoff.
         let until_ms = if d.failed {
-            let wait = config
-                .lease_period_ms
-                .saturating_mul(1u64 << (failures - 1).min(16))
-                .min(config.retry_max_ms);
+            let wait = wasmkeep_cluster::retry::RetryPolicy {
+                first_ms: config.lease_period_ms,
+                max_ms: config.retry_max_ms,
+                retries_max: None,
+            }
+            .delay_ms(failures);
             now_ms() + wait
         } else {
             d.until_ms
