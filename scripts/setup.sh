@@ -12,6 +12,8 @@ rustup toolchain install >/dev/null 2>&1 || true
 rustup target add wasm32-wasip2 >/dev/null
 
 if [ "${1:-}" = "--test" ]; then
+  # The format and lint checks of the test command.
+  rustup component add rustfmt clippy >/dev/null
   if [ ! -x .venv/bin/moto_server ]; then
     python3 -m venv .venv
     .venv/bin/pip install --quiet --upgrade pip

@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
-# Every test: installs what the tests need (wasm32-wasip2, moto), then runs
-# the whole workspace's tests, including the guest components built from
-# examples/ and the simulator's seeds.
+# Every test: installs what the tests need (wasm32-wasip2, rustfmt, clippy,
+# moto), checks the format and the lints (clippy.toml: function length, no
+# clock outside the clock modules), then runs the whole workspace's tests,
+# including the guest components built from examples/ and the simulator's
+# seeds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh --test
 export PATH="$PWD/.venv/bin:$PATH"
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
+# Function length for the code that ships (tests may be longer): the
+# threshold is clippy.toml's.
+cargo clippy --workspace --lib --bins --examples --locked -- -D warnings -W clippy::too_many_lines
 cargo test --workspace --locked --no-fail-fast "$@"

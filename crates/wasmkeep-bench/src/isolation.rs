@@ -8,7 +8,7 @@
 //! app's counter, incremented one request after another, first with the
 //! node quiet and then under the attack.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Result, bail};
 use bytes::Bytes;
@@ -126,7 +126,7 @@ async fn increments(conn: &mut Conn, name: &str, from: u64) -> Result<(Vec<f64>,
     let mut ms = Vec::with_capacity(REQUESTS);
     let mut bad = Vec::new();
     for i in 1..=REQUESTS as u64 {
-        let t0 = Instant::now();
+        let t0 = crate::clock::now();
         let r = conn
             .send(
                 &Method::POST,

@@ -62,7 +62,7 @@ pub async fn w1_durable_large(env: &Env<'_>) -> Result<RunOutput> {
         .map(|i| format!("{prefix}small{i}"))
         .collect();
     let r = async {
-        let started = std::time::Instant::now();
+        let started = crate::clock::now();
         fill(&ep, &large, a.large_mb).await?;
         out.fig("fill_s", started.elapsed().as_secs_f64());
         fill(&ep, &small, 1).await?;
@@ -72,7 +72,7 @@ pub async fn w1_durable_large(env: &Env<'_>) -> Result<RunOutput> {
         // a whole one: writes until those have landed and a round of writes
         // makes deltas only (ADR 0037), so the measured load sees the
         // steady state, not the fill's snapshots.
-        let started = std::time::Instant::now();
+        let started = crate::clock::now();
         let rounds = settle(&ep, &large).await?;
         out.fig("settle_s", started.elapsed().as_secs_f64());
         out.fig("settle_rounds", rounds as f64);
@@ -150,7 +150,7 @@ async fn settle(ep: &Endpoint, names: &[String]) -> Result<usize> {
                 anyhow::Ok(())
             }));
         }
-        let waited = std::time::Instant::now();
+        let waited = crate::clock::now();
         let clean = loop {
             tokio::time::sleep(Duration::from_millis(200)).await;
             let (snaps, deltas) = landed(&scrape(ep).await?);

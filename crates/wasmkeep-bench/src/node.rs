@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -103,7 +103,7 @@ impl Node {
                 Ok(())
             });
         }
-        let t0 = Instant::now();
+        let t0 = crate::clock::now();
         let mut child = cmd
             .spawn()
             .with_context(|| format!("spawn {}", spec.exe.display()))?;
@@ -164,7 +164,7 @@ impl Node {
     /// until exit. An error if the node does not exit cleanly in time (it
     /// is then killed).
     pub async fn stop(&mut self) -> Result<f64> {
-        let t0 = Instant::now();
+        let t0 = crate::clock::now();
         // SAFETY: `kill` has no memory-safety preconditions; the pid is our
         // child's, which has not been reaped yet (we hold `self.child`).
         unsafe {

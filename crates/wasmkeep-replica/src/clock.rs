@@ -27,6 +27,7 @@ pub(crate) fn since_boot() -> Duration {
 /// crate building for tools): a monotonic clock from the first reading,
 /// which may not count time the machine spent suspended.
 #[cfg(not(target_os = "linux"))]
+#[allow(clippy::disallowed_methods, reason = "the replica's clock module")]
 pub(crate) fn since_boot() -> Duration {
     static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
     START.get_or_init(std::time::Instant::now).elapsed()

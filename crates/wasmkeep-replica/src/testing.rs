@@ -26,7 +26,7 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// A held PUT: [`Gate::arrived`] waits until the PUT reached the store,
 /// [`Gate::release`] lets it through.
@@ -325,7 +325,7 @@ impl Moto {
             .spawn()
             .expect("starting moto_server");
         let moto = Moto { child, port };
-        let deadline = Instant::now() + Duration::from_secs(30);
+        let deadline = crate::clock::since_boot() + Duration::from_secs(30);
         loop {
             let get =
                 format!("GET / HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n");
@@ -335,7 +335,7 @@ impl Moto {
                 break;
             }
             assert!(
-                Instant::now() < deadline,
+                crate::clock::since_boot() < deadline,
                 "moto_server did not answer within 30 s"
             );
             std::thread::sleep(Duration::from_millis(100));

@@ -171,7 +171,7 @@ impl Event {
         Event {
             kind,
             reply: reply.map(Reply::new),
-            enqueued: Instant::now(),
+            enqueued: crate::clock::instant(),
         }
     }
 
@@ -357,7 +357,7 @@ pub fn run_turn(rt: &Arc<Inner>, actor: &Arc<Actor>) {
         events
     };
     actor.last_used_ms.store(rt.elapsed_ms(), Ordering::Relaxed);
-    let yield_at = Instant::now() + Duration::from_millis(rt.config.batch_time_budget_ms);
+    let yield_at = crate::clock::instant() + Duration::from_millis(rt.config.batch_time_budget_ms);
     let not_started = {
         let mut slot = actor.slot.lock();
         run_turn_events(rt, actor, &mut slot, events, yield_at)
@@ -558,7 +558,7 @@ fn instantiate(
     id: &ActorId,
     db: ActorDb,
 ) -> Result<Loaded, Box<(RuntimeError, Option<ActorDb>)>> {
-    let started = Instant::now();
+    let started = crate::clock::instant();
     let mut state = HostState::new(
         Some(db),
         id.clone(),
@@ -752,7 +752,7 @@ fn enter(l: &mut Loaded) {
     // wasm deadline cannot interrupt a host call into SQLite.
     if let Some(db) = &s.db {
         db.set_deadline(Some(
-            Instant::now() + std::time::Duration::from_millis(cpu_ms),
+            crate::clock::instant() + std::time::Duration::from_millis(cpu_ms),
         ));
     }
     s.sql_stopped = None;
@@ -1334,7 +1334,7 @@ impl Turn {
         if let Some(first) = events.first() {
             rt.metrics
                 .phase_queue
-                .observe_ms(ms_between(first.enqueued, Instant::now()));
+                .observe_ms(ms_between(first.enqueued, crate::clock::instant()));
         }
         Turn {
             has_request: events.iter().any(Event::creates),
@@ -1420,7 +1420,7 @@ fn open_for_turn(
     turn: &Turn,
 ) -> Option<(Vec<Event>, bool)> {
     let id = &actor.id;
-    let started = Instant::now();
+    let started = crate::clock::instant();
     let loaded = load(rt, actor, app, slot, turn.has_request);
     if !turn.was_loaded {
         rt.metrics
@@ -1557,6 +1557,10 @@ fn prepare_turn(
 /// leaves the next one a fresh instance; one that makes SQLite roll the
 /// whole transaction back turns what earlier events did into
 /// `transaction_aborted`.
+#[allow(
+    clippy::too_many_lines,
+    reason = "longer than clippy.toml allows; to be split (issue 34)"
+)]
 fn run_events(
     rt: &Arc<Inner>,
     actor: &Arc<Actor>,
@@ -1601,7 +1605,7 @@ fn run_events(
         size_before,
         not_started: Vec::new(),
     };
-    let events_started = Instant::now();
+    let events_started = crate::clock::instant();
     let mut events = events.into_iter();
     while let Some(ev) = events.next() {
         Metrics::inc(&rt.metrics.events_total);
@@ -1758,7 +1762,7 @@ fn run_events(
                 tracing::error!(actor = %id, error = %e, "could not begin again");
             }
         }
-        if Instant::now() >= yield_at && events.len() > 0 {
+        if crate::clock::instant() >= yield_at && events.len() > 0 {
             // The turn's time is up: the rest waits for the actor's next
             // turn, behind other actors (fair shares, issue 33).
             ran.not_started = events.collect();
@@ -1786,7 +1790,7 @@ fn commit_turn(
 ) -> Option<(EventsRan, Instant)> {
     let id = &actor.id;
     let l = slot.as_mut().expect("loaded");
-    let commit_started = Instant::now();
+    let commit_started = crate::clock::instant();
     let plan_index = rt.keeps_index()
         && (initialized || !l.db().created())
         && (ran.fenced
@@ -1844,7 +1848,7 @@ fn commit_turn(
         // Rolled-back inits reset `initialized`: the mark is committed.
         l.db().init_mark_committed();
     }
-    let committed_at = Instant::now();
+    let committed_at = crate::clock::instant();
     rt.metrics
         .phase_commit
         .observe_ms(ms_between(commit_started, committed_at));
@@ -1932,8 +1936,13 @@ fn after_commit(
     // before this one is durable (their replies are attached when it is).
     for r in &ran.results {
         if let (Some(park), Ok(_)) = (r.park, &r.out) {
-            rt.parked
-                .reserve(&actor.id, park, r.replicated, rt.outbox.handle());
+            rt.parked.reserve(
+                &actor.id,
+                park,
+                r.replicated,
+                rt.clock.now_ms(),
+                rt.outbox.handle(),
+            );
         }
     }
     if removed {

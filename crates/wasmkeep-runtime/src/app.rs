@@ -583,7 +583,7 @@ impl Compiler<'_> {
     /// the serialized code too when a child compiled it.
     fn compile(&self, bytes: &[u8]) -> Result<(Component, Option<Vec<u8>>), RuntimeError> {
         let limit = self.config.component_compile_ms_max;
-        let deadline = Instant::now() + Duration::from_millis(limit);
+        let deadline = crate::clock::instant() + Duration::from_millis(limit);
         let slot = self.compiles.acquire(deadline)?;
         match &self.config.compile {
             Compile::Thread => self.compile_on_thread(bytes, slot, deadline),
@@ -641,7 +641,7 @@ impl Compiler<'_> {
                 wasmkeep_store::sqlite_setup::release_free_memory();
             })
             .map_err(|e| RuntimeError::Internal(format!("could not start a compilation: {e}")))?;
-        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+        match rx.recv_timeout(deadline.saturating_duration_since(crate::clock::instant())) {
             Ok(Ok(component)) => Ok((component, None)),
             Ok(Err(e)) => Err(self.compile_error(e)),
             Err(RecvTimeoutError::Timeout) => {

@@ -295,7 +295,7 @@ impl ChildCompile<'_> {
         let status = loop {
             match child.try_wait() {
                 Ok(Some(status)) => break status,
-                Ok(None) if Instant::now() >= self.deadline => {
+                Ok(None) if crate::clock::instant() >= self.deadline => {
                     let _ = child.kill();
                     let _ = child.wait();
                     let _ = writer.join();

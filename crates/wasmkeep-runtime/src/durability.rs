@@ -10,7 +10,6 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::mpsc;
-use std::time::Instant;
 
 use wasmkeep_store::sync;
 
@@ -57,7 +56,7 @@ fn run(rx: mpsc::Receiver<SyncJob>, root: PathBuf, metrics: Arc<Metrics>) {
         while let Ok(more) = rx.try_recv() {
             jobs.push(more);
         }
-        let started = Instant::now();
+        let started = crate::clock::instant();
         let mut files: Vec<&PathBuf> = jobs.iter().flat_map(|j| j.files.iter()).collect();
         files.sort();
         files.dedup();

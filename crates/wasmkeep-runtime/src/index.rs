@@ -521,7 +521,7 @@ pub fn plan_alone(rt: &Inner, actor: &Arc<Actor>, db: &mut ActorDb) -> Result<()
     st.needs_plan = false;
     if changed {
         st.committed += 1;
-        st.pending_since.get_or_insert_with(std::time::Instant::now);
+        st.pending_since.get_or_insert_with(crate::clock::instant);
     }
     Ok(())
 }

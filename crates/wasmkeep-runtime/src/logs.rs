@@ -218,7 +218,7 @@ pub struct RateCut {
 impl RateCut {
     /// `Some(left out before this one)` if a line may be written now.
     pub fn admit(&self, per_s: u64) -> Option<u64> {
-        let start = *self.start.get_or_init(std::time::Instant::now);
+        let start = *self.start.get_or_init(crate::clock::instant);
         let second = start.elapsed().as_secs();
         if self.window.swap(second, Ordering::Relaxed) != second {
             self.in_window.store(0, Ordering::Relaxed);

@@ -66,6 +66,11 @@ struct Parked {
     /// meanwhile, and the completion waits here for the reply.
     reply: Option<Reply>,
     deadline: Instant,
+    /// The deadline by the node's [`Clock`](crate::clock::Clock): on a
+    /// manual clock (the test kit) the reply expires when the clock is
+    /// moved past it ([`ParkedReplies::expire_due`]), on the real one at
+    /// `deadline` as well, whichever comes first.
+    due_ms: u64,
     /// When the request was enqueued (its latency, when it leaves).
     started: Option<Instant>,
     /// It asked to be answered once the bucket holds what answers it.
@@ -120,10 +125,7 @@ impl Table {
 /// clock's nanoseconds, spread), so that an id kept from before a restart
 /// names nothing new.
 pub(crate) fn random_start() -> u64 {
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(1);
+    let seed = (crate::clock::wall_nanos() as u64).max(1);
     seed.wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
@@ -204,15 +206,17 @@ impl ParkedReplies {
         actor: &ActorId,
         park: Park,
         replicated: bool,
+        now_ms: u64,
         handle: &tokio::runtime::Handle,
     ) {
-        let timeout = Duration::from_millis(park.timeout_ms.min(self.limits.reply_ms_max));
+        let timeout_ms = park.timeout_ms.min(self.limits.reply_ms_max);
+        let timeout = Duration::from_millis(timeout_ms);
         let ticket = park.ticket;
         // The deadline first, the entry next, the timer last and for that
         // very deadline: a timer that fired before the entry was in, or a
         // moment before its deadline, would leave it parked for ever (and
         // its places taken).
-        let deadline = Instant::now() + timeout;
+        let deadline = crate::clock::instant() + timeout;
         {
             let mut map = self.map.lock();
             *map.per_actor.entry(actor.clone()).or_default() += 1;
@@ -224,6 +228,7 @@ impl ParkedReplies {
                     actor: actor.clone(),
                     reply: None,
                     deadline,
+                    due_ms: now_ms.saturating_add(timeout_ms),
                     started: None,
                     replicated,
                     early: None,
@@ -288,11 +293,34 @@ impl ParkedReplies {
         self.map.lock().remove(ticket);
     }
 
+    /// Expires every reply whose deadline by the node's clock is `now_ms`
+    /// or earlier (the test kit calls it as it moves its clock); returns
+    /// how many.
+    pub fn expire_due(&self, now_ms: u64) -> usize {
+        let gone: Vec<Parked> = {
+            let mut map = self.map.lock();
+            let due: Vec<u64> = map
+                .parked
+                .iter()
+                .filter(|(_, p)| p.due_ms <= now_ms)
+                .map(|(t, _)| *t)
+                .collect();
+            due.into_iter().filter_map(|t| map.remove(t)).collect()
+        };
+        let n = gone.len();
+        for p in gone {
+            if let Some(r) = p.reply {
+                let _ = r.send(Err(RuntimeError::ReplyExpired));
+            }
+        }
+        n
+    }
+
     fn expire(&self, ticket: u64) {
         let gone = {
             let mut map = self.map.lock();
             match map.parked.get(&ticket) {
-                Some(p) if p.deadline <= Instant::now() => map.remove(ticket),
+                Some(p) if p.deadline <= crate::clock::instant() => map.remove(ticket),
                 _ => None,
             }
         };

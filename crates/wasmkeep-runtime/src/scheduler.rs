@@ -137,7 +137,7 @@ impl RunQueue {
         if q.actors.len() == 1 {
             st.ring.push_back(tenant);
         }
-        let (short, _) = self.short_turns(&st, Instant::now());
+        let (short, _) = self.short_turns(&st, crate::clock::instant());
         let wake = short < self.shares.workers || st.watching == 0;
         drop(st);
         if wake {
@@ -166,7 +166,7 @@ impl RunQueue {
             if stopping.load(Ordering::Relaxed) {
                 return Taken::Stop;
             }
-            let now = Instant::now();
+            let now = crate::clock::instant();
             if !st.ring.is_empty() {
                 demote_long_turns(&mut st, now, self.shares.slice);
             }
@@ -373,7 +373,7 @@ mod tests {
         let q = Arc::new(RunQueue::new(shares(1, 2, 1, 300)));
         q.push(actor("evil", "e"));
         q.push(actor("good", "g"));
-        let first = Instant::now();
+        let first = crate::clock::instant();
         assert_eq!(take_now(&q, 0).as_deref(), Some("e"));
         // Spare thread 1: nothing may start while the first turn is short;
         // once it has run past the slice, the other tenant's turn starts.

@@ -690,7 +690,7 @@ fn durability(
 
 /// An actor request, and the access and failure lines it calls for.
 async fn actor_request(State(s): State<AppState>, req: Request) -> Response {
-    let started = std::time::Instant::now();
+    let started = wasmkeep_runtime::clock::instant();
     let (method, uri) = (req.method().clone(), req.uri().clone());
     let (resp, code, message) = match answer_actor_request(s.clone(), req).await {
         Ok(r) => (r, None, None),
@@ -866,7 +866,7 @@ where
     // forward that reached nobody did not run the request: it is routed
     // again, after a pause that doubles, within a bound in attempts and
     // time (a stopping owner releases its actors within about a second).
-    let started = std::time::Instant::now();
+    let started = wasmkeep_runtime::clock::instant();
     let mut pause = std::time::Duration::from_millis(REROUTE_PAUSE_MS);
     let mut attempt = 0;
     loop {

@@ -1,5 +1,5 @@
-//! The HTTP edge of a wasmkeep node, and the only crate that speaks HTTP or
-//! JSON.
+//! The HTTP edge of a wasmkeep node, and the only crate that serves HTTP
+//! (the runtime's outbox is a client for actors' outbound calls).
 //!
 //! - `ANY /v1/{tenant}/{app}/{class}/{name}/{path...}` runs the actor's
 //!   request handler ([`api`]).

@@ -107,6 +107,10 @@ fn chain(n: usize, body: &dyn Fn(usize) -> String, extra: Vec<String>) -> Vec<St
 }
 
 /// Each recursive path at its limit (`n` tables, views, ... default 999).
+#[allow(
+    clippy::too_many_lines,
+    reason = "longer than clippy.toml allows; to be split (issue 34)"
+)]
 fn main() {
     let n: usize = std::env::args()
         .nth(1)

@@ -1285,12 +1285,7 @@ fn interrupted_creation(path: &Path) -> bool {
     len(path) <= 65536 && len(&wal) <= 32
 }
 
-fn unix_ms() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis())
-        .unwrap_or(0)
-}
+use crate::clock::unix_ms;
 
 /// Whether the filesystem holding `dir` has room left (16 MiB or more):
 /// if it does, SQLITE_FULL came from the database's own size limit.

@@ -12,6 +12,7 @@
 //! runtime decides *when* to open, begin, commit and sync; this crate decides
 //! *how*. Every method is blocking and meant to run on a worker thread.
 
+mod clock;
 pub mod db;
 pub mod error;
 mod guest_functions;

@@ -490,11 +490,7 @@ pub(crate) struct Guard {
     stopped: AtomicU8,
 }
 
-/// The instant deadlines are counted from.
-fn epoch() -> Instant {
-    static EPOCH: OnceLock<Instant> = OnceLock::new();
-    *EPOCH.get_or_init(Instant::now)
-}
+use crate::clock::epoch;
 
 impl Guard {
     pub(crate) fn set_deadline(&self, deadline: Option<Instant>) {

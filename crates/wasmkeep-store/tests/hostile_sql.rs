@@ -6,6 +6,11 @@
 //! attack succeeds on a plain SQLite connection (the unsafe variant), and
 //! fails on an actor's.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests of real processes, sockets and threads wait and measure in real time"
+)]
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};

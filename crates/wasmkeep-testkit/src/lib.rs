@@ -162,8 +162,9 @@ impl TestNode {
     }
 
     /// Moves the clock forward by `by`, running every alarm that comes due
-    /// on the way, in due order, each at its own time. Returns how many
-    /// handlers succeeded.
+    /// on the way, in due order, each at its own time, and expiring parked
+    /// replies as their deadlines pass (their callers get `reply_expired`).
+    /// Returns how many alarm handlers succeeded.
     pub fn advance(&self, by: Duration) -> usize {
         self.advance_to(self.now_ms() + by.as_millis() as u64)
     }
@@ -184,6 +185,7 @@ impl TestNode {
             }
             self.rt.prepare_alarms();
             self.clock.set_ms(due);
+            self.rt.expire_parked_replies();
             ran += self.exec.block_on(self.rt.run_due_alarms());
             deliveries += 1;
             assert!(
@@ -192,6 +194,7 @@ impl TestNode {
             );
         }
         self.clock.set_ms(target_ms);
+        self.rt.expire_parked_replies();
         // Sockets idle by the moved clock are closed now (the node's
         // reaper does it once a second).
         self.rt.sockets().close_idle(target_ms);
@@ -250,10 +253,10 @@ impl TestNode {
     /// Deliveries run on the node's own threads, whatever the test clock
     /// says. Panics if they do not settle.
     pub fn settle_outbox(&self) {
-        let deadline = std::time::Instant::now() + Duration::from_millis(OUTBOX_SETTLE_MS);
+        let deadline = wasmkeep_runtime::clock::instant() + Duration::from_millis(OUTBOX_SETTLE_MS);
         let mut quiet = 0;
         while quiet < 3 {
-            if std::time::Instant::now() > deadline {
+            if wasmkeep_runtime::clock::instant() > deadline {
                 panic!(
                     "the outbox did not settle within {OUTBOX_SETTLE_MS} ms: {} rows still in delivery",
                     self.rt.outbox().pending()

@@ -1,6 +1,11 @@
 //! Evicting actors at `instances_max`: the closer thread closes them, and
 //! an evicted actor's next turn waits for that close (ADR 0024).
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests of real processes, sockets and threads wait and measure in real time"
+)]
+
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 

@@ -1,6 +1,11 @@
 //! The bundled examples' own tests, written with the test kit as a user
 //! would write theirs.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests of real processes, sockets and threads wait and measure in real time"
+)]
+
 use std::time::Duration;
 
 use wasmkeep_guests::DEMO;

@@ -3,6 +3,11 @@
 //! server on loopback. Each safety rule has a test that fails when the
 //! rule is switched off (the `unsafe_*` faults).
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests of real processes, sockets and threads wait and measure in real time"
+)]
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::sync::atomic::Ordering;

@@ -5,6 +5,11 @@
 //! moto); `crates/wasmkeep/tests/replication.rs` runs the same paths
 //! against moto and a folder, through real processes.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests of real processes, sockets and threads wait and measure in real time"
+)]
+
 use std::sync::Arc;
 use std::time::Duration;
 

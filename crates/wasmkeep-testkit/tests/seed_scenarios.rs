@@ -1,6 +1,11 @@
 //! The second seed's two alarm bugs, as test kit tests against the real
 //! runtime. Both are in the bundled examples app (`rings`, `watch`).
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests of real processes, sockets and threads wait and measure in real time"
+)]
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

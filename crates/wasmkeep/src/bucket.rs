@@ -121,9 +121,7 @@ pub fn restore(bucket_url: &str, target: &str, input: &Path, force: bool) -> Res
          is not seen here: stop it first, or restore through it with --server"
     );
     let scratch = tempfile::tempdir().context("a scratch folder")?;
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)?
-        .as_millis() as u64;
+    let now_ms = wasmkeep_runtime::Clock::now_ms(&wasmkeep_runtime::SystemClock);
     let pb = bar(1, "writing to the bucket");
     let r = io()?.block_on(wasmkeep_replica::put_back(
         &bucket,
@@ -170,9 +168,7 @@ pub fn upload(bucket_url: &str, data: &Path) -> Result<()> {
     if ids.is_empty() {
         bail!("no actors under {}", data.join("actors").display());
     }
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)?
-        .as_millis() as u64;
+    let now_ms = wasmkeep_runtime::Clock::now_ms(&wasmkeep_runtime::SystemClock);
     let pb = bar(ids.len() as u64, "uploading");
     let (mut shipped, mut present) = (0u64, 0u64);
     let io = io()?;

@@ -12,7 +12,7 @@
 
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result, bail};
 use wasmkeep_runtime::Runtime;
@@ -194,7 +194,7 @@ impl Job {
     /// Builds and deploys; the classes deployed, or `None` after saying
     /// why not (the previous deploy keeps serving).
     fn build_and_deploy(&self, rt: &Runtime) -> Option<Vec<String>> {
-        let started = Instant::now();
+        let started = wasmkeep_runtime::clock::instant();
         let wasm = match build_component_at(&self.dir, None) {
             Ok(path) => match std::fs::read(&path) {
                 Ok(w) => w,

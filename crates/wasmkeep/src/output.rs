@@ -2,7 +2,7 @@
 //! times as dates with how long ago), or the node's JSON as it came with
 //! `--json`, for scripts.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, UNIX_EPOCH};
 
 use serde_json::Value;
 
@@ -44,7 +44,10 @@ pub fn time(ms: u64) -> String {
     let stamp = humantime::format_rfc3339_seconds(at)
         .to_string()
         .replacen('T', " ", 1);
-    let now = SystemTime::now();
+    let now = UNIX_EPOCH
+        + Duration::from_millis(wasmkeep_runtime::Clock::now_ms(
+            &wasmkeep_runtime::SystemClock,
+        ));
     let relative = match at.duration_since(now) {
         Ok(ahead) => format!("in {}", span(ahead)),
         Err(e) => format!("{} ago", span(e.duration())),

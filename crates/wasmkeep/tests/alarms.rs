@@ -1,6 +1,11 @@
 //! Alarms on a real node with the real clock: delivery after a SIGKILL and
 //! restart, and never before the due time.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests of real processes, sockets and threads wait and measure in real time"
+)]
+
 mod common;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

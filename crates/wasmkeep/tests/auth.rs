@@ -4,6 +4,11 @@
 //! browser pages of other origins are refused, and tokens never reach the
 //! log.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests of real processes, sockets and threads wait and measure in real time"
+)]
+
 mod common;
 
 use std::process::Command;

@@ -8,6 +8,11 @@
 //! time it was due and the time it ran (`GET …/fired`). No test asserts how
 //! long anything takes: waits poll with a generous bound.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests of real processes, sockets and threads wait and measure in real time"
+)]
+
 mod common;
 
 use std::path::Path;

@@ -23,6 +23,11 @@
 //! the node's next epoch, after another node took the actor: an answer is
 //! acknowledged only in the epoch its request was routed in.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests of real processes, sockets and threads wait and measure in real time"
+)]
+
 mod common;
 
 use std::time::{Duration, Instant};

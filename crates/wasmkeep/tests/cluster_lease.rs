@@ -9,6 +9,11 @@
 //! Lease timings are set short through the configuration file; no test
 //! asserts how long anything takes.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests of real processes, sockets and threads wait and measure in real time"
+)]
+
 mod common;
 
 use std::path::{Path, PathBuf};

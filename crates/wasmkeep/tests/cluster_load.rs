@@ -44,6 +44,11 @@
 //! every node), nor any check whose outcome depends on who wins such a
 //! race.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests of real processes, sockets and threads wait and measure in real time"
+)]
+
 mod common;
 
 use std::time::{Duration, Instant};

@@ -10,6 +10,11 @@
 //! Lease timings are short (set through the configuration file); no test
 //! asserts how long anything takes: waits poll with a generous bound.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests of real processes, sockets and threads wait and measure in real time"
+)]
+
 mod common;
 
 use common::Node;

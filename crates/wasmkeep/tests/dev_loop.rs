@@ -8,6 +8,11 @@
 //! workspace (through `CARGO_TARGET_DIR`), kept between runs, so only the
 //! first run pays for compiling the SDK.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests of real processes, sockets and threads wait and measure in real time"
+)]
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

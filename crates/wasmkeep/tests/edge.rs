@@ -5,6 +5,11 @@
 //! Each is cut off or refused, and the node answers others again
 //! afterwards.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests of real processes, sockets and threads wait and measure in real time"
+)]
+
 mod common;
 
 use std::io::{Read, Write};

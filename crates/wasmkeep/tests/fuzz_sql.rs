@@ -11,6 +11,11 @@
 //! `WASMKEEP_FUZZ_SEED` (default: from the clock, printed, so that a
 //! failure can be run again).
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests of real processes, sockets and threads wait and measure in real time"
+)]
+
 mod common;
 
 use std::time::{Duration, Instant};

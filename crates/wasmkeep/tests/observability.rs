@@ -4,6 +4,11 @@
 //! metrics by tenant, app and class under a cap, and the CLI's readable
 //! and `--json` output. Real node processes, real CLI processes.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests of real processes, sockets and threads wait and measure in real time"
+)]
+
 mod common;
 
 use std::io::{BufRead, BufReader};

@@ -5,6 +5,11 @@
 //! `restore` commands. In-process cases (a held or failing upload) are in
 //! `crates/wasmkeep-testkit/tests/replication.rs`.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests of real processes, sockets and threads wait and measure in real time"
+)]
+
 mod common;
 
 use std::path::Path;

@@ -7,6 +7,11 @@
 //! under attack), the bound is the issue's own (max(1 s, twice the
 //! slowest without the attack)) and the figures are printed.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests of real processes, sockets and threads wait and measure in real time"
+)]
+
 mod common;
 
 use std::path::Path;

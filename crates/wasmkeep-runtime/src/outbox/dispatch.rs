@@ -432,14 +432,14 @@ impl Shared {
 
     fn backoff(&self, attempt: u32) -> Duration {
         let first = self.limits.retry_first_ms.max(1);
-        let ms = first
-            .saturating_mul(1u64 << attempt.saturating_sub(1).min(20))
-            .min(self.limits.retry_max_ms.max(first));
+        let ms = wasmkeep_cluster::retry::RetryPolicy {
+            first_ms: first,
+            max_ms: self.limits.retry_max_ms.max(first),
+            retries_max: None,
+        }
+        .delay_ms(attempt);
         // Up to a fifth less, so that many retries do not move in step.
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.subsec_nanos() as u64)
-            .unwrap_or(0);
+        let nanos = (crate::clock::wall_nanos() % 1_000_000_000) as u64;
         Duration::from_millis(ms - (ms / 5) * (nanos % 1000) / 1000)
     }
 

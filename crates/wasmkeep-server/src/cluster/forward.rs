@@ -213,7 +213,7 @@ impl Forwarder {
         if kept.sender.is_closed() {
             return;
         }
-        kept.since = Instant::now();
+        kept.since = wasmkeep_runtime::clock::instant();
         let keep = Duration::from_millis(IDLE_KEEP_MS);
         let mut guard = self.idle();
         let idle = &mut *guard;
@@ -224,7 +224,7 @@ impl Forwarder {
         // connections of every owner go, including owners no longer
         // forwarded to (moved, gone).
         if idle.pruned.is_none_or(|t| t.elapsed() >= keep) || full(&idle.owners) {
-            idle.pruned = Some(Instant::now());
+            idle.pruned = Some(wasmkeep_runtime::clock::instant());
             idle.owners.retain(|_, list| {
                 list.retain(|k| k.since.elapsed() < keep);
                 !list.is_empty()
@@ -356,7 +356,7 @@ async fn connect(authority: &str) -> Result<Kept, ForwardError> {
     Ok(Kept {
         sender,
         conn: Some(Box::pin(conn)),
-        since: Instant::now(),
+        since: wasmkeep_runtime::clock::instant(),
     })
 }
 

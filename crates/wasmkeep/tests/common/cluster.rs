@@ -1,6 +1,11 @@
 //! Helpers for the cluster tests (`cluster_*.rs`): free ports, bounded
 //! polling, and requests that record which node answered.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests of real processes, sockets and threads wait and measure in real time"
+)]
+
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 

@@ -3,6 +3,11 @@
 //! neighbouring tenant (`good`, the demo app's `counter`), and the checks
 //! that the neighbour is served and the node lives.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests of real processes, sockets and threads wait and measure in real time"
+)]
+
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

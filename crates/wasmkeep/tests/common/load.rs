@@ -10,6 +10,11 @@
 //! node's actors move after about three seconds; idle actors stay held for
 //! the whole test. Waits poll with a generous bound.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests of real processes, sockets and threads wait and measure in real time"
+)]
+
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -1,4 +1,9 @@
 //! A real `wasmkeep serve` process on a loopback port, for tests.
+
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests of real processes, sockets and threads wait and measure in real time"
+)]
 #![allow(dead_code)]
 pub mod cluster;
 pub mod hostile;

@@ -18,6 +18,11 @@
 //!   connections whose packets were lost, after the network came back)
 //!   until [`Proxy::close_broken`].
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests of real processes, sockets and threads wait and measure in real time"
+)]
+
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
