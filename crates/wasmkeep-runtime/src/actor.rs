@@ -66,16 +66,16 @@ pub struct ActorResponse {
 pub enum SocketEvent {
     Message {
         id: u64,
-        message: crate::host::wasmkeep::actor::sockets::Message,
+        message: crate::sockets::Message,
         /// The socket as it was when the message arrived (filled by
         /// `Runtime::socket_event`): what the event carries if the socket
         /// closed before it ran, so a message sent just before a close is
         /// not lost.
-        sent_as: Option<crate::host::wasmkeep::actor::sockets::SocketInfo>,
+        sent_as: Option<crate::sockets::SocketInfo>,
     },
     /// The socket is gone from the table; `info` is what it was.
     Closed {
-        info: crate::host::wasmkeep::actor::sockets::SocketInfo,
+        info: crate::sockets::SocketInfo,
         code: u16,
         reason: String,
     },
@@ -197,8 +197,8 @@ impl Event {
             }
             EventKind::Inbound(Inbound::Message { body, .. }) => body.len() as u64,
             EventKind::Socket(SocketEvent::Message { message, .. }) => match message {
-                crate::host::wasmkeep::actor::sockets::Message::Text(t) => t.len() as u64,
-                crate::host::wasmkeep::actor::sockets::Message::Binary(b) => b.len() as u64,
+                crate::sockets::Message::Text(t) => t.len() as u64,
+                crate::sockets::Message::Binary(b) => b.len() as u64,
             },
             EventKind::Inbound(Inbound::Response { answer, .. }) => match answer {
                 Answer::Message(MessageAnswer::Reply(b)) => b.len() as u64,
@@ -867,12 +867,17 @@ fn run_socket(rt: &Inner, l: &mut Loaded, ev: SocketEvent) -> Result<Outcome, Ru
                 commit_event(l)?;
                 return Ok(Outcome::Done);
             };
+            let (info, message) = (
+                crate::host::wasmkeep::actor::sockets::SocketInfo::from(&info),
+                crate::host::wasmkeep::actor::sockets::Message::from(&message),
+            );
             let r = exports
                 .wasmkeep_actor_socket_handler()
                 .call_on_socket_message(&mut l.store, &class, &info, &message);
             finish_call(l, r)
         }
         SocketEvent::Closed { info, code, reason } => {
+            let info = crate::host::wasmkeep::actor::sockets::SocketInfo::from(&info);
             let r = exports
                 .wasmkeep_actor_socket_handler()
                 .call_on_socket_close(&mut l.store, &class, &info, code, &reason);

@@ -43,7 +43,6 @@ pub mod socket_exports {
             "wasmkeep:actor/sockets": crate::host::wasmkeep::actor::sockets,
         },
     });
-    pub use exports::wasmkeep::actor::socket_handler;
 }
 
 /// What a node binds of an app: every import, and `handler`.
@@ -51,7 +50,6 @@ pub type Actor = Node;
 pub type ActorPre<T> = NodePre<T>;
 pub type ActorIndices = NodeIndices;
 
-pub use exports::wasmkeep::actor::handler;
 pub use wasmkeep::actor::types::{AlarmInfo, Error as WitError, Request};
 use wasmkeep::actor::{alarm, clock, identity, kv, log, sql, types};
 

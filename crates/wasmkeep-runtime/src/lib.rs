@@ -27,7 +27,7 @@ pub mod compile_process;
 pub mod config;
 pub mod durability;
 pub mod error;
-pub mod host;
+pub(crate) mod host;
 pub mod index;
 mod log_budget;
 pub mod logs;

@@ -24,8 +24,55 @@ use tokio::sync::mpsc;
 use wasmkeep_store::ActorId;
 
 use crate::host::HostState;
-use crate::host::wasmkeep::actor::sockets::{self as wit, Message, SocketInfo};
+use crate::host::wasmkeep::actor::sockets as wit;
 use crate::outbox::refusal;
+
+/// A WebSocket message as the node carries it between the edge and an
+/// actor. The guest's binding type (`wit::Message`) stays inside the
+/// runtime: it is converted where a guest sends or receives one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Message {
+    Text(String),
+    Binary(Vec<u8>),
+}
+
+impl From<wit::Message> for Message {
+    fn from(m: wit::Message) -> Message {
+        match m {
+            wit::Message::Text(t) => Message::Text(t),
+            wit::Message::Binary(b) => Message::Binary(b),
+        }
+    }
+}
+
+impl From<&Message> for wit::Message {
+    fn from(m: &Message) -> wit::Message {
+        match m {
+            Message::Text(t) => wit::Message::Text(t.clone()),
+            Message::Binary(b) => wit::Message::Binary(b.clone()),
+        }
+    }
+}
+
+/// What the node knows of one of an actor's sockets (the guest sees it as
+/// `wit::SocketInfo`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SocketInfo {
+    pub id: u64,
+    pub tags: Vec<String>,
+    /// What the actor attached (survives hibernation).
+    pub attachment: Vec<u8>,
+}
+
+impl From<&SocketInfo> for wit::SocketInfo {
+    fn from(s: &SocketInfo) -> wit::SocketInfo {
+        wit::SocketInfo {
+            id: s.id,
+            tags: s.tags.clone(),
+            attachment: s.attachment.clone(),
+        }
+    }
+}
 
 /// The node's bounds on sockets.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -572,7 +619,8 @@ impl wit::Host for HostState {
         Ok(id)
     }
 
-    fn send(&mut self, id: u64, message: Message) -> Result<(), crate::host::WitError> {
+    fn send(&mut self, id: u64, message: wit::Message) -> Result<(), crate::host::WitError> {
+        let message = Message::from(message);
         let table = self.table()?;
         check_message(&message, table.limits().message_bytes_max)?;
         if !self.socket_known(&table, id) {
@@ -589,8 +637,9 @@ impl wit::Host for HostState {
     fn broadcast(
         &mut self,
         tag: Option<String>,
-        message: Message,
+        message: wit::Message,
     ) -> Result<u32, crate::host::WitError> {
+        let message = Message::from(message);
         let table = self.table()?;
         check_message(&message, table.limits().message_bytes_max)?;
         let mut n = table.sockets_of(&self.id, tag.as_deref()).len();
@@ -622,9 +671,13 @@ impl wit::Host for HostState {
         Ok(())
     }
 
-    fn list(&mut self, tag: Option<String>) -> Vec<SocketInfo> {
+    fn list(&mut self, tag: Option<String>) -> Vec<wit::SocketInfo> {
         match &self.sockets {
-            Some(t) => t.sockets_of(&self.id, tag.as_deref()),
+            Some(t) => t
+                .sockets_of(&self.id, tag.as_deref())
+                .iter()
+                .map(wit::SocketInfo::from)
+                .collect(),
             None => Vec::new(),
         }
     }

@@ -329,7 +329,7 @@ impl TestSocket<'_> {
     /// Sends a text message: an event of the actor (enqueued; it runs on
     /// the node's workers).
     pub fn send_text(&self, text: &str) -> Result<(), RuntimeError> {
-        use wasmkeep_runtime::host::wasmkeep::actor::sockets::Message;
+        use wasmkeep_runtime::sockets::Message;
         self.node.rt.socket_event(
             &self.actor,
             wasmkeep_runtime::actor::SocketEvent::Message {
@@ -343,7 +343,7 @@ impl TestSocket<'_> {
     /// The next message the actor sent this socket, waiting (in real time)
     /// up to `within`; `None` if nothing came.
     pub fn recv(&mut self, within: Duration) -> Option<SocketReceived> {
-        use wasmkeep_runtime::host::wasmkeep::actor::sockets::Message;
+        use wasmkeep_runtime::sockets::Message;
         use wasmkeep_runtime::sockets::Outgoing;
         let got = self
             .node

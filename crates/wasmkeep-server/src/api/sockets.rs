@@ -23,8 +23,7 @@ use futures_util::{SinkExt, StreamExt};
 use tokio_tungstenite::tungstenite::Message as WsMessage;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
 use wasmkeep_runtime::actor::SocketEvent;
-use wasmkeep_runtime::host::wasmkeep::actor::sockets::Message;
-use wasmkeep_runtime::sockets::{Outgoing, close_code};
+use wasmkeep_runtime::sockets::{Message, Outgoing, SocketInfo, close_code};
 use wasmkeep_runtime::{ActorId, Runtime};
 
 use super::ws::{ClientSocket, Reads, Socket, Upgrade};
@@ -109,7 +108,7 @@ fn gone(rt: &Runtime, actor: &ActorId, socket: u64, code: u16, reason: &str) {
 
 /// The actor hears that a socket it accepted never opened.
 fn tell_actor(rt: &Runtime, actor: &ActorId, socket: u64, code: u16, reason: &str) {
-    let info = wasmkeep_runtime::host::wasmkeep::actor::sockets::SocketInfo {
+    let info = SocketInfo {
         id: socket,
         tags: Vec::new(),
         attachment: Vec::new(),
@@ -118,13 +117,7 @@ fn tell_actor(rt: &Runtime, actor: &ActorId, socket: u64, code: u16, reason: &st
 }
 
 /// A close event for the socket's actor.
-fn closed(
-    rt: &Runtime,
-    actor: &ActorId,
-    info: wasmkeep_runtime::host::wasmkeep::actor::sockets::SocketInfo,
-    code: u16,
-    reason: &str,
-) {
+fn closed(rt: &Runtime, actor: &ActorId, info: SocketInfo, code: u16, reason: &str) {
     let _ = rt.socket_event(
         actor,
         SocketEvent::Closed {
