@@ -68,12 +68,16 @@ pub fn usage_key(tenant: &str) -> String {
 }
 
 /// The actor folder a key of `state/<tenant>/` is in, if it is in one.
+/// The folder's name is searched for only after `state/<tenant>/<app>/
+/// <class>/`: a tenant may name an app or class `log` or `snap`, but an
+/// actor's encoded name holds only hex digits, `+` and `/`.
 fn actor_folder(key: &str) -> Option<&str> {
+    let (name_at, _) = key.match_indices('/').nth(3)?;
     ACTOR_FOLDERS
         .iter()
-        .filter_map(|f| key.find(f))
+        .filter_map(|f| key[name_at..].find(f))
         .min()
-        .map(|i| &key[..i])
+        .map(|i| &key[..name_at + i])
 }
 
 /// Lists `state/<tenant>/` once and sums it. Stops (with what it counted
@@ -166,6 +170,10 @@ mod tests {
         let long = "state/t/app/c/aaaa+/bbbb/snap/00000000000000000002";
         assert_eq!(actor_folder(long), Some("state/t/app/c/aaaa+/bbbb"));
         assert_eq!(actor_folder("state/t/app/alarms/123/x"), None);
+        // Apps and classes named like an actor's folders are not taken
+        // for one (all of app `log`'s actors would count as one).
+        let named = "state/t/log/snap/6161/log/00000000000000000001";
+        assert_eq!(actor_folder(named), Some("state/t/log/snap/6161"));
     }
 
     #[tokio::test]
