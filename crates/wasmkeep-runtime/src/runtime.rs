@@ -555,11 +555,7 @@ impl Runtime {
                 .spawn(move || {
                     while !stopping.load(Ordering::Relaxed) {
                         census(&data, &classes, &quotas, &stopping);
-                        // Sleep in short steps so a stopping node is noticed.
-                        let until = crate::clock::instant() + Duration::from_millis(every);
-                        while crate::clock::instant() < until && !stopping.load(Ordering::Relaxed) {
-                            std::thread::sleep(Duration::from_millis(every.min(200)));
-                        }
+                        sleep_unless_stopping(every, &stopping);
                     }
                 })
                 .expect("spawn census");
@@ -1802,15 +1798,23 @@ fn measure_bucket_usage(weak: std::sync::Weak<Inner>) {
         let every = rt.config.bucket_usage_interval_ms;
         let stopping = Arc::clone(&rt.stopping);
         drop(rt);
-        // Sleep in short steps so a stopping node is noticed.
-        let until = crate::clock::instant() + Duration::from_millis(every);
-        while crate::clock::instant() < until {
-            if stopping.load(Ordering::Relaxed) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(every.min(200)));
+        if !sleep_unless_stopping(every, &stopping) {
+            return;
         }
     }
+}
+
+/// Sleeps `every_ms` in steps of at most 200 ms so that a stopping node is
+/// noticed; false if it stopped.
+fn sleep_unless_stopping(every_ms: u64, stopping: &AtomicBool) -> bool {
+    let until = crate::clock::instant() + Duration::from_millis(every_ms);
+    while crate::clock::instant() < until {
+        if stopping.load(Ordering::Relaxed) {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(every_ms.min(200)));
+    }
+    !stopping.load(Ordering::Relaxed)
 }
 
 /// Walks the data folder for each class's disk use and actor count
