@@ -296,7 +296,7 @@ impl ParkedReplies {
     /// Expires every reply whose deadline by the node's clock is `now_ms`
     /// or earlier (the test kit calls it as it moves its clock); returns
     /// how many.
-    pub fn expire_due(&self, now_ms: u64) -> usize {
+    pub(crate) fn expire_due(&self, now_ms: u64) -> usize {
         let gone: Vec<Parked> = {
             let mut map = self.map.lock();
             let due: Vec<u64> = map

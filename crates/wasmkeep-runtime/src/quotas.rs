@@ -43,7 +43,7 @@ pub struct Usage {
 /// The room a tenant's databases have left, and the bound that leaves
 /// the least.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Room {
+pub(crate) struct Room {
     pub left: u64,
     pub limit_name: &'static str,
     pub limit: u64,
@@ -72,12 +72,12 @@ impl Quotas {
     }
 
     /// Takes a measurement of the tenant's bytes and actors in the bucket.
-    pub fn set_measured(&self, tenant: &str, m: Measured) {
+    pub(crate) fn set_measured(&self, tenant: &str, m: Measured) {
         self.bucket.lock().insert(tenant.to_owned(), m);
     }
 
     /// The tenant's last measurement of the bucket.
-    pub fn measured(&self, tenant: &str) -> Measured {
+    pub(crate) fn measured(&self, tenant: &str) -> Measured {
         self.bucket.lock().get(tenant).copied().unwrap_or_default()
     }
 
@@ -119,7 +119,7 @@ impl Quotas {
 
     /// The room `tenant`'s databases have left: on this node's disk, or
     /// in the bucket as last measured, whichever is less.
-    pub fn room(&self, tenant: &str) -> Room {
+    pub(crate) fn room(&self, tenant: &str) -> Room {
         let disk = Room {
             left: self.bytes_max.saturating_sub(self.usage(tenant).bytes),
             limit_name: "tenant_disk_bytes_max",
