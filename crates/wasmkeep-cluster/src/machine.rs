@@ -15,6 +15,7 @@
 //! | [`NodeViewReader`] | reads another node's latest lease record and judges it (valid, lapsed, fenced, ...) |
 //! | [`TakeMachine`] | takes an actor: list holds, read the hold and its node's lease, plan, fence, create the hold, restore |
 //! | [`ReleaseMachine`] | releases an actor the node holds (idle, handover) |
+//! | [`SweepMachine`] | one pass of the alarm sweep: list each index's overdue part, pick this node's share, hand out deliveries a bounded number at a time, defer what failed or ran |
 //!
 //! # The shape every machine has
 //!
@@ -114,19 +115,36 @@
 //! use wasmkeep_cluster::lease::NodeLease;
 //! ```
 //!
-//! What is not here yet: the alarm steps (delivery, stale cleanup, the
-//! sweep's listing) and joining with local data (R4) are still sequenced by the
-//! simulator's node (`wasmkeep-sim/src/node.rs`); they call the pure rules of
-//! [`crate::alarm_index`] and [`crate::sweep`] and move here next.
+//! ```compile_fail,E0603
+//! // The sweep's pick is reached only through `SweepMachine`.
+//! use wasmkeep_cluster::sweep::plan_sweep;
+//! ```
+//!
+//! ```compile_fail,E0603
+//! // So is its cursor: no driver pages an index its own way.
+//! use wasmkeep_cluster::sweep::SweepCursor;
+//! ```
+//!
+//! What is not here yet: what a delivery does to its actor (stale cleanup
+//! around `plan_delivery` and `next_stale_step`), the index maintenance
+//! around an upload (`plan_event`) and joining with local data (R4) are
+//! sequenced by each driver (the runtime's `index.rs`, the simulator's
+//! node) over the shared pure rules of [`crate::alarm_index`] and
+//! [`crate::delivery`].
 
 mod node_lease;
 mod node_view;
 mod release;
+mod sweep;
 mod take;
 
 pub use node_lease::{EpochEnd, LeaseEffect, NodeLeaseMachine};
 pub use node_view::{NodeViewEffect, NodeViewReader};
 pub use release::{ReleaseEffect, ReleaseMachine, ReleaseOutcome};
+pub use sweep::{
+    AFTER_RUN_MS, DeliveryReport, PassSummary, Reached, SWEEP_DEFERRED_MAX,
+    SWEEP_DELIVERIES_CONCURRENT, SweepEffect, SweepJob, SweepMachine,
+};
 pub use take::{TakeEffect, TakeMachine, TakeOutcome, TakeStep};
 
 /// One operation on the bucket, as a machine asks for it. ADR 0020 needs only

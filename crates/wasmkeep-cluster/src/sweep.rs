@@ -8,13 +8,13 @@ use crate::config::ClusterConfig;
 
 /// Entries at or before this time are overdue enough to sweep: a live owner
 /// would have delivered them a lease period plus grace ago.
-pub fn sweep_until_ms(now_ms: u64, config: &ClusterConfig) -> u64 {
+pub(crate) fn sweep_until_ms(now_ms: u64, config: &ClusterConfig) -> u64 {
     now_ms.saturating_sub(config.sweep_margin_ms())
 }
 
 /// One listing request of a sweep pass (keys relative to the index prefix).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ListRequest {
+pub(crate) struct ListRequest {
     /// List keys after this one; `None` from the start.
     pub start_after: Option<String>,
     /// Keys at most.
@@ -23,7 +23,7 @@ pub struct ListRequest {
 
 /// What one pass read.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct SweepPass {
+pub(crate) struct SweepPass {
     /// Overdue entries, in key order (due time first).
     pub entries: Vec<IndexKey>,
     /// Overdue keys that did not parse; they are stepped over, never acted on.
@@ -34,13 +34,13 @@ pub struct SweepPass {
 /// entry cap, so that entries nobody can act on cannot hold the rest back;
 /// from the start after a pass that reached the first entry not yet due.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct SweepCursor {
+pub(crate) struct SweepCursor {
     after: Option<String>,
 }
 
 impl SweepCursor {
     /// The listing for the next pass.
-    pub fn request(&self, config: &ClusterConfig) -> ListRequest {
+    pub(crate) fn request(&self, config: &ClusterConfig) -> ListRequest {
         ListRequest {
             start_after: self.after.clone(),
             limit: config.sweep_entries_max,
@@ -49,7 +49,12 @@ impl SweepCursor {
 
     /// Consumes one listing (relative keys in order, as answered to
     /// [`SweepCursor::request`]) and moves the cursor.
-    pub fn on_listed(&mut self, keys: &[String], now_ms: u64, config: &ClusterConfig) -> SweepPass {
+    pub(crate) fn on_listed(
+        &mut self,
+        keys: &[String],
+        now_ms: u64,
+        config: &ClusterConfig,
+    ) -> SweepPass {
         let until = sweep_until_ms(now_ms, config);
         let mut pass = SweepPass::default();
         for key in keys.iter().take(config.sweep_entries_max) {
@@ -87,7 +92,7 @@ pub fn fnv1a64(bytes: &[u8]) -> u64 {
 /// The live node whose share an actor's entries are: rendezvous hashing of
 /// the address with each node id, so that a node joining or leaving moves only
 /// its own share.
-pub fn shard_node<'a>(address: &Address, live_nodes: &'a [String]) -> Option<&'a str> {
+pub(crate) fn shard_node<'a>(address: &Address, live_nodes: &'a [String]) -> Option<&'a str> {
     rendezvous(&address.path(), live_nodes)
 }
 
@@ -109,7 +114,7 @@ pub fn rendezvous<'a>(key: &str, live_nodes: &'a [String]) -> Option<&'a str> {
 
 /// How a swept entry relates to the node that read it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Share {
+pub(crate) enum Share {
     /// The shard is this node's.
     Own,
     /// Another node's shard, but overdue three margins: anyone may deliver it.
@@ -119,7 +124,7 @@ pub enum Share {
 }
 
 /// Classifies one overdue entry.
-pub fn share_of(
+pub(crate) fn share_of(
     entry: &IndexKey,
     me: &str,
     live_nodes: &[String],
@@ -137,7 +142,7 @@ pub fn share_of(
 
 /// The inputs of [`plan_sweep`].
 #[derive(Clone, Copy, Debug)]
-pub struct SweepInput<'a> {
+pub(crate) struct SweepInput<'a> {
     /// What the pass read, in key order.
     pub entries: &'a [IndexKey],
     /// This node.
@@ -154,10 +159,11 @@ pub struct SweepInput<'a> {
     pub now_ms: u64,
 }
 
-/// `plan_sweep`: what one sweep hands to the node's timer. At most
-/// `sweep_deliveries_max`; own entries first; anyone's entries keep an eighth,
-/// taken from a random rotation, and take whatever own entries leave.
-pub fn plan_sweep(input: &SweepInput<'_>, config: &ClusterConfig) -> Vec<IndexKey> {
+/// `plan_sweep`: what one index's pass hands out for delivery, and how many
+/// entries were eligible (the cap bound when more were than it picked). At
+/// most `sweep_deliveries_max`; own entries first; anyone's entries keep an
+/// eighth, taken from a random rotation, and take whatever own entries leave.
+pub(crate) fn plan_sweep(input: &SweepInput<'_>, config: &ClusterConfig) -> (Vec<IndexKey>, usize) {
     let mut own = Vec::new();
     let mut anyones = Vec::new();
     let mut seen = BTreeSet::new();
@@ -171,9 +177,10 @@ pub fn plan_sweep(input: &SweepInput<'_>, config: &ClusterConfig) -> Vec<IndexKe
             Share::Others => {}
         }
     }
+    let eligible = own.len() + anyones.len();
     let cap = config.sweep_deliveries_max;
     let reserved = config.sweep_anyones_reserved().min(anyones.len());
-    let own_take = own.len().min(cap - reserved);
+    let own_take = own.len().min(cap - reserved.min(cap));
     let anyones_take = anyones.len().min(cap - own_take);
     let mut out: Vec<IndexKey> = own.into_iter().take(own_take).collect();
     if !anyones.is_empty() {
@@ -181,32 +188,16 @@ pub fn plan_sweep(input: &SweepInput<'_>, config: &ClusterConfig) -> Vec<IndexKe
         anyones.rotate_left(start);
         out.extend(anyones.into_iter().take(anyones_take));
     }
-    out
-}
-
-/// What a node's timer does with a time a sweep offers for an actor.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TimerMerge {
-    /// Keep the time the timer holds.
-    KeepHeld,
-    /// Hold the offered time instead.
-    TakeOffered,
-}
-
-/// A time the timer already holds earlier wins, and so does one within the
-/// longest backoff (a retry in progress); otherwise the offered time does.
-pub fn merge_timer(
-    held_at_ms: Option<u64>,
-    offered_at_ms: u64,
-    now_ms: u64,
-    config: &ClusterConfig,
-) -> TimerMerge {
-    match held_at_ms {
-        Some(held) if held <= offered_at_ms || held <= now_ms + config.retry_max_ms => {
-            TimerMerge::KeepHeld
-        }
-        _ => TimerMerge::TakeOffered,
-    }
+    // Postconditions: within the cap, and no entry twice.
+    assert!(out.len() <= cap);
+    debug_assert_eq!(
+        out.iter()
+            .map(|e| (&e.address, e.entry.at_ms))
+            .collect::<BTreeSet<_>>()
+            .len(),
+        out.len()
+    );
+    (out, eligible)
 }
 
 #[cfg(test)]
@@ -291,7 +282,7 @@ mod tests {
             rotation: 5,
             now_ms: now,
         };
-        let out = plan_sweep(&input, &cfg);
+        let out = plan_sweep(&input, &cfg).0;
         assert_eq!(out.len(), 256);
         let own = out
             .iter()
@@ -311,7 +302,8 @@ mod tests {
                 ..input
             },
             &cfg,
-        );
+        )
+        .0;
         assert_ne!(out[own..], out2[own..]);
         // Without own entries anyone's take the whole cap.
         let only_others: Vec<IndexKey> = entries
@@ -325,7 +317,8 @@ mod tests {
                 ..input
             },
             &cfg,
-        );
+        )
+        .0;
         assert_eq!(out3.len(), 256);
         // Entries not three margins overdue stay with their shard.
         let recent: Vec<IndexKey> = (0..50)
@@ -337,7 +330,8 @@ mod tests {
                 ..input
             },
             &cfg,
-        );
+        )
+        .0;
         assert!(
             out4.iter()
                 .all(|e| shard_node(&e.address, &live) == Some("me"))
@@ -361,22 +355,7 @@ mod tests {
             rotation: 0,
             now_ms: 100_000,
         };
-        let out = plan_sweep(&input, &cfg);
+        let out = plan_sweep(&input, &cfg).0;
         assert_eq!(out, entries[2..].to_vec());
-    }
-
-    #[test]
-    fn an_earlier_held_time_or_a_retry_wins() {
-        let cfg = ClusterConfig::default();
-        assert_eq!(merge_timer(None, 5, 10, &cfg), TimerMerge::TakeOffered);
-        assert_eq!(merge_timer(Some(4), 5, 10, &cfg), TimerMerge::KeepHeld);
-        assert_eq!(
-            merge_timer(Some(200_000), 5, 10, &cfg),
-            TimerMerge::KeepHeld
-        );
-        assert_eq!(
-            merge_timer(Some(400_000), 5, 10, &cfg),
-            TimerMerge::TakeOffered
-        );
     }
 }

@@ -20,7 +20,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use wasmkeep_cluster::Variant;
-use wasmkeep_sim::{Options, run, run_seeds};
+use wasmkeep_sim::{Batch, Options, Violation, run, run_seeds};
 
 const USAGE: &str = "usage: wasmkeep-sim [--seeds N] [--first-seed S] [--variant NAME [--all]] \
                      [--seed S --trace] [--set name=value]";
@@ -77,23 +77,19 @@ fn parse_args() -> Result<Args, String> {
     Ok(a)
 }
 
-#[allow(
-    clippy::too_many_lines,
-    reason = "longer than clippy.toml allows; to be split (issue 34)"
-)]
-fn main() -> ExitCode {
-    let args = match parse_args() {
-        Ok(a) => a,
-        Err(e) => {
-            if !e.is_empty() {
-                eprintln!("{e}");
-            }
-            eprintln!("{USAGE}");
-            let names: Vec<&str> = Variant::UNSAFE.iter().map(|v| v.name()).collect();
-            eprintln!("variants: {}", names.join(" "));
-            return ExitCode::from(2);
-        }
-    };
+/// Prints the argument error (if any), the usage line and the variant names.
+fn usage(error: &str) -> ExitCode {
+    if !error.is_empty() {
+        eprintln!("{error}");
+    }
+    eprintln!("{USAGE}");
+    let names: Vec<&str> = Variant::UNSAFE.iter().map(|v| v.name()).collect();
+    eprintln!("variants: {}", names.join(" "));
+    ExitCode::from(2)
+}
+
+/// The options every seed starts from: the variant and the `--set` knobs.
+fn base_options(args: &Args) -> Result<Options, ExitCode> {
     let mut base = Options {
         variant: args.variant,
         ..Options::default()
@@ -101,40 +97,120 @@ fn main() -> ExitCode {
     for (k, v) in &args.knobs {
         if let Err(e) = base.set(k, v) {
             eprintln!("{e}");
-            return ExitCode::from(2);
+            return Err(ExitCode::from(2));
         }
     }
-    if let Some(seed) = args.seed {
-        let r = run(Options {
-            seed,
-            trace: args.trace,
-            ..base
-        });
-        for line in &r.trace {
-            println!("{line}");
-        }
-        println!(
-            "variant={} seed={seed} trace_lines={} trace_hash={:016x}",
-            r.variant.name(),
-            r.trace_count,
-            r.trace_hash
-        );
-        println!("{:?}", r.profile);
-        println!("{}", r.stats);
-        return match r.violation {
-            Some(v) => {
-                println!(
-                    "VIOLATION seed={seed} kind={} at_ms={}: {}",
-                    v.kind, v.time_ms, v.detail
-                );
-                ExitCode::from(1)
-            }
-            None => {
-                println!("every invariant held: seed={seed}");
-                ExitCode::SUCCESS
-            }
-        };
+    Ok(base)
+}
+
+/// Prints a violation as the summary's `VIOLATION` line.
+fn print_violation(seed: u64, v: &Violation) {
+    println!(
+        "VIOLATION seed={seed} kind={} at_ms={}: {}",
+        v.kind, v.time_ms, v.detail
+    );
+}
+
+/// `--seed S`: runs one seed and prints its trace (with `--trace`), its
+/// profile, its counters and whether every invariant held.
+fn run_one(base: Options, seed: u64, trace: bool) -> ExitCode {
+    let r = run(Options {
+        seed,
+        trace,
+        ..base
+    });
+    for line in &r.trace {
+        println!("{line}");
     }
+    println!(
+        "variant={} seed={seed} trace_lines={} trace_hash={:016x}",
+        r.variant.name(),
+        r.trace_count,
+        r.trace_hash
+    );
+    println!("{:?}", r.profile);
+    println!("{}", r.stats);
+    match r.violation {
+        Some(v) => {
+            print_violation(seed, &v);
+            ExitCode::from(1)
+        }
+        None => {
+            println!("every invariant held: seed={seed}");
+            ExitCode::SUCCESS
+        }
+    }
+}
+
+/// Exit 0 if no seed broke an invariant (or caught the variant), else 1.
+fn exit_for(batch: &Batch) -> ExitCode {
+    if batch.failures.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}
+
+/// `--variant NAME --all`: the seeds that caught the variant.
+fn report_all(args: &Args, batch: &Batch, secs: f64) -> ExitCode {
+    let seeds: Vec<String> = batch.failures.iter().map(|(s, _)| s.to_string()).collect();
+    println!(
+        "variant={} seeds={} first_seed={} caught_by={} ({secs:.1} s): {}",
+        args.variant.name(),
+        batch.seeds,
+        args.first_seed,
+        batch.failures.len(),
+        seeds.join(",")
+    );
+    exit_for(batch)
+}
+
+/// `--variant NAME`: whether (and at which seed) the hunt caught the variant.
+fn report_hunt(args: &Args, batch: &Batch, secs: f64) -> ExitCode {
+    match batch.failures.first() {
+        Some((seed, v)) => {
+            println!(
+                "caught variant={} seed={seed} kind={} after {} seeds ({secs:.1} s)",
+                args.variant.name(),
+                v.kind,
+                batch.seeds
+            );
+            ExitCode::from(1)
+        }
+        None => {
+            println!(
+                "not caught variant={} seeds={} ({secs:.1} s)",
+                args.variant.name(),
+                batch.seeds
+            );
+            ExitCode::SUCCESS
+        }
+    }
+}
+
+/// The safe rules: the summary line with the counters worth a glance.
+fn report_safe(args: &Args, batch: &Batch, secs: f64) -> ExitCode {
+    let s = &batch.stats;
+    println!(
+        "seeds={} first_seed={} failed={} takeovers={} alarms={} deletes={} no_state_deliveries={} \
+         entries_cap_bound={} deliveries_cap_bound={} listing_missed={} ({secs:.1} s)",
+        batch.seeds,
+        args.first_seed,
+        batch.failures.len(),
+        s.takeovers,
+        s.alarms,
+        s.deletes,
+        s.no_state_deliveries,
+        s.entries_cap_bound,
+        s.deliveries_cap_bound,
+        s.listing_missed
+    );
+    exit_for(batch)
+}
+
+/// `--seeds N`: runs the seeds, prints every violation and the counters,
+/// then the summary of the hunt or of the safe run.
+fn run_batch(args: &Args, base: &Options) -> ExitCode {
     // The run's real duration, for the report: the simulated world has a
     // clock of its own and never reads this one.
     #[allow(
@@ -143,71 +219,32 @@ fn main() -> ExitCode {
     )]
     let started = Instant::now();
     let hunting = args.variant != Variant::Safe;
-    let batch = run_seeds(&base, args.first_seed, args.seeds, hunting && !args.all);
+    let batch = run_seeds(base, args.first_seed, args.seeds, hunting && !args.all);
     let secs = started.elapsed().as_secs_f64();
     for (seed, v) in &batch.failures {
-        println!(
-            "VIOLATION seed={seed} kind={} at_ms={}: {}",
-            v.kind, v.time_ms, v.detail
-        );
+        print_violation(*seed, v);
     }
     println!("{}", batch.stats);
     if hunting && args.all {
-        let seeds: Vec<String> = batch.failures.iter().map(|(s, _)| s.to_string()).collect();
-        println!(
-            "variant={} seeds={} first_seed={} caught_by={} ({secs:.1} s): {}",
-            args.variant.name(),
-            batch.seeds,
-            args.first_seed,
-            batch.failures.len(),
-            seeds.join(",")
-        );
-        return if batch.failures.is_empty() {
-            ExitCode::SUCCESS
-        } else {
-            ExitCode::from(1)
-        };
-    }
-    if hunting {
-        match batch.failures.first() {
-            Some((seed, v)) => {
-                println!(
-                    "caught variant={} seed={seed} kind={} after {} seeds ({secs:.1} s)",
-                    args.variant.name(),
-                    v.kind,
-                    batch.seeds
-                );
-                ExitCode::from(1)
-            }
-            None => {
-                println!(
-                    "not caught variant={} seeds={} ({secs:.1} s)",
-                    args.variant.name(),
-                    batch.seeds
-                );
-                ExitCode::SUCCESS
-            }
-        }
+        report_all(args, &batch, secs)
+    } else if hunting {
+        report_hunt(args, &batch, secs)
     } else {
-        let s = &batch.stats;
-        println!(
-            "seeds={} first_seed={} failed={} takeovers={} alarms={} deletes={} no_state_deliveries={} \
-             entries_cap_bound={} deliveries_cap_bound={} listing_missed={} ({secs:.1} s)",
-            batch.seeds,
-            args.first_seed,
-            batch.failures.len(),
-            s.takeovers,
-            s.alarms,
-            s.deletes,
-            s.no_state_deliveries,
-            s.entries_cap_bound,
-            s.deliveries_cap_bound,
-            s.listing_missed
-        );
-        if batch.failures.is_empty() {
-            ExitCode::SUCCESS
-        } else {
-            ExitCode::from(1)
-        }
+        report_safe(args, &batch, secs)
+    }
+}
+
+fn main() -> ExitCode {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => return usage(&e),
+    };
+    let base = match base_options(&args) {
+        Ok(b) => b,
+        Err(code) => return code,
+    };
+    match args.seed {
+        Some(seed) => run_one(base, seed, args.trace),
+        None => run_batch(&args, &base),
     }
 }

@@ -14,28 +14,28 @@
 //! that runs one piece of work at a time, and the replication chain
 //! (`log/<seq>`, create-only, with ADR 0007's late-commit rule: whoever
 //! creates the next seq first wins, and the loser gives the actor up). The
-//! alarm steps (`deliver`, `stale`, `run_event`, `join`, `sweep_once`) are
-//! still sequenced here, calling the pure rules of `alarm_index`, `delivery`
-//! and `sweep`; they are the next to move into machines.
+//! sweep's pass is the cluster's `SweepMachine`, the one the server drives: `sweep_once` feeds
+//! it the live nodes and every app's index, performs its listings, and
+//! hands its jobs to the worker as deliveries (the path the timer uses),
+//! reporting each outcome back. The other alarm steps (`deliver`, `stale`,
+//! `run_event`, `join`) are still sequenced here, calling the pure rules of
+//! `alarm_index` and `delivery`; they are the next to move into machines.
 //!
 //! Each actor belongs to one app and lists its alarm in that app's index
-//! (its prefix is a parameter of every index function); each node sweeps
-//! every app's index with a cursor per app, reading it page by page.
+//! (its prefix is a parameter of every index function); the sweep machine
+//! keeps a cursor per index and reads it page by page.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use wasmkeep_cluster::alarm_index::{
-    self, AlarmState, StaleContext, StaleStep, due_of_key, plan_event, plan_first_upload,
+    self, AlarmState, StaleContext, StaleStep, plan_event, plan_first_upload,
 };
 use wasmkeep_cluster::delivery::{Delivery, Restored, plan_delivery};
 use wasmkeep_cluster::lease::{LeaseKey, NODES_PREFIX, NodeLeaseView};
 use wasmkeep_cluster::machine::{
-    BucketOp, BucketResult, EpochEnd, LeaseEffect, NodeLeaseMachine, NodeViewEffect,
-    NodeViewReader, ReleaseEffect, ReleaseMachine, ReleaseOutcome, TakeEffect, TakeMachine,
-    TakeOutcome, TakeStep,
-};
-use wasmkeep_cluster::sweep::{
-    SweepCursor, SweepInput, TimerMerge, merge_timer, plan_sweep, sweep_until_ms,
+    BucketOp, BucketResult, DeliveryReport, EpochEnd, LeaseEffect, NodeLeaseMachine,
+    NodeViewEffect, NodeViewReader, Reached, ReleaseEffect, ReleaseMachine, ReleaseOutcome,
+    SweepEffect, SweepJob, SweepMachine, TakeEffect, TakeMachine, TakeOutcome, TakeStep,
 };
 use wasmkeep_cluster::{ClusterConfig, Entry, IndexKey};
 
@@ -244,8 +244,13 @@ pub enum Work {
         op: ClientOp,
         hops: u8,
     },
-    /// An alarm delivery for the entry at `at`.
-    Deliver { actor: usize, at: u64 },
+    /// An alarm delivery for the entry at `at`: from the node's timer, or
+    /// a job of its sweep (reported back to the sweep's machine).
+    Deliver {
+        actor: usize,
+        at: u64,
+        sweep: Option<SweepJob>,
+    },
     /// Upload an actor from before joining.
     Join { actor: usize },
     /// Release an idle actor.
@@ -268,8 +273,10 @@ pub struct Mem {
     pub in_flight: BTreeSet<usize>,
     /// Actors with a release queued.
     pub releasing: BTreeSet<usize>,
-    /// The sweep's cursor in each app's index.
-    pub cursors: Vec<SweepCursor>,
+    /// The sweep: cursors, the entries left alone for a while and the pass in progress.
+    pub sweep: SweepMachine,
+    /// Sweep jobs the worker finished, for the sweep to report.
+    pub sweep_done: Vec<(SweepJob, DeliveryReport)>,
 }
 
 /// The address a simulated node advertises in its lease records (nothing
@@ -279,8 +286,8 @@ fn sim_address(name: &str) -> String {
 }
 
 impl Mem {
-    /// Fresh memory for a start in `epoch`, sweeping `apps` indexes.
-    pub fn new(name: &str, epoch: u64, cfg: &ClusterConfig, apps: usize) -> Mem {
+    /// Fresh memory for a start in `epoch`.
+    pub fn new(name: &str, epoch: u64, cfg: &ClusterConfig) -> Mem {
         Mem {
             lease: NodeLeaseMachine::new(name, epoch, &sim_address(name), cfg.clone())
                 .expect("simulated node ids are valid"),
@@ -290,7 +297,8 @@ impl Mem {
             worker_waiting: None,
             in_flight: BTreeSet::new(),
             releasing: BTreeSet::new(),
-            cursors: vec![SweepCursor::default(); apps.max(1)],
+            sweep: SweepMachine::new(name, cfg.clone()),
+            sweep_done: Vec::new(),
         }
     }
 }
@@ -317,6 +325,17 @@ struct Change {
     init: bool,
     /// What runs the event.
     cause: Cause,
+}
+
+/// What an `on-alarm` run does, drawn from the seed.
+#[derive(Clone, Copy, Debug)]
+struct AlarmRun {
+    /// The handler fails (the retry policy decides the next attempt).
+    fail: bool,
+    /// The handler deletes its own actor.
+    delete: bool,
+    /// The alarm the handler leaves set, if any.
+    left: Option<u64>,
 }
 
 impl Ctx {
@@ -940,30 +959,40 @@ impl Ctx {
         }
     }
 
-    #[allow(
-        clippy::too_many_lines,
-        reason = "longer than clippy.toml allows; to be split (issue 34)"
-    )]
-    async fn deliver(&self, actor: usize, at: u64) {
+    /// Takes `actor` for a delivery of its entry at `at`: `None` once the
+    /// node has it, else how the delivery ends. A failed take is retried by
+    /// the node's timer, unless the sweep asked.
+    async fn take_for_delivery(&self, actor: usize, at: u64, from_sweep: bool) -> Option<Reached> {
         match self.take(actor).await {
-            Took::Mine => {}
+            Took::Mine => None,
             Took::Forward(_) => {
                 // The owner has the alarm, committed and indexed.
                 let label = self.label(actor);
                 self.log(format!("drops delivery of {label}@{at}: owned elsewhere"));
-                return;
+                Some(Reached::NotOwner)
             }
             Took::Failed => {
-                let retry = self.now() + self.w.borrow().cfg.lease_period_ms;
-                let n = self.n;
-                self.with(|w| {
-                    w.nodes[n].mem.timer.entry(actor).or_insert(retry);
-                });
-                return;
+                if !from_sweep {
+                    let retry = self.now() + self.w.borrow().cfg.lease_period_ms;
+                    let n = self.n;
+                    self.with(|w| {
+                        w.nodes[n].mem.timer.entry(actor).or_insert(retry);
+                    });
+                }
+                Some(Reached::Failed)
             }
         }
+    }
+
+    /// Delivers the entry at `at` to `actor`: takes it, then runs the alarm
+    /// or cleans up as `plan_delivery` says. A failed take is retried by the
+    /// node's timer, unless the sweep asked (its machine defers the entry).
+    async fn deliver(&self, actor: usize, at: u64, from_sweep: bool) -> Reached {
+        if let Some(reached) = self.take_for_delivery(actor, at, from_sweep).await {
+            return reached;
+        }
         let Some(claim) = self.claim(actor) else {
-            return;
+            return Reached::Failed;
         };
         let now = self.now();
         let n = self.n;
@@ -975,85 +1004,11 @@ impl Ctx {
         let label = self.label(actor);
         let rules = self.w.borrow().rules;
         match plan_delivery(rules, at, &claim.state.restored(), now) {
-            Delivery::Run => {
-                // Checked against simulated time, not the node's clock: a clock
-                // that runs behind may deliver late, never early.
-                let true_now = self.w.borrow().now;
-                if at > true_now {
-                    let name = self.name();
-                    self.with(|w| {
-                        w.violate(
-                            "early-delivery",
-                            format!("{name} ran {label}'s alarm due {at} at {true_now}"),
-                        )
-                    });
-                    return;
-                }
-                if !claim.state.has_state() {
-                    // Only under the unsafe variant: the actor is started,
-                    // which runs `on-init` and creates it again.
-                    self.log(format!("runs {label}@{at} with no state (creates it)"));
-                }
-                let fail = self.chance(|o| o.p_handler_fail);
-                let delete = !fail && self.chance(|o| o.p_alarm_delete);
-                let slot = self.w.borrow().opts.slot_ms;
-                let left = self.with(|w| {
-                    let r = w.rng.range(0, 9);
-                    let later = (now / slot + w.rng.range(1, 6)) * slot;
-                    match (fail, r) {
-                        (true, 0) => None,
-                        (true, 1) => Some(later + 60_000),
-                        (true, _) => Some(at),
-                        (false, 0..=5) => None,
-                        (false, _) => Some(later),
-                    }
-                });
-                self.handler_time().await;
-                let cfg = self.w.borrow().cfg.clone();
-                let out = wasmkeep_cluster::retry::after_alarm_run(
-                    &wasmkeep_cluster::retry::RetryPolicy::from_config(&cfg),
-                    !fail,
-                    left,
-                    claim.state.alarm.retry_count,
-                    now,
-                );
-                // `on-alarm` may delete its own actor: then nothing is left,
-                // not even the alarm it set.
-                let (alarm_after, retry_after) = if delete {
-                    (None, 0)
-                } else {
-                    (out.at_ms, out.retry_count)
-                };
-                self.log(format!(
-                    "runs on-alarm {label}@{at} ({}) -> alarm {alarm_after:?} retry {retry_after}",
-                    match (fail, delete) {
-                        (true, _) => "fails",
-                        (false, true) => "ok, deletes the actor",
-                        (false, false) => "ok",
-                    },
-                ));
-                self.with(|w| {
-                    w.stats.alarm_runs += 1;
-                    if fail {
-                        w.stats.alarm_failures += 1;
-                    }
-                });
-                let change = Change {
-                    init: !delete,
-                    cause: Cause::Alarm,
-                };
-                if self
-                    .run_event(actor, alarm_after, retry_after, change)
-                    .await
-                {
-                    self.with(|w| {
-                        w.stats.alarms += 1;
-                        w.stats.alarm_deletes += u64::from(delete);
-                        w.stats.deletes += u64::from(delete);
-                    });
-                }
+            Delivery::Run => self.run_alarm(actor, at, &claim, now, &label).await,
+            Delivery::NotDue { at_ms } => {
+                self.set_timer(actor, Some(at_ms));
+                Reached::NotDue
             }
-            Delivery::NotDue { at_ms } => self.set_timer(actor, Some(at_ms)),
             Delivery::Stale => self.stale(actor, at).await,
             Delivery::NoState => {
                 // Deleted since, or never initialised: the actor is not
@@ -1064,16 +1019,121 @@ impl Ctx {
                     "{label}@{at}: no state, removes the entry, runs nothing"
                 ));
                 self.with(|w| w.stats.no_state_deliveries += 1);
-                self.stale(actor, at).await;
+                self.stale(actor, at).await
             }
         }
     }
 
+    /// Whether the alarm due `at` may run now; reports an early delivery if
+    /// not. Checked against simulated time, not the node's clock: a clock
+    /// that runs behind may deliver late, never early.
+    fn due_in_true_time(&self, at: u64, label: &str) -> bool {
+        let true_now = self.w.borrow().now;
+        if at > true_now {
+            let name = self.name();
+            self.with(|w| {
+                w.violate(
+                    "early-delivery",
+                    format!("{name} ran {label}'s alarm due {at} at {true_now}"),
+                )
+            });
+            return false;
+        }
+        true
+    }
+
+    /// What an `on-alarm` run at `now` does, drawn from the seed.
+    fn draw_alarm_run(&self, at: u64, now: u64) -> AlarmRun {
+        let fail = self.chance(|o| o.p_handler_fail);
+        let delete = !fail && self.chance(|o| o.p_alarm_delete);
+        let slot = self.w.borrow().opts.slot_ms;
+        let left = self.with(|w| {
+            let r = w.rng.range(0, 9);
+            let later = (now / slot + w.rng.range(1, 6)) * slot;
+            match (fail, r) {
+                (true, 0) => None,
+                (true, 1) => Some(later + 60_000),
+                (true, _) => Some(at),
+                (false, 0..=5) => None,
+                (false, _) => Some(later),
+            }
+        });
+        AlarmRun { fail, delete, left }
+    }
+
+    /// Runs `actor`'s `on-alarm` for the entry at `at` and commits what it
+    /// leaves: the alarm the retry policy gives, or nothing if it deleted
+    /// the actor.
+    async fn run_alarm(
+        &self,
+        actor: usize,
+        at: u64,
+        claim: &Claim,
+        now: u64,
+        label: &str,
+    ) -> Reached {
+        if !self.due_in_true_time(at, label) {
+            return Reached::Failed;
+        }
+        if !claim.state.has_state() {
+            // Only under the unsafe variant: the actor is started,
+            // which runs `on-init` and creates it again.
+            self.log(format!("runs {label}@{at} with no state (creates it)"));
+        }
+        let AlarmRun { fail, delete, left } = self.draw_alarm_run(at, now);
+        self.handler_time().await;
+        let cfg = self.w.borrow().cfg.clone();
+        let out = wasmkeep_cluster::retry::after_alarm_run(
+            &wasmkeep_cluster::retry::RetryPolicy::from_config(&cfg),
+            !fail,
+            left,
+            claim.state.alarm.retry_count,
+            now,
+        );
+        // `on-alarm` may delete its own actor: then nothing is left,
+        // not even the alarm it set.
+        let (alarm_after, retry_after) = if delete {
+            (None, 0)
+        } else {
+            (out.at_ms, out.retry_count)
+        };
+        self.log(format!(
+            "runs on-alarm {label}@{at} ({}) -> alarm {alarm_after:?} retry {retry_after}",
+            match (fail, delete) {
+                (true, _) => "fails",
+                (false, true) => "ok, deletes the actor",
+                (false, false) => "ok",
+            },
+        ));
+        self.with(|w| {
+            w.stats.alarm_runs += 1;
+            if fail {
+                w.stats.alarm_failures += 1;
+            }
+        });
+        let change = Change {
+            init: !delete,
+            cause: Cause::Alarm,
+        };
+        if !self
+            .run_event(actor, alarm_after, retry_after, change)
+            .await
+        {
+            return Reached::Failed;
+        }
+        self.with(|w| {
+            w.stats.alarms += 1;
+            w.stats.alarm_deletes += u64::from(delete);
+            w.stats.deletes += u64::from(delete);
+        });
+        Reached::Ran
+    }
+
     /// Removes the actor's entries at a time the committed alarm no longer has.
-    async fn stale(&self, actor: usize, at: u64) {
+    async fn stale(&self, actor: usize, at: u64) -> Reached {
         loop {
             let Some(claim) = self.claim(actor) else {
-                return;
+                return Reached::Failed;
             };
             let (rules, cfg) = self.with(|w| (w.rules, w.cfg.clone()));
             let now = self.now();
@@ -1094,7 +1154,7 @@ impl Ctx {
                         cause: Cause::Index,
                     };
                     if !self.run_event(actor, a.at_ms, a.retry_count, change).await {
-                        return;
+                        return Reached::Failed;
                     }
                 }
                 StaleStep::Fence => {
@@ -1106,13 +1166,13 @@ impl Ctx {
                         ..claim.state
                     };
                     if !self.upload(actor, state).await {
-                        return;
+                        return Reached::Failed;
                     }
                     self.with(|w| w.stats.owner_fences += 1);
                 }
                 StaleStep::ListAndDelete => {
                     if !self.owner_ok(actor, claim.generation) {
-                        return;
+                        return Reached::Failed;
                     }
                     self.pause_point(actor, at).await;
                     let (prefix, address) = self.with(|w| {
@@ -1121,7 +1181,7 @@ impl Ctx {
                     });
                     let folder = format!("{prefix}{}", alarm_index::tagged_folder(at, &address));
                     let Some(keys) = self.list_all(folder).await else {
-                        return;
+                        return Reached::Failed;
                     };
                     let rel: Vec<String> =
                         keys.iter().map(|k| k[prefix.len()..].to_owned()).collect();
@@ -1144,20 +1204,22 @@ impl Ctx {
                         claim.state.alarm.indexed.as_ref(),
                         claim.generation,
                     );
+                    let mut removed = 0;
                     for k in doomed {
                         let key = self.index_key(actor, &k);
                         if self.w.borrow().bucket.contains_key(&key) {
                             self.with(|w| w.stats.stale_deleted += 1);
+                            removed += 1;
                         }
                         self.delete(actor, key).await;
                     }
-                    return;
+                    return Reached::Cleaned { removed };
                 }
                 StaleStep::LeaveAndRelease { retry_at_ms } => {
                     self.with(|w| w.stats.left_on_empty_bucket += 1);
                     self.set_timer(actor, Some(retry_at_ms));
                     self.release(actor).await;
-                    return;
+                    return Reached::Leave { retry_at_ms };
                 }
             }
         }
@@ -1356,16 +1418,19 @@ pub async fn sweep_loop(ctx: Ctx) {
     let (first, every) = ctx.with(|w| (w.rng.range(0, w.cfg.alarm_sweep_ms), w.cfg.alarm_sweep_ms));
     sleep(&ctx.w, first).await;
     loop {
-        if ctx.acting() {
-            sweep_once(&ctx).await;
-        }
-        sleep(&ctx.w, every).await;
+        let again_now = ctx.acting() && sweep_once(&ctx).await;
+        // Again at once (one scheduling round) when the cap bound and
+        // deliveries got somewhere, as the server does.
+        sleep(&ctx.w, if again_now { 1 } else { every }).await;
     }
 }
 
-async fn sweep_once(ctx: &Ctx) {
+/// One pass: who is live (through `NodeViewReader`), then the cluster's
+/// `SweepMachine` over every app's index, the machine the server drives;
+/// whether to sweep again at once.
+async fn sweep_once(ctx: &Ctx) -> bool {
     let Some(keys) = ctx.list_all(NODES_PREFIX.to_owned()).await else {
-        return;
+        return false;
     };
     let names: BTreeSet<String> = keys
         .iter()
@@ -1385,116 +1450,82 @@ async fn sweep_once(ctx: &Ctx) {
         }
     }
     if !ctx.acting() {
-        return;
+        return false;
     }
-    live.push(me.clone());
-    live.sort();
-    ctx.with(|w| w.stats.sweeps += 1);
-    let apps = ctx.with(|w| w.apps.len());
-    for app in 0..apps {
-        if !ctx.acting() {
-            return;
+    live.push(me);
+    let n = ctx.n;
+    ctx.with(|w| {
+        w.stats.sweeps += 1;
+        let now = w.node_now(n);
+        let prefixes = w.apps.iter().map(|a| a.index_prefix.clone()).collect();
+        let rotation = w.rng.next_u64();
+        w.nodes[n]
+            .mem
+            .sweep
+            .start_pass(now, live, prefixes, rotation);
+    });
+    loop {
+        match ctx.with(|w| w.nodes[n].mem.sweep.poll_effect()) {
+            Some(SweepEffect::Bucket(op)) => {
+                ctx.with(|w| w.stats.sweep_pages += 1);
+                let result = ctx.perform(op).await;
+                ctx.with(|w| w.nodes[n].mem.sweep.on_result(result));
+            }
+            Some(SweepEffect::Deliver(job)) => ctx.with(|w| offer(w, n, job)),
+            Some(SweepEffect::Done(s)) => {
+                ctx.with(|w| {
+                    w.stats.sweep_passes += s.indexes_read as u64;
+                    w.stats.entries_cap_bound += s.indexes_resumed as u64;
+                    w.stats.deliveries_cap_bound += u64::from(s.deliveries_capped);
+                });
+                return s.again_now;
+            }
+            None => {
+                let done = ctx.with(|w| std::mem::take(&mut w.nodes[n].mem.sweep_done));
+                if done.is_empty() {
+                    sleep(&ctx.w, 50).await;
+                }
+                let now = ctx.now();
+                ctx.with(|w| {
+                    for (job, report) in done {
+                        w.nodes[n].mem.sweep.on_delivered(&job, &report, now);
+                    }
+                });
+            }
         }
-        sweep_app(ctx, app, &me, &live).await;
     }
 }
 
-/// One pass over one app's index: up to `sweep_entries_max` keys from the
-/// app's cursor, read page by page (a page of `list_page_keys_max` keys at
-/// most, the next one after the last key), ending early at a page whose last
-/// key is not yet overdue; then `plan_sweep` and the timer.
-async fn sweep_app(ctx: &Ctx, app: usize, me: &str, live: &[String]) {
-    let n = ctx.n;
-    let (request, prefix, cfg) = ctx.with(|w| {
-        (
-            w.nodes[n].mem.cursors[app].request(&w.cfg),
-            w.apps[app].index_prefix.clone(),
-            w.cfg.clone(),
-        )
-    });
-    let until = sweep_until_ms(ctx.now(), &cfg);
-    let mut rel: Vec<String> = Vec::new();
-    let mut after = request.start_after.map(|s| format!("{prefix}{s}"));
-    loop {
-        let want = (request.limit - rel.len()).min(cfg.list_page_keys_max);
-        let Some(page) = ctx.list(prefix.clone(), after.clone(), want).await else {
-            return;
-        };
-        ctx.with(|w| w.stats.sweep_pages += 1);
-        let short = page.len() < want;
-        let beyond = page
-            .last()
-            .and_then(|k| due_of_key(&k[prefix.len()..]))
-            .is_some_and(|due| due > until);
-        if let Some(last) = page.last() {
-            after = Some(last.clone());
-        }
-        rel.extend(page.iter().map(|k| k[prefix.len()..].to_owned()));
-        if short || beyond || rel.len() >= request.limit {
-            break;
-        }
-    }
-    ctx.with(|w| {
-        let now = w.node_now(n);
-        let pass = w.nodes[n].mem.cursors[app].on_listed(&rel, now, &cfg);
-        w.stats.sweep_passes += 1;
-        // The pass read `sweep_entries_max` entries: the next one resumes
-        // after them.
-        if w.nodes[n].mem.cursors[app]
-            .request(&cfg)
-            .start_after
-            .is_some()
-        {
-            w.stats.entries_cap_bound += 1;
-        }
-        let busy: BTreeSet<wasmkeep_cluster::Address> = w.nodes[n]
-            .mem
-            .in_flight
-            .iter()
-            .filter(|a| w.actors[**a].app == app)
-            .map(|a| w.actors[*a].address.clone())
-            .collect();
-        let rotation = w.rng.next_u64();
-        let input = SweepInput {
-            entries: &pass.entries,
-            me,
-            live_nodes: live,
-            busy: &busy,
-            rotation,
-            now_ms: now,
-        };
-        let plan = plan_sweep(&input, &cfg);
-        // The deliveries cap bound if a larger one would have let more
-        // through: entries were left for the next sweep.
-        let one_more = ClusterConfig {
-            sweep_deliveries_max: cfg.sweep_deliveries_max + 1,
-            ..cfg.clone()
-        };
-        if plan_sweep(&input, &one_more).len() > cfg.sweep_deliveries_max {
-            w.stats.deliveries_cap_bound += 1;
-        }
-        for e in plan {
-            // The actor of this app with the entry's address: apps share
-            // class and actor names.
-            let Some(actor) = w
-                .by_address
-                .get(&e.address)
-                .and_then(|v| v.iter().copied().find(|a| w.actors[*a].app == app))
-            else {
-                continue;
-            };
-            let full = format!("{prefix}{}", e.to_key());
-            crate::sim::check_offer(w, &full, actor);
-            let held = w.nodes[n].mem.timer.get(&actor).copied();
-            if merge_timer(held, e.entry.at_ms, now, &cfg) == TimerMerge::TakeOffered {
-                w.nodes[n].mem.timer.insert(actor, e.entry.at_ms);
-                w.stats.sweep_offers += 1;
-                let name = w.nodes[n].name.clone();
-                let label = w.actors[actor].label.clone();
-                w.log(format!("{name} sweep offers {label}@{}", e.entry.at_ms));
-            }
-        }
-    });
+/// Hands a sweep job to the worker, as a delivery to the actor of the job's
+/// app with the entry's address (apps share class and actor names); a job
+/// no actor has is reported at once.
+fn offer(w: &mut World, n: usize, job: SweepJob) {
+    let app = job.index;
+    let Some(actor) = w
+        .by_address
+        .get(&job.key.address)
+        .and_then(|v| v.iter().copied().find(|a| w.actors[*a].app == app))
+    else {
+        let mut report = DeliveryReport::default();
+        report.add(Reached::Unaddressable);
+        w.nodes[n].mem.sweep_done.push((job, report));
+        return;
+    };
+    crate::sim::check_offer(w, &job.full_key, actor);
+    w.stats.sweep_offers += 1;
+    let name = w.nodes[n].name.clone();
+    let label = w.actors[actor].label.clone();
+    let at = job.key.entry.at_ms;
+    w.log(format!("{name} sweep delivers {label}@{at}"));
+    w.nodes[n].mem.in_flight.insert(actor);
+    w.push_work(
+        n,
+        Work::Deliver {
+            actor,
+            at,
+            sweep: Some(job),
+        },
+    );
 }
 
 /// The timer: hands due alarms to the worker, and idle actors to release.
@@ -1516,7 +1547,11 @@ pub async fn timer_loop(ctx: Ctx) {
             for (actor, at) in due {
                 if mem.in_flight.insert(actor) {
                     mem.timer.remove(&actor);
-                    work.push(Work::Deliver { actor, at });
+                    work.push(Work::Deliver {
+                        actor,
+                        at,
+                        sweep: None,
+                    });
                 }
             }
             let idle_actors: Vec<usize> = mem
@@ -1544,9 +1579,17 @@ pub async fn worker(ctx: Ctx) {
         let n = ctx.n;
         match work {
             Work::Client { actor, op, hops } => ctx.client(actor, op, hops).await,
-            Work::Deliver { actor, at } => {
-                ctx.deliver(actor, at).await;
-                ctx.with(|w| w.nodes[n].mem.in_flight.remove(&actor));
+            Work::Deliver { actor, at, sweep } => {
+                let reached = ctx.deliver(actor, at, sweep.is_some()).await;
+                ctx.with(|w| {
+                    let mem = &mut w.nodes[n].mem;
+                    mem.in_flight.remove(&actor);
+                    if let Some(job) = sweep {
+                        let mut report = DeliveryReport::default();
+                        report.add(reached);
+                        mem.sweep_done.push((job, report));
+                    }
+                });
             }
             Work::Join { actor } => ctx.join(actor).await,
             Work::Release { actor } => {

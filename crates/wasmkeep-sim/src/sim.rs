@@ -808,10 +808,9 @@ fn start_node(ex: &mut Executor, n: usize) {
         return;
     }
     let cfg = wm.cfg.clone();
-    let apps = wm.apps.len();
     let node = &mut wm.nodes[n];
     node.durable.epoch += 1;
-    node.mem = Mem::new(&node.name, node.durable.epoch, &cfg, apps);
+    node.mem = Mem::new(&node.name, node.durable.epoch, &cfg);
     node.up = true;
     // The startup scan of the data directory fills the timer.
     let cached: Vec<(usize, u64)> = node
@@ -862,173 +861,199 @@ fn every(w: &mut World, mean: u64) -> u64 {
     w.rng.range(mean / 2, mean * 3 / 2)
 }
 
-#[allow(
-    clippy::too_many_lines,
-    reason = "longer than clippy.toml allows; to be split (issue 34)"
-)]
+/// Checks the named-entries invariant and plans the next check.
+fn on_check(w: &mut World) {
+    check_named_entries(w);
+    let t = w.now + w.opts.check_every_ms;
+    w.at(t, Ev::Sim(SimEv::Check));
+}
+
+/// While faults are on, crashes node `n` (if it is up) and plans its next
+/// crash.
+fn on_crash(ex: &mut Executor, n: usize) {
+    let (on, up) = {
+        let w = ex.w.borrow();
+        (w.faults_on, w.nodes[n].up)
+    };
+    if !on {
+        return;
+    }
+    if up {
+        crash_node(ex, n);
+    }
+    let mut w = ex.w.borrow_mut();
+    let mean = w.opts.crash_every_ms;
+    let t = w.now + every(&mut w, mean);
+    w.at(t, Ev::Sim(SimEv::Crash(n)));
+}
+
+/// While faults are on, cuts node `n` off from the bucket for a while and
+/// plans the next cut.
+fn on_cut_off(w: &mut World, n: usize) {
+    if !w.faults_on {
+        return;
+    }
+    let ms = w.rng.range(5_000, 40_000);
+    w.nodes[n].cut_until = w.nodes[n].cut_until.max(w.now + ms);
+    w.stats.cut_offs += 1;
+    let name = w.nodes[n].name.clone();
+    w.log(format!("{name} FAULT cut off from the bucket for {ms} ms"));
+    let mean = w.opts.cut_every_ms;
+    let t = w.now + every(w, mean);
+    w.at(t, Ev::Sim(SimEv::CutOff(n)));
+}
+
+/// While faults are on, stalls node `n` for a while and plans the next stall.
+fn on_stall(w: &mut World, n: usize) {
+    if !w.faults_on {
+        return;
+    }
+    let ms = w.rng.range(5_000, 30_000);
+    w.nodes[n].stall_until = w.nodes[n].stall_until.max(w.now + ms);
+    w.stats.stalls += 1;
+    let name = w.nodes[n].name.clone();
+    w.log(format!("{name} FAULT stalls for {ms} ms"));
+    let mean = w.opts.stall_every_ms;
+    let t = w.now + every(w, mean);
+    w.at(t, Ev::Sim(SimEv::Stall(n)));
+}
+
+/// While faults are on, sets node `n`'s clock `behind` ms behind: a skew is
+/// undone a little later, and once undone the next skew is planned.
+fn on_skew(w: &mut World, n: usize, behind: u64) {
+    if !w.faults_on {
+        return;
+    }
+    w.nodes[n].clock_behind = behind;
+    let name = w.nodes[n].name.clone();
+    w.log(format!("{name} FAULT clock {behind} ms behind"));
+    if behind > 0 {
+        w.stats.clock_faults += 1;
+        let back = w.rng.range(20_000, 60_000);
+        let t = w.now + back;
+        w.at(t, Ev::Sim(SimEv::Skew(n, 0)));
+    } else {
+        let mean = w.opts.skew_every_ms;
+        let next = every(w, mean);
+        let behind = w.rng.range(6_000, 15_000);
+        let t = w.now + next;
+        w.at(t, Ev::Sim(SimEv::Skew(n, behind)));
+    }
+}
+
+/// The operation of a client request, drawn from the seed.
+fn client_op(w: &mut World) -> ClientOp {
+    let p_delete = w.opts.p_delete;
+    if w.rng.chance(p_delete) {
+        ClientOp::Delete
+    } else {
+        match w.rng.range(0, 19) {
+            0..=4 => ClientOp::SetSlot(w.rng.range(0, 12) as i64 - 8),
+            5..=9 => ClientOp::SetDeadline(w.rng.range(0, 2) as i64 - 1),
+            10..=12 => ClientOp::Clear,
+            _ => ClientOp::Touch,
+        }
+    }
+}
+
+/// While faults are on, sends a client request for an actor in the bucket to
+/// a node that is up, and plans the next request.
+fn on_client(w: &mut World) {
+    if !w.faults_on {
+        return;
+    }
+    // Clients only reach actors the bucket has: a request for an actor
+    // still only on a joining node would create it empty elsewhere (the
+    // ADR's "start the node with the data first"). A deleted actor is
+    // in the bucket (a tombstone): a request creates it again. The
+    // backlog's idle actors get no requests.
+    let existing: Vec<usize> = w
+        .in_bucket
+        .iter()
+        .copied()
+        .filter(|i| !w.actors[*i].backlog)
+        .collect();
+    let up: Vec<usize> = (0..w.nodes.len()).filter(|i| w.nodes[*i].up).collect();
+    if !existing.is_empty() && !up.is_empty() {
+        let actor = existing[w.rng.index(existing.len())];
+        let node = up[w.rng.index(up.len())];
+        let op = client_op(w);
+        w.push_work(node, Work::Client { actor, op, hops: 0 });
+    }
+    let mean = w.opts.client_every_ms;
+    let t = w.now + every(w, mean);
+    w.at(t, Ev::Sim(SimEv::Client));
+}
+
+/// While faults are on, an aimed fault: a client re-arms `actor`'s alarm at
+/// `at_ms` through a node that is up, other than `avoid`.
+fn on_rearm(w: &mut World, actor: usize, at_ms: u64, avoid: usize) {
+    if !w.faults_on {
+        return;
+    }
+    let up: Vec<usize> = (0..w.nodes.len())
+        .filter(|i| *i != avoid && w.nodes[*i].up)
+        .collect();
+    if up.is_empty() {
+        return;
+    }
+    let node = up[w.rng.index(up.len())];
+    w.stats.aimed_rearms += 1;
+    let name = w.nodes[node].name.clone();
+    let label = w.actors[actor].label.clone();
+    w.log(format!(
+        "{name} FAULT aimed: client re-arms {label}@{at_ms}"
+    ));
+    w.push_work(
+        node,
+        Work::Client {
+            actor,
+            op: ClientOp::SetAt(at_ms),
+            hops: 0,
+        },
+    );
+}
+
+/// Faults and client requests stop: every fault is undone and every node
+/// that is down starts again.
+fn on_faults_off(ex: &mut Executor) {
+    let down: Vec<usize> = {
+        let mut w = ex.w.borrow_mut();
+        w.faults_on = false;
+        w.log("faults and client requests stop");
+        let now = w.now;
+        for node in &mut w.nodes {
+            node.cut_until = node.cut_until.min(now);
+            node.stall_until = node.stall_until.min(now);
+            node.aim_first_upload = None;
+            node.aim_upload = None;
+            node.clock_behind = 0;
+        }
+        (0..w.nodes.len()).filter(|i| !w.nodes[*i].up).collect()
+    };
+    for n in down {
+        let mut w = ex.w.borrow_mut();
+        let t = w.now + 1;
+        w.at(t, Ev::Sim(SimEv::Start(n)));
+    }
+}
+
+/// Handles one of the simulation's own events (faults, clients, checks).
 fn on_sim(ex: &mut Executor, ev: SimEv) {
     match ev {
-        SimEv::Check => {
-            let mut w = ex.w.borrow_mut();
-            check_named_entries(&mut w);
-            let t = w.now + w.opts.check_every_ms;
-            w.at(t, Ev::Sim(SimEv::Check));
-        }
+        SimEv::Check => on_check(&mut ex.w.borrow_mut()),
         SimEv::Start(n) => start_node(ex, n),
-        SimEv::Crash(n) => {
-            let (on, up) = {
-                let w = ex.w.borrow();
-                (w.faults_on, w.nodes[n].up)
-            };
-            if !on {
-                return;
-            }
-            if up {
-                crash_node(ex, n);
-            }
-            let mut w = ex.w.borrow_mut();
-            let mean = w.opts.crash_every_ms;
-            let t = w.now + every(&mut w, mean);
-            w.at(t, Ev::Sim(SimEv::Crash(n)));
-        }
-        SimEv::CutOff(n) => {
-            let mut w = ex.w.borrow_mut();
-            if !w.faults_on {
-                return;
-            }
-            let ms = w.rng.range(5_000, 40_000);
-            w.nodes[n].cut_until = w.nodes[n].cut_until.max(w.now + ms);
-            w.stats.cut_offs += 1;
-            let name = w.nodes[n].name.clone();
-            w.log(format!("{name} FAULT cut off from the bucket for {ms} ms"));
-            let mean = w.opts.cut_every_ms;
-            let t = w.now + every(&mut w, mean);
-            w.at(t, Ev::Sim(SimEv::CutOff(n)));
-        }
-        SimEv::Stall(n) => {
-            let mut w = ex.w.borrow_mut();
-            if !w.faults_on {
-                return;
-            }
-            let ms = w.rng.range(5_000, 30_000);
-            w.nodes[n].stall_until = w.nodes[n].stall_until.max(w.now + ms);
-            w.stats.stalls += 1;
-            let name = w.nodes[n].name.clone();
-            w.log(format!("{name} FAULT stalls for {ms} ms"));
-            let mean = w.opts.stall_every_ms;
-            let t = w.now + every(&mut w, mean);
-            w.at(t, Ev::Sim(SimEv::Stall(n)));
-        }
-        SimEv::Skew(n, behind) => {
-            let mut w = ex.w.borrow_mut();
-            if !w.faults_on {
-                return;
-            }
-            w.nodes[n].clock_behind = behind;
-            let name = w.nodes[n].name.clone();
-            w.log(format!("{name} FAULT clock {behind} ms behind"));
-            if behind > 0 {
-                w.stats.clock_faults += 1;
-                let back = w.rng.range(20_000, 60_000);
-                let t = w.now + back;
-                w.at(t, Ev::Sim(SimEv::Skew(n, 0)));
-            } else {
-                let mean = w.opts.skew_every_ms;
-                let next = every(&mut w, mean);
-                let behind = w.rng.range(6_000, 15_000);
-                let t = w.now + next;
-                w.at(t, Ev::Sim(SimEv::Skew(n, behind)));
-            }
-        }
-        SimEv::Client => {
-            let mut w = ex.w.borrow_mut();
-            if !w.faults_on {
-                return;
-            }
-            // Clients only reach actors the bucket has: a request for an actor
-            // still only on a joining node would create it empty elsewhere (the
-            // ADR's "start the node with the data first"). A deleted actor is
-            // in the bucket (a tombstone): a request creates it again. The
-            // backlog's idle actors get no requests.
-            let existing: Vec<usize> = w
-                .in_bucket
-                .iter()
-                .copied()
-                .filter(|i| !w.actors[*i].backlog)
-                .collect();
-            let up: Vec<usize> = (0..w.nodes.len()).filter(|i| w.nodes[*i].up).collect();
-            if !existing.is_empty() && !up.is_empty() {
-                let actor = existing[w.rng.index(existing.len())];
-                let node = up[w.rng.index(up.len())];
-                let p_delete = w.opts.p_delete;
-                let op = if w.rng.chance(p_delete) {
-                    ClientOp::Delete
-                } else {
-                    match w.rng.range(0, 19) {
-                        0..=4 => ClientOp::SetSlot(w.rng.range(0, 12) as i64 - 8),
-                        5..=9 => ClientOp::SetDeadline(w.rng.range(0, 2) as i64 - 1),
-                        10..=12 => ClientOp::Clear,
-                        _ => ClientOp::Touch,
-                    }
-                };
-                w.push_work(node, Work::Client { actor, op, hops: 0 });
-            }
-            let mean = w.opts.client_every_ms;
-            let t = w.now + every(&mut w, mean);
-            w.at(t, Ev::Sim(SimEv::Client));
-        }
+        SimEv::Crash(n) => on_crash(ex, n),
+        SimEv::CutOff(n) => on_cut_off(&mut ex.w.borrow_mut(), n),
+        SimEv::Stall(n) => on_stall(&mut ex.w.borrow_mut(), n),
+        SimEv::Skew(n, behind) => on_skew(&mut ex.w.borrow_mut(), n, behind),
+        SimEv::Client => on_client(&mut ex.w.borrow_mut()),
         SimEv::Rearm {
             actor,
             at_ms,
             avoid,
-        } => {
-            let mut w = ex.w.borrow_mut();
-            if !w.faults_on {
-                return;
-            }
-            let up: Vec<usize> = (0..w.nodes.len())
-                .filter(|i| *i != avoid && w.nodes[*i].up)
-                .collect();
-            if up.is_empty() {
-                return;
-            }
-            let node = up[w.rng.index(up.len())];
-            w.stats.aimed_rearms += 1;
-            let name = w.nodes[node].name.clone();
-            let label = w.actors[actor].label.clone();
-            w.log(format!(
-                "{name} FAULT aimed: client re-arms {label}@{at_ms}"
-            ));
-            w.push_work(
-                node,
-                Work::Client {
-                    actor,
-                    op: ClientOp::SetAt(at_ms),
-                    hops: 0,
-                },
-            );
-        }
-        SimEv::FaultsOff => {
-            let down: Vec<usize> = {
-                let mut w = ex.w.borrow_mut();
-                w.faults_on = false;
-                w.log("faults and client requests stop");
-                let now = w.now;
-                for node in &mut w.nodes {
-                    node.cut_until = node.cut_until.min(now);
-                    node.stall_until = node.stall_until.min(now);
-                    node.aim_first_upload = None;
-                    node.aim_upload = None;
-                    node.clock_behind = 0;
-                }
-                (0..w.nodes.len()).filter(|i| !w.nodes[*i].up).collect()
-            };
-            for n in down {
-                let mut w = ex.w.borrow_mut();
-                let t = w.now + 1;
-                w.at(t, Ev::Sim(SimEv::Start(n)));
-            }
-        }
+        } => on_rearm(&mut ex.w.borrow_mut(), actor, at_ms, avoid),
+        SimEv::FaultsOff => on_faults_off(ex),
     }
 }
 
@@ -1084,13 +1109,9 @@ fn seed_bucket(w: &mut World, actor: usize, state: &ActorState) {
     w.in_bucket.insert(actor);
 }
 
-#[allow(
-    clippy::too_many_lines,
-    reason = "longer than clippy.toml allows; to be split (issue 34)"
-)]
-fn setup(w: &mut World, profile: &Profile) {
-    let o = w.opts.clone();
-    w.log(format!("profile: {profile:?}"));
+/// Counts what the seed's profile picked among the seeds that lag listings
+/// or use small pages or caps.
+fn count_profile(w: &mut World, profile: &Profile) {
     let defaults = ClusterConfig::default();
     w.stats.lagged_seeds = u64::from(profile.list_lag_ms > 0);
     w.stats.small_page_seeds = u64::from(profile.page_keys < defaults.list_page_keys_max);
@@ -1098,7 +1119,11 @@ fn setup(w: &mut World, profile: &Profile) {
         profile.sweep_entries_max < defaults.sweep_entries_max
             || profile.sweep_deliveries_max < defaults.sweep_deliveries_max,
     );
-    let joiners = w.rng.range(1, 2) as usize;
+}
+
+/// Adds the nodes (down until started): `o.nodes` from the start, then the
+/// `joiners` that join later.
+fn add_nodes(w: &mut World, o: &Options, joiners: usize) {
     for i in 0..o.nodes + joiners {
         let name = if i < o.nodes {
             format!("n{i}")
@@ -1106,7 +1131,7 @@ fn setup(w: &mut World, profile: &Profile) {
             format!("j{}", i - o.nodes)
         };
         w.nodes.push(Node {
-            mem: Mem::new(&name, 0, &w.cfg, o.apps),
+            mem: Mem::new(&name, 0, &w.cfg),
             name,
             up: false,
             cut_until: 0,
@@ -1117,6 +1142,11 @@ fn setup(w: &mut World, profile: &Profile) {
             clock_behind: 0,
         });
     }
+}
+
+/// Adds the tenant's apps, each with its index prefix (the tenant's one when
+/// the index is shared).
+fn add_apps(w: &mut World, o: &Options) {
     for a in 0..o.apps.max(1) {
         let name = format!("app{}", a + 1);
         let index_prefix = if o.shared_index {
@@ -1126,9 +1156,12 @@ fn setup(w: &mut World, profile: &Profile) {
         };
         w.apps.push(AppInfo { name, index_prefix });
     }
-    // Actors already in the bucket, the same names in every app, some with an
-    // alarm listed under a legacy key (from before tags), some under a tagged
-    // one.
+}
+
+/// Actors already in the bucket, the same names in every app, some with an
+/// alarm listed under a legacy key (from before tags), some under a tagged
+/// one.
+fn seed_actors(w: &mut World, o: &Options) {
     for app in 0..w.apps.len() {
         for i in 0..o.actors {
             let address = Address::new("room", format!("a{i}")).expect("valid");
@@ -1154,9 +1187,12 @@ fn setup(w: &mut World, profile: &Profile) {
             seed_bucket(w, actor, &state);
         }
     }
-    // The backlog: idle actors, again with the same names in every app, whose
-    // owner is gone (no hold) and whose alarm is due within the first 20 s,
-    // so that sweeps find them all overdue at once.
+}
+
+/// The backlog: idle actors, again with the same names in every app, whose
+/// owner is gone (no hold) and whose alarm is due within the first 20 s,
+/// so that sweeps find them all overdue at once.
+fn seed_backlog(w: &mut World, o: &Options, profile: &Profile) {
     for app in 0..w.apps.len() {
         for i in 0..profile.backlog {
             let address = Address::new("room", format!("b{i}")).expect("valid");
@@ -1177,8 +1213,11 @@ fn setup(w: &mut World, profile: &Profile) {
             w.stats.backlog_actors += 1;
         }
     }
-    // Entries nobody can act on: a class no node serves, due first (`gone`
-    // sorts before `room`).
+}
+
+/// Entries nobody can act on: a class no node serves, due first (`gone`
+/// sorts before `room`).
+fn seed_orphans(w: &mut World, profile: &Profile) {
     for app in 0..w.apps.len() {
         for i in 0..profile.orphans {
             let address = Address::new("gone", format!("o{i}")).expect("valid");
@@ -1192,7 +1231,10 @@ fn setup(w: &mut World, profile: &Profile) {
             w.stats.orphan_entries += 1;
         }
     }
-    // Nodes that ran on their own join later, with alarms in their own data (R4).
+}
+
+/// Nodes that ran on their own join later, with alarms in their own data (R4).
+fn plan_joiners(w: &mut World, o: &Options, joiners: usize) {
     for j in 0..joiners {
         let n = o.nodes + j;
         let join_at = w.rng.range(20_000, o.fault_ms / 2);
@@ -1209,6 +1251,11 @@ fn setup(w: &mut World, profile: &Profile) {
         }
         w.at(join_at, Ev::Sim(SimEv::Start(n)));
     }
+}
+
+/// Plans the first events: the nodes' starts, each node's first faults, the
+/// first client request, the first check and the end of faults.
+fn plan_first_events(w: &mut World, o: &Options) {
     for n in 0..o.nodes {
         w.at(0, Ev::Sim(SimEv::Start(n)));
     }
@@ -1226,6 +1273,22 @@ fn setup(w: &mut World, profile: &Profile) {
     w.at(1_000, Ev::Sim(SimEv::Client));
     w.at(o.check_every_ms, Ev::Sim(SimEv::Check));
     w.at(o.fault_ms, Ev::Sim(SimEv::FaultsOff));
+}
+
+/// Builds the seed's world: nodes, apps, the bucket's actors, backlog and
+/// orphan entries, the joining nodes, and the first events.
+fn setup(w: &mut World, profile: &Profile) {
+    let o = w.opts.clone();
+    w.log(format!("profile: {profile:?}"));
+    count_profile(w, profile);
+    let joiners = w.rng.range(1, 2) as usize;
+    add_nodes(w, &o, joiners);
+    add_apps(w, &o);
+    seed_actors(w, &o);
+    seed_backlog(w, &o, profile);
+    seed_orphans(w, profile);
+    plan_joiners(w, &o, joiners);
+    plan_first_events(w, &o);
 }
 
 /// The outcome of many seeds.

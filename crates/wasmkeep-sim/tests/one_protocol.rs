@@ -97,3 +97,51 @@ fn the_runtime_and_the_simulator_share_the_delivery_rule() {
     let node = include_str!("../src/node.rs");
     assert!(node.contains("plan_delivery(rules, at,"));
 }
+
+/// One sweep (issue 34): the server's pass and the simulator's both run
+/// through `wasmkeep_cluster::machine::SweepMachine`: the listing, the
+/// cursor, the pick, the deferrals and "sweep again at once" are the
+/// machine's, and neither driver keeps a copy (the pick and the cursor are
+/// private to `wasmkeep-cluster`, so a copy does not compile). The
+/// simulator hands the machine's jobs to its node's delivery path, the one
+/// its timer uses, not to a timer merge with no production caller.
+#[test]
+fn the_server_and_the_simulator_drive_one_sweep_machine() {
+    let server = include_str!("../../wasmkeep-server/src/cluster/sweep.rs");
+    let node = SOURCES[0].1;
+    for (file, text) in [("server sweep.rs", server), ("sim node.rs", node)] {
+        for needed in [
+            "SweepMachine::new(",
+            ".start_pass(",
+            "SweepEffect::Deliver(",
+            ".on_delivered(",
+        ] {
+            assert!(
+                text.contains(needed),
+                "{file} no longer drives the sweep machine ({needed})"
+            );
+        }
+        for copy in [
+            "merge_timer",
+            "SweepCursor",
+            "plan_sweep(",
+            "sweep_until_ms",
+            "deferred",
+            "delay_ms(",
+        ] {
+            assert!(
+                !text.contains(copy),
+                "{file} sequences the sweep itself (`{copy}`)"
+            );
+        }
+    }
+    let cluster_sweep = include_str!("../../wasmkeep-cluster/src/sweep.rs");
+    assert!(
+        !cluster_sweep.contains("fn merge_timer"),
+        "a timer merge with no production caller"
+    );
+    assert!(
+        node.contains("sweep: Some(job)"),
+        "sweep jobs go to the node's delivery path"
+    );
+}

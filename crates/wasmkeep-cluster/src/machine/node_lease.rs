@@ -125,13 +125,22 @@ impl NodeLeaseMachine {
     pub fn is_acting(&mut self, now_ms: u64) -> bool {
         let releasing =
             self.release_asked.is_some() || matches!(self.phase, Phase::Releasing { .. });
-        !releasing && self.lease.is_acting(now_ms)
+        // An epoch that is over (a release that landed leaves the lease's
+        // own state valid until it would have expired) acts no more.
+        !releasing && !matches!(self.phase, Phase::Over) && self.lease.is_acting(now_ms)
     }
 
     /// The epoch in which the node may act now, if it may: what
     /// [`super::TakeMachine`] and [`super::ReleaseMachine`] check.
     pub fn acting_epoch(&mut self, now_ms: u64) -> Option<u64> {
-        self.is_acting(now_ms).then(|| self.epoch())
+        let acting = self.is_acting(now_ms).then(|| self.epoch());
+        // The negative space: an epoch that is over (lapsed, fenced,
+        // released) never acts again, whatever the clock says.
+        assert!(
+            acting.is_none() || !matches!(self.phase, Phase::Over),
+            "acting in an epoch that is over"
+        );
+        acting
     }
 
     /// When the driver should call [`NodeLeaseMachine::handle_timeout`]: the
@@ -159,6 +168,8 @@ impl NodeLeaseMachine {
         {
             match self.lease.next_write(now_ms, nonce, &self.config) {
                 Some(write) => {
+                    // A node writes only its own epoch's records.
+                    assert_eq!(write.key.epoch, self.epoch(), "a renewal for another epoch");
                     let create = CreateOnce::new(
                         write.key.to_key(NODES_PREFIX),
                         write.record.encode().into_bytes(),
@@ -490,6 +501,9 @@ mod tests {
         let notices = run(&mut m, &mut b, 100);
         assert_eq!(notices, vec![LeaseEffect::EpochOver(EpochEnd::Released)]);
         assert_eq!(b.body(&key(1)).unwrap(), "released 0000000000000005");
+        // Released, it never acts again, though its last renewal would
+        // still be valid by the clock.
+        assert_eq!(m.acting_epoch(101), None);
         // Asked during a renewal, it follows the renewal.
         let mut b = MapBucket::default();
         let mut m = machine();

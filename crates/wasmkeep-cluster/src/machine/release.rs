@@ -58,6 +58,9 @@ impl ReleaseMachine {
         held_generation: u64,
         nonce: u64,
     ) -> ReleaseMachine {
+        // Only a held actor is released, by the next generation: a release
+        // never writes over a hold nor names generation 0.
+        assert!(held_generation >= 1, "a release of an actor never held");
         let generation = held_generation + 1;
         let record = hold_record(me, epoch, nonce, true);
         ReleaseMachine {
@@ -188,5 +191,11 @@ mod tests {
         let mut m = ReleaseMachine::new("a", 2, ROOT, 4, 9);
         let outcome = drive(&mut m, &mut b, Some(2), |_| None);
         assert_eq!(outcome, ReleaseOutcome::Released { generation: 5 });
+    }
+
+    #[test]
+    #[should_panic(expected = "a release of an actor never held")]
+    fn releasing_generation_zero_is_a_driver_bug() {
+        let _ = ReleaseMachine::new("a", 1, "state/t/app/c/61/", 0, 7);
     }
 }

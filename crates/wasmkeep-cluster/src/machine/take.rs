@@ -340,6 +340,7 @@ impl TakeMachine {
             return;
         };
         self.awaiting = false;
+        assert!(planned.generation >= 1, "a hold of generation 0");
         self.phase = Phase::Finished(Some(if restored {
             TakeOutcome::Taken {
                 generation: planned.generation,
@@ -352,8 +353,16 @@ impl TakeMachine {
     /// Step 4: the decision, from the latest hold and its node's lease.
     fn plan(&mut self, latest: Option<(u64, HoldRecord)>, holder: &NodeLeaseView) {
         let view = lease_view(latest.as_ref().map(|(g, r)| (*g, r)), holder);
+        let latest_generation = latest.as_ref().map_or(0, |(g, _)| *g);
         let (generation, fence) = match plan_take(&self.me, self.epoch, self.loaded, &view) {
             TakePlan::Mine { generation } => {
+                // Mine only as the latest hold, written by this node in
+                // this epoch, of the very generation it has loaded.
+                assert_eq!(Some(generation), self.loaded, "mine but not loaded");
+                assert_eq!(
+                    generation, latest_generation,
+                    "mine but not the latest hold"
+                );
                 self.phase = Phase::Finished(Some(TakeOutcome::Mine { generation }));
                 return;
             }
@@ -363,6 +372,14 @@ impl TakeMachine {
             }
             TakePlan::Take { generation, fence } => (generation, fence),
         };
+        // A take writes exactly the next generation: it never skips one
+        // (a reader would see a gap) nor writes over one (create-only).
+        assert_eq!(
+            generation,
+            latest_generation + 1,
+            "a take that is not the next hold"
+        );
+
         let takeover = matches!(
             &latest,
             Some((_, HoldRecord::Held { node, epoch, .. }))

@@ -1,15 +1,18 @@
 //! Every node's sweep of the alarm index (ADR 0009), so that an alarm fires
 //! when the node that held its actor is gone.
 //!
-//! Every `alarm_sweep_ms` (10 s) the task reads, for each app deployed here
-//! and for each of their tenants' tenant-wide (legacy) index, the entries
-//! overdue by the sweep margin (a lease period plus grace), at most
-//! `sweep_entries_max` (2,048) per index and pass, resuming after the last
-//! one next time ([`SweepCursor`]). `plan_sweep` picks at most
-//! `sweep_deliveries_max` (256) of them for this node: its own shard first,
-//! an eighth for entries overdue long enough to be anyone's, none for an
-//! actor with a delivery in flight. A pass that delivered its cap is
-//! followed by the next one at once, so a dead node's backlog drains as
+//! Every `alarm_sweep_ms` (10 s) the task runs one pass of the cluster's
+//! `SweepMachine` (the one the simulator drives) over each app deployed
+//! here and each of their tenants' tenant-wide (legacy) index. The machine
+//! reads the entries overdue by the sweep margin (a lease period plus
+//! grace), at most `sweep_entries_max` (2,048) per index and pass, resuming
+//! after the last one next time; it picks at most `sweep_deliveries_max`
+//! (256) of them for this node: its own shard first, an eighth for entries
+//! overdue long enough to be anyone's; it hands them out at most
+//! `SWEEP_DELIVERIES_CONCURRENT` (32) at a time, and leaves each delivered
+//! entry alone for a while (longer after each failure in a row). A pass
+//! whose cap left eligible entries behind and whose deliveries got somewhere
+//! is followed by the next one at once, so a dead node's backlog drains as
 //! fast as deliveries run, in bounded steps.
 //!
 //! A delivery routes the actor as a request would: held or taken here, the
@@ -27,12 +30,13 @@ use std::sync::Arc;
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
+use wasmkeep_cluster::Rules;
 use wasmkeep_cluster::alarm_index::{
-    self, Address, IndexKey, Indexed, Layout, app_index_prefix, tenant_index_prefix,
+    self, IndexKey, Indexed, Layout, app_index_prefix, tenant_index_prefix,
 };
-use wasmkeep_cluster::machine::{BucketOp, BucketResult};
-use wasmkeep_cluster::sweep::{SweepCursor, SweepInput, plan_sweep};
-use wasmkeep_cluster::{ClusterConfig, Rules};
+use wasmkeep_cluster::machine::{
+    BucketOp, BucketResult, DeliveryReport, Reached, SweepEffect, SweepJob, SweepMachine,
+};
 use wasmkeep_runtime::index::Delivered;
 use wasmkeep_runtime::metrics::{self, GaugeU64};
 use wasmkeep_runtime::{ActorId, Runtime};
@@ -40,17 +44,8 @@ use wasmkeep_runtime::{ActorId, Runtime};
 use super::ownership::Route;
 use super::{ClusterState, now_ms};
 
-/// Deliveries of one pass that run at once.
-pub const SWEEP_DELIVERIES_CONCURRENT: usize = 32;
-/// Entries remembered as tried recently (a delivery that failed, an entry
-/// left for later): past this, the oldest are forgotten and may be tried
-/// again early.
-pub const SWEEP_DEFERRED_MAX: usize = 16_384;
 /// Keys one listing of an actor's tagged entries at one time reads.
 pub use wasmkeep_runtime::index::STALE_LISTING_KEYS_MAX;
-/// After a delivery ran the alarm or found it not due, the entry is left
-/// alone this long: the run's upload removes it.
-const AFTER_RUN_MS: u64 = 10_000;
 
 /// The sweep's counters, in `/metrics`.
 #[derive(Debug, Default)]
@@ -149,33 +144,6 @@ impl Index {
     }
 }
 
-/// An entry left alone until a time.
-#[derive(Debug, Clone, Copy)]
-struct Deferred {
-    until_ms: u64,
-    failures: u32,
-}
-
-/// What one entry's delivery came to.
-struct Delivery {
-    /// Leave the entry alone until then.
-    until_ms: u64,
-    /// Whether it failed (the bucket, the route, the actor).
-    failed: bool,
-    /// Whether it ran an alarm or removed an entry.
-    progress: bool,
-}
-
-/// The sweep's memory across passes.
-#[derive(Default)]
-struct Sweeper {
-    cursors: HashMap<Index, SweepCursor>,
-    /// Full keys not to deliver before a time (ms), with how many
-    /// deliveries of each failed in a row (each doubles the wait).
-    deferred: HashMap<String, Deferred>,
-    rotation: u64,
-}
-
 /// Runs the sweep until `stop`.
 pub(super) async fn run(
     state: Arc<ClusterState>,
@@ -184,10 +152,7 @@ pub(super) async fn run(
 ) {
     let config = state.settings().protocol.clone();
     let every = std::time::Duration::from_millis(config.alarm_sweep_ms.max(1));
-    let mut sweeper = Sweeper {
-        rotation: super::nonce(),
-        ..Sweeper::default()
-    };
+    let mut machine = SweepMachine::new(state.node(), config);
     let mut wait = every;
     loop {
         tokio::select! {
@@ -198,25 +163,17 @@ pub(super) async fn run(
         if state.route_epoch().is_none() {
             continue;
         }
-        let full = pass(&state, &rt, &config, &mut sweeper).await;
-        if full {
-            // The cap bound: more is overdue; sweep again at once.
+        if pass(&state, &rt, &mut machine).await {
+            // The cap bound and deliveries got somewhere: more is overdue;
+            // sweep again at once.
             wait = std::time::Duration::ZERO;
         }
     }
 }
 
-/// One pass over every index; whether the delivery cap bound.
-#[allow(
-    clippy::too_many_lines,
-    reason = "longer than clippy.toml allows; to be split (issue 34)"
-)]
-async fn pass(
-    state: &Arc<ClusterState>,
-    rt: &Runtime,
-    config: &ClusterConfig,
-    sweeper: &mut Sweeper,
-) -> bool {
+/// One pass over every index, driven through the cluster's `SweepMachine`
+/// (the simulator drives the same one); whether to sweep again at once.
+async fn pass(state: &Arc<ClusterState>, rt: &Runtime, machine: &mut SweepMachine) -> bool {
     let counters = &state.sweep;
     counters.passes_total.inc();
     let Ok(view) = state.view().await else {
@@ -224,274 +181,129 @@ async fn pass(
     };
     let live: Vec<String> = view.live.iter().map(|n| n.node.clone()).collect();
     state.set_live(&live);
-    if !live.iter().any(|n| n == state.node()) {
-        // This node's own lease is not readable as live: no share is its.
-        return false;
-    }
-    let apps = rt.apps();
     let mut indexes: BTreeSet<Index> = BTreeSet::new();
-    for a in &apps {
-        indexes.insert(Index {
-            tenant: a.tenant.clone(),
-            app: Some(a.app.clone()),
-        });
+    for a in rt.apps() {
         indexes.insert(Index {
             tenant: a.tenant.clone(),
             app: None,
         });
+        indexes.insert(Index {
+            tenant: a.tenant,
+            app: Some(a.app),
+        });
     }
+    let indexes: Vec<Index> = indexes.into_iter().collect();
     let now = now_ms();
-    // Expired entries are kept while they count failures: the next failure
-    // waits longer.
-    sweeper
-        .deferred
-        .retain(|_, d| d.until_ms > now || d.failures > 0);
-    let mut budget = config.sweep_deliveries_max;
-    let mut oldest: Option<u64> = None;
-    let mut jobs: Vec<Job> = Vec::new();
-    for index in indexes {
-        let cursor = sweeper.cursors.entry(index.clone()).or_default();
-        let entries = match read_overdue(state, config, &index, cursor, now).await {
-            Some(e) => e,
-            None => continue,
-        };
-        counters.entries_read_total.inc_by(entries.len() as u64);
-        if let Some(first) = entries.first() {
-            oldest = Some(oldest.map_or(first.entry.at_ms, |o| o.min(first.entry.at_ms)));
+    machine.start_pass(
+        now,
+        live,
+        indexes.iter().map(Index::prefix).collect(),
+        super::nonce(),
+    );
+    // Deliveries run a bounded number at a time (the machine hands out at
+    // most `SWEEP_DELIVERIES_CONCURRENT` before it waits for one to end).
+    let mut running = tokio::task::JoinSet::new();
+    // Each running delivery's job, by task: a delivery that panics is
+    // reported as failed (it backs off like any failure) and the pass goes on.
+    let mut jobs: HashMap<tokio::task::Id, SweepJob> = HashMap::new();
+    let summary = loop {
+        match machine.poll_effect() {
+            Some(SweepEffect::Bucket(op)) => {
+                let result = state.driver.perform(op).await;
+                machine.on_result(result);
+            }
+            Some(SweepEffect::Deliver(job)) => {
+                let index = indexes[job.index].clone();
+                let key = job.key.clone();
+                let (state, rt) = (Arc::clone(state), rt.clone());
+                let task = running.spawn(async move { deliver(&state, &rt, &index, &key).await });
+                jobs.insert(task.id(), job);
+            }
+            Some(SweepEffect::Done(summary)) => break summary,
+            None => {
+                let (id, report) = match running.join_next_with_id().await {
+                    Some(Ok((id, report))) => (id, report),
+                    Some(Err(e)) => {
+                        tracing::error!(error = %e, "sweep: a delivery task failed");
+                        counters.delivery_failures_total.inc();
+                        let mut failed = DeliveryReport::default();
+                        failed.add(Reached::Failed);
+                        (e.id(), failed)
+                    }
+                    None => unreachable!("the sweep machine waits on no delivery"),
+                };
+                let job = jobs.remove(&id).expect("every delivery task has its job");
+                machine.on_delivered(&job, &report, now_ms());
+            }
         }
-        let prefix = index.prefix();
-        let waiting: Vec<IndexKey> = entries
-            .into_iter()
-            .filter(|k| {
-                sweeper
-                    .deferred
-                    .get(&format!("{prefix}{}", k.to_key()))
-                    .is_none_or(|d| d.until_ms <= now)
-            })
-            .collect();
-        // Actors with a delivery planned in this pass already count as busy.
-        let busy: BTreeSet<Address> = jobs
-            .iter()
-            .filter(|j| j.index == index)
-            .map(|j| j.key.address.clone())
-            .collect();
-        let cfg = ClusterConfig {
-            sweep_deliveries_max: budget,
-            ..config.clone()
-        };
-        sweeper.rotation = sweeper.rotation.wrapping_add(1);
-        let input = SweepInput {
-            entries: &waiting,
-            me: state.node(),
-            live_nodes: &live,
-            busy: &busy,
-            rotation: sweeper.rotation,
-            now_ms: now,
-        };
-        let picked = if budget == 0 {
-            Vec::new()
-        } else {
-            plan_sweep(&input, &cfg)
-        };
-        budget -= picked.len().min(budget);
-        jobs.extend(picked.into_iter().map(|key| Job {
-            index: index.clone(),
-            key,
-        }));
-    }
+    };
+    counters.entries_read_total.inc_by(summary.entries_read);
     counters
         .lag_ms
-        .set(oldest.map_or(0, |o| now.saturating_sub(o)));
-    let capped = budget == 0;
-    let mut progress = false;
-    // Deliveries run a bounded number at a time.
-    let mut running = tokio::task::JoinSet::new();
-    let mut queue = jobs.into_iter();
-    loop {
-        while running.len() < SWEEP_DELIVERIES_CONCURRENT {
-            let Some(job) = queue.next() else { break };
-            let (state, rt, config) = (Arc::clone(state), rt.clone(), config.clone());
-            running.spawn(async move {
-                let full_key = format!("{}{}", job.index.prefix(), job.key.to_key());
-                let later = deliver(&state, &rt, &config, &job).await;
-                (full_key, later)
-            });
-        }
-        let Some(done) = running.join_next().await else {
-            break;
-        };
-        let Ok((key, d)) = done else { continue };
-        progress |= d.progress;
-        let failures = match (d.failed, sweeper.deferred.get(&key)) {
-            (true, Some(before)) => before.failures.saturating_add(1),
-            (true, None) => 1,
-            (false, _) => 0,
-        };
-        // A failing entry waits a lease period, doubled for each failure
-        // in a row, up to the longest backoff.
-        let until_ms = if d.failed {
-            let wait = wasmkeep_cluster::retry::RetryPolicy {
-                first_ms: config.lease_period_ms,
-                max_ms: config.retry_max_ms,
-                retries_max: None,
-            }
-            .delay_ms(failures);
-            now_ms() + wait
-        } else {
-            d.until_ms
-        };
-        if !sweeper.deferred.contains_key(&key)
-            && sweeper.deferred.len() >= SWEEP_DEFERRED_MAX
-            && let Some(first) = sweeper
-                .deferred
-                .iter()
-                .min_by_key(|(_, d)| d.until_ms)
-                .map(|(k, _)| k.clone())
-        {
-            sweeper.deferred.remove(&first);
-        }
-        sweeper
-            .deferred
-            .insert(key, Deferred { until_ms, failures });
-    }
-    // Again at once only when the cap bound and deliveries got somewhere:
-    // entries that fail or reach nobody never make passes run back to back.
-    capped && progress
+        .set(summary.oldest_due_ms.map_or(0, |o| now.saturating_sub(o)));
+    summary.again_now
 }
 
-/// One entry to deliver, in its index.
-struct Job {
-    index: Index,
-    key: IndexKey,
-}
-
-/// Reads one page of overdue entries of an index (at most
-/// `sweep_entries_max`, paged by `list_page_keys_max`), moving its cursor.
-/// `None` if the bucket did not answer.
-async fn read_overdue(
-    state: &ClusterState,
-    config: &ClusterConfig,
-    index: &Index,
-    cursor: &mut SweepCursor,
-    now: u64,
-) -> Option<Vec<IndexKey>> {
-    let prefix = index.prefix();
-    let request = cursor.request(config);
-    let mut keys: Vec<String> = Vec::new();
-    let mut after = request.start_after.map(|a| format!("{prefix}{a}"));
-    let until = wasmkeep_cluster::sweep::sweep_until_ms(now, config);
-    while keys.len() < request.limit {
-        let limit = config
-            .list_page_keys_max
-            .min(request.limit - keys.len())
-            .max(1);
-        let op = BucketOp::List {
-            prefix: prefix.clone(),
-            start_after: after.clone(),
-            limit,
-        };
-        let BucketResult::Keys(page) = state.driver.perform(op).await else {
-            return None;
-        };
-        let short = page.len() < limit;
-        let mut past_due = false;
-        for k in &page {
-            let rel = k.strip_prefix(&prefix).unwrap_or(k).to_owned();
-            past_due |= alarm_index::due_of_key(&rel).is_some_and(|d| d > until);
-            keys.push(rel);
-        }
-        after = page.last().cloned();
-        if short || past_due || after.is_none() {
-            break;
-        }
-    }
-    Some(cursor.on_listed(&keys, now, config).entries)
-}
-
-/// Delivers one entry; returns until when it is left alone, if it is.
+/// Delivers one entry to each actor it may be for and reports what came of it.
 async fn deliver(
     state: &Arc<ClusterState>,
     rt: &Runtime,
-    config: &ClusterConfig,
-    job: &Job,
-) -> Delivery {
+    index: &Index,
+    key: &IndexKey,
+) -> DeliveryReport {
     let counters = &state.sweep;
-    let apps: Vec<String> = match &job.index.app {
+    let apps: Vec<String> = match &index.app {
         Some(app) => vec![app.clone()],
         None => rt
             .apps()
             .into_iter()
             .filter(|a| {
-                a.tenant == job.index.tenant
-                    && a.classes.iter().any(|c| c == job.key.address.class())
+                a.tenant == index.tenant && a.classes.iter().any(|c| c == key.address.class())
             })
             .map(|a| a.app)
             .collect(),
     };
-    let mut failed = false;
-    let mut progress = false;
+    let mut report = DeliveryReport::default();
     let mut removable: Vec<(Option<Indexed>, u64)> = Vec::new();
-    let mut all_removable = !apps.is_empty();
-    // Every delivered entry is left alone a while: what ran removes it
-    // once its upload landed, and what reaches no actor here (a class no
-    // app deployed here has, a name no actor can have) waits the longest
-    // backoff, so that neither takes a pass's deliveries again and again.
-    let mut left_until = if apps.is_empty() {
-        now_ms() + config.retry_max_ms
-    } else {
-        now_ms() + AFTER_RUN_MS
-    };
     for app in apps {
-        let Ok(id) = ActorId::new(
-            &job.index.tenant,
-            &app,
-            job.key.address.class(),
-            job.key.address.name(),
-        ) else {
-            all_removable = false;
-            left_until = left_until.max(now_ms() + config.retry_max_ms);
+        let Ok(id) = ActorId::new(&index.tenant, &app, key.address.class(), key.address.name())
+        else {
+            report.add(Reached::Unaddressable);
             continue;
         };
         counters.deliveries_total.inc();
-        let remove_here = job.index.layout() == Layout::App;
-        match deliver_to(state, rt, &id, job.key.entry.at_ms, remove_here).await {
+        let remove_here = index.layout() == Layout::App;
+        let reached = match deliver_to(state, rt, &id, key.entry.at_ms, remove_here).await {
             Outcome::Found(Delivered::Remove { named, generation }) => {
                 removable.push((named, generation));
+                Reached::Removable
             }
             Outcome::Found(Delivered::Cleaned { removed }) => {
                 counters.stale_removed_total.inc_by(removed);
-                progress |= removed > 0;
-                all_removable = false;
+                Reached::Cleaned { removed }
             }
             Outcome::Found(Delivered::Ran) => {
                 counters.alarms_run_total.inc();
-                progress = true;
-                all_removable = false;
+                Reached::Ran
             }
-            Outcome::Found(Delivered::NotDue | Delivered::Fenced) => all_removable = false,
-            Outcome::Found(Delivered::Leave { retry_at_ms }) => {
-                all_removable = false;
-                left_until = left_until.max(retry_at_ms);
-            }
+            Outcome::Found(Delivered::NotDue) => Reached::NotDue,
+            Outcome::Found(Delivered::Fenced) => Reached::Fenced,
+            Outcome::Found(Delivered::Leave { retry_at_ms }) => Reached::Leave { retry_at_ms },
             Outcome::NotOwner => {
                 counters.not_owner_total.inc();
-                all_removable = false;
+                Reached::NotOwner
             }
             Outcome::Failed => {
                 counters.delivery_failures_total.inc();
-                all_removable = false;
-                failed = true;
+                Reached::Failed
             }
-        }
+        };
+        report.add(reached);
     }
-    if all_removable && !removable.is_empty() {
-        progress |= remove_stale(state, job, &removable).await > 0;
+    if report.all_removable() {
+        report.add_removed(remove_stale(state, index, key, &removable).await);
     }
-    Delivery {
-        until_ms: left_until,
-        failed,
-        progress,
-    }
+    report
 }
 
 enum Outcome {
@@ -530,9 +342,9 @@ async fn deliver_to(
     if !held_before {
         state.sweep.takeovers_total.inc();
     }
-    let mut found = rt.deliver(id, at_ms, remove_here).await;
+    let mut found = rt.alarms().deliver(id, at_ms, remove_here).await;
     if matches!(found, Ok(Delivered::Fenced)) {
-        found = rt.deliver(id, at_ms, remove_here).await;
+        found = rt.alarms().deliver(id, at_ms, remove_here).await;
     }
     // Acknowledged only in the epoch it was routed in (a lapse meanwhile
     // may have handed the actor to another node).
@@ -554,16 +366,14 @@ async fn deliver_to(
 /// index also the untagged entry, if no app names it.
 async fn remove_stale(
     state: &ClusterState,
-    job: &Job,
+    index: &Index,
+    key: &IndexKey,
     removable: &[(Option<Indexed>, u64)],
 ) -> u64 {
-    let layout = job.index.layout();
-    let prefix = job.index.prefix();
-    let at = job.key.entry.at_ms;
-    let folder = format!(
-        "{prefix}{}",
-        alarm_index::tagged_folder(at, &job.key.address)
-    );
+    let layout = index.layout();
+    let prefix = index.prefix();
+    let at = key.entry.at_ms;
+    let folder = format!("{prefix}{}", alarm_index::tagged_folder(at, &key.address));
     let op = BucketOp::List {
         prefix: folder,
         start_after: None,
@@ -581,7 +391,7 @@ async fn remove_stale(
         let named = named.filter(|n| n.layout == layout).map(|n| n.entry);
         let mine: BTreeSet<IndexKey> = alarm_index::stale_entries_to_delete(
             Rules::SAFE,
-            &job.key.address,
+            &key.address,
             at,
             &listed,
             named.as_ref(),
