@@ -43,7 +43,9 @@ use crate::BenchArgs;
 use crate::client::{self, Answer, Conn, Endpoint};
 use crate::load::{self, PhasedSpec, SplitMix, Targets, User};
 use crate::node::{Node, NodeSpec, free_port, log_tail};
-use crate::workloads::{EXAMPLES, Env, RunOutput, Target, quantile, read_counters, scrape};
+use crate::workloads::{
+    EXAMPLES, Env, RunOutput, Target, now_ms, quantile, read_counters, scrape, sleep_until_ms,
+};
 
 /// Nodes of a cluster run (the workloads say three).
 pub const CLUSTER_NODES: usize = 3;
@@ -438,23 +440,17 @@ pub async fn w6(env: &Env<'_>) -> Result<RunOutput> {
     r.map(|()| out)
 }
 
-#[allow(
-    clippy::too_many_lines,
-    reason = "longer than clippy.toml allows; to be split (issue 34)"
-)]
-async fn w6_run(env: &Env<'_>, c: &Cluster, out: &mut RunOutput) -> Result<()> {
-    let a = env.args;
+/// W6's virtual users: user `u` sends through node `u % 3`, in phase 0
+/// the increments of the actors that node owns, in phase 1 those of the
+/// node before it (each actor goes to the node after its owner).
+fn w6_users(
+    c: &Cluster,
+    names: &[String],
+    owners: &[usize],
+    durability: &str,
+    connections: usize,
+) -> Vec<User> {
     let n = c.members.len();
-    let names: Vec<String> = (0..a.actors).map(|i| format!("a{i}")).collect();
-    // A read takes the actor as a write would, and leaves every counter at
-    // its baseline.
-    let reads: Vec<String> = names
-        .iter()
-        .map(|x| format!("{EXAMPLES}/counter/{x}/value"))
-        .collect();
-    let owners = owners_of(c, &spread(c, a.connections, &reads, &Method::GET).await?)?;
-    record_spread(&owners, n, out)?;
-    let durability = a.w6_durability.as_str();
     let increments_of = |k: usize| -> Vec<String> {
         (0..names.len())
             .filter(|&i| owners[i] == k)
@@ -467,8 +463,6 @@ async fn w6_run(env: &Env<'_>, c: &Cluster, out: &mut RunOutput) -> Result<()> {
             .collect()
     };
     let owned: Vec<Vec<String>> = (0..n).map(increments_of).collect();
-    // Node k receives, in phase 0, the actors it owns; in phase 1 those of
-    // the node before it (each actor goes to the node after its owner).
     let phase = |k: usize, forwarded: bool| {
         let owner = if forwarded { (k + n - 1) % n } else { k };
         Arc::new(Targets {
@@ -479,31 +473,23 @@ async fn w6_run(env: &Env<'_>, c: &Cluster, out: &mut RunOutput) -> Result<()> {
     let per_node: Vec<Vec<Arc<Targets>>> = (0..n)
         .map(|k| vec![phase(k, false), phase(k, true)])
         .collect();
-    let users = (0..a.connections)
+    (0..connections)
         .map(|u| User {
             endpoint: c.members[u % n].endpoint.clone(),
             phases: per_node[u % n].clone(),
         })
-        .collect();
-    let before: u64 = read_counters(&c.members[0].endpoint, a.connections, &names)
-        .await?
-        .iter()
-        .sum();
-    let forwards0 = metric_sum(c, &["wasmkeep_cluster_forwards_total"]).await?;
-    let lapses0 = metric_sum(c, &LAPSES).await?;
-    let slices = (a.measure_s / SLICE_S).round().max(1.0);
-    let spec = PhasedSpec {
-        users,
-        warmup: Duration::from_secs_f64(a.warmup_s),
-        measure: Duration::from_secs_f64(a.measure_s),
-        slice: Duration::from_secs_f64(a.measure_s / slices),
-        method: Method::POST,
-        seed: a.seed,
-    };
-    let rs = load::closed_loop_phased(&spec).await?;
-    let (own, fwd) = (&rs[0], &rs[1]);
-    let forwards = metric_sum(c, &["wasmkeep_cluster_forwards_total"]).await? - forwards0;
-    let lapses = metric_sum(c, &LAPSES).await? - lapses0;
+        .collect()
+}
+
+/// W6's figures: both phases' rates and latencies side by side, with
+/// their ratios, and what the nodes counted (forwards, lease lapses).
+fn w6_figures(
+    out: &mut RunOutput,
+    own: &load::LoadOutcome,
+    fwd: &load::LoadOutcome,
+    forwards: f64,
+    lapses: f64,
+) {
     let ratio = |x: f64, y: f64| if y > 0.0 { x / y } else { f64::NAN };
     out.fig("owner_requests_per_s", own.requests_per_s());
     out.fig("forwarded_requests_per_s", fwd.requests_per_s());
@@ -521,10 +507,8 @@ async fn w6_run(env: &Env<'_>, c: &Cluster, out: &mut RunOutput) -> Result<()> {
     );
     out.fig("owner_max_ms", own.latency_us.max() as f64 / 1000.0);
     out.fig("forwarded_max_ms", fwd.latency_us.max() as f64 / 1000.0);
-    let ok_total = own.ok_total + fwd.ok_total;
-    let errors = own.errors_total + fwd.errors_total;
-    out.fig("requests_ok", ok_total as f64);
-    out.fig("errors", errors as f64);
+    out.fig("requests_ok", (own.ok_total + fwd.ok_total) as f64);
+    out.fig("errors", (own.errors_total + fwd.errors_total) as f64);
     out.fig("owner_moved", own.unexpected_node as f64);
     out.fig("forwarded_moved", fwd.unexpected_node as f64);
     out.fig(
@@ -532,6 +516,17 @@ async fn w6_run(env: &Env<'_>, c: &Cluster, out: &mut RunOutput) -> Result<()> {
         forwards / (fwd.ok_total + fwd.errors_total).max(1) as f64,
     );
     out.fig("lease_lapses", lapses);
+}
+
+/// W6's checks on the load: no request failed, and every answer ran on
+/// the owner found at the start.
+fn w6_load_checks(
+    out: &mut RunOutput,
+    own: &load::LoadOutcome,
+    fwd: &load::LoadOutcome,
+    lapses: f64,
+) {
+    let errors = own.errors_total + fwd.errors_total;
     out.check(
         "no_errors",
         errors == 0,
@@ -570,6 +565,47 @@ async fn w6_run(env: &Env<'_>, c: &Cluster, out: &mut RunOutput) -> Result<()> {
             )
         },
     );
+}
+
+/// W6's run on a started cluster: the actors spread over the nodes, the
+/// two phases' load, then the figures and checks.
+async fn w6_run(env: &Env<'_>, c: &Cluster, out: &mut RunOutput) -> Result<()> {
+    let a = env.args;
+    let n = c.members.len();
+    let names: Vec<String> = (0..a.actors).map(|i| format!("a{i}")).collect();
+    // A read takes the actor as a write would, and leaves every counter at
+    // its baseline.
+    let reads: Vec<String> = names
+        .iter()
+        .map(|x| format!("{EXAMPLES}/counter/{x}/value"))
+        .collect();
+    let owners = owners_of(c, &spread(c, a.connections, &reads, &Method::GET).await?)?;
+    record_spread(&owners, n, out)?;
+    let durability = a.w6_durability.as_str();
+    let users = w6_users(c, &names, &owners, durability, a.connections);
+    let before: u64 = read_counters(&c.members[0].endpoint, a.connections, &names)
+        .await?
+        .iter()
+        .sum();
+    let forwards0 = metric_sum(c, &["wasmkeep_cluster_forwards_total"]).await?;
+    let lapses0 = metric_sum(c, &LAPSES).await?;
+    let slices = (a.measure_s / SLICE_S).round().max(1.0);
+    let spec = PhasedSpec {
+        users,
+        warmup: Duration::from_secs_f64(a.warmup_s),
+        measure: Duration::from_secs_f64(a.measure_s),
+        slice: Duration::from_secs_f64(a.measure_s / slices),
+        method: Method::POST,
+        seed: a.seed,
+    };
+    let rs = load::closed_loop_phased(&spec).await?;
+    let (own, fwd) = (&rs[0], &rs[1]);
+    let forwards = metric_sum(c, &["wasmkeep_cluster_forwards_total"]).await? - forwards0;
+    let lapses = metric_sum(c, &LAPSES).await? - lapses0;
+    w6_figures(out, own, fwd, forwards, lapses);
+    w6_load_checks(out, own, fwd, lapses);
+    let ok_total = own.ok_total + fwd.ok_total;
+    let errors = own.errors_total + fwd.errors_total;
     // Read through another node than the baseline was.
     let after: u64 = read_counters(&c.members[n - 1].endpoint, a.connections, &names)
         .await?
@@ -623,6 +659,33 @@ struct KillState {
 }
 
 impl KillState {
+    /// The state of a run whose users increment `paths` on the cluster
+    /// `c`, each actor first owned by `owners[i]`; the warm-up starts now.
+    fn new(c: &Cluster, paths: Vec<String>, owners: &[usize], a: &BenchArgs) -> KillState {
+        let n = c.members.len();
+        let actors = paths.len();
+        let start = crate::clock::now();
+        let warm_end = start + Duration::from_secs_f64(a.warmup_s);
+        let measure_end = warm_end + Duration::from_secs_f64(a.measure_s);
+        KillState {
+            endpoints: c.members.iter().map(|m| m.endpoint.clone()).collect(),
+            ids: c.members.iter().map(|m| m.id.clone()).collect(),
+            paths,
+            alive: (0..n).map(|_| AtomicBool::new(true)).collect(),
+            latest_owner: owners.iter().map(|&o| AtomicUsize::new(o)).collect(),
+            pending: (0..actors).map(|_| AtomicBool::new(false)).collect(),
+            probes: Mutex::new(VecDeque::new()),
+            probing: AtomicUsize::new(0),
+            probing_max: (a.connections / 2).max(1),
+            live_acks: AtomicU64::new(0),
+            answered_again: Mutex::new(vec![None; actors]),
+            kill: Mutex::new(None),
+            stop: AtomicBool::new(false),
+            warm_end,
+            measure_end,
+        }
+    }
+
     /// A pending actor due to be asked again, counted as probing until
     /// [`Self::probed`].
     fn due_probe(&self, now: Instant) -> Option<usize> {
@@ -650,6 +713,34 @@ impl KillState {
             crate::clock::now() + Duration::from_millis(PROBE_RETRY_MS),
         ));
     }
+
+    /// The first live node after `node`, if any is.
+    fn live_node_after(&self, node: usize) -> Option<usize> {
+        let nodes = self.endpoints.len();
+        (1..nodes)
+            .map(|d| (node + d) % nodes)
+            .find(|&k| self.alive[k].load(Ordering::Relaxed))
+    }
+
+    /// The actor to ask next, and whether it is a probe: a pending actor
+    /// that is due, else a random one that is not pending (None if the
+    /// draws found only pending ones).
+    fn next_actor(&self, rng: &mut SplitMix) -> Option<(usize, bool)> {
+        if let Some(a) = self.due_probe(crate::clock::now()) {
+            return Some((a, true));
+        }
+        let mut a = rng.below(self.paths.len());
+        for _ in 0..16 {
+            if !self.pending[a].load(Ordering::Relaxed) {
+                break;
+            }
+            a = rng.below(self.paths.len());
+        }
+        if self.pending[a].load(Ordering::Relaxed) {
+            return None;
+        }
+        Some((a, false))
+    }
 }
 
 /// What one virtual user saw.
@@ -665,6 +756,107 @@ struct UserLog {
     /// Latency of the acknowledged requests of the measured window before
     /// the kill, in microseconds.
     hist: Histogram<u64>,
+}
+
+/// One request of a W5-kill user: the actor, whether it was a probe of a
+/// dead node's actor, and when it was sent and answered.
+#[derive(Clone, Copy)]
+struct Sent {
+    actor: usize,
+    probe: bool,
+    t0: Instant,
+    t1: Instant,
+}
+
+impl UserLog {
+    /// A log with nothing in it yet.
+    fn new() -> UserLog {
+        UserLog {
+            acks: Vec::new(),
+            failed: Vec::new(),
+            failed_by_status: BTreeMap::new(),
+            errors_before_kill: 0,
+            client_errors: 0,
+            samples: Vec::new(),
+            hist: load::histogram_us(),
+        }
+    }
+
+    /// Keeps `sample` if fewer than [`SAMPLES_MAX`] are kept.
+    fn sample(&mut self, sample: impl FnOnce() -> String) {
+        if self.samples.len() < SAMPLES_MAX {
+            self.samples.push(sample());
+        }
+    }
+
+    /// An increment acknowledged with `value` by answer `a`: records who
+    /// ran it and its latency; a probe's actor is no longer pending once it
+    /// answered from another node than the victim since the kill.
+    fn ack(
+        &mut self,
+        st: &KillState,
+        s: Sent,
+        value: u64,
+        a: &Answer,
+        kill: Option<(Instant, usize)>,
+    ) {
+        self.acks.push((s.actor as u32, value));
+        let by = a
+            .node
+            .as_deref()
+            .and_then(|id| st.ids.iter().position(|x| x == id));
+        if let Some(k) = by {
+            st.latest_owner[s.actor].store(k, Ordering::Relaxed);
+        }
+        if s.t0 >= st.warm_end && s.t1 <= st.measure_end {
+            self.hist
+                .saturating_record((s.t1 - s.t0).as_micros().max(1) as u64);
+        }
+        if !s.probe {
+            st.live_acks.fetch_add(1, Ordering::Relaxed);
+        }
+        if s.probe {
+            match kill {
+                Some((at, victim)) if s.t0 >= at && by.is_some_and(|k| k != victim) => {
+                    st.answered_again.lock().expect("not poisoned")[s.actor] = Some(s.t1 - at);
+                    st.pending[s.actor].store(false, Ordering::Relaxed);
+                }
+                _ => st.ask_again_later(s.actor),
+            }
+        }
+    }
+
+    /// An increment whose outcome is unknown (`r` is not a 200 with a
+    /// value), sent through `node`.
+    fn fail(
+        &mut self,
+        st: &KillState,
+        s: Sent,
+        node: usize,
+        r: &Result<Answer>,
+        kill: Option<(Instant, usize)>,
+    ) {
+        self.failed.push(s.actor as u32);
+        let status = r.as_ref().map(|a| a.status).unwrap_or(0);
+        *self.failed_by_status.entry(status).or_default() += 1;
+        if kill.is_none_or(|(at, _)| s.t1 < at) {
+            self.errors_before_kill += 1;
+        }
+        if (400..500).contains(&status) {
+            self.client_errors += 1;
+        }
+        self.sample(|| {
+            let described = r.as_ref().map(|a| (a.status, a.body.clone()));
+            format!(
+                "{} via node {node}: {}",
+                st.paths[s.actor],
+                match &described {
+                    Ok(x) => client::describe(&Ok(x.clone())),
+                    Err(e) => format!("{e:#}"),
+                }
+            )
+        });
+    }
 }
 
 /// The virtual users; dropping them stops them.
@@ -706,31 +898,15 @@ impl Drop for Users {
 /// One virtual user of W5-kill: a keep-alive connection to a live node
 /// (another one once its node is killed), `replicated` increments of
 /// random actors, and the dead node's actors whenever one is due.
-#[allow(
-    clippy::too_many_lines,
-    reason = "longer than clippy.toml allows; to be split (issue 34)"
-)]
 async fn kill_user(st: Arc<KillState>, u: usize, seed: u64) -> UserLog {
-    let nodes = st.endpoints.len();
-    let mut node = u % nodes;
+    let mut node = u % st.endpoints.len();
     let mut conn: Option<Conn> = None;
     let mut rng = SplitMix::new(seed ^ (u as u64).wrapping_mul(0x1000_0000_01B3));
-    let mut log = UserLog {
-        acks: Vec::new(),
-        failed: Vec::new(),
-        failed_by_status: BTreeMap::new(),
-        errors_before_kill: 0,
-        client_errors: 0,
-        samples: Vec::new(),
-        hist: load::histogram_us(),
-    };
+    let mut log = UserLog::new();
     let pause = || tokio::time::sleep(Duration::from_millis(ERROR_PAUSE_MS));
     while !st.stop.load(Ordering::Relaxed) {
         if !st.alive[node].load(Ordering::Relaxed) {
-            if let Some(k) = (1..nodes)
-                .map(|d| (node + d) % nodes)
-                .find(|&k| st.alive[k].load(Ordering::Relaxed))
-            {
+            if let Some(k) = st.live_node_after(node) {
                 node = k;
             }
             conn = None;
@@ -739,31 +915,16 @@ async fn kill_user(st: Arc<KillState>, u: usize, seed: u64) -> UserLog {
             match Conn::connect(&st.endpoints[node]).await {
                 Ok(c) => conn = Some(c),
                 Err(e) => {
-                    if log.samples.len() < SAMPLES_MAX {
-                        log.samples.push(format!("connect to node {node}: {e:#}"));
-                    }
+                    log.sample(|| format!("connect to node {node}: {e:#}"));
                     pause().await;
                     continue;
                 }
             }
         }
         let c = conn.as_mut().expect("connected above");
-        let (actor, probe) = match st.due_probe(crate::clock::now()) {
-            Some(a) => (a, true),
-            None => {
-                let mut a = rng.below(st.paths.len());
-                for _ in 0..16 {
-                    if !st.pending[a].load(Ordering::Relaxed) {
-                        break;
-                    }
-                    a = rng.below(st.paths.len());
-                }
-                if st.pending[a].load(Ordering::Relaxed) {
-                    pause().await;
-                    continue;
-                }
-                (a, false)
-            }
+        let Some((actor, probe)) = st.next_actor(&mut rng) else {
+            pause().await;
+            continue;
         };
         let t0 = crate::clock::now();
         let r = c.send_full(&Method::POST, &st.paths[actor]).await;
@@ -771,6 +932,12 @@ async fn kill_user(st: Arc<KillState>, u: usize, seed: u64) -> UserLog {
         if probe {
             st.probed();
         }
+        let sent = Sent {
+            actor,
+            probe,
+            t0,
+            t1,
+        };
         let kill = *st.kill.lock().expect("not poisoned");
         let value = match &r {
             Ok(a) if a.status == 200 => serde_json::from_slice::<serde_json::Value>(&a.body)
@@ -779,53 +946,9 @@ async fn kill_user(st: Arc<KillState>, u: usize, seed: u64) -> UserLog {
             _ => None,
         };
         match (value, &r) {
-            (Some(v), Ok(a)) => {
-                log.acks.push((actor as u32, v));
-                let by = a
-                    .node
-                    .as_deref()
-                    .and_then(|id| st.ids.iter().position(|x| x == id));
-                if let Some(k) = by {
-                    st.latest_owner[actor].store(k, Ordering::Relaxed);
-                }
-                if t0 >= st.warm_end && t1 <= st.measure_end {
-                    log.hist
-                        .saturating_record((t1 - t0).as_micros().max(1) as u64);
-                }
-                if !probe {
-                    st.live_acks.fetch_add(1, Ordering::Relaxed);
-                }
-                if probe {
-                    match kill {
-                        Some((at, victim)) if t0 >= at && by.is_some_and(|k| k != victim) => {
-                            st.answered_again.lock().expect("not poisoned")[actor] = Some(t1 - at);
-                            st.pending[actor].store(false, Ordering::Relaxed);
-                        }
-                        _ => st.ask_again_later(actor),
-                    }
-                }
-            }
+            (Some(v), Ok(a)) => log.ack(&st, sent, v, a, kill),
             _ => {
-                log.failed.push(actor as u32);
-                let status = r.as_ref().map(|a| a.status).unwrap_or(0);
-                *log.failed_by_status.entry(status).or_default() += 1;
-                if kill.is_none_or(|(at, _)| t1 < at) {
-                    log.errors_before_kill += 1;
-                }
-                if (400..500).contains(&status) {
-                    log.client_errors += 1;
-                }
-                if log.samples.len() < SAMPLES_MAX {
-                    let described = r.as_ref().map(|a| (a.status, a.body.clone()));
-                    log.samples.push(format!(
-                        "{} via node {node}: {}",
-                        st.paths[actor],
-                        match &described {
-                            Ok(x) => client::describe(&Ok(x.clone())),
-                            Err(e) => format!("{e:#}"),
-                        }
-                    ));
-                }
+                log.fail(&st, sent, node, &r, kill);
                 if r.is_err() {
                     conn = None;
                 }
@@ -855,27 +978,9 @@ pub async fn w5_kill(env: &Env<'_>) -> Result<RunOutput> {
     r.map(|()| out)
 }
 
-#[allow(
-    clippy::too_many_lines,
-    reason = "longer than clippy.toml allows; to be split (issue 34)"
-)]
-async fn w5_kill_run(
-    env: &Env<'_>,
-    c: &mut Cluster,
-    timings: &Timings,
-    out: &mut RunOutput,
-) -> Result<()> {
-    let a = env.args;
-    let n = c.members.len();
-    let names: Vec<String> = (0..a.actors).map(|i| format!("k{i}")).collect();
-    let paths: Vec<String> = names
-        .iter()
-        .map(|x| format!("{EXAMPLES}/counter/{x}/increment{REPLICATED}"))
-        .collect();
-    // The first increment of each actor, through node i % 3, takes it there.
-    let touched = spread(c, a.connections, &paths, &Method::POST).await?;
-    let owners = owners_of(c, &touched)?;
-    record_spread(&owners, n, out)?;
+/// W5-kill: each actor's value acknowledged by its first increment (the
+/// start of its acknowledged history); checks every actor answered one.
+fn first_acks(names: &[String], touched: &[Answer], out: &mut RunOutput) -> Vec<Vec<u64>> {
     let mut acked: Vec<Vec<u64>> = vec![Vec::new(); names.len()];
     let mut bad_touch = Vec::new();
     for (i, t) in touched.iter().enumerate() {
@@ -896,47 +1001,54 @@ async fn w5_kill_run(
             bad_touch[..bad_touch.len().min(5)].join(" | ")
         },
     );
+    acked
+}
 
-    let start = crate::clock::now();
-    let warm_end = start + Duration::from_secs_f64(a.warmup_s);
-    let measure_end = warm_end + Duration::from_secs_f64(a.measure_s);
-    let state = Arc::new(KillState {
-        endpoints: c.members.iter().map(|m| m.endpoint.clone()).collect(),
-        ids: c.members.iter().map(|m| m.id.clone()).collect(),
-        paths,
-        alive: (0..n).map(|_| AtomicBool::new(true)).collect(),
-        latest_owner: owners.iter().map(|&o| AtomicUsize::new(o)).collect(),
-        pending: (0..names.len()).map(|_| AtomicBool::new(false)).collect(),
-        probes: Mutex::new(VecDeque::new()),
-        probing: AtomicUsize::new(0),
-        probing_max: (a.connections / 2).max(1),
-        live_acks: AtomicU64::new(0),
-        answered_again: Mutex::new(vec![None; names.len()]),
-        kill: Mutex::new(None),
-        stop: AtomicBool::new(false),
-        warm_end,
-        measure_end,
-    });
-    let users = Users::start(&state, a.connections, a.seed);
-    tokio::time::sleep_until(measure_end.into()).await;
+/// W5-kill's kill: the node killed, its actors, and what the wait for
+/// them to answer again saw.
+struct Outage {
+    /// Actors whose latest acknowledged increment each node ran.
+    per: Vec<usize>,
+    victim: usize,
+    /// The victim's actors.
+    dead: Vec<usize>,
+    survivors: Vec<usize>,
+    killed_at: Instant,
+    /// The longest the run waited for the dead actors.
+    deadline: Instant,
+    /// The cluster's takeovers before the kill.
+    takeovers0: f64,
+    /// From the kill to the end of the wait, in seconds.
+    outage_s: f64,
+    /// Acknowledged increments of the other actors meanwhile.
+    outage_live_acks: u64,
+}
 
-    // The victim: the node that ran the latest acknowledged increment of
-    // the most actors.
+/// The victim: the node that ran the latest acknowledged increment of the
+/// most actors; with how many each node ran.
+fn choose_victim(state: &KillState, n: usize) -> (usize, Vec<usize>) {
     let mut per = vec![0usize; n];
     for o in &state.latest_owner {
         per[o.load(Ordering::Relaxed).min(n - 1)] += 1;
     }
     let victim = (0..n).max_by_key(|&k| per[k]).expect("three nodes");
-    let dead: Vec<usize> = (0..names.len())
-        .filter(|&i| state.latest_owner[i].load(Ordering::Relaxed) == victim)
-        .collect();
-    let survivors: Vec<usize> = (0..n).filter(|&k| k != victim).collect();
-    let takeovers0 = metric_sum(c, &["wasmkeep_cluster_takeovers_total"]).await?;
+    (victim, per)
+}
+
+/// Marks the victim's actors pending, due to be asked at once, and the
+/// victim dead, then SIGKILLs it; when the kill was sent, and the live
+/// acknowledgements then.
+async fn kill_victim(
+    c: &mut Cluster,
+    state: &KillState,
+    victim: usize,
+    dead: &[usize],
+) -> Result<(Instant, u64)> {
     // No await from here to the signal: no user runs in between, so none
     // sends to the victim or asks for its actors before the kill instant.
     let killed_at = crate::clock::now();
     {
-        for &d in &dead {
+        for &d in dead {
             state.pending[d].store(true, Ordering::Relaxed);
         }
         state
@@ -951,7 +1063,21 @@ async fn w5_kill_run(
     let mut node = c.members[victim].node.take().expect("the victim runs");
     node.kill().await.context("SIGKILL the victim")?;
     drop(node);
+    Ok((killed_at, live_acks0))
+}
 
+/// Kills the victim under the load, then waits until each of its actors
+/// answered from another node, or lease + grace +
+/// [`TAKEOVER_WAIT_EXTRA_MS`] passed.
+async fn kill_and_wait(c: &mut Cluster, state: &KillState, timings: &Timings) -> Result<Outage> {
+    let n = c.members.len();
+    let (victim, per) = choose_victim(state, n);
+    let dead: Vec<usize> = (0..state.paths.len())
+        .filter(|&i| state.latest_owner[i].load(Ordering::Relaxed) == victim)
+        .collect();
+    let survivors: Vec<usize> = (0..n).filter(|&k| k != victim).collect();
+    let takeovers0 = metric_sum(c, &["wasmkeep_cluster_takeovers_total"]).await?;
+    let (killed_at, live_acks0) = kill_victim(c, state, victim, &dead).await?;
     let deadline = killed_at
         + Duration::from_millis(
             timings.lease_period_ms + timings.lease_grace_ms + TAKEOVER_WAIT_EXTRA_MS,
@@ -966,53 +1092,87 @@ async fn w5_kill_run(
         }
         tokio::time::sleep(Duration::from_millis(POLL_MS)).await;
     }
-    let outage_s = killed_at.elapsed().as_secs_f64();
-    let outage_live_acks = state.live_acks.load(Ordering::Relaxed) - live_acks0;
-    tokio::time::sleep(Duration::from_millis(AFTER_TAKEOVER_MS)).await;
-    let logs = users.finish().await?;
-    let takeovers = metric_sum(c, &["wasmkeep_cluster_takeovers_total"]).await? - takeovers0;
+    Ok(Outage {
+        per,
+        victim,
+        dead,
+        survivors,
+        killed_at,
+        deadline,
+        takeovers0,
+        outage_s: killed_at.elapsed().as_secs_f64(),
+        outage_live_acks: state.live_acks.load(Ordering::Relaxed) - live_acks0,
+    })
+}
 
-    // Before the kill: the load's figures.
-    let mut hist = load::histogram_us();
-    let (mut errors, mut errors_before_kill, mut client_errors) = (0u64, 0u64, 0u64);
-    let mut by_status: BTreeMap<u16, u64> = BTreeMap::new();
-    let mut samples = Vec::new();
-    let mut unknown: HashMap<usize, u64> = HashMap::new();
-    let mut ok_total = 0u64;
-    for l in &logs {
-        hist.add(&l.hist).expect("same bounds");
-        ok_total += l.acks.len() as u64;
-        errors += l.failed.len() as u64;
-        errors_before_kill += l.errors_before_kill;
-        client_errors += l.client_errors;
+/// What the W5-kill users saw, added up.
+struct KillTally {
+    /// Latency of the measured window before the kill.
+    hist: Histogram<u64>,
+    ok_total: u64,
+    errors: u64,
+    errors_before_kill: u64,
+    client_errors: u64,
+    by_status: BTreeMap<u16, u64>,
+    samples: Vec<String>,
+    /// Failed increments (outcome unknown) per actor.
+    unknown: HashMap<usize, u64>,
+}
+
+/// Adds up the users' logs; their acknowledged values go into `acked`.
+fn tally_logs(logs: &[UserLog], acked: &mut [Vec<u64>]) -> KillTally {
+    let mut t = KillTally {
+        hist: load::histogram_us(),
+        ok_total: 0,
+        errors: 0,
+        errors_before_kill: 0,
+        client_errors: 0,
+        by_status: BTreeMap::new(),
+        samples: Vec::new(),
+        unknown: HashMap::new(),
+    };
+    for l in logs {
+        t.hist.add(&l.hist).expect("same bounds");
+        t.ok_total += l.acks.len() as u64;
+        t.errors += l.failed.len() as u64;
+        t.errors_before_kill += l.errors_before_kill;
+        t.client_errors += l.client_errors;
         for (s, k) in &l.failed_by_status {
-            *by_status.entry(*s).or_default() += k;
+            *t.by_status.entry(*s).or_default() += k;
         }
         for s in &l.samples {
-            if samples.len() < SAMPLES_MAX {
-                samples.push(s.clone());
+            if t.samples.len() < SAMPLES_MAX {
+                t.samples.push(s.clone());
             }
         }
         for &(actor, v) in &l.acks {
             acked[actor as usize].push(v);
         }
         for &actor in &l.failed {
-            *unknown.entry(actor as usize).or_default() += 1;
+            *t.unknown.entry(actor as usize).or_default() += 1;
         }
     }
-    out.fig("requests_per_s", hist.len() as f64 / a.measure_s);
-    out.fig("p50_ms", hist.value_at_quantile(0.50) as f64 / 1000.0);
-    out.fig("p99_ms", hist.value_at_quantile(0.99) as f64 / 1000.0);
+    t
+}
 
-    // The takeover.
+/// The takeover's figures (time from the kill to each dead actor's first
+/// answer, beside the bar) and the check that every one answered again.
+fn takeover_report(
+    out: &mut RunOutput,
+    state: &KillState,
+    o: &Outage,
+    takeovers: f64,
+    timings: &Timings,
+) {
     let again = state.answered_again.lock().expect("not poisoned").clone();
-    let mut ms: Vec<f64> = dead
+    let mut ms: Vec<f64> = o
+        .dead
         .iter()
         .filter_map(|&d| again[d].map(|t| t.as_secs_f64() * 1000.0))
         .collect();
     ms.sort_by(f64::total_cmp);
     let q = |x| quantile(&ms, x).unwrap_or(f64::NAN);
-    out.fig("dead_actors", dead.len() as f64);
+    out.fig("dead_actors", o.dead.len() as f64);
     out.fig("takeover_min_ms", q(0.0));
     out.fig("takeover_p50_ms", q(0.50));
     out.fig("takeover_p99_ms", q(0.99));
@@ -1026,31 +1186,42 @@ async fn w5_kill_run(
     // The load on the other actors while the dead node's waited.
     out.fig(
         "takeover_live_req_per_s",
-        outage_live_acks as f64 / outage_s,
+        o.outage_live_acks as f64 / o.outage_s,
     );
     out.check(
         "all_answered_again",
-        ms.len() == dead.len(),
+        ms.len() == o.dead.len(),
         format!(
-            "{} of the {} actors of node {victim} (killed; {} actors per node {per:?}) answered \
+            "{} of the {} actors of node {} (killed; {} actors per node {:?}) answered \
              from another node within {} ms of the kill (lease {} + grace {} + {} ms); \
              p99 {:.0} ms against the bar lease + grace + 1 s = {bar:.0} ms",
             ms.len(),
-            dead.len(),
-            n,
-            deadline.duration_since(killed_at).as_millis(),
+            o.dead.len(),
+            o.victim,
+            o.per.len(),
+            o.per,
+            o.deadline.duration_since(o.killed_at).as_millis(),
             timings.lease_period_ms,
             timings.lease_grace_ms,
             TAKEOVER_WAIT_EXTRA_MS,
             q(0.99),
         ),
     );
+}
 
-    // Every counter read through each survivor: they must agree.
+/// Every counter read through each survivor; checks they agree, and
+/// returns the values.
+async fn read_finals(
+    c: &Cluster,
+    connections: usize,
+    names: &[String],
+    survivors: &[usize],
+    out: &mut RunOutput,
+) -> Result<Vec<u64>> {
     let mut finals: Option<Vec<u64>> = None;
     let mut disagree = Vec::new();
-    for &k in &survivors {
-        let vals = read_counters(&c.members[k].endpoint, a.connections, &names)
+    for &k in survivors {
+        let vals = read_counters(&c.members[k].endpoint, connections, names)
             .await
             .with_context(|| format!("read the counters through node {k}"))?;
         match &finals {
@@ -1074,48 +1245,78 @@ async fn w5_kill_run(
             disagree.join(" | ")
         },
     );
+    Ok(finals)
+}
 
-    // The history: no acknowledged value above the final one (lost), none
-    // acknowledged twice (split brain), and no final value above what may
-    // have run (acknowledged + unknown outcomes).
-    let (mut lost, mut twice, mut invented) = (0u64, 0u64, 0u64);
-    let mut examples = Vec::new();
+/// What the acknowledged histories say against the final values.
+struct History {
+    /// Acknowledged values above their counter's final value.
+    lost: u64,
+    /// Values acknowledged twice for one actor.
+    twice: u64,
+    /// Counters above their acknowledged plus failed increments.
+    invented: u64,
+    examples: Vec<String>,
+}
+
+/// The history: no acknowledged value above the final one (lost), none
+/// acknowledged twice (split brain), and no final value above what may
+/// have run (acknowledged + unknown outcomes).
+fn history(
+    names: &[String],
+    acked: &mut [Vec<u64>],
+    finals: &[u64],
+    unknown: &HashMap<usize, u64>,
+) -> History {
+    let mut h = History {
+        lost: 0,
+        twice: 0,
+        invented: 0,
+        examples: Vec::new(),
+    };
     for (i, values) in acked.iter_mut().enumerate() {
         values.sort_unstable();
         let fin = finals[i];
         let dup = values.windows(2).filter(|w| w[0] == w[1]).count() as u64;
         let above = values.iter().filter(|&&v| v > fin).count() as u64;
         let may_have_run = values.len() as u64 + unknown.get(&i).copied().unwrap_or(0);
-        if (dup > 0 || above > 0 || fin > may_have_run) && examples.len() < 5 {
-            examples.push(format!(
+        if (dup > 0 || above > 0 || fin > may_have_run) && h.examples.len() < 5 {
+            h.examples.push(format!(
                 "{}: final {fin}, highest acknowledged {:?}, {dup} acknowledged twice, \
                  {may_have_run} may have run",
                 names[i],
                 values.last()
             ));
         }
-        twice += dup;
-        lost += above;
-        invented += u64::from(fin > may_have_run);
+        h.twice += dup;
+        h.lost += above;
+        h.invented += u64::from(fin > may_have_run);
     }
-    out.fig("requests_ok", ok_total as f64);
+    h
+}
+
+/// W5-kill's history figures and checks, and the failed requests'.
+fn history_report(out: &mut RunOutput, actors: usize, h: &History, t: &KillTally) {
+    let (lost, twice, invented) = (h.lost, h.twice, h.invented);
+    let (errors, errors_before_kill, client_errors) =
+        (t.errors, t.errors_before_kill, t.client_errors);
+    out.fig("requests_ok", t.ok_total as f64);
     out.fig("errors", errors as f64);
     out.fig("errors_before_kill", errors_before_kill as f64);
     out.fig("lost_acknowledged", lost as f64);
     out.fig("acknowledged_twice", twice as f64);
-    let tail = if examples.is_empty() {
+    let tail = if h.examples.is_empty() {
         String::new()
     } else {
-        format!("; {}", examples.join(" | "))
+        format!("; {}", h.examples.join(" | "))
     };
     out.check(
         "no_lost_acknowledged_writes",
         lost == 0,
         format!(
-            "{} acknowledged increments ({} actors); {lost} acknowledged values above their \
+            "{} acknowledged increments ({actors} actors); {lost} acknowledged values above their \
              counter's final value{tail}",
-            ok_total + names.len() as u64,
-            names.len()
+            t.ok_total + actors as u64,
         ),
     );
     out.check(
@@ -1129,8 +1330,9 @@ async fn w5_kill_run(
         format!("{invented} counters above their acknowledged plus failed increments{tail}"),
     );
     let failures = format!(
-        "{errors} failed requests (by status, 0 = no answer: {by_status:?}); first: {}",
-        samples.join(" | ")
+        "{errors} failed requests (by status, 0 = no answer: {:?}); first: {}",
+        t.by_status,
+        t.samples.join(" | ")
     );
     out.check(
         "no_errors_before_kill",
@@ -1142,6 +1344,45 @@ async fn w5_kill_run(
         client_errors == 0,
         format!("{client_errors} answered 4xx; {failures}"),
     );
+}
+
+/// W5-kill's run on a started cluster: the actors spread over the nodes,
+/// the load, the kill and the wait for the takeover, then the figures and
+/// the checks of every acknowledged value.
+async fn w5_kill_run(
+    env: &Env<'_>,
+    c: &mut Cluster,
+    timings: &Timings,
+    out: &mut RunOutput,
+) -> Result<()> {
+    let a = env.args;
+    let n = c.members.len();
+    let names: Vec<String> = (0..a.actors).map(|i| format!("k{i}")).collect();
+    let paths: Vec<String> = names
+        .iter()
+        .map(|x| format!("{EXAMPLES}/counter/{x}/increment{REPLICATED}"))
+        .collect();
+    // The first increment of each actor, through node i % 3, takes it there.
+    let touched = spread(c, a.connections, &paths, &Method::POST).await?;
+    let owners = owners_of(c, &touched)?;
+    record_spread(&owners, n, out)?;
+    let mut acked = first_acks(&names, &touched, out);
+    let state = Arc::new(KillState::new(c, paths, &owners, a));
+    let users = Users::start(&state, a.connections, a.seed);
+    tokio::time::sleep_until(state.measure_end.into()).await;
+    let outage = kill_and_wait(c, &state, timings).await?;
+    tokio::time::sleep(Duration::from_millis(AFTER_TAKEOVER_MS)).await;
+    let logs = users.finish().await?;
+    let takeovers = metric_sum(c, &["wasmkeep_cluster_takeovers_total"]).await? - outage.takeovers0;
+    // Before the kill: the load's figures.
+    let t = tally_logs(&logs, &mut acked);
+    out.fig("requests_per_s", t.hist.len() as f64 / a.measure_s);
+    out.fig("p50_ms", t.hist.value_at_quantile(0.50) as f64 / 1000.0);
+    out.fig("p99_ms", t.hist.value_at_quantile(0.99) as f64 / 1000.0);
+    takeover_report(out, &state, &outage, takeovers, timings);
+    let finals = read_finals(c, a.connections, &names, &outage.survivors, out).await?;
+    let h = history(&names, &mut acked, &finals, &t.unknown);
+    history_report(out, names.len(), &h, &t);
     Ok(())
 }
 
@@ -1171,26 +1412,15 @@ pub async fn w5(env: &Env<'_>) -> Result<RunOutput> {
     r.map(|()| out)
 }
 
-#[allow(
-    clippy::too_many_lines,
-    reason = "longer than clippy.toml allows; to be split (issue 34)"
-)]
-async fn w5_run(
-    env: &Env<'_>,
-    c: &mut Cluster,
-    timings: &Timings,
+/// W5: sets every alarm through node 0, due at `due`; checks node 0 holds
+/// every actor (an error if not). Returns node 0's id.
+async fn set_alarms_on_node0(
+    c: &Cluster,
+    connections: usize,
+    names: &[String],
+    due: u64,
     out: &mut RunOutput,
-) -> Result<()> {
-    use crate::workloads::{now_ms, sleep_until_ms};
-    let a = env.args;
-    let sweep_ms = sweep_ms_of(env)?;
-    let bar_ms = timings.lease_period_ms + timings.lease_grace_ms + sweep_ms;
-    out.fig("lease_period_ms", timings.lease_period_ms as f64);
-    out.fig("lease_grace_ms", timings.lease_grace_ms as f64);
-    out.fig("alarm_sweep_ms", sweep_ms as f64);
-    out.fig("bar_ms", bar_ms as f64);
-    let due = now_ms() + (a.w5_lead_s * 1000.0) as u64;
-    let names: Vec<String> = (0..a.alarms).map(|i| format!("f{i}")).collect();
+) -> Result<String> {
     let reqs = names
         .iter()
         .map(|n| {
@@ -1202,12 +1432,12 @@ async fn w5_run(
         .collect();
     let t_set = crate::clock::now();
     let owner = c.members[0].endpoint.clone();
-    let set = client::send_all_full(&owner, a.connections, reqs).await?;
+    let set = client::send_all_full(&owner, connections, reqs).await?;
     out.fig("set_s", t_set.elapsed().as_secs_f64());
     let victim_id = c.members[0].id.clone();
     let bad: Vec<String> = set
         .iter()
-        .zip(&names)
+        .zip(names)
         .filter(|(r, _)| {
             !r.as_ref()
                 .is_ok_and(|a| a.status == 200 && a.node.as_deref() == Some(victim_id.as_str()))
@@ -1231,6 +1461,11 @@ async fn w5_run(
         },
     );
     ensure!(bad.is_empty(), "the alarms were not all set on node 0");
+    Ok(victim_id)
+}
+
+/// W5: SIGKILLs node 0, checking it is before the alarms are due.
+async fn kill_node0(c: &mut Cluster, due: u64, out: &mut RunOutput) -> Result<()> {
     let killed_at = now_ms();
     out.check(
         "killed_before_due",
@@ -1248,15 +1483,23 @@ async fn w5_run(
     let mut node = c.members[0].node.take().expect("node 0 runs");
     node.kill().await.context("SIGKILL node 0")?;
     drop(node);
+    Ok(())
+}
 
-    // Wait, without touching the actors, until the survivors ran them all.
-    let survivors: Vec<usize> = (1..c.members.len()).collect();
-    let deadline = due + bar_ms + W5_WAIT_EXTRA_MS;
+/// W5: waits, without touching the actors, until the survivors' sweeps ran
+/// `alarms` alarms or `deadline` (ms) passed; records what the sweeps did.
+async fn wait_for_sweeps(
+    c: &Cluster,
+    alarms: usize,
+    due: u64,
+    deadline: u64,
+    out: &mut RunOutput,
+) -> Result<()> {
     sleep_until_ms(due).await;
     let mut ran = 0.0;
     while now_ms() < deadline {
         ran = metric_sum(c, &["wasmkeep_alarm_sweep_alarms_run_total"]).await?;
-        if ran >= names.len() as f64 {
+        if ran >= alarms as f64 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(W5_POLL_MS)).await;
@@ -1266,63 +1509,94 @@ async fn w5_run(
     let takeovers = metric_sum(c, &["wasmkeep_alarm_sweep_takeovers_total"]).await?;
     out.fig("sweep_deliveries", deliveries);
     out.fig("sweep_takeovers", takeovers);
+    Ok(())
+}
 
-    // Then read every actor's runs (through a survivor: the owner answers).
+/// W5: what every actor's runs of the alarm say.
+#[derive(Default)]
+struct AlarmRuns {
+    /// Each fired alarm's first run, ms after `due` (negative if early).
+    lateness: Vec<f64>,
+    /// Runs beyond an alarm's first.
+    twice: usize,
+    /// Alarms first run before they were due.
+    early: usize,
+    /// Alarms answered by the killed node.
+    on_victim: usize,
+    /// Actors whose runs could not be read.
+    unread: Vec<String>,
+    /// Per node that answered: alarms, first and last run (ms).
+    per_node: BTreeMap<String, (usize, u64, u64)>,
+}
+
+/// W5: reads every actor's runs through `reader` (the owner answers).
+async fn read_alarm_runs(
+    reader: &Endpoint,
+    connections: usize,
+    names: &[String],
+    due: u64,
+    victim_id: &str,
+) -> Result<AlarmRuns> {
     let reqs = names
         .iter()
         .map(|n| (Method::GET, format!("{EXAMPLES}/reminder/{n}/fired")))
         .collect();
-    let reader = c.members[survivors[0]].endpoint.clone();
-    let read = client::send_all_full(&reader, a.connections, reqs).await?;
-    let mut lateness: Vec<f64> = Vec::new();
-    let (mut twice, mut early, mut on_victim, mut unread) = (0usize, 0usize, 0usize, Vec::new());
-    let mut per_node: BTreeMap<String, (usize, u64, u64)> = BTreeMap::new();
-    for (r, n) in read.iter().zip(&names) {
+    let read = client::send_all_full(reader, connections, reqs).await?;
+    let mut runs = AlarmRuns::default();
+    for (r, n) in read.iter().zip(names) {
         let Some((v, node)) = r.as_ref().ok().and_then(|a| {
             let v: serde_json::Value = serde_json::from_slice(&a.body).ok()?;
             Some((v, a.node.clone().unwrap_or_default()))
         }) else {
-            unread.push(n.clone());
+            runs.unread.push(n.clone());
             continue;
         };
-        let runs: Vec<u64> = v["fired"]
+        let fired: Vec<u64> = v["fired"]
             .as_array()
             .into_iter()
             .flatten()
             .filter(|e| e["due_ms"].as_u64() == Some(due))
             .filter_map(|e| e["fired_ms"].as_u64())
             .collect();
-        let Some(&first) = runs.first() else { continue };
-        twice += runs.len().saturating_sub(1);
+        let Some(&first) = fired.first() else {
+            continue;
+        };
+        runs.twice += fired.len().saturating_sub(1);
         if first < due {
-            early += 1;
+            runs.early += 1;
         }
         if node == victim_id {
-            on_victim += 1;
+            runs.on_victim += 1;
         }
-        lateness.push(first as f64 - due as f64);
-        let e = per_node.entry(node).or_insert((0, u64::MAX, 0));
+        runs.lateness.push(first as f64 - due as f64);
+        let e = runs.per_node.entry(node).or_insert((0, u64::MAX, 0));
         e.0 += 1;
         e.1 = e.1.min(first);
         e.2 = e.2.max(first);
     }
+    runs.lateness.sort_by(|x, y| x.total_cmp(y));
+    Ok(runs)
+}
+
+/// W5's figures (lateness, each survivor's drain rate) and checks.
+fn alarm_runs_report(out: &mut RunOutput, scheduled: usize, runs: &AlarmRuns, bar_ms: u64) {
+    let lateness = &runs.lateness;
     let fired = lateness.len();
-    out.fig("scheduled", names.len() as f64);
+    out.fig("scheduled", scheduled as f64);
     out.fig("fired", fired as f64);
-    lateness.sort_by(|x, y| x.total_cmp(y));
     if !lateness.is_empty() {
         out.fig(
             "lateness_p50_ms",
-            quantile(&lateness, 0.50).unwrap_or(f64::NAN),
+            quantile(lateness, 0.50).unwrap_or(f64::NAN),
         );
         out.fig(
             "lateness_p99_ms",
-            quantile(&lateness, 0.99).unwrap_or(f64::NAN),
+            quantile(lateness, 0.99).unwrap_or(f64::NAN),
         );
         out.fig("lateness_max_ms", *lateness.last().expect("not empty"));
     }
     let mut rates = Vec::new();
-    for (node, (count, first, last)) in &per_node {
+    for (node, (count, first, last)) in &runs.per_node {
         // A node that ran one alarm (or all in one millisecond) has no span.
         let span_s = ((last - first) as f64 / 1000.0).max(0.001);
         let rate = *count as f64 / span_s;
@@ -1332,16 +1606,16 @@ async fn w5_run(
     if let Some(min) = rates.iter().copied().reduce(f64::min) {
         out.fig("drain_per_live_node_min_per_s", min);
     }
-    out.fig("live_nodes_that_ran_alarms", per_node.len() as f64);
+    out.fig("live_nodes_that_ran_alarms", runs.per_node.len() as f64);
     out.check(
         "all_fired",
-        fired == names.len() && unread.is_empty(),
+        fired == scheduled && runs.unread.is_empty(),
         format!(
-            "{fired} of {} fired; unreadable: {}",
-            names.len(),
-            unread.len()
+            "{fired} of {scheduled} fired; unreadable: {}",
+            runs.unread.len()
         ),
     );
+    let (early, twice, on_victim) = (runs.early, runs.twice, runs.on_victim);
     out.check(
         "none_early_none_twice",
         early == 0 && twice == 0,
@@ -1358,6 +1632,35 @@ async fn w5_run(
         "lateness_over_bar",
         lateness.iter().filter(|&&m| m > bar_ms as f64).count() as f64,
     );
+}
+
+/// W5's run on a started cluster: the alarms set on node 0, its kill, the
+/// wait for the survivors' sweeps, then every actor's runs.
+async fn w5_run(
+    env: &Env<'_>,
+    c: &mut Cluster,
+    timings: &Timings,
+    out: &mut RunOutput,
+) -> Result<()> {
+    let a = env.args;
+    let sweep_ms = sweep_ms_of(env)?;
+    let bar_ms = timings.lease_period_ms + timings.lease_grace_ms + sweep_ms;
+    out.fig("lease_period_ms", timings.lease_period_ms as f64);
+    out.fig("lease_grace_ms", timings.lease_grace_ms as f64);
+    out.fig("alarm_sweep_ms", sweep_ms as f64);
+    out.fig("bar_ms", bar_ms as f64);
+    let due = now_ms() + (a.w5_lead_s * 1000.0) as u64;
+    let names: Vec<String> = (0..a.alarms).map(|i| format!("f{i}")).collect();
+    let victim_id = set_alarms_on_node0(c, a.connections, &names, due, out).await?;
+    kill_node0(c, due, out).await?;
+    // Wait, without touching the actors, until the survivors ran them all.
+    let survivors: Vec<usize> = (1..c.members.len()).collect();
+    let deadline = due + bar_ms + W5_WAIT_EXTRA_MS;
+    wait_for_sweeps(c, names.len(), due, deadline, out).await?;
+    // Then read every actor's runs (through a survivor: the owner answers).
+    let reader = c.members[survivors[0]].endpoint.clone();
+    let runs = read_alarm_runs(&reader, a.connections, &names, due, &victim_id).await?;
+    alarm_runs_report(out, names.len(), &runs, bar_ms);
     Ok(())
 }
 

@@ -307,11 +307,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
     rt.block_on(run_async(args))
 }
 
-#[allow(
-    clippy::too_many_lines,
-    reason = "longer than clippy.toml allows; to be split (issue 34)"
-)]
-async fn run_async(args: BenchArgs) -> Result<()> {
+/// Refuses arguments no run can use.
+fn check_args(args: &BenchArgs) -> Result<()> {
     if args.runs == 0 || args.connections == 0 || args.actors == 0 || args.alarms == 0 {
         bail!("--runs, --connections, --actors and --alarms must be at least 1");
     }
@@ -325,10 +322,24 @@ async fn run_async(args: BenchArgs) -> Result<()> {
     if args.lease_period_ms < 300 {
         bail!("--lease-period-ms must be at least 300");
     }
-    let workloads = args
-        .workloads
-        .clone()
-        .unwrap_or_else(|| DEFAULT_WORKLOADS.to_vec());
+    Ok(())
+}
+
+/// What every run of the invocation shares: the node to use (or none),
+/// the durabilities, the directory the runs write in, the binary and the
+/// compile cache of the nodes it starts, and the machine.
+struct Invocation {
+    server: Option<Endpoint>,
+    durabilities: Vec<&'static str>,
+    root: tempfile::TempDir,
+    exe: PathBuf,
+    compile_cache: PathBuf,
+    machine: report::Machine,
+}
+
+/// Finds the node, the durabilities and the directories, and prints the
+/// report's preamble.
+async fn prepare(args: &BenchArgs) -> Result<Invocation> {
     let server = match &args.server {
         Some(url) => Some(Endpoint::parse(url).await?),
         None => None,
@@ -352,25 +363,43 @@ async fn run_async(args: BenchArgs) -> Result<()> {
         .map(PathBuf::from)
         .unwrap_or_else(|| root.path().join("compile-cache"));
     let machine = report::Machine::probe(root.path());
-    eprintln!("{}", report::preamble(&args, &machine, server.is_some()));
-    if server.is_none() {
-        let t = crate::clock::now();
-        workloads::warm_compile_cache(
-            &args,
-            &exe,
-            durabilities[0],
-            &compile_cache,
-            &root.path().join("warm-up"),
-        )
-        .await
-        .context("start a node once to fill the compile cache")?;
-        eprintln!(
-            "compile cache filled by a first node ({:.1} s): every run's node starts with compiled code",
-            t.elapsed().as_secs_f64()
-        );
-    }
+    eprintln!("{}", report::preamble(args, &machine, server.is_some()));
+    Ok(Invocation {
+        server,
+        durabilities,
+        root,
+        exe,
+        compile_cache,
+        machine,
+    })
+}
 
-    let mut records = Vec::new();
+/// Starts a node once, when the benchmark starts its own, so that every
+/// run's node starts with compiled code.
+async fn fill_compile_cache(args: &BenchArgs, inv: &Invocation) -> Result<()> {
+    if inv.server.is_some() {
+        return Ok(());
+    }
+    let t = crate::clock::now();
+    workloads::warm_compile_cache(
+        args,
+        &inv.exe,
+        inv.durabilities[0],
+        &inv.compile_cache,
+        &inv.root.path().join("warm-up"),
+    )
+    .await
+    .context("start a node once to fill the compile cache")?;
+    eprintln!(
+        "compile cache filled by a first node ({:.1} s): every run's node starts with compiled code",
+        t.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// The workloads the report lists as not run: those left out of the
+/// default set (when none is named), then those that cannot run here.
+fn skipped_workloads(args: &BenchArgs, workloads: &[Workload], server: bool) -> Vec<Skipped> {
     let mut skipped = Vec::new();
     if args.workloads.is_none() {
         for &w in NOT_BY_DEFAULT {
@@ -394,80 +423,102 @@ async fn run_async(args: BenchArgs) -> Result<()> {
             });
         }
     }
-    for &w in &workloads {
-        if let Some(why) = w.unavailable(server.is_some()) {
+    for &w in workloads {
+        if let Some(why) = w.unavailable(server) {
             skipped.push(Skipped {
                 workload: w.id(),
                 reason: why,
             });
         }
     }
-    for &durability in &durabilities {
-        for &w in &workloads {
-            if w.unavailable(server.is_some()).is_some() {
-                continue;
-            }
-            for run in 1..=args.runs {
-                let dir = root.path().join(format!("{}-{durability}-{run}", w.id()));
-                let target = match &server {
-                    Some(ep) => Target::Server(ep.clone()),
-                    None => {
-                        std::fs::create_dir_all(&dir)?;
-                        Target::Own {
-                            exe: exe.clone(),
-                            durability,
-                            compile_cache: compile_cache.clone(),
-                            dir: dir.clone(),
-                        }
-                    }
-                };
-                let env = Env {
-                    args: &args,
-                    target: &target,
-                    nonce: clock::now_ms(),
-                };
-                eprintln!("{} {durability} run {run}/{} …", w.id(), args.runs);
-                let cpu0 = report::CpuSample::now();
-                let t0 = crate::clock::now();
-                let result = match w {
-                    Workload::W1 => workloads::w1(&env, false).await,
-                    Workload::W1Hot => workloads::w1(&env, true).await,
-                    Workload::W2 => workloads::w2(&env, false).await,
-                    Workload::W2Restart => workloads::w2(&env, true).await,
-                    Workload::W3 => workloads::w3(&env).await,
-                    Workload::W4 => workloads::w4(&env).await,
-                    Workload::W1Durable => workloads::w1_durable(&env).await,
-                    Workload::W1DurableLarge => large::w1_durable_large(&env).await,
-                    Workload::W6 => cluster::w6(&env).await,
-                    Workload::W5Kill => cluster::w5_kill(&env).await,
-                    Workload::W5 => cluster::w5(&env).await,
-                    Workload::W7 => outbox::w7(&env).await,
-                    Workload::W8 => sockets::w8(&env).await,
-                    Workload::W11 => isolation::w11(&env).await,
-                };
-                let mut record = RunRecord::new(w.id(), durability, run, result, &dir);
-                record.wall_s = t0.elapsed().as_secs_f64();
-                match (cpu0, report::CpuSample::now()) {
-                    // Against --server the node's CPU is "other": not measured.
-                    (Some(a), Some(b)) if server.is_none() => {
-                        record.set_interference(b.since(&a), machine.cpus)
-                    }
-                    _ => {}
-                }
-                eprintln!("  {}", record.one_line());
-                records.push(record);
-                // The run's directory stays until the end: deleting ten
-                // thousand databases would load the disk during the next run.
-                // W1-durable-large's are a few large files (about 15 GB a
-                // run at the defaults), which three runs would not fit.
-                if w == Workload::W1DurableLarge && !args.keep_data {
-                    let _ = std::fs::remove_dir_all(&dir);
-                }
+    skipped
+}
+
+/// Runs workload `w` once on `env`.
+async fn run_workload(w: Workload, env: &Env<'_>) -> Result<workloads::RunOutput> {
+    match w {
+        Workload::W1 => workloads::w1(env, false).await,
+        Workload::W1Hot => workloads::w1(env, true).await,
+        Workload::W2 => workloads::w2(env, false).await,
+        Workload::W2Restart => workloads::w2(env, true).await,
+        Workload::W3 => workloads::w3(env).await,
+        Workload::W4 => workloads::w4(env).await,
+        Workload::W1Durable => workloads::w1_durable(env).await,
+        Workload::W1DurableLarge => large::w1_durable_large(env).await,
+        Workload::W6 => cluster::w6(env).await,
+        Workload::W5Kill => cluster::w5_kill(env).await,
+        Workload::W5 => cluster::w5(env).await,
+        Workload::W7 => outbox::w7(env).await,
+        Workload::W8 => sockets::w8(env).await,
+        Workload::W11 => isolation::w11(env).await,
+    }
+}
+
+/// Run `run` of workload `w` at `durability`, on a fresh node in a
+/// directory of its own (or on `--server`): its record, with its wall time
+/// and the machine's other load meanwhile.
+async fn run_once(
+    args: &BenchArgs,
+    inv: &Invocation,
+    w: Workload,
+    durability: &'static str,
+    run: usize,
+) -> Result<RunRecord> {
+    let dir = inv
+        .root
+        .path()
+        .join(format!("{}-{durability}-{run}", w.id()));
+    let target = match &inv.server {
+        Some(ep) => Target::Server(ep.clone()),
+        None => {
+            std::fs::create_dir_all(&dir)?;
+            Target::Own {
+                exe: inv.exe.clone(),
+                durability,
+                compile_cache: inv.compile_cache.clone(),
+                dir: dir.clone(),
             }
         }
+    };
+    let env = Env {
+        args,
+        target: &target,
+        nonce: clock::now_ms(),
+    };
+    eprintln!("{} {durability} run {run}/{} …", w.id(), args.runs);
+    let cpu0 = report::CpuSample::now();
+    let t0 = crate::clock::now();
+    let result = run_workload(w, &env).await;
+    let mut record = RunRecord::new(w.id(), durability, run, result, &dir);
+    record.wall_s = t0.elapsed().as_secs_f64();
+    match (cpu0, report::CpuSample::now()) {
+        // Against --server the node's CPU is "other": not measured.
+        (Some(a), Some(b)) if inv.server.is_none() => {
+            record.set_interference(b.since(&a), inv.machine.cpus)
+        }
+        _ => {}
     }
+    eprintln!("  {}", record.one_line());
+    // The run's directory stays until the end: deleting ten
+    // thousand databases would load the disk during the next run.
+    // W1-durable-large's are a few large files (about 15 GB a
+    // run at the defaults), which three runs would not fit.
+    if w == Workload::W1DurableLarge && !args.keep_data {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    Ok(record)
+}
 
-    let report = report::Report::new(&args, machine, server.is_some(), records, skipped);
+/// Prints the report (and writes its JSON), keeps the data if asked; an
+/// error if any check failed.
+fn finish(
+    args: &BenchArgs,
+    inv: Invocation,
+    records: Vec<RunRecord>,
+    skipped: Vec<Skipped>,
+) -> Result<()> {
+    let server = inv.server.is_some();
+    let report = report::Report::new(args, inv.machine, server, records, skipped);
     println!("{}", report.table());
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&report.json())?)
@@ -475,7 +526,7 @@ async fn run_async(args: BenchArgs) -> Result<()> {
         println!("JSON: {}", path.display());
     }
     if args.keep_data {
-        println!("data and node logs kept in {}", root.keep().display());
+        println!("data and node logs kept in {}", inv.root.keep().display());
     }
     let failures = report.failures();
     if !failures.is_empty() {
@@ -488,4 +539,29 @@ async fn run_async(args: BenchArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Checks the arguments, runs every workload `--runs` times at each
+/// durability, and reports.
+async fn run_async(args: BenchArgs) -> Result<()> {
+    check_args(&args)?;
+    let workloads = args
+        .workloads
+        .clone()
+        .unwrap_or_else(|| DEFAULT_WORKLOADS.to_vec());
+    let inv = prepare(&args).await?;
+    fill_compile_cache(&args, &inv).await?;
+    let mut records = Vec::new();
+    let skipped = skipped_workloads(&args, &workloads, inv.server.is_some());
+    for &durability in &inv.durabilities {
+        for &w in &workloads {
+            if w.unavailable(inv.server.is_some()).is_some() {
+                continue;
+            }
+            for run in 1..=args.runs {
+                records.push(run_once(&args, &inv, w, durability, run).await?);
+            }
+        }
+    }
+    finish(&args, inv, records, skipped)
 }

@@ -22,13 +22,13 @@
 //! generator would be needed to measure latency at a given offered load.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use hdrhistogram::Histogram;
 use hyper::Method;
 
-use crate::client::{Conn, Endpoint};
+use crate::client::{Answer, Conn, Endpoint};
 
 /// Error messages kept per run (the count is always exact).
 const ERROR_SAMPLES_MAX: usize = 8;
@@ -186,12 +186,72 @@ fn phase_at(n: usize, slice_s: f64, since_warm_end_s: f64) -> usize {
     ((since_warm_end_s / slice_s).floor() as i64).rem_euclid(n as i64) as usize
 }
 
+/// The run's clock: when the warm-up and the run end, and how the phases
+/// take turns.
+#[derive(Clone, Copy)]
+struct Window {
+    phases: usize,
+    warm_end: Instant,
+    end: Instant,
+    slice_s: f64,
+}
+
+impl Window {
+    /// The phase whose slice holds `t`.
+    fn phase(&self, t: Instant) -> usize {
+        let since = if t >= self.warm_end {
+            (t - self.warm_end).as_secs_f64()
+        } else {
+            -(self.warm_end - t).as_secs_f64()
+        };
+        phase_at(self.phases, self.slice_s, since)
+    }
+}
+
+/// One virtual user: sends on `conn` until the run ends, each request
+/// after the previous response; its counts per phase.
+async fn user_loop(
+    mut conn: Conn,
+    phases: Vec<Arc<Targets>>,
+    method: Method,
+    mut rng: SplitMix,
+    window: Window,
+) -> Vec<PhaseTally> {
+    let mut per: Vec<PhaseTally> = (0..window.phases).map(|_| PhaseTally::new()).collect();
+    loop {
+        let t0 = crate::clock::now();
+        if t0 >= window.end {
+            break;
+        }
+        let p = window.phase(t0);
+        let targets = &phases[p];
+        let path = &targets.paths[rng.below(targets.paths.len())];
+        let r = conn.send_full(&method, path).await;
+        let t1 = crate::clock::now();
+        let tally = &mut per[p];
+        match r {
+            Ok(a) if (200..300).contains(&a.status) => {
+                tally.count_ok(&a, targets, path);
+                if t0 >= window.warm_end && t1 <= window.end {
+                    let us = (t1 - t0).as_micros().max(1) as u64;
+                    tally.hist.saturating_record(us);
+                }
+            }
+            other => {
+                let failed_in_transport = other.is_err();
+                tally.count_error(path, other);
+                if failed_in_transport {
+                    // Do not spin on a refused connection.
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }
+        }
+    }
+    per
+}
+
 /// Runs the closed loop of [`PhasedSpec`]; one outcome per phase. A
 /// request belongs to the phase of the slice it was sent in.
-#[allow(
-    clippy::too_many_lines,
-    reason = "longer than clippy.toml allows; to be split (issue 34)"
-)]
 pub async fn closed_loop_phased(spec: &PhasedSpec) -> Result<Vec<LoadOutcome>> {
     let n = spec.phases();
     assert!(
@@ -206,101 +266,63 @@ pub async fn closed_loop_phased(spec: &PhasedSpec) -> Result<Vec<LoadOutcome>> {
     }
     let start = crate::clock::now();
     let warm_end = start + spec.warmup;
-    let end = warm_end + spec.measure * n as u32;
-    let slice_s = spec.slice.as_secs_f64();
+    let window = Window {
+        phases: n,
+        warm_end,
+        end: warm_end + spec.measure * n as u32,
+        slice_s: spec.slice.as_secs_f64(),
+    };
     let mut tasks = Vec::with_capacity(conns.len());
-    for (i, (mut conn, user)) in conns.into_iter().zip(&spec.users).enumerate() {
+    for (i, (conn, user)) in conns.into_iter().zip(&spec.users).enumerate() {
         let phases = user.phases.clone();
         let method = spec.method.clone();
-        let mut rng = SplitMix::new(spec.seed ^ (i as u64).wrapping_mul(0x1000_0000_01B3));
-        tasks.push(tokio::spawn(async move {
-            let mut per: Vec<PhaseTally> = (0..n).map(|_| PhaseTally::new()).collect();
-            loop {
-                let t0 = crate::clock::now();
-                if t0 >= end {
-                    break;
-                }
-                let since = if t0 >= warm_end {
-                    (t0 - warm_end).as_secs_f64()
-                } else {
-                    -(warm_end - t0).as_secs_f64()
-                };
-                let p = phase_at(n, slice_s, since);
-                let targets = &phases[p];
-                let path = &targets.paths[rng.below(targets.paths.len())];
-                let r = conn.send_full(&method, path).await;
-                let t1 = crate::clock::now();
-                let tally = &mut per[p];
-                match r {
-                    Ok(a) if (200..300).contains(&a.status) => {
-                        tally.ok += 1;
-                        if let Some(want) = &targets.expect
-                            && a.node.as_deref() != Some(want.as_str())
-                        {
-                            tally.unexpected_node += 1;
-                            if tally.unexpected_samples.len() < ERROR_SAMPLES_MAX {
-                                tally.unexpected_samples.push(format!(
-                                    "{path}: ran on {}, expected {want}",
-                                    a.node.as_deref().unwrap_or("(no x-wasmkeep-node)")
-                                ));
-                            }
-                        }
-                        if t0 >= warm_end && t1 <= end {
-                            let us = (t1 - t0).as_micros().max(1) as u64;
-                            tally.hist.saturating_record(us);
-                        }
-                    }
-                    other => {
-                        tally.errors += 1;
-                        let failed_in_transport = other.is_err();
-                        if tally.samples.len() < ERROR_SAMPLES_MAX {
-                            let other = other.map(|a| (a.status, a.body));
-                            tally
-                                .samples
-                                .push(format!("{path}: {}", crate::client::describe(&other)));
-                        }
-                        if failed_in_transport {
-                            // Do not spin on a refused connection.
-                            tokio::time::sleep(Duration::from_millis(10)).await;
-                        }
-                    }
-                }
-            }
-            per
-        }));
+        let rng = SplitMix::new(spec.seed ^ (i as u64).wrapping_mul(0x1000_0000_01B3));
+        tasks.push(tokio::spawn(user_loop(conn, phases, method, rng, window)));
     }
-    let measured = spec.measured_s();
-    let mut out: Vec<LoadOutcome> = measured
+    let mut out: Vec<LoadOutcome> = spec
+        .measured_s()
         .iter()
-        .map(|&s| LoadOutcome {
+        .map(|&s| LoadOutcome::empty(s))
+        .collect();
+    for t in tasks {
+        for (o, tally) in out.iter_mut().zip(t.await?) {
+            o.add(tally);
+        }
+    }
+    Ok(out)
+}
+
+impl LoadOutcome {
+    /// An outcome with nothing counted yet, for a phase measured `measured_s`.
+    fn empty(measured_s: f64) -> Self {
+        LoadOutcome {
             ok_total: 0,
             errors_total: 0,
             error_samples: Vec::new(),
             latency_us: histogram_us(),
-            measured_s: s,
+            measured_s,
             unexpected_node: 0,
             unexpected_samples: Vec::new(),
-        })
-        .collect();
-    for t in tasks {
-        for (o, tally) in out.iter_mut().zip(t.await?) {
-            o.latency_us.add(&tally.hist).expect("same bounds");
-            o.ok_total += tally.ok;
-            o.errors_total += tally.errors;
-            o.unexpected_node += tally.unexpected_node;
-            for s in tally.samples {
-                if o.error_samples.len() < ERROR_SAMPLES_MAX {
-                    o.error_samples.push(s);
-                }
+        }
+    }
+
+    /// Adds one user's counts for the phase.
+    fn add(&mut self, tally: PhaseTally) {
+        self.latency_us.add(&tally.hist).expect("same bounds");
+        self.ok_total += tally.ok;
+        self.errors_total += tally.errors;
+        self.unexpected_node += tally.unexpected_node;
+        for s in tally.samples {
+            if self.error_samples.len() < ERROR_SAMPLES_MAX {
+                self.error_samples.push(s);
             }
-            for s in tally.unexpected_samples {
-                if o.unexpected_samples.len() < ERROR_SAMPLES_MAX {
-                    o.unexpected_samples.push(s);
-                }
+        }
+        for s in tally.unexpected_samples {
+            if self.unexpected_samples.len() < ERROR_SAMPLES_MAX {
+                self.unexpected_samples.push(s);
             }
         }
     }
-    Ok(out)
 }
 
 /// One user's counts for one phase.
@@ -322,6 +344,33 @@ impl PhaseTally {
             samples: Vec::new(),
             unexpected_node: 0,
             unexpected_samples: Vec::new(),
+        }
+    }
+
+    /// Counts a 2xx response `a` to `path`, and whether it ran on another
+    /// node than `targets` expects.
+    fn count_ok(&mut self, a: &Answer, targets: &Targets, path: &str) {
+        self.ok += 1;
+        if let Some(want) = &targets.expect
+            && a.node.as_deref() != Some(want.as_str())
+        {
+            self.unexpected_node += 1;
+            if self.unexpected_samples.len() < ERROR_SAMPLES_MAX {
+                self.unexpected_samples.push(format!(
+                    "{path}: ran on {}, expected {want}",
+                    a.node.as_deref().unwrap_or("(no x-wasmkeep-node)")
+                ));
+            }
+        }
+    }
+
+    /// Counts a failed request to `path` (non-2xx or transport error).
+    fn count_error(&mut self, path: &str, r: Result<Answer>) {
+        self.errors += 1;
+        if self.samples.len() < ERROR_SAMPLES_MAX {
+            let r = r.map(|a| (a.status, a.body));
+            self.samples
+                .push(format!("{path}: {}", crate::client::describe(&r)));
         }
     }
 }

@@ -22,6 +22,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, anyhow, bail};
 use bytes::Bytes;
 use hyper::Method;
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::client::{self, Conn, Endpoint};
@@ -158,16 +159,21 @@ where
     Ok(false)
 }
 
+/// The bytes [`encode`] escapes: all but RFC 3986's unreserved characters
+/// (`A-Z a-z 0-9 - . _ ~`), which a query parameter may hold as they are.
+/// Every other byte is escaped: `&`, `=`, `+` and `%` would change what the
+/// node decodes, and a manifest's newlines, quotes and spaces cannot stand
+/// in a request line (the bytes of a non-ASCII character are always
+/// escaped).
+const QUERY_VALUE: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// `s` as a query parameter's value.
 fn encode(s: &str) -> String {
-    let mut out = String::new();
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+    utf8_percent_encode(s, QUERY_VALUE).to_string()
 }
 
 pub async fn w7(env: &Env<'_>) -> Result<RunOutput> {
@@ -183,13 +189,9 @@ pub async fn w7(env: &Env<'_>) -> Result<RunOutput> {
     r.map(|_| out)
 }
 
-#[allow(
-    clippy::too_many_lines,
-    reason = "longer than clippy.toml allows; to be split (issue 34)"
-)]
-async fn run(env: &Env<'_>, ep: &Endpoint, out: &mut RunOutput) -> Result<()> {
-    let conns = env.args.connections;
-    let (port, served) = loopback_server().await?;
+/// Deploys the demo guests as `bench/outbox`, allowed to call the loopback
+/// server on `port`.
+async fn deploy(ep: &Endpoint, port: u16) -> Result<()> {
     let manifest = format!("[outbound]\nhosts = [\"127.0.0.1:{port}\"]\nper_actor_max = 4\n");
     let mut admin = Conn::connect(ep).await?;
     let deployed = admin
@@ -206,10 +208,39 @@ async fn run(env: &Env<'_>, ep: &Endpoint, out: &mut RunOutput) -> Result<()> {
             String::from_utf8_lossy(&deployed.body)
         );
     }
-    let n = env.args.actors.max(2);
-    let names: Vec<String> = (0..n).map(|i| format!("{}m{i}", env.prefix(""))).collect();
+    Ok(())
+}
 
-    // Messages.
+/// Sends `reqs` over `conns` connections; an error naming the first failure
+/// if any `what` request was not answered 200.
+async fn send_all_ok(
+    ep: &Endpoint,
+    conns: usize,
+    reqs: Vec<(Method, String)>,
+    what: &str,
+) -> Result<()> {
+    let rs = client::send_all(ep, conns, reqs).await?;
+    let refused = rs.iter().filter(|r| !matches!(r, Ok((200, _)))).count();
+    if refused > 0 {
+        let first = rs.iter().find(|r| !matches!(r, Ok((200, _)))).expect("one");
+        bail!(
+            "{refused} {what} requests failed; first: {}",
+            client::describe(first)
+        );
+    }
+    Ok(())
+}
+
+/// Messages: each actor pings the next one [`MESSAGES_PER_ACTOR`] times;
+/// waits for every answer, then records the figures and checks that none
+/// was lost or applied twice.
+async fn messages(
+    ep: &Endpoint,
+    conns: usize,
+    names: &[String],
+    out: &mut RunOutput,
+) -> Result<()> {
+    let n = names.len();
     let sends = names
         .iter()
         .enumerate()
@@ -221,25 +252,17 @@ async fn run(env: &Env<'_>, ep: &Endpoint, out: &mut RunOutput) -> Result<()> {
             )
         })
         .collect();
-    let rs = client::send_all(ep, conns, sends).await?;
-    let refused = rs.iter().filter(|r| !matches!(r, Ok((200, _)))).count();
-    if refused > 0 {
-        let first = rs.iter().find(|r| !matches!(r, Ok((200, _)))).expect("one");
-        bail!(
-            "{refused} ping requests failed; first: {}",
-            client::describe(first)
-        );
-    }
+    send_all_ok(ep, conns, sends, "ping").await?;
     let expected = n as u64 * MESSAGES_PER_ACTOR;
     let settled = settle(|| async {
-        let t = sum(ep, conns, &names, "/pongs", &["answered"]).await?;
+        let t = sum(ep, conns, names, "/pongs", &["answered"]).await?;
         Ok(t[0] >= expected)
     })
     .await?;
     let pongs = sum(
         ep,
         conns,
-        &names,
+        names,
         "/pongs",
         &["sent", "answered", "duplicates"],
     )
@@ -247,14 +270,14 @@ async fn run(env: &Env<'_>, ep: &Endpoint, out: &mut RunOutput) -> Result<()> {
     let stats = sum(
         ep,
         conns,
-        &names,
+        names,
         "/stats",
         &["received", "received_twice", "failed"],
     )
     .await?;
     let (sent, answered, duplicates) = (pongs[0], pongs[1], pongs[2]);
     let (received, twice, failed) = (stats[0], stats[1], stats[2]);
-    let msgs = pairs(ep, conns, &names, "pings").await?;
+    let msgs = pairs(ep, conns, names, "pings").await?;
     figures(out, "messages", &msgs);
     out.fig("messages_sent", sent as f64);
     out.fig("messages_lost", sent.saturating_sub(answered) as f64);
@@ -272,8 +295,21 @@ async fn run(env: &Env<'_>, ep: &Endpoint, out: &mut RunOutput) -> Result<()> {
         duplicates == 0 && twice == 0,
         format!("answers applied twice {duplicates}; messages applied twice {twice}"),
     );
+    Ok(())
+}
 
-    // Outbound calls.
+/// Outbound calls: each actor makes [`CALLS_PER_ACTOR`] calls to the
+/// loopback server on `port` (which counts them in `served`); waits for
+/// their answers, then records the figures and checks that every call was
+/// answered.
+async fn calls(
+    ep: &Endpoint,
+    conns: usize,
+    names: &[String],
+    port: u16,
+    served: &AtomicU64,
+    out: &mut RunOutput,
+) -> Result<()> {
     let url = format!("http://127.0.0.1:{port}/w7");
     let calls = names
         .iter()
@@ -287,21 +323,13 @@ async fn run(env: &Env<'_>, ep: &Endpoint, out: &mut RunOutput) -> Result<()> {
             )
         })
         .collect();
-    let rs = client::send_all(ep, conns, calls).await?;
-    let refused = rs.iter().filter(|r| !matches!(r, Ok((200, _)))).count();
-    if refused > 0 {
-        let first = rs.iter().find(|r| !matches!(r, Ok((200, _)))).expect("one");
-        bail!(
-            "{refused} fetch requests failed; first: {}",
-            client::describe(first)
-        );
-    }
-    let expected_calls = n as u64 * CALLS_PER_ACTOR;
+    send_all_ok(ep, conns, calls, "fetch").await?;
+    let expected_calls = names.len() as u64 * CALLS_PER_ACTOR;
     let t = crate::clock::now();
-    let mut got = pairs(ep, conns, &names, "calls").await?;
+    let mut got = pairs(ep, conns, names, "calls").await?;
     while (got.len() as u64) < expected_calls && t.elapsed() < SETTLE_LIMIT {
         tokio::time::sleep(Duration::from_millis(200)).await;
-        got = pairs(ep, conns, &names, "calls")
+        got = pairs(ep, conns, names, "calls")
             .await
             .context("waiting for the calls' answers")?;
     }
@@ -317,4 +345,38 @@ async fn run(env: &Env<'_>, ep: &Endpoint, out: &mut RunOutput) -> Result<()> {
         ),
     );
     Ok(())
+}
+
+/// W7's run on a started node: deploys the app, then the messages, then
+/// the outbound calls.
+async fn run(env: &Env<'_>, ep: &Endpoint, out: &mut RunOutput) -> Result<()> {
+    let conns = env.args.connections;
+    let (port, served) = loopback_server().await?;
+    deploy(ep, port).await?;
+    let n = env.args.actors.max(2);
+    let names: Vec<String> = (0..n).map(|i| format!("{}m{i}", env.prefix(""))).collect();
+    messages(ep, conns, &names, out).await?;
+    calls(ep, conns, &names, port, &served, out).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::encode;
+
+    #[test]
+    fn query_values_escape_all_but_the_unreserved_characters() {
+        assert_eq!(encode("a b"), "a%20b");
+        assert_eq!(encode("/w7"), "%2Fw7");
+        assert_eq!(encode("100%"), "100%25");
+        assert_eq!(encode("é"), "%C3%A9");
+        assert_eq!(encode("Az09-._~"), "Az09-._~");
+        assert_eq!(
+            encode("http://127.0.0.1:80/w7?a=1&b=+"),
+            "http%3A%2F%2F127.0.0.1%3A80%2Fw7%3Fa%3D1%26b%3D%2B"
+        );
+        assert_eq!(
+            encode("hosts = [\"h\"]\n"),
+            "hosts%20%3D%20%5B%22h%22%5D%0A"
+        );
+    }
 }

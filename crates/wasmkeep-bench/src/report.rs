@@ -14,7 +14,7 @@ use crate::workloads::{Check, RunOutput};
 
 /// What the figures were measured on.
 #[derive(Debug, Clone, Serialize)]
-pub struct Machine {
+pub(crate) struct Machine {
     pub cpus: usize,
     pub cpu_model: String,
     pub mem_total_mib: u64,
@@ -24,7 +24,7 @@ pub struct Machine {
 }
 
 impl Machine {
-    pub fn probe(data: &Path) -> Machine {
+    pub(crate) fn probe(data: &Path) -> Machine {
         let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
         let cpuinfo = read("/proc/cpuinfo");
         let meminfo = read("/proc/meminfo");
@@ -66,7 +66,7 @@ fn fs_type(path: &Path) -> Option<String> {
 }
 
 /// The lines that say how the figures were obtained.
-pub fn preamble(args: &BenchArgs, m: &Machine, server: bool) -> String {
+pub(crate) fn preamble(args: &BenchArgs, m: &Machine, server: bool) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
@@ -122,7 +122,7 @@ pub fn preamble(args: &BenchArgs, m: &Machine, server: bool) -> String {
 
 /// One run of one workload.
 #[derive(Debug, Serialize)]
-pub struct RunRecord {
+pub(crate) struct RunRecord {
     pub workload: &'static str,
     pub durability: &'static str,
     pub run: usize,
@@ -153,7 +153,7 @@ fn figures_as_map<S: serde::Serializer>(f: &[(String, f64)], s: S) -> Result<S::
 }
 
 impl RunRecord {
-    pub fn new(
+    pub(crate) fn new(
         workload: &'static str,
         durability: &'static str,
         run: usize,
@@ -206,7 +206,7 @@ impl RunRecord {
     }
 
     /// Records what else ran on the machine during the run.
-    pub fn set_interference(&mut self, i: Interference, cpus: usize) {
+    pub(crate) fn set_interference(&mut self, i: Interference, cpus: usize) {
         self.disturbed = i.other_user_cpu_s > DISTURBED_SHARE * self.wall_s * cpus.max(1) as f64;
         self.interference = Some(i);
     }
@@ -226,7 +226,7 @@ impl RunRecord {
     }
 
     /// A progress line.
-    pub fn one_line(&self) -> String {
+    pub(crate) fn one_line(&self) -> String {
         let figs: Vec<String> = self
             .figures
             .iter()
@@ -278,7 +278,7 @@ fn node_logs(dir: &Path) -> Vec<(String, std::path::PathBuf)> {
 
 /// A workload that was asked for and not run.
 #[derive(Debug, Serialize)]
-pub struct Skipped {
+pub(crate) struct Skipped {
     pub workload: &'static str,
     pub reason: &'static str,
 }
@@ -295,7 +295,7 @@ struct SummaryRow {
     runs: usize,
 }
 
-pub struct Report {
+pub(crate) struct Report {
     settings: serde_json::Value,
     preamble: String,
     machine: Machine,
@@ -327,7 +327,7 @@ fn num(v: f64) -> String {
 }
 
 impl Report {
-    pub fn new(
+    pub(crate) fn new(
         args: &BenchArgs,
         machine: Machine,
         server: bool,
@@ -408,7 +408,7 @@ impl Report {
     }
 
     /// The human-readable report.
-    pub fn table(&self) -> String {
+    pub(crate) fn table(&self) -> String {
         let mut s = String::new();
         let _ = writeln!(s, "\n{}\n", self.preamble);
         let _ = writeln!(
@@ -505,7 +505,7 @@ impl Report {
     }
 
     /// Everything, for `--json`.
-    pub fn json(&self) -> serde_json::Value {
+    pub(crate) fn json(&self) -> serde_json::Value {
         json!({
             "wasmkeep_version": env!("CARGO_PKG_VERSION"),
             "note": self.preamble,
@@ -524,7 +524,7 @@ impl Report {
         })
     }
 
-    pub fn failures(&self) -> Vec<String> {
+    pub(crate) fn failures(&self) -> Vec<String> {
         self.records.iter().flat_map(|r| r.failures()).collect()
     }
 }
@@ -555,7 +555,7 @@ mod tests {
 /// processes took during a run: on two shared cores, a build running
 /// beside the benchmark changes every figure.
 #[derive(Debug, Clone, Copy)]
-pub struct CpuSample {
+pub(crate) struct CpuSample {
     machine_user_s: f64,
     machine_system_s: f64,
     steal_s: f64,
@@ -565,11 +565,11 @@ pub struct CpuSample {
 
 /// A run is reported as disturbed when other processes' user time was
 /// more than this share of the machine's CPU time during the run.
-pub const DISTURBED_SHARE: f64 = 0.05;
+pub(crate) const DISTURBED_SHARE: f64 = 0.05;
 
 /// What a run's machine did besides the run, in CPU seconds.
 #[derive(Debug, Clone, Copy, Serialize)]
-pub struct Interference {
+pub(crate) struct Interference {
     /// User time of other processes (a build, another benchmark): the
     /// figure that says whether a run was disturbed.
     pub other_user_cpu_s: f64,
@@ -582,7 +582,7 @@ pub struct Interference {
 }
 
 impl CpuSample {
-    pub fn now() -> Option<CpuSample> {
+    pub(crate) fn now() -> Option<CpuSample> {
         // SAFETY: sysconf has no preconditions.
         let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
         let hz = if hz > 0 { hz as f64 } else { 100.0 };
@@ -612,7 +612,7 @@ impl CpuSample {
     }
 
     /// What others used since `start`.
-    pub fn since(&self, start: &CpuSample) -> Interference {
+    pub(crate) fn since(&self, start: &CpuSample) -> Interference {
         let d = |a: f64, b: f64| (a - b).max(0.0);
         Interference {
             other_user_cpu_s: d(

@@ -135,18 +135,17 @@ pub async fn w8(env: &Env<'_>) -> Result<RunOutput> {
     r.map(|_| out)
 }
 
-#[allow(
-    clippy::too_many_lines,
-    reason = "longer than clippy.toml allows; to be split (issue 34)"
-)]
-async fn run(
+/// KiB in a MiB.
+const MIB: f64 = 1024.0;
+
+/// Touches every room once, waits for them all to close, and reads the
+/// node's RSS (KiB) then: whether they all closed, and the baseline.
+async fn rooms_asleep(
     node: &crate::node::Node,
     ep: &Endpoint,
-    sockets: usize,
+    rooms: &[String],
     out: &mut RunOutput,
-) -> Result<()> {
-    const MIB: f64 = 1024.0;
-    let rooms: Vec<String> = (0..ROOMS).map(|i| format!("room{i}")).collect();
+) -> Result<(bool, f64)> {
     let reqs = rooms
         .iter()
         .map(|r| {
@@ -161,9 +160,16 @@ async fn run(
     tokio::time::sleep(Duration::from_millis(500)).await;
     let before = node.rss_kib()? as f64;
     out.fig("rss_rooms_asleep_mib", before / MIB);
+    Ok((asleep, before))
+}
 
-    // Open the sockets, OPENING_CONCURRENCY at a time.
-    let t = crate::clock::now();
+/// Opens `sockets` sockets spread evenly over the rooms,
+/// [`OPENING_CONCURRENCY`] at a time; each with its room's index.
+async fn open_sockets(
+    ep: &Endpoint,
+    rooms: &[String],
+    sockets: usize,
+) -> Result<Vec<(usize, Socket)>> {
     let mut all: Vec<(usize, Socket)> = Vec::with_capacity(sockets);
     let mut i = 0;
     while i < sockets {
@@ -179,19 +185,20 @@ async fn run(
         }
         i += OPENING_CONCURRENCY;
     }
-    out.fig("open_s", t.elapsed().as_secs_f64());
-    let asleep_again = all_asleep(ep).await?;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let after = node.rss_kib()? as f64;
-    out.fig("rss_sockets_open_mib", after / MIB);
-    out.fig("kib_per_idle_socket", (after - before) / sockets as f64);
-    out.check(
-        "rooms_hibernated",
-        asleep && asleep_again,
-        format!("wasmkeep_instances_active reached 0 before ({asleep}) and with the sockets open ({asleep_again})"),
-    );
+    Ok(all)
+}
 
-    // Broadcast fan-out: every socket counts what it receives.
+/// The sockets split for the broadcast: one sender per room, and a reader
+/// on every socket counting the messages it receives.
+struct Fanout {
+    senders: Vec<Option<futures_util::stream::SplitSink<Socket, Message>>>,
+    readers: Vec<tokio::task::JoinHandle<()>>,
+    received: Arc<AtomicU64>,
+}
+
+/// Splits every socket: keeps the first sink of each room as its sender,
+/// and spawns a reader on every stream.
+fn fan_out(all: Vec<(usize, Socket)>) -> Fanout {
     let received = Arc::new(AtomicU64::new(0));
     let mut senders: Vec<Option<futures_util::stream::SplitSink<Socket, Message>>> =
         (0..ROOMS).map(|_| None).collect();
@@ -212,6 +219,26 @@ async fn run(
             }
         }));
     }
+    Fanout {
+        senders,
+        readers,
+        received,
+    }
+}
+
+/// Broadcast fan-out: one socket of each room sends
+/// [`BROADCASTS_PER_ROOM`] messages, each delivered to every socket of its
+/// room; returns the readers, still running.
+async fn broadcast(
+    all: Vec<(usize, Socket)>,
+    sockets: usize,
+    out: &mut RunOutput,
+) -> Result<Vec<tokio::task::JoinHandle<()>>> {
+    let Fanout {
+        mut senders,
+        readers,
+        received,
+    } = fan_out(all);
     let per_room = sockets / ROOMS;
     let expected = (ROOMS * BROADCASTS_PER_ROOM * per_room) as u64;
     let t = crate::clock::now();
@@ -240,8 +267,12 @@ async fn run(
         got == expected,
         format!("{got} of {expected} deliveries ({ROOMS} rooms, {BROADCASTS_PER_ROOM} messages, {per_room} sockets a room)"),
     );
+    Ok(readers)
+}
 
-    // Round trips on one socket alone in its room.
+/// Round trips on one socket alone in its room: echoes (each wakes the
+/// room) and `ping`s the node answers itself, in turn.
+async fn round_trips(ep: &Endpoint, out: &mut RunOutput) -> Result<()> {
     let mut solo = open(ep, "solo").await?;
     let mut echo = Vec::with_capacity(ROUND_TRIPS);
     let mut auto = Vec::with_capacity(ROUND_TRIPS);
@@ -274,6 +305,34 @@ async fn run(
     out.fig("echo_p99_ms", ms(quantile(&echo, 0.99)));
     out.fig("auto_p50_ms", ms(quantile(&auto, 0.50)));
     out.fig("auto_p99_ms", ms(quantile(&auto, 0.99)));
+    Ok(())
+}
+
+/// W8's run on a started node: the rooms' baseline, the idle sockets'
+/// memory, the broadcast, the round trips.
+async fn run(
+    node: &crate::node::Node,
+    ep: &Endpoint,
+    sockets: usize,
+    out: &mut RunOutput,
+) -> Result<()> {
+    let rooms: Vec<String> = (0..ROOMS).map(|i| format!("room{i}")).collect();
+    let (asleep, before) = rooms_asleep(node, ep, &rooms, out).await?;
+    let t = crate::clock::now();
+    let all = open_sockets(ep, &rooms, sockets).await?;
+    out.fig("open_s", t.elapsed().as_secs_f64());
+    let asleep_again = all_asleep(ep).await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = node.rss_kib()? as f64;
+    out.fig("rss_sockets_open_mib", after / MIB);
+    out.fig("kib_per_idle_socket", (after - before) / sockets as f64);
+    out.check(
+        "rooms_hibernated",
+        asleep && asleep_again,
+        format!("wasmkeep_instances_active reached 0 before ({asleep}) and with the sockets open ({asleep_again})"),
+    );
+    let readers = broadcast(all, sockets, out).await?;
+    round_trips(ep, out).await?;
     out.fig("peak_rss_mib", node.peak_rss_kib()? as f64 / MIB);
     for r in readers {
         r.abort();

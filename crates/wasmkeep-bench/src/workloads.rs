@@ -425,23 +425,17 @@ pub async fn w1_durable(env: &Env<'_>) -> Result<RunOutput> {
     r.map(|_| out)
 }
 
-/// W2 (`restart = false`) and W2-restart.
-#[allow(
-    clippy::too_many_lines,
-    reason = "longer than clippy.toml allows; to be split (issue 34)"
-)]
-pub async fn w2(env: &Env<'_>, restart: bool) -> Result<RunOutput> {
-    let mut out = RunOutput::default();
+/// W2: sets `--alarms` alarms due at `due`, one actor each (the set
+/// requests also create the actors, as the workload says); records how long
+/// that took, and checks every alarm was set, and set before its due time.
+async fn set_alarms(
+    env: &Env<'_>,
+    ep: &Endpoint,
+    prefix: &str,
+    due: u64,
+    out: &mut RunOutput,
+) -> Result<f64> {
     let a = env.args;
-    let mut node = env.start(None).await?;
-    let mut ep = env.endpoint(&node);
-    let prefix = env.prefix("r");
-    // The set requests also create the actors (each a new database), as
-    // the workload says. If setting takes longer than the lead time, the
-    // alarms set after their due time fire at once and "lateness" would
-    // measure the set-up: the run then fails `set_before_due` and
-    // `--alarm-lead-s` can give the node more time.
-    let due = now_ms() + (a.alarm_lead_s * 1000.0) as u64;
     let t_set = crate::clock::now();
     let reqs = (0..a.alarms)
         .map(|i| {
@@ -451,7 +445,7 @@ pub async fn w2(env: &Env<'_>, restart: bool) -> Result<RunOutput> {
             )
         })
         .collect();
-    let rs = client::send_all(&ep, a.connections, reqs).await?;
+    let rs = client::send_all(ep, a.connections, reqs).await?;
     let set_s = t_set.elapsed().as_secs_f64();
     out.fig("set_s", set_s);
     let bad: Vec<String> = rs
@@ -484,38 +478,64 @@ pub async fn w2(env: &Env<'_>, restart: bool) -> Result<RunOutput> {
             }
         ),
     );
-    if restart {
-        let kill_at = due.saturating_sub(ALARM_KILL_BEFORE_MS);
-        if now_ms() >= kill_at {
-            out.check(
-                "set_before_kill",
-                false,
-                format!(
-                    "setting the alarms took {set_s:.2} s, past the kill time (due − {ALARM_KILL_BEFORE_MS} ms)"
-                ),
-            );
-        }
-        sleep_until_ms(kill_at).await;
-        let n = node.as_mut().expect("W2-restart runs on its own node");
-        n.kill().await?;
-        sleep_until_ms(due + ALARM_RESTART_AFTER_MS).await;
-        let spec = env.spec(None)?.expect("own node");
-        let n = Node::start(&spec).await.context("restart the node")?;
-        out.fig("restart_ms", n.start_ms);
-        ep = n.endpoint.clone();
-        node = Some(n);
+    Ok(set_s)
+}
+
+/// W2-restart: SIGKILLs the node [`ALARM_KILL_BEFORE_MS`] before `due` and
+/// starts it again [`ALARM_RESTART_AFTER_MS`] after; `node` and `ep` are
+/// then the restarted node's.
+async fn kill_and_restart(
+    env: &Env<'_>,
+    node: &mut Option<Node>,
+    ep: &mut Endpoint,
+    due: u64,
+    set_s: f64,
+    out: &mut RunOutput,
+) -> Result<()> {
+    let kill_at = due.saturating_sub(ALARM_KILL_BEFORE_MS);
+    if now_ms() >= kill_at {
+        out.check(
+            "set_before_kill",
+            false,
+            format!(
+                "setting the alarms took {set_s:.2} s, past the kill time (due − {ALARM_KILL_BEFORE_MS} ms)"
+            ),
+        );
     }
-    sleep_until_ms(due + ALARM_FIRST_POLL_AFTER_MS).await;
-    let fired_path = |i: usize| format!("{EXAMPLES}/reminder/{prefix}{i}/fired");
-    // Poll the actors that have not fired yet, until all have or time is up.
+    sleep_until_ms(kill_at).await;
+    let n = node.as_mut().expect("W2-restart runs on its own node");
+    n.kill().await?;
+    sleep_until_ms(due + ALARM_RESTART_AFTER_MS).await;
+    let spec = env.spec(None)?.expect("own node");
+    let n = Node::start(&spec).await.context("restart the node")?;
+    out.fig("restart_ms", n.start_ms);
+    *ep = n.endpoint.clone();
+    *node = Some(n);
+    Ok(())
+}
+
+/// W2: where actor `i`'s fired records are read.
+fn fired_path(prefix: &str, i: usize) -> String {
+    format!("{EXAMPLES}/reminder/{prefix}{i}/fired")
+}
+
+/// W2: polls the actors that have not fired yet, until all have or
+/// [`ALARM_WAIT_MS_MAX`] after `due` has passed; the first few errors.
+async fn poll_until_fired(
+    env: &Env<'_>,
+    ep: &Endpoint,
+    prefix: &str,
+    due: u64,
+) -> Result<Vec<String>> {
+    let a = env.args;
     let mut pending: Vec<usize> = (0..a.alarms).collect();
     let mut poll_errors = Vec::new();
     while !pending.is_empty() && now_ms() < due + ALARM_WAIT_MS_MAX {
         let reqs = pending
             .iter()
-            .map(|&i| (Method::GET, fired_path(i)))
+            .map(|&i| (Method::GET, fired_path(prefix, i)))
             .collect();
-        let rs = client::send_all(&ep, a.connections, reqs).await?;
+        let rs = client::send_all(ep, a.connections, reqs).await?;
         let mut still = Vec::new();
         for (&i, r) in pending.iter().zip(&rs) {
             let fired = json_of(r).is_some_and(|v| {
@@ -535,18 +555,39 @@ pub async fn w2(env: &Env<'_>, restart: bool) -> Result<RunOutput> {
             tokio::time::sleep(Duration::from_millis(ALARM_POLL_INTERVAL_MS)).await;
         }
     }
-    // One last read of every actor: the figures, and duplicates that a
-    // "has it fired yet" poll would not see.
+    Ok(poll_errors)
+}
+
+/// W2: what the last read of every actor's fired records found.
+#[derive(Default)]
+struct Fired {
+    /// Each fired alarm's lateness (ms after `due`; negative if early).
+    lateness: Vec<i64>,
+    /// Runs of an alarm beyond its first.
+    duplicates: u64,
+    /// The alarms that fired before they were due.
+    early: Vec<String>,
+    /// Alarms whose first run was a retry.
+    retried: u64,
+    /// Actors whose records could not be read.
+    unreadable: Vec<String>,
+    /// When the last alarm fired.
+    last_fired: u64,
+}
+
+/// W2: one last read of every actor: the figures, and duplicates that a
+/// "has it fired yet" poll would not see.
+async fn read_fired(env: &Env<'_>, ep: &Endpoint, prefix: &str, due: u64) -> Result<Fired> {
+    let a = env.args;
     let reqs = (0..a.alarms)
-        .map(|i| (Method::GET, fired_path(i)))
+        .map(|i| (Method::GET, fired_path(prefix, i)))
         .collect();
-    let rs = client::send_all(&ep, a.connections, reqs).await?;
-    let (mut lateness, mut duplicates, mut early, mut retried, mut unreadable) =
-        (Vec::new(), 0u64, Vec::new(), 0u64, Vec::new());
-    let mut last_fired = 0u64;
+    let rs = client::send_all(ep, a.connections, reqs).await?;
+    let mut f = Fired::default();
     for (i, r) in rs.iter().enumerate() {
         let Some(v) = json_of(r) else {
-            unreadable.push(format!("{prefix}{i}: {}", client::describe(r)));
+            f.unreadable
+                .push(format!("{prefix}{i}: {}", client::describe(r)));
             continue;
         };
         let recs: Vec<&serde_json::Value> = v["fired"]
@@ -558,48 +599,62 @@ pub async fn w2(env: &Env<'_>, restart: bool) -> Result<RunOutput> {
             })
             .unwrap_or_default();
         let Some(first) = recs.first() else { continue };
-        duplicates += recs.len().saturating_sub(1) as u64;
+        f.duplicates += recs.len().saturating_sub(1) as u64;
         let fired_ms = first["fired_ms"].as_u64().unwrap_or(0);
         if fired_ms < due {
-            early.push(format!("{prefix}{i} fired at {fired_ms}, due {due}"));
+            f.early
+                .push(format!("{prefix}{i} fired at {fired_ms}, due {due}"));
         }
         if first["retry_count"].as_u64().unwrap_or(0) > 0 {
-            retried += 1;
+            f.retried += 1;
         }
-        last_fired = last_fired.max(fired_ms);
-        lateness.push(fired_ms as i64 - due as i64);
+        f.last_fired = f.last_fired.max(fired_ms);
+        f.lateness.push(fired_ms as i64 - due as i64);
     }
-    lateness.sort_unstable();
-    let fired = lateness.len();
-    let q = |q| quantile(&lateness, q).map(|v| v as f64).unwrap_or(f64::NAN);
+    f.lateness.sort_unstable();
+    Ok(f)
+}
+
+/// W2: the lateness figures and the counts of what fired.
+fn fired_figures(out: &mut RunOutput, alarms: usize, due: u64, f: &Fired) {
+    let fired = f.lateness.len();
+    let q = |q| {
+        quantile(&f.lateness, q)
+            .map(|v| v as f64)
+            .unwrap_or(f64::NAN)
+    };
     out.fig("lateness_min_ms", q(0.0));
     out.fig("lateness_p50_ms", q(0.50));
     out.fig("lateness_p99_ms", q(0.99));
     out.fig("lateness_max_ms", q(1.0));
     out.fig(
         "all_fired_after_ms",
-        if fired == a.alarms {
-            last_fired.saturating_sub(due) as f64
+        if fired == alarms {
+            f.last_fired.saturating_sub(due) as f64
         } else {
             f64::NAN
         },
     );
     out.fig("fired", fired as f64);
-    out.fig("lost", (a.alarms - fired) as f64);
-    out.fig("duplicates", duplicates as f64);
-    out.fig("retried", retried as f64);
+    out.fig("lost", (alarms - fired) as f64);
+    out.fig("duplicates", f.duplicates as f64);
+    out.fig("retried", f.retried as f64);
+}
+
+/// W2's checks: every alarm fired, once, and none before it was due.
+fn fired_checks(out: &mut RunOutput, alarms: usize, f: &Fired, poll_errors: &[String]) {
+    let fired = f.lateness.len();
     out.check(
         "all_fired",
-        fired == a.alarms,
+        fired == alarms,
         format!(
-            "{fired} of {} alarms fired within {ALARM_WAIT_MS_MAX} ms of the due time{}{}",
-            a.alarms,
-            if unreadable.is_empty() {
+            "{fired} of {alarms} alarms fired within {ALARM_WAIT_MS_MAX} ms of the due time{}{}",
+            if f.unreadable.is_empty() {
                 String::new()
             } else {
                 format!(
                     "; unreadable: {}",
-                    unreadable[..unreadable.len().min(5)].join(" | ")
+                    f.unreadable[..f.unreadable.len().min(5)].join(" | ")
                 )
             },
             if poll_errors.is_empty() {
@@ -611,18 +666,44 @@ pub async fn w2(env: &Env<'_>, restart: bool) -> Result<RunOutput> {
     );
     out.check(
         "fired_once",
-        duplicates == 0,
-        format!("{duplicates} extra runs of an alarm that had already fired"),
+        f.duplicates == 0,
+        format!(
+            "{} extra runs of an alarm that had already fired",
+            f.duplicates
+        ),
     );
     out.check(
         "never_early",
-        early.is_empty(),
-        if early.is_empty() {
+        f.early.is_empty(),
+        if f.early.is_empty() {
             "no alarm fired before it was due".to_string()
         } else {
-            early[..early.len().min(5)].join(" | ")
+            f.early[..f.early.len().min(5)].join(" | ")
         },
     );
+}
+
+/// W2 (`restart = false`) and W2-restart.
+pub async fn w2(env: &Env<'_>, restart: bool) -> Result<RunOutput> {
+    let mut out = RunOutput::default();
+    let a = env.args;
+    let mut node = env.start(None).await?;
+    let mut ep = env.endpoint(&node);
+    let prefix = env.prefix("r");
+    // If setting takes longer than the lead time, the alarms set after
+    // their due time fire at once and "lateness" would measure the set-up:
+    // the run then fails `set_before_due` and `--alarm-lead-s` can give the
+    // node more time.
+    let due = now_ms() + (a.alarm_lead_s * 1000.0) as u64;
+    let set_s = set_alarms(env, &ep, &prefix, due, &mut out).await?;
+    if restart {
+        kill_and_restart(env, &mut node, &mut ep, due, set_s, &mut out).await?;
+    }
+    sleep_until_ms(due + ALARM_FIRST_POLL_AFTER_MS).await;
+    let poll_errors = poll_until_fired(env, &ep, &prefix, due).await?;
+    let fired = read_fired(env, &ep, &prefix, due).await?;
+    fired_figures(&mut out, a.alarms, due, &fired);
+    fired_checks(&mut out, a.alarms, &fired, &poll_errors);
     finish(node, &mut out).await;
     Ok(out)
 }

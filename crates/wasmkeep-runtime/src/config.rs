@@ -3,25 +3,51 @@
 //! Every bound is named with its unit last. The README's configuration table
 //! documents each field; a test in the CLI crate checks that it does.
 
+use std::ffi::OsString;
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 use wasmkeep_replica::{Bucket, ReplicaConfig};
 use wasmkeep_store::StoreLimits;
 
-use crate::app::AppLimits;
-use crate::compile_process::Compile;
+/// How often the engine's epoch advances; the unit of the CPU deadline.
+pub const EPOCH_TICK_MS: u64 = 10;
+
+/// Epoch ticks that make up `ms` of run time.
+pub fn epoch_ticks(ms: u64) -> u64 {
+    ms.div_ceil(EPOCH_TICK_MS).max(1)
+}
+
+/// The deepest a guest's stack may grow (wasmtime's default, made
+/// explicit): it runs on the worker's own stack, with room left for the
+/// host calls it makes. Fixed, because worker threads are sized for it.
+pub const WASM_STACK_BYTES_MAX: usize = 512 * 1024;
+
+/// Where components are compiled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Compile {
+    /// On a thread of the node's process: unbounded memory, not cancellable.
+    Thread,
+    /// In a child process: `program args… <settings>`, where the program
+    /// calls [`worker_main`] with the settings argument, with `env` added
+    /// to the node's environment.
+    Process {
+        program: PathBuf,
+        args: Vec<OsString>,
+        env: Vec<(OsString, OsString)>,
+    },
+}
 
 /// Default of `event_log_lines_max`.
-pub const EVENT_LOG_LINES_MAX: u32 = 1000;
+pub(crate) const EVENT_LOG_LINES_MAX: u32 = 1000;
 /// Default of `event_log_bytes_max`.
-pub const EVENT_LOG_BYTES_MAX: usize = 256 * 1024;
+pub(crate) const EVENT_LOG_BYTES_MAX: usize = 256 * 1024;
 
 /// Default of `restore_refused_retry_ms`.
-pub const RESTORE_REFUSED_RETRY_MS: u64 = 60_000;
+pub(crate) const RESTORE_REFUSED_RETRY_MS: u64 = 60_000;
 
 /// Default of `replica_upload_interval_ms`: Litestream's sync interval.
-pub const REPLICA_UPLOAD_INTERVAL_MS: u64 = 1_000;
+pub(crate) const REPLICA_UPLOAD_INTERVAL_MS: u64 = 1_000;
 
 /// When a response may leave, relative to the disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -133,10 +159,13 @@ pub struct RuntimeConfig {
     pub event_log_bytes_max: usize,
     /// Largest response body a guest may return.
     pub response_body_bytes_max: usize,
-    /// Longest wait between retries of a failing alarm (ADR 0009).
-    pub alarm_retry_max_ms: u64,
-    /// First wait before retrying a failing alarm; it doubles each time.
-    pub alarm_retry_first_ms: u64,
+    /// The cluster protocol's settings (ADR 0009, 0020): lease timings, the
+    /// sweep, and the alarm backoff (`retry_first_ms`, doubling per failure
+    /// up to `retry_max_ms`), the one source of that backoff for committed
+    /// retries, the index rules and the sweep alike, in a cluster or not.
+    /// (The backoff was two settings once, and the sweep kept the default
+    /// cap whatever the node's `alarm_retry_max_ms` said.)
+    pub protocol: wasmkeep_cluster::ClusterConfig,
     /// Actors whose alarm is due within this long are opened ahead of time.
     pub alarm_prepare_ms: u64,
     /// Alarms handed to workers per timer pass.
@@ -187,14 +216,14 @@ pub struct RuntimeConfig {
     /// until then nothing is uploaded.
     pub cluster: bool,
     /// The outbox's bounds (ADR 0040; `outbox_*` in the configuration).
-    pub outbox: crate::outbox::OutboxLimits,
+    pub outbox: OutboxLimits,
     /// The highest each app's `[outbound]` may set, and what an app that
     /// sets none gets (its hosts list stays empty: nothing is allowed).
     pub outbound: OutboundCeilings,
     /// Parked replies' bounds (ADR 0042).
-    pub parked: crate::parked::ParkedLimits,
+    pub parked: ParkedLimits,
     /// WebSockets' bounds (ADR 0043).
-    pub sockets: crate::sockets::SocketLimits,
+    pub sockets: SocketLimits,
     /// The recent log lines kept for `wasmkeep logs` ([`crate::logs`]).
     pub logs: crate::logs::LogHubLimits,
     /// Classes with label sets of their own in `/metrics`; past it, a
@@ -234,21 +263,6 @@ impl Default for OutboundCeilings {
 }
 
 impl RuntimeConfig {
-    /// The cluster protocol with this node's alarm backoff: the one source
-    /// of `retry_first_ms`/`retry_max_ms` for the sweep, the index rules
-    /// and the committed retries alike (they were two settings once, and
-    /// the sweep kept the default cap whatever `alarm_retry_max_ms` said).
-    pub fn with_alarm_retry(
-        &self,
-        protocol: wasmkeep_cluster::ClusterConfig,
-    ) -> wasmkeep_cluster::ClusterConfig {
-        wasmkeep_cluster::ClusterConfig {
-            retry_first_ms: self.alarm_retry_first_ms,
-            retry_max_ms: self.alarm_retry_max_ms,
-            ..protocol
-        }
-    }
-
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
         RuntimeConfig {
             data_dir: data_dir.into(),
@@ -285,8 +299,7 @@ impl RuntimeConfig {
             event_log_lines_max: EVENT_LOG_LINES_MAX,
             event_log_bytes_max: EVENT_LOG_BYTES_MAX,
             response_body_bytes_max: 32 * 1024 * 1024,
-            alarm_retry_max_ms: 300_000,
-            alarm_retry_first_ms: 1_000,
+            protocol: wasmkeep_cluster::ClusterConfig::default(),
             alarm_prepare_ms: 2_000,
             alarm_fire_batch_max: 4096,
             alarm_rehearse: true,
@@ -342,15 +355,121 @@ impl RuntimeConfig {
         let spare = self.workers_spare.unwrap_or(2 * self.worker_threads());
         self.worker_threads() + spare
     }
+}
 
-    /// How the run queue shares the threads ([`crate::scheduler`]).
-    pub(crate) fn shares(&self) -> crate::scheduler::Shares {
-        let workers = self.worker_threads();
-        crate::scheduler::Shares {
-            workers,
-            threads: self.turn_threads(),
-            tenant_turns_max: self.tenant_workers_max.unwrap_or(workers).max(1),
-            slice: std::time::Duration::from_millis(self.turn_slice_ms.max(1)),
+/// The node's bounds on the outbox (`RuntimeConfig`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboxLimits {
+    /// Messages one actor may have waiting for their answer.
+    pub pending_max: u64,
+    /// Largest message body or HTTP request body.
+    pub body_bytes_max: usize,
+    /// Largest context a sender attaches.
+    pub context_bytes_max: usize,
+    /// Deliveries of one message tried before it fails for good.
+    pub attempts_max: u32,
+    /// The first retry's wait; each next one doubles, up to
+    /// `retry_max_ms`.
+    pub retry_first_ms: u64,
+    pub retry_max_ms: u64,
+    /// Times an answer is offered to a failing `on-response` before it is
+    /// dropped.
+    pub response_attempts_max: u32,
+    /// Messages the node delivers at once (all actors).
+    pub in_flight_max: usize,
+    /// Messages one actor has in delivery at once.
+    pub per_actor_max: usize,
+    /// Bytes of bodies and contexts the dispatcher holds in memory; past
+    /// it, an actor's rows stay in its database until there is room.
+    pub node_bytes_max: u64,
+}
+
+impl Default for OutboxLimits {
+    fn default() -> Self {
+        OutboxLimits {
+            pending_max: 1_000,
+            body_bytes_max: 1024 * 1024,
+            context_bytes_max: 64 * 1024,
+            attempts_max: 10,
+            retry_first_ms: 200,
+            retry_max_ms: 60_000,
+            response_attempts_max: 5,
+            in_flight_max: 1_024,
+            per_actor_max: 16,
+            node_bytes_max: 256 * 1024 * 1024,
         }
     }
+}
+
+/// The node's bounds on parked replies.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParkedLimits {
+    /// Longest a reply may stay parked (and the most `park` may ask).
+    pub reply_ms_max: u64,
+    /// Replies parked on the node at once.
+    pub node_max: usize,
+    /// Replies one actor has parked at once.
+    pub per_actor_max: usize,
+    /// Replies one tenant's actors have parked at once on the node, so
+    /// that one tenant cannot take every place the node has.
+    pub per_tenant_max: usize,
+}
+
+impl Default for ParkedLimits {
+    fn default() -> Self {
+        ParkedLimits {
+            reply_ms_max: 300_000,
+            // Each parked reply holds its request's connection: below the
+            // default connections_max (1,024), whose requests in flight
+            // are bounded per tenant too (the server's `shares`).
+            node_max: 768,
+            per_actor_max: 256,
+            per_tenant_max: 256,
+        }
+    }
+}
+
+/// The node's bounds on sockets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SocketLimits {
+    pub per_actor_max: usize,
+    /// Sockets one tenant's actors hold on the node together, so that one
+    /// tenant cannot take every socket the node allows.
+    pub per_tenant_max: usize,
+    pub node_max: usize,
+    /// Largest message either way.
+    pub message_bytes_max: usize,
+    /// Bytes queued for one socket's client before it is closed (1008).
+    pub send_buffer_bytes_max: usize,
+    /// A socket that neither sends nor receives for this long is closed
+    /// (1001); 0: never.
+    pub idle_ms: u64,
+}
+
+impl Default for SocketLimits {
+    fn default() -> Self {
+        SocketLimits {
+            per_actor_max: 10_000,
+            per_tenant_max: 50_000,
+            node_max: 100_000,
+            message_bytes_max: 1024 * 1024,
+            send_buffer_bytes_max: 1024 * 1024,
+            idle_ms: 600_000,
+        }
+    }
+}
+
+/// Per-app overrides of the node's limits; unset fields keep the node's.
+/// The node's `app_limit_ceilings` has the same shape: the highest value
+/// each may be given.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AppLimits {
+    pub value_bytes_max: Option<usize>,
+    pub sql_bytes_max: Option<usize>,
+    pub sql_params_max: Option<usize>,
+    pub key_bytes_max: Option<usize>,
+    pub database_bytes_max: Option<u64>,
+    pub kv_list_entries_max: Option<u32>,
+    pub event_cpu_ms_max: Option<u64>,
 }

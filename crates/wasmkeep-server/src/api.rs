@@ -53,8 +53,6 @@ pub struct ServerConfig {
     pub list_actors_max: usize,
     /// Most rows one inspection query returns.
     pub inspect_rows_max: usize,
-    /// Largest deploy body (the runtime's `component_bytes_max`).
-    pub component_bytes_max: usize,
     /// Connections open at once; past it a connection is answered 503
     /// `node_overloaded` and closed.
     pub connections_max: usize,
@@ -102,7 +100,6 @@ impl Default for ServerConfig {
             tenant_tokens: BTreeMap::new(),
             list_actors_max: 1000,
             inspect_rows_max: 1000,
-            component_bytes_max: 64 * 1024 * 1024,
             connections_max: 1024,
             header_read_timeout_ms: 10_000,
             idle_timeout_ms: 60_000,
@@ -1148,7 +1145,7 @@ async fn deploy(
     segment("tenant", &tenant)?;
     segment("app", &app)?;
     // One byte over the limit is read, so that the runtime names the limit.
-    let limit = s.config.component_bytes_max;
+    let limit = s.rt.config().component_bytes_max;
     let wasm = read_body(body, limit + 1, s.pace()).await.map_err(|e| {
         if e.code == "body_too_large" {
             ApiError::from(wasmkeep_runtime::RuntimeError::ComponentTooLarge {
@@ -1193,7 +1190,7 @@ async fn list_secrets(
     State(s): State<AppState>,
     axum::extract::Path((tenant, app)): axum::extract::Path<(String, String)>,
 ) -> Result<Response, ApiError> {
-    let names = s.rt.secret_names(&tenant, &app)?;
+    let names = s.rt.secrets().names(&tenant, &app)?;
     Ok(axum::Json(json!({ "tenant": tenant, "app": app, "names": names })).into_response())
 }
 
@@ -1214,7 +1211,7 @@ async fn put_secret(
         )
     })?;
     let rt = s.rt.clone();
-    blocking(move || rt.set_secret(&tenant, &app, &name, &value)).await?;
+    blocking(move || rt.secrets().set(&tenant, &app, &name, &value)).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -1224,7 +1221,7 @@ async fn delete_secret(
     axum::extract::Path((tenant, app, name)): axum::extract::Path<(String, String, String)>,
 ) -> Result<Response, ApiError> {
     let rt = s.rt.clone();
-    let existed = blocking(move || rt.delete_secret(&tenant, &app, &name)).await?;
+    let existed = blocking(move || rt.secrets().delete(&tenant, &app, &name)).await?;
     Ok(axum::Json(json!({ "deleted": existed })).into_response())
 }
 
@@ -1440,7 +1437,8 @@ async fn list_alarms(
     let limit = q.limit.unwrap_or(LIST_ALARMS_DEFAULT).min(LIST_ALARMS_MAX);
     let alarms: Vec<_> = s
         .rt
-        .pending_alarms(&tenant, limit)
+        .alarms()
+        .pending(&tenant, limit)
         .into_iter()
         .map(
             |(id, at)| json!({ "app": id.app, "class": id.class, "name": id.name, "alarm_ms": at }),

@@ -57,7 +57,7 @@ use prometheus_client::registry::Registry;
 use wasmkeep_cluster::Rules;
 use wasmkeep_cluster::machine::NodeLeaseMachine;
 use wasmkeep_runtime::metrics::{self, GaugeU64};
-use wasmkeep_runtime::{ActorId, RunGate, Runtime};
+use wasmkeep_runtime::{ActorId, RunGate, Runtime, RuntimeConfig};
 
 pub use wasmkeep_cluster::ClusterConfig;
 use wasmkeep_replica::Bucket;
@@ -105,22 +105,38 @@ pub struct ClusterSettings {
 }
 
 impl ClusterSettings {
-    /// The defaults for everything but the address, the secret and the
-    /// protocol's timings.
-    pub fn new(advertise: &str, cluster_token: Option<String>, protocol: ClusterConfig) -> Self {
+    /// The settings of a cluster node whose runtime runs with `runtime`:
+    /// the protocol (lease timings, the sweep, the alarm backoff) is the
+    /// runtime's; the idle release follows its `actor_idle_ms` (the runtime
+    /// closes an idle actor first, ownership.rs explains why) and the
+    /// relayed answer's bound its `response_body_bytes_max`; the rest have
+    /// their defaults.
+    pub fn new(advertise: &str, cluster_token: Option<String>, runtime: &RuntimeConfig) -> Self {
         ClusterSettings {
             advertise: advertise.to_owned(),
             cluster_token,
-            protocol,
-            bucket_timeout_ms: 2_000,
+            protocol: runtime.protocol.clone(),
+            bucket_timeout_ms: BUCKET_TIMEOUT_MS,
             forward_timeout_ms: FORWARD_TIMEOUT_MS,
-            forward_response_bytes_max: 32 * 1024 * 1024 + 64 * 1024,
+            forward_response_bytes_max: runtime
+                .response_body_bytes_max
+                .saturating_add(FORWARD_ERROR_BODY_BYTES_MAX),
             owner_cache_ttl_ms: OWNER_CACHE_TTL_MS,
             actors_max: ACTORS_MAX,
-            release_idle_ms: 60_000 + RELEASE_AFTER_IDLE_CLOSE_MS,
+            release_idle_ms: runtime
+                .actor_idle_ms
+                .saturating_add(RELEASE_AFTER_IDLE_CLOSE_MS),
         }
     }
 }
+
+/// Default of `cluster_bucket_timeout_ms`: well within a renewal interval
+/// (a third of the lease period), so that a hung request leaves time for
+/// the next renewal before the node stops acting.
+pub const BUCKET_TIMEOUT_MS: u64 = 2_000;
+/// Room for an error body beside the largest answer an actor may send, in
+/// an answer a forwarding node relays.
+pub const FORWARD_ERROR_BODY_BYTES_MAX: usize = 64 * 1024;
 
 /// Default of `cluster_forward_timeout_ms`.
 pub const FORWARD_TIMEOUT_MS: u64 = 30_000;
@@ -584,7 +600,7 @@ async fn release_task(
         // still has open (their hold outlives their open copy).
         // An actor with open WebSockets stays held: its sockets are here.
         let keep = |id: &ActorId| {
-            rt.timer_alarm(id).is_some() || rt.is_open(id) || rt.sockets().has_sockets(id)
+            rt.alarms().timer_at(id).is_some() || rt.is_open(id) || rt.sockets().has_sockets(id)
         };
         state
             .ownership
@@ -718,7 +734,7 @@ impl ClusterNode {
             state: Arc::clone(&self.state),
             tokio: tokio::runtime::Handle::current(),
         };
-        if !rt.set_gate(Arc::new(gate)) {
+        if !rt.alarms().set_gate(Arc::new(gate)) {
             tracing::warn!("the runtime had a gate already; alarms are not gated by ownership");
         }
         let task = release_task(
@@ -801,7 +817,7 @@ mod tests {
         ClusterSettings::new(
             advertise,
             Some("test secret".into()),
-            ClusterConfig::default(),
+            &wasmkeep_runtime::RuntimeConfig::new("unused"),
         )
     }
 

@@ -9,7 +9,7 @@ use wasmkeep_replica::{At, Bucket, Image, ReplicaConfig, Uploaded};
 use wasmkeep_store::ActorId;
 
 /// `tenant/app/class/name`, the name percent-decoded (a name may hold `/`).
-pub fn parse_actor(target: &str) -> Result<ActorId> {
+pub(crate) fn parse_actor(target: &str) -> Result<ActorId> {
     let parts: Vec<&str> = target.splitn(4, '/').collect();
     if parts.len() != 4 || parts.iter().any(|p| p.is_empty()) {
         bail!("expected tenant/app/class/name, got `{target}`");
@@ -21,7 +21,7 @@ pub fn parse_actor(target: &str) -> Result<ActorId> {
 
 /// `--at`: a sequence number (`42`), a time in unix milliseconds with a
 /// unit (`1764471600000ms`), or an RFC 3339 time (`2026-11-30T03:00:00Z`).
-pub fn parse_at(s: Option<&str>) -> Result<At> {
+pub(crate) fn parse_at(s: Option<&str>) -> Result<At> {
     let Some(s) = s else { return Ok(At::Latest) };
     if let Ok(seq) = s.parse::<u64>() {
         return Ok(At::Seq(seq));
@@ -60,8 +60,41 @@ fn io() -> Result<tokio::runtime::Runtime> {
         .build()?)
 }
 
+/// The longest one bucket request of these commands may take.
+const BUCKET_TIMEOUT_MS: u64 = 10_000;
+
+/// The settings the bucket commands read and write the bucket with: the
+/// nodes' own (`--config`), so that a chain a node with larger bounds wrote
+/// is read with those bounds, and a node is judged live by the nodes' lease
+/// timings.
+pub(crate) struct Settings {
+    replica: ReplicaConfig,
+    protocol: wasmkeep_server::cluster::ClusterConfig,
+}
+
+impl Settings {
+    /// From the nodes' configuration file, or the defaults without one.
+    pub(crate) fn of(config: Option<&Path>) -> Result<Settings> {
+        let node = match config {
+            Some(path) => crate::config::NodeConfig::load(path)?,
+            None => crate::config::NodeConfig::default(),
+        };
+        let runtime = node.runtime();
+        Ok(Settings {
+            replica: runtime.replica,
+            protocol: runtime.protocol,
+        })
+    }
+}
+
 /// Writes the actor's database at `at` to `out` as a plain SQLite file.
-pub fn export(bucket_url: &str, target: &str, at: Option<&str>, out: &Path) -> Result<()> {
+pub(crate) fn export(
+    bucket_url: &str,
+    settings: &Settings,
+    target: &str,
+    at: Option<&str>,
+    out: &Path,
+) -> Result<()> {
     let id = parse_actor(target)?;
     let at = parse_at(at)?;
     if out.exists() {
@@ -76,7 +109,7 @@ pub fn export(bucket_url: &str, target: &str, at: Option<&str>, out: &Path) -> R
         &bucket,
         &id,
         at,
-        &ReplicaConfig::default(),
+        &settings.replica,
         out,
         &|done, total| {
             pb.set_length(total);
@@ -98,13 +131,19 @@ pub fn export(bucket_url: &str, target: &str, at: Option<&str>, out: &Path) -> R
 /// with no node in between: refused while a cluster node's lease is live
 /// (unless `force`), since a node holding the actor would then drop its
 /// writes not yet uploaded (restore through it instead: `--server`).
-pub fn restore(bucket_url: &str, target: &str, input: &Path, force: bool) -> Result<()> {
+pub(crate) fn restore(
+    bucket_url: &str,
+    settings: &Settings,
+    target: &str,
+    input: &Path,
+    force: bool,
+) -> Result<()> {
     let id = parse_actor(target)?;
     if !input.is_file() {
         bail!("{} is not a file", input.display());
     }
     let bucket = Bucket::from_url(bucket_url).with_context(|| format!("bucket {bucket_url}"))?;
-    let live = live_nodes(&bucket)?;
+    let live = live_nodes(&bucket, settings)?;
     if !live.is_empty() && !force {
         bail!(
             "refusing to write into a bucket that live cluster nodes use ({}): a node holding \
@@ -128,7 +167,7 @@ pub fn restore(bucket_url: &str, target: &str, input: &Path, force: bool) -> Res
         &id,
         input,
         now_ms,
-        ReplicaConfig::default(),
+        settings.replica.clone(),
         scratch.path(),
         now_ms,
     ));
@@ -150,10 +189,10 @@ pub fn restore(bucket_url: &str, target: &str, input: &Path, force: bool) -> Res
 
 /// The advertised addresses of the cluster nodes whose lease in the bucket
 /// is live now.
-fn live_nodes(bucket: &Bucket) -> Result<Vec<String>> {
-    use wasmkeep_server::cluster::{ClusterConfig, bucket::BucketDriver, view};
-    let driver = BucketDriver::new(bucket.clone(), 10_000);
-    let seen = io()?.block_on(view::read(&driver, &ClusterConfig::default()));
+fn live_nodes(bucket: &Bucket, settings: &Settings) -> Result<Vec<String>> {
+    use wasmkeep_server::cluster::{bucket::BucketDriver, view};
+    let driver = BucketDriver::new(bucket.clone(), BUCKET_TIMEOUT_MS);
+    let seen = io()?.block_on(view::read(&driver, &settings.protocol));
     let seen = seen.map_err(|e| anyhow::anyhow!("reading the cluster's leases: {e}"))?;
     Ok(seen.live.into_iter().map(|n| n.address).collect())
 }
@@ -162,7 +201,7 @@ fn live_nodes(bucket: &Bucket) -> Result<Vec<String>> {
 /// yet as the first entry of its chain (a node's data, moving onto a
 /// bucket). Actors the bucket already has are left alone on both sides; the
 /// node must not be running.
-pub fn upload(bucket_url: &str, data: &Path) -> Result<()> {
+pub(crate) fn upload(bucket_url: &str, settings: &Settings, data: &Path) -> Result<()> {
     let bucket = Bucket::from_url(bucket_url).with_context(|| format!("bucket {bucket_url}"))?;
     let ids = wasmkeep_runtime::runtime::all_actors(data);
     if ids.is_empty() {
@@ -175,7 +214,7 @@ pub fn upload(bucket_url: &str, data: &Path) -> Result<()> {
     for id in &ids {
         let db_path = wasmkeep_store::paths::actor_db(data, id);
         let root = wasmkeep_replica::ActorRoot::new(id, bucket.prefix_bytes())?;
-        let keys_max = ReplicaConfig::default().listing_bound();
+        let keys_max = settings.replica.listing_bound();
         let has_chain = io.block_on(async {
             let snaps = bucket.any_seq(&root.snap_dir(), None, 0, keys_max).await?;
             let logs = bucket.any_seq(&root.log_dir(), None, 0, keys_max).await?;
@@ -190,7 +229,7 @@ pub fn upload(bucket_url: &str, data: &Path) -> Result<()> {
                 id,
                 &db_path,
                 now_ms,
-                ReplicaConfig::default(),
+                settings.replica.clone(),
                 now_ms,
             ))?;
             // Read page by page, whatever its size (ADR 0038); through

@@ -11,16 +11,11 @@ use serde::{Deserialize, Serialize};
 use wasmkeep_runtime::{AppLimits, Durability, RuntimeConfig, StoreLimits};
 use wasmkeep_server::ServerConfig;
 
-/// Default of `cluster_bucket_timeout_ms`: well within a renewal interval
-/// (a third of the lease period), so that a hung request leaves time for
-/// the next renewal before the node stops acting.
-pub const CLUSTER_BUCKET_TIMEOUT_MS: u64 = 2_000;
-
 /// Everything `wasmkeep serve` can be told. Field names are the TOML keys.
 /// When a reply leaves, by default: `default_durability`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum ReplyDurability {
+pub(crate) enum ReplyDurability {
     /// After the local commit (and its fsync, with `durability = "fsync"`).
     Local,
     /// Once the bucket holds the commit.
@@ -29,7 +24,7 @@ pub enum ReplyDurability {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
-pub struct NodeConfig {
+pub(crate) struct NodeConfig {
     pub listen: SocketAddr,
     pub data: PathBuf,
     pub durability: Durability,
@@ -171,13 +166,13 @@ pub struct NodeConfig {
 impl Default for NodeConfig {
     #[allow(
         clippy::too_many_lines,
-        reason = "longer than clippy.toml allows; to be split (issue 34)"
+        reason = "one struct literal of every node setting, one line each: Rust wants every field in it, and each default is read from its consumer here, once"
     )]
     fn default() -> Self {
         let rt = RuntimeConfig::new("wasmkeep-data");
         let server = ServerConfig::default();
         let s = StoreLimits::default();
-        let cl = wasmkeep_server::cluster::ClusterConfig::default();
+        let cl = &rt.protocol;
         NodeConfig {
             listen: "127.0.0.1:8080".parse().expect("valid address"),
             data: rt.data_dir.clone(),
@@ -229,8 +224,8 @@ impl Default for NodeConfig {
             statement_memory_bytes_max: s.statement_memory_bytes_max,
             statement_temp_file_bytes_max: s.statement_temp_file_bytes_max,
             sqlite_page_bytes: s.page_bytes,
-            alarm_retry_first_ms: rt.alarm_retry_first_ms,
-            alarm_retry_max_ms: rt.alarm_retry_max_ms,
+            alarm_retry_first_ms: rt.protocol.retry_first_ms,
+            alarm_retry_max_ms: rt.protocol.retry_max_ms,
             alarm_prepare_ms: rt.alarm_prepare_ms,
             alarm_fire_batch_max: rt.alarm_fire_batch_max,
             alarm_rehearse: rt.alarm_rehearse,
@@ -257,7 +252,7 @@ impl Default for NodeConfig {
             owner_margin_ms: cl.owner_margin_ms,
             lease_register_retry_ms: cl.lease_register_retry_ms,
             alarm_sweep_ms: cl.alarm_sweep_ms,
-            cluster_bucket_timeout_ms: CLUSTER_BUCKET_TIMEOUT_MS,
+            cluster_bucket_timeout_ms: wasmkeep_server::cluster::BUCKET_TIMEOUT_MS,
             cluster_forward_timeout_ms: wasmkeep_server::cluster::FORWARD_TIMEOUT_MS,
             cluster_owner_cache_ttl_ms: wasmkeep_server::cluster::OWNER_CACHE_TTL_MS,
             cluster_actors_max: wasmkeep_server::cluster::ACTORS_MAX,
@@ -300,7 +295,7 @@ impl Default for NodeConfig {
 }
 
 impl NodeConfig {
-    pub fn load(path: &std::path::Path) -> anyhow::Result<NodeConfig> {
+    pub(crate) fn load(path: &std::path::Path) -> anyhow::Result<NodeConfig> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| anyhow::anyhow!("read config {}: {e}", path.display()))?;
         let c: NodeConfig =
@@ -311,7 +306,7 @@ impl NodeConfig {
     }
 
     /// Refuses settings no node can run with.
-    pub fn check_settings(&self) -> anyhow::Result<()> {
+    pub(crate) fn check_settings(&self) -> anyhow::Result<()> {
         wasmkeep_store::limits::check_page_bytes("sqlite_page_bytes", self.sqlite_page_bytes)
             .map_err(|e| anyhow::anyhow!(e))?;
         // Each parked reply holds its request's connection: as many as the
@@ -333,7 +328,23 @@ impl NodeConfig {
         Ok(())
     }
 
-    pub fn runtime(&self) -> RuntimeConfig {
+    /// The cluster protocol's settings (lease timings, the sweep, the alarm
+    /// backoff): the runtime carries them, and a cluster node's settings
+    /// take them from the runtime's.
+    fn protocol(&self) -> wasmkeep_server::cluster::ClusterConfig {
+        wasmkeep_server::cluster::ClusterConfig {
+            lease_period_ms: self.lease_period_ms,
+            lease_grace_ms: self.lease_grace_ms,
+            owner_margin_ms: self.owner_margin_ms,
+            lease_register_retry_ms: self.lease_register_retry_ms,
+            alarm_sweep_ms: self.alarm_sweep_ms,
+            retry_first_ms: self.alarm_retry_first_ms,
+            retry_max_ms: self.alarm_retry_max_ms,
+            ..wasmkeep_server::cluster::ClusterConfig::default()
+        }
+    }
+
+    pub(crate) fn runtime(&self) -> RuntimeConfig {
         let mut c = RuntimeConfig::new(&self.data);
         c.durability = self.durability;
         c.event_cpu_ms_max = self.event_cpu_ms_max;
@@ -368,8 +379,7 @@ impl NodeConfig {
         c.event_log_bytes_max = self.event_log_bytes_max;
         c.app_limit_ceilings = self.app_limit_ceilings.clone();
         c.response_body_bytes_max = self.response_body_bytes_max;
-        c.alarm_retry_first_ms = self.alarm_retry_first_ms;
-        c.alarm_retry_max_ms = self.alarm_retry_max_ms;
+        c.protocol = self.protocol();
         c.alarm_prepare_ms = self.alarm_prepare_ms;
         c.alarm_fire_batch_max = self.alarm_fire_batch_max;
         c.alarm_rehearse = self.alarm_rehearse;
@@ -435,7 +445,7 @@ impl NodeConfig {
         c
     }
 
-    pub fn server(&self) -> ServerConfig {
+    pub(crate) fn server(&self) -> ServerConfig {
         let replicated_by_default = match self.default_durability {
             Some(d) => d == ReplyDurability::Replicated,
             None => self.advertise.is_some(),
@@ -447,7 +457,6 @@ impl NodeConfig {
             tenant_tokens: self.tenant_tokens.clone(),
             list_actors_max: self.list_actors_max,
             inspect_rows_max: self.inspect_rows_max,
-            component_bytes_max: self.component_bytes_max,
             connections_max: self.connections_max,
             header_read_timeout_ms: self.header_read_timeout_ms,
             idle_timeout_ms: self.idle_timeout_ms,
@@ -464,7 +473,9 @@ impl NodeConfig {
 
     /// Cluster mode's settings, when `advertise` and `bucket` are both set:
     /// `--bucket` alone keeps single-node replication.
-    pub fn cluster(&self) -> anyhow::Result<Option<wasmkeep_server::cluster::ClusterSettings>> {
+    pub(crate) fn cluster(
+        &self,
+    ) -> anyhow::Result<Option<wasmkeep_server::cluster::ClusterSettings>> {
         if self.default_durability == Some(ReplyDurability::Replicated) && self.bucket.is_none() {
             anyhow::bail!(
                 "refusing to start: default_durability = \"replicated\" needs a bucket \
@@ -480,31 +491,17 @@ impl NodeConfig {
                  cluster's nodes share one"
             );
         }
-        use wasmkeep_server::cluster::{ClusterConfig, ClusterSettings};
-        // The alarm backoff comes from the runtime's settings, its one
-        // source (issue 34: the sweep's cap stayed at 300 s before).
-        let protocol = self.runtime().with_alarm_retry(ClusterConfig {
-            lease_period_ms: self.lease_period_ms,
-            lease_grace_ms: self.lease_grace_ms,
-            owner_margin_ms: self.owner_margin_ms,
-            lease_register_retry_ms: self.lease_register_retry_ms,
-            alarm_sweep_ms: self.alarm_sweep_ms,
-            ..ClusterConfig::default()
-        });
-        let mut settings = ClusterSettings::new(advertise, self.cluster_token.clone(), protocol);
+        // The protocol, the idle release and the relayed answer's bound
+        // follow from the runtime's settings, their one source.
+        let mut settings = wasmkeep_server::cluster::ClusterSettings::new(
+            advertise,
+            self.cluster_token.clone(),
+            &self.runtime(),
+        );
         settings.bucket_timeout_ms = self.cluster_bucket_timeout_ms;
         settings.forward_timeout_ms = self.cluster_forward_timeout_ms;
         settings.owner_cache_ttl_ms = self.cluster_owner_cache_ttl_ms;
         settings.actors_max = self.cluster_actors_max;
-        // The runtime closes an actor idle for `actor_idle_ms`; the hold is
-        // released only after that (ownership.rs explains why).
-        settings.release_idle_ms = self
-            .actor_idle_ms
-            .saturating_add(wasmkeep_server::cluster::RELEASE_AFTER_IDLE_CLOSE_MS);
-        // An answer relayed from the owner is at most what its actor may
-        // send, plus an error body.
-        settings.forward_response_bytes_max =
-            self.response_body_bytes_max.saturating_add(64 * 1024);
         settings
             .check()
             .map_err(|e| anyhow::anyhow!("refusing to start: {e}"))?;
@@ -514,7 +511,7 @@ impl NodeConfig {
     /// Refuses to expose a node without tokens, unless told it is fine, and
     /// settings the server refuses (tenant tokens without an admin token
     /// above all); run once the flags are applied, before anything starts.
-    pub fn check_exposure(&self) -> anyhow::Result<()> {
+    pub(crate) fn check_exposure(&self) -> anyhow::Result<()> {
         self.check_settings()
             .map_err(|e| anyhow::anyhow!("refusing to start: {e}"))?;
         self.server()
@@ -680,7 +677,7 @@ mod tests {
         .unwrap();
         let rt = c.runtime();
         assert_eq!(
-            (rt.alarm_retry_first_ms, rt.alarm_retry_max_ms),
+            (rt.protocol.retry_first_ms, rt.protocol.retry_max_ms),
             (250, 7000)
         );
         let p = c.cluster().unwrap().unwrap().protocol;

@@ -185,6 +185,12 @@ enum Command {
         /// The file to write (required; it must not exist).
         #[arg(short, long)]
         output: PathBuf,
+        /// The nodes' configuration file: its replica bounds
+        /// (`database_bytes_max`, `replica_snapshot_*`) and lease timings
+        /// are the ones this command reads the bucket with [default: none,
+        /// every setting at its default].
+        #[arg(long)]
+        config: Option<PathBuf>,
     },
     /// Make a SQLite file an actor's database: through the node that runs
     /// it (`--server`, the default), as the actor's next event, so that
@@ -209,6 +215,10 @@ enum Command {
         /// The SQLite file (required; for example one `export` wrote).
         #[arg(short, long)]
         input: PathBuf,
+        /// With --bucket: the nodes' configuration file, as for `export`
+        /// [default: none, every setting at its default].
+        #[arg(long)]
+        config: Option<PathBuf>,
     },
     /// Upload every actor of a (stopped) node's data folder that the bucket
     /// does not hold yet, as the first entry of its chain.
@@ -220,6 +230,12 @@ enum Command {
         /// The node's data folder (required).
         #[arg(long)]
         data: PathBuf,
+        /// The nodes' configuration file: its replica bounds
+        /// (`database_bytes_max`, `replica_snapshot_*`) and lease timings
+        /// are the ones this command reads the bucket with [default: none,
+        /// every setting at its default].
+        #[arg(long)]
+        config: Option<PathBuf>,
     },
     /// Run the benchmark workloads (docs/benchmarks.md) against nodes it
     /// starts itself, or against `--server URL`.
@@ -365,24 +381,57 @@ fn run() -> Result<()> {
             name,
         } => client::secret(&conn, out(&conn), &action, &target, name.as_deref()),
         Command::Cluster { conn } => client::cluster(&conn, out(&conn)),
+        Command::Restore {
+            conn,
+            bucket: None,
+            target,
+            input,
+            ..
+        } => client::restore(&conn, out(&conn), &target, &input),
+        c @ (Command::Export { .. } | Command::Restore { .. } | Command::Upload { .. }) => {
+            bucket_command(c)
+        }
+        Command::Bench(args) => wasmkeep_bench::run(args),
+    }
+}
+
+/// The commands that read or write the bucket directly, with the nodes'
+/// settings (`--config`).
+fn bucket_command(command: Command) -> Result<()> {
+    match command {
         Command::Export {
             bucket,
             target,
             at,
             output,
-        } => bucket::export(&bucket, &target, at.as_deref(), &output),
+            config,
+        } => bucket::export(
+            &bucket,
+            &bucket::Settings::of(config.as_deref())?,
+            &target,
+            at.as_deref(),
+            &output,
+        ),
         Command::Restore {
-            conn,
-            bucket,
+            bucket: Some(bucket),
             force,
             target,
             input,
-        } => match bucket {
-            Some(bucket) => bucket::restore(&bucket, &target, &input, force),
-            None => client::restore(&conn, out(&conn), &target, &input),
-        },
-        Command::Upload { bucket, data } => bucket::upload(&bucket, &data),
-        Command::Bench(args) => wasmkeep_bench::run(args),
+            config,
+            ..
+        } => bucket::restore(
+            &bucket,
+            &bucket::Settings::of(config.as_deref())?,
+            &target,
+            &input,
+            force,
+        ),
+        Command::Upload {
+            bucket,
+            data,
+            config,
+        } => bucket::upload(&bucket, &bucket::Settings::of(config.as_deref())?, &data),
+        _ => unreachable!("not a bucket command"),
     }
 }
 
@@ -458,10 +507,6 @@ fn raise_open_files_limit() {
 }
 
 /// Runs a node with `cfg` until SIGTERM or Ctrl-C.
-#[allow(
-    clippy::too_many_lines,
-    reason = "longer than clippy.toml allows; to be split (issue 34)"
-)]
 pub(crate) fn run_node(
     cfg: NodeConfig,
     examples: bool,
@@ -474,22 +519,7 @@ pub(crate) fn run_node(
     // applied before the runtime opens a database.
     let unsafe_rules = UnsafeRules::from_env().map_err(anyhow::Error::msg)?;
     unsafe_rules.apply_to_process();
-    let mut rc = cfg.runtime();
-    if cfg.compile_in_child {
-        rc.compile = Compile::Process {
-            program: std::env::current_exe().context("find this program to run compile workers")?,
-            args: vec![COMPILE_WORKER.into()],
-            // mimalloc reserves address space in 1 GiB arenas, writable,
-            // which counts against the worker's data limit whole and would
-            // make the limit refuse a small compilation; without arenas it
-            // maps what it uses.
-            env: vec![("MIMALLOC_ARENA_RESERVE".into(), "0".into())],
-        };
-    }
-    if let Some(url) = &cfg.bucket {
-        rc.bucket =
-            Some(wasmkeep_replica::Bucket::from_url(url).with_context(|| format!("bucket {url}"))?);
-    }
+    let rc = runtime_config(&cfg)?;
     // One bucket (and so one set of request counters) for replication and
     // the cluster protocol: `wasmkeep_bucket_*` counts both.
     let bucket = rc.bucket.clone();
@@ -508,119 +538,16 @@ pub(crate) fn run_node(
         .enable_all()
         .worker_threads(2)
         .build()?;
-    tokio.block_on(async {
-        let listener = tokio::net::TcpListener::bind(cfg.listen)
-            .await
-            .with_context(|| format!("listen on {}", cfg.listen))?;
-        let addr = listener.local_addr()?;
-        let base = format!("http://{addr}");
-        // The handlers are in place before the node says it listens: a
-        // SIGTERM or Ctrl-C right after that line stops it cleanly instead
-        // of killing it (tokio installs a handler only when asked).
-        #[cfg(unix)]
-        let (mut term, mut int) = {
-            use tokio::signal::unix::{SignalKind, signal};
-            (
-                signal(SignalKind::terminate()).context("install a SIGTERM handler")?,
-                signal(SignalKind::interrupt()).context("install a SIGINT handler")?,
-            )
-        };
-        // The node takes its next epoch (durably) before it says it listens.
-        let node = match (&cluster, &bucket) {
-            (Some(settings), Some(bucket)) => {
-                // Every cluster has a secret that signs what its nodes send
-                // each other: the configured one, or the bucket's.
-                let mut settings = settings.clone();
-                let secret = wasmkeep_server::cluster::sign::cluster_secret(
-                    settings.cluster_token.as_deref(),
-                    bucket,
-                )
-                .await
-                .context("read or create the cluster secret in the bucket")?;
-                settings.cluster_token = Some(secret);
-                let node = wasmkeep_server::cluster::ClusterNode::start(
-                    settings,
-                    bucket.clone(),
-                    &cfg.data,
-                )
-                .context("start cluster mode")?;
-                let mut node = node;
-                node.attach_runtime(&rt);
-                Some(node)
-            }
-            _ => None,
-        };
-        println!(
-            "wasmkeep {} listening on {base} (data: {}, durability: {}, bucket: {})",
-            env!("CARGO_PKG_VERSION"),
-            cfg.data.display(),
-            match cfg.durability {
-                Durability::Fsync => "fsync",
-                Durability::Process => "process",
-            },
-            cfg.bucket.as_deref().unwrap_or("none")
-        );
-        if let Some(classes) = examples {
-            print_examples(addr, &classes);
-        }
-        if let Some(hook) = on_listening {
-            hook(rt.clone(), addr);
-        }
-        use std::io::Write;
-        std::io::stdout().flush()?;
-        let asked = Arc::clone(&stop_asked);
-        let state = node.as_ref().map(|n| n.state());
-        let stopping_rt = rt.clone();
-        let drain = std::time::Duration::from_millis(cfg.shutdown_drain_ms);
-        let linger = std::time::Duration::from_millis(cfg.cluster_owner_cache_ttl_ms);
-        let shutdown = async move {
-            #[cfg(unix)]
-            tokio::select! {
-                _ = term.recv() => {},
-                _ = int.recv() => {},
-            }
-            #[cfg(not(unix))]
-            let _ = tokio::signal::ctrl_c().await;
-            let started = wasmkeep_runtime::clock::instant();
-            let _ = asked.set(started);
-            tracing::info!("shutting down");
-            // Open WebSockets hear 1001 now, while the node can still
-            // write to them (ADR 0043); their clients reconnect elsewhere.
-            stopping_rt.sockets().close_all(
-                None,
-                wasmkeep_runtime::sockets::close_code::GOING_AWAY,
-                "the node is stopping: reconnect",
-            );
-            // A cluster node hands its actors over with its listener still
-            // open: closing it first would reset forwards already on their
-            // way, whose sender cannot tell whether they ran. New actor
-            // requests get 503 node_not_acting (a forwarding node routes
-            // again), those in flight finish, queued events and uploads
-            // finish, the holds and the lease are released; then it lingers
-            // for the owner cache's lifetime, so no node still sends here
-            // when the listener closes.
-            if let Some(node) = node {
-                let state = node.state();
-                state.start_draining();
-                while state.in_flight() > 0 && started.elapsed() < drain {
-                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-                }
-                let left = drain.saturating_sub(started.elapsed());
-                let _ = tokio::task::spawn_blocking(move || stopping_rt.shutdown(left)).await;
-                node.release().await;
-                tokio::time::sleep(linger).await;
-            }
-        };
-        let mut server = cfg.server();
-        server.cluster = state;
-        server.unsafe_rules = unsafe_rules;
-        if server.unsafe_rules.any() {
-            tracing::warn!(rules = ?server.unsafe_rules, "safety rules switched off for a test ({})", wasmkeep_server::unsafe_rules::ENV);
-        }
-        let served = wasmkeep_server::serve(rt.clone(), server, listener, shutdown).await;
-        served?;
-        anyhow::Ok(())
-    })?;
+    tokio.block_on(serve_node(Serving {
+        cfg: &cfg,
+        cluster: &cluster,
+        bucket: &bucket,
+        rt: &rt,
+        stop_asked: &stop_asked,
+        examples,
+        on_listening,
+        unsafe_rules,
+    }))?;
     // One budget for stopping: what the connections' drain left of
     // `shutdown_drain_ms` is what running events get before every guest
     // statement is stopped.
@@ -628,6 +555,223 @@ pub(crate) fn run_node(
     let spent = stop_asked.get().map(|t| t.elapsed()).unwrap_or_default();
     rt.shutdown(drain.saturating_sub(spent));
     Ok(())
+}
+
+/// The runtime's configuration from `cfg`, with compile workers run as
+/// child processes of this program (`compile_in_child`) and the bucket.
+fn runtime_config(cfg: &NodeConfig) -> Result<wasmkeep_runtime::RuntimeConfig> {
+    let mut rc = cfg.runtime();
+    if cfg.compile_in_child {
+        rc.compile = Compile::Process {
+            program: std::env::current_exe().context("find this program to run compile workers")?,
+            args: vec![COMPILE_WORKER.into()],
+            // mimalloc reserves address space in 1 GiB arenas, writable,
+            // which counts against the worker's data limit whole and would
+            // make the limit refuse a small compilation; without arenas it
+            // maps what it uses.
+            env: vec![("MIMALLOC_ARENA_RESERVE".into(), "0".into())],
+        };
+    }
+    if let Some(url) = &cfg.bucket {
+        rc.bucket =
+            Some(wasmkeep_replica::Bucket::from_url(url).with_context(|| format!("bucket {url}"))?);
+    }
+    Ok(rc)
+}
+
+/// What `run_node` serves with once its runtime runs.
+struct Serving<'a> {
+    cfg: &'a NodeConfig,
+    cluster: &'a Option<wasmkeep_server::cluster::ClusterSettings>,
+    bucket: &'a Option<wasmkeep_replica::Bucket>,
+    rt: &'a Runtime,
+    /// When the node was asked to stop, set by the shutdown.
+    stop_asked: &'a Arc<std::sync::OnceLock<std::time::Instant>>,
+    /// The classes of the bundled examples, when they were deployed.
+    examples: Option<Vec<String>>,
+    on_listening: Option<OnListening>,
+    unsafe_rules: UnsafeRules,
+}
+
+/// Listens, says so, and serves until a signal stops the node and the
+/// connections are drained.
+async fn serve_node(s: Serving<'_>) -> Result<()> {
+    let Serving {
+        cfg,
+        cluster,
+        bucket,
+        rt,
+        stop_asked,
+        examples,
+        on_listening,
+        unsafe_rules,
+    } = s;
+    let listener = tokio::net::TcpListener::bind(cfg.listen)
+        .await
+        .with_context(|| format!("listen on {}", cfg.listen))?;
+    let addr = listener.local_addr()?;
+    let base = format!("http://{addr}");
+    // The handlers are in place before the node says it listens: a
+    // SIGTERM or Ctrl-C right after that line stops it cleanly instead
+    // of killing it (tokio installs a handler only when asked).
+    #[cfg(unix)]
+    let (term, int) = {
+        use tokio::signal::unix::{SignalKind, signal};
+        (
+            signal(SignalKind::terminate()).context("install a SIGTERM handler")?,
+            signal(SignalKind::interrupt()).context("install a SIGINT handler")?,
+        )
+    };
+    // The node takes its next epoch (durably) before it says it listens.
+    let node = start_cluster_node(cluster, bucket, &cfg.data, rt).await?;
+    print_listening(cfg, &base);
+    if let Some(classes) = examples {
+        print_examples(addr, &classes);
+    }
+    if let Some(hook) = on_listening {
+        hook(rt.clone(), addr);
+    }
+    use std::io::Write;
+    std::io::stdout().flush()?;
+    let asked = Arc::clone(stop_asked);
+    let state = node.as_ref().map(|n| n.state());
+    let stopping_rt = rt.clone();
+    let drain = std::time::Duration::from_millis(cfg.shutdown_drain_ms);
+    let linger = std::time::Duration::from_millis(cfg.cluster_owner_cache_ttl_ms);
+    let shutdown = stop_when_asked(Stopping {
+        #[cfg(unix)]
+        term,
+        #[cfg(unix)]
+        int,
+        asked,
+        node,
+        rt: stopping_rt,
+        drain,
+        linger,
+    });
+    let mut server = cfg.server();
+    server.cluster = state;
+    server.unsafe_rules = unsafe_rules;
+    if server.unsafe_rules.any() {
+        tracing::warn!(rules = ?server.unsafe_rules, "safety rules switched off for a test ({})", wasmkeep_server::unsafe_rules::ENV);
+    }
+    let served = wasmkeep_server::serve(rt.clone(), server, listener, shutdown).await;
+    served?;
+    anyhow::Ok(())
+}
+
+/// Cluster mode's node, when the node has cluster settings (and so a
+/// bucket), attached to the runtime; none on a single node.
+async fn start_cluster_node(
+    cluster: &Option<wasmkeep_server::cluster::ClusterSettings>,
+    bucket: &Option<wasmkeep_replica::Bucket>,
+    data: &std::path::Path,
+    rt: &Runtime,
+) -> Result<Option<wasmkeep_server::cluster::ClusterNode>> {
+    let node = match (cluster, bucket) {
+        (Some(settings), Some(bucket)) => {
+            // Every cluster has a secret that signs what its nodes send
+            // each other: the configured one, or the bucket's.
+            let mut settings = settings.clone();
+            let secret = wasmkeep_server::cluster::sign::cluster_secret(
+                settings.cluster_token.as_deref(),
+                bucket,
+            )
+            .await
+            .context("read or create the cluster secret in the bucket")?;
+            settings.cluster_token = Some(secret);
+            let node = wasmkeep_server::cluster::ClusterNode::start(settings, bucket.clone(), data)
+                .context("start cluster mode")?;
+            let mut node = node;
+            node.attach_runtime(rt);
+            Some(node)
+        }
+        _ => None,
+    };
+    Ok(node)
+}
+
+/// Prints the line that says the node listens, and where and on what.
+fn print_listening(cfg: &NodeConfig, base: &str) {
+    println!(
+        "wasmkeep {} listening on {base} (data: {}, durability: {}, bucket: {})",
+        env!("CARGO_PKG_VERSION"),
+        cfg.data.display(),
+        match cfg.durability {
+            Durability::Fsync => "fsync",
+            Durability::Process => "process",
+        },
+        cfg.bucket.as_deref().unwrap_or("none")
+    );
+}
+
+/// What stopping the node takes: the signals that ask for it, where the
+/// time they did goes, a cluster node to hand over, and the time bounds.
+struct Stopping {
+    #[cfg(unix)]
+    term: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    int: tokio::signal::unix::Signal,
+    asked: Arc<std::sync::OnceLock<std::time::Instant>>,
+    node: Option<wasmkeep_server::cluster::ClusterNode>,
+    rt: Runtime,
+    /// `shutdown_drain_ms`.
+    drain: std::time::Duration,
+    /// `cluster_owner_cache_ttl_ms`.
+    linger: std::time::Duration,
+}
+
+/// Waits for SIGTERM or Ctrl-C, then closes the node's WebSockets and
+/// hands a cluster node's actors over; the server closes its listener and
+/// drains its connections once this returns.
+async fn stop_when_asked(s: Stopping) {
+    let Stopping {
+        #[cfg(unix)]
+        mut term,
+        #[cfg(unix)]
+        mut int,
+        asked,
+        node,
+        rt: stopping_rt,
+        drain,
+        linger,
+    } = s;
+    #[cfg(unix)]
+    tokio::select! {
+        _ = term.recv() => {},
+        _ = int.recv() => {},
+    }
+    #[cfg(not(unix))]
+    let _ = tokio::signal::ctrl_c().await;
+    let started = wasmkeep_runtime::clock::instant();
+    let _ = asked.set(started);
+    tracing::info!("shutting down");
+    // Open WebSockets hear 1001 now, while the node can still
+    // write to them (ADR 0043); their clients reconnect elsewhere.
+    stopping_rt.sockets().close_all(
+        None,
+        wasmkeep_runtime::sockets::close_code::GOING_AWAY,
+        "the node is stopping: reconnect",
+    );
+    // A cluster node hands its actors over with its listener still
+    // open: closing it first would reset forwards already on their
+    // way, whose sender cannot tell whether they ran. New actor
+    // requests get 503 node_not_acting (a forwarding node routes
+    // again), those in flight finish, queued events and uploads
+    // finish, the holds and the lease are released; then it lingers
+    // for the owner cache's lifetime, so no node still sends here
+    // when the listener closes.
+    if let Some(node) = node {
+        let state = node.state();
+        state.start_draining();
+        while state.in_flight() > 0 && started.elapsed() < drain {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        let left = drain.saturating_sub(started.elapsed());
+        let _ = tokio::task::spawn_blocking(move || stopping_rt.shutdown(left)).await;
+        node.release().await;
+        tokio::time::sleep(linger).await;
+    }
 }
 
 /// The URL to reach a node listening on `addr` from this machine: through

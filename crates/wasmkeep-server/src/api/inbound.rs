@@ -16,6 +16,7 @@ use std::sync::Arc;
 use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use serde_json::{Value, json};
 use wasmkeep_runtime::outbox::{Answer, Inbound, MessageAnswer, Routed, Router};
 use wasmkeep_runtime::{ActorId, RuntimeError};
@@ -139,17 +140,20 @@ fn decode(body: &[u8]) -> Option<Inbound> {
     })
 }
 
+/// The bytes [`encode_segment`] escapes: all but RFC 3986's unreserved
+/// characters (`A-Z a-z 0-9 - . _ ~`), which mean the same escaped or not.
+/// Every other byte, `/` and `%` among them, is escaped, so that a name
+/// stays one path segment and `wasmkeep_store::id::decode_name` gives it
+/// back as it was (the bytes of a non-ASCII character are always escaped).
+const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
 /// An actor name (or any segment) as one URL path segment.
 fn encode_segment(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+    utf8_percent_encode(s, SEGMENT).to_string()
 }
 
 fn inbound_path(id: &ActorId) -> String {
@@ -391,5 +395,8 @@ mod tests {
             }
         }
         assert_eq!(encode_segment("a b/ü"), "a%20b%2F%C3%BC");
+        assert_eq!(encode_segment("100%"), "100%25");
+        assert_eq!(encode_segment("Az09-._~"), "Az09-._~");
+        assert_eq!(encode_segment("a+b?c#d"), "a%2Bb%3Fc%23d");
     }
 }

@@ -33,11 +33,11 @@ use crate::error::ApiError;
 
 /// Longest request path an access line keeps (the rest is cut, marked
 /// with `…`).
-pub const ACCESS_PATH_BYTES_MAX: usize = 512;
+pub(super) const ACCESS_PATH_BYTES_MAX: usize = 512;
 /// Lines a logs request returns from the past when it names no `lines`.
 pub const LOG_LINES_DEFAULT: usize = 100;
 /// How often a follow response writes an empty line when nothing happens.
-pub const HEARTBEAT_MS: u64 = 15_000;
+pub(super) const HEARTBEAT_MS: u64 = 15_000;
 
 /// What the edge records of one actor request once it is answered.
 pub(crate) struct Answered<'a> {

@@ -440,7 +440,11 @@ mod tests {
     }
 
     async fn get(f: &Forwarder, address: &str) -> Result<Response<Bytes>, ForwardError> {
-        let settings = ClusterSettings::new(address, None, Default::default());
+        let settings = ClusterSettings::new(
+            address,
+            None,
+            &wasmkeep_runtime::RuntimeConfig::new("unused"),
+        );
         get_with(f, address, &settings).await
     }
 
@@ -499,7 +503,11 @@ mod tests {
 
     async fn never_stalls(address: &str, pause: Duration) {
         let f = forwarder();
-        let mut settings = ClusterSettings::new(address, None, Default::default());
+        let mut settings = ClusterSettings::new(
+            address,
+            None,
+            &wasmkeep_runtime::RuntimeConfig::new("unused"),
+        );
         settings.forward_timeout_ms = 2_000;
         let mut answered = 0;
         for _ in 0..10 {
@@ -529,7 +537,11 @@ mod tests {
             let answer = format!("HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n{body}");
             let _ = stream.write_all(answer.as_bytes());
         });
-        let mut settings = ClusterSettings::new(&address, None, Default::default());
+        let mut settings = ClusterSettings::new(
+            &address,
+            None,
+            &wasmkeep_runtime::RuntimeConfig::new("unused"),
+        );
         settings.forward_response_bytes_max = 10;
         let f = forwarder();
         let r = get_with(&f, &address, &settings).await;
@@ -551,7 +563,11 @@ mod tests {
             std::thread::sleep(Duration::from_secs(5));
             drop(stream);
         });
-        let mut settings = ClusterSettings::new(&address, None, Default::default());
+        let mut settings = ClusterSettings::new(
+            &address,
+            None,
+            &wasmkeep_runtime::RuntimeConfig::new("unused"),
+        );
         settings.forward_timeout_ms = 300;
         let f = forwarder();
         let r = get_with(&f, &address, &settings).await;

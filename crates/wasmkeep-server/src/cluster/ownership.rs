@@ -595,14 +595,17 @@ enum Taken {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use wasmkeep_cluster::ClusterConfig;
     use wasmkeep_replica::Bucket;
 
     fn table(node: &str, bucket: &std::path::Path) -> Ownership {
         let url = format!("file://{}", bucket.display());
         let bucket = Bucket::from_url(&url).unwrap();
         let prefix = bucket.prefix_bytes();
-        let settings = ClusterSettings::new("http://127.0.0.1:1", None, ClusterConfig::default());
+        let settings = ClusterSettings::new(
+            "http://127.0.0.1:1",
+            None,
+            &wasmkeep_runtime::RuntimeConfig::new("unused"),
+        );
         Ownership::new(node, BucketDriver::new(bucket, 5_000), settings, prefix)
     }
 

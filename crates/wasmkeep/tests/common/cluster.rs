@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 /// margin, registration retried every 200 ms), `bucket_timeout_ms` for each
 /// of the cluster's bucket calls, and the TOML lines `more`; returns its
 /// path.
-pub fn node_config(
+pub(crate) fn node_config(
     dir: &Path,
     period_ms: u64,
     grace_ms: u64,
@@ -37,7 +37,7 @@ pub fn node_config(
 /// The flags of `wasmkeep serve` for a cluster node with the bundled
 /// examples on loopback `port` (advertised as itself), with the
 /// configuration file `config` and the bucket at `bucket` (a URL).
-pub fn serve_flags(port: u16, config: &Path, bucket: &str) -> Vec<String> {
+pub(crate) fn serve_flags(port: u16, config: &Path, bucket: &str) -> Vec<String> {
     let addr = format!("127.0.0.1:{port}");
     [
         "--examples",
@@ -55,14 +55,14 @@ pub fn serve_flags(port: u16, config: &Path, bucket: &str) -> Vec<String> {
 }
 
 /// The node's `cluster` object from `GET /admin/v1/node`.
-pub fn status(node: &super::Node) -> serde_json::Value {
+pub(crate) fn status(node: &super::Node) -> serde_json::Value {
     let (code, v) = node.json("GET", "/admin/v1/node", b"");
     assert_eq!(code, 200, "{v}");
     v["cluster"].clone()
 }
 
 /// A loopback port nothing listens on now.
-pub fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -73,7 +73,7 @@ pub fn free_port() -> u16 {
 /// Waits (polling every `poll_ms`) until `f` holds; panics with `what`
 /// after `limit_s` seconds. The limit is a bound for a hung cluster, not a
 /// timing assertion.
-pub fn wait_for(what: &str, limit_s: u64, poll_ms: u64, mut f: impl FnMut() -> bool) {
+pub(crate) fn wait_for(what: &str, limit_s: u64, poll_ms: u64, mut f: impl FnMut() -> bool) {
     let end = Instant::now() + Duration::from_secs(limit_s);
     while !f() {
         assert!(Instant::now() < end, "timed out waiting for {what}");
@@ -83,7 +83,7 @@ pub fn wait_for(what: &str, limit_s: u64, poll_ms: u64, mut f: impl FnMut() -> b
 
 /// An answer: status (0: no answer, the connection failed: a node being
 /// killed), the node that ran the request (`x-wasmkeep-node`), and the body.
-pub struct Answer {
+pub(crate) struct Answer {
     pub status: u16,
     pub node: Option<String>,
     pub body: serde_json::Value,
@@ -91,12 +91,12 @@ pub struct Answer {
 
 /// One request on a fresh connection (no pooled connection outlives a node
 /// restart), with no retry of any kind.
-pub fn send(port: u16, method: &str, path: &str, headers: &[(&str, &str)]) -> Answer {
+pub(crate) fn send(port: u16, method: &str, path: &str, headers: &[(&str, &str)]) -> Answer {
     send_within(port, method, path, headers, Duration::from_secs(60))
 }
 
 /// [`send`], giving up after `timeout` (status 0, as for no answer).
-pub fn send_within(
+pub(crate) fn send_within(
     port: u16,
     method: &str,
     path: &str,
@@ -138,7 +138,12 @@ pub fn send_within(
 /// The headers of a request forwarded by a node of a cluster whose secret
 /// is `secret`, to the node on `port`, with an empty body: the hop marker
 /// and the signature (`wasmkeep_server::cluster::sign`).
-pub fn node_headers(secret: &str, method: &str, port: u16, path: &str) -> Vec<(String, String)> {
+pub(crate) fn node_headers(
+    secret: &str,
+    method: &str,
+    port: u16,
+    path: &str,
+) -> Vec<(String, String)> {
     use wasmkeep_server::cluster::sign::{SIGNATURE_HEADER, Signed, Signer};
     let to = format!("http://127.0.0.1:{port}");
     let now = std::time::SystemTime::now()
@@ -161,7 +166,7 @@ pub fn node_headers(secret: &str, method: &str, port: u16, path: &str) -> Vec<(S
 }
 
 /// `headers` as [`send`] takes them.
-pub fn as_pairs(headers: &[(String, String)]) -> Vec<(&str, &str)> {
+pub(crate) fn as_pairs(headers: &[(String, String)]) -> Vec<(&str, &str)> {
     headers
         .iter()
         .map(|(k, v)| (k.as_str(), v.as_str()))
@@ -169,15 +174,15 @@ pub fn as_pairs(headers: &[(String, String)]) -> Vec<(&str, &str)> {
 }
 
 /// Asks for the reply only once the write is in the bucket.
-pub const REPLICATED: (&str, &str) = ("wasmkeep-durability", "replicated");
+pub(crate) const REPLICATED: (&str, &str) = ("wasmkeep-durability", "replicated");
 
 /// `POST …/counter/{actor}/increment`, answered once replicated.
-pub fn increment(port: u16, actor: &str) -> Answer {
+pub(crate) fn increment(port: u16, actor: &str) -> Answer {
     increment_within(port, actor, Duration::from_secs(60))
 }
 
 /// [`increment`], giving up after `timeout`.
-pub fn increment_within(port: u16, actor: &str, timeout: Duration) -> Answer {
+pub(crate) fn increment_within(port: u16, actor: &str, timeout: Duration) -> Answer {
     send_within(
         port,
         "POST",
@@ -188,7 +193,7 @@ pub fn increment_within(port: u16, actor: &str, timeout: Duration) -> Answer {
 }
 
 /// `GET …/counter/{actor}/value`.
-pub fn value(port: u16, actor: &str) -> Answer {
+pub(crate) fn value(port: u16, actor: &str) -> Answer {
     send(
         port,
         "GET",
@@ -198,7 +203,7 @@ pub fn value(port: u16, actor: &str) -> Answer {
 }
 
 /// The counter's value in an answer that must be a 200.
-pub fn counter(a: &Answer) -> u64 {
+pub(crate) fn counter(a: &Answer) -> u64 {
     assert_eq!(a.status, 200, "{}", a.body);
     a.body["value"]
         .as_u64()

@@ -19,19 +19,19 @@ use serde_json::Value as Json;
 use wasmkeep_guests::{DEMO, HOSTILE};
 
 /// The attacker's actors.
-pub const EVIL: &str = "/v1/evil/x/attacker";
+pub(crate) const EVIL: &str = "/v1/evil/x/attacker";
 /// The neighbour's actors.
-pub const GOOD: &str = "/v1/good/demo/counter";
+pub(crate) const GOOD: &str = "/v1/good/demo/counter";
 
 /// Limits low enough that the long attacks end quickly; two workers, so
 /// two statements that never end would hold every worker.
-pub const BASE: &str = "event_cpu_ms_max = 2000\nworkers = 2\n";
+pub(crate) const BASE: &str = "event_cpu_ms_max = 2000\nworkers = 2\n";
 
-pub fn start(tmp: &Path, config: &str) -> Node {
+pub(crate) fn start(tmp: &Path, config: &str) -> Node {
     start_with_log(tmp, config, None)
 }
 
-pub fn start_with_log(tmp: &Path, config: &str, log: Option<&Path>) -> Node {
+pub(crate) fn start_with_log(tmp: &Path, config: &str, log: Option<&Path>) -> Node {
     let cfg = tmp.join("node.toml");
     std::fs::write(&cfg, config).unwrap();
     let node = Node::start_logging(
@@ -45,7 +45,7 @@ pub fn start_with_log(tmp: &Path, config: &str, log: Option<&Path>) -> Node {
 
 /// Like [`start`], with the rules named in `rules` switched off
 /// (`WASMKEEP_UNSAFE`, a test-faults build: the unsafe variants).
-pub fn start_without(tmp: &Path, config: &str, rules: &str) -> Node {
+pub(crate) fn start_without(tmp: &Path, config: &str, rules: &str) -> Node {
     let cfg = tmp.join("node.toml");
     std::fs::write(&cfg, config).unwrap();
     let node = Node::start_env(
@@ -57,7 +57,7 @@ pub fn start_without(tmp: &Path, config: &str, rules: &str) -> Node {
 }
 
 /// Deploys the attacker (`evil/x`) and the neighbour (`good/demo`).
-pub fn deploy_both(node: Node) -> Node {
+pub(crate) fn deploy_both(node: Node) -> Node {
     let (s, v) = node.deploy("evil/x", HOSTILE);
     assert_eq!(s, 200, "deploy the attacker: {v}");
     let (s, v) = node.deploy("good/demo", DEMO);
@@ -67,14 +67,14 @@ pub fn deploy_both(node: Node) -> Node {
 
 /// The code an attack got: the event's own error (`{"error":{…}}`: the
 /// event failed) or the host call's error the guest passed back as 422.
-pub fn attack_code(v: &Json) -> &str {
+pub(crate) fn attack_code(v: &Json) -> &str {
     v["error"]["code"]
         .as_str()
         .or_else(|| v["code"].as_str())
         .unwrap_or("")
 }
 
-pub fn attack_message(v: &Json) -> String {
+pub(crate) fn attack_message(v: &Json) -> String {
     v["error"]["message"]
         .as_str()
         .or_else(|| v["message"].as_str())
@@ -83,13 +83,13 @@ pub fn attack_message(v: &Json) -> String {
 }
 
 /// Sends one attack to the attacker's actor `actor`.
-pub fn attack(node: &Node, actor: &str, route: &str, body: &[u8]) -> (u16, Json) {
+pub(crate) fn attack(node: &Node, actor: &str, route: &str, body: &[u8]) -> (u16, Json) {
     node.json("POST", &format!("{EVIL}/{actor}{route}"), body)
 }
 
 /// Asserts that an attack failed with `want`, and that its message names
 /// `names` (the function, pragma, module or limit).
-pub fn assert_refused(got: &(u16, Json), want: &str, names: &str, what: &str) {
+pub(crate) fn assert_refused(got: &(u16, Json), want: &str, names: &str, what: &str) {
     let (s, v) = got;
     assert_ne!(*s, 200, "{what}: the attack succeeded: {v}");
     assert_eq!(attack_code(v), want, "{what}: {s} {v}");
@@ -102,7 +102,12 @@ pub fn assert_refused(got: &(u16, Json), want: &str, names: &str, what: &str) {
 
 /// A blocking HTTP call for threads, with a bound so that a wedged node
 /// fails the test instead of hanging it.
-pub fn http(base: &str, method: &str, path: &str, body: &[u8]) -> Result<(u16, Json), String> {
+pub(crate) fn http(
+    base: &str,
+    method: &str,
+    path: &str,
+    body: &[u8],
+) -> Result<(u16, Json), String> {
     let agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .timeout_global(Some(Duration::from_secs(60)))
@@ -124,14 +129,14 @@ pub fn http(base: &str, method: &str, path: &str, body: &[u8]) -> Result<(u16, J
 
 /// The neighbouring tenant: one counter, which must count by one on every
 /// request, whatever the attacker does.
-pub struct Neighbour {
+pub(crate) struct Neighbour {
     pub base: String,
     pub path: String,
     pub value: i64,
 }
 
 impl Neighbour {
-    pub fn new(node: &Node, name: &str) -> Neighbour {
+    pub(crate) fn new(node: &Node, name: &str) -> Neighbour {
         let path = format!("{GOOD}/{name}");
         let (s, v) = node.json("GET", &format!("{path}/value"), b"");
         let value = if s == 200 {
@@ -146,7 +151,7 @@ impl Neighbour {
         }
     }
 
-    pub fn increment(&mut self) -> Result<(), String> {
+    pub(crate) fn increment(&mut self) -> Result<(), String> {
         let (s, v) = http(&self.base, "POST", &format!("{}/increment", self.path), b"")?;
         if s != 200 || v["value"].as_i64() != Some(self.value + 1) {
             return Err(format!(
@@ -162,7 +167,7 @@ impl Neighbour {
 /// Runs `attack` while a neighbour sends requests from another thread, one
 /// after the other, and asserts that every one of them was served
 /// correctly (at least one is always sent).
-pub fn with_neighbour<T>(node: &Node, name: &str, attack: impl FnOnce() -> T) -> T {
+pub(crate) fn with_neighbour<T>(node: &Node, name: &str, attack: impl FnOnce() -> T) -> T {
     let stop = Arc::new(AtomicBool::new(false));
     let mut neighbour = Neighbour::new(node, name);
     let handle: JoinHandle<Result<u64, String>> = {
@@ -190,7 +195,7 @@ pub fn with_neighbour<T>(node: &Node, name: &str, attack: impl FnOnce() -> T) ->
 
 /// How a child process ended, without reaping it (the `Node` still owns
 /// it); `None` while it runs.
-pub fn exit_of(node: &Node) -> Option<String> {
+pub(crate) fn exit_of(node: &Node) -> Option<String> {
     // SAFETY: `info` is a plain C struct that waitid fills; WNOWAIT leaves
     // the child waitable, so `Node`'s own wait still reaps it.
     unsafe {
@@ -210,7 +215,7 @@ pub fn exit_of(node: &Node) -> Option<String> {
 
 /// How the node ended once it did, waiting at most `bound` (a bound for a
 /// hung node, not a timing assertion); `None` if it still runs.
-pub fn exit_within(node: &Node, bound: Duration) -> Option<String> {
+pub(crate) fn exit_within(node: &Node, bound: Duration) -> Option<String> {
     let until = std::time::Instant::now() + bound;
     loop {
         let how = exit_of(node);
@@ -222,7 +227,7 @@ pub fn exit_within(node: &Node, bound: Duration) -> Option<String> {
 }
 
 /// The node process still runs (no SIGSEGV, no abort) and answers.
-pub fn assert_alive(node: &Node) {
+pub(crate) fn assert_alive(node: &Node) {
     if let Some(how) = exit_of(node) {
         panic!("the node is gone: {how}");
     }
@@ -230,7 +235,7 @@ pub fn assert_alive(node: &Node) {
 }
 
 /// The attacker's actor serves an ordinary request after its attack.
-pub fn assert_attacker_serves(node: &Node, actor: &str) {
+pub(crate) fn assert_attacker_serves(node: &Node, actor: &str) {
     let (s, v) = node.json("GET", &format!("{EVIL}/{actor}/ping"), b"");
     assert_eq!(
         (s, &v["ok"]),
@@ -240,7 +245,7 @@ pub fn assert_attacker_serves(node: &Node, actor: &str) {
 }
 
 /// The node's peak resident memory (`VmHWM`).
-pub fn peak_rss_bytes(node: &Node) -> u64 {
+pub(crate) fn peak_rss_bytes(node: &Node) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{}/status", node.pid())).unwrap();
     let kib: u64 = status
         .lines()

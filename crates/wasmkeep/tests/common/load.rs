@@ -24,31 +24,31 @@ use std::time::{Duration, Instant};
 use wasmkeep_replica::testing::Moto;
 
 use super::Node;
-pub use super::cluster::status;
+pub(crate) use super::cluster::status;
 use super::cluster::{self, counter, free_port, increment, increment_within, value};
 use super::proxy::Proxy;
 
 /// Waits until `f` holds (a bound of 60 s for a hung cluster).
-pub fn wait_for(what: &str, f: impl FnMut() -> bool) {
+pub(crate) fn wait_for(what: &str, f: impl FnMut() -> bool) {
     cluster::wait_for(what, 60, 20, f)
 }
 
-pub const TOKEN: &str = "cluster-secret-for-load-tests";
-pub const LEASE_PERIOD_MS: u64 = 1500;
-pub const LEASE_GRACE_MS: u64 = 1500;
+pub(crate) const TOKEN: &str = "cluster-secret-for-load-tests";
+pub(crate) const LEASE_PERIOD_MS: u64 = 1500;
+pub(crate) const LEASE_GRACE_MS: u64 = 1500;
 
 /// `t` plus the lease period and grace: how long a node's lease records
 /// sent before `t` can keep it live for the other nodes (a record's expiry
 /// is its send time plus the period; the others judge it lapsed past
 /// expiry plus grace). When nothing the node sends after `t` counts, it
 /// must stop acknowledging before then.
-pub fn lapse_bound(t: Instant) -> Instant {
+pub(crate) fn lapse_bound(t: Instant) -> Instant {
     t + Duration::from_millis(LEASE_PERIOD_MS + LEASE_GRACE_MS)
 }
 
 /// Where the cluster's bucket is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Store {
+pub(crate) enum Store {
     /// A local folder (`file://`): create-only writes are atomic.
     Folder,
     /// moto (`s3://`, the endpoint in the nodes' AWS_* environment). Its
@@ -61,7 +61,7 @@ pub enum Store {
 }
 
 /// A shared bucket and one configuration for the nodes of a test.
-pub struct Cluster {
+pub(crate) struct Cluster {
     tmp: tempfile::TempDir,
     config: PathBuf,
     url: String,
@@ -71,7 +71,7 @@ pub struct Cluster {
 
 /// A node of the cluster: its process, id, port and data folder, and the
 /// proxy between it and the bucket if it has one.
-pub struct Member {
+pub(crate) struct Member {
     pub node: Node,
     pub id: String,
     pub port: u16,
@@ -80,19 +80,19 @@ pub struct Member {
 }
 
 impl Cluster {
-    pub fn new(store: Store) -> Cluster {
+    pub(crate) fn new(store: Store) -> Cluster {
         Self::with_idle(store, 60_000)
     }
 
     /// `actor_idle_ms`: how soon the nodes close (and so release) an idle
     /// actor.
-    pub fn with_idle(store: Store, actor_idle_ms: u64) -> Cluster {
+    pub(crate) fn with_idle(store: Store, actor_idle_ms: u64) -> Cluster {
         Self::with_settings(store, actor_idle_ms, "")
     }
 
     /// [`Cluster::with_idle`], with more TOML lines in the nodes'
     /// configuration.
-    pub fn with_settings(store: Store, actor_idle_ms: u64, more: &str) -> Cluster {
+    pub(crate) fn with_settings(store: Store, actor_idle_ms: u64, more: &str) -> Cluster {
         let tmp = tempfile::tempdir().unwrap();
         let config = cluster::node_config(
             tmp.path(),
@@ -125,37 +125,37 @@ impl Cluster {
     }
 
     /// The folder bucket's path.
-    pub fn folder(&self) -> PathBuf {
+    pub(crate) fn folder(&self) -> PathBuf {
         assert_eq!(self.store, Store::Folder);
         self.tmp.path().join("bucket")
     }
 
     /// How the clients route: see [`Store::Moto`].
-    pub fn routing(&self) -> Routing {
+    pub(crate) fn routing(&self) -> Routing {
         match self.store {
             Store::Folder => Routing::RoundRobin,
             Store::Moto => Routing::OneNodePerActor,
         }
     }
 
-    pub fn start(&self, name: &str) -> Member {
+    pub(crate) fn start(&self, name: &str) -> Member {
         self.start_on(&self.tmp.path().join(name), free_port(), None)
     }
 
     /// On moto: a node that reaches it through a proxy of its own.
-    pub fn start_behind_proxy(&self, name: &str) -> Member {
+    pub(crate) fn start_behind_proxy(&self, name: &str) -> Member {
         let moto = self.moto.as_ref().expect("a proxy stands before moto");
         let proxy = Proxy::start(moto.port);
         self.start_on(&self.tmp.path().join(name), free_port(), Some(proxy))
     }
 
-    pub fn start_three(&self) -> Vec<Member> {
+    pub(crate) fn start_three(&self) -> Vec<Member> {
         ["a", "b", "c"].iter().map(|n| self.start(n)).collect()
     }
 
     /// Starts a node on `data` and `port` (through `proxy` if given) and
     /// waits until it acts.
-    pub fn start_on(&self, data: &Path, port: u16, proxy: Option<Proxy>) -> Member {
+    pub(crate) fn start_on(&self, data: &Path, port: u16, proxy: Option<Proxy>) -> Member {
         let mut env = self.moto.as_ref().map(Moto::env).unwrap_or_default();
         if let Some(p) = &proxy {
             for (k, v) in &mut env {
@@ -180,13 +180,13 @@ impl Cluster {
     }
 }
 
-pub fn actor_name(i: usize) -> String {
+pub(crate) fn actor_name(i: usize) -> String {
     format!("load-{i}")
 }
 
 /// How the load balancer spreads requests over the nodes in rotation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Routing {
+pub(crate) enum Routing {
     /// Every actor through every node in turn.
     RoundRobin,
     /// Each actor through one node at a time: the first node in rotation
@@ -200,7 +200,7 @@ pub enum Routing {
 /// The load balancer's view of the nodes: which are in rotation, and how
 /// many requests each has in flight. Taking a node out waits for those to
 /// finish, as connection draining does.
-pub struct Balancer {
+pub(crate) struct Balancer {
     ports: Vec<u16>,
     routing: Routing,
     state: Mutex<Rotation>,
@@ -220,7 +220,7 @@ struct Backend {
 }
 
 impl Balancer {
-    pub fn new(ports: Vec<u16>, routing: Routing) -> Balancer {
+    pub(crate) fn new(ports: Vec<u16>, routing: Routing) -> Balancer {
         let n = ports.len();
         Balancer {
             ports,
@@ -242,7 +242,7 @@ impl Balancer {
     /// The node for the `turn`-th request, for `actor`, marked as having
     /// one more request in flight; `None` if the actor must wait (its
     /// route moved while requests for it are in flight on the old one).
-    pub fn pick(&self, turn: usize, actor: usize) -> Option<(usize, u16)> {
+    pub(crate) fn pick(&self, turn: usize, actor: usize) -> Option<(usize, u16)> {
         let mut s = self.state.lock().unwrap();
         let n = s.backends.len();
         let up: Vec<usize> = (0..n).filter(|i| s.backends[*i].up).collect();
@@ -269,7 +269,7 @@ impl Balancer {
         Some((i, self.ports[i]))
     }
 
-    pub fn done(&self, i: usize, actor: usize) {
+    pub(crate) fn done(&self, i: usize, actor: usize) {
         let mut s = self.state.lock().unwrap();
         s.backends[i].in_flight -= 1;
         if let Some(e) = s.actors.get_mut(&actor) {
@@ -280,12 +280,12 @@ impl Balancer {
 
     /// Out of rotation at once (a failed health check): requests in flight
     /// are not waited for.
-    pub fn remove(&self, i: usize) {
+    pub(crate) fn remove(&self, i: usize) {
         self.state.lock().unwrap().backends[i].up = false;
     }
 
     /// Out of rotation, then waits until its requests in flight finished.
-    pub fn drain(&self, i: usize) {
+    pub(crate) fn drain(&self, i: usize) {
         let mut s = self.state.lock().unwrap();
         s.backends[i].up = false;
         while s.backends[i].in_flight > 0 {
@@ -293,14 +293,14 @@ impl Balancer {
         }
     }
 
-    pub fn restore(&self, i: usize) {
+    pub(crate) fn restore(&self, i: usize) {
         self.state.lock().unwrap().backends[i].up = true;
     }
 }
 
 /// One increment a client sent, and what came of it.
 #[derive(Debug, Clone)]
-pub struct Sent {
+pub(crate) struct Sent {
     pub client: usize,
     pub actor: usize,
     pub target: usize,
@@ -314,13 +314,13 @@ pub struct Sent {
 
 impl Sent {
     /// Acknowledged, and run by `node`.
-    pub fn acked_by(&self, node: &str) -> bool {
+    pub(crate) fn acked_by(&self, node: &str) -> bool {
         matches!(&self.outcome, Ok((_, n)) if n == node)
     }
 
     /// The error code of a failed request's answer (its body if it has
     /// none).
-    pub fn error_code(&self) -> Option<String> {
+    pub(crate) fn error_code(&self) -> Option<String> {
         let (_, body) = self.outcome.as_ref().err()?;
         Some(
             serde_json::from_str::<serde_json::Value>(body)
@@ -334,7 +334,7 @@ impl Sent {
 /// Client threads sending increments until told to stop, each to a node
 /// the balancer picks, with no retry (a client pauses briefly after a
 /// failed request).
-pub struct Load {
+pub(crate) struct Load {
     stop: Arc<AtomicBool>,
     log: Arc<Mutex<Vec<Sent>>>,
     threads: Vec<std::thread::JoinHandle<()>>,
@@ -344,7 +344,7 @@ impl Load {
     /// `clients` threads over `actors` actors, each giving up on a request
     /// after `timeout` (as a load balancer's request timeout: no answer,
     /// status 0).
-    pub fn start(
+    pub(crate) fn start(
         balancer: &Arc<Balancer>,
         clients: usize,
         actors: usize,
@@ -396,11 +396,11 @@ impl Load {
         Load { stop, log, threads }
     }
 
-    pub fn snapshot(&self) -> Vec<Sent> {
+    pub(crate) fn snapshot(&self) -> Vec<Sent> {
         self.log.lock().unwrap().clone()
     }
 
-    pub fn finish(self) -> Vec<Sent> {
+    pub(crate) fn finish(self) -> Vec<Sent> {
         self.stop.store(true, Ordering::Relaxed);
         for t in self.threads {
             t.join().expect("a client thread panicked");
@@ -410,7 +410,7 @@ impl Load {
 
     /// Waits until every one of `actors` had at least `n` increments
     /// acknowledged that were sent after `since`.
-    pub fn wait_acknowledged(&self, actors: usize, n: usize, since: Instant, what: &str) {
+    pub(crate) fn wait_acknowledged(&self, actors: usize, n: usize, since: Instant, what: &str) {
         wait_for(what, || {
             let log = self.snapshot();
             (0..actors).all(|a| {
@@ -425,7 +425,7 @@ impl Load {
 
 /// Creates each actor through node `i % n`, so that owners are spread
 /// before the load starts (and no first request races another's take).
-pub fn create_spread(members: &[Member], actors: usize) {
+pub(crate) fn create_spread(members: &[Member], actors: usize) {
     for i in 0..actors {
         let m = &members[i % members.len()];
         let a = increment(m.port, &actor_name(i));
@@ -438,7 +438,7 @@ pub fn create_spread(members: &[Member], actors: usize) {
 /// the members behind a balancer that routes as the cluster's store needs,
 /// and starts `clients` client threads ([`Load::start`]); returns once
 /// every actor had three more writes acknowledged.
-pub fn spread_load(
+pub(crate) fn spread_load(
     c: &Cluster,
     members: &[Member],
     actors: usize,
@@ -454,7 +454,7 @@ pub fn spread_load(
 }
 
 /// The owners: the node that ran each actor's latest acknowledged write.
-pub fn owners(log: &[Sent]) -> HashMap<usize, String> {
+pub(crate) fn owners(log: &[Sent]) -> HashMap<usize, String> {
     let mut o = HashMap::new();
     for s in log {
         if let Ok((_, node)) = &s.outcome {
@@ -465,7 +465,7 @@ pub fn owners(log: &[Sent]) -> HashMap<usize, String> {
 }
 
 /// The member that owns the most actors in `owners`, and those actors.
-pub fn busiest(members: &[Member], owners: &HashMap<usize, String>) -> (usize, Vec<usize>) {
+pub(crate) fn busiest(members: &[Member], owners: &HashMap<usize, String>) -> (usize, Vec<usize>) {
     let owned = |i: usize| {
         let mut a: Vec<usize> = owners
             .iter()
@@ -483,7 +483,7 @@ pub fn busiest(members: &[Member], owners: &HashMap<usize, String>) -> (usize, V
 
 /// What the checks found, for the report.
 #[derive(Default)]
-pub struct Tally {
+pub(crate) struct Tally {
     pub sent: usize,
     pub acknowledged: usize,
     pub failed: usize,
@@ -508,7 +508,7 @@ impl std::fmt::Display for Tally {
 /// final value is no more than the increments that may have run (those
 /// acknowledged plus those whose outcome is unknown), so nothing
 /// unacknowledged was invented and nothing acknowledged went missing.
-pub fn check_history(log: &[Sent], finals: &[u64]) -> Tally {
+pub(crate) fn check_history(log: &[Sent], finals: &[u64]) -> Tally {
     let mut tally = Tally {
         sent: log.len(),
         ..Tally::default()
@@ -572,7 +572,7 @@ pub fn check_history(log: &[Sent], finals: &[u64]) -> Tally {
 /// Failures came only after `fault` (the moment a node was killed or cut
 /// off), and each was a 5xx answer or no answer (a request in flight at a
 /// killed node); never a 4xx.
-pub fn check_failures(log: &[Sent], fault: Instant) {
+pub(crate) fn check_failures(log: &[Sent], fault: Instant) {
     let before: Vec<&Sent> = log
         .iter()
         .filter(|s| s.outcome.is_err() && s.finished < fault)
@@ -586,7 +586,7 @@ pub fn check_failures(log: &[Sent], fault: Instant) {
 }
 
 /// Failed requests grouped by status and error code.
-pub fn failures_by_code(log: &[Sent]) -> BTreeMap<(u16, String), usize> {
+pub(crate) fn failures_by_code(log: &[Sent]) -> BTreeMap<(u16, String), usize> {
     let mut why = BTreeMap::new();
     for s in log {
         if let (Err((status, _)), Some(code)) = (&s.outcome, s.error_code()) {
@@ -597,7 +597,7 @@ pub fn failures_by_code(log: &[Sent]) -> BTreeMap<(u16, String), usize> {
 }
 
 /// Reads every actor's value through every member; all must agree.
-pub fn read_finals(members: &[&Member], actors: usize) -> Vec<u64> {
+pub(crate) fn read_finals(members: &[&Member], actors: usize) -> Vec<u64> {
     (0..actors)
         .map(|i| {
             let seen: Vec<u64> = members

@@ -5,10 +5,10 @@
     reason = "tests of real processes, sockets and threads wait and measure in real time"
 )]
 #![allow(dead_code)]
-pub mod cluster;
-pub mod hostile;
-pub mod load;
-pub mod proxy;
+pub(crate) mod cluster;
+pub(crate) mod hostile;
+pub(crate) mod load;
+pub(crate) mod proxy;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -16,7 +16,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-pub struct Node {
+pub(crate) struct Node {
     child: Child,
     pub base: String,
     pub data: PathBuf,
@@ -32,18 +32,23 @@ fn agent() -> ureq::Agent {
 
 impl Node {
     /// Starts a node on `data` with a free port; extra flags follow `serve`.
-    pub fn start(data: &Path, extra: &[&str]) -> Node {
+    pub(crate) fn start(data: &Path, extra: &[&str]) -> Node {
         Self::start_logging(data, extra, None, "warn")
     }
 
     /// Like [`Node::start`], with the node's log (at `level`) written to
     /// `log` instead of the test's stderr.
-    pub fn start_logging(data: &Path, extra: &[&str], log: Option<&Path>, level: &str) -> Node {
+    pub(crate) fn start_logging(
+        data: &Path,
+        extra: &[&str],
+        log: Option<&Path>,
+        level: &str,
+    ) -> Node {
         Self::start_full(data, extra, log, level, &[])
     }
 
     /// Like [`Node::start`], with environment variables (a bucket's AWS_*).
-    pub fn start_env(data: &Path, extra: &[&str], env: &[(&str, String)]) -> Node {
+    pub(crate) fn start_env(data: &Path, extra: &[&str], env: &[(&str, String)]) -> Node {
         Self::start_full(data, extra, None, "warn", env)
     }
 
@@ -102,28 +107,28 @@ impl Node {
     }
 
     /// The node's `host:port`, as in `base`.
-    pub fn addr(&self) -> &str {
+    pub(crate) fn addr(&self) -> &str {
         self.base.trim_start_matches("http://")
     }
 
-    pub fn pid(&self) -> i32 {
+    pub(crate) fn pid(&self) -> i32 {
         self.child.id() as i32
     }
 
     /// SIGKILL, and wait for the process to be gone.
-    pub fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
 
     /// SIGTERM, and wait for the exit.
-    pub fn stop(&mut self) -> std::process::ExitStatus {
+    pub(crate) fn stop(&mut self) -> std::process::ExitStatus {
         self.signal_and_wait(libc::SIGTERM)
     }
 
     /// SIGTERM, and waits at most `limit` for the exit; `None` (after a
     /// SIGKILL) if it did not come.
-    pub fn stop_within(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+    pub(crate) fn stop_within(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
         // SAFETY: kill(2) takes two integers and touches no memory of this
         // process; the pid is our child's, not reaped yet (so not reused).
         unsafe {
@@ -141,19 +146,19 @@ impl Node {
     }
 
     /// Sends `signal`, and waits for the exit.
-    pub fn signal_and_wait(&mut self, signal: i32) -> std::process::ExitStatus {
+    pub(crate) fn signal_and_wait(&mut self, signal: i32) -> std::process::ExitStatus {
         unsafe {
             libc::kill(self.pid(), signal);
         }
         self.child.wait().expect("wait for the node")
     }
 
-    pub fn send(&self, method: &str, path: &str, body: &[u8]) -> (u16, String) {
+    pub(crate) fn send(&self, method: &str, path: &str, body: &[u8]) -> (u16, String) {
         self.send_with(method, path, body, None)
     }
 
     /// Sends with an optional bearer token.
-    pub fn send_with(
+    pub(crate) fn send_with(
         &self,
         method: &str,
         path: &str,
@@ -165,7 +170,7 @@ impl Node {
     }
 
     /// Sends with extra headers.
-    pub fn send_headers(
+    pub(crate) fn send_headers(
         &self,
         method: &str,
         path: &str,
@@ -190,21 +195,21 @@ impl Node {
         (status, text)
     }
 
-    pub fn get(&self, path: &str) -> (u16, String) {
+    pub(crate) fn get(&self, path: &str) -> (u16, String) {
         self.send("GET", path, b"")
     }
 
-    pub fn post(&self, path: &str, body: &[u8]) -> (u16, String) {
+    pub(crate) fn post(&self, path: &str, body: &[u8]) -> (u16, String) {
         self.send("POST", path, body)
     }
 
-    pub fn json(&self, method: &str, path: &str, body: &[u8]) -> (u16, serde_json::Value) {
+    pub(crate) fn json(&self, method: &str, path: &str, body: &[u8]) -> (u16, serde_json::Value) {
         let (s, t) = self.send(method, path, body);
         let v = serde_json::from_str(&t).unwrap_or(serde_json::Value::String(t));
         (s, v)
     }
 
-    pub fn deploy(&self, tenant_app: &str, wasm: &[u8]) -> (u16, serde_json::Value) {
+    pub(crate) fn deploy(&self, tenant_app: &str, wasm: &[u8]) -> (u16, serde_json::Value) {
         self.json("PUT", &format!("/admin/v1/apps/{tenant_app}"), wasm)
     }
 }
@@ -219,7 +224,7 @@ impl Drop for Node {
 /// Sends `request` (raw HTTP/1.1, which should say `connection: close`) to
 /// `addr` and reads the answer until the node closes: for headers a client
 /// library would set itself (`Host`) and for exact bytes on the wire.
-pub fn raw_http(addr: &str, request: &str) -> String {
+pub(crate) fn raw_http(addr: &str, request: &str) -> String {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
@@ -230,7 +235,7 @@ pub fn raw_http(addr: &str, request: &str) -> String {
 }
 
 /// The status of a raw HTTP answer, 0 if there is none.
-pub fn raw_status(answer: &str) -> u16 {
+pub(crate) fn raw_status(answer: &str) -> u16 {
     answer
         .split(' ')
         .nth(1)
@@ -239,10 +244,10 @@ pub fn raw_status(answer: &str) -> u16 {
 }
 
 /// The error code of a JSON error body.
-pub fn code(v: &serde_json::Value) -> &str {
+pub(crate) fn code(v: &serde_json::Value) -> &str {
     v["error"]["code"].as_str().unwrap_or("")
 }
 
-pub fn enc(s: &str) -> String {
+pub(crate) fn enc(s: &str) -> String {
     percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
 }

@@ -84,14 +84,14 @@ impl Shared {
 
 /// A proxy on a free loopback port to `127.0.0.1:upstream`; closes every
 /// connection on drop.
-pub struct Proxy {
+pub(crate) struct Proxy {
     pub port: u16,
     shared: Arc<Shared>,
     acceptor: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Proxy {
-    pub fn start(upstream: u16) -> Proxy {
+    pub(crate) fn start(upstream: u16) -> Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").expect("proxy port");
         let port = listener.local_addr().unwrap().port();
         let shared = Arc::new(Shared {
@@ -138,28 +138,28 @@ impl Proxy {
     }
 
     /// Drops everything from now on (see the module's documentation).
-    pub fn cut(&self) {
+    pub(crate) fn cut(&self) {
         *self.shared.mode.lock().unwrap() = Mode::Cut;
     }
 
     /// Holds every chunk `delay` before passing it on.
-    pub fn slow(&self, delay: Duration) {
+    pub(crate) fn slow(&self, delay: Duration) {
         *self.shared.mode.lock().unwrap() = Mode::Slow(delay);
     }
 
     /// Passes again, and closes the connections a cut broke.
-    pub fn restore(&self) {
+    pub(crate) fn restore(&self) {
         self.pass_new();
         self.close_broken();
     }
 
     /// Passes again, but for the connections a cut broke: they stay silent.
-    pub fn pass_new(&self) {
+    pub(crate) fn pass_new(&self) {
         *self.shared.mode.lock().unwrap() = Mode::Pass;
     }
 
     /// Closes the connections a cut broke.
-    pub fn close_broken(&self) {
+    pub(crate) fn close_broken(&self) {
         for c in self.shared.conns.lock().unwrap().iter() {
             if c.cut.load(Ordering::Acquire) {
                 c.close();
