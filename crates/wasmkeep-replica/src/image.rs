@@ -13,6 +13,7 @@
 
 use std::path::Path;
 
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, percent_encode};
 use rusqlite::{Connection, MAIN_DB, OpenFlags};
 use sha2::{Digest, Sha256};
 
@@ -288,21 +289,25 @@ pub fn quick_check(path: &Path, key: &str) -> Result<(), ReplicaError> {
     Err(corrupt(detail))
 }
 
-/// `file:` URI of `path` with `query`, every byte outside the unreserved set
-/// and `/` percent-encoded (a data folder may hold `?`, `#` or `%`).
+/// The bytes [`file_uri`] escapes in a path: all but RFC 3986's unreserved
+/// characters (`A-Z a-z 0-9 - . _ ~`) and `/`, which separates the path's
+/// folders in a `file:` URI as in the path itself. Every other byte is
+/// escaped: a data folder may hold `?`, `#` or `%`, which SQLite would read
+/// as the query, a fragment or an escape, and a path's bytes need not be
+/// UTF-8 (bytes past ASCII are always escaped).
+const URI_PATH: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'/')
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// `file:` URI of `path` with `query`, the path percent-encoded
+/// ([`URI_PATH`]).
 fn file_uri(path: &Path, query: &str) -> String {
     use std::os::unix::ffi::OsStrExt;
-    let mut uri = String::from("file:");
-    for &b in path.as_os_str().as_bytes() {
-        if b.is_ascii_alphanumeric() || b"/-_.~".contains(&b) {
-            uri.push(b as char);
-        } else {
-            uri.push_str(&format!("%{b:02X}"));
-        }
-    }
-    uri.push('?');
-    uri.push_str(query);
-    uri
+    let path = percent_encode(path.as_os_str().as_bytes(), URI_PATH);
+    format!("file:{path}?{query}")
 }
 
 /// The hash of every page of the state last uploaded, as the leaves of a
@@ -488,6 +493,18 @@ impl TreeDigest {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_file_uri_escapes_all_but_unreserved_characters_and_slashes() {
+        use std::os::unix::ffi::OsStrExt;
+        let uri = |p: &[u8]| file_uri(Path::new(std::ffi::OsStr::from_bytes(p)), "immutable=1");
+        assert_eq!(uri(b"/data/db-1_a.~"), "file:/data/db-1_a.~?immutable=1");
+        assert_eq!(
+            uri("/a b/100%/é?#".as_bytes()),
+            "file:/a%20b/100%25/%C3%A9%3F%23?immutable=1"
+        );
+        assert_eq!(uri(b"/x\xff+"), "file:/x%FF%2B?immutable=1");
+    }
 
     fn db() -> Connection {
         let c = Connection::open_in_memory().unwrap();

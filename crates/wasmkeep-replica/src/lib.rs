@@ -37,6 +37,7 @@ pub mod image;
 pub mod keys;
 pub mod limits;
 pub mod replica;
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod usage;
 

@@ -69,11 +69,11 @@ pub(crate) struct Listing {
 }
 
 impl Listing {
-    pub fn head(&self) -> Option<u64> {
+    pub(crate) fn head(&self) -> Option<u64> {
         self.logs.last().or(self.snaps.last()).map(|(seq, _)| *seq)
     }
 
-    pub fn snap_seqs(&self) -> Vec<u64> {
+    pub(crate) fn snap_seqs(&self) -> Vec<u64> {
         self.snaps.iter().map(|(seq, _)| *seq).collect()
     }
 }
@@ -136,7 +136,7 @@ pub(crate) struct Budget {
 
 impl Budget {
     /// A budget of `limit` bytes, named `limit_name` in errors.
-    pub fn new(limit_name: &'static str, limit: u64) -> Budget {
+    pub(crate) fn new(limit_name: &'static str, limit: u64) -> Budget {
         Budget {
             left: limit,
             limit_name,
@@ -145,7 +145,7 @@ impl Budget {
     }
 
     /// No bound besides each object's own.
-    pub fn unbounded() -> Budget {
+    pub(crate) fn unbounded() -> Budget {
         Budget::new("unbounded", u64::MAX)
     }
 

@@ -117,28 +117,15 @@ impl Request {
     }
 }
 
+/// A query string's key or value decoded as a form's: `+` is a space, `%`
+/// and two hex digits a byte (`%2B` is `+`), a `%` that starts no escape
+/// stays as it is, and bytes that are not UTF-8 become U+FFFD. `+` is
+/// replaced first: it is not a hex digit, so it is never part of an escape.
 fn percent_decode(s: &str) -> String {
-    fn hex(b: u8) -> Option<u8> {
-        (b as char).to_digit(16).map(|d| d as u8)
-    }
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'+' => out.push(b' '),
-            b'%' if i + 2 < bytes.len() => match (hex(bytes[i + 1]), hex(bytes[i + 2])) {
-                (Some(h), Some(l)) => {
-                    out.push(h * 16 + l);
-                    i += 2;
-                }
-                _ => out.push(b'%'),
-            },
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    let spaced = s.replace('+', " ");
+    percent_encoding::percent_decode_str(&spaced)
+        .decode_utf8_lossy()
+        .into_owned()
 }
 
 /// What a request's handler answers: a status, headers and a body.
@@ -292,6 +279,24 @@ mod tests {
         assert_eq!(r.query_u64("bad").unwrap_err().code, "bad_request");
         assert_eq!(r.header("content-type"), Some("text/plain"));
         assert_eq!(r.text().unwrap(), "café");
+    }
+
+    #[test]
+    fn query_parameters_decode_as_forms_do() {
+        let r =
+            request("s=a%20b&slash=%2F&pct=100%25&lone=5%&e=caf%C3%A9&safe=a-_.~z&p=%2B+&u=%FF");
+        assert_eq!(r.query_param("s").as_deref(), Some("a b"));
+        assert_eq!(r.query_param("slash").as_deref(), Some("/"));
+        assert_eq!(r.query_param("pct").as_deref(), Some("100%"));
+        assert_eq!(r.query_param("lone").as_deref(), Some("5%"));
+        assert_eq!(r.query_param("e").as_deref(), Some("café"));
+        assert_eq!(r.query_param("safe").as_deref(), Some("a-_.~z"));
+        assert_eq!(r.query_param("p").as_deref(), Some("+ "));
+        assert_eq!(r.query_param("u").as_deref(), Some("\u{FFFD}"));
+        assert_eq!(
+            request("a%2Bb=1&a+b=2").query_param("a b").as_deref(),
+            Some("2")
+        );
     }
 
     #[test]

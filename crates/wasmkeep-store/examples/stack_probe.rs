@@ -106,26 +106,21 @@ fn chain(n: usize, body: &dyn Fn(usize) -> String, extra: Vec<String>) -> Vec<St
     setup
 }
 
-/// Each recursive path at its limit (`n` tables, views, ... default 999).
-#[allow(
-    clippy::too_many_lines,
-    reason = "longer than clippy.toml allows; to be split (issue 34)"
-)]
-fn main() {
-    let n: usize = std::env::args()
-        .nth(1)
-        .map(|s| s.parse().unwrap())
-        .unwrap_or(999);
-    let views = {
-        let mut v = vec![
-            "CREATE TABLE vb(x)".to_string(),
-            "CREATE VIEW v0 AS SELECT x FROM vb".into(),
-        ];
-        for i in 1..990 {
-            v.push(format!("CREATE VIEW v{i} AS SELECT x FROM v{}", i - 1));
-        }
-        v
-    };
+/// A chain of 990 views, each selecting from the one before.
+fn views() -> Vec<String> {
+    let mut v = vec![
+        "CREATE TABLE vb(x)".to_string(),
+        "CREATE VIEW v0 AS SELECT x FROM vb".into(),
+    ];
+    for i in 1..990 {
+        v.push(format!("CREATE VIEW v{i} AS SELECT x FROM v{}", i - 1));
+    }
+    v
+}
+
+/// Trigger chains of `n` tables that insert (also through the view chain
+/// `views`), update and delete.
+fn measure_write_chains(n: usize, views: &[String]) {
     measure(
         "insert chain",
         chain(
@@ -150,7 +145,7 @@ fn main() {
                     i + 1
                 )
             },
-            views.clone(),
+            views.to_vec(),
         ),
         "INSERT INTO t0(x) VALUES(1)".into(),
     );
@@ -182,6 +177,11 @@ fn main() {
         ),
         "DELETE FROM t0".into(),
     );
+}
+
+/// Trigger chains of `n` tables that upsert, and that insert from a
+/// `BEFORE` trigger whose `WHEN` reads the next table.
+fn measure_upsert_and_before_chains(n: usize) {
     measure(
         "upsert chain",
         chain(
@@ -211,6 +211,10 @@ fn main() {
         ),
         "INSERT INTO t0(x) VALUES(1)".into(),
     );
+}
+
+/// Foreign keys that cascade an update and a delete through `n` tables.
+fn measure_fk_cascades(n: usize) {
     let mut setup = vec!["CREATE TABLE f0(id INTEGER PRIMARY KEY)".to_string()];
     for i in 1..n {
         setup.push(format!("CREATE TABLE f{i}(id INTEGER PRIMARY KEY, p REFERENCES f{}(id) ON DELETE CASCADE ON UPDATE CASCADE)", i - 1));
@@ -221,6 +225,10 @@ fn main() {
         "UPDATE f0 SET id = id + 1".into(),
     );
     measure("fk cascade delete", setup, "DELETE FROM f0".into());
+}
+
+/// `INSTEAD OF` triggers that insert through a chain of `n` views.
+fn measure_instead_of_chain(n: usize) {
     let mut setup = vec![
         "CREATE TABLE b0(x)".to_string(),
         "CREATE VIEW w0 AS SELECT x FROM b0".into(),
@@ -235,6 +243,11 @@ fn main() {
         setup,
         "INSERT INTO w0(x) VALUES(1)".into(),
     );
+}
+
+/// Common table expressions, each selecting from the one before (at most
+/// 990 of them).
+fn measure_chained_ctes(n: usize) {
     let k = n.min(990);
     let ctes = (0..k)
         .map(|i| match i {
@@ -248,6 +261,20 @@ fn main() {
         vec![],
         format!("WITH {ctes} SELECT * FROM c{}", k - 1),
     );
+}
+
+/// Each recursive path at its limit (`n` tables, views, ... default 999).
+fn main() {
+    let n: usize = std::env::args()
+        .nth(1)
+        .map(|s| s.parse().unwrap())
+        .unwrap_or(999);
+    let views = views();
+    measure_write_chains(n, &views);
+    measure_upsert_and_before_chains(n);
+    measure_fk_cascades(n);
+    measure_instead_of_chain(n);
+    measure_chained_ctes(n);
     measure("view chain", views, "SELECT * FROM v989".into());
     measure(
         "json",

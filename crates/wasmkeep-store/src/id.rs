@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+use percent_encoding::percent_decode_str;
+
 /// Longest tenant, app or class name.
 pub const SEGMENT_BYTES_MAX: usize = 63;
 /// Longest actor name, in bytes of UTF-8 (`name_bytes_max`): the one limit
@@ -50,27 +52,22 @@ pub struct InvalidId {
 /// of its own; this refuses it. The error says what is wrong, for the
 /// caller's `invalid_name`.
 pub fn decode_name(raw: &str) -> Result<String, String> {
-    let bytes = raw.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] != b'%' {
-            out.push(bytes[i]);
-            i += 1;
-            continue;
-        }
-        let hex = |j: usize| bytes.get(j).and_then(|b| (*b as char).to_digit(16));
-        match (hex(i + 1), hex(i + 2)) {
-            (Some(hi), Some(lo)) => out.push((hi * 16 + lo) as u8),
-            _ => {
-                return Err(format!(
-                    "`%` at byte {i} is not followed by two hex digits (percent-encoding)"
-                ));
-            }
-        }
-        i += 3;
+    // The crate's decoder is the lenient one (it keeps a `%` that starts no
+    // escape), so every `%` is checked first. A `%` is not a hex digit, so
+    // none lies inside another's escape: each must start one of its own.
+    let escape = |i: usize| {
+        let digits = raw.as_bytes().get(i + 1..i + 3);
+        digits.is_some_and(|d| d.iter().all(u8::is_ascii_hexdigit))
+    };
+    if let Some((i, _)) = raw.match_indices('%').find(|&(i, _)| !escape(i)) {
+        return Err(format!(
+            "`%` at byte {i} is not followed by two hex digits (percent-encoding)"
+        ));
     }
-    String::from_utf8(out).map_err(|_| "percent-encoding is not utf-8".to_owned())
+    percent_decode_str(raw)
+        .decode_utf8()
+        .map(std::borrow::Cow::into_owned)
+        .map_err(|_| "percent-encoding is not utf-8".to_owned())
 }
 
 /// Checks a tenant, app or class name.
@@ -160,6 +157,9 @@ mod tests {
             assert!(why.contains("two hex digits"), "{bad}: {why}");
         }
         assert!(decode_name("%ff").unwrap_err().contains("utf-8"));
+        assert_eq!(decode_name("100%25").unwrap(), "100%");
+        assert_eq!(decode_name("a+b%2b").unwrap(), "a+b+");
+        assert!(decode_name("%2%41").unwrap_err().contains("at byte 0"));
     }
 
     #[test]

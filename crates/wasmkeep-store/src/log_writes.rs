@@ -30,7 +30,7 @@ use std::ffi::c_int;
 /// larger commit goes in several writes of about this size. The `unix`
 /// VFS writes at most 128 KiB − 1 bytes per call (it masks the length), so
 /// this stays below that.
-pub const LOG_WRITE_BUFFER_BYTES_MAX: usize = 64 * 1024;
+pub(crate) const LOG_WRITE_BUFFER_BYTES_MAX: usize = 64 * 1024;
 
 /// Bytes in a WAL frame's header (SQLite's file format).
 const FRAME_HEADER_BYTES: usize = 24;

@@ -39,7 +39,7 @@ use crate::page_capture::Capture;
 use std::sync::Mutex;
 
 /// The name actors' connections open their database with.
-pub const VFS_NAME: &str = "wasmkeep";
+pub(crate) const VFS_NAME: &str = "wasmkeep";
 const VFS_NAME_C: &CStr = c"wasmkeep";
 
 /// Where in the index's first block the log's salt is (the WAL-index

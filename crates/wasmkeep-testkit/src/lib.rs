@@ -25,8 +25,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-mod build;
-pub use build::{WASM_TARGET, build_component, build_component_at};
+pub use wasmkeep_build::{WASM_TARGET, build_component, build_component_at};
 
 use tempfile::TempDir;
 use wasmkeep_runtime::actor::DbAccess;
@@ -173,7 +172,7 @@ impl TestNode {
     pub fn advance_to(&self, target_ms: u64) -> usize {
         let mut ran = 0;
         let mut deliveries = 0;
-        while let Some(due) = self.rt.next_alarm_ms() {
+        while let Some(due) = self.rt.alarms().next_due_ms() {
             if due > target_ms {
                 break;
             }
@@ -183,10 +182,10 @@ impl TestNode {
             if early > self.now_ms() {
                 self.clock.set_ms(early);
             }
-            self.rt.prepare_alarms();
+            self.rt.alarms().prepare();
             self.clock.set_ms(due);
             self.rt.expire_parked_replies();
-            ran += self.exec.block_on(self.rt.run_due_alarms());
+            ran += self.exec.block_on(self.rt.alarms().run_due());
             deliveries += 1;
             assert!(
                 deliveries <= ADVANCE_ALARMS_MAX,
@@ -204,7 +203,7 @@ impl TestNode {
     /// Runs the alarms due at the current time (a past alarm fires "at
     /// once": this is that moment).
     pub fn run_due_alarms(&self) -> usize {
-        self.exec.block_on(self.rt.run_due_alarms())
+        self.exec.block_on(self.rt.alarms().run_due())
     }
 
     /// Stops the node and starts it again on the same data folder, like a
@@ -528,7 +527,7 @@ impl<'a> ActorHandle<'a> {
     pub fn run_alarm(&self) -> bool {
         self.node
             .exec
-            .block_on(self.node.rt.run_alarm_now(&self.id))
+            .block_on(self.node.rt.alarms().run_now(&self.id))
             .unwrap_or_else(|e| panic!("run_alarm on {}: {e}", self.id))
     }
 

@@ -256,9 +256,9 @@ fn deleting_an_actor_deletes_its_alarm() {
     let r = node.actor("demo/examples/reminder/gone");
     let t = node.now_ms() + 1_000;
     r.post(&format!("/set?at_ms={t}"), "");
-    assert!(node.runtime().pending_alarms("demo", 10).len() == 1);
+    assert!(node.runtime().alarms().pending("demo", 10).len() == 1);
     assert!(r.delete_actor());
-    assert!(node.runtime().pending_alarms("demo", 10).is_empty());
+    assert!(node.runtime().alarms().pending("demo", 10).is_empty());
     assert_eq!(node.advance(Duration::from_secs(10)), 0);
     assert!(!r.exists());
 }
@@ -276,9 +276,12 @@ fn ten_thousand_alarms_due_at_one_instant_all_fire() {
         let r = node.actor(&format!("demo/examples/reminder/r{i}"));
         assert_eq!(r.post(&format!("/set?at_ms={t}"), "").status, 200);
     }
-    assert_eq!(node.runtime().pending_alarms("demo", 20_000).len(), 10_000);
+    assert_eq!(
+        node.runtime().alarms().pending("demo", 20_000).len(),
+        10_000
+    );
     assert_eq!(node.advance(Duration::from_secs(5)), 10_000);
-    assert!(node.runtime().pending_alarms("demo", 10).is_empty());
+    assert!(node.runtime().alarms().pending("demo", 10).is_empty());
     for i in (0..10_000).step_by(997) {
         let f = fired(&node.actor(&format!("demo/examples/reminder/r{i}")));
         assert_eq!(f.len(), 1);
@@ -310,7 +313,7 @@ fn an_actor_is_prepared_with_the_statements_its_class_ran_in_alarms() {
     assert!(!has(&b, insert), "{:?}", b.prepared_statements());
     // Within `alarm_prepare_ms` of b's alarm the timer prepares it: what
     // a's handler ran is now ready on b's connection, before b's alarm.
-    node.runtime().prepare_alarms();
+    node.runtime().alarms().prepare();
     let ready = b.prepared_statements();
     assert!(has(&b, insert), "{ready:?}");
     assert!(has(&b, "SELECT anchor_ms"), "{ready:?}");
@@ -351,14 +354,14 @@ fn the_first_prepared_actor_rehearses_its_class_alarm_and_leaves_no_trace() {
     // Within `alarm_prepare_ms` of r0's alarm the timer prepares it, and
     // r0 rehearses the class.
     node.advance_to(t - 1_500);
-    node.runtime().prepare_alarms();
+    node.runtime().alarms().prepare();
     assert!(fired(&actors[0]).is_empty());
     assert_eq!(rehearsals(&node), 1);
     // Actors prepared after it have the handler's statements ready.
     for r in &actors[1..] {
         r.post(&set, "");
     }
-    node.runtime().prepare_alarms();
+    node.runtime().alarms().prepare();
     for r in &actors {
         let ready = r.prepared_statements();
         assert!(has_guest_statement(r, "INSERT INTO fired"), "{ready:?}");
@@ -396,7 +399,7 @@ fn a_rehearsal_that_is_not_rolled_back_fires_the_alarm_early() {
     let t = node.now_ms() + 10_000;
     r.post(&format!("/set?at_ms={t}"), "");
     node.advance_to(t - 1_000);
-    node.runtime().prepare_alarms();
+    node.runtime().alarms().prepare();
     let f = fired(&r);
     assert_eq!(rehearsals(&node), 1);
     assert_eq!(f.len(), 1, "{f:?}");
@@ -414,7 +417,7 @@ fn without_rehearsal_the_first_alarm_of_a_class_is_not_prepared() {
     let t = node.now_ms() + 10_000;
     r.post(&format!("/set?at_ms={t}"), "");
     node.advance_to(t - 1_000);
-    node.runtime().prepare_alarms();
+    node.runtime().alarms().prepare();
     assert!(fired(&r).is_empty());
     assert_eq!(rehearsals(&node), 0);
     assert!(!has_guest_statement(&r, "INSERT INTO fired"));
@@ -462,6 +465,7 @@ fn a_gate_keeps_alarms_of_actors_this_node_does_not_hold() {
     }
     assert!(
         node.runtime()
+            .alarms()
             .set_gate(std::sync::Arc::new(HoldsOnly("held")))
     );
     assert_eq!(node.advance(Duration::from_millis(1_000)), 1);
@@ -469,7 +473,7 @@ fn a_gate_keeps_alarms_of_actors_this_node_does_not_hold() {
     assert!(fired(&other).is_empty());
     // Not run, not lost: the actor's database keeps the alarm.
     assert_eq!(other.get("/alarm").json()["alarm"], t);
-    assert_eq!(node.runtime().alarms_gated_total(), 1);
+    assert_eq!(node.runtime().alarms().gated_total(), 1);
     // The lease ended: every idle actor closes at once.
     let held_id = wasmkeep_runtime::ActorId::new("demo", "examples", "reminder", "held").unwrap();
     assert!(node.runtime().is_open(&held_id));

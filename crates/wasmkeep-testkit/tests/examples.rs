@@ -378,6 +378,7 @@ fn sockets_of_an_actor_the_node_no_longer_holds_are_closed_with_1012() {
     let gate = Arc::new(Gate(AtomicBool::new(true)));
     assert!(
         node.runtime()
+            .alarms()
             .set_gate(Arc::clone(&gate) as Arc<dyn RunGate>)
     );
     let room = node.actor("demo/examples/chat/moving");

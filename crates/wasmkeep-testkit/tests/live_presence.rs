@@ -150,7 +150,8 @@ fn node(authority: &Authority, unsafe_rules: &str) -> TestNode {
     node.deploy_with_manifest("demo/examples", DEMO, &manifest)
         .unwrap();
     node.runtime()
-        .set_secret("demo", "examples", "AUTHORITY_TOKEN", TOKEN)
+        .secrets()
+        .set("demo", "examples", "AUTHORITY_TOKEN", TOKEN)
         .unwrap();
     node
 }

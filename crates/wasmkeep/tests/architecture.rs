@@ -96,6 +96,18 @@ fn dependencies_point_one_way() {
                 "only the replica talks to object storage",
             );
         }
+        // ADR 0047: which HTTP client for which use.
+        if k != "wasmkeep" {
+            assert_none(&d, k, &["ureq"], "ureq is the CLI's client of a node");
+        }
+        if k != "wasmkeep-runtime" {
+            assert_none(
+                &d,
+                k,
+                &["reqwest"],
+                "reqwest makes actors' outbound calls, in the runtime's outbox",
+            );
+        }
     }
     assert_none(
         &d,
@@ -133,5 +145,37 @@ fn only_the_outbox_makes_http_requests_in_the_runtime() {
             f.starts_with("outbox/"),
             "{f} uses reqwest: only the outbox may"
         );
+    }
+}
+
+/// The node binary carries no test code (issue 34): built as `cargo build
+/// --release -p wasmkeep` builds it (normal and build dependencies, the
+/// features they turn on), it links neither the test kit nor any crate with
+/// its test feature on: the runtime's fault switches (`test-faults`), the
+/// replica's test buckets (`testing`), the server's and store's unsafe
+/// rules (`test-faults`). Test crates turn those on through their
+/// dev-dependencies only.
+#[test]
+fn the_release_binary_has_no_test_kit_and_no_fault_switch() {
+    let out = Command::new(env!("CARGO"))
+        .args(["tree", "--offline", "-p", "wasmkeep", "--prefix", "none"])
+        .args(["-e", "features,normal,build"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("cargo tree");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tree = String::from_utf8_lossy(&out.stdout);
+    assert!(tree.contains("wasmkeep-runtime"), "{tree}");
+    for banned in [
+        "wasmkeep-testkit",
+        "feature \"test-faults\"",
+        "feature \"testing\"",
+    ] {
+        let hits: Vec<&str> = tree.lines().filter(|l| l.contains(banned)).collect();
+        assert!(hits.is_empty(), "the node binary links {banned}: {hits:?}");
     }
 }

@@ -13,17 +13,17 @@ use wasmkeep_replica::Bucket;
 use wasmkeep_replica::testing::FaultStore;
 use wasmkeep_store::{ActorDb, ActorId, OpenMode, StoreLimits, Value};
 
-pub use wasmkeep_replica::testing::Moto;
+pub(crate) use wasmkeep_replica::testing::Moto;
 
 /// A bucket whose PUTs a test can hold or replay.
-pub struct Backend {
+pub(crate) struct Backend {
     pub faults: Arc<FaultStore>,
     pub bucket: Bucket,
     _dir: Option<tempfile::TempDir>,
 }
 
 impl Backend {
-    pub fn over(
+    pub(crate) fn over(
         store: Arc<dyn ObjectStore>,
         prefix: &str,
         dir: Option<tempfile::TempDir>,
@@ -37,34 +37,34 @@ impl Backend {
         }
     }
 
-    pub fn memory() -> Backend {
+    pub(crate) fn memory() -> Backend {
         Backend::over(Arc::new(InMemory::new()), "p", None)
     }
 
-    pub fn file() -> Backend {
+    pub(crate) fn file() -> Backend {
         let dir = tempfile::tempdir().unwrap();
         let store = LocalFileSystem::new_with_prefix(dir.path()).unwrap();
         Backend::over(Arc::new(store), "", Some(dir))
     }
 
-    pub fn moto(moto: &Moto, bucket: &str) -> Backend {
+    pub(crate) fn moto(moto: &Moto, bucket: &str) -> Backend {
         Backend::over(moto.store(bucket), "cluster-1", None)
     }
 }
 
-pub fn actor(name: &str) -> ActorId {
+pub(crate) fn actor(name: &str) -> ActorId {
     ActorId::new("t", "app", "c", name).unwrap()
 }
 
 /// A source actor: the real store's database, written through the same
 /// batch transaction the runtime uses.
-pub struct Source {
+pub(crate) struct Source {
     pub db: Option<ActorDb>,
     pub dir: PathBuf,
 }
 
 impl Source {
-    pub fn new(dir: &Path) -> Source {
+    pub(crate) fn new(dir: &Path) -> Source {
         let db = ActorDb::open(dir, &StoreLimits::default(), OpenMode::Create)
             .unwrap()
             .unwrap();
@@ -74,18 +74,18 @@ impl Source {
         }
     }
 
-    pub fn path(&self) -> PathBuf {
+    pub(crate) fn path(&self) -> PathBuf {
         self.dir.join("actor.db")
     }
 
     /// The committed state, read through the open connection (which holds
     /// the file while it is open, as the runtime's does).
-    pub fn image(&mut self) -> wasmkeep_replica::Image {
+    pub(crate) fn image(&mut self) -> wasmkeep_replica::Image {
         let bytes = self.db.as_mut().unwrap().committed_image().unwrap();
         wasmkeep_replica::Image::from_bytes(bytes).unwrap()
     }
 
-    pub fn commit(&mut self, statements: &[(&str, Vec<Value>)]) {
+    pub(crate) fn commit(&mut self, statements: &[(&str, Vec<Value>)]) {
         let db = self.db.as_mut().unwrap();
         db.begin().unwrap();
         for (sql, params) in statements {
@@ -96,7 +96,7 @@ impl Source {
 
     /// Closes the database (SQLite checkpoints and empties the WAL) and
     /// returns the file's bytes.
-    pub fn close_and_read(&mut self) -> Vec<u8> {
+    pub(crate) fn close_and_read(&mut self) -> Vec<u8> {
         self.db = None;
         let wal = std::fs::metadata(self.dir.join("actor.db-wal")).map(|m| m.len());
         assert!(
@@ -108,7 +108,7 @@ impl Source {
 }
 
 /// Every table's rows, in a fixed order, as text.
-pub fn dump(path: &Path) -> String {
+pub(crate) fn dump(path: &Path) -> String {
     let c = rusqlite::Connection::open(path).unwrap();
     let tables: Vec<String> = c
         .prepare("SELECT name FROM sqlite_master WHERE type='table' ORDER BY name")
@@ -143,7 +143,7 @@ pub fn dump(path: &Path) -> String {
 }
 
 /// Writes exported bytes to a file and dumps it.
-pub fn dump_bytes(bytes: &[u8]) -> String {
+pub(crate) fn dump_bytes(bytes: &[u8]) -> String {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("export.db");
     std::fs::write(&p, bytes).unwrap();
