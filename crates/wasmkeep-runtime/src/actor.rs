@@ -24,6 +24,7 @@ use wasmtime::Store;
 
 use crate::app::App;
 use crate::config::Durability;
+use crate::config::epoch_ticks;
 use crate::durability::SyncJob;
 use crate::error::RuntimeError;
 use crate::host::{self, AlarmOp, HostState};
@@ -31,7 +32,7 @@ use crate::index::{DeliverStep, Delivered};
 use crate::metrics::Metrics;
 use crate::outbox::{Answer, Inbound, MessageAnswer};
 use crate::replication::{self, ActorReplica};
-use crate::runtime::{Faults, Inner, epoch_ticks};
+use crate::runtime::Inner;
 
 /// An HTTP-shaped request for one actor.
 #[derive(Debug, Clone, Default)]
@@ -146,7 +147,7 @@ pub enum EventKind {
 }
 
 /// What an [`EventKind::Inspect`] runs; it sends its own result.
-pub type InspectFn = Box<dyn FnOnce(DbAccess<'_>) + Send>;
+pub(crate) type InspectFn = Box<dyn FnOnce(DbAccess<'_>) + Send>;
 
 /// How an inspection reaches an actor's database.
 pub enum DbAccess<'a> {
@@ -270,6 +271,48 @@ impl Loaded {
             .db
             .take()
             .expect("a loaded actor holds its database")
+    }
+
+    /// Closes the instance's database, rolled back already: a failure path
+    /// closes it before it re-arms the timer (which reads the committed
+    /// alarm on a connection of its own, and would wait for this one) and
+    /// before anyone hears back. The instance is dropped with the turn.
+    fn close_db(&mut self) {
+        drop(self.store.data_mut().db.take());
+    }
+
+    /// Replaces a trapped instance with a fresh one over the same
+    /// database. On `Err` the database is closed and this instance holds
+    /// none: the caller closes the actor.
+    fn fresh_instance(
+        &mut self,
+        rt: &Arc<Inner>,
+        app: &Arc<App>,
+        id: &ActorId,
+    ) -> Result<(), RuntimeError> {
+        let Some(db) = self.store.data_mut().db.take() else {
+            return Err(RuntimeError::Internal(
+                "the instance lost its database".into(),
+            ));
+        };
+        // The trapped instance goes first, as a close would drop it: its
+        // memory counts against the node's budget until then.
+        let empty = HostState::new(None, id.clone(), Arc::clone(&rt.clock), 0);
+        drop(std::mem::replace(
+            &mut self.store,
+            Store::new(&rt.engine, empty),
+        ));
+        self.bindings = None;
+        self.inbox = None;
+        self.socket_handler = None;
+        match instantiate(rt, app, id, db) {
+            Ok(fresh) => {
+                *self = fresh;
+                Ok(())
+            }
+            // The database comes back with the error and is closed here.
+            Err(failed) => Err(failed.0),
+        }
     }
 }
 
@@ -566,11 +609,7 @@ fn instantiate(
         rt.config.instance_memory_bytes_max,
     );
     state.alarm_statements = app.alarm_statements.for_class(&id.class);
-    if rt
-        .faults
-        .unsafe_outbox_before_commit
-        .load(Ordering::Relaxed)
-    {
+    if rt.faults.unsafe_outbox_before_commit() {
         state.sent_before_commit = Some(Vec::new());
     }
     state.parked = Some(Arc::clone(&rt.parked));
@@ -639,15 +678,16 @@ fn instantiate(
     }
 }
 
-/// Makes sure `slot` holds a current instance; `Ok(false)` if the actor
-/// has no database and `create` is false.
+/// A current instance of the actor, taken out of `slot` (the turn owns it
+/// while it runs, and puts it back if the actor stays open) or made
+/// afresh; `Ok(None)` if the actor has no database and `create` is false.
 fn load(
     rt: &Arc<Inner>,
     actor: &Actor,
     app: &Arc<App>,
     slot: &mut Option<Loaded>,
     create: bool,
-) -> Result<bool, RuntimeError> {
+) -> Result<Option<Loaded>, RuntimeError> {
     let id = &actor.id;
     if rt.replication.is_some() && {
         let st = actor.repl.lock();
@@ -658,11 +698,8 @@ fn load(
         // open the actor afresh from the bucket.
         *slot = None;
     }
-    if let Some(l) = slot.as_ref()
-        && l.app.version == app.version
-        && l.bindings.is_some()
-    {
-        return Ok(true);
+    if let Some(l) = slot.take_if(|l| l.app.version == app.version && l.bindings.is_some()) {
+        return Ok(Some(l));
     }
     let db = match slot.take() {
         Some(l) => l.take_db(),
@@ -691,16 +728,13 @@ fn load(
                     }
                     db
                 }
-                None => return Ok(false),
+                None => return Ok(None),
             }
         }
     };
     rt.make_room(id);
     let failed = match instantiate(rt, app, id, db) {
-        Ok(l) => {
-            *slot = Some(l);
-            return Ok(true);
-        }
+        Ok(l) => return Ok(Some(l)),
         Err(failed) => failed,
     };
     let (err, db) = *failed;
@@ -715,10 +749,7 @@ fn load(
         return Err(err);
     }
     match instantiate(rt, app, id, db) {
-        Ok(l) => {
-            *slot = Some(l);
-            Ok(true)
-        }
+        Ok(l) => Ok(Some(l)),
         Err(failed) => Err(failed.0),
     }
 }
@@ -1092,12 +1123,7 @@ fn delivered_without_state(
         return Ok(Outcome::Delivered(Delivered::NotDue));
     };
     let delivered = match no_state_step(crate::index::Standing::of(actor)) {
-        NoStateStep::Leave => {
-            let config = rt
-                .config
-                .with_alarm_retry(wasmkeep_cluster::ClusterConfig::default());
-            crate::index::leave(rt.clock.now_ms(), &config)
-        }
+        NoStateStep::Leave => crate::index::leave(rt.clock.now_ms(), &rt.config.protocol),
         // No database to write `owner_fence` in: a tombstone above the
         // one restored ends the history, and the entries go at once.
         NoStateStep::Fence => {
@@ -1113,7 +1139,7 @@ fn delivered_without_state(
 
 /// Failing-alarm warnings written to the node's log per second at most
 /// (the rest are counted in the next one's `left_out`).
-pub const ALARM_FAILURE_LOG_PER_S: u64 = 100;
+pub(crate) const ALARM_FAILURE_LOG_PER_S: u64 = 100;
 
 fn run_alarm(
     rt: &Arc<Inner>,
@@ -1156,8 +1182,8 @@ fn run_alarm(
             }
             l.db().event_rollback()?;
             let policy = RetryPolicy {
-                first_ms: rt.config.alarm_retry_first_ms,
-                max_ms: rt.config.alarm_retry_max_ms,
+                first_ms: rt.config.protocol.retry_first_ms,
+                max_ms: rt.config.protocol.retry_max_ms,
                 retries_max: l.app.manifest.alarms.retries_max,
             };
             // The alarm the handler left before it failed: the one that
@@ -1223,36 +1249,36 @@ fn run_alarm(
 /// rolled back (rows, key-value pairs, the alarm); its log lines are
 /// dropped. What stays is what the rehearsal is for: the statements it ran,
 /// prepared on this actor's connection and noted for the class.
-fn rehearse_alarm(rt: &Arc<Inner>, app: &Arc<App>, slot: &mut Option<Loaded>) {
-    let Some(l) = slot.as_mut() else {
-        return;
-    };
+/// Returns whether the actor stays open (its database came back).
+fn rehearse_alarm(rt: &Arc<Inner>, app: &Arc<App>, l: &mut Loaded) -> bool {
     let Some(notes) = l.store.data().alarm_statements.clone() else {
-        return;
+        return true;
     };
     if !notes.may_need_rehearsal() {
-        return;
+        return true;
     }
     let Ok(Some(state)) = l.db().alarm() else {
-        return;
+        return true;
     };
     let Some(_rehearsing) = notes.claim_rehearsal() else {
-        return;
+        return true;
     };
     let id = l.store.data().id.clone();
     let Some(db) = l.store.data_mut().db.take() else {
-        return;
+        return false;
     };
     let mut r = match instantiate(rt, app, &id, db) {
         Ok(r) => r,
         Err(failed) => {
             // The database comes back with the error; without it the
             // actor is closed and opened again by its next event.
-            match failed.1 {
-                Some(db) => l.store.data_mut().db = Some(db),
-                None => *slot = None,
-            }
-            return;
+            return match failed.1 {
+                Some(db) => {
+                    l.store.data_mut().db = Some(db);
+                    true
+                }
+                None => false,
+            };
         }
     };
     Metrics::inc(&rt.metrics.alarm_rehearsals_total);
@@ -1263,18 +1289,21 @@ fn rehearse_alarm(rt: &Arc<Inner>, app: &Arc<App>, slot: &mut Option<Loaded>) {
         finish_call(&mut r, call)
     })();
     let learned = notes.texts().len();
-    if rt.faults.unsafe_rehearsal_commits.load(Ordering::Relaxed) {
+    if rt.faults.unsafe_rehearsal_commits() {
         let _ = r.db().commit();
     }
     r.db().rollback();
     tracing::debug!(actor = %id, statements = learned, outcome = ?ran.err(), "alarm rehearsed");
-    let l = slot.as_mut().expect("the slot was loaded above");
     l.store.data_mut().db = Some(r.take_db());
+    true
 }
 
 /// One turn: the batch's events in one transaction, in the phases below,
-/// each its own function. A phase that ends the turn early (it answered
-/// every event itself) returns `None`.
+/// each its own function. Once the actor is open the turn owns its
+/// instance ([`Opened`]) and hands each phase `&mut Loaded`; a phase that
+/// ends the turn early (it answered every event itself) says whether the
+/// actor stays open ([`Stop`]), and the instance goes back to the slot
+/// only then.
 ///
 /// 1. [`resolve_class`]: the actor's app and class still exist.
 /// 2. [`open_for_turn`]: the database and an instance are loaded.
@@ -1302,26 +1331,92 @@ fn run_batch(
         return Vec::new();
     };
     let turn = Turn::new(rt, &events, slot.is_some());
-    let Some((events, mut initialized)) = open_for_turn(rt, actor, &app, slot, events, &turn)
-    else {
+    let Some(opened) = open_for_turn(rt, actor, &app, slot, events, &turn) else {
         return Vec::new();
     };
-    let Some(events) = prepare_turn(rt, &app, slot, events, initialized) else {
-        return Vec::new();
+    debug_assert!(slot.is_none(), "the turn owns the instance while it runs");
+    let (kept, not_started) = run_opened(rt, actor, &app, &turn, opened, yield_at);
+    *slot = kept;
+    not_started
+}
+
+/// Phases 3 to 7, on an open actor. Returns the instance if the actor
+/// stays open, and the events not started.
+fn run_opened(
+    rt: &Arc<Inner>,
+    actor: &Arc<Actor>,
+    app: &Arc<App>,
+    turn: &Turn,
+    opened: Opened,
+    yield_at: Instant,
+) -> (Option<Loaded>, Vec<Event>) {
+    let Opened {
+        mut loaded,
+        events,
+        mut initialized,
+    } = opened;
+    let l = &mut loaded;
+    let events = match prepare_turn(rt, app, l, events, initialized) {
+        Ok(events) => events,
+        Err(stop) => return (stop.end(loaded), Vec::new()),
     };
-    let Some(mut ran) = run_events(rt, actor, &app, slot, events, &mut initialized, yield_at)
-    else {
-        return Vec::new();
+    let mut ran = match run_events(rt, actor, app, l, events, &mut initialized, yield_at) {
+        Ok(ran) => ran,
+        Err(stop) => return (stop.end(loaded), Vec::new()),
     };
     let not_started = std::mem::take(&mut ran.not_started);
-    let Some((ran, committed_at)) = commit_turn(rt, actor, slot, ran, initialized) else {
-        return not_started;
+    let (ran, committed_at) = match commit_turn(rt, actor, l, ran, initialized) {
+        Ok(committed) => committed,
+        Err(stop) => return (stop.end(loaded), not_started),
     };
-    let Some((after, results)) = after_commit(rt, actor, slot, &turn, ran, initialized) else {
-        return not_started;
+    let (after, results) = match after_commit(rt, actor, l, turn, ran, initialized) {
+        Ok(after) => after,
+        Err(stop) => return (stop.end(loaded), not_started),
+    };
+    // A new actor whose first event failed is no actor: its instance and
+    // folder go before anyone hears back.
+    let kept = match &after.removed {
+        Some(dir) => Stop::CloseAndRemove(dir.clone()).end(loaded),
+        None => Some(loaded),
     };
     release_replies(rt, actor, results, after, committed_at);
-    not_started
+    (kept, not_started)
+}
+
+/// How a phase that ended the turn early leaves the actor.
+enum Stop {
+    /// Open: the instance goes back to the slot.
+    Keep,
+    /// Closed: a failure left the instance or its transaction unusable;
+    /// the actor's next event opens it afresh.
+    Close,
+    /// Closed, and its folder removed: a new actor whose first event
+    /// failed.
+    CloseAndRemove(std::path::PathBuf),
+}
+
+impl Stop {
+    /// The instance, if the actor stays open; otherwise it is dropped (its
+    /// database closed) before the folder, if any, is removed.
+    fn end(self, loaded: Loaded) -> Option<Loaded> {
+        match self {
+            Stop::Keep => Some(loaded),
+            Stop::Close => None,
+            Stop::CloseAndRemove(dir) => {
+                drop(loaded);
+                let _ = std::fs::remove_dir_all(&dir);
+                None
+            }
+        }
+    }
+}
+
+/// An actor open for a turn: its instance, owned by the turn, the events
+/// left to run and whether its init has run.
+struct Opened {
+    loaded: Loaded,
+    events: Vec<Event>,
+    initialized: bool,
 }
 
 /// What the phases of one turn share about its events.
@@ -1378,8 +1473,8 @@ struct EventsRan {
 struct AfterCommit {
     /// The upload that will carry this commit, with a bucket.
     repl_mark: Option<replication::Mark>,
-    /// The first event of a new actor failed: its folder was removed.
-    removed: bool,
+    /// The first event of a new actor failed: its folder, to remove.
+    removed: Option<std::path::PathBuf>,
     wal: std::path::PathBuf,
     dirs: Vec<std::path::PathBuf>,
     /// The outbox's highest row after a batch that sent: rows up to it go
@@ -1423,7 +1518,7 @@ fn open_for_turn(
     slot: &mut Option<Loaded>,
     events: Vec<Event>,
     turn: &Turn,
-) -> Option<(Vec<Event>, bool)> {
+) -> Option<Opened> {
     let id = &actor.id;
     let started = crate::clock::instant();
     let loaded = load(rt, actor, app, slot, turn.has_request);
@@ -1432,9 +1527,9 @@ fn open_for_turn(
             .phase_open
             .observe_ms(started.elapsed().as_secs_f64() * 1000.0);
     }
-    match loaded {
-        Ok(true) => {}
-        Ok(false) => {
+    let mut loaded = match loaded {
+        Ok(Some(loaded)) => loaded,
+        Ok(None) => {
             rt.timer.set(id, None);
             for ev in events {
                 let out = match ev.kind {
@@ -1478,8 +1573,8 @@ fn open_for_turn(
             fail_all(events, code_err);
             return None;
         }
-    }
-    let l = slot.as_mut().expect("loaded");
+    };
+    let l = &mut loaded;
     if !turn.was_loaded {
         // What an earlier run (or another node) left unsent goes out again.
         outbox_opened(rt, actor, l);
@@ -1503,13 +1598,20 @@ fn open_for_turn(
         reply(ev.reply, Ok(Outcome::Done));
     }
     if events.is_empty() {
+        *slot = Some(loaded);
         return None;
     }
     match l.db().is_initialized() {
-        Ok(initialized) => Some((events, initialized)),
+        Ok(initialized) => Some(Opened {
+            loaded,
+            events,
+            initialized,
+        }),
         Err(e) => {
+            // The instance is dropped: the actor closes, before anyone
+            // hears back.
+            drop(loaded);
             let msg = e.to_string();
-            *slot = None;
             fail_all(events, || RuntimeError::Internal(msg.clone()));
             None
         }
@@ -1526,25 +1628,21 @@ fn open_for_turn(
 fn prepare_turn(
     rt: &Arc<Inner>,
     app: &Arc<App>,
-    slot: &mut Option<Loaded>,
+    l: &mut Loaded,
     events: Vec<Event>,
     initialized: bool,
-) -> Option<Vec<Event>> {
+) -> Result<Vec<Event>, Stop> {
     if !events.iter().any(|e| matches!(e.kind, EventKind::Prepare)) {
-        return Some(events);
+        return Ok(events);
     }
-    let l = slot.as_mut().expect("loaded");
     let _ = l.db().warm_alarm_turn();
     let _ = l.db().extend_log_ahead(4);
-    if rt.config.alarm_rehearse && initialized {
-        rehearse_alarm(rt, app, slot);
-    }
-    let Some(l) = slot.as_mut() else {
+    if rt.config.alarm_rehearse && initialized && !rehearse_alarm(rt, app, l) {
         fail_all(events, || {
             RuntimeError::Internal("the actor closed while being prepared".into())
         });
-        return None;
-    };
+        return Err(Stop::Close);
+    }
     let learned = l.store.data().alarm_statements.as_ref().map(|s| s.texts());
     for sql in learned.into_iter().flatten() {
         let _ = l.db().warm(&sql);
@@ -1553,62 +1651,32 @@ fn prepare_turn(
         for ev in events {
             reply(ev.reply, Ok(Outcome::Done));
         }
-        return None;
+        return Err(Stop::Keep);
     }
-    Some(events)
+    Ok(events)
 }
 
 /// Phase 4: the transaction, and each event in it. An event that traps
 /// leaves the next one a fresh instance; one that makes SQLite roll the
 /// whole transaction back turns what earlier events did into
 /// `transaction_aborted`.
-#[allow(
-    clippy::too_many_lines,
-    reason = "longer than clippy.toml allows; to be split (issue 34)"
-)]
 fn run_events(
     rt: &Arc<Inner>,
     actor: &Arc<Actor>,
     app: &Arc<App>,
-    slot: &mut Option<Loaded>,
+    l: &mut Loaded,
     events: Vec<Event>,
     initialized: &mut bool,
     yield_at: Instant,
-) -> Option<EventsRan> {
+) -> Result<EventsRan, Stop> {
     let id = &actor.id;
-    let l = slot.as_mut().expect("loaded");
-    let alarm_writes_before = l.db().alarm_writes();
-    let mark_before = match rt.replication {
-        Some(_) => l.db().change_mark().ok(),
-        None => None,
-    };
-    // The room the tenant's quota leaves this database for the batch.
-    let size_before = l.db().size_bytes().unwrap_or(0);
-    let room = rt.quotas.room(&id.tenant);
-    if let Err(e) = l
-        .db()
-        .cap_pages(size_before, Some(room.left), (room.limit_name, room.limit))
-    {
-        tracing::warn!(actor = %id, error = %e, "could not apply the tenant's disk quota");
-    }
-    if let Err(e) = l.db().begin() {
-        let msg = e.to_string();
-        *slot = None;
-        fail_all(events, || RuntimeError::Internal(msg.clone()));
-        return None;
-    }
-    l.store.data_mut().outbox_sent = false;
-    let mut ran = EventsRan {
-        outbox_sent: false,
-        completions: Vec::new(),
-        socket_ops: Vec::new(),
-        results: Vec::with_capacity(events.len()),
-        alarm_ran: false,
-        fenced: false,
-        alarm_writes_before,
-        mark_before,
-        size_before,
-        not_started: Vec::new(),
+    let mut ran = match begin_batch(rt, id, l, events.len()) {
+        Ok(ran) => ran,
+        Err(msg) => {
+            l.close_db();
+            fail_all(events, || RuntimeError::Internal(msg.clone()));
+            return Err(Stop::Close);
+        }
     };
     let events_started = crate::clock::instant();
     let mut events = events.into_iter();
@@ -1616,116 +1684,37 @@ fn run_events(
         Metrics::inc(&rt.metrics.events_total);
         let started = ev.is_request().then_some(ev.enqueued);
         let mut replicated = ev.is_replicated();
-        let l = slot.as_mut().expect("loaded");
-        if l.bindings.is_none() {
-            // The previous event trapped: give this one a fresh instance.
-            let db = slot.take().expect("loaded").take_db();
-            match instantiate(rt, app, id, db) {
-                Ok(new) => *slot = Some(new),
-                Err(failed) => {
-                    let (e, db) = *failed;
-                    // Without an instance the batch cannot go on: what ran
-                    // before is rolled back with the transaction (closing
-                    // the database, so that its alarm can be read).
-                    drop(db);
-                    rt.rearm_after_failure(id);
-                    reply(ev.reply, Err(e));
-                    for r in ran.results {
-                        reply(
-                            r.reply,
-                            Err(RuntimeError::Internal("instance lost mid-batch".into())),
-                        );
-                    }
-                    return None;
-                }
-            }
-        }
-        let l = slot.as_mut().expect("loaded");
+        if l.bindings.is_none()
+            && let Err(e) = l.fresh_instance(rt, app, id)
         {
-            // What earlier events of the batch parked may be completed by
-            // this one; nothing else carries over.
-            let parked_in_batch = ran
-                .results
-                .iter()
-                .filter_map(|r| r.park)
-                .map(|p| p.ticket)
-                .collect();
-            let accepted_in_batch = ran.results.iter().filter(|r| r.accepted.is_some()).count();
-            let state = l.store.data_mut();
-            state.replies = crate::parked::ReplyOps {
-                parked_in_batch,
-                ..Default::default()
-            };
-            state.socket_ops.clear();
-            state.tx_lost = None;
-            state.socket_accepted = None;
-            state.sockets_accepted_in_batch = accepted_in_batch;
-            state.request_is_upgrade = false;
-            state.socket_sent_bytes = 0;
+            // Without an instance the batch cannot go on: what ran before
+            // is rolled back with the transaction (the database closed
+            // with the failed instance, so that its alarm can be read).
+            rt.rearm_after_failure(id);
+            reply(ev.reply, Err(e));
+            for r in ran.results {
+                reply(
+                    r.reply,
+                    Err(RuntimeError::Internal("instance lost mid-batch".into())),
+                );
+            }
+            return Err(Stop::Close);
         }
-        let r = match ev.kind {
-            EventKind::Request(req) => run_request(rt, l, req, initialized),
-            EventKind::Alarm { force } => {
-                ran.alarm_ran = true;
-                run_alarm(rt, l, *initialized, force)
-            }
-            EventKind::Deliver { at_ms, remove_here } => {
-                ran.alarm_ran = true;
-                let r = run_delivery(rt, actor, l, *initialized, at_ms, remove_here);
-                if matches!(r, Ok(Outcome::Delivered(Delivered::Fenced))) {
-                    // Answered once the bucket holds what this turn (and
-                    // every earlier one) committed.
-                    ran.fenced = true;
-                    replicated = true;
-                }
-                r
-            }
-            EventKind::Prepare | EventKind::OutboxResume { .. } => Ok(Outcome::Done),
-            EventKind::Socket(ev) => run_socket(rt, l, ev),
-            EventKind::Inbound(Inbound::Message {
-                from,
-                life,
-                seq,
-                body,
-            }) => run_message(rt, l, &from, life, seq, body, initialized),
-            EventKind::Inbound(Inbound::Response {
-                life,
-                seq,
-                answer,
-                attempts,
-                discard,
-            }) => run_response(rt, l, life, seq, answer, attempts, discard),
-            EventKind::Delete
-            | EventKind::Restore(_)
-            | EventKind::Inspect(_)
-            | EventKind::Replicate => {
-                unreachable!("deletes, restores, inspections and uploads run on their own")
-            }
-        };
+        reset_event_state(l, &ran);
+        let r = run_event(
+            rt,
+            actor,
+            l,
+            ev.kind,
+            initialized,
+            &mut ran,
+            &mut replicated,
+        );
         if r.is_err() {
             Metrics::inc(&rt.metrics.event_failures_total);
         }
         // Read before a trap's instance is replaced (which would lose it).
-        let mut park = None;
-        let mut accepted = None;
-        if let Some(l) = slot.as_mut() {
-            ran.outbox_sent |= l.store.data().outbox_sent;
-            let ops = std::mem::take(&mut l.store.data_mut().replies);
-            let socket_ops = std::mem::take(&mut l.store.data_mut().socket_ops);
-            let socket_accepted = l.store.data_mut().socket_accepted.take();
-            if r.is_ok() {
-                park = ops.park;
-                ran.completions.extend(ops.completions);
-                ran.socket_ops.extend(socket_ops);
-                accepted = socket_accepted;
-            } else if rt
-                .faults
-                .unsafe_completions_from_failed_events
-                .load(Ordering::Relaxed)
-            {
-                ran.completions.extend(ops.completions);
-            }
-        }
+        let (park, accepted) = take_event_effects(rt, l, r.is_ok(), &mut ran);
         ran.results.push(Ran {
             reply: ev.reply,
             out: r,
@@ -1734,38 +1723,12 @@ fn run_events(
             park,
             accepted,
         });
-        if Faults::take(&rt.faults.panic_in_batch) {
+        if rt.faults.panic_in_batch() {
             panic!("injected panic in a batch (test fault)");
         }
-        if let Some(l) = slot.as_mut()
-            && let Some(early) = l.store.data_mut().sent_before_commit.as_mut()
-            && !early.is_empty()
-        {
-            // The unsafe variant: handed over before the commit, whatever
-            // becomes of the event.
-            let rows = std::mem::take(early);
-            let life = l.db().outbox_life().unwrap_or(0);
-            rt.outbox
-                .offer(&actor.id, life, rows, Arc::clone(&l.app.outbound));
-        }
-        let l = slot.as_mut().expect("loaded");
+        offer_before_commit(rt, actor, l);
         if !l.db().in_transaction() {
-            // SQLite rolled the whole batch back after an error (a full
-            // database, an I/O error): what earlier events of the batch did
-            // is gone, so their callers must not hear "done".
-            for r in ran.results.iter_mut() {
-                if r.out.is_ok() {
-                    r.out = Err(RuntimeError::TransactionAborted);
-                }
-                r.park = None;
-                r.accepted = None;
-            }
-            ran.completions.clear();
-            ran.socket_ops.clear();
-            *initialized = l.db().is_initialized().unwrap_or(false);
-            if let Err(e) = l.db().begin() {
-                tracing::error!(actor = %id, error = %e, "could not begin again");
-            }
+            batch_rolled_back(id, l, &mut ran, initialized);
         }
         if crate::clock::instant() >= yield_at && events.len() > 0 {
             // The turn's time is up: the rest waits for the actor's next
@@ -1775,11 +1738,184 @@ fn run_events(
             break;
         }
     }
-    slot.as_ref()?;
     rt.metrics
         .phase_events
         .observe_ms(events_started.elapsed().as_secs_f64() * 1000.0);
-    Some(ran)
+    Ok(ran)
+}
+
+/// The batch's transaction begins, under the room the tenant's disk quota
+/// leaves this database; what the commit will compare against is noted.
+/// `Err` (why) if the transaction cannot begin: the actor closes.
+fn begin_batch(
+    rt: &Inner,
+    id: &ActorId,
+    l: &mut Loaded,
+    events: usize,
+) -> Result<EventsRan, String> {
+    let alarm_writes_before = l.db().alarm_writes();
+    let mark_before = match rt.replication {
+        Some(_) => l.db().change_mark().ok(),
+        None => None,
+    };
+    let size_before = l.db().size_bytes().unwrap_or(0);
+    let room = rt.quotas.room(&id.tenant);
+    if let Err(e) = l
+        .db()
+        .cap_pages(size_before, Some(room.left), (room.limit_name, room.limit))
+    {
+        tracing::warn!(actor = %id, error = %e, "could not apply the tenant's disk quota");
+    }
+    l.db().begin().map_err(|e| e.to_string())?;
+    l.store.data_mut().outbox_sent = false;
+    Ok(EventsRan {
+        outbox_sent: false,
+        completions: Vec::new(),
+        socket_ops: Vec::new(),
+        results: Vec::with_capacity(events),
+        alarm_ran: false,
+        fenced: false,
+        alarm_writes_before,
+        mark_before,
+        size_before,
+        not_started: Vec::new(),
+    })
+}
+
+/// What one event may leave in the instance's state starts empty: the
+/// parked replies earlier events of the batch parked may be completed by
+/// this one; nothing else carries over.
+fn reset_event_state(l: &mut Loaded, ran: &EventsRan) {
+    let parked_in_batch = ran
+        .results
+        .iter()
+        .filter_map(|r| r.park)
+        .map(|p| p.ticket)
+        .collect();
+    let accepted_in_batch = ran.results.iter().filter(|r| r.accepted.is_some()).count();
+    let state = l.store.data_mut();
+    state.replies = crate::parked::ReplyOps {
+        parked_in_batch,
+        ..Default::default()
+    };
+    state.socket_ops.clear();
+    state.tx_lost = None;
+    state.socket_accepted = None;
+    state.sockets_accepted_in_batch = accepted_in_batch;
+    state.request_is_upgrade = false;
+    state.socket_sent_bytes = 0;
+}
+
+/// Runs one event of the batch by its kind.
+fn run_event(
+    rt: &Arc<Inner>,
+    actor: &Arc<Actor>,
+    l: &mut Loaded,
+    kind: EventKind,
+    initialized: &mut bool,
+    ran: &mut EventsRan,
+    replicated: &mut bool,
+) -> Result<Outcome, RuntimeError> {
+    match kind {
+        EventKind::Request(req) => run_request(rt, l, req, initialized),
+        EventKind::Alarm { force } => {
+            ran.alarm_ran = true;
+            run_alarm(rt, l, *initialized, force)
+        }
+        EventKind::Deliver { at_ms, remove_here } => {
+            ran.alarm_ran = true;
+            let r = run_delivery(rt, actor, l, *initialized, at_ms, remove_here);
+            if matches!(r, Ok(Outcome::Delivered(Delivered::Fenced))) {
+                // Answered once the bucket holds what this turn (and
+                // every earlier one) committed.
+                ran.fenced = true;
+                *replicated = true;
+            }
+            r
+        }
+        EventKind::Prepare | EventKind::OutboxResume { .. } => Ok(Outcome::Done),
+        EventKind::Socket(ev) => run_socket(rt, l, ev),
+        EventKind::Inbound(Inbound::Message {
+            from,
+            life,
+            seq,
+            body,
+        }) => run_message(rt, l, &from, life, seq, body, initialized),
+        EventKind::Inbound(Inbound::Response {
+            life,
+            seq,
+            answer,
+            attempts,
+            discard,
+        }) => run_response(rt, l, life, seq, answer, attempts, discard),
+        EventKind::Delete
+        | EventKind::Restore(_)
+        | EventKind::Inspect(_)
+        | EventKind::Replicate => {
+            unreachable!("deletes, restores, inspections and uploads run on their own")
+        }
+    }
+}
+
+/// What the event left for after the commit: whether it sent, the parked
+/// replies it completed and its socket operations (a failed event's are
+/// dropped); returns the reply it parked and the socket it accepted.
+fn take_event_effects(
+    rt: &Inner,
+    l: &mut Loaded,
+    ok: bool,
+    ran: &mut EventsRan,
+) -> (
+    Option<crate::parked::Park>,
+    Option<crate::sockets::Accepted>,
+) {
+    ran.outbox_sent |= l.store.data().outbox_sent;
+    let state = l.store.data_mut();
+    let ops = std::mem::take(&mut state.replies);
+    let socket_ops = std::mem::take(&mut state.socket_ops);
+    let socket_accepted = state.socket_accepted.take();
+    if ok {
+        ran.completions.extend(ops.completions);
+        ran.socket_ops.extend(socket_ops);
+        (ops.park, socket_accepted)
+    } else {
+        if rt.faults.unsafe_completions_from_failed_events() {
+            ran.completions.extend(ops.completions);
+        }
+        (None, None)
+    }
+}
+
+/// The unsafe variant of ADR 0040's first rule: rows an event wrote are
+/// handed to the dispatcher before the commit, whatever becomes of it.
+fn offer_before_commit(rt: &Inner, actor: &Actor, l: &mut Loaded) {
+    if let Some(early) = l.store.data_mut().sent_before_commit.as_mut()
+        && !early.is_empty()
+    {
+        let rows = std::mem::take(early);
+        let life = l.db().outbox_life().unwrap_or(0);
+        rt.outbox
+            .offer(&actor.id, life, rows, Arc::clone(&l.app.outbound));
+    }
+}
+
+/// SQLite rolled the whole batch back after an error (a full database, an
+/// I/O error): what earlier events of the batch did is gone, so their
+/// callers must not hear "done"; the batch goes on in a new transaction.
+fn batch_rolled_back(id: &ActorId, l: &mut Loaded, ran: &mut EventsRan, initialized: &mut bool) {
+    for r in ran.results.iter_mut() {
+        if r.out.is_ok() {
+            r.out = Err(RuntimeError::TransactionAborted);
+        }
+        r.park = None;
+        r.accepted = None;
+    }
+    ran.completions.clear();
+    ran.socket_ops.clear();
+    *initialized = l.db().is_initialized().unwrap_or(false);
+    if let Err(e) = l.db().begin() {
+        tracing::error!(actor = %id, error = %e, "could not begin again");
+    }
 }
 
 /// Phase 5: a cluster node lists the committed alarm in the index (ADR
@@ -1789,12 +1925,11 @@ fn run_events(
 fn commit_turn(
     rt: &Arc<Inner>,
     actor: &Arc<Actor>,
-    slot: &mut Option<Loaded>,
+    l: &mut Loaded,
     ran: EventsRan,
     initialized: bool,
-) -> Option<(EventsRan, Instant)> {
+) -> Result<(EventsRan, Instant), Stop> {
     let id = &actor.id;
-    let l = slot.as_mut().expect("loaded");
     let commit_started = crate::clock::instant();
     let plan_index = rt.keeps_index()
         && (initialized || !l.db().created())
@@ -1809,16 +1944,16 @@ fn commit_turn(
     if let Err(e) = planned {
         tracing::warn!(actor = %id, error = %e, "the alarm index could not be brought in line: the batch is rolled back");
         l.db().rollback();
-        *slot = None;
+        l.close_db();
         crate::index::forget_planned(actor);
         rt.rearm_after_failure(id);
         let msg = e.to_string();
         for r in ran.results {
             reply(r.reply, Err(RuntimeError::ReplicationFailed(msg.clone())));
         }
-        return None;
+        return Err(Stop::Close);
     }
-    let injected = ran.alarm_ran && Faults::take(&rt.faults.fail_alarm_commits);
+    let injected = ran.alarm_ran && rt.faults.fail_alarm_commits();
     let committed = if injected {
         Err(wasmkeep_store::StoreError::Io(
             "injected commit failure".into(),
@@ -1830,7 +1965,7 @@ fn commit_turn(
         Metrics::inc(&rt.metrics.commits_failed_total);
         tracing::error!(actor = %id, error = %e, "commit failed");
         l.db().rollback();
-        *slot = None;
+        l.close_db();
         // Index writes planned for this commit name what never committed.
         crate::index::forget_planned(actor);
         let msg = e.to_string();
@@ -1843,7 +1978,7 @@ fn commit_turn(
                 Err(RuntimeError::Internal(format!("commit failed: {msg}"))),
             );
         }
-        return None;
+        return Err(Stop::Close);
     }
     Metrics::inc(&rt.metrics.batches_total);
     if plan_index {
@@ -1857,7 +1992,7 @@ fn commit_turn(
     rt.metrics
         .phase_commit
         .observe_ms(ms_between(commit_started, committed_at));
-    Some((ran, committed_at))
+    Ok((ran, committed_at))
 }
 
 /// Phase 6: the timer follows what is committed, the commit is handed to
@@ -1866,13 +2001,12 @@ fn commit_turn(
 fn after_commit(
     rt: &Arc<Inner>,
     actor: &Arc<Actor>,
-    slot: &mut Option<Loaded>,
+    l: &mut Loaded,
     turn: &Turn,
     ran: EventsRan,
     initialized: bool,
-) -> Option<(AfterCommit, Vec<Ran>)> {
+) -> Result<(AfterCommit, Vec<Ran>), Stop> {
     let id = &actor.id;
-    let l = slot.as_mut().expect("loaded");
     // Read back after the batch that opened the actor, one that delivered
     // an alarm, and any that wrote the alarm (rolled back or not); other
     // batches left it as the timer has it.
@@ -1950,23 +2084,26 @@ fn after_commit(
             );
         }
     }
-    if removed {
-        *slot = None;
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-    if turn.has_request && Faults::take(&rt.faults.crash_after_commit) {
+    // The folder of a removed actor goes once its instance is dropped
+    // (`run_opened`), before anyone hears back.
+    let removed = removed.then_some(dir);
+    if turn.has_request && rt.faults.crash_after_commit() {
         // As if the process died here: the commit stands, nobody hears of
-        // it, and the in-memory instance is gone.
-        *slot = None;
+        // it, and the in-memory instance is gone (a removed actor's folder
+        // with it) before the replies go.
+        l.close_db();
+        if let Some(dir) = &removed {
+            let _ = std::fs::remove_dir_all(dir);
+        }
         for r in ran.results {
             reply(
                 r.reply,
                 Err(RuntimeError::Internal("injected crash after commit".into())),
             );
         }
-        return None;
+        return Err(Stop::Close);
     }
-    Some((
+    Ok((
         AfterCommit {
             repl_mark,
             removed,
@@ -2069,7 +2206,7 @@ fn release_replies(
             crate::outbox::drop_elsewhere(rt);
         }
     };
-    if rt.config.durability == Durability::Fsync && waiting && !after.removed {
+    if rt.config.durability == Durability::Fsync && waiting && after.removed.is_none() {
         rt.durability.submit(SyncJob {
             files: vec![after.wal],
             dirs: after.dirs,

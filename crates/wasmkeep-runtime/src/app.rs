@@ -29,6 +29,7 @@ use std::sync::Arc;
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
+use crate::config::AppLimits;
 use parking_lot::{Condvar, Mutex};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -56,7 +57,7 @@ const SOCKETS_EXPORT: &str = "wasmkeep:actor/socket-handler@0.2.0";
 /// Compilations that may run at once, abandoned ones (past their deadline,
 /// still running) included. Each runs on one thread, so this bounds the
 /// cores that hostile components can keep busy compiling.
-pub const COMPILES_RUNNING_MAX: usize = 2;
+pub(crate) const COMPILES_RUNNING_MAX: usize = 2;
 
 /// An app's settings, from the optional TOML manifest given at deploy.
 ///
@@ -114,7 +115,7 @@ pub struct AppOutbound {
 }
 
 /// Hosts one app may list.
-pub const OUTBOUND_HOSTS_MAX: usize = 256;
+pub(crate) const OUTBOUND_HOSTS_MAX: usize = 256;
 
 /// Checks one `[outbound] hosts` entry: a name or address, an optional
 /// port, nothing else (no scheme, path or wildcard).
@@ -166,21 +167,6 @@ pub struct AlarmPolicy {
     /// ever, backing off up to `alarm_retry_max_ms`. Durable Objects gives
     /// up after 6 retries.
     pub retries_max: Option<u32>,
-}
-
-/// Per-app overrides of the node's limits; unset fields keep the node's.
-/// The node's `app_limit_ceilings` has the same shape: the highest value
-/// each may be given.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AppLimits {
-    pub value_bytes_max: Option<usize>,
-    pub sql_bytes_max: Option<usize>,
-    pub sql_params_max: Option<usize>,
-    pub key_bytes_max: Option<usize>,
-    pub database_bytes_max: Option<u64>,
-    pub kv_list_entries_max: Option<u32>,
-    pub event_cpu_ms_max: Option<u64>,
 }
 
 impl AppManifest {
@@ -262,7 +248,7 @@ impl App {
     }
 }
 
-pub fn app_dir(data: &Path, tenant: &str, app: &str) -> PathBuf {
+pub(crate) fn app_dir(data: &Path, tenant: &str, app: &str) -> PathBuf {
     data.join("apps").join(tenant).join(app)
 }
 
@@ -283,7 +269,7 @@ fn check_binary(bytes: &[u8]) -> Result<(), RuntimeError> {
 
 /// What a deploy does with a manifest limit above the node's ceiling.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OverCeiling {
+pub(crate) enum OverCeiling {
     /// Refuse the deploy (`limit_above_node_ceiling`): a new deploy.
     Refuse,
     /// Use the ceiling instead, with a warning: an app deployed before the
@@ -431,7 +417,7 @@ fn outbound_policy(
 /// Places for compilations (`COMPILES_RUNNING_MAX`), shared by a node's
 /// deploys and start-up.
 #[derive(Default)]
-pub struct CompileSlots {
+pub(crate) struct CompileSlots {
     running: Mutex<usize>,
     freed: Condvar,
 }
@@ -476,7 +462,7 @@ struct ToCache {
 }
 
 /// Everything needed to compile and check components.
-pub struct Compiler<'a> {
+pub(crate) struct Compiler<'a> {
     pub engine: &'a Engine,
     pub linker: &'a Linker<HostState>,
     pub config: &'a RuntimeConfig,
@@ -680,7 +666,7 @@ impl Compiler<'_> {
     /// Checks and compiles a component for `tenant/app`, without writing
     /// anything but compiled code to the cache. `over` says what a
     /// manifest limit above the node's ceiling does.
-    pub fn build(
+    pub(crate) fn build(
         &self,
         tenant: &str,
         app: &str,
@@ -791,7 +777,7 @@ impl Compiler<'_> {
         );
         let mut store = Store::new(self.engine, state);
         store.limiter(|s| &mut s.memory);
-        store.set_epoch_deadline(crate::runtime::epoch_ticks(self.config.event_cpu_ms_max));
+        store.set_epoch_deadline(crate::config::epoch_ticks(self.config.event_cpu_ms_max));
         let bindings = pre.instantiate(&mut store).map_err(|e| {
             RuntimeError::InvalidComponent(format!("it does not instantiate: {e:#}"))
         })?;
@@ -821,7 +807,12 @@ impl Compiler<'_> {
 
 /// Writes a deployed app's files, the `current` pointer last, so that a
 /// crash mid-way leaves the previous deploy in force.
-pub fn persist(data: &Path, app: &App, bytes: &[u8], manifest_text: &str) -> std::io::Result<()> {
+pub(crate) fn persist(
+    data: &Path,
+    app: &App,
+    bytes: &[u8],
+    manifest_text: &str,
+) -> std::io::Result<()> {
     let dir = app_dir(data, &app.tenant, &app.name);
     std::fs::create_dir_all(&dir)?;
     write_atomic(&dir.join(format!("{}.wasm", app.hash)), bytes)?;
@@ -834,7 +825,7 @@ pub fn persist(data: &Path, app: &App, bytes: &[u8], manifest_text: &str) -> std
 }
 
 /// One deployed app as `persist` stored it.
-pub struct StoredApp {
+pub(crate) struct StoredApp {
     pub tenant: String,
     pub app: String,
     pub wasm: Vec<u8>,
@@ -842,7 +833,7 @@ pub struct StoredApp {
 }
 
 /// Reads what `persist` wrote, for every app with a `current` pointer.
-pub fn load_all(data: &Path) -> std::io::Result<Vec<StoredApp>> {
+pub(crate) fn load_all(data: &Path) -> std::io::Result<Vec<StoredApp>> {
     let mut out = Vec::new();
     let root = data.join("apps");
     let Ok(tenants) = std::fs::read_dir(&root) else {

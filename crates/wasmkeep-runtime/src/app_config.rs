@@ -21,17 +21,17 @@ use crate::host::HostState;
 use crate::host::wasmkeep::actor::config;
 
 /// Variables or secrets one app may have (each).
-pub const CONFIG_ENTRIES_MAX: usize = 256;
+pub(crate) const CONFIG_ENTRIES_MAX: usize = 256;
 /// Longest variable or secret name.
-pub const CONFIG_NAME_BYTES_MAX: usize = 128;
+pub(crate) const CONFIG_NAME_BYTES_MAX: usize = 128;
 /// Largest variable or secret value.
 pub const CONFIG_VALUE_BYTES_MAX: usize = 16 * 1024;
 /// Secret values shorter than this are not scrubbed from log lines (a
 /// two-letter secret would blank out every word that holds it).
-pub const SCRUB_BYTES_MIN: usize = 6;
+pub(crate) const SCRUB_BYTES_MIN: usize = 6;
 
 /// A name: a letter or `_`, then letters, digits and `_`.
-pub fn check_name(what: &str, name: &str) -> Result<(), String> {
+pub(crate) fn check_name(what: &str, name: &str) -> Result<(), String> {
     let ok = !name.is_empty()
         && name.len() <= CONFIG_NAME_BYTES_MAX
         && name
@@ -49,7 +49,7 @@ pub fn check_name(what: &str, name: &str) -> Result<(), String> {
     }
 }
 
-pub fn check_value(what: &str, name: &str, value: &str) -> Result<(), String> {
+pub(crate) fn check_value(what: &str, name: &str, value: &str) -> Result<(), String> {
     if value.len() > CONFIG_VALUE_BYTES_MAX {
         return Err(format!(
             "{what} `{name}` too large: size={} limit config_value_bytes_max={CONFIG_VALUE_BYTES_MAX}",
@@ -60,7 +60,7 @@ pub fn check_value(what: &str, name: &str, value: &str) -> Result<(), String> {
 }
 
 /// Checks a manifest's `[vars]`.
-pub fn check_vars(vars: &BTreeMap<String, String>) -> Result<(), String> {
+pub(crate) fn check_vars(vars: &BTreeMap<String, String>) -> Result<(), String> {
     if vars.len() > CONFIG_ENTRIES_MAX {
         return Err(format!(
             "vars: {} entries, limit config_entries_max={CONFIG_ENTRIES_MAX}",
@@ -92,7 +92,7 @@ fn decode(text: &str) -> BTreeMap<String, String> {
 }
 
 /// One app's secrets, shared by its instances and the admin API.
-pub type Secrets = Arc<RwLock<BTreeMap<String, String>>>;
+pub(crate) type Secrets = Arc<RwLock<BTreeMap<String, String>>>;
 
 /// Every app's secrets on this node, kept on disk.
 pub struct SecretStore {
@@ -227,7 +227,7 @@ impl SecretStore {
 /// `line` with every secret value (of at least [`SCRUB_BYTES_MIN`] bytes)
 /// replaced by `[secret]`, longest first, so that a secret that begins
 /// another does not leave the longer one's tail.
-pub fn scrub(secrets: &BTreeMap<String, String>, line: String) -> String {
+pub(crate) fn scrub(secrets: &BTreeMap<String, String>, line: String) -> String {
     if secrets.is_empty() {
         return line;
     }

@@ -32,7 +32,7 @@ use wasmkeep_store::ActorId;
 use crate::metrics::{GaugeU64, Histogram};
 
 /// The label value of the folded set.
-pub const OTHER: &str = "_other";
+pub(crate) const OTHER: &str = "_other";
 
 /// `(tenant, app, class)`.
 type ClassKey = (String, String, String);
@@ -198,106 +198,23 @@ impl ClassMetricsRegistry {
 
 /// The registry as a Prometheus collector (read at each scrape).
 #[derive(Debug)]
-pub struct ClassCollector(pub Arc<ClassMetricsRegistry>);
+pub(crate) struct ClassCollector(pub Arc<ClassMetricsRegistry>);
 
 impl Collector for ClassCollector {
-    #[allow(
-        clippy::too_many_lines,
-        reason = "longer than clippy.toml allows; to be split (issue 34)"
-    )]
     fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
         let all = self.0.snapshot();
-        let labels = |k: &ClassKey| {
-            vec![
-                ("tenant", k.0.clone()),
-                ("app", k.1.clone()),
-                ("class", k.2.clone()),
-            ]
-        };
-        type Counted = fn(&ClassMetrics) -> u64;
-        let counters: [(&str, &str, Counted); 4] = [
-            (
-                "wasmkeep_class_requests",
-                "Requests that reached a deployed class.",
-                |m| m.requests.get(),
-            ),
-            (
-                "wasmkeep_class_alarm_runs",
-                "Alarm handler runs that committed.",
-                |m| m.alarm_runs_ok.get(),
-            ),
-            (
-                "wasmkeep_class_alarm_failures",
-                "Alarm handler runs that failed (and were rescheduled or dropped).",
-                |m| m.alarm_runs_failed.get(),
-            ),
-            (
-                "wasmkeep_class_alarm_retries",
-                "Alarm handler runs that retried a failed run.",
-                |m| m.alarm_retries.get(),
-            ),
-        ];
-        for (name, help, get) in counters {
-            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
-            for (k, m) in &all {
-                let set = labels(k);
-                family
-                    .encode_family(&set)?
-                    .encode_counter::<prometheus_client::encoding::NoLabelSet, _, u64>(
-                        &get(m),
-                        None,
-                    )?;
-            }
-        }
-        let mut family = encoder.encode_descriptor(
-            "wasmkeep_class_request_errors",
-            "Requests a deployed class failed or the node refused for it, by error code.",
-            None,
-            MetricType::Counter,
-        )?;
-        for (k, m) in &all {
-            let errors = m.errors.lock().clone();
-            for (code, n) in errors {
-                let mut set = labels(k);
-                set.push(("code", code));
-                family
-                    .encode_family(&set)?
-                    .encode_counter::<prometheus_client::encoding::NoLabelSet, _, u64>(&n, None)?;
-            }
-        }
-        let mut family = encoder.encode_descriptor(
-            "wasmkeep_class_alarm_lateness",
-            "How late alarm runs started after their due time.",
-            Some(&Unit::Seconds),
-            MetricType::Histogram,
-        )?;
-        for (k, m) in &all {
-            let set = labels(k);
-            m.alarm_lateness.encode(family.encode_family(&set)?)?;
-        }
-        type Gauged = fn(&ClassMetrics) -> u64;
-        let gauges: [(&str, &str, Option<Unit>, Gauged); 2] = [
-            (
-                "wasmkeep_class_database",
-                "Bytes of the class's actors' database files on this node, at the last census (metrics_census_ms).",
-                Some(Unit::Bytes),
-                |m| m.database_bytes.get(),
-            ),
-            (
-                "wasmkeep_class_actors",
-                "The class's actors on this node's disk, at the last census.",
-                None,
-                |m| m.actors.get(),
-            ),
-        ];
-        for (name, help, unit, get) in gauges {
-            let mut family =
-                encoder.encode_descriptor(name, help, unit.as_ref(), MetricType::Gauge)?;
-            for (k, m) in &all {
-                let set = labels(k);
-                family.encode_family(&set)?.encode_gauge(&get(m))?;
-            }
-        }
+        encode_counters(&mut encoder, &all)?;
+        encode_errors(&mut encoder, &all)?;
+        encode_lateness(&mut encoder, &all)?;
+        encode_gauges(&mut encoder, &all)?;
+        self.encode_label_sets(&mut encoder)
+    }
+}
+
+impl ClassCollector {
+    /// Writes how many classes have label sets of their own and how many
+    /// were folded under [`OTHER`].
+    fn encode_label_sets(&self, encoder: &mut DescriptorEncoder) -> fmt::Result {
         for (name, help, value) in [
             (
                 "wasmkeep_class_label_sets",
@@ -316,6 +233,127 @@ impl Collector for ClassCollector {
         }
         Ok(())
     }
+}
+
+/// The labels of a class's series: tenant, app and class.
+fn class_labels(k: &ClassKey) -> Vec<(&'static str, String)> {
+    vec![
+        ("tenant", k.0.clone()),
+        ("app", k.1.clone()),
+        ("class", k.2.clone()),
+    ]
+}
+
+/// Writes the counters every class has one of: requests and alarm runs.
+fn encode_counters(
+    encoder: &mut DescriptorEncoder,
+    all: &[(ClassKey, Arc<ClassMetrics>)],
+) -> fmt::Result {
+    type Counted = fn(&ClassMetrics) -> u64;
+    let counters: [(&str, &str, Counted); 4] = [
+        (
+            "wasmkeep_class_requests",
+            "Requests that reached a deployed class.",
+            |m| m.requests.get(),
+        ),
+        (
+            "wasmkeep_class_alarm_runs",
+            "Alarm handler runs that committed.",
+            |m| m.alarm_runs_ok.get(),
+        ),
+        (
+            "wasmkeep_class_alarm_failures",
+            "Alarm handler runs that failed (and were rescheduled or dropped).",
+            |m| m.alarm_runs_failed.get(),
+        ),
+        (
+            "wasmkeep_class_alarm_retries",
+            "Alarm handler runs that retried a failed run.",
+            |m| m.alarm_retries.get(),
+        ),
+    ];
+    for (name, help, get) in counters {
+        let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+        for (k, m) in all {
+            let set = class_labels(k);
+            family
+                .encode_family(&set)?
+                .encode_counter::<prometheus_client::encoding::NoLabelSet, _, u64>(&get(m), None)?;
+        }
+    }
+    Ok(())
+}
+
+/// Writes the failed requests of every class, by error code.
+fn encode_errors(
+    encoder: &mut DescriptorEncoder,
+    all: &[(ClassKey, Arc<ClassMetrics>)],
+) -> fmt::Result {
+    let mut family = encoder.encode_descriptor(
+        "wasmkeep_class_request_errors",
+        "Requests a deployed class failed or the node refused for it, by error code.",
+        None,
+        MetricType::Counter,
+    )?;
+    for (k, m) in all {
+        let errors = m.errors.lock().clone();
+        for (code, n) in errors {
+            let mut set = class_labels(k);
+            set.push(("code", code));
+            family
+                .encode_family(&set)?
+                .encode_counter::<prometheus_client::encoding::NoLabelSet, _, u64>(&n, None)?;
+        }
+    }
+    Ok(())
+}
+
+/// Writes every class's histogram of alarm lateness.
+fn encode_lateness(
+    encoder: &mut DescriptorEncoder,
+    all: &[(ClassKey, Arc<ClassMetrics>)],
+) -> fmt::Result {
+    let mut family = encoder.encode_descriptor(
+        "wasmkeep_class_alarm_lateness",
+        "How late alarm runs started after their due time.",
+        Some(&Unit::Seconds),
+        MetricType::Histogram,
+    )?;
+    for (k, m) in all {
+        let set = class_labels(k);
+        m.alarm_lateness.encode(family.encode_family(&set)?)?;
+    }
+    Ok(())
+}
+
+/// Writes the census gauges of every class: database bytes and actors.
+fn encode_gauges(
+    encoder: &mut DescriptorEncoder,
+    all: &[(ClassKey, Arc<ClassMetrics>)],
+) -> fmt::Result {
+    type Gauged = fn(&ClassMetrics) -> u64;
+    let gauges: [(&str, &str, Option<Unit>, Gauged); 2] = [
+        (
+            "wasmkeep_class_database",
+            "Bytes of the class's actors' database files on this node, at the last census (metrics_census_ms).",
+            Some(Unit::Bytes),
+            |m| m.database_bytes.get(),
+        ),
+        (
+            "wasmkeep_class_actors",
+            "The class's actors on this node's disk, at the last census.",
+            None,
+            |m| m.actors.get(),
+        ),
+    ];
+    for (name, help, unit, get) in gauges {
+        let mut family = encoder.encode_descriptor(name, help, unit.as_ref(), MetricType::Gauge)?;
+        for (k, m) in all {
+            let set = class_labels(k);
+            family.encode_family(&set)?.encode_gauge(&get(m))?;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -24,7 +24,7 @@ pub fn instant() -> Instant {
 /// The wall clock's nanoseconds since the Unix epoch: a seed for jitter
 /// and for ids that differ between starts, not a time.
 #[allow(clippy::disallowed_methods, reason = "the runtime's clock module")]
-pub fn wall_nanos() -> u128 {
+pub(crate) fn wall_nanos() -> u128 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos())

@@ -38,10 +38,10 @@ const TAG_FILE_BYTES_MAX: u64 = 256;
 /// code is a few times the size of the component. A larger file is not
 /// read (it is compiled again), so a planted file cannot make the node
 /// allocate without bound.
-pub const ARTIFACT_BYTES_PER_COMPONENT_BYTE_MAX: u64 = 16;
+pub(crate) const ARTIFACT_BYTES_PER_COMPONENT_BYTE_MAX: u64 = 16;
 
 /// The node's secret for tagging compiled code.
-pub struct CacheKey {
+pub(crate) struct CacheKey {
     key: [u8; KEY_BYTES],
     /// Names this key's tag files, so that nodes with other keys sharing a
     /// cache folder keep theirs beside it.
@@ -53,7 +53,7 @@ impl CacheKey {
     /// file that someone else could have written or read (another owner, a
     /// symbolic link, group or other permissions, the wrong size) is
     /// refused: with it, tags would prove nothing.
-    pub fn load_or_create(path: &Path) -> std::io::Result<CacheKey> {
+    pub(crate) fn load_or_create(path: &Path) -> std::io::Result<CacheKey> {
         if std::fs::symlink_metadata(path).is_err() {
             create(path)?;
         }
@@ -114,7 +114,7 @@ impl CacheKey {
 
     /// The artifact's bytes if its tag checks out; `Err` says why not
     /// (for the log), `Ok(None)` that there is nothing cached.
-    pub fn read_verified(
+    pub(crate) fn read_verified(
         &self,
         artifact_path: &Path,
         component_hash: &str,
@@ -141,7 +141,7 @@ impl CacheKey {
     /// Writes an artifact and then its tag, each through a temporary file
     /// and a rename. A reader that sees one new and one old file finds a
     /// mismatch and compiles again; it never loads unchecked bytes.
-    pub fn write(
+    pub(crate) fn write(
         &self,
         artifact_path: &Path,
         component_hash: &str,

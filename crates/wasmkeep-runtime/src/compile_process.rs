@@ -38,28 +38,15 @@ use wasmtime::{Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 use crate::error::RuntimeError;
 
 /// The deepest guest recursion a worker's stack takes (see
-/// `runtime::WASM_STACK_BYTES_MAX`).
-use crate::runtime::WASM_STACK_BYTES_MAX;
+/// `config::WASM_STACK_BYTES_MAX`).
+use crate::config::WASM_STACK_BYTES_MAX;
 
-/// Where components are compiled.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Compile {
-    /// On a thread of the node's process: unbounded memory, not cancellable.
-    Thread,
-    /// In a child process: `program args… <settings>`, where the program
-    /// calls [`worker_main`] with the settings argument, with `env` added
-    /// to the node's environment.
-    Process {
-        program: PathBuf,
-        args: Vec<OsString>,
-        env: Vec<(OsString, OsString)>,
-    },
-}
+pub use crate::config::Compile;
 
 /// Everything that decides what compiled code an engine makes and accepts;
 /// the node's engine and a compile worker's are built from the same one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct EngineSettings {
+pub(crate) struct EngineSettings {
     /// Component instances the pool holds.
     pub instances: u32,
     /// Core instances, linear memories and tables one component may hold.
@@ -87,7 +74,7 @@ impl EngineSettings {
     }
 
     /// The node's engine.
-    pub fn engine(&self) -> Result<Engine, RuntimeError> {
+    pub(crate) fn engine(&self) -> Result<Engine, RuntimeError> {
         let mut c = self.base();
         // The pooling allocator keeps instance memory slots ready, which
         // makes instantiation a few microseconds (W3, cold start). Each
@@ -114,7 +101,7 @@ impl EngineSettings {
     /// would count against the worker's data limit). The allocation
     /// strategy is not part of what compiled code depends on; the node
     /// checks the pool's limits when it loads the code.
-    pub fn compile_engine(&self) -> Result<Engine, RuntimeError> {
+    pub(crate) fn compile_engine(&self) -> Result<Engine, RuntimeError> {
         let mut c = self.base();
         c.allocation_strategy(InstanceAllocationStrategy::OnDemand);
         Engine::new(&c).map_err(|e| RuntimeError::Internal(format!("engine: {e:#}")))
@@ -256,7 +243,7 @@ pub(crate) struct ChildCompile<'a> {
 impl ChildCompile<'_> {
     /// Compiles `component` in a child; its serialized code, read from the
     /// child only after it exited with success.
-    pub fn run(&self, component: &[u8]) -> Result<Vec<u8>, RuntimeError> {
+    pub(crate) fn run(&self, component: &[u8]) -> Result<Vec<u8>, RuntimeError> {
         let spawn_failed = |e: std::io::Error| {
             RuntimeError::Internal(format!(
                 "could not start the compile worker {}: {e}",

@@ -23,18 +23,18 @@ wasmtime::component::bindgen!({
 
 /// The optional `inbox` export (ADR 0040): looked up apart, since apps
 /// built before it do not have it.
-pub mod inbox_exports {
+pub(crate) mod inbox_exports {
     wasmtime::component::bindgen!({
         path: "../../wit",
         world: "inbox-exports",
         // The same types as the node's bindings, not a copy.
         with: { "wasmkeep:actor/types": crate::host::wasmkeep::actor::types },
     });
-    pub use exports::wasmkeep::actor::inbox;
+    pub(crate) use exports::wasmkeep::actor::inbox;
 }
 
 /// The optional `socket-handler` export (ADR 0043).
-pub mod socket_exports {
+pub(crate) mod socket_exports {
     wasmtime::component::bindgen!({
         path: "../../wit",
         world: "socket-exports",
@@ -46,11 +46,11 @@ pub mod socket_exports {
 }
 
 /// What a node binds of an app: every import, and `handler`.
-pub type Actor = Node;
-pub type ActorPre<T> = NodePre<T>;
-pub type ActorIndices = NodeIndices;
+pub(crate) type Actor = Node;
+pub(crate) type ActorPre<T> = NodePre<T>;
+pub(crate) type ActorIndices = NodeIndices;
 
-pub use wasmkeep::actor::types::{AlarmInfo, Error as WitError, Request};
+pub(crate) use wasmkeep::actor::types::{AlarmInfo, Error as WitError, Request};
 use wasmkeep::actor::{alarm, clock, identity, kv, log, sql, types};
 
 /// What the guest did to its alarm during an `on-alarm` run, which the
@@ -67,7 +67,7 @@ pub enum AlarmOp {
 }
 
 /// What the runtime counts a table element as, in bytes (a reference).
-pub const TABLE_ELEMENT_BYTES: usize = 8;
+pub(crate) const TABLE_ELEMENT_BYTES: usize = 8;
 
 /// Caps what an instance holds in memory: all its linear memories and
 /// tables together (a component may have several of each), within the
@@ -378,7 +378,9 @@ fn to_wit_value(v: wasmkeep_store::Value) -> types::Value {
 
 /// Links the world's imports: the generated bindings' interfaces, and
 /// `response` by hand (`crate::response`).
-pub fn add_to_linker(linker: &mut wasmtime::component::Linker<HostState>) -> wasmtime::Result<()> {
+pub(crate) fn add_to_linker(
+    linker: &mut wasmtime::component::Linker<HostState>,
+) -> wasmtime::Result<()> {
     use wasmtime::component::HasSelf;
     types::add_to_linker::<HostState, HasSelf<HostState>>(linker, |s| s)?;
     sql::add_to_linker::<HostState, HasSelf<HostState>>(linker, |s| s)?;
@@ -461,7 +463,7 @@ impl kv::Host for HostState {
 
 /// Latest alarm time a guest may set: year 9999, so that every key format
 /// and timer that holds it stays in range (15 digits of milliseconds).
-pub const ALARM_AT_MS_MAX: u64 = 253_402_300_799_999;
+pub(crate) const ALARM_AT_MS_MAX: u64 = 253_402_300_799_999;
 
 impl alarm::Host for HostState {
     fn set_alarm(&mut self, at_ms: u64) -> Result<(), WitError> {

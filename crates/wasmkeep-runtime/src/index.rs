@@ -46,10 +46,10 @@ use crate::replication::Replication;
 use crate::runtime::Inner;
 
 /// The meta key naming the entry that lists the committed alarm.
-pub const ALARM_INDEXED_META: &str = "alarm_indexed";
+pub(crate) const ALARM_INDEXED_META: &str = "alarm_indexed";
 /// The meta key an owner writes to end an earlier owner's history before it
 /// removes entries as stale (R2's fence).
-pub const OWNER_FENCE_META: &str = "owner_fence";
+pub(crate) const OWNER_FENCE_META: &str = "owner_fence";
 
 /// Index writes queued on an actor's replication state, each with the
 /// commit it belongs to.
@@ -68,7 +68,7 @@ pub const STALE_LISTING_KEYS_MAX: usize = 1_000;
 /// Stale entries one delivery removes at most: the removals run in the
 /// actor's turn, on a worker, so a long list waits for later deliveries
 /// rather than hold a worker through a thousand round trips.
-pub const STALE_DELETES_PER_TURN: usize = 16;
+pub(crate) const STALE_DELETES_PER_TURN: usize = 16;
 
 /// What a sweep's delivery of an index entry found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -101,13 +101,13 @@ pub enum Delivered {
 }
 
 /// The address an actor has in its app's index.
-pub fn address_of(id: &ActorId) -> Result<Address, RuntimeError> {
+pub(crate) fn address_of(id: &ActorId) -> Result<Address, RuntimeError> {
     Address::new(id.class.clone(), id.name.clone())
         .map_err(|e| RuntimeError::Internal(format!("the actor's index address: {e}")))
 }
 
 /// The bucket key of an entry in a layout.
-pub fn entry_key(id: &ActorId, layout: Layout, key: &alarm_index::IndexKey) -> String {
+pub(crate) fn entry_key(id: &ActorId, layout: Layout, key: &alarm_index::IndexKey) -> String {
     match layout {
         Layout::App => format!(
             "{}{}",
@@ -123,7 +123,7 @@ pub fn entry_key(id: &ActorId, layout: Layout, key: &alarm_index::IndexKey) -> S
 }
 
 /// The database's `alarm_indexed` record.
-pub fn read_record(db: &ActorDb) -> Result<Option<Indexed>, RuntimeError> {
+pub(crate) fn read_record(db: &ActorDb) -> Result<Option<Indexed>, RuntimeError> {
     let meta = db.meta_get(ALARM_INDEXED_META)?.unwrap_or_default();
     Indexed::parse_meta(&meta)
         .map_err(|e| RuntimeError::Internal(format!("the actor's alarm_indexed record: {e}")))
@@ -219,7 +219,12 @@ pub fn plan_before_commit(
 /// by every app of the tenant with an actor of that class and name and an
 /// alarm at that time: removed only when no other app of the tenant has
 /// the class (a sweep removes it otherwise, once no app names it).
-pub fn may_remove(rt: &Inner, id: &ActorId, layout: Layout, key: &alarm_index::IndexKey) -> bool {
+pub(crate) fn may_remove(
+    rt: &Inner,
+    id: &ActorId,
+    layout: Layout,
+    key: &alarm_index::IndexKey,
+) -> bool {
     layout == Layout::App
         || key.entry.tag.is_some()
         || rt.apps_with_class(&id.tenant, &id.class) <= 1
@@ -264,7 +269,7 @@ pub fn deliver(
 ) -> Result<DeliverStep, RuntimeError> {
     let committed = db.alarm()?;
     let generation = generation(rt, id)?;
-    let config = rt.config.with_alarm_retry(ClusterConfig::default());
+    let config = &rt.config.protocol;
     let now = rt.clock.now_ms();
     let restored = Restored {
         alarm_at_ms: committed.map(|a| a.at_ms),
@@ -289,7 +294,7 @@ pub fn deliver(
     match delivery::plan_delivery(Rules::SAFE, at_ms, &restored, now) {
         Delivery::NoState => {
             return match no_state_step(standing) {
-                NoStateStep::Leave => Ok(DeliverStep::Done(leave(now, &config))),
+                NoStateStep::Leave => Ok(DeliverStep::Done(leave(now, config))),
                 NoStateStep::Fence => fence(db),
                 NoStateStep::Wait => Ok(DeliverStep::Wait),
                 NoStateStep::Remove => remove(),
@@ -317,7 +322,7 @@ pub fn deliver(
         bucket_had_state: standing.had_state,
         uploaded_since_take: standing.uploaded,
     };
-    match alarm_index::next_stale_step(Rules::SAFE, &ctx, &config, now) {
+    match alarm_index::next_stale_step(Rules::SAFE, &ctx, config, now) {
         StaleStep::IndexCommitted | StaleStep::Fence => fence(db),
         // R2 speaks of the replicated state: until every local commit is
         // in the bucket, what the database names is not what a restore
@@ -388,7 +393,7 @@ pub(crate) fn removal(
 /// meanwhile): lists the actor's tagged entries at `at_ms` in its app's
 /// index and removes those R2 and R3 allow: all but the one the database
 /// names, none of a generation above this node's hold. Returns how many.
-pub fn remove_stale_here(
+pub(crate) fn remove_stale_here(
     rt: &Inner,
     id: &ActorId,
     at_ms: u64,
@@ -447,7 +452,7 @@ pub enum DeliverStep {
 /// Drops the index writes planned for a commit that did not happen (the
 /// batch rolled back after planning): removing the entry it replaced would
 /// unlist an alarm the database still names.
-pub fn forget_planned(actor: &Actor) {
+pub(crate) fn forget_planned(actor: &Actor) {
     let mut st = actor.repl.lock();
     let next = st.committed + 1;
     st.index.puts.retain(|(c, _)| *c < next);
@@ -456,14 +461,14 @@ pub fn forget_planned(actor: &Actor) {
 
 /// The `alarm_indexed` record of a closed actor's database file, if it
 /// has one that parses.
-pub fn read_record_at(db_path: &std::path::Path) -> Option<Indexed> {
+pub(crate) fn read_record_at(db_path: &std::path::Path) -> Option<Indexed> {
     let meta = read_meta_at(db_path, ALARM_INDEXED_META)?;
     Indexed::parse_meta(&meta).ok().flatten()
 }
 
 /// One `_wasmkeep_meta` value of a closed actor's database file (`key` is
 /// one of this module's constants).
-pub fn read_meta_at(db_path: &std::path::Path, key: &str) -> Option<String> {
+pub(crate) fn read_meta_at(db_path: &std::path::Path, key: &str) -> Option<String> {
     if !db_path.exists() {
         return None;
     }
@@ -480,7 +485,7 @@ pub fn read_meta_at(db_path: &std::path::Path, key: &str) -> Option<String> {
 /// After a delete's tombstone landed: removes the entry the deleted
 /// database named. Best effort: an entry left is delivered once, finds no
 /// state, and is removed then.
-pub fn remove_named(rt: &Inner, repl: &Replication, id: &ActorId, named: &Indexed) {
+pub(crate) fn remove_named(rt: &Inner, repl: &Replication, id: &ActorId, named: &Indexed) {
     let key = alarm_index::IndexKey {
         address: match address_of(id) {
             Ok(a) => a,
@@ -503,7 +508,11 @@ pub fn remove_named(rt: &Inner, repl: &Replication, id: &ActorId, named: &Indexe
 /// Plans the index in a transaction of its own, for an upload no batch
 /// planned (local data the bucket lacks, uploaded by the start-up pass:
 /// R4 lists its alarm first). Counts a commit if the record changed.
-pub fn plan_alone(rt: &Inner, actor: &Arc<Actor>, db: &mut ActorDb) -> Result<(), RuntimeError> {
+pub(crate) fn plan_alone(
+    rt: &Inner,
+    actor: &Arc<Actor>,
+    db: &mut ActorDb,
+) -> Result<(), RuntimeError> {
     db.begin()?;
     let changed = match plan_before_commit(rt, actor, db) {
         Ok(changed) => changed,

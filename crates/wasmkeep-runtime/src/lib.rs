@@ -5,11 +5,15 @@
 //! actor has a bounded queue and runs one event at a time on a pool of worker
 //! threads; the events an actor has queued run as one SQLite transaction
 //! with a savepoint each, and their responses leave only once that
-//! transaction is durable ([`durability`]). Alarms live in each actor's
-//! database; an in-memory [`timer`] fires them.
+//! transaction is durable (`durability.rs`). Alarms live in each actor's
+//! database; an in-memory timer (`timer.rs`) fires them ([`Alarms`]).
 //!
 //! Actors reach other actors and the world only through their durable
 //! [`outbox`], whose dispatcher delivers what committed off the workers.
+//!
+//! The public surface is what the server, the test kit and the CLI use:
+//! the items re-exported here and the modules left public below; the rest
+//! of the crate is private (`unreachable_pub` keeps it from growing back).
 //!
 //! This crate knows nothing about serving HTTP or JSON (the server crate
 //! does; the outbox makes outbound calls) and nothing about the bucket's
@@ -18,39 +22,46 @@
 //! production uses.
 
 pub mod actor;
-pub mod app;
+mod alarms;
+mod app;
 pub mod app_config;
 pub mod class_metrics;
 pub mod clock;
 mod compile_cache;
 pub mod compile_process;
-pub mod config;
-pub mod durability;
-pub mod error;
-pub(crate) mod host;
+mod config;
+mod durability;
+mod error;
+mod faults;
+mod host;
 pub mod index;
 mod log_budget;
 pub mod logs;
 pub mod metrics;
 pub mod outbox;
-pub mod parked;
+mod parked;
 pub mod pools;
-pub mod quotas;
-pub mod replication;
+mod quotas;
+mod replication;
 mod reply;
 mod response;
 pub mod restore;
 pub mod runtime;
 mod scheduler;
+mod secrets;
 pub mod sockets;
-pub mod timer;
-pub mod warm;
+mod timer;
+mod warm;
 
 pub use actor::{ActorRequest, ActorResponse};
-pub use app::{AppInfo, AppLimits, AppManifest};
+pub use alarms::Alarms;
+pub use app::{AppInfo, AppManifest};
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use compile_process::Compile;
+pub use config::AppLimits;
+pub use config::Compile;
 pub use config::{Durability, RuntimeConfig};
 pub use error::RuntimeError;
+pub use faults::Faults;
 pub use runtime::{ActorInfo, RunGate, Runtime};
+pub use secrets::Secrets;
 pub use wasmkeep_store::{ActorId, StoreLimits, Value as StoreValue, memory_budget};

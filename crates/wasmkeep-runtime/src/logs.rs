@@ -113,7 +113,7 @@ pub struct Access {
 
 /// Longest message a line keeps (the rest is cut, marked `…`): a guest's
 /// error message can be megabytes.
-pub const LINE_BYTES_MAX: usize = 4096;
+pub(crate) const LINE_BYTES_MAX: usize = 4096;
 
 /// `s` cut to at most `max` bytes on a character boundary, marked `…`.
 pub fn clip(s: &str, max: usize) -> std::borrow::Cow<'_, str> {
@@ -202,7 +202,7 @@ impl Default for LogHubLimits {
 /// Lines a follower may fall behind before it misses some: the broadcast
 /// channel's capacity, shared by all followers (at most this many lines of
 /// at most [`LINE_BYTES_MAX`] each are held for them).
-pub const FOLLOW_BACKLOG_LINES: usize = 1_024;
+pub(crate) const FOLLOW_BACKLOG_LINES: usize = 1_024;
 
 /// Cuts lines of one kind to a rate: at most `per_s` in each second of
 /// the node's run; the next line admitted learns how many were left out.

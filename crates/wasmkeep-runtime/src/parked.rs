@@ -23,38 +23,11 @@ use parking_lot::Mutex;
 use wasmkeep_store::ActorId;
 
 use crate::actor::{ActorResponse, Outcome, Reply};
+use crate::config::ParkedLimits;
 use crate::error::RuntimeError;
 use crate::host::HostState;
 use crate::host::wasmkeep::actor::replies;
 use crate::outbox::refusal;
-
-/// The node's bounds on parked replies.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ParkedLimits {
-    /// Longest a reply may stay parked (and the most `park` may ask).
-    pub reply_ms_max: u64,
-    /// Replies parked on the node at once.
-    pub node_max: usize,
-    /// Replies one actor has parked at once.
-    pub per_actor_max: usize,
-    /// Replies one tenant's actors have parked at once on the node, so
-    /// that one tenant cannot take every place the node has.
-    pub per_tenant_max: usize,
-}
-
-impl Default for ParkedLimits {
-    fn default() -> Self {
-        ParkedLimits {
-            reply_ms_max: 300_000,
-            // Each parked reply holds its request's connection: below the
-            // default connections_max (1,024), whose requests in flight
-            // are bounded per tenant too (the server's `shares`).
-            node_max: 768,
-            per_actor_max: 256,
-            per_tenant_max: 256,
-        }
-    }
-}
 
 /// A completion that arrived before its reply was attached.
 type Early = (ActorResponse, Option<crate::replication::Mark>);

@@ -246,12 +246,12 @@ pub struct PoolLimits {
 }
 
 /// The share of each pool one tenant may hold by default, in percent.
-pub const TENANT_SHARE_PCT: u8 = 25;
+pub(crate) const TENANT_SHARE_PCT: u8 = 25;
 
 /// The node's memory budget when none is set: half of what the machine has,
 /// or of the cgroup's limit if that is lower (the rest is for the node's
 /// own code and caches, the page cache of the databases, and the system).
-pub fn default_node_memory_bytes() -> u64 {
+pub(crate) fn default_node_memory_bytes() -> u64 {
     let machine = meminfo_total_bytes().unwrap_or(8 << 30);
     let limit = cgroup_memory_max_bytes().map_or(machine, |c| c.min(machine));
     limit / 2

@@ -169,7 +169,7 @@ impl Quotas {
 /// others' published figures are read; each lands in `quotas`. A tenant
 /// whose measurement fails keeps its last one (logged). Returns early when
 /// `stop` is set.
-pub fn measure_bucket(
+pub(crate) fn measure_bucket(
     repl: &crate::replication::Replication,
     quotas: &Quotas,
     tenants: &[String],
@@ -207,7 +207,7 @@ pub fn measure_bucket(
 /// `tenant_disk_bytes_max` when none is set: `share_pct` of the size of
 /// the filesystem the data folder is on (all of `u64` if it cannot be
 /// read).
-pub fn default_tenant_disk_bytes(data: &std::path::Path, share_pct: u8) -> u64 {
+pub(crate) fn default_tenant_disk_bytes(data: &std::path::Path, share_pct: u8) -> u64 {
     let Ok(c) = std::ffi::CString::new(data.as_os_str().as_encoded_bytes()) else {
         return u64::MAX;
     };

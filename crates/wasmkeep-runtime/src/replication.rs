@@ -41,7 +41,8 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, MutexGuard};
 use wasmkeep_replica::{
-    Bucket, Image, Landed, Opened, Pages, Replica, ReplicaConfig, ReplicaError, Uploaded, WholeFile,
+    Bucket, Image, Landed, Opened, Pages, Replica, ReplicaConfig, ReplicaError, SnapshotJob,
+    Uploaded, WholeFile,
 };
 use wasmkeep_store::page_capture;
 use wasmkeep_store::{ActorDb, ActorId, StoreError, paths};
@@ -59,33 +60,33 @@ const UPLOAD_THREADS: usize = 2;
 /// An upload with more changes ships the whole file, read a few parts at a
 /// time as it uploads; one that would read a larger database whole into
 /// memory waits until its file can be read page by page.
-pub const UPLOAD_DIFF_BYTES_MAX: u64 = 16 * 1024 * 1024;
+pub(crate) const UPLOAD_DIFF_BYTES_MAX: u64 = 16 * 1024 * 1024;
 
 /// Most snapshots a node streams from its files at once (ADR 0036). Each
 /// holds a few parts of `replica_snapshot_part_bytes` in memory and reads
 /// its whole file; an actor whose snapshot is due while the slots are
 /// taken keeps uploading entries and tries again at a later upload.
-pub const SNAPSHOTS_RUNNING_MAX: usize = 1;
+pub(crate) const SNAPSHOTS_RUNNING_MAX: usize = 1;
 
 /// Most deltas (ADR 0037) a node streams at once, beside the whole
 /// snapshot: each holds a few parts in memory like a snapshot, but reads
 /// only the pages that changed, so an actor whose delta is due does not
 /// wait behind a whole snapshot of another (and fall back to reading its
 /// database whole once its snapshot is overdue).
-pub const DELTAS_RUNNING_MAX: usize = 4;
+pub(crate) const DELTAS_RUNNING_MAX: usize = 4;
 
 /// Most overdue snapshots (ADR 0037) a node streams at once besides the
 /// others: an actor whose snapshot is overdue while these are taken waits
 /// for one ([`SLOT_RETRY_MS`]) before it uploads again (ADR 0038; it used
 /// to write the snapshot from the whole database in memory).
-pub const OVERDUE_RUNNING_MAX: usize = 16;
+pub(crate) const OVERDUE_RUNNING_MAX: usize = 16;
 
 /// Most uploads of a whole file larger than one part (ADR 0038: an actor's
 /// first upload) a node runs at once. Each holds a few parts in memory and
 /// reads its whole file; an actor that finds them taken tries again
 /// [`SLOT_RETRY_MS`] later (a node moving many large actors onto a
 /// bucket uploads them a few at a time).
-pub const FILE_UPLOADS_RUNNING_MAX: usize = 4;
+pub(crate) const FILE_UPLOADS_RUNNING_MAX: usize = 4;
 
 /// How long an actor waits for a slot of [`FILE_UPLOADS_RUNNING_MAX`] (or
 /// of [`OVERDUE_RUNNING_MAX`], for an overdue snapshot) before it tries
@@ -120,7 +121,7 @@ const DELETE_WAIT_MS: u64 = 30_000;
 
 /// Most refused restores a node remembers at once (see `Refusals`); each
 /// costs its actor's id and an error message of a few KiB at most.
-pub const RESTORE_REFUSALS_MAX: usize = 1024;
+pub(crate) const RESTORE_REFUSALS_MAX: usize = 1024;
 
 /// Restores refused because of the bucket's contents, remembered per actor
 /// so that its turns answer the same error for `retry_ms` without asking
@@ -286,7 +287,7 @@ impl Drop for Replication {
 }
 
 /// A request's result held until the bucket holds its batch.
-pub struct Waiter {
+pub(crate) struct Waiter {
     upto: u64,
     reply: Reply,
     out: Result<Outcome, RuntimeError>,
@@ -296,7 +297,7 @@ pub struct Waiter {
 /// Where a batch's commit stands in an actor's replication: the
 /// generation a durable request waits for, within one opening of the actor.
 #[derive(Debug, Clone, Copy)]
-pub struct Mark {
+pub(crate) struct Mark {
     /// Counts the actor's give-ups: a mark from before one is void.
     epoch: u64,
     upto: u64,
@@ -429,7 +430,11 @@ impl ActorReplica {
 /// Before the actor's database is opened: makes sure the local file is the
 /// bucket's latest state (restoring it if not), once per opening. A given
 /// up actor starts over here.
-pub fn ensure_open(rt: &Inner, repl: &Replication, actor: &Actor) -> Result<(), RuntimeError> {
+pub(crate) fn ensure_open(
+    rt: &Inner,
+    repl: &Replication,
+    actor: &Actor,
+) -> Result<(), RuntimeError> {
     let mut st = actor.repl.lock();
     while st.in_flight {
         actor.repl_done.wait(&mut st);
@@ -541,7 +546,7 @@ fn restore_error(id: &ActorId, e: ReplicaError) -> RuntimeError {
 /// durable request of this batch waits for. `urgent`: a `replicated`
 /// request of this batch waits for it, so its upload does not wait for the
 /// upload interval.
-pub fn after_commit(
+pub(crate) fn after_commit(
     rt: &Arc<Inner>,
     repl: &Replication,
     actor: &Arc<Actor>,
@@ -586,7 +591,7 @@ fn thaw_if_done(actor: &Actor, st: &mut ActorReplica, db: &ActorDb) {
 /// snapshot of an earlier connection streams from it, or an upload reads
 /// it), the new connection holds it as it is too, until its turn thaws it
 /// (`thaw_if_done`): a checkpoint would tear what is being read.
-pub fn after_open(actor: &Actor, db: &ActorDb) -> Result<(), RuntimeError> {
+pub(crate) fn after_open(actor: &Actor, db: &ActorDb) -> Result<(), RuntimeError> {
     if actor.repl.lock().frozen {
         db.hold_file()?;
     }
@@ -613,7 +618,7 @@ fn learn_snapshot(actor: &Actor, st: &mut ActorReplica) {
 /// a closed actor that never consulted the bucket (queued by the start-up
 /// pass over local data), it first does: local data the bucket lacks then
 /// counts as one pending commit.
-pub fn upload_pending(
+pub(crate) fn upload_pending(
     rt: &Arc<Inner>,
     repl: &Replication,
     actor: &Arc<Actor>,
@@ -868,10 +873,6 @@ enum FileState {
 /// is released before the image is read (a copy of the whole database),
 /// so that nobody waiting on this actor's state (the durability stage, an
 /// upload ending) waits for the copy.
-#[allow(
-    clippy::too_many_lines,
-    reason = "longer than clippy.toml allows; to be split (issue 34)"
-)]
 fn maybe_upload(
     rt: &Arc<Inner>,
     repl: &Replication,
@@ -879,19 +880,66 @@ fn maybe_upload(
     mut st: MutexGuard<'_, ActorReplica>,
     from: ImageFrom<'_>,
 ) {
-    if st.committed <= st.uploaded || st.in_flight || st.given_up.is_some() || st.needs_plan {
+    let Some(file_slot) = upload_due(rt, repl, actor, &mut st, &from) else {
         return;
+    };
+    let Some(replica) = st.replica.take() else {
+        return;
+    };
+    let Some((mut replica, streaming)) = streaming_slot(rt, repl, actor, &mut st, replica, &from)
+    else {
+        return;
+    };
+    let repair = streaming.repair;
+    let start = start_upload(repl, actor, &mut st, &mut replica, &from, streaming);
+    drop(st);
+    let Some((source, hold)) = read_source(rt, actor, &replica, from, start.file) else {
+        return;
+    };
+    let time_ms = rt.clock.now_ms();
+    let (rt, actor) = (Arc::clone(rt), Arc::clone(actor));
+    let bucket = repl.bucket.clone();
+    repl.spawn(ship(Upload {
+        rt,
+        actor,
+        bucket,
+        replica,
+        source,
+        puts: start.puts,
+        time_ms,
+        covered: start.covered,
+        oldest: start.oldest,
+        hold,
+        file_slot,
+        repair,
+        snapshot: start.snapshot,
+    }));
+}
+
+/// Whether an upload may start now: none when it may not (nothing new, one
+/// in flight, the actor given up or its alarm not yet listed) or has to
+/// wait (then it is queued again); otherwise the slot an upload with no
+/// base takes to read a large file, if it needs one.
+fn upload_due(
+    rt: &Arc<Inner>,
+    repl: &Replication,
+    actor: &Arc<Actor>,
+    st: &mut ActorReplica,
+    from: &ImageFrom<'_>,
+) -> Option<Option<SnapshotSlot>> {
+    if st.committed <= st.uploaded || st.in_flight || st.given_up.is_some() || st.needs_plan {
+        return None;
     }
     let interval = if repl.flushing.load(std::sync::atomic::Ordering::Relaxed) {
         Duration::ZERO
     } else {
         repl.upload_interval
     };
-    if let Some(wait) = interval_left(&st, interval) {
+    if let Some(wait) = interval_left(st, interval) {
         // Plain commits only, and an upload started less than an interval
         // ago: one upload at the interval's end carries them all.
-        defer(rt, repl, actor, &mut st, wait);
-        return;
+        defer(rt, repl, actor, st, wait);
+        return None;
     }
     // An upload with no base reads the whole file (ADR 0038): one larger
     // than a part waits for a slot.
@@ -901,22 +949,38 @@ fn maybe_upload(
             .is_ok_and(|m| m.len() > repl.config.snapshot_part_bytes as u64)
     {
         let running = (&repl.file_uploads_running, FILE_UPLOADS_RUNNING_MAX);
-        file_slot = slot_or_retry(rt, repl, actor, &mut st, running);
-        if file_slot.is_none() {
-            return;
-        }
+        file_slot = Some(slot_or_retry(rt, repl, actor, st, running)?);
     }
-    learn_snapshot(actor, &mut st);
-    if stale_and_large(rt, actor, &st, &from) {
+    learn_snapshot(actor, st);
+    if stale_and_large(rt, actor, st, from) {
         // The file is held at an older state for a snapshot, and the pages
         // the commits wrote were not all captured: this upload would read
         // the whole database into memory. It waits for the file instead.
-        retry_soon(rt, repl, actor, &mut st);
-        return;
+        retry_soon(rt, repl, actor, st);
+        return None;
     }
-    let Some(mut replica) = st.replica.take() else {
-        return;
-    };
+    Some(file_slot)
+}
+
+/// Whether an upload streams an overdue snapshot or a repair, and the slot
+/// it took for that.
+struct Streaming {
+    overdue: bool,
+    repair: bool,
+    slot: Option<SnapshotSlot>,
+}
+
+/// Takes the slot an overdue snapshot or a repair streams in, when the
+/// replica needs one. None when the upload waits: the replica is then back
+/// in the state and the upload queued again.
+fn streaming_slot(
+    rt: &Arc<Inner>,
+    repl: &Replication,
+    actor: &Arc<Actor>,
+    st: &mut ActorReplica,
+    replica: Replica,
+    from: &ImageFrom<'_>,
+) -> Option<(Replica, Streaming)> {
     // An overdue snapshot streams in a slot of its own (below); with none
     // free, the upload waits for one rather than read the whole database
     // into memory, so the chain grows no further meanwhile.
@@ -931,16 +995,49 @@ fn maybe_upload(
             // the actor is closed): the upload waits rather than read the
             // whole database into memory.
             st.replica = Some(replica);
-            retry_soon(rt, repl, actor, &mut st);
-            return;
+            retry_soon(rt, repl, actor, st);
+            return None;
         }
         let running = (&repl.overdue_running, OVERDUE_RUNNING_MAX);
-        overdue_slot = slot_or_retry(rt, repl, actor, &mut st, running);
+        overdue_slot = slot_or_retry(rt, repl, actor, st, running);
         if overdue_slot.is_none() {
             st.replica = Some(replica);
-            return;
+            return None;
         }
     }
+    let streaming = Streaming {
+        overdue,
+        repair,
+        slot: overdue_slot,
+    };
+    Some((replica, streaming))
+}
+
+/// What an upload carries, taken from the actor's state as it starts.
+struct Started {
+    /// The commits it covers.
+    covered: u64,
+    /// When the oldest commit it carries was made.
+    oldest: Option<Instant>,
+    /// The index entries listed before it (ADR 0009).
+    puts: Vec<String>,
+    /// The slot of the snapshot streamed after it, and whether that
+    /// streams only a delta.
+    snapshot: Option<(SnapshotSlot, bool)>,
+    /// What the actor's file holds as the upload reads it.
+    file: FileState,
+}
+
+/// Marks the upload in flight and takes what it carries from the state,
+/// with the snapshot it leaves due if a slot is free for it.
+fn start_upload(
+    repl: &Replication,
+    actor: &Actor,
+    st: &mut ActorReplica,
+    replica: &mut Replica,
+    from: &ImageFrom<'_>,
+    streaming: Streaming,
+) -> Started {
     // In flight from here: the image read below covers every commit so far
     // (only this actor's turn, which is running this, commits).
     st.in_flight = true;
@@ -952,6 +1049,42 @@ fn maybe_upload(
         .into_iter()
         .map(|(_, key)| key)
         .collect();
+    let snapshot = snapshot_slot(repl, actor, st, replica, from, streaming);
+    // A closed actor's file was checkpointed when it closed (upload_source
+    // checks that its log is empty), whatever `frozen` still says.
+    let file = if snapshot.is_some() {
+        FileState::Current
+    } else if st.snapshotting || (st.frozen && matches!(from, ImageFrom::Db(_))) {
+        FileState::Stale
+    } else {
+        FileState::Free
+    };
+    st.upload_reads_file = snapshot.is_some();
+    Started {
+        covered,
+        oldest,
+        puts,
+        snapshot,
+        file,
+    }
+}
+
+/// Takes a slot for the snapshot due and freezes the file for it: the slot
+/// and whether it streams only a delta, or none (no snapshot due, no slot
+/// free, the file held already or not frozen).
+fn snapshot_slot(
+    repl: &Replication,
+    actor: &Actor,
+    st: &mut ActorReplica,
+    replica: &mut Replica,
+    from: &ImageFrom<'_>,
+    streaming: Streaming,
+) -> Option<(SnapshotSlot, bool)> {
+    let Streaming {
+        overdue,
+        repair,
+        slot: overdue_slot,
+    } = streaming;
     // A snapshot is due: the file is made to hold what this upload will
     // make the head, and kept so while the snapshot streams from it. A
     // delta takes a slot of its own kind, and then streams only as a delta.
@@ -971,7 +1104,7 @@ fn maybe_upload(
     if replica.snapshot_due()
         && !st.snapshotting
         && !st.frozen
-        && let ImageFrom::Db(db) = &from
+        && let ImageFrom::Db(db) = from
         && let Some(slot) = overdue_slot.or_else(|| SnapshotSlot::take(running, max))
     {
         match db.freeze_file() {
@@ -987,23 +1120,24 @@ fn maybe_upload(
             }
         }
     }
-    // A closed actor's file was checkpointed when it closed (upload_source
-    // checks that its log is empty), whatever `frozen` still says.
-    let file = if snapshot.is_some() {
-        FileState::Current
-    } else if st.snapshotting || (st.frozen && matches!(from, ImageFrom::Db(_))) {
-        FileState::Stale
-    } else {
-        FileState::Free
-    };
-    st.upload_reads_file = snapshot.is_some();
-    drop(st);
+    snapshot
+}
+
+/// Reads what the upload ships, with the hold on the memory that takes.
+/// None when it could not be read: the actor is then given up.
+fn read_source(
+    rt: &Arc<Inner>,
+    actor: &Arc<Actor>,
+    replica: &Replica,
+    from: ImageFrom<'_>,
+    file: FileState,
+) -> Option<(Source, crate::pools::Hold)> {
     let open = matches!(from, ImageFrom::Db(_));
     let mut hold = match rt.pools.replica_buffers.reserve(&actor.id.tenant, 0) {
         Ok(hold) => hold,
         Err(e) => unreachable!("reserving nothing cannot fail: {e}"),
     };
-    let source = upload_source(rt, actor, &replica, from, file, &mut hold);
+    let source = upload_source(rt, actor, replica, from, file, &mut hold);
     if matches!(source, Ok(Source::File(_))) {
         let mut st = actor.repl.lock();
         st.upload_reads_file = true;
@@ -1025,73 +1159,125 @@ fn maybe_upload(
             );
             drop(st);
             actor.repl_done.notify_all();
-            return;
+            return None;
         }
     };
-    let time_ms = rt.clock.now_ms();
-    let (rt, actor) = (Arc::clone(rt), Arc::clone(actor));
-    let bucket = repl.bucket.clone();
-    repl.spawn(async move {
-        let started = crate::clock::instant();
-        let result = match list_entries(&rt, &bucket, &puts).await {
-            Ok(()) => match source {
-                Source::Pages(pages) => replica.upload_pages(pages, time_ms).await,
-                Source::Image(image) => replica.upload(&image, time_ms).await,
-                Source::File(file) => replica.upload_file(&file, time_ms).await,
-            }
-            .map_err(|e| e.to_string()),
-            Err(e) => Err(e),
-        };
-        // What the upload held in memory is gone with it.
-        drop(hold);
-        drop(file_slot);
-        let job_repairs = repair && snapshot.is_some();
-        let job = match (&result, &snapshot) {
-            (Ok(_), Some((_, true))) => replica.delta_job(),
-            (Ok(_), Some((_, false))) => replica.snapshot_job(),
-            _ => None,
-        };
-        let mut epoch = None;
-        if job.is_some() {
-            // Before the upload is seen to end: nobody closes the actor (or
-            // checkpoints its file) while the snapshot streams.
-            let mut st = actor.repl.lock();
-            st.snapshotting = true;
-            epoch = Some(st.epoch);
+    Some((source, hold))
+}
+
+/// An upload started in the actor's turn, for the task that ships it.
+struct Upload {
+    rt: Arc<Inner>,
+    actor: Arc<Actor>,
+    bucket: Bucket,
+    replica: Replica,
+    source: Source,
+    /// The index entries listed before the upload (ADR 0009).
+    puts: Vec<String>,
+    time_ms: u64,
+    /// The commits it covers, and when the oldest of them was made.
+    covered: u64,
+    oldest: Option<Instant>,
+    /// The memory the upload holds.
+    hold: crate::pools::Hold,
+    /// The slot of an upload with no base that reads a large file.
+    file_slot: Option<SnapshotSlot>,
+    repair: bool,
+    /// The slot of the snapshot streamed after the upload, and whether
+    /// that streams only a delta.
+    snapshot: Option<(SnapshotSlot, bool)>,
+}
+
+/// Ships an upload (on the upload threads), then streams the snapshot it
+/// left due if it took a slot for one.
+async fn ship(upload: Upload) {
+    let Upload {
+        rt,
+        actor,
+        bucket,
+        mut replica,
+        source,
+        puts,
+        time_ms,
+        covered,
+        oldest,
+        hold,
+        file_slot,
+        repair,
+        snapshot,
+    } = upload;
+    let started = crate::clock::instant();
+    let result = match list_entries(&rt, &bucket, &puts).await {
+        Ok(()) => match source {
+            Source::Pages(pages) => replica.upload_pages(pages, time_ms).await,
+            Source::Image(image) => replica.upload(&image, time_ms).await,
+            Source::File(file) => replica.upload_file(&file, time_ms).await,
         }
-        finish_upload(
-            &rt, &actor, &bucket, replica, covered, result, started, oldest,
-        );
-        if let Some(job) = job {
-            let landed = job.run().await.map_err(|e| {
-                let torn = matches!(e, ReplicaError::SnapshotTorn { .. });
-                (e.to_string(), torn)
-            });
-            match &landed {
-                Ok(l) if l.delta_from.is_some() => Metrics::inc(&rt.metrics.replica_deltas_total),
-                Ok(_) => Metrics::inc(&rt.metrics.replica_snapshots_total),
-                Err(_) => Metrics::inc(&rt.metrics.replica_snapshot_failures_total),
-            }
-            let mut st = actor.repl.lock();
-            // An actor given up meanwhile starts over with a replica of its
-            // own, which learns the chain from the bucket.
-            if Some(st.epoch) == epoch {
-                st.snapshotting = false;
-                match landed {
-                    // A repair that did not land: the actor starts over
-                    // from the bucket rather than repair again (each repair
-                    // appends an entry of every page).
-                    Err((e, _)) if job_repairs => {
-                        give_up(&rt, &actor, &mut st, format!("repairing its snapshot: {e}"))
-                    }
-                    landed => st.snapshot_done = Some(landed),
-                }
-            }
-            drop(st);
-            actor.repl_done.notify_all();
-        }
-        drop(snapshot);
+        .map_err(|e| e.to_string()),
+        Err(e) => Err(e),
+    };
+    // What the upload held in memory is gone with it.
+    drop(hold);
+    drop(file_slot);
+    let job_repairs = repair && snapshot.is_some();
+    let job = match (&result, &snapshot) {
+        (Ok(_), Some((_, true))) => replica.delta_job(),
+        (Ok(_), Some((_, false))) => replica.snapshot_job(),
+        _ => None,
+    };
+    let mut epoch = None;
+    if job.is_some() {
+        // Before the upload is seen to end: nobody closes the actor (or
+        // checkpoints its file) while the snapshot streams.
+        let mut st = actor.repl.lock();
+        st.snapshotting = true;
+        epoch = Some(st.epoch);
+    }
+    finish_upload(
+        &rt, &actor, &bucket, replica, covered, result, started, oldest,
+    );
+    if let Some(job) = job {
+        stream_snapshot(&rt, &actor, job, epoch, job_repairs).await;
+    }
+    drop(snapshot);
+}
+
+/// Streams the snapshot (or delta) an upload left due and hands how it
+/// ended to the actor's state; a repair that did not land gives the actor
+/// up.
+async fn stream_snapshot(
+    rt: &Arc<Inner>,
+    actor: &Arc<Actor>,
+    job: SnapshotJob,
+    epoch: Option<u64>,
+    job_repairs: bool,
+) {
+    let landed = job.run().await.map_err(|e| {
+        let torn = matches!(e, ReplicaError::SnapshotTorn { .. });
+        (e.to_string(), torn)
     });
+    match &landed {
+        Ok(l) if l.delta_from.is_some() => Metrics::inc(&rt.metrics.replica_deltas_total),
+        Ok(_) => Metrics::inc(&rt.metrics.replica_snapshots_total),
+        Err(_) => Metrics::inc(&rt.metrics.replica_snapshot_failures_total),
+    }
+    let mut st = actor.repl.lock();
+    // An actor given up meanwhile starts over with a replica of its
+    // own, which learns the chain from the bucket.
+    if Some(st.epoch) == epoch {
+        st.snapshotting = false;
+        match landed {
+            // A repair that did not land: the actor starts over
+            // from the bucket rather than repair again (each repair
+            // appends an entry of every page).
+            Err((e, _)) if job_repairs => {
+                give_up(rt, actor, &mut st, format!("repairing its snapshot: {e}"))
+            }
+            landed => st.snapshot_done = Some(landed),
+        }
+    }
+    drop(st);
+    actor.repl_done.notify_all();
 }
 
 /// A slot of `running` (its counter and bound), or none: then the actor's
@@ -1142,7 +1328,11 @@ fn defer(
 /// can no longer land and name an entry about to be removed. Only for an
 /// actor opened from a tombstone (no database here); a chain that moved
 /// gives the actor up.
-pub fn fence_deleted(rt: &Inner, repl: &Replication, actor: &Actor) -> Result<(), RuntimeError> {
+pub(crate) fn fence_deleted(
+    rt: &Inner,
+    repl: &Replication,
+    actor: &Actor,
+) -> Result<(), RuntimeError> {
     let mut st = actor.repl.lock();
     while st.in_flight {
         actor.repl_done.wait(&mut st);
@@ -1177,7 +1367,7 @@ pub fn fence_deleted(rt: &Inner, repl: &Replication, actor: &Actor) -> Result<()
 /// When the node stops: what waits for the upload interval is uploaded
 /// now (a `Replicate` turn for each such actor), and later commits do not
 /// wait for it.
-pub fn flush_deferred(rt: &Inner, repl: &Replication) {
+pub(crate) fn flush_deferred(rt: &Inner, repl: &Replication) {
     repl.flushing
         .store(true, std::sync::atomic::Ordering::Relaxed);
     let actors: Vec<Arc<Actor>> = rt.actors.lock().values().cloned().collect();
@@ -1347,7 +1537,7 @@ fn release(
 
 /// Where the actor's replication stands now: a waiter at this mark is
 /// released once everything committed so far is in the bucket.
-pub fn current_mark(actor: &Actor) -> Mark {
+pub(crate) fn current_mark(actor: &Actor) -> Mark {
     let st = actor.repl.lock();
     Mark {
         epoch: st.epoch,
@@ -1358,7 +1548,7 @@ pub fn current_mark(actor: &Actor) -> Mark {
 /// For a request that asked for replicated durability, once its batch is
 /// locally durable: answers now if the bucket holds its batch, otherwise
 /// holds the answer until it does (or the actor is given up).
-pub fn hold_until_uploaded(
+pub(crate) fn hold_until_uploaded(
     m: &Metrics,
     actor: &Actor,
     mark: Mark,
@@ -1401,7 +1591,7 @@ pub fn hold_until_uploaded(
 /// acknowledged before the restore stays in its history (`wasmkeep export
 /// --at` finds it), and no upload is in flight or due. Waits at most
 /// [`DELETE_WAIT_MS`].
-pub fn flush_for_restore(
+pub(crate) fn flush_for_restore(
     rt: &Arc<Inner>,
     repl: &Replication,
     actor: &Arc<Actor>,
@@ -1439,7 +1629,7 @@ pub fn flush_for_restore(
 /// actor is closed): it goes to the bucket as the next entry of the chain,
 /// every page of it, and the actor reopens from the chain at its next turn.
 /// Returns the entry's seq.
-pub fn upload_restored(
+pub(crate) fn upload_restored(
     rt: &Inner,
     repl: &Replication,
     actor: &Actor,
@@ -1474,7 +1664,7 @@ pub fn upload_restored(
     }
 }
 
-pub fn delete(rt: &Inner, repl: &Replication, actor: &Actor) -> Result<u64, RuntimeError> {
+pub(crate) fn delete(rt: &Inner, repl: &Replication, actor: &Actor) -> Result<u64, RuntimeError> {
     let mut st = actor.repl.lock();
     let deadline = crate::clock::instant() + Duration::from_millis(DELETE_WAIT_MS);
     // A snapshot streaming would land below the tombstone, after the

@@ -15,7 +15,7 @@ use crate::error::RuntimeError;
 
 /// What a caller hears about an event dropped unanswered while its worker
 /// unwound from a panic.
-pub const WORKER_PANICKED: &str = "a worker panicked while running this actor's batch (a bug; the node's log has the panic): the batch's writes were rolled back unless it had committed, and the actor's instance was dropped";
+pub(crate) const WORKER_PANICKED: &str = "a worker panicked while running this actor's batch (a bug; the node's log has the panic): the batch's writes were rolled back unless it had committed, and the actor's instance was dropped";
 
 /// Where one event's outcome goes.
 #[derive(Debug)]

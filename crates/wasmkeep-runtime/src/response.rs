@@ -19,12 +19,12 @@ use crate::host::{HostState, WitError};
 const INTERFACE: &str = "wasmkeep:actor/response@0.2.0";
 
 /// Most headers one response may carry.
-pub const RESPONSE_HEADERS_MAX: usize = 256;
+pub(crate) const RESPONSE_HEADERS_MAX: usize = 256;
 /// Most bytes of header names and values one response may carry.
-pub const RESPONSE_HEADER_BYTES_MAX: usize = 256 * 1024;
+pub(crate) const RESPONSE_HEADER_BYTES_MAX: usize = 256 * 1024;
 
 /// A response's headers, in the order the guest added them.
-pub type Headers = Vec<(String, String)>;
+pub(crate) type Headers = Vec<(String, String)>;
 
 /// The response the running `on-request` call is building.
 #[derive(Debug, Default)]
@@ -131,7 +131,7 @@ impl ResponseParts {
 /// Links `add-header` and `write-body`.
 /// Checks a whole set of headers against the same bounds (a parked
 /// reply's, completed in one call).
-pub fn check_headers(headers: &[(String, String)]) -> Result<(), WitError> {
+pub(crate) fn check_headers(headers: &[(String, String)]) -> Result<(), WitError> {
     let bytes: usize = headers.iter().map(|(k, v)| k.len() + v.len()).sum();
     if headers.len() > RESPONSE_HEADERS_MAX || bytes > RESPONSE_HEADER_BYTES_MAX {
         let e = RuntimeError::ResponseHeadersTooLarge {
@@ -146,7 +146,7 @@ pub fn check_headers(headers: &[(String, String)]) -> Result<(), WitError> {
     Ok(())
 }
 
-pub fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
+pub(crate) fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
     let mut i = linker.instance(INTERFACE)?;
     i.func_wrap(
         "add-header",

@@ -33,18 +33,7 @@ use crate::outbox::{Dispatcher, Inbound, MessageAnswer};
 use crate::replication::Replication;
 use crate::timer::Timer;
 
-/// How often the engine's epoch advances; the unit of the CPU deadline.
-pub const EPOCH_TICK_MS: u64 = 10;
-
-/// Epoch ticks that make up `ms` of run time.
-pub fn epoch_ticks(ms: u64) -> u64 {
-    ms.div_ceil(EPOCH_TICK_MS).max(1)
-}
-
-/// The deepest a guest's stack may grow (wasmtime's default, made
-/// explicit): it runs on the worker's own stack, with room left for the
-/// host calls it makes. Fixed, because worker threads are sized for it.
-pub const WASM_STACK_BYTES_MAX: usize = 512 * 1024;
+pub use crate::config::{EPOCH_TICK_MS, WASM_STACK_BYTES_MAX, epoch_ticks};
 
 /// The native stack of each worker thread: the deepest wasm stack a guest
 /// may have, the stack SQLite is guaranteed on a guest's behalf
@@ -76,7 +65,7 @@ const WORKER_IDLE_COLLECT_MS: u64 = 500;
 /// eviction pass at the default `instances_max`). When it is full, the
 /// worker that needs room closes the actor itself. Their instances are
 /// still alive, so the instance pool has room for them too.
-pub const CLOSE_QUEUE_MAX: usize = 128;
+pub(crate) const CLOSE_QUEUE_MAX: usize = 128;
 
 /// An evicted actor, and its `last_used_ms` when it was picked.
 type ToClose = (Arc<Actor>, u64);
@@ -156,13 +145,14 @@ pub struct Inner {
     cache_key: Option<CacheKey>,
     /// Compilations running, abandoned ones included.
     compiles: Arc<CompileSlots>,
-    /// Faults a test may inject (the test kit's switches).
-    pub faults: Faults,
+    /// Faults a test may inject (the test kit's switches; none in a
+    /// build without `test-faults`).
+    pub faults: crate::faults::Faults,
     /// Who may run an actor's alarms on this node ([`RunGate`]); unset:
     /// every actor, as on a single node.
-    gate: std::sync::OnceLock<Arc<dyn RunGate>>,
+    pub(crate) gate: std::sync::OnceLock<Arc<dyn RunGate>>,
     /// Due alarms the gate kept from running here.
-    alarms_gated_total: AtomicU64,
+    pub(crate) alarms_gated_total: AtomicU64,
     /// Delivers what actors sent (ADR 0040).
     pub outbox: Dispatcher,
     /// Apps' secrets (ADR 0041).
@@ -219,75 +209,14 @@ pub trait RunGate: Send + Sync {
     }
 }
 
-/// Failures a test can ask for. Zero (the default) injects nothing; the
-/// checks cost one relaxed load per batch.
-#[derive(Debug, Default)]
-pub struct Faults {
-    /// The next this many batches that run an alarm fail their commit.
-    pub fail_alarm_commits: std::sync::atomic::AtomicU32,
-    /// The next this many batches that carry a request commit, then lose
-    /// their replies and their instance, as if the process died between
-    /// the commit and the response.
-    pub crash_after_commit: std::sync::atomic::AtomicU32,
-    /// The closer thread holds each evicted actor this long before closing
-    /// it, to show that the actor's next turn waits for the close.
-    pub close_delay_ms: AtomicU64,
-    /// Unsafe, for that test only: the closer frees the actor's slot before
-    /// the old connection is closed.
-    pub unsafe_close_outside_slot: AtomicBool,
-    /// Unsafe, for that test only: an alarm rehearsal commits what the
-    /// handler wrote instead of rolling it back (ADR 0030).
-    pub unsafe_rehearsal_commits: AtomicBool,
-    /// The next this many batches panic after their first event ran, as a
-    /// bug in the runtime would (the worker survives it: `worker`).
-    pub panic_in_batch: std::sync::atomic::AtomicU32,
-    /// Unsafe, for that test only: deploys load compiled code from the
-    /// cache without checking its tag (`compile_cache`).
-    pub unsafe_trust_compile_cache: AtomicBool,
-    /// The outbox's dispatcher starts no delivery while set (rows wait).
-    pub outbox_held: AtomicBool,
-    /// The next this many answers of receivers are lost on their way back,
-    /// as a network would lose them: the message is delivered again.
-    pub outbox_lose_answers: std::sync::atomic::AtomicU32,
-    /// The next this many answers reach their sender twice.
-    pub outbox_repeat_responses: std::sync::atomic::AtomicU32,
-    /// Unsafe, for that test only: rows go to the dispatcher as soon as an
-    /// event wrote them, before the batch commits (ADR 0040's first rule).
-    pub unsafe_outbox_before_commit: AtomicBool,
-    /// Unsafe, for that test only: a lane delivers its messages newest
-    /// first, as if messages to one receiver had no order.
-    pub unsafe_lanes_reversed: AtomicBool,
-    /// Unsafe, for that test only: a batch's rows go out once it is
-    /// durable locally, without waiting for the bucket to hold it.
-    pub unsafe_outbox_before_upload: AtomicBool,
-    /// Unsafe, for that test only: replies completed by an event that
-    /// failed are sent all the same (ADR 0042).
-    pub unsafe_completions_from_failed_events: AtomicBool,
-    /// Unsafe, for that test only: a receiver runs `on-message` for a
-    /// repeated delivery too (no `_wasmkeep_inbox` check).
-    pub unsafe_inbox_no_dedup: AtomicBool,
-    /// Unsafe, for that test only: an answer's event reads its row without
-    /// deleting it, so a second answer is applied too.
-    pub unsafe_response_keeps_row: AtomicBool,
-}
-
-impl Faults {
-    /// Takes one unit of a fault counter, if any is left.
-    pub fn take(counter: &std::sync::atomic::AtomicU32) -> bool {
-        counter
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok()
-    }
-}
-
 /// Instances one open closes at most when tenants' memory is full
 /// (`Inner::evict_for_memory`).
-pub const EVICT_FOR_MEMORY_MAX: usize = 16;
+pub(crate) const EVICT_FOR_MEMORY_MAX: usize = 16;
 
 /// A node's runtime. Cheap to clone.
 #[derive(Clone)]
 pub struct Runtime {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
 /// The node's compile cache key (`compile_cache_key_path`, else
@@ -327,123 +256,167 @@ pub(crate) fn engine_settings(config: &RuntimeConfig) -> EngineSettings {
     }
 }
 
+/// What a node's runtime is built from besides its configuration and
+/// clock (see `Runtime::start`).
+struct Parts {
+    engine: Engine,
+    linker: Linker<HostState>,
+    metrics: Arc<Metrics>,
+    class_metrics: Arc<crate::class_metrics::ClassMetricsRegistry>,
+    replication: Option<Replication>,
+}
+
+/// The engine and its linker, the node's series, and the bucket side when
+/// the node has a bucket (its upload threads start here).
+fn runtime_parts(config: &RuntimeConfig) -> Result<Parts, RuntimeError> {
+    let engine = engine_settings(config).engine()?;
+    let mut linker: Linker<HostState> = Linker::new(&engine);
+    wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
+        .map_err(|e| RuntimeError::Internal(format!("linker: {e:#}")))?;
+    host::add_to_linker(&mut linker)
+        .map_err(|e| RuntimeError::Internal(format!("linker: {e:#}")))?;
+    let mut metrics = Metrics::default();
+    let class_metrics = Arc::new(crate::class_metrics::ClassMetricsRegistry::new(
+        config.metrics_classes_max,
+    ));
+    metrics.classes = Some(Arc::clone(&class_metrics));
+    let replication = match &config.bucket {
+        Some(bucket) => {
+            metrics.bucket = Some(Arc::clone(bucket.metrics()));
+            // Wall time, whatever clock the node runs on: a later start
+            // has a later generation.
+            let generation = crate::clock::SystemClock.now_ms();
+            Some(Replication::start(
+                bucket.clone(),
+                config.replica.clone(),
+                generation,
+                config.restore_refused_retry_ms,
+                config.replica_upload_interval_ms,
+            )?)
+        }
+        None => None,
+    };
+    let metrics = Arc::new(metrics);
+    Ok(Parts {
+        engine,
+        linker,
+        metrics,
+        class_metrics,
+        replication,
+    })
+}
+
+/// Where compiled components are cached: `compile_cache_dir`, else
+/// `WASMKEEP_COMPILE_CACHE`, else `<data>/cache`.
+fn compile_cache_dir(config: &RuntimeConfig) -> PathBuf {
+    config
+        .compile_cache_dir
+        .clone()
+        .or_else(|| std::env::var_os("WASMKEEP_COMPILE_CACHE").map(PathBuf::from))
+        .unwrap_or_else(|| config.data_dir.join("cache"))
+}
+
+/// Each tenant's bounds on this node, with what each has here already.
+fn tenant_quotas(config: &RuntimeConfig) -> Arc<crate::quotas::Quotas> {
+    let disk_bytes_max = config.tenant_disk_bytes_max.unwrap_or_else(|| {
+        crate::quotas::default_tenant_disk_bytes(&config.data_dir, config.tenant_share_pct)
+    });
+    let quotas = Arc::new(crate::quotas::Quotas::new(
+        config.tenant_actors_max,
+        disk_bytes_max,
+        config
+            .tenant_bucket_bytes_max
+            .unwrap_or(disk_bytes_max.saturating_mul(4)),
+    ));
+    // What each tenant has here, before any request: the quotas hold
+    // from the start.
+    quotas.set_counted(by_tenant(&walk_classes(
+        &config.data_dir,
+        &AtomicBool::new(false),
+    )));
+    quotas
+}
+
+/// The shared core of a node's runtime, from its parts: starts the
+/// durability stage and opens the apps' secrets; no worker runs yet.
+fn build_inner(config: RuntimeConfig, clock: Arc<dyn Clock>, parts: Parts) -> Arc<Inner> {
+    let Parts {
+        engine,
+        linker,
+        metrics,
+        class_metrics,
+        replication,
+    } = parts;
+    let cache_dir = compile_cache_dir(&config);
+    let cache_key = cache_key(&config);
+    let (close_tx, close_rx) = std::sync::mpsc::sync_channel(CLOSE_QUEUE_MAX);
+    let config_data_dir = config.data_dir.clone();
+    let parked_limits = config.parked.clone();
+    let shares = crate::scheduler::Shares::of(&config);
+    let pool_limits = config.pool_limits();
+    let quotas = tenant_quotas(&config);
+    let socket_limits = config.sockets.clone();
+    let log_limits = config.logs;
+    let parked_metrics = Arc::clone(&metrics);
+    let outbox_dispatcher = Dispatcher::new(
+        config.outbox.clone(),
+        config.outbound.private_allowed,
+        config.tenant_share_pct,
+        Arc::clone(&metrics),
+    );
+    Arc::new(Inner {
+        durability: DurabilityStage::start(config.data_dir.clone(), Arc::clone(&metrics)),
+        replication,
+        config,
+        clock,
+        engine,
+        linker,
+        apps: RwLock::new(HashMap::new()),
+        app_version: AtomicU64::new(1),
+        actors: Mutex::new(HashMap::new()),
+        runq: crate::scheduler::RunQueue::new(shares),
+        reaped: AtomicU64::new(0),
+        close_tx,
+        close_rx: Mutex::new(Some(close_rx)),
+        closing: AtomicU64::new(0),
+        timer: Timer::default(),
+        metrics,
+        started: crate::clock::instant(),
+        stopping: Arc::new(AtomicBool::new(false)),
+        queued_bytes: AtomicU64::new(0),
+        cache_dir,
+        cache_key,
+        compiles: Arc::default(),
+        faults: crate::faults::Faults::default(),
+        gate: std::sync::OnceLock::new(),
+        alarms_gated_total: AtomicU64::new(0),
+        outbox: outbox_dispatcher,
+        secrets: crate::app_config::SecretStore::open(&config_data_dir),
+        sockets: Arc::new(crate::sockets::SocketTable::new(socket_limits)),
+        logs: Arc::new(crate::logs::LogHub::new(log_limits)),
+        alarm_failure_rate: Default::default(),
+        class_metrics,
+        pools: crate::pools::Pools::new(&pool_limits),
+        quotas,
+        parked: Arc::new(crate::parked::ParkedReplies::new(
+            parked_limits,
+            Arc::clone(&parked_metrics),
+        )),
+    })
+}
+
 impl Runtime {
     /// Starts a runtime on `config.data_dir`: loads deployed apps, starts
     /// workers, the durability stage, the idle reaper and, on a real clock,
     /// the alarm timer, and schedules every alarm found on disk.
-    #[allow(
-        clippy::too_many_lines,
-        reason = "longer than clippy.toml allows; to be split (issue 34)"
-    )]
     pub fn start(config: RuntimeConfig, clock: Arc<dyn Clock>) -> Result<Runtime, RuntimeError> {
         std::fs::create_dir_all(config.data_dir.join("actors"))
             .map_err(|e| RuntimeError::Store(e.into()))?;
         // Files a restore staged and a crash left behind.
         let _ = std::fs::remove_dir_all(config.data_dir.join("staging"));
         wasmkeep_store::memory_budget::set_node_bytes_max(config.node_memory_bytes_max);
-        let engine = engine_settings(&config).engine()?;
-        let mut linker: Linker<HostState> = Linker::new(&engine);
-        wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
-            .map_err(|e| RuntimeError::Internal(format!("linker: {e:#}")))?;
-        host::add_to_linker(&mut linker)
-            .map_err(|e| RuntimeError::Internal(format!("linker: {e:#}")))?;
-        let mut metrics = Metrics::default();
-        let class_metrics = Arc::new(crate::class_metrics::ClassMetricsRegistry::new(
-            config.metrics_classes_max,
-        ));
-        metrics.classes = Some(Arc::clone(&class_metrics));
-        let replication = match &config.bucket {
-            Some(bucket) => {
-                metrics.bucket = Some(Arc::clone(bucket.metrics()));
-                // Wall time, whatever clock the node runs on: a later start
-                // has a later generation.
-                let generation = crate::clock::SystemClock.now_ms();
-                Some(Replication::start(
-                    bucket.clone(),
-                    config.replica.clone(),
-                    generation,
-                    config.restore_refused_retry_ms,
-                    config.replica_upload_interval_ms,
-                )?)
-            }
-            None => None,
-        };
-        let metrics = Arc::new(metrics);
-        let cache_dir = config
-            .compile_cache_dir
-            .clone()
-            .or_else(|| std::env::var_os("WASMKEEP_COMPILE_CACHE").map(PathBuf::from))
-            .unwrap_or_else(|| config.data_dir.join("cache"));
-        let cache_key = cache_key(&config);
-        let (close_tx, close_rx) = std::sync::mpsc::sync_channel(CLOSE_QUEUE_MAX);
-        let config_data_dir = config.data_dir.clone();
-        let parked_limits = config.parked.clone();
-        let shares = config.shares();
-        let pool_limits = config.pool_limits();
-        let disk_bytes_max = config.tenant_disk_bytes_max.unwrap_or_else(|| {
-            crate::quotas::default_tenant_disk_bytes(&config.data_dir, config.tenant_share_pct)
-        });
-        let quotas = Arc::new(crate::quotas::Quotas::new(
-            config.tenant_actors_max,
-            disk_bytes_max,
-            config
-                .tenant_bucket_bytes_max
-                .unwrap_or(disk_bytes_max.saturating_mul(4)),
-        ));
-        // What each tenant has here, before any request: the quotas hold
-        // from the start.
-        quotas.set_counted(by_tenant(&walk_classes(
-            &config.data_dir,
-            &AtomicBool::new(false),
-        )));
-        let socket_limits = config.sockets.clone();
-        let log_limits = config.logs;
-        let parked_metrics = Arc::clone(&metrics);
-        let outbox_dispatcher = Dispatcher::new(
-            config.outbox.clone(),
-            config.outbound.private_allowed,
-            config.tenant_share_pct,
-            Arc::clone(&metrics),
-        );
-        let inner = Arc::new(Inner {
-            durability: DurabilityStage::start(config.data_dir.clone(), Arc::clone(&metrics)),
-            replication,
-            config,
-            clock,
-            engine,
-            linker,
-            apps: RwLock::new(HashMap::new()),
-            app_version: AtomicU64::new(1),
-            actors: Mutex::new(HashMap::new()),
-            runq: crate::scheduler::RunQueue::new(shares),
-            reaped: AtomicU64::new(0),
-            close_tx,
-            close_rx: Mutex::new(Some(close_rx)),
-            closing: AtomicU64::new(0),
-            timer: Timer::default(),
-            metrics,
-            started: crate::clock::instant(),
-            stopping: Arc::new(AtomicBool::new(false)),
-            queued_bytes: AtomicU64::new(0),
-            cache_dir,
-            cache_key,
-            compiles: Arc::default(),
-            faults: Faults::default(),
-            gate: std::sync::OnceLock::new(),
-            alarms_gated_total: AtomicU64::new(0),
-            outbox: outbox_dispatcher,
-            secrets: crate::app_config::SecretStore::open(&config_data_dir),
-            sockets: Arc::new(crate::sockets::SocketTable::new(socket_limits)),
-            logs: Arc::new(crate::logs::LogHub::new(log_limits)),
-            alarm_failure_rate: Default::default(),
-            class_metrics,
-            pools: crate::pools::Pools::new(&pool_limits),
-            quotas,
-            parked: Arc::new(crate::parked::ParkedReplies::new(
-                parked_limits,
-                Arc::clone(&parked_metrics),
-            )),
-        });
+        let parts = runtime_parts(&config)?;
+        let inner = build_inner(config, clock, parts);
         inner.outbox.attach(Arc::downgrade(&inner));
         let rt = Runtime { inner };
         // Loading an app runs its `classes()`: the epoch must advance by
@@ -506,11 +479,7 @@ impl Runtime {
             compiles: &self.inner.compiles,
             settings: engine_settings(&self.inner.config),
             metrics: &self.inner.metrics,
-            unsafe_trust_cache: self
-                .inner
-                .faults
-                .unsafe_trust_compile_cache
-                .load(Ordering::Relaxed),
+            unsafe_trust_cache: self.inner.faults.unsafe_trust_compile_cache(),
         }
     }
 
@@ -985,110 +954,12 @@ impl Runtime {
         Ok(dir.join(format!("restore-{}-{n}.db", self.inner.clock.now_ms())))
     }
 
-    /// A tenant's pending alarms in due order.
-    pub fn pending_alarms(&self, tenant: &str, limit: usize) -> Vec<(ActorId, u64)> {
-        self.inner.timer.pending(tenant, limit)
-    }
-
-    /// The alarm this node's timer holds for an actor.
-    pub fn timer_alarm(&self, id: &ActorId) -> Option<u64> {
-        self.inner.timer.get(id)
-    }
-
-    /// The earliest alarm in the timer.
-    pub fn next_alarm_ms(&self) -> Option<u64> {
-        self.inner.timer.next_due()
-    }
-
-    /// Delivers every alarm due by the clock's now and waits until they ran.
-    /// Returns how many handlers ran. (The timer thread does this by itself
-    /// on a real clock; the test kit calls it.)
-    pub async fn run_due_alarms(&self) -> usize {
-        let now = self.inner.clock.now_ms();
-        let due = self.inner.timer.pop_due(now, usize::MAX);
-        let mut waits = Vec::with_capacity(due.len());
-        for (id, _) in due {
-            if !self.inner.may_run(&id) {
-                continue;
-            }
-            let (tx, rx) = oneshot::channel();
-            if self
-                .inner
-                .enqueue(
-                    &id,
-                    Event::new(EventKind::Alarm { force: false }, Some(tx)),
-                    false,
-                )
-                .is_ok()
-            {
-                waits.push(rx);
-            }
-        }
-        let mut ran = 0;
-        for w in waits {
-            if let Ok(Ok(Outcome::Alarm(true))) = w.await {
-                ran += 1;
-            }
-        }
-        ran
-    }
-
-    /// Opens the actors whose alarm is due within `alarm_prepare_ms` of
-    /// the clock's now and prepares what their alarm's turn will run, as
-    /// the timer thread does on a real clock (the test kit calls it).
-    /// Returns at once: each actor's preparation runs before its next event.
-    pub fn prepare_alarms(&self) {
-        self.inner.prepare_soon(self.inner.clock.now_ms());
-    }
-
-    /// Delivers the alarm index entry at `at_ms` to its actor (a sweep of
-    /// a cluster node; see `index`) and waits for what it found.
-    /// `remove_here`: the entry is in the actor's app's index (its stale
-    /// entries are removed in the actor's turn).
-    pub async fn deliver(
-        &self,
-        id: &ActorId,
-        at_ms: u64,
-        remove_here: bool,
-    ) -> Result<crate::index::Delivered, RuntimeError> {
-        let (tx, rx) = oneshot::channel();
-        self.inner.enqueue(
-            id,
-            Event::new(EventKind::Deliver { at_ms, remove_here }, Some(tx)),
-            false,
-        )?;
-        match rx.await {
-            Ok(Ok(Outcome::Delivered(d))) => Ok(d),
-            Ok(Ok(_)) => Err(RuntimeError::Internal("unexpected outcome".into())),
-            Ok(Err(e)) => Err(e),
-            Err(_) => Err(RuntimeError::ShuttingDown),
-        }
-    }
-
-    /// Runs an actor's pending alarm now, due or not; whether there was
-    /// one. Its handler sees the time it was set for in `scheduled-ms`.
-    pub async fn run_alarm_now(&self, id: &ActorId) -> Result<bool, RuntimeError> {
-        let (tx, rx) = oneshot::channel();
-        self.inner.enqueue(
-            id,
-            Event::new(EventKind::Alarm { force: true }, Some(tx)),
-            false,
-        )?;
-        match rx.await {
-            Ok(Ok(Outcome::Alarm(ran))) => Ok(ran),
-            Ok(Ok(_)) => Ok(false),
-            // The handler ran and failed: there was an alarm.
-            Ok(Err(_)) => Ok(true),
-            Err(_) => Err(RuntimeError::ShuttingDown),
-        }
-    }
-
     pub fn metrics(&self) -> &Metrics {
         &self.inner.metrics
     }
 
     /// The fault switches (for tests).
-    pub fn faults(&self) -> &Faults {
+    pub fn faults(&self) -> &crate::faults::Faults {
         &self.inner.faults
     }
 
@@ -1100,45 +971,12 @@ impl Runtime {
         &self.inner.clock
     }
 
-    /// Sets who may run actors' alarms on this node (once; a cluster node
-    /// sets it before it acts). Returns `false` if a gate was set already.
-    pub fn set_gate(&self, gate: Arc<dyn RunGate>) -> bool {
-        self.inner.gate.set(gate).is_ok()
-    }
-
-    /// Due alarms the gate kept from running on this node.
-    pub fn alarms_gated_total(&self) -> u64 {
-        self.inner.alarms_gated_total.load(Ordering::Relaxed)
-    }
-
     /// Closes every actor with nothing queued or running, whatever its idle
     /// time: what a cluster node does when its lease ends, so that it takes
     /// and restores each actor again before serving it. Returns how many it
     /// closed; busy ones close on a later pass of the idle reaper.
     pub fn close_idle_now(&self) -> usize {
         self.inner.reap_idle_after(0)
-    }
-
-    /// Sets (or replaces) one of an app's secrets (ADR 0041); the app's
-    /// actors read the new value from their next `config.get`.
-    pub fn set_secret(
-        &self,
-        tenant: &str,
-        app: &str,
-        name: &str,
-        value: &str,
-    ) -> Result<(), RuntimeError> {
-        self.inner.secrets.set(tenant, app, name, value)
-    }
-
-    /// Removes one of an app's secrets; whether it existed.
-    pub fn delete_secret(&self, tenant: &str, app: &str, name: &str) -> Result<bool, RuntimeError> {
-        self.inner.secrets.delete(tenant, app, name)
-    }
-
-    /// The names (never the values) of an app's secrets.
-    pub fn secret_names(&self, tenant: &str, app: &str) -> Result<Vec<String>, RuntimeError> {
-        self.inner.secrets.names(tenant, app)
     }
 
     /// The node's open WebSockets (ADR 0043).
@@ -1599,7 +1437,7 @@ impl Inner {
     /// nothing and puts the committed alarm back in the timer).
     pub fn rearm_after_failure(&self, id: &ActorId) {
         let path = paths::actor_db(&self.config.data_dir, id);
-        let later = self.clock.now_ms() + self.config.alarm_retry_first_ms;
+        let later = self.clock.now_ms() + self.config.protocol.retry_first_ms;
         let next = match wasmkeep_store::db::read_alarm(&path) {
             Ok(committed) => committed.map(|a| a.at_ms.max(later)),
             Err(e) => {
@@ -1611,7 +1449,7 @@ impl Inner {
     }
 
     /// Whether the gate lets this node run `id`'s alarm now.
-    fn may_run(&self, id: &ActorId) -> bool {
+    pub(crate) fn may_run(&self, id: &ActorId) -> bool {
         let allowed = self.gate.get().is_none_or(|g| g.may_run(id));
         if !allowed {
             // Dropped from this node's timer: whoever holds the actor fires
@@ -1640,7 +1478,7 @@ impl Inner {
 
     /// Opens actors whose alarm is due soon, so the due instant only costs
     /// the handler.
-    fn prepare_soon(&self, now: u64) {
+    pub(crate) fn prepare_soon(&self, now: u64) {
         if self.config.alarm_prepare_ms == 0 {
             return;
         }
@@ -1665,12 +1503,12 @@ impl Inner {
 fn closer(rx: std::sync::mpsc::Receiver<ToClose>, weak: std::sync::Weak<Inner>) {
     while let Ok((a, used)) = rx.recv() {
         let Some(rt) = weak.upgrade() else { return };
-        let delay = rt.faults.close_delay_ms.load(Ordering::Relaxed);
+        let delay = rt.faults.close_delay_ms();
         if let Some(mut slot) = a.slot.try_lock()
             && a.last_used_ms.load(Ordering::Relaxed) == used
             && let Some(loaded) = slot.take()
         {
-            if rt.faults.unsafe_close_outside_slot.load(Ordering::Relaxed) {
+            if rt.faults.unsafe_close_outside_slot() {
                 // The mutation the closer's test kills: the slot is free
                 // while the old connection still holds the file.
                 drop(slot);

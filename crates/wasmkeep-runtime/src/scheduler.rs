@@ -42,7 +42,7 @@ use crate::actor::Actor;
 
 /// How the workers are shared.
 #[derive(Debug, Clone, Copy)]
-pub struct Shares {
+pub(crate) struct Shares {
     /// Turns that may run at once before any has run past `slice`.
     pub workers: usize,
     /// All threads that take turns: `workers` plus the spares.
@@ -53,10 +53,23 @@ pub struct Shares {
     pub slice: Duration,
 }
 
+impl Shares {
+    /// How the run queue shares the threads, by the node's settings.
+    pub(crate) fn of(config: &crate::config::RuntimeConfig) -> Shares {
+        let workers = config.worker_threads();
+        Shares {
+            workers,
+            threads: config.turn_threads(),
+            tenant_turns_max: config.tenant_workers_max.unwrap_or(workers).max(1),
+            slice: Duration::from_millis(config.turn_slice_ms.max(1)),
+        }
+    }
+}
+
 /// The nice value of a thread running a long turn while others wait
 /// (the lowest priority short of `SCHED_IDLE`, which would starve a
 /// legitimate long event on a busy node until its deadline).
-pub const LONG_TURN_NICE: i32 = 19;
+pub(crate) const LONG_TURN_NICE: i32 = 19;
 
 /// A turn being run, on the thread whose slot it is in.
 struct Running {

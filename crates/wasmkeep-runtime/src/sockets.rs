@@ -23,6 +23,7 @@ use parking_lot::Mutex;
 use tokio::sync::mpsc;
 use wasmkeep_store::ActorId;
 
+pub use crate::config::SocketLimits;
 use crate::host::HostState;
 use crate::host::wasmkeep::actor::sockets as wit;
 use crate::outbox::refusal;
@@ -74,41 +75,11 @@ impl From<&SocketInfo> for wit::SocketInfo {
     }
 }
 
-/// The node's bounds on sockets.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SocketLimits {
-    pub per_actor_max: usize,
-    /// Sockets one tenant's actors hold on the node together, so that one
-    /// tenant cannot take every socket the node allows.
-    pub per_tenant_max: usize,
-    pub node_max: usize,
-    /// Largest message either way.
-    pub message_bytes_max: usize,
-    /// Bytes queued for one socket's client before it is closed (1008).
-    pub send_buffer_bytes_max: usize,
-    /// A socket that neither sends nor receives for this long is closed
-    /// (1001); 0: never.
-    pub idle_ms: u64,
-}
-
-impl Default for SocketLimits {
-    fn default() -> Self {
-        SocketLimits {
-            per_actor_max: 10_000,
-            per_tenant_max: 50_000,
-            node_max: 100_000,
-            message_bytes_max: 1024 * 1024,
-            send_buffer_bytes_max: 1024 * 1024,
-            idle_ms: 600_000,
-        }
-    }
-}
-
 /// Tags per socket, and their size.
-pub const TAGS_MAX: usize = 10;
-pub const TAG_BYTES_MAX: usize = 256;
+pub(crate) const TAGS_MAX: usize = 10;
+pub(crate) const TAG_BYTES_MAX: usize = 256;
 /// A socket's attachment.
-pub const ATTACHMENT_BYTES_MAX: usize = 16 * 1024;
+pub(crate) const ATTACHMENT_BYTES_MAX: usize = 16 * 1024;
 
 /// Close codes the node uses (RFC 6455 and the IANA registry).
 pub mod close_code {
@@ -136,10 +107,10 @@ pub enum Outgoing {
 
 /// Bytes of messages one event may send, broadcasts counted once (ADR
 /// 0043): what the node holds for an event until it commits.
-pub const SENDS_PER_EVENT_BYTES_MAX: usize = 8 * 1024 * 1024;
+pub(crate) const SENDS_PER_EVENT_BYTES_MAX: usize = 8 * 1024 * 1024;
 /// A socket registered but never connected by the edge (its upgrade did
 /// not happen) is removed after this long.
-pub const UNCONNECTED_MS_MAX: u64 = 30_000;
+pub(crate) const UNCONNECTED_MS_MAX: u64 = 30_000;
 
 fn size(m: &Message) -> usize {
     match m {

@@ -16,13 +16,13 @@ use std::time::Duration;
 /// How many statements are kept per class. A handler that runs more
 /// distinct statements (built with values inside the text, say) gets the
 /// first ones warmed and the rest parsed at the due instant, as before.
-pub const ALARM_STATEMENTS_MAX: usize = 16;
+pub(crate) const ALARM_STATEMENTS_MAX: usize = 16;
 
 /// How long an actor of a class being rehearsed waits for the rehearsal to
 /// end before it is prepared without what the rehearsal learns (ADR 0030).
 /// A rehearsal takes about a millisecond; one whose handler runs longer
 /// does not hold other actors' turns for longer than this.
-pub const REHEARSAL_WAIT_MS_MAX: u64 = 100;
+pub(crate) const REHEARSAL_WAIT_MS_MAX: u64 = 100;
 
 /// The statements learned for one class, first run first.
 #[derive(Debug, Default)]

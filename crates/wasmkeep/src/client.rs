@@ -9,7 +9,7 @@ use crate::output::{self, Output};
 
 /// Where the node is and how to authenticate.
 #[derive(clap::Args)]
-pub struct Conn {
+pub(crate) struct Conn {
     /// The node's base URL.
     #[arg(long, env = "WASMKEEP_SERVER", default_value = "http://127.0.0.1:8080")]
     server: String,
@@ -24,7 +24,7 @@ pub struct Conn {
 
 impl Conn {
     /// A node at `server` (`wasmkeep dev`'s own).
-    pub fn local(server: String, token: Option<String>) -> Conn {
+    pub(crate) fn local(server: String, token: Option<String>) -> Conn {
         Conn {
             server,
             token,
@@ -124,7 +124,7 @@ fn split<const N: usize>(target: &str, what: &str) -> Result<[String; N]> {
     Ok(std::array::from_fn(|i| parts[i].to_owned()))
 }
 
-pub fn deploy(
+pub(crate) fn deploy(
     conn: &Conn,
     out: Output,
     target: &str,
@@ -152,7 +152,7 @@ pub fn deploy(
 
 /// `wasmkeep restore TARGET -i FILE` through the node: the actor's next
 /// event makes the file its database.
-pub fn restore(conn: &Conn, out: Output, target: &str, input: &Path) -> Result<()> {
+pub(crate) fn restore(conn: &Conn, out: Output, target: &str, input: &Path) -> Result<()> {
     let id = crate::bucket::parse_actor(target)?;
     let file = std::fs::read(input).with_context(|| format!("read {}", input.display()))?;
     let path = format!(
@@ -198,7 +198,7 @@ fn strings(v: &Value) -> Vec<&str> {
 /// `wasmkeep secret set|delete|list TENANT/APP [NAME]`; `set` reads the
 /// value from standard input (a trailing newline is dropped), so that it
 /// never appears in a shell's history or the process list.
-pub fn secret(
+pub(crate) fn secret(
     conn: &Conn,
     out: Output,
     action: &str,
@@ -252,7 +252,7 @@ pub fn secret(
     Ok(())
 }
 
-pub fn call(conn: &Conn, target: &str, method: &str, data: Option<String>) -> Result<()> {
+pub(crate) fn call(conn: &Conn, target: &str, method: &str, data: Option<String>) -> Result<()> {
     let path = format!("/v1/{}", target.trim_start_matches('/'));
     let (status, body) = conn.send(&method.to_uppercase(), &path, data.map(String::into_bytes))?;
     use std::io::Write;
@@ -267,7 +267,7 @@ pub fn call(conn: &Conn, target: &str, method: &str, data: Option<String>) -> Re
     Ok(())
 }
 
-pub fn actors(
+pub(crate) fn actors(
     conn: &Conn,
     out: Output,
     target: &str,
@@ -297,7 +297,7 @@ pub fn actors(
 }
 
 /// What `inspect` shows besides the actor's summary.
-pub enum InspectWhat {
+pub(crate) enum InspectWhat {
     Summary,
     Sql(String),
     Tables,
@@ -309,7 +309,7 @@ pub enum InspectWhat {
     },
 }
 
-pub fn inspect(conn: &Conn, out: Output, target: &str, what: InspectWhat) -> Result<()> {
+pub(crate) fn inspect(conn: &Conn, out: Output, target: &str, what: InspectWhat) -> Result<()> {
     let [t, a, c, n] = split::<4>(target, "tenant/app/class/name")?;
     let base = format!(
         "/admin/v1/actors/{}/{}/{}/{}",
@@ -420,7 +420,7 @@ fn print_actor(v: &Value) {
     output::table(&rows);
 }
 
-pub fn alarms(conn: &Conn, out: Output, tenant: &str, limit: usize) -> Result<()> {
+pub(crate) fn alarms(conn: &Conn, out: Output, tenant: &str, limit: usize) -> Result<()> {
     let v = conn.json(
         "GET",
         &format!("/admin/v1/alarms/{}?limit={limit}", enc(tenant)),
@@ -475,7 +475,7 @@ fn address(v: &Value, no_app: &str) -> String {
     )
 }
 
-pub fn apps(conn: &Conn, out: Output) -> Result<()> {
+pub(crate) fn apps(conn: &Conn, out: Output) -> Result<()> {
     let v = conn.json("GET", "/admin/v1/apps", None)?;
     out.print(&v, |v| {
         let apps = v["apps"].as_array().cloned().unwrap_or_default();
@@ -512,7 +512,7 @@ pub fn apps(conn: &Conn, out: Output) -> Result<()> {
 /// or actor, then, with `follow`, each new one as it comes (until the node
 /// stops or Ctrl-C). One line each: time (UTC), level, actor, message;
 /// `--json` prints the node's NDJSON as it is.
-pub fn logs(
+pub(crate) fn logs(
     conn: &Conn,
     out: Output,
     scope: &str,
@@ -557,7 +557,7 @@ pub fn logs(
 }
 
 /// One NDJSON log line for a person.
-pub fn log_line(v: &Value) -> String {
+pub(crate) fn log_line(v: &Value) -> String {
     if let Some(n) = v["missed"].as_u64() {
         return format!("(missed {n} lines: this reader fell behind)");
     }
@@ -582,7 +582,7 @@ const PEER_TIMEOUT_MS: u64 = 2_000;
 /// node. Held actors are the answering node's own count; for the others
 /// the CLI asks each node's `/admin/v1/node` itself (with the same token,
 /// within [`PEER_TIMEOUT_MS`]; `?` if it does not answer).
-pub fn cluster(conn: &Conn, out: Output) -> Result<()> {
+pub(crate) fn cluster(conn: &Conn, out: Output) -> Result<()> {
     let v = conn
         .json("GET", "/admin/v1/cluster", None)
         .context("read the cluster view")?;

@@ -15,8 +15,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result, bail};
+use wasmkeep_build::build_component_at;
 use wasmkeep_runtime::Runtime;
-use wasmkeep_testkit::build_component_at;
 
 use crate::client::{self, Conn};
 use crate::config::NodeConfig;
@@ -24,10 +24,10 @@ use crate::output::Output;
 
 /// Files the watcher looks at, at most; past it a warning says the rest
 /// are not watched.
-pub const WATCH_FILES_MAX: usize = 10_000;
+pub(crate) const WATCH_FILES_MAX: usize = 10_000;
 
 #[derive(clap::Args)]
-pub struct DevArgs {
+pub(crate) struct DevArgs {
     /// The actor crate [default: the current directory].
     path: Option<PathBuf>,
     /// The tenant to deploy as.
@@ -55,7 +55,7 @@ pub struct DevArgs {
     level: String,
 }
 
-pub fn run(args: DevArgs) -> Result<()> {
+pub(crate) fn run(args: DevArgs) -> Result<()> {
     let dir = match &args.path {
         Some(p) => p.clone(),
         None => std::env::current_dir().context("find the current directory")?,

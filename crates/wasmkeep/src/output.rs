@@ -8,13 +8,13 @@ use serde_json::Value;
 
 /// Which of the two forms a command prints.
 #[derive(Debug, Clone, Copy)]
-pub struct Output {
+pub(crate) struct Output {
     pub json: bool,
 }
 
 impl Output {
     /// Prints `v` as JSON with `--json`, else runs `human`.
-    pub fn print(&self, v: &Value, human: impl FnOnce(&Value)) {
+    pub(crate) fn print(&self, v: &Value, human: impl FnOnce(&Value)) {
         if self.json {
             println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
         } else {
@@ -24,7 +24,7 @@ impl Output {
 }
 
 /// `24.0 KiB`, `1.5 MiB`; bytes below 1 KiB as they are.
-pub fn bytes(n: u64) -> String {
+pub(crate) fn bytes(n: u64) -> String {
     const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
     if n < 1024 {
         return format!("{n} B");
@@ -39,7 +39,7 @@ pub fn bytes(n: u64) -> String {
 }
 
 /// Unix milliseconds as `2026-12-02 03:01:52Z (in 5 s)` or `(3 min ago)`.
-pub fn time(ms: u64) -> String {
+pub(crate) fn time(ms: u64) -> String {
     let at = UNIX_EPOCH + Duration::from_millis(ms);
     let stamp = humantime::format_rfc3339_seconds(at)
         .to_string()
@@ -56,7 +56,7 @@ pub fn time(ms: u64) -> String {
 }
 
 /// A duration in its largest whole unit: `5 s`, `3 min`, `2 h`, `4 d`.
-pub fn span(d: Duration) -> String {
+pub(crate) fn span(d: Duration) -> String {
     let s = d.as_secs();
     match s {
         0..60 => format!("{s} s"),
@@ -68,7 +68,7 @@ pub fn span(d: Duration) -> String {
 
 /// Unix milliseconds as a time of day with milliseconds, `03:01:52.123`
 /// (UTC), for log lines.
-pub fn clock(ms: u64) -> String {
+pub(crate) fn clock(ms: u64) -> String {
     let day_ms = ms % 86_400_000;
     format!(
         "{:02}:{:02}:{:02}.{:03}",
@@ -80,7 +80,7 @@ pub fn clock(ms: u64) -> String {
 }
 
 /// Prints rows as columns two spaces apart, the first row as the header.
-pub fn table(rows: &[Vec<String>]) {
+pub(crate) fn table(rows: &[Vec<String>]) {
     let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
     let widths: Vec<usize> = (0..columns)
         .map(|i| {
@@ -105,7 +105,7 @@ pub fn table(rows: &[Vec<String>]) {
 /// to print on an operator's terminal: control characters (an escape
 /// sequence could rewrite the screen) and text-reordering ones are shown
 /// escaped, `\u{1b}`; tabs stay.
-pub fn printable(s: &str) -> String {
+pub(crate) fn printable(s: &str) -> String {
     if !s.chars().any(unsafe_on_terminal) {
         return s.to_owned();
     }
@@ -131,7 +131,7 @@ fn unsafe_on_terminal(c: char) -> bool {
 /// A cell of an inspection result: text as it is, a blob as UTF-8 where
 /// valid (`x'…'` hex otherwise), null as `NULL`; control characters
 /// escaped.
-pub fn cell(v: &Value) -> String {
+pub(crate) fn cell(v: &Value) -> String {
     match v {
         Value::Null => "NULL".into(),
         Value::String(s) => printable(s),
@@ -144,7 +144,7 @@ pub fn cell(v: &Value) -> String {
 }
 
 /// Hex bytes as text when they are printable UTF-8, else `x'…'`.
-pub fn blob(hex_text: &str) -> String {
+pub(crate) fn blob(hex_text: &str) -> String {
     let Ok(raw) = hex::decode(hex_text) else {
         return format!("x'{hex_text}'");
     };

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 
 /// The checkout this binary was built from (its workspace root).
-pub fn built_from() -> PathBuf {
+pub(crate) fn built_from() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .ancestors()
         .nth(2)
@@ -20,7 +20,7 @@ pub fn built_from() -> PathBuf {
 }
 
 #[derive(clap::Args)]
-pub struct NewArgs {
+pub(crate) struct NewArgs {
     /// The crate's name, and its folder (created; it must not exist).
     /// Lower-case letters, digits, `-` and `_`: it is also the app's name.
     name: String,
@@ -33,7 +33,7 @@ pub struct NewArgs {
     checkout: Option<PathBuf>,
 }
 
-pub fn new(args: NewArgs) -> Result<()> {
+pub(crate) fn new(args: NewArgs) -> Result<()> {
     let name = &args.name;
     if !is_crate_name(name) {
         bail!(

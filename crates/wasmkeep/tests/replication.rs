@@ -246,6 +246,23 @@ fn export_and_restore(t: &Target, tmp: &Path) {
     )
     .unwrap();
     assert_eq!(r.rows, vec![vec![wasmkeep_store::Value::Integer(3)]]);
+    // The nodes' configuration file reaches export: with their database
+    // bound below this actor's size, the same export is refused and names
+    // the bound (so a chain nodes with larger bounds wrote is read with
+    // theirs, not the defaults).
+    let small = tmp.join("small.toml");
+    std::fs::write(&small, "database_bytes_max = 4096\n").unwrap();
+    let refused = std::process::Command::new(env!("CARGO_BIN_EXE_wasmkeep"))
+        .args(["export", "--bucket", &t.url, "demo/examples/counter/e"])
+        .args(["--at", "2", "--config", small.to_str().unwrap(), "-o"])
+        .arg(tmp.join("small.db"))
+        .envs(t.env.iter().map(|(k, v)| (*k, v.as_str())))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "exported past a 4 KiB bound");
+    assert!(err.contains("limit entry_bytes_max="), "{err}");
+    assert!(!tmp.join("small.db").exists());
 
     // Put seq 2's state back through the node: between two of the actor's
     // events, so that the write acknowledged right after builds on it

@@ -63,11 +63,7 @@ pub(super) fn outbox_ready(
     upto: u64,
     mark: Option<replication::Mark>,
 ) {
-    let mark = mark.filter(|_| {
-        !rt.faults
-            .unsafe_outbox_before_upload
-            .load(Ordering::Relaxed)
-    });
+    let mark = mark.filter(|_| !rt.faults.unsafe_outbox_before_upload());
     let Some(mark) = mark else {
         rt.enqueue_outbox_resume(&actor.id, Some(upto));
         return;
@@ -150,7 +146,7 @@ pub(super) fn run_message(
     let mut handler_open = false;
     let r = (|| {
         ensure_init(rt, l, initialized)?;
-        let dedup = !rt.faults.unsafe_inbox_no_dedup.load(Ordering::Relaxed);
+        let dedup = !rt.faults.unsafe_inbox_no_dedup();
         if dedup
             && let Some(seen) = l.db().inbox_seen(&sender)?
             && seen.seq >= seq
@@ -263,7 +259,7 @@ pub(super) fn run_response(
             // An answer to an earlier life of this actor (deleted since).
             return Ok(());
         }
-        let row = if rt.faults.unsafe_response_keeps_row.load(Ordering::Relaxed) {
+        let row = if rt.faults.unsafe_response_keeps_row() {
             l.db()
                 .outbox_pending(seq.saturating_sub(1), 1)?
                 .into_iter()

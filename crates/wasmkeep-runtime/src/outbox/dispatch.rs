@@ -44,7 +44,8 @@ use wasmkeep_store::{ActorId, OutboxKind, OutboxRow};
 use super::http::{self, Attempt};
 use super::{OutboundPolicy, OutboxLimits, decode_target};
 use crate::error::RuntimeError;
-use crate::runtime::{Faults, Inner};
+use crate::faults::Faults;
+use crate::runtime::Inner;
 
 /// What the receiver of a message answered.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -458,6 +459,9 @@ impl Shared {
 
     /// Whether a test fault is set (false once the node is gone).
     fn fault(&self, f: impl Fn(&Faults) -> bool) -> bool {
+        if !Faults::COMPILED_IN {
+            return false;
+        }
         match self.runtime() {
             Some(rt) => {
                 let set = f(&rt.faults);
@@ -470,7 +474,7 @@ impl Shared {
 
     /// A test holds deliveries (`Faults::outbox_held`).
     async fn wait_while_held(&self) {
-        while self.fault(|f| f.outbox_held.load(Ordering::Relaxed)) {
+        while self.fault(|f| f.outbox_held()) {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
@@ -605,7 +609,7 @@ impl Shared {
             };
             match self.deliver(from.clone(), ev.clone()).await {
                 Ok(_) => {
-                    if self.fault(|f| Faults::take(&f.outbox_repeat_responses)) {
+                    if self.fault(|f| f.outbox_repeat_responses()) {
                         let _ = self.deliver(from.clone(), ev).await;
                     }
                     self.metrics.outbox_answers_total.inc();
@@ -660,7 +664,7 @@ fn final_failure(e: &RuntimeError) -> bool {
 async fn run_lane(sh: Arc<Shared>, lane: Lane) {
     let (from, life, target) = lane.clone();
     loop {
-        let newest_first = sh.fault(|f| f.unsafe_lanes_reversed.load(Ordering::Relaxed));
+        let newest_first = sh.fault(|f| f.unsafe_lanes_reversed());
         let row = {
             let mut st = sh.state.lock();
             let queue = st.lanes.get_mut(&lane);
@@ -734,7 +738,7 @@ async fn send_message(
         };
         let mut r = sh.deliver(to.clone(), ev).await;
         drop(permits);
-        if r.is_ok() && sh.fault(|f| Faults::take(&f.outbox_lose_answers)) {
+        if r.is_ok() && sh.fault(|f| f.outbox_lose_answers()) {
             r = Err(RuntimeError::Internal(
                 "injected: the answer was lost on its way back".into(),
             ));

@@ -32,54 +32,11 @@ pub use dispatch::{
     Answer, Dispatcher, Inbound, MessageAnswer, Offered, Routed, Router, idempotency_key,
 };
 
+pub use crate::config::OutboxLimits;
 use crate::host::HostState;
 use crate::host::WitError;
 use crate::host::wasmkeep::actor::outbox;
 use crate::host::wasmkeep::actor::types::Address;
-
-/// The node's bounds on the outbox (`RuntimeConfig`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OutboxLimits {
-    /// Messages one actor may have waiting for their answer.
-    pub pending_max: u64,
-    /// Largest message body or HTTP request body.
-    pub body_bytes_max: usize,
-    /// Largest context a sender attaches.
-    pub context_bytes_max: usize,
-    /// Deliveries of one message tried before it fails for good.
-    pub attempts_max: u32,
-    /// The first retry's wait; each next one doubles, up to
-    /// `retry_max_ms`.
-    pub retry_first_ms: u64,
-    pub retry_max_ms: u64,
-    /// Times an answer is offered to a failing `on-response` before it is
-    /// dropped.
-    pub response_attempts_max: u32,
-    /// Messages the node delivers at once (all actors).
-    pub in_flight_max: usize,
-    /// Messages one actor has in delivery at once.
-    pub per_actor_max: usize,
-    /// Bytes of bodies and contexts the dispatcher holds in memory; past
-    /// it, an actor's rows stay in its database until there is room.
-    pub node_bytes_max: u64,
-}
-
-impl Default for OutboxLimits {
-    fn default() -> Self {
-        OutboxLimits {
-            pending_max: 1_000,
-            body_bytes_max: 1024 * 1024,
-            context_bytes_max: 64 * 1024,
-            attempts_max: 10,
-            retry_first_ms: 200,
-            retry_max_ms: 60_000,
-            response_attempts_max: 5,
-            in_flight_max: 1_024,
-            per_actor_max: 16,
-            node_bytes_max: 256 * 1024 * 1024,
-        }
-    }
-}
 
 /// What one app may reach over HTTP: its manifest's `[outbound]`, within
 /// the node's ceilings.
@@ -111,10 +68,10 @@ const HEADERS_RESERVED: [&str; 8] = [
     "idempotency-key",
 ];
 /// Headers of one call, and their bytes together.
-pub const HTTP_HEADERS_MAX: usize = 64;
-pub const HTTP_HEADER_BYTES_MAX: usize = 16 * 1024;
+pub(crate) const HTTP_HEADERS_MAX: usize = 64;
+pub(crate) const HTTP_HEADER_BYTES_MAX: usize = 16 * 1024;
 /// Longest URL.
-pub const URL_BYTES_MAX: usize = 4096;
+pub(crate) const URL_BYTES_MAX: usize = 4096;
 
 pub(crate) fn refusal(code: &str, message: impl Into<String>) -> WitError {
     WitError {
@@ -124,12 +81,12 @@ pub(crate) fn refusal(code: &str, message: impl Into<String>) -> WitError {
 }
 
 /// `app/class/name`, as an outbox row's target names a receiver.
-pub fn encode_target(app: &str, class: &str, name: &str) -> String {
+pub(crate) fn encode_target(app: &str, class: &str, name: &str) -> String {
     format!("{app}/{class}/{name}")
 }
 
 /// The receiver a message row names, in the sender's tenant.
-pub fn decode_target(tenant: &str, target: &str) -> Option<ActorId> {
+pub(crate) fn decode_target(tenant: &str, target: &str) -> Option<ActorId> {
     let (app, rest) = target.split_once('/')?;
     let (class, name) = rest.split_once('/')?;
     ActorId::new(tenant, app, class, name).ok()

@@ -1,0 +1,152 @@
+//! Actors' alarms, as the node's users see them: [`Runtime::alarms`]
+//! hands out an [`Alarms`] handle with everything the server, the test kit
+//! and a cluster's sweep do with alarms, instead of a dozen methods on
+//! `Runtime`.
+//!
+//! Where the rest of alarms lives (a map, since an alarm crosses every
+//! layer):
+//!
+//! | what | where |
+//! |---|---|
+//! | the SDK's `set_alarm`, named timers | `wasmkeep-sdk` (`alarm`, `timers`) |
+//! | the committed alarm, one row per actor | `wasmkeep-store` (`_wasmkeep_alarm`) |
+//! | the node's timer: one time per actor, due order | [`crate::timer`] |
+//! | the turn that runs `on-alarm`, its retry and rehearsal | [`crate::actor`] (`run_alarm`, `rehearse_alarm`) |
+//! | the backoff after a failed run | `wasmkeep_cluster::retry` (shared with the simulator) |
+//! | preparing ahead of the due instant (ADR 0026) | [`crate::warm`], `Inner::prepare_soon` |
+//! | the cluster's index: entries, delivery, stale cleanup | [`crate::index`], `wasmkeep_cluster::alarm_index`, `wasmkeep_cluster::delivery` |
+//! | the sweep of the index (ADR 0009) | `wasmkeep_cluster::machine::SweepMachine`, driven by `wasmkeep-server`'s `cluster/sweep.rs` |
+//! | `/admin/v1/alarms` | `wasmkeep-server`'s `api.rs` |
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use tokio::sync::oneshot;
+
+use crate::actor::{Event, EventKind, Outcome};
+use crate::error::RuntimeError;
+use crate::runtime::{Inner, RunGate, Runtime};
+use wasmkeep_store::ActorId;
+
+impl Runtime {
+    /// Actors' alarms on this node.
+    pub fn alarms(&self) -> Alarms<'_> {
+        Alarms { inner: &self.inner }
+    }
+}
+
+/// Actors' alarms on this node: see [`Runtime::alarms`].
+pub struct Alarms<'a> {
+    inner: &'a Arc<Inner>,
+}
+
+impl Alarms<'_> {
+    /// A tenant's pending alarms in due order.
+    pub fn pending(&self, tenant: &str, limit: usize) -> Vec<(ActorId, u64)> {
+        self.inner.timer.pending(tenant, limit)
+    }
+
+    /// The alarm this node's timer holds for an actor.
+    pub fn timer_at(&self, id: &ActorId) -> Option<u64> {
+        self.inner.timer.get(id)
+    }
+
+    /// The earliest alarm in the timer.
+    pub fn next_due_ms(&self) -> Option<u64> {
+        self.inner.timer.next_due()
+    }
+
+    /// Delivers every alarm due by the clock's now and waits until they ran.
+    /// Returns how many handlers ran. (The timer thread does this by itself
+    /// on a real clock; the test kit calls it.)
+    pub async fn run_due(&self) -> usize {
+        let now = self.inner.clock.now_ms();
+        let due = self.inner.timer.pop_due(now, usize::MAX);
+        let mut waits = Vec::with_capacity(due.len());
+        for (id, _) in due {
+            if !self.inner.may_run(&id) {
+                continue;
+            }
+            let (tx, rx) = oneshot::channel();
+            if self
+                .inner
+                .enqueue(
+                    &id,
+                    Event::new(EventKind::Alarm { force: false }, Some(tx)),
+                    false,
+                )
+                .is_ok()
+            {
+                waits.push(rx);
+            }
+        }
+        let mut ran = 0;
+        for w in waits {
+            if let Ok(Ok(Outcome::Alarm(true))) = w.await {
+                ran += 1;
+            }
+        }
+        ran
+    }
+
+    /// Opens the actors whose alarm is due within `alarm_prepare_ms` of
+    /// the clock's now and prepares what their alarm's turn will run, as
+    /// the timer thread does on a real clock (the test kit calls it).
+    /// Returns at once: each actor's preparation runs before its next event.
+    pub fn prepare(&self) {
+        self.inner.prepare_soon(self.inner.clock.now_ms());
+    }
+
+    /// Delivers the alarm index entry at `at_ms` to its actor (a sweep of
+    /// a cluster node; see `index`) and waits for what it found.
+    /// `remove_here`: the entry is in the actor's app's index (its stale
+    /// entries are removed in the actor's turn).
+    pub async fn deliver(
+        &self,
+        id: &ActorId,
+        at_ms: u64,
+        remove_here: bool,
+    ) -> Result<crate::index::Delivered, RuntimeError> {
+        let (tx, rx) = oneshot::channel();
+        self.inner.enqueue(
+            id,
+            Event::new(EventKind::Deliver { at_ms, remove_here }, Some(tx)),
+            false,
+        )?;
+        match rx.await {
+            Ok(Ok(Outcome::Delivered(d))) => Ok(d),
+            Ok(Ok(_)) => Err(RuntimeError::Internal("unexpected outcome".into())),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(RuntimeError::ShuttingDown),
+        }
+    }
+
+    /// Runs an actor's pending alarm now, due or not; whether there was
+    /// one. Its handler sees the time it was set for in `scheduled-ms`.
+    pub async fn run_now(&self, id: &ActorId) -> Result<bool, RuntimeError> {
+        let (tx, rx) = oneshot::channel();
+        self.inner.enqueue(
+            id,
+            Event::new(EventKind::Alarm { force: true }, Some(tx)),
+            false,
+        )?;
+        match rx.await {
+            Ok(Ok(Outcome::Alarm(ran))) => Ok(ran),
+            Ok(Ok(_)) => Ok(false),
+            // The handler ran and failed: there was an alarm.
+            Ok(Err(_)) => Ok(true),
+            Err(_) => Err(RuntimeError::ShuttingDown),
+        }
+    }
+
+    /// Sets who may run actors' alarms on this node (once; a cluster node
+    /// sets it before it acts). Returns `false` if a gate was set already.
+    pub fn set_gate(&self, gate: Arc<dyn RunGate>) -> bool {
+        self.inner.gate.set(gate).is_ok()
+    }
+
+    /// Due alarms the gate kept from running on this node.
+    pub fn gated_total(&self) -> u64 {
+        self.inner.alarms_gated_total.load(Ordering::Relaxed)
+    }
+}
