@@ -16,6 +16,8 @@
 //! | [`TakeMachine`] | takes an actor: list holds, read the hold and its node's lease, plan, fence, create the hold, restore |
 //! | [`ReleaseMachine`] | releases an actor the node holds (idle, handover) |
 //! | [`SweepMachine`] | one pass of the alarm sweep: list each index's overdue part, pick this node's share, hand out deliveries a bounded number at a time, defer what failed or ran |
+//! | [`IndexUpkeep`], [`UploadRound`] | an actor's alarm index around its uploads: list the entries the carried commits name, upload, remove what they replaced; give the actor up if a listing fails |
+//! | [`StaleCleanup`] | a delivery's removal of an actor's stale entries at one time (R2, R3) |
 //!
 //! # The shape every machine has
 //!
@@ -125,18 +127,17 @@
 //! use wasmkeep_cluster::sweep::SweepCursor;
 //! ```
 //!
-//! What is not here yet: what a delivery does to its actor (stale cleanup
-//! around `plan_delivery` and `next_stale_step`), the index maintenance
-//! around an upload (`plan_event`) and joining with local data (R4) are
-//! sequenced by each driver (the runtime's `index.rs`, the simulator's
-//! node) over the shared pure rules of [`crate::alarm_index`] and
-//! [`crate::delivery`].
+//! What stays with each driver: what a delivery decides for its actor
+//! (`plan_delivery`, `next_stale_step` in [`crate::delivery`] and
+//! [`crate::alarm_index`], pure rules both drivers call), and the
+//! tenant-wide index's cleanup across apps, which only the server has.
 
 mod node_lease;
 mod node_view;
 mod release;
 mod sweep;
 mod take;
+mod upkeep;
 
 pub use node_lease::{EpochEnd, LeaseEffect, NodeLeaseMachine};
 pub use node_view::{NodeViewEffect, NodeViewReader};
@@ -146,6 +147,10 @@ pub use sweep::{
     SWEEP_DELIVERIES_CONCURRENT, SweepEffect, SweepJob, SweepMachine,
 };
 pub use take::{TakeEffect, TakeMachine, TakeOutcome, TakeStep};
+pub use upkeep::{
+    CleanupEffect, CleanupOutcome, GiveUp, IndexUpkeep, Listing, Planned,
+    STALE_DELETES_PER_DELIVERY, STALE_LISTING_KEYS_MAX, StaleCleanup, UpkeepEffect, UploadRound,
+};
 
 /// One operation on the bucket, as a machine asks for it. ADR 0020 needs only
 /// create-only writes; an overwriting or `If-Match` PUT joins this list when a

@@ -37,6 +37,9 @@ use wasmkeep_cluster::alarm_index::{
     self, Address, AlarmState as IndexAlarm, Indexed, Layout, StaleContext, StaleStep,
 };
 use wasmkeep_cluster::delivery::{self, Delivery, Restored};
+use wasmkeep_cluster::machine::{
+    BucketOp, BucketResult, CleanupEffect, CleanupOutcome, Listing, Planned, StaleCleanup,
+};
 use wasmkeep_cluster::{ClusterConfig, Rules};
 use wasmkeep_store::{ActorDb, ActorId};
 
@@ -50,25 +53,6 @@ pub(crate) const ALARM_INDEXED_META: &str = "alarm_indexed";
 /// The meta key an owner writes to end an earlier owner's history before it
 /// removes entries as stale (R2's fence).
 pub(crate) const OWNER_FENCE_META: &str = "owner_fence";
-
-/// Index writes queued on an actor's replication state, each with the
-/// commit it belongs to.
-#[derive(Debug, Default)]
-pub struct Pending {
-    /// PUT (create-only, empty) before the upload that carries the commit.
-    pub puts: Vec<(u64, String)>,
-    /// Remove once the upload that carries the commit landed.
-    pub deletes: Vec<(u64, String)>,
-}
-
-/// Keys one listing of an actor's entries at one time reads when a
-/// delivery removes stale ones; entries beyond go on a later delivery.
-pub const STALE_LISTING_KEYS_MAX: usize = 1_000;
-
-/// Stale entries one delivery removes at most: the removals run in the
-/// actor's turn, on a worker, so a long list waits for later deliveries
-/// rather than hold a worker through a thousand round trips.
-pub(crate) const STALE_DELETES_PER_TURN: usize = 16;
 
 /// What a sweep's delivery of an index entry found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -197,19 +181,21 @@ pub fn plan_before_commit(
         return Ok(false);
     }
     db.meta_set(ALARM_INDEXED_META, &Indexed::to_meta(plan.record.as_ref()))?;
+    let planned = Planned {
+        list_before: plan.put_before_upload.map(|put| Listing {
+            key: entry_key(id, Layout::App, &put.key),
+            create_only: put.create_only,
+        }),
+        list_after: None,
+        remove_after: plan
+            .delete_after_upload
+            .filter(|(layout, key)| may_remove(rt, id, *layout, key))
+            .map(|(layout, key)| entry_key(id, layout, &key)),
+    };
     let mut st = actor.repl.lock();
     // The commit this batch becomes (`after_commit` counts it).
     let commit = st.committed + 1;
-    if let Some(put) = plan.put_before_upload {
-        st.index
-            .puts
-            .push((commit, entry_key(id, Layout::App, &put.key)));
-    }
-    if let Some((layout, key)) = plan.delete_after_upload
-        && may_remove(rt, id, layout, &key)
-    {
-        st.index.deletes.push((commit, entry_key(id, layout, &key)));
-    }
+    st.index.plan(commit, planned);
     Ok(true)
 }
 
@@ -390,9 +376,9 @@ pub(crate) fn removal(
 }
 
 /// In the actor's turn (so no event of the actor lists a new entry
-/// meanwhile): lists the actor's tagged entries at `at_ms` in its app's
-/// index and removes those R2 and R3 allow: all but the one the database
-/// names, none of a generation above this node's hold. Returns how many.
+/// meanwhile): removes the actor's stale entries at `at_ms` in its app's
+/// index through `wasmkeep_cluster::machine::StaleCleanup`, the machine the
+/// simulator drives too. Returns how many.
 pub(crate) fn remove_stale_here(
     rt: &Inner,
     id: &ActorId,
@@ -403,35 +389,63 @@ pub(crate) fn remove_stale_here(
     let Some(repl) = rt.replication.as_ref() else {
         return Ok(0);
     };
-    let address = address_of(id)?;
     let prefix = alarm_index::app_index_prefix(&id.tenant, &id.app);
-    let folder = format!("{prefix}{}", alarm_index::tagged_folder(at_ms, &address));
-    let listed = repl
-        .block_on(repl.bucket.list_page(&folder, None, STALE_LISTING_KEYS_MAX))
-        .map_err(|e| RuntimeError::ReplicationFailed(format!("listing {folder}: {e}")))?;
-    let listed: Vec<String> = listed
-        .iter()
-        .map(|k| k.strip_prefix(&prefix).unwrap_or(k).to_owned())
-        .collect();
     let named = named.filter(|n| n.layout == Layout::App).map(|n| n.entry);
-    let doomed = alarm_index::stale_entries_to_delete(
-        Rules::SAFE,
-        &address,
-        at_ms,
-        &listed,
-        named.as_ref(),
-        generation,
-    );
-    let mut removed = 0;
     // Owners write only tagged entries in an app's index.
-    let tagged = doomed.iter().filter(|k| k.entry.tag.is_some());
-    for key in tagged.take(STALE_DELETES_PER_TURN) {
-        let full = format!("{prefix}{}", key.to_key());
-        repl.block_on(repl.bucket.delete(&full))
-            .map_err(|e| RuntimeError::ReplicationFailed(format!("removing {full}: {e}")))?;
-        removed += 1;
+    let legacy_entries = false;
+    let mut cleanup = StaleCleanup::new(
+        Rules::SAFE,
+        &prefix,
+        address_of(id)?,
+        at_ms,
+        named,
+        generation,
+        legacy_entries,
+    );
+    let mut failed = String::new();
+    loop {
+        match cleanup.poll_effect() {
+            Some(CleanupEffect::Bucket(op)) => {
+                let what = op.key().to_owned();
+                let result = repl.block_on(perform(&repl.bucket, op));
+                if let Err(e) = &result {
+                    failed = format!("{what}: {e}");
+                }
+                cleanup.on_result(result.unwrap_or(BucketResult::Failed));
+            }
+            Some(CleanupEffect::Done(CleanupOutcome::Cleaned { removed, .. })) => {
+                return Ok(removed);
+            }
+            Some(CleanupEffect::Done(CleanupOutcome::Failed)) | None => {
+                return Err(RuntimeError::ReplicationFailed(format!(
+                    "removing the actor's stale alarm index entries ({failed})"
+                )));
+            }
+        }
     }
-    Ok(removed)
+}
+
+/// Performs a listing or a delete a cleanup asks for on the node's bucket.
+async fn perform(
+    bucket: &wasmkeep_replica::Bucket,
+    op: BucketOp,
+) -> Result<BucketResult, wasmkeep_replica::ReplicaError> {
+    match op {
+        BucketOp::List {
+            prefix,
+            start_after,
+            limit,
+        } => {
+            let keys = bucket
+                .list_page(&prefix, start_after.as_deref(), limit)
+                .await?;
+            Ok(BucketResult::Keys(keys))
+        }
+        BucketOp::Delete { key } => bucket.delete(&key).await.map(|()| BucketResult::Done),
+        BucketOp::Get { .. } | BucketOp::PutCreate { .. } => {
+            unreachable!("a stale cleanup lists and deletes only")
+        }
+    }
 }
 
 /// What [`deliver`] leaves to the batch.
@@ -455,8 +469,7 @@ pub enum DeliverStep {
 pub(crate) fn forget_planned(actor: &Actor) {
     let mut st = actor.repl.lock();
     let next = st.committed + 1;
-    st.index.puts.retain(|(c, _)| *c < next);
-    st.index.deletes.retain(|(c, _)| *c < next);
+    st.index.forget_from(next);
 }
 
 /// The `alarm_indexed` record of a closed actor's database file, if it

@@ -40,6 +40,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, MutexGuard};
+use wasmkeep_cluster::machine::{BucketResult, IndexUpkeep, Listing, UpkeepEffect, UploadRound};
 use wasmkeep_replica::{
     Bucket, Image, Landed, Opened, Pages, Replica, ReplicaConfig, ReplicaError, SnapshotJob,
     Uploaded, WholeFile,
@@ -330,7 +331,7 @@ pub struct ActorReplica {
     given_up: Option<String>,
     waiters: Vec<Waiter>,
     /// Alarm index writes waiting for an upload (a cluster node only).
-    pub(crate) index: crate::index::Pending,
+    pub(crate) index: IndexUpkeep,
     /// The bucket held the actor's history (a state or a tombstone) when
     /// it was opened.
     pub(crate) had_state: bool,
@@ -905,7 +906,7 @@ fn maybe_upload(
         bucket,
         replica,
         source,
-        puts: start.puts,
+        round: start.round,
         time_ms,
         covered: start.covered,
         oldest: start.oldest,
@@ -1019,8 +1020,8 @@ struct Started {
     covered: u64,
     /// When the oldest commit it carries was made.
     oldest: Option<Instant>,
-    /// The index entries listed before it (ADR 0009).
-    puts: Vec<String>,
+    /// The index writes around it (ADR 0009).
+    round: UploadRound,
     /// The slot of the snapshot streamed after it, and whether that
     /// streams only a delta.
     snapshot: Option<(SnapshotSlot, bool)>,
@@ -1044,11 +1045,9 @@ fn start_upload(
     st.last_started = Some(crate::clock::instant());
     let covered = st.committed;
     let oldest = st.pending_since.take();
-    // Every entry this upload's commits name is listed before it (ADR 0009).
-    let puts: Vec<String> = std::mem::take(&mut st.index.puts)
-        .into_iter()
-        .map(|(_, key)| key)
-        .collect();
+    // Every entry this upload's commits name is listed before it, and what
+    // they replaced removed after it (ADR 0009).
+    let round = st.index.start_upload(covered);
     let snapshot = snapshot_slot(repl, actor, st, replica, from, streaming);
     // A closed actor's file was checkpointed when it closed (upload_source
     // checks that its log is empty), whatever `frozen` still says.
@@ -1063,7 +1062,7 @@ fn start_upload(
     Started {
         covered,
         oldest,
-        puts,
+        round,
         snapshot,
         file,
     }
@@ -1172,8 +1171,8 @@ struct Upload {
     bucket: Bucket,
     replica: Replica,
     source: Source,
-    /// The index entries listed before the upload (ADR 0009).
-    puts: Vec<String>,
+    /// The index writes around the upload (ADR 0009).
+    round: UploadRound,
     time_ms: u64,
     /// The commits it covers, and when the oldest of them was made.
     covered: u64,
@@ -1197,7 +1196,7 @@ async fn ship(upload: Upload) {
         bucket,
         mut replica,
         source,
-        puts,
+        round,
         time_ms,
         covered,
         oldest,
@@ -1207,15 +1206,7 @@ async fn ship(upload: Upload) {
         snapshot,
     } = upload;
     let started = crate::clock::instant();
-    let result = match list_entries(&rt, &bucket, &puts).await {
-        Ok(()) => match source {
-            Source::Pages(pages) => replica.upload_pages(pages, time_ms).await,
-            Source::Image(image) => replica.upload(&image, time_ms).await,
-            Source::File(file) => replica.upload_file(&file, time_ms).await,
-        }
-        .map_err(|e| e.to_string()),
-        Err(e) => Err(e),
-    };
+    let (result, after) = upload_round(&rt, &bucket, &mut replica, round, source, time_ms).await;
     // What the upload held in memory is gone with it.
     drop(hold);
     drop(file_slot);
@@ -1233,9 +1224,10 @@ async fn ship(upload: Upload) {
         st.snapshotting = true;
         epoch = Some(st.epoch);
     }
-    finish_upload(
-        &rt, &actor, &bucket, replica, covered, result, started, oldest,
-    );
+    finish_upload(&rt, &actor, replica, covered, result, started, oldest);
+    if let Some(landed) = after {
+        tokio::spawn(after_landing(Arc::clone(&rt), bucket.clone(), landed));
+    }
     if let Some(job) = job {
         stream_snapshot(&rt, &actor, job, epoch, job_repairs).await;
     }
@@ -1393,25 +1385,84 @@ fn interval_left(st: &ActorReplica, interval: Duration) -> Option<Duration> {
     (since < interval).then(|| interval - since)
 }
 
-/// PUTs index entries (create-only, empty) before the upload that names
-/// them. An entry found there already is this node's own earlier attempt:
-/// its key is fresh (R1).
-async fn list_entries(rt: &Inner, bucket: &Bucket, keys: &[String]) -> Result<(), String> {
-    for key in keys {
-        bucket
-            .create(key, bytes::Bytes::new())
-            .await
-            .map_err(|e| format!("listing the alarm in the index ({key}): {e}"))?;
-        Metrics::inc(&rt.metrics.index_puts_total);
+/// Drives an upload's [`UploadRound`] (the machine the simulator drives
+/// too): PUTs the index entries its commits name (create-only, empty),
+/// uploads, and hands back what to do once it landed. A listing that fails
+/// uploads nothing (the caller gives the actor up).
+async fn upload_round(
+    rt: &Inner,
+    bucket: &Bucket,
+    replica: &mut Replica,
+    mut round: UploadRound,
+    source: Source,
+    time_ms: u64,
+) -> (Result<Uploaded, String>, Option<AfterLanding>) {
+    let mut source = Some(source);
+    let mut uploaded = None;
+    let mut failed = String::new();
+    loop {
+        match round.poll_effect() {
+            Some(UpkeepEffect::List(listing)) => {
+                let result = list_entry(rt, bucket, &listing).await;
+                if let Err(e) = &result {
+                    failed = format!("listing the alarm in the index ({}): {e}", listing.key);
+                }
+                round.on_listed(result.unwrap_or(BucketResult::Failed));
+            }
+            Some(UpkeepEffect::Upload) => {
+                let result = match source.take().expect("one upload a round") {
+                    Source::Pages(pages) => replica.upload_pages(pages, time_ms).await,
+                    Source::Image(image) => replica.upload(&image, time_ms).await,
+                    Source::File(file) => replica.upload_file(&file, time_ms).await,
+                }
+                .map_err(|e| e.to_string());
+                round.on_uploaded(result.is_ok());
+                match result {
+                    Ok(u) => uploaded = Some(u),
+                    Err(e) => failed = e,
+                }
+            }
+            Some(UpkeepEffect::Landed { remove, list_late }) => {
+                let uploaded = uploaded.take().expect("landed after an upload");
+                return (Ok(uploaded), Some(AfterLanding { remove, list_late }));
+            }
+            Some(UpkeepEffect::GiveUp(_)) | None => return (Err(failed), None),
+        }
     }
-    Ok(())
+}
+
+/// PUTs one index entry (empty), create-only where the plan says so.
+async fn list_entry(
+    rt: &Inner,
+    bucket: &Bucket,
+    listing: &Listing,
+) -> Result<BucketResult, ReplicaError> {
+    let body = bytes::Bytes::new();
+    let result = if listing.create_only {
+        match bucket.create(&listing.key, body).await? {
+            wasmkeep_replica::bucket::Created::Created => BucketResult::Done,
+            wasmkeep_replica::bucket::Created::AlreadyExists => BucketResult::AlreadyExists,
+        }
+    } else {
+        bucket.overwrite(&listing.key, body).await?;
+        BucketResult::Done
+    };
+    Metrics::inc(&rt.metrics.index_puts_total);
+    Ok(result)
+}
+
+/// The index writes an upload leaves for after it landed.
+struct AfterLanding {
+    remove: Vec<String>,
+    list_late: Vec<Listing>,
 }
 
 /// Removes replaced index entries once the upload that stopped naming them
-/// landed (R2). A failed removal leaves an extra entry, which a sweep
-/// delivers once and then removes as stale.
-async fn remove_entries(rt: Arc<Inner>, bucket: Bucket, keys: Vec<String>) {
-    for key in keys {
+/// landed (R2), and lists what the (unsafe) late variant lists after it. A
+/// failed removal leaves an extra entry, which a sweep delivers once and
+/// then removes as stale.
+async fn after_landing(rt: Arc<Inner>, bucket: Bucket, landed: AfterLanding) {
+    for key in landed.remove {
         match bucket.delete(&key).await {
             Ok(()) => Metrics::inc(&rt.metrics.index_deletes_total),
             Err(e) => {
@@ -1419,13 +1470,16 @@ async fn remove_entries(rt: Arc<Inner>, bucket: Bucket, keys: Vec<String>) {
             }
         }
     }
+    for listing in landed.list_late {
+        if let Err(e) = list_entry(&rt, &bucket, &listing).await {
+            tracing::warn!(key = listing.key, error = %e, "could not list an alarm after its upload");
+        }
+    }
 }
 
-#[allow(clippy::too_many_arguments)]
 fn finish_upload(
     rt: &Arc<Inner>,
     actor: &Arc<Actor>,
-    bucket: &Bucket,
     replica: Replica,
     covered: u64,
     result: Result<Uploaded, String>,
@@ -1458,14 +1512,6 @@ fn finish_upload(
             st.replica = Some(replica);
             st.uploaded = st.uploaded.max(covered);
             let uploaded = st.uploaded;
-            let (done, later): (Vec<_>, Vec<_>) = std::mem::take(&mut st.index.deletes)
-                .into_iter()
-                .partition(|(commit, _)| *commit <= uploaded);
-            st.index.deletes = later;
-            if !done.is_empty() {
-                let keys = done.into_iter().map(|(_, k)| k).collect();
-                tokio::spawn(remove_entries(Arc::clone(rt), bucket.clone(), keys));
-            }
             let (ready, waiting): (Vec<Waiter>, Vec<Waiter>) = std::mem::take(&mut st.waiters)
                 .into_iter()
                 .partition(|w| w.upto <= uploaded);

@@ -17,9 +17,12 @@
 //! sweep's pass is the cluster's `SweepMachine`, the one the server drives: `sweep_once` feeds
 //! it the live nodes and every app's index, performs its listings, and
 //! hands its jobs to the worker as deliveries (the path the timer uses),
-//! reporting each outcome back. The other alarm steps (`deliver`, `stale`,
-//! `run_event`, `join`) are still sequenced here, calling the pure rules of
-//! `alarm_index` and `delivery`; they are the next to move into machines.
+//! reporting each outcome back. The index writes around an upload (an
+//! event's, a join's, a fence's) run through the cluster's `UploadRound`,
+//! with each claim's `IndexUpkeep` ledger, and a delivery's stale cleanup
+//! through `StaleCleanup`: the machines the runtime drives. What a delivery
+//! decides for its actor (`deliver`, `stale`) calls the shared pure rules
+//! (`plan_delivery`, `next_stale_step`), as the runtime's `index.rs` does.
 //!
 //! Each actor belongs to one app and lists its alarm in that app's index
 //! (its prefix is a parameter of every index function); the sweep machine
@@ -36,6 +39,10 @@ use wasmkeep_cluster::machine::{
     BucketOp, BucketResult, DeliveryReport, EpochEnd, LeaseEffect, NodeLeaseMachine,
     NodeViewEffect, NodeViewReader, Reached, ReleaseEffect, ReleaseMachine, ReleaseOutcome,
     SweepEffect, SweepJob, SweepMachine, TakeEffect, TakeMachine, TakeOutcome, TakeStep,
+};
+use wasmkeep_cluster::machine::{
+    CleanupEffect, CleanupOutcome, GiveUp, IndexUpkeep, Listing, Planned, StaleCleanup,
+    UpkeepEffect,
 };
 use wasmkeep_cluster::{ClusterConfig, Entry, IndexKey};
 
@@ -208,6 +215,9 @@ pub struct Claim {
     pub had_state: bool,
     /// When it last handled something for the actor.
     pub last_used: u64,
+    /// The index writes planned for its uploads (the runtime keeps the
+    /// same ledger on each actor's replication state).
+    pub upkeep: IndexUpkeep,
 }
 
 /// A client request's effect on the alarm.
@@ -325,6 +335,43 @@ struct Change {
     init: bool,
     /// What runs the event.
     cause: Cause,
+}
+
+/// A failed request as a step machine takes it.
+fn bucket_result(e: ReqErr) -> BucketResult {
+    match e {
+        ReqErr::AlreadyExists => BucketResult::AlreadyExists,
+        ReqErr::NotFound => BucketResult::NotFound,
+        ReqErr::Unavailable | ReqErr::Timeout => BucketResult::Failed,
+    }
+}
+
+/// What an upload round is for: its crash points and aimed faults.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Round {
+    /// An event's commit (a client's, an alarm run's, the index's own).
+    Event,
+    /// The first upload of local data after joining (R4).
+    Join,
+    /// The owner's fence (R2): no index write.
+    Fence,
+}
+
+impl Round {
+    fn list_step(self) -> &'static str {
+        match self {
+            Round::Event | Round::Fence => "event: list the new alarm",
+            Round::Join => "join: list the alarm",
+        }
+    }
+
+    fn upload_step(self) -> &'static str {
+        match self {
+            Round::Event => "event: replicate",
+            Round::Join => "join: first upload",
+            Round::Fence => "stale: owner_fence",
+        }
+    }
 }
 
 /// What an `on-alarm` run does, drawn from the seed.
@@ -618,9 +665,7 @@ impl Ctx {
             Ok(Resp::Done) => BucketResult::Done,
             Ok(Resp::Body(b)) => BucketResult::Body(b.into_bytes()),
             Ok(Resp::Keys(k)) => BucketResult::Keys(k),
-            Err(ReqErr::AlreadyExists) => BucketResult::AlreadyExists,
-            Err(ReqErr::NotFound) => BucketResult::NotFound,
-            Err(ReqErr::Unavailable | ReqErr::Timeout) => BucketResult::Failed,
+            Err(e) => bucket_result(e),
         }
     }
 
@@ -754,6 +799,7 @@ impl Ctx {
             uploaded: false,
             had_state: seq.is_some(),
             last_used: now,
+            upkeep: IndexUpkeep::default(),
         };
         let n = self.n;
         self.with(|w| {
@@ -830,36 +876,6 @@ impl Ctx {
             self.nonce(),
         )
         .expect("simulated times fit the key");
-        if let Some(put) = &plan.put_before_upload {
-            self.step("event: list the new alarm").await;
-            if !self.owner_ok(actor, claim.generation) {
-                self.give_up(actor, "lease not valid before the index put");
-                return false;
-            }
-            if let Err(e) = self
-                .put(
-                    actor,
-                    self.index_key(actor, &put.key),
-                    String::new(),
-                    put.create_only,
-                )
-                .await
-            {
-                self.give_up(actor, &format!("index put failed: {e:?}"));
-                return false;
-            }
-            // The aimed fault at the race `owner_fence` closes: the new entry
-            // is due, and the upload naming it is held.
-            if put.key.entry.at_ms <= self.now() && self.chance(|o| o.p_aim_new_entry) {
-                let n = self.n;
-                self.with(|w| {
-                    let late = w.rng.range(30_000, 75_000);
-                    let cut = w.rng.range(20_000, 45_000);
-                    w.nodes[n].aim_upload = Some((late, cut));
-                });
-            }
-        }
-        self.step("event: replicate").await;
         let state = ActorState {
             alarm: AlarmState {
                 at_ms: alarm_after,
@@ -871,17 +887,127 @@ impl Ctx {
             version: claim.state.version + 1,
             ..claim.state.clone()
         };
-        if !self.upload(actor, state).await {
+        let planned = Planned {
+            list_before: plan.put_before_upload.map(|put| self.listing(actor, &put)),
+            list_after: None,
+            remove_after: plan
+                .delete_after_upload
+                .map(|old| self.index_key(actor, &old)),
+        };
+        if !self
+            .upload_round(actor, claim.generation, planned, state, Round::Event)
+            .await
+        {
             return false;
         }
         self.set_timer(actor, alarm_after);
-        if let Some(old) = &plan.delete_after_upload {
-            self.step("event: remove the replaced entry").await;
-            if self.owner_ok(actor, claim.generation) {
-                self.delete(actor, self.index_key(actor, old)).await;
+        true
+    }
+
+    /// A PUT of one of `actor`'s entries, as the upkeep machine takes it.
+    fn listing(&self, actor: usize, put: &alarm_index::Put) -> Listing {
+        Listing {
+            key: self.index_key(actor, &put.key),
+            create_only: put.create_only,
+        }
+    }
+
+    /// One upload of `state` with the index writes planned for it, through
+    /// `wasmkeep_cluster::machine::UploadRound`, the machine the runtime's
+    /// replication drives: each listing (a crash point before it, the lease
+    /// checked, a failure gives the actor up), the upload, then the removals
+    /// of what it replaced (best effort) and the unsafe variant's late
+    /// listings. Whether the upload landed.
+    async fn upload_round(
+        &self,
+        actor: usize,
+        generation: u64,
+        planned: Planned,
+        state: ActorState,
+        why: Round,
+    ) -> bool {
+        let n = self.n;
+        let commit = state.version;
+        let Some(mut round) = self.with(|w| {
+            let c = w.nodes[n].mem.claims.get_mut(&actor)?;
+            c.upkeep.plan(commit, planned);
+            Some(c.upkeep.start_upload(commit))
+        }) else {
+            return false;
+        };
+        let mut state = Some(state);
+        loop {
+            match round.poll_effect() {
+                Some(UpkeepEffect::List(listing)) => {
+                    self.step(why.list_step()).await;
+                    let result = if self.owner_ok(actor, generation) {
+                        self.put(
+                            actor,
+                            listing.key.clone(),
+                            String::new(),
+                            listing.create_only,
+                        )
+                        .await
+                        .map_or_else(bucket_result, |()| BucketResult::Done)
+                    } else {
+                        BucketResult::Failed
+                    };
+                    let listed = matches!(result, BucketResult::Done);
+                    round.on_listed(result);
+                    if listed && why == Round::Event {
+                        self.aim_at_new_entry(actor, &listing);
+                    }
+                }
+                Some(UpkeepEffect::Upload) => {
+                    self.step(why.upload_step()).await;
+                    if why == Round::Join && self.chance(|o| o.p_aim_join) {
+                        let (late, cut) = self
+                            .with(|w| (w.rng.range(40_000, 90_000), w.rng.range(30_000, 60_000)));
+                        self.with(|w| w.nodes[n].aim_first_upload = Some((late, cut)));
+                    }
+                    let state = state.take().expect("one upload a round");
+                    round.on_uploaded(self.upload(actor, state).await);
+                }
+                Some(UpkeepEffect::Landed { remove, list_late }) => {
+                    for key in remove {
+                        self.step("event: remove the replaced entry").await;
+                        if self.owner_ok(actor, generation) {
+                            self.delete(actor, key).await;
+                        }
+                    }
+                    for listing in list_late {
+                        self.step("join: list the alarm after the upload").await;
+                        let _ = self
+                            .put(actor, listing.key, String::new(), listing.create_only)
+                            .await;
+                    }
+                    return true;
+                }
+                Some(UpkeepEffect::GiveUp(GiveUp::Listing { key })) => {
+                    self.give_up(actor, &format!("index put of {key} failed"));
+                    return false;
+                }
+                // The failed upload gave the actor up already.
+                Some(UpkeepEffect::GiveUp(GiveUp::Upload)) | None => return false,
             }
         }
-        true
+    }
+
+    /// The aimed fault at the race `owner_fence` closes: a new entry that
+    /// is due was listed, and the upload naming it is held.
+    fn aim_at_new_entry(&self, actor: usize, listing: &Listing) {
+        let prefix = self.w.borrow().actors[actor].index_prefix.clone();
+        let due = IndexKey::parse_full(&prefix, &listing.key)
+            .ok()
+            .map(|k| k.entry.at_ms);
+        if due.is_some_and(|at| at <= self.now()) && self.chance(|o| o.p_aim_new_entry) {
+            let n = self.n;
+            self.with(|w| {
+                let late = w.rng.range(30_000, 75_000);
+                let cut = w.rng.range(20_000, 45_000);
+                w.nodes[n].aim_upload = Some((late, cut));
+            });
+        }
     }
 
     async fn client(&self, actor: usize, op: ClientOp, hops: u8) {
@@ -1158,14 +1284,17 @@ impl Ctx {
                     }
                 }
                 StaleStep::Fence => {
-                    self.step("stale: owner_fence").await;
                     let state = ActorState {
                         fence: claim.generation,
                         version: claim.state.version + 1,
                         cause: Cause::Fence,
                         ..claim.state
                     };
-                    if !self.upload(actor, state).await {
+                    let nothing = Planned::default();
+                    if !self
+                        .upload_round(actor, claim.generation, nothing, state, Round::Fence)
+                        .await
+                    {
                         return Reached::Failed;
                     }
                     self.with(|w| w.stats.owner_fences += 1);
@@ -1175,45 +1304,7 @@ impl Ctx {
                         return Reached::Failed;
                     }
                     self.pause_point(actor, at).await;
-                    let (prefix, address) = self.with(|w| {
-                        let a = &w.actors[actor];
-                        (a.index_prefix.clone(), a.address.clone())
-                    });
-                    let folder = format!("{prefix}{}", alarm_index::tagged_folder(at, &address));
-                    let Some(keys) = self.list_all(folder).await else {
-                        return Reached::Failed;
-                    };
-                    let rel: Vec<String> =
-                        keys.iter().map(|k| k[prefix.len()..].to_owned()).collect();
-                    let newer = rel
-                        .iter()
-                        .filter_map(|k| IndexKey::parse(k).ok())
-                        .filter(|k| k.entry.generation() > claim.generation)
-                        .count() as u64;
-                    if newer > 0 {
-                        self.log(format!(
-                            "stale {label}@{at}: lists {newer} entries of a newer owner"
-                        ));
-                        self.with(|w| w.stats.newer_entries_listed += newer);
-                    }
-                    let doomed = alarm_index::stale_entries_to_delete(
-                        rules,
-                        &address,
-                        at,
-                        &rel,
-                        claim.state.alarm.indexed.as_ref(),
-                        claim.generation,
-                    );
-                    let mut removed = 0;
-                    for k in doomed {
-                        let key = self.index_key(actor, &k);
-                        if self.w.borrow().bucket.contains_key(&key) {
-                            self.with(|w| w.stats.stale_deleted += 1);
-                            removed += 1;
-                        }
-                        self.delete(actor, key).await;
-                    }
-                    return Reached::Cleaned { removed };
+                    return self.clean(actor, at, &claim).await;
                 }
                 StaleStep::LeaveAndRelease { retry_at_ms } => {
                     self.with(|w| w.stats.left_on_empty_bucket += 1);
@@ -1222,6 +1313,69 @@ impl Ctx {
                     return Reached::Leave { retry_at_ms };
                 }
             }
+        }
+    }
+
+    /// Removes `actor`'s stale entries at `at` through
+    /// `wasmkeep_cluster::machine::StaleCleanup`, the machine the runtime
+    /// drives in the actor's turn.
+    async fn clean(&self, actor: usize, at: u64, claim: &Claim) -> Reached {
+        let (rules, prefix, address) = self.with(|w| {
+            let a = &w.actors[actor];
+            (w.rules, a.index_prefix.clone(), a.address.clone())
+        });
+        // The simulator's app indexes hold legacy entries from before tags.
+        let legacy_entries = true;
+        let mut cleanup = StaleCleanup::new(
+            rules,
+            &prefix,
+            address,
+            at,
+            claim.state.alarm.indexed,
+            claim.generation,
+            legacy_entries,
+        );
+        loop {
+            match cleanup.poll_effect() {
+                Some(CleanupEffect::Bucket(op)) => {
+                    if let BucketOp::Delete { key } = &op
+                        && self.w.borrow().bucket.contains_key(key)
+                    {
+                        self.with(|w| w.stats.stale_deleted += 1);
+                    }
+                    let result = self.perform_for(actor, op).await;
+                    cleanup.on_result(result);
+                }
+                Some(CleanupEffect::Done(CleanupOutcome::Cleaned {
+                    removed,
+                    newer_listed,
+                })) => {
+                    if newer_listed > 0 {
+                        let label = self.label(actor);
+                        self.log(format!(
+                            "stale {label}@{at}: lists {newer_listed} entries of a newer owner"
+                        ));
+                        self.with(|w| w.stats.newer_entries_listed += newer_listed);
+                    }
+                    return Reached::Cleaned { removed };
+                }
+                Some(CleanupEffect::Done(CleanupOutcome::Failed)) | None => return Reached::Failed,
+            }
+        }
+    }
+
+    /// A machine's operation, performed for `actor`: its deletes are the
+    /// actor's own (the oracle checks each against the actor's state).
+    async fn perform_for(&self, actor: usize, op: BucketOp) -> BucketResult {
+        match op {
+            BucketOp::Delete { key } => {
+                let actor = Some(actor);
+                match self.req(Op::Delete { key, actor }).await {
+                    Ok(_) => BucketResult::Done,
+                    Err(e) => bucket_result(e),
+                }
+            }
+            op => self.perform(op).await,
         }
     }
 
@@ -1304,29 +1458,6 @@ impl Ctx {
         let (rules, address) = self.with(|w| (w.rules, w.actors[actor].address.clone()));
         let plan = plan_first_upload(rules, &address, local.alarm, claim.generation, self.nonce())
             .expect("simulated times fit the key");
-        if let Some(put) = &plan.put_before_upload {
-            self.step("join: list the alarm").await;
-            if !self.owner_ok(actor, claim.generation)
-                || self
-                    .put(
-                        actor,
-                        self.index_key(actor, &put.key),
-                        String::new(),
-                        put.create_only,
-                    )
-                    .await
-                    .is_err()
-            {
-                self.give_up(actor, "join: index put failed");
-                return self.retry_join_later(actor);
-            }
-        }
-        self.step("join: first upload").await;
-        if self.chance(|o| o.p_aim_join) {
-            let (late, cut) =
-                self.with(|w| (w.rng.range(40_000, 90_000), w.rng.range(30_000, 60_000)));
-            self.with(|w| w.nodes[n].aim_first_upload = Some((late, cut)));
-        }
         let state = ActorState {
             alarm: AlarmState {
                 at_ms: local.alarm,
@@ -1344,19 +1475,16 @@ impl Ctx {
             local.alarm,
             Entry::to_meta(plan.record.as_ref())
         ));
-        if !self.upload(actor, state).await {
+        let planned = Planned {
+            list_before: plan.put_before_upload.map(|put| self.listing(actor, &put)),
+            list_after: plan.put_after_upload.map(|put| self.listing(actor, &put)),
+            remove_after: None,
+        };
+        if !self
+            .upload_round(actor, claim.generation, planned, state, Round::Join)
+            .await
+        {
             return self.retry_join_later(actor);
-        }
-        if let Some(put) = &plan.put_after_upload {
-            self.step("join: list the alarm after the upload").await;
-            let _ = self
-                .put(
-                    actor,
-                    self.index_key(actor, &put.key),
-                    String::new(),
-                    put.create_only,
-                )
-                .await;
         }
         self.with(|w| {
             w.nodes[n].durable.joins.remove(&actor);

@@ -145,3 +145,46 @@ fn the_server_and_the_simulator_drive_one_sweep_machine() {
         "sweep jobs go to the node's delivery path"
     );
 }
+
+/// One upkeep of the index (issue 34): the runtime's replication and the
+/// simulator's node list the entries an upload's commits name, upload,
+/// remove what they replaced and give the actor up in the order of
+/// `wasmkeep_cluster::machine::UploadRound`, and a delivery removes stale
+/// entries through `StaleCleanup`; neither driver keeps its own order of
+/// those writes nor calls the rule that picks the stale entries.
+#[test]
+fn the_runtime_and_the_simulator_drive_one_index_upkeep() {
+    let replication = include_str!("../../wasmkeep-runtime/src/replication.rs");
+    let index = include_str!("../../wasmkeep-runtime/src/index.rs");
+    let node = SOURCES[0].1;
+    let runtime = format!("{replication}{index}");
+    for (who, text) in [("the runtime", runtime.as_str()), ("sim node.rs", node)] {
+        for needed in [
+            ".start_upload(",
+            "UpkeepEffect::List(",
+            "UpkeepEffect::Upload",
+            "UpkeepEffect::Landed {",
+            "StaleCleanup::new(",
+            "CleanupEffect::Bucket(",
+        ] {
+            assert!(
+                text.contains(needed),
+                "{who} no longer drives the index upkeep machines ({needed})"
+            );
+        }
+        for copy in [
+            "stale_entries_to_delete",
+            "tagged_folder",
+            "put_before_upload {",
+        ] {
+            assert!(
+                !text.contains(copy),
+                "{who} sequences the index writes itself (`{copy}`)"
+            );
+        }
+    }
+    assert!(
+        !index.contains("pub struct Pending"),
+        "a second ledger of index writes in the runtime"
+    );
+}

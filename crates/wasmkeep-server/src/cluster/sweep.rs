@@ -45,7 +45,7 @@ use super::ownership::Route;
 use super::{ClusterState, now_ms};
 
 /// Keys one listing of an actor's tagged entries at one time reads.
-pub use wasmkeep_runtime::index::STALE_LISTING_KEYS_MAX;
+pub use wasmkeep_cluster::machine::STALE_LISTING_KEYS_MAX;
 
 /// The sweep's counters, in `/metrics`.
 #[derive(Debug, Default)]
