@@ -6,7 +6,7 @@
 //! one upload per actor is in flight; it carries every commit up to the
 //! moment its image was read, so a busy actor costs one PUT per upload
 //! round trip, not one per event. When it lands, the next one starts if
-//! more commits came meanwhile (an [`EventKind::Replicate`] turn reads the
+//! more commits came meanwhile (an [`EventKind::Between(Between::Replicate)`] turn reads the
 //! image, since only the actor's own connection may read its file). An
 //! upload that no `replicated` request waits for also waits until
 //! `replica_upload_interval_ms` has passed since the previous one started
@@ -48,7 +48,7 @@ use wasmkeep_replica::{
 use wasmkeep_store::page_capture;
 use wasmkeep_store::{ActorDb, ActorId, StoreError, paths};
 
-use crate::actor::{Actor, Event, EventKind, Outcome, Reply};
+use crate::actor::{Actor, Between, Event, EventKind, Outcome, Reply};
 use crate::error::RuntimeError;
 use crate::metrics::Metrics;
 use crate::runtime::Inner;
@@ -1311,7 +1311,11 @@ fn defer(
     repl.spawn(async move {
         tokio::time::sleep(wait).await;
         actor.repl.lock().deferred = false;
-        let _ = rt.enqueue(&actor.id, Event::new(EventKind::Replicate, None), false);
+        let _ = rt.enqueue(
+            &actor.id,
+            Event::new(EventKind::Between(Between::Replicate), None),
+            false,
+        );
     });
 }
 
@@ -1369,7 +1373,11 @@ pub(crate) fn flush_deferred(rt: &Inner, repl: &Replication) {
             st.deferred && !st.in_flight
         };
         if pending {
-            let _ = rt.enqueue(&actor.id, Event::new(EventKind::Replicate, None), false);
+            let _ = rt.enqueue(
+                &actor.id,
+                Event::new(EventKind::Between(Between::Replicate), None),
+                false,
+            );
         }
     }
 }
@@ -1524,7 +1532,11 @@ fn finish_upload(
             }
             if more {
                 // Only the actor's own turn may read its file.
-                let _ = rt.enqueue(&actor.id, Event::new(EventKind::Replicate, None), false);
+                let _ = rt.enqueue(
+                    &actor.id,
+                    Event::new(EventKind::Between(Between::Replicate), None),
+                    false,
+                );
             }
         }
         Err(e) => {

@@ -18,7 +18,7 @@ use wasmtime::Engine;
 use wasmtime::component::Linker;
 
 use crate::actor::{
-    self, Actor, ActorRequest, ActorResponse, DbAccess, Event, EventKind, Outcome, Queue,
+    self, Actor, ActorRequest, ActorResponse, Between, DbAccess, Event, EventKind, Outcome, Queue,
 };
 use crate::app::{self, App, AppInfo, CompileSlots, Compiler, OverCeiling};
 use crate::clock::Clock;
@@ -642,7 +642,11 @@ impl Runtime {
                 );
             }
             for id in never_uploaded {
-                let _ = rt.enqueue(&id, Event::new(EventKind::Replicate, None), false);
+                let _ = rt.enqueue(
+                    &id,
+                    Event::new(EventKind::Between(Between::Replicate), None),
+                    false,
+                );
             }
         };
         if self.inner.clock.is_real() {
@@ -896,8 +900,11 @@ impl Runtime {
         let run: actor::InspectFn = Box::new(move |db| {
             let _ = tx.send(f(db));
         });
-        self.inner
-            .enqueue(id, Event::new(EventKind::Inspect(run), None), false)?;
+        self.inner.enqueue(
+            id,
+            Event::new(EventKind::Between(Between::Inspect(run)), None),
+            false,
+        )?;
         // A dropped event (the node stopping) drops the sender.
         rx.recv().unwrap_or(Err(RuntimeError::ShuttingDown))
     }
@@ -905,8 +912,11 @@ impl Runtime {
     /// Deletes an actor's data (and so its alarm), as its next event.
     pub async fn delete_actor(&self, id: ActorId) -> Result<bool, RuntimeError> {
         let (tx, rx) = oneshot::channel();
-        self.inner
-            .enqueue(&id, Event::new(EventKind::Delete, Some(tx)), false)?;
+        self.inner.enqueue(
+            &id,
+            Event::new(EventKind::Between(Between::Delete), Some(tx)),
+            false,
+        )?;
         match rx.await {
             Ok(Ok(Outcome::Deleted(b))) => Ok(b),
             Ok(Ok(_)) => Err(RuntimeError::Internal("unexpected outcome".into())),
@@ -927,7 +937,7 @@ impl Runtime {
         let (tx, rx) = oneshot::channel();
         let queued = self.inner.enqueue(
             &id,
-            Event::new(EventKind::Restore(file.clone()), Some(tx)),
+            Event::new(EventKind::Between(Between::Restore(file.clone())), Some(tx)),
             false,
         );
         let out = match queued {

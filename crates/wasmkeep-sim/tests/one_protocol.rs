@@ -61,7 +61,10 @@ fn the_simulated_node_drives_the_step_machines() {
 /// simulator checks, and keeps no rule of its own beside it.
 #[test]
 fn the_runtime_and_the_simulator_share_the_retry_rule() {
-    let actor = include_str!("../../wasmkeep-runtime/src/actor.rs");
+    let actor = concat!(
+        include_str!("../../wasmkeep-runtime/src/actor.rs"),
+        include_str!("../../wasmkeep-runtime/src/actor/alarm.rs"),
+    );
     assert!(actor.contains("use wasmkeep_cluster::retry::{RetryPolicy, after_alarm_run};"));
     assert!(actor.contains("after_alarm_run(&policy"));
     assert!(

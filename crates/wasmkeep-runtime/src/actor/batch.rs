@@ -1,0 +1,930 @@
+//! A turn's batch: open the actor for it, run its events each in a
+//! savepoint, commit once, then what follows the commit (the timer, the
+//! outbox, uploads, replies released at their durability). `Stop` says what
+//! becomes of the instance when the turn ends.
+
+use super::*;
+
+/// One turn: the batch's events in one transaction, in the phases below,
+/// each its own function. Once the actor is open the turn owns its
+/// instance ([`Opened`]) and hands each phase `&mut Loaded`; a phase that
+/// ends the turn early (it answered every event itself) says whether the
+/// actor stays open ([`Stop`]), and the instance goes back to the slot
+/// only then.
+///
+/// 1. [`resolve_class`]: the actor's app and class still exist.
+/// 2. [`open_for_turn`]: the database and an instance are loaded.
+/// 3. [`prepare_turn`]: a turn opened ahead of an alarm warms it up.
+/// 4. [`run_events`]: each event in the transaction, a savepoint each.
+/// 5. [`commit_turn`]: the alarm index is planned, the transaction commits.
+/// 6. [`after_commit`]: the timer follows the committed alarm, and the
+///    commit is handed to replication.
+/// 7. [`release_replies`]: the replies go out once the commit is durable
+///    (and, for `replicated` ones, once it is in the bucket).
+///
+/// Returns the events [`run_events`] did not start because `yield_at`
+/// passed (in order), for the actor's next turn.
+pub(super) fn run_batch(
+    rt: &Arc<Inner>,
+    actor: &Arc<Actor>,
+    slot: &mut Option<Loaded>,
+    events: Vec<Event>,
+    yield_at: Instant,
+) -> Vec<Event> {
+    if events.is_empty() {
+        return Vec::new();
+    }
+    let Some((app, events)) = resolve_class(rt, &actor.id, events) else {
+        return Vec::new();
+    };
+    let turn = Turn::new(rt, &events, slot.is_some());
+    let Some(opened) = open_for_turn(rt, actor, &app, slot, events, &turn) else {
+        return Vec::new();
+    };
+    debug_assert!(slot.is_none(), "the turn owns the instance while it runs");
+    let (kept, not_started) = run_opened(rt, actor, &app, &turn, opened, yield_at);
+    *slot = kept;
+    not_started
+}
+
+/// Phases 3 to 7, on an open actor. Returns the instance if the actor
+/// stays open, and the events not started.
+pub(super) fn run_opened(
+    rt: &Arc<Inner>,
+    actor: &Arc<Actor>,
+    app: &Arc<App>,
+    turn: &Turn,
+    opened: Opened,
+    yield_at: Instant,
+) -> (Option<Loaded>, Vec<Event>) {
+    let Opened {
+        mut loaded,
+        events,
+        mut initialized,
+    } = opened;
+    let l = &mut loaded;
+    let events = match prepare_turn(rt, app, l, events, initialized) {
+        Ok(events) => events,
+        Err(stop) => return (stop.end(loaded), Vec::new()),
+    };
+    let mut ran = match run_events(rt, actor, app, l, events, &mut initialized, yield_at) {
+        Ok(ran) => ran,
+        Err(stop) => return (stop.end(loaded), Vec::new()),
+    };
+    let not_started = std::mem::take(&mut ran.not_started);
+    let (ran, committed_at) = match commit_turn(rt, actor, l, ran, initialized) {
+        Ok(committed) => committed,
+        Err(stop) => return (stop.end(loaded), not_started),
+    };
+    let (after, results) = match after_commit(rt, actor, l, turn, ran, initialized) {
+        Ok(after) => after,
+        Err(stop) => return (stop.end(loaded), not_started),
+    };
+    // A new actor whose first event failed is no actor: its instance and
+    // folder go before anyone hears back.
+    let kept = match &after.removed {
+        Some(dir) => Stop::CloseAndRemove(dir.clone()).end(loaded),
+        None => Some(loaded),
+    };
+    release_replies(rt, actor, results, after, committed_at);
+    (kept, not_started)
+}
+
+/// How a phase that ended the turn early leaves the actor.
+pub(super) enum Stop {
+    /// Open: the instance goes back to the slot.
+    Keep,
+    /// Closed: a failure left the instance or its transaction unusable;
+    /// the actor's next event opens it afresh.
+    Close,
+    /// Closed, and its folder removed: a new actor whose first event
+    /// failed.
+    CloseAndRemove(std::path::PathBuf),
+}
+
+impl Stop {
+    /// The instance, if the actor stays open; otherwise it is dropped (its
+    /// database closed) before the folder, if any, is removed.
+    fn end(self, loaded: Loaded) -> Option<Loaded> {
+        match self {
+            Stop::Keep => Some(loaded),
+            Stop::Close => None,
+            Stop::CloseAndRemove(dir) => {
+                drop(loaded);
+                let _ = std::fs::remove_dir_all(&dir);
+                None
+            }
+        }
+    }
+}
+
+/// An actor open for a turn: its instance, owned by the turn, the events
+/// left to run and whether its init has run.
+pub(super) struct Opened {
+    loaded: Loaded,
+    events: Vec<Event>,
+    initialized: bool,
+}
+
+/// What the phases of one turn share about its events.
+pub(super) struct Turn {
+    has_request: bool,
+    /// The timer popped this actor's alarm to deliver it: the turn puts
+    /// the committed one back, even when nothing was due.
+    has_alarm: bool,
+    /// The actor was open before this turn.
+    was_loaded: bool,
+}
+
+impl Turn {
+    fn new(rt: &Inner, events: &[Event], was_loaded: bool) -> Turn {
+        if let Some(first) = events.first() {
+            rt.metrics
+                .phase_queue
+                .observe_ms(ms_between(first.enqueued, crate::clock::instant()));
+        }
+        Turn {
+            has_request: events.iter().any(Event::creates),
+            has_alarm: events
+                .iter()
+                .any(|e| matches!(e.kind, EventKind::Alarm { .. } | EventKind::Deliver { .. })),
+            was_loaded,
+        }
+    }
+}
+
+/// What [`run_events`] leaves for the commit.
+pub(super) struct EventsRan {
+    results: Vec<Ran>,
+    /// Parked replies the batch's successful events completed.
+    completions: Vec<(u64, ActorResponse)>,
+    /// What the batch's successful events sent to sockets.
+    socket_ops: Vec<crate::sockets::SocketOp>,
+    /// An event sent something (committed or not).
+    outbox_sent: bool,
+    /// An alarm or a delivery ran.
+    alarm_ran: bool,
+    /// A delivery wrote the owner's fence: the batch plans the index and
+    /// its delivery answers once the upload landed.
+    fenced: bool,
+    alarm_writes_before: u64,
+    /// With a bucket: the database's change mark before the batch.
+    mark_before: Option<(u64, i64)>,
+    /// The database's size before the batch (for the tenant's quota).
+    size_before: u64,
+    /// Events the batch did not start: the turn's time budget ran out.
+    not_started: Vec<Event>,
+}
+
+/// What [`after_commit`] leaves for the release of the replies.
+pub(super) struct AfterCommit {
+    /// The upload that will carry this commit, with a bucket.
+    repl_mark: Option<replication::Mark>,
+    /// The first event of a new actor failed: its folder, to remove.
+    removed: Option<std::path::PathBuf>,
+    wal: std::path::PathBuf,
+    dirs: Vec<std::path::PathBuf>,
+    /// The outbox's highest row after a batch that sent: rows up to it go
+    /// to the dispatcher once the commit is durable (and in the bucket).
+    outbox: Option<u64>,
+    /// Parked replies this batch completed, sent once it is durable.
+    completions: Vec<(u64, ActorResponse)>,
+    /// What it sent to sockets, applied once it is durable.
+    socket_ops: Vec<crate::sockets::SocketOp>,
+}
+
+/// Phase 1: the actor's app and class, or every event fails with
+/// `app_not_found` / `class_not_found` (an app deleted or redeployed
+/// without the class since the events were queued).
+pub(super) fn resolve_class(
+    rt: &Inner,
+    id: &ActorId,
+    events: Vec<Event>,
+) -> Option<(Arc<App>, Vec<Event>)> {
+    let Some(app) = rt.app(&id.tenant, &id.app) else {
+        rt.timer.set(id, None);
+        fail_all(events, || {
+            RuntimeError::AppNotFound(format!("{}/{}", id.tenant, id.app))
+        });
+        return None;
+    };
+    if !app.classes.contains(&id.class) {
+        rt.timer.set(id, None);
+        fail_all(events, || RuntimeError::ClassNotFound {
+            app: format!("{}/{}", id.tenant, id.app),
+            class: id.class.clone(),
+        });
+        return None;
+    }
+    Some((app, events))
+}
+
+/// Phase 2: the database and an instance, and whether the actor's init
+/// ran. An actor with no database gets one only from a request; an alarm
+/// for an actor with no state does not create it.
+pub(super) fn open_for_turn(
+    rt: &Arc<Inner>,
+    actor: &Arc<Actor>,
+    app: &Arc<App>,
+    slot: &mut Option<Loaded>,
+    events: Vec<Event>,
+    turn: &Turn,
+) -> Option<Opened> {
+    let id = &actor.id;
+    let started = crate::clock::instant();
+    let loaded = load(rt, actor, app, slot, turn.has_request);
+    if !turn.was_loaded {
+        rt.metrics
+            .phase_open
+            .observe_ms(started.elapsed().as_secs_f64() * 1000.0);
+    }
+    let mut loaded = match loaded {
+        Ok(Some(loaded)) => loaded,
+        Ok(None) => {
+            rt.timer.set(id, None);
+            for ev in events {
+                let out = match ev.kind {
+                    EventKind::Alarm { .. } => Ok(Outcome::Alarm(false)),
+                    EventKind::Deliver { at_ms, remove_here } => {
+                        delivered_without_state(rt, actor, at_ms, remove_here)
+                    }
+                    _ => Ok(Outcome::Done),
+                };
+                reply(ev.reply, out);
+            }
+            return None;
+        }
+        Err(RuntimeError::QuotaExceeded {
+            tenant,
+            what,
+            limit_name,
+            limit,
+        }) => {
+            // The tenant's doing: every event hears of its quota.
+            fail_all(events, || RuntimeError::QuotaExceeded {
+                tenant: tenant.clone(),
+                what,
+                limit_name,
+                limit,
+            });
+            return None;
+        }
+        Err(e) => {
+            tracing::warn!(actor = %id, error = %e, "could not open actor");
+            let msg = e.to_string();
+            let code_err = move || RuntimeError::Internal(msg.clone());
+            if matches!(e, RuntimeError::Store(_)) {
+                // Keep the real store error for the first waiter.
+                let mut events = events;
+                let first = events.remove(0);
+                reply(first.reply, Err(e));
+                fail_all(events, code_err);
+                return None;
+            }
+            fail_all(events, code_err);
+            return None;
+        }
+    };
+    let l = &mut loaded;
+    if !turn.was_loaded {
+        // What an earlier run (or another node) left unsent goes out again.
+        outbox_opened(rt, actor, l);
+    }
+    let (resumes, events): (Vec<Event>, Vec<Event>) = events
+        .into_iter()
+        .partition(|e| matches!(e.kind, EventKind::OutboxResume { .. }));
+    for ev in resumes {
+        match ev.kind {
+            EventKind::OutboxResume { upto: Some(upto) } => offer_outbox(rt, actor, l, Some(upto)),
+            // All of them again (room in the dispatcher), but only those
+            // known durable (and in the bucket): a batch still on its way
+            // there hands its own over when it arrives.
+            _ if turn.was_loaded => {
+                actor.outbox_offered.store(0, Ordering::Relaxed);
+                let durable = actor.outbox_durable.load(Ordering::Relaxed);
+                offer_outbox(rt, actor, l, Some(durable));
+            }
+            _ => {}
+        }
+        reply(ev.reply, Ok(Outcome::Done));
+    }
+    if events.is_empty() {
+        *slot = Some(loaded);
+        return None;
+    }
+    match l.db().is_initialized() {
+        Ok(initialized) => Some(Opened {
+            loaded,
+            events,
+            initialized,
+        }),
+        Err(e) => {
+            // The instance is dropped: the actor closes, before anyone
+            // hears back.
+            drop(loaded);
+            let msg = e.to_string();
+            fail_all(events, || RuntimeError::Internal(msg.clone()));
+            None
+        }
+    }
+}
+
+/// Phase 3: a turn opened ahead of an alarm prepares what the due instant
+/// will run: the turn's own statements, and those the class's handler ran
+/// on other actors (ADR 0026) or in a rehearsal (ADR 0030). A statement
+/// that does not prepare here (a table the handler has not created yet) is
+/// parsed when it runs, as without this. Done before the batch's
+/// transaction, also when requests came in meanwhile and share the turn;
+/// a turn of `Prepare` events only ends here.
+pub(super) fn prepare_turn(
+    rt: &Arc<Inner>,
+    app: &Arc<App>,
+    l: &mut Loaded,
+    events: Vec<Event>,
+    initialized: bool,
+) -> Result<Vec<Event>, Stop> {
+    if !events.iter().any(|e| matches!(e.kind, EventKind::Prepare)) {
+        return Ok(events);
+    }
+    let _ = l.db().warm_alarm_turn();
+    let _ = l.db().extend_log_ahead(4);
+    if rt.config.alarm_rehearse && initialized && !rehearse_alarm(rt, app, l) {
+        fail_all(events, || {
+            RuntimeError::Internal("the actor closed while being prepared".into())
+        });
+        return Err(Stop::Close);
+    }
+    let learned = l.store.data().alarm_statements.as_ref().map(|s| s.texts());
+    for sql in learned.into_iter().flatten() {
+        let _ = l.db().warm(&sql);
+    }
+    if events.iter().all(|e| matches!(e.kind, EventKind::Prepare)) {
+        for ev in events {
+            reply(ev.reply, Ok(Outcome::Done));
+        }
+        return Err(Stop::Keep);
+    }
+    Ok(events)
+}
+
+/// Phase 4: the transaction, and each event in it. An event that traps
+/// leaves the next one a fresh instance; one that makes SQLite roll the
+/// whole transaction back turns what earlier events did into
+/// `transaction_aborted`.
+pub(super) fn run_events(
+    rt: &Arc<Inner>,
+    actor: &Arc<Actor>,
+    app: &Arc<App>,
+    l: &mut Loaded,
+    events: Vec<Event>,
+    initialized: &mut bool,
+    yield_at: Instant,
+) -> Result<EventsRan, Stop> {
+    let id = &actor.id;
+    let mut ran = match begin_batch(rt, id, l, events.len()) {
+        Ok(ran) => ran,
+        Err(msg) => {
+            l.close_db();
+            fail_all(events, || RuntimeError::Internal(msg.clone()));
+            return Err(Stop::Close);
+        }
+    };
+    let events_started = crate::clock::instant();
+    let mut events = events.into_iter();
+    while let Some(ev) = events.next() {
+        Metrics::inc(&rt.metrics.events_total);
+        let started = ev.is_request().then_some(ev.enqueued);
+        let mut replicated = ev.is_replicated();
+        if l.bindings.is_none()
+            && let Err(e) = l.fresh_instance(rt, app, id)
+        {
+            // Without an instance the batch cannot go on: what ran before
+            // is rolled back with the transaction (the database closed
+            // with the failed instance, so that its alarm can be read).
+            rt.rearm_after_failure(id);
+            reply(ev.reply, Err(e));
+            for r in ran.results {
+                reply(
+                    r.reply,
+                    Err(RuntimeError::Internal("instance lost mid-batch".into())),
+                );
+            }
+            return Err(Stop::Close);
+        }
+        reset_event_state(l, &ran);
+        let r = run_event(
+            rt,
+            actor,
+            l,
+            ev.kind,
+            initialized,
+            &mut ran,
+            &mut replicated,
+        );
+        if r.is_err() {
+            Metrics::inc(&rt.metrics.event_failures_total);
+        }
+        // Read before a trap's instance is replaced (which would lose it).
+        let (park, accepted) = take_event_effects(rt, l, r.is_ok(), &mut ran);
+        ran.results.push(Ran {
+            reply: ev.reply,
+            out: r,
+            started,
+            replicated,
+            park,
+            accepted,
+        });
+        if rt.faults.panic_in_batch() {
+            panic!("injected panic in a batch (test fault)");
+        }
+        offer_before_commit(rt, actor, l);
+        if !l.db().in_transaction() {
+            batch_rolled_back(id, l, &mut ran, initialized);
+        }
+        if crate::clock::instant() >= yield_at && events.len() > 0 {
+            // The turn's time is up: the rest waits for the actor's next
+            // turn, behind other actors (fair shares, issue 33).
+            ran.not_started = events.collect();
+            Metrics::inc(&rt.metrics.turns_yielded_total);
+            break;
+        }
+    }
+    rt.metrics
+        .phase_events
+        .observe_ms(events_started.elapsed().as_secs_f64() * 1000.0);
+    Ok(ran)
+}
+
+/// The batch's transaction begins, under the room the tenant's disk quota
+/// leaves this database; what the commit will compare against is noted.
+/// `Err` (why) if the transaction cannot begin: the actor closes.
+pub(super) fn begin_batch(
+    rt: &Inner,
+    id: &ActorId,
+    l: &mut Loaded,
+    events: usize,
+) -> Result<EventsRan, String> {
+    let alarm_writes_before = l.db().alarm_writes();
+    let mark_before = match rt.replication {
+        Some(_) => l.db().change_mark().ok(),
+        None => None,
+    };
+    let size_before = l.db().size_bytes().unwrap_or(0);
+    let room = rt.quotas.room(&id.tenant);
+    if let Err(e) = l
+        .db()
+        .cap_pages(size_before, Some(room.left), (room.limit_name, room.limit))
+    {
+        tracing::warn!(actor = %id, error = %e, "could not apply the tenant's disk quota");
+    }
+    l.db().begin().map_err(|e| e.to_string())?;
+    l.store.data_mut().outbox_sent = false;
+    Ok(EventsRan {
+        outbox_sent: false,
+        completions: Vec::new(),
+        socket_ops: Vec::new(),
+        results: Vec::with_capacity(events),
+        alarm_ran: false,
+        fenced: false,
+        alarm_writes_before,
+        mark_before,
+        size_before,
+        not_started: Vec::new(),
+    })
+}
+
+/// What one event may leave in the instance's state starts empty: the
+/// parked replies earlier events of the batch parked may be completed by
+/// this one; nothing else carries over.
+pub(super) fn reset_event_state(l: &mut Loaded, ran: &EventsRan) {
+    let parked_in_batch = ran
+        .results
+        .iter()
+        .filter_map(|r| r.park)
+        .map(|p| p.ticket)
+        .collect();
+    let accepted_in_batch = ran.results.iter().filter(|r| r.accepted.is_some()).count();
+    let state = l.store.data_mut();
+    state.replies = crate::parked::ReplyOps {
+        parked_in_batch,
+        ..Default::default()
+    };
+    state.socket_ops.clear();
+    state.tx_lost = None;
+    state.socket_accepted = None;
+    state.sockets_accepted_in_batch = accepted_in_batch;
+    state.request_is_upgrade = false;
+    state.socket_sent_bytes = 0;
+}
+
+/// Runs one event of the batch by its kind.
+pub(super) fn run_event(
+    rt: &Arc<Inner>,
+    actor: &Arc<Actor>,
+    l: &mut Loaded,
+    kind: EventKind,
+    initialized: &mut bool,
+    ran: &mut EventsRan,
+    replicated: &mut bool,
+) -> Result<Outcome, RuntimeError> {
+    match kind {
+        EventKind::Request(req) => run_request(rt, l, req, initialized),
+        EventKind::Alarm { force } => {
+            ran.alarm_ran = true;
+            run_alarm(rt, l, *initialized, force)
+        }
+        EventKind::Deliver { at_ms, remove_here } => {
+            ran.alarm_ran = true;
+            let r = run_delivery(rt, actor, l, *initialized, at_ms, remove_here);
+            if matches!(r, Ok(Outcome::Delivered(Delivered::Fenced))) {
+                // Answered once the bucket holds what this turn (and
+                // every earlier one) committed.
+                ran.fenced = true;
+                *replicated = true;
+            }
+            r
+        }
+        EventKind::Prepare | EventKind::OutboxResume { .. } => Ok(Outcome::Done),
+        EventKind::Socket(ev) => run_socket(rt, l, ev),
+        EventKind::Inbound(Inbound::Message {
+            from,
+            life,
+            seq,
+            body,
+        }) => run_message(rt, l, &from, life, seq, body, initialized),
+        EventKind::Inbound(Inbound::Response {
+            life,
+            seq,
+            answer,
+            attempts,
+            discard,
+        }) => run_response(rt, l, life, seq, answer, attempts, discard),
+        // `run_turn_events` runs these between batches, never in one.
+        EventKind::Between(_) => unreachable!("a between-batches event in a batch"),
+    }
+}
+
+/// What the event left for after the commit: whether it sent, the parked
+/// replies it completed and its socket operations (a failed event's are
+/// dropped); returns the reply it parked and the socket it accepted.
+pub(super) fn take_event_effects(
+    rt: &Inner,
+    l: &mut Loaded,
+    ok: bool,
+    ran: &mut EventsRan,
+) -> (
+    Option<crate::parked::Park>,
+    Option<crate::sockets::Accepted>,
+) {
+    ran.outbox_sent |= l.store.data().outbox_sent;
+    let state = l.store.data_mut();
+    let ops = std::mem::take(&mut state.replies);
+    let socket_ops = std::mem::take(&mut state.socket_ops);
+    let socket_accepted = state.socket_accepted.take();
+    if ok {
+        ran.completions.extend(ops.completions);
+        ran.socket_ops.extend(socket_ops);
+        (ops.park, socket_accepted)
+    } else {
+        if rt.faults.unsafe_completions_from_failed_events() {
+            ran.completions.extend(ops.completions);
+        }
+        (None, None)
+    }
+}
+
+/// The unsafe variant of ADR 0040's first rule: rows an event wrote are
+/// handed to the dispatcher before the commit, whatever becomes of it.
+pub(super) fn offer_before_commit(rt: &Inner, actor: &Actor, l: &mut Loaded) {
+    if let Some(early) = l.store.data_mut().sent_before_commit.as_mut()
+        && !early.is_empty()
+    {
+        let rows = std::mem::take(early);
+        let life = l.db().outbox_life().unwrap_or(0);
+        rt.outbox
+            .offer(&actor.id, life, rows, Arc::clone(&l.app.outbound));
+    }
+}
+
+/// SQLite rolled the whole batch back after an error (a full database, an
+/// I/O error): what earlier events of the batch did is gone, so their
+/// callers must not hear "done"; the batch goes on in a new transaction.
+pub(super) fn batch_rolled_back(
+    id: &ActorId,
+    l: &mut Loaded,
+    ran: &mut EventsRan,
+    initialized: &mut bool,
+) {
+    for r in ran.results.iter_mut() {
+        if r.out.is_ok() {
+            r.out = Err(RuntimeError::TransactionAborted);
+        }
+        r.park = None;
+        r.accepted = None;
+    }
+    ran.completions.clear();
+    ran.socket_ops.clear();
+    *initialized = l.db().is_initialized().unwrap_or(false);
+    if let Err(e) = l.db().begin() {
+        tracing::error!(actor = %id, error = %e, "could not begin again");
+    }
+}
+
+/// Phase 5: a cluster node lists the committed alarm in the index (ADR
+/// 0009: the record goes in with the batch, the bucket writes wait for its
+/// upload), then the transaction commits. A failure of either rolls the
+/// batch back, closes the actor and answers every event with it.
+pub(super) fn commit_turn(
+    rt: &Arc<Inner>,
+    actor: &Arc<Actor>,
+    l: &mut Loaded,
+    ran: EventsRan,
+    initialized: bool,
+) -> Result<(EventsRan, Instant), Stop> {
+    let id = &actor.id;
+    let commit_started = crate::clock::instant();
+    let plan_index = rt.keeps_index()
+        && (initialized || !l.db().created())
+        && (ran.fenced
+            || l.db().alarm_writes() != ran.alarm_writes_before
+            || actor.repl.lock().needs_plan);
+    let planned = if plan_index {
+        crate::index::plan_before_commit(rt, actor, l.db()).map(|_| ())
+    } else {
+        Ok(())
+    };
+    if let Err(e) = planned {
+        tracing::warn!(actor = %id, error = %e, "the alarm index could not be brought in line: the batch is rolled back");
+        l.db().rollback();
+        l.close_db();
+        crate::index::forget_planned(actor);
+        rt.rearm_after_failure(id);
+        let msg = e.to_string();
+        for r in ran.results {
+            reply(r.reply, Err(RuntimeError::ReplicationFailed(msg.clone())));
+        }
+        return Err(Stop::Close);
+    }
+    let injected = ran.alarm_ran && rt.faults.fail_alarm_commits();
+    let committed = if injected {
+        Err(wasmkeep_store::StoreError::Io(
+            "injected commit failure".into(),
+        ))
+    } else {
+        l.db().commit()
+    };
+    if let Err(e) = committed {
+        Metrics::inc(&rt.metrics.commits_failed_total);
+        tracing::error!(actor = %id, error = %e, "commit failed");
+        l.db().rollback();
+        l.close_db();
+        // Index writes planned for this commit name what never committed.
+        crate::index::forget_planned(actor);
+        let msg = e.to_string();
+        // Re-arm before anyone hears back, so a waiter that moves on (the
+        // test kit's clock) finds the retry already scheduled.
+        rt.rearm_after_failure(id);
+        for r in ran.results {
+            reply(
+                r.reply,
+                Err(RuntimeError::Internal(format!("commit failed: {msg}"))),
+            );
+        }
+        return Err(Stop::Close);
+    }
+    Metrics::inc(&rt.metrics.batches_total);
+    if plan_index {
+        actor.repl.lock().needs_plan = false;
+    }
+    if initialized {
+        // Rolled-back inits reset `initialized`: the mark is committed.
+        l.db().init_mark_committed();
+    }
+    let committed_at = crate::clock::instant();
+    rt.metrics
+        .phase_commit
+        .observe_ms(ms_between(commit_started, committed_at));
+    Ok((ran, committed_at))
+}
+
+/// Phase 6: the timer follows what is committed, the commit is handed to
+/// replication (with a bucket), and the folder of a new actor whose first
+/// event failed is removed (there is no actor).
+pub(super) fn after_commit(
+    rt: &Arc<Inner>,
+    actor: &Arc<Actor>,
+    l: &mut Loaded,
+    turn: &Turn,
+    ran: EventsRan,
+    initialized: bool,
+) -> Result<(AfterCommit, Vec<Ran>), Stop> {
+    let id = &actor.id;
+    // Read back after the batch that opened the actor, one that delivered
+    // an alarm, and any that wrote the alarm (rolled back or not); other
+    // batches left it as the timer has it.
+    if !turn.was_loaded || turn.has_alarm || l.db().alarm_writes() != ran.alarm_writes_before {
+        match l.db().alarm() {
+            Ok(a) => {
+                if !turn.was_loaded && a.is_none() {
+                    // Opening read pages (the init mark, the alarm) that the
+                    // actor's next events do not, with a statement they do
+                    // not run: both would stay as long as it is open (W4).
+                    // An actor with an alarm keeps them: its alarm turn
+                    // reads them again, maybe together with thousands of
+                    // others (W2).
+                    l.db().shrink_cache();
+                    l.db().forget_alarm_read();
+                }
+                rt.timer.set(id, a.map(|a| a.at_ms))
+            }
+            Err(_) => rt.rearm_after_failure(id),
+        }
+    }
+    let dir = l.db().dir().to_owned();
+    // Only the first durable batch of a new actor syncs its folders.
+    let dirs = l.db().take_new_dirs();
+    let wal = l.db().wal_path();
+    let removed = l.db().created() && !initialized;
+    if removed {
+        rt.quotas.counted(&actor.id.tenant, false, ran.size_before);
+    } else {
+        let after = l.db().size_bytes().unwrap_or(ran.size_before);
+        rt.quotas.resized(&actor.id.tenant, ran.size_before, after);
+    }
+    let outbox = if ran.outbox_sent && !removed {
+        l.db().outbox_max_seq().ok().flatten()
+    } else {
+        None
+    };
+    let repl_mark = match &rt.replication {
+        Some(repl) if !removed => {
+            let changed = match ran.mark_before {
+                Some(before) => l.db().change_mark().ok() != Some(before),
+                None => true,
+            };
+            // A `replicated` request waits for this batch's upload: it
+            // does not wait for the upload interval.
+            // So does a batch that sent something: its messages leave
+            // once the bucket holds it.
+            let urgent = outbox.is_some()
+                || !ran.completions.is_empty()
+                || ran
+                    .results
+                    .iter()
+                    .any(|r| r.replicated && r.reply.is_some());
+            Some(replication::after_commit(
+                rt,
+                repl,
+                actor,
+                l.db(),
+                changed,
+                urgent,
+            ))
+        }
+        _ => None,
+    };
+    // Replies this batch parked can be completed from the next batch on,
+    // before this one is durable (their replies are attached when it is).
+    for r in &ran.results {
+        if let (Some(park), Ok(_)) = (r.park, &r.out) {
+            rt.parked.reserve(
+                &actor.id,
+                park,
+                r.replicated,
+                rt.clock.now_ms(),
+                rt.outbox.handle(),
+            );
+        }
+    }
+    // The folder of a removed actor goes once its instance is dropped
+    // (`run_opened`), before anyone hears back.
+    let removed = removed.then_some(dir);
+    if turn.has_request && rt.faults.crash_after_commit() {
+        // As if the process died here: the commit stands, nobody hears of
+        // it, and the in-memory instance is gone (a removed actor's folder
+        // with it) before the replies go.
+        l.close_db();
+        if let Some(dir) = &removed {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+        for r in ran.results {
+            reply(
+                r.reply,
+                Err(RuntimeError::Internal("injected crash after commit".into())),
+            );
+        }
+        return Err(Stop::Close);
+    }
+    Ok((
+        AfterCommit {
+            repl_mark,
+            removed,
+            wal,
+            dirs,
+            outbox,
+            completions: ran.completions,
+            socket_ops: ran.socket_ops,
+        },
+        ran.results,
+    ))
+}
+
+/// Phase 7: the replies, once the commit is on disk (`fsync` durability,
+/// when anyone waits); a `replicated` one waits for the upload that
+/// carries the commit too. A failed sync fails the events that succeeded.
+pub(super) fn release_replies(
+    rt: &Arc<Inner>,
+    actor: &Arc<Actor>,
+    results: Vec<Ran>,
+    after: AfterCommit,
+    committed_at: Instant,
+) {
+    let waiting = results.iter().any(|r| r.reply.is_some())
+        || after.outbox.is_some()
+        || !after.completions.is_empty()
+        || !after.socket_ops.is_empty();
+    let completions = after.completions;
+    let socket_ops = after.socket_ops;
+    let metrics = Arc::clone(&rt.metrics);
+    let actor = Arc::clone(actor);
+    let repl_mark = after.repl_mark;
+    let outbox = after.outbox;
+    let weak = Arc::downgrade(rt);
+    let release = move |sync: Result<(), String>| {
+        metrics
+            .phase_durable
+            .observe_ms(committed_at.elapsed().as_secs_f64() * 1000.0);
+        let rt = weak.upgrade();
+        for Ran {
+            reply: r,
+            out,
+            started,
+            replicated,
+            park,
+            accepted,
+        } in results
+        {
+            let out = match (&sync, out) {
+                (Err(e), Ok(_)) => Err(RuntimeError::Internal(e.clone())),
+                (_, out) => out,
+            };
+            if let (Some(a), Ok(_), Some(rt)) = (accepted, &out, &rt) {
+                // Registered before the reply leaves: the edge connects to
+                // it when the reply tells it the id.
+                rt.sockets.register(&actor.id, a, rt.clock.now_ms());
+            }
+            let r = match (park, &out, r, &rt) {
+                (Some(park), Ok(_), Some(r), Some(rt)) => {
+                    // Parked: it leaves when a later event completes it
+                    // (or did already, while this batch was made durable).
+                    rt.parked.attach(&metrics, &actor, park.ticket, r, started);
+                    continue;
+                }
+                (Some(park), _, r, Some(rt)) => {
+                    // Reserved at the commit, which did not become
+                    // durable: the request hears the error.
+                    rt.parked.cancel(park.ticket);
+                    r
+                }
+                (_, _, r, _) => r,
+            };
+            let r = match (replicated && out.is_ok(), repl_mark, r) {
+                (true, Some(mark), Some(r)) => {
+                    replication::hold_until_uploaded(&metrics, &actor, mark, r, out, started);
+                    continue;
+                }
+                (_, _, r) => r,
+            };
+            if let Some(t) = started {
+                metrics
+                    .event_latency
+                    .observe_ms(t.elapsed().as_secs_f64() * 1000.0);
+            }
+            reply(r, out);
+        }
+        if let Some(rt) = rt {
+            if sync.is_ok() {
+                for (ticket, resp) in completions {
+                    rt.parked
+                        .complete(&metrics, &actor, ticket, resp, repl_mark);
+                }
+                if let Some(upto) = outbox {
+                    outbox_ready(&rt, &actor, upto, repl_mark);
+                }
+                if !socket_ops.is_empty() {
+                    apply_socket_ops(&rt, &actor, socket_ops, repl_mark);
+                }
+            }
+            crate::outbox::drop_elsewhere(rt);
+        }
+    };
+    if rt.config.durability == Durability::Fsync && waiting && after.removed.is_none() {
+        rt.durability.submit(SyncJob {
+            files: vec![after.wal],
+            dirs: after.dirs,
+            done: Box::new(release),
+        });
+    } else {
+        release(Ok(()));
+    }
+}

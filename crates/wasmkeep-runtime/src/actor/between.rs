@@ -1,0 +1,170 @@
+//! The events that run on their own between two batches: an inspection
+//! (the admin API reads the database), a delete and an operator's restore.
+//! Each closes or bypasses the instance; none runs guest code.
+
+use super::*;
+
+/// An event that runs on its own between two batches.
+pub enum Between {
+    /// Remove the actor's data.
+    Delete,
+    /// Make the database file at this path the actor's: an operator's
+    /// restore (`crate::restore`).
+    Restore(std::path::PathBuf),
+    /// Read the actor's database (the admin API): through its own
+    /// connection if it is open, which holds the file while it is.
+    Inspect(InspectFn),
+    /// Upload what is committed and not yet in the bucket (after an upload
+    /// ended and more had been committed meanwhile).
+    Replicate,
+}
+
+/// Runs one of them: the batch before it has committed, the one after has
+/// not begun.
+pub(super) fn run_between(
+    rt: &Arc<Inner>,
+    actor: &Arc<Actor>,
+    slot: &mut Option<Loaded>,
+    between: Between,
+    reply_to: Option<Reply>,
+) {
+    match between {
+        Between::Delete => reply(reply_to, run_delete(rt, actor, slot)),
+        Between::Restore(file) => {
+            let r = run_restore(rt, actor, slot, &file).map(Outcome::Restored);
+            reply(reply_to, r);
+        }
+        Between::Replicate => {
+            if let Some(repl) = &rt.replication {
+                replication::upload_pending(rt, repl, actor, slot.as_mut().map(|l| l.db()));
+            }
+        }
+        Between::Inspect(f) => run_inspect(rt, actor, slot, f),
+    }
+}
+
+/// Runs an inspection between two events: through the actor's own
+/// connection if it is open, on its file otherwise.
+fn run_inspect(rt: &Arc<Inner>, actor: &Arc<Actor>, slot: &mut Option<Loaded>, f: InspectFn) {
+    if slot.is_none()
+        && let Some(repl) = &rt.replication
+        && let Err(e) = replication::ensure_open(rt, repl, actor)
+    {
+        // Inspection reads what is local; say why it may be missing or
+        // stale.
+        tracing::warn!(actor = %actor.id, error = %e, "could not bring the actor in line with the bucket before inspecting it");
+    }
+    if rt.keeps_index() && actor.repl.lock().awaits_first_plan() {
+        // Opened (and held) for an inspection with local data the bucket
+        // lacks: uploaded now, its alarm listed first, rather than left for
+        // a close to forget.
+        let _ = rt.enqueue(
+            &actor.id,
+            Event::new(EventKind::Between(Between::Replicate), None),
+            false,
+        );
+    }
+    match slot.as_mut() {
+        Some(l) => f(DbAccess::Open(l.db())),
+        None => f(DbAccess::Closed(&paths::actor_db(
+            &rt.config.data_dir,
+            &actor.id,
+        ))),
+    }
+}
+
+fn run_delete(
+    rt: &Arc<Inner>,
+    actor: &Arc<Actor>,
+    slot: &mut Option<Loaded>,
+) -> Result<Outcome, RuntimeError> {
+    // The entry the database names goes once the tombstone landed (R2).
+    let named = if rt.keeps_index() {
+        match slot.as_mut() {
+            Some(l) => crate::index::read_record(l.db()).ok().flatten(),
+            None => crate::index::read_record_at(&paths::actor_db(&rt.config.data_dir, &actor.id)),
+        }
+    } else {
+        None
+    };
+    let path = paths::actor_db(&rt.config.data_dir, &actor.id);
+    let size = match slot.as_mut() {
+        Some(l) => l.db().size_bytes().ok(),
+        None => wasmkeep_store::db::size_bytes_at(&path).ok(),
+    };
+    *slot = None;
+    if let Some(repl) = &rt.replication
+        && let Err(e) = replication::delete(rt, repl, actor)
+    {
+        return Err(e);
+    }
+    if let (Some(named), Some(repl)) = (named, &rt.replication) {
+        crate::index::remove_named(rt, repl, &actor.id, &named);
+    }
+    rt.timer.set(&actor.id, None);
+    rt.outbox.forget(&actor.id);
+    rt.parked.drop_actor(&actor.id);
+    rt.sockets.close_all(
+        Some(&actor.id),
+        crate::sockets::close_code::TRY_AGAIN,
+        "the actor was deleted",
+    );
+    actor.outbox_offered.store(0, Ordering::Relaxed);
+    actor.outbox_durable.store(0, Ordering::Relaxed);
+    let dir = paths::actor_dir(&rt.config.data_dir, &actor.id);
+    wasmkeep_store::page_capture::untrack(&dir);
+    let existed = dir.join(paths::DB_FILE).exists();
+    if existed {
+        rt.quotas
+            .counted(&actor.id.tenant, false, size.unwrap_or(0));
+    }
+    if existed {
+        // Renamed first so that a crash mid-removal never leaves a
+        // half-deleted database where the actor would find it.
+        let grave = dir.with_extension(format!("deleted-{}", rt.elapsed_ms()));
+        std::fs::rename(&dir, &grave)
+            .and_then(|()| std::fs::remove_dir_all(&grave))
+            .map(|()| Outcome::Deleted(true))
+            .map_err(|e| RuntimeError::Store(e.into()))
+    } else {
+        Ok(Outcome::Deleted(false))
+    }
+}
+
+/// An operator's restore, between two turns (`crate::restore`).
+fn run_restore(
+    rt: &Arc<Inner>,
+    actor: &Arc<Actor>,
+    slot: &mut Option<Loaded>,
+    file: &std::path::Path,
+) -> Result<crate::restore::Restored, RuntimeError> {
+    let bytes = crate::restore::check(file)?;
+    if let Some(repl) = &rt.replication {
+        replication::flush_for_restore(rt, repl, actor, slot.as_mut().map(|l| l.db()))?;
+    }
+    // Closed before its file is replaced.
+    *slot = None;
+    let before =
+        wasmkeep_store::db::size_bytes_at(&paths::actor_db(&rt.config.data_dir, &actor.id)).ok();
+    let (replaced, kept) = crate::restore::swap(rt, actor, file)?;
+    if replaced {
+        rt.quotas
+            .counted(&actor.id.tenant, false, before.unwrap_or(0));
+    }
+    rt.quotas.counted(&actor.id.tenant, true, bytes);
+    let bucket_seq = match &rt.replication {
+        Some(repl) => {
+            let db = paths::actor_db(&rt.config.data_dir, &actor.id);
+            Some(replication::upload_restored(rt, repl, actor, &db)?)
+        }
+        None => None,
+    };
+    crate::restore::follow(rt, actor);
+    tracing::info!(actor = %actor.id, bytes, replaced, ?kept, ?bucket_seq, "restored the actor's database from an operator's file");
+    Ok(crate::restore::Restored {
+        replaced,
+        kept,
+        bucket_seq,
+        bytes,
+    })
+}
