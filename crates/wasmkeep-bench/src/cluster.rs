@@ -39,6 +39,9 @@ use anyhow::{Context, Result, anyhow, bail, ensure};
 use hdrhistogram::Histogram;
 use hyper::Method;
 
+use wasmkeep_cluster::ClusterConfig;
+use wasmkeep_cluster::config::BUCKET_TIMEOUT_MS;
+
 use crate::BenchArgs;
 use crate::client::{self, Answer, Conn, Endpoint};
 use crate::load::{self, PhasedSpec, SplitMix, Targets, User};
@@ -117,11 +120,19 @@ impl Timings {
         );
         // A node stops acting this long before its lease ends (less than
         // two thirds of the period), retries registering, and gives up on
-        // a bucket request within a renewal interval or so.
+        // a bucket request within a renewal interval or so: scaled to a
+        // short period, never above the node's defaults.
+        let defaults = ClusterConfig::default();
         let derived = [
-            ("owner_margin_ms", (p / 5).min(1_000)),
-            ("lease_register_retry_ms", (p / 5).clamp(1, 1_000)),
-            ("cluster_bucket_timeout_ms", (p * 2 / 3).clamp(1, 2_000)),
+            ("owner_margin_ms", (p / 5).min(defaults.owner_margin_ms)),
+            (
+                "lease_register_retry_ms",
+                (p / 5).clamp(1, defaults.lease_register_retry_ms),
+            ),
+            (
+                "cluster_bucket_timeout_ms",
+                (p * 2 / 3).clamp(1, BUCKET_TIMEOUT_MS),
+            ),
         ];
         for (key, v) in derived {
             if !sets_key(base, key) {

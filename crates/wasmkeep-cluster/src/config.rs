@@ -23,6 +23,10 @@ pub const NODE_BYTES_MAX: usize = 64;
 /// Longest advertised address in bytes (`http://host:port` as other nodes
 /// reach the node; a DNS name is at most 253 bytes).
 pub const ADDRESS_BYTES_MAX: usize = 300;
+/// Default of a node's `cluster_bucket_timeout_ms`: well within a renewal
+/// interval (a third of the default lease period), so that a hung request
+/// leaves time for the next renewal before the node stops acting.
+pub const BUCKET_TIMEOUT_MS: u64 = 2_000;
 
 /// The cluster's timing and size bounds. Defaults are ADR 0009's and ADR 0020's.
 #[derive(Clone, Debug, PartialEq, Eq)]

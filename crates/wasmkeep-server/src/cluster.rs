@@ -130,10 +130,7 @@ impl ClusterSettings {
     }
 }
 
-/// Default of `cluster_bucket_timeout_ms`: well within a renewal interval
-/// (a third of the lease period), so that a hung request leaves time for
-/// the next renewal before the node stops acting.
-pub const BUCKET_TIMEOUT_MS: u64 = 2_000;
+pub use wasmkeep_cluster::config::BUCKET_TIMEOUT_MS;
 /// Room for an error body beside the largest answer an actor may send, in
 /// an answer a forwarding node relays.
 pub const FORWARD_ERROR_BODY_BYTES_MAX: usize = 64 * 1024;

@@ -635,3 +635,37 @@ fn the_readmes_defaults_are_the_codes() {
         wrong.join("\n")
     );
 }
+
+/// `wasmkeep serve --help` names the defaults of the settings it has a
+/// flag for (`--data`, `--listen`, `--durability`) as the code has them:
+/// the help is the one place besides the README that spells them.
+#[test]
+fn the_serve_helps_defaults_are_the_codes() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_wasmkeep"))
+        .args(["serve", "--help"])
+        .output()
+        .expect("run wasmkeep serve --help");
+    assert!(out.status.success(), "serve --help failed");
+    let help = String::from_utf8(out.stdout).expect("help is UTF-8");
+    // clap wraps the help; compare it as one line.
+    let help = help.split_whitespace().collect::<Vec<_>>().join(" ");
+    let defaults = serde_json::to_value(NodeConfig::default()).unwrap();
+    for (flag, key) in [
+        ("--data", "data"),
+        ("--listen", "listen"),
+        ("--durability", "durability"),
+    ] {
+        let value = defaults[key].as_str().expect("a string setting");
+        let shown = value.strip_prefix("./").unwrap_or(value);
+        let after_flag = help
+            .split_once(&format!("{flag} <"))
+            .map(|(_, rest)| rest)
+            .unwrap_or_else(|| panic!("serve --help has no {flag}"));
+        let text = after_flag.split(" --").next().unwrap_or_default();
+        assert!(
+            text.contains(&format!("[default: {shown}"))
+                || text.contains(&format!("[default: ./{shown}")),
+            "serve --help says for {flag}: {text}\nthe code's default is {value}"
+        );
+    }
+}
