@@ -30,9 +30,9 @@ use crate::error::RuntimeError;
 use crate::host::{self, AlarmOp, HostState};
 use crate::index::{DeliverStep, Delivered};
 use crate::metrics::Metrics;
+use crate::node::Inner;
 use crate::outbox::{Answer, Inbound, MessageAnswer};
 use crate::replication::{self, ActorReplica};
-use crate::runtime::Inner;
 
 /// An HTTP-shaped request for one actor.
 #[derive(Debug, Clone, Default)]

@@ -25,7 +25,8 @@ use tokio::sync::oneshot;
 
 use crate::actor::{Event, EventKind, Outcome};
 use crate::error::RuntimeError;
-use crate::runtime::{Inner, RunGate, Runtime};
+use crate::node::{Inner, RunGate};
+use crate::runtime::Runtime;
 use wasmkeep_store::ActorId;
 
 impl Runtime {

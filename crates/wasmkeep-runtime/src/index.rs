@@ -45,8 +45,8 @@ use wasmkeep_store::{ActorDb, ActorId};
 
 use crate::actor::Actor;
 use crate::error::RuntimeError;
+use crate::node::Inner;
 use crate::replication::Replication;
-use crate::runtime::Inner;
 
 /// The meta key naming the entry that lists the committed alarm.
 pub(crate) const ALARM_INDEXED_META: &str = "alarm_indexed";

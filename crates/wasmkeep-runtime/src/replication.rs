@@ -51,7 +51,7 @@ use wasmkeep_store::{ActorDb, ActorId, StoreError, paths};
 use crate::actor::{Actor, Between, Event, EventKind, Outcome, Reply};
 use crate::error::RuntimeError;
 use crate::metrics::Metrics;
-use crate::runtime::Inner;
+use crate::node::Inner;
 
 /// Threads that carry uploads (they wait on the network, not the CPU).
 const UPLOAD_THREADS: usize = 2;

@@ -34,7 +34,7 @@ use wasmkeep_store::paths;
 
 use crate::actor::Actor;
 use crate::error::RuntimeError;
-use crate::runtime::Inner;
+use crate::node::Inner;
 
 /// What a restore did.
 #[derive(Debug, Clone, Serialize)]

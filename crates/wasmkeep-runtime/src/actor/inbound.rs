@@ -10,9 +10,9 @@ use super::{Actor, Loaded, Outcome, end_event, ensure_init, enter, finish_call};
 use crate::error::RuntimeError;
 use crate::host::inbox_exports::inbox;
 use crate::host::wasmkeep::actor::types::Address;
+use crate::node::Inner;
 use crate::outbox::{Answer, MessageAnswer, Offered};
 use crate::replication;
-use crate::runtime::Inner;
 
 /// Hands rows above the actor's mark (up to `upto`, or all) to the
 /// dispatcher, read now from the database in sequence order, and moves

@@ -45,7 +45,7 @@ use super::http::{self, Attempt};
 use super::{OutboundPolicy, OutboxLimits, decode_target};
 use crate::error::RuntimeError;
 use crate::faults::Faults;
-use crate::runtime::Inner;
+use crate::node::Inner;
 
 /// What the receiver of a message answered.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -576,7 +576,7 @@ impl Shared {
             return router.deliver(to, ev).await;
         }
         let rt = self.runtime().ok_or(RuntimeError::ShuttingDown)?;
-        let r = crate::runtime::deliver_inbound(&rt, to, ev).await;
+        let r = crate::node::deliver_inbound(&rt, to, ev).await;
         drop_elsewhere(rt);
         r
     }

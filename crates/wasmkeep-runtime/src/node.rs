@@ -1,0 +1,511 @@
+//! The node's shared state: [`Inner`], which every worker, actor turn,
+//! upload and delivery takes (through [`crate::Runtime`] from outside), and
+//! the [`RunGate`] a cluster sets on it. `runtime.rs` builds it, starts the
+//! node's threads over it and is the public door; this module is what the
+//! actors' layer may use of it (`tests/layers.rs`).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Instant;
+
+use parking_lot::{Mutex, RwLock};
+use tokio::sync::oneshot;
+use wasmkeep_store::sqlite_setup::release_free_memory;
+use wasmkeep_store::{ActorId, paths};
+use wasmtime::Engine;
+use wasmtime::component::Linker;
+
+use crate::actor::{Actor, Event, EventKind, Outcome, Queue};
+use crate::app::{App, CompileSlots};
+use crate::clock::Clock;
+use crate::compile_cache::CacheKey;
+use crate::config::RuntimeConfig;
+use crate::durability::DurabilityStage;
+use crate::error::RuntimeError;
+use crate::host::HostState;
+use crate::metrics::Metrics;
+use crate::outbox::{Dispatcher, Inbound, MessageAnswer};
+use crate::replication::Replication;
+use crate::timer::Timer;
+
+/// An evicted actor, and its `last_used_ms` when it was picked.
+pub(crate) type ToClose = (Arc<Actor>, u64);
+
+/// The shared core; workers and the server hold it through [`Runtime`].
+pub struct Inner {
+    pub config: RuntimeConfig,
+    pub clock: Arc<dyn Clock>,
+    pub engine: Engine,
+    pub(crate) linker: Linker<HostState>,
+    pub(crate) apps: RwLock<HashMap<(String, String), Arc<App>>>,
+    pub(crate) app_version: AtomicU64,
+    pub(crate) actors: Mutex<HashMap<ActorId, Arc<Actor>>>,
+    /// Actors waiting for a turn, by tenant ([`crate::scheduler`]).
+    pub(crate) runq: crate::scheduler::RunQueue,
+    /// Passes of the reaper that closed actors; workers give memory back
+    /// after one (see `worker`).
+    pub(crate) reaped: AtomicU64,
+    /// Evicted actors for the closer thread, with their `last_used_ms`
+    /// when picked (see `make_room`).
+    pub(crate) close_tx: std::sync::mpsc::SyncSender<ToClose>,
+    pub(crate) close_rx: Mutex<Option<std::sync::mpsc::Receiver<ToClose>>>,
+    /// Instances queued for the closer and not closed yet: they still count
+    /// in `instances_active` but are on their way out.
+    pub(crate) closing: AtomicU64,
+    pub durability: DurabilityStage,
+    /// The bucket side, when the node has one.
+    pub replication: Option<Replication>,
+    pub timer: Timer,
+    pub metrics: Arc<Metrics>,
+    pub(crate) started: Instant,
+    /// Set when the node stops; every open database shares it, so a
+    /// running guest statement stops too (`ActorDb::set_stop_flag`).
+    pub stopping: Arc<AtomicBool>,
+    /// Bytes of requests queued for all actors (`node_queue_bytes_max`).
+    pub queued_bytes: AtomicU64,
+    pub(crate) cache_dir: PathBuf,
+    /// The key compiled code in the cache is tagged with; `None`: the cache
+    /// is not used (see `cache_key`).
+    pub(crate) cache_key: Option<CacheKey>,
+    /// Compilations running, abandoned ones included.
+    pub(crate) compiles: Arc<CompileSlots>,
+    /// Faults a test may inject (the test kit's switches; none in a
+    /// build without `test-faults`).
+    pub faults: crate::faults::Faults,
+    /// Who may run an actor's alarms on this node ([`RunGate`]); unset:
+    /// every actor, as on a single node.
+    pub(crate) gate: std::sync::OnceLock<Arc<dyn RunGate>>,
+    /// Due alarms the gate kept from running here.
+    pub(crate) alarms_gated_total: AtomicU64,
+    /// Delivers what actors sent (ADR 0040).
+    pub outbox: Dispatcher,
+    /// Apps' secrets (ADR 0041).
+    pub secrets: crate::app_config::SecretStore,
+    /// Replies parked until a later event completes them (ADR 0042).
+    pub parked: Arc<crate::parked::ParkedReplies>,
+    /// Open WebSockets (ADR 0043).
+    pub sockets: Arc<crate::sockets::SocketTable>,
+    /// Recent log lines about actors, for `wasmkeep logs` (issue 22).
+    pub logs: Arc<crate::logs::LogHub>,
+    /// Cuts failing-alarm warnings in the node's log to a rate.
+    pub alarm_failure_rate: crate::logs::RateCut,
+    /// Series labelled by tenant, app and class (also in `metrics`).
+    pub class_metrics: Arc<crate::class_metrics::ClassMetricsRegistry>,
+    /// What the host holds for tenants besides SQLite and guests.
+    pub pools: crate::pools::Pools,
+    /// Each tenant's actors and bytes on this node, and their bounds.
+    pub quotas: Arc<crate::quotas::Quotas>,
+}
+
+/// Whether this node may run an actor's alarms now. A single node always
+/// may. In a cluster only while its lease lets it act and it holds the
+/// actor: an alarm due for an actor another node holds is that node's to
+/// fire, and one this node fired after losing its lease could run twice.
+/// Requests are gated at the HTTP edge, which knows who owns an actor.
+pub trait RunGate: Send + Sync {
+    fn may_run(&self, id: &ActorId) -> bool;
+
+    /// The generation of the hold under which this node has `id` now, if
+    /// its lease lets it act and it holds the actor; what index entries
+    /// are tagged with (R1, R3).
+    fn hold_generation(&self, _id: &ActorId) -> Option<u64> {
+        None
+    }
+
+    /// A random number this node never used before for an entry (R1).
+    fn nonce(&self) -> u64 {
+        0
+    }
+
+    /// The epoch of the lease in which this node routes actors now (a
+    /// cluster node; `None` while it does not). An actor's copy opened in
+    /// an earlier epoch is stale: the node may have lost and retaken the
+    /// actor since, so its next turn opens it afresh from the bucket.
+    fn epoch(&self) -> Option<u64> {
+        None
+    }
+
+    /// Whether this node measures `tenant`'s use of the bucket (and
+    /// publishes it) rather than reading another node's measurement: in a
+    /// cluster one node per tenant does ([`crate::quotas`]).
+    fn measures_usage(&self, _tenant: &str) -> bool {
+        true
+    }
+}
+
+/// Instances one open closes at most when tenants' memory is full
+/// (`Inner::evict_for_memory`).
+pub(crate) const EVICT_FOR_MEMORY_MAX: usize = 16;
+
+/// Runs an inbound event (ADR 0040) on this node and returns what a
+/// message's receiver answered.
+pub(crate) async fn deliver_inbound(
+    rt: &Arc<Inner>,
+    to: ActorId,
+    ev: Inbound,
+) -> Result<Option<MessageAnswer>, RuntimeError> {
+    let (tx, rx) = oneshot::channel();
+    rt.enqueue(&to, Event::new(EventKind::Inbound(ev), Some(tx)), true)?;
+    match rx.await {
+        Ok(Ok(Outcome::Answered(a))) => Ok(Some(a)),
+        Ok(Ok(_)) => Ok(None),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(RuntimeError::ShuttingDown),
+    }
+}
+
+impl Inner {
+    /// Whether this node holds `id` now (always, on a single node); never
+    /// waits for the actor's slot in the cluster's table.
+    pub(crate) fn holds_actor(&self, id: &ActorId) -> bool {
+        self.gate
+            .get()
+            .is_none_or(|g| g.hold_generation(id).is_some())
+    }
+
+    /// Opens `id` to hand its outbox's rows to the dispatcher again (after
+    /// a restart, or once the dispatcher has room).
+    pub fn resume_outbox(&self, id: &ActorId) {
+        self.enqueue_outbox_resume(id, None);
+    }
+
+    /// Asks `id`'s next turn to hand its outbox's rows up to `upto` (all
+    /// of them, read again from the first, with `None`) to the dispatcher.
+    pub(crate) fn enqueue_outbox_resume(&self, id: &ActorId, upto: Option<u64>) {
+        let _ = self.enqueue(
+            id,
+            Event::new(EventKind::OutboxResume { upto }, None),
+            false,
+        );
+    }
+
+    pub fn elapsed_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    /// Whether this node keeps the alarm index: a cluster node with a bucket.
+    pub fn keeps_index(&self) -> bool {
+        self.replication.is_some() && self.config.cluster
+    }
+
+    /// The hold generation index entries of `id` are tagged with.
+    pub fn hold_generation(&self, id: &ActorId) -> Option<u64> {
+        self.gate.get().and_then(|g| g.hold_generation(id))
+    }
+
+    /// The gate's routing epoch (0 on a single node, and while a cluster
+    /// node does not route).
+    pub fn gate_epoch(&self) -> u64 {
+        self.gate.get().and_then(|g| g.epoch()).unwrap_or(0)
+    }
+
+    /// A fresh nonce for an index entry.
+    pub fn index_nonce(&self) -> u64 {
+        self.gate.get().map_or(0, |g| g.nonce())
+    }
+
+    /// How many of a tenant's apps deployed here have a class named `class`.
+    pub fn apps_with_class(&self, tenant: &str, class: &str) -> usize {
+        self.apps
+            .read()
+            .iter()
+            .filter(|((t, _), a)| t == tenant && a.classes.iter().any(|c| c == class))
+            .count()
+    }
+
+    pub fn app(&self, tenant: &str, app: &str) -> Option<Arc<App>> {
+        self.apps
+            .read()
+            .get(&(tenant.to_owned(), app.to_owned()))
+            .cloned()
+    }
+
+    /// Puts an actor on the run queue.
+    pub fn schedule(&self, actor: Arc<Actor>) {
+        self.runq.push(actor);
+    }
+
+    /// Adds an event to an actor's queue, scheduling the actor if it was idle.
+    pub fn enqueue(&self, id: &ActorId, ev: Event, bounded: bool) -> Result<(), RuntimeError> {
+        if self.stopping.load(Ordering::Relaxed) {
+            return Err(RuntimeError::ShuttingDown);
+        }
+        loop {
+            let actor = {
+                let mut actors = self.actors.lock();
+                Arc::clone(
+                    actors
+                        .entry(id.clone())
+                        .or_insert_with(|| Arc::new(Actor::new(id.clone()))),
+                )
+            };
+            let mut q = actor.queue.lock();
+            if q.retired {
+                continue;
+            }
+            if bounded {
+                self.admit(&q, &ev)?;
+            }
+            let bytes = ev.queued_bytes();
+            q.bytes += bytes;
+            self.queued_bytes.fetch_add(bytes, Ordering::Relaxed);
+            q.events.push_back(ev);
+            if !q.scheduled {
+                q.scheduled = true;
+                drop(q);
+                self.schedule(actor);
+            }
+            return Ok(());
+        }
+    }
+
+    /// Whether `ev` may join an actor's queue: bounded in events and bytes
+    /// per actor, and in bytes for the whole node, so that a wedged or slow
+    /// actor cannot make the node hold its callers' bodies without bound.
+    fn admit(&self, q: &Queue, ev: &Event) -> Result<(), RuntimeError> {
+        let c = &self.config;
+        let bytes = ev.queued_bytes();
+        let refused = if q.events.len() >= c.actor_queue_events_max {
+            Some(RuntimeError::ActorOverloaded {
+                queued: q.events.len(),
+                limit: c.actor_queue_events_max,
+            })
+        } else if q.bytes + bytes > c.actor_queue_bytes_max {
+            Some(RuntimeError::QueueBytesExceeded {
+                scope: "actor",
+                limit_name: "actor_queue_bytes_max",
+                queued: q.bytes,
+                limit: c.actor_queue_bytes_max,
+            })
+        } else {
+            let node = self.queued_bytes.load(Ordering::Relaxed);
+            (node + bytes > c.node_queue_bytes_max).then_some(RuntimeError::QueueBytesExceeded {
+                scope: "node",
+                limit_name: "node_queue_bytes_max",
+                queued: node,
+                limit: c.node_queue_bytes_max,
+            })
+        };
+        match refused {
+            Some(e) => {
+                Metrics::inc(&self.metrics.overloaded_total);
+                Err(e)
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// Closes idle actors: instance dropped, database closed.
+    pub(crate) fn reap_idle(&self) {
+        self.reap_idle_after(self.config.actor_idle_ms);
+    }
+
+    /// Closes the actors unused for `idle` ms with nothing queued, running
+    /// or uploading; returns how many.
+    pub(crate) fn reap_idle_after(&self, idle: u64) -> usize {
+        let now = self.elapsed_ms();
+        let mut closed = Vec::new();
+        {
+            let mut actors = self.actors.lock();
+            actors.retain(|_, a| {
+                let used = a.last_used_ms.load(Ordering::Relaxed);
+                if now.saturating_sub(used) < idle {
+                    return true;
+                }
+                let Some(mut q) = a.queue.try_lock() else {
+                    return true;
+                };
+                if q.scheduled || !q.events.is_empty() {
+                    return true;
+                }
+                // Its uploads still need it (and its waiters, an answer).
+                if a.repl.try_lock().is_none_or(|r| r.busy()) {
+                    return true;
+                }
+                q.retired = true;
+                closed.push(Arc::clone(a));
+                false
+            });
+        }
+        if closed.is_empty() {
+            return 0;
+        }
+        let n = closed.len();
+        for a in closed {
+            *a.slot.lock() = None;
+        }
+        self.reaped.fetch_add(1, Ordering::Relaxed);
+        release_free_memory();
+        n
+    }
+
+    /// Instances that stay once the queued closes are done.
+    fn instances_staying(&self) -> u64 {
+        self.metrics
+            .instances_active
+            .get()
+            .saturating_sub(self.closing.load(Ordering::Relaxed))
+    }
+
+    /// Before an instance is created: while the node is at
+    /// `instances_max`, drops the instances of the least recently used
+    /// actors that are not running. Only running actors (at most one per
+    /// worker) pin their instance, so there is always one to drop; a
+    /// dropped actor keeps its queue and is instantiated again for its next
+    /// turn. One pass over the actors evicts a sixteenth of the pool at
+    /// once, so a stream of new actors does not scan the map for each one.
+    ///
+    /// The evicted actors are closed by the closer thread, not here: a
+    /// close checkpoints the actor's log and syncs its file, about a
+    /// millisecond, and a pass of a hundred of them stalled the worker and
+    /// every actor queued behind it (ADR 0024).
+    pub fn make_room(&self, for_id: &ActorId) {
+        let max = self.config.instances_max as u64;
+        if self.instances_staying() < max {
+            return;
+        }
+        let batch = (self.config.instances_max as usize / 16).max(1);
+        let mut candidates = self.loaded_actors_but(for_id);
+        if candidates.len() > batch {
+            candidates.select_nth_unstable_by_key(batch, |(used, _)| *used);
+        }
+        let head = candidates.len().min(batch + 1);
+        candidates[..head].sort_by_key(|(used, _)| *used);
+        let mut evicted = 0;
+        for (used, a) in candidates {
+            if evicted >= batch && self.instances_staying() < max {
+                break;
+            }
+            // A held lock means the actor is running: skip it. So is one
+            // whose snapshot reads its file (closing would tear it).
+            if !a.slot.try_lock().is_some_and(|s| s.is_some())
+                || a.repl.try_lock().is_none_or(|r| r.snapshot_reads_file())
+                || a.evicting.swap(true, Ordering::Relaxed)
+            {
+                continue;
+            }
+            self.closing.fetch_add(1, Ordering::Relaxed);
+            match self.close_tx.try_send((a, used)) {
+                Ok(()) => evicted += 1,
+                Err(
+                    std::sync::mpsc::TrySendError::Full((a, _))
+                    | std::sync::mpsc::TrySendError::Disconnected((a, _)),
+                ) => {
+                    self.closing.fetch_sub(1, Ordering::Relaxed);
+                    a.evicting.store(false, Ordering::Relaxed);
+                    if let Some(mut slot) = a.slot.try_lock()
+                        && slot.take().is_some()
+                    {
+                        Metrics::inc(&self.metrics.evictions_total);
+                        evicted += 1;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Every actor with an instance except `for_id`, with when it was last
+    /// used: the candidates for eviction.
+    fn loaded_actors_but(&self, for_id: &ActorId) -> Vec<(u64, Arc<Actor>)> {
+        let actors = self.actors.lock();
+        actors
+            .iter()
+            .filter(|(id, a)| *id != for_id && a.is_loaded())
+            .map(|(_, a)| (a.last_used_ms.load(Ordering::Relaxed), Arc::clone(a)))
+            .collect()
+    }
+
+    /// Closes, on this thread, up to `EVICT_FOR_MEMORY_MAX` of the least
+    /// recently used instances that are not running, to give their memory
+    /// back to the node's budget (`node_memory_bytes_max`); returns how
+    /// many it closed. Rare (the budget is full), so it does not wait for
+    /// the closer thread.
+    pub fn evict_for_memory(&self, for_id: &ActorId) -> usize {
+        let mut candidates = self.loaded_actors_but(for_id);
+        candidates.sort_by_key(|(used, _)| *used);
+        let mut closed = 0;
+        for (_, a) in candidates {
+            if closed >= EVICT_FOR_MEMORY_MAX {
+                break;
+            }
+            // A held lock means the actor is running: skip it. So is one
+            // whose snapshot reads its file (closing would tear it).
+            if a.repl.try_lock().is_none_or(|r| r.snapshot_reads_file()) {
+                continue;
+            }
+            if let Some(mut slot) = a.slot.try_lock()
+                && slot.take().is_some()
+            {
+                Metrics::inc(&self.metrics.evictions_total);
+                closed += 1;
+            }
+        }
+        closed
+    }
+
+    /// After a batch failed in a way that may leave a past-due alarm
+    /// committed: look again after the first retry delay, not at once.
+    /// Called with the actor's database closed; if it cannot be read, the
+    /// timer looks again anyway (an alarm event with nothing due changes
+    /// nothing and puts the committed alarm back in the timer).
+    pub fn rearm_after_failure(&self, id: &ActorId) {
+        let path = paths::actor_db(&self.config.data_dir, id);
+        let later = self.clock.now_ms() + self.config.protocol.retry_first_ms;
+        let next = match wasmkeep_store::db::read_alarm(&path) {
+            Ok(committed) => committed.map(|a| a.at_ms.max(later)),
+            Err(e) => {
+                tracing::warn!(actor = %id, error = %e, "could not read the committed alarm; looking again later");
+                Some(later)
+            }
+        };
+        self.timer.set(id, next);
+    }
+
+    /// Whether the gate lets this node run `id`'s alarm now.
+    pub(crate) fn may_run(&self, id: &ActorId) -> bool {
+        let allowed = self.gate.get().is_none_or(|g| g.may_run(id));
+        if !allowed {
+            // Dropped from this node's timer: whoever holds the actor fires
+            // it, and a restore here arms the timer again from the database.
+            self.alarms_gated_total.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(actor = %id, "alarm not run: this node may not run the actor now");
+        }
+        allowed
+    }
+
+    /// Hands due alarms to their actors.
+    pub(crate) fn fire_due(&self, now: u64) {
+        let due = self.timer.pop_due(now, self.config.alarm_fire_batch_max);
+        for (id, _) in due {
+            if !self.may_run(&id) {
+                continue;
+            }
+            let _ = self.enqueue(
+                &id,
+                Event::new(EventKind::Alarm { force: false }, None),
+                false,
+            );
+        }
+        self.metrics.alarms_pending.set(self.timer.len() as u64);
+    }
+
+    /// Opens actors whose alarm is due soon, so the due instant only costs
+    /// the handler.
+    pub(crate) fn prepare_soon(&self, now: u64) {
+        if self.config.alarm_prepare_ms == 0 {
+            return;
+        }
+        let room = (self.config.instances_max as usize / 2).max(1);
+        for id in self
+            .timer
+            .to_prepare(now + self.config.alarm_prepare_ms, room)
+        {
+            if self.gate.get().is_some_and(|g| !g.may_run(&id)) {
+                continue;
+            }
+            let _ = self.enqueue(&id, Event::new(EventKind::Prepare, None), false);
+        }
+    }
+}
