@@ -33,6 +33,7 @@
 
 use std::sync::Arc;
 
+use wasmkeep_cluster::Rules;
 use wasmkeep_cluster::alarm_index::{
     self, Address, AlarmState as IndexAlarm, Indexed, Layout, StaleContext, StaleStep,
 };
@@ -40,7 +41,6 @@ use wasmkeep_cluster::delivery::{self, Delivery, Restored};
 use wasmkeep_cluster::machine::{
     BucketOp, BucketResult, CleanupEffect, CleanupOutcome, Listing, Planned, StaleCleanup,
 };
-use wasmkeep_cluster::{ClusterConfig, Rules};
 use wasmkeep_store::{ActorDb, ActorId};
 
 use crate::actor::Actor;
@@ -276,19 +276,12 @@ pub fn deliver(
         Ok(DeliverStep::Done(done))
     };
     // The same rule the simulator checks, with its no-state clause: an
-    // actor with no state is not run (that would create it again).
+    // actor with no state is not run (that would create it again), and its
+    // entry goes by the stale-entry steps, as the simulator's does.
     match delivery::plan_delivery(Rules::SAFE, at_ms, &restored, now) {
-        Delivery::NoState => {
-            return match no_state_step(standing) {
-                NoStateStep::Leave => Ok(DeliverStep::Done(leave(now, config))),
-                NoStateStep::Fence => fence(db),
-                NoStateStep::Wait => Ok(DeliverStep::Wait),
-                NoStateStep::Remove => remove(),
-            };
-        }
         Delivery::Run => return Ok(DeliverStep::Run),
         Delivery::NotDue { .. } => return Ok(DeliverStep::Done(Delivered::NotDue)),
-        Delivery::Stale => {}
+        Delivery::Stale | Delivery::NoState => {}
     }
     let indexed = match record {
         Some(Indexed {
@@ -322,12 +315,12 @@ pub fn deliver(
 }
 
 /// What a delivery does for an actor with no state (none committed, never
-/// initialised), whether its database exists here or not.
+/// initialised) whose database is not here.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum NoStateStep {
     /// The bucket never had the actor and this opening uploaded nothing:
-    /// remove nothing (R2's empty-bucket clause).
-    Leave,
+    /// remove nothing, try the entry again then (R2's empty-bucket clause).
+    Leave { retry_at_ms: u64 },
     /// Nothing uploaded since the opening: end the history first (R2's
     /// fence), then deliver again.
     Fence,
@@ -337,24 +330,29 @@ pub(crate) enum NoStateStep {
     Remove,
 }
 
-/// The no-state rule's clauses, one place for both kinds of delivery.
-pub(crate) fn no_state_step(standing: Standing) -> NoStateStep {
-    if !standing.had_state && !standing.uploaded {
-        NoStateStep::Leave
-    } else if !standing.uploaded {
-        NoStateStep::Fence
-    } else if !standing.settled {
-        NoStateStep::Wait
-    } else {
-        NoStateStep::Remove
-    }
-}
-
-/// R2's empty-bucket clause: remove nothing, try again after the longest
-/// backoff.
-pub fn leave(now_ms: u64, config: &ClusterConfig) -> Delivered {
-    Delivered::Leave {
-        retry_at_ms: now_ms + config.retry_max_ms,
+/// R2's stale-entry steps (`next_stale_step`, the rule the simulator runs
+/// for an actor with no state) with nothing committed to index, and the
+/// runtime's one addition: entries go only once every local commit is in
+/// the bucket.
+pub(crate) fn no_state_step(rt: &Inner, at_ms: u64, standing: Standing) -> NoStateStep {
+    let nothing = IndexAlarm {
+        at_ms: None,
+        indexed: None,
+        retry_count: 0,
+    };
+    let ctx = StaleContext {
+        delivered_at_ms: at_ms,
+        committed: &nothing,
+        bucket_had_state: standing.had_state,
+        uploaded_since_take: standing.uploaded,
+    };
+    let now = rt.clock.now_ms();
+    match alarm_index::next_stale_step(Rules::SAFE, &ctx, &rt.config.protocol, now) {
+        StaleStep::LeaveAndRelease { retry_at_ms } => NoStateStep::Leave { retry_at_ms },
+        StaleStep::Fence => NoStateStep::Fence,
+        StaleStep::ListAndDelete if !standing.settled => NoStateStep::Wait,
+        StaleStep::ListAndDelete => NoStateStep::Remove,
+        StaleStep::IndexCommitted => unreachable!("no committed alarm to index"),
     }
 }
 

@@ -95,7 +95,15 @@ fn the_runtime_and_the_simulator_share_the_retry_rule() {
 fn the_runtime_and_the_simulator_share_the_delivery_rule() {
     let index = include_str!("../../wasmkeep-runtime/src/index.rs");
     assert!(index.contains("delivery::plan_delivery(Rules::SAFE,"));
-    assert!(index.contains("alarm_index::next_stale_step(Rules::SAFE,"));
+    // Twice: for a stale entry and for an actor with no state (as the
+    // simulator's `stale` does for both), never a no-state rule of its own.
+    assert_eq!(
+        index
+            .matches("alarm_index::next_stale_step(Rules::SAFE,")
+            .count(),
+        2,
+        "index.rs decides a delivery's stale and no-state steps by next_stale_step"
+    );
     assert!(index.contains("alarm_index::plan_event_in_layouts("));
     let node = include_str!("../src/node.rs");
     assert!(node.contains("plan_delivery(rules, at,"));

@@ -77,8 +77,8 @@ pub(super) fn delivered_without_state(
     let Some(repl) = rt.replication.as_ref() else {
         return Ok(Outcome::Delivered(Delivered::NotDue));
     };
-    let delivered = match no_state_step(crate::index::Standing::of(actor)) {
-        NoStateStep::Leave => crate::index::leave(rt.clock.now_ms(), &rt.config.protocol),
+    let delivered = match no_state_step(rt, at_ms, crate::index::Standing::of(actor)) {
+        NoStateStep::Leave { retry_at_ms } => Delivered::Leave { retry_at_ms },
         // No database to write `owner_fence` in: a tombstone above the
         // one restored ends the history, and the entries go at once.
         NoStateStep::Fence => {
