@@ -30,6 +30,7 @@ pub mod clock;
 mod compile_cache;
 pub mod compile_process;
 mod config;
+mod dispatch;
 mod durability;
 mod error;
 mod faults;

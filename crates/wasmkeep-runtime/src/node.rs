@@ -22,11 +22,12 @@ use crate::app::{App, CompileSlots};
 use crate::clock::Clock;
 use crate::compile_cache::CacheKey;
 use crate::config::RuntimeConfig;
+use crate::dispatch::Dispatcher;
 use crate::durability::DurabilityStage;
 use crate::error::RuntimeError;
 use crate::host::HostState;
 use crate::metrics::Metrics;
-use crate::outbox::{Dispatcher, Inbound, MessageAnswer};
+use crate::outbox::{Inbound, MessageAnswer};
 use crate::replication::Replication;
 use crate::timer::Timer;
 

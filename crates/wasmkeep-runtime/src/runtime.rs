@@ -25,12 +25,13 @@ use crate::clock::Clock;
 use crate::compile_cache::CacheKey;
 use crate::compile_process::EngineSettings;
 use crate::config::RuntimeConfig;
+use crate::dispatch::Dispatcher;
 use crate::durability::DurabilityStage;
 use crate::error::RuntimeError;
 use crate::host::{self, HostState};
 use crate::metrics::Metrics;
 use crate::node::{Inner, ToClose, deliver_inbound};
-use crate::outbox::{Dispatcher, Inbound, MessageAnswer};
+use crate::outbox::{Inbound, MessageAnswer};
 use crate::replication::Replication;
 use crate::timer::Timer;
 

@@ -54,6 +54,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "restore",
             "reply",
             "actor",
+            "dispatch",
             "node",
         ],
     ),
@@ -65,11 +66,7 @@ const LAYERS: &[(&str, &[&str])] = &[
 
 /// Edges back up that remain (user, used): to be removed, not added to.
 const KNOWN_BACK_EDGES: &[(&str, &str)] = &[
-    // The node's shared state (`node::Inner`), which the outbox's
-    // dispatcher takes to deliver messages to actors.
-    ("outbox", "node"),
     // Replies and deliveries wait on actors' turns and uploads.
-    ("outbox", "actor"),
     ("parked", "actor"),
     ("parked", "replication"),
 ];

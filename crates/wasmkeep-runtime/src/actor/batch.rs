@@ -915,7 +915,7 @@ pub(super) fn release_replies(
                     apply_socket_ops(&rt, &actor, socket_ops, repl_mark);
                 }
             }
-            crate::outbox::drop_elsewhere(rt);
+            crate::dispatch::drop_elsewhere(rt);
         }
     };
     if rt.config.durability == Durability::Fsync && waiting && after.removed.is_none() {

@@ -7,11 +7,12 @@ use std::sync::atomic::Ordering;
 use wasmkeep_store::{ActorId, InboxSeen};
 
 use super::{Actor, Loaded, Outcome, end_event, ensure_init, enter, finish_call};
+use crate::dispatch::Offered;
 use crate::error::RuntimeError;
 use crate::host::inbox_exports::inbox;
 use crate::host::wasmkeep::actor::types::Address;
 use crate::node::Inner;
-use crate::outbox::{Answer, MessageAnswer, Offered};
+use crate::outbox::{Answer, MessageAnswer};
 use crate::replication;
 
 /// Hands rows above the actor's mark (up to `upto`, or all) to the

@@ -20,19 +20,15 @@
 //! No worker ever waits for the network, and no turn waits for another
 //! actor: a cycle (A sends to B, which sends to A) is only more events.
 
-pub(crate) mod dispatch;
-mod http;
-
+use std::future::Future;
+use std::net::IpAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use wasmkeep_store::{ActorId, OutboxKind, OutboxRow};
 
-pub(crate) use dispatch::drop_elsewhere;
-pub use dispatch::{
-    Answer, Dispatcher, Inbound, MessageAnswer, Offered, Routed, Router, idempotency_key,
-};
-
 pub use crate::config::OutboxLimits;
+use crate::error::RuntimeError;
 use crate::host::HostState;
 use crate::host::WitError;
 use crate::host::wasmkeep::actor::outbox;
@@ -105,7 +101,7 @@ pub(crate) fn check_url(url: &str, policy: &OutboundPolicy) -> Result<(), WitErr
             ),
         ));
     }
-    let parsed = http::parse_url(url).map_err(|m| refusal("invalid_url", m))?;
+    let parsed = parse_url(url).map_err(|m| refusal("invalid_url", m))?;
     if !policy.allows(&parsed.host, parsed.port) {
         return Err(refusal(
             "host_not_allowed",
@@ -277,6 +273,120 @@ impl outbox::Host for HostState {
 pub struct OutboxSettings {
     pub limits: OutboxLimits,
     pub policy: Arc<OutboundPolicy>,
+}
+
+/// A URL's parts the policy looks at.
+#[derive(Debug)]
+pub(crate) struct ParsedUrl {
+    pub host: String,
+    pub port: u16,
+    pub ip: Option<IpAddr>,
+}
+
+/// Parses an `http://` or `https://` URL a guest gave (no credentials, a
+/// host), for the policy's check here and the dispatcher's before each
+/// attempt.
+pub(crate) fn parse_url(url: &str) -> Result<ParsedUrl, String> {
+    let u = reqwest::Url::parse(url).map_err(|e| format!("invalid url: {e}"))?;
+    if u.scheme() != "http" && u.scheme() != "https" {
+        return Err(format!(
+            "invalid url: scheme `{}` (only http and https)",
+            u.scheme()
+        ));
+    }
+    if !u.username().is_empty() || u.password().is_some() {
+        return Err("invalid url: credentials in the URL are refused (use a header)".into());
+    }
+    let Some(host) = u.host_str().filter(|h| !h.is_empty()) else {
+        return Err("invalid url: no host".into());
+    };
+    let host = host
+        .to_ascii_lowercase()
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_string();
+    let ip = host.parse::<IpAddr>().ok();
+    Ok(ParsedUrl {
+        host,
+        port: u.port_or_known_default().unwrap_or(80),
+        ip,
+    })
+}
+
+/// What the receiver of a message answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MessageAnswer {
+    /// `on-message` returned `ok` with this body.
+    Reply(Vec<u8>),
+    /// `on-message` returned `err` (or failed in a way that would fail
+    /// again): its event rolled back.
+    Refused { code: String, message: String },
+}
+
+/// What a sender hears about one of its rows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    Message(MessageAnswer),
+    Http {
+        status: u16,
+        headers: Vec<(String, String)>,
+        body: Vec<u8>,
+    },
+    Failed {
+        code: String,
+        message: String,
+    },
+}
+
+impl Answer {
+    pub(crate) fn bytes(&self) -> u64 {
+        match self {
+            Answer::Message(MessageAnswer::Reply(b)) => b.len() as u64,
+            Answer::Http { headers, body, .. } => {
+                (body.len()
+                    + headers
+                        .iter()
+                        .map(|(k, v)| k.len() + v.len())
+                        .sum::<usize>()) as u64
+            }
+            Answer::Message(MessageAnswer::Refused { message, .. })
+            | Answer::Failed { message, .. } => message.len() as u64,
+        }
+    }
+}
+
+/// An event the dispatcher brings to an actor.
+#[derive(Debug, Clone)]
+pub enum Inbound {
+    /// A message from `from` (its `life` and `seq`: what the receiver keys
+    /// repeats by).
+    Message {
+        from: ActorId,
+        life: u64,
+        seq: u64,
+        body: Vec<u8>,
+    },
+    /// The answer to the receiver's own row `seq` of its outbox's `life`.
+    /// With `discard`, the row is deleted without running `on-response`
+    /// (it kept failing).
+    Response {
+        life: u64,
+        seq: u64,
+        answer: Answer,
+        attempts: u32,
+        discard: bool,
+    },
+}
+
+/// The future a [`Router`] returns.
+pub type Routed = Pin<Box<dyn Future<Output = Result<Option<MessageAnswer>, RuntimeError>> + Send>>;
+
+/// Takes an inbound event to whichever node holds its actor (a cluster).
+/// Without one, every actor is this node's.
+pub trait Router: Send + Sync {
+    /// Delivers `ev` to `to` and returns what its event answered (`Some`
+    /// for a message).
+    fn deliver(&self, to: ActorId, ev: Inbound) -> Routed;
 }
 
 #[cfg(test)]

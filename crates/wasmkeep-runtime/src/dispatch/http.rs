@@ -13,42 +13,7 @@ use std::time::Duration;
 
 use wasmkeep_store::OutboxRow;
 
-use super::OutboundPolicy;
-
-/// A URL's parts the policy looks at.
-#[derive(Debug)]
-pub(crate) struct ParsedUrl {
-    pub host: String,
-    pub port: u16,
-    pub ip: Option<IpAddr>,
-}
-
-pub(crate) fn parse_url(url: &str) -> Result<ParsedUrl, String> {
-    let u = reqwest::Url::parse(url).map_err(|e| format!("invalid url: {e}"))?;
-    if u.scheme() != "http" && u.scheme() != "https" {
-        return Err(format!(
-            "invalid url: scheme `{}` (only http and https)",
-            u.scheme()
-        ));
-    }
-    if !u.username().is_empty() || u.password().is_some() {
-        return Err("invalid url: credentials in the URL are refused (use a header)".into());
-    }
-    let Some(host) = u.host_str().filter(|h| !h.is_empty()) else {
-        return Err("invalid url: no host".into());
-    };
-    let host = host
-        .to_ascii_lowercase()
-        .trim_start_matches('[')
-        .trim_end_matches(']')
-        .to_string();
-    let ip = host.parse::<IpAddr>().ok();
-    Ok(ParsedUrl {
-        host,
-        port: u.port_or_known_default().unwrap_or(80),
-        ip,
-    })
-}
+use crate::outbox::{OutboundPolicy, parse_url};
 
 /// Whether an address is one a tenant must not reach unless the node says
 /// so: loopback, private, link-local, unspecified, multicast.

@@ -30,9 +30,9 @@
 //! read again from its database (an `OutboxResume` event) when there is
 //! room.
 
+mod http;
+
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
@@ -41,87 +41,13 @@ use parking_lot::Mutex;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use wasmkeep_store::{ActorId, OutboxKind, OutboxRow};
 
-use super::http::{self, Attempt};
-use super::{OutboundPolicy, OutboxLimits, decode_target};
 use crate::error::RuntimeError;
 use crate::faults::Faults;
 use crate::node::Inner;
-
-/// What the receiver of a message answered.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum MessageAnswer {
-    /// `on-message` returned `ok` with this body.
-    Reply(Vec<u8>),
-    /// `on-message` returned `err` (or failed in a way that would fail
-    /// again): its event rolled back.
-    Refused { code: String, message: String },
-}
-
-/// What a sender hears about one of its rows.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Answer {
-    Message(MessageAnswer),
-    Http {
-        status: u16,
-        headers: Vec<(String, String)>,
-        body: Vec<u8>,
-    },
-    Failed {
-        code: String,
-        message: String,
-    },
-}
-
-impl Answer {
-    fn bytes(&self) -> u64 {
-        match self {
-            Answer::Message(MessageAnswer::Reply(b)) => b.len() as u64,
-            Answer::Http { headers, body, .. } => {
-                (body.len()
-                    + headers
-                        .iter()
-                        .map(|(k, v)| k.len() + v.len())
-                        .sum::<usize>()) as u64
-            }
-            Answer::Message(MessageAnswer::Refused { message, .. })
-            | Answer::Failed { message, .. } => message.len() as u64,
-        }
-    }
-}
-
-/// An event the dispatcher brings to an actor.
-#[derive(Debug, Clone)]
-pub enum Inbound {
-    /// A message from `from` (its `life` and `seq`: what the receiver keys
-    /// repeats by).
-    Message {
-        from: ActorId,
-        life: u64,
-        seq: u64,
-        body: Vec<u8>,
-    },
-    /// The answer to the receiver's own row `seq` of its outbox's `life`.
-    /// With `discard`, the row is deleted without running `on-response`
-    /// (it kept failing).
-    Response {
-        life: u64,
-        seq: u64,
-        answer: Answer,
-        attempts: u32,
-        discard: bool,
-    },
-}
-
-/// The future a [`Router`] returns.
-pub type Routed = Pin<Box<dyn Future<Output = Result<Option<MessageAnswer>, RuntimeError>> + Send>>;
-
-/// Takes an inbound event to whichever node holds its actor (a cluster).
-/// Without one, every actor is this node's.
-pub trait Router: Send + Sync {
-    /// Delivers `ev` to `to` and returns what its event answered (`Some`
-    /// for a message).
-    fn deliver(&self, to: ActorId, ev: Inbound) -> Routed;
-}
+use crate::outbox::{
+    Answer, Inbound, MessageAnswer, OutboundPolicy, OutboxLimits, Router, decode_target,
+};
+use http::Attempt;
 
 /// What a row costs in memory besides its bytes (the row, its lane and
 /// task), so that many tiny rows are bounded too.
@@ -778,7 +704,7 @@ async fn send_message(
 
 /// The idempotency key of a row's attempts: the sender, its outbox's
 /// life, and the row's sequence number.
-pub fn idempotency_key(from: &ActorId, life: u64, seq: u64) -> String {
+pub(crate) fn idempotency_key(from: &ActorId, life: u64, seq: u64) -> String {
     format!("{from}/{life:016x}/{seq}")
 }
 
