@@ -50,18 +50,6 @@ pub struct ActorRequest {
     pub replicated: bool,
 }
 
-/// What an actor answered.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ActorResponse {
-    pub status: u16,
-    pub headers: Vec<(String, String)>,
-    pub body: Vec<u8>,
-    /// The request's event accepted a WebSocket upgrade (ADR 0043): the
-    /// socket's id, registered in the node's table once the event was
-    /// durable; the edge completes the upgrade.
-    pub socket: Option<u64>,
-}
-
 /// Something that happened on one of an actor's sockets (ADR 0043).
 #[derive(Debug, Clone)]
 pub enum SocketEvent {
@@ -100,6 +88,7 @@ pub enum Outcome {
 }
 
 pub use crate::reply::Reply;
+pub use crate::response::ActorResponse;
 
 mod alarm;
 mod batch;
@@ -375,7 +364,7 @@ struct Ran {
     replicated: bool,
     /// The request parked its reply (ADR 0042): it waits for a later
     /// event to complete it instead of leaving.
-    park: Option<crate::parked::Park>,
+    park: Option<crate::replies::Park>,
     /// The request accepted a WebSocket (ADR 0043).
     accepted: Option<crate::sockets::Accepted>,
 }

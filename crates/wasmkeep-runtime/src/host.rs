@@ -218,9 +218,9 @@ pub struct HostState {
     /// The app's variables and secrets (`config.get`).
     pub config: crate::app_config::InstanceConfig,
     /// The node's parked replies (`None` in the instance a deploy makes).
-    pub parked: Option<Arc<crate::parked::ParkedReplies>>,
+    pub parked: Option<Arc<dyn crate::replies::Tickets>>,
     /// What the running event parked and completed (ADR 0042).
-    pub replies: crate::parked::ReplyOps,
+    pub replies: crate::replies::ReplyOps,
     /// The node's `response_body_bytes_max` (a completed reply's body).
     pub response_body_bytes_max: usize,
     /// The node's sockets (`None` in the instance a deploy makes).

@@ -45,6 +45,7 @@ mod parked;
 pub mod pools;
 mod quotas;
 mod replication;
+mod replies;
 mod reply;
 mod response;
 pub mod restore;

@@ -8,6 +8,12 @@
 //! database: a parked reply is a client waiting on this node's socket, and
 //! it is gone with the process (the client's connection closes).
 //!
+//! This module is the node's table of them, in the actors' layer: it
+//! hands a reply over once the completing event is durable (and, for a
+//! `replicated` request, in the bucket). What a guest calls (`replies.park`,
+//! `replies.complete`) is `crate::replies`, which sees the table only as
+//! [`Tickets`].
+//!
 //! Bounded per node (`parked_replies_max`), per tenant
 //! (`parked_per_tenant_max`) and per actor (`parked_per_actor_max`); a park
 //! past any fails the guest's call with `too_many_parked`. The bounds are
@@ -25,9 +31,7 @@ use wasmkeep_store::ActorId;
 use crate::actor::{ActorResponse, Outcome, Reply};
 use crate::config::ParkedLimits;
 use crate::error::RuntimeError;
-use crate::host::HostState;
-use crate::host::wasmkeep::actor::replies;
-use crate::outbox::refusal;
+use crate::replies::{Park, Tickets, random_start};
 
 /// A completion that arrived before its reply was attached.
 type Early = (ActorResponse, Option<crate::replication::Mark>);
@@ -94,21 +98,6 @@ impl Table {
     }
 }
 
-/// A number to start a node's ids at, different at every start (the
-/// clock's nanoseconds, spread), so that an id kept from before a restart
-/// names nothing new.
-pub(crate) fn random_start() -> u64 {
-    let seed = (crate::clock::wall_nanos() as u64).max(1);
-    seed.wrapping_mul(0x9E37_79B9_7F4A_7C15)
-}
-
-/// What a request's event asked for its reply.
-#[derive(Debug, Clone, Copy)]
-pub struct Park {
-    pub ticket: u64,
-    pub timeout_ms: u64,
-}
-
 impl ParkedReplies {
     pub fn new(limits: ParkedLimits, metrics: Arc<crate::metrics::Metrics>) -> ParkedReplies {
         ParkedReplies {
@@ -121,10 +110,6 @@ impl ParkedReplies {
         }
     }
 
-    pub fn limits(&self) -> &ParkedLimits {
-        &self.limits
-    }
-
     /// Replies parked now.
     pub fn len(&self) -> usize {
         self.map.lock().parked.len()
@@ -132,43 +117,6 @@ impl ParkedReplies {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
-    }
-
-    /// A ticket for a reply `actor` is about to park, if the bounds allow
-    /// one more (`already` counts what its running batch parked so far).
-    fn ticket(&self, actor: &ActorId, already: usize) -> Result<u64, String> {
-        let map = self.map.lock();
-        if map.parked.len() + already >= self.limits.node_max {
-            return Err(format!(
-                "{} replies are parked on this node, limit parked_replies_max={}",
-                map.parked.len(),
-                self.limits.node_max
-            ));
-        }
-        let mine = map.per_actor.get(actor).copied().unwrap_or(0) + already;
-        if mine >= self.limits.per_actor_max {
-            return Err(format!(
-                "{mine} replies of this actor are parked, limit parked_per_actor_max={}",
-                self.limits.per_actor_max
-            ));
-        }
-        let tenants = map.per_tenant.get(&actor.tenant).copied().unwrap_or(0) + already;
-        if tenants >= self.limits.per_tenant_max {
-            return Err(format!(
-                "{tenants} replies of tenant `{}` are parked on this node, limit parked_per_tenant_max={}",
-                actor.tenant, self.limits.per_tenant_max
-            ));
-        }
-        Ok(self.next.fetch_add(1, Ordering::Relaxed))
-    }
-
-    /// Whether `ticket` is one of `actor`'s parked replies, not completed.
-    fn holds(&self, actor: &ActorId, ticket: u64) -> bool {
-        self.map
-            .lock()
-            .parked
-            .get(&ticket)
-            .is_some_and(|p| p.actor == *actor && p.early.is_none())
     }
 
     /// Registers a reply its event parked, as soon as that event's batch
@@ -384,100 +332,45 @@ fn send(
     }
 }
 
-/// What the running event asked about parked replies, applied after its
-/// batch commits.
-#[derive(Default)]
-pub struct ReplyOps {
-    /// The running request parks its reply.
-    pub park: Option<Park>,
-    /// Replies completed by the running event.
-    pub completions: Vec<(u64, ActorResponse)>,
-    /// Replies parked by earlier events of the running batch (not in the
-    /// table yet).
-    pub parked_in_batch: Vec<u64>,
-}
-
-impl replies::Host for HostState {
-    fn park(&mut self, timeout_ms: u32) -> Result<u64, crate::host::WitError> {
-        if !self.response.is_open() {
-            return Err(refusal(
-                "no_request",
-                "replies.park is only for the request being handled",
-            ));
-        }
-        let Some(table) = self.parked.clone() else {
-            return Err(refusal("no_request", "no parked replies here"));
-        };
-        if timeout_ms == 0 || u64::from(timeout_ms) > table.limits().reply_ms_max {
-            return Err(refusal(
-                "invalid_argument",
-                format!(
-                    "timeout_ms={timeout_ms} must be 1 to parked_reply_ms_max={}",
-                    table.limits().reply_ms_max
-                ),
-            ));
-        }
-        if let Some(p) = self.replies.park {
-            return Ok(p.ticket);
-        }
-        let already = self.replies.parked_in_batch.len();
-        let ticket = table
-            .ticket(&self.id, already)
-            .map_err(|m| refusal("too_many_parked", m))?;
-        self.replies.park = Some(Park {
-            ticket,
-            timeout_ms: u64::from(timeout_ms),
-        });
-        Ok(ticket)
+impl Tickets for ParkedReplies {
+    fn limits(&self) -> &ParkedLimits {
+        &self.limits
     }
 
-    fn complete(
-        &mut self,
-        ticket: u64,
-        status: u16,
-        headers: Vec<(String, String)>,
-        body: Vec<u8>,
-    ) -> Result<(), crate::host::WitError> {
-        let Some(table) = self.parked.clone() else {
-            return Err(refusal("reply_not_found", "no parked replies here"));
-        };
-        let mine = table.holds(&self.id, ticket)
-            || self.replies.parked_in_batch.contains(&ticket)
-            || self.replies.park.is_some_and(|p| p.ticket == ticket);
-        if !mine || self.replies.completions.iter().any(|(t, _)| *t == ticket) {
-            return Err(refusal(
-                "reply_not_found",
-                format!(
-                    "ticket {ticket} is not a reply this actor has parked (expired, completed, or from before a restart)"
-                ),
+    /// A ticket for a reply `actor` is about to park, if the bounds allow
+    /// one more (`already` counts what its running batch parked so far).
+    fn ticket(&self, actor: &ActorId, already: usize) -> Result<u64, String> {
+        let map = self.map.lock();
+        if map.parked.len() + already >= self.limits.node_max {
+            return Err(format!(
+                "{} replies are parked on this node, limit parked_replies_max={}",
+                map.parked.len(),
+                self.limits.node_max
             ));
         }
-        if !(200..=599).contains(&status) {
-            return Err(refusal(
-                "invalid_argument",
-                format!("status {status} is not 200 to 599"),
+        let mine = map.per_actor.get(actor).copied().unwrap_or(0) + already;
+        if mine >= self.limits.per_actor_max {
+            return Err(format!(
+                "{mine} replies of this actor are parked, limit parked_per_actor_max={}",
+                self.limits.per_actor_max
             ));
         }
-        let limit = self.response_body_bytes_max;
-        if body.len() > limit {
-            return Err(refusal(
-                "response_too_large",
-                format!(
-                    "body size={} limit response_body_bytes_max={limit}",
-                    body.len()
-                ),
+        let tenants = map.per_tenant.get(&actor.tenant).copied().unwrap_or(0) + already;
+        if tenants >= self.limits.per_tenant_max {
+            return Err(format!(
+                "{tenants} replies of tenant `{}` are parked on this node, limit parked_per_tenant_max={}",
+                actor.tenant, self.limits.per_tenant_max
             ));
         }
-        crate::response::check_headers(&headers)?;
-        self.replies.completions.push((
-            ticket,
-            ActorResponse {
-                status,
-                headers,
-                body,
-                socket: None,
-            },
-        ));
-        Ok(())
+        Ok(self.next.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// Whether `ticket` is one of `actor`'s parked replies, not completed.
+    fn holds(&self, actor: &ActorId, ticket: u64) -> bool {
+        self.map
+            .lock()
+            .parked
+            .get(&ticket)
+            .is_some_and(|p| p.actor == *actor && p.early.is_none())
     }
 }

@@ -15,6 +15,18 @@ use wasmtime::component::{Linker, WasmList, WasmStr};
 use crate::error::RuntimeError;
 use crate::host::{HostState, WitError};
 
+/// What an actor answered.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ActorResponse {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+    /// The request's event accepted a WebSocket upgrade (ADR 0043): the
+    /// socket's id, registered in the node's table once the event was
+    /// durable; the edge completes the upgrade.
+    pub socket: Option<u64>,
+}
+
 /// The interface's name in the component model.
 const INTERFACE: &str = "wasmkeep:actor/response@0.2.0";
 

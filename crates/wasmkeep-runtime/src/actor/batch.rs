@@ -505,7 +505,7 @@ pub(super) fn reset_event_state(l: &mut Loaded, ran: &EventsRan) {
         .collect();
     let accepted_in_batch = ran.results.iter().filter(|r| r.accepted.is_some()).count();
     let state = l.store.data_mut();
-    state.replies = crate::parked::ReplyOps {
+    state.replies = crate::replies::ReplyOps {
         parked_in_batch,
         ..Default::default()
     };
@@ -573,7 +573,7 @@ pub(super) fn take_event_effects(
     ok: bool,
     ran: &mut EventsRan,
 ) -> (
-    Option<crate::parked::Park>,
+    Option<crate::replies::Park>,
     Option<crate::sockets::Accepted>,
 ) {
     ran.outbox_sent |= l.store.data().outbox_sent;

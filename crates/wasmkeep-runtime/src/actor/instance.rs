@@ -22,7 +22,8 @@ pub(super) fn instantiate(
     if rt.faults.unsafe_outbox_before_commit() {
         state.sent_before_commit = Some(Vec::new());
     }
-    state.parked = Some(Arc::clone(&rt.parked));
+    let parked: Arc<dyn crate::replies::Tickets> = rt.parked.clone();
+    state.parked = Some(parked);
     state.sockets = Some(Arc::clone(&rt.sockets));
     state.logs = Some(Arc::clone(&rt.logs));
     state.response_body_bytes_max = rt.config.response_body_bytes_max;
