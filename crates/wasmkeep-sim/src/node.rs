@@ -969,18 +969,8 @@ impl Ctx {
                     round.on_uploaded(self.upload(actor, state).await);
                 }
                 Some(UpkeepEffect::Landed { remove, list_late }) => {
-                    for key in remove {
-                        self.step("event: remove the replaced entry").await;
-                        if self.owner_ok(actor, generation) {
-                            self.delete(actor, key).await;
-                        }
-                    }
-                    for listing in list_late {
-                        self.step("join: list the alarm after the upload").await;
-                        let _ = self
-                            .put(actor, listing.key, String::new(), listing.create_only)
-                            .await;
-                    }
+                    self.after_landing(actor, generation, remove, list_late)
+                        .await;
                     return true;
                 }
                 Some(UpkeepEffect::GiveUp(GiveUp::Listing { key })) => {
@@ -990,6 +980,30 @@ impl Ctx {
                 // The failed upload gave the actor up already.
                 Some(UpkeepEffect::GiveUp(GiveUp::Upload)) | None => return false,
             }
+        }
+    }
+
+    /// What an upload round leaves for after its upload landed: the
+    /// replaced entries removed (while the lease lets the node act), the
+    /// unsafe variant's late listings; each a crash point, best effort.
+    async fn after_landing(
+        &self,
+        actor: usize,
+        generation: u64,
+        remove: Vec<String>,
+        list_late: Vec<Listing>,
+    ) {
+        for key in remove {
+            self.step("event: remove the replaced entry").await;
+            if self.owner_ok(actor, generation) {
+                self.delete(actor, key).await;
+            }
+        }
+        for listing in list_late {
+            self.step("join: list the alarm after the upload").await;
+            let _ = self
+                .put(actor, listing.key, String::new(), listing.create_only)
+                .await;
         }
     }
 

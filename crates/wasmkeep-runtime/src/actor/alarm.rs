@@ -162,37 +162,47 @@ pub(super) fn run_alarm(
             if let Some(c) = &class {
                 c.alarm_runs_failed.inc();
             }
-            // A failing alarm is a warning with its count of failures so
-            // far and what happens next (issue 22), in the node's log and
-            // the actor's (`wasmkeep logs`).
             let id = l.store.data().id.clone();
-            let failures = state.retry_count + 1;
-            // A guest's error can be megabytes: formatted once, cut once.
-            let error = crate::logs::clip(&e.to_string(), crate::logs::LINE_BYTES_MAX).into_owned();
-            let message = match next {
-                _ if out.dropped => {
-                    Metrics::inc(&rt.metrics.alarms_abandoned_total);
-                    format!(
-                        "alarm failed ({failures} failures): dropped after retries_max; error: {error}"
-                    )
-                }
-                Some(n) => format!(
-                    "alarm failed ({failures} failures so far), retry in {} ms; error: {error}",
-                    n.at_ms.saturating_sub(now)
-                ),
-                None => format!("alarm failed ({failures} failures so far); error: {error}"),
-            };
-            // Many failing actors must not flood the node's log: the
-            // warnings are cut to a rate (each actor's own lines are not).
-            if let Some(left_out) = rt.alarm_failure_rate.admit(ALARM_FAILURE_LOG_PER_S) {
-                tracing::warn!(actor = %id, %error, retry_count = state.retry_count, dropped = out.dropped, left_out, "alarm failed");
-            }
-            use crate::logs::{Level, LogLine, Source};
-            rt.logs
-                .push(LogLine::new(now, Level::Warn, Source::Runtime, id, message));
+            log_alarm_failure(rt, id, &e, state.retry_count, out.dropped, next, now);
             Err(e)
         }
     }
+}
+
+/// A failing alarm is a warning with its count of failures so far and
+/// what happens next (issue 22), in the node's log and the actor's
+/// (`wasmkeep logs`); `next` is the attempt committed, if any.
+fn log_alarm_failure(
+    rt: &Inner,
+    id: ActorId,
+    e: &RuntimeError,
+    retry_count: u32,
+    dropped: bool,
+    next: Option<AlarmState>,
+    now: u64,
+) {
+    let failures = retry_count + 1;
+    // A guest's error can be megabytes: formatted once, cut once.
+    let error = crate::logs::clip(&e.to_string(), crate::logs::LINE_BYTES_MAX).into_owned();
+    let message = match next {
+        _ if dropped => {
+            Metrics::inc(&rt.metrics.alarms_abandoned_total);
+            format!("alarm failed ({failures} failures): dropped after retries_max; error: {error}")
+        }
+        Some(n) => format!(
+            "alarm failed ({failures} failures so far), retry in {} ms; error: {error}",
+            n.at_ms.saturating_sub(now)
+        ),
+        None => format!("alarm failed ({failures} failures so far); error: {error}"),
+    };
+    // Many failing actors must not flood the node's log: the warnings are
+    // cut to a rate (each actor's own lines are not).
+    if let Some(left_out) = rt.alarm_failure_rate.admit(ALARM_FAILURE_LOG_PER_S) {
+        tracing::warn!(actor = %id, %error, retry_count, dropped, left_out, "alarm failed");
+    }
+    use crate::logs::{Level, LogLine, Source};
+    rt.logs
+        .push(LogLine::new(now, Level::Warn, Source::Runtime, id, message));
 }
 
 /// Runs the class's alarm handler once, for nothing, so that its statements

@@ -219,6 +219,85 @@ pub(super) fn resolve_class(
     Some((app, events))
 }
 
+/// An actor with no database, and none created for these events (no
+/// request among them): an alarm finds nothing to run, a delivery's entry
+/// goes by the no-state rule, anything else is done.
+fn answer_without_database(rt: &Arc<Inner>, actor: &Arc<Actor>, events: Vec<Event>) {
+    rt.timer.set(&actor.id, None);
+    for ev in events {
+        let out = match ev.kind {
+            EventKind::Alarm { .. } => Ok(Outcome::Alarm(false)),
+            EventKind::Deliver { at_ms, remove_here } => {
+                delivered_without_state(rt, actor, at_ms, remove_here)
+            }
+            _ => Ok(Outcome::Done),
+        };
+        reply(ev.reply, out);
+    }
+}
+
+/// The actor could not be opened: every event hears why (a tenant's quota
+/// as itself, a store error as itself for the first waiter, anything else
+/// as internal).
+fn fail_to_open(id: &ActorId, e: RuntimeError, events: Vec<Event>) {
+    if let RuntimeError::QuotaExceeded {
+        tenant,
+        what,
+        limit_name,
+        limit,
+    } = e
+    {
+        // The tenant's doing: every event hears of its quota.
+        fail_all(events, || RuntimeError::QuotaExceeded {
+            tenant: tenant.clone(),
+            what,
+            limit_name,
+            limit,
+        });
+        return;
+    }
+    tracing::warn!(actor = %id, error = %e, "could not open actor");
+    let msg = e.to_string();
+    let code_err = move || RuntimeError::Internal(msg.clone());
+    let mut events = events;
+    if matches!(e, RuntimeError::Store(_)) && !events.is_empty() {
+        // Keep the real store error for the first waiter.
+        let first = events.remove(0);
+        reply(first.reply, Err(e));
+    }
+    fail_all(events, code_err);
+}
+
+/// Hands the outbox's rows to the dispatcher for the `OutboxResume`
+/// events among `events`, answers them, and returns the others.
+fn run_outbox_resumes(
+    rt: &Arc<Inner>,
+    actor: &Arc<Actor>,
+    l: &mut Loaded,
+    events: Vec<Event>,
+    turn: &Turn,
+) -> Vec<Event> {
+    let (resumes, events): (Vec<Event>, Vec<Event>) = events
+        .into_iter()
+        .partition(|e| matches!(e.kind, EventKind::OutboxResume { .. }));
+    for ev in resumes {
+        match ev.kind {
+            EventKind::OutboxResume { upto: Some(upto) } => offer_outbox(rt, actor, l, Some(upto)),
+            // All of them again (room in the dispatcher), but only those
+            // known durable (and in the bucket): a batch still on its way
+            // there hands its own over when it arrives.
+            _ if turn.was_loaded => {
+                actor.outbox_offered.store(0, Ordering::Relaxed);
+                let durable = actor.outbox_durable.load(Ordering::Relaxed);
+                offer_outbox(rt, actor, l, Some(durable));
+            }
+            _ => {}
+        }
+        reply(ev.reply, Ok(Outcome::Done));
+    }
+    events
+}
+
 /// Phase 2: the database and an instance, and whether the actor's init
 /// ran. An actor with no database gets one only from a request; an alarm
 /// for an actor with no state does not create it.
@@ -241,47 +320,11 @@ pub(super) fn open_for_turn(
     let mut loaded = match loaded {
         Ok(Some(loaded)) => loaded,
         Ok(None) => {
-            rt.timer.set(id, None);
-            for ev in events {
-                let out = match ev.kind {
-                    EventKind::Alarm { .. } => Ok(Outcome::Alarm(false)),
-                    EventKind::Deliver { at_ms, remove_here } => {
-                        delivered_without_state(rt, actor, at_ms, remove_here)
-                    }
-                    _ => Ok(Outcome::Done),
-                };
-                reply(ev.reply, out);
-            }
-            return None;
-        }
-        Err(RuntimeError::QuotaExceeded {
-            tenant,
-            what,
-            limit_name,
-            limit,
-        }) => {
-            // The tenant's doing: every event hears of its quota.
-            fail_all(events, || RuntimeError::QuotaExceeded {
-                tenant: tenant.clone(),
-                what,
-                limit_name,
-                limit,
-            });
+            answer_without_database(rt, actor, events);
             return None;
         }
         Err(e) => {
-            tracing::warn!(actor = %id, error = %e, "could not open actor");
-            let msg = e.to_string();
-            let code_err = move || RuntimeError::Internal(msg.clone());
-            if matches!(e, RuntimeError::Store(_)) {
-                // Keep the real store error for the first waiter.
-                let mut events = events;
-                let first = events.remove(0);
-                reply(first.reply, Err(e));
-                fail_all(events, code_err);
-                return None;
-            }
-            fail_all(events, code_err);
+            fail_to_open(id, e, events);
             return None;
         }
     };
@@ -290,24 +333,7 @@ pub(super) fn open_for_turn(
         // What an earlier run (or another node) left unsent goes out again.
         outbox_opened(rt, actor, l);
     }
-    let (resumes, events): (Vec<Event>, Vec<Event>) = events
-        .into_iter()
-        .partition(|e| matches!(e.kind, EventKind::OutboxResume { .. }));
-    for ev in resumes {
-        match ev.kind {
-            EventKind::OutboxResume { upto: Some(upto) } => offer_outbox(rt, actor, l, Some(upto)),
-            // All of them again (room in the dispatcher), but only those
-            // known durable (and in the bucket): a batch still on its way
-            // there hands its own over when it arrives.
-            _ if turn.was_loaded => {
-                actor.outbox_offered.store(0, Ordering::Relaxed);
-                let durable = actor.outbox_durable.load(Ordering::Relaxed);
-                offer_outbox(rt, actor, l, Some(durable));
-            }
-            _ => {}
-        }
-        reply(ev.reply, Ok(Outcome::Done));
-    }
+    let events = run_outbox_resumes(rt, actor, l, events, turn);
     if events.is_empty() {
         *slot = Some(loaded);
         return None;
@@ -718,28 +744,7 @@ pub(super) fn after_commit(
     ran: EventsRan,
     initialized: bool,
 ) -> Result<(AfterCommit, Vec<Ran>), Stop> {
-    let id = &actor.id;
-    // Read back after the batch that opened the actor, one that delivered
-    // an alarm, and any that wrote the alarm (rolled back or not); other
-    // batches left it as the timer has it.
-    if !turn.was_loaded || turn.has_alarm || l.db().alarm_writes() != ran.alarm_writes_before {
-        match l.db().alarm() {
-            Ok(a) => {
-                if !turn.was_loaded && a.is_none() {
-                    // Opening read pages (the init mark, the alarm) that the
-                    // actor's next events do not, with a statement they do
-                    // not run: both would stay as long as it is open (W4).
-                    // An actor with an alarm keeps them: its alarm turn
-                    // reads them again, maybe together with thousands of
-                    // others (W2).
-                    l.db().shrink_cache();
-                    l.db().forget_alarm_read();
-                }
-                rt.timer.set(id, a.map(|a| a.at_ms))
-            }
-            Err(_) => rt.rearm_after_failure(id),
-        }
-    }
+    timer_follows_commit(rt, &actor.id, l, turn, &ran);
     let dir = l.db().dir().to_owned();
     // Only the first durable batch of a new actor syncs its folders.
     let dirs = l.db().take_new_dirs();
@@ -787,32 +792,17 @@ pub(super) fn after_commit(
     // before this one is durable (their replies are attached when it is).
     for r in &ran.results {
         if let (Some(park), Ok(_)) = (r.park, &r.out) {
-            rt.parked.reserve(
-                &actor.id,
-                park,
-                r.replicated,
-                rt.clock.now_ms(),
-                rt.outbox.handle(),
-            );
+            let now = rt.clock.now_ms();
+            let handle = rt.outbox.handle();
+            rt.parked
+                .reserve(&actor.id, park, r.replicated, now, handle);
         }
     }
     // The folder of a removed actor goes once its instance is dropped
     // (`run_opened`), before anyone hears back.
     let removed = removed.then_some(dir);
     if turn.has_request && rt.faults.crash_after_commit() {
-        // As if the process died here: the commit stands, nobody hears of
-        // it, and the in-memory instance is gone (a removed actor's folder
-        // with it) before the replies go.
-        l.close_db();
-        if let Some(dir) = &removed {
-            let _ = std::fs::remove_dir_all(dir);
-        }
-        for r in ran.results {
-            reply(
-                r.reply,
-                Err(RuntimeError::Internal("injected crash after commit".into())),
-            );
-        }
+        crash_after_commit(l, removed.as_deref(), ran.results);
         return Err(Stop::Close);
     }
     Ok((
@@ -827,6 +817,103 @@ pub(super) fn after_commit(
         },
         ran.results,
     ))
+}
+
+/// The test switch `crash_after_commit`: as if the process died after
+/// the commit, which stands while nobody hears of it, and the in-memory
+/// instance is gone (a removed actor's folder with it) before the replies
+/// go.
+fn crash_after_commit(l: &mut Loaded, removed: Option<&std::path::Path>, results: Vec<Ran>) {
+    l.close_db();
+    if let Some(dir) = removed {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    for r in results {
+        let crash = RuntimeError::Internal("injected crash after commit".into());
+        reply(r.reply, Err(crash));
+    }
+}
+
+/// The timer follows the committed alarm: read back after the batch that
+/// opened the actor, one that delivered an alarm, and any that wrote the
+/// alarm (rolled back or not); other batches left it as the timer has it.
+fn timer_follows_commit(rt: &Inner, id: &ActorId, l: &mut Loaded, turn: &Turn, ran: &EventsRan) {
+    if turn.was_loaded && !turn.has_alarm && l.db().alarm_writes() == ran.alarm_writes_before {
+        return;
+    }
+    match l.db().alarm() {
+        Ok(a) => {
+            if !turn.was_loaded && a.is_none() {
+                // Opening read pages (the init mark, the alarm) that the
+                // actor's next events do not, with a statement they do
+                // not run: both would stay as long as it is open (W4).
+                // An actor with an alarm keeps them: its alarm turn reads
+                // them again, maybe together with thousands of others (W2).
+                l.db().shrink_cache();
+                l.db().forget_alarm_read();
+            }
+            rt.timer.set(id, a.map(|a| a.at_ms));
+        }
+        Err(_) => rt.rearm_after_failure(id),
+    }
+}
+
+/// One event's reply, once its batch's commit is durable (or failed to
+/// become so): a socket it accepted is registered, a parked reply waits
+/// for its completion, a `replicated` one for the upload; the rest leave.
+fn release_one(
+    rt: Option<&Arc<Inner>>,
+    metrics: &Arc<Metrics>,
+    actor: &Arc<Actor>,
+    sync: &Result<(), String>,
+    ran: Ran,
+    repl_mark: Option<replication::Mark>,
+) {
+    let Ran {
+        reply: r,
+        out,
+        started,
+        replicated,
+        park,
+        accepted,
+    } = ran;
+    let out = match (sync, out) {
+        (Err(e), Ok(_)) => Err(RuntimeError::Internal(e.clone())),
+        (_, out) => out,
+    };
+    if let (Some(a), Ok(_), Some(rt)) = (accepted, &out, rt) {
+        // Registered before the reply leaves: the edge connects to it when
+        // the reply tells it the id.
+        rt.sockets.register(&actor.id, a, rt.clock.now_ms());
+    }
+    let r = match (park, &out, r, rt) {
+        (Some(park), Ok(_), Some(r), Some(rt)) => {
+            // Parked: it leaves when a later event completes it (or did
+            // already, while this batch was made durable).
+            rt.parked.attach(metrics, actor, park.ticket, r, started);
+            return;
+        }
+        (Some(park), _, r, Some(rt)) => {
+            // Reserved at the commit, which did not become durable: the
+            // request hears the error.
+            rt.parked.cancel(park.ticket);
+            r
+        }
+        (_, _, r, _) => r,
+    };
+    let r = match (replicated && out.is_ok(), repl_mark, r) {
+        (true, Some(mark), Some(r)) => {
+            replication::hold_until_uploaded(metrics, actor, mark, r, out, started);
+            return;
+        }
+        (_, _, r) => r,
+    };
+    if let Some(t) = started {
+        metrics
+            .event_latency
+            .observe_ms(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    reply(r, out);
 }
 
 /// Phase 7: the replies, once the commit is on disk (`fsync` durability,
@@ -855,52 +942,8 @@ pub(super) fn release_replies(
             .phase_durable
             .observe_ms(committed_at.elapsed().as_secs_f64() * 1000.0);
         let rt = weak.upgrade();
-        for Ran {
-            reply: r,
-            out,
-            started,
-            replicated,
-            park,
-            accepted,
-        } in results
-        {
-            let out = match (&sync, out) {
-                (Err(e), Ok(_)) => Err(RuntimeError::Internal(e.clone())),
-                (_, out) => out,
-            };
-            if let (Some(a), Ok(_), Some(rt)) = (accepted, &out, &rt) {
-                // Registered before the reply leaves: the edge connects to
-                // it when the reply tells it the id.
-                rt.sockets.register(&actor.id, a, rt.clock.now_ms());
-            }
-            let r = match (park, &out, r, &rt) {
-                (Some(park), Ok(_), Some(r), Some(rt)) => {
-                    // Parked: it leaves when a later event completes it
-                    // (or did already, while this batch was made durable).
-                    rt.parked.attach(&metrics, &actor, park.ticket, r, started);
-                    continue;
-                }
-                (Some(park), _, r, Some(rt)) => {
-                    // Reserved at the commit, which did not become
-                    // durable: the request hears the error.
-                    rt.parked.cancel(park.ticket);
-                    r
-                }
-                (_, _, r, _) => r,
-            };
-            let r = match (replicated && out.is_ok(), repl_mark, r) {
-                (true, Some(mark), Some(r)) => {
-                    replication::hold_until_uploaded(&metrics, &actor, mark, r, out, started);
-                    continue;
-                }
-                (_, _, r) => r,
-            };
-            if let Some(t) = started {
-                metrics
-                    .event_latency
-                    .observe_ms(t.elapsed().as_secs_f64() * 1000.0);
-            }
-            reply(r, out);
+        for ran in results {
+            release_one(rt.as_ref(), &metrics, &actor, &sync, ran, repl_mark);
         }
         if let Some(rt) = rt {
             if sync.is_ok() {
