@@ -712,19 +712,13 @@ enum Source {
     File(WholeFile),
 }
 
-/// Chooses what the next upload ships, in the actor's turn. The captured
-/// pages are taken in every case (a whole image covers them too), and used
-/// when the replica can build an entry from them; otherwise (no base yet, a
-/// snapshot due, a capture that gave up or saw no commit, a closed actor's
-/// file) the whole database is read.
-fn upload_source(
+/// The pages the actor's commits changed since the last upload (taken
+/// from the capture, which starts over), if the capture saw them all.
+fn captured_pages<'a>(
     rt: &Inner,
     actor: &Actor,
-    replica: &Replica,
-    from: ImageFrom<'_>,
-    file: FileState,
-    hold: &mut crate::pools::Hold,
-) -> Result<Source, String> {
+    from: ImageFrom<'a>,
+) -> (Option<Pages>, ImageFrom<'a>) {
     let (changes, image) = match from {
         ImageFrom::Db(db) => (db.take_changes(), ImageFrom::Db(db)),
         ImageFrom::File(p) => {
@@ -742,6 +736,56 @@ fn upload_source(
         }),
         _ => None,
     });
+    (pages, image)
+}
+
+/// The actor's file to upload whole, read as it uploads, if it can be
+/// frozen (an open actor's) or is whole already (a closed one's, its log
+/// empty) and reads page by page; `None` sends the caller to SQLite.
+fn whole_file(
+    rt: &Inner,
+    actor: &Actor,
+    image: &ImageFrom<'_>,
+    file: FileState,
+) -> Result<Option<WholeFile>, String> {
+    let path = paths::actor_db(&rt.config.data_dir, &actor.id);
+    let frozen = match image {
+        ImageFrom::Db(db) => db.freeze_file().is_ok(),
+        ImageFrom::File(_) => log_is_empty(&path),
+    };
+    if !frozen {
+        return Ok(None);
+    }
+    match WholeFile::probe(&path) {
+        Ok(whole) => {
+            Metrics::inc(&rt.metrics.replica_file_reads_total);
+            Ok(Some(whole))
+        }
+        Err(e) => {
+            tracing::warn!(actor = %actor.id, error = %e, "could not read the actor's file page by page: reading it through SQLite");
+            // Frozen here for this read only (not for a snapshot).
+            if let (ImageFrom::Db(db), FileState::Free) = (image, file) {
+                db.thaw().map_err(|e| e.to_string())?;
+            }
+            Ok(None)
+        }
+    }
+}
+
+/// Chooses what the next upload ships, in the actor's turn. The captured
+/// pages are taken in every case (a whole image covers them too), and used
+/// when the replica can build an entry from them; otherwise (no base yet, a
+/// snapshot due, a capture that gave up or saw no commit, a closed actor's
+/// file) the whole database is read.
+fn upload_source(
+    rt: &Inner,
+    actor: &Actor,
+    replica: &Replica,
+    from: ImageFrom<'_>,
+    file: FileState,
+    hold: &mut crate::pools::Hold,
+) -> Result<Source, String> {
+    let (pages, image) = captured_pages(rt, actor, from);
     if let (Some(pages), ImageFrom::Db(_)) = (pages, &image)
         && !replica.wants_image()
         && replica.pages_suffice(&pages)
@@ -756,27 +800,11 @@ fn upload_source(
     // actor's is frozen here (the caller keeps it so), a closed one's is
     // whole if its log is empty (nobody opens it while the upload is in
     // flight).
-    if (!replica.has_base() || replica.needs_repair()) && file != FileState::Stale {
-        let path = paths::actor_db(&rt.config.data_dir, &actor.id);
-        let frozen = match &image {
-            ImageFrom::Db(db) => db.freeze_file().is_ok(),
-            ImageFrom::File(_) => log_is_empty(&path),
-        };
-        if frozen {
-            match WholeFile::probe(&path) {
-                Ok(whole) => {
-                    Metrics::inc(&rt.metrics.replica_file_reads_total);
-                    return Ok(Source::File(whole));
-                }
-                Err(e) => {
-                    tracing::warn!(actor = %actor.id, error = %e, "could not read the actor's file page by page: reading it through SQLite");
-                    // Frozen here for this read only (not for a snapshot).
-                    if let (ImageFrom::Db(db), FileState::Free) = (&image, file) {
-                        db.thaw().map_err(|e| e.to_string())?;
-                    }
-                }
-            }
-        }
+    if (!replica.has_base() || replica.needs_repair())
+        && file != FileState::Stale
+        && let Some(whole) = whole_file(rt, actor, &image, file)?
+    {
+        return Ok(Source::File(whole));
     }
     Metrics::inc(&rt.metrics.replica_image_reads_total);
     // With a head to compare with, the file is read page by page and only

@@ -122,6 +122,33 @@ fn answer_of(seen: InboxSeen) -> MessageAnswer {
     }
 }
 
+/// The answer a message already has, if the receiver applied it (or a
+/// later one from the same sender's life) before: a repeated delivery.
+fn answered_before(
+    l: &mut Loaded,
+    sender: &str,
+    seq: u64,
+) -> Result<Option<MessageAnswer>, RuntimeError> {
+    let Some(seen) = l.db().inbox_seen(sender)? else {
+        return Ok(None);
+    };
+    if seen.seq < seq {
+        return Ok(None);
+    }
+    if seen.seq == seq {
+        return Ok(Some(answer_of(seen)));
+    }
+    // An older message than the last applied: its sender heard its answer
+    // before it sent the next one.
+    Ok(Some(MessageAnswer::Refused {
+        code: "stale_message".into(),
+        message: format!(
+            "message {seq} was answered before message {} was applied",
+            seen.seq
+        ),
+    }))
+}
+
 /// A message from `from`: applied once. The receiver's `on-message` runs
 /// in a savepoint of its own inside the event's, so that when it fails
 /// (its answer) the record of having answered still commits; a repeated
@@ -148,22 +175,8 @@ pub(super) fn run_message(
     let r = (|| {
         ensure_init(rt, l, initialized)?;
         let dedup = !rt.faults.unsafe_inbox_no_dedup();
-        if dedup
-            && let Some(seen) = l.db().inbox_seen(&sender)?
-            && seen.seq >= seq
-        {
-            if seen.seq == seq {
-                return Ok(answer_of(seen));
-            }
-            // An older message than the last applied: its sender heard
-            // its answer before it sent the next one.
-            return Ok(MessageAnswer::Refused {
-                code: "stale_message".into(),
-                message: format!(
-                    "message {seq} was answered before message {} was applied",
-                    seen.seq
-                ),
-            });
+        if dedup && let Some(answer) = answered_before(l, &sender, seq)? {
+            return Ok(answer);
         }
         l.db().event_begin()?;
         handler_open = true;
