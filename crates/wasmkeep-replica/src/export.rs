@@ -187,22 +187,7 @@ async fn rebuild_at(
     let snaps = bucket
         .list_seqs_sized(&root.snap_dir(), None, bound)
         .await?;
-    // The base: the newest snapshot at or before the point, with the size
-    // the listing gave for it.
-    let base = match at {
-        At::Latest => snaps.last().copied(),
-        At::Seq(n) => snaps.iter().rev().find(|(s, _)| *s <= n).copied(),
-        At::TimeMs(t) => {
-            let mut found = None;
-            for &(s, size) in snaps.iter().rev() {
-                if time_of(bucket, &root.snap(s)).await? <= t {
-                    found = Some((s, size));
-                    break;
-                }
-            }
-            found
-        }
-    };
+    let base = base_at(bucket, &root, &snaps, at).await?;
     let base_seq = base.map(|(s, _)| s);
     let budget = &mut Budget::unbounded();
     let staged = &mut Staged::create(path, root.as_str())?;
@@ -270,18 +255,49 @@ async fn rebuild_at(
             staged.sync()?;
             Ok((staged.bytes(), key))
         }
-        _ => Err(ReplicaError::NotRetained(match reached {
-            None => format!(
-                "the bucket holds nothing of actor {id} at {at}: it was never uploaded there, \
-                 was deleted, or retention dropped that point"
-            ),
-            Some(r) => format!(
-                "actor {id} has no database at {at} in the bucket: its history there reaches \
-                 seq {r}, retention may have dropped older points, and a deleted life leaves \
-                 none"
-            ),
-        })),
+        _ => Err(not_retained(id, at, reached)),
     }
+}
+
+/// The base of a rebuild at `at`: the newest snapshot at or before the
+/// point, with the size the listing gave for it.
+async fn base_at(
+    bucket: &Bucket,
+    root: &ActorRoot,
+    snaps: &[(u64, u64)],
+    at: At,
+) -> Result<Option<(u64, u64)>, ReplicaError> {
+    Ok(match at {
+        At::Latest => snaps.last().copied(),
+        At::Seq(n) => snaps.iter().rev().find(|(s, _)| *s <= n).copied(),
+        At::TimeMs(t) => {
+            let mut found = None;
+            for &(s, size) in snaps.iter().rev() {
+                if time_of(bucket, &root.snap(s)).await? <= t {
+                    found = Some((s, size));
+                    break;
+                }
+            }
+            found
+        }
+    })
+}
+
+/// Why there is no database at `at`: nothing of the actor in the bucket,
+/// or a history that does not reach that point (`reached`: the last seq
+/// it reached).
+fn not_retained(id: &ActorId, at: At, reached: Option<u64>) -> ReplicaError {
+    ReplicaError::NotRetained(match reached {
+        None => format!(
+            "the bucket holds nothing of actor {id} at {at}: it was never uploaded there, \
+             was deleted, or retention dropped that point"
+        ),
+        Some(r) => format!(
+            "actor {id} has no database at {at} in the bucket: its history there reaches \
+             seq {r}, retention may have dropped older points, and a deleted life leaves \
+             none"
+        ),
+    })
 }
 
 /// [`stage`], for a body whose header said it was written no later than
