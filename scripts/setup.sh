@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building and testing wasmkeep needs on a fresh machine:
-# the wasm32-wasip2 target of the pinned toolchain, and (with --test) the
+# the wasm32-wasip2 target of the pinned toolchain, the npm packages that
+# build actors written in TypeScript (sdk/ts: esbuild, componentize-js,
+# typescript, exact versions from its lock file), and (with --test) the
 # S3-compatible test server (moto) in .venv. Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,6 +12,15 @@ cd "$(dirname "$0")/.."
 # the pinned toolchain is the one that gets it.
 rustup toolchain install >/dev/null 2>&1 || true
 rustup target add wasm32-wasip2 >/dev/null
+
+# The TypeScript build chain: the examples in TypeScript are built with it
+# (crates/wasmkeep-guests), and so is every TypeScript actor. Installed again
+# only when the lock file changed. No install script runs (none is needed).
+if ! cmp -s sdk/ts/package-lock.json sdk/ts/node_modules/.wasmkeep-installed-lock 2>/dev/null; then
+  command -v npm >/dev/null || { echo "setup: npm (Node.js 20 or later) is needed to build TypeScript actors" >&2; exit 1; }
+  npm ci --prefix sdk/ts --ignore-scripts --no-audit --no-fund --loglevel=error
+  cp sdk/ts/package-lock.json sdk/ts/node_modules/.wasmkeep-installed-lock
+fi
 
 if [ "${1:-}" = "--test" ]; then
   # The format and lint checks of the test command.

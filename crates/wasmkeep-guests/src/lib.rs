@@ -21,6 +21,15 @@ pub const BAD_IMPORT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/bad_impo
 /// hostile-guest tests (issue 17).
 pub const HOSTILE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/hostile.wasm"));
 
+/// The bundled examples in TypeScript (`demo/examples-ts`): classes
+/// `chat`, `counter`, `pinger`, `reminder`, answering the routes of their
+/// Rust namesakes. Built from `examples/ts` with `sdk/ts`.
+pub const EXAMPLES_TS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/examples_ts.wasm"));
+
+/// A TypeScript actor that attacks the node running it (class
+/// `attacker`), for the hostile-guest tests in JavaScript.
+pub const HOSTILE_TS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/hostile_ts.wasm"));
+
 /// Components written byte by byte, for what no Rust guest can be made to
 /// be: shapes that stress the compiler or the instance pool.
 pub mod forged {

@@ -256,7 +256,8 @@ struct ServeArgs {
     /// every setting at its default].
     #[arg(long)]
     config: Option<PathBuf>,
-    /// Also deploy the bundled examples as tenant `demo`, app `examples`.
+    /// Also deploy the bundled examples as tenant `demo`: app `examples`
+    /// (Rust) and app `examples-ts` (the same routes, in TypeScript).
     #[arg(long)]
     examples: bool,
     /// `fsync` or `process` [default: fsync, or the config file's
@@ -529,6 +530,11 @@ pub(crate) fn run_node(
         let info = rt
             .deploy("demo", "examples", wasmkeep_guests::DEMO, "")
             .context("deploy the bundled examples")?;
+        // The same classes in TypeScript, answering the same routes. Its
+        // first deploy compiles SpiderMonkey (seconds); the compile cache
+        // keeps it for the next start.
+        rt.deploy("demo", "examples-ts", wasmkeep_guests::EXAMPLES_TS, "")
+            .context("deploy the bundled examples in TypeScript")?;
         Some(info.classes)
     } else {
         None
@@ -799,4 +805,8 @@ fn print_examples(addr: std::net::SocketAddr, classes: &[String]) {
     println!("  curl {base}/v1/demo/examples/notes/mine/notes");
     println!("  curl -X POST '{base}/v1/demo/examples/reminder/r1/set?at_ms=<unix ms>'");
     println!("  curl {base}/admin/v1/actors/demo/examples/counter");
+    println!(
+        "the same in TypeScript as demo/examples-ts (classes: chat, counter, pinger, reminder):"
+    );
+    println!("  curl -X POST {base}/v1/demo/examples-ts/counter/hello/increment");
 }

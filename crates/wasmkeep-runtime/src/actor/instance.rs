@@ -173,20 +173,31 @@ pub(super) fn trap_error(
     if let Some(wasmtime::Trap::Interrupt) = e.downcast_ref::<wasmtime::Trap>() {
         return RuntimeError::CpuTimeExceeded { limit: cpu_ms_max };
     }
-    if state.memory.node_refused {
-        return RuntimeError::Store(wasmkeep_store::StoreError::NodeMemoryExhausted {
-            limit: wasmkeep_store::memory_budget::node_bytes_max(),
-        });
-    }
-    if state.memory.exceeded {
-        return RuntimeError::MemoryExceeded {
-            limit: state.memory.bytes_max,
-        };
+    if let Some(e) = memory_refused(state) {
+        return e;
     }
     match state.panic_message.take() {
         Some(p) => RuntimeError::Trap(format!("panicked: {p}")),
         None => RuntimeError::Trap(format!("{e:#}")),
     }
+}
+
+/// The error of an event in which the node refused the guest memory: its
+/// instance's cap, or the node's budget. A guest that fails after that,
+/// whether it trapped or caught the failure and returned an error (a
+/// JavaScript engine turns a refused `memory.grow` into its own "out of
+/// memory" exception), fails with the limit's name, not its own words.
+fn memory_refused(state: &HostState) -> Option<RuntimeError> {
+    if state.memory.node_refused {
+        return Some(RuntimeError::Store(
+            wasmkeep_store::StoreError::NodeMemoryExhausted {
+                limit: wasmkeep_store::memory_budget::node_bytes_max(),
+            },
+        ));
+    }
+    state.memory.exceeded.then(|| RuntimeError::MemoryExceeded {
+        limit: state.memory.bytes_max,
+    })
 }
 
 /// Prepares the instance's per-event state before calling into it.
@@ -267,9 +278,12 @@ pub(super) fn finish_call<T>(
         },
         // The guest's own words reach callers and the node's log: without
         // the app's secret values (ADR 0041).
-        Ok(Err(e)) => Err(RuntimeError::Guest {
-            code: e.code,
-            message: l.store.data().config.scrub(e.message),
+        Ok(Err(e)) => Err(match memory_refused(l.store.data()) {
+            Some(refused) => refused,
+            None => RuntimeError::Guest {
+                code: e.code,
+                message: l.store.data().config.scrub(e.message),
+            },
         }),
         Err(e) => {
             // A trapped instance may not be entered again.

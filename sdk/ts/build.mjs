@@ -1,0 +1,80 @@
+#!/usr/bin/env node
+// Builds a wasmkeep app written in TypeScript or JavaScript into a
+// WebAssembly component:
+//
+//   node build.mjs ENTRY OUT.wasm
+//
+// ENTRY is the app's module (`src/index.ts`), whose default export is the
+// SDK's `app({...})`. esbuild bundles it with its npm dependencies and this
+// SDK (whatever version of `@wasmkeep/sdk` ENTRY imports, the one beside
+// this script is bundled), then componentize-js puts the bundle, already
+// evaluated, into SpiderMonkey as a component of the world `actor` of
+// `wit/actor.wit`. Every WASI feature is off: the component imports only
+// the node's interfaces. Prints one JSON line: {"out", "bytes", "bundle_ms",
+// "componentize_ms"}. Exits 1 with the bundler's or componentizer's message.
+
+import { build } from "esbuild";
+import { componentize } from "@bytecodealliance/componentize-js";
+import { mkdtemp, rm, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { dirname, join, resolve } from "node:path";
+import { fileURLToPath } from "node:url";
+
+const here = dirname(fileURLToPath(import.meta.url));
+const [entryArg, outArg] = process.argv.slice(2);
+if (!entryArg || !outArg) {
+  console.error("usage: node build.mjs ENTRY OUT.wasm");
+  process.exit(2);
+}
+const entry = resolve(entryArg);
+const out = resolve(outArg);
+const wit = resolve(here, "..", "..", "wit", "actor.wit");
+
+const started = Date.now();
+const work = await mkdtemp(join(tmpdir(), "wasmkeep-build-"));
+try {
+  const bundle = join(work, "app.js");
+  await build({
+    stdin: {
+      // The component's exports are the app's three objects.
+      contents: [
+        `import app from ${JSON.stringify(entry)};`,
+        "export const handler = app.handler;",
+        "export const inbox = app.inbox;",
+        "export const socketHandler = app.socketHandler;",
+      ].join("\n"),
+      resolveDir: dirname(entry),
+      loader: "js",
+    },
+    bundle: true,
+    format: "esm",
+    platform: "neutral",
+    target: "es2022",
+    mainFields: ["module", "main"],
+    outfile: bundle,
+    external: ["wasmkeep:*"],
+    alias: { "@wasmkeep/sdk": join(here, "src", "index.ts") },
+    logLevel: "error",
+  });
+  const bundled = Date.now();
+  const { component } = await componentize({
+    sourcePath: bundle,
+    witPath: wit,
+    worldName: "actor",
+    disableFeatures: ["random", "stdio", "clocks", "http", "fetch-event"],
+  });
+  await writeFile(out, component);
+  console.log(
+    JSON.stringify({
+      out,
+      bytes: component.length,
+      bundle_ms: bundled - started,
+      componentize_ms: Date.now() - bundled,
+    }),
+  );
+} catch (e) {
+  console.error(`wasmkeep build: ${e?.message ?? e}`);
+  process.exitCode = 1;
+} finally {
+  await rm(work, { recursive: true, force: true });
+}

@@ -1,0 +1,141 @@
+// The node's interfaces as componentize-js presents them to JavaScript
+// (`wit/actor.wit`, package wasmkeep:actor@0.2.0). Written by hand from the
+// WIT: `u64`/`s64` are bigint, `list<u8>` is Uint8Array, `option<T>` is
+// `T | undefined`, a `result`'s `err` is thrown as an object whose
+// `payload` is the error record. The SDK (`index.ts`) is the only module
+// that imports these; `wasmkeep build` fails if one names a function the
+// WIT does not have.
+
+declare module "wasmkeep:actor/types@0.2.0" {
+  export type Value =
+    | { tag: "null" }
+    | { tag: "integer"; val: bigint }
+    | { tag: "real"; val: number }
+    | { tag: "text"; val: string }
+    | { tag: "blob"; val: Uint8Array };
+  export interface Error {
+    code: string;
+    message: string;
+  }
+  export interface Request {
+    method: string;
+    path: string;
+    query: string;
+    headers: Array<[string, string]>;
+    body: Uint8Array;
+  }
+  export interface AlarmInfo {
+    retryCount: number;
+    isRetry: boolean;
+    scheduledMs: bigint;
+  }
+  export interface Address {
+    app: string;
+    class: string;
+    name: string;
+  }
+}
+
+declare module "wasmkeep:actor/sql@0.2.0" {
+  import type { Value } from "wasmkeep:actor/types@0.2.0";
+  export interface QueryResult {
+    columns: string[];
+    rows: Value[][];
+    rowsRead: bigint;
+    rowsWritten: bigint;
+  }
+  export interface ExecResult {
+    rowsWritten: bigint;
+    lastInsertRowid: bigint;
+  }
+  export function query(statement: string, params: Value[]): QueryResult;
+  export function execute(statement: string, params: Value[]): ExecResult;
+}
+
+declare module "wasmkeep:actor/kv@0.2.0" {
+  export interface ListOptions {
+    prefix?: string;
+    start?: string;
+    end?: string;
+    limit?: number;
+    reverse: boolean;
+  }
+  export function get(key: string): Uint8Array | undefined;
+  export function put(key: string, value: Uint8Array): void;
+  function _delete(key: string): boolean;
+  export { _delete as delete };
+  export function list(options: ListOptions): Array<[string, Uint8Array]>;
+}
+
+declare module "wasmkeep:actor/alarm@0.2.0" {
+  export function setAlarm(atMs: bigint): void;
+  export function getAlarm(): bigint | undefined;
+  export function deleteAlarm(): void;
+}
+
+declare module "wasmkeep:actor/identity@0.2.0" {
+  export interface ActorId {
+    tenant: string;
+    app: string;
+    class: string;
+    name: string;
+  }
+  export function id(): ActorId;
+}
+
+declare module "wasmkeep:actor/clock@0.2.0" {
+  export function nowMs(): bigint;
+}
+
+declare module "wasmkeep:actor/log@0.2.0" {
+  export type Level = "trace" | "debug" | "info" | "warn" | "error";
+  export function log(level: Level, message: string): void;
+}
+
+declare module "wasmkeep:actor/response@0.2.0" {
+  export function addHeader(name: string, value: string): void;
+  export function writeBody(chunk: Uint8Array): void;
+}
+
+declare module "wasmkeep:actor/replies@0.2.0" {
+  export function park(timeoutMs: number): bigint;
+  export function complete(
+    ticket: bigint,
+    status: number,
+    headers: Array<[string, string]>,
+    body: Uint8Array,
+  ): void;
+}
+
+declare module "wasmkeep:actor/sockets@0.2.0" {
+  export type Message = { tag: "text"; val: string } | { tag: "binary"; val: Uint8Array };
+  export interface SocketInfo {
+    id: bigint;
+    tags: string[];
+    attachment: Uint8Array;
+  }
+  export function accept(tags: string[], attachment: Uint8Array): bigint;
+  export function send(id: bigint, message: Message): void;
+  export function broadcast(tag: string | undefined, message: Message): number;
+  export function close(id: bigint, code: number, reason: string): void;
+  export function list(tag: string | undefined): SocketInfo[];
+  export function setAttachment(id: bigint, attachment: Uint8Array): void;
+  export function setAutoResponse(pair: [string, string] | undefined): void;
+}
+
+declare module "wasmkeep:actor/config@0.2.0" {
+  export function get(name: string): string | undefined;
+}
+
+declare module "wasmkeep:actor/outbox@0.2.0" {
+  import type { Address } from "wasmkeep:actor/types@0.2.0";
+  export interface HttpCall {
+    method: string;
+    url: string;
+    headers: Array<[string, string]>;
+    body: Uint8Array;
+    timeoutMs?: number;
+  }
+  export function send(to: Address, body: Uint8Array, context: Uint8Array): bigint;
+  export function fetch(call: HttpCall, context: Uint8Array): bigint;
+}
