@@ -1,8 +1,11 @@
-//! `wasmkeep dev [PATH]`: the inner loop for one actor crate.
+//! `wasmkeep dev [PATH]`: the inner loop for one actor project, a Rust
+//! crate or a TypeScript package.
 //!
 //! It starts a node (a temporary data folder unless `--data` names one,
-//! the access log on), builds the crate with the test kit's
-//! [`build_component_at`] (so a test and the dev loop build alike),
+//! the access log on), builds the project as `wasmkeep build` does
+//! ([`project::build`]: a crate with the test kit's own build function,
+//! so a test and the dev loop build alike; a TypeScript package with the
+//! SDK's esbuild and componentize-js chain),
 //! deploys it as `TENANT/APP` straight into the node's runtime, then looks
 //! for saved changes every `--poll-ms` and builds and deploys again. A
 //! failed build keeps the last good deploy serving. What the node knows
@@ -15,12 +18,12 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result, bail};
-use wasmkeep_build::build_component_at;
 use wasmkeep_runtime::Runtime;
 
 use crate::client::{self, Conn};
 use crate::config::NodeConfig;
 use crate::output::Output;
+use crate::project;
 
 /// Files the watcher looks at, at most; past it a warning says the rest
 /// are not watched.
@@ -28,7 +31,8 @@ pub(crate) const WATCH_FILES_MAX: usize = 10_000;
 
 #[derive(clap::Args)]
 pub(crate) struct DevArgs {
-    /// The actor crate [default: the current directory].
+    /// The actor project, a crate or a TypeScript package [default: the
+    /// current directory].
     path: Option<PathBuf>,
     /// The tenant to deploy as.
     #[arg(long, default_value = "dev")]
@@ -62,8 +66,8 @@ pub(crate) fn run(args: DevArgs) -> Result<()> {
     };
     let dir = dir
         .canonicalize()
-        .with_context(|| format!("the actor crate {}", dir.display()))?;
-    let package = package_name(&dir)?;
+        .with_context(|| format!("the actor project {}", dir.display()))?;
+    let package = project::name(&dir)?;
     let app = args.app.clone().unwrap_or_else(|| package.clone());
     wasmkeep_runtime::ActorId::new(&args.tenant, &app, "class", "name").map_err(|e| {
         anyhow::anyhow!(
@@ -120,19 +124,6 @@ pub(crate) fn run(args: DevArgs) -> Result<()> {
                 .expect("spawn the dev loop");
         })),
     )
-}
-
-/// The crate's `[package] name`.
-fn package_name(dir: &Path) -> Result<String> {
-    let path = dir.join("Cargo.toml");
-    let text = std::fs::read_to_string(&path)
-        .with_context(|| format!("read {} (is this an actor crate?)", path.display()))?;
-    let v: toml::Value = toml::from_str(&text).with_context(|| format!("{}", path.display()))?;
-    v.get("package")
-        .and_then(|p| p.get("name"))
-        .and_then(|n| n.as_str())
-        .map(str::to_owned)
-        .ok_or_else(|| anyhow::anyhow!("{} has no [package] name", path.display()))
 }
 
 struct Job {
@@ -195,7 +186,7 @@ impl Job {
     /// why not (the previous deploy keeps serving).
     fn build_and_deploy(&self, rt: &Runtime) -> Option<Vec<String>> {
         let started = wasmkeep_runtime::clock::instant();
-        let wasm = match build_component_at(&self.dir, None) {
+        let wasm = match project::build(&self.dir) {
             Ok(path) => match std::fs::read(&path) {
                 Ok(w) => w,
                 Err(e) => {
@@ -239,8 +230,8 @@ impl Job {
 }
 
 /// What the watcher compares: every watched file's path, size and time of
-/// last change. `target/`, `Cargo.lock` and hidden files and folders are
-/// not watched.
+/// last change. Build output and installed packages at the root
+/// ([`project::unwatched`]) and hidden files and folders are not watched.
 fn fingerprint(dir: &Path) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     let mut stack = vec![dir.to_path_buf()];
@@ -256,7 +247,7 @@ fn fingerprint(dir: &Path) -> u64 {
             let name = name.to_string_lossy();
             // Cargo writes Cargo.lock itself during a build.
             let at_root = d == dir;
-            if name.starts_with('.') || (at_root && (name == "target" || name == "Cargo.lock")) {
+            if name.starts_with('.') || (at_root && project::unwatched(&name)) {
                 continue;
             }
             let Ok(meta) = e.metadata() else { continue };
@@ -298,10 +289,12 @@ mod tests {
         let first = fingerprint(d.path());
         std::fs::write(d.path().join("target/x/out"), "built").unwrap();
         std::fs::write(d.path().join(".hidden"), "x").unwrap();
+        std::fs::create_dir_all(d.path().join("node_modules/esbuild")).unwrap();
+        std::fs::write(d.path().join("node_modules/esbuild/x.js"), "1").unwrap();
         assert_eq!(
             fingerprint(d.path()),
             first,
-            "target/ and hidden files are not watched"
+            "target/, node_modules/ and hidden files are not watched"
         );
         std::fs::write(d.path().join("src/lib.rs"), "ab").unwrap();
         assert_ne!(fingerprint(d.path()), first);

@@ -9,6 +9,7 @@ mod client;
 mod config;
 mod dev;
 mod output;
+mod project;
 mod scaffold;
 
 use std::path::PathBuf;
@@ -139,9 +140,14 @@ enum Command {
         #[arg(long, default_value_t = 100)]
         lines: usize,
     },
-    /// Make a new actor crate in `./NAME`: Cargo.toml, src/lib.rs (a
-    /// counter with an alarm), a test with the test kit, .gitignore.
+    /// Make a new actor project in `./NAME`: a Rust crate (Cargo.toml,
+    /// src/lib.rs: a counter with an alarm, a test with the test kit), or
+    /// with `--lang ts` a TypeScript package (package.json and its lock
+    /// file, tsconfig.json, src/index.ts, tests).
     New(scaffold::NewArgs),
+    /// Build an actor project's component, a Rust crate or a TypeScript
+    /// package, and print its path.
+    Build(BuildArgs),
     /// Run a node for one actor crate and keep it deployed: build, deploy,
     /// then rebuild and redeploy on every saved change, printing each
     /// request and the actor's log lines.
@@ -373,6 +379,7 @@ fn run() -> Result<()> {
             lines,
         } => client::logs(&conn, out(&conn), &scope, follow, &level, lines),
         Command::New(args) => scaffold::new(args),
+        Command::Build(args) => build(args),
         Command::Dev(args) => dev::run(args),
         Command::Apps { conn } => client::apps(&conn, out(&conn)),
         Command::Secret {
@@ -439,6 +446,29 @@ fn bucket_command(command: Command) -> Result<()> {
 /// The node's log on stderr: `WASMKEEP_LOG` (an `EnvFilter`) or
 /// `default`; colours only when stderr is a terminal and `NO_COLOR` is
 /// unset.
+#[derive(clap::Args)]
+struct BuildArgs {
+    /// The actor project [default: the current directory].
+    path: Option<PathBuf>,
+}
+
+/// `wasmkeep build`: the project's component, built as `dev` builds it.
+fn build(args: BuildArgs) -> Result<()> {
+    let dir = match args.path {
+        Some(p) => p,
+        None => std::env::current_dir().context("find the current directory")?,
+    };
+    let started = wasmkeep_runtime::clock::instant();
+    let out = project::build(&dir)?;
+    let bytes = std::fs::metadata(&out).map(|m| m.len()).unwrap_or(0);
+    println!(
+        "built {} ({bytes} bytes) in {:.1} s",
+        out.display(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
 pub(crate) fn init_tracing(default: &str) {
     use std::io::IsTerminal;
     let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();

@@ -1,10 +1,16 @@
-//! `wasmkeep new NAME`: a new actor crate that builds on the first try.
+//! `wasmkeep new NAME`: a new actor crate that builds on the first try;
+//! `wasmkeep new NAME --lang ts`: the same actor as a TypeScript package.
 //!
 //! The SDK and the test kit are not on a registry yet, so the crate
 //! depends on them by path, in the checkout this binary was built from
 //! (`--checkout` names another). Its `Cargo.lock` and `rust-toolchain.toml`
 //! are copies of that checkout's, so it builds with the versions and the
 //! toolchain the checkout was tested with, not whatever is newest.
+//!
+//! A TypeScript package depends on the checkout's `sdk/ts` (a `file:`
+//! dependency: its build chain is the checkout's, installed by
+//! `scripts/setup.sh`), pins TypeScript exactly, and gets its
+//! `package-lock.json` from `npm install`, run here.
 
 use std::path::{Path, PathBuf};
 
@@ -31,6 +37,9 @@ pub(crate) struct NewArgs {
     /// [default: the one this binary was built from].
     #[arg(long)]
     checkout: Option<PathBuf>,
+    /// The language: `rust` (a crate) or `ts` (a TypeScript package).
+    #[arg(long, default_value = "rust", value_parser = ["rust", "ts"])]
+    lang: String,
 }
 
 pub(crate) fn new(args: NewArgs) -> Result<()> {
@@ -48,6 +57,9 @@ pub(crate) fn new(args: NewArgs) -> Result<()> {
             checkout.display()
         )
     })?;
+    if args.lang == "ts" {
+        return new_ts(name, &checkout, args.dir);
+    }
     let sdk = checkout.join("crates/wasmkeep-sdk");
     let testkit = checkout.join("crates/wasmkeep-testkit");
     for (what, dir) in [("SDK", &sdk), ("test kit", &testkit)] {
@@ -58,17 +70,7 @@ pub(crate) fn new(args: NewArgs) -> Result<()> {
             );
         }
     }
-    let parent = match args.dir {
-        Some(d) => d,
-        None => std::env::current_dir().context("find the current directory")?,
-    };
-    let root = parent.join(name);
-    if root.exists() {
-        bail!(
-            "{} exists already: pick another name or --dir",
-            root.display()
-        );
-    }
+    let root = fresh_root(name, args.dir)?;
     let files = files(name, &sdk, &testkit);
     std::fs::create_dir_all(root.join("src"))
         .with_context(|| format!("create {}", root.display()))?;
@@ -99,6 +101,90 @@ pub(crate) fn new(args: NewArgs) -> Result<()> {
     Ok(())
 }
 
+/// `dir/name` (the current directory by default), which must not exist.
+fn fresh_root(name: &str, dir: Option<PathBuf>) -> Result<PathBuf> {
+    let parent = match dir {
+        Some(d) => d,
+        None => std::env::current_dir().context("find the current directory")?,
+    };
+    let root = parent.join(name);
+    if root.exists() {
+        bail!(
+            "{} exists already: pick another name or --dir",
+            root.display()
+        );
+    }
+    Ok(root)
+}
+
+/// The TypeScript package: files, then `npm install` for its lock file.
+fn new_ts(name: &str, checkout: &Path, dir: Option<PathBuf>) -> Result<()> {
+    let sdk = checkout.join("sdk/ts");
+    if !sdk.join("package.json").is_file() {
+        bail!(
+            "no wasmkeep TypeScript SDK at {}: pass --checkout PATH (a checkout of wasmkeep)",
+            sdk.display()
+        );
+    }
+    if !sdk
+        .join("node_modules/@bytecodealliance/componentize-js")
+        .is_dir()
+    {
+        bail!(
+            "the TypeScript build chain is not installed in {}: run scripts/setup.sh there",
+            checkout.display()
+        );
+    }
+    let root = fresh_root(name, dir)?;
+    let exe = std::env::current_exe().context("find this wasmkeep binary")?;
+    let json_str = |s: &str| serde_json::Value::String(s.to_owned()).to_string();
+    let package = TS_PACKAGE_JSON
+        .replace("{name}", &json_str(name))
+        .replace("{sdk}", &json_str(&format!("file:{}", sdk.display())))
+        .replace("{wasmkeep}", &json_str(&exe.display().to_string()));
+    let test = TS_TEST.replace("{name}", name);
+    for d in ["src", "tests"] {
+        std::fs::create_dir_all(root.join(d))
+            .with_context(|| format!("create {}", root.display()))?;
+    }
+    for (path, text) in [
+        ("package.json", package.as_str()),
+        ("tsconfig.json", TS_CONFIG),
+        ("src/index.ts", TS_INDEX),
+        ("tests/actor.test.mjs", test.as_str()),
+        (".gitignore", "/node_modules\n/.wasmkeep\n"),
+    ] {
+        let p = root.join(path);
+        std::fs::write(&p, text).with_context(|| format!("write {}", p.display()))?;
+    }
+    // The lock file: exact versions of everything installed.
+    let status = std::process::Command::new("npm")
+        .args([
+            "install",
+            "--ignore-scripts",
+            "--no-audit",
+            "--no-fund",
+            "--loglevel=error",
+        ])
+        .current_dir(&root)
+        .status()
+        .context("run npm (Node.js 20 or later and npm are needed for TypeScript actors)")?;
+    if !status.success() {
+        bail!(
+            "npm install failed in {} (its message is above); the files are written, run it again there",
+            root.display()
+        );
+    }
+    println!("created {} (SDK from {})", root.display(), sdk.display());
+    println!();
+    println!("  cd {}", root.display());
+    println!("  wasmkeep dev                 # run it on a local node; edits redeploy");
+    println!("  npm test                     # its tests, on a real node");
+    println!("  npm run check                # type-check");
+    println!("  wasmkeep build               # the component alone (.wasmkeep/app.wasm)");
+    Ok(())
+}
+
 fn is_crate_name(s: &str) -> bool {
     s.len() <= 63
         && s.starts_with(|c: char| c.is_ascii_lowercase())
@@ -126,6 +212,130 @@ fn files(name: &str, sdk: &Path, testkit: &Path) -> Vec<(&'static str, String)> 
         (".gitignore", "/target\n/.wasmkeep\n".to_owned()),
     ]
 }
+
+const TS_PACKAGE_JSON: &str = r#"{
+  "name": {name},
+  "version": "0.1.0",
+  "private": true,
+  "type": "module",
+  "scripts": {
+    "build": "\"$npm_package_config_wasmkeep\" build",
+    "check": "tsc --noEmit -p .",
+    "test": "\"$npm_package_config_wasmkeep\" build && node --test tests/"
+  },
+  "config": {
+    "wasmkeep": {wasmkeep}
+  },
+  "dependencies": {
+    "@wasmkeep/sdk": {sdk}
+  },
+  "devDependencies": {
+    "typescript": "5.9.3"
+  }
+}
+"#;
+
+const TS_CONFIG: &str = r#"{
+  "compilerOptions": {
+    "target": "ES2022",
+    "module": "ES2022",
+    "moduleResolution": "bundler",
+    "lib": ["ES2022"],
+    "strict": true,
+    "noEmit": true,
+    "isolatedModules": true
+  },
+  "include": ["src"]
+}
+"#;
+
+const TS_INDEX: &str = r#"// An actor class `counter`: one counter per actor name, kept in the
+// actor's own SQLite database, and a reminder that an alarm delivers.
+//
+// Try it with `wasmkeep dev`, then:
+//   curl -X POST http://127.0.0.1:8080/v1/dev/<app>/counter/alice/increment
+//   curl http://127.0.0.1:8080/v1/dev/<app>/counter/alice/value
+//   curl -X POST 'http://127.0.0.1:8080/v1/dev/<app>/counter/alice/remind?in_ms=2000'
+
+import { Actor, AlarmInfo, Request, Response, alarm, app, log, nowMs, sql } from "@wasmkeep/sdk";
+
+class Counter implements Actor {
+  /** Runs once, in the same transaction as the actor's first event. */
+  init(): void {
+    sql.run("CREATE TABLE counter (n INTEGER NOT NULL)");
+    sql.run("INSERT INTO counter VALUES (0)");
+  }
+
+  request(req: Request): Response {
+    switch (req.route) {
+      case "POST /increment": {
+        const { n } = sql.one<{ n: number }>("UPDATE counter SET n = n + 1 RETURNING n");
+        log.info(`counted ${n}`);
+        return Response.json({ value: n });
+      }
+      case "GET /value":
+        return Response.json({ value: sql.one<{ n: number }>("SELECT n FROM counter").n });
+      case "POST /remind": {
+        const inMs = req.queryInt("in_ms") ?? 1_000;
+        alarm.set(nowMs() + inMs);
+        return Response.json({ due_in_ms: inMs }, 202);
+      }
+      default:
+        return Response.notFound();
+    }
+  }
+
+  /** The reminder: runs at (never before) the time `alarm.set` gave. */
+  alarm(info: AlarmInfo): void {
+    sql.run("UPDATE counter SET n = n + 100");
+    log.info(`reminded (retry ${info.retryCount})`);
+  }
+}
+
+export default app({ counter: Counter });
+"#;
+
+const TS_TEST: &str = r#"// The actor on a real node (`@wasmkeep/sdk/testing`): `npm test` builds
+// the component first, then runs this with `node --test`.
+
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { startNode } from "@wasmkeep/sdk/testing";
+
+test("the counter counts and keeps its value across a crash", async () => {
+  const node = await startNode();
+  try {
+    await node.deploy("dev/{name}", ".wasmkeep/app.wasm");
+    const alice = node.actor("dev/{name}/counter/alice");
+    assert.deepEqual((await alice.post("/increment")).json(), { value: 1 });
+    assert.deepEqual((await alice.post("/increment")).json(), { value: 2 });
+    await node.crash();
+    assert.deepEqual((await alice.get("/value")).json(), { value: 2 });
+    const bob = node.actor("dev/{name}/counter/bob");
+    assert.deepEqual((await bob.get("/value")).json(), { value: 0 });
+  } finally {
+    await node.stop();
+  }
+});
+
+test("the reminder fires once, not before its time", async () => {
+  const node = await startNode();
+  try {
+    await node.deploy("dev/{name}", ".wasmkeep/app.wasm");
+    const alice = node.actor("dev/{name}/counter/alice");
+    assert.equal((await alice.post("/remind?in_ms=300")).status, 202);
+    assert.deepEqual((await alice.get("/value")).json(), { value: 0 }, "not yet due");
+    let value = 0;
+    for (let i = 0; i < 100 && value !== 100; i++) {
+      await new Promise((r) => setTimeout(r, 50));
+      value = (await alice.get("/value")).json().value;
+    }
+    assert.equal(value, 100);
+  } finally {
+    await node.stop();
+  }
+});
+"#;
 
 const CARGO_TOML: &str = r#"[package]
 name = "{name}"

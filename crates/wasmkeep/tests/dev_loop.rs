@@ -212,3 +212,140 @@ fn new_then_dev_serves_logs_and_reloads_a_saved_change() {
         "the last good deploy serves"
     );
 }
+
+/// Starts `wasmkeep dev` in `dir` with its output read line by line.
+fn spawn_dev(dir: &Path) -> (Dev, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_wasmkeep"))
+        .args(["dev", "--listen", "127.0.0.1:0", "--poll-ms", "100"])
+        .current_dir(dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { return };
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let mut dev = Dev {
+        child,
+        lines: rx,
+        seen: Vec::new(),
+    };
+    let listening = dev.wait_for("saying where it listens", Duration::from_secs(120), |l| {
+        l.contains("listening on ")
+    });
+    let base = listening
+        .split("listening on ")
+        .nth(1)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_owned();
+    (dev, base)
+}
+
+/// The same first hour in TypeScript (issue 35): `new --lang ts` writes a
+/// package with its lock file, its own tests pass with `npm test` (the
+/// JavaScript test kit drives a real node), and `dev` serves it, with the
+/// same access and log lines, and serves a saved `.ts` change.
+#[test]
+fn new_ts_then_npm_test_and_dev_serve_and_reload_a_typescript_actor() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_wasmkeep"))
+        .args(["new", "tally", "--lang", "ts"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let pkg = dir.path().join("tally");
+    for f in [
+        "package.json",
+        "package-lock.json",
+        "tsconfig.json",
+        "src/index.ts",
+        "tests/actor.test.mjs",
+        ".gitignore",
+    ] {
+        assert!(pkg.join(f).is_file(), "new --lang ts wrote {f}");
+    }
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(pkg.join("package.json")).unwrap()).unwrap();
+    assert_eq!(manifest["name"], "tally");
+    assert_eq!(
+        manifest["devDependencies"]["typescript"], "5.9.3",
+        "an exact version"
+    );
+    // Its own tests: `wasmkeep build`, then `node --test` on a real node.
+    let test = Command::new("npm")
+        .args(["test"])
+        .current_dir(&pkg)
+        .output()
+        .unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&test.stdout),
+        String::from_utf8_lossy(&test.stderr)
+    );
+    assert!(test.status.success(), "npm test failed:\n{said}");
+    assert!(
+        said.contains("# pass 2") && said.contains("# fail 0"),
+        "{said}"
+    );
+
+    let (mut dev, base) = spawn_dev(&pkg);
+    dev.wait_for("saying it deployed", FIRST_BUILD_BOUND, |l| {
+        l.starts_with("[dev] deployed dev/tally (classes: counter)")
+    });
+    let (status, body) = call(&base, "POST", "/v1/dev/tally/counter/alice/increment");
+    assert_eq!((status, body.as_str()), (200, r#"{"value":1}"#));
+    dev.wait_for("with the actor's log line", Duration::from_secs(30), |l| {
+        l.contains("INFO  dev/tally/counter/alice  counted 1")
+    });
+    dev.wait_for("with the access line", Duration::from_secs(30), |l| {
+        l.contains("dev/tally/counter/alice  POST /v1/dev/tally/counter/alice/increment 200")
+    });
+    let index = pkg.join("src/index.ts");
+    let source = std::fs::read_to_string(&index).unwrap();
+    let changed = source.replace(
+        r#"case "GET /value":"#,
+        r#"case "GET /version":
+        return Response.text("2");
+      case "GET /value":"#,
+    );
+    assert_ne!(
+        changed, source,
+        "the scaffold's text changed: update this test"
+    );
+    let saved = Instant::now();
+    std::fs::write(&index, &changed).unwrap();
+    loop {
+        let (status, body) = call(&base, "GET", "/v1/dev/tally/counter/alice/version");
+        if status == 200 && body == "2" {
+            break;
+        }
+        assert!(
+            saved.elapsed() < RELOAD_BOUND,
+            "the change was not served within {RELOAD_BOUND:?}:\n{}",
+            dev.seen.join("\n")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    eprintln!("a saved .ts change was served after {:?}", saved.elapsed());
+    let (_, body) = call(&base, "POST", "/v1/dev/tally/counter/alice/increment");
+    assert_eq!(
+        body, r#"{"value":2}"#,
+        "the actor's data survived the redeploy"
+    );
+}

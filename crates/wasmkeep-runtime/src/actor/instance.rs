@@ -195,9 +195,12 @@ fn memory_refused(state: &HostState) -> Option<RuntimeError> {
             },
         ));
     }
-    state.memory.exceeded.then(|| RuntimeError::MemoryExceeded {
-        limit: state.memory.bytes_max,
-    })
+    state
+        .memory
+        .exceeded
+        .then_some(RuntimeError::MemoryExceeded {
+            limit: state.memory.bytes_max,
+        })
 }
 
 /// Prepares the instance's per-event state before calling into it.
