@@ -117,40 +117,7 @@ fn new_then_dev_serves_logs_and_reloads_a_saved_change() {
     assert_eq!(again.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&again.stderr).contains("exists already"));
 
-    let mut child = Command::new(env!("CARGO_BIN_EXE_wasmkeep"))
-        .args(["dev", "--listen", "127.0.0.1:0", "--poll-ms", "100"])
-        .current_dir(&krate)
-        .env("CARGO_TARGET_DIR", target_dir())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { return };
-            if tx.send(line).is_err() {
-                return;
-            }
-        }
-    });
-    let mut dev = Dev {
-        child,
-        lines: rx,
-        seen: Vec::new(),
-    };
-    let listening = dev.wait_for("saying where it listens", Duration::from_secs(120), |l| {
-        l.contains("listening on ")
-    });
-    let base = listening
-        .split("listening on ")
-        .nth(1)
-        .unwrap()
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .to_owned();
+    let (mut dev, base) = spawn_dev(&krate, Some(&target_dir()));
     dev.wait_for("saying it deployed", FIRST_BUILD_BOUND, |l| {
         l.starts_with("[dev] deployed dev/tally (classes: counter)")
     });
@@ -214,8 +181,13 @@ fn new_then_dev_serves_logs_and_reloads_a_saved_change() {
 }
 
 /// Starts `wasmkeep dev` in `dir` with its output read line by line.
-fn spawn_dev(dir: &Path) -> (Dev, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_wasmkeep"))
+/// `cargo_target`: where a crate's component builds.
+fn spawn_dev(dir: &Path, cargo_target: Option<&Path>) -> (Dev, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_wasmkeep"));
+    if let Some(t) = cargo_target {
+        cmd.env("CARGO_TARGET_DIR", t);
+    }
+    let mut child = cmd
         .args(["dev", "--listen", "127.0.0.1:0", "--poll-ms", "100"])
         .current_dir(dir)
         .stdout(Stdio::piped())
@@ -304,7 +276,7 @@ fn new_ts_then_npm_test_and_dev_serve_and_reload_a_typescript_actor() {
         "{said}"
     );
 
-    let (mut dev, base) = spawn_dev(&pkg);
+    let (mut dev, base) = spawn_dev(&pkg, None);
     dev.wait_for("saying it deployed", FIRST_BUILD_BOUND, |l| {
         l.starts_with("[dev] deployed dev/tally (classes: counter)")
     });
