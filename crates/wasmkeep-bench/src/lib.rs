@@ -53,6 +53,9 @@ pub enum Workload {
     /// Every increment to one counter.
     #[value(name = "w1-hot")]
     W1Hot,
+    /// W1 on the TypeScript counter (`demo/examples-ts`).
+    #[value(name = "w1-ts")]
+    W1Ts,
     /// W1 with every response waiting for the bucket (`--bucket`).
     #[value(name = "w1-durable")]
     W1Durable,
@@ -69,6 +72,12 @@ pub enum Workload {
     /// First request to never-seen actors, one after another.
     #[value(name = "w3")]
     W3,
+    /// W3 on the TypeScript counter.
+    #[value(name = "w3-ts")]
+    W3Ts,
+    /// RSS per open actor, 1,000 Rust and 1,000 TypeScript counters.
+    #[value(name = "w4-open")]
+    W4Open,
     /// RSS after W1 and per idle actor.
     #[value(name = "w4")]
     W4,
@@ -106,8 +115,11 @@ impl Workload {
             Workload::W1DurableLarge => "w1-durable-large",
             Workload::W2 => "w2",
             Workload::W2Restart => "w2-restart",
+            Workload::W1Ts => "w1-ts",
             Workload::W3 => "w3",
+            Workload::W3Ts => "w3-ts",
             Workload::W4 => "w4",
+            Workload::W4Open => "w4-open",
             Workload::W5 => "w5",
             Workload::W6 => "w6",
             Workload::W5Kill => "w5-kill",
@@ -126,7 +138,7 @@ impl Workload {
             Workload::W7 if server => Some(
                 "needs a node started by the benchmark (it lets actors reach loopback); not run against --server",
             ),
-            Workload::W2Restart | Workload::W4 if server => Some(
+            Workload::W2Restart | Workload::W4 | Workload::W4Open if server => Some(
                 "needs a node started by the benchmark (restart, RSS); not run against --server",
             ),
             Workload::W5 | Workload::W6 | Workload::W5Kill if server => {
@@ -142,12 +154,15 @@ impl Workload {
 /// take about a minute a run each ([`NOT_BY_DEFAULT`]).
 const DEFAULT_WORKLOADS: &[Workload] = &[
     Workload::W1,
+    Workload::W1Ts,
     Workload::W1Hot,
     Workload::W1Durable,
     Workload::W2,
     Workload::W2Restart,
     Workload::W3,
+    Workload::W3Ts,
     Workload::W4,
+    Workload::W4Open,
     Workload::W7,
     Workload::W11,
 ];
@@ -194,8 +209,9 @@ impl ReplyDurability {
 /// `wasmkeep bench`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {
-    /// Workloads, comma-separated: w1, w1-hot, w1-durable, w2, w2-restart,
-    /// w3, w4, w1-durable-large (large actors against small ones; minutes
+    /// Workloads, comma-separated: w1, w1-ts (on the TypeScript counter),
+    /// w1-hot, w1-durable, w2, w2-restart, w3, w3-ts, w4, w4-open (memory
+    /// per open actor, Rust and TypeScript), w1-durable-large (large actors against small ones; minutes
     /// a run at the default 4 actors of 1 GiB), and the cluster ones w5
     /// (alarms of a killed node), w6 (forwarded requests) and w5-kill
     /// (takeover after a SIGKILL), which start three nodes per run and
@@ -441,8 +457,11 @@ async fn run_workload(w: Workload, env: &Env<'_>) -> Result<workloads::RunOutput
         Workload::W1Hot => workloads::w1(env, true).await,
         Workload::W2 => workloads::w2(env, false).await,
         Workload::W2Restart => workloads::w2(env, true).await,
+        Workload::W1Ts => workloads::w1_ts(env).await,
         Workload::W3 => workloads::w3(env).await,
+        Workload::W3Ts => workloads::w3_ts(env).await,
         Workload::W4 => workloads::w4(env).await,
+        Workload::W4Open => workloads::w4_open(env).await,
         Workload::W1Durable => workloads::w1_durable(env).await,
         Workload::W1DurableLarge => large::w1_durable_large(env).await,
         Workload::W6 => cluster::w6(env).await,

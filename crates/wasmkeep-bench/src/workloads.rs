@@ -18,6 +18,8 @@ use crate::node::{Node, NodeSpec, log_tail};
 
 /// The bundled examples' address prefix.
 pub(crate) const EXAMPLES: &str = "/v1/demo/examples";
+/// The same classes in TypeScript (`serve --examples` deploys both).
+pub(crate) const EXAMPLES_TS: &str = "/v1/demo/examples-ts";
 /// W2-restart: the node is killed this long before the due time…
 const ALARM_KILL_BEFORE_MS: u64 = 2_000;
 /// …and restarted this long after it.
@@ -248,9 +250,19 @@ pub(crate) async fn read_counters(
     conns: usize,
     names: &[String],
 ) -> Result<Vec<u64>> {
+    read_counters_of(EXAMPLES, ep, conns, names).await
+}
+
+/// [`read_counters`] of the app at `app` (`EXAMPLES` or `EXAMPLES_TS`).
+async fn read_counters_of(
+    app: &str,
+    ep: &Endpoint,
+    conns: usize,
+    names: &[String],
+) -> Result<Vec<u64>> {
     let reqs = names
         .iter()
-        .map(|n| (Method::GET, format!("{EXAMPLES}/counter/{n}/value")))
+        .map(|n| (Method::GET, format!("{app}/counter/{n}/value")))
         .collect();
     let rs = client::send_all(ep, conns, reqs).await?;
     names
@@ -274,13 +286,28 @@ async fn counter_load(
     query: &str,
     out: &mut RunOutput,
 ) -> Result<u64> {
+    counter_load_of(EXAMPLES, env, ep, names, query, out).await
+}
+
+/// [`counter_load`] on the counters of the app at `app`.
+async fn counter_load_of(
+    app: &str,
+    env: &Env<'_>,
+    ep: &Endpoint,
+    names: Vec<String>,
+    query: &str,
+    out: &mut RunOutput,
+) -> Result<u64> {
     let a = env.args;
     // A baseline, so the check also holds on a server whose counters are
     // not at zero.
-    let before: u64 = read_counters(ep, a.connections, &names).await?.iter().sum();
+    let before: u64 = read_counters_of(app, ep, a.connections, &names)
+        .await?
+        .iter()
+        .sum();
     let paths: Vec<String> = names
         .iter()
-        .map(|n| format!("{EXAMPLES}/counter/{n}/increment{query}"))
+        .map(|n| format!("{app}/counter/{n}/increment{query}"))
         .collect();
     let spec = LoadSpec {
         connections: a.connections,
@@ -310,7 +337,10 @@ async fn counter_load(
             )
         },
     );
-    let after: u64 = read_counters(ep, a.connections, &names).await?.iter().sum();
+    let after: u64 = read_counters_of(app, ep, a.connections, &names)
+        .await?
+        .iter()
+        .sum();
     let applied = after.saturating_sub(before);
     let lost = r.ok_total.saturating_sub(applied);
     out.fig("lost_writes", lost as f64);
@@ -332,6 +362,15 @@ async fn counter_load(
 
 /// W1 (`hot = false`) and W1-hot.
 pub async fn w1(env: &Env<'_>, hot: bool) -> Result<RunOutput> {
+    w1_of(EXAMPLES, env, hot).await
+}
+
+/// W1-ts: W1 on the TypeScript counter.
+pub async fn w1_ts(env: &Env<'_>) -> Result<RunOutput> {
+    w1_of(EXAMPLES_TS, env, false).await
+}
+
+async fn w1_of(app: &str, env: &Env<'_>, hot: bool) -> Result<RunOutput> {
     let mut out = RunOutput::default();
     let node = env.start(None).await?;
     let ep = env.endpoint(&node);
@@ -340,7 +379,7 @@ pub async fn w1(env: &Env<'_>, hot: bool) -> Result<RunOutput> {
     } else {
         (0..env.args.actors).map(|i| format!("a{i}")).collect()
     };
-    let r = counter_load(env, &ep, names, "", &mut out).await;
+    let r = counter_load_of(app, env, &ep, names, "", &mut out).await;
     finish(node, &mut out).await;
     r.map(|_| out)
 }
@@ -710,6 +749,15 @@ pub async fn w2(env: &Env<'_>, restart: bool) -> Result<RunOutput> {
 
 /// W3: the first request to never-seen actors, one after another.
 pub async fn w3(env: &Env<'_>) -> Result<RunOutput> {
+    w3_of(EXAMPLES, env).await
+}
+
+/// W3-ts: W3 on the TypeScript counter.
+pub async fn w3_ts(env: &Env<'_>) -> Result<RunOutput> {
+    w3_of(EXAMPLES_TS, env).await
+}
+
+async fn w3_of(app: &str, env: &Env<'_>) -> Result<RunOutput> {
     let mut out = RunOutput::default();
     let node = env.start(None).await?;
     let ep = env.endpoint(&node);
@@ -720,7 +768,7 @@ pub async fn w3(env: &Env<'_>) -> Result<RunOutput> {
     let warm = conn
         .send(
             &Method::POST,
-            &format!("{EXAMPLES}/counter/{prefix}warm/increment"),
+            &format!("{app}/counter/{prefix}warm/increment"),
         )
         .await?;
     anyhow::ensure!(
@@ -731,7 +779,7 @@ pub async fn w3(env: &Env<'_>) -> Result<RunOutput> {
     let mut ms = Vec::with_capacity(env.args.cold_actors);
     let mut bad = Vec::new();
     for i in 0..env.args.cold_actors {
-        let path = format!("{EXAMPLES}/counter/{prefix}{i}/increment");
+        let path = format!("{app}/counter/{prefix}{i}/increment");
         let t0 = crate::clock::now();
         let r = conn.send(&Method::POST, &path).await;
         ms.push(t0.elapsed().as_secs_f64() * 1000.0);
@@ -849,6 +897,54 @@ pub async fn w4(env: &Env<'_>) -> Result<RunOutput> {
             ..c
         });
     }
+    finish(Some(node), &mut out).await;
+    r.map(|()| out)
+}
+
+/// Actors W4-open opens in each language.
+const OPEN_ACTORS: usize = 1_000;
+/// W4-open's idle time: longer than the run, so every actor stays open.
+const OPEN_ACTOR_IDLE_MS: u64 = 600_000;
+
+/// W4-open: resident memory per open actor, Rust and TypeScript side by
+/// side on one node: 1,000 new counters of each app are touched once and
+/// kept open; the figure is the RSS they added, per actor, beyond what
+/// the app's first actor (its shared image) cost.
+pub async fn w4_open(env: &Env<'_>) -> Result<RunOutput> {
+    let mut out = RunOutput::default();
+    let Target::Own { dir, .. } = env.target else {
+        return Err(anyhow!("W4-open needs a node started by the benchmark"));
+    };
+    let config = dir.join("node.toml");
+    std::fs::write(&config, format!("actor_idle_ms = {OPEN_ACTOR_IDLE_MS}\n"))?;
+    let node = env.start(Some(config)).await?.expect("own node");
+    let ep = node.endpoint.clone();
+    let r = async {
+        for (lang, app) in [("rust", EXAMPLES), ("ts", EXAMPLES_TS)] {
+            // The app's first actor: its instance image, shared by the rest.
+            let first = client::send_all(&ep, 1, vec![(Method::POST, format!("{app}/counter/open-first/increment"))]).await?;
+            anyhow::ensure!(json_of(&first[0]).is_some(), "{lang}: first actor: {}", client::describe(&first[0]));
+            tokio::time::sleep(Duration::from_millis(W4_SETTLE_MS)).await;
+            let before = node.rss_kib()? as f64;
+            let reqs = (0..OPEN_ACTORS)
+                .map(|i| (Method::POST, format!("{app}/counter/open{i}/increment")))
+                .collect();
+            let rs = client::send_all(&ep, env.args.connections, reqs).await?;
+            let bad = rs.iter().filter(|r| json_of(r).and_then(|v| v["value"].as_u64()) != Some(1)).count();
+            tokio::time::sleep(Duration::from_millis(W4_SETTLE_MS)).await;
+            let after = node.rss_kib()? as f64;
+            let active = scrape(&ep).await?.get("wasmkeep_instances_active").copied().unwrap_or(0.0);
+            out.fig(&format!("{lang}_kib_per_open_actor"), (after - before) / OPEN_ACTORS as f64);
+            out.fig(&format!("{lang}_rss_after_mib"), after / MIB);
+            out.check(
+                &format!("{lang}_actors_open"),
+                bad == 0,
+                format!("{OPEN_ACTORS} new {lang} counters answered {{\"value\":1}} but {bad}; {active} instances active after"),
+            );
+        }
+        anyhow::Ok(())
+    }
+    .await;
     finish(Some(node), &mut out).await;
     r.map(|()| out)
 }

@@ -223,9 +223,9 @@ export class Response {
     return new Response(status);
   }
 
-  /** 404 with a short JSON error. */
+  /** The conventional 404 for a path the actor does not serve: the node's own body for it, code `route_not_found`. */
   static notFound(): Response {
-    return Response.json({ error: { code: "not_found", message: "no such route" } }, 404);
+    return Response.json({ error: { code: "route_not_found", message: "no such route" } }, 404);
   }
 
   /** Adds a header; returns the response, for chaining. */
@@ -279,7 +279,7 @@ function fromValue(v: wit.Value): SqlValue {
 export class Cursor<T extends Row = Row> implements Iterable<T> {
   /** The result's column names, in order. */
   readonly columnNames: string[];
-  /** Rows SQLite read for the statement. */
+  /** Rows the statement returned, as the node counts them (`rows-read`). */
   readonly rowsRead: number;
   /** Rows the statement wrote. */
   readonly rowsWritten: number;
@@ -913,7 +913,7 @@ export function app(classes: Record<string, ActorClass>): App {
     onMessage: (cls: string, m: { from: Address; seq: bigint; body: Uint8Array }): Uint8Array =>
       run(() => {
         const a = actor(cls);
-        if (!a.message) throw new WasmkeepError("no_inbox", `class \`${cls}\` takes no messages`);
+        if (!a.message) throw new WasmkeepError("no_handler", "this class does not handle messages");
         const msg: Message = { from: m.from, seq: Number(m.seq), body: m.body, text: () => decoder.decode(m.body) };
         return bytes(sync(a.message(msg)));
       }),
