@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building and testing wasmkeep needs on a fresh machine:
 # the wasm32-wasip2 target of the pinned toolchain, the npm packages that
-# build actors written in TypeScript (sdk/ts: esbuild, componentize-js,
+# build actors written in TypeScript (sdk/ts: esbuild, componentize-qjs,
 # typescript, exact versions from its lock file), and (with --test) the
 # S3-compatible test server (moto) in .venv. Safe to run again.
 set -euo pipefail

@@ -90,7 +90,7 @@ fn main() {
 const TS_GUESTS: &[(&str, &str)] = &[("ts", "examples_ts"), ("ts-hostile", "hostile_ts")];
 
 /// Builds one TypeScript guest, unless its inputs (its sources, the SDK,
-/// the WIT, the lock file) are those of the last build: componentize-js
+/// the WIT, the lock file) are those of the last build: componentize-qjs
 /// does not give the same bytes twice, and a new component costs every
 /// test's node a compile.
 fn build_ts(root: &Path, target_dir: &Path, dir: &str, name: &str, out: &Path) {
@@ -106,10 +106,7 @@ fn build_ts(root: &Path, target_dir: &Path, dir: &str, name: &str, out: &Path) {
     let cached_stamp = cached.with_extension("inputs");
     if std::fs::read_to_string(&cached_stamp).ok().as_deref() != Some(stamp.as_str()) {
         std::fs::create_dir_all(cached.parent().unwrap()).unwrap();
-        if !root
-            .join("sdk/ts/node_modules/@bytecodealliance/componentize-js")
-            .exists()
-        {
+        if !root.join("sdk/ts/node_modules/componentize-qjs").exists() {
             panic!(
                 "the TypeScript build chain is not installed: run `scripts/setup.sh` \
                  (it runs `npm ci` in sdk/ts; the README's commands do)"

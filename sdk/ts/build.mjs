@@ -7,15 +7,16 @@
 // ENTRY is the app's module (`src/index.ts`), whose default export is the
 // SDK's `app({...})`. esbuild bundles it with its npm dependencies and this
 // SDK (whatever version of `@wasmkeep/sdk` ENTRY imports, the one beside
-// this script is bundled), then componentize-js puts the bundle, already
-// evaluated, into SpiderMonkey as a component of the world `actor` of
-// `wit/actor.wit`. Every WASI feature is off: the component imports only
-// the node's interfaces. Prints one JSON line: {"out", "bytes", "bundle_ms",
-// "componentize_ms"}. Exits 1 with the bundler's or componentizer's message.
+// this script is bundled), then componentize-qjs puts the bundle, already
+// evaluated, into QuickJS as a component of the world `actor` of
+// `wit/actor.wit` (ADR 0048). Every WASI import is a stub that traps: the
+// component needs only the node's interfaces. Prints one JSON line:
+// {"out", "bytes", "bundle_ms", "componentize_ms"}. Exits 1 with the
+// bundler's or componentizer's message.
 
 import { build } from "esbuild";
-import { componentize } from "@bytecodealliance/componentize-js";
-import { mkdtemp, rm, writeFile } from "node:fs/promises";
+import { componentize } from "componentize-qjs";
+import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -58,10 +59,15 @@ try {
   });
   const bundled = Date.now();
   const { component } = await componentize({
-    sourcePath: bundle,
+    jsSource: await readFile(bundle, "utf8"),
     witPath: wit,
-    worldName: "actor",
-    disableFeatures: ["random", "stdio", "clocks", "http", "fetch-event"],
+    world: "actor",
+    // WASI is not granted: its imports trap if called (the SDK gives
+    // `Date` the node's clock), so the component asks the node for
+    // nothing but its own interfaces.
+    stubWasi: true,
+    // Exports are plain synchronous functions, as the node calls them.
+    sync: true,
   });
   await writeFile(out, component);
   console.log(

@@ -293,8 +293,10 @@ impl RuntimeConfig {
             component_compile_ms_max: 60_000,
             component_compile_memory_bytes_max: 2 * 1024 * 1024 * 1024,
             compile: Compile::Thread,
-            component_core_instances_max: 8,
-            component_memories_max: 2,
+            // A TypeScript app (QuickJS and its adapters, ADR 0048) has
+            // 13 core instances and 3 memories.
+            component_core_instances_max: 16,
+            component_memories_max: 3,
             component_tables_max: 4,
             event_log_lines_max: EVENT_LOG_LINES_MAX,
             event_log_bytes_max: EVENT_LOG_BYTES_MAX,

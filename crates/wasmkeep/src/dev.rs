@@ -5,7 +5,7 @@
 //! the access log on), builds the project as `wasmkeep build` does
 //! ([`project::build`]: a crate with the test kit's own build function,
 //! so a test and the dev loop build alike; a TypeScript package with the
-//! SDK's esbuild and componentize-js chain),
+//! SDK's esbuild and componentize-qjs chain),
 //! deploys it as `TENANT/APP` straight into the node's runtime, then looks
 //! for saved changes every `--poll-ms` and builds and deploys again. A
 //! failed build keeps the last good deploy serving. What the node knows

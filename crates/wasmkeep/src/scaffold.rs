@@ -126,10 +126,7 @@ fn new_ts(name: &str, checkout: &Path, dir: Option<PathBuf>) -> Result<()> {
             sdk.display()
         );
     }
-    if !sdk
-        .join("node_modules/@bytecodealliance/componentize-js")
-        .is_dir()
-    {
+    if !sdk.join("node_modules/componentize-qjs").is_dir() {
         bail!(
             "the TypeScript build chain is not installed in {}: run scripts/setup.sh there",
             checkout.display()

@@ -50,16 +50,14 @@ import * as witSockets from "wasmkeep:actor/sockets@0.2.0";
 import * as witConfig from "wasmkeep:actor/config@0.2.0";
 import * as witOutbox from "wasmkeep:actor/outbox@0.2.0";
 import type * as wit from "wasmkeep:actor/types@0.2.0";
-
-const encoder = new TextEncoder();
-const decoder = new TextDecoder();
+import { utf8Decode, utf8Encode } from "./web";
 
 /** Bytes of a string (UTF-8) or the bytes themselves. */
 export type Bytes = Uint8Array | string;
 
 function bytes(b: Bytes | undefined): Uint8Array {
   if (b === undefined) return new Uint8Array(0);
-  return typeof b === "string" ? encoder.encode(b) : b;
+  return typeof b === "string" ? utf8Encode(b) : b;
 }
 
 // ---------------------------------------------------------------- errors
@@ -105,18 +103,20 @@ export class WasmkeepError extends Error {
   }
 
   /** The WIT error record (what the node receives). */
-  get payload(): wit.Error {
+  get record(): wit.Error {
     return { code: this.code, message: this.message };
   }
 }
 
-/** Runs a host call, turning its `err` into a {@link WasmkeepError}. */
+/** Runs a host call, turning its `err` (the error record, thrown) into a {@link WasmkeepError}. */
 function host<T>(f: () => T): T {
   try {
     return f();
   } catch (e) {
-    const p = (e as { payload?: wit.Error } | null)?.payload;
-    if (p && typeof p.code === "string") throw new WasmkeepError(p.code, p.message);
+    const r = e as Partial<wit.Error> | null;
+    if (r !== null && typeof r === "object" && typeof r.code === "string" && !(e instanceof Error)) {
+      throw new WasmkeepError(r.code, String(r.message ?? ""));
+    }
     throw e;
   }
 }
@@ -134,8 +134,8 @@ export class Request {
   readonly path: string;
   /** The raw query string without `?`, empty if none. */
   readonly query: string;
-  /** The headers, names in lower case, in the order they came. */
-  readonly headers: ReadonlyArray<readonly [string, string]>;
+  readonly #rawHeaders: Array<[string, string]>;
+  #headers: ReadonlyArray<readonly [string, string]> | undefined;
   /** The body's bytes. */
   readonly body: Uint8Array;
   #params: URLSearchParams | undefined;
@@ -144,8 +144,14 @@ export class Request {
     this.method = r.method;
     this.path = r.path;
     this.query = r.query;
-    this.headers = r.headers.map(([k, v]) => [k.toLowerCase(), v] as const);
+    this.#rawHeaders = r.headers;
     this.body = r.body;
+  }
+
+  /** The headers, names in lower case, in the order they came. */
+  get headers(): ReadonlyArray<readonly [string, string]> {
+    this.#headers ??= this.#rawHeaders.map(([k, v]) => [k.toLowerCase(), v] as const);
+    return this.#headers;
   }
 
   /** `"METHOD /path"`, for a `switch`: `case "POST /increment":`. */
@@ -161,7 +167,7 @@ export class Request {
 
   /** The body as UTF-8 text. */
   text(): string {
-    return decoder.decode(this.body);
+    return utf8Decode(this.body);
   }
 
   /**
@@ -237,22 +243,31 @@ export class Response {
 
 // ---------------------------------------------------------------- sql
 
-/** What a SQL parameter may be: a number binds as an integer when it is one, else as a real. */
+/**
+ * What a SQL parameter may be: a number binds as an integer when it is
+ * one, else as a real; a bigint must be within 2^53.
+ */
 export type SqlValue = null | number | bigint | string | Uint8Array | boolean;
-/** A row, column name to value. Integers come as numbers (bigint beyond 2^53). */
+/**
+ * A row, column name to value. Integers come as numbers, exact up to
+ * 2^53 (a JavaScript number's range): keep larger ones as TEXT.
+ */
 export type Row = Record<string, SqlValue>;
 
 function toValue(v: SqlValue | undefined): wit.Value {
   if (v === null || v === undefined) return { tag: "null" };
   switch (typeof v) {
     case "number":
-      return Number.isInteger(v) ? { tag: "integer", val: BigInt(v) } : { tag: "real", val: v };
+      return Number.isInteger(v) ? { tag: "integer", val: v } : { tag: "real", val: v };
     case "bigint":
-      return { tag: "integer", val: v };
+      if (v < -9007199254740991n || v > 9007199254740991n) {
+        throw new WasmkeepError("invalid_value", `the integer ${v} is beyond 2^53: bind it as TEXT`);
+      }
+      return { tag: "integer", val: Number(v) };
     case "string":
       return { tag: "text", val: v };
     case "boolean":
-      return { tag: "integer", val: v ? 1n : 0n };
+      return { tag: "integer", val: v ? 1 : 0 };
     default:
       if (v instanceof Uint8Array) return { tag: "blob", val: v };
       throw WasmkeepError.badRequest(`a SQL parameter must be null, a number, bigint, string, boolean or Uint8Array, got ${typeof v}`);
@@ -263,8 +278,6 @@ function fromValue(v: wit.Value): SqlValue {
   switch (v.tag) {
     case "null":
       return null;
-    case "integer":
-      return v.val >= -9007199254740991n && v.val <= 9007199254740991n ? Number(v.val) : v.val;
     default:
       return v.val;
   }
@@ -394,12 +407,12 @@ export interface ListOptions {
 export const kv = {
   /** The value of `key`, if any. */
   get(key: string): Uint8Array | undefined {
-    return host(() => witKv.get(key));
+    return host(() => witKv.get(key)) ?? undefined;
   },
   /** The value of `key` as UTF-8 text, if any. */
   getText(key: string): string | undefined {
     const v = kv.get(key);
-    return v === undefined ? undefined : decoder.decode(v);
+    return v === undefined ? undefined : utf8Decode(v);
   },
   /** The value of `key` parsed as JSON, if any; `invalid_value` if it is not JSON. */
   getJson<T>(key: string): T | undefined {
@@ -426,7 +439,15 @@ export const kv = {
   },
   /** The entries the options select, in key order. */
   list(options: ListOptions = {}): Array<[string, Uint8Array]> {
-    return host(() => witKv.list({ ...options, reverse: options.reverse ?? false }));
+    return host(() =>
+      witKv.list({
+        prefix: options.prefix ?? null,
+        start: options.start ?? null,
+        end: options.end ?? null,
+        limit: options.limit ?? null,
+        reverse: options.reverse ?? false,
+      }),
+    );
   },
 };
 
@@ -449,12 +470,11 @@ export const alarm = {
     if (!Number.isSafeInteger(atMs) || atMs < 0) {
       throw WasmkeepError.badRequest(`an alarm time is a non-negative integer of unix milliseconds, got ${atMs}`);
     }
-    host(() => witAlarm.setAlarm(BigInt(atMs)));
+    host(() => witAlarm.setAlarm(atMs));
   },
   /** The pending alarm (inside the alarm handler: none unless it set a new one). */
   get(): number | undefined {
-    const t = witAlarm.getAlarm();
-    return t === undefined ? undefined : Number(t);
+    return witAlarm.getAlarm() ?? undefined;
   },
   /** Clears the alarm. */
   delete(): void {
@@ -464,7 +484,7 @@ export const alarm = {
 
 /** The node's time, unix milliseconds (a test kit controls it). */
 export function nowMs(): number {
-  return Number(witClock.nowMs());
+  return witClock.nowMs();
 }
 
 /** Who this actor is. */
@@ -497,7 +517,7 @@ export const log = {
 export const config = {
   /** The secret or variable `name`, if any. */
   get(name: string): string | undefined {
-    return witConfig.get(name);
+    return witConfig.get(name) ?? undefined;
   },
 };
 
@@ -531,7 +551,7 @@ export const timers = {
 
   /** Sets (or moves, replacing its payload) the timer `name` to fire at `dueMs`. */
   set(name: string, dueMs: number, payload: Bytes = new Uint8Array(0)): void {
-    const nameBytes = encoder.encode(name).length;
+    const nameBytes = utf8Encode(name).length;
     if (nameBytes === 0 || nameBytes > timers.NAME_BYTES_MAX) {
       throw new WasmkeepError("invalid_timer", `a timer name is 1 to ${timers.NAME_BYTES_MAX} bytes (name_bytes_max): got ${nameBytes}`);
     }
@@ -688,7 +708,7 @@ export const outbox = {
   send<C = unknown>(target: Address, body: Bytes, context?: C): number {
     const b = bytes(body);
     const c = contextBytes(context);
-    return Number(host(() => witOutbox.send(target, b, c)));
+    return host(() => witOutbox.send(target, b, c));
   },
   /** Makes an HTTP call; each attempt carries `idempotency-key`. Returns its sequence number. */
   fetch<C = unknown>(call: HttpCall, context?: C): number {
@@ -698,20 +718,20 @@ export const outbox = {
       url: call.url,
       headers: call.headers ?? [],
       body: bytes(call.body),
-      timeoutMs: call.timeoutMs,
+      timeoutMs: call.timeoutMs ?? null,
     };
-    return Number(host(() => witOutbox.fetch(wc, c)));
+    return host(() => witOutbox.fetch(wc, c));
   },
 };
 
 function contextBytes(context: unknown): Uint8Array {
-  return context === undefined ? new Uint8Array(0) : encoder.encode(JSON.stringify(context));
+  return context === undefined ? new Uint8Array(0) : utf8Encode(JSON.stringify(context));
 }
 
 function contextValue(b: Uint8Array): unknown {
   if (b.length === 0) return undefined;
   try {
-    return JSON.parse(decoder.decode(b));
+    return JSON.parse(utf8Decode(b));
   } catch {
     return b;
   }
@@ -726,11 +746,13 @@ function contextValue(b: Uint8Array): unknown {
 export const replies = {
   /** Parks this request's reply for at most `timeoutMs`; returns its ticket (keep it in the database or a send's context, as a string). */
   park(timeoutMs: number): string {
-    return host(() => witReplies.park(timeoutMs)).toString();
+    return String(host(() => witReplies.park(timeoutMs)));
   },
   /** Completes a reply this actor parked; it leaves once this event commits. */
   complete(ticket: string, response: Response): void {
-    host(() => witReplies.complete(BigInt(ticket), response.status, response.headers, response.body));
+    const t = Number(ticket);
+    if (!Number.isSafeInteger(t)) throw new WasmkeepError("reply_not_found", `\`${ticket}\` is not a ticket`);
+    host(() => witReplies.complete(t, response.status, response.headers, response.body));
   },
 };
 
@@ -741,7 +763,7 @@ export type SocketMessage = string | Uint8Array;
 
 /** One of the actor's sockets. */
 export interface SocketInfo {
-  id: bigint;
+  id: number;
   tags: string[];
   /** What the actor attached (survives hibernation). */
   attachment: Uint8Array;
@@ -758,34 +780,34 @@ function toMessage(m: SocketMessage): witSockets.Message {
  */
 export const sockets = {
   /** Accepts this request's WebSocket upgrade (answer it with `Response.status(101)`). */
-  accept(tags: string[] = [], attachment: Bytes = new Uint8Array(0)): bigint {
+  accept(tags: string[] = [], attachment: Bytes = new Uint8Array(0)): number {
     const a = bytes(attachment);
     return host(() => witSockets.accept(tags, a));
   },
   /** Sends to one socket. */
-  send(socket: bigint, message: SocketMessage): void {
+  send(socket: number, message: SocketMessage): void {
     host(() => witSockets.send(socket, toMessage(message)));
   },
   /** Sends to every socket with `tag` (every socket with none); returns how many. */
   broadcast(tag: string | undefined, message: SocketMessage): number {
-    return host(() => witSockets.broadcast(tag, toMessage(message)));
+    return host(() => witSockets.broadcast(tag ?? null, toMessage(message)));
   },
   /** Closes a socket. */
-  close(socket: bigint, code = 1000, reason = ""): void {
+  close(socket: number, code = 1000, reason = ""): void {
     host(() => witSockets.close(socket, code, reason));
   },
   /** The open sockets (with `tag`: only those). */
   list(tag?: string): SocketInfo[] {
-    return witSockets.list(tag);
+    return witSockets.list(tag ?? null);
   },
   /** Replaces a socket's attachment, at once. */
-  setAttachment(socket: bigint, attachment: Bytes): void {
+  setAttachment(socket: number, attachment: Bytes): void {
     const a = bytes(attachment);
     host(() => witSockets.setAttachment(socket, a));
   },
   /** A text message the node answers itself without waking the actor (undefined: off). */
   setAutoResponse(pair: [string, string] | undefined): void {
-    host(() => witSockets.setAutoResponse(pair));
+    host(() => witSockets.setAutoResponse(pair ?? null));
   },
 };
 
@@ -839,10 +861,11 @@ function run<T>(f: () => T): T {
   try {
     return f();
   } catch (e) {
-    if (e instanceof WasmkeepError) throw e;
+    // An export returns `err` by throwing the error record itself.
+    if (e instanceof WasmkeepError) throw e.record;
     const err = e instanceof Error ? e : new Error(String(e));
     witLog.log("error", `uncaught ${err.name}: ${err.message}${err.stack ? `\n${err.stack}` : ""}`);
-    throw new WasmkeepError("guest_error", `${err.name}: ${err.message}`);
+    throw { code: "guest_error", message: `${err.name}: ${err.message}` };
   }
 }
 
@@ -900,7 +923,7 @@ export function app(classes: Record<string, ActorClass>): App {
         timersTouched = false;
         try {
           const a = actor(cls);
-          const i = { retryCount: info.retryCount, isRetry: info.isRetry, scheduledMs: Number(info.scheduledMs) };
+          const i = { retryCount: info.retryCount, isRetry: info.isRetry, scheduledMs: info.scheduledMs };
           if (a.alarm) sync(a.alarm(i));
         } finally {
           inAlarm = false;
@@ -910,18 +933,18 @@ export function app(classes: Record<string, ActorClass>): App {
       }),
   };
   const inbox = {
-    onMessage: (cls: string, m: { from: Address; seq: bigint; body: Uint8Array }): Uint8Array =>
+    onMessage: (cls: string, m: { from: Address; seq: number; body: Uint8Array }): Uint8Array =>
       run(() => {
         const a = actor(cls);
         if (!a.message) throw new WasmkeepError("no_handler", "this class does not handle messages");
-        const msg: Message = { from: m.from, seq: Number(m.seq), body: m.body, text: () => decoder.decode(m.body) };
+        const msg: Message = { from: m.from, seq: m.seq, body: m.body, text: () => utf8Decode(m.body) };
         return bytes(sync(a.message(msg)));
       }),
-    onResponse: (cls: string, r: { seq: bigint; context: Uint8Array; answer: unknown; attempts: number }): void =>
+    onResponse: (cls: string, r: { seq: number; context: Uint8Array; answer: unknown; attempts: number }): void =>
       run(() => {
         const a = actor(cls);
         if (a.response) {
-          sync(a.response({ seq: Number(r.seq), context: contextValue(r.context), answer: answer(r.answer), attempts: r.attempts }));
+          sync(a.response({ seq: r.seq, context: contextValue(r.context), answer: answer(r.answer), attempts: r.attempts }));
         }
       }),
   };

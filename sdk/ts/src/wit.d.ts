@@ -1,15 +1,15 @@
-// The node's interfaces as componentize-js presents them to JavaScript
+// The node's interfaces as componentize-qjs presents them to JavaScript
 // (`wit/actor.wit`, package wasmkeep:actor@0.2.0). Written by hand from the
-// WIT: `u64`/`s64` are bigint, `list<u8>` is Uint8Array, `option<T>` is
-// `T | undefined`, a `result`'s `err` is thrown as an object whose
-// `payload` is the error record. The SDK (`index.ts`) is the only module
-// that imports these; `wasmkeep build` fails if one names a function the
-// WIT does not have.
+// WIT: `u64`/`s64` are numbers (exact up to 2^53), `list<u8>` is
+// Uint8Array, `option<T>` is `T | null`, a `result`'s `err` is thrown as
+// the error record itself (and an export throws one to return `err`). The
+// SDK (`index.ts`) is the only module that imports these; `wasmkeep build`
+// fails if one names a function the WIT does not have.
 
 declare module "wasmkeep:actor/types@0.2.0" {
   export type Value =
     | { tag: "null" }
-    | { tag: "integer"; val: bigint }
+    | { tag: "integer"; val: number }
     | { tag: "real"; val: number }
     | { tag: "text"; val: string }
     | { tag: "blob"; val: Uint8Array };
@@ -27,7 +27,7 @@ declare module "wasmkeep:actor/types@0.2.0" {
   export interface AlarmInfo {
     retryCount: number;
     isRetry: boolean;
-    scheduledMs: bigint;
+    scheduledMs: number;
   }
   export interface Address {
     app: string;
@@ -41,12 +41,12 @@ declare module "wasmkeep:actor/sql@0.2.0" {
   export interface QueryResult {
     columns: string[];
     rows: Value[][];
-    rowsRead: bigint;
-    rowsWritten: bigint;
+    rowsRead: number;
+    rowsWritten: number;
   }
   export interface ExecResult {
-    rowsWritten: bigint;
-    lastInsertRowid: bigint;
+    rowsWritten: number;
+    lastInsertRowid: number;
   }
   export function query(statement: string, params: Value[]): QueryResult;
   export function execute(statement: string, params: Value[]): ExecResult;
@@ -54,13 +54,13 @@ declare module "wasmkeep:actor/sql@0.2.0" {
 
 declare module "wasmkeep:actor/kv@0.2.0" {
   export interface ListOptions {
-    prefix?: string;
-    start?: string;
-    end?: string;
-    limit?: number;
+    prefix: string | null;
+    start: string | null;
+    end: string | null;
+    limit: number | null;
     reverse: boolean;
   }
-  export function get(key: string): Uint8Array | undefined;
+  export function get(key: string): Uint8Array | null;
   export function put(key: string, value: Uint8Array): void;
   function _delete(key: string): boolean;
   export { _delete as delete };
@@ -68,8 +68,8 @@ declare module "wasmkeep:actor/kv@0.2.0" {
 }
 
 declare module "wasmkeep:actor/alarm@0.2.0" {
-  export function setAlarm(atMs: bigint): void;
-  export function getAlarm(): bigint | undefined;
+  export function setAlarm(atMs: number): void;
+  export function getAlarm(): number | null;
   export function deleteAlarm(): void;
 }
 
@@ -84,7 +84,7 @@ declare module "wasmkeep:actor/identity@0.2.0" {
 }
 
 declare module "wasmkeep:actor/clock@0.2.0" {
-  export function nowMs(): bigint;
+  export function nowMs(): number;
 }
 
 declare module "wasmkeep:actor/log@0.2.0" {
@@ -98,9 +98,9 @@ declare module "wasmkeep:actor/response@0.2.0" {
 }
 
 declare module "wasmkeep:actor/replies@0.2.0" {
-  export function park(timeoutMs: number): bigint;
+  export function park(timeoutMs: number): number;
   export function complete(
-    ticket: bigint,
+    ticket: number,
     status: number,
     headers: Array<[string, string]>,
     body: Uint8Array,
@@ -110,21 +110,21 @@ declare module "wasmkeep:actor/replies@0.2.0" {
 declare module "wasmkeep:actor/sockets@0.2.0" {
   export type Message = { tag: "text"; val: string } | { tag: "binary"; val: Uint8Array };
   export interface SocketInfo {
-    id: bigint;
+    id: number;
     tags: string[];
     attachment: Uint8Array;
   }
-  export function accept(tags: string[], attachment: Uint8Array): bigint;
-  export function send(id: bigint, message: Message): void;
-  export function broadcast(tag: string | undefined, message: Message): number;
-  export function close(id: bigint, code: number, reason: string): void;
-  export function list(tag: string | undefined): SocketInfo[];
-  export function setAttachment(id: bigint, attachment: Uint8Array): void;
-  export function setAutoResponse(pair: [string, string] | undefined): void;
+  export function accept(tags: string[], attachment: Uint8Array): number;
+  export function send(id: number, message: Message): void;
+  export function broadcast(tag: string | null, message: Message): number;
+  export function close(id: number, code: number, reason: string): void;
+  export function list(tag: string | null): SocketInfo[];
+  export function setAttachment(id: number, attachment: Uint8Array): void;
+  export function setAutoResponse(pair: [string, string] | null): void;
 }
 
 declare module "wasmkeep:actor/config@0.2.0" {
-  export function get(name: string): string | undefined;
+  export function get(name: string): string | null;
 }
 
 declare module "wasmkeep:actor/outbox@0.2.0" {
@@ -134,8 +134,8 @@ declare module "wasmkeep:actor/outbox@0.2.0" {
     url: string;
     headers: Array<[string, string]>;
     body: Uint8Array;
-    timeoutMs?: number;
+    timeoutMs: number | null;
   }
-  export function send(to: Address, body: Uint8Array, context: Uint8Array): bigint;
-  export function fetch(call: HttpCall, context: Uint8Array): bigint;
+  export function send(to: Address, body: Uint8Array, context: Uint8Array): number;
+  export function fetch(call: HttpCall, context: Uint8Array): number;
 }
