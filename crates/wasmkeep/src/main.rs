@@ -561,8 +561,8 @@ pub(crate) fn run_node(
             .deploy("demo", "examples", wasmkeep_guests::DEMO, "")
             .context("deploy the bundled examples")?;
         // The same classes in TypeScript, answering the same routes. Its
-        // first deploy compiles SpiderMonkey (seconds); the compile cache
-        // keeps it for the next start.
+        // first deploy compiles QuickJS (about two seconds); the compile
+        // cache keeps it for the next start.
         rt.deploy("demo", "examples-ts", wasmkeep_guests::EXAMPLES_TS, "")
             .context("deploy the bundled examples in TypeScript")?;
         Some(info.classes)

@@ -1,6 +1,7 @@
-// The web globals an actor may use: the component's JavaScript engine
-// (SpiderMonkey in StarlingMonkey) provides them. `fetch` is left out on
-// purpose: a handler never waits on the network (use `outbox`).
+// The web globals an actor may use: QuickJS has none of them, and the
+// SDK installs them (`web.ts`: UTF-8 only, and a URLSearchParams that
+// reads a query). `fetch` is left out on purpose: a handler never waits on
+// the network (use `outbox`).
 
 declare class TextEncoder {
   encode(input?: string): Uint8Array;

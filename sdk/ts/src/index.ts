@@ -113,12 +113,17 @@ function host<T>(f: () => T): T {
   try {
     return f();
   } catch (e) {
-    const r = e as Partial<wit.Error> | null;
-    if (r !== null && typeof r === "object" && typeof r.code === "string" && !(e instanceof Error)) {
-      throw new WasmkeepError(r.code, String(r.message ?? ""));
-    }
-    throw e;
+    throw hostError(e);
   }
+}
+
+/** What a failed host call throws: its error record as a {@link WasmkeepError}. */
+function hostError(e: unknown): unknown {
+  const r = e as Partial<wit.Error> | null;
+  if (r !== null && typeof r === "object" && typeof r.code === "string" && !(e instanceof Error)) {
+    return new WasmkeepError(r.code, String(r.message ?? ""));
+  }
+  return e;
 }
 
 // ---------------------------------------------------------------- http
@@ -345,6 +350,8 @@ export class Cursor<T extends Row = Row> implements Iterable<T> {
   }
 }
 
+const NO_VALUES: wit.Value[] = [];
+
 /**
  * SQL over the actor's own database. Statements take positional
  * parameters (`?1`, `?2`, ... or `?`). The node's own tables are
@@ -364,8 +371,12 @@ export const sql = {
    * ```
    */
   exec<T extends Row = Row>(statement: string, ...params: SqlValue[]): Cursor<T> {
-    const values = params.map(toValue);
-    return new Cursor<T>(host(() => witSql.query(statement, values)));
+    const values = params.length === 0 ? NO_VALUES : params.map(toValue);
+    try {
+      return new Cursor<T>(witSql.query(statement, values));
+    } catch (e) {
+      throw hostError(e);
+    }
   },
 
   /** The only row of a statement (see {@link Cursor.one}). */
@@ -913,8 +924,13 @@ export function app(classes: Record<string, ActorClass>): App {
         if (!(res instanceof Response)) {
           throw new WasmkeepError("guest_error", "a request handler must return a Response");
         }
-        for (const [k, v] of res.headers) host(() => witResponse.addHeader(k, v));
-        if (res.body.length > 0) host(() => witResponse.writeBody(res.body));
+        try {
+          const h = res.headers;
+          for (let i = 0; i < h.length; i++) witResponse.addHeader(h[i][0], h[i][1]);
+          if (res.body.length > 0) witResponse.writeBody(res.body);
+        } catch (e) {
+          throw hostError(e);
+        }
         return res.status;
       }),
     onAlarm: (cls: string, info: wit.AlarmInfo): void =>

@@ -5,8 +5,21 @@
 
 /** UTF-8 bytes of `s` (a lone surrogate becomes U+FFFD, as in browsers). */
 export function utf8Encode(s: string): Uint8Array {
-  const out: number[] = [];
-  for (let i = 0; i < s.length; i++) {
+  // Most text an actor writes is ASCII: one byte per character.
+  const ascii = new Uint8Array(s.length);
+  let i = 0;
+  for (; i < s.length; i++) {
+    const c = s.charCodeAt(i);
+    if (c >= 0x80) break;
+    ascii[i] = c;
+  }
+  if (i === s.length) return ascii;
+  return utf8EncodeFrom(s, ascii.subarray(0, i));
+}
+
+function utf8EncodeFrom(s: string, head: Uint8Array): Uint8Array {
+  const out: number[] = Array.from(head);
+  for (let i = head.length; i < s.length; i++) {
     let c = s.charCodeAt(i);
     if (c >= 0xd800 && c <= 0xdbff && i + 1 < s.length) {
       const d = s.charCodeAt(i + 1);
