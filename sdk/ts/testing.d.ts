@@ -24,6 +24,12 @@ export interface TestActor {
 export declare class TestNode {
   readonly base: string;
   readonly dataDir: string;
+  /** The node's clock, unix milliseconds. */
+  now(): number;
+  /** Moves the test clock forward by `ms`, running the alarms due on the way; resolves to how many handlers succeeded. */
+  advance(ms: number): Promise<number>;
+  /** Like `advance`, to an absolute time. */
+  advanceTo(toMs: number): Promise<number>;
   deploy(tenantApp: string, wasmPath: string): Promise<any>;
   actor(address: string): TestActor;
   fetch(method: string, path: string, body?: string | Uint8Array, headers?: Record<string, string>): Promise<TestResponse>;
@@ -35,5 +41,5 @@ export declare class TestNode {
   stop(): Promise<void>;
 }
 
-/** Starts a node; `config` is node.toml text. */
-export declare function startNode(options?: { config?: string }): Promise<TestNode>;
+/** Starts a node (test clock by default); `config` is node.toml text. */
+export declare function startNode(options?: { config?: string; startMs?: number; realClock?: boolean }): Promise<TestNode>;

@@ -6,12 +6,16 @@
 //   await node.deploy("dev/app", ".wasmkeep/app.wasm");
 //   const alice = node.actor("dev/app/counter/alice");
 //   (await alice.post("/increment")).json();   // { value: 1 }
+//   await node.advance(60_000);                 // alarms due on the way run, in order
 //   await node.crash();                         // SIGKILL, then start again on the same data
 //   await node.stop();
 //
-// The node is a real `wasmkeep serve` process on a free loopback port
-// (127.0.0.1 only) with a temporary data folder, its compile cache shared
-// between the tests of one machine (so a component is compiled once). The
+// The node is a real `wasmkeep serve` process in test mode
+// (`--test-clock`: loopback only, its clock stands still until `advance`
+// moves it) on a free port of 127.0.0.1, with a temporary data folder and
+// its compile cache shared between the tests of one machine (so a
+// component is compiled once). `startNode({ realClock: true })` runs it on
+// the real clock instead. The
 // binary is `WASMKEEP_BIN`, else the project's `config.wasmkeep` (npm sets
 // `npm_package_config_wasmkeep`), else `wasmkeep` on the PATH.
 
@@ -43,7 +47,11 @@ function binary() {
   return process.env.WASMKEEP_BIN ?? process.env.npm_package_config_wasmkeep ?? "wasmkeep";
 }
 
-/** Starts a node; resolves once it listens. `options.config`: node.toml text. */
+/**
+ * Starts a node; resolves once it listens. `options.config`: node.toml
+ * text; `options.startMs`: where the test clock starts (default: now);
+ * `options.realClock`: the real clock, which `advance` cannot move.
+ */
 export async function startNode(options = {}) {
   const dir = await mkdtemp(join(tmpdir(), "wasmkeep-test-"));
   const node = new TestNode(dir, options);
@@ -56,12 +64,39 @@ export class TestNode {
   #options;
   #child = null;
   #deployed = [];
+  /** The test clock's time, which only `advance` moves (undefined on the real clock). */
+  #nowMs;
   /** `http://127.0.0.1:PORT` of the running node. */
   base = "";
 
   constructor(dir, options) {
     this.#dir = dir;
     this.#options = options;
+    this.#nowMs = options.realClock ? undefined : (options.startMs ?? Date.now());
+  }
+
+  /** The node's clock, unix milliseconds. */
+  now() {
+    return this.#nowMs ?? Date.now();
+  }
+
+  /**
+   * Moves the node's clock forward by `ms`, running every alarm that comes
+   * due on the way, in due order, each at its own time. Resolves to how
+   * many alarm handlers succeeded.
+   */
+  async advance(ms) {
+    return this.advanceTo(this.now() + ms);
+  }
+
+  /** Like `advance`, to an absolute time. */
+  async advanceTo(toMs) {
+    if (this.#nowMs === undefined) throw new Error("this node runs on the real clock (startNode({ realClock: true }))");
+    const r = await this.fetch("POST", `/admin/v1/test/clock?to_ms=${toMs}`);
+    if (r.status !== 200) throw new Error(`advance the clock: ${r.status} ${r.text()}`);
+    const v = r.json();
+    this.#nowMs = v.now_ms;
+    return v.alarms_ran;
   }
 
   /** The node's data folder. */
@@ -71,6 +106,8 @@ export class TestNode {
 
   async start() {
     const args = ["serve", "--data", this.dataDir, "--listen", "127.0.0.1:0"];
+    // A restart keeps the time the test moved to.
+    if (this.#nowMs !== undefined) args.push("--test-clock", String(this.#nowMs));
     if (this.#options.config !== undefined) {
       const path = join(this.#dir, "node.toml");
       await (await import("node:fs/promises")).writeFile(path, this.#options.config);

@@ -24,15 +24,61 @@ use std::sync::atomic::Ordering;
 use tokio::sync::oneshot;
 
 use crate::actor::{Event, EventKind, Outcome};
+use crate::clock::{Clock, ManualClock};
 use crate::error::RuntimeError;
 use crate::node::{Inner, RunGate};
 use crate::runtime::Runtime;
 use wasmkeep_store::ActorId;
 
+/// Most alarm rounds one move of a test clock runs: past it a handler
+/// keeps re-arming itself for "now", and the move stops with an error.
+pub const TEST_CLOCK_ROUNDS_MAX: usize = 100_000;
+
 impl Runtime {
     /// Actors' alarms on this node.
     pub fn alarms(&self) -> Alarms<'_> {
         Alarms { inner: &self.inner }
+    }
+
+    /// Moves a test clock (the node's own, a [`ManualClock`]) forward to
+    /// `target_ms`, as time would pass: every alarm that comes due on the
+    /// way runs in due order, each at its own time and prepared
+    /// `alarm_prepare_ms` ahead as the timer does; parked replies expire
+    /// as their deadlines pass and sockets idle by then close. Returns how
+    /// many alarm handlers succeeded. The test kits (Rust's `TestNode`,
+    /// and `serve --test-clock` for the JavaScript one) both move time
+    /// with this.
+    pub async fn advance_test_clock(
+        &self,
+        clock: &ManualClock,
+        target_ms: u64,
+    ) -> Result<usize, RuntimeError> {
+        let prepare_ms = self.inner.config.alarm_prepare_ms;
+        let mut ran = 0;
+        let mut rounds = 0;
+        while let Some(due) = self.alarms().next_due_ms() {
+            if due > target_ms {
+                break;
+            }
+            rounds += 1;
+            if rounds > TEST_CLOCK_ROUNDS_MAX {
+                return Err(RuntimeError::Internal(format!(
+                    "more than {TEST_CLOCK_ROUNDS_MAX} alarm rounds before {target_ms}: does a handler re-arm itself for now?"
+                )));
+            }
+            let early = due.saturating_sub(prepare_ms);
+            if early > clock.now_ms() {
+                clock.set_ms(early);
+            }
+            self.alarms().prepare();
+            clock.set_ms(due);
+            self.expire_parked_replies();
+            ran += self.alarms().run_due().await;
+        }
+        clock.set_ms(target_ms);
+        self.expire_parked_replies();
+        self.sockets().close_idle(target_ms);
+        Ok(ran)
     }
 }
 

@@ -57,7 +57,7 @@ mod timer;
 mod warm;
 
 pub use actor::{ActorRequest, ActorResponse};
-pub use alarms::Alarms;
+pub use alarms::{Alarms, TEST_CLOCK_ROUNDS_MAX};
 pub use app::{AppInfo, AppManifest};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::AppLimits;

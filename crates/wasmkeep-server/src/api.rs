@@ -22,6 +22,7 @@ mod inbound;
 mod logs;
 mod shares;
 mod sockets;
+mod test_clock;
 mod ws;
 use crate::cluster::{CLUSTER_TOKEN_HEADER, ClusterState, FORWARDED_HEADER, NODE_HEADER};
 use crate::error::ApiError;
@@ -90,6 +91,9 @@ pub struct ServerConfig {
     /// WebSockets one client address may hold on this node
     /// (`too_many_sockets` past it).
     pub sockets_per_client_max: usize,
+    /// Test mode (`serve --test-clock`): the node's clock, which only
+    /// `POST /admin/v1/test/clock` moves. `None`: the real clock.
+    pub test_clock: Option<Arc<wasmkeep_runtime::ManualClock>>,
 }
 
 impl Default for ServerConfig {
@@ -109,6 +113,7 @@ impl Default for ServerConfig {
             replicated_by_default: false,
             unsafe_rules: UnsafeRules::default(),
             cluster: None,
+            test_clock: None,
             access_log: false,
             failed_request_log_per_s: 100,
             sockets_per_client_max: 1_000,
@@ -278,6 +283,10 @@ pub fn router(rt: Runtime, config: ServerConfig) -> Router {
         .route("/logs/{tenant}/{app}/{class}/{name}", get(logs::logs_route))
         .route("/node", get(show_node))
         .route("/cluster", get(show_cluster))
+        .route(
+            "/test/clock",
+            get(test_clock::show).post(test_clock::advance),
+        )
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             admin_auth,

@@ -43,7 +43,7 @@ pub const START_MS: u64 = 1_767_225_600_000;
 
 /// Alarms one [`TestNode::advance`] runs before it decides a handler
 /// re-arms itself for ever.
-pub const ADVANCE_ALARMS_MAX: usize = 100_000;
+pub const ADVANCE_ALARMS_MAX: usize = wasmkeep_runtime::TEST_CLOCK_ROUNDS_MAX;
 
 /// A response from an actor.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -170,34 +170,9 @@ impl TestNode {
 
     /// Like [`TestNode::advance`], to an absolute time.
     pub fn advance_to(&self, target_ms: u64) -> usize {
-        let mut ran = 0;
-        let mut deliveries = 0;
-        while let Some(due) = self.rt.alarms().next_due_ms() {
-            if due > target_ms {
-                break;
-            }
-            // As on a real clock, actors are prepared ahead of their alarm
-            // (the timer does it `alarm_prepare_ms` early).
-            let early = due.saturating_sub(self.config.alarm_prepare_ms);
-            if early > self.now_ms() {
-                self.clock.set_ms(early);
-            }
-            self.rt.alarms().prepare();
-            self.clock.set_ms(due);
-            self.rt.expire_parked_replies();
-            ran += self.exec.block_on(self.rt.alarms().run_due());
-            deliveries += 1;
-            assert!(
-                deliveries <= ADVANCE_ALARMS_MAX,
-                "more than {ADVANCE_ALARMS_MAX} alarm rounds before {target_ms}: does a handler re-arm itself for now?"
-            );
-        }
-        self.clock.set_ms(target_ms);
-        self.rt.expire_parked_replies();
-        // Sockets idle by the moved clock are closed now (the node's
-        // reaper does it once a second).
-        self.rt.sockets().close_idle(target_ms);
-        ran
+        self.exec
+            .block_on(self.rt.advance_test_clock(&self.clock, target_ms))
+            .unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// Runs the alarms due at the current time (a past alarm fires "at

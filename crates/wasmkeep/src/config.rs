@@ -465,6 +465,7 @@ impl NodeConfig {
             shutdown_drain_ms: self.shutdown_drain_ms,
             unsafe_rules: Default::default(),
             cluster: None,
+            test_clock: None,
             access_log: self.access_log,
             failed_request_log_per_s: self.failed_request_log_per_s,
             sockets_per_client_max: self.sockets_per_client_max,

@@ -123,6 +123,7 @@ pub(crate) fn run(args: DevArgs) -> Result<()> {
                 .spawn(move || job.run(rt, addr))
                 .expect("spawn the dev loop");
         })),
+        None,
     )
 }
 

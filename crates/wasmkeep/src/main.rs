@@ -294,6 +294,13 @@ struct ServeArgs {
     /// beyond loopback) [default: none].
     #[arg(long, env = "WASMKEEP_CLUSTER_TOKEN", hide_env_values = true)]
     cluster_token: Option<String>,
+    /// Test mode, for test kits: the node's clock starts at START_MS (unix
+    /// milliseconds) and stands still until `POST
+    /// /admin/v1/test/clock?advance_ms=N` moves it, running the alarms that
+    /// come due on the way. Only on a loopback address, not in a cluster
+    /// [default: none: the real clock].
+    #[arg(long, value_name = "START_MS")]
+    test_clock: Option<u64>,
 }
 
 fn parse_durability(s: &str) -> Result<Durability, String> {
@@ -516,7 +523,19 @@ fn serve(args: ServeArgs) -> Result<()> {
     if args.cluster_token.is_some() {
         cfg.cluster_token = args.cluster_token;
     }
-    run_node(cfg, args.examples, None)
+    let test_clock = match args.test_clock {
+        Some(start_ms) => {
+            if !cfg.listen.ip().is_loopback() || cfg.advertise.is_some() {
+                anyhow::bail!(
+                    "--test-clock is for tests on one machine: it needs a loopback --listen (got {}) and no --advertise",
+                    cfg.listen
+                );
+            }
+            Some(Arc::new(wasmkeep_runtime::ManualClock::new(start_ms)))
+        }
+        None => None,
+    };
+    run_node(cfg, args.examples, None, test_clock)
 }
 
 /// Raises the soft bound on open files to the hard one: a node holds a
@@ -538,10 +557,12 @@ fn raise_open_files_limit() {
 }
 
 /// Runs a node with `cfg` until SIGTERM or Ctrl-C.
+/// `test_clock`: the clock of a node in test mode (`--test-clock`).
 pub(crate) fn run_node(
     cfg: NodeConfig,
     examples: bool,
     on_listening: Option<OnListening>,
+    test_clock: Option<Arc<wasmkeep_runtime::ManualClock>>,
 ) -> Result<()> {
     cfg.check_exposure()?;
     let cluster = cfg.cluster()?;
@@ -554,7 +575,11 @@ pub(crate) fn run_node(
     // One bucket (and so one set of request counters) for replication and
     // the cluster protocol: `wasmkeep_bucket_*` counts both.
     let bucket = rc.bucket.clone();
-    let rt = Runtime::start(rc, Arc::new(SystemClock))
+    let clock: Arc<dyn wasmkeep_runtime::Clock> = match &test_clock {
+        Some(c) => Arc::clone(c) as _,
+        None => Arc::new(SystemClock),
+    };
+    let rt = Runtime::start(rc, clock)
         .with_context(|| format!("start the runtime on {}", cfg.data.display()))?;
     let examples = if examples {
         let info = rt
@@ -583,6 +608,7 @@ pub(crate) fn run_node(
         examples,
         on_listening,
         unsafe_rules,
+        test_clock,
     }))?;
     // One budget for stopping: what the connections' drain left of
     // `shutdown_drain_ms` is what running events get before every guest
@@ -627,6 +653,7 @@ struct Serving<'a> {
     examples: Option<Vec<String>>,
     on_listening: Option<OnListening>,
     unsafe_rules: UnsafeRules,
+    test_clock: Option<Arc<wasmkeep_runtime::ManualClock>>,
 }
 
 /// Listens, says so, and serves until a signal stops the node and the
@@ -641,6 +668,7 @@ async fn serve_node(s: Serving<'_>) -> Result<()> {
         examples,
         on_listening,
         unsafe_rules,
+        test_clock,
     } = s;
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await
@@ -688,6 +716,7 @@ async fn serve_node(s: Serving<'_>) -> Result<()> {
     let mut server = cfg.server();
     server.cluster = state;
     server.unsafe_rules = unsafe_rules;
+    server.test_clock = test_clock;
     if server.unsafe_rules.any() {
         tracing::warn!(rules = ?server.unsafe_rules, "safety rules switched off for a test ({})", wasmkeep_server::unsafe_rules::ENV);
     }

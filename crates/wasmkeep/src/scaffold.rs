@@ -292,8 +292,9 @@ class Counter implements Actor {
 export default app({ counter: Counter });
 "#;
 
-const TS_TEST: &str = r#"// The actor on a real node (`@wasmkeep/sdk/testing`): `npm test` builds
-// the component first, then runs this with `node --test`.
+const TS_TEST: &str = r#"// The actor on a real node (`@wasmkeep/sdk/testing`), whose clock moves
+// only when a test says so: `npm test` builds the component first, then
+// runs this with `node --test`.
 
 import { test } from "node:test";
 import assert from "node:assert/strict";
@@ -315,19 +316,18 @@ test("the counter counts and keeps its value across a crash", async () => {
   }
 });
 
-test("the reminder fires once, not before its time", async () => {
+test("the reminder fires at its time and not before", async () => {
   const node = await startNode();
   try {
     await node.deploy("dev/{name}", ".wasmkeep/app.wasm");
     const alice = node.actor("dev/{name}/counter/alice");
-    assert.equal((await alice.post("/remind?in_ms=300")).status, 202);
+    assert.equal((await alice.post("/remind?in_ms=60000")).status, 202);
+    // The node's clock moves only when the test says so.
+    await node.advance(59_000);
     assert.deepEqual((await alice.get("/value")).json(), { value: 0 }, "not yet due");
-    let value = 0;
-    for (let i = 0; i < 100 && value !== 100; i++) {
-      await new Promise((r) => setTimeout(r, 50));
-      value = (await alice.get("/value")).json().value;
-    }
-    assert.equal(value, 100);
+    assert.equal(await node.advance(1_000), 1, "one alarm ran");
+    assert.deepEqual((await alice.get("/value")).json(), { value: 100 });
+    assert.equal(await node.advance(3_600_000), 0, "delivered once");
   } finally {
     await node.stop();
   }
