@@ -198,7 +198,14 @@ async fn deploy(ep: &Endpoint, port: u16) -> Result<()> {
         .send_with_body(
             &Method::PUT,
             &format!("/admin/v1/apps/bench/outbox?manifest={}", encode(&manifest)),
-            Bytes::from_static(wasmkeep_guests::DEMO),
+            // The pinger of the language the run calls (`--lang`).
+            Bytes::from_static(
+                if crate::workloads::EXAMPLES.path() == crate::workloads::EXAMPLES_TS {
+                    wasmkeep_guests::EXAMPLES_TS
+                } else {
+                    wasmkeep_guests::DEMO
+                },
+            ),
         )
         .await?;
     if deployed.status != 200 {

@@ -95,9 +95,10 @@ pub(crate) fn preamble(args: &BenchArgs, m: &Machine, server: bool) -> String {
     }
     let _ = write!(
         s,
-        "settings: runs={} connections={} warmup_s={} measure_s={} actors={} alarms={} \
+        "settings: lang={} runs={} connections={} warmup_s={} measure_s={} actors={} alarms={} \
          alarm_lead_s={} cold_actors={} idle_actors={} seed={} lease_period_ms={} \
          lease_grace_ms={} w6_durability={}",
+        args.lang,
         args.runs,
         args.connections,
         args.warmup_s,

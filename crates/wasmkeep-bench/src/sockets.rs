@@ -27,6 +27,7 @@ use futures_util::{SinkExt, StreamExt};
 use tokio_tungstenite::tungstenite::Message;
 
 use crate::client::Endpoint;
+use crate::workloads::EXAMPLES;
 use crate::workloads::{Env, RunOutput, finish, quantile, scrape};
 
 /// Rooms the sockets are spread over.
@@ -77,7 +78,7 @@ fn fd_limit() -> u64 {
 }
 
 async fn open(ep: &Endpoint, room: &str) -> Result<Socket> {
-    let url = format!("ws://{}/v1/demo/examples/chat/{room}/ws", ep.addr);
+    let url = format!("ws://{}{EXAMPLES}/chat/{room}/ws", ep.addr);
     let (ws, _) = tokio_tungstenite::connect_async(url).await?;
     Ok(ws)
 }
@@ -148,12 +149,7 @@ async fn rooms_asleep(
 ) -> Result<(bool, f64)> {
     let reqs = rooms
         .iter()
-        .map(|r| {
-            (
-                hyper::Method::GET,
-                format!("/v1/demo/examples/chat/{r}/count"),
-            )
-        })
+        .map(|r| (hyper::Method::GET, format!("{EXAMPLES}/chat/{r}/count")))
         .collect();
     crate::client::send_all(ep, 16, reqs).await?;
     let asleep = all_asleep(ep).await?;

@@ -17,9 +17,43 @@ use crate::load::{self, LoadSpec};
 use crate::node::{Node, NodeSpec, log_tail};
 
 /// The bundled examples' address prefix.
-pub(crate) const EXAMPLES: &str = "/v1/demo/examples";
+/// The bundled examples in Rust.
+pub(crate) const EXAMPLES_RUST: &str = "/v1/demo/examples";
 /// The same classes in TypeScript (`serve --examples` deploys both).
 pub(crate) const EXAMPLES_TS: &str = "/v1/demo/examples-ts";
+
+/// Whether the workloads call the TypeScript examples (`--lang ts`).
+static LANG_TS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Makes every workload call the TypeScript examples (`--lang ts`) or the
+/// Rust ones; `run` sets it once, before any workload.
+pub(crate) fn use_typescript(ts: bool) {
+    LANG_TS.store(ts, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The app the workloads call, as a path prefix: [`EXAMPLES_RUST`], or
+/// [`EXAMPLES_TS`] with `--lang ts`. A `Display` so that paths read
+/// `format!("{EXAMPLES}/counter/...")`.
+pub(crate) struct Examples;
+
+impl Examples {
+    pub(crate) fn path(&self) -> &'static str {
+        if LANG_TS.load(std::sync::atomic::Ordering::Relaxed) {
+            EXAMPLES_TS
+        } else {
+            EXAMPLES_RUST
+        }
+    }
+}
+
+impl std::fmt::Display for Examples {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.path())
+    }
+}
+
+/// The examples app every workload calls (see [`Examples`]).
+pub(crate) static EXAMPLES: Examples = Examples;
 /// W2-restart: the node is killed this long before the due time…
 const ALARM_KILL_BEFORE_MS: u64 = 2_000;
 /// …and restarted this long after it.
@@ -250,7 +284,7 @@ pub(crate) async fn read_counters(
     conns: usize,
     names: &[String],
 ) -> Result<Vec<u64>> {
-    read_counters_of(EXAMPLES, ep, conns, names).await
+    read_counters_of(EXAMPLES.path(), ep, conns, names).await
 }
 
 /// [`read_counters`] of the app at `app` (`EXAMPLES` or `EXAMPLES_TS`).
@@ -286,7 +320,7 @@ async fn counter_load(
     query: &str,
     out: &mut RunOutput,
 ) -> Result<u64> {
-    counter_load_of(EXAMPLES, env, ep, names, query, out).await
+    counter_load_of(EXAMPLES.path(), env, ep, names, query, out).await
 }
 
 /// [`counter_load`] on the counters of the app at `app`.
@@ -362,7 +396,7 @@ async fn counter_load_of(
 
 /// W1 (`hot = false`) and W1-hot.
 pub async fn w1(env: &Env<'_>, hot: bool) -> Result<RunOutput> {
-    w1_of(EXAMPLES, env, hot).await
+    w1_of(EXAMPLES.path(), env, hot).await
 }
 
 /// W1-ts: W1 on the TypeScript counter.
@@ -749,7 +783,7 @@ pub async fn w2(env: &Env<'_>, restart: bool) -> Result<RunOutput> {
 
 /// W3: the first request to never-seen actors, one after another.
 pub async fn w3(env: &Env<'_>) -> Result<RunOutput> {
-    w3_of(EXAMPLES, env).await
+    w3_of(EXAMPLES.path(), env).await
 }
 
 /// W3-ts: W3 on the TypeScript counter.
@@ -920,7 +954,7 @@ pub async fn w4_open(env: &Env<'_>) -> Result<RunOutput> {
     let node = env.start(Some(config)).await?.expect("own node");
     let ep = node.endpoint.clone();
     let r = async {
-        for (lang, app) in [("rust", EXAMPLES), ("ts", EXAMPLES_TS)] {
+        for (lang, app) in [("rust", EXAMPLES_RUST), ("ts", EXAMPLES_TS)] {
             // The app's first actor: its instance image, shared by the rest.
             let first = client::send_all(&ep, 1, vec![(Method::POST, format!("{app}/counter/open-first/increment"))]).await?;
             anyhow::ensure!(json_of(&first[0]).is_some(), "{lang}: first actor: {}", client::describe(&first[0]));
