@@ -9,8 +9,10 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh --test
 export PATH="$PWD/.venv/bin:$PATH"
 cargo fmt --all -- --check
-# The TypeScript SDK and the examples written with it type-check (strict).
+# The TypeScript SDK and the examples written with it type-check (strict),
+# and so does every TypeScript example in the docs.
 sdk/ts/node_modules/.bin/tsc -p sdk/ts
+node sdk/ts/check-docs.mjs
 cargo clippy --workspace --all-targets --locked -- -D warnings
 # Function length for the code that ships (tests may be longer): the
 # threshold is clippy.toml's.

@@ -406,6 +406,18 @@ fn stale_entries_of_the_tenant_wide_index_are_swept_too() {
     let members = c.start_three();
     let later = now_ms() + 3_600_000;
     set(members[0].port, "legacy", later);
+    // `--examples` deploys the class in TypeScript too (`examples-ts`), so
+    // the tenant-wide entries go to both apps. The actor exists in each,
+    // with an alarm of its own, so neither names them. (In an app where
+    // the actor never existed they would stay: R2's empty-bucket clause
+    // keeps every entry of an actor the bucket has nothing for.)
+    let ts = send(
+        members[0].port,
+        "POST",
+        &format!("/v1/demo/examples-ts/reminder/legacy/set?at_ms={later}"),
+        &[REPLICATED],
+    );
+    assert_eq!(ts.status, 200, "{}", ts.body);
     let hex: String = "legacy".bytes().map(|b| format!("{b:02x}")).collect();
     let past = now_ms() - 60_000;
     let root = c.folder().join("alarms/demo");
