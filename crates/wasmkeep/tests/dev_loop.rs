@@ -145,21 +145,7 @@ fn new_then_dev_serves_logs_and_reloads_a_saved_change() {
         changed, source,
         "the scaffold's text changed: update this test"
     );
-    let saved = Instant::now();
-    std::fs::write(&lib, &changed).unwrap();
-    loop {
-        let (status, body) = call(&base, "GET", "/v1/dev/tally/counter/alice/version");
-        if status == 200 && body == "2" {
-            break;
-        }
-        assert!(
-            saved.elapsed() < RELOAD_BOUND,
-            "the change was not served within {RELOAD_BOUND:?}:\n{}",
-            dev.seen.join("\n")
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    eprintln!("a saved change was served after {:?}", saved.elapsed());
+    save_and_wait_served(&mut dev, &base, &lib, &changed);
     // The actor's data survived the redeploy, and the new code runs.
     let (_, body) = call(&base, "POST", "/v1/dev/tally/counter/alice/increment");
     assert_eq!(body, r#"{"value":2}"#);
@@ -177,6 +163,30 @@ fn new_then_dev_serves_logs_and_reloads_a_saved_change() {
         (status, body.as_str()),
         (200, "2"),
         "the last good deploy serves"
+    );
+}
+
+/// Saves `changed` to `file` and waits until dev serves it: the change
+/// adds `GET /version`, answered `2`, to the scaffold's counter.
+fn save_and_wait_served(dev: &mut Dev, base: &str, file: &Path, changed: &str) {
+    let saved = Instant::now();
+    std::fs::write(file, changed).unwrap();
+    loop {
+        let (status, body) = call(base, "GET", "/v1/dev/tally/counter/alice/version");
+        if status == 200 && body == "2" {
+            break;
+        }
+        assert!(
+            saved.elapsed() < RELOAD_BOUND,
+            "the change was not served within {RELOAD_BOUND:?}:\n{}",
+            dev.seen.join("\n")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    eprintln!(
+        "a saved change to {} was served after {:?}",
+        file.display(),
+        saved.elapsed()
     );
 }
 
@@ -300,21 +310,7 @@ fn new_ts_then_npm_test_and_dev_serve_and_reload_a_typescript_actor() {
         changed, source,
         "the scaffold's text changed: update this test"
     );
-    let saved = Instant::now();
-    std::fs::write(&index, &changed).unwrap();
-    loop {
-        let (status, body) = call(&base, "GET", "/v1/dev/tally/counter/alice/version");
-        if status == 200 && body == "2" {
-            break;
-        }
-        assert!(
-            saved.elapsed() < RELOAD_BOUND,
-            "the change was not served within {RELOAD_BOUND:?}:\n{}",
-            dev.seen.join("\n")
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    eprintln!("a saved .ts change was served after {:?}", saved.elapsed());
+    save_and_wait_served(&mut dev, &base, &index, &changed);
     let (_, body) = call(&base, "POST", "/v1/dev/tally/counter/alice/increment");
     assert_eq!(
         body, r#"{"value":2}"#,
