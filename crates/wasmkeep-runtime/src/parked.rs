@@ -106,10 +106,7 @@ impl ParkedReplies {
                 gauge: metrics.parked_replies.clone(),
                 ..Table::default()
             }),
-            // Below 2^52 (and so below 2^53 for ages of counting): a
-            // ticket is exact as a JavaScript number, which is how a
-            // TypeScript guest holds a `u64` (ADR 0048).
-            next: AtomicU64::new((random_start() >> 12) | 1),
+            next: AtomicU64::new(random_start() | 1),
         }
     }
 

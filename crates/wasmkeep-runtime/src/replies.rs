@@ -29,10 +29,12 @@ pub trait Tickets: Send + Sync {
 
 /// A number to start a node's ids at, different at every start (the
 /// clock's nanoseconds, spread), so that an id kept from before a restart
-/// names nothing new.
+/// names nothing new. Below 2^52, so that counting up from it stays
+/// below 2^53 for ages: a guest in JavaScript holds an id (a `u64`) as a
+/// number, exact only that far (ADR 0048).
 pub(crate) fn random_start() -> u64 {
     let seed = (crate::clock::wall_nanos() as u64).max(1);
-    seed.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+    seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 12
 }
 
 /// What a request's event asked for its reply.

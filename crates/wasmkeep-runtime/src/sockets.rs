@@ -189,7 +189,7 @@ impl SocketTable {
         SocketTable {
             limits,
             t: Mutex::new(Tables {
-                next: crate::replies::random_start() >> 12,
+                next: crate::replies::random_start(),
                 ..Tables::default()
             }),
         }

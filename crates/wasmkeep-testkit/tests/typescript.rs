@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use wasmkeep_guests::EXAMPLES_TS;
+use wasmkeep_guests::{EXAMPLES_TS, HOSTILE_TS};
 use wasmkeep_testkit::TestNode;
 
 fn node() -> TestNode {
@@ -64,5 +64,30 @@ fn typescript_actors_message_each_other_through_the_outbox() {
     assert_eq!(
         node.actor("demo/examples-ts/pinger/b").get("/stats").json(),
         serde_json::json!({ "received": 3, "received_twice": 0, "failed": 0 })
+    );
+}
+
+/// `sql.applyIfUnchanged`, as the Rust SDK's `apply_if_unchanged`: a
+/// decision taken on generation 1 applies once; taken again on the same
+/// (now stale) generation, it does not.
+#[test]
+fn a_typescript_decision_on_a_stale_record_is_not_applied() {
+    let node = TestNode::new();
+    node.deploy("t/bed", HOSTILE_TS).unwrap();
+    let a = node.actor("t/bed/attacker/a");
+    let first = a.post("/apply-if?seen=1", "").json();
+    assert_eq!(
+        first,
+        serde_json::json!({ "applied": true, "generation": 2 })
+    );
+    let stale = a.post("/apply-if?seen=1", "").json();
+    assert_eq!(
+        stale,
+        serde_json::json!({ "applied": false, "generation": 2 })
+    );
+    let fresh = a.post("/apply-if?seen=2", "").json();
+    assert_eq!(
+        fresh,
+        serde_json::json!({ "applied": true, "generation": 3 })
     );
 }

@@ -10,8 +10,13 @@
 // - `POST /async`: an `async` handler (a handler that would await).
 // - `POST /fetch`: calls `fetch` (a handler that would wait on the network).
 // - `GET /ping`: `{"ok":true}`, to show the actor still serves.
+//
+// It also carries one SDK check no example uses (the test kit's
+// tests/typescript.rs): `POST /apply-if?seen=G` bumps a generation that
+// starts at 1 only if it still is G (`sql.applyIfUnchanged`), and answers
+// `{"applied":bool,"generation":N}`.
 
-import { Actor, Request, Response, app } from "@wasmkeep/sdk";
+import { Actor, Request, Response, app, sql } from "@wasmkeep/sdk";
 
 const kept: Uint8Array[] = [];
 
@@ -45,6 +50,14 @@ class Attacker implements Actor {
         const f = (globalThis as unknown as { fetch: (url: string) => unknown }).fetch;
         f("http://example.com/");
         return Response.json({ fetched: true });
+      }
+      case "POST /apply-if": {
+        sql.run("CREATE TABLE IF NOT EXISTS g (id INTEGER PRIMARY KEY CHECK (id = 0), generation INTEGER NOT NULL)");
+        sql.run("INSERT OR IGNORE INTO g VALUES (0, 1)");
+        const applied = sql.applyIfUnchanged("SELECT generation FROM g WHERE id = 0", [], req.queryInt("seen") ?? 0, () => {
+          sql.run("UPDATE g SET generation = generation + 1 WHERE id = 0");
+        });
+        return Response.json({ applied, generation: sql.one<{ generation: number }>("SELECT generation FROM g").generation });
       }
       case "GET /ping":
         return Response.json({ ok: true, kept: kept.length });

@@ -279,6 +279,18 @@ function toValue(v: SqlValue | undefined): wit.Value {
   }
 }
 
+/** Whether two SQLite values are the same, type and value. */
+function sameValue(a: wit.Value, b: wit.Value): boolean {
+  if (a.tag !== b.tag) return false;
+  if (a.tag === "null") return true;
+  const x = (a as { val: unknown }).val;
+  const y = (b as { val: unknown }).val;
+  if (x instanceof Uint8Array && y instanceof Uint8Array) {
+    return x.length === y.length && x.every((byte, i) => byte === y[i]);
+  }
+  return x === y;
+}
+
 function fromValue(v: wit.Value): SqlValue {
   switch (v.tag) {
     case "null":
@@ -382,6 +394,36 @@ export const sql = {
   /** The only row of a statement (see {@link Cursor.one}). */
   one<T extends Row = Row>(statement: string, ...params: SqlValue[]): T {
     return sql.exec<T>(statement, ...params).one();
+  },
+
+  /**
+   * Applies a decision only if the record it was taken on is unchanged,
+   * as the Rust SDK's `sql::apply_if_unchanged`: `read` (one row, one
+   * column: a generation, a version, a state) must still give `seen`, or
+   * `apply` does not run and this returns false. A missing row reads as
+   * NULL; values compare by type and value (an integer is not a real).
+   * The decision and its inputs may be an event apart: a send records
+   * `seen` in its context, and the answer's event applies only if
+   * nothing moved the record meanwhile (the second seed's stale timeout).
+   *
+   * @example
+   * ```ts
+   * const applied = sql.applyIfUnchanged("SELECT generation FROM rings WHERE booking = ?1", ["b-17"], 3, () => {
+   *   sql.run("UPDATE rings SET state = 'timeout' WHERE booking = ?1", "b-17");
+   * });
+   * ```
+   */
+  applyIfUnchanged(read: string, params: SqlValue[], seen: SqlValue, apply: () => void): boolean {
+    const values = params.map(toValue);
+    let now: wit.Value;
+    try {
+      now = witSql.query(read, values).rows[0]?.[0] ?? { tag: "null" };
+    } catch (e) {
+      throw hostError(e);
+    }
+    if (!sameValue(now, toValue(seen))) return false;
+    apply();
+    return true;
   },
 
   /**
