@@ -95,6 +95,9 @@ pub enum Workload {
     /// calls to a loopback server.
     #[value(name = "w7")]
     W7,
+    /// 1,000 actors each running a ten-step durable workflow at once.
+    #[value(name = "w7-workflows")]
+    W7Workflows,
     /// `--sockets` WebSockets over 100 hibernated rooms: memory per idle
     /// socket, broadcast fan-out, round trips.
     #[value(name = "w8")]
@@ -124,6 +127,7 @@ impl Workload {
             Workload::W6 => "w6",
             Workload::W5Kill => "w5-kill",
             Workload::W7 => "w7",
+            Workload::W7Workflows => "w7-workflows",
             Workload::W8 => "w8",
             Workload::W11 => "w11",
         }
@@ -167,6 +171,7 @@ const DEFAULT_WORKLOADS: &[Workload] = &[
     Workload::W4,
     Workload::W4Open,
     Workload::W7,
+    Workload::W7Workflows,
     Workload::W11,
 ];
 
@@ -478,6 +483,7 @@ async fn run_workload(w: Workload, env: &Env<'_>) -> Result<workloads::RunOutput
         Workload::W5Kill => cluster::w5_kill(env).await,
         Workload::W5 => cluster::w5(env).await,
         Workload::W7 => outbox::w7(env).await,
+        Workload::W7Workflows => outbox::w7_workflows(env).await,
         Workload::W8 => sockets::w8(env).await,
         Workload::W11 => isolation::w11(env).await,
     }

@@ -354,8 +354,71 @@ async fn calls(
     Ok(())
 }
 
-/// W7's run on a started node: deploys the app, then the messages, then
-/// the outbound calls.
+/// Typed calls (ADR 0051), beside the raw messages: each `caller` actor
+/// makes [`MESSAGES_PER_ACTOR`] `tally_api.add` calls to the next
+/// actor's `tally` in one event; the caller records, for each typed
+/// answer, the time the call was sent (its note) and applied.
+async fn typed_calls(
+    ep: &Endpoint,
+    conns: usize,
+    names: &[String],
+    out: &mut RunOutput,
+) -> Result<()> {
+    let caller = APP.replace("/pinger", "/caller");
+    let n = names.len();
+    let sends = names
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            let to = &names[(i + 1) % n];
+            (
+                Method::POST,
+                format!("{caller}/{name}/add?name={to}&by=1&n={MESSAGES_PER_ACTOR}"),
+            )
+        })
+        .collect();
+    send_all_ok(ep, conns, sends, "typed call").await?;
+    let expected = n as u64 * MESSAGES_PER_ACTOR;
+    let read = || async {
+        let reqs = names
+            .iter()
+            .map(|name| (Method::GET, format!("{caller}/{name}/replies")))
+            .collect();
+        let rs = client::send_all(ep, conns, reqs).await?;
+        let mut got = Vec::new();
+        let mut failed = 0u64;
+        for (name, r) in names.iter().zip(&rs) {
+            let v = json(r).ok_or_else(|| anyhow!("replies of {name}: {}", client::describe(r)))?;
+            for x in v["replies"].as_array().into_iter().flatten() {
+                if x["ok"] != true {
+                    failed += 1;
+                }
+                let sent: u64 = x["note"].as_str().and_then(|s| s.parse().ok()).unwrap_or(0);
+                got.push((sent, x["answered_ms"].as_u64().unwrap_or(0)));
+            }
+        }
+        anyhow::Ok((got, failed))
+    };
+    let t = crate::clock::now();
+    let (mut got, mut failed) = read().await?;
+    while (got.len() as u64) < expected && t.elapsed() < SETTLE_LIMIT {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        (got, failed) = read().await?;
+    }
+    figures(out, "typed_calls", &got);
+    out.check(
+        "every_typed_call_answered",
+        got.len() as u64 == expected && failed == 0,
+        format!(
+            "{} of {expected} typed calls answered; {failed} refused",
+            got.len()
+        ),
+    );
+    Ok(())
+}
+
+/// W7's run on a started node: deploys the app, then the messages, the
+/// typed calls and the outbound calls.
 async fn run(env: &Env<'_>, ep: &Endpoint, out: &mut RunOutput) -> Result<()> {
     let conns = env.args.connections;
     let (port, served) = loopback_server().await?;
@@ -363,7 +426,92 @@ async fn run(env: &Env<'_>, ep: &Endpoint, out: &mut RunOutput) -> Result<()> {
     let n = env.args.actors.max(2);
     let names: Vec<String> = (0..n).map(|i| format!("{}m{i}", env.prefix(""))).collect();
     messages(ep, conns, &names, out).await?;
+    typed_calls(ep, conns, &names, out).await?;
     calls(ep, conns, &names, port, &served, out).await
+}
+
+/// Actors of the workflow workload, each running one workflow.
+pub const WORKFLOW_ACTORS: usize = 1_000;
+/// Steps of that workflow (`ten` of the `orders` class).
+pub const WORKFLOW_STEPS: u64 = 10;
+
+/// The workflow workload (issue 36): [`WORKFLOW_ACTORS`] `orders` actors
+/// each start the ten-step workflow `ten` at once; the figure is steps
+/// per second from the first start to the last step recorded (the
+/// node's clock, read from each instance's history), and the time from
+/// start to done per workflow.
+pub async fn w7_workflows(env: &Env<'_>) -> Result<RunOutput> {
+    let mut out = RunOutput::default();
+    let node = env.start(None).await?;
+    let ep = env.endpoint(&node);
+    let r = workflows(env, &ep, &mut out).await;
+    finish(node, &mut out).await;
+    r.map(|_| out)
+}
+
+async fn workflows(env: &Env<'_>, ep: &Endpoint, out: &mut RunOutput) -> Result<()> {
+    let conns = env.args.connections;
+    let base = format!("{}/orders", crate::workloads::EXAMPLES.path());
+    let names: Vec<String> = (0..WORKFLOW_ACTORS)
+        .map(|i| format!("{}wf{i}", env.prefix("")))
+        .collect();
+    let started_ms = crate::clock::now_ms();
+    let starts = names
+        .iter()
+        .map(|n| (Method::POST, format!("{base}/{n}/start-ten?id=w")))
+        .collect();
+    let rs = client::send_all(ep, conns, starts).await?;
+    if let Some(bad) = rs.iter().find(|r| !matches!(r, Ok((204, _)))) {
+        bail!("a workflow did not start: {}", client::describe(bad));
+    }
+    let t = crate::clock::now();
+    loop {
+        let reqs = names
+            .iter()
+            .map(|n| (Method::GET, format!("{base}/{n}/status?id=w")))
+            .collect();
+        let rs = client::send_all(ep, conns, reqs).await?;
+        let states: Vec<serde_json::Value> = rs.iter().filter_map(json).collect();
+        let done = states.iter().filter(|s| s["state"] == "done").count();
+        if done == names.len() || t.elapsed() >= SETTLE_LIMIT {
+            let mut last = started_ms;
+            let mut spans: Vec<u64> = Vec::new();
+            let mut steps = 0u64;
+            for s in &states {
+                let h = s["history"].as_array().cloned().unwrap_or_default();
+                steps += h.len() as u64;
+                let end = h
+                    .iter()
+                    .filter_map(|x| x["done_ms"].as_u64())
+                    .max()
+                    .unwrap_or(0);
+                last = last.max(end);
+                spans.push(end.saturating_sub(started_ms));
+            }
+            spans.sort_unstable();
+            let span_s = (last.saturating_sub(started_ms) as f64 / 1000.0).max(0.001);
+            out.fig("workflow_steps_per_s", steps as f64 / span_s);
+            out.fig(
+                "workflow_done_p50_ms",
+                quantile(&spans, 0.50).unwrap_or(0) as f64,
+            );
+            out.fig(
+                "workflow_done_p99_ms",
+                quantile(&spans, 0.99).unwrap_or(0) as f64,
+            );
+            let expected = names.len() as u64 * WORKFLOW_STEPS;
+            out.check(
+                "every_workflow_done",
+                done == names.len() && steps == expected,
+                format!(
+                    "{done} of {} done; {steps} of {expected} steps recorded",
+                    names.len()
+                ),
+            );
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 #[cfg(test)]

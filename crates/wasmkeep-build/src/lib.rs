@@ -37,10 +37,21 @@ pub fn build_component_at(crate_dir: &Path, target_dir: Option<&Path>) -> Result
         .canonicalize()
         .map_err(|e| format!("{}: {e}", manifest.display()))?;
     let mut found = None;
+    // rustc's "can't find crate for `std`" (E0463) is what a missing
+    // target looks like; only then is the target worth a hint.
+    let mut no_std = false;
     for line in String::from_utf8_lossy(&out.stdout).lines() {
         let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
             continue;
         };
+        if v["reason"] == "compiler-message"
+            && v["message"]["code"]["code"] == "E0463"
+            && v["message"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("`std`") || m.contains("`core`"))
+        {
+            no_std = true;
+        }
         if v["reason"] != "compiler-artifact" {
             continue;
         }
@@ -62,9 +73,17 @@ pub fn build_component_at(crate_dir: &Path, target_dir: Option<&Path>) -> Result
         }
     }
     if !out.status.success() {
+        let hint = if no_std {
+            format!(
+                "; the {WASM_TARGET} target is not installed for this toolchain: \
+                 `rustup target add {WASM_TARGET}` in {}",
+                crate_dir.display()
+            )
+        } else {
+            String::new()
+        };
         return Err(format!(
-            "cargo build --release --target {WASM_TARGET} failed in {} (its errors are above; \
-             is the target installed? `rustup target add {WASM_TARGET}`)",
+            "cargo build --release --target {WASM_TARGET} failed in {} (its errors are above){hint}",
             crate_dir.display()
         ));
     }
@@ -85,13 +104,28 @@ pub fn build_component_at(crate_dir: &Path, target_dir: Option<&Path>) -> Result
 /// node.deploy("acme/shop", &wasm)?;
 /// ```
 ///
-/// It builds into `target/wasmkeep-component` under the crate, apart from
-/// the `target/` a running `cargo test` holds locked. Each call runs
-/// cargo, which rebuilds only what changed. Panics with the reason if the
-/// build fails, which fails the test.
+/// It builds into [`component_target_dir`], as `wasmkeep dev` does, so a
+/// test after a dev session (or the other way round) rebuilds nothing.
+/// Each call runs cargo, which rebuilds only what changed. Panics with the
+/// reason if the build fails, which fails the test.
 pub fn build_component(crate_dir: impl AsRef<Path>) -> Vec<u8> {
     let dir = crate_dir.as_ref();
-    let target = dir.join("target").join("wasmkeep-component");
+    let target = component_target_dir(dir);
     let path = build_component_at(dir, Some(&target)).unwrap_or_else(|e| panic!("{e}"));
     std::fs::read(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
+}
+
+/// Where components are built, for tests and for `wasmkeep dev` alike:
+/// `wasmkeep-component` in the crate's cargo target folder
+/// (`$CARGO_TARGET_DIR` when set, else `target/` under the crate). A
+/// folder of its own, because a running `cargo test` holds its profile's
+/// folder of `target/` locked (with `cargo test --release`, the very
+/// folder a release build of the component would need), while nothing
+/// but these builds ever locks this one.
+pub fn component_target_dir(crate_dir: &Path) -> PathBuf {
+    let target = match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(t) if !t.is_empty() => crate_dir.join(t),
+        _ => crate_dir.join("target"),
+    };
+    target.join("wasmkeep-component")
 }

@@ -44,6 +44,10 @@ type ByClass = HashMap<String, HashMap<String, HashMap<String, Arc<ClassMetrics>
 #[derive(Debug, Default)]
 pub struct ClassMetrics {
     pub requests: Counter,
+    /// Actor messages the class's actors handled (applied or refused).
+    pub messages: Counter,
+    /// WebSocket messages and closes the class's actors handled.
+    pub socket_events: Counter,
     /// Failed requests by error code (codes are a fixed list).
     errors: Mutex<BTreeMap<String, u64>>,
     pub alarm_runs_ok: Counter,
@@ -250,11 +254,21 @@ fn encode_counters(
     all: &[(ClassKey, Arc<ClassMetrics>)],
 ) -> fmt::Result {
     type Counted = fn(&ClassMetrics) -> u64;
-    let counters: [(&str, &str, Counted); 4] = [
+    let counters: [(&str, &str, Counted); 6] = [
         (
             "wasmkeep_class_requests",
             "Requests that reached a deployed class.",
             |m| m.requests.get(),
+        ),
+        (
+            "wasmkeep_class_messages",
+            "Actor messages the class's actors handled (applied or refused).",
+            |m| m.messages.get(),
+        ),
+        (
+            "wasmkeep_class_socket_events",
+            "WebSocket messages and closes the class's actors handled.",
+            |m| m.socket_events.get(),
         ),
         (
             "wasmkeep_class_alarm_runs",

@@ -168,6 +168,9 @@ pub struct RuntimeConfig {
     pub protocol: wasmkeep_cluster::ClusterConfig,
     /// Actors whose alarm is due within this long are opened ahead of time.
     pub alarm_prepare_ms: u64,
+    /// How long an actor answers a repeated `Idempotency-Key` with the
+    /// recorded answer (`idempotency`).
+    pub idempotency_retention_ms: u64,
     /// Alarms handed to workers per timer pass.
     pub alarm_fire_batch_max: usize,
     /// Whether the first actor of a class prepared ahead of its alarm, while
@@ -303,6 +306,7 @@ impl RuntimeConfig {
             response_body_bytes_max: 32 * 1024 * 1024,
             protocol: wasmkeep_cluster::ClusterConfig::default(),
             alarm_prepare_ms: 2_000,
+            idempotency_retention_ms: 24 * 3_600_000,
             alarm_fire_batch_max: 4096,
             alarm_rehearse: true,
             store: StoreLimits::default(),

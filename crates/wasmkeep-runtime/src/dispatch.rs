@@ -702,8 +702,9 @@ async fn send_message(
     }
 }
 
-/// The idempotency key of a row's attempts: the sender, its outbox's
-/// life, and the row's sequence number.
+/// The idempotency key of a row's attempts: the sender (its written form,
+/// the name percent-encoded, so the key is a valid header value whatever
+/// the name), its outbox's life, and the row's sequence number.
 pub(crate) fn idempotency_key(from: &ActorId, life: u64, seq: u64) -> String {
     format!("{from}/{life:016x}/{seq}")
 }

@@ -113,6 +113,16 @@ pub enum RuntimeError {
         limit_name: &'static str,
         limit: u64,
     },
+    #[error("invalid idempotency key: {0}")]
+    InvalidIdempotencyKey(String),
+    #[error(
+        "idempotency key reused: `{key}` was first used with another request (method, path, query or body) within idempotency_retention_ms; use a new key for a new request"
+    )]
+    IdempotencyKeyReused { key: String },
+    #[error(
+        "the answer is {size} bytes, over IDEMPOTENCY_RESPONSE_BYTES_MAX={limit}: too large to record for an Idempotency-Key, so the request was rolled back; send it without the key, or ask for less"
+    )]
+    IdempotentResponseTooLarge { size: usize, limit: usize },
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -160,6 +170,11 @@ impl RuntimeError {
             RuntimeError::ReplicationUnavailable => "replication_unavailable".into(),
             RuntimeError::TooManyFollowers { .. } => "too_many_followers".into(),
             RuntimeError::QuotaExceeded { .. } => "quota_exceeded".into(),
+            RuntimeError::InvalidIdempotencyKey(_) => "invalid_idempotency_key".into(),
+            RuntimeError::IdempotencyKeyReused { .. } => "idempotency_key_reused".into(),
+            RuntimeError::IdempotentResponseTooLarge { .. } => {
+                "idempotency_response_too_large".into()
+            }
             RuntimeError::Internal(_) => "internal".into(),
         }
     }
@@ -175,7 +190,8 @@ impl RuntimeError {
             | RuntimeError::CpuTimeExceeded { .. }
             | RuntimeError::MemoryExceeded { .. }
             | RuntimeError::ResponseTooLarge { .. }
-            | RuntimeError::ResponseHeadersTooLarge { .. } => true,
+            | RuntimeError::ResponseHeadersTooLarge { .. }
+            | RuntimeError::IdempotentResponseTooLarge { .. } => true,
             _ => false,
         }
     }
@@ -228,6 +244,13 @@ fn is_store_code(code: &str) -> bool {
             | "too_many_parked"
             | "not_an_upgrade"
             | "too_many_sockets"
+            // The cron import's refusal (issue 36).
+            | "invalid_cron"
+            // The bookmarks' refusals (issue 36).
+            | "no_bucket"
+            | "invalid_bookmark"
+            | "bookmark_not_found"
+            | "too_many_restores"
             | "socket_not_found"
             // Request-shaped failures a guest may choose (see the SDK).
             | "bad_request"

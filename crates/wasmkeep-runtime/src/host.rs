@@ -51,7 +51,7 @@ pub(crate) type ActorPre<T> = NodePre<T>;
 pub(crate) type ActorIndices = NodeIndices;
 
 pub(crate) use wasmkeep::actor::types::{AlarmInfo, Error as WitError, Request};
-use wasmkeep::actor::{alarm, clock, identity, kv, log, sql, types};
+use wasmkeep::actor::{alarm, clock, cron, identity, kv, log, sql, types};
 
 /// What the guest did to its alarm during an `on-alarm` run, which the
 /// retry rule needs after the run's own changes are rolled back.
@@ -233,6 +233,10 @@ pub struct HostState {
     pub sockets_accepted_in_batch: usize,
     /// The running request asks for a WebSocket upgrade.
     pub request_is_upgrade: bool,
+    /// The node has a bucket (bookmarks name what it keeps).
+    pub bucket: bool,
+    /// The restore the running event asked for (`bookmarks`).
+    pub restore: Option<crate::bookmarks::PendingRestore>,
     /// Bytes the running event sent to sockets (its budget).
     pub socket_sent_bytes: usize,
     /// Where the guest's lines go besides the node's log, for `wasmkeep
@@ -285,6 +289,8 @@ impl HostState {
             socket_accepted: None,
             sockets_accepted_in_batch: 0,
             request_is_upgrade: false,
+            bucket: false,
+            restore: None,
             socket_sent_bytes: 0,
             logs: None,
         }
@@ -322,7 +328,7 @@ impl HostState {
     /// that has none (the one a deploy creates to ask the component for
     /// its classes), and for a call made with less native stack left than
     /// SQLite is guaranteed ([`guest_db`]).
-    fn db(&mut self) -> Result<&mut ActorDb, WitError> {
+    pub(crate) fn db(&mut self) -> Result<&mut ActorDb, WitError> {
         guest_db(&mut self.db)
     }
 }
@@ -388,6 +394,8 @@ pub(crate) fn add_to_linker(
     alarm::add_to_linker::<HostState, HasSelf<HostState>>(linker, |s| s)?;
     identity::add_to_linker::<HostState, HasSelf<HostState>>(linker, |s| s)?;
     clock::add_to_linker::<HostState, HasSelf<HostState>>(linker, |s| s)?;
+    cron::add_to_linker::<HostState, HasSelf<HostState>>(linker, |s| s)?;
+    wasmkeep::actor::bookmarks::add_to_linker::<HostState, HasSelf<HostState>>(linker, |s| s)?;
     log::add_to_linker::<HostState, HasSelf<HostState>>(linker, |s| s)?;
     wasmkeep::actor::outbox::add_to_linker::<HostState, HasSelf<HostState>>(linker, |s| s)?;
     wasmkeep::actor::config::add_to_linker::<HostState, HasSelf<HostState>>(linker, |s| s)?;
@@ -399,6 +407,15 @@ pub(crate) fn add_to_linker(
 impl types::Host for HostState {}
 
 impl sql::Host for HostState {
+    fn database_size(&mut self) -> u64 {
+        // Between statements of the guest's own event: its connection is
+        // there; a failure to read reads as 0, never as a trap.
+        self.db()
+            .ok()
+            .and_then(|db| db.size_bytes().ok())
+            .unwrap_or(0)
+    }
+
     fn query(
         &mut self,
         statement: String,
@@ -459,6 +476,10 @@ impl kv::Host for HostState {
         };
         self.db()?.kv_list(&o).map_err(wit_err)
     }
+
+    fn delete_prefix(&mut self, prefix: String) -> Result<u64, WitError> {
+        self.db()?.kv_delete_prefix(&prefix).map_err(wit_err)
+    }
 }
 
 /// Latest alarm time a guest may set: year 9999, so that every key format
@@ -518,11 +539,36 @@ impl identity::Host for HostState {
             name: self.id.name.clone(),
         }
     }
+
+    fn unique_id(&mut self) -> Result<String, WitError> {
+        let mut raw = [0u8; 16];
+        // If the OS's generator ever failed, no identifier is better than
+        // a guessable one.
+        getrandom::fill(&mut raw).map_err(|e| WitError {
+            code: "internal".into(),
+            message: format!("the operating system's random source failed: {e}"),
+        })?;
+        Ok(hex::encode(raw))
+    }
 }
 
 impl clock::Host for HostState {
     fn now_ms(&mut self) -> u64 {
         self.clock.now_ms()
+    }
+}
+
+impl cron::Host for HostState {
+    fn next_after(
+        &mut self,
+        expression: String,
+        zone: String,
+        after_ms: u64,
+    ) -> Result<u64, WitError> {
+        crate::cron::next_after(&expression, &zone, after_ms).map_err(|e| WitError {
+            code: "invalid_cron".into(),
+            message: e.0,
+        })
     }
 }
 

@@ -90,6 +90,10 @@ pub struct Inner {
     pub sockets: Arc<crate::sockets::SocketTable>,
     /// Recent log lines about actors, for `wasmkeep logs` (issue 22).
     pub logs: Arc<crate::logs::LogHub>,
+    /// Whether events that do not pass the HTTP edge (messages, socket
+    /// events) write access lines to the node's log: the server's
+    /// `access_log`, set through [`crate::Runtime::set_access_log`].
+    pub access_log: AtomicBool,
     /// Cuts failing-alarm warnings in the node's log to a rate.
     pub alarm_failure_rate: crate::logs::RateCut,
     /// Series labelled by tenant, app and class (also in `metrics`).

@@ -362,6 +362,12 @@ pub struct ActorReplica {
 }
 
 impl ActorReplica {
+    /// The seq of the chain's head, as this node last wrote or read it
+    /// (`None` while an upload holds the replica, or before it opened).
+    pub(crate) fn head_seq(&self) -> Option<u64> {
+        self.replica.as_ref().and_then(|r| r.head()).map(|p| p.seq)
+    }
+
     /// Starts over (after a give-up or a delete): marks taken before are
     /// void.
     fn reset(&mut self) {

@@ -287,6 +287,7 @@ fn build_inner(config: RuntimeConfig, clock: Arc<dyn Clock>, parts: Parts) -> Ar
         secrets: crate::app_config::SecretStore::open(&config_data_dir),
         sockets: Arc::new(crate::sockets::SocketTable::new(socket_limits)),
         logs: Arc::new(crate::logs::LogHub::new(log_limits)),
+        access_log: AtomicBool::new(false),
         alarm_failure_rate: Default::default(),
         class_metrics,
         pools: crate::pools::Pools::new(&pool_limits),
@@ -577,6 +578,9 @@ impl Runtime {
         if req.replicated && self.inner.replication.is_none() {
             return failed(RuntimeError::ReplicationUnavailable);
         }
+        if let Err(e) = crate::idempotency::key_of(&req.headers) {
+            return failed(e);
+        }
         let (tx, rx) = oneshot::channel();
         if let Err(e) = self
             .inner
@@ -781,6 +785,27 @@ impl Runtime {
         })
     }
 
+    /// Copies an actor's committed database into a new SQLite file at
+    /// `dest`, between two of its events (so every acknowledged write is
+    /// in it and no half of an event is); the bytes written. What
+    /// `wasmkeep export --server` downloads: a node without a bucket has
+    /// no other copy to read. Blocking, like [`Self::with_db`].
+    pub fn export_actor(&self, id: &ActorId, dest: PathBuf) -> Result<u64, RuntimeError> {
+        self.check_class(&id.tenant, &id.app, &id.class)?;
+        let path = paths::actor_db(&self.inner.config.data_dir, id);
+        if !path.exists() && self.inner.replication.is_none() {
+            return Err(RuntimeError::ActorNotFound(id.to_string()));
+        }
+        let name = id.to_string();
+        self.with_db(id, move |db| match db {
+            DbAccess::Open(db) => Ok(db.copy_to(&dest)?),
+            DbAccess::Closed(path) if path.exists() => {
+                Ok(wasmkeep_store::db::copy_at(path, &dest)?)
+            }
+            DbAccess::Closed(_) => Err(RuntimeError::ActorNotFound(name)),
+        })
+    }
+
     /// Runs `f` on an actor's database as the actor's next event (so
     /// between two of its events), and waits for it. Blocking: call it from
     /// a thread that may block, not from an async task.
@@ -830,7 +855,10 @@ impl Runtime {
         let (tx, rx) = oneshot::channel();
         let queued = self.inner.enqueue(
             &id,
-            Event::new(EventKind::Between(Between::Restore(file.clone())), Some(tx)),
+            Event::new(
+                EventKind::Between(Between::Restore(file.clone(), None)),
+                Some(tx),
+            ),
             false,
         );
         let out = match queued {
@@ -848,13 +876,14 @@ impl Runtime {
     }
 
     /// A fresh path under the data folder for a file on its way to
-    /// becoming an actor's database (same filesystem: moved, not copied).
+    /// becoming an actor's database (same filesystem: moved, not copied),
+    /// or on its way out as an export. The folder is emptied at start.
     pub fn staging_path(&self) -> Result<PathBuf, RuntimeError> {
         let dir = self.inner.config.data_dir.join("staging");
         std::fs::create_dir_all(&dir).map_err(|e| RuntimeError::Store(e.into()))?;
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        Ok(dir.join(format!("restore-{}-{n}.db", self.inner.clock.now_ms())))
+        Ok(dir.join(format!("stage-{}-{n}.db", self.inner.clock.now_ms())))
     }
 
     pub fn metrics(&self) -> &Metrics {
@@ -895,6 +924,12 @@ impl Runtime {
     /// The recent log lines about actors (`wasmkeep logs`).
     pub fn logs(&self) -> &Arc<crate::logs::LogHub> {
         &self.inner.logs
+    }
+
+    /// Turns the access lines of actor messages and socket events on in
+    /// the node's log (the HTTP edge writes the requests' own).
+    pub fn set_access_log(&self, on: bool) {
+        self.inner.access_log.store(on, Ordering::Relaxed);
     }
 
     /// The series labelled by class (`wasmkeep_class_*`).

@@ -35,6 +35,8 @@ const LAYERS: &[(&str, &[&str])] = &[
         "what a guest calls: the bindings and the services behind them",
         &[
             "host",
+            "cron",
+            "bookmarks",
             "app_config",
             "response",
             "sockets",
@@ -53,6 +55,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "index",
             "restore",
             "reply",
+            "idempotency",
             "actor",
             "dispatch",
             "parked",

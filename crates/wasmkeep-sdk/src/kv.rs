@@ -126,6 +126,25 @@ pub fn delete(key: &str) -> Result<bool> {
     wit::kv::delete(key)
 }
 
+/// Removes every key that starts with `prefix`; returns how many there
+/// were. In the event's transaction, like every write.
+///
+/// ```no_run
+/// # fn main() -> wasmkeep_sdk::Result<()> {
+/// let gone = wasmkeep_sdk::kv::delete_prefix("session/")?;
+/// # let _ = gone;
+/// # Ok(()) }
+/// ```
+pub fn delete_prefix(prefix: &str) -> Result<u64> {
+    wit::kv::delete_prefix(prefix)
+}
+
+/// Removes every key; returns how many there were (tables, the alarm and
+/// the rest stay: [`crate::delete_all`] removes everything).
+pub fn delete_all() -> Result<u64> {
+    wit::kv::delete_prefix("")
+}
+
 /// The entries whose key starts with `prefix`, in ascending key order, at
 /// most `limit` of them (`None`: up to the node's cap). A shorthand for
 /// [`list`].

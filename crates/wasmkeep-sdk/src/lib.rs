@@ -53,6 +53,18 @@
 //! not rolled back with a failed event and is gone when the actor goes idle
 //! or its instance traps: keep what matters in the database.
 //!
+//! # Built on those
+//!
+//! Modules over the same imports, in the actor's own tables: [`cron`]
+//! (recurring schedules in a time zone, beside the timers on the alarm),
+//! [`blobs`] (values larger than a row, in chunks), and with the `json`
+//! feature [`calls`] (typed calls between actors, the
+//! [`interface!`](crate::interface) macro) and [`workflow`] (durable
+//! multi-step work: steps recorded once, retries, sleeps, waits for
+//! events). [`bookmarks`] names points of the actor's history and goes
+//! back to one. The TypeScript SDK has each with the same tables and wire
+//! formats.
+//!
 //! # Errors
 //!
 //! Host calls fail with an [`Error`] whose `code` is stable
@@ -64,8 +76,9 @@
 //! # Features
 //!
 //! - `json` (default): serde JSON helpers: [`Request::json`],
-//!   [`Response::json_value`], [`kv::get_json`] and [`kv::put_json`], and
-//!   the crates [`serde`] and [`serde_json`] re-exported.
+//!   [`Response::json_value`], [`kv::get_json`] and [`kv::put_json`], the
+//!   [`calls`] and [`workflow`] modules, and the crates [`serde`] and
+//!   [`serde_json`] re-exported.
 //!
 //! This crate is a thin, safe layer over the bindings generated from
 //! `wit/actor.wit`; it has no runtime of its own.
@@ -101,7 +114,12 @@ mod http;
 mod json;
 
 pub mod alarm;
+pub mod blobs;
+pub mod bookmarks;
+#[cfg(feature = "json")]
+pub mod calls;
 pub mod config;
+pub mod cron;
 pub mod kv;
 pub mod log;
 pub mod outbox;
@@ -109,6 +127,8 @@ pub mod replies;
 pub mod sockets;
 pub mod sql;
 pub mod timers;
+#[cfg(feature = "json")]
+pub mod workflow;
 
 pub use http::{Request, Response};
 
@@ -408,7 +428,9 @@ pub trait Actor: Default + 'static {
     /// node; `code` is the WebSocket close code (the node's own: 1001 the
     /// node stops or the socket was idle, 1008 the client fell behind, 1009
     /// a message too large, 1012 another node holds the actor now, 1013
-    /// the actor was deleted or its queue is full). By default: nothing.
+    /// the actor was deleted or its queue is full). A connection that
+    /// failed (code 1006) comes to [`Actor::socket_error`] instead, which
+    /// by default passes it on here. By default: nothing.
     fn socket_close(
         &mut self,
         socket: sockets::SocketInfo,
@@ -417,6 +439,17 @@ pub trait Actor: Default + 'static {
     ) -> Result<()> {
         let _ = (socket, code, reason);
         Ok(())
+    }
+
+    /// One of the actor's sockets failed rather than closed (Durable
+    /// Objects' `webSocketError`): the connection ended without a close
+    /// frame, broke the protocol, or its upgrade never completed. The node
+    /// reports it as the close code [`sockets::ABNORMAL_CLOSURE`] (1006),
+    /// and `reason` says what happened. The socket is gone, as after a
+    /// close. By default: [`Actor::socket_close`] with code 1006, so a
+    /// class that handles closes alone still sees every socket end.
+    fn socket_error(&mut self, socket: sockets::SocketInfo, reason: String) -> Result<()> {
+        self.socket_close(socket, sockets::ABNORMAL_CLOSURE, reason)
     }
 }
 
@@ -495,6 +528,80 @@ macro_rules! params {
 /// ```
 pub fn id() -> ActorId {
     wit::identity::id()
+}
+
+/// A new identifier no other call returns, anywhere: 128 bits from the
+/// node's operating system's random source as 32 lowercase hex digits
+/// (Durable Objects' `newUniqueId`): the name of a new actor, a row's key.
+///
+/// ```no_run
+/// # fn main() -> wasmkeep_sdk::Result<()> {
+/// let room = wasmkeep_sdk::unique_id()?; // "3f9c…", 32 characters
+/// # let _ = room;
+/// # Ok(()) }
+/// ```
+pub fn unique_id() -> Result<String> {
+    wit::identity::unique_id()
+}
+
+/// Deletes everything this actor stored, in the event's transaction
+/// (Durable Objects' `deleteAll`): every table and view it made (the SDK's
+/// own too: timers, cron schedules, workflows, blobs), every key-value
+/// pair, and its alarm. The actor goes on existing, empty: a later write
+/// in this or another event starts afresh. Tables that others reference
+/// with foreign keys are dropped after them.
+///
+/// ```no_run
+/// # fn main() -> wasmkeep_sdk::Result<()> {
+/// wasmkeep_sdk::delete_all()?;
+/// # Ok(()) }
+/// ```
+pub fn delete_all() -> Result<()> {
+    let schema = |kind: &str| -> Result<Vec<String>> {
+        Ok(sql::query(
+            "SELECT name FROM sqlite_schema WHERE type = ?1 AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\' \
+             AND name NOT LIKE '\\_wasmkeep\\_%' ESCAPE '\\'",
+            params![kind],
+        )?
+        .rows
+        .iter()
+        .map(|r| r.text(0).to_owned())
+        .collect())
+    };
+    for view in schema("view")? {
+        sql::execute(&format!("DROP VIEW IF EXISTS {}", quote_name(&view)), &[])?;
+    }
+    // A table referenced by another's foreign key may refuse to go first:
+    // drop what can go, and go again while each round drops something.
+    let mut left = schema("table")?;
+    while !left.is_empty() {
+        let attempted = left.len();
+        let mut refused = Vec::new();
+        let mut first_error = None;
+        for table in std::mem::take(&mut left) {
+            match sql::execute(&format!("DROP TABLE IF EXISTS {}", quote_name(&table)), &[]) {
+                Ok(_) => {}
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                    refused.push(table);
+                }
+            }
+        }
+        if let Some(e) = first_error
+            && refused.len() == attempted
+        {
+            return Err(e);
+        }
+        left = refused;
+    }
+    kv::delete_prefix("")?;
+    alarm::delete();
+    Ok(())
+}
+
+/// An SQL identifier in double quotes, any `"` in it doubled.
+fn quote_name(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
 }
 
 /// The node's clock, in unix milliseconds (the test kit controls it, so
@@ -746,7 +853,13 @@ macro_rules! app {
                 reason: ::std::string::String,
             ) -> $crate::Result<()> {
                 match class.as_str() {
-                    $($class => $crate::__with::<$ty, _>(|a| $crate::Actor::socket_close(a, socket, code, reason)),)+
+                    $($class => $crate::__with::<$ty, _>(|a| {
+                        if code == $crate::sockets::ABNORMAL_CLOSURE {
+                            $crate::Actor::socket_error(a, socket, reason)
+                        } else {
+                            $crate::Actor::socket_close(a, socket, code, reason)
+                        }
+                    }),)+
                     other => Err($crate::__unknown_class(other)),
                 }
             }

@@ -72,7 +72,9 @@ use crate::{Result, wit};
 /// - `Reply(Vec<u8>)`: the other actor's
 ///   [`Actor::message`](crate::Actor::message) returned `Ok` with these
 ///   bytes.
-/// - `Refused(Error)`: it returned `Err` (its event rolled back); also
+/// - `Refused(Error)`: it returned `Err` (its event rolled back), with
+///   the error's own code and message (a trap or a limit gives the node's
+///   code: `guest_trap`, `cpu_time_exceeded`, ...); also
 ///   `no_handler` (the class does not handle messages) and
 ///   `stale_message`.
 /// - `Http(HttpResponse)`: the HTTP call was answered, with any status.

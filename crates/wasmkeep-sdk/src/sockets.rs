@@ -6,7 +6,9 @@
 //! each message on one is an event of the actor
 //! ([`Actor::socket_message`](crate::Actor::socket_message)), serial like
 //! every event, and a close is one too
-//! ([`Actor::socket_close`](crate::Actor::socket_close)).
+//! ([`Actor::socket_close`](crate::Actor::socket_close)), or, for a
+//! connection that failed without a close, an error
+//! ([`Actor::socket_error`](crate::Actor::socket_error)).
 //!
 //! What an event sends, broadcasts or closes leaves only once the event's
 //! commit is durable, and never for an event that fails; one event sends
@@ -55,6 +57,12 @@ pub use wit::sockets::Message;
 /// Vec<String>` (from [`accept`]) and its `attachment: Vec<u8>` (from
 /// [`accept`] or [`set_attachment`]; it survives hibernation).
 pub use wit::sockets::SocketInfo;
+
+/// The close code of a connection that failed rather than closed (RFC
+/// 6455's "abnormal closure": no close frame, a protocol error, an upgrade
+/// that never completed). Never sent in a close frame; the SDK hands such
+/// an end to [`Actor::socket_error`](crate::Actor::socket_error).
+pub const ABNORMAL_CLOSURE: u16 = 1006;
 
 /// Accepts the WebSocket upgrade of the request being handled, with
 /// `tags` to find the socket by ([`broadcast`], [`list`]) and an

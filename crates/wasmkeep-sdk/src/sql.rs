@@ -145,6 +145,18 @@ pub fn execute(statement: &str, params: &[Value]) -> Result<u64> {
     Ok(wit::sql::execute(statement, params)?.rows_written)
 }
 
+/// The database's size in bytes (pages in use times the page size): what
+/// counts against the node's `database_bytes_max`, SQL tables, key-value
+/// pairs and the SDK's own tables alike.
+///
+/// ```no_run
+/// let bytes = wasmkeep_sdk::sql::database_size();
+/// # let _ = bytes;
+/// ```
+pub fn database_size() -> u64 {
+    wit::sql::database_size()
+}
+
 /// Like [`execute`], for an `INSERT`: returns the rowid of the row it
 /// inserted (SQLite's `last_insert_rowid()` after the statement).
 ///

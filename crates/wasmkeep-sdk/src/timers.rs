@@ -16,7 +16,7 @@
 //! and the alarm is left alone, so the runtime's retry (with its backoff)
 //! runs them again. The alarm's guarantees carry over: a timer fires at
 //! least once, never early. Do not set the alarm with
-//! [`alarm::set`](crate::alarm::set) in an actor that uses timers: the two
+//! [`alarm::set`] in an actor that uses timers: the two
 //! would overwrite each other.
 //!
 //! Limits: [`TIMERS_MAX`] timers per actor (`too_many_timers`),
@@ -103,16 +103,25 @@ pub fn __alarm_run(run: impl FnOnce() -> Result<()>) -> Result<()> {
     r
 }
 
-fn ensure_table() -> Result<()> {
+/// The tables of the timers, the [`cron`](crate::cron) schedules and the
+/// [`workflow`](crate::workflow) instances, which share the alarm: all
+/// exist once any is used.
+const TABLES: [&str; 8] = [
+    "CREATE TABLE IF NOT EXISTS wasmkeep_sdk_timers (name TEXT PRIMARY KEY, due_ms INTEGER NOT NULL, payload BLOB NOT NULL) WITHOUT ROWID",
+    "CREATE INDEX IF NOT EXISTS wasmkeep_sdk_timers_due ON wasmkeep_sdk_timers (due_ms, name)",
+    "CREATE TABLE IF NOT EXISTS wasmkeep_sdk_cron (name TEXT PRIMARY KEY, expression TEXT NOT NULL, zone TEXT NOT NULL, payload BLOB NOT NULL, next_ms INTEGER NOT NULL) WITHOUT ROWID",
+    "CREATE INDEX IF NOT EXISTS wasmkeep_sdk_cron_next ON wasmkeep_sdk_cron (next_ms, name)",
+    "CREATE TABLE IF NOT EXISTS wasmkeep_sdk_cron_runs (name TEXT NOT NULL, scheduled_ms INTEGER NOT NULL, ran_ms INTEGER NOT NULL, missed INTEGER NOT NULL, PRIMARY KEY (name, scheduled_ms)) WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS wasmkeep_sdk_workflows (id TEXT PRIMARY KEY, workflow TEXT NOT NULL, state TEXT NOT NULL, step INTEGER NOT NULL, failures INTEGER NOT NULL, wake_ms INTEGER, error TEXT, gen INTEGER NOT NULL, input TEXT NOT NULL, created_ms INTEGER NOT NULL, updated_ms INTEGER NOT NULL) WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS wasmkeep_sdk_workflow_steps (id TEXT NOT NULL, step INTEGER NOT NULL, name TEXT NOT NULL, result TEXT NOT NULL, attempts INTEGER NOT NULL, done_ms INTEGER NOT NULL, PRIMARY KEY (id, step)) WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS wasmkeep_sdk_workflow_events (id TEXT NOT NULL, event TEXT NOT NULL, payload TEXT NOT NULL, PRIMARY KEY (id, event)) WITHOUT ROWID",
+];
+
+pub(crate) fn ensure_table() -> Result<()> {
     TOUCHED.store(true, Ordering::Relaxed);
-    sql::execute(
-        "CREATE TABLE IF NOT EXISTS wasmkeep_sdk_timers (name TEXT PRIMARY KEY, due_ms INTEGER NOT NULL, payload BLOB NOT NULL) WITHOUT ROWID",
-        &[],
-    )?;
-    sql::execute(
-        "CREATE INDEX IF NOT EXISTS wasmkeep_sdk_timers_due ON wasmkeep_sdk_timers (due_ms, name)",
-        &[],
-    )?;
+    for t in TABLES {
+        sql::execute(t, &[])?;
+    }
     Ok(())
 }
 
@@ -126,7 +135,7 @@ fn timer(row: &sql::Row) -> Timer {
 
 /// Keeps the alarm at the earliest timer, or none (after the run, in
 /// an alarm run).
-fn rearm_unless_in_alarm() -> Result<()> {
+pub(crate) fn rearm_unless_in_alarm() -> Result<()> {
     if IN_ALARM.load(Ordering::Relaxed) {
         return Ok(());
     }
@@ -134,7 +143,10 @@ fn rearm_unless_in_alarm() -> Result<()> {
 }
 
 fn rearm() -> Result<()> {
-    let rows = sql::query("SELECT min(due_ms) FROM wasmkeep_sdk_timers", &[])?;
+    let rows = sql::query(
+        "SELECT min(m) FROM (SELECT min(due_ms) AS m FROM wasmkeep_sdk_timers UNION ALL SELECT min(next_ms) FROM wasmkeep_sdk_cron UNION ALL SELECT min(wake_ms) FROM wasmkeep_sdk_workflows WHERE state IN ('sleeping', 'waiting', 'retrying', 'calling'))",
+        &[],
+    )?;
     match rows.rows.first().and_then(|r| r.opt_int(0)) {
         Some(due) if alarm::get() != Some(due as u64) => alarm::set(due as u64),
         Some(_) => Ok(()),
@@ -145,18 +157,8 @@ fn rearm() -> Result<()> {
     }
 }
 
-/// Sets the timer `name` (or moves it, replacing its payload) to fire
-/// at `due_ms` (unix milliseconds). Errors: `invalid_timer` for a name
-/// that is empty or longer than [`NAME_BYTES_MAX`], or a payload over
-/// [`PAYLOAD_BYTES_MAX`]; `too_many_timers` past [`TIMERS_MAX`].
-///
-/// ```no_run
-/// use wasmkeep_sdk::{now_ms, timers};
-/// # fn main() -> wasmkeep_sdk::Result<()> {
-/// timers::set("reminder/42", now_ms() + 86_400_000, b"call Ada")?;
-/// # Ok(()) }
-/// ```
-pub fn set(name: &str, due_ms: u64, payload: &[u8]) -> Result<()> {
+/// The name and payload limits of timers and cron schedules alike.
+pub(crate) fn check_name_and_payload(name: &str, payload: &[u8]) -> Result<()> {
     if name.is_empty() || name.len() > NAME_BYTES_MAX {
         return Err(Error::new(
             "invalid_timer",
@@ -175,6 +177,22 @@ pub fn set(name: &str, due_ms: u64, payload: &[u8]) -> Result<()> {
             ),
         ));
     }
+    Ok(())
+}
+
+/// Sets the timer `name` (or moves it, replacing its payload) to fire
+/// at `due_ms` (unix milliseconds). Errors: `invalid_timer` for a name
+/// that is empty or longer than [`NAME_BYTES_MAX`], or a payload over
+/// [`PAYLOAD_BYTES_MAX`]; `too_many_timers` past [`TIMERS_MAX`].
+///
+/// ```no_run
+/// use wasmkeep_sdk::{now_ms, timers};
+/// # fn main() -> wasmkeep_sdk::Result<()> {
+/// timers::set("reminder/42", now_ms() + 86_400_000, b"call Ada")?;
+/// # Ok(()) }
+/// ```
+pub fn set(name: &str, due_ms: u64, payload: &[u8]) -> Result<()> {
+    check_name_and_payload(name, payload)?;
     ensure_table()?;
     let due = i64::try_from(due_ms).map_err(|_| {
         Error::new(

@@ -30,6 +30,9 @@ pub use logs::LOG_LINES_DEFAULT;
 
 /// Longest SQL text the inspection route accepts.
 pub const INSPECT_SQL_BYTES_MAX: usize = 1024 * 1024;
+/// Bytes read from a copied database per chunk of an export's answer.
+const EXPORT_CHUNK_BYTES: usize = 64 * 1024;
+
 /// Largest database the restore route takes (held in memory while it is
 /// written to the node's staging folder, and forwarded to the owner in a
 /// cluster); a larger one is restored with `wasmkeep restore --bucket` on
@@ -255,6 +258,7 @@ pub fn router(rt: Runtime, config: ServerConfig) -> Router {
         anon_failure_rate: Arc::default(),
     };
     inbound::install(&state);
+    state.rt.set_access_log(state.config.access_log);
     let admin = Router::new()
         .route("/apps", get(list_apps))
         .route("/apps/{tenant}/{app}", put(deploy).get(show_app))
@@ -274,7 +278,7 @@ pub fn router(rt: Runtime, config: ServerConfig) -> Router {
         )
         .route(
             "/actors/{tenant}/{app}/{class}/{name}/database",
-            put(restore_actor),
+            put(restore_actor).get(export_actor),
         )
         .route("/alarms/{tenant}", get(list_alarms))
         .route("/logs/{tenant}", get(logs::logs_route))
@@ -1416,6 +1420,65 @@ async fn restore_actor(
         .await?;
         let restored = rt.restore_actor(id, path).await?;
         Ok(axum::Json(restored).into_response())
+    })
+    .await
+}
+
+/// `GET /admin/v1/actors/{t}/{a}/{c}/{n}/database`: the actor's committed
+/// database as a SQLite file, copied between two of its events on its
+/// owner (`wasmkeep export --server`). The copy is staged in the data
+/// folder, unlinked once open and streamed, so memory stays at one chunk
+/// whatever the database's size. Through a cluster node the answer is
+/// forwarded and so bounded by `forward_response_bytes_max`; `export
+/// --bucket` reads any size, and past points, from the bucket.
+async fn export_actor(
+    State(s): State<AppState>,
+    axum::extract::Path((t, a, c, n)): ActorPath,
+    req: Request,
+) -> Result<Response, ApiError> {
+    let id = actor_id(&t, &a, &c, &n)?;
+    s.rt.check_class(&id.tenant, &id.app, &id.class)?;
+    let (parts, _) = req.into_parts();
+    let rt = s.rt.clone();
+    on_owner(&s, id, &parts, Vec::new(), |id, _| async move {
+        let path = rt.staging_path()?;
+        let staged = path.clone();
+        let copied = blocking(move || rt.export_actor(&id, staged)).await;
+        let opened = match copied {
+            Ok(bytes) => tokio::fs::File::open(&path).await.map(|f| (f, bytes)),
+            Err(e) => {
+                let _ = std::fs::remove_file(&path);
+                return Err(e);
+            }
+        };
+        // Open, the file needs no name: nothing is left behind if the
+        // client goes away mid-download.
+        let _ = std::fs::remove_file(&path);
+        let (file, bytes) = opened.map_err(|e| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                format!("reading the copied database: {e}"),
+            )
+        })?;
+        let chunks = futures_util::stream::try_unfold(file, |mut file| async move {
+            use tokio::io::AsyncReadExt;
+            let mut buf = vec![0u8; EXPORT_CHUNK_BYTES];
+            let n = file.read(&mut buf).await?;
+            if n == 0 {
+                return Ok::<_, std::io::Error>(None);
+            }
+            buf.truncate(n);
+            Ok(Some((bytes::Bytes::from(buf), file)))
+        });
+        let mut resp = Response::new(Body::from_stream(chunks));
+        let h = resp.headers_mut();
+        h.insert(
+            axum::http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/vnd.sqlite3"),
+        );
+        h.insert(axum::http::header::CONTENT_LENGTH, HeaderValue::from(bytes));
+        Ok(resp)
     })
     .await
 }

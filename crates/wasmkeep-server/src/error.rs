@@ -39,7 +39,11 @@ impl ApiError {
 /// The HTTP status each runtime error code gets.
 fn status_of(e: &RuntimeError) -> StatusCode {
     match e {
-        RuntimeError::InvalidId(_) | RuntimeError::InvalidConfig(_) => StatusCode::BAD_REQUEST,
+        RuntimeError::InvalidId(_)
+        | RuntimeError::InvalidConfig(_)
+        | RuntimeError::InvalidIdempotencyKey(_) => StatusCode::BAD_REQUEST,
+        RuntimeError::IdempotencyKeyReused { .. }
+        | RuntimeError::IdempotentResponseTooLarge { .. } => StatusCode::UNPROCESSABLE_ENTITY,
         RuntimeError::AppNotFound(_)
         | RuntimeError::TenantNotFound(_)
         | RuntimeError::ClassNotFound { .. }
@@ -86,10 +90,20 @@ fn status_of(e: &RuntimeError) -> StatusCode {
 
 impl From<RuntimeError> for ApiError {
     fn from(e: RuntimeError) -> ApiError {
+        // An actor's error whose code is the answer's (one the host gave
+        // it, passed on): the message says whose it is without repeating
+        // the code. Any other code of an actor's stays in the message, the
+        // answer's code being `guest_error`.
+        let message = match &e {
+            RuntimeError::Guest { code, message } if *code == e.code() => {
+                format!("the actor failed: {message}")
+            }
+            e => e.to_string(),
+        };
         ApiError {
             status: status_of(&e),
             code: e.code(),
-            message: e.to_string(),
+            message,
             retry_after_s: e.is_retryable().then_some(1),
             close: false,
         }

@@ -28,7 +28,9 @@ use crate::sandbox::{
 pub use crate::sqlite_setup::sqlite_setup;
 use crate::wal_index::{VFS_NAME, WalIndex};
 
+mod idempotency;
 mod outbox;
+pub use idempotency::IdempotentAnswer;
 pub use outbox::{InboxSeen, OutboxKind, OutboxRow};
 
 pub use crate::sandbox::INTERNAL_PREFIX;
@@ -761,6 +763,20 @@ impl ActorDb {
 
     // ---- inspection ----
 
+    /// Copies the committed database into a new SQLite file at `dest`
+    /// (which must not exist), page by page through SQLite's backup API,
+    /// so memory stays at a few pages whatever the size; the bytes
+    /// written. Between events: what the copy holds is every commit and
+    /// nothing else.
+    pub fn copy_to(&self, dest: &Path) -> Result<u64, StoreError> {
+        if self.in_transaction() {
+            return Err(StoreError::Sql(
+                "the database is copied between events, not inside one".into(),
+            ));
+        }
+        copy_database(&self.conn, dest)
+    }
+
     /// Runs an operator's read-only statement on this connection, between
     /// events (it sees what is committed). The same rules as
     /// [`inspect_query`]: reads only, internal tables included, within
@@ -962,6 +978,19 @@ impl ActorDb {
             .map_err(|e| self.err(e))
     }
 
+    /// Removes every key starting with `prefix` (all of them for `""`);
+    /// how many.
+    pub fn kv_delete_prefix(&mut self, prefix: &str) -> Result<u64, StoreError> {
+        self.check_key(prefix)?;
+        let lower = prefix.as_bytes().to_vec();
+        let upper = prefix_successor(&lower);
+        self.conn
+            .prepare_cached("DELETE FROM _wasmkeep_kv WHERE key >= ?1 AND (?2 IS NULL OR key < ?2)")
+            .and_then(|mut s| s.execute(params![lower, upper]))
+            .map(|n| n as u64)
+            .map_err(|e| self.err(e))
+    }
+
     /// Entries in key order (or reverse), bounded by the options and by
     /// `kv_list_entries_max`.
     pub fn kv_list(&mut self, o: &KvListOptions) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
@@ -1000,6 +1029,26 @@ impl ActorDb {
     }
 
     // ---- runtime metadata ----
+
+    /// Writes `key = value` into the meta table of the database file at
+    /// `path`, which no connection holds (a file on its way to becoming
+    /// an actor's database).
+    pub fn meta_set_in_file(path: &Path, key: &str, value: &str) -> Result<(), StoreError> {
+        let conn = Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(|e| StoreError::Sql(e.to_string()))?;
+        conn.execute_batch(SCHEMA)
+            .and_then(|_| {
+                conn.execute(
+                    "INSERT OR REPLACE INTO _wasmkeep_meta (key, value) VALUES (?1, ?2)",
+                    params![key, value],
+                )
+            })
+            .map(|_| ())
+            .map_err(|e| StoreError::Sql(e.to_string()))
+    }
 
     /// A value the runtime keeps about the actor.
     pub fn meta_get(&self, key: &str) -> Result<Option<String>, StoreError> {
@@ -1570,6 +1619,44 @@ pub fn size_bytes_at(db_path: &Path) -> Result<u64, StoreError> {
             .map_err(open_err)
     };
     Ok(pragma("page_count")? * pragma("page_size")?)
+}
+
+/// Copies the database at `db_path` of a closed actor into a new file at
+/// `dest`, as [`ActorDb::copy_to`] does for an open one.
+pub fn copy_at(db_path: &Path, dest: &Path) -> Result<u64, StoreError> {
+    sqlite_setup();
+    let conn = Connection::open_with_flags(
+        db_path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(open_err)?;
+    copy_database(&conn, dest)
+}
+
+/// The copy both [`ActorDb::copy_to`] and [`copy_at`] make: 256 pages a
+/// step, the destination in rollback-journal mode (a plain file, as
+/// `export` from the bucket writes).
+fn copy_database(conn: &Connection, dest: &Path) -> Result<u64, StoreError> {
+    if dest.exists() {
+        return Err(StoreError::Io(format!(
+            "{} exists: a copy never overwrites a file",
+            dest.display()
+        )));
+    }
+    let io = |e: rusqlite::Error| StoreError::Io(format!("copying the database: {e}"));
+    let mut out = Connection::open(dest).map_err(io)?;
+    {
+        let backup = rusqlite::backup::Backup::new(conn, &mut out).map_err(io)?;
+        backup
+            .run_to_completion(256, std::time::Duration::from_millis(5), None)
+            .map_err(io)?;
+    }
+    out.pragma_update(None, "journal_mode", "DELETE")
+        .map_err(io)?;
+    drop(out);
+    std::fs::metadata(dest)
+        .map(|m| m.len())
+        .map_err(|e| StoreError::Io(format!("{}: {e}", dest.display())))
 }
 
 /// The committed alarm of the database at `db_path`, read through a

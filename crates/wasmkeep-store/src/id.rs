@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use percent_encoding::percent_decode_str;
+use percent_encoding::{AsciiSet, CONTROLS, percent_decode_str, utf8_percent_encode};
 
 /// Longest tenant, app or class name.
 pub const SEGMENT_BYTES_MAX: usize = 63;
@@ -23,6 +23,13 @@ pub const NAME_BYTES_MAX: usize = 256;
 pub const NAME_TOO_LONG: &str = "longer than name_bytes_max=256";
 
 /// `tenant/app/class/name`: one actor.
+///
+/// Written as text (its `Display`, every command's input and output, log
+/// lines and error messages), the name is percent-encoded as in the
+/// actor's URL ([`encode_name`]): `demo/examples/counter/a%2Fb%20c` is the
+/// actor named `a/b c`, the one `/v1/demo/examples/counter/a%2Fb%20c/…`
+/// reaches. One form everywhere, so any address printed can be pasted
+/// into any command.
 ///
 /// Tenant, app and class are identifiers (`[a-z0-9][a-z0-9_-]*`, at most
 /// [`SEGMENT_BYTES_MAX`] bytes) so they can appear in paths and bucket keys
@@ -138,14 +145,69 @@ impl fmt::Display for ActorId {
         write!(
             f,
             "{}/{}/{}/{}",
-            self.tenant, self.app, self.class, self.name
+            self.tenant,
+            self.app,
+            self.class,
+            encode_name(&self.name)
         )
     }
+}
+
+/// What a name's written form percent-encodes: what cannot stand in a URL
+/// path segment as it is (controls, space, `"#%/<>?[\]^`{|}`), and every
+/// byte of a non-ASCII character. Anything else (letters, digits,
+/// `-._~:@!$&'()*+,;=`) stays, so an ordinary name reads as itself.
+const NAME_ENCODED: &AsciiSet = &CONTROLS
+    .add(b' ')
+    .add(b'"')
+    .add(b'#')
+    .add(b'%')
+    .add(b'/')
+    .add(b'<')
+    .add(b'>')
+    .add(b'?')
+    .add(b'[')
+    .add(b'\\')
+    .add(b']')
+    .add(b'^')
+    .add(b'`')
+    .add(b'{')
+    .add(b'|')
+    .add(b'}');
+
+/// An actor name's written form, the inverse of [`decode_name`]: the
+/// path segment of its URL.
+pub fn encode_name(name: &str) -> std::borrow::Cow<'_, str> {
+    utf8_percent_encode(name, NAME_ENCODED).into()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_actor_is_written_with_its_name_as_in_its_url_and_read_back() {
+        let names = [
+            "alice",
+            "a/b c",
+            "50%",
+            "room:1@x",
+            "é?#",
+            "a-b.c_d~e",
+            "x\\y",
+        ];
+        for name in names {
+            let id = ActorId::new("t", "a", "c", name).unwrap();
+            let text = id.to_string();
+            let written = text.splitn(4, '/').nth(3).unwrap();
+            assert!(!written.contains(['/', ' ', '?', '#']), "{text}");
+            assert_eq!(decode_name(written).unwrap(), name, "{text}");
+        }
+        let id = ActorId::new("t", "a", "c", "a/b c").unwrap();
+        assert_eq!(id.to_string(), "t/a/c/a%2Fb%20c");
+        let plain = ActorId::new("t", "a", "c", "room:1@x").unwrap();
+        assert_eq!(plain.to_string(), "t/a/c/room:1@x");
+    }
 
     #[test]
     fn names_decode_strictly() {

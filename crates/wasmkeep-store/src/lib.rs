@@ -29,8 +29,8 @@ pub mod sync;
 mod wal_index;
 
 pub use db::{
-    ActorDb, AlarmState, ExecResult, InboxSeen, InspectBounds, KvListOptions, OpenMode, OutboxKind,
-    OutboxRow, QueryResult, SqliteMemory, Value,
+    ActorDb, AlarmState, ExecResult, IdempotentAnswer, InboxSeen, InspectBounds, KvListOptions,
+    OpenMode, OutboxKind, OutboxRow, QueryResult, SqliteMemory, Value,
 };
 pub use error::StoreError;
 pub use id::ActorId;

@@ -62,9 +62,9 @@ impl TestResponse {
     }
 
     /// The body parsed as JSON (panics with the body if it is not JSON).
+    #[track_caller]
     pub fn json(&self) -> serde_json::Value {
-        serde_json::from_slice(&self.body)
-            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
+        serde_json::from_slice(&self.body).or_panic(|e| format!("not JSON ({e}): {}", self.text()))
     }
 }
 
@@ -88,11 +88,13 @@ impl Default for TestNode {
 
 impl TestNode {
     /// A node with default settings and a fresh data folder.
+    #[track_caller]
     pub fn new() -> TestNode {
         Self::with_config(|_| {})
     }
 
     /// A node whose runtime settings `f` may change (limits, retries, ...).
+    #[track_caller]
     pub fn with_config(f: impl FnOnce(&mut RuntimeConfig)) -> TestNode {
         let dir = tempfile::tempdir().expect("create a data folder");
         let mut config = RuntimeConfig::new(dir.path());
@@ -124,11 +126,13 @@ impl TestNode {
     }
 
     /// Deploys a component as `tenant/app`.
+    #[track_caller]
     pub fn deploy(&self, tenant_app: &str, wasm: &[u8]) -> Result<AppInfo, RuntimeError> {
         self.deploy_with_manifest(tenant_app, wasm, "")
     }
 
     /// Deploys with a TOML manifest (`[alarms]`, `[limits]`).
+    #[track_caller]
     pub fn deploy_with_manifest(
         &self,
         tenant_app: &str,
@@ -143,6 +147,7 @@ impl TestNode {
 
     /// A handle to the actor `tenant/app/class/name` (the name may contain
     /// slashes).
+    #[track_caller]
     pub fn actor(&self, address: &str) -> ActorHandle<'_> {
         let parts: Vec<&str> = address.splitn(4, '/').collect();
         assert_eq!(
@@ -150,8 +155,7 @@ impl TestNode {
             4,
             "expected tenant/app/class/name, got `{address}`"
         );
-        let id =
-            ActorId::new(parts[0], parts[1], parts[2], parts[3]).unwrap_or_else(|e| panic!("{e}"));
+        let id = ActorId::new(parts[0], parts[1], parts[2], parts[3]).or_panic(|e| format!("{e}"));
         ActorHandle { node: self, id }
     }
 
@@ -164,15 +168,17 @@ impl TestNode {
     /// on the way, in due order, each at its own time, and expiring parked
     /// replies as their deadlines pass (their callers get `reply_expired`).
     /// Returns how many alarm handlers succeeded.
+    #[track_caller]
     pub fn advance(&self, by: Duration) -> usize {
         self.advance_to(self.now_ms() + by.as_millis() as u64)
     }
 
     /// Like [`TestNode::advance`], to an absolute time.
+    #[track_caller]
     pub fn advance_to(&self, target_ms: u64) -> usize {
         self.exec
             .block_on(self.rt.advance_test_clock(&self.clock, target_ms))
-            .unwrap_or_else(|e| panic!("{e}"))
+            .or_panic(|e| format!("{e}"))
     }
 
     /// Runs the alarms due at the current time (a past alarm fires "at
@@ -184,12 +190,26 @@ impl TestNode {
     /// Stops the node and starts it again on the same data folder, like a
     /// process restart: instances, queues and timers are dropped; the
     /// databases and deployed apps stay, and alarms are read back from disk.
+    #[track_caller]
     pub fn restart(&mut self) {
+        self.restart_with_config(|_| {});
+    }
+
+    /// Like [`TestNode::restart`], with the node down for `down` first:
+    /// the clock moves on and nothing runs meanwhile (no alarm, no
+    /// delivery), as when a machine is off. Alarms that fell due while it
+    /// was down fire at the restart, late (run them with
+    /// [`TestNode::run_due_alarms`] or any `advance`).
+    #[track_caller]
+    pub fn restart_after(&mut self, down: Duration) {
+        self.rt.shutdown(Duration::from_secs(10));
+        self.clock.advance_ms(down.as_millis() as u64);
         self.restart_with_config(|_| {});
     }
 
     /// Like [`TestNode::restart`], with settings `f` changes first (an
     /// operator changing the node's configuration between two runs).
+    #[track_caller]
     pub fn restart_with_config(&mut self, f: impl FnOnce(&mut RuntimeConfig)) {
         f(&mut self.config);
         self.config.data_dir = self.dir.path().to_owned();
@@ -226,6 +246,7 @@ impl TestNode {
     /// outbox's dispatcher holds nothing and no actor has queued events.
     /// Deliveries run on the node's own threads, whatever the test clock
     /// says. Panics if they do not settle.
+    #[track_caller]
     pub fn settle_outbox(&self) {
         let deadline = wasmkeep_runtime::clock::instant() + Duration::from_millis(OUTBOX_SETTLE_MS);
         let mut quiet = 0;
@@ -424,43 +445,49 @@ impl<'a> ActorHandle<'a> {
     }
 
     /// `GET`, panicking on a runtime error (the actor failed the event).
+    #[track_caller]
     pub fn get(&self, path: &str) -> TestResponse {
         self.request("GET", path, Vec::new())
-            .unwrap_or_else(|e| panic!("GET {path} on {}: {e}", self.id))
+            .or_panic(|e| format!("GET {path} on {}: {e}", self.id))
     }
 
     /// `POST`, panicking on a runtime error.
+    #[track_caller]
     pub fn post(&self, path: &str, body: impl Into<Vec<u8>>) -> TestResponse {
         self.request("POST", path, body)
-            .unwrap_or_else(|e| panic!("POST {path} on {}: {e}", self.id))
+            .or_panic(|e| format!("POST {path} on {}: {e}", self.id))
     }
 
     /// `PUT`, panicking on a runtime error.
+    #[track_caller]
     pub fn put(&self, path: &str, body: impl Into<Vec<u8>>) -> TestResponse {
         self.request("PUT", path, body)
-            .unwrap_or_else(|e| panic!("PUT {path} on {}: {e}", self.id))
+            .or_panic(|e| format!("PUT {path} on {}: {e}", self.id))
     }
 
     /// Deletes the actor's data and alarm, as the admin API does; whether
     /// there was any.
+    #[track_caller]
     pub fn delete_actor(&self) -> bool {
         self.node
             .exec
             .block_on(self.node.rt.delete_actor(self.id.clone()))
-            .unwrap_or_else(|e| panic!("delete {}: {e}", self.id))
+            .or_panic(|e| format!("delete {}: {e}", self.id))
     }
 
     /// Read-only SQL over the actor's committed database (internal tables
     /// included). Rows are copies.
+    #[track_caller]
     pub fn sql(&self, statement: &str) -> Vec<Row> {
         self.node
             .rt
             .inspect_sql(&self.id, statement, usize::MAX)
-            .unwrap_or_else(|e| panic!("sql on {}: {e}", self.id))
+            .or_panic(|e| format!("sql on {}: {e}", self.id))
             .rows
     }
 
     /// One integer from a read-only query (first row, first column).
+    #[track_caller]
     pub fn sql_i64(&self, statement: &str) -> i64 {
         match self.sql(statement).first().and_then(|r| r.first()) {
             Some(StoreValue::Integer(i)) => *i,
@@ -469,6 +496,7 @@ impl<'a> ActorHandle<'a> {
     }
 
     /// A key-value entry, as committed.
+    #[track_caller]
     pub fn kv(&self, key: &str) -> Option<Vec<u8>> {
         let hex: String = key.bytes().map(|b| format!("{b:02x}")).collect();
         let rows = self.sql(&format!(
@@ -481,6 +509,7 @@ impl<'a> ActorHandle<'a> {
     }
 
     /// The committed alarm (during retries: the next attempt).
+    #[track_caller]
     pub fn alarm(&self) -> Option<u64> {
         match self.node.rt.actor_info(&self.id) {
             Ok(info) => info.alarm_ms,
@@ -499,15 +528,17 @@ impl<'a> ActorHandle<'a> {
     }
 
     /// Runs the actor's pending alarm now, due or not; whether there was one.
+    #[track_caller]
     pub fn run_alarm(&self) -> bool {
         self.node
             .exec
             .block_on(self.node.rt.alarms().run_now(&self.id))
-            .unwrap_or_else(|e| panic!("run_alarm on {}: {e}", self.id))
+            .or_panic(|e| format!("run_alarm on {}: {e}", self.id))
     }
 
     /// The statements prepared on the actor's open connection (a guest's
     /// with a `/*guest*/ ` mark in front); empty if the actor is not open.
+    #[track_caller]
     pub fn prepared_statements(&self) -> Vec<String> {
         self.node
             .rt
@@ -515,7 +546,7 @@ impl<'a> ActorHandle<'a> {
                 DbAccess::Open(db) => Ok(db.prepared_statements()),
                 DbAccess::Closed(_) => Ok(Vec::new()),
             })
-            .unwrap_or_else(|e| panic!("prepared statements of {}: {e}", self.id))
+            .or_panic(|e| format!("prepared statements of {}: {e}", self.id))
     }
 
     /// Opens a WebSocket to the actor (ADR 0043): a `GET` of `path` asking
@@ -558,5 +589,21 @@ impl<'a> ActorHandle<'a> {
     /// The actor's address.
     pub fn id(&self) -> &ActorId {
         &self.id
+    }
+}
+
+/// `Result::unwrap_or_else` with a panic that names the caller's line (the
+/// test's, through `#[track_caller]` methods), not the test kit's.
+trait OrPanic<T, E> {
+    fn or_panic(self, message: impl FnOnce(E) -> String) -> T;
+}
+
+impl<T, E> OrPanic<T, E> for Result<T, E> {
+    #[track_caller]
+    fn or_panic(self, message: impl FnOnce(E) -> String) -> T {
+        match self {
+            Ok(v) => v,
+            Err(e) => panic!("{}", message(e)),
+        }
     }
 }

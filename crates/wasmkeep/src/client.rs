@@ -60,8 +60,8 @@ impl Conn {
         let req = req.body(body.unwrap_or_default())?;
         agent().run(req).with_context(|| {
             format!(
-                "{method} {url} (hint: is a node running there? `wasmkeep serve` starts one; \
-                 --server or WASMKEEP_SERVER names another)"
+                "{method} {url} (hint: is a node running there? `wasmkeep serve` or `wasmkeep dev` \
+                 starts one; --server or WASMKEEP_SERVER names another)"
             )
         })
     }
@@ -97,6 +97,14 @@ fn api_error(status: u16, body: &[u8]) -> anyhow::Error {
     }
 }
 
+/// Whether an answer's body is the node's error shape (`{"error": {"code",
+/// "message"}}`) rather than an actor's own answer.
+fn is_node_error(body: &[u8]) -> bool {
+    serde_json::from_slice::<Value>(body).is_ok_and(|v| {
+        v["error"]["code"].is_string() && v.as_object().is_some_and(|o| o.len() == 1)
+    })
+}
+
 /// What to try next after the errors a person most often makes.
 fn hint(code: &str) -> Option<&'static str> {
     Some(match code {
@@ -110,6 +118,13 @@ fn hint(code: &str) -> Option<&'static str> {
         }
         _ => return None,
     })
+}
+
+/// An actor's name as every command writes it and reads it: as in its URL
+/// (`a%2Fb%20c` for `a/b c`), which also keeps a terminal's control
+/// characters out.
+fn written_name(name: &str) -> String {
+    wasmkeep_store::id::encode_name(name).into_owned()
 }
 
 fn enc(s: &str) -> String {
@@ -150,18 +165,83 @@ pub(crate) fn deploy(
     Ok(())
 }
 
+/// The admin API's path of an actor, every part percent-encoded.
+fn admin_actor_path(id: &wasmkeep_runtime::ActorId) -> String {
+    format!(
+        "/admin/v1/actors/{}/{}/{}/{}",
+        enc(&id.tenant),
+        enc(&id.app),
+        enc(&id.class),
+        enc(&id.name)
+    )
+}
+
+/// Largest database `export --server` downloads (the node's own
+/// `database_bytes_max` is far below it).
+const EXPORT_BYTES_MAX: u64 = 64 << 30;
+
+/// `wasmkeep export TARGET -o FILE` through the node: the actor's
+/// committed database, copied between two of its events on its owner.
+/// Written beside `output` and checked with `PRAGMA quick_check` before it
+/// takes that name, as the bucket's export is: never a half-written file.
+pub(crate) fn export(conn: &Conn, target: &str, at: Option<&str>, output: &Path) -> Result<()> {
+    if let Some(at) = at {
+        bail!(
+            "--at {at}: a node keeps only an actor's latest state; past points are read \
+             from the bucket (hint: add --bucket URL, the bucket the nodes replicate to)"
+        );
+    }
+    let id = crate::bucket::parse_actor(target)?;
+    if output.exists() {
+        bail!(
+            "{} exists: export never overwrites a file",
+            output.display()
+        );
+    }
+    let mut resp = conn.open("GET", &format!("{}/database", admin_actor_path(&id)), None)?;
+    let status = resp.status().as_u16();
+    if !(200..300).contains(&status) {
+        let body = resp.body_mut().with_config().limit(1 << 20).read_to_vec()?;
+        return Err(api_error(status, &body));
+    }
+    let dir = match output.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let mut part = tempfile::Builder::new()
+        .prefix(".wasmkeep-export-")
+        .tempfile_in(dir)
+        .with_context(|| format!("make a file in {}", dir.display()))?;
+    let mut body = resp
+        .body_mut()
+        .with_config()
+        .limit(EXPORT_BYTES_MAX)
+        .reader();
+    let bytes = std::io::copy(&mut body, part.as_file_mut())
+        .with_context(|| format!("download {id}'s database"))?;
+    part.as_file().sync_all()?;
+    wasmkeep_replica::quick_check(
+        part.path(),
+        &format!("{id}'s database from {}", conn.server),
+    )
+    .with_context(|| format!("the database of {id} the node sent"))?;
+    part.persist_noclobber(output)
+        .map_err(|e| anyhow::anyhow!("write {}: {}", output.display(), e.error))?;
+    println!(
+        "exported {id} from {} to {}: {}, every write it acknowledged",
+        conn.server,
+        output.display(),
+        output::bytes(bytes)
+    );
+    Ok(())
+}
+
 /// `wasmkeep restore TARGET -i FILE` through the node: the actor's next
 /// event makes the file its database.
 pub(crate) fn restore(conn: &Conn, out: Output, target: &str, input: &Path) -> Result<()> {
     let id = crate::bucket::parse_actor(target)?;
     let file = std::fs::read(input).with_context(|| format!("read {}", input.display()))?;
-    let path = format!(
-        "/admin/v1/actors/{}/{}/{}/{}/database",
-        enc(&id.tenant),
-        enc(&id.app),
-        enc(&id.class),
-        enc(&id.name)
-    );
+    let path = format!("{}/database", admin_actor_path(&id));
     let v = conn.json("PUT", &path, Some(file))?;
     out.print(&v, |v| {
         let what = if v["replaced"] == true {
@@ -184,6 +264,49 @@ pub(crate) fn restore(conn: &Conn, out: Output, target: &str, input: &Path) -> R
         )
     });
     Ok(())
+}
+
+/// What `wasmkeep fork` copies, from where to where.
+pub(crate) struct Fork<'a> {
+    pub bucket: &'a str,
+    pub settings: &'a crate::bucket::Settings,
+    pub source: &'a str,
+    pub target: &'a str,
+    pub at: Option<&'a str>,
+    pub replace: bool,
+}
+
+/// `wasmkeep fork SOURCE TARGET [--at T]`: the source's database at `at`,
+/// from the bucket (`export`), made the target's through the node
+/// (`restore`); the source is only read.
+pub(crate) fn fork(conn: &Conn, out: Output, f: &Fork<'_>) -> Result<()> {
+    let src = crate::bucket::parse_actor(f.source)?;
+    let dst = crate::bucket::parse_actor(f.target)?;
+    if src == dst {
+        anyhow::bail!(
+            "fork: the target is the source; `wasmkeep restore` puts an actor back to a point"
+        );
+    }
+    let path = format!(
+        "/admin/v1/actors/{}/{}/{}/{}",
+        enc(&dst.tenant),
+        enc(&dst.app),
+        enc(&dst.class),
+        enc(&dst.name)
+    );
+    let (status, body) = conn.send("GET", &path, None)?;
+    match status {
+        200 if !f.replace => anyhow::bail!(
+            "fork: {} exists (actor_exists); pick another name, or pass --replace",
+            f.target
+        ),
+        200 | 404 => {}
+        _ => return Err(api_error(status, &body)),
+    }
+    let dir = tempfile::tempdir().context("a temporary folder for the copy")?;
+    let file = dir.path().join("fork.db");
+    crate::bucket::export(f.bucket, f.settings, f.source, f.at, &file)?;
+    restore(conn, out, f.target, &file)
 }
 
 /// The strings of a JSON array (none if it is not one).
@@ -220,7 +343,7 @@ pub(crate) fn secret(
             let value = value.strip_suffix('\r').unwrap_or(value);
             let (status, body) = conn.send("PUT", &named()?, Some(value.as_bytes().to_vec()))?;
             if status != 204 {
-                anyhow::bail!("HTTP {status}: {}", String::from_utf8_lossy(&body));
+                return Err(api_error(status, &body));
             }
             println!("set {tenant}/{app} secret {}", name.unwrap_or_default());
         }
@@ -255,12 +378,19 @@ pub(crate) fn secret(
 pub(crate) fn call(conn: &Conn, target: &str, method: &str, data: Option<String>) -> Result<()> {
     let path = format!("/v1/{}", target.trim_start_matches('/'));
     let (status, body) = conn.send(&method.to_uppercase(), &path, data.map(String::into_bytes))?;
+    let failed = !(200..300).contains(&status);
+    // An error in the node's shape (an unknown app, a bad name, an actor's
+    // error code) is one line on stderr, as every command's; any other
+    // answer is printed as the actor sent it.
+    if failed && is_node_error(&body) {
+        return Err(api_error(status, &body));
+    }
     use std::io::Write;
     std::io::stdout().write_all(&body)?;
     if !body.ends_with(b"\n") && !body.is_empty() {
         println!();
     }
-    if !(200..300).contains(&status) {
+    if failed {
         eprintln!("HTTP {status}");
         std::process::exit(1);
     }
@@ -282,15 +412,17 @@ pub(crate) fn actors(
         enc(&c)
     );
     if let Some(after) = after {
+        let after = wasmkeep_store::id::decode_name(&after)
+            .map_err(|why| anyhow::anyhow!("--after `{after}`: {why}"))?;
         path.push_str(&format!("&after={}", enc(&after)));
     }
     let v = conn.json("GET", &path, None)?;
     out.print(&v, |v| {
         for name in strings(&v["actors"]) {
-            println!("{}", output::printable(name));
+            println!("{t}/{a}/{c}/{}", written_name(name));
         }
         if let Some(next) = v["next"].as_str() {
-            eprintln!("(more: --after {next:?})");
+            eprintln!("(more: --after {})", written_name(next));
         }
     });
     Ok(())
@@ -301,6 +433,8 @@ pub(crate) enum InspectWhat {
     Summary,
     Sql(String),
     Tables,
+    /// The SDKs' workflow instances, with their recorded steps.
+    Workflows,
     /// The actor's key-value pairs (`kv.*`), keys from `prefix`, at most
     /// `limit`.
     Kv {
@@ -310,14 +444,8 @@ pub(crate) enum InspectWhat {
 }
 
 pub(crate) fn inspect(conn: &Conn, out: Output, target: &str, what: InspectWhat) -> Result<()> {
-    let [t, a, c, n] = split::<4>(target, "tenant/app/class/name")?;
-    let base = format!(
-        "/admin/v1/actors/{}/{}/{}/{}",
-        enc(&t),
-        enc(&a),
-        enc(&c),
-        enc(&n)
-    );
+    let base = admin_actor_path(&crate::bucket::parse_actor(target)?);
+    let kv = matches!(what, InspectWhat::Kv { .. });
     let sql = match what {
         InspectWhat::Summary => {
             let v = conn.json("GET", &base, None)?;
@@ -326,6 +454,32 @@ pub(crate) fn inspect(conn: &Conn, out: Output, target: &str, what: InspectWhat)
         }
         InspectWhat::Sql(sql) => sql,
         InspectWhat::Tables => "SELECT type, name, sql FROM sqlite_schema ORDER BY name".into(),
+        InspectWhat::Workflows => {
+            let has = "SELECT 1 FROM sqlite_schema WHERE name = 'wasmkeep_sdk_workflows'";
+            let v = conn.json(
+                "POST",
+                &format!("{base}/sql"),
+                Some(has.as_bytes().to_vec()),
+            )?;
+            let columns = "id, workflow, state, step, failures, wake_ms, error, steps";
+            if v["rows"].as_array().is_none_or(|r| r.is_empty()) {
+                // The actor never started one: the same columns, no rows.
+                format!(
+                    "SELECT {} WHERE 0",
+                    columns
+                        .split(", ")
+                        .map(|c| format!("NULL AS {c}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            } else {
+                "SELECT w.id, w.workflow, w.state, w.step, w.failures, w.wake_ms, w.error, \
+             (SELECT group_concat(s.name || ':' || s.attempts, ' ') FROM \
+             (SELECT name, attempts FROM wasmkeep_sdk_workflow_steps WHERE id = w.id ORDER BY step) s) AS steps \
+             FROM wasmkeep_sdk_workflows w ORDER BY w.updated_ms DESC"
+                    .into()
+            }
+        }
         // Keys are stored as the UTF-8 bytes of the SDK's string keys;
         // the prefix is matched on those bytes.
         InspectWhat::Kv { prefix, limit } => format!(
@@ -335,7 +489,10 @@ pub(crate) fn inspect(conn: &Conn, out: Output, target: &str, what: InspectWhat)
             hex::encode(prefix.as_bytes())
         ),
     };
-    let v = conn.json("POST", &format!("{base}/sql"), Some(sql.into_bytes()))?;
+    let mut v = conn.json("POST", &format!("{base}/sql"), Some(sql.into_bytes()))?;
+    if kv {
+        decode_kv(&mut v);
+    }
     out.print(&v, |v| {
         let mut rows = vec![
             strings(&v["columns"])
@@ -360,6 +517,26 @@ pub(crate) fn inspect(conn: &Conn, out: Output, target: &str, what: InspectWhat)
     Ok(())
 }
 
+/// Key-value pairs as the SDKs wrote them: keys and values that are UTF-8
+/// become JSON strings (in `--json` too, as the table shows them); others
+/// stay `{"blob_hex": …}`.
+fn decode_kv(v: &mut Value) {
+    for cell in v["rows"]
+        .as_array_mut()
+        .into_iter()
+        .flatten()
+        .flat_map(|r| r.as_array_mut().into_iter().flatten())
+    {
+        let text = cell["blob_hex"]
+            .as_str()
+            .and_then(|h| hex::decode(h).ok())
+            .and_then(|b| String::from_utf8(b).ok());
+        if let Some(text) = text {
+            *cell = Value::String(text);
+        }
+    }
+}
+
 /// An actor's summary, one field a line.
 fn print_actor(v: &Value) {
     let mut rows: Vec<Vec<String>> = Vec::new();
@@ -371,7 +548,7 @@ fn print_actor(v: &Value) {
             v["tenant"].as_str().unwrap_or("?"),
             v["app"].as_str().unwrap_or("?"),
             v["class"].as_str().unwrap_or("?"),
-            output::printable(v["name"].as_str().unwrap_or("?"))
+            written_name(v["name"].as_str().unwrap_or("?"))
         ),
     );
     let active = if v["active"] == true {
@@ -471,7 +648,7 @@ fn address(v: &Value, no_app: &str) -> String {
         "{}/{}/{}",
         v["app"].as_str().unwrap_or(no_app),
         v["class"].as_str().unwrap_or(""),
-        output::printable(v["name"].as_str().unwrap_or(""))
+        written_name(v["name"].as_str().unwrap_or(""))
     )
 }
 
@@ -524,7 +701,12 @@ pub(crate) fn logs(
     if parts.iter().any(|p| p.is_empty()) {
         bail!("expected TENANT[/APP[/CLASS[/NAME]]], got `{scope}`");
     }
-    let path: Vec<String> = parts.iter().map(|p| enc(p)).collect();
+    let mut path: Vec<String> = parts.iter().map(|p| enc(p)).collect();
+    if let Some(name) = parts.get(3) {
+        let name = wasmkeep_store::id::decode_name(name)
+            .map_err(|why| anyhow::anyhow!("invalid_name: the name in `{scope}`: {why}"))?;
+        path[3] = enc(&name);
+    }
     let url = format!(
         "/admin/v1/logs/{}?follow={follow}&level={}&lines={lines}",
         path.join("/"),
@@ -569,8 +751,8 @@ pub(crate) fn log_line(v: &Value) -> String {
         a["tenant"].as_str().unwrap_or("?"),
         a["app"].as_str().unwrap_or("?"),
         a["class"].as_str().unwrap_or("?"),
-        output::printable(a["name"].as_str().unwrap_or("?")),
-        output::printable(v["message"].as_str().unwrap_or(""))
+        written_name(a["name"].as_str().unwrap_or("?")),
+        output::indented(v["message"].as_str().unwrap_or(""), 4)
     )
 }
 

@@ -85,6 +85,7 @@ pub(crate) struct NodeConfig {
     pub alarm_retry_first_ms: u64,
     pub alarm_retry_max_ms: u64,
     pub alarm_prepare_ms: u64,
+    pub idempotency_retention_ms: u64,
     pub alarm_fire_batch_max: usize,
     pub alarm_rehearse: bool,
     pub list_actors_max: usize,
@@ -227,6 +228,7 @@ impl Default for NodeConfig {
             alarm_retry_first_ms: rt.protocol.retry_first_ms,
             alarm_retry_max_ms: rt.protocol.retry_max_ms,
             alarm_prepare_ms: rt.alarm_prepare_ms,
+            idempotency_retention_ms: rt.idempotency_retention_ms,
             alarm_fire_batch_max: rt.alarm_fire_batch_max,
             alarm_rehearse: rt.alarm_rehearse,
             list_actors_max: server.list_actors_max,
@@ -381,6 +383,7 @@ impl NodeConfig {
         c.response_body_bytes_max = self.response_body_bytes_max;
         c.protocol = self.protocol();
         c.alarm_prepare_ms = self.alarm_prepare_ms;
+        c.idempotency_retention_ms = self.idempotency_retention_ms;
         c.alarm_fire_batch_max = self.alarm_fire_batch_max;
         c.alarm_rehearse = self.alarm_rehearse;
         c.store = StoreLimits {

@@ -91,15 +91,20 @@ enum Command {
     Inspect {
         #[command(flatten)]
         conn: client::Conn,
-        /// `tenant/app/class/name`
+        /// `tenant/app/class/name`, the name percent-encoded as in its URL.
         target: String,
         /// A read-only statement; internal tables are visible here
         /// [default: none: the actor's summary].
-        #[arg(long, conflicts_with_all = ["tables", "kv"])]
+        #[arg(long, conflicts_with_all = ["tables", "kv", "workflows"])]
         sql: Option<String>,
         /// List the actor's tables.
-        #[arg(long, conflicts_with = "kv")]
+        #[arg(long, conflicts_with_all = ["kv", "workflows"])]
         tables: bool,
+        /// List the actor's workflow instances (the SDKs' `workflow`),
+        /// latest first, each with its state and the steps it recorded
+        /// (`name:attempts`).
+        #[arg(long, conflicts_with = "kv")]
+        workflows: bool,
         /// List the actor's key-value pairs (`kv.*`), values as text where
         /// they are UTF-8, `x'…'` hex otherwise.
         #[arg(long)]
@@ -175,17 +180,24 @@ enum Command {
         #[command(flatten)]
         conn: client::Conn,
     },
-    /// Write an actor's database, as the bucket holds it, to a plain SQLite
-    /// file: `wasmkeep export --bucket s3://b/p demo/examples/counter/a -o a.db`.
+    /// Write an actor's database to a plain SQLite file: through the node
+    /// that runs it (`--server`, the default: every write it acknowledged,
+    /// from any node, with or without a bucket), or, with `--bucket`, as
+    /// the bucket holds it, now or at a past point (`--at`):
+    /// `wasmkeep export demo/examples/counter/a -o a.db`.
     Export {
+        #[command(flatten)]
+        conn: client::Conn,
+        /// Read the bucket directly instead of asking a node:
         /// `s3://bucket/prefix` (AWS_* environment) or `file:///path`
-        /// (required, here or in WASMKEEP_BUCKET).
+        /// (or WASMKEEP_BUCKET) [default: through the node at --server].
         #[arg(long, env = "WASMKEEP_BUCKET")]
-        bucket: String,
-        /// `tenant/app/class/name`; percent-encode a name that contains `/`.
+        bucket: Option<String>,
+        /// `tenant/app/class/name`, the name percent-encoded as in its URL.
         target: String,
-        /// The point to export: a sequence number (`42`), unix milliseconds
-        /// (`1764471600000ms`) or an RFC 3339 time; default: the latest.
+        /// With --bucket, the point to export: a sequence number (`42`),
+        /// unix milliseconds (`1764471600000ms`) or an RFC 3339 time;
+        /// default: the latest.
         #[arg(long)]
         at: Option<String>,
         /// The file to write (required; it must not exist).
@@ -201,8 +213,9 @@ enum Command {
     /// Make a SQLite file an actor's database: through the node that runs
     /// it (`--server`, the default), as the actor's next event, so that
     /// every write acknowledged before is kept (in the bucket's history,
-    /// or beside the database) and every one after builds on it; or, with
-    /// `--bucket`, straight into the bucket while no node runs the actor.
+    /// or beside the database) and every one after builds on it (at most
+    /// 256 MiB, `restore_bytes_max`); or, with `--bucket`, straight into
+    /// the bucket while no node runs the actor, any size.
     Restore {
         #[command(flatten)]
         conn: client::Conn,
@@ -216,13 +229,42 @@ enum Command {
         /// yet, and keeps them aside in its data folder).
         #[arg(long)]
         force: bool,
-        /// `tenant/app/class/name`
+        /// `tenant/app/class/name`, the name percent-encoded as in its URL.
         target: String,
         /// The SQLite file (required; for example one `export` wrote).
         #[arg(short, long)]
         input: PathBuf,
         /// With --bucket: the nodes' configuration file, as for `export`
         /// [default: none, every setting at its default].
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// Copy an actor, as the bucket holds it now or at a past point, to a
+    /// new actor through the node: `wasmkeep fork --bucket s3://b/p
+    /// demo/examples/counter/a demo/examples/counter/a-before --at
+    /// 2026-12-04T10:00:00Z`. The source is not touched; an existing
+    /// target is refused unless --replace.
+    Fork {
+        #[command(flatten)]
+        conn: client::Conn,
+        /// The bucket the nodes replicate to (required, here or in
+        /// WASMKEEP_BUCKET).
+        #[arg(long, env = "WASMKEEP_BUCKET")]
+        bucket: String,
+        /// The actor to copy, `tenant/app/class/name`.
+        source: String,
+        /// The new actor, `tenant/app/class/name` (its app and class must be
+        /// deployed).
+        target: String,
+        /// The point to copy, as for `export` (a sequence number,
+        /// `<unix ms>ms` or an RFC 3339 time) [default: the latest].
+        #[arg(long)]
+        at: Option<String>,
+        /// Replace the target if it exists (its state stays in the
+        /// bucket's history, as after `restore`).
+        #[arg(long)]
+        replace: bool,
+        /// The nodes' configuration file, as for `export` [default: none].
         #[arg(long)]
         config: Option<PathBuf>,
     },
@@ -333,7 +375,7 @@ fn run() -> Result<()> {
     if args.get(1).map(String::as_str) == Some(COMPILE_WORKER) {
         std::process::exit(wasmkeep_runtime::compile_process::worker_main(&args[2..]));
     }
-    let cli = Cli::parse();
+    let cli = parse_args();
     let out = |conn: &client::Conn| output::Output { json: conn.json };
     match cli.command {
         Command::Serve(args) => serve(args),
@@ -361,16 +403,11 @@ fn run() -> Result<()> {
             sql,
             tables,
             kv,
+            workflows,
             prefix,
             limit,
         } => {
-            use client::InspectWhat;
-            let what = match (sql, tables, kv) {
-                (Some(sql), _, _) => InspectWhat::Sql(sql),
-                (None, true, _) => InspectWhat::Tables,
-                (None, false, true) => InspectWhat::Kv { prefix, limit },
-                (None, false, false) => InspectWhat::Summary,
-            };
+            let what = inspect_what(sql, tables, kv, workflows, prefix, limit);
             client::inspect(&conn, out(&conn), &target, what)
         }
         Command::Alarms {
@@ -403,6 +440,26 @@ fn run() -> Result<()> {
             input,
             ..
         } => client::restore(&conn, out(&conn), &target, &input),
+        Command::Fork {
+            conn,
+            bucket,
+            source,
+            target,
+            at,
+            replace,
+            config,
+        } => client::fork(
+            &conn,
+            out(&conn),
+            &client::Fork {
+                bucket: &bucket,
+                settings: &bucket::Settings::of(config.as_deref())?,
+                source: &source,
+                target: &target,
+                at: at.as_deref(),
+                replace,
+            },
+        ),
         c @ (Command::Export { .. } | Command::Restore { .. } | Command::Upload { .. }) => {
             bucket_command(c)
         }
@@ -410,16 +467,53 @@ fn run() -> Result<()> {
     }
 }
 
+/// What `inspect`'s flags ask for (clap keeps them apart).
+fn inspect_what(
+    sql: Option<String>,
+    tables: bool,
+    kv: bool,
+    workflows: bool,
+    prefix: String,
+    limit: usize,
+) -> client::InspectWhat {
+    use client::InspectWhat;
+    match (sql, tables, kv) {
+        (Some(sql), _, _) => InspectWhat::Sql(sql),
+        (None, true, _) => InspectWhat::Tables,
+        (None, false, true) => InspectWhat::Kv { prefix, limit },
+        (None, false, false) if workflows => InspectWhat::Workflows,
+        (None, false, false) => InspectWhat::Summary,
+    }
+}
+
+/// The command line; a mistake in it exits 1 like every other mistake
+/// (clap's own is 2), `--help` and `--version` exit 0.
+fn parse_args() -> Cli {
+    Cli::try_parse().unwrap_or_else(|e| {
+        let _ = e.print();
+        std::process::exit(if e.use_stderr() { 1 } else { 0 })
+    })
+}
+
 /// The commands that read or write the bucket directly, with the nodes'
-/// settings (`--config`).
+/// settings (`--config`), and `export` through a node.
 fn bucket_command(command: Command) -> Result<()> {
     match command {
         Command::Export {
-            bucket,
+            conn,
+            bucket: None,
+            target,
+            at,
+            output,
+            ..
+        } => client::export(&conn, &target, at.as_deref(), &output),
+        Command::Export {
+            bucket: Some(bucket),
             target,
             at,
             output,
             config,
+            ..
         } => bucket::export(
             &bucket,
             &bucket::Settings::of(config.as_deref())?,

@@ -129,12 +129,13 @@ fn unsafe_on_terminal(c: char) -> bool {
 }
 
 /// A cell of an inspection result: text as it is, a blob as UTF-8 where
-/// valid (`x'…'` hex otherwise), null as `NULL`; control characters
+/// valid (`x'…'` hex otherwise), null as `NULL`; a line break shown as
+/// `↵` (the row stays one line of the table), other control characters
 /// escaped.
 pub(crate) fn cell(v: &Value) -> String {
     match v {
         Value::Null => "NULL".into(),
-        Value::String(s) => printable(s),
+        Value::String(s) => one_line(s),
         Value::Object(o) => match o.get("blob_hex").and_then(Value::as_str) {
             Some(h) => blob(h),
             None => v.to_string(),
@@ -149,9 +150,22 @@ pub(crate) fn blob(hex_text: &str) -> String {
         return format!("x'{hex_text}'");
     };
     match String::from_utf8(raw) {
-        Ok(s) if !s.chars().any(|c| c.is_control() && c != '\n' && c != '\t') => printable(&s),
+        Ok(s) if !s.chars().any(|c| c.is_control() && c != '\n' && c != '\t') => one_line(&s),
         _ => format!("x'{hex_text}'"),
     }
+}
+
+/// [`printable`] text on one line: each line break (`\n`, `\r\n`) as `↵`.
+pub(crate) fn one_line(s: &str) -> String {
+    s.lines().map(printable).collect::<Vec<_>>().join("↵")
+}
+
+/// [`printable`] text over several lines: the first as it is, each next
+/// one indented by `indent` spaces, so that no line a tenant wrote can
+/// pass for a line of its own in a log (those start with a time).
+pub(crate) fn indented(s: &str, indent: usize) -> String {
+    let pad = format!("\n{}", " ".repeat(indent));
+    s.lines().map(printable).collect::<Vec<_>>().join(&pad)
 }
 
 #[cfg(test)]
@@ -178,5 +192,22 @@ mod tests {
         assert_eq!(printable("red \u{1b}[31m\ttab"), "red \\u{1b}[31m\ttab");
         assert_eq!(printable("abc\u{202E}fed"), "abc\\u{202e}fed");
         assert_eq!(cell(&serde_json::json!("a\u{7}b")), "a\\u{7}b");
+    }
+
+    #[test]
+    fn line_breaks_keep_a_table_row_on_one_line_and_a_log_line_indented() {
+        let schema = "CREATE TABLE t (\n  a INT\r\n)";
+        assert_eq!(
+            cell(&serde_json::json!(schema)),
+            "CREATE TABLE t (↵  a INT↵)"
+        );
+        let hex = hex::encode("x\ny");
+        assert_eq!(cell(&serde_json::json!({ "blob_hex": hex })), "x↵y");
+        let panic = "panicked at src/lib.rs:3:5:\nboom\n12:00:00.000 INFO  forged";
+        assert_eq!(
+            indented(panic, 4),
+            "panicked at src/lib.rs:3:5:\n    boom\n    12:00:00.000 INFO  forged"
+        );
+        assert_eq!(indented("one \u{1b}[2J", 4), "one \\u{1b}[2J");
     }
 }

@@ -74,7 +74,11 @@ pub(crate) fn unwatched(name: &str) -> bool {
 /// the compiler's or bundler's own messages went to stderr.
 pub(crate) fn build(dir: &Path) -> Result<PathBuf> {
     match lang(dir)? {
-        Lang::Rust => wasmkeep_build::build_component_at(dir, None).map_err(anyhow::Error::msg),
+        Lang::Rust => {
+            // Where the crate's tests build it too: one build serves both.
+            let target = wasmkeep_build::component_target_dir(dir);
+            wasmkeep_build::build_component_at(dir, Some(&target)).map_err(anyhow::Error::msg)
+        }
         Lang::TypeScript => build_ts(dir),
     }
 }

@@ -5,7 +5,10 @@
 //! depends on them by path, in the checkout this binary was built from
 //! (`--checkout` names another). Its `Cargo.lock` and `rust-toolchain.toml`
 //! are copies of that checkout's, so it builds with the versions and the
-//! toolchain the checkout was tested with, not whatever is newest.
+//! toolchain the checkout was tested with, not whatever is newest. Its
+//! tests use the process test kit (`wasmkeep-testnode`, ADR 0055), which
+//! runs this very binary (named in the crate's `.cargo/config.toml`), so a
+//! first `cargo test` compiles no runtime.
 //!
 //! A TypeScript package depends on the checkout's `sdk/ts` (a `file:`
 //! dependency: its build chain is the checkout's, installed by
@@ -61,7 +64,7 @@ pub(crate) fn new(args: NewArgs) -> Result<()> {
         return new_ts(name, &checkout, args.dir);
     }
     let sdk = checkout.join("crates/wasmkeep-sdk");
-    let testkit = checkout.join("crates/wasmkeep-testkit");
+    let testkit = checkout.join("crates/wasmkeep-testnode");
     for (what, dir) in [("SDK", &sdk), ("test kit", &testkit)] {
         if !dir.join("Cargo.toml").is_file() {
             bail!(
@@ -71,10 +74,12 @@ pub(crate) fn new(args: NewArgs) -> Result<()> {
         }
     }
     let root = fresh_root(name, args.dir)?;
-    let files = files(name, &sdk, &testkit);
+    let binary = std::env::current_exe().context("find this binary's path")?;
+    let files = files(name, &sdk, &testkit, &binary);
     std::fs::create_dir_all(root.join("src"))
         .with_context(|| format!("create {}", root.display()))?;
     std::fs::create_dir_all(root.join("tests"))?;
+    std::fs::create_dir_all(root.join(".cargo"))?;
     for (path, text) in &files {
         let p = root.join(path);
         std::fs::write(&p, text).with_context(|| format!("write {}", p.display()))?;
@@ -96,7 +101,7 @@ pub(crate) fn new(args: NewArgs) -> Result<()> {
     println!();
     println!("  cd {}", root.display());
     println!("  wasmkeep dev                 # run it on a local node; edits redeploy");
-    println!("  cargo test                   # its tests, on the real runtime");
+    println!("  cargo test                   # its tests, on a real node");
     println!("  cargo build --release --target wasm32-wasip2   # the component alone");
     Ok(())
 }
@@ -149,7 +154,7 @@ fn new_ts(name: &str, checkout: &Path, dir: Option<PathBuf>) -> Result<()> {
         ("tsconfig.json", TS_CONFIG),
         ("src/index.ts", TS_INDEX),
         ("tests/actor.test.mjs", test.as_str()),
-        (".gitignore", "/node_modules\n/.wasmkeep\n"),
+        (".gitignore", "/node_modules\n/.wasmkeep\n/.dev.vars\n"),
     ] {
         let p = root.join(path);
         std::fs::write(&p, text).with_context(|| format!("write {}", p.display()))?;
@@ -190,7 +195,7 @@ fn is_crate_name(s: &str) -> bool {
 }
 
 /// The crate's files: path within the crate, and text.
-fn files(name: &str, sdk: &Path, testkit: &Path) -> Vec<(&'static str, String)> {
+fn files(name: &str, sdk: &Path, testkit: &Path, binary: &Path) -> Vec<(&'static str, String)> {
     let toml_path = |p: &Path| {
         p.display()
             .to_string()
@@ -202,11 +207,13 @@ fn files(name: &str, sdk: &Path, testkit: &Path) -> Vec<(&'static str, String)> 
         .replace("{sdk}", &toml_path(sdk))
         .replace("{testkit}", &toml_path(testkit));
     let test = TEST_RS.replace("{name}", name);
+    let config = CARGO_CONFIG.replace("{binary}", &toml_path(binary));
     vec![
         ("Cargo.toml", cargo),
+        (".cargo/config.toml", config),
         ("src/lib.rs", LIB_RS.to_owned()),
         ("tests/actor.rs", test),
-        (".gitignore", "/target\n/.wasmkeep\n".to_owned()),
+        (".gitignore", "/target\n/.wasmkeep\n/.dev.vars\n".to_owned()),
     ]
 }
 
@@ -350,8 +357,9 @@ crate-type = ["cdylib"]
 wasmkeep-sdk = { path = "{sdk}" }
 
 [dev-dependencies]
-# Runs this crate's component on the real runtime inside `cargo test`.
-wasmkeep-testkit = { path = "{testkit}" }
+# Runs this crate's component on a real node (the `wasmkeep` binary of
+# .cargo/config.toml) inside `cargo test`.
+wasmkeep-testnode = { path = "{testkit}" }
 
 # A crate of its own, even inside another workspace.
 [workspace]
@@ -362,11 +370,12 @@ lto = true
 codegen-units = 1
 strip = true
 debug = false
+"#;
 
-# The test kit's wasmtime and SQLite are very slow unoptimised.
-[profile.dev.package."*"]
-opt-level = 1
-debug = false
+const CARGO_CONFIG: &str = r#"# The node this crate's tests start (wasmkeep-testnode): the binary that
+# made the crate. An environment variable WASMKEEP_BIN set by hand wins.
+[env]
+WASMKEEP_BIN = { value = "{binary}", force = false }
 "#;
 
 const LIB_RS: &str = r#"//! An actor class `counter`: one counter per actor name, kept in the
@@ -423,11 +432,12 @@ wasmkeep_sdk::app!("counter" => Counter);
 "#;
 
 const TEST_RS: &str = r#"//! The actor on the real runtime, with a clock that moves only when the
-//! test says so (see the wasmkeep checkout's docs/testing.md).
+//! test says so (see the wasmkeep checkout's docs/testing.md). The node is
+//! the `wasmkeep` binary, in a process of its own.
 
 use std::time::Duration;
 
-use wasmkeep_testkit::{TestNode, build_component};
+use wasmkeep_testnode::{TestNode, build_component};
 
 fn node() -> TestNode {
     let node = TestNode::new();
@@ -442,7 +452,8 @@ fn the_counter_counts_and_keeps_its_value() {
     let alice = node.actor("dev/{name}/counter/alice");
     assert_eq!(alice.post("/increment", "").json()["value"], 1);
     assert_eq!(alice.post("/increment", "").json()["value"], 2);
-    node.restart();
+    // Killed (no clean stop) and started again on the same data.
+    node.crash();
     let alice = node.actor("dev/{name}/counter/alice");
     assert_eq!(alice.get("/value").json()["value"], 2);
     assert_eq!(node.actor("dev/{name}/counter/bob").get("/value").json()["value"], 0);
@@ -471,12 +482,23 @@ mod tests {
         for bad in ["", "My", "1app", "a b", "a/b", &"a".repeat(64)] {
             assert!(!is_crate_name(bad), "{bad:?}");
         }
-        let files = files("x", Path::new("/a \"q\"/sdk"), Path::new("/t"));
+        let files = files(
+            "x",
+            Path::new("/a \"q\"/sdk"),
+            Path::new("/t"),
+            Path::new("/b\\in/wasmkeep"),
+        );
         let cargo = &files[0].1;
         let parsed: toml::Value = toml::from_str(cargo).expect("valid TOML");
         assert_eq!(
             parsed["dependencies"]["wasmkeep-sdk"]["path"].as_str(),
             Some("/a \"q\"/sdk")
+        );
+        assert_eq!(files[1].0, ".cargo/config.toml");
+        let config: toml::Value = toml::from_str(&files[1].1).expect("valid TOML");
+        assert_eq!(
+            config["env"]["WASMKEEP_BIN"]["value"].as_str(),
+            Some("/b\\in/wasmkeep")
         );
     }
 }

@@ -159,18 +159,7 @@ fn only_the_outbox_makes_http_requests_in_the_runtime() {
 /// dev-dependencies only.
 #[test]
 fn the_release_binary_has_no_test_kit_and_no_fault_switch() {
-    let out = Command::new(env!("CARGO"))
-        .args(["tree", "--offline", "-p", "wasmkeep", "--prefix", "none"])
-        .args(["-e", "features,normal,build"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("cargo tree");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let tree = String::from_utf8_lossy(&out.stdout);
+    let tree = cargo_tree("wasmkeep", "features,normal,build");
     assert!(tree.contains("wasmkeep-runtime"), "{tree}");
     for banned in [
         "wasmkeep-testkit",
@@ -180,4 +169,45 @@ fn the_release_binary_has_no_test_kit_and_no_fault_switch() {
         let hits: Vec<&str> = tree.lines().filter(|l| l.contains(banned)).collect();
         assert!(hits.is_empty(), "the node binary links {banned}: {hits:?}");
     }
+}
+
+/// The process test kit (ADR 0055) exists to be quick to build: whatever
+/// it links, a new actor crate's first `cargo test` compiles. It must
+/// never pull in the runtime, wasmtime, SQLite or an async stack.
+#[test]
+fn the_process_test_kit_compiles_no_runtime() {
+    let tree = cargo_tree("wasmkeep-testnode", "normal,build");
+    assert!(tree.contains("serde_json"), "{tree}");
+    for banned in [
+        "wasmkeep-runtime",
+        "wasmkeep-store",
+        "wasmkeep-testkit",
+        "wasmtime",
+        "rusqlite",
+        "tokio",
+        "hyper",
+        "reqwest",
+    ] {
+        let hits: Vec<&str> = tree.lines().filter(|l| l.contains(banned)).collect();
+        assert!(
+            hits.is_empty(),
+            "the process test kit links {banned}: {hits:?}"
+        );
+    }
+}
+
+/// `cargo tree` of one package, one crate a line, with the edges `edges`.
+fn cargo_tree(package: &str, edges: &str) -> String {
+    let out = Command::new(env!("CARGO"))
+        .args(["tree", "--offline", "-p", package, "--prefix", "none"])
+        .args(["-e", edges])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("cargo tree");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }

@@ -2,7 +2,10 @@
 //! the scaffold builds on the first try, `dev` serves it with an access
 //! line per request and the actor's log lines inline, a saved change is
 //! served within a bound, and a change that does not build leaves the last
-//! good deploy serving.
+//! good deploy serving. Its data and the secrets of `.dev.vars` outlive a
+//! restart of dev, kept in the crate's `.wasmkeep/dev` (issue 37). Then
+//! the crate's own tests pass with `cargo test`, on the process test kit
+//! (ADR 0055), with the component dev built.
 //!
 //! The scaffold's component builds into `target/dev-loop-test` of this
 //! workspace (through `CARGO_TARGET_DIR`), kept between runs, so only the
@@ -117,10 +120,26 @@ fn new_then_dev_serves_logs_and_reloads_a_saved_change() {
     assert_eq!(again.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&again.stderr).contains("exists already"));
 
+    // A local secret, never deployed: the file is in the scaffold's
+    // .gitignore.
+    std::fs::write(
+        krate.join(".dev.vars"),
+        "# local\nGREETING=\"hello there\"\n",
+    )
+    .unwrap();
+    let ignored = std::fs::read_to_string(krate.join(".gitignore")).unwrap();
+    assert!(ignored.lines().any(|l| l == "/.dev.vars"), "{ignored}");
     let (mut dev, base) = spawn_dev(&krate, Some(&target_dir()));
     dev.wait_for("saying it deployed", FIRST_BUILD_BOUND, |l| {
         l.starts_with("[dev] deployed dev/tally (classes: counter)")
     });
+    assert!(
+        dev.seen
+            .iter()
+            .any(|l| l == "[dev] secrets from .dev.vars: GREETING"),
+        "{}",
+        dev.seen.join("\n")
+    );
 
     let (status, body) = call(&base, "POST", "/v1/dev/tally/counter/alice/increment");
     assert_eq!((status, body.as_str()), (200, r#"{"value":1}"#));
@@ -139,6 +158,10 @@ fn new_then_dev_serves_logs_and_reloads_a_saved_change() {
     let changed = changed.replace(
         r#"("GET", "/value") => {"#,
         r#"("GET", "/version") => Ok(Response::text(200, "2")),
+            ("GET", "/greeting") => Ok(Response::text(
+                200,
+                &wasmkeep_sdk::config::get("GREETING").unwrap_or_default(),
+            )),
             ("GET", "/value") => {"#,
     );
     assert_ne!(
@@ -163,6 +186,68 @@ fn new_then_dev_serves_logs_and_reloads_a_saved_change() {
         (status, body.as_str()),
         (200, "2"),
         "the last good deploy serves"
+    );
+    let (_, body) = call(&base, "GET", "/v1/dev/tally/counter/alice/greeting");
+    assert_eq!(body, "hello there");
+
+    // Dev stops and starts again: the actor's data and the secret are
+    // still there, kept in the crate's folder.
+    std::fs::write(&lib, &changed).unwrap();
+    drop(dev);
+    assert!(krate.join(".wasmkeep/dev").is_dir());
+    let (mut dev, base) = spawn_dev(&krate, Some(&target_dir()));
+    dev.wait_for("saying it deployed again", RELOAD_BOUND, |l| {
+        l.starts_with("[dev] deployed dev/tally")
+    });
+    let (_, body) = call(&base, "POST", "/v1/dev/tally/counter/alice/increment");
+    assert_eq!(body, r#"{"value":3}"#, "{}", dev.seen.join("\n"));
+    let (_, body) = call(&base, "GET", "/v1/dev/tally/counter/alice/greeting");
+    assert_eq!(body, "hello there");
+    // A name taken out of .dev.vars is taken off the node at the next
+    // deploy.
+    std::fs::write(krate.join(".dev.vars"), "").unwrap();
+    let emptied = Instant::now();
+    loop {
+        let (_, body) = call(&base, "GET", "/v1/dev/tally/counter/alice/greeting");
+        if body.is_empty() {
+            break;
+        }
+        assert!(
+            emptied.elapsed() < RELOAD_BOUND,
+            "the secret was not removed:\n{}",
+            dev.seen.join("\n")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    drop(dev);
+
+    // The crate's own tests pass with `cargo test`: the process test kit
+    // starts the binary that made the crate (its .cargo/config.toml), and
+    // the component comes from the folder dev built it in.
+    let component = target_dir().join("wasmkeep-component/wasm32-wasip2/release/tally.wasm");
+    let built = std::fs::metadata(&component)
+        .and_then(|m| m.modified())
+        .unwrap_or_else(|e| panic!("dev built no {}: {e}", component.display()));
+    let out = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+        .args(["test", "--offline"])
+        .env("CARGO_TARGET_DIR", target_dir())
+        .env_remove("WASMKEEP_BIN")
+        .current_dir(&krate)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("test result: ok. 2 passed"), "{text}");
+    assert_eq!(
+        std::fs::metadata(&component)
+            .and_then(|m| m.modified())
+            .unwrap(),
+        built,
+        "the component was built again, not taken from dev's build: {text}"
     );
 }
 

@@ -50,6 +50,20 @@ fn config(dir: &std::path::Path, text: &str) -> String {
     p.display().to_string()
 }
 
+/// A node with the examples and the configuration `text`, its own log
+/// (at `info`) written to the file it returns.
+fn logging_node(dir: &std::path::Path, text: &str) -> (Node, std::path::PathBuf) {
+    let cfg = config(dir, text);
+    let log = dir.join("node.log");
+    let node = Node::start_logging(
+        &dir.join("data"),
+        &["--examples", "--config", &cfg],
+        Some(&log),
+        "info",
+    );
+    (node, log)
+}
+
 #[test]
 fn logs_show_a_scopes_guest_lines_failed_requests_and_failing_alarms_with_their_count() {
     let dir = tempfile::tempdir().unwrap();
@@ -189,14 +203,7 @@ fn wait_line(
 #[test]
 fn follow_prints_new_lines_as_they_come_and_followers_are_bounded() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = config(dir.path(), "access_log = true\nlog_followers_max = 1\n");
-    let log = dir.path().join("node.log");
-    let node = Node::start_logging(
-        &dir.path().join("data"),
-        &["--examples", "--config", &cfg],
-        Some(&log),
-        "info",
-    );
+    let (node, log) = logging_node(dir.path(), "access_log = true\nlog_followers_max = 1\n");
     let mut follower = Command::new(env!("CARGO_BIN_EXE_wasmkeep"))
         .args([
             "logs",
@@ -224,9 +231,10 @@ fn follow_prints_new_lines_as_they_come_and_followers_are_bounded() {
     let line = wait_line(&rx, "for the request", |l| l.contains("a%2Fb"));
     assert!(
         line.contains(
-            "demo/examples/counter/a/b  POST /v1/demo/examples/counter/a%2Fb/increment 200"
+            "demo/examples/counter/a%2Fb  POST /v1/demo/examples/counter/a%2Fb/increment 200"
         ),
-        "an access line: method, path, actor, status, duration: {line}"
+        "an access line: method, path, actor (its name written as in its URL), status, \
+         duration: {line}"
     );
     assert!(line.ends_with(" ms"), "{line}");
     // Lines of another class do not reach this follower: every line up to
@@ -281,6 +289,43 @@ fn follow_prints_new_lines_as_they_come_and_followers_are_bounded() {
     assert!(!text.contains('\u{1b}'), "no ANSI escapes in a file");
 }
 
+/// Events that do not pass the HTTP edge (issue 37): an actor message
+/// leaves an access line in the tenant's log and the node's, refused ones
+/// with their code, and counts in its class's series.
+#[test]
+fn actor_messages_leave_access_lines_and_count_per_class() {
+    let dir = tempfile::tempdir().unwrap();
+    let (node, log) = logging_node(dir.path(), "access_log = true\n");
+    let (status, body) = node.post("/v1/demo/examples/caller/c/add?name=t1&by=2", b"");
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = node.post("/v1/demo/examples/caller/c/fail?name=t1&code=nope", b"");
+    assert_eq!(status, 200, "{body}");
+    let lines = || ok(&node, &["logs", "demo/examples/tally/t1"]);
+    common::cluster::wait_for("both messages' lines", 30, 100, || {
+        let l = lines();
+        let from = "MESSAGE from demo/examples/caller/c #";
+        l.lines().any(|l| l.contains(from) && l.contains(" ok "))
+            && l.lines()
+                .any(|l| l.contains(from) && l.contains(" refused nope: "))
+    });
+    let metrics = node.get("/metrics").1;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("wasmkeep_class_messages_total{")
+                && l.contains("class=\"tally\"")
+                && l.ends_with(" 2")),
+        "{metrics}"
+    );
+    let node_log = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        node_log
+            .lines()
+            .any(|l| l.contains("wasmkeep::access") && l.contains("MESSAGE")),
+        "{node_log}"
+    );
+}
+
 #[test]
 fn metrics_are_labelled_by_class_under_a_cap() {
     let dir = tempfile::tempdir().unwrap();
@@ -305,11 +350,12 @@ fn metrics_are_labelled_by_class_under_a_cap() {
     node.post("/v1/demo/examples/counter/m/increment", b"");
     node.get("/v1/demo/examples/typo/m/value");
     let metrics = || node.get("/metrics").1;
+    // The actors gauge moves as actors are made; the bytes come with the
+    // census, which has run once some class has bytes on disk.
     common::cluster::wait_for("the census", 30, 100, || {
-        metrics().contains("wasmkeep_class_database_bytes{")
-            && metrics()
-                .lines()
-                .any(|l| l.starts_with("wasmkeep_class_actors{") && !l.ends_with(" 0"))
+        metrics()
+            .lines()
+            .any(|l| l.starts_with("wasmkeep_class_database_bytes{") && !l.ends_with(" 0"))
     });
     let text = metrics();
     let labelled: Vec<&str> = text
@@ -468,6 +514,30 @@ fn the_cli_prints_for_people_by_default_and_json_when_asked() {
         "the header and setting/size: {some}"
     );
     assert!(some.contains("setting/size"));
+
+    // Workflows (issue 36): none yet, then one with its recorded steps.
+    assert_eq!(node.get("/v1/demo/examples/orders/o/effects").0, 200);
+    let none = ok(&node, &["inspect", "demo/examples/orders/o", "--workflows"]);
+    assert!(none.contains("(no rows)"), "{none}");
+    let (s, _) = node.post("/v1/demo/examples/orders/o/start-ten?id=job-1", b"");
+    assert_eq!(s, 204);
+    let mut listed = String::new();
+    for _ in 0..200 {
+        listed = ok(&node, &["inspect", "demo/examples/orders/o", "--workflows"]);
+        if listed.contains("done") {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(listed.starts_with("ID"), "{listed}");
+    assert!(
+        listed.contains("job-1") && listed.contains("ten") && listed.contains("done"),
+        "{listed}"
+    );
+    assert!(
+        listed.contains("s0:1") && listed.contains("s9:1"),
+        "{listed}"
+    );
 }
 
 /// Every option that takes a value says its default in `--help` (or is

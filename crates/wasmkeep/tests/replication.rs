@@ -182,10 +182,10 @@ fn restore_is_byte_identical(t: &Target) {
 
 /// `export --at` gives the state of that point; `restore` puts a file back
 /// and a node picks it up.
-/// A node with the examples on `t`'s bucket, its data in `tmp/a`.
-fn start_node(t: &Target, tmp: &Path, config: &Path) -> Node {
+/// A node with the examples on `t`'s bucket, its data in `data`.
+fn start_node(t: &Target, data: &Path, config: &Path) -> Node {
     Node::start_env(
-        &tmp.join("a"),
+        data,
         &[
             "--examples",
             "--bucket",
@@ -205,7 +205,7 @@ fn export_and_restore(t: &Target, tmp: &Path) {
         "replica_snapshot_every_entries = 100000\nreplica_snapshot_log_ratio_pct = 100000000\n",
     )
     .unwrap();
-    let node = start_node(t, tmp, &config);
+    let node = start_node(t, &tmp.join("a"), &config);
     for want in 1..=5 {
         let (s, body) = node.send_headers(
             "POST",
@@ -301,9 +301,73 @@ fn export_and_restore(t: &Target, tmp: &Path) {
         "-i",
         out.to_str().unwrap(),
     ]);
-    let node = start_node(t, tmp, &config);
+    let node = start_node(t, &tmp.join("a"), &config);
     let (s, body) = node.get("/v1/demo/examples/counter/e/value");
     assert_eq!((s, value(&body)), (200, 3), "{body}");
+}
+
+/// `wasmkeep fork`: an actor as the bucket held it at a past point
+/// becomes a new actor through the node; the source is untouched, an
+/// existing target is refused unless --replace (issue 36, "Undo").
+fn fork(t: &Target, tmp: &Path) {
+    let config = tmp.join("fork.toml");
+    std::fs::write(
+        &config,
+        "replica_snapshot_every_entries = 100000\nreplica_snapshot_log_ratio_pct = 100000000\n",
+    )
+    .unwrap();
+    let node = start_node(t, &tmp.join("fork-node"), &config);
+    for want in 1..=5 {
+        let (s, body) = node.send_headers(
+            "POST",
+            "/v1/demo/examples/counter/f/increment",
+            b"",
+            &[("wasmkeep-durability", "replicated".into())],
+        );
+        assert_eq!((s, value(&body)), (200, want));
+    }
+    let fork = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_wasmkeep"))
+            .args(["fork", "--bucket", &t.url, "--server", &node.base])
+            .args(args)
+            .envs(t.env.iter().map(|(k, v)| (*k, v.as_str())))
+            .output()
+            .unwrap()
+    };
+    let o = fork(&[
+        "demo/examples/counter/f",
+        "demo/examples/counter/f-at-2",
+        "--at",
+        "2",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (_, body) = node.get("/v1/demo/examples/counter/f-at-2/value");
+    assert_eq!(value(&body), 3, "seq 2 held the third increment");
+    let (_, body) = node.get("/v1/demo/examples/counter/f/value");
+    assert_eq!(value(&body), 5, "the source is untouched");
+    // The copy is an actor of its own from now on.
+    let (_, body) = node.post("/v1/demo/examples/counter/f-at-2/increment", b"");
+    assert_eq!(value(&body), 4);
+    let again = fork(&[
+        "demo/examples/counter/f",
+        "demo/examples/counter/f-at-2",
+        "--at",
+        "0",
+    ]);
+    assert!(!again.status.success(), "an existing target was replaced");
+    assert!(String::from_utf8_lossy(&again.stderr).contains("actor_exists"));
+    let o = fork(&[
+        "demo/examples/counter/f",
+        "demo/examples/counter/f-at-2",
+        "--at",
+        "0",
+        "--replace",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (_, body) = node.get("/v1/demo/examples/counter/f-at-2/value");
+    assert_eq!(value(&body), 1);
+    let same = fork(&["demo/examples/counter/f", "demo/examples/counter/f"]);
+    assert!(!same.status.success(), "forked onto itself");
 }
 
 /// A node that ran without a bucket moves onto one: `wasmkeep upload`
@@ -491,6 +555,7 @@ fn on_moto() {
     restore_is_byte_identical(&moto_target(&moto, "bytes"));
     let tmp = tempfile::tempdir().unwrap();
     export_and_restore(&moto_target(&moto, "export"), tmp.path());
+    fork(&moto_target(&moto, "fork"), tmp.path());
     bulk_upload(&moto_target(&moto, "upload"), tmp.path());
     snapshots_stream_from_the_file(&moto_target(&moto, "snapshots"), tmp.path());
     local_data_moves_onto_the_bucket_at_start(&moto_target(&moto, "start"), tmp.path(), None);
@@ -506,6 +571,7 @@ fn on_a_local_folder() {
     restore_is_byte_identical(&folder_target(&dirs.path().join("bytes")));
     let tmp = tempfile::tempdir().unwrap();
     export_and_restore(&folder_target(&dirs.path().join("export")), tmp.path());
+    fork(&folder_target(&dirs.path().join("fork")), tmp.path());
     bulk_upload(&folder_target(&dirs.path().join("upload")), tmp.path());
     std::fs::create_dir_all(dirs.path().join("snapshots")).unwrap();
     snapshots_stream_from_the_file(&folder_target(&dirs.path().join("snapshots")), tmp.path());

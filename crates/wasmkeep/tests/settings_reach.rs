@@ -92,6 +92,7 @@ sqlite_page_bytes = 8192
 alarm_retry_first_ms = 1034
 alarm_retry_max_ms = 300035
 alarm_prepare_ms = 2036
+idempotency_retention_ms = 3600071
 alarm_fire_batch_max = 4037
 alarm_rehearse = false
 list_actors_max = 1038
@@ -304,6 +305,7 @@ fn runtime_rows(r: &mut Reach, n: &NodeConfig, runtime: &RuntimeConfig) {
     reach!(r, n.lease_register_retry_ms => runtime.protocol.lease_register_retry_ms);
     reach!(r, n.alarm_sweep_ms => runtime.protocol.alarm_sweep_ms);
     reach!(r, n.alarm_prepare_ms => runtime.alarm_prepare_ms);
+    reach!(r, n.idempotency_retention_ms => runtime.idempotency_retention_ms);
     reach!(r, n.alarm_fire_batch_max => runtime.alarm_fire_batch_max);
     reach!(r, n.alarm_rehearse => runtime.alarm_rehearse);
     reach!(r, n.restore_refused_retry_ms => runtime.restore_refused_retry_ms);

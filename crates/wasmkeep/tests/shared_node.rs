@@ -620,11 +620,39 @@ fn eleven_hundred_connections_parking_replies_leave_healthz_answering() {
             refused += 1;
         }
     }
-    eprintln!("parked {parked}, refused {refused}, of 1,100");
+    // Silence within 50 ms is not proof of parking on a loaded machine
+    // (a refusal can be slower): the node's own count of parked replies
+    // is what the bound holds on.
+    let held: u64 = (0..50)
+        .find_map(|_| {
+            let mut probe = open_with(&node, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+            let mut text = String::new();
+            loop {
+                let part = answer_within(&mut probe, 2000);
+                if part.is_empty() {
+                    break;
+                }
+                text.push_str(&part);
+                if text.contains("wasmkeep_parked_replies ") && text.ends_with('\n') {
+                    break;
+                }
+            }
+            let held = text
+                .lines()
+                .find_map(|l| l.strip_prefix("wasmkeep_parked_replies "))
+                .and_then(|v| v.trim().parse().ok());
+            if held.is_none() {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            held
+        })
+        .expect("the parked replies' gauge from /metrics");
+    eprintln!("silent {parked}, refused {refused}, of 1,100; parked by the node's count: {held}");
     assert!(
-        parked <= 256,
-        "{parked} replies parked: more than the tenant's share"
+        held <= 256,
+        "{held} replies parked: more than the tenant's share"
     );
+    assert!(held > 0 && refused > 0, "some parked and some refused");
     assert_alive(&node);
 }
 
@@ -1077,6 +1105,105 @@ fn counter_in(path: &Path) -> i64 {
     }
 }
 
+/// Contract (issue 37): `wasmkeep export --server` writes an actor's
+/// database from a node that has no bucket, whether the actor is open or
+/// closed; the file is a database `restore` takes back; mistakes write
+/// nothing.
+#[test]
+fn an_actor_is_exported_from_a_node_without_a_bucket() {
+    let tmp = tempfile::tempdir().unwrap();
+    let node = start_examples(tmp.path(), "workers = 2\nactor_idle_ms = 200\n");
+    let port: u16 = node.addr().rsplit(':').next().unwrap().parse().unwrap();
+    // The name `a/b c`, written as in its URL.
+    let (name, target) = ("a%2Fb%20c", "demo/examples/counter/a%2Fb%20c");
+    let increment = || {
+        let path = format!("/v1/demo/examples/counter/{name}/increment");
+        cluster::counter(&cluster::send(port, "POST", &path, &[]))
+    };
+    for _ in 0..3 {
+        increment();
+    }
+    let export = |file: &Path| {
+        cli(&[
+            "export",
+            "--server",
+            &node.base,
+            target,
+            "-o",
+            file.to_str().unwrap(),
+        ])
+    };
+    let open = tmp.path().join("open.db");
+    let (code, out) = export(&open);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("exported demo/examples/counter/a%2Fb%20c"),
+        "{out}"
+    );
+    assert_eq!(counter_in(&open), 3);
+    // Closed once idle for 200 ms (the node looks every second; asking
+    // uses it, so ask less often): read from its file.
+    let closed = tmp.path().join("closed.db");
+    let info = || cluster::send(port, "GET", &format!("/admin/v1/actors/{target}"), &[]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        std::thread::sleep(std::time::Duration::from_millis(1500));
+        let v = info().body;
+        if v["active"] == false {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{v}");
+    }
+    let (code, out) = export(&closed);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(counter_in(&closed), 3);
+    // An existing file is never overwritten; a past point needs the
+    // bucket; an unknown actor writes nothing.
+    let (code, out) = export(&closed);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("exists"), "{out}");
+    let (code, out) = cli(&[
+        "export", "--server", &node.base, target, "--at", "5", "-o", "x.db",
+    ]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("--bucket"), "{out}");
+    let missing = tmp.path().join("missing.db");
+    let (code, out) = cli(&[
+        "export",
+        "--server",
+        &node.base,
+        "demo/examples/counter/nobody",
+        "-o",
+        missing.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("actor_not_found"), "{out}");
+    assert!(!missing.exists());
+    let leftovers: Vec<_> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with(".wasmkeep-export")
+        })
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    // The copy is an actor's database: restored as another actor, it
+    // answers with the same value, and the source goes on from 3.
+    let (code, out) = cli(&[
+        "restore",
+        "--server",
+        &node.base,
+        "demo/examples/counter/copy",
+        "-i",
+        closed.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(cluster::counter(&cluster::value(port, "copy")), 3);
+    assert_eq!(increment(), 4);
+}
+
 #[test]
 fn writes_through_a_restore_on_one_node_are_all_kept() {
     let tmp = tempfile::tempdir().unwrap();
@@ -1091,6 +1218,14 @@ fn writes_through_a_restore_on_one_node_are_all_kept() {
     let v: Json = serde_json::from_str(out.trim()).unwrap_or_else(|_| panic!("{out}"));
     let kept = v["kept"].as_str().unwrap_or_else(|| panic!("{v}"));
     assert_eq!(counter_in(Path::new(kept)), last_before as i64);
+    // The tenant's log (`wasmkeep logs`, and so `dev`) says it happened.
+    let (code, logs) = cli(&["logs", "--server", &node.base, "demo/examples/counter/r"]);
+    assert_eq!(code, 0, "{logs}");
+    assert!(
+        logs.contains("WARN  demo/examples/counter/r  database restored from an operator's file")
+            && logs.contains(&format!("is kept at {kept}")),
+        "{logs}"
+    );
     // A file that is not a database is refused, and nothing changes.
     let end = cluster::counter(&cluster::value(port, "r"));
     let junk = tmp.path().join("junk.db");

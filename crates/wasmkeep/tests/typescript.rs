@@ -16,6 +16,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::Value as Json;
 use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 
 use common::Node;
 
@@ -183,10 +185,7 @@ fn the_typescript_pinger_sends_once_relays_and_sends_nothing_for_a_failed_event(
 #[test]
 fn the_typescript_chat_room_broadcasts_and_drops_a_failed_events_messages() {
     let (_dir, node) = examples_node();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = current_thread();
     for app in APPS {
         rt.block_on(async {
             let url =
@@ -213,6 +212,67 @@ fn the_typescript_chat_room_broadcasts_and_drops_a_failed_events_messages() {
             assert_eq!(who, serde_json::json!({ "names": ["ada", "bob"] }), "{app}");
         });
     }
+}
+
+/// One socket closes with a close frame, the other's connection just ends:
+/// the room hears the first in `socket_close` and the second in
+/// `socket_error` (code 1006, Durable Objects' `webSocketError`), in both
+/// languages.
+#[test]
+fn a_chat_room_tells_a_failed_connection_from_a_closed_one() {
+    let (_dir, node) = examples_node();
+    let rt = current_thread();
+    for app in APPS {
+        let left = format!("/v1/demo/{app}/chat/gone/left");
+        rt.block_on(async {
+            let url =
+                |who: &str| format!("ws://{}/v1/demo/{app}/chat/gone/ws?name={who}", node.addr());
+            let (mut ada, _) = tokio_tungstenite::connect_async(url("ada")).await.unwrap();
+            let (bob, _) = tokio_tungstenite::connect_async(url("bob")).await.unwrap();
+            ada.close(Some(CloseFrame {
+                code: CloseCode::Normal,
+                reason: "bye".into(),
+            }))
+            .await
+            .unwrap();
+            wait_for(&node, &left, |v| {
+                v["left"].as_array().is_some_and(|l| l.len() == 1)
+            });
+            // Dropped without a close frame: the TCP connection ends.
+            drop(bob);
+        });
+        let v = wait_for(&node, &left, |v| {
+            v["left"].as_array().is_some_and(|l| l.len() == 2)
+        });
+        let ends: Vec<(&str, u64, bool)> = v["left"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| {
+                (
+                    e["name"].as_str().unwrap(),
+                    e["code"].as_u64().unwrap(),
+                    e["failed"].as_bool().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            ends,
+            [("ada", 1000, false), ("bob", 1006, true)],
+            "{app}: {v}"
+        );
+        assert!(
+            !v["left"][1]["reason"].as_str().unwrap().is_empty(),
+            "{app}: a failure says what happened: {v}"
+        );
+    }
+}
+
+fn current_thread() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
 }
 
 async fn next_text(

@@ -10,13 +10,17 @@
 //! - `GET /count`: `{"sockets":N}`; `GET /who`: `{"names":[...]}`, the
 //!   `name` each socket gave in `/ws?name=N` (kept as its attachment, which
 //!   outlives the room's hibernation).
+//! - `GET /left`: `{"left":[{"name":N,"code":C,"failed":F,"reason":R},...]}`,
+//!   every socket that ended, in order: closed (`socket_close`, `failed`
+//!   false) or failed without a close (`socket_error`, code 1006, `failed`
+//!   true), Durable Objects' `webSocketClose` and `webSocketError`.
 //!
 //! The room keeps nothing in memory: between messages it may be closed,
 //! and its sockets stay open.
 
 use serde_json::json;
 use wasmkeep_sdk::sockets::{self, Message, SocketInfo};
-use wasmkeep_sdk::{Actor, Error, Request, Response, Result};
+use wasmkeep_sdk::{Actor, Error, Request, Response, Result, params, sql};
 
 #[derive(Default)]
 pub struct Chat;
@@ -42,6 +46,21 @@ impl Actor for Chat {
                 names.sort();
                 Ok(Response::json(200, json!({ "names": names }).to_string()))
             }
+            ("GET", "/left") => {
+                departures()?;
+                let rows = sql::query(
+                    "SELECT name, code, failed, reason FROM departures ORDER BY seq",
+                    &[],
+                )?;
+                let left: Vec<_> = rows
+                    .rows
+                    .iter()
+                    .map(|r| {
+                        json!({ "name": r.text(0), "code": r.int(1), "failed": r.int(2) == 1, "reason": r.text(3) })
+                    })
+                    .collect();
+                Ok(Response::json(200, json!({ "left": left }).to_string()))
+            }
             _ => Ok(Response::not_found()),
         }
     }
@@ -56,4 +75,33 @@ impl Actor for Chat {
         }
         Ok(())
     }
+
+    fn socket_close(&mut self, socket: SocketInfo, code: u16, reason: String) -> Result<()> {
+        depart(&socket, code, false, &reason)
+    }
+
+    fn socket_error(&mut self, socket: SocketInfo, reason: String) -> Result<()> {
+        depart(&socket, sockets::ABNORMAL_CLOSURE, true, &reason)
+    }
+}
+
+/// The room's record of sockets that ended (made at first use, so rooms
+/// older than it get one too).
+fn departures() -> Result<()> {
+    sql::execute(
+        "CREATE TABLE IF NOT EXISTS departures (seq INTEGER PRIMARY KEY, name TEXT NOT NULL, \
+         code INTEGER NOT NULL, failed INTEGER NOT NULL, reason TEXT NOT NULL)",
+        &[],
+    )?;
+    Ok(())
+}
+
+fn depart(socket: &SocketInfo, code: u16, failed: bool, reason: &str) -> Result<()> {
+    departures()?;
+    let name = String::from_utf8_lossy(&socket.attachment).into_owned();
+    sql::execute(
+        "INSERT INTO departures (name, code, failed, reason) VALUES (?1, ?2, ?3, ?4)",
+        params![name, i64::from(code), i64::from(failed), reason],
+    )?;
+    Ok(())
 }

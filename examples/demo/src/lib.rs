@@ -5,9 +5,12 @@
 //! LivePresence object whole, on the outbox (issue 20); `pinger` is the
 //! outbox's acceptance contract.
 
+mod calls;
 mod chat;
 mod counter;
+mod files;
 mod notes;
+mod orders;
 mod pinger;
 mod presence;
 mod reminder;
@@ -16,13 +19,17 @@ mod timers;
 mod watch;
 
 wasmkeep_sdk::app!(
+    "caller" => calls::Caller,
     "chat" => chat::Chat,
     "counter" => counter::Counter,
+    "files" => files::Files,
     "notes" => notes::Notes,
+    "orders" => orders::Orders,
     "pinger" => pinger::Pinger,
     "presence" => presence::Presence,
     "reminder" => reminder::Reminder,
     "rings" => rings::Rings,
+    "tally" => calls::Tally,
     "timers" => timers::Timers,
     "watch" => watch::Watch,
 );

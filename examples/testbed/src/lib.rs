@@ -93,7 +93,11 @@ impl Actor for Probe {
                 let n = sql::query("SELECT count(*) FROM writes", &[])?.rows[0].int(0);
                 Ok(Response::json(200, format!("{{\"count\":{n}}}")))
             }
-            ("GET", "/big") => {
+            (m @ ("GET" | "POST"), "/big") => {
+                // A POST writes a row too, to show whether it stood.
+                if m == "POST" {
+                    write_row(&v)?;
+                }
                 let n = req.query_u64("bytes")?.unwrap_or(0) as usize;
                 Ok(Response {
                     status: 200,

@@ -2,8 +2,9 @@
 //
 // - `POST /increment` answers `{"value":N}` after adding one.
 // - `GET /value` answers `{"value":N}`.
+// - `GET /bookmark[?at_ms=T]`, `POST /restore?bookmark=B`: as the Rust one.
 
-import { Actor, Request, Response, sql } from "@wasmkeep/sdk";
+import { Actor, Request, Response, WasmkeepError, bookmarks, sql } from "@wasmkeep/sdk";
 
 export class Counter implements Actor {
   init(): void {
@@ -20,6 +21,15 @@ export class Counter implements Actor {
       case "GET /value":
         statement = "SELECT n FROM counter WHERE id = 0";
         break;
+      case "GET /bookmark": {
+        const at = req.queryInt("at_ms");
+        return Response.json({ bookmark: at === undefined ? bookmarks.current() : bookmarks.forTime(at) });
+      }
+      case "POST /restore": {
+        const b = req.queryParam("bookmark");
+        if (b === undefined) throw WasmkeepError.badRequest("`bookmark` is required");
+        return Response.json({ undo: bookmarks.restoreOnNextStart(b) });
+      }
       default:
         return Response.notFound();
     }

@@ -4,14 +4,23 @@
 // against both languages.
 
 import { app } from "@wasmkeep/sdk";
+import { Caller, Tally } from "./calls";
 import { Chat } from "./chat";
 import { Counter } from "./counter";
+import { Files } from "./files";
+import { Orders } from "./orders";
 import { Pinger } from "./pinger";
 import { Reminder } from "./reminder";
+import { Timers } from "./timers";
 
 export default app({
+  caller: Caller,
   chat: Chat,
   counter: Counter,
+  files: Files,
+  orders: Orders,
   pinger: Pinger,
   reminder: Reminder,
+  tally: Tally,
+  timers: Timers,
 });

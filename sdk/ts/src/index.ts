@@ -43,6 +43,8 @@ import * as witKv from "wasmkeep:actor/kv@0.2.0";
 import * as witAlarm from "wasmkeep:actor/alarm@0.2.0";
 import * as witIdentity from "wasmkeep:actor/identity@0.2.0";
 import * as witClock from "wasmkeep:actor/clock@0.2.0";
+import * as witCron from "wasmkeep:actor/cron@0.2.0";
+import * as witBookmarks from "wasmkeep:actor/bookmarks@0.2.0";
 import * as witLog from "wasmkeep:actor/log@0.2.0";
 import * as witResponse from "wasmkeep:actor/response@0.2.0";
 import * as witReplies from "wasmkeep:actor/replies@0.2.0";
@@ -119,8 +121,11 @@ function host<T>(f: () => T): T {
 
 /** What a failed host call throws: its error record as a {@link WasmkeepError}. */
 function hostError(e: unknown): unknown {
-  const r = e as Partial<wit.Error> | null;
-  if (r !== null && typeof r === "object" && typeof r.code === "string" && !(e instanceof Error)) {
+  // The record comes thrown as it is, or (for some result types) as the
+  // `payload` of an Error.
+  const payload = e instanceof Error ? (e as Error & { payload?: unknown }).payload : e;
+  const r = payload as Partial<wit.Error> | null | undefined;
+  if (r !== null && r !== undefined && typeof r === "object" && typeof r.code === "string" && !(r instanceof Error)) {
     return new WasmkeepError(r.code, String(r.message ?? ""));
   }
   return e;
@@ -435,6 +440,15 @@ export const sql = {
     const r = host(() => witSql.execute(statement, values));
     return { rowsWritten: Number(r.rowsWritten), lastInsertRowid: Number(r.lastInsertRowid) };
   },
+
+  /**
+   * The database's size in bytes (pages in use times the page size): what
+   * counts against the node's `database_bytes_max`, SQL tables, key-value
+   * pairs and the SDK's own tables alike (Durable Objects' `databaseSize`).
+   */
+  databaseSize(): number {
+    return Number(witSql.databaseSize());
+  },
 };
 
 // ---------------------------------------------------------------- kv
@@ -489,6 +503,17 @@ export const kv = {
   /** Deletes `key`; returns whether it existed. */
   delete(key: string): boolean {
     return host(() => witKv.delete(key));
+  },
+  /** Deletes every key that starts with `prefix`; returns how many there were. */
+  deletePrefix(prefix: string): number {
+    return Number(host(() => witKv.deletePrefix(prefix)));
+  },
+  /**
+   * Deletes every key; returns how many there were (tables and the alarm
+   * stay: {@link deleteAll} removes everything).
+   */
+  deleteAll(): number {
+    return kv.deletePrefix("");
   },
   /** The entries the options select, in key order. */
   list(options: ListOptions = {}): Array<[string, Uint8Array]> {
@@ -553,6 +578,55 @@ export function id(): ActorId {
   return witIdentity.id();
 }
 
+/**
+ * A new identifier no other call returns, anywhere: 128 bits from the
+ * node's operating system's random source as 32 lowercase hex digits
+ * (Durable Objects' `newUniqueId`): the name of a new actor, a row's key.
+ */
+export function uniqueId(): string {
+  return host(() => witIdentity.uniqueId());
+}
+
+/**
+ * Deletes everything this actor stored, in the event's transaction
+ * (Durable Objects' `deleteAll`): every table and view it made (the SDK's
+ * own too: timers, cron schedules, workflows, blobs), every key-value
+ * pair, and its alarm. The actor goes on existing, empty. Tables that
+ * others reference with foreign keys are dropped after them.
+ */
+export function deleteAll(): void {
+  const schema = (kind: string): string[] =>
+    sql
+      .exec<{ name: string }>(
+        "SELECT name FROM sqlite_schema WHERE type = ? AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\' " +
+          "AND name NOT LIKE '\\_wasmkeep\\_%' ESCAPE '\\'",
+        kind,
+      )
+      .toArray()
+      .map((r) => r.name);
+  const quote = (name: string): string => `"${name.replace(/"/g, '""')}"`;
+  for (const view of schema("view")) sql.run(`DROP VIEW IF EXISTS ${quote(view)}`);
+  // A table referenced by another's foreign key may refuse to go first:
+  // drop what can go, and go again while each round drops something.
+  let left = schema("table");
+  while (left.length > 0) {
+    const refused: string[] = [];
+    let firstError: unknown;
+    for (const table of left) {
+      try {
+        sql.run(`DROP TABLE IF EXISTS ${quote(table)}`);
+      } catch (e) {
+        firstError ??= e;
+        refused.push(table);
+      }
+    }
+    if (refused.length === left.length) throw firstError;
+    left = refused;
+  }
+  kv.deletePrefix("");
+  alarm.delete();
+}
+
 /** Lines in the node's log, with the actor's address. */
 export const log = {
   trace: (message: string): void => witLog.log("trace", message),
@@ -604,14 +678,8 @@ export const timers = {
 
   /** Sets (or moves, replacing its payload) the timer `name` to fire at `dueMs`. */
   set(name: string, dueMs: number, payload: Bytes = new Uint8Array(0)): void {
-    const nameBytes = utf8Encode(name).length;
-    if (nameBytes === 0 || nameBytes > timers.NAME_BYTES_MAX) {
-      throw new WasmkeepError("invalid_timer", `a timer name is 1 to ${timers.NAME_BYTES_MAX} bytes (name_bytes_max): got ${nameBytes}`);
-    }
     const p = bytes(payload);
-    if (p.length > timers.PAYLOAD_BYTES_MAX) {
-      throw new WasmkeepError("invalid_timer", `timer \`${name}\`: payload of ${p.length} bytes is over payload_bytes_max=${timers.PAYLOAD_BYTES_MAX}`);
-    }
+    checkTimer(name, p);
     if (!Number.isSafeInteger(dueMs) || dueMs < 0) {
       throw new WasmkeepError("invalid_timer", `timer \`${name}\`: due_ms=${dueMs} is out of range`);
     }
@@ -667,10 +735,31 @@ let inAlarm = false;
 /** This run used the timers: re-arm after it. */
 let timersTouched = false;
 
+/** The timers' and the cron schedules' tables (they share the alarm), as the Rust SDK's. */
+const TIMER_TABLES = [
+  "CREATE TABLE IF NOT EXISTS wasmkeep_sdk_timers (name TEXT PRIMARY KEY, due_ms INTEGER NOT NULL, payload BLOB NOT NULL) WITHOUT ROWID",
+  "CREATE INDEX IF NOT EXISTS wasmkeep_sdk_timers_due ON wasmkeep_sdk_timers (due_ms, name)",
+  "CREATE TABLE IF NOT EXISTS wasmkeep_sdk_cron (name TEXT PRIMARY KEY, expression TEXT NOT NULL, zone TEXT NOT NULL, payload BLOB NOT NULL, next_ms INTEGER NOT NULL) WITHOUT ROWID",
+  "CREATE INDEX IF NOT EXISTS wasmkeep_sdk_cron_next ON wasmkeep_sdk_cron (next_ms, name)",
+  "CREATE TABLE IF NOT EXISTS wasmkeep_sdk_cron_runs (name TEXT NOT NULL, scheduled_ms INTEGER NOT NULL, ran_ms INTEGER NOT NULL, missed INTEGER NOT NULL, PRIMARY KEY (name, scheduled_ms)) WITHOUT ROWID",
+  "CREATE TABLE IF NOT EXISTS wasmkeep_sdk_workflows (id TEXT PRIMARY KEY, workflow TEXT NOT NULL, state TEXT NOT NULL, step INTEGER NOT NULL, failures INTEGER NOT NULL, wake_ms INTEGER, error TEXT, gen INTEGER NOT NULL, input TEXT NOT NULL, created_ms INTEGER NOT NULL, updated_ms INTEGER NOT NULL) WITHOUT ROWID",
+  "CREATE TABLE IF NOT EXISTS wasmkeep_sdk_workflow_steps (id TEXT NOT NULL, step INTEGER NOT NULL, name TEXT NOT NULL, result TEXT NOT NULL, attempts INTEGER NOT NULL, done_ms INTEGER NOT NULL, PRIMARY KEY (id, step)) WITHOUT ROWID",
+  "CREATE TABLE IF NOT EXISTS wasmkeep_sdk_workflow_events (id TEXT NOT NULL, event TEXT NOT NULL, payload TEXT NOT NULL, PRIMARY KEY (id, event)) WITHOUT ROWID",
+];
+
 function ensureTimers(): void {
   timersTouched = true;
-  sql.run("CREATE TABLE IF NOT EXISTS wasmkeep_sdk_timers (name TEXT PRIMARY KEY, due_ms INTEGER NOT NULL, payload BLOB NOT NULL) WITHOUT ROWID");
-  sql.run("CREATE INDEX IF NOT EXISTS wasmkeep_sdk_timers_due ON wasmkeep_sdk_timers (due_ms, name)");
+  for (const t of TIMER_TABLES) sql.run(t);
+}
+
+function checkTimer(name: string, p: Uint8Array): void {
+  const nameBytes = utf8Encode(name).length;
+  if (nameBytes === 0 || nameBytes > timers.NAME_BYTES_MAX) {
+    throw new WasmkeepError("invalid_timer", `a timer name is 1 to ${timers.NAME_BYTES_MAX} bytes (name_bytes_max): got ${nameBytes}`);
+  }
+  if (p.length > timers.PAYLOAD_BYTES_MAX) {
+    throw new WasmkeepError("invalid_timer", `timer \`${name}\`: payload of ${p.length} bytes is over payload_bytes_max=${timers.PAYLOAD_BYTES_MAX}`);
+  }
 }
 
 function timer(r: SqlValue[]): Timer {
@@ -682,13 +771,343 @@ function rearmUnlessInAlarm(): void {
 }
 
 function rearm(): void {
-  const due = sql.exec("SELECT min(due_ms) FROM wasmkeep_sdk_timers").raw()[0]?.[0];
+  const due = sql
+    .exec(
+      "SELECT min(m) FROM (SELECT min(due_ms) AS m FROM wasmkeep_sdk_timers UNION ALL SELECT min(next_ms) FROM wasmkeep_sdk_cron UNION ALL SELECT min(wake_ms) FROM wasmkeep_sdk_workflows WHERE state IN ('sleeping', 'waiting', 'retrying', 'calling'))",
+    )
+    .raw()[0]?.[0];
   if (due === null || due === undefined) {
     alarm.delete();
   } else if (alarm.get() !== Number(due)) {
     alarm.set(Number(due));
   }
 }
+
+// ---------------------------------------------------------------- blobs
+
+const BLOB_TABLES = [
+  "CREATE TABLE IF NOT EXISTS wasmkeep_sdk_blobs (name TEXT PRIMARY KEY, size INTEGER NOT NULL, chunks INTEGER NOT NULL) WITHOUT ROWID",
+  "CREATE TABLE IF NOT EXISTS wasmkeep_sdk_blob_chunks (id INTEGER PRIMARY KEY, name TEXT NOT NULL, seq INTEGER NOT NULL, data BLOB NOT NULL)",
+  "CREATE UNIQUE INDEX IF NOT EXISTS wasmkeep_sdk_blob_chunks_at ON wasmkeep_sdk_blob_chunks (name, seq)",
+];
+
+function ensureBlobs(): void {
+  for (const t of BLOB_TABLES) sql.run(t);
+}
+
+function blobMeta(name: string): { size: number; chunks: number } | undefined {
+  const r = sql.exec("SELECT size, chunks FROM wasmkeep_sdk_blobs WHERE name = ?1", name).raw()[0];
+  return r === undefined ? undefined : { size: Number(r[0]), chunks: Number(r[1]) };
+}
+
+function blobChunk(name: string, seq: number): Uint8Array {
+  const r = sql.exec("SELECT data FROM wasmkeep_sdk_blob_chunks WHERE name = ?1 AND seq = ?2", name, seq).raw()[0];
+  if (r === undefined) throw new WasmkeepError("storage_corrupt", `blob \`${name}\`: chunk ${seq} is missing`);
+  return r[0] as Uint8Array;
+}
+
+function blobMetaOrNotFound(name: string): { size: number; chunks: number } {
+  const m = blobMeta(name);
+  if (m === undefined) throw WasmkeepError.notFound(`no blob named \`${name}\``);
+  return m;
+}
+
+/**
+ * Values larger than a row, in chunks of the actor's database, with the
+ * tables and rules of the Rust SDK's `blobs`: no row is larger than
+ * `CHUNK_BYTES`, so the actor opens at any size up to its database limit
+ * (`database_full` past it, the event rolled back). Stream in with
+ * {@link blobs.append}, out with {@link blobs.chunks}, {@link blobs.read}
+ * or {@link blobs.writeResponseBody}.
+ */
+export const blobs = {
+  /** Bytes per stored chunk. */
+  CHUNK_BYTES: 64 * 1024,
+  /** Longest name, in UTF-8 bytes. */
+  NAME_BYTES_MAX: 256,
+
+  /** Replaces the blob `name` with `data`. */
+  put(name: string, data: Bytes): void {
+    blobs.delete(name);
+    const d = bytes(data);
+    if (d.length === 0) {
+      checkBlobName(name);
+      sql.run("INSERT INTO wasmkeep_sdk_blobs (name, size, chunks) VALUES (?1, 0, 0)", name);
+      return;
+    }
+    blobs.append(name, d);
+  },
+
+  /** Appends `data` (made if missing); returns the new size. */
+  append(name: string, data: Bytes): number {
+    checkBlobName(name);
+    ensureBlobs();
+    let { size, chunks } = blobMeta(name) ?? { size: 0, chunks: 0 };
+    let rest = bytes(data);
+    const tail = size % blobs.CHUNK_BYTES;
+    if (tail > 0 && rest.length > 0) {
+      const last = blobChunk(name, chunks - 1);
+      const take = Math.min(blobs.CHUNK_BYTES - tail, rest.length);
+      const filled = new Uint8Array(last.length + take);
+      filled.set(last);
+      filled.set(rest.subarray(0, take), last.length);
+      sql.run("UPDATE wasmkeep_sdk_blob_chunks SET data = ?3 WHERE name = ?1 AND seq = ?2", name, chunks - 1, filled);
+      size += take;
+      rest = rest.subarray(take);
+    }
+    for (let at = 0; at < rest.length; at += blobs.CHUNK_BYTES) {
+      const part = rest.slice(at, at + blobs.CHUNK_BYTES);
+      sql.run("INSERT INTO wasmkeep_sdk_blob_chunks (name, seq, data) VALUES (?1, ?2, ?3)", name, chunks, part);
+      chunks += 1;
+      size += part.length;
+    }
+    sql.run("INSERT OR REPLACE INTO wasmkeep_sdk_blobs (name, size, chunks) VALUES (?1, ?2, ?3)", name, size, chunks);
+    return size;
+  },
+
+  /** The size in bytes, if the blob exists. */
+  size(name: string): number | undefined {
+    ensureBlobs();
+    return blobMeta(name)?.size;
+  },
+
+  /** The whole blob, held in memory (for a large one use chunks, read or writeResponseBody). */
+  get(name: string): Uint8Array | undefined {
+    ensureBlobs();
+    const m = blobMeta(name);
+    if (m === undefined) return undefined;
+    const out = new Uint8Array(m.size);
+    let at = 0;
+    for (const c of blobs.chunks(name)) {
+      out.set(c, at);
+      at += c.length;
+    }
+    return out;
+  },
+
+  /** Up to `len` bytes from `offset` (fewer at the end). Throws `not_found` if there is no such blob. */
+  read(name: string, offset: number, len: number): Uint8Array {
+    ensureBlobs();
+    const { size } = blobMetaOrNotFound(name);
+    const end = Math.min(size, offset + len);
+    const out = new Uint8Array(Math.max(end - offset, 0));
+    let at = offset;
+    while (at < end) {
+      const seq = Math.floor(at / blobs.CHUNK_BYTES);
+      const c = blobChunk(name, seq);
+      const from = at % blobs.CHUNK_BYTES;
+      const to = Math.min(c.length, from + (end - at));
+      out.set(c.subarray(from, to), at - offset);
+      at += to - from;
+    }
+    return out;
+  },
+
+  /** The chunks in order, each read when reached. */
+  *chunks(name: string): Generator<Uint8Array> {
+    ensureBlobs();
+    const n = blobMeta(name)?.chunks ?? 0;
+    for (let seq = 0; seq < n; seq++) yield blobChunk(name, seq);
+  },
+
+  /**
+   * Writes the blob as the body of the response being built, one chunk
+   * at a time; return a Response without a body after it. Returns the
+   * bytes written; throws `not_found` if there is no such blob.
+   */
+  writeResponseBody(name: string): number {
+    ensureBlobs();
+    const { size } = blobMetaOrNotFound(name);
+    for (const c of blobs.chunks(name)) host(() => witResponse.writeBody(c));
+    return size;
+  },
+
+  /** Deletes the blob; returns whether there was one. */
+  delete(name: string): boolean {
+    ensureBlobs();
+    sql.run("DELETE FROM wasmkeep_sdk_blob_chunks WHERE name = ?1", name);
+    return sql.run("DELETE FROM wasmkeep_sdk_blobs WHERE name = ?1", name).rowsWritten > 0;
+  },
+
+  /** The blobs whose name starts with `prefix`, by name, with their sizes. */
+  list(prefix = ""): Array<{ name: string; size: number }> {
+    ensureBlobs();
+    return sql
+      .exec("SELECT name, size FROM wasmkeep_sdk_blobs WHERE substr(name, 1, length(?1)) = ?1 ORDER BY name", prefix)
+      .raw()
+      .map((r) => ({ name: r[0] as string, size: Number(r[1]) }));
+  },
+};
+
+function checkBlobName(name: string): void {
+  const n = utf8Encode(name).length;
+  if (n === 0 || n > blobs.NAME_BYTES_MAX) {
+    throw new WasmkeepError("invalid_blob", `a blob name is 1 to ${blobs.NAME_BYTES_MAX} bytes (name_bytes_max): got ${n}`);
+  }
+}
+
+// ---------------------------------------------------------------- bookmarks
+
+/**
+ * Points in the actor's own history, and going back to one, as the Rust
+ * SDK's `bookmarks` (and Durable Objects' `getBookmarkForTime` /
+ * `onNextSessionRestoreBookmark`). Bookmarks name states the bucket keeps:
+ * a node without a bucket answers `no_bucket`. The restore runs once this
+ * event has committed and the bucket holds it, as the actor's next event.
+ */
+export const bookmarks = {
+  /** A bookmark for the state as of now (to the millisecond). */
+  current(): string {
+    return host(() => witBookmarks.current());
+  },
+  /** A bookmark for the state at `atMs` (unix ms, not in the future). */
+  forTime(atMs: number): string {
+    return host(() => witBookmarks.forTime(atMs));
+  },
+  /** Goes back to `bookmark` once this event commits; returns the bookmark that undoes it. */
+  restoreOnNextStart(bookmark: string): string {
+    return host(() => witBookmarks.restoreOnNextStart(bookmark));
+  },
+};
+
+// ---------------------------------------------------------------- cron
+
+/** A recurring schedule. */
+export interface Schedule {
+  name: string;
+  /** The cron expression. */
+  expression: string;
+  /** The IANA time zone it is read in. */
+  zone: string;
+  payload: Uint8Array;
+  /** Its next run, unix milliseconds. */
+  nextMs: number;
+}
+
+/** One run of a schedule, from {@link cron.takeDue}. */
+export interface CronRun {
+  name: string;
+  /** When this run was due (the earliest, if runs were missed). */
+  scheduledMs: number;
+  /** How many later times of the schedule passed before this run (0 when on time). */
+  missed: number;
+  payload: Uint8Array;
+}
+
+/** A committed run, from {@link cron.history}. */
+export interface PastRun {
+  scheduledMs: number;
+  ranMs: number;
+  missed: number;
+}
+
+function schedule(r: SqlValue[]): Schedule {
+  return { name: r[0] as string, expression: r[1] as string, zone: r[2] as string, payload: r[3] as Uint8Array, nextMs: Number(r[4]) };
+}
+
+function cronNext(expression: string, zone: string, afterMs: number): number {
+  return host(() => witCron.nextAfter(expression, zone, afterMs));
+}
+
+const CRON_COLUMNS = "name, expression, zone, payload, next_ms";
+
+/**
+ * Recurring schedules from cron expressions in a time zone, on the alarm
+ * beside the {@link timers}: the same tables and rules as the Rust SDK's
+ * `cron` (the node evaluates the expressions and the zone rules for both).
+ * Five fields (`minute hour day-of-month month day-of-week`) or six with
+ * seconds first, `@hourly`, `@daily`, ... A local time a daylight-saving
+ * change skips runs right after the gap; one that occurs twice runs once
+ * (a wildcard hour runs in both passes). Runs missed while the actor could
+ * not run come out of {@link cron.takeDue} as one run per schedule, with
+ * the earliest `scheduledMs` and the count of later times in `missed`.
+ */
+export const cron = {
+  /** Most schedules one actor keeps. */
+  SCHEDULES_MAX: 1_000,
+  /** Runs kept per schedule in its history. */
+  HISTORY_MAX: 20,
+  /** Missed times counted at most per run. */
+  MISSED_COUNT_MAX: 1_000,
+
+  /** Schedules (or replaces) `name`; returns its first run. Errors: `invalid_cron`, `invalid_timer`, `too_many_schedules`. */
+  schedule(name: string, expression: string, zone: string = "UTC", payload: Bytes = new Uint8Array(0)): number {
+    const p = bytes(payload);
+    checkTimer(name, p);
+    const next = cronNext(expression, zone, nowMs());
+    ensureTimers();
+    const exists = sql.exec("SELECT 1 FROM wasmkeep_sdk_cron WHERE name = ?1", name).raw().length > 0;
+    if (!exists && (sql.one<{ n: number }>("SELECT count(*) AS n FROM wasmkeep_sdk_cron").n as number) >= cron.SCHEDULES_MAX) {
+      throw new WasmkeepError("too_many_schedules", `the actor already has schedules_max=${cron.SCHEDULES_MAX} schedules: cancel one first`);
+    }
+    sql.run("INSERT OR REPLACE INTO wasmkeep_sdk_cron (name, expression, zone, payload, next_ms) VALUES (?1, ?2, ?3, ?4, ?5)", name, expression, zone, p, next);
+    rearmUnlessInAlarm();
+    return next;
+  },
+
+  /** Cancels `name` and forgets its history; returns whether there was one. */
+  cancel(name: string): boolean {
+    ensureTimers();
+    const n = sql.run("DELETE FROM wasmkeep_sdk_cron WHERE name = ?1", name).rowsWritten;
+    sql.run("DELETE FROM wasmkeep_sdk_cron_runs WHERE name = ?1", name);
+    rearmUnlessInAlarm();
+    return n > 0;
+  },
+
+  /** The schedule `name`, if any. */
+  get(name: string): Schedule | undefined {
+    ensureTimers();
+    const r = sql.exec(`SELECT ${CRON_COLUMNS} FROM wasmkeep_sdk_cron WHERE name = ?1`, name).raw()[0];
+    return r === undefined ? undefined : schedule(r);
+  },
+
+  /** Every schedule, next run first (ties by name). */
+  list(): Schedule[] {
+    ensureTimers();
+    return sql.exec(`SELECT ${CRON_COLUMNS} FROM wasmkeep_sdk_cron ORDER BY next_ms, name`).raw().map(schedule);
+  },
+
+  /** The last committed runs of `name`, newest first. */
+  history(name: string): PastRun[] {
+    ensureTimers();
+    return sql
+      .exec("SELECT scheduled_ms, ran_ms, missed FROM wasmkeep_sdk_cron_runs WHERE name = ?1 ORDER BY scheduled_ms DESC", name)
+      .raw()
+      .map((r) => ({ scheduledMs: Number(r[0]), ranMs: Number(r[1]), missed: Number(r[2]) }));
+  },
+
+  /** The runs due at `now` (earliest first); each schedule moves past `now`. Call it from the alarm handler. */
+  takeDue(now: number = nowMs()): CronRun[] {
+    ensureTimers();
+    const due = sql
+      .exec(`SELECT ${CRON_COLUMNS} FROM wasmkeep_sdk_cron WHERE next_ms <= ?1 ORDER BY next_ms, name LIMIT ?2`, now, timers.DUE_PER_RUN_MAX)
+      .raw()
+      .map(schedule);
+    const runs: CronRun[] = [];
+    for (const s of due) {
+      let missed = 0;
+      let t = cronNext(s.expression, s.zone, s.nextMs);
+      while (t <= now) {
+        if (missed === cron.MISSED_COUNT_MAX) {
+          t = cronNext(s.expression, s.zone, now);
+          break;
+        }
+        missed += 1;
+        t = cronNext(s.expression, s.zone, t);
+      }
+      sql.run("UPDATE wasmkeep_sdk_cron SET next_ms = ?2 WHERE name = ?1", s.name, t);
+      sql.run("INSERT OR REPLACE INTO wasmkeep_sdk_cron_runs (name, scheduled_ms, ran_ms, missed) VALUES (?1, ?2, ?3, ?4)", s.name, s.nextMs, now, missed);
+      sql.run(
+        "DELETE FROM wasmkeep_sdk_cron_runs WHERE name = ?1 AND scheduled_ms NOT IN (SELECT scheduled_ms FROM wasmkeep_sdk_cron_runs WHERE name = ?1 ORDER BY scheduled_ms DESC LIMIT ?2)",
+        s.name,
+        cron.HISTORY_MAX,
+      );
+      runs.push({ name: s.name, scheduledMs: s.nextMs, missed, payload: s.payload });
+    }
+    rearmUnlessInAlarm();
+    return runs;
+  },
+};
 
 // ---------------------------------------------------------------- outbox
 
@@ -790,6 +1209,536 @@ function contextValue(b: Uint8Array): unknown {
   }
 }
 
+// ---------------------------------------------------------------- calls
+
+/**
+ * The methods of a callable interface: each takes one object of named
+ * arguments and returns a JSON value.
+ */
+// eslint-disable-next-line @typescript-eslint/no-explicit-any
+export type Methods<T> = { [K in keyof T]: (args: any) => unknown };
+
+/** A caller's stub of interface `T`: each method sends its call and returns the send's sequence number. */
+export type Client<T extends Methods<T>, C = unknown> = {
+  [K in keyof T]: (args: Parameters<T[K]>[0], context?: C) => number;
+};
+
+/** A typed answer to a call of interface `T`. */
+export type Reply<T extends Methods<T>, C = unknown> = {
+  [K in keyof T]:
+    | { method: K; ok: true; value: ReturnType<T[K]>; context: C }
+    | { method: K; ok: false; error: WasmkeepError; context: C };
+}[keyof T];
+
+const CALL_TAG = "wk-call:";
+
+/** The {@link Actor} hooks, never callable by name. */
+const ACTOR_HOOKS = new Set(["init", "request", "alarm", "message", "response", "socketMessage", "socketClose", "socketError"]);
+
+function decodeCall(iface: string, msg: Message): { method: string; args: unknown } | undefined {
+  let v: { call?: unknown; args?: unknown };
+  try {
+    v = JSON.parse(msg.text()) as { call?: unknown; args?: unknown };
+  } catch {
+    return undefined;
+  }
+  if (v === null || typeof v !== "object" || typeof v.call !== "string") return undefined;
+  const dot = v.call.indexOf(".");
+  if (dot < 0 || v.call.slice(0, dot) !== iface) return undefined;
+  return { method: v.call.slice(dot + 1), args: v.args ?? {} };
+}
+
+/**
+ * Typed calls between actors on the outbox (ADR 0051), with the wire
+ * format of the Rust SDK's `interface!`, so either language calls the
+ * other: the body is `{"call":"<interface>.<method>","args":{...}}`, the
+ * answer the result as JSON. Declare the interface once as a TypeScript
+ * interface whose methods take one object of named arguments; the callee
+ * serves it from `message`, callers use {@link calls.client} and read the
+ * answer with {@link calls.reply} in `response`. No turn waits.
+ *
+ * Versioning: arguments travel by name; add new ones as optional (an
+ * older caller omits them). TypeScript types are not checked at run time:
+ * `serve` refuses a body whose `args` is not an object (`bad_arguments`)
+ * and a method the implementation lacks (`unknown_method`); check values
+ * a caller of another build may send.
+ */
+export const calls = {
+  /** Whether `msg` is a call of interface `iface` (to route among several). */
+  isCallOf(iface: string, msg: Message): boolean {
+    return decodeCall(iface, msg) !== undefined;
+  },
+
+  /** Runs the call `msg` carries on `impl` and encodes its answer (for `message`). */
+  serve<T extends Methods<T>>(iface: string, msg: Message, impl: T): Uint8Array {
+    const call = decodeCall(iface, msg);
+    if (call === undefined) {
+      throw new WasmkeepError("unknown_method", `\`${iface}\` has no method \`(not a call of this interface)\` here`);
+    }
+    const f = (impl as Record<string, unknown>)[call.method];
+    // Never what every object has, nor an actor's own hooks when the
+    // actor passes itself as the implementation.
+    if (typeof f !== "function" || call.method in Object.prototype || ACTOR_HOOKS.has(call.method)) {
+      throw new WasmkeepError("unknown_method", `\`${iface}\` has no method \`${call.method}\` here (the callee may be older than the caller)`);
+    }
+    if (call.args === null || typeof call.args !== "object" || Array.isArray(call.args)) {
+      throw new WasmkeepError("bad_arguments", `the arguments of \`${call.method}\` are not an object`);
+    }
+    const out = (f as (a: unknown) => unknown).call(impl, call.args);
+    if (out instanceof Promise) throw new WasmkeepError("async_handler", "a callable method returned a Promise: storage is synchronous, see the outbox for what waits");
+    return utf8Encode(JSON.stringify(out ?? null));
+  },
+
+  /** A stub for calling interface `iface` on actor `target`. */
+  client<T extends Methods<T>, C = unknown>(iface: string, target: Address): Client<T, C> {
+    return new Proxy({} as Client<T, C>, {
+      get(_t, method) {
+        if (typeof method !== "string") return undefined;
+        return (args: unknown, context?: C): number => {
+          const body = utf8Encode(JSON.stringify({ call: `${iface}.${method}`, args: args ?? {} }));
+          const c = utf8Encode(`${CALL_TAG}${iface}.${method}\n${context === undefined ? "" : JSON.stringify(context)}`);
+          return host(() => witOutbox.send(target, body, c));
+        };
+      },
+    });
+  },
+
+  /** The typed answer and the caller's context, if `r` answers a call of `iface`. */
+  reply<T extends Methods<T>, C = unknown>(iface: string, r: OutboxResponse): Reply<T, C> | undefined {
+    if (!(r.context instanceof Uint8Array)) return undefined;
+    const text = utf8Decode(r.context);
+    if (!text.startsWith(CALL_TAG)) return undefined;
+    const nl = text.indexOf("\n");
+    if (nl < 0) return undefined;
+    const call = text.slice(CALL_TAG.length, nl);
+    const dot = call.indexOf(".");
+    if (dot < 0 || call.slice(0, dot) !== iface) return undefined;
+    const method = call.slice(dot + 1) as keyof T;
+    const rest = text.slice(nl + 1);
+    const context = (rest === "" ? undefined : JSON.parse(rest)) as C;
+    const a = r.answer;
+    if (a.kind === "reply") {
+      let value: unknown;
+      try {
+        value = JSON.parse(utf8Decode(a.body));
+      } catch (e) {
+        const error = new WasmkeepError("bad_answer", `the answer is not JSON: ${(e as Error).message}`);
+        return { method, ok: false, error, context } as Reply<T, C>;
+      }
+      return { method, ok: true, value, context } as Reply<T, C>;
+    }
+    if (a.kind === "refused" || a.kind === "failed") return { method, ok: false, error: a.error, context } as Reply<T, C>;
+    return undefined;
+  },
+};
+
+// ---------------------------------------------------------------- workflows
+
+/** What a step's function sees. */
+export interface StepContext {
+  /** The instance's id. */
+  id: string;
+  /** This attempt at the step (1 for the first). */
+  attempt: number;
+  /** The input `start` was given. */
+  input: unknown;
+  /** The recorded result of the earlier step `name` (throws `no_such_step` if none). */
+  result(name: string): unknown;
+}
+
+/** One step: a function, a sleep, or a wait for an event. */
+export type WorkflowStep =
+  | { name: string; kind: "run"; run: (ctx: StepContext) => unknown }
+  | { name: string; kind: "sleep"; ms: number }
+  | { name: string; kind: "wait"; event: string; timeoutMs: number }
+  | { name: string; kind: "call"; make: (ctx: StepContext) => Outgoing; timeoutMs: number };
+
+/** What a `call` step sends: a typed call (`"<interface>.<method>"`, named arguments) to another actor. */
+export interface Outgoing {
+  to: Address;
+  call: string;
+  args: unknown;
+}
+
+/** How a failing `run` step is retried. */
+export interface RetryPolicy {
+  attemptsMax: number;
+  firstBackoffMs: number;
+  backoffMaxMs: number;
+}
+
+/** A workflow: a name unique in the app, its steps in order, its retry policy. */
+export interface WorkflowDef {
+  name: string;
+  steps: WorkflowStep[];
+  retry?: RetryPolicy;
+}
+
+/** An instance, from {@link workflow.get}. */
+export interface WorkflowInstance {
+  id: string;
+  workflow: string;
+  /** `running`, `sleeping`, `waiting`, `retrying`, `paused`, `done`, `failed` or `cancelled`. */
+  state: string;
+  step: number;
+  failures: number;
+  wakeMs: number | null;
+  error: string | null;
+}
+
+/** A recorded step, from {@link workflow.history}. */
+export interface WorkflowDone {
+  step: number;
+  name: string;
+  result: unknown;
+  attempts: number;
+  doneMs: number;
+}
+
+const DEFAULT_RETRY: RetryPolicy = { attemptsMax: 5, firstBackoffMs: 1_000, backoffMaxMs: 60_000 };
+const WF_TAG = "wk-wf:";
+const WF_CALL_TAG = "wk-wfcall:";
+
+function wfContext(id: string, attempt: number, input: unknown): StepContext {
+  return {
+    id,
+    attempt,
+    input,
+    result(name: string): unknown {
+      const r = sql.exec("SELECT result FROM wasmkeep_sdk_workflow_steps WHERE id = ?1 AND name = ?2", id, name).raw()[0];
+      if (r === undefined) throw new WasmkeepError("no_such_step", `step \`${name}\` has no result yet`);
+      return parseJson(r[0] as string);
+    },
+  };
+}
+
+function wfSendCall(row: WfRow, step: number, make: (ctx: StepContext) => Outgoing, timeoutMs: number): void {
+  const id = row.inst.id;
+  const attempt = row.inst.failures + 1;
+  let out: Outgoing;
+  try {
+    out = make(wfContext(id, attempt, row.input));
+  } catch (e) {
+    const err = e instanceof WasmkeepError ? `${e.code}: ${e.message}` : String(e);
+    sql.run("UPDATE wasmkeep_sdk_workflows SET error = ?2 WHERE id = ?1", id, err);
+    wfSetState(id, "failed", null);
+    return;
+  }
+  const tag = JSON.stringify({ wf: id, step, gen: row.gen, attempt });
+  const body = utf8Encode(JSON.stringify({ call: out.call, args: out.args ?? {} }));
+  host(() => witOutbox.send(out.to, body, utf8Encode(WF_CALL_TAG + tag)));
+  wfSetState(id, "calling", nowMs() + timeoutMs);
+}
+
+function wfFailAttempt(w: WorkflowDef, row: WfRow, error: string): void {
+  const retry = w.retry ?? DEFAULT_RETRY;
+  const failures = row.inst.failures + 1;
+  sql.run("UPDATE wasmkeep_sdk_workflows SET failures = ?2, error = ?3 WHERE id = ?1", row.inst.id, failures, error);
+  if (failures >= retry.attemptsMax) {
+    wfSetState(row.inst.id, "failed", null);
+  } else {
+    const backoff = Math.min(retry.firstBackoffMs * 2 ** Math.min(failures - 1, 32), retry.backoffMaxMs);
+    wfSetState(row.inst.id, "retrying", nowMs() + backoff);
+  }
+}
+
+interface WfRow {
+  inst: WorkflowInstance;
+  gen: number;
+  input: unknown;
+}
+
+function parseJson(text: string): unknown {
+  try {
+    return JSON.parse(text);
+  } catch {
+    return null;
+  }
+}
+
+function wfLoad(id: string): WfRow | undefined {
+  ensureTimers();
+  const r = sql.exec("SELECT id, workflow, state, step, failures, wake_ms, error, gen, input FROM wasmkeep_sdk_workflows WHERE id = ?1", id).raw()[0];
+  if (r === undefined) return undefined;
+  return {
+    inst: {
+      id: r[0] as string,
+      workflow: r[1] as string,
+      state: r[2] as string,
+      step: Number(r[3]),
+      failures: Number(r[4]),
+      wakeMs: r[5] === null ? null : Number(r[5]),
+      error: r[6] === null ? null : (r[6] as string),
+    },
+    gen: Number(r[7]),
+    input: parseJson(r[8] as string),
+  };
+}
+
+function wfNeed(id: string): WfRow {
+  const row = wfLoad(id);
+  if (row === undefined) throw WasmkeepError.notFound(`no workflow instance \`${id}\``);
+  return row;
+}
+
+function wfFind(all: WorkflowDef[], name: string): WorkflowDef {
+  const w = all.find((x) => x.name === name);
+  if (w === undefined) throw new WasmkeepError("unknown_workflow", `no workflow named \`${name}\` in this build`);
+  return w;
+}
+
+function wfSetState(id: string, state: string, wakeMs: number | null): void {
+  sql.run("UPDATE wasmkeep_sdk_workflows SET state = ?2, wake_ms = ?3, updated_ms = ?4 WHERE id = ?1", id, state, wakeMs, nowMs());
+  rearmUnlessInAlarm();
+}
+
+function wfSendStep(id: string, step: number, gen: number): void {
+  const me = witIdentity.id();
+  const body = JSON.stringify({ wf: id, step, gen });
+  host(() => witOutbox.send({ app: me.app, class: me.class, name: me.name }, utf8Encode(body), utf8Encode(WF_TAG + body)));
+}
+
+function wfComplete(w: WorkflowDef, row: WfRow, step: number, result: unknown, attempts: number): void {
+  sql.run(
+    "INSERT OR REPLACE INTO wasmkeep_sdk_workflow_steps (id, step, name, result, attempts, done_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+    row.inst.id,
+    step,
+    w.steps[step].name,
+    JSON.stringify(result ?? null),
+    attempts,
+    nowMs(),
+  );
+  sql.run("UPDATE wasmkeep_sdk_workflows SET step = ?2, failures = 0, error = NULL WHERE id = ?1", row.inst.id, step + 1);
+  wfEnter(w, row, step + 1);
+}
+
+function wfEnter(w: WorkflowDef, row: WfRow, step: number): void {
+  const id = row.inst.id;
+  const s = w.steps[step];
+  if (s === undefined) {
+    wfSetState(id, "done", null);
+    return;
+  }
+  if (s.kind === "run") {
+    wfSetState(id, "running", null);
+    wfSendStep(id, step, row.gen);
+  } else if (s.kind === "sleep") {
+    wfSetState(id, "sleeping", nowMs() + s.ms);
+  } else if (s.kind === "call") {
+    wfSendCall(row, step, s.make, s.timeoutMs);
+  } else {
+    const early = sql.exec("DELETE FROM wasmkeep_sdk_workflow_events WHERE id = ?1 AND event = ?2 RETURNING payload", id, s.event).raw()[0];
+    if (early !== undefined) wfComplete(w, row, step, parseJson(early[0] as string), 1);
+    else wfSetState(id, "waiting", nowMs() + s.timeoutMs);
+  }
+}
+
+function wfStepOf(text: string): { id: string; step: number; gen: number } | undefined {
+  const v = parseJson(text) as { wf?: unknown; step?: unknown; gen?: unknown } | null;
+  if (v === null || typeof v !== "object" || typeof v.wf !== "string" || typeof v.step !== "number" || typeof v.gen !== "number") return undefined;
+  return { id: v.wf, step: v.step, gen: v.gen };
+}
+
+function finished(state: string): boolean {
+  return state === "done" || state === "failed" || state === "cancelled";
+}
+
+function wfCallAnswered(all: WorkflowDef[], tagText: string, r: OutboxResponse): void {
+  const tag = parseJson(tagText) as { wf?: string; step?: number; gen?: number; attempt?: number } | null;
+  if (tag === null || typeof tag.wf !== "string") return;
+  const row = wfLoad(tag.wf);
+  if (row === undefined) return;
+  const current = row.inst.state === "calling" && row.inst.step === tag.step && row.gen === tag.gen && tag.attempt === row.inst.failures + 1;
+  if (!current) return;
+  const w = wfFind(all, row.inst.workflow);
+  const a = r.answer;
+  if (a.kind === "reply") wfComplete(w, row, row.inst.step, parseJson(utf8Decode(a.body)), row.inst.failures + 1);
+  else if (a.kind === "refused" || a.kind === "failed") wfFailAttempt(w, row, `${a.error.code}: ${a.error.message}`);
+}
+
+/**
+ * Durable workflows on the actor's own database, timers and outbox, with
+ * the tables, rules and messages of the Rust SDK's `workflow`: each `run`
+ * step runs in an event of its own (a message the actor sends itself),
+ * its result recorded with its effects, so a step that committed never
+ * runs again; a failing step is retried with backoff, then the instance
+ * fails; `sleep` and `wait` (an event sent with {@link workflow.signal},
+ * or a timeout) ride on the alarm shared with timers and cron. The actor
+ * passes its workflows to {@link workflow.onMessage},
+ * {@link workflow.onResponse} and {@link workflow.onAlarm}.
+ */
+export const workflow = {
+  /** Most instances one actor keeps (finished ones until `forget`). */
+  INSTANCES_MAX: 10_000,
+  /** Longest instance id, in UTF-8 bytes. */
+  ID_BYTES_MAX: 256,
+  DEFAULT_RETRY,
+
+  /** A step that runs `f` in an event of its own; what it returns (JSON) is recorded. */
+  run(name: string, f: (ctx: StepContext) => unknown): WorkflowStep {
+    return { name, kind: "run", run: f };
+  },
+  /** A step that waits `ms` milliseconds. */
+  sleep(name: string, ms: number): WorkflowStep {
+    return { name, kind: "sleep", ms };
+  },
+  /** A step that calls another actor and awaits its answer durably: its result is the answer; a refusal, failure or no answer within `timeoutMs` is a failed attempt, retried. */
+  call(name: string, make: (ctx: StepContext) => Outgoing, timeoutMs: number): WorkflowStep {
+    return { name, kind: "call", make, timeoutMs };
+  },
+  /** A step that waits for `event` at most `timeoutMs`; its result is the payload, or null after the timeout. */
+  wait(name: string, event: string, timeoutMs: number): WorkflowStep {
+    return { name, kind: "wait", event, timeoutMs };
+  },
+
+  /** Starts instance `id` of `w`; `conflict` if it exists. */
+  start(w: WorkflowDef, id: string, input: unknown = null): void {
+    const n = utf8Encode(id).length;
+    if (n === 0 || n > workflow.ID_BYTES_MAX) throw WasmkeepError.badRequest(`a workflow id is 1 to ${workflow.ID_BYTES_MAX} bytes: got ${n}`);
+    if (wfLoad(id) !== undefined) throw new WasmkeepError("conflict", `workflow instance \`${id}\` exists`);
+    const count = sql.one<{ n: number }>("SELECT count(*) AS n FROM wasmkeep_sdk_workflows").n as number;
+    if (count >= workflow.INSTANCES_MAX) {
+      throw new WasmkeepError("too_many_workflows", `the actor keeps workflows_max=${workflow.INSTANCES_MAX} instances: forget finished ones`);
+    }
+    const now = nowMs();
+    sql.run(
+      "INSERT INTO wasmkeep_sdk_workflows (id, workflow, state, step, failures, wake_ms, error, gen, input, created_ms, updated_ms) VALUES (?1, ?2, 'running', 0, 0, NULL, NULL, 1, ?3, ?4, ?4)",
+      id,
+      w.name,
+      JSON.stringify(input ?? null),
+      now,
+    );
+    wfEnter(w, wfNeed(id), 0);
+  },
+
+  /** Sends `event` to instance `id`: a wait for it completes now, else it is kept for a later wait. */
+  signal(all: WorkflowDef[], id: string, event: string, payload: unknown = null): void {
+    const row = wfNeed(id);
+    sql.run("INSERT OR REPLACE INTO wasmkeep_sdk_workflow_events (id, event, payload) VALUES (?1, ?2, ?3)", id, event, JSON.stringify(payload ?? null));
+    const w = wfFind(all, row.inst.workflow);
+    const s = w.steps[row.inst.step];
+    if (row.inst.state === "waiting" && s !== undefined && s.kind === "wait" && s.event === event) wfEnter(w, row, row.inst.step);
+  },
+
+  /** Pauses instance `id` until `resume`. */
+  pause(id: string): void {
+    const row = wfNeed(id);
+    if (finished(row.inst.state)) throw new WasmkeepError("conflict", `\`${id}\` is ${row.inst.state}`);
+    wfSetState(id, "paused", null);
+  },
+
+  /** Resumes a paused or failed instance at the step it stopped at. */
+  resume(all: WorkflowDef[], id: string): void {
+    const row = wfNeed(id);
+    if (row.inst.state !== "paused" && row.inst.state !== "failed") throw new WasmkeepError("conflict", `\`${id}\` is ${row.inst.state}`);
+    sql.run("UPDATE wasmkeep_sdk_workflows SET failures = 0, gen = gen + 1 WHERE id = ?1", id);
+    wfEnter(wfFind(all, row.inst.workflow), wfNeed(id), row.inst.step);
+  },
+
+  /** Cancels instance `id` for good. */
+  cancel(id: string): void {
+    wfNeed(id);
+    sql.run("UPDATE wasmkeep_sdk_workflows SET gen = gen + 1 WHERE id = ?1", id);
+    wfSetState(id, "cancelled", null);
+  },
+
+  /** Runs instance `id` again from step `stepName` (that step's record and later ones are dropped). */
+  restartFrom(all: WorkflowDef[], id: string, stepName: string): void {
+    const row = wfNeed(id);
+    const w = wfFind(all, row.inst.workflow);
+    const step = w.steps.findIndex((s) => s.name === stepName);
+    if (step < 0) throw WasmkeepError.badRequest(`\`${w.name}\` has no step \`${stepName}\``);
+    sql.run("DELETE FROM wasmkeep_sdk_workflow_steps WHERE id = ?1 AND step >= ?2", id, step);
+    sql.run("UPDATE wasmkeep_sdk_workflows SET step = ?2, failures = 0, error = NULL, gen = gen + 1 WHERE id = ?1", id, step);
+    wfEnter(w, wfNeed(id), step);
+  },
+
+  /** Instance `id`, if any. */
+  get(id: string): WorkflowInstance | undefined {
+    return wfLoad(id)?.inst;
+  },
+
+  /** The recorded steps of `id`, in order. */
+  history(id: string): WorkflowDone[] {
+    ensureTimers();
+    return sql
+      .exec("SELECT step, name, result, attempts, done_ms FROM wasmkeep_sdk_workflow_steps WHERE id = ?1 ORDER BY step", id)
+      .raw()
+      .map((r) => ({ step: Number(r[0]), name: r[1] as string, result: parseJson(r[2] as string), attempts: Number(r[3]), doneMs: Number(r[4]) }));
+  },
+
+  /** Forgets a finished instance and its records. */
+  forget(id: string): boolean {
+    const row = wfLoad(id);
+    if (row === undefined) return false;
+    if (!finished(row.inst.state)) throw new WasmkeepError("conflict", `\`${id}\` is ${row.inst.state}`);
+    for (const t of ["wasmkeep_sdk_workflow_steps", "wasmkeep_sdk_workflow_events", "wasmkeep_sdk_workflows"]) sql.run(`DELETE FROM ${t} WHERE id = ?1`, id);
+    return true;
+  },
+
+  /** Runs the step a workflow message names (for `message`); `undefined` if `msg` is not one. */
+  onMessage(all: WorkflowDef[], msg: Message): Uint8Array | undefined {
+    const me = id();
+    if (msg.from.app !== me.app || msg.from.class !== me.class || msg.from.name !== me.name) return undefined;
+    const s = wfStepOf(msg.text());
+    if (s === undefined) return undefined;
+    const row = wfLoad(s.id);
+    if (row === undefined || row.inst.state !== "running" || row.inst.step !== s.step || row.gen !== s.gen) return utf8Encode("stale");
+    const w = wfFind(all, row.inst.workflow);
+    const step = w.steps[s.step];
+    if (step === undefined || step.kind !== "run") return utf8Encode("stale");
+    const attempt = row.inst.failures + 1;
+    const result = step.run(wfContext(s.id, attempt, row.input));
+    if (result instanceof Promise) throw new WasmkeepError("async_handler", "a workflow step returned a Promise: storage is synchronous");
+    wfComplete(w, row, s.step, result, attempt);
+    return utf8Encode("done");
+  },
+
+  /** Applies the answer to a step message (for `response`); false if `r` is not one. */
+  onResponse(all: WorkflowDef[], r: OutboxResponse): boolean {
+    if (!(r.context instanceof Uint8Array)) return false;
+    const text = utf8Decode(r.context);
+    if (text.startsWith(WF_CALL_TAG)) {
+      wfCallAnswered(all, text.slice(WF_CALL_TAG.length), r);
+      return true;
+    }
+    if (!text.startsWith(WF_TAG)) return false;
+    const s = wfStepOf(text.slice(WF_TAG.length));
+    if (s === undefined) return false;
+    const a = r.answer;
+    if (a.kind !== "refused" && a.kind !== "failed") return true;
+    const row = wfLoad(s.id);
+    if (row === undefined || row.inst.state !== "running" || row.inst.step !== s.step || row.gen !== s.gen) return true;
+    wfFailAttempt(wfFind(all, row.inst.workflow), row, `${a.error.code}: ${a.error.message}`);
+    return true;
+  },
+
+  /** Wakes the instances due at `now` (for `alarm`): a sleep ends, a wait times out, a failed step runs again. */
+  onAlarm(all: WorkflowDef[], now: number = nowMs()): void {
+    ensureTimers();
+    const due = sql
+      .exec(
+        "SELECT id FROM wasmkeep_sdk_workflows WHERE wake_ms <= ?1 AND state IN ('sleeping', 'waiting', 'retrying', 'calling') ORDER BY wake_ms, id LIMIT ?2",
+        now,
+        timers.DUE_PER_RUN_MAX,
+      )
+      .raw()
+      .map((r) => r[0] as string);
+    for (const id of due) {
+      const row = wfNeed(id);
+      const w = wfFind(all, row.inst.workflow);
+      if (row.inst.state === "sleeping" || row.inst.state === "waiting") {
+        wfComplete(w, row, row.inst.step, null, 1);
+      } else if (row.inst.state === "calling") {
+        wfFailAttempt(w, row, "timeout: no answer to the call in time");
+      } else {
+        // Retrying: the step again (a run step's message, or a call step's call).
+        wfEnter(w, row, row.inst.step);
+      }
+    }
+  },
+};
+
 // ---------------------------------------------------------------- replies
 
 /**
@@ -832,6 +1781,12 @@ function toMessage(m: SocketMessage): witSockets.Message {
  * happen once the event commits.
  */
 export const sockets = {
+  /**
+   * The close code of a connection that failed rather than closed (no
+   * close frame, a protocol error, an upgrade that never completed);
+   * such an end comes to {@link Actor.socketError}.
+   */
+  ABNORMAL_CLOSURE: 1006,
   /** Accepts this request's WebSocket upgrade (answer it with `Response.status(101)`). */
   accept(tags: string[] = [], attachment: Bytes = new Uint8Array(0)): number {
     const a = bytes(attachment);
@@ -884,8 +1839,19 @@ export interface Actor {
   response?(r: OutboxResponse): void;
   /** A message on one of the actor's sockets. */
   socketMessage?(socket: SocketInfo, message: SocketMessage): void;
-  /** A socket closed. */
+  /**
+   * A socket closed, by its client, a limit or the node; `code` is the
+   * WebSocket close code. A failed connection (1006) comes to
+   * `socketError` instead when the class has it.
+   */
   socketClose?(socket: SocketInfo, code: number, reason: string): void;
+  /**
+   * A socket failed rather than closed (Durable Objects' `webSocketError`):
+   * the connection ended without a close frame, broke the protocol, or its
+   * upgrade never completed (`sockets.ABNORMAL_CLOSURE`, 1006). Without
+   * this hook such an end comes to `socketClose` with code 1006.
+   */
+  socketError?(socket: SocketInfo, reason: string): void;
 }
 
 /** A class the app serves. */
@@ -1010,7 +1976,11 @@ export function app(classes: Record<string, ActorClass>): App {
     onSocketMessage: (cls: string, s: SocketInfo, m: witSockets.Message): void =>
       run(() => void sync(actor(cls).socketMessage?.(s, m.val))),
     onSocketClose: (cls: string, s: SocketInfo, code: number, reason: string): void =>
-      run(() => void sync(actor(cls).socketClose?.(s, code, reason))),
+      run(() => {
+        const a = actor(cls);
+        if (code === sockets.ABNORMAL_CLOSURE && a.socketError) sync(a.socketError(s, reason));
+        else sync(a.socketClose?.(s, code, reason));
+      }),
   };
   return { handler, inbox, socketHandler };
 }

@@ -50,6 +50,7 @@ declare module "wasmkeep:actor/sql@0.2.0" {
   }
   export function query(statement: string, params: Value[]): QueryResult;
   export function execute(statement: string, params: Value[]): ExecResult;
+  export function databaseSize(): number | bigint;
 }
 
 declare module "wasmkeep:actor/kv@0.2.0" {
@@ -65,6 +66,7 @@ declare module "wasmkeep:actor/kv@0.2.0" {
   function _delete(key: string): boolean;
   export { _delete as delete };
   export function list(options: ListOptions): Array<[string, Uint8Array]>;
+  export function deletePrefix(prefix: string): number | bigint;
 }
 
 declare module "wasmkeep:actor/alarm@0.2.0" {
@@ -81,10 +83,21 @@ declare module "wasmkeep:actor/identity@0.2.0" {
     name: string;
   }
   export function id(): ActorId;
+  export function uniqueId(): string;
 }
 
 declare module "wasmkeep:actor/clock@0.2.0" {
   export function nowMs(): number;
+}
+
+declare module "wasmkeep:actor/bookmarks@0.2.0" {
+  export function current(): string;
+  export function forTime(atMs: number): string;
+  export function restoreOnNextStart(bookmark: string): string;
+}
+
+declare module "wasmkeep:actor/cron@0.2.0" {
+  export function nextAfter(expression: string, zone: string, afterMs: number): number;
 }
 
 declare module "wasmkeep:actor/log@0.2.0" {

@@ -174,6 +174,9 @@ pub(super) struct EventsRan {
     size_before: u64,
     /// Events the batch did not start: the turn's time budget ran out.
     not_started: Vec<Event>,
+    /// The restore to a bookmark the batch's last successful event asked
+    /// for (applied once the batch is in the bucket).
+    restore: Option<crate::bookmarks::PendingRestore>,
 }
 
 /// What [`after_commit`] leaves for the release of the replies.
@@ -191,6 +194,8 @@ pub(super) struct AfterCommit {
     completions: Vec<(u64, ActorResponse)>,
     /// What it sent to sockets, applied once it is durable.
     socket_ops: Vec<crate::sockets::SocketOp>,
+    /// A restore to a bookmark, scheduled once the bucket holds the batch.
+    restore: Option<crate::bookmarks::PendingRestore>,
 }
 
 /// Phase 1: the actor's app and class, or every event fails with
@@ -516,6 +521,7 @@ pub(super) fn begin_batch(
         mark_before,
         size_before,
         not_started: Vec::new(),
+        restore: None,
     })
 }
 
@@ -541,6 +547,7 @@ pub(super) fn reset_event_state(l: &mut Loaded, ran: &EventsRan) {
     state.sockets_accepted_in_batch = accepted_in_batch;
     state.request_is_upgrade = false;
     state.socket_sent_bytes = 0;
+    state.restore = None;
 }
 
 /// Runs one event of the batch by its kind.
@@ -571,13 +578,36 @@ pub(super) fn run_event(
             r
         }
         EventKind::Prepare | EventKind::OutboxResume { .. } => Ok(Outcome::Done),
-        EventKind::Socket(ev) => run_socket(rt, l, ev),
+        EventKind::Socket(ev) => {
+            let what = match &ev {
+                SocketEvent::Message { id, message, .. } => {
+                    let bytes = match message {
+                        crate::sockets::Message::Text(t) => t.len(),
+                        crate::sockets::Message::Binary(b) => b.len(),
+                    };
+                    format!("message on socket {id} ({bytes} bytes)")
+                }
+                SocketEvent::Closed { info, code, .. } => {
+                    format!("close of socket {} ({code})", info.id)
+                }
+            };
+            let started = crate::clock::instant();
+            let r = run_socket(rt, l, ev);
+            note_event(rt, &actor.id, "SOCKET", &what, started, &r);
+            r
+        }
         EventKind::Inbound(Inbound::Message {
             from,
             life,
             seq,
             body,
-        }) => run_message(rt, l, &from, life, seq, body, initialized),
+        }) => {
+            let what = format!("from {from} #{seq}");
+            let started = crate::clock::instant();
+            let r = run_message(rt, l, &from, life, seq, body, initialized);
+            note_event(rt, &actor.id, "MESSAGE", &what, started, &r);
+            r
+        }
         EventKind::Inbound(Inbound::Response {
             life,
             seq,
@@ -588,6 +618,70 @@ pub(super) fn run_event(
         // `run_turn_events` runs these between batches, never in one.
         EventKind::Between(_) => unreachable!("a between-batches event in a batch"),
     }
+}
+
+/// The access line and the class's count of an event that did not come
+/// through the HTTP edge (issue 37): an actor message (`MESSAGE`, its
+/// sender and sequence number) or a socket's message or close (`SOCKET`).
+/// Counted always; the line goes to the node's log when its access log is
+/// on, and to the tenant's (`wasmkeep logs`, `dev`) when the access log is
+/// on or someone follows it, as the edge does for requests.
+fn note_event(
+    rt: &Inner,
+    id: &ActorId,
+    kind: &'static str,
+    what: &str,
+    started: Instant,
+    r: &Result<Outcome, RuntimeError>,
+) {
+    if let Some(c) = rt.class_metrics.of(id) {
+        match kind {
+            "MESSAGE" => c.messages.inc(),
+            _ => c.socket_events.inc(),
+        };
+    }
+    let access_on = rt.access_log.load(Ordering::Relaxed);
+    if !access_on && !rt.logs.followed() {
+        return;
+    }
+    let (status, code, detail) = match r {
+        Ok(Outcome::Answered(MessageAnswer::Refused { code, message })) => (
+            422u16,
+            Some(code.clone()),
+            format!("refused {code}: {message}"),
+        ),
+        Ok(_) => (200, None, "ok".to_owned()),
+        Err(e) => (
+            500,
+            Some(e.code().to_string()),
+            format!("failed {}: {e}", e.code()),
+        ),
+    };
+    let duration_us = started.elapsed().as_micros() as u64;
+    let ms = duration_us as f64 / 1000.0;
+    if access_on {
+        tracing::info!(target: "wasmkeep::access", kind, actor = %id, what, status, ms, code = code.as_deref().unwrap_or("-"));
+    }
+    use crate::logs::{Access, Level, LogLine, Source};
+    let mut line = LogLine::new(
+        rt.clock.now_ms(),
+        if status >= 500 {
+            Level::Warn
+        } else {
+            Level::Info
+        },
+        Source::Access,
+        id.clone(),
+        format!("{kind} {what} {detail} {ms:.1} ms"),
+    );
+    line.access = Some(Access {
+        method: kind.to_owned(),
+        path: what.to_owned(),
+        status,
+        duration_us,
+        code,
+    });
+    rt.logs.push(line);
 }
 
 /// What the event left for after the commit: whether it sent, the parked
@@ -607,7 +701,11 @@ pub(super) fn take_event_effects(
     let ops = std::mem::take(&mut state.replies);
     let socket_ops = std::mem::take(&mut state.socket_ops);
     let socket_accepted = state.socket_accepted.take();
+    let restore = state.restore.take();
     if ok {
+        if restore.is_some() {
+            ran.restore = restore;
+        }
         ran.completions.extend(ops.completions);
         ran.socket_ops.extend(socket_ops);
         (ops.park, socket_accepted)
@@ -650,6 +748,7 @@ pub(super) fn batch_rolled_back(
     }
     ran.completions.clear();
     ran.socket_ops.clear();
+    ran.restore = None;
     *initialized = l.db().is_initialized().unwrap_or(false);
     if let Err(e) = l.db().begin() {
         tracing::error!(actor = %id, error = %e, "could not begin again");
@@ -752,6 +851,9 @@ pub(super) fn after_commit(
     let removed = l.db().created() && !initialized;
     if removed {
         rt.quotas.counted(&actor.id.tenant, false, ran.size_before);
+        if let Some(c) = rt.class_metrics.of(&actor.id) {
+            c.actors.dec();
+        }
     } else {
         let after = l.db().size_bytes().unwrap_or(ran.size_before);
         rt.quotas.resized(&actor.id.tenant, ran.size_before, after);
@@ -772,6 +874,7 @@ pub(super) fn after_commit(
             // So does a batch that sent something: its messages leave
             // once the bucket holds it.
             let urgent = outbox.is_some()
+                || ran.restore.is_some()
                 || !ran.completions.is_empty()
                 || ran
                     .results
@@ -814,6 +917,7 @@ pub(super) fn after_commit(
             outbox,
             completions: ran.completions,
             socket_ops: ran.socket_ops,
+            restore: ran.restore,
         },
         ran.results,
     ))
@@ -927,11 +1031,13 @@ pub(super) fn release_replies(
     committed_at: Instant,
 ) {
     let waiting = results.iter().any(|r| r.reply.is_some())
+        || after.restore.is_some()
         || after.outbox.is_some()
         || !after.completions.is_empty()
         || !after.socket_ops.is_empty();
     let completions = after.completions;
     let socket_ops = after.socket_ops;
+    let restore = after.restore;
     let metrics = Arc::clone(&rt.metrics);
     let actor = Arc::clone(actor);
     let repl_mark = after.repl_mark;
@@ -956,6 +1062,9 @@ pub(super) fn release_replies(
                 }
                 if !socket_ops.is_empty() {
                     apply_socket_ops(&rt, &actor, socket_ops, repl_mark);
+                }
+                if let (Some(restore), Some(mark)) = (restore, repl_mark) {
+                    super::between::restore_to_bookmark(&rt, &actor, mark, restore);
                 }
             }
             crate::dispatch::drop_elsewhere(rt);

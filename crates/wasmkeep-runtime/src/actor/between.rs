@@ -9,8 +9,9 @@ pub enum Between {
     /// Remove the actor's data.
     Delete,
     /// Make the database file at this path the actor's: an operator's
-    /// restore (`crate::restore`).
-    Restore(std::path::PathBuf),
+    /// restore (`crate::restore`), or the actor's own return to a bookmark,
+    /// whose undo token it records (`crate::bookmarks`).
+    Restore(std::path::PathBuf, Option<String>),
     /// Read the actor's database (the admin API): through its own
     /// connection if it is open, which holds the file while it is.
     Inspect(InspectFn),
@@ -30,8 +31,11 @@ pub(super) fn run_between(
 ) {
     match between {
         Between::Delete => reply(reply_to, run_delete(rt, actor, slot)),
-        Between::Restore(file) => {
-            let r = run_restore(rt, actor, slot, &file).map(Outcome::Restored);
+        Between::Restore(file, undo) => {
+            let r = run_restore(rt, actor, slot, &file, undo.as_deref()).map(Outcome::Restored);
+            if let (Err(e), None) = (&r, &reply_to) {
+                tracing::warn!(actor = %actor.id, error = %e, "the restore to a bookmark the actor asked for failed; it keeps its state");
+            }
             reply(reply_to, r);
         }
         Between::Replicate => {
@@ -137,10 +141,23 @@ fn run_restore(
     actor: &Arc<Actor>,
     slot: &mut Option<Loaded>,
     file: &std::path::Path,
+    undo: Option<&str>,
 ) -> Result<crate::restore::Restored, RuntimeError> {
     let bytes = crate::restore::check(file)?;
     if let Some(repl) = &rt.replication {
         replication::flush_for_restore(rt, repl, actor, slot.as_mut().map(|l| l.db()))?;
+    }
+    if let Some(token) = undo {
+        // The chain's head now is the state this restore replaces: the
+        // undo bookmark names it, from the restored database itself.
+        let seq = actor.repl.lock().head_seq().ok_or_else(|| {
+            RuntimeError::Internal("the actor's chain has no head to undo to".into())
+        })?;
+        wasmkeep_store::ActorDb::meta_set_in_file(
+            file,
+            &crate::bookmarks::undo_key(token),
+            &seq.to_string(),
+        )?;
     }
     // Closed before its file is replaced.
     *slot = None;
@@ -161,10 +178,86 @@ fn run_restore(
     };
     crate::restore::follow(rt, actor);
     tracing::info!(actor = %actor.id, bytes, replaced, ?kept, ?bucket_seq, "restored the actor's database from an operator's file");
+    // In the tenant's own log too (`wasmkeep logs`, `wasmkeep dev`): a
+    // state that changed under a developer's eyes says why.
+    let replaced_what = match (&kept, bucket_seq) {
+        (_, Some(seq)) => {
+            format!("the state it replaced stays in the bucket's history before seq {seq}")
+        }
+        (Some(path), None) => format!("the state it replaced is kept at {}", path.display()),
+        (None, None) => "it had no state before".to_owned(),
+    };
+    use crate::logs::{Level, LogLine, Source};
+    rt.logs.push(LogLine::new(
+        rt.clock.now_ms(),
+        Level::Warn,
+        Source::Runtime,
+        actor.id.clone(),
+        format!("database restored from an operator's file ({bytes} bytes), between two events; {replaced_what}"),
+    ));
     Ok(crate::restore::Restored {
         replaced,
         kept,
         bucket_seq,
         bytes,
     })
+}
+
+/// Once the bucket holds the commit at `mark`, reads the actor's state at
+/// the bookmark from the bucket and makes it the actor's database as its
+/// next event (`crate::bookmarks`). Off the workers: a thread of its own
+/// waits for the upload and reads the chain.
+pub(super) fn restore_to_bookmark(
+    rt: &Arc<Inner>,
+    actor: &Arc<Actor>,
+    mark: replication::Mark,
+    restore: crate::bookmarks::PendingRestore,
+) {
+    let id = actor.id.clone();
+    super::request::when_uploaded(rt, actor, mark, move |rt| {
+        if !crate::bookmarks::begin_restore() {
+            tracing::warn!(actor = %id, "too many restores to bookmarks at once (limit BOOKMARK_RESTORES_MAX): this one is dropped; the actor keeps its state");
+            return;
+        }
+        let rt = Arc::clone(rt);
+        let spawned = std::thread::Builder::new()
+            .name("wasmkeep-bookmark".into())
+            .spawn(move || {
+                read_and_queue(&rt, &id, restore);
+                crate::bookmarks::end_restore();
+            });
+        if let Err(e) = spawned {
+            crate::bookmarks::end_restore();
+            tracing::warn!(error = %e, "could not start the bookmark's restore");
+        }
+    });
+}
+
+/// Reads the bookmark's state from the bucket and queues its restore.
+fn read_and_queue(rt: &Arc<Inner>, id: &ActorId, restore: crate::bookmarks::PendingRestore) {
+    let Some(repl) = &rt.replication else { return };
+    let image = repl.block_on(wasmkeep_replica::export(
+        &repl.bucket,
+        id,
+        restore.at,
+        &repl.config,
+    ));
+    let staged = rt.config.data_dir.join("staging");
+    let file = staged.join(format!("bookmark-{}.db", restore.undo_token));
+    let written = image.map_err(|e| e.to_string()).and_then(|bytes| {
+        std::fs::create_dir_all(&staged).map_err(|e| e.to_string())?;
+        std::fs::write(&file, bytes).map_err(|e| e.to_string())
+    });
+    if let Err(e) = written {
+        tracing::warn!(actor = %id, at = %restore.at, error = %e, "could not read the bookmark's state from the bucket; the actor keeps its state");
+        return;
+    }
+    let event = Event::new(
+        EventKind::Between(Between::Restore(file.clone(), Some(restore.undo_token))),
+        None,
+    );
+    if let Err(e) = rt.enqueue(id, event, false) {
+        let _ = std::fs::remove_file(&file);
+        tracing::warn!(actor = %id, error = %e, "could not queue the restore to a bookmark");
+    }
 }

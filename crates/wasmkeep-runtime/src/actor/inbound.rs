@@ -168,7 +168,12 @@ pub(super) fn run_message(
             l.app.tenant, l.app.name
         )));
     }
-    let sender = format!("{from}@{life:016x}");
+    // The name as it is, not its written form: these keys are stored, and
+    // keep the form they had before names were written percent-encoded.
+    let sender = format!(
+        "{}/{}/{}/{}@{life:016x}",
+        from.tenant, from.app, from.class, from.name
+    );
     let was_initialized = *initialized;
     l.db().event_begin()?;
     let mut handler_open = false;
@@ -205,10 +210,14 @@ pub(super) fn run_message(
                 // What the failed handler did is gone, replies it
                 // completed included.
                 l.store.data_mut().replies.completions.clear();
-                MessageAnswer::Refused {
-                    code: e.code(),
-                    message: e.to_string(),
-                }
+                // The sender hears the handler's own code (a typed call's
+                // caller matches on it); it cannot pass for the node's,
+                // since the answer says it is the receiver's refusal.
+                let (code, message) = match &e {
+                    RuntimeError::Guest { code, message } => (code.clone(), message.clone()),
+                    e => (e.code(), e.to_string()),
+                };
+                MessageAnswer::Refused { code, message }
             }
             Err(e) => return Err(e),
         };

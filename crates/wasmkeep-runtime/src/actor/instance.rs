@@ -25,6 +25,7 @@ pub(super) fn instantiate(
     let parked: Arc<dyn crate::replies::Tickets> = rt.parked.clone();
     state.parked = Some(parked);
     state.sockets = Some(Arc::clone(&rt.sockets));
+    state.bucket = rt.replication.is_some();
     state.logs = Some(Arc::clone(&rt.logs));
     state.response_body_bytes_max = rt.config.response_body_bytes_max;
     state.config = crate::app_config::InstanceConfig {
@@ -132,6 +133,11 @@ pub(super) fn load(
                 Some(db) => {
                     if db.created() {
                         rt.quotas.counted(&id.tenant, true, 0);
+                        // Seen at once, not at the next census (which
+                        // then sets the count it finds on disk).
+                        if let Some(c) = rt.class_metrics.of(id) {
+                            c.actors.inc();
+                        }
                     }
                     db.set_stop_flag(Arc::clone(&rt.stopping));
                     if rt.replication.is_some() {

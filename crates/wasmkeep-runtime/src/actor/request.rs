@@ -31,6 +31,26 @@ pub(super) fn run_request(
 ) -> Result<Outcome, RuntimeError> {
     let was_initialized = *initialized;
     l.db().event_begin()?;
+    // Checked at the edge (`Runtime::request`): a key here is valid.
+    let idempotent = match crate::idempotency::key_of(&req.headers) {
+        Ok(Some(key)) if crate::idempotency::applies(&req.method) => {
+            Some((key.to_owned(), crate::idempotency::fingerprint(&req)))
+        }
+        _ => None,
+    };
+    if let Some((key, fingerprint)) = &idempotent {
+        match replay(rt, l, key, fingerprint) {
+            Ok(None) => {}
+            Ok(Some(resp)) => {
+                l.db().event_commit()?;
+                return Ok(Outcome::Response(resp));
+            }
+            Err(e) => {
+                l.db().event_rollback()?;
+                return Err(e);
+            }
+        }
+    }
     let r = (|| {
         ensure_init(rt, l, initialized)?;
         enter(l);
@@ -70,6 +90,12 @@ pub(super) fn run_request(
             socket,
         })
     })();
+    let r = r.and_then(|resp| {
+        if let Some((key, fingerprint)) = idempotent {
+            record(rt, l, key, fingerprint, &resp)?;
+        }
+        Ok(resp)
+    });
     match r {
         Ok(resp) => {
             commit_event(l)?;
@@ -83,4 +109,72 @@ pub(super) fn run_request(
             Err(e)
         }
     }
+}
+
+/// The answer recorded for `key` within the retention window, as the
+/// client hears it again; refused if the key came with another request.
+fn replay(
+    rt: &Inner,
+    l: &mut Loaded,
+    key: &str,
+    fingerprint: &[u8],
+) -> Result<Option<ActorResponse>, RuntimeError> {
+    let since = rt
+        .clock
+        .now_ms()
+        .saturating_sub(rt.config.idempotency_retention_ms);
+    let Some(a) = l.db().idempotent_get(key, since)? else {
+        return Ok(None);
+    };
+    if a.fingerprint != fingerprint {
+        return Err(RuntimeError::IdempotencyKeyReused {
+            key: key.to_owned(),
+        });
+    }
+    let mut headers = a.headers;
+    headers.push((
+        crate::idempotency::REPLAYED_HEADER.to_owned(),
+        "true".to_owned(),
+    ));
+    Ok(Some(ActorResponse {
+        status: a.status,
+        headers,
+        body: a.body,
+        socket: None,
+    }))
+}
+
+/// Records the answer under `key` in the event's savepoint, unless the
+/// handler parked its reply or accepted a socket (see `idempotency`).
+fn record(
+    rt: &Inner,
+    l: &mut Loaded,
+    key: String,
+    fingerprint: Vec<u8>,
+    resp: &ActorResponse,
+) -> Result<(), RuntimeError> {
+    if resp.socket.is_some() || l.store.data().replies.park.is_some() {
+        return Ok(());
+    }
+    let size = resp.body.len()
+        + resp
+            .headers
+            .iter()
+            .map(|(k, v)| k.len() + v.len())
+            .sum::<usize>();
+    let limit = crate::idempotency::IDEMPOTENCY_RESPONSE_BYTES_MAX;
+    if size > limit {
+        return Err(RuntimeError::IdempotentResponseTooLarge { size, limit });
+    }
+    let now = rt.clock.now_ms();
+    let answer = wasmkeep_store::IdempotentAnswer {
+        fingerprint,
+        status: resp.status,
+        headers: resp.headers.clone(),
+        body: resp.body.clone(),
+        at_ms: now,
+    };
+    let expired_before = now.saturating_sub(rt.config.idempotency_retention_ms);
+    l.db().idempotent_put(&key, &answer, expired_before)?;
+    Ok(())
 }

@@ -189,12 +189,11 @@ async fn bridge(
                     }
                     Some(Err(e)) => {
                         let text = e.to_string();
-                        let code = if text.contains("too long") || text.contains("too big") || text.contains("Space limit") {
-                            close_code::TOO_BIG
+                        let (code, reason) = if text.contains("too long") || text.contains("too big") || text.contains("Space limit") {
+                            (close_code::TOO_BIG, format!("{text} (socket_message_bytes_max={})", rt.sockets().limits().message_bytes_max))
                         } else {
-                            1006
+                            (1006, text)
                         };
-                        let reason = format!("{text} (socket_message_bytes_max={})", rt.sockets().limits().message_bytes_max);
                         let _ = ws.send(close(code, &reason.chars().take(120).collect::<String>())).await;
                         break (code, reason);
                     }
