@@ -131,12 +131,15 @@ fn a_node_cut_off_from_the_bucket_stops_acting_hands_over_and_rejoins() {
         status(&a.node)["serving"] == true
     });
     let rejoined_after = restored_at.elapsed();
+    // At least the cut's lapse, and a new epoch for every lapse (a loaded
+    // machine can make a renewal late once more after the restore: seen
+    // in a full test run).
     let s = status(&a.node);
-    assert_eq!(
-        (s["epoch"].as_u64(), s["lapsed_total"].as_u64()),
-        (Some(2), Some(1)),
-        "{s}"
+    let (epoch, lapsed) = (
+        s["epoch"].as_u64().unwrap(),
+        s["lapsed_total"].as_u64().unwrap(),
     );
+    assert!(lapsed >= 1 && epoch == lapsed + 1, "{s}");
     balancer.restore(cut);
     wait_for("acknowledged writes through the rejoined node", || {
         let log = load.snapshot();
