@@ -4,6 +4,7 @@
 //! <data>/apps/<tenant>/<app>/current          the hash of the deployed component
 //! <data>/apps/<tenant>/<app>/<hash>.wasm      the component as deployed
 //! <data>/apps/<tenant>/<app>/<hash>.toml      its manifest (may be empty)
+//! <data>/apps/<tenant>/<app>/versions.toml    its kept versions (`app_versions`)
 //! <compile cache>/<hash>-<engine>.cwasm       compiled code (default <data>/cache)
 //! <compile cache>/<hash>-<engine>.cwasm.<key id>.mac   its tag (`compile_cache`)
 //! ```
@@ -38,6 +39,7 @@ use wasmkeep_store::id::validate_segment;
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Engine, Store};
 
+use crate::app_versions::{self, AppVersion};
 use crate::clock::Clock;
 use crate::compile_cache::{ARTIFACT_BYTES_PER_COMPONENT_BYTE_MAX, CacheKey};
 use crate::compile_process::{ChildCompile, Compile, EngineSettings};
@@ -807,12 +809,27 @@ impl Compiler<'_> {
 
 /// Writes a deployed app's files, the `current` pointer last, so that a
 /// crash mid-way leaves the previous deploy in force.
+/// Who made a deploy and why, for its version (`app_versions`).
+pub(crate) struct DeployOrigin<'a> {
+    pub by: &'a str,
+    pub rollback_of: Option<u64>,
+}
+
+/// Stores a deployed app: its component and manifest by hash, the
+/// `current` pointer, then its version (`app_versions::append`, which
+/// removes what no kept version names; the pointer is moved first, so a
+/// crash never leaves it naming a removed component). `previous` is the
+/// app it replaces, listed as version 1 if it was deployed before
+/// versions existed.
 pub(crate) fn persist(
     data: &Path,
     app: &App,
     bytes: &[u8],
     manifest_text: &str,
-) -> std::io::Result<()> {
+    origin: &DeployOrigin<'_>,
+    previous: Option<&App>,
+    keep: usize,
+) -> std::io::Result<AppVersion> {
     let dir = app_dir(data, &app.tenant, &app.name);
     std::fs::create_dir_all(&dir)?;
     write_atomic(&dir.join(format!("{}.wasm", app.hash)), bytes)?;
@@ -821,7 +838,24 @@ pub(crate) fn persist(
         manifest_text.as_bytes(),
     )?;
     write_atomic(&dir.join("current"), app.hash.as_bytes())?;
-    wasmkeep_store::sync::sync_dir(&dir)
+    let legacy = previous.map(|p| app_versions::Legacy {
+        hash: p.hash.clone(),
+        classes: p.classes.clone(),
+        component_bytes: p.component_bytes,
+        deployed_ms: p.deployed_ms,
+    });
+    let new = app_versions::NewVersion {
+        hash: &app.hash,
+        deployed_ms: app.deployed_ms,
+        classes: &app.classes,
+        component_bytes: app.component_bytes,
+        manifest: manifest_text,
+        by: origin.by,
+        rollback_of: origin.rollback_of,
+    };
+    let version = app_versions::append(&dir, &new, legacy, keep, write_atomic)?;
+    wasmkeep_store::sync::sync_dir(&dir)?;
+    Ok(version)
 }
 
 /// One deployed app as `persist` stored it.

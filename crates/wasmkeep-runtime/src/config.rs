@@ -134,6 +134,9 @@ pub struct RuntimeConfig {
     pub tenant_workers_max: Option<usize>,
     /// Largest component a deploy accepts.
     pub component_bytes_max: usize,
+    /// Versions kept per app for `rollback` (each deploy is one); older
+    /// ones, and components no kept version names, are removed.
+    pub app_versions_max: usize,
     /// Wall time compiling one component may take before its deploy is
     /// refused (`compile_timeout`). In a child process ([`Compile::Process`])
     /// the child is stopped then; on a thread ([`Compile::Thread`]) the
@@ -293,6 +296,7 @@ impl RuntimeConfig {
             turn_slice_ms: 100,
             tenant_workers_max: None,
             component_bytes_max: 64 * 1024 * 1024,
+            app_versions_max: 10,
             component_compile_ms_max: 60_000,
             component_compile_memory_bytes_max: 2 * 1024 * 1024 * 1024,
             compile: Compile::Thread,

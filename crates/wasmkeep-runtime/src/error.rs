@@ -11,6 +11,9 @@ pub enum RuntimeError {
     InvalidId(#[from] InvalidId),
     #[error("app not found: {0}")]
     AppNotFound(String),
+    /// `version` 0: a rollback to "the one before" of an app with one version.
+    #[error("{}", version_missing(app, *version))]
+    VersionNotFound { app: String, version: u64 },
     #[error("reply expired: the parked reply was not completed in time (or its actor was deleted)")]
     ReplyExpired,
     #[error("tenant not found: no app of tenant `{0}` is deployed on this node")]
@@ -133,6 +136,7 @@ impl RuntimeError {
         match self {
             RuntimeError::InvalidId(_) => "invalid_name".into(),
             RuntimeError::AppNotFound(_) => "app_not_found".into(),
+            RuntimeError::VersionNotFound { .. } => "version_not_found".into(),
             RuntimeError::ClassNotFound { .. } => "class_not_found".into(),
             RuntimeError::NoInbox(_) => "no_inbox".into(),
             RuntimeError::InvalidConfig(_) => "invalid_config".into(),
@@ -257,4 +261,13 @@ fn is_store_code(code: &str) -> bool {
             | "not_found"
             | "conflict"
     )
+}
+
+fn version_missing(app: &str, version: u64) -> String {
+    let kept = "`wasmkeep versions` lists the kept ones; app_versions_max sets how many";
+    if version == 0 {
+        format!("{app} keeps no version before its current one ({kept})")
+    } else {
+        format!("version {version} of {app} is not kept ({kept})")
+    }
 }

@@ -42,6 +42,8 @@ pub struct Inner {
     pub(crate) linker: Linker<HostState>,
     pub(crate) apps: RwLock<HashMap<(String, String), Arc<App>>>,
     pub(crate) app_version: AtomicU64,
+    /// Held while a deploy writes its app's folder and version.
+    pub(crate) deploys: Mutex<()>,
     pub(crate) actors: Mutex<HashMap<ActorId, Arc<Actor>>>,
     /// Actors waiting for a turn, by tenant ([`crate::scheduler`]).
     pub(crate) runq: crate::scheduler::RunQueue,

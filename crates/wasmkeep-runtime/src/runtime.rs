@@ -21,6 +21,7 @@ use crate::actor::{
     self, Actor, ActorRequest, ActorResponse, Between, DbAccess, Event, EventKind, Outcome,
 };
 use crate::app::{self, AppInfo, Compiler, OverCeiling};
+use crate::app_versions::{self, AppVersion};
 use crate::clock::Clock;
 use crate::compile_cache::CacheKey;
 use crate::compile_process::EngineSettings;
@@ -266,6 +267,7 @@ fn build_inner(config: RuntimeConfig, clock: Arc<dyn Clock>, parts: Parts) -> Ar
         linker,
         apps: RwLock::new(HashMap::new()),
         app_version: AtomicU64::new(1),
+        deploys: Mutex::new(()),
         actors: Mutex::new(HashMap::new()),
         runq: crate::scheduler::RunQueue::new(shares),
         reaped: AtomicU64::new(0),
@@ -604,20 +606,124 @@ impl Runtime {
         wasm: &[u8],
         manifest: &str,
     ) -> Result<AppInfo, RuntimeError> {
+        self.deploy_by(tenant, app, wasm, manifest, "")
+            .map(|(info, _)| info)
+    }
+
+    /// [`Runtime::deploy`], recording `by` (who the client says it is) in
+    /// the app's new version, which it returns too.
+    pub fn deploy_by(
+        &self,
+        tenant: &str,
+        app: &str,
+        wasm: &[u8],
+        manifest: &str,
+        by: &str,
+    ) -> Result<(AppInfo, AppVersion), RuntimeError> {
+        let origin = app::DeployOrigin {
+            by,
+            rollback_of: None,
+        };
+        self.deploy_with(tenant, app, wasm, manifest, &origin)
+    }
+
+    fn deploy_with(
+        &self,
+        tenant: &str,
+        app: &str,
+        wasm: &[u8],
+        manifest: &str,
+        origin: &app::DeployOrigin<'_>,
+    ) -> Result<(AppInfo, AppVersion), RuntimeError> {
         let version = self.inner.app_version.fetch_add(1, Ordering::SeqCst);
         let built =
             self.compiler()
                 .build(tenant, app, wasm, manifest, version, OverCeiling::Refuse)?;
-        app::persist(&self.inner.config.data_dir, &built, wasm, manifest)
-            .map_err(|e| RuntimeError::Store(e.into()))?;
+        // One deploy of a node at a time writes apps' folders: two deploys
+        // of one app must not interleave their versions.
+        let _writing = self.inner.deploys.lock();
+        let previous = self.inner.app(tenant, app);
+        let kept = app::persist(
+            &self.inner.config.data_dir,
+            &built,
+            wasm,
+            manifest,
+            origin,
+            previous.as_deref(),
+            self.inner.config.app_versions_max,
+        )
+        .map_err(|e| RuntimeError::Store(e.into()))?;
         let info = built.info();
         self.register_classes(tenant, app, &info.classes);
         self.inner
             .apps
             .write()
             .insert((tenant.to_owned(), app.to_owned()), Arc::new(built));
-        tracing::info!(%tenant, %app, hash = %info.hash, classes = ?info.classes, "deployed");
-        Ok(info)
+        tracing::info!(%tenant, %app, hash = %info.hash, version = kept.version, classes = ?info.classes, "deployed");
+        Ok((info, kept))
+    }
+
+    /// The app's kept versions, oldest first (`wasmkeep versions`). An app
+    /// deployed before versions existed lists its current deploy as
+    /// version 1.
+    pub fn versions(&self, tenant: &str, app: &str) -> Result<Vec<AppVersion>, RuntimeError> {
+        let Some(current) = self.inner.app(tenant, app) else {
+            return Err(self.app_missing(tenant, app));
+        };
+        let dir = app::app_dir(&self.inner.config.data_dir, tenant, app);
+        let kept = app_versions::read(&dir).map_err(|e| RuntimeError::Store(e.into()))?;
+        if !kept.is_empty() {
+            return Ok(kept);
+        }
+        Ok(vec![AppVersion {
+            version: 1,
+            hash: current.hash.clone(),
+            deployed_ms: current.deployed_ms,
+            classes: current.classes.clone(),
+            component_bytes: current.component_bytes,
+            by: String::new(),
+            rollback_of: None,
+        }])
+    }
+
+    /// Deploys a kept version again (`wasmkeep rollback`): its component
+    /// and its manifest, as a new version that names it. `to: None` is the
+    /// version before the current one. Blocking: compiles the component
+    /// (from the compile cache, when the node compiled it before).
+    pub fn rollback(
+        &self,
+        tenant: &str,
+        app: &str,
+        to: Option<u64>,
+        by: &str,
+    ) -> Result<(AppInfo, AppVersion), RuntimeError> {
+        let kept = self.versions(tenant, app)?;
+        let missing = |version| RuntimeError::VersionNotFound {
+            app: format!("{tenant}/{app}"),
+            version,
+        };
+        let target = match to {
+            Some(n) => kept.iter().find(|v| v.version == n).ok_or(missing(n))?,
+            None => {
+                let before = kept.len().checked_sub(2).ok_or(missing(0))?;
+                &kept[before]
+            }
+        };
+        let dir = app::app_dir(&self.inner.config.data_dir, tenant, app);
+        let store = |e: std::io::Error| RuntimeError::Store(e.into());
+        let wasm = std::fs::read(dir.join(format!("{}.wasm", target.hash))).map_err(store)?;
+        let manifest =
+            match std::fs::read_to_string(app_versions::manifest_path(&dir, target.version)) {
+                Ok(text) => text,
+                // Version 1 of an app from before versions: its manifest by hash.
+                Err(_) => std::fs::read_to_string(dir.join(format!("{}.toml", target.hash)))
+                    .unwrap_or_default(),
+            };
+        let origin = app::DeployOrigin {
+            by,
+            rollback_of: Some(target.version),
+        };
+        self.deploy_with(tenant, app, &wasm, &manifest, &origin)
     }
 
     pub fn apps(&self) -> Vec<AppInfo> {

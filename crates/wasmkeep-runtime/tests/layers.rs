@@ -48,6 +48,7 @@ const LAYERS: &[(&str, &[&str])] = &[
         "actors: apps, their turns, their replicas and their alarms",
         &[
             "app",
+            "app_versions",
             "compile_process",
             "quotas",
             "scheduler",

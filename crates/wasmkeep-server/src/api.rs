@@ -7,7 +7,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Query, Request, State};
-use axum::http::{HeaderName, HeaderValue, StatusCode};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post, put};
 
@@ -262,6 +262,8 @@ pub fn router(rt: Runtime, config: ServerConfig) -> Router {
     let admin = Router::new()
         .route("/apps", get(list_apps))
         .route("/apps/{tenant}/{app}", put(deploy).get(show_app))
+        .route("/apps/{tenant}/{app}/versions", get(list_versions))
+        .route("/apps/{tenant}/{app}/rollback", post(rollback))
         .route("/apps/{tenant}/{app}/secrets", get(list_secrets))
         .route(
             "/apps/{tenant}/{app}/secrets/{name}",
@@ -1153,6 +1155,7 @@ async fn deploy(
     State(s): State<AppState>,
     axum::extract::Path((tenant, app)): axum::extract::Path<(String, String)>,
     Query(q): Query<DeployQuery>,
+    headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
     segment("tenant", &tenant)?;
@@ -1171,12 +1174,76 @@ async fn deploy(
     })?;
     let rt = s.rt.clone();
     let manifest = q.manifest.unwrap_or_default();
-    let info = tokio::task::spawn_blocking(move || rt.deploy(&tenant, &app, &wasm, &manifest))
+    let by = deployed_by(&headers);
+    let deployed =
+        tokio::task::spawn_blocking(move || rt.deploy_by(&tenant, &app, &wasm, &manifest, &by))
+            .await
+            .map_err(|e| {
+                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
+            })??;
+    Ok(deployed_answer(deployed))
+}
+
+/// Longest `wasmkeep-deployed-by` kept with a version.
+const DEPLOYED_BY_BYTES_MAX: usize = 128;
+
+/// Who the client says deployed (`wasmkeep-deployed-by`, which `wasmkeep
+/// deploy` sets to `$USER@host`): printable ASCII, at most
+/// [`DEPLOYED_BY_BYTES_MAX`] bytes, else left out.
+fn deployed_by(headers: &HeaderMap) -> String {
+    headers
+        .get("wasmkeep-deployed-by")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| {
+            v.len() <= DEPLOYED_BY_BYTES_MAX && v.bytes().all(|b| (b' '..=b'~').contains(&b))
+        })
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// A deploy's or rollback's answer: the app as deployed, with its version.
+fn deployed_answer(
+    (info, version): (wasmkeep_runtime::AppInfo, wasmkeep_runtime::AppVersion),
+) -> Response {
+    let mut v = serde_json::to_value(&info).unwrap_or_default();
+    v["version"] = json!(version.version);
+    if let Some(of) = version.rollback_of {
+        v["rollback_of"] = json!(of);
+    }
+    (StatusCode::OK, axum::Json(v)).into_response()
+}
+
+/// `GET /admin/v1/apps/{tenant}/{app}/versions`: the kept versions, oldest
+/// first.
+async fn list_versions(
+    State(s): State<AppState>,
+    axum::extract::Path((tenant, app)): axum::extract::Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let versions = s.rt.versions(&tenant, &app)?;
+    Ok(axum::Json(json!({ "versions": versions })).into_response())
+}
+
+#[derive(Deserialize)]
+struct RollbackQuery {
+    to: Option<u64>,
+}
+
+/// `POST /admin/v1/apps/{tenant}/{app}/rollback[?to=N]`: deploys a kept
+/// version again (the one before the current without `to`).
+async fn rollback(
+    State(s): State<AppState>,
+    axum::extract::Path((tenant, app)): axum::extract::Path<(String, String)>,
+    Query(q): Query<RollbackQuery>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let rt = s.rt.clone();
+    let by = deployed_by(&headers);
+    let deployed = tokio::task::spawn_blocking(move || rt.rollback(&tenant, &app, q.to, &by))
         .await
         .map_err(|e| {
             ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
         })??;
-    Ok((StatusCode::OK, axum::Json(info)).into_response())
+    Ok(deployed_answer(deployed))
 }
 
 async fn list_apps(State(s): State<AppState>) -> Response {

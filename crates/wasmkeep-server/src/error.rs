@@ -45,6 +45,7 @@ fn status_of(e: &RuntimeError) -> StatusCode {
         RuntimeError::IdempotencyKeyReused { .. }
         | RuntimeError::IdempotentResponseTooLarge { .. } => StatusCode::UNPROCESSABLE_ENTITY,
         RuntimeError::AppNotFound(_)
+        | RuntimeError::VersionNotFound { .. }
         | RuntimeError::TenantNotFound(_)
         | RuntimeError::ClassNotFound { .. }
         | RuntimeError::ActorNotFound(_) => StatusCode::NOT_FOUND,

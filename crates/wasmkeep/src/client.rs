@@ -52,10 +52,24 @@ impl Conn {
         path: &str,
         body: Option<Vec<u8>>,
     ) -> Result<ureq::http::Response<ureq::Body>> {
+        self.open_with(method, path, body, &[])
+    }
+
+    /// [`Conn::open`] with extra headers.
+    fn open_with(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Vec<u8>>,
+        headers: &[(&str, String)],
+    ) -> Result<ureq::http::Response<ureq::Body>> {
         let url = self.url(path);
         let mut req = ureq::http::Request::builder().method(method).uri(&url);
         if let Some(t) = &self.token {
             req = req.header("authorization", format!("Bearer {t}"));
+        }
+        for (name, value) in headers {
+            req = req.header(*name, value);
         }
         let req = req.body(body.unwrap_or_default())?;
         agent().run(req).with_context(|| {
@@ -67,14 +81,34 @@ impl Conn {
     }
 
     fn send(&self, method: &str, path: &str, body: Option<Vec<u8>>) -> Result<(u16, Vec<u8>)> {
-        let mut resp = self.open(method, path, body)?;
+        self.send_with(method, path, body, &[])
+    }
+
+    fn send_with(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Vec<u8>>,
+        headers: &[(&str, String)],
+    ) -> Result<(u16, Vec<u8>)> {
+        let mut resp = self.open_with(method, path, body, headers)?;
         let status = resp.status().as_u16();
         let bytes = resp.body_mut().with_config().limit(1 << 30).read_to_vec()?;
         Ok((status, bytes))
     }
 
     fn json(&self, method: &str, path: &str, body: Option<Vec<u8>>) -> Result<Value> {
-        let (status, bytes) = self.send(method, path, body)?;
+        self.json_with(method, path, body, &[])
+    }
+
+    fn json_with(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Vec<u8>>,
+        headers: &[(&str, String)],
+    ) -> Result<Value> {
+        let (status, bytes) = self.send_with(method, path, body, headers)?;
         let v: Value = serde_json::from_slice(&bytes)
             .with_context(|| format!("the node answered {status} with a body that is not JSON"))?;
         if !(200..300).contains(&status) {
@@ -153,13 +187,92 @@ pub(crate) fn deploy(
         let text = std::fs::read_to_string(m).with_context(|| format!("read {}", m.display()))?;
         path.push_str(&format!("?manifest={}", enc(&text)));
     }
-    let v = conn.json("PUT", &path, Some(wasm))?;
+    let v = conn.json_with("PUT", &path, Some(wasm), &[deployed_by()])?;
+    out.print(&v, |v| {
+        println!("deployed {tenant}/{app} {}", deployed_line(v))
+    });
+    Ok(())
+}
+
+/// Who deploys, as the node keeps it with the version: `$USER@host`.
+fn deployed_by() -> (&'static str, String) {
+    let user = std::env::var("USER").unwrap_or_else(|_| "?".into());
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "?".into());
+    ("wasmkeep-deployed-by", format!("{user}@{host}"))
+}
+
+/// `version N (size, sha256 …), classes: …` of a deploy's answer.
+fn deployed_line(v: &Value) -> String {
+    format!(
+        "version {} ({}, sha256 {}), classes: {}",
+        v["version"].as_u64().map_or("?".into(), |n| n.to_string()),
+        output::bytes(v["component_bytes"].as_u64().unwrap_or(0)),
+        v["hash"].as_str().unwrap_or("?"),
+        strings(&v["classes"]).join(", ")
+    )
+}
+
+/// `wasmkeep versions TENANT/APP`: the kept versions, newest first.
+pub(crate) fn versions(conn: &Conn, out: Output, target: &str) -> Result<()> {
+    let [tenant, app] = split::<2>(target, "tenant/app")?;
+    let path = format!("/admin/v1/apps/{}/{}/versions", enc(&tenant), enc(&app));
+    let v = conn.json("GET", &path, None)?;
+    let current = format!("{tenant}/{app}");
+    out.print(&v, |v| {
+        let mut rows = vec![vec![
+            "VERSION".to_owned(),
+            "DEPLOYED".to_owned(),
+            "BY".to_owned(),
+            "SIZE".to_owned(),
+            "SHA256".to_owned(),
+            "CLASSES".to_owned(),
+            "NOTE".to_owned(),
+        ]];
+        let kept = v["versions"].as_array().cloned().unwrap_or_default();
+        let last = kept.last().and_then(|k| k["version"].as_u64());
+        for k in kept.iter().rev() {
+            let n = k["version"].as_u64();
+            let mut note = Vec::new();
+            // Every deploy and rollback appends: the newest is deployed.
+            if n == last {
+                note.push("current".to_owned());
+            }
+            if let Some(of) = k["rollback_of"].as_u64() {
+                note.push(format!("rollback to {of}"));
+            }
+            rows.push(vec![
+                n.map_or("?".into(), |n| n.to_string()),
+                k["deployed_ms"].as_u64().map_or("?".into(), output::time),
+                output::printable(k["by"].as_str().unwrap_or("")),
+                output::bytes(k["component_bytes"].as_u64().unwrap_or(0)),
+                k["hash"].as_str().unwrap_or("?").chars().take(12).collect(),
+                strings(&k["classes"]).join(", "),
+                note.join("; "),
+            ]);
+        }
+        println!("{current}: {} kept", kept.len());
+        output::table(&rows);
+    });
+    Ok(())
+}
+
+/// `wasmkeep rollback TENANT/APP [--to N]`: deploys a kept version again.
+pub(crate) fn rollback(conn: &Conn, out: Output, target: &str, to: Option<u64>) -> Result<()> {
+    let [tenant, app] = split::<2>(target, "tenant/app")?;
+    let mut path = format!("/admin/v1/apps/{}/{}/rollback", enc(&tenant), enc(&app));
+    if let Some(n) = to {
+        path.push_str(&format!("?to={n}"));
+    }
+    let v = conn.json_with("POST", &path, None, &[deployed_by()])?;
     out.print(&v, |v| {
         println!(
-            "deployed {tenant}/{app} ({}, sha256 {}), classes: {}",
-            output::bytes(v["component_bytes"].as_u64().unwrap_or(0)),
-            v["hash"].as_str().unwrap_or("?"),
-            strings(&v["classes"]).join(", ")
+            "rolled {tenant}/{app} back to version {}: deployed again as {}",
+            v["rollback_of"]
+                .as_u64()
+                .map_or("?".into(), |n| n.to_string()),
+            deployed_line(v)
         )
     });
     Ok(())

@@ -59,6 +59,7 @@ pub(crate) struct NodeConfig {
     pub turn_slice_ms: u64,
     pub tenant_workers_max: Option<usize>,
     pub component_bytes_max: usize,
+    pub app_versions_max: usize,
     pub component_compile_ms_max: u64,
     pub component_compile_memory_bytes_max: u64,
     /// Compile in a child process (bounded memory, stopped at its
@@ -205,6 +206,7 @@ impl Default for NodeConfig {
             turn_slice_ms: rt.turn_slice_ms,
             tenant_workers_max: rt.tenant_workers_max,
             component_bytes_max: rt.component_bytes_max,
+            app_versions_max: rt.app_versions_max,
             component_compile_ms_max: rt.component_compile_ms_max,
             component_compile_memory_bytes_max: rt.component_compile_memory_bytes_max,
             compile_in_child: true,
@@ -372,6 +374,7 @@ impl NodeConfig {
         c.turn_slice_ms = self.turn_slice_ms;
         c.tenant_workers_max = self.tenant_workers_max;
         c.component_bytes_max = self.component_bytes_max;
+        c.app_versions_max = self.app_versions_max;
         c.component_compile_ms_max = self.component_compile_ms_max;
         c.component_compile_memory_bytes_max = self.component_compile_memory_bytes_max;
         c.component_core_instances_max = self.component_core_instances_max;

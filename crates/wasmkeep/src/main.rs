@@ -59,6 +59,25 @@ enum Command {
         #[arg(long)]
         manifest: Option<PathBuf>,
     },
+    /// List an app's kept versions, newest first: every deploy is one
+    /// (`app_versions_max` are kept).
+    Versions {
+        #[command(flatten)]
+        conn: client::Conn,
+        /// `tenant/app`
+        target: String,
+    },
+    /// Deploy a kept version of an app again (its component and its
+    /// manifest), as a new version; the actors keep their data.
+    Rollback {
+        #[command(flatten)]
+        conn: client::Conn,
+        /// `tenant/app`
+        target: String,
+        /// The version to return to [default: the one before the current].
+        #[arg(long)]
+        to: Option<u64>,
+    },
     /// Call an actor: `wasmkeep call -X POST demo/examples/counter/a/increment`.
     Call {
         #[command(flatten)]
@@ -385,6 +404,8 @@ fn run() -> Result<()> {
             component,
             manifest,
         } => client::deploy(&conn, out(&conn), &target, &component, manifest.as_deref()),
+        Command::Versions { conn, target } => client::versions(&conn, out(&conn), &target),
+        Command::Rollback { conn, target, to } => client::rollback(&conn, out(&conn), &target, to),
         Command::Call {
             conn,
             target,

@@ -10,17 +10,7 @@ use std::process::Command;
 use common::Node;
 
 fn cli(node: &Node, args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_wasmkeep"))
-        .args(args)
-        .args(["--server", &node.base])
-        .env("RUST_BACKTRACE", "1")
-        .output()
-        .expect("run the CLI");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    node.cli(args, &[("RUST_BACKTRACE", "1")])
 }
 
 #[test]

@@ -69,6 +69,7 @@ workers_spare = 5
 turn_slice_ms = 117
 tenant_workers_max = 2
 component_bytes_max = 60000018
+app_versions_max = 7
 component_compile_ms_max = 60019
 component_compile_memory_bytes_max = 2000000020
 compile_in_child = false
@@ -289,6 +290,7 @@ fn runtime_rows(r: &mut Reach, n: &NodeConfig, runtime: &RuntimeConfig) {
     reach!(r, n.turn_slice_ms => runtime.turn_slice_ms);
     reach!(r, n.tenant_workers_max => runtime.tenant_workers_max);
     reach!(r, n.component_bytes_max => runtime.component_bytes_max);
+    reach!(r, n.app_versions_max => runtime.app_versions_max);
     reach!(r, n.component_compile_ms_max => runtime.component_compile_ms_max);
     reach!(r, n.component_compile_memory_bytes_max => runtime.component_compile_memory_bytes_max);
     reach!(r, n.component_core_instances_max => runtime.component_core_instances_max);

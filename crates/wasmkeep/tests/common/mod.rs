@@ -153,6 +153,22 @@ impl Node {
         self.child.wait().expect("wait for the node")
     }
 
+    /// Runs the CLI against this node (`--server` appended) with extra
+    /// environment variables: exit code, stdout, stderr.
+    pub(crate) fn cli(&self, args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+        let out = Command::new(env!("CARGO_BIN_EXE_wasmkeep"))
+            .args(args)
+            .args(["--server", &self.base])
+            .envs(env.iter().copied())
+            .output()
+            .expect("run the CLI");
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
     pub(crate) fn send(&self, method: &str, path: &str, body: &[u8]) -> (u16, String) {
         self.send_with(method, path, body, None)
     }

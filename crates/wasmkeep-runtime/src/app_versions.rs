@@ -1,0 +1,265 @@
+//! An app's kept versions (issue 38, "Versions"): every deploy is a
+//! version, numbered from 1, and the last `app_versions_max` are kept so
+//! that `wasmkeep rollback` can return to any of them.
+//!
+//! ```text
+//! <data>/apps/<tenant>/<app>/versions.toml    the kept versions, oldest first
+//! <data>/apps/<tenant>/<app>/v<N>.toml         the manifest version N was deployed with
+//! <data>/apps/<tenant>/<app>/<hash>.wasm       a component, kept while a kept version names it
+//! ```
+//!
+//! Components are stored once per hash (`app::persist`); a version is its
+//! number, the component's hash, its own manifest and who deployed it when.
+//! A rollback deploys a kept version's component and manifest again, as a
+//! new version that names the one it returned to, as Durable Objects'
+//! rollbacks do. Whatever no kept version names is removed at the next
+//! deploy, so a dev loop that deploys at every save keeps a bounded folder.
+//!
+//! A deploy of the newest version's component with its manifest again is
+//! that version, not a new one. An app deployed before versions existed
+//! has no `versions.toml`: its current component becomes version 1 at its
+//! next deploy.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+/// One kept deploy of an app.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AppVersion {
+    /// 1 for the app's first deploy, one more for each after.
+    pub version: u64,
+    /// The component's SHA-256, as `wasmkeep apps` shows it.
+    pub hash: String,
+    /// When it was deployed, unix ms (for version 1 of an app deployed
+    /// before versions existed: when its component was stored).
+    pub deployed_ms: u64,
+    pub classes: Vec<String>,
+    pub component_bytes: usize,
+    /// Who deployed it, as the client said (`wasmkeep deploy` sends
+    /// `$USER@host`); not authenticated beyond the admin token.
+    #[serde(default)]
+    pub by: String,
+    /// For a rollback: the version it deployed again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollback_of: Option<u64>,
+}
+
+#[derive(Default, Serialize, Deserialize)]
+struct VersionsFile {
+    versions: Vec<AppVersion>,
+}
+
+const FILE: &str = "versions.toml";
+
+/// The kept versions of the app stored in `dir`, oldest first (empty if
+/// it never was deployed with versions).
+pub(crate) fn read(dir: &Path) -> std::io::Result<Vec<AppVersion>> {
+    match std::fs::read_to_string(dir.join(FILE)) {
+        Ok(text) => toml::from_str::<VersionsFile>(&text)
+            .map(|f| f.versions)
+            .map_err(|e| std::io::Error::other(format!("{}: {e}", dir.join(FILE).display()))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(e),
+    }
+}
+
+/// The manifest file of version `n`.
+pub(crate) fn manifest_path(dir: &Path, n: u64) -> std::path::PathBuf {
+    dir.join(format!("v{n}.toml"))
+}
+
+/// What a deploy adds to the list (the version number is given here).
+pub(crate) struct NewVersion<'a> {
+    pub hash: &'a str,
+    pub deployed_ms: u64,
+    pub classes: &'a [String],
+    pub component_bytes: usize,
+    pub manifest: &'a str,
+    pub by: &'a str,
+    pub rollback_of: Option<u64>,
+}
+
+/// The component an app had before versions existed, to list as version 1.
+pub(crate) struct Legacy {
+    pub hash: String,
+    pub classes: Vec<String>,
+    pub component_bytes: usize,
+    pub deployed_ms: u64,
+}
+
+/// Appends a version to the app stored in `dir` (after its component and
+/// manifest were written by hash), keeps the newest `keep`, and removes
+/// the manifests and components no kept version names. Returns the new
+/// version.
+pub(crate) fn append(
+    dir: &Path,
+    new: &NewVersion<'_>,
+    legacy: Option<Legacy>,
+    keep: usize,
+    write: impl Fn(&Path, &[u8]) -> std::io::Result<()>,
+) -> std::io::Result<AppVersion> {
+    let mut versions = read(dir)?;
+    if versions.is_empty()
+        && let Some(old) = legacy
+        && old.hash != new.hash
+    {
+        let text = std::fs::read(dir.join(format!("{}.toml", old.hash))).unwrap_or_default();
+        write(&manifest_path(dir, 1), &text)?;
+        versions.push(AppVersion {
+            version: 1,
+            hash: old.hash,
+            deployed_ms: old.deployed_ms,
+            classes: old.classes,
+            component_bytes: old.component_bytes,
+            by: String::new(),
+            rollback_of: None,
+        });
+    }
+    // The same component with the same manifest again (a node started with
+    // `--examples` again, a script that deploys at every run) is the newest
+    // version still, not a new one.
+    if let Some(last) = versions.last()
+        && new.rollback_of.is_none()
+        && last.hash == new.hash
+        && std::fs::read(manifest_path(dir, last.version))
+            .is_ok_and(|m| m == new.manifest.as_bytes())
+    {
+        return Ok(last.clone());
+    }
+    let n = versions.last().map_or(1, |v| v.version + 1);
+    write(&manifest_path(dir, n), new.manifest.as_bytes())?;
+    let added = AppVersion {
+        version: n,
+        hash: new.hash.to_owned(),
+        deployed_ms: new.deployed_ms,
+        classes: new.classes.to_vec(),
+        component_bytes: new.component_bytes,
+        by: new.by.to_owned(),
+        rollback_of: new.rollback_of,
+    };
+    versions.push(added.clone());
+    let dropped = versions.len().saturating_sub(keep.max(1));
+    let kept = versions.split_off(dropped);
+    let body = toml::to_string(&VersionsFile {
+        versions: kept.clone(),
+    })
+    .map_err(std::io::Error::other)?;
+    write(&dir.join(FILE), body.as_bytes())?;
+    prune(dir, &kept)?;
+    Ok(added)
+}
+
+/// Removes every `v<N>.toml`, `<hash>.wasm` and `<hash>.toml` that no kept
+/// version names (the newest version's files are always kept).
+fn prune(dir: &Path, kept: &[AppVersion]) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(dir)?.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some((stem, ext)) = name.rsplit_once('.') else {
+            continue;
+        };
+        let named = match ext {
+            "toml" if stem.starts_with('v') && stem[1..].bytes().all(|b| b.is_ascii_digit()) => {
+                kept.iter().any(|v| format!("v{}", v.version) == stem)
+            }
+            "wasm" | "toml" if stem.len() == 64 && stem.bytes().all(|b| b.is_ascii_hexdigit()) => {
+                kept.iter().any(|v| v.hash == stem)
+            }
+            _ => true,
+        };
+        if !named {
+            std::fs::remove_file(entry.path())?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hash(c: char) -> String {
+        std::iter::repeat_n(c, 64).collect()
+    }
+
+    fn write(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+        std::fs::write(path, bytes)
+    }
+
+    fn deploy(dir: &Path, h: &str, keep: usize) -> AppVersion {
+        std::fs::write(dir.join(format!("{h}.wasm")), b"w").unwrap();
+        std::fs::write(dir.join(format!("{h}.toml")), b"").unwrap();
+        let new = NewVersion {
+            hash: h,
+            deployed_ms: 7,
+            classes: &["c".to_owned()],
+            component_bytes: 1,
+            manifest: &format!("# {h}"),
+            by: "me@here",
+            rollback_of: None,
+        };
+        append(dir, &new, None, keep, write).unwrap()
+    }
+
+    #[test]
+    fn versions_count_up_and_only_the_kept_ones_keep_their_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        assert_eq!(deploy(d, &hash('a'), 2).version, 1);
+        assert_eq!(deploy(d, &hash('a'), 2).version, 1, "the same again");
+        assert_eq!(deploy(d, &hash('b'), 2).version, 2);
+        assert_eq!(deploy(d, &hash('a'), 2).version, 3);
+        let v = read(d).unwrap();
+        assert_eq!(v.iter().map(|v| v.version).collect::<Vec<_>>(), [2, 3]);
+        assert!(!manifest_path(d, 1).exists(), "version 1's manifest went");
+        assert!(d.join(format!("{}.wasm", hash('a'))).exists(), "3 names a");
+        deploy(d, &hash('c'), 2);
+        assert!(
+            !d.join(format!("{}.wasm", hash('b'))).exists(),
+            "b is named by none"
+        );
+        assert_eq!(
+            std::fs::read_to_string(manifest_path(d, 4)).unwrap(),
+            format!("# {}", hash('c'))
+        );
+        // Files that are not an app's own are left alone.
+        std::fs::write(d.join("current"), b"x").unwrap();
+        deploy(d, &hash('d'), 2);
+        assert!(d.join("current").exists());
+    }
+
+    #[test]
+    fn an_app_deployed_before_versions_becomes_version_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::write(d.join(format!("{}.wasm", hash('a'))), b"w").unwrap();
+        std::fs::write(
+            d.join(format!("{}.toml", hash('a'))),
+            b"[vars]\nA = \"1\"\n",
+        )
+        .unwrap();
+        std::fs::write(d.join(format!("{}.wasm", hash('b'))), b"w").unwrap();
+        let legacy = Legacy {
+            hash: hash('a'),
+            classes: vec!["c".into()],
+            component_bytes: 1,
+            deployed_ms: 3,
+        };
+        let new = NewVersion {
+            hash: &hash('b'),
+            deployed_ms: 9,
+            classes: &[],
+            component_bytes: 1,
+            manifest: "",
+            by: "",
+            rollback_of: None,
+        };
+        assert_eq!(append(d, &new, Some(legacy), 10, write).unwrap().version, 2);
+        let v = read(d).unwrap();
+        assert_eq!((v[0].version, v[0].hash.as_str()), (1, hash('a').as_str()));
+        assert_eq!(
+            std::fs::read_to_string(manifest_path(d, 1)).unwrap(),
+            "[vars]\nA = \"1\"\n"
+        );
+    }
+}
