@@ -838,11 +838,8 @@ pub(crate) fn persist(
         manifest_text.as_bytes(),
     )?;
     write_atomic(&dir.join("current"), app.hash.as_bytes())?;
-    let legacy = previous.map(|p| app_versions::Legacy {
-        hash: p.hash.clone(),
-        classes: p.classes.clone(),
-        component_bytes: p.component_bytes,
-        deployed_ms: p.deployed_ms,
+    let legacy = previous.map(|p| {
+        app_versions::legacy_version(&p.hash, &p.classes, p.component_bytes, p.deployed_ms)
     });
     let new = app_versions::NewVersion {
         hash: &app.hash,

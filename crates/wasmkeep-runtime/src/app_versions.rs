@@ -80,12 +80,23 @@ pub(crate) struct NewVersion<'a> {
     pub rollback_of: Option<u64>,
 }
 
-/// The component an app had before versions existed, to list as version 1.
-pub(crate) struct Legacy {
-    pub hash: String,
-    pub classes: Vec<String>,
-    pub component_bytes: usize,
-    pub deployed_ms: u64,
+/// The component an app had before versions existed, listed as version 1
+/// (by [`crate::Runtime::versions`] until its next deploy, then recorded).
+pub(crate) fn legacy_version(
+    hash: &str,
+    classes: &[String],
+    component_bytes: usize,
+    deployed_ms: u64,
+) -> AppVersion {
+    AppVersion {
+        version: 1,
+        hash: hash.to_owned(),
+        deployed_ms,
+        classes: classes.to_vec(),
+        component_bytes,
+        by: String::new(),
+        rollback_of: None,
+    }
 }
 
 /// Appends a version to the app stored in `dir` (after its component and
@@ -95,7 +106,7 @@ pub(crate) struct Legacy {
 pub(crate) fn append(
     dir: &Path,
     new: &NewVersion<'_>,
-    legacy: Option<Legacy>,
+    legacy: Option<AppVersion>,
     keep: usize,
     write: impl Fn(&Path, &[u8]) -> std::io::Result<()>,
 ) -> std::io::Result<AppVersion> {
@@ -105,16 +116,8 @@ pub(crate) fn append(
         && old.hash != new.hash
     {
         let text = std::fs::read(dir.join(format!("{}.toml", old.hash))).unwrap_or_default();
-        write(&manifest_path(dir, 1), &text)?;
-        versions.push(AppVersion {
-            version: 1,
-            hash: old.hash,
-            deployed_ms: old.deployed_ms,
-            classes: old.classes,
-            component_bytes: old.component_bytes,
-            by: String::new(),
-            rollback_of: None,
-        });
+        write(&manifest_path(dir, old.version), &text)?;
+        versions.push(old);
     }
     // The same component with the same manifest again (a node started with
     // `--examples` again, a script that deploys at every run) is the newest
@@ -239,12 +242,7 @@ mod tests {
         )
         .unwrap();
         std::fs::write(d.join(format!("{}.wasm", hash('b'))), b"w").unwrap();
-        let legacy = Legacy {
-            hash: hash('a'),
-            classes: vec!["c".into()],
-            component_bytes: 1,
-            deployed_ms: 3,
-        };
+        let legacy = legacy_version(&hash('a'), &["c".into()], 1, 3);
         let new = NewVersion {
             hash: &hash('b'),
             deployed_ms: 9,

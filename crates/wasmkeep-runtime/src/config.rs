@@ -134,8 +134,9 @@ pub struct RuntimeConfig {
     pub tenant_workers_max: Option<usize>,
     /// Largest component a deploy accepts.
     pub component_bytes_max: usize,
-    /// Versions kept per app for `rollback` (each deploy is one); older
-    /// ones, and components no kept version names, are removed.
+    /// Versions kept per app for `rollback` (each deploy that changes the
+    /// component or the manifest is one; at least 1 is kept); older ones,
+    /// and components no kept version names, are removed.
     pub app_versions_max: usize,
     /// Wall time compiling one component may take before its deploy is
     /// refused (`compile_timeout`). In a child process ([`Compile::Process`])

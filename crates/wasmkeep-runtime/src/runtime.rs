@@ -675,15 +675,12 @@ impl Runtime {
         if !kept.is_empty() {
             return Ok(kept);
         }
-        Ok(vec![AppVersion {
-            version: 1,
-            hash: current.hash.clone(),
-            deployed_ms: current.deployed_ms,
-            classes: current.classes.clone(),
-            component_bytes: current.component_bytes,
-            by: String::new(),
-            rollback_of: None,
-        }])
+        Ok(vec![app_versions::legacy_version(
+            &current.hash,
+            &current.classes,
+            current.component_bytes,
+            current.deployed_ms,
+        )])
     }
 
     /// Deploys a kept version again (`wasmkeep rollback`): its component

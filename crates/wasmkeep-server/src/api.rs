@@ -1175,12 +1175,7 @@ async fn deploy(
     let rt = s.rt.clone();
     let manifest = q.manifest.unwrap_or_default();
     let by = deployed_by(&headers);
-    let deployed =
-        tokio::task::spawn_blocking(move || rt.deploy_by(&tenant, &app, &wasm, &manifest, &by))
-            .await
-            .map_err(|e| {
-                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
-            })??;
+    let deployed = blocking(move || rt.deploy_by(&tenant, &app, &wasm, &manifest, &by)).await?;
     Ok(deployed_answer(deployed))
 }
 
@@ -1238,11 +1233,7 @@ async fn rollback(
 ) -> Result<Response, ApiError> {
     let rt = s.rt.clone();
     let by = deployed_by(&headers);
-    let deployed = tokio::task::spawn_blocking(move || rt.rollback(&tenant, &app, q.to, &by))
-        .await
-        .map_err(|e| {
-            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
-        })??;
+    let deployed = blocking(move || rt.rollback(&tenant, &app, q.to, &by)).await?;
     Ok(deployed_answer(deployed))
 }
 
