@@ -813,6 +813,9 @@ impl Compiler<'_> {
 pub(crate) struct DeployOrigin<'a> {
     pub by: &'a str,
     pub rollback_of: Option<u64>,
+    /// The version as the cluster's bucket recorded it (ADR 0058): its
+    /// number and time are kept; `None` on a single node.
+    pub recorded: Option<&'a AppVersion>,
 }
 
 /// Stores a deployed app: its component and manifest by hash, the
@@ -843,12 +846,13 @@ pub(crate) fn persist(
     });
     let new = app_versions::NewVersion {
         hash: &app.hash,
-        deployed_ms: app.deployed_ms,
+        deployed_ms: origin.recorded.map_or(app.deployed_ms, |r| r.deployed_ms),
         classes: &app.classes,
         component_bytes: app.component_bytes,
         manifest: manifest_text,
         by: origin.by,
         rollback_of: origin.rollback_of,
+        number: origin.recorded.map(|r| r.version),
     };
     let version = app_versions::append(&dir, &new, legacy, keep, write_atomic)?;
     wasmkeep_store::sync::sync_dir(&dir)?;

@@ -78,6 +78,11 @@ pub(crate) struct NewVersion<'a> {
     pub manifest: &'a str,
     pub by: &'a str,
     pub rollback_of: Option<u64>,
+    /// The number the cluster's bucket gave this version (a cluster deploy,
+    /// ADR 0058); `None`: the next one here. A recorded number replaces
+    /// whatever this node listed at that number and after it, so that the
+    /// node's list follows the bucket's.
+    pub number: Option<u64>,
 }
 
 /// The component an app had before versions existed, listed as version 1
@@ -111,7 +116,16 @@ pub(crate) fn append(
     write: impl Fn(&Path, &[u8]) -> std::io::Result<()>,
 ) -> std::io::Result<AppVersion> {
     let mut versions = read(dir)?;
-    if versions.is_empty()
+    if let Some(n) = new.number {
+        if let Some(same) = versions
+            .iter()
+            .find(|v| v.version == n && v.hash == new.hash)
+        {
+            // Already installed here (a sync after this node's own deploy).
+            return Ok(same.clone());
+        }
+        versions.retain(|v| v.version < n);
+    } else if versions.is_empty()
         && let Some(old) = legacy
         && old.hash != new.hash
     {
@@ -123,6 +137,7 @@ pub(crate) fn append(
     // `--examples` again, a script that deploys at every run) is the newest
     // version still, not a new one.
     if let Some(last) = versions.last()
+        && new.number.is_none()
         && new.rollback_of.is_none()
         && last.hash == new.hash
         && std::fs::read(manifest_path(dir, last.version))
@@ -130,7 +145,9 @@ pub(crate) fn append(
     {
         return Ok(last.clone());
     }
-    let n = versions.last().map_or(1, |v| v.version + 1);
+    let n = new
+        .number
+        .unwrap_or_else(|| versions.last().map_or(1, |v| v.version + 1));
     write(&manifest_path(dir, n), new.manifest.as_bytes())?;
     let added = AppVersion {
         version: n,
@@ -200,6 +217,7 @@ mod tests {
             manifest: &format!("# {h}"),
             by: "me@here",
             rollback_of: None,
+            number: None,
         };
         append(dir, &new, None, keep, write).unwrap()
     }
@@ -232,6 +250,46 @@ mod tests {
     }
 
     #[test]
+    fn a_number_from_the_bucket_replaces_what_this_node_listed_from_it_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        for c in ['a', 'b', 'c'] {
+            deploy(d, &hash(c), 10);
+        }
+        let recorded = |h: &str, n: u64| {
+            std::fs::write(d.join(format!("{h}.wasm")), b"w").unwrap();
+            let new = NewVersion {
+                hash: h,
+                deployed_ms: 8,
+                classes: &[],
+                component_bytes: 1,
+                manifest: "",
+                by: "elsewhere",
+                rollback_of: None,
+                number: Some(n),
+            };
+            append(d, &new, None, 10, write).unwrap()
+        };
+        let numbers = || {
+            read(d)
+                .unwrap()
+                .iter()
+                .map(|v| (v.version, v.hash.clone()))
+                .collect::<Vec<_>>()
+        };
+        // Another node's version 2 wins over this node's own 2 and 3.
+        assert_eq!(recorded(&hash('x'), 2).version, 2);
+        assert_eq!(numbers(), [(1, hash('a')), (2, hash('x'))]);
+        assert!(!d.join(format!("{}.wasm", hash('c'))).exists(), "3 is gone");
+        // Installed again: nothing changes.
+        assert_eq!(recorded(&hash('x'), 2).by, "elsewhere");
+        assert_eq!(numbers().len(), 2);
+        // Versions this node missed are left out, not invented.
+        recorded(&hash('y'), 5);
+        assert_eq!(numbers().iter().map(|v| v.0).collect::<Vec<_>>(), [1, 2, 5]);
+    }
+
+    #[test]
     fn an_app_deployed_before_versions_becomes_version_one() {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
@@ -251,6 +309,7 @@ mod tests {
             manifest: "",
             by: "",
             rollback_of: None,
+            number: None,
         };
         assert_eq!(append(d, &new, Some(legacy), 10, write).unwrap().version, 2);
         let v = read(d).unwrap();

@@ -71,6 +71,6 @@ pub use config::{Durability, RuntimeConfig};
 pub use error::RuntimeError;
 pub use faults::Faults;
 pub use node::RunGate;
-pub use runtime::{ActorInfo, Runtime};
+pub use runtime::{ActorInfo, PreparedApp, Runtime};
 pub use secrets::Secrets;
 pub use wasmkeep_store::{ActorId, StoreLimits, Value as StoreValue, memory_budget};

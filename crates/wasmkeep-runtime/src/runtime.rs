@@ -70,6 +70,31 @@ const WORKER_IDLE_COLLECT_MS: u64 = 500;
 /// still alive, so the instance pool has room for them too.
 pub(crate) const CLOSE_QUEUE_MAX: usize = 128;
 
+/// An app's component compiled and checked, not yet served
+/// ([`Runtime::prepare`]).
+pub struct PreparedApp {
+    built: app::App,
+    wasm: Vec<u8>,
+    manifest: String,
+}
+
+impl PreparedApp {
+    /// The app as it would be deployed: hash, classes, size.
+    pub fn info(&self) -> AppInfo {
+        self.built.info()
+    }
+
+    /// The component's bytes.
+    pub fn wasm(&self) -> &[u8] {
+        &self.wasm
+    }
+
+    /// The manifest it was prepared with.
+    pub fn manifest(&self) -> &str {
+        &self.manifest
+    }
+}
+
 /// What the admin API shows about one actor.
 #[derive(Debug, Clone, Serialize)]
 pub struct ActorInfo {
@@ -620,47 +645,117 @@ impl Runtime {
         manifest: &str,
         by: &str,
     ) -> Result<(AppInfo, AppVersion), RuntimeError> {
-        let origin = app::DeployOrigin {
-            by,
-            rollback_of: None,
-        };
-        self.deploy_with(tenant, app, wasm, manifest, &origin)
+        let prepared = self.prepare(tenant, app, wasm, manifest)?;
+        self.install(prepared, by, None)
     }
 
-    fn deploy_with(
+    /// Compiles and checks a component for an app without serving it yet
+    /// (blocking). A cluster deploy records the version in the bucket
+    /// between this and [`Runtime::install_recorded`] (ADR 0058), so that
+    /// the bucket never names a component its nodes cannot run.
+    pub fn prepare(
         &self,
         tenant: &str,
         app: &str,
         wasm: &[u8],
         manifest: &str,
-        origin: &app::DeployOrigin<'_>,
-    ) -> Result<(AppInfo, AppVersion), RuntimeError> {
+    ) -> Result<PreparedApp, RuntimeError> {
         let version = self.inner.app_version.fetch_add(1, Ordering::SeqCst);
         let built =
             self.compiler()
                 .build(tenant, app, wasm, manifest, version, OverCeiling::Refuse)?;
+        Ok(PreparedApp {
+            built,
+            wasm: wasm.to_vec(),
+            manifest: manifest.to_owned(),
+        })
+    }
+
+    /// Serves a prepared app as this node's next version of it (a single
+    /// node's deploy; `rollback_of` for a rollback).
+    pub fn install(
+        &self,
+        prepared: PreparedApp,
+        by: &str,
+        rollback_of: Option<u64>,
+    ) -> Result<(AppInfo, AppVersion), RuntimeError> {
+        let origin = app::DeployOrigin {
+            by,
+            rollback_of,
+            recorded: None,
+        };
+        self.install_with(prepared, &origin)
+    }
+
+    /// Serves a prepared app as the version the cluster's bucket recorded
+    /// (its number, time, author): this node's list of versions follows
+    /// the bucket's (ADR 0058).
+    pub fn install_recorded(
+        &self,
+        prepared: PreparedApp,
+        recorded: &AppVersion,
+    ) -> Result<(AppInfo, AppVersion), RuntimeError> {
+        let origin = app::DeployOrigin {
+            by: &recorded.by,
+            rollback_of: recorded.rollback_of,
+            recorded: Some(recorded),
+        };
+        self.install_with(prepared, &origin)
+    }
+
+    fn install_with(
+        &self,
+        prepared: PreparedApp,
+        origin: &app::DeployOrigin<'_>,
+    ) -> Result<(AppInfo, AppVersion), RuntimeError> {
+        let PreparedApp {
+            built,
+            wasm,
+            manifest,
+        } = prepared;
+        let (tenant, app) = (built.tenant.clone(), built.name.clone());
         // One deploy of a node at a time writes apps' folders: two deploys
         // of one app must not interleave their versions.
         let _writing = self.inner.deploys.lock();
-        let previous = self.inner.app(tenant, app);
+        let previous = self.inner.app(&tenant, &app);
         let kept = app::persist(
             &self.inner.config.data_dir,
             &built,
-            wasm,
-            manifest,
+            &wasm,
+            &manifest,
             origin,
             previous.as_deref(),
             self.inner.config.app_versions_max,
         )
         .map_err(|e| RuntimeError::Store(e.into()))?;
         let info = built.info();
-        self.register_classes(tenant, app, &info.classes);
+        self.register_classes(&tenant, &app, &info.classes);
         self.inner
             .apps
             .write()
-            .insert((tenant.to_owned(), app.to_owned()), Arc::new(built));
+            .insert((tenant.clone(), app.clone()), Arc::new(built));
         tracing::info!(%tenant, %app, hash = %info.hash, version = kept.version, classes = ?info.classes, "deployed");
         Ok((info, kept))
+    }
+
+    /// A component this node stored for an app, by its hash (kept while a
+    /// kept version names it).
+    pub fn stored_component(&self, tenant: &str, app: &str, hash: &str) -> Option<Vec<u8>> {
+        if hash.len() != 64 || !hash.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return None;
+        }
+        let dir = app::app_dir(&self.inner.config.data_dir, tenant, app);
+        std::fs::read(dir.join(format!("{hash}.wasm"))).ok()
+    }
+
+    /// The manifest this node stored with an app's component, by the
+    /// component's hash (empty if none was given or it is gone).
+    pub fn stored_manifest(&self, tenant: &str, app: &str, hash: &str) -> String {
+        if hash.len() != 64 || !hash.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return String::new();
+        }
+        let dir = app::app_dir(&self.inner.config.data_dir, tenant, app);
+        std::fs::read_to_string(dir.join(format!("{hash}.toml"))).unwrap_or_default()
     }
 
     /// The app's kept versions, oldest first (`wasmkeep versions`). An app
@@ -716,11 +811,8 @@ impl Runtime {
                 Err(_) => std::fs::read_to_string(dir.join(format!("{}.toml", target.hash)))
                     .unwrap_or_default(),
             };
-        let origin = app::DeployOrigin {
-            by,
-            rollback_of: Some(target.version),
-        };
-        self.deploy_with(tenant, app, &wasm, &manifest, &origin)
+        let prepared = self.prepare(tenant, app, &wasm, &manifest)?;
+        self.install(prepared, by, Some(target.version))
     }
 
     pub fn apps(&self) -> Vec<AppInfo> {

@@ -751,7 +751,18 @@ async fn answer_actor_request(s: AppState, req: Request) -> Result<Response, Api
         _ => None,
     };
     // Nothing is read, counted or taken for a class this node cannot run.
-    s.rt.check_class(&id.tenant, &id.app, &id.class)?;
+    // In a cluster, one deployed through another node since this node's
+    // last sync is looked up first (ADR 0058).
+    if let Err(e) = s.rt.check_class(&id.tenant, &id.app, &id.class) {
+        let found = match &cluster {
+            Some(c) => c.deploys.refresh(&s.rt, &id.tenant, &id.app).await,
+            None => false,
+        };
+        if !found {
+            return Err(e.into());
+        }
+        s.rt.check_class(&id.tenant, &id.app, &id.class)?;
+    }
     let _in_flight = s.in_flight.enter(&id.tenant)?;
     check_acting(&s)?;
     // A client's sockets count against its address (not a forwarding
@@ -1175,6 +1186,20 @@ async fn deploy(
     let rt = s.rt.clone();
     let manifest = q.manifest.unwrap_or_default();
     let by = deployed_by(&headers);
+    // In a cluster the version is recorded in the bucket, for every node
+    // (ADR 0058); on a single node, in the data folder.
+    if let Some(c) = &s.config.cluster {
+        let d = crate::cluster::deploys::NewDeploy {
+            tenant,
+            app,
+            wasm: wasm.to_vec(),
+            manifest,
+            by,
+            rollback_of: None,
+        };
+        let deployed = c.deploys.deploy(&rt, d).await?;
+        return Ok(deployed_answer(deployed));
+    }
     let deployed = blocking(move || rt.deploy_by(&tenant, &app, &wasm, &manifest, &by)).await?;
     Ok(deployed_answer(deployed))
 }
@@ -1214,7 +1239,10 @@ async fn list_versions(
     State(s): State<AppState>,
     axum::extract::Path((tenant, app)): axum::extract::Path<(String, String)>,
 ) -> Result<Response, ApiError> {
-    let versions = s.rt.versions(&tenant, &app)?;
+    let versions = match &s.config.cluster {
+        Some(c) => c.deploys.versions(&tenant, &app).await?,
+        None => s.rt.versions(&tenant, &app)?,
+    };
     Ok(axum::Json(json!({ "versions": versions })).into_response())
 }
 
@@ -1233,6 +1261,10 @@ async fn rollback(
 ) -> Result<Response, ApiError> {
     let rt = s.rt.clone();
     let by = deployed_by(&headers);
+    if let Some(c) = &s.config.cluster {
+        let deployed = c.deploys.rollback(&rt, &tenant, &app, q.to, by).await?;
+        return Ok(deployed_answer(deployed));
+    }
     let deployed = blocking(move || rt.rollback(&tenant, &app, q.to, &by)).await?;
     Ok(deployed_answer(deployed))
 }

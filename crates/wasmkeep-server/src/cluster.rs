@@ -33,12 +33,14 @@
 //! | [`ownership`] | the ownership table: takes, owner cache, releases |
 //! | [`forward`] | forwards a request to its actor's owner over kept connections |
 //! | [`sweep`] | every node's sweep of the alarm index (ADR 0009): orphaned alarms fire |
+//! | [`deploys`] | apps' versions in the bucket: one deploy for the cluster (ADR 0058) |
 //! | [`view`] | the live nodes as the bucket shows them (`/admin/v1/cluster`) |
 //!
 //! The machines decide; this module only performs. The rules it runs are
 //! [`RULES`], ADR 0009's safe ones, the only ones a server may pass.
 
 pub mod bucket;
+pub mod deploys;
 pub mod forward;
 pub mod identity;
 mod lease_task;
@@ -102,6 +104,9 @@ pub struct ClusterSettings {
     /// than the runtime's `actor_idle_ms`, so that the runtime closed it
     /// first.
     pub release_idle_ms: u64,
+    /// How often the node reads the apps' versions in the bucket and
+    /// installs the newest of each (`cluster_deploy_sync_ms`, ADR 0058).
+    pub deploy_sync_ms: u64,
 }
 
 impl ClusterSettings {
@@ -126,6 +131,7 @@ impl ClusterSettings {
             release_idle_ms: runtime
                 .actor_idle_ms
                 .saturating_add(RELEASE_AFTER_IDLE_CLOSE_MS),
+            deploy_sync_ms: deploys::DEPLOY_SYNC_MS,
         }
     }
 }
@@ -202,6 +208,7 @@ impl ClusterSettings {
         let zero = [
             ("cluster_forward_timeout_ms", self.forward_timeout_ms),
             ("cluster_actors_max", self.actors_max as u64),
+            ("cluster_deploy_sync_ms", self.deploy_sync_ms),
             (
                 "forward_response_bytes_max",
                 self.forward_response_bytes_max as u64,
@@ -261,6 +268,8 @@ pub struct ClusterState {
     /// The live nodes as the sweep's last pass read them: whose tenants'
     /// bucket use this node measures ([`ClusterState::measures_usage`]).
     live: parking_lot::Mutex<Vec<String>>,
+    /// The apps' versions in the bucket: deploys, rollbacks and the sync.
+    pub deploys: Arc<deploys::Deploys>,
 }
 
 /// One actor request in flight ([`ClusterState::enter`]); leaves on drop.
@@ -319,12 +328,17 @@ impl ClusterState {
                 .expect("ClusterNode::start checked the secret"),
         ));
         let sweep = Arc::new(sweep::SweepCounters::default());
+        let deploys = Arc::new(deploys::Deploys::new(
+            driver.bucket().clone(),
+            settings.bucket_timeout_ms,
+            settings.deploy_sync_ms,
+        ));
         ClusterState {
             node: node.to_owned(),
             address: settings.advertise.clone(),
             signer: Arc::clone(&signer),
             driver,
-            metrics: ClusterMetrics::new(&ownership.counters, &sweep),
+            metrics: ClusterMetrics::new(&ownership.counters, &sweep, &deploys),
             sweep,
             ownership,
             forwarder: forward::Forwarder::new(signer),
@@ -335,6 +349,7 @@ impl ClusterState {
             draining: std::sync::atomic::AtomicBool::new(false),
             in_flight: std::sync::atomic::AtomicUsize::new(0),
             live: parking_lot::Mutex::new(Vec::new()),
+            deploys,
         }
     }
 
@@ -485,6 +500,7 @@ impl ClusterMetrics {
     fn new(
         ownership: &ownership::OwnershipCounters,
         sweep: &sweep::SweepCounters,
+        deploys: &deploys::Deploys,
     ) -> ClusterMetrics {
         let mut m = ClusterMetrics::default();
         let mut r = Registry::default();
@@ -518,6 +534,13 @@ impl ClusterMetrics {
         sweep.register(&mut r);
         metrics::register(
             &mut r,
+            "wasmkeep_cluster_versions_synced",
+            "Apps' versions this node installed from the bucket (deployed through another node).",
+            None,
+            deploys.synced_total.clone(),
+        );
+        metrics::register(
+            &mut r,
             "wasmkeep_cluster_acting",
             "1 while the node's lease lets it act.",
             None,
@@ -542,6 +565,7 @@ pub struct ClusterNode {
     task: tokio::task::JoinHandle<()>,
     releaser: Option<tokio::task::JoinHandle<()>>,
     sweeper: Option<tokio::task::JoinHandle<()>>,
+    deploy_sync: Option<tokio::task::JoinHandle<()>>,
     release_idle_ms: u64,
     release_budget_ms: u64,
 }
@@ -717,6 +741,7 @@ impl ClusterNode {
             task,
             releaser: None,
             sweeper: None,
+            deploy_sync: None,
             release_idle_ms,
             release_budget_ms,
         })
@@ -743,6 +768,34 @@ impl ClusterNode {
         self.releaser = Some(tokio::spawn(task));
         let sweep = sweep::run(Arc::clone(&self.state), rt.clone(), self.stop.subscribe());
         self.sweeper = Some(tokio::spawn(sweep));
+        let sync = deploys::run(
+            Arc::clone(&self.state.deploys),
+            rt.clone(),
+            self.stop.subscribe(),
+        );
+        self.deploy_sync = Some(tokio::spawn(sync));
+    }
+
+    /// Before the node serves: installs the cluster's versions of its
+    /// apps, and records the apps only this node has (ADR 0058). Tries
+    /// for `limit` while the bucket fails, then lets the node serve what
+    /// it has (the sync task keeps trying; the node cannot take actors
+    /// without the bucket anyway).
+    pub async fn sync_deploys(&self, rt: &Runtime, limit: std::time::Duration) {
+        let started = wasmkeep_runtime::clock::instant();
+        loop {
+            match self.state.deploys.start(rt).await {
+                Ok(()) => return,
+                Err(e) if started.elapsed() < limit => {
+                    tracing::warn!(error = %e, "could not read the cluster's versions yet; trying again");
+                    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "serving this node's own apps until the cluster's versions can be read");
+                    return;
+                }
+            }
+        }
     }
 
     /// The state the HTTP edge checks.
@@ -762,6 +815,9 @@ impl ClusterNode {
         }
         if let Some(sweeper) = &self.sweeper {
             sweeper.abort();
+        }
+        if let Some(sync) = &self.deploy_sync {
+            sync.abort();
         }
         let budget = std::time::Duration::from_millis(self.release_budget_ms);
         let state = Arc::clone(&self.state);

@@ -111,6 +111,21 @@ impl From<RuntimeError> for ApiError {
     }
 }
 
+impl From<crate::cluster::deploys::DeployError> for ApiError {
+    fn from(e: crate::cluster::deploys::DeployError) -> ApiError {
+        use crate::cluster::deploys::DeployError as E;
+        match e {
+            E::Runtime(e) => e.into(),
+            e => {
+                let mut a =
+                    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, &e.code(), e.to_string());
+                a.retry_after_s = Some(1);
+                a
+            }
+        }
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = serde_json::json!({

@@ -120,6 +120,9 @@ pub(crate) struct NodeConfig {
     pub cluster_forward_timeout_ms: u64,
     pub cluster_owner_cache_ttl_ms: u64,
     pub cluster_actors_max: usize,
+    /// How often a cluster node installs the apps' newest versions from
+    /// the bucket (ADR 0058).
+    pub cluster_deploy_sync_ms: u64,
     /// The outbox's bounds and outbound HTTP's ceilings (ADR 0040).
     pub outbox_pending_max: u64,
     pub outbox_body_bytes_max: usize,
@@ -260,6 +263,7 @@ impl Default for NodeConfig {
             cluster_forward_timeout_ms: wasmkeep_server::cluster::FORWARD_TIMEOUT_MS,
             cluster_owner_cache_ttl_ms: wasmkeep_server::cluster::OWNER_CACHE_TTL_MS,
             cluster_actors_max: wasmkeep_server::cluster::ACTORS_MAX,
+            cluster_deploy_sync_ms: wasmkeep_server::cluster::deploys::DEPLOY_SYNC_MS,
             outbox_pending_max: rt.outbox.pending_max,
             outbox_body_bytes_max: rt.outbox.body_bytes_max,
             outbox_context_bytes_max: rt.outbox.context_bytes_max,
@@ -509,6 +513,7 @@ impl NodeConfig {
         settings.forward_timeout_ms = self.cluster_forward_timeout_ms;
         settings.owner_cache_ttl_ms = self.cluster_owner_cache_ttl_ms;
         settings.actors_max = self.cluster_actors_max;
+        settings.deploy_sync_ms = self.cluster_deploy_sync_ms;
         settings
             .check()
             .map_err(|e| anyhow::anyhow!("refusing to start: {e}"))?;

@@ -803,6 +803,13 @@ async fn serve_node(s: Serving<'_>) -> Result<()> {
     };
     // The node takes its next epoch (durably) before it says it listens.
     let node = start_cluster_node(cluster, bucket, &cfg.data, rt).await?;
+    // A cluster node serves the apps' versions the bucket names from its
+    // first request (ADR 0058), even if it was down when they were deployed.
+    if let Some(n) = &node {
+        let limit =
+            std::time::Duration::from_millis(cfg.cluster_bucket_timeout_ms.saturating_mul(3));
+        n.sync_deploys(rt, limit).await;
+    }
     print_listening(cfg, &base);
     if let Some(classes) = examples {
         print_examples(addr, &classes);

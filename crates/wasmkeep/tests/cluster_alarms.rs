@@ -77,24 +77,7 @@ fn fired(port: u16, name: &str) -> (Vec<(u64, u64)>, Option<String>) {
 
 /// The index entries in the folder bucket (relative to `alarms/` roots).
 fn entries(bucket: &Path) -> Vec<String> {
-    let root = bucket.join("state/demo/examples/_alarms");
-    let mut out = Vec::new();
-    let mut stack = vec![root.clone()];
-    while let Some(dir) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        for e in rd.flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                stack.push(p);
-            } else {
-                out.push(p.strip_prefix(&root).unwrap().display().to_string());
-            }
-        }
-    }
-    out.sort();
-    out
+    cluster::folder_keys(&bucket.join("state/demo/examples/_alarms"))
 }
 
 fn metric(m: &Member, name: &str) -> u64 {

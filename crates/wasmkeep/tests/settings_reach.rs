@@ -123,6 +123,7 @@ cluster_bucket_timeout_ms = 2057
 cluster_forward_timeout_ms = 30058
 cluster_owner_cache_ttl_ms = 2059
 cluster_actors_max = 100060
+cluster_deploy_sync_ms = 2071
 outbox_pending_max = 1061
 outbox_body_bytes_max = 1000062
 outbox_context_bytes_max = 65063
@@ -445,6 +446,7 @@ fn cluster_rows(r: &mut Reach, n: &NodeConfig, cluster: &ClusterSettings) {
     reach!(r, n.cluster_forward_timeout_ms => cluster.forward_timeout_ms);
     reach!(r, n.cluster_owner_cache_ttl_ms => cluster.owner_cache_ttl_ms);
     reach!(r, n.cluster_actors_max => cluster.actors_max);
+    reach!(r, n.cluster_deploy_sync_ms => cluster.deploy_sync_ms);
     // Derived: a hold outlives the runtime's idle close, and a relayed
     // answer is what the owner's actor may send plus an error body.
     r.check(
@@ -557,6 +559,12 @@ fn each_consumers_own_default_is_the_nodes() {
             "actors_max",
             bare.actors_max as u64,
             from_node.actors_max as u64,
+        ),
+        (
+            "cluster_deploy_sync_ms",
+            "deploy_sync_ms",
+            bare.deploy_sync_ms,
+            from_node.deploy_sync_ms,
         ),
         (
             "actor_idle_ms",

@@ -38,6 +38,12 @@ impl BucketDriver {
 
     /// Performs `op`. Errors and timeouts are `Failed`: the machines decide
     /// what a failure means (a renewal that may have landed, a take given up).
+    /// The bucket it drives (for what is not a machine's operation: the
+    /// cluster's deploys).
+    pub fn bucket(&self) -> &Bucket {
+        &self.bucket
+    }
+
     pub async fn perform(&self, op: BucketOp) -> BucketResult {
         let key = op.key().to_owned();
         match tokio::time::timeout(self.timeout, self.perform_unbounded(op)).await {

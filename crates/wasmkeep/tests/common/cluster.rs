@@ -209,3 +209,25 @@ pub(crate) fn counter(a: &Answer) -> u64 {
         .as_u64()
         .unwrap_or_else(|| panic!("{}", a.body))
 }
+
+/// The keys of a folder bucket under `root` (a folder in it), relative to
+/// `root`, sorted.
+pub(crate) fn folder_keys(root: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_owned()];
+    while let Some(dir) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push(p.strip_prefix(root).unwrap().display().to_string());
+            }
+        }
+    }
+    out.sort();
+    out
+}

@@ -1,0 +1,685 @@
+//! One deploy for the whole cluster (issue 38, ADR 0058): an app's
+//! versions live in the bucket, and every node serves the newest one.
+//!
+//! ```text
+//! versions/<tenant>/<app>/<N, 20 digits>                  version N: JSON, its manifest inside
+//! components/<tenant>/<app>/<N, 20 digits>-<sha256>.wasm  the component version N runs
+//! ```
+//!
+//! A deploy through any node compiles the component there first (nothing
+//! is recorded that the node cannot run), uploads it under the number it
+//! claims, then creates that number's record, create-only: of two deploys
+//! racing for one number one wins, the other reads again and claims the
+//! next (at most [`DEPLOY_ATTEMPTS_MAX`] times). The same component with
+//! the same manifest as the newest version is that version again. Only then
+//! does the node install it; the others find it at their next sync, every
+//! `cluster_deploy_sync_ms` (2 s): one LIST of `versions/` per node and
+//! pass (a page per thousand kept versions in the cluster), plus, for an
+//! app whose newest number moved, one GET of its record and one of its
+//! component (unless the node stored that component already). A node
+//! starting syncs before it serves, so a node that was down during a
+//! deploy serves the new version from its first request.
+//!
+//! A request for an app or class this node does not have reads the bucket
+//! for that app before it is refused (a name found in vain is not looked
+//! up again within the sync period, and a node makes at most
+//! [`REFRESHES_PER_S_MAX`] such lookups a second): a node never takes an
+//! actor it cannot run, and a mistyped name costs at most one LIST,
+//! never a write.
+//!
+//! Each deploy keeps the newest `app_versions_max` versions: the one that
+//! created a version deletes the records and components numbered below
+//! them. A component's key carries its version's number, so no two
+//! versions share an object and deleting an old one can never take a
+//! component a deploy in flight elsewhere is about to name.
+//!
+//! An app a node had before its cluster kept versions (deployed on that
+//! node alone, or the bundled examples of `--examples`) is recorded as
+//! the app's version 1 if the bucket has no version of it yet, and
+//! otherwise replaced by the bucket's: the bucket decides.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use wasmkeep_replica::Bucket;
+use wasmkeep_replica::bucket::Created;
+use wasmkeep_runtime::{AppInfo, AppVersion, Runtime, RuntimeError};
+
+use super::now_ms;
+
+/// Where the versions' records are.
+pub const VERSIONS_PREFIX: &str = "versions/";
+/// Where the components are.
+pub const COMPONENTS_PREFIX: &str = "components/";
+/// How often a deploy reads the newest number again after another node
+/// claimed the one it tried.
+pub const DEPLOY_ATTEMPTS_MAX: usize = 8;
+/// Most keys one sync's listing of `versions/` holds (kept versions of
+/// every app of the cluster, and the few not yet pruned).
+pub const VERSIONS_LISTED_MAX: u64 = 200_000;
+/// Largest version record read back (its manifest is most of it).
+pub const RECORD_BYTES_MAX: u64 = 1024 * 1024;
+/// Most app names a node remembers having looked up in vain for a request
+/// ([`Deploys::refresh`]); past it, unknown names are refused unread.
+pub const REFRESH_NAMES_MAX: usize = 4096;
+/// Most lookups of the bucket for requests naming an app or class a node
+/// lacks, per second and node: what made-up names can cost.
+pub const REFRESHES_PER_S_MAX: u32 = 10;
+/// Default of `cluster_deploy_sync_ms`.
+pub const DEPLOY_SYNC_MS: u64 = 2_000;
+
+/// A version as the bucket keeps it: the listing's fields and the
+/// manifest it was deployed with.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Record {
+    #[serde(flatten)]
+    version: AppVersion,
+    manifest: String,
+}
+
+/// One deploy to the cluster: what, and who asked.
+pub struct NewDeploy {
+    pub tenant: String,
+    pub app: String,
+    pub wasm: Vec<u8>,
+    pub manifest: String,
+    /// Who the client says it is (`wasmkeep-deployed-by`).
+    pub by: String,
+    /// For a rollback: the version deployed again.
+    pub rollback_of: Option<u64>,
+}
+
+/// Why a cluster deploy, rollback or listing failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DeployError {
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    #[error("the bucket could not be read or written: {0}")]
+    Bucket(String),
+    #[error(
+        "other deploys of `{app}` claimed {DEPLOY_ATTEMPTS_MAX} version numbers in a row; try again"
+    )]
+    Contended { app: String },
+}
+
+impl DeployError {
+    /// The error's stable code.
+    pub fn code(&self) -> String {
+        match self {
+            DeployError::Runtime(e) => e.code(),
+            DeployError::Bucket(_) => "bucket_unavailable".into(),
+            DeployError::Contended { .. } => "deploy_contended".into(),
+        }
+    }
+}
+
+/// The cluster's deploys as this node sees them.
+pub struct Deploys {
+    bucket: Bucket,
+    timeout: Duration,
+    sync_ms: u64,
+    /// One deploy, rollback or sync of this node at a time.
+    writing: tokio::sync::Mutex<()>,
+    /// Per app: the newest number this node installed or found it had.
+    installed: parking_lot::Mutex<HashMap<(String, String), u64>>,
+    /// Per app name a request looked up and did not find: when (ms).
+    refreshed: parking_lot::Mutex<HashMap<(String, String), u64>>,
+    /// Lookups for requests in the current second: `(second, count)`.
+    refresh_budget: parking_lot::Mutex<(u64, u32)>,
+    /// Versions this node installed from the bucket (other nodes' deploys).
+    pub synced_total: prometheus_client::metrics::counter::Counter,
+}
+
+impl std::fmt::Debug for Deploys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Deploys")
+            .field("sync_ms", &self.sync_ms)
+            .finish_non_exhaustive()
+    }
+}
+
+fn versions_dir(tenant: &str, app: &str) -> String {
+    format!("{VERSIONS_PREFIX}{tenant}/{app}/")
+}
+
+fn record_key(tenant: &str, app: &str, n: u64) -> String {
+    format!("{}{n:020}", versions_dir(tenant, app))
+}
+
+fn component_key(tenant: &str, app: &str, n: u64, hash: &str) -> String {
+    format!("{COMPONENTS_PREFIX}{tenant}/{app}/{n:020}-{hash}.wasm")
+}
+
+/// `(tenant, app, N)` of a record's key; `None` for anything else.
+fn parse_record_key(key: &str) -> Option<(String, String, u64)> {
+    let rest = key.strip_prefix(VERSIONS_PREFIX)?;
+    let mut parts = rest.split('/');
+    let (t, a, n) = (parts.next()?, parts.next()?, parts.next()?);
+    if parts.next().is_some() || n.len() != 20 || !n.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some((t.to_owned(), a.to_owned(), n.parse().ok()?))
+}
+
+impl Deploys {
+    pub fn new(bucket: Bucket, timeout_ms: u64, sync_ms: u64) -> Deploys {
+        Deploys {
+            bucket,
+            timeout: Duration::from_millis(timeout_ms.max(1)),
+            sync_ms,
+            writing: tokio::sync::Mutex::new(()),
+            installed: parking_lot::Mutex::new(HashMap::new()),
+            refreshed: parking_lot::Mutex::new(HashMap::new()),
+            refresh_budget: parking_lot::Mutex::new((0, 0)),
+            synced_total: Default::default(),
+        }
+    }
+
+    /// How often the sync task reads the bucket.
+    pub fn sync_ms(&self) -> u64 {
+        self.sync_ms
+    }
+
+    async fn bounded<T>(
+        &self,
+        what: &str,
+        f: impl Future<Output = Result<T, wasmkeep_replica::ReplicaError>>,
+    ) -> Result<T, DeployError> {
+        match tokio::time::timeout(self.timeout, f).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(DeployError::Bucket(format!("{what}: {e}"))),
+            Err(_) => Err(DeployError::Bucket(format!(
+                "{what}: no answer within cluster_bucket_timeout_ms"
+            ))),
+        }
+    }
+
+    /// The numbers of an app's versions in the bucket, ascending.
+    async fn numbers(&self, tenant: &str, app: &str) -> Result<Vec<u64>, DeployError> {
+        let keys = self
+            .bounded(
+                "list the app's versions",
+                self.bucket
+                    .list(&versions_dir(tenant, app), None, VERSIONS_LISTED_MAX),
+            )
+            .await?;
+        let mut ns: Vec<u64> = keys
+            .iter()
+            .filter_map(|k| parse_record_key(k))
+            .filter(|(t, a, _)| t == tenant && a == app)
+            .map(|(_, _, n)| n)
+            .collect();
+        ns.sort_unstable();
+        Ok(ns)
+    }
+
+    async fn record(&self, tenant: &str, app: &str, n: u64) -> Result<Record, DeployError> {
+        let key = record_key(tenant, app, n);
+        let bytes = self
+            .bounded(
+                "read a version",
+                self.bucket
+                    .get_bounded(&key, "RECORD_BYTES_MAX", RECORD_BYTES_MAX),
+            )
+            .await?;
+        serde_json::from_slice(&bytes)
+            .map_err(|e| DeployError::Bucket(format!("version record `{key}` unreadable: {e}")))
+    }
+
+    /// The component of a recorded version: this node's copy if it has
+    /// one, else the bucket's.
+    async fn component(
+        &self,
+        rt: &Runtime,
+        tenant: &str,
+        app: &str,
+        v: &AppVersion,
+    ) -> Result<Vec<u8>, DeployError> {
+        if let Some(stored) = rt.stored_component(tenant, app, &v.hash) {
+            return Ok(stored);
+        }
+        let limit = rt.config().component_bytes_max as u64;
+        let bytes = self
+            .bounded(
+                "read a component",
+                self.bucket.get_bounded(
+                    &component_key(tenant, app, v.version, &v.hash),
+                    "component_bytes_max",
+                    limit,
+                ),
+            )
+            .await?;
+        Ok(bytes.to_vec())
+    }
+
+    /// Deploys an app to the cluster: compiled here, recorded in the
+    /// bucket as its next version (or found to be its newest already),
+    /// then served here; the other nodes follow at their next sync.
+    pub async fn deploy(
+        &self,
+        rt: &Runtime,
+        d: NewDeploy,
+    ) -> Result<(AppInfo, AppVersion), DeployError> {
+        let _one = self.writing.lock().await;
+        self.deploy_locked(rt, d, false).await?.ok_or_else(|| {
+            DeployError::Runtime(RuntimeError::Internal("deploy not recorded".into()))
+        })
+    }
+
+    /// The deploy itself, under `writing`. `only_first`: record it only as
+    /// the app's version 1 (adopting an app the bucket lacks), `None` when
+    /// the bucket has a version of it already.
+    async fn deploy_locked(
+        &self,
+        rt: &Runtime,
+        d: NewDeploy,
+        only_first: bool,
+    ) -> Result<Option<(AppInfo, AppVersion)>, DeployError> {
+        let NewDeploy {
+            tenant,
+            app,
+            wasm,
+            manifest,
+            by,
+            rollback_of,
+        } = d;
+        let (tenant, app) = (tenant.as_str(), app.as_str());
+        let prepared = {
+            let (rt, t, a) = (rt.clone(), tenant.to_owned(), app.to_owned());
+            let m = manifest.clone();
+            tokio::task::spawn_blocking(move || rt.prepare(&t, &a, &wasm, &m))
+                .await
+                .map_err(|e| RuntimeError::Internal(format!("compile task: {e}")))??
+        };
+        let info = prepared.info();
+        for _ in 0..DEPLOY_ATTEMPTS_MAX {
+            let newest = self.numbers(tenant, app).await?.last().copied();
+            if only_first && newest.is_some() {
+                return Ok(None);
+            }
+            if let Some(n) = newest
+                && rollback_of.is_none()
+            {
+                let last = self.record(tenant, app, n).await?;
+                if last.version.hash == info.hash && last.manifest == manifest {
+                    return self.install(rt, prepared, &last.version).await.map(Some);
+                }
+            }
+            let n = newest.map_or(1, |n| n + 1);
+            let version = AppVersion {
+                version: n,
+                hash: info.hash.clone(),
+                deployed_ms: now_ms(),
+                classes: info.classes.clone(),
+                component_bytes: info.component_bytes,
+                by: by.clone(),
+                rollback_of,
+            };
+            // The component first, under the number: a record never names
+            // a component that is not there.
+            let body = Bytes::copy_from_slice(prepared.wasm());
+            self.bounded(
+                "upload the component",
+                self.bucket
+                    .create(&component_key(tenant, app, n, &info.hash), body),
+            )
+            .await?;
+            let record = Record {
+                version: version.clone(),
+                manifest: manifest.clone(),
+            };
+            let json = serde_json::to_vec(&record)
+                .map_err(|e| RuntimeError::Internal(format!("version record: {e}")))?;
+            let created = self
+                .bounded(
+                    "record the version",
+                    self.bucket
+                        .create(&record_key(tenant, app, n), Bytes::from(json)),
+                )
+                .await?;
+            if created == Created::AlreadyExists {
+                // Another node's deploy took this number (its component,
+                // if it differs, has its own key; ours is pruned later).
+                continue;
+            }
+            tracing::info!(%tenant, %app, version = n, hash = %info.hash, "recorded a version in the bucket");
+            let installed = self.install(rt, prepared, &version).await?;
+            self.prune(rt, tenant, app, n).await;
+            return Ok(Some(installed));
+        }
+        Err(DeployError::Contended {
+            app: format!("{tenant}/{app}"),
+        })
+    }
+
+    async fn install(
+        &self,
+        rt: &Runtime,
+        prepared: wasmkeep_runtime::PreparedApp,
+        version: &AppVersion,
+    ) -> Result<(AppInfo, AppVersion), DeployError> {
+        let info = prepared.info();
+        let (rt2, v) = (rt.clone(), version.clone());
+        let done = tokio::task::spawn_blocking(move || rt2.install_recorded(prepared, &v))
+            .await
+            .map_err(|e| RuntimeError::Internal(format!("install task: {e}")))??;
+        self.installed
+            .lock()
+            .insert((info.tenant.clone(), info.app.clone()), version.version);
+        Ok(done)
+    }
+
+    /// Deletes what falls out of the newest `app_versions_max` after
+    /// version `newest` was recorded. Best effort: what a failure leaves is
+    /// deleted by the next deploy.
+    async fn prune(&self, rt: &Runtime, tenant: &str, app: &str, newest: u64) {
+        let keep = rt.config().app_versions_max.max(1) as u64;
+        let Some(below) = newest.checked_sub(keep - 1) else {
+            return;
+        };
+        let dir = format!("{COMPONENTS_PREFIX}{tenant}/{app}/");
+        let components = self
+            .bounded(
+                "list components",
+                self.bucket.list(&dir, None, VERSIONS_LISTED_MAX),
+            )
+            .await;
+        let mut doomed: Vec<String> = Vec::new();
+        if let Ok(numbers) = self.numbers(tenant, app).await {
+            doomed.extend(
+                numbers
+                    .iter()
+                    .filter(|n| **n < below)
+                    .map(|n| record_key(tenant, app, *n)),
+            );
+        }
+        if let Ok(keys) = components {
+            doomed.extend(keys.into_iter().filter(|k| {
+                k.strip_prefix(&dir)
+                    .and_then(|r| r.get(..20))
+                    .and_then(|n| n.parse::<u64>().ok())
+                    .is_some_and(|n| n < below)
+            }));
+        }
+        for key in doomed {
+            if let Err(e) = self.bounded("prune", self.bucket.delete(&key)).await {
+                tracing::warn!(%key, error = %e, "an old version stays in the bucket until the next deploy");
+                return;
+            }
+        }
+    }
+
+    /// The app's versions in the bucket, oldest first.
+    pub async fn versions(&self, tenant: &str, app: &str) -> Result<Vec<AppVersion>, DeployError> {
+        let numbers = self.numbers(tenant, app).await?;
+        if numbers.is_empty() {
+            return Err(RuntimeError::AppNotFound(format!("{tenant}/{app}")).into());
+        }
+        let mut out = Vec::with_capacity(numbers.len());
+        for n in numbers {
+            match self.record(tenant, app, n).await {
+                Ok(r) => out.push(r.version),
+                // Pruned between the listing and the read.
+                Err(_) if out.is_empty() => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Deploys a kept version again to the cluster, as a new version that
+    /// names it (`to: None`: the one before the newest).
+    pub async fn rollback(
+        &self,
+        rt: &Runtime,
+        tenant: &str,
+        app: &str,
+        to: Option<u64>,
+        by: String,
+    ) -> Result<(AppInfo, AppVersion), DeployError> {
+        let numbers = self.numbers(tenant, app).await?;
+        if numbers.is_empty() {
+            return Err(RuntimeError::AppNotFound(format!("{tenant}/{app}")).into());
+        }
+        let missing = |version| RuntimeError::VersionNotFound {
+            app: format!("{tenant}/{app}"),
+            version,
+        };
+        let n = match to {
+            Some(n) if numbers.contains(&n) => n,
+            Some(n) => return Err(missing(n).into()),
+            None => *numbers
+                .len()
+                .checked_sub(2)
+                .and_then(|i| numbers.get(i))
+                .ok_or(missing(0))?,
+        };
+        let target = self.record(tenant, app, n).await?;
+        let wasm = self.component(rt, tenant, app, &target.version).await?;
+        let d = NewDeploy {
+            tenant: tenant.to_owned(),
+            app: app.to_owned(),
+            wasm,
+            manifest: target.manifest,
+            by,
+            rollback_of: Some(n),
+        };
+        self.deploy(rt, d).await
+    }
+
+    /// One pass: installs the newest version of every app whose newest
+    /// number in the bucket is not the one this node has. Returns how
+    /// many it installed. An app that fails is left for the next pass.
+    pub async fn sync(&self, rt: &Runtime) -> Result<usize, DeployError> {
+        let keys = self
+            .bounded(
+                "list versions",
+                self.bucket.list(VERSIONS_PREFIX, None, VERSIONS_LISTED_MAX),
+            )
+            .await?;
+        let mut newest: BTreeMap<(String, String), u64> = BTreeMap::new();
+        for (t, a, n) in keys.iter().filter_map(|k| parse_record_key(k)) {
+            let e = newest.entry((t, a)).or_insert(n);
+            *e = (*e).max(n);
+        }
+        let _one = self.writing.lock().await;
+        let mut installed = 0;
+        for ((tenant, app), n) in &newest {
+            match self.sync_app(rt, tenant, app, *n).await {
+                Ok(true) => installed += 1,
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(%tenant, %app, version = n, error = %e, "could not install the cluster's version; trying again at the next sync");
+                }
+            }
+        }
+        Ok(installed)
+    }
+
+    /// Installs version `n` of an app unless this node has it. Under
+    /// `writing`.
+    async fn sync_app(
+        &self,
+        rt: &Runtime,
+        tenant: &str,
+        app: &str,
+        n: u64,
+    ) -> Result<bool, DeployError> {
+        let key = (tenant.to_owned(), app.to_owned());
+        if self.installed.lock().get(&key) == Some(&n) {
+            return Ok(false);
+        }
+        let record = self.record(tenant, app, n).await?;
+        let here = rt
+            .versions(tenant, app)
+            .ok()
+            .and_then(|v| v.last().cloned());
+        if here.is_some_and(|h| h.version == n && h.hash == record.version.hash) {
+            self.installed.lock().insert(key, n);
+            return Ok(false);
+        }
+        let wasm = self.component(rt, tenant, app, &record.version).await?;
+        let prepared = {
+            let (rt, t, a, m) = (rt.clone(), key.0.clone(), key.1.clone(), record.manifest);
+            tokio::task::spawn_blocking(move || rt.prepare(&t, &a, &wasm, &m))
+                .await
+                .map_err(|e| RuntimeError::Internal(format!("compile task: {e}")))??
+        };
+        self.install(rt, prepared, &record.version).await?;
+        self.synced_total.inc();
+        tracing::info!(%tenant, %app, version = n, "installed the cluster's version");
+        Ok(true)
+    }
+
+    /// For a request naming an app or class this node does not have: reads
+    /// the bucket for that app (once per app and sync period) and installs
+    /// its newest version if there is one this node lacks. Returns whether
+    /// it installed one.
+    pub async fn refresh(&self, rt: &Runtime, tenant: &str, app: &str) -> bool {
+        let key = (tenant.to_owned(), app.to_owned());
+        if !self.may_refresh(&key) {
+            return false;
+        }
+        let found = match self.numbers(tenant, app).await {
+            Ok(numbers) => match numbers.last() {
+                Some(n) => {
+                    let _one = self.writing.lock().await;
+                    self.sync_app(rt, tenant, app, *n).await.unwrap_or(false)
+                }
+                None => false,
+            },
+            Err(_) => false,
+        };
+        if !found {
+            // Not again for this name until the next sync period.
+            let mut missed = self.refreshed.lock();
+            if missed.len() >= REFRESH_NAMES_MAX {
+                let now = now_ms();
+                missed.retain(|_, at| now.saturating_sub(*at) < self.sync_ms);
+            }
+            if missed.len() < REFRESH_NAMES_MAX {
+                missed.insert(key, now_ms());
+            }
+        }
+        found
+    }
+
+    /// Whether a request may look `key` up in the bucket now: not if the
+    /// name missed within the sync period, nor past
+    /// [`REFRESHES_PER_S_MAX`] lookups this second, nor while
+    /// [`REFRESH_NAMES_MAX`] names missed lately.
+    fn may_refresh(&self, key: &(String, String)) -> bool {
+        let now = now_ms();
+        {
+            let missed = self.refreshed.lock();
+            if missed
+                .get(key)
+                .is_some_and(|at| now.saturating_sub(*at) < self.sync_ms)
+            {
+                return false;
+            }
+        }
+        let mut budget = self.refresh_budget.lock();
+        if now / 1000 != budget.0 {
+            *budget = (now / 1000, 0);
+        }
+        if budget.1 >= REFRESHES_PER_S_MAX {
+            return false;
+        }
+        budget.1 += 1;
+        true
+    }
+
+    /// At start, before the node serves: installs the cluster's versions,
+    /// then records as version 1 each app this node has that the bucket
+    /// has no version of (an app deployed before its cluster kept
+    /// versions, the examples of `--examples`).
+    pub async fn start(&self, rt: &Runtime) -> Result<(), DeployError> {
+        self.sync(rt).await?;
+        let _one = self.writing.lock().await;
+        for a in rt.apps() {
+            if self
+                .installed
+                .lock()
+                .contains_key(&(a.tenant.clone(), a.app.clone()))
+            {
+                continue;
+            }
+            let Some(wasm) = rt.stored_component(&a.tenant, &a.app, &a.hash) else {
+                continue;
+            };
+            let manifest = rt.stored_manifest(&a.tenant, &a.app, &a.hash);
+            let by = rt
+                .versions(&a.tenant, &a.app)
+                .ok()
+                .and_then(|v| v.last().map(|v| v.by.clone()))
+                .unwrap_or_default();
+            let d = NewDeploy {
+                tenant: a.tenant.clone(),
+                app: a.app.clone(),
+                wasm,
+                manifest,
+                by,
+                rollback_of: None,
+            };
+            match self.deploy_locked(rt, d, true).await? {
+                Some((_, v)) => {
+                    tracing::info!(tenant = %a.tenant, app = %a.app, version = v.version, "recorded this node's app as the cluster's first version");
+                }
+                None => {
+                    // Another node recorded it meanwhile: take the bucket's.
+                    if let Some(n) = self.numbers(&a.tenant, &a.app).await?.last() {
+                        self.sync_app(rt, &a.tenant, &a.app, *n).await?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Every `cluster_deploy_sync_ms` until the node stops: one sync pass.
+pub(crate) async fn run(
+    deploys: Arc<Deploys>,
+    rt: Runtime,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let every = Duration::from_millis(deploys.sync_ms().max(1));
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = stop.changed() => return,
+        }
+        if let Err(e) = deploys.sync(&rt).await {
+            tracing::warn!(error = %e, "could not read the cluster's versions; trying again");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn record_keys_parse_back_and_nothing_else_does() {
+        let k = record_key("t", "a", 42);
+        assert_eq!(k, "versions/t/a/00000000000000000042");
+        assert_eq!(parse_record_key(&k), Some(("t".into(), "a".into(), 42)));
+        for bad in [
+            "versions/t/a/42",
+            "versions/t/00000000000000000042",
+            "versions/t/a/00000000000000000042/x",
+            "components/t/a/00000000000000000042",
+            "versions/t/a/0000000000000000004x",
+        ] {
+            assert_eq!(parse_record_key(bad), None, "{bad}");
+        }
+        assert_eq!(
+            component_key("t", "a", 3, "ab"),
+            "components/t/a/00000000000000000003-ab.wasm"
+        );
+    }
+}
