@@ -256,6 +256,9 @@ fn is_store_code(code: &str) -> bool {
             | "bookmark_not_found"
             | "too_many_restores"
             | "socket_not_found"
+            // The SDKs' schema migrations (issue 38): one failed, the
+            // event rolled back, the actor is on its old schema.
+            | "migration_failed"
             // Request-shaped failures a guest may choose (see the SDK).
             | "bad_request"
             | "not_found"

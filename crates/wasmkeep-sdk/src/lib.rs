@@ -62,7 +62,9 @@
 //! [`interface!`](crate::interface) macro) and [`workflow`] (durable
 //! multi-step work: steps recorded once, retries, sleeps, waits for
 //! events). [`bookmarks`] names points of the actor's history and goes
-//! back to one. The TypeScript SDK has each with the same tables and wire
+//! back to one. [`schema`] runs the migrations a class lists
+//! ([`Actor::migrations`]) once per actor, in the first event that lacks
+//! them. The TypeScript SDK has each with the same tables and wire
 //! formats.
 //!
 //! # Errors
@@ -124,6 +126,7 @@ pub mod kv;
 pub mod log;
 pub mod outbox;
 pub mod replies;
+pub mod schema;
 pub mod sockets;
 pub mod sql;
 pub mod timers;
@@ -337,10 +340,20 @@ impl Error {
 /// }
 /// ```
 pub trait Actor: Default + 'static {
+    /// The class's schema migrations, oldest first: SQL statements the SDK
+    /// runs, each once per actor, before any event that finds the
+    /// database without them, in that event's transaction (see
+    /// [`schema`]). Only ever append to this list. By default: none, and
+    /// no cost.
+    fn migrations() -> &'static [&'static str] {
+        &[]
+    }
+
     /// The first event of a new actor runs this first, in the same
-    /// transaction. Create tables here. If that event fails, the actor
-    /// does not come into existence (and its next first event runs `init`
-    /// again). By default: nothing.
+    /// transaction. Create tables here (or in [`Actor::migrations`], which
+    /// run before it). If that event fails, the actor does not come into
+    /// existence (and its next first event runs `init` again). By
+    /// default: nothing.
     fn init(&mut self) -> Result<()> {
         Ok(())
     }
@@ -708,10 +721,15 @@ pub fn __install_panic_hook() {
     });
 }
 
-/// Runs `f` on the instance's value of class `A` (`app!` calls this).
+/// Runs `f` on the instance's value of class `A` (`app!` calls this for
+/// every event), after the class's migrations the database lacks.
 #[doc(hidden)]
-pub fn __with<A: Actor, R>(f: impl FnOnce(&mut A) -> R) -> R {
+pub fn __with<A: Actor, T>(f: impl FnOnce(&mut A) -> Result<T>) -> Result<T> {
     __install_panic_hook();
+    let migrations = A::migrations();
+    if !migrations.is_empty() {
+        schema::__migrate(migrations)?;
+    }
     STATE.with(|s| {
         let mut s = s.borrow_mut();
         if s.as_ref().is_none_or(|b| !b.is::<A>()) {

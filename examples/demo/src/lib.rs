@@ -13,6 +13,7 @@ mod notes;
 mod orders;
 mod pinger;
 mod presence;
+mod profiles;
 mod reminder;
 mod rings;
 mod timers;
@@ -27,6 +28,7 @@ wasmkeep_sdk::app!(
     "orders" => orders::Orders,
     "pinger" => pinger::Pinger,
     "presence" => presence::Presence,
+    "profiles" => profiles::Profiles,
     "reminder" => reminder::Reminder,
     "rings" => rings::Rings,
     "tally" => calls::Tally,

@@ -10,6 +10,7 @@ import { Counter } from "./counter";
 import { Files } from "./files";
 import { Orders } from "./orders";
 import { Pinger } from "./pinger";
+import { Profiles } from "./profiles";
 import { Reminder } from "./reminder";
 import { Timers } from "./timers";
 
@@ -20,6 +21,7 @@ export default app({
   files: Files,
   orders: Orders,
   pinger: Pinger,
+  profiles: Profiles,
   reminder: Reminder,
   tally: Tally,
   timers: Timers,

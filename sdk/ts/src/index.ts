@@ -451,6 +451,73 @@ export const sql = {
   },
 };
 
+// ---------------------------------------------------------------- schema
+
+const SCHEMA_CREATE =
+  "CREATE TABLE IF NOT EXISTS wasmkeep_sdk_schema (id INTEGER PRIMARY KEY CHECK (id = 0), version INTEGER NOT NULL)";
+
+/**
+ * Schema migrations (issue 38), as the Rust SDK's `schema` module: a
+ * class lists SQL statements in a static `migrations` array, oldest
+ * first, and before each of its events the SDK runs those the actor's
+ * database has not had, in that event's transaction, before `init` or
+ * the handler. A failing one fails the event with `migration_failed`
+ * naming it, and everything rolls back: the actor stays on its old
+ * schema. Only ever append to the list. A database that has had more
+ * migrations than the running build lists (after a rollback) is left as
+ * it is. Cost: one `SELECT` per event of a class that lists migrations.
+ *
+ * @example
+ * ```ts
+ * class Notes implements Actor {
+ *   static migrations = [
+ *     "CREATE TABLE notes (id INTEGER PRIMARY KEY, title TEXT NOT NULL)",
+ *     "ALTER TABLE notes ADD COLUMN body TEXT NOT NULL DEFAULT ''",
+ *   ];
+ *   request(req: Request): Response {
+ *     return Response.json({ schema: schema.version() });
+ *   }
+ * }
+ * ```
+ */
+export const schema = {
+  /** How many migrations this actor's database has had (0 before any). */
+  version(): number {
+    try {
+      const row = witSql.query("SELECT version FROM wasmkeep_sdk_schema WHERE id = 0", NO_VALUES).rows[0];
+      const v = row?.[0];
+      return v !== undefined && v.tag === "integer" ? Number(v.val) : 0;
+    } catch (e) {
+      const err = hostError(e);
+      if (err instanceof WasmkeepError && err.message.includes("no such table")) return 0;
+      throw err;
+    }
+  },
+};
+
+/** Runs the migrations the database has not had (before each event of a class that lists any). */
+function migrate(migrations: readonly string[]): void {
+  const n = migrations.length;
+  const at = schema.version();
+  if (at >= n) return;
+  sql.run(SCHEMA_CREATE);
+  for (let i = at; i < n; i++) {
+    try {
+      sql.run(migrations[i]);
+    } catch (e) {
+      const err = e instanceof WasmkeepError ? `${e.code}: ${e.message}` : String(e);
+      throw new WasmkeepError(
+        "migration_failed",
+        `migration ${i + 1} of ${n} failed, the actor stays at schema version ${at}: ${err}`,
+      );
+    }
+  }
+  sql.run(
+    "INSERT INTO wasmkeep_sdk_schema (id, version) VALUES (0, ?1) ON CONFLICT (id) DO UPDATE SET version = excluded.version",
+    n,
+  );
+}
+
 // ---------------------------------------------------------------- kv
 
 /** Which keys {@link kv.list} returns. */
@@ -1854,8 +1921,11 @@ export interface Actor {
   socketError?(socket: SocketInfo, reason: string): void;
 }
 
-/** A class the app serves. */
-export type ActorClass = new () => Actor;
+/**
+ * A class the app serves: made with `new`, and with an optional static
+ * `migrations` list (see {@link schema}).
+ */
+export type ActorClass = (new () => Actor) & { readonly migrations?: readonly string[] };
 
 /** What {@link app} returns: the component's exports. Export it as the module's default. */
 export interface App {
@@ -1913,11 +1983,15 @@ function answer(a: unknown): Answer {
 export function app(classes: Record<string, ActorClass>): App {
   const names = Object.keys(classes);
   const objects = new Map<string, Actor>();
+  // Every export asks for its actor once per event: the class's
+  // migrations the database lacks run first.
   const actor = (cls: string): Actor => {
+    const C = classes[cls];
+    if (C === undefined) throw new WasmkeepError("class_not_found", `this app has no class \`${cls}\``);
+    const migrations = C.migrations;
+    if (migrations !== undefined && migrations.length > 0) migrate(migrations);
     let a = objects.get(cls);
     if (a === undefined) {
-      const C = classes[cls];
-      if (C === undefined) throw new WasmkeepError("class_not_found", `this app has no class \`${cls}\``);
       a = new C();
       objects.set(cls, a);
     }
