@@ -96,6 +96,7 @@ mod between;
 mod inbound;
 mod instance;
 mod request;
+pub use request::VERSION_HEADER;
 mod socket;
 use alarm::{delivered_without_state, rehearse_alarm, run_alarm, run_delivery};
 use batch::run_batch;
@@ -350,6 +351,14 @@ impl Actor {
 
     pub fn is_loaded(&self) -> bool {
         self.slot.try_lock().map(|s| s.is_some()).unwrap_or(true)
+    }
+
+    /// The app version of the actor's live instance, if it has one and it
+    /// is not running an event now.
+    pub fn loaded_version(&self) -> Option<u64> {
+        self.slot
+            .try_lock()
+            .and_then(|s| s.as_ref().map(|l| l.app.deploy_version))
     }
 }
 

@@ -222,6 +222,11 @@ pub struct App {
     pub outbound: Arc<OutboundPolicy>,
     /// The manifest's `[vars]`.
     pub vars: Arc<BTreeMap<String, String>>,
+    /// The app's version this is (`app_versions`; 0 until installed).
+    pub deploy_version: u64,
+    /// Whether an actor open on an older version keeps it until it closes
+    /// (a deferred deploy, ADR 0059).
+    pub deferred: bool,
 }
 
 /// What the admin API shows about an app.
@@ -234,6 +239,8 @@ pub struct AppInfo {
     pub deployed_ms: u64,
     pub component_bytes: usize,
     pub manifest: AppManifest,
+    /// The app's version this is (0 before it is installed).
+    pub version: u64,
 }
 
 impl App {
@@ -246,6 +253,7 @@ impl App {
             deployed_ms: self.deployed_ms,
             component_bytes: self.component_bytes,
             manifest: self.manifest.clone(),
+            version: self.deploy_version,
         }
     }
 }
@@ -752,6 +760,8 @@ impl Compiler<'_> {
             socket_handler,
             outbound: Arc::new(outbound),
             vars,
+            deploy_version: 0,
+            deferred: false,
         })
     }
 
@@ -816,6 +826,10 @@ pub(crate) struct DeployOrigin<'a> {
     /// The version as the cluster's bucket recorded it (ADR 0058): its
     /// number and time are kept; `None` on a single node.
     pub recorded: Option<&'a AppVersion>,
+    /// The share of actors that run it (100: all) and whether open actors
+    /// keep their version until they close (ADR 0059).
+    pub percent: u8,
+    pub deferred: bool,
 }
 
 /// Stores a deployed app: its component and manifest by hash, the
@@ -840,7 +854,11 @@ pub(crate) fn persist(
         &dir.join(format!("{}.toml", app.hash)),
         manifest_text.as_bytes(),
     )?;
-    write_atomic(&dir.join("current"), app.hash.as_bytes())?;
+    // `current` names the whole version; a partial one (a rollout) is
+    // found through the versions' list.
+    if origin.percent == 100 {
+        write_atomic(&dir.join("current"), app.hash.as_bytes())?;
+    }
     let legacy = previous.map(|p| {
         app_versions::legacy_version(&p.hash, &p.classes, p.component_bytes, p.deployed_ms)
     });
@@ -852,6 +870,8 @@ pub(crate) fn persist(
         manifest: manifest_text,
         by: origin.by,
         rollback_of: origin.rollback_of,
+        percent: origin.percent,
+        deferred: origin.deferred,
         number: origin.recorded.map(|r| r.version),
     };
     let version = app_versions::append(&dir, &new, legacy, keep, write_atomic)?;
@@ -863,11 +883,21 @@ pub(crate) fn persist(
 pub(crate) struct StoredApp {
     pub tenant: String,
     pub app: String,
-    pub wasm: Vec<u8>,
-    pub manifest: String,
+    /// The version its actors run (`None`: deployed before versions).
+    pub stable: StoredVersion,
+    /// A partial version being rolled out after it (ADR 0059).
+    pub candidate: Option<StoredVersion>,
 }
 
-/// Reads what `persist` wrote, for every app with a `current` pointer.
+/// One stored version's component and manifest.
+pub(crate) struct StoredVersion {
+    pub wasm: Vec<u8>,
+    pub manifest: String,
+    pub version: Option<AppVersion>,
+}
+
+/// Reads what `persist` wrote, for every app with a `current` pointer:
+/// its newest whole version, and a newer partial one if there is one.
 pub(crate) fn load_all(data: &Path) -> std::io::Result<Vec<StoredApp>> {
     let mut out = Vec::new();
     let root = data.join("apps");
@@ -883,15 +913,36 @@ pub(crate) fn load_all(data: &Path) -> std::io::Result<Vec<StoredApp>> {
             let Ok(hash) = std::fs::read_to_string(dir.join("current")) else {
                 continue;
             };
-            let hash = hash.trim();
-            let wasm = std::fs::read(dir.join(format!("{hash}.wasm")))?;
-            let manifest =
-                std::fs::read_to_string(dir.join(format!("{hash}.toml"))).unwrap_or_default();
+            let versions = app_versions::read(&dir)?;
+            let stored = |v: &AppVersion| -> std::io::Result<StoredVersion> {
+                Ok(StoredVersion {
+                    wasm: std::fs::read(dir.join(format!("{}.wasm", v.hash)))?,
+                    manifest: std::fs::read_to_string(app_versions::manifest_path(&dir, v.version))
+                        .unwrap_or_default(),
+                    version: Some(v.clone()),
+                })
+            };
+            let stable = match app_versions::stable(&versions) {
+                Some(v) => stored(v)?,
+                None => {
+                    let hash = hash.trim();
+                    StoredVersion {
+                        wasm: std::fs::read(dir.join(format!("{hash}.wasm")))?,
+                        manifest: std::fs::read_to_string(dir.join(format!("{hash}.toml")))
+                            .unwrap_or_default(),
+                        version: None,
+                    }
+                }
+            };
+            let candidate = match versions.last() {
+                Some(v) if v.percent < 100 => Some(stored(v)?),
+                _ => None,
+            };
             out.push(StoredApp {
                 tenant: t.file_name().to_string_lossy().into_owned(),
                 app: a.file_name().to_string_lossy().into_owned(),
-                wasm,
-                manifest,
+                stable,
+                candidate,
             });
         }
     }

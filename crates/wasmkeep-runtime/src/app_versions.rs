@@ -43,6 +43,30 @@ pub struct AppVersion {
     /// For a rollback: the version it deployed again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollback_of: Option<u64>,
+    /// The share of the app's actors that run it (a gradual rollout,
+    /// ADR 0059): 100 for a whole deploy; below, the others run the newest
+    /// whole version before it.
+    #[serde(default = "whole", skip_serializing_if = "is_whole")]
+    pub percent: u8,
+    /// Whether an actor that is open when this version comes keeps its
+    /// version until it closes (`deferred`), rather than taking this one
+    /// at its next event.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub deferred: bool,
+}
+
+fn whole() -> u8 {
+    100
+}
+
+fn is_whole(p: &u8) -> bool {
+    *p == 100
+}
+
+/// The version an app's actors run when no rollout names them: the newest
+/// whole one (`None` if every kept version is partial).
+pub fn stable(versions: &[AppVersion]) -> Option<&AppVersion> {
+    versions.iter().rev().find(|v| v.percent == 100)
 }
 
 #[derive(Default, Serialize, Deserialize)]
@@ -78,6 +102,8 @@ pub(crate) struct NewVersion<'a> {
     pub manifest: &'a str,
     pub by: &'a str,
     pub rollback_of: Option<u64>,
+    pub percent: u8,
+    pub deferred: bool,
     /// The number the cluster's bucket gave this version (a cluster deploy,
     /// ADR 0058); `None`: the next one here. A recorded number replaces
     /// whatever this node listed at that number and after it, so that the
@@ -101,6 +127,8 @@ pub(crate) fn legacy_version(
         component_bytes,
         by: String::new(),
         rollback_of: None,
+        percent: 100,
+        deferred: false,
     }
 }
 
@@ -140,6 +168,8 @@ pub(crate) fn append(
         && new.number.is_none()
         && new.rollback_of.is_none()
         && last.hash == new.hash
+        && last.percent == new.percent
+        && last.deferred == new.deferred
         && std::fs::read(manifest_path(dir, last.version))
             .is_ok_and(|m| m == new.manifest.as_bytes())
     {
@@ -157,10 +187,21 @@ pub(crate) fn append(
         component_bytes: new.component_bytes,
         by: new.by.to_owned(),
         rollback_of: new.rollback_of,
+        percent: new.percent,
+        deferred: new.deferred,
     };
     versions.push(added.clone());
     let dropped = versions.len().saturating_sub(keep.max(1));
-    let kept = versions.split_off(dropped);
+    let stable_number = stable(&versions).map(|v| v.version);
+    let mut kept = versions.split_off(dropped);
+    // The version the actors outside a rollout run is kept, however many
+    // partial versions came after it.
+    if let Some(n) = stable_number
+        && !kept.iter().any(|v| v.version == n)
+        && let Some(s) = versions.iter().find(|v| v.version == n)
+    {
+        kept.insert(0, s.clone());
+    }
     let body = toml::to_string(&VersionsFile {
         versions: kept.clone(),
     })
@@ -217,6 +258,8 @@ mod tests {
             manifest: &format!("# {h}"),
             by: "me@here",
             rollback_of: None,
+            percent: 100,
+            deferred: false,
             number: None,
         };
         append(dir, &new, None, keep, write).unwrap()
@@ -266,6 +309,8 @@ mod tests {
                 manifest: "",
                 by: "elsewhere",
                 rollback_of: None,
+                percent: 100,
+                deferred: false,
                 number: Some(n),
             };
             append(d, &new, None, 10, write).unwrap()
@@ -309,6 +354,8 @@ mod tests {
             manifest: "",
             by: "",
             rollback_of: None,
+            percent: 100,
+            deferred: false,
             number: None,
         };
         assert_eq!(append(d, &new, Some(legacy), 10, write).unwrap().version, 2);

@@ -109,6 +109,9 @@ pub struct Access {
     pub duration_us: u64,
     /// The error's stable code, for a request the node refused or failed.
     pub code: Option<String>,
+    /// The app version that answered (`x-wasmkeep-version`), when an
+    /// actor did (ADR 0059).
+    pub version: Option<u64>,
 }
 
 /// Longest message a line keeps (the rest is cut, marked `…`): a guest's

@@ -34,6 +34,10 @@ use crate::timer::Timer;
 /// An evicted actor, and its `last_used_ms` when it was picked.
 pub(crate) type ToClose = (Arc<Actor>, u64);
 
+/// An app's version being rolled out, and the share of its actors that
+/// run it (ADR 0059).
+pub(crate) type Candidate = (Arc<App>, u8);
+
 /// The shared core; workers and the server hold it through [`Runtime`].
 pub struct Inner {
     pub config: RuntimeConfig,
@@ -41,6 +45,9 @@ pub struct Inner {
     pub engine: Engine,
     pub(crate) linker: Linker<HostState>,
     pub(crate) apps: RwLock<HashMap<(String, String), Arc<App>>>,
+    /// Apps with a version being rolled out (ADR 0059): that version, and
+    /// the share of actors (by [`rollout_share`]) below which they run it.
+    pub(crate) candidates: RwLock<HashMap<(String, String), Candidate>>,
     pub(crate) app_version: AtomicU64,
     /// Held while a deploy writes its app's folder and version.
     pub(crate) deploys: Mutex<()>,
@@ -220,6 +227,26 @@ impl Inner {
             .iter()
             .filter(|((t, _), a)| t == tenant && a.classes.iter().any(|c| c == class))
             .count()
+    }
+
+    /// The app version `id` runs: the candidate of a rollout if the actor
+    /// is within its share, else the app's whole version.
+    pub fn app_for(&self, id: &ActorId) -> Option<Arc<App>> {
+        let key = (id.tenant.clone(), id.app.clone());
+        if let Some((candidate, percent)) = self.candidates.read().get(&key)
+            && rollout_share(id) < *percent
+        {
+            return Some(Arc::clone(candidate));
+        }
+        self.apps.read().get(&key).cloned()
+    }
+
+    /// The app's version being rolled out, and its share.
+    pub fn candidate(&self, tenant: &str, app: &str) -> Option<Candidate> {
+        self.candidates
+            .read()
+            .get(&(tenant.to_owned(), app.to_owned()))
+            .cloned()
     }
 
     pub fn app(&self, tenant: &str, app: &str) -> Option<Arc<App>> {
@@ -515,4 +542,19 @@ impl Inner {
             let _ = self.enqueue(&id, Event::new(EventKind::Prepare, None), false);
         }
     }
+}
+
+/// An actor's place in its app's rollouts, 0 to 99: stable for its
+/// address (a hash of it), so that raising a rollout's share only ever
+/// adds actors to it (ADR 0059).
+pub(crate) fn rollout_share(id: &ActorId) -> u8 {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for part in [&id.tenant, &id.app, &id.class, &id.name] {
+        h.update((part.len() as u64).to_le_bytes());
+        h.update(part.as_bytes());
+    }
+    let d = h.finalize();
+    let n = u64::from_le_bytes(d[..8].try_into().expect("8 bytes"));
+    (n % 100) as u8
 }

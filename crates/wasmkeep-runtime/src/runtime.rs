@@ -70,6 +70,32 @@ const WORKER_IDLE_COLLECT_MS: u64 = 500;
 /// still alive, so the instance pool has room for them too.
 pub(crate) const CLOSE_QUEUE_MAX: usize = 128;
 
+/// How a deploy reaches the app's actors (ADR 0059).
+#[derive(Debug, Clone)]
+pub struct DeployOptions<'a> {
+    /// Who the client says deployed it.
+    pub by: &'a str,
+    /// For a rollback: the version deployed again.
+    pub rollback_of: Option<u64>,
+    /// The share of actors that run it, 1 to 100 (by a hash of their
+    /// address); the others keep the app's newest whole version.
+    pub percent: u8,
+    /// Open actors keep their version until they close.
+    pub deferred: bool,
+}
+
+impl<'a> DeployOptions<'a> {
+    /// Every actor, at its next event.
+    pub fn whole(by: &'a str) -> DeployOptions<'a> {
+        DeployOptions {
+            by,
+            rollback_of: None,
+            percent: 100,
+            deferred: false,
+        }
+    }
+}
+
 /// An app's component compiled and checked, not yet served
 /// ([`Runtime::prepare`]).
 pub struct PreparedApp {
@@ -119,6 +145,9 @@ pub struct ActorInfo {
     /// ended the history before removing stale entries); `None` when unset.
     pub alarm_indexed: Option<String>,
     pub owner_fence: Option<String>,
+    /// The app version it runs: its live instance's, else the one its next
+    /// event would load (a rollout's or the whole one, ADR 0059).
+    pub version: Option<u64>,
 }
 
 /// One open connection's memory, in bytes (see `ActorDb::memory`). The
@@ -291,6 +320,7 @@ fn build_inner(config: RuntimeConfig, clock: Arc<dyn Clock>, parts: Parts) -> Ar
         engine,
         linker,
         apps: RwLock::new(HashMap::new()),
+        candidates: RwLock::new(HashMap::new()),
         app_version: AtomicU64::new(1),
         deploys: Mutex::new(()),
         actors: Mutex::new(HashMap::new()),
@@ -355,30 +385,52 @@ impl Runtime {
             let app::StoredApp {
                 tenant,
                 app,
-                wasm,
-                manifest,
+                stable,
+                candidate,
             } = stored;
-            let version = self.inner.app_version.fetch_add(1, Ordering::SeqCst);
-            // Deployed before: a limit above a ceiling lowered since is
-            // clamped, not refused (see `OverCeiling`).
-            match self.compiler().build(
-                &tenant,
-                &app,
-                &wasm,
-                &manifest,
-                version,
-                OverCeiling::Clamp,
-            ) {
-                Ok(a) => {
-                    self.register_classes(&tenant, &app, &a.info().classes);
-                    self.inner.apps.write().insert((tenant, app), Arc::new(a));
-                }
-                Err(e) => {
-                    tracing::error!(%tenant, %app, error = %e, "a deployed app no longer loads")
+            let Some(whole) = self.load_version(&tenant, &app, stable) else {
+                continue;
+            };
+            let key = (tenant.clone(), app.clone());
+            self.inner.apps.write().insert(key.clone(), Arc::new(whole));
+            if let Some(c) = candidate {
+                let percent = c.version.as_ref().map_or(100, |v| v.percent);
+                if let Some(partial) = self.load_version(&tenant, &app, c) {
+                    let entry = (Arc::new(partial), percent);
+                    self.inner.candidates.write().insert(key, entry);
                 }
             }
         }
         Ok(())
+    }
+
+    /// Compiles one stored version of an app at start; `None` (logged) if
+    /// it no longer loads.
+    fn load_version(&self, tenant: &str, app: &str, v: app::StoredVersion) -> Option<app::App> {
+        let version = self.inner.app_version.fetch_add(1, Ordering::SeqCst);
+        // Deployed before: a limit above a ceiling lowered since is
+        // clamped, not refused (see `OverCeiling`).
+        match self.compiler().build(
+            tenant,
+            app,
+            &v.wasm,
+            &v.manifest,
+            version,
+            OverCeiling::Clamp,
+        ) {
+            Ok(mut a) => {
+                self.register_classes(tenant, app, &a.info().classes);
+                if let Some(kept) = &v.version {
+                    a.deploy_version = kept.version;
+                    a.deferred = kept.deferred;
+                }
+                Some(a)
+            }
+            Err(e) => {
+                tracing::error!(%tenant, %app, error = %e, "a deployed app no longer loads");
+                None
+            }
+        }
     }
 
     /// Gives an app's classes their label sets in `/metrics` (while
@@ -646,7 +698,7 @@ impl Runtime {
         by: &str,
     ) -> Result<(AppInfo, AppVersion), RuntimeError> {
         let prepared = self.prepare(tenant, app, wasm, manifest)?;
-        self.install(prepared, by, None)
+        self.install(prepared, &DeployOptions::whole(by))
     }
 
     /// Compiles and checks a component for an app without serving it yet
@@ -672,17 +724,18 @@ impl Runtime {
     }
 
     /// Serves a prepared app as this node's next version of it (a single
-    /// node's deploy; `rollback_of` for a rollback).
+    /// node's deploy), to the share of actors `options` says.
     pub fn install(
         &self,
         prepared: PreparedApp,
-        by: &str,
-        rollback_of: Option<u64>,
+        options: &DeployOptions<'_>,
     ) -> Result<(AppInfo, AppVersion), RuntimeError> {
         let origin = app::DeployOrigin {
-            by,
-            rollback_of,
+            by: options.by,
+            rollback_of: options.rollback_of,
             recorded: None,
+            percent: options.percent,
+            deferred: options.deferred,
         };
         self.install_with(prepared, &origin)
     }
@@ -699,6 +752,8 @@ impl Runtime {
             by: &recorded.by,
             rollback_of: recorded.rollback_of,
             recorded: Some(recorded),
+            percent: recorded.percent,
+            deferred: recorded.deferred,
         };
         self.install_with(prepared, &origin)
     }
@@ -709,15 +764,27 @@ impl Runtime {
         origin: &app::DeployOrigin<'_>,
     ) -> Result<(AppInfo, AppVersion), RuntimeError> {
         let PreparedApp {
-            built,
+            mut built,
             wasm,
             manifest,
         } = prepared;
         let (tenant, app) = (built.tenant.clone(), built.name.clone());
+        if !(1..=100).contains(&origin.percent) {
+            return Err(RuntimeError::InvalidConfig(format!(
+                "percent={} must be 1 to 100",
+                origin.percent
+            )));
+        }
         // One deploy of a node at a time writes apps' folders: two deploys
         // of one app must not interleave their versions.
         let _writing = self.inner.deploys.lock();
         let previous = self.inner.app(&tenant, &app);
+        if origin.percent < 100 && previous.is_none() {
+            return Err(RuntimeError::InvalidConfig(format!(
+                "percent={}: a rollout moves actors from a version to another, and {tenant}/{app} has none yet: deploy it whole first",
+                origin.percent
+            )));
+        }
         let kept = app::persist(
             &self.inner.config.data_dir,
             &built,
@@ -728,13 +795,19 @@ impl Runtime {
             self.inner.config.app_versions_max,
         )
         .map_err(|e| RuntimeError::Store(e.into()))?;
+        built.deploy_version = kept.version;
+        built.deferred = kept.deferred;
         let info = built.info();
         self.register_classes(&tenant, &app, &info.classes);
-        self.inner
-            .apps
-            .write()
-            .insert((tenant.clone(), app.clone()), Arc::new(built));
-        tracing::info!(%tenant, %app, hash = %info.hash, version = kept.version, classes = ?info.classes, "deployed");
+        let key = (tenant.clone(), app.clone());
+        if kept.percent < 100 {
+            let entry = (Arc::new(built), kept.percent);
+            self.inner.candidates.write().insert(key, entry);
+        } else {
+            self.inner.apps.write().insert(key.clone(), Arc::new(built));
+            self.inner.candidates.write().remove(&key);
+        }
+        tracing::info!(%tenant, %app, hash = %info.hash, version = kept.version, percent = kept.percent, deferred = kept.deferred, classes = ?info.classes, "deployed");
         Ok((info, kept))
     }
 
@@ -812,7 +885,11 @@ impl Runtime {
                     .unwrap_or_default(),
             };
         let prepared = self.prepare(tenant, app, &wasm, &manifest)?;
-        self.install(prepared, by, Some(target.version))
+        let options = DeployOptions {
+            rollback_of: Some(target.version),
+            ..DeployOptions::whole(by)
+        };
+        self.install(prepared, &options)
     }
 
     pub fn apps(&self) -> Vec<AppInfo> {
@@ -823,6 +900,14 @@ impl Runtime {
 
     pub fn app(&self, tenant: &str, app: &str) -> Option<AppInfo> {
         self.inner.app(tenant, app).map(|a| a.info())
+    }
+
+    /// The app's version being rolled out, if any, and the share of its
+    /// actors that run it (ADR 0059).
+    pub fn rollout(&self, tenant: &str, app: &str) -> Option<(AppInfo, u8)> {
+        self.inner
+            .candidate(tenant, app)
+            .map(|(a, percent)| (a.info(), percent))
     }
 
     /// Names of a class's actors in byte order, after `after`.
@@ -847,7 +932,12 @@ impl Runtime {
         let Some(a) = self.inner.app(tenant, app) else {
             return Err(self.app_missing(tenant, app));
         };
-        if !a.classes.iter().any(|c| c == class) {
+        let in_rollout = || {
+            self.inner
+                .candidate(tenant, app)
+                .is_some_and(|(c, _)| c.classes.iter().any(|c| c == class))
+        };
+        if !a.classes.iter().any(|c| c == class) && !in_rollout() {
             return Err(RuntimeError::ClassNotFound {
                 app: format!("{tenant}/{app}"),
                 class: class.to_owned(),
@@ -888,12 +978,13 @@ impl Runtime {
         if !path.exists() && self.inner.replication.is_none() {
             return Err(RuntimeError::ActorNotFound(id.to_string()));
         }
-        let active = self
+        let (active, loaded) = self
             .inner
             .actors
             .lock()
             .get(id)
-            .is_some_and(|a| a.is_loaded());
+            .map_or((false, None), |a| (a.is_loaded(), a.loaded_version()));
+        let version = loaded.or_else(|| self.inner.app_for(id).map(|a| a.deploy_version));
         let name = id.to_string();
         let (size, alarm, memory, index) = self.with_db(id, move |db| match db {
             DbAccess::Open(db) => {
@@ -945,6 +1036,7 @@ impl Runtime {
             last_write_ms,
             active,
             sqlite_memory: memory,
+            version,
         })
     }
 

@@ -717,6 +717,11 @@ async fn actor_request(State(s): State<AppState>, req: Request) -> Response {
             method: method.as_str(),
             path: uri.path(),
             status: resp.status().as_u16(),
+            version: resp
+                .headers()
+                .get(wasmkeep_runtime::actor::VERSION_HEADER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse().ok()),
             started,
             code: code.as_deref(),
             message: message.as_deref(),
@@ -1160,6 +1165,35 @@ fn segment(field: &'static str, v: &str) -> Result<(), ApiError> {
 #[derive(Deserialize)]
 struct DeployQuery {
     manifest: Option<String>,
+    /// The share of actors that run the new version (ADR 0059).
+    percent: Option<String>,
+    /// `immediate` (the default) or `deferred`.
+    mode: Option<String>,
+}
+
+impl DeployQuery {
+    /// `(percent, deferred)`, or a clear refusal naming the field.
+    fn rollout(&self) -> Result<(u8, bool), ApiError> {
+        let bad = |m: String| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", m);
+        let percent = match self.percent.as_deref() {
+            None => 100,
+            Some(p) => p
+                .parse::<u8>()
+                .ok()
+                .filter(|p| (1..=100).contains(p))
+                .ok_or_else(|| {
+                    bad(format!(
+                        "percent: `{p}` is not a whole number from 1 to 100"
+                    ))
+                })?,
+        };
+        let deferred = match self.mode.as_deref() {
+            None | Some("immediate") => false,
+            Some("deferred") => true,
+            Some(m) => return Err(bad(format!("mode: `{m}` is not `immediate` or `deferred`"))),
+        };
+        Ok((percent, deferred))
+    }
 }
 
 async fn deploy(
@@ -1183,6 +1217,7 @@ async fn deploy(
             e
         }
     })?;
+    let (percent, deferred) = q.rollout()?;
     let rt = s.rt.clone();
     let manifest = q.manifest.unwrap_or_default();
     let by = deployed_by(&headers);
@@ -1196,11 +1231,22 @@ async fn deploy(
             manifest,
             by,
             rollback_of: None,
+            percent,
+            deferred,
         };
         let deployed = c.deploys.deploy(&rt, d).await?;
         return Ok(deployed_answer(deployed));
     }
-    let deployed = blocking(move || rt.deploy_by(&tenant, &app, &wasm, &manifest, &by)).await?;
+    let deployed = blocking(move || {
+        let prepared = rt.prepare(&tenant, &app, &wasm, &manifest)?;
+        let options = wasmkeep_runtime::DeployOptions {
+            percent,
+            deferred,
+            ..wasmkeep_runtime::DeployOptions::whole(&by)
+        };
+        rt.install(prepared, &options)
+    })
+    .await?;
     Ok(deployed_answer(deployed))
 }
 
@@ -1229,6 +1275,10 @@ fn deployed_answer(
     v["version"] = json!(version.version);
     if let Some(of) = version.rollback_of {
         v["rollback_of"] = json!(of);
+    }
+    v["percent"] = json!(version.percent);
+    if version.deferred {
+        v["mode"] = json!("deferred");
     }
     (StatusCode::OK, axum::Json(v)).into_response()
 }
@@ -1278,7 +1328,17 @@ async fn show_app(
     axum::extract::Path((tenant, app)): axum::extract::Path<(String, String)>,
 ) -> Result<Response, ApiError> {
     match s.rt.app(&tenant, &app) {
-        Some(info) => Ok(axum::Json(info).into_response()),
+        Some(info) => {
+            let mut v = serde_json::to_value(&info).unwrap_or_default();
+            if let Some((candidate, percent)) = s.rt.rollout(&tenant, &app) {
+                v["rollout"] = json!({
+                    "version": candidate.version,
+                    "hash": candidate.hash,
+                    "percent": percent,
+                });
+            }
+            Ok(axum::Json(v).into_response())
+        }
         None => Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "app_not_found",

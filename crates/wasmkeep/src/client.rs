@@ -1,6 +1,6 @@
 //! The CLI's client side: small HTTP calls to a node's API.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
@@ -173,19 +173,57 @@ fn split<const N: usize>(target: &str, what: &str) -> Result<[String; N]> {
     Ok(std::array::from_fn(|i| parts[i].to_owned()))
 }
 
-pub(crate) fn deploy(
-    conn: &Conn,
-    out: Output,
-    target: &str,
-    component: &Path,
-    manifest: Option<&Path>,
-) -> Result<()> {
-    let [tenant, app] = split::<2>(target, "tenant/app")?;
+/// What `wasmkeep deploy` deploys, and to which actors.
+#[derive(clap::Args, Debug, Clone)]
+pub(crate) struct DeployArgs {
+    /// `tenant/app`
+    pub target: String,
+    /// The component (built for wasm32-wasip2).
+    pub component: PathBuf,
+    /// The app's TOML manifest (default: none; every limit at the
+    /// node's default).
+    #[arg(long)]
+    pub manifest: Option<PathBuf>,
+    #[command(flatten)]
+    pub rollout: Rollout,
+}
+
+/// How a deploy reaches the app's actors (ADR 0059).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub(crate) struct Rollout {
+    /// Roll the new version out to this share of the app's actors (1 to
+    /// 100, by a hash of each actor's address); the others keep running
+    /// the newest whole version. Deploy the same component again with a
+    /// higher share to move more actors forward; 100 (the default)
+    /// finishes the rollout.
+    #[arg(long, value_parser = clap::value_parser!(u8).range(1..=100))]
+    pub percent: Option<u8>,
+    /// `immediate` (the default): an actor takes the new version at its
+    /// next event. `deferred`: an actor open now keeps its version until
+    /// it closes (idles out, or the node restarts).
+    #[arg(long, value_parser = ["immediate", "deferred"])]
+    pub mode: Option<String>,
+}
+
+pub(crate) fn deploy(conn: &Conn, out: Output, what: &DeployArgs) -> Result<()> {
+    let (component, manifest, rollout) = (&what.component, what.manifest.as_deref(), &what.rollout);
+    let [tenant, app] = split::<2>(&what.target, "tenant/app")?;
     let wasm = std::fs::read(component).with_context(|| format!("read {}", component.display()))?;
-    let mut path = format!("/admin/v1/apps/{}/{}", enc(&tenant), enc(&app));
+    let mut query = Vec::new();
     if let Some(m) = manifest {
         let text = std::fs::read_to_string(m).with_context(|| format!("read {}", m.display()))?;
-        path.push_str(&format!("?manifest={}", enc(&text)));
+        query.push(format!("manifest={}", enc(&text)));
+    }
+    if let Some(p) = rollout.percent {
+        query.push(format!("percent={p}"));
+    }
+    if let Some(m) = &rollout.mode {
+        query.push(format!("mode={m}"));
+    }
+    let mut path = format!("/admin/v1/apps/{}/{}", enc(&tenant), enc(&app));
+    if !query.is_empty() {
+        path.push('?');
+        path.push_str(&query.join("&"));
     }
     let v = conn.json_with("PUT", &path, Some(wasm), &[deployed_by()])?;
     out.print(&v, |v| {
@@ -203,10 +241,20 @@ fn deployed_by() -> (&'static str, String) {
     ("wasmkeep-deployed-by", format!("{user}@{host}"))
 }
 
-/// `version N (size, sha256 …), classes: …` of a deploy's answer.
+/// `version N (size, sha256 …), classes: …` of a deploy's answer, and
+/// the share of actors it reaches when it is a rollout.
 fn deployed_line(v: &Value) -> String {
+    let share = match v["percent"].as_u64() {
+        Some(p) if p < 100 => format!(" to {p}% of the actors"),
+        _ => String::new(),
+    };
+    let mode = if v["mode"] == "deferred" {
+        ", deferred: open actors keep their version until they close"
+    } else {
+        ""
+    };
     format!(
-        "version {} ({}, sha256 {}), classes: {}",
+        "version {}{share} ({}, sha256 {}), classes: {}{mode}",
         v["version"].as_u64().map_or("?".into(), |n| n.to_string()),
         output::bytes(v["component_bytes"].as_u64().unwrap_or(0)),
         v["hash"].as_str().unwrap_or("?"),
@@ -241,6 +289,12 @@ pub(crate) fn versions(conn: &Conn, out: Output, target: &str) -> Result<()> {
             }
             if let Some(of) = k["rollback_of"].as_u64() {
                 note.push(format!("rollback to {of}"));
+            }
+            if let Some(p) = k["percent"].as_u64() {
+                note.push(format!("rollout to {p}%"));
+            }
+            if k["deferred"] == true {
+                note.push("deferred".to_owned());
             }
             rows.push(vec![
                 n.map_or("?".into(), |n| n.to_string()),
@@ -670,6 +724,9 @@ fn print_actor(v: &Value) {
         "no (on disk only)"
     };
     row("active", active.into());
+    if let Some(n) = v["version"].as_u64() {
+        row("app version", n.to_string());
+    }
     row(
         "database",
         output::bytes(v["database_bytes"].as_u64().unwrap_or(0)),

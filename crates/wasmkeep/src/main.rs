@@ -50,14 +50,8 @@ enum Command {
     Deploy {
         #[command(flatten)]
         conn: client::Conn,
-        /// `tenant/app`
-        target: String,
-        /// The component (built for wasm32-wasip2).
-        component: PathBuf,
-        /// The app's TOML manifest (default: none; every limit at the
-        /// node's default).
-        #[arg(long)]
-        manifest: Option<PathBuf>,
+        #[command(flatten)]
+        what: client::DeployArgs,
     },
     /// List an app's kept versions, newest first: every deploy is one
     /// (`app_versions_max` are kept).
@@ -398,12 +392,7 @@ fn run() -> Result<()> {
     let out = |conn: &client::Conn| output::Output { json: conn.json };
     match cli.command {
         Command::Serve(args) => serve(args),
-        Command::Deploy {
-            conn,
-            target,
-            component,
-            manifest,
-        } => client::deploy(&conn, out(&conn), &target, &component, manifest.as_deref()),
+        Command::Deploy { conn, what } => client::deploy(&conn, out(&conn), &what),
         Command::Versions { conn, target } => client::versions(&conn, out(&conn), &target),
         Command::Rollback { conn, target, to } => client::rollback(&conn, out(&conn), &target, to),
         Command::Call {

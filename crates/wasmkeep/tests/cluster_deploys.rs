@@ -18,6 +18,7 @@
 
 mod common;
 
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::Instant;
 
@@ -237,4 +238,62 @@ fn a_request_for_an_app_this_node_lacks_reads_the_bucket_first() {
     let (code, body) = b.node.get(PINGER);
     assert_eq!(code, 200, "{body}");
     assert_eq!(versions(&b.node, "acme/shop").len(), 2);
+}
+
+/// The version that answered a request through `node`.
+fn answered_version(node: &Node, path: &str) -> u64 {
+    let agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .new_agent();
+    let resp = agent
+        .post(&format!("http://{}{path}", node.addr()))
+        .send_empty()
+        .unwrap();
+    assert_eq!(resp.status(), 200, "{path}");
+    resp.headers()["x-wasmkeep-version"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// A rollout deployed through one node is the cluster's: another node
+/// serves its share of actors the new version and the rest the whole one,
+/// and a whole deploy through it finishes the rollout everywhere.
+#[test]
+fn a_rollout_through_one_node_is_served_by_the_others() {
+    let c = Cluster::new(Store::Folder);
+    let a = c.start("a");
+    let b = c.start("b");
+    deploy(&a.node, wasmkeep_guests::EXAMPLES_TS);
+    let (code, v) = a.node.json(
+        "PUT",
+        "/admin/v1/apps/acme/shop?percent=50",
+        wasmkeep_guests::DEMO,
+    );
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(
+        (v["version"].as_u64(), v["percent"].as_u64()),
+        (Some(2), Some(50))
+    );
+    wait_for("B to install the rollout", || {
+        let (_, app) = b.node.json("GET", "/admin/v1/apps/acme/shop", b"");
+        app["version"] == 1 && app["rollout"]["version"] == 2 && app["rollout"]["percent"] == 50
+    });
+    // Actors B takes run one version or the other, by their share.
+    let versions: BTreeSet<u64> = (0..40)
+        .map(|i| answered_version(&b.node, &format!("/v1/acme/shop/counter/b{i}/increment")))
+        .collect();
+    assert_eq!(versions, BTreeSet::from([1, 2]));
+    // Whole, through B: every node, every actor.
+    deploy(&b.node, wasmkeep_guests::DEMO);
+    wait_for("A to finish the rollout", || {
+        let (_, app) = a.node.json("GET", "/admin/v1/apps/acme/shop", b"");
+        app["version"] == 3 && app.get("rollout").is_none()
+    });
+    for i in 0..40 {
+        let path = format!("/v1/acme/shop/counter/b{i}/increment");
+        assert_eq!(answered_version(&a.node, &path), 3);
+    }
 }

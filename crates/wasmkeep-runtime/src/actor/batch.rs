@@ -206,7 +206,7 @@ pub(super) fn resolve_class(
     id: &ActorId,
     events: Vec<Event>,
 ) -> Option<(Arc<App>, Vec<Event>)> {
-    let Some(app) = rt.app(&id.tenant, &id.app) else {
+    let Some(app) = rt.app_for(id) else {
         rt.timer.set(id, None);
         fail_all(events, || {
             RuntimeError::AppNotFound(format!("{}/{}", id.tenant, id.app))
@@ -593,7 +593,8 @@ pub(super) fn run_event(
             };
             let started = crate::clock::instant();
             let r = run_socket(rt, l, ev);
-            note_event(rt, &actor.id, "SOCKET", &what, started, &r);
+            let version = l.app.deploy_version;
+            note_event(rt, &actor.id, "SOCKET", (&what, version), started, &r);
             r
         }
         EventKind::Inbound(Inbound::Message {
@@ -605,7 +606,8 @@ pub(super) fn run_event(
             let what = format!("from {from} #{seq}");
             let started = crate::clock::instant();
             let r = run_message(rt, l, &from, life, seq, body, initialized);
-            note_event(rt, &actor.id, "MESSAGE", &what, started, &r);
+            let version = l.app.deploy_version;
+            note_event(rt, &actor.id, "MESSAGE", (&what, version), started, &r);
             r
         }
         EventKind::Inbound(Inbound::Response {
@@ -630,7 +632,7 @@ fn note_event(
     rt: &Inner,
     id: &ActorId,
     kind: &'static str,
-    what: &str,
+    (what, version): (&str, u64),
     started: Instant,
     r: &Result<Outcome, RuntimeError>,
 ) {
@@ -660,7 +662,7 @@ fn note_event(
     let duration_us = started.elapsed().as_micros() as u64;
     let ms = duration_us as f64 / 1000.0;
     if access_on {
-        tracing::info!(target: "wasmkeep::access", kind, actor = %id, what, status, ms, code = code.as_deref().unwrap_or("-"));
+        tracing::info!(target: "wasmkeep::access", kind, actor = %id, what, status, ms, code = code.as_deref().unwrap_or("-"), version);
     }
     use crate::logs::{Access, Level, LogLine, Source};
     let mut line = LogLine::new(
@@ -680,6 +682,7 @@ fn note_event(
         status,
         duration_us,
         code,
+        version: Some(version),
     });
     rt.logs.push(line);
 }

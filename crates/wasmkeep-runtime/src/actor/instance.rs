@@ -110,7 +110,12 @@ pub(super) fn load(
         // open the actor afresh from the bucket.
         *slot = None;
     }
-    if let Some(l) = slot.take_if(|l| l.app.version == app.version && l.bindings.is_some()) {
+    // The same version keeps its instance; so does an older one while a
+    // deferred deploy waits for the actor to close (ADR 0059).
+    if let Some(l) = slot.take_if(|l| {
+        l.bindings.is_some()
+            && (l.app.version == app.version || (app.deferred && l.app.name == app.name))
+    }) {
         return Ok(Some(l));
     }
     let db = match slot.take() {

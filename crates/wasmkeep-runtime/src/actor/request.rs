@@ -3,6 +3,9 @@
 
 use super::*;
 
+/// The response header naming the app version that ran a request.
+pub const VERSION_HEADER: &str = "x-wasmkeep-version";
+
 /// Runs `then` once the bucket holds everything up to `mark` (on the
 /// outbox's runtime); never if the actor was given up meanwhile.
 pub(super) fn when_uploaded(
@@ -81,7 +84,9 @@ pub(super) fn run_request(
         let status = finish_call(l, r);
         // A limit the guest ran into is the event's error, whatever the
         // guest did with the error it got.
-        let (headers, body) = parts?;
+        let (mut headers, body) = parts?;
+        // Which of the app's versions answered (a rollout runs two).
+        headers.push((VERSION_HEADER.to_owned(), l.app.deploy_version.to_string()));
         let socket = l.store.data().socket_accepted.as_ref().map(|a| a.id);
         Ok(ActorResponse {
             status: status?,

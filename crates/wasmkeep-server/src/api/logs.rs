@@ -48,6 +48,8 @@ pub(crate) struct Answered<'a> {
     /// The error's code, for a request the node refused or failed.
     pub code: Option<&'a str>,
     pub message: Option<&'a str>,
+    /// The app version that answered, from `x-wasmkeep-version`.
+    pub version: Option<u64>,
 }
 
 /// Codes of refusals made before anyone was let near the actor: whoever
@@ -92,7 +94,8 @@ pub(crate) fn record(s: &AppState, a: Answered<'_>) {
     let code = a.code.unwrap_or("-");
     let ms = duration_us as f64 / 1000.0;
     if access_on {
-        tracing::info!(target: "wasmkeep::access", method = a.method, path, actor, status = a.status, ms, code);
+        let version = a.version.unwrap_or(0);
+        tracing::info!(target: "wasmkeep::access", method = a.method, path, actor, status = a.status, ms, code, version);
     }
     // Lines reach a tenant's log (the ring) only about actors of deployed
     // classes, and never from a request refused as unauthenticated: nobody
@@ -145,6 +148,7 @@ pub(crate) fn record(s: &AppState, a: Answered<'_>) {
         status: a.status,
         duration_us,
         code: a.code.map(str::to_owned),
+        version: a.version,
     });
     hub.push(line);
 }
@@ -298,6 +302,7 @@ fn push_json(out: &mut String, l: &LogLine) {
             "status": a.status,
             "duration_us": a.duration_us,
             "code": a.code,
+            "version": a.version,
         });
     }
     out.push_str(&v.to_string());

@@ -90,6 +90,10 @@ pub struct NewDeploy {
     pub by: String,
     /// For a rollback: the version deployed again.
     pub rollback_of: Option<u64>,
+    /// The share of actors that run it (1 to 100) and whether open actors
+    /// keep their version until they close (ADR 0059).
+    pub percent: u8,
+    pub deferred: bool,
 }
 
 /// Why a cluster deploy, rollback or listing failed.
@@ -285,6 +289,8 @@ impl Deploys {
             manifest,
             by,
             rollback_of,
+            percent,
+            deferred,
         } = d;
         let (tenant, app) = (tenant.as_str(), app.as_str());
         let prepared = {
@@ -304,9 +310,20 @@ impl Deploys {
                 && rollback_of.is_none()
             {
                 let last = self.record(tenant, app, n).await?;
-                if last.version.hash == info.hash && last.manifest == manifest {
+                let v = &last.version;
+                if v.hash == info.hash
+                    && last.manifest == manifest
+                    && v.percent == percent
+                    && v.deferred == deferred
+                {
                     return self.install(rt, prepared, &last.version).await.map(Some);
                 }
+            }
+            if percent < 100 && newest.is_none() {
+                return Err(RuntimeError::InvalidConfig(format!(
+                    "percent={percent}: a rollout moves actors from a version to another, and {tenant}/{app} has none yet: deploy it whole first"
+                ))
+                .into());
             }
             let n = newest.map_or(1, |n| n + 1);
             let version = AppVersion {
@@ -317,6 +334,8 @@ impl Deploys {
                 component_bytes: info.component_bytes,
                 by: by.clone(),
                 rollback_of,
+                percent,
+                deferred,
             };
             // The component first, under the number: a record never names
             // a component that is not there.
@@ -387,12 +406,18 @@ impl Deploys {
                 self.bucket.list(&dir, None, VERSIONS_LISTED_MAX),
             )
             .await;
+        // The whole version a rollout moves actors from stays.
+        let keep_too = match self.stable_before(tenant, app, newest + 1).await {
+            Ok(s) => s.map(|r| r.version.version),
+            Err(_) => return,
+        };
+        let doomed_number = |n: u64| n < below && Some(n) != keep_too;
         let mut doomed: Vec<String> = Vec::new();
         if let Ok(numbers) = self.numbers(tenant, app).await {
             doomed.extend(
                 numbers
                     .iter()
-                    .filter(|n| **n < below)
+                    .filter(|n| doomed_number(**n))
                     .map(|n| record_key(tenant, app, *n)),
             );
         }
@@ -401,7 +426,7 @@ impl Deploys {
                 k.strip_prefix(&dir)
                     .and_then(|r| r.get(..20))
                     .and_then(|n| n.parse::<u64>().ok())
-                    .is_some_and(|n| n < below)
+                    .is_some_and(doomed_number)
             }));
         }
         for key in doomed {
@@ -466,6 +491,8 @@ impl Deploys {
             manifest: target.manifest,
             by,
             rollback_of: Some(n),
+            percent: 100,
+            deferred: false,
         };
         self.deploy(rt, d).await
     }
@@ -521,6 +548,46 @@ impl Deploys {
             self.installed.lock().insert(key, n);
             return Ok(false);
         }
+        // A partial version rolls out from the newest whole one before it:
+        // the node serves that one to the other actors.
+        if record.version.percent < 100
+            && let Some(whole) = self.stable_before(tenant, app, n).await?
+            && rt.app(tenant, app).map(|a| a.version) != Some(whole.version.version)
+        {
+            self.install_record(rt, tenant, app, whole).await?;
+        }
+        self.install_record(rt, tenant, app, record).await?;
+        self.synced_total.inc();
+        tracing::info!(%tenant, %app, version = n, "installed the cluster's version");
+        Ok(true)
+    }
+
+    /// The newest whole version numbered below `n`, if the bucket keeps one.
+    async fn stable_before(
+        &self,
+        tenant: &str,
+        app: &str,
+        n: u64,
+    ) -> Result<Option<Record>, DeployError> {
+        let numbers = self.numbers(tenant, app).await?;
+        for m in numbers.into_iter().rev().filter(|m| *m < n) {
+            let r = self.record(tenant, app, m).await?;
+            if r.version.percent == 100 {
+                return Ok(Some(r));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Fetches, compiles and installs one recorded version.
+    async fn install_record(
+        &self,
+        rt: &Runtime,
+        tenant: &str,
+        app: &str,
+        record: Record,
+    ) -> Result<(), DeployError> {
+        let key = (tenant.to_owned(), app.to_owned());
         let wasm = self.component(rt, tenant, app, &record.version).await?;
         let prepared = {
             let (rt, t, a, m) = (rt.clone(), key.0.clone(), key.1.clone(), record.manifest);
@@ -529,9 +596,7 @@ impl Deploys {
                 .map_err(|e| RuntimeError::Internal(format!("compile task: {e}")))??
         };
         self.install(rt, prepared, &record.version).await?;
-        self.synced_total.inc();
-        tracing::info!(%tenant, %app, version = n, "installed the cluster's version");
-        Ok(true)
+        Ok(())
     }
 
     /// For a request naming an app or class this node does not have: reads
@@ -624,6 +689,8 @@ impl Deploys {
                 manifest,
                 by,
                 rollback_of: None,
+                percent: 100,
+                deferred: false,
             };
             match self.deploy_locked(rt, d, true).await? {
                 Some((_, v)) => {
