@@ -177,3 +177,76 @@ fn a_deferred_deploy_waits_for_an_open_actor_to_close() {
     cli_ok(&node, &["deploy", "acme/app", &ts]); // 3
     assert_eq!(increment(&node, "open"), (4, 3));
 }
+
+/// Under steady load on 100 actors, a rollout at 10%, 50% and 100% and a
+/// rollback fail no request and lose no write: every actor's counter
+/// ends at the number of increments acknowledged to it.
+#[test]
+#[allow(
+    clippy::disallowed_methods,
+    reason = "a load test waits in real time between deploys"
+)]
+fn a_rollout_and_a_rollback_under_load_fail_no_request() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(&dir.path().join("data"), &[]);
+    let deploy = |query: &str, wasm: &[u8]| {
+        let (code, v) = node.json("PUT", &format!("/admin/v1/apps/acme/app{query}"), wasm);
+        assert_eq!(code, 200, "{v}");
+    };
+    deploy("", wasmkeep_guests::EXAMPLES_TS);
+    let stop = AtomicBool::new(false);
+    let (acked, failures) = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..4)
+            .map(|w| {
+                let (node, stop) = (&node, &stop);
+                s.spawn(move || {
+                    let mut acked = vec![0u64; 25];
+                    let mut failures = Vec::new();
+                    while !stop.load(Ordering::Relaxed) {
+                        for (i, n) in acked.iter_mut().enumerate() {
+                            let path = format!("/v1/acme/app/counter/w{w}-{i}/increment");
+                            match node.post(&path, b"") {
+                                (200, _) => *n += 1,
+                                other => failures.push(other),
+                            }
+                        }
+                    }
+                    (w, acked, failures)
+                })
+            })
+            .collect();
+        let pause = || std::thread::sleep(std::time::Duration::from_millis(400));
+        pause();
+        deploy("?percent=10", wasmkeep_guests::DEMO);
+        pause();
+        deploy("?percent=50", wasmkeep_guests::DEMO);
+        pause();
+        deploy("", wasmkeep_guests::DEMO);
+        pause();
+        let (code, v) = node.json("POST", "/admin/v1/apps/acme/app/rollback?to=1", b"");
+        assert_eq!(code, 200, "{v}");
+        pause();
+        stop.store(true, Ordering::Relaxed);
+        let mut acked = Vec::new();
+        let mut failures = Vec::new();
+        for h in workers {
+            let (w, a, f) = h.join().unwrap();
+            acked.push((w, a));
+            failures.extend(f);
+        }
+        (acked, failures)
+    });
+    assert!(failures.is_empty(), "{failures:?}");
+    let mut total = 0;
+    for (w, counts) in acked {
+        for (i, n) in counts.into_iter().enumerate() {
+            let (code, body) = node.get(&format!("/v1/acme/app/counter/w{w}-{i}/value"));
+            assert_eq!(code, 200);
+            assert_eq!(body, format!("{{\"value\":{n}}}"), "w{w}-{i}");
+            total += n;
+        }
+    }
+    assert!(total > 100, "the load ran: {total} increments");
+    eprintln!("{total} increments across the deploys, none failed");
+}
