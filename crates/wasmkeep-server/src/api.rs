@@ -908,7 +908,13 @@ where
             .map_err(route_error)?;
         let (node, address) = match route {
             Route::Local(in_use) => {
-                let mut out = run(id, body).await?;
+                // A node that stops acting answers at once what it would
+                // answer after the run: a request waiting on a bucket that
+                // no longer answers is not held until that call times out.
+                let mut out = tokio::select! {
+                    out = run(id, body) => out?,
+                    () = c.stopped_acting_in(in_use.epoch()) => return Err(lease_lapsed()),
+                };
                 if c.acting_epoch() != Some(in_use.epoch()) {
                     // The lease lapsed while the request ran (and maybe
                     // another node took the actor): not acknowledged, even

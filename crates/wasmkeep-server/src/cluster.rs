@@ -141,6 +141,10 @@ pub use wasmkeep_cluster::config::BUCKET_TIMEOUT_MS;
 /// an answer a forwarding node relays.
 pub const FORWARD_ERROR_BODY_BYTES_MAX: usize = 64 * 1024;
 
+/// Longest a request waiting on its answer goes without checking that its
+/// node still acts ([`ClusterState::stopped_acting_in`]).
+pub const STOPPED_ACTING_CHECK_MS: u64 = 250;
+
 /// Default of `cluster_forward_timeout_ms`.
 pub const FORWARD_TIMEOUT_MS: u64 = 30_000;
 /// Default of `cluster_owner_cache_ttl_ms`.
@@ -384,6 +388,25 @@ impl ClusterState {
     /// machine's acting deadline: the record's expiry minus the margin).
     pub fn is_acting(&self) -> bool {
         now_ms() < self.acting_until_ms.load(Ordering::Acquire)
+    }
+
+    /// Resolves once the node no longer acts in `epoch` (its lease lapsed
+    /// or was fenced, or it moved on to another epoch): what a request
+    /// routed in `epoch` waits on beside its answer, so that it is
+    /// answered `lease_lapsed` then rather than when a bucket call it
+    /// waits on times out (issue 41). Checks at the acting deadline, at
+    /// most [`STOPPED_ACTING_CHECK_MS`] apart.
+    pub async fn stopped_acting_in(&self, epoch: u64) {
+        loop {
+            if self.acting_epoch() != Some(epoch) {
+                return;
+            }
+            let until = self.acting_until_ms.load(Ordering::Acquire);
+            let wait = until
+                .saturating_sub(now_ms())
+                .clamp(1, STOPPED_ACTING_CHECK_MS);
+            tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
+        }
     }
 
     /// The epoch in which the node's lease lets it act now, if it does.
