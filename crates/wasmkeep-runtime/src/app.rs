@@ -913,7 +913,12 @@ pub(crate) fn load_all(data: &Path) -> std::io::Result<Vec<StoredApp>> {
             let Ok(hash) = std::fs::read_to_string(dir.join("current")) else {
                 continue;
             };
-            let versions = app_versions::read(&dir)?;
+            // An unreadable list loads the `current` component alone: one
+            // app's damaged folder does not keep the node from starting.
+            let versions = app_versions::read(&dir).unwrap_or_else(|e| {
+                tracing::error!(dir = %dir.display(), error = %e, "the app's versions are unreadable; loading its current component");
+                Vec::new()
+            });
             let stored = |v: &AppVersion| -> std::io::Result<StoredVersion> {
                 Ok(StoredVersion {
                     wasm: std::fs::read(dir.join(format!("{}.wasm", v.hash)))?,
@@ -934,8 +939,13 @@ pub(crate) fn load_all(data: &Path) -> std::io::Result<Vec<StoredApp>> {
                     }
                 }
             };
+            // A rollout whose component is gone is dropped, not fatal.
             let candidate = match versions.last() {
-                Some(v) if v.percent < 100 => Some(stored(v)?),
+                Some(v) if v.percent < 100 => stored(v)
+                    .inspect_err(|e| {
+                        tracing::error!(dir = %dir.display(), version = v.version, error = %e, "the version being rolled out does not load; serving the whole one");
+                    })
+                    .ok(),
                 _ => None,
             };
             out.push(StoredApp {

@@ -69,6 +69,14 @@ pub fn stable(versions: &[AppVersion]) -> Option<&AppVersion> {
     versions.iter().rev().find(|v| v.percent == 100)
 }
 
+/// What `rollback` without a version returns to: during a rollout, the
+/// whole version it rolls out from; otherwise the whole version before the
+/// newest, passing over the partial steps of the rollout that led to it.
+pub fn rollback_target(versions: &[AppVersion]) -> Option<&AppVersion> {
+    // Both are the newest whole version before the newest one.
+    stable(versions.split_last()?.1)
+}
+
 #[derive(Default, Serialize, Deserialize)]
 struct VersionsFile {
     versions: Vec<AppVersion>,
@@ -332,6 +340,36 @@ mod tests {
         // Versions this node missed are left out, not invented.
         recorded(&hash('y'), 5);
         assert_eq!(numbers().iter().map(|v| v.0).collect::<Vec<_>>(), [1, 2, 5]);
+    }
+
+    #[test]
+    fn a_rollback_returns_past_a_rollouts_steps() {
+        let v = |n: u64, h: char, percent: u8| AppVersion {
+            percent,
+            ..legacy_version(&hash(h), &[], 1, n)
+        };
+        let numbered = |mut x: AppVersion, n: u64| {
+            x.version = n;
+            x
+        };
+        let list = |specs: &[(char, u8)]| -> Vec<AppVersion> {
+            specs
+                .iter()
+                .enumerate()
+                .map(|(i, (h, p))| numbered(v(i as u64, *h, *p), i as u64 + 1))
+                .collect()
+        };
+        let target = |l: &[AppVersion]| rollback_target(l).map(|t| t.version);
+        // Whole versions only: the one before.
+        assert_eq!(target(&list(&[('a', 100), ('b', 100)])), Some(1));
+        // During a rollout: the whole version it rolls out from.
+        assert_eq!(target(&list(&[('a', 100), ('b', 10), ('b', 50)])), Some(1));
+        // After it finished: past its partial steps.
+        assert_eq!(
+            target(&list(&[('a', 100), ('b', 10), ('b', 50), ('b', 100)])),
+            Some(1)
+        );
+        assert_eq!(target(&list(&[('a', 100)])), None);
     }
 
     #[test]

@@ -869,10 +869,7 @@ impl Runtime {
         };
         let target = match to {
             Some(n) => kept.iter().find(|v| v.version == n).ok_or(missing(n))?,
-            None => {
-                let before = kept.len().checked_sub(2).ok_or(missing(0))?;
-                &kept[before]
-            }
+            None => app_versions::rollback_target(&kept).ok_or(missing(0))?,
         };
         let dir = app::app_dir(&self.inner.config.data_dir, tenant, app);
         let store = |e: std::io::Error| RuntimeError::Store(e.into());

@@ -238,6 +238,22 @@ fn a_request_for_an_app_this_node_lacks_reads_the_bucket_first() {
     let (code, body) = b.node.get(PINGER);
     assert_eq!(code, 200, "{body}");
     assert_eq!(versions(&b.node, "acme/shop").len(), 2);
+    // A rollout through B, which has not seen A's newest whole version
+    // (3): B serves 3 to the actors outside the rollout, as every node does.
+    deploy(&a.node, wasmkeep_guests::TESTBED);
+    let (code, v) = b.node.json(
+        "PUT",
+        "/admin/v1/apps/acme/shop?percent=50",
+        wasmkeep_guests::HELLO,
+    );
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(v["version"], 4);
+    let (_, app) = b.node.json("GET", "/admin/v1/apps/acme/shop", b"");
+    assert_eq!(
+        (app["version"].as_u64(), app["rollout"]["version"].as_u64()),
+        (Some(3), Some(4)),
+        "{app}"
+    );
 }
 
 /// The version that answered a request through `node`.

@@ -149,6 +149,19 @@ fn a_rollout_moves_a_stable_share_forward_and_a_whole_deploy_finishes_it() {
         listed.contains("rollout to 30%") && listed.contains("rollout to 70%"),
         "{listed}"
     );
+    // A rollback returns past the rollout's steps, to the version before.
+    let out = cli_ok(&node, &["rollback", "acme/app"]);
+    assert!(out.contains("back to version 1"), "{out}");
+    assert_eq!(round(&node, 7, 5).len(), ACTORS);
+    let (_, app) = node.json("GET", "/admin/v1/apps/acme/app", b"");
+    assert!(
+        !app["classes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c == "notes"),
+        "{app}"
+    );
 }
 
 #[test]

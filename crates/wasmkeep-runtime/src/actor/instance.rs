@@ -111,10 +111,14 @@ pub(super) fn load(
         *slot = None;
     }
     // The same version keeps its instance; so does an older one while a
-    // deferred deploy waits for the actor to close (ADR 0059).
+    // deferred deploy waits for the actor to close (ADR 0059): only on the
+    // way forward, so a lowered rollout share still moves actors back.
     if let Some(l) = slot.take_if(|l| {
         l.bindings.is_some()
-            && (l.app.version == app.version || (app.deferred && l.app.name == app.name))
+            && (l.app.version == app.version
+                || (app.deferred
+                    && l.app.name == app.name
+                    && l.app.deploy_version < app.deploy_version))
     }) {
         return Ok(Some(l));
     }

@@ -68,6 +68,10 @@ pub const REFRESH_NAMES_MAX: usize = 4096;
 /// Most lookups of the bucket for requests naming an app or class a node
 /// lacks, per second and node: what made-up names can cost.
 pub const REFRESHES_PER_S_MAX: u32 = 10;
+/// How long a version that failed to install on a node (a compile
+/// refused by this node's ceilings, a component it could not read) waits
+/// before the node tries it again.
+pub const INSTALL_RETRY_MS: u64 = 60_000;
 /// Default of `cluster_deploy_sync_ms`.
 pub const DEPLOY_SYNC_MS: u64 = 2_000;
 
@@ -133,6 +137,9 @@ pub struct Deploys {
     refreshed: parking_lot::Mutex<HashMap<(String, String), u64>>,
     /// Lookups for requests in the current second: `(second, count)`.
     refresh_budget: parking_lot::Mutex<(u64, u32)>,
+    /// Per app: a version that failed to install here, and until when it
+    /// is not tried again.
+    failed: parking_lot::Mutex<HashMap<(String, String), (u64, u64)>>,
     /// Versions this node installed from the bucket (other nodes' deploys).
     pub synced_total: prometheus_client::metrics::counter::Counter,
 }
@@ -178,6 +185,7 @@ impl Deploys {
             installed: parking_lot::Mutex::new(HashMap::new()),
             refreshed: parking_lot::Mutex::new(HashMap::new()),
             refresh_budget: parking_lot::Mutex::new((0, 0)),
+            failed: parking_lot::Mutex::new(HashMap::new()),
             synced_total: Default::default(),
         }
     }
@@ -305,6 +313,14 @@ impl Deploys {
             let newest = self.numbers(tenant, app).await?.last().copied();
             if only_first && newest.is_some() {
                 return Ok(None);
+            }
+            // Serve the bucket's newest (and the whole version under a
+            // rollout) before adding to it: a partial version rolls out
+            // from the cluster's whole version, not from a stale one here.
+            if let Some(n) = newest
+                && let Err(e) = self.sync_app(rt, tenant, app, n).await
+            {
+                tracing::warn!(%tenant, %app, version = n, error = %e, "deploying over a version this node could not install");
             }
             if let Some(n) = newest
                 && rollback_of.is_none()
@@ -465,22 +481,19 @@ impl Deploys {
         to: Option<u64>,
         by: String,
     ) -> Result<(AppInfo, AppVersion), DeployError> {
-        let numbers = self.numbers(tenant, app).await?;
-        if numbers.is_empty() {
-            return Err(RuntimeError::AppNotFound(format!("{tenant}/{app}")).into());
-        }
+        let kept = self.versions(tenant, app).await?;
         let missing = |version| RuntimeError::VersionNotFound {
             app: format!("{tenant}/{app}"),
             version,
         };
         let n = match to {
-            Some(n) if numbers.contains(&n) => n,
+            Some(n) if kept.iter().any(|v| v.version == n) => n,
             Some(n) => return Err(missing(n).into()),
-            None => *numbers
-                .len()
-                .checked_sub(2)
-                .and_then(|i| numbers.get(i))
-                .ok_or(missing(0))?,
+            None => {
+                wasmkeep_runtime::rollback_target(&kept)
+                    .ok_or(missing(0))?
+                    .version
+            }
         };
         let target = self.record(tenant, app, n).await?;
         let wasm = self.component(rt, tenant, app, &target.version).await?;
@@ -536,9 +549,40 @@ impl Deploys {
         n: u64,
     ) -> Result<bool, DeployError> {
         let key = (tenant.to_owned(), app.to_owned());
-        if self.installed.lock().get(&key) == Some(&n) {
+        // A listing read before `writing` was taken may be older than what
+        // this node installed since (its own deploy): never go back.
+        if self.installed.lock().get(&key).is_some_and(|m| *m >= n) {
             return Ok(false);
         }
+        // A version that failed to install here is tried again only after
+        // a pause, not fetched and compiled at every sync.
+        let now = now_ms();
+        if self
+            .failed
+            .lock()
+            .get(&key)
+            .is_some_and(|(m, until)| *m == n && now < *until)
+        {
+            return Ok(false);
+        }
+        let installed = self.sync_record(rt, tenant, app, n).await;
+        if installed.is_err() {
+            let until = now.saturating_add(INSTALL_RETRY_MS);
+            self.failed.lock().insert(key, (n, until));
+        }
+        installed
+    }
+
+    /// [`Deploys::sync_app`]'s work: version `n`, and for a partial one the
+    /// whole version it rolls out from, unless this node has them.
+    async fn sync_record(
+        &self,
+        rt: &Runtime,
+        tenant: &str,
+        app: &str,
+        n: u64,
+    ) -> Result<bool, DeployError> {
+        let key = (tenant.to_owned(), app.to_owned());
         let record = self.record(tenant, app, n).await?;
         let here = rt
             .versions(tenant, app)
@@ -692,15 +736,23 @@ impl Deploys {
                 percent: 100,
                 deferred: false,
             };
-            match self.deploy_locked(rt, d, true).await? {
-                Some((_, v)) => {
+            // One app that cannot be recorded or installed does not keep
+            // the others from it.
+            match self.deploy_locked(rt, d, true).await {
+                Ok(Some((_, v))) => {
                     tracing::info!(tenant = %a.tenant, app = %a.app, version = v.version, "recorded this node's app as the cluster's first version");
                 }
-                None => {
+                Ok(None) => {
                     // Another node recorded it meanwhile: take the bucket's.
-                    if let Some(n) = self.numbers(&a.tenant, &a.app).await?.last() {
-                        self.sync_app(rt, &a.tenant, &a.app, *n).await?;
+                    if let Some(n) = self.numbers(&a.tenant, &a.app).await?.last()
+                        && let Err(e) = self.sync_app(rt, &a.tenant, &a.app, *n).await
+                    {
+                        tracing::warn!(tenant = %a.tenant, app = %a.app, error = %e, "could not install the cluster's version; trying again at the next sync");
                     }
+                }
+                Err(DeployError::Bucket(e)) => return Err(DeployError::Bucket(e)),
+                Err(e) => {
+                    tracing::warn!(tenant = %a.tenant, app = %a.app, error = %e, "could not record this node's app in the bucket");
                 }
             }
         }
