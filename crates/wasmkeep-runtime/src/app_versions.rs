@@ -65,7 +65,7 @@ fn is_whole(p: &u8) -> bool {
 
 /// The version an app's actors run when no rollout names them: the newest
 /// whole one (`None` if every kept version is partial).
-pub fn stable(versions: &[AppVersion]) -> Option<&AppVersion> {
+pub(crate) fn stable(versions: &[AppVersion]) -> Option<&AppVersion> {
     versions.iter().rev().find(|v| v.percent == 100)
 }
 

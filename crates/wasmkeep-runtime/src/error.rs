@@ -219,6 +219,18 @@ impl RuntimeError {
     }
 }
 
+impl RuntimeError {
+    /// A partial deploy (a rollout, ADR 0059) of an app with no version
+    /// yet: there is nothing to move actors from. One message for a node's
+    /// deploy and a cluster's.
+    pub fn rollout_without_whole(tenant: &str, app: &str, percent: u8) -> RuntimeError {
+        RuntimeError::InvalidConfig(format!(
+            "percent={percent}: a rollout moves actors from a version to another, and \
+             {tenant}/{app} has none yet: deploy it whole first"
+        ))
+    }
+}
+
 fn is_store_code(code: &str) -> bool {
     matches!(
         code,

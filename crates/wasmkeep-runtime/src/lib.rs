@@ -63,7 +63,7 @@ mod warm;
 pub use actor::{ActorRequest, ActorResponse};
 pub use alarms::{Alarms, TEST_CLOCK_ROUNDS_MAX};
 pub use app::{AppInfo, AppManifest};
-pub use app_versions::{AppVersion, rollback_target, stable as stable_version};
+pub use app_versions::{AppVersion, rollback_target};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::AppLimits;
 pub use config::Compile;

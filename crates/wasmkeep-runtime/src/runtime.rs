@@ -114,11 +114,6 @@ impl PreparedApp {
     pub fn wasm(&self) -> &[u8] {
         &self.wasm
     }
-
-    /// The manifest it was prepared with.
-    pub fn manifest(&self) -> &str {
-        &self.manifest
-    }
 }
 
 /// What the admin API shows about one actor.
@@ -780,10 +775,11 @@ impl Runtime {
         let _writing = self.inner.deploys.lock();
         let previous = self.inner.app(&tenant, &app);
         if origin.percent < 100 && previous.is_none() {
-            return Err(RuntimeError::InvalidConfig(format!(
-                "percent={}: a rollout moves actors from a version to another, and {tenant}/{app} has none yet: deploy it whole first",
-                origin.percent
-            )));
+            return Err(RuntimeError::rollout_without_whole(
+                &tenant,
+                &app,
+                origin.percent,
+            ));
         }
         let kept = app::persist(
             &self.inner.config.data_dir,

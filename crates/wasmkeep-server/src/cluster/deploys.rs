@@ -336,10 +336,7 @@ impl Deploys {
                 }
             }
             if percent < 100 && newest.is_none() {
-                return Err(RuntimeError::InvalidConfig(format!(
-                    "percent={percent}: a rollout moves actors from a version to another, and {tenant}/{app} has none yet: deploy it whole first"
-                ))
-                .into());
+                return Err(RuntimeError::rollout_without_whole(tenant, app, percent).into());
             }
             let n = newest.map_or(1, |n| n + 1);
             let version = AppVersion {
