@@ -77,6 +77,10 @@ pub(crate) const COMPILES_RUNNING_MAX: usize = 2;
 /// [vars]                   # read by actors with config.get (ADR 0041)
 /// REGION = "eu"
 ///
+/// [[migrations]]           # class migrations (ADR 0060), applied once by tag
+/// tag = "v2"
+/// renamed_classes = [{ from = "room", to = "chat" }]
+///
 /// [outbound]               # outbound HTTP calls (ADR 0040); nothing by default
 /// hosts = ["api.example.com", "127.0.0.1:9000"]  # a host (any port) or host:port
 /// timeout_ms = 10000       # per attempt; at most the node's outbound_timeout_ms_max
@@ -100,6 +104,10 @@ pub struct AppManifest {
     /// set apart, through the admin API).
     #[serde(default)]
     pub vars: BTreeMap<String, String>,
+    /// Class migrations (ADR 0060): renames, deletes and transfers of
+    /// classes with their actors' data, applied once each by tag.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub migrations: Vec<crate::class_migrations::ClassMigration>,
 }
 
 /// What an app's actors may reach over HTTP; unset limits keep the
@@ -186,6 +194,8 @@ impl AppManifest {
         for h in &manifest.outbound.hosts {
             check_outbound_host(h).map_err(RuntimeError::InvalidManifest)?;
         }
+        crate::class_migrations::check_manifest(&manifest.migrations)
+            .map_err(RuntimeError::InvalidManifest)?;
         if let Some(n) = manifest.storage.sqlite_page_bytes {
             wasmkeep_store::limits::check_page_bytes("storage.sqlite_page_bytes", n)
                 .map_err(RuntimeError::InvalidManifest)?;
@@ -959,7 +969,7 @@ pub(crate) fn load_all(data: &Path) -> std::io::Result<Vec<StoredApp>> {
     Ok(out)
 }
 
-fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let tmp = path.with_extension("tmp");
     {
         use std::io::Write;

@@ -126,6 +126,9 @@ pub enum RuntimeError {
         "the answer is {size} bytes, over IDEMPOTENCY_RESPONSE_BYTES_MAX={limit}: too large to record for an Idempotency-Key, so the request was rolled back; send it without the key, or ask for less"
     )]
     IdempotentResponseTooLarge { size: usize, limit: usize },
+    /// A class migration (ADR 0060) that cannot apply now; nothing moved.
+    #[error("class migration: {code}: {message}")]
+    ClassMigration { code: &'static str, message: String },
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -179,6 +182,7 @@ impl RuntimeError {
             RuntimeError::IdempotentResponseTooLarge { .. } => {
                 "idempotency_response_too_large".into()
             }
+            RuntimeError::ClassMigration { code, .. } => (*code).into(),
             RuntimeError::Internal(_) => "internal".into(),
         }
     }
@@ -215,6 +219,10 @@ impl RuntimeError {
                 | RuntimeError::TransactionAborted
                 | RuntimeError::ReplicationFailed(_)
                 | RuntimeError::TooManyFollowers { .. }
+                | RuntimeError::ClassMigration {
+                    code: "class_migrating",
+                    ..
+                }
         )
     }
 }

@@ -28,6 +28,7 @@ pub mod app_config;
 mod app_versions;
 mod bookmarks;
 pub mod class_metrics;
+pub mod class_migrations;
 pub mod clock;
 mod compile_cache;
 pub mod compile_process;

@@ -111,6 +111,8 @@ pub struct Inner {
     pub pools: crate::pools::Pools,
     /// Each tenant's actors and bytes on this node, and their bounds.
     pub quotas: Arc<crate::quotas::Quotas>,
+    /// Classes a deploy is migrating (ADR 0060): their events are refused.
+    pub migrating: crate::class_migrations::Gates,
 }
 
 /// Whether this node may run an actor's alarms now. A single node always
@@ -265,6 +267,9 @@ impl Inner {
     pub fn enqueue(&self, id: &ActorId, ev: Event, bounded: bool) -> Result<(), RuntimeError> {
         if self.stopping.load(Ordering::Relaxed) {
             return Err(RuntimeError::ShuttingDown);
+        }
+        if let Some(refused) = self.migrating.refuses(id) {
+            return Err(refused);
         }
         loop {
             let actor = {

@@ -344,6 +344,7 @@ fn build_inner(config: RuntimeConfig, clock: Arc<dyn Clock>, parts: Parts) -> Ar
         class_metrics,
         pools: crate::pools::Pools::new(&pool_limits),
         quotas,
+        migrating: Default::default(),
         parked: Arc::new(crate::parked::ParkedReplies::new(
             parked_limits,
             Arc::clone(&parked_metrics),
@@ -368,6 +369,9 @@ impl Runtime {
         // Loading an app runs its `classes()`: the epoch must advance by
         // then, or a guest that loops there would hang the start.
         rt.spawn_epoch();
+        // A class migration a stop cut short moves its data first (ADR
+        // 0060): apps and the alarm scan then see it where it belongs.
+        crate::class_migrations::finish_pending(&rt.inner.config.data_dir)?;
         rt.load_apps()?;
         rt.spawn_threads();
         rt.scan_alarms();
@@ -711,6 +715,17 @@ impl Runtime {
         let built =
             self.compiler()
                 .build(tenant, app, wasm, manifest, version, OverCeiling::Refuse)?;
+        if self.inner.replication.is_some() && !built.manifest.migrations.is_empty() {
+            // Before a cluster records it: no node of it could apply it.
+            crate::class_migrations::plan(
+                &self.inner,
+                tenant,
+                app,
+                &built.manifest.migrations,
+                &built.classes,
+                100,
+            )?;
+        }
         Ok(PreparedApp {
             built,
             wasm: wasm.to_vec(),
@@ -781,8 +796,27 @@ impl Runtime {
                 origin.percent,
             ));
         }
+        let data = &self.inner.config.data_dir;
+        // Class migrations (ADR 0060): checked, their classes closed and
+        // drained, the plan recorded; moved once the version is written.
+        let plan = crate::class_migrations::plan(
+            &self.inner,
+            &tenant,
+            &app,
+            &built.manifest.migrations,
+            &built.classes,
+            origin.percent,
+        )?;
+        let _gate = match &plan {
+            Some(p) => {
+                let gate = crate::class_migrations::Gate::close(&self.inner, p)?;
+                crate::class_migrations::begin(data, p)?;
+                Some(gate)
+            }
+            None => None,
+        };
         let kept = app::persist(
-            &self.inner.config.data_dir,
+            data,
             &built,
             &wasm,
             &manifest,
@@ -790,7 +824,15 @@ impl Runtime {
             previous.as_deref(),
             self.inner.config.app_versions_max,
         )
-        .map_err(|e| RuntimeError::Store(e.into()))?;
+        .map_err(|e| {
+            if let Some(p) = &plan {
+                crate::class_migrations::abandon(data, p);
+            }
+            RuntimeError::Store(e.into())
+        })?;
+        if let Some(p) = &plan {
+            crate::class_migrations::apply(&self.inner, p, kept.version)?;
+        }
         built.deploy_version = kept.version;
         built.deferred = kept.deferred;
         let info = built.info();
@@ -867,6 +909,20 @@ impl Runtime {
             Some(n) => kept.iter().find(|v| v.version == n).ok_or(missing(n))?,
             None => app_versions::rollback_target(&kept).ok_or(missing(0))?,
         };
+        if let Some(migrated) = crate::class_migrations::newest_migrating_version(
+            &self.inner.config.data_dir,
+            tenant,
+            app,
+        ) && target.version < migrated
+        {
+            return Err(RuntimeError::ClassMigration {
+                code: "rollback_past_migration",
+                message: format!(
+                    "version {migrated} of {tenant}/{app} migrated classes' data; version {} is from before, and its classes would find none: roll back to version {migrated} or later, or deploy a build for the migrated classes",
+                    target.version
+                ),
+            });
+        }
         let dir = app::app_dir(&self.inner.config.data_dir, tenant, app);
         let store = |e: std::io::Error| RuntimeError::Store(e.into());
         let wasm = std::fs::read(dir.join(format!("{}.wasm", target.hash))).map_err(store)?;

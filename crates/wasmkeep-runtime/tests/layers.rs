@@ -49,6 +49,7 @@ const LAYERS: &[(&str, &[&str])] = &[
         &[
             "app",
             "app_versions",
+            "class_migrations",
             "compile_process",
             "quotas",
             "scheduler",

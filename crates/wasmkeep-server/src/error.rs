@@ -60,6 +60,11 @@ fn status_of(e: &RuntimeError) -> StatusCode {
         // Messages only: no request carries one to the edge.
         RuntimeError::NoInbox(_) => StatusCode::UNPROCESSABLE_ENTITY,
         RuntimeError::Relayed { .. } => StatusCode::BAD_GATEWAY,
+        RuntimeError::ClassMigration {
+            code: "class_migrating",
+            ..
+        } => StatusCode::SERVICE_UNAVAILABLE,
+        RuntimeError::ClassMigration { .. } => StatusCode::CONFLICT,
         RuntimeError::ReplyExpired => StatusCode::GATEWAY_TIMEOUT,
         RuntimeError::InvalidComponent(_)
         | RuntimeError::InvalidManifest(_)

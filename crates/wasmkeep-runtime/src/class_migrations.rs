@@ -1,0 +1,835 @@
+//! Class migrations (issue 38, ADR 0060): an app's manifest renames a
+//! class, deletes one with its actors' data, or takes a class over from
+//! another app of its tenant, and the deploy that first lists the
+//! migration moves the data.
+//!
+//! ```toml
+//! [[migrations]]
+//! tag = "v2"                                  # applied once per app
+//! renamed_classes = [{ from = "room", to = "chat" }]
+//! deleted_classes = ["scratch"]
+//! transferred_classes = [{ from_app = "billing", from = "ledger", to = "ledger" }]
+//! ```
+//!
+//! On a node without a bucket, a deploy that lists migrations not yet
+//! applied to the app ([`plan`]):
+//!
+//! 1. checks them against the new component and the disk: a renamed or
+//!    deleted class must be gone from the component, a rename's or
+//!    transfer's target must be one of its classes and hold no actor yet,
+//!    and a transfer's source app must no longer serve the class;
+//! 2. closes the classes involved ([`Gate::close`]): new events for them
+//!    are refused with `class_migrating` (503, retryable) and the open
+//!    actors finish their queued events and close (within
+//!    [`MIGRATION_DRAIN_MS`]); an actor of a moved class with messages
+//!    not yet delivered refuses the migration, since its receivers drop
+//!    repeats by the sender's address, which the move changes;
+//! 3. writes the plan into the app's `migrations.toml` (fsynced) before
+//!    the new version is recorded, moves each class folder with one
+//!    `rename` (a delete moves it to `<data>/trash` first), and records
+//!    the tags as applied with the version they came with. A crash
+//!    between the plan and the record is finished at the next start
+//!    ([`finish_pending`]): every step is idempotent.
+//!
+//! The actors' alarms follow their data (the node's timer is read again
+//! from the moved databases; a deleted class's alarms go with it); their
+//! open sockets are closed with 1012 and their parked replies answered
+//! `reply_expired`. A refusal moves nothing.
+//!
+//! Not built: migrations on a node with a bucket (a cluster, or a single
+//! node replicating): the data lives under keys that name the class, held
+//! by leases; such a deploy is refused with `migration_unsupported`.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use parking_lot::RwLock;
+use serde::{Deserialize, Serialize};
+use wasmkeep_store::{ActorId, paths};
+
+use crate::actor::Actor;
+use crate::error::RuntimeError;
+use crate::node::Inner;
+
+/// Migrations one manifest may list.
+pub const MIGRATIONS_MAX: usize = 64;
+/// Classes one migration may name, over its three lists.
+pub const MIGRATION_CLASSES_MAX: usize = 64;
+/// Longest tag, in bytes.
+pub const MIGRATION_TAG_BYTES_MAX: usize = 64;
+/// How long a migration waits for the open actors of its classes to
+/// finish their queued events before it refuses the deploy.
+pub const MIGRATION_DRAIN_MS: u64 = 10_000;
+
+/// One `[[migrations]]` entry of an app's manifest.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClassMigration {
+    /// Names the migration: a deploy applies the tags the app has not
+    /// applied yet, in the manifest's order.
+    pub tag: String,
+    #[serde(default)]
+    pub renamed_classes: Vec<RenamedClass>,
+    #[serde(default)]
+    pub deleted_classes: Vec<String>,
+    #[serde(default)]
+    pub transferred_classes: Vec<TransferredClass>,
+}
+
+/// A class whose actors keep their data under a new class name.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RenamedClass {
+    pub from: String,
+    pub to: String,
+}
+
+/// A class of another app of the tenant whose actors become this app's.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TransferredClass {
+    pub from_app: String,
+    pub from: String,
+    pub to: String,
+}
+
+/// Checks a manifest's `[[migrations]]` on their own (names, counts,
+/// tags); what they need of the component and the disk is [`plan`]'s.
+pub(crate) fn check_manifest(list: &[ClassMigration]) -> Result<(), String> {
+    if list.len() > MIGRATIONS_MAX {
+        return Err(format!(
+            "migrations: {} entries, limit MIGRATIONS_MAX={MIGRATIONS_MAX}",
+            list.len()
+        ));
+    }
+    let mut tags = HashSet::new();
+    for m in list {
+        let tag_ok = !m.tag.is_empty()
+            && m.tag.len() <= MIGRATION_TAG_BYTES_MAX
+            && m.tag
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+        if !tag_ok {
+            return Err(format!(
+                "migrations: tag `{}` must be 1 to {MIGRATION_TAG_BYTES_MAX} letters, digits, `-`, `_` or `.`",
+                m.tag.escape_debug()
+            ));
+        }
+        if !tags.insert(m.tag.as_str()) {
+            return Err(format!("migrations: tag `{}` is listed twice", m.tag));
+        }
+        let named = m.renamed_classes.len() + m.deleted_classes.len() + m.transferred_classes.len();
+        if named == 0 {
+            return Err(format!("migrations: `{}` names no class", m.tag));
+        }
+        if named > MIGRATION_CLASSES_MAX {
+            return Err(format!(
+                "migrations: `{}` names {named} classes, limit MIGRATION_CLASSES_MAX={MIGRATION_CLASSES_MAX}",
+                m.tag
+            ));
+        }
+        let segment = |field: &'static str, v: &str| {
+            wasmkeep_store::id::validate_segment(field, v)
+                .map_err(|e| format!("migrations: `{}`: {e}", m.tag))
+        };
+        for r in &m.renamed_classes {
+            segment("renamed_classes.from", &r.from)?;
+            segment("renamed_classes.to", &r.to)?;
+        }
+        for c in &m.deleted_classes {
+            segment("deleted_classes", c)?;
+        }
+        for t in &m.transferred_classes {
+            segment("transferred_classes.from_app", &t.from_app)?;
+            segment("transferred_classes.from", &t.from)?;
+            segment("transferred_classes.to", &t.to)?;
+        }
+    }
+    Ok(())
+}
+
+/// One class of one app of the plan's tenant.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub(crate) struct ClassRef {
+    pub app: String,
+    pub class: String,
+}
+
+/// One step of a plan: a class folder moved to another class (of this
+/// app or, for a transfer, from another app), or removed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Step {
+    pub from: ClassRef,
+    /// `None`: the class is deleted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<ClassRef>,
+}
+
+/// The migrations one deploy applies.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Plan {
+    pub tenant: String,
+    /// The app whose manifest lists them.
+    pub app: String,
+    pub tags: Vec<String>,
+    pub steps: Vec<Step>,
+}
+
+/// A tag an app applied, and the version of the app that applied it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Applied {
+    tag: String,
+    version: u64,
+}
+
+/// `<data>/apps/<tenant>/<app>/migrations.toml`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+struct Record {
+    #[serde(default)]
+    applied: Vec<Applied>,
+    /// A plan written before its steps ran; finished at the next start if
+    /// the node stopped before it was recorded as applied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pending: Option<Plan>,
+}
+
+fn record_path(data: &Path, tenant: &str, app: &str) -> PathBuf {
+    crate::app::app_dir(data, tenant, app).join("migrations.toml")
+}
+
+fn read_record(path: &Path) -> Result<Record, RuntimeError> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => toml::from_str(&text)
+            .map_err(|e| RuntimeError::Internal(format!("{} does not parse: {e}", path.display()))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Record::default()),
+        Err(e) => Err(RuntimeError::Store(e.into())),
+    }
+}
+
+fn write_record(path: &Path, record: &Record) -> Result<(), RuntimeError> {
+    let text = toml::to_string(record)
+        .map_err(|e| RuntimeError::Internal(format!("migrations record: {e}")))?;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| RuntimeError::Store(e.into()))?;
+    }
+    crate::app::write_atomic(path, text.as_bytes()).map_err(|e| RuntimeError::Store(e.into()))
+}
+
+fn conflict(message: String) -> RuntimeError {
+    RuntimeError::ClassMigration {
+        code: "migration_conflict",
+        message,
+    }
+}
+
+/// What a deploy of `app` with `migrations` (its manifest's) and a
+/// component exporting `classes` must move first; `None` when every tag is
+/// applied already. Refuses what cannot apply, before anything moves.
+pub(crate) fn plan(
+    rt: &Inner,
+    tenant: &str,
+    app: &str,
+    migrations: &[ClassMigration],
+    classes: &[String],
+    percent: u8,
+) -> Result<Option<Plan>, RuntimeError> {
+    let data = &rt.config.data_dir;
+    let record = read_record(&record_path(data, tenant, app))?;
+    let applied: HashSet<&str> = record.applied.iter().map(|a| a.tag.as_str()).collect();
+    let new: Vec<&ClassMigration> = migrations
+        .iter()
+        .filter(|m| !applied.contains(m.tag.as_str()))
+        .collect();
+    if new.is_empty() {
+        return Ok(None);
+    }
+    let tags: Vec<String> = new.iter().map(|m| m.tag.clone()).collect();
+    if rt.replication.is_some() {
+        return Err(RuntimeError::ClassMigration {
+            code: "migration_unsupported",
+            message: format!(
+                "{tenant}/{app} lists migrations {tags:?}: class migrations run only on a node without a bucket for now (its actors' data in the bucket is keyed by class and held by leases); nothing was deployed"
+            ),
+        });
+    }
+    if percent < 100 {
+        return Err(RuntimeError::InvalidConfig(format!(
+            "percent={percent}: migrations {tags:?} move classes' data for every actor at once; deploy them whole"
+        )));
+    }
+    let steps = steps_of(rt, tenant, app, &new, classes)?;
+    check_steps(data, tenant, &steps)?;
+    Ok(Some(Plan {
+        tenant: tenant.to_owned(),
+        app: app.to_owned(),
+        tags,
+        steps,
+    }))
+}
+
+/// The steps of the migrations `new` for a component exporting
+/// `classes`; refuses a step the component or the source app contradicts.
+fn steps_of(
+    rt: &Inner,
+    tenant: &str,
+    app: &str,
+    new: &[&ClassMigration],
+    classes: &[String],
+) -> Result<Vec<Step>, RuntimeError> {
+    let serves = |c: &str| classes.iter().any(|k| k == c);
+    let here = |class: &str| ClassRef {
+        app: app.to_owned(),
+        class: class.to_owned(),
+    };
+    let mut steps = Vec::new();
+    for m in new {
+        let bad = |what: String| {
+            Err(RuntimeError::InvalidManifest(format!(
+                "migrations: `{}`: {what}",
+                m.tag
+            )))
+        };
+        for r in &m.renamed_classes {
+            if serves(&r.from) {
+                return bad(format!(
+                    "renames class `{}`, which the component still exports",
+                    r.from
+                ));
+            }
+            if !serves(&r.to) {
+                return bad(format!(
+                    "renames `{}` to `{}`, which the component does not export",
+                    r.from, r.to
+                ));
+            }
+            steps.push(Step {
+                from: here(&r.from),
+                to: Some(here(&r.to)),
+            });
+        }
+        for c in &m.deleted_classes {
+            if serves(c) {
+                return bad(format!(
+                    "deletes class `{c}`, which the component still exports"
+                ));
+            }
+            steps.push(Step {
+                from: here(c),
+                to: None,
+            });
+        }
+        for t in &m.transferred_classes {
+            if t.from_app == app {
+                return bad(format!(
+                    "transfers `{}` from this app itself (write a rename)",
+                    t.from
+                ));
+            }
+            if !serves(&t.to) {
+                return bad(format!(
+                    "transfers `{}/{}` to `{}`, which the component does not export",
+                    t.from_app, t.from, t.to
+                ));
+            }
+            let source_serves = rt
+                .app(tenant, &t.from_app)
+                .is_some_and(|a| a.classes.contains(&t.from))
+                || rt
+                    .candidate(tenant, &t.from_app)
+                    .is_some_and(|(a, _)| a.classes.contains(&t.from));
+            if source_serves {
+                return Err(conflict(format!(
+                    "{tenant}/{} still serves class `{}`: deploy it without that class first, then transfer it",
+                    t.from_app, t.from
+                )));
+            }
+            steps.push(Step {
+                from: ClassRef {
+                    app: t.from_app.clone(),
+                    class: t.from.clone(),
+                },
+                to: Some(here(&t.to)),
+            });
+        }
+    }
+    Ok(steps)
+}
+
+/// Each class moved or deleted once, each target named once and not
+/// also moved away, and every target without actors.
+fn check_steps(data: &Path, tenant: &str, steps: &[Step]) -> Result<(), RuntimeError> {
+    let mut sources = HashSet::new();
+    let mut targets = HashSet::new();
+    for s in steps {
+        if !sources.insert(&s.from) {
+            return Err(RuntimeError::InvalidManifest(format!(
+                "migrations: class `{}/{}` is moved or deleted twice",
+                s.from.app, s.from.class
+            )));
+        }
+        if let Some(to) = &s.to
+            && !targets.insert(to)
+        {
+            return Err(RuntimeError::InvalidManifest(format!(
+                "migrations: two classes are moved into `{}`",
+                to.class
+            )));
+        }
+    }
+    for s in steps {
+        if let Some(to) = &s.to {
+            if sources.contains(to) {
+                return Err(RuntimeError::InvalidManifest(format!(
+                    "migrations: `{}` is both moved into and moved away in one deploy",
+                    to.class
+                )));
+            }
+            let dir = paths::class_dir(data, tenant, &to.app, &to.class);
+            if let Some(name) = paths::list_names(&dir, None, 1)
+                .map_err(|e| RuntimeError::Store(e.into()))?
+                .first()
+            {
+                return Err(conflict(format!(
+                    "class `{}` of {tenant}/{} already has actors (`{}` among them): a rename or transfer moves a class into an empty one",
+                    to.class,
+                    to.app,
+                    name.escape_debug()
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The classes being migrated on a node: their events are refused until
+/// the migration is done (`Inner::enqueue` asks [`Gates::refuses`]).
+#[derive(Default)]
+pub struct Gates {
+    /// Whether any class is closed: the only thing an event's enqueue
+    /// reads while none is.
+    any: AtomicBool,
+    closed: RwLock<HashSet<(String, String, String)>>,
+}
+
+impl Gates {
+    /// `class_migrating` for an event of a class being migrated.
+    pub(crate) fn refuses(&self, id: &ActorId) -> Option<RuntimeError> {
+        if !self.any.load(Ordering::Acquire) {
+            return None;
+        }
+        let key = (id.tenant.clone(), id.app.clone(), id.class.clone());
+        self.closed
+            .read()
+            .contains(&key)
+            .then(|| RuntimeError::ClassMigration {
+                code: "class_migrating",
+                message: format!(
+                    "class `{}` of {}/{} is being migrated by a deploy; retry in a moment",
+                    id.class, id.tenant, id.app
+                ),
+            })
+    }
+}
+
+/// The classes of a plan, closed while it applies; dropping it opens
+/// them again.
+pub(crate) struct Gate<'a> {
+    rt: &'a Inner,
+    keys: Vec<(String, String, String)>,
+}
+
+impl Drop for Gate<'_> {
+    fn drop(&mut self) {
+        let mut closed = self.rt.migrating.closed.write();
+        for k in &self.keys {
+            closed.remove(k);
+        }
+        self.rt
+            .migrating
+            .any
+            .store(!closed.is_empty(), Ordering::Release);
+    }
+}
+
+impl<'a> Gate<'a> {
+    /// Closes the plan's classes (sources and targets), waits for their
+    /// open actors to finish what they have queued and closes them, and
+    /// refuses the plan if an actor of a moved class has messages not yet
+    /// delivered. On `Err` the classes are open again and nothing moved.
+    pub(crate) fn close(rt: &'a Inner, plan: &Plan) -> Result<Gate<'a>, RuntimeError> {
+        let mut keys = Vec::new();
+        for s in &plan.steps {
+            keys.push((
+                plan.tenant.clone(),
+                s.from.app.clone(),
+                s.from.class.clone(),
+            ));
+            if let Some(to) = &s.to {
+                keys.push((plan.tenant.clone(), to.app.clone(), to.class.clone()));
+            }
+        }
+        {
+            let mut closed = rt.migrating.closed.write();
+            closed.extend(keys.iter().cloned());
+            rt.migrating.any.store(true, Ordering::Release);
+        }
+        let gate = Gate { rt, keys };
+        gate.close_actors()?;
+        for s in plan.steps.iter().filter(|s| s.to.is_some()) {
+            let dir = paths::class_dir(
+                &rt.config.data_dir,
+                &plan.tenant,
+                &s.from.app,
+                &s.from.class,
+            );
+            for name in paths::list_names(&dir, None, usize::MAX).unwrap_or_default() {
+                let id = ActorId::new(&plan.tenant, &s.from.app, &s.from.class, &name)?;
+                let (_, outbox) =
+                    wasmkeep_store::db::read_wake(&paths::actor_db(&rt.config.data_dir, &id))?;
+                if outbox {
+                    return Err(conflict(format!(
+                        "actor {id} has messages or calls not yet delivered: its receivers know it by its address, which the migration would change; retry the deploy once its outbox is empty"
+                    )));
+                }
+            }
+        }
+        Ok(gate)
+    }
+
+    fn holds(&self, id: &ActorId) -> bool {
+        self.keys
+            .iter()
+            .any(|(t, a, c)| *t == id.tenant && *a == id.app && *c == id.class)
+    }
+
+    /// Waits until no actor of the closed classes has an event queued or
+    /// running, then takes them off the node and closes their databases.
+    fn close_actors(&self) -> Result<(), RuntimeError> {
+        let deadline = crate::clock::instant() + Duration::from_millis(MIGRATION_DRAIN_MS);
+        let closing: Vec<Arc<Actor>> = loop {
+            {
+                let mut actors = self.rt.actors.lock();
+                let mine: Vec<Arc<Actor>> = actors
+                    .values()
+                    .filter(|a| self.holds(&a.id))
+                    .cloned()
+                    .collect();
+                let idle = mine.iter().all(|a| {
+                    a.queue
+                        .try_lock()
+                        .is_some_and(|q| !q.scheduled && q.events.is_empty())
+                });
+                if idle {
+                    for a in &mine {
+                        a.queue.lock().retired = true;
+                        actors.remove(&a.id);
+                    }
+                    break mine;
+                }
+            }
+            if crate::clock::instant() >= deadline {
+                return Err(RuntimeError::ClassMigration {
+                    code: "class_migrating",
+                    message: format!(
+                        "the actors of the migrated classes still had events running after MIGRATION_DRAIN_MS={MIGRATION_DRAIN_MS}; nothing moved, retry the deploy"
+                    ),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        for a in closing {
+            // Under the slot's lock: the closer thread may be closing it.
+            *a.slot.lock() = None;
+        }
+        Ok(())
+    }
+}
+
+/// Records `plan` as pending in its app's record, before the deploy's
+/// version is written: from here on, a start finishes it.
+pub(crate) fn begin(data: &Path, plan: &Plan) -> Result<(), RuntimeError> {
+    let path = record_path(data, &plan.tenant, &plan.app);
+    let mut record = read_record(&path)?;
+    record.pending = Some(plan.clone());
+    write_record(&path, &record)
+}
+
+/// Forgets a pending plan whose deploy failed before its version was
+/// written (nothing had moved).
+pub(crate) fn abandon(data: &Path, plan: &Plan) {
+    let path = record_path(data, &plan.tenant, &plan.app);
+    if let Ok(mut record) = read_record(&path) {
+        record.pending = None;
+        if let Err(e) = write_record(&path, &record) {
+            tracing::warn!(error = %e, "could not clear an abandoned migration plan; the next start applies it");
+        }
+    }
+}
+
+/// Runs the plan's steps (each idempotent) and records its tags as
+/// applied by `version`. The classes are closed ([`Gate`]).
+pub(crate) fn apply(rt: &Inner, plan: &Plan, version: u64) -> Result<(), RuntimeError> {
+    let data = &rt.config.data_dir;
+    for s in &plan.steps {
+        let dir = paths::class_dir(data, &plan.tenant, &s.from.app, &s.from.class);
+        let moved = paths::list_names(&dir, None, usize::MAX).unwrap_or_default();
+        for name in &moved {
+            let old = ActorId::new(&plan.tenant, &s.from.app, &s.from.class, name)?;
+            rt.timer.set(&old, None);
+            rt.sockets.close_all(
+                Some(&old),
+                crate::sockets::close_code::MOVED,
+                "the actor's class was migrated by a deploy: reconnect",
+            );
+            rt.parked.drop_actor(&old);
+        }
+        run_step(data, &plan.tenant, s)?;
+        if let Some(to) = &s.to {
+            for name in &moved {
+                let id = ActorId::new(&plan.tenant, &to.app, &to.class, name)?;
+                match wasmkeep_store::db::read_wake(&paths::actor_db(data, &id)) {
+                    Ok((Some(alarm), _)) => rt.timer.set(&id, Some(alarm.at_ms)),
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!(actor = %id, error = %e, "could not read a moved actor's alarm")
+                    }
+                }
+            }
+        }
+        tracing::info!(tenant = %plan.tenant, from = ?s.from, to = ?s.to, actors = moved.len(), "class migrated");
+    }
+    rt.metrics.alarms_pending.set(rt.timer.len() as u64);
+    finish(data, plan, version)
+}
+
+/// Moves or removes one class folder; a step already done does nothing.
+fn run_step(data: &Path, tenant: &str, s: &Step) -> Result<(), RuntimeError> {
+    let store = |e: std::io::Error| RuntimeError::Store(e.into());
+    let from = paths::class_dir(data, tenant, &s.from.app, &s.from.class);
+    if !from.exists() {
+        return Ok(());
+    }
+    match &s.to {
+        Some(to) => {
+            let dest = paths::class_dir(data, tenant, &to.app, &to.class);
+            if dest.exists() {
+                // Checked empty by the plan (a folder left by a delete of
+                // all its actors): made room for the move.
+                std::fs::remove_dir_all(&dest).map_err(store)?;
+            }
+            std::fs::create_dir_all(dest.parent().expect("a class folder has a parent"))
+                .map_err(store)?;
+            std::fs::rename(&from, &dest).map_err(store)?;
+            sync_parent(&dest)?;
+        }
+        None => {
+            let trash = data.join("trash");
+            std::fs::create_dir_all(&trash).map_err(store)?;
+            let gone = trash.join(format!(
+                "{}-{}-{}-{}",
+                tenant,
+                s.from.app,
+                s.from.class,
+                std::process::id()
+            ));
+            if gone.exists() {
+                std::fs::remove_dir_all(&gone).map_err(store)?;
+            }
+            std::fs::rename(&from, &gone).map_err(store)?;
+            sync_parent(&from)?;
+            std::fs::remove_dir_all(&gone).map_err(store)?;
+        }
+    }
+    sync_parent(&from)
+}
+
+fn sync_parent(path: &Path) -> Result<(), RuntimeError> {
+    match path.parent() {
+        Some(p) if p.exists() => {
+            wasmkeep_store::sync::sync_dir(p).map_err(|e| RuntimeError::Store(e.into()))
+        }
+        _ => Ok(()),
+    }
+}
+
+fn finish(data: &Path, plan: &Plan, version: u64) -> Result<(), RuntimeError> {
+    let path = record_path(data, &plan.tenant, &plan.app);
+    let mut record = read_record(&path)?;
+    for tag in &plan.tags {
+        if !record.applied.iter().any(|a| a.tag == *tag) {
+            record.applied.push(Applied {
+                tag: tag.clone(),
+                version,
+            });
+        }
+    }
+    record.pending = None;
+    write_record(&path, &record)
+}
+
+/// At start, before any actor is read: finishes the plans a node stopped
+/// in the middle of (their version was written, or is about to be found
+/// missing: either way the data follows the newest manifest).
+pub(crate) fn finish_pending(data: &Path) -> Result<(), RuntimeError> {
+    let root = data.join("apps");
+    let Ok(tenants) = std::fs::read_dir(&root) else {
+        return Ok(());
+    };
+    for t in tenants.flatten() {
+        let Ok(apps) = std::fs::read_dir(t.path()) else {
+            continue;
+        };
+        for a in apps.flatten() {
+            let path = a.path().join("migrations.toml");
+            if !path.exists() {
+                continue;
+            }
+            let record = read_record(&path)?;
+            let Some(plan) = record.pending else {
+                continue;
+            };
+            for s in &plan.steps {
+                run_step(data, &plan.tenant, s)?;
+            }
+            let version = crate::app_versions::read(&a.path())
+                .ok()
+                .and_then(|v| v.last().map(|v| v.version))
+                .unwrap_or(0);
+            tracing::info!(tenant = %plan.tenant, app = %plan.app, tags = ?plan.tags, "finished a class migration the node stopped in");
+            finish(data, &plan, version)?;
+        }
+    }
+    Ok(())
+}
+
+/// The newest version of `app` that applied a class migration: a
+/// rollback to a version before it would serve classes whose data moved.
+pub(crate) fn newest_migrating_version(data: &Path, tenant: &str, app: &str) -> Option<u64> {
+    read_record(&record_path(data, tenant, app))
+        .ok()?
+        .applied
+        .iter()
+        .map(|a| a.version)
+        .max()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Vec<ClassMigration>, String> {
+        #[derive(Deserialize)]
+        struct M {
+            migrations: Vec<ClassMigration>,
+        }
+        let m: M = toml::from_str(text).map_err(|e| e.to_string())?;
+        check_manifest(&m.migrations)?;
+        Ok(m.migrations)
+    }
+
+    #[test]
+    fn a_manifest_names_its_migrations_by_tag() {
+        let list = parse(
+            r#"
+            [[migrations]]
+            tag = "v2"
+            renamed_classes = [{ from = "room", to = "chat" }]
+            deleted_classes = ["scratch"]
+            transferred_classes = [{ from_app = "billing", from = "ledger", to = "ledger" }]
+            "#,
+        )
+        .unwrap();
+        assert_eq!(list[0].renamed_classes[0].to, "chat");
+        assert_eq!(list[0].transferred_classes[0].from_app, "billing");
+    }
+
+    #[test]
+    fn bad_migrations_are_named() {
+        let e = parse("[[migrations]]\ntag = \"v1\"\n").unwrap_err();
+        assert!(e.contains("names no class"), "{e}");
+        let e = parse(
+            "[[migrations]]\ntag = \"v1\"\ndeleted_classes = [\"a\"]\n[[migrations]]\ntag = \"v1\"\ndeleted_classes = [\"b\"]\n",
+        )
+        .unwrap_err();
+        assert!(e.contains("listed twice"), "{e}");
+        let e = parse("[[migrations]]\ntag = \"a b\"\ndeleted_classes = [\"a\"]\n").unwrap_err();
+        assert!(e.contains("tag `a b`"), "{e}");
+        let e = parse("[[migrations]]\ntag = \"v1\"\ndeleted_classes = [\"../x\"]\n").unwrap_err();
+        assert!(e.contains("deleted_classes"), "{e}");
+        let e = parse("[[migrations]]\ntag = \"v1\"\nrenamed = []\n").unwrap_err();
+        assert!(e.contains("unknown field"), "{e}");
+    }
+
+    /// acme/shop: `room` renamed to `chat`, `scratch` deleted.
+    fn room_to_chat_and_no_scratch() -> Plan {
+        let class = |c: &str| ClassRef {
+            app: "shop".into(),
+            class: c.into(),
+        };
+        Plan {
+            tenant: "acme".into(),
+            app: "shop".into(),
+            tags: vec!["v2".into()],
+            steps: vec![
+                Step {
+                    from: class("room"),
+                    to: Some(class("chat")),
+                },
+                Step {
+                    from: class("scratch"),
+                    to: None,
+                },
+            ],
+        }
+    }
+
+    #[test]
+    fn a_record_keeps_its_pending_plan_through_toml() {
+        let plan = room_to_chat_and_no_scratch();
+        let record = Record {
+            applied: vec![Applied {
+                tag: "v1".into(),
+                version: 3,
+            }],
+            pending: Some(plan.clone()),
+        };
+        let back: Record = toml::from_str(&toml::to_string(&record).unwrap()).unwrap();
+        assert_eq!(back.pending, Some(plan));
+        assert_eq!(back.applied, record.applied);
+    }
+
+    #[test]
+    fn steps_are_idempotent_and_a_start_finishes_a_pending_plan() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path();
+        let id = ActorId::new("acme", "shop", "room", "r1").unwrap();
+        std::fs::create_dir_all(paths::actor_dir(data, &id)).unwrap();
+        std::fs::write(paths::actor_db(data, &id), b"data").unwrap();
+        let gone = ActorId::new("acme", "shop", "scratch", "s1").unwrap();
+        std::fs::create_dir_all(paths::actor_dir(data, &gone)).unwrap();
+        let plan = room_to_chat_and_no_scratch();
+        begin(data, &plan).unwrap();
+        // The node stopped after the first step.
+        run_step(data, "acme", &plan.steps[0]).unwrap();
+        finish_pending(data).unwrap();
+        let moved = ActorId::new("acme", "shop", "chat", "r1").unwrap();
+        assert_eq!(
+            std::fs::read(paths::actor_db(data, &moved)).unwrap(),
+            b"data"
+        );
+        assert!(!paths::actor_dir(data, &id).exists());
+        assert!(!paths::actor_dir(data, &gone).exists());
+        let record = read_record(&record_path(data, "acme", "shop")).unwrap();
+        assert!(record.pending.is_none());
+        assert_eq!(record.applied[0].tag, "v2");
+        // Again: nothing left to do.
+        finish_pending(data).unwrap();
+        assert_eq!(
+            std::fs::read(paths::actor_db(data, &moved)).unwrap(),
+            b"data"
+        );
+    }
+}
