@@ -40,7 +40,7 @@
 //! node replicating): the data lives under keys that name the class, held
 //! by leases; such a deploy is refused with `migration_unsupported`.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -261,7 +261,6 @@ pub(crate) fn plan(
         )));
     }
     let steps = steps_of(rt, tenant, app, &new, classes)?;
-    check_steps(data, tenant, &steps)?;
     Ok(Some(Plan {
         tenant: tenant.to_owned(),
         app: app.to_owned(),
@@ -270,8 +269,68 @@ pub(crate) fn plan(
     }))
 }
 
-/// The steps of the migrations `new` for a component exporting
-/// `classes`; refuses a step the component or the source app contradicts.
+/// Every step the migrations `new` name, in order, with its tag.
+fn listed_steps<'m>(
+    app: &str,
+    new: &[&'m ClassMigration],
+) -> Result<Vec<(&'m str, Step)>, RuntimeError> {
+    let here = |class: &str| ClassRef {
+        app: app.to_owned(),
+        class: class.to_owned(),
+    };
+    let mut listed: Vec<(&'m str, Step)> = Vec::new();
+    for m in new {
+        for r in &m.renamed_classes {
+            let to = Some(here(&r.to));
+            listed.push((
+                &m.tag,
+                Step {
+                    from: here(&r.from),
+                    to,
+                },
+            ));
+        }
+        for c in &m.deleted_classes {
+            listed.push((
+                &m.tag,
+                Step {
+                    from: here(c),
+                    to: None,
+                },
+            ));
+        }
+        for t in &m.transferred_classes {
+            if t.from_app == app {
+                return Err(RuntimeError::InvalidManifest(format!(
+                    "migrations: `{}`: transfers `{}` from this app itself (write a rename)",
+                    m.tag, t.from
+                )));
+            }
+            let from = ClassRef {
+                app: t.from_app.clone(),
+                class: t.from.clone(),
+            };
+            listed.push((
+                &m.tag,
+                Step {
+                    from,
+                    to: Some(here(&t.to)),
+                },
+            ));
+        }
+    }
+    Ok(listed)
+}
+
+/// The steps the migrations `new` take for a component exporting
+/// `classes`, on this node's data: a step whose class holds no actor (on
+/// disk, or moved into it by an earlier step) is nothing to do and is
+/// left out, so a manifest's whole history deploys on a fresh node or app
+/// (`a` to `b`, then `b` to `c`, moves `a` to `c` where `a` has actors).
+/// A step that moves actors is checked: its class gone from the
+/// component (or, for a transfer, from its app), its target one of the
+/// component's classes (or the source of a later step) and without
+/// actors.
 fn steps_of(
     rt: &Inner,
     tenant: &str,
@@ -279,129 +338,80 @@ fn steps_of(
     new: &[&ClassMigration],
     classes: &[String],
 ) -> Result<Vec<Step>, RuntimeError> {
-    let serves = |c: &str| classes.iter().any(|k| k == c);
-    let here = |class: &str| ClassRef {
-        app: app.to_owned(),
-        class: class.to_owned(),
+    let listed = listed_steps(app, new)?;
+    let data = &rt.config.data_dir;
+    let serves = |c: &ClassRef| c.app == app && classes.contains(&c.class);
+    // Whether a class holds actors, as the steps so far leave it.
+    let mut holds: HashMap<ClassRef, bool> = HashMap::new();
+    let holds_now = |c: &ClassRef, holds: &mut HashMap<ClassRef, bool>| {
+        if let Some(h) = holds.get(c) {
+            return Ok::<bool, RuntimeError>(*h);
+        }
+        let dir = paths::class_dir(data, tenant, &c.app, &c.class);
+        let h = !paths::list_names(&dir, None, 1)
+            .map_err(|e| RuntimeError::Store(e.into()))?
+            .is_empty();
+        holds.insert(c.clone(), h);
+        Ok(h)
     };
     let mut steps = Vec::new();
-    for m in new {
+    for (i, (tag, step)) in listed.iter().enumerate() {
+        if !holds_now(&step.from, &mut holds)? {
+            continue;
+        }
         let bad = |what: String| {
             Err(RuntimeError::InvalidManifest(format!(
-                "migrations: `{}`: {what}",
-                m.tag
+                "migrations: `{tag}`: {what}"
             )))
         };
-        for r in &m.renamed_classes {
-            if serves(&r.from) {
-                return bad(format!(
-                    "renames class `{}`, which the component still exports",
-                    r.from
-                ));
-            }
-            if !serves(&r.to) {
-                return bad(format!(
-                    "renames `{}` to `{}`, which the component does not export",
-                    r.from, r.to
-                ));
-            }
-            steps.push(Step {
-                from: here(&r.from),
-                to: Some(here(&r.to)),
-            });
+        let from = &step.from;
+        if serves(from) {
+            return bad(format!(
+                "moves or deletes class `{}`, which the component still exports",
+                from.class
+            ));
         }
-        for c in &m.deleted_classes {
-            if serves(c) {
-                return bad(format!(
-                    "deletes class `{c}`, which the component still exports"
-                ));
-            }
-            steps.push(Step {
-                from: here(c),
-                to: None,
-            });
-        }
-        for t in &m.transferred_classes {
-            if t.from_app == app {
-                return bad(format!(
-                    "transfers `{}` from this app itself (write a rename)",
-                    t.from
-                ));
-            }
-            if !serves(&t.to) {
-                return bad(format!(
-                    "transfers `{}/{}` to `{}`, which the component does not export",
-                    t.from_app, t.from, t.to
-                ));
-            }
+        if from.app != app {
             let source_serves = rt
-                .app(tenant, &t.from_app)
-                .is_some_and(|a| a.classes.contains(&t.from))
+                .app(tenant, &from.app)
+                .is_some_and(|a| a.classes.contains(&from.class))
                 || rt
-                    .candidate(tenant, &t.from_app)
-                    .is_some_and(|(a, _)| a.classes.contains(&t.from));
+                    .candidate(tenant, &from.app)
+                    .is_some_and(|(a, _)| a.classes.contains(&from.class));
             if source_serves {
                 return Err(conflict(format!(
                     "{tenant}/{} still serves class `{}`: deploy it without that class first, then transfer it",
-                    t.from_app, t.from
+                    from.app, from.class
                 )));
             }
-            steps.push(Step {
-                from: ClassRef {
-                    app: t.from_app.clone(),
-                    class: t.from.clone(),
-                },
-                to: Some(here(&t.to)),
-            });
         }
-    }
-    Ok(steps)
-}
-
-/// Each class moved or deleted once, each target named once and not
-/// also moved away, and every target without actors.
-fn check_steps(data: &Path, tenant: &str, steps: &[Step]) -> Result<(), RuntimeError> {
-    let mut sources = HashSet::new();
-    let mut targets = HashSet::new();
-    for s in steps {
-        if !sources.insert(&s.from) {
-            return Err(RuntimeError::InvalidManifest(format!(
-                "migrations: class `{}/{}` is moved or deleted twice",
-                s.from.app, s.from.class
-            )));
-        }
-        if let Some(to) = &s.to
-            && !targets.insert(to)
-        {
-            return Err(RuntimeError::InvalidManifest(format!(
-                "migrations: two classes are moved into `{}`",
-                to.class
-            )));
-        }
-    }
-    for s in steps {
-        if let Some(to) = &s.to {
-            if sources.contains(to) {
-                return Err(RuntimeError::InvalidManifest(format!(
-                    "migrations: `{}` is both moved into and moved away in one deploy",
-                    to.class
-                )));
+        if let Some(to) = &step.to {
+            let moved_on = listed[i + 1..].iter().any(|(_, later)| later.from == *to);
+            if !serves(to) && !moved_on {
+                return bad(format!(
+                    "moves `{}/{}` to `{}`, which the component does not export",
+                    from.app, from.class, to.class
+                ));
             }
-            let dir = paths::class_dir(data, tenant, &to.app, &to.class);
-            if let Some(name) = paths::list_names(&dir, None, 1)
-                .map_err(|e| RuntimeError::Store(e.into()))?
-                .first()
-            {
+            if holds_now(to, &mut holds)? {
+                let dir = paths::class_dir(data, tenant, &to.app, &to.class);
+                let example = paths::list_names(&dir, None, 1)
+                    .ok()
+                    .and_then(|n| n.into_iter().next())
+                    .unwrap_or_default();
                 return Err(conflict(format!(
                     "class `{}` of {tenant}/{} already has actors (`{}` among them): a rename or transfer moves a class into an empty one",
                     to.class,
                     to.app,
-                    name.escape_debug()
+                    example.escape_debug()
                 )));
             }
+            holds.insert(to.clone(), true);
         }
+        holds.insert(from.clone(), false);
+        steps.push(step.clone());
     }
-    Ok(())
+    Ok(steps)
 }
 
 /// The classes being migrated on a node: their events are refused until
@@ -435,7 +445,7 @@ impl Gates {
 }
 
 /// The classes of a plan, closed while it applies; dropping it opens
-/// them again.
+/// them again, unless [`Gate::keep_closed`] was called.
 pub(crate) struct Gate<'a> {
     rt: &'a Inner,
     keys: Vec<(String, String, String)>,
@@ -487,8 +497,15 @@ impl<'a> Gate<'a> {
             );
             for name in paths::list_names(&dir, None, usize::MAX).unwrap_or_default() {
                 let id = ActorId::new(&plan.tenant, &s.from.app, &s.from.class, &name)?;
-                let (_, outbox) =
-                    wasmkeep_store::db::read_wake(&paths::actor_db(&rt.config.data_dir, &id))?;
+                let (_, outbox) = wasmkeep_store::db::read_wake(&paths::actor_db(
+                    &rt.config.data_dir,
+                    &id,
+                ))
+                .map_err(|e| {
+                    conflict(format!(
+                        "actor {id} could not be read to check its outbox ({e}); nothing moved"
+                    ))
+                })?;
                 if outbox {
                     return Err(conflict(format!(
                         "actor {id} has messages or calls not yet delivered: its receivers know it by its address, which the migration would change; retry the deploy once its outbox is empty"
@@ -499,6 +516,13 @@ impl<'a> Gate<'a> {
         Ok(gate)
     }
 
+    /// Leaves the classes closed until the node restarts: a migration
+    /// that failed half-way is finished by the next start, and nothing may
+    /// open an actor of those classes meanwhile.
+    pub(crate) fn keep_closed(mut self) {
+        self.keys.clear();
+    }
+
     fn holds(&self, id: &ActorId) -> bool {
         self.keys
             .iter()
@@ -507,6 +531,8 @@ impl<'a> Gate<'a> {
 
     /// Waits until no actor of the closed classes has an event queued or
     /// running, then takes them off the node and closes their databases.
+    /// The classes are closed already, so no event joins them meanwhile
+    /// (`Inner::enqueue` checks under the actors' lock).
     fn close_actors(&self) -> Result<(), RuntimeError> {
         let deadline = crate::clock::instant() + Duration::from_millis(MIGRATION_DRAIN_MS);
         let closing: Vec<Arc<Actor>> = loop {
@@ -517,14 +543,20 @@ impl<'a> Gate<'a> {
                     .filter(|a| self.holds(&a.id))
                     .cloned()
                     .collect();
-                let idle = mine.iter().all(|a| {
-                    a.queue
-                        .try_lock()
-                        .is_some_and(|q| !q.scheduled && q.events.is_empty())
-                });
-                if idle {
+                // Each queue's guard is held from the look to the
+                // retirement: an event cannot slip in between.
+                let mut idle = Vec::with_capacity(mine.len());
+                for a in &mine {
+                    match a.queue.try_lock() {
+                        Some(q) if !q.scheduled && q.events.is_empty() => idle.push(q),
+                        _ => break,
+                    }
+                }
+                if idle.len() == mine.len() {
+                    for mut q in idle {
+                        q.retired = true;
+                    }
                     for a in &mine {
-                        a.queue.lock().retired = true;
                         actors.remove(&a.id);
                     }
                     break mine;
@@ -532,9 +564,9 @@ impl<'a> Gate<'a> {
             }
             if crate::clock::instant() >= deadline {
                 return Err(RuntimeError::ClassMigration {
-                    code: "class_migrating",
+                    code: "migration_busy",
                     message: format!(
-                        "the actors of the migrated classes still had events running after MIGRATION_DRAIN_MS={MIGRATION_DRAIN_MS}; nothing moved, retry the deploy"
+                        "the actors of the migrated classes still had events running after MIGRATION_DRAIN_MS={MIGRATION_DRAIN_MS}; nothing moved, deploy again once they are quieter"
                     ),
                 });
             }
@@ -544,13 +576,43 @@ impl<'a> Gate<'a> {
             // Under the slot's lock: the closer thread may be closing it.
             *a.slot.lock() = None;
         }
+        // An actor the reaper took off the node just before is closed by
+        // the time its pass ends.
+        drop(self.rt.reaping.lock());
         Ok(())
     }
 }
 
+/// What a deploy does before it writes its version: plans the migrations
+/// it lists, closes their classes ([`Gate::close`]), plans again (an
+/// actor may have been created in a target class, or a source app
+/// deployed, before the classes closed: the plan must still be the same)
+/// and records the plan as pending. `None`: nothing to migrate.
+pub(crate) fn start<'a>(
+    rt: &'a Inner,
+    tenant: &str,
+    app: &str,
+    migrations: &[ClassMigration],
+    classes: &[String],
+    percent: u8,
+) -> Result<Option<(Plan, Gate<'a>)>, RuntimeError> {
+    let Some(planned) = plan(rt, tenant, app, migrations, classes, percent)? else {
+        return Ok(None);
+    };
+    let gate = Gate::close(rt, &planned)?;
+    if plan(rt, tenant, app, migrations, classes, percent)?.as_ref() != Some(&planned) {
+        return Err(conflict(format!(
+            "the classes of {tenant}/{app}'s migrations changed while their actors finished their events; nothing moved, deploy again"
+        )));
+    }
+    begin(&rt.config.data_dir, &planned)?;
+    Ok(Some((planned, gate)))
+}
+
 /// Records `plan` as pending in its app's record, before the deploy's
-/// version is written: from here on, a start finishes it.
-pub(crate) fn begin(data: &Path, plan: &Plan) -> Result<(), RuntimeError> {
+/// version is written: from here on, a start finishes it if that version
+/// was written.
+fn begin(data: &Path, plan: &Plan) -> Result<(), RuntimeError> {
     let path = record_path(data, &plan.tenant, &plan.app);
     let mut record = read_record(&path)?;
     record.pending = Some(plan.clone());
@@ -585,6 +647,14 @@ pub(crate) fn apply(rt: &Inner, plan: &Plan, version: u64) -> Result<(), Runtime
                 "the actor's class was migrated by a deploy: reconnect",
             );
             rt.parked.drop_actor(&old);
+            wasmkeep_store::page_capture::untrack(&paths::actor_dir(data, &old));
+            if s.to.is_none() {
+                // Deleted: what it sent goes with it, and the tenant no
+                // longer has it.
+                rt.outbox.forget(&old);
+                let size = wasmkeep_store::db::size_bytes_at(&paths::actor_db(data, &old));
+                rt.quotas.counted(&plan.tenant, false, size.unwrap_or(0));
+            }
         }
         run_step(data, &plan.tenant, s)?;
         if let Some(to) = &s.to {
@@ -606,6 +676,9 @@ pub(crate) fn apply(rt: &Inner, plan: &Plan, version: u64) -> Result<(), Runtime
 }
 
 /// Moves or removes one class folder; a step already done does nothing.
+/// A class folder is only ever removed by moving it into `<data>/trash`
+/// (emptied once the step is done, and at start): a target that holds an
+/// actor is never replaced.
 fn run_step(data: &Path, tenant: &str, s: &Step) -> Result<(), RuntimeError> {
     let store = |e: std::io::Error| RuntimeError::Store(e.into());
     let from = paths::class_dir(data, tenant, &s.from.app, &s.from.class);
@@ -616,34 +689,50 @@ fn run_step(data: &Path, tenant: &str, s: &Step) -> Result<(), RuntimeError> {
         Some(to) => {
             let dest = paths::class_dir(data, tenant, &to.app, &to.class);
             if dest.exists() {
-                // Checked empty by the plan (a folder left by a delete of
-                // all its actors): made room for the move.
-                std::fs::remove_dir_all(&dest).map_err(store)?;
+                if !paths::list_names(&dest, None, 1).map_err(store)?.is_empty() {
+                    return Err(conflict(format!(
+                        "class `{}` of {tenant}/{} has actors, so `{}` cannot move into it; neither was touched",
+                        to.class, to.app, s.from.class
+                    )));
+                }
+                // A folder without actors (all deleted, or none yet).
+                to_trash(data, &dest)?;
             }
             std::fs::create_dir_all(dest.parent().expect("a class folder has a parent"))
                 .map_err(store)?;
             std::fs::rename(&from, &dest).map_err(store)?;
             sync_parent(&dest)?;
         }
-        None => {
-            let trash = data.join("trash");
-            std::fs::create_dir_all(&trash).map_err(store)?;
-            let gone = trash.join(format!(
-                "{}-{}-{}-{}",
-                tenant,
-                s.from.app,
-                s.from.class,
-                std::process::id()
-            ));
-            if gone.exists() {
-                std::fs::remove_dir_all(&gone).map_err(store)?;
-            }
-            std::fs::rename(&from, &gone).map_err(store)?;
-            sync_parent(&from)?;
-            std::fs::remove_dir_all(&gone).map_err(store)?;
-        }
+        None => to_trash(data, &from)?,
     }
-    sync_parent(&from)
+    sync_parent(&from)?;
+    empty_trash(data);
+    Ok(())
+}
+
+/// Names of folders set aside in `<data>/trash` by this process.
+static TRASHED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Moves a folder into `<data>/trash` (one rename: it is gone from its
+/// place at once, whatever happens to its removal).
+fn to_trash(data: &Path, dir: &Path) -> Result<(), RuntimeError> {
+    let store = |e: std::io::Error| RuntimeError::Store(e.into());
+    let trash = data.join("trash");
+    std::fs::create_dir_all(&trash).map_err(store)?;
+    let n = TRASHED.fetch_add(1, Ordering::Relaxed);
+    let gone = trash.join(format!("{}-{n}", std::process::id()));
+    std::fs::rename(dir, &gone).map_err(store)?;
+    sync_parent(dir)
+}
+
+/// Removes what `to_trash` set aside (best effort: a start tries again).
+fn empty_trash(data: &Path) {
+    let trash = data.join("trash");
+    if trash.exists()
+        && let Err(e) = std::fs::remove_dir_all(&trash)
+    {
+        tracing::warn!(path = %trash.display(), error = %e, "could not remove deleted classes' data; the next start tries again");
+    }
 }
 
 fn sync_parent(path: &Path) -> Result<(), RuntimeError> {
@@ -674,6 +763,7 @@ fn finish(data: &Path, plan: &Plan, version: u64) -> Result<(), RuntimeError> {
 /// in the middle of (their version was written, or is about to be found
 /// missing: either way the data follows the newest manifest).
 pub(crate) fn finish_pending(data: &Path) -> Result<(), RuntimeError> {
+    empty_trash(data);
     let root = data.join("apps");
     let Ok(tenants) = std::fs::read_dir(&root) else {
         return Ok(());
@@ -687,17 +777,20 @@ pub(crate) fn finish_pending(data: &Path) -> Result<(), RuntimeError> {
             if !path.exists() {
                 continue;
             }
-            let record = read_record(&path)?;
-            let Some(plan) = record.pending else {
+            let mut record = read_record(&path)?;
+            let Some(plan) = record.pending.take() else {
+                continue;
+            };
+            let Some(version) = recorded_with(&a.path(), &plan) else {
+                // The node stopped before the deploy's version was
+                // written: the deploy did not happen, nor does the plan.
+                tracing::warn!(tenant = %plan.tenant, app = %plan.app, tags = ?plan.tags, "dropped a class migration whose deploy was not recorded");
+                write_record(&path, &record)?;
                 continue;
             };
             for s in &plan.steps {
                 run_step(data, &plan.tenant, s)?;
             }
-            let version = crate::app_versions::read(&a.path())
-                .ok()
-                .and_then(|v| v.last().map(|v| v.version))
-                .unwrap_or(0);
             tracing::info!(tenant = %plan.tenant, app = %plan.app, tags = ?plan.tags, "finished a class migration the node stopped in");
             finish(data, &plan, version)?;
         }
@@ -705,15 +798,31 @@ pub(crate) fn finish_pending(data: &Path) -> Result<(), RuntimeError> {
     Ok(())
 }
 
+/// The number of the app's newest version if its manifest lists every tag
+/// of `plan` (the deploy that planned it was recorded).
+fn recorded_with(dir: &Path, plan: &Plan) -> Option<u64> {
+    let newest = crate::app_versions::read(dir).ok()?.pop()?;
+    let text =
+        std::fs::read_to_string(crate::app_versions::manifest_path(dir, newest.version)).ok()?;
+    let manifest = crate::app::AppManifest::parse(&text).ok()?;
+    plan.tags
+        .iter()
+        .all(|t| manifest.migrations.iter().any(|m| m.tag == *t))
+        .then_some(newest.version)
+}
+
 /// The newest version of `app` that applied a class migration: a
 /// rollback to a version before it would serve classes whose data moved.
-pub(crate) fn newest_migrating_version(data: &Path, tenant: &str, app: &str) -> Option<u64> {
-    read_record(&record_path(data, tenant, app))
-        .ok()?
+pub(crate) fn newest_migrating_version(
+    data: &Path,
+    tenant: &str,
+    app: &str,
+) -> Result<Option<u64>, RuntimeError> {
+    Ok(read_record(&record_path(data, tenant, app))?
         .applied
         .iter()
         .map(|a| a.version)
-        .max()
+        .max())
 }
 
 #[cfg(test)]
@@ -801,17 +910,46 @@ mod tests {
         assert_eq!(back.applied, record.applied);
     }
 
-    #[test]
-    fn steps_are_idempotent_and_a_start_finishes_a_pending_plan() {
-        let dir = tempfile::tempdir().unwrap();
-        let data = dir.path();
+    /// Records a version of acme/shop with `manifest`, as a deploy does.
+    fn record_version(data: &Path, manifest: &str) {
+        let dir = crate::app::app_dir(data, "acme", "shop");
+        std::fs::create_dir_all(&dir).unwrap();
+        let new = crate::app_versions::NewVersion {
+            hash: "h",
+            deployed_ms: 1,
+            classes: &[],
+            component_bytes: 1,
+            manifest,
+            by: "",
+            rollback_of: None,
+            percent: 100,
+            deferred: false,
+            number: None,
+        };
+        crate::app_versions::append(&dir, &new, None, 10, |p, b| std::fs::write(p, b)).unwrap();
+    }
+
+    /// acme/shop/room/r1 (a database) and acme/shop/scratch/s1.
+    fn two_actors(data: &Path) -> (ActorId, ActorId) {
         let id = ActorId::new("acme", "shop", "room", "r1").unwrap();
         std::fs::create_dir_all(paths::actor_dir(data, &id)).unwrap();
         std::fs::write(paths::actor_db(data, &id), b"data").unwrap();
         let gone = ActorId::new("acme", "shop", "scratch", "s1").unwrap();
         std::fs::create_dir_all(paths::actor_dir(data, &gone)).unwrap();
+        (id, gone)
+    }
+
+    #[test]
+    fn steps_are_idempotent_and_a_start_finishes_a_recorded_plan() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path();
+        let (id, gone) = two_actors(data);
         let plan = room_to_chat_and_no_scratch();
         begin(data, &plan).unwrap();
+        record_version(
+            data,
+            "[[migrations]]\ntag = \"v2\"\ndeleted_classes = [\"x\"]\n",
+        );
         // The node stopped after the first step.
         run_step(data, "acme", &plan.steps[0]).unwrap();
         finish_pending(data).unwrap();
@@ -822,14 +960,53 @@ mod tests {
         );
         assert!(!paths::actor_dir(data, &id).exists());
         assert!(!paths::actor_dir(data, &gone).exists());
+        assert!(!data.join("trash").exists());
         let record = read_record(&record_path(data, "acme", "shop")).unwrap();
         assert!(record.pending.is_none());
-        assert_eq!(record.applied[0].tag, "v2");
+        assert_eq!(
+            record.applied,
+            vec![Applied {
+                tag: "v2".into(),
+                version: 1
+            }]
+        );
         // Again: nothing left to do.
         finish_pending(data).unwrap();
         assert_eq!(
             std::fs::read(paths::actor_db(data, &moved)).unwrap(),
             b"data"
         );
+    }
+
+    #[test]
+    fn a_plan_whose_deploy_was_not_recorded_is_dropped_at_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path();
+        let (id, gone) = two_actors(data);
+        record_version(data, "");
+        begin(data, &room_to_chat_and_no_scratch()).unwrap();
+        finish_pending(data).unwrap();
+        assert!(paths::actor_db(data, &id).exists(), "nothing moved");
+        assert!(paths::actor_dir(data, &gone).exists(), "nothing deleted");
+        let record = read_record(&record_path(data, "acme", "shop")).unwrap();
+        assert!(record.pending.is_none() && record.applied.is_empty());
+    }
+
+    #[test]
+    fn a_target_with_actors_is_never_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path();
+        let (id, _) = two_actors(data);
+        let there = ActorId::new("acme", "shop", "chat", "c1").unwrap();
+        std::fs::create_dir_all(paths::actor_dir(data, &there)).unwrap();
+        std::fs::write(paths::actor_db(data, &there), b"other").unwrap();
+        let plan = room_to_chat_and_no_scratch();
+        let e = run_step(data, "acme", &plan.steps[0]).unwrap_err();
+        assert_eq!(e.code(), "migration_conflict", "{e}");
+        assert_eq!(
+            std::fs::read(paths::actor_db(data, &there)).unwrap(),
+            b"other"
+        );
+        assert_eq!(std::fs::read(paths::actor_db(data, &id)).unwrap(), b"data");
     }
 }

@@ -113,6 +113,9 @@ pub struct Inner {
     pub quotas: Arc<crate::quotas::Quotas>,
     /// Classes a deploy is migrating (ADR 0060): their events are refused.
     pub migrating: crate::class_migrations::Gates,
+    /// Held by a pass of the reaper, from taking actors off the node to
+    /// closing them (a migration waits for it).
+    pub(crate) reaping: Mutex<()>,
 }
 
 /// Whether this node may run an actor's alarms now. A single node always
@@ -268,12 +271,14 @@ impl Inner {
         if self.stopping.load(Ordering::Relaxed) {
             return Err(RuntimeError::ShuttingDown);
         }
-        if let Some(refused) = self.migrating.refuses(id) {
-            return Err(refused);
-        }
         loop {
             let actor = {
                 let mut actors = self.actors.lock();
+                // Under the actors' lock: a migration closing the class
+                // takes it too before it looks at the class's actors.
+                if let Some(refused) = self.migrating.refuses(id) {
+                    return Err(refused);
+                }
                 Arc::clone(
                     actors
                         .entry(id.clone())
@@ -344,6 +349,7 @@ impl Inner {
     /// Closes the actors unused for `idle` ms with nothing queued, running
     /// or uploading; returns how many.
     pub(crate) fn reap_idle_after(&self, idle: u64) -> usize {
+        let _pass = self.reaping.lock();
         let now = self.elapsed_ms();
         let mut closed = Vec::new();
         {
@@ -521,11 +527,16 @@ impl Inner {
             if !self.may_run(&id) {
                 continue;
             }
-            let _ = self.enqueue(
+            let fired = self.enqueue(
                 &id,
                 Event::new(EventKind::Alarm { force: false }, None),
                 false,
             );
+            if let Err(RuntimeError::ClassMigration { .. }) = fired {
+                // Its class is being migrated: the alarm stays in the
+                // database; look again shortly (gone, if it moved).
+                self.rearm_after_failure(&id);
+            }
         }
         self.metrics.alarms_pending.set(self.timer.len() as u64);
     }

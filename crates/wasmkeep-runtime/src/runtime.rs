@@ -345,6 +345,7 @@ fn build_inner(config: RuntimeConfig, clock: Arc<dyn Clock>, parts: Parts) -> Ar
         pools: crate::pools::Pools::new(&pool_limits),
         quotas,
         migrating: Default::default(),
+        reaping: Mutex::new(()),
         parked: Arc::new(crate::parked::ParkedReplies::new(
             parked_limits,
             Arc::clone(&parked_metrics),
@@ -799,7 +800,9 @@ impl Runtime {
         let data = &self.inner.config.data_dir;
         // Class migrations (ADR 0060): checked, their classes closed and
         // drained, the plan recorded; moved once the version is written.
-        let plan = crate::class_migrations::plan(
+        // The classes open again when this returns, after the new app is
+        // in place.
+        let mut migration = crate::class_migrations::start(
             &self.inner,
             &tenant,
             &app,
@@ -807,14 +810,6 @@ impl Runtime {
             &built.classes,
             origin.percent,
         )?;
-        let _gate = match &plan {
-            Some(p) => {
-                let gate = crate::class_migrations::Gate::close(&self.inner, p)?;
-                crate::class_migrations::begin(data, p)?;
-                Some(gate)
-            }
-            None => None,
-        };
         let kept = app::persist(
             data,
             &built,
@@ -825,13 +820,21 @@ impl Runtime {
             self.inner.config.app_versions_max,
         )
         .map_err(|e| {
-            if let Some(p) = &plan {
+            if let Some((p, _)) = &migration {
                 crate::class_migrations::abandon(data, p);
             }
             RuntimeError::Store(e.into())
         })?;
-        if let Some(p) = &plan {
-            crate::class_migrations::apply(&self.inner, p, kept.version)?;
+        if let Some((p, _)) = &migration
+            && let Err(e) = crate::class_migrations::apply(&self.inner, p, kept.version)
+        {
+            // Its version is written: the next start finishes the plan.
+            // Until then nothing may open an actor of its classes.
+            tracing::error!(%tenant, %app, tags = ?p.tags, error = %e, "a class migration failed half-way; its classes stay closed until the node restarts, which finishes it");
+            if let Some((_, gate)) = migration.take() {
+                gate.keep_closed();
+            }
+            return Err(e);
         }
         built.deploy_version = kept.version;
         built.deferred = kept.deferred;
@@ -913,7 +916,7 @@ impl Runtime {
             &self.inner.config.data_dir,
             tenant,
             app,
-        ) && target.version < migrated
+        )? && target.version < migrated
         {
             return Err(RuntimeError::ClassMigration {
                 code: "rollback_past_migration",

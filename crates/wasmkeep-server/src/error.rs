@@ -64,6 +64,10 @@ fn status_of(e: &RuntimeError) -> StatusCode {
             code: "class_migrating",
             ..
         } => StatusCode::SERVICE_UNAVAILABLE,
+        RuntimeError::ClassMigration {
+            code: "migration_unsupported",
+            ..
+        } => StatusCode::NOT_IMPLEMENTED,
         RuntimeError::ClassMigration { .. } => StatusCode::CONFLICT,
         RuntimeError::ReplyExpired => StatusCode::GATEWAY_TIMEOUT,
         RuntimeError::InvalidComponent(_)

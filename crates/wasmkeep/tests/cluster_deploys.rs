@@ -337,7 +337,7 @@ fn a_deploy_with_a_class_migration_is_refused_before_the_bucket_records_it() {
     );
     assert_eq!(
         (code, common::code(&v)),
-        (409, "migration_unsupported"),
+        (501, "migration_unsupported"),
         "{v}"
     );
     assert_eq!(keys(&c.folder(), "versions/acme/shop"), before);
