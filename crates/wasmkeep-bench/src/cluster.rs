@@ -197,6 +197,7 @@ impl Cluster {
                 log: dir.join(format!("node{k}.log")),
                 bucket: Some(format!("file://{}", bucket.display())),
                 cluster_port: None,
+                examples: true,
             };
             let node = start_on_a_free_port(&mut spec)
                 .await

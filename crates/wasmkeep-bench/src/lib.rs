@@ -26,6 +26,7 @@
 pub mod client;
 mod clock;
 pub mod cluster;
+pub mod deploys;
 pub mod isolation;
 pub mod large;
 pub mod load;
@@ -107,6 +108,10 @@ pub enum Workload {
     /// cores.
     #[value(name = "w11")]
     W11,
+    /// A deploy and a rollback under load to an app with 10,000 open
+    /// actors.
+    #[value(name = "w12")]
+    W12,
 }
 
 impl Workload {
@@ -130,6 +135,7 @@ impl Workload {
             Workload::W7Workflows => "w7-workflows",
             Workload::W8 => "w8",
             Workload::W11 => "w11",
+            Workload::W12 => "w12",
         }
     }
 
@@ -139,7 +145,7 @@ impl Workload {
             Workload::W1DurableLarge if workloads::EXAMPLES.path() == workloads::EXAMPLES_TS => {
                 Some("needs the `notes` class, which the TypeScript examples do not have")
             }
-            Workload::W8 | Workload::W11 if server => Some(
+            Workload::W8 | Workload::W11 | Workload::W12 if server => Some(
                 "needs a node started by the benchmark (its RSS, its settings); not run against --server",
             ),
             Workload::W7 if server => Some(
@@ -182,6 +188,7 @@ const NOT_BY_DEFAULT: &[Workload] = &[
     Workload::W5,
     Workload::W6,
     Workload::W5Kill,
+    Workload::W12,
 ];
 
 /// The node's durability for the runs.
@@ -287,6 +294,10 @@ pub struct BenchArgs {
     /// W4: actors touched once after W1, then left to go idle.
     #[arg(long, default_value_t = 10_000)]
     pub idle_actors: usize,
+    /// W12: actors open during the deploy (each holds two or three open
+    /// files: the node needs an open-files limit of about twice this).
+    #[arg(long, default_value_t = 10_000)]
+    pub open_actors: usize,
     /// W8: WebSockets opened over its 100 rooms.
     #[arg(long, default_value_t = 10_000)]
     pub sockets: usize,
@@ -443,6 +454,10 @@ fn skipped_workloads(args: &BenchArgs, workloads: &[Workload], server: bool) -> 
                     "not in the default set (about 90 s and 15 GB of disk a run): \
                      ask for it with --workloads"
                 }
+                Workload::W12 => {
+                    "not in the default set (10,000 open actors, a pool of 10,240 instances): \
+                     ask for it with --workloads"
+                }
                 _ => {
                     "not in the default set (a 3-node cluster, about a minute a run): \
                      ask for it with --workloads"
@@ -486,6 +501,7 @@ async fn run_workload(w: Workload, env: &Env<'_>) -> Result<workloads::RunOutput
         Workload::W7Workflows => outbox::w7_workflows(env).await,
         Workload::W8 => sockets::w8(env).await,
         Workload::W11 => isolation::w11(env).await,
+        Workload::W12 => deploys::w12(env).await,
     }
 }
 

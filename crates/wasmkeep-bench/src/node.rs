@@ -37,6 +37,8 @@ pub struct NodeSpec {
     /// (`--advertise http://127.0.0.1:PORT`; needs `bucket`). None: any
     /// free port, no cluster.
     pub cluster_port: Option<u16>,
+    /// `serve --examples`: the bundled examples deployed at start.
+    pub examples: bool,
 }
 
 pub struct Node {
@@ -60,8 +62,11 @@ impl Node {
         cmd.arg("serve")
             .arg("--data")
             .arg(&spec.data)
-            .args(["--listen", &listen, "--examples"])
+            .args(["--listen", &listen])
             .args(["--durability", spec.durability]);
+        if spec.examples {
+            cmd.arg("--examples");
+        }
         if let Some(port) = spec.cluster_port {
             cmd.arg("--advertise")
                 .arg(format!("http://127.0.0.1:{port}"));

@@ -96,7 +96,7 @@ pub(crate) fn preamble(args: &BenchArgs, m: &Machine, server: bool) -> String {
     let _ = write!(
         s,
         "settings: lang={} runs={} connections={} warmup_s={} measure_s={} actors={} alarms={} \
-         alarm_lead_s={} cold_actors={} idle_actors={} seed={} lease_period_ms={} \
+         alarm_lead_s={} cold_actors={} idle_actors={} open_actors={} seed={} lease_period_ms={} \
          lease_grace_ms={} w6_durability={}",
         args.lang,
         args.runs,
@@ -108,6 +108,7 @@ pub(crate) fn preamble(args: &BenchArgs, m: &Machine, server: bool) -> String {
         args.alarm_lead_s,
         args.cold_actors,
         args.idle_actors,
+        args.open_actors,
         args.seed,
         args.lease_period_ms,
         args.lease_grace_ms,
@@ -345,6 +346,7 @@ impl Report {
             "alarm_lead_s": args.alarm_lead_s,
             "cold_actors": args.cold_actors,
             "idle_actors": args.idle_actors,
+            "open_actors": args.open_actors,
             "seed": args.seed,
             "lease_period_ms": args.lease_period_ms,
             "lease_grace_ms": args.lease_grace_ms,

@@ -45,7 +45,7 @@ type Socket =
 
 /// Raises this process's open-file limit to what W8 needs (or the hard
 /// limit, if this process may not raise that).
-fn raise_fd_limit(need: u64) {
+pub(crate) fn raise_fd_limit(need: u64) {
     // SAFETY: getrlimit/setrlimit on a local struct.
     unsafe {
         let mut l = libc::rlimit {
@@ -65,7 +65,7 @@ fn raise_fd_limit(need: u64) {
     }
 }
 
-fn fd_limit() -> u64 {
+pub(crate) fn fd_limit() -> u64 {
     // SAFETY: as above.
     unsafe {
         let mut l = libc::rlimit {

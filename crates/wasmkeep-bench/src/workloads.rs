@@ -141,6 +141,7 @@ impl Env<'_> {
                 log: dir.join("node.log"),
                 bucket: None,
                 cluster_port: None,
+                examples: true,
             })),
             Target::Server(_) => Ok(None),
         }
@@ -173,6 +174,16 @@ impl Env<'_> {
 
     pub(crate) async fn start(&self, config: Option<PathBuf>) -> Result<Option<Node>> {
         self.start_on(config, None).await
+    }
+
+    /// A node of its own without the bundled examples: the workload
+    /// deploys what it needs.
+    pub(crate) async fn start_bare(&self, config: Option<PathBuf>) -> Result<Node> {
+        let mut s = self
+            .spec(config)?
+            .ok_or_else(|| anyhow!("this workload needs a node started by the benchmark"))?;
+        s.examples = false;
+        Node::start(&s).await
     }
 
     pub(crate) async fn start_on(
@@ -324,7 +335,7 @@ async fn counter_load(
 }
 
 /// [`counter_load`] on the counters of the app at `app`.
-async fn counter_load_of(
+pub(crate) async fn counter_load_of(
     app: &str,
     env: &Env<'_>,
     ep: &Endpoint,

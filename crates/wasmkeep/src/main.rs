@@ -644,18 +644,36 @@ fn serve(args: ServeArgs) -> Result<()> {
 
 /// Raises the soft bound on open files to the hard one: a node holds a
 /// descriptor per connection and socket (`connections_max` 1,024 and
-/// `sockets_max` besides) and per open database, and many systems start
-/// processes with a soft bound of 1,024.
-fn raise_open_files_limit() {
+/// `sockets_max` besides) and three per open database (the file, its log
+/// and its shared memory), and many systems start processes with a soft
+/// bound of 1,024. Warns when even the hard bound is below what open
+/// actors and connections may take at the node's settings: past it,
+/// actors fail to open with `storage_error`. (`sockets_max` is a ceiling
+/// far above what most nodes hold and is left out.)
+fn raise_open_files_limit(cfg: &NodeConfig) {
+    let need = 3 * u64::from(cfg.instances_max) + cfg.connections_max as u64;
     // SAFETY: `getrlimit` fills the plain struct it is given; `setrlimit`
     // only changes this process's own soft bound, within the hard one.
     unsafe {
         let mut l: libc::rlimit = std::mem::zeroed();
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) == 0 && l.rlim_cur < l.rlim_max {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) != 0 {
+            return;
+        }
+        if l.rlim_cur < l.rlim_max {
             l.rlim_cur = l.rlim_max;
             if libc::setrlimit(libc::RLIMIT_NOFILE, &l) != 0 {
                 tracing::warn!(error = %std::io::Error::last_os_error(), "could not raise the open files limit");
+                libc::getrlimit(libc::RLIMIT_NOFILE, &mut l);
             }
+        }
+        if (l.rlim_cur as u64) < need {
+            tracing::warn!(
+                limit = l.rlim_cur as u64,
+                need,
+                instances_max = cfg.instances_max,
+                connections_max = cfg.connections_max,
+                "the open files limit is below what these settings may open (three per open actor, one per connection): actors past it fail with storage_error; raise it (ulimit -n, systemd's LimitNOFILE) or lower instances_max"
+            );
         }
     }
 }
@@ -670,7 +688,7 @@ pub(crate) fn run_node(
 ) -> Result<()> {
     cfg.check_exposure()?;
     let cluster = cfg.cluster()?;
-    raise_open_files_limit();
+    raise_open_files_limit(&cfg);
     // Rules a test-faults build was asked to switch off (none otherwise),
     // applied before the runtime opens a database.
     let unsafe_rules = UnsafeRules::from_env().map_err(anyhow::Error::msg)?;
