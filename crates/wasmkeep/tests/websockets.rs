@@ -231,3 +231,21 @@ fn in_a_cluster_a_socket_reaches_the_owner_from_any_node_and_keeps_the_actor_hel
         assert_eq!(left, 1);
     });
 }
+
+/// A class migration (ADR 0060) closes the sockets of the actors it moves
+/// with 1012: the socket belongs to the old address.
+#[test]
+fn a_class_migration_closes_its_actors_sockets() {
+    let (_dir, node) = node_with("");
+    rt().block_on(async {
+        let mut ws = open(&node, "room1").await;
+        let manifest = "[[migrations]]\ntag = \"chat-to-counter\"\nrenamed_classes = [{ from = \"chat\", to = \"counter\" }]\n";
+        let (status, v) = node.json(
+            "PUT",
+            &format!("/admin/v1/apps/demo/examples?manifest={}", common::enc(manifest)),
+            wasmkeep_guests::HELLO,
+        );
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(close_code(&mut ws).await, Some(1012));
+    });
+}
