@@ -998,6 +998,22 @@ impl Runtime {
         Ok(())
     }
 
+    /// [`Runtime::check_class`] for one actor: its class must be one of the
+    /// version that actor runs. During a rollout (ADR 0059) an actor outside
+    /// the share runs the whole version, which may lack a class only the
+    /// new version has: `class_not_found` for it here, before a cluster
+    /// node takes it, as its event would answer.
+    pub fn check_actor_class(&self, id: &ActorId) -> Result<(), RuntimeError> {
+        self.check_class(&id.tenant, &id.app, &id.class)?;
+        match self.inner.app_for(id) {
+            Some(a) if a.classes.contains(&id.class) => Ok(()),
+            _ => Err(RuntimeError::ClassNotFound {
+                app: format!("{}/{}", id.tenant, id.app),
+                class: id.class.clone(),
+            }),
+        }
+    }
+
     /// `app_not_found` unless the app is deployed here (`tenant_not_found`
     /// if no app of its tenant is).
     pub fn check_app(&self, tenant: &str, app: &str) -> Result<(), RuntimeError> {

@@ -758,7 +758,7 @@ async fn answer_actor_request(s: AppState, req: Request) -> Result<Response, Api
     // Nothing is read, counted or taken for a class this node cannot run.
     // In a cluster, one deployed through another node since this node's
     // last sync is looked up first (ADR 0058).
-    if let Err(e) = s.rt.check_class(&id.tenant, &id.app, &id.class) {
+    if let Err(e) = s.rt.check_actor_class(&id) {
         let found = match &cluster {
             Some(c) => c.deploys.refresh(&s.rt, &id.tenant, &id.app).await,
             None => false,
@@ -766,7 +766,7 @@ async fn answer_actor_request(s: AppState, req: Request) -> Result<Response, Api
         if !found {
             return Err(e.into());
         }
-        s.rt.check_class(&id.tenant, &id.app, &id.class)?;
+        s.rt.check_actor_class(&id)?;
     }
     let _in_flight = s.in_flight.enter(&id.tenant)?;
     check_acting(&s)?;

@@ -341,3 +341,23 @@ deleted_classes = ["old"]
     }
     assert!(!data.join("trash").exists());
 }
+
+/// A transferred class's alarms follow its actors to the other app.
+#[test]
+fn a_transferred_class_keeps_its_alarms() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let node = Node::start(&data, &[]);
+    assert_eq!(deploy(&node, "old", TESTBED, "").0, 200);
+    let at = format!("/v1/acme/old/probe/p1/alarm?at_ms={FAR_MS}");
+    assert_eq!(node.post(&at, b"").0, 204);
+    assert_eq!(deploy(&node, "old", HELLO, "").0, 200);
+    let transfer = r#"
+[[migrations]]
+tag = "probes"
+transferred_classes = [{ from_app = "old", from = "probe", to = "probe" }]
+"#;
+    let (s, v) = deploy(&node, "new", TESTBED, transfer);
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(alarms(&node), vec![("new/probe/p1".to_owned(), FAR_MS)]);
+}

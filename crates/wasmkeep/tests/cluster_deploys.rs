@@ -343,3 +343,47 @@ fn a_deploy_with_a_class_migration_is_refused_before_the_bucket_records_it() {
     assert_eq!(keys(&c.folder(), "versions/acme/shop"), before);
     assert_eq!(serving(&a.node, "acme/shop"), Some(hash));
 }
+
+/// During a rollout, a request for a class only the new version has, to
+/// an actor outside the share, is refused before anything is taken: the
+/// version that actor runs has no such class, and nothing of it reaches
+/// the bucket.
+#[test]
+fn a_class_only_a_rollout_has_is_refused_outside_its_share_before_a_take() {
+    let c = Cluster::with_settings(Store::Folder, 60_000, "");
+    let a = c.start("a");
+    deploy(&a.node, wasmkeep_guests::HELLO);
+    let (code, v) = a.node.json(
+        "PUT",
+        "/admin/v1/apps/acme/shop?percent=50",
+        wasmkeep_guests::DEMO,
+    );
+    assert_eq!(code, 200, "{v}");
+    let (mut inside, mut outside) = (None, None);
+    for i in 0..64 {
+        let name = format!("n{i}");
+        let (code, body) = a.node.get(&format!("/v1/acme/shop/notes/{name}/notes"));
+        match code {
+            200 => inside = inside.or(Some(name)),
+            404 => {
+                assert!(body.contains("class_not_found"), "{body}");
+                outside = outside.or(Some(name));
+            }
+            _ => panic!("{code}: {body}"),
+        }
+        if inside.is_some() && outside.is_some() {
+            break;
+        }
+    }
+    let hex = |n: &str| n.bytes().map(|b| format!("{b:02x}")).collect::<String>();
+    let state = keys(&c.folder(), "state");
+    let held = |name: &str| {
+        let folder = format!("/notes/{}/", hex(name));
+        state.iter().any(|k| k.contains(&folder))
+    };
+    assert!(
+        held(&inside.expect("an actor inside the share")),
+        "{state:?}"
+    );
+    assert!(!held(&outside.expect("an actor outside it")), "{state:?}");
+}
