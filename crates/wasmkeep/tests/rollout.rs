@@ -263,3 +263,26 @@ fn a_rollout_and_a_rollback_under_load_fail_no_request() {
     assert!(total > 100, "the load ran: {total} increments");
     eprintln!("{total} increments across the deploys, none failed");
 }
+
+/// A reply parked by one event and completed by another (here the answer
+/// to a message) names the version that completed it too.
+#[test]
+fn a_parked_reply_names_the_version_that_completed_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(&dir.path().join("data"), &[]);
+    let (code, v) = node.deploy("acme/park", wasmkeep_guests::DEMO);
+    assert_eq!(code, 200, "{v}");
+    let agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .new_agent();
+    let url = format!("http://{}/v1/acme/park/pinger/p/relay?to=q", node.addr());
+    let resp = agent.post(&url).send_empty().unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        resp.headers()
+            .get("x-wasmkeep-version")
+            .map(|v| v.to_str().unwrap().to_owned()),
+        Some(v["version"].to_string())
+    );
+}

@@ -709,7 +709,15 @@ pub(super) fn take_event_effects(
         if restore.is_some() {
             ran.restore = restore;
         }
-        ran.completions.extend(ops.completions);
+        // A parked reply says which version completed it, as a direct
+        // answer says which answered (a rollout runs two).
+        let version = l.app.deploy_version.to_string();
+        ran.completions
+            .extend(ops.completions.into_iter().map(|(ticket, mut resp)| {
+                resp.headers
+                    .push((super::VERSION_HEADER.to_owned(), version.clone()));
+                (ticket, resp)
+            }));
         ran.socket_ops.extend(socket_ops);
         (ops.park, socket_accepted)
     } else {
