@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use bytes::Bytes;
 use futures::TryStreamExt;
 use object_store::aws::{AmazonS3Builder, Checksum};
+use object_store::list::{PaginatedListOptions, PaginatedListStore};
 use object_store::local::LocalFileSystem;
 use object_store::path::Path;
 use object_store::{
@@ -151,6 +152,9 @@ pub struct Bucket {
     /// Whether the store lists keys in key order (S3 does; a local folder
     /// does not), so that a page may stop reading once it is full.
     listing_sorted: bool,
+    /// The store's paged listing with a delimiter and a start key (S3),
+    /// for [`Bucket::list_folders`]; `None`: the folder is listed whole.
+    paged: Option<Arc<object_store::aws::AmazonS3>>,
 }
 
 impl Bucket {
@@ -161,6 +165,7 @@ impl Bucket {
             prefix: prefix.trim_matches('/').to_owned(),
             metrics: Arc::new(Metrics::default()),
             listing_sorted: false,
+            paged: None,
         }
     }
 
@@ -198,8 +203,10 @@ impl Bucket {
                 })?;
                 builder = builder.with_config(key, v);
             }
-            let mut b = Bucket::new(Arc::new(builder.build()?), prefix);
+            let s3 = Arc::new(builder.build()?);
+            let mut b = Bucket::new(Arc::clone(&s3) as Arc<dyn ObjectStore>, prefix);
             b.listing_sorted = true;
+            b.paged = Some(s3);
             Ok(b)
         } else if let Some(path) = url.strip_prefix("file://") {
             if !path.starts_with('/') {
@@ -475,6 +482,68 @@ impl Bucket {
             }
         }
         Ok(())
+    }
+
+    /// The names of the folders directly in `dir` (ending in `/`) that
+    /// start with `prefix` and sort after `after`, in order, at most
+    /// `limit`. On S3 each listing returns up to 1,000 of them and starts
+    /// after `after`; elsewhere `dir` is listed whole (a local folder: one
+    /// directory read) and the page cut from it.
+    pub async fn list_folders(
+        &self,
+        dir: &str,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<String>, ReplicaError> {
+        let base = self.path(dir)?;
+        let child = |p: &Path| {
+            let key = self.key_of(p);
+            key.strip_prefix(dir.trim_end_matches('/'))
+                .map(|k| k.trim_matches('/').to_owned())
+        };
+        let keep = |name: &str| name.starts_with(prefix) && after.is_none_or(|a| name > a);
+        let mut out = Vec::new();
+        let Some(paged) = &self.paged else {
+            add(&self.metrics.lists, 1);
+            let listed = self.store.list_with_delimiter(Some(&base)).await?;
+            let mut names: Vec<String> = listed
+                .common_prefixes
+                .iter()
+                .filter_map(child)
+                .filter(|n| keep(n))
+                .collect();
+            names.sort_unstable();
+            names.truncate(limit);
+            return Ok(names);
+        };
+        let mut token = None;
+        loop {
+            let opts = PaginatedListOptions {
+                offset: after.map(|a| format!("{base}/{a}")),
+                delimiter: Some("/".into()),
+                max_keys: Some((limit - out.len() + 1).min(1_000)),
+                page_token: token,
+                ..Default::default()
+            };
+            add(&self.metrics.lists, 1);
+            let page = paged
+                .list_paginated(Some(&format!("{base}/{prefix}")), opts)
+                .await?;
+            for p in &page.result.common_prefixes {
+                if let Some(name) = child(p)
+                    && keep(&name)
+                    && out.len() < limit
+                {
+                    out.push(name);
+                }
+            }
+            token = page.page_token;
+            if token.is_none() || out.len() >= limit {
+                out.sort_unstable();
+                return Ok(out);
+            }
+        }
     }
 
     /// Visits every object under the folder `dir` (ending in `/`, its

@@ -36,6 +36,7 @@ pub mod export;
 pub mod image;
 pub mod keys;
 pub mod limits;
+pub mod listing;
 pub mod replica;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

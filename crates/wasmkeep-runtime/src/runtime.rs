@@ -976,6 +976,41 @@ impl Runtime {
         paths::list_names(&dir, after, limit).map_err(|e| RuntimeError::Store(e.into()))
     }
 
+    /// [`Runtime::list_actors`] of the names that start with `prefix`.
+    pub fn list_actors_with_prefix(
+        &self,
+        tenant: &str,
+        app: &str,
+        class: &str,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<String>, RuntimeError> {
+        if prefix.is_empty() {
+            return self.list_actors(tenant, app, class, after, limit);
+        }
+        // Names are in byte order: those with the prefix are one run.
+        let mut out = Vec::new();
+        let mut cursor = after.map(str::to_owned);
+        loop {
+            let page = self.list_actors(tenant, app, class, cursor.as_deref(), 1_000)?;
+            let Some(last) = page.last().cloned() else {
+                return Ok(out);
+            };
+            for name in page {
+                if name.starts_with(prefix) {
+                    out.push(name);
+                    if out.len() == limit {
+                        return Ok(out);
+                    }
+                } else if name.as_str() > prefix {
+                    return Ok(out);
+                }
+            }
+            cursor = Some(last);
+        }
+    }
+
     /// What is known about one actor, read between its events.
     /// `app_not_found` or `class_not_found` unless the app is deployed
     /// here with that class: what a typo in an admin call gets (issue 22),

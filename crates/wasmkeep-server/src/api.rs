@@ -1398,8 +1398,25 @@ async fn delete_secret(
 struct ListQuery {
     after: Option<String>,
     limit: Option<usize>,
+    /// Names that start with this.
+    prefix: Option<String>,
+    /// The whole cluster's actors, from the bucket (issue 39), rather than
+    /// this node's.
+    #[serde(default)]
+    all: bool,
+    /// The number of actors (with `all`, at most `COUNT_ACTORS_MAX`) instead
+    /// of a page of them.
+    #[serde(default)]
+    count: bool,
 }
 
+/// Most actors `?count=true&all=true` counts: each costs the bucket two or
+/// three listings (see `wasmkeep_replica::listing`).
+pub const COUNT_ACTORS_MAX: usize = 10_000;
+
+/// `GET /admin/v1/actors/{tenant}/{app}/{class}[?after=&limit=&prefix=&all=&count=]`:
+/// a page of the class's actors (or their number) on this node, or with
+/// `all=true` in a cluster, in the bucket: every node's.
 async fn list_actors(
     State(s): State<AppState>,
     axum::extract::Path((tenant, app, class)): axum::extract::Path<(String, String, String)>,
@@ -1410,12 +1427,77 @@ async fn list_actors(
         .unwrap_or(LIST_ACTORS_DEFAULT)
         .clamp(1, s.config.list_actors_max);
     s.rt.check_class(&tenant, &app, &class)?;
-    let names =
-        s.rt.list_actors(&tenant, &app, &class, q.after.as_deref(), limit)?;
-    let next = (names.len() == limit)
-        .then(|| names.last().cloned())
-        .flatten();
-    Ok(axum::Json(json!({ "actors": names, "next": next })).into_response())
+    let prefix = q.prefix.unwrap_or_default();
+    if prefix.len() > wasmkeep_store::id::NAME_BYTES_MAX {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_name",
+            format!(
+                "prefix: longer than NAME_BYTES_MAX={}",
+                wasmkeep_store::id::NAME_BYTES_MAX
+            ),
+        ));
+    }
+    let cluster = s.config.cluster.clone().filter(|_| q.all);
+    let source = if cluster.is_some() { "bucket" } else { "node" };
+    let page = |after: Option<String>, limit: usize| {
+        let (rt, cluster, prefix) = (s.rt.clone(), cluster.clone(), prefix.clone());
+        let (tenant, app, class) = (tenant.clone(), app.clone(), class.clone());
+        async move {
+            match cluster {
+                Some(c) => wasmkeep_replica::listing::class_page(
+                    c.bucket(),
+                    &rt.config().replica,
+                    (&tenant, &app, &class),
+                    &prefix,
+                    after.as_deref(),
+                    limit,
+                )
+                .await
+                .map_err(|e| {
+                    let mut e = ApiError::new(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "bucket_unavailable",
+                        e.to_string(),
+                    );
+                    e.retry_after_s = Some(1);
+                    e
+                }),
+                None => blocking(move || {
+                    rt.list_actors_with_prefix(
+                        &tenant,
+                        &app,
+                        &class,
+                        &prefix,
+                        after.as_deref(),
+                        limit,
+                    )
+                })
+                .await
+                .map(|names| {
+                    let next = (names.len() == limit)
+                        .then(|| names.last().cloned())
+                        .flatten();
+                    (names, next)
+                }),
+            }
+        }
+    };
+    if q.count {
+        let mut n = 0;
+        let mut after = q.after;
+        loop {
+            let (names, next) = page(after, 1_000).await?;
+            n += names.len();
+            after = next;
+            if after.is_none() || n >= COUNT_ACTORS_MAX {
+                let complete = after.is_none();
+                return Ok(axum::Json(json!({ "count": n, "complete": complete, "source": source, "limit": COUNT_ACTORS_MAX })).into_response());
+            }
+        }
+    }
+    let (names, next) = page(q.after, limit).await?;
+    Ok(axum::Json(json!({ "actors": names, "next": next, "source": source })).into_response())
 }
 
 fn actor_id(t: &str, a: &str, c: &str, n: &str) -> Result<ActorId, ApiError> {

@@ -301,6 +301,11 @@ pub struct NodeStatus {
 }
 
 impl ClusterState {
+    /// The cluster's bucket (for listings of the whole cluster).
+    pub(crate) fn bucket(&self) -> &wasmkeep_replica::Bucket {
+        self.driver.bucket()
+    }
+
     /// Takes the live nodes a sweep pass read.
     pub(crate) fn set_live(&self, live: &[String]) {
         live.clone_into(&mut self.live.lock());

@@ -564,26 +564,59 @@ pub(crate) fn call(conn: &Conn, target: &str, method: &str, data: Option<String>
     Ok(())
 }
 
-pub(crate) fn actors(
-    conn: &Conn,
-    out: Output,
-    target: &str,
-    after: Option<String>,
-    limit: usize,
-) -> Result<()> {
+/// What `wasmkeep actors` asks for.
+#[derive(clap::Args, Debug)]
+pub(crate) struct ActorsQuery {
+    /// Start after this name (the `--after` a truncated listing printed;
+    /// default: from the first).
+    #[arg(long)]
+    pub after: Option<String>,
+    /// At most this many names.
+    #[arg(long, default_value_t = 100)]
+    pub limit: usize,
+    /// Only names that start with this.
+    #[arg(long)]
+    pub prefix: Option<String>,
+    /// In a cluster, every node's actors, read from the bucket (about two
+    /// or three bucket listings an actor; README "Running a cluster"),
+    /// rather than this node's.
+    #[arg(long)]
+    pub all: bool,
+    /// Print how many there are (with `--all`, at most 10,000 counted)
+    /// instead of their names.
+    #[arg(long)]
+    pub count: bool,
+}
+
+pub(crate) fn actors(conn: &Conn, out: Output, target: &str, q: ActorsQuery) -> Result<()> {
     let [t, a, c] = split::<3>(target, "tenant/app/class")?;
     let mut path = format!(
-        "/admin/v1/actors/{}/{}/{}?limit={limit}",
+        "/admin/v1/actors/{}/{}/{}?limit={}&all={}&count={}",
         enc(&t),
         enc(&a),
-        enc(&c)
+        enc(&c),
+        q.limit,
+        q.all,
+        q.count
     );
-    if let Some(after) = after {
-        let after = wasmkeep_store::id::decode_name(&after)
-            .map_err(|why| anyhow::anyhow!("--after `{after}`: {why}"))?;
-        path.push_str(&format!("&after={}", enc(&after)));
+    for (flag, value) in [("after", q.after), ("prefix", q.prefix)] {
+        if let Some(v) = value {
+            let v = wasmkeep_store::id::decode_name(&v)
+                .map_err(|why| anyhow::anyhow!("--{flag} `{v}`: {why}"))?;
+            path.push_str(&format!("&{flag}={}", enc(&v)));
+        }
     }
     let v = conn.json("GET", &path, None)?;
+    if q.count {
+        out.print(&v, |v| {
+            let n = v["count"].as_u64().unwrap_or(0);
+            match v["complete"].as_bool() {
+                Some(false) => println!("at least {n} (counting stops there)"),
+                _ => println!("{n}"),
+            }
+        });
+        return Ok(());
+    }
     out.print(&v, |v| {
         for name in strings(&v["actors"]) {
             println!("{t}/{a}/{c}/{}", written_name(name));

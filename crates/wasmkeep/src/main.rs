@@ -92,13 +92,8 @@ enum Command {
         conn: client::Conn,
         /// `tenant/app/class`
         target: String,
-        /// Start after this name (the `--after` a truncated listing
-        /// printed; default: from the first).
-        #[arg(long)]
-        after: Option<String>,
-        /// At most this many names.
-        #[arg(long, default_value_t = 100)]
-        limit: usize,
+        #[command(flatten)]
+        query: client::ActorsQuery,
     },
     /// Show an actor (size, alarm), or run read-only SQL on its database.
     Inspect {
@@ -404,9 +399,8 @@ fn run() -> Result<()> {
         Command::Actors {
             conn,
             target,
-            after,
-            limit,
-        } => client::actors(&conn, out(&conn), &target, after, limit),
+            query,
+        } => client::actors(&conn, out(&conn), &target, query),
         Command::Inspect {
             conn,
             target,
