@@ -10,7 +10,7 @@
 //! (two or three) and, only when the head is small enough to be a
 //! tombstone, one GET: see [`class_page`].
 
-use std::collections::BTreeSet;
+use futures::StreamExt;
 
 use wasmkeep_store::ActorId;
 use wasmkeep_store::paths::HEX_SEGMENT_CHARS;
@@ -24,6 +24,26 @@ use crate::replica::list_chain;
 
 /// Most names one page holds.
 pub const CLASS_PAGE_NAMES_MAX: usize = 1_000;
+/// Most actor folders one page looks at, as a multiple of the names it
+/// asks for: deleted actors are skipped, and a class of many deleted
+/// actors must not make one page read without bound. Past it the page
+/// ends with fewer names and a cursor to go on from.
+pub const CLASS_PAGE_EXAMINED_PER_NAME: usize = 4;
+/// Actors whose chain one page reads at once.
+const STATE_READS_AT_ONCE: usize = 8;
+
+/// One page of a class's actors.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClassPage {
+    /// Live actors' names, in byte order.
+    pub names: Vec<String>,
+    /// The name to list after for the next page; `None`: no more.
+    pub next: Option<String>,
+    /// Actors on the page whose chain head could not be read (listed
+    /// among `names` as live: the listing does not judge a chain it
+    /// cannot read; a restore of that actor would say why).
+    pub unreadable: usize,
+}
 
 /// What the bucket holds at an actor's address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,11 +58,14 @@ pub enum BucketActor {
 
 /// One page of the live actors of a class: their names, in byte order,
 /// that start with `prefix` and sort after `after`, at most `limit`; and
-/// the name to list after for the next page (`None`: no more).
+/// the name to list after for the next page (`None`: no more). A page
+/// looks at no more than `CLASS_PAGE_EXAMINED_PER_NAME` times `limit`
+/// folders; it may then hold fewer names than `limit` and still have a
+/// next cursor (the last folder it looked at, deleted or not).
 ///
 /// Names longer than 100 bytes (their folder is split in pieces of 200
 /// hex characters, every piece but the last ending in `+`) are found by
-/// listing the pieces' folders in turn.
+/// listing the pieces' folders in name order.
 pub async fn class_page(
     bucket: &Bucket,
     config: &ReplicaConfig,
@@ -50,81 +73,159 @@ pub async fn class_page(
     prefix: &str,
     after: Option<&str>,
     limit: usize,
-) -> Result<(Vec<String>, Option<String>), ReplicaError> {
+) -> Result<ClassPage, ReplicaError> {
     let limit = limit.clamp(1, CLASS_PAGE_NAMES_MAX);
-    let class_dir = format!("state/{tenant}/{app}/{class}/");
-    let hex_prefix = hex::encode(prefix.as_bytes());
-    let mut names = Vec::new();
-    let mut cursor = after.map(|a| hex::encode(a.as_bytes()));
-    loop {
-        let want = limit - names.len();
-        let folders = folders_of(bucket, &class_dir, &hex_prefix, cursor.as_deref(), want).await?;
-        let full = folders.len() == want;
-        for hex_name in &folders {
-            cursor = Some(hex_name.clone());
-            let Some(name) = hex::decode(hex_name)
-                .ok()
-                .and_then(|b| String::from_utf8(b).ok())
-            else {
-                continue;
-            };
+    let mut walk = Walk {
+        bucket,
+        hex_prefix: hex::encode(prefix.as_bytes()),
+        after: after.map(|a| hex::encode(a.as_bytes())),
+        limit: limit * CLASS_PAGE_EXAMINED_PER_NAME,
+        out: Vec::new(),
+        full: false,
+    };
+    walk.level(format!("state/{tenant}/{app}/{class}/"), String::new())
+        .await?;
+    let decoded: Vec<String> = walk
+        .out
+        .iter()
+        .filter_map(|h| String::from_utf8(hex::decode(h).ok()?).ok())
+        .collect();
+    // `None`: the chain head could not be read.
+    let states: Vec<Option<BucketActor>> =
+        futures::stream::iter(decoded.clone().into_iter().map(|name| async move {
             let Ok(id) = ActorId::new(tenant, app, class, &name) else {
-                continue;
+                return Some(BucketActor::Absent);
             };
-            if actor_state(bucket, config, &id).await? == BucketActor::Live {
-                names.push(name);
+            actor_state(bucket, config, &id).await.ok()
+        }))
+        .buffered(STATE_READS_AT_ONCE)
+        .collect()
+        .await;
+    let mut page = ClassPage::default();
+    let mut last = None;
+    for (name, state) in decoded.into_iter().zip(states) {
+        if page.names.len() == limit {
+            break;
+        }
+        last = Some(name.clone());
+        match state {
+            Some(BucketActor::Live) => page.names.push(name),
+            None => {
+                page.unreadable += 1;
+                page.names.push(name);
             }
+            Some(_) => {}
         }
-        if !full || names.len() == limit {
-            let next = (full && names.len() == limit)
-                .then(|| cursor.and_then(|c| String::from_utf8(hex::decode(c).ok()?).ok()))
-                .flatten();
-            return Ok((names, next));
-        }
+    }
+    let more = walk.full || page.names.len() == limit;
+    page.next = last.filter(|_| more);
+    Ok(page)
+}
+
+/// An in-order walk over a class's actor folders, from a cursor.
+struct Walk<'a> {
+    bucket: &'a Bucket,
+    hex_prefix: String,
+    /// The hex name to go on after.
+    after: Option<String>,
+    /// Hex names to collect.
+    limit: usize,
+    out: Vec<String>,
+    /// Stopped because `out` is full (more may follow).
+    full: bool,
+}
+
+/// A folder's place among its siblings in name order: its hex piece, and
+/// whether it is the first piece of longer names (ends in `+`). A name
+/// comes before every longer name it starts.
+type Piece = (String, bool);
+
+fn piece(folder: &str) -> Piece {
+    match folder.strip_suffix('+') {
+        Some(p) => (p.to_owned(), true),
+        None => (folder.to_owned(), false),
     }
 }
 
-/// The hex names of actor folders under `class_dir` that start with
-/// `hex_prefix` and sort after `after`, at most `limit`, in order. A long
-/// name's pieces are joined (its folders ending in `+` are listed in turn).
-async fn folders_of(
-    bucket: &Bucket,
-    class_dir: &str,
-    hex_prefix: &str,
-    after: Option<&str>,
-    limit: usize,
-) -> Result<Vec<String>, ReplicaError> {
-    let mut out = BTreeSet::new();
-    let mut stack = vec![(class_dir.to_owned(), String::new())];
-    while let Some((dir, joined)) = stack.pop() {
-        // The part of the prefix and cursor this level sees.
-        let level = |s: &str| s.get(joined.len()..).unwrap_or("").to_owned();
-        let sub_prefix = if hex_prefix.starts_with(&joined) {
-            level(hex_prefix)
-        } else {
-            String::new()
-        };
-        let sub_prefix = &sub_prefix[..sub_prefix.len().min(HEX_SEGMENT_CHARS)];
-        let sub_after = after
-            .filter(|a| a.starts_with(&joined))
-            .map(level)
-            .map(|a| a[..a.len().min(HEX_SEGMENT_CHARS)].to_owned());
-        for child in bucket
-            .list_folders(&dir, sub_prefix, sub_after.as_deref(), limit)
-            .await?
-        {
-            match child.strip_suffix('+') {
-                Some(piece) => stack.push((format!("{dir}{child}/"), format!("{joined}{piece}"))),
-                None => {
-                    let full = format!("{joined}{child}");
-                    if full.starts_with(hex_prefix) && after.is_none_or(|a| full.as_str() > a) {
-                        out.insert(full);
+impl Walk<'_> {
+    /// Collects the names under `dir`, whose names start with the hex
+    /// `joined`, in name order.
+    fn level(
+        &mut self,
+        dir: String,
+        joined: String,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), ReplicaError>> + Send + '_>>
+    {
+        Box::pin(async move {
+            // Where the cursor is at this level.
+            let mut cursor: Option<Piece> = self
+                .after
+                .as_deref()
+                .and_then(|a| a.strip_prefix(joined.as_str()))
+                .filter(|r| !r.is_empty())
+                .map(|r| {
+                    let cut = r.len().min(HEX_SEGMENT_CHARS);
+                    (r[..cut].to_owned(), r.len() > HEX_SEGMENT_CHARS)
+                });
+            // A cursor inside a `+` folder (a long name) resumes in it:
+            // that folder is listed again, once.
+            let mut resume_inside = cursor.as_ref().is_some_and(|c| c.1);
+            let sub_prefix = match self.hex_prefix.strip_prefix(joined.as_str()) {
+                Some(r) => r[..r.len().min(HEX_SEGMENT_CHARS)].to_owned(),
+                None => String::new(),
+            };
+            loop {
+                let want = self.limit - self.out.len();
+                // Room for a cut between a piece `P+` and the name `P`
+                // (key order puts `P+/` first), and for the cursor's own.
+                let batch = (want + 3).clamp(4, 1_000);
+                let raw = self
+                    .bucket
+                    .list_folders(
+                        &dir,
+                        &sub_prefix,
+                        cursor.as_ref().map(|c| c.0.as_str()),
+                        batch,
+                    )
+                    .await?;
+                let cut = raw.len() == batch;
+                let mut kids: Vec<Piece> = raw
+                    .iter()
+                    .map(|f| piece(f))
+                    .filter(|k| {
+                        cursor
+                            .as_ref()
+                            .is_none_or(|c| k > c || (resume_inside && k == c))
+                    })
+                    .collect();
+                if cut && let Some(last) = raw.last().map(|f| piece(f).0) {
+                    // Its sibling may lie past the cut: the next batch.
+                    kids.retain(|k| k.0 != last);
+                }
+                kids.sort();
+                for k in kids {
+                    if self.out.len() == self.limit {
+                        self.full = true;
+                        return Ok(());
                     }
+                    let full = format!("{joined}{}", k.0);
+                    if k.1 {
+                        self.level(format!("{dir}{}+/", k.0), full).await?;
+                        if self.full {
+                            return Ok(());
+                        }
+                    } else if full.starts_with(&self.hex_prefix) {
+                        self.out.push(full);
+                    }
+                    cursor = Some(k);
+                    resume_inside = false;
+                }
+                if !cut {
+                    return Ok(());
                 }
             }
-        }
+        })
     }
-    Ok(out.into_iter().take(limit).collect())
 }
 
 /// What the bucket holds for `id`: the head of its chain is found by

@@ -986,29 +986,10 @@ impl Runtime {
         after: Option<&str>,
         limit: usize,
     ) -> Result<Vec<String>, RuntimeError> {
-        if prefix.is_empty() {
-            return self.list_actors(tenant, app, class, after, limit);
-        }
-        // Names are in byte order: those with the prefix are one run.
-        let mut out = Vec::new();
-        let mut cursor = after.map(str::to_owned);
-        loop {
-            let page = self.list_actors(tenant, app, class, cursor.as_deref(), 1_000)?;
-            let Some(last) = page.last().cloned() else {
-                return Ok(out);
-            };
-            for name in page {
-                if name.starts_with(prefix) {
-                    out.push(name);
-                    if out.len() == limit {
-                        return Ok(out);
-                    }
-                } else if name.as_str() > prefix {
-                    return Ok(out);
-                }
-            }
-            cursor = Some(last);
-        }
+        ActorId::new(tenant, app, class, "x")?;
+        let dir = paths::class_dir(&self.inner.config.data_dir, tenant, app, class);
+        paths::list_names_with_prefix(&dir, prefix, after, limit)
+            .map_err(|e| RuntimeError::Store(e.into()))
     }
 
     /// What is known about one actor, read between its events.

@@ -1413,6 +1413,9 @@ struct ListQuery {
 /// Most actors `?count=true&all=true` counts: each costs the bucket two or
 /// three listings (see `wasmkeep_replica::listing`).
 pub const COUNT_ACTORS_MAX: usize = 10_000;
+/// Most pages of 1,000 a count reads (each looks at up to 4,000 folders,
+/// deleted actors' included).
+pub const COUNT_PAGES_MAX: usize = 40;
 
 /// `GET /admin/v1/actors/{tenant}/{app}/{class}[?after=&limit=&prefix=&all=&count=]`:
 /// a page of the class's actors (or their number) on this node, or with
@@ -1478,26 +1481,46 @@ async fn list_actors(
                     let next = (names.len() == limit)
                         .then(|| names.last().cloned())
                         .flatten();
-                    (names, next)
+                    wasmkeep_replica::listing::ClassPage {
+                        names,
+                        next,
+                        unreadable: 0,
+                    }
                 }),
             }
         }
     };
     if q.count {
-        let mut n = 0;
+        let (mut n, mut unreadable, mut pages) = (0, 0, 0);
         let mut after = q.after;
         loop {
-            let (names, next) = page(after, 1_000).await?;
-            n += names.len();
-            after = next;
-            if after.is_none() || n >= COUNT_ACTORS_MAX {
+            let p = page(after, 1_000).await?;
+            n += p.names.len();
+            unreadable += p.unreadable;
+            pages += 1;
+            after = p.next;
+            if after.is_none() || n >= COUNT_ACTORS_MAX || pages >= COUNT_PAGES_MAX {
                 let complete = after.is_none();
-                return Ok(axum::Json(json!({ "count": n, "complete": complete, "source": source, "limit": COUNT_ACTORS_MAX })).into_response());
+                return Ok(axum::Json(json!({
+                    "count": n,
+                    "complete": complete,
+                    "unreadable": unreadable,
+                    "source": source,
+                    "limit": COUNT_ACTORS_MAX,
+                }))
+                .into_response());
             }
         }
     }
-    let (names, next) = page(q.after, limit).await?;
-    Ok(axum::Json(json!({ "actors": names, "next": next, "source": source })).into_response())
+    let wasmkeep_replica::listing::ClassPage {
+        names,
+        next,
+        unreadable,
+    } = page(q.after, limit).await?;
+    Ok(axum::Json(
+        json!({ "actors": names, "next": next, "source": source, "unreadable": unreadable }),
+    )
+    .into_response())
 }
 
 fn actor_id(t: &str, a: &str, c: &str, n: &str) -> Result<ActorId, ApiError> {

@@ -67,12 +67,25 @@ pub fn actor_db(data: &Path, id: &ActorId) -> PathBuf {
 ///
 /// Folders that do not decode (anything a human put there) are skipped.
 pub fn list_names(class_dir: &Path, after: Option<&str>, limit: usize) -> io::Result<Vec<String>> {
+    list_names_with_prefix(class_dir, "", after, limit)
+}
+
+/// [`list_names`] of the names that start with `prefix`, in one read of
+/// the class's folder.
+pub fn list_names_with_prefix(
+    class_dir: &Path,
+    prefix: &str,
+    after: Option<&str>,
+    limit: usize,
+) -> io::Result<Vec<String>> {
     let mut hex_names = Vec::new();
     collect(class_dir, String::new(), &mut hex_names)?;
     hex_names.sort_unstable();
     let after_hex = after.map(|a| hex::encode(a.as_bytes()));
+    let prefix_hex = hex::encode(prefix.as_bytes());
     Ok(hex_names
         .into_iter()
+        .filter(|h| h.starts_with(&prefix_hex))
         .filter(|h| after_hex.as_ref().is_none_or(|a| h > a))
         .filter_map(|h| String::from_utf8(hex::decode(&h).ok()?).ok())
         .take(limit)

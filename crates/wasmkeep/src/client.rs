@@ -574,7 +574,7 @@ pub(crate) struct ActorsQuery {
     /// At most this many names.
     #[arg(long, default_value_t = 100)]
     pub limit: usize,
-    /// Only names that start with this.
+    /// Only names that start with this [default: every name].
     #[arg(long)]
     pub prefix: Option<String>,
     /// In a cluster, every node's actors, read from the bucket (about two

@@ -32,37 +32,60 @@ fn list(node: &Node, query: &str) -> Value {
     v
 }
 
+/// Every name, page by page, `limit` at a time, following `next`.
+fn paged(node: &Node, query: &str, limit: usize) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let mut q = format!("all=true&limit={limit}&{query}");
+        if let Some(a) = &after {
+            q.push_str(&format!("&after={}", common::enc(a)));
+        }
+        let v = list(node, &q);
+        out.extend(names(&v));
+        match v["next"].as_str() {
+            Some(n) => after = Some(n.to_owned()),
+            None => return out,
+        }
+    }
+}
+
 fn lists_every_nodes_actors(store: Store) {
     let c = Cluster::new(store);
     let a = c.start("a");
     let b = c.start("b");
+    let increment = |node: &Node, name: &str| {
+        let (code, body) = node.post(
+            &format!("/v1/demo/examples/counter/{}/increment", common::enc(name)),
+            b"",
+        );
+        assert_eq!(code, 200, "{name}: {body}");
+    };
     // Each node takes the actors first asked through it.
     for i in 0..4 {
-        let (code, body) = a
-            .node
-            .post(&format!("/v1/demo/examples/counter/x{i}/increment"), b"");
-        assert_eq!(code, 200, "{body}");
-        let (code, body) = b
-            .node
-            .post(&format!("/v1/demo/examples/counter/y{i}/increment"), b"");
-        assert_eq!(code, 200, "{body}");
+        increment(&a.node, &format!("x{i}"));
+        increment(&b.node, &format!("y{i}"));
     }
-    // A long name (over 100 bytes: its folder is split in pieces).
-    let long = format!("z{}", "l".repeat(150));
-    let (code, body) = b
-        .node
-        .post(&format!("/v1/demo/examples/counter/{long}/increment"), b"");
-    assert_eq!(code, 200, "{body}");
+    // Names of 100 bytes and more: a 100-byte name is one folder of 200
+    // hex characters, and a longer one starting with it is under that
+    // folder's `+` sibling, which S3 lists first; in name order the
+    // 100-byte name comes first. Another name sorts after them all.
+    let m100 = "m".repeat(100);
+    let m150 = "m".repeat(150);
+    let m100n = format!("{m100}n");
+    for name in [&m100n, &m150, &m100, &"zz".to_owned()] {
+        increment(&b.node, name);
+    }
 
     let own = list(&a.node, "limit=100");
     assert_eq!(own["source"], "node");
     assert_eq!(names(&own), ["x0", "x1", "x2", "x3"]);
+    assert_eq!(names(&list(&b.node, "prefix=y")), ["y0", "y1", "y2", "y3"]);
 
-    let mut every: Vec<String> = (0..4)
-        .map(|i| format!("x{i}"))
-        .chain((0..4).map(|i| format!("y{i}")))
-        .collect();
-    every.push(long.clone());
+    let mut every: Vec<String> = vec![m100.clone(), m150.clone(), m100n.clone()];
+    every.extend((0..4).map(|i| format!("x{i}")));
+    every.extend((0..4).map(|i| format!("y{i}")));
+    every.push("zz".to_owned());
     let all = list(&a.node, "all=true&limit=100");
     assert_eq!(all["source"], "bucket");
     assert_eq!(names(&all), every);
@@ -71,41 +94,39 @@ fn lists_every_nodes_actors(store: Store) {
         names(&list(&b.node, "all=true&prefix=y")),
         ["y0", "y1", "y2", "y3"]
     );
-    assert_eq!(names(&list(&b.node, "all=true&prefix=z")), [long.as_str()]);
-
-    // Paged: three at a time, each page after the last one's `next`.
-    let mut paged = Vec::new();
-    let mut after: Option<String> = None;
-    loop {
-        let query = match &after {
-            Some(a) => format!("all=true&limit=3&after={}", common::enc(a)),
-            None => "all=true&limit=3".to_owned(),
-        };
-        let v = list(&a.node, &query);
-        paged.extend(names(&v));
-        match v["next"].as_str() {
-            Some(n) => after = Some(n.to_owned()),
-            None => break,
-        }
+    assert_eq!(
+        names(&list(
+            &b.node,
+            &format!("all=true&prefix={}", "m".repeat(101))
+        )),
+        [m150.as_str()]
+    );
+    for limit in [1, 2, 3] {
+        assert_eq!(paged(&a.node, "", limit), every, "{limit} a page");
     }
-    assert_eq!(paged, every);
 
-    // A deleted actor is left out (its chain ends in a tombstone).
+    // A deleted actor is left out (its chain ends in a tombstone), also
+    // by pages of one, where its page holds no name.
     let (code, v) = a.node.json("DELETE", &format!("{CLASS}/y1"), b"");
     assert_eq!(code, 200, "{v}");
     every.retain(|n| n != "y1");
     assert_eq!(names(&list(&a.node, "all=true")), every);
+    assert_eq!(paged(&b.node, "", 1), every);
     let count = list(&a.node, "all=true&count=true");
     assert_eq!(
         (count["count"].as_u64(), count["complete"].as_bool()),
-        (Some(8), Some(true))
+        (Some(every.len() as u64), Some(true))
     );
 
     let (code, out, err) = a.node.cli(
         &["actors", "demo/examples/counter", "--all", "--count"],
         &[],
     );
-    assert_eq!((code, out.trim()), (0, "8"), "{err}");
+    assert_eq!(
+        (code, out.trim()),
+        (0, every.len().to_string().as_str()),
+        "{err}"
+    );
     let (code, out, err) = b.node.cli(
         &["actors", "demo/examples/counter", "--all", "--prefix", "x"],
         &[],
