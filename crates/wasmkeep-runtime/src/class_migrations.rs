@@ -449,6 +449,10 @@ impl Gates {
 pub(crate) struct Gate<'a> {
     rt: &'a Inner,
     keys: Vec<(String, String, String)>,
+    /// The committed alarms of the actors to move, read with their outbox
+    /// by [`Gate::close`] (nothing runs on them after): [`apply`] arms
+    /// them under their new address without reading each database again.
+    alarms: HashMap<(ClassRef, String), u64>,
 }
 
 impl Drop for Gate<'_> {
@@ -486,7 +490,11 @@ impl<'a> Gate<'a> {
             closed.extend(keys.iter().cloned());
             rt.migrating.any.store(true, Ordering::Release);
         }
-        let gate = Gate { rt, keys };
+        let mut gate = Gate {
+            rt,
+            keys,
+            alarms: HashMap::new(),
+        };
         gate.close_actors()?;
         for s in plan.steps.iter().filter(|s| s.to.is_some()) {
             let dir = paths::class_dir(
@@ -497,7 +505,7 @@ impl<'a> Gate<'a> {
             );
             for name in paths::list_names(&dir, None, usize::MAX).unwrap_or_default() {
                 let id = ActorId::new(&plan.tenant, &s.from.app, &s.from.class, &name)?;
-                let (_, outbox) = wasmkeep_store::db::read_wake(&paths::actor_db(
+                let (alarm, outbox) = wasmkeep_store::db::read_wake(&paths::actor_db(
                     &rt.config.data_dir,
                     &id,
                 ))
@@ -510,6 +518,9 @@ impl<'a> Gate<'a> {
                     return Err(conflict(format!(
                         "actor {id} has messages or calls not yet delivered: its receivers know it by its address, which the migration would change; retry the deploy once its outbox is empty"
                     )));
+                }
+                if let Some(a) = alarm {
+                    gate.alarms.insert((s.from.clone(), name), a.at_ms);
                 }
             }
         }
@@ -632,9 +643,17 @@ pub(crate) fn abandon(data: &Path, plan: &Plan) {
 }
 
 /// Runs the plan's steps (each idempotent) and records its tags as
-/// applied by `version`. The classes are closed ([`Gate`]).
-pub(crate) fn apply(rt: &Inner, plan: &Plan, version: u64) -> Result<(), RuntimeError> {
+/// applied by `version`. The classes are closed by `gate`, which read the
+/// moved actors' alarms.
+pub(crate) fn apply(
+    rt: &Inner,
+    plan: &Plan,
+    gate: &Gate<'_>,
+    version: u64,
+) -> Result<(), RuntimeError> {
     let data = &rt.config.data_dir;
+    // Each moved actor's alarm, keyed by where it is as the steps go.
+    let mut alarms = gate.alarms.clone();
     for s in &plan.steps {
         let dir = paths::class_dir(data, &plan.tenant, &s.from.app, &s.from.class);
         let moved = paths::list_names(&dir, None, usize::MAX).unwrap_or_default();
@@ -660,12 +679,10 @@ pub(crate) fn apply(rt: &Inner, plan: &Plan, version: u64) -> Result<(), Runtime
         if let Some(to) = &s.to {
             for name in &moved {
                 let id = ActorId::new(&plan.tenant, &to.app, &to.class, name)?;
-                match wasmkeep_store::db::read_wake(&paths::actor_db(data, &id)) {
-                    Ok((Some(alarm), _)) => rt.timer.set(&id, Some(alarm.at_ms)),
-                    Ok(_) => {}
-                    Err(e) => {
-                        tracing::warn!(actor = %id, error = %e, "could not read a moved actor's alarm")
-                    }
+                let at = alarms.remove(&(s.from.clone(), name.clone()));
+                rt.timer.set(&id, at);
+                if let Some(at) = at {
+                    alarms.insert((to.clone(), name.clone()), at);
                 }
             }
         }

@@ -825,8 +825,8 @@ impl Runtime {
             }
             RuntimeError::Store(e.into())
         })?;
-        if let Some((p, _)) = &migration
-            && let Err(e) = crate::class_migrations::apply(&self.inner, p, kept.version)
+        if let Some((p, gate)) = &migration
+            && let Err(e) = crate::class_migrations::apply(&self.inner, p, gate, kept.version)
         {
             // Its version is written: the next start finishes the plan.
             // Until then nothing may open an actor of its classes.
@@ -971,9 +971,7 @@ impl Runtime {
         after: Option<&str>,
         limit: usize,
     ) -> Result<Vec<String>, RuntimeError> {
-        ActorId::new(tenant, app, class, "x")?;
-        let dir = paths::class_dir(&self.inner.config.data_dir, tenant, app, class);
-        paths::list_names(&dir, after, limit).map_err(|e| RuntimeError::Store(e.into()))
+        self.list_actors_with_prefix(tenant, app, class, "", after, limit)
     }
 
     /// [`Runtime::list_actors`] of the names that start with `prefix`.

@@ -1417,6 +1417,19 @@ pub const COUNT_ACTORS_MAX: usize = 10_000;
 /// deleted actors' included).
 pub const COUNT_PAGES_MAX: usize = 40;
 
+/// A name (or part of one) a listing is given, within `NAME_BYTES_MAX`.
+fn name_within_bound(field: &str, value: &str) -> Result<(), ApiError> {
+    let max = wasmkeep_store::id::NAME_BYTES_MAX;
+    if value.len() > max {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_name",
+            format!("{field}: longer than NAME_BYTES_MAX={max}"),
+        ));
+    }
+    Ok(())
+}
+
 /// `GET /admin/v1/actors/{tenant}/{app}/{class}[?after=&limit=&prefix=&all=&count=]`:
 /// a page of the class's actors (or their number) on this node, or with
 /// `all=true` in a cluster, in the bucket: every node's.
@@ -1431,16 +1444,8 @@ async fn list_actors(
         .clamp(1, s.config.list_actors_max);
     s.rt.check_class(&tenant, &app, &class)?;
     let prefix = q.prefix.unwrap_or_default();
-    if prefix.len() > wasmkeep_store::id::NAME_BYTES_MAX {
-        return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_name",
-            format!(
-                "prefix: longer than NAME_BYTES_MAX={}",
-                wasmkeep_store::id::NAME_BYTES_MAX
-            ),
-        ));
-    }
+    name_within_bound("prefix", &prefix)?;
+    name_within_bound("after", q.after.as_deref().unwrap_or(""))?;
     let cluster = s.config.cluster.clone().filter(|_| q.all);
     let source = if cluster.is_some() { "bucket" } else { "node" };
     let page = |after: Option<String>, limit: usize| {

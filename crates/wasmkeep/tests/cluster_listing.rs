@@ -77,6 +77,15 @@ fn lists_every_nodes_actors(store: Store) {
         increment(&b.node, name);
     }
 
+    // A cursor or prefix past the longest name is refused.
+    for field in ["after", "prefix"] {
+        let long = "a".repeat(wasmkeep_store::id::NAME_BYTES_MAX + 1);
+        let (code, v) = a
+            .node
+            .json("GET", &format!("{CLASS}?all=true&{field}={long}"), b"");
+        assert_eq!((code, common::code(&v)), (400, "invalid_name"), "{field}");
+    }
+
     let own = list(&a.node, "limit=100");
     assert_eq!(own["source"], "node");
     assert_eq!(names(&own), ["x0", "x1", "x2", "x3"]);
