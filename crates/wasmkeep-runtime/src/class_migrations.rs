@@ -31,8 +31,8 @@
 //!    between the plan and the record is finished at the next start
 //!    ([`finish_pending`]): every step is idempotent.
 //!
-//! The actors' alarms follow their data (the node's timer is read again
-//! from the moved databases; a deleted class's alarms go with it); their
+//! The actors' alarms follow their data (read with the outbox check, armed
+//! under the new address; a deleted class's alarms go with it); their
 //! open sockets are closed with 1012 and their parked replies answered
 //! `reply_expired`. A refusal moves nothing.
 //!
