@@ -243,6 +243,8 @@ pub struct Loaded {
     socket_handler: Option<host::socket_exports::SocketExports>,
     app: Arc<App>,
     metrics: Arc<Metrics>,
+    /// Where the actor's records go while its app records (ADR 0062).
+    recording: Option<crate::recording::ActorRecording>,
 }
 
 impl Drop for Loaded {

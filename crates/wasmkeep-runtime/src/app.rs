@@ -108,6 +108,9 @@ pub struct AppManifest {
     /// classes with their actors' data, applied once each by tag.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub migrations: Vec<crate::class_migrations::ClassMigration>,
+    /// Recording of events for replay (ADR 0062): on when present.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recording: Option<crate::recording::RecordingSettings>,
 }
 
 /// What an app's actors may reach over HTTP; unset limits keep the
@@ -196,6 +199,9 @@ impl AppManifest {
         }
         crate::class_migrations::check_manifest(&manifest.migrations)
             .map_err(RuntimeError::InvalidManifest)?;
+        if let Some(r) = &manifest.recording {
+            r.limits().map_err(RuntimeError::InvalidManifest)?;
+        }
         if let Some(n) = manifest.storage.sqlite_page_bytes {
             wasmkeep_store::limits::check_page_bytes("storage.sqlite_page_bytes", n)
                 .map_err(RuntimeError::InvalidManifest)?;

@@ -201,6 +201,10 @@ pub struct RuntimeConfig {
     /// code tagged with it is loaded. Nodes sharing a cache folder share
     /// compiled code only if they share this key.
     pub compile_cache_key_path: Option<PathBuf>,
+    /// The node is a replay's sandbox (ADR 0062): each event takes its
+    /// time and seed from the replay's tape, nothing is recorded, and no
+    /// outbox row is handed over (a replay reaches nothing outside).
+    pub replay_sandbox: bool,
     /// Where every actor's database is replicated (ADR 0007); `None`: the
     /// node is purely local.
     pub bucket: Option<Bucket>,
@@ -330,6 +334,7 @@ impl RuntimeConfig {
             logs: Default::default(),
             metrics_classes_max: 1_000,
             metrics_census_ms: 60_000,
+            replay_sandbox: false,
         }
     }
 

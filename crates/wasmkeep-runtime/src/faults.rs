@@ -137,6 +137,10 @@ fault_switches! {
         /// Unsafe, for that test only: replies completed by an event that
         /// failed are sent all the same (ADR 0042).
         unsafe_completions_from_failed_events,
+        /// Unsafe, for that test only: a replay's sandbox runs events on
+        /// the live clock and the OS's random source instead of the
+        /// recorded time and seed (ADR 0062).
+        unsafe_replay_without_tape,
         /// Unsafe, for that test only: a receiver runs `on-message` for a
         /// repeated delivery too (no `_wasmkeep_inbox` check).
         unsafe_inbox_no_dedup,

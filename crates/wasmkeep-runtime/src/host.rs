@@ -177,7 +177,11 @@ pub struct HostState {
     /// down and the database handed to a new one.
     pub db: Option<ActorDb>,
     pub id: ActorId,
+    /// The guest's clock: the node's, standing still during an event
+    /// that records or replays (`tape`).
     pub clock: Arc<dyn Clock>,
+    /// What the guest reads time and randomness through (ADR 0062).
+    pub(crate) tape: crate::guest_tape::InstanceTape,
     pub wasi: WasiCtx,
     pub table: ResourceTable,
     pub memory: MemoryCap,
@@ -253,9 +257,13 @@ impl HostState {
     ) -> Self {
         // No preopened directories, no environment, no arguments, no
         // sockets: a guest reaches the world only through wasmkeep's imports.
+        let tape = crate::guest_tape::InstanceTape::new(clock);
+        let clock: Arc<dyn Clock> = tape.clock.clone();
         let wasi = WasiCtx::builder()
             .wall_clock(WallClock(Arc::clone(&clock)))
             .monotonic_clock(MonotonicClock(Arc::clone(&clock)))
+            .secure_random(tape.random.clone())
+            .insecure_random(tape.random.clone())
             .allow_tcp(false)
             .allow_udp(false)
             .allow_ip_name_lookup(false)
@@ -264,6 +272,7 @@ impl HostState {
             db,
             id,
             clock,
+            tape,
             wasi,
             table: ResourceTable::new(),
             memory: MemoryCap::new(memory_bytes_max),
@@ -542,12 +551,9 @@ impl identity::Host for HostState {
 
     fn unique_id(&mut self) -> Result<String, WitError> {
         let mut raw = [0u8; 16];
-        // If the OS's generator ever failed, no identifier is better than
-        // a guessable one.
-        getrandom::fill(&mut raw).map_err(|e| WitError {
-            code: "internal".into(),
-            message: format!("the operating system's random source failed: {e}"),
-        })?;
+        // The thread's generator (seeded by the OS), or the event's when
+        // it records or replays (ADR 0062).
+        self.tape.random.fill(&mut raw);
         Ok(hex::encode(raw))
     }
 }

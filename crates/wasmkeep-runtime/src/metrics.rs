@@ -116,6 +116,10 @@ pub struct Metrics {
     /// Turns that stopped at `batch_time_budget_ms` with events left.
     pub turns_yielded_total: Counter,
     pub commits_failed_total: Counter,
+    /// Events written to their actor's recording (ADR 0062).
+    pub events_recorded_total: Counter,
+    /// Generations of recording not started: the app's bytes limit.
+    pub recording_refused_total: Counter,
     pub overloaded_total: Counter,
     pub instances_active: GaugeU64,
     pub instantiations_total: Counter,
@@ -256,7 +260,7 @@ impl Metrics {
     /// The first counters of the exposition (three of replication's, then
     /// requests, events and batches) and the live instances.
     fn register_events(&self, r: &mut Registry) {
-        let series: [(&str, &Counter, &str); 11] = [
+        let series: [(&str, &Counter, &str); 13] = [
             (
                 "wasmkeep_replica_file_reads",
                 &self.replica_file_reads_total,
@@ -306,6 +310,16 @@ impl Metrics {
                 "wasmkeep_commits_failed",
                 &self.commits_failed_total,
                 "Batch commits that failed.",
+            ),
+            (
+                "wasmkeep_events_recorded",
+                &self.events_recorded_total,
+                "Events written to their actor's recording for replay.",
+            ),
+            (
+                "wasmkeep_recording_refused",
+                &self.recording_refused_total,
+                "Recording generations not started because the app's recording_bytes_per_app_max was reached.",
             ),
             (
                 "wasmkeep_overloaded",
@@ -783,9 +797,9 @@ mod tests {
         assert_eq!(types["wasmkeep_event_seconds"], "histogram");
         assert_eq!(types["wasmkeep_alarms_pending"], "gauge");
         // 22 node series, 6 of the outbox and parked replies, 9 phase
-        // histograms, 11 of replication, 2 of the alarm index, 6 bucket
-        // counters.
-        assert_eq!(types.len(), 56);
+        // histograms, 11 of replication, 2 of recording, 2 of the alarm
+        // index, 6 bucket counters.
+        assert_eq!(types.len(), 58);
         assert_eq!(types["wasmkeep_outbox_pending"], "gauge");
         assert_eq!(types["wasmkeep_outbox_answers"], "counter");
     }

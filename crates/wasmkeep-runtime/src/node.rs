@@ -116,6 +116,10 @@ pub struct Inner {
     /// Held by a pass of the reaper, from taking actors off the node to
     /// closing them (a migration waits for it).
     pub(crate) reaping: Mutex<()>,
+    /// Bytes of recording bases per app on this node (ADR 0062).
+    pub(crate) recording_bytes: crate::recording::AppBytes,
+    /// A replay's sandbox: the time and seed of the next event.
+    pub(crate) sandbox_tape: Mutex<Option<crate::guest_tape::EventTape>>,
 }
 
 /// Whether this node may run an actor's alarms now. A single node always

@@ -167,11 +167,7 @@ pub struct Runtime {
 /// if there is none. Without a usable key the node still runs: it compiles
 /// every component it loads, and says so.
 fn cache_key(config: &RuntimeConfig) -> Option<CacheKey> {
-    let path = config
-        .compile_cache_key_path
-        .clone()
-        .or_else(|| std::env::var_os("WASMKEEP_COMPILE_CACHE_KEY").map(PathBuf::from))
-        .unwrap_or_else(|| config.data_dir.join("compile-cache.key"));
+    let path = cache_key_path(config);
     match CacheKey::load_or_create(&path) {
         Ok(key) => Some(key),
         Err(e) => {
@@ -179,6 +175,15 @@ fn cache_key(config: &RuntimeConfig) -> Option<CacheKey> {
             None
         }
     }
+}
+
+/// Where the node's compile cache key is (see [`cache_key`]).
+pub(crate) fn cache_key_path(config: &RuntimeConfig) -> PathBuf {
+    config
+        .compile_cache_key_path
+        .clone()
+        .or_else(|| std::env::var_os("WASMKEEP_COMPILE_CACHE_KEY").map(PathBuf::from))
+        .unwrap_or_else(|| config.data_dir.join("compile-cache.key"))
 }
 
 /// The settings of a node's engine: room in the pool for every instance,
@@ -346,6 +351,8 @@ fn build_inner(config: RuntimeConfig, clock: Arc<dyn Clock>, parts: Parts) -> Ar
         quotas,
         migrating: Default::default(),
         reaping: Mutex::new(()),
+        recording_bytes: Default::default(),
+        sandbox_tape: Mutex::new(None),
         parked: Arc::new(crate::parked::ParkedReplies::new(
             parked_limits,
             Arc::clone(&parked_metrics),

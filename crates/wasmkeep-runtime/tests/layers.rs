@@ -42,6 +42,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "sockets",
             "replies",
             "outbox",
+            "guest_tape",
         ],
     ),
     (
@@ -50,6 +51,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "app",
             "app_versions",
             "class_migrations",
+            "recording",
             "compile_process",
             "quotas",
             "scheduler",
@@ -66,7 +68,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ),
     (
         "the node: `Runtime`, its shared state and its handles",
-        &["runtime", "alarms", "secrets"],
+        &["runtime", "alarms", "secrets", "replay"],
     ),
 ];
 

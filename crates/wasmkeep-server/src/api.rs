@@ -264,6 +264,7 @@ pub fn router(rt: Runtime, config: ServerConfig) -> Router {
         .route("/apps/{tenant}/{app}", put(deploy).get(show_app))
         .route("/apps/{tenant}/{app}/versions", get(list_versions))
         .route("/apps/{tenant}/{app}/rollback", post(rollback))
+        .route("/apps/{tenant}/{app}/replay", post(replay))
         .route("/apps/{tenant}/{app}/secrets", get(list_secrets))
         .route(
             "/apps/{tenant}/{app}/secrets/{name}",
@@ -1175,7 +1176,18 @@ struct DeployQuery {
     percent: Option<String>,
     /// `immediate` (the default) or `deferred`.
     mode: Option<String>,
+    /// Replay each sampled actor's last N recorded events against the
+    /// candidate first, and refuse it if it differs (ADR 0062).
+    replay: Option<usize>,
+    /// Actors the replay samples (default [`DEPLOY_REPLAY_SAMPLE`]).
+    sample: Option<usize>,
+    /// Differences that do not refuse the deploy: `response`,
+    /// `table:NAME`, `tables`, `not_reproduced`, comma-separated.
+    expect: Option<String>,
 }
+
+/// Actors a deploy's replay samples unless told.
+const DEPLOY_REPLAY_SAMPLE: usize = 10;
 
 impl DeployQuery {
     /// `(percent, deferred)`, or a clear refusal naming the field.
@@ -1227,6 +1239,17 @@ async fn deploy(
     let rt = s.rt.clone();
     let manifest = q.manifest.unwrap_or_default();
     let by = deployed_by(&headers);
+    if let Some(n) = q.replay {
+        let opts = wasmkeep_runtime::replay::ReplayOptions {
+            last: Some(n.max(1)),
+            sample: q.sample.unwrap_or(DEPLOY_REPLAY_SAMPLE),
+            manifest: Some(manifest.clone()),
+            ..Default::default()
+        };
+        let (rt, tenant, app, wasm) = (rt.clone(), tenant.clone(), app.clone(), wasm.clone());
+        let report = blocking(move || rt.replay(&tenant, &app, &wasm, &opts)).await?;
+        check_replay(&report, q.expect.as_deref().unwrap_or(""))?;
+    }
     // In a cluster the version is recorded in the bucket, for every node
     // (ADR 0058); on a single node, in the data folder.
     if let Some(c) = &s.config.cluster {
@@ -1254,6 +1277,125 @@ async fn deploy(
     })
     .await?;
     Ok(deployed_answer(deployed))
+}
+
+/// Refuses a deploy whose replay found a difference not expected:
+/// `replay_differs` (409), naming the kinds and how to see them.
+fn check_replay(
+    report: &wasmkeep_runtime::replay::ReplayReport,
+    expect: &str,
+) -> Result<(), ApiError> {
+    let expected: Vec<&str> = expect
+        .split(',')
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .collect();
+    let allowed = |kind: &str| {
+        expected.iter().any(|e| {
+            *e == kind
+                || (*e == "tables" && kind.starts_with("table "))
+                || e.strip_prefix("table:")
+                    .is_some_and(|t| kind == format!("table {t}"))
+        })
+    };
+    let mut unexpected: Vec<String> = report
+        .difference_kinds()
+        .into_iter()
+        .filter(|k| !allowed(k))
+        .collect();
+    if report.actors_not_reproduced > 0 && !allowed("not_reproduced") {
+        unexpected.push("not_reproduced".into());
+    }
+    if unexpected.is_empty() {
+        return Ok(());
+    }
+    Err(ApiError::new(
+        StatusCode::CONFLICT,
+        "replay_differs",
+        format!(
+            "the candidate differed from production on {} of {} replayed events ({} actors not reproduced); unexpected: {}. See them with `wasmkeep replay {}/{} --with FILE`, or deploy with --expect {}",
+            report.events_differing,
+            report.events_replayed,
+            report.actors_not_reproduced,
+            unexpected.join(", "),
+            report.tenant,
+            report.app,
+            unexpected
+                .iter()
+                .map(|k| k.replace("table ", "table:"))
+                .collect::<Vec<_>>()
+                .join(",")
+        ),
+    ))
+}
+
+#[derive(Deserialize)]
+struct ReplayQuery {
+    class: Option<String>,
+    name: Option<String>,
+    /// A recorded sequence number, or a time (Unix ms, or RFC 3339).
+    from: Option<String>,
+    last: Option<usize>,
+    sample: Option<usize>,
+    manifest: Option<String>,
+}
+
+/// `POST /admin/v1/apps/{tenant}/{app}/replay` with a component as the
+/// body: replays recorded events of the app's actors on this node against
+/// it (ADR 0062) and answers what differed.
+async fn replay(
+    State(s): State<AppState>,
+    axum::extract::Path((tenant, app)): axum::extract::Path<(String, String)>,
+    Query(q): Query<ReplayQuery>,
+    body: Body,
+) -> Result<Response, ApiError> {
+    segment("tenant", &tenant)?;
+    segment("app", &app)?;
+    let limit = s.rt.config().component_bytes_max;
+    let wasm = read_body(body, limit + 1, s.pace()).await?;
+    let bad = |m: String| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", m);
+    if q.name.is_some() && q.class.is_none() {
+        return Err(bad("name: an actor's name needs its class".into()));
+    }
+    let (mut from_seq, mut from_ms) = (None, None);
+    if let Some(f) = q.from.as_deref() {
+        if let Ok(seq) = f.parse::<u64>() {
+            // Sequence numbers are small; times in ms are past 2001.
+            if seq < 1_000_000_000_000 {
+                from_seq = Some(seq);
+            } else {
+                from_ms = Some(seq);
+            }
+        } else {
+            let t = chrono::DateTime::parse_from_rfc3339(f).map_err(|_| {
+                bad(format!(
+                    "from: `{f}` is not a sequence number, Unix ms or an RFC 3339 time"
+                ))
+            })?;
+            from_ms = Some(t.timestamp_millis().max(0) as u64);
+        }
+    }
+    let sample = q
+        .sample
+        .unwrap_or(wasmkeep_runtime::replay::REPLAY_ACTORS_MAX);
+    if sample == 0 || sample > wasmkeep_runtime::replay::REPLAY_ACTORS_MAX {
+        return Err(bad(format!(
+            "sample: {sample} actors, must be 1 to replay_actors_max={}",
+            wasmkeep_runtime::replay::REPLAY_ACTORS_MAX
+        )));
+    }
+    let opts = wasmkeep_runtime::replay::ReplayOptions {
+        class: q.class,
+        name: q.name,
+        from_seq,
+        from_ms,
+        last: q.last,
+        sample,
+        manifest: q.manifest,
+    };
+    let rt = s.rt.clone();
+    let report = blocking(move || rt.replay(&tenant, &app, &wasm, &opts)).await?;
+    Ok(axum::Json(report).into_response())
 }
 
 /// Longest `wasmkeep-deployed-by` kept with a version.

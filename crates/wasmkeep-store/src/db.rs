@@ -30,6 +30,7 @@ use crate::wal_index::{VFS_NAME, WalIndex};
 
 mod idempotency;
 mod outbox;
+pub mod recording;
 pub use idempotency::IdempotentAnswer;
 pub use outbox::{InboxSeen, OutboxKind, OutboxRow};
 

@@ -203,6 +203,159 @@ pub(crate) struct Rollout {
     /// it closes (idles out, or the node restarts).
     #[arg(long, value_parser = ["immediate", "deferred"])]
     pub mode: Option<String>,
+    /// Before it serves, replay each sampled actor's last N recorded
+    /// events against the new build (the app must record, ADR 0062) and
+    /// refuse the deploy if it differs [default: no replay].
+    #[arg(long, value_name = "N")]
+    pub replay: Option<usize>,
+    /// Actors the replay samples [default: 10].
+    #[arg(long, value_name = "N", requires = "replay")]
+    pub sample: Option<usize>,
+    /// A difference the replay may find without refusing the deploy:
+    /// `response`, `table:NAME`, `tables` or `not_reproduced`; repeat it
+    /// for several [default: none].
+    #[arg(long, value_name = "KIND", requires = "replay")]
+    pub expect: Vec<String>,
+}
+
+/// What `wasmkeep replay` runs.
+#[derive(clap::Args, Debug, Clone)]
+pub(crate) struct ReplayArgs {
+    /// `tenant/app`, `tenant/app/class` or `tenant/app/class/name`.
+    pub target: String,
+    /// The candidate component to replay recorded events against.
+    #[arg(long = "with", value_name = "NEW.wasm")]
+    pub with: PathBuf,
+    /// The candidate's manifest [default: the app's current manifest].
+    #[arg(long)]
+    pub manifest: Option<PathBuf>,
+    /// Replay from this recorded sequence number, Unix time in ms, or RFC
+    /// 3339 time [default: each actor's oldest recorded event].
+    #[arg(long)]
+    pub from: Option<String>,
+    /// Replay each actor's last N recorded events [default: all kept].
+    #[arg(long, value_name = "N")]
+    pub last: Option<usize>,
+    /// Replay at most N actors, chosen by a hash of their address
+    /// [default: 100, the most one replay runs].
+    #[arg(long, value_name = "N")]
+    pub sample: Option<usize>,
+}
+
+/// `wasmkeep replay`: what the candidate did differently, per actor; an
+/// error (exit 1) when it differed, so CI can gate on it.
+pub(crate) fn replay(conn: &Conn, out: Output, what: &ReplayArgs) -> Result<()> {
+    let parts: Vec<&str> = what.target.split('/').collect();
+    if !(2..=4).contains(&parts.len()) || parts.iter().any(|p| p.is_empty()) {
+        bail!("`{}`: expected tenant/app[/class[/name]]", what.target);
+    }
+    let wasm =
+        std::fs::read(&what.with).with_context(|| format!("read {}", what.with.display()))?;
+    let mut query = Vec::new();
+    if let Some(class) = parts.get(2) {
+        query.push(format!("class={}", enc(class)));
+    }
+    if let Some(name) = parts.get(3) {
+        query.push(format!("name={}", enc(name)));
+    }
+    if let Some(m) = &what.manifest {
+        let text = std::fs::read_to_string(m).with_context(|| format!("read {}", m.display()))?;
+        query.push(format!("manifest={}", enc(&text)));
+    }
+    if let Some(f) = &what.from {
+        query.push(format!("from={}", enc(f)));
+    }
+    if let Some(n) = what.last {
+        query.push(format!("last={n}"));
+    }
+    if let Some(n) = what.sample {
+        query.push(format!("sample={n}"));
+    }
+    let mut path = format!("/admin/v1/apps/{}/{}/replay", enc(parts[0]), enc(parts[1]));
+    if !query.is_empty() {
+        path.push('?');
+        path.push_str(&query.join("&"));
+    }
+    let v = conn.json("POST", &path, Some(wasm))?;
+    out.print(&v, print_replay);
+    let differing = v["events_differing"].as_u64().unwrap_or(0);
+    let not_reproduced = v["actors_not_reproduced"].as_u64().unwrap_or(0);
+    if differing > 0 || not_reproduced > 0 {
+        bail!(
+            "the candidate differed on {differing} events; {not_reproduced} actors could not be reproduced"
+        );
+    }
+    Ok(())
+}
+
+fn print_replay(v: &Value) {
+    println!(
+        "replayed {} events of {} actors of {}/{} against sha256 {}: {} differed",
+        v["events_replayed"],
+        v["actors_replayed"],
+        v["tenant"].as_str().unwrap_or("?"),
+        v["app"].as_str().unwrap_or("?"),
+        v["candidate"]
+            .as_str()
+            .unwrap_or("?")
+            .get(..12)
+            .unwrap_or("?"),
+        v["events_differing"],
+    );
+    for a in v["actors"].as_array().into_iter().flatten() {
+        let actor = a["actor"].as_str().unwrap_or("?");
+        if let Some(why) = a["skipped"].as_str() {
+            println!("  {actor}: skipped: {why}");
+            continue;
+        }
+        println!(
+            "  {actor}: {} events (#{}..#{}), {} differed{}",
+            a["events"],
+            a["first_seq"],
+            a["last_seq"],
+            a["events_differing"],
+            if a["warm_up_events"].as_u64().unwrap_or(0) > 0 {
+                format!(
+                    ", after {} earlier events on the baseline",
+                    a["warm_up_events"]
+                )
+            } else {
+                String::new()
+            }
+        );
+        if let Some(n) = a["not_reproduced"].as_object() {
+            println!(
+                "    not reproduced at #{}: production answered
+{}
+    the same build now answers
+{}",
+                n["seq"],
+                indent(n["production"].as_str().unwrap_or("")),
+                indent(n["candidate"].as_str().unwrap_or(""))
+            );
+        }
+        for d in a["differences"].as_array().into_iter().flatten() {
+            println!(
+                "    #{} {} ({}):
+      production:
+{}
+      candidate:
+{}",
+                d["seq"],
+                d["what"].as_str().unwrap_or("?"),
+                d["kind"].as_str().unwrap_or("?"),
+                indent(d["production"].as_str().unwrap_or("")),
+                indent(d["candidate"].as_str().unwrap_or(""))
+            );
+        }
+    }
+}
+
+fn indent(text: &str) -> String {
+    text.lines()
+        .map(|l| format!("        {l}"))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 pub(crate) fn deploy(conn: &Conn, out: Output, what: &DeployArgs) -> Result<()> {
@@ -219,6 +372,15 @@ pub(crate) fn deploy(conn: &Conn, out: Output, what: &DeployArgs) -> Result<()> 
     }
     if let Some(m) = &rollout.mode {
         query.push(format!("mode={m}"));
+    }
+    if let Some(n) = rollout.replay {
+        query.push(format!("replay={n}"));
+    }
+    if let Some(n) = rollout.sample {
+        query.push(format!("sample={n}"));
+    }
+    if !rollout.expect.is_empty() {
+        query.push(format!("expect={}", enc(&rollout.expect.join(","))));
     }
     let mut path = format!("/admin/v1/apps/{}/{}", enc(&tenant), enc(&app));
     if !query.is_empty() {

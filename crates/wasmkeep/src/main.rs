@@ -72,6 +72,15 @@ enum Command {
         #[arg(long)]
         to: Option<u64>,
     },
+    /// Replay recorded events of an app's actors against a new build and
+    /// show what it does differently (the app must record, ADR 0062):
+    /// `wasmkeep replay acme/shop --with new.wasm`. Exits 1 if it differs.
+    Replay {
+        #[command(flatten)]
+        conn: client::Conn,
+        #[command(flatten)]
+        what: client::ReplayArgs,
+    },
     /// Call an actor: `wasmkeep call -X POST demo/examples/counter/a/increment`.
     Call {
         #[command(flatten)]
@@ -390,6 +399,7 @@ fn run() -> Result<()> {
         Command::Deploy { conn, what } => client::deploy(&conn, out(&conn), &what),
         Command::Versions { conn, target } => client::versions(&conn, out(&conn), &target),
         Command::Rollback { conn, target, to } => client::rollback(&conn, out(&conn), &target, to),
+        Command::Replay { conn, what } => client::replay(&conn, out(&conn), &what),
         Command::Call {
             conn,
             target,

@@ -443,6 +443,8 @@ pub(super) fn run_events(
             return Err(Stop::Close);
         }
         reset_event_state(l, &ran);
+        let tape = l.store.data().tape.clone();
+        let recorder = crate::recording::begin_event(rt, l.recording.is_some(), &tape, &ev.kind);
         let r = run_event(
             rt,
             actor,
@@ -452,6 +454,20 @@ pub(super) fn run_events(
             &mut ran,
             &mut replicated,
         );
+        if let Some(recorder) = recorder {
+            let mut recording = l.recording.take();
+            let version = l.app.deploy_version;
+            crate::recording::end_event(
+                rt,
+                id,
+                recorder,
+                &tape,
+                &mut recording,
+                l.db(),
+                (version, &r),
+            );
+            l.recording = recording;
+        }
         if r.is_err() {
             Metrics::inc(&rt.metrics.event_failures_total);
         }
@@ -508,7 +524,14 @@ pub(super) fn begin_batch(
     {
         tracing::warn!(actor = %id, error = %e, "could not apply the tenant's disk quota");
     }
+    let recording = l.recording.take();
+    let app = Arc::clone(&l.app);
+    l.recording =
+        crate::recording::before_batch(rt, id, app.manifest.recording.as_ref(), recording, l.db());
     l.db().begin().map_err(|e| e.to_string())?;
+    let mut recording = l.recording.take();
+    crate::recording::after_begin(&mut recording, l.db());
+    l.recording = recording;
     l.store.data_mut().outbox_sent = false;
     Ok(EventsRan {
         outbox_sent: false,
@@ -760,6 +783,8 @@ pub(super) fn batch_rolled_back(
     ran.completions.clear();
     ran.socket_ops.clear();
     ran.restore = None;
+    // What the recording counted went with the transaction: read again.
+    l.recording = None;
     *initialized = l.db().is_initialized().unwrap_or(false);
     if let Err(e) = l.db().begin() {
         tracing::error!(actor = %id, error = %e, "could not begin again");

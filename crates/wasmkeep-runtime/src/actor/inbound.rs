@@ -20,6 +20,10 @@ use crate::replication;
 /// the mark only if the dispatcher took them (one that set them aside
 /// sends an `OutboxResume` when it has room, which reads them again).
 pub(super) fn offer_outbox(rt: &Inner, actor: &Actor, l: &mut Loaded, upto: Option<u64>) {
+    if rt.config.replay_sandbox {
+        // A replay reaches nothing outside: its rows stay where they are.
+        return;
+    }
     if let Some(upto) = upto {
         // Offered up to `upto` only once it is durable (see the callers).
         actor.outbox_durable.fetch_max(upto, Ordering::Relaxed);

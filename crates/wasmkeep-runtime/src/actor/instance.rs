@@ -73,6 +73,7 @@ pub(super) fn instantiate(
                 socket_handler,
                 app: Arc::clone(app),
                 metrics: Arc::clone(&rt.metrics),
+                recording: None,
             })
         }
         Err(e) => {

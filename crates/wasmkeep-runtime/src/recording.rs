@@ -1,0 +1,681 @@
+//! Recording each event of an app that asks for it, for replay (issue 38,
+//! ADR 0062).
+//!
+//! An app opts in with a `[recording]` table in its manifest. Then every
+//! event of its actors on this node (a request, an alarm, a message, an
+//! answer to a send, a socket's event) is written to the actor's database
+//! in the batch's own transaction: the input, the time and random seed the
+//! guest saw, the version that ran it, and its outcome
+//! (`wasmkeep_store::db::recording`).
+//!
+//! What makes an event repeatable:
+//! - **Time.** While an app records, its guests' clock (`clock.now-ms` and
+//!   WASI's clocks) stands still during an event at the time it started,
+//!   as `Date.now()` does in Durable Objects. That time is recorded.
+//! - **Randomness.** `identity.unique-id` and WASI's random sources draw
+//!   from a generator seeded per event from the OS; the seed is recorded.
+//!
+//! The records of an actor are bounded by its app's limits: events and
+//! bytes per actor, age, and bytes per app on this node. They come in
+//! generations (see the store's module); a new generation starts when the
+//! current one holds half the actor's limit of events or bytes, or when
+//! its first event is half the age limit old. Its first batch copies the
+//! database as it stands (the base a replay starts from) into the actor's
+//! folder first. A generation that would pass the app's byte limit does
+//! not start: that actor records nothing until room is made.
+//!
+//! A replay's sandbox (`crate::replay`) uses the same code the other way:
+//! each event takes its time and seed from the tape the replay set.
+
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::path::Path;
+use wasmkeep_store::ActorId;
+use wasmkeep_store::db::recording::{Generation, GenerationUse, NewRecord, base_file_name};
+
+use crate::actor::{ActorRequest, EventKind, Outcome, SocketEvent};
+use crate::error::RuntimeError;
+use crate::guest_tape::{EventTape, InstanceTape};
+use crate::metrics::Metrics;
+use crate::outbox::{Answer, Inbound, MessageAnswer};
+
+/// Most events one actor keeps, the highest an app may set.
+pub const RECORDING_EVENTS_PER_ACTOR_MAX: u64 = 100_000;
+/// Default events one actor keeps (two generations of half).
+pub const RECORDING_EVENTS_PER_ACTOR_DEFAULT: u64 = 1_000;
+/// Highest bytes of records one actor may keep.
+pub const RECORDING_BYTES_PER_ACTOR_MAX: u64 = 256 << 20;
+/// Default bytes of records one actor keeps.
+pub const RECORDING_BYTES_PER_ACTOR_DEFAULT: u64 = 4 << 20;
+/// Highest age of the oldest record an app may ask for (30 days).
+pub const RECORDING_AGE_MAX_S: u64 = 30 * 24 * 3600;
+/// Default age past which records are let go (7 days).
+pub const RECORDING_AGE_DEFAULT_S: u64 = 7 * 24 * 3600;
+/// Highest bytes of base copies an app's actors may keep on one node.
+pub const RECORDING_BYTES_PER_APP_MAX: u64 = 64 << 30;
+/// Default bytes of base copies an app's actors keep on one node.
+pub const RECORDING_BYTES_PER_APP_DEFAULT: u64 = 1 << 30;
+
+/// The manifest's `[recording]` table: its presence turns recording on.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecordingSettings {
+    /// Events one actor keeps (the newest; at least half of them).
+    pub events_per_actor_max: Option<u64>,
+    /// Bytes of records one actor keeps.
+    pub bytes_per_actor_max: Option<u64>,
+    /// Seconds after which records are let go.
+    pub age_max_s: Option<u64>,
+    /// Bytes the base copies of the app's actors may take on one node.
+    pub bytes_per_app_max: Option<u64>,
+}
+
+/// [`RecordingSettings`] with defaults filled in, checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordingLimits {
+    pub events_per_actor: u64,
+    pub bytes_per_actor: u64,
+    pub age_ms: u64,
+    pub bytes_per_app: u64,
+}
+
+impl RecordingSettings {
+    /// The limits, or why the manifest's values cannot be used.
+    pub fn limits(&self) -> Result<RecordingLimits, String> {
+        fn within(field: &str, v: Option<u64>, default: u64, max: u64) -> Result<u64, String> {
+            let v = v.unwrap_or(default);
+            if v == 0 || v > max {
+                return Err(format!(
+                    "recording.{field} = {v}: must be 1 to {max} (limit recording_{field})"
+                ));
+            }
+            Ok(v)
+        }
+        Ok(RecordingLimits {
+            events_per_actor: within(
+                "events_per_actor_max",
+                self.events_per_actor_max,
+                RECORDING_EVENTS_PER_ACTOR_DEFAULT,
+                RECORDING_EVENTS_PER_ACTOR_MAX,
+            )?
+            .max(2),
+            bytes_per_actor: within(
+                "bytes_per_actor_max",
+                self.bytes_per_actor_max,
+                RECORDING_BYTES_PER_ACTOR_DEFAULT,
+                RECORDING_BYTES_PER_ACTOR_MAX,
+            )?,
+            age_ms: within(
+                "age_max_s",
+                self.age_max_s,
+                RECORDING_AGE_DEFAULT_S,
+                RECORDING_AGE_MAX_S,
+            )? * 1000,
+            bytes_per_app: within(
+                "bytes_per_app_max",
+                self.bytes_per_app_max,
+                RECORDING_BYTES_PER_APP_DEFAULT,
+                RECORDING_BYTES_PER_APP_MAX,
+            )?,
+        })
+    }
+}
+
+/// An actor's recording while it is open: the generation its records go
+/// to and what that holds (read when it opens, counted as it records).
+#[derive(Debug, Clone)]
+pub struct ActorRecording {
+    limits: RecordingLimits,
+    generation: Generation,
+    used: GenerationUse,
+    /// A generation to start in the batch's transaction.
+    start: bool,
+}
+
+/// Bytes of base copies per app on this node.
+#[derive(Default)]
+pub struct AppBytes(Mutex<HashMap<(String, String), u64>>);
+
+impl AppBytes {
+    /// Counts the bases of the app's actors under `data` the first time it
+    /// is asked about an app (then it follows what this node writes).
+    fn reserve(&self, data: &Path, id: &ActorId, bytes: u64, max: u64) -> bool {
+        let mut m = self.0.lock();
+        let key = (id.tenant.clone(), id.app.clone());
+        let used = m
+            .entry(key)
+            .or_insert_with(|| bases_under(&data.join("actors").join(&id.tenant).join(&id.app)));
+        if *used + bytes > max {
+            return false;
+        }
+        *used += bytes;
+        true
+    }
+
+    fn release(&self, id: &ActorId, bytes: u64) {
+        if let Some(used) = self.0.lock().get_mut(&(id.tenant.clone(), id.app.clone())) {
+            *used = used.saturating_sub(bytes);
+        }
+    }
+}
+
+fn is_base(name: &str) -> bool {
+    name.starts_with("recording.") && name.ends_with(".db")
+}
+
+fn bases_under(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| {
+            let ty = e.file_type().ok();
+            if ty.is_some_and(|t| t.is_dir()) {
+                bases_under(&e.path())
+            } else if is_base(&e.file_name().to_string_lossy()) {
+                e.metadata().map(|m| m.len()).unwrap_or(0)
+            } else {
+                0
+            }
+        })
+        .sum()
+}
+
+/// Before a batch's transaction begins: whether the actor records in it,
+/// and if a new generation starts, its base copied first. `None` when the
+/// app does not record (or the node is a replay's sandbox).
+pub(crate) fn before_batch(
+    rt: &crate::node::Inner,
+    id: &ActorId,
+    settings: Option<&RecordingSettings>,
+    current: Option<ActorRecording>,
+    db: &wasmkeep_store::ActorDb,
+) -> Option<ActorRecording> {
+    let settings = settings?;
+    if rt.config.replay_sandbox {
+        return None;
+    }
+    let limits = settings.limits().ok()?;
+    let mut rec = match current {
+        Some(r) if r.limits == limits => r,
+        _ => {
+            let generation = db.recording_generation().ok()?;
+            let base_ok = generation
+                .as_ref()
+                .is_some_and(|g| db.dir().join(base_file_name(g)).exists());
+            let used = match &generation {
+                Some(g) => db.recording_use(g.number).ok()?,
+                None => GenerationUse::default(),
+            };
+            let generation = match generation {
+                Some(g) if base_ok => g,
+                other => {
+                    // Never recorded here, or its base is not in this
+                    // folder (the actor came from elsewhere): start anew.
+                    let next = other.map_or(1, |g| g.number + 1);
+                    return start_generation(rt, id, limits, next, None, db);
+                }
+            };
+            ActorRecording {
+                limits,
+                generation,
+                used,
+                start: false,
+            }
+        }
+    };
+    let now = rt.clock.now_ms();
+    let full = rec.used.events >= limits.events_per_actor / 2
+        || rec.used.bytes >= limits.bytes_per_actor / 2
+        || rec
+            .used
+            .first_at_ms
+            .is_some_and(|t| now.saturating_sub(t) >= limits.age_ms / 2);
+    if full {
+        let (next, tag) = (rec.generation.number + 1, rec.generation.tag);
+        return start_generation(rt, id, limits, next, Some(tag), db);
+    }
+    rec.start = false;
+    Some(rec)
+}
+
+/// Copies the database as it stands into the new generation's base and
+/// removes the bases a replay can no longer start from: those older than
+/// the one it follows, and any of another tag. `tag` is the one the
+/// generation follows (`None`: a run of generations starts, with a new
+/// random tag).
+fn start_generation(
+    rt: &crate::node::Inner,
+    id: &ActorId,
+    limits: RecordingLimits,
+    number: u64,
+    tag: Option<String>,
+    db: &wasmkeep_store::ActorDb,
+) -> Option<ActorRecording> {
+    let tag = match tag {
+        Some(t) => t,
+        None => {
+            let mut raw = [0u8; 8];
+            getrandom::fill(&mut raw).ok()?;
+            hex::encode(raw)
+        }
+    };
+    let generation = Generation { number, tag };
+    let dir = db.dir().to_path_buf();
+    let size = db.size_bytes().unwrap_or(0);
+    if !rt
+        .recording_bytes
+        .reserve(&rt.config.data_dir, id, size, limits.bytes_per_app)
+    {
+        Metrics::inc(&rt.metrics.recording_refused_total);
+        return None;
+    }
+    let base = dir.join(base_file_name(&generation));
+    let _ = std::fs::remove_file(&base);
+    let written = match db.copy_to(&base) {
+        Ok(n) => n,
+        Err(e) => {
+            rt.recording_bytes.release(id, size);
+            tracing::warn!(actor = %id, error = %e, "recording: the base copy failed; this batch is not recorded");
+            return None;
+        }
+    };
+    if written != size {
+        rt.recording_bytes.release(id, size);
+        let _ = rt.recording_bytes.reserve(
+            &rt.config.data_dir,
+            id,
+            written,
+            RECORDING_BYTES_PER_APP_MAX,
+        );
+    }
+    // Bases before the one this follows (and any of another tag, once this
+    // generation is not the first) are of no use now.
+    let keep_previous = number.saturating_sub(1);
+    if let Ok(entries) = std::fs::read_dir(&dir) {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if !is_base(&name) || name == base_file_name(&generation) {
+                continue;
+            }
+            let mut parts = name.split('.').skip(1);
+            let n: Option<u64> = parts.next().and_then(|n| n.parse().ok());
+            let same_tag = parts.next() == Some(generation.tag.as_str());
+            if !same_tag || n.is_none_or(|n| n < keep_previous) {
+                let len = e.metadata().map(|m| m.len()).unwrap_or(0);
+                if std::fs::remove_file(e.path()).is_ok() {
+                    rt.recording_bytes.release(id, len);
+                }
+            }
+        }
+    }
+    Some(ActorRecording {
+        limits,
+        generation,
+        used: GenerationUse::default(),
+        start: true,
+    })
+}
+
+/// In the batch's transaction, once it began: the generation starts
+/// (older records go). `false` if it could not: the batch records nothing.
+pub(crate) fn after_begin(rec: &mut Option<ActorRecording>, db: &wasmkeep_store::ActorDb) {
+    if let Some(r) = rec
+        && r.start
+        && db.start_recording_generation(&r.generation).is_err()
+    {
+        *rec = None;
+    }
+}
+
+/// One event while it runs: its tape, and its input when it records.
+pub(crate) struct EventRecorder {
+    tape: EventTape,
+    input: Option<(&'static str, Vec<u8>)>,
+}
+
+/// Before an event runs: its time and seed (from the OS when recording,
+/// from the replay's tape in a sandbox), set on the instance.
+pub(crate) fn begin_event(
+    rt: &crate::node::Inner,
+    recording: bool,
+    instance: &InstanceTape,
+    kind: &EventKind,
+) -> Option<EventRecorder> {
+    let (tape, input) = if rt.config.replay_sandbox {
+        if rt.faults.unsafe_replay_without_tape() {
+            return None;
+        }
+        let tape = rt.sandbox_tape.lock().take().unwrap_or(EventTape {
+            at_ms: rt.clock.now_ms(),
+            seed: [0; 32],
+        });
+        (tape, None)
+    } else if recording {
+        let input = input_of(kind)?;
+        let mut seed = [0u8; 32];
+        getrandom::fill(&mut seed).ok()?;
+        let tape = EventTape {
+            at_ms: rt.clock.now_ms(),
+            seed,
+        };
+        (tape, Some(input))
+    } else {
+        return None;
+    };
+    instance.play(&tape);
+    Some(EventRecorder { tape, input })
+}
+
+/// After an event ran: the instance's clock and random go back to the
+/// node's, and the record is written when the actor records.
+pub(crate) fn end_event(
+    rt: &crate::node::Inner,
+    id: &ActorId,
+    rec: EventRecorder,
+    instance: &InstanceTape,
+    recording: &mut Option<ActorRecording>,
+    db: &wasmkeep_store::ActorDb,
+    (version, outcome): (u64, &Result<Outcome, RuntimeError>),
+) {
+    instance.stop();
+    let (Some((kind, input)), Some(r)) = (rec.input, recording.as_mut()) else {
+        return;
+    };
+    let outcome = describe_outcome(outcome);
+    let record = NewRecord {
+        generation: r.generation.number,
+        at_ms: rec.tape.at_ms,
+        seed: &rec.tape.seed,
+        version,
+        kind,
+        input: &input,
+        outcome: outcome.as_bytes(),
+    };
+    match db.record_event(&record) {
+        Ok(()) => {
+            r.used.events += 1;
+            r.used.bytes += (input.len() + outcome.len() + 32 + 64) as u64;
+            r.used.first_at_ms.get_or_insert(rec.tape.at_ms);
+            Metrics::inc(&rt.metrics.events_recorded_total);
+        }
+        Err(e) => {
+            tracing::warn!(actor = %id, error = %e, "recording an event failed");
+        }
+    }
+}
+
+/// A length-prefixed encoding of an event's fields.
+#[derive(Default)]
+struct Enc(Vec<u8>);
+
+impl Enc {
+    fn bytes(mut self, b: &[u8]) -> Enc {
+        self.0.extend_from_slice(&(b.len() as u32).to_be_bytes());
+        self.0.extend_from_slice(b);
+        self
+    }
+    fn str(self, s: &str) -> Enc {
+        self.bytes(s.as_bytes())
+    }
+    fn num(self, n: u64) -> Enc {
+        self.bytes(&n.to_be_bytes())
+    }
+}
+
+struct Dec<'a>(&'a [u8]);
+
+impl<'a> Dec<'a> {
+    fn bytes(&mut self) -> Option<&'a [u8]> {
+        let len = u32::from_be_bytes(self.0.get(..4)?.try_into().ok()?) as usize;
+        let b = self.0.get(4..4 + len)?;
+        self.0 = &self.0[4 + len..];
+        Some(b)
+    }
+    fn str(&mut self) -> Option<String> {
+        String::from_utf8(self.bytes()?.to_vec()).ok()
+    }
+    fn num(&mut self) -> Option<u64> {
+        Some(u64::from_be_bytes(self.bytes()?.try_into().ok()?))
+    }
+}
+
+fn headers_text(headers: &[(String, String)]) -> String {
+    headers.iter().map(|(k, v)| format!("{k}:{v}\n")).collect()
+}
+
+fn headers_of(text: &str) -> Vec<(String, String)> {
+    text.lines()
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+}
+
+/// The kind and encoded input of an event a guest runs; `None` for those
+/// it does not (an open ahead of an alarm, a hand-over of outbox rows).
+fn input_of(kind: &EventKind) -> Option<(&'static str, Vec<u8>)> {
+    Some(match kind {
+        EventKind::Request(r) => (
+            "request",
+            Enc::default()
+                .str(&r.method)
+                .str(&r.path)
+                .str(&r.query)
+                .str(&headers_text(&r.headers))
+                .bytes(&r.body)
+                .0,
+        ),
+        EventKind::Alarm { force } => ("alarm", Enc::default().num(u64::from(*force)).0),
+        EventKind::Deliver { .. } => ("alarm", Enc::default().num(0).0),
+        EventKind::Inbound(Inbound::Message {
+            from,
+            life,
+            seq,
+            body,
+        }) => (
+            "message",
+            Enc::default()
+                .str(&from.tenant)
+                .str(&from.app)
+                .str(&from.class)
+                .str(&from.name)
+                .num(*life)
+                .num(*seq)
+                .bytes(body)
+                .0,
+        ),
+        EventKind::Inbound(Inbound::Response {
+            life,
+            seq,
+            answer,
+            attempts,
+            discard,
+        }) => {
+            let e = Enc::default()
+                .num(*life)
+                .num(*seq)
+                .num(u64::from(*attempts))
+                .num(u64::from(*discard));
+            let e = match answer {
+                Answer::Message(MessageAnswer::Reply(b)) => e.str("reply").bytes(b),
+                Answer::Message(MessageAnswer::Refused { code, message }) => {
+                    e.str("refused").str(code).str(message)
+                }
+                Answer::Http {
+                    status,
+                    headers,
+                    body,
+                } => e
+                    .str("http")
+                    .num(u64::from(*status))
+                    .str(&headers_text(headers))
+                    .bytes(body),
+                Answer::Failed { code, message } => e.str("failed").str(code).str(message),
+            };
+            ("response", e.0)
+        }
+        EventKind::Socket(ev) => {
+            let what = match ev {
+                SocketEvent::Message { id, .. } => format!("message on socket {id}"),
+                SocketEvent::Closed { info, code, .. } => {
+                    format!("close of socket {} ({code})", info.id)
+                }
+            };
+            ("socket", Enc::default().str(&what).0)
+        }
+        EventKind::Prepare | EventKind::OutboxResume { .. } | EventKind::Between(_) => return None,
+    })
+}
+
+/// The event a record stands for, to run again; `None` for a kind a
+/// replay does not run (a socket's event: its socket is gone) or an input
+/// that does not decode.
+pub(crate) fn event_of(kind: &str, input: &[u8]) -> Option<EventKind> {
+    let mut d = Dec(input);
+    Some(match kind {
+        "request" => EventKind::Request(ActorRequest {
+            method: d.str()?,
+            path: d.str()?,
+            query: d.str()?,
+            headers: headers_of(&d.str()?),
+            body: d.bytes()?.to_vec(),
+            replicated: false,
+        }),
+        "alarm" => EventKind::Alarm {
+            force: d.num()? == 1,
+        },
+        "message" => {
+            let (tenant, app, class, name) = (d.str()?, d.str()?, d.str()?, d.str()?);
+            let from = ActorId::new(&tenant, &app, &class, &name).ok()?;
+            EventKind::Inbound(Inbound::Message {
+                from,
+                life: d.num()?,
+                seq: d.num()?,
+                body: d.bytes()?.to_vec(),
+            })
+        }
+        "response" => {
+            let life = d.num()?;
+            let seq = d.num()?;
+            let attempts = d.num()? as u32;
+            let discard = d.num()? == 1;
+            let answer = match d.str()?.as_str() {
+                "reply" => Answer::Message(MessageAnswer::Reply(d.bytes()?.to_vec())),
+                "refused" => Answer::Message(MessageAnswer::Refused {
+                    code: d.str()?,
+                    message: d.str()?,
+                }),
+                "http" => Answer::Http {
+                    status: d.num()? as u16,
+                    headers: headers_of(&d.str()?),
+                    body: d.bytes()?.to_vec(),
+                },
+                "failed" => Answer::Failed {
+                    code: d.str()?,
+                    message: d.str()?,
+                },
+                _ => return None,
+            };
+            EventKind::Inbound(Inbound::Response {
+                life,
+                seq,
+                answer,
+                attempts,
+                discard,
+            })
+        }
+        _ => return None,
+    })
+}
+
+/// A body as a person reads it: its text, or its bytes in hex.
+pub fn show_body(body: &[u8]) -> String {
+    match std::str::from_utf8(body) {
+        Ok(t) => t.to_owned(),
+        Err(_) => format!("hex:{}", hex::encode(body)),
+    }
+}
+
+/// What an event answered, as one text both production's record and a
+/// replay's run are compared by: a response's status, headers (those the
+/// runtime adds left out) and body; a message's answer; an error's code.
+pub fn describe_outcome(r: &Result<Outcome, RuntimeError>) -> String {
+    match r {
+        Ok(Outcome::Response(resp)) => {
+            let mut headers: Vec<String> = resp
+                .headers
+                .iter()
+                .filter(|(k, _)| !k.to_ascii_lowercase().starts_with("x-wasmkeep-"))
+                .map(|(k, v)| format!("{}: {v}", k.to_ascii_lowercase()))
+                .collect();
+            headers.sort();
+            let mut s = format!("response {}\n", resp.status);
+            for h in headers {
+                s.push_str(&h);
+                s.push('\n');
+            }
+            s.push('\n');
+            s.push_str(&show_body(&resp.body));
+            s
+        }
+        Ok(Outcome::Answered(MessageAnswer::Reply(b))) => format!("reply\n{}", show_body(b)),
+        Ok(Outcome::Answered(MessageAnswer::Refused { code, message })) => {
+            format!("refused {code}: {message}")
+        }
+        Ok(Outcome::Alarm(ran)) => format!("alarm ran={ran}"),
+        Ok(Outcome::Delivered(_)) => "alarm ran=true".to_owned(),
+        Ok(_) => "done".to_owned(),
+        Err(e) => format!("error {}", e.code()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inputs_decode_to_the_event_they_came_from() {
+        let req = EventKind::Request(ActorRequest {
+            method: "POST".into(),
+            path: "/add".into(),
+            query: "n=1".into(),
+            headers: vec![("content-type".into(), "text/plain".into())],
+            body: vec![0, 1, 2, 255],
+            replicated: false,
+        });
+        let (kind, input) = input_of(&req).unwrap();
+        let back = event_of(kind, &input).unwrap();
+        assert_eq!(input_of(&back).unwrap(), (kind, input));
+        let answer = EventKind::Inbound(Inbound::Response {
+            life: 3,
+            seq: 9,
+            answer: Answer::Http {
+                status: 201,
+                headers: vec![("a".into(), "b".into())],
+                body: b"ok".to_vec(),
+            },
+            attempts: 2,
+            discard: false,
+        });
+        let (kind, input) = input_of(&answer).unwrap();
+        assert_eq!(
+            input_of(&event_of(kind, &input).unwrap()).unwrap(),
+            (kind, input.clone())
+        );
+        assert!(event_of("request", &input[..3]).is_none());
+    }
+
+    #[test]
+    fn limits_default_and_refuse_out_of_range() {
+        let l = RecordingSettings::default().limits().unwrap();
+        assert_eq!(l.events_per_actor, RECORDING_EVENTS_PER_ACTOR_DEFAULT);
+        let bad = RecordingSettings {
+            bytes_per_actor_max: Some(RECORDING_BYTES_PER_ACTOR_MAX + 1),
+            ..Default::default()
+        };
+        let e = bad.limits().unwrap_err();
+        assert!(e.contains("recording_bytes_per_actor_max"), "{e}");
+    }
+}

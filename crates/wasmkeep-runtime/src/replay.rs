@@ -1,0 +1,632 @@
+//! Replaying recorded events against a candidate build before it serves
+//! (issue 38, ADR 0062).
+//!
+//! For each chosen actor of an app that records (`crate::recording`), a
+//! replay:
+//! 1. reads the actor's records through its own turn, and picks the
+//!    oldest generation whose base copy is in the actor's folder;
+//! 2. starts two sandboxes: runtimes of their own in a folder under
+//!    `<data>/replay/`, on a clock only the replay moves, that record
+//!    nothing and hand no outbox row over (`replay_sandbox`). The baseline
+//!    runs the version each event was recorded with; the candidate runs
+//!    the new build;
+//! 3. runs the events before the chosen ones on the baseline only (from
+//!    the base), then copies its database into the candidate;
+//! 4. runs each chosen event on both with the recorded time and seed, and
+//!    compares: the baseline's outcome with the record (if they differ,
+//!    production cannot be reproduced and the actor stops there), the
+//!    candidate's with the record, and the two databases' rows, table by
+//!    table (a table's difference is reported when it changes).
+//!
+//! Bounds: [`REPLAY_ACTORS_MAX`] actors, [`REPLAY_EVENTS_MAX`] events in
+//! one replay, [`REPLAY_DIFFERENCES_MAX`] differences and
+//! [`REPLAY_ROWS_SHOWN`] rows per table difference reported per actor.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::sync::oneshot;
+use wasmkeep_store::ActorId;
+use wasmkeep_store::db::recording::{
+    Generation, RecordedEvent, Recording, TableRows, base_file_name, compare_tables,
+};
+
+use crate::actor::{DbAccess, Event, Outcome};
+use crate::clock::{Clock, ManualClock};
+use crate::config::{Durability, RuntimeConfig};
+use crate::error::RuntimeError;
+use crate::guest_tape::EventTape;
+use crate::runtime::Runtime;
+
+/// Most actors one replay runs.
+pub const REPLAY_ACTORS_MAX: usize = 100;
+/// Most events one replay runs, over all its actors (warm-up included).
+pub const REPLAY_EVENTS_MAX: usize = 20_000;
+/// Most differences reported for one actor (the count goes on).
+pub const REPLAY_DIFFERENCES_MAX: usize = 20;
+/// Rows shown on each side of one table's difference.
+pub const REPLAY_ROWS_SHOWN: usize = 5;
+/// How long one replayed event may take to answer (a request that parks
+/// its reply is reported as not answered).
+pub const REPLAY_EVENT_WAIT_MS: u64 = 10_000;
+
+/// What to replay.
+#[derive(Debug, Clone, Default)]
+pub struct ReplayOptions {
+    /// Only this class's actors.
+    pub class: Option<String>,
+    /// Only this actor (with `class`).
+    pub name: Option<String>,
+    /// The chosen events start at this recorded sequence number.
+    pub from_seq: Option<u64>,
+    /// The chosen events start at this time (Unix ms).
+    pub from_ms: Option<u64>,
+    /// The chosen events are each actor's last `n`.
+    pub last: Option<usize>,
+    /// Actors replayed at most (chosen by a hash of their name).
+    pub sample: usize,
+    /// The candidate's manifest (default: the app's current one).
+    pub manifest: Option<String>,
+}
+
+/// What a replay found.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct ReplayReport {
+    pub tenant: String,
+    pub app: String,
+    /// The candidate's content hash.
+    pub candidate: String,
+    /// Actors that had records to replay.
+    pub actors_replayed: usize,
+    /// Chosen events run on both builds.
+    pub events_replayed: u64,
+    /// Of those, events where the candidate differed.
+    pub events_differing: u64,
+    /// Actors whose baseline did not do what production recorded.
+    pub actors_not_reproduced: usize,
+    pub actors: Vec<ActorReplay>,
+}
+
+impl ReplayReport {
+    /// Whether the candidate did what production did on every event.
+    pub fn same(&self) -> bool {
+        self.events_differing == 0
+    }
+
+    /// The kinds of difference found (`response`, `table <name>`).
+    pub fn difference_kinds(&self) -> Vec<String> {
+        let mut kinds: Vec<String> = self
+            .actors
+            .iter()
+            .flat_map(|a| a.differences.iter().map(|d| d.what.clone()))
+            .collect();
+        kinds.sort();
+        kinds.dedup();
+        kinds
+    }
+}
+
+/// One actor's replay.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct ActorReplay {
+    pub actor: String,
+    /// Recorded events run on the baseline only, to reach the chosen ones.
+    pub warm_up_events: u64,
+    /// Chosen events run on both.
+    pub events: u64,
+    pub first_seq: Option<u64>,
+    pub last_seq: Option<u64>,
+    /// Why nothing of it was replayed.
+    pub skipped: Option<String>,
+    /// Where the baseline did not do what production recorded.
+    pub not_reproduced: Option<Difference>,
+    /// Events where the candidate differed.
+    pub events_differing: u64,
+    pub differences: Vec<Difference>,
+}
+
+/// One difference.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Difference {
+    pub seq: u64,
+    pub at_ms: u64,
+    /// The event's kind (`request`, `alarm`, `message`, `response`).
+    pub kind: String,
+    /// `response` (what the event answered), or `table <name>`.
+    pub what: String,
+    /// Production's (or the baseline's) side.
+    pub production: String,
+    /// The candidate's side.
+    pub candidate: String,
+}
+
+impl Runtime {
+    /// Replays recorded events of `tenant/app`'s actors on this node
+    /// against `wasm` (blocking: compiles, and runs events in sandboxes).
+    pub fn replay(
+        &self,
+        tenant: &str,
+        app: &str,
+        wasm: &[u8],
+        opts: &ReplayOptions,
+    ) -> Result<ReplayReport, RuntimeError> {
+        let current = self
+            .app(tenant, app)
+            .ok_or_else(|| RuntimeError::AppNotFound(format!("{tenant}/{app}")))?;
+        let manifest = match &opts.manifest {
+            Some(m) => m.clone(),
+            None => {
+                let version = self.inner.app(tenant, app).map_or(0, |a| a.deploy_version);
+                self.version_manifest(tenant, app, version, &current.hash)
+            }
+        };
+        // Checks the candidate as a deploy would, without serving it.
+        let candidate_info = self.prepare(tenant, app, wasm, &manifest)?.info();
+        let versions = self.versions(tenant, app)?;
+        let mut report = ReplayReport {
+            tenant: tenant.to_owned(),
+            app: app.to_owned(),
+            candidate: candidate_info.hash,
+            ..Default::default()
+        };
+        let actors = self.replay_actors(tenant, app, &current.classes, opts)?;
+        let work = self.inner.config.data_dir.join("replay");
+        let mut budget = REPLAY_EVENTS_MAX;
+        for id in actors {
+            let mut one = ActorReplay {
+                actor: id.to_string(),
+                ..Default::default()
+            };
+            let dir = work.join(unique_folder());
+            let r = self.replay_actor(
+                &id,
+                wasm,
+                &manifest,
+                &versions,
+                opts,
+                &dir,
+                &mut budget,
+                &mut one,
+            );
+            let _ = std::fs::remove_dir_all(&dir);
+            if let Err(e) = r {
+                one.skipped = Some(format!("{}: {e}", e.code()));
+            }
+            if one.skipped.is_none() {
+                report.actors_replayed += 1;
+            }
+            if one.not_reproduced.is_some() {
+                report.actors_not_reproduced += 1;
+            }
+            report.events_replayed += one.events;
+            report.events_differing += one.events_differing;
+            report.actors.push(one);
+        }
+        Ok(report)
+    }
+
+    /// The manifest `version` was deployed with (one component may have
+    /// been deployed with several), else the one stored by its hash.
+    fn version_manifest(&self, tenant: &str, app: &str, version: u64, hash: &str) -> String {
+        let dir = crate::app::app_dir(&self.inner.config.data_dir, tenant, app);
+        std::fs::read_to_string(crate::app_versions::manifest_path(&dir, version))
+            .unwrap_or_else(|_| self.stored_manifest(tenant, app, hash))
+    }
+
+    /// The actors a replay runs: this node's of the chosen classes (and
+    /// name), at most `sample`, chosen by a hash of their address.
+    fn replay_actors(
+        &self,
+        tenant: &str,
+        app: &str,
+        classes: &[String],
+        opts: &ReplayOptions,
+    ) -> Result<Vec<ActorId>, RuntimeError> {
+        let sample = opts.sample.clamp(1, REPLAY_ACTORS_MAX);
+        let mut ids = Vec::new();
+        for class in classes {
+            if opts.class.as_ref().is_some_and(|c| c != class) {
+                continue;
+            }
+            if let Some(name) = &opts.name {
+                ids.push(ActorId::new(tenant, app, class, name)?);
+                continue;
+            }
+            let mut after = None;
+            loop {
+                let page = self.list_actors(tenant, app, class, after.as_deref(), 1000)?;
+                let Some(last) = page.last().cloned() else {
+                    break;
+                };
+                for name in page {
+                    if let Ok(id) = ActorId::new(tenant, app, class, &name) {
+                        ids.push(id);
+                    }
+                }
+                after = Some(last);
+            }
+        }
+        if let (Some(class), None) = (&opts.class, &opts.name)
+            && !classes.contains(class)
+        {
+            return Err(RuntimeError::ClassNotFound {
+                app: format!("{tenant}/{app}"),
+                class: class.clone(),
+            });
+        }
+        ids.sort_by_key(|id| {
+            use sha2::Digest as _;
+            let h = sha2::Sha256::digest(id.to_string().as_bytes());
+            (
+                u64::from_be_bytes(h[..8].try_into().expect("8 bytes")),
+                id.to_string(),
+            )
+        });
+        // A cluster node replays the actors it holds: opening another's
+        // would take it (or run a stale copy).
+        ids.retain(|id| self.may_run_actor(id));
+        ids.truncate(sample);
+        Ok(ids)
+    }
+
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "one actor's replay and where it reports"
+    )]
+    fn replay_actor(
+        &self,
+        id: &ActorId,
+        wasm: &[u8],
+        manifest: &str,
+        versions: &[crate::app_versions::AppVersion],
+        opts: &ReplayOptions,
+        dir: &Path,
+        budget: &mut usize,
+        out: &mut ActorReplay,
+    ) -> Result<(), RuntimeError> {
+        let recording = self.with_db(id, |access| match access {
+            DbAccess::Open(db) => db.recording().map_err(RuntimeError::from),
+            DbAccess::Closed(path) if path.exists() => {
+                wasmkeep_store::db::recording::recording_at(path).map_err(RuntimeError::from)
+            }
+            DbAccess::Closed(_) => Ok(Recording::default()),
+        })?;
+        let folder = wasmkeep_store::paths::actor_dir(&self.inner.config.data_dir, id);
+        let Some((base, events)) = replayable(&folder, recording) else {
+            out.skipped = Some("nothing recorded with a base copy on this node".into());
+            return Ok(());
+        };
+        let start = chosen_start(&events, opts);
+        if start >= events.len() {
+            out.skipped = Some("no recorded event is chosen".into());
+            return Ok(());
+        }
+        if events.len() > *budget {
+            out.skipped = Some(format!(
+                "{} events would pass the replay's limit replay_events_max={REPLAY_EVENTS_MAX}",
+                events.len()
+            ));
+            return Ok(());
+        }
+        *budget -= events.len();
+        let db_in = |side: &str| wasmkeep_store::paths::actor_db(&dir.join(side), id);
+        let baseline_db = db_in("baseline");
+        place(&base, &baseline_db)?;
+        let clock = Arc::new(ManualClock::new(1));
+        let baseline = Sandbox::start(self, &dir.join("baseline"), Arc::clone(&clock))?;
+        let mut deployed = None;
+        for ev in &events[..start] {
+            baseline.deploy_version(self, id, versions, ev.version, &mut deployed)?;
+            let got = baseline.run(id, ev, &clock)?;
+            if got.as_bytes() != ev.outcome.as_slice() {
+                out.not_reproduced = Some(difference(ev, "response", &ev.outcome, &got));
+                baseline.stop();
+                return Ok(());
+            }
+            out.warm_up_events += 1;
+        }
+        let candidate_db = db_in("candidate");
+        if start == 0 {
+            place(&base, &candidate_db)?;
+        } else {
+            let folder = candidate_db.parent().expect("an actor's folder");
+            std::fs::create_dir_all(folder).map_err(|e| io_err(folder, e))?;
+            let dest = candidate_db.clone();
+            baseline.runtime.with_db(id, move |access| match access {
+                DbAccess::Open(db) => db.copy_to(&dest).map(|_| ()).map_err(RuntimeError::from),
+                DbAccess::Closed(path) => wasmkeep_store::db::copy_at(path, &dest)
+                    .map(|_| ())
+                    .map_err(RuntimeError::from),
+            })?;
+        }
+        let candidate = Sandbox::start(self, &dir.join("candidate"), Arc::clone(&clock))?;
+        candidate
+            .runtime
+            .deploy(&id.tenant, &id.app, wasm, manifest)?;
+        compare_events(
+            &events[start..],
+            versions,
+            (self, id),
+            (&baseline, &candidate),
+            &clock,
+            &mut deployed,
+            out,
+        )?;
+        baseline.stop();
+        candidate.stop();
+        Ok(())
+    }
+}
+
+/// Runs each chosen event on the baseline and the candidate and notes
+/// where they differ (see the module's documentation).
+fn compare_events(
+    chosen: &[RecordedEvent],
+    versions: &[crate::app_versions::AppVersion],
+    (node, id): (&Runtime, &ActorId),
+    (baseline, candidate): (&Sandbox, &Sandbox),
+    clock: &ManualClock,
+    deployed: &mut Option<u64>,
+    out: &mut ActorReplay,
+) -> Result<(), RuntimeError> {
+    let mut shown: BTreeMap<String, (Vec<String>, Vec<String>)> = BTreeMap::new();
+    for ev in chosen {
+        baseline.deploy_version(node, id, versions, ev.version, deployed)?;
+        let base_out = baseline.run(id, ev, clock)?;
+        if base_out.as_bytes() != ev.outcome.as_slice() {
+            out.not_reproduced = Some(difference(ev, "response", &ev.outcome, &base_out));
+            break;
+        }
+        let cand_out = candidate.run(id, ev, clock)?;
+        out.events += 1;
+        out.first_seq.get_or_insert(ev.seq);
+        out.last_seq = Some(ev.seq);
+        let mut found = Vec::new();
+        if cand_out != base_out {
+            found.push(difference(ev, "response", base_out.as_bytes(), &cand_out));
+        }
+        let tables = compare_tables(&baseline.rows(id)?, &candidate.rows(id)?);
+        for (table, (only_base, only_cand)) in &tables {
+            if shown.get(table) == Some(&(only_base.clone(), only_cand.clone())) {
+                continue;
+            }
+            found.push(Difference {
+                seq: ev.seq,
+                at_ms: ev.at_ms,
+                kind: ev.kind.clone(),
+                what: format!("table {table}"),
+                production: rows_text(only_base),
+                candidate: rows_text(only_cand),
+            });
+        }
+        for gone in shown.keys().filter(|t| !tables.contains_key(*t)) {
+            found.push(Difference {
+                seq: ev.seq,
+                at_ms: ev.at_ms,
+                kind: ev.kind.clone(),
+                what: format!("table {gone}"),
+                production: "(the tables agree again)".into(),
+                candidate: "(the tables agree again)".into(),
+            });
+        }
+        shown = tables;
+        if !found.is_empty() {
+            out.events_differing += 1;
+            let room = REPLAY_DIFFERENCES_MAX.saturating_sub(out.differences.len());
+            out.differences.extend(found.into_iter().take(room));
+        }
+    }
+    Ok(())
+}
+
+/// The base copy and events a replay of this recording starts from: the
+/// oldest kept generation whose base is in `folder`, and the events from
+/// it on.
+fn replayable(folder: &Path, recording: Recording) -> Option<(PathBuf, Vec<RecordedEvent>)> {
+    let current = recording.generation?;
+    let previous = Generation {
+        number: current.number.saturating_sub(1),
+        tag: current.tag.clone(),
+    };
+    let from = [previous, current]
+        .into_iter()
+        .filter(|g| g.number > 0)
+        .find(|g| folder.join(base_file_name(g)).exists())?;
+    let base = folder.join(base_file_name(&from));
+    let events: Vec<RecordedEvent> = recording
+        .events
+        .into_iter()
+        .filter(|e| e.generation >= from.number)
+        .collect();
+    Some((base, events))
+}
+
+/// The index of the first chosen event.
+fn chosen_start(events: &[RecordedEvent], opts: &ReplayOptions) -> usize {
+    let mut start = 0;
+    if let Some(seq) = opts.from_seq {
+        start = events
+            .iter()
+            .position(|e| e.seq >= seq)
+            .unwrap_or(events.len());
+    }
+    if let Some(ms) = opts.from_ms {
+        start = start.max(
+            events
+                .iter()
+                .position(|e| e.at_ms >= ms)
+                .unwrap_or(events.len()),
+        );
+    }
+    if let Some(n) = opts.last {
+        start = start.max(events.len().saturating_sub(n));
+    }
+    start
+}
+
+fn difference(ev: &RecordedEvent, what: &str, production: &[u8], candidate: &str) -> Difference {
+    Difference {
+        seq: ev.seq,
+        at_ms: ev.at_ms,
+        kind: ev.kind.clone(),
+        what: what.to_owned(),
+        production: String::from_utf8_lossy(production).into_owned(),
+        candidate: candidate.to_owned(),
+    }
+}
+
+fn rows_text(rows: &[String]) -> String {
+    let mut s: Vec<String> = rows.iter().take(REPLAY_ROWS_SHOWN).cloned().collect();
+    if rows.len() > REPLAY_ROWS_SHOWN {
+        s.push(format!(
+            "… and {} rows more",
+            rows.len() - REPLAY_ROWS_SHOWN
+        ));
+    }
+    if s.is_empty() {
+        return "(no row the other side lacks)".into();
+    }
+    s.join("\n")
+}
+
+fn io_err(path: &Path, e: std::io::Error) -> RuntimeError {
+    RuntimeError::Internal(format!("replay: {}: {e}", path.display()))
+}
+
+/// Copies a base into a sandbox's actor folder.
+fn place(base: &Path, db: &Path) -> Result<(), RuntimeError> {
+    let folder = db.parent().expect("an actor's folder");
+    std::fs::create_dir_all(folder).map_err(|e| io_err(folder, e))?;
+    std::fs::copy(base, db).map_err(|e| io_err(db, e))?;
+    Ok(())
+}
+
+fn unique_folder() -> String {
+    let mut raw = [0u8; 8];
+    let _ = getrandom::fill(&mut raw);
+    hex::encode(raw)
+}
+
+/// A runtime of its own for one side of one actor's replay.
+struct Sandbox {
+    runtime: Runtime,
+}
+
+impl Sandbox {
+    fn start(node: &Runtime, dir: &Path, clock: Arc<ManualClock>) -> Result<Sandbox, RuntimeError> {
+        let prod = &node.inner.config;
+        let mut config = RuntimeConfig::new(dir);
+        config.replay_sandbox = true;
+        config.durability = Durability::Process;
+        config.instances_max = 4;
+        config.workers = 1;
+        config.event_cpu_ms_max = prod.event_cpu_ms_max;
+        config.instance_memory_bytes_max = prod.instance_memory_bytes_max;
+        config.store = prod.store.clone();
+        config.app_limit_ceilings = prod.app_limit_ceilings.clone();
+        config.outbox = prod.outbox.clone();
+        config.outbound = prod.outbound.clone();
+        config.compile = prod.compile.clone();
+        config.component_core_instances_max = prod.component_core_instances_max;
+        config.component_memories_max = prod.component_memories_max;
+        config.component_tables_max = prod.component_tables_max;
+        config.response_body_bytes_max = prod.response_body_bytes_max;
+        config.idempotency_retention_ms = prod.idempotency_retention_ms;
+        config.compile_cache_dir = Some(node.inner.cache_dir.clone());
+        config.compile_cache_key_path = Some(crate::runtime::cache_key_path(prod));
+        let clock: Arc<dyn Clock> = clock;
+        let runtime = Runtime::start(config, clock)?;
+        #[cfg(any(test, feature = "test-faults"))]
+        runtime.faults().unsafe_replay_without_tape.store(
+            node.faults().unsafe_replay_without_tape(),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        Ok(Sandbox { runtime })
+    }
+
+    /// Serves the version an event was recorded with, if it is not yet.
+    fn deploy_version(
+        &self,
+        node: &Runtime,
+        id: &ActorId,
+        versions: &[crate::app_versions::AppVersion],
+        version: u64,
+        deployed: &mut Option<u64>,
+    ) -> Result<(), RuntimeError> {
+        if *deployed == Some(version) {
+            return Ok(());
+        }
+        let v = versions
+            .iter()
+            .find(|v| v.version == version)
+            .ok_or_else(|| RuntimeError::VersionNotFound {
+                app: format!("{}/{}", id.tenant, id.app),
+                version,
+            })?;
+        let wasm = node
+            .stored_component(&id.tenant, &id.app, &v.hash)
+            .ok_or_else(|| {
+                RuntimeError::Internal(format!("the component of version {version} is missing"))
+            })?;
+        let manifest = node.version_manifest(&id.tenant, &id.app, version, &v.hash);
+        self.runtime.deploy(&id.tenant, &id.app, &wasm, &manifest)?;
+        *deployed = Some(version);
+        Ok(())
+    }
+
+    /// Runs one recorded event with its time and seed; what it answered.
+    fn run(
+        &self,
+        id: &ActorId,
+        ev: &RecordedEvent,
+        clock: &ManualClock,
+    ) -> Result<String, RuntimeError> {
+        let Some(kind) = crate::recording::event_of(&ev.kind, &ev.input) else {
+            // A socket's event: its socket is gone. Production's outcome
+            // stands for both sides.
+            return Ok(String::from_utf8_lossy(&ev.outcome).into_owned());
+        };
+        clock.set_ms(ev.at_ms);
+        let mut seed = [0u8; 32];
+        let n = ev.seed.len().min(32);
+        seed[..n].copy_from_slice(&ev.seed[..n]);
+        *self.runtime.inner.sandbox_tape.lock() = Some(EventTape {
+            at_ms: ev.at_ms,
+            seed,
+        });
+        let (tx, mut rx) = oneshot::channel::<Result<Outcome, RuntimeError>>();
+        self.runtime
+            .inner
+            .enqueue(id, Event::new(kind, Some(tx)), true)?;
+        let deadline = crate::clock::instant() + Duration::from_millis(REPLAY_EVENT_WAIT_MS);
+        loop {
+            match rx.try_recv() {
+                Ok(r) => return Ok(crate::recording::describe_outcome(&r)),
+                Err(oneshot::error::TryRecvError::Closed) => {
+                    return Err(RuntimeError::ShuttingDown);
+                }
+                Err(oneshot::error::TryRecvError::Empty) => {}
+            }
+            if crate::clock::instant() >= deadline {
+                return Ok("no answer (the reply was parked, or the event did not end)".into());
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    fn rows(&self, id: &ActorId) -> Result<TableRows, RuntimeError> {
+        self.runtime.with_db(id, |access| match access {
+            DbAccess::Open(db) => db.table_rows().map_err(RuntimeError::from),
+            DbAccess::Closed(path) => {
+                wasmkeep_store::db::recording::table_rows_at(path).map_err(RuntimeError::from)
+            }
+        })
+    }
+
+    fn stop(&self) {
+        self.runtime.shutdown(Duration::from_secs(5));
+    }
+}

@@ -1,0 +1,109 @@
+//! Recording and replay (ADR 0062) in-process: what makes a recorded event
+//! run again the same way, and what the generations of a recording keep.
+
+use std::time::Duration;
+
+use wasmkeep_guests::{DEMO, EXAMPLES_TS};
+use wasmkeep_runtime::replay::{ReplayOptions, ReplayReport};
+use wasmkeep_testkit::TestNode;
+
+fn replay(node: &TestNode, app: &str, wasm: &[u8], class: &str) -> ReplayReport {
+    let opts = ReplayOptions {
+        class: Some(class.into()),
+        sample: 10,
+        ..Default::default()
+    };
+    node.runtime()
+        .replay("demo", app, wasm, &opts)
+        .expect("replay")
+}
+
+/// `files` answers `POST /id` with `identity.unique-id`: random bytes.
+/// The sandbox draws them from the recorded seed, so production's answers
+/// come out again; without the tape (the unsafe variant) they do not.
+#[test]
+fn random_ids_come_out_again_from_the_recorded_seed() {
+    for (app, wasm) in [("rs", DEMO), ("ts", EXAMPLES_TS)] {
+        let node = TestNode::new();
+        node.deploy_with_manifest(&format!("demo/{app}"), wasm, "[recording]\n")
+            .unwrap();
+        let files = node.actor(&format!("demo/{app}/files/f"));
+        let a = files.post("/id", "").json()["id"].clone();
+        node.advance(Duration::from_secs(1));
+        let b = files.post("/id", "").json()["id"].clone();
+        assert_ne!(a, b);
+
+        let r = replay(&node, app, wasm, "files");
+        assert_eq!(r.events_replayed, 2, "{r:#?}");
+        assert_eq!(r.actors_not_reproduced, 0, "{r:#?}");
+        assert!(r.same(), "{r:#?}");
+
+        node.runtime()
+            .faults()
+            .unsafe_replay_without_tape
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        let r = replay(&node, app, wasm, "files");
+        assert_eq!(r.actors_not_reproduced, 1, "without the tape: {r:#?}");
+        let n = r.actors[0].not_reproduced.as_ref().unwrap();
+        assert!(n.production.contains(a.as_str().unwrap()), "{n:#?}");
+    }
+}
+
+/// With `events_per_actor_max = 4`, a generation holds two events; after
+/// nine, the recording keeps the last generation or two, each replayable
+/// from its base, and no more than two bases lie in the actor's folder.
+#[test]
+fn generations_rotate_and_what_is_kept_still_replays() {
+    for (app, wasm) in [("rs", DEMO), ("ts", EXAMPLES_TS)] {
+        let node = TestNode::new();
+        node.deploy_with_manifest(
+            &format!("demo/{app}"),
+            wasm,
+            "[recording]\nevents_per_actor_max = 4\n",
+        )
+        .unwrap();
+        let counter = node.actor(&format!("demo/{app}/counter/c"));
+        for i in 1..=9 {
+            assert_eq!(counter.post("/increment", "").json()["value"], i);
+        }
+        let r = replay(&node, app, wasm, "counter");
+        assert!(
+            (2..=4).contains(&r.events_replayed),
+            "two generations of at most two: {r:#?}"
+        );
+        assert_eq!(r.actors_not_reproduced, 0, "{r:#?}");
+        assert!(r.same(), "{r:#?}");
+        let dir = node
+            .data_dir()
+            .join("actors")
+            .join("demo")
+            .join(app)
+            .join("counter")
+            .join("63"); // "c" in hex
+        let bases = std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("recording."))
+            .count();
+        assert!(
+            (1..=2).contains(&bases),
+            "{bases} bases in {}",
+            dir.display()
+        );
+    }
+}
+
+/// An app that does not record writes nothing and has nothing to replay.
+#[test]
+fn an_app_without_recording_has_nothing_to_replay() {
+    let node = TestNode::new();
+    node.deploy("demo/rs", DEMO).unwrap();
+    let counter = node.actor("demo/rs/counter/c");
+    assert_eq!(counter.post("/increment", "").status, 200);
+    let tables =
+        counter.sql_i64("SELECT count(*) FROM sqlite_schema WHERE name = '_wasmkeep_recorded'");
+    assert_eq!(tables, 0);
+    let r = replay(&node, "rs", DEMO, "counter");
+    assert_eq!(r.events_replayed, 0);
+    assert!(r.actors[0].skipped.is_some(), "{r:#?}");
+}
