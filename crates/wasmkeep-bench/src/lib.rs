@@ -57,6 +57,9 @@ pub enum Workload {
     /// W1 on the TypeScript counter (`demo/examples-ts`).
     #[value(name = "w1-ts")]
     W1Ts,
+    /// W1 with the examples recording every event for replay.
+    #[value(name = "w1-recording")]
+    W1Recording,
     /// W1 with every response waiting for the bucket (`--bucket`).
     #[value(name = "w1-durable")]
     W1Durable,
@@ -124,6 +127,7 @@ impl Workload {
             Workload::W2 => "w2",
             Workload::W2Restart => "w2-restart",
             Workload::W1Ts => "w1-ts",
+            Workload::W1Recording => "w1-recording",
             Workload::W3 => "w3",
             Workload::W3Ts => "w3-ts",
             Workload::W4 => "w4",
@@ -167,6 +171,7 @@ impl Workload {
 /// take about a minute a run each ([`NOT_BY_DEFAULT`]).
 const DEFAULT_WORKLOADS: &[Workload] = &[
     Workload::W1,
+    Workload::W1Recording,
     Workload::W1Ts,
     Workload::W1Hot,
     Workload::W1Durable,
@@ -488,6 +493,7 @@ async fn run_workload(w: Workload, env: &Env<'_>) -> Result<workloads::RunOutput
         Workload::W2 => workloads::w2(env, false).await,
         Workload::W2Restart => workloads::w2(env, true).await,
         Workload::W1Ts => workloads::w1_ts(env).await,
+        Workload::W1Recording => workloads::w1_recording(env).await,
         Workload::W3 => workloads::w3(env).await,
         Workload::W3Ts => workloads::w3_ts(env).await,
         Workload::W4 => workloads::w4(env).await,

@@ -415,6 +415,56 @@ pub async fn w1_ts(env: &Env<'_>) -> Result<RunOutput> {
     w1_of(EXAMPLES_TS, env, false).await
 }
 
+/// W1-recording: W1 on the examples deployed again with `[recording]`
+/// (ADR 0062), so that every increment also writes its record; compared
+/// with W1 in the same run, what recording costs.
+pub async fn w1_recording(env: &Env<'_>) -> Result<RunOutput> {
+    let mut out = RunOutput::default();
+    let node = env.start(None).await?;
+    let ep = env.endpoint(&node);
+    let r = async {
+        let (app, wasm) = if EXAMPLES.path() == EXAMPLES_TS {
+            ("demo/examples-ts", wasmkeep_guests::EXAMPLES_TS)
+        } else {
+            ("demo/examples", wasmkeep_guests::DEMO)
+        };
+        let mut admin = Conn::connect(&ep).await?;
+        let a = admin
+            .send_with_body(
+                &Method::PUT,
+                &format!("/admin/v1/apps/{app}?manifest=%5Brecording%5D%0A"),
+                bytes::Bytes::from_static(wasm),
+            )
+            .await?;
+        if a.status != 200 {
+            bail!(
+                "deploying {app} with [recording]: {} {}",
+                a.status,
+                String::from_utf8_lossy(&a.body)
+            );
+        }
+        let names = (0..env.args.actors).map(|i| format!("a{i}")).collect();
+        let events = counter_load_of(EXAMPLES.path(), env, &ep, names, "", &mut out).await?;
+        let recorded = scrape(&ep)
+            .await?
+            .get("wasmkeep_events_recorded_total")
+            .copied()
+            .unwrap_or(0.0);
+        out.fig("events_recorded", recorded);
+        // The warm-up's requests are recorded too: at least one record
+        // per measured request.
+        out.check(
+            "every_request_recorded",
+            recorded >= events as f64,
+            format!("{recorded} events recorded for {events} measured requests"),
+        );
+        Ok(())
+    }
+    .await;
+    finish(node, &mut out).await;
+    r.map(|()| out)
+}
+
 async fn w1_of(app: &str, env: &Env<'_>, hot: bool) -> Result<RunOutput> {
     let mut out = RunOutput::default();
     let node = env.start(None).await?;

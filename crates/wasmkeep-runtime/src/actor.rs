@@ -245,6 +245,9 @@ pub struct Loaded {
     metrics: Arc<Metrics>,
     /// Where the actor's records go while its app records (ADR 0062).
     recording: Option<crate::recording::ActorRecording>,
+    /// The database is known to name no recording generation (read once
+    /// per open): a batch that is not recorded has no run to end.
+    recording_clear: bool,
 }
 
 impl Drop for Loaded {

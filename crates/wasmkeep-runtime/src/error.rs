@@ -129,6 +129,9 @@ pub enum RuntimeError {
     /// A class migration (ADR 0060) that cannot apply now; nothing moved.
     #[error("class migration: {code}: {message}")]
     ClassMigration { code: &'static str, message: String },
+    /// An operation on a whole app that cannot run now (`replay_busy`).
+    #[error("{message}")]
+    Refused { code: &'static str, message: String },
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -183,6 +186,7 @@ impl RuntimeError {
                 "idempotency_response_too_large".into()
             }
             RuntimeError::ClassMigration { code, .. } => (*code).into(),
+            RuntimeError::Refused { code, .. } => (*code).into(),
             RuntimeError::Internal(_) => "internal".into(),
         }
     }

@@ -141,6 +141,9 @@ fault_switches! {
         /// the live clock and the OS's random source instead of the
         /// recorded time and seed (ADR 0062).
         unsafe_replay_without_tape,
+        /// Unsafe, for that test only: a batch that is not recorded leaves
+        /// the actor's run of recording generations as it is (ADR 0062).
+        unsafe_recording_keeps_run,
         /// Unsafe, for that test only: a receiver runs `on-message` for a
         /// repeated delivery too (no `_wasmkeep_inbox` check).
         unsafe_inbox_no_dedup,

@@ -118,6 +118,9 @@ pub struct Inner {
     pub(crate) reaping: Mutex<()>,
     /// Bytes of recording bases per app on this node (ADR 0062).
     pub(crate) recording_bytes: crate::recording::AppBytes,
+    /// Held while a replay runs: one at a time on a node (each runs two
+    /// sandbox runtimes).
+    pub(crate) replaying: Mutex<()>,
     /// A replay's sandbox: the time and seed of the next event.
     pub(crate) sandbox_tape: Mutex<Option<crate::guest_tape::EventTape>>,
 }

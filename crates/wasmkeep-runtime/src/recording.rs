@@ -41,11 +41,17 @@ use crate::metrics::Metrics;
 use crate::outbox::{Answer, Inbound, MessageAnswer};
 
 /// Most events one actor keeps, the highest an app may set.
+/// Most events one actor keeps, the highest an app may set.
 pub const RECORDING_EVENTS_PER_ACTOR_MAX: u64 = 100_000;
+/// Fewest events one actor keeps, the lowest an app may set: a copy of
+/// the database is made at most every half of it.
+pub const RECORDING_EVENTS_PER_ACTOR_MIN: u64 = 100;
 /// Default events one actor keeps (two generations of half).
 pub const RECORDING_EVENTS_PER_ACTOR_DEFAULT: u64 = 1_000;
 /// Highest bytes of records one actor may keep.
 pub const RECORDING_BYTES_PER_ACTOR_MAX: u64 = 256 << 20;
+/// Lowest bytes of records an app may set per actor.
+pub const RECORDING_BYTES_PER_ACTOR_MIN: u64 = 1 << 20;
 /// Default bytes of records one actor keeps.
 pub const RECORDING_BYTES_PER_ACTOR_DEFAULT: u64 = 4 << 20;
 /// Highest age of the oldest record an app may ask for (30 days).
@@ -56,6 +62,12 @@ pub const RECORDING_AGE_DEFAULT_S: u64 = 7 * 24 * 3600;
 pub const RECORDING_BYTES_PER_APP_MAX: u64 = 64 << 30;
 /// Default bytes of base copies an app's actors keep on one node.
 pub const RECORDING_BYTES_PER_APP_DEFAULT: u64 = 1 << 30;
+/// Events a generation holds at least before its bytes start the next:
+/// large events cannot make every batch copy the database.
+pub const RECORDING_GENERATION_EVENTS_MIN: u64 = 16;
+/// How long the count of an app's base copies on a node is trusted
+/// before the folder is read again (copies removed with their actors).
+const APP_BYTES_RESCAN_MS: u64 = 60_000;
 
 /// The manifest's `[recording]` table: its presence turns recording on.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -83,11 +95,16 @@ pub struct RecordingLimits {
 impl RecordingSettings {
     /// The limits, or why the manifest's values cannot be used.
     pub fn limits(&self) -> Result<RecordingLimits, String> {
-        fn within(field: &str, v: Option<u64>, default: u64, max: u64) -> Result<u64, String> {
+        fn within(
+            field: &str,
+            v: Option<u64>,
+            default: u64,
+            (min, max): (u64, u64),
+        ) -> Result<u64, String> {
             let v = v.unwrap_or(default);
-            if v == 0 || v > max {
+            if !(min..=max).contains(&v) {
                 return Err(format!(
-                    "recording.{field} = {v}: must be 1 to {max} (limit recording_{field})"
+                    "recording.{field} = {v}: must be {min} to {max} (limit recording_{field})"
                 ));
             }
             Ok(v)
@@ -97,26 +114,28 @@ impl RecordingSettings {
                 "events_per_actor_max",
                 self.events_per_actor_max,
                 RECORDING_EVENTS_PER_ACTOR_DEFAULT,
-                RECORDING_EVENTS_PER_ACTOR_MAX,
-            )?
-            .max(2),
+                (
+                    RECORDING_EVENTS_PER_ACTOR_MIN,
+                    RECORDING_EVENTS_PER_ACTOR_MAX,
+                ),
+            )?,
             bytes_per_actor: within(
                 "bytes_per_actor_max",
                 self.bytes_per_actor_max,
                 RECORDING_BYTES_PER_ACTOR_DEFAULT,
-                RECORDING_BYTES_PER_ACTOR_MAX,
+                (RECORDING_BYTES_PER_ACTOR_MIN, RECORDING_BYTES_PER_ACTOR_MAX),
             )?,
             age_ms: within(
                 "age_max_s",
                 self.age_max_s,
                 RECORDING_AGE_DEFAULT_S,
-                RECORDING_AGE_MAX_S,
+                (1, RECORDING_AGE_MAX_S),
             )? * 1000,
             bytes_per_app: within(
                 "bytes_per_app_max",
                 self.bytes_per_app_max,
                 RECORDING_BYTES_PER_APP_DEFAULT,
-                RECORDING_BYTES_PER_APP_MAX,
+                (1, RECORDING_BYTES_PER_APP_MAX),
             )?,
         })
     }
@@ -129,23 +148,40 @@ pub struct ActorRecording {
     limits: RecordingLimits,
     generation: Generation,
     used: GenerationUse,
-    /// A generation to start in the batch's transaction.
-    start: bool,
+    /// A generation to start in the batch's transaction (`Some(true)`: a
+    /// new run, every older record goes).
+    start: Option<bool>,
 }
 
-/// Bytes of base copies per app on this node.
+/// What a batch does about recording, decided before its transaction.
+#[derive(Debug, Default)]
+pub(crate) struct BatchRecording {
+    /// Where its records go, if it records.
+    pub recording: Option<ActorRecording>,
+    /// It does not record although the database names a generation: the
+    /// run of generations ends in its transaction.
+    pub break_run: bool,
+}
+
+/// Bytes of base copies per app on this node: counted from the folder,
+/// again once [`APP_BYTES_RESCAN_MS`] old, and added to as copies are made.
 #[derive(Default)]
-pub struct AppBytes(Mutex<HashMap<(String, String), u64>>);
+pub struct AppBytes(Mutex<HashMap<(String, String), (u64, std::time::Instant)>>);
 
 impl AppBytes {
-    /// Counts the bases of the app's actors under `data` the first time it
-    /// is asked about an app (then it follows what this node writes).
+    /// Whether `bytes` more fit in the app's `max`; if so they are counted.
     fn reserve(&self, data: &Path, id: &ActorId, bytes: u64, max: u64) -> bool {
-        let mut m = self.0.lock();
         let key = (id.tenant.clone(), id.app.clone());
-        let used = m
-            .entry(key)
-            .or_insert_with(|| bases_under(&data.join("actors").join(&id.tenant).join(&id.app)));
+        let now = crate::clock::instant();
+        let mut m = self.0.lock();
+        let stale = m.get(&key).is_none_or(|(_, at)| {
+            now.duration_since(*at).as_millis() as u64 >= APP_BYTES_RESCAN_MS
+        });
+        if stale {
+            let counted = bases_under(&data.join("actors").join(&id.tenant).join(&id.app));
+            m.insert(key.clone(), (counted, now));
+        }
+        let used = &mut m.get_mut(&key).expect("counted above").0;
         if *used + bytes > max {
             return false;
         }
@@ -154,7 +190,7 @@ impl AppBytes {
     }
 
     fn release(&self, id: &ActorId, bytes: u64) {
-        if let Some(used) = self.0.lock().get_mut(&(id.tenant.clone(), id.app.clone())) {
+        if let Some((used, _)) = self.0.lock().get_mut(&(id.tenant.clone(), id.app.clone())) {
             *used = used.saturating_sub(bytes);
         }
     }
@@ -183,20 +219,60 @@ fn bases_under(dir: &Path) -> u64 {
         .sum()
 }
 
-/// Before a batch's transaction begins: whether the actor records in it,
-/// and if a new generation starts, its base copied first. `None` when the
-/// app does not record (or the node is a replay's sandbox).
+/// Removes the base copies in an actor's folder: its database was
+/// replaced (a restore), so no copy there is of its history.
+pub(crate) fn forget_bases(dir: &Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if is_base(&e.file_name().to_string_lossy()) {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+}
+
+/// Before a batch's transaction begins: whether the actor records in it
+/// (and if a new generation starts, its base copied first), or whether a
+/// run of generations must end because this batch will not be recorded.
+/// `known_clear`: the database is known to name no generation (read once
+/// per open for an app that does not record).
 pub(crate) fn before_batch(
     rt: &crate::node::Inner,
     id: &ActorId,
     settings: Option<&RecordingSettings>,
     current: Option<ActorRecording>,
     db: &wasmkeep_store::ActorDb,
-) -> Option<ActorRecording> {
-    let settings = settings?;
-    if rt.config.replay_sandbox {
-        return None;
+    known_clear: &mut bool,
+) -> BatchRecording {
+    let decided = match settings {
+        Some(s) if !rt.config.replay_sandbox => decide(rt, id, s, current, db),
+        _ => None,
+    };
+    if decided.is_some() {
+        *known_clear = false;
+        return BatchRecording {
+            recording: decided,
+            break_run: false,
+        };
     }
+    // Not recorded: a database that names a generation ends its run here.
+    let break_run = !*known_clear
+        && db.has_recording().unwrap_or(true)
+        && !rt.faults.unsafe_recording_keeps_run();
+    *known_clear = !break_run;
+    BatchRecording {
+        recording: None,
+        break_run,
+    }
+}
+
+fn decide(
+    rt: &crate::node::Inner,
+    id: &ActorId,
+    settings: &RecordingSettings,
+    current: Option<ActorRecording>,
+    db: &wasmkeep_store::ActorDb,
+) -> Option<ActorRecording> {
     let limits = settings.limits().ok()?;
     let mut rec = match current {
         Some(r) if r.limits == limits => r,
@@ -205,64 +281,63 @@ pub(crate) fn before_batch(
             let base_ok = generation
                 .as_ref()
                 .is_some_and(|g| db.dir().join(base_file_name(g)).exists());
-            let used = match &generation {
-                Some(g) => db.recording_use(g.number).ok()?,
-                None => GenerationUse::default(),
-            };
             let generation = match generation {
                 Some(g) if base_ok => g,
-                other => {
-                    // Never recorded here, or its base is not in this
-                    // folder (the actor came from elsewhere): start anew.
-                    let next = other.map_or(1, |g| g.number + 1);
-                    return start_generation(rt, id, limits, next, None, db);
-                }
+                // Never recorded here, or its base is not in this folder
+                // (the actor came from elsewhere): a new run.
+                _ => return start_generation(rt, id, limits, None, db),
             };
             ActorRecording {
                 limits,
+                used: db.recording_use(generation.number).ok()?,
                 generation,
-                used,
-                start: false,
+                start: None,
             }
         }
     };
     let now = rt.clock.now_ms();
     let full = rec.used.events >= limits.events_per_actor / 2
-        || rec.used.bytes >= limits.bytes_per_actor / 2
+        || (rec.used.bytes >= limits.bytes_per_actor / 2
+            && rec.used.events >= RECORDING_GENERATION_EVENTS_MIN)
         || rec
             .used
             .first_at_ms
             .is_some_and(|t| now.saturating_sub(t) >= limits.age_ms / 2);
     if full {
-        let (next, tag) = (rec.generation.number + 1, rec.generation.tag);
-        return start_generation(rt, id, limits, next, Some(tag), db);
+        let next = Generation {
+            number: rec.generation.number + 1,
+            tag: rec.generation.tag,
+        };
+        return start_generation(rt, id, limits, Some(next), db);
     }
-    rec.start = false;
+    rec.start = None;
     Some(rec)
 }
 
-/// Copies the database as it stands into the new generation's base and
-/// removes the bases a replay can no longer start from: those older than
-/// the one it follows, and any of another tag. `tag` is the one the
-/// generation follows (`None`: a run of generations starts, with a new
-/// random tag).
+/// Copies the database as it stands into the new generation's base
+/// (fsynced) and removes the bases a replay can no longer start from:
+/// those older than the one it follows, and any of another tag. `next`:
+/// the generation that follows the current one; `None` starts a new run
+/// (generation 1, a new random tag, every older record removed).
 fn start_generation(
     rt: &crate::node::Inner,
     id: &ActorId,
     limits: RecordingLimits,
-    number: u64,
-    tag: Option<String>,
+    next: Option<Generation>,
     db: &wasmkeep_store::ActorDb,
 ) -> Option<ActorRecording> {
-    let tag = match tag {
-        Some(t) => t,
+    let fresh = next.is_none();
+    let generation = match next {
+        Some(g) => g,
         None => {
-            let mut raw = [0u8; 8];
+            let mut raw = [0u8; wasmkeep_store::db::recording::TAG_CHARS / 2];
             getrandom::fill(&mut raw).ok()?;
-            hex::encode(raw)
+            Generation {
+                number: 1,
+                tag: hex::encode(raw),
+            }
         }
     };
-    let generation = Generation { number, tag };
     let dir = db.dir().to_path_buf();
     let size = db.size_bytes().unwrap_or(0);
     if !rt
@@ -274,26 +349,18 @@ fn start_generation(
     }
     let base = dir.join(base_file_name(&generation));
     let _ = std::fs::remove_file(&base);
-    let written = match db.copy_to(&base) {
-        Ok(n) => n,
-        Err(e) => {
-            rt.recording_bytes.release(id, size);
-            tracing::warn!(actor = %id, error = %e, "recording: the base copy failed; this batch is not recorded");
-            return None;
-        }
-    };
-    if written != size {
+    let copied = db.copy_to(&base).map_err(|e| e.to_string()).and_then(|_| {
+        wasmkeep_store::sync::sync_file(&base)
+            .and_then(|()| wasmkeep_store::sync::sync_dir(&dir))
+            .map_err(|e| e.to_string())
+    });
+    if let Err(e) = copied {
         rt.recording_bytes.release(id, size);
-        let _ = rt.recording_bytes.reserve(
-            &rt.config.data_dir,
-            id,
-            written,
-            RECORDING_BYTES_PER_APP_MAX,
-        );
+        let _ = std::fs::remove_file(&base);
+        tracing::warn!(actor = %id, error = %e, "recording: the base copy failed; this batch is not recorded");
+        return None;
     }
-    // Bases before the one this follows (and any of another tag, once this
-    // generation is not the first) are of no use now.
-    let keep_previous = number.saturating_sub(1);
+    let keep_previous = generation.number.saturating_sub(1);
     if let Ok(entries) = std::fs::read_dir(&dir) {
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
@@ -315,25 +382,38 @@ fn start_generation(
         limits,
         generation,
         used: GenerationUse::default(),
-        start: true,
+        start: Some(fresh),
     })
 }
 
-/// In the batch's transaction, once it began: the generation starts
-/// (older records go). `false` if it could not: the batch records nothing.
-pub(crate) fn after_begin(rec: &mut Option<ActorRecording>, db: &wasmkeep_store::ActorDb) {
-    if let Some(r) = rec
-        && r.start
-        && db.start_recording_generation(&r.generation).is_err()
+/// In the batch's transaction, once it began: a new generation starts, or
+/// a run ends. A generation that cannot start ends the run instead (the
+/// batch records nothing).
+pub(crate) fn after_begin(
+    batch: BatchRecording,
+    db: &wasmkeep_store::ActorDb,
+) -> Option<ActorRecording> {
+    let mut recording = batch.recording;
+    let mut break_run = batch.break_run;
+    if let Some(r) = &recording
+        && let Some(fresh) = r.start
+        && db.start_recording_generation(&r.generation, fresh).is_err()
     {
-        *rec = None;
+        recording = None;
+        break_run = true;
     }
+    if break_run {
+        let _ = db.break_recording();
+    }
+    recording
 }
 
 /// One event while it runs: its tape, and its input when it records.
 pub(crate) struct EventRecorder {
     tape: EventTape,
     input: Option<(&'static str, Vec<u8>)>,
+    /// A sweep's delivery: recorded only if its alarm ran.
+    delivery: bool,
 }
 
 /// Before an event runs: its time and seed (from the OS when recording,
@@ -366,11 +446,17 @@ pub(crate) fn begin_event(
         return None;
     };
     instance.play(&tape);
-    Some(EventRecorder { tape, input })
+    Some(EventRecorder {
+        tape,
+        input,
+        delivery: matches!(kind, EventKind::Deliver { .. }),
+    })
 }
 
 /// After an event ran: the instance's clock and random go back to the
-/// node's, and the record is written when the actor records.
+/// node's, and the record is written when the actor records. An event
+/// whose record cannot be written (the transaction is gone, or the write
+/// failed) ends the run: the rest of the batch is not recorded.
 pub(crate) fn end_event(
     rt: &crate::node::Inner,
     id: &ActorId,
@@ -384,6 +470,21 @@ pub(crate) fn end_event(
     let (Some((kind, input)), Some(r)) = (rec.input, recording.as_mut()) else {
         return;
     };
+    if rec.delivery
+        && !matches!(
+            outcome,
+            Ok(Outcome::Delivered(crate::index::Delivered::Ran))
+        )
+    {
+        // No guest ran and nothing was written: nothing to record.
+        return;
+    }
+    if !db.in_transaction() {
+        // SQLite rolled the batch back, records with it: the batch goes on
+        // unrecorded (`batch_rolled_back` ends the run).
+        *recording = None;
+        return;
+    }
     let outcome = describe_outcome(outcome);
     let record = NewRecord {
         generation: r.generation.number,
@@ -402,12 +503,13 @@ pub(crate) fn end_event(
             Metrics::inc(&rt.metrics.events_recorded_total);
         }
         Err(e) => {
-            tracing::warn!(actor = %id, error = %e, "recording an event failed");
+            tracing::warn!(actor = %id, error = %e, "recording an event failed: the actor's recording starts again");
+            let _ = db.break_recording();
+            *recording = None;
         }
     }
 }
 
-/// A length-prefixed encoding of an event's fields.
 #[derive(Default)]
 struct Enc(Vec<u8>);
 

@@ -25,7 +25,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use tokio::sync::oneshot;
@@ -52,6 +52,11 @@ pub const REPLAY_ROWS_SHOWN: usize = 5;
 /// How long one replayed event may take to answer (a request that parks
 /// its reply is reported as not answered).
 pub const REPLAY_EVENT_WAIT_MS: u64 = 10_000;
+/// How long one replay may run: actors and events past it are not run.
+pub const REPLAY_TIME_MS_MAX: u64 = 120_000;
+/// Bytes one side's rows may take (as SQL literals) for a replay to
+/// compare an actor's tables; past it only answers are compared.
+pub const REPLAY_TABLE_BYTES_MAX: usize = 64 << 20;
 
 /// What to replay.
 #[derive(Debug, Clone, Default)]
@@ -96,6 +101,15 @@ impl ReplayReport {
         self.events_differing == 0
     }
 
+    /// Actors whose replay did not run to its last chosen event (an
+    /// error, a time or event budget, an event that cannot run again).
+    pub fn incomplete(&self) -> usize {
+        self.actors
+            .iter()
+            .filter(|a| a.cut.is_some() || a.error.is_some())
+            .count()
+    }
+
     /// The kinds of difference found (`response`, `table <name>`).
     pub fn difference_kinds(&self) -> Vec<String> {
         let mut kinds: Vec<String> = self
@@ -121,6 +135,13 @@ pub struct ActorReplay {
     pub last_seq: Option<u64>,
     /// Why nothing of it was replayed.
     pub skipped: Option<String>,
+    /// Why its replay stopped before the last chosen event (or did not
+    /// start: the replay's time or event budget ran out).
+    pub cut: Option<String>,
+    /// The error that stopped its replay.
+    pub error: Option<String>,
+    /// Why its tables were not compared (only answers were).
+    pub tables_not_compared: Option<String>,
     /// Where the baseline did not do what production recorded.
     pub not_reproduced: Option<Difference>,
     /// Events where the candidate differed.
@@ -156,6 +177,12 @@ impl Runtime {
         let current = self
             .app(tenant, app)
             .ok_or_else(|| RuntimeError::AppNotFound(format!("{tenant}/{app}")))?;
+        let Some(_one) = self.inner.replaying.try_lock() else {
+            return Err(RuntimeError::Refused {
+                code: "replay_busy",
+                message: "another replay is running on this node (one at a time); try again when it is done".into(),
+            });
+        };
         let manifest = match &opts.manifest {
             Some(m) => m.clone(),
             None => {
@@ -175,27 +202,31 @@ impl Runtime {
         let actors = self.replay_actors(tenant, app, &current.classes, opts)?;
         let work = self.inner.config.data_dir.join("replay");
         let mut budget = REPLAY_EVENTS_MAX;
+        let deadline = crate::clock::instant() + Duration::from_millis(REPLAY_TIME_MS_MAX);
         for id in actors {
             let mut one = ActorReplay {
                 actor: id.to_string(),
                 ..Default::default()
             };
+            if crate::clock::instant() >= deadline {
+                one.cut = Some(out_of_time());
+                report.actors.push(one);
+                continue;
+            }
             let dir = work.join(unique_folder());
             let r = self.replay_actor(
                 &id,
-                wasm,
-                &manifest,
-                &versions,
-                opts,
+                (wasm, &manifest),
+                (&versions, opts),
                 &dir,
-                &mut budget,
+                (&mut budget, deadline),
                 &mut one,
             );
             let _ = std::fs::remove_dir_all(&dir);
             if let Err(e) = r {
-                one.skipped = Some(format!("{}: {e}", e.code()));
+                one.error = Some(format!("{}: {e}", e.code()));
             }
-            if one.skipped.is_none() {
+            if one.skipped.is_none() && one.error.is_none() {
                 report.actors_replayed += 1;
             }
             if one.not_reproduced.is_some() {
@@ -266,36 +297,53 @@ impl Runtime {
             )
         });
         // A cluster node replays the actors it holds: opening another's
-        // would take it (or run a stale copy).
-        ids.retain(|id| self.may_run_actor(id));
-        ids.truncate(sample);
-        Ok(ids)
+        // would take it (or run a stale copy). Only actors with a base copy
+        // here have anything to replay.
+        let data = &self.inner.config.data_dir;
+        let has_base = |id: &ActorId| {
+            std::fs::read_dir(wasmkeep_store::paths::actor_dir(data, id)).is_ok_and(|d| {
+                d.flatten()
+                    .any(|e| e.file_name().to_string_lossy().starts_with("recording."))
+            })
+        };
+        let chosen = ids
+            .into_iter()
+            .filter(|id| self.may_run_actor(id) && has_base(id))
+            .take(sample)
+            .collect();
+        Ok(chosen)
     }
 
-    #[allow(
-        clippy::too_many_arguments,
-        reason = "one actor's replay and where it reports"
-    )]
     fn replay_actor(
         &self,
         id: &ActorId,
-        wasm: &[u8],
-        manifest: &str,
-        versions: &[crate::app_versions::AppVersion],
-        opts: &ReplayOptions,
+        (wasm, manifest): (&[u8], &str),
+        (versions, opts): (&[crate::app_versions::AppVersion], &ReplayOptions),
         dir: &Path,
-        budget: &mut usize,
+        (budget, deadline): (&mut usize, Instant),
         out: &mut ActorReplay,
     ) -> Result<(), RuntimeError> {
-        let recording = self.with_db(id, |access| match access {
-            DbAccess::Open(db) => db.recording().map_err(RuntimeError::from),
-            DbAccess::Closed(path) if path.exists() => {
-                wasmkeep_store::db::recording::recording_at(path).map_err(RuntimeError::from)
-            }
-            DbAccess::Closed(_) => Ok(Recording::default()),
-        })?;
+        // The base is copied in the actor's turn, so that no generation
+        // starting meanwhile removes it.
         let folder = wasmkeep_store::paths::actor_dir(&self.inner.config.data_dir, id);
-        let Some((base, events)) = replayable(&folder, recording) else {
+        let staged = dir.join("base.db");
+        std::fs::create_dir_all(dir).map_err(|e| io_err(dir, e))?;
+        let to = staged.clone();
+        let events = self.with_db(id, move |access| {
+            let recording = match access {
+                DbAccess::Open(db) => db.recording()?,
+                DbAccess::Closed(path) if path.exists() => {
+                    wasmkeep_store::db::recording::recording_at(path)?
+                }
+                DbAccess::Closed(_) => Recording::default(),
+            };
+            let Some((base, events)) = replayable(&folder, recording) else {
+                return Ok(None);
+            };
+            std::fs::copy(&base, &to).map_err(|e| io_err(&base, e))?;
+            Ok(Some(events))
+        })?;
+        let Some(events) = events else {
             out.skipped = Some("nothing recorded with a base copy on this node".into());
             return Ok(());
         };
@@ -305,7 +353,7 @@ impl Runtime {
             return Ok(());
         }
         if events.len() > *budget {
-            out.skipped = Some(format!(
+            out.cut = Some(format!(
                 "{} events would pass the replay's limit replay_events_max={REPLAY_EVENTS_MAX}",
                 events.len()
             ));
@@ -313,17 +361,24 @@ impl Runtime {
         }
         *budget -= events.len();
         let db_in = |side: &str| wasmkeep_store::paths::actor_db(&dir.join(side), id);
-        let baseline_db = db_in("baseline");
-        place(&base, &baseline_db)?;
+        let base = staged;
+        place(&base, &db_in("baseline"))?;
         let clock = Arc::new(ManualClock::new(1));
-        let baseline = Sandbox::start(self, &dir.join("baseline"), Arc::clone(&clock))?;
+        let baseline = Sandbox::start(self, id, &dir.join("baseline"), Arc::clone(&clock))?;
         let mut deployed = None;
         for ev in &events[..start] {
+            if crate::clock::instant() >= deadline {
+                out.cut = Some(out_of_time());
+                return Ok(());
+            }
+            if let Some(why) = not_runnable(ev) {
+                out.cut = Some(why);
+                return Ok(());
+            }
             baseline.deploy_version(self, id, versions, ev.version, &mut deployed)?;
             let got = baseline.run(id, ev, &clock)?;
             if got.as_bytes() != ev.outcome.as_slice() {
                 out.not_reproduced = Some(difference(ev, "response", &ev.outcome, &got));
-                baseline.stop();
                 return Ok(());
             }
             out.warm_up_events += 1;
@@ -342,22 +397,19 @@ impl Runtime {
                     .map_err(RuntimeError::from),
             })?;
         }
-        let candidate = Sandbox::start(self, &dir.join("candidate"), Arc::clone(&clock))?;
+        let candidate = Sandbox::start(self, id, &dir.join("candidate"), Arc::clone(&clock))?;
         candidate
             .runtime
             .deploy(&id.tenant, &id.app, wasm, manifest)?;
         compare_events(
             &events[start..],
             versions,
-            (self, id),
+            (self, id, deadline),
             (&baseline, &candidate),
             &clock,
             &mut deployed,
             out,
-        )?;
-        baseline.stop();
-        candidate.stop();
-        Ok(())
+        )
     }
 }
 
@@ -366,7 +418,7 @@ impl Runtime {
 fn compare_events(
     chosen: &[RecordedEvent],
     versions: &[crate::app_versions::AppVersion],
-    (node, id): (&Runtime, &ActorId),
+    (node, id, deadline): (&Runtime, &ActorId, Instant),
     (baseline, candidate): (&Sandbox, &Sandbox),
     clock: &ManualClock,
     deployed: &mut Option<u64>,
@@ -374,6 +426,14 @@ fn compare_events(
 ) -> Result<(), RuntimeError> {
     let mut shown: BTreeMap<String, (Vec<String>, Vec<String>)> = BTreeMap::new();
     for ev in chosen {
+        if crate::clock::instant() >= deadline {
+            out.cut = Some(out_of_time());
+            break;
+        }
+        if let Some(why) = not_runnable(ev) {
+            out.cut = Some(why);
+            break;
+        }
         baseline.deploy_version(node, id, versions, ev.version, deployed)?;
         let base_out = baseline.run(id, ev, clock)?;
         if base_out.as_bytes() != ev.outcome.as_slice() {
@@ -388,7 +448,20 @@ fn compare_events(
         if cand_out != base_out {
             found.push(difference(ev, "response", base_out.as_bytes(), &cand_out));
         }
-        let tables = compare_tables(&baseline.rows(id)?, &candidate.rows(id)?);
+        let rows = match out.tables_not_compared {
+            Some(_) => None,
+            None => Some((baseline.rows(id)?, candidate.rows(id)?)),
+        };
+        let tables = match rows {
+            None => BTreeMap::new(),
+            Some((Some(b), Some(c))) => compare_tables(&b, &c),
+            Some(_) => {
+                out.tables_not_compared = Some(format!(
+                    "the rows take more than replay_table_bytes_max={REPLAY_TABLE_BYTES_MAX} bytes"
+                ));
+                BTreeMap::new()
+            }
+        };
         for (table, (only_base, only_cand)) in &tables {
             if shown.get(table) == Some(&(only_base.clone(), only_cand.clone())) {
                 continue;
@@ -492,6 +565,23 @@ fn rows_text(rows: &[String]) -> String {
     s.join("\n")
 }
 
+/// Why a recorded event cannot run again, if it cannot: a socket's event
+/// (its socket is gone, and what it wrote would be missing from every
+/// later event's database), or an input that no longer decodes.
+fn not_runnable(ev: &RecordedEvent) -> Option<String> {
+    if crate::recording::event_of(&ev.kind, &ev.input).is_some() {
+        return None;
+    }
+    Some(format!(
+        "event #{} ({}) cannot run again (a socket's event: its socket is gone); the replay of this actor stops before it",
+        ev.seq, ev.kind
+    ))
+}
+
+fn out_of_time() -> String {
+    format!("the replay's time ran out (replay_time_ms_max={REPLAY_TIME_MS_MAX})")
+}
+
 fn io_err(path: &Path, e: std::io::Error) -> RuntimeError {
     RuntimeError::Internal(format!("replay: {}: {e}", path.display()))
 }
@@ -516,7 +606,21 @@ struct Sandbox {
 }
 
 impl Sandbox {
-    fn start(node: &Runtime, dir: &Path, clock: Arc<ManualClock>) -> Result<Sandbox, RuntimeError> {
+    fn start(
+        node: &Runtime,
+        id: &ActorId,
+        dir: &Path,
+        clock: Arc<ManualClock>,
+    ) -> Result<Sandbox, RuntimeError> {
+        // The app's secrets, which its actors read as in production.
+        let secrets = |data: &Path| data.join("secrets").join(&id.tenant).join(&id.app);
+        let from = secrets(&node.inner.config.data_dir);
+        if from.exists() {
+            let to = secrets(dir);
+            std::fs::create_dir_all(to.parent().expect("a tenant's folder"))
+                .map_err(|e| io_err(&to, e))?;
+            std::fs::copy(&from, &to).map_err(|e| io_err(&to, e))?;
+        }
         let prod = &node.inner.config;
         let mut config = RuntimeConfig::new(dir);
         config.replay_sandbox = true;
@@ -535,6 +639,8 @@ impl Sandbox {
         config.component_tables_max = prod.component_tables_max;
         config.response_body_bytes_max = prod.response_body_bytes_max;
         config.idempotency_retention_ms = prod.idempotency_retention_ms;
+        // Process-wide: a sandbox keeps the node's.
+        config.node_memory_bytes_max = prod.node_memory_bytes_max;
         config.compile_cache_dir = Some(node.inner.cache_dir.clone());
         config.compile_cache_key_path = Some(crate::runtime::cache_key_path(prod));
         let clock: Arc<dyn Clock> = clock;
@@ -585,9 +691,10 @@ impl Sandbox {
         clock: &ManualClock,
     ) -> Result<String, RuntimeError> {
         let Some(kind) = crate::recording::event_of(&ev.kind, &ev.input) else {
-            // A socket's event: its socket is gone. Production's outcome
-            // stands for both sides.
-            return Ok(String::from_utf8_lossy(&ev.outcome).into_owned());
+            return Err(RuntimeError::Internal(format!(
+                "event #{} cannot run again",
+                ev.seq
+            )));
         };
         clock.set_ms(ev.at_ms);
         let mut seed = [0u8; 32];
@@ -617,16 +724,23 @@ impl Sandbox {
         }
     }
 
-    fn rows(&self, id: &ActorId) -> Result<TableRows, RuntimeError> {
+    fn rows(&self, id: &ActorId) -> Result<Option<TableRows>, RuntimeError> {
         self.runtime.with_db(id, |access| match access {
-            DbAccess::Open(db) => db.table_rows().map_err(RuntimeError::from),
+            DbAccess::Open(db) => db
+                .table_rows(REPLAY_TABLE_BYTES_MAX)
+                .map_err(RuntimeError::from),
             DbAccess::Closed(path) => {
-                wasmkeep_store::db::recording::table_rows_at(path).map_err(RuntimeError::from)
+                wasmkeep_store::db::recording::table_rows_at(path, REPLAY_TABLE_BYTES_MAX)
+                    .map_err(RuntimeError::from)
             }
         })
     }
+}
 
-    fn stop(&self) {
-        self.runtime.shutdown(Duration::from_secs(5));
+impl Drop for Sandbox {
+    /// Every way out of an actor's replay stops its sandboxes (events left
+    /// in them get a second to end; their folder is removed after).
+    fn drop(&mut self) {
+        self.runtime.shutdown(Duration::from_secs(1));
     }
 }

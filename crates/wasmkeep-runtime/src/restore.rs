@@ -94,6 +94,8 @@ pub(crate) fn swap(
     // The sidecar named the replaced file's place in the chain.
     let _ = std::fs::remove_file(wasmkeep_replica::sidecar_path(&db));
     std::fs::rename(file, &db).map_err(io)?;
+    // No copy in the folder is of the new database's history (ADR 0062).
+    crate::recording::forget_bases(&dir);
     wasmkeep_store::sync::sync_dir(&dir).map_err(io)?;
     wasmkeep_store::page_capture::untrack(&dir);
     Ok((replaced, kept))

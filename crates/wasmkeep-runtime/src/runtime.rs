@@ -352,6 +352,7 @@ fn build_inner(config: RuntimeConfig, clock: Arc<dyn Clock>, parts: Parts) -> Ar
         migrating: Default::default(),
         reaping: Mutex::new(()),
         recording_bytes: Default::default(),
+        replaying: Mutex::new(()),
         sandbox_tape: Mutex::new(None),
         parked: Arc::new(crate::parked::ParkedReplies::new(
             parked_limits,
@@ -367,8 +368,10 @@ impl Runtime {
     pub fn start(config: RuntimeConfig, clock: Arc<dyn Clock>) -> Result<Runtime, RuntimeError> {
         std::fs::create_dir_all(config.data_dir.join("actors"))
             .map_err(|e| RuntimeError::Store(e.into()))?;
-        // Files a restore staged and a crash left behind.
+        // Files a restore staged and a crash left behind, and replays'
+        // sandboxes (ADR 0062) a crash cut short.
         let _ = std::fs::remove_dir_all(config.data_dir.join("staging"));
+        let _ = std::fs::remove_dir_all(config.data_dir.join("replay"));
         wasmkeep_store::memory_budget::set_node_bytes_max(config.node_memory_bytes_max);
         let parts = runtime_parts(&config)?;
         let inner = build_inner(config, clock, parts);

@@ -1182,7 +1182,8 @@ struct DeployQuery {
     /// Actors the replay samples (default [`DEPLOY_REPLAY_SAMPLE`]).
     sample: Option<usize>,
     /// Differences that do not refuse the deploy: `response`,
-    /// `table:NAME`, `tables`, `not_reproduced`, comma-separated.
+    /// `table:NAME`, `tables`, `not_reproduced`, `nothing_replayed`,
+    /// `incomplete`, comma-separated.
     expect: Option<String>,
 }
 
@@ -1306,6 +1307,13 @@ fn check_replay(
     if report.actors_not_reproduced > 0 && !allowed("not_reproduced") {
         unexpected.push("not_reproduced".into());
     }
+    // A gate that checked nothing, or not everything, does not pass.
+    if report.events_replayed == 0 && !allowed("nothing_replayed") {
+        unexpected.push("nothing_replayed".into());
+    }
+    if report.incomplete() > 0 && !allowed("incomplete") {
+        unexpected.push("incomplete".into());
+    }
     if unexpected.is_empty() {
         return Ok(());
     }
@@ -1313,10 +1321,11 @@ fn check_replay(
         StatusCode::CONFLICT,
         "replay_differs",
         format!(
-            "the candidate differed from production on {} of {} replayed events ({} actors not reproduced); unexpected: {}. See them with `wasmkeep replay {}/{} --with FILE`, or deploy with --expect {}",
+            "the candidate differed from production on {} of {} replayed events ({} actors not reproduced, {} not replayed to the end); unexpected: {}. See them with `wasmkeep replay {}/{} --with FILE`, or deploy with --expect {}",
             report.events_differing,
             report.events_replayed,
             report.actors_not_reproduced,
+            report.incomplete(),
             unexpected.join(", "),
             report.tenant,
             report.app,

@@ -68,7 +68,7 @@ fn status_of(e: &RuntimeError) -> StatusCode {
             code: "migration_unsupported",
             ..
         } => StatusCode::NOT_IMPLEMENTED,
-        RuntimeError::ClassMigration { .. } => StatusCode::CONFLICT,
+        RuntimeError::ClassMigration { .. } | RuntimeError::Refused { .. } => StatusCode::CONFLICT,
         RuntimeError::ReplyExpired => StatusCode::GATEWAY_TIMEOUT,
         RuntimeError::InvalidComponent(_)
         | RuntimeError::InvalidManifest(_)

@@ -49,9 +49,10 @@ fn random_ids_come_out_again_from_the_recorded_seed() {
     }
 }
 
-/// With `events_per_actor_max = 4`, a generation holds two events; after
-/// nine, the recording keeps the last generation or two, each replayable
-/// from its base, and no more than two bases lie in the actor's folder.
+/// With `events_per_actor_max = 100`, a generation holds fifty events;
+/// after 130, the recording keeps the last generation or two, each
+/// replayable from its base, and no more than two bases lie in the
+/// actor's folder.
 #[test]
 fn generations_rotate_and_what_is_kept_still_replays() {
     for (app, wasm) in [("rs", DEMO), ("ts", EXAMPLES_TS)] {
@@ -59,17 +60,17 @@ fn generations_rotate_and_what_is_kept_still_replays() {
         node.deploy_with_manifest(
             &format!("demo/{app}"),
             wasm,
-            "[recording]\nevents_per_actor_max = 4\n",
+            "[recording]\nevents_per_actor_max = 100\n",
         )
         .unwrap();
         let counter = node.actor(&format!("demo/{app}/counter/c"));
-        for i in 1..=9 {
+        for i in 1..=130 {
             assert_eq!(counter.post("/increment", "").json()["value"], i);
         }
         let r = replay(&node, app, wasm, "counter");
         assert!(
-            (2..=4).contains(&r.events_replayed),
-            "two generations of at most two: {r:#?}"
+            (50..=100).contains(&r.events_replayed),
+            "one or two generations of fifty: {r:#?}"
         );
         assert_eq!(r.actors_not_reproduced, 0, "{r:#?}");
         assert!(r.same(), "{r:#?}");
@@ -105,5 +106,45 @@ fn an_app_without_recording_has_nothing_to_replay() {
     assert_eq!(tables, 0);
     let r = replay(&node, "rs", DEMO, "counter");
     assert_eq!(r.events_replayed, 0);
-    assert!(r.actors[0].skipped.is_some(), "{r:#?}");
+    assert!(r.actors.is_empty(), "no actor has a base copy: {r:#?}");
+}
+
+/// Events that ran while the app did not record (a deploy without
+/// `[recording]`) end the actor's run of generations: the replay after
+/// recording is turned on again starts from a copy taken then, and
+/// reproduces production. Keeping the old run (the unsafe variant) makes
+/// the replay start from a copy that lacks those events' writes: the
+/// baseline's counter answers an older value than production's.
+#[test]
+fn events_not_recorded_end_the_run_of_generations() {
+    for keep_run in [false, true] {
+        let node = TestNode::new();
+        node.runtime()
+            .faults()
+            .unsafe_recording_keeps_run
+            .store(keep_run, std::sync::atomic::Ordering::Relaxed);
+        let counter = node.actor("demo/rs/counter/c");
+        node.deploy_with_manifest("demo/rs", DEMO, "[recording]\n")
+            .unwrap();
+        for i in 1..=3 {
+            assert_eq!(counter.post("/increment", "").json()["value"], i);
+        }
+        node.deploy("demo/rs", DEMO).unwrap();
+        for i in 4..=5 {
+            assert_eq!(counter.post("/increment", "").json()["value"], i);
+        }
+        node.deploy_with_manifest("demo/rs", DEMO, "[recording]\n")
+            .unwrap();
+        for i in 6..=7 {
+            assert_eq!(counter.post("/increment", "").json()["value"], i);
+        }
+        let r = replay(&node, "rs", DEMO, "counter");
+        if keep_run {
+            assert_eq!(r.actors_not_reproduced, 1, "unsafe variant: {r:#?}");
+        } else {
+            assert_eq!(r.actors_not_reproduced, 0, "{r:#?}");
+            assert_eq!(r.events_replayed, 2, "the two recorded since: {r:#?}");
+            assert!(r.same(), "{r:#?}");
+        }
+    }
 }

@@ -212,8 +212,10 @@ pub(crate) struct Rollout {
     #[arg(long, value_name = "N", requires = "replay")]
     pub sample: Option<usize>,
     /// A difference the replay may find without refusing the deploy:
-    /// `response`, `table:NAME`, `tables` or `not_reproduced`; repeat it
-    /// for several [default: none].
+    /// `response`, `table:NAME`, `tables`, `not_reproduced`,
+    /// `nothing_replayed` (no recorded event here) or `incomplete` (an
+    /// actor's replay stopped early); repeat it for several [default:
+    /// none].
     #[arg(long, value_name = "KIND", requires = "replay")]
     pub expect: Vec<String>,
 }
@@ -323,6 +325,15 @@ fn print_replay(v: &Value) {
                 String::new()
             }
         );
+        for (field, what) in [
+            ("cut", "stopped early"),
+            ("error", "failed"),
+            ("tables_not_compared", "tables not compared"),
+        ] {
+            if let Some(why) = a[field].as_str() {
+                println!("    {what}: {why}");
+            }
+        }
         if let Some(n) = a["not_reproduced"].as_object() {
             println!(
                 "    not reproduced at #{}: production answered

@@ -179,11 +179,21 @@ fn the_cli_replays_and_fails_on_a_difference() {
         wasmkeep_guests::DEMO,
     );
     assert_eq!(code, 200, "{v}");
+    let (code, out, _) = node.cli(&["replay", "--help"], &[]);
+    assert_eq!(code, 0);
+    assert!(out.contains("--with") && out.contains("--last"), "{out}");
+    // A deploy gated on a replay that has nothing to replay does not pass.
+    let w = wasm_path.to_str().unwrap();
+    let (code, _, err) = node.cli(&["deploy", "acme/p", w, "--replay", "5"], &[]);
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("replay_differs") && err.contains("nothing_replayed"),
+        "{err}"
+    );
     let (code, _) = node.send("PUT", "/v1/acme/p/profiles/cy/?name=Cy&email=c%40x", b"");
     assert_eq!(code, 204);
     let man = dir.path().join("v1.toml");
     std::fs::write(&man, "[recording]\n[vars]\nPROFILE_SCHEMA = \"1\"\n").unwrap();
-    let w = wasm_path.to_str().unwrap();
     let (code, out, err) = node.cli(
         &[
             "replay",

@@ -443,8 +443,12 @@ pub(super) fn run_events(
             return Err(Stop::Close);
         }
         reset_event_state(l, &ran);
-        let tape = l.store.data().tape.clone();
-        let recorder = crate::recording::begin_event(rt, l.recording.is_some(), &tape, &ev.kind);
+        // Only an event that records or replays touches the tape.
+        let taped = (l.recording.is_some() || rt.config.replay_sandbox)
+            .then(|| l.store.data().tape.clone());
+        let recorder = taped.as_ref().and_then(|tape| {
+            crate::recording::begin_event(rt, l.recording.is_some(), tape, &ev.kind)
+        });
         let r = run_event(
             rt,
             actor,
@@ -454,14 +458,14 @@ pub(super) fn run_events(
             &mut ran,
             &mut replicated,
         );
-        if let Some(recorder) = recorder {
+        if let (Some(recorder), Some(tape)) = (recorder, &taped) {
             let mut recording = l.recording.take();
             let version = l.app.deploy_version;
             crate::recording::end_event(
                 rt,
                 id,
                 recorder,
-                &tape,
+                tape,
                 &mut recording,
                 l.db(),
                 (version, &r),
@@ -524,14 +528,29 @@ pub(super) fn begin_batch(
     {
         tracing::warn!(actor = %id, error = %e, "could not apply the tenant's disk quota");
     }
-    let recording = l.recording.take();
-    let app = Arc::clone(&l.app);
-    l.recording =
-        crate::recording::before_batch(rt, id, app.manifest.recording.as_ref(), recording, l.db());
+    // Known once per open for an app that does not record; otherwise
+    // decided per batch (ADR 0062).
+    let batch = if l.app.manifest.recording.is_some() || !l.recording_clear {
+        let current = l.recording.take();
+        let app = Arc::clone(&l.app);
+        let mut clear = l.recording_clear;
+        let b = crate::recording::before_batch(
+            rt,
+            id,
+            app.manifest.recording.as_ref(),
+            current,
+            l.db(),
+            &mut clear,
+        );
+        l.recording_clear = clear;
+        Some(b)
+    } else {
+        None
+    };
     l.db().begin().map_err(|e| e.to_string())?;
-    let mut recording = l.recording.take();
-    crate::recording::after_begin(&mut recording, l.db());
-    l.recording = recording;
+    if let Some(b) = batch {
+        l.recording = crate::recording::after_begin(b, l.db());
+    }
     l.store.data_mut().outbox_sent = false;
     Ok(EventsRan {
         outbox_sent: false,
@@ -783,11 +802,14 @@ pub(super) fn batch_rolled_back(
     ran.completions.clear();
     ran.socket_ops.clear();
     ran.restore = None;
-    // What the recording counted went with the transaction: read again.
-    l.recording = None;
     *initialized = l.db().is_initialized().unwrap_or(false);
     if let Err(e) = l.db().begin() {
         tracing::error!(actor = %id, error = %e, "could not begin again");
+    }
+    // The records went with the transaction, and the rest of the batch
+    // runs unrecorded: the run of generations ends here (ADR 0062).
+    if l.recording.take().is_some() || !l.recording_clear {
+        let _ = l.db().break_recording();
     }
 }
 

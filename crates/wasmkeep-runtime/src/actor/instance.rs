@@ -74,6 +74,7 @@ pub(super) fn instantiate(
                 app: Arc::clone(app),
                 metrics: Arc::clone(&rt.metrics),
                 recording: None,
+                recording_clear: false,
             })
         }
         Err(e) => {

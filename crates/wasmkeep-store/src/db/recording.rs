@@ -99,8 +99,15 @@ pub struct Recording {
     pub events: Vec<RecordedEvent>,
 }
 
+/// Hex digits of a generation's tag (a copy's file name holds it: nothing
+/// else is accepted there).
+pub const TAG_CHARS: usize = 16;
+
 fn parse_generation(value: &str) -> Option<Generation> {
     let (n, tag) = value.split_once(':')?;
+    if tag.len() != TAG_CHARS || !tag.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
     Some(Generation {
         number: n.parse().ok()?,
         tag: tag.to_owned(),
@@ -138,19 +145,52 @@ impl ActorDb {
     }
 
     /// Starts `generation` (inside a transaction): the records of every
-    /// generation before the one it follows are removed.
-    pub fn start_recording_generation(&self, generation: &Generation) -> Result<(), StoreError> {
+    /// generation before the one it follows are removed; with `fresh` (a
+    /// new run of generations, a new tag), every record.
+    pub fn start_recording_generation(
+        &self,
+        generation: &Generation,
+        fresh: bool,
+    ) -> Result<(), StoreError> {
         self.conn.execute_batch(SCHEMA).map_err(|e| self.err(e))?;
+        let keep_from = if fresh {
+            i64::MAX
+        } else {
+            generation.number as i64
+        };
         self.conn
             .execute(
                 "DELETE FROM _wasmkeep_recorded WHERE generation + 1 < ?1",
-                params![generation.number as i64],
+                params![keep_from],
             )
             .map_err(|e| self.err(e))?;
         self.meta_set(
             GENERATION_KEY,
             &format!("{}:{}", generation.number, generation.tag),
         )
+    }
+
+    /// Whether the database names a generation (it recorded, and its run
+    /// of generations was not broken since).
+    pub fn has_recording(&self) -> Result<bool, StoreError> {
+        Ok(self.meta_get(GENERATION_KEY)?.is_some())
+    }
+
+    /// Ends the run of generations (inside a transaction): a batch commits
+    /// without being recorded, so no replay may start from before it. The
+    /// records go; the next batch that records starts a new run.
+    pub fn break_recording(&self) -> Result<(), StoreError> {
+        self.conn
+            .execute(
+                "DELETE FROM _wasmkeep_meta WHERE key = ?1",
+                params![GENERATION_KEY],
+            )
+            .map_err(|e| self.err(e))?;
+        match self.conn.execute("DELETE FROM _wasmkeep_recorded", []) {
+            Ok(_) => Ok(()),
+            Err(e) if no_table(&e) => Ok(()),
+            Err(e) => Err(self.err(e)),
+        }
     }
 
     /// Writes one event's record (inside the batch's transaction).
@@ -181,9 +221,10 @@ impl ActorDb {
         read_recording(&self.conn).map_err(|e| self.err(e))
     }
 
-    /// Every compared table's rows (see [`table_rows_of`]).
-    pub fn table_rows(&self) -> Result<TableRows, StoreError> {
-        table_rows_of(&self.conn).map_err(|e| self.err(e))
+    /// Every compared table's rows (see [`table_rows_of`]), or `None` if
+    /// they would take more than `bytes_max` bytes.
+    pub fn table_rows(&self, bytes_max: usize) -> Result<Option<TableRows>, StoreError> {
+        table_rows_of(&self.conn, bytes_max).map_err(|e| self.err(e))
     }
 }
 
@@ -244,9 +285,10 @@ pub fn recording_at(db_path: &Path) -> Result<Recording, StoreError> {
     read_closed(db_path, read_recording)
 }
 
-/// Every compared table's rows of a closed actor's database.
-pub fn table_rows_at(db_path: &Path) -> Result<TableRows, StoreError> {
-    read_closed(db_path, table_rows_of)
+/// Every compared table's rows of a closed actor's database (`None`
+/// past `bytes_max`).
+pub fn table_rows_at(db_path: &Path, bytes_max: usize) -> Result<Option<TableRows>, StoreError> {
+    read_closed(db_path, |c| table_rows_of(c, bytes_max))
 }
 
 /// Each compared table's rows, each row one canonical line (its values
@@ -254,7 +296,7 @@ pub fn table_rows_at(db_path: &Path) -> Result<TableRows, StoreError> {
 /// exactly when these are equal.
 pub type TableRows = BTreeMap<String, Vec<String>>;
 
-fn table_rows_of(conn: &Connection) -> rusqlite::Result<TableRows> {
+fn table_rows_of(conn: &Connection, bytes_max: usize) -> rusqlite::Result<Option<TableRows>> {
     let mut names: Vec<String> = conn
         .prepare(
             "SELECT name FROM sqlite_schema WHERE type = 'table' AND name NOT LIKE 'sqlite_%'",
@@ -263,6 +305,7 @@ fn table_rows_of(conn: &Connection) -> rusqlite::Result<TableRows> {
         .collect::<Result<_, _>>()?;
     names.retain(|n| !NOT_COMPARED.contains(&n.as_str()));
     let mut out = TableRows::new();
+    let mut bytes = 0usize;
     for name in names {
         let quoted = format!("\"{}\"", name.replace('"', "\"\""));
         let mut stmt = conn.prepare(&format!("SELECT * FROM {quoted}"))?;
@@ -277,12 +320,16 @@ fn table_rows_of(conn: &Connection) -> rusqlite::Result<TableRows> {
                 }
                 line.push_str(&literal(r.get_ref(i)?));
             }
+            bytes += line.len();
+            if bytes > bytes_max {
+                return Ok(None);
+            }
             lines.push(line);
         }
         lines.sort();
         out.insert(name, lines);
     }
-    Ok(out)
+    Ok(Some(out))
 }
 
 /// A value as SQL would write it (text quoted, blobs in hex).
