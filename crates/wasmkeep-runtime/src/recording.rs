@@ -435,8 +435,10 @@ pub(crate) fn begin_event(
         (tape, None)
     } else if recording {
         let input = input_of(kind)?;
+        // The thread's generator (ChaCha, seeded and reseeded by the OS):
+        // no system call per event.
         let mut seed = [0u8; 32];
-        getrandom::fill(&mut seed).ok()?;
+        rand::Rng::fill_bytes(&mut rand::rng(), &mut seed);
         let tape = EventTape {
             at_ms: rt.clock.now_ms(),
             seed,

@@ -35,8 +35,10 @@ CREATE TABLE IF NOT EXISTS _wasmkeep_recorded (
     input BLOB NOT NULL,
     outcome BLOB NOT NULL
 );
-CREATE INDEX IF NOT EXISTS _wasmkeep_recorded_generation ON _wasmkeep_recorded (generation);
 ";
+// No index on `generation`: it would add a page to every event's commit;
+// a generation's records are counted once per open, by a scan of at most
+// the actor's `events_per_actor_max` rows.
 
 /// The meta key naming the current generation (`<n>:<tag>`).
 const GENERATION_KEY: &str = "recording.generation";
