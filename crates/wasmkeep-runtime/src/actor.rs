@@ -84,6 +84,9 @@ pub enum Outcome {
     Delivered(crate::index::Delivered),
     /// What a message's receiver answered (ADR 0040).
     Answered(MessageAnswer),
+    /// A replay's sandbox: the request parked its reply (ADR 0062), which
+    /// no later event there completes.
+    Parked,
     Done,
 }
 
@@ -306,7 +309,11 @@ impl Loaded {
         self.inbox = None;
         self.socket_handler = None;
         match instantiate(rt, app, id, db) {
-            Ok(fresh) => {
+            Ok(mut fresh) => {
+                // The batch goes on in the same transaction: its recording
+                // with it (ADR 0062).
+                fresh.recording = self.recording.take();
+                fresh.recording_clear = self.recording_clear;
                 *self = fresh;
                 Ok(())
             }

@@ -520,8 +520,12 @@ impl<'a> Gate<'a> {
                     )));
                 }
                 if let Some(a) = alarm {
-                    gate.alarms.insert((s.from.clone(), name), a.at_ms);
+                    gate.alarms.insert((s.from.clone(), name.clone()), a.at_ms);
                 }
+                // Records from before the move name the old class and,
+                // for a transfer, the other app's versions: a replay must
+                // not start from them (ADR 0062).
+                crate::recording::forget_bases(&paths::actor_dir(&rt.config.data_dir, &id));
             }
         }
         Ok(gate)

@@ -110,6 +110,13 @@ impl ParkedReplies {
         }
     }
 
+    /// Tickets from 1 up instead of a random start: a replay's two
+    /// sandboxes (ADR 0062) give the same events the same tickets.
+    pub(crate) fn numbered_from_one(self) -> ParkedReplies {
+        self.next.store(1, std::sync::atomic::Ordering::Relaxed);
+        self
+    }
+
     /// Replies parked now.
     pub fn len(&self) -> usize {
         self.map.lock().parked.len()

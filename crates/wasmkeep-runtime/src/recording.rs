@@ -403,9 +403,19 @@ pub(crate) fn after_begin(
         break_run = true;
     }
     if break_run {
-        let _ = db.break_recording();
+        end_run(db);
     }
     recording
+}
+
+/// Ends an actor's run of generations in the running transaction: its
+/// records and its copies go (a failure to end it is logged; the copies'
+/// removal alone already keeps a replay from starting there).
+pub(crate) fn end_run(db: &wasmkeep_store::ActorDb) {
+    forget_bases(db.dir());
+    if let Err(e) = db.break_recording() {
+        tracing::warn!(error = %e, dir = %db.dir().display(), "recording: the run of generations could not be ended in the database");
+    }
 }
 
 /// One event while it runs: its tape, and its input when it records.
@@ -466,19 +476,18 @@ pub(crate) fn end_event(
     instance: &InstanceTape,
     recording: &mut Option<ActorRecording>,
     db: &wasmkeep_store::ActorDb,
-    (version, outcome): (u64, &Result<Outcome, RuntimeError>),
+    (version, outcome, parked): (u64, &Result<Outcome, RuntimeError>, bool),
 ) {
     instance.stop();
     let (Some((kind, input)), Some(r)) = (rec.input, recording.as_mut()) else {
         return;
     };
     if rec.delivery
-        && !matches!(
-            outcome,
-            Ok(Outcome::Delivered(crate::index::Delivered::Ran))
-        )
+        && let Ok(Outcome::Delivered(d)) = outcome
+        && !matches!(d, crate::index::Delivered::Ran)
     {
-        // No guest ran and nothing was written: nothing to record.
+        // No guest ran and nothing the replay compares was written. (A
+        // failed handler is recorded: its retry was committed.)
         return;
     }
     if !db.in_transaction() {
@@ -487,7 +496,10 @@ pub(crate) fn end_event(
         *recording = None;
         return;
     }
-    let outcome = describe_outcome(outcome);
+    let outcome = match outcome {
+        Ok(_) if parked => describe_outcome(&Ok(Outcome::Parked)),
+        _ => describe_outcome(outcome),
+    };
     let record = NewRecord {
         generation: r.generation.number,
         at_ms: rec.tape.at_ms,
@@ -506,7 +518,7 @@ pub(crate) fn end_event(
         }
         Err(e) => {
             tracing::warn!(actor = %id, error = %e, "recording an event failed: the actor's recording starts again");
-            let _ = db.break_recording();
+            end_run(db);
             *recording = None;
         }
     }
@@ -729,6 +741,7 @@ pub fn describe_outcome(r: &Result<Outcome, RuntimeError>) -> String {
             format!("refused {code}: {message}")
         }
         Ok(Outcome::Alarm(ran)) => format!("alarm ran={ran}"),
+        Ok(Outcome::Parked) => "parked (answered by a later event)".to_owned(),
         Ok(Outcome::Delivered(_)) => "alarm ran=true".to_owned(),
         Ok(_) => "done".to_owned(),
         Err(e) => format!("error {}", e.code()),

@@ -102,24 +102,23 @@ impl ReplayReport {
     }
 
     /// Actors whose replay did not run to its last chosen event (an
-    /// error, a time or event budget, an event that cannot run again).
+    /// error, a time or event budget, an event that cannot run again) or
+    /// whose tables were too large to compare.
     pub fn incomplete(&self) -> usize {
         self.actors
             .iter()
-            .filter(|a| a.cut.is_some() || a.error.is_some())
+            .filter(|a| a.cut.is_some() || a.error.is_some() || a.tables_not_compared.is_some())
             .count()
     }
 
     /// The kinds of difference found (`response`, `table <name>`).
     pub fn difference_kinds(&self) -> Vec<String> {
-        let mut kinds: Vec<String> = self
+        let kinds: std::collections::BTreeSet<String> = self
             .actors
             .iter()
-            .flat_map(|a| a.differences.iter().map(|d| d.what.clone()))
+            .flat_map(|a| a.difference_kinds.iter().cloned())
             .collect();
-        kinds.sort();
-        kinds.dedup();
-        kinds
+        kinds.into_iter().collect()
     }
 }
 
@@ -146,6 +145,9 @@ pub struct ActorReplay {
     pub not_reproduced: Option<Difference>,
     /// Events where the candidate differed.
     pub events_differing: u64,
+    /// Every kind of difference found (`response`, `table <name>`), also
+    /// those past the differences shown.
+    pub difference_kinds: std::collections::BTreeSet<String>,
     pub differences: Vec<Difference>,
 }
 
@@ -488,6 +490,8 @@ fn compare_events(
         shown = tables;
         if !found.is_empty() {
             out.events_differing += 1;
+            out.difference_kinds
+                .extend(found.iter().map(|d| d.what.clone()));
             let room = REPLAY_DIFFERENCES_MAX.saturating_sub(out.differences.len());
             out.differences.extend(found.into_iter().take(room));
         }

@@ -288,6 +288,7 @@ fn tenant_quotas(config: &RuntimeConfig) -> Arc<crate::quotas::Quotas> {
 /// The shared core of a node's runtime, from its parts: starts the
 /// durability stage and opens the apps' secrets; no worker runs yet.
 fn build_inner(config: RuntimeConfig, clock: Arc<dyn Clock>, parts: Parts) -> Arc<Inner> {
+    let sandbox = config.replay_sandbox;
     let Parts {
         engine,
         linker,
@@ -354,10 +355,10 @@ fn build_inner(config: RuntimeConfig, clock: Arc<dyn Clock>, parts: Parts) -> Ar
         recording_bytes: Default::default(),
         replaying: Mutex::new(()),
         sandbox_tape: Mutex::new(None),
-        parked: Arc::new(crate::parked::ParkedReplies::new(
-            parked_limits,
-            Arc::clone(&parked_metrics),
-        )),
+        parked: Arc::new({
+            let p = crate::parked::ParkedReplies::new(parked_limits, Arc::clone(&parked_metrics));
+            if sandbox { p.numbered_from_one() } else { p }
+        }),
     })
 }
 

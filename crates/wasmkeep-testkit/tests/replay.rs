@@ -1,6 +1,11 @@
 //! Recording and replay (ADR 0062) in-process: what makes a recorded event
 //! run again the same way, and what the generations of a recording keep.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "a parked request waits on a real thread"
+)]
+
 use std::time::Duration;
 
 use wasmkeep_guests::{DEMO, EXAMPLES_TS};
@@ -147,4 +152,72 @@ fn events_not_recorded_end_the_run_of_generations() {
             assert!(r.same(), "{r:#?}");
         }
     }
+}
+
+/// An event that traps leaves the next one a fresh instance: the actor's
+/// recording goes on with it (the writes after the trap are recorded, so
+/// the replay of the count after them reproduces production). Traps and
+/// writes sent together put a write after a trap in one batch.
+#[test]
+fn a_trap_does_not_lose_the_recording() {
+    let node = TestNode::new();
+    node.deploy_with_manifest("demo/tb", wasmkeep_guests::TESTBED, "[recording]\n")
+        .unwrap();
+    let probe = node.actor("demo/tb/probe/p");
+    assert_eq!(probe.post("/write?v=a", "").status, 204);
+    assert!(probe.request("POST", "/trap?v=x", "").is_err());
+    assert_eq!(probe.post("/write?v=b", "").status, 204);
+    assert_eq!(probe.post("/write?v=c", "").status, 204);
+    assert_eq!(probe.get("/count").json()["count"], 3);
+    // Traps and writes sent at once share batches: a write after a trap
+    // in the same batch runs on the fresh instance.
+    std::thread::scope(|s| {
+        for i in 0..16 {
+            let probe = &probe;
+            s.spawn(move || {
+                let route = if i % 2 == 0 { "trap" } else { "write" };
+                let _ = probe.request("POST", &format!("/{route}?v=t{i}"), "");
+            });
+        }
+    });
+    assert_eq!(probe.get("/count").json()["count"], 3 + 8);
+    let r = replay(&node, "tb", wasmkeep_guests::TESTBED, "probe");
+    assert_eq!(r.actors_not_reproduced, 0, "{r:#?}");
+    assert_eq!(
+        r.events_replayed,
+        6 + 16,
+        "every event, the traps' too: {r:#?}"
+    );
+    assert!(r.same(), "{r:#?}");
+}
+
+/// A request that parks its reply is recorded as parked, and its replay
+/// answers "parked" at once in the sandbox, where no later event
+/// completes it: production is reproduced (it would otherwise read as "no
+/// answer" after REPLAY_EVENT_WAIT_MS, never what production recorded).
+#[test]
+fn a_parked_reply_replays_as_parked() {
+    let node = TestNode::new();
+    node.deploy_with_manifest("demo/rs", DEMO, "[recording]\n")
+        .unwrap();
+    let pinger = node.actor("demo/rs/pinger/p");
+    std::thread::scope(|s| {
+        let waiting = s.spawn(|| {
+            pinger
+                .request("POST", "/park?ms=60000", "")
+                .map(|r| r.status)
+        });
+        let mut polls = 0;
+        while node.runtime().parked_replies() == 0 {
+            polls += 1;
+            assert!(polls < 3_000, "the request never parked its reply");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(pinger.post("/complete-parked", "").status, 204);
+        assert!(waiting.join().unwrap().is_ok());
+    });
+    let r = replay(&node, "rs", DEMO, "pinger");
+    assert_eq!(r.actors_not_reproduced, 0, "{r:#?}");
+    assert_eq!(r.events_replayed, 2, "{r:#?}");
+    assert!(r.same(), "{r:#?}");
 }

@@ -461,6 +461,7 @@ pub(super) fn run_events(
         if let (Some(recorder), Some(tape)) = (recorder, &taped) {
             let mut recording = l.recording.take();
             let version = l.app.deploy_version;
+            let parked = l.store.data().replies.park.is_some();
             crate::recording::end_event(
                 rt,
                 id,
@@ -468,7 +469,7 @@ pub(super) fn run_events(
                 tape,
                 &mut recording,
                 l.db(),
-                (version, &r),
+                (version, &r, parked),
             );
             l.recording = recording;
         }
@@ -809,7 +810,7 @@ pub(super) fn batch_rolled_back(
     // The records went with the transaction, and the rest of the batch
     // runs unrecorded: the run of generations ends here (ADR 0062).
     if l.recording.take().is_some() || !l.recording_clear {
-        let _ = l.db().break_recording();
+        crate::recording::end_run(l.db());
     }
 }
 
@@ -1049,6 +1050,16 @@ fn release_one(
         rt.sockets.register(&actor.id, a, rt.clock.now_ms());
     }
     let r = match (park, &out, r, rt) {
+        (Some(park), Ok(_), r, Some(rt)) if rt.config.replay_sandbox => {
+            // A replay runs one event at a time: it hears "parked" now,
+            // and the ticket stays for a later event to complete (its
+            // answer goes nowhere).
+            let (nowhere, _) = tokio::sync::oneshot::channel();
+            rt.parked
+                .attach(metrics, actor, park.ticket, Reply::new(nowhere), started);
+            reply(r, Ok(Outcome::Parked));
+            return;
+        }
         (Some(park), Ok(_), Some(r), Some(rt)) => {
             // Parked: it leaves when a later event completes it (or did
             // already, while this batch was made durable).
