@@ -251,6 +251,8 @@ pub struct Loaded {
     /// The database is known to name no recording generation (read once
     /// per open): a batch that is not recorded has no run to end.
     recording_clear: bool,
+    /// No recording generation starts before this time (node clock, ms).
+    recording_paused_until_ms: u64,
 }
 
 impl Drop for Loaded {
@@ -314,6 +316,7 @@ impl Loaded {
                 // with it (ADR 0062).
                 fresh.recording = self.recording.take();
                 fresh.recording_clear = self.recording_clear;
+                fresh.recording_paused_until_ms = self.recording_paused_until_ms;
                 *self = fresh;
                 Ok(())
             }

@@ -65,6 +65,10 @@ pub const RECORDING_BYTES_PER_APP_DEFAULT: u64 = 1 << 30;
 /// Events a generation holds at least before its bytes start the next:
 /// large events cannot make every batch copy the database.
 pub const RECORDING_GENERATION_EVENTS_MIN: u64 = 16;
+/// How long an actor whose generation could not start, or whose record
+/// could not be written, records nothing before it tries again: a
+/// database at its quota cannot make every batch copy itself.
+pub const RECORDING_RETRY_MS: u64 = 60_000;
 /// How long the count of an app's base copies on a node is trusted
 /// before the folder is read again (copies removed with their actors).
 const APP_BYTES_RESCAN_MS: u64 = 60_000;
@@ -235,17 +239,26 @@ pub(crate) fn forget_bases(dir: &Path) {
 /// (and if a new generation starts, its base copied first), or whether a
 /// run of generations must end because this batch will not be recorded.
 /// `known_clear`: the database is known to name no generation (read once
-/// per open for an app that does not record).
+/// per open for an app that does not record). `paused_until_ms`: no
+/// generation starts before then ([`RECORDING_RETRY_MS`] after one could
+/// not start or a record could not be written).
 pub(crate) fn before_batch(
     rt: &crate::node::Inner,
     id: &ActorId,
     settings: Option<&RecordingSettings>,
     current: Option<ActorRecording>,
     db: &wasmkeep_store::ActorDb,
-    known_clear: &mut bool,
+    (known_clear, paused_until_ms): (&mut bool, &mut u64),
 ) -> BatchRecording {
+    let now = rt.clock.now_ms();
     let decided = match settings {
-        Some(s) if !rt.config.replay_sandbox => decide(rt, id, s, current, db),
+        Some(s) if !rt.config.replay_sandbox && now >= *paused_until_ms => {
+            let d = decide(rt, id, s, current, db);
+            if d.is_none() {
+                *paused_until_ms = now + RECORDING_RETRY_MS;
+            }
+            d
+        }
         _ => None,
     };
     if decided.is_some() {
@@ -474,7 +487,7 @@ pub(crate) fn end_event(
     id: &ActorId,
     rec: EventRecorder,
     instance: &InstanceTape,
-    recording: &mut Option<ActorRecording>,
+    (recording, paused_until_ms): (&mut Option<ActorRecording>, &mut u64),
     db: &wasmkeep_store::ActorDb,
     (version, outcome, parked): (u64, &Result<Outcome, RuntimeError>, bool),
 ) {
@@ -517,9 +530,10 @@ pub(crate) fn end_event(
             Metrics::inc(&rt.metrics.events_recorded_total);
         }
         Err(e) => {
-            tracing::warn!(actor = %id, error = %e, "recording an event failed: the actor's recording starts again");
+            tracing::warn!(actor = %id, error = %e, "recording an event failed: the actor's recording starts again in a minute");
             end_run(db);
             *recording = None;
+            *paused_until_ms = rt.clock.now_ms() + RECORDING_RETRY_MS;
         }
     }
 }

@@ -221,3 +221,25 @@ fn a_parked_reply_replays_as_parked() {
     assert_eq!(r.events_replayed, 2, "{r:#?}");
     assert!(r.same(), "{r:#?}");
 }
+
+/// A generation the app's `bytes_per_app_max` refuses is not tried again
+/// at every batch (each try would copy the database) but once per
+/// RECORDING_RETRY_MS; meanwhile the actor records nothing.
+#[test]
+fn a_refused_generation_is_tried_again_a_minute_later() {
+    let node = TestNode::new();
+    node.deploy_with_manifest("demo/rs", DEMO, "[recording]\nbytes_per_app_max = 1\n")
+        .unwrap();
+    let refused = || node.runtime().metrics().recording_refused_total.get();
+    let counter = node.actor("demo/rs/counter/c");
+    for _ in 0..5 {
+        assert_eq!(counter.post("/increment", "").status, 200);
+    }
+    assert_eq!(refused(), 1, "one try, not one per batch");
+    node.advance(Duration::from_millis(
+        wasmkeep_runtime::recording::RECORDING_RETRY_MS,
+    ));
+    assert_eq!(counter.post("/increment", "").status, 200);
+    assert_eq!(refused(), 2);
+    assert_eq!(replay(&node, "rs", DEMO, "counter").events_replayed, 0);
+}

@@ -462,15 +462,17 @@ pub(super) fn run_events(
             let mut recording = l.recording.take();
             let version = l.app.deploy_version;
             let parked = l.store.data().replies.park.is_some();
+            let mut paused = l.recording_paused_until_ms;
             crate::recording::end_event(
                 rt,
                 id,
                 recorder,
                 tape,
-                &mut recording,
+                (&mut recording, &mut paused),
                 l.db(),
                 (version, &r, parked),
             );
+            l.recording_paused_until_ms = paused;
             l.recording = recording;
         }
         if r.is_err() {
@@ -534,16 +536,16 @@ pub(super) fn begin_batch(
     let batch = if l.app.manifest.recording.is_some() || !l.recording_clear {
         let current = l.recording.take();
         let app = Arc::clone(&l.app);
-        let mut clear = l.recording_clear;
+        let (mut clear, mut paused) = (l.recording_clear, l.recording_paused_until_ms);
         let b = crate::recording::before_batch(
             rt,
             id,
             app.manifest.recording.as_ref(),
             current,
             l.db(),
-            &mut clear,
+            (&mut clear, &mut paused),
         );
-        l.recording_clear = clear;
+        (l.recording_clear, l.recording_paused_until_ms) = (clear, paused);
         Some(b)
     } else {
         None

@@ -75,6 +75,7 @@ pub(super) fn instantiate(
                 metrics: Arc::clone(&rt.metrics),
                 recording: None,
                 recording_clear: false,
+                recording_paused_until_ms: 0,
             })
         }
         Err(e) => {
