@@ -52,6 +52,13 @@ pub const UNREACHABLE_OWNER_WAIT_MS: u64 = 1_000;
 /// up to [`UNREACHABLE_OWNER_POLL_MAX_MS`]).
 const UNREACHABLE_OWNER_POLL_MS: u64 = 25;
 const UNREACHABLE_OWNER_POLL_MAX_MS: u64 = 200;
+/// Takes tried again after losing the race to create an actor's hold. One
+/// is the usual case (the winner is then the owner to forward to); during
+/// a rolling restart the winner may be a node that is stopping and lets
+/// the actor go at once, and the next take races again (seen once in
+/// `cluster_load`'s rolling restart: one request in 2,006 got
+/// `take_failed`). From the second on, each waits a poll's pause longer.
+const LOST_RACE_RETRIES: u32 = 3;
 
 /// What routing decided for a request.
 #[derive(Debug)]
@@ -407,9 +414,10 @@ impl Ownership {
     /// [`Self::take`], again while the bucket still names `unreachable` as
     /// the owner (for at most [`UNREACHABLE_OWNER_WAIT_MS`]: a node stopping
     /// cleanly is about to release its holds; a dead one's lease lapses
-    /// later, and the request fails as before), and once more after losing
-    /// the race to create the hold (two nodes taking an actor another just
-    /// released: the winner is then the owner to forward to).
+    /// later, and the request fails as before), and up to
+    /// [`LOST_RACE_RETRIES`] times after losing the race to create the hold
+    /// (two nodes taking an actor another just released: the winner is
+    /// then the owner to forward to).
     async fn take_waiting(
         &self,
         root: &str,
@@ -423,7 +431,13 @@ impl Ownership {
         loop {
             let taken = self.take(root, epoch, acting).await;
             match &taken {
-                Taken::LostRace if lost_races == 0 => lost_races += 1,
+                Taken::LostRace if lost_races < LOST_RACE_RETRIES => {
+                    if lost_races > 0 {
+                        let wait = UNREACHABLE_OWNER_POLL_MS * u64::from(lost_races);
+                        tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
+                    }
+                    lost_races += 1;
+                }
                 Taken::Owner { node, .. }
                     if unreachable == Some(node.as_str()) && now_ms() + pause < end =>
                 {
