@@ -148,7 +148,7 @@ impl RecordingSettings {
 /// An actor's recording while it is open: the generation its records go
 /// to and what that holds (read when it opens, counted as it records).
 #[derive(Debug, Clone)]
-pub struct ActorRecording {
+pub(crate) struct ActorRecording {
     limits: RecordingLimits,
     generation: Generation,
     used: GenerationUse,
@@ -170,7 +170,7 @@ pub(crate) struct BatchRecording {
 /// Bytes of base copies per app on this node: counted from the folder,
 /// again once [`APP_BYTES_RESCAN_MS`] old, and added to as copies are made.
 #[derive(Default)]
-pub struct AppBytes(Mutex<HashMap<(String, String), (u64, std::time::Instant)>>);
+pub(crate) struct AppBytes(Mutex<HashMap<(String, String), (u64, std::time::Instant)>>);
 
 impl AppBytes {
     /// Whether `bytes` more fit in the app's `max`; if so they are counted.
@@ -572,17 +572,6 @@ impl<'a> Dec<'a> {
     }
 }
 
-fn headers_text(headers: &[(String, String)]) -> String {
-    headers.iter().map(|(k, v)| format!("{k}:{v}\n")).collect()
-}
-
-fn headers_of(text: &str) -> Vec<(String, String)> {
-    text.lines()
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .collect()
-}
-
 /// The kind and encoded input of an event a guest runs; `None` for those
 /// it does not (an open ahead of an alarm, a hand-over of outbox rows).
 fn input_of(kind: &EventKind) -> Option<(&'static str, Vec<u8>)> {
@@ -593,7 +582,7 @@ fn input_of(kind: &EventKind) -> Option<(&'static str, Vec<u8>)> {
                 .str(&r.method)
                 .str(&r.path)
                 .str(&r.query)
-                .str(&headers_text(&r.headers))
+                .str(&wasmkeep_store::db::encode_headers(&r.headers))
                 .bytes(&r.body)
                 .0,
         ),
@@ -640,7 +629,7 @@ fn input_of(kind: &EventKind) -> Option<(&'static str, Vec<u8>)> {
                 } => e
                     .str("http")
                     .num(u64::from(*status))
-                    .str(&headers_text(headers))
+                    .str(&wasmkeep_store::db::encode_headers(headers))
                     .bytes(body),
                 Answer::Failed { code, message } => e.str("failed").str(code).str(message),
             };
@@ -669,7 +658,7 @@ pub(crate) fn event_of(kind: &str, input: &[u8]) -> Option<EventKind> {
             method: d.str()?,
             path: d.str()?,
             query: d.str()?,
-            headers: headers_of(&d.str()?),
+            headers: wasmkeep_store::db::decode_headers(&d.str()?),
             body: d.bytes()?.to_vec(),
             replicated: false,
         }),
@@ -699,7 +688,7 @@ pub(crate) fn event_of(kind: &str, input: &[u8]) -> Option<EventKind> {
                 }),
                 "http" => Answer::Http {
                     status: d.num()? as u16,
-                    headers: headers_of(&d.str()?),
+                    headers: wasmkeep_store::db::decode_headers(&d.str()?),
                     body: d.bytes()?.to_vec(),
                 },
                 "failed" => Answer::Failed {
@@ -721,7 +710,7 @@ pub(crate) fn event_of(kind: &str, input: &[u8]) -> Option<EventKind> {
 }
 
 /// A body as a person reads it: its text, or its bytes in hex.
-pub fn show_body(body: &[u8]) -> String {
+fn show_body(body: &[u8]) -> String {
     match std::str::from_utf8(body) {
         Ok(t) => t.to_owned(),
         Err(_) => format!("hex:{}", hex::encode(body)),
@@ -731,7 +720,7 @@ pub fn show_body(body: &[u8]) -> String {
 /// What an event answered, as one text both production's record and a
 /// replay's run are compared by: a response's status, headers (those the
 /// runtime adds left out) and body; a message's answer; an error's code.
-pub fn describe_outcome(r: &Result<Outcome, RuntimeError>) -> String {
+pub(crate) fn describe_outcome(r: &Result<Outcome, RuntimeError>) -> String {
     match r {
         Ok(Outcome::Response(resp)) => {
             let mut headers: Vec<String> = resp

@@ -32,7 +32,7 @@ mod idempotency;
 mod outbox;
 pub mod recording;
 pub use idempotency::IdempotentAnswer;
-pub use outbox::{InboxSeen, OutboxKind, OutboxRow};
+pub use outbox::{InboxSeen, OutboxKind, OutboxRow, decode_headers, encode_headers};
 
 pub use crate::sandbox::INTERNAL_PREFIX;
 

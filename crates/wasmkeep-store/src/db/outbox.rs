@@ -92,7 +92,7 @@ pub struct InboxSeen {
 
 /// Headers are kept one per line as `name:value`; both were checked to
 /// hold no line break (`check_header`).
-pub(super) fn encode_headers(headers: &[(String, String)]) -> String {
+pub fn encode_headers(headers: &[(String, String)]) -> String {
     let mut out = String::new();
     for (k, v) in headers {
         out.push_str(k);
@@ -103,7 +103,7 @@ pub(super) fn encode_headers(headers: &[(String, String)]) -> String {
     out
 }
 
-pub(super) fn decode_headers(text: &str) -> Vec<(String, String)> {
+pub fn decode_headers(text: &str) -> Vec<(String, String)> {
     text.lines()
         .filter_map(|l| l.split_once(':'))
         .map(|(k, v)| (k.to_string(), v.to_string()))

@@ -45,7 +45,7 @@ const GENERATION_KEY: &str = "recording.generation";
 
 /// Tables a replay does not compare: the recording itself and the
 /// runtime's bookkeeping (times of initialization, versions).
-pub const NOT_COMPARED: [&str; 2] = ["_wasmkeep_recorded", "_wasmkeep_meta"];
+const NOT_COMPARED: [&str; 2] = ["_wasmkeep_recorded", "_wasmkeep_meta"];
 
 /// The copy a generation starts from, in the actor's folder.
 pub fn base_file_name(generation: &Generation) -> String {
