@@ -3,7 +3,9 @@
 # the wasm32-wasip2 target of the pinned toolchain, the npm packages that
 # build actors written in TypeScript (sdk/ts: esbuild, componentize-qjs,
 # typescript, exact versions from its lock file), and (with --test) the
-# S3-compatible test server (moto) in .venv. Safe to run again.
+# S3-compatible test server (moto) in .venv and what the console's browser
+# test drives: Debian's Chromium and playwright-core (exact version from
+# crates/wasmkeep/tests/browser's lock file). Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,5 +31,18 @@ if [ "${1:-}" = "--test" ]; then
     python3 -m venv .venv
     .venv/bin/pip install --quiet --upgrade pip
     .venv/bin/pip install --quiet 'moto[server]'
+  fi
+  # The console's browser test (crates/wasmkeep/tests/console.rs): Debian's
+  # Chromium, driven by playwright-core, which downloads no browser of its
+  # own.
+  if [ ! -x /usr/bin/chromium ]; then
+    sudo_if_needed() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+    sudo_if_needed apt-get update -qq
+    sudo_if_needed env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  fi
+  browser=crates/wasmkeep/tests/browser
+  if ! cmp -s $browser/package-lock.json $browser/node_modules/.wasmkeep-installed-lock 2>/dev/null; then
+    npm ci --prefix $browser --ignore-scripts --no-audit --no-fund --loglevel=error
+    cp $browser/package-lock.json $browser/node_modules/.wasmkeep-installed-lock
   fi
 fi

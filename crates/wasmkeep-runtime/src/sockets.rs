@@ -450,6 +450,15 @@ impl SocketTable {
             .is_some_and(|a| !a.sockets.is_empty())
     }
 
+    /// How many sockets `actor` has open on this node.
+    pub fn socket_count(&self, actor: &ActorId) -> usize {
+        self.t
+            .lock()
+            .actors
+            .get(actor)
+            .map_or(0, |a| a.sockets.len())
+    }
+
     /// Closes the sockets of every actor `keep` says no to (a cluster node
     /// that no longer holds them); how many actors lost theirs.
     pub fn close_unless(&self, keep: impl Fn(&ActorId) -> bool, code: u16, reason: &str) -> usize {

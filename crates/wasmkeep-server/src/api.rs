@@ -18,6 +18,8 @@ use wasmkeep_runtime::{ActorId, ActorRequest, Runtime};
 
 use crate::auth::Tokens;
 
+mod console;
+mod history;
 mod inbound;
 mod logs;
 mod shares;
@@ -26,6 +28,11 @@ mod test_clock;
 mod ws;
 use crate::cluster::{CLUSTER_TOKEN_HEADER, ClusterState, FORWARDED_HEADER, NODE_HEADER};
 use crate::error::ApiError;
+pub use console::{
+    CONSOLE_LOGIN_BYTES_MAX, CONSOLE_LOGIN_FAILURES_PER_MINUTE, CONSOLE_SESSION_TTL_MS,
+    CONSOLE_SESSIONS_MAX,
+};
+pub use history::{HISTORY_SAMPLE_MS, HISTORY_SAMPLES_MAX};
 pub use logs::LOG_LINES_DEFAULT;
 
 /// Longest SQL text the inspection route accepts.
@@ -222,6 +229,10 @@ struct AppState {
     in_flight: Arc<shares::TenantRequests>,
     /// Each client address's WebSockets here (`ws`).
     client_sockets: Arc<ws::ClientSockets>,
+    /// Console sessions (`console`).
+    console: Arc<console::Sessions>,
+    /// The node's last hour of figures (`history`).
+    history: Arc<history::History>,
 }
 
 impl AppState {
@@ -256,8 +267,11 @@ pub fn router(rt: Runtime, config: ServerConfig) -> Router {
         tokens: Arc::new(tokens),
         failure_rate: Arc::default(),
         anon_failure_rate: Arc::default(),
+        console: Arc::default(),
+        history: Arc::default(),
     };
     inbound::install(&state);
+    history::start(&state);
     state.rt.set_access_log(state.config.access_log);
     let admin = Router::new()
         .route("/apps", get(list_apps))
@@ -283,12 +297,17 @@ pub fn router(rt: Runtime, config: ServerConfig) -> Router {
             "/actors/{tenant}/{app}/{class}/{name}/database",
             put(restore_actor).get(export_actor),
         )
+        .route(
+            "/actors/{tenant}/{app}/{class}/{name}/alarm/run",
+            post(run_alarm_now),
+        )
         .route("/alarms/{tenant}", get(list_alarms))
         .route("/logs/{tenant}", get(logs::logs_route))
         .route("/logs/{tenant}/{app}", get(logs::logs_route))
         .route("/logs/{tenant}/{app}/{class}", get(logs::logs_route))
         .route("/logs/{tenant}/{app}/{class}/{name}", get(logs::logs_route))
         .route("/node", get(show_node))
+        .route("/node/history", get(history::history_route))
         .route("/cluster", get(show_cluster))
         .route(
             "/test/clock",
@@ -302,6 +321,12 @@ pub fn router(rt: Runtime, config: ServerConfig) -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/metrics", get(metrics))
         .route("/v1/{*rest}", any(actor_request))
+        .route("/console", get(console::page))
+        .route("/console/", get(console::page))
+        .route("/console/console.js", get(console::script))
+        .route("/console/console.css", get(console::style))
+        .route("/console/login", post(console::login))
+        .route("/console/logout", post(console::logout))
         .route(
             &format!("{}/{{*rest}}", inbound::INBOUND_PREFIX),
             post(inbound::inbound_route),
@@ -387,7 +412,7 @@ async fn admin_auth(
     if let Err(e) = s.tokens.admin_gate(peer, req.headers()) {
         return e.into_response();
     }
-    if !s.tokens.admin_ok(req.headers()) {
+    if !s.tokens.admin_ok(req.headers()) && !console_admits(&s, req.headers()) {
         return ApiError::new(
             StatusCode::UNAUTHORIZED,
             "unauthorized",
@@ -396,6 +421,19 @@ async fn admin_auth(
         .into_response();
     }
     next.run(req).await
+}
+
+/// Whether a console page's request may use the admin API: its session's
+/// cookie with the session's CSRF value (the cookie alone in the unsafe
+/// variant `console_without_csrf`).
+fn console_admits(s: &AppState, headers: &HeaderMap) -> bool {
+    if s.config.admin_token.is_none() {
+        return false;
+    }
+    if s.config.unsafe_rules.console_without_csrf {
+        return s.console.admits_cookie_alone(headers);
+    }
+    s.console.admits(headers)
 }
 
 /// `Content-Type` of `/metrics`: the OpenMetrics text format.
@@ -536,6 +574,23 @@ fn check_acting(s: &AppState) -> Result<(), ApiError> {
 /// than `pace` allows.
 async fn read_body(body: Body, limit: usize, pace: BodyPace) -> Result<Vec<u8>, ApiError> {
     read_body_within(body, limit, pace, None).await
+}
+
+/// [`read_body`] where a body over `limit` is 413 `body_too_large` with
+/// `message`, which names the limit.
+async fn read_body_named(
+    body: Body,
+    limit: usize,
+    pace: BodyPace,
+    message: impl FnOnce() -> String,
+) -> Result<Vec<u8>, ApiError> {
+    read_body(body, limit, pace).await.map_err(|e| {
+        if e.code == "body_too_large" {
+            ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "body_too_large", message())
+        } else {
+            e
+        }
+    })
 }
 
 /// [`read_body`], each byte reserved in `hold` (a tenant's share of the
@@ -1134,6 +1189,9 @@ async fn run_here(
             }
             _ => tracing::warn!(actor = %id, header = %k, "dropped an invalid response header"),
         }
+    }
+    if !s.config.unsafe_rules.actor_answer_unfiltered {
+        console::strip_from_actor_answer(h);
     }
     Ok(out)
 }
@@ -1737,9 +1795,18 @@ async fn show_actor(
     let id = actor_id(&t, &a, &c, &n)?;
     let (parts, _) = req.into_parts();
     let rt = s.rt.clone();
+    let node = s.config.cluster.as_ref().map(|c| c.status().node);
     on_owner(&s, id, &parts, Vec::new(), |id, _| async move {
+        let sockets = rt.sockets().socket_count(&id);
         let info = blocking(move || rt.actor_info(&id)).await?;
-        Ok(axum::Json(info).into_response())
+        // What the owner adds: who it is (`null` on a single node) and the
+        // actor's open WebSockets there.
+        let mut v = serde_json::to_value(info).map_err(|e| {
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
+        })?;
+        v["owner_node"] = json!(node);
+        v["open_sockets"] = json!(sockets);
+        Ok(axum::Json(v).into_response())
     })
     .await
 }
@@ -1759,6 +1826,24 @@ async fn delete_actor(
     .await
 }
 
+/// `POST /admin/v1/actors/{t}/{a}/{c}/{n}/alarm/run`: runs the actor's
+/// pending alarm now, due or not (`{"ran": false}` when it has none).
+async fn run_alarm_now(
+    State(s): State<AppState>,
+    axum::extract::Path((t, a, c, n)): ActorPath,
+    req: Request,
+) -> Result<Response, ApiError> {
+    let id = actor_id(&t, &a, &c, &n)?;
+    s.rt.check_class(&id.tenant, &id.app, &id.class)?;
+    let (parts, _) = req.into_parts();
+    let rt = s.rt.clone();
+    on_owner(&s, id, &parts, Vec::new(), |id, _| async move {
+        let ran = rt.alarms().run_now(&id).await?;
+        Ok(axum::Json(json!({ "ran": ran })).into_response())
+    })
+    .await
+}
+
 async fn inspect_sql(
     State(s): State<AppState>,
     axum::extract::Path((t, a, c, n)): ActorPath,
@@ -1766,19 +1851,10 @@ async fn inspect_sql(
 ) -> Result<Response, ApiError> {
     let id = actor_id(&t, &a, &c, &n)?;
     let (parts, body) = req.into_parts();
-    let sql = read_body(body, INSPECT_SQL_BYTES_MAX, s.pace()).await.map_err(|e| {
-        if e.code == "body_too_large" {
-            ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "body_too_large",
-                format!(
-                    "inspection SQL too large: limit inspect_sql_bytes_max={INSPECT_SQL_BYTES_MAX}"
-                ),
-            )
-        } else {
-            e
-        }
-    })?;
+    let sql = read_body_named(body, INSPECT_SQL_BYTES_MAX, s.pace(), || {
+        format!("inspection SQL too large: limit inspect_sql_bytes_max={INSPECT_SQL_BYTES_MAX}")
+    })
+    .await?;
     let rt = s.rt.clone();
     let rows_max = s.config.inspect_rows_max;
     on_owner(&s, id, &parts, sql, |id, sql| async move {

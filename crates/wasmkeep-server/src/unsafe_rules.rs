@@ -44,6 +44,13 @@ pub struct UnsafeRules {
     /// `no_socket_buffer_pool`: what WebSockets read is not counted (any
     /// number of unfinished messages, each up to its bound).
     pub no_socket_buffer_pool: bool,
+    /// `console_without_csrf`: a console session's cookie alone opens the
+    /// admin API, without its CSRF value (so any page of the node's origin
+    /// could use an operator's session).
+    pub console_without_csrf: bool,
+    /// `actor_answer_unfiltered`: an actor's answer may carry
+    /// `Service-Worker-Allowed` and the console's cookie.
+    pub actor_answer_unfiltered: bool,
 }
 
 impl UnsafeRules {
@@ -62,6 +69,8 @@ impl UnsafeRules {
                 "no_stack_rule" => &mut r.no_stack_rule,
                 "no_request_body_pool" => &mut r.no_request_body_pool,
                 "no_socket_buffer_pool" => &mut r.no_socket_buffer_pool,
+                "console_without_csrf" => &mut r.console_without_csrf,
+                "actor_answer_unfiltered" => &mut r.actor_answer_unfiltered,
                 _ => return Err(format!("{ENV}: unknown rule `{name}`")),
             };
             *flag = true;

@@ -1,0 +1,565 @@
+// The wasmkeep console (issue 39, ADR 0063): pages routed by the address's
+// hash, drawn from the node's admin API.
+//
+// Rules a change must keep:
+// - Whatever the node answers (names, values, log lines, errors) enters the
+//   page as text: through `h` and `textContent`, never as HTML.
+// - Every request carries the session's CSRF value, kept in this tab's
+//   sessionStorage only: no other page of the origin can read it.
+// - Links the console draws are its own `#/` routes; it never navigates to
+//   a tenant's page.
+'use strict';
+
+const CSRF_KEY = 'wasmkeep.console.csrf';
+/** Rows a table or KV browser shows per page. */
+const PAGE_ROWS = 50;
+/** Log lines an actor's live log keeps on screen. */
+const LOG_LINES_SHOWN = 500;
+const OVERVIEW_REFRESH_MS = 10000;
+
+const main = document.getElementById('main');
+const nav = document.getElementById('nav');
+/** What to undo when the shown page goes (timers, log streams). */
+let cleanups = [];
+
+// ---- drawing ------------------------------------------------------------
+
+/** An element with attributes and children; strings become text nodes. */
+function h(tag, attrs, ...children) {
+  const el = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k === 'on') {
+      for (const [ev, f] of Object.entries(v)) el.addEventListener(ev, f);
+    } else if (k === 'class') {
+      el.className = v;
+    } else {
+      el.setAttribute(k, v === true ? '' : String(v));
+    }
+  }
+  for (const c of children.flat(Infinity)) {
+    if (c === null || c === undefined || c === false) continue;
+    el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return el;
+}
+
+/** A link to one of the console's own routes, from raw path segments. */
+function link(text, ...segments) {
+  return h('a', { href: '#/' + segments.map(encodeURIComponent).join('/') }, text);
+}
+
+/** Children without the absent ones (`null`, `undefined`, `false`). */
+function present(children) {
+  return children.flat(Infinity).filter((c) => c !== null && c !== undefined && c !== false);
+}
+
+function show(...children) {
+  main.replaceChildren(...present(children));
+}
+
+function errorBox(e) {
+  const code = e && e.code ? e.code : 'error';
+  return h('p', { class: 'error', role: 'alert' }, h('code', {}, code), ' ', e && e.message ? e.message : String(e));
+}
+
+/** A cell's text: JSON for objects, a blob's hex as the node gives it. */
+function cellText(v) {
+  if (v === null || v === undefined) return '∅';
+  if (typeof v === 'object') {
+    if (v.blob_hex !== undefined) return 'x\'' + v.blob_hex + '\'';
+    return JSON.stringify(v);
+  }
+  return String(v);
+}
+
+/** A grid of rows under `columns`. */
+function grid(columns, rows, cls) {
+  return h('div', { class: 'scroll' },
+    h('table', { class: cls || 'grid' },
+      h('thead', {}, h('tr', {}, columns.map((c) => h('th', {}, c)))),
+      h('tbody', {}, rows.map((r) => h('tr', {}, r.map((c) => h('td', {}, c instanceof Node ? c : cellText(c))))))));
+}
+
+/** A two-column table of an object's fields. */
+function fields(obj) {
+  return grid(['field', 'value'], Object.entries(obj || {}).map(([k, v]) => [k, v]), 'fields');
+}
+
+function when(ms) {
+  if (ms === null || ms === undefined) return '—';
+  const d = new Date(ms);
+  const rel = Math.round((ms - Date.now()) / 1000);
+  const ago = rel >= 0 ? 'in ' + rel + ' s' : -rel + ' s ago';
+  return d.toISOString().replace('T', ' ').replace('Z', ' UTC') + ' (' + ago + ')';
+}
+
+function bytes(n) {
+  if (n === null || n === undefined) return '—';
+  const units = ['B', 'KiB', 'MiB', 'GiB'];
+  let i = 0;
+  while (n >= 1024 && i < units.length - 1) { n /= 1024; i += 1; }
+  return (i ? n.toFixed(1) : n) + ' ' + units[i];
+}
+
+// ---- the admin API ----------------------------------------------------------
+
+class ApiError extends Error {
+  constructor(status, code, message) {
+    super(message);
+    this.status = status;
+    this.code = code;
+  }
+}
+
+/** Calls `/admin/v1/<path>` (or an absolute path) with the session. */
+async function api(path, opts = {}) {
+  const url = path.startsWith('/') ? path : '/admin/v1/' + path;
+  const headers = Object.assign({ 'x-wasmkeep-csrf': sessionStorage.getItem(CSRF_KEY) || '' }, opts.headers || {});
+  const r = await fetch(url, {
+    method: opts.method || 'GET',
+    headers,
+    body: opts.body,
+    credentials: 'same-origin',
+    cache: 'no-store',
+    signal: opts.signal,
+  });
+  if (r.status === 401 && !opts.login) {
+    sessionStorage.removeItem(CSRF_KEY);
+    login('Your session ended: log in again.');
+    throw new ApiError(401, 'unauthorized', 'not logged in');
+  }
+  if (opts.raw && r.ok) return r;
+  const text = await r.text();
+  let body = text;
+  try { body = text ? JSON.parse(text) : null; } catch (_) { /* a text answer */ }
+  if (!r.ok) {
+    const e = body && body.error ? body.error : {};
+    throw new ApiError(r.status, e.code || 'http_' + r.status, e.message || String(text));
+  }
+  return body;
+}
+
+/** Calls `api` and draws its error in place of `fallback` on failure. */
+async function load(path, opts) {
+  try {
+    return { ok: await api(path, opts) };
+  } catch (e) {
+    if (e.status === 401) throw e;
+    return { err: e };
+  }
+}
+
+// ---- log in and out ---------------------------------------------------------
+
+function login(message) {
+  nav.hidden = true;
+  const token = h('input', { type: 'password', id: 'token', name: 'token', autocomplete: 'current-password', required: true, 'aria-label': 'admin token' });
+  const status = h('p', { class: 'muted', id: 'login-status' }, message || 'Log in with the node\'s admin token.');
+  const form = h('form', { id: 'login', class: 'card' },
+    h('h1', {}, 'wasmkeep console'),
+    status,
+    h('label', { for: 'token' }, 'Admin token'),
+    token,
+    h('button', { type: 'submit' }, 'Log in'));
+  form.addEventListener('submit', async (ev) => {
+    ev.preventDefault();
+    try {
+      const r = await api('/console/login', {
+        method: 'POST',
+        body: JSON.stringify({ token: token.value }),
+        headers: { 'content-type': 'application/json' },
+        login: true,
+      });
+      sessionStorage.setItem(CSRF_KEY, r.csrf);
+      token.value = '';
+      route();
+    } catch (e) {
+      status.replaceChildren(errorBox(e));
+    }
+  });
+  show(form);
+  token.focus();
+}
+
+document.getElementById('logout').addEventListener('click', async () => {
+  try { await api('/console/logout', { method: 'POST', login: true }); } catch (_) { /* gone already */ }
+  sessionStorage.removeItem(CSRF_KEY);
+  login('Logged out.');
+});
+
+// ---- overview -----------------------------------------------------------------
+
+/** A small line chart of `values` (nulls are gaps), drawn as SVG. */
+function chart(title, values, unit) {
+  const ns = 'http://www.w3.org/2000/svg';
+  const svg = document.createElementNS(ns, 'svg');
+  svg.setAttribute('viewBox', '0 0 300 60');
+  svg.setAttribute('preserveAspectRatio', 'none');
+  svg.setAttribute('class', 'chart');
+  svg.setAttribute('role', 'img');
+  svg.setAttribute('aria-label', title);
+  const known = values.filter((v) => v !== null && Number.isFinite(v));
+  const max = Math.max(1e-9, ...known);
+  let d = '';
+  values.forEach((v, i) => {
+    if (v === null || !Number.isFinite(v)) return;
+    const x = values.length > 1 ? (i / (values.length - 1)) * 300 : 150;
+    const y = 58 - (v / max) * 54;
+    const joined = i > 0 && values[i - 1] !== null && Number.isFinite(values[i - 1]);
+    d += (joined ? 'L' : 'M') + x.toFixed(1) + ' ' + y.toFixed(1);
+  });
+  const path = document.createElementNS(ns, 'path');
+  path.setAttribute('d', d);
+  svg.append(path);
+  const last = known.length ? known[known.length - 1] : null;
+  const fmt = (v) => (unit === '%' ? v.toFixed(2) : v < 10 ? v.toFixed(2) : v.toFixed(0));
+  return h('figure', { class: 'card' },
+    h('figcaption', {}, title, ': ', last === null ? '—' : fmt(last) + ' ' + unit,
+      h('span', { class: 'muted' }, ' (max ', known.length ? fmt(max) : '—', ')')),
+    svg);
+}
+
+async function overview() {
+  const draw = async () => {
+    const [node, apps, hist] = await Promise.all([load('node'), load('apps'), load('node/history')]);
+    const points = hist.ok ? hist.ok.points : [];
+    const now = (hist.ok && hist.ok.now) || {};
+    const cluster = node.ok && node.ok.cluster;
+    const stat = (value, label) => h('div', { class: 'card stat' }, h('b', {}, value === undefined ? '—' : value), label);
+    const col = (k, scale) => points.map((p) => (p[k] === null || p[k] === undefined ? null : p[k] * (scale || 1)));
+    show(
+      h('h1', {}, 'Overview'),
+      h('div', { class: 'cards' },
+        stat(apps.ok ? apps.ok.apps.length : undefined, ' apps'),
+        stat(now.instances_active, ' actors open'),
+        stat(now.alarms_pending, ' alarms pending'),
+        stat(now.outbox_pending, ' outbox rows pending'),
+        stat(cluster ? cluster.node : 'single node', cluster ? ' epoch ' + cluster.epoch + (cluster.acting ? ', acting' : ', not acting') : '')),
+      h('p', { class: 'muted' }, 'This node over the last hour: one point per ', (hist.ok ? hist.ok.sample_ms : 0) / 1000, ' s.'),
+      hist.err ? errorBox(hist.err) : null,
+      h('div', { class: 'charts' },
+        chart('requests/s', col('requests_per_s'), '/s'),
+        chart('event p50', col('event_p50_ms'), 'ms'),
+        chart('event p99', col('event_p99_ms'), 'ms'),
+        chart('error rate', col('error_rate', 100), '%'),
+        chart('alarm lateness p99', col('alarm_lateness_p99_ms'), 'ms'),
+        chart('upload lag p99', col('upload_lag_p99_ms'), 'ms'),
+        cluster ? chart('sweep lag', col('sweep_lag_ms'), 'ms') : null),
+      node.err ? errorBox(node.err) : null,
+      cluster ? h('section', {}, h('h2', {}, 'This node'), fields(cluster)) : null,
+    );
+  };
+  await draw();
+  const timer = setInterval(() => { draw().catch(() => {}); }, OVERVIEW_REFRESH_MS);
+  cleanups.push(() => clearInterval(timer));
+}
+
+// ---- apps -------------------------------------------------------------------
+
+async function apps() {
+  const r = await load('apps');
+  if (r.err) return show(h('h1', {}, 'Apps'), errorBox(r.err));
+  show(
+    h('h1', {}, 'Apps'),
+    grid(['app', 'version', 'classes', 'deployed', 'size'], r.ok.apps.map((a) => [
+      link(a.tenant + '/' + a.app, 'app', a.tenant, a.app),
+      a.version,
+      h('span', {}, a.classes.map((c) => [link(c, 'class', a.tenant, a.app, c), ' '])),
+      when(a.deployed_ms),
+      bytes(a.component_bytes),
+    ])),
+  );
+}
+
+async function app(tenant, name) {
+  const [info, versions, secrets] = await Promise.all([
+    load('apps/' + encodeURIComponent(tenant) + '/' + encodeURIComponent(name)),
+    load('apps/' + encodeURIComponent(tenant) + '/' + encodeURIComponent(name) + '/versions'),
+    load('apps/' + encodeURIComponent(tenant) + '/' + encodeURIComponent(name) + '/secrets'),
+  ]);
+  if (info.err) return show(h('h1', {}, tenant + '/' + name), errorBox(info.err));
+  const a = info.ok;
+  const secretNames = secrets.ok ? secrets.ok.names || [] : [];
+  show(
+    h('h1', {}, tenant + '/' + name),
+    h('h2', {}, 'Classes'),
+    h('ul', {}, (a.classes || []).map((c) => h('li', {}, link(c, 'class', tenant, name, c)))),
+    h('h2', {}, 'Versions'),
+    versions.err ? errorBox(versions.err) : grid(['version', 'hash', 'deployed', 'by', 'classes'], (versions.ok.versions || []).map((v) => [
+      v.version, (v.hash || '').slice(0, 16), when(v.deployed_ms), v.deployed_by || v.by || '', (v.classes || []).join(' '),
+    ])),
+    h('h2', {}, 'Settings'),
+    h('pre', { class: 'json' }, JSON.stringify(a.manifest || {}, null, 2)),
+    h('h2', {}, 'Secrets'),
+    h('p', { class: 'muted' }, 'Names only: the console never shows a secret\'s value.'),
+    secrets.err ? errorBox(secrets.err) : h('ul', {}, secretNames.map((n) => h('li', {}, n))),
+  );
+}
+
+// ---- a class's actors ----------------------------------------------------------
+
+async function actorsOfClass(tenant, name, cls, query) {
+  const q = new URLSearchParams(query || '');
+  const prefix = q.get('prefix') || '';
+  const after = q.get('after') || '';
+  const base = 'actors/' + [tenant, name, cls].map(encodeURIComponent).join('/');
+  const params = new URLSearchParams({ all: 'true', limit: String(PAGE_ROWS) });
+  if (prefix) params.set('prefix', prefix);
+  if (after) params.set('after', after);
+  const countParams = new URLSearchParams({ all: 'true', count: 'true' });
+  if (prefix) countParams.set('prefix', prefix);
+  const [page, count] = await Promise.all([load(base + '?' + params), load(base + '?' + countParams)]);
+  const search = h('input', { type: 'search', id: 'prefix', placeholder: 'name prefix', value: prefix, 'aria-label': 'name prefix' });
+  const form = h('form', { class: 'inline' }, search, h('button', { type: 'submit' }, 'Search'));
+  form.addEventListener('submit', (ev) => {
+    ev.preventDefault();
+    location.hash = '#/class/' + [tenant, name, cls].map(encodeURIComponent).join('/') + '?' + new URLSearchParams({ prefix: search.value });
+  });
+  const names = page.ok ? page.ok.actors.map((a) => (typeof a === 'string' ? a : a.name)) : [];
+  const next = page.ok && page.ok.next;
+  const more = next ? h('a', { href: '#/class/' + [tenant, name, cls].map(encodeURIComponent).join('/') + '?' + new URLSearchParams({ prefix, after: next }) }, 'Next page →') : null;
+  show(
+    h('h1', {}, tenant + '/' + name + '/' + cls),
+    form,
+    h('p', { class: 'muted' }, count.ok ? 'Actors in the cluster' + (prefix ? ' named ' + prefix + '…' : '') + ': ' + cellText(count.ok.count) : count.err ? 'count: ' + count.err.message : ''),
+    page.err ? errorBox(page.err) : grid(['actor'], names.map((n) => [link(n, 'actor', tenant, name, cls, n)])),
+    more,
+  );
+}
+
+// ---- one actor ---------------------------------------------------------------------
+
+function actorPath(id) {
+  return 'actors/' + [id.tenant, id.app, id.class, id.name].map(encodeURIComponent).join('/');
+}
+
+async function sql(id, text) {
+  return api(actorPath(id) + '/sql', { method: 'POST', body: text, headers: { 'content-type': 'text/plain' } });
+}
+
+/** A result's grid, or its error. */
+function resultGrid(r) {
+  return grid(r.columns || [], r.rows || []);
+}
+
+function sqlConsole(id) {
+  const input = h('textarea', { id: 'sql', rows: 3, spellcheck: 'false', 'aria-label': 'SQL' }, 'SELECT name, type FROM sqlite_master ORDER BY name');
+  const out = h('div', { id: 'sql-result' });
+  const form = h('form', { class: 'card' }, h('label', { for: 'sql' }, 'Read-only SQL'), input, h('button', { type: 'submit', id: 'run-sql' }, 'Run'), out);
+  form.addEventListener('submit', async (ev) => {
+    ev.preventDefault();
+    out.replaceChildren(h('p', { class: 'muted' }, 'running…'));
+    try {
+      out.replaceChildren(resultGrid(await sql(id, input.value)));
+    } catch (e) {
+      out.replaceChildren(errorBox(e));
+    }
+  });
+  return form;
+}
+
+async function tableBrowser(id, holder, table, offset) {
+  const quoted = '"' + table.replace(/"/g, '""') + '"';
+  try {
+    const r = await sql(id, 'SELECT * FROM ' + quoted + ' LIMIT ' + PAGE_ROWS + ' OFFSET ' + offset);
+    const prev = offset > 0 ? h('button', { type: 'button', on: { click: () => tableBrowser(id, holder, table, Math.max(0, offset - PAGE_ROWS)) } }, '← Previous') : null;
+    const next = (r.rows || []).length === PAGE_ROWS ? h('button', { type: 'button', on: { click: () => tableBrowser(id, holder, table, offset + PAGE_ROWS) } }, 'Next →') : null;
+    holder.replaceChildren(...present([h('h3', {}, table, h('span', { class: 'muted' }, ' rows ', offset + 1, '–', offset + (r.rows || []).length)), resultGrid(r), prev, next]));
+  } catch (e) {
+    holder.replaceChildren(errorBox(e));
+  }
+}
+
+/** An access line: the request, its answer and how long it took. */
+function accessText(a) {
+  return a.method + ' ' + a.path + ' → ' + a.status + ' in ' + (a.duration_us / 1000).toFixed(1) + ' ms' + (a.code ? ' (' + a.code + ')' : '') + (a.version ? ' v' + a.version : '');
+}
+
+function liveLog(id, list) {
+  const ctl = new AbortController();
+  cleanups.push(() => ctl.abort());
+  const path = '/admin/v1/logs/' + [id.tenant, id.app, id.class, id.name].map(encodeURIComponent).join('/') + '?follow=true&lines=50';
+  (async () => {
+    try {
+      const r = await api(path, { raw: true, signal: ctl.signal });
+      const reader = r.body.getReader();
+      const dec = new TextDecoder();
+      let buf = '';
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        buf += dec.decode(value, { stream: true });
+        let nl;
+        while ((nl = buf.indexOf('\n')) >= 0) {
+          const line = buf.slice(0, nl);
+          buf = buf.slice(nl + 1);
+          if (!line.trim()) continue;
+          let rec = null;
+          try { rec = JSON.parse(line); } catch (_) { rec = { message: line }; }
+          list.append(h('li', { class: 'log-' + (rec.level || 'info') },
+            h('span', { class: 'muted' }, rec.at_ms ? new Date(rec.at_ms).toISOString().slice(11, 23) + ' ' : ''),
+            h('b', {}, (rec.level || '') + ' '),
+            rec.access ? accessText(rec.access) : rec.message !== undefined ? String(rec.message) : line));
+          while (list.childElementCount > LOG_LINES_SHOWN) list.firstElementChild.remove();
+        }
+      }
+    } catch (e) {
+      if (e.name !== 'AbortError' && e.status !== 401) list.append(h('li', { class: 'error' }, 'log stream ended: ', e.message));
+    }
+  })();
+}
+
+async function actor(tenant, name, cls, actorName) {
+  const id = { tenant, app: name, class: cls, name: actorName };
+  const info = await load(actorPath(id));
+  const title = h('h1', {}, tenant + '/' + name + '/' + cls + '/', h('span', { id: 'actor-name' }, actorName));
+  if (info.err) return show(title, errorBox(info.err));
+  const i = info.ok;
+  const status = h('p', { id: 'action-status', role: 'status' });
+  const act = (label, confirmText, f) => h('button', {
+    type: 'button',
+    on: {
+      click: async () => {
+        if (confirmText && !window.confirm(confirmText)) return;
+        status.replaceChildren('…');
+        try { status.replaceChildren(await f()); } catch (e) { status.replaceChildren(errorBox(e)); }
+      },
+    },
+  }, label);
+  const actions = h('div', { class: 'actions' },
+    act('Run alarm now', 'Run this actor\'s alarm now?', async () => {
+      const r = await api(actorPath(id) + '/alarm/run', { method: 'POST' });
+      return r.ran ? 'The alarm ran.' : 'The actor has no alarm.';
+    }),
+    act('Export', null, async () => {
+      const r = await api(actorPath(id) + '/database', { raw: true });
+      const blob = await r.blob();
+      const a = h('a', { href: URL.createObjectURL(blob), download: actorName + '.db' }, 'Download ' + actorName + '.db (' + bytes(blob.size) + ')');
+      return a;
+    }),
+    act('Delete', 'Delete actor ' + actorName + ' and all its data? This cannot be undone.', async () => {
+      const r = await api(actorPath(id), { method: 'DELETE' });
+      return r.deleted ? 'Deleted.' : 'There was nothing to delete.';
+    }));
+  const summary = {
+    owner: (i.owner_node || 'this node') + (i.active ? ' (open)' : ''),
+    open_sockets: i.open_sockets,
+    version: i.version,
+    size: bytes(i.database_bytes),
+    alarm: when(i.alarm_ms),
+    alarm_retries: i.alarm_retry_count,
+    last_write: when(i.last_write_ms),
+    alarm_indexed: i.alarm_indexed,
+  };
+  const kv = h('div', { id: 'kv' });
+  const tables = h('div', { id: 'tables' });
+  const browser = h('div', { id: 'table-browser' });
+  const pending = h('div', { id: 'pending' });
+  const log = h('ol', { id: 'live-log', class: 'log' });
+  show(title, actions, status,
+    h('section', {}, h('h2', {}, 'State'), fields(summary)),
+    h('section', {}, h('h2', {}, 'Pending work'), pending),
+    h('section', {}, h('h2', {}, 'Key-value'), kv),
+    h('section', {}, h('h2', {}, 'Tables'), tables, browser),
+    h('section', {}, h('h2', {}, 'SQL'), sqlConsole(id)),
+    h('section', {}, h('h2', {}, 'Live log'), log));
+  liveLog(id, log);
+  try {
+    const r = await sql(id, 'SELECT CAST(key AS TEXT) AS key, CAST(value AS TEXT) AS value, length(value) AS bytes FROM _wasmkeep_kv ORDER BY key LIMIT ' + PAGE_ROWS);
+    kv.replaceChildren(resultGrid(r));
+  } catch (e) { kv.replaceChildren(errorBox(e)); }
+  try {
+    const r = await sql(id, "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name LIKE '\\_%' ESCAPE '\\', name");
+    const names = (r.rows || []).map((row) => row[0]);
+    tables.replaceChildren(h('ul', { class: 'inline-list' }, names.map((t) => h('li', {}, h('button', { type: 'button', class: 'link', on: { click: () => tableBrowser(id, browser, t, 0) } }, t)))));
+    const counts = [];
+    for (const [label, t] of [['outbox rows', '_wasmkeep_outbox'], ['named timers', '_wasmkeep_timers']]) {
+      if (names.includes(t)) {
+        const c = await sql(id, 'SELECT count(*) FROM ' + t);
+        counts.push([label, c.rows[0][0]]);
+      }
+    }
+    pending.replaceChildren(grid(['what', 'count'], counts.length ? counts : [['nothing pending', 0]]));
+  } catch (e) { tables.replaceChildren(errorBox(e)); }
+}
+
+// ---- alarms and the cluster -------------------------------------------------------------
+
+async function alarms(tenant) {
+  const appsR = await load('apps');
+  const tenants = appsR.ok ? [...new Set(appsR.ok.apps.map((a) => a.tenant))].sort() : [];
+  const t = tenant || tenants[0];
+  const picker = h('p', {}, 'Tenant: ', tenants.map((x) => [x === t ? h('b', {}, x) : link(x, 'alarms', x), ' ']));
+  if (!t) return show(h('h1', {}, 'Alarms'), picker, h('p', { class: 'muted' }, 'No app is deployed.'));
+  const r = await load('alarms/' + encodeURIComponent(t));
+  if (r.err) return show(h('h1', {}, 'Alarms'), picker, errorBox(r.err));
+  const now = Date.now();
+  const rows = (r.ok.alarms || []).map((a) => [
+    link(a.app + '/' + a.class + '/' + a.name, 'actor', t, a.app, a.class, a.name),
+    when(a.alarm_ms),
+    a.alarm_ms <= now ? 'overdue' : a.alarm_ms - now < 60000 ? 'due soon' : 'later',
+  ]);
+  show(
+    h('h1', {}, 'Alarms'),
+    picker,
+    h('h2', {}, 'Pending on this node'),
+    grid(['actor', 'due', 'state'], rows),
+    r.ok.index ? [
+      h('h2', {}, 'The bucket\'s alarm index'),
+      h('p', { class: 'muted' }, 'What every node\'s sweep reads: an entry whose actor\'s node died is fired by another node.'),
+      grid(['actor', 'due', 'state', 'tag'], r.ok.index.map((e) => [
+        e.app ? link(e.app + '/' + e.class + '/' + e.name, 'actor', t, e.app, e.class, e.name) : '(tenant-wide) ' + e.class + '/' + e.name,
+        when(e.due_ms),
+        e.due_ms <= now ? 'overdue' : e.due_ms - now < 60000 ? 'due soon' : 'later',
+        e.generation === null ? 'untagged' : e.generation + '-' + e.nonce,
+      ])),
+    ] : null,
+  );
+}
+
+async function cluster() {
+  const r = await load('cluster');
+  if (r.err) return show(h('h1', {}, 'Cluster'), errorBox(r.err));
+  const nodes = r.ok.nodes || [];
+  show(
+    h('h1', {}, 'Cluster'),
+    nodes.length ? grid(Object.keys(nodes[0]), nodes.map((n) => Object.values(n))) : null,
+    h('pre', { class: 'json' }, JSON.stringify(r.ok, null, 2)),
+  );
+}
+
+// ---- routing ------------------------------------------------------------------------------
+
+const ROUTES = [
+  [/^#?\/?$/, overview],
+  [/^#\/apps$/, apps],
+  [/^#\/app\/([^/?]+)\/([^/?]+)$/, app],
+  [/^#\/class\/([^/?]+)\/([^/?]+)\/([^/?]+)(?:\?(.*))?$/, actorsOfClass],
+  [/^#\/actor\/([^/?]+)\/([^/?]+)\/([^/?]+)\/([^/?]+)$/, actor],
+  [/^#\/alarms(?:\/([^/?]+))?$/, alarms],
+  [/^#\/cluster$/, cluster],
+];
+
+async function route() {
+  for (const f of cleanups) f();
+  cleanups = [];
+  if (!sessionStorage.getItem(CSRF_KEY)) return login();
+  nav.hidden = false;
+  const hash = location.hash || '#/';
+  for (const [re, page] of ROUTES) {
+    const m = re.exec(hash);
+    if (!m) continue;
+    const args = m.slice(1).map((x, i) => (x === undefined ? undefined : i === m.length - 2 && page === actorsOfClass ? x : decodeURIComponent(x)));
+    try {
+      await page(...args);
+    } catch (e) {
+      if (e.status !== 401) show(errorBox(e));
+    }
+    return;
+  }
+  show(h('h1', {}, 'Not found'), h('p', {}, 'No console page at ', hash));
+}
+
+window.addEventListener('hashchange', route);
+route();

@@ -1,0 +1,330 @@
+//! The console (issue 39, ADR 0063): its session rules over raw HTTP, each
+//! with its unsafe variant, and the whole console driven in Debian's
+//! headless Chromium (`tests/browser/console.mjs`, with playwright-core;
+//! `scripts/setup.sh --test` installs both).
+
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests of real processes, sockets and threads wait and measure in real time"
+)]
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::hostile::{BASE, start, start_without};
+use common::{Node, enc, raw_http, raw_status};
+
+const ADMIN: &str = "console-admin-5e1d";
+
+fn start_node(tmp: &Path, env: &[(&str, String)]) -> Node {
+    let cfg = tmp.join("node.toml");
+    std::fs::write(
+        &cfg,
+        format!("admin_token = \"{ADMIN}\"\naccess_log = true\n"),
+    )
+    .unwrap();
+    Node::start_env(
+        &tmp.join("data"),
+        &["--examples", "--config", cfg.to_str().unwrap()],
+        env,
+    )
+}
+
+/// A login's answer: status, the session cookie (`name=value`) and the
+/// CSRF value, or the raw answer when it failed.
+struct Login {
+    status: u16,
+    cookie: String,
+    csrf: String,
+    answer: String,
+}
+
+fn login(node: &Node, token: &str, extra_headers: &str) -> Login {
+    let body = serde_json::json!({ "token": token }).to_string();
+    let answer = raw_http(
+        node.addr(),
+        &format!(
+            "POST /console/login HTTP/1.1\r\nhost: {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n{extra_headers}connection: close\r\n\r\n{body}",
+            node.addr(),
+            body.len()
+        ),
+    );
+    let status = raw_status(&answer);
+    let cookie = answer
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("set-cookie: ")
+                .or_else(|| l.strip_prefix("Set-Cookie: "))
+        })
+        .map(|v| v.split(';').next().unwrap().to_owned())
+        .unwrap_or_default();
+    let csrf = answer
+        .split("\r\n\r\n")
+        .nth(1)
+        .and_then(|b| serde_json::from_str::<serde_json::Value>(b).ok())
+        .and_then(|v| v["csrf"].as_str().map(str::to_owned))
+        .unwrap_or_default();
+    Login {
+        status,
+        cookie,
+        csrf,
+        answer,
+    }
+}
+
+/// `GET /admin/v1/apps` as a console page: with the cookie and, if given,
+/// a CSRF value, from a page of the node's own origin.
+fn apps_as_page(node: &Node, cookie: &str, csrf: Option<&str>) -> u16 {
+    let mut headers = vec![
+        ("cookie", cookie.to_owned()),
+        ("sec-fetch-site", "same-origin".to_owned()),
+    ];
+    if let Some(c) = csrf {
+        headers.push(("x-wasmkeep-csrf", c.to_owned()));
+    }
+    node.send_headers("GET", "/admin/v1/apps", b"", &headers).0
+}
+
+#[test]
+fn a_console_session_needs_its_cookie_and_its_csrf_value() {
+    let tmp = tempfile::tempdir().unwrap();
+    let node = start_node(tmp.path(), &[]);
+
+    let wrong = login(&node, "not-the-token", "");
+    assert_eq!(wrong.status, 401, "{}", wrong.answer);
+    assert!(
+        wrong.answer.contains("\"unauthorized\""),
+        "{}",
+        wrong.answer
+    );
+    assert!(wrong.cookie.is_empty(), "a failed login set a cookie");
+
+    let a = login(&node, ADMIN, "");
+    assert_eq!(a.status, 200, "{}", a.answer);
+    let set_cookie = a
+        .answer
+        .lines()
+        .find(|l| l.to_ascii_lowercase().starts_with("set-cookie:"))
+        .unwrap();
+    for attr in ["HttpOnly", "SameSite=Strict", "Path=/"] {
+        assert!(set_cookie.contains(attr), "{set_cookie}");
+    }
+    assert!(a.cookie.starts_with("wasmkeep_console=") && a.csrf.len() == 64);
+
+    // A tenant's page on the node's origin makes the browser send the
+    // cookie, but cannot know the CSRF value.
+    assert_eq!(apps_as_page(&node, &a.cookie, None), 401);
+    assert_eq!(
+        apps_as_page(&node, &a.cookie, Some("0".repeat(64).as_str())),
+        401
+    );
+    assert_eq!(apps_as_page(&node, &a.cookie, Some(&a.csrf)), 200);
+    // Another session's CSRF value is not this one's.
+    let b = login(&node, ADMIN, "");
+    assert_eq!(apps_as_page(&node, &a.cookie, Some(&b.csrf)), 401);
+    assert_eq!(apps_as_page(&node, &b.cookie, Some(&b.csrf)), 200);
+    // A page of another origin is refused before any session is looked at.
+    let foreign = node
+        .send_headers(
+            "GET",
+            "/admin/v1/apps",
+            b"",
+            &[
+                ("cookie", a.cookie.clone()),
+                ("x-wasmkeep-csrf", a.csrf.clone()),
+                ("sec-fetch-site", "cross-site".to_owned()),
+            ],
+        )
+        .0;
+    assert_eq!(foreign, 403);
+    let cross = login(&node, ADMIN, "sec-fetch-site: cross-site\r\n");
+    assert_eq!(cross.status, 403, "{}", cross.answer);
+    assert!(cross.answer.contains("cross_origin"), "{}", cross.answer);
+
+    // Logging out ends the session; the other stays.
+    let (s, _) = node.send_headers(
+        "POST",
+        "/console/logout",
+        b"",
+        &[
+            ("cookie", a.cookie.clone()),
+            ("x-wasmkeep-csrf", a.csrf.clone()),
+        ],
+    );
+    assert_eq!(s, 204);
+    assert_eq!(apps_as_page(&node, &a.cookie, Some(&a.csrf)), 401);
+    assert_eq!(apps_as_page(&node, &b.cookie, Some(&b.csrf)), 200);
+
+    // Guessing the token: past the minute's failures, even the right one
+    // waits until the minute ends. (Enough guesses for the count to fill
+    // even if a minute ends among them.)
+    let minute = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+            / 60
+    };
+    let limit = wasmkeep_server::api::CONSOLE_LOGIN_FAILURES_PER_MINUTE;
+    let mut throttled = None;
+    for i in 0..=2 * limit {
+        let l = login(&node, &format!("guess-{i}"), "");
+        if l.status == 429 {
+            throttled = Some(minute());
+            assert!(l.answer.contains("console_login_throttled"), "{}", l.answer);
+            break;
+        }
+        assert_eq!(l.status, 401, "{}", l.answer);
+    }
+    let throttled_in = throttled.expect("the guesses were never throttled");
+    let right = login(&node, ADMIN, "");
+    if minute() == throttled_in {
+        assert_eq!(right.status, 429, "{}", right.answer);
+    }
+}
+
+/// The unsafe variant `console_without_csrf`: the cookie alone opens the
+/// admin API, to any page of the node's origin.
+#[test]
+fn without_the_csrf_rule_any_page_of_the_origin_rides_the_session() {
+    let tmp = tempfile::tempdir().unwrap();
+    let node = start_node(
+        tmp.path(),
+        &[("WASMKEEP_UNSAFE", "console_without_csrf".to_owned())],
+    );
+    let a = login(&node, ADMIN, "");
+    assert_eq!(a.status, 200, "{}", a.answer);
+    assert_eq!(apps_as_page(&node, &a.cookie, None), 200);
+}
+
+#[test]
+fn a_node_without_an_admin_token_logs_nobody_into_the_console() {
+    let tmp = tempfile::tempdir().unwrap();
+    let node = Node::start(&tmp.path().join("data"), &[]);
+    let l = login(&node, "anything", "");
+    assert_eq!(l.status, 403, "{}", l.answer);
+    assert!(
+        l.answer.contains("console_needs_admin_token"),
+        "{}",
+        l.answer
+    );
+    // The page itself is served (it says what to do), with its policy.
+    let page = raw_http(
+        node.addr(),
+        &format!(
+            "GET /console HTTP/1.1\r\nhost: {}\r\nconnection: close\r\n\r\n",
+            node.addr()
+        ),
+    );
+    assert_eq!(raw_status(&page), 200);
+    let lower = page.to_ascii_lowercase();
+    assert!(lower.contains("content-security-policy: default-src 'none'; script-src 'self'"));
+    assert!(lower.contains("frame-ancestors 'none'"));
+    assert!(lower.contains("cross-origin-opener-policy: same-origin"));
+}
+
+/// What an actor answers on the node's origin cannot reach the console: a
+/// `Service-Worker-Allowed` header (a worker over `/console` would read the
+/// token as it is typed) and the console's cookie are dropped.
+#[test]
+fn an_actor_cannot_widen_a_worker_over_the_console_or_set_its_cookie() {
+    let answer_headers = |node: &Node| {
+        let body = "service-worker-allowed: /\nset-cookie: wasmkeep_console=planted; Path=/\nset-cookie: theirs=kept\n\nhello";
+        raw_http(
+            node.addr(),
+            &format!(
+                "POST /v1/evil/x/attacker/a/respond?status=200 HTTP/1.1\r\nhost: {}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                node.addr(),
+                body.len()
+            ),
+        )
+        .to_ascii_lowercase()
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let node = start(tmp.path(), BASE);
+    let got = answer_headers(&node);
+    assert_eq!(raw_status(&got), 200, "{got}");
+    assert!(!got.contains("service-worker-allowed"), "{got}");
+    assert!(!got.contains("wasmkeep_console="), "{got}");
+    assert!(got.contains("set-cookie: theirs=kept"), "{got}");
+    drop(node);
+
+    let tmp = tempfile::tempdir().unwrap();
+    let node = start_without(tmp.path(), BASE, "actor_answer_unfiltered");
+    let got = answer_headers(&node);
+    assert!(got.contains("service-worker-allowed: /"), "{got}");
+    assert!(got.contains("wasmkeep_console=planted"), "{got}");
+}
+
+/// The console as an operator uses it, in a real browser: log in, see the
+/// app, find and open an actor whose name and KV value are HTML, run SQL,
+/// browse a table, watch a log line arrive, see an alarm set through the
+/// API in the alarm list and run it, export and delete with confirmation,
+/// a phone-width screen, log out. Screenshots go to
+/// `WASMKEEP_CONSOLE_SHOTS` when set (docs/console/ holds a run's).
+#[test]
+fn the_console_in_a_real_browser() {
+    let chromium = std::env::var("WASMKEEP_CHROMIUM").unwrap_or("/usr/bin/chromium".into());
+    let script_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser");
+    assert!(
+        Path::new(&chromium).exists(),
+        "no Chromium at {chromium}: scripts/setup.sh --test installs Debian's"
+    );
+    assert!(
+        script_dir.join("node_modules/playwright-core").exists(),
+        "playwright-core is not installed in {}: scripts/setup.sh --test installs it",
+        script_dir.display()
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let node = start_node(tmp.path(), &[]);
+    let auth = [("authorization", format!("Bearer {ADMIN}"))];
+    let call = |method: &str, path: &str, body: &str| {
+        let (s, b) = node.send_headers(method, path, body.as_bytes(), &auth);
+        assert!(s < 300, "{method} {path}: {s} {b}");
+    };
+    let hostile = "<img src=x onerror=window.pwned=1>";
+    let kv_value = "<script>window.pwned=3</script>";
+    let notes = format!("/v1/demo/examples/notes/{}", enc(hostile));
+    call("POST", &format!("{notes}/notes?title=first-note"), "text");
+    call("PUT", &format!("{notes}/settings/theme"), kv_value);
+    call("POST", "/v1/demo/examples/notes/doomed/notes?title=x", "x");
+    call("GET", "/v1/demo/examples/pinger/p1/stats", "");
+    let in_an_hour = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+        + 3_600_000;
+    call(
+        "POST",
+        &format!("/v1/demo/examples/reminder/r1/set?at_ms={in_an_hour}"),
+        "",
+    );
+    let shots = std::env::var("WASMKEEP_CONSOLE_SHOTS").ok();
+    let input = serde_json::json!({
+        "base": format!("http://{}", node.addr()),
+        "token": ADMIN,
+        "hostile": hostile,
+        "kv_value": kv_value,
+        "note_title": "first-note",
+        "pinger": "p1",
+        "reminder": "r1",
+        "doomed": "doomed",
+        "shots": shots,
+        "chromium": chromium,
+    });
+    let out = Command::new("node")
+        .arg("console.mjs")
+        .current_dir(&script_dir)
+        .env("CONSOLE_TEST", input.to_string())
+        .output()
+        .expect("run node");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{said}");
+    assert!(said.contains("console test passed"), "{said}");
+}
