@@ -171,6 +171,16 @@ impl Alarms<'_> {
     /// Runs an actor's pending alarm now, due or not; whether there was
     /// one. Its handler sees the time it was set for in `scheduled-ms`.
     pub async fn run_now(&self, id: &ActorId) -> Result<bool, RuntimeError> {
+        Ok(self.run_now_reporting(id).await?.is_some())
+    }
+
+    /// [`Alarms::run_now`], saying how the run went: `None` when the actor
+    /// had no alarm, `Some(Err(e))` when its handler ran and failed (the
+    /// alarm then backs off as any failed run does).
+    pub async fn run_now_reporting(
+        &self,
+        id: &ActorId,
+    ) -> Result<Option<Result<(), RuntimeError>>, RuntimeError> {
         let (tx, rx) = oneshot::channel();
         self.inner.enqueue(
             id,
@@ -178,10 +188,10 @@ impl Alarms<'_> {
             false,
         )?;
         match rx.await {
-            Ok(Ok(Outcome::Alarm(ran))) => Ok(ran),
-            Ok(Ok(_)) => Ok(false),
+            Ok(Ok(Outcome::Alarm(true))) => Ok(Some(Ok(()))),
+            Ok(Ok(_)) => Ok(None),
             // The handler ran and failed: there was an alarm.
-            Ok(Err(_)) => Ok(true),
+            Ok(Err(e)) => Ok(Some(Err(e))),
             Err(_) => Err(RuntimeError::ShuttingDown),
         }
     }

@@ -1406,6 +1406,12 @@ impl Runtime {
 
     /// Stops taking events, lets queued ones finish, and closes every
     /// actor (SQLite checkpoints on close).
+    /// Whether [`Runtime::shutdown`] has begun (background tasks of the
+    /// node's edge end then).
+    pub fn is_stopping(&self) -> bool {
+        self.inner.stopping.load(Ordering::Relaxed)
+    }
+
     pub fn shutdown(&self, wait: Duration) {
         let rt = &self.inner;
         let deadline = crate::clock::instant() + wait;

@@ -4,13 +4,14 @@
 // Rules a change must keep:
 // - Whatever the node answers (names, values, log lines, errors) enters the
 //   page as text: through `h` and `textContent`, never as HTML.
-// - Every request carries the session's CSRF value, kept in this tab's
-//   sessionStorage only: no other page of the origin can read it.
+// - Every request carries the session's CSRF value, kept in a variable of
+//   this script only: not in any storage, which other pages of the origin
+//   (a tenant's, in this very tab after a navigation) could read. A reload
+//   asks for the token again.
 // - Links the console draws are its own `#/` routes; it never navigates to
 //   a tenant's page.
 'use strict';
 
-const CSRF_KEY = 'wasmkeep.console.csrf';
 /** Rows a table or KV browser shows per page. */
 const PAGE_ROWS = 50;
 /** Log lines an actor's live log keeps on screen. */
@@ -19,8 +20,8 @@ const OVERVIEW_REFRESH_MS = 10000;
 
 const main = document.getElementById('main');
 const nav = document.getElementById('nav');
-/** What to undo when the shown page goes (timers, log streams). */
-let cleanups = [];
+/** The session's CSRF value, from the login; `null` when logged out. */
+let csrf = null;
 
 // ---- drawing ------------------------------------------------------------
 
@@ -54,8 +55,29 @@ function present(children) {
   return children.flat(Infinity).filter((c) => c !== null && c !== undefined && c !== false);
 }
 
-function show(...children) {
-  main.replaceChildren(...present(children));
+/**
+ * The page being shown. A page draws and registers what to undo (timers,
+ * log streams) through the view it started with, so a page the operator
+ * left, still loading, draws nothing and stops at once.
+ */
+function newView() {
+  const v = { live: true, cleanups: [] };
+  v.show = (...children) => { if (v.live) main.replaceChildren(...present(children)); };
+  v.cleanup = (f) => { if (v.live) v.cleanups.push(f); else f(); };
+  v.end = () => {
+    v.live = false;
+    for (const f of v.cleanups) f();
+    v.cleanups = [];
+  };
+  return v;
+}
+let view = newView();
+
+/** Ends the shown page and starts the next one. */
+function nextView() {
+  view.end();
+  view = newView();
+  return view;
 }
 
 function errorBox(e) {
@@ -115,7 +137,7 @@ class ApiError extends Error {
 /** Calls `/admin/v1/<path>` (or an absolute path) with the session. */
 async function api(path, opts = {}) {
   const url = path.startsWith('/') ? path : '/admin/v1/' + path;
-  const headers = Object.assign({ 'x-wasmkeep-csrf': sessionStorage.getItem(CSRF_KEY) || '' }, opts.headers || {});
+  const headers = Object.assign({ 'x-wasmkeep-csrf': csrf || '' }, opts.headers || {});
   const r = await fetch(url, {
     method: opts.method || 'GET',
     headers,
@@ -125,7 +147,7 @@ async function api(path, opts = {}) {
     signal: opts.signal,
   });
   if (r.status === 401 && !opts.login) {
-    sessionStorage.removeItem(CSRF_KEY);
+    csrf = null;
     login('Your session ended: log in again.');
     throw new ApiError(401, 'unauthorized', 'not logged in');
   }
@@ -154,7 +176,9 @@ async function load(path, opts) {
 
 function login(message) {
   nav.hidden = true;
-  const token = h('input', { type: 'password', id: 'token', name: 'token', autocomplete: 'current-password', required: true, 'aria-label': 'admin token' });
+  // Not offered to the browser's password manager: a saved token would be
+  // offered to any form a tenant's page on this origin draws.
+  const token = h('input', { type: 'password', id: 'token', name: 'wasmkeep-admin-token', autocomplete: 'off', 'data-lpignore': 'true', required: true, 'aria-label': 'admin token' });
   const status = h('p', { class: 'muted', id: 'login-status' }, message || 'Log in with the node\'s admin token.');
   const form = h('form', { id: 'login', class: 'card' },
     h('h1', {}, 'wasmkeep console'),
@@ -171,20 +195,20 @@ function login(message) {
         headers: { 'content-type': 'application/json' },
         login: true,
       });
-      sessionStorage.setItem(CSRF_KEY, r.csrf);
+      csrf = r.csrf;
       token.value = '';
       route();
     } catch (e) {
       status.replaceChildren(errorBox(e));
     }
   });
-  show(form);
+  nextView().show(form);
   token.focus();
 }
 
 document.getElementById('logout').addEventListener('click', async () => {
-  try { await api('/console/logout', { method: 'POST', login: true }); } catch (_) { /* gone already */ }
-  sessionStorage.removeItem(CSRF_KEY);
+  try { await api('console/logout', { method: 'POST', login: true }); } catch (_) { /* gone already */ }
+  csrf = null;
   login('Logged out.');
 });
 
@@ -221,6 +245,7 @@ function chart(title, values, unit) {
 }
 
 async function overview() {
+  const v = view;
   const draw = async () => {
     const [node, apps, hist] = await Promise.all([load('node'), load('apps'), load('node/history')]);
     const points = hist.ok ? hist.ok.points : [];
@@ -228,7 +253,7 @@ async function overview() {
     const cluster = node.ok && node.ok.cluster;
     const stat = (value, label) => h('div', { class: 'card stat' }, h('b', {}, value === undefined ? '—' : value), label);
     const col = (k, scale) => points.map((p) => (p[k] === null || p[k] === undefined ? null : p[k] * (scale || 1)));
-    show(
+    v.show(
       h('h1', {}, 'Overview'),
       h('div', { class: 'cards' },
         stat(apps.ok ? apps.ok.apps.length : undefined, ' apps'),
@@ -252,15 +277,16 @@ async function overview() {
   };
   await draw();
   const timer = setInterval(() => { draw().catch(() => {}); }, OVERVIEW_REFRESH_MS);
-  cleanups.push(() => clearInterval(timer));
+  v.cleanup(() => clearInterval(timer));
 }
 
 // ---- apps -------------------------------------------------------------------
 
 async function apps() {
+  const v = view;
   const r = await load('apps');
-  if (r.err) return show(h('h1', {}, 'Apps'), errorBox(r.err));
-  show(
+  if (r.err) return v.show(h('h1', {}, 'Apps'), errorBox(r.err));
+  v.show(
     h('h1', {}, 'Apps'),
     grid(['app', 'version', 'classes', 'deployed', 'size'], r.ok.apps.map((a) => [
       link(a.tenant + '/' + a.app, 'app', a.tenant, a.app),
@@ -273,15 +299,16 @@ async function apps() {
 }
 
 async function app(tenant, name) {
+  const v = view;
   const [info, versions, secrets] = await Promise.all([
     load('apps/' + encodeURIComponent(tenant) + '/' + encodeURIComponent(name)),
     load('apps/' + encodeURIComponent(tenant) + '/' + encodeURIComponent(name) + '/versions'),
     load('apps/' + encodeURIComponent(tenant) + '/' + encodeURIComponent(name) + '/secrets'),
   ]);
-  if (info.err) return show(h('h1', {}, tenant + '/' + name), errorBox(info.err));
+  if (info.err) return v.show(h('h1', {}, tenant + '/' + name), errorBox(info.err));
   const a = info.ok;
   const secretNames = secrets.ok ? secrets.ok.names || [] : [];
-  show(
+  v.show(
     h('h1', {}, tenant + '/' + name),
     h('h2', {}, 'Classes'),
     h('ul', {}, (a.classes || []).map((c) => h('li', {}, link(c, 'class', tenant, name, c)))),
@@ -300,6 +327,7 @@ async function app(tenant, name) {
 // ---- a class's actors ----------------------------------------------------------
 
 async function actorsOfClass(tenant, name, cls, query) {
+  const v = view;
   const q = new URLSearchParams(query || '');
   const prefix = q.get('prefix') || '';
   const after = q.get('after') || '';
@@ -319,10 +347,13 @@ async function actorsOfClass(tenant, name, cls, query) {
   const names = page.ok ? page.ok.actors.map((a) => (typeof a === 'string' ? a : a.name)) : [];
   const next = page.ok && page.ok.next;
   const more = next ? h('a', { href: '#/class/' + [tenant, name, cls].map(encodeURIComponent).join('/') + '?' + new URLSearchParams({ prefix, after: next }) }, 'Next page →') : null;
-  show(
+  v.show(
     h('h1', {}, tenant + '/' + name + '/' + cls),
     form,
-    h('p', { class: 'muted' }, count.ok ? 'Actors in the cluster' + (prefix ? ' named ' + prefix + '…' : '') + ': ' + cellText(count.ok.count) : count.err ? 'count: ' + count.err.message : ''),
+    h('p', { class: 'muted', id: 'actor-count' }, count.ok
+      ? (count.ok.source === 'bucket' ? 'Actors in the cluster' : 'Actors on this node') + (prefix ? ' named ' + prefix + '…' : '') + ': '
+        + cellText(count.ok.count) + (count.ok.complete === false ? ' or more (counted up to ' + count.ok.limit + ')' : '')
+      : count.err ? 'count: ' + count.err.message : ''),
     page.err ? errorBox(page.err) : grid(['actor'], names.map((n) => [link(n, 'actor', tenant, name, cls, n)])),
     more,
   );
@@ -376,9 +407,9 @@ function accessText(a) {
   return a.method + ' ' + a.path + ' → ' + a.status + ' in ' + (a.duration_us / 1000).toFixed(1) + ' ms' + (a.code ? ' (' + a.code + ')' : '') + (a.version ? ' v' + a.version : '');
 }
 
-function liveLog(id, list) {
+function liveLog(v, id, list) {
   const ctl = new AbortController();
-  cleanups.push(() => ctl.abort());
+  v.cleanup(() => ctl.abort());
   const path = '/admin/v1/logs/' + [id.tenant, id.app, id.class, id.name].map(encodeURIComponent).join('/') + '?follow=true&lines=50';
   (async () => {
     try {
@@ -396,7 +427,9 @@ function liveLog(id, list) {
           buf = buf.slice(nl + 1);
           if (!line.trim()) continue;
           let rec = null;
-          try { rec = JSON.parse(line); } catch (_) { rec = { message: line }; }
+          try { rec = JSON.parse(line); } catch (_) { /* not JSON: shown as it is */ }
+          if (rec === null || typeof rec !== 'object') rec = { message: line };
+          if (rec.missed !== undefined) rec = { level: 'warn', message: rec.missed + ' lines were left out (the stream fell behind)' };
           list.append(h('li', { class: 'log-' + (rec.level || 'info') },
             h('span', { class: 'muted' }, rec.at_ms ? new Date(rec.at_ms).toISOString().slice(11, 23) + ' ' : ''),
             h('b', {}, (rec.level || '') + ' '),
@@ -406,17 +439,21 @@ function liveLog(id, list) {
       }
     } catch (e) {
       if (e.name !== 'AbortError' && e.status !== 401) list.append(h('li', { class: 'error' }, 'log stream ended: ', e.message));
+      return;
     }
+    if (!ctl.signal.aborted) list.append(h('li', { class: 'error' }, 'log stream ended (the node closed it)'));
   })();
 }
 
 async function actor(tenant, name, cls, actorName) {
+  const v = view;
   const id = { tenant, app: name, class: cls, name: actorName };
   const info = await load(actorPath(id));
   const title = h('h1', {}, tenant + '/' + name + '/' + cls + '/', h('span', { id: 'actor-name' }, actorName));
-  if (info.err) return show(title, errorBox(info.err));
+  if (info.err) return v.show(title, errorBox(info.err));
   const i = info.ok;
   const status = h('p', { id: 'action-status', role: 'status' });
+  let exported = null;
   const act = (label, confirmText, f) => h('button', {
     type: 'button',
     on: {
@@ -430,13 +467,19 @@ async function actor(tenant, name, cls, actorName) {
   const actions = h('div', { class: 'actions' },
     act('Run alarm now', 'Run this actor\'s alarm now?', async () => {
       const r = await api(actorPath(id) + '/alarm/run', { method: 'POST' });
-      return r.ran ? 'The alarm ran.' : 'The actor has no alarm.';
+      if (!r.ran) return 'The actor has no alarm.';
+      if (r.failed) return errorBox({ code: r.failed.code, message: 'The alarm ran and failed (it backs off and is retried): ' + r.failed.message });
+      return 'The alarm ran.';
     }),
     act('Export', null, async () => {
       const r = await api(actorPath(id) + '/database', { raw: true });
       const blob = await r.blob();
-      const a = h('a', { href: URL.createObjectURL(blob), download: actorName + '.db' }, 'Download ' + actorName + '.db (' + bytes(blob.size) + ')');
-      return a;
+      const url = URL.createObjectURL(blob);
+      // The copy is held in memory until the page goes or the next export.
+      if (exported) URL.revokeObjectURL(exported);
+      exported = url;
+      v.cleanup(() => URL.revokeObjectURL(url));
+      return h('a', { href: url, download: actorName + '.db' }, 'Download ' + actorName + '.db (' + bytes(blob.size) + ')');
     }),
     act('Delete', 'Delete actor ' + actorName + ' and all its data? This cannot be undone.', async () => {
       const r = await api(actorPath(id), { method: 'DELETE' });
@@ -457,14 +500,14 @@ async function actor(tenant, name, cls, actorName) {
   const browser = h('div', { id: 'table-browser' });
   const pending = h('div', { id: 'pending' });
   const log = h('ol', { id: 'live-log', class: 'log' });
-  show(title, actions, status,
+  v.show(title, actions, status,
     h('section', {}, h('h2', {}, 'State'), fields(summary)),
     h('section', {}, h('h2', {}, 'Pending work'), pending),
     h('section', {}, h('h2', {}, 'Key-value'), kv),
     h('section', {}, h('h2', {}, 'Tables'), tables, browser),
     h('section', {}, h('h2', {}, 'SQL'), sqlConsole(id)),
     h('section', {}, h('h2', {}, 'Live log'), log));
-  liveLog(id, log);
+  liveLog(v, id, log);
   try {
     const r = await sql(id, 'SELECT CAST(key AS TEXT) AS key, CAST(value AS TEXT) AS value, length(value) AS bytes FROM _wasmkeep_kv ORDER BY key LIMIT ' + PAGE_ROWS);
     kv.replaceChildren(resultGrid(r));
@@ -473,34 +516,41 @@ async function actor(tenant, name, cls, actorName) {
     const r = await sql(id, "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name LIKE '\\_%' ESCAPE '\\', name");
     const names = (r.rows || []).map((row) => row[0]);
     tables.replaceChildren(h('ul', { class: 'inline-list' }, names.map((t) => h('li', {}, h('button', { type: 'button', class: 'link', on: { click: () => tableBrowser(id, browser, t, 0) } }, t)))));
-    const counts = [];
-    for (const [label, t] of [['outbox rows', '_wasmkeep_outbox'], ['named timers', '_wasmkeep_timers']]) {
-      if (names.includes(t)) {
-        const c = await sql(id, 'SELECT count(*) FROM ' + t);
-        counts.push([label, c.rows[0][0]]);
-      }
+    // The outbox's rows not yet handed over, and the SDKs' named timers
+    // (their table exists once the actor used one).
+    const parts = [];
+    if (names.includes('_wasmkeep_outbox')) {
+      const o = await sql(id, "SELECT seq, CASE kind WHEN 1 THEN 'message' WHEN 2 THEN 'http' ELSE kind END AS kind, method, target, created_ms, (SELECT count(*) FROM _wasmkeep_outbox) AS pending FROM _wasmkeep_outbox ORDER BY seq LIMIT " + PAGE_ROWS);
+      parts.push(h('h3', {}, 'Outbox rows pending: ', o.rows.length ? o.rows[0][5] : 0));
+      if (o.rows.length) parts.push(grid(['seq', 'kind', 'method', 'target', 'created'], o.rows.map((r) => [r[0], r[1], r[2], r[3], when(r[4])])));
     }
-    pending.replaceChildren(grid(['what', 'count'], counts.length ? counts : [['nothing pending', 0]]));
+    if (names.includes('wasmkeep_sdk_timers')) {
+      const tm = await sql(id, 'SELECT name, due_ms FROM wasmkeep_sdk_timers ORDER BY due_ms, name LIMIT ' + PAGE_ROWS);
+      parts.push(h('h3', {}, 'Named timers: ', tm.rows.length));
+      if (tm.rows.length) parts.push(grid(['name', 'due'], tm.rows.map((r) => [r[0], when(r[1])])));
+    }
+    pending.replaceChildren(...(parts.length ? parts : [h('p', { class: 'muted' }, 'No outbox rows and no named timers.')]));
   } catch (e) { tables.replaceChildren(errorBox(e)); }
 }
 
 // ---- alarms and the cluster -------------------------------------------------------------
 
 async function alarms(tenant) {
+  const v = view;
   const appsR = await load('apps');
   const tenants = appsR.ok ? [...new Set(appsR.ok.apps.map((a) => a.tenant))].sort() : [];
   const t = tenant || tenants[0];
   const picker = h('p', {}, 'Tenant: ', tenants.map((x) => [x === t ? h('b', {}, x) : link(x, 'alarms', x), ' ']));
-  if (!t) return show(h('h1', {}, 'Alarms'), picker, h('p', { class: 'muted' }, 'No app is deployed.'));
+  if (!t) return v.show(h('h1', {}, 'Alarms'), picker, h('p', { class: 'muted' }, 'No app is deployed.'));
   const r = await load('alarms/' + encodeURIComponent(t));
-  if (r.err) return show(h('h1', {}, 'Alarms'), picker, errorBox(r.err));
+  if (r.err) return v.show(h('h1', {}, 'Alarms'), picker, errorBox(r.err));
   const now = Date.now();
   const rows = (r.ok.alarms || []).map((a) => [
     link(a.app + '/' + a.class + '/' + a.name, 'actor', t, a.app, a.class, a.name),
     when(a.alarm_ms),
     a.alarm_ms <= now ? 'overdue' : a.alarm_ms - now < 60000 ? 'due soon' : 'later',
   ]);
-  show(
+  v.show(
     h('h1', {}, 'Alarms'),
     picker,
     h('h2', {}, 'Pending on this node'),
@@ -519,13 +569,23 @@ async function alarms(tenant) {
 }
 
 async function cluster() {
-  const r = await load('cluster');
-  if (r.err) return show(h('h1', {}, 'Cluster'), errorBox(r.err));
+  const v = view;
+  const [r, node] = await Promise.all([load('cluster'), load('node')]);
+  if (r.err) return v.show(h('h1', {}, 'Cluster'), errorBox(r.err));
   const nodes = r.ok.nodes || [];
-  show(
+  v.show(
     h('h1', {}, 'Cluster'),
-    nodes.length ? grid(Object.keys(nodes[0]), nodes.map((n) => Object.values(n))) : null,
-    h('pre', { class: 'json' }, JSON.stringify(r.ok, null, 2)),
+    h('p', { class: 'muted' }, 'Live nodes, from their lease records in the bucket. Not live (released, fenced, lapsed): ', r.ok.not_live,
+      '; unreadable: ', r.ok.unreadable, r.ok.truncated ? '; the list was cut' : ''),
+    grid(['node', 'address', 'epoch', 'lease age', 'expires in', 'holds'], nodes.map((n) => [
+      n.self ? h('b', {}, n.node, ' (this node)') : n.node,
+      n.address,
+      n.epoch,
+      n.lease_age_ms + ' ms',
+      n.expires_in_ms + ' ms',
+      n.held_actors === null ? 'ask that node' : n.held_actors + ' actors',
+    ])),
+    node.ok && node.ok.cluster ? [h('h2', {}, 'This node\'s lease'), fields(node.ok.cluster)] : null,
   );
 }
 
@@ -542,23 +602,29 @@ const ROUTES = [
 ];
 
 async function route() {
-  for (const f of cleanups) f();
-  cleanups = [];
-  if (!sessionStorage.getItem(CSRF_KEY)) return login();
+  if (csrf === null) return login();
+  const v = nextView();
   nav.hidden = false;
   const hash = location.hash || '#/';
+  const notFound = () => v.show(h('h1', {}, 'Not found'), h('p', {}, 'No console page at ', hash));
   for (const [re, page] of ROUTES) {
     const m = re.exec(hash);
     if (!m) continue;
-    const args = m.slice(1).map((x, i) => (x === undefined ? undefined : i === m.length - 2 && page === actorsOfClass ? x : decodeURIComponent(x)));
+    let args;
+    try {
+      // A class page's last group is its query string, kept as it is.
+      args = m.slice(1).map((x, i) => (x === undefined ? undefined : page === actorsOfClass && i === 3 ? x : decodeURIComponent(x)));
+    } catch (_) {
+      return notFound(); // a malformed escape in the address
+    }
     try {
       await page(...args);
     } catch (e) {
-      if (e.status !== 401) show(errorBox(e));
+      if (e.status !== 401) v.show(errorBox(e));
     }
     return;
   }
-  show(h('h1', {}, 'Not found'), h('p', {}, 'No console page at ', hash));
+  notFound();
 }
 
 window.addEventListener('hashchange', route);

@@ -29,8 +29,8 @@ mod ws;
 use crate::cluster::{CLUSTER_TOKEN_HEADER, ClusterState, FORWARDED_HEADER, NODE_HEADER};
 use crate::error::ApiError;
 pub use console::{
-    CONSOLE_LOGIN_BYTES_MAX, CONSOLE_LOGIN_FAILURES_PER_MINUTE, CONSOLE_SESSION_TTL_MS,
-    CONSOLE_SESSIONS_MAX,
+    CONSOLE_LOGIN_BYTES_MAX, CONSOLE_LOGIN_FAILURES_NODE_PER_MINUTE,
+    CONSOLE_LOGIN_FAILURES_PER_MINUTE, CONSOLE_SESSION_TTL_MS, CONSOLE_SESSIONS_MAX,
 };
 pub use history::{HISTORY_SAMPLE_MS, HISTORY_SAMPLES_MAX};
 pub use logs::LOG_LINES_DEFAULT;
@@ -308,6 +308,7 @@ pub fn router(rt: Runtime, config: ServerConfig) -> Router {
         .route("/logs/{tenant}/{app}/{class}/{name}", get(logs::logs_route))
         .route("/node", get(show_node))
         .route("/node/history", get(history::history_route))
+        .route("/console/logout", post(console::logout))
         .route("/cluster", get(show_cluster))
         .route(
             "/test/clock",
@@ -326,7 +327,6 @@ pub fn router(rt: Runtime, config: ServerConfig) -> Router {
         .route("/console/console.js", get(console::script))
         .route("/console/console.css", get(console::style))
         .route("/console/login", post(console::login))
-        .route("/console/logout", post(console::logout))
         .route(
             &format!("{}/{{*rest}}", inbound::INBOUND_PREFIX),
             post(inbound::inbound_route),
@@ -788,6 +788,9 @@ async fn actor_request(State(s): State<AppState>, req: Request) -> Response {
 
 async fn answer_actor_request(s: AppState, req: Request) -> Result<Response, ApiError> {
     let (mut parts, body) = req.into_parts();
+    if !s.config.unsafe_rules.actor_answer_unfiltered {
+        console::strip_from_actor_request(&mut parts.headers);
+    }
     // A WebSocket upgrade (ADR 0043): kept aside; the actor accepts it or
     // not, and the upgrade completes only once its event is durable.
     let ws = ws::Upgrade::from_parts(&mut parts);
@@ -1827,7 +1830,8 @@ async fn delete_actor(
 }
 
 /// `POST /admin/v1/actors/{t}/{a}/{c}/{n}/alarm/run`: runs the actor's
-/// pending alarm now, due or not (`{"ran": false}` when it has none).
+/// pending alarm now, due or not (`{"ran": false}` when it has none; with
+/// `"failed": {"code", "message"}` when its handler failed).
 async fn run_alarm_now(
     State(s): State<AppState>,
     axum::extract::Path((t, a, c, n)): ActorPath,
@@ -1838,8 +1842,15 @@ async fn run_alarm_now(
     let (parts, _) = req.into_parts();
     let rt = s.rt.clone();
     on_owner(&s, id, &parts, Vec::new(), |id, _| async move {
-        let ran = rt.alarms().run_now(&id).await?;
-        Ok(axum::Json(json!({ "ran": ran })).into_response())
+        let answer = match rt.alarms().run_now_reporting(&id).await? {
+            None => json!({ "ran": false }),
+            Some(Ok(())) => json!({ "ran": true }),
+            Some(Err(e)) => {
+                let e = ApiError::from(e);
+                json!({ "ran": true, "failed": { "code": e.code, "message": e.message } })
+            }
+        };
+        Ok(axum::Json(answer).into_response())
     })
     .await
 }

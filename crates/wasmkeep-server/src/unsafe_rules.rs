@@ -49,7 +49,8 @@ pub struct UnsafeRules {
     /// could use an operator's session).
     pub console_without_csrf: bool,
     /// `actor_answer_unfiltered`: an actor's answer may carry
-    /// `Service-Worker-Allowed` and the console's cookie.
+    /// `Service-Worker-Allowed`, `Clear-Site-Data` and the console's
+    /// cookie, and the requests it gets carry the console's cookie.
     pub actor_answer_unfiltered: bool,
 }
 

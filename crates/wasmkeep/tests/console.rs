@@ -108,7 +108,7 @@ fn a_console_session_needs_its_cookie_and_its_csrf_value() {
         .lines()
         .find(|l| l.to_ascii_lowercase().starts_with("set-cookie:"))
         .unwrap();
-    for attr in ["HttpOnly", "SameSite=Strict", "Path=/"] {
+    for attr in ["HttpOnly", "SameSite=Strict", "Path=/admin/v1/;"] {
         assert!(set_cookie.contains(attr), "{set_cookie}");
     }
     assert!(a.cookie.starts_with("wasmkeep_console=") && a.csrf.len() == 64);
@@ -143,10 +143,26 @@ fn a_console_session_needs_its_cookie_and_its_csrf_value() {
     assert_eq!(cross.status, 403, "{}", cross.answer);
     assert!(cross.answer.contains("cross_origin"), "{}", cross.answer);
 
+    // A cookie of the same name planted on a longer path (a tenant's
+    // script can) comes first; the real session still works.
+    let planted = format!("wasmkeep_console=planted; {}", a.cookie);
+    assert_eq!(apps_as_page(&node, &planted, Some(&a.csrf)), 200);
+    // Logging out needs the CSRF value too.
+    let (s, _) = node.send_headers(
+        "POST",
+        "/admin/v1/console/logout",
+        b"",
+        &[
+            ("cookie", a.cookie.clone()),
+            ("sec-fetch-site", "same-origin".to_owned()),
+        ],
+    );
+    assert_eq!(s, 401);
+    assert_eq!(apps_as_page(&node, &a.cookie, Some(&a.csrf)), 200);
     // Logging out ends the session; the other stays.
     let (s, _) = node.send_headers(
         "POST",
-        "/console/logout",
+        "/admin/v1/console/logout",
         b"",
         &[
             ("cookie", a.cookie.clone()),
@@ -225,13 +241,35 @@ fn a_node_without_an_admin_token_logs_nobody_into_the_console() {
     assert!(lower.contains("cross-origin-opener-policy: same-origin"));
 }
 
-/// What an actor answers on the node's origin cannot reach the console: a
-/// `Service-Worker-Allowed` header (a worker over `/console` would read the
-/// token as it is typed) and the console's cookie are dropped.
+/// An actor never sees an operator's console session, and what it answers
+/// cannot reach the console on the node's origin: a `Service-Worker-Allowed`
+/// header (a worker over `/console` would read the token as it is typed), a
+/// `Clear-Site-Data` header (it would log the operator out) and the
+/// console's cookie are dropped.
 #[test]
 fn an_actor_cannot_widen_a_worker_over_the_console_or_set_its_cookie() {
+    let seen_cookies = |node: &Node| {
+        let (s, v) = node.send_headers(
+            "GET",
+            "/v1/evil/x/attacker/a/headers",
+            b"",
+            &[(
+                "cookie",
+                "theirs=1; wasmkeep_console=operator; other=2".to_owned(),
+            )],
+        );
+        assert_eq!(s, 200, "{v}");
+        let v: serde_json::Value = serde_json::from_str(&v).unwrap();
+        v["headers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|h| h[0] == "cookie")
+            .map(|h| h[1].as_str().unwrap().to_owned())
+            .collect::<Vec<_>>()
+    };
     let answer_headers = |node: &Node| {
-        let body = "service-worker-allowed: /\nset-cookie: wasmkeep_console=planted; Path=/\nset-cookie: theirs=kept\n\nhello";
+        let body = "service-worker-allowed: /\nclear-site-data: \"cookies\"\nset-cookie: wasmkeep_console=planted; Path=/\nset-cookie: theirs=kept\n\nhello";
         raw_http(
             node.addr(),
             &format!(
@@ -247,15 +285,22 @@ fn an_actor_cannot_widen_a_worker_over_the_console_or_set_its_cookie() {
     let got = answer_headers(&node);
     assert_eq!(raw_status(&got), 200, "{got}");
     assert!(!got.contains("service-worker-allowed"), "{got}");
+    assert!(!got.contains("clear-site-data"), "{got}");
     assert!(!got.contains("wasmkeep_console="), "{got}");
     assert!(got.contains("set-cookie: theirs=kept"), "{got}");
+    assert_eq!(seen_cookies(&node), ["theirs=1; other=2"]);
     drop(node);
 
     let tmp = tempfile::tempdir().unwrap();
     let node = start_without(tmp.path(), BASE, "actor_answer_unfiltered");
     let got = answer_headers(&node);
     assert!(got.contains("service-worker-allowed: /"), "{got}");
+    assert!(got.contains("clear-site-data"), "{got}");
     assert!(got.contains("wasmkeep_console=planted"), "{got}");
+    assert_eq!(
+        seen_cookies(&node),
+        ["theirs=1; wasmkeep_console=operator; other=2"]
+    );
 }
 
 /// The console as an operator uses it, in a real browser: log in, see the
@@ -301,6 +346,15 @@ fn the_console_in_a_real_browser() {
         &format!("/v1/demo/examples/reminder/r1/set?at_ms={in_an_hour}"),
         "",
     );
+    let timer = "<b>nightly</b>";
+    call(
+        "POST",
+        &format!(
+            "/v1/demo/examples/timers/t1/set?name={}&due_ms={in_an_hour}",
+            enc(timer)
+        ),
+        "payload",
+    );
     let shots = std::env::var("WASMKEEP_CONSOLE_SHOTS").ok();
     let input = serde_json::json!({
         "base": format!("http://{}", node.addr()),
@@ -311,6 +365,8 @@ fn the_console_in_a_real_browser() {
         "pinger": "p1",
         "reminder": "r1",
         "doomed": "doomed",
+        "timers": "t1",
+        "timer": timer,
         "shots": shots,
         "chromium": chromium,
     });

@@ -42,6 +42,8 @@
 //! - `POST /alarm-storm`, `POST /alarm-stop`, `GET /alarm-count`: an alarm
 //!   handler that sets its alarm for now, every time it runs.
 //! - `GET /ping`: `{"ok":true}`, to show the actor still serves.
+//! - `GET /headers`: `{"headers":[[name, value]...]}`, every request header
+//!   the actor was given (what a tenant learns of its callers).
 
 use serde_json::{Value as Json, json};
 use wasmkeep_sdk::{
@@ -317,6 +319,7 @@ impl Actor for Attacker {
             ("POST", "/alarm-stop") => alarm_storm(false),
             ("GET", "/alarm-count") => Ok(run("SELECT count(*) FROM fired", &[])),
             ("GET", "/ping") => Ok(Response::json(200, r#"{"ok":true}"#)),
+            ("GET", "/headers") => Ok(Response::json(200, json!({ "headers": req.headers }).to_string())),
             _ => Ok(Response::not_found()),
         }
     }

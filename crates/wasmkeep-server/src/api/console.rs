@@ -7,23 +7,28 @@
 //!   to log anyone in (`console_needs_admin_token`), since its origin also
 //!   serves every tenant's pages under `/v1`.
 //! - `POST /console/login` takes the token once and answers two secrets:
-//!   a session in an `HttpOnly; SameSite=Strict` cookie, which no script
-//!   reads and no other site's page sends, and a CSRF value in the body,
-//!   which the page keeps in its tab's `sessionStorage`.
+//!   a session in an `HttpOnly; SameSite=Strict` cookie scoped to
+//!   `/admin/v1/`, which no script reads and no other site's page sends,
+//!   and a CSRF value in the body, which the page keeps in a variable of
+//!   its script only (not in any storage another page of the origin could
+//!   read, the tab's `sessionStorage` included).
 //! - The admin API takes a browser's request when it carries both: the
 //!   cookie and the CSRF value in [`CSRF_HEADER`]. A tenant's page on the
 //!   same origin can make the browser send the cookie, but the CSRF value
 //!   is never sent again after login, so it cannot learn it.
 //! - The pages' own answers forbid framing, inline scripts and being
-//!   opened by another page of the origin (`Cross-Origin-Opener-Policy`),
-//!   and actors' answers cannot widen a service worker's scope to the
-//!   console (see [`strip_from_actor_answer`]).
+//!   opened by another page of the origin (`Cross-Origin-Opener-Policy`).
+//!   Actors never see the session cookie (it is taken out of the requests
+//!   they get, see [`strip_from_actor_request`]), and their answers can
+//!   neither widen a service worker's scope to the console, nor set or
+//!   clear its cookie (see [`strip_from_actor_answer`]).
 //!
 //! Sessions live in the node's memory: at most [`CONSOLE_SESSIONS_MAX`]
 //! (the oldest goes first), each for [`CONSOLE_SESSION_TTL_MS`]; a restart
 //! logs everyone out.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::Mutex;
 
 use axum::body::Body;
@@ -42,13 +47,22 @@ pub const CONSOLE_SESSIONS_MAX: usize = 64;
 pub const CONSOLE_SESSION_TTL_MS: u64 = 12 * 3_600_000;
 /// Largest login body.
 pub const CONSOLE_LOGIN_BYTES_MAX: usize = 4_096;
-/// Failed logins a node takes per minute; past it, logins are refused
-/// (`console_login_throttled`) until the minute ends.
+/// Failed logins a node takes per minute from one client address; past
+/// it, that address's logins are refused (`console_login_throttled`) until
+/// the minute ends.
 pub const CONSOLE_LOGIN_FAILURES_PER_MINUTE: u32 = 20;
+/// Failed logins a node takes per minute from all addresses together.
+pub const CONSOLE_LOGIN_FAILURES_NODE_PER_MINUTE: u32 = 200;
+/// Client addresses whose failures are counted apart in one minute; past
+/// it, the others share one count.
+const CONSOLE_LOGIN_PEERS_MAX: usize = 1_024;
 /// The header a console page sends its CSRF value in.
 pub(crate) const CSRF_HEADER: &str = "x-wasmkeep-csrf";
 /// The session cookie's name.
 pub(crate) const COOKIE_NAME: &str = "wasmkeep_console";
+/// Where the browser sends the session cookie: the admin API only (actors'
+/// requests under `/v1` never carry it).
+const COOKIE_PATH: &str = "/admin/v1/";
 
 const INDEX_HTML: &str = include_str!("../../console/index.html");
 const CONSOLE_JS: &str = include_str!("../../console/console.js");
@@ -73,44 +87,67 @@ pub(crate) struct Sessions {
 #[derive(Default)]
 struct SessionsInner {
     by_cookie: HashMap<[u8; 32], Session>,
+    /// The minute the failure counts are of.
     failures_minute: u64,
+    /// Failed logins this minute: all, and per client address (`None`:
+    /// the addresses past `CONSOLE_LOGIN_PEERS_MAX`, and unknown ones).
     failures: u32,
+    failures_by_peer: HashMap<Option<IpAddr>, u32>,
+}
+
+impl SessionsInner {
+    /// The failure counts, reset when a new minute began.
+    fn this_minute(&mut self) -> &mut Self {
+        let minute = crate::cluster::now_ms() / 60_000;
+        if self.failures_minute != minute {
+            self.failures_minute = minute;
+            self.failures = 0;
+            self.failures_by_peer.clear();
+        }
+        self
+    }
+
+    fn peer_key(&self, peer: Option<IpAddr>) -> Option<IpAddr> {
+        if self.failures_by_peer.contains_key(&peer)
+            || self.failures_by_peer.len() < CONSOLE_LOGIN_PEERS_MAX
+        {
+            peer
+        } else {
+            None
+        }
+    }
 }
 
 impl Sessions {
     /// Whether `headers` carry a live session's cookie and its CSRF value.
+    /// Every cookie of the session's name is tried: a page of the origin
+    /// can plant one of the same name on a longer path, which the browser
+    /// then sends first.
     pub(crate) fn admits(&self, headers: &HeaderMap) -> bool {
-        let (Some(cookie), Some(csrf)) = (session_cookie(headers), headers.get(CSRF_HEADER)) else {
+        let Some(csrf) = headers.get(CSRF_HEADER) else {
             return false;
         };
         let csrf = digest(csrf.to_str().unwrap_or(""));
         let now = crate::cluster::now_ms();
-        let mut inner = self.inner.lock().expect("console sessions");
-        let key = digest(&cookie);
-        match inner.by_cookie.get(&key) {
-            Some(s) if now.saturating_sub(s.created_ms) < CONSOLE_SESSION_TTL_MS => {
-                ct_eq(&s.csrf, &csrf)
-            }
-            Some(_) => {
-                inner.by_cookie.remove(&key);
-                false
-            }
-            None => false,
-        }
+        let inner = self.inner.lock().expect("console sessions");
+        session_cookies(headers).any(|cookie| {
+            inner.by_cookie.get(&digest(cookie)).is_some_and(|s| {
+                now.saturating_sub(s.created_ms) < CONSOLE_SESSION_TTL_MS && ct_eq(&s.csrf, &csrf)
+            })
+        })
     }
 
     /// The unsafe variant `console_without_csrf`: a live session's cookie
     /// is enough.
     pub(crate) fn admits_cookie_alone(&self, headers: &HeaderMap) -> bool {
-        let Some(cookie) = session_cookie(headers) else {
-            return false;
-        };
         let now = crate::cluster::now_ms();
         let inner = self.inner.lock().expect("console sessions");
-        inner
-            .by_cookie
-            .get(&digest(&cookie))
-            .is_some_and(|s| now.saturating_sub(s.created_ms) < CONSOLE_SESSION_TTL_MS)
+        session_cookies(headers).any(|cookie| {
+            inner
+                .by_cookie
+                .get(&digest(cookie))
+                .is_some_and(|s| now.saturating_sub(s.created_ms) < CONSOLE_SESSION_TTL_MS)
+        })
     }
 
     /// A new session: its cookie and CSRF value.
@@ -141,28 +178,46 @@ impl Sessions {
         Ok((cookie, csrf))
     }
 
+    /// Ends the sessions whose cookies `headers` carry.
     fn close(&self, headers: &HeaderMap) {
-        if let Some(cookie) = session_cookie(headers) {
-            let mut inner = self.inner.lock().expect("console sessions");
-            inner.by_cookie.remove(&digest(&cookie));
-        }
-    }
-
-    /// Counts a failed login; whether logins are throttled this minute.
-    fn failed(&self) {
-        let minute = crate::cluster::now_ms() / 60_000;
         let mut inner = self.inner.lock().expect("console sessions");
-        if inner.failures_minute != minute {
-            inner.failures_minute = minute;
-            inner.failures = 0;
+        for cookie in session_cookies(headers) {
+            inner.by_cookie.remove(&digest(cookie));
         }
-        inner.failures = inner.failures.saturating_add(1);
     }
 
-    fn throttled(&self) -> bool {
-        let minute = crate::cluster::now_ms() / 60_000;
-        let inner = self.inner.lock().expect("console sessions");
-        inner.failures_minute == minute && inner.failures >= CONSOLE_LOGIN_FAILURES_PER_MINUTE
+    /// Counts a failed login from `peer`.
+    fn failed(&self, peer: Option<IpAddr>) {
+        let mut guard = self.inner.lock().expect("console sessions");
+        let inner = guard.this_minute();
+        inner.failures = inner.failures.saturating_add(1);
+        let key = inner.peer_key(peer);
+        let n = inner.failures_by_peer.entry(key).or_default();
+        *n = n.saturating_add(1);
+    }
+
+    /// Whether logins from `peer` are refused for the rest of the minute,
+    /// and by which limit: it failed `CONSOLE_LOGIN_FAILURES_PER_MINUTE`
+    /// times, or all clients together
+    /// `CONSOLE_LOGIN_FAILURES_NODE_PER_MINUTE` times.
+    fn throttled(&self, peer: Option<IpAddr>) -> Option<(&'static str, u32)> {
+        let mut guard = self.inner.lock().expect("console sessions");
+        let inner = guard.this_minute();
+        let key = inner.peer_key(peer);
+        let mine = inner.failures_by_peer.get(&key).copied().unwrap_or(0);
+        if mine >= CONSOLE_LOGIN_FAILURES_PER_MINUTE {
+            Some((
+                "console_login_failures_per_minute",
+                CONSOLE_LOGIN_FAILURES_PER_MINUTE,
+            ))
+        } else if inner.failures >= CONSOLE_LOGIN_FAILURES_NODE_PER_MINUTE {
+            Some((
+                "console_login_failures_node_per_minute",
+                CONSOLE_LOGIN_FAILURES_NODE_PER_MINUTE,
+            ))
+        } else {
+            None
+        }
     }
 }
 
@@ -178,16 +233,44 @@ fn random_hex() -> Result<String, ApiError> {
     Ok(hex::encode(buf))
 }
 
-/// The value of the session cookie among the request's cookies.
-fn session_cookie(headers: &HeaderMap) -> Option<String> {
+/// The values of every session cookie among the request's cookies.
+fn session_cookies(headers: &HeaderMap) -> impl Iterator<Item = &str> {
     headers
         .get_all(header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(name, _)| *name == COOKIE_NAME)
-        .map(|(_, value)| value.to_owned())
+        .filter(|(name, _)| *name == COOKIE_NAME)
+        .map(|(_, value)| value)
+}
+
+/// Takes the console's cookie out of a request an actor will get (or that
+/// is forwarded to the actor's owner): tenants never see an operator's
+/// session. The request's other cookies stay, in their order.
+pub(crate) fn strip_from_actor_request(headers: &mut HeaderMap) {
+    if !headers.contains_key(header::COOKIE) {
+        return;
+    }
+    let kept: Vec<String> = headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .map(|v| {
+            v.split(';')
+                .map(str::trim)
+                .filter(|pair| pair.split('=').next().map(str::trim) != Some(COOKIE_NAME))
+                .collect::<Vec<_>>()
+                .join("; ")
+        })
+        .filter(|v| !v.is_empty())
+        .collect();
+    headers.remove(header::COOKIE);
+    for v in kept {
+        if let Ok(v) = HeaderValue::from_str(&v) {
+            headers.append(header::COOKIE, v);
+        }
+    }
 }
 
 /// A console asset with the console's headers.
@@ -253,13 +336,16 @@ async fn try_login(s: &AppState, req: Request) -> Result<Response, ApiError> {
         .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
         .map(|c| c.0);
     s.tokens.admin_gate(peer, req.headers())?;
-    if s.console.throttled() {
+    let ip = peer.map(|p| p.ip());
+    let forwarded_https = req
+        .headers()
+        .get("x-forwarded-proto")
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"https"));
+    if let Some((limit, n)) = s.console.throttled(ip) {
         let mut e = ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,
             "console_login_throttled",
-            format!(
-                "too many failed console logins: limit console_login_failures_per_minute={CONSOLE_LOGIN_FAILURES_PER_MINUTE}"
-            ),
+            format!("too many failed console logins this minute: limit {limit}={n}"),
         );
         e.retry_after_s = Some(60);
         return Err(e);
@@ -288,7 +374,7 @@ async fn try_login(s: &AppState, req: Request) -> Result<Response, ApiError> {
     })?;
     bearer.insert(header::AUTHORIZATION, value);
     if !s.tokens.admin_ok(&bearer) {
-        s.console.failed();
+        s.console.failed(ip);
         return Err(ApiError::new(
             StatusCode::UNAUTHORIZED,
             "unauthorized",
@@ -296,8 +382,10 @@ async fn try_login(s: &AppState, req: Request) -> Result<Response, ApiError> {
         ));
     }
     let (cookie, csrf) = s.console.open()?;
+    // Behind a proxy that ends TLS the cookie is sent over TLS only.
+    let secure = if forwarded_https { "; Secure" } else { "" };
     let set = format!(
-        "{COOKIE_NAME}={cookie}; HttpOnly; SameSite=Strict; Path=/; Max-Age={}",
+        "{COOKIE_NAME}={cookie}; HttpOnly; SameSite=Strict; Path={COOKIE_PATH}; Max-Age={}{secure}",
         CONSOLE_SESSION_TTL_MS / 1000
     );
     let mut r = axum::Json(json!({ "csrf": csrf })).into_response();
@@ -310,32 +398,29 @@ async fn try_login(s: &AppState, req: Request) -> Result<Response, ApiError> {
     Ok(r)
 }
 
-/// `POST /console/logout`: ends the session (with its CSRF value, so that
-/// no other page logs an operator out).
+/// `POST /admin/v1/console/logout`: ends the session. An admin route, so
+/// the session's CSRF value is needed: no other page logs an operator out.
 pub(super) async fn logout(State(s): State<AppState>, req: Request) -> Response {
-    if !s.console.admits(req.headers()) {
-        return ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            "no console session with that CSRF value",
-        )
-        .into_response();
-    }
     s.console.close(req.headers());
     let mut r = StatusCode::NO_CONTENT.into_response();
     r.headers_mut().insert(
         header::SET_COOKIE,
-        HeaderValue::from_static("wasmkeep_console=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0"),
+        HeaderValue::from_str(&format!(
+            "{COOKIE_NAME}=; HttpOnly; SameSite=Strict; Path={COOKIE_PATH}; Max-Age=0"
+        ))
+        .expect("ASCII"),
     );
     r
 }
 
 /// Removes from an actor's answer what would reach the console on the
 /// node's origin: a `Service-Worker-Allowed` header (a worker whose scope
-/// covers `/console` could read the token as it is typed) and a cookie of
+/// covers `/console` could read the token as it is typed), a
+/// `Clear-Site-Data` header (it would log the operator out) and a cookie of
 /// the console's name. Not in the unsafe variant `actor_answer_unfiltered`.
 pub(crate) fn strip_from_actor_answer(headers: &mut HeaderMap) {
     headers.remove("service-worker-allowed");
+    headers.remove("clear-site-data");
     let kept: Vec<HeaderValue> = headers
         .get_all(header::SET_COOKIE)
         .iter()

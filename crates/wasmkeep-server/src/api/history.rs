@@ -61,7 +61,7 @@ impl History {
 }
 
 /// Starts the sampling task (when a tokio runtime runs this); it ends
-/// when the node's routes are gone.
+/// when the node's routes are gone or its runtime stops.
 pub(super) fn start(s: &AppState) {
     let Ok(handle) = tokio::runtime::Handle::try_current() else {
         return;
@@ -72,6 +72,9 @@ pub(super) fn start(s: &AppState) {
     handle.spawn(async move {
         loop {
             let Some(h) = history.upgrade() else { return };
+            if rt.is_stopping() {
+                return;
+            }
             if let Ok(text) = super::exposition(rt.metrics(), cluster.as_deref(), false) {
                 h.push(sample(&text, crate::cluster::now_ms()));
             }

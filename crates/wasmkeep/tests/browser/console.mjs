@@ -12,6 +12,7 @@
 //   pinger      a pinger actor whose live log the test watches
 //   reminder    a reminder actor with an alarm set through the API
 //   doomed      a notes actor the test deletes through the console
+//   timers      a timers actor with one named timer, named `timer` (HTML too)
 //   shots       a folder for screenshots, or null
 //   chromium    the browser's path
 import { chromium } from 'playwright-core';
@@ -78,6 +79,7 @@ try {
   await page.waitForSelector(`a[href="${actorLink}"]`);
   check((await page.textContent(`a[href="${actorLink}"]`)) === t.hostile, 'the actor name shows as its text');
   check(!(await page.textContent('main')).includes(t.doomed), 'the prefix leaves other actors out');
+  check((await page.textContent('#actor-count')).includes(': 1'), 'the count says one actor has that prefix');
   await shot(page, 'actors');
 
   step = 'open the actor';
@@ -121,6 +123,13 @@ try {
   check(await page.evaluate(() => window.pwned === undefined), 'no hostile script ran from the log');
   await shot(page, 'live-log');
 
+  step = 'see a named timer';
+  await page.goto(t.base + '/console#/actor/demo/examples/timers/' + seg(t.timers));
+  await page.waitForSelector('#pending h3');
+  check((await page.textContent('#pending')).includes('Named timers: 1'), 'the timer is counted');
+  check((await page.textContent('#pending table')).includes(t.timer), 'the timer name shows as text');
+  check((await page.$$('#pending b')).length === 0, 'no element came from the timer name');
+
   step = 'see the alarm in the index';
   await page.click('nav a[href="#/alarms"]');
   const alarmLink = '#/actor/demo/examples/reminder/' + seg(t.reminder);
@@ -157,6 +166,20 @@ try {
   const status = await other.evaluate(async () => (await fetch('/admin/v1/apps', { credentials: 'same-origin' })).status);
   check(status === 401, 'another page of the origin riding the session cookie is refused (got ' + status + ')');
   await other.close();
+
+  step = 'a page of the origin later in the same tab';
+  // A tenant's page the operator opens in the console's tab shares the
+  // tab's storage: nothing of the session may be there.
+  await page.goto(t.base + '/healthz');
+  const stored = await page.evaluate(() => sessionStorage.length + localStorage.length);
+  check(stored === 0, 'the console left ' + stored + ' items in the tab\'s storage');
+  const fromTab = await page.evaluate(async () => (await fetch('/admin/v1/apps', { credentials: 'same-origin' })).status);
+  check(fromTab === 401, 'the same tab, on another page, is refused (got ' + fromTab + ')');
+  await page.goto(t.base + '/console');
+  await page.waitForSelector('#login');
+  await page.fill('#token', t.token);
+  await page.click('#login button[type=submit]');
+  await page.waitForSelector('h1:text("Overview")');
 
   step = 'a phone-width screen';
   await page.setViewportSize({ width: 390, height: 844 });
