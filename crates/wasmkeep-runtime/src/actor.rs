@@ -48,6 +48,9 @@ pub struct ActorRequest {
     /// `wasmkeep-durability: replicated` header); otherwise after the
     /// local commit.
     pub replicated: bool,
+    /// The request is traced: its event's spans go under this request
+    /// span (ADR 0064).
+    pub trace: Option<Arc<crate::trace::EventTrace>>,
 }
 
 /// Something that happened on one of an actor's sockets (ADR 0043).
@@ -391,6 +394,9 @@ struct Ran {
     park: Option<crate::replies::Park>,
     /// The request accepted a WebSocket (ADR 0043).
     accepted: Option<crate::sockets::Accepted>,
+    /// The request is traced (ADR 0064): its spans are recorded when its
+    /// reply is released.
+    trace: Option<Arc<crate::trace::EventTrace>>,
 }
 
 fn ms_between(a: Instant, b: Instant) -> f64 {

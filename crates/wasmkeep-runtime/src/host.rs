@@ -186,6 +186,9 @@ pub struct HostState {
     pub table: ResourceTable,
     pub memory: MemoryCap,
     /// Set while `on-alarm` runs.
+    /// The event being run is traced: each statement it runs is noted
+    /// (ADR 0064).
+    pub trace: Option<Arc<crate::trace::EventTrace>>,
     pub in_alarm: bool,
     /// Where the statements `on-alarm` runs are learned for the class.
     pub alarm_statements: Option<Arc<AlarmStatements>>,
@@ -277,6 +280,7 @@ impl HostState {
             table: ResourceTable::new(),
             memory: MemoryCap::new(memory_bytes_max),
             in_alarm: false,
+            trace: None,
             alarm_statements: None,
             alarm_op: AlarmOp::Untouched,
             panic_message: None,
@@ -431,7 +435,11 @@ impl sql::Host for HostState {
         params: Vec<types::Value>,
     ) -> Result<sql::QueryResult, WitError> {
         let params: Vec<_> = params.into_iter().map(to_store_value).collect();
+        let started = self.trace.is_some().then(crate::clock::instant);
         let r = self.db()?.query(&statement, &params);
+        if let (Some(t), Some(s)) = (&self.trace, started) {
+            t.sql(&statement, s, crate::clock::instant());
+        }
         let r = r.map_err(|e| self.store_err(e))?;
         self.learn(&statement);
         Ok(sql::QueryResult {
@@ -452,7 +460,11 @@ impl sql::Host for HostState {
         params: Vec<types::Value>,
     ) -> Result<sql::ExecResult, WitError> {
         let params: Vec<_> = params.into_iter().map(to_store_value).collect();
+        let started = self.trace.is_some().then(crate::clock::instant);
         let r = self.db()?.execute(&statement, &params);
+        if let (Some(t), Some(s)) = (&self.trace, started) {
+            t.sql(&statement, s, crate::clock::instant());
+        }
         let r = r.map_err(|e| self.store_err(e))?;
         self.learn(&statement);
         Ok(sql::ExecResult {

@@ -107,6 +107,7 @@ mod tests {
             headers: Vec::new(),
             body: body.to_vec(),
             replicated: false,
+            trace: None,
         }
     }
 

@@ -62,6 +62,7 @@ mod scheduler;
 mod secrets;
 pub mod sockets;
 mod timer;
+pub mod trace;
 mod warm;
 
 pub use actor::{ActorRequest, ActorResponse};

@@ -99,6 +99,8 @@ pub struct Inner {
     pub sockets: Arc<crate::sockets::SocketTable>,
     /// Recent log lines about actors, for `wasmkeep logs` (issue 22).
     pub logs: Arc<crate::logs::LogHub>,
+    /// Spans of traced requests (ADR 0064).
+    pub traces: Arc<crate::trace::Traces>,
     /// Whether events that do not pass the HTTP edge (messages, socket
     /// events) write access lines to the node's log: the server's
     /// `access_log`, set through [`crate::Runtime::set_access_log`].

@@ -661,6 +661,7 @@ pub(crate) fn event_of(kind: &str, input: &[u8]) -> Option<EventKind> {
             headers: wasmkeep_store::db::decode_headers(&d.str()?),
             body: d.bytes()?.to_vec(),
             replicated: false,
+            trace: None,
         }),
         "alarm" => EventKind::Alarm {
             force: d.num()? == 1,
@@ -764,6 +765,7 @@ mod tests {
             headers: vec![("content-type".into(), "text/plain".into())],
             body: vec![0, 1, 2, 255],
             replicated: false,
+            trace: None,
         });
         let (kind, input) = input_of(&req).unwrap();
         let back = event_of(kind, &input).unwrap();

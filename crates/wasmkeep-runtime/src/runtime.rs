@@ -345,6 +345,7 @@ fn build_inner(config: RuntimeConfig, clock: Arc<dyn Clock>, parts: Parts) -> Ar
         secrets: crate::app_config::SecretStore::open(&config_data_dir),
         sockets: Arc::new(crate::sockets::SocketTable::new(socket_limits)),
         logs: Arc::new(crate::logs::LogHub::new(log_limits)),
+        traces: Arc::default(),
         access_log: AtomicBool::new(false),
         alarm_failure_rate: Default::default(),
         class_metrics,
@@ -1304,6 +1305,11 @@ impl Runtime {
     /// The recent log lines about actors (`wasmkeep logs`).
     pub fn logs(&self) -> &Arc<crate::logs::LogHub> {
         &self.inner.logs
+    }
+
+    /// The node's recent spans (ADR 0064).
+    pub fn traces(&self) -> &Arc<crate::trace::Traces> {
+        &self.inner.traces
     }
 
     /// Turns the access lines of actor messages and socket events on in

@@ -29,6 +29,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "class_metrics",
             "logs",
             "config",
+            "trace",
         ],
     ),
     (

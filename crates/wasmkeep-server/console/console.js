@@ -500,14 +500,22 @@ async function actor(tenant, name, cls, actorName) {
   const browser = h('div', { id: 'table-browser' });
   const pending = h('div', { id: 'pending' });
   const log = h('ol', { id: 'live-log', class: 'log' });
+  const traced = h('div', { id: 'actor-traces' });
   v.show(title, actions, status,
     h('section', {}, h('h2', {}, 'State'), fields(summary)),
     h('section', {}, h('h2', {}, 'Pending work'), pending),
     h('section', {}, h('h2', {}, 'Key-value'), kv),
     h('section', {}, h('h2', {}, 'Tables'), tables, browser),
     h('section', {}, h('h2', {}, 'SQL'), sqlConsole(id)),
-    h('section', {}, h('h2', {}, 'Live log'), log));
+    h('section', {}, h('h2', {}, 'Live log'), log),
+    h('section', {}, h('h2', {}, 'Traced requests'), traced));
   liveLog(v, id, log);
+  load('traces?limit=20&actor=' + encodeURIComponent([tenant, name, cls, actorName].join('/'))).then((t) => {
+    if (t.err) return traced.replaceChildren(errorBox(t.err));
+    // The prefix also matches longer names: keep this actor's own.
+    const mine = t.ok.requests.filter((sp) => sp.attributes['wasmkeep.actor'] === [tenant, name, cls, actorName].join('/'));
+    traced.replaceChildren(mine.length ? traceRows(mine) : h('p', { class: 'muted' }, 'None kept on this node (see trace_sample_pct).'));
+  }).catch(() => {});
   try {
     const r = await sql(id, 'SELECT CAST(key AS TEXT) AS key, CAST(value AS TEXT) AS value, length(value) AS bytes FROM _wasmkeep_kv ORDER BY key LIMIT ' + PAGE_ROWS);
     kv.replaceChildren(resultGrid(r));
@@ -589,6 +597,92 @@ async function cluster() {
   );
 }
 
+// ---- traces -------------------------------------------------------------------------------
+
+function traceRows(list) {
+  return grid(['when', 'request', 'status', 'took', 'actor', 'trace'], list.map((sp) => [
+    when(Math.floor(sp.start_unix_ns / 1e6)),
+    sp.attributes['http.request.method'] + ' ' + sp.attributes['url.path'],
+    sp.attributes['http.response.status_code'] + (sp.error ? ' ' + sp.error : ''),
+    (sp.duration_us / 1000).toFixed(1) + ' ms',
+    sp.attributes['wasmkeep.actor'] || '',
+    link(sp.trace_id.slice(0, 12) + '…', 'trace', sp.trace_id),
+  ]));
+}
+
+async function traces() {
+  const v = view;
+  const r = await load('traces?limit=100');
+  if (r.err) return v.show(h('h1', {}, 'Traces'), errorBox(r.err));
+  const o = r.ok;
+  v.show(
+    h('h1', {}, 'Traces'),
+    h('p', { class: 'muted' }, 'Requests this node served that were traced: every request whose traceparent is sampled, and ', o.sample_pct,
+      '% of the others (trace_sample_pct). Spans recorded here: ', o.spans_recorded,
+      o.otlp ? '; exported over OTLP: ' + o.otlp.exported + ', dropped: ' + o.otlp.dropped + ', failed batches: ' + o.otlp.failed_batches : '; no OTLP export.'),
+    o.requests.length ? traceRows(o.requests) : h('p', {}, 'No traced request yet.'),
+  );
+}
+
+/** `td` indented by `depth` (set through the DOM: the policy allows no inline style). */
+function indented(td, depth) {
+  td.style.paddingLeft = (0.5 + depth * 1.1) + 'rem';
+  return td;
+}
+
+/** One trace as a timeline: spans of every node, nested under their parents. */
+async function trace(traceId) {
+  const v = view;
+  const r = await load('traces/' + encodeURIComponent(traceId) + '?cluster=true');
+  if (r.err) return v.show(h('h1', {}, 'Trace'), errorBox(r.err));
+  const spans = r.ok.spans;
+  if (!spans.length) return v.show(h('h1', {}, 'Trace ', traceId), h('p', {}, 'No span of this trace is kept (the ring holds the latest spans only).'));
+  const start = Math.min(...spans.map((s) => s.start_unix_ns));
+  const end = Math.max(...spans.map((s) => s.end_unix_ns));
+  const total = Math.max(1, end - start);
+  const ids = new Set(spans.map((s) => s.span_id));
+  const children = new Map();
+  for (const s of spans) {
+    const p = s.parent_id && ids.has(s.parent_id) ? s.parent_id : null;
+    if (!children.has(p)) children.set(p, []);
+    children.get(p).push(s);
+  }
+  const rows = [];
+  const walk = (parent, depth) => {
+    for (const s of (children.get(parent) || []).sort((a, b) => a.start_unix_ns - b.start_unix_ns)) {
+      rows.push([s, depth]);
+      walk(s.span_id, depth + 1);
+    }
+  };
+  walk(null, 0);
+  const bar = (s) => {
+    const left = ((s.start_unix_ns - start) / total) * 100;
+    const width = Math.max(0.3, ((s.end_unix_ns - s.start_unix_ns) / total) * 100);
+    const b = h('div', { class: 'bar' + (s.error ? ' bad' : '') });
+    b.style.marginLeft = left.toFixed(2) + '%';
+    b.style.width = width.toFixed(2) + '%';
+    return h('div', { class: 'track' }, b);
+  };
+  const detail = (s) => {
+    const a = s.attributes || {};
+    return a['db.query.text'] || (a['http.request.method'] ? a['http.request.method'] + ' ' + a['url.path'] + ' → ' + a['http.response.status_code'] : '')
+      || (a['wasmkeep.node.to'] ? 'to ' + a['wasmkeep.node.to'] : '') || (a['wasmkeep.sql.statements'] !== undefined ? a['wasmkeep.sql.statements'] + ' statements' : '');
+  };
+  v.show(
+    h('h1', {}, 'Trace ', h('code', {}, traceId)),
+    h('p', { class: 'muted' }, spans.length, ' spans over ', (total / 1e6).toFixed(2), ' ms',
+      r.ok.nodes_unreachable.length ? '; nodes that did not answer: ' + r.ok.nodes_unreachable.join(', ') : ''),
+    h('div', { class: 'scroll' }, h('table', { class: 'grid timeline', id: 'timeline' },
+      h('thead', {}, h('tr', {}, ['span', 'node', 'took', 'detail', 'timeline'].map((c) => h('th', {}, c)))),
+      h('tbody', {}, rows.map(([s, depth]) => h('tr', { 'data-span': s.name },
+        indented(h('td', {}, s.name, s.error ? h('span', { class: 'error' }, ' ' + s.error) : ''), depth),
+        h('td', {}, (s.attributes && s.attributes['wasmkeep.node']) || ''),
+        h('td', {}, (s.duration_us / 1000).toFixed(2) + ' ms'),
+        h('td', {}, detail(s)),
+        h('td', { class: 'tl' }, bar(s))))))),
+  );
+}
+
 // ---- routing ------------------------------------------------------------------------------
 
 const ROUTES = [
@@ -599,6 +693,8 @@ const ROUTES = [
   [/^#\/actor\/([^/?]+)\/([^/?]+)\/([^/?]+)\/([^/?]+)$/, actor],
   [/^#\/alarms(?:\/([^/?]+))?$/, alarms],
   [/^#\/cluster$/, cluster],
+  [/^#\/traces$/, traces],
+  [/^#\/trace\/([0-9a-f]{32})$/, trace],
 ];
 
 async function route() {

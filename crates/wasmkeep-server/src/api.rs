@@ -25,6 +25,7 @@ mod logs;
 mod shares;
 mod sockets;
 mod test_clock;
+mod trace_routes;
 mod ws;
 use crate::cluster::{CLUSTER_TOKEN_HEADER, ClusterState, FORWARDED_HEADER, NODE_HEADER};
 use crate::error::ApiError;
@@ -34,6 +35,7 @@ pub use console::{
 };
 pub use history::{HISTORY_SAMPLE_MS, HISTORY_SAMPLES_MAX};
 pub use logs::LOG_LINES_DEFAULT;
+pub use trace_routes::{TRACES_LIST_DEFAULT, TRACES_LIST_MAX};
 
 /// Longest SQL text the inspection route accepts.
 pub const INSPECT_SQL_BYTES_MAX: usize = 1024 * 1024;
@@ -104,6 +106,13 @@ pub struct ServerConfig {
     /// Test mode (`serve --test-clock`): the node's clock, which only
     /// `POST /admin/v1/test/clock` moves. `None`: the real clock.
     pub test_clock: Option<Arc<wasmkeep_runtime::ManualClock>>,
+    /// The share (percent, 0 to 100) of actor requests without a sampled
+    /// `traceparent` that start a trace (ADR 0064); a sampled
+    /// `traceparent` is always followed.
+    pub trace_sample_pct: u8,
+    /// Where spans are exported over OTLP/HTTP (`http://HOST:PORT`);
+    /// `None`: kept in the node's ring only.
+    pub otlp_endpoint: Option<String>,
 }
 
 impl Default for ServerConfig {
@@ -127,6 +136,8 @@ impl Default for ServerConfig {
             access_log: false,
             failed_request_log_per_s: 100,
             sockets_per_client_max: 1_000,
+            trace_sample_pct: 0,
+            otlp_endpoint: None,
         }
     }
 }
@@ -149,6 +160,11 @@ pub enum ServerError {
         rule: &'static str,
         value: u64,
     },
+    #[error(
+        "invalid setting: `otlp_endpoint` must be an http:// address of an OTLP/HTTP collector \
+         (the node speaks no TLS to it; run a local collector or agent): value=`{0}`"
+    )]
+    InvalidOtlpEndpoint(String),
     #[error("serve: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -158,7 +174,9 @@ impl ServerError {
     pub fn code(&self) -> &'static str {
         match self {
             ServerError::TenantTokensWithoutAdminToken(_) => "tenant_tokens_without_admin_token",
-            ServerError::InvalidSetting { .. } => "invalid_setting",
+            ServerError::InvalidSetting { .. } | ServerError::InvalidOtlpEndpoint(_) => {
+                "invalid_setting"
+            }
             ServerError::Io(_) => "io",
         }
     }
@@ -190,6 +208,18 @@ impl ServerConfig {
                 rule: "from 1 to 1000000",
                 value: self.connections_max as u64,
             });
+        }
+        if self.trace_sample_pct > 100 {
+            return Err(ServerError::InvalidSetting {
+                name: "trace_sample_pct",
+                rule: "from 0 to 100",
+                value: u64::from(self.trace_sample_pct),
+            });
+        }
+        if let Some(e) = &self.otlp_endpoint
+            && !e.starts_with("http://")
+        {
+            return Err(ServerError::InvalidOtlpEndpoint(e.clone()));
         }
         Ok(())
     }
@@ -233,6 +263,8 @@ struct AppState {
     console: Arc<console::Sessions>,
     /// The node's last hour of figures (`history`).
     history: Arc<history::History>,
+    /// What the OTLP exporter counted, when spans are exported.
+    exported: Option<Arc<crate::traces::ExportCounters>>,
 }
 
 impl AppState {
@@ -259,7 +291,7 @@ pub fn router(rt: Runtime, config: ServerConfig) -> Router {
         config.connections_max,
         rt.config().tenant_share_pct,
     ));
-    let state = AppState {
+    let mut state = AppState {
         in_flight,
         client_sockets: Arc::new(ws::ClientSockets::new(config.sockets_per_client_max)),
         rt,
@@ -269,7 +301,9 @@ pub fn router(rt: Runtime, config: ServerConfig) -> Router {
         anon_failure_rate: Arc::default(),
         console: Arc::default(),
         history: Arc::default(),
+        exported: None,
     };
+    state.exported = start_export(&state);
     inbound::install(&state);
     history::start(&state);
     state.rt.set_access_log(state.config.access_log);
@@ -309,6 +343,8 @@ pub fn router(rt: Runtime, config: ServerConfig) -> Router {
         .route("/node", get(show_node))
         .route("/node/history", get(history::history_route))
         .route("/console/logout", post(console::logout))
+        .route("/traces", get(trace_routes::recent))
+        .route("/traces/{trace_id}", get(trace_routes::one_trace))
         .route("/cluster", get(show_cluster))
         .route(
             "/test/clock",
@@ -335,6 +371,25 @@ pub fn router(rt: Runtime, config: ServerConfig) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
+}
+
+/// Starts the OTLP export of the node's spans when `otlp_endpoint` is set
+/// and a tokio runtime runs the router (ADR 0064).
+fn start_export(s: &AppState) -> Option<Arc<crate::traces::ExportCounters>> {
+    let endpoint = s.config.otlp_endpoint.as_deref()?;
+    tokio::runtime::Handle::try_current().ok()?;
+    let node = s
+        .config
+        .cluster
+        .as_ref()
+        .map_or_else(|| "single".to_owned(), |c| c.node().to_owned());
+    match crate::traces::start_export(&s.rt, endpoint, &node) {
+        Ok(counters) => Some(counters),
+        Err(e) => {
+            tracing::warn!(error = %e, "spans will not be exported");
+            None
+        }
+    }
 }
 
 /// Serves the node's routes on `listener` until `shutdown` resolves, with
@@ -757,10 +812,14 @@ fn durability(
 }
 
 /// An actor request, and the access and failure lines it calls for.
-async fn actor_request(State(s): State<AppState>, req: Request) -> Response {
+async fn actor_request(State(s): State<AppState>, mut req: Request) -> Response {
     let started = wasmkeep_runtime::clock::instant();
     let (method, uri) = (req.method().clone(), req.uri().clone());
-    let (resp, code, message) = match answer_actor_request(s.clone(), req).await {
+    let traced = crate::traces::decide(req.headers(), s.config.trace_sample_pct);
+    if let Some(t) = traced {
+        req.extensions_mut().insert(t);
+    }
+    let (mut resp, code, message) = match answer_actor_request(s.clone(), req).await {
         Ok(r) => (r, None, None),
         Err(e) => {
             let (code, message) = (e.code.clone(), e.message.clone());
@@ -783,6 +842,9 @@ async fn actor_request(State(s): State<AppState>, req: Request) -> Response {
             message: message.as_deref(),
         },
     );
+    if let Some(t) = traced {
+        trace_routes::record_request(&s, t, started, (&method, &uri), &mut resp, code);
+    }
     resp
 }
 
@@ -877,8 +939,15 @@ async fn answer_actor_request(s: AppState, req: Request) -> Result<Response, Api
     match cluster {
         Some(c) => {
             let pq = path_and_query(&parts.uri, "");
+            // A forward to the owner names this node's `forward` span as
+            // the owner's parent (ADR 0064).
+            let forward = trace_routes::forward_begins(&mut parts);
             let run = |id, body| run_here(&s, id, path, &parts, body, ws);
-            clustered_request(&c, id, &pq, &parts, body, forwarded, run).await
+            let out = clustered_request(&c, id, &pq, &parts, body, forwarded, run).await;
+            if let Some(f) = forward {
+                trace_routes::forward_ends(&s, &c, f, &out);
+            }
+            out
         }
         None => run_here(&s, id, path, &parts, body, ws).await,
     }
@@ -1132,16 +1201,23 @@ async fn run_here(
     ws: Option<(ws::Upgrade, Option<ws::ClientSocket>)>,
 ) -> Result<Response, ApiError> {
     let clustered = s.config.cluster.is_some();
-    let headers = parts
+    let traced = parts.extensions.get::<crate::traces::Traced>().copied();
+    let mut headers: Vec<(String, String)> = parts
         .headers
         .iter()
         .filter(|(k, _)| *k != axum::http::header::AUTHORIZATION)
+        // The actor sees its own request span as the parent of what it
+        // calls (or no `traceparent` when the request is not traced).
+        .filter(|(k, _)| k.as_str() != "traceparent")
         .filter(|(k, _)| {
             !clustered
                 || (*k != CLUSTER_TOKEN_HEADER && *k != crate::cluster::sign::SIGNATURE_HEADER)
         })
         .filter_map(|(k, v)| Some((k.as_str().to_owned(), v.to_str().ok()?.to_owned())))
         .collect();
+    if let Some(t) = traced {
+        headers.push(("traceparent".to_owned(), t.server.header()));
+    }
     let (query, replicated) = durability(
         &parts.headers,
         parts.uri.query().unwrap_or(""),
@@ -1154,6 +1230,7 @@ async fn run_here(
         headers,
         body,
         replicated,
+        trace: traced.map(|t| wasmkeep_runtime::trace::EventTrace::new(t.server)),
     };
     let resp = s.rt.request(id.clone(), request).await?;
     if let Some(socket) = resp.socket {

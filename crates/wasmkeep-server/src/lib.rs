@@ -22,6 +22,7 @@ pub mod auth;
 pub mod cluster;
 mod edge;
 pub mod error;
+pub mod traces;
 pub mod unsafe_rules;
 
 pub use api::{LOG_LINES_DEFAULT, ServerConfig, ServerError, router, serve};

@@ -431,6 +431,7 @@ impl<'a> ActorHandle<'a> {
             replicated: headers
                 .iter()
                 .any(|(k, v)| k.eq_ignore_ascii_case("wasmkeep-durability") && *v == "replicated"),
+            trace: None,
         };
         let r = self
             .node

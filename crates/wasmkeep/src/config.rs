@@ -154,6 +154,10 @@ pub(crate) struct NodeConfig {
     pub sockets_per_client_max: usize,
     /// One line per actor request in the node's log (`wasmkeep::access`).
     pub access_log: bool,
+    /// Traces (ADR 0064): the share of requests without a sampled
+    /// `traceparent` that start one, and where spans are exported.
+    pub trace_sample_pct: u8,
+    pub otlp_endpoint: Option<String>,
     pub failed_request_log_per_s: u64,
     /// The recent lines `wasmkeep logs` can read (issue 22).
     pub log_buffer_lines: usize,
@@ -291,6 +295,8 @@ impl Default for NodeConfig {
             socket_idle_ms: rt.sockets.idle_ms,
             sockets_per_client_max: server.sockets_per_client_max,
             access_log: server.access_log,
+            trace_sample_pct: server.trace_sample_pct,
+            otlp_endpoint: server.otlp_endpoint.clone(),
             failed_request_log_per_s: server.failed_request_log_per_s,
             log_buffer_lines: rt.logs.lines_max,
             log_buffer_bytes: rt.logs.bytes_max,
@@ -479,6 +485,8 @@ impl NodeConfig {
             access_log: self.access_log,
             failed_request_log_per_s: self.failed_request_log_per_s,
             sockets_per_client_max: self.sockets_per_client_max,
+            trace_sample_pct: self.trace_sample_pct,
+            otlp_endpoint: self.otlp_endpoint.clone(),
         }
     }
 

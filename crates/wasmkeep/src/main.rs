@@ -353,6 +353,11 @@ struct ServeArgs {
     /// beyond loopback) [default: none].
     #[arg(long, env = "WASMKEEP_CLUSTER_TOKEN", hide_env_values = true)]
     cluster_token: Option<String>,
+    /// Export the spans of traced requests over OTLP/HTTP to this collector
+    /// (`http://HOST:PORT`; `/v1/traces` is added) [default: none: spans stay
+    /// in the node's ring, for the console and `/admin/v1/traces`].
+    #[arg(long, env = "WASMKEEP_OTLP_ENDPOINT")]
+    otlp_endpoint: Option<String>,
     /// Test mode, for test kits: the node's clock starts at START_MS (unix
     /// milliseconds) and stands still until `POST
     /// /admin/v1/test/clock?advance_ms=N` moves it, running the alarms that
@@ -630,6 +635,9 @@ fn serve(args: ServeArgs) -> Result<()> {
     }
     if args.cluster_token.is_some() {
         cfg.cluster_token = args.cluster_token;
+    }
+    if args.otlp_endpoint.is_some() {
+        cfg.otlp_endpoint = args.otlp_endpoint;
     }
     let test_clock = match args.test_clock {
         Some(start_ms) => {

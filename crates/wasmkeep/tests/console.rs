@@ -22,7 +22,7 @@ fn start_node(tmp: &Path, env: &[(&str, String)]) -> Node {
     let cfg = tmp.join("node.toml");
     std::fs::write(
         &cfg,
-        format!("admin_token = \"{ADMIN}\"\naccess_log = true\n"),
+        format!("admin_token = \"{ADMIN}\"\naccess_log = true\ntrace_sample_pct = 100\n"),
     )
     .unwrap();
     Node::start_env(

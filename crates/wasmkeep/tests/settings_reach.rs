@@ -151,6 +151,8 @@ socket_send_buffer_bytes_max = 1000079
 socket_idle_ms = 600080
 sockets_per_client_max = 1081
 access_log = true
+trace_sample_pct = 37
+otlp_endpoint = "http://127.0.0.1:4318"
 failed_request_log_per_s = 82
 log_buffer_lines = 10083
 log_buffer_bytes = 8000084
@@ -409,6 +411,8 @@ fn server_rows(r: &mut Reach, n: &NodeConfig, server: &ServerConfig) {
     reach!(r, n.body_read_bytes_per_s_min => server.body_read_bytes_per_s_min);
     reach!(r, n.shutdown_drain_ms => server.shutdown_drain_ms);
     reach!(r, n.access_log => server.access_log);
+    reach!(r, n.trace_sample_pct => server.trace_sample_pct);
+    reach!(r, n.otlp_endpoint => server.otlp_endpoint);
     reach!(r, n.failed_request_log_per_s => server.failed_request_log_per_s);
     reach!(r, n.sockets_per_client_max => server.sockets_per_client_max);
     // `local` overrides what `advertise` alone gives a cluster node.

@@ -4,6 +4,7 @@
 //! becomes of the instance when the turn ends.
 
 use super::*;
+use crate::trace::EventTrace;
 
 /// One turn: the batch's events in one transaction, in the phases below,
 /// each its own function. Once the actor is open the turn owns its
@@ -443,6 +444,7 @@ pub(super) fn run_events(
             return Err(Stop::Close);
         }
         reset_event_state(l, &ran);
+        let traced = begin_trace(l, &ev.kind);
         // Only an event that records or replays touches the tape.
         let taped = (l.recording.is_some() || rt.config.replay_sandbox)
             .then(|| l.store.data().tape.clone());
@@ -478,6 +480,7 @@ pub(super) fn run_events(
         if r.is_err() {
             Metrics::inc(&rt.metrics.event_failures_total);
         }
+        let trace = end_trace(l, traced, &r);
         // Read before a trap's instance is replaced (which would lose it).
         let (park, accepted) = take_event_effects(rt, l, r.is_ok(), &mut ran);
         ran.results.push(Ran {
@@ -487,6 +490,7 @@ pub(super) fn run_events(
             replicated,
             park,
             accepted,
+            trace,
         });
         if rt.faults.panic_in_batch() {
             panic!("injected panic in a batch (test fault)");
@@ -507,6 +511,31 @@ pub(super) fn run_events(
         .phase_events
         .observe_ms(events_started.elapsed().as_secs_f64() * 1000.0);
     Ok(ran)
+}
+
+/// A traced request's event begins (ADR 0064): the host notes its
+/// statements; the trace and when its handler began.
+fn begin_trace(l: &mut Loaded, kind: &EventKind) -> Option<(Arc<EventTrace>, Instant)> {
+    let EventKind::Request(r) = kind else {
+        return None;
+    };
+    let trace = r.trace.clone()?;
+    l.store.data_mut().trace = Some(Arc::clone(&trace));
+    Some((trace, crate::clock::instant()))
+}
+
+/// A traced event's handler ended with `r`: its `guest` span is noted and
+/// the host stops noting statements.
+fn end_trace(
+    l: &mut Loaded,
+    traced: Option<(Arc<EventTrace>, Instant)>,
+    r: &Result<Outcome, RuntimeError>,
+) -> Option<Arc<EventTrace>> {
+    let (trace, started) = traced?;
+    let error = r.as_ref().err().map(RuntimeError::code);
+    trace.guest(started, crate::clock::instant(), error);
+    l.store.data_mut().trace = None;
+    Some(trace)
 }
 
 /// The batch's transaction begins, under the room the tenant's disk quota
@@ -890,6 +919,9 @@ pub(super) fn commit_turn(
     rt.metrics
         .phase_commit
         .observe_ms(ms_between(commit_started, committed_at));
+    for t in ran.results.iter().filter_map(|r| r.trace.as_ref()) {
+        t.commit(commit_started, committed_at);
+    }
     Ok((ran, committed_at))
 }
 
@@ -1041,6 +1073,7 @@ fn release_one(
         replicated,
         park,
         accepted,
+        trace: _,
     } = ran;
     let out = match (sync, out) {
         (Err(e), Ok(_)) => Err(RuntimeError::Internal(e.clone())),
@@ -1114,11 +1147,18 @@ pub(super) fn release_replies(
     let repl_mark = after.repl_mark;
     let outbox = after.outbox;
     let weak = Arc::downgrade(rt);
+    let traces = Arc::clone(&rt.traces);
     let release = move |sync: Result<(), String>| {
         metrics
             .phase_durable
             .observe_ms(committed_at.elapsed().as_secs_f64() * 1000.0);
         let rt = weak.upgrade();
+        for ran in &results {
+            // Spans first: they are in the ring before the reply leaves.
+            if let (Some(t), Some(queued)) = (&ran.trace, ran.started) {
+                t.finish(&traces, queued);
+            }
+        }
         for ran in results {
             release_one(rt.as_ref(), &metrics, &actor, &sync, ran, repl_mark);
         }

@@ -106,6 +106,17 @@ try {
   check((await page.textContent('#table-browser')).includes(t.note_title), 'the table browser shows the rows');
   await shot(page, 'actor');
 
+  step = 'open a trace of the actor';
+  // The request that wrote the note (its statements are spans).
+  const writeTrace = '#actor-traces tr:has-text("POST") a[href^="#/trace/"]';
+  await page.waitForSelector(writeTrace);
+  await page.click(writeTrace);
+  await page.waitForSelector('#timeline');
+  for (const name of ['request', 'queue', 'guest', 'sql', 'commit', 'durable']) {
+    check((await page.$$(`#timeline tr[data-span="${name}"]`)).length > 0, 'the timeline has a ' + name + ' span');
+  }
+  await shot(page, 'trace');
+
   step = 'watch a log line arrive';
   await page.goto(t.base + '/console#/actor/demo/examples/pinger/' + seg(t.pinger));
   await page.waitForSelector('#live-log');

@@ -87,6 +87,8 @@ pub(crate) struct Answer {
     pub status: u16,
     pub node: Option<String>,
     pub body: serde_json::Value,
+    /// The W3C `traceresponse` of a traced request (ADR 0064).
+    pub traceresponse: Option<String>,
 }
 
 /// One request on a fresh connection (no pooled connection outlives a node
@@ -122,15 +124,26 @@ pub(crate) fn send_within(
                 .get("x-wasmkeep-node")
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_owned);
+            let traceresponse = resp
+                .headers()
+                .get("traceresponse")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
             let status = resp.status().as_u16();
             let text = resp.body_mut().read_to_string().unwrap_or_default();
             let body = serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text));
-            Answer { status, node, body }
+            Answer {
+                status,
+                node,
+                body,
+                traceresponse,
+            }
         }
         Err(e) => Answer {
             status: 0,
             node: None,
             body: serde_json::Value::String(e.to_string()),
+            traceresponse: None,
         },
     }
 }

@@ -1,0 +1,507 @@
+//! Traces (issue 39, ADR 0064): the W3C trace context a request carries,
+//! the spans a traced event records, and the node's ring of recent spans.
+//!
+//! The runtime knows no exporter and no HTTP: the server decides which
+//! requests are traced (their `traceparent`, a sampling share), hands the
+//! event an [`EventTrace`], records its own spans (the request, a forward)
+//! in the same [`Traces`], and exports what the ring receives (OTLP).
+//!
+//! A traced request's event records, as children of the request's span:
+//! - `queue`: from when it was queued to when its handler began (waiting
+//!   for its actor's turn, the database's open and the instance, and the
+//!   events before it in its batch);
+//! - `guest`: its handler, with a `sql` child per statement it ran (the
+//!   first [`TRACE_SQL_SPANS_MAX`]; the rest are counted on `guest`);
+//! - `commit`: its batch's commit;
+//! - `durable`: from the commit to the reply's release (the fsync, and the
+//!   bucket for a replicated request).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use parking_lot::Mutex;
+
+/// Spans a node keeps for the console and the admin API (the oldest go).
+pub const TRACE_SPANS_MAX: usize = 20_000;
+/// `sql` spans one event records; past it statements are only counted.
+pub const TRACE_SQL_SPANS_MAX: usize = 64;
+/// Longest text a span keeps in one attribute (a statement, a path).
+pub const SPAN_TEXT_BYTES_MAX: usize = 256;
+
+/// A W3C trace context (`traceparent`): the trace, the span that is the
+/// parent of what comes next, and whether the trace is sampled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TraceContext {
+    pub trace_id: [u8; 16],
+    pub span_id: [u8; 8],
+    pub sampled: bool,
+}
+
+impl TraceContext {
+    /// Parses a `traceparent` header: `VERSION-TRACE-PARENT-FLAGS` in
+    /// lowercase hex. Version `00` is exactly 55 characters; a later
+    /// version may add fields after the flags (read as `00`). An all-zero
+    /// trace or parent, version `ff`, or anything malformed is `None`.
+    pub fn parse(header: &str) -> Option<TraceContext> {
+        let h = header.trim();
+        let bytes = h.as_bytes();
+        if bytes.len() < 55 || (bytes.len() > 55 && bytes[55] != b'-') {
+            return None;
+        }
+        let version = hex_bytes::<1>(&h[0..2])?;
+        if version[0] == 0xff || (version[0] == 0 && bytes.len() != 55) {
+            return None;
+        }
+        if bytes[2] != b'-' || bytes[35] != b'-' || bytes[52] != b'-' {
+            return None;
+        }
+        let trace_id = hex_bytes::<16>(&h[3..35])?;
+        let span_id = hex_bytes::<8>(&h[36..52])?;
+        let flags = hex_bytes::<1>(&h[53..55])?;
+        if trace_id == [0; 16] || span_id == [0; 8] {
+            return None;
+        }
+        Some(TraceContext {
+            trace_id,
+            span_id,
+            sampled: flags[0] & 1 == 1,
+        })
+    }
+
+    /// The `traceparent` header of this context (version `00`).
+    pub fn header(&self) -> String {
+        format!(
+            "00-{}-{}-{}",
+            hex::encode(self.trace_id),
+            hex::encode(self.span_id),
+            if self.sampled { "01" } else { "00" }
+        )
+    }
+
+    /// A new sampled trace whose first span is `span_id`.
+    pub fn new_trace() -> TraceContext {
+        TraceContext {
+            trace_id: random_id(),
+            span_id: new_span_id(),
+            sampled: true,
+        }
+    }
+
+    /// The same trace with a new span: what a child span is.
+    pub fn child(&self) -> TraceContext {
+        TraceContext {
+            span_id: new_span_id(),
+            ..*self
+        }
+    }
+}
+
+/// `N` bytes from `2 * N` lowercase hex digits (uppercase is not W3C's).
+fn hex_bytes<const N: usize>(s: &str) -> Option<[u8; N]> {
+    if s.len() != 2 * N || s.bytes().any(|b| b.is_ascii_uppercase()) {
+        return None;
+    }
+    let mut out = [0u8; N];
+    hex::decode_to_slice(s, &mut out).ok()?;
+    Some(out)
+}
+
+fn random_id<const N: usize>() -> [u8; N] {
+    use rand::Rng as _;
+    let mut out = [0u8; N];
+    while out == [0u8; N] {
+        rand::rng().fill_bytes(&mut out);
+    }
+    out
+}
+
+/// A new random, non-zero span id.
+pub fn new_span_id() -> [u8; 8] {
+    random_id()
+}
+
+/// What a span's caller was: OpenTelemetry's span kinds that occur here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpanKind {
+    /// A request this node answered.
+    Server,
+    /// A request this node sent (a forward to another node).
+    Client,
+    /// A part of the work inside this node.
+    Internal,
+}
+
+impl SpanKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SpanKind::Server => "server",
+            SpanKind::Client => "client",
+            SpanKind::Internal => "internal",
+        }
+    }
+}
+
+/// An attribute's value.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AttrValue {
+    Str(String),
+    Int(i64),
+}
+
+/// One finished span.
+#[derive(Debug, Clone)]
+pub struct Span {
+    pub trace_id: [u8; 16],
+    pub span_id: [u8; 8],
+    pub parent_id: Option<[u8; 8]>,
+    pub name: &'static str,
+    pub kind: SpanKind,
+    /// Wall-clock times, nanoseconds since the Unix epoch.
+    pub start_unix_ns: u64,
+    pub end_unix_ns: u64,
+    pub attributes: Vec<(&'static str, AttrValue)>,
+    /// The error code when what the span covers failed.
+    pub error: Option<String>,
+}
+
+impl Span {
+    /// A span of `ctx` (its own id) under `parent`, over `start..end`.
+    pub fn new(
+        ctx: TraceContext,
+        parent: Option<[u8; 8]>,
+        name: &'static str,
+        kind: SpanKind,
+        (start, end): (Instant, Instant),
+    ) -> Span {
+        let (start_unix_ns, end_unix_ns) = unix_ns_of(start, end);
+        Span {
+            trace_id: ctx.trace_id,
+            span_id: ctx.span_id,
+            parent_id: parent,
+            name,
+            kind,
+            start_unix_ns,
+            end_unix_ns,
+            attributes: Vec::new(),
+            error: None,
+        }
+    }
+
+    /// Adds a text attribute, cut to [`SPAN_TEXT_BYTES_MAX`].
+    pub fn text(mut self, key: &'static str, value: &str) -> Span {
+        self.attributes
+            .push((key, AttrValue::Str(clip(value).to_owned())));
+        self
+    }
+
+    /// Adds a number attribute.
+    pub fn int(mut self, key: &'static str, value: i64) -> Span {
+        self.attributes.push((key, AttrValue::Int(value)));
+        self
+    }
+}
+
+/// `s` cut to at most [`SPAN_TEXT_BYTES_MAX`] bytes, on a character
+/// boundary.
+fn clip(s: &str) -> &str {
+    if s.len() <= SPAN_TEXT_BYTES_MAX {
+        return s;
+    }
+    let mut end = SPAN_TEXT_BYTES_MAX;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+/// Two instants as wall-clock nanoseconds, both read against one reading
+/// of the wall clock (so the span's length is the instants' difference).
+fn unix_ns_of(start: Instant, end: Instant) -> (u64, u64) {
+    let now = crate::clock::instant();
+    let wall = u64::try_from(crate::clock::wall_nanos()).unwrap_or(u64::MAX);
+    let at = |t: Instant| {
+        let back = u64::try_from(now.saturating_duration_since(t).as_nanos()).unwrap_or(u64::MAX);
+        let ahead = u64::try_from(t.saturating_duration_since(now).as_nanos()).unwrap_or(u64::MAX);
+        wall.saturating_sub(back).saturating_add(ahead)
+    };
+    let (s, e) = (at(start), at(end));
+    (s, e.max(s))
+}
+
+/// Receives every span recorded on the node (the server's exporter).
+pub type SpanSink = Box<dyn Fn(&Arc<Span>) + Send + Sync>;
+
+/// The node's recent spans, and where they go besides.
+#[derive(Default)]
+pub struct Traces {
+    ring: Mutex<VecDeque<Arc<Span>>>,
+    sink: std::sync::OnceLock<SpanSink>,
+    spans_total: AtomicU64,
+}
+
+impl std::fmt::Debug for Traces {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Traces")
+            .field("spans", &self.ring.lock().len())
+            .finish()
+    }
+}
+
+impl Traces {
+    /// Keeps `span` (the oldest goes past [`TRACE_SPANS_MAX`]) and hands
+    /// it to the sink.
+    pub fn record(&self, span: Span) {
+        let span = Arc::new(span);
+        {
+            let mut ring = self.ring.lock();
+            if ring.len() >= TRACE_SPANS_MAX {
+                ring.pop_front();
+            }
+            ring.push_back(Arc::clone(&span));
+        }
+        self.spans_total.fetch_add(1, Ordering::Relaxed);
+        if let Some(sink) = self.sink.get() {
+            sink(&span);
+        }
+    }
+
+    /// Sets where every recorded span goes too (once); `false` if set.
+    pub fn set_sink(&self, sink: SpanSink) -> bool {
+        self.sink.set(sink).is_ok()
+    }
+
+    /// Spans recorded since start.
+    pub fn spans_total(&self) -> u64 {
+        self.spans_total.load(Ordering::Relaxed)
+    }
+
+    /// The kept spans of one trace, by start.
+    pub fn of_trace(&self, trace_id: &[u8; 16]) -> Vec<Arc<Span>> {
+        let mut out: Vec<_> = self
+            .ring
+            .lock()
+            .iter()
+            .filter(|s| &s.trace_id == trace_id)
+            .cloned()
+            .collect();
+        out.sort_by_key(|s| s.start_unix_ns);
+        out
+    }
+
+    /// The latest `limit` spans this node served (`Server` kind), newest
+    /// first, optionally only those whose `wasmkeep.actor` attribute starts
+    /// with `actor_prefix`.
+    pub fn recent_requests(&self, limit: usize, actor_prefix: Option<&str>) -> Vec<Arc<Span>> {
+        self.ring
+            .lock()
+            .iter()
+            .rev()
+            .filter(|s| s.kind == SpanKind::Server)
+            .filter(|s| {
+                actor_prefix.is_none_or(|p| {
+                    s.attributes.iter().any(|(k, v)| {
+                        *k == "wasmkeep.actor" && matches!(v, AttrValue::Str(a) if a.starts_with(p))
+                    })
+                })
+            })
+            .take(limit)
+            .cloned()
+            .collect()
+    }
+}
+
+/// What a traced event went through, noted by the batch as it runs and
+/// turned into spans when its reply is released ([`EventTrace::finish`]).
+#[derive(Debug)]
+pub struct EventTrace {
+    /// The request's span: the parent of the event's spans.
+    parent: TraceContext,
+    marks: Mutex<Marks>,
+}
+
+#[derive(Debug, Default)]
+struct Marks {
+    guest: Option<(Instant, Instant)>,
+    commit: Option<(Instant, Instant)>,
+    sql: Vec<(String, Instant, Instant)>,
+    sql_statements: u32,
+    error: Option<String>,
+}
+
+impl EventTrace {
+    /// The trace of an event whose spans go under `parent` (the request's
+    /// span).
+    pub fn new(parent: TraceContext) -> Arc<EventTrace> {
+        Arc::new(EventTrace {
+            parent,
+            marks: Mutex::new(Marks::default()),
+        })
+    }
+
+    /// The request span's context.
+    pub fn parent(&self) -> TraceContext {
+        self.parent
+    }
+
+    pub(crate) fn guest(&self, started: Instant, ended: Instant, error: Option<String>) {
+        let mut m = self.marks.lock();
+        m.guest = Some((started, ended));
+        m.error = error;
+    }
+
+    pub(crate) fn commit(&self, started: Instant, ended: Instant) {
+        self.marks.lock().commit = Some((started, ended));
+    }
+
+    /// One statement the handler ran.
+    pub(crate) fn sql(&self, text: &str, started: Instant, ended: Instant) {
+        let mut m = self.marks.lock();
+        m.sql_statements = m.sql_statements.saturating_add(1);
+        if m.sql.len() < TRACE_SQL_SPANS_MAX {
+            m.sql.push((clip(text).to_owned(), started, ended));
+        }
+    }
+
+    /// Records the event's spans in `traces`: it was queued at `queued`
+    /// and its reply is released now.
+    pub(crate) fn finish(&self, traces: &Traces, queued: Instant) {
+        let now = crate::clock::instant();
+        let m = std::mem::take(&mut *self.marks.lock());
+        let parent = Some(self.parent.span_id);
+        let Some((guest_start, guest_end)) = m.guest else {
+            // The event never ran its handler (refused, or its batch
+            // failed before it): only its time in the queue is known.
+            let queue = Span::new(
+                self.parent.child(),
+                parent,
+                "queue",
+                SpanKind::Internal,
+                (queued, now),
+            );
+            traces.record(queue);
+            return;
+        };
+        traces.record(Span::new(
+            self.parent.child(),
+            parent,
+            "queue",
+            SpanKind::Internal,
+            (queued, guest_start),
+        ));
+        let guest_ctx = self.parent.child();
+        let mut guest = Span::new(
+            guest_ctx,
+            parent,
+            "guest",
+            SpanKind::Internal,
+            (guest_start, guest_end),
+        )
+        .int("wasmkeep.sql.statements", i64::from(m.sql_statements));
+        guest.error = m.error;
+        traces.record(guest);
+        for (text, s, e) in m.sql {
+            traces.record(
+                Span::new(
+                    self.parent.child(),
+                    Some(guest_ctx.span_id),
+                    "sql",
+                    SpanKind::Internal,
+                    (s, e),
+                )
+                .text("db.query.text", &text),
+            );
+        }
+        if let Some((s, e)) = m.commit {
+            traces.record(Span::new(
+                self.parent.child(),
+                parent,
+                "commit",
+                SpanKind::Internal,
+                (s, e),
+            ));
+            traces.record(Span::new(
+                self.parent.child(),
+                parent,
+                "durable",
+                SpanKind::Internal,
+                (e, now),
+            ));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn traceparent_round_trips_and_refuses_what_w3c_refuses() {
+        let h = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let c = TraceContext::parse(h).unwrap();
+        assert!(c.sampled);
+        assert_eq!(c.header(), h);
+        let unsampled =
+            TraceContext::parse("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00");
+        assert!(!unsampled.unwrap().sampled);
+        // A later version with more fields is read as version 00.
+        assert!(TraceContext::parse(&format!("01-{}-extra", &h[3..])).is_some());
+        for bad in [
+            "",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-x",
+            "00_4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e473g-00f067aa0ba902b7-01",
+        ] {
+            assert_eq!(TraceContext::parse(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_ring_keeps_the_newest_spans() {
+        let t = Traces::default();
+        let now = crate::clock::instant();
+        let ctx = TraceContext::new_trace();
+        for _ in 0..TRACE_SPANS_MAX + 3 {
+            t.record(Span::new(
+                ctx.child(),
+                None,
+                "request",
+                SpanKind::Server,
+                (now, now),
+            ));
+        }
+        assert_eq!(t.of_trace(&ctx.trace_id).len(), TRACE_SPANS_MAX);
+        assert_eq!(t.spans_total(), TRACE_SPANS_MAX as u64 + 3);
+        assert_eq!(t.recent_requests(5, None).len(), 5);
+    }
+
+    #[test]
+    fn an_event_trace_makes_its_spans_under_the_request() {
+        let t = Traces::default();
+        let req = TraceContext::new_trace();
+        let e = EventTrace::new(req);
+        let t0 = crate::clock::instant();
+        let t1 = t0 + std::time::Duration::from_millis(2);
+        let t2 = t1 + std::time::Duration::from_millis(3);
+        e.sql("SELECT 1", t1, t1);
+        e.guest(t1, t2, None);
+        e.commit(t2, t2);
+        e.finish(&t, t0);
+        let spans = t.of_trace(&req.trace_id);
+        let names: Vec<_> = spans.iter().map(|s| s.name).collect();
+        for n in ["queue", "guest", "sql", "commit", "durable"] {
+            assert!(names.contains(&n), "{names:?}");
+        }
+        let guest = spans.iter().find(|s| s.name == "guest").unwrap();
+        let sql = spans.iter().find(|s| s.name == "sql").unwrap();
+        assert_eq!(sql.parent_id, Some(guest.span_id));
+        assert_eq!(guest.parent_id, Some(req.span_id));
+        assert_eq!(guest.end_unix_ns - guest.start_unix_ns, 3_000_000);
+    }
+}

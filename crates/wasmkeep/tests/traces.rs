@@ -1,0 +1,285 @@
+//! Traces (issue 39, ADR 0064) through real processes: two cluster nodes on
+//! one folder bucket export their spans over OTLP/HTTP to a small receiver
+//! in this test (a TCP listener that decodes OpenTelemetry's protobuf). A
+//! request with a sampled `traceparent` sent to the node that does not own
+//! its actor yields one trace: the first node's `request` and `forward`,
+//! the owner's `request` under that forward, and the owner's `queue`,
+//! `guest` (with its `sql` statements), `commit` and `durable` under its
+//! request. A request without a `traceparent` on nodes at
+//! `trace_sample_pct = 0` is not traced. The admin API merges one trace's
+//! spans from every live node.
+
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests of real processes, sockets and threads wait and measure in real time"
+)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::sync::{Arc, Mutex};
+
+use common::Node;
+use common::cluster::{self, free_port};
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
+use prost::Message as _;
+
+/// A span as the receiver got it: which node exported it (the resource's
+/// `service.instance.id`), its name, ids and attributes.
+#[derive(Debug, Clone)]
+struct Got {
+    node: String,
+    name: String,
+    trace_id: String,
+    span_id: String,
+    parent_id: String,
+    attributes: BTreeMap<String, String>,
+}
+
+/// Accepts OTLP/HTTP exports (`POST /v1/traces`, protobuf) and keeps their
+/// spans.
+fn receiver() -> (u16, Arc<Mutex<Vec<Got>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let got = Arc::new(Mutex::new(Vec::new()));
+    let keep = Arc::clone(&got);
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(conn) = conn else { continue };
+            let keep = Arc::clone(&keep);
+            std::thread::spawn(move || serve(conn, &keep));
+        }
+    });
+    (port, got)
+}
+
+/// One connection's requests, answered 200 with an empty (valid) response.
+fn serve(conn: std::net::TcpStream, keep: &Mutex<Vec<Got>>) {
+    let mut out = conn.try_clone().unwrap();
+    let mut r = BufReader::new(conn);
+    loop {
+        let mut line = String::new();
+        if r.read_line(&mut line).unwrap_or(0) == 0 {
+            return;
+        }
+        assert!(line.starts_with("POST /v1/traces"), "{line}");
+        let mut length = 0;
+        loop {
+            let mut h = String::new();
+            r.read_line(&mut h).unwrap();
+            let h = h.trim_end();
+            if h.is_empty() {
+                break;
+            }
+            if let Some((k, v)) = h.split_once(':')
+                && k.eq_ignore_ascii_case("content-length")
+            {
+                length = v.trim().parse().unwrap();
+            }
+        }
+        let mut body = vec![0; length];
+        r.read_exact(&mut body).unwrap();
+        let req = ExportTraceServiceRequest::decode(body.as_slice()).expect("OTLP protobuf");
+        let mut spans = keep.lock().unwrap();
+        for rs in req.resource_spans {
+            let node = rs
+                .resource
+                .iter()
+                .flat_map(|r| r.attributes.iter())
+                .find(|kv| kv.key == "service.instance.id")
+                .map(|kv| text(kv.value.as_ref().and_then(|v| v.value.as_ref())))
+                .unwrap_or_default();
+            for ss in rs.scope_spans {
+                for s in ss.spans {
+                    spans.push(Got {
+                        node: node.clone(),
+                        name: s.name,
+                        trace_id: hex(&s.trace_id),
+                        span_id: hex(&s.span_id),
+                        parent_id: hex(&s.parent_span_id),
+                        attributes: s
+                            .attributes
+                            .iter()
+                            .map(|kv| {
+                                (
+                                    kv.key.clone(),
+                                    text(kv.value.as_ref().and_then(|v| v.value.as_ref())),
+                                )
+                            })
+                            .collect(),
+                    });
+                }
+            }
+        }
+        drop(spans);
+        out.write_all(
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n",
+        )
+        .unwrap();
+    }
+}
+
+fn text(v: Option<&AnyValue>) -> String {
+    match v {
+        Some(AnyValue::StringValue(s)) => s.clone(),
+        Some(AnyValue::IntValue(i)) => i.to_string(),
+        other => format!("{other:?}"),
+    }
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn start(tmp: &std::path::Path, name: &str, bucket: &str, otlp: u16) -> (Node, u16) {
+    let port = free_port();
+    let config = cluster::node_config(&tmp.join(name), 1500, 500, 2000, "trace_sample_pct = 0\n");
+    let mut flags = cluster::serve_flags(port, &config, bucket);
+    flags.extend([
+        "--otlp-endpoint".to_owned(),
+        format!("http://127.0.0.1:{otlp}"),
+    ]);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    (Node::start(&tmp.join(name).join("data"), &flags), port)
+}
+
+#[test]
+fn a_request_through_two_nodes_is_one_trace_exported_over_otlp() {
+    let (otlp, got) = receiver();
+    let tmp = tempfile::tempdir().unwrap();
+    let bucket = format!("file://{}", tmp.path().join("bucket").display());
+    for n in ["a", "b"] {
+        std::fs::create_dir_all(tmp.path().join(n)).unwrap();
+    }
+    let (a, a_port) = start(tmp.path(), "a", &bucket, otlp);
+    let (b, b_port) = start(tmp.path(), "b", &bucket, otlp);
+    let b_id = cluster::status(&b)["node"].as_str().unwrap().to_owned();
+    let a_id = cluster::status(&a)["node"].as_str().unwrap().to_owned();
+    cluster::wait_for("both nodes in the view", 120, 100, || {
+        let (s, v) = a.json("GET", "/admin/v1/cluster", b"");
+        s == 200 && v["nodes"].as_array().is_some_and(|n| n.len() == 2)
+    });
+    // The actor is B's: B answers its first request.
+    cluster::wait_for("B takes the actor", 120, 100, || {
+        let r = cluster::increment(b_port, "traced");
+        r.status == 200 && r.node.as_deref() == Some(b_id.as_str())
+    });
+
+    // Not sampled anywhere: no traceresponse.
+    let plain = cluster::send(
+        a_port,
+        "POST",
+        "/v1/demo/examples/counter/traced/increment",
+        &[],
+    );
+    assert_eq!(plain.status, 200);
+    let client_trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let client_span = "00f067aa0ba902b7";
+    let traceparent = format!("00-{client_trace}-{client_span}-01");
+    let answer = cluster::send(
+        a_port,
+        "POST",
+        "/v1/demo/examples/counter/traced/increment",
+        &[("traceparent", traceparent.as_str())],
+    );
+    assert_eq!(answer.status, 200, "{:?}", answer.body);
+    assert_eq!(
+        answer.node.as_deref(),
+        Some(b_id.as_str()),
+        "forwarded to B"
+    );
+    let traceresponse = answer
+        .traceresponse
+        .clone()
+        .expect("a traced request's answer names its trace");
+    assert!(
+        traceresponse.starts_with(&format!("00-{client_trace}-")),
+        "{traceresponse}"
+    );
+    assert_eq!(plain.traceresponse, None, "an unsampled request was traced");
+
+    // Every span of the trace reaches the receiver.
+    let names = [
+        "request", "forward", "queue", "guest", "sql", "commit", "durable",
+    ];
+    let mut spans = Vec::new();
+    cluster::wait_for("the trace's spans at the receiver", 60, 100, || {
+        spans = got
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|s| s.trace_id == client_trace)
+            .cloned()
+            .collect();
+        names.iter().all(|n| spans.iter().any(|s| &s.name == n))
+            && spans.iter().filter(|s| s.name == "request").count() == 2
+    });
+    let one = |node: &str, name: &str| {
+        spans
+            .iter()
+            .find(|s| s.node == node && s.name == name)
+            .unwrap_or_else(|| panic!("no {name} span from {node}: {spans:#?}"))
+            .clone()
+    };
+    let a_request = one(&a_id, "request");
+    let forward = one(&a_id, "forward");
+    let b_request = one(&b_id, "request");
+    assert_eq!(
+        a_request.parent_id, client_span,
+        "A's request is the client's child"
+    );
+    assert_eq!(forward.parent_id, a_request.span_id);
+    assert_eq!(forward.attributes["wasmkeep.node.to"], b_id);
+    assert_eq!(
+        b_request.parent_id, forward.span_id,
+        "B's request is A's forward's child"
+    );
+    assert_eq!(
+        b_request.attributes["wasmkeep.actor"],
+        "demo/examples/counter/traced"
+    );
+    assert_eq!(b_request.attributes["http.response.status_code"], "200");
+    for name in ["queue", "guest", "commit", "durable"] {
+        assert_eq!(one(&b_id, name).parent_id, b_request.span_id, "{name}");
+    }
+    let guest = one(&b_id, "guest");
+    let sql = one(&b_id, "sql");
+    assert_eq!(sql.parent_id, guest.span_id);
+    assert!(
+        sql.attributes["db.query.text"].contains("UPDATE counter"),
+        "{sql:?}"
+    );
+    // Only B ran the event.
+    assert!(
+        spans
+            .iter()
+            .all(|s| s.node == b_id || ["request", "forward"].contains(&s.name.as_str()))
+    );
+
+    // The admin API merges the trace's spans from both nodes.
+    let (s, v) = a.json(
+        "GET",
+        &format!("/admin/v1/traces/{client_trace}?cluster=true"),
+        b"",
+    );
+    assert_eq!(s, 200, "{v}");
+    let merged: Vec<&str> = v["spans"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    for n in names {
+        assert!(merged.contains(&n), "{n} missing from {merged:?}");
+    }
+    assert_eq!(v["nodes_unreachable"], serde_json::json!([]));
+    let (s, here) = a.json("GET", &format!("/admin/v1/traces/{client_trace}"), b"");
+    assert_eq!(s, 200);
+    assert!(
+        here["spans"].as_array().unwrap().len() < merged.len(),
+        "without cluster=true only A's spans: {here}"
+    );
+}
