@@ -60,6 +60,10 @@ pub enum Workload {
     /// W1 with the examples recording every event for replay.
     #[value(name = "w1-recording")]
     W1Recording,
+    /// W1 with every request traced (`trace_sample_pct = 100`, spans kept
+    /// in the node's ring).
+    #[value(name = "w1-traced")]
+    W1Traced,
     /// W1 with every response waiting for the bucket (`--bucket`).
     #[value(name = "w1-durable")]
     W1Durable,
@@ -128,6 +132,7 @@ impl Workload {
             Workload::W2Restart => "w2-restart",
             Workload::W1Ts => "w1-ts",
             Workload::W1Recording => "w1-recording",
+            Workload::W1Traced => "w1-traced",
             Workload::W3 => "w3",
             Workload::W3Ts => "w3-ts",
             Workload::W4 => "w4",
@@ -172,6 +177,7 @@ impl Workload {
 const DEFAULT_WORKLOADS: &[Workload] = &[
     Workload::W1,
     Workload::W1Recording,
+    Workload::W1Traced,
     Workload::W1Ts,
     Workload::W1Hot,
     Workload::W1Durable,
@@ -494,6 +500,7 @@ async fn run_workload(w: Workload, env: &Env<'_>) -> Result<workloads::RunOutput
         Workload::W2Restart => workloads::w2(env, true).await,
         Workload::W1Ts => workloads::w1_ts(env).await,
         Workload::W1Recording => workloads::w1_recording(env).await,
+        Workload::W1Traced => workloads::w1_traced(env).await,
         Workload::W3 => workloads::w3(env).await,
         Workload::W3Ts => workloads::w3_ts(env).await,
         Workload::W4 => workloads::w4(env).await,

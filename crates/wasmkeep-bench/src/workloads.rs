@@ -415,6 +415,48 @@ pub async fn w1_ts(env: &Env<'_>) -> Result<RunOutput> {
     w1_of(EXAMPLES_TS, env, false).await
 }
 
+/// W1-traced: W1 on a node that traces every request
+/// (`trace_sample_pct = 100`, ADR 0064): each increment records its
+/// request, queue, guest, sql, commit and durable spans in the node's
+/// ring. Compared with W1 in the same run, what tracing costs.
+pub async fn w1_traced(env: &Env<'_>) -> Result<RunOutput> {
+    let mut out = RunOutput::default();
+    let Target::Own { dir, .. } = env.target else {
+        bail!("W1-traced needs a node started by the benchmark");
+    };
+    let config = dir.join("traced.toml");
+    std::fs::write(&config, "trace_sample_pct = 100\n")?;
+    let node = env.start(Some(config)).await?.expect("own node");
+    let ep = node.endpoint.clone();
+    let names = (0..env.args.actors).map(|i| format!("a{i}")).collect();
+    let r = async {
+        let events = counter_load_of(EXAMPLES.path(), env, &ep, names, "", &mut out).await?;
+        let r = client::send_all(
+            &ep,
+            1,
+            vec![(Method::GET, "/admin/v1/traces?limit=1".to_string())],
+        )
+        .await?;
+        let spans = match &r[0] {
+            Ok((200, b)) => serde_json::from_slice::<serde_json::Value>(b)?["spans_recorded"]
+                .as_u64()
+                .unwrap_or(0),
+            other => bail!("GET /admin/v1/traces: {}", client::describe(other)),
+        };
+        out.fig("spans_recorded", spans as f64);
+        // At least a request, queue, guest, commit and durable span each.
+        out.check(
+            "every_request_traced",
+            spans >= 5 * events,
+            format!("{spans} spans recorded for {events} measured requests"),
+        );
+        Ok::<_, anyhow::Error>(())
+    }
+    .await;
+    finish(Some(node), &mut out).await;
+    r.map(|()| out)
+}
+
 /// W1-recording: W1 on the examples deployed again with `[recording]`
 /// (ADR 0062), so that every increment also writes its record; compared
 /// with W1 in the same run, what recording costs.

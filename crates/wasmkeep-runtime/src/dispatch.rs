@@ -718,6 +718,7 @@ async fn run_call(
     app_sem: Arc<Semaphore>,
 ) {
     let key = idempotency_key(&from, life, row.seq);
+    let started = crate::clock::instant();
     let mut attempts = 0;
     let answer = loop {
         attempts += 1;
@@ -770,8 +771,44 @@ async fn run_call(
             }
         }
     };
+    record_fetch(&sh, &row, started, &answer, attempts);
     let extra = answer.bytes();
     sh.hold_bytes(extra);
     sh.respond(&from, life, &row, answer, attempts).await;
     sh.finish(&from, life, &row, extra);
+}
+
+/// The `fetch` span of a call a traced event made (ADR 0064): from its
+/// first attempt to its answer, under the event's `guest` span.
+fn record_fetch(
+    sh: &Shared,
+    row: &OutboxRow,
+    started: std::time::Instant,
+    answer: &Answer,
+    attempts: u32,
+) {
+    let Some((ctx, parent)) = crate::trace::fetch_of(&row.headers) else {
+        return;
+    };
+    let Some(rt) = sh.rt.get().and_then(Weak::upgrade) else {
+        return;
+    };
+    let mut span = crate::trace::Span::new(
+        ctx,
+        Some(parent),
+        "fetch",
+        crate::trace::SpanKind::Client,
+        (started, crate::clock::instant()),
+    )
+    .text("http.request.method", &row.method)
+    .text("url.full", &row.target)
+    .int("wasmkeep.attempts", i64::from(attempts));
+    match answer {
+        Answer::Http { status, .. } => {
+            span = span.int("http.response.status_code", i64::from(*status));
+        }
+        Answer::Failed { code, .. } => span.error = Some(code.clone()),
+        _ => {}
+    }
+    rt.traces.record(span);
 }

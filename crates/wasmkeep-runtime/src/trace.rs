@@ -30,6 +30,30 @@ pub const TRACE_SQL_SPANS_MAX: usize = 64;
 /// Longest text a span keeps in one attribute (a statement, a path).
 pub const SPAN_TEXT_BYTES_MAX: usize = 256;
 
+/// This node's key in a fetch's `tracestate`: its value is the id of the
+/// span the fetch's own span hangs under.
+const TRACESTATE_KEY: &str = "wasmkeep";
+
+/// The `fetch` span a call's headers name (see
+/// [`EventTrace::fetch_headers`]): its context and its parent's id; `None`
+/// for a call made outside a traced event (or whose headers the guest set
+/// itself).
+pub fn fetch_of(headers: &[(String, String)]) -> Option<(TraceContext, [u8; 8])> {
+    let header = |name: &str| {
+        headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    };
+    let ctx = TraceContext::parse(header("traceparent")?)?;
+    let parent = header("tracestate")?
+        .split(',')
+        .filter_map(|entry| entry.trim().split_once('='))
+        .find(|(k, _)| *k == TRACESTATE_KEY)
+        .and_then(|(_, v)| hex_bytes::<8>(v))?;
+    Some((ctx, parent))
+}
+
 /// A W3C trace context (`traceparent`): the trace, the span that is the
 /// parent of what comes next, and whether the trace is sampled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -253,17 +277,27 @@ impl Traces {
     /// Keeps `span` (the oldest goes past [`TRACE_SPANS_MAX`]) and hands
     /// it to the sink.
     pub fn record(&self, span: Span) {
-        let span = Arc::new(span);
+        self.record_all(vec![span]);
+    }
+
+    /// [`Traces::record`] for several spans, under one lock.
+    pub fn record_all(&self, spans: Vec<Span>) {
+        let spans: Vec<Arc<Span>> = spans.into_iter().map(Arc::new).collect();
         {
             let mut ring = self.ring.lock();
-            if ring.len() >= TRACE_SPANS_MAX {
-                ring.pop_front();
+            for span in &spans {
+                if ring.len() >= TRACE_SPANS_MAX {
+                    ring.pop_front();
+                }
+                ring.push_back(Arc::clone(span));
             }
-            ring.push_back(Arc::clone(&span));
         }
-        self.spans_total.fetch_add(1, Ordering::Relaxed);
+        self.spans_total
+            .fetch_add(spans.len() as u64, Ordering::Relaxed);
         if let Some(sink) = self.sink.get() {
-            sink(&span);
+            for span in &spans {
+                sink(span);
+            }
         }
     }
 
@@ -318,6 +352,9 @@ impl Traces {
 pub struct EventTrace {
     /// The request's span: the parent of the event's spans.
     parent: TraceContext,
+    /// The `guest` span's id, known before the span ends: a fetch the
+    /// handler makes names it as its parent.
+    guest_id: [u8; 8],
     marks: Mutex<Marks>,
 }
 
@@ -336,8 +373,24 @@ impl EventTrace {
     pub fn new(parent: TraceContext) -> Arc<EventTrace> {
         Arc::new(EventTrace {
             parent,
+            guest_id: new_span_id(),
             marks: Mutex::new(Marks::default()),
         })
+    }
+
+    /// The headers a fetch made by the handler carries (ADR 0064): a
+    /// `traceparent` naming the `fetch` span the dispatcher records when
+    /// the call is answered, and a `tracestate` entry naming its parent
+    /// (the `guest` span), which is how the dispatcher knows it.
+    pub(crate) fn fetch_headers(&self) -> [(String, String); 2] {
+        let call = self.parent.child();
+        [
+            ("traceparent".to_owned(), call.header()),
+            (
+                "tracestate".to_owned(),
+                format!("{TRACESTATE_KEY}={}", hex::encode(self.guest_id)),
+            ),
+        ]
     }
 
     /// The request span's context.
@@ -370,27 +423,20 @@ impl EventTrace {
         let now = crate::clock::instant();
         let m = std::mem::take(&mut *self.marks.lock());
         let parent = Some(self.parent.span_id);
+        let span =
+            |name, range| Span::new(self.parent.child(), parent, name, SpanKind::Internal, range);
         let Some((guest_start, guest_end)) = m.guest else {
             // The event never ran its handler (refused, or its batch
             // failed before it): only its time in the queue is known.
-            let queue = Span::new(
-                self.parent.child(),
-                parent,
-                "queue",
-                SpanKind::Internal,
-                (queued, now),
-            );
-            traces.record(queue);
+            traces.record(span("queue", (queued, now)));
             return;
         };
-        traces.record(Span::new(
-            self.parent.child(),
-            parent,
-            "queue",
-            SpanKind::Internal,
-            (queued, guest_start),
-        ));
-        let guest_ctx = self.parent.child();
+        let mut spans = Vec::with_capacity(4 + m.sql.len());
+        spans.push(span("queue", (queued, guest_start)));
+        let guest_ctx = TraceContext {
+            span_id: self.guest_id,
+            ..self.parent
+        };
         let mut guest = Span::new(
             guest_ctx,
             parent,
@@ -400,12 +446,12 @@ impl EventTrace {
         )
         .int("wasmkeep.sql.statements", i64::from(m.sql_statements));
         guest.error = m.error;
-        traces.record(guest);
+        spans.push(guest);
         for (text, s, e) in m.sql {
-            traces.record(
+            spans.push(
                 Span::new(
                     self.parent.child(),
-                    Some(guest_ctx.span_id),
+                    Some(self.guest_id),
                     "sql",
                     SpanKind::Internal,
                     (s, e),
@@ -414,21 +460,10 @@ impl EventTrace {
             );
         }
         if let Some((s, e)) = m.commit {
-            traces.record(Span::new(
-                self.parent.child(),
-                parent,
-                "commit",
-                SpanKind::Internal,
-                (s, e),
-            ));
-            traces.record(Span::new(
-                self.parent.child(),
-                parent,
-                "durable",
-                SpanKind::Internal,
-                (e, now),
-            ));
+            spans.push(span("commit", (s, e)));
+            spans.push(span("durable", (e, now)));
         }
+        traces.record_all(spans);
     }
 }
 

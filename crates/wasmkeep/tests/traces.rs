@@ -283,3 +283,106 @@ fn a_request_through_two_nodes_is_one_trace_exported_over_otlp() {
         "without cluster=true only A's spans: {here}"
     );
 }
+
+/// A call the handler of a traced request makes through the outbox carries
+/// the trace on: the called server gets a `traceparent` of the trace, and
+/// the node records a `fetch` span with that id under the event's `guest`
+/// span once the call is answered. A call from an untraced request carries
+/// no `traceparent`.
+#[test]
+fn a_fetch_from_a_traced_event_carries_the_trace_on() {
+    // A server that answers 200 and keeps each request's `traceparent`.
+    let server = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = server.local_addr().unwrap().port();
+    let seen: Arc<Mutex<Vec<Option<String>>>> = Arc::default();
+    let keep = Arc::clone(&seen);
+    std::thread::spawn(move || {
+        for conn in server.incoming() {
+            let Ok(conn) = conn else { continue };
+            let mut out = conn.try_clone().unwrap();
+            let mut r = BufReader::new(conn);
+            let mut traceparent = None;
+            loop {
+                let mut h = String::new();
+                if r.read_line(&mut h).unwrap_or(0) == 0 {
+                    break;
+                }
+                let h = h.trim_end();
+                if h.is_empty() {
+                    break;
+                }
+                if let Some((k, v)) = h.split_once(':')
+                    && k.eq_ignore_ascii_case("traceparent")
+                {
+                    traceparent = Some(v.trim().to_owned());
+                }
+            }
+            keep.lock().unwrap().push(traceparent);
+            let _ = out
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok");
+        }
+    });
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = tmp.path().join("node.toml");
+    std::fs::write(&cfg, "outbound_private_allowed = true\n").unwrap();
+    let node = Node::start(
+        &tmp.path().join("data"),
+        &["--config", cfg.to_str().unwrap()],
+    );
+    let manifest = format!("[outbound]\nhosts = [\"127.0.0.1:{port}\"]\n");
+    let (s, v) = node.json(
+        "PUT",
+        &format!(
+            "/admin/v1/apps/acme/web?manifest={}",
+            common::enc(&manifest)
+        ),
+        wasmkeep_guests::DEMO,
+    );
+    assert_eq!(s, 200, "{v}");
+    let fetch = format!(
+        "/v1/acme/web/pinger/p1/fetch?url={}",
+        common::enc(&format!("http://127.0.0.1:{port}/"))
+    );
+    // Untraced first: its call carries no traceparent.
+    assert_eq!(node.post(&fetch, b"").0, 200);
+    cluster::wait_for("the untraced call", 60, 50, || {
+        seen.lock().unwrap().len() == 1
+    });
+    assert_eq!(seen.lock().unwrap()[0], None);
+
+    let trace = "0af7651916cd43dd8448eb211c80319c";
+    let (s, b) = node.send_headers(
+        "POST",
+        &fetch,
+        b"",
+        &[("traceparent", format!("00-{trace}-b7ad6b7169203331-01"))],
+    );
+    assert_eq!(s, 200, "{b}");
+    cluster::wait_for("the traced call", 60, 50, || {
+        seen.lock().unwrap().len() == 2
+    });
+    let sent = seen.lock().unwrap()[1]
+        .clone()
+        .expect("the call carries a traceparent");
+    assert!(sent.starts_with(&format!("00-{trace}-")), "{sent}");
+    let call_span = &sent[36..52];
+    let mut spans = serde_json::Value::Null;
+    cluster::wait_for("the fetch span", 60, 50, || {
+        let (s, v) = node.json("GET", &format!("/admin/v1/traces/{trace}"), b"");
+        spans = v;
+        s == 200
+            && spans["spans"]
+                .as_array()
+                .is_some_and(|a| a.iter().any(|sp| sp["name"] == "fetch"))
+    });
+    let all = spans["spans"].as_array().unwrap();
+    let fetch_span = all.iter().find(|sp| sp["name"] == "fetch").unwrap();
+    let guest = all.iter().find(|sp| sp["name"] == "guest").unwrap();
+    assert_eq!(
+        fetch_span["span_id"], call_span,
+        "the span the server was told of"
+    );
+    assert_eq!(fetch_span["parent_id"], guest["span_id"]);
+    assert_eq!(fetch_span["kind"], "client");
+    assert_eq!(fetch_span["attributes"]["http.response.status_code"], 200);
+}

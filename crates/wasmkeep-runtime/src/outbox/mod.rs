@@ -253,12 +253,22 @@ impl outbox::Host for HostState {
             Some(t) => t,
             None => policy.timeout_ms as u32,
         };
+        let mut headers = call.headers;
+        // A traced event's call carries its trace on (ADR 0064), unless the
+        // guest named one itself.
+        if let Some(t) = &self.trace
+            && !headers
+                .iter()
+                .any(|(k, _)| k.eq_ignore_ascii_case("traceparent"))
+        {
+            headers.extend(t.fetch_headers());
+        }
         let row = OutboxRow {
             seq: 0,
             kind: OutboxKind::Http,
             target: call.url,
             method: call.method,
-            headers: call.headers,
+            headers,
             body: call.body,
             context,
             timeout_ms,
