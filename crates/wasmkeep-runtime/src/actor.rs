@@ -394,9 +394,9 @@ struct Ran {
     park: Option<crate::replies::Park>,
     /// The request accepted a WebSocket (ADR 0043).
     accepted: Option<crate::sockets::Accepted>,
-    /// The request is traced (ADR 0064): its spans are recorded when its
-    /// reply is released.
-    trace: Option<Arc<crate::trace::EventTrace>>,
+    /// The event is traced (ADR 0064), and when it was queued: its spans
+    /// are recorded when its reply is released.
+    trace: Option<(Arc<crate::trace::EventTrace>, Instant)>,
 }
 
 fn ms_between(a: Instant, b: Instant) -> f64 {

@@ -532,6 +532,7 @@ impl Shared {
                 answer: answer.clone(),
                 attempts,
                 discard: false,
+                trace: crate::trace::fetch_of(&row.headers).map(|(c, _)| c),
             };
             match self.deliver(from.clone(), ev.clone()).await {
                 Ok(_) => {
@@ -552,6 +553,7 @@ impl Shared {
                             answer: answer.clone(),
                             attempts,
                             discard: true,
+                            trace: None,
                         };
                         let _ = self.deliver(from.clone(), ev).await;
                         return;
@@ -623,8 +625,10 @@ async fn run_lane(sh: Arc<Shared>, lane: Lane) {
         // answer: the receiver keeps only the last answer it gave, so a
         // sender that restarts before applying an earlier one must find it
         // there when it asks again.
+        let started = crate::clock::instant();
         match send_message(&sh, &from, life, &row).await {
             Some((answer, attempts)) => {
+                record_call(&sh, "send", (&row, started), &answer, attempts);
                 let extra = answer.bytes();
                 sh.hold_bytes(extra);
                 sh.respond(&from, life, &row, answer, attempts).await;
@@ -661,6 +665,7 @@ async fn send_message(
             life,
             seq: row.seq,
             body: row.body.clone(),
+            trace: crate::trace::fetch_of(&row.headers).map(|(c, _)| c),
         };
         let mut r = sh.deliver(to.clone(), ev).await;
         drop(permits);
@@ -771,19 +776,19 @@ async fn run_call(
             }
         }
     };
-    record_fetch(&sh, &row, started, &answer, attempts);
+    record_call(&sh, "fetch", (&row, started), &answer, attempts);
     let extra = answer.bytes();
     sh.hold_bytes(extra);
     sh.respond(&from, life, &row, answer, attempts).await;
     sh.finish(&from, life, &row, extra);
 }
 
-/// The `fetch` span of a call a traced event made (ADR 0064): from its
-/// first attempt to its answer, under the event's `guest` span.
-fn record_fetch(
+/// The `fetch` or `send` span of a call a traced event made (ADR 0064):
+/// from its first attempt to its answer, under the event's `guest` span.
+fn record_call(
     sh: &Shared,
-    row: &OutboxRow,
-    started: std::time::Instant,
+    name: &'static str,
+    (row, started): (&OutboxRow, std::time::Instant),
     answer: &Answer,
     attempts: u32,
 ) {
@@ -796,19 +801,26 @@ fn record_fetch(
     let mut span = crate::trace::Span::new(
         ctx,
         Some(parent),
-        "fetch",
+        name,
         crate::trace::SpanKind::Client,
         (started, crate::clock::instant()),
     )
-    .text("http.request.method", &row.method)
-    .text("url.full", &row.target)
     .int("wasmkeep.attempts", i64::from(attempts));
+    span = match row.kind {
+        OutboxKind::Http => span
+            .text("http.request.method", &row.method)
+            .text("url.full", &row.target),
+        OutboxKind::Message => span.text("wasmkeep.to", &row.target),
+    };
     match answer {
         Answer::Http { status, .. } => {
             span = span.int("http.response.status_code", i64::from(*status));
         }
-        Answer::Failed { code, .. } => span.error = Some(code.clone()),
-        _ => {}
+        Answer::Failed { code, .. }
+        | Answer::Message(crate::outbox::MessageAnswer::Refused { code, .. }) => {
+            span.error = Some(code.clone());
+        }
+        Answer::Message(_) => {}
     }
     rt.traces.record(span);
 }

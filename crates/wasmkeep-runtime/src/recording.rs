@@ -593,6 +593,7 @@ fn input_of(kind: &EventKind) -> Option<(&'static str, Vec<u8>)> {
             life,
             seq,
             body,
+            trace: _,
         }) => (
             "message",
             Enc::default()
@@ -611,6 +612,7 @@ fn input_of(kind: &EventKind) -> Option<(&'static str, Vec<u8>)> {
             answer,
             attempts,
             discard,
+            trace: _,
         }) => {
             let e = Enc::default()
                 .num(*life)
@@ -674,6 +676,7 @@ pub(crate) fn event_of(kind: &str, input: &[u8]) -> Option<EventKind> {
                 life: d.num()?,
                 seq: d.num()?,
                 body: d.bytes()?.to_vec(),
+                trace: None,
             })
         }
         "response" => {
@@ -704,6 +707,7 @@ pub(crate) fn event_of(kind: &str, input: &[u8]) -> Option<EventKind> {
                 answer,
                 attempts,
                 discard,
+                trace: None,
             })
         }
         _ => return None,
@@ -780,6 +784,7 @@ mod tests {
             },
             attempts: 2,
             discard: false,
+            trace: None,
         });
         let (kind, input) = input_of(&answer).unwrap();
         assert_eq!(

@@ -34,8 +34,8 @@ pub const SPAN_TEXT_BYTES_MAX: usize = 256;
 /// span the fetch's own span hangs under.
 const TRACESTATE_KEY: &str = "wasmkeep";
 
-/// The `fetch` span a call's headers name (see
-/// [`EventTrace::fetch_headers`]): its context and its parent's id; `None`
+/// The `fetch` or `send` span a row's headers name (see
+/// [`EventTrace::call_headers`]): its context and its parent's id; `None`
 /// for a call made outside a traced event (or whose headers the guest set
 /// itself).
 pub fn fetch_of(headers: &[(String, String)]) -> Option<(TraceContext, [u8; 8])> {
@@ -364,6 +364,8 @@ struct Marks {
     commit: Option<(Instant, Instant)>,
     sql: Vec<(String, Instant, Instant)>,
     sql_statements: u32,
+    /// The actor that ran it (`tenant/app/class/name`).
+    actor: String,
     error: Option<String>,
 }
 
@@ -378,11 +380,11 @@ impl EventTrace {
         })
     }
 
-    /// The headers a fetch made by the handler carries (ADR 0064): a
-    /// `traceparent` naming the `fetch` span the dispatcher records when
-    /// the call is answered, and a `tracestate` entry naming its parent
-    /// (the `guest` span), which is how the dispatcher knows it.
-    pub(crate) fn fetch_headers(&self) -> [(String, String); 2] {
+    /// The headers an outbox row the handler writes carries (ADR 0064): a
+    /// `traceparent` naming the `fetch` or `send` span the dispatcher
+    /// records when the call is answered, and a `tracestate` entry naming
+    /// its parent (the `guest` span), which is how the dispatcher knows it.
+    pub(crate) fn call_headers(&self) -> [(String, String); 2] {
         let call = self.parent.child();
         [
             ("traceparent".to_owned(), call.header()),
@@ -398,9 +400,15 @@ impl EventTrace {
         self.parent
     }
 
-    pub(crate) fn guest(&self, started: Instant, ended: Instant, error: Option<String>) {
+    pub(crate) fn guest(
+        &self,
+        (started, ended): (Instant, Instant),
+        actor: String,
+        error: Option<String>,
+    ) {
         let mut m = self.marks.lock();
         m.guest = Some((started, ended));
+        m.actor = actor;
         m.error = error;
     }
 
@@ -444,7 +452,8 @@ impl EventTrace {
             SpanKind::Internal,
             (guest_start, guest_end),
         )
-        .int("wasmkeep.sql.statements", i64::from(m.sql_statements));
+        .int("wasmkeep.sql.statements", i64::from(m.sql_statements))
+        .text("wasmkeep.actor", &m.actor);
         guest.error = m.error;
         spans.push(guest);
         for (text, s, e) in m.sql {
@@ -525,7 +534,7 @@ mod tests {
         let t1 = t0 + std::time::Duration::from_millis(2);
         let t2 = t1 + std::time::Duration::from_millis(3);
         e.sql("SELECT 1", t1, t1);
-        e.guest(t1, t2, None);
+        e.guest((t1, t2), "t/a/c/n".into(), None);
         e.commit(t2, t2);
         e.finish(&t, t0);
         let spans = t.of_trace(&req.trace_id);

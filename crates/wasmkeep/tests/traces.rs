@@ -282,6 +282,63 @@ fn a_request_through_two_nodes_is_one_trace_exported_over_otlp() {
         here["spans"].as_array().unwrap().len() < merged.len(),
         "without cluster=true only A's spans: {here}"
     );
+
+    // A message from B's actor to A's crosses the nodes with its trace: A
+    // runs the message's event under B's `send` span.
+    cluster::wait_for("A takes pa", 120, 100, || {
+        let r = cluster::send(a_port, "GET", "/v1/demo/examples/pinger/pa/stats", &[]);
+        r.status == 200 && r.node.as_deref() == Some(a_id.as_str())
+    });
+    cluster::wait_for("B takes pb", 120, 100, || {
+        let r = cluster::send(b_port, "GET", "/v1/demo/examples/pinger/pb/stats", &[]);
+        r.status == 200 && r.node.as_deref() == Some(b_id.as_str())
+    });
+    let ping_trace = "5bf92f3577b34da6a3ce929d0e0e4737";
+    let ping = cluster::send(
+        b_port,
+        "POST",
+        "/v1/demo/examples/pinger/pb/ping?to=pa&n=1",
+        &[("traceparent", &format!("00-{ping_trace}-{client_span}-01"))],
+    );
+    assert_eq!(ping.status, 200, "{:?}", ping.body);
+    let mut spans = Vec::new();
+    cluster::wait_for("the message's spans", 60, 100, || {
+        spans = got
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|s| s.trace_id == ping_trace)
+            .cloned()
+            .collect();
+        let guests = spans.iter().filter(|s| s.name == "guest").count();
+        // pb's request, pa's message, pb's answer.
+        spans.iter().any(|s| s.name == "send") && guests >= 3
+    });
+    let send = spans.iter().find(|s| s.name == "send").unwrap();
+    assert_eq!(send.node, b_id);
+    assert!(
+        send.attributes["wasmkeep.to"].ends_with("pinger/pa"),
+        "{send:?}"
+    );
+    let guest_of = |actor: &str, parent: &str| {
+        spans.iter().any(|s| {
+            s.name == "guest" && s.attributes["wasmkeep.actor"] == actor && s.parent_id == parent
+        })
+    };
+    assert!(
+        guest_of("demo/examples/pinger/pa", &send.span_id),
+        "pa's event under pb's send: {spans:#?}"
+    );
+    assert!(
+        spans.iter().any(|s| s.name == "guest"
+            && s.node == a_id
+            && s.attributes["wasmkeep.actor"] == "demo/examples/pinger/pa"),
+        "pa's event ran on A"
+    );
+    assert!(
+        guest_of("demo/examples/pinger/pb", &send.span_id),
+        "the answer's event on pb under the send: {spans:#?}"
+    );
 }
 
 /// A call the handler of a traced request makes through the outbox carries

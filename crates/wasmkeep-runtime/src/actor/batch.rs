@@ -426,6 +426,7 @@ pub(super) fn run_events(
     while let Some(ev) = events.next() {
         Metrics::inc(&rt.metrics.events_total);
         let started = ev.is_request().then_some(ev.enqueued);
+        let enqueued = ev.enqueued;
         let mut replicated = ev.is_replicated();
         if l.bindings.is_none()
             && let Err(e) = l.fresh_instance(rt, app, id)
@@ -490,7 +491,7 @@ pub(super) fn run_events(
             replicated,
             park,
             accepted,
-            trace,
+            trace: trace.map(|t| (t, enqueued)),
         });
         if rt.faults.panic_in_batch() {
             panic!("injected panic in a batch (test fault)");
@@ -516,10 +517,15 @@ pub(super) fn run_events(
 /// A traced request's event begins (ADR 0064): the host notes its
 /// statements; the trace and when its handler began.
 fn begin_trace(l: &mut Loaded, kind: &EventKind) -> Option<(Arc<EventTrace>, Instant)> {
-    let EventKind::Request(r) = kind else {
-        return None;
+    let trace = match kind {
+        EventKind::Request(r) => r.trace.clone()?,
+        // A message or an answer whose call was traced: its spans go
+        // under the sender's `send` or `fetch` span.
+        EventKind::Inbound(
+            Inbound::Message { trace: Some(c), .. } | Inbound::Response { trace: Some(c), .. },
+        ) => EventTrace::new(*c),
+        _ => return None,
     };
-    let trace = r.trace.clone()?;
     l.store.data_mut().trace = Some(Arc::clone(&trace));
     Some((trace, crate::clock::instant()))
 }
@@ -533,7 +539,9 @@ fn end_trace(
 ) -> Option<Arc<EventTrace>> {
     let (trace, started) = traced?;
     let error = r.as_ref().err().map(RuntimeError::code);
-    trace.guest(started, crate::clock::instant(), error);
+    let id = &l.store.data().id;
+    let actor = format!("{}/{}/{}/{}", id.tenant, id.app, id.class, id.name);
+    trace.guest((started, crate::clock::instant()), actor, error);
     l.store.data_mut().trace = None;
     Some(trace)
 }
@@ -676,6 +684,7 @@ pub(super) fn run_event(
             life,
             seq,
             body,
+            trace: _,
         }) => {
             let what = format!("from {from} #{seq}");
             let started = crate::clock::instant();
@@ -690,6 +699,7 @@ pub(super) fn run_event(
             answer,
             attempts,
             discard,
+            trace: _,
         }) => run_response(rt, l, life, seq, answer, attempts, discard),
         // `run_turn_events` runs these between batches, never in one.
         EventKind::Between(_) => unreachable!("a between-batches event in a batch"),
@@ -919,7 +929,7 @@ pub(super) fn commit_turn(
     rt.metrics
         .phase_commit
         .observe_ms(ms_between(commit_started, committed_at));
-    for t in ran.results.iter().filter_map(|r| r.trace.as_ref()) {
+    for (t, _) in ran.results.iter().filter_map(|r| r.trace.as_ref()) {
         t.commit(commit_started, committed_at);
     }
     Ok((ran, committed_at))
@@ -1155,8 +1165,8 @@ pub(super) fn release_replies(
         let rt = weak.upgrade();
         for ran in &results {
             // Spans first: they are in the ring before the reply leaves.
-            if let (Some(t), Some(queued)) = (&ran.trace, ran.started) {
-                t.finish(&traces, queued);
+            if let Some((t, queued)) = &ran.trace {
+                t.finish(&traces, *queued);
             }
         }
         for ran in results {

@@ -211,12 +211,18 @@ impl outbox::Host for HostState {
         self.check_sizes(body.len(), context.len())?;
         ActorId::new(&self.id.tenant, &to.app, &to.class, &to.name)
             .map_err(|e| refusal("invalid_name", e.to_string()))?;
+        // A traced event's message carries its trace on (ADR 0064).
+        let headers = self
+            .trace
+            .as_ref()
+            .map(|t| t.call_headers().to_vec())
+            .unwrap_or_default();
         let row = OutboxRow {
             seq: 0,
             kind: OutboxKind::Message,
             target: encode_target(&to.app, &to.class, &to.name),
             method: String::new(),
-            headers: Vec::new(),
+            headers,
             body,
             context,
             timeout_ms: 0,
@@ -261,7 +267,7 @@ impl outbox::Host for HostState {
                 .iter()
                 .any(|(k, _)| k.eq_ignore_ascii_case("traceparent"))
         {
-            headers.extend(t.fetch_headers());
+            headers.extend(t.call_headers());
         }
         let row = OutboxRow {
             seq: 0,
@@ -375,6 +381,9 @@ pub enum Inbound {
         life: u64,
         seq: u64,
         body: Vec<u8>,
+        /// The sender's `send` span when the event that sent it was
+        /// traced (ADR 0064): the receiver's spans go under it.
+        trace: Option<crate::trace::TraceContext>,
     },
     /// The answer to the receiver's own row `seq` of its outbox's `life`.
     /// With `discard`, the row is deleted without running `on-response`
@@ -385,6 +394,9 @@ pub enum Inbound {
         answer: Answer,
         attempts: u32,
         discard: bool,
+        /// The call's `send` or `fetch` span when the event that made it
+        /// was traced: the answer's spans go under it.
+        trace: Option<crate::trace::TraceContext>,
     },
 }
 

@@ -89,12 +89,14 @@ fn encode(ev: &Inbound) -> Vec<u8> {
             life,
             seq,
             body,
+            trace,
         } => json!({
             "message": {
                 "from": [from.tenant, from.app, from.class, from.name],
                 "life": life.to_string(),
                 "seq": seq,
                 "body": hex::encode(body),
+                "traceparent": trace.map(|t| t.header()),
             }
         }),
         Inbound::Response {
@@ -103,6 +105,7 @@ fn encode(ev: &Inbound) -> Vec<u8> {
             answer,
             attempts,
             discard,
+            trace,
         } => json!({
             "response": {
                 "life": life.to_string(),
@@ -110,10 +113,17 @@ fn encode(ev: &Inbound) -> Vec<u8> {
                 "answer": answer_json(answer),
                 "attempts": attempts,
                 "discard": discard,
+                "traceparent": trace.map(|t| t.header()),
             }
         }),
     };
     v.to_string().into_bytes()
+}
+
+/// The trace context an event carries (ADR 0064); absent or malformed:
+/// none.
+fn trace_of(v: &Value) -> Option<wasmkeep_runtime::trace::TraceContext> {
+    wasmkeep_runtime::trace::TraceContext::parse(v.get("traceparent")?.as_str()?)
 }
 
 fn decode(body: &[u8]) -> Option<Inbound> {
@@ -128,6 +138,7 @@ fn decode(body: &[u8]) -> Option<Inbound> {
             life: text(m, "life")?.parse().ok()?,
             seq: m.get("seq")?.as_u64()?,
             body: bytes(m, "body")?,
+            trace: trace_of(m),
         });
     }
     let r = v.get("response")?;
@@ -137,6 +148,7 @@ fn decode(body: &[u8]) -> Option<Inbound> {
         answer: answer_from(r.get("answer")?)?,
         attempts: u32::try_from(r.get("attempts")?.as_u64()?).ok()?,
         discard: r.get("discard")?.as_bool()?,
+        trace: trace_of(r),
     })
 }
 
@@ -349,11 +361,13 @@ mod tests {
     #[test]
     fn events_and_answers_round_trip_through_json() {
         let from = ActorId::new("t", "a", "c", "n/with slash").unwrap();
+        let ctx = wasmkeep_runtime::trace::TraceContext::new_trace();
         let m = Inbound::Message {
             from: from.clone(),
             life: u64::MAX,
             seq: 7,
             body: vec![0, 255, 3],
+            trace: Some(ctx),
         };
         match decode(&encode(&m)).unwrap() {
             Inbound::Message {
@@ -361,8 +375,10 @@ mod tests {
                 life,
                 seq,
                 body,
+                trace,
             } => {
                 assert_eq!((f, life, seq, body), (from, u64::MAX, 7, vec![0, 255, 3]));
+                assert_eq!(trace, Some(ctx));
             }
             other => panic!("{other:?}"),
         }
@@ -388,6 +404,7 @@ mod tests {
                 answer: answer.clone(),
                 attempts: 2,
                 discard: false,
+                trace: None,
             };
             match decode(&encode(&r)).unwrap() {
                 Inbound::Response { answer: a, .. } => assert_eq!(a, answer),
