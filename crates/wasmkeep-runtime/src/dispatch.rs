@@ -807,9 +807,11 @@ fn record_call(
     )
     .int("wasmkeep.attempts", i64::from(attempts));
     span = match row.kind {
-        OutboxKind::Http => span
-            .text("http.request.method", &row.method)
-            .text("url.full", &row.target),
+        // The URL without its query (which may carry a tenant's secrets).
+        OutboxKind::Http => span.text("http.request.method", &row.method).text(
+            "url.full",
+            row.target.split(['?', '#']).next().unwrap_or(""),
+        ),
         OutboxKind::Message => span.text("wasmkeep.to", &row.target),
     };
     match answer {

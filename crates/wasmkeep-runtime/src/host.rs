@@ -185,10 +185,10 @@ pub struct HostState {
     pub wasi: WasiCtx,
     pub table: ResourceTable,
     pub memory: MemoryCap,
-    /// Set while `on-alarm` runs.
     /// The event being run is traced: each statement it runs is noted
     /// (ADR 0064).
     pub trace: Option<Arc<crate::trace::EventTrace>>,
+    /// Set while `on-alarm` runs.
     pub in_alarm: bool,
     /// Where the statements `on-alarm` runs are learned for the class.
     pub alarm_statements: Option<Arc<AlarmStatements>>,

@@ -13,8 +13,9 @@
 //! - `guest`: its handler, with a `sql` child per statement it ran (the
 //!   first [`TRACE_SQL_SPANS_MAX`]; the rest are counted on `guest`);
 //! - `commit`: its batch's commit;
-//! - `durable`: from the commit to the reply's release (the fsync, and the
-//!   bucket for a replicated request).
+//! - `durable`: from the commit to the reply's release after the fsync (a
+//!   replicated request's wait for the bucket comes after it, inside the
+//!   request's span).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -33,6 +34,23 @@ pub const SPAN_TEXT_BYTES_MAX: usize = 256;
 /// This node's key in a fetch's `tracestate`: its value is the id of the
 /// span the fetch's own span hangs under.
 const TRACESTATE_KEY: &str = "wasmkeep";
+
+/// Takes this node's entries out of a `tracestate` header a guest set on
+/// its own call: only the host names the parent of a span the dispatcher
+/// records ([`fetch_of`]), so a tenant cannot place spans in any trace it
+/// likes. Other vendors' entries stay.
+pub fn scrub_guest_tracestate(headers: &mut Vec<(String, String)>) {
+    for (k, v) in headers.iter_mut() {
+        if k.eq_ignore_ascii_case("tracestate") {
+            *v = v
+                .split(',')
+                .filter(|e| e.trim().split('=').next() != Some(TRACESTATE_KEY))
+                .collect::<Vec<_>>()
+                .join(",");
+        }
+    }
+    headers.retain(|(k, v)| !(k.eq_ignore_ascii_case("tracestate") && v.trim().is_empty()));
+}
 
 /// The `fetch` or `send` span a row's headers name (see
 /// [`EventTrace::call_headers`]): its context and its parent's id; `None`
@@ -70,6 +88,10 @@ impl TraceContext {
     /// trace or parent, version `ff`, or anything malformed is `None`.
     pub fn parse(header: &str) -> Option<TraceContext> {
         let h = header.trim();
+        // Slicing below is by byte: anything but ASCII is no traceparent.
+        if !h.is_ascii() {
+            return None;
+        }
         let bytes = h.as_bytes();
         if bytes.len() < 55 || (bytes.len() > 55 && bytes[55] != b'-') {
             return None;
@@ -240,15 +262,21 @@ fn clip(s: &str) -> &str {
     &s[..end]
 }
 
-/// Two instants as wall-clock nanoseconds, both read against one reading
-/// of the wall clock (so the span's length is the instants' difference).
+/// Two instants as wall-clock nanoseconds, against one reading of both
+/// clocks taken once per process: spans keep the order and the lengths
+/// their instants have, whatever the wall clock does later.
 fn unix_ns_of(start: Instant, end: Instant) -> (u64, u64) {
-    let now = crate::clock::instant();
-    let wall = u64::try_from(crate::clock::wall_nanos()).unwrap_or(u64::MAX);
+    static ANCHOR: std::sync::OnceLock<(Instant, u64)> = std::sync::OnceLock::new();
+    let (at_instant, at_wall) = *ANCHOR.get_or_init(|| {
+        let wall = u64::try_from(crate::clock::wall_nanos()).unwrap_or(u64::MAX);
+        (crate::clock::instant(), wall)
+    });
     let at = |t: Instant| {
-        let back = u64::try_from(now.saturating_duration_since(t).as_nanos()).unwrap_or(u64::MAX);
-        let ahead = u64::try_from(t.saturating_duration_since(now).as_nanos()).unwrap_or(u64::MAX);
-        wall.saturating_sub(back).saturating_add(ahead)
+        let back =
+            u64::try_from(at_instant.saturating_duration_since(t).as_nanos()).unwrap_or(u64::MAX);
+        let ahead =
+            u64::try_from(t.saturating_duration_since(at_instant).as_nanos()).unwrap_or(u64::MAX);
+        at_wall.saturating_sub(back).saturating_add(ahead)
     };
     let (s, e) = (at(start), at(end));
     (s, e.max(s))
@@ -367,6 +395,7 @@ struct Marks {
     /// The actor that ran it (`tenant/app/class/name`).
     actor: String,
     error: Option<String>,
+    rolled_back: bool,
 }
 
 impl EventTrace {
@@ -413,7 +442,19 @@ impl EventTrace {
     }
 
     pub(crate) fn commit(&self, started: Instant, ended: Instant) {
-        self.marks.lock().commit = Some((started, ended));
+        let mut m = self.marks.lock();
+        if !m.rolled_back {
+            m.commit = Some((started, ended));
+        }
+    }
+
+    /// The event's transaction was dropped after its handler ran: it
+    /// failed with `code`, and a later commit is not its own.
+    pub(crate) fn rolled_back(&self, code: &str) {
+        let mut m = self.marks.lock();
+        m.rolled_back = true;
+        m.commit = None;
+        m.error.get_or_insert_with(|| code.to_owned());
     }
 
     /// One statement the handler ran.
@@ -491,6 +532,8 @@ mod tests {
         assert!(!unsampled.unwrap().sampled);
         // A later version with more fields is read as version 00.
         assert!(TraceContext::parse(&format!("01-{}-extra", &h[3..])).is_some());
+        // Not ASCII: refused, never sliced inside a character.
+        assert_eq!(TraceContext::parse(&format!("0é{}", "0".repeat(52))), None);
         for bad in [
             "",
             "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
@@ -504,6 +547,31 @@ mod tests {
         ] {
             assert_eq!(TraceContext::parse(bad), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn a_guest_cannot_name_the_parent_of_a_span_the_node_records() {
+        let ctx = TraceContext::new_trace();
+        let mut headers = vec![
+            ("traceparent".to_owned(), ctx.header()),
+            (
+                "tracestate".to_owned(),
+                "wasmkeep=00f067aa0ba902b7,other=1".to_owned(),
+            ),
+        ];
+        assert!(
+            fetch_of(&headers).is_some(),
+            "the forged pair would be believed"
+        );
+        scrub_guest_tracestate(&mut headers);
+        assert_eq!(fetch_of(&headers), None);
+        assert_eq!(headers[1].1, "other=1");
+        let mut only_ours = vec![(
+            "TraceState".to_owned(),
+            "wasmkeep=00f067aa0ba902b7".to_owned(),
+        )];
+        scrub_guest_tracestate(&mut only_ours);
+        assert!(only_ours.is_empty());
     }
 
     #[test]

@@ -648,13 +648,18 @@ async function trace(traceId) {
     children.get(p).push(s);
   }
   const rows = [];
+  // Each span once, however its ids point (a cycle is drawn flat).
+  const seen = new Set();
   const walk = (parent, depth) => {
     for (const s of (children.get(parent) || []).sort((a, b) => a.start_unix_ns - b.start_unix_ns)) {
+      if (seen.has(s)) continue;
+      seen.add(s);
       rows.push([s, depth]);
-      walk(s.span_id, depth + 1);
+      if (depth < 64) walk(s.span_id, depth + 1);
     }
   };
   walk(null, 0);
+  for (const s of spans) if (!seen.has(s)) rows.push([s, 0]);
   const bar = (s) => {
     const left = ((s.start_unix_ns - start) / total) * 100;
     const width = Math.max(0.3, ((s.end_unix_ns - s.start_unix_ns) / total) * 100);

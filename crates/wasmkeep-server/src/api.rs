@@ -265,6 +265,8 @@ struct AppState {
     history: Arc<history::History>,
     /// What the OTLP exporter counted, when spans are exported.
     exported: Option<Arc<crate::traces::ExportCounters>>,
+    /// Client-asked traces this second (`traces`).
+    trace_cap: Arc<crate::traces::FollowCap>,
 }
 
 impl AppState {
@@ -302,6 +304,7 @@ pub fn router(rt: Runtime, config: ServerConfig) -> Router {
         console: Arc::default(),
         history: Arc::default(),
         exported: None,
+        trace_cap: Arc::default(),
     };
     state.exported = start_export(&state);
     inbound::install(&state);
@@ -815,7 +818,12 @@ fn durability(
 async fn actor_request(State(s): State<AppState>, mut req: Request) -> Response {
     let started = wasmkeep_runtime::clock::instant();
     let (method, uri) = (req.method().clone(), req.uri().clone());
-    let traced = crate::traces::decide(req.headers(), s.config.trace_sample_pct);
+    let traced = crate::traces::decide(
+        req.headers(),
+        s.config.trace_sample_pct,
+        trace_caller(&s, &req),
+        &s.trace_cap,
+    );
     if let Some(t) = traced {
         req.extensions_mut().insert(t);
     }
@@ -846,6 +854,21 @@ async fn actor_request(State(s): State<AppState>, mut req: Request) -> Response 
         trace_routes::record_request(&s, t, started, (&method, &uri), &mut resp, code);
     }
     resp
+}
+
+/// Who sent an actor request, for tracing: a client with the tenant's
+/// token, a node forwarding (its signature is checked before the request
+/// runs; a forged one is refused and traces nothing of the actor), or
+/// someone refused.
+fn trace_caller(s: &AppState, req: &Request) -> crate::traces::Caller {
+    use crate::traces::Caller;
+    if s.config.cluster.is_some() && req.headers().contains_key(FORWARDED_HEADER) {
+        return Caller::Node;
+    }
+    match parse_actor_path(req.uri().path()) {
+        Ok((id, _)) if s.tokens.tenant_ok(&id.tenant, req.headers()) => Caller::Client,
+        _ => Caller::Refused,
+    }
 }
 
 async fn answer_actor_request(s: AppState, req: Request) -> Result<Response, ApiError> {
@@ -1206,9 +1229,9 @@ async fn run_here(
         .headers
         .iter()
         .filter(|(k, _)| *k != axum::http::header::AUTHORIZATION)
-        // The actor sees its own request span as the parent of what it
-        // calls (or no `traceparent` when the request is not traced).
-        .filter(|(k, _)| k.as_str() != "traceparent")
+        // A traced request's actor sees its own request span as the parent
+        // of what it calls; an untraced one's, what the caller sent.
+        .filter(|(k, _)| traced.is_none() || k.as_str() != "traceparent")
         .filter(|(k, _)| {
             !clustered
                 || (*k != CLUSTER_TOKEN_HEADER && *k != crate::cluster::sign::SIGNATURE_HEADER)

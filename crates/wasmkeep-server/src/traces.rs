@@ -52,19 +52,67 @@ pub(crate) struct Traced {
     pub parent: Option<[u8; 8]>,
 }
 
-/// Whether the request with `headers` is traced here, and how.
-pub(crate) fn decide(headers: &HeaderMap, sample_pct: u8) -> Option<Traced> {
-    let incoming = headers
-        .get("traceparent")
-        .and_then(|v| v.to_str().ok())
-        .and_then(TraceContext::parse);
+/// Traces a node follows per second because a client asked (a sampled
+/// `traceparent` on a request that no node forwarded); past it such a
+/// request is served untraced, so that clients cannot make a node trace
+/// everything.
+pub const TRACES_FOLLOWED_PER_S_MAX: u64 = 1_000;
+
+/// Who sent a request, as far as tracing cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Caller {
+    /// A client the tenant's token (or the admin's) let in.
+    Client,
+    /// Another node of the cluster, forwarding (its signature is checked
+    /// before anything runs): it already decided.
+    Node,
+    /// Anyone else: never traced.
+    Refused,
+}
+
+/// The count of client-asked traces this second.
+#[derive(Debug, Default)]
+pub(crate) struct FollowCap {
+    second: AtomicU64,
+    count: AtomicU64,
+}
+
+impl FollowCap {
+    fn admit(&self) -> bool {
+        let now = crate::cluster::now_ms() / 1000;
+        if self.second.swap(now, Ordering::Relaxed) != now {
+            self.count.store(0, Ordering::Relaxed);
+        }
+        self.count.fetch_add(1, Ordering::Relaxed) < TRACES_FOLLOWED_PER_S_MAX
+    }
+}
+
+/// Whether the request with `headers` from `caller` is traced here, and
+/// how: a sampled `traceparent` is followed (a client's within
+/// [`TRACES_FOLLOWED_PER_S_MAX`]); a client's request without one starts
+/// a trace at `sample_pct`; a forwarded request is never sampled again
+/// (the first node decided); several `traceparent` headers are none.
+pub(crate) fn decide(
+    headers: &HeaderMap,
+    sample_pct: u8,
+    caller: Caller,
+    cap: &FollowCap,
+) -> Option<Traced> {
+    if caller == Caller::Refused {
+        return None;
+    }
+    let mut all = headers.get_all("traceparent").iter();
+    let incoming = match (all.next(), all.next()) {
+        (Some(v), None) => v.to_str().ok().and_then(TraceContext::parse),
+        _ => None,
+    };
     match incoming {
-        Some(c) if c.sampled => Some(Traced {
+        Some(c) if c.sampled && (caller == Caller::Node || cap.admit()) => Some(Traced {
             server: c.child(),
             parent: Some(c.span_id),
         }),
         Some(_) => None,
-        None if sampled(sample_pct) => Some(Traced {
+        None if caller == Caller::Client && sampled(sample_pct) => Some(Traced {
             server: TraceContext::new_trace(),
             parent: None,
         }),

@@ -134,9 +134,10 @@ fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-fn start(tmp: &std::path::Path, name: &str, bucket: &str, otlp: u16) -> (Node, u16) {
+fn start(tmp: &std::path::Path, name: &str, bucket: &str, otlp: u16, pct: u8) -> (Node, u16) {
     let port = free_port();
-    let config = cluster::node_config(&tmp.join(name), 1500, 500, 2000, "trace_sample_pct = 0\n");
+    let more = format!("trace_sample_pct = {pct}\n");
+    let config = cluster::node_config(&tmp.join(name), 1500, 500, 2000, &more);
     let mut flags = cluster::serve_flags(port, &config, bucket);
     flags.extend([
         "--otlp-endpoint".to_owned(),
@@ -154,8 +155,10 @@ fn a_request_through_two_nodes_is_one_trace_exported_over_otlp() {
     for n in ["a", "b"] {
         std::fs::create_dir_all(tmp.path().join(n)).unwrap();
     }
-    let (a, a_port) = start(tmp.path(), "a", &bucket, otlp);
-    let (b, b_port) = start(tmp.path(), "b", &bucket, otlp);
+    // B samples every request a client sends it, never one A forwards (A
+    // decided: it traces none).
+    let (a, a_port) = start(tmp.path(), "a", &bucket, otlp, 0);
+    let (b, b_port) = start(tmp.path(), "b", &bucket, otlp, 100);
     let b_id = cluster::status(&b)["node"].as_str().unwrap().to_owned();
     let a_id = cluster::status(&a)["node"].as_str().unwrap().to_owned();
     cluster::wait_for("both nodes in the view", 120, 100, || {
@@ -168,7 +171,7 @@ fn a_request_through_two_nodes_is_one_trace_exported_over_otlp() {
         r.status == 200 && r.node.as_deref() == Some(b_id.as_str())
     });
 
-    // Not sampled anywhere: no traceresponse.
+    // Not sampled at A, and not sampled again at B: no traceresponse.
     let plain = cluster::send(
         a_port,
         "POST",
@@ -258,6 +261,21 @@ fn a_request_through_two_nodes_is_one_trace_exported_over_otlp() {
             .iter()
             .all(|s| s.node == b_id || ["request", "forward"].contains(&s.name.as_str()))
     );
+    // Every span came once.
+    for (name, n) in [
+        ("request", 2),
+        ("forward", 1),
+        ("queue", 1),
+        ("guest", 1),
+        ("commit", 1),
+        ("durable", 1),
+    ] {
+        assert_eq!(
+            spans.iter().filter(|s| s.name == name).count(),
+            n,
+            "{name} spans: {spans:#?}"
+        );
+    }
 
     // The admin API merges the trace's spans from both nodes.
     let (s, v) = a.json(

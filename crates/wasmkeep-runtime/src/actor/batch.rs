@@ -840,6 +840,11 @@ pub(super) fn batch_rolled_back(
         }
         r.park = None;
         r.accepted = None;
+        // Its work went with the transaction: no commit of the next one
+        // is its own.
+        if let Some((t, _)) = &r.trace {
+            t.rolled_back(&RuntimeError::TransactionAborted.code());
+        }
     }
     ran.completions.clear();
     ran.socket_ops.clear();

@@ -260,6 +260,8 @@ impl outbox::Host for HostState {
             None => policy.timeout_ms as u32,
         };
         let mut headers = call.headers;
+        // Only the host names the parent of the span recorded for a call.
+        crate::trace::scrub_guest_tracestate(&mut headers);
         // A traced event's call carries its trace on (ADR 0064), unless the
         // guest named one itself.
         if let Some(t) = &self.trace
