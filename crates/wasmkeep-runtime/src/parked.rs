@@ -325,9 +325,14 @@ fn send(
 ) {
     let out = Ok(Outcome::Response(resp));
     match mark {
-        Some(mark) if replicated => {
-            crate::replication::hold_until_uploaded(metrics, actor, mark, reply, out, started)
-        }
+        Some(mark) if replicated => crate::replication::hold_until_uploaded(
+            metrics,
+            actor,
+            mark,
+            reply,
+            out,
+            (started, None),
+        ),
         _ => {
             if let Some(t) = started {
                 metrics

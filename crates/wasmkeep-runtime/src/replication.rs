@@ -293,6 +293,16 @@ pub(crate) struct Waiter {
     reply: Reply,
     out: Result<Outcome, RuntimeError>,
     started: Option<Instant>,
+    upload: Option<UploadSpan>,
+}
+
+/// A traced request's wait for the bucket (ADR 0064): recorded as its
+/// `upload` span when its answer is released.
+pub(crate) struct UploadSpan {
+    pub traces: Arc<crate::trace::Traces>,
+    /// The request's span.
+    pub parent: crate::trace::TraceContext,
+    pub since: Instant,
 }
 
 /// Where a batch's commit stands in an actor's replication: the
@@ -1562,7 +1572,7 @@ fn finish_upload(
             drop(st);
             actor.repl_done.notify_all();
             for w in ready {
-                release(m, w.reply, w.out, w.started);
+                release(m, w.reply, w.out, (w.started, w.upload));
             }
             if more {
                 // Only the actor's own turn may read its file.
@@ -1605,7 +1615,7 @@ fn give_up(rt: &Inner, actor: &Actor, st: &mut ActorReplica, why: String) {
             &rt.metrics,
             w.reply,
             Err(RuntimeError::ReplicationFailed(why.clone())),
-            w.started,
+            (w.started, w.upload),
         );
     }
     st.given_up = Some(why);
@@ -1618,11 +1628,22 @@ fn release(
     m: &Metrics,
     reply: Reply,
     out: Result<Outcome, RuntimeError>,
-    started: Option<Instant>,
+    (started, upload): (Option<Instant>, Option<UploadSpan>),
 ) {
     if let Some(t) = started {
         m.event_latency
             .observe_ms(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    if let Some(u) = upload {
+        let mut span = crate::trace::Span::new(
+            u.parent.child(),
+            Some(u.parent.span_id),
+            "upload",
+            crate::trace::SpanKind::Internal,
+            (u.since, crate::clock::instant()),
+        );
+        span.error = out.as_ref().err().map(RuntimeError::code);
+        u.traces.record(span);
     }
     let _ = reply.send(out);
 }
@@ -1646,7 +1667,7 @@ pub(crate) fn hold_until_uploaded(
     mark: Mark,
     reply: Reply,
     out: Result<Outcome, RuntimeError>,
-    started: Option<Instant>,
+    (started, upload): (Option<Instant>, Option<UploadSpan>),
 ) {
     let mut st = actor.repl.lock();
     let failed = match &st.given_up {
@@ -1660,17 +1681,23 @@ pub(crate) fn hold_until_uploaded(
     };
     if let Some(why) = failed {
         drop(st);
-        return release(m, reply, Err(RuntimeError::ReplicationFailed(why)), started);
+        return release(
+            m,
+            reply,
+            Err(RuntimeError::ReplicationFailed(why)),
+            (started, upload),
+        );
     }
     if st.uploaded >= mark.upto {
         drop(st);
-        return release(m, reply, out, started);
+        return release(m, reply, out, (started, upload));
     }
     st.waiters.push(Waiter {
         upto: mark.upto,
         reply,
         out,
         started,
+        upload,
     });
 }
 
@@ -1791,7 +1818,7 @@ pub(crate) fn delete(rt: &Inner, repl: &Replication, actor: &Actor) -> Result<u6
             Err(RuntimeError::ReplicationFailed(
                 "the actor was deleted".into(),
             )),
-            w.started,
+            (w.started, w.upload),
         );
     }
     st.reset();
@@ -1821,7 +1848,14 @@ mod tests {
         // batch's local sync released its reply.
         actor.repl.lock().reset();
         let (tx, mut rx) = tokio::sync::oneshot::channel();
-        hold_until_uploaded(&m, &actor, mark, Reply::new(tx), Ok(Outcome::Done), None);
+        hold_until_uploaded(
+            &m,
+            &actor,
+            mark,
+            Reply::new(tx),
+            Ok(Outcome::Done),
+            (None, None),
+        );
         match rx.try_recv() {
             Ok(Err(RuntimeError::ReplicationFailed(_))) => {}
             other => panic!("expected replication_failed at once, got {other:?}"),
@@ -1833,7 +1867,14 @@ mod tests {
             upto: 1,
         };
         let (tx, mut rx) = tokio::sync::oneshot::channel();
-        hold_until_uploaded(&m, &actor, mark, Reply::new(tx), Ok(Outcome::Done), None);
+        hold_until_uploaded(
+            &m,
+            &actor,
+            mark,
+            Reply::new(tx),
+            Ok(Outcome::Done),
+            (None, None),
+        );
         assert!(rx.try_recv().is_err(), "answered before its upload");
     }
 

@@ -13,9 +13,9 @@
 //! - `guest`: its handler, with a `sql` child per statement it ran (the
 //!   first [`TRACE_SQL_SPANS_MAX`]; the rest are counted on `guest`);
 //! - `commit`: its batch's commit;
-//! - `durable`: from the commit to the reply's release after the fsync (a
-//!   replicated request's wait for the bucket comes after it, inside the
-//!   request's span).
+//! - `durable`: from the commit to the reply's release after the fsync;
+//! - `upload`: a replicated request's wait for the bucket after that
+//!   (recorded by `replication` when its answer is released).
 
 use std::collections::VecDeque;
 use std::sync::Arc;

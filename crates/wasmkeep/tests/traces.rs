@@ -301,6 +301,38 @@ fn a_request_through_two_nodes_is_one_trace_exported_over_otlp() {
         "without cluster=true only A's spans: {here}"
     );
 
+    // A request that waits for the bucket has an `upload` span under its
+    // request, after its `durable`.
+    let upload_trace = "6cf92f3577b34da6a3ce929d0e0e4738";
+    let replicated = cluster::send(
+        b_port,
+        "POST",
+        "/v1/demo/examples/counter/traced/increment",
+        &[
+            (
+                "traceparent",
+                &format!("00-{upload_trace}-{client_span}-01"),
+            ),
+            ("wasmkeep-durability", "replicated"),
+        ],
+    );
+    assert_eq!(replicated.status, 200, "{:?}", replicated.body);
+    let (s, v) = b.json("GET", &format!("/admin/v1/traces/{upload_trace}"), b"");
+    assert_eq!(s, 200);
+    let spans_of = |v: &serde_json::Value, name: &str| {
+        v["spans"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|s| s["name"] == name)
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    let (request, upload) = (spans_of(&v, "request"), spans_of(&v, "upload"));
+    assert_eq!((request.len(), upload.len()), (1, 1), "{v}");
+    assert_eq!(upload[0]["parent_id"], request[0]["span_id"]);
+    assert_eq!(upload[0]["error"], serde_json::Value::Null);
+
     // A message from B's actor to A's crosses the nodes with its trace: A
     // runs the message's event under B's `send` span.
     cluster::wait_for("A takes pa", 120, 100, || {

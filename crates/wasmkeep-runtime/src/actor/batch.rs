@@ -1088,7 +1088,7 @@ fn release_one(
         replicated,
         park,
         accepted,
-        trace: _,
+        trace,
     } = ran;
     let out = match (sync, out) {
         (Err(e), Ok(_)) => Err(RuntimeError::Internal(e.clone())),
@@ -1126,7 +1126,12 @@ fn release_one(
     };
     let r = match (replicated && out.is_ok(), repl_mark, r) {
         (true, Some(mark), Some(r)) => {
-            replication::hold_until_uploaded(metrics, actor, mark, r, out, started);
+            let upload = trace.zip(rt).map(|((t, _), rt)| replication::UploadSpan {
+                traces: Arc::clone(&rt.traces),
+                parent: t.parent(),
+                since: crate::clock::instant(),
+            });
+            replication::hold_until_uploaded(metrics, actor, mark, r, out, (started, upload));
             return;
         }
         (_, _, r) => r,

@@ -21,7 +21,7 @@ pub(super) fn when_uploaded(
         mark,
         Reply::new(tx),
         Ok(Outcome::Done),
-        None,
+        (None, None),
     );
     rt.outbox.when_uploaded(rx, then);
 }
