@@ -110,6 +110,8 @@ function fields(obj) {
 
 function when(ms) {
   if (ms === null || ms === undefined) return '—';
+  // Not a time (a guest wrote the column): shown as it is.
+  if (typeof ms !== 'number' || !Number.isFinite(ms) || Math.abs(ms) > 8.64e15) return cellText(ms);
   const d = new Date(ms);
   const rel = Math.round((ms - Date.now()) / 1000);
   const ago = rel >= 0 ? 'in ' + rel + ' s' : -rel + ' s ago';
@@ -510,11 +512,11 @@ async function actor(tenant, name, cls, actorName) {
     h('section', {}, h('h2', {}, 'Live log'), log),
     h('section', {}, h('h2', {}, 'Traced requests'), traced));
   liveLog(v, id, log);
-  load('traces?limit=20&actor=' + encodeURIComponent([tenant, name, cls, actorName].join('/'))).then((t) => {
+  load('traces?limit=200&actor=' + encodeURIComponent([tenant, name, cls, actorName].join('/'))).then((t) => {
     if (t.err) return traced.replaceChildren(errorBox(t.err));
     // The prefix also matches longer names: keep this actor's own.
     const mine = t.ok.requests.filter((sp) => sp.attributes['wasmkeep.actor'] === [tenant, name, cls, actorName].join('/'));
-    traced.replaceChildren(mine.length ? traceRows(mine) : h('p', { class: 'muted' }, 'None kept on this node (see trace_sample_pct).'));
+    traced.replaceChildren(mine.length ? traceRows(mine.slice(0, 20)) : h('p', { class: 'muted' }, 'None kept on this node (see trace_sample_pct).'));
   }).catch(() => {});
   try {
     const r = await sql(id, 'SELECT CAST(key AS TEXT) AS key, CAST(value AS TEXT) AS value, length(value) AS bytes FROM _wasmkeep_kv ORDER BY key LIMIT ' + PAGE_ROWS);
@@ -579,6 +581,7 @@ async function alarms(tenant) {
 async function cluster() {
   const v = view;
   const [r, node] = await Promise.all([load('cluster'), load('node')]);
+  if (r.err && r.err.code === 'not_a_cluster') return v.show(h('h1', {}, 'Cluster'), h('p', {}, 'A single node: it is not in a cluster (start nodes with --bucket and --advertise to form one).'));
   if (r.err) return v.show(h('h1', {}, 'Cluster'), errorBox(r.err));
   const nodes = r.ok.nodes || [];
   v.show(
@@ -617,8 +620,8 @@ async function traces() {
   const o = r.ok;
   v.show(
     h('h1', {}, 'Traces'),
-    h('p', { class: 'muted' }, 'Requests this node served that were traced: every request whose traceparent is sampled, and ', o.sample_pct,
-      '% of the others (trace_sample_pct). Spans recorded here: ', o.spans_recorded,
+    h('p', { class: 'muted' }, 'Requests this node served that were traced: those whose traceparent is sampled, and ', o.sample_pct,
+      '% of those without one (trace_sample_pct). Spans recorded here: ', o.spans_recorded,
       o.otlp ? '; exported over OTLP: ' + o.otlp.exported + ', dropped: ' + o.otlp.dropped + ', failed batches: ' + o.otlp.failed_batches : '; no OTLP export.'),
     o.requests.length ? traceRows(o.requests) : h('p', {}, 'No traced request yet.'),
   );
@@ -670,8 +673,12 @@ async function trace(traceId) {
   };
   const detail = (s) => {
     const a = s.attributes || {};
-    return a['db.query.text'] || (a['http.request.method'] ? a['http.request.method'] + ' ' + a['url.path'] + ' → ' + a['http.response.status_code'] : '')
-      || (a['wasmkeep.node.to'] ? 'to ' + a['wasmkeep.node.to'] : '') || (a['wasmkeep.sql.statements'] !== undefined ? a['wasmkeep.sql.statements'] + ' statements' : '');
+    const status = a['http.response.status_code'] !== undefined ? ' → ' + a['http.response.status_code'] : '';
+    return a['db.query.text']
+      || (a['http.request.method'] ? a['http.request.method'] + ' ' + (a['url.path'] || a['url.full'] || '') + status : '')
+      || (a['wasmkeep.node.to'] ? 'to ' + a['wasmkeep.node.to'] : '')
+      || (a['wasmkeep.to'] ? 'to ' + a['wasmkeep.to'] : '')
+      || (a['wasmkeep.sql.statements'] !== undefined ? a['wasmkeep.sql.statements'] + ' statements' + (a['wasmkeep.actor'] ? ' in ' + a['wasmkeep.actor'] : '') : '');
   };
   v.show(
     h('h1', {}, 'Trace ', h('code', {}, traceId)),
@@ -681,7 +688,7 @@ async function trace(traceId) {
       h('thead', {}, h('tr', {}, ['span', 'node', 'took', 'detail', 'timeline'].map((c) => h('th', {}, c)))),
       h('tbody', {}, rows.map(([s, depth]) => h('tr', { 'data-span': s.name },
         indented(h('td', {}, s.name, s.error ? h('span', { class: 'error' }, ' ' + s.error) : ''), depth),
-        h('td', {}, (s.attributes && s.attributes['wasmkeep.node']) || ''),
+        h('td', {}, s.node || (s.attributes && s.attributes['wasmkeep.node']) || ''),
         h('td', {}, (s.duration_us / 1000).toFixed(2) + ' ms'),
         h('td', {}, detail(s)),
         h('td', { class: 'tl' }, bar(s))))))),

@@ -106,9 +106,9 @@ pub struct ServerConfig {
     /// Test mode (`serve --test-clock`): the node's clock, which only
     /// `POST /admin/v1/test/clock` moves. `None`: the real clock.
     pub test_clock: Option<Arc<wasmkeep_runtime::ManualClock>>,
-    /// The share (percent, 0 to 100) of actor requests without a sampled
-    /// `traceparent` that start a trace (ADR 0064); a sampled
-    /// `traceparent` is always followed.
+    /// The share (percent, 0 to 100) of actor requests without a
+    /// `traceparent` that start a trace (ADR 0064); a sampled one is
+    /// followed (`TRACES_FOLLOWED_PER_S_MAX`), an unsampled one never.
     pub trace_sample_pct: u8,
     /// Where spans are exported over OTLP/HTTP (`http://HOST:PORT`);
     /// `None`: kept in the node's ring only.
@@ -850,7 +850,11 @@ async fn actor_request(State(s): State<AppState>, mut req: Request) -> Response 
             message: message.as_deref(),
         },
     );
-    if let Some(t) = traced {
+    // A request that only claimed to be a node's forward was refused
+    // before anything ran: it leaves no span.
+    if let Some(t) = traced
+        && code.as_deref() != Some("node_signature_invalid")
+    {
         trace_routes::record_request(&s, t, started, (&method, &uri), &mut resp, code);
     }
     resp

@@ -154,8 +154,8 @@ pub(crate) struct NodeConfig {
     pub sockets_per_client_max: usize,
     /// One line per actor request in the node's log (`wasmkeep::access`).
     pub access_log: bool,
-    /// Traces (ADR 0064): the share of requests without a sampled
-    /// `traceparent` that start one, and where spans are exported.
+    /// Traces (ADR 0064): the share of requests without a `traceparent`
+    /// that start one, and where spans are exported.
     pub trace_sample_pct: u8,
     pub otlp_endpoint: Option<String>,
     pub failed_request_log_per_s: u64,

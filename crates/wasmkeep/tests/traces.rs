@@ -5,9 +5,11 @@
 //! its actor yields one trace: the first node's `request` and `forward`,
 //! the owner's `request` under that forward, and the owner's `queue`,
 //! `guest` (with its `sql` statements), `commit` and `durable` under its
-//! request. A request without a `traceparent` on nodes at
-//! `trace_sample_pct = 0` is not traced. The admin API merges one trace's
-//! spans from every live node.
+//! request. A request without a `traceparent` sent to the first node (at
+//! `trace_sample_pct = 0`) is not traced, and not sampled again by the
+//! owner (at 100). A replicated request has its `upload` span, a message
+//! between the nodes' actors is one trace over both, and the admin API
+//! merges one trace's spans from every live node.
 
 #![allow(
     clippy::disallowed_methods,
@@ -170,6 +172,30 @@ fn a_request_through_two_nodes_is_one_trace_exported_over_otlp() {
         let r = cluster::increment(b_port, "traced");
         r.status == 200 && r.node.as_deref() == Some(b_id.as_str())
     });
+
+    // A client that claims to be a node forwarding is refused, and its
+    // sampled context leaves no span.
+    let forged_trace = "7df92f3577b34da6a3ce929d0e0e4739";
+    let forged = cluster::send(
+        a_port,
+        "POST",
+        "/v1/demo/examples/counter/traced/increment",
+        &[
+            ("x-wasmkeep-forwarded", "1"),
+            (
+                "traceparent",
+                &format!("00-{forged_trace}-00f067aa0ba902b7-01"),
+            ),
+        ],
+    );
+    assert_eq!(forged.status, 403, "{:?}", forged.body);
+    assert_eq!(forged.traceresponse, None);
+    let (s, v) = a.json("GET", &format!("/admin/v1/traces/{forged_trace}"), b"");
+    assert_eq!(
+        (s, v["spans"].as_array().map(Vec::len)),
+        (200, Some(0)),
+        "{v}"
+    );
 
     // Not sampled at A, and not sampled again at B: no traceresponse.
     let plain = cluster::send(

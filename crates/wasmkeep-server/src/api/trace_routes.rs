@@ -87,7 +87,27 @@ pub(super) struct Forward {
 /// For a traced request that may be forwarded: the `traceparent` the
 /// owner gets names a new `forward` span.
 pub(super) fn forward_begins(parts: &mut axum::http::request::Parts) -> Option<Forward> {
-    let traced = parts.extensions.get::<Traced>().copied()?;
+    let Some(traced) = parts.extensions.get::<Traced>().copied() else {
+        // This node decided not to trace (past the cap, say): the owner
+        // follows that decision, so a client's sampled context goes on
+        // unsampled.
+        let declined = parts
+            .headers
+            .get("traceparent")
+            .and_then(|v| v.to_str().ok())
+            .and_then(TraceContext::parse)
+            .filter(|c| c.sampled);
+        if let Some(c) = declined {
+            let unsampled = TraceContext {
+                sampled: false,
+                ..c
+            };
+            if let Ok(v) = HeaderValue::from_str(&unsampled.header()) {
+                parts.headers.insert("traceparent", v);
+            }
+        }
+        return None;
+    };
     let ctx = traced.server.child();
     let v = HeaderValue::from_str(&ctx.header()).ok()?;
     parts.headers.insert("traceparent", v);
@@ -186,11 +206,18 @@ pub(super) async fn one_trace(
             format!("a trace id is 32 hex digits: trace_id=`{trace_id}`"),
         ));
     }
+    // Each span names the node that kept it (the console's timeline
+    // shows it for every span).
+    let here = node_name(&s);
     let mut spans: Vec<serde_json::Value> =
         s.rt.traces()
             .of_trace(&id)
             .iter()
-            .map(|sp| span_json(sp))
+            .map(|sp| {
+                let mut v = span_json(sp);
+                v["node"] = json!(here);
+                v
+            })
             .collect();
     let mut unreachable = Vec::new();
     if let (Some(c), true) = (&s.config.cluster, q.cluster) {
