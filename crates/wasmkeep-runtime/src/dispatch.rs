@@ -532,7 +532,7 @@ impl Shared {
                 answer: answer.clone(),
                 attempts,
                 discard: false,
-                trace: crate::trace::fetch_of(&row.headers).map(|(c, _)| c),
+                trace: crate::trace::call_of(&row.headers).map(|(c, _)| c),
             };
             match self.deliver(from.clone(), ev.clone()).await {
                 Ok(_) => {
@@ -665,7 +665,7 @@ async fn send_message(
             life,
             seq: row.seq,
             body: row.body.clone(),
-            trace: crate::trace::fetch_of(&row.headers).map(|(c, _)| c),
+            trace: crate::trace::call_of(&row.headers).map(|(c, _)| c),
         };
         let mut r = sh.deliver(to.clone(), ev).await;
         drop(permits);
@@ -792,7 +792,7 @@ fn record_call(
     answer: &Answer,
     attempts: u32,
 ) {
-    let Some((ctx, parent)) = crate::trace::fetch_of(&row.headers) else {
+    let Some((ctx, parent)) = crate::trace::call_of(&row.headers) else {
         return;
     };
     let Some(rt) = sh.rt.get().and_then(Weak::upgrade) else {

@@ -37,9 +37,9 @@ const TRACESTATE_KEY: &str = "wasmkeep";
 
 /// Takes this node's entries out of a `tracestate` header a guest set on
 /// its own call: only the host names the parent of a span the dispatcher
-/// records ([`fetch_of`]), so a tenant cannot place spans in any trace it
+/// records ([`call_of`]), so a tenant cannot place spans in any trace it
 /// likes. Other vendors' entries stay.
-pub fn scrub_guest_tracestate(headers: &mut Vec<(String, String)>) {
+pub(crate) fn scrub_guest_tracestate(headers: &mut Vec<(String, String)>) {
     for (k, v) in headers.iter_mut() {
         if k.eq_ignore_ascii_case("tracestate") {
             *v = v
@@ -56,7 +56,7 @@ pub fn scrub_guest_tracestate(headers: &mut Vec<(String, String)>) {
 /// [`EventTrace::call_headers`]): its context and its parent's id; `None`
 /// for a call made outside a traced event (or whose headers the guest set
 /// itself).
-pub fn fetch_of(headers: &[(String, String)]) -> Option<(TraceContext, [u8; 8])> {
+pub(crate) fn call_of(headers: &[(String, String)]) -> Option<(TraceContext, [u8; 8])> {
     let header = |name: &str| {
         headers
             .iter()
@@ -164,7 +164,7 @@ fn random_id<const N: usize>() -> [u8; N] {
 }
 
 /// A new random, non-zero span id.
-pub fn new_span_id() -> [u8; 8] {
+fn new_span_id() -> [u8; 8] {
     random_id()
 }
 
@@ -309,7 +309,7 @@ impl Traces {
     }
 
     /// [`Traces::record`] for several spans, under one lock.
-    pub fn record_all(&self, spans: Vec<Span>) {
+    fn record_all(&self, spans: Vec<Span>) {
         let spans: Vec<Arc<Span>> = spans.into_iter().map(Arc::new).collect();
         {
             let mut ring = self.ring.lock();
@@ -560,11 +560,11 @@ mod tests {
             ),
         ];
         assert!(
-            fetch_of(&headers).is_some(),
+            call_of(&headers).is_some(),
             "the forged pair would be believed"
         );
         scrub_guest_tracestate(&mut headers);
-        assert_eq!(fetch_of(&headers), None);
+        assert_eq!(call_of(&headers), None);
         assert_eq!(headers[1].1, "other=1");
         let mut only_ours = vec![(
             "TraceState".to_owned(),

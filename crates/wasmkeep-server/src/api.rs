@@ -821,7 +821,7 @@ async fn actor_request(State(s): State<AppState>, mut req: Request) -> Response 
     let traced = crate::traces::decide(
         req.headers(),
         s.config.trace_sample_pct,
-        trace_caller(&s, &req),
+        || trace_caller(&s, &req),
         &s.trace_cap,
     );
     if let Some(t) = traced {
