@@ -64,6 +64,9 @@ pub enum SocketEvent {
         /// closed before it ran, so a message sent just before a close is
         /// not lost.
         sent_as: Option<crate::sockets::SocketInfo>,
+        /// The server sampled this message (`trace_sample_pct`): its event
+        /// is the root of a trace of its own (ADR 0064).
+        trace: Option<Arc<crate::trace::EventTrace>>,
     },
     /// The socket is gone from the table; `info` is what it was.
     Closed {

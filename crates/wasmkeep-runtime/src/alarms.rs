@@ -88,8 +88,9 @@ pub struct Alarms<'a> {
 }
 
 impl Alarms<'_> {
-    /// A tenant's pending alarms in due order.
-    pub fn pending(&self, tenant: &str, limit: usize) -> Vec<(ActorId, u64)> {
+    /// A tenant's pending alarms in due order, each with how many of its
+    /// runs failed so far (0 unless it is being retried).
+    pub fn pending(&self, tenant: &str, limit: usize) -> Vec<(ActorId, u64, u32)> {
         self.inner.timer.pending(tenant, limit)
     }
 

@@ -53,8 +53,10 @@ pub(crate) type ActorIndices = NodeIndices;
 pub(crate) use wasmkeep::actor::types::{AlarmInfo, Error as WitError, Request};
 use wasmkeep::actor::{alarm, clock, cron, identity, kv, log, sql, types};
 
-/// What the guest did to its alarm during an `on-alarm` run, which the
-/// retry rule needs after the run's own changes are rolled back.
+/// What the guest did to its alarm in the current event: the retry rule
+/// needs it after a failed `on-alarm` run's own changes are rolled back,
+/// and a traced event that set an alarm is what the alarm's run links to
+/// (ADR 0064).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum AlarmOp {
     /// The handler never called set-alarm or delete-alarm.
@@ -517,9 +519,7 @@ impl alarm::Host for HostState {
                 ),
             });
         }
-        if self.in_alarm {
-            self.alarm_op = AlarmOp::Set(at_ms);
-        }
+        self.alarm_op = AlarmOp::Set(at_ms);
         // A new time set by the app starts a fresh backoff.
         self.db()?
             .set_alarm(Some(AlarmState {
@@ -541,9 +541,7 @@ impl alarm::Host for HostState {
     }
 
     fn delete_alarm(&mut self) {
-        if self.in_alarm {
-            self.alarm_op = AlarmOp::Cleared;
-        }
+        self.alarm_op = AlarmOp::Cleared;
         let r = self.db().and_then(|db| db.set_alarm(None).map_err(wit_err));
         if let Err(e) = r {
             self.poison = Some(e);

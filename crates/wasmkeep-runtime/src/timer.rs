@@ -19,6 +19,9 @@ struct State {
     by_actor: HashMap<Arc<ActorId>, u64>,
     /// Actors already opened ahead of their alarm.
     prepared: HashSet<Arc<ActorId>>,
+    /// Failed runs of the pending alarms that failed before (only those
+    /// above 0): the alarm index page's "retrying".
+    retries: HashMap<Arc<ActorId>, u32>,
 }
 
 /// Pending alarms by due time.
@@ -45,12 +48,29 @@ impl Timer {
             s.queue.remove(&(old, Arc::clone(&key)));
         }
         s.prepared.remove(&key);
+        if at_ms.is_none() {
+            s.retries.remove(&key);
+        }
         if let Some(at) = at_ms {
             let earliest = s.queue.first().map(|(t, _)| *t);
             s.queue.insert((at, Arc::clone(&key)));
             s.by_actor.insert(key, at);
             if earliest.is_none_or(|e| at < e) {
                 self.changed.notify_all();
+            }
+        }
+    }
+
+    /// Notes how many runs of `id`'s pending alarm failed so far (its
+    /// committed `retry_count`), after [`Timer::set`].
+    pub fn set_retries(&self, id: &ActorId, retries: u32) {
+        let mut s = self.state.lock();
+        match s.by_actor.get_key_value(id).map(|(k, _)| Arc::clone(k)) {
+            Some(key) if retries > 0 => {
+                s.retries.insert(key, retries);
+            }
+            _ => {
+                s.retries.remove(id);
             }
         }
     }
@@ -81,6 +101,7 @@ impl Timer {
             s.queue.pop_first();
             s.by_actor.remove(&id);
             s.prepared.remove(&id);
+            s.retries.remove(&id);
             out.push(((*id).clone(), at));
         }
         out
@@ -126,15 +147,18 @@ impl Timer {
         self.len() == 0
     }
 
-    /// A tenant's pending alarms in due order, at most `limit`.
-    pub fn pending(&self, tenant: &str, limit: usize) -> Vec<(ActorId, u64)> {
-        self.state
-            .lock()
-            .queue
+    /// A tenant's pending alarms in due order, at most `limit`, each with
+    /// the failed runs before it.
+    pub fn pending(&self, tenant: &str, limit: usize) -> Vec<(ActorId, u64, u32)> {
+        let s = self.state.lock();
+        s.queue
             .iter()
             .filter(|(_, id)| id.tenant == tenant)
             .take(limit)
-            .map(|(at, id)| ((**id).clone(), *at))
+            .map(|(at, id)| {
+                let retries = s.retries.get(id).copied().unwrap_or(0);
+                ((**id).clone(), *at, retries)
+            })
             .collect()
     }
 

@@ -16,13 +16,20 @@
 //! - `durable`: from the commit to the reply's release after the fsync;
 //! - `upload`: a replicated request's wait for the bucket after that
 //!   (recorded by `replication` when its answer is released).
+//!
+//! An event no request started begins a trace of its own, whose root span
+//! (kind `consumer`) covers it from its queueing to its release, with the
+//! same children: `alarm` for an alarm's run, linked to the traced event
+//! that set the alarm (only such alarms are traced; [`Traces::link_alarm`]),
+//! and `socket` for a WebSocket message the server sampled.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use parking_lot::Mutex;
+use wasmkeep_store::ActorId;
 
 /// Spans a node keeps for the console and the admin API (the oldest go).
 pub const TRACE_SPANS_MAX: usize = 20_000;
@@ -30,6 +37,9 @@ pub const TRACE_SPANS_MAX: usize = 20_000;
 pub const TRACE_SQL_SPANS_MAX: usize = 64;
 /// Longest text a span keeps in one attribute (a statement, a path).
 pub const SPAN_TEXT_BYTES_MAX: usize = 256;
+/// Pending alarms a node remembers the traced setter of: past it a traced
+/// event's alarm runs untraced.
+pub const ALARM_TRACE_LINKS_MAX: usize = 100_000;
 
 /// This node's key in a fetch's `tracestate`: its value is the id of the
 /// span the fetch's own span hangs under.
@@ -177,6 +187,9 @@ pub enum SpanKind {
     Client,
     /// A part of the work inside this node.
     Internal,
+    /// An event the node started by itself (an alarm's run, a socket's
+    /// message): the root of its own trace.
+    Consumer,
 }
 
 impl SpanKind {
@@ -185,6 +198,7 @@ impl SpanKind {
             SpanKind::Server => "server",
             SpanKind::Client => "client",
             SpanKind::Internal => "internal",
+            SpanKind::Consumer => "consumer",
         }
     }
 }
@@ -210,6 +224,9 @@ pub struct Span {
     pub attributes: Vec<(&'static str, AttrValue)>,
     /// The error code when what the span covers failed.
     pub error: Option<String>,
+    /// Spans this one follows from without being their child (an alarm's
+    /// run links to the event that set it).
+    pub links: Vec<TraceContext>,
 }
 
 impl Span {
@@ -232,6 +249,7 @@ impl Span {
             end_unix_ns,
             attributes: Vec::new(),
             error: None,
+            links: Vec::new(),
         }
     }
 
@@ -291,6 +309,10 @@ pub struct Traces {
     ring: Mutex<VecDeque<Arc<Span>>>,
     sink: std::sync::OnceLock<SpanSink>,
     spans_total: AtomicU64,
+    /// The `guest` span of the traced event that set each actor's pending
+    /// alarm. In memory only, as the ring is: after a restart or a move
+    /// the alarm runs untraced.
+    alarm_links: Mutex<HashMap<ActorId, TraceContext>>,
 }
 
 impl std::fmt::Debug for Traces {
@@ -329,6 +351,26 @@ impl Traces {
         }
     }
 
+    /// Notes what set `id`'s alarm: the `guest` span of a traced event,
+    /// or `None` (an untraced event, a clear, a run that left no alarm).
+    /// Past [`ALARM_TRACE_LINKS_MAX`] a new link is not kept.
+    pub(crate) fn link_alarm(&self, id: &ActorId, by: Option<TraceContext>) {
+        let mut links = self.alarm_links.lock();
+        match by {
+            Some(c) if links.len() < ALARM_TRACE_LINKS_MAX || links.contains_key(id) => {
+                links.insert(id.clone(), c);
+            }
+            _ => {
+                links.remove(id);
+            }
+        }
+    }
+
+    /// The traced event that set `id`'s alarm, if any.
+    pub(crate) fn alarm_link(&self, id: &ActorId) -> Option<TraceContext> {
+        self.alarm_links.lock().get(id).copied()
+    }
+
     /// Sets where every recorded span goes too (once); `false` if set.
     pub fn set_sink(&self, sink: SpanSink) -> bool {
         self.sink.set(sink).is_ok()
@@ -352,15 +394,16 @@ impl Traces {
         out
     }
 
-    /// The latest `limit` spans this node served (`Server` kind), newest
-    /// first, optionally only those whose `wasmkeep.actor` attribute starts
+    /// The latest `limit` spans this node served or started (`Server`
+    /// and `Consumer` kinds: requests, alarms' runs, sockets' messages),
+    /// newest first, optionally only those whose `wasmkeep.actor` attribute starts
     /// with `actor_prefix`.
     pub fn recent_requests(&self, limit: usize, actor_prefix: Option<&str>) -> Vec<Arc<Span>> {
         self.ring
             .lock()
             .iter()
             .rev()
-            .filter(|s| s.kind == SpanKind::Server)
+            .filter(|s| matches!(s.kind, SpanKind::Server | SpanKind::Consumer))
             .filter(|s| {
                 actor_prefix.is_none_or(|p| {
                     s.attributes.iter().any(|(k, v)| {
@@ -380,6 +423,10 @@ impl Traces {
 pub struct EventTrace {
     /// The request's span: the parent of the event's spans.
     parent: TraceContext,
+    /// An event no request started: `parent` is its own root span, of
+    /// this name, recorded with the others, linked to the span that
+    /// caused the event.
+    root: Option<(&'static str, Option<TraceContext>)>,
     /// The `guest` span's id, known before the span ends: a fetch the
     /// handler makes names it as its parent.
     guest_id: [u8; 8],
@@ -404,6 +451,7 @@ impl EventTrace {
     pub fn new(parent: TraceContext) -> Arc<EventTrace> {
         Arc::new(EventTrace {
             parent,
+            root: None,
             guest_id: new_span_id(),
             marks: Mutex::new(Marks::default()),
         })
@@ -424,9 +472,29 @@ impl EventTrace {
         ]
     }
 
+    /// The trace of an event no request started (an alarm's run, a
+    /// socket's message): a new trace whose root span `name` covers the
+    /// event, linked to `link`.
+    pub fn root(name: &'static str, link: Option<TraceContext>) -> Arc<EventTrace> {
+        Arc::new(EventTrace {
+            parent: TraceContext::new_trace(),
+            root: Some((name, link)),
+            guest_id: new_span_id(),
+            marks: Mutex::new(Marks::default()),
+        })
+    }
+
     /// The request span's context.
     pub fn parent(&self) -> TraceContext {
         self.parent
+    }
+
+    /// The `guest` span's context: what an alarm this event sets links to.
+    pub(crate) fn guest_context(&self) -> TraceContext {
+        TraceContext {
+            span_id: self.guest_id,
+            ..self.parent
+        }
     }
 
     pub(crate) fn guest(
@@ -471,6 +539,13 @@ impl EventTrace {
     pub(crate) fn finish(&self, traces: &Traces, queued: Instant) {
         let now = crate::clock::instant();
         let m = std::mem::take(&mut *self.marks.lock());
+        if let Some((name, link)) = self.root {
+            let mut root = Span::new(self.parent, None, name, SpanKind::Consumer, (queued, now))
+                .text("wasmkeep.actor", &m.actor);
+            root.error.clone_from(&m.error);
+            root.links.extend(link);
+            traces.record(root);
+        }
         let parent = Some(self.parent.span_id);
         let span =
             |name, range| Span::new(self.parent.child(), parent, name, SpanKind::Internal, range);
@@ -482,12 +557,8 @@ impl EventTrace {
         };
         let mut spans = Vec::with_capacity(4 + m.sql.len());
         spans.push(span("queue", (queued, guest_start)));
-        let guest_ctx = TraceContext {
-            span_id: self.guest_id,
-            ..self.parent
-        };
         let mut guest = Span::new(
-            guest_ctx,
+            self.guest_context(),
             parent,
             "guest",
             SpanKind::Internal,

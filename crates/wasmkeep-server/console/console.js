@@ -17,6 +17,8 @@ const PAGE_ROWS = 50;
 /** Log lines an actor's live log keeps on screen. */
 const LOG_LINES_SHOWN = 500;
 const OVERVIEW_REFRESH_MS = 10000;
+/** How often an actor's log is asked again in a cluster (its lines are on the node that ran it). */
+const CLUSTER_LOG_POLL_MS = 2000;
 
 const main = document.getElementById('main');
 const nav = document.getElementById('nav');
@@ -216,8 +218,15 @@ document.getElementById('logout').addEventListener('click', async () => {
 
 // ---- overview -----------------------------------------------------------------
 
-/** A small line chart of `values` (nulls are gaps), drawn as SVG. */
-function chart(title, values, unit) {
+/** Series drawn in one chart at most (one per node; the colours repeat past it in the CSS). */
+const CHART_SERIES_MAX = 16;
+
+/**
+ * A small line chart over the last hour, drawn as SVG: one line per series (`{ name, points:
+ * [[at_ms, value]] }`, a null value is a gap), placed by time so that nodes sampling at different
+ * instants line up. The caption gives each series' latest value.
+ */
+function chart(title, series, unit) {
   const ns = 'http://www.w3.org/2000/svg';
   const svg = document.createElementNS(ns, 'svg');
   svg.setAttribute('viewBox', '0 0 300 60');
@@ -225,45 +234,66 @@ function chart(title, values, unit) {
   svg.setAttribute('class', 'chart');
   svg.setAttribute('role', 'img');
   svg.setAttribute('aria-label', title);
-  const known = values.filter((v) => v !== null && Number.isFinite(v));
+  const shown = series.slice(0, CHART_SERIES_MAX);
+  const good = (v) => v !== null && Number.isFinite(v);
+  const known = shown.flatMap((s) => s.points.filter((p) => good(p[1])).map((p) => p[1]));
+  const times = shown.flatMap((s) => s.points.map((p) => p[0]));
   const max = Math.max(1e-9, ...known);
-  let d = '';
-  values.forEach((v, i) => {
-    if (v === null || !Number.isFinite(v)) return;
-    const x = values.length > 1 ? (i / (values.length - 1)) * 300 : 150;
-    const y = 58 - (v / max) * 54;
-    const joined = i > 0 && values[i - 1] !== null && Number.isFinite(values[i - 1]);
-    d += (joined ? 'L' : 'M') + x.toFixed(1) + ' ' + y.toFixed(1);
-  });
-  const path = document.createElementNS(ns, 'path');
-  path.setAttribute('d', d);
-  svg.append(path);
-  const last = known.length ? known[known.length - 1] : null;
+  const tEnd = Math.max(0, ...times);
+  const tStart = Math.min(tEnd - 1, ...times);
   const fmt = (v) => (unit === '%' ? v.toFixed(2) : v < 10 ? v.toFixed(2) : v.toFixed(0));
+  const latest = [];
+  shown.forEach((s, k) => {
+    let d = '';
+    let last = null;
+    s.points.forEach(([t, v], i) => {
+      if (!good(v)) return;
+      const x = ((t - tStart) / (tEnd - tStart)) * 300;
+      const y = 58 - (v / max) * 54;
+      d += (i > 0 && good(s.points[i - 1][1]) ? 'L' : 'M') + x.toFixed(1) + ' ' + y.toFixed(1);
+      last = v;
+    });
+    const path = document.createElementNS(ns, 'path');
+    path.setAttribute('d', d);
+    path.setAttribute('class', 's' + (k % 4));
+    svg.append(path);
+    const value = last === null ? '—' : fmt(last) + ' ' + unit;
+    latest.push(shown.length > 1 ? h('span', { class: 'legend s' + (k % 4) }, s.name + ' ' + value) : value);
+  });
   return h('figure', { class: 'card' },
-    h('figcaption', {}, title, ': ', last === null ? '—' : fmt(last) + ' ' + unit,
-      h('span', { class: 'muted' }, ' (max ', known.length ? fmt(max) : '—', ')')),
+    h('figcaption', {}, title, ': ', latest.map((x) => [x, ' ']),
+      h('span', { class: 'muted' }, '(max ', known.length ? fmt(max) : '—', ')')),
     svg);
 }
 
 async function overview() {
   const v = view;
   const draw = async () => {
-    const [node, apps, hist] = await Promise.all([load('node'), load('apps'), load('node/history')]);
-    const points = hist.ok ? hist.ok.points : [];
-    const now = (hist.ok && hist.ok.now) || {};
+    const node = await load('node');
     const cluster = node.ok && node.ok.cluster;
+    const [apps, hist] = await Promise.all([load('apps'), load('node/history' + (cluster ? '?cluster=true' : ''))]);
+    // One series per node: this one first, then every other live node's own answer.
+    const nodes = hist.ok ? [{ node: hist.ok.node || 'this node', points: hist.ok.points, now: hist.ok.now }].concat(hist.ok.others || []) : [];
+    const answered = nodes.filter((n) => n.points !== null);
+    const silent = nodes.filter((n) => n.points === null).map((n) => n.node);
+    const sum = (k) => (answered.some((n) => n.now) ? answered.reduce((a, n) => a + ((n.now && n.now[k]) || 0), 0) : undefined);
     const stat = (value, label) => h('div', { class: 'card stat' }, h('b', {}, value === undefined ? '—' : value), label);
-    const col = (k, scale) => points.map((p) => (p[k] === null || p[k] === undefined ? null : p[k] * (scale || 1)));
+    const col = (k, scale) => answered.map((n) => ({
+      name: n.node,
+      points: n.points.map((p) => [p.at_ms, p[k] === null || p[k] === undefined ? null : p[k] * (scale || 1)]),
+    }));
     v.show(
       h('h1', {}, 'Overview'),
       h('div', { class: 'cards' },
         stat(apps.ok ? apps.ok.apps.length : undefined, ' apps'),
-        stat(now.instances_active, ' actors open'),
-        stat(now.alarms_pending, ' alarms pending'),
-        stat(now.outbox_pending, ' outbox rows pending'),
+        stat(sum('instances_active'), ' actors open'),
+        stat(sum('alarms_pending'), ' alarms pending'),
+        stat(sum('outbox_pending'), ' outbox rows pending'),
+        cluster ? stat(nodes.length, ' nodes live') : null,
         stat(cluster ? cluster.node : 'single node', cluster ? ' epoch ' + cluster.epoch + (cluster.acting ? ', acting' : ', not acting') : '')),
-      h('p', { class: 'muted' }, 'This node over the last hour: one point per ', (hist.ok ? hist.ok.sample_ms : 0) / 1000, ' s.'),
+      h('p', { class: 'muted' }, cluster ? 'Every live node' : 'This node', ' over the last hour: one point per ', (hist.ok ? hist.ok.sample_ms : 0) / 1000, ' s',
+        cluster ? ', one line per node; the counts above add up the nodes.' : '.',
+        silent.length ? ' Nodes that did not answer: ' + silent.join(', ') + '.' : ''),
       hist.err ? errorBox(hist.err) : null,
       h('div', { class: 'charts' },
         chart('requests/s', col('requests_per_s'), '/s'),
@@ -409,10 +439,26 @@ function accessText(a) {
   return a.method + ' ' + a.path + ' → ' + a.status + ' in ' + (a.duration_us / 1000).toFixed(1) + ' ms' + (a.code ? ' (' + a.code + ')' : '') + (a.version ? ' v' + a.version : '');
 }
 
-function liveLog(v, id, list) {
+/** One log line as a list item (`raw`: the line as it came, when it is not JSON). */
+function logItem(rec, raw) {
+  return h('li', { class: 'log-' + (rec.level || 'info') },
+    h('span', { class: 'muted' }, rec.at_ms ? new Date(rec.at_ms).toISOString().slice(11, 23) + ' ' : ''),
+    rec.node ? h('span', { class: 'muted' }, '[' + rec.node + '] ') : '',
+    h('b', {}, (rec.level || '') + ' '),
+    rec.access ? accessText(rec.access) : rec.message !== undefined ? String(rec.message) : raw);
+}
+
+/**
+ * An actor's live log. On a single node it follows the node's stream; in a cluster it asks every
+ * node's kept lines again every CLUSTER_LOG_POLL_MS (the actor's lines are on whichever node ran
+ * it, and it may move), adding the lines not shown yet.
+ */
+function liveLog(v, id, list, clustered) {
+  const scope = '/admin/v1/logs/' + [id.tenant, id.app, id.class, id.name].map(encodeURIComponent).join('/');
+  if (clustered) return polledLog(v, scope, list);
   const ctl = new AbortController();
   v.cleanup(() => ctl.abort());
-  const path = '/admin/v1/logs/' + [id.tenant, id.app, id.class, id.name].map(encodeURIComponent).join('/') + '?follow=true&lines=50';
+  const path = scope + '?follow=true&lines=50';
   (async () => {
     try {
       const r = await api(path, { raw: true, signal: ctl.signal });
@@ -432,10 +478,7 @@ function liveLog(v, id, list) {
           try { rec = JSON.parse(line); } catch (_) { /* not JSON: shown as it is */ }
           if (rec === null || typeof rec !== 'object') rec = { message: line };
           if (rec.missed !== undefined) rec = { level: 'warn', message: rec.missed + ' lines were left out (the stream fell behind)' };
-          list.append(h('li', { class: 'log-' + (rec.level || 'info') },
-            h('span', { class: 'muted' }, rec.at_ms ? new Date(rec.at_ms).toISOString().slice(11, 23) + ' ' : ''),
-            h('b', {}, (rec.level || '') + ' '),
-            rec.access ? accessText(rec.access) : rec.message !== undefined ? String(rec.message) : line));
+          list.append(logItem(rec, line));
           while (list.childElementCount > LOG_LINES_SHOWN) list.firstElementChild.remove();
         }
       }
@@ -445,6 +488,35 @@ function liveLog(v, id, list) {
     }
     if (!ctl.signal.aborted) list.append(h('li', { class: 'error' }, 'log stream ended (the node closed it)'));
   })();
+}
+
+function polledLog(v, scope, list) {
+  const shown = new Set();
+  let stopped = false;
+  const unreachable = h('li', { class: 'muted' });
+  const poll = async () => {
+    const r = await api(scope + '?lines=50&cluster=true', { raw: true });
+    const text = await r.text();
+    const missing = [];
+    for (const line of text.split('\n')) {
+      if (!line.trim()) continue;
+      let rec;
+      try { rec = JSON.parse(line); } catch (_) { continue; }
+      if (rec.node_unreachable !== undefined) { missing.push(rec.node_unreachable); continue; }
+      const key = rec.node + '/' + rec.seq;
+      if (shown.has(key)) continue;
+      shown.add(key);
+      list.append(logItem(rec, line));
+      while (list.childElementCount > LOG_LINES_SHOWN) list.firstElementChild.remove();
+    }
+    unreachable.replaceChildren(missing.length ? 'nodes that did not answer: ' + missing.join(', ') : '');
+    if (missing.length) list.append(unreachable);
+  };
+  const timer = setInterval(() => {
+    if (!stopped) poll().catch(() => {});
+  }, CLUSTER_LOG_POLL_MS);
+  v.cleanup(() => { stopped = true; clearInterval(timer); });
+  poll().catch((e) => { if (e.status !== 401) list.append(h('li', { class: 'error' }, 'the log could not be read: ', e.message)); });
 }
 
 async function actor(tenant, name, cls, actorName) {
@@ -511,7 +583,7 @@ async function actor(tenant, name, cls, actorName) {
     h('section', {}, h('h2', {}, 'SQL'), sqlConsole(id)),
     h('section', {}, h('h2', {}, 'Live log'), log),
     h('section', {}, h('h2', {}, 'Traced requests'), traced));
-  liveLog(v, id, log);
+  liveLog(v, id, log, Boolean(i.owner_node));
   load('traces?limit=200&actor=' + encodeURIComponent([tenant, name, cls, actorName].join('/'))).then((t) => {
     if (t.err) return traced.replaceChildren(errorBox(t.err));
     // The prefix also matches longer names: keep this actor's own.
@@ -552,19 +624,23 @@ async function alarms(tenant) {
   const t = tenant || tenants[0];
   const picker = h('p', {}, 'Tenant: ', tenants.map((x) => [x === t ? h('b', {}, x) : link(x, 'alarms', x), ' ']));
   if (!t) return v.show(h('h1', {}, 'Alarms'), picker, h('p', { class: 'muted' }, 'No app is deployed.'));
-  const r = await load('alarms/' + encodeURIComponent(t));
+  const r = await load('alarms/' + encodeURIComponent(t) + '?cluster=true');
   if (r.err) return v.show(h('h1', {}, 'Alarms'), picker, errorBox(r.err));
   const now = Date.now();
+  const clustered = Boolean(r.ok.index);
   const rows = (r.ok.alarms || []).map((a) => [
     link(a.app + '/' + a.class + '/' + a.name, 'actor', t, a.app, a.class, a.name),
+    clustered ? a.node : null,
     when(a.alarm_ms),
-    a.alarm_ms <= now ? 'overdue' : a.alarm_ms - now < 60000 ? 'due soon' : 'later',
+    a.retry_count > 0 ? h('span', { class: 'error' }, 'retrying (' + a.retry_count + (a.retry_count === 1 ? ' failure)' : ' failures)'))
+      : a.alarm_ms <= now ? 'overdue' : a.alarm_ms - now < 60000 ? 'due soon' : 'later',
   ]);
   v.show(
     h('h1', {}, 'Alarms'),
     picker,
-    h('h2', {}, 'Pending on this node'),
-    grid(['actor', 'due', 'state'], rows),
+    h('h2', {}, clustered ? 'Pending on every live node' : 'Pending on this node'),
+    (r.ok.nodes_unreachable || []).length ? h('p', { class: 'muted' }, 'Nodes that did not answer: ' + r.ok.nodes_unreachable.join(', ')) : null,
+    grid(clustered ? ['actor', 'node', 'due', 'state'] : ['actor', 'due', 'state'], clustered ? rows : rows.map((x) => x.filter((_, i) => i !== 1))),
     r.ok.index ? [
       h('h2', {}, 'The bucket\'s alarm index'),
       h('p', { class: 'muted' }, 'What every node\'s sweep reads: an entry whose actor\'s node died is fired by another node.'),
@@ -594,7 +670,7 @@ async function cluster() {
       n.epoch,
       n.lease_age_ms + ' ms',
       n.expires_in_ms + ' ms',
-      n.held_actors === null ? 'ask that node' : n.held_actors + ' actors',
+      n.held_actors === null ? 'did not answer' : n.held_actors + ' actors',
     ])),
     node.ok && node.ok.cluster ? [h('h2', {}, 'This node\'s lease'), fields(node.ok.cluster)] : null,
   );
@@ -603,10 +679,11 @@ async function cluster() {
 // ---- traces -------------------------------------------------------------------------------
 
 function traceRows(list) {
+  // A request, or an event the node started itself (`consumer`: an alarm's run, a socket's message).
   return grid(['when', 'request', 'status', 'took', 'actor', 'trace'], list.map((sp) => [
     when(Math.floor(sp.start_unix_ns / 1e6)),
-    sp.attributes['http.request.method'] + ' ' + sp.attributes['url.path'],
-    sp.attributes['http.response.status_code'] + (sp.error ? ' ' + sp.error : ''),
+    sp.kind === 'consumer' ? sp.name : sp.attributes['http.request.method'] + ' ' + sp.attributes['url.path'],
+    sp.kind === 'consumer' ? (sp.error || 'ok') : sp.attributes['http.response.status_code'] + (sp.error ? ' ' + sp.error : ''),
     (sp.duration_us / 1000).toFixed(1) + ' ms',
     sp.attributes['wasmkeep.actor'] || '',
     link(sp.trace_id.slice(0, 12) + '…', 'trace', sp.trace_id),
@@ -673,12 +750,16 @@ async function trace(traceId) {
   };
   const detail = (s) => {
     const a = s.attributes || {};
+    // An alarm's run names the traced event that set it (a span of another trace).
+    const links = (s.links || []).filter((l) => /^[0-9a-f]{32}$/.test(l.trace_id));
+    if (links.length) return h('span', {}, 'set by ', links.map((l) => link('trace ' + l.trace_id.slice(0, 12) + '…', 'trace', l.trace_id)));
     const status = a['http.response.status_code'] !== undefined ? ' → ' + a['http.response.status_code'] : '';
     return a['db.query.text']
       || (a['http.request.method'] ? a['http.request.method'] + ' ' + (a['url.path'] || a['url.full'] || '') + status : '')
       || (a['wasmkeep.node.to'] ? 'to ' + a['wasmkeep.node.to'] : '')
       || (a['wasmkeep.to'] ? 'to ' + a['wasmkeep.to'] : '')
-      || (a['wasmkeep.sql.statements'] !== undefined ? a['wasmkeep.sql.statements'] + ' statements' + (a['wasmkeep.actor'] ? ' in ' + a['wasmkeep.actor'] : '') : '');
+      || (a['wasmkeep.sql.statements'] !== undefined ? a['wasmkeep.sql.statements'] + ' statements' + (a['wasmkeep.actor'] ? ' in ' + a['wasmkeep.actor'] : '') : '')
+      || a['wasmkeep.actor'] || '';
   };
   v.show(
     h('h1', {}, 'Trace ', h('code', {}, traceId)),

@@ -19,6 +19,7 @@ use wasmkeep_runtime::{ActorId, ActorRequest, Runtime};
 use crate::auth::Tokens;
 
 mod console;
+mod fanout;
 mod history;
 mod inbound;
 mod logs;
@@ -564,9 +565,11 @@ async fn show_node(State(s): State<AppState>) -> Response {
 
 /// `GET /admin/v1/cluster`: the live nodes as the bucket shows them (see
 /// `cluster::view`); 404 `not_a_cluster` on a single node, 503
-/// `bucket_unavailable` when the bucket cannot be listed. `held_actors` is
-/// known for the answering node only (`null` for the others: their counts
-/// are not in the bucket; each answers its own in `/admin/v1/node`).
+/// `bucket_unavailable` when the bucket cannot be listed. `held_actors`:
+/// how many actors each node holds, as each answers in `/admin/v1/node`
+/// (the other nodes asked at once, each within `CLUSTER_ASK_TIMEOUT_MS`;
+/// `null` for one that did not answer: holds are not counted in the
+/// bucket).
 async fn show_cluster(State(s): State<AppState>) -> Result<Response, ApiError> {
     let Some(c) = &s.config.cluster else {
         return Err(ApiError::new(
@@ -575,15 +578,16 @@ async fn show_cluster(State(s): State<AppState>) -> Result<Response, ApiError> {
             "this node is not in a cluster (start it with --bucket and --advertise)",
         ));
     };
-    let view = c.view().await.map_err(|e| {
-        let mut e = ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "bucket_unavailable",
-            e.to_string(),
-        );
-        e.retry_after_s = Some(1);
-        e
-    })?;
+    let view = fanout::live(c).await?;
+    let held: std::collections::HashMap<String, u64> =
+        fanout::ask(c, &view, &format!("{ADMIN_PREFIX}/node"))
+            .await
+            .into_iter()
+            .filter_map(|(node, body)| {
+                let v = fanout::json_of(body)?;
+                Some((node, v["cluster"]["held_actors"].as_u64()?))
+            })
+            .collect();
     let now = crate::cluster::now_ms();
     let protocol = &c.settings().protocol;
     let nodes: Vec<serde_json::Value> = view
@@ -591,13 +595,17 @@ async fn show_cluster(State(s): State<AppState>) -> Result<Response, ApiError> {
         .iter()
         .map(|n| {
             let me = n.node == c.node();
+            let count = match me {
+                true => Some(c.held_actors() as u64),
+                false => held.get(&n.node).copied(),
+            };
             json!({
                 "node": n.node,
                 "address": n.address,
                 "epoch": n.epoch,
                 "lease_age_ms": n.lease_age_ms(now, protocol),
                 "expires_in_ms": n.expires_in_ms(now),
-                "held_actors": me.then(|| c.held_actors()),
+                "held_actors": count,
                 "self": me,
             })
         })
@@ -2105,8 +2113,19 @@ fn value_json(v: wasmkeep_runtime::StoreValue) -> serde_json::Value {
 #[derive(Deserialize)]
 struct AlarmsQuery {
     limit: Option<usize>,
+    /// Every live node's pending alarms, each naming its node.
+    #[serde(default)]
+    cluster: bool,
+    /// Whether a cluster node adds the bucket's index (default true).
+    index: Option<bool>,
 }
 
+/// `GET /admin/v1/alarms/{tenant}[?limit=N][&cluster=true][&index=false]`:
+/// the tenant's pending alarms in the node's timer (each with its
+/// `retry_count`, the failed runs so far), and on a cluster node the
+/// bucket's index; with `cluster=true` every other live node's pending
+/// alarms too (each names its node; `nodes_unreachable` those that did not
+/// answer within `CLUSTER_ASK_TIMEOUT_MS`).
 async fn list_alarms(
     State(s): State<AppState>,
     axum::extract::Path(tenant): axum::extract::Path<String>,
@@ -2115,19 +2134,34 @@ async fn list_alarms(
     segment("tenant", &tenant)?;
     s.rt.check_tenant(&tenant)?;
     let limit = q.limit.unwrap_or(LIST_ALARMS_DEFAULT).min(LIST_ALARMS_MAX);
-    let alarms: Vec<_> = s
-        .rt
-        .alarms()
-        .pending(&tenant, limit)
-        .into_iter()
-        .map(
-            |(id, at)| json!({ "app": id.app, "class": id.class, "name": id.name, "alarm_ms": at }),
-        )
-        .collect();
+    let here = s.config.cluster.as_ref().map(|c| c.node().to_owned());
+    let mut alarms: Vec<_> =
+        s.rt.alarms()
+            .pending(&tenant, limit)
+            .into_iter()
+            .map(|(id, at, retries)| {
+                json!({
+                    "app": id.app, "class": id.class, "name": id.name,
+                    "alarm_ms": at, "retry_count": retries, "node": here,
+                })
+            })
+            .collect();
+    let mut unreachable = Vec::new();
+    if let (Some(c), true) = (&s.config.cluster, q.cluster) {
+        let path = format!("{ADMIN_PREFIX}/alarms/{tenant}?limit={limit}&index=false");
+        for (node, theirs) in fanout::ask_others(c, &path).await? {
+            match theirs.as_ref().and_then(|v| v["alarms"].as_array()) {
+                Some(a) => alarms.extend(a.iter().cloned()),
+                None => unreachable.push(node),
+            }
+        }
+        alarms.sort_by_key(|a| a["alarm_ms"].as_u64().unwrap_or(0));
+        alarms.truncate(limit);
+    }
     // A cluster node also shows the bucket's index (ADR 0009): what any
     // node's sweep would find.
     let index = match &s.config.cluster {
-        Some(c) => {
+        Some(c) if q.index.unwrap_or(true) => {
             let shown = crate::cluster::sweep::show_index(c, &s.rt, &tenant, limit)
                 .await
                 .map_err(|e| {
@@ -2138,9 +2172,14 @@ async fn list_alarms(
                 })?;
             Some(shown)
         }
-        None => None,
+        _ => None,
     };
-    Ok(axum::Json(json!({ "alarms": alarms, "index": index })).into_response())
+    Ok(axum::Json(json!({
+        "alarms": alarms,
+        "index": index,
+        "nodes_unreachable": unreachable,
+    }))
+    .into_response())
 }
 
 #[cfg(test)]

@@ -127,7 +127,7 @@ pub(crate) fn decide(
 }
 
 /// True with probability `pct` percent.
-fn sampled(pct: u8) -> bool {
+pub(crate) fn sampled(pct: u8) -> bool {
     if pct == 0 {
         return false;
     }
@@ -240,6 +240,21 @@ fn span_data(s: &Span) -> SpanData {
             AttrValue::Int(v) => KeyValue::new(*k, *v),
         })
         .collect();
+    // The struct cannot be written out (it is non-exhaustive).
+    let mut links = SpanLinks::default();
+    links.links = s
+        .links
+        .iter()
+        .map(|c| {
+            opentelemetry::trace::Link::with_context(SpanContext::new(
+                TraceId::from_bytes(c.trace_id),
+                SpanId::from_bytes(c.span_id),
+                TraceFlags::SAMPLED,
+                true,
+                TraceState::default(),
+            ))
+        })
+        .collect();
     SpanData {
         span_context: SpanContext::new(
             TraceId::from_bytes(s.trace_id),
@@ -254,6 +269,7 @@ fn span_data(s: &Span) -> SpanData {
             SpanKind::Server => opentelemetry::trace::SpanKind::Server,
             SpanKind::Client => opentelemetry::trace::SpanKind::Client,
             SpanKind::Internal => opentelemetry::trace::SpanKind::Internal,
+            SpanKind::Consumer => opentelemetry::trace::SpanKind::Consumer,
         },
         name: Cow::Borrowed(s.name),
         start_time: time(s.start_unix_ns),
@@ -261,7 +277,7 @@ fn span_data(s: &Span) -> SpanData {
         attributes,
         dropped_attributes_count: 0,
         events: SpanEvents::default(),
-        links: SpanLinks::default(),
+        links,
         status: match &s.error {
             Some(code) => Status::error(code.clone()),
             None => Status::Unset,
@@ -291,5 +307,9 @@ pub(crate) fn span_json(s: &Span) -> serde_json::Value {
         "duration_us": (s.end_unix_ns.saturating_sub(s.start_unix_ns)) / 1000,
         "attributes": attrs,
         "error": s.error,
+        "links": s.links.iter().map(|c| serde_json::json!({
+            "trace_id": hex::encode(c.trace_id),
+            "span_id": hex::encode(c.span_id),
+        })).collect::<Vec<_>>(),
     })
 }

@@ -331,6 +331,7 @@ impl TestSocket<'_> {
                 id: self.socket,
                 message: Message::Text(text.to_owned()),
                 sent_as: None,
+                trace: None,
             },
         )
     }

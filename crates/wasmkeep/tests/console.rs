@@ -349,6 +349,23 @@ fn the_console_in_a_real_browser() {
         &format!("/v1/demo/examples/reminder/r1/set?at_ms={in_an_hour}"),
         "",
     );
+    // An alarm that keeps failing: the index page shows it retrying.
+    call(
+        "POST",
+        &format!(
+            "/v1/demo/examples/reminder/flaky/set?at_ms={}&fail_times=1000",
+            in_an_hour - 3_600_000
+        ),
+        "",
+    );
+    common::cluster::wait_for("the flaky alarm's first failure", 60, 50, || {
+        let (_, b) = node.send_headers("GET", "/admin/v1/alarms/demo", b"", &auth);
+        let v: serde_json::Value = serde_json::from_str(&b).unwrap_or_default();
+        v["alarms"].as_array().is_some_and(|a| {
+            a.iter()
+                .any(|x| x["name"] == "flaky" && x["retry_count"].as_u64() >= Some(1))
+        })
+    });
     let timer = "<b>nightly</b>";
     call(
         "POST",
@@ -367,14 +384,21 @@ fn the_console_in_a_real_browser() {
         "note_title": "first-note",
         "pinger": "p1",
         "reminder": "r1",
+        "flaky": "flaky",
         "doomed": "doomed",
         "timers": "t1",
         "timer": timer,
         "shots": shots,
         "chromium": chromium,
     });
+    run_browser("console.mjs", &input);
+}
+
+/// Runs one of `tests/browser`'s scripts with `input`; it must say it passed.
+fn run_browser(script: &str, input: &serde_json::Value) {
+    let script_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser");
     let out = Command::new("node")
-        .arg("console.mjs")
+        .arg(script)
         .current_dir(&script_dir)
         .env("CONSOLE_TEST", input.to_string())
         .output()
@@ -386,4 +410,121 @@ fn the_console_in_a_real_browser() {
     );
     assert!(out.status.success(), "{said}");
     assert!(said.contains("console test passed"), "{said}");
+}
+
+/// The console's cluster-wide views over two real nodes on one folder
+/// bucket: asked on A, the cluster page counts B's holds, the alarm list
+/// and an actor's log show what only B has (each naming B), and the
+/// overview's history carries B's own series. Asked without
+/// `cluster=true`, A shows only its own (so the fan-out is what finds B's).
+/// Then the same pages in the browser, logged in to A
+/// (`tests/browser/cluster.mjs`).
+#[test]
+fn the_consoles_cluster_views_ask_every_live_node() {
+    use common::cluster;
+    let tmp = tempfile::tempdir().unwrap();
+    let bucket = format!("file://{}", tmp.path().join("bucket").display());
+    let more = format!("access_log = true\nadmin_token = \"{ADMIN}\"\n");
+    let start = |name: &str| {
+        let dir = tmp.path().join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let port = cluster::free_port();
+        let config = cluster::node_config(&dir, 1500, 500, 2000, &more);
+        let flags = cluster::serve_flags(port, &config, &bucket);
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        (Node::start(&dir.join("data"), &flags), port)
+    };
+    let auth = [("authorization", format!("Bearer {ADMIN}"))];
+    let admin = |node: &Node, path: &str| {
+        let (s, b) = node.send_headers("GET", path, b"", &auth);
+        (
+            s,
+            serde_json::from_str::<serde_json::Value>(&b).unwrap_or(serde_json::Value::String(b)),
+        )
+    };
+    let (a, _) = start("a");
+    let (b, b_port) = start("b");
+    let b_id = admin(&b, "/admin/v1/node").1["cluster"]["node"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    cluster::wait_for("both nodes in the view", 120, 100, || {
+        let (s, v) = admin(&a, "/admin/v1/cluster");
+        s == 200 && v["nodes"].as_array().is_some_and(|n| n.len() == 2)
+    });
+    // An actor of B's, with an alarm far ahead.
+    cluster::wait_for("B takes the actor", 120, 100, || {
+        let r = cluster::send(
+            b_port,
+            "POST",
+            "/v1/demo/examples/reminder/far/set?at_ms=9999999999999",
+            &[("authorization", &format!("Bearer {ADMIN}"))],
+        );
+        r.status == 200 && r.node.as_deref() == Some(b_id.as_str())
+    });
+
+    let (s, v) = admin(&a, "/admin/v1/cluster");
+    assert_eq!(s, 200, "{v}");
+    let nodes = v["nodes"].as_array().unwrap();
+    let theirs = nodes.iter().find(|n| n["node"] == b_id.as_str()).unwrap();
+    assert!(theirs["held_actors"].as_u64() >= Some(1), "{v}");
+    assert!(nodes.iter().all(|n| n["held_actors"].is_u64()), "{v}");
+
+    let far = |v: &serde_json::Value| {
+        v["alarms"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["name"] == "far")
+            .cloned()
+    };
+    let (_, own) = admin(&a, "/admin/v1/alarms/demo");
+    assert_eq!(far(&own), None, "A's own timer lacks B's alarm: {own}");
+    let (s, all) = admin(&a, "/admin/v1/alarms/demo?cluster=true");
+    assert_eq!(s, 200, "{all}");
+    let found = far(&all).expect("B's alarm, asked through A");
+    assert_eq!(found["node"], b_id.as_str());
+    assert_eq!(found["alarm_ms"], 9_999_999_999_999u64);
+    assert_eq!(all["nodes_unreachable"], serde_json::json!([]));
+
+    let scope = "/admin/v1/logs/demo/examples/reminder/far?lines=50";
+    let (_, own) = a.send_headers("GET", scope, b"", &auth);
+    assert!(!own.contains("/set"), "A ran nothing of it: {own}");
+    let (s, merged) = a.send_headers("GET", &format!("{scope}&cluster=true"), b"", &auth);
+    assert_eq!(s, 200, "{merged}");
+    let line = merged
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|l| {
+            l["access"]["path"]
+                .as_str()
+                .is_some_and(|p| p.contains("/set"))
+        })
+        .unwrap_or_else(|| panic!("B's access line, asked through A: {merged}"));
+    assert_eq!(line["node"], b_id.as_str());
+    let (s, refused) = admin(&a, &format!("{scope}&cluster=true&follow=true"));
+    assert_eq!(
+        (s, refused["error"]["code"].as_str()),
+        (400, Some("bad_request"))
+    );
+
+    let (s, h) = admin(&a, "/admin/v1/node/history?cluster=true");
+    assert_eq!(s, 200, "{h}");
+    let others = h["others"].as_array().unwrap();
+    assert_eq!(others.len(), 1, "{h}");
+    assert_eq!(others[0]["node"], b_id.as_str());
+    assert!(
+        others[0]["points"].is_array(),
+        "B answered its own history: {h}"
+    );
+
+    let input = serde_json::json!({
+        "base": format!("http://{}", a.addr()),
+        "b_base": format!("http://127.0.0.1:{b_port}"),
+        "token": ADMIN,
+        "b_node": b_id,
+        "actor": "far",
+        "chromium": std::env::var("WASMKEEP_CHROMIUM").unwrap_or("/usr/bin/chromium".into()),
+    });
+    run_browser("cluster.mjs", &input);
 }

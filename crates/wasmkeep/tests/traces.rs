@@ -39,6 +39,8 @@ struct Got {
     span_id: String,
     parent_id: String,
     attributes: BTreeMap<String, String>,
+    /// The spans it links to: (trace id, span id).
+    links: Vec<(String, String)>,
 }
 
 /// Accepts OTLP/HTTP exports (`POST /v1/traces`, protobuf) and keeps their
@@ -111,6 +113,11 @@ fn serve(conn: std::net::TcpStream, keep: &Mutex<Vec<Got>>) {
                                     text(kv.value.as_ref().and_then(|v| v.value.as_ref())),
                                 )
                             })
+                            .collect(),
+                        links: s
+                            .links
+                            .iter()
+                            .map(|l| (hex(&l.trace_id), hex(&l.span_id)))
                             .collect(),
                     });
                 }
@@ -518,4 +525,232 @@ fn a_fetch_from_a_traced_event_carries_the_trace_on() {
     assert_eq!(fetch_span["parent_id"], guest["span_id"]);
     assert_eq!(fetch_span["kind"], "client");
     assert_eq!(fetch_span["attributes"]["http.response.status_code"], 200);
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// The node's kept `alarm` root spans of one actor (newest first).
+fn alarm_spans(node: &Node, actor: &str) -> Vec<serde_json::Value> {
+    let (s, v) = node.json("GET", "/admin/v1/traces?limit=200", b"");
+    assert_eq!(s, 200, "{v}");
+    v["requests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|sp| sp["name"] == "alarm" && sp["attributes"]["wasmkeep.actor"] == actor)
+        .cloned()
+        .collect()
+}
+
+/// One trace's spans as this node keeps them.
+fn trace_spans(node: &Node, trace_id: &str) -> Vec<serde_json::Value> {
+    let (s, v) = node.json("GET", &format!("/admin/v1/traces/{trace_id}"), b"");
+    assert_eq!(s, 200, "{v}");
+    v["spans"].as_array().unwrap().clone()
+}
+
+#[test]
+fn an_alarm_runs_in_a_trace_linked_to_the_event_that_set_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Nothing sampled: only a client's sampled traceparent is traced.
+    let cfg = tmp.path().join("node.toml");
+    std::fs::write(&cfg, "trace_sample_pct = 0\n").unwrap();
+    let (otlp, got) = receiver();
+    let endpoint = format!("http://127.0.0.1:{otlp}");
+    let node = Node::start(
+        &tmp.path().join("data"),
+        &[
+            "--examples",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--otlp-endpoint",
+            &endpoint,
+        ],
+    );
+    let set = |name: &str, query: &str, traceparent: Option<&str>| {
+        let path = format!("/v1/demo/examples/reminder/{name}/set?{query}");
+        let headers: Vec<(&str, String)> = traceparent
+            .map(|t| vec![("traceparent", t.to_owned())])
+            .unwrap_or_default();
+        let (s, b) = node.send_headers("POST", &path, b"", &headers);
+        assert_eq!(s, 200, "{b}");
+    };
+    let fired = |name: &str| {
+        let (_, v) = node.json(
+            "GET",
+            &format!("/v1/demo/examples/reminder/{name}/fired"),
+            b"",
+        );
+        v["fired"].as_array().map_or(0, Vec::len)
+    };
+    let traced = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let soon = unix_ms() + 300;
+    // r1: set by a traced request; r2: by an untraced one; r3: by a
+    // traced request, then again by an untraced one (the link goes).
+    set(
+        "r1",
+        &format!("at_ms={soon}"),
+        Some(&format!("00-{traced}-00f067aa0ba902b7-01")),
+    );
+    set("r2", &format!("at_ms={soon}"), None);
+    let other = "5bf92f3577b34da6a3ce929d0e0e4736";
+    set(
+        "r3",
+        &format!("at_ms={soon}"),
+        Some(&format!("00-{other}-00f067aa0ba902b7-01")),
+    );
+    set("r3", &format!("at_ms={soon}"), None);
+    cluster::wait_for("the three alarms", 60, 50, || {
+        fired("r1") == 1 && fired("r2") == 1 && fired("r3") == 1
+    });
+    let mut runs = Vec::new();
+    cluster::wait_for("r1's alarm span", 60, 50, || {
+        runs = alarm_spans(&node, "demo/examples/reminder/r1");
+        !runs.is_empty()
+    });
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    let run = &runs[0];
+    assert_eq!(run["kind"], "consumer");
+    assert_eq!(
+        run["parent_id"],
+        serde_json::Value::Null,
+        "a trace of its own"
+    );
+    assert_ne!(run["trace_id"], traced);
+    // Linked to the `guest` span of the request that set it.
+    let setter = trace_spans(&node, traced);
+    let guest = setter
+        .iter()
+        .find(|sp| sp["name"] == "guest")
+        .expect("the setting request's guest span");
+    assert_eq!(run["links"][0]["trace_id"], traced);
+    assert_eq!(run["links"][0]["span_id"], guest["span_id"]);
+    // The run's own event spans hang under it.
+    let run_trace = run["trace_id"].as_str().unwrap();
+    let own = trace_spans(&node, run_trace);
+    let run_guest = own.iter().find(|sp| sp["name"] == "guest").expect("guest");
+    assert_eq!(run_guest["parent_id"], run["span_id"]);
+    assert!(own.iter().any(|sp| sp["name"] == "commit"), "{own:?}");
+    // OTLP carries the link.
+    cluster::wait_for("the exported alarm span", 60, 50, || {
+        got.lock()
+            .unwrap()
+            .iter()
+            .any(|g| g.name == "alarm" && g.trace_id == run_trace)
+    });
+    let exported = got
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|g| g.name == "alarm")
+        .cloned()
+        .unwrap();
+    assert_eq!(
+        exported.links,
+        vec![(
+            traced.to_owned(),
+            guest["span_id"].as_str().unwrap().to_owned()
+        )]
+    );
+    assert_eq!(exported.parent_id, "");
+    // Only alarms a traced event set are traced.
+    assert!(alarm_spans(&node, "demo/examples/reminder/r2").is_empty());
+    assert!(
+        alarm_spans(&node, "demo/examples/reminder/r3").is_empty(),
+        "an untraced request set r3's alarm last"
+    );
+}
+
+#[test]
+fn a_retrying_alarm_shows_its_failures_in_the_pending_list() {
+    let tmp = tempfile::tempdir().unwrap();
+    let node = Node::start(&tmp.path().join("data"), &["--examples"]);
+    let path = format!(
+        "/v1/demo/examples/reminder/flaky/set?at_ms={}&fail_times=5",
+        unix_ms()
+    );
+    assert_eq!(node.post(&path, b"").0, 200);
+    let (s, _) = node.post(
+        "/v1/demo/examples/reminder/steady/set?at_ms=9999999999999",
+        b"",
+    );
+    assert_eq!(s, 200);
+    let mut listed = serde_json::Value::Null;
+    cluster::wait_for("a failed run", 60, 50, || {
+        let (s, v) = node.json("GET", "/admin/v1/alarms/demo", b"");
+        assert_eq!(s, 200, "{v}");
+        listed = v;
+        listed["alarms"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a["name"] == "flaky" && a["retry_count"].as_u64() >= Some(1))
+    });
+    let steady = listed["alarms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["name"] == "steady")
+        .expect("the steady alarm is pending");
+    assert_eq!(steady["retry_count"], 0, "{listed}");
+}
+
+#[test]
+fn a_sampled_socket_message_is_the_root_of_its_own_trace() {
+    use futures_util::SinkExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = tmp.path().join("node.toml");
+    std::fs::write(&cfg, "trace_sample_pct = 100\n").unwrap();
+    let node = Node::start(
+        &tmp.path().join("data"),
+        &["--examples", "--config", cfg.to_str().unwrap()],
+    );
+    let url = format!(
+        "ws://{}/v1/demo/examples/chat/room1/ws?name=ada",
+        node.addr()
+    );
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut ws = rt.block_on(async {
+        let (mut ws, resp) = tokio_tungstenite::connect_async(url)
+            .await
+            .expect("upgrade");
+        assert_eq!(resp.status(), 101);
+        ws.send(tokio_tungstenite::tungstenite::Message::Text(
+            "hello".into(),
+        ))
+        .await
+        .unwrap();
+        ws
+    });
+    let mut root = serde_json::Value::Null;
+    cluster::wait_for("the socket span", 60, 50, || {
+        let (_, v) = node.json("GET", "/admin/v1/traces?limit=200", b"");
+        root = v["requests"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|sp| sp["name"] == "socket")
+            .cloned()
+            .unwrap_or_default();
+        !root.is_null()
+    });
+    assert_eq!(root["kind"], "consumer");
+    assert_eq!(root["parent_id"], serde_json::Value::Null);
+    assert_eq!(
+        root["attributes"]["wasmkeep.actor"],
+        "demo/examples/chat/room1"
+    );
+    let spans = trace_spans(&node, root["trace_id"].as_str().unwrap());
+    let guest = spans
+        .iter()
+        .find(|sp| sp["name"] == "guest")
+        .expect("guest");
+    assert_eq!(guest["parent_id"], root["span_id"]);
+    assert_eq!(guest["error"], serde_json::Value::Null);
+    rt.block_on(async { ws.close(None).await.ok() });
 }

@@ -445,7 +445,7 @@ pub(super) fn run_events(
             return Err(Stop::Close);
         }
         reset_event_state(l, &ran);
-        let traced = begin_trace(l, &ev.kind);
+        let traced = begin_trace(rt, l, &ev.kind);
         // Only an event that records or replays touches the tape.
         let taped = (l.recording.is_some() || rt.config.replay_sandbox)
             .then(|| l.store.data().tape.clone());
@@ -481,7 +481,7 @@ pub(super) fn run_events(
         if r.is_err() {
             Metrics::inc(&rt.metrics.event_failures_total);
         }
-        let trace = end_trace(l, traced, &r);
+        let trace = end_trace(rt, l, traced, &r);
         // Read before a trap's instance is replaced (which would lose it).
         let (park, accepted) = take_event_effects(rt, l, r.is_ok(), &mut ran);
         ran.results.push(Ran {
@@ -514,9 +514,9 @@ pub(super) fn run_events(
     Ok(ran)
 }
 
-/// A traced request's event begins (ADR 0064): the host notes its
-/// statements; the trace and when its handler began.
-fn begin_trace(l: &mut Loaded, kind: &EventKind) -> Option<(Arc<EventTrace>, Instant)> {
+/// A traced event begins (ADR 0064): the host notes its statements; the
+/// trace and when its handler began.
+fn begin_trace(rt: &Inner, l: &mut Loaded, kind: &EventKind) -> Option<(Arc<EventTrace>, Instant)> {
     let trace = match kind {
         EventKind::Request(r) => r.trace.clone()?,
         // A message or an answer whose call was traced: its spans go
@@ -524,19 +524,44 @@ fn begin_trace(l: &mut Loaded, kind: &EventKind) -> Option<(Arc<EventTrace>, Ins
         EventKind::Inbound(
             Inbound::Message { trace: Some(c), .. } | Inbound::Response { trace: Some(c), .. },
         ) => EventTrace::new(*c),
+        // An alarm a traced event set: a trace of its own, linked to it.
+        EventKind::Alarm { .. } => {
+            let set_by = rt.traces.alarm_link(&l.store.data().id)?;
+            EventTrace::root("alarm", Some(set_by))
+        }
+        EventKind::Socket(SocketEvent::Message { trace, .. }) => trace.clone()?,
         _ => return None,
     };
     l.store.data_mut().trace = Some(Arc::clone(&trace));
     Some((trace, crate::clock::instant()))
 }
 
-/// A traced event's handler ended with `r`: its `guest` span is noted and
-/// the host stops noting statements.
+/// An event's handler ended with `r`: the trace of what set the actor's
+/// alarm is noted, and a traced event's `guest` span, and the host stops
+/// noting statements. An alarm's event that found nothing due is no trace.
 fn end_trace(
+    rt: &Inner,
     l: &mut Loaded,
     traced: Option<(Arc<EventTrace>, Instant)>,
     r: &Result<Outcome, RuntimeError>,
 ) -> Option<Arc<EventTrace>> {
+    if r.is_ok() {
+        // A failed event's alarm was rolled back (a failed alarm's retry
+        // stays linked to what set it).
+        let by = traced.as_ref().map(|(t, _)| t.guest_context());
+        let id = &l.store.data().id;
+        match (l.store.data().alarm_op, r) {
+            (AlarmOp::Set(_), _) => rt.traces.link_alarm(id, by),
+            (AlarmOp::Cleared, _) | (AlarmOp::Untouched, Ok(Outcome::Alarm(true))) => {
+                rt.traces.link_alarm(id, None);
+            }
+            _ => {}
+        }
+    }
+    if matches!(r, Ok(Outcome::Alarm(false))) {
+        l.store.data_mut().trace = None;
+        return None;
+    }
     let (trace, started) = traced?;
     let error = r.as_ref().err().map(RuntimeError::code);
     let id = &l.store.data().id;
@@ -1065,6 +1090,7 @@ fn timer_follows_commit(rt: &Inner, id: &ActorId, l: &mut Loaded, turn: &Turn, r
                 l.db().forget_alarm_read();
             }
             rt.timer.set(id, a.map(|a| a.at_ms));
+            rt.timer.set_retries(id, a.map_or(0, |a| a.retry_count));
         }
         Err(_) => rt.rearm_after_failure(id),
     }

@@ -35,6 +35,7 @@ pub(super) fn run_socket(
             id: socket,
             message,
             sent_as,
+            ..
         } => {
             let Some(info) = table.and_then(|t| t.info(&id, socket)).or(sent_as) else {
                 commit_event(l)?;

@@ -4,7 +4,10 @@
 //! [`HISTORY_SAMPLES_MAX`] of them (an hour). `GET /admin/v1/node/history`
 //! answers, per interval between two samples, requests per second, the
 //! error rate, the event duration's p50 and p99, alarm lateness p99,
-//! upload lag p99 and (in a cluster) the sweep's lag.
+//! upload lag p99 and (in a cluster) the sweep's lag. With `?cluster=true`
+//! a cluster node adds every other live node's own answer (`others`, each
+//! asked within `CLUSTER_ASK_TIMEOUT_MS`; one that does not answer is
+//! listed with `points: null`).
 //!
 //! Quantiles come from the histograms' bucket counts gained in the
 //! interval, so a figure is the upper bound of the bucket the quantile
@@ -15,7 +18,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
@@ -161,8 +164,36 @@ fn quantile_ms(before: &Buckets, after: &Buckets, q: f64) -> Option<f64> {
         .and_then(|(le, _)| le.is_finite().then_some(le * 1000.0))
 }
 
-/// `GET /admin/v1/node/history`.
-pub(super) async fn history_route(State(s): State<AppState>) -> Response {
+#[derive(serde::Deserialize)]
+pub(super) struct HistoryQuery {
+    #[serde(default)]
+    cluster: bool,
+}
+
+/// `GET /admin/v1/node/history[?cluster=true]`.
+pub(super) async fn history_route(
+    State(s): State<AppState>,
+    Query(q): Query<HistoryQuery>,
+) -> Result<Response, crate::error::ApiError> {
+    let mut answer = own_history(&s);
+    if let (Some(c), true) = (&s.config.cluster, q.cluster) {
+        answer["node"] = json!(c.node());
+        let path = format!("{}/node/history", super::ADMIN_PREFIX);
+        let others: Vec<_> = super::fanout::ask_others(c, &path)
+            .await?
+            .into_iter()
+            .map(|(node, theirs)| match theirs {
+                Some(v) => json!({ "node": node, "points": v["points"], "now": v["now"] }),
+                None => json!({ "node": node, "points": null, "now": null }),
+            })
+            .collect();
+        answer["others"] = json!(others);
+    }
+    Ok(axum::Json(answer).into_response())
+}
+
+/// This node's history, as `history_route` answers it.
+fn own_history(s: &AppState) -> serde_json::Value {
     let samples: Vec<Sample> = s
         .history
         .samples
@@ -198,13 +229,12 @@ pub(super) async fn history_route(State(s): State<AppState>) -> Response {
             "instances_active": l.instances_active,
         })
     });
-    axum::Json(json!({
+    json!({
         "sample_ms": HISTORY_SAMPLE_MS,
         "samples_max": HISTORY_SAMPLES_MAX,
         "points": points,
         "now": now,
-    }))
-    .into_response()
+    })
 }
 
 #[cfg(test)]

@@ -164,7 +164,7 @@ const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
     .remove(b'~');
 
 /// An actor name (or any segment) as one URL path segment.
-fn encode_segment(s: &str) -> String {
+pub(super) fn encode_segment(s: &str) -> String {
     utf8_percent_encode(s, SEGMENT).to_string()
 }
 

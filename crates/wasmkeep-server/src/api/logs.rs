@@ -15,6 +15,12 @@
 //!   `?follow=true` keeps the response open and adds each new line as it
 //!   comes, with an empty line every [`HEARTBEAT_MS`] so that a quiet
 //!   stream is not taken for a dead one. It ends when the node stops.
+//!   With `?cluster=true` (not with `follow`) a cluster node answers the
+//!   scope's kept lines of every live node, each line naming its `node`,
+//!   merged by time, the last `lines` of them, and a line
+//!   `{"node_unreachable": …}` for each node that did not answer within
+//!   `CLUSTER_ASK_TIMEOUT_MS` (the console polls this for an actor's
+//!   live log: its lines are on whichever node ran it).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -162,6 +168,8 @@ struct LogsQuery {
     /// How many of the kept lines to send first (default
     /// [`LOG_LINES_DEFAULT`]).
     lines: usize,
+    /// Every live node's lines, merged (not with `follow`).
+    cluster: bool,
 }
 
 impl LogsQuery {
@@ -187,10 +195,23 @@ impl LogsQuery {
             None => LOG_LINES_DEFAULT,
             Some(v) => v.parse().map_err(|_| bad("lines", v, "a count"))?,
         };
+        let cluster = match q.get("cluster").map(String::as_str) {
+            None | Some("false") => false,
+            Some("true") if follow => {
+                return Err(ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "bad_request",
+                    "cluster: `true` cannot be followed; follow one node, or ask again",
+                ));
+            }
+            Some("true") => true,
+            Some(v) => return Err(bad("cluster", v, "true or false")),
+        };
         Ok(LogsQuery {
             follow,
             level,
             lines,
+            cluster,
         })
     }
 }
@@ -231,8 +252,13 @@ pub(crate) async fn logs_route(
     let past = hub.recent(&scope, level, q.lines);
     let last_past = past.last().map_or(0, |l| l.seq);
     let mut first = String::new();
-    for line in &past {
-        push_json(&mut first, line);
+    match (&s.config.cluster, q.cluster) {
+        (Some(c), true) => first = cluster_lines(c, &scope, &q, &past).await?,
+        _ => {
+            for line in &past {
+                push_json(&mut first, line);
+            }
+        }
     }
     let head = futures_util::stream::once(async move { Ok::<_, std::io::Error>(first) });
     let body = match follower {
@@ -280,8 +306,72 @@ pub(crate) async fn logs_route(
     Ok(resp)
 }
 
+/// The scope's kept lines on every live node, merged by time (the last
+/// `q.lines`), each naming its node, then a line per node that did not
+/// answer.
+async fn cluster_lines(
+    c: &crate::cluster::ClusterState,
+    scope: &Scope,
+    q: &LogsQuery,
+    past: &[Arc<LogLine>],
+) -> Result<String, ApiError> {
+    use super::inbound::encode_segment;
+    let mut path = format!(
+        "{}/logs/{}",
+        super::ADMIN_PREFIX,
+        encode_segment(&scope.tenant)
+    );
+    for part in [&scope.app, &scope.class, &scope.name]
+        .into_iter()
+        .flatten()
+    {
+        path.push('/');
+        path.push_str(&encode_segment(part));
+    }
+    path.push_str(&format!("?lines={}&level={}", q.lines, q.level.as_str()));
+    let mut lines: Vec<serde_json::Value> = past
+        .iter()
+        .map(|l| {
+            let mut v = line_json(l);
+            v["node"] = json!(c.node());
+            v
+        })
+        .collect();
+    let mut unreachable = Vec::new();
+    for (node, body) in super::fanout::ask_others_raw(c, &path).await? {
+        let Some(body) = body else {
+            unreachable.push(node);
+            continue;
+        };
+        for raw in body.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+            if let Ok(mut v) = serde_json::from_slice::<serde_json::Value>(raw) {
+                v["node"] = json!(node);
+                lines.push(v);
+            }
+        }
+    }
+    lines.sort_by_key(|v| v["at_ms"].as_u64().unwrap_or(0));
+    let skip = lines.len().saturating_sub(q.lines);
+    let mut out = String::new();
+    for v in lines.into_iter().skip(skip) {
+        out.push_str(&v.to_string());
+        out.push('\n');
+    }
+    for node in unreachable {
+        out.push_str(&json!({ "node_unreachable": node }).to_string());
+        out.push('\n');
+    }
+    Ok(out)
+}
+
 /// One line as JSON, newline-terminated.
 fn push_json(out: &mut String, l: &LogLine) {
+    out.push_str(&line_json(l).to_string());
+    out.push('\n');
+}
+
+/// One line as the logs route shows it.
+fn line_json(l: &LogLine) -> serde_json::Value {
     let mut v = json!({
         "seq": l.seq,
         "at_ms": l.at_ms,
@@ -305,8 +395,7 @@ fn push_json(out: &mut String, l: &LogLine) {
             "version": a.version,
         });
     }
-    out.push_str(&v.to_string());
-    out.push('\n');
+    v
 }
 
 /// Ends followers when the node stops, so that the connection drain does

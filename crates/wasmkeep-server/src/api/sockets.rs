@@ -76,11 +76,12 @@ pub(super) fn upgrade(
     };
     let limit = rt.sockets().limits().message_bytes_max;
     let (rt2, actor2) = (rt.clone(), actor.clone());
+    let sample_pct = s.config.trace_sample_pct;
     ws.respond(
         config(limit),
         reads.clone(),
         move |ws| async move {
-            bridge(rt, actor, socket, conn, ws, reads).await;
+            bridge(rt, actor, socket, conn, ws, (reads, sample_pct)).await;
             drop(client);
         },
         move || gone(&rt2, &actor2, socket, 1006, "the upgrade failed"),
@@ -160,7 +161,7 @@ async fn bridge(
     socket: u64,
     mut conn: wasmkeep_runtime::sockets::Connection,
     mut ws: Socket,
-    reads: Reads,
+    (reads, sample_pct): (Reads, u8),
 ) {
     let (code, reason): (u16, String) = loop {
         tokio::select! {
@@ -213,7 +214,11 @@ async fn bridge(
                     let _ = ws.send(close(close_code::MOVED, &reason)).await;
                     break (close_code::MOVED, reason);
                 }
-                if let Err(e) = rt.socket_event(&actor, SocketEvent::Message { id: socket, message, sent_as: None }) {
+                // Each message sampled on its own, at the node's share: a
+                // socket carries no `traceparent` after its upgrade.
+                let trace = crate::traces::sampled(sample_pct)
+                    .then(|| wasmkeep_runtime::trace::EventTrace::root("socket", None));
+                if let Err(e) = rt.socket_event(&actor, SocketEvent::Message { id: socket, message, sent_as: None, trace }) {
                     let reason = format!("the actor cannot take messages now: {}", e.code());
                     let _ = ws.send(close(close_code::TRY_AGAIN, &reason)).await;
                     break (close_code::TRY_AGAIN, reason);

@@ -23,9 +23,6 @@ use crate::cluster::ClusterState;
 use crate::error::ApiError;
 use crate::traces::{TRACERESPONSE_HEADER, Traced, span_json};
 
-/// How long a trace's lookup waits for each other node.
-const TRACE_ASK_TIMEOUT_MS: u64 = 2_000;
-
 /// Requests a listing returns at most (and by default).
 pub const TRACES_LIST_MAX: usize = 200;
 pub const TRACES_LIST_DEFAULT: usize = 50;
@@ -221,41 +218,8 @@ pub(super) async fn one_trace(
             .collect();
     let mut unreachable = Vec::new();
     if let (Some(c), true) = (&s.config.cluster, q.cluster) {
-        let view = c.view().await.map_err(|e| {
-            ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "bucket_unavailable",
-                e.to_string(),
-            )
-        })?;
         let path = format!("{}/traces/{trace_id}", super::ADMIN_PREFIX);
-        // Every other live node at once, each within
-        // `TRACE_ASK_TIMEOUT_MS`: a node that does not answer in time is
-        // named, not waited for.
-        let asks = view.live.iter().filter(|n| n.node != c.node()).map(|n| {
-            let path = path.clone();
-            async move {
-                let sent = tokio::time::timeout(
-                    std::time::Duration::from_millis(TRACE_ASK_TIMEOUT_MS),
-                    c.forwarder.forward(
-                        &n.address,
-                        &Method::GET,
-                        &path,
-                        &axum::http::HeaderMap::new(),
-                        Vec::new(),
-                        c.settings(),
-                    ),
-                )
-                .await;
-                let theirs = sent
-                    .ok()
-                    .and_then(Result::ok)
-                    .filter(|r| r.status().is_success())
-                    .and_then(|r| serde_json::from_slice::<serde_json::Value>(r.body()).ok());
-                (n.node.clone(), theirs)
-            }
-        });
-        for (node, theirs) in futures_util::future::join_all(asks).await {
+        for (node, theirs) in super::fanout::ask_others(c, &path).await? {
             match theirs.as_ref().and_then(|v| v["spans"].as_array()) {
                 Some(a) => spans.extend(a.iter().cloned()),
                 None => unreachable.push(node),

@@ -147,6 +147,10 @@ try {
   await page.click('nav a[href="#/alarms"]');
   const alarmLink = '#/actor/demo/examples/reminder/' + seg(t.reminder);
   await page.waitForSelector(`a[href="${alarmLink}"]`);
+  const flakyRow = await page.textContent(`tr:has(a[href="#/actor/demo/examples/reminder/${seg(t.flaky)}"])`);
+  check(/retrying \(\d+ failures?\)/.test(flakyRow), 'the failing alarm shows as retrying: ' + flakyRow);
+  const laterRow = await page.textContent(`tr:has(a[href="${alarmLink}"])`);
+  check(laterRow.includes('later') && !laterRow.includes('retrying'), 'the alarm an hour ahead is not retrying: ' + laterRow);
   await shot(page, 'alarms');
 
   step = 'run the alarm now';
