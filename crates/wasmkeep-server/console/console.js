@@ -258,7 +258,8 @@ function chart(title, series, unit) {
     path.setAttribute('class', 's' + (k % 4));
     svg.append(path);
     const value = last === null ? '—' : fmt(last) + ' ' + unit;
-    latest.push(shown.length > 1 ? h('span', { class: 'legend s' + (k % 4) }, s.name + ' ' + value) : value);
+    // A node's id is 32 hex digits: its first 8 tell the nodes apart here (the title has it whole).
+    latest.push(shown.length > 1 ? h('span', { class: 'legend s' + (k % 4), title: s.name }, s.name.slice(0, 8) + ' ' + value) : value);
   });
   return h('figure', { class: 'card' },
     h('figcaption', {}, title, ': ', latest.map((x) => [x, ' ']),

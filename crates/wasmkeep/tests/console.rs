@@ -524,6 +524,7 @@ fn the_consoles_cluster_views_ask_every_live_node() {
         "token": ADMIN,
         "b_node": b_id,
         "actor": "far",
+        "shots": std::env::var("WASMKEEP_CONSOLE_SHOTS").ok(),
         "chromium": std::env::var("WASMKEEP_CHROMIUM").unwrap_or("/usr/bin/chromium".into()),
     });
     run_browser("cluster.mjs", &input);

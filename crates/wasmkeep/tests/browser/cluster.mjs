@@ -12,6 +12,7 @@
 //   token     both nodes' admin token
 //   b_node    node B's name
 //   actor     a reminder actor B holds, with an alarm far ahead
+//   shots     a folder for screenshots (cluster-*.png), or null
 //   chromium  the browser's path
 import { chromium } from 'playwright-core';
 
@@ -22,6 +23,10 @@ const failures = [];
 
 function check(ok, what) {
   if (!ok) failures.push(step + ': ' + what);
+}
+
+async function shot(page, name) {
+  if (t.shots) await page.screenshot({ path: t.shots + '/cluster-' + name + '.png', fullPage: true });
 }
 
 const browser = await chromium.launch({ executablePath: t.chromium, args: ['--no-sandbox'] });
@@ -40,9 +45,10 @@ try {
   step = 'the overview shows both nodes';
   await page.waitForSelector('.stat:has-text("nodes live")');
   check((await page.textContent('.stat:has-text("nodes live") b')) === '2', 'two nodes live');
-  const legends = await page.$$eval('figure.card:first-of-type .legend', (ls) => ls.map((l) => l.textContent));
-  check(legends.length === 2 && legends.some((l) => l.startsWith(t.b_node)), 'a line per node in the first chart: ' + legends.join(' | '));
+  const legends = await page.$$eval('figure.card:first-of-type .legend', (ls) => ls.map((l) => l.title));
+  check(legends.length === 2 && legends.includes(t.b_node), 'a line per node in the first chart: ' + legends.join(' | '));
   check((await page.$$('figure.card:first-of-type svg path')).length === 2, 'two paths in the first chart');
+  await shot(page, 'overview');
 
   step = 'the cluster page counts every node\'s holds';
   await page.click('nav a[href="#/cluster"]');
@@ -50,6 +56,7 @@ try {
   const rowB = await page.textContent(`tr:has(td:text-is("${t.b_node}"))`);
   check(/\d+ actors/.test(rowB) && !rowB.includes('did not answer'), 'B answers its holds: ' + rowB);
   check(!(await page.textContent('main')).includes('did not answer'), 'every node answered');
+  await shot(page, 'nodes');
 
   step = 'the alarm page lists B\'s alarm';
   await page.click('nav a[href="#/alarms"]');
@@ -57,6 +64,7 @@ try {
   const link = `a[href="#/actor/demo/examples/reminder/${encodeURIComponent(t.actor)}"]`;
   const alarmRow = await page.textContent(`tr:has(${link})`);
   check(alarmRow.includes(t.b_node), 'the row names B: ' + alarmRow);
+  await shot(page, 'alarms');
 
   step = 'the actor\'s live log shows B\'s lines';
   await page.click(link);
