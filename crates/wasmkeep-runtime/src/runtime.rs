@@ -595,8 +595,7 @@ impl Runtime {
                                     if let Some(a) = alarm {
                                         // An actor that ran meanwhile put
                                         // its own, newer, alarm in the timer.
-                                        rt.timer.set_if_absent(id, a.at_ms);
-                                        rt.timer.set_retries(id, a.retry_count);
+                                        rt.timer.set_if_absent(id, a.at_ms, a.retry_count);
                                         found.fetch_add(1, Ordering::Relaxed);
                                     }
                                 }

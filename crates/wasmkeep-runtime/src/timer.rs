@@ -48,9 +48,9 @@ impl Timer {
             s.queue.remove(&(old, Arc::clone(&key)));
         }
         s.prepared.remove(&key);
-        if at_ms.is_none() {
-            s.retries.remove(&key);
-        }
+        // Another alarm: its failures are not the old one's (the caller
+        // notes them with `set_retries` if it knows them).
+        s.retries.remove(&key);
         if let Some(at) = at_ms {
             let earliest = s.queue.first().map(|(t, _)| *t);
             s.queue.insert((at, Arc::clone(&key)));
@@ -75,15 +75,25 @@ impl Timer {
         }
     }
 
-    /// Records an alarm read from disk unless the timer already holds one
-    /// for the actor (set by a turn, which knows better).
-    pub fn set_if_absent(&self, id: &ActorId, at_ms: u64) {
+    /// Records an alarm read from disk, with its failed runs so far,
+    /// unless the timer already holds one for the actor (set by a turn,
+    /// which knows better).
+    pub fn set_if_absent(&self, id: &ActorId, at_ms: u64, retries: u32) {
         if self.state.lock().by_actor.contains_key(id) {
             return;
         }
         // A turn may slip in between: its alarm is as new as any, and an
-        // early entry only wakes an alarm event that finds nothing due.
+        // early entry only wakes an alarm event that finds nothing due
+        // (its failures, shown a moment too long, are the turn's to set).
         self.set(id, Some(at_ms));
+        if retries > 0 {
+            let mut s = self.state.lock();
+            if s.by_actor.get(id) == Some(&at_ms)
+                && let Some(key) = s.by_actor.get_key_value(id).map(|(k, _)| Arc::clone(k))
+            {
+                s.retries.insert(key, retries);
+            }
+        }
     }
 
     /// Removes and returns up to `max` alarms due at or before `now_ms`,
@@ -220,9 +230,36 @@ mod tests {
     fn the_scan_never_overwrites_what_a_turn_recorded() {
         let t = Timer::default();
         t.set(&id("a"), Some(50));
-        t.set_if_absent(&id("a"), 10);
+        t.set_if_absent(&id("a"), 10, 0);
         assert_eq!(t.get(&id("a")), Some(50));
-        t.set_if_absent(&id("b"), 10);
+        t.set_if_absent(&id("b"), 10, 0);
         assert_eq!(t.get(&id("b")), Some(10));
+    }
+
+    #[test]
+    fn failed_runs_belong_to_the_alarm_they_failed() {
+        let t = Timer::default();
+        let retries = |t: &Timer| t.pending("t", 10).iter().map(|p| p.2).collect::<Vec<_>>();
+        t.set(&id("a"), Some(50));
+        t.set_retries(&id("a"), 2);
+        assert_eq!(retries(&t), vec![2]);
+        // The same alarm again (a batch that did not touch it): kept.
+        t.set(&id("a"), Some(50));
+        assert_eq!(retries(&t), vec![2]);
+        // Another alarm (set by a turn, restored, moved): not its failures.
+        t.set(&id("a"), Some(60));
+        assert_eq!(retries(&t), vec![0]);
+        t.set_retries(&id("a"), 1);
+        t.set(&id("a"), None);
+        t.set(&id("a"), Some(60));
+        assert_eq!(retries(&t), vec![0]);
+        // The scan's count is taken only for the alarm it read.
+        t.set_if_absent(&id("b"), 70, 3);
+        t.set_if_absent(&id("b"), 70, 5);
+        assert_eq!(retries(&t), vec![0, 3]);
+        // Delivered: gone with it.
+        t.pop_due(100, 10);
+        t.set(&id("b"), Some(200));
+        assert_eq!(retries(&t), vec![0]);
     }
 }

@@ -37,8 +37,9 @@ pub const TRACE_SPANS_MAX: usize = 20_000;
 pub const TRACE_SQL_SPANS_MAX: usize = 64;
 /// Longest text a span keeps in one attribute (a statement, a path).
 pub const SPAN_TEXT_BYTES_MAX: usize = 256;
-/// Pending alarms a node remembers the traced setter of: past it a traced
-/// event's alarm runs untraced.
+/// Pending alarms a node remembers the traced setter of: past it a new
+/// link takes the place of an arbitrary older one (whose alarm then runs
+/// untraced).
 pub const ALARM_TRACE_LINKS_MAX: usize = 100_000;
 
 /// This node's key in a fetch's `tracestate`: its value is the id of the
@@ -310,9 +311,13 @@ pub struct Traces {
     sink: std::sync::OnceLock<SpanSink>,
     spans_total: AtomicU64,
     /// The `guest` span of the traced event that set each actor's pending
-    /// alarm. In memory only, as the ring is: after a restart or a move
+    /// alarm, and the alarm's due time (a link is used only for the alarm
+    /// it was made for). In memory only, as the ring is: after a restart
     /// the alarm runs untraced.
-    alarm_links: Mutex<HashMap<ActorId, TraceContext>>,
+    alarm_links: Mutex<HashMap<ActorId, (u64, TraceContext)>>,
+    /// How many links there are: a node that never traced an alarm takes
+    /// no lock for them.
+    alarm_links_len: std::sync::atomic::AtomicUsize,
 }
 
 impl std::fmt::Debug for Traces {
@@ -351,23 +356,64 @@ impl Traces {
         }
     }
 
-    /// Notes what set `id`'s alarm: the `guest` span of a traced event,
-    /// or `None` (an untraced event, a clear, a run that left no alarm).
-    /// Past [`ALARM_TRACE_LINKS_MAX`] a new link is not kept.
-    pub(crate) fn link_alarm(&self, id: &ActorId, by: Option<TraceContext>) {
+    /// Notes what set `id`'s alarm: its due time and the `guest` span of
+    /// the traced event, or `None` (an untraced event, a clear, a run
+    /// that left no alarm). Past [`ALARM_TRACE_LINKS_MAX`] a new link
+    /// takes the place of an arbitrary older one.
+    pub(crate) fn link_alarm(&self, id: &ActorId, link: Option<(u64, TraceContext)>) {
+        if link.is_none() && self.alarm_links_len.load(Ordering::Relaxed) == 0 {
+            return;
+        }
         let mut links = self.alarm_links.lock();
-        match by {
-            Some(c) if links.len() < ALARM_TRACE_LINKS_MAX || links.contains_key(id) => {
-                links.insert(id.clone(), c);
+        match link {
+            Some(l) => {
+                if links.len() >= ALARM_TRACE_LINKS_MAX
+                    && !links.contains_key(id)
+                    && let Some(old) = links.keys().next().cloned()
+                {
+                    links.remove(&old);
+                }
+                links.insert(id.clone(), l);
             }
-            _ => {
+            None => {
                 links.remove(id);
             }
         }
+        self.alarm_links_len.store(links.len(), Ordering::Relaxed);
     }
 
-    /// The traced event that set `id`'s alarm, if any.
-    pub(crate) fn alarm_link(&self, id: &ActorId) -> Option<TraceContext> {
+    /// The link of `id`'s alarm due at `from_ms`, if it has one, now of
+    /// its retry due at `to_ms` (gone with `None`: the alarm was dropped).
+    pub(crate) fn move_alarm_link(&self, id: &ActorId, from_ms: u64, to_ms: Option<u64>) {
+        if self.alarm_links_len.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let mut links = self.alarm_links.lock();
+        let Some((at, _)) = links.get(id).copied() else {
+            return;
+        };
+        if at != from_ms {
+            return;
+        }
+        match to_ms {
+            Some(to) => {
+                if let Some(l) = links.get_mut(id) {
+                    l.0 = to;
+                }
+            }
+            None => {
+                links.remove(id);
+            }
+        }
+        self.alarm_links_len.store(links.len(), Ordering::Relaxed);
+    }
+
+    /// `id`'s alarm link: the due time of the alarm it was made for, and
+    /// the `guest` span of the traced event that set it.
+    pub(crate) fn alarm_link(&self, id: &ActorId) -> Option<(u64, TraceContext)> {
+        if self.alarm_links_len.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
         self.alarm_links.lock().get(id).copied()
     }
 
@@ -643,6 +689,34 @@ mod tests {
         )];
         scrub_guest_tracestate(&mut only_ours);
         assert!(only_ours.is_empty());
+    }
+
+    #[test]
+    fn an_alarm_link_follows_its_alarm_and_its_retries_only() {
+        let t = Traces::default();
+        let a = ActorId::new("t", "a", "c", "x").unwrap();
+        let by = TraceContext::new_trace();
+        // No link: nothing to look up, and no lock taken for a clear.
+        t.link_alarm(&a, None);
+        assert_eq!(t.alarm_link(&a), None);
+        t.link_alarm(&a, Some((100, by)));
+        assert_eq!(t.alarm_link(&a), Some((100, by)));
+        // A retry of another alarm does not move it; its own retry does.
+        t.move_alarm_link(&a, 50, Some(200));
+        assert_eq!(t.alarm_link(&a), Some((100, by)));
+        t.move_alarm_link(&a, 100, Some(1100));
+        assert_eq!(t.alarm_link(&a), Some((1100, by)));
+        // Dropped after its retries: gone.
+        t.move_alarm_link(&a, 1100, None);
+        assert_eq!(t.alarm_link(&a), None);
+        // Past the bound a new link replaces an older one.
+        for i in 0..ALARM_TRACE_LINKS_MAX + 10 {
+            let id = ActorId::new("t", "a", "c", &format!("n{i}")).unwrap();
+            t.link_alarm(&id, Some((1, by)));
+        }
+        assert_eq!(t.alarm_links.lock().len(), ALARM_TRACE_LINKS_MAX);
+        let last = ActorId::new("t", "a", "c", &format!("n{}", ALARM_TRACE_LINKS_MAX + 9)).unwrap();
+        assert_eq!(t.alarm_link(&last), Some((1, by)));
     }
 
     #[test]

@@ -19,6 +19,8 @@ const LOG_LINES_SHOWN = 500;
 const OVERVIEW_REFRESH_MS = 10000;
 /** How often an actor's log is asked again in a cluster (its lines are on the node that ran it). */
 const CLUSTER_LOG_POLL_MS = 2000;
+/** Lines an actor's log shows in a cluster (the latest, of every node). */
+const CLUSTER_LOG_LINES = 100;
 
 const main = document.getElementById('main');
 const nav = document.getElementById('nav');
@@ -218,7 +220,7 @@ document.getElementById('logout').addEventListener('click', async () => {
 
 // ---- overview -----------------------------------------------------------------
 
-/** Series drawn in one chart at most (one per node; the colours repeat past it in the CSS). */
+/** Series drawn in one chart at most (one per node; four colours, repeating). */
 const CHART_SERIES_MAX = 16;
 
 /**
@@ -452,7 +454,7 @@ function logItem(rec, raw) {
 /**
  * An actor's live log. On a single node it follows the node's stream; in a cluster it asks every
  * node's kept lines again every CLUSTER_LOG_POLL_MS (the actor's lines are on whichever node ran
- * it, and it may move), adding the lines not shown yet.
+ * it, and it may move) and shows the latest, merged by time.
  */
 function liveLog(v, id, list, clustered) {
   const scope = '/admin/v1/logs/' + [id.tenant, id.app, id.class, id.name].map(encodeURIComponent).join('/');
@@ -492,26 +494,23 @@ function liveLog(v, id, list, clustered) {
 }
 
 function polledLog(v, scope, list) {
-  const shown = new Set();
   let stopped = false;
-  const unreachable = h('li', { class: 'muted' });
   const poll = async () => {
-    const r = await api(scope + '?lines=50&cluster=true', { raw: true });
+    // The node merges every node's lines by time: each answer replaces the list.
+    const r = await api(scope + '?lines=' + CLUSTER_LOG_LINES + '&cluster=true', { raw: true });
     const text = await r.text();
+    const items = [];
     const missing = [];
     for (const line of text.split('\n')) {
       if (!line.trim()) continue;
       let rec;
       try { rec = JSON.parse(line); } catch (_) { continue; }
-      if (rec.node_unreachable !== undefined) { missing.push(rec.node_unreachable); continue; }
-      const key = rec.node + '/' + rec.seq;
-      if (shown.has(key)) continue;
-      shown.add(key);
-      list.append(logItem(rec, line));
-      while (list.childElementCount > LOG_LINES_SHOWN) list.firstElementChild.remove();
+      if (rec === null || typeof rec !== 'object') continue;
+      if (rec.node_unreachable !== undefined) { missing.push(String(rec.node_unreachable)); continue; }
+      items.push(logItem(rec, line));
     }
-    unreachable.replaceChildren(missing.length ? 'nodes that did not answer: ' + missing.join(', ') : '');
-    if (missing.length) list.append(unreachable);
+    if (missing.length) items.push(h('li', { class: 'muted' }, 'nodes that did not answer: ' + missing.join(', ')));
+    if (!stopped) list.replaceChildren(...items);
   };
   const timer = setInterval(() => {
     if (!stopped) poll().catch(() => {});

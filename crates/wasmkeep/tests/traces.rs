@@ -605,8 +605,17 @@ fn an_alarm_runs_in_a_trace_linked_to_the_event_that_set_it() {
         Some(&format!("00-{other}-00f067aa0ba902b7-01")),
     );
     set("r3", &format!("at_ms={soon}"), None);
-    cluster::wait_for("the three alarms", 60, 50, || {
-        fired("r1") == 1 && fired("r2") == 1 && fired("r3") == 1
+    // r4: set by a traced request, failing its first run: the retry is
+    // linked too. Due after the others, so once its spans are kept, theirs
+    // would be.
+    let third = "6bf92f3577b34da6a3ce929d0e0e4736";
+    set(
+        "r4",
+        &format!("at_ms={}&fail_times=1", soon + 300),
+        Some(&format!("00-{third}-00f067aa0ba902b7-01")),
+    );
+    cluster::wait_for("the alarms", 60, 50, || {
+        fired("r1") == 1 && fired("r2") == 1 && fired("r3") == 1 && fired("r4") == 1
     });
     let mut runs = Vec::new();
     cluster::wait_for("r1's alarm span", 60, 50, || {
@@ -658,6 +667,20 @@ fn an_alarm_runs_in_a_trace_linked_to_the_event_that_set_it() {
         )]
     );
     assert_eq!(exported.parent_id, "");
+    // The failed run and its retry, both linked to r4's setter.
+    let mut r4 = Vec::new();
+    cluster::wait_for("r4's two runs", 60, 50, || {
+        r4 = alarm_spans(&node, "demo/examples/reminder/r4");
+        r4.len() == 2
+    });
+    let setter = trace_spans(&node, third);
+    let guest = setter.iter().find(|sp| sp["name"] == "guest").unwrap();
+    for run in &r4 {
+        assert_eq!(run["links"][0]["span_id"], guest["span_id"], "{run}");
+    }
+    // Newest first: the retry succeeded, the first run failed.
+    assert_eq!(r4[0]["error"], serde_json::Value::Null);
+    assert_eq!(r4[1]["error"], "guest_error", "{:?}", r4[1]);
     // Only alarms a traced event set are traced.
     assert!(alarm_spans(&node, "demo/examples/reminder/r2").is_empty());
     assert!(

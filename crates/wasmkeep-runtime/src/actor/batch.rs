@@ -178,7 +178,16 @@ pub(super) struct EventsRan {
     /// The restore to a bookmark the batch's last successful event asked
     /// for (applied once the batch is in the bucket).
     restore: Option<crate::bookmarks::PendingRestore>,
+    /// What the batch's last event that set or cleared the alarm leaves
+    /// as the alarm's trace link (ADR 0064): `Some(None)` none, `Some(x)`
+    /// the alarm due at `x.0` set by the traced event `x.1`. Applied once
+    /// the batch committed; dropped with a rolled-back batch.
+    alarm_link: Option<AlarmLink>,
 }
+
+/// An alarm's due time and the `guest` span of the traced event that set
+/// it, or none.
+type AlarmLink = Option<(u64, crate::trace::TraceContext)>;
 
 /// What [`after_commit`] leaves for the release of the replies.
 pub(super) struct AfterCommit {
@@ -481,7 +490,8 @@ pub(super) fn run_events(
         if r.is_err() {
             Metrics::inc(&rt.metrics.event_failures_total);
         }
-        let trace = end_trace(rt, l, traced, &r);
+        note_alarm_link(l, traced.as_ref(), &r, &mut ran);
+        let trace = end_trace(l, traced, &r);
         // Read before a trap's instance is replaced (which would lose it).
         let (park, accepted) = take_event_effects(rt, l, r.is_ok(), &mut ran);
         ran.results.push(Ran {
@@ -524,9 +534,15 @@ fn begin_trace(rt: &Inner, l: &mut Loaded, kind: &EventKind) -> Option<(Arc<Even
         EventKind::Inbound(
             Inbound::Message { trace: Some(c), .. } | Inbound::Response { trace: Some(c), .. },
         ) => EventTrace::new(*c),
-        // An alarm a traced event set: a trace of its own, linked to it.
+        // An alarm a traced event set: a trace of its own, linked to it,
+        // if the link is for the alarm committed now (not one an earlier
+        // life of the actor, or a restore, left).
         EventKind::Alarm { .. } => {
-            let set_by = rt.traces.alarm_link(&l.store.data().id)?;
+            let (at, set_by) = rt.traces.alarm_link(&l.store.data().id)?;
+            let committed = l.db().alarm().ok().flatten()?;
+            if committed.at_ms != at {
+                return None;
+            }
             EventTrace::root("alarm", Some(set_by))
         }
         EventKind::Socket(SocketEvent::Message { trace, .. }) => trace.clone()?,
@@ -536,28 +552,37 @@ fn begin_trace(rt: &Inner, l: &mut Loaded, kind: &EventKind) -> Option<(Arc<Even
     Some((trace, crate::clock::instant()))
 }
 
-/// An event's handler ended with `r`: the trace of what set the actor's
-/// alarm is noted, and a traced event's `guest` span, and the host stops
-/// noting statements. An alarm's event that found nothing due is no trace.
+/// What a successful event did to the alarm becomes the batch's pending
+/// trace link (ADR 0064): an alarm it set is linked to its `guest` span if
+/// it is traced, and to nothing if not; an alarm it cleared, or an alarm's
+/// run that left none, has no link. A failed event's alarm was rolled back
+/// (and a failed alarm's retry keeps its link: `run_alarm` moves it).
+fn note_alarm_link(
+    l: &Loaded,
+    traced: Option<&(Arc<EventTrace>, Instant)>,
+    r: &Result<Outcome, RuntimeError>,
+    ran: &mut EventsRan,
+) {
+    let Ok(outcome) = r else { return };
+    match (l.store.data().alarm_op, outcome) {
+        (AlarmOp::Set(at), _) => {
+            ran.alarm_link = Some(traced.map(|(t, _)| (at, t.guest_context())));
+        }
+        (AlarmOp::Cleared, _) | (AlarmOp::Untouched, Outcome::Alarm(true)) => {
+            ran.alarm_link = Some(None);
+        }
+        _ => {}
+    }
+}
+
+/// An event's handler ended with `r`: a traced event's `guest` span is
+/// noted and the host stops noting statements. An alarm's event that found
+/// nothing due is no trace.
 fn end_trace(
-    rt: &Inner,
     l: &mut Loaded,
     traced: Option<(Arc<EventTrace>, Instant)>,
     r: &Result<Outcome, RuntimeError>,
 ) -> Option<Arc<EventTrace>> {
-    if r.is_ok() {
-        // A failed event's alarm was rolled back (a failed alarm's retry
-        // stays linked to what set it).
-        let by = traced.as_ref().map(|(t, _)| t.guest_context());
-        let id = &l.store.data().id;
-        match (l.store.data().alarm_op, r) {
-            (AlarmOp::Set(_), _) => rt.traces.link_alarm(id, by),
-            (AlarmOp::Cleared, _) | (AlarmOp::Untouched, Ok(Outcome::Alarm(true))) => {
-                rt.traces.link_alarm(id, None);
-            }
-            _ => {}
-        }
-    }
     if matches!(r, Ok(Outcome::Alarm(false))) {
         l.store.data_mut().trace = None;
         return None;
@@ -629,6 +654,7 @@ pub(super) fn begin_batch(
         size_before,
         not_started: Vec::new(),
         restore: None,
+        alarm_link: None,
     })
 }
 
@@ -655,6 +681,9 @@ pub(super) fn reset_event_state(l: &mut Loaded, ran: &EventsRan) {
     state.request_is_upgrade = false;
     state.socket_sent_bytes = 0;
     state.restore = None;
+    // Counted over the whole event (its `on-init` included), whether or
+    // not it calls the guest.
+    state.alarm_op = AlarmOp::Untouched;
 }
 
 /// Runs one event of the batch by its kind.
@@ -859,6 +888,8 @@ pub(super) fn batch_rolled_back(
     ran: &mut EventsRan,
     initialized: &mut bool,
 ) {
+    // The alarm the batch set or cleared went with it.
+    ran.alarm_link = None;
     for r in ran.results.iter_mut() {
         if r.out.is_ok() {
             r.out = Err(RuntimeError::TransactionAborted);
@@ -977,6 +1008,9 @@ pub(super) fn after_commit(
     initialized: bool,
 ) -> Result<(AfterCommit, Vec<Ran>), Stop> {
     timer_follows_commit(rt, &actor.id, l, turn, &ran);
+    if let Some(link) = ran.alarm_link {
+        rt.traces.link_alarm(&actor.id, link);
+    }
     let dir = l.db().dir().to_owned();
     // Only the first durable batch of a new actor syncs its folders.
     let dirs = l.db().take_new_dirs();

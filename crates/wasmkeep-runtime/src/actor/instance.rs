@@ -239,7 +239,6 @@ pub(super) fn enter(l: &mut Loaded) {
     s.panic_message = None;
     s.poison = None;
     s.in_alarm = false;
-    s.alarm_op = AlarmOp::Untouched;
 }
 
 /// Calls `on-init` if the actor has not committed one yet. Runs inside the

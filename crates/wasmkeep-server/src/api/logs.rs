@@ -344,8 +344,12 @@ async fn cluster_lines(
             continue;
         };
         for raw in body.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
-            if let Ok(mut v) = serde_json::from_slice::<serde_json::Value>(raw) {
-                v["node"] = json!(node);
+            // Only objects: a node answers lines, and anything else from
+            // it is left out rather than trusted.
+            if let Ok(mut v) = serde_json::from_slice::<serde_json::Value>(raw)
+                && let Some(o) = v.as_object_mut()
+            {
+                o.insert("node".to_owned(), json!(node));
                 lines.push(v);
             }
         }
