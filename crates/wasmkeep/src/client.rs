@@ -1132,14 +1132,9 @@ pub(crate) fn log_line(v: &Value) -> String {
     )
 }
 
-/// How long `cluster` waits for another node's `/admin/v1/node` (its held
-/// actors) before printing `?` for it.
-const PEER_TIMEOUT_MS: u64 = 2_000;
-
 /// `wasmkeep cluster`: the live nodes as the bucket shows them, one line a
-/// node. Held actors are the answering node's own count; for the others
-/// the CLI asks each node's `/admin/v1/node` itself (with the same token,
-/// within [`PEER_TIMEOUT_MS`]; `?` if it does not answer).
+/// node, with the actors each holds (the answering node asked every other
+/// live node; `?` for one that did not answer it within 2 s).
 pub(crate) fn cluster(conn: &Conn, out: Output) -> Result<()> {
     let v = conn
         .json("GET", "/admin/v1/cluster", None)
@@ -1160,10 +1155,9 @@ pub(crate) fn cluster(conn: &Conn, out: Output) -> Result<()> {
     for n in &nodes {
         let me = n["self"] == true;
         let address = n["address"].as_str().unwrap_or("?");
-        let held = match n["held_actors"].as_u64() {
-            Some(h) => h.to_string(),
-            None => peer_held(conn, address).map_or("?".into(), |h| h.to_string()),
-        };
+        let held = n["held_actors"]
+            .as_u64()
+            .map_or("?".into(), |h| h.to_string());
         let node = n["node"].as_str().unwrap_or("?");
         rows.push([
             if me {
@@ -1198,30 +1192,4 @@ pub(crate) fn cluster(conn: &Conn, out: Output) -> Result<()> {
 fn seconds(ms: &Value) -> String {
     ms.as_i64()
         .map_or("?".into(), |ms| format!("{:.1} s", ms as f64 / 1000.0))
-}
-
-/// Another node's held actors, from its `/admin/v1/node`.
-fn peer_held(conn: &Conn, address: &str) -> Option<u64> {
-    let url = format!("{}/admin/v1/node", address.trim_end_matches('/'));
-    let mut req = ureq::http::Request::builder().method("GET").uri(&url);
-    if let Some(t) = &conn.token {
-        req = req.header("authorization", format!("Bearer {t}"));
-    }
-    let agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(std::time::Duration::from_millis(PEER_TIMEOUT_MS)))
-        .build()
-        .new_agent();
-    let mut resp = agent.run(req.body(Vec::new()).ok()?).ok()?;
-    if resp.status().as_u16() != 200 {
-        return None;
-    }
-    let body = resp
-        .body_mut()
-        .with_config()
-        .limit(1 << 20)
-        .read_to_vec()
-        .ok()?;
-    let v: Value = serde_json::from_slice(&body).ok()?;
-    v["cluster"]["held_actors"].as_u64()
 }
