@@ -195,6 +195,10 @@ pub struct HostState {
     /// Where the statements `on-alarm` runs are learned for the class.
     pub alarm_statements: Option<Arc<AlarmStatements>>,
     pub alarm_op: AlarmOp,
+    /// A failed `on-alarm` run re-armed its alarm: `(from, to)`, the due
+    /// time it ran for and its retry's (`None`: dropped). Its trace link
+    /// follows when the batch commits (ADR 0064).
+    pub alarm_retried: Option<(u64, Option<u64>)>,
     /// The last panic message the guest's SDK reported in this event.
     pub panic_message: Option<String>,
     /// The guest's log lines go to the node's log under this target.
@@ -285,6 +289,7 @@ impl HostState {
             trace: None,
             alarm_statements: None,
             alarm_op: AlarmOp::Untouched,
+            alarm_retried: None,
             panic_message: None,
             log_enabled: true,
             log_budget: LogBudget::default(),

@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 use wasmkeep_store::ActorId;
 use wasmkeep_store::db::recording::{
@@ -78,7 +78,7 @@ pub struct ReplayOptions {
 }
 
 /// What a replay found.
-#[derive(Debug, Clone, Serialize, Default)]
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
 pub struct ReplayReport {
     pub tenant: String,
     pub app: String,
@@ -93,6 +93,17 @@ pub struct ReplayReport {
     /// Actors whose baseline did not do what production recorded.
     pub actors_not_reproduced: usize,
     pub actors: Vec<ActorReplay>,
+    /// A cluster's replay: the live nodes that did not answer with their
+    /// own (their actors were not checked; each counts as incomplete).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes_not_replayed: Vec<NodeNotReplayed>,
+}
+
+/// A node a cluster's replay could not include, and why.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct NodeNotReplayed {
+    pub node: String,
+    pub why: String,
 }
 
 impl ReplayReport {
@@ -101,14 +112,44 @@ impl ReplayReport {
         self.events_differing == 0
     }
 
+    /// Adds what another node's replay of the same app found (a
+    /// cluster's replay, ADR 0062): an actor both replayed (one held it
+    /// before) counts once, as the replay that reached its later records;
+    /// the counts are those of the actors kept.
+    pub fn merge(&mut self, other: ReplayReport) {
+        for theirs in other.actors {
+            match self.actors.iter_mut().find(|a| a.actor == theirs.actor) {
+                Some(mine) if theirs.last_seq > mine.last_seq => *mine = theirs,
+                Some(_) => {}
+                None => self.actors.push(theirs),
+            }
+        }
+        self.actors.sort_by(|a, b| a.actor.cmp(&b.actor));
+        self.nodes_not_replayed.extend(other.nodes_not_replayed);
+        self.actors_replayed = self
+            .actors
+            .iter()
+            .filter(|a| a.skipped.is_none() && a.error.is_none())
+            .count();
+        self.actors_not_reproduced = self
+            .actors
+            .iter()
+            .filter(|a| a.not_reproduced.is_some())
+            .count();
+        self.events_replayed = self.actors.iter().map(|a| a.events).sum();
+        self.events_differing = self.actors.iter().map(|a| a.events_differing).sum();
+    }
+
     /// Actors whose replay did not run to its last chosen event (an
     /// error, a time or event budget, an event that cannot run again) or
-    /// whose tables were too large to compare.
+    /// whose tables were too large to compare, and nodes of a cluster
+    /// whose replay is missing.
     pub fn incomplete(&self) -> usize {
         self.actors
             .iter()
             .filter(|a| a.cut.is_some() || a.error.is_some() || a.tables_not_compared.is_some())
             .count()
+            + self.nodes_not_replayed.len()
     }
 
     /// The kinds of difference found (`response`, `table <name>`).
@@ -123,9 +164,13 @@ impl ReplayReport {
 }
 
 /// One actor's replay.
-#[derive(Debug, Clone, Serialize, Default)]
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
 pub struct ActorReplay {
     pub actor: String,
+    /// The cluster node that replayed it (set by the server of a cluster;
+    /// absent on a single node).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
     /// Recorded events run on the baseline only, to reach the chosen ones.
     pub warm_up_events: u64,
     /// Chosen events run on both.
@@ -147,12 +192,13 @@ pub struct ActorReplay {
     pub events_differing: u64,
     /// Every kind of difference found (`response`, `table <name>`), also
     /// those past the differences shown.
+    #[serde(default)]
     pub difference_kinds: std::collections::BTreeSet<String>,
     pub differences: Vec<Difference>,
 }
 
 /// One difference.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Difference {
     pub seq: u64,
     pub at_ms: u64,
@@ -746,5 +792,60 @@ impl Drop for Sandbox {
     /// in them get a second to end; their folder is removed after).
     fn drop(&mut self) {
         self.runtime.shutdown(Duration::from_secs(1));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn actor(name: &str, last_seq: u64, differing: u64) -> ActorReplay {
+        ActorReplay {
+            actor: name.into(),
+            events: last_seq,
+            last_seq: Some(last_seq),
+            events_differing: differing,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_merged_report_counts_each_actor_once_as_its_latest_replay() {
+        let mut mine = ReplayReport {
+            actors: vec![actor("t/a/c/x", 3, 1), actor("t/a/c/y", 5, 0)],
+            ..Default::default()
+        };
+        // Another node replayed x from later records (it holds x now),
+        // y from earlier ones, and z, which only it has.
+        let theirs = ReplayReport {
+            actors: vec![
+                actor("t/a/c/x", 7, 0),
+                actor("t/a/c/y", 2, 2),
+                actor("t/a/c/z", 1, 1),
+            ],
+            nodes_not_replayed: vec![NodeNotReplayed {
+                node: "n3".into(),
+                why: "no answer".into(),
+            }],
+            ..Default::default()
+        };
+        mine.merge(theirs);
+        let kept: Vec<(&str, Option<u64>)> = mine
+            .actors
+            .iter()
+            .map(|a| (a.actor.as_str(), a.last_seq))
+            .collect();
+        assert_eq!(
+            kept,
+            vec![
+                ("t/a/c/x", Some(7)),
+                ("t/a/c/y", Some(5)),
+                ("t/a/c/z", Some(1))
+            ]
+        );
+        assert_eq!(mine.actors_replayed, 3);
+        assert_eq!(mine.events_replayed, 7 + 5 + 1);
+        assert_eq!(mine.events_differing, 1);
+        assert_eq!(mine.incomplete(), 1, "the node without a replay");
     }
 }

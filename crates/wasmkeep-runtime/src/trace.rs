@@ -382,32 +382,6 @@ impl Traces {
         self.alarm_links_len.store(links.len(), Ordering::Relaxed);
     }
 
-    /// The link of `id`'s alarm due at `from_ms`, if it has one, now of
-    /// its retry due at `to_ms` (gone with `None`: the alarm was dropped).
-    pub(crate) fn move_alarm_link(&self, id: &ActorId, from_ms: u64, to_ms: Option<u64>) {
-        if self.alarm_links_len.load(Ordering::Relaxed) == 0 {
-            return;
-        }
-        let mut links = self.alarm_links.lock();
-        let Some((at, _)) = links.get(id).copied() else {
-            return;
-        };
-        if at != from_ms {
-            return;
-        }
-        match to_ms {
-            Some(to) => {
-                if let Some(l) = links.get_mut(id) {
-                    l.0 = to;
-                }
-            }
-            None => {
-                links.remove(id);
-            }
-        }
-        self.alarm_links_len.store(links.len(), Ordering::Relaxed);
-    }
-
     /// `id`'s alarm link: the due time of the alarm it was made for, and
     /// the `guest` span of the traced event that set it.
     pub(crate) fn alarm_link(&self, id: &ActorId) -> Option<(u64, TraceContext)> {
@@ -692,7 +666,7 @@ mod tests {
     }
 
     #[test]
-    fn an_alarm_link_follows_its_alarm_and_its_retries_only() {
+    fn alarm_links_are_kept_within_their_bound() {
         let t = Traces::default();
         let a = ActorId::new("t", "a", "c", "x").unwrap();
         let by = TraceContext::new_trace();
@@ -701,13 +675,7 @@ mod tests {
         assert_eq!(t.alarm_link(&a), None);
         t.link_alarm(&a, Some((100, by)));
         assert_eq!(t.alarm_link(&a), Some((100, by)));
-        // A retry of another alarm does not move it; its own retry does.
-        t.move_alarm_link(&a, 50, Some(200));
-        assert_eq!(t.alarm_link(&a), Some((100, by)));
-        t.move_alarm_link(&a, 100, Some(1100));
-        assert_eq!(t.alarm_link(&a), Some((1100, by)));
-        // Dropped after its retries: gone.
-        t.move_alarm_link(&a, 1100, None);
+        t.link_alarm(&a, None);
         assert_eq!(t.alarm_link(&a), None);
         // Past the bound a new link replaces an older one.
         for i in 0..ALARM_TRACE_LINKS_MAX + 10 {

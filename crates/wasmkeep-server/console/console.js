@@ -512,11 +512,13 @@ function polledLog(v, scope, list) {
     if (missing.length) items.push(h('li', { class: 'muted' }, 'nodes that did not answer: ' + missing.join(', ')));
     if (!stopped) list.replaceChildren(...items);
   };
-  const timer = setInterval(() => {
-    if (!stopped) poll().catch(() => {});
-  }, CLUSTER_LOG_POLL_MS);
-  v.cleanup(() => { stopped = true; clearInterval(timer); });
-  poll().catch((e) => { if (e.status !== 401) list.append(h('li', { class: 'error' }, 'the log could not be read: ', e.message)); });
+  // The next poll starts when the last one ended, so that answers never overtake each other.
+  let timer = null;
+  const next = () => { if (!stopped) timer = setTimeout(() => poll().catch(() => {}).finally(next), CLUSTER_LOG_POLL_MS); };
+  v.cleanup(() => { stopped = true; clearTimeout(timer); });
+  poll()
+    .catch((e) => { if (e.status !== 401) list.append(h('li', { class: 'error' }, 'the log could not be read: ', e.message)); })
+    .finally(next);
 }
 
 async function actor(tenant, name, cls, actorName) {

@@ -1420,8 +1420,14 @@ async fn deploy(
             manifest: Some(manifest.clone()),
             ..Default::default()
         };
-        let (rt, tenant, app, wasm) = (rt.clone(), tenant.clone(), app.clone(), wasm.clone());
-        let report = blocking(move || rt.replay(&tenant, &app, &wasm, &opts)).await?;
+        // In a cluster every live node replays the actors it has.
+        let query = format!(
+            "last={}&sample={}&manifest={}",
+            n.max(1),
+            opts.sample,
+            percent_encoding::utf8_percent_encode(&manifest, percent_encoding::NON_ALPHANUMERIC)
+        );
+        let report = replay_everywhere(&s, (&tenant, &app), wasm.clone(), opts, &query).await?;
         check_replay(&report, q.expect.as_deref().unwrap_or(""))?;
     }
     // In a cluster the version is recorded in the bucket, for every node
@@ -1520,15 +1526,81 @@ struct ReplayQuery {
     last: Option<usize>,
     sample: Option<usize>,
     manifest: Option<String>,
+    /// This node's actors only (what a cluster's replay asks each node).
+    #[serde(default)]
+    node_only: bool,
+}
+
+/// How long a cluster's replay waits for each other node: a replay's own
+/// bound, and a minute for the candidate's compile and the transfers.
+const REPLAY_ASK_TIMEOUT_MS: u64 = wasmkeep_runtime::replay::REPLAY_TIME_MS_MAX + 60_000;
+
+/// Replays on this node and, on a cluster node, on every other live node
+/// at once (each sent the candidate and `query` with `node_only=true`),
+/// merging what they found (ADR 0062): each actor names the node that
+/// replayed it, and a node without an answer is listed as not replayed.
+async fn replay_everywhere(
+    s: &AppState,
+    (tenant, app): (&str, &str),
+    wasm: Vec<u8>,
+    opts: wasmkeep_runtime::replay::ReplayOptions,
+    query: &str,
+) -> Result<wasmkeep_runtime::replay::ReplayReport, ApiError> {
+    use wasmkeep_runtime::replay::{NodeNotReplayed, ReplayReport};
+    let rt = s.rt.clone();
+    let (t, a, w) = (tenant.to_owned(), app.to_owned(), wasm.clone());
+    let mine = blocking(move || rt.replay(&t, &a, &w, &opts));
+    let Some(c) = &s.config.cluster else {
+        return mine.await;
+    };
+    let view = fanout::live(c).await?;
+    let path = format!("{ADMIN_PREFIX}/apps/{tenant}/{app}/replay?{query}&node_only=true");
+    let request = (&axum::http::Method::POST, path.as_str(), wasm);
+    let theirs = fanout::ask_with(c, &view, request, REPLAY_ASK_TIMEOUT_MS);
+    let (mine, theirs) = tokio::join!(mine, theirs);
+    let mut report = mine?;
+    for a in &mut report.actors {
+        a.node = Some(c.node().to_owned());
+    }
+    for (node, answer) in theirs {
+        let parsed = match answer {
+            Ok((status, body)) if status.is_success() => {
+                serde_json::from_slice::<ReplayReport>(&body).map_err(|e| e.to_string())
+            }
+            Ok((status, body)) => {
+                let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+                Err(format!(
+                    "{} {}",
+                    status.as_u16(),
+                    v["error"]["code"].as_str().unwrap_or("(no error code)")
+                ))
+            }
+            Err(why) => Err(why),
+        };
+        match parsed {
+            Ok(mut r) => {
+                for a in &mut r.actors {
+                    a.node = Some(node.clone());
+                }
+                report.merge(r);
+            }
+            Err(why) => report
+                .nodes_not_replayed
+                .push(NodeNotReplayed { node, why }),
+        }
+    }
+    Ok(report)
 }
 
 /// `POST /admin/v1/apps/{tenant}/{app}/replay` with a component as the
-/// body: replays recorded events of the app's actors on this node against
-/// it (ADR 0062) and answers what differed.
+/// body: replays recorded events of the app's actors against it (ADR
+/// 0062), on every live node of a cluster (unless `node_only=true`), and
+/// answers what differed.
 async fn replay(
     State(s): State<AppState>,
     axum::extract::Path((tenant, app)): axum::extract::Path<(String, String)>,
     Query(q): Query<ReplayQuery>,
+    axum::extract::RawQuery(raw): axum::extract::RawQuery,
     body: Body,
 ) -> Result<Response, ApiError> {
     segment("tenant", &tenant)?;
@@ -1575,8 +1647,13 @@ async fn replay(
         sample,
         manifest: q.manifest,
     };
-    let rt = s.rt.clone();
-    let report = blocking(move || rt.replay(&tenant, &app, &wasm, &opts)).await?;
+    if q.node_only {
+        let rt = s.rt.clone();
+        let report = blocking(move || rt.replay(&tenant, &app, &wasm, &opts)).await?;
+        return Ok(axum::Json(report).into_response());
+    }
+    let query = raw.unwrap_or_default();
+    let report = replay_everywhere(&s, (&tenant, &app), wasm, opts, &query).await?;
     Ok(axum::Json(report).into_response())
 }
 
@@ -2139,13 +2216,14 @@ async fn list_alarms(
         s.rt.alarms()
             .pending(&tenant, limit)
             .into_iter()
-            // A cluster node's timer can still hold an alarm of an actor
-            // that moved away (it goes when due): its owner lists it.
-            .filter(|(id, _, _)| s.rt.may_run_actor(id))
             .map(|(id, at, retries)| {
+                // A cluster node's timer keeps the alarms on its disk, of
+                // actors it holds or will take when due, and of actors
+                // that moved away (until due, when another node has them).
                 json!({
                     "app": id.app, "class": id.class, "name": id.name,
                     "alarm_ms": at, "retry_count": retries, "node": here,
+                    "held": s.rt.may_run_actor(&id),
                 })
             })
             .collect();
@@ -2158,6 +2236,11 @@ async fn list_alarms(
                 None => unreachable.push(node),
             }
         }
+        // An actor in two nodes' timers is shown once: as the node that
+        // holds it has it, else as the first.
+        alarms.sort_by_key(|a| a["held"] != true);
+        let mut seen = std::collections::HashSet::new();
+        alarms.retain(|a| seen.insert(format!("{}/{}/{}", a["app"], a["class"], a["name"])));
         alarms.sort_by_key(|a| a["alarm_ms"].as_u64().unwrap_or(0));
         alarms.truncate(limit);
     }

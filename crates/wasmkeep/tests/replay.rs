@@ -225,3 +225,112 @@ fn the_cli_replays_and_fails_on_a_difference() {
     assert_eq!(code, 0, "{out}\n{err}");
     assert!(out.contains("0 differed"), "{out}");
 }
+
+/// A cluster's replay: two nodes on one folder bucket, each holding one
+/// recording actor. A replay through A reports both actors, each naming
+/// the node that replayed it (B's actor's differences found on B), and
+/// with `node_only=true` only A's; `deploy --replay` through A, told that
+/// tables may differ, refuses the changed build for the answer only B's
+/// actor gives differently.
+#[test]
+fn a_clusters_replay_covers_every_live_nodes_actors() {
+    use common::cluster;
+    let app = "profiles-rs";
+    let tmp = tempfile::tempdir().unwrap();
+    let bucket = format!("file://{}", tmp.path().join("bucket").display());
+    let start = |name: &str| {
+        let dir = tmp.path().join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let port = cluster::free_port();
+        let config = cluster::node_config(&dir, 1500, 500, 2000, "");
+        let flags = cluster::serve_flags(port, &config, &bucket);
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        (Node::start(&dir.join("data"), &flags), port)
+    };
+    let (a, a_port) = start("a");
+    let (b, b_port) = start("b");
+    let id = |n: &Node| cluster::status(n)["node"].as_str().unwrap().to_owned();
+    let (a_id, b_id) = (id(&a), id(&b));
+    cluster::wait_for("both nodes in the view", 120, 100, || {
+        let (s, v) = a.json("GET", "/admin/v1/cluster", b"");
+        s == 200 && v["nodes"].as_array().is_some_and(|n| n.len() == 2)
+    });
+    let (code, v) = a.json(
+        "PUT",
+        &format!("/admin/v1/apps/acme/{app}?manifest={}", manifest("2")),
+        wasmkeep_guests::DEMO,
+    );
+    assert_eq!(code, 200, "{v}");
+    // Ann on A without an email (the changed build does the same); Bob on
+    // B with one (the changed build refuses it).
+    let put = |port: u16, actor: &str, query: &str, node: &str| {
+        let path = format!("/v1/acme/{app}/profiles/{actor}/?{query}");
+        cluster::wait_for(&format!("{actor} on {node}"), 120, 100, || {
+            let r = cluster::send(port, "PUT", &path, &[]);
+            r.status == 204 && r.node.as_deref() == Some(node)
+        });
+    };
+    put(a_port, "ann", "name=Ann", &a_id);
+    put(b_port, "bob", "name=Bob&email=b%40x", &b_id);
+
+    let changed = replay(
+        &a,
+        app,
+        wasmkeep_guests::DEMO,
+        &format!("manifest={}", manifest("1")),
+    );
+    let actors = changed["actors"].as_array().unwrap();
+    let of = |name: &str| {
+        actors
+            .iter()
+            .find(|x| x["actor"] == format!("acme/{app}/profiles/{name}"))
+            .unwrap_or_else(|| panic!("{name} replayed: {changed:#}"))
+    };
+    assert_eq!(of("ann")["node"], a_id.as_str(), "{changed:#}");
+    assert_eq!(of("bob")["node"], b_id.as_str(), "{changed:#}");
+    // Both write a different table; only Bob's answer differs (his email).
+    let kinds = |name: &str| of(name)["difference_kinds"].to_string();
+    assert!(!kinds("ann").contains("response"), "{changed:#}");
+    assert!(kinds("bob").contains("response"), "{changed:#}");
+    assert_eq!(changed["actors_replayed"], 2, "{changed:#}");
+    assert!(changed.get("nodes_not_replayed").is_none(), "{changed:#}");
+
+    let mine = replay(
+        &a,
+        app,
+        wasmkeep_guests::DEMO,
+        &format!("node_only=true&manifest={}", manifest("1")),
+    );
+    let names: Vec<&str> = mine["actors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["actor"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, vec![format!("acme/{app}/profiles/ann")], "{mine:#}");
+    assert!(
+        !mine["actors"][0]["difference_kinds"]
+            .to_string()
+            .contains("response")
+    );
+
+    // Only B's actor answers differently, and the gate through A sees it.
+    let (code, v) = a.json(
+        "PUT",
+        &format!(
+            "/admin/v1/apps/acme/{app}?replay=10&expect=tables&manifest={}",
+            manifest("1")
+        ),
+        wasmkeep_guests::DEMO,
+    );
+    assert_eq!(code, 409, "{v}");
+    assert_eq!(v["error"]["code"], "replay_differs", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("unexpected: response"),
+        "{v}"
+    );
+    drop(b);
+}

@@ -159,8 +159,7 @@ pub(super) fn run_alarm(
             l.db().set_alarm(next)?;
             commit_event(l)?;
             // A retry runs under the link of the alarm it retries.
-            rt.traces
-                .move_alarm_link(&l.store.data().id, state.at_ms, next.map(|n| n.at_ms));
+            l.store.data_mut().alarm_retried = Some((state.at_ms, next.map(|n| n.at_ms)));
             Metrics::inc(&rt.metrics.alarms_failed_total);
             if let Some(c) = &class {
                 c.alarm_runs_failed.inc();

@@ -454,7 +454,7 @@ pub(super) fn run_events(
             return Err(Stop::Close);
         }
         reset_event_state(l, &ran);
-        let traced = begin_trace(rt, l, &ev.kind);
+        let traced = begin_trace(rt, l, &ev.kind, &ran);
         // Only an event that records or replays touches the tape.
         let taped = (l.recording.is_some() || rt.config.replay_sandbox)
             .then(|| l.store.data().tape.clone());
@@ -490,7 +490,7 @@ pub(super) fn run_events(
         if r.is_err() {
             Metrics::inc(&rt.metrics.event_failures_total);
         }
-        note_alarm_link(l, traced.as_ref(), &r, &mut ran);
+        note_alarm_link(rt, l, traced.as_ref(), &r, &mut ran);
         let trace = end_trace(l, traced, &r);
         // Read before a trap's instance is replaced (which would lose it).
         let (park, accepted) = take_event_effects(rt, l, r.is_ok(), &mut ran);
@@ -526,7 +526,12 @@ pub(super) fn run_events(
 
 /// A traced event begins (ADR 0064): the host notes its statements; the
 /// trace and when its handler began.
-fn begin_trace(rt: &Inner, l: &mut Loaded, kind: &EventKind) -> Option<(Arc<EventTrace>, Instant)> {
+fn begin_trace(
+    rt: &Inner,
+    l: &mut Loaded,
+    kind: &EventKind,
+    ran: &EventsRan,
+) -> Option<(Arc<EventTrace>, Instant)> {
     let trace = match kind {
         EventKind::Request(r) => r.trace.clone()?,
         // A message or an answer whose call was traced: its spans go
@@ -538,7 +543,7 @@ fn begin_trace(rt: &Inner, l: &mut Loaded, kind: &EventKind) -> Option<(Arc<Even
         // if the link is for the alarm committed now (not one an earlier
         // life of the actor, or a restore, left).
         EventKind::Alarm { .. } => {
-            let (at, set_by) = rt.traces.alarm_link(&l.store.data().id)?;
+            let (at, set_by) = alarm_link_now(rt, l, ran)?;
             let committed = l.db().alarm().ok().flatten()?;
             if committed.at_ms != at {
                 return None;
@@ -558,20 +563,48 @@ fn begin_trace(rt: &Inner, l: &mut Loaded, kind: &EventKind) -> Option<(Arc<Even
 /// run that left none, has no link. A failed event's alarm was rolled back
 /// (and a failed alarm's retry keeps its link: `run_alarm` moves it).
 fn note_alarm_link(
+    rt: &Inner,
     l: &Loaded,
     traced: Option<&(Arc<EventTrace>, Instant)>,
     r: &Result<Outcome, RuntimeError>,
     ran: &mut EventsRan,
 ) {
-    let Ok(outcome) = r else { return };
+    let outcome = match r {
+        Ok(o) => o,
+        Err(_) => {
+            // A failed alarm's retry keeps the link of the alarm it
+            // retries, moved to the retry's time.
+            if let Some((from, to)) = l.store.data().alarm_retried
+                && let Some((at, by)) = alarm_link_now(rt, l, ran)
+                && at == from
+            {
+                ran.alarm_link = Some(to.map(|to| (to, by)));
+            }
+            return;
+        }
+    };
     match (l.store.data().alarm_op, outcome) {
         (AlarmOp::Set(at), _) => {
             ran.alarm_link = Some(traced.map(|(t, _)| (at, t.guest_context())));
         }
-        (AlarmOp::Cleared, _) | (AlarmOp::Untouched, Outcome::Alarm(true)) => {
+        (AlarmOp::Cleared, _)
+        | (AlarmOp::Untouched, Outcome::Alarm(true) | Outcome::Delivered(Delivered::Ran)) => {
             ran.alarm_link = Some(None);
         }
         _ => {}
+    }
+}
+
+/// The actor's alarm link as the batch leaves it so far: its pending
+/// change, else the node's.
+fn alarm_link_now(
+    rt: &Inner,
+    l: &Loaded,
+    ran: &EventsRan,
+) -> Option<(u64, crate::trace::TraceContext)> {
+    match ran.alarm_link {
+        Some(pending) => pending,
+        None => rt.traces.alarm_link(&l.store.data().id),
     }
 }
 
@@ -684,6 +717,7 @@ pub(super) fn reset_event_state(l: &mut Loaded, ran: &EventsRan) {
     // Counted over the whole event (its `on-init` included), whether or
     // not it calls the guest.
     state.alarm_op = AlarmOp::Untouched;
+    state.alarm_retried = None;
 }
 
 /// Runs one event of the batch by its kind.

@@ -59,30 +59,54 @@ pub(super) async fn ask(
     view: &ClusterView,
     path: &str,
 ) -> Vec<(String, Option<Vec<u8>>)> {
-    let asks = view
-        .live
-        .iter()
-        .filter(|n| n.node != c.node())
-        .map(|n| async move {
+    ask_with(
+        c,
+        view,
+        (&Method::GET, path, Vec::new()),
+        CLUSTER_ASK_TIMEOUT_MS,
+    )
+    .await
+    .into_iter()
+    .map(|(node, answer)| {
+        let ok = answer
+            .ok()
+            .filter(|(status, _)| status.is_success())
+            .map(|(_, body)| body);
+        (node, ok)
+    })
+    .collect()
+}
+
+/// Sends every node of `view` but this one the request `(method, path,
+/// body)` at once, each within `timeout_ms`: each node's status and body,
+/// or why there is none.
+pub(super) async fn ask_with(
+    c: &ClusterState,
+    view: &ClusterView,
+    (method, path, body): (&Method, &str, Vec<u8>),
+    timeout_ms: u64,
+) -> Vec<(String, Result<(StatusCode, Vec<u8>), String>)> {
+    // The forward's own bound is the longer of the two.
+    let mut settings = c.settings().clone();
+    settings.forward_timeout_ms = settings.forward_timeout_ms.max(timeout_ms);
+    let settings = &settings;
+    let asks = view.live.iter().filter(|n| n.node != c.node()).map(|n| {
+        let body = body.clone();
+        async move {
             let sent = tokio::time::timeout(
-                std::time::Duration::from_millis(CLUSTER_ASK_TIMEOUT_MS),
-                c.forwarder.forward(
-                    &n.address,
-                    &Method::GET,
-                    path,
-                    &HeaderMap::new(),
-                    Vec::new(),
-                    c.settings(),
-                ),
+                std::time::Duration::from_millis(timeout_ms),
+                c.forwarder
+                    .forward(&n.address, method, path, &HeaderMap::new(), body, settings),
             )
             .await;
-            let theirs = sent
-                .ok()
-                .and_then(Result::ok)
-                .filter(|r| r.status().is_success())
-                .map(|r| r.body().to_vec());
-            (n.node.clone(), theirs)
-        });
+            let answer = match sent {
+                Err(_) => Err(format!("no answer within {timeout_ms} ms")),
+                Ok(Err(e)) => Err(format!("{e:?}")),
+                Ok(Ok(r)) => Ok((r.status(), r.body().to_vec())),
+            };
+            (n.node.clone(), answer)
+        }
+    });
     futures_util::future::join_all(asks).await
 }
 
