@@ -287,6 +287,10 @@ pub(crate) fn replay(conn: &Conn, out: Output, what: &ReplayArgs) -> Result<()> 
             "the candidate differed on {differing} events; {not_reproduced} actors could not be reproduced"
         );
     }
+    let missing = v["nodes_not_replayed"].as_array().map_or(0, Vec::len);
+    if missing > 0 {
+        bail!("{missing} cluster nodes gave no replay: their actors were not checked");
+    }
     Ok(())
 }
 
@@ -304,8 +308,19 @@ fn print_replay(v: &Value) {
             .unwrap_or("?"),
         v["events_differing"],
     );
+    for n in v["nodes_not_replayed"].as_array().into_iter().flatten() {
+        println!(
+            "  node {}: no replay: {}",
+            n["node"].as_str().unwrap_or("?"),
+            n["why"].as_str().unwrap_or("?")
+        );
+    }
     for a in v["actors"].as_array().into_iter().flatten() {
-        let actor = a["actor"].as_str().unwrap_or("?");
+        // A cluster's replay names the node that replayed each actor.
+        let actor = match a["node"].as_str() {
+            Some(node) => format!("{} (on {node})", a["actor"].as_str().unwrap_or("?")),
+            None => a["actor"].as_str().unwrap_or("?").to_owned(),
+        };
         if let Some(why) = a["skipped"].as_str() {
             println!("  {actor}: skipped: {why}");
             continue;

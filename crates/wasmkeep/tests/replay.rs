@@ -332,5 +332,30 @@ fn a_clusters_replay_covers_every_live_nodes_actors() {
             .contains("unexpected: response"),
         "{v}"
     );
+
+    // The CLI through A names the node of each actor.
+    let wasm_path = tmp.path().join("demo.wasm");
+    std::fs::write(&wasm_path, wasmkeep_guests::DEMO).unwrap();
+    let man = tmp.path().join("v1.toml");
+    std::fs::write(&man, "[recording]\n[vars]\nPROFILE_SCHEMA = \"1\"\n").unwrap();
+    let what = format!("acme/{app}");
+    let args = [
+        "replay",
+        what.as_str(),
+        "--with",
+        wasm_path.to_str().unwrap(),
+        "--manifest",
+        man.to_str().unwrap(),
+    ];
+    let (code, out, err) = a.cli(&args, &[]);
+    assert_eq!(code, 1, "{out}\n{err}");
+    assert!(
+        out.contains(&format!("acme/{app}/profiles/bob (on {b_id})")),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!("acme/{app}/profiles/ann (on {a_id})")),
+        "{out}"
+    );
     drop(b);
 }
