@@ -94,7 +94,7 @@ pub struct ReplayReport {
     pub actors_not_reproduced: usize,
     pub actors: Vec<ActorReplay>,
     /// A cluster's replay: the live nodes that did not answer with their
-    /// own (their actors were not checked; each counts as incomplete).
+    /// own (none of their actors was checked).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub nodes_not_replayed: Vec<NodeNotReplayed>,
 }
@@ -117,9 +117,16 @@ impl ReplayReport {
     /// before) counts once, as the replay that reached its later records;
     /// the counts are those of the actors kept.
     pub fn merge(&mut self, other: ReplayReport) {
+        // The replay that reached later records; between equals, one that
+        // ran over one skipped, and one that found a problem over one
+        // that did not (whichever node was asked first).
+        let rank = |a: &ActorReplay| {
+            let problem = a.error.is_some() || a.cut.is_some() || a.not_reproduced.is_some();
+            (a.last_seq, a.skipped.is_none(), problem)
+        };
         for theirs in other.actors {
             match self.actors.iter_mut().find(|a| a.actor == theirs.actor) {
-                Some(mine) if theirs.last_seq > mine.last_seq => *mine = theirs,
+                Some(mine) if rank(&theirs) > rank(mine) => *mine = theirs,
                 Some(_) => {}
                 None => self.actors.push(theirs),
             }
@@ -142,14 +149,12 @@ impl ReplayReport {
 
     /// Actors whose replay did not run to its last chosen event (an
     /// error, a time or event budget, an event that cannot run again) or
-    /// whose tables were too large to compare, and nodes of a cluster
-    /// whose replay is missing.
+    /// whose tables were too large to compare.
     pub fn incomplete(&self) -> usize {
         self.actors
             .iter()
             .filter(|a| a.cut.is_some() || a.error.is_some() || a.tables_not_compared.is_some())
             .count()
-            + self.nodes_not_replayed.len()
     }
 
     /// The kinds of difference found (`response`, `table <name>`).
@@ -846,6 +851,35 @@ mod tests {
         assert_eq!(mine.actors_replayed, 3);
         assert_eq!(mine.events_replayed, 7 + 5 + 1);
         assert_eq!(mine.events_differing, 1);
-        assert_eq!(mine.incomplete(), 1, "the node without a replay");
+        assert_eq!(
+            mine.nodes_not_replayed.len(),
+            1,
+            "the node without a replay"
+        );
+        // Equal records: a replay that ran wins over a skipped one.
+        let mut a = ReplayReport {
+            actors: vec![ActorReplay {
+                actor: "t/a/c/s".into(),
+                skipped: Some("no copy".into()),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        a.merge(ReplayReport {
+            actors: vec![ActorReplay {
+                actor: "t/a/c/s".into(),
+                not_reproduced: Some(Difference {
+                    seq: 1,
+                    at_ms: 0,
+                    kind: "request".into(),
+                    what: "response".into(),
+                    production: "a".into(),
+                    candidate: "b".into(),
+                }),
+                ..Default::default()
+            }],
+            ..Default::default()
+        });
+        assert_eq!(a.actors_not_reproduced, 1);
     }
 }

@@ -457,8 +457,11 @@ async fn admin_auth(
             Ok(named) => named,
             Err(e) => return e.into_response(),
         };
-        // Signed by a node: the largest body an admin route takes.
-        let limit = INSPECT_SQL_BYTES_MAX.max(RESTORE_BYTES_MAX);
+        // Signed by a node: the largest body an admin route takes (a
+        // cluster's replay sends the candidate component).
+        let limit = INSPECT_SQL_BYTES_MAX
+            .max(RESTORE_BYTES_MAX)
+            .max(s.rt.config().component_bytes_max + 1);
         let body = match read_body(body, limit, s.pace()).await {
             Ok(b) => b,
             Err(e) => return e.into_response(),
@@ -1414,9 +1417,20 @@ async fn deploy(
     let manifest = q.manifest.unwrap_or_default();
     let by = deployed_by(&headers);
     if let Some(n) = q.replay {
+        let sample = q.sample.unwrap_or(DEPLOY_REPLAY_SAMPLE);
+        if sample == 0 || sample > wasmkeep_runtime::replay::REPLAY_ACTORS_MAX {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                format!(
+                    "sample: {sample} actors, must be 1 to replay_actors_max={}",
+                    wasmkeep_runtime::replay::REPLAY_ACTORS_MAX
+                ),
+            ));
+        }
         let opts = wasmkeep_runtime::replay::ReplayOptions {
             last: Some(n.max(1)),
-            sample: q.sample.unwrap_or(DEPLOY_REPLAY_SAMPLE),
+            sample,
             manifest: Some(manifest.clone()),
             ..Default::default()
         };
@@ -1493,6 +1507,10 @@ fn check_replay(
     if report.incomplete() > 0 && !allowed("incomplete") {
         unexpected.push("incomplete".into());
     }
+    // A cluster node that gave no replay: none of its actors was checked.
+    if !report.nodes_not_replayed.is_empty() && !allowed("nodes_not_replayed") {
+        unexpected.push("nodes_not_replayed".into());
+    }
     if unexpected.is_empty() {
         return Ok(());
     }
@@ -1534,6 +1552,25 @@ struct ReplayQuery {
 /// How long a cluster's replay waits for each other node: a replay's own
 /// bound, and a minute for the candidate's compile and the transfers.
 const REPLAY_ASK_TIMEOUT_MS: u64 = wasmkeep_runtime::replay::REPLAY_TIME_MS_MAX + 60_000;
+/// Largest replay report a cluster's replay takes from another node (a
+/// difference quotes both answers and rows in full).
+const REPLAY_REPORT_BYTES_MAX: usize = 256 << 20;
+
+/// The query a cluster's replay sends the other nodes: the client's
+/// (its `node_only`, under any spelling, left out) with `node_only=true`.
+fn node_only_query(raw: &str) -> String {
+    let mut kept: Vec<&str> = raw
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .filter(|p| {
+            let key = p.split('=').next().unwrap_or("");
+            percent_encoding::percent_decode_str(&key.replace('+', " ")).decode_utf8_lossy()
+                != "node_only"
+        })
+        .collect();
+    kept.push("node_only=true");
+    kept.join("&")
+}
 
 /// Replays on this node and, on a cluster node, on every other live node
 /// at once (each sent the candidate and `query` with `node_only=true`),
@@ -1554,11 +1591,20 @@ async fn replay_everywhere(
         return mine.await;
     };
     let view = fanout::live(c).await?;
-    let path = format!("{ADMIN_PREFIX}/apps/{tenant}/{app}/replay?{query}&node_only=true");
+    let path = format!(
+        "{ADMIN_PREFIX}/apps/{tenant}/{app}/replay?{}",
+        node_only_query(query)
+    );
     let request = (&axum::http::Method::POST, path.as_str(), wasm);
-    let theirs = fanout::ask_with(c, &view, request, REPLAY_ASK_TIMEOUT_MS);
-    let (mine, theirs) = tokio::join!(mine, theirs);
-    let mut report = mine?;
+    let bounds = (REPLAY_ASK_TIMEOUT_MS, REPLAY_REPORT_BYTES_MAX);
+    let theirs = fanout::ask_with(c, &view, request, bounds);
+    tokio::pin!(mine, theirs);
+    // A replay that fails here (busy, a bad candidate) stops asking the
+    // others.
+    let (mut report, theirs) = tokio::select! {
+        m = &mut mine => (m?, theirs.await),
+        t = &mut theirs => (mine.await?, t),
+    };
     for a in &mut report.actors {
         a.node = Some(c.node().to_owned());
     }
@@ -1601,6 +1647,7 @@ async fn replay(
     axum::extract::Path((tenant, app)): axum::extract::Path<(String, String)>,
     Query(q): Query<ReplayQuery>,
     axum::extract::RawQuery(raw): axum::extract::RawQuery,
+    headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
     segment("tenant", &tenant)?;
@@ -1647,7 +1694,8 @@ async fn replay(
         sample,
         manifest: q.manifest,
     };
-    if q.node_only {
+    // Another node's request (a cluster's replay) never fans out again.
+    if q.node_only || headers.contains_key(FORWARDED_HEADER) {
         let rt = s.rt.clone();
         let report = blocking(move || rt.replay(&tenant, &app, &wasm, &opts)).await?;
         return Ok(axum::Json(report).into_response());
@@ -2271,6 +2319,20 @@ async fn list_alarms(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_clusters_replay_asks_the_others_for_their_own_actors_only() {
+        assert_eq!(node_only_query(""), "node_only=true");
+        assert_eq!(
+            node_only_query("last=3&node_only=false&manifest=a%26b"),
+            "last=3&manifest=a%26b&node_only=true"
+        );
+        // Any spelling of the key a client sends is left out.
+        assert_eq!(
+            node_only_query("node%5Fonly=0&class=c"),
+            "class=c&node_only=true"
+        );
+    }
 
     #[test]
     fn actor_paths_decode_names_and_keep_the_rest() {

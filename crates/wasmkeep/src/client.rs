@@ -213,9 +213,9 @@ pub(crate) struct Rollout {
     pub sample: Option<usize>,
     /// A difference the replay may find without refusing the deploy:
     /// `response`, `table:NAME`, `tables`, `not_reproduced`,
-    /// `nothing_replayed` (no recorded event here) or `incomplete` (an
-    /// actor's replay stopped early); repeat it for several [default:
-    /// none].
+    /// `nothing_replayed` (no recorded event here), `incomplete` (an
+    /// actor's replay stopped early) or `nodes_not_replayed` (a cluster
+    /// node gave no replay); repeat it for several [default: none].
     #[arg(long, value_name = "KIND", requires = "replay")]
     pub expect: Vec<String>,
 }

@@ -59,36 +59,37 @@ pub(super) async fn ask(
     view: &ClusterView,
     path: &str,
 ) -> Vec<(String, Option<Vec<u8>>)> {
-    ask_with(
-        c,
-        view,
-        (&Method::GET, path, Vec::new()),
+    let bounds = (
         CLUSTER_ASK_TIMEOUT_MS,
-    )
-    .await
-    .into_iter()
-    .map(|(node, answer)| {
-        let ok = answer
-            .ok()
-            .filter(|(status, _)| status.is_success())
-            .map(|(_, body)| body);
-        (node, ok)
-    })
-    .collect()
+        c.settings().forward_response_bytes_max,
+    );
+    ask_with(c, view, (&Method::GET, path, Vec::new()), bounds)
+        .await
+        .into_iter()
+        .map(|(node, answer)| {
+            let ok = answer
+                .ok()
+                .filter(|(status, _)| status.is_success())
+                .map(|(_, body)| body);
+            (node, ok)
+        })
+        .collect()
 }
 
 /// Sends every node of `view` but this one the request `(method, path,
-/// body)` at once, each within `timeout_ms`: each node's status and body,
-/// or why there is none.
+/// body)` at once, each within `timeout_ms`, taking answers of at most
+/// `bytes_max`: each node's status and body, or why there is none.
 pub(super) async fn ask_with(
     c: &ClusterState,
     view: &ClusterView,
     (method, path, body): (&Method, &str, Vec<u8>),
-    timeout_ms: u64,
+    (timeout_ms, bytes_max): (u64, usize),
 ) -> Vec<(String, Result<(StatusCode, Vec<u8>), String>)> {
-    // The forward's own bound is the longer of the two.
+    // The forward's own bounds are these (the call's own wait is the
+    // timeout above).
     let mut settings = c.settings().clone();
-    settings.forward_timeout_ms = settings.forward_timeout_ms.max(timeout_ms);
+    settings.forward_timeout_ms = timeout_ms;
+    settings.forward_response_bytes_max = bytes_max;
     let settings = &settings;
     let asks = view.live.iter().filter(|n| n.node != c.node()).map(|n| {
         let body = body.clone();
