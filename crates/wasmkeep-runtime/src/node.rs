@@ -507,18 +507,14 @@ impl Inner {
     pub fn rearm_after_failure(&self, id: &ActorId) {
         let path = paths::actor_db(&self.config.data_dir, id);
         let later = self.clock.now_ms() + self.config.protocol.retry_first_ms;
-        let (next, retries) = match wasmkeep_store::db::read_alarm(&path) {
-            Ok(committed) => (
-                committed.map(|a| a.at_ms.max(later)),
-                committed.map_or(0, |a| a.retry_count),
-            ),
+        let next = match wasmkeep_store::db::read_alarm(&path) {
+            Ok(committed) => committed.map(|a| (a.at_ms.max(later), a.retry_count)),
             Err(e) => {
                 tracing::warn!(actor = %id, error = %e, "could not read the committed alarm; looking again later");
-                (Some(later), 0)
+                Some((later, 0))
             }
         };
-        self.timer.set(id, next);
-        self.timer.set_retries(id, retries);
+        self.timer.set_alarm(id, next);
     }
 
     /// Whether the gate lets this node run `id`'s alarm now.

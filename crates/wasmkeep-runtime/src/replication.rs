@@ -516,11 +516,9 @@ pub(crate) fn ensure_open(
             tracing::info!(actor = %actor.id, replaced = ?replaced, "restored from the bucket");
             // Same bytes, same alarm: the timer learns the restored one.
             match wasmkeep_store::db::read_alarm(&path) {
-                Ok(a) => {
-                    rt.timer.set(&actor.id, a.map(|a| a.at_ms));
-                    rt.timer
-                        .set_retries(&actor.id, a.map_or(0, |a| a.retry_count));
-                }
+                Ok(a) => rt
+                    .timer
+                    .set_alarm(&actor.id, a.map(|a| (a.at_ms, a.retry_count))),
                 Err(_) => rt.rearm_after_failure(&actor.id),
             }
         }

@@ -115,9 +115,8 @@ pub(crate) fn follow(rt: &Arc<Inner>, actor: &Arc<Actor>) {
     actor.outbox_durable.store(0, Ordering::Relaxed);
     match wasmkeep_store::db::read_wake(&db) {
         Ok((alarm, outbox)) => {
-            rt.timer.set(&actor.id, alarm.map(|a| a.at_ms));
             rt.timer
-                .set_retries(&actor.id, alarm.map_or(0, |a| a.retry_count));
+                .set_alarm(&actor.id, alarm.map(|a| (a.at_ms, a.retry_count)));
             if outbox {
                 rt.resume_outbox(&actor.id);
             }

@@ -32,9 +32,36 @@ pub struct Timer {
 }
 
 impl Timer {
-    /// Records an actor's committed alarm (`None`: it has none).
+    /// Records an actor's committed alarm (`None`: it has none). A new due
+    /// time forgets the failures noted for the old one; the same one keeps
+    /// them.
     pub fn set(&self, id: &ActorId, at_ms: Option<u64>) {
         let mut s = self.state.lock();
+        self.set_locked(&mut s, id, at_ms);
+    }
+
+    /// [`Timer::set`] with the alarm's failed runs so far (its committed
+    /// `retry_count`), under one lock: what the alarm page shows as
+    /// retrying.
+    pub fn set_alarm(&self, id: &ActorId, alarm: Option<(u64, u32)>) {
+        let mut s = self.state.lock();
+        self.set_locked(&mut s, id, alarm.map(|(at, _)| at));
+        Self::note_retries(&mut s, id, alarm.map_or(0, |(_, r)| r));
+    }
+
+    /// Records an alarm read from disk, with its failed runs so far,
+    /// unless the timer already holds one for the actor (set by a turn,
+    /// which knows better).
+    pub fn set_if_absent(&self, id: &ActorId, at_ms: u64, retries: u32) {
+        let mut s = self.state.lock();
+        if s.by_actor.contains_key(id) {
+            return;
+        }
+        self.set_locked(&mut s, id, Some(at_ms));
+        Self::note_retries(&mut s, id, retries);
+    }
+
+    fn set_locked(&self, s: &mut State, id: &ActorId, at_ms: Option<u64>) {
         if s.by_actor.get(id).copied() == at_ms {
             // Unchanged (most batches re-read an alarm they did not touch):
             // it stays prepared and in place.
@@ -48,8 +75,6 @@ impl Timer {
             s.queue.remove(&(old, Arc::clone(&key)));
         }
         s.prepared.remove(&key);
-        // Another alarm: its failures are not the old one's (the caller
-        // notes them with `set_retries` if it knows them).
         s.retries.remove(&key);
         if let Some(at) = at_ms {
             let earliest = s.queue.first().map(|(t, _)| *t);
@@ -61,37 +86,15 @@ impl Timer {
         }
     }
 
-    /// Notes how many runs of `id`'s pending alarm failed so far (its
-    /// committed `retry_count`), after [`Timer::set`].
-    pub fn set_retries(&self, id: &ActorId, retries: u32) {
-        let mut s = self.state.lock();
+    /// Notes the failed runs of `id`'s pending alarm (kept only above 0,
+    /// and only for an alarm the timer holds).
+    fn note_retries(s: &mut State, id: &ActorId, retries: u32) {
         match s.by_actor.get_key_value(id).map(|(k, _)| Arc::clone(k)) {
             Some(key) if retries > 0 => {
                 s.retries.insert(key, retries);
             }
             _ => {
                 s.retries.remove(id);
-            }
-        }
-    }
-
-    /// Records an alarm read from disk, with its failed runs so far,
-    /// unless the timer already holds one for the actor (set by a turn,
-    /// which knows better).
-    pub fn set_if_absent(&self, id: &ActorId, at_ms: u64, retries: u32) {
-        if self.state.lock().by_actor.contains_key(id) {
-            return;
-        }
-        // A turn may slip in between: its alarm is as new as any, and an
-        // early entry only wakes an alarm event that finds nothing due
-        // (its failures, shown a moment too long, are the turn's to set).
-        self.set(id, Some(at_ms));
-        if retries > 0 {
-            let mut s = self.state.lock();
-            if s.by_actor.get(id) == Some(&at_ms)
-                && let Some(key) = s.by_actor.get_key_value(id).map(|(k, _)| Arc::clone(k))
-            {
-                s.retries.insert(key, retries);
             }
         }
     }
@@ -240,8 +243,7 @@ mod tests {
     fn failed_runs_belong_to_the_alarm_they_failed() {
         let t = Timer::default();
         let retries = |t: &Timer| t.pending("t", 10).iter().map(|p| p.2).collect::<Vec<_>>();
-        t.set(&id("a"), Some(50));
-        t.set_retries(&id("a"), 2);
+        t.set_alarm(&id("a"), Some((50, 2)));
         assert_eq!(retries(&t), vec![2]);
         // The same alarm again (a batch that did not touch it): kept.
         t.set(&id("a"), Some(50));
@@ -249,7 +251,8 @@ mod tests {
         // Another alarm (set by a turn, restored, moved): not its failures.
         t.set(&id("a"), Some(60));
         assert_eq!(retries(&t), vec![0]);
-        t.set_retries(&id("a"), 1);
+        t.set_alarm(&id("a"), Some((60, 1)));
+        assert_eq!(retries(&t), vec![1]);
         t.set(&id("a"), None);
         t.set(&id("a"), Some(60));
         assert_eq!(retries(&t), vec![0]);

@@ -1157,8 +1157,7 @@ fn timer_follows_commit(rt: &Inner, id: &ActorId, l: &mut Loaded, turn: &Turn, r
                 l.db().shrink_cache();
                 l.db().forget_alarm_read();
             }
-            rt.timer.set(id, a.map(|a| a.at_ms));
-            rt.timer.set_retries(id, a.map_or(0, |a| a.retry_count));
+            rt.timer.set_alarm(id, a.map(|a| (a.at_ms, a.retry_count)));
         }
         Err(_) => rt.rearm_after_failure(id),
     }
