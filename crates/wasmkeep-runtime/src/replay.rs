@@ -77,6 +77,29 @@ pub struct ReplayOptions {
     pub manifest: Option<String>,
 }
 
+/// An actor's database as the bucket's history held it, staged in a file
+/// on this node (see [`bucket_start`]), with the records of the bucket's
+/// newest copy of it.
+#[derive(Debug)]
+pub struct StagedCopy {
+    pub id: ActorId,
+    /// The staged database, a state that holds the recorded events up to
+    /// `after_seq` and none after.
+    pub file: PathBuf,
+    pub after_seq: u64,
+    /// Every record the bucket's newest copy keeps.
+    pub events: Vec<RecordedEvent>,
+    /// Where the state came from, as a person reads it.
+    pub from: String,
+}
+
+/// Where the actors' bases come from.
+enum Bases {
+    /// The base copies in this node's actor folders.
+    Local,
+    Staged(Vec<StagedCopy>),
+}
+
 /// What a replay found.
 #[derive(Debug, Clone, Serialize, Deserialize, Default)]
 pub struct ReplayReport {
@@ -176,6 +199,10 @@ pub struct ActorReplay {
     /// absent on a single node).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
+    /// Where the replay's starting database came from, when not from a
+    /// base copy on the node (the bucket's history).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<String>,
     /// Recorded events run on the baseline only, to reach the chosen ones.
     pub warm_up_events: u64,
     /// Chosen events run on both.
@@ -185,7 +212,8 @@ pub struct ActorReplay {
     /// Why nothing of it was replayed.
     pub skipped: Option<String>,
     /// Why its replay stopped before the last chosen event (or did not
-    /// start: the replay's time or event budget ran out).
+    /// start: the replay's time or event budget ran out; or, from the
+    /// bucket's history, could not begin at the first chosen event).
     pub cut: Option<String>,
     /// The error that stopped its replay.
     pub error: Option<String>,
@@ -227,6 +255,51 @@ impl Runtime {
         wasm: &[u8],
         opts: &ReplayOptions,
     ) -> Result<ReplayReport, RuntimeError> {
+        self.replay_from(tenant, app, wasm, opts, Bases::Local)
+    }
+
+    /// Replays actors from copies of their databases the bucket held
+    /// (a cluster's replay of actors no live node has copies of): each
+    /// [`StagedCopy`] is a file on this node, which the replay removes.
+    /// `opts` chooses the events as for [`Runtime::replay`]; its sample
+    /// and names were applied by whoever staged the copies.
+    pub fn replay_staged(
+        &self,
+        tenant: &str,
+        app: &str,
+        wasm: &[u8],
+        opts: &ReplayOptions,
+        copies: Vec<StagedCopy>,
+    ) -> Result<ReplayReport, RuntimeError> {
+        let staged: Vec<PathBuf> = copies.iter().map(|c| c.file.clone()).collect();
+        let r = self.replay_from(tenant, app, wasm, opts, Bases::Staged(copies));
+        for file in staged {
+            let _ = std::fs::remove_file(file);
+        }
+        r
+    }
+
+    /// A new folder for staging a replay's copies, under
+    /// `<data>/replay/` (removed at the node's next start if left).
+    pub fn replay_staging_dir(&self) -> Result<PathBuf, RuntimeError> {
+        let dir = self
+            .inner
+            .config
+            .data_dir
+            .join("replay")
+            .join(unique_folder());
+        std::fs::create_dir_all(&dir).map_err(|e| io_err(&dir, e))?;
+        Ok(dir)
+    }
+
+    fn replay_from(
+        &self,
+        tenant: &str,
+        app: &str,
+        wasm: &[u8],
+        opts: &ReplayOptions,
+        bases: Bases,
+    ) -> Result<ReplayReport, RuntimeError> {
         let current = self
             .app(tenant, app)
             .ok_or_else(|| RuntimeError::AppNotFound(format!("{tenant}/{app}")))?;
@@ -252,11 +325,21 @@ impl Runtime {
             candidate: candidate_info.hash,
             ..Default::default()
         };
-        let actors = self.replay_actors(tenant, app, &current.classes, opts)?;
+        let actors: Vec<(ActorId, Option<StagedCopy>)> = match bases {
+            Bases::Local => self
+                .replay_actors(tenant, app, &current.classes, opts)?
+                .into_iter()
+                .map(|id| (id, None))
+                .collect(),
+            Bases::Staged(copies) => copies
+                .into_iter()
+                .map(|c| (c.id.clone(), Some(c)))
+                .collect(),
+        };
         let work = self.inner.config.data_dir.join("replay");
         let mut budget = REPLAY_EVENTS_MAX;
         let deadline = crate::clock::instant() + Duration::from_millis(REPLAY_TIME_MS_MAX);
-        for id in actors {
+        for (id, staged) in actors {
             let mut one = ActorReplay {
                 actor: id.to_string(),
                 ..Default::default()
@@ -268,7 +351,7 @@ impl Runtime {
             }
             let dir = work.join(unique_folder());
             let r = self.replay_actor(
-                &id,
+                (&id, staged),
                 (wasm, &manifest),
                 (&versions, opts),
                 &dir,
@@ -341,14 +424,7 @@ impl Runtime {
                 class: class.clone(),
             });
         }
-        ids.sort_by_key(|id| {
-            use sha2::Digest as _;
-            let h = sha2::Sha256::digest(id.to_string().as_bytes());
-            (
-                u64::from_be_bytes(h[..8].try_into().expect("8 bytes")),
-                id.to_string(),
-            )
-        });
+        sample_order(&mut ids);
         // A cluster node replays the actors it holds: opening another's
         // would take it (or run a stale copy). Only actors with a base copy
         // here have anything to replay.
@@ -367,20 +443,16 @@ impl Runtime {
         Ok(chosen)
     }
 
-    fn replay_actor(
+    /// Copies the actor's oldest kept base into `dir` (as `base.db`) and
+    /// reads its records, in the actor's turn so that no generation
+    /// starting meanwhile removes the base.
+    fn local_base(
         &self,
         id: &ActorId,
-        (wasm, manifest): (&[u8], &str),
-        (versions, opts): (&[crate::app_versions::AppVersion], &ReplayOptions),
         dir: &Path,
-        (budget, deadline): (&mut usize, Instant),
-        out: &mut ActorReplay,
-    ) -> Result<(), RuntimeError> {
-        // The base is copied in the actor's turn, so that no generation
-        // starting meanwhile removes it.
+    ) -> Result<Option<(PathBuf, Vec<RecordedEvent>)>, RuntimeError> {
         let folder = wasmkeep_store::paths::actor_dir(&self.inner.config.data_dir, id);
         let staged = dir.join("base.db");
-        std::fs::create_dir_all(dir).map_err(|e| io_err(dir, e))?;
         let to = staged.clone();
         let events = self.with_db(id, move |access| {
             let recording = match access {
@@ -396,11 +468,42 @@ impl Runtime {
             std::fs::copy(&base, &to).map_err(|e| io_err(&base, e))?;
             Ok(Some(events))
         })?;
-        let Some(events) = events else {
-            out.skipped = Some("nothing recorded with a base copy on this node".into());
-            return Ok(());
+        Ok(events.map(|e| (staged, e)))
+    }
+
+    /// Replays one actor from its local base copy, or from `staged` (a
+    /// state the bucket's history held).
+    fn replay_actor(
+        &self,
+        (id, staged): (&ActorId, Option<StagedCopy>),
+        (wasm, manifest): (&[u8], &str),
+        (versions, opts): (&[crate::app_versions::AppVersion], &ReplayOptions),
+        dir: &Path,
+        (budget, deadline): (&mut usize, Instant),
+        out: &mut ActorReplay,
+    ) -> Result<(), RuntimeError> {
+        std::fs::create_dir_all(dir).map_err(|e| io_err(dir, e))?;
+        let (base, events, start) = match staged {
+            None => {
+                let Some((base, events)) = self.local_base(id, dir)? else {
+                    out.skipped = Some("nothing recorded with a base copy on this node".into());
+                    return Ok(());
+                };
+                let start = chosen_start(&events, opts);
+                (base, events, start)
+            }
+            Some(copy) => {
+                out.base = Some(copy.from.clone());
+                let (events, start, lost) = after_state(copy.events, copy.after_seq, opts);
+                if let Some((n, from_seq)) = lost {
+                    out.cut = Some(format!(
+                        "{n} chosen events from seq {from_seq} came before the earliest state the bucket's history could start this replay from (after seq {})",
+                        copy.after_seq
+                    ));
+                }
+                (copy.file, events, start)
+            }
         };
-        let start = chosen_start(&events, opts);
         if start >= events.len() {
             out.skipped = Some("no recorded event is chosen".into());
             return Ok(());
@@ -414,7 +517,6 @@ impl Runtime {
         }
         *budget -= events.len();
         let db_in = |side: &str| wasmkeep_store::paths::actor_db(&dir.join(side), id);
-        let base = staged;
         place(&base, &db_in("baseline"))?;
         let clock = Arc::new(ManualClock::new(1));
         let baseline = Sandbox::start(self, id, &dir.join("baseline"), Arc::clone(&clock))?;
@@ -570,6 +672,120 @@ fn replayable(folder: &Path, recording: Recording) -> Option<(PathBuf, Vec<Recor
         .filter(|e| e.generation >= from.number)
         .collect();
     Some((base, events))
+}
+
+/// A replay from a state that holds the records up to `after_seq`: the
+/// events after it, the index of the first chosen one among them, and
+/// how many chosen events (from which seq) the state already holds, which
+/// cannot be replayed from it.
+fn after_state(
+    events: Vec<RecordedEvent>,
+    after_seq: u64,
+    opts: &ReplayOptions,
+) -> (Vec<RecordedEvent>, usize, Option<(usize, u64)>) {
+    let start = chosen_start(&events, opts);
+    let held = events.iter().take_while(|e| e.seq <= after_seq).count();
+    let lost = (held > start).then(|| (held - start, events[start].seq));
+    let events: Vec<RecordedEvent> = events.into_iter().skip(held).collect();
+    (events, start.saturating_sub(held), lost)
+}
+
+/// Whether an earlier state of an actor's database (`state`, read from
+/// the bucket's history) can start a replay of the records its newest
+/// copy keeps (`head`), and from which seq on: `state` must belong to the
+/// same run of generations (its tag) and its last record must be one
+/// `head` keeps, the same in every field. Then nothing was committed
+/// between that record's batch and the next recorded one without being
+/// recorded (such a batch ends the run, and a new run has a new tag), and
+/// the events after it are exactly what `head` holds after it. Returns
+/// that record's seq, or why `state` cannot start the replay.
+pub fn bucket_start(head: &Recording, state: &Recording) -> Result<u64, String> {
+    let (Some(h), Some(s)) = (&head.generation, &state.generation) else {
+        return Err("it holds no records of the run the newest copy keeps".into());
+    };
+    if h.tag != s.tag {
+        return Err("its records are of another run than the newest copy's".into());
+    }
+    let Some(last) = state.events.last() else {
+        return Err("it holds no records of the run the newest copy keeps".into());
+    };
+    match head.events.iter().find(|e| e.seq == last.seq) {
+        Some(e) if same_record(e, last) => {
+            if head.events.last().is_some_and(|l| l.seq > last.seq) {
+                Ok(last.seq)
+            } else {
+                Err(format!("it holds every kept record (to seq {})", last.seq))
+            }
+        }
+        Some(_) => Err(format!(
+            "its record {} differs from the newest copy's",
+            last.seq
+        )),
+        None => Err(format!(
+            "its last record ({}) is older than those the newest copy keeps",
+            last.seq
+        )),
+    }
+}
+
+fn same_record(a: &RecordedEvent, b: &RecordedEvent) -> bool {
+    (
+        a.generation,
+        a.at_ms,
+        &a.seed,
+        a.version,
+        &a.kind,
+        &a.input,
+        &a.outcome,
+    ) == (
+        b.generation,
+        b.at_ms,
+        &b.seed,
+        b.version,
+        &b.kind,
+        &b.input,
+        &b.outcome,
+    )
+}
+
+/// Most states of its history a replay reads from the bucket per actor
+/// to find one that starts it ([`bucket_probe_times`]).
+pub const REPLAY_BUCKET_PROBES_MAX: usize = 4;
+
+/// The times (Unix ms, earliest first) at which to read an actor's state
+/// from the bucket's history to start a replay of `head`'s chosen events:
+/// just before the first chosen one, then before later ones (an earlier
+/// state may predate the run of records, which cannot be checked); at
+/// most [`REPLAY_BUCKET_PROBES_MAX`].
+pub fn bucket_probe_times(head: &Recording, opts: &ReplayOptions) -> Vec<u64> {
+    let events = &head.events;
+    let start = chosen_start(events, opts);
+    if start >= events.len() {
+        return Vec::new();
+    }
+    let last = events.len() - 1;
+    let mut times: Vec<u64> = [start, start + 1, start + (last - start) / 2, last]
+        .into_iter()
+        .filter(|&i| i <= last)
+        .map(|i| events[i].at_ms.saturating_sub(1))
+        .collect();
+    times.sort_unstable();
+    times.dedup();
+    times.truncate(REPLAY_BUCKET_PROBES_MAX);
+    times
+}
+
+/// The order a replay samples actors in: by a hash of the address, so
+/// that every node (and the bucket's listing) picks the same ones.
+pub fn sample_order(ids: &mut [ActorId]) {
+    ids.sort_by_cached_key(|id| {
+        use sha2::Digest as _;
+        let h = sha2::Sha256::digest(id.to_string().as_bytes());
+        (
+            u64::from_be_bytes(h[..8].try_into().expect("8 bytes")),
+            id.to_string(),
+        )
+    });
 }
 
 /// The index of the first chosen event.
@@ -803,6 +1019,82 @@ impl Drop for Sandbox {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn record(seq: u64, at_ms: u64) -> RecordedEvent {
+        RecordedEvent {
+            seq,
+            generation: 1,
+            at_ms,
+            seed: vec![seq as u8; 4],
+            version: 1,
+            kind: "request".into(),
+            input: vec![],
+            outcome: format!("answer {seq}").into_bytes(),
+        }
+    }
+
+    fn recording(tag: &str, seqs: std::ops::RangeInclusive<u64>) -> Recording {
+        Recording {
+            generation: Some(Generation {
+                number: 1,
+                tag: tag.into(),
+            }),
+            events: seqs.map(|n| record(n, 1000 + 10 * n)).collect(),
+        }
+    }
+
+    #[test]
+    fn only_a_state_of_the_same_run_starts_a_replay_from_the_bucket() {
+        let head = recording("aaaa", 3..=9);
+        assert_eq!(bucket_start(&head, &recording("aaaa", 1..=4)), Ok(4));
+        // Another run (a restore, or a batch that was not recorded).
+        let other = bucket_start(&head, &recording("bbbb", 1..=4)).unwrap_err();
+        assert!(other.contains("another run"), "{other}");
+        // Older than what the newest copy keeps: events would be missing.
+        let old = bucket_start(&head, &recording("aaaa", 1..=2)).unwrap_err();
+        assert!(old.contains("older"), "{old}");
+        // The same seq with another event (a restored past reused it).
+        let mut forked = recording("aaaa", 1..=5);
+        forked.events[4].seed = vec![9; 4];
+        let forked = bucket_start(&head, &forked).unwrap_err();
+        assert!(forked.contains("differs"), "{forked}");
+        // Before the run began, nothing can be checked.
+        let before = Recording::default();
+        assert!(bucket_start(&head, &before).is_err());
+        // Nothing left to replay after it.
+        assert!(bucket_start(&head, &recording("aaaa", 1..=9)).is_err());
+    }
+
+    #[test]
+    fn a_state_that_holds_chosen_events_says_how_many_it_cannot_replay() {
+        let events = recording("aaaa", 1..=5).events;
+        let all = ReplayOptions::default();
+        let (run, start, lost) = after_state(events.clone(), 2, &all);
+        assert_eq!(run.iter().map(|e| e.seq).collect::<Vec<_>>(), [3, 4, 5]);
+        assert_eq!((start, lost), (0, Some((2, 1))));
+        let last_two = ReplayOptions {
+            last: Some(2),
+            ..Default::default()
+        };
+        let (run, start, lost) = after_state(events, 2, &last_two);
+        assert_eq!(run.len(), 3);
+        // Seq 3 runs on the baseline only; 4 and 5 are compared.
+        assert_eq!((start, lost), (1, None));
+    }
+
+    #[test]
+    fn probes_start_just_before_the_first_chosen_event() {
+        let head = recording("aaaa", 1..=9);
+        let last_three = ReplayOptions {
+            last: Some(3),
+            ..Default::default()
+        };
+        // Events 7, 8 and 9 at 1070, 1080, 1090 ms.
+        assert_eq!(bucket_probe_times(&head, &last_three), [1069, 1079, 1089]);
+        let all = bucket_probe_times(&head, &ReplayOptions::default());
+        assert_eq!(all, [1009, 1019, 1049, 1089]);
+        assert!(all.len() <= REPLAY_BUCKET_PROBES_MAX);
+    }
 
     fn actor(name: &str, last_seq: u64, differing: u64) -> ActorReplay {
         ActorReplay {

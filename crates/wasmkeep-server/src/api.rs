@@ -23,6 +23,7 @@ mod fanout;
 mod history;
 mod inbound;
 mod logs;
+mod replay_bucket;
 mod shares;
 mod sockets;
 mod test_clock;
@@ -1576,6 +1577,8 @@ fn node_only_query(raw: &str) -> String {
 /// at once (each sent the candidate and `query` with `node_only=true`),
 /// merging what they found (ADR 0062): each actor names the node that
 /// replayed it, and a node without an answer is listed as not replayed.
+/// Then the chosen actors no node had a base copy of are replayed here
+/// from the bucket's history (`replay_bucket`).
 async fn replay_everywhere(
     s: &AppState,
     (tenant, app): (&str, &str),
@@ -1585,8 +1588,13 @@ async fn replay_everywhere(
 ) -> Result<wasmkeep_runtime::replay::ReplayReport, ApiError> {
     use wasmkeep_runtime::replay::{NodeNotReplayed, ReplayReport};
     let rt = s.rt.clone();
-    let (t, a, w) = (tenant.to_owned(), app.to_owned(), wasm.clone());
-    let mine = blocking(move || rt.replay(&t, &a, &w, &opts));
+    let (t, a, w, o) = (
+        tenant.to_owned(),
+        app.to_owned(),
+        wasm.clone(),
+        opts.clone(),
+    );
+    let mine = blocking(move || rt.replay(&t, &a, &w, &o));
     let Some(c) = &s.config.cluster else {
         return mine.await;
     };
@@ -1595,7 +1603,7 @@ async fn replay_everywhere(
         "{ADMIN_PREFIX}/apps/{tenant}/{app}/replay?{}",
         node_only_query(query)
     );
-    let request = (&axum::http::Method::POST, path.as_str(), wasm);
+    let request = (&axum::http::Method::POST, path.as_str(), wasm.clone());
     let bounds = (REPLAY_ASK_TIMEOUT_MS, REPLAY_REPORT_BYTES_MAX);
     let theirs = fanout::ask_with(c, &view, request, bounds);
     tokio::pin!(mine, theirs);
@@ -1635,6 +1643,8 @@ async fn replay_everywhere(
                 .push(NodeNotReplayed { node, why }),
         }
     }
+    // Then what no node has a base copy of, from the bucket's history.
+    replay_bucket::replay_from_bucket(s, c, (tenant, app), wasm, opts, &mut report).await;
     Ok(report)
 }
 

@@ -340,6 +340,9 @@ fn print_replay(v: &Value) {
                 String::new()
             }
         );
+        if let Some(base) = a["base"].as_str() {
+            println!("    started from {base}");
+        }
         for (field, what) in [
             ("cut", "stopped early"),
             ("error", "failed"),

@@ -232,21 +232,26 @@ fn the_cli_replays_and_fails_on_a_difference() {
 /// with `node_only=true` only A's; `deploy --replay` through A, told that
 /// tables may differ, refuses the changed build for the answer only B's
 /// actor gives differently.
+/// A cluster node `name` with its folder in `root` and the bucket
+/// `root/bucket`, and its port.
+fn cluster_node(root: &std::path::Path, name: &str) -> (Node, u16) {
+    use common::cluster;
+    let bucket = format!("file://{}", root.join("bucket").display());
+    let dir = root.join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    let port = cluster::free_port();
+    let config = cluster::node_config(&dir, 1500, 500, 2000, "");
+    let flags = cluster::serve_flags(port, &config, &bucket);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    (Node::start(&dir.join("data"), &flags), port)
+}
+
 #[test]
 fn a_clusters_replay_covers_every_live_nodes_actors() {
     use common::cluster;
     let app = "profiles-rs";
     let tmp = tempfile::tempdir().unwrap();
-    let bucket = format!("file://{}", tmp.path().join("bucket").display());
-    let start = |name: &str| {
-        let dir = tmp.path().join(name);
-        std::fs::create_dir_all(&dir).unwrap();
-        let port = cluster::free_port();
-        let config = cluster::node_config(&dir, 1500, 500, 2000, "");
-        let flags = cluster::serve_flags(port, &config, &bucket);
-        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-        (Node::start(&dir.join("data"), &flags), port)
-    };
+    let start = |name: &str| cluster_node(tmp.path(), name);
     let (a, a_port) = start("a");
     let (b, b_port) = start("b");
     let id = |n: &Node| cluster::status(n)["node"].as_str().unwrap().to_owned();
@@ -358,4 +363,126 @@ fn a_clusters_replay_covers_every_live_nodes_actors() {
         "{out}"
     );
     drop(b);
+}
+
+/// An actor whose node is gone has its copies only in the bucket: a
+/// cluster's replay reads its newest copy and an earlier state of it from
+/// the bucket's history and replays from there, and the deploy gate sees
+/// what it finds.
+#[test]
+fn a_clusters_replay_reads_actors_only_the_bucket_holds() {
+    use common::cluster;
+    let app = "profiles-rs";
+    let tmp = tempfile::tempdir().unwrap();
+    let start = |name: &str| cluster_node(tmp.path(), name);
+    let (a, _) = start("a");
+    let (b, b_port) = start("b");
+    let b_id = cluster::status(&b)["node"].as_str().unwrap().to_owned();
+    let nodes = || {
+        let (s, v) = a.json("GET", "/admin/v1/cluster", b"");
+        if s == 200 {
+            v["nodes"].as_array().map_or(0, Vec::len)
+        } else {
+            0
+        }
+    };
+    cluster::wait_for("both nodes in the view", 120, 100, || nodes() == 2);
+    let (code, v) = a.json(
+        "PUT",
+        &format!("/admin/v1/apps/acme/{app}?manifest={}", manifest("2")),
+        wasmkeep_guests::DEMO,
+    );
+    assert_eq!(code, 200, "{v}");
+    // Bob on B, three times (each answered once the bucket holds it, so
+    // that each is a state of the bucket's history). The changed build
+    // ("bad") adds a migration that fails, so every event after the
+    // version changes answers an error.
+    for i in 0..3 {
+        let path = format!("/v1/acme/{app}/profiles/bob/?name=Bob{i}&email=b%40x");
+        let durable = [("wasmkeep-durability", "replicated")];
+        cluster::wait_for(&format!("bob's write {i} on B"), 120, 100, || {
+            let r = cluster::send(b_port, "PUT", &path, &durable);
+            r.status == 204 && r.node.as_deref() == Some(b_id.as_str())
+        });
+        std::thread::sleep(std::time::Duration::from_millis(30));
+    }
+    // B is gone with its disk: Bob's copies are only in the bucket.
+    drop(b);
+    std::fs::remove_dir_all(tmp.path().join("b")).unwrap();
+    cluster::wait_for("B out of the view", 120, 100, || nodes() == 1);
+
+    let changed = replay(
+        &a,
+        app,
+        wasmkeep_guests::DEMO,
+        &format!("last=2&manifest={}", manifest("bad")),
+    );
+    let bob = changed["actors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["actor"] == format!("acme/{app}/profiles/bob"))
+        .unwrap_or_else(|| panic!("bob replayed: {changed:#}"))
+        .clone();
+    assert!(
+        bob["base"].as_str().unwrap().contains("bucket's history"),
+        "{changed:#}"
+    );
+    assert!(
+        bob["skipped"].is_null() && bob["cut"].is_null(),
+        "{changed:#}"
+    );
+    assert_eq!(bob["events"], 2, "{changed:#}");
+    assert_eq!(bob["last_seq"], 3, "{changed:#}");
+    assert!(
+        bob["difference_kinds"].to_string().contains("response"),
+        "{changed:#}"
+    );
+    assert!(changed.get("nodes_not_replayed").is_none(), "{changed:#}");
+
+    // The same build replays Bob without a difference.
+    let same = replay(
+        &a,
+        app,
+        wasmkeep_guests::DEMO,
+        &format!("last=2&manifest={}", manifest("2")),
+    );
+    assert_eq!(same["events_differing"], 0, "{same:#}");
+    assert!(same["events_replayed"].as_u64().unwrap() >= 2, "{same:#}");
+
+    // All three chosen: the first predates every state that can be
+    // checked to start the replay, and the replay says so.
+    let all = replay(
+        &a,
+        app,
+        wasmkeep_guests::DEMO,
+        &format!("name=bob&class=profiles&manifest={}", manifest("2")),
+    );
+    let bob = &all["actors"][0];
+    assert_eq!(bob["events"], 2, "{all:#}");
+    assert!(
+        bob["cut"]
+            .as_str()
+            .unwrap()
+            .contains("1 chosen events from seq 1"),
+        "{all:#}"
+    );
+
+    // The gate through A refuses the changed build for Bob's answer.
+    let (code, v) = a.json(
+        "PUT",
+        &format!(
+            "/admin/v1/apps/acme/{app}?replay=2&expect=tables&manifest={}",
+            manifest("bad")
+        ),
+        wasmkeep_guests::DEMO,
+    );
+    assert_eq!(code, 409, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("unexpected: response"),
+        "{v}"
+    );
 }
