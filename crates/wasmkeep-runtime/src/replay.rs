@@ -496,10 +496,13 @@ impl Runtime {
                 out.base = Some(copy.from.clone());
                 let (events, start, lost) = after_state(copy.events, copy.after_seq, opts);
                 if let Some((n, from_seq)) = lost {
-                    out.cut = Some(format!(
+                    let lost = format!(
                         "{n} chosen events from seq {from_seq} came before the earliest state the bucket's history could start this replay from (after seq {})",
                         copy.after_seq
-                    ));
+                    );
+                    // Said in `base` too, which a later cut does not replace.
+                    out.base = Some(format!("{}; {lost}", copy.from));
+                    out.cut = Some(lost);
                 }
                 (copy.file, events, start)
             }

@@ -289,7 +289,9 @@ pub(crate) fn replay(conn: &Conn, out: Output, what: &ReplayArgs) -> Result<()> 
     }
     let missing = v["nodes_not_replayed"].as_array().map_or(0, Vec::len);
     if missing > 0 {
-        bail!("{missing} cluster nodes gave no replay: their actors were not checked");
+        bail!(
+            "{missing} cluster nodes (or the bucket's history) gave no replay: their actors were not checked"
+        );
     }
     Ok(())
 }

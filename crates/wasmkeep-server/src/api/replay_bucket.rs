@@ -1,27 +1,29 @@
 //! A cluster's replay of the actors whose copies only the bucket holds
-//! (ADR 0062): no live node has their files (the node that held them died
-//! or left), or the node that holds them has no base copy (it took them
-//! over since they recorded). Their records are in their databases, which
-//! the bucket keeps commit by commit, so the node asked reads each such
-//! actor's newest copy from the bucket, then an earlier state of it that
-//! starts a replay of the records the newest keeps
+//! (ADR 0062): no live node has a base copy of them (the node that held
+//! them died or left, or the node that took them over has none from
+//! before). Their records are in their databases, which the bucket keeps
+//! commit by commit, so the node asked reads each such actor's newest
+//! copy from the bucket, then an earlier state of it that starts a replay
+//! of the records the newest keeps
 //! ([`wasmkeep_runtime::replay::bucket_start`]), and replays from it as
-//! from a base copy.
+//! from a base copy, one actor at a time.
 //!
-//! Bounds: the bucket's listing of the chosen classes is read up to
-//! [`REPLAY_BUCKET_NAMES_MAX`] names; at most
-//! [`REPLAY_BUCKET_EXAMINED_MAX`] actors are read from the bucket per
-//! replay, each with at most `REPLAY_BUCKET_PROBES_MAX` earlier states;
-//! the replay's sample (less the actors the nodes replayed) caps how many
-//! run.
+//! What it fills: the replay's sample, less the actors the nodes replayed,
+//! with chosen actors no node replayed. Bounds: the bucket's listing of
+//! the chosen classes is read up to [`REPLAY_BUCKET_NAMES_MAX`] names (a
+//! listing reads each name's chain head); at most
+//! [`REPLAY_BUCKET_EXAMINED_MAX`] actors are read from the bucket, each
+//! with at most `REPLAY_BUCKET_PROBES_MAX` earlier states; the whole
+//! phase stops starting work after `REPLAY_TIME_MS_MAX`, and says so.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
-use wasmkeep_replica::At;
+use wasmkeep_replica::{At, ReplicaError};
 use wasmkeep_runtime::ActorId;
 use wasmkeep_runtime::replay::{
-    ActorReplay, NodeNotReplayed, ReplayOptions, ReplayReport, StagedCopy, bucket_probe_times,
-    bucket_start, sample_order,
+    ActorReplay, NodeNotReplayed, REPLAY_TIME_MS_MAX, ReplayOptions, ReplayReport, StagedCopy,
+    bucket_probe_times, bucket_start, sample_order,
 };
 use wasmkeep_store::db::recording::{Recording, recording_at};
 
@@ -30,19 +32,30 @@ use crate::cluster::ClusterState;
 
 /// Most actor names a replay reads from the bucket's listing, over the
 /// chosen classes (the sample is taken from those).
-pub(super) const REPLAY_BUCKET_NAMES_MAX: usize = 100_000;
+pub(super) const REPLAY_BUCKET_NAMES_MAX: usize = 10_000;
 /// Most actors one replay reads from the bucket (an actor that recorded
 /// nothing is read and passed over).
 pub(super) const REPLAY_BUCKET_EXAMINED_MAX: usize = 100;
 
 /// What the report names as the replayer of what the bucket could not
-/// give (its listing failed, or the staged replay did).
+/// give (its listing failed, a replay was refused, the time ran out).
 const BUCKET: &str = "bucket";
 
-/// Adds to `report` the replay of the chosen actors that no node replayed
-/// from a base copy of its own, from the bucket's history. What fails
-/// (the listing, the staged replay) is listed in `nodes_not_replayed` as
-/// the `bucket`, so that a deploy's gate does not pass on it.
+/// The phase's folder of staged files, removed however the phase ends
+/// (the request's future may be dropped mid-way).
+struct Staging(PathBuf);
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Adds to `report` the replay of chosen actors no node replayed, from the
+/// bucket's history. What keeps it from checking an actor (the listing,
+/// a refused replay, the time) is listed in `nodes_not_replayed` as the
+/// `bucket`; an actor whose records no state of the history can start is
+/// reported with its `error`: a deploy's gate passes on neither.
 pub(super) async fn replay_from_bucket(
     s: &AppState,
     c: &ClusterState,
@@ -55,65 +68,77 @@ pub(super) async fn replay_from_bucket(
     if want == 0 {
         return;
     }
-    let candidates = match candidates(s, c, (tenant, app), &opts, report).await {
+    let deadline = wasmkeep_runtime::clock::instant() + Duration::from_millis(REPLAY_TIME_MS_MAX);
+    let candidates = match candidates(s, c, (tenant, app), &opts, report, deadline).await {
         Ok(ids) => ids,
-        Err(why) => {
-            report.nodes_not_replayed.push(NodeNotReplayed {
-                node: BUCKET.into(),
-                why,
-            });
-            return;
-        }
+        Err(why) => return bucket_failed(report, why),
     };
     if candidates.is_empty() {
         return;
     }
     let rt = s.rt.clone();
-    let dir = match blocking(move || rt.replay_staging_dir()).await {
-        Ok(dir) => dir,
-        Err(e) => {
-            report.nodes_not_replayed.push(NodeNotReplayed {
-                node: BUCKET.into(),
-                why: e.message,
-            });
-            return;
-        }
+    let staging = match blocking(move || rt.replay_staging_dir()).await {
+        Ok(dir) => Staging(dir),
+        Err(e) => return bucket_failed(report, e.message),
     };
-    let mut copies = Vec::new();
-    let mut passed = ReplayReport::default();
+    let mut found = ReplayReport::default();
+    let mut replayed = 0;
+    let examined_max = candidates.len();
     for (i, id) in candidates.into_iter().enumerate() {
-        if copies.len() >= want {
+        if replayed >= want {
             break;
         }
-        match stage(s, c, &id, &opts, &dir, i).await {
-            Staged::Copy(copy) => copies.push(copy),
-            Staged::NothingRecorded => {}
-            Staged::No(why) => passed.actors.push(ActorReplay {
-                actor: id.to_string(),
-                node: Some(c.node().to_owned()),
-                skipped: Some(why),
-                ..Default::default()
-            }),
+        if wasmkeep_runtime::clock::instant() >= deadline {
+            let why = format!(
+                "the replay's time ran out (replay_time_ms_max={REPLAY_TIME_MS_MAX}) after reading {i} of {examined_max} actors no node replayed from the bucket"
+            );
+            bucket_failed(&mut found, why);
+            break;
         }
-    }
-    if !copies.is_empty() {
-        let rt = s.rt.clone();
-        let (t, a) = (tenant.to_owned(), app.to_owned());
-        match blocking(move || rt.replay_staged(&t, &a, &wasm, &opts, copies)).await {
-            Ok(mut r) => {
-                for a in &mut r.actors {
-                    a.node = Some(c.node().to_owned());
+        let mut one = ActorReplay {
+            actor: id.to_string(),
+            node: Some(c.node().to_owned()),
+            ..Default::default()
+        };
+        match stage(s, c, &id, &opts, &staging.0, i).await {
+            Staged::Copy(copy) => {
+                // One actor at a time: only its records are in memory.
+                let (rt, w, o) = (s.rt.clone(), wasm.clone(), opts.clone());
+                let (t, a) = (tenant.to_owned(), app.to_owned());
+                match blocking(move || rt.replay_staged(&t, &a, &w, &o, vec![copy])).await {
+                    Ok(mut r) => {
+                        for a in &mut r.actors {
+                            a.node = Some(c.node().to_owned());
+                        }
+                        replayed += r.actors_replayed;
+                        found.merge(r);
+                    }
+                    Err(e) => {
+                        bucket_failed(&mut found, format!("{}: {}", e.code, e.message));
+                        break;
+                    }
                 }
-                report.merge(r);
             }
-            Err(e) => report.nodes_not_replayed.push(NodeNotReplayed {
-                node: BUCKET.into(),
-                why: format!("{}: {}", e.code, e.message),
-            }),
+            Staged::NothingRecorded => {}
+            Staged::Skipped(why) => {
+                one.skipped = Some(why);
+                found.actors.push(one);
+            }
+            Staged::Failed(why) => {
+                one.error = Some(why);
+                found.actors.push(one);
+            }
         }
     }
-    report.merge(passed);
-    let _ = tokio::fs::remove_dir_all(&dir).await;
+    report.merge(found);
+}
+
+/// Lists the bucket as a replayer that could not check what it should.
+fn bucket_failed(report: &mut ReplayReport, why: String) {
+    report.nodes_not_replayed.push(NodeNotReplayed {
+        node: BUCKET.into(),
+        why,
+    });
 }
 
 /// The chosen actors the bucket lists that no node replayed (skipped
@@ -125,10 +150,11 @@ async fn candidates(
     (tenant, app): (&str, &str),
     opts: &ReplayOptions,
     report: &ReplayReport,
+    deadline: Instant,
 ) -> Result<Vec<ActorId>, String> {
     let classes = s.rt.app(tenant, app).map(|a| a.classes).unwrap_or_default();
     let mut ids = Vec::new();
-    for class in classes {
+    'classes: for class in classes {
         if opts.class.as_ref().is_some_and(|c| *c != class) {
             continue;
         }
@@ -138,6 +164,11 @@ async fn candidates(
         }
         let mut after: Option<String> = None;
         loop {
+            if wasmkeep_runtime::clock::instant() >= deadline {
+                return Err(format!(
+                    "the replay's time ran out (replay_time_ms_max={REPLAY_TIME_MS_MAX}) while listing {tenant}/{app}/{class} in the bucket"
+                ));
+            }
             let page = wasmkeep_replica::listing::class_page(
                 c.bucket(),
                 &s.rt.config().replica,
@@ -153,14 +184,14 @@ async fn candidates(
                     .iter()
                     .filter_map(|n| ActorId::new(tenant, app, &class, n).ok()),
             );
+            if ids.len() >= REPLAY_BUCKET_NAMES_MAX {
+                ids.truncate(REPLAY_BUCKET_NAMES_MAX);
+                break 'classes;
+            }
             after = page.next;
-            if after.is_none() || ids.len() >= REPLAY_BUCKET_NAMES_MAX {
+            if after.is_none() {
                 break;
             }
-        }
-        if ids.len() >= REPLAY_BUCKET_NAMES_MAX {
-            ids.truncate(REPLAY_BUCKET_NAMES_MAX);
-            break;
         }
     }
     let replayed = |id: &ActorId| {
@@ -178,10 +209,13 @@ async fn candidates(
 
 enum Staged {
     Copy(StagedCopy),
-    /// The bucket's copy holds no record (or no actor is there).
+    /// The bucket holds no database of it now (deleted), or one without
+    /// records.
     NothingRecorded,
-    /// Why no state of the bucket's history can start its replay.
-    No(String),
+    /// It recorded, and none of its events is chosen.
+    Skipped(String),
+    /// It recorded, and it cannot be replayed from the bucket.
+    Failed(String),
 }
 
 /// Reads `id`'s newest copy from the bucket and, if it holds records, the
@@ -197,21 +231,33 @@ async fn stage(
 ) -> Staged {
     let config = &s.rt.config().replica;
     let head_file = dir.join(format!("{i}.head.db"));
-    let head = match read_at(c, id, At::Latest, config, &head_file).await {
-        Ok(r) => r,
-        Err(_) => return Staged::NothingRecorded,
-    };
+    let head = read_at(c, id, At::Latest, config, &head_file).await;
     let _ = tokio::fs::remove_file(&head_file).await;
+    let head = match head {
+        Ok(r) => r,
+        Err(ReadError::NotThere) => return Staged::NothingRecorded,
+        Err(ReadError::Failed(e)) => {
+            return Staged::Failed(format!("reading its newest copy from the bucket: {e}"));
+        }
+    };
     if head.events.is_empty() {
         return Staged::NothingRecorded;
     }
-    let mut why = String::from("no recorded event is chosen");
-    for (n, t) in bucket_probe_times(&head, opts).into_iter().enumerate() {
+    let times = bucket_probe_times(&head, opts);
+    if times.is_empty() {
+        return Staged::Skipped("no recorded event is chosen".into());
+    }
+    let mut why = Vec::new();
+    for (n, t) in times.into_iter().enumerate() {
         let file = dir.join(format!("{i}.{n}.db"));
         let state = match read_at(c, id, At::TimeMs(t), config, &file).await {
             Ok(state) => state,
-            Err(e) => {
-                why = format!("at {t} ms: {e}");
+            Err(ReadError::NotThere) => {
+                why.push(format!("at {t} ms: no database then"));
+                continue;
+            }
+            Err(ReadError::Failed(e)) => {
+                why.push(format!("at {t} ms: {e}"));
                 continue;
             }
         };
@@ -228,14 +274,21 @@ async fn stage(
                 });
             }
             Err(e) => {
-                why = format!("at {t} ms: {e}");
+                why.push(format!("at {t} ms: {e}"));
                 let _ = tokio::fs::remove_file(&file).await;
             }
         }
     }
-    Staged::No(format!(
-        "no base copy on a live node, and no state of the bucket's history starts a replay of its records ({why})"
+    Staged::Failed(format!(
+        "no base copy on a live node, and no state of the bucket's history starts a replay of its records ({})",
+        why.join("; ")
     ))
+}
+
+enum ReadError {
+    /// The bucket holds no database of the actor at that point.
+    NotThere,
+    Failed(String),
 }
 
 /// Exports `id`'s database at `at` from the bucket into `file` and reads
@@ -246,13 +299,15 @@ async fn read_at(
     at: At,
     config: &wasmkeep_replica::ReplicaConfig,
     file: &Path,
-) -> Result<Recording, String> {
-    wasmkeep_replica::export_to_path(c.bucket(), id, at, config, file, &|_, _| {})
-        .await
-        .map_err(|e| e.to_string())?;
+) -> Result<Recording, ReadError> {
+    match wasmkeep_replica::export_to_path(c.bucket(), id, at, config, file, &|_, _| {}).await {
+        Ok(_) => {}
+        Err(ReplicaError::NotRetained(_)) => return Err(ReadError::NotThere),
+        Err(e) => return Err(ReadError::Failed(e.to_string())),
+    }
     let path = file.to_owned();
     tokio::task::spawn_blocking(move || recording_at(&path))
         .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| e.to_string())
+        .map_err(|e| ReadError::Failed(e.to_string()))?
+        .map_err(|e| ReadError::Failed(e.to_string()))
 }
