@@ -100,6 +100,7 @@ pub use crate::reply::Reply;
 pub use crate::response::ActorResponse;
 
 mod alarm;
+pub mod awaiting;
 mod batch;
 mod between;
 mod inbound;
@@ -147,6 +148,10 @@ pub enum EventKind {
     /// once the dispatcher has room).
     OutboxResume {
         upto: Option<u64>,
+    },
+    /// The deadline of the wait on outbox row `seq` passed (ADR 0056).
+    AwaitDeadline {
+        seq: u64,
     },
 }
 
@@ -239,6 +244,9 @@ pub struct Queue {
     pub retired: bool,
     /// What the queued events hold (`Event::queued_bytes`), summed.
     pub bytes: u64,
+    /// An event of the actor is suspended on a wait (ADR 0056): only what
+    /// the gate admits is taken (`awaiting::admitted`).
+    pub awaiting: Option<awaiting::Awaiting>,
 }
 
 /// A live instance and the database it owns.
@@ -419,8 +427,7 @@ fn reply(r: Option<Reply>, v: Result<Outcome, RuntimeError>) {
 pub fn run_turn(rt: &Arc<Inner>, actor: &Arc<Actor>) {
     let events: Vec<Event> = {
         let mut q = actor.queue.lock();
-        let n = q.events.len().min(rt.config.batch_events_max);
-        let events: Vec<Event> = q.events.drain(..n).collect();
+        let events = awaiting::take_admitted(&mut q, rt.config.batch_events_max);
         let bytes: u64 = events.iter().map(Event::queued_bytes).sum();
         q.bytes -= bytes;
         rt.queued_bytes.fetch_sub(bytes, Ordering::Relaxed);
@@ -441,10 +448,11 @@ pub fn run_turn(rt: &Arc<Inner>, actor: &Arc<Actor>) {
             q.events.push_front(ev);
         }
     }
-    if q.events.is_empty() {
-        q.scheduled = false;
-    } else {
+    if awaiting::has_admitted(&q) {
         rt.schedule(Arc::clone(actor));
+    } else {
+        // Empty, or holding only what waits for the gate to open.
+        q.scheduled = false;
     }
 }
 

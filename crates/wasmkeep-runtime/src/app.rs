@@ -55,6 +55,8 @@ use crate::warm::ClassStatements;
 const INBOX_EXPORT: &str = "wasmkeep:actor/inbox@0.2.0";
 /// The optional export socket events arrive through.
 const SOCKETS_EXPORT: &str = "wasmkeep:actor/socket-handler@0.2.0";
+/// The import a component that may wait has (ADR 0056).
+const AWAITS_IMPORT: &str = "wasmkeep:actor/awaits@";
 
 /// Compilations that may run at once, abandoned ones (past their deadline,
 /// still running) included. Each runs on one thread, so this bounds the
@@ -243,6 +245,9 @@ pub struct App {
     /// Whether an actor open on an older version keeps it until it closes
     /// (a deferred deploy, ADR 0059).
     pub deferred: bool,
+    /// The component imports `awaits`: its requests and alarms run with
+    /// the time and seed a suspended event runs again with (ADR 0056).
+    pub waits: bool,
 }
 
 /// What the admin API shows about an app.
@@ -754,6 +759,10 @@ impl Compiler<'_> {
             }
         };
         let classes = self.ask_classes(&pre, tenant, app)?;
+        let waits = component
+            .component_type()
+            .imports(self.engine)
+            .any(|(name, _)| name.starts_with(AWAITS_IMPORT));
         let vars = Arc::new(manifest.vars.clone());
         if let Some(to_cache) = to_cache {
             self.cache(&hash, &component, to_cache);
@@ -778,6 +787,7 @@ impl Compiler<'_> {
             vars,
             deploy_version: 0,
             deferred: false,
+            waits,
         })
     }
 

@@ -150,6 +150,10 @@ fault_switches! {
         /// Unsafe, for that test only: an answer's event reads its row
         /// without deleting it, so a second answer is applied too.
         unsafe_response_keeps_row,
+        /// Unsafe, for that test only: an actor with a suspended event
+        /// keeps taking its other events (no gate, ADR 0056), so they
+        /// interleave with the wait.
+        unsafe_await_without_gate,
     }
     millis {
         /// The closer thread holds each evicted actor this long before

@@ -255,6 +255,12 @@ pub struct HostState {
     /// Where the guest's lines go besides the node's log, for `wasmkeep
     /// logs` (`None` in the instance a deploy makes).
     pub logs: Option<Arc<crate::logs::LogHub>>,
+    /// The running handler's waits (ADR 0056): `None` while a handler
+    /// that may not wait runs.
+    pub(crate) awaits: Option<crate::awaits::EventAwaits>,
+    /// The time and seed the running event's guest sees, when its app
+    /// may wait (what a suspended event runs again with).
+    pub(crate) await_tape: Option<crate::guest_tape::EventTape>,
 }
 
 impl HostState {
@@ -313,6 +319,8 @@ impl HostState {
             restore: None,
             socket_sent_bytes: 0,
             logs: None,
+            awaits: None,
+            await_tape: None,
         }
     }
 
@@ -421,6 +429,7 @@ pub(crate) fn add_to_linker(
     wasmkeep::actor::config::add_to_linker::<HostState, HasSelf<HostState>>(linker, |s| s)?;
     wasmkeep::actor::replies::add_to_linker::<HostState, HasSelf<HostState>>(linker, |s| s)?;
     wasmkeep::actor::sockets::add_to_linker::<HostState, HasSelf<HostState>>(linker, |s| s)?;
+    wasmkeep::actor::awaits::add_to_linker::<HostState, HasSelf<HostState>>(linker, |s| s)?;
     crate::response::add_to_linker(linker)
 }
 

@@ -26,6 +26,7 @@ mod alarms;
 mod app;
 pub mod app_config;
 mod app_versions;
+pub mod awaits;
 mod bookmarks;
 pub mod class_metrics;
 pub mod class_migrations;

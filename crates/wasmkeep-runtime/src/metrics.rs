@@ -118,6 +118,8 @@ pub struct Metrics {
     pub commits_failed_total: Counter,
     /// Events written to their actor's recording (ADR 0062).
     pub events_recorded_total: Counter,
+    /// Events suspended on a wait for an answer (ADR 0056).
+    pub awaits_suspended_total: Counter,
     /// Generations of recording not started: the app's bytes limit.
     pub recording_refused_total: Counter,
     pub overloaded_total: Counter,
@@ -260,7 +262,7 @@ impl Metrics {
     /// The first counters of the exposition (three of replication's, then
     /// requests, events and batches) and the live instances.
     fn register_events(&self, r: &mut Registry) {
-        let series: [(&str, &Counter, &str); 13] = [
+        let series: [(&str, &Counter, &str); 14] = [
             (
                 "wasmkeep_replica_file_reads",
                 &self.replica_file_reads_total,
@@ -315,6 +317,11 @@ impl Metrics {
                 "wasmkeep_events_recorded",
                 &self.events_recorded_total,
                 "Events written to their actor's recording for replay.",
+            ),
+            (
+                "wasmkeep_awaits_suspended",
+                &self.awaits_suspended_total,
+                "Events suspended on a wait for an answer (each run that waited).",
             ),
             (
                 "wasmkeep_recording_refused",
@@ -797,9 +804,9 @@ mod tests {
         assert_eq!(types["wasmkeep_event_seconds"], "histogram");
         assert_eq!(types["wasmkeep_alarms_pending"], "gauge");
         // 22 node series, 6 of the outbox and parked replies, 9 phase
-        // histograms, 11 of replication, 2 of recording, 2 of the alarm
-        // index, 6 bucket counters.
-        assert_eq!(types.len(), 58);
+        // histograms, 11 of replication, 2 of recording, 1 of waits, 2 of
+        // the alarm index, 6 bucket counters.
+        assert_eq!(types.len(), 59);
         assert_eq!(types["wasmkeep_outbox_pending"], "gauge");
         assert_eq!(types["wasmkeep_outbox_answers"], "counter");
     }

@@ -301,11 +301,23 @@ impl Inner {
             if bounded {
                 self.admit(&q, &ev)?;
             }
+            if let Some(a) = &q.awaiting
+                && let Some(why) = crate::actor::awaiting::closes_cycle(id, a, &ev)
+            {
+                return Err(RuntimeError::Refused {
+                    code: "await_deadlock",
+                    message: why,
+                });
+            }
+            let runs_now = q
+                .awaiting
+                .as_ref()
+                .is_none_or(|a| crate::actor::awaiting::admitted(&ev.kind, a.seq));
             let bytes = ev.queued_bytes();
             q.bytes += bytes;
             self.queued_bytes.fetch_add(bytes, Ordering::Relaxed);
             q.events.push_back(ev);
-            if !q.scheduled {
+            if !q.scheduled && runs_now {
                 q.scheduled = true;
                 drop(q);
                 self.schedule(actor);

@@ -439,6 +439,13 @@ pub(crate) struct EventRecorder {
     delivery: bool,
 }
 
+impl EventRecorder {
+    /// The time and seed the event runs with.
+    pub(crate) fn tape(&self) -> EventTape {
+        self.tape
+    }
+}
+
 /// Before an event runs: its time and seed (from the OS when recording,
 /// from the replay's tape in a sandbox), set on the instance.
 pub(crate) fn begin_event(
@@ -572,19 +579,95 @@ impl<'a> Dec<'a> {
     }
 }
 
+fn encode_answer(e: Enc, answer: &Answer) -> Enc {
+    match answer {
+        Answer::Message(MessageAnswer::Reply(b)) => e.str("reply").bytes(b),
+        Answer::Message(MessageAnswer::Refused { code, message }) => {
+            e.str("refused").str(code).str(message)
+        }
+        Answer::Http {
+            status,
+            headers,
+            body,
+        } => e
+            .str("http")
+            .num(u64::from(*status))
+            .str(&wasmkeep_store::db::encode_headers(headers))
+            .bytes(body),
+        Answer::Failed { code, message } => e.str("failed").str(code).str(message),
+    }
+}
+
+fn decode_answer(d: &mut Dec<'_>) -> Option<Answer> {
+    Some(match d.str()?.as_str() {
+        "reply" => Answer::Message(MessageAnswer::Reply(d.bytes()?.to_vec())),
+        "refused" => Answer::Message(MessageAnswer::Refused {
+            code: d.str()?,
+            message: d.str()?,
+        }),
+        "http" => Answer::Http {
+            status: d.num()? as u16,
+            headers: wasmkeep_store::db::decode_headers(&d.str()?),
+            body: d.bytes()?.to_vec(),
+        },
+        "failed" => Answer::Failed {
+            code: d.str()?,
+            message: d.str()?,
+        },
+        _ => return None,
+    })
+}
+
+/// The answers a suspended event had: each call's digest and its answer.
+pub(crate) type Answered = Vec<([u8; 32], Answer)>;
+
+/// A suspended event's journal (ADR 0056): each answered call's digest
+/// and answer, then the digest of the call it waits on.
+pub(crate) fn encode_journal(answered: &[([u8; 32], Answer)], waiting: &[u8; 32]) -> Vec<u8> {
+    let mut e = Enc::default().num(answered.len() as u64);
+    for (digest, answer) in answered {
+        e = encode_answer(e.bytes(digest), answer);
+    }
+    e.bytes(waiting).0
+}
+
+/// [`encode_journal`]'s answered calls and waiting digest.
+pub(crate) fn decode_journal(bytes: &[u8]) -> Option<(Answered, [u8; 32])> {
+    let mut d = Dec(bytes);
+    let n = d.num()?;
+    let mut answered = Vec::new();
+    for _ in 0..n {
+        let digest: [u8; 32] = d.bytes()?.try_into().ok()?;
+        answered.push((digest, decode_answer(&mut d)?));
+    }
+    let waiting: [u8; 32] = d.bytes()?.try_into().ok()?;
+    Some((answered, waiting))
+}
+
+/// A request's encoded input, as a record keeps it.
+pub(crate) fn request_input(
+    method: &str,
+    path: &str,
+    query: &str,
+    headers: &[(String, String)],
+    body: &[u8],
+) -> Vec<u8> {
+    Enc::default()
+        .str(method)
+        .str(path)
+        .str(query)
+        .str(&wasmkeep_store::db::encode_headers(headers))
+        .bytes(body)
+        .0
+}
+
 /// The kind and encoded input of an event a guest runs; `None` for those
 /// it does not (an open ahead of an alarm, a hand-over of outbox rows).
 fn input_of(kind: &EventKind) -> Option<(&'static str, Vec<u8>)> {
     Some(match kind {
         EventKind::Request(r) => (
             "request",
-            Enc::default()
-                .str(&r.method)
-                .str(&r.path)
-                .str(&r.query)
-                .str(&wasmkeep_store::db::encode_headers(&r.headers))
-                .bytes(&r.body)
-                .0,
+            request_input(&r.method, &r.path, &r.query, &r.headers, &r.body),
         ),
         EventKind::Alarm { force } => ("alarm", Enc::default().num(u64::from(*force)).0),
         EventKind::Deliver { .. } => ("alarm", Enc::default().num(0).0),
@@ -619,23 +702,7 @@ fn input_of(kind: &EventKind) -> Option<(&'static str, Vec<u8>)> {
                 .num(*seq)
                 .num(u64::from(*attempts))
                 .num(u64::from(*discard));
-            let e = match answer {
-                Answer::Message(MessageAnswer::Reply(b)) => e.str("reply").bytes(b),
-                Answer::Message(MessageAnswer::Refused { code, message }) => {
-                    e.str("refused").str(code).str(message)
-                }
-                Answer::Http {
-                    status,
-                    headers,
-                    body,
-                } => e
-                    .str("http")
-                    .num(u64::from(*status))
-                    .str(&wasmkeep_store::db::encode_headers(headers))
-                    .bytes(body),
-                Answer::Failed { code, message } => e.str("failed").str(code).str(message),
-            };
-            ("response", e.0)
+            ("response", encode_answer(e, answer).0)
         }
         EventKind::Socket(ev) => {
             let what = match ev {
@@ -646,7 +713,10 @@ fn input_of(kind: &EventKind) -> Option<(&'static str, Vec<u8>)> {
             };
             ("socket", Enc::default().str(&what).0)
         }
-        EventKind::Prepare | EventKind::OutboxResume { .. } | EventKind::Between(_) => return None,
+        EventKind::Prepare
+        | EventKind::OutboxResume { .. }
+        | EventKind::AwaitDeadline { .. }
+        | EventKind::Between(_) => return None,
     })
 }
 
@@ -684,23 +754,7 @@ pub(crate) fn event_of(kind: &str, input: &[u8]) -> Option<EventKind> {
             let seq = d.num()?;
             let attempts = d.num()? as u32;
             let discard = d.num()? == 1;
-            let answer = match d.str()?.as_str() {
-                "reply" => Answer::Message(MessageAnswer::Reply(d.bytes()?.to_vec())),
-                "refused" => Answer::Message(MessageAnswer::Refused {
-                    code: d.str()?,
-                    message: d.str()?,
-                }),
-                "http" => Answer::Http {
-                    status: d.num()? as u16,
-                    headers: wasmkeep_store::db::decode_headers(&d.str()?),
-                    body: d.bytes()?.to_vec(),
-                },
-                "failed" => Answer::Failed {
-                    code: d.str()?,
-                    message: d.str()?,
-                },
-                _ => return None,
-            };
+            let answer = decode_answer(&mut d)?;
             EventKind::Inbound(Inbound::Response {
                 life,
                 seq,

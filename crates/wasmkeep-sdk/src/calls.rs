@@ -204,6 +204,19 @@ pub fn __reply<'a>(interface: &str, r: &'a Response) -> Option<RawReply<'a>> {
     })
 }
 
+/// Waits for a typed call's answer inside a handler (see
+/// [`awaits`](crate::awaits)): the stubs' `wait()` methods call this.
+#[doc(hidden)]
+pub fn __wait<T: serde::de::DeserializeOwned>(
+    to: &Address,
+    call: &str,
+    args: serde_json::Value,
+    within_ms: u32,
+) -> Result<T> {
+    let body = crate::awaits::message_within(to, &__encode_call(call, args), within_ms)?;
+    __result(Ok(&body))
+}
+
 /// A typed result from an answer's bytes.
 #[doc(hidden)]
 pub fn __result<T: serde::de::DeserializeOwned>(outcome: Result<&[u8]>) -> Result<T> {
@@ -274,6 +287,34 @@ macro_rules! interface {
                     pub fn $method(&self $(, $arg: $ty)*, context: &impl $crate::outbox::Context) -> $crate::Result<u64> {
                         let args = $crate::serde_json::json!({ $(stringify!($arg): $arg),* });
                         $crate::calls::__send(&self.0, concat!(stringify!($name), ".", stringify!($method)), args, context)
+                    }
+                )+
+
+                /// The same calls, each waiting for its typed answer inside
+                /// the handler (`request` and `alarm` only; see
+                /// `wasmkeep_sdk::awaits`), at most 30 s.
+                pub fn wait(&self) -> Waiting<'_> {
+                    Waiting { to: &self.0, within_ms: 0 }
+                }
+            }
+
+            /// Calls that wait for their answer (`Client::wait`).
+            pub struct Waiting<'a> {
+                to: &'a $crate::outbox::Address,
+                within_ms: u32,
+            }
+
+            impl Waiting<'_> {
+                /// Waits at most `ms` (at most 300,000) instead of 30 s.
+                pub fn within(mut self, ms: u32) -> Self {
+                    self.within_ms = ms;
+                    self
+                }
+                $(
+                    /// Calls this method and waits for its answer.
+                    pub fn $method(&self $(, $arg: $ty)*) -> $crate::Result<$ret> {
+                        let args = $crate::serde_json::json!({ $(stringify!($arg): $arg),* });
+                        $crate::calls::__wait(self.to, concat!(stringify!($name), ".", stringify!($method)), args, self.within_ms)
                     }
                 )+
             }

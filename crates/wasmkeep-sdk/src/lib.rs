@@ -116,6 +116,7 @@ mod http;
 mod json;
 
 pub mod alarm;
+pub mod awaits;
 pub mod blobs;
 pub mod bookmarks;
 #[cfg(feature = "json")]

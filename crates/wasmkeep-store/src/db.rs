@@ -28,9 +28,11 @@ use crate::sandbox::{
 pub use crate::sqlite_setup::sqlite_setup;
 use crate::wal_index::{VFS_NAME, WalIndex};
 
+mod awaits;
 mod idempotency;
 mod outbox;
 pub mod recording;
+pub use awaits::Suspended;
 pub use idempotency::IdempotentAnswer;
 pub use outbox::{InboxSeen, OutboxKind, OutboxRow, decode_headers, encode_headers};
 

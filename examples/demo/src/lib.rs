@@ -17,6 +17,7 @@ mod profiles;
 mod reminder;
 mod rings;
 mod timers;
+mod waiter;
 mod watch;
 
 wasmkeep_sdk::app!(
@@ -33,5 +34,6 @@ wasmkeep_sdk::app!(
     "rings" => rings::Rings,
     "tally" => calls::Tally,
     "timers" => timers::Timers,
+    "waiter" => waiter::Waiter,
     "watch" => watch::Watch,
 );

@@ -14,6 +14,14 @@ pub(super) fn call_on_alarm(
     state: AlarmState,
 ) -> Result<wasmtime::Result<Result<(), host::WitError>>, RuntimeError> {
     l.db().set_alarm(None)?;
+    Ok(invoke_on_alarm(l, state))
+}
+
+/// Calls `on-alarm` for `state` (the caller cleared the alarm).
+pub(super) fn invoke_on_alarm(
+    l: &mut Loaded,
+    state: AlarmState,
+) -> wasmtime::Result<Result<(), host::WitError>> {
     enter(l);
     l.store.data_mut().in_alarm = true;
     let class = l.store.data().id.class.clone();
@@ -27,7 +35,7 @@ pub(super) fn call_on_alarm(
         .wasmkeep_actor_handler()
         .call_on_alarm(&mut l.store, &class, info);
     l.store.data_mut().in_alarm = false;
-    Ok(r)
+    r
 }
 
 /// A sweep's delivery of the entry at `at_ms` (see `index::deliver`). A
@@ -119,6 +127,12 @@ pub(super) fn run_alarm(
         }
     }
     l.db().event_begin()?;
+    if l.app.waits {
+        // A handler that waits is suspended with its alarm (ADR 0056).
+        let mut awaits = crate::awaits::EventAwaits::first(Vec::new());
+        awaits.alarm = Some(state);
+        l.store.data_mut().awaits = Some(awaits);
+    }
     let r = call_on_alarm(l, state)?;
     let op = l.store.data().alarm_op;
     match finish_call(l, r) {
@@ -136,6 +150,28 @@ pub(super) fn run_alarm(
                 return Err(e);
             }
             l.db().event_rollback()?;
+            if super::awaiting::waits(l) {
+                // It waits: suspended by the turn, not retried.
+                return Err(e);
+            }
+            retry_after_failure(rt, l, state, op, &e)?;
+            Err(e)
+        }
+    }
+}
+
+/// A failed `on-alarm` run (its writes rolled back): commits the alarm's
+/// retry by the retry rule, or drops it past `retries_max`, and says so.
+pub(super) fn retry_after_failure(
+    rt: &Arc<Inner>,
+    l: &mut Loaded,
+    state: AlarmState,
+    op: AlarmOp,
+    e: &RuntimeError,
+) -> Result<(), RuntimeError> {
+    let class = rt.class_metrics.of(&l.store.data().id);
+    {
+        {
             let policy = RetryPolicy {
                 first_ms: rt.config.protocol.retry_first_ms,
                 max_ms: rt.config.protocol.retry_max_ms,
@@ -165,8 +201,8 @@ pub(super) fn run_alarm(
                 c.alarm_runs_failed.inc();
             }
             let id = l.store.data().id.clone();
-            log_alarm_failure(rt, id, &e, state.retry_count, out.dropped, next, now);
-            Err(e)
+            log_alarm_failure(rt, id, e, state.retry_count, out.dropped, next, now);
+            Ok(())
         }
     }
 }

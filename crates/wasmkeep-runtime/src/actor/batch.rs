@@ -39,12 +39,15 @@ pub(super) fn run_batch(
         return Vec::new();
     };
     let turn = Turn::new(rt, &events, slot.is_some());
-    let Some(opened) = open_for_turn(rt, actor, &app, slot, events, &turn) else {
+    let Some(mut opened) = open_for_turn(rt, actor, &app, slot, events, &turn) else {
         return Vec::new();
     };
     debug_assert!(slot.is_none(), "the turn owns the instance while it runs");
-    let (kept, not_started) = run_opened(rt, actor, &app, &turn, opened, yield_at);
+    let held = std::mem::take(&mut opened.held);
+    let (kept, mut not_started) = run_opened(rt, actor, &app, &turn, opened, yield_at);
     *slot = kept;
+    // What the gate holds goes back behind what it lets run.
+    not_started.extend(held);
     not_started
 }
 
@@ -62,6 +65,7 @@ pub(super) fn run_opened(
         mut loaded,
         events,
         mut initialized,
+        held: _,
     } = opened;
     let l = &mut loaded;
     let events = match prepare_turn(rt, app, l, events, initialized) {
@@ -125,6 +129,9 @@ pub(super) struct Opened {
     loaded: Loaded,
     events: Vec<Event>,
     initialized: bool,
+    /// Events of the turn the actor's gate holds: it opened suspended
+    /// (ADR 0056).
+    held: Vec<Event>,
 }
 
 /// What the phases of one turn share about its events.
@@ -183,6 +190,10 @@ pub(super) struct EventsRan {
     /// the alarm due at `x.0` set by the traced event `x.1`. Applied once
     /// the batch committed; dropped with a rolled-back batch.
     alarm_link: Option<AlarmLink>,
+    /// The gate the batch leaves (ADR 0056): `Some(Some(a))` an event
+    /// suspended on `a`, `Some(None)` the suspended event ended. Applied
+    /// once the batch committed.
+    pub(super) awaiting: Option<Option<super::awaiting::Awaiting>>,
 }
 
 /// An alarm's due time and the `guest` span of the traced event that set
@@ -344,13 +355,18 @@ pub(super) fn open_for_turn(
         }
     };
     let l = &mut loaded;
+    let mut held = Vec::new();
+    let mut events = events;
     if !turn.was_loaded {
         // What an earlier run (or another node) left unsent goes out again.
         outbox_opened(rt, actor, l);
+        // An event suspended on a wait holds the others (ADR 0056).
+        (events, held) = super::awaiting::gate_at_open(rt, actor, l, events);
     }
     let events = run_outbox_resumes(rt, actor, l, events, turn);
     if events.is_empty() {
         *slot = Some(loaded);
+        requeue_held(rt, actor, held);
         return None;
     }
     match l.db().is_initialized() {
@@ -358,6 +374,7 @@ pub(super) fn open_for_turn(
             loaded,
             events,
             initialized,
+            held,
         }),
         Err(e) => {
             // The instance is dropped: the actor closes, before anyone
@@ -367,6 +384,20 @@ pub(super) fn open_for_turn(
             fail_all(events, || RuntimeError::Internal(msg.clone()));
             None
         }
+    }
+}
+
+/// Puts events the gate holds back at the front of the queue (in order).
+fn requeue_held(rt: &Inner, actor: &Arc<Actor>, held: Vec<Event>) {
+    if held.is_empty() {
+        return;
+    }
+    let mut q = actor.queue.lock();
+    for ev in held.into_iter().rev() {
+        let bytes = ev.queued_bytes();
+        q.bytes += bytes;
+        rt.queued_bytes.fetch_add(bytes, Ordering::Relaxed);
+        q.events.push_front(ev);
     }
 }
 
@@ -461,6 +492,7 @@ pub(super) fn run_events(
         let recorder = taped.as_ref().and_then(|tape| {
             crate::recording::begin_event(rt, l.recording.is_some(), tape, &ev.kind)
         });
+        let may_wait = super::awaiting::start_run(rt, l, &ev.kind, recorder.as_ref());
         let r = run_event(
             rt,
             actor,
@@ -470,6 +502,7 @@ pub(super) fn run_events(
             &mut ran,
             &mut replicated,
         );
+        super::awaiting::end_run(l, may_wait && recorder.is_none());
         if let (Some(recorder), Some(tape)) = (recorder, &taped) {
             let mut recording = l.recording.take();
             let version = l.app.deploy_version;
@@ -510,11 +543,15 @@ pub(super) fn run_events(
         if !l.db().in_transaction() {
             batch_rolled_back(id, l, &mut ran, initialized);
         }
-        if crate::clock::instant() >= yield_at && events.len() > 0 {
-            // The turn's time is up: the rest waits for the actor's next
-            // turn, behind other actors (fair shares, issue 33).
+        let suspended = matches!(ran.awaiting, Some(Some(_)));
+        if suspended || (crate::clock::instant() >= yield_at && events.len() > 0) {
+            // An event suspended (the rest waits behind the gate this batch
+            // sets, ADR 0056), or the turn's time is up: the rest waits for
+            // the actor's next turn, behind other actors (issue 33).
             ran.not_started = events.collect();
-            Metrics::inc(&rt.metrics.turns_yielded_total);
+            if !suspended {
+                Metrics::inc(&rt.metrics.turns_yielded_total);
+            }
             break;
         }
     }
@@ -688,6 +725,7 @@ pub(super) fn begin_batch(
         not_started: Vec::new(),
         restore: None,
         alarm_link: None,
+        awaiting: None,
     })
 }
 
@@ -718,6 +756,8 @@ pub(super) fn reset_event_state(l: &mut Loaded, ran: &EventsRan) {
     // not it calls the guest.
     state.alarm_op = AlarmOp::Untouched;
     state.alarm_retried = None;
+    state.awaits = None;
+    state.await_tape = None;
 }
 
 /// Runs one event of the batch by its kind.
@@ -730,15 +770,34 @@ pub(super) fn run_event(
     ran: &mut EventsRan,
     replicated: &mut bool,
 ) -> Result<Outcome, RuntimeError> {
+    use super::awaiting::{Run, after_handler, resume};
     match kind {
-        EventKind::Request(req) => run_request(rt, l, req, initialized),
+        EventKind::Request(req) => {
+            let awaits = l
+                .app
+                .waits
+                .then(|| crate::awaits::EventAwaits::first(crate::awaits::chain_of(&req.headers)));
+            let r = run_request(rt, l, req, initialized, awaits);
+            after_handler(rt, l, ran, r, Run::Request)
+        }
         EventKind::Alarm { force } => {
             ran.alarm_ran = true;
-            run_alarm(rt, l, *initialized, force)
+            let r = run_alarm(rt, l, *initialized, force);
+            after_handler(rt, l, ran, r, Run::Alarm)
+        }
+        EventKind::AwaitDeadline { seq } => resume(rt, l, initialized, ran, seq, None),
+        EventKind::Inbound(Inbound::Response { seq, answer, .. })
+            if super::awaiting::answers_wait(rt, actor, l, seq) =>
+        {
+            resume(rt, l, initialized, ran, seq, Some(answer))
         }
         EventKind::Deliver { at_ms, remove_here } => {
             ran.alarm_ran = true;
             let r = run_delivery(rt, actor, l, *initialized, at_ms, remove_here);
+            let r = match after_handler(rt, l, ran, r, Run::Alarm) {
+                Ok(Outcome::Alarm(true)) => Ok(Outcome::Delivered(Delivered::Ran)),
+                r => r,
+            };
             if matches!(r, Ok(Outcome::Delivered(Delivered::Fenced))) {
                 // Answered once the bucket holds what this turn (and
                 // every earlier one) committed.
@@ -1042,6 +1101,9 @@ pub(super) fn after_commit(
     initialized: bool,
 ) -> Result<(AfterCommit, Vec<Ran>), Stop> {
     timer_follows_commit(rt, &actor.id, l, turn, &ran);
+    if let Some(gate) = ran.awaiting.clone() {
+        super::awaiting::apply_gate(rt, actor, gate);
+    }
     if let Some(link) = ran.alarm_link {
         rt.traces.link_alarm(&actor.id, link);
     }
@@ -1049,7 +1111,10 @@ pub(super) fn after_commit(
     // Only the first durable batch of a new actor syncs its folders.
     let dirs = l.db().take_new_dirs();
     let wal = l.db().wal_path();
-    let removed = l.db().created() && !initialized;
+    let suspended = matches!(ran.awaiting, Some(Some(_)));
+    // A new actor whose first event suspended keeps its folder: the
+    // event runs (its init too) when the answer comes.
+    let removed = l.db().created() && !initialized && !suspended;
     if removed {
         rt.quotas.counted(&actor.id.tenant, false, ran.size_before);
         if let Some(c) = rt.class_metrics.of(&actor.id) {

@@ -30,9 +30,18 @@ pub(super) fn run_between(
     reply_to: Option<Reply>,
 ) {
     match between {
-        Between::Delete => reply(reply_to, run_delete(rt, actor, slot)),
+        Between::Delete => {
+            let r = run_delete(rt, actor, slot);
+            // A suspended event goes with the data (ADR 0056).
+            actor.queue.lock().awaiting = None;
+            reply(reply_to, r);
+        }
         Between::Restore(file, undo) => {
             let r = run_restore(rt, actor, slot, &file, undo.as_deref()).map(Outcome::Restored);
+            // The restored database says whether an event is suspended,
+            // read when the actor opens next.
+            actor.queue.lock().awaiting = None;
+            *slot = None;
             if let (Err(e), None) = (&r, &reply_to) {
                 tracing::warn!(actor = %actor.id, error = %e, "the restore to a bookmark the actor asked for failed; it keeps its state");
             }

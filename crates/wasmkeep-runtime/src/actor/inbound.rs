@@ -297,7 +297,9 @@ pub(super) fn run_response(
         let Some(row) = row else {
             return Ok(());
         };
-        if discard {
+        if discard || row.context.starts_with(crate::awaits::AWAIT_CONTEXT) {
+            // Discarded, or the answer to a wait the actor no longer
+            // waits on (its deadline passed): nobody hears it.
             return Ok(());
         }
         if l.inbox.is_none() {

@@ -288,6 +288,15 @@ pub(super) fn finish_call<T>(
             host::SqlStopped::Stopping => RuntimeError::ShuttingDown,
         });
     }
+    if r.is_ok() && super::awaiting::waits(l) {
+        // The handler waited for an answer it does not have: whatever it
+        // did next, its run rolls back and the event is suspended (ADR
+        // 0056).
+        return Err(RuntimeError::Guest {
+            code: "suspended".into(),
+            message: "the event waits for an answer".into(),
+        });
+    }
     match r {
         Ok(Ok(v)) => match l.store.data_mut().poison.take() {
             Some(e) => Err(RuntimeError::Guest {

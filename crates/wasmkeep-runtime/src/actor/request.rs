@@ -26,11 +26,15 @@ pub(super) fn when_uploaded(
     rt.outbox.when_uploaded(rx, then);
 }
 
+/// Runs a request's handler; `awaits` are its waits when its app may wait
+/// (ADR 0056): a run that waited for an answer it did not have fails here,
+/// and the turn suspends it (`awaiting::after_handler`).
 pub(super) fn run_request(
     rt: &Arc<Inner>,
     l: &mut Loaded,
     req: ActorRequest,
     initialized: &mut bool,
+    awaits: Option<crate::awaits::EventAwaits>,
 ) -> Result<Outcome, RuntimeError> {
     let was_initialized = *initialized;
     l.db().event_begin()?;
@@ -77,9 +81,25 @@ pub(super) fn run_request(
             .data_mut()
             .response
             .start(rt.config.response_body_bytes_max);
+        l.store.data_mut().awaits = awaits;
         let r = bindings
             .wasmkeep_actor_handler()
             .call_on_request(&mut l.store, &class, &request);
+        if let Some(aw) = l.store.data_mut().awaits.as_mut()
+            && aw.pending.is_some()
+        {
+            // Kept to run again when the answer comes.
+            aw.input = Some((
+                "request",
+                crate::recording::request_input(
+                    &request.method,
+                    &request.path,
+                    &request.query,
+                    &request.headers,
+                    &request.body,
+                ),
+            ));
+        }
         let parts = l.store.data_mut().response.finish();
         let status = finish_call(l, r);
         // A limit the guest ran into is the event's error, whatever the

@@ -187,7 +187,7 @@ impl HostState {
         Ok(limits)
     }
 
-    fn push(&mut self, row: OutboxRow) -> Result<u64, WitError> {
+    pub(crate) fn push(&mut self, row: OutboxRow) -> Result<u64, WitError> {
         let pending_max = self.outbox.limits.pending_max;
         let db = self.db.as_mut().ok_or_else(|| {
             refusal(
@@ -208,6 +208,25 @@ impl HostState {
 
 impl outbox::Host for HostState {
     fn send(&mut self, to: Address, body: Vec<u8>, context: Vec<u8>) -> Result<u64, WitError> {
+        let row = self.message_row(to, body, context)?;
+        self.push(row)
+    }
+
+    fn fetch(&mut self, call: outbox::HttpCall, context: Vec<u8>) -> Result<u64, WitError> {
+        let row = self.fetch_row(call, context)?;
+        self.push(row)
+    }
+}
+
+impl HostState {
+    /// The outbox row of a message to `to`, checked as `outbox.send`
+    /// checks it (also for an awaited call, ADR 0056).
+    pub(crate) fn message_row(
+        &self,
+        to: Address,
+        body: Vec<u8>,
+        context: Vec<u8>,
+    ) -> Result<OutboxRow, WitError> {
         self.check_sizes(body.len(), context.len())?;
         ActorId::new(&self.id.tenant, &to.app, &to.class, &to.name)
             .map_err(|e| refusal("invalid_name", e.to_string()))?;
@@ -228,10 +247,15 @@ impl outbox::Host for HostState {
             timeout_ms: 0,
             created_ms: self.clock.now_ms(),
         };
-        self.push(row)
+        Ok(row)
     }
 
-    fn fetch(&mut self, call: outbox::HttpCall, context: Vec<u8>) -> Result<u64, WitError> {
+    /// The outbox row of an HTTP call, checked as `outbox.fetch` checks it.
+    pub(crate) fn fetch_row(
+        &self,
+        call: outbox::HttpCall,
+        context: Vec<u8>,
+    ) -> Result<OutboxRow, WitError> {
         self.check_sizes(call.body.len(), context.len())?;
         let policy = Arc::clone(&self.outbox.policy);
         if !METHODS.contains(&call.method.as_str()) {
@@ -282,7 +306,7 @@ impl outbox::Host for HostState {
             timeout_ms,
             created_ms: self.clock.now_ms(),
         };
-        self.push(row)
+        Ok(row)
     }
 }
 

@@ -1,0 +1,547 @@
+//! The actor's side of waits (issue 36, ADR 0056): suspending an event
+//! whose handler waited for an answer it did not have, the gate that holds
+//! the actor's other events meanwhile, and the run of the event again when
+//! the answer (or the deadline) comes.
+//!
+//! - **Suspending** ([`after_handler`]): the handler's run is rolled back
+//!   (`finish_call` fails a run that waited); in a savepoint of its own,
+//!   the call goes into the outbox (context `awaits::AWAIT_CONTEXT`), the event
+//!   into `_wasmkeep_await` (its input, journal, deadline, the request's
+//!   parked reply, the time and seed it ran with) and an alarm that ran is
+//!   cleared (it is the suspended event's now). The batch stops there:
+//!   its other events go back to the queue.
+//! - **The gate** ([`Awaiting`], in the actor's queue, set once the batch
+//!   is committed, and read from the database when the actor opens): only
+//!   the awaited answer, the deadline, and events that run no handler
+//!   (inspections, deletes, restores, outbox hand-overs) are taken; the
+//!   rest waits in the queue (`actor_queue_events_max` still bounds it). A
+//!   request whose chain of waiting actors names this actor, or the one it
+//!   waits on, closes a cycle of waits and is refused at once with
+//!   `await_deadlock`.
+//! - **Running again** ([`resume`]): the answer's event takes the outbox
+//!   row and the suspended event, adds the answer to the journal and runs
+//!   the event from its start with the first run's time and seed. If it
+//!   waits again it is suspended again; if it ends, its request's parked
+//!   reply is completed with what it answered (or its error) and the gate
+//!   opens once the batch commits.
+//! - **Deadlines**: a task on the outbox's runtime enqueues the deadline
+//!   ([`EventKind::AwaitDeadline`]) when it passes; the wait then gets
+//!   `failed` with `await_timeout`. Armed again whenever the actor opens
+//!   suspended (after a restart or a move).
+
+use super::batch::EventsRan;
+use super::*;
+use crate::awaits::{EventAwaits, error_response, timed_out};
+use crate::guest_tape::EventTape;
+use wasmkeep_store::db::Suspended;
+
+/// What a suspended actor waits on: the queue's gate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Awaiting {
+    /// The outbox row of the awaited call.
+    pub seq: u64,
+    /// The actor the call goes to (a message), for finding cycles.
+    pub target: Option<String>,
+    /// When the wait ends without an answer (node clock, ms).
+    pub deadline_ms: u64,
+}
+
+impl Awaiting {
+    fn of(s: &Suspended) -> Awaiting {
+        Awaiting {
+            seq: s.seq,
+            target: (!s.target().is_empty()).then(|| s.target().to_owned()),
+            deadline_ms: s.deadline_ms,
+        }
+    }
+}
+
+/// The actor waited on, from a suspended event's chain (its last entry
+/// is the actor itself; the awaited target follows a `>`).
+trait Target {
+    fn target(&self) -> &str;
+}
+
+impl Target for Suspended {
+    fn target(&self) -> &str {
+        self.chain.split_once('>').map_or("", |(_, t)| t)
+    }
+}
+
+/// The chain of actors waiting on a suspended event, this one last.
+fn chain_of(s: &Suspended) -> Vec<String> {
+    let chain = s.chain.split_once('>').map_or(s.chain.as_str(), |(c, _)| c);
+    chain
+        .split(',')
+        .filter(|a| !a.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Whether an event may run while the actor waits on row `seq`.
+pub(crate) fn admitted(kind: &EventKind, seq: u64) -> bool {
+    match kind {
+        EventKind::Inbound(Inbound::Response { seq: s, .. }) => *s == seq,
+        EventKind::AwaitDeadline { .. }
+        | EventKind::Between(_)
+        | EventKind::Prepare
+        | EventKind::OutboxResume { .. } => true,
+        _ => false,
+    }
+}
+
+/// Whether the running handler waited for an answer it does not have.
+pub(super) fn waits(l: &Loaded) -> bool {
+    l.store
+        .data()
+        .awaits
+        .as_ref()
+        .is_some_and(|a| a.pending.is_some())
+}
+
+/// Whether the answer to row `seq` is the one the actor waits for.
+pub(super) fn answers_wait(rt: &Inner, actor: &Actor, l: &mut Loaded, seq: u64) -> bool {
+    if rt.faults.unsafe_await_without_gate() {
+        // No gate to ask: the database says.
+        return l
+            .db()
+            .suspended()
+            .ok()
+            .flatten()
+            .is_some_and(|s| s.seq == seq);
+    }
+    actor
+        .queue
+        .lock()
+        .awaiting
+        .as_ref()
+        .is_some_and(|a| a.seq == seq)
+}
+
+/// Whether the queue has an event the gate lets run.
+pub(super) fn has_admitted(q: &Queue) -> bool {
+    match &q.awaiting {
+        None => !q.events.is_empty(),
+        Some(a) => q.events.iter().any(|e| admitted(&e.kind, a.seq)),
+    }
+}
+
+/// Takes up to `n` events the gate lets run, in order; the others stay.
+pub(super) fn take_admitted(q: &mut Queue, n: usize) -> Vec<Event> {
+    let Some(a) = &q.awaiting else {
+        let n = q.events.len().min(n);
+        return q.events.drain(..n).collect();
+    };
+    let seq = a.seq;
+    let mut taken = Vec::new();
+    let mut kept = VecDeque::with_capacity(q.events.len());
+    for ev in q.events.drain(..) {
+        if taken.len() < n && admitted(&ev.kind, seq) {
+            taken.push(ev);
+        } else {
+            kept.push_back(ev);
+        }
+    }
+    q.events = kept;
+    taken
+}
+
+/// Why a request arriving at an actor that waits closes a cycle of waits,
+/// if it does: its chain names this actor, or the one this actor waits on.
+pub(crate) fn closes_cycle(id: &ActorId, a: &Awaiting, ev: &Event) -> Option<String> {
+    let EventKind::Request(req) = &ev.kind else {
+        return None;
+    };
+    let chain = crate::awaits::chain_of(&req.headers);
+    let me = id.to_string();
+    let cycle = chain
+        .iter()
+        .any(|c| *c == me || a.target.as_deref() == Some(c.as_str()));
+    cycle.then(|| {
+        format!(
+            "{me} waits for an answer, and this call comes from an actor waiting on it (chain {}): a cycle of waits, which would never end",
+            chain.join(" > ")
+        )
+    })
+}
+
+/// Before an event runs: an app that may wait runs its requests and
+/// alarms with a time and seed (a fresh one, or the recording's) that a
+/// suspended event runs again with. Returns whether it set them.
+pub(super) fn start_run(
+    rt: &Inner,
+    l: &mut Loaded,
+    kind: &EventKind,
+    recorder: Option<&crate::recording::EventRecorder>,
+) -> bool {
+    let may_wait = l.app.waits
+        && matches!(
+            kind,
+            EventKind::Request(_) | EventKind::Alarm { .. } | EventKind::Deliver { .. }
+        );
+    if !may_wait {
+        return false;
+    }
+    let tape = recorder.map(|r| r.tape()).unwrap_or_else(|| {
+        let mut seed = [0u8; 32];
+        rand::Rng::fill_bytes(&mut rand::rng(), &mut seed);
+        EventTape {
+            at_ms: rt.clock.now_ms(),
+            seed,
+        }
+    });
+    let state = l.store.data_mut();
+    state.tape.play(&tape);
+    state.await_tape = Some(tape);
+    true
+}
+
+/// After an event ran: the instance's clock and random go back to the
+/// node's, if [`start_run`] set them (and no recording does it).
+pub(super) fn end_run(l: &mut Loaded, started: bool) {
+    if started {
+        l.store.data().tape.stop();
+    }
+}
+
+/// What ran: a first run of a request or an alarm, or a suspended event
+/// run again.
+pub(super) enum Run {
+    Request,
+    Alarm,
+    Again(Suspended),
+}
+
+/// After a handler that may wait ran: if it waited for an answer it did
+/// not have, suspends its event (see the module's documentation) and
+/// returns what its caller hears now; otherwise returns `r`.
+pub(super) fn after_handler(
+    rt: &Arc<Inner>,
+    l: &mut Loaded,
+    ran: &mut EventsRan,
+    r: Result<Outcome, RuntimeError>,
+    run: Run,
+) -> Result<Outcome, RuntimeError> {
+    let Some(aw) = l.store.data_mut().awaits.take() else {
+        return r;
+    };
+    let Some(pending) = aw.pending else {
+        return r;
+    };
+    if !l.db().in_transaction() {
+        // SQLite dropped the batch: nothing can be kept.
+        return r.and(Err(RuntimeError::Internal(
+            "the transaction was lost while the event suspended".into(),
+        )));
+    }
+    // What the rolled-back run did is gone: its parked replies, socket
+    // operations and restores with it.
+    let state = l.store.data_mut();
+    state.replies.completions.clear();
+    state.replies.park = None;
+    state.socket_ops.clear();
+    state.socket_accepted = None;
+    state.restore = None;
+    state.alarm_op = AlarmOp::Untouched;
+    let tape = state.await_tape.unwrap_or(EventTape {
+        at_ms: rt.clock.now_ms(),
+        seed: [0; 32],
+    });
+    let (kind, input, ticket) = match &run {
+        Run::Request => {
+            let Some((kind, input)) = aw.input else {
+                return r;
+            };
+            (kind.to_owned(), input, None)
+        }
+        Run::Alarm => {
+            let Some(a) = &aw.alarm else {
+                return r;
+            };
+            ("alarm".to_owned(), alarm_input(a), Some(0))
+        }
+        Run::Again(s) => (s.kind.clone(), s.input.clone(), Some(s.ticket)),
+    };
+    let now = rt.clock.now_ms();
+    let deadline_ms = now + pending.within_ms;
+    let target = pending.target.clone().unwrap_or_default();
+    let mut chain = aw.chain.clone();
+    chain.push(l.store.data().id.to_string());
+    l.db().event_begin()?;
+    let kept = (|| {
+        if matches!(run, Run::Alarm) {
+            // The alarm ran: it is the suspended event's now.
+            l.db().set_alarm(None)?;
+        }
+        let seq = l
+            .store
+            .data_mut()
+            .push(pending.row)
+            .map_err(|e| RuntimeError::Guest {
+                code: e.code,
+                message: e.message,
+            })?;
+        let ticket = match ticket {
+            Some(t) => t,
+            None => park_reply(l)?,
+        };
+        let journal = crate::recording::encode_journal(&aw.journal, &pending.digest);
+        l.db().suspend(&Suspended {
+            kind,
+            input,
+            journal,
+            seq,
+            deadline_ms,
+            ticket,
+            at_ms: tape.at_ms,
+            seed: tape.seed.to_vec(),
+            chain: format!("{}>{target}", chain.join(",")),
+        })?;
+        Ok::<_, RuntimeError>(seq)
+    })();
+    match kept {
+        Ok(seq) => {
+            commit_event(l)?;
+            ran.awaiting = Some(Some(Awaiting {
+                seq,
+                target: (!target.is_empty()).then_some(target),
+                deadline_ms,
+            }));
+            Metrics::inc(&rt.metrics.awaits_suspended_total);
+            Ok(match run {
+                // The reply is parked: what is answered here is not heard.
+                Run::Request => Outcome::Response(ActorResponse {
+                    status: 202,
+                    headers: Vec::new(),
+                    body: Vec::new(),
+                    socket: None,
+                }),
+                Run::Alarm => Outcome::Alarm(true),
+                Run::Again(_) => Outcome::Done,
+            })
+        }
+        Err(e) => {
+            if l.db().in_transaction() {
+                l.db().event_rollback()?;
+            }
+            Err(e)
+        }
+    }
+}
+
+/// Parks the running request's reply for the wait (as `replies.park`
+/// would, for as long as the node lets a reply wait).
+fn park_reply(l: &mut Loaded) -> Result<u64, RuntimeError> {
+    let state = l.store.data_mut();
+    let Some(table) = state.parked.clone() else {
+        return Err(RuntimeError::Internal("no parked replies here".into()));
+    };
+    let already = state.replies.parked_in_batch.len();
+    let ticket = table
+        .ticket(&state.id, already)
+        .map_err(|m| RuntimeError::Refused {
+            code: "too_many_parked",
+            message: m,
+        })?;
+    state.replies.park = Some(crate::replies::Park {
+        ticket,
+        timeout_ms: table.limits().reply_ms_max,
+    });
+    Ok(ticket)
+}
+
+fn alarm_input(a: &AlarmState) -> Vec<u8> {
+    let mut v = a.at_ms.to_be_bytes().to_vec();
+    v.extend_from_slice(&a.retry_count.to_be_bytes());
+    v
+}
+
+fn alarm_of(input: &[u8]) -> Option<AlarmState> {
+    Some(AlarmState {
+        at_ms: u64::from_be_bytes(input.get(..8)?.try_into().ok()?),
+        retry_count: u32::from_be_bytes(input.get(8..12)?.try_into().ok()?),
+    })
+}
+
+/// The answer to row `seq` (or, with `None`, its deadline) for the
+/// suspended event: runs it again (see the module's documentation). An
+/// answer or deadline for a call the actor no longer waits on does
+/// nothing.
+pub(super) fn resume(
+    rt: &Arc<Inner>,
+    l: &mut Loaded,
+    initialized: &mut bool,
+    ran: &mut EventsRan,
+    seq: u64,
+    answer: Option<Answer>,
+) -> Result<Outcome, RuntimeError> {
+    l.db().event_begin()?;
+    let s = match l.db().suspended()? {
+        Some(s) if s.seq == seq => s,
+        _ => {
+            commit_event(l)?;
+            return Ok(Outcome::Done);
+        }
+    };
+    // The row goes with this event: a late answer finds nothing.
+    l.db().outbox_take(seq)?;
+    let Some((mut journal, waiting)) = crate::recording::decode_journal(&s.journal) else {
+        l.db().event_rollback()?;
+        return Err(RuntimeError::Internal(
+            "a suspended event's journal does not decode".into(),
+        ));
+    };
+    let within = s.deadline_ms.saturating_sub(s.at_ms);
+    journal.push((waiting, answer.unwrap_or_else(|| timed_out(within))));
+    let mut chain = chain_of(&s);
+    chain.pop();
+    let tape = EventTape {
+        at_ms: s.at_ms,
+        seed: s.seed.clone().try_into().unwrap_or([0; 32]),
+    };
+    let state = l.store.data_mut();
+    state.tape.play(&tape);
+    state.await_tape = Some(tape);
+    let awaits = EventAwaits::resumed(journal, chain);
+    let r = match (
+        s.kind.as_str(),
+        crate::recording::event_of(&s.kind, &s.input),
+    ) {
+        ("request", Some(EventKind::Request(req))) => {
+            run_request(rt, l, req, initialized, Some(awaits))
+        }
+        ("alarm", _) => match alarm_of(&s.input) {
+            Some(a) => run_alarm_again(rt, l, *initialized, a, awaits),
+            None => Err(RuntimeError::Internal(
+                "a suspended alarm does not decode".into(),
+            )),
+        },
+        _ => Err(RuntimeError::Internal(format!(
+            "a suspended event of kind `{}` cannot run again",
+            s.kind
+        ))),
+    };
+    l.store.data().tape.stop();
+    if waits(l) {
+        // It waits again.
+        let r = after_handler(rt, l, ran, r, Run::Again(s));
+        if r.is_ok() {
+            commit_event(l)?;
+        } else if l.db().in_transaction() {
+            l.db().event_rollback()?;
+        }
+        return r;
+    }
+    l.store.data_mut().awaits = None;
+    if !l.db().in_transaction() {
+        return r;
+    }
+    l.db().resume_done()?;
+    if s.kind == "request" && s.ticket != 0 {
+        let resp = match r {
+            Ok(Outcome::Response(resp)) => resp,
+            Ok(_) => error_response("internal", "the request ended without an answer"),
+            Err(e) => {
+                // A failed run completes nothing but its own reply.
+                l.store.data_mut().replies.completions.clear();
+                error_response(&e.code(), &e.to_string())
+            }
+        };
+        // A run that waited cannot park its reply again: it is parked.
+        l.store.data_mut().replies.park = None;
+        l.store
+            .data_mut()
+            .replies
+            .completions
+            .push((s.ticket, resp));
+    }
+    commit_event(l)?;
+    ran.awaiting = Some(None);
+    Ok(Outcome::Done)
+}
+
+/// Runs `on-alarm` again for a suspended alarm (its alarm was cleared when
+/// it suspended). A run that fails sets the alarm's retry, as a failed
+/// alarm does.
+fn run_alarm_again(
+    rt: &Arc<Inner>,
+    l: &mut Loaded,
+    initialized: bool,
+    state: AlarmState,
+    awaits: EventAwaits,
+) -> Result<Outcome, RuntimeError> {
+    if !initialized {
+        return Ok(Outcome::Alarm(false));
+    }
+    l.db().event_begin()?;
+    l.store.data_mut().awaits = Some(awaits);
+    let r = super::alarm::invoke_on_alarm(l, state);
+    let op = l.store.data().alarm_op;
+    match finish_call(l, r) {
+        Ok(()) => {
+            commit_event(l)?;
+            Ok(Outcome::Alarm(true))
+        }
+        Err(e) => {
+            if !l.db().in_transaction() {
+                return Err(e);
+            }
+            l.db().event_rollback()?;
+            if waits(l) {
+                return Err(e);
+            }
+            super::alarm::retry_after_failure(rt, l, state, op, &e)?;
+            Err(e)
+        }
+    }
+}
+
+/// Reads whether the actor opened suspended: sets the gate (and its
+/// deadline) and returns the turn's events it holds.
+pub(super) fn gate_at_open(
+    rt: &Arc<Inner>,
+    actor: &Arc<Actor>,
+    l: &mut Loaded,
+    events: Vec<Event>,
+) -> (Vec<Event>, Vec<Event>) {
+    let s = match l.db().suspended() {
+        Ok(Some(s)) => s,
+        _ => return (events, Vec::new()),
+    };
+    let a = Awaiting::of(&s);
+    arm_deadline(rt, &actor.id, &a);
+    if rt.faults.unsafe_await_without_gate() {
+        return (events, Vec::new());
+    }
+    let seq = a.seq;
+    actor.queue.lock().awaiting = Some(a);
+    events.into_iter().partition(|e| admitted(&e.kind, seq))
+}
+
+/// Enqueues the wait's deadline when it passes.
+pub(super) fn arm_deadline(rt: &Arc<Inner>, id: &ActorId, a: &Awaiting) {
+    let wait = a.deadline_ms.saturating_sub(rt.clock.now_ms());
+    let weak = Arc::downgrade(rt);
+    let (id, seq) = (id.clone(), a.seq);
+    rt.outbox.handle().spawn(async move {
+        tokio::time::sleep(Duration::from_millis(wait)).await;
+        if let Some(rt) = weak.upgrade() {
+            let _ = rt.enqueue(
+                &id,
+                Event::new(EventKind::AwaitDeadline { seq }, None),
+                false,
+            );
+        }
+    });
+}
+
+/// Sets the gate a committed batch leaves (`Some(None)`: open).
+pub(super) fn apply_gate(rt: &Arc<Inner>, actor: &Arc<Actor>, gate: Option<Awaiting>) {
+    if let Some(a) = &gate {
+        arm_deadline(rt, &actor.id, a);
+        if rt.faults.unsafe_await_without_gate() {
+            return;
+        }
+    }
+    actor.queue.lock().awaiting = gate;
+}

@@ -1,0 +1,74 @@
+//! The gate of a suspended event (ADR 0056) against the real runtime: the
+//! examples' `waiter` waits for a tally's answer while the outbox is held,
+//! and a read of the same actor waits behind it. Without the gate (the
+//! `unsafe_await_without_gate` fault) the read runs in the middle of the
+//! wait and sees none of the request's writes: the interleaving the
+//! gate exists to prevent.
+
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests of real threads wait and measure in real time"
+)]
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use wasmkeep_guests::DEMO;
+use wasmkeep_testkit::TestNode;
+
+/// The notes a read of the waiter saw, and whether it ended before the
+/// held outbox was let go.
+fn read_during_a_wait(without_gate: bool) -> (serde_json::Value, bool) {
+    let node = TestNode::with_config(|c| {
+        c.outbox.retry_first_ms = 5;
+        c.outbox.retry_max_ms = 50;
+    });
+    node.deploy("demo/examples", DEMO).unwrap();
+    node.runtime()
+        .faults()
+        .unsafe_await_without_gate
+        .store(without_gate, Ordering::SeqCst);
+    node.hold_outbox(true);
+    let waiter = node.actor("demo/examples/waiter/a");
+    std::thread::scope(|s| {
+        let adding = s.spawn(|| waiter.post("/add?name=t&by=1", ""));
+        let metrics = node.runtime().metrics();
+        let started = std::time::Instant::now();
+        while metrics.awaits_suspended_total.get() == 0 {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "never suspended"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let reading = s.spawn(|| waiter.get("/notes").json());
+        std::thread::sleep(Duration::from_millis(300));
+        let read_first = reading.is_finished();
+        node.hold_outbox(false);
+        let added = adding.join().unwrap();
+        assert_eq!(added.status, 200, "{}", added.text());
+        (reading.join().unwrap(), read_first)
+    })
+}
+
+#[test]
+fn a_read_waits_behind_a_suspended_request() {
+    let (notes, read_first) = read_during_a_wait(false);
+    assert!(!read_first, "the read ran while the actor waited");
+    assert_eq!(
+        notes["notes"].as_array().unwrap().len(),
+        2,
+        "it saw the request's writes: {notes}"
+    );
+}
+
+#[test]
+fn unsafe_without_the_gate_a_read_runs_in_the_middle_of_a_wait() {
+    let (notes, read_first) = read_during_a_wait(true);
+    assert!(read_first, "without the gate the read does not wait");
+    assert_eq!(
+        notes["notes"].as_array().unwrap().len(),
+        0,
+        "and sees none of the waiting request's writes: {notes}"
+    );
+}
