@@ -666,6 +666,7 @@ async fn send_message(
             seq: row.seq,
             body: row.body.clone(),
             trace: crate::trace::call_of(&row.headers).map(|(c, _)| c),
+            chain: crate::awaits::chain_of(&row.headers),
         };
         let mut r = sh.deliver(to.clone(), ev).await;
         drop(permits);

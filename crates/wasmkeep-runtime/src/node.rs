@@ -304,6 +304,19 @@ impl Inner {
             if let Some(a) = &q.awaiting
                 && let Some(why) = crate::actor::awaiting::closes_cycle(id, a, &ev)
             {
+                if let EventKind::Inbound(crate::outbox::Inbound::Message { .. }) = ev.kind {
+                    // A message hears it as its receiver's refusal: the
+                    // waiting sender's wait ends with it.
+                    if let Some(r) = ev.reply {
+                        let _ = r.send(Ok(crate::actor::Outcome::Answered(
+                            crate::outbox::MessageAnswer::Refused {
+                                code: "await_deadlock".into(),
+                                message: why,
+                            },
+                        )));
+                    }
+                    return Ok(());
+                }
                 return Err(RuntimeError::Refused {
                     code: "await_deadlock",
                     message: why,

@@ -676,7 +676,7 @@ fn input_of(kind: &EventKind) -> Option<(&'static str, Vec<u8>)> {
             life,
             seq,
             body,
-            trace: _,
+            ..
         }) => (
             "message",
             Enc::default()
@@ -747,6 +747,7 @@ pub(crate) fn event_of(kind: &str, input: &[u8]) -> Option<EventKind> {
                 seq: d.num()?,
                 body: d.bytes()?.to_vec(),
                 trace: None,
+                chain: Vec::new(),
             })
         }
         "response" => {

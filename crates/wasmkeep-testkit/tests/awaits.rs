@@ -72,3 +72,44 @@ fn unsafe_without_the_gate_a_read_runs_in_the_middle_of_a_wait() {
         "and sees none of the waiting request's writes: {notes}"
     );
 }
+
+/// Two waiters each waiting for the other's answer to a message (both
+/// suspended before either message arrives): a cycle of waits. The
+/// receiver that waits on the sender refuses the message with
+/// `await_deadlock`, so both requests end, none at its deadline.
+#[test]
+fn two_actors_waiting_on_each_other_end_with_await_deadlock() {
+    let node = TestNode::with_config(|c| {
+        c.outbox.retry_first_ms = 5;
+        c.outbox.retry_max_ms = 50;
+    });
+    node.deploy("demo/examples", DEMO).unwrap();
+    node.hold_outbox(true);
+    let a = node.actor("demo/examples/waiter/a");
+    let b = node.actor("demo/examples/waiter/b");
+    let started = std::time::Instant::now();
+    let (ra, rb) = std::thread::scope(|s| {
+        let ra = s.spawn(|| a.post("/ask?to=b", ""));
+        let rb = s.spawn(|| b.post("/ask?to=a", ""));
+        let metrics = node.runtime().metrics();
+        while metrics.awaits_suspended_total.get() < 2 {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "never both suspended"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        node.hold_outbox(false);
+        (ra.join().unwrap(), rb.join().unwrap())
+    });
+    let texts = [ra.text(), rb.text()];
+    assert!(
+        texts.iter().any(|t| t.contains("await_deadlock")),
+        "{texts:?}"
+    );
+    // One refusal breaks the cycle: the other may then be answered.
+    assert!(
+        started.elapsed() < Duration::from_secs(25),
+        "ended by the deadlock, not a deadline"
+    );
+}

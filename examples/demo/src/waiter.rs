@@ -12,6 +12,8 @@
 //!   another): waits for a GET of `U` (the app's
 //!   `[outbound] hosts` must allow it): `{"status":S,"body":B}`.
 //! - `POST /self`: waits for its own answer (refused: `await_deadlock`).
+//! - `POST /ask?to=N`: waits for waiter `N`'s answer to a message:
+//!   `{"answer":A}`; a waiter answers a message with `hello from NAME`.
 //! - `POST /arm?name=N&by=K`: sets its alarm for now; `alarm` waits for
 //!   tally `N`'s `add(K)` and notes `alarm T`.
 //! - `GET /notes`: `{"notes":[{"what":W,"at_ms":T}]}` in order.
@@ -95,6 +97,16 @@ impl Actor for Waiter {
                 awaits::message(&outbox::to(&me.class, &me.name), b"hello")?;
                 Ok(Response::status(204))
             }
+            ("POST", "/ask") => {
+                let to = req
+                    .query_param("to")
+                    .ok_or_else(|| Error::bad_request("`to` is required"))?;
+                let answer = awaits::message(&outbox::to("waiter", &to), b"hi")?;
+                Ok(Response::json(
+                    200,
+                    json!({ "answer": String::from_utf8_lossy(&answer) }).to_string(),
+                ))
+            }
             ("POST", "/arm") => {
                 let name = req
                     .query_param("name")
@@ -118,6 +130,10 @@ impl Actor for Waiter {
             }
             _ => Ok(Response::not_found()),
         }
+    }
+
+    fn message(&mut self, _msg: outbox::Message) -> Result<Vec<u8>> {
+        Ok(format!("hello from {}", wasmkeep_sdk::id().name).into_bytes())
     }
 
     fn alarm(&mut self, _info: AlarmInfo) -> Result<()> {

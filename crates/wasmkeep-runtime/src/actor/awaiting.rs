@@ -149,10 +149,11 @@ pub(super) fn take_admitted(q: &mut Queue, n: usize) -> Vec<Event> {
 /// Why a request arriving at an actor that waits closes a cycle of waits,
 /// if it does: its chain names this actor, or the one this actor waits on.
 pub(crate) fn closes_cycle(id: &ActorId, a: &Awaiting, ev: &Event) -> Option<String> {
-    let EventKind::Request(req) = &ev.kind else {
-        return None;
+    let chain = match &ev.kind {
+        EventKind::Request(req) => crate::awaits::chain_of(&req.headers),
+        EventKind::Inbound(Inbound::Message { chain, .. }) => chain.clone(),
+        _ => return None,
     };
-    let chain = crate::awaits::chain_of(&req.headers);
     let me = id.to_string();
     let cycle = chain
         .iter()

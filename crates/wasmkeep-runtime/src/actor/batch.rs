@@ -831,7 +831,7 @@ pub(super) fn run_event(
             life,
             seq,
             body,
-            trace: _,
+            ..
         }) => {
             let what = format!("from {from} #{seq}");
             let started = crate::clock::instant();

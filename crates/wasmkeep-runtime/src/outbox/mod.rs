@@ -410,6 +410,9 @@ pub enum Inbound {
         /// The sender's `send` span when the event that sent it was
         /// traced (ADR 0064): the receiver's spans go under it.
         trace: Option<crate::trace::TraceContext>,
+        /// The actors waiting on this message's answer, when its sender
+        /// waits for it (ADR 0056): what finds a cycle of waits.
+        chain: Vec<String>,
     },
     /// The answer to the receiver's own row `seq` of its outbox's `life`.
     /// With `discard`, the row is deleted without running `on-response`

@@ -90,6 +90,7 @@ fn encode(ev: &Inbound) -> Vec<u8> {
             seq,
             body,
             trace,
+            chain,
         } => json!({
             "message": {
                 "from": [from.tenant, from.app, from.class, from.name],
@@ -97,6 +98,7 @@ fn encode(ev: &Inbound) -> Vec<u8> {
                 "seq": seq,
                 "body": hex::encode(body),
                 "traceparent": trace.map(|t| t.header()),
+                "chain": chain,
             }
         }),
         Inbound::Response {
@@ -139,6 +141,19 @@ fn decode(body: &[u8]) -> Option<Inbound> {
             seq: m.get("seq")?.as_u64()?,
             body: bytes(m, "body")?,
             trace: trace_of(m),
+            // A chain longer than the bound is cut to it plus one, which
+            // the receiver's check refuses as too long a chain of waits.
+            chain: m
+                .get("chain")
+                .and_then(Value::as_array)
+                .map(|c| {
+                    c.iter()
+                        .filter_map(Value::as_str)
+                        .take(wasmkeep_runtime::awaits::AWAIT_CHAIN_MAX + 1)
+                        .map(str::to_owned)
+                        .collect()
+                })
+                .unwrap_or_default(),
         });
     }
     let r = v.get("response")?;
@@ -368,6 +383,7 @@ mod tests {
             seq: 7,
             body: vec![0, 255, 3],
             trace: Some(ctx),
+            chain: vec!["t/a/c/waiting".into()],
         };
         match decode(&encode(&m)).unwrap() {
             Inbound::Message {
