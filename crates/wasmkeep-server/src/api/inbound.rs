@@ -392,9 +392,11 @@ mod tests {
                 seq,
                 body,
                 trace,
+                chain,
             } => {
                 assert_eq!((f, life, seq, body), (from, u64::MAX, 7, vec![0, 255, 3]));
                 assert_eq!(trace, Some(ctx));
+                assert_eq!(chain, ["t/a/c/waiting"]);
             }
             other => panic!("{other:?}"),
         }
