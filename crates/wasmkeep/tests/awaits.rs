@@ -1,5 +1,6 @@
 //! Waiting for an answer inside a handler, without interleaving (issue 36,
-//! ADR 0056), through a real node and the examples' `waiter` class (Rust):
+//! ADR 0056), through a real node and the examples' `waiter` class (Rust,
+//! and TypeScript for the first and the alarm's):
 //! a request that waits for another actor's typed answer runs to its end
 //! with each write before the wait made once; the actor's other events
 //! wait meanwhile; a wait ends at its deadline; a cycle of waits ends with
@@ -94,10 +95,11 @@ fn slow_server(delay: Duration, hang: bool) -> (u16, Arc<AtomicUsize>) {
     (port, seen)
 }
 
-#[test]
-fn a_request_waits_for_a_typed_answer_and_writes_before_it_once() {
+fn waits_for_a_typed_answer_and_writes_before_it_once(wasm: &[u8]) {
     let tmp = tempfile::tempdir().unwrap();
     let node = node_with(tmp.path(), &[]);
+    let (s, v) = node.json("PUT", "/admin/v1/apps/acme/w", wasm);
+    assert_eq!(s, 200, "{v}");
     let (s, b) = node.post("/v1/acme/w/waiter/a/add?name=t&by=5", b"");
     assert_eq!(s, 200, "{b}");
     let v: Value = serde_json::from_str(&b).unwrap();
@@ -132,6 +134,16 @@ fn a_request_waits_for_a_typed_answer_and_writes_before_it_once() {
         .parse()
         .unwrap();
     assert!(suspended >= 4.0, "{suspended}");
+}
+
+#[test]
+fn rust_a_request_waits_for_a_typed_answer_and_writes_before_it_once() {
+    waits_for_a_typed_answer_and_writes_before_it_once(wasmkeep_guests::DEMO);
+}
+
+#[test]
+fn typescript_a_request_waits_for_a_typed_answer_and_writes_before_it_once() {
+    waits_for_a_typed_answer_and_writes_before_it_once(wasmkeep_guests::EXAMPLES_TS);
 }
 
 #[test]
@@ -235,10 +247,11 @@ fn a_suspended_request_finishes_after_the_node_is_killed() {
     assert_eq!(notes(&node, "k"), ["before fetch", "after fetch 200"]);
 }
 
-#[test]
-fn an_alarm_waits_for_an_answer() {
+fn an_alarm_waits_for_an_answer(wasm: &[u8]) {
     let tmp = tempfile::tempdir().unwrap();
     let node = node_with(tmp.path(), &[]);
+    let (s, v) = node.json("PUT", "/admin/v1/apps/acme/w", wasm);
+    assert_eq!(s, 200, "{v}");
     let (s, b) = node.post("/v1/acme/w/waiter/r/arm?name=t3&by=3", b"");
     assert_eq!(s, 204, "{b}");
     cluster::wait_for("the alarm's note", 60, 50, || {
@@ -246,4 +259,14 @@ fn an_alarm_waits_for_an_answer() {
     });
     let (_, tally) = node.json("GET", "/v1/acme/w/tally/t3/value", b"");
     assert_eq!(tally["value"], 3, "{tally}");
+}
+
+#[test]
+fn rust_an_alarm_waits_for_an_answer() {
+    an_alarm_waits_for_an_answer(wasmkeep_guests::DEMO);
+}
+
+#[test]
+fn typescript_an_alarm_waits_for_an_answer() {
+    an_alarm_waits_for_an_answer(wasmkeep_guests::EXAMPLES_TS);
 }

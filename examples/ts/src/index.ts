@@ -13,6 +13,7 @@ import { Pinger } from "./pinger";
 import { Profiles } from "./profiles";
 import { Reminder } from "./reminder";
 import { Timers } from "./timers";
+import { Waiter } from "./waiter";
 
 export default app({
   caller: Caller,
@@ -25,4 +26,5 @@ export default app({
   reminder: Reminder,
   tally: Tally,
   timers: Timers,
+  waiter: Waiter,
 });

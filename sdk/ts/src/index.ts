@@ -51,6 +51,7 @@ import * as witReplies from "wasmkeep:actor/replies@0.2.0";
 import * as witSockets from "wasmkeep:actor/sockets@0.2.0";
 import * as witConfig from "wasmkeep:actor/config@0.2.0";
 import * as witOutbox from "wasmkeep:actor/outbox@0.2.0";
+import * as witAwaits from "wasmkeep:actor/awaits@0.2.0";
 import type * as wit from "wasmkeep:actor/types@0.2.0";
 import { utf8Decode, utf8Encode } from "./web";
 
@@ -1263,6 +1264,54 @@ export const outbox = {
   },
 };
 
+/**
+ * Waiting for an answer inside a handler, without interleaving (ADR
+ * 0056), in `request` and `alarm`: `const total = calls.wait<TallyApi>("tally_api", to).add({ by: 5 })`
+ * or `awaits.message(to, body)`. Nothing else of this actor runs until the
+ * answer is in, so what the handler read before the wait still holds
+ * after it.
+ *
+ * The first time, the answer is not there: the wait throws a
+ * {@link WasmkeepError} with code `suspended`; let it leave the handler
+ * (whatever the handler does instead, the node rolls back everything the
+ * run did). The node sends the call, keeps the event and runs it again
+ * from its start when the answer comes: each wait it passed returns its
+ * answer at once, `now()` reads the first run's time and `uniqueId()`
+ * repeats. So the code before a wait must do the same on every run:
+ * decide from storage, the request, `now()` and `uniqueId()`, never from
+ * `Math.random()` or `Date.now()` (a wait that asks for another call than
+ * the first run did fails the event with `await_nondeterministic`).
+ *
+ * Each wait ends by its deadline (`withinMs`: 30 s by default, at most
+ * 300 s) with the error `await_timeout`; waiting for itself, or a call
+ * that closes a cycle of waits between actors, fails at once with
+ * `await_deadlock`; 64 waits per event. A wait holds the whole actor for
+ * the call's round trip: for long calls or fan-out, use {@link outbox}.
+ */
+export const awaits = {
+  /** The answer of `target`'s `message` to `body` (its bytes), or its error. */
+  message(target: Address, body: Bytes, withinMs = 0): Uint8Array {
+    const a = answer(host(() => witAwaits.wait({ tag: "message", val: [target, bytes(body)] }, withinMs)));
+    if (a.kind === "reply") return a.body;
+    if (a.kind === "refused" || a.kind === "failed") throw a.error;
+    throw new WasmkeepError("internal", "a message was answered as an HTTP call");
+  },
+  /** The answer to an HTTP call (any status), or why it could not be made. */
+  fetch(call: HttpCall, withinMs = 0): { status: number; headers: Array<[string, string]>; body: Uint8Array } {
+    const wc: witOutbox.HttpCall = {
+      method: call.method ?? "GET",
+      url: call.url,
+      headers: call.headers ?? [],
+      body: bytes(call.body),
+      timeoutMs: call.timeoutMs ?? null,
+    };
+    const a = answer(host(() => witAwaits.wait({ tag: "fetch", val: wc }, withinMs)));
+    if (a.kind === "http") return { status: a.status, headers: a.headers, body: a.body };
+    if (a.kind === "refused" || a.kind === "failed") throw a.error;
+    throw new WasmkeepError("internal", "an HTTP call was answered as a message");
+  },
+};
+
 function contextBytes(context: unknown): Uint8Array {
   return context === undefined ? new Uint8Array(0) : utf8Encode(JSON.stringify(context));
 }
@@ -1288,6 +1337,11 @@ export type Methods<T> = { [K in keyof T]: (args: any) => unknown };
 /** A caller's stub of interface `T`: each method sends its call and returns the send's sequence number. */
 export type Client<T extends Methods<T>, C = unknown> = {
   [K in keyof T]: (args: Parameters<T[K]>[0], context?: C) => number;
+};
+
+/** A stub of interface `T` whose methods wait for their typed answer ({@link awaits}). */
+export type Waiting<T extends Methods<T>> = {
+  [K in keyof T]: (args: Parameters<T[K]>[0]) => ReturnType<T[K]>;
 };
 
 /** A typed answer to a call of interface `T`. */
@@ -1365,6 +1419,28 @@ export const calls = {
           const body = utf8Encode(JSON.stringify({ call: `${iface}.${method}`, args: args ?? {} }));
           const c = utf8Encode(`${CALL_TAG}${iface}.${method}\n${context === undefined ? "" : JSON.stringify(context)}`);
           return host(() => witOutbox.send(target, body, c));
+        };
+      },
+    });
+  },
+
+  /**
+   * A stub for calling interface `iface` on actor `target` inside a
+   * handler, each method waiting for its typed answer (see
+   * {@link awaits}; `request` and `alarm` only), at most `withinMs`.
+   */
+  wait<T extends Methods<T>>(iface: string, target: Address, withinMs = 0): Waiting<T> {
+    return new Proxy({} as Waiting<T>, {
+      get(_t, method) {
+        if (typeof method !== "string") return undefined;
+        return (args: unknown): unknown => {
+          const body = utf8Encode(JSON.stringify({ call: `${iface}.${method}`, args: args ?? {} }));
+          const answer = awaits.message(target, body, withinMs);
+          try {
+            return JSON.parse(utf8Decode(answer));
+          } catch (e) {
+            throw new WasmkeepError("bad_answer", `the answer is not JSON: ${(e as Error).message}`);
+          }
         };
       },
     });

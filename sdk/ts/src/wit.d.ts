@@ -140,6 +140,15 @@ declare module "wasmkeep:actor/config@0.2.0" {
   export function get(name: string): string | null;
 }
 
+declare module "wasmkeep:actor/awaits@0.2.0" {
+  import type { Address } from "wasmkeep:actor/types@0.2.0";
+  import type { HttpCall } from "wasmkeep:actor/outbox@0.2.0";
+  export type Call =
+    | { tag: "message"; val: [Address, Uint8Array] }
+    | { tag: "fetch"; val: HttpCall };
+  export function wait(call: Call, withinMs: number): unknown;
+}
+
 declare module "wasmkeep:actor/outbox@0.2.0" {
   import type { Address } from "wasmkeep:actor/types@0.2.0";
   export interface HttpCall {
