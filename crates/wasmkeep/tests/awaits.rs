@@ -270,3 +270,55 @@ fn rust_an_alarm_waits_for_an_answer() {
 fn typescript_an_alarm_waits_for_an_answer() {
     an_alarm_waits_for_an_answer(wasmkeep_guests::EXAMPLES_TS);
 }
+
+/// A suspended request on a cluster node that dies finishes on the node
+/// that takes its actor over: the suspension reached the bucket before
+/// its call left, the new owner opens the actor waiting (a read through it
+/// waits too), makes the call again and runs the request to its end.
+#[test]
+fn a_suspended_request_moves_with_its_actor() {
+    let (port, seen) = slow_server(Duration::from_millis(2500), false);
+    let tmp = tempfile::tempdir().unwrap();
+    let bucket = format!("file://{}", tmp.path().join("bucket").display());
+    let start = |name: &str| {
+        let dir = tmp.path().join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let port = cluster::free_port();
+        let config =
+            cluster::node_config(&dir, 1500, 500, 2000, "outbound_private_allowed = true\n");
+        let flags = cluster::serve_flags(port, &config, &bucket);
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        (Node::start(&dir.join("data"), &flags), port)
+    };
+    let (a, a_port) = start("a");
+    let (mut b, b_port) = start("b");
+    let b_id = cluster::status(&b)["node"].as_str().unwrap().to_owned();
+    cluster::wait_for("both nodes in the view", 120, 100, || {
+        let (s, v) = a.json("GET", "/admin/v1/cluster", b"");
+        s == 200 && v["nodes"].as_array().is_some_and(|n| n.len() == 2)
+    });
+    deploy(&a, &[format!("127.0.0.1:{port}")]);
+    // The waiter on B (created there by a read through B).
+    cluster::wait_for("the waiter on B", 120, 100, || {
+        let r = cluster::send(b_port, "GET", "/v1/acme/w/waiter/m/notes", &[]);
+        r.status == 200 && r.node.as_deref() == Some(b_id.as_str())
+    });
+    let url = enc(&format!("http://127.0.0.1:{port}/slow"));
+    let path = format!("/v1/acme/w/waiter/m/fetch?url={url}");
+    std::thread::spawn(move || {
+        let _ = cluster::send(b_port, "POST", &path, &[]);
+    });
+    cluster::wait_for("the call made from B", 60, 20, || {
+        seen.load(Ordering::SeqCst) >= 1
+    });
+    b.kill();
+    // Through A, once B's lease is past: A takes the waiter, waiting.
+    let mut last = String::new();
+    cluster::wait_for("the request's end on A", 120, 200, || {
+        let r = cluster::send(a_port, "GET", "/v1/acme/w/waiter/m/notes", &[]);
+        last = format!("{} {:?}", r.status, r.node);
+        r.status == 200 && notes(&a, "m").len() == 2
+    });
+    assert_eq!(notes(&a, "m"), ["before fetch", "after fetch 200"], "{last}");
+    assert!(seen.load(Ordering::SeqCst) >= 2, "A made the call again");
+}
