@@ -417,8 +417,53 @@ async fn typed_calls(
     Ok(())
 }
 
+/// Waits each `waiter` actor makes in the awaited phase.
+pub const AWAITS_PER_ACTOR: u64 = 5;
+
+/// Typed calls waited for inside the handler (ADR 0056), beside the raw
+/// messages and the typed calls: [`AWAITS_PER_ACTOR`] requests to each
+/// `waiter` actor, all sent at once, each waiting for the next actor's
+/// `tally_api.add(1)`; an actor runs its requests one after another (each
+/// waits with the whole actor). The figure is requests answered per
+/// second over the phase's wall time, as the client sees it (the guest's
+/// clock repeats the first run's time, so it cannot time the wait).
+async fn awaited_calls(
+    ep: &Endpoint,
+    conns: usize,
+    names: &[String],
+    out: &mut RunOutput,
+) -> Result<()> {
+    let waiter = APP.replace("/pinger", "/waiter");
+    let n = names.len();
+    let reqs: Vec<(Method, String)> = (0..AWAITS_PER_ACTOR)
+        .flat_map(|_| {
+            names.iter().enumerate().map(|(i, name)| {
+                let to = &names[(i + 1) % n];
+                (Method::POST, format!("{waiter}/{name}/add?name={to}&by=1"))
+            })
+        })
+        .collect();
+    let expected = reqs.len();
+    let t = crate::clock::now();
+    let rs = client::send_all(ep, conns, reqs).await?;
+    let secs = t.elapsed().as_secs_f64().max(0.001);
+    let ok = rs.iter().filter(|r| matches!(r, Ok((200, _)))).count();
+    out.fig("awaited_calls_per_s", ok as f64 / secs);
+    let first = rs
+        .iter()
+        .find(|r| !matches!(r, Ok((200, _))))
+        .map(client::describe)
+        .unwrap_or_default();
+    out.check(
+        "every_awaited_call_answered",
+        ok == expected,
+        format!("{ok} of {expected} requests that wait for a typed answer answered 200 {first}"),
+    );
+    Ok(())
+}
+
 /// W7's run on a started node: deploys the app, then the messages, the
-/// typed calls and the outbound calls.
+/// typed calls, the awaited calls and the outbound calls.
 async fn run(env: &Env<'_>, ep: &Endpoint, out: &mut RunOutput) -> Result<()> {
     let conns = env.args.connections;
     let (port, served) = loopback_server().await?;
@@ -427,6 +472,7 @@ async fn run(env: &Env<'_>, ep: &Endpoint, out: &mut RunOutput) -> Result<()> {
     let names: Vec<String> = (0..n).map(|i| format!("{}m{i}", env.prefix(""))).collect();
     messages(ep, conns, &names, out).await?;
     typed_calls(ep, conns, &names, out).await?;
+    awaited_calls(ep, conns, &names, out).await?;
     calls(ep, conns, &names, port, &served, out).await
 }
 

@@ -247,6 +247,9 @@ pub struct Queue {
     /// An event of the actor is suspended on a wait (ADR 0056): only what
     /// the gate admits is taken (`awaiting::admitted`).
     pub awaiting: Option<awaiting::Awaiting>,
+    /// The task that enqueues the wait's deadline (cancelled when the gate
+    /// changes).
+    pub deadline_task: Option<tokio::task::AbortHandle>,
 }
 
 /// A live instance and the database it owns.

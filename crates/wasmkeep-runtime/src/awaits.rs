@@ -30,9 +30,14 @@ use crate::response::ActorResponse;
 
 /// How long a wait lasts when the handler does not say (ms).
 pub const AWAIT_WITHIN_MS_DEFAULT: u64 = 30_000;
-/// The longest wait a handler may ask for (ms): the reply of a suspended
-/// request stays parked that long at most.
+/// The longest wait a handler may ask for (ms), and the longest one event
+/// waits over all its waits (from its first run): a suspended request's
+/// reply is parked as long as the node lets a reply wait
+/// (`parked_reply_ms_max`, 300 s by default).
 pub const AWAIT_WITHIN_MS_MAX: u64 = 300_000;
+/// Bytes of answers one event's journal holds at most (a wait whose
+/// answer would pass it gets `await_journal_too_large` instead).
+pub const AWAIT_JOURNAL_BYTES_MAX: u64 = 8 << 20;
 /// Waits one event may make, over all its runs.
 pub const AWAITS_PER_EVENT_MAX: usize = 64;
 /// Actors an awaited call's chain names at most (a longer chain is
@@ -42,10 +47,18 @@ pub const AWAIT_CHAIN_MAX: usize = 16;
 /// the suspended event instead of going to `on-response`.
 pub(crate) const AWAIT_CONTEXT: &[u8] = b"wk-await\n";
 /// The header an awaited call carries: the actors waiting on its answer,
-/// comma-separated, the caller last. A suspended actor that receives a
-/// call whose chain names the actor it waits on refuses it with
-/// `await_deadlock` (a cycle of waits).
+/// comma-separated, the caller last, each as [`chain_name`] (a digest,
+/// so no actor's name reaches another host). A suspended actor that
+/// receives a call whose chain names itself or the actor it waits on
+/// refuses it with `await_deadlock` (a cycle of waits).
 pub const CHAIN_HEADER: &str = "wasmkeep-await-chain";
+
+/// An actor as a chain names it: 16 hex digits of the SHA-256 of its
+/// address.
+pub fn chain_name(id: &wasmkeep_store::ActorId) -> String {
+    let h = sha2::Sha256::digest(id.to_string().as_bytes());
+    hex::encode(&h[..8])
+}
 
 /// A digest of a call: what a later run's wait must ask again.
 pub(crate) type CallDigest = [u8; 32];
@@ -148,25 +161,28 @@ fn to_wit(a: Answer) -> awaits::Answer {
 }
 
 /// The answer a wait gets when its deadline passed first.
-pub(crate) fn timed_out(within_ms: u64) -> Answer {
+pub(crate) fn timed_out() -> Answer {
     Answer::Failed {
         code: "await_timeout".into(),
-        message: format!(
-            "no answer within {within_ms} ms (the wait's deadline; the call itself may still be applied)"
-        ),
+        message: "no answer by the wait's deadline (the call itself may still be applied)".into(),
     }
 }
 
 /// What the client of a suspended request hears when its event, run
-/// again, failed: the error as the node's edge would answer it.
-pub(crate) fn error_response(code: &str, message: &str) -> ActorResponse {
-    let status = match code {
-        "bad_request" => 400,
-        "not_found" => 404,
-        "conflict" | "await_deadlock" => 409,
+/// again, failed: the error in the edge's form (`{"error":{code,
+/// message}}`), with a status from the error's own code (a guest's
+/// `bad_request`, `not_found`, `conflict` as the edge maps them; a full
+/// database or quota 507; the rest 500).
+pub(crate) fn error_response(e: &crate::error::RuntimeError) -> ActorResponse {
+    use crate::error::RuntimeError as E;
+    let status = match e {
+        E::Guest { code, .. } if code == "bad_request" => 400,
+        E::Guest { code, .. } if code == "not_found" => 404,
+        E::Guest { code, .. } if code == "conflict" => 409,
+        E::QuotaExceeded { .. } => 507,
         _ => 500,
     };
-    let body = serde_json_lite(code, message);
+    let body = serde_json_lite(&e.code(), &e.to_string());
     ActorResponse {
         status,
         headers: vec![("content-type".into(), "application/json".into())],
@@ -218,24 +234,9 @@ impl awaits::Host for HostState {
             }
             ms => ms,
         };
-        let (mut row, target) = match call {
-            awaits::Call::Message((to, body)) => {
-                if to.app == self.id.app && to.class == self.id.class && to.name == self.id.name {
-                    return Err(refusal(
-                        "await_deadlock",
-                        "an actor cannot wait for its own answer: it runs nothing else while it waits",
-                    ));
-                }
-                let target =
-                    wasmkeep_store::ActorId::new(&self.id.tenant, &to.app, &to.class, &to.name)
-                        .map(|t| t.to_string())
-                        .ok();
-                (self.message_row(to, body, AWAIT_CONTEXT.to_vec())?, target)
-            }
-            awaits::Call::Fetch(http) => (self.fetch_row(http, AWAIT_CONTEXT.to_vec())?, None),
-        };
+        let (mut row, target) = self.awaited_row(call)?;
         let digest = digest_of(&row);
-        let me = self.id.to_string();
+        let me = chain_name(&self.id);
         let aw = self.awaits.as_mut().expect("checked above");
         let index = aw.next;
         aw.next += 1;
@@ -251,6 +252,7 @@ impl awaits::Host for HostState {
                 self.poison = Some(e.clone());
                 return Err(e);
             }
+            // Kept: a later suspension records the journal again.
             return Ok(to_wit(answer.clone()));
         }
         if index >= AWAITS_PER_EVENT_MAX {
@@ -272,6 +274,13 @@ impl awaits::Host for HostState {
                 ),
             ));
         }
+        if aw.pending.is_none() && self.lane_busy(&row)? {
+            return Err(refusal(
+                "await_lane_busy",
+                "a message sent earlier to the same actor waits for its answer, which this actor takes only after the wait: wait when it is answered, or send this one with the outbox",
+            ));
+        }
+        let aw = self.awaits.as_mut().expect("checked above");
         if aw.pending.is_none() {
             let mut chain = aw.chain.clone();
             chain.push(me);
@@ -287,5 +296,45 @@ impl awaits::Host for HostState {
             "suspended",
             "the event waits for this answer: return this error from the handler; the event runs again from its start once the answer is in",
         ))
+    }
+}
+
+impl HostState {
+    /// The outbox row of an awaited call, checked as `outbox` checks it,
+    /// and the actor a message goes to (as a chain names it).
+    fn awaited_row(&self, call: awaits::Call) -> Result<(OutboxRow, Option<String>), WitError> {
+        Ok(match call {
+            awaits::Call::Message((to, body)) => {
+                if to.app == self.id.app && to.class == self.id.class && to.name == self.id.name {
+                    return Err(refusal(
+                        "await_deadlock",
+                        "an actor cannot wait for its own answer: it runs nothing else while it waits",
+                    ));
+                }
+                let target =
+                    wasmkeep_store::ActorId::new(&self.id.tenant, &to.app, &to.class, &to.name)
+                        .map(|t| chain_name(&t))
+                        .ok();
+                (self.message_row(to, body, AWAIT_CONTEXT.to_vec())?, target)
+            }
+            awaits::Call::Fetch(http) => (self.fetch_row(http, AWAIT_CONTEXT.to_vec())?, None),
+        })
+    }
+
+    /// Whether `row` is a message to an actor this one has an earlier
+    /// message to, not answered yet: the receiver takes one sender's
+    /// messages in order, each once the sender applied the answer before,
+    /// which the wait would hold back.
+    fn lane_busy(&self, row: &OutboxRow) -> Result<bool, WitError> {
+        if row.kind != wasmkeep_store::OutboxKind::Message {
+            return Ok(false);
+        }
+        Ok(self
+            .db
+            .as_ref()
+            .map(|db| db.outbox_has_message_to(&row.target))
+            .transpose()
+            .map_err(|e| refusal(e.code(), e.to_string()))?
+            .unwrap_or(false))
     }
 }

@@ -298,8 +298,26 @@ impl Inner {
             if q.retired {
                 continue;
             }
-            if bounded {
+            // What a suspended actor waits for is never refused for the
+            // events it holds meanwhile.
+            let awaited = q
+                .awaiting
+                .as_ref()
+                .is_some_and(|a| crate::actor::awaiting::admitted(&ev.kind, a.seq));
+            if bounded && !awaited {
                 self.admit(&q, &ev)?;
+            }
+            if let (Some(a), EventKind::Deliver { .. }) = (&q.awaiting, &ev.kind) {
+                // A sweep's delivery is not held (it would hold one of the
+                // sweep's slots): it comes again after the wait's deadline.
+                if let Some(r) = ev.reply {
+                    let _ = r.send(Ok(crate::actor::Outcome::Delivered(
+                        crate::index::Delivered::Leave {
+                            retry_at_ms: a.deadline_ms,
+                        },
+                    )));
+                }
+                return Ok(());
             }
             if let Some(a) = &q.awaiting
                 && let Some(why) = crate::actor::awaiting::closes_cycle(id, a, &ev)

@@ -713,10 +713,9 @@ fn input_of(kind: &EventKind) -> Option<(&'static str, Vec<u8>)> {
             };
             ("socket", Enc::default().str(&what).0)
         }
-        EventKind::Prepare
-        | EventKind::OutboxResume { .. }
-        | EventKind::AwaitDeadline { .. }
-        | EventKind::Between(_) => return None,
+        // A deadline runs a suspended event again (ADR 0056).
+        EventKind::AwaitDeadline { seq } => ("await_deadline", Enc::default().num(*seq).0),
+        EventKind::Prepare | EventKind::OutboxResume { .. } | EventKind::Between(_) => return None,
     })
 }
 
@@ -738,6 +737,7 @@ pub(crate) fn event_of(kind: &str, input: &[u8]) -> Option<EventKind> {
         "alarm" => EventKind::Alarm {
             force: d.num()? == 1,
         },
+        "await_deadline" => EventKind::AwaitDeadline { seq: d.num()? },
         "message" => {
             let (tenant, app, class, name) = (d.str()?, d.str()?, d.str()?, d.str()?);
             let from = ActorId::new(&tenant, &app, &class, &name).ok()?;

@@ -80,6 +80,12 @@ impl replies::Host for HostState {
         if let Some(p) = self.replies.park {
             return Ok(p.ticket);
         }
+        if self.awaits.as_ref().is_some_and(|a| !a.journal.is_empty()) {
+            return Err(refusal(
+                "reply_parked",
+                "this request waited for an answer: its reply is parked already, and its handler's answer completes it",
+            ));
+        }
         let already = self.replies.parked_in_batch.len();
         let ticket = table
             .ticket(&self.id, already)

@@ -43,6 +43,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "sockets",
             "replies",
             "outbox",
+            "awaits",
             "guest_tape",
         ],
     ),

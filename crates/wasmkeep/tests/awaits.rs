@@ -122,6 +122,10 @@ fn waits_for_a_typed_answer_and_writes_before_it_once(wasm: &[u8]) {
     );
     let (_, tally) = node.json("GET", "/v1/acme/w/tally/t/value", b"");
     assert_eq!(tally["value"], 10, "each call applied once: {tally}");
+    // A run that asks for another call than the first run did fails.
+    let (s, b) = node.post("/v1/acme/w/waiter/a/nondet?name=t", b"");
+    assert_eq!(s, 500, "{b}");
+    assert!(b.contains("await_nondeterministic"), "{b}");
     // An actor cannot wait for itself.
     let (s, b) = node.post("/v1/acme/w/waiter/a/self", b"");
     assert_eq!(s, 500, "{b}");
@@ -319,6 +323,66 @@ fn a_suspended_request_moves_with_its_actor() {
         last = format!("{} {:?}", r.status, r.node);
         r.status == 200 && notes(&a, "m").len() == 2
     });
-    assert_eq!(notes(&a, "m"), ["before fetch", "after fetch 200"], "{last}");
+    assert_eq!(
+        notes(&a, "m"),
+        ["before fetch", "after fetch 200"],
+        "{last}"
+    );
     assert!(seen.load(Ordering::SeqCst) >= 2, "A made the call again");
+}
+
+/// Deleting an actor while an event of it waits ends the wait with the
+/// data: its client hears at once, and the actor serves again.
+#[test]
+fn deleting_a_waiting_actor_ends_its_wait() {
+    let (port, seen) = slow_server(Duration::ZERO, true);
+    let tmp = tempfile::tempdir().unwrap();
+    let node = Arc::new(node_with(tmp.path(), &[format!("127.0.0.1:{port}")]));
+    let url = enc(&format!("http://127.0.0.1:{port}/never"));
+    let waiting = {
+        let node = Arc::clone(&node);
+        std::thread::spawn(move || node.post(&format!("/v1/acme/w/waiter/x/fetch?url={url}"), b""))
+    };
+    cluster::wait_for("the call made", 60, 20, || seen.load(Ordering::SeqCst) >= 1);
+    let (s, v) = node.json("DELETE", "/admin/v1/actors/acme/w/waiter/x", b"");
+    assert_eq!(s, 200, "{v}");
+    let (s, b) = waiting.join().unwrap();
+    assert_ne!(s, 200, "{b}");
+    let started = Instant::now();
+    assert_eq!(notes(&node, "x"), Vec::<String>::new());
+    assert!(started.elapsed() < Duration::from_secs(10), "not held");
+}
+
+/// A wait's deadline holds across a restart: the node that opens the
+/// suspended actor arms it again, and the actor serves once it passed.
+#[test]
+fn a_deadline_holds_across_a_restart() {
+    let (port, _) = slow_server(Duration::ZERO, true);
+    let tmp = tempfile::tempdir().unwrap();
+    let mut node = node_with(tmp.path(), &[format!("127.0.0.1:{port}")]);
+    let url = enc(&format!("http://127.0.0.1:{port}/never"));
+    let path = format!("/v1/acme/w/waiter/y/fetch?url={url}&within=4000");
+    let base = node.base.clone();
+    std::thread::spawn(move || {
+        let _ = ureq::post(&format!("{base}{path}")).send(&[] as &[u8]);
+    });
+    cluster::wait_for("suspended", 60, 20, || {
+        let (_, m) = node.send("GET", "/metrics", b"");
+        m.lines()
+            .any(|l| l.starts_with("wasmkeep_awaits_suspended_total ") && !l.ends_with(" 0"))
+    });
+    node.kill();
+    let node = Node::start(
+        &tmp.path().join("data"),
+        &["--config", tmp.path().join("node.toml").to_str().unwrap()],
+    );
+    // Held until the deadline, then the actor (which kept nothing of the
+    // run that timed out) answers.
+    let started = Instant::now();
+    assert_eq!(notes(&node, "y"), Vec::<String>::new());
+    let held = started.elapsed();
+    assert!(
+        held >= Duration::from_millis(800) && held < Duration::from_secs(30),
+        "held {held:?}: the gate holds after the restart until the deadline"
+    );
 }

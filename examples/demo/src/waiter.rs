@@ -12,6 +12,9 @@
 //!   another): waits for a GET of `U` (the app's
 //!   `[outbound] hosts` must allow it): `{"status":S,"body":B}`.
 //! - `POST /self`: waits for its own answer (refused: `await_deadlock`).
+//! - `POST /nondet?name=N`: waits for `add(R)`, R the runs of this route
+//!   the instance made: a second run asks for another call
+//!   (`await_nondeterministic`), the mistake the rule catches.
 //! - `POST /ask?to=N`: waits for waiter `N`'s answer to a message:
 //!   `{"answer":A}`; a waiter answers a message with `hello from NAME`.
 //! - `POST /arm?name=N&by=K`: sets its alarm for now; `alarm` waits for
@@ -26,7 +29,11 @@ use wasmkeep_sdk::{
 use crate::calls::tally_api;
 
 #[derive(Default)]
-pub struct Waiter;
+pub struct Waiter {
+    /// Runs of `/nondet` this instance made: memory, which a run does
+    /// not roll back and the next run does not repeat.
+    runs: i64,
+}
 
 fn note(what: &str) -> Result<()> {
     sql::execute(
@@ -91,6 +98,11 @@ impl Actor for Waiter {
                     json!({ "status": h.status, "body": String::from_utf8_lossy(&h.body) })
                         .to_string(),
                 ))
+            }
+            ("POST", "/nondet") => {
+                self.runs += 1;
+                let total = tally(&req)?.wait().add(self.runs)?;
+                Ok(Response::json(200, json!({ "total": total }).to_string()))
             }
             ("POST", "/self") => {
                 let me = wasmkeep_sdk::id();

@@ -8,6 +8,8 @@
 // - `POST /twice?name=N`: `{"first":A,"second":B}`.
 // - `POST /fetch?url=U[&within=MS]` (or `GET`): `{"status":S,"body":B}`.
 // - `POST /self`: waits for its own answer (refused: `await_deadlock`).
+// - `POST /nondet?name=N`: waits for `add(R)`, R this instance's runs of
+//   the route: a second run asks for another call (`await_nondeterministic`).
 // - `POST /ask?to=N`: `{"answer":A}`; a waiter answers `hello from NAME`.
 // - `POST /arm?name=N&by=K`: its alarm, for now, waits for `add(K)`.
 // - `GET /notes`: `{"notes":[{"what":W,"at_ms":T}]}`.
@@ -33,6 +35,9 @@ function tally(name: string, withinMs = 0) {
 }
 
 export class Waiter implements Actor {
+  /** Memory, which a run does not roll back and the next does not repeat. */
+  runs = 0;
+
   init(): void {
     sql.run("CREATE TABLE notes (id INTEGER PRIMARY KEY, what TEXT NOT NULL, at_ms INTEGER NOT NULL)");
     sql.run("CREATE TABLE armed (id INTEGER PRIMARY KEY CHECK (id = 0), name TEXT NOT NULL, by INTEGER NOT NULL)");
@@ -62,6 +67,10 @@ export class Waiter implements Actor {
         const h = awaits.fetch({ url: param(req, "url") }, within);
         note(`after fetch ${h.status}`);
         return Response.json({ status: h.status, body: decoder.decode(h.body) });
+      }
+      case "POST /nondet": {
+        this.runs += 1;
+        return Response.json({ total: tally(param(req, "name")).add({ by: this.runs }) });
       }
       case "POST /self": {
         const me = id();

@@ -154,13 +154,13 @@ pub(crate) fn closes_cycle(id: &ActorId, a: &Awaiting, ev: &Event) -> Option<Str
         EventKind::Inbound(Inbound::Message { chain, .. }) => chain.clone(),
         _ => return None,
     };
-    let me = id.to_string();
+    let me = crate::awaits::chain_name(id);
     let cycle = chain
         .iter()
         .any(|c| *c == me || a.target.as_deref() == Some(c.as_str()));
     cycle.then(|| {
         format!(
-            "{me} waits for an answer, and this call comes from an actor waiting on it (chain {}): a cycle of waits, which would never end",
+            "{id} waits for an answer, and this call comes from an actor waiting on it (chain {}): a cycle of waits, which would never end",
             chain.join(" > ")
         )
     })
@@ -235,16 +235,8 @@ pub(super) fn after_handler(
             "the transaction was lost while the event suspended".into(),
         )));
     }
-    // What the rolled-back run did is gone: its parked replies, socket
-    // operations and restores with it.
-    let state = l.store.data_mut();
-    state.replies.completions.clear();
-    state.replies.park = None;
-    state.socket_ops.clear();
-    state.socket_accepted = None;
-    state.restore = None;
-    state.alarm_op = AlarmOp::Untouched;
-    let tape = state.await_tape.unwrap_or(EventTape {
+    forget_run(l);
+    let tape = l.store.data().await_tape.unwrap_or(EventTape {
         at_ms: rt.clock.now_ms(),
         seed: [0; 32],
     });
@@ -264,10 +256,13 @@ pub(super) fn after_handler(
         Run::Again(s) => (s.kind.clone(), s.input.clone(), Some(s.ticket)),
     };
     let now = rt.clock.now_ms();
-    let deadline_ms = now + pending.within_ms;
+    // One event waits at most AWAIT_WITHIN_MS_MAX over all its waits, as
+    // long as its request's reply stays parked.
+    let deadline_ms =
+        (now + pending.within_ms).min(tape.at_ms + crate::awaits::AWAIT_WITHIN_MS_MAX);
     let target = pending.target.clone().unwrap_or_default();
     let mut chain = aw.chain.clone();
-    chain.push(l.store.data().id.to_string());
+    chain.push(crate::awaits::chain_name(&l.store.data().id));
     l.db().event_begin()?;
     let kept = (|| {
         if matches!(run, Run::Alarm) {
@@ -330,6 +325,18 @@ pub(super) fn after_handler(
     }
 }
 
+/// What the rolled-back run did is gone: its parked replies, socket
+/// operations and restores with it.
+fn forget_run(l: &mut Loaded) {
+    let state = l.store.data_mut();
+    state.replies.completions.clear();
+    state.replies.park = None;
+    state.socket_ops.clear();
+    state.socket_accepted = None;
+    state.restore = None;
+    state.alarm_op = AlarmOp::Untouched;
+}
+
 /// Parks the running request's reply for the wait (as `replies.park`
 /// would, for as long as the node lets a reply wait).
 fn park_reply(l: &mut Loaded) -> Result<u64, RuntimeError> {
@@ -367,7 +374,9 @@ fn alarm_of(input: &[u8]) -> Option<AlarmState> {
 /// The answer to row `seq` (or, with `None`, its deadline) for the
 /// suspended event: runs it again (see the module's documentation). An
 /// answer or deadline for a call the actor no longer waits on does
-/// nothing.
+/// nothing but bring the gate in line with the database. Whatever fails
+/// on the way ends the suspended event (its client hears the error): kept,
+/// it would hold the actor's events for good.
 pub(super) fn resume(
     rt: &Arc<Inner>,
     l: &mut Loaded,
@@ -376,24 +385,99 @@ pub(super) fn resume(
     seq: u64,
     answer: Option<Answer>,
 ) -> Result<Outcome, RuntimeError> {
-    l.db().event_begin()?;
     let s = match l.db().suspended()? {
         Some(s) if s.seq == seq => s,
-        _ => {
-            commit_event(l)?;
+        other => {
+            ran.awaiting = Some(other.as_ref().map(Awaiting::of));
             return Ok(Outcome::Done);
         }
     };
-    // The row goes with this event: a late answer finds nothing.
+    if answer.is_none() && rt.clock.now_ms() < s.deadline_ms {
+        // An earlier wait's deadline (its seq numbered again after a
+        // delete or a restore): not this one's.
+        return Ok(Outcome::Done);
+    }
+    let (ticket, kind) = (s.ticket, s.kind.clone());
+    l.db().event_begin()?;
+    match run_again(rt, l, initialized, ran, s, answer) {
+        Ok(out) => {
+            commit_event(l)?;
+            Ok(out)
+        }
+        Err(e) => {
+            if l.db().in_transaction() {
+                l.db().event_rollback()?;
+                give_up(l, ran, seq, (&kind, ticket), &e)?;
+            } else {
+                // SQLite dropped the batch: the next deadline tries again.
+                let a = Awaiting {
+                    seq,
+                    target: None,
+                    deadline_ms: rt.clock.now_ms() + RESUME_RETRY_MS,
+                };
+                let _ = arm_deadline(rt, &l.store.data().id.clone(), &a);
+            }
+            Err(e)
+        }
+    }
+}
+
+/// How long after a resume that could not write its outcome the deadline
+/// tries again.
+const RESUME_RETRY_MS: u64 = 1_000;
+
+/// Ends a suspended event that cannot run again: its row and call go, its
+/// request's client hears `e`, the gate opens.
+fn give_up(
+    l: &mut Loaded,
+    ran: &mut EventsRan,
+    seq: u64,
+    (kind, ticket): (&str, u64),
+    e: &RuntimeError,
+) -> Result<(), RuntimeError> {
+    l.db().event_begin()?;
     l.db().outbox_take(seq)?;
-    let Some((mut journal, waiting)) = crate::recording::decode_journal(&s.journal) else {
-        l.db().event_rollback()?;
-        return Err(RuntimeError::Internal(
-            "a suspended event's journal does not decode".into(),
-        ));
+    l.db().resume_done()?;
+    commit_event(l)?;
+    if kind == "request" && ticket != 0 {
+        l.store
+            .data_mut()
+            .replies
+            .completions
+            .push((ticket, error_response(e)));
+    }
+    ran.awaiting = Some(None);
+    Ok(())
+}
+
+/// [`resume`]'s run of the event, inside its savepoint.
+fn run_again(
+    rt: &Arc<Inner>,
+    l: &mut Loaded,
+    initialized: &mut bool,
+    ran: &mut EventsRan,
+    s: Suspended,
+    answer: Option<Answer>,
+) -> Result<Outcome, RuntimeError> {
+    // The row goes with this event: a late answer finds nothing.
+    l.db().outbox_take(s.seq)?;
+    let (mut journal, waiting) = crate::recording::decode_journal(&s.journal).ok_or_else(|| {
+        RuntimeError::Internal("a suspended event's journal does not decode".into())
+    })?;
+    let answer = answer.unwrap_or_else(timed_out);
+    let held: u64 = journal.iter().map(|(_, a)| a.bytes()).sum();
+    let answer = if held + answer.bytes() > crate::awaits::AWAIT_JOURNAL_BYTES_MAX {
+        Answer::Failed {
+            code: "await_journal_too_large".into(),
+            message: format!(
+                "the event's answers would pass await_journal_bytes_max={}",
+                crate::awaits::AWAIT_JOURNAL_BYTES_MAX
+            ),
+        }
+    } else {
+        answer
     };
-    let within = s.deadline_ms.saturating_sub(s.at_ms);
-    journal.push((waiting, answer.unwrap_or_else(|| timed_out(within))));
+    journal.push((waiting, answer));
     let mut chain = chain_of(&s);
     chain.pop();
     let tape = EventTape {
@@ -425,38 +509,33 @@ pub(super) fn resume(
     l.store.data().tape.stop();
     if waits(l) {
         // It waits again.
-        let r = after_handler(rt, l, ran, r, Run::Again(s));
-        if r.is_ok() {
-            commit_event(l)?;
-        } else if l.db().in_transaction() {
-            l.db().event_rollback()?;
-        }
-        return r;
+        return after_handler(rt, l, ran, r, Run::Again(s));
     }
     l.store.data_mut().awaits = None;
     if !l.db().in_transaction() {
-        return r;
+        return r.and(Err(RuntimeError::TransactionAborted));
     }
     l.db().resume_done()?;
     if s.kind == "request" && s.ticket != 0 {
         let resp = match r {
-            Ok(Outcome::Response(resp)) => resp,
-            Ok(_) => error_response("internal", "the request ended without an answer"),
+            Ok(Outcome::Response(mut resp)) => {
+                // The completion says which version answered.
+                resp.headers.retain(|(k, _)| k != super::VERSION_HEADER);
+                resp
+            }
+            Ok(_) => error_response(&RuntimeError::Internal(
+                "the request ended without an answer".into(),
+            )),
             Err(e) => {
                 // A failed run completes nothing but its own reply.
                 l.store.data_mut().replies.completions.clear();
-                error_response(&e.code(), &e.to_string())
+                error_response(&e)
             }
         };
-        // A run that waited cannot park its reply again: it is parked.
-        l.store.data_mut().replies.park = None;
-        l.store
-            .data_mut()
-            .replies
-            .completions
-            .push((s.ticket, resp));
+        let replies = &mut l.store.data_mut().replies;
+        replies.park = None;
+        replies.completions.push((s.ticket, resp));
     }
-    commit_event(l)?;
     ran.awaiting = Some(None);
     Ok(Outcome::Done)
 }
@@ -510,21 +589,29 @@ pub(super) fn gate_at_open(
         _ => return (events, Vec::new()),
     };
     let a = Awaiting::of(&s);
-    arm_deadline(rt, &actor.id, &a);
+    let seq = a.seq;
+    apply_gate(rt, actor, Some(a));
     if rt.faults.unsafe_await_without_gate() {
         return (events, Vec::new());
     }
-    let seq = a.seq;
-    actor.queue.lock().awaiting = Some(a);
     events.into_iter().partition(|e| admitted(&e.kind, seq))
 }
 
-/// Enqueues the wait's deadline when it passes.
-pub(super) fn arm_deadline(rt: &Arc<Inner>, id: &ActorId, a: &Awaiting) {
+/// Enqueues the wait's deadline when it passes; the task's handle, to
+/// cancel it once the wait ends. A replay's sandbox arms none (its clock
+/// moves only with the recorded events, among which the deadline is).
+pub(super) fn arm_deadline(
+    rt: &Arc<Inner>,
+    id: &ActorId,
+    a: &Awaiting,
+) -> Option<tokio::task::AbortHandle> {
+    if rt.config.replay_sandbox {
+        return None;
+    }
     let wait = a.deadline_ms.saturating_sub(rt.clock.now_ms());
     let weak = Arc::downgrade(rt);
     let (id, seq) = (id.clone(), a.seq);
-    rt.outbox.handle().spawn(async move {
+    let task = rt.outbox.handle().spawn(async move {
         tokio::time::sleep(Duration::from_millis(wait)).await;
         if let Some(rt) = weak.upgrade() {
             let _ = rt.enqueue(
@@ -534,15 +621,19 @@ pub(super) fn arm_deadline(rt: &Arc<Inner>, id: &ActorId, a: &Awaiting) {
             );
         }
     });
+    Some(task.abort_handle())
 }
 
-/// Sets the gate a committed batch leaves (`Some(None)`: open).
+/// Sets the gate a committed batch leaves (`Some(None)`: open), with its
+/// deadline (the previous one's task is cancelled).
 pub(super) fn apply_gate(rt: &Arc<Inner>, actor: &Arc<Actor>, gate: Option<Awaiting>) {
-    if let Some(a) = &gate {
-        arm_deadline(rt, &actor.id, a);
-        if rt.faults.unsafe_await_without_gate() {
-            return;
-        }
+    let task = gate.as_ref().and_then(|a| arm_deadline(rt, &actor.id, a));
+    let mut q = actor.queue.lock();
+    if let Some(old) = std::mem::replace(&mut q.deadline_task, task) {
+        old.abort();
     }
-    actor.queue.lock().awaiting = gate;
+    if gate.is_some() && rt.faults.unsafe_await_without_gate() {
+        return;
+    }
+    q.awaiting = gate;
 }

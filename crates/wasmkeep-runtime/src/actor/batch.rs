@@ -382,6 +382,7 @@ pub(super) fn open_for_turn(
             drop(loaded);
             let msg = e.to_string();
             fail_all(events, || RuntimeError::Internal(msg.clone()));
+            requeue_held(rt, actor, held);
             None
         }
     }
@@ -981,8 +982,10 @@ pub(super) fn batch_rolled_back(
     ran: &mut EventsRan,
     initialized: &mut bool,
 ) {
-    // The alarm the batch set or cleared went with it.
+    // The alarm the batch set or cleared went with it, and so did what
+    // its events did to a suspended event (the gate stays as it was).
     ran.alarm_link = None;
+    ran.awaiting = None;
     for r in ran.results.iter_mut() {
         if r.out.is_ok() {
             r.out = Err(RuntimeError::TransactionAborted);

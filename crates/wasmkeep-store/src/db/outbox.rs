@@ -245,6 +245,20 @@ impl ActorDb {
 
     /// Rows with a sequence number above `after`, oldest first, at most
     /// `limit`.
+    /// Whether a message to `target` waits for its answer (a receiver's
+    /// messages from one sender are delivered one after another).
+    pub fn outbox_has_message_to(&self, target: &str) -> Result<bool, StoreError> {
+        let r = self
+            .conn
+            .prepare_cached("SELECT 1 FROM _wasmkeep_outbox WHERE kind = 1 AND target = ?1 LIMIT 1")
+            .and_then(|mut s| s.exists([target]));
+        match r {
+            Ok(b) => Ok(b),
+            Err(e) if no_table(&e) => Ok(false),
+            Err(e) => Err(self.err(e)),
+        }
+    }
+
     pub fn outbox_pending(&self, after: u64, limit: usize) -> Result<Vec<OutboxRow>, StoreError> {
         let sql = format!("{SELECT_ROWS} WHERE seq > ?1 ORDER BY seq LIMIT ?2");
         let r = self.conn.prepare_cached(&sql).and_then(|mut s| {
