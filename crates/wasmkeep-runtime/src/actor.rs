@@ -471,7 +471,15 @@ fn run_turn_events(
 ) -> Vec<Event> {
     let mut run: Vec<Event> = Vec::new();
     let mut rest = events.into_iter();
+    // Events taken before an event of this turn suspended, which its gate
+    // holds (ADR 0056); the gate is read again after each batch.
+    let mut held: Vec<Event> = Vec::new();
+    let mut gate: Option<u64> = None;
     while let Some(ev) = rest.next() {
+        if gate.is_some_and(|seq| !awaiting::admitted(&ev.kind, seq)) {
+            held.push(ev);
+            continue;
+        }
         let Event {
             kind,
             reply,
@@ -499,11 +507,15 @@ fn run_turn_events(
                 .into_iter()
                 .chain(std::iter::once(ev))
                 .chain(rest)
+                .chain(held)
                 .collect();
         }
         run_between(rt, actor, slot, between, reply);
+        gate = actor.queue.lock().awaiting.as_ref().map(|a| a.seq);
     }
-    run_batch(rt, actor, slot, run, yield_at)
+    let mut left = run_batch(rt, actor, slot, run, yield_at);
+    left.extend(held);
+    left
 }
 
 fn fail_all(events: Vec<Event>, err: impl Fn() -> RuntimeError) {

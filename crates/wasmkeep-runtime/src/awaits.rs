@@ -79,6 +79,8 @@ pub(crate) struct EventAwaits {
     pub input: Option<(&'static str, Vec<u8>)>,
     /// The alarm an `on-alarm` run is for.
     pub alarm: Option<wasmkeep_store::AlarmState>,
+    /// A request run again after a wait: its parked reply's ticket.
+    pub ticket: Option<u64>,
 }
 
 /// The call a suspending event waits on.
@@ -116,9 +118,10 @@ pub(crate) fn chain_of(headers: &[(String, String)]) -> Vec<String> {
         .iter()
         .find(|(k, _)| k.eq_ignore_ascii_case(CHAIN_HEADER))
         .map(|(_, v)| {
+            // Only what `chain_name` makes: a client's header is no larger.
             v.split(',')
                 .map(str::trim)
-                .filter(|s| !s.is_empty())
+                .filter(|s| s.len() == 16 && s.bytes().all(|b| b.is_ascii_hexdigit()))
                 .take(AWAIT_CHAIN_MAX + 1)
                 .map(str::to_owned)
                 .collect()
@@ -179,7 +182,9 @@ pub(crate) fn error_response(e: &crate::error::RuntimeError) -> ActorResponse {
         E::Guest { code, .. } if code == "bad_request" => 400,
         E::Guest { code, .. } if code == "not_found" => 404,
         E::Guest { code, .. } if code == "conflict" => 409,
+        E::Refused { .. } => 409,
         E::QuotaExceeded { .. } => 507,
+        E::TransactionAborted | E::ShuttingDown => 503,
         _ => 500,
     };
     let body = serde_json_lite(&e.code(), &e.to_string());

@@ -307,39 +307,13 @@ impl Inner {
             if bounded && !awaited {
                 self.admit(&q, &ev)?;
             }
-            if let (Some(a), EventKind::Deliver { .. }) = (&q.awaiting, &ev.kind) {
-                // A sweep's delivery is not held (it would hold one of the
-                // sweep's slots): it comes again after the wait's deadline.
-                if let Some(r) = ev.reply {
-                    let _ = r.send(Ok(crate::actor::Outcome::Delivered(
-                        crate::index::Delivered::Leave {
-                            retry_at_ms: a.deadline_ms,
-                        },
-                    )));
-                }
-                return Ok(());
-            }
-            if let Some(a) = &q.awaiting
-                && let Some(why) = crate::actor::awaiting::closes_cycle(id, a, &ev)
-            {
-                if let EventKind::Inbound(crate::outbox::Inbound::Message { .. }) = ev.kind {
-                    // A message hears it as its receiver's refusal: the
-                    // waiting sender's wait ends with it.
-                    if let Some(r) = ev.reply {
-                        let _ = r.send(Ok(crate::actor::Outcome::Answered(
-                            crate::outbox::MessageAnswer::Refused {
-                                code: "await_deadlock".into(),
-                                message: why,
-                            },
-                        )));
-                    }
-                    return Ok(());
-                }
-                return Err(RuntimeError::Refused {
-                    code: "await_deadlock",
-                    message: why,
-                });
-            }
+            let ev = match &q.awaiting {
+                Some(a) => match crate::actor::awaiting::at_gate(id, a, ev) {
+                    Some(ev) => ev,
+                    None => return Ok(()),
+                },
+                None => ev,
+            };
             let runs_now = q
                 .awaiting
                 .as_ref()

@@ -80,11 +80,15 @@ impl replies::Host for HostState {
         if let Some(p) = self.replies.park {
             return Ok(p.ticket);
         }
-        if self.awaits.as_ref().is_some_and(|a| !a.journal.is_empty()) {
-            return Err(refusal(
-                "reply_parked",
-                "this request waited for an answer: its reply is parked already, and its handler's answer completes it",
-            ));
+        if let Some(ticket) = self.awaits.as_ref().and_then(|a| a.ticket) {
+            // A request run again after a wait: its reply is parked
+            // already, under this ticket; the handler that parks it
+            // completes it later, as it would have.
+            self.replies.park = Some(Park {
+                ticket,
+                timeout_ms: u64::from(timeout_ms),
+            });
+            return Ok(ticket);
         }
         let already = self.replies.parked_in_batch.len();
         let ticket = table

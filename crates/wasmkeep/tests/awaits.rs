@@ -130,6 +130,15 @@ fn waits_for_a_typed_answer_and_writes_before_it_once(wasm: &[u8]) {
     let (s, b) = node.post("/v1/acme/w/waiter/a/self", b"");
     assert_eq!(s, 500, "{b}");
     assert!(b.contains("await_deadlock"), "{b}");
+    if wasm == wasmkeep_guests::DEMO {
+        // A wait behind an unanswered message to the same actor.
+        let (s, b) = node.post("/v1/acme/w/waiter/b/behind?name=t", b"");
+        assert_eq!(s, 500, "{b}");
+        assert!(b.contains("await_lane_busy"), "{b}");
+    }
+    let (s, b) = node.post("/v1/acme/w/waiter/a/self", b"");
+    assert_eq!(s, 500, "{b}");
+    assert!(b.contains("await_deadlock"), "{b}");
     let (_, metrics) = node.send("GET", "/metrics", b"");
     let suspended: f64 = metrics
         .lines()

@@ -12,6 +12,8 @@
 //!   another): waits for a GET of `U` (the app's
 //!   `[outbound] hosts` must allow it): `{"status":S,"body":B}`.
 //! - `POST /self`: waits for its own answer (refused: `await_deadlock`).
+//! - `POST /behind?name=N`: sends tally `N` an `add(1)` through the outbox,
+//!   then waits for another (refused: `await_lane_busy`).
 //! - `POST /nondet?name=N`: waits for `add(R)`, R the runs of this route
 //!   the instance made: a second run asks for another call
 //!   (`await_nondeterministic`), the mistake the rule catches.
@@ -102,6 +104,14 @@ impl Actor for Waiter {
             ("POST", "/nondet") => {
                 self.runs += 1;
                 let total = tally(&req)?.wait().add(self.runs)?;
+                Ok(Response::json(200, json!({ "total": total }).to_string()))
+            }
+            ("POST", "/behind") => {
+                // A typed call sent the usual way, then a wait for another
+                // to the same tally: refused (`await_lane_busy`).
+                let t = tally(&req)?;
+                t.add(1, &())?;
+                let total = t.wait().add(1)?;
                 Ok(Response::json(200, json!({ "total": total }).to_string()))
             }
             ("POST", "/self") => {

@@ -166,6 +166,38 @@ pub(crate) fn closes_cycle(id: &ActorId, a: &Awaiting, ev: &Event) -> Option<Str
     })
 }
 
+/// What a suspended actor does with an event arriving for it: `Some` to
+/// hold it in its queue (or run it, if the gate admits it); `None` when it
+/// was answered here: a sweep's delivery is told to come again after the
+/// deadline (held, it would keep one of the sweep's slots), a message
+/// that closes a cycle of waits hears the receiver's refusal (which ends
+/// the waiting sender's wait), a request that closes one 409
+/// `await_deadlock`.
+pub(crate) fn at_gate(id: &ActorId, a: &Awaiting, ev: Event) -> Option<Event> {
+    let answer = match &ev.kind {
+        EventKind::Deliver { .. } => Ok(Outcome::Delivered(Delivered::Leave {
+            retry_at_ms: a.deadline_ms,
+        })),
+        _ => match closes_cycle(id, a, &ev) {
+            None => return Some(ev),
+            Some(why) if matches!(ev.kind, EventKind::Inbound(Inbound::Message { .. })) => {
+                Ok(Outcome::Answered(MessageAnswer::Refused {
+                    code: "await_deadlock".into(),
+                    message: why,
+                }))
+            }
+            Some(why) => Err(RuntimeError::Refused {
+                code: "await_deadlock",
+                message: why,
+            }),
+        },
+    };
+    if let Some(r) = ev.reply {
+        let _ = r.send(answer);
+    }
+    None
+}
+
 /// Before an event runs: an app that may wait runs its requests and
 /// alarms with a time and seed (a fresh one, or the recording's) that a
 /// suspended event runs again with. Returns whether it set them.
@@ -255,20 +287,13 @@ pub(super) fn after_handler(
         }
         Run::Again(s) => (s.kind.clone(), s.input.clone(), Some(s.ticket)),
     };
-    let now = rt.clock.now_ms();
-    // One event waits at most AWAIT_WITHIN_MS_MAX over all its waits, as
-    // long as its request's reply stays parked.
-    let deadline_ms =
-        (now + pending.within_ms).min(tape.at_ms + crate::awaits::AWAIT_WITHIN_MS_MAX);
+    let deadline_ms = deadline_of(rt, l, pending.within_ms, tape.at_ms);
     let target = pending.target.clone().unwrap_or_default();
     let mut chain = aw.chain.clone();
     chain.push(crate::awaits::chain_name(&l.store.data().id));
     l.db().event_begin()?;
     let kept = (|| {
-        if matches!(run, Run::Alarm) {
-            // The alarm ran: it is the suspended event's now.
-            l.db().set_alarm(None)?;
-        }
+        prepare_suspension(l, &run)?;
         let seq = l
             .store
             .data_mut()
@@ -323,6 +348,37 @@ pub(super) fn after_handler(
             Err(e)
         }
     }
+}
+
+/// Checks a suspension may be written, in its savepoint: never two (a
+/// first run cannot suspend while another event waits); an alarm that ran
+/// is the suspended event's now, so it is cleared.
+fn prepare_suspension(l: &mut Loaded, run: &Run) -> Result<(), RuntimeError> {
+    if !matches!(run, Run::Again(_)) && l.db().suspended()?.is_some() {
+        return Err(RuntimeError::Internal(
+            "an event ran while another of the actor was suspended".into(),
+        ));
+    }
+    if matches!(run, Run::Alarm) {
+        l.db().set_alarm(None)?;
+    }
+    Ok(())
+}
+
+/// When a wait of `within_ms` ends: one event waits at most
+/// `AWAIT_WITHIN_MS_MAX` over all its waits (from its first run at
+/// `first_ms`), and no longer than its request's reply stays parked.
+fn deadline_of(rt: &Inner, l: &Loaded, within_ms: u64, first_ms: u64) -> u64 {
+    let cap = l
+        .store
+        .data()
+        .parked
+        .as_ref()
+        .map_or(crate::awaits::AWAIT_WITHIN_MS_MAX, |t| {
+            t.limits().reply_ms_max
+        })
+        .min(crate::awaits::AWAIT_WITHIN_MS_MAX);
+    (rt.clock.now_ms() + within_ms).min(first_ms + cap)
 }
 
 /// What the rolled-back run did is gone: its parked replies, socket
@@ -383,7 +439,7 @@ pub(super) fn resume(
     initialized: &mut bool,
     ran: &mut EventsRan,
     seq: u64,
-    answer: Option<Answer>,
+    answer: Option<(u64, Answer)>,
 ) -> Result<Outcome, RuntimeError> {
     let s = match l.db().suspended()? {
         Some(s) if s.seq == seq => s,
@@ -392,11 +448,20 @@ pub(super) fn resume(
             return Ok(Outcome::Done);
         }
     };
-    if answer.is_none() && rt.clock.now_ms() < s.deadline_ms {
-        // An earlier wait's deadline (its seq numbered again after a
-        // delete or a restore): not this one's.
+    if let Some((life, _)) = &answer
+        && l.db().outbox_life_if_any()? != Some(*life)
+    {
+        // An answer to an earlier life of this actor (deleted since).
         return Ok(Outcome::Done);
     }
+    if answer.is_none() && rt.clock.now_ms() < s.deadline_ms {
+        // Early (a clock stepped back, or an earlier wait's deadline with
+        // its seq numbered again after a delete): armed again for this
+        // wait's own.
+        ran.awaiting = Some(Some(Awaiting::of(&s)));
+        return Ok(Outcome::Done);
+    }
+    let answer = answer.map(|(_, a)| a);
     let (ticket, kind) = (s.ticket, s.kind.clone());
     l.db().event_begin()?;
     match run_again(rt, l, initialized, ran, s, answer) {
@@ -408,6 +473,9 @@ pub(super) fn resume(
             if l.db().in_transaction() {
                 l.db().event_rollback()?;
                 give_up(l, ran, seq, (&kind, ticket), &e)?;
+                // Ended with its error, which its client hears.
+                tracing::warn!(actor = %l.store.data().id, error = %e, "a suspended event could not run again: it ended with its error");
+                return Ok(Outcome::Done);
             } else {
                 // SQLite dropped the batch: the next deadline tries again.
                 let a = Awaiting {
@@ -436,8 +504,11 @@ fn give_up(
     e: &RuntimeError,
 ) -> Result<(), RuntimeError> {
     l.db().event_begin()?;
-    l.db().outbox_take(seq)?;
-    l.db().resume_done()?;
+    let ended = l.db().outbox_take(seq).and_then(|_| l.db().resume_done());
+    if let Err(e) = ended {
+        l.db().event_rollback()?;
+        return Err(e.into());
+    }
     commit_event(l)?;
     if kind == "request" && ticket != 0 {
         l.store
@@ -487,7 +558,10 @@ fn run_again(
     let state = l.store.data_mut();
     state.tape.play(&tape);
     state.await_tape = Some(tape);
-    let awaits = EventAwaits::resumed(journal, chain);
+    let mut awaits = EventAwaits::resumed(journal, chain);
+    if s.kind == "request" && s.ticket != 0 {
+        awaits.ticket = Some(s.ticket);
+    }
     let r = match (
         s.kind.as_str(),
         crate::recording::event_of(&s.kind, &s.input),
@@ -532,9 +606,12 @@ fn run_again(
                 error_response(&e)
             }
         };
+        let parked_again = l.store.data().replies.park.is_some();
         let replies = &mut l.store.data_mut().replies;
         replies.park = None;
-        replies.completions.push((s.ticket, resp));
+        if !parked_again {
+            replies.completions.push((s.ticket, resp));
+        }
     }
     ran.awaiting = Some(None);
     Ok(Outcome::Done)
@@ -586,15 +663,29 @@ pub(super) fn gate_at_open(
 ) -> (Vec<Event>, Vec<Event>) {
     let s = match l.db().suspended() {
         Ok(Some(s)) => s,
-        _ => return (events, Vec::new()),
+        _ => {
+            // Nothing suspended: a gate left from before goes.
+            if actor.queue.lock().awaiting.is_some() {
+                apply_gate(rt, actor, None);
+            }
+            return (events, Vec::new());
+        }
     };
     let a = Awaiting::of(&s);
-    let seq = a.seq;
-    apply_gate(rt, actor, Some(a));
+    apply_gate(rt, actor, Some(a.clone()));
     if rt.faults.unsafe_await_without_gate() {
         return (events, Vec::new());
     }
-    events.into_iter().partition(|e| admitted(&e.kind, seq))
+    let (mut run, mut held) = (Vec::new(), Vec::new());
+    for ev in events {
+        if admitted(&ev.kind, a.seq) {
+            run.push(ev);
+            continue;
+        }
+        // What arrived while the actor was closed meets the gate now.
+        held.extend(at_gate(&actor.id, &a, ev));
+    }
+    (run, held)
 }
 
 /// Enqueues the wait's deadline when it passes; the task's handle, to

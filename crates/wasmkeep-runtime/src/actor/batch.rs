@@ -787,10 +787,10 @@ pub(super) fn run_event(
             after_handler(rt, l, ran, r, Run::Alarm)
         }
         EventKind::AwaitDeadline { seq } => resume(rt, l, initialized, ran, seq, None),
-        EventKind::Inbound(Inbound::Response { seq, answer, .. })
-            if super::awaiting::answers_wait(rt, actor, l, seq) =>
-        {
-            resume(rt, l, initialized, ran, seq, Some(answer))
+        EventKind::Inbound(Inbound::Response {
+            life, seq, answer, ..
+        }) if super::awaiting::answers_wait(rt, actor, l, seq) => {
+            resume(rt, l, initialized, ran, seq, Some((life, answer)))
         }
         EventKind::Deliver { at_ms, remove_here } => {
             ran.alarm_ran = true;

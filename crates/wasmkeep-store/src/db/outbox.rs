@@ -243,8 +243,6 @@ impl ActorDb {
         }
     }
 
-    /// Rows with a sequence number above `after`, oldest first, at most
-    /// `limit`.
     /// Whether a message to `target` waits for its answer (a receiver's
     /// messages from one sender are delivered one after another).
     pub fn outbox_has_message_to(&self, target: &str) -> Result<bool, StoreError> {
@@ -259,6 +257,8 @@ impl ActorDb {
         }
     }
 
+    /// Rows with a sequence number above `after`, oldest first, at most
+    /// `limit`.
     pub fn outbox_pending(&self, after: u64, limit: usize) -> Result<Vec<OutboxRow>, StoreError> {
         let sql = format!("{SELECT_ROWS} WHERE seq > ?1 ORDER BY seq LIMIT ?2");
         let r = self.conn.prepare_cached(&sql).and_then(|mut s| {
