@@ -76,6 +76,11 @@ try {
   await page.fill('#prefix', t.hostile.slice(0, 4));
   await page.click('form.inline button[type=submit]');
   const actorLink = '#/actor/demo/examples/notes/' + seg(t.hostile);
+  // The unfiltered page lists the actor too: wait for the filtered one
+  // (its count), not just for the link.
+  await page
+    .waitForFunction(() => /: 1$/.test(document.querySelector('#actor-count')?.textContent ?? ''), null, { timeout: 10000 })
+    .catch(() => {});
   await page.waitForSelector(`a[href="${actorLink}"]`);
   check((await page.textContent(`a[href="${actorLink}"]`)) === t.hostile, 'the actor name shows as its text');
   check(!(await page.textContent('main')).includes(t.doomed), 'the prefix leaves other actors out');
