@@ -51,11 +51,11 @@ pub(crate) const AWAIT_CONTEXT: &[u8] = b"wk-await\n";
 /// so no actor's name reaches another host). A suspended actor that
 /// receives a call whose chain names itself or the actor it waits on
 /// refuses it with `await_deadlock` (a cycle of waits).
-pub const CHAIN_HEADER: &str = "wasmkeep-await-chain";
+pub(crate) const CHAIN_HEADER: &str = "wasmkeep-await-chain";
 
 /// An actor as a chain names it: 16 hex digits of the SHA-256 of its
 /// address.
-pub fn chain_name(id: &wasmkeep_store::ActorId) -> String {
+pub(crate) fn chain_name(id: &wasmkeep_store::ActorId) -> String {
     let h = sha2::Sha256::digest(id.to_string().as_bytes());
     hex::encode(&h[..8])
 }

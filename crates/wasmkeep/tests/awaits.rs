@@ -159,11 +159,17 @@ fn typescript_a_request_waits_for_a_typed_answer_and_writes_before_it_once() {
     waits_for_a_typed_answer_and_writes_before_it_once(wasmkeep_guests::EXAMPLES_TS);
 }
 
-#[test]
-fn an_actor_that_waits_runs_nothing_else_until_its_answer() {
+fn an_actor_that_waits_runs_nothing_else_until_its_answer(wasm: &[u8]) {
     let (port, _) = slow_server(Duration::from_millis(1500), false);
     let tmp = tempfile::tempdir().unwrap();
     let node = Arc::new(node_with(tmp.path(), &[format!("127.0.0.1:{port}")]));
+    let manifest = format!("[outbound]\nhosts = [\"127.0.0.1:{port}\"]\n");
+    let (s, v) = node.json(
+        "PUT",
+        &format!("/admin/v1/apps/acme/w?manifest={}", enc(&manifest)),
+        wasm,
+    );
+    assert_eq!(s, 200, "{v}");
     let url = enc(&format!("http://127.0.0.1:{port}/x"));
     let waiting = {
         let node = Arc::clone(&node);
@@ -183,6 +189,17 @@ fn an_actor_that_waits_runs_nothing_else_until_its_answer() {
     assert_eq!(s, 200, "{b}");
     let v: Value = serde_json::from_str(&b).unwrap();
     assert_eq!(v["body"], "ok 1", "{v}");
+}
+
+#[test]
+fn rust_an_actor_that_waits_runs_nothing_else_until_its_answer() {
+    an_actor_that_waits_runs_nothing_else_until_its_answer(wasmkeep_guests::DEMO);
+}
+
+/// The same through the TypeScript SDK's `awaits.fetch`.
+#[test]
+fn typescript_an_actor_that_waits_runs_nothing_else_until_its_answer() {
+    an_actor_that_waits_runs_nothing_else_until_its_answer(wasmkeep_guests::EXAMPLES_TS);
 }
 
 #[test]

@@ -1253,14 +1253,7 @@ export const outbox = {
   /** Makes an HTTP call; each attempt carries `idempotency-key`. Returns its sequence number. */
   fetch<C = unknown>(call: HttpCall, context?: C): number {
     const c = contextBytes(context);
-    const wc: witOutbox.HttpCall = {
-      method: call.method ?? "GET",
-      url: call.url,
-      headers: call.headers ?? [],
-      body: bytes(call.body),
-      timeoutMs: call.timeoutMs ?? null,
-    };
-    return host(() => witOutbox.fetch(wc, c));
+    return host(() => witOutbox.fetch(witCall(call), c));
   },
 };
 
@@ -1298,19 +1291,23 @@ export const awaits = {
   },
   /** The answer to an HTTP call (any status), or why it could not be made. */
   fetch(call: HttpCall, withinMs = 0): { status: number; headers: Array<[string, string]>; body: Uint8Array } {
-    const wc: witOutbox.HttpCall = {
-      method: call.method ?? "GET",
-      url: call.url,
-      headers: call.headers ?? [],
-      body: bytes(call.body),
-      timeoutMs: call.timeoutMs ?? null,
-    };
-    const a = answer(host(() => witAwaits.wait({ tag: "fetch", val: wc }, withinMs)));
+    const a = answer(host(() => witAwaits.wait({ tag: "fetch", val: witCall(call) }, withinMs)));
     if (a.kind === "http") return { status: a.status, headers: a.headers, body: a.body };
     if (a.kind === "refused" || a.kind === "failed") throw a.error;
     throw new WasmkeepError("internal", "an HTTP call was answered as a message");
   },
 };
+
+/** An HTTP call as the node's interfaces take it. */
+function witCall(call: HttpCall): witOutbox.HttpCall {
+  return {
+    method: call.method ?? "GET",
+    url: call.url,
+    headers: call.headers ?? [],
+    body: bytes(call.body),
+    timeoutMs: call.timeoutMs ?? null,
+  };
+}
 
 function contextBytes(context: unknown): Uint8Array {
   return context === undefined ? new Uint8Array(0) : utf8Encode(JSON.stringify(context));
