@@ -8,6 +8,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh --test
 export PATH="$PWD/.venv/bin:$PATH"
+# A clean clone (CI) gains nothing from incremental builds, which would
+# double target/ on disk (a CI run once failed with the disk full).
+if [[ -n "${CI:-}" ]]; then
+  export CARGO_INCREMENTAL=0
+fi
 cargo fmt --all -- --check
 # The TypeScript SDK and the examples written with it type-check (strict),
 # and so does every TypeScript example in the docs.
