@@ -96,6 +96,35 @@ impl ClusterConfig {
         3 * self.sweep_margin_ms()
     }
 
+    /// How many nodes after an entry's shard node, in the rendezvous order
+    /// of its actor's address, may deliver it when it is `overdue_ms`
+    /// overdue: none before three sweep margins ([`Self::anyones_after_ms`]),
+    /// then one, then twice as many each further margin. An entry a helper
+    /// can deliver is thus tried by one or two nodes, not by every node (at
+    /// 100 nodes, every node trying every such entry made a node's bucket
+    /// requests grow with the cluster: issue 41), and one that only a few
+    /// nodes can deliver reaches all of them within `log2(nodes)` margins
+    /// more ([`Self::everyones_after_ms`]).
+    pub fn helper_ranks(&self, overdue_ms: u64) -> usize {
+        let Some(past) = overdue_ms.checked_sub(self.anyones_after_ms()) else {
+            return 0;
+        };
+        let doublings = past / self.sweep_margin_ms().max(1);
+        1usize
+            .checked_shl(u32::try_from(doublings).unwrap_or(u32::MAX).min(63))
+            .unwrap_or(usize::MAX)
+    }
+
+    /// How overdue an entry is when every one of `nodes` live nodes may
+    /// deliver it ([`Self::helper_ranks`]).
+    pub fn everyones_after_ms(&self, nodes: usize) -> u64 {
+        let mut doublings = 0;
+        while (1usize << doublings) < nodes.saturating_sub(1) {
+            doublings += 1;
+        }
+        self.anyones_after_ms() + doublings * self.sweep_margin_ms()
+    }
+
     /// Deliveries a sweep keeps for anyone's entries (an eighth by default).
     pub fn sweep_anyones_reserved(&self) -> usize {
         self.sweep_deliveries_max / self.sweep_anyones_share_divisor.max(1)
@@ -148,6 +177,13 @@ mod tests {
         assert_eq!(c.retry_max_ms, 300_000);
         assert_eq!(c.sweep_margin_ms(), 15_000);
         assert_eq!(c.anyones_after_ms(), 45_000);
+        assert_eq!(
+            [0, 44_999, 45_000, 59_999, 60_000, 75_000, 150_000].map(|o| c.helper_ranks(o)),
+            [0, 0, 1, 1, 2, 4, 128]
+        );
+        // 99 helpers at 100 nodes: 128 ranks from 150 s.
+        assert_eq!(c.everyones_after_ms(100), 150_000);
+        assert_eq!(c.everyones_after_ms(2), 45_000);
         assert_eq!(c.lease_renew_ms(), 3_333);
         assert_eq!(c.sweep_anyones_reserved(), 32);
     }

@@ -132,6 +132,8 @@
 //! [`crate::alarm_index`], pure rules both drivers call), and the
 //! tenant-wide index's cleanup across apps, which only the server has.
 
+mod known_leases;
+mod live_nodes;
 mod node_lease;
 mod node_view;
 mod release;
@@ -139,6 +141,8 @@ mod sweep;
 mod take;
 mod upkeep;
 
+pub use known_leases::{KNOWN_LEASES_MAX, KnownLeases};
+pub use live_nodes::{LIVE_NODES_MAX, LiveNodes, LiveNodesEffect};
 pub use node_lease::{EpochEnd, LeaseEffect, NodeLeaseMachine};
 pub use node_view::{NodeViewEffect, NodeViewReader};
 pub use release::{ReleaseEffect, ReleaseMachine, ReleaseOutcome};

@@ -91,9 +91,35 @@ pub fn fnv1a64(bytes: &[u8]) -> u64 {
 
 /// The live node whose share an actor's entries are: rendezvous hashing of
 /// the address with each node id, so that a node joining or leaving moves only
-/// its own share.
+/// its own share. The sweep asks [`rendezvous_rank`] (this node is rank 0);
+/// the tests ask this.
+#[cfg(test)]
 pub(crate) fn shard_node<'a>(address: &Address, live_nodes: &'a [String]) -> Option<&'a str> {
     rendezvous(&address.path(), live_nodes)
+}
+
+/// Where `me` stands in the rendezvous order of `key` over the live nodes:
+/// 0 for the node [`rendezvous`] picks, 1 for the next, and so on; the
+/// number of live nodes if `me` is not among them.
+pub(crate) fn rendezvous_rank(key: &str, me: &str, live_nodes: &[String]) -> usize {
+    if !live_nodes.iter().any(|n| n == me) {
+        return live_nodes.len();
+    }
+    let mine = rendezvous_score(me, key);
+    live_nodes
+        .iter()
+        .filter(|n| rendezvous_score(n, key) > mine)
+        .count()
+}
+
+/// What orders the nodes for `key`: the hash of the node id and the key,
+/// then the id.
+fn rendezvous_score<'a>(node: &'a str, key: &str) -> (u64, &'a str) {
+    let mut bytes = Vec::with_capacity(node.len() + key.len() + 1);
+    bytes.extend_from_slice(node.as_bytes());
+    bytes.push(b'\n');
+    bytes.extend_from_slice(key.as_bytes());
+    (fnv1a64(&bytes), node)
 }
 
 /// The live node rendezvous hashing picks for `key`: the one whose id
@@ -102,13 +128,7 @@ pub(crate) fn shard_node<'a>(address: &Address, live_nodes: &'a [String]) -> Opt
 pub fn rendezvous<'a>(key: &str, live_nodes: &'a [String]) -> Option<&'a str> {
     live_nodes
         .iter()
-        .max_by_key(|n| {
-            let mut bytes = Vec::with_capacity(n.len() + key.len() + 1);
-            bytes.extend_from_slice(n.as_bytes());
-            bytes.push(b'\n');
-            bytes.extend_from_slice(key.as_bytes());
-            (fnv1a64(&bytes), n.as_str())
-        })
+        .max_by_key(|n| rendezvous_score(n, key))
         .map(String::as_str)
 }
 
@@ -117,7 +137,9 @@ pub fn rendezvous<'a>(key: &str, live_nodes: &'a [String]) -> Option<&'a str> {
 pub(crate) enum Share {
     /// The shard is this node's.
     Own,
-    /// Another node's shard, but overdue three margins: anyone may deliver it.
+    /// Another node's shard, but overdue enough for this node to help: three
+    /// margins for the next node in the address's rendezvous order, and
+    /// twice as many nodes each margin after ([`ClusterConfig::helper_ranks`]).
     Anyones,
     /// Another live node's; leave it.
     Others,
@@ -131,9 +153,10 @@ pub(crate) fn share_of(
     now_ms: u64,
     config: &ClusterConfig,
 ) -> Share {
-    if shard_node(&entry.address, live_nodes) == Some(me) {
+    let rank = rendezvous_rank(&entry.address.path(), me, live_nodes);
+    if rank == 0 {
         Share::Own
-    } else if entry.entry.at_ms.saturating_add(config.anyones_after_ms()) <= now_ms {
+    } else if rank <= config.helper_ranks(now_ms.saturating_sub(entry.entry.at_ms)) {
         Share::Anyones
     } else {
         Share::Others
@@ -336,6 +359,29 @@ mod tests {
             out4.iter()
                 .all(|e| shard_node(&e.address, &live) == Some("me"))
         );
+    }
+
+    #[test]
+    fn helpers_join_in_rendezvous_order_not_all_at_once() {
+        let cfg = ClusterConfig::default();
+        let live: Vec<String> = (0..100).map(|i| format!("n{i}")).collect();
+        let now = 1_000_000;
+        for i in 0..50 {
+            let share = |overdue: u64, me: &str| {
+                share_of(&key(now - overdue, &format!("a{i}")), me, &live, now, &cfg)
+            };
+            let count =
+                |overdue, s: Share| live.iter().filter(|me| share(overdue, me) == s).count();
+            // One shard node; nobody helps before three margins, one node
+            // then, two a margin later, and every node from 150 s.
+            assert_eq!(count(10_000, Share::Own), 1);
+            assert_eq!(count(44_000, Share::Anyones), 0);
+            assert_eq!(count(50_000, Share::Anyones), 1);
+            assert_eq!(count(65_000, Share::Anyones), 2);
+            assert_eq!(count(150_000, Share::Anyones), 99);
+        }
+        // A node that is not live ranks last.
+        assert_eq!(rendezvous_rank("x", "gone", &live), 100);
     }
 
     #[test]

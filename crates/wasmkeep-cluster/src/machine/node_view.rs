@@ -46,6 +46,8 @@ pub struct NodeViewReader {
     address: Option<String>,
     /// The expiry the latest record states, once read and live.
     expires_at_ms: Option<u64>,
+    /// The key of the latest record, once read.
+    read_key: Option<LeaseKey>,
 }
 
 impl NodeViewReader {
@@ -65,6 +67,7 @@ impl NodeViewReader {
             awaiting: false,
             address: None,
             expires_at_ms: None,
+            read_key: None,
         }
     }
 
@@ -81,6 +84,11 @@ impl NodeViewReader {
     /// [`NodeViewReader::address`].
     pub fn expires_at_ms(&self) -> Option<u64> {
         self.expires_at_ms
+    }
+
+    /// The key of the latest record, once read.
+    pub(crate) fn read_key(&self) -> Option<&LeaseKey> {
+        self.read_key.as_ref()
     }
 
     /// The node being read.
@@ -122,6 +130,7 @@ impl NodeViewReader {
                 }
             }
             (Phase::Read { latest }, BucketResult::Body(body)) => {
+                self.read_key = Some(latest.clone());
                 let record = decode_body(&body, LeaseRecord::decode);
                 if let Some(LeaseRecord::Live {
                     address,

@@ -74,6 +74,7 @@ pub enum Reached {
 pub struct DeliveryReport {
     delivered: usize,
     failed: bool,
+    not_owner: bool,
     progress: bool,
     unaddressable: bool,
     removable: usize,
@@ -94,7 +95,8 @@ impl DeliveryReport {
             }
             Reached::Failed => self.failed = true,
             Reached::Unaddressable => self.unaddressable = true,
-            Reached::NotDue | Reached::Fenced | Reached::NotOwner => {}
+            Reached::NotOwner => self.not_owner = true,
+            Reached::NotDue | Reached::Fenced => {}
         }
     }
 
@@ -411,20 +413,24 @@ impl SweepMachine {
 
     /// A delivery handed out as [`SweepEffect::Deliver`] ended at `now_ms`
     /// with `report`: the entry is left alone until the report says (a
-    /// failure waits a lease period, doubled for each failure in a row, up
-    /// to the longest backoff).
+    /// failure, or an actor another live node owns, waits a lease period,
+    /// doubled for each such outcome in a row, up to the longest backoff:
+    /// an entry only its owner can act on is not tried by every helper
+    /// every sweep, which at 100 nodes made a node's requests grow with the
+    /// cluster).
     pub fn on_delivered(&mut self, job: &SweepJob, report: &DeliveryReport, now_ms: u64) {
         let pass = self.pass.as_mut().expect("a delivery with no pass");
         let full_key = job.full_key.as_str();
         let known = pass.outstanding.remove(&(job.index, job.full_key.clone()));
         assert!(known, "a delivery the machine did not hand out");
         pass.summary.progress |= report.progress;
-        let failures = match (report.failed, self.deferred.get(full_key)) {
+        let again = report.failed || report.not_owner;
+        let failures = match (again, self.deferred.get(full_key)) {
             (true, Some(before)) => before.failures.saturating_add(1),
             (true, None) => 1,
             (false, _) => 0,
         };
-        let until_ms = if report.failed {
+        let until_ms = if again {
             let policy = RetryPolicy {
                 first_ms: self.config.lease_period_ms,
                 max_ms: self.config.retry_max_ms,

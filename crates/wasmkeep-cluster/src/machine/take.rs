@@ -24,6 +24,7 @@ use crate::config::ClusterConfig;
 use crate::hold::{self, HoldRecord, TakePlan, hold_key, hold_record, lease_view, plan_take};
 use crate::lease::{LeaseKey, LeaseRecord, NODES_PREFIX, NodeLeaseView, fence_write};
 
+use super::KnownLeases;
 use super::{
     BucketOp, BucketResult, CreateOnce, Created, Failure, NodeViewReader, Pages, decode_body,
 };
@@ -131,6 +132,8 @@ pub struct TakeMachine {
     notices: VecDeque<TakeEffect>,
     /// The address the holder's live lease record advertises, once read.
     holder_address: Option<String>,
+    /// The node's kept lease records, if its driver shares them.
+    known: Option<std::sync::Arc<KnownLeases>>,
 }
 
 impl TakeMachine {
@@ -158,7 +161,16 @@ impl TakeMachine {
             awaiting: false,
             notices: VecDeque::new(),
             holder_address: None,
+            known: None,
         }
+    }
+
+    /// Shares the node's kept lease records: a holder whose record there
+    /// shows it live in the hold's epoch is forwarded to without a read,
+    /// and a live record this take reads is kept ([`KnownLeases`]).
+    pub fn with_known_leases(mut self, known: std::sync::Arc<KnownLeases>) -> TakeMachine {
+        self.known = Some(known);
+        self
     }
 
     /// After [`TakeOutcome::Forward`]: the address the owner advertised in
@@ -260,29 +272,19 @@ impl TakeMachine {
             }
             Phase::ReadHold { generation } => {
                 let generation = *generation;
-                let BucketResult::Body(body) = result else {
-                    return self.fail(Failure::Bucket);
-                };
-                let Some(record) = decode_body(&body, HoldRecord::decode) else {
-                    return self.fail(Failure::Malformed);
-                };
-                match &record {
-                    HoldRecord::Held { node, .. } => {
-                        let reader = NodeViewReader::new(node, self.config.clone());
-                        self.phase = Phase::ReadHolderLease {
-                            latest: (generation, record),
-                            reader: Box::new(reader),
-                        };
-                    }
-                    // A released hold names no owner; whose lease is moot.
-                    HoldRecord::Released { .. } => {
-                        self.plan(Some((generation, record)), &NodeLeaseView::Absent)
-                    }
-                }
+                self.on_hold(generation, result, now_ms);
             }
             Phase::ReadHolderLease { latest, reader } => {
                 reader.on_result(result, now_ms);
                 self.holder_address = reader.address().map(str::to_owned);
+                if let (Some(known), Some(key), Some(address), Some(expires)) = (
+                    &self.known,
+                    reader.read_key(),
+                    reader.address(),
+                    reader.expires_at_ms(),
+                ) {
+                    known.learn(key, expires, address, now_ms);
+                }
                 match reader.take_result() {
                     None => {}
                     Some(Ok(view)) => {
@@ -329,6 +331,38 @@ impl TakeMachine {
                 Some(Created::Failed) => self.fail(Failure::Bucket),
             },
             Phase::Start | Phase::Restore { .. } | Phase::Finished(_) => {}
+        }
+    }
+
+    /// Step 3: the latest hold, read. A live holder's lease is read next,
+    /// unless a kept record already shows it live in the hold's epoch.
+    fn on_hold(&mut self, generation: u64, result: BucketResult, now_ms: u64) {
+        let BucketResult::Body(body) = result else {
+            return self.fail(Failure::Bucket);
+        };
+        let Some(record) = decode_body(&body, HoldRecord::decode) else {
+            return self.fail(Failure::Malformed);
+        };
+        match &record {
+            HoldRecord::Held { node, epoch, .. } => {
+                let known = self.known.as_ref().filter(|_| *node != self.me);
+                if let Some(address) =
+                    known.and_then(|k| k.valid(node, *epoch, now_ms, &self.config))
+                {
+                    self.holder_address = Some(address);
+                    let view = NodeLeaseView::Valid { epoch: *epoch };
+                    return self.plan(Some((generation, record)), &view);
+                }
+                let reader = NodeViewReader::new(node, self.config.clone());
+                self.phase = Phase::ReadHolderLease {
+                    latest: (generation, record),
+                    reader: Box::new(reader),
+                };
+            }
+            // A released hold names no owner; whose lease is moot.
+            HoldRecord::Released { .. } => {
+                self.plan(Some((generation, record)), &NodeLeaseView::Absent)
+            }
         }
     }
 
@@ -551,6 +585,77 @@ mod tests {
         let (outcome, _) = drive(&mut m, &mut b, 5_000, |_, _| None);
         assert_eq!(outcome, TakeOutcome::Forward { node: "b".into() });
         assert_eq!(m.forward_address(), Some("http://n:1"));
+    }
+
+    #[test]
+    fn a_kept_live_record_forwards_without_reading_the_lease_again() {
+        let mut b = MapBucket::default();
+        b.put(&hold_at(3), "held b 2 0000000000000001");
+        b.put(
+            &lease_at("b", 2, 5),
+            "live 10000 0000000000000001 http://n:1",
+        );
+        let known = std::sync::Arc::new(KnownLeases::new());
+        let reads_of_nodes = |b: &MapBucket| {
+            b.log
+                .iter()
+                .filter(|op| match op {
+                    BucketOp::List { prefix, .. } => prefix.starts_with(NODES_PREFIX),
+                    BucketOp::Get { key } => key.starts_with(NODES_PREFIX),
+                    _ => false,
+                })
+                .count()
+        };
+        let mut m = machine("a", 1, None).with_known_leases(known.clone());
+        let (outcome, _) = drive(&mut m, &mut b, 5_000, |_, _| None);
+        assert_eq!(outcome, TakeOutcome::Forward { node: "b".into() });
+        assert_eq!((reads_of_nodes(&b), known.len()), (2, 1));
+        // The next take of an actor `b` holds reads only the hold.
+        let mut m = machine("a", 1, None).with_known_leases(known.clone());
+        let (outcome, _) = drive(&mut m, &mut b, 6_000, |_, _| None);
+        assert_eq!(outcome, TakeOutcome::Forward { node: "b".into() });
+        assert_eq!(m.forward_address(), Some("http://n:1"));
+        assert_eq!(reads_of_nodes(&b), 2);
+        // Past the record's expiry plus grace the lease is read again, and
+        // the lapsed holder is fenced: what is kept never takes an actor.
+        let mut m = machine("a", 1, None).with_known_leases(known.clone());
+        let (outcome, _) = drive(&mut m, &mut b, 15_000, |_, _| None);
+        assert_eq!(outcome, TakeOutcome::Taken { generation: 4 });
+        assert_eq!(reads_of_nodes(&b), 4);
+    }
+
+    #[test]
+    fn a_hold_of_another_epoch_or_a_forgotten_node_is_read() {
+        let mut b = MapBucket::default();
+        b.put(&hold_at(3), "held b 3 0000000000000001");
+        b.put(
+            &lease_at("b", 3, 0),
+            "live 10000 0000000000000001 http://n:2",
+        );
+        let known = std::sync::Arc::new(KnownLeases::new());
+        // Kept: `b`'s epoch 2. The hold is of epoch 3: read.
+        known.learn(
+            &LeaseKey {
+                node: "b".into(),
+                epoch: 2,
+                counter: 9,
+            },
+            10_000,
+            "http://n:1",
+            0,
+        );
+        let mut m = machine("a", 1, None).with_known_leases(known.clone());
+        drive(&mut m, &mut b, 5_000, |_, _| None);
+        assert_eq!(m.forward_address(), Some("http://n:2"));
+        let lease_reads = b.log.len();
+        known.forget("b");
+        let mut m = machine("a", 1, None).with_known_leases(known.clone());
+        drive(&mut m, &mut b, 5_000, |_, _| None);
+        assert_eq!(
+            b.log.len(),
+            lease_reads + 4,
+            "a forgotten node's lease is read"
+        );
     }
 
     #[test]

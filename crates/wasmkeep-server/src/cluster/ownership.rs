@@ -31,7 +31,8 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
 
 use wasmkeep_cluster::machine::{
-    ReleaseEffect, ReleaseMachine, ReleaseOutcome, TakeEffect, TakeMachine, TakeOutcome,
+    KnownLeases, ReleaseEffect, ReleaseMachine, ReleaseOutcome, TakeEffect, TakeMachine,
+    TakeOutcome,
 };
 use wasmkeep_replica::ActorRoot;
 use wasmkeep_runtime::{ActorId, metrics};
@@ -218,6 +219,10 @@ pub struct Ownership {
     settings: ClusterSettings,
     prefix_bytes: usize,
     cells: Mutex<HashMap<ActorId, Arc<Cell>>>,
+    /// Other nodes' live lease records the takes read: a take whose holder
+    /// is known live in the hold's epoch forwards without reading its lease
+    /// again (one owner lookup is then a listing and a read of the holds).
+    known: Arc<KnownLeases>,
     pub counters: OwnershipCounters,
 }
 
@@ -234,6 +239,7 @@ impl Ownership {
             settings,
             prefix_bytes,
             cells: Mutex::new(HashMap::new()),
+            known: Arc::new(KnownLeases::new()),
             counters: OwnershipCounters::default(),
         }
     }
@@ -381,6 +387,8 @@ impl Ownership {
     /// the actor. Another cached owner (one a concurrent request found
     /// since) stays, and so does the mark of an earlier failure.
     pub fn forget_owner(&self, id: &ActorId, node: &str) {
+        // Its lease is read again at the next take of any of its actors.
+        self.known.forget(node);
         let cell = self.cells.lock().expect("cells").get(id).cloned();
         if let Some(cell) = cell
             && let Ok(mut slot) = cell.slot.try_lock()
@@ -458,7 +466,8 @@ impl Ownership {
             None,
             nonce(),
             self.settings.protocol.clone(),
-        );
+        )
+        .with_known_leases(Arc::clone(&self.known));
         let mut takeover = false;
         let outcome = loop {
             let Some(effect) = m.poll_effect(acting()) else {

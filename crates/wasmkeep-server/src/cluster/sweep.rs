@@ -1,9 +1,12 @@
 //! Every node's sweep of the alarm index (ADR 0009), so that an alarm fires
 //! when the node that held its actor is gone.
 //!
-//! Every `alarm_sweep_ms` (10 s) the task runs one pass of the cluster's
-//! `SweepMachine` (the one the simulator drives) over each app deployed
-//! here and each of their tenants' tenant-wide (legacy) index. The machine
+//! Every `alarm_sweep_ms` (10 s, from one pass's start to the next) the
+//! task learns the live nodes through the cluster's `LiveNodes` (one
+//! listing; a lease record is read only for a node whose newest record
+//! stopped changing) and runs one pass of the cluster's `SweepMachine` (the
+//! one the simulator drives) over each app deployed here and each of their
+//! tenants' tenant-wide (legacy) index. The machine
 //! reads the entries overdue by the sweep margin (a lease period plus
 //! grace), at most `sweep_entries_max` (2,048) per index and pass, resuming
 //! after the last one next time; it picks at most `sweep_deliveries_max`
@@ -35,7 +38,8 @@ use wasmkeep_cluster::alarm_index::{
     self, IndexKey, Indexed, Layout, app_index_prefix, tenant_index_prefix,
 };
 use wasmkeep_cluster::machine::{
-    BucketOp, BucketResult, DeliveryReport, Reached, SweepEffect, SweepJob, SweepMachine,
+    BucketOp, BucketResult, DeliveryReport, LiveNodes, LiveNodesEffect, Reached, SweepEffect,
+    SweepJob, SweepMachine,
 };
 use wasmkeep_runtime::index::Delivered;
 use wasmkeep_runtime::metrics::{self, GaugeU64};
@@ -152,7 +156,8 @@ pub(super) async fn run(
 ) {
     let config = state.settings().protocol.clone();
     let every = std::time::Duration::from_millis(config.alarm_sweep_ms.max(1));
-    let mut machine = SweepMachine::new(state.node(), config);
+    let mut machine = SweepMachine::new(state.node(), config.clone());
+    let mut view = LiveNodes::new(config);
     let mut wait = every;
     loop {
         tokio::select! {
@@ -163,23 +168,51 @@ pub(super) async fn run(
         if state.route_epoch().is_none() {
             continue;
         }
-        if pass(&state, &rt, &mut machine).await {
+        let started = wasmkeep_runtime::clock::instant();
+        if pass(&state, &rt, &mut machine, &mut view).await {
             // The cap bound and deliveries got somewhere: more is overdue;
             // sweep again at once.
             wait = std::time::Duration::ZERO;
+        } else {
+            // A sweep period from this pass's start (a pass waits for its
+            // deliveries): an orphaned alarm waits at most the sweep margin
+            // plus one period, as the simulator measures.
+            wait = every.saturating_sub(started.elapsed());
+        }
+    }
+}
+
+/// The live nodes through the cluster's `LiveNodes` (the simulator drives
+/// the same): one listing of `nodes/` a pass, and a lease record read only
+/// for a node whose newest record stopped changing, so that the view costs
+/// a node the same at 3 nodes or 100 (issue 41). `None` if the listing
+/// failed.
+async fn live_nodes(state: &ClusterState, view: &mut LiveNodes) -> Option<Vec<String>> {
+    view.start_pass(now_ms());
+    loop {
+        match view.poll_effect()? {
+            LiveNodesEffect::Bucket(op) => {
+                let result = state.driver.perform(op).await;
+                view.on_result(result);
+            }
+            LiveNodesEffect::Done(live) => return live,
         }
     }
 }
 
 /// One pass over every index, driven through the cluster's `SweepMachine`
 /// (the simulator drives the same one); whether to sweep again at once.
-async fn pass(state: &Arc<ClusterState>, rt: &Runtime, machine: &mut SweepMachine) -> bool {
+async fn pass(
+    state: &Arc<ClusterState>,
+    rt: &Runtime,
+    machine: &mut SweepMachine,
+    view: &mut LiveNodes,
+) -> bool {
     let counters = &state.sweep;
     counters.passes_total.inc();
-    let Ok(view) = state.view().await else {
+    let Some(live) = live_nodes(state, view).await else {
         return false;
     };
-    let live: Vec<String> = view.live.iter().map(|n| n.node.clone()).collect();
     state.set_live(&live);
     let mut indexes: BTreeSet<Index> = BTreeSet::new();
     for a in rt.apps() {

@@ -1,0 +1,429 @@
+//! The live nodes for the sweep's sharding, at a cost that does not grow
+//! with the cluster (issue 41): one listing of `nodes/` per pass, and a
+//! record read only for a node whose newest record stopped changing.
+//!
+//! Reading every node's latest record on every sweep (a LIST and a GET per
+//! node, what [`super::NodeViewReader`] does for one node) costs each node
+//! about `2 × nodes` requests per sweep: at 100 nodes that is 20 requests a
+//! second per node for the view alone. But a live node writes a new record
+//! every third of its lease period (`lease_renew_ms`), so its newest key
+//! changes between two sweeps; only a node whose key did not change may have
+//! stopped. [`LiveNodes`] therefore keeps, per node, the newest key it listed
+//! and the record read for that key, if any:
+//!
+//! - a key first listed less than two renewal intervals ago
+//!   ([`LiveNodes::unchanged_read_after_ms`]): the node wrote a record
+//!   lately (or this node just started); it counts as live without a read;
+//! - a key listed unchanged for longer, not read yet: a live node would
+//!   have written a newer one, so its record is read and judged as
+//!   [`super::NodeViewReader`] judges it;
+//! - a key already read: the kept record is judged again by this node's
+//!   clock (a live record lapses at its expiry plus grace); nothing is read.
+//!
+//! A live cluster thus costs one listing page per 1,000 records per pass;
+//! a stopped node costs one read of its last record, and a node that starts
+//! reads no live node's record (at 100 nodes, a start that read them all
+//! was most of what the view cost, with nodes restarting every few minutes
+//! as the simulator's faults have them). The view only shards
+//! the sweep (which node delivers an overdue entry): a delivery still takes
+//! its actor through [`super::TakeMachine`], which reads the holder's record
+//! itself, so a view that is late costs latency, never safety. It can be
+//! late once: a node whose new record is a release or a fence counts as
+//! live for two renewal intervals more, until that record, unchanged, is
+//! read; so does a dead node's last record when this node has just started.
+//! Passes may follow each other closely (a sweep whose cap bound passes
+//! again at once): a pass within a renewal interval of the last listing
+//! answers from it without a request, and keys are judged by the time they
+//! were first listed, not by the number of passes.
+
+use std::collections::BTreeMap;
+
+use crate::config::ClusterConfig;
+use crate::lease::{LeaseKey, LeaseRecord, NODES_PREFIX, node_lease_view};
+
+use super::{BucketOp, BucketResult, Pages, decode_body};
+
+/// Most node ids one pass keeps; the rest of a longer listing is not read
+/// (`truncated`), as in the admin view.
+pub const LIVE_NODES_MAX: usize = 1_000;
+
+/// What [`LiveNodes::poll_effect`] asks of its driver.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LiveNodesEffect {
+    /// Perform this operation and pass its answer to [`LiveNodes::on_result`].
+    Bucket(BucketOp),
+    /// The pass is over: the live node ids in order, or `None` when the
+    /// listing failed (no view this pass). Emitted once per pass.
+    Done(Option<Vec<String>>),
+}
+
+/// What this node knows of another one.
+#[derive(Clone, Debug)]
+struct Known {
+    /// Its newest record key at the last pass.
+    key: LeaseKey,
+    /// That record, once read (a record never changes once written).
+    record: Option<LeaseRecord>,
+    /// When this node first listed the key (its clock).
+    listed_at_ms: u64,
+}
+
+#[derive(Clone, Debug)]
+enum Phase {
+    Idle,
+    /// Listing `nodes/`, keeping each node's newest key.
+    List {
+        pages: Pages,
+        newest: BTreeMap<String, LeaseKey>,
+        truncated: bool,
+    },
+    /// Reading the records of the nodes in `to_read`, one at a time.
+    Read {
+        to_read: Vec<String>,
+    },
+    /// The pass ended; its result until it is handed out.
+    Finished(Option<Option<Vec<String>>>),
+}
+
+/// The live nodes, pass after pass (one per sweep), with what earlier passes
+/// read kept between them.
+#[derive(Clone, Debug)]
+pub struct LiveNodes {
+    config: ClusterConfig,
+    known: BTreeMap<String, Known>,
+    phase: Phase,
+    awaiting: bool,
+    now_ms: u64,
+    truncated: bool,
+    reads: u64,
+    /// When the last pass that listed ended, and what it found live.
+    listed: Option<(u64, Vec<String>)>,
+}
+
+impl LiveNodes {
+    /// Knows no node yet.
+    pub fn new(config: ClusterConfig) -> LiveNodes {
+        LiveNodes {
+            config,
+            known: BTreeMap::new(),
+            phase: Phase::Idle,
+            awaiting: false,
+            now_ms: 0,
+            truncated: false,
+            reads: 0,
+            listed: None,
+        }
+    }
+
+    /// Starts a pass at `now_ms` (this node's clock); a pass in progress is
+    /// dropped.
+    pub fn start_pass(&mut self, now_ms: u64) {
+        self.now_ms = now_ms;
+        self.awaiting = false;
+        if let Some((at, live)) = &self.listed
+            && now_ms >= *at
+            && now_ms < at + self.config.lease_renew_ms()
+        {
+            self.phase = Phase::Finished(Some(Some(live.clone())));
+            return;
+        }
+        self.phase = Phase::List {
+            pages: Pages::new(NODES_PREFIX.to_owned(), self.config.list_page_keys_max),
+            newest: BTreeMap::new(),
+            truncated: false,
+        };
+    }
+
+    /// Whether the last pass listed more than [`LIVE_NODES_MAX`] node ids.
+    pub fn truncated(&self) -> bool {
+        self.truncated
+    }
+
+    /// Records read over every pass (for tests and counters).
+    pub fn reads(&self) -> u64 {
+        self.reads
+    }
+
+    /// The next effect, or `None` while an operation is outstanding (or when
+    /// no pass runs).
+    pub fn poll_effect(&mut self) -> Option<LiveNodesEffect> {
+        if self.awaiting {
+            return None;
+        }
+        let op = match &mut self.phase {
+            Phase::Idle => return None,
+            Phase::List { pages, .. } => pages.op(),
+            Phase::Read { to_read } => {
+                let node = to_read.last()?;
+                let key = self.known.get(node)?.key.to_key(NODES_PREFIX);
+                BucketOp::Get { key }
+            }
+            Phase::Finished(result) => {
+                let done = result.take()?;
+                self.phase = Phase::Idle;
+                return Some(LiveNodesEffect::Done(done));
+            }
+        };
+        self.awaiting = true;
+        Some(LiveNodesEffect::Bucket(op))
+    }
+
+    /// Takes the answer to the last operation.
+    pub fn on_result(&mut self, result: BucketResult) {
+        if !std::mem::take(&mut self.awaiting) {
+            debug_assert!(false, "a result without an operation");
+            return;
+        }
+        match std::mem::replace(&mut self.phase, Phase::Idle) {
+            Phase::List {
+                mut pages,
+                mut newest,
+                mut truncated,
+            } => {
+                let BucketResult::Keys(keys) = result else {
+                    self.phase = Phase::Finished(Some(None));
+                    return;
+                };
+                for key in &keys {
+                    // Keys that are not lease records are passed over.
+                    let Ok(k) = LeaseKey::parse(NODES_PREFIX, key) else {
+                        continue;
+                    };
+                    if !newest.contains_key(&k.node) && newest.len() == LIVE_NODES_MAX {
+                        truncated = true;
+                        continue;
+                    }
+                    let slot = newest.entry(k.node.clone()).or_insert_with(|| k.clone());
+                    if k > *slot {
+                        *slot = k;
+                    }
+                }
+                self.phase = if pages.on_page(&keys) {
+                    self.truncated = truncated;
+                    self.after_listing(newest)
+                } else {
+                    Phase::List {
+                        pages,
+                        newest,
+                        truncated,
+                    }
+                };
+            }
+            Phase::Read { mut to_read } => {
+                let node = to_read.pop().unwrap_or_default();
+                self.reads += 1;
+                let now = self.now_ms;
+                if let Some(k) = self.known.get_mut(&node) {
+                    match result {
+                        BucketResult::Body(body) => {
+                            k.record = decode_body(&body, LeaseRecord::decode);
+                        }
+                        // Deleted by its writer two renewals on: the node is
+                        // alive, judged by its new key next pass.
+                        BucketResult::NotFound => k.listed_at_ms = now,
+                        // Not read: not live this pass (as in the admin
+                        // view), read again next pass.
+                        _ => k.listed_at_ms = 0,
+                    }
+                }
+                self.phase = if to_read.is_empty() {
+                    self.finish()
+                } else {
+                    Phase::Read { to_read }
+                };
+            }
+            other => {
+                debug_assert!(false, "a result in {other:?}");
+                self.phase = other;
+            }
+        }
+    }
+
+    /// Compares the listing with what earlier passes knew, and plans the
+    /// reads.
+    fn after_listing(&mut self, newest: BTreeMap<String, LeaseKey>) -> Phase {
+        let mut known = BTreeMap::new();
+        let mut to_read = Vec::new();
+        let stale_after = self.unchanged_read_after_ms();
+        for (node, key) in newest {
+            let entry = match self.known.remove(&node) {
+                Some(k) if k.key == key => k,
+                _ => Known {
+                    key,
+                    record: None,
+                    listed_at_ms: self.now_ms,
+                },
+            };
+            if entry.record.is_none() && self.now_ms >= entry.listed_at_ms + stale_after {
+                to_read.push(node.clone());
+            }
+            known.insert(node, entry);
+        }
+        self.known = known;
+        if to_read.is_empty() {
+            self.finish()
+        } else {
+            Phase::Read { to_read }
+        }
+    }
+
+    /// Ends a pass that listed: its live nodes, kept for passes soon after.
+    fn finish(&mut self) -> Phase {
+        let live = self.live();
+        self.listed = Some((self.now_ms, live.clone()));
+        Phase::Finished(Some(Some(live)))
+    }
+
+    /// How long a node's newest key may stay the same before its record is
+    /// read: two renewal intervals (a live node writes a record every
+    /// `lease_renew_ms`; one renewal may fail and be retried).
+    pub fn unchanged_read_after_ms(&self) -> u64 {
+        2 * self.config.lease_renew_ms()
+    }
+
+    /// The live node ids, in order, as of the pass's time.
+    fn live(&self) -> Vec<String> {
+        let stale_after = self.unchanged_read_after_ms();
+        self.known
+            .iter()
+            .filter(|(_, k)| match &k.record {
+                Some(record) => {
+                    node_lease_view(Some((&k.key, record)), self.now_ms, &self.config).is_live()
+                }
+                None => self.now_ms < k.listed_at_ms + stale_after,
+            })
+            .map(|(node, _)| node.clone())
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::machine::testing::MapBucket;
+
+    fn record(bucket: &mut MapBucket, node: &str, epoch: u64, counter: u64, r: &LeaseRecord) {
+        let key = LeaseKey {
+            node: node.into(),
+            epoch,
+            counter,
+        };
+        bucket.put(&key.to_key(NODES_PREFIX), &r.encode());
+    }
+
+    fn live(expires_at_ms: u64) -> LeaseRecord {
+        LeaseRecord::Live {
+            expires_at_ms,
+            nonce: 1,
+            address: "http://x:1".into(),
+        }
+    }
+
+    /// One pass against `bucket`; the live nodes and the requests it made.
+    fn pass(v: &mut LiveNodes, bucket: &mut MapBucket, now: u64) -> (Vec<String>, usize) {
+        v.start_pass(now);
+        let mut requests = 0;
+        loop {
+            match v.poll_effect().expect("an effect") {
+                LiveNodesEffect::Bucket(op) => {
+                    requests += 1;
+                    let r = bucket.perform(op);
+                    v.on_result(r);
+                }
+                LiveNodesEffect::Done(live) => return (live.expect("listed"), requests),
+            }
+        }
+    }
+
+    #[test]
+    fn live_nodes_are_read_once_and_then_known_by_their_new_keys() {
+        let c = ClusterConfig::default();
+        let mut b = MapBucket::default();
+        for n in ["a", "b", "c"] {
+            record(&mut b, n, 1, 0, &live(10_000));
+        }
+        let mut v = LiveNodes::new(c);
+        // First pass: one listing; every key is new.
+        assert_eq!(
+            pass(&mut v, &mut b, 1_000),
+            (vec!["a".into(), "b".into(), "c".into()], 1)
+        );
+        // Every node renews: one listing, no read.
+        for n in ["a", "b", "c"] {
+            record(&mut b, n, 1, 1, &live(20_000));
+        }
+        assert_eq!(pass(&mut v, &mut b, 11_000).1, 1);
+        // `c` stops renewing: its record is read once, then judged by the
+        // clock: live until its expiry plus grace, then not.
+        for n in ["a", "b"] {
+            record(&mut b, n, 1, 2, &live(30_000));
+        }
+        let (l, r) = pass(&mut v, &mut b, 21_000);
+        assert_eq!((l.len(), r), (3, 2));
+        for n in ["a", "b"] {
+            record(&mut b, n, 1, 3, &live(40_000));
+        }
+        let (l, r) = pass(&mut v, &mut b, 31_000);
+        assert_eq!((l, r), (vec!["a".to_string(), "b".to_string()], 1));
+        assert_eq!(v.reads(), 1);
+    }
+
+    #[test]
+    fn a_released_node_is_dropped_once_its_last_record_is_read() {
+        let c = ClusterConfig::default();
+        let mut b = MapBucket::default();
+        record(&mut b, "a", 1, 0, &live(10_000));
+        let mut v = LiveNodes::new(c.clone());
+        assert_eq!(pass(&mut v, &mut b, 1_000).0, vec!["a".to_string()]);
+        record(&mut b, "a", 1, 1, &LeaseRecord::Released { nonce: 2 });
+        // New key: live, unread, for two renewal intervals ...
+        assert_eq!(pass(&mut v, &mut b, 5_000).0, vec!["a".to_string()]);
+        assert_eq!(pass(&mut v, &mut b, 10_000), (vec!["a".to_string()], 1));
+        // ... then read, and not live.
+        assert_eq!(pass(&mut v, &mut b, 14_000), (vec![], 2));
+        // A node that starts counts it live as long, then reads it.
+        let mut started = LiveNodes::new(c);
+        assert_eq!(
+            pass(&mut started, &mut b, 15_000),
+            (vec!["a".to_string()], 1)
+        );
+        assert_eq!(pass(&mut started, &mut b, 22_000), (vec![], 2));
+    }
+
+    #[test]
+    fn passes_in_quick_succession_read_nothing() {
+        let mut b = MapBucket::default();
+        for n in ["a", "b"] {
+            record(&mut b, n, 1, 0, &live(10_000));
+        }
+        let mut v = LiveNodes::new(ClusterConfig::default());
+        assert_eq!(
+            pass(&mut v, &mut b, 1_000),
+            (vec!["a".into(), "b".into()], 1)
+        );
+        // Within a renewal interval: the last listing's answer, no request.
+        for t in 1..100 {
+            assert_eq!(
+                pass(&mut v, &mut b, 1_000 + t * 30),
+                (vec!["a".into(), "b".into()], 0)
+            );
+        }
+        // Then one listing, and no read (the keys are not two renewal
+        // intervals old).
+        assert_eq!(
+            pass(&mut v, &mut b, 4_400),
+            (vec!["a".into(), "b".into()], 1)
+        );
+        assert_eq!(v.reads(), 0);
+    }
+
+    #[test]
+    fn a_failed_listing_gives_no_view() {
+        let mut v = LiveNodes::new(ClusterConfig::default());
+        v.start_pass(0);
+        assert!(matches!(v.poll_effect(), Some(LiveNodesEffect::Bucket(_))));
+        v.on_result(BucketResult::Failed);
+        assert_eq!(v.poll_effect(), Some(LiveNodesEffect::Done(None)));
+        assert_eq!(v.poll_effect(), None);
+    }
+}
