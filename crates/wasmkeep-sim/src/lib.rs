@@ -12,7 +12,7 @@
 //!
 //! # What is modelled
 //!
-//! - **Nodes**: 3 from the start and 1 or 2 that join later with actors from
+//! - **Nodes**: 3 from the start (`--set nodes=N`) and 1 or 2 that join later with actors from
 //!   their own data (R4), on node leases and actor holds driven through
 //!   `wasmkeep_cluster::machine` (ADR 0020); crashes (also at every step
 //!   boundary of the owner's rules), cut-offs, stalls, clocks falling behind,
@@ -25,7 +25,7 @@
 //!   `state/t1/<app>/` and its index below the app's root, where
 //!   `wasmkeep_cluster::alarm_index::app_index_prefix` puts it (ADR 0022's
 //!   layout); the prefix is a parameter of the cluster crate's functions,
-//!   and each node sweeps each app's index with a cursor of its own. Three actors per app from the start (`Options::actors`): per actor,
+//!   and each node sweeps each app's index with a cursor of its own. Six actors from the start, three per app (`Options::actors` counts all apps): per actor,
 //!   about the traffic of the five of one app before.
 //! - **Actors and deletes**: clients set, clear and re-arm alarms, and delete
 //!   actors (`p_delete`); `on-alarm` fails (committed retries), reschedules,
@@ -83,9 +83,31 @@
 //! for holds, leases and chains (the ownership protocol relies on
 //! read-after-write listings, as S3 gives since 2020), deleted keys lingering
 //! in listings, and stale GETs. A simulated node runs one event at a time
-//! (the server runs actors in parallel), so a backlog of thousands needs short
-//! handlers to drain within a run. Below the protocol: SQLite, wasm guests,
+//! unless the run is sparse or `workers` is set (the server runs actors in
+//! parallel), so a backlog of thousands needs short handlers to drain within
+//! a run. Below the protocol: SQLite, wasm guests,
 //! HTTP, a real store's latency; it does not measure performance.
+//!
+//! # Scale and cost (issue 41)
+//!
+//! `--set nodes=N --set actors=M` sizes a run (`actors` over all apps). Above
+//! `SPARSE_ACTORS_FROM` (1,000) actors a run is sparse: 2% of the actors
+//! start with an alarm spread over the run, clients send one request per
+//! node every 500 ms on average (the load per node stays the same at any
+//! size), and each node runs 16 workers (one piece of work per actor at a
+//! time; the server runs many actors at once). Nodes crash, are cut off,
+//! stall and join as in any run. `wasmkeep-sim --seeds 1 --set nodes=100
+//! --set actors=1000000` takes about 35 s and 1.1 GB in a release build.
+//!
+//! Every request a node sends is counted ([`cost`]): per node per second by
+//! kind and by family of prefix (`nodes/`, the alarm indexes, the actors'
+//! folders), in three windows (while faults last, the two minutes after,
+//! then steady), the busiest second of each shared prefix and of any one
+//! actor's folder against S3's documented rates, and how late alarms ran,
+//! from sweeps (orphaned: nobody held the actor) and from owners' timers.
+//! `tests/scale.rs` holds a node's rate flat from 10 to 100 nodes and shows
+//! the view before ADR 0065 failing that (`view_reads_every_node`,
+//! `take_reads_every_lease` keep it runnable).
 //!
 //! # A finding: entries nobody can act on can hold back deliveries
 //!
@@ -108,6 +130,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod cost;
 pub mod node;
 pub mod rng;
 pub mod sim;

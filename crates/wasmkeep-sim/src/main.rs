@@ -20,6 +20,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use wasmkeep_cluster::Variant;
+use wasmkeep_sim::cost::Cost;
 use wasmkeep_sim::{Batch, Options, Violation, run, run_seeds};
 
 const USAGE: &str = "usage: wasmkeep-sim [--seeds N] [--first-seed S] [--variant NAME [--all]] \
@@ -103,6 +104,13 @@ fn base_options(args: &Args) -> Result<Options, ExitCode> {
     Ok(base)
 }
 
+/// Prints a seed's bucket cost: requests per node per second by kind, the
+/// busiest prefixes and how late alarms ran (`wasmkeep_sim::cost`).
+fn print_cost(seed: u64, nodes: usize, actors: usize, cost: &Cost) {
+    println!("bucket cost of seed {seed} ({nodes} nodes, {actors} actors):");
+    println!("{cost}");
+}
+
 /// Prints a violation as the summary's `VIOLATION` line.
 fn print_violation(seed: u64, v: &Violation) {
     println!(
@@ -130,6 +138,7 @@ fn run_one(base: Options, seed: u64, trace: bool) -> ExitCode {
     );
     println!("{:?}", r.profile);
     println!("{}", r.stats);
+    print_cost(seed, r.nodes, r.actors, &r.cost);
     match r.violation {
         Some(v) => {
             print_violation(seed, &v);
@@ -225,6 +234,9 @@ fn run_batch(args: &Args, base: &Options) -> ExitCode {
         print_violation(*seed, v);
     }
     println!("{}", batch.stats);
+    for (seed, nodes, actors, cost) in &batch.costs {
+        print_cost(*seed, *nodes, *actors, cost);
+    }
     if hunting && args.all {
         report_all(args, &batch, secs)
     } else if hunting {

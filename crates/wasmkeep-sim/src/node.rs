@@ -29,6 +29,7 @@
 //! keeps a cursor per index and reads it page by page.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
 
 use wasmkeep_cluster::alarm_index::{
     self, AlarmState, StaleContext, StaleStep, plan_event, plan_first_upload,
@@ -36,9 +37,10 @@ use wasmkeep_cluster::alarm_index::{
 use wasmkeep_cluster::delivery::{Delivery, Restored, plan_delivery};
 use wasmkeep_cluster::lease::{LeaseKey, NODES_PREFIX, NodeLeaseView};
 use wasmkeep_cluster::machine::{
-    BucketOp, BucketResult, DeliveryReport, EpochEnd, LeaseEffect, NodeLeaseMachine,
-    NodeViewEffect, NodeViewReader, Reached, ReleaseEffect, ReleaseMachine, ReleaseOutcome,
-    SweepEffect, SweepJob, SweepMachine, TakeEffect, TakeMachine, TakeOutcome, TakeStep,
+    BucketOp, BucketResult, DeliveryReport, EpochEnd, KnownLeases, LeaseEffect, LiveNodes,
+    LiveNodesEffect, NodeLeaseMachine, NodeViewEffect, NodeViewReader, Reached, ReleaseEffect,
+    ReleaseMachine, ReleaseOutcome, SweepEffect, SweepJob, SweepMachine, TakeEffect, TakeMachine,
+    TakeOutcome, TakeStep,
 };
 use wasmkeep_cluster::machine::{
     CleanupEffect, CleanupOutcome, GiveUp, IndexUpkeep, Listing, Planned, StaleCleanup,
@@ -245,7 +247,8 @@ pub enum ClientOp {
     Delete,
 }
 
-/// Work for a node's worker, one at a time (turns are serial).
+/// Work for a node's workers: one piece at a time per worker, and one at a
+/// time per actor (turns are serial).
 #[derive(Clone, Debug)]
 pub enum Work {
     /// A client request.
@@ -267,6 +270,18 @@ pub enum Work {
     Release { actor: usize },
 }
 
+impl Work {
+    /// The actor the work is for.
+    pub fn actor(&self) -> usize {
+        match self {
+            Work::Client { actor, .. }
+            | Work::Deliver { actor, .. }
+            | Work::Join { actor }
+            | Work::Release { actor } => *actor,
+        }
+    }
+}
+
 /// What a node keeps in memory; a crash loses it.
 pub struct Mem {
     /// The node's own lease, for this start.
@@ -277,8 +292,11 @@ pub struct Mem {
     pub timer: BTreeMap<usize, u64>,
     /// Work not yet started.
     pub queue: VecDeque<Work>,
-    /// The worker task, when it waits for work.
-    pub worker_waiting: Option<u64>,
+    /// The worker tasks waiting for work.
+    pub worker_waiting: Vec<u64>,
+    /// Actors a worker is busy with: one piece of work per actor at a time
+    /// (an actor's turns are serial), whatever the number of workers.
+    pub busy: BTreeSet<usize>,
     /// Actors with a delivery queued or running.
     pub in_flight: BTreeSet<usize>,
     /// Actors with a release queued.
@@ -287,6 +305,10 @@ pub struct Mem {
     pub sweep: SweepMachine,
     /// Sweep jobs the worker finished, for the sweep to report.
     pub sweep_done: Vec<(SweepJob, DeliveryReport)>,
+    /// The live nodes as the sweep last saw them, and what it read.
+    pub live: LiveNodes,
+    /// Other nodes' live lease records its takes read (`KnownLeases`).
+    pub known: Arc<KnownLeases>,
 }
 
 /// The address a simulated node advertises in its lease records (nothing
@@ -304,11 +326,14 @@ impl Mem {
             claims: BTreeMap::new(),
             timer: BTreeMap::new(),
             queue: VecDeque::new(),
-            worker_waiting: None,
+            worker_waiting: Vec::new(),
+            busy: BTreeSet::new(),
             in_flight: BTreeSet::new(),
             releasing: BTreeSet::new(),
             sweep: SweepMachine::new(name, cfg.clone()),
             sweep_done: Vec::new(),
+            live: LiveNodes::new(cfg.clone()),
+            known: Arc::new(KnownLeases::new()),
         }
     }
 }
@@ -701,14 +726,19 @@ impl Ctx {
         let mut machine = self.with(|w| {
             let node = &w.nodes[n];
             let loaded = node.mem.claims.get(&actor).map(|c| c.generation);
-            TakeMachine::new(
+            let m = TakeMachine::new(
                 &node.name,
                 node.mem.lease.epoch(),
                 &w.actors[actor].root,
                 loaded,
                 w.rng.next_u64(),
                 w.cfg.clone(),
-            )
+            );
+            if w.opts.take_reads_every_lease {
+                m
+            } else {
+                m.with_known_leases(Arc::clone(&node.mem.known))
+            }
         });
         loop {
             let Some(effect) = machine.poll_effect(self.acting_epoch()) else {
@@ -1029,6 +1059,11 @@ impl Ctx {
             Took::Mine => {}
             Took::Forward(node) => {
                 let up = self.w.borrow().nodes[node].up;
+                if !up {
+                    // The forward fails: the next take reads its lease.
+                    let (n, name) = (self.n, self.w.borrow().nodes[node].name.clone());
+                    self.with(|w| w.nodes[n].mem.known.forget(&name));
+                }
                 if hops < 2 && up {
                     self.with(|w| {
                         w.push_work(
@@ -1144,7 +1179,14 @@ impl Ctx {
         let label = self.label(actor);
         let rules = self.w.borrow().rules;
         match plan_delivery(rules, at, &claim.state.restored(), now) {
-            Delivery::Run => self.run_alarm(actor, at, &claim, now, &label).await,
+            Delivery::Run => {
+                let started = self.w.borrow().now;
+                let reached = self.run_alarm(actor, at, &claim, now, &label).await;
+                if reached == Reached::Ran {
+                    self.with(|w| w.cost.alarm_ran(at, started, from_sweep));
+                }
+                reached
+            }
             Delivery::NotDue { at_ms } => {
                 self.set_timer(actor, Some(at_ms));
                 Reached::NotDue
@@ -1560,10 +1602,18 @@ pub async fn sweep_loop(ctx: Ctx) {
     let (first, every) = ctx.with(|w| (w.rng.range(0, w.cfg.alarm_sweep_ms), w.cfg.alarm_sweep_ms));
     sleep(&ctx.w, first).await;
     loop {
+        let started = ctx.w.borrow().now;
         let again_now = ctx.acting() && sweep_once(&ctx).await;
         // Again at once (one scheduling round) when the cap bound and
-        // deliveries got somewhere, as the server does.
-        sleep(&ctx.w, if again_now { 1 } else { every }).await;
+        // deliveries got somewhere, else a sweep period after this pass
+        // started (a pass waits for its deliveries), as the server does.
+        let spent = ctx.w.borrow().now - started;
+        let wait = if again_now {
+            1
+        } else {
+            every.saturating_sub(spent).max(1)
+        };
+        sleep(&ctx.w, wait).await;
     }
 }
 
@@ -1571,30 +1621,16 @@ pub async fn sweep_loop(ctx: Ctx) {
 /// `SweepMachine` over every app's index, the machine the server drives;
 /// whether to sweep again at once.
 async fn sweep_once(ctx: &Ctx) -> bool {
-    let Some(keys) = ctx.list_all(NODES_PREFIX.to_owned()).await else {
+    let Some(mut live) = live_nodes(ctx).await else {
         return false;
     };
-    let names: BTreeSet<String> = keys
-        .iter()
-        .filter_map(|k| LeaseKey::parse(NODES_PREFIX, k).ok())
-        .map(|k| k.node)
-        .collect();
-    let me = ctx.name();
-    let mut live = Vec::new();
-    for name in names {
-        if name == me {
-            continue;
-        }
-        if let Some(v) = ctx.node_view(&name).await
-            && v.is_live()
-        {
-            live.push(name);
-        }
-    }
     if !ctx.acting() {
         return false;
     }
-    live.push(me);
+    let me = ctx.name();
+    if !live.contains(&me) {
+        live.push(me);
+    }
     let n = ctx.n;
     ctx.with(|w| {
         w.stats.sweeps += 1;
@@ -1636,6 +1672,50 @@ async fn sweep_once(ctx: &Ctx) -> bool {
             }
         }
     }
+}
+
+/// The live nodes for the sweep's sharding: the cluster's `LiveNodes`, the
+/// reader the server's sweep drives (one listing, a record read only for a
+/// node whose newest record stopped changing), or, with
+/// `Options::view_reads_every_node`, every node's record read on every pass
+/// (the view before issue 41, kept to show what it costs).
+async fn live_nodes(ctx: &Ctx) -> Option<Vec<String>> {
+    let n = ctx.n;
+    if ctx.w.borrow().opts.view_reads_every_node {
+        return live_nodes_by_reading_each(ctx).await;
+    }
+    let now = ctx.now();
+    ctx.with(|w| w.nodes[n].mem.live.start_pass(now));
+    loop {
+        match ctx.with(|w| w.nodes[n].mem.live.poll_effect())? {
+            LiveNodesEffect::Bucket(op) => {
+                let result = ctx.perform(op).await;
+                ctx.with(|w| w.nodes[n].mem.live.on_result(result));
+            }
+            LiveNodesEffect::Done(live) => return live,
+        }
+    }
+}
+
+/// Every node's latest record read, one node after another.
+async fn live_nodes_by_reading_each(ctx: &Ctx) -> Option<Vec<String>> {
+    let keys = ctx.list_all(NODES_PREFIX.to_owned()).await?;
+    let names: BTreeSet<String> = keys
+        .iter()
+        .filter_map(|k| LeaseKey::parse(NODES_PREFIX, k).ok())
+        .map(|k| k.node)
+        .collect();
+    let me = ctx.name();
+    let mut live = Vec::new();
+    for name in names {
+        if name != me
+            && let Some(v) = ctx.node_view(&name).await
+            && v.is_live()
+        {
+            live.push(name);
+        }
+    }
+    Some(live)
 }
 
 /// Hands a sweep job to the worker, as a delivery to the actor of the job's
@@ -1714,11 +1794,13 @@ pub async fn timer_loop(ctx: Ctx) {
     }
 }
 
-/// The worker: one piece of work at a time.
+/// A worker: one piece of work at a time (a node runs
+/// `Options::workers` of them, as the server runs many actors at once).
 pub async fn worker(ctx: Ctx) {
     loop {
         let work = next_work(&ctx.w, ctx.n).await;
         let n = ctx.n;
+        let actor = work.actor();
         match work {
             Work::Client { actor, op, hops } => ctx.client(actor, op, hops).await,
             Work::Deliver { actor, at, sweep } => {
@@ -1742,5 +1824,6 @@ pub async fn worker(ctx: Ctx) {
                 ctx.with(|w| w.nodes[n].mem.releasing.remove(&actor));
             }
         }
+        ctx.with(|w| w.work_done(n, actor));
     }
 }

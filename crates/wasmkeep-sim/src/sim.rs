@@ -6,6 +6,7 @@ use std::rc::Rc;
 
 use wasmkeep_cluster::{Address, ClusterConfig, Entry, IndexKey, Variant, alarm_index};
 
+use crate::cost::Cost;
 use crate::node::{self, ActorState, Cause, ClientOp, Ctx, Durable, JoinData, Mem, Work, log_key};
 use crate::rng::Rng;
 use crate::world::{Ev, Executor, Node, World};
@@ -27,9 +28,28 @@ pub struct Options {
     /// Apps of the tenant. Every app has the same class and actor names
     /// (`room/a0`, `room/a1`, ...), each app its own index.
     pub apps: usize,
-    /// Actors in the bucket from the start, in each app (clients reach
-    /// these and the joining nodes' actors, not the backlog).
+    /// Actors in the bucket from the start, over all apps (split evenly,
+    /// the same names in every app; clients reach these and the joining
+    /// nodes' actors, not the backlog). Above [`SPARSE_ACTORS_FROM`] the
+    /// run is sparse ([`Options::sparse`]).
     pub actors: usize,
+    /// Workers per node: pieces of work a node runs at once (one per actor
+    /// at a time). `None`: 1, or [`SPARSE_WORKERS`] in a sparse run.
+    pub workers: Option<usize>,
+    /// Client requests: one per node every this many ms on average (the
+    /// load per node stays the same at any size), instead of
+    /// `client_every_ms` for the whole cluster. `None`: not so, or
+    /// [`SPARSE_CLIENT_PER_NODE_MS`] in a sparse run.
+    pub client_per_node_ms: Option<u64>,
+    /// The sweep reads every node's lease record on every pass, as before
+    /// issue 41 (`wasmkeep_cluster::machine::LiveNodes` reads only the
+    /// records that stopped changing): kept to show its cost grows with the
+    /// cluster.
+    pub view_reads_every_node: bool,
+    /// Every take of a held actor reads the holder's lease, as before issue
+    /// 41 (`wasmkeep_cluster::machine::KnownLeases` keeps the live records
+    /// read): kept to show what owner lookups cost without it.
+    pub take_reads_every_lease: bool,
     /// All apps list their entries under the tenant-wide prefix
     /// (`alarm_index::tenant_index_prefix`, `alarms/t1/`, the layout before
     /// ADR 0022) instead of their own (`alarm_index::app_index_prefix`,
@@ -130,7 +150,11 @@ impl Default for Options {
             trace: false,
             nodes: 3,
             apps: 2,
-            actors: 3,
+            actors: 6,
+            workers: None,
+            client_per_node_ms: None,
+            view_reads_every_node: false,
+            take_reads_every_lease: false,
             shared_index: false,
             backlog: None,
             orphans: None,
@@ -178,6 +202,10 @@ impl Options {
             "nodes" => self.nodes = u(value)? as usize,
             "apps" => self.apps = (u(value)? as usize).max(1),
             "actors" => self.actors = u(value)? as usize,
+            "workers" => self.workers = Some((u(value)? as usize).max(1)),
+            "client_per_node_ms" => self.client_per_node_ms = Some(u(value)?.max(1)),
+            "view_reads_every_node" => self.view_reads_every_node = u(value)? != 0,
+            "take_reads_every_lease" => self.take_reads_every_lease = u(value)? != 0,
             "shared_index" => self.shared_index = u(value)? != 0,
             "backlog" => self.backlog = Some(u(value)? as usize),
             "orphans" => self.orphans = Some(u(value)? as usize),
@@ -216,6 +244,45 @@ impl Options {
             return Err(format!("handler_ms_min above handler_ms_max: {value}"));
         }
         Ok(())
+    }
+}
+
+/// Above this many actors a run is sparse: most actors idle in the bucket,
+/// [`SPARSE_ALARM_SHARE`] of them with an alarm spread over the run, clients
+/// at a rate per node, and [`SPARSE_WORKERS`] workers per node.
+pub const SPARSE_ACTORS_FROM: usize = 1_000;
+/// The share of a sparse run's actors with an alarm at the start.
+pub const SPARSE_ALARM_SHARE: f64 = 0.02;
+/// Workers per node in a sparse run (the server delivers 32 alarms at once
+/// and runs as many actors as requests come).
+pub const SPARSE_WORKERS: usize = 16;
+/// A sparse run's client requests: one per node every this many ms.
+pub const SPARSE_CLIENT_PER_NODE_MS: u64 = 500;
+
+impl Options {
+    /// Whether the run is sparse (more than [`SPARSE_ACTORS_FROM`] actors).
+    pub fn sparse(&self) -> bool {
+        self.actors > SPARSE_ACTORS_FROM
+    }
+
+    /// Workers per node.
+    pub fn workers(&self) -> usize {
+        self.workers
+            .unwrap_or(if self.sparse() { SPARSE_WORKERS } else { 1 })
+    }
+
+    /// The mean time between two client requests to the cluster, with
+    /// `up` nodes up.
+    pub fn client_interval_ms(&self, up: usize) -> u64 {
+        let per_node = self.client_per_node_ms.or(if self.sparse() {
+            Some(SPARSE_CLIENT_PER_NODE_MS)
+        } else {
+            None
+        });
+        match per_node {
+            Some(ms) => (ms / up.max(1) as u64).max(1),
+            None => self.client_every_ms,
+        }
     }
 }
 
@@ -614,6 +681,13 @@ pub struct Report {
     pub trace_count: u64,
     /// The trace, when kept.
     pub trace: Vec<String>,
+    /// Nodes from the start (joining nodes come on top).
+    pub nodes: usize,
+    /// Actors of the run (those in the bucket from the start, the backlog,
+    /// the joining nodes').
+    pub actors: usize,
+    /// What the nodes asked of the bucket, and how late alarms ran.
+    pub cost: Cost,
 }
 
 /// The latest committed state of an actor: the last entry of its chain.
@@ -742,14 +816,14 @@ fn same_app(w: &mut World, key: &str, actor: usize, invariant: &'static str, doi
 }
 
 /// The longest an alarm may wait past its time once faults stop.
-fn delivery_bound(c: &ClusterConfig) -> u64 {
-    c.retry_max_ms + c.anyones_after_ms() + 2 * c.alarm_sweep_ms + 30_000
+fn delivery_bound(c: &ClusterConfig, nodes: usize) -> u64 {
+    c.retry_max_ms + c.everyones_after_ms(nodes) + 2 * c.alarm_sweep_ms + 30_000
 }
 
 /// Once faults stop, every committed alarm is delivered: at the end, no
 /// committed alarm is older than the longest delivery delay the ADR allows.
 fn check_delivered(w: &mut World) {
-    let bound = delivery_bound(&w.cfg);
+    let bound = delivery_bound(&w.cfg, w.nodes.len());
     for i in 0..w.actors.len() {
         let Some(state) = committed(w, &w.actors[i]) else {
             continue;
@@ -772,7 +846,7 @@ fn check_delivered(w: &mut World) {
 /// at the end no index entry is older than the delivery bound, except where
 /// the ADR keeps it (an entry for an actor the bucket has nothing for, R4).
 fn check_index_drained(w: &mut World) {
-    let bound = delivery_bound(&w.cfg);
+    let bound = delivery_bound(&w.cfg, w.nodes.len());
     let mut left = None;
     for (key, _) in w.bucket.iter() {
         let Some(app) = (0..w.apps.len()).find(|a| key.starts_with(&w.apps[*a].index_prefix))
@@ -832,7 +906,9 @@ fn start_node(ex: &mut Executor, n: usize) {
     wm.spawn(n, Box::pin(node::renew_loop(ctx.clone())));
     wm.spawn(n, Box::pin(node::sweep_loop(ctx.clone())));
     wm.spawn(n, Box::pin(node::timer_loop(ctx.clone())));
-    wm.spawn(n, Box::pin(node::worker(ctx)));
+    for _ in 0..wm.opts.workers() {
+        wm.spawn(n, Box::pin(node::worker(ctx.clone())));
+    }
 }
 
 /// Crashes a node: its tasks and memory are gone; its requests in flight
@@ -844,7 +920,7 @@ pub fn crash_node(ex: &mut Executor, n: usize) {
         return;
     }
     w.nodes[n].up = false;
-    w.nodes[n].mem.worker_waiting = None;
+    w.nodes[n].mem.worker_waiting.clear();
     w.stats.crashes += 1;
     let name = w.nodes[n].name.clone();
     w.log(format!("{name} CRASH"));
@@ -864,6 +940,10 @@ fn every(w: &mut World, mean: u64) -> u64 {
 /// Checks the named-entries invariant and plans the next check.
 fn on_check(w: &mut World) {
     check_named_entries(w);
+    let up = w.nodes.iter().filter(|n| n.up).count();
+    let every = w.opts.check_every_ms;
+    let now = w.now;
+    w.cost.sample(now, up, every);
     let t = w.now + w.opts.check_every_ms;
     w.at(t, Ev::Sim(SimEv::Check));
 }
@@ -956,6 +1036,28 @@ fn client_op(w: &mut World) -> ClientOp {
     }
 }
 
+/// The actor a client request is for: one the bucket has, not of the
+/// backlog. A sparse run draws among all actors (most are in the bucket)
+/// rather than list a million each time.
+fn client_actor(w: &mut World) -> Option<usize> {
+    if w.opts.sparse() {
+        for _ in 0..8 {
+            let i = w.rng.index(w.actors.len());
+            if w.in_bucket.contains(&i) && !w.actors[i].backlog {
+                return Some(i);
+            }
+        }
+        return None;
+    }
+    let existing: Vec<usize> = w
+        .in_bucket
+        .iter()
+        .copied()
+        .filter(|i| !w.actors[*i].backlog)
+        .collect();
+    (!existing.is_empty()).then(|| existing[w.rng.index(existing.len())])
+}
+
 /// While faults are on, sends a client request for an actor in the bucket to
 /// a node that is up, and plans the next request.
 fn on_client(w: &mut World) {
@@ -967,20 +1069,15 @@ fn on_client(w: &mut World) {
     // ADR's "start the node with the data first"). A deleted actor is
     // in the bucket (a tombstone): a request creates it again. The
     // backlog's idle actors get no requests.
-    let existing: Vec<usize> = w
-        .in_bucket
-        .iter()
-        .copied()
-        .filter(|i| !w.actors[*i].backlog)
-        .collect();
     let up: Vec<usize> = (0..w.nodes.len()).filter(|i| w.nodes[*i].up).collect();
-    if !existing.is_empty() && !up.is_empty() {
-        let actor = existing[w.rng.index(existing.len())];
+    if let Some(actor) = client_actor(w)
+        && !up.is_empty()
+    {
         let node = up[w.rng.index(up.len())];
         let op = client_op(w);
         w.push_work(node, Work::Client { actor, op, hops: 0 });
     }
-    let mean = w.opts.client_every_ms;
+    let mean = w.opts.client_interval_ms(up.len());
     let t = w.now + every(w, mean);
     w.at(t, Ev::Sim(SimEv::Client));
 }
@@ -1020,6 +1117,8 @@ fn on_faults_off(ex: &mut Executor) {
     let down: Vec<usize> = {
         let mut w = ex.w.borrow_mut();
         w.faults_on = false;
+        let now = w.now;
+        w.cost.quiet_from(now);
         w.log("faults and client requests stop");
         let now = w.now;
         for node in &mut w.nodes {
@@ -1078,6 +1177,7 @@ pub fn run(opts: Options) -> Report {
     if wm.violation.is_none() {
         check_index_drained(&mut wm);
     }
+    wm.cost.finish();
     Report {
         seed: opts.seed,
         variant: opts.variant,
@@ -1087,6 +1187,9 @@ pub fn run(opts: Options) -> Report {
         trace_hash: wm.trace.hash,
         trace_count: wm.trace.count,
         trace: std::mem::take(&mut wm.trace.lines),
+        nodes: opts.nodes,
+        actors: wm.actors.len(),
+        cost: std::mem::take(&mut wm.cost),
     }
 }
 
@@ -1162,8 +1265,20 @@ fn add_apps(w: &mut World, o: &Options) {
 /// alarm listed under a legacy key (from before tags), some under a tagged
 /// one.
 fn seed_actors(w: &mut World, o: &Options) {
-    for app in 0..w.apps.len() {
-        for i in 0..o.actors {
+    let apps = w.apps.len();
+    // A sparse run spreads a small share of alarms over the run, until
+    // half the quiet time.
+    let (share, slots) = if o.sparse() {
+        (
+            SPARSE_ALARM_SHARE,
+            (o.fault_ms + o.quiet_ms / 2) / o.slot_ms.max(1),
+        )
+    } else {
+        (0.7, 30)
+    };
+    for app in 0..apps {
+        let in_app = o.actors / apps + usize::from(app < o.actors % apps);
+        for i in 0..in_app {
             let address = Address::new("room", format!("a{i}")).expect("valid");
             let offset = w.rng.range(0, o.deadline_ms - 1);
             let info = ActorInfo::new((app, &w.apps[app]), address, offset);
@@ -1174,8 +1289,8 @@ fn seed_actors(w: &mut World, o: &Options) {
                 writer: format!("setup:{actor}"),
                 ..ActorState::default()
             };
-            if w.rng.chance(0.7) {
-                let at = w.rng.range(0, 30) * o.slot_ms;
+            if w.rng.chance(share) {
+                let at = w.rng.range(0, slots) * o.slot_ms;
                 let entry = if w.rng.chance(0.3) {
                     Entry::legacy(at)
                 } else {
@@ -1300,7 +1415,13 @@ pub struct Batch {
     pub stats: Stats,
     /// Seeds that broke an invariant, with what they broke.
     pub failures: Vec<(u64, Violation)>,
+    /// The bucket cost of the first [`BATCH_COSTS_KEPT`] seeds, with their
+    /// size (nodes from the start, actors).
+    pub costs: Vec<(u64, usize, usize, Cost)>,
 }
+
+/// Seeds of a batch whose bucket cost is kept for the report.
+pub const BATCH_COSTS_KEPT: usize = 3;
 
 /// Runs `count` seeds from `first`; with `stop_at_first`, stops at the first
 /// violation (how a variant hunt ends).
@@ -1314,6 +1435,9 @@ pub fn run_seeds(base: &Options, first: u64, count: u64, stop_at_first: bool) ->
         });
         batch.seeds += 1;
         batch.stats.add(&r.stats);
+        if batch.costs.len() < BATCH_COSTS_KEPT {
+            batch.costs.push((seed, r.nodes, r.actors, r.cost));
+        }
         if let Some(v) = r.violation {
             batch.failures.push((seed, v));
             if stop_at_first {

@@ -25,6 +25,7 @@ use std::task::{Context, Poll, Waker};
 
 use wasmkeep_cluster::{Address, ClusterConfig, IndexKey, Rules};
 
+use crate::cost::{Cost, Kind};
 use crate::node::{Durable, Mem, Work};
 use crate::rng::Rng;
 use crate::sim::{ActorInfo, AppInfo, Options, Stats, Violation};
@@ -258,6 +259,8 @@ pub struct World {
     pub trace: Trace,
     /// The first invariant broken, if any.
     pub violation: Option<Violation>,
+    /// What the nodes asked of the bucket.
+    pub cost: Cost,
 }
 
 /// A handle node code holds on the world.
@@ -298,6 +301,7 @@ impl World {
             faults_on: true,
             stats: Stats::default(),
             violation: None,
+            cost: Cost::default(),
         }
     }
 
@@ -346,9 +350,23 @@ impl World {
 
     /// Puts work on a node's queue and wakes its worker.
     pub fn push_work(&mut self, node: usize, work: Work) {
-        let n = &mut self.nodes[node];
-        n.mem.queue.push_back(work);
-        if let Some(t) = n.mem.worker_waiting.take() {
+        self.nodes[node].mem.queue.push_back(work);
+        self.wake_workers(node);
+    }
+
+    /// A worker of `node` finished its work for `actor`: work queued for
+    /// that actor may start.
+    pub fn work_done(&mut self, node: usize, actor: usize) {
+        let mem = &mut self.nodes[node].mem;
+        mem.busy.remove(&actor);
+        if !mem.queue.is_empty() {
+            self.wake_workers(node);
+        }
+    }
+
+    /// Wakes the node's waiting workers (each looks for work it may start).
+    fn wake_workers(&mut self, node: usize) {
+        for t in std::mem::take(&mut self.nodes[node].mem.worker_waiting) {
             self.at(self.now, Ev::Wake(t));
         }
     }
@@ -359,6 +377,13 @@ impl World {
         let task = self.current_task.expect("requests are sent from tasks");
         self.replies.insert(id, Reply { task, result: None });
         self.stats.requests += 1;
+        let (kind, key) = match &op {
+            Op::Put { key, .. } => (Kind::Put, key),
+            Op::Get { key } => (Kind::Get, key),
+            Op::List { prefix, .. } => (Kind::List, prefix),
+            Op::Delete { key, .. } => (Kind::Delete, key),
+        };
+        self.cost.count(self.now, kind, key);
         let deadline = self.opts.request_deadline_ms;
         self.at(self.now + deadline, Ev::Deadline(id));
         if self.nodes[node].cut_until > self.now {
@@ -688,10 +713,20 @@ impl Future for NextWork {
         let mut w = this.w.borrow_mut();
         let t = w.current_task.expect("in a task");
         let mem = &mut w.nodes[this.node].mem;
-        match mem.queue.pop_front() {
-            Some(work) => Poll::Ready(work),
+        // The first work whose actor no other worker is busy with.
+        let next = mem
+            .queue
+            .iter()
+            .position(|work| !mem.busy.contains(&work.actor()));
+        match next.and_then(|i| mem.queue.remove(i)) {
+            Some(work) => {
+                mem.busy.insert(work.actor());
+                Poll::Ready(work)
+            }
             None => {
-                mem.worker_waiting = Some(t);
+                if !mem.worker_waiting.contains(&t) {
+                    mem.worker_waiting.push(t);
+                }
                 Poll::Pending
             }
         }
