@@ -142,7 +142,7 @@ mod take;
 mod upkeep;
 
 pub use known_leases::{KNOWN_LEASES_MAX, KnownLeases};
-pub use live_nodes::{LIVE_NODES_MAX, LiveNodes, LiveNodesEffect};
+pub use live_nodes::{LIVE_NODES_MAX, LiveNodes, LiveNodesEffect, OLD_RECORDS_DELETED_MAX};
 pub use node_lease::{EpochEnd, LeaseEffect, NodeLeaseMachine};
 pub use node_view::{NodeViewEffect, NodeViewReader};
 pub use release::{ReleaseEffect, ReleaseMachine, ReleaseOutcome};

@@ -332,7 +332,7 @@ impl Mem {
             releasing: BTreeSet::new(),
             sweep: SweepMachine::new(name, cfg.clone()),
             sweep_done: Vec::new(),
-            live: LiveNodes::new(cfg.clone()),
+            live: LiveNodes::new(name, cfg.clone()),
             known: Arc::new(KnownLeases::new()),
         }
     }
@@ -1691,6 +1691,10 @@ async fn live_nodes(ctx: &Ctx) -> Option<Vec<String>> {
             LiveNodesEffect::Bucket(op) => {
                 let result = ctx.perform(op).await;
                 ctx.with(|w| w.nodes[n].mem.live.on_result(result));
+            }
+            LiveNodesEffect::Detached(op) => {
+                // Garbage of this node's earlier epochs: nothing waits on it.
+                let _ = ctx.perform(op).await;
             }
             LiveNodesEffect::Done(live) => return live,
         }

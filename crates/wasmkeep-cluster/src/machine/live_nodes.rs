@@ -35,6 +35,14 @@
 //! again at once): a pass within a renewal interval of the last listing
 //! answers from it without a request, and keys are judged by the time they
 //! were first listed, not by the number of passes.
+//!
+//! The listing also shows this node's own records of earlier epochs, which
+//! nothing reads once a newer epoch of the node is registered (a hold of an
+//! earlier epoch is dead whatever its records say, ADR 0020): a pass hands
+//! them out for deletion ([`LiveNodesEffect::Detached`]), at most
+//! [`OLD_RECORDS_DELETED_MAX`] a pass, so that `nodes/` keeps a few records
+//! per node however often nodes restart, and its listing one page per 1,000
+//! of them (a crashed epoch's last records were never deleted before).
 
 use std::collections::BTreeMap;
 
@@ -47,11 +55,17 @@ use super::{BucketOp, BucketResult, Pages, decode_body};
 /// (`truncated`), as in the admin view.
 pub const LIVE_NODES_MAX: usize = 1_000;
 
+/// This node's records of earlier epochs one pass deletes at most.
+pub const OLD_RECORDS_DELETED_MAX: usize = 64;
+
 /// What [`LiveNodes::poll_effect`] asks of its driver.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LiveNodesEffect {
     /// Perform this operation and pass its answer to [`LiveNodes::on_result`].
     Bucket(BucketOp),
+    /// Perform this operation whenever convenient and report nothing: one of
+    /// this node's lease records of an earlier epoch, garbage now.
+    Detached(BucketOp),
     /// The pass is over: the live node ids in order, or `None` when the
     /// listing failed (no view this pass). Emitted once per pass.
     Done(Option<Vec<String>>),
@@ -89,6 +103,7 @@ enum Phase {
 /// read kept between them.
 #[derive(Clone, Debug)]
 pub struct LiveNodes {
+    me: String,
     config: ClusterConfig,
     known: BTreeMap<String, Known>,
     phase: Phase,
@@ -98,12 +113,17 @@ pub struct LiveNodes {
     reads: u64,
     /// When the last pass that listed ended, and what it found live.
     listed: Option<(u64, Vec<String>)>,
+    /// This node's records listed in the pass, and those of earlier epochs
+    /// left to delete.
+    mine: Vec<LeaseKey>,
+    garbage: Vec<LeaseKey>,
 }
 
 impl LiveNodes {
-    /// Knows no node yet.
-    pub fn new(config: ClusterConfig) -> LiveNodes {
+    /// Knows no node yet; `me` is this node's id.
+    pub fn new(me: &str, config: ClusterConfig) -> LiveNodes {
         LiveNodes {
+            me: me.to_owned(),
             config,
             known: BTreeMap::new(),
             phase: Phase::Idle,
@@ -112,6 +132,8 @@ impl LiveNodes {
             truncated: false,
             reads: 0,
             listed: None,
+            mine: Vec::new(),
+            garbage: Vec::new(),
         }
     }
 
@@ -127,6 +149,7 @@ impl LiveNodes {
             self.phase = Phase::Finished(Some(Some(live.clone())));
             return;
         }
+        self.mine.clear();
         self.phase = Phase::List {
             pages: Pages::new(NODES_PREFIX.to_owned(), self.config.list_page_keys_max),
             newest: BTreeMap::new(),
@@ -149,6 +172,11 @@ impl LiveNodes {
     pub fn poll_effect(&mut self) -> Option<LiveNodesEffect> {
         if self.awaiting {
             return None;
+        }
+        if let Some(old) = self.garbage.pop() {
+            return Some(LiveNodesEffect::Detached(BucketOp::Delete {
+                key: old.to_key(NODES_PREFIX),
+            }));
         }
         let op = match &mut self.phase {
             Phase::Idle => return None,
@@ -189,6 +217,9 @@ impl LiveNodes {
                     let Ok(k) = LeaseKey::parse(NODES_PREFIX, key) else {
                         continue;
                     };
+                    if k.node == self.me {
+                        self.mine.push(k.clone());
+                    }
                     if !newest.contains_key(&k.node) && newest.len() == LIVE_NODES_MAX {
                         truncated = true;
                         continue;
@@ -242,6 +273,10 @@ impl LiveNodes {
     /// Compares the listing with what earlier passes knew, and plans the
     /// reads.
     fn after_listing(&mut self, newest: BTreeMap<String, LeaseKey>) -> Phase {
+        if let Some(current) = newest.get(&self.me).map(|k| k.epoch) {
+            let old = self.mine.drain(..).filter(|k| k.epoch < current);
+            self.garbage = old.take(OLD_RECORDS_DELETED_MAX).collect();
+        }
         let mut known = BTreeMap::new();
         let mut to_read = Vec::new();
         let stale_after = self.unchanged_read_after_ms();
@@ -330,6 +365,10 @@ mod tests {
                     let r = bucket.perform(op);
                     v.on_result(r);
                 }
+                LiveNodesEffect::Detached(op) => {
+                    requests += 1;
+                    bucket.perform(op);
+                }
                 LiveNodesEffect::Done(live) => return (live.expect("listed"), requests),
             }
         }
@@ -342,7 +381,7 @@ mod tests {
         for n in ["a", "b", "c"] {
             record(&mut b, n, 1, 0, &live(10_000));
         }
-        let mut v = LiveNodes::new(c);
+        let mut v = LiveNodes::new("me", c);
         // First pass: one listing; every key is new.
         assert_eq!(
             pass(&mut v, &mut b, 1_000),
@@ -373,7 +412,7 @@ mod tests {
         let c = ClusterConfig::default();
         let mut b = MapBucket::default();
         record(&mut b, "a", 1, 0, &live(10_000));
-        let mut v = LiveNodes::new(c.clone());
+        let mut v = LiveNodes::new("me", c.clone());
         assert_eq!(pass(&mut v, &mut b, 1_000).0, vec!["a".to_string()]);
         record(&mut b, "a", 1, 1, &LeaseRecord::Released { nonce: 2 });
         // New key: live, unread, for two renewal intervals ...
@@ -382,7 +421,7 @@ mod tests {
         // ... then read, and not live.
         assert_eq!(pass(&mut v, &mut b, 14_000), (vec![], 2));
         // A node that starts counts it live as long, then reads it.
-        let mut started = LiveNodes::new(c);
+        let mut started = LiveNodes::new("me", c);
         assert_eq!(
             pass(&mut started, &mut b, 15_000),
             (vec!["a".to_string()], 1)
@@ -396,7 +435,7 @@ mod tests {
         for n in ["a", "b"] {
             record(&mut b, n, 1, 0, &live(10_000));
         }
-        let mut v = LiveNodes::new(ClusterConfig::default());
+        let mut v = LiveNodes::new("me", ClusterConfig::default());
         assert_eq!(
             pass(&mut v, &mut b, 1_000),
             (vec!["a".into(), "b".into()], 1)
@@ -418,8 +457,58 @@ mod tests {
     }
 
     #[test]
+    fn this_nodes_records_of_earlier_epochs_are_deleted() {
+        let c = ClusterConfig::default();
+        let mut b = MapBucket::default();
+        // Two crashed epochs' last records, a fence, and the current one.
+        record(&mut b, "me", 1, 7, &live(1_000));
+        record(&mut b, "me", 1, 8, &live(2_000));
+        record(
+            &mut b,
+            "me",
+            2,
+            3,
+            &LeaseRecord::Fenced {
+                by: "b".into(),
+                nonce: 1,
+            },
+        );
+        record(&mut b, "me", 3, 0, &live(20_000));
+        record(&mut b, "b", 1, 5, &live(20_000));
+        record(&mut b, "b", 2, 0, &live(20_000));
+        let mut v = LiveNodes::new("me", c);
+        let (live, requests) = pass(&mut v, &mut b, 10_000);
+        assert_eq!((live.len(), requests), (2, 4));
+        let left: Vec<&String> = b.objects.keys().collect();
+        assert_eq!(
+            left,
+            [
+                &LeaseKey {
+                    node: "b".into(),
+                    epoch: 1,
+                    counter: 5
+                }
+                .to_key(NODES_PREFIX),
+                &LeaseKey {
+                    node: "b".into(),
+                    epoch: 2,
+                    counter: 0
+                }
+                .to_key(NODES_PREFIX),
+                &LeaseKey {
+                    node: "me".into(),
+                    epoch: 3,
+                    counter: 0
+                }
+                .to_key(NODES_PREFIX),
+            ],
+            "only this node's earlier epochs go"
+        );
+    }
+
+    #[test]
     fn a_failed_listing_gives_no_view() {
-        let mut v = LiveNodes::new(ClusterConfig::default());
+        let mut v = LiveNodes::new("me", ClusterConfig::default());
         v.start_pass(0);
         assert!(matches!(v.poll_effect(), Some(LiveNodesEffect::Bucket(_))));
         v.on_result(BucketResult::Failed);

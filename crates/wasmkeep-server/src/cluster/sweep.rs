@@ -157,7 +157,7 @@ pub(super) async fn run(
     let config = state.settings().protocol.clone();
     let every = std::time::Duration::from_millis(config.alarm_sweep_ms.max(1));
     let mut machine = SweepMachine::new(state.node(), config.clone());
-    let mut view = LiveNodes::new(config);
+    let mut view = LiveNodes::new(state.node(), config);
     let mut wait = every;
     loop {
         tokio::select! {
@@ -194,6 +194,10 @@ async fn live_nodes(state: &ClusterState, view: &mut LiveNodes) -> Option<Vec<St
             LiveNodesEffect::Bucket(op) => {
                 let result = state.driver.perform(op).await;
                 view.on_result(result);
+            }
+            LiveNodesEffect::Detached(op) => {
+                // Garbage of this node's earlier epochs: nothing waits on it.
+                let _ = state.driver.perform(op).await;
             }
             LiveNodesEffect::Done(live) => return live,
         }
