@@ -19,6 +19,7 @@ use wasmkeep_runtime::{ActorId, ActorRequest, Runtime};
 use crate::auth::Tokens;
 
 mod console;
+mod drain;
 mod fanout;
 mod history;
 mod inbound;
@@ -346,6 +347,7 @@ pub fn router(rt: Runtime, config: ServerConfig) -> Router {
         .route("/logs/{tenant}/{app}/{class}", get(logs::logs_route))
         .route("/logs/{tenant}/{app}/{class}/{name}", get(logs::logs_route))
         .route("/node", get(show_node))
+        .route("/node/drain", post(drain::start).delete(drain::stop))
         .route("/node/history", get(history::history_route))
         .route("/console/logout", post(console::logout))
         .route("/traces", get(trace_routes::recent))
@@ -562,6 +564,8 @@ async fn show_node(State(s): State<AppState>) -> Response {
             "lapsed_total": n.lapsed_total,
             "fenced_total": n.fenced_total,
             "held_actors": c.held_actors(),
+            // `wasmkeep drain`: taking no actor, handing its own over.
+            "moving_out": c.ownership.is_moving_out(),
         })
     });
     axum::Json(json!({ "cluster": cluster })).into_response()

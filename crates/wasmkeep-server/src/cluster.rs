@@ -265,6 +265,8 @@ pub struct ClusterState {
     /// again) while the ones in flight finish and the node hands its actors
     /// over, with its listener still open (see [`ClusterState::in_flight`]).
     draining: std::sync::atomic::AtomicBool,
+    /// Whether the task of a drain (`wasmkeep drain`) runs.
+    pub(crate) drain_task: std::sync::atomic::AtomicBool,
     /// Actor requests this node is routing, running or forwarding now.
     in_flight: std::sync::atomic::AtomicUsize,
     /// The alarm sweep's counters.
@@ -356,6 +358,7 @@ impl ClusterState {
             acting_until_ms: AtomicU64::new(0),
             lease_counter_plus_1: AtomicU64::new(0),
             draining: std::sync::atomic::AtomicBool::new(false),
+            drain_task: std::sync::atomic::AtomicBool::new(false),
             in_flight: std::sync::atomic::AtomicUsize::new(0),
             live: parking_lot::Mutex::new(Vec::new()),
             deploys,

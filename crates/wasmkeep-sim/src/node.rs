@@ -782,7 +782,8 @@ impl Ctx {
                             let idx = self.with(|w| w.nodes.iter().position(|x| x.name == node));
                             idx.map_or(Took::Failed, Took::Forward)
                         }
-                        TakeOutcome::Failed(_) => Took::Failed,
+                        // The simulator's takes are never lookups.
+                        TakeOutcome::Failed(_) | TakeOutcome::Free => Took::Failed,
                     };
                 }
             }

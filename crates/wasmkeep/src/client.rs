@@ -1209,6 +1209,78 @@ pub(crate) fn cluster(conn: &Conn, out: Output) -> Result<()> {
 
 /// Milliseconds as seconds with one decimal (`-0.4 s` for a lease in its
 /// grace).
+/// `wasmkeep drain NODE`: starts (or, `undo`, ends) the node's drain, then
+/// waits up to `wait_ms` for it to hold no actor, printing what it holds as
+/// that changes.
+pub(crate) fn drain(conn: &Conn, out: Output, node: &str, undo: bool, wait_ms: u64) -> Result<()> {
+    let server = if node.contains("://") {
+        node.trim_end_matches('/').to_owned()
+    } else {
+        let v = conn
+            .json("GET", "/admin/v1/cluster", None)
+            .context("read the cluster view to find the node")?;
+        let nodes = v["nodes"].as_array().cloned().unwrap_or_default();
+        let found = nodes.iter().find(|n| n["node"] == node);
+        let Some(address) = found.and_then(|n| n["address"].as_str()) else {
+            anyhow::bail!(
+                "no live node `{node}` in the cluster as {} sees it (`wasmkeep cluster` lists them)",
+                conn.server
+            );
+        };
+        address.to_owned()
+    };
+    let target = Conn {
+        server,
+        token: conn.token.clone(),
+        json: conn.json,
+    };
+    let method = if undo { "DELETE" } else { "POST" };
+    let v = target
+        .json(method, "/admin/v1/node/drain", None)
+        .with_context(|| format!("ask {} to drain", target.server))?;
+    if undo || wait_ms == 0 {
+        out.print(&v, |v| {
+            let what = if undo {
+                "ended the drain of"
+            } else {
+                "draining"
+            };
+            println!("{what} {} (holds {})", target.server, v["held_actors"]);
+        });
+        return Ok(());
+    }
+    let start = wasmkeep_runtime::clock::instant();
+    let mut last = None;
+    loop {
+        let n = target
+            .json("GET", "/admin/v1/node", None)
+            .context("read the node's state")?;
+        let held = n["cluster"]["held_actors"].as_u64().unwrap_or(u64::MAX);
+        if last != Some(held) && !out.json {
+            println!("{}: holds {held} actors", target.server);
+            last = Some(held);
+        }
+        if held == 0 {
+            out.print(&n, |_| {
+                println!(
+                    "drained {}: it holds no actor and forwards what reaches it; stop it now, \
+                     or end the drain with `wasmkeep drain {node} --undo`",
+                    target.server
+                );
+            });
+            return Ok(());
+        }
+        if start.elapsed() >= std::time::Duration::from_millis(wait_ms) {
+            anyhow::bail!(
+                "{} still holds {held} actors after --wait-ms={wait_ms}; the drain goes on \
+                 (run the command again to keep waiting)",
+                target.server
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    }
+}
+
 fn seconds(ms: &Value) -> String {
     ms.as_i64()
         .map_or("?".into(), |ms| format!("{:.1} s", ms as f64 / 1000.0))

@@ -197,6 +197,25 @@ enum Command {
         #[command(flatten)]
         conn: client::Conn,
     },
+    /// Move a cluster node's actors to the other nodes while it keeps
+    /// serving (it forwards their requests, fails none, and takes no new
+    /// actor), then wait until it holds none: stop it then, or end the drain
+    /// with `--undo`. `wasmkeep drain 1b36b488df81ce377ba5488a9be996b1`, or
+    /// the node's address: `wasmkeep drain http://10.0.0.7:8080`.
+    Drain {
+        #[command(flatten)]
+        conn: client::Conn,
+        /// The node: its id (as `wasmkeep cluster` lists it, looked up
+        /// through `--server`) or its address (`http://host:port`).
+        node: String,
+        /// End a drain instead: the node takes actors again.
+        #[arg(long)]
+        undo: bool,
+        /// How long to wait for the node to hold no actor (0: start the
+        /// drain and do not wait).
+        #[arg(long, default_value_t = 120_000)]
+        wait_ms: u64,
+    },
     /// Write an actor's database to a plain SQLite file: through the node
     /// that runs it (`--server`, the default: every write it acknowledged,
     /// from any node, with or without a bucket), or, with `--bucket`, as
@@ -452,6 +471,12 @@ fn run() -> Result<()> {
             name,
         } => client::secret(&conn, out(&conn), &action, &target, name.as_deref()),
         Command::Cluster { conn } => client::cluster(&conn, out(&conn)),
+        Command::Drain {
+            conn,
+            node,
+            undo,
+            wait_ms,
+        } => client::drain(&conn, out(&conn), &node, undo, wait_ms),
         Command::Restore {
             conn,
             bucket: None,

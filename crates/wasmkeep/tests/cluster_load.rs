@@ -55,8 +55,8 @@ use std::time::{Duration, Instant};
 
 use common::cluster::{counter, increment, value};
 use common::load::{
-    Cluster, Member, Sent, Store, actor_name, busiest, check_failures, check_history,
-    failures_by_code, owners, read_finals, spread_load, wait_for,
+    Cluster, Member, Sent, Store, actor_name, busiest, check_every_value_acknowledged,
+    check_failures, check_history, failures_by_code, owners, read_finals, spread_load, wait_for,
 };
 
 /// Clients wait for an answer as long as the cluster may take.
@@ -186,18 +186,7 @@ fn rolling_restart_under_load(store: Store) {
         failures_by_code(&log),
         &failed[..failed.len().min(3)]
     );
-    // No request failed, so every increment was acknowledged: the
-    // acknowledged values are exactly 1..=final.
-    for (a, &fin) in finals.iter().enumerate() {
-        let mut values: Vec<u64> = log
-            .iter()
-            .filter(|s| s.actor == a)
-            .filter_map(|s| s.outcome.as_ref().ok().map(|(v, _)| *v))
-            .collect();
-        values.push(1);
-        values.sort();
-        assert_eq!(values, (1..=fin).collect::<Vec<_>>(), "actor {a}");
-    }
+    check_every_value_acknowledged(&log, &finals);
     // Each restarted node served actors again (through forwarding or its
     // own holds): a read through it answers.
     for m in &members {

@@ -55,6 +55,9 @@ pub enum TakeOutcome {
     /// `node` owns the actor: forward the request to it (or drop an alarm
     /// delivery: the owner has the alarm, committed and indexed).
     Forward { node: String },
+    /// Only from a lookup ([`TakeMachine::lookup_only`]): no live node owns
+    /// the actor, and the lookup wrote nothing (a take would have).
+    Free,
     /// The attempt failed; the caller gives it up.
     Failed(Failure),
 }
@@ -134,6 +137,8 @@ pub struct TakeMachine {
     holder_address: Option<String>,
     /// The node's kept lease records, if its driver shares them.
     known: Option<std::sync::Arc<KnownLeases>>,
+    /// Find the owner, write nothing ([`TakeMachine::lookup_only`]).
+    lookup: bool,
 }
 
 impl TakeMachine {
@@ -162,7 +167,18 @@ impl TakeMachine {
             notices: VecDeque::new(),
             holder_address: None,
             known: None,
+            lookup: false,
         }
+    }
+
+    /// Makes this attempt a lookup: it reads what a take reads and ends
+    /// where a take would write (a fence or a hold) with
+    /// [`TakeOutcome::Free`]. A node that is draining looks up the owner of
+    /// an actor it does not hold, to forward a request there or, if no live
+    /// node has it, to another node, which takes it.
+    pub fn lookup_only(mut self) -> TakeMachine {
+        self.lookup = true;
+        self
     }
 
     /// Shares the node's kept lease records: a holder whose record there
@@ -402,6 +418,10 @@ impl TakeMachine {
             }
             TakePlan::Forward { node } => {
                 self.phase = Phase::Finished(Some(TakeOutcome::Forward { node }));
+                return;
+            }
+            TakePlan::Take { .. } if self.lookup => {
+                self.phase = Phase::Finished(Some(TakeOutcome::Free));
                 return;
             }
             TakePlan::Take { generation, fence } => (generation, fence),
@@ -656,6 +676,27 @@ mod tests {
             lease_reads + 4,
             "a forgotten node's lease is read"
         );
+    }
+
+    #[test]
+    fn a_lookup_finds_the_owner_or_writes_nothing() {
+        let mut b = MapBucket::default();
+        b.put(&hold_at(3), "held b 2 0000000000000001");
+        b.put(
+            &lease_at("b", 2, 5),
+            "live 10000 0000000000000001 http://n:1",
+        );
+        let mut m = machine("a", 1, None).lookup_only();
+        let (outcome, _) = drive(&mut m, &mut b, 5_000, |_, _| None);
+        assert_eq!(outcome, TakeOutcome::Forward { node: "b".into() });
+        // Lapsed: a take would fence it and write a hold; a lookup writes
+        // neither.
+        let before = b.objects.len();
+        let mut m = machine("a", 1, None).lookup_only();
+        let (outcome, notices) = drive(&mut m, &mut b, 15_000, |_, _| None);
+        assert_eq!((outcome, notices), (TakeOutcome::Free, vec![]));
+        assert_eq!(b.objects.len(), before);
+        assert!(b.log.iter().all(|op| !op.is_write()));
     }
 
     #[test]

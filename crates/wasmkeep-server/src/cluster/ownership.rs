@@ -61,6 +61,12 @@ const UNREACHABLE_OWNER_POLL_MAX_MS: u64 = 200;
 /// `take_failed`). From the second on, each waits a poll's pause longer.
 const LOST_RACE_RETRIES: u32 = 3;
 
+/// The longest a drain waits, for each actor, for its running requests to
+/// end and the runtime to close it; a busier actor waits for the next round.
+pub const DRAIN_ACTOR_WAIT_MS: u64 = 30_000;
+/// How often a drain looks again whether an actor is idle.
+const DRAIN_POLL_MS: u64 = 5;
+
 /// What routing decided for a request.
 #[derive(Debug)]
 pub enum Route {
@@ -223,6 +229,11 @@ pub struct Ownership {
     /// is known live in the hold's epoch forwards without reading its lease
     /// again (one owner lookup is then a listing and a read of the holds).
     known: Arc<KnownLeases>,
+    /// While the node drains (`wasmkeep drain`): the other live nodes, by
+    /// id, with their addresses. It takes no actor then: a request for one
+    /// it does not hold goes to the actor's owner, or, if no live node has
+    /// it, to one of these, which takes it.
+    moving_out: Mutex<Option<Vec<(String, String)>>>,
     pub counters: OwnershipCounters,
 }
 
@@ -240,6 +251,7 @@ impl Ownership {
             prefix_bytes,
             cells: Mutex::new(HashMap::new()),
             known: Arc::new(KnownLeases::new()),
+            moving_out: Mutex::new(None),
             counters: OwnershipCounters::default(),
         }
     }
@@ -354,6 +366,11 @@ impl Ownership {
             });
         }
         slot.owner = None;
+        if let Some(peers) = self.moving_out_peers() {
+            return self
+                .route_away(id, &root, &mut slot, peers, epoch, forwarded)
+                .await;
+        }
         let unreachable = slot.unreachable.take();
         match self
             .take_waiting(&root, epoch, &acting_epoch, unreachable.as_deref())
@@ -379,6 +396,141 @@ impl Ownership {
             Taken::LostRace => Err(RouteError::TakeFailed("LostRace".into())),
             Taken::Failed(why) => Err(RouteError::TakeFailed(why)),
         }
+    }
+
+    /// Where a request for an actor this draining node does not hold goes:
+    /// its owner, found by a lookup that writes nothing; if no live node
+    /// has it, the peer rendezvous hashing picks among `peers`, which takes
+    /// it. A forwarded request is refused (the forwarding node takes it).
+    async fn route_away(
+        &self,
+        id: &ActorId,
+        root: &str,
+        slot: &mut Slot,
+        peers: Vec<(String, String)>,
+        epoch: u64,
+        forwarded: bool,
+    ) -> Result<Route, RouteError> {
+        if forwarded {
+            return Err(RouteError::NotOwner { owner: None });
+        }
+        let (node, address) = match self.look_up(root, epoch).await {
+            Looked::Owner { node, address } => (node, address),
+            Looked::Free => {
+                let names: Vec<String> = peers.iter().map(|(n, _)| n.clone()).collect();
+                let pick = wasmkeep_cluster::sweep::rendezvous(&id.to_string(), &names)
+                    .ok_or(RouteError::NotActing)?;
+                peers
+                    .into_iter()
+                    .find(|(n, _)| n == pick)
+                    .ok_or(RouteError::NotActing)?
+            }
+            Looked::Failed(why) => return Err(RouteError::TakeFailed(why)),
+        };
+        slot.owner = Some(Owner {
+            node: node.clone(),
+            address: address.clone(),
+            until_ms: now_ms() + self.settings.owner_cache_ttl_ms,
+        });
+        Ok(Route::Forward { node, address })
+    }
+
+    /// Drives a lookup-only [`TakeMachine`]: who owns the actor, writing
+    /// nothing.
+    async fn look_up(&self, root: &str, epoch: u64) -> Looked {
+        let mut m = self.take_machine(root, epoch).lookup_only();
+        loop {
+            match m.poll_effect(Some(epoch)) {
+                Some(TakeEffect::Bucket(op)) => {
+                    let result = self.driver.perform(op).await;
+                    m.on_result(result, now_ms());
+                }
+                Some(TakeEffect::Done(TakeOutcome::Forward { node })) => {
+                    return match m.forward_address() {
+                        Some(address) if node != self.node => Looked::Owner {
+                            address: address.to_owned(),
+                            node,
+                        },
+                        // This node's own live hold of another epoch, or no
+                        // address: nobody to forward to but a peer.
+                        _ => Looked::Free,
+                    };
+                }
+                Some(TakeEffect::Done(TakeOutcome::Free)) => return Looked::Free,
+                Some(TakeEffect::Done(outcome)) => {
+                    return Looked::Failed(format!("lookup: {outcome:?}"));
+                }
+                Some(TakeEffect::Fenced { .. } | TakeEffect::Restore { .. }) | None => {
+                    debug_assert!(false, "a lookup writes and restores nothing");
+                    return Looked::Failed("lookup".into());
+                }
+            }
+        }
+    }
+
+    /// The peers a draining node sends actors to, or `None` when it is not
+    /// draining.
+    fn moving_out_peers(&self) -> Option<Vec<(String, String)>> {
+        self.moving_out.lock().expect("moving out").clone()
+    }
+
+    /// Starts (with the other live nodes and their addresses) or ends
+    /// (`None`) the drain: see [`Ownership::drain_held`].
+    pub fn set_moving_out(&self, peers: Option<Vec<(String, String)>>) {
+        *self.moving_out.lock().expect("moving out") = peers;
+    }
+
+    /// Whether the node drains.
+    pub fn is_moving_out(&self) -> bool {
+        self.moving_out.lock().expect("moving out").is_some()
+    }
+
+    /// One round of a drain: releases every actor held in `epoch`, one at a
+    /// time. For each, new requests wait on its slot, those running finish
+    /// (at most [`DRAIN_ACTOR_WAIT_MS`]), the runtime closes it
+    /// (`close`: true once it is closed, its queued events run and its
+    /// commits uploaded), and its hold is released; the requests that
+    /// waited then go to the node that takes it. An actor still busy at the
+    /// bound is left for the next round. Returns how many were released.
+    pub async fn drain_held(
+        &self,
+        acting_epoch: impl Fn() -> Option<u64>,
+        close: impl Fn(&ActorId) -> bool,
+    ) -> usize {
+        let cells = self.all_cells();
+        let mut released = 0;
+        for (id, cell) in cells {
+            let mut slot = cell.slot.lock().await;
+            let Some(epoch) = acting_epoch() else {
+                return released;
+            };
+            let Some(held) = slot.held.filter(|h| h.epoch == epoch) else {
+                continue;
+            };
+            let Ok(root) = self.root(&id) else {
+                continue;
+            };
+            let end = now_ms() + DRAIN_ACTOR_WAIT_MS;
+            let mut idle = false;
+            while now_ms() < end {
+                if cell.in_flight.load(Ordering::Acquire) == 0 && close(&id) {
+                    idle = true;
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(DRAIN_POLL_MS)).await;
+            }
+            if !idle {
+                tracing::warn!(actor = %id, "drain: the actor stayed busy; tried again later");
+                continue;
+            }
+            cell.set_held(&mut slot, None);
+            slot.owner = None;
+            if self.release(&root, held, &acting_epoch).await {
+                released += 1;
+                tracing::info!(actor = %id, "drain: released the actor");
+            }
+        }
+        released
     }
 
     /// Drops the cached owner of `id` if it is `node` (a forward to it
@@ -457,9 +609,10 @@ impl Ownership {
         }
     }
 
-    /// Drives one [`TakeMachine`] to its end.
-    async fn take(&self, root: &str, epoch: u64, acting: &impl Fn() -> Option<u64>) -> Taken {
-        let mut m = TakeMachine::new(
+    /// A take of the actor at `root` by this node in `epoch`, with the
+    /// node's kept lease records.
+    fn take_machine(&self, root: &str, epoch: u64) -> TakeMachine {
+        TakeMachine::new(
             &self.node,
             epoch,
             root,
@@ -467,7 +620,12 @@ impl Ownership {
             nonce(),
             self.settings.protocol.clone(),
         )
-        .with_known_leases(Arc::clone(&self.known));
+        .with_known_leases(Arc::clone(&self.known))
+    }
+
+    /// Drives one [`TakeMachine`] to its end.
+    async fn take(&self, root: &str, epoch: u64, acting: &impl Fn() -> Option<u64>) -> Taken {
+        let mut m = self.take_machine(root, epoch);
         let mut takeover = false;
         let outcome = loop {
             let Some(effect) = m.poll_effect(acting()) else {
@@ -516,6 +674,10 @@ impl Ownership {
                     Taken::Failed(format!("owner `{node}` has no address to forward to"))
                 }
             },
+            TakeOutcome::Free => {
+                debug_assert!(false, "a take is no lookup");
+                Taken::Failed("a lookup's outcome".into())
+            }
             TakeOutcome::Failed(failure) => {
                 self.counters.take_failures_total.inc();
                 if failure == wasmkeep_cluster::machine::Failure::LostRace {
@@ -524,6 +686,17 @@ impl Ownership {
                 Taken::Failed(format!("{failure:?}"))
             }
         }
+    }
+
+    /// Every actor the table knows, with its cell (a copy, so that no
+    /// lock on the table is held across an await).
+    fn all_cells(&self) -> Vec<(ActorId, Arc<Cell>)> {
+        self.cells
+            .lock()
+            .expect("cells")
+            .iter()
+            .map(|(id, c)| (id.clone(), Arc::clone(c)))
+            .collect()
     }
 
     /// Releases the actors held in `epoch` that are idle (no request for
@@ -537,13 +710,7 @@ impl Ownership {
         acting_epoch: impl Fn() -> Option<u64>,
         keep: impl Fn(&ActorId) -> bool,
     ) -> usize {
-        let cells: Vec<(ActorId, Arc<Cell>)> = self
-            .cells
-            .lock()
-            .expect("cells")
-            .iter()
-            .map(|(id, c)| (id.clone(), Arc::clone(c)))
-            .collect();
+        let cells = self.all_cells();
         let mut released = 0;
         for (id, cell) in cells {
             let Ok(mut slot) = cell.slot.try_lock() else {
@@ -602,6 +769,13 @@ impl Ownership {
             }
         }
     }
+}
+
+/// What a lookup found.
+enum Looked {
+    Owner { node: String, address: String },
+    Free,
+    Failed(String),
 }
 
 enum Taken {

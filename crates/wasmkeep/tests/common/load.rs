@@ -596,6 +596,22 @@ pub(crate) fn failures_by_code(log: &[Sent]) -> BTreeMap<(u16, String), usize> {
     why
 }
 
+/// With no request failed, every increment was acknowledged: each actor's
+/// acknowledged values (and the 1 its creation set) are exactly
+/// `1..=final`, none missing, none twice.
+pub(crate) fn check_every_value_acknowledged(log: &[Sent], finals: &[u64]) {
+    for (a, &fin) in finals.iter().enumerate() {
+        let mut values: Vec<u64> = log
+            .iter()
+            .filter(|s| s.actor == a)
+            .filter_map(|s| s.outcome.as_ref().ok().map(|(v, _)| *v))
+            .collect();
+        values.push(1);
+        values.sort();
+        assert_eq!(values, (1..=fin).collect::<Vec<_>>(), "actor {a}");
+    }
+}
+
 /// Reads every actor's value through every member; all must agree.
 pub(crate) fn read_finals(members: &[&Member], actors: usize) -> Vec<u64> {
     (0..actors)

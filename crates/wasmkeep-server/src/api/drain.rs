@@ -1,0 +1,117 @@
+//! `POST /admin/v1/node/drain` (`wasmkeep drain NODE`): the node hands its
+//! actors to the other live nodes while it keeps serving (issue 41's planned
+//! rebalancing); `DELETE` ends the drain.
+//!
+//! While a node drains it takes no actor: a request for one it does not
+//! hold is forwarded to the actor's owner (found by a lookup that writes
+//! nothing), or, if no live node has it, to the other node rendezvous
+//! hashing picks, which takes it; a request another node forwarded to it
+//! for an actor it does not hold is refused as not its own, and the
+//! forwarding node takes the actor. A task releases the actors it holds,
+//! one at a time ([`crate::cluster::ownership::Ownership::drain_held`]):
+//! each actor's new requests wait while its running ones finish and the
+//! runtime closes it (its queued events run, its commits reach the
+//! bucket), then its hold is released and the waiting requests go to the
+//! node that takes it. Nothing waits for the actor to be idle, and no
+//! request fails for the move: it waits for one actor's hand-over at most.
+//!
+//! The drained node keeps serving by forwarding until it is stopped (at
+//! once: it holds nothing) or the drain is ended. What it does not hand
+//! over: its share of the alarm index's overdue entries, which other nodes
+//! deliver as helpers once three sweep margins overdue (ADR 0065), and the
+//! alarms of its released actors, which run on their new node when a request
+//! or a sweep reaches them (up to a lease period plus grace plus a sweep
+//! late, as an orphaned alarm).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+use super::{ApiError, AppState, fanout};
+use crate::cluster::ClusterState;
+
+/// How long the drain task waits between two rounds while actors are left.
+const DRAIN_ROUND_PAUSE_MS: u64 = 100;
+/// How long it waits between rounds once the node holds nothing (a request
+/// racing the start of the drain may still have taken one).
+const DRAINED_PAUSE_MS: u64 = 1_000;
+
+fn cluster(s: &AppState) -> Result<&Arc<ClusterState>, ApiError> {
+    s.config.cluster.as_ref().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_a_cluster",
+            "this node is not in a cluster (start it with --bucket and --advertise)",
+        )
+    })
+}
+
+/// `POST /admin/v1/node/drain`: starts the drain (again, with a fresh view
+/// of the other nodes, if it runs); 409 `no_other_node` when no other node
+/// is live to take the actors.
+pub(super) async fn start(State(s): State<AppState>) -> Result<Response, ApiError> {
+    let c = cluster(&s)?;
+    let view = fanout::live(c).await?;
+    let peers: Vec<(String, String)> = view
+        .live
+        .iter()
+        .filter(|n| n.node != c.node())
+        .map(|n| (n.node.clone(), n.address.clone()))
+        .collect();
+    if peers.is_empty() {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "no_other_node",
+            "no other live node to hand the actors to: start one first",
+        ));
+    }
+    let to = peers.len();
+    c.ownership.set_moving_out(Some(peers));
+    if !c.drain_task.swap(true, Ordering::AcqRel) {
+        tokio::spawn(run(Arc::clone(c), s.rt.clone()));
+    }
+    tracing::info!(peers = to, held = c.held_actors(), "drain started");
+    Ok(axum::Json(json!({
+        "moving_out": true,
+        "held_actors": c.held_actors(),
+        "peers": to,
+    }))
+    .into_response())
+}
+
+/// `DELETE /admin/v1/node/drain`: ends the drain; the node takes actors
+/// again.
+pub(super) async fn stop(State(s): State<AppState>) -> Result<Response, ApiError> {
+    let c = cluster(&s)?;
+    c.ownership.set_moving_out(None);
+    tracing::info!("drain ended");
+    Ok(axum::Json(json!({ "moving_out": false, "held_actors": c.held_actors() })).into_response())
+}
+
+/// Releases the node's actors round after round while it drains.
+async fn run(c: Arc<ClusterState>, rt: wasmkeep_runtime::Runtime) {
+    while c.ownership.is_moving_out() {
+        let close = |id: &wasmkeep_runtime::ActorId| {
+            // Its WebSockets hear 1001 and reconnect through another node.
+            rt.sockets().close_all(
+                Some(id),
+                wasmkeep_runtime::sockets::close_code::GOING_AWAY,
+                "the node hands this actor over: reconnect",
+            );
+            rt.close_idle_now();
+            !rt.is_open(id)
+        };
+        c.ownership.drain_held(|| c.acting_epoch(), close).await;
+        let pause = if c.held_actors() == 0 {
+            DRAINED_PAUSE_MS
+        } else {
+            DRAIN_ROUND_PAUSE_MS
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
+    }
+    c.drain_task.store(false, Ordering::Release);
+}
