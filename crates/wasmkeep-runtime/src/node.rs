@@ -374,6 +374,32 @@ impl Inner {
 
     /// Closes the actors unused for `idle` ms with nothing queued, running
     /// or uploading; returns how many.
+    /// Closes `id` if it has nothing queued or running and its uploads are
+    /// done (what the idle reaper checks); true if it is not open now.
+    pub(crate) fn close_if_idle(&self, id: &ActorId) -> bool {
+        let _pass = self.reaping.lock();
+        let closed = {
+            let mut actors = self.actors.lock();
+            let Some(a) = actors.get(id) else {
+                return true;
+            };
+            let Some(mut q) = a.queue.try_lock() else {
+                return false;
+            };
+            if q.scheduled || !q.events.is_empty() || a.repl.try_lock().is_none_or(|r| r.busy()) {
+                return false;
+            }
+            q.retired = true;
+            drop(q);
+            actors.remove(id)
+        };
+        if let Some(a) = closed {
+            *a.slot.lock() = None;
+            self.reaped.fetch_add(1, Ordering::Relaxed);
+        }
+        true
+    }
+
     pub(crate) fn reap_idle_after(&self, idle: u64) -> usize {
         let _pass = self.reaping.lock();
         let now = self.elapsed_ms();

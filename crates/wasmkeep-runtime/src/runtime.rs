@@ -1292,6 +1292,14 @@ impl Runtime {
         self.inner.reap_idle_after(0)
     }
 
+    /// Closes `id` if nothing of it is queued or running and its uploads
+    /// are done, as the idle reaper would; true if it is not open now (a
+    /// cluster node's drain hands an actor over only then). Checkpoints its
+    /// database when it closes: call it off the async threads.
+    pub fn close_if_idle(&self, id: &ActorId) -> bool {
+        self.inner.close_if_idle(id)
+    }
+
     /// The node's open WebSockets (ADR 0043).
     pub fn sockets(&self) -> &Arc<crate::sockets::SocketTable> {
         &self.inner.sockets

@@ -17,7 +17,8 @@
 //! index, and each actor's folder (`state/<tenant>/<app>/<class>/<name>/`,
 //! reported as the busiest one). S3 documents 3,500 PUT/COPY/POST/DELETE and
 //! 5,500 GET/HEAD requests per second per partitioned prefix; a LIST is
-//! counted with the reads here. A prefix's peak is its busiest second.
+//! counted with the reads here. A prefix's peaks are its busiest second for
+//! writes and its busiest second for reads, each held against its rate.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -108,15 +109,38 @@ impl Window {
     }
 }
 
-/// A prefix's busiest second.
+/// A prefix's busiest seconds: for writes, and for reads.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Peak {
-    /// Writes in that second (PUT, DELETE).
-    pub writes: u64,
-    /// Reads in that second (GET, LIST).
-    pub reads: u64,
-    /// Which second of the run.
-    pub second: u64,
+    /// The most writes (PUT, DELETE) in one second, and which second.
+    pub writes: (u64, u64),
+    /// The most reads (GET, LIST) in one second, and which second.
+    pub reads: (u64, u64),
+}
+
+impl Peak {
+    fn add(&mut self, kind: Kind, second: u64) {
+        let slot = match kind {
+            Kind::Put | Kind::Delete => &mut self.writes,
+            Kind::Get | Kind::List => &mut self.reads,
+        };
+        slot.0 += 1;
+        slot.1 = second;
+    }
+
+    /// Keeps the higher of each.
+    fn merge(&mut self, o: Peak) -> bool {
+        let mut higher = false;
+        if o.writes.0 > self.writes.0 {
+            self.writes = o.writes;
+            higher = true;
+        }
+        if o.reads.0 > self.reads.0 {
+            self.reads = o.reads;
+            higher = true;
+        }
+        higher
+    }
 }
 
 /// The prefix family a key's rate is judged in.
@@ -206,28 +230,20 @@ impl Cost {
             Prefix::Shared(p) => p.to_owned(),
             Prefix::Actor(p) => format!("@{p}"),
         };
-        let peak = self.this_second.entry(name).or_default();
-        if matches!(kind, Kind::Put | Kind::Delete) {
-            peak.writes += 1;
-        } else {
-            peak.reads += 1;
-        }
+        self.this_second.entry(name).or_default().add(kind, second);
     }
 
     /// Ends the second: its counts go to the peaks.
     fn close_second(&mut self) {
-        let second = self.second;
-        for (name, mut p) in self.this_second.drain() {
-            p.second = second;
+        for (name, p) in self.this_second.drain() {
             let (best, actor_name) = match name.strip_prefix('@') {
                 Some(actor) => (&mut self.actor_peak.0, Some(actor)),
                 None => (self.shared_peaks.entry(name.clone()).or_default(), None),
             };
-            if p.writes + p.reads > best.writes + best.reads {
-                *best = p;
-                if let Some(a) = actor_name {
-                    self.actor_peak.1 = a.to_owned();
-                }
+            if best.merge(p)
+                && let Some(a) = actor_name
+            {
+                self.actor_peak.1 = a.to_owned();
             }
         }
     }
@@ -279,7 +295,7 @@ impl Cost {
         self.shared_peaks
             .values()
             .chain(std::iter::once(&self.actor_peak.0))
-            .all(|p| p.writes <= S3_WRITES_PER_PREFIX_S && p.reads <= S3_READS_PER_PREFIX_S)
+            .all(|p| p.writes.0 <= S3_WRITES_PER_PREFIX_S && p.reads.0 <= S3_READS_PER_PREFIX_S)
     }
 }
 
@@ -318,6 +334,13 @@ fn window_line(f: &mut fmt::Formatter<'_>, name: &str, w: &Window) -> fmt::Resul
     Ok(())
 }
 
+fn peak_text(p: &Peak) -> String {
+    format!(
+        "{} writes (second {}), {} reads (second {})",
+        p.writes.0, p.writes.1, p.reads.0, p.reads.1
+    )
+}
+
 fn lateness_line(f: &mut fmt::Formatter<'_>, name: &str, v: &[u64]) -> fmt::Result {
     writeln!(
         f,
@@ -340,17 +363,13 @@ impl fmt::Display for Cost {
              {S3_READS_PER_PREFIX_S} reads per second per prefix):"
         )?;
         for (name, p) in &self.shared_peaks {
-            writeln!(
-                f,
-                "  {name}: {} writes, {} reads (second {})",
-                p.writes, p.reads, p.second
-            )?;
+            writeln!(f, "  {name}: {}", peak_text(p))?;
         }
         let (p, name) = &self.actor_peak;
         writeln!(
             f,
-            "  one actor's folder (busiest, {name}): {} writes, {} reads (second {})",
-            p.writes, p.reads, p.second
+            "  any one actor's folder (the last busiest: {name}): {}",
+            peak_text(p)
         )?;
         writeln!(
             f,
@@ -407,20 +426,28 @@ mod tests {
         assert_eq!(
             c.shared_peaks["nodes/"],
             Peak {
-                writes: 4,
-                reads: 0,
-                second: 0
+                writes: (4, 0),
+                reads: (0, 0)
             }
         );
         assert_eq!(
             c.actor_peak.0,
             Peak {
-                writes: 0,
-                reads: 2,
-                second: 1
+                writes: (0, 0),
+                reads: (2, 1)
             }
         );
         assert!(c.within_s3_rates());
+        // A second of writes over S3's rate is caught even when another
+        // second has more requests in all.
+        for _ in 0..=S3_WRITES_PER_PREFIX_S {
+            c.count(5_000, Kind::Put, "nodes/a/1/2");
+        }
+        for _ in 0..S3_READS_PER_PREFIX_S {
+            c.count(6_000, Kind::List, "nodes/");
+        }
+        c.finish();
+        assert!(!c.within_s3_rates());
         assert_eq!(quantile(&[5, 1, 9, 3], 0.5), 5);
     }
 }

@@ -36,10 +36,10 @@ pub struct Options {
     /// Workers per node: pieces of work a node runs at once (one per actor
     /// at a time). `None`: 1, or [`SPARSE_WORKERS`] in a sparse run.
     pub workers: Option<usize>,
-    /// Client requests: one per node every this many ms on average (the
-    /// load per node stays the same at any size), instead of
-    /// `client_every_ms` for the whole cluster. `None`: not so, or
-    /// [`SPARSE_CLIENT_PER_NODE_MS`] in a sparse run.
+    /// Client requests: each node its own stream, one request every this
+    /// many ms on average (the load per node stays the same at any size),
+    /// instead of one stream for the whole cluster every `client_every_ms`.
+    /// `None`: not so, or [`SPARSE_CLIENT_PER_NODE_MS`] in a sparse run.
     pub client_per_node_ms: Option<u64>,
     /// The sweep reads every node's lease record on every pass, as before
     /// issue 41 (`wasmkeep_cluster::machine::LiveNodes` reads only the
@@ -271,18 +271,12 @@ impl Options {
             .unwrap_or(if self.sparse() { SPARSE_WORKERS } else { 1 })
     }
 
-    /// The mean time between two client requests to the cluster, with
-    /// `up` nodes up.
-    pub fn client_interval_ms(&self, up: usize) -> u64 {
-        let per_node = self.client_per_node_ms.or(if self.sparse() {
-            Some(SPARSE_CLIENT_PER_NODE_MS)
-        } else {
-            None
-        });
-        match per_node {
-            Some(ms) => (ms / up.max(1) as u64).max(1),
-            None => self.client_every_ms,
-        }
+    /// The mean time between two client requests to one node, when the
+    /// load is per node (sparse runs, or `client_per_node_ms`); `None`: one
+    /// stream of requests for the whole cluster every `client_every_ms`.
+    pub fn client_per_node(&self) -> Option<u64> {
+        self.client_per_node_ms
+            .or(self.sparse().then_some(SPARSE_CLIENT_PER_NODE_MS))
     }
 }
 
@@ -649,8 +643,10 @@ pub enum SimEv {
     Stall(usize),
     /// Set a node's clock back (or, with 0, right again).
     Skew(usize, u64),
-    /// A client request.
+    /// A client request, to any node that is up.
     Client,
+    /// A client request to one node (the load per node).
+    ClientOf(usize),
     /// An aimed client request: set `actor`'s alarm to exactly `at_ms`, on
     /// any up node but `avoid` (the stalled owner).
     Rearm {
@@ -1077,9 +1073,28 @@ fn on_client(w: &mut World) {
         let op = client_op(w);
         w.push_work(node, Work::Client { actor, op, hops: 0 });
     }
-    let mean = w.opts.client_interval_ms(up.len());
+    let mean = w.opts.client_every_ms;
     let t = w.now + every(w, mean);
     w.at(t, Ev::Sim(SimEv::Client));
+}
+
+/// While faults are on, a client request to node `n` if it is up, and the
+/// next one to it (the load per node: each node its own stream).
+fn on_client_of(w: &mut World, n: usize) {
+    let Some(mean) = w.opts.client_per_node() else {
+        return;
+    };
+    if !w.faults_on {
+        return;
+    }
+    if w.nodes[n].up
+        && let Some(actor) = client_actor(w)
+    {
+        let op = client_op(w);
+        w.push_work(n, Work::Client { actor, op, hops: 0 });
+    }
+    let t = w.now + every(w, mean);
+    w.at(t, Ev::Sim(SimEv::ClientOf(n)));
 }
 
 /// While faults are on, an aimed fault: a client re-arms `actor`'s alarm at
@@ -1147,6 +1162,7 @@ fn on_sim(ex: &mut Executor, ev: SimEv) {
         SimEv::Stall(n) => on_stall(&mut ex.w.borrow_mut(), n),
         SimEv::Skew(n, behind) => on_skew(&mut ex.w.borrow_mut(), n, behind),
         SimEv::Client => on_client(&mut ex.w.borrow_mut()),
+        SimEv::ClientOf(n) => on_client_of(&mut ex.w.borrow_mut(), n),
         SimEv::Rearm {
             actor,
             at_ms,
@@ -1385,7 +1401,15 @@ fn plan_first_events(w: &mut World, o: &Options) {
         let behind = w.rng.range(6_000, 15_000);
         w.at(t, Ev::Sim(SimEv::Skew(n, behind)));
     }
-    w.at(1_000, Ev::Sim(SimEv::Client));
+    match o.client_per_node() {
+        Some(mean) => {
+            for n in 0..w.nodes.len() {
+                let t = 1_000 + w.rng.range(0, mean);
+                w.at(t, Ev::Sim(SimEv::ClientOf(n)));
+            }
+        }
+        None => w.at(1_000, Ev::Sim(SimEv::Client)),
+    }
     w.at(o.check_every_ms, Ev::Sim(SimEv::Check));
     w.at(o.fault_ms, Ev::Sim(SimEv::FaultsOff));
 }
@@ -1396,7 +1420,9 @@ fn setup(w: &mut World, profile: &Profile) {
     let o = w.opts.clone();
     w.log(format!("profile: {profile:?}"));
     count_profile(w, profile);
-    let joiners = w.rng.range(1, 2) as usize;
+    // One or two nodes join later, and in a sparse run one in fifty more
+    // (churn grows with the cluster).
+    let joiners = w.rng.range(1, 2) as usize + if o.sparse() { o.nodes / 50 } else { 0 };
     add_nodes(w, &o, joiners);
     add_apps(w, &o);
     seed_actors(w, &o);

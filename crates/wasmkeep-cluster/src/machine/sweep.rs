@@ -413,11 +413,11 @@ impl SweepMachine {
 
     /// A delivery handed out as [`SweepEffect::Deliver`] ended at `now_ms`
     /// with `report`: the entry is left alone until the report says (a
-    /// failure, or an actor another live node owns, waits a lease period,
-    /// doubled for each such outcome in a row, up to the longest backoff:
-    /// an entry only its owner can act on is not tried by every helper
-    /// every sweep, which at 100 nodes made a node's requests grow with the
-    /// cluster).
+    /// failure waits a lease period, doubled for each failure in a row, up to
+    /// the longest backoff; an actor another live node owns, the same up to
+    /// two sweep margins: an entry only its owner can act on is not tried by
+    /// every helper every sweep, which at 100 nodes made a node's requests
+    /// grow with the cluster).
     pub fn on_delivered(&mut self, job: &SweepJob, report: &DeliveryReport, now_ms: u64) {
         let pass = self.pass.as_mut().expect("a delivery with no pass");
         let full_key = job.full_key.as_str();
@@ -431,9 +431,16 @@ impl SweepMachine {
             (false, _) => 0,
         };
         let until_ms = if again {
+            // An actor owned elsewhere waits at most two sweep margins: if
+            // its owner dies, its entry is this node's again soon.
+            let max_ms = if report.failed {
+                self.config.retry_max_ms
+            } else {
+                2 * self.config.sweep_margin_ms()
+            };
             let policy = RetryPolicy {
                 first_ms: self.config.lease_period_ms,
-                max_ms: self.config.retry_max_ms,
+                max_ms,
                 retries_max: None,
             };
             now_ms + policy.delay_ms(failures)

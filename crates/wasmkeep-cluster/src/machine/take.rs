@@ -56,7 +56,9 @@ pub enum TakeOutcome {
     /// delivery: the owner has the alarm, committed and indexed).
     Forward { node: String },
     /// Only from a lookup ([`TakeMachine::lookup_only`]): no live node owns
-    /// the actor, and the lookup wrote nothing (a take would have).
+    /// the actor, and the lookup wrote nothing (a take would have). A
+    /// lookup that finds this node's own hold of its epoch answers
+    /// `Forward` with this node's id.
     Free,
     /// The attempt failed; the caller gives it up.
     Failed(Failure),
@@ -421,7 +423,22 @@ impl TakeMachine {
                 return;
             }
             TakePlan::Take { .. } if self.lookup => {
-                self.phase = Phase::Finished(Some(TakeOutcome::Free));
+                // A hold of this node in this epoch that it has not loaded
+                // (a release that failed) is its own: a take would write
+                // the next generation over it without a fence.
+                let mine = matches!(
+                    &latest,
+                    Some((_, HoldRecord::Held { node, epoch, .. }))
+                        if *node == self.me && *epoch == self.epoch
+                );
+                let outcome = if mine {
+                    TakeOutcome::Forward {
+                        node: self.me.clone(),
+                    }
+                } else {
+                    TakeOutcome::Free
+                };
+                self.phase = Phase::Finished(Some(outcome));
                 return;
             }
             TakePlan::Take { generation, fence } => (generation, fence),
@@ -696,6 +713,18 @@ mod tests {
         let (outcome, notices) = drive(&mut m, &mut b, 15_000, |_, _| None);
         assert_eq!((outcome, notices), (TakeOutcome::Free, vec![]));
         assert_eq!(b.objects.len(), before);
+        assert!(b.log.iter().all(|op| !op.is_write()));
+        // This node's own hold of its epoch, not loaded (a release that
+        // failed): the lookup names this node.
+        let mut b = MapBucket::default();
+        b.put(&hold_at(3), "held a 1 0000000000000001");
+        b.put(
+            &lease_at("a", 1, 5),
+            "live 10000 0000000000000001 http://me:1",
+        );
+        let mut m = machine("a", 1, None).lookup_only();
+        let (outcome, _) = drive(&mut m, &mut b, 5_000, |_, _| None);
+        assert_eq!(outcome, TakeOutcome::Forward { node: "a".into() });
         assert!(b.log.iter().all(|op| !op.is_write()));
     }
 

@@ -5,15 +5,16 @@
 //! While a node drains it takes no actor: a request for one it does not
 //! hold is forwarded to the actor's owner (found by a lookup that writes
 //! nothing), or, if no live node has it, to the other node rendezvous
-//! hashing picks, which takes it; a request another node forwarded to it
-//! for an actor it does not hold is refused as not its own, and the
-//! forwarding node takes the actor. A task releases the actors it holds,
+//! hashing picks among the live ones that do not drain (read again every
+//! [`DRAIN_PEERS_REFRESH_MS`]), which takes it; a request another node
+//! forwarded to it for an actor it does not hold is refused as not its
+//! own, and the forwarding node takes the actor. A task releases the actors it holds,
 //! one at a time ([`crate::cluster::ownership::Ownership::drain_held`]):
 //! each actor's new requests wait while its running ones finish and the
 //! runtime closes it (its queued events run, its commits reach the
-//! bucket), then its hold is released and the waiting requests go to the
-//! node that takes it. Nothing waits for the actor to be idle, and no
-//! request fails for the move: it waits for one actor's hand-over at most.
+//! bucket, its WebSockets are gone), then its hold is released and the
+//! waiting requests go to the node that takes it. Nothing waits for the
+//! actor to be idle: a request waits for one actor's hand-over at most.
 //!
 //! The drained node keeps serving by forwarding until it is stopped (at
 //! once: it holds nothing) or the drain is ended. What it does not hand
@@ -23,19 +24,27 @@
 //! or a sweep reaches them (up to a lease period plus grace plus a sweep
 //! late, as an orphaned alarm).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
+use wasmkeep_runtime::ActorId;
+
 use super::{ApiError, AppState, fanout};
 use crate::cluster::ClusterState;
 
 /// How long the drain task waits between two rounds while actors are left.
 const DRAIN_ROUND_PAUSE_MS: u64 = 100;
+/// How often the drain reads the other nodes again (the live ones that do
+/// not drain themselves: a node that stopped or began to drain gets no more
+/// actors).
+const DRAIN_PEERS_REFRESH_MS: u64 = 3_000;
 /// How long it waits between rounds once the node holds nothing (a request
 /// racing the start of the drain may still have taken one).
 const DRAINED_PAUSE_MS: u64 = 1_000;
@@ -55,13 +64,7 @@ fn cluster(s: &AppState) -> Result<&Arc<ClusterState>, ApiError> {
 /// is live to take the actors.
 pub(super) async fn start(State(s): State<AppState>) -> Result<Response, ApiError> {
     let c = cluster(&s)?;
-    let view = fanout::live(c).await?;
-    let peers: Vec<(String, String)> = view
-        .live
-        .iter()
-        .filter(|n| n.node != c.node())
-        .map(|n| (n.node.clone(), n.address.clone()))
-        .collect();
+    let peers = peers(c).await?;
     if peers.is_empty() {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
@@ -83,6 +86,26 @@ pub(super) async fn start(State(s): State<AppState>) -> Result<Response, ApiErro
     .into_response())
 }
 
+/// The other live nodes that do not drain, with their addresses (each
+/// asked its `/admin/v1/node`; one that does not answer is left out).
+async fn peers(c: &ClusterState) -> Result<Vec<(String, String)>, ApiError> {
+    let view = fanout::live(c).await?;
+    let answers = fanout::ask(c, &view, &format!("{}/node", super::ADMIN_PREFIX)).await;
+    let serving: std::collections::HashSet<String> = answers
+        .into_iter()
+        .filter_map(|(node, body)| {
+            let v = fanout::json_of(body)?;
+            (v["cluster"]["moving_out"] == false).then_some(node)
+        })
+        .collect();
+    Ok(view
+        .live
+        .iter()
+        .filter(|n| n.node != c.node() && serving.contains(&n.node))
+        .map(|n| (n.node.clone(), n.address.clone()))
+        .collect())
+}
+
 /// `DELETE /admin/v1/node/drain`: ends the drain; the node takes actors
 /// again.
 pub(super) async fn stop(State(s): State<AppState>) -> Result<Response, ApiError> {
@@ -92,26 +115,57 @@ pub(super) async fn stop(State(s): State<AppState>) -> Result<Response, ApiError
     Ok(axum::Json(json!({ "moving_out": false, "held_actors": c.held_actors() })).into_response())
 }
 
-/// Releases the node's actors round after round while it drains.
+/// Releases the node's actors round after round while it drains. A task
+/// that ends as a new drain starts hands over to it rather than leave it
+/// without one.
 async fn run(c: Arc<ClusterState>, rt: wasmkeep_runtime::Runtime) {
-    while c.ownership.is_moving_out() {
-        let close = |id: &wasmkeep_runtime::ActorId| {
-            // Its WebSockets hear 1001 and reconnect through another node.
-            rt.sockets().close_all(
-                Some(id),
-                wasmkeep_runtime::sockets::close_code::GOING_AWAY,
-                "the node hands this actor over: reconnect",
-            );
-            rt.close_idle_now();
-            !rt.is_open(id)
-        };
-        c.ownership.drain_held(|| c.acting_epoch(), close).await;
-        let pause = if c.held_actors() == 0 {
-            DRAINED_PAUSE_MS
-        } else {
-            DRAIN_ROUND_PAUSE_MS
-        };
-        tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
+    let mut later = HashMap::new();
+    let mut peers_read = wasmkeep_runtime::clock::instant();
+    loop {
+        while c.ownership.is_moving_out() {
+            if peers_read.elapsed() >= Duration::from_millis(DRAIN_PEERS_REFRESH_MS) {
+                peers_read = wasmkeep_runtime::clock::instant();
+                if let Ok(p) = peers(&c).await
+                    && !p.is_empty()
+                    && c.ownership.is_moving_out()
+                {
+                    c.ownership.set_moving_out(Some(p));
+                }
+            }
+            let close = |id: ActorId| closed(rt.clone(), id);
+            c.ownership
+                .drain_held(|| c.acting_epoch(), close, &mut later)
+                .await;
+            let pause = if c.held_actors() == 0 {
+                DRAINED_PAUSE_MS
+            } else {
+                DRAIN_ROUND_PAUSE_MS
+            };
+            tokio::time::sleep(Duration::from_millis(pause)).await;
+        }
+        c.drain_task.store(false, Ordering::Release);
+        // A drain started between the loop's last look and the store saw
+        // the task running and started none: this one goes on for it.
+        if !c.ownership.is_moving_out() || c.drain_task.swap(true, Ordering::AcqRel) {
+            return;
+        }
     }
-    c.drain_task.store(false, Ordering::Release);
+}
+
+/// Whether `id` is closed here: its WebSockets are told to reconnect (1001)
+/// and must be gone first (a socket's close would open it again), then the
+/// runtime closes it if nothing of it is queued or running and its uploads
+/// are done (off the async threads: a close checkpoints the database).
+async fn closed(rt: wasmkeep_runtime::Runtime, id: ActorId) -> bool {
+    if rt.sockets().has_sockets(&id) {
+        rt.sockets().close_all(
+            Some(&id),
+            wasmkeep_runtime::sockets::close_code::GOING_AWAY,
+            "the node hands this actor over: reconnect",
+        );
+        return false;
+    }
+    tokio::task::spawn_blocking(move || rt.close_if_idle(&id))
+        .await
+        .unwrap_or(false)
 }

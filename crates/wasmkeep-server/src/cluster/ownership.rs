@@ -61,9 +61,12 @@ const UNREACHABLE_OWNER_POLL_MAX_MS: u64 = 200;
 /// `take_failed`). From the second on, each waits a poll's pause longer.
 const LOST_RACE_RETRIES: u32 = 3;
 
-/// The longest a drain waits, for each actor, for its running requests to
-/// end and the runtime to close it; a busier actor waits for the next round.
-pub const DRAIN_ACTOR_WAIT_MS: u64 = 30_000;
+/// The longest a drain waits, at a time, for an actor's running requests to
+/// end and the runtime to close it (its new requests wait meanwhile: well
+/// within a forward's timeout); a busier actor is tried again later.
+pub const DRAIN_ACTOR_WAIT_MS: u64 = 5_000;
+/// The longest a drain leaves a busy actor alone before it tries again.
+pub const DRAIN_BUSY_BACKOFF_MAX_MS: u64 = 30_000;
 /// How often a drain looks again whether an actor is idle.
 const DRAIN_POLL_MS: u64 = 5;
 
@@ -267,10 +270,13 @@ impl Ownership {
         let Some(cell) = self.cells.lock().expect("cells").get(id).cloned() else {
             return false;
         };
-        let held = cell
-            .slot
-            .try_lock()
-            .is_ok_and(|s| s.held.is_some_and(|h| h.epoch == epoch));
+        // The copy when a take or a drain holds the slot: an alarm of an
+        // actor a drain is waiting on is still this node's to run.
+        let held = match cell.slot.try_lock() {
+            Ok(s) => s.held,
+            Err(_) => *cell.held_copy.lock().expect("held copy"),
+        }
+        .is_some_and(|h| h.epoch == epoch);
         if held && touch {
             cell.last_used_ms.store(now_ms(), Ordering::Release);
         }
@@ -367,9 +373,15 @@ impl Ownership {
         }
         slot.owner = None;
         if let Some(peers) = self.moving_out_peers() {
-            return self
-                .route_away(id, &root, &mut slot, peers, epoch, forwarded)
-                .await;
+            let away =
+                self.route_away(id, &root, &mut slot, peers, epoch, forwarded, &acting_epoch);
+            return match away.await? {
+                Away::Forward { node, address } => Ok(Route::Forward { node, address }),
+                Away::Held(held) => {
+                    cell.set_held(&mut slot, Some(held));
+                    Ok(local(&cell))
+                }
+            };
         }
         let unreachable = slot.unreachable.take();
         match self
@@ -400,8 +412,16 @@ impl Ownership {
 
     /// Where a request for an actor this draining node does not hold goes:
     /// its owner, found by a lookup that writes nothing; if no live node
-    /// has it, the peer rendezvous hashing picks among `peers`, which takes
-    /// it. A forwarded request is refused (the forwarding node takes it).
+    /// has it, the peer rendezvous hashing picks among `peers` (but the one
+    /// a forward just failed to reach), which takes it. A forwarded request
+    /// is refused then (the forwarding node takes the actor). If the
+    /// bucket still names this node (a release that failed), it takes the
+    /// actor again, for a request from anywhere: the next round of the
+    /// drain releases it.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the route's own state, passed down"
+    )]
     async fn route_away(
         &self,
         id: &ActorId,
@@ -410,14 +430,31 @@ impl Ownership {
         peers: Vec<(String, String)>,
         epoch: u64,
         forwarded: bool,
-    ) -> Result<Route, RouteError> {
-        if forwarded {
-            return Err(RouteError::NotOwner { owner: None });
-        }
+        acting_epoch: &impl Fn() -> Option<u64>,
+    ) -> Result<Away, RouteError> {
+        let unreachable = slot.unreachable.take();
         let (node, address) = match self.look_up(root, epoch).await {
+            Looked::Mine => {
+                return match self.take_waiting(root, epoch, acting_epoch, None).await {
+                    Taken::Held(held) => Ok(Away::Held(held)),
+                    Taken::Owner { node, .. } if forwarded => {
+                        Err(RouteError::NotOwner { owner: Some(node) })
+                    }
+                    Taken::Owner { node, address } => Ok(Away::Forward { node, address }),
+                    Taken::LostRace => Err(RouteError::TakeFailed("LostRace".into())),
+                    Taken::Failed(why) => Err(RouteError::TakeFailed(why)),
+                };
+            }
+            Looked::Owner { node, .. } if forwarded => {
+                return Err(RouteError::NotOwner { owner: Some(node) });
+            }
+            Looked::Free if forwarded => return Err(RouteError::NotOwner { owner: None }),
             Looked::Owner { node, address } => (node, address),
             Looked::Free => {
-                let names: Vec<String> = peers.iter().map(|(n, _)| n.clone()).collect();
+                let mut names: Vec<String> = peers.iter().map(|(n, _)| n.clone()).collect();
+                if names.len() > 1 {
+                    names.retain(|n| Some(n) != unreachable.as_ref());
+                }
                 let pick = wasmkeep_cluster::sweep::rendezvous(&id.to_string(), &names)
                     .ok_or(RouteError::NotActing)?;
                 peers
@@ -432,7 +469,7 @@ impl Ownership {
             address: address.clone(),
             until_ms: now_ms() + self.settings.owner_cache_ttl_ms,
         });
-        Ok(Route::Forward { node, address })
+        Ok(Away::Forward { node, address })
     }
 
     /// Drives a lookup-only [`TakeMachine`]: who owns the actor, writing
@@ -447,13 +484,12 @@ impl Ownership {
                 }
                 Some(TakeEffect::Done(TakeOutcome::Forward { node })) => {
                     return match m.forward_address() {
-                        Some(address) if node != self.node => Looked::Owner {
+                        _ if node == self.node => Looked::Mine,
+                        Some(address) => Looked::Owner {
                             address: address.to_owned(),
                             node,
                         },
-                        // This node's own live hold of another epoch, or no
-                        // address: nobody to forward to but a peer.
-                        _ => Looked::Free,
+                        None => Looked::Failed(format!("owner `{node}` has no address")),
                     };
                 }
                 Some(TakeEffect::Done(TakeOutcome::Free)) => return Looked::Free,
@@ -486,23 +522,32 @@ impl Ownership {
     }
 
     /// One round of a drain: releases every actor held in `epoch`, one at a
-    /// time. For each, new requests wait on its slot, those running finish
-    /// (at most [`DRAIN_ACTOR_WAIT_MS`]), the runtime closes it
-    /// (`close`: true once it is closed, its queued events run and its
-    /// commits uploaded), and its hold is released; the requests that
-    /// waited then go to the node that takes it. An actor still busy at the
-    /// bound is left for the next round. Returns how many were released.
-    pub async fn drain_held(
+    /// time, while the node drains. For each, new requests wait on its
+    /// slot, those running finish and the runtime closes it (`close`: true
+    /// once it is closed, its queued events run, its commits uploaded and
+    /// its sockets gone), at most [`DRAIN_ACTOR_WAIT_MS`]; then its hold is
+    /// released and the requests that waited go to the node that takes it.
+    /// An actor still busy at the bound is left alone for a while (`later`:
+    /// one second, doubling after each time in a row, at most
+    /// [`DRAIN_BUSY_BACKOFF_MAX_MS`]), so that its requests run meanwhile.
+    /// Returns how many were released.
+    pub async fn drain_held<F: std::future::Future<Output = bool>>(
         &self,
         acting_epoch: impl Fn() -> Option<u64>,
-        close: impl Fn(&ActorId) -> bool,
+        close: impl Fn(ActorId) -> F,
+        later: &mut HashMap<ActorId, (u64, u32)>,
     ) -> usize {
-        let cells = self.all_cells();
         let mut released = 0;
-        for (id, cell) in cells {
+        for (id, cell) in self.all_cells() {
+            if !self.is_moving_out() {
+                break;
+            }
+            if later.get(&id).is_some_and(|(until, _)| now_ms() < *until) {
+                continue;
+            }
             let mut slot = cell.slot.lock().await;
             let Some(epoch) = acting_epoch() else {
-                return released;
+                break;
             };
             let Some(held) = slot.held.filter(|h| h.epoch == epoch) else {
                 continue;
@@ -513,22 +558,30 @@ impl Ownership {
             let end = now_ms() + DRAIN_ACTOR_WAIT_MS;
             let mut idle = false;
             while now_ms() < end {
-                if cell.in_flight.load(Ordering::Acquire) == 0 && close(&id) {
+                if cell.in_flight.load(Ordering::Acquire) == 0 && close(id.clone()).await {
                     idle = true;
                     break;
                 }
                 tokio::time::sleep(std::time::Duration::from_millis(DRAIN_POLL_MS)).await;
             }
             if !idle {
-                tracing::warn!(actor = %id, "drain: the actor stayed busy; tried again later");
+                let times = later.get(&id).map_or(0, |(_, n)| *n).saturating_add(1);
+                let wait = (1_000u64 << times.min(8)).min(DRAIN_BUSY_BACKOFF_MAX_MS);
+                later.insert(id.clone(), (now_ms() + wait, times));
+                tracing::warn!(actor = %id, wait_ms = wait, "drain: the actor stayed busy; tried again later");
                 continue;
             }
+            later.remove(&id);
             cell.set_held(&mut slot, None);
             slot.owner = None;
             if self.release(&root, held, &acting_epoch).await {
                 released += 1;
                 tracing::info!(actor = %id, "drain: released the actor");
             }
+            // A release that failed may still have landed: the actor is not
+            // held here any more either way. If the bucket still names this
+            // node, the lookup of its next request says so and this node
+            // takes it again (`route_away`); the next round releases it.
         }
         released
     }
@@ -773,9 +826,24 @@ impl Ownership {
 
 /// What a lookup found.
 enum Looked {
-    Owner { node: String, address: String },
+    Owner {
+        node: String,
+        address: String,
+    },
+    /// The bucket's latest hold is this node's, in this epoch.
+    Mine,
     Free,
     Failed(String),
+}
+
+/// Where a draining node sends a request for an actor it does not hold.
+enum Away {
+    Forward {
+        node: String,
+        address: String,
+    },
+    /// Taken again here (its hold named this node).
+    Held(Held),
 }
 
 enum Taken {

@@ -197,7 +197,8 @@ async fn live_nodes(state: &ClusterState, view: &mut LiveNodes) -> Option<Vec<St
             }
             LiveNodesEffect::Detached(op) => {
                 // Garbage of this node's earlier epochs: nothing waits on it.
-                let _ = state.driver.perform(op).await;
+                let driver = state.driver.clone();
+                tokio::spawn(async move { driver.perform(op).await });
             }
             LiveNodesEffect::Done(live) => return live,
         }
