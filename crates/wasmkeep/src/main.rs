@@ -198,9 +198,9 @@ enum Command {
         conn: client::Conn,
     },
     /// Move a cluster node's actors to the other nodes while it keeps
-    /// serving (it forwards their requests, fails none, and takes no new
-    /// actor), then wait until it holds none: stop it then, or end the drain
-    /// with `--undo`. `wasmkeep drain 1b36b488df81ce377ba5488a9be996b1`, or
+    /// serving (it forwards their requests rather than refuse them, and
+    /// takes no new actor), then wait until it holds none: stop it then, or
+    /// end the drain with `--undo`. `wasmkeep drain 1b36b488df81ce377ba5488a9be996b1`, or
     /// the node's address: `wasmkeep drain http://10.0.0.7:8080`.
     Drain {
         #[command(flatten)]
