@@ -159,7 +159,7 @@ pub use upkeep::{
 /// One operation on the bucket, as a machine asks for it. ADR 0020 needs only
 /// create-only writes; an overwriting or `If-Match` PUT joins this list when a
 /// machine needs one.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum BucketOp {
     /// Create `key` only if no object has it (S3 `If-None-Match: *`,
     /// object_store's `PutMode::Create`).
@@ -191,6 +191,17 @@ impl BucketOp {
     /// Whether the operation changes the bucket.
     pub fn is_write(&self) -> bool {
         matches!(self, BucketOp::PutCreate { .. } | BucketOp::Delete { .. })
+    }
+
+    /// Whether it reads lease records (`nodes/`): a record never changes
+    /// once written, so a driver may answer such a read with the answer to
+    /// the same read already in flight (ADR 0065).
+    pub fn is_lease_read(&self) -> bool {
+        match self {
+            BucketOp::Get { key } => key.starts_with(crate::lease::NODES_PREFIX),
+            BucketOp::List { prefix, .. } => prefix.starts_with(crate::lease::NODES_PREFIX),
+            BucketOp::PutCreate { .. } | BucketOp::Delete { .. } => false,
+        }
     }
 }
 

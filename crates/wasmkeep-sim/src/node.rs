@@ -309,6 +309,10 @@ pub struct Mem {
     pub live: LiveNodes,
     /// Other nodes' live lease records its takes read (`KnownLeases`).
     pub known: Arc<KnownLeases>,
+    /// Lease reads in flight (`None`) or just answered, by operation; and
+    /// when each was answered, oldest first.
+    pub lease_reads: BTreeMap<String, Option<BucketResult>>,
+    pub lease_reads_done: Vec<(u64, String)>,
 }
 
 /// The address a simulated node advertises in its lease records (nothing
@@ -334,6 +338,8 @@ impl Mem {
             sweep_done: Vec::new(),
             live: LiveNodes::new(name, cfg.clone()),
             known: Arc::new(KnownLeases::new()),
+            lease_reads: BTreeMap::new(),
+            lease_reads_done: Vec::new(),
         }
     }
 }
@@ -667,6 +673,47 @@ impl Ctx {
     /// Performs one bucket operation a step machine asked for, with every
     /// fault the simulated network and bucket have, and translates the answer.
     async fn perform(&self, op: BucketOp) -> BucketResult {
+        if !op.is_lease_read() {
+            return self.perform_once(op).await;
+        }
+        // The same lease read in flight on this node: its answer, as the
+        // server's driver does (a record never changes once written).
+        let n = self.n;
+        let key = format!("{op:?}");
+        // Only a read in flight is waited for: an answer that came before
+        // this read was asked is not this read's answer.
+        if self.with(|w| matches!(w.nodes[n].mem.lease_reads.get(&key), Some(None))) {
+            loop {
+                match self.with(|w| w.nodes[n].mem.lease_reads.get(&key).cloned()) {
+                    Some(Some(result)) => return result,
+                    Some(None) => sleep(&self.w, 1).await,
+                    None => break,
+                }
+            }
+        }
+        self.with(|w| w.nodes[n].mem.lease_reads.insert(key.clone(), None));
+        let result = self.perform_once(op).await;
+        self.with(|w| {
+            let at = w.now;
+            let mem = &mut w.nodes[n].mem;
+            mem.lease_reads.insert(key.clone(), Some(result.clone()));
+            // Kept a moment for the waiters (they look every millisecond).
+            mem.lease_reads_done.push((at, key));
+            while mem
+                .lease_reads_done
+                .first()
+                .is_some_and(|(t, _)| *t + 2 < at)
+            {
+                let (_, old) = mem.lease_reads_done.remove(0);
+                if mem.lease_reads.get(&old).is_some_and(Option::is_some) {
+                    mem.lease_reads.remove(&old);
+                }
+            }
+        });
+        result
+    }
+
+    async fn perform_once(&self, op: BucketOp) -> BucketResult {
         let op = match op {
             BucketOp::PutCreate { key, body } => Op::Put {
                 key,

@@ -7,7 +7,16 @@
 //! or may not have landed), a body read is bounded in bytes
 //! ([`RECORD_BYTES_MAX`]: lease and hold records are a line of text), and a
 //! listing page holds at most the `limit` keys the machine asked for.
+//!
+//! Reads of lease records (`nodes/…`) that are already in flight on this
+//! node are not sent again: a later asker waits for the first one's answer
+//! (ADR 0065). After a wave of restarts, a node's concurrent takes each
+//! read the lease of every holder they met, and `nodes/` got more reads in
+//! one second than S3 serves a prefix; a record read a moment later is no
+//! fresher a record.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -25,6 +34,8 @@ pub const RECORD_BYTES_MAX: u64 = 4096;
 pub struct BucketDriver {
     bucket: Bucket,
     timeout: Duration,
+    /// Lease reads in flight, by operation: their answer once it came.
+    lease_reads: Arc<Mutex<HashMap<BucketOp, tokio::sync::watch::Receiver<Option<BucketResult>>>>>,
 }
 
 impl BucketDriver {
@@ -33,6 +44,7 @@ impl BucketDriver {
         BucketDriver {
             bucket,
             timeout: Duration::from_millis(timeout_ms.max(1)),
+            lease_reads: Arc::new(Mutex::new(HashMap::new())),
         }
     }
 
@@ -45,6 +57,36 @@ impl BucketDriver {
     }
 
     pub async fn perform(&self, op: BucketOp) -> BucketResult {
+        if !op.is_lease_read() {
+            return self.perform_once(op).await;
+        }
+        let waiting = {
+            let mut reads = self.lease_reads.lock().expect("lease reads");
+            match reads.get(&op) {
+                Some(rx) => Err(rx.clone()),
+                None => {
+                    let (tx, rx) = tokio::sync::watch::channel(None);
+                    reads.insert(op.clone(), rx);
+                    Ok(tx)
+                }
+            }
+        };
+        match waiting {
+            Ok(tx) => {
+                let result = self.perform_once(op.clone()).await;
+                self.lease_reads.lock().expect("lease reads").remove(&op);
+                let _ = tx.send(Some(result.clone()));
+                result
+            }
+            Err(mut rx) => match rx.wait_for(Option::is_some).await {
+                Ok(r) => r.clone().unwrap_or(BucketResult::Failed),
+                // The first asker went away (its task ended): no answer.
+                Err(_) => BucketResult::Failed,
+            },
+        }
+    }
+
+    async fn perform_once(&self, op: BucketOp) -> BucketResult {
         let key = op.key().to_owned();
         match tokio::time::timeout(self.timeout, self.perform_unbounded(op)).await {
             Ok(result) => result,
