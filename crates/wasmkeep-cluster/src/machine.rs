@@ -193,15 +193,13 @@ impl BucketOp {
         matches!(self, BucketOp::PutCreate { .. } | BucketOp::Delete { .. })
     }
 
-    /// Whether it reads lease records (`nodes/`): a record never changes
-    /// once written, so a driver may answer such a read with the answer to
-    /// the same read already in flight (ADR 0065).
-    pub fn is_lease_read(&self) -> bool {
-        match self {
-            BucketOp::Get { key } => key.starts_with(crate::lease::NODES_PREFIX),
-            BucketOp::List { prefix, .. } => prefix.starts_with(crate::lease::NODES_PREFIX),
-            BucketOp::PutCreate { .. } | BucketOp::Delete { .. } => false,
-        }
+    /// Whether it reads one lease record (a GET under `nodes/`): a record
+    /// never changes once written, so a driver may answer it with the
+    /// answer to the same read already in flight (ADR 0065). Never a
+    /// listing: one already in flight may have started before a record the
+    /// asker must see was written.
+    pub fn is_lease_record_read(&self) -> bool {
+        matches!(self, BucketOp::Get { key } if key.starts_with(crate::lease::NODES_PREFIX))
     }
 }
 

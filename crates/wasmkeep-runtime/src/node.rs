@@ -372,8 +372,6 @@ impl Inner {
         self.reap_idle_after(self.config.actor_idle_ms);
     }
 
-    /// Closes the actors unused for `idle` ms with nothing queued, running
-    /// or uploading; returns how many.
     /// Closes `id` if it has nothing queued or running and its uploads are
     /// done (what the idle reaper checks); true if it is not open now.
     pub(crate) fn close_if_idle(&self, id: &ActorId) -> bool {
@@ -400,6 +398,8 @@ impl Inner {
         true
     }
 
+    /// Closes the actors unused for `idle` ms with nothing queued, running
+    /// or uploading; returns how many.
     pub(crate) fn reap_idle_after(&self, idle: u64) -> usize {
         let _pass = self.reaping.lock();
         let now = self.elapsed_ms();

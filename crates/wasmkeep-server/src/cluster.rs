@@ -689,7 +689,10 @@ impl RunGate for AlarmGate {
         if state.ownership.holds(id, epoch, true) {
             return true;
         }
-        if tokio::runtime::Handle::try_current().is_ok() {
+        // A draining node takes no actor for an alarm, and does not wait on
+        // one its drain is handing over (the drain holds its slot): the
+        // alarm runs where the actor goes.
+        if tokio::runtime::Handle::try_current().is_ok() || state.ownership.is_moving_out() {
             return false;
         }
         let wait = std::time::Duration::from_millis(ALARM_TAKE_WAIT_MS);

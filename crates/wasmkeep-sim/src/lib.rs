@@ -98,7 +98,7 @@
 //! time; the server runs many actors at once). Nodes crash, are cut off,
 //! stall and join as in any run, and one in fifty more join while faults
 //! last; none leaves cleanly (a release is not modelled). `wasmkeep-sim --seeds 1 --set nodes=100
-//! --set actors=1000000` takes about 55 s and 1.1 GB in a release build on
+//! --set actors=1000000` takes 30 to 55 s and 1.1 GB in a release build on
 //! two cores, and says whether every prefix stayed within S3's rates (it
 //! does, `nodes/` by the least margin in the second after the faults stop:
 //! ADR 0065).

@@ -673,11 +673,11 @@ impl Ctx {
     /// Performs one bucket operation a step machine asked for, with every
     /// fault the simulated network and bucket have, and translates the answer.
     async fn perform(&self, op: BucketOp) -> BucketResult {
-        if !op.is_lease_read() {
+        if !op.is_lease_record_read() {
             return self.perform_once(op).await;
         }
-        // The same lease read in flight on this node: its answer, as the
-        // server's driver does (a record never changes once written).
+        // The same lease record read in flight on this node: its answer, as
+        // the server's driver does (a record never changes once written).
         let n = self.n;
         let key = format!("{op:?}");
         // Only a read in flight is waited for: an answer that came before

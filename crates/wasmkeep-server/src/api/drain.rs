@@ -86,8 +86,9 @@ pub(super) async fn start(State(s): State<AppState>) -> Result<Response, ApiErro
     .into_response())
 }
 
-/// The other live nodes that do not drain, with their addresses (each
-/// asked its `/admin/v1/node`; one that does not answer is left out).
+/// The other live nodes that serve and do not drain, with their addresses
+/// (each asked its `/admin/v1/node`; one that does not answer, or is
+/// stopping, is left out).
 async fn peers(c: &ClusterState) -> Result<Vec<(String, String)>, ApiError> {
     let view = fanout::live(c).await?;
     let answers = fanout::ask(c, &view, &format!("{}/node", super::ADMIN_PREFIX)).await;
@@ -95,7 +96,8 @@ async fn peers(c: &ClusterState) -> Result<Vec<(String, String)>, ApiError> {
         .into_iter()
         .filter_map(|(node, body)| {
             let v = fanout::json_of(body)?;
-            (v["cluster"]["moving_out"] == false).then_some(node)
+            let n = &v["cluster"];
+            (n["serving"] == true && n["moving_out"] != true).then_some(node)
         })
         .collect();
     Ok(view
@@ -127,9 +129,8 @@ async fn run(c: Arc<ClusterState>, rt: wasmkeep_runtime::Runtime) {
                 peers_read = wasmkeep_runtime::clock::instant();
                 if let Ok(p) = peers(&c).await
                     && !p.is_empty()
-                    && c.ownership.is_moving_out()
                 {
-                    c.ownership.set_moving_out(Some(p));
+                    c.ownership.refresh_peers(p);
                 }
             }
             let close = |id: ActorId| closed(rt.clone(), id);

@@ -8,12 +8,14 @@
 //! ([`RECORD_BYTES_MAX`]: lease and hold records are a line of text), and a
 //! listing page holds at most the `limit` keys the machine asked for.
 //!
-//! Reads of lease records (`nodes/…`) that are already in flight on this
-//! node are not sent again: a later asker waits for the first one's answer
-//! (ADR 0065). After a wave of restarts, a node's concurrent takes each
-//! read the lease of every holder they met, and `nodes/` got more reads in
-//! one second than S3 serves a prefix; a record read a moment later is no
-//! fresher a record.
+//! A read of a lease record (a GET under `nodes/`) that is already in
+//! flight on this node is not sent again: a later asker waits for the first
+//! one's answer (ADR 0065). After a wave of restarts, a node's concurrent
+//! takes each read the lease of every holder they met; a record never
+//! changes once written, so the shared answer is the one the asker's own
+//! read would get. Listings are never shared: one started before a record
+//! was written would hide it from an asker that must see it (a take that
+//! read a hold of the holder's new epoch must see that epoch's record).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -48,41 +50,48 @@ impl BucketDriver {
         }
     }
 
-    /// Performs `op`. Errors and timeouts are `Failed`: the machines decide
-    /// what a failure means (a renewal that may have landed, a take given up).
     /// The bucket it drives (for what is not a machine's operation: the
     /// cluster's deploys).
     pub fn bucket(&self) -> &Bucket {
         &self.bucket
     }
 
+    /// Performs `op`. Errors and timeouts are `Failed`: the machines decide
+    /// what a failure means (a renewal that may have landed, a take given
+    /// up). A read of a lease record already in flight on this node is not
+    /// sent again: its answer is shared (the module's documentation).
     pub async fn perform(&self, op: BucketOp) -> BucketResult {
-        if !op.is_lease_read() {
+        if !op.is_lease_record_read() {
             return self.perform_once(op).await;
         }
-        let waiting = {
+        let mut rx = {
             let mut reads = self.lease_reads.lock().expect("lease reads");
             match reads.get(&op) {
-                Some(rx) => Err(rx.clone()),
+                Some(rx) => rx.clone(),
                 None => {
                     let (tx, rx) = tokio::sync::watch::channel(None);
-                    reads.insert(op.clone(), rx);
-                    Ok(tx)
+                    reads.insert(op.clone(), rx.clone());
+                    // The read runs to its end whoever still waits for it:
+                    // an asker that is dropped leaves no entry behind.
+                    let (driver, op) = (self.clone(), op.clone());
+                    tokio::spawn(async move {
+                        let result = driver.perform_once(op.clone()).await;
+                        driver.lease_reads.lock().expect("lease reads").remove(&op);
+                        let _ = tx.send(Some(result));
+                    });
+                    rx
                 }
             }
         };
-        match waiting {
-            Ok(tx) => {
-                let result = self.perform_once(op.clone()).await;
-                self.lease_reads.lock().expect("lease reads").remove(&op);
-                let _ = tx.send(Some(result.clone()));
-                result
-            }
-            Err(mut rx) => match rx.wait_for(Option::is_some).await {
-                Ok(r) => r.clone().unwrap_or(BucketResult::Failed),
-                // The first asker went away (its task ended): no answer.
-                Err(_) => BucketResult::Failed,
-            },
+        let shared = rx
+            .wait_for(Option::is_some)
+            .await
+            .ok()
+            .and_then(|r| r.clone());
+        match shared {
+            Some(result) => result,
+            // The read's task ended without an answer (it panicked).
+            None => self.perform_once(op).await,
         }
     }
 

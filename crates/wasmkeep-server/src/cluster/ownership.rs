@@ -270,13 +270,10 @@ impl Ownership {
         let Some(cell) = self.cells.lock().expect("cells").get(id).cloned() else {
             return false;
         };
-        // The copy when a take or a drain holds the slot: an alarm of an
-        // actor a drain is waiting on is still this node's to run.
-        let held = match cell.slot.try_lock() {
-            Ok(s) => s.held,
-            Err(_) => *cell.held_copy.lock().expect("held copy"),
-        }
-        .is_some_and(|h| h.epoch == epoch);
+        let held = cell
+            .slot
+            .try_lock()
+            .is_ok_and(|s| s.held.is_some_and(|h| h.epoch == epoch));
         if held && touch {
             cell.last_used_ms.store(now_ms(), Ordering::Release);
         }
@@ -516,6 +513,14 @@ impl Ownership {
         *self.moving_out.lock().expect("moving out") = peers;
     }
 
+    /// A drain's fresh list of peers, if the node still drains (an end of
+    /// the drain that came meanwhile stands).
+    pub fn refresh_peers(&self, peers: Vec<(String, String)>) {
+        if let Some(p) = self.moving_out.lock().expect("moving out").as_mut() {
+            *p = peers;
+        }
+    }
+
     /// Whether the node drains.
     pub fn is_moving_out(&self) -> bool {
         self.moving_out.lock().expect("moving out").is_some()
@@ -566,7 +571,7 @@ impl Ownership {
             }
             if !idle {
                 let times = later.get(&id).map_or(0, |(_, n)| *n).saturating_add(1);
-                let wait = (1_000u64 << times.min(8)).min(DRAIN_BUSY_BACKOFF_MAX_MS);
+                let wait = (1_000u64 << (times - 1).min(8)).min(DRAIN_BUSY_BACKOFF_MAX_MS);
                 later.insert(id.clone(), (now_ms() + wait, times));
                 tracing::warn!(actor = %id, wait_ms = wait, "drain: the actor stayed busy; tried again later");
                 continue;
