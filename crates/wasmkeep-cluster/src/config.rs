@@ -105,7 +105,7 @@ impl ClusterConfig {
     /// requests grow with the cluster: issue 41), and one that only a few
     /// nodes can deliver reaches all of them within `log2(nodes)` margins
     /// more ([`Self::everyones_after_ms`]).
-    pub fn helper_ranks(&self, overdue_ms: u64) -> usize {
+    pub(crate) fn helper_ranks(&self, overdue_ms: u64) -> usize {
         let Some(past) = overdue_ms.checked_sub(self.anyones_after_ms()) else {
             return 0;
         };

@@ -571,6 +571,17 @@ async fn show_node(State(s): State<AppState>) -> Response {
     axum::Json(json!({ "cluster": cluster })).into_response()
 }
 
+/// This node's cluster state; 404 `not_a_cluster` on a single node.
+fn cluster_of(s: &AppState) -> Result<&Arc<crate::cluster::ClusterState>, ApiError> {
+    s.config.cluster.as_ref().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_a_cluster",
+            "this node is not in a cluster (start it with --bucket and --advertise)",
+        )
+    })
+}
+
 /// `GET /admin/v1/cluster`: the live nodes as the bucket shows them (see
 /// `cluster::view`); 404 `not_a_cluster` on a single node, 503
 /// `bucket_unavailable` when the bucket cannot be listed. `held_actors`:
@@ -579,13 +590,7 @@ async fn show_node(State(s): State<AppState>) -> Response {
 /// `null` for one that did not answer: holds are not counted in the
 /// bucket).
 async fn show_cluster(State(s): State<AppState>) -> Result<Response, ApiError> {
-    let Some(c) = &s.config.cluster else {
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "not_a_cluster",
-            "this node is not in a cluster (start it with --bucket and --advertise)",
-        ));
-    };
+    let c = cluster_of(&s)?;
     let view = fanout::live(c).await?;
     let held: std::collections::HashMap<String, u64> =
         fanout::ask(c, &view, &format!("{ADMIN_PREFIX}/node"))

@@ -667,7 +667,8 @@ async fn release_task(
 /// have ended, or it restarted): taken, the alarm runs here (the alarm event
 /// re-reads the committed alarm after the restore, so a stale local copy
 /// runs nothing); owned by another live node, it is that node's alarm and
-/// leaves this node's timer. The take blocks the runtime's timer thread, for
+/// leaves this node's timer. A draining node (`wasmkeep drain`) takes
+/// none: the alarm runs where the actor goes. The take blocks the runtime's timer thread, for
 /// at most [`ALARM_TAKE_WAIT_MS`]; never an async thread (there it answers
 /// from the table alone).
 #[derive(Debug)]

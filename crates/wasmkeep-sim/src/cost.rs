@@ -55,14 +55,6 @@ impl ByKind {
     fn add(&mut self, k: Kind) {
         self.0[k as usize] += 1;
     }
-    /// PUTs and DELETEs.
-    pub fn writes(&self) -> u64 {
-        self.0[Kind::Put as usize] + self.0[Kind::Delete as usize]
-    }
-    /// GETs and LISTs.
-    pub fn reads(&self) -> u64 {
-        self.0[Kind::Get as usize] + self.0[Kind::List as usize]
-    }
     /// Every request.
     pub fn total(&self) -> u64 {
         self.0.iter().sum()

@@ -28,7 +28,7 @@
 //! (its prefix is a parameter of every index function); the sweep machine
 //! keeps a cursor per index and reads it page by page.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 
 use wasmkeep_cluster::alarm_index::{
@@ -311,8 +311,8 @@ pub struct Mem {
     pub known: Arc<KnownLeases>,
     /// Lease reads in flight (`None`) or just answered, by operation; and
     /// when each was answered, oldest first.
-    pub lease_reads: BTreeMap<String, Option<BucketResult>>,
-    pub lease_reads_done: Vec<(u64, String)>,
+    pub lease_reads: HashMap<BucketOp, Option<BucketResult>>,
+    pub lease_reads_done: VecDeque<(u64, BucketOp)>,
 }
 
 /// The address a simulated node advertises in its lease records (nothing
@@ -338,8 +338,8 @@ impl Mem {
             sweep_done: Vec::new(),
             live: LiveNodes::new(name, cfg.clone()),
             known: Arc::new(KnownLeases::new()),
-            lease_reads: BTreeMap::new(),
-            lease_reads_done: Vec::new(),
+            lease_reads: HashMap::new(),
+            lease_reads_done: VecDeque::new(),
         }
     }
 }
@@ -679,7 +679,7 @@ impl Ctx {
         // The same lease record read in flight on this node: its answer, as
         // the server's driver does (a record never changes once written).
         let n = self.n;
-        let key = format!("{op:?}");
+        let key = op.clone();
         // Only a read in flight is waited for: an answer that came before
         // this read was asked is not this read's answer.
         if self.with(|w| matches!(w.nodes[n].mem.lease_reads.get(&key), Some(None))) {
@@ -698,13 +698,15 @@ impl Ctx {
             let mem = &mut w.nodes[n].mem;
             mem.lease_reads.insert(key.clone(), Some(result.clone()));
             // Kept a moment for the waiters (they look every millisecond).
-            mem.lease_reads_done.push((at, key));
+            mem.lease_reads_done.push_back((at, key));
             while mem
                 .lease_reads_done
-                .first()
+                .front()
                 .is_some_and(|(t, _)| *t + 2 < at)
             {
-                let (_, old) = mem.lease_reads_done.remove(0);
+                let Some((_, old)) = mem.lease_reads_done.pop_front() else {
+                    break;
+                };
                 if mem.lease_reads.get(&old).is_some_and(Option::is_some) {
                     mem.lease_reads.remove(&old);
                 }

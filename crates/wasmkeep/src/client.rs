@@ -1207,8 +1207,6 @@ pub(crate) fn cluster(conn: &Conn, out: Output) -> Result<()> {
     Ok(())
 }
 
-/// Milliseconds as seconds with one decimal (`-0.4 s` for a lease in its
-/// grace).
 /// `wasmkeep drain NODE`: starts (or, `undo`, ends) the node's drain, then
 /// waits up to `wait_ms` for it to hold no actor, printing what it holds as
 /// that changes.
@@ -1281,6 +1279,8 @@ pub(crate) fn drain(conn: &Conn, out: Output, node: &str, undo: bool, wait_ms: u
     }
 }
 
+/// Milliseconds as seconds with one decimal (`-0.4 s` for a lease in its
+/// grace).
 fn seconds(ms: &Value) -> String {
     ms.as_i64()
         .map_or("?".into(), |ms| format!("{:.1} s", ms as f64 / 1000.0))

@@ -1,6 +1,6 @@
 // `waiter`: waits for answers inside its handlers (`awaits`, ADR 0056),
 // with the routes and answers of the Rust example
-// (`examples/demo/src/waiter.rs`). Nothing else of a waiter runs while it
+// (`examples/demo/src/waiter.rs`) but its `/behind`. Nothing else of a waiter runs while it
 // waits; each note it writes before a wait is written once, however many
 // times the handler ran.
 //

@@ -103,12 +103,8 @@ impl KnownLeases {
     }
 
     /// Nodes whose record is kept.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.map().len()
-    }
-
-    /// Whether no record is kept.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }

@@ -51,8 +51,9 @@ use crate::lease::{LeaseKey, LeaseRecord, NODES_PREFIX, node_lease_view};
 
 use super::{BucketOp, BucketResult, Pages, decode_body};
 
-/// Most node ids one pass keeps; the rest of a longer listing is not read
-/// (`truncated`), as in the admin view.
+/// Most node ids one pass keeps: the listing stops at the first id past
+/// them (their nodes are not counted live), so that a `nodes/` folder full
+/// of records of nodes long gone costs a bounded number of pages.
 pub const LIVE_NODES_MAX: usize = 1_000;
 
 /// This node's records of earlier epochs one pass deletes at most.
@@ -89,7 +90,6 @@ enum Phase {
     List {
         pages: Pages,
         newest: BTreeMap<String, LeaseKey>,
-        truncated: bool,
     },
     /// Reading the records of the nodes in `to_read`, one at a time.
     Read {
@@ -109,7 +109,6 @@ pub struct LiveNodes {
     phase: Phase,
     awaiting: bool,
     now_ms: u64,
-    truncated: bool,
     reads: u64,
     /// When the last pass that listed ended, and what it found live.
     listed: Option<(u64, Vec<String>)>,
@@ -129,7 +128,6 @@ impl LiveNodes {
             phase: Phase::Idle,
             awaiting: false,
             now_ms: 0,
-            truncated: false,
             reads: 0,
             listed: None,
             mine: Vec::new(),
@@ -153,13 +151,7 @@ impl LiveNodes {
         self.phase = Phase::List {
             pages: Pages::new(NODES_PREFIX.to_owned(), self.config.list_page_keys_max),
             newest: BTreeMap::new(),
-            truncated: false,
         };
-    }
-
-    /// Whether the last pass listed more than [`LIVE_NODES_MAX`] node ids.
-    pub fn truncated(&self) -> bool {
-        self.truncated
     }
 
     /// Records read over every pass (for tests and counters).
@@ -206,38 +198,33 @@ impl LiveNodes {
             Phase::List {
                 mut pages,
                 mut newest,
-                mut truncated,
             } => {
                 let BucketResult::Keys(keys) = result else {
                     self.phase = Phase::Finished(Some(None));
                     return;
                 };
+                let mut full = false;
                 for key in &keys {
                     // Keys that are not lease records are passed over.
                     let Ok(k) = LeaseKey::parse(NODES_PREFIX, key) else {
                         continue;
                     };
-                    if k.node == self.me {
-                        self.mine.push(k.clone());
-                    }
                     if !newest.contains_key(&k.node) && newest.len() == LIVE_NODES_MAX {
-                        truncated = true;
-                        continue;
+                        full = true;
+                        break;
+                    }
+                    if k.node == self.me && self.mine.len() < 4 * OLD_RECORDS_DELETED_MAX {
+                        self.mine.push(k.clone());
                     }
                     let slot = newest.entry(k.node.clone()).or_insert_with(|| k.clone());
                     if k > *slot {
                         *slot = k;
                     }
                 }
-                self.phase = if pages.on_page(&keys) {
-                    self.truncated = truncated;
+                self.phase = if full || pages.on_page(&keys) {
                     self.after_listing(newest)
                 } else {
-                    Phase::List {
-                        pages,
-                        newest,
-                        truncated,
-                    }
+                    Phase::List { pages, newest }
                 };
             }
             Phase::Read { mut to_read } => {
@@ -312,7 +299,7 @@ impl LiveNodes {
     /// How long a node's newest key may stay the same before its record is
     /// read: two renewal intervals (a live node writes a record every
     /// `lease_renew_ms`; one renewal may fail and be retried).
-    pub fn unchanged_read_after_ms(&self) -> u64 {
+    pub(crate) fn unchanged_read_after_ms(&self) -> u64 {
         2 * self.config.lease_renew_ms()
     }
 

@@ -154,6 +154,9 @@ pub(crate) fn closes_cycle(id: &ActorId, a: &Awaiting, ev: &Event) -> Option<Str
         EventKind::Inbound(Inbound::Message { chain, .. }) => chain.clone(),
         _ => return None,
     };
+    if chain.is_empty() && a.target.is_none() {
+        return None;
+    }
     let me = crate::awaits::chain_name(id);
     let cycle = chain
         .iter()

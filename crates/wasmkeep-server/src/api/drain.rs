@@ -41,29 +41,20 @@ use crate::cluster::ClusterState;
 
 /// How long the drain task waits between two rounds while actors are left.
 const DRAIN_ROUND_PAUSE_MS: u64 = 100;
-/// How often the drain reads the other nodes again (the live ones that do
-/// not drain themselves: a node that stopped or began to drain gets no more
-/// actors).
+/// How often the drain reads the other nodes again while it holds actors
+/// (the live ones that serve and do not drain: a node that stopped or began
+/// to drain gets no more actors); a view of the cluster and a question to
+/// each node, so not more often.
 const DRAIN_PEERS_REFRESH_MS: u64 = 3_000;
 /// How long it waits between rounds once the node holds nothing (a request
 /// racing the start of the drain may still have taken one).
 const DRAINED_PAUSE_MS: u64 = 1_000;
 
-fn cluster(s: &AppState) -> Result<&Arc<ClusterState>, ApiError> {
-    s.config.cluster.as_ref().ok_or_else(|| {
-        ApiError::new(
-            StatusCode::NOT_FOUND,
-            "not_a_cluster",
-            "this node is not in a cluster (start it with --bucket and --advertise)",
-        )
-    })
-}
-
 /// `POST /admin/v1/node/drain`: starts the drain (again, with a fresh view
 /// of the other nodes, if it runs); 409 `no_other_node` when no other node
 /// is live to take the actors.
 pub(super) async fn start(State(s): State<AppState>) -> Result<Response, ApiError> {
-    let c = cluster(&s)?;
+    let c = super::cluster_of(&s)?;
     let peers = peers(c).await?;
     if peers.is_empty() {
         return Err(ApiError::new(
@@ -111,7 +102,7 @@ async fn peers(c: &ClusterState) -> Result<Vec<(String, String)>, ApiError> {
 /// `DELETE /admin/v1/node/drain`: ends the drain; the node takes actors
 /// again.
 pub(super) async fn stop(State(s): State<AppState>) -> Result<Response, ApiError> {
-    let c = cluster(&s)?;
+    let c = super::cluster_of(&s)?;
     c.ownership.set_moving_out(None);
     tracing::info!("drain ended");
     Ok(axum::Json(json!({ "moving_out": false, "held_actors": c.held_actors() })).into_response())
@@ -125,6 +116,11 @@ async fn run(c: Arc<ClusterState>, rt: wasmkeep_runtime::Runtime) {
     let mut peers_read = wasmkeep_runtime::clock::instant();
     loop {
         while c.ownership.is_moving_out() {
+            if c.held_actors() == 0 {
+                // Drained: nothing to hand over until a request races one in.
+                tokio::time::sleep(Duration::from_millis(DRAINED_PAUSE_MS)).await;
+                continue;
+            }
             if peers_read.elapsed() >= Duration::from_millis(DRAIN_PEERS_REFRESH_MS) {
                 peers_read = wasmkeep_runtime::clock::instant();
                 if let Ok(p) = peers(&c).await
@@ -137,12 +133,7 @@ async fn run(c: Arc<ClusterState>, rt: wasmkeep_runtime::Runtime) {
             c.ownership
                 .drain_held(|| c.acting_epoch(), close, &mut later)
                 .await;
-            let pause = if c.held_actors() == 0 {
-                DRAINED_PAUSE_MS
-            } else {
-                DRAIN_ROUND_PAUSE_MS
-            };
-            tokio::time::sleep(Duration::from_millis(pause)).await;
+            tokio::time::sleep(Duration::from_millis(DRAIN_ROUND_PAUSE_MS)).await;
         }
         c.drain_task.store(false, Ordering::Release);
         // A drain started between the loop's last look and the store saw

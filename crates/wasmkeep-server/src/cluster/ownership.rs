@@ -64,9 +64,9 @@ const LOST_RACE_RETRIES: u32 = 3;
 /// The longest a drain waits, at a time, for an actor's running requests to
 /// end and the runtime to close it (its new requests wait meanwhile: well
 /// within a forward's timeout); a busier actor is tried again later.
-pub const DRAIN_ACTOR_WAIT_MS: u64 = 5_000;
+const DRAIN_ACTOR_WAIT_MS: u64 = 5_000;
 /// The longest a drain leaves a busy actor alone before it tries again.
-pub const DRAIN_BUSY_BACKOFF_MAX_MS: u64 = 30_000;
+const DRAIN_BUSY_BACKOFF_MAX_MS: u64 = 30_000;
 /// How often a drain looks again whether an actor is idle.
 const DRAIN_POLL_MS: u64 = 5;
 
@@ -547,7 +547,11 @@ impl Ownership {
             if !self.is_moving_out() {
                 break;
             }
-            if later.get(&id).is_some_and(|(until, _)| now_ms() < *until) {
+            // Not held (the copy, without waiting on a slot a route holds),
+            // or left alone for a while.
+            if cell.held_copy.lock().expect("held copy").is_none()
+                || later.get(&id).is_some_and(|(until, _)| now_ms() < *until)
+            {
                 continue;
             }
             let mut slot = cell.slot.lock().await;
@@ -571,7 +575,12 @@ impl Ownership {
             }
             if !idle {
                 let times = later.get(&id).map_or(0, |(_, n)| *n).saturating_add(1);
-                let wait = (1_000u64 << (times - 1).min(8)).min(DRAIN_BUSY_BACKOFF_MAX_MS);
+                let wait = wasmkeep_cluster::retry::RetryPolicy {
+                    first_ms: 1_000,
+                    max_ms: DRAIN_BUSY_BACKOFF_MAX_MS,
+                    retries_max: None,
+                }
+                .delay_ms(times);
                 later.insert(id.clone(), (now_ms() + wait, times));
                 tracing::warn!(actor = %id, wait_ms = wait, "drain: the actor stayed busy; tried again later");
                 continue;
