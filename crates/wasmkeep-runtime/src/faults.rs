@@ -98,6 +98,10 @@ fault_switches! {
     counters {
         /// The next this many batches that run an alarm fail their commit.
         fail_alarm_commits,
+        /// The next this many runs again of a suspended event fail before
+        /// its handler runs, as a full outbox or a database error would
+        /// (ADR 0056).
+        fail_resumes,
         /// The next this many batches that carry a request commit, then lose
         /// their replies and their instance, as if the process died between
         /// the commit and the response.

@@ -113,3 +113,68 @@ fn two_actors_waiting_on_each_other_end_with_await_deadlock() {
         "ended by the deadlock, not a deadline"
     );
 }
+
+/// A suspended alarm whose run again fails before its handler runs (the
+/// `fail_resumes` fault, as a full outbox or a database error would) is
+/// not lost: the suspension ends and the alarm takes its retry rule, so it
+/// runs again, waits again and ends with its note. (It used to end there,
+/// with no retry and no alarm left.)
+#[test]
+fn an_alarm_whose_run_again_fails_is_retried() {
+    let node = TestNode::with_config(|c| {
+        c.outbox.retry_first_ms = 5;
+        c.outbox.retry_max_ms = 50;
+    });
+    node.deploy("demo/examples", DEMO).unwrap();
+    node.hold_outbox(true);
+    let waiter = node.actor("demo/examples/waiter/w");
+    let armed = waiter.post("/arm?name=t&by=1", "");
+    assert_eq!(armed.status, 204, "{}", armed.text());
+    let metrics = node.runtime().metrics();
+    let started = std::time::Instant::now();
+    while metrics.awaits_suspended_total.get() == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the alarm never suspended"
+        );
+        node.run_due_alarms();
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let faults = node.runtime().faults();
+    faults.fail_resumes.store(1, Ordering::SeqCst);
+    node.hold_outbox(false);
+    while faults.fail_resumes.load(Ordering::SeqCst) > 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the answer never came back"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let noted = |node: &TestNode| {
+        let notes = node.actor("demo/examples/waiter/w").get("/notes").json();
+        notes["notes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|n| n["what"].as_str().map(str::to_owned))
+            .filter(|w| w.starts_with("alarm "))
+            .collect::<Vec<_>>()
+    };
+    loop {
+        // The retry comes due on the node's clock.
+        node.advance(Duration::from_millis(250));
+        let notes = noted(&node);
+        if !notes.is_empty() {
+            // The failed run's call was answered (the tally counted it);
+            // the retry's call counts again.
+            assert_eq!(notes, ["alarm 2"]);
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the alarm was not run again after its failed resume"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(metrics.alarms_failed_total.get(), 1, "one failure, retried");
+}

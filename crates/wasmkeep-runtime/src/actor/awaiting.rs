@@ -466,6 +466,7 @@ pub(super) fn resume(
     }
     let answer = answer.map(|(_, a)| a);
     let (ticket, kind) = (s.ticket, s.kind.clone());
+    let alarm = (kind == "alarm").then(|| alarm_of(&s.input)).flatten();
     l.db().event_begin()?;
     match run_again(rt, l, initialized, ran, s, answer) {
         Ok(out) => {
@@ -476,8 +477,12 @@ pub(super) fn resume(
             if l.db().in_transaction() {
                 l.db().event_rollback()?;
                 give_up(l, ran, seq, (&kind, ticket), &e)?;
-                // Ended with its error, which its client hears.
+                // Ended with its error, which its client hears; an alarm
+                // takes its retry rule, as one whose handler failed.
                 tracing::warn!(actor = %l.store.data().id, error = %e, "a suspended event could not run again: it ended with its error");
+                if let Some(a) = alarm {
+                    super::alarm::retry_after_failure(rt, l, a, AlarmOp::Untouched, &e)?;
+                }
                 return Ok(Outcome::Done);
             } else {
                 // SQLite dropped the batch: the next deadline tries again.
@@ -535,6 +540,11 @@ fn run_again(
 ) -> Result<Outcome, RuntimeError> {
     // The row goes with this event: a late answer finds nothing.
     l.db().outbox_take(s.seq)?;
+    if rt.faults.fail_resumes() {
+        return Err(RuntimeError::Internal(
+            "injected failure to run again".into(),
+        ));
+    }
     let (mut journal, waiting) = crate::recording::decode_journal(&s.journal).ok_or_else(|| {
         RuntimeError::Internal("a suspended event's journal does not decode".into())
     })?;
