@@ -73,10 +73,12 @@ impl Runtime {
             self.alarms().prepare();
             clock.set_ms(due);
             self.expire_parked_replies();
+            self.expire_await_deadlines();
             ran += self.alarms().run_due().await;
         }
         clock.set_ms(target_ms);
         self.expire_parked_replies();
+        self.expire_await_deadlines();
         self.sockets().close_idle(target_ms);
         Ok(ran)
     }

@@ -1377,6 +1377,32 @@ impl Runtime {
         self.inner.parked.expire_due(self.inner.clock.now_ms())
     }
 
+    /// Hands each suspended event (ADR 0056) whose deadline has passed on
+    /// the node's clock its deadline; returns how many. The real clock's
+    /// timers do it by themselves; the test kit calls this as it moves its
+    /// manual clock, so that a test's `advance` ends waits as real time
+    /// would.
+    pub fn expire_await_deadlines(&self) -> usize {
+        let now = self.inner.clock.now_ms();
+        let open: Vec<Arc<Actor>> = self.inner.actors.lock().values().cloned().collect();
+        let due: Vec<(ActorId, u64)> = open
+            .iter()
+            .filter_map(|a| {
+                let q = a.queue.lock();
+                let w = q.awaiting.as_ref()?;
+                (w.deadline_ms <= now).then(|| (a.id.clone(), w.seq))
+            })
+            .collect();
+        for (id, seq) in &due {
+            let _ = self.inner.enqueue(
+                id,
+                Event::new(EventKind::AwaitDeadline { seq: *seq }, None),
+                false,
+            );
+        }
+        due.len()
+    }
+
     /// Replies parked now (ADR 0042).
     pub fn parked_replies(&self) -> usize {
         self.inner.parked.len()

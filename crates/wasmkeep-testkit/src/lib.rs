@@ -165,8 +165,10 @@ impl TestNode {
     }
 
     /// Moves the clock forward by `by`, running every alarm that comes due
-    /// on the way, in due order, each at its own time, and expiring parked
-    /// replies as their deadlines pass (their callers get `reply_expired`).
+    /// on the way, in due order, each at its own time, expiring parked
+    /// replies as their deadlines pass (their callers get `reply_expired`)
+    /// and ending the waits of suspended events whose deadlines pass (ADR
+    /// 0056: the handler runs again and sees `await_timeout`).
     /// Returns how many alarm handlers succeeded.
     #[track_caller]
     pub fn advance(&self, by: Duration) -> usize {

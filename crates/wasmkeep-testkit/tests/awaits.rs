@@ -178,3 +178,40 @@ fn an_alarm_whose_run_again_fails_is_retried() {
     }
     assert_eq!(metrics.alarms_failed_total.get(), 1, "one failure, retried");
 }
+
+/// The test kit's clock ends waits as it runs alarms: a request that waits
+/// up to two minutes for an answer the held outbox never delivers ends
+/// with `await_timeout` once `advance` passes its deadline, without two
+/// minutes of real time, and the actor kept nothing of the run.
+#[test]
+fn advancing_the_clock_ends_a_wait_at_its_deadline() {
+    let node = TestNode::new();
+    node.deploy("demo/examples", DEMO).unwrap();
+    node.hold_outbox(true);
+    let waiter = node.actor("demo/examples/waiter/d");
+    let started = std::time::Instant::now();
+    let answer = std::thread::scope(|s| {
+        let adding = s.spawn(|| waiter.post("/add?name=t&by=1&within=120000", ""));
+        let metrics = node.runtime().metrics();
+        while metrics.awaits_suspended_total.get() == 0 {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "never suspended"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        node.advance(Duration::from_secs(119));
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(!adding.is_finished(), "it ended before its deadline");
+        node.advance(Duration::from_secs(2));
+        adding.join().unwrap()
+    });
+    assert_eq!(answer.status, 500, "{}", answer.text());
+    assert!(answer.text().contains("await_timeout"), "{}", answer.text());
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "ended by the test clock, not by real time"
+    );
+    let notes = waiter.get("/notes").json();
+    assert_eq!(notes["notes"], serde_json::json!([]), "{notes}");
+}
