@@ -172,25 +172,17 @@ pub(crate) fn timed_out() -> Answer {
 }
 
 /// What the client of a suspended request hears when its event, run
-/// again, failed: the error in the edge's form (`{"error":{code,
-/// message}}`), with a status from the error's own code (a guest's
-/// `bad_request`, `not_found`, `conflict` as the edge maps them; a full
-/// database or quota 507; the rest 500).
+/// again, failed: the error exactly as the edge would answer it (its
+/// status, `{"error":{code,message}}`, `retry-after` when retryable).
 pub(crate) fn error_response(e: &crate::error::RuntimeError) -> ActorResponse {
-    use crate::error::RuntimeError as E;
-    let status = match e {
-        E::Guest { code, .. } if code == "bad_request" => 400,
-        E::Guest { code, .. } if code == "not_found" => 404,
-        E::Guest { code, .. } if code == "conflict" => 409,
-        E::Refused { .. } => 409,
-        E::QuotaExceeded { .. } => 507,
-        E::TransactionAborted | E::ShuttingDown => 503,
-        _ => 500,
-    };
-    let body = serde_json_lite(&e.code(), &e.to_string());
+    let body = serde_json_lite(&e.code(), &e.edge_message());
+    let mut headers = vec![("content-type".into(), "application/json".into())];
+    if e.is_retryable() {
+        headers.push(("retry-after".into(), "1".into()));
+    }
     ActorResponse {
-        status,
-        headers: vec![("content-type".into(), "application/json".into())],
+        status: e.http_status(),
+        headers,
         body,
         socket: None,
     }
@@ -341,5 +333,38 @@ impl HostState {
             .transpose()
             .map_err(|e| refusal(e.code(), e.to_string()))?
             .unwrap_or(false))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::error_response;
+    use crate::error::RuntimeError;
+
+    /// A resumed request's client hears what the edge would answer: an
+    /// overloaded actor 503 with `retry-after`, an actor's own `not_found`
+    /// 404 with the edge's message.
+    #[test]
+    fn a_resumed_request_fails_as_the_edge_would_answer() {
+        let busy = error_response(&RuntimeError::ActorOverloaded {
+            queued: 5,
+            limit: 4,
+        });
+        assert_eq!(busy.status, 503);
+        assert!(
+            busy.headers
+                .iter()
+                .any(|(k, v)| k == "retry-after" && v == "1"),
+            "{:?}",
+            busy.headers
+        );
+        let gone = error_response(&RuntimeError::Guest {
+            code: "not_found".into(),
+            message: "no such room".into(),
+        });
+        assert_eq!(gone.status, 404);
+        let body = String::from_utf8(gone.body).unwrap();
+        assert!(body.contains("\"code\":\"not_found\""), "{body}");
+        assert!(body.contains("the actor failed: no such room"), "{body}");
     }
 }

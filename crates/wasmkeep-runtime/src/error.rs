@@ -243,6 +243,81 @@ impl RuntimeError {
     }
 }
 
+impl RuntimeError {
+    /// The HTTP status this error gets at the edge: the server's answers
+    /// and a resumed request's parked reply (ADR 0056) alike.
+    pub fn http_status(&self) -> u16 {
+        use RuntimeError as E;
+        match self {
+            E::InvalidId(_) | E::InvalidConfig(_) | E::InvalidIdempotencyKey(_) => 400,
+            E::IdempotencyKeyReused { .. } | E::IdempotentResponseTooLarge { .. } => 422,
+            E::AppNotFound(_)
+            | E::VersionNotFound { .. }
+            | E::TenantNotFound(_)
+            | E::ClassNotFound { .. }
+            | E::ActorNotFound(_) => 404,
+            E::ActorOverloaded { .. }
+            | E::QueueBytesExceeded { .. }
+            | E::CompileBusy { .. }
+            | E::ShuttingDown
+            | E::TooManyFollowers { .. }
+            | E::TransactionAborted
+            | E::ReplicationFailed(_) => 503,
+            E::ReplicationUnavailable => 400,
+            // Messages only: no request carries one to the edge.
+            E::NoInbox(_) => 422,
+            E::Relayed { .. } => 502,
+            E::ClassMigration {
+                code: "class_migrating",
+                ..
+            } => 503,
+            E::ClassMigration {
+                code: "migration_unsupported",
+                ..
+            } => 501,
+            E::ClassMigration { .. } | E::Refused { .. } => 409,
+            E::ReplyExpired => 504,
+            E::InvalidComponent(_)
+            | E::InvalidManifest(_)
+            | E::LimitAboveCeiling { .. }
+            | E::CompileTimeout { .. }
+            | E::CompileMemoryExceeded { .. } => 422,
+            E::ComponentTooLarge { .. } => 413,
+            E::QuotaExceeded { .. } => 507,
+            // A guest may fail an event with one of these codes to say the
+            // request was at fault; the event is rolled back all the same.
+            E::Guest { code, .. } if code == "bad_request" => 400,
+            E::Guest { code, .. } if code == "not_found" => 404,
+            E::Guest { code, .. } if code == "conflict" => 409,
+            // The actor failed the event: its writes were rolled back.
+            E::Guest { .. }
+            | E::Trap(_)
+            | E::CpuTimeExceeded { .. }
+            | E::MemoryExceeded { .. }
+            | E::ResponseTooLarge { .. }
+            | E::ResponseHeadersTooLarge { .. } => 500,
+            // Tenants together hold the node's memory: retry later.
+            E::Store(s) if s.code() == "node_memory_exhausted" => 503,
+            E::Store(s) if s.is_guest_fault() => 400,
+            E::Store(_) | E::Internal(_) => 500,
+        }
+    }
+
+    /// The message the edge answers this error with. An actor's error
+    /// whose code is the answer's (one the host gave it, passed on) says
+    /// whose it is without repeating the code; any other code of an
+    /// actor's stays in the message, the answer's code being
+    /// `guest_error`.
+    pub fn edge_message(&self) -> String {
+        match self {
+            RuntimeError::Guest { code, message } if *code == self.code() => {
+                format!("the actor failed: {message}")
+            }
+            e => e.to_string(),
+        }
+    }
+}
+
 fn is_store_code(code: &str) -> bool {
     matches!(
         code,
