@@ -17,14 +17,21 @@
 //! since: both need a newer record, which only a read shows) costs a
 //! forward that fails, never a second owner. The driver forgets a node
 //! whose forward failed ([`KnownLeases::forget`]), so the next take reads
-//! its lease. A hold of another epoch, a lapsed record and this node's own
-//! holds are always read.
+//! its lease. A lapsed record and this node's own holds are always read.
+//!
+//! It also keeps which epochs of a node a read showed over for good: every
+//! epoch below the newest one registered (the node started again), and an
+//! epoch fenced or released. An epoch never comes back, so a hold of such
+//! an epoch is dead whenever it is met again, and a take of it needs no
+//! read: after a wave of restarts, a node took many actors of the same few
+//! dead epochs, and read the same records for each of them (the busiest
+//! second of `nodes/` at 100 nodes).
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use crate::config::ClusterConfig;
-use crate::lease::LeaseKey;
+use crate::lease::{LeaseKey, NodeLeaseView};
 
 /// Most nodes whose records are kept; past it, expired ones go first and a
 /// new one is not kept if none has.
@@ -38,10 +45,13 @@ struct Known {
     address: String,
 }
 
-/// Live lease records by node, shared by the takes of one node.
+/// Live lease records by node, shared by the takes of one node, and the
+/// epochs known over.
 #[derive(Debug, Default)]
 pub struct KnownLeases {
     by_node: Mutex<BTreeMap<String, Known>>,
+    /// By node: every epoch below this one is over for good.
+    over_below: Mutex<BTreeMap<String, u64>>,
 }
 
 impl KnownLeases {
@@ -94,6 +104,47 @@ impl KnownLeases {
                 address: address.to_owned(),
             },
         );
+    }
+
+    /// Whether a read showed `epoch` of `node` over for good (a newer epoch
+    /// registered, or this one fenced or released).
+    pub(crate) fn is_over(&self, node: &str, epoch: u64) -> bool {
+        let map = self
+            .over_below
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        map.get(node).is_some_and(|below| epoch < *below)
+    }
+
+    /// What a read of `node`'s lease showed of its epochs: those below the
+    /// newest are over; a fenced or released one is over too. A live or
+    /// lapsed newest epoch is not (a lapsed one may only be slow).
+    pub(crate) fn learn_view(&self, node: &str, view: &NodeLeaseView) {
+        match view {
+            NodeLeaseView::Valid { epoch } => self.learn_over_below(node, *epoch),
+            NodeLeaseView::Lapsed { latest } => self.learn_over_below(node, latest.epoch),
+            NodeLeaseView::Fenced { epoch } | NodeLeaseView::Released { epoch } => {
+                self.learn_over_below(node, epoch + 1);
+            }
+            NodeLeaseView::Absent => {}
+        }
+    }
+
+    /// Every epoch of `node` below `epoch` is over: a record of `epoch`
+    /// exists (a listing or a read showed it), or `epoch - 1` was fenced.
+    pub(crate) fn learn_over_below(&self, node: &str, below: u64) {
+        let mut map = self
+            .over_below
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let full = map.len() >= KNOWN_LEASES_MAX;
+        match map.get_mut(node) {
+            Some(b) => *b = (*b).max(below),
+            None if !full => {
+                map.insert(node.to_owned(), below);
+            }
+            None => {}
+        }
     }
 
     /// Drops what is known of `node`: a forward to it failed or it answered

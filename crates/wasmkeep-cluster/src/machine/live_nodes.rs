@@ -45,11 +45,12 @@
 //! of them (a crashed epoch's last records were never deleted before).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use crate::config::ClusterConfig;
 use crate::lease::{LeaseKey, LeaseRecord, NODES_PREFIX, node_lease_view};
 
-use super::{BucketOp, BucketResult, Pages, decode_body};
+use super::{BucketOp, BucketResult, KnownLeases, Pages, decode_body};
 
 /// Most node ids one pass keeps: the listing stops at the first id past
 /// them (their nodes are not counted live), so that a `nodes/` folder full
@@ -116,6 +117,8 @@ pub struct LiveNodes {
     /// left to delete.
     mine: Vec<LeaseKey>,
     garbage: Vec<LeaseKey>,
+    /// The takes' kept records, told which epochs each listing shows over.
+    takes_known: Option<Arc<KnownLeases>>,
 }
 
 impl LiveNodes {
@@ -132,7 +135,16 @@ impl LiveNodes {
             listed: None,
             mine: Vec::new(),
             garbage: Vec::new(),
+            takes_known: None,
         }
+    }
+
+    /// Tells the node's takes ([`KnownLeases`]) what each listing shows for
+    /// free: a node's newest epoch listed means its earlier epochs are over,
+    /// so a take of an actor held in one of them reads no lease.
+    pub fn with_known_leases(mut self, known: Arc<KnownLeases>) -> LiveNodes {
+        self.takes_known = Some(known);
+        self
     }
 
     /// Starts a pass at `now_ms` (this node's clock); a pass in progress is
@@ -267,6 +279,11 @@ impl LiveNodes {
         let mut known = BTreeMap::new();
         let mut to_read = Vec::new();
         let stale_after = self.unchanged_read_after_ms();
+        if let Some(takes) = &self.takes_known {
+            for (node, key) in newest.iter().filter(|(n, _)| **n != self.me) {
+                takes.learn_over_below(node, key.epoch);
+            }
+        }
         for (node, key) in newest {
             let entry = match self.known.remove(&node) {
                 Some(k) if k.key == key => k,
@@ -392,6 +409,26 @@ mod tests {
         let (l, r) = pass(&mut v, &mut b, 31_000);
         assert_eq!((l, r), (vec!["a".to_string(), "b".to_string()], 1));
         assert_eq!(v.reads(), 1);
+    }
+
+    /// A listing tells the takes which epochs are over for free: those
+    /// below each node's newest, never the newest, never this node's own.
+    #[test]
+    fn a_listing_tells_the_takes_which_epochs_are_over() {
+        let mut b = MapBucket::default();
+        record(&mut b, "a", 2, 0, &live(10_000));
+        record(&mut b, "a", 3, 0, &live(10_000));
+        record(&mut b, "me", 5, 0, &live(10_000));
+        let known = Arc::new(KnownLeases::new());
+        let mut v =
+            LiveNodes::new("me", ClusterConfig::default()).with_known_leases(Arc::clone(&known));
+        pass(&mut v, &mut b, 1_000);
+        assert!(known.is_over("a", 2));
+        assert!(!known.is_over("a", 3), "the newest epoch may be live");
+        assert!(
+            !known.is_over("me", 4),
+            "a node's own holds are always read"
+        );
     }
 
     #[test]

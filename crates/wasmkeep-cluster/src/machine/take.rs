@@ -306,6 +306,11 @@ impl TakeMachine {
                 match reader.take_result() {
                     None => {}
                     Some(Ok(view)) => {
+                        if let (Some(known), (_, HoldRecord::Held { node, .. })) =
+                            (&self.known, &*latest)
+                        {
+                            known.learn_view(node, &view);
+                        }
                         let latest = latest.clone();
                         self.plan(Some(latest), &view);
                     }
@@ -319,6 +324,9 @@ impl TakeMachine {
             } => match create.on_result(result) {
                 None => {}
                 Some(Created::Mine) => {
+                    if let Some(known) = &self.known {
+                        known.learn_over_below(&lapsed.node, lapsed.epoch + 1);
+                    }
                     self.notices.push_back(TakeEffect::Fenced {
                         node: lapsed.node.clone(),
                         epoch: lapsed.epoch,
@@ -353,7 +361,8 @@ impl TakeMachine {
     }
 
     /// Step 3: the latest hold, read. A live holder's lease is read next,
-    /// unless a kept record already shows it live in the hold's epoch.
+    /// unless a kept record already shows it live in the hold's epoch, or
+    /// an earlier read showed that epoch over for good.
     fn on_hold(&mut self, generation: u64, result: BucketResult, now_ms: u64) {
         let BucketResult::Body(body) = result else {
             return self.fail(Failure::Bucket);
@@ -364,6 +373,11 @@ impl TakeMachine {
         match &record {
             HoldRecord::Held { node, epoch, .. } => {
                 let known = self.known.as_ref().filter(|_| *node != self.me);
+                if known.is_some_and(|k| k.is_over(node, *epoch)) {
+                    // Whatever a read would show now, it is not this epoch
+                    // live: the hold is dead, as with no lease at all.
+                    return self.plan(Some((generation, record)), &NodeLeaseView::Absent);
+                }
                 if let Some(address) =
                     known.and_then(|k| k.valid(node, *epoch, now_ms, &self.config))
                 {
@@ -542,6 +556,18 @@ mod tests {
         }
     }
 
+    /// The requests made of `nodes/` so far (lease listings and reads).
+    fn reads_of_nodes(b: &MapBucket) -> usize {
+        b.log
+            .iter()
+            .filter(|op| match op {
+                BucketOp::List { prefix, .. } => prefix.starts_with(NODES_PREFIX),
+                BucketOp::Get { key } => key.starts_with(NODES_PREFIX),
+                _ => false,
+            })
+            .count()
+    }
+
     fn machine(me: &str, epoch: u64, loaded: Option<u64>) -> TakeMachine {
         TakeMachine::new(me, epoch, ROOT, loaded, 7, ClusterConfig::default())
     }
@@ -633,16 +659,6 @@ mod tests {
             "live 10000 0000000000000001 http://n:1",
         );
         let known = std::sync::Arc::new(KnownLeases::new());
-        let reads_of_nodes = |b: &MapBucket| {
-            b.log
-                .iter()
-                .filter(|op| match op {
-                    BucketOp::List { prefix, .. } => prefix.starts_with(NODES_PREFIX),
-                    BucketOp::Get { key } => key.starts_with(NODES_PREFIX),
-                    _ => false,
-                })
-                .count()
-        };
         let mut m = machine("a", 1, None).with_known_leases(known.clone());
         let (outcome, _) = drive(&mut m, &mut b, 5_000, |_, _| None);
         assert_eq!(outcome, TakeOutcome::Forward { node: "b".into() });
@@ -659,6 +675,64 @@ mod tests {
         let (outcome, _) = drive(&mut m, &mut b, 15_000, |_, _| None);
         assert_eq!(outcome, TakeOutcome::Taken { generation: 4 });
         assert_eq!(reads_of_nodes(&b), 4);
+    }
+
+    /// An epoch a read showed over (its node started again) or that a take
+    /// fenced is over whenever a hold of it is met again: the take reads no
+    /// lease. A lapsed epoch is not over (its node may only be slow): it is
+    /// read each time until it is fenced.
+    #[test]
+    fn an_epoch_read_over_is_not_read_again_but_a_lapsed_one_is() {
+        let mut b = MapBucket::default();
+        let known = std::sync::Arc::new(KnownLeases::new());
+        let take_at = |b: &mut MapBucket, now| {
+            let mut m = machine("a", 1, None).with_known_leases(known.clone());
+            drive(&mut m, b, now, |_, _| None).0
+        };
+        // `b` started again: its epoch 3 is live, its epoch 2 over.
+        b.put(&hold_at(3), "held b 2 0000000000000001");
+        b.put(
+            &lease_at("b", 3, 0),
+            "live 100000 0000000000000001 http://n:2",
+        );
+        assert_eq!(take_at(&mut b, 5_000), TakeOutcome::Taken { generation: 4 });
+        assert_eq!(reads_of_nodes(&b), 2);
+        b.put(&hold_at(5), "held b 2 0000000000000002");
+        assert_eq!(take_at(&mut b, 5_000), TakeOutcome::Taken { generation: 6 });
+        assert_eq!(reads_of_nodes(&b), 2, "epoch 2 of b is known over");
+        // `c`'s epoch 1 lapsed: a lookup reads it (and fences nothing),
+        // each time.
+        b.put(&hold_at(7), "held c 1 0000000000000001");
+        b.put(
+            &lease_at("c", 1, 0),
+            "live 1000 0000000000000001 http://n:3",
+        );
+        for reads in [4, 6] {
+            let mut m = machine("a", 1, None)
+                .with_known_leases(known.clone())
+                .lookup_only();
+            assert_eq!(
+                drive(&mut m, &mut b, 20_000, |_, _| None).0,
+                TakeOutcome::Free
+            );
+            assert_eq!(
+                reads_of_nodes(&b),
+                reads,
+                "a lapsed epoch is read each time"
+            );
+        }
+        // A take reads it and fences it: over from then on.
+        assert_eq!(
+            take_at(&mut b, 20_000),
+            TakeOutcome::Taken { generation: 8 }
+        );
+        assert_eq!(reads_of_nodes(&b), 8);
+        b.put(&hold_at(9), "held c 1 0000000000000002");
+        assert_eq!(
+            take_at(&mut b, 20_000),
+            TakeOutcome::Taken { generation: 10 }
+        );
+        assert_eq!(reads_of_nodes(&b), 8, "a fenced epoch is known over");
     }
 
     #[test]

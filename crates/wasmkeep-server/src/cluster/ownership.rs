@@ -241,6 +241,12 @@ pub struct Ownership {
 }
 
 impl Ownership {
+    /// The lease records and ended epochs this node's takes keep
+    /// ([`KnownLeases`]), which the sweep's listing of `nodes/` adds to.
+    pub(crate) fn known_leases(&self) -> Arc<KnownLeases> {
+        Arc::clone(&self.known)
+    }
+
     pub(super) fn new(
         node: &str,
         driver: BucketDriver,

@@ -157,7 +157,8 @@ pub(super) async fn run(
     let config = state.settings().protocol.clone();
     let every = std::time::Duration::from_millis(config.alarm_sweep_ms.max(1));
     let mut machine = SweepMachine::new(state.node(), config.clone());
-    let mut view = LiveNodes::new(state.node(), config);
+    let mut view =
+        LiveNodes::new(state.node(), config).with_known_leases(state.ownership.known_leases());
     let mut wait = every;
     loop {
         tokio::select! {
