@@ -56,6 +56,11 @@ use crate::world::{Ev, Never, Op, ReqErr, Resp, Shared, World, next_work, reques
 /// upload land just before the stalled owner resumes, while its `on-alarm`
 /// run for that past time (up to a handler's time) has not committed yet.
 const REARMS: u64 = 3;
+/// How long a leaving node releases its actors before it releases its
+/// lease whatever it still holds (a node that cannot reach the bucket
+/// would never finish; others then take the rest once the lease is
+/// released, or lapses).
+pub const LEAVE_RELEASE_MS: u64 = 10_000;
 const REARM_BEFORE_MS: (u64, u64) = (500, 6_000);
 
 /// What wrote a chain entry.
@@ -301,6 +306,12 @@ pub struct Mem {
     pub in_flight: BTreeSet<usize>,
     /// Actors with a release queued.
     pub releasing: BTreeSet<usize>,
+    /// The node leaves cleanly, since this time (its clock): it sweeps no
+    /// more, releases every actor it holds as soon as no work of the actor
+    /// runs, then its lease ([`LEAVE_RELEASE_MS`] at most after the start).
+    pub leaving_since: Option<u64>,
+    /// A leaving node asked its lease machine to release.
+    pub lease_release_asked: bool,
     /// The sweep: cursors, the entries left alone for a while and the pass in progress.
     pub sweep: SweepMachine,
     /// Sweep jobs the worker finished, for the sweep to report.
@@ -324,6 +335,7 @@ fn sim_address(name: &str) -> String {
 impl Mem {
     /// Fresh memory for a start in `epoch`.
     pub fn new(name: &str, epoch: u64, cfg: &ClusterConfig) -> Mem {
+        let known = Arc::new(KnownLeases::new());
         Mem {
             lease: NodeLeaseMachine::new(name, epoch, &sim_address(name), cfg.clone())
                 .expect("simulated node ids are valid"),
@@ -334,10 +346,12 @@ impl Mem {
             busy: BTreeSet::new(),
             in_flight: BTreeSet::new(),
             releasing: BTreeSet::new(),
+            leaving_since: None,
+            lease_release_asked: false,
             sweep: SweepMachine::new(name, cfg.clone()),
             sweep_done: Vec::new(),
-            live: LiveNodes::new(name, cfg.clone()),
-            known: Arc::new(KnownLeases::new()),
+            live: LiveNodes::new(name, cfg.clone()).with_known_leases(Arc::clone(&known)),
+            known,
             lease_reads: HashMap::new(),
             lease_reads_done: VecDeque::new(),
         }
@@ -1606,6 +1620,7 @@ impl Ctx {
 pub async fn renew_loop(ctx: Ctx) {
     let n = ctx.n;
     loop {
+        ask_release_when_left(&ctx);
         while let Some(effect) = ctx.with(|w| {
             let now = w.node_now(n);
             w.nodes[n].mem.lease.poll_effect(now)
@@ -1632,17 +1647,64 @@ pub async fn renew_loop(ctx: Ctx) {
                     if end == EpochEnd::Fenced {
                         ctx.with(|w| w.stats.fenced_nodes += 1);
                     }
+                    if ctx.with(|w| w.nodes[n].mem.leaving_since.is_some()) {
+                        // A leaving node stops here, whatever ended its
+                        // epoch (released, or lapsed meanwhile).
+                        ctx.log(format!("lease over ({end:?}): the node has left"));
+                        ctx.with(|w| {
+                            let t = w.now + 1;
+                            w.at(t, Ev::Sim(SimEv::Left(n)));
+                        });
+                        return;
+                    }
                     ctx.new_epoch(end);
                 }
             }
         }
-        let (now, at) = ctx.with(|w| (w.node_now(n), w.nodes[n].mem.lease.poll_timeout()));
+        let (now, at, leaving) = ctx.with(|w| {
+            let mem = &w.nodes[n].mem;
+            (
+                w.node_now(n),
+                mem.lease.poll_timeout(),
+                mem.leaving_since.is_some(),
+            )
+        });
         let at = at.expect("a running epoch always waits for a time");
         // At least one scheduling round, so that a timeout already due cannot
-        // spin without time passing.
-        sleep(&ctx.w, at.saturating_sub(now)).await;
+        // spin without time passing. A leaving node looks often whether it
+        // may release its lease.
+        let wait = at.saturating_sub(now);
+        sleep(&ctx.w, if leaving { wait.min(100) } else { wait }).await;
         let (now, nonce) = ctx.with(|w| (w.node_now(n), w.rng.next_u64()));
         ctx.with(|w| w.nodes[n].mem.lease.handle_timeout(now, nonce));
+    }
+}
+
+/// A leaving node whose actors are released (or that spent
+/// [`LEAVE_RELEASE_MS`] on them) asks its lease machine to release the
+/// lease: it stops acting at once and writes `released` next, so that
+/// others take what it still holds without waiting for the lease to run
+/// out. Called between the lease's own steps, never while one is in flight.
+fn ask_release_when_left(ctx: &Ctx) {
+    let n = ctx.n;
+    let asked = ctx.with(|w| {
+        let now = w.node_now(n);
+        let mem = &w.nodes[n].mem;
+        let ready = mem
+            .leaving_since
+            .is_some_and(|since| mem.claims.is_empty() || now >= since + LEAVE_RELEASE_MS);
+        if !ready || mem.lease_release_asked {
+            return None;
+        }
+        let held = mem.claims.len();
+        let nonce = w.rng.next_u64();
+        let mem = &mut w.nodes[n].mem;
+        mem.lease_release_asked = true;
+        mem.lease.release(now, nonce);
+        Some(held)
+    });
+    if let Some(held) = asked {
+        ctx.log(format!("releases its lease, {held} actors still held"));
     }
 }
 
@@ -1653,7 +1715,8 @@ pub async fn sweep_loop(ctx: Ctx) {
     sleep(&ctx.w, first).await;
     loop {
         let started = ctx.w.borrow().now;
-        let again_now = ctx.acting() && sweep_once(&ctx).await;
+        let leaving = ctx.with(|w| w.nodes[ctx.n].mem.leaving_since.is_some());
+        let again_now = ctx.acting() && !leaving && sweep_once(&ctx).await;
         // Again at once (one scheduling round) when the cap bound and
         // deliveries got somewhere, else a sweep period after this pass
         // started (a pass waits for its deliveries), as the server does.
@@ -1830,10 +1893,14 @@ pub async fn timer_loop(ctx: Ctx) {
                     });
                 }
             }
+            // A leaving node releases every actor it holds, idle or not.
+            let leaving = mem.leaving_since.is_some();
             let idle_actors: Vec<usize> = mem
                 .claims
                 .iter()
-                .filter(|(a, c)| c.last_used + idle <= now && !mem.in_flight.contains(a))
+                .filter(|(a, c)| {
+                    (leaving || c.last_used + idle <= now) && !mem.in_flight.contains(a)
+                })
                 .map(|(a, _)| *a)
                 .collect();
             for actor in idle_actors {
@@ -1872,7 +1939,11 @@ pub async fn worker(ctx: Ctx) {
             Work::Join { actor } => ctx.join(actor).await,
             Work::Release { actor } => {
                 let (idle, now) = (ctx.w.borrow().opts.idle_ms, ctx.now());
-                if ctx.claim(actor).is_some_and(|c| c.last_used + idle <= now) {
+                let leaving = ctx.with(|w| w.nodes[n].mem.leaving_since.is_some());
+                if ctx
+                    .claim(actor)
+                    .is_some_and(|c| leaving || c.last_used + idle <= now)
+                {
                     ctx.release(actor).await;
                 }
                 ctx.with(|w| w.nodes[n].mem.releasing.remove(&actor));

@@ -126,6 +126,10 @@ pub struct Options {
     pub cut_every_ms: u64,
     /// Mean time between stalls of one node.
     pub stall_every_ms: u64,
+    /// Mean time between clean leaves of one node (0: never): it releases
+    /// every actor it holds, then its lease, stops, and starts again a
+    /// little later in a new epoch, as `wasmkeep drain` and a stop do.
+    pub leave_every_ms: u64,
     /// Mean time between clock faults of one node (its clock falls 6 to 15 s
     /// behind for 20 to 60 s: it keeps acting after others took over).
     pub skew_every_ms: u64,
@@ -182,6 +186,7 @@ impl Default for Options {
             crash_every_ms: 90_000,
             cut_every_ms: 90_000,
             stall_every_ms: 120_000,
+            leave_every_ms: 150_000,
             skew_every_ms: 150_000,
             client_every_ms: 800,
             idle_ms: 20_000,
@@ -232,6 +237,7 @@ impl Options {
             "crash_every_ms" => self.crash_every_ms = u(value)?,
             "cut_every_ms" => self.cut_every_ms = u(value)?,
             "stall_every_ms" => self.stall_every_ms = u(value)?,
+            "leave_every_ms" => self.leave_every_ms = u(value)?,
             "skew_every_ms" => self.skew_every_ms = u(value)?,
             "client_every_ms" => self.client_every_ms = u(value)?,
             "idle_ms" => self.idle_ms = u(value)?,
@@ -382,6 +388,8 @@ pub struct Stats {
     pub sweeps: u64,
     pub sweep_offers: u64,
     pub crashes: u64,
+    /// Nodes that left cleanly (released their actors and lease).
+    pub leaves: u64,
     pub step_crashes: u64,
     pub cut_offs: u64,
     pub stalls: u64,
@@ -454,6 +462,7 @@ impl Stats {
             sweeps,
             sweep_offers,
             crashes,
+            leaves,
             step_crashes,
             cut_offs,
             stalls,
@@ -495,7 +504,7 @@ impl fmt::Display for Stats {
             f,
             "takeovers={} takes={} alarms={} alarm_runs={} alarm_failures={} client_events={} node_fences={} \
              fenced_nodes={} owner_fences={} releases={} give_ups={} late_commit_conflicts={} stale_deleted={} \
-             left_on_empty_bucket={} joins={} set_aside={} crashes={} step_crashes={} cut_offs={} stalls={} \
+             left_on_empty_bucket={} joins={} set_aside={} crashes={} leaves={} step_crashes={} cut_offs={} stalls={} \
              aimed_pauses={} aimed_rearms={} aimed_join_faults={} aimed_upload_faults={} aimed_new_entry_faults={} clock_faults={} newer_entries_listed={} late_uploads_landed={} late_deletes_landed={} \
              sweeps={} sweep_offers={} requests={} checks={} deletes={} alarm_deletes={} recreated={} \
              no_state_deliveries={} backlog_actors={} orphan_entries={} sweep_passes={} sweep_pages={} entries_cap_bound={} \
@@ -517,6 +526,7 @@ impl fmt::Display for Stats {
             self.joins,
             self.set_aside,
             self.crashes,
+            self.leaves,
             self.step_crashes,
             self.cut_offs,
             self.stalls,
@@ -641,6 +651,10 @@ pub enum SimEv {
     CutOff(usize),
     /// Stall a node's process.
     Stall(usize),
+    /// A node begins to leave cleanly.
+    Leave(usize),
+    /// A leaving node released its lease: it stops.
+    Left(usize),
     /// Set a node's clock back (or, with 0, right again).
     Skew(usize, u64),
     /// A client request, to any node that is up.
@@ -910,16 +924,24 @@ fn start_node(ex: &mut Executor, n: usize) {
 /// Crashes a node: its tasks and memory are gone; its requests in flight
 /// still land; it restarts a little later with a new epoch.
 pub fn crash_node(ex: &mut Executor, n: usize) {
+    stop_node(ex, n, "CRASH");
+}
+
+/// Stops a node's process (`why` goes to the trace) and plans its next
+/// start; true if it was up.
+fn stop_node(ex: &mut Executor, n: usize, why: &str) -> bool {
     ex.kill_node_tasks(n);
     let mut w = ex.w.borrow_mut();
     if !w.nodes[n].up {
-        return;
+        return false;
     }
     w.nodes[n].up = false;
     w.nodes[n].mem.worker_waiting.clear();
-    w.stats.crashes += 1;
+    if why == "CRASH" {
+        w.stats.crashes += 1;
+    }
     let name = w.nodes[n].name.clone();
-    w.log(format!("{name} CRASH"));
+    w.log(format!("{name} {why}"));
     let back = if w.faults_on {
         w.rng.range(1_000, 20_000)
     } else {
@@ -927,6 +949,37 @@ pub fn crash_node(ex: &mut Executor, n: usize) {
     };
     let t = w.now + back;
     w.at(t, Ev::Sim(SimEv::Start(n)));
+    true
+}
+
+/// While faults are on, node `n` (if up and not leaving already) begins to
+/// leave cleanly (`node::leaving`), and its next leave is planned.
+fn on_leave(ex: &mut Executor, n: usize) {
+    let mut w = ex.w.borrow_mut();
+    if !w.faults_on {
+        return;
+    }
+    if w.nodes[n].up && w.nodes[n].mem.leaving_since.is_none() {
+        let now = w.node_now(n);
+        w.nodes[n].mem.leaving_since = Some(now);
+        w.stats.leaves += 1;
+        let name = w.nodes[n].name.clone();
+        w.log(format!(
+            "{name} LEAVES: releases its actors, then its lease"
+        ));
+    }
+    let mean = w.opts.leave_every_ms;
+    let t = w.now + w.leave_rng.range(mean / 2, mean * 3 / 2);
+    w.at(t, Ev::Sim(SimEv::Leave(n)));
+}
+
+/// A leaving node's lease is over: its process stops (and starts again a
+/// little later, a new epoch).
+fn on_left(ex: &mut Executor, n: usize) {
+    let leaving = ex.w.borrow().nodes[n].mem.leaving_since.is_some();
+    if leaving {
+        stop_node(ex, n, "LEFT");
+    }
 }
 
 fn every(w: &mut World, mean: u64) -> u64 {
@@ -1160,6 +1213,8 @@ fn on_sim(ex: &mut Executor, ev: SimEv) {
         SimEv::Crash(n) => on_crash(ex, n),
         SimEv::CutOff(n) => on_cut_off(&mut ex.w.borrow_mut(), n),
         SimEv::Stall(n) => on_stall(&mut ex.w.borrow_mut(), n),
+        SimEv::Leave(n) => on_leave(ex, n),
+        SimEv::Left(n) => on_left(ex, n),
         SimEv::Skew(n, behind) => on_skew(&mut ex.w.borrow_mut(), n, behind),
         SimEv::Client => on_client(&mut ex.w.borrow_mut()),
         SimEv::ClientOf(n) => on_client_of(&mut ex.w.borrow_mut(), n),
@@ -1397,6 +1452,11 @@ fn plan_first_events(w: &mut World, o: &Options) {
         w.at(t, Ev::Sim(SimEv::CutOff(n)));
         let t = every(w, o.stall_every_ms);
         w.at(t, Ev::Sim(SimEv::Stall(n)));
+        if o.leave_every_ms > 0 {
+            let mean = o.leave_every_ms;
+            let t = w.leave_rng.range(mean / 2, mean * 3 / 2);
+            w.at(t, Ev::Sim(SimEv::Leave(n)));
+        }
         let t = every(w, o.skew_every_ms);
         let behind = w.rng.range(6_000, 15_000);
         w.at(t, Ev::Sim(SimEv::Skew(n, behind)));

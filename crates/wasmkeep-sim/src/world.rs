@@ -214,6 +214,9 @@ pub struct World {
     queue: BinaryHeap<Scheduled>,
     /// The run's random numbers.
     pub rng: Rng,
+    /// When nodes leave cleanly: a generator of its own, so that a run
+    /// before its first leave is the run it was before leaves were modelled.
+    pub leave_rng: Rng,
     /// Protocol configuration.
     pub cfg: ClusterConfig,
     /// Run options.
@@ -274,6 +277,7 @@ impl World {
             seq: 0,
             queue: BinaryHeap::new(),
             rng: Rng::new(opts.seed),
+            leave_rng: Rng::new(opts.seed ^ 0x6c65_6176_6573),
             cfg,
             rules: Rules::with(opts.variant),
             trace: Trace {

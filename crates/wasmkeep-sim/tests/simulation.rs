@@ -182,9 +182,12 @@ fn untagged_keys_are_caught_within_20_seeds() {
     caught_within(Variant::UntaggedKeys, 20, &["missing-entry"]);
 }
 
+/// Nodes that leave cleanly (release everything) leave fewer stale owners
+/// behind than crashes: the race is caught in 7% of seeds (14 of 0..199,
+/// first in seed 25), 10% before leaves were modelled.
 #[test]
-fn no_fence_is_caught_within_20_seeds() {
-    caught_within(Variant::NoFence, 20, &["missing-entry"]);
+fn no_fence_is_caught_within_40_seeds() {
+    caught_within(Variant::NoFence, 40, &["missing-entry"]);
 }
 
 #[test]
