@@ -60,6 +60,18 @@ impl Runtime {
             if due > target_ms {
                 break;
             }
+            // A wait that ends before this alarm ends first: its actor's
+            // gate may hold the alarm (ADR 0056), whose run `run_due`
+            // waits for.
+            if let Some(ends) = self.next_await_deadline_ms()
+                && ends > clock.now_ms()
+                && ends <= due
+            {
+                clock.set_ms(ends);
+                self.expire_parked_replies();
+                self.expire_await_deadlines();
+                continue;
+            }
             rounds += 1;
             if rounds > TEST_CLOCK_ROUNDS_MAX {
                 return Err(RuntimeError::Internal(format!(
@@ -108,13 +120,21 @@ impl Alarms<'_> {
 
     /// Delivers every alarm due by the clock's now and waits until they ran.
     /// Returns how many handlers ran. (The timer thread does this by itself
-    /// on a real clock; the test kit calls it.)
+    /// on a real clock; the test kit calls it.) An actor whose event is
+    /// suspended (ADR 0056) gets its alarm without a wait: its gate holds
+    /// the alarm until the wait ends, which may need the clock to move on.
     pub async fn run_due(&self) -> usize {
         let now = self.inner.clock.now_ms();
         let due = self.inner.timer.pop_due(now, usize::MAX);
         let mut waits = Vec::with_capacity(due.len());
         for (id, _) in due {
             if !self.inner.may_run(&id) {
+                continue;
+            }
+            let actor = self.inner.actors.lock().get(&id).cloned();
+            if actor.is_some_and(|a| a.queue.lock().awaiting.is_some()) {
+                let held = Event::new(EventKind::Alarm { force: false }, None);
+                let _ = self.inner.enqueue(&id, held, false);
                 continue;
             }
             let (tx, rx) = oneshot::channel();

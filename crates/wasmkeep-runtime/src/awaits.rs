@@ -172,17 +172,15 @@ pub(crate) fn timed_out() -> Answer {
 }
 
 /// What the client of a suspended request hears when its event, run
-/// again, failed: the error exactly as the edge would answer it (its
-/// status, `{"error":{code,message}}`, `retry-after` when retryable).
+/// again, failed: the error with the edge's status and body
+/// (`{"error":{code,message}}`). Never `retry-after`: at the edge a
+/// retryable error means the event did not run, while this one's awaited
+/// calls were made and answered, and a retry would make them again.
 pub(crate) fn error_response(e: &crate::error::RuntimeError) -> ActorResponse {
     let body = serde_json_lite(&e.code(), &e.edge_message());
-    let mut headers = vec![("content-type".into(), "application/json".into())];
-    if e.is_retryable() {
-        headers.push(("retry-after".into(), "1".into()));
-    }
     ActorResponse {
         status: e.http_status(),
-        headers,
+        headers: vec![("content-type".into(), "application/json".into())],
         body,
         socket: None,
     }
@@ -342,8 +340,8 @@ mod tests {
     use crate::error::RuntimeError;
 
     /// A resumed request's client hears what the edge would answer: an
-    /// overloaded actor 503 with `retry-after`, an actor's own `not_found`
-    /// 404 with the edge's message.
+    /// overloaded actor 503 (without `retry-after`: its calls were made),
+    /// an actor's own `not_found` 404 with the edge's message.
     #[test]
     fn a_resumed_request_fails_as_the_edge_would_answer() {
         let busy = error_response(&RuntimeError::ActorOverloaded {
@@ -352,9 +350,7 @@ mod tests {
         });
         assert_eq!(busy.status, 503);
         assert!(
-            busy.headers
-                .iter()
-                .any(|(k, v)| k == "retry-after" && v == "1"),
+            !busy.headers.iter().any(|(k, _)| k == "retry-after"),
             "{:?}",
             busy.headers
         );

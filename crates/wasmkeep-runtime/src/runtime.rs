@@ -1384,14 +1384,11 @@ impl Runtime {
     /// would.
     pub fn expire_await_deadlines(&self) -> usize {
         let now = self.inner.clock.now_ms();
-        let open: Vec<Arc<Actor>> = self.inner.actors.lock().values().cloned().collect();
-        let due: Vec<(ActorId, u64)> = open
-            .iter()
-            .filter_map(|a| {
-                let q = a.queue.lock();
-                let w = q.awaiting.as_ref()?;
-                (w.deadline_ms <= now).then(|| (a.id.clone(), w.seq))
-            })
+        let due: Vec<(ActorId, u64)> = self
+            .await_deadlines()
+            .into_iter()
+            .filter(|(_, _, at)| *at <= now)
+            .map(|(id, seq, _)| (id, seq))
             .collect();
         for (id, seq) in &due {
             let _ = self.inner.enqueue(
@@ -1401,6 +1398,28 @@ impl Runtime {
             );
         }
         due.len()
+    }
+
+    /// The earliest deadline of a suspended event on this node, if any.
+    pub(crate) fn next_await_deadline_ms(&self) -> Option<u64> {
+        self.await_deadlines()
+            .into_iter()
+            .map(|(_, _, at)| at)
+            .min()
+    }
+
+    /// Each actor of this node whose event is suspended: its awaited seq
+    /// and the wait's deadline. (A suspended actor closed since is not
+    /// among them: its real-time deadline task still ends its wait.)
+    fn await_deadlines(&self) -> Vec<(ActorId, u64, u64)> {
+        let open: Vec<Arc<Actor>> = self.inner.actors.lock().values().cloned().collect();
+        open.iter()
+            .filter_map(|a| {
+                let q = a.queue.lock();
+                let w = q.awaiting.as_ref()?;
+                Some((a.id.clone(), w.seq, w.deadline_ms))
+            })
+            .collect()
     }
 
     /// Replies parked now (ADR 0042).

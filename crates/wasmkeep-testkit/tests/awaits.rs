@@ -179,6 +179,19 @@ fn an_alarm_whose_run_again_fails_is_retried() {
     assert_eq!(metrics.alarms_failed_total.get(), 1, "one failure, retried");
 }
 
+/// Waits, in real time (30 s at most from `started`), until the node has
+/// suspended an event.
+fn until_suspended(node: &TestNode, started: std::time::Instant) {
+    let metrics = node.runtime().metrics();
+    while metrics.awaits_suspended_total.get() == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "never suspended"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// The test kit's clock ends waits as it runs alarms: a request that waits
 /// up to two minutes for an answer the held outbox never delivers ends
 /// with `await_timeout` once `advance` passes its deadline, without two
@@ -192,14 +205,7 @@ fn advancing_the_clock_ends_a_wait_at_its_deadline() {
     let started = std::time::Instant::now();
     let answer = std::thread::scope(|s| {
         let adding = s.spawn(|| waiter.post("/add?name=t&by=1&within=120000", ""));
-        let metrics = node.runtime().metrics();
-        while metrics.awaits_suspended_total.get() == 0 {
-            assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "never suspended"
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        until_suspended(&node, started);
         node.advance(Duration::from_secs(119));
         std::thread::sleep(Duration::from_millis(300));
         assert!(!adding.is_finished(), "it ended before its deadline");
@@ -214,4 +220,29 @@ fn advancing_the_clock_ends_a_wait_at_its_deadline() {
     );
     let notes = waiter.get("/notes").json();
     assert_eq!(notes["notes"], serde_json::json!([]), "{notes}");
+}
+
+/// An alarm that comes due while its actor waits is held by the gate until
+/// the wait ends: `advance` past both does not block on the held alarm
+/// (it ends the wait at its deadline, then the alarm runs).
+#[test]
+fn advancing_past_an_alarm_held_by_a_wait_does_not_block() {
+    let node = TestNode::new();
+    node.deploy("demo/examples", DEMO).unwrap();
+    node.hold_outbox(true);
+    let waiter = node.actor("demo/examples/waiter/h");
+    let armed = waiter.post("/arm?name=t&by=1", "");
+    assert_eq!(armed.status, 204, "{}", armed.text());
+    let started = std::time::Instant::now();
+    let answer = std::thread::scope(|s| {
+        let adding = s.spawn(|| waiter.post("/add?name=t&by=1&within=120000", ""));
+        until_suspended(&node, started);
+        node.advance(Duration::from_secs(121));
+        adding.join().unwrap()
+    });
+    assert!(answer.text().contains("await_timeout"), "{}", answer.text());
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "advance waited for the held alarm in real time"
+    );
 }
