@@ -22,6 +22,13 @@ BIN=${BIN:-target/release/wasmkeep}
 WINDOW=${WINDOW:-120}
 WARM=${WARM:-30}
 export PATH="$PWD/.venv/bin:$PATH"
+export LC_ALL=C
+for port in 5299 9181 9182 9183; do
+  if curl -s -o /dev/null "http://127.0.0.1:$port/"; then
+    echo "cluster-cost: port $port is taken; stop what listens there first" >&2
+    exit 1
+  fi
+done
 DIR=$(mktemp -d)
 PIDS=()
 cleanup() { kill "${PIDS[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$DIR"; }
@@ -31,7 +38,19 @@ moto_server -H 127.0.0.1 -p 5299 > "$DIR/moto.log" 2>&1 &
 PIDS+=($!)
 export AWS_ENDPOINT_URL=http://127.0.0.1:5299 AWS_ALLOW_HTTP=true AWS_ACCESS_KEY_ID=test \
   AWS_SECRET_ACCESS_KEY=test AWS_REGION=us-east-1
-until curl -s -o /dev/null -X PUT http://127.0.0.1:5299/costs; do sleep 0.2; done
+# Waits for `what` (a command) for at most 60 s, while every process
+# started so far still runs.
+wait_for() {
+  local what=$1 deadline=$((SECONDS + 60))
+  until eval "$what"; do
+    for pid in "${PIDS[@]}"; do
+      kill -0 "$pid" 2>/dev/null || { echo "cluster-cost: a process exited:" >&2; tail -n 5 "$DIR"/*.log >&2; exit 1; }
+    done
+    [ $SECONDS -lt $deadline ] || { echo "cluster-cost: gave up waiting for: $what" >&2; exit 1; }
+    sleep 0.5
+  done
+}
+wait_for "curl -sf -o /dev/null -X PUT http://127.0.0.1:5299/costs"
 PORTS=(9181 9182 9183)
 for port in "${PORTS[@]}"; do
   flags=(serve --data "$DIR/wk-$port" --listen "127.0.0.1:$port" --bucket s3://costs/wk
@@ -41,7 +60,7 @@ for port in "${PORTS[@]}"; do
   PIDS+=($!)
 done
 for port in "${PORTS[@]}"; do
-  until curl -s "http://127.0.0.1:$port/admin/v1/node" | grep -q '"serving":true'; do sleep 0.5; done
+  wait_for "curl -s http://127.0.0.1:$port/admin/v1/node | grep -q '\"serving\":true'"
 done
 
 snap() {
@@ -79,6 +98,7 @@ if [ "$MODE" = load ]; then
   load "$WARM" > /dev/null
   load "$WINDOW" > "$DIR/load.txt" &
   LOAD=$!
+  PIDS+=("$LOAD")
   snap > "$DIR/before.txt"
   wait $LOAD
 else

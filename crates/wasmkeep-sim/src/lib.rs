@@ -15,7 +15,9 @@
 //! - **Nodes**: 3 from the start (`--set nodes=N`) and 1 or 2 that join later with actors from
 //!   their own data (R4), on node leases and actor holds driven through
 //!   `wasmkeep_cluster::machine` (ADR 0020); crashes (also at every step
-//!   boundary of the owner's rules), cut-offs, stalls, clocks falling behind,
+//!   boundary of the owner's rules), clean leaves (a node releases its
+//!   actors, then its lease, and starts again), cut-offs, stalls, clocks
+//!   falling behind,
 //!   and the aimed faults of `Options` (`p_aim_*`; `p_aim_new_entry` holds an
 //!   upload that names a new entry already due, the race `owner_fence`
 //!   closes).
@@ -97,12 +99,14 @@
 //! size), and each node runs 16 workers (one piece of work per actor at a
 //! time; the server runs many actors at once). Nodes crash, are cut off,
 //! stall and join as in any run, and one in fifty more join while faults
-//! last, and each node leaves cleanly about every `leave_every_ms` (150 s;
-//! it releases its actors, then its lease, and starts again). `wasmkeep-sim --seeds 1 --set nodes=100
+//! last, and each node leaves cleanly about every `leave_every_ms` while
+//! faults last (150 s; it releases its actors, then its lease, and starts
+//! again). `wasmkeep-sim --seeds 1 --set nodes=100
 //! --set actors=1000000` takes 30 to 55 s and 1.1 GB in a release build on
 //! two cores, and says whether every prefix stayed within S3's rates
-//! (`nodes/` comes closest, in the second after the faults stop, and seed
-//! 1 passes S3's 5,500 reads there: ADR 0065).
+//! (`nodes/` comes closest, in the second after the faults stop, and
+//! `--seeds 1`, which runs seed 0, exceeds S3's 5,500 reads there: ADR
+//! 0065).
 //!
 //! Every request a node sends is counted ([`cost`]): per node per second by
 //! kind and by family of prefix (`nodes/`, the alarm indexes, the actors'

@@ -1883,6 +1883,13 @@ pub async fn timer_loop(ctx: Ctx) {
                 .map(|(a, t)| (*a, *t))
                 .collect();
             let mut work = Vec::new();
+            // A leaving node runs no more alarms: it releases the actors,
+            // and their index entries bring the alarms to other nodes.
+            let due = if mem.leaving_since.is_some() {
+                Vec::new()
+            } else {
+                due
+            };
             for (actor, at) in due {
                 if mem.in_flight.insert(actor) {
                     mem.timer.remove(&actor);

@@ -1118,7 +1118,7 @@ fn on_client(w: &mut World) {
     // ADR's "start the node with the data first"). A deleted actor is
     // in the bucket (a tombstone): a request creates it again. The
     // backlog's idle actors get no requests.
-    let up: Vec<usize> = (0..w.nodes.len()).filter(|i| w.nodes[*i].up).collect();
+    let up: Vec<usize> = (0..w.nodes.len()).filter(|i| serves(w, *i)).collect();
     if let Some(actor) = client_actor(w)
         && !up.is_empty()
     {
@@ -1131,8 +1131,16 @@ fn on_client(w: &mut World) {
     w.at(t, Ev::Sim(SimEv::Client));
 }
 
-/// While faults are on, a client request to node `n` if it is up, and the
-/// next one to it (the load per node: each node its own stream).
+/// Whether node `n` takes client requests: it is up and not leaving (the
+/// clients' balancer sends a leaving node's share to the others, as one in
+/// front of a drained node would).
+fn serves(w: &World, n: usize) -> bool {
+    w.nodes[n].up && w.nodes[n].mem.leaving_since.is_none()
+}
+
+/// While faults are on, a client request to node `n` if it is up (another
+/// node if `n` leaves), and the next one to it (the load per node: each
+/// node its own stream).
 fn on_client_of(w: &mut World, n: usize) {
     let Some(mean) = w.opts.client_per_node() else {
         return;
@@ -1140,11 +1148,17 @@ fn on_client_of(w: &mut World, n: usize) {
     if !w.faults_on {
         return;
     }
-    if w.nodes[n].up
+    let to = if w.nodes[n].up && w.nodes[n].mem.leaving_since.is_some() {
+        let others: Vec<usize> = (0..w.nodes.len()).filter(|i| serves(w, *i)).collect();
+        (!others.is_empty()).then(|| others[w.leave_rng.index(others.len())])
+    } else {
+        w.nodes[n].up.then_some(n)
+    };
+    if let Some(to) = to
         && let Some(actor) = client_actor(w)
     {
         let op = client_op(w);
-        w.push_work(n, Work::Client { actor, op, hops: 0 });
+        w.push_work(to, Work::Client { actor, op, hops: 0 });
     }
     let t = w.now + every(w, mean);
     w.at(t, Ev::Sim(SimEv::ClientOf(n)));
@@ -1157,7 +1171,7 @@ fn on_rearm(w: &mut World, actor: usize, at_ms: u64, avoid: usize) {
         return;
     }
     let up: Vec<usize> = (0..w.nodes.len())
-        .filter(|i| *i != avoid && w.nodes[*i].up)
+        .filter(|i| *i != avoid && serves(w, *i))
         .collect();
     if up.is_empty() {
         return;

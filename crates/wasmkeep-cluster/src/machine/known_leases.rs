@@ -12,10 +12,12 @@
 //! a take whose holder's hold is of the epoch a kept record shows valid
 //! forwards to that owner without reading anything.
 //!
-//! Only the decision to forward is taken from memory: forwarding writes
-//! nothing, so a record that is stale (the holder was fenced or released
-//! since: both need a newer record, which only a read shows) costs a
-//! forward that fails, never a second owner. The driver forgets a node
+//! Of a live record, only the decision to forward is taken from memory:
+//! forwarding writes nothing, so a record that is stale (the holder was
+//! fenced or released since: both need a newer record, which only a read
+//! shows) costs a forward that fails, never a second owner. An epoch known
+//! over does lead to a take without a read, which is safe because it is a
+//! fact no later record can undo (see below). The driver forgets a node
 //! whose forward failed ([`KnownLeases::forget`]), so the next take reads
 //! its lease. A lapsed record and this node's own holds are always read.
 //!
@@ -137,13 +139,19 @@ impl KnownLeases {
             .over_below
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let full = map.len() >= KNOWN_LEASES_MAX;
+        if below == 0 {
+            return;
+        }
         match map.get_mut(node) {
             Some(b) => *b = (*b).max(below),
-            None if !full => {
+            None => {
+                // Full (a folder of many long-gone nodes): one goes, which
+                // costs at most a read more for its holds.
+                if map.len() >= KNOWN_LEASES_MAX {
+                    map.pop_first();
+                }
                 map.insert(node.to_owned(), below);
             }
-            None => {}
         }
     }
 
