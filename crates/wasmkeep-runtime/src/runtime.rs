@@ -1382,7 +1382,7 @@ impl Runtime {
     /// timers do it by themselves; the test kit calls this as it moves its
     /// manual clock, so that a test's `advance` ends waits as real time
     /// would.
-    pub fn expire_await_deadlines(&self) -> usize {
+    pub(crate) fn expire_await_deadlines(&self) -> usize {
         let now = self.inner.clock.now_ms();
         let due: Vec<(ActorId, u64)> = self
             .await_deadlines()

@@ -60,7 +60,7 @@ const REARMS: u64 = 3;
 /// lease whatever it still holds (a node that cannot reach the bucket
 /// would never finish; others then take the rest once the lease is
 /// released, or lapses).
-pub const LEAVE_RELEASE_MS: u64 = 10_000;
+pub(crate) const LEAVE_RELEASE_MS: u64 = 10_000;
 const REARM_BEFORE_MS: (u64, u64) = (500, 6_000);
 
 /// What wrote a chain entry.
