@@ -273,7 +273,10 @@ pub struct Loaded {
 }
 
 impl Drop for Loaded {
+    /// An actor closing with its database open writes the records it
+    /// holds (ADR 0067); a failure path closed the database first.
     fn drop(&mut self) {
+        self.write_held_records(true);
         self.metrics.instances_active.dec();
     }
 }
@@ -287,12 +290,23 @@ impl Loaded {
             .expect("a loaded actor holds its database")
     }
 
+    /// The database, for a new instance of another version: the records
+    /// held are written first, as at a close.
     fn take_db(mut self) -> ActorDb {
+        self.write_held_records(true);
         self.store
             .data_mut()
             .db
             .take()
             .expect("a loaded actor holds its database")
+    }
+
+    /// Writes the records of committed events the actor holds in memory
+    /// (`crate::recording::write_held_between`), between events.
+    fn write_held_records(&mut self, closing: bool) {
+        if let Some(db) = self.store.data_mut().db.as_mut() {
+            crate::recording::write_held_between(&mut self.recording, db, closing);
+        }
     }
 
     /// Closes the instance's database, rolled back already: a failure path

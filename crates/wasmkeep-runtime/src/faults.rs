@@ -148,6 +148,10 @@ fault_switches! {
         /// Unsafe, for that test only: a batch that is not recorded leaves
         /// the actor's run of recording generations as it is (ADR 0062).
         unsafe_recording_keeps_run,
+        /// Unsafe, for that test only: an actor whose last open ended with
+        /// records still in memory goes on with its run of generations, as
+        /// if none were lost (ADR 0067).
+        unsafe_recording_ignores_unflushed,
         /// Unsafe, for that test only: a receiver runs `on-message` for a
         /// repeated delivery too (no `_wasmkeep_inbox` check).
         unsafe_inbox_no_dedup,

@@ -116,7 +116,7 @@ pub struct Metrics {
     /// Turns that stopped at `batch_time_budget_ms` with events left.
     pub turns_yielded_total: Counter,
     pub commits_failed_total: Counter,
-    /// Events written to their actor's recording (ADR 0062).
+    /// Events recorded, held or written (ADR 0062, ADR 0067).
     pub events_recorded_total: Counter,
     /// Events suspended on a wait for an answer (ADR 0056).
     pub awaits_suspended_total: Counter,
@@ -316,7 +316,7 @@ impl Metrics {
             (
                 "wasmkeep_events_recorded",
                 &self.events_recorded_total,
-                "Events written to their actor's recording for replay.",
+                "Events recorded for replay (written to their actor's recording, or held to be written with the next ones, ADR 0067).",
             ),
             (
                 "wasmkeep_awaits_suspended",

@@ -4,9 +4,18 @@
 //! An app opts in with a `[recording]` table in its manifest. Then every
 //! event of its actors on this node (a request, an alarm, a message, an
 //! answer to a send, a socket's event) is written to the actor's database
-//! in the batch's own transaction: the input, the time and random seed the
+//! in a batch's transaction: the input, the time and random seed the
 //! guest saw, the version that ran it, and its outcome
 //! (`wasmkeep_store::db::recording`).
+//!
+//! **Held records (ADR 0067).** On a node without a bucket an actor's
+//! records wait in memory and are written 32 (or 16 KiB) at a time in a
+//! later batch's transaction, in the batch that starts a generation, and
+//! between events before the database is read or the actor closes. The
+//! first recorded batch of an open marks the database
+//! (`recording.unflushed`); the close's write clears it. An open that
+//! finds it set follows one that lost held records, and starts a new run.
+//! A cluster node writes each record with its event.
 //!
 //! What makes an event repeatable:
 //! - **Time.** While an app records, its guests' clock (`clock.now-ms` and
@@ -69,6 +78,13 @@ pub const RECORDING_GENERATION_EVENTS_MIN: u64 = 16;
 /// could not be written, records nothing before it tries again: a
 /// database at its quota cannot make every batch copy itself.
 pub const RECORDING_RETRY_MS: u64 = 60_000;
+/// Most records of committed events an actor holds in memory before it
+/// writes them in its next batch's transaction (ADR 0067).
+pub const RECORDING_HELD_EVENTS_MAX: usize = 32;
+/// Most bytes of records an actor holds in memory before it writes them.
+/// They count in the node's memory budget; past it, each is written with
+/// its event.
+pub const RECORDING_HELD_BYTES_MAX: u64 = 16 << 10;
 /// How long the count of an app's base copies on a node is trusted
 /// before the folder is read again (copies removed with their actors).
 const APP_BYTES_RESCAN_MS: u64 = 60_000;
@@ -147,14 +163,102 @@ impl RecordingSettings {
 
 /// An actor's recording while it is open: the generation its records go
 /// to and what that holds (read when it opens, counted as it records).
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct ActorRecording {
-    limits: RecordingLimits,
     generation: Generation,
     used: GenerationUse,
     /// A generation to start in the batch's transaction (`Some(true)`: a
     /// new run, every older record goes).
     start: Option<bool>,
+    /// Records of committed events not written yet, oldest first (ADR
+    /// 0067): written in a later batch's transaction once
+    /// [`RECORDING_HELD_EVENTS_MAX`] or [`RECORDING_HELD_BYTES_MAX`] are
+    /// held or a generation starts, before the database is read between
+    /// events, and when the actor closes.
+    held: Held,
+    /// Records may wait in memory: a node without a bucket. A cluster
+    /// node writes each with its event (its commits are replicated as
+    /// they are).
+    may_hold: bool,
+    /// The database's mark that records may be held in memory is set.
+    marked: bool,
+}
+
+/// The records an actor holds, and the bytes they reserve in the node's
+/// memory budget (`node_memory_bytes_max`), given back when they go.
+#[derive(Debug, Default)]
+struct Held {
+    records: Vec<HeldRecord>,
+    bytes: u64,
+}
+
+impl Held {
+    /// Adds `record`; `true` if it may wait: `may_hold`, and the node's
+    /// memory budget has room for its `bytes` (reserved then). Otherwise it
+    /// is to be written at once, with any held before it.
+    fn push(&mut self, record: HeldRecord, bytes: u64, may_hold: bool) -> bool {
+        self.records.push(record);
+        let reserved = may_hold && wasmkeep_store::memory_budget::reserve_host(bytes);
+        if reserved {
+            self.bytes += bytes;
+        }
+        reserved
+    }
+
+    fn take(&mut self) -> Vec<HeldRecord> {
+        wasmkeep_store::memory_budget::release_host(std::mem::take(&mut self.bytes));
+        std::mem::take(&mut self.records)
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        wasmkeep_store::memory_budget::release_host(self.bytes);
+    }
+}
+
+/// One event's record, held in memory until it is written.
+#[derive(Debug, Clone)]
+struct HeldRecord {
+    generation: u64,
+    at_ms: u64,
+    seed: [u8; 32],
+    version: u64,
+    kind: &'static str,
+    input: Vec<u8>,
+    outcome: String,
+}
+
+impl ActorRecording {
+    fn new(rt: &crate::node::Inner, generation: Generation) -> Self {
+        ActorRecording {
+            generation,
+            used: GenerationUse::default(),
+            start: None,
+            held: Held::default(),
+            may_hold: rt.replication.is_none(),
+            marked: false,
+        }
+    }
+
+    /// Writes the records held, in the running transaction.
+    fn write_held(
+        &mut self,
+        db: &wasmkeep_store::ActorDb,
+    ) -> Result<(), wasmkeep_store::StoreError> {
+        for h in self.held.take() {
+            db.record_event(&NewRecord {
+                generation: h.generation,
+                at_ms: h.at_ms,
+                seed: &h.seed,
+                version: h.version,
+                kind: h.kind,
+                input: &h.input,
+                outcome: h.outcome.as_bytes(),
+            })?;
+        }
+        Ok(())
+    }
 }
 
 /// What a batch does about recording, decided before its transaction.
@@ -288,23 +392,27 @@ fn decide(
 ) -> Option<ActorRecording> {
     let limits = settings.limits().ok()?;
     let mut rec = match current {
-        Some(r) if r.limits == limits => r,
-        _ => {
+        // New limits apply to the generation as it stands.
+        Some(r) => r,
+        None => {
             let generation = db.recording_generation().ok()?;
             let base_ok = generation
                 .as_ref()
                 .is_some_and(|g| db.dir().join(base_file_name(g)).exists());
+            // The open before this one ended with records of committed
+            // events in memory (a crash): the run has a gap (ADR 0067).
+            let gap =
+                db.recording_unflushed().ok()? && !rt.faults.unsafe_recording_ignores_unflushed();
             let generation = match generation {
-                Some(g) if base_ok => g,
-                // Never recorded here, or its base is not in this folder
-                // (the actor came from elsewhere): a new run.
+                Some(g) if base_ok && !gap => g,
+                // Never recorded here, its base is not in this folder
+                // (the actor came from elsewhere), or records are missing:
+                // a new run.
                 _ => return start_generation(rt, id, limits, None, db),
             };
             ActorRecording {
-                limits,
                 used: db.recording_use(generation.number).ok()?,
-                generation,
-                start: None,
+                ..ActorRecording::new(rt, generation)
             }
         }
     };
@@ -319,9 +427,15 @@ fn decide(
     if full {
         let next = Generation {
             number: rec.generation.number + 1,
-            tag: rec.generation.tag,
+            tag: rec.generation.tag.clone(),
         };
-        return start_generation(rt, id, limits, Some(next), db);
+        // The records held go on to be written (first, in the batch that
+        // starts the next generation).
+        return start_generation(rt, id, limits, Some(next), db).map(|r| ActorRecording {
+            held: rec.held,
+            marked: rec.marked,
+            ..r
+        });
     }
     rec.start = None;
     Some(rec)
@@ -392,28 +506,38 @@ fn start_generation(
         }
     }
     Some(ActorRecording {
-        limits,
-        generation,
-        used: GenerationUse::default(),
         start: Some(fresh),
+        ..ActorRecording::new(rt, generation)
     })
 }
 
-/// In the batch's transaction, once it began: a new generation starts, or
-/// a run ends. A generation that cannot start ends the run instead (the
-/// batch records nothing).
+/// In the batch's transaction, once it began: a new generation starts
+/// (the records held of the one before written first), or a run ends; an
+/// actor that may hold records sets the database's mark that it does. A
+/// generation that cannot start ends the run instead (the batch records
+/// nothing).
 pub(crate) fn after_begin(
     batch: BatchRecording,
     db: &wasmkeep_store::ActorDb,
 ) -> Option<ActorRecording> {
     let mut recording = batch.recording;
     let mut break_run = batch.break_run;
-    if let Some(r) = &recording
-        && let Some(fresh) = r.start
-        && db.start_recording_generation(&r.generation, fresh).is_err()
-    {
-        recording = None;
-        break_run = true;
+    if let Some(r) = &mut recording {
+        let started = match r.start {
+            Some(fresh) => {
+                r.write_held(db).is_ok()
+                    && db.start_recording_generation(&r.generation, fresh).is_ok()
+            }
+            None => true,
+        };
+        let marked =
+            started && (r.marked || !r.may_hold || db.mark_recording_unflushed(true).is_ok());
+        if marked {
+            r.marked = r.may_hold;
+        } else {
+            recording = None;
+            break_run = true;
+        }
     }
     if break_run {
         end_run(db);
@@ -428,6 +552,47 @@ pub(crate) fn end_run(db: &wasmkeep_store::ActorDb) {
     forget_bases(db.dir());
     if let Err(e) = db.break_recording() {
         tracing::warn!(error = %e, dir = %db.dir().display(), "recording: the run of generations could not be ended in the database");
+    }
+}
+
+/// Between events: writes the records an actor holds in a transaction of
+/// their own, before its database is read (`closing`: it closes, and the
+/// database's mark that records are held is cleared with them, so that
+/// its next open goes on with the run). If they cannot be written the
+/// actor records nothing more in this open and the mark stays: its next
+/// batch that records starts a new run (ADR 0067).
+pub(crate) fn write_held_between(
+    recording: &mut Option<ActorRecording>,
+    db: &mut wasmkeep_store::ActorDb,
+    closing: bool,
+) {
+    let Some(r) = recording.as_mut() else {
+        return;
+    };
+    if r.held.records.is_empty() && !(closing && r.marked) {
+        return;
+    }
+    if db.in_transaction() {
+        // A batch that did not end (a panic): what it did is not known.
+        *recording = None;
+        return;
+    }
+    let written = db
+        .begin()
+        .and_then(|()| r.write_held(db))
+        .and_then(|()| match closing && r.marked {
+            true => db.mark_recording_unflushed(false),
+            false => Ok(()),
+        })
+        .and_then(|()| db.commit());
+    match written {
+        Ok(()) if closing => *recording = None,
+        Ok(()) => {}
+        Err(e) => {
+            db.rollback();
+            tracing::warn!(dir = %db.dir().display(), error = %e, "recording: the records held could not be written; the actor's next recorded batch starts a new run");
+            *recording = None;
+        }
     }
 }
 
@@ -486,9 +651,11 @@ pub(crate) fn begin_event(
 }
 
 /// After an event ran: the instance's clock and random go back to the
-/// node's, and the record is written when the actor records. An event
-/// whose record cannot be written (the transaction is gone, or the write
-/// failed) ends the run: the rest of the batch is not recorded.
+/// node's, and the record is kept when the actor records: held in memory
+/// on a node without a bucket (written with the held ones once enough
+/// are), written at once otherwise. An event whose record cannot be
+/// written (the transaction is gone, or the write failed) ends the run:
+/// the rest of the batch is not recorded.
 pub(crate) fn end_event(
     rt: &crate::node::Inner,
     id: &ActorId,
@@ -520,22 +687,25 @@ pub(crate) fn end_event(
         Ok(_) if parked => describe_outcome(&Ok(Outcome::Parked)),
         _ => describe_outcome(outcome),
     };
-    let record = NewRecord {
+    let bytes = input.len() + outcome.len() + 32 + 64;
+    let record = HeldRecord {
         generation: r.generation.number,
         at_ms: rec.tape.at_ms,
-        seed: &rec.tape.seed,
+        seed: rec.tape.seed,
         version,
         kind,
-        input: &input,
-        outcome: outcome.as_bytes(),
+        input,
+        outcome,
     };
-    match db.record_event(&record) {
-        Ok(()) => {
-            r.used.events += 1;
-            r.used.bytes += (input.len() + outcome.len() + 32 + 64) as u64;
-            r.used.first_at_ms.get_or_insert(rec.tape.at_ms);
-            Metrics::inc(&rt.metrics.events_recorded_total);
-        }
+    r.used.events += 1;
+    r.used.bytes += bytes as u64;
+    r.used.first_at_ms.get_or_insert(rec.tape.at_ms);
+    let reserved = r.held.push(record, bytes as u64, r.may_hold);
+    let write_now = !reserved
+        || r.held.records.len() >= RECORDING_HELD_EVENTS_MAX
+        || r.held.bytes >= RECORDING_HELD_BYTES_MAX;
+    match if write_now { r.write_held(db) } else { Ok(()) } {
+        Ok(()) => Metrics::inc(&rt.metrics.events_recorded_total),
         Err(e) => {
             tracing::warn!(actor = %id, error = %e, "recording an event failed: the actor's recording starts again in a minute");
             end_run(db);

@@ -243,3 +243,59 @@ fn a_refused_generation_is_tried_again_a_minute_later() {
     assert_eq!(refused(), 2);
     assert_eq!(replay(&node, "rs", DEMO, "counter").events_replayed, 0);
 }
+
+/// A node without a bucket holds the records of up to
+/// RECORDING_HELD_EVENTS_MAX committed events in memory (ADR 0067). A
+/// clean restart writes them as the actors close: the run goes on across
+/// it. A crash loses them, and leaves the database's mark that some were
+/// held: the actor's next recorded batch starts a new run from a copy
+/// taken then, and the replay reproduces production. Going on with the
+/// old run (the unsafe variant) replays from a base that lacks the lost
+/// events' writes: the baseline's counter answers an older value.
+#[test]
+fn records_held_when_the_node_died_start_a_new_run() {
+    use std::sync::atomic::Ordering::Relaxed;
+    for ignore_gap in [false, true] {
+        let mut node = TestNode::new();
+        node.deploy_with_manifest("demo/rs", DEMO, "[recording]\n")
+            .unwrap();
+        let increment = |node: &TestNode, expect: i64| {
+            let counter = node.actor("demo/rs/counter/c");
+            assert_eq!(counter.post("/increment", "").json()["value"], expect);
+        };
+        increment(&node, 1);
+        increment(&node, 2);
+        node.restart();
+        node.runtime()
+            .faults()
+            .unsafe_recording_ignores_unflushed
+            .store(ignore_gap, Relaxed);
+        increment(&node, 3);
+        let r = replay(&node, "rs", DEMO, "counter");
+        assert_eq!(r.events_replayed, 3, "written at the close: {r:#?}");
+        assert!(r.same(), "{r:#?}");
+
+        increment(&node, 4);
+        node.crash_after_commit(1);
+        let counter = node.actor("demo/rs/counter/c");
+        assert!(counter.request("POST", "/increment", "").is_err());
+        assert_eq!(
+            counter.get("/value").json()["value"],
+            5,
+            "the crashed one committed"
+        );
+        increment(&node, 6);
+        increment(&node, 7);
+        let r = replay(&node, "rs", DEMO, "counter");
+        if ignore_gap {
+            assert_eq!(r.actors_not_reproduced, 1, "unsafe variant: {r:#?}");
+        } else {
+            assert_eq!(r.actors_not_reproduced, 0, "{r:#?}");
+            assert_eq!(
+                r.events_replayed, 3,
+                "the get and two increments since: {r:#?}"
+            );
+            assert!(r.same(), "{r:#?}");
+        }
+    }
+}

@@ -78,7 +78,11 @@ fn run_inspect(rt: &Arc<Inner>, actor: &Arc<Actor>, slot: &mut Option<Loaded>, f
         );
     }
     match slot.as_mut() {
-        Some(l) => f(DbAccess::Open(l.db())),
+        Some(l) => {
+            // What is read includes every committed event's record.
+            l.write_held_records(false);
+            f(DbAccess::Open(l.db()))
+        }
         None => f(DbAccess::Closed(&paths::actor_db(
             &rt.config.data_dir,
             &actor.id,

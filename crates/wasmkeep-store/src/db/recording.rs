@@ -43,6 +43,11 @@ CREATE TABLE IF NOT EXISTS _wasmkeep_recorded (
 /// The meta key naming the current generation (`<n>:<tag>`).
 const GENERATION_KEY: &str = "recording.generation";
 
+/// The meta key set while records of committed events may be held in
+/// memory only (ADR 0067): an open that found it set followed one that
+/// ended without writing them, so the run of generations has a gap.
+const UNFLUSHED_KEY: &str = "recording.unflushed";
+
 /// Tables a replay does not compare: the recording itself and the
 /// runtime's bookkeeping (times of initialization, versions).
 const NOT_COMPARED: [&str; 2] = ["_wasmkeep_recorded", "_wasmkeep_meta"];
@@ -178,14 +183,38 @@ impl ActorDb {
         Ok(self.meta_get(GENERATION_KEY)?.is_some())
     }
 
+    /// Whether records of committed events were held in memory when the
+    /// database was last written: set by [`ActorDb::mark_recording_unflushed`]
+    /// and cleared when they were all written.
+    pub fn recording_unflushed(&self) -> Result<bool, StoreError> {
+        Ok(self.meta_get(UNFLUSHED_KEY)?.is_some())
+    }
+
+    /// Sets (inside a transaction) or clears the mark that records of
+    /// committed events may be held in memory only.
+    pub fn mark_recording_unflushed(&self, unflushed: bool) -> Result<(), StoreError> {
+        if unflushed {
+            self.meta_set(UNFLUSHED_KEY, "1")
+        } else {
+            self.conn
+                .execute(
+                    "DELETE FROM _wasmkeep_meta WHERE key = ?1",
+                    params![UNFLUSHED_KEY],
+                )
+                .map(|_| ())
+                .map_err(|e| self.err(e))
+        }
+    }
+
     /// Ends the run of generations (inside a transaction): a batch commits
     /// without being recorded, so no replay may start from before it. The
-    /// records go; the next batch that records starts a new run.
+    /// records go (and the mark that some were held in memory); the next
+    /// batch that records starts a new run.
     pub fn break_recording(&self) -> Result<(), StoreError> {
         self.conn
             .execute(
-                "DELETE FROM _wasmkeep_meta WHERE key = ?1",
-                params![GENERATION_KEY],
+                "DELETE FROM _wasmkeep_meta WHERE key IN (?1, ?2)",
+                params![GENERATION_KEY, UNFLUSHED_KEY],
             )
             .map_err(|e| self.err(e))?;
         match self.conn.execute("DELETE FROM _wasmkeep_recorded", []) {
