@@ -301,6 +301,46 @@ impl Loaded {
             .expect("a loaded actor holds its database")
     }
 
+    /// Whether the instance holds its database open (not closed by
+    /// [`Loaded::park_db`]).
+    pub(crate) fn has_db(&self) -> bool {
+        self.store.data().db.is_some()
+    }
+
+    /// Closes the database of an open actor between events to stay within
+    /// `open_databases_max` (ADR 0068); the instance stays, and its next
+    /// turn opens the database again ([`Loaded::reopen_db`]). The records
+    /// it holds are written first, as at a close. `false` if it had none
+    /// open.
+    pub(crate) fn park_db(&mut self) -> bool {
+        if !self.has_db() {
+            return false;
+        }
+        self.write_held_records(true);
+        drop(self.store.data_mut().db.take());
+        true
+    }
+
+    /// Opens again the database [`Loaded::park_db`] closed. On `Err` the
+    /// caller drops the instance (the actor closes).
+    fn reopen_db(&mut self, rt: &Inner, id: &ActorId) -> Result<(), RuntimeError> {
+        let dir = paths::actor_dir(&rt.config.data_dir, id);
+        let db =
+            ActorDb::open(&dir, &self.app.store_limits, OpenMode::Existing)?.ok_or_else(|| {
+                RuntimeError::Internal("the database of an open actor is gone".into())
+            })?;
+        db.set_stop_flag(Arc::clone(&rt.stopping));
+        self.store.data_mut().db = Some(db);
+        Ok(())
+    }
+
+    /// The database, if open, for a new instance of another version (the
+    /// records held written first, as at a close); `None` for an instance
+    /// whose database [`Loaded::park_db`] closed.
+    fn take_open_db(self) -> Option<ActorDb> {
+        self.has_db().then(|| self.take_db())
+    }
+
     /// Writes the records of committed events the actor holds in memory
     /// (`crate::recording::write_held_between`), between events.
     fn write_held_records(&mut self, closing: bool) {

@@ -76,6 +76,13 @@ pub struct RuntimeConfig {
     /// Instances alive at once; past it the least recently used idle actor
     /// is closed to make room (a request never fails for it).
     pub instances_max: u32,
+    /// Actors' databases open at once in this process (each holds two
+    /// files); past it the least recently used idle actors close their
+    /// database and keep their instance, and open it again at their next
+    /// event (a cluster node closes them whole) (ADR 0068). 0: derived at
+    /// start from the open-files limit
+    /// ([`crate::node::open_databases_max_for`]).
+    pub open_databases_max: u32,
     /// An actor with nothing to do for this long is closed.
     pub actor_idle_ms: u64,
     /// Events waiting for one actor; past it requests get `actor_overloaded`.
@@ -281,6 +288,7 @@ impl RuntimeConfig {
             event_cpu_ms_max: 30_000,
             instance_memory_bytes_max: 128 * 1024 * 1024,
             instances_max: 2048,
+            open_databases_max: 0,
             actor_idle_ms: 60_000,
             actor_queue_events_max: 1000,
             actor_queue_bytes_max: 64 * 1024 * 1024,

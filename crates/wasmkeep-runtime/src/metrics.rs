@@ -126,6 +126,9 @@ pub struct Metrics {
     pub instances_active: GaugeU64,
     pub instantiations_total: Counter,
     pub evictions_total: Counter,
+    /// Open actors whose database was closed (their instance kept) to stay
+    /// within `open_databases_max` (ADR 0068).
+    pub databases_parked_total: Counter,
     pub syncs_total: Counter,
     pub syncfs_total: Counter,
     pub alarms_fired_total: Counter,
@@ -348,7 +351,7 @@ impl Metrics {
 
     /// The series of instances, barriers and alarms.
     fn register_instances_and_alarms(&self, r: &mut Registry) {
-        let series: [(&str, &Counter, &str); 8] = [
+        let series: [(&str, &Counter, &str); 9] = [
             (
                 "wasmkeep_instantiations",
                 &self.instantiations_total,
@@ -358,6 +361,11 @@ impl Metrics {
                 "wasmkeep_evictions",
                 &self.evictions_total,
                 "Actors closed to make room for others.",
+            ),
+            (
+                "wasmkeep_databases_parked",
+                &self.databases_parked_total,
+                "Open actors whose database was closed, their instance kept, to stay within open_databases_max.",
             ),
             (
                 "wasmkeep_syncs",

@@ -31,8 +31,48 @@ use crate::outbox::{Inbound, MessageAnswer};
 use crate::replication::Replication;
 use crate::timer::Timer;
 
-/// An evicted actor, and its `last_used_ms` when it was picked.
-pub(crate) type ToClose = (Arc<Actor>, u64);
+/// An evicted actor, its `last_used_ms` when it was picked, and what of
+/// it closes.
+pub(crate) type ToClose = (Arc<Actor>, u64, Closes);
+
+/// What the closer thread closes of an actor it was sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Closes {
+    /// Its instance and database (`make_room`, `instances_max`).
+    Instance,
+    /// Its database only; the instance stays and opens it again at its
+    /// next event (`make_room_for_database`, `open_databases_max`).
+    Database,
+}
+
+/// Open files a node keeps for what is not an actor's database (its
+/// connections up to the default `connections_max` of 1,024, sockets,
+/// compiled code, logs) when it derives `open_databases_max` from the
+/// open-files limit.
+pub const OPEN_FILES_KEPT: u64 = 2_048;
+/// The least `open_databases_max` derived from a small open-files limit.
+pub const OPEN_DATABASES_MIN: usize = 64;
+
+/// `open_databases_max` for a setting of `configured` (0: derived) and an
+/// open-files limit of `open_files`: two files per database, within what
+/// [`OPEN_FILES_KEPT`] leaves, less a sixteenth for the databases still
+/// open while the closer thread closes a pass of them.
+pub fn open_databases_max_for(configured: u32, open_files: u64) -> usize {
+    if configured > 0 {
+        return configured as usize;
+    }
+    let databases = open_files.saturating_sub(OPEN_FILES_KEPT) / 2;
+    ((databases - databases / 16) as usize).max(OPEN_DATABASES_MIN)
+}
+
+/// This process's open-files limit (its soft bound), if it can be read.
+pub(crate) fn open_files_limit() -> Option<u64> {
+    // SAFETY: `getrlimit` fills the plain struct it is given.
+    unsafe {
+        let mut l: libc::rlimit = std::mem::zeroed();
+        (libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) == 0).then_some(l.rlim_cur as u64)
+    }
+}
 
 /// An app's version being rolled out, and the share of its actors that
 /// run it (ADR 0059).
@@ -64,6 +104,11 @@ pub struct Inner {
     /// Instances queued for the closer and not closed yet: they still count
     /// in `instances_active` but are on their way out.
     pub(crate) closing: AtomicU64,
+    /// Databases queued for the closer ([`Closes::Database`]) and not
+    /// closed yet.
+    pub(crate) parking: AtomicU64,
+    /// `open_databases_max` as it applies (derived at start if 0).
+    pub(crate) open_databases_max: usize,
     pub durability: DurabilityStage,
     /// The bucket side, when the node has one.
     pub replication: Option<Replication>,
@@ -464,12 +509,7 @@ impl Inner {
             return;
         }
         let batch = (self.config.instances_max as usize / 16).max(1);
-        let mut candidates = self.loaded_actors_but(for_id);
-        if candidates.len() > batch {
-            candidates.select_nth_unstable_by_key(batch, |(used, _)| *used);
-        }
-        let head = candidates.len().min(batch + 1);
-        candidates[..head].sort_by_key(|(used, _)| *used);
+        let candidates = self.least_recent_first_but(for_id, batch);
         let mut evicted = 0;
         for (used, a) in candidates {
             if evicted >= batch && self.instances_staying() < max {
@@ -484,11 +524,11 @@ impl Inner {
                 continue;
             }
             self.closing.fetch_add(1, Ordering::Relaxed);
-            match self.close_tx.try_send((a, used)) {
+            match self.close_tx.try_send((a, used, Closes::Instance)) {
                 Ok(()) => evicted += 1,
                 Err(
-                    std::sync::mpsc::TrySendError::Full((a, _))
-                    | std::sync::mpsc::TrySendError::Disconnected((a, _)),
+                    std::sync::mpsc::TrySendError::Full((a, _, _))
+                    | std::sync::mpsc::TrySendError::Disconnected((a, _, _)),
                 ) => {
                     self.closing.fetch_sub(1, Ordering::Relaxed);
                     a.evicting.store(false, Ordering::Relaxed);
@@ -501,6 +541,80 @@ impl Inner {
                 }
             }
         }
+    }
+
+    /// Before an actor's database is opened: while the process holds
+    /// `open_databases_max` of them (less those queued to close), sends the
+    /// least recently used open actors that are not running, up to a
+    /// sixteenth of the bound (and the closer's queue), to the closer
+    /// thread, which closes their databases and keeps their instances (a
+    /// node with a bucket: closes them whole, as `make_room` does). The
+    /// count is the process's (`wasmkeep_store::db::open_actor_databases`),
+    /// as the open-files limit is; the actors are this node's (ADR 0068).
+    pub fn make_room_for_database(&self, for_id: &ActorId) {
+        let max = self.open_databases_max;
+        let staying = || {
+            wasmkeep_store::db::open_actor_databases()
+                .saturating_sub(self.parking.load(Ordering::Relaxed) as usize)
+                .saturating_sub(self.closing.load(Ordering::Relaxed) as usize)
+        };
+        if staying() < max {
+            return;
+        }
+        let closes = if self.replication.is_some() {
+            Closes::Instance
+        } else {
+            Closes::Database
+        };
+        let batch = (max / 16).clamp(1, crate::runtime::CLOSE_QUEUE_MAX / 2);
+        let candidates = self.least_recent_first_but(for_id, batch);
+        let mut sent = 0;
+        for (used, a) in candidates {
+            if sent >= batch && staying() < max {
+                break;
+            }
+            // A held lock means the actor is running; one whose database is
+            // closed already has nothing to give.
+            if !a
+                .slot
+                .try_lock()
+                .is_some_and(|s| s.as_ref().is_some_and(|l| l.has_db()))
+                || a.repl.try_lock().is_none_or(|r| r.snapshot_reads_file())
+                || a.evicting.swap(true, Ordering::Relaxed)
+            {
+                continue;
+            }
+            let counter = match closes {
+                Closes::Instance => &self.closing,
+                Closes::Database => &self.parking,
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+            if self
+                .close_tx
+                .try_send((Arc::clone(&a), used, closes))
+                .is_err()
+            {
+                // The closer is behind: the next open tries again.
+                counter.fetch_sub(1, Ordering::Relaxed);
+                a.evicting.store(false, Ordering::Relaxed);
+                break;
+            }
+            sent += 1;
+        }
+    }
+
+    /// [`Inner::loaded_actors_but`], the `batch + 1` least recently used
+    /// first, in order (the rest after them, unordered): one pass of
+    /// eviction looks at the first ones, and at the rest only when they
+    /// were running.
+    fn least_recent_first_but(&self, for_id: &ActorId, batch: usize) -> Vec<(u64, Arc<Actor>)> {
+        let mut candidates = self.loaded_actors_but(for_id);
+        if candidates.len() > batch {
+            candidates.select_nth_unstable_by_key(batch, |(used, _)| *used);
+        }
+        let head = candidates.len().min(batch + 1);
+        candidates[..head].sort_by_key(|(used, _)| *used);
+        candidates
     }
 
     /// Every actor with an instance except `for_id`, with when it was last
@@ -625,4 +739,18 @@ pub(crate) fn rollout_share(id: &ActorId) -> u8 {
     let d = h.finalize();
     let n = u64::from_le_bytes(d[..8].try_into().expect("8 bytes"));
     (n % 100) as u8
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn open_databases_max_follows_the_open_files_limit_unless_set() {
+        assert_eq!(open_databases_max_for(500, 20_000), 500);
+        // Half of what 2,048 files leave, less a sixteenth.
+        assert_eq!(open_databases_max_for(0, 20_000), 8_415);
+        assert_eq!(open_databases_max_for(0, 1_024), OPEN_DATABASES_MIN);
+        assert!(open_databases_max_for(0, 1 << 20) > 400_000);
+    }
 }

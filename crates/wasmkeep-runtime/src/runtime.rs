@@ -299,6 +299,10 @@ fn build_inner(config: RuntimeConfig, clock: Arc<dyn Clock>, parts: Parts) -> Ar
     let cache_dir = compile_cache_dir(&config);
     let cache_key = cache_key(&config);
     let (close_tx, close_rx) = std::sync::mpsc::sync_channel(CLOSE_QUEUE_MAX);
+    let open_databases_max = crate::node::open_databases_max_for(
+        config.open_databases_max,
+        crate::node::open_files_limit().unwrap_or(1_024),
+    );
     let config_data_dir = config.data_dir.clone();
     let parked_limits = config.parked.clone();
     let shares = crate::scheduler::Shares::of(&config);
@@ -330,6 +334,8 @@ fn build_inner(config: RuntimeConfig, clock: Arc<dyn Clock>, parts: Parts) -> Ar
         close_tx,
         close_rx: Mutex::new(Some(close_rx)),
         closing: AtomicU64::new(0),
+        parking: AtomicU64::new(0),
+        open_databases_max,
         timer: Timer::default(),
         metrics,
         started: crate::clock::instant(),
@@ -1507,14 +1513,27 @@ impl Runtime {
     }
 }
 
-/// Closes the actors `make_room` evicted. The close happens under the
-/// actor's slot lock, so the actor's next turn (a request, an alarm, its
-/// deletion) waits for it and never opens the database while the old
-/// connection still holds it. An actor used again since it was picked, or
-/// running now, stays open.
+/// Closes the actors `make_room` evicted, and the databases
+/// `make_room_for_database` picked (their instances stay). The close
+/// happens under the actor's slot lock, so the actor's next turn (a
+/// request, an alarm, its deletion) waits for it and never opens the
+/// database while the old connection still holds it. An actor used again
+/// since it was picked, or running now, stays open.
 fn closer(rx: std::sync::mpsc::Receiver<ToClose>, weak: std::sync::Weak<Inner>) {
-    while let Ok((a, used)) = rx.recv() {
+    while let Ok((a, used, closes)) = rx.recv() {
         let Some(rt) = weak.upgrade() else { return };
+        if closes == crate::node::Closes::Database {
+            if let Some(mut slot) = a.slot.try_lock()
+                && a.last_used_ms.load(Ordering::Relaxed) == used
+                && let Some(loaded) = slot.as_mut()
+                && loaded.park_db()
+            {
+                Metrics::inc(&rt.metrics.databases_parked_total);
+            }
+            a.evicting.store(false, Ordering::Relaxed);
+            rt.parking.fetch_sub(1, Ordering::Relaxed);
+            continue;
+        }
         let delay = rt.faults.close_delay_ms();
         if let Some(mut slot) = a.slot.try_lock()
             && a.last_used_ms.load(Ordering::Relaxed) == used

@@ -11,7 +11,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 
 use rusqlite::limits::Limit;
 use rusqlite::types::{ToSqlOutput, ValueRef};
@@ -214,6 +214,34 @@ pub struct ActorDb {
     /// ([`crate::page_capture`]); after `conn`, so it outlives the
     /// connection that feeds it.
     capture: Option<crate::page_capture::Shared>,
+    /// Counted in [`open_actor_databases`] while it lives.
+    _counted: OpenCounted,
+}
+
+/// Actors' databases open in this process (each holds two files: the
+/// database and its log). Counted per process, as the open-files limit is.
+static OPEN_ACTOR_DATABASES: AtomicUsize = AtomicUsize::new(0);
+
+/// How many actors' databases ([`ActorDb`]) are open in this process.
+pub fn open_actor_databases() -> usize {
+    OPEN_ACTOR_DATABASES.load(Ordering::Relaxed)
+}
+
+/// One count in [`OPEN_ACTOR_DATABASES`], given back when dropped.
+#[derive(Debug)]
+struct OpenCounted;
+
+impl OpenCounted {
+    fn new() -> Self {
+        OPEN_ACTOR_DATABASES.fetch_add(1, Ordering::Relaxed);
+        OpenCounted
+    }
+}
+
+impl Drop for OpenCounted {
+    fn drop(&mut self) {
+        OPEN_ACTOR_DATABASES.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// Sets the connection's mode for as long as it lives, whatever way the
@@ -304,6 +332,7 @@ impl ActorDb {
             quota: std::cell::Cell::new(None),
             wal_index,
             capture,
+            _counted: OpenCounted::new(),
         };
         match db.configure() {
             Ok(()) => {

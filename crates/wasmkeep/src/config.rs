@@ -39,6 +39,7 @@ pub(crate) struct NodeConfig {
     pub event_cpu_ms_max: u64,
     pub instance_memory_bytes_max: usize,
     pub instances_max: u32,
+    pub open_databases_max: u32,
     pub actor_idle_ms: u64,
     pub actor_queue_events_max: usize,
     pub actor_queue_bytes_max: u64,
@@ -193,6 +194,7 @@ impl Default for NodeConfig {
             event_cpu_ms_max: rt.event_cpu_ms_max,
             instance_memory_bytes_max: rt.instance_memory_bytes_max,
             instances_max: rt.instances_max,
+            open_databases_max: rt.open_databases_max,
             actor_idle_ms: rt.actor_idle_ms,
             actor_queue_events_max: rt.actor_queue_events_max,
             actor_queue_bytes_max: rt.actor_queue_bytes_max,
@@ -364,6 +366,7 @@ impl NodeConfig {
         c.event_cpu_ms_max = self.event_cpu_ms_max;
         c.instance_memory_bytes_max = self.instance_memory_bytes_max;
         c.instances_max = self.instances_max;
+        c.open_databases_max = self.open_databases_max;
         c.actor_idle_ms = self.actor_idle_ms;
         c.actor_queue_events_max = self.actor_queue_events_max;
         c.actor_queue_bytes_max = self.actor_queue_bytes_max;

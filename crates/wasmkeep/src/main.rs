@@ -681,14 +681,16 @@ fn serve(args: ServeArgs) -> Result<()> {
 
 /// Raises the soft bound on open files to the hard one: a node holds a
 /// descriptor per connection and socket (`connections_max` 1,024 and
-/// `sockets_max` besides) and three per open database (the file, its log
-/// and its shared memory), and many systems start processes with a soft
-/// bound of 1,024. Warns when even the hard bound is below what open
-/// actors and connections may take at the node's settings: past it,
-/// actors fail to open with `storage_error`. (`sockets_max` is a ceiling
-/// far above what most nodes hold and is left out.)
+/// `sockets_max` besides) and two per open database (the file and its
+/// log), and many systems start processes with a soft bound of 1,024.
+/// Says when even the hard bound keeps open databases below
+/// `instances_max`: past `open_databases_max` (derived from the bound)
+/// the least recently used open actors close their databases and keep
+/// their instances (ADR 0068), and each event of such an actor opens its
+/// database again. (`sockets_max` is a ceiling far above what most nodes
+/// hold and is left out.)
 fn raise_open_files_limit(cfg: &NodeConfig) {
-    let need = 3 * u64::from(cfg.instances_max) + cfg.connections_max as u64;
+    let need = 2 * u64::from(cfg.instances_max) + wasmkeep_runtime::OPEN_FILES_KEPT;
     // SAFETY: `getrlimit` fills the plain struct it is given; `setrlimit`
     // only changes this process's own soft bound, within the hard one.
     unsafe {
@@ -703,13 +705,13 @@ fn raise_open_files_limit(cfg: &NodeConfig) {
                 libc::getrlimit(libc::RLIMIT_NOFILE, &mut l);
             }
         }
-        if (l.rlim_cur as u64) < need {
-            tracing::warn!(
+        if (l.rlim_cur as u64) < need && cfg.open_databases_max == 0 {
+            tracing::info!(
                 limit = l.rlim_cur as u64,
                 need,
                 instances_max = cfg.instances_max,
-                connections_max = cfg.connections_max,
-                "the open files limit is below what these settings may open (three per open actor, one per connection): actors past it fail with storage_error; raise it (ulimit -n, systemd's LimitNOFILE) or lower instances_max"
+                open_databases_max = wasmkeep_runtime::open_databases_max_for(0, l.rlim_cur as u64),
+                "the open files limit holds fewer databases than instances (two files each): past open_databases_max the least recently used open actors close their databases and keep their instances, and open them again at their next event; raise the limit (ulimit -n, systemd's LimitNOFILE) to keep them all open"
             );
         }
     }

@@ -210,14 +210,67 @@ fn more_actors_than_instances_are_served_by_evicting_the_least_recent() {
     for a in 0..12 {
         assert_eq!(count(&node, &format!("/v1/t/bed/probe/a{a}")), 3);
     }
-    let (_, metrics) = node.get("/metrics");
-    let evictions: u64 = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("wasmkeep_evictions_total "))
+    assert!(metric(&node, "wasmkeep_evictions_total") > 0);
+}
+
+/// Actors' database files the node process holds open (`actor.db`).
+fn open_databases(node: &Node) -> usize {
+    std::fs::read_dir(format!("/proc/{}/fd", node.pid()))
         .unwrap()
+        .flatten()
+        .filter(|e| {
+            std::fs::read_link(e.path())
+                .is_ok_and(|t| t.file_name().is_some_and(|n| n == "actor.db"))
+        })
+        .count()
+}
+
+fn metric(node: &Node, name: &str) -> u64 {
+    let (_, metrics) = node.get("/metrics");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .unwrap_or_else(|| panic!("{name} not in /metrics"))
         .parse()
-        .unwrap();
-    assert!(evictions > 0);
+        .unwrap()
+}
+
+/// More open actors than `open_databases_max` (ADR 0068): every actor
+/// keeps its instance (none is evicted), the least recently used close
+/// their databases (two files each) and open them again at their next
+/// event, nothing written is lost, and once the closer is done the
+/// process holds no more databases open than the bound.
+#[test]
+fn open_actors_past_open_databases_max_keep_their_instances_and_close_their_files() {
+    let tmp = tempfile::tempdir().unwrap();
+    let node = start(tmp.path(), "instances_max = 64\nopen_databases_max = 8\n");
+    for round in 0..3 {
+        for a in 0..40 {
+            let (s, v) = node.json("POST", &format!("/v1/t/bed/probe/a{a}/write"), b"");
+            assert_eq!(s, 204, "round {round} actor {a}: {v}");
+        }
+    }
+    for a in 0..40 {
+        assert_eq!(count(&node, &format!("/v1/t/bed/probe/a{a}")), 3);
+    }
+    assert_eq!(metric(&node, "wasmkeep_instances_active"), 40);
+    assert_eq!(metric(&node, "wasmkeep_evictions_total"), 0);
+    assert!(metric(&node, "wasmkeep_databases_parked_total") >= 32);
+    // The closer thread closes them in the background: up to 10 s.
+    let mut polls = 0;
+    while open_databases(&node) > 8 {
+        polls += 1;
+        assert!(
+            polls < 200,
+            "{} databases open, the bound is 8",
+            open_databases(&node)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(
+        open_databases(&node) >= 1,
+        "the count sees the node's files"
+    );
 }
 
 #[test]

@@ -49,6 +49,7 @@ insecure = true
 event_cpu_ms_max = 31001
 instance_memory_bytes_max = 100000001
 instances_max = 2003
+open_databases_max = 777
 actor_idle_ms = 61003
 actor_queue_events_max = 1004
 actor_queue_bytes_max = 64000005
@@ -273,6 +274,7 @@ fn runtime_rows(r: &mut Reach, n: &NodeConfig, runtime: &RuntimeConfig) {
     reach!(r, n.event_cpu_ms_max => runtime.event_cpu_ms_max);
     reach!(r, n.instance_memory_bytes_max => runtime.instance_memory_bytes_max);
     reach!(r, n.instances_max => runtime.instances_max);
+    reach!(r, n.open_databases_max => runtime.open_databases_max);
     reach!(r, n.actor_idle_ms => runtime.actor_idle_ms);
     reach!(r, n.actor_queue_events_max => runtime.actor_queue_events_max);
     reach!(r, n.actor_queue_bytes_max => runtime.actor_queue_bytes_max);

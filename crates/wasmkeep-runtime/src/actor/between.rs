@@ -49,7 +49,12 @@ pub(super) fn run_between(
         }
         Between::Replicate => {
             if let Some(repl) = &rt.replication {
-                replication::upload_pending(rt, repl, actor, slot.as_mut().map(|l| l.db()));
+                replication::upload_pending(
+                    rt,
+                    repl,
+                    actor,
+                    slot.as_mut().filter(|l| l.has_db()).map(|l| l.db()),
+                );
             }
         }
         Between::Inspect(f) => run_inspect(rt, actor, slot, f),
@@ -77,7 +82,9 @@ fn run_inspect(rt: &Arc<Inner>, actor: &Arc<Actor>, slot: &mut Option<Loaded>, f
             false,
         );
     }
-    match slot.as_mut() {
+    // An open actor whose database was closed (ADR 0068) is read on its
+    // file, as a closed one.
+    match slot.as_mut().filter(|l| l.has_db()) {
         Some(l) => {
             // What is read includes every committed event's record.
             l.write_held_records(false);
@@ -97,7 +104,7 @@ fn run_delete(
 ) -> Result<Outcome, RuntimeError> {
     // The entry the database names goes once the tombstone landed (R2).
     let named = if rt.keeps_index() {
-        match slot.as_mut() {
+        match slot.as_mut().filter(|l| l.has_db()) {
             Some(l) => crate::index::read_record(l.db()).ok().flatten(),
             None => crate::index::read_record_at(&paths::actor_db(&rt.config.data_dir, &actor.id)),
         }
@@ -105,7 +112,7 @@ fn run_delete(
         None
     };
     let path = paths::actor_db(&rt.config.data_dir, &actor.id);
-    let size = match slot.as_mut() {
+    let size = match slot.as_mut().filter(|l| l.has_db()) {
         Some(l) => l.db().size_bytes().ok(),
         None => wasmkeep_store::db::size_bytes_at(&path).ok(),
     };
@@ -158,7 +165,12 @@ fn run_restore(
 ) -> Result<crate::restore::Restored, RuntimeError> {
     let bytes = crate::restore::check(file)?;
     if let Some(repl) = &rt.replication {
-        replication::flush_for_restore(rt, repl, actor, slot.as_mut().map(|l| l.db()))?;
+        replication::flush_for_restore(
+            rt,
+            repl,
+            actor,
+            slot.as_mut().filter(|l| l.has_db()).map(|l| l.db()),
+        )?;
     }
     if let Some(token) = undo {
         // The chain's head now is the state this restore replaces: the

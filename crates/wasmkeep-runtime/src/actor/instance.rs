@@ -123,10 +123,10 @@ pub(super) fn load(
                     && l.app.name == app.name
                     && l.app.deploy_version < app.deploy_version))
     }) {
-        return Ok(Some(l));
+        return reopened(rt, id, l).map(Some);
     }
-    let db = match slot.take() {
-        Some(l) => l.take_db(),
+    let db = match slot.take().and_then(Loaded::take_open_db) {
+        Some(db) => db,
         None => {
             if let Some(repl) = &rt.replication {
                 replication::ensure_open(rt, repl, actor)?;
@@ -141,6 +141,7 @@ pub(super) fn load(
                 // A new actor: within its tenant's quota, or not at all.
                 rt.quotas.may_create(&id.tenant)?;
             }
+            rt.make_room_for_database(id);
             match ActorDb::open(&dir, &app.store_limits, mode)? {
                 Some(db) => {
                     if db.created() {
@@ -181,6 +182,16 @@ pub(super) fn load(
         Ok(l) => Ok(Some(l)),
         Err(failed) => Err(failed.0),
     }
+}
+
+/// An instance kept for this turn, its database opened again if
+/// `make_room_for_database` closed it (ADR 0068).
+fn reopened(rt: &Arc<Inner>, id: &ActorId, mut l: Loaded) -> Result<Loaded, RuntimeError> {
+    if !l.has_db() {
+        rt.make_room_for_database(id);
+        l.reopen_db(rt, id)?;
+    }
+    Ok(l)
 }
 
 pub(super) fn trap_error(
