@@ -107,6 +107,12 @@ pub struct ClusterSettings {
     /// How often the node reads the apps' versions in the bucket and
     /// installs the newest of each (`cluster_deploy_sync_ms`, ADR 0058).
     pub deploy_sync_ms: u64,
+    /// The node id the operator gives this node (`cluster_node_id`, ADR
+    /// 0069): kept when its data directory is lost, so that its actors are
+    /// taken at once by its next start instead of after its lease lapses.
+    /// `None`: an id drawn at the first start and kept in the data
+    /// directory.
+    pub node_id: Option<String>,
 }
 
 impl ClusterSettings {
@@ -132,6 +138,7 @@ impl ClusterSettings {
                 .actor_idle_ms
                 .saturating_add(RELEASE_AFTER_IDLE_CLOSE_MS),
             deploy_sync_ms: deploys::DEPLOY_SYNC_MS,
+            node_id: None,
         }
     }
 }
@@ -181,6 +188,14 @@ pub enum ClusterError {
     Random(std::io::Error),
     #[error("no cluster secret: configure cluster_token, or let the node read the bucket's")]
     NoSecret,
+    #[error(
+        "invalid cluster_node_id: lowercase letters, digits and `-`, at most 64: cluster_node_id=`{0}`"
+    )]
+    NodeId(String),
+    #[error(
+        "could not read the epochs node {node} registered in the bucket (its data directory has no identity, so its next epoch must come after them): {reason}"
+    )]
+    RegisteredEpochs { node: String, reason: String },
 }
 
 impl ClusterSettings {
@@ -194,6 +209,11 @@ impl ClusterSettings {
         };
         wasmkeep_cluster::lease::validate_address(&self.advertise)
             .map_err(|e| bad(&e.to_string()))?;
+        if let Some(id) = &self.node_id
+            && wasmkeep_cluster::lease::validate_node(id).is_err()
+        {
+            return Err(ClusterError::NodeId(id.chars().take(100).collect()));
+        }
         let uri: http::Uri = self.advertise.parse().map_err(|_| bad("not a URL"))?;
         if !matches!(uri.scheme_str(), Some("http" | "https")) {
             return Err(bad("scheme must be http or https"));
@@ -723,20 +743,77 @@ impl RunGate for AlarmGate {
     }
 }
 
+/// Most pages of `nodes/<id>/` [`newest_registered_epoch`] reads (a node
+/// keeps a few records per epoch; its released and fenced epochs' last
+/// records stay).
+pub const REGISTERED_EPOCHS_PAGES_MAX: usize = 1_000;
+/// Keys one page of that listing asks for.
+const REGISTERED_EPOCHS_PAGE_KEYS: usize = 1_000;
+
+/// The newest epoch `node` has a lease record of in the bucket (0: none):
+/// a start whose data directory lost the node's identity takes the epoch
+/// after it, so that no epoch is used twice (ADR 0069). An error if the
+/// bucket cannot be listed: guessing could reuse an epoch.
+pub async fn newest_registered_epoch(
+    bucket: &Bucket,
+    node: &str,
+    timeout_ms: u64,
+) -> Result<u64, ClusterError> {
+    let fail = |reason: String| ClusterError::RegisteredEpochs {
+        node: node.to_owned(),
+        reason,
+    };
+    let driver = BucketDriver::new(bucket.clone(), timeout_ms);
+    let prefix =
+        wasmkeep_cluster::lease::LeaseKey::node_folder(wasmkeep_cluster::lease::NODES_PREFIX, node);
+    let (mut newest, mut start_after) = (0, None);
+    for _ in 0..REGISTERED_EPOCHS_PAGES_MAX {
+        let page = driver
+            .perform(wasmkeep_cluster::machine::BucketOp::List {
+                prefix: prefix.clone(),
+                start_after: start_after.clone(),
+                limit: REGISTERED_EPOCHS_PAGE_KEYS,
+            })
+            .await;
+        let wasmkeep_cluster::machine::BucketResult::Keys(keys) = page else {
+            return Err(fail(format!("listing {prefix} failed")));
+        };
+        for k in &keys {
+            if let Ok(key) =
+                wasmkeep_cluster::lease::LeaseKey::parse(wasmkeep_cluster::lease::NODES_PREFIX, k)
+                && key.node == node
+            {
+                newest = newest.max(key.epoch);
+            }
+        }
+        if keys.len() < REGISTERED_EPOCHS_PAGE_KEYS {
+            return Ok(newest);
+        }
+        start_after = keys.last().cloned();
+    }
+    Err(fail(format!(
+        "more than {REGISTERED_EPOCHS_PAGES_MAX} pages under {prefix} (REGISTERED_EPOCHS_PAGES_MAX)"
+    )))
+}
+
 impl ClusterNode {
     /// Takes the next epoch (durably, before anything else) and starts the
     /// lease task on the current tokio runtime. The node does not act until
     /// its registration lands.
+    /// `registered`: the newest epoch the bucket holds a lease record of
+    /// for the configured `node_id` ([`newest_registered_epoch`]), read when
+    /// the data directory has no identity; 0 otherwise.
     pub fn start(
         settings: ClusterSettings,
         bucket: Bucket,
         data: &Path,
+        registered: u64,
     ) -> Result<ClusterNode, ClusterError> {
         settings.check()?;
         if settings.cluster_token.is_none() {
             return Err(ClusterError::NoSecret);
         }
-        let identity = NodeIdentity::start(data)?;
+        let identity = NodeIdentity::start(data, settings.node_id.as_deref(), registered)?;
         // Checks the id and address once here; every later epoch reuses them.
         NodeLeaseMachine::new(
             identity.node(),

@@ -109,6 +109,7 @@ pub(crate) struct NodeConfig {
     /// Cluster mode (with `bucket`): the address other nodes reach this
     /// node at, `http://HOST:PORT`.
     pub advertise: Option<String>,
+    pub cluster_node_id: Option<String>,
     /// The secret cluster nodes share (`WASMKEEP_CLUSTER_TOKEN`).
     pub cluster_token: Option<String>,
     pub lease_period_ms: u64,
@@ -259,6 +260,7 @@ impl Default for NodeConfig {
             restore_refused_retry_ms: rt.restore_refused_retry_ms,
             replica_upload_interval_ms: rt.replica_upload_interval_ms,
             advertise: None,
+            cluster_node_id: None,
             cluster_token: None,
             lease_period_ms: cl.lease_period_ms,
             lease_grace_ms: cl.lease_grace_ms,
@@ -525,6 +527,7 @@ impl NodeConfig {
         settings.owner_cache_ttl_ms = self.cluster_owner_cache_ttl_ms;
         settings.actors_max = self.cluster_actors_max;
         settings.deploy_sync_ms = self.cluster_deploy_sync_ms;
+        settings.node_id = self.cluster_node_id.clone();
         settings
             .check()
             .map_err(|e| anyhow::anyhow!("refusing to start: {e}"))?;

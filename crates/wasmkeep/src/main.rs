@@ -913,8 +913,28 @@ async fn start_cluster_node(
             .await
             .context("read or create the cluster secret in the bucket")?;
             settings.cluster_token = Some(secret);
-            let node = wasmkeep_server::cluster::ClusterNode::start(settings, bucket.clone(), data)
-                .context("start cluster mode")?;
+            // A configured id on a data directory without an identity (a
+            // lost disk, a new machine): its next epoch goes past those the
+            // bucket registered for it (ADR 0069).
+            let registered = match &settings.node_id {
+                Some(id) if !wasmkeep_server::cluster::identity::exists(data) => {
+                    wasmkeep_server::cluster::newest_registered_epoch(
+                        bucket,
+                        id,
+                        settings.bucket_timeout_ms,
+                    )
+                    .await
+                    .context("start cluster mode")?
+                }
+                _ => 0,
+            };
+            let node = wasmkeep_server::cluster::ClusterNode::start(
+                settings,
+                bucket.clone(),
+                data,
+                registered,
+            )
+            .context("start cluster mode")?;
             let mut node = node;
             node.attach_runtime(rt);
             Some(node)

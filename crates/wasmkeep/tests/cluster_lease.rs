@@ -217,3 +217,67 @@ fn a_node_cut_off_from_its_bucket_stops_acting_then_rejoins_in_a_new_epoch() {
     assert!(!records(&c.bucket, &id, 2).is_empty());
     wait_for("an acknowledged write", || increment(&node).0 == 200);
 }
+
+/// A node given `cluster_node_id` loses its disk (killed, its data
+/// directory removed) and starts again on an empty one (ADR 0069): it has
+/// the same id, in the epoch after its last, and the actor its dead epoch
+/// held is taken at once, with its value, while that epoch's last lease
+/// record still says live: not after the lease lapsed, as for a node that
+/// came back under a new id. (The lease is 20 s long so that the two
+/// cannot be confused.)
+#[test]
+fn a_configured_node_id_survives_a_lost_disk_and_its_actors_are_taken_at_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bucket = tmp.path().join("bucket");
+    let bucket_url = format!("file://{}", bucket.display());
+    let start = |name: &str, port: u16, more: &str| {
+        let dir = tmp.path().join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let config = cluster::node_config(&dir, 20_000, 20_000, 400, more);
+        let flags = cluster::serve_flags(port, &config, &bucket_url);
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        Node::start(&dir.join("data"), &flags)
+    };
+    let (port_a, port_b) = (free_port(), free_port());
+    let mut a = start("a", port_a, "cluster_node_id = \"node-a\"\n");
+    let b = start("b", port_b, "");
+    for n in [&a, &b] {
+        wait_for("the node to act", || status(n)["acting"] == true);
+    }
+    assert_eq!(
+        (status(&a)["node"].as_str(), status(&a)["epoch"].as_u64()),
+        (Some("node-a"), Some(1))
+    );
+    for _ in 0..3 {
+        let (code, body) = increment(&a);
+        assert_eq!(code, 200, "{body}");
+    }
+
+    a.kill();
+    let (_, last) = records(&bucket, "node-a", 1)
+        .pop()
+        .expect("epoch 1's records");
+    let expires_at_ms: u64 = last
+        .strip_prefix("live ")
+        .and_then(|r| r.split(' ').next())
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("epoch 1 ended live, not {last}"));
+    std::fs::remove_dir_all(tmp.path().join("a").join("data")).unwrap();
+    let a = start("a", port_a, "cluster_node_id = \"node-a\"\n");
+    wait_for("the node to act again", || status(&a)["acting"] == true);
+    assert_eq!(
+        (status(&a)["node"].as_str(), status(&a)["epoch"].as_u64()),
+        (Some("node-a"), Some(2))
+    );
+    let mut answer = (0, String::new());
+    wait_for("the other node to serve the actor", || {
+        answer = increment(&b);
+        answer.0 == 200
+    });
+    assert!(
+        now_ms() < expires_at_ms,
+        "taken only after epoch 1's lease ran out ({expires_at_ms})"
+    );
+    let v: serde_json::Value = serde_json::from_str(&answer.1).unwrap();
+    assert_eq!(v["value"], 4, "{v}");
+}

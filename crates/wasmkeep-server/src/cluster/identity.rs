@@ -32,10 +32,23 @@ pub struct NodeIdentity {
     epoch: u64,
 }
 
+/// Whether `data` holds a node identity (its id file).
+pub fn exists(data: &Path) -> bool {
+    data.join(NODE_DIR).join("id").exists()
+}
+
 impl NodeIdentity {
     /// Loads the node id (creating it on a first start) and takes the next
-    /// epoch, durably, before returning.
-    pub fn start(data: &Path) -> Result<NodeIdentity, ClusterError> {
+    /// epoch, durably, before returning. `configured`: the operator's
+    /// `cluster_node_id`, which a first start takes instead of a random id
+    /// (a data directory that names another id stops the start);
+    /// `registered`: the newest epoch the bucket has registered for it,
+    /// which a first start goes past (ADR 0069).
+    pub fn start(
+        data: &Path,
+        configured: Option<&str>,
+        registered: u64,
+    ) -> Result<NodeIdentity, ClusterError> {
         let dir = data.join(NODE_DIR);
         std::fs::create_dir_all(&dir).map_err(|e| io(&dir, e))?;
         let id_path = dir.join("id");
@@ -43,29 +56,39 @@ impl NodeIdentity {
         let last = read_optional(&epoch_path)?
             .map(|text| parse_epoch(&epoch_path, &text))
             .transpose()?;
-        let node = match read_optional(&id_path)? {
+        let (node, epoch) = match read_optional(&id_path)? {
             Some(text) => {
                 let node = parse_id(&id_path, &text)?;
-                if last.is_none() {
+                if let Some(c) = configured
+                    && c != node
+                {
+                    return Err(corrupt(
+                        &id_path,
+                        &format!("names node {node}, not the configured cluster_node_id {c}"),
+                    ));
+                }
+                let Some(last) = last else {
                     return Err(corrupt(
                         &epoch_path,
                         "missing while the node id exists: the node's epochs are unknown",
                     ));
-                }
-                node
+                };
+                (node, last)
             }
             None => {
-                let node = super::random_hex(16)?;
-                write_durably(&dir, &epoch_path, &format!("{}\n", last.unwrap_or(0)))?;
+                let node = match configured {
+                    Some(c) => c.to_owned(),
+                    None => super::random_hex(16)?,
+                };
+                // A configured id may have run on a disk since lost: its
+                // epochs go on after those the bucket registered.
+                let floor = last.unwrap_or(0).max(registered);
+                write_durably(&dir, &epoch_path, &format!("{floor}\n"))?;
                 write_durably(&dir, &id_path, &format!("{node}\n"))?;
-                node
+                (node, floor)
             }
         };
-        let mut me = NodeIdentity {
-            dir,
-            node,
-            epoch: last.unwrap_or(0),
-        };
+        let mut me = NodeIdentity { dir, node, epoch };
         me.next_epoch()?;
         Ok(me)
     }
@@ -167,11 +190,11 @@ mod tests {
     #[test]
     fn the_id_stays_and_every_start_takes_a_new_epoch() {
         let data = tempfile::tempdir().unwrap();
-        let mut a = NodeIdentity::start(data.path()).unwrap();
+        let mut a = NodeIdentity::start(data.path(), None, 0).unwrap();
         assert_eq!(a.epoch(), 1);
         assert_eq!(a.node().len(), 32);
         assert_eq!(a.next_epoch().unwrap(), 2);
-        let b = NodeIdentity::start(data.path()).unwrap();
+        let b = NodeIdentity::start(data.path(), None, 0).unwrap();
         assert_eq!((b.node(), b.epoch()), (a.node(), 3));
         let on_disk = std::fs::read_to_string(data.path().join("node/epoch")).unwrap();
         assert_eq!(on_disk, "3\n");
@@ -180,25 +203,52 @@ mod tests {
     #[test]
     fn corrupt_files_stop_the_start_naming_the_file() {
         let data = tempfile::tempdir().unwrap();
-        NodeIdentity::start(data.path()).unwrap();
+        NodeIdentity::start(data.path(), None, 0).unwrap();
         let epoch = data.path().join("node/epoch");
         let id = data.path().join("node/id");
         for (path, text) in [(&epoch, "x\n"), (&epoch, ""), (&id, "Not An Id\n")] {
             let keep = std::fs::read(path).unwrap();
             std::fs::write(path, text).unwrap();
-            let e = NodeIdentity::start(data.path()).unwrap_err().to_string();
+            let e = NodeIdentity::start(data.path(), None, 0)
+                .unwrap_err()
+                .to_string();
             assert!(e.contains(&path.display().to_string()), "{e}");
             std::fs::write(path, keep).unwrap();
         }
         // An id without its epoch file: the epochs it used are unknown.
         std::fs::remove_file(&epoch).unwrap();
-        let e = NodeIdentity::start(data.path()).unwrap_err().to_string();
+        let e = NodeIdentity::start(data.path(), None, 0)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("epoch") && e.contains("missing"), "{e}");
         // An epoch without an id (a first start that died between the two
         // writes) makes a new node, continuing the epochs.
         std::fs::write(&epoch, "7\n").unwrap();
         std::fs::remove_file(&id).unwrap();
-        let n = NodeIdentity::start(data.path()).unwrap();
+        let n = NodeIdentity::start(data.path(), None, 0).unwrap();
         assert_eq!(n.epoch(), 8);
+    }
+
+    /// A configured id on a data directory without an identity (its disk
+    /// was lost) goes on past the epochs the bucket registered for it; a
+    /// directory that names another id stops the start.
+    #[test]
+    fn a_configured_id_survives_a_lost_disk_in_a_later_epoch() {
+        let data = tempfile::tempdir().unwrap();
+        let a = NodeIdentity::start(data.path(), Some("node-a"), 41).unwrap();
+        assert_eq!((a.node(), a.epoch()), ("node-a", 42));
+        let b = NodeIdentity::start(data.path(), Some("node-a"), 0).unwrap();
+        assert_eq!(b.epoch(), 43, "the directory's own epoch counts");
+        let e = NodeIdentity::start(data.path(), Some("node-b"), 0)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("node-a") && e.contains("node-b"), "{e}");
+        // Without a configured id a fresh directory still goes past what
+        // it is told was registered (a new random id has none).
+        let fresh = tempfile::tempdir().unwrap();
+        assert_eq!(
+            NodeIdentity::start(fresh.path(), None, 0).unwrap().epoch(),
+            1
+        );
     }
 }
