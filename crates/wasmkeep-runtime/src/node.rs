@@ -55,14 +55,33 @@ pub const OPEN_DATABASES_MIN: usize = 64;
 
 /// `open_databases_max` for a setting of `configured` (0: derived) and an
 /// open-files limit of `open_files`: two files per database, within what
-/// [`OPEN_FILES_KEPT`] leaves, less a sixteenth for the databases still
-/// open while the closer thread closes a pass of them.
+/// [`OPEN_FILES_KEPT`] leaves (half the limit when it is below twice
+/// that), less a sixteenth for the databases still open while the closer
+/// thread closes a pass of them.
 pub fn open_databases_max_for(configured: u32, open_files: u64) -> usize {
     if configured > 0 {
         return configured as usize;
     }
-    let databases = open_files.saturating_sub(OPEN_FILES_KEPT) / 2;
+    // A limit below twice what is kept keeps half of it instead.
+    let kept = OPEN_FILES_KEPT.min(open_files / 2);
+    let databases = open_files.saturating_sub(kept) / 2;
     ((databases - databases / 16) as usize).max(OPEN_DATABASES_MIN)
+}
+
+/// `candidates` (actors with when they were last used), the `batch + 1`
+/// least recently used first, in order (the rest after them, unordered):
+/// one pass of eviction looks at the first ones, and at the rest only when
+/// they were running.
+fn least_recent_first(
+    mut candidates: Vec<(u64, Arc<Actor>)>,
+    batch: usize,
+) -> Vec<(u64, Arc<Actor>)> {
+    if candidates.len() > batch {
+        candidates.select_nth_unstable_by_key(batch, |(used, _)| *used);
+    }
+    let head = candidates.len().min(batch + 1);
+    candidates[..head].sort_by_key(|(used, _)| *used);
+    candidates
 }
 
 /// This process's open-files limit (its soft bound), if it can be read.
@@ -509,7 +528,7 @@ impl Inner {
             return;
         }
         let batch = (self.config.instances_max as usize / 16).max(1);
-        let candidates = self.least_recent_first_but(for_id, batch);
+        let candidates = least_recent_first(self.loaded_actors_but(for_id), batch);
         let mut evicted = 0;
         for (used, a) in candidates {
             if evicted >= batch && self.instances_staying() < max {
@@ -553,21 +572,30 @@ impl Inner {
     /// as the open-files limit is; the actors are this node's (ADR 0068).
     pub fn make_room_for_database(&self, for_id: &ActorId) {
         let max = self.open_databases_max;
+        let (closes, queued) = if self.replication.is_some() {
+            (Closes::Instance, &self.closing)
+        } else {
+            // Instances `make_room` queued are mostly ones whose database
+            // is closed already (the least recently used): not counted.
+            (Closes::Database, &self.parking)
+        };
         let staying = || {
             wasmkeep_store::db::open_actor_databases()
-                .saturating_sub(self.parking.load(Ordering::Relaxed) as usize)
-                .saturating_sub(self.closing.load(Ordering::Relaxed) as usize)
+                .saturating_sub(queued.load(Ordering::Relaxed) as usize)
         };
         if staying() < max {
             return;
         }
-        let closes = if self.replication.is_some() {
-            Closes::Instance
-        } else {
-            Closes::Database
-        };
         let batch = (max / 16).clamp(1, crate::runtime::CLOSE_QUEUE_MAX / 2);
-        let candidates = self.least_recent_first_but(for_id, batch);
+        // Only actors whose database is open: those already closed are the
+        // least recently used and would fill the head of the order.
+        let mut candidates = self.loaded_actors_but(for_id);
+        candidates.retain(|(_, a)| {
+            a.slot
+                .try_lock()
+                .is_some_and(|s| s.as_ref().is_some_and(|l| l.has_db()))
+        });
+        let candidates = least_recent_first(candidates, batch);
         let mut sent = 0;
         for (used, a) in candidates {
             if sent >= batch && staying() < max {
@@ -601,20 +629,6 @@ impl Inner {
             }
             sent += 1;
         }
-    }
-
-    /// [`Inner::loaded_actors_but`], the `batch + 1` least recently used
-    /// first, in order (the rest after them, unordered): one pass of
-    /// eviction looks at the first ones, and at the rest only when they
-    /// were running.
-    fn least_recent_first_but(&self, for_id: &ActorId, batch: usize) -> Vec<(u64, Arc<Actor>)> {
-        let mut candidates = self.loaded_actors_but(for_id);
-        if candidates.len() > batch {
-            candidates.select_nth_unstable_by_key(batch, |(used, _)| *used);
-        }
-        let head = candidates.len().min(batch + 1);
-        candidates[..head].sort_by_key(|(used, _)| *used);
-        candidates
     }
 
     /// Every actor with an instance except `for_id`, with when it was last
@@ -750,7 +764,10 @@ mod tests {
         assert_eq!(open_databases_max_for(500, 20_000), 500);
         // Half of what 2,048 files leave, less a sixteenth.
         assert_eq!(open_databases_max_for(0, 20_000), 8_415);
-        assert_eq!(open_databases_max_for(0, 1_024), OPEN_DATABASES_MIN);
+        // 1,024 (a common soft limit): half kept, 256 databases less a
+        // sixteenth.
+        assert_eq!(open_databases_max_for(0, 1_024), 240);
+        assert_eq!(open_databases_max_for(0, 100), OPEN_DATABASES_MIN);
         assert!(open_databases_max_for(0, 1 << 20) > 400_000);
     }
 }
