@@ -222,7 +222,16 @@ pub(crate) struct NodeLease {
     written: Option<u64>,
     last_sent_ms: Option<u64>,
     state: LeaseState,
+    /// The nonces of the records it tried to create at the next counter
+    /// (the last [`ATTEMPT_NONCES_MAX`]): a record found there with another
+    /// nonce was written by another process with this node's id and epoch.
+    attempt_nonces: Vec<u64>,
 }
+
+/// Nonces of attempts at one counter a node remembers; an earlier
+/// attempt's record found after more is taken for another process's (the
+/// node starts a new epoch: safe).
+const ATTEMPT_NONCES_MAX: usize = 64;
 
 impl NodeLease {
     /// A node starting with `epoch`, which must exceed every epoch it used
@@ -237,7 +246,16 @@ impl NodeLease {
             written: None,
             last_sent_ms: None,
             state: LeaseState::Starting,
+            attempt_nonces: Vec::new(),
         })
+    }
+
+    /// Notes an attempt's nonce at the next counter.
+    fn attempt(&mut self, nonce: u64) {
+        if self.attempt_nonces.len() >= ATTEMPT_NONCES_MAX {
+            self.attempt_nonces.remove(0);
+        }
+        self.attempt_nonces.push(nonce);
     }
 
     /// The node id.
@@ -292,6 +310,7 @@ impl NodeLease {
             _ => return None,
         }
         self.last_sent_ms = Some(now_ms);
+        self.attempt(nonce);
         let counter = self.written.map_or(0, |c| c + 1);
         Some(LeaseWrite {
             key: LeaseKey {
@@ -314,6 +333,7 @@ impl NodeLease {
             return;
         }
         self.written = Some(write.key.counter);
+        self.attempt_nonces.clear();
         let acting_until_ms = match write.record {
             LeaseRecord::Live { expires_at_ms, .. } => {
                 expires_at_ms.saturating_sub(config.owner_margin_ms)
@@ -331,11 +351,14 @@ impl NodeLease {
         }
     }
 
-    /// The create found `key` taken by `found`. Only the node itself writes
-    /// live (or released) records in its own epoch, so such a record is its
-    /// own: an earlier attempt whose response was lost, which counts as
-    /// written (its expiry, not this attempt's, bounds acting). A fenced
-    /// record means another node fenced this epoch.
+    /// The create found `key` taken by `found`. A live (or released) record
+    /// with the nonce of one of its attempts is its own: an earlier attempt
+    /// whose response was lost, which counts as written (its expiry, not
+    /// this attempt's, bounds acting). A fenced record means another node
+    /// fenced this epoch; a live or released one with another nonce, that
+    /// another process writes records with this node's id and epoch (two
+    /// processes given one `cluster_node_id`, ADR 0069): either way the
+    /// epoch is over for this process.
     pub(crate) fn on_conflict(
         &mut self,
         key: &LeaseKey,
@@ -343,21 +366,26 @@ impl NodeLease {
         now_ms: u64,
         config: &ClusterConfig,
     ) {
-        match found {
-            LeaseRecord::Fenced { .. } => self.state = LeaseState::Fenced,
-            _ => self.on_written(
-                &LeaseWrite {
-                    key: key.clone(),
-                    record: found.clone(),
-                },
-                now_ms,
-                config,
-            ),
+        let own = match found {
+            LeaseRecord::Live { nonce, .. } | LeaseRecord::Released { nonce } => {
+                self.attempt_nonces.contains(nonce)
+            }
+            LeaseRecord::Fenced { .. } => false,
+        };
+        if own {
+            let write = LeaseWrite {
+                key: key.clone(),
+                record: found.clone(),
+            };
+            self.on_written(&write, now_ms, config);
+        } else {
+            self.state = LeaseState::Fenced;
         }
     }
 
     /// The record a clean shutdown writes: the node's actors may be taken at once.
     pub(crate) fn release(&mut self, nonce: u64) -> LeaseWrite {
+        self.attempt(nonce);
         let counter = self.written.map_or(0, |c| c + 1);
         LeaseWrite {
             key: LeaseKey {
@@ -540,6 +568,22 @@ mod tests {
         // The record that landed is the first attempt's: it bounds acting.
         assert!(l2.is_acting(8_999));
         assert!(!l2.is_acting(9_000));
+        // A live record at its key with a nonce it never sent is another
+        // process's with the same id and epoch (ADR 0069): not its own,
+        // the epoch is over for it. Adopting it (the rule before) would
+        // leave two processes acting in one epoch.
+        let mut l3 = NodeLease::new("a", 3, "http://a:1").unwrap();
+        let mine = l3.next_write(0, 8, &c).unwrap();
+        let other = LeaseWrite {
+            key: mine.key.clone(),
+            record: LeaseRecord::Live {
+                expires_at_ms: 10_000,
+                nonce: 9,
+                address: "http://elsewhere:1".into(),
+            },
+        };
+        l3.on_conflict(&mine.key, &other.record, 10, &c);
+        assert_eq!(l3.state(10), LeaseState::Fenced);
     }
 
     #[test]

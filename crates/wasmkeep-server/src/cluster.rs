@@ -196,6 +196,10 @@ pub enum ClusterError {
         "could not read the epochs node {node} registered in the bucket (its data directory has no identity, so its next epoch must come after them): {reason}"
     )]
     RegisteredEpochs { node: String, reason: String },
+    #[error(
+        "another process is renewing node {node}'s lease (epoch {epoch}): one process per cluster_node_id; stop it, or give this node another id"
+    )]
+    IdInUse { node: String, epoch: u64 },
 }
 
 impl ClusterSettings {
@@ -743,66 +747,124 @@ impl RunGate for AlarmGate {
     }
 }
 
-/// Most pages of `nodes/<id>/` [`newest_registered_epoch`] reads (a node
+/// Most pages of `nodes/<id>/` [`take_up_identity`] reads (a node
 /// keeps a few records per epoch; its released and fenced epochs' last
 /// records stay).
 pub const REGISTERED_EPOCHS_PAGES_MAX: usize = 1_000;
 /// Keys one page of that listing asks for.
 const REGISTERED_EPOCHS_PAGE_KEYS: usize = 1_000;
 
-/// The newest epoch `node` has a lease record of in the bucket (0: none):
-/// a start whose data directory lost the node's identity takes the epoch
-/// after it, so that no epoch is used twice (ADR 0069). An error if the
-/// bucket cannot be listed: guessing could reuse an epoch.
-pub async fn newest_registered_epoch(
+/// For a start of a configured `node` whose data directory has no
+/// identity (ADR 0069): the newest epoch the bucket has a lease record of
+/// for it (0: none), which the start goes past so that no epoch is used
+/// twice; and if that epoch's latest record is live, a fence of it
+/// (create-only at the next counter, as a take fences a lapsed lease), so
+/// that a process still renewing it learns at its next renewal that its
+/// epoch is over. If the fence finds a live renewal there, another process
+/// has this id now and the start is refused. An error too if the bucket
+/// cannot be listed or read: guessing could reuse an epoch.
+pub async fn take_up_identity(
     bucket: &Bucket,
     node: &str,
     timeout_ms: u64,
 ) -> Result<u64, ClusterError> {
+    use wasmkeep_cluster::lease::{LeaseKey, LeaseRecord, NODES_PREFIX};
+    use wasmkeep_cluster::machine::{BucketOp, BucketResult};
     let fail = |reason: String| ClusterError::RegisteredEpochs {
         node: node.to_owned(),
         reason,
     };
     let driver = BucketDriver::new(bucket.clone(), timeout_ms);
-    let prefix =
-        wasmkeep_cluster::lease::LeaseKey::node_folder(wasmkeep_cluster::lease::NODES_PREFIX, node);
-    let (mut newest, mut start_after) = (0, None);
+    let prefix = LeaseKey::node_folder(NODES_PREFIX, node);
+    let (mut latest, mut start_after): (Option<LeaseKey>, _) = (None, None);
+    let mut listed = false;
     for _ in 0..REGISTERED_EPOCHS_PAGES_MAX {
         let page = driver
-            .perform(wasmkeep_cluster::machine::BucketOp::List {
+            .perform(BucketOp::List {
                 prefix: prefix.clone(),
                 start_after: start_after.clone(),
                 limit: REGISTERED_EPOCHS_PAGE_KEYS,
             })
             .await;
-        let wasmkeep_cluster::machine::BucketResult::Keys(keys) = page else {
+        let BucketResult::Keys(keys) = page else {
             return Err(fail(format!("listing {prefix} failed")));
         };
         for k in &keys {
-            if let Ok(key) =
-                wasmkeep_cluster::lease::LeaseKey::parse(wasmkeep_cluster::lease::NODES_PREFIX, k)
+            if let Ok(key) = LeaseKey::parse(NODES_PREFIX, k)
                 && key.node == node
+                && latest
+                    .as_ref()
+                    .is_none_or(|l| (key.epoch, key.counter) > (l.epoch, l.counter))
             {
-                newest = newest.max(key.epoch);
+                latest = Some(key);
             }
         }
         if keys.len() < REGISTERED_EPOCHS_PAGE_KEYS {
-            return Ok(newest);
+            listed = true;
+            break;
         }
         start_after = keys.last().cloned();
     }
-    Err(fail(format!(
-        "more than {REGISTERED_EPOCHS_PAGES_MAX} pages under {prefix} (REGISTERED_EPOCHS_PAGES_MAX)"
-    )))
+    if !listed {
+        return Err(fail(format!(
+            "more than {REGISTERED_EPOCHS_PAGES_MAX} pages under {prefix} (REGISTERED_EPOCHS_PAGES_MAX)"
+        )));
+    }
+    let Some(latest) = latest else {
+        return Ok(0);
+    };
+    let read = |key: String| {
+        let driver = driver.clone();
+        async move {
+            match driver.perform(BucketOp::Get { key: key.clone() }).await {
+                BucketResult::Body(b) => String::from_utf8(b)
+                    .ok()
+                    .and_then(|t| LeaseRecord::decode(&t).ok())
+                    .ok_or_else(|| format!("{key} does not hold a lease record")),
+                _ => Err(format!("reading {key} failed")),
+            }
+        }
+    };
+    if !matches!(
+        read(latest.to_key(NODES_PREFIX)).await.map_err(fail)?,
+        LeaseRecord::Live { .. }
+    ) {
+        return Ok(latest.epoch);
+    }
+    let fence = latest.next().to_key(NODES_PREFIX);
+    let body = LeaseRecord::Fenced {
+        by: node.to_owned(),
+        nonce: nonce(),
+    }
+    .encode();
+    match driver
+        .perform(BucketOp::PutCreate {
+            key: fence.clone(),
+            body: body.clone().into_bytes(),
+        })
+        .await
+    {
+        BucketResult::Done => Ok(latest.epoch),
+        BucketResult::AlreadyExists => match read(fence.clone()).await.map_err(fail)? {
+            LeaseRecord::Live { .. } => Err(ClusterError::IdInUse {
+                node: node.to_owned(),
+                epoch: latest.epoch,
+            }),
+            // Fenced (by this very write, its response lost, or another
+            // node's take) or released: the epoch is over.
+            _ => Ok(latest.epoch),
+        },
+        _ => Err(fail(format!("fencing {fence} failed"))),
+    }
 }
 
 impl ClusterNode {
     /// Takes the next epoch (durably, before anything else) and starts the
     /// lease task on the current tokio runtime. The node does not act until
     /// its registration lands.
-    /// `registered`: the newest epoch the bucket holds a lease record of
-    /// for the configured `node_id` ([`newest_registered_epoch`]), read when
-    /// the data directory has no identity; 0 otherwise.
+    /// `registered`: with a configured `node_id`, the newest epoch the
+    /// bucket holds a lease record of for it ([`take_up_identity`]); 0
+    /// otherwise.
     pub fn start(
         settings: ClusterSettings,
         bucket: Bucket,

@@ -507,6 +507,11 @@ impl NodeConfig {
             );
         }
         let Some(advertise) = &self.advertise else {
+            if let Some(id) = &self.cluster_node_id {
+                anyhow::bail!(
+                    "refusing to start: cluster_node_id = \"{id}\" names a cluster node, which needs advertise and a bucket"
+                );
+            }
             return Ok(None);
         };
         if self.bucket.is_none() {

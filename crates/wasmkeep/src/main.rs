@@ -913,19 +913,18 @@ async fn start_cluster_node(
             .await
             .context("read or create the cluster secret in the bucket")?;
             settings.cluster_token = Some(secret);
-            // A configured id on a data directory without an identity (a
-            // lost disk, a new machine): its next epoch goes past those the
-            // bucket registered for it (ADR 0069).
+            // A configured id (ADR 0069): its next epoch goes past those the
+            // bucket registered for it, whatever the data directory says (a
+            // lost disk, a new machine, a directory restored from a copy),
+            // and a live lease of its newest epoch is fenced first.
             let registered = match &settings.node_id {
-                Some(id) if !wasmkeep_server::cluster::identity::exists(data) => {
-                    wasmkeep_server::cluster::newest_registered_epoch(
-                        bucket,
-                        id,
-                        settings.bucket_timeout_ms,
-                    )
-                    .await
-                    .context("start cluster mode")?
-                }
+                Some(id) => wasmkeep_server::cluster::take_up_identity(
+                    bucket,
+                    id,
+                    settings.bucket_timeout_ms,
+                )
+                .await
+                .context("start cluster mode")?,
                 _ => 0,
             };
             let node = wasmkeep_server::cluster::ClusterNode::start(

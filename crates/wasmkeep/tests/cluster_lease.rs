@@ -223,8 +223,10 @@ fn a_node_cut_off_from_its_bucket_stops_acting_then_rejoins_in_a_new_epoch() {
 /// the same id, in the epoch after its last, and the actor its dead epoch
 /// held is taken at once, with its value, while that epoch's last lease
 /// record still says live: not after the lease lapsed, as for a node that
-/// came back under a new id. (The lease is 20 s long so that the two
-/// cannot be confused.)
+/// came back under a new id. (The lease is 60 s long so that the two
+/// cannot be confused, however slow the restart.) A start that finds the
+/// id's newest epoch live fences it first: the dead epoch's records end
+/// with that fence.
 #[test]
 fn a_configured_node_id_survives_a_lost_disk_and_its_actors_are_taken_at_once() {
     let tmp = tempfile::tempdir().unwrap();
@@ -233,7 +235,7 @@ fn a_configured_node_id_survives_a_lost_disk_and_its_actors_are_taken_at_once() 
     let start = |name: &str, port: u16, more: &str| {
         let dir = tmp.path().join(name);
         std::fs::create_dir_all(&dir).unwrap();
-        let config = cluster::node_config(&dir, 20_000, 20_000, 400, more);
+        let config = cluster::node_config(&dir, 60_000, 20_000, 400, more);
         let flags = cluster::serve_flags(port, &config, &bucket_url);
         let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
         Node::start(&dir.join("data"), &flags)
@@ -280,4 +282,6 @@ fn a_configured_node_id_survives_a_lost_disk_and_its_actors_are_taken_at_once() 
     );
     let v: serde_json::Value = serde_json::from_str(&answer.1).unwrap();
     assert_eq!(v["value"], 4, "{v}");
+    let (_, ended) = records(&bucket, "node-a", 1).pop().unwrap();
+    assert!(ended.starts_with("fenced node-a "), "{ended}");
 }

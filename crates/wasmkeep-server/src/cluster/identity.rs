@@ -2,7 +2,8 @@
 //! an epoch taken anew at every start (ADR 0020).
 //!
 //! ```text
-//! <data>/node/id      the node id: 32 lowercase hex digits and a newline
+//! <data>/node/id      the node id (32 lowercase hex digits, or the
+//!                     configured `cluster_node_id`) and a newline
 //! <data>/node/epoch   the last epoch this node took: decimal and a newline
 //! ```
 //!
@@ -32,11 +33,6 @@ pub struct NodeIdentity {
     epoch: u64,
 }
 
-/// Whether `data` holds a node identity (its id file).
-pub fn exists(data: &Path) -> bool {
-    data.join(NODE_DIR).join("id").exists()
-}
-
 impl NodeIdentity {
     /// Loads the node id (creating it on a first start) and takes the next
     /// epoch, durably, before returning. `configured`: the operator's
@@ -64,7 +60,9 @@ impl NodeIdentity {
                 {
                     return Err(corrupt(
                         &id_path,
-                        &format!("names node {node}, not the configured cluster_node_id {c}"),
+                        &format!(
+                            "names node {node}, not the configured cluster_node_id {c} (set cluster_node_id = \"{node}\", or remove the folder {NODE_DIR}/ to make this node {c})"
+                        ),
                     ));
                 }
                 let Some(last) = last else {
@@ -73,7 +71,7 @@ impl NodeIdentity {
                         "missing while the node id exists: the node's epochs are unknown",
                     ));
                 };
-                (node, last)
+                (node, last.max(registered))
             }
             None => {
                 let node = match configured {
@@ -243,8 +241,11 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("node-a") && e.contains("node-b"), "{e}");
-        // Without a configured id a fresh directory still goes past what
-        // it is told was registered (a new random id has none).
+        // The bucket's epochs count even where the directory has the id
+        // (a directory restored from an older copy).
+        let c = NodeIdentity::start(data.path(), Some("node-a"), 50).unwrap();
+        assert_eq!(c.epoch(), 51);
+        // A fresh directory without a configured id starts at 1.
         let fresh = tempfile::tempdir().unwrap();
         assert_eq!(
             NodeIdentity::start(fresh.path(), None, 0).unwrap().epoch(),
