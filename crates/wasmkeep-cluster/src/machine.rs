@@ -193,13 +193,30 @@ impl BucketOp {
         matches!(self, BucketOp::PutCreate { .. } | BucketOp::Delete { .. })
     }
 
-    /// Whether it reads one lease record (a GET under `nodes/`): a record
-    /// never changes once written, so a driver may answer it with the
-    /// answer to the same read already in flight (ADR 0065). Never a
-    /// listing: one already in flight may have started before a record the
-    /// asker must see was written.
-    pub fn is_lease_record_read(&self) -> bool {
-        matches!(self, BucketOp::Get { key } if key.starts_with(crate::lease::NODES_PREFIX))
+    /// Whether a driver may answer it with the answer to the same
+    /// operation already in flight on this node (ADR 0065, ADR 0070):
+    /// - a read of one lease record (a GET under `nodes/`): a record never
+    ///   changes once written;
+    /// - the first page of a listing of one node's lease records
+    ///   (`nodes/<id>/`, no `start_after`): one already in flight may have
+    ///   started before a record the asker must see was written, so its
+    ///   asker ([`NodeViewReader::for_hold`]) uses it only if it shows the
+    ///   epoch it needs, and otherwise lists again with
+    ///   [`Pages::unshared`], which is never shared.
+    pub fn is_shared_read(&self) -> bool {
+        use crate::lease::NODES_PREFIX;
+        match self {
+            BucketOp::Get { key } => key.starts_with(NODES_PREFIX),
+            BucketOp::List {
+                prefix,
+                start_after: None,
+                ..
+            } => prefix
+                .strip_prefix(NODES_PREFIX)
+                .and_then(|node| node.strip_suffix('/'))
+                .is_some_and(|node| !node.is_empty() && !node.contains('/')),
+            _ => false,
+        }
     }
 }
 
@@ -327,6 +344,17 @@ impl Pages {
             prefix,
             after: None,
             limit: limit.max(1),
+        }
+    }
+
+    /// Like [`Pages::new`], for a listing no driver answers with another
+    /// already in flight ([`BucketOp::is_shared_read`]): its first page
+    /// starts after the prefix itself, which every key below it follows, so
+    /// it lists the same keys.
+    pub(crate) fn unshared(prefix: String, limit: usize) -> Pages {
+        Pages {
+            after: Some(prefix.clone()),
+            ..Pages::new(prefix, limit)
         }
     }
 

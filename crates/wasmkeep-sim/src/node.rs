@@ -687,11 +687,12 @@ impl Ctx {
     /// Performs one bucket operation a step machine asked for, with every
     /// fault the simulated network and bucket have, and translates the answer.
     async fn perform(&self, op: BucketOp) -> BucketResult {
-        if !op.is_lease_record_read() {
+        if !op.is_shared_read() {
             return self.perform_once(op).await;
         }
-        // The same lease record read in flight on this node: its answer, as
-        // the server's driver does (a record never changes once written).
+        // The same lease record read, or first page of one node's lease
+        // listing, in flight on this node: its answer, as the server's
+        // driver does (ADR 0065, ADR 0070).
         let n = self.n;
         let key = op.clone();
         // Only a read in flight is waited for: an answer that came before

@@ -48,6 +48,13 @@ pub struct NodeViewReader {
     expires_at_ms: Option<u64>,
     /// The key of the latest record, once read.
     read_key: Option<LeaseKey>,
+    /// The epoch of the hold this read is for ([`NodeViewReader::for_hold`]):
+    /// a listing that shows no record of it or a later one may be another
+    /// read's, started before that epoch registered, and is not trusted.
+    hold_epoch: Option<u64>,
+    /// The node's folder was listed again, unshared, after a listing that
+    /// did not show the hold's epoch.
+    listed_again: bool,
 }
 
 impl NodeViewReader {
@@ -68,6 +75,22 @@ impl NodeViewReader {
             address: None,
             expires_at_ms: None,
             read_key: None,
+            hold_epoch: None,
+            listed_again: false,
+        }
+    }
+
+    /// A reader of `node`'s lease for a take that read a hold of `node` in
+    /// `epoch`: its first listing may be one already in flight for another
+    /// take ([`BucketOp::is_shared_read`], ADR 0070). Such a listing may
+    /// have started before this epoch registered, so if it shows no record
+    /// of `epoch` or a later one, the folder is listed again, unshared,
+    /// which started after the hold was read and so shows it (otherwise the
+    /// hold would be judged dead without a fence).
+    pub fn for_hold(node: &str, epoch: u64, config: ClusterConfig) -> NodeViewReader {
+        NodeViewReader {
+            hold_epoch: Some(epoch),
+            ..NodeViewReader::new(node, config)
         }
     }
 
@@ -122,6 +145,18 @@ impl NodeViewReader {
                     *latest = page_latest;
                 }
                 if !pages.on_page(&keys) {
+                    return;
+                }
+                let behind = self
+                    .hold_epoch
+                    .is_some_and(|e| latest.as_ref().is_none_or(|l| l.epoch < e));
+                if behind && !self.listed_again {
+                    self.listed_again = true;
+                    *pages = Pages::unshared(
+                        LeaseKey::node_folder(NODES_PREFIX, &self.node),
+                        self.config.list_page_keys_max,
+                    );
+                    *latest = None;
                     return;
                 }
                 match latest.take() {
@@ -268,6 +303,87 @@ mod tests {
         assert_eq!(
             read(&mut b, "a", 0, ClusterConfig::default()),
             NodeViewEffect::Done(Err(Failure::Malformed))
+        );
+    }
+
+    /// A reader for a hold of epoch 2 answered with a listing (possibly
+    /// another take's, in flight since before epoch 2 registered) that
+    /// shows only epoch 1: it lists again, with a listing no driver shares,
+    /// and judges what that shows. Trusting the first (the unsafe variant
+    /// ADR 0070 rules out) would find epoch 1 lapsed and the hold dead,
+    /// with no fence of epoch 2, which is live.
+    #[test]
+    fn a_listing_behind_the_holds_epoch_is_not_trusted() {
+        let mut b = MapBucket::default();
+        b.put(&key(1, 3), "live 100 0000000000000001 http://n:1");
+        let stale = b.perform(BucketOp::List {
+            prefix: "nodes/a/".into(),
+            start_after: None,
+            limit: 1_000,
+        });
+        b.put(&key(2, 0), "live 90000 0000000000000002 http://n:1");
+        let mut r = NodeViewReader::for_hold("a", 2, ClusterConfig::default());
+        let Some(NodeViewEffect::Bucket(first)) = r.poll_effect() else {
+            panic!("a listing first")
+        };
+        assert!(first.is_shared_read(), "{first:?}");
+        r.on_result(stale, 1_000);
+        let Some(NodeViewEffect::Bucket(again)) = r.poll_effect() else {
+            panic!("the stale listing was trusted")
+        };
+        assert!(
+            matches!(&again, BucketOp::List { start_after: Some(a), .. } if a == "nodes/a/"),
+            "{again:?}"
+        );
+        assert!(!again.is_shared_read());
+        let res = b.perform(again);
+        r.on_result(res, 1_000);
+        loop {
+            match r.poll_effect().expect("an effect") {
+                NodeViewEffect::Bucket(op) => {
+                    let res = b.perform(op);
+                    r.on_result(res, 1_000);
+                }
+                done => {
+                    assert_eq!(
+                        done,
+                        NodeViewEffect::Done(Ok(NodeLeaseView::Valid { epoch: 2 }))
+                    );
+                    break;
+                }
+            }
+        }
+        // A reader not for a hold (the admin view) trusts what it lists.
+        let mut plain = NodeViewReader::new("a", ClusterConfig::default());
+        let Some(NodeViewEffect::Bucket(op)) = plain.poll_effect() else {
+            panic!()
+        };
+        let res = b.perform(op);
+        plain.on_result(res, 1_000);
+        assert!(matches!(
+            plain.poll_effect(),
+            Some(NodeViewEffect::Bucket(BucketOp::Get { .. }))
+        ));
+    }
+
+    #[test]
+    fn only_lease_reads_and_first_pages_of_one_nodes_folder_are_shared() {
+        let list = |prefix: &str, after: Option<&str>| BucketOp::List {
+            prefix: prefix.into(),
+            start_after: after.map(Into::into),
+            limit: 1_000,
+        };
+        assert!(list("nodes/a/", None).is_shared_read());
+        assert!(!list("nodes/a/", Some("nodes/a/")).is_shared_read());
+        assert!(!list("nodes/", None).is_shared_read(), "the live-node view");
+        assert!(!list("nodes/a/00000000000000000001/", None).is_shared_read());
+        assert!(!list("state/t/a/", None).is_shared_read());
+        assert!(BucketOp::Get { key: key(1, 0) }.is_shared_read());
+        assert!(
+            !BucketOp::Get {
+                key: "state/x".into()
+            }
+            .is_shared_read()
         );
     }
 }

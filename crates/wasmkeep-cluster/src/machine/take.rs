@@ -385,7 +385,7 @@ impl TakeMachine {
                     let view = NodeLeaseView::Valid { epoch: *epoch };
                     return self.plan(Some((generation, record)), &view);
                 }
-                let reader = NodeViewReader::new(node, self.config.clone());
+                let reader = NodeViewReader::for_hold(node, *epoch, self.config.clone());
                 self.phase = Phase::ReadHolderLease {
                     latest: (generation, record),
                     reader: Box::new(reader),

@@ -13,9 +13,12 @@
 //! one's answer (ADR 0065). After a wave of restarts, a node's concurrent
 //! takes each read the lease of every holder they met; a record never
 //! changes once written, so the shared answer is the one the asker's own
-//! read would get. Listings are never shared: one started before a record
-//! was written would hide it from an asker that must see it (a take that
-//! read a hold of the holder's new epoch must see that epoch's record).
+//! read would get. So is the first page of a listing of one node's lease
+//! records ([`BucketOp::is_shared_read`], ADR 0070): one started before a
+//! record was written may hide it from an asker that must see it (a take
+//! that read a hold of the holder's new epoch must see that epoch's
+//! record), so the take uses a shared listing only if it shows that epoch,
+//! and lists again, unshared, otherwise. Other listings are never shared.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -61,7 +64,7 @@ impl BucketDriver {
     /// up). A read of a lease record already in flight on this node is not
     /// sent again: its answer is shared (the module's documentation).
     pub async fn perform(&self, op: BucketOp) -> BucketResult {
-        if !op.is_lease_record_read() {
+        if !op.is_shared_read() {
             return self.perform_once(op).await;
         }
         let mut rx = {
