@@ -52,6 +52,10 @@ pub(crate) enum Closes {
 pub const OPEN_FILES_KEPT: u64 = 2_048;
 /// The least `open_databases_max` derived from a small open-files limit.
 pub const OPEN_DATABASES_MIN: usize = 64;
+/// Most databases one pass of `make_room_for_database` sends the closer
+/// thread: half its queue (`CLOSE_QUEUE_MAX`, 128), so that the
+/// instances `make_room` sends still find room.
+const DATABASES_CLOSED_PER_PASS_MAX: usize = 64;
 
 /// `open_databases_max` for a setting of `configured` (0: derived) and an
 /// open-files limit of `open_files`: two files per database, within what
@@ -586,7 +590,7 @@ impl Inner {
         if staying() < max {
             return;
         }
-        let batch = (max / 16).clamp(1, crate::runtime::CLOSE_QUEUE_MAX / 2);
+        let batch = (max / 16).clamp(1, DATABASES_CLOSED_PER_PASS_MAX);
         // Only actors whose database is open: those already closed are the
         // least recently used and would fill the head of the order.
         let mut candidates = self.loaded_actors_but(for_id);
