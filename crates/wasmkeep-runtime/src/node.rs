@@ -51,7 +51,7 @@ pub(crate) enum Closes {
 /// open-files limit.
 pub const OPEN_FILES_KEPT: u64 = 2_048;
 /// The least `open_databases_max` derived from a small open-files limit.
-pub const OPEN_DATABASES_MIN: usize = 64;
+pub(crate) const OPEN_DATABASES_MIN: usize = 64;
 /// Most databases one pass of `make_room_for_database` sends the closer
 /// thread: half its queue (`CLOSE_QUEUE_MAX`, 128), so that the
 /// instances `make_room` sends still find room.

@@ -80,11 +80,11 @@ pub const RECORDING_GENERATION_EVENTS_MIN: u64 = 16;
 pub const RECORDING_RETRY_MS: u64 = 60_000;
 /// Most records of committed events an actor holds in memory before it
 /// writes them in its next batch's transaction (ADR 0067).
-pub const RECORDING_HELD_EVENTS_MAX: usize = 32;
+pub(crate) const RECORDING_HELD_EVENTS_MAX: usize = 32;
 /// Most bytes of records an actor holds in memory before it writes them.
 /// They count in the node's memory budget; past it, each is written with
 /// its event.
-pub const RECORDING_HELD_BYTES_MAX: u64 = 16 << 10;
+pub(crate) const RECORDING_HELD_BYTES_MAX: u64 = 16 << 10;
 /// How long the count of an app's base copies on a node is trusted
 /// before the folder is read again (copies removed with their actors).
 const APP_BYTES_RESCAN_MS: u64 = 60_000;

@@ -747,13 +747,6 @@ impl RunGate for AlarmGate {
     }
 }
 
-/// Most pages of `nodes/<id>/` [`take_up_identity`] reads (a node
-/// keeps a few records per epoch; its released and fenced epochs' last
-/// records stay).
-pub const REGISTERED_EPOCHS_PAGES_MAX: usize = 1_000;
-/// Keys one page of that listing asks for.
-const REGISTERED_EPOCHS_PAGE_KEYS: usize = 1_000;
-
 /// For a start of a configured `node` whose data directory has no
 /// identity (ADR 0069): the newest epoch the bucket has a lease record of
 /// for it (0: none), which the start goes past so that no epoch is used
@@ -768,93 +761,68 @@ pub async fn take_up_identity(
     node: &str,
     timeout_ms: u64,
 ) -> Result<u64, ClusterError> {
-    use wasmkeep_cluster::lease::{LeaseKey, LeaseRecord, NODES_PREFIX};
-    use wasmkeep_cluster::machine::{BucketOp, BucketResult};
-    let fail = |reason: String| ClusterError::RegisteredEpochs {
+    use wasmkeep_cluster::lease::{LeaseRecord, NODES_PREFIX};
+    use wasmkeep_cluster::machine::{BucketOp, BucketResult, NodeViewEffect, NodeViewReader};
+    let fail = |reason: &str| ClusterError::RegisteredEpochs {
         node: node.to_owned(),
-        reason,
+        reason: reason.to_owned(),
     };
     let driver = BucketDriver::new(bucket.clone(), timeout_ms);
-    let prefix = LeaseKey::node_folder(NODES_PREFIX, node);
-    let (mut latest, mut start_after): (Option<LeaseKey>, _) = (None, None);
-    let mut listed = false;
-    for _ in 0..REGISTERED_EPOCHS_PAGES_MAX {
-        let page = driver
-            .perform(BucketOp::List {
-                prefix: prefix.clone(),
-                start_after: start_after.clone(),
-                limit: REGISTERED_EPOCHS_PAGE_KEYS,
-            })
-            .await;
-        let BucketResult::Keys(keys) = page else {
-            return Err(fail(format!("listing {prefix} failed")));
-        };
-        for k in &keys {
-            if let Ok(key) = LeaseKey::parse(NODES_PREFIX, k)
-                && key.node == node
-                && latest
-                    .as_ref()
-                    .is_none_or(|l| (key.epoch, key.counter) > (l.epoch, l.counter))
-            {
-                latest = Some(key);
+    // The node's folder listed and its latest record read, as a take reads
+    // a holder's lease.
+    let mut reader = NodeViewReader::new(node, wasmkeep_cluster::ClusterConfig::default());
+    loop {
+        match reader.poll_effect() {
+            Some(NodeViewEffect::Bucket(op)) => {
+                let result = driver.perform(op).await;
+                reader.on_result(result, now_ms());
+            }
+            Some(NodeViewEffect::Done(Ok(_))) => break,
+            Some(NodeViewEffect::Done(Err(_))) | None => {
+                return Err(fail("its lease records could not be listed and read"));
             }
         }
-        if keys.len() < REGISTERED_EPOCHS_PAGE_KEYS {
-            listed = true;
-            break;
-        }
-        start_after = keys.last().cloned();
     }
-    if !listed {
-        return Err(fail(format!(
-            "more than {REGISTERED_EPOCHS_PAGES_MAX} pages under {prefix} (REGISTERED_EPOCHS_PAGES_MAX)"
-        )));
-    }
-    let Some(latest) = latest else {
+    let Some(latest) = reader.read_key().cloned() else {
         return Ok(0);
     };
-    let read = |key: String| {
-        let driver = driver.clone();
-        async move {
-            match driver.perform(BucketOp::Get { key: key.clone() }).await {
-                BucketResult::Body(b) => String::from_utf8(b)
-                    .ok()
-                    .and_then(|t| LeaseRecord::decode(&t).ok())
-                    .ok_or_else(|| format!("{key} does not hold a lease record")),
-                _ => Err(format!("reading {key} failed")),
-            }
-        }
-    };
-    if !matches!(
-        read(latest.to_key(NODES_PREFIX)).await.map_err(fail)?,
-        LeaseRecord::Live { .. }
-    ) {
+    if reader.address().is_none() {
+        // Fenced or released: the epoch is over already.
         return Ok(latest.epoch);
     }
-    let fence = latest.next().to_key(NODES_PREFIX);
+    // Created only if nothing holds the next counter, as a take fences a
+    // lapsed lease.
+    let key = latest.next().to_key(NODES_PREFIX);
     let body = LeaseRecord::Fenced {
         by: node.to_owned(),
         nonce: nonce(),
     }
-    .encode();
+    .encode()
+    .into_bytes();
     match driver
         .perform(BucketOp::PutCreate {
-            key: fence.clone(),
-            body: body.clone().into_bytes(),
+            key: key.clone(),
+            body,
         })
         .await
     {
         BucketResult::Done => Ok(latest.epoch),
-        BucketResult::AlreadyExists => match read(fence.clone()).await.map_err(fail)? {
-            LeaseRecord::Live { .. } => Err(ClusterError::IdInUse {
-                node: node.to_owned(),
-                epoch: latest.epoch,
-            }),
-            // Fenced (by this very write, its response lost, or another
-            // node's take) or released: the epoch is over.
-            _ => Ok(latest.epoch),
+        BucketResult::AlreadyExists => match driver.perform(BucketOp::Get { key }).await {
+            BucketResult::Body(b) => {
+                match String::from_utf8(b).ok().map(|t| LeaseRecord::decode(&t)) {
+                    Some(Ok(LeaseRecord::Live { .. })) => Err(ClusterError::IdInUse {
+                        node: node.to_owned(),
+                        epoch: latest.epoch,
+                    }),
+                    // Fenced (by this very write, its response lost, or another
+                    // node's take) or released: the epoch is over.
+                    Some(Ok(_)) => Ok(latest.epoch),
+                    _ => Err(fail("the record after its latest is not a lease record")),
+                }
+            }
+            _ => Err(fail("the record after its latest could not be read")),
         },
-        _ => Err(fail(format!("fencing {fence} failed"))),
+        _ => Err(fail("its latest epoch could not be fenced")),
     }
 }
 

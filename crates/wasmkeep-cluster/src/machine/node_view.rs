@@ -110,7 +110,7 @@ impl NodeViewReader {
     }
 
     /// The key of the latest record, once read.
-    pub(crate) fn read_key(&self) -> Option<&LeaseKey> {
+    pub fn read_key(&self) -> Option<&LeaseKey> {
         self.read_key.as_ref()
     }
 
