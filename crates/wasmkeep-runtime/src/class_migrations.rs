@@ -36,9 +36,20 @@
 //! open sockets are closed with 1012 and their parked replies answered
 //! `reply_expired`. A refusal moves nothing.
 //!
-//! Not built: migrations on a node with a bucket (a cluster, or a single
-//! node replicating): the data lives under keys that name the class, held
-//! by leases; such a deploy is refused with `migration_unsupported`.
+//! A single node with a bucket (`serve --bucket` without `--advertise`)
+//! moves each actor through its own events instead of its folder: the
+//! actors of a class are those on disk and those only the bucket holds
+//! (a node restored on an empty folder opens an actor at its first event);
+//! [`Gate::close`] copies each one as its next event would see it, and
+//! [`apply`] makes the copy the new address's database (uploaded to the
+//! bucket) before deleting the old address (a tombstone there), so the
+//! bucket never lacks an actor and never keeps a moved one at its old
+//! address. A start finishes a plan it stopped in the same way
+//! ([`resume`]).
+//!
+//! Not built: migrations on a cluster node, whose actors are held under
+//! leases by several nodes that sync versions at different times; such a
+//! deploy is refused with `migration_unsupported`.
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -50,7 +61,7 @@ use parking_lot::RwLock;
 use serde::{Deserialize, Serialize};
 use wasmkeep_store::{ActorId, paths};
 
-use crate::actor::Actor;
+use crate::actor::{Actor, Between, Event, EventKind, Outcome};
 use crate::error::RuntimeError;
 use crate::node::Inner;
 
@@ -247,11 +258,11 @@ pub(crate) fn plan(
         return Ok(None);
     }
     let tags: Vec<String> = new.iter().map(|m| m.tag.clone()).collect();
-    if rt.replication.is_some() {
+    if rt.keeps_index() {
         return Err(RuntimeError::ClassMigration {
             code: "migration_unsupported",
             message: format!(
-                "{tenant}/{app} lists migrations {tags:?}: class migrations run only on a node without a bucket for now (its actors' data in the bucket is keyed by class and held by leases); nothing was deployed"
+                "{tenant}/{app} lists migrations {tags:?}: class migrations do not run on a cluster node yet (its actors are held under leases by several nodes, which sync versions at different times); nothing was deployed"
             ),
         });
     }
@@ -339,7 +350,6 @@ fn steps_of(
     classes: &[String],
 ) -> Result<Vec<Step>, RuntimeError> {
     let listed = listed_steps(app, new)?;
-    let data = &rt.config.data_dir;
     let serves = |c: &ClassRef| c.app == app && classes.contains(&c.class);
     // Whether a class holds actors, as the steps so far leave it.
     let mut holds: HashMap<ClassRef, bool> = HashMap::new();
@@ -347,10 +357,7 @@ fn steps_of(
         if let Some(h) = holds.get(c) {
             return Ok::<bool, RuntimeError>(*h);
         }
-        let dir = paths::class_dir(data, tenant, &c.app, &c.class);
-        let h = !paths::list_names(&dir, None, 1)
-            .map_err(|e| RuntimeError::Store(e.into()))?
-            .is_empty();
+        let h = first_actor(rt, tenant, c)?.is_some();
         holds.insert(c.clone(), h);
         Ok(h)
     };
@@ -394,11 +401,7 @@ fn steps_of(
                 ));
             }
             if holds_now(to, &mut holds)? {
-                let dir = paths::class_dir(data, tenant, &to.app, &to.class);
-                let example = paths::list_names(&dir, None, 1)
-                    .ok()
-                    .and_then(|n| n.into_iter().next())
-                    .unwrap_or_default();
+                let example = first_actor(rt, tenant, to)?.unwrap_or_default();
                 return Err(conflict(format!(
                     "class `{}` of {tenant}/{} already has actors (`{}` among them): a rename or transfer moves a class into an empty one",
                     to.class,
@@ -412,6 +415,170 @@ fn steps_of(
         steps.push(step.clone());
     }
     Ok(steps)
+}
+
+fn store_error(e: std::io::Error) -> RuntimeError {
+    RuntimeError::Store(e.into())
+}
+
+fn listing_error(c: &ClassRef, e: wasmkeep_replica::ReplicaError) -> RuntimeError {
+    RuntimeError::ReplicationFailed(format!(
+        "listing class `{}` of app `{}` in the bucket for a migration: {e}; nothing moved",
+        c.class, c.app
+    ))
+}
+
+/// The name of one actor of a class, if it holds any: on this node's disk
+/// or, with a bucket, live in the bucket.
+fn first_actor(rt: &Inner, tenant: &str, c: &ClassRef) -> Result<Option<String>, RuntimeError> {
+    let dir = paths::class_dir(&rt.config.data_dir, tenant, &c.app, &c.class);
+    if let Some(name) = paths::list_names(&dir, None, 1)
+        .map_err(store_error)?
+        .into_iter()
+        .next()
+    {
+        return Ok(Some(name));
+    }
+    let mut found = None;
+    bucket_names(rt, tenant, c, |name| {
+        found = Some(name);
+        false
+    })?;
+    Ok(found)
+}
+
+/// Every actor of a class: those on this node's disk and, with a bucket,
+/// those live there (a node whose folder was restored empty has not
+/// opened them yet), in name order.
+fn actors_of(rt: &Inner, tenant: &str, c: &ClassRef) -> Result<Vec<String>, RuntimeError> {
+    let dir = paths::class_dir(&rt.config.data_dir, tenant, &c.app, &c.class);
+    let mut names: std::collections::BTreeSet<String> = paths::list_names(&dir, None, usize::MAX)
+        .map_err(store_error)?
+        .into_iter()
+        .collect();
+    bucket_names(rt, tenant, c, |name| {
+        names.insert(name);
+        true
+    })?;
+    Ok(names.into_iter().collect())
+}
+
+/// The unsafe variant of "a class's actors are those on disk and those in
+/// the bucket", for the test that shows the rule matters: the bucket is
+/// not listed, as on a node without one.
+#[cfg(feature = "test-faults")]
+static UNSAFE_FORGETS_BUCKET: AtomicBool = AtomicBool::new(false);
+
+/// Switches the unsafe variant on for the whole process (a `test-faults`
+/// build's `WASMKEEP_UNSAFE=migration_forgets_bucket_actors`).
+#[cfg(feature = "test-faults")]
+pub fn unsafe_forget_bucket_actors() {
+    UNSAFE_FORGETS_BUCKET.store(true, Ordering::Relaxed);
+}
+
+/// A crash point for the test of a stop in the middle of a migration with
+/// a bucket: the process aborts once the first actor is restored at its
+/// new address, before it is deleted at its old one.
+#[cfg(feature = "test-faults")]
+static CRASH_AFTER_FIRST_RESTORE: AtomicBool = AtomicBool::new(false);
+
+/// Arms [`CRASH_AFTER_FIRST_RESTORE`] for the whole process (a
+/// `test-faults` build's `WASMKEEP_UNSAFE=migration_crashes_mid_way`).
+#[cfg(feature = "test-faults")]
+pub fn crash_after_first_restore() {
+    CRASH_AFTER_FIRST_RESTORE.store(true, Ordering::Relaxed);
+}
+
+fn crash_point() {
+    #[cfg(feature = "test-faults")]
+    if CRASH_AFTER_FIRST_RESTORE.load(Ordering::Relaxed) {
+        tracing::error!(
+            "migration_crashes_mid_way: aborting between an actor's restore and its delete"
+        );
+        std::process::abort();
+    }
+}
+
+fn forgets_bucket_actors() -> bool {
+    #[cfg(feature = "test-faults")]
+    if UNSAFE_FORGETS_BUCKET.load(Ordering::Relaxed) {
+        return true;
+    }
+    false
+}
+
+/// Calls `each` with the names of the class's live actors in the bucket
+/// (none without one), page by page, while it returns `true`.
+fn bucket_names(
+    rt: &Inner,
+    tenant: &str,
+    c: &ClassRef,
+    mut each: impl FnMut(String) -> bool,
+) -> Result<(), RuntimeError> {
+    let Some(repl) = &rt.replication else {
+        return Ok(());
+    };
+    if forgets_bucket_actors() {
+        return Ok(());
+    }
+    let mut after: Option<String> = None;
+    loop {
+        let page = repl
+            .block_on(wasmkeep_replica::listing::class_page(
+                &repl.bucket,
+                &repl.config,
+                (tenant, &c.app, &c.class),
+                "",
+                after.as_deref(),
+                wasmkeep_replica::listing::CLASS_PAGE_NAMES_MAX,
+            ))
+            .map_err(|e| listing_error(c, e))?;
+        for name in page.names {
+            if !each(name) {
+                return Ok(());
+            }
+        }
+        match page.next {
+            Some(next) => after = Some(next),
+            None => return Ok(()),
+        }
+    }
+}
+
+/// Runs one of a migration's own events on an actor of a closed class
+/// and waits for it (from a thread that may block).
+fn run_on(rt: &Inner, id: &ActorId, between: Between) -> Result<Outcome, RuntimeError> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    rt.enqueue_migrating(id, Event::new(EventKind::Between(between), Some(tx)))?;
+    rx.blocking_recv()
+        .unwrap_or(Err(RuntimeError::ShuttingDown))
+}
+
+/// An actor's database copied by an event of its own (`Between::Copy`)
+/// into `<data>/staging` (emptied at start), removed when dropped unless
+/// a restore moved it into place.
+struct StagedCopy {
+    path: PathBuf,
+}
+
+impl StagedCopy {
+    fn of(rt: &Inner, id: &ActorId) -> Result<StagedCopy, RuntimeError> {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let dir = rt.config.data_dir.join("staging");
+        std::fs::create_dir_all(&dir).map_err(store_error)?;
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let copy = StagedCopy {
+            path: dir.join(format!("migration-{}-{n}.db", std::process::id())),
+        };
+        run_on(rt, id, Between::Copy(copy.path.clone()))?;
+        Ok(copy)
+    }
+}
+
+impl Drop for StagedCopy {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
 }
 
 /// The classes being migrated on a node: their events are refused until
@@ -497,19 +664,24 @@ impl<'a> Gate<'a> {
         };
         gate.close_actors()?;
         for s in plan.steps.iter().filter(|s| s.to.is_some()) {
-            let dir = paths::class_dir(
-                &rt.config.data_dir,
-                &plan.tenant,
-                &s.from.app,
-                &s.from.class,
-            );
-            for name in paths::list_names(&dir, None, usize::MAX).unwrap_or_default() {
+            for name in actors_of(rt, &plan.tenant, &s.from)? {
                 let id = ActorId::new(&plan.tenant, &s.from.app, &s.from.class, &name)?;
-                let (alarm, outbox) = wasmkeep_store::db::read_wake(&paths::actor_db(
-                    &rt.config.data_dir,
-                    &id,
-                ))
-                .map_err(|e| {
+                // With a bucket, a copy as the actor's next event would
+                // see it (one at a time: [`apply`] copies again, so the
+                // staging folder never holds a whole class).
+                let copy = match &rt.replication {
+                    Some(_) => Some(StagedCopy::of(rt, &id).map_err(|e| {
+                        conflict(format!(
+                            "actor {id} could not be brought in line with the bucket to be checked ({e}); nothing moved"
+                        ))
+                    })?),
+                    None => None,
+                };
+                let file = match &copy {
+                    Some(c) => c.path.clone(),
+                    None => paths::actor_db(&rt.config.data_dir, &id),
+                };
+                let (alarm, outbox) = wasmkeep_store::db::read_wake(&file).map_err(|e| {
                     conflict(format!(
                         "actor {id} could not be read to check its outbox ({e}); nothing moved"
                     ))
@@ -562,8 +734,17 @@ impl<'a> Gate<'a> {
                 // retirement: an event cannot slip in between.
                 let mut idle = Vec::with_capacity(mine.len());
                 for a in &mine {
+                    // With a bucket, also once the bucket holds every
+                    // commit: a closed actor's next opening keeps the
+                    // local file only if it is the bucket's head.
                     match a.queue.try_lock() {
-                        Some(q) if !q.scheduled && q.events.is_empty() => idle.push(q),
+                        Some(q)
+                            if !q.scheduled
+                                && q.events.is_empty()
+                                && a.repl.try_lock().is_some_and(|r| !r.busy()) =>
+                        {
+                            idle.push(q)
+                        }
                         _ => break,
                     }
                 }
@@ -656,6 +837,14 @@ pub(crate) fn apply(
     version: u64,
 ) -> Result<(), RuntimeError> {
     let data = &rt.config.data_dir;
+    if rt.replication.is_some() {
+        for s in &plan.steps {
+            let moved = move_through_bucket(rt, &plan.tenant, s)?;
+            tracing::info!(tenant = %plan.tenant, from = ?s.from, to = ?s.to, actors = moved, "class migrated, in the bucket too");
+        }
+        rt.metrics.alarms_pending.set(rt.timer.len() as u64);
+        return finish(data, plan, version);
+    }
     // Each moved actor's alarm, keyed by where it is as the steps go.
     let mut alarms = gate.alarms.clone();
     for s in &plan.steps {
@@ -694,6 +883,34 @@ pub(crate) fn apply(
     }
     rt.metrics.alarms_pending.set(rt.timer.len() as u64);
     finish(data, plan, version)
+}
+
+/// One step on a node with a bucket: each actor of the class becomes the
+/// actor of the same name in the target class (its copy restored there:
+/// in place and uploaded, its alarm armed), and only then is deleted at
+/// its old address (a tombstone in the bucket, its alarm and local data
+/// gone). Each actor's move is idempotent: one a crash cut short is
+/// copied and restored again (nothing ran on either address meanwhile,
+/// the classes are closed). Returns how many actors it moved or deleted.
+fn move_through_bucket(rt: &Inner, tenant: &str, s: &Step) -> Result<usize, RuntimeError> {
+    let names = actors_of(rt, tenant, &s.from)?;
+    for name in &names {
+        let old = ActorId::new(tenant, &s.from.app, &s.from.class, name)?;
+        rt.sockets.close_all(
+            Some(&old),
+            crate::sockets::close_code::MOVED,
+            "the actor's class was migrated by a deploy: reconnect",
+        );
+        if let Some(to) = &s.to {
+            let new = ActorId::new(tenant, &to.app, &to.class, name)?;
+            // The restore moves the file into place.
+            let copy = StagedCopy::of(rt, &old)?;
+            run_on(rt, &new, Between::Restore(copy.path.clone(), None))?;
+            crash_point();
+        }
+        run_on(rt, &old, Between::Delete)?;
+    }
+    Ok(names.len())
 }
 
 /// Moves or removes one class folder; a step already done does nothing.
@@ -782,12 +999,19 @@ fn finish(data: &Path, plan: &Plan, version: u64) -> Result<(), RuntimeError> {
 
 /// At start, before any actor is read: finishes the plans a node stopped
 /// in the middle of (their version was written, or is about to be found
-/// missing: either way the data follows the newest manifest).
-pub(crate) fn finish_pending(data: &Path) -> Result<(), RuntimeError> {
+/// missing: either way the data follows the newest manifest). With a
+/// bucket (`with_bucket`), a plan whose version was written moves actors
+/// through their events, which need the node running: it is returned,
+/// with its version, for [`resume`].
+pub(crate) fn finish_pending(
+    data: &Path,
+    with_bucket: bool,
+) -> Result<Vec<(Plan, u64)>, RuntimeError> {
+    let mut later = Vec::new();
     empty_trash(data);
     let root = data.join("apps");
     let Ok(tenants) = std::fs::read_dir(&root) else {
-        return Ok(());
+        return Ok(later);
     };
     for t in tenants.flatten() {
         let Ok(apps) = std::fs::read_dir(t.path()) else {
@@ -809,6 +1033,10 @@ pub(crate) fn finish_pending(data: &Path) -> Result<(), RuntimeError> {
                 write_record(&path, &record)?;
                 continue;
             };
+            if with_bucket {
+                later.push((plan, version));
+                continue;
+            }
             for s in &plan.steps {
                 run_step(data, &plan.tenant, s)?;
             }
@@ -816,6 +1044,19 @@ pub(crate) fn finish_pending(data: &Path) -> Result<(), RuntimeError> {
             finish(data, &plan, version)?;
         }
     }
+    Ok(later)
+}
+
+/// At start on a node with a bucket, once its workers run and before it
+/// serves: finishes a plan [`finish_pending`] returned. Its classes are
+/// closed while it runs; the actors still at their old address are copied
+/// and moved as the deploy would have (those it moved are found at their
+/// new address only). A start that cannot finish it fails, rather than
+/// serve a class half-moved.
+pub(crate) fn resume(rt: &Inner, plan: &Plan, version: u64) -> Result<(), RuntimeError> {
+    let gate = Gate::close(rt, plan)?;
+    apply(rt, plan, &gate, version)?;
+    tracing::info!(tenant = %plan.tenant, app = %plan.app, tags = ?plan.tags, "finished a class migration the node stopped in");
     Ok(())
 }
 
@@ -973,7 +1214,7 @@ mod tests {
         );
         // The node stopped after the first step.
         run_step(data, "acme", &plan.steps[0]).unwrap();
-        finish_pending(data).unwrap();
+        finish_pending(data, false).unwrap();
         let moved = ActorId::new("acme", "shop", "chat", "r1").unwrap();
         assert_eq!(
             std::fs::read(paths::actor_db(data, &moved)).unwrap(),
@@ -992,7 +1233,7 @@ mod tests {
             }]
         );
         // Again: nothing left to do.
-        finish_pending(data).unwrap();
+        finish_pending(data, false).unwrap();
         assert_eq!(
             std::fs::read(paths::actor_db(data, &moved)).unwrap(),
             b"data"
@@ -1006,7 +1247,7 @@ mod tests {
         let (id, gone) = two_actors(data);
         record_version(data, "");
         begin(data, &room_to_chat_and_no_scratch()).unwrap();
-        finish_pending(data).unwrap();
+        finish_pending(data, false).unwrap();
         assert!(paths::actor_db(data, &id).exists(), "nothing moved");
         assert!(paths::actor_dir(data, &gone).exists(), "nothing deleted");
         let record = read_record(&record_path(data, "acme", "shop")).unwrap();

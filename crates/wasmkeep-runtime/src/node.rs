@@ -345,6 +345,23 @@ impl Inner {
 
     /// Adds an event to an actor's queue, scheduling the actor if it was idle.
     pub fn enqueue(&self, id: &ActorId, ev: Event, bounded: bool) -> Result<(), RuntimeError> {
+        self.enqueue_gated(id, ev, bounded, true)
+    }
+
+    /// A class migration's own event on an actor of a class it closed
+    /// (its copy, restore or delete, ADR 0060): past the gate that
+    /// refuses every other event of the class.
+    pub(crate) fn enqueue_migrating(&self, id: &ActorId, ev: Event) -> Result<(), RuntimeError> {
+        self.enqueue_gated(id, ev, false, false)
+    }
+
+    fn enqueue_gated(
+        &self,
+        id: &ActorId,
+        ev: Event,
+        bounded: bool,
+        gated: bool,
+    ) -> Result<(), RuntimeError> {
         if self.stopping.load(Ordering::Relaxed) {
             return Err(RuntimeError::ShuttingDown);
         }
@@ -353,7 +370,7 @@ impl Inner {
                 let mut actors = self.actors.lock();
                 // Under the actors' lock: a migration closing the class
                 // takes it too before it looks at the class's actors.
-                if let Some(refused) = self.migrating.refuses(id) {
+                if gated && let Some(refused) = self.migrating.refuses(id) {
                     return Err(refused);
                 }
                 Arc::clone(

@@ -390,9 +390,15 @@ impl Runtime {
         rt.spawn_epoch();
         // A class migration a stop cut short moves its data first (ADR
         // 0060): apps and the alarm scan then see it where it belongs.
-        crate::class_migrations::finish_pending(&rt.inner.config.data_dir)?;
+        let with_bucket = rt.inner.replication.is_some();
+        let later =
+            crate::class_migrations::finish_pending(&rt.inner.config.data_dir, with_bucket)?;
         rt.load_apps()?;
         rt.spawn_threads();
+        // With a bucket, the actors move through their own events.
+        for (plan, version) in &later {
+            crate::class_migrations::resume(&rt.inner, plan, *version)?;
+        }
         rt.scan_alarms();
         Ok(rt)
     }

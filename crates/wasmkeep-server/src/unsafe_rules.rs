@@ -52,6 +52,16 @@ pub struct UnsafeRules {
     /// `Service-Worker-Allowed`, `Clear-Site-Data` and the console's
     /// cookie, and the requests it gets carry the console's cookie.
     pub actor_answer_unfiltered: bool,
+    /// `migration_forgets_bucket_actors`: a class migration on a node
+    /// with a bucket moves only the actors on the node's disk, as without
+    /// a bucket (process-wide; see
+    /// `wasmkeep_runtime::class_migrations::unsafe_forget_bucket_actors`).
+    pub migration_forgets_bucket_actors: bool,
+    /// `migration_crashes_mid_way`: not a rule but a crash point, for the
+    /// test of a start that finishes a migration: the process aborts once
+    /// a class migration with a bucket restored its first actor at the new
+    /// address, before deleting it at the old one.
+    pub migration_crashes_mid_way: bool,
 }
 
 impl UnsafeRules {
@@ -72,6 +82,8 @@ impl UnsafeRules {
                 "no_socket_buffer_pool" => &mut r.no_socket_buffer_pool,
                 "console_without_csrf" => &mut r.console_without_csrf,
                 "actor_answer_unfiltered" => &mut r.actor_answer_unfiltered,
+                "migration_forgets_bucket_actors" => &mut r.migration_forgets_bucket_actors,
+                "migration_crashes_mid_way" => &mut r.migration_crashes_mid_way,
                 _ => return Err(format!("{ENV}: unknown rule `{name}`")),
             };
             *flag = true;
@@ -99,6 +111,14 @@ impl UnsafeRules {
         #[cfg(feature = "test-faults")]
         if self.no_stack_rule {
             wasmkeep_store::stack::unsafe_drop_stack_rule();
+        }
+        #[cfg(feature = "test-faults")]
+        if self.migration_forgets_bucket_actors {
+            wasmkeep_runtime::class_migrations::unsafe_forget_bucket_actors();
+        }
+        #[cfg(feature = "test-faults")]
+        if self.migration_crashes_mid_way {
+            wasmkeep_runtime::class_migrations::crash_after_first_restore();
         }
     }
 

@@ -6,7 +6,9 @@
 //! that app no longer serves it. What cannot apply is refused and moves
 //! nothing: a target class with actors, a source app still serving the
 //! class, a class the component still exports, an actor with a call not
-//! yet delivered.
+//! yet delivered. With a bucket, the actors only the bucket holds move
+//! too, the bucket keeps each at its new address only, and a start
+//! finishes a migration a crash cut short.
 
 #![allow(
     clippy::disallowed_methods,
@@ -360,4 +362,209 @@ transferred_classes = [{ from_app = "old", from = "probe", to = "probe" }]
     let (s, v) = deploy(&node, "new", TESTBED, transfer);
     assert_eq!(s, 200, "{v}");
     assert_eq!(alarms(&node), vec![("new/probe/p1".to_owned(), FAR_MS)]);
+}
+
+/// A `file://` bucket in a folder `bucket` under `dir`: its URL.
+fn folder_bucket(dir: &Path) -> String {
+    let bucket = dir.join("bucket");
+    std::fs::create_dir_all(&bucket).unwrap();
+    format!("file://{}", bucket.display())
+}
+
+/// `wasmkeep export --bucket` of one actor: the exported file's `writes`
+/// rows, or the command's error output when it fails.
+fn exported(url: &str, actor: &str, out: &Path) -> Result<Vec<Vec<wasmkeep_store::Value>>, String> {
+    let _ = std::fs::remove_file(out);
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_wasmkeep"))
+        .args(["export", "--bucket", url, actor, "-o"])
+        .arg(out)
+        .output()
+        .unwrap();
+    if !o.status.success() {
+        return Err(String::from_utf8_lossy(&o.stderr).into_owned());
+    }
+    let r = wasmkeep_store::db::inspect_query(
+        out,
+        "SELECT v FROM writes",
+        &wasmkeep_store::InspectBounds::rows(10),
+    )
+    .unwrap();
+    Ok(r.rows)
+}
+
+/// With a bucket (`serve --bucket`, one node): a migration moves the
+/// actors only the bucket holds (a node restored on an empty folder has
+/// not opened them) as well as those on disk, and afterwards the bucket
+/// has them at their new address only: a node restored from it serves
+/// them renamed, and a deleted class's actors are gone from it too.
+#[test]
+fn with_a_bucket_the_actors_only_the_bucket_holds_move_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = folder_bucket(dir.path());
+    let with_bucket = ["--bucket", url.as_str()];
+    let write = |node: &Node, actor: &str, v: &str| {
+        let path = format!("/v1/acme/{actor}/write?v={v}&wasmkeep-durability=replicated");
+        let (s, b) = node.post(&path, b"");
+        assert_eq!(s, 204, "{actor}: {b}");
+    };
+
+    // Node A writes p1 (with an alarm), p2 and t1, and stops: the bucket
+    // holds them.
+    let mut a = Node::start(&dir.path().join("a"), &with_bucket);
+    assert_eq!(deploy(&a, "shop", TESTBED, "").0, 200);
+    assert_eq!(deploy(&a, "tmp", TESTBED, "").0, 200);
+    write(&a, "shop/probe/p1", "p1");
+    write(&a, "shop/probe/p2", "p2");
+    write(&a, "tmp/probe/t1", "t1");
+    let at = format!("/v1/acme/shop/probe/p1/alarm?at_ms={FAR_MS}&wasmkeep-durability=replicated");
+    assert_eq!(a.post(&at, b"").0, 204);
+    assert!(a.stop().success());
+
+    // Node B starts on an empty folder: p1, p2 and t1 are only in the
+    // bucket; p3 it writes itself.
+    let b_data = dir.path().join("b");
+    let mut b = Node::start(&b_data, &with_bucket);
+    assert_eq!(deploy(&b, "shop", TESTBED, "").0, 200);
+    assert_eq!(deploy(&b, "tmp", TESTBED, "").0, 200);
+    write(&b, "shop/probe/p3", "p3");
+    assert!(!class_dir(&b_data, "shop", "probe").join("p1").exists());
+
+    let (s, v) = deploy(&b, "shop", HELLO, RENAME);
+    assert_eq!(s, 200, "{v}");
+    for name in ["p1", "p2", "p3"] {
+        assert_eq!(
+            rows(&b, &format!("shop/counter/{name}"), "SELECT v FROM writes"),
+            Some(serde_json::json!([[name]])),
+            "{name}"
+        );
+    }
+    assert_eq!(alarms(&b), vec![("shop/counter/p1".to_owned(), FAR_MS)]);
+    let (s, v) = b.json("POST", "/v1/acme/shop/probe/p1/write", b"");
+    assert_eq!((s, code(&v)), (404, "class_not_found"), "{v}");
+
+    let delete = "[[migrations]]\ntag = \"gone\"\ndeleted_classes = [\"probe\"]\n";
+    let (s, v) = deploy(&b, "tmp", HELLO, delete);
+    assert_eq!(s, 200, "{v}");
+    assert!(b.stop().success());
+
+    // The bucket has each moved actor at its new address only, and none
+    // of the deleted class.
+    let out = dir.path().join("out.db");
+    for name in ["p1", "p2", "p3"] {
+        let moved = exported(&url, &format!("acme/shop/counter/{name}"), &out);
+        let text = wasmkeep_store::Value::Text(name.to_owned());
+        assert_eq!(moved, Ok(vec![vec![text]]), "{name}");
+        let old = exported(&url, &format!("acme/shop/probe/{name}"), &out);
+        assert!(old.is_err(), "{name} is still at its old address: {old:?}");
+    }
+    let gone = exported(&url, "acme/tmp/probe/t1", &out);
+    assert!(
+        gone.is_err(),
+        "a deleted class's actor is in the bucket: {gone:?}"
+    );
+
+    // A node restored from the bucket on an empty folder serves them
+    // renamed; the manifest's history finds nothing left to move.
+    let c = Node::start(&dir.path().join("c"), &with_bucket);
+    let (s, v) = deploy(&c, "shop", HELLO, RENAME);
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(
+        rows(&c, "shop/counter/p2", "SELECT v FROM writes"),
+        Some(serde_json::json!([["p2"]])),
+    );
+}
+
+/// The rule above matters: with it switched off (the bucket not listed,
+/// `WASMKEEP_UNSAFE=migration_forgets_bucket_actors`), an actor only the
+/// bucket held stays at its old address, which the new version no longer
+/// serves: its data is out of every node's reach.
+#[test]
+fn without_listing_the_bucket_a_migration_strands_its_actors() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = folder_bucket(dir.path());
+    let with_bucket = ["--bucket", url.as_str()];
+    let mut a = Node::start(&dir.path().join("a"), &with_bucket);
+    assert_eq!(deploy(&a, "shop", TESTBED, "").0, 200);
+    let path = "/v1/acme/shop/probe/p1/write?v=p1&wasmkeep-durability=replicated";
+    assert_eq!(a.post(path, b"").0, 204);
+    assert!(a.stop().success());
+
+    let unsafe_env = [(
+        "WASMKEEP_UNSAFE",
+        "migration_forgets_bucket_actors".to_owned(),
+    )];
+    let b = Node::start_env(&dir.path().join("b"), &with_bucket, &unsafe_env);
+    assert_eq!(deploy(&b, "shop", TESTBED, "").0, 200);
+    let (s, v) = deploy(&b, "shop", HELLO, RENAME);
+    assert_eq!(s, 200, "{v}");
+    let moved = rows(&b, "shop/counter/p1", "SELECT v FROM writes");
+    assert_ne!(moved, Some(serde_json::json!([["p1"]])));
+    let out = dir.path().join("out.db");
+    let stranded = exported(&url, "acme/shop/probe/p1", &out);
+    let text = wasmkeep_store::Value::Text("p1".to_owned());
+    assert_eq!(stranded, Ok(vec![vec![text]]));
+}
+
+/// A node with a bucket that stops in the middle of a migration (the
+/// first actor restored at its new address, not yet deleted at its old
+/// one) finishes it at its next start, before it serves: every actor
+/// ends at its new address only, none twice, none lost.
+#[test]
+fn a_start_finishes_a_migration_the_node_stopped_in_with_a_bucket() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = folder_bucket(dir.path());
+    let with_bucket = ["--bucket", url.as_str()];
+    let data = dir.path().join("data");
+    let crashing = [("WASMKEEP_UNSAFE", "migration_crashes_mid_way".to_owned())];
+    let mut node = Node::start_env(&data, &with_bucket, &crashing);
+    assert_eq!(deploy(&node, "shop", TESTBED, "").0, 200);
+    for name in ["p1", "p2", "p3"] {
+        let path =
+            format!("/v1/acme/shop/probe/{name}/write?v={name}&wasmkeep-durability=replicated");
+        assert_eq!(node.post(&path, b"").0, 204);
+    }
+    // The deploy's answer never comes: the node aborts mid-way.
+    let addr = node.addr().to_owned();
+    let deploying = std::thread::spawn(move || {
+        let url = format!(
+            "http://{addr}/admin/v1/apps/acme/shop?manifest={}",
+            enc(RENAME)
+        );
+        ureq::put(&url).send(HELLO)
+    });
+    assert!(
+        deploying.join().unwrap().is_err(),
+        "the deploy was answered"
+    );
+    node.kill();
+    let out = dir.path().join("out.db");
+    let copies = ["p1", "p2", "p3"]
+        .iter()
+        .filter(|n| exported(&url, &format!("acme/shop/counter/{n}"), &out).is_ok())
+        .count()
+        + ["p1", "p2", "p3"]
+            .iter()
+            .filter(|n| exported(&url, &format!("acme/shop/probe/{n}"), &out).is_ok())
+            .count();
+    assert_eq!(
+        copies, 4,
+        "one actor was at both addresses when the node stopped"
+    );
+
+    let node = Node::start(&data, &with_bucket);
+    for name in ["p1", "p2", "p3"] {
+        assert_eq!(
+            rows(
+                &node,
+                &format!("shop/counter/{name}"),
+                "SELECT v FROM writes"
+            ),
+            Some(serde_json::json!([[name]])),
+            "{name}"
+        );
+        let old = exported(&url, &format!("acme/shop/probe/{name}"), &out);
+        assert!(old.is_err(), "{name} is still at its old address: {old:?}");
+    }
+    let (s, v) = node.json("POST", "/v1/acme/shop/probe/p1/write", b"");
+    assert_eq!((s, code(&v)), (404, "class_not_found"), "{v}");
 }

@@ -18,6 +18,10 @@ pub enum Between {
     /// Upload what is committed and not yet in the bucket (after an upload
     /// ended and more had been committed meanwhile).
     Replicate,
+    /// Copy the actor's database to this file, brought in line with the
+    /// bucket first: a class migration's copy (ADR 0060), which fails,
+    /// unlike an inspection, when the actor could not be brought in line.
+    Copy(std::path::PathBuf),
 }
 
 /// Runs one of them: the batch before it has committed, the one after has
@@ -58,7 +62,40 @@ pub(super) fn run_between(
             }
         }
         Between::Inspect(f) => run_inspect(rt, actor, slot, f),
+        Between::Copy(dest) => {
+            let r = run_copy(rt, actor, slot, &dest).map(|()| Outcome::Done);
+            reply(reply_to, r);
+        }
     }
+}
+
+/// A class migration's copy of the actor's database: every commit it
+/// acknowledged, as its next event would see it.
+fn run_copy(
+    rt: &Arc<Inner>,
+    actor: &Arc<Actor>,
+    slot: &mut Option<Loaded>,
+    dest: &std::path::Path,
+) -> Result<(), RuntimeError> {
+    if slot.is_none()
+        && let Some(repl) = &rt.replication
+    {
+        replication::ensure_open(rt, repl, actor)?;
+    }
+    match slot.as_mut().filter(|l| l.has_db()) {
+        Some(l) => {
+            l.write_held_records(false);
+            l.db().copy_to(dest)?;
+        }
+        None => {
+            let path = paths::actor_db(&rt.config.data_dir, &actor.id);
+            if !path.exists() {
+                return Err(RuntimeError::ActorNotFound(actor.id.to_string()));
+            }
+            wasmkeep_store::db::copy_at(&path, dest)?;
+        }
+    }
+    Ok(())
 }
 
 /// Runs an inspection between two events: through the actor's own
