@@ -47,9 +47,13 @@
 //! address. A start finishes a plan it stopped in the same way
 //! ([`resume`]).
 //!
-//! Not built: migrations on a cluster node, whose actors are held under
-//! leases by several nodes that sync versions at different times; such a
-//! deploy is refused with `migration_unsupported`.
+//! On a cluster node the server drives the migration (ADR 0071,
+//! `wasmkeep_server::cluster::migrations`): it closes the classes on every
+//! node through a record in the bucket ([`Gates`], keyed by record), takes
+//! the holds of the actors to move and moves each one with the same
+//! events ([`move_actor`], whose `Between::Settle` lists the alarm of the
+//! restored actor in the cluster's index before the old address goes);
+//! the runtime's own deploy then only records the tags as applied.
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -164,7 +168,7 @@ pub(crate) fn check_manifest(list: &[ClassMigration]) -> Result<(), String> {
 
 /// One class of one app of the plan's tenant.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub(crate) struct ClassRef {
+pub struct ClassRef {
     pub app: String,
     pub class: String,
 }
@@ -172,7 +176,7 @@ pub(crate) struct ClassRef {
 /// One step of a plan: a class folder moved to another class (of this
 /// app or, for a transfer, from another app), or removed.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub(crate) struct Step {
+pub struct Step {
     pub from: ClassRef,
     /// `None`: the class is deleted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -181,12 +185,30 @@ pub(crate) struct Step {
 
 /// The migrations one deploy applies.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub(crate) struct Plan {
+pub struct Plan {
     pub tenant: String,
     /// The app whose manifest lists them.
     pub app: String,
     pub tags: Vec<String>,
     pub steps: Vec<Step>,
+}
+
+impl Plan {
+    /// Every class the plan closes: its steps' sources and targets.
+    pub fn classes(&self) -> Vec<ClassKey> {
+        let mut keys = Vec::new();
+        for s in &self.steps {
+            keys.push((
+                self.tenant.clone(),
+                s.from.app.clone(),
+                s.from.class.clone(),
+            ));
+            if let Some(to) = &s.to {
+                keys.push((self.tenant.clone(), to.app.clone(), to.class.clone()));
+            }
+        }
+        keys
+    }
 }
 
 /// A tag an app applied, and the version of the app that applied it.
@@ -258,14 +280,6 @@ pub(crate) fn plan(
         return Ok(None);
     }
     let tags: Vec<String> = new.iter().map(|m| m.tag.clone()).collect();
-    if rt.keeps_index() {
-        return Err(RuntimeError::ClassMigration {
-            code: "migration_unsupported",
-            message: format!(
-                "{tenant}/{app} lists migrations {tags:?}: class migrations do not run on a cluster node yet (its actors are held under leases by several nodes, which sync versions at different times); nothing was deployed"
-            ),
-        });
-    }
     if percent < 100 {
         return Err(RuntimeError::InvalidConfig(format!(
             "percent={percent}: migrations {tags:?} move classes' data for every actor at once; deploy them whole"
@@ -499,12 +513,46 @@ fn crash_point() {
     }
 }
 
+/// The unsafe variant of "a moved actor's alarm is listed at its new
+/// address before its old one is deleted" (ADR 0071).
+#[cfg(feature = "test-faults")]
+static UNSAFE_SKIP_SETTLE: AtomicBool = AtomicBool::new(false);
+
+/// Switches [`UNSAFE_SKIP_SETTLE`] on for the process (a `test-faults`
+/// build's `WASMKEEP_UNSAFE=migration_skips_settle`).
+#[cfg(feature = "test-faults")]
+pub fn unsafe_skip_settle() {
+    UNSAFE_SKIP_SETTLE.store(true, Ordering::Relaxed);
+}
+
+fn skips_settle() -> bool {
+    #[cfg(feature = "test-faults")]
+    if UNSAFE_SKIP_SETTLE.load(Ordering::Relaxed) {
+        return true;
+    }
+    false
+}
+
 fn forgets_bucket_actors() -> bool {
     #[cfg(feature = "test-faults")]
     if UNSAFE_FORGETS_BUCKET.load(Ordering::Relaxed) {
         return true;
     }
     false
+}
+
+/// [`actors_of`] for a class named by its parts.
+pub(crate) fn class_actors(
+    rt: &Inner,
+    tenant: &str,
+    app: &str,
+    class: &str,
+) -> Result<Vec<String>, RuntimeError> {
+    let c = ClassRef {
+        app: app.to_owned(),
+        class: class.to_owned(),
+    };
+    actors_of(rt, tenant, &c)
 }
 
 /// Calls `each` with the names of the class's live actors in the bucket
@@ -588,10 +636,49 @@ pub struct Gates {
     /// Whether any class is closed: the only thing an event's enqueue
     /// reads while none is.
     any: AtomicBool,
-    closed: RwLock<HashSet<(String, String, String)>>,
+    /// Each closed class, with how many closings hold it (a deploy's
+    /// [`Gate`], a cluster's closing record).
+    closed: RwLock<HashMap<ClassKey, usize>>,
+    /// The classes a cluster's closing records keep closed, by record
+    /// (`Runtime::close_classes`).
+    by_record: parking_lot::Mutex<HashMap<String, Vec<ClassKey>>>,
 }
 
+/// A class of one app of one tenant: `(tenant, app, class)`.
+pub type ClassKey = (String, String, String);
+
 impl Gates {
+    fn shut(&self, keys: &[ClassKey]) {
+        let mut closed = self.closed.write();
+        for k in keys {
+            *closed.entry(k.clone()).or_insert(0) += 1;
+        }
+        self.any.store(true, Ordering::Release);
+    }
+
+    fn open(&self, keys: &[ClassKey]) {
+        let mut closed = self.closed.write();
+        for k in keys {
+            if let Some(n) = closed.get_mut(k) {
+                *n -= 1;
+                if *n == 0 {
+                    closed.remove(k);
+                }
+            }
+        }
+        self.any.store(!closed.is_empty(), Ordering::Release);
+    }
+
+    /// Whether `class` of `tenant`/`app` is closed.
+    pub fn is_closed(&self, tenant: &str, app: &str, class: &str) -> bool {
+        self.any.load(Ordering::Acquire)
+            && self.closed.read().contains_key(&(
+                tenant.to_owned(),
+                app.to_owned(),
+                class.to_owned(),
+            ))
+    }
+
     /// `class_migrating` for an event of a class being migrated.
     pub(crate) fn refuses(&self, id: &ActorId) -> Option<RuntimeError> {
         if !self.any.load(Ordering::Acquire) {
@@ -600,7 +687,7 @@ impl Gates {
         let key = (id.tenant.clone(), id.app.clone(), id.class.clone());
         self.closed
             .read()
-            .contains(&key)
+            .contains_key(&key)
             .then(|| RuntimeError::ClassMigration {
                 code: "class_migrating",
                 message: format!(
@@ -624,14 +711,7 @@ pub(crate) struct Gate<'a> {
 
 impl Drop for Gate<'_> {
     fn drop(&mut self) {
-        let mut closed = self.rt.migrating.closed.write();
-        for k in &self.keys {
-            closed.remove(k);
-        }
-        self.rt
-            .migrating
-            .any
-            .store(!closed.is_empty(), Ordering::Release);
+        self.rt.migrating.open(&self.keys);
     }
 }
 
@@ -641,28 +721,14 @@ impl<'a> Gate<'a> {
     /// refuses the plan if an actor of a moved class has messages not yet
     /// delivered. On `Err` the classes are open again and nothing moved.
     pub(crate) fn close(rt: &'a Inner, plan: &Plan) -> Result<Gate<'a>, RuntimeError> {
-        let mut keys = Vec::new();
-        for s in &plan.steps {
-            keys.push((
-                plan.tenant.clone(),
-                s.from.app.clone(),
-                s.from.class.clone(),
-            ));
-            if let Some(to) = &s.to {
-                keys.push((plan.tenant.clone(), to.app.clone(), to.class.clone()));
-            }
-        }
-        {
-            let mut closed = rt.migrating.closed.write();
-            closed.extend(keys.iter().cloned());
-            rt.migrating.any.store(true, Ordering::Release);
-        }
+        let keys = plan.classes();
+        rt.migrating.shut(&keys);
         let mut gate = Gate {
             rt,
             keys,
             alarms: HashMap::new(),
         };
-        gate.close_actors()?;
+        close_actors(rt, &gate.keys)?;
         for s in plan.steps.iter().filter(|s| s.to.is_some()) {
             for name in actors_of(rt, &plan.tenant, &s.from)? {
                 let id = ActorId::new(&plan.tenant, &s.from.app, &s.from.class, &name)?;
@@ -681,18 +747,8 @@ impl<'a> Gate<'a> {
                     Some(c) => c.path.clone(),
                     None => paths::actor_db(&rt.config.data_dir, &id),
                 };
-                let (alarm, outbox) = wasmkeep_store::db::read_wake(&file).map_err(|e| {
-                    conflict(format!(
-                        "actor {id} could not be read to check its outbox ({e}); nothing moved"
-                    ))
-                })?;
-                if outbox {
-                    return Err(conflict(format!(
-                        "actor {id} has messages or calls not yet delivered: its receivers know it by its address, which the migration would change; retry the deploy once its outbox is empty"
-                    )));
-                }
-                if let Some(a) = alarm {
-                    gate.alarms.insert((s.from.clone(), name.clone()), a.at_ms);
+                if let Some(at) = checked_alarm(&id, &file)? {
+                    gate.alarms.insert((s.from.clone(), name.clone()), at);
                 }
                 // Records from before the move name the old class and,
                 // for a transfer, the other app's versions: a replay must
@@ -709,27 +765,24 @@ impl<'a> Gate<'a> {
     pub(crate) fn keep_closed(mut self) {
         self.keys.clear();
     }
+}
 
-    fn holds(&self, id: &ActorId) -> bool {
-        self.keys
-            .iter()
+/// Waits until no actor of the classes `keys` (closed already, so no
+/// event joins them meanwhile: `Inner::enqueue` checks under the actors'
+/// lock) has an event queued or running, then takes them off the node and
+/// closes their databases.
+fn close_actors(rt: &Inner, keys: &[ClassKey]) -> Result<(), RuntimeError> {
+    let holds = |id: &ActorId| {
+        keys.iter()
             .any(|(t, a, c)| *t == id.tenant && *a == id.app && *c == id.class)
-    }
-
-    /// Waits until no actor of the closed classes has an event queued or
-    /// running, then takes them off the node and closes their databases.
-    /// The classes are closed already, so no event joins them meanwhile
-    /// (`Inner::enqueue` checks under the actors' lock).
-    fn close_actors(&self) -> Result<(), RuntimeError> {
+    };
+    {
         let deadline = crate::clock::instant() + Duration::from_millis(MIGRATION_DRAIN_MS);
         let closing: Vec<Arc<Actor>> = loop {
             {
-                let mut actors = self.rt.actors.lock();
-                let mine: Vec<Arc<Actor>> = actors
-                    .values()
-                    .filter(|a| self.holds(&a.id))
-                    .cloned()
-                    .collect();
+                let mut actors = rt.actors.lock();
+                let mine: Vec<Arc<Actor>> =
+                    actors.values().filter(|a| holds(&a.id)).cloned().collect();
                 // Each queue's guard is held from the look to the
                 // retirement: an event cannot slip in between.
                 let mut idle = Vec::with_capacity(mine.len());
@@ -774,7 +827,7 @@ impl<'a> Gate<'a> {
         }
         // An actor the reaper took off the node just before is closed by
         // the time its pass ends.
-        drop(self.rt.reaping.lock());
+        drop(rt.reaping.lock());
         Ok(())
     }
 }
@@ -896,21 +949,133 @@ fn move_through_bucket(rt: &Inner, tenant: &str, s: &Step) -> Result<usize, Runt
     let names = actors_of(rt, tenant, &s.from)?;
     for name in &names {
         let old = ActorId::new(tenant, &s.from.app, &s.from.class, name)?;
-        rt.sockets.close_all(
-            Some(&old),
-            crate::sockets::close_code::MOVED,
-            "the actor's class was migrated by a deploy: reconnect",
-        );
-        if let Some(to) = &s.to {
-            let new = ActorId::new(tenant, &to.app, &to.class, name)?;
-            // The restore moves the file into place.
-            let copy = StagedCopy::of(rt, &old)?;
-            run_on(rt, &new, Between::Restore(copy.path.clone(), None))?;
-            crash_point();
-        }
-        run_on(rt, &old, Between::Delete)?;
+        let new = match &s.to {
+            Some(to) => Some(ActorId::new(tenant, &to.app, &to.class, name)?),
+            None => None,
+        };
+        move_actor(rt, &old, new.as_ref())?;
     }
     Ok(names.len())
+}
+
+/// Moves one actor of a closed class to `new` (`None`: deletes it): its
+/// copy restored at the new address (uploaded, with a bucket), then its
+/// old address deleted. `Ok(false)`: it had no data (moved already).
+pub(crate) fn move_actor(
+    rt: &Inner,
+    old: &ActorId,
+    new: Option<&ActorId>,
+) -> Result<bool, RuntimeError> {
+    rt.sockets.close_all(
+        Some(old),
+        crate::sockets::close_code::MOVED,
+        "the actor's class was migrated by a deploy: reconnect",
+    );
+    if let Some(new) = new {
+        // The restore moves the file into place.
+        let copy = match StagedCopy::of(rt, old) {
+            Ok(copy) => copy,
+            Err(RuntimeError::ActorNotFound(_)) => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        // The entry its database names is the old address's, which the
+        // delete below removes: at the new address its alarm is listed
+        // afresh (a cluster node's `Settle`).
+        wasmkeep_store::ActorDb::meta_set_in_file(
+            &copy.path,
+            crate::index::ALARM_INDEXED_META,
+            "",
+        )?;
+        run_on(rt, new, Between::Restore(copy.path.clone(), None))?;
+        if !skips_settle() {
+            run_on(rt, new, Between::Settle)?;
+        }
+        crash_point();
+    }
+    run_on(rt, old, Between::Delete)?;
+    Ok(true)
+}
+
+/// A cluster migration's check of one actor of a closed class, which this
+/// node holds: its database, brought in line with the bucket, must have
+/// no message or call not yet delivered (its receivers know it by its
+/// address). `Ok(false)`: it has no data.
+pub(crate) fn check_actor(rt: &Inner, id: &ActorId) -> Result<bool, RuntimeError> {
+    let copy = match StagedCopy::of(rt, id) {
+        Ok(copy) => copy,
+        Err(RuntimeError::ActorNotFound(_)) => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    checked_alarm(id, &copy.path)?;
+    Ok(true)
+}
+
+/// The committed alarm of the database at `file`, of actor `id` about to
+/// move; `migration_conflict` if it has messages or calls not yet
+/// delivered (its receivers know it by the address the move changes).
+fn checked_alarm(id: &ActorId, file: &Path) -> Result<Option<u64>, RuntimeError> {
+    let (alarm, outbox) = wasmkeep_store::db::read_wake(file).map_err(|e| {
+        conflict(format!(
+            "actor {id} could not be read to check its outbox ({e}); nothing moved"
+        ))
+    })?;
+    if outbox {
+        return Err(conflict(format!(
+            "actor {id} has messages or calls not yet delivered: its receivers know it by its address, which the migration would change; retry the deploy once its outbox is empty"
+        )));
+    }
+    Ok(alarm.map(|a| a.at_ms))
+}
+
+/// Closes `classes` for a cluster's closing record `record` (ADR 0071):
+/// their events are refused from now on, until [`open_for_record`], and
+/// their open actors finish what they queued and close. `Err` while some
+/// still run events after [`MIGRATION_DRAIN_MS`] (the classes stay closed;
+/// call again).
+pub(crate) fn close_for_record(
+    rt: &Inner,
+    record: &str,
+    classes: &[ClassKey],
+) -> Result<(), RuntimeError> {
+    {
+        let mut by = rt.migrating.by_record.lock();
+        if !by.contains_key(record) {
+            rt.migrating.shut(classes);
+            by.insert(record.to_owned(), classes.to_vec());
+        }
+    }
+    close_actors(rt, classes)
+}
+
+/// Opens what [`close_for_record`] closed for `record`.
+pub(crate) fn open_for_record(rt: &Inner, record: &str) {
+    if let Some(keys) = rt.migrating.by_record.lock().remove(record) {
+        rt.migrating.open(&keys);
+    }
+}
+
+/// The closing records this node keeps classes closed for.
+pub(crate) fn closed_records(rt: &Inner) -> Vec<String> {
+    rt.migrating.by_record.lock().keys().cloned().collect()
+}
+
+/// Records every tag of `migrations` as applied by `version` of the app,
+/// without moving anything: a cluster node installing a version whose
+/// migrations the cluster's deploy applied (ADR 0071).
+pub(crate) fn record_applied(
+    data: &Path,
+    tenant: &str,
+    app: &str,
+    migrations: &[ClassMigration],
+    version: u64,
+) -> Result<(), RuntimeError> {
+    let plan = Plan {
+        tenant: tenant.to_owned(),
+        app: app.to_owned(),
+        tags: migrations.iter().map(|m| m.tag.clone()).collect(),
+        steps: Vec::new(),
+    };
+    finish(data, &plan, version)
 }
 
 /// Moves or removes one class folder; a step already done does nothing.

@@ -271,10 +271,6 @@ impl RuntimeError {
                 code: "class_migrating",
                 ..
             } => 503,
-            E::ClassMigration {
-                code: "migration_unsupported",
-                ..
-            } => 501,
             E::ClassMigration { .. } | E::Refused { .. } => 409,
             E::ReplyExpired => 504,
             E::InvalidComponent(_)

@@ -740,22 +740,89 @@ impl Runtime {
         let built =
             self.compiler()
                 .build(tenant, app, wasm, manifest, version, OverCeiling::Refuse)?;
-        if self.inner.replication.is_some() && !built.manifest.migrations.is_empty() {
-            // Before a cluster records it: no node of it could apply it.
-            crate::class_migrations::plan(
-                &self.inner,
-                tenant,
-                app,
-                &built.manifest.migrations,
-                &built.classes,
-                100,
-            )?;
-        }
         Ok(PreparedApp {
             built,
             wasm: wasm.to_vec(),
             manifest: manifest.to_owned(),
         })
+    }
+
+    /// The class migrations a deploy of `prepared` to a cluster must apply
+    /// before it records the version (ADR 0071), checked against the
+    /// component and the bucket; `None` when its manifest lists none this
+    /// node has not applied.
+    pub fn migration_plan(
+        &self,
+        prepared: &PreparedApp,
+        percent: u8,
+    ) -> Result<Option<crate::class_migrations::Plan>, RuntimeError> {
+        let b = &prepared.built;
+        crate::class_migrations::plan(
+            &self.inner,
+            &b.tenant,
+            &b.name,
+            &b.manifest.migrations,
+            &b.classes,
+            percent,
+        )
+    }
+
+    /// Closes `classes` on this node for a cluster's closing record
+    /// (ADR 0071): their events are refused with `class_migrating` until
+    /// [`Runtime::open_classes`], and their open actors finish their
+    /// queued events and close. Blocking (at most `MIGRATION_DRAIN_MS`);
+    /// `Err(migration_busy)` while some still run (the classes stay
+    /// closed: call again).
+    pub fn close_classes(
+        &self,
+        record: &str,
+        classes: &[crate::class_migrations::ClassKey],
+    ) -> Result<(), RuntimeError> {
+        crate::class_migrations::close_for_record(&self.inner, record, classes)
+    }
+
+    /// Opens what [`Runtime::close_classes`] closed for `record`.
+    pub fn open_classes(&self, record: &str) {
+        crate::class_migrations::open_for_record(&self.inner, record);
+    }
+
+    /// The closing records this node keeps classes closed for.
+    pub fn closing_records(&self) -> Vec<String> {
+        crate::class_migrations::closed_records(&self.inner)
+    }
+
+    /// Whether a class migration closed the class (its events refused).
+    pub fn class_closed(&self, tenant: &str, app: &str, class: &str) -> bool {
+        self.inner.migrating.is_closed(tenant, app, class)
+    }
+
+    /// The names of a class's actors: on this node's disk and, with a
+    /// bucket, live there. Blocking.
+    pub fn class_actors(
+        &self,
+        tenant: &str,
+        app: &str,
+        class: &str,
+    ) -> Result<Vec<String>, RuntimeError> {
+        crate::class_migrations::class_actors(&self.inner, tenant, app, class)
+    }
+
+    /// A cluster migration's check of an actor of a closed class this node
+    /// holds: `migration_conflict` if it has messages not yet delivered;
+    /// `Ok(false)` if it has no data. Blocking.
+    pub fn migration_check(&self, id: &ActorId) -> Result<bool, RuntimeError> {
+        crate::class_migrations::check_actor(&self.inner, id)
+    }
+
+    /// Moves an actor of a closed class this node holds to `new` (holding
+    /// it too), or deletes it (`None`): restored there, then deleted here.
+    /// `Ok(false)` if it had no data (moved already). Blocking.
+    pub fn migrate_actor(
+        &self,
+        old: &ActorId,
+        new: Option<&ActorId>,
+    ) -> Result<bool, RuntimeError> {
+        crate::class_migrations::move_actor(&self.inner, old, new)
     }
 
     /// Serves a prepared app as this node's next version of it (a single
@@ -826,14 +893,20 @@ impl Runtime {
         // drained, the plan recorded; moved once the version is written.
         // The classes open again when this returns, after the new app is
         // in place.
-        let mut migration = crate::class_migrations::start(
-            &self.inner,
-            &tenant,
-            &app,
-            &built.manifest.migrations,
-            &built.classes,
-            origin.percent,
-        )?;
+        // A cluster node installs a version whose migrations the deploying
+        // node applied (ADR 0071): it records their tags only.
+        let mut migration = if self.inner.keeps_index() {
+            None
+        } else {
+            crate::class_migrations::start(
+                &self.inner,
+                &tenant,
+                &app,
+                &built.manifest.migrations,
+                &built.classes,
+                origin.percent,
+            )?
+        };
         let kept = app::persist(
             data,
             &built,
@@ -859,6 +932,15 @@ impl Runtime {
                 gate.keep_closed();
             }
             return Err(e);
+        }
+        if self.inner.keeps_index() && !built.manifest.migrations.is_empty() {
+            crate::class_migrations::record_applied(
+                data,
+                &tenant,
+                &app,
+                &built.manifest.migrations,
+                kept.version,
+            )?;
         }
         built.deploy_version = kept.version;
         built.deferred = kept.deferred;

@@ -1065,6 +1065,8 @@ where
             "this node is stopping and hands its actors over; try again or another node",
         ));
     };
+    // Not taken: the node moving it for a class migration needs its hold.
+    c.refuse_if_class_closed(&id)?;
     let counters = &c.ownership.counters;
     // A refusal (the owner is stopping or no longer owns the actor) or a
     // forward that reached nobody did not run the request: it is routed

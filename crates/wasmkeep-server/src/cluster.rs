@@ -44,6 +44,7 @@ pub mod deploys;
 pub mod forward;
 pub mod identity;
 mod lease_task;
+pub mod migrations;
 pub mod ownership;
 pub mod sign;
 pub mod sweep;
@@ -59,7 +60,7 @@ use prometheus_client::registry::Registry;
 use wasmkeep_cluster::Rules;
 use wasmkeep_cluster::machine::NodeLeaseMachine;
 use wasmkeep_runtime::metrics::{self, GaugeU64};
-use wasmkeep_runtime::{ActorId, RunGate, Runtime, RuntimeConfig};
+use wasmkeep_runtime::{ActorId, RunGate, Runtime, RuntimeConfig, RuntimeError};
 
 pub use wasmkeep_cluster::ClusterConfig;
 use wasmkeep_replica::Bucket;
@@ -300,6 +301,31 @@ pub struct ClusterState {
     live: parking_lot::Mutex<Vec<String>>,
     /// The apps' versions in the bucket: deploys, rollbacks and the sync.
     pub deploys: Arc<deploys::Deploys>,
+    /// The node's runtime, once attached: whose classes a migration
+    /// closed (ADR 0071), which no request, alarm or sweep takes.
+    runtime: std::sync::OnceLock<Attached>,
+}
+
+/// The unsafe variant of "a closed class's actors are not taken" (ADR
+/// 0071), for the test that shows the rule matters.
+#[cfg(feature = "test-faults")]
+static UNSAFE_TAKE_CLOSED: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// Switches [`UNSAFE_TAKE_CLOSED`] on for the process (a `test-faults`
+/// build's `WASMKEEP_UNSAFE=migration_takes_closed_classes`).
+#[cfg(feature = "test-faults")]
+pub fn unsafe_take_closed_classes() {
+    UNSAFE_TAKE_CLOSED.store(true, Ordering::Relaxed);
+}
+
+/// The runtime a [`ClusterState`] was attached to.
+struct Attached(Runtime);
+
+impl std::fmt::Debug for Attached {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Runtime")
+    }
 }
 
 /// One actor request in flight ([`ClusterState::enter`]); leaves on drop.
@@ -386,6 +412,7 @@ impl ClusterState {
             in_flight: std::sync::atomic::AtomicUsize::new(0),
             live: parking_lot::Mutex::new(Vec::new()),
             deploys,
+            runtime: std::sync::OnceLock::new(),
         }
     }
 
@@ -502,6 +529,38 @@ impl ClusterState {
     /// The live nodes as the bucket shows them, for `/admin/v1/cluster`.
     pub async fn view(&self) -> Result<view::ClusterView, view::ViewError> {
         view::read(&self.driver, &self.settings().protocol).await
+    }
+
+    /// Whether a class migration closed `id`'s class on this node (ADR
+    /// 0071): nothing takes the actor then but the migration itself, so
+    /// that its holds are free for the node that moves it.
+    pub fn class_closed(&self, id: &ActorId) -> bool {
+        #[cfg(feature = "test-faults")]
+        if UNSAFE_TAKE_CLOSED.load(Ordering::Relaxed) {
+            return false;
+        }
+        self.runtime
+            .get()
+            .is_some_and(|a| a.0.class_closed(&id.tenant, &id.app, &id.class))
+    }
+
+    /// `class_migrating` if [`ClusterState::class_closed`].
+    pub fn refuse_if_class_closed(&self, id: &ActorId) -> Result<(), RuntimeError> {
+        if !self.class_closed(id) {
+            return Ok(());
+        }
+        Err(RuntimeError::ClassMigration {
+            code: "class_migrating",
+            message: format!(
+                "class `{}` of {}/{} is being migrated by a deploy; retry in a moment",
+                id.class, id.tenant, id.app
+            ),
+        })
+    }
+
+    /// Whether `node`'s lease is live in `epoch` (`None`: unreadable now).
+    pub async fn node_live(&self, node: &str, epoch: u64) -> Option<bool> {
+        view::live_in(&self.driver, &self.settings().protocol, node, epoch).await
     }
 
     /// Actors this node holds in its current epoch (0 while it does not act).
@@ -711,6 +770,10 @@ impl RunGate for AlarmGate {
         let Some(epoch) = state.route_epoch() else {
             return false;
         };
+        if state.class_closed(id) {
+            // The migration moving it takes it, not an alarm.
+            return false;
+        }
         if state.ownership.holds(id, epoch, true) {
             return true;
         }
@@ -860,6 +923,8 @@ impl ClusterNode {
             driver.clone(),
             prefix_bytes,
         ));
+        // Class migrations (ADR 0071) need the node's leases and holds.
+        state.deploys.attach(Arc::downgrade(&state));
         let (stop, stop_rx) = tokio::sync::watch::channel(false);
         let release_idle_ms = settings.release_idle_ms;
         // A release waits for a renewal in flight, then writes its record.
@@ -894,6 +959,7 @@ impl ClusterNode {
     /// its actors when the lease ends, and idle actors are released. Call
     /// once, before the node serves.
     pub fn attach_runtime(&mut self, rt: &Runtime) {
+        let _ = self.state.runtime.set(Attached(rt.clone()));
         let gate = AlarmGate {
             state: Arc::clone(&self.state),
             tokio: tokio::runtime::Handle::current(),

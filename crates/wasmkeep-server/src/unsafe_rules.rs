@@ -62,6 +62,14 @@ pub struct UnsafeRules {
     /// a class migration with a bucket restored its first actor at the new
     /// address, before deleting it at the old one.
     pub migration_crashes_mid_way: bool,
+    /// `migration_takes_closed_classes`: a cluster node routes (and so
+    /// takes) actors of classes a migration closed, as if open (ADR 0071;
+    /// process-wide, see `crate::cluster::unsafe_take_closed_classes`).
+    pub migration_takes_closed_classes: bool,
+    /// `migration_skips_settle`: a moved actor's alarm is not listed in the
+    /// cluster's index before its old address is deleted (process-wide,
+    /// see `wasmkeep_runtime::class_migrations::unsafe_skip_settle`).
+    pub migration_skips_settle: bool,
 }
 
 impl UnsafeRules {
@@ -84,6 +92,8 @@ impl UnsafeRules {
                 "actor_answer_unfiltered" => &mut r.actor_answer_unfiltered,
                 "migration_forgets_bucket_actors" => &mut r.migration_forgets_bucket_actors,
                 "migration_crashes_mid_way" => &mut r.migration_crashes_mid_way,
+                "migration_takes_closed_classes" => &mut r.migration_takes_closed_classes,
+                "migration_skips_settle" => &mut r.migration_skips_settle,
                 _ => return Err(format!("{ENV}: unknown rule `{name}`")),
             };
             *flag = true;
@@ -119,6 +129,14 @@ impl UnsafeRules {
         #[cfg(feature = "test-faults")]
         if self.migration_crashes_mid_way {
             wasmkeep_runtime::class_migrations::crash_after_first_restore();
+        }
+        #[cfg(feature = "test-faults")]
+        if self.migration_takes_closed_classes {
+            crate::cluster::unsafe_take_closed_classes();
+        }
+        #[cfg(feature = "test-faults")]
+        if self.migration_skips_settle {
+            wasmkeep_runtime::class_migrations::unsafe_skip_settle();
         }
     }
 

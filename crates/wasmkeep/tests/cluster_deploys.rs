@@ -314,36 +314,6 @@ fn a_rollout_through_one_node_is_served_by_the_others() {
     }
 }
 
-/// Class migrations (ADR 0060) are not built for a cluster: a deploy that
-/// lists one is refused before the bucket records it, so no node is left
-/// with a version it cannot install.
-#[test]
-fn a_deploy_with_a_class_migration_is_refused_before_the_bucket_records_it() {
-    let c = Cluster::with_settings(Store::Folder, 60_000, "");
-    let a = c.start("a");
-    let hash = deploy(&a.node, wasmkeep_guests::TESTBED)["hash"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let before = keys(&c.folder(), "versions/acme/shop");
-    let manifest = "[[migrations]]\ntag = \"v1\"\nrenamed_classes = [{ from = \"probe\", to = \"counter\" }]\n";
-    let (code, v) = a.node.json(
-        "PUT",
-        &format!(
-            "/admin/v1/apps/acme/shop?manifest={}",
-            common::enc(manifest)
-        ),
-        wasmkeep_guests::HELLO,
-    );
-    assert_eq!(
-        (code, common::code(&v)),
-        (501, "migration_unsupported"),
-        "{v}"
-    );
-    assert_eq!(keys(&c.folder(), "versions/acme/shop"), before);
-    assert_eq!(serving(&a.node, "acme/shop"), Some(hash));
-}
-
 /// During a rollout, a request for a class only the new version has, to
 /// an actor outside the share, is refused before anything is taken: the
 /// version that actor runs has no such class, and nothing of it reaches

@@ -22,6 +22,10 @@ pub enum Between {
     /// bucket first: a class migration's copy (ADR 0060), which fails,
     /// unlike an inspection, when the actor could not be brought in line.
     Copy(std::path::PathBuf),
+    /// A class migration's last step on an actor restored at its new
+    /// address (ADR 0071): on a cluster node its alarm listed in the index
+    /// (R4), then every commit in the bucket, before the old address goes.
+    Settle,
 }
 
 /// Runs one of them: the batch before it has committed, the one after has
@@ -66,7 +70,40 @@ pub(super) fn run_between(
             let r = run_copy(rt, actor, slot, &dest).map(|()| Outcome::Done);
             reply(reply_to, r);
         }
+        Between::Settle => {
+            let r = run_settle(rt, actor, slot).map(|()| Outcome::Done);
+            reply(reply_to, r);
+        }
     }
+}
+
+/// See [`Between::Settle`].
+fn run_settle(
+    rt: &Arc<Inner>,
+    actor: &Arc<Actor>,
+    slot: &mut Option<Loaded>,
+) -> Result<(), RuntimeError> {
+    let Some(repl) = &rt.replication else {
+        return Ok(());
+    };
+    replication::ensure_open(rt, repl, actor)?;
+    let mut own: Option<ActorDb>;
+    let mut db = slot.as_mut().filter(|l| l.has_db()).map(|l| l.db());
+    if db.is_none() {
+        let app = rt.app(&actor.id.tenant, &actor.id.app).ok_or_else(|| {
+            RuntimeError::AppNotFound(format!("{}/{}", actor.id.tenant, actor.id.app))
+        })?;
+        let dir = paths::actor_dir(&rt.config.data_dir, &actor.id);
+        own = ActorDb::open(&dir, &app.store_limits, OpenMode::Existing)?;
+        db = own.as_mut();
+    }
+    let Some(db) = db else {
+        return Err(RuntimeError::ActorNotFound(actor.id.to_string()));
+    };
+    if rt.keeps_index() && actor.repl.lock().needs_plan {
+        crate::index::plan_alone(rt, actor, db)?;
+    }
+    replication::flush_for_restore(rt, repl, actor, Some(db))
 }
 
 /// A class migration's copy of the actor's database: every commit it

@@ -46,6 +46,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use wasmkeep_replica::Bucket;
 use wasmkeep_replica::bucket::Created;
+use wasmkeep_runtime::class_migrations::Plan;
 use wasmkeep_runtime::{AppInfo, AppVersion, Runtime, RuntimeError};
 
 use super::now_ms;
@@ -126,7 +127,7 @@ impl DeployError {
 
 /// The cluster's deploys as this node sees them.
 pub struct Deploys {
-    bucket: Bucket,
+    pub(crate) bucket: Bucket,
     timeout: Duration,
     sync_ms: u64,
     /// One deploy, rollback or sync of this node at a time.
@@ -142,6 +143,24 @@ pub struct Deploys {
     failed: parking_lot::Mutex<HashMap<(String, String), (u64, u64)>>,
     /// Versions this node installed from the bucket (other nodes' deploys).
     pub synced_total: prometheus_client::metrics::counter::Counter,
+    /// The node whose deploys these are, for class migrations (ADR 0071),
+    /// which take holds and read leases.
+    cluster: std::sync::OnceLock<std::sync::Weak<super::ClusterState>>,
+    /// Closing records a task of this node is running the migration of.
+    running: Arc<parking_lot::Mutex<std::collections::HashSet<String>>>,
+}
+
+/// Marks a closing record's migration as running on this node until
+/// dropped.
+pub(crate) struct Running {
+    key: String,
+    set: Arc<parking_lot::Mutex<std::collections::HashSet<String>>>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.set.lock().remove(&self.key);
+    }
 }
 
 impl std::fmt::Debug for Deploys {
@@ -156,7 +175,7 @@ fn versions_dir(tenant: &str, app: &str) -> String {
     format!("{VERSIONS_PREFIX}{tenant}/{app}/")
 }
 
-fn record_key(tenant: &str, app: &str, n: u64) -> String {
+pub(crate) fn record_key(tenant: &str, app: &str, n: u64) -> String {
     format!("{}{n:020}", versions_dir(tenant, app))
 }
 
@@ -165,7 +184,7 @@ fn component_key(tenant: &str, app: &str, n: u64, hash: &str) -> String {
 }
 
 /// `(tenant, app, N)` of a record's key; `None` for anything else.
-fn parse_record_key(key: &str) -> Option<(String, String, u64)> {
+pub(crate) fn parse_record_key(key: &str) -> Option<(String, String, u64)> {
     let rest = key.strip_prefix(VERSIONS_PREFIX)?;
     let mut parts = rest.split('/');
     let (t, a, n) = (parts.next()?, parts.next()?, parts.next()?);
@@ -187,7 +206,40 @@ impl Deploys {
             refresh_budget: parking_lot::Mutex::new((0, 0)),
             failed: parking_lot::Mutex::new(HashMap::new()),
             synced_total: Default::default(),
+            cluster: std::sync::OnceLock::new(),
+            running: Default::default(),
         }
+    }
+
+    /// Ties the deploys to their node (once).
+    pub(crate) fn attach(&self, state: std::sync::Weak<super::ClusterState>) {
+        let _ = self.cluster.set(state);
+    }
+
+    fn cluster(&self) -> Option<Arc<super::ClusterState>> {
+        self.cluster.get().and_then(std::sync::Weak::upgrade)
+    }
+
+    /// Whether a task of this node runs the migration of `key`.
+    pub(crate) fn running_here(&self, key: &str) -> bool {
+        self.running.lock().contains(key)
+    }
+
+    /// Marks the migration of `key` as running here.
+    pub(crate) fn run_here(&self, key: &str) -> Running {
+        self.running.lock().insert(key.to_owned());
+        Running {
+            key: key.to_owned(),
+            set: Arc::clone(&self.running),
+        }
+    }
+
+    /// Whether this node installed version `n` of the app, or a later one.
+    pub(crate) fn installed_at_least(&self, tenant: &str, app: &str, n: u64) -> bool {
+        self.installed
+            .lock()
+            .get(&(tenant.to_owned(), app.to_owned()))
+            .is_some_and(|m| *m >= n)
     }
 
     /// How often the sync task reads the bucket.
@@ -195,7 +247,7 @@ impl Deploys {
         self.sync_ms
     }
 
-    async fn bounded<T>(
+    pub(crate) async fn bounded<T>(
         &self,
         what: &str,
         f: impl Future<Output = Result<T, wasmkeep_replica::ReplicaError>>,
@@ -309,6 +361,9 @@ impl Deploys {
                 .map_err(|e| RuntimeError::Internal(format!("compile task: {e}")))??
         };
         let info = prepared.info();
+        // Class migrations the app has not applied (ADR 0071), planned
+        // against the component and the bucket.
+        let (prepared, migration) = self.plan_of(rt, prepared, percent).await?;
         for _ in 0..DEPLOY_ATTEMPTS_MAX {
             let newest = self.numbers(tenant, app).await?.last().copied();
             if only_first && newest.is_some() {
@@ -350,29 +405,16 @@ impl Deploys {
                 percent,
                 deferred,
             };
-            // The component first, under the number: a record never names
-            // a component that is not there.
-            let body = Bytes::copy_from_slice(prepared.wasm());
-            self.bounded(
-                "upload the component",
-                self.bucket
-                    .create(&component_key(tenant, app, n, &info.hash), body),
-            )
-            .await?;
-            let record = Record {
-                version: version.clone(),
-                manifest: manifest.clone(),
-            };
-            let json = serde_json::to_vec(&record)
-                .map_err(|e| RuntimeError::Internal(format!("version record: {e}")))?;
-            let created = self
-                .bounded(
-                    "record the version",
-                    self.bucket
-                        .create(&record_key(tenant, app, n), Bytes::from(json)),
-                )
-                .await?;
-            if created == Created::AlreadyExists {
+            if let Some(plan) = migration {
+                if only_first {
+                    return Ok(None);
+                }
+                return self
+                    .deploy_migrating(rt, prepared, plan, version, manifest)
+                    .await
+                    .map(Some);
+            }
+            if !self.record_version(&prepared, &version, &manifest).await? {
                 // Another node's deploy took this number (its component,
                 // if it differs, has its own key; ours is pruned later).
                 continue;
@@ -385,6 +427,163 @@ impl Deploys {
         Err(DeployError::Contended {
             app: format!("{tenant}/{app}"),
         })
+    }
+
+    /// The class migrations a deploy of `prepared` applies, if any; a
+    /// node without its cluster attached refuses them.
+    async fn plan_of(
+        &self,
+        rt: &Runtime,
+        prepared: wasmkeep_runtime::PreparedApp,
+        percent: u8,
+    ) -> Result<(wasmkeep_runtime::PreparedApp, Option<Plan>), DeployError> {
+        let r = rt.clone();
+        let (prepared, plan) = tokio::task::spawn_blocking(move || {
+            let plan = r.migration_plan(&prepared, percent);
+            (prepared, plan)
+        })
+        .await
+        .map_err(|e| RuntimeError::Internal(format!("migration plan task: {e}")))?;
+        let plan = plan?;
+        if plan.is_some() && self.cluster().is_none() {
+            return Err(RuntimeError::Internal(
+                "class migrations need the node's cluster state, which this node has not attached"
+                    .into(),
+            )
+            .into());
+        }
+        Ok((prepared, plan))
+    }
+
+    /// A deploy whose manifest lists class migrations (ADR 0071,
+    /// `super::migrations`): the classes closed on every node and every
+    /// actor to move checked before version `version` is recorded; then
+    /// the moves, then the classes open again.
+    async fn deploy_migrating(
+        &self,
+        rt: &Runtime,
+        prepared: wasmkeep_runtime::PreparedApp,
+        plan: Plan,
+        version: AppVersion,
+        manifest: String,
+    ) -> Result<(AppInfo, AppVersion), DeployError> {
+        use super::migrations::{Closing, closing_key, run_moves};
+        let state = self.cluster().ok_or_else(|| {
+            RuntimeError::Internal("class migrations need the node's cluster state".into())
+        })?;
+        let epoch = state.acting_epoch().ok_or(RuntimeError::ShuttingDown)?;
+        let (tenant, app, n) = (plan.tenant.clone(), plan.app.clone(), version.version);
+        let key = closing_key(&tenant, &app, n);
+        let closing = Closing {
+            node: state.node().to_owned(),
+            epoch,
+            version: n,
+            plan,
+        };
+        let _running = self.run_here(&key);
+        if !self.open_closing(&key, &closing).await? {
+            return Err(RuntimeError::ClassMigration {
+                code: "migration_busy",
+                message: format!(
+                    "another migration of {tenant}/{app} is in flight (closing record `{key}`); deploy again once it is done"
+                ),
+            }
+            .into());
+        }
+        let checked = async {
+            self.close_everywhere(&state, rt, &key, &closing).await?;
+            let (prepared, again) = self.plan_of(rt, prepared, 100).await?;
+            if again.as_ref() != Some(&closing.plan) {
+                return Err(DeployError::Runtime(RuntimeError::ClassMigration {
+                    code: "migration_conflict",
+                    message: format!(
+                        "the actors of {tenant}/{app}'s migrated classes changed while the cluster closed them; nothing moved, deploy again"
+                    ),
+                }));
+            }
+            self.check_actors(&state, rt, &closing).await?;
+            if !self.record_version(&prepared, &version, &manifest).await? {
+                return Err(DeployError::Contended {
+                    app: format!("{tenant}/{app}"),
+                });
+            }
+            Ok(prepared)
+        }
+        .await;
+        let prepared = match checked {
+            Ok(p) => p,
+            Err(e) => {
+                // Nothing moved and no version names the migration.
+                self.finish_closing(rt, &key).await;
+                return Err(e);
+            }
+        };
+        tracing::info!(%tenant, %app, version = n, "recorded a version that migrates classes; moving their actors");
+        let installed = self.install(rt, prepared, &version).await;
+        match run_moves(&state, rt, &closing).await {
+            Ok(moved) => {
+                tracing::info!(%tenant, %app, version = n, moved, "class migration done");
+                self.finish_closing(rt, &key).await;
+            }
+            Err(e) => {
+                // The version is recorded: the classes stay closed on every
+                // node until a sync of this node (or of any node, if this
+                // one stops) finishes the moves.
+                tracing::error!(%tenant, %app, version = n, error = %e, "a class migration stopped half-way; a sync finishes it");
+                return Err(e);
+            }
+        }
+        self.prune(rt, &tenant, &app, n).await;
+        installed
+    }
+
+    /// Uploads the component of `version` and creates its record,
+    /// create-only: `false` if another deploy took the number.
+    async fn record_version(
+        &self,
+        prepared: &wasmkeep_runtime::PreparedApp,
+        version: &AppVersion,
+        manifest: &str,
+    ) -> Result<bool, DeployError> {
+        let info = prepared.info();
+        let (tenant, app, n) = (info.tenant.as_str(), info.app.as_str(), version.version);
+        // The component first, under the number: a record never names a
+        // component that is not there.
+        let body = Bytes::copy_from_slice(prepared.wasm());
+        self.bounded(
+            "upload the component",
+            self.bucket
+                .create(&component_key(tenant, app, n, &info.hash), body),
+        )
+        .await?;
+        let record = Record {
+            version: version.clone(),
+            manifest: manifest.to_owned(),
+        };
+        let json = serde_json::to_vec(&record)
+            .map_err(|e| RuntimeError::Internal(format!("version record: {e}")))?;
+        let created = self
+            .bounded(
+                "record the version",
+                self.bucket
+                    .create(&record_key(tenant, app, n), Bytes::from(json)),
+            )
+            .await?;
+        Ok(created != Created::AlreadyExists)
+    }
+
+    /// Step 2 of a migration here: the classes closed on this node and
+    /// acknowledged, then every live node's ack awaited.
+    async fn close_everywhere(
+        &self,
+        state: &super::ClusterState,
+        rt: &Runtime,
+        key: &str,
+        closing: &super::migrations::Closing,
+    ) -> Result<(), DeployError> {
+        super::migrations::close_here(state, rt, key, closing).await?;
+        self.ack(state, key).await?;
+        self.await_acks(state, key).await
     }
 
     async fn install(
@@ -493,6 +692,28 @@ impl Deploys {
             }
         };
         let target = self.record(tenant, app, n).await?;
+        // A version from before a class migration would serve classes
+        // whose data moved (ADR 0060): a kept version after it that lists
+        // a migration it lacks refuses the rollback, as on one node.
+        let tags = |manifest: &str| -> std::collections::HashSet<String> {
+            wasmkeep_runtime::AppManifest::parse(manifest)
+                .map(|m| m.migrations.into_iter().map(|x| x.tag).collect())
+                .unwrap_or_default()
+        };
+        let before = tags(&target.manifest);
+        for later in kept.iter().filter(|v| v.version > n) {
+            let r = self.record(tenant, app, later.version).await?;
+            if tags(&r.manifest).iter().any(|t| !before.contains(t)) {
+                return Err(RuntimeError::ClassMigration {
+                    code: "rollback_past_migration",
+                    message: format!(
+                        "version {} of {tenant}/{app} migrated classes' data; version {n} is from before, and its classes would find none: roll back to version {} or later, or deploy a build for the migrated classes",
+                        later.version, later.version
+                    ),
+                }
+                .into());
+            }
+        }
         let wasm = self.component(rt, tenant, app, &target.version).await?;
         let d = NewDeploy {
             tenant: tenant.to_owned(),
@@ -511,6 +732,9 @@ impl Deploys {
     /// number in the bucket is not the one this node has. Returns how
     /// many it installed. An app that fails is left for the next pass.
     pub async fn sync(&self, rt: &Runtime) -> Result<usize, DeployError> {
+        // Listed under `writing`: a listing read before this node's own
+        // deploy ended would show the closing record that deploy deleted.
+        let one = self.writing.lock().await;
         let keys = self
             .bounded(
                 "list versions",
@@ -522,7 +746,6 @@ impl Deploys {
             let e = newest.entry((t, a)).or_insert(n);
             *e = (*e).max(n);
         }
-        let _one = self.writing.lock().await;
         let mut installed = 0;
         for ((tenant, app), n) in &newest {
             match self.sync_app(rt, tenant, app, *n).await {
@@ -532,6 +755,10 @@ impl Deploys {
                     tracing::warn!(%tenant, %app, version = n, error = %e, "could not install the cluster's version; trying again at the next sync");
                 }
             }
+        }
+        drop(one);
+        if let Some(state) = self.cluster() {
+            self.sync_closings(&state, rt, &keys).await;
         }
         Ok(installed)
     }

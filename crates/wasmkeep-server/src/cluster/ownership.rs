@@ -294,6 +294,21 @@ impl Ownership {
         held.filter(|h| h.epoch == epoch).map(|h| h.generation)
     }
 
+    /// The actors this node holds in `epoch`, from each cell's copy of its
+    /// hold (never waiting on a slot a route holds).
+    pub fn held_ids(&self, epoch: u64) -> Vec<ActorId> {
+        self.all_cells()
+            .into_iter()
+            .filter(|(_, c)| {
+                c.held_copy
+                    .lock()
+                    .expect("held copy")
+                    .is_some_and(|h| h.epoch == epoch)
+            })
+            .map(|(id, _)| id)
+            .collect()
+    }
+
     /// Actors this node holds in `epoch`.
     pub fn held(&self, epoch: u64) -> usize {
         let cells: Vec<Arc<Cell>> = self

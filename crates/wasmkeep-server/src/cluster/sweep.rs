@@ -363,6 +363,11 @@ async fn deliver_to(
     at_ms: u64,
     remove_here: bool,
 ) -> Outcome {
+    if state.class_closed(id) {
+        // A class migration moves it (ADR 0071): its entry is delivered
+        // at the new address once the migration is done.
+        return Outcome::Failed;
+    }
     let held_before = state
         .route_epoch()
         .is_some_and(|e| state.ownership.holds(id, e, false));

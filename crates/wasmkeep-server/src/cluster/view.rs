@@ -162,6 +162,22 @@ enum Read {
 }
 
 /// Drives one [`NodeViewReader`] against the bucket.
+/// Whether `node`'s latest lease record is live in `epoch`: `None` when
+/// it could not be read. One listing of the node's folder and one read,
+/// whatever the cluster's size.
+pub async fn live_in(
+    driver: &BucketDriver,
+    config: &ClusterConfig,
+    node: &str,
+    epoch: u64,
+) -> Option<bool> {
+    match read_node(driver, node, config).await {
+        Read::Live(n) => Some(n.epoch == epoch),
+        Read::NotLive => Some(false),
+        Read::Unreadable => None,
+    }
+}
+
 async fn read_node(driver: &BucketDriver, node: &str, config: &ClusterConfig) -> Read {
     let mut reader = NodeViewReader::new(node, config.clone());
     loop {

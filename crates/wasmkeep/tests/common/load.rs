@@ -156,7 +156,25 @@ impl Cluster {
     /// Starts a node on `data` and `port` (through `proxy` if given) and
     /// waits until it acts.
     pub(crate) fn start_on(&self, data: &Path, port: u16, proxy: Option<Proxy>) -> Member {
+        self.start_on_env(data, port, proxy, &[])
+    }
+
+    /// [`Cluster::start`] with more environment for the node (a test's
+    /// `WASMKEEP_UNSAFE`).
+    #[allow(dead_code, reason = "not every test binary starts such a node")]
+    pub(crate) fn start_env(&self, name: &str, extra: &[(&'static str, String)]) -> Member {
+        self.start_on_env(&self.tmp.path().join(name), free_port(), None, extra)
+    }
+
+    fn start_on_env(
+        &self,
+        data: &Path,
+        port: u16,
+        proxy: Option<Proxy>,
+        extra: &[(&'static str, String)],
+    ) -> Member {
         let mut env = self.moto.as_ref().map(Moto::env).unwrap_or_default();
+        env.extend(extra.iter().cloned());
         if let Some(p) = &proxy {
             for (k, v) in &mut env {
                 if *k == "AWS_ENDPOINT_URL" {
