@@ -736,11 +736,17 @@ impl<'a> Gate<'a> {
                 // see it (one at a time: [`apply`] copies again, so the
                 // staging folder never holds a whole class).
                 let copy = match &rt.replication {
-                    Some(_) => Some(StagedCopy::of(rt, &id).map_err(|e| {
-                        conflict(format!(
-                            "actor {id} could not be brought in line with the bucket to be checked ({e}); nothing moved"
-                        ))
-                    })?),
+                    Some(_) => match StagedCopy::of(rt, &id) {
+                        Ok(copy) => Some(copy),
+                        // Deleted at its old address by a move a stop cut
+                        // short just after: moved already.
+                        Err(RuntimeError::ActorNotFound(_)) => continue,
+                        Err(e) => {
+                            return Err(conflict(format!(
+                                "actor {id} could not be brought in line with the bucket to be checked ({e}); nothing moved"
+                            )));
+                        }
+                    },
                     None => None,
                 };
                 let file = match &copy {

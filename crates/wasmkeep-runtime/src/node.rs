@@ -345,7 +345,13 @@ impl Inner {
 
     /// Adds an event to an actor's queue, scheduling the actor if it was idle.
     pub fn enqueue(&self, id: &ActorId, ev: Event, bounded: bool) -> Result<(), RuntimeError> {
-        self.enqueue_gated(id, ev, bounded, true)
+        // An upload of what an actor committed passes a migration's gate:
+        // the migration waits for it (ADR 0060), and it runs no guest code.
+        let gated = !matches!(
+            ev.kind,
+            crate::actor::EventKind::Between(crate::actor::Between::Replicate)
+        );
+        self.enqueue_gated(id, ev, bounded, gated)
     }
 
     /// A class migration's own event on an actor of a class it closed

@@ -227,9 +227,11 @@ fn a_deleted_class_leaves_the_bucket_and_what_cannot_apply_moves_nothing() {
         common::cluster::folder_keys(&bucket.join("versions")),
         versions_before
     );
-    wait_for("the notes class to open again on B", || {
-        b.node.get("/v1/acme/mix/notes/n1/notes").0 == 200
-    });
+    for m in [&a, &b] {
+        wait_for("the refused migration's class to open again", || {
+            m.node.get("/v1/acme/mix/pinger/p2/config?name=GREETING").0 == 200
+        });
+    }
     drop(silent);
 
     // A delete of the notes class: its actor leaves the bucket.
@@ -240,8 +242,11 @@ fn a_deleted_class_leaves_the_bucket_and_what_cannot_apply_moves_nothing() {
     assert_eq!(s, 200, "{v}");
     assert!(!in_bucket(&bucket, "acme/mix/notes/n1", &out));
     assert!(in_bucket(&bucket, "acme/mix/counter/c1", &out));
-    let (s, v) = b.node.json("GET", "/v1/acme/mix/notes/n1/notes", b"");
-    assert_eq!((s, code(&v)), (404, "class_not_found"), "{v}");
+    // B opens the class at its next sync: the class is gone there too.
+    wait_for("B to serve the version without notes", || {
+        let (s, v) = b.node.json("GET", "/v1/acme/mix/notes/n1/notes", b"");
+        (s, code(&v)) == (404, "class_not_found")
+    });
 }
 
 /// The deploying node dies in the middle of the moves (after its first
@@ -378,4 +383,41 @@ fn refused_during_a_closing(env: &[(&'static str, String)]) -> Vec<String> {
         );
         taken
     })
+}
+
+/// A transfer: once app `old` no longer serves its counters, app `new`
+/// takes them over, each with its data, served by every node.
+#[test]
+fn a_transfer_moves_a_class_between_apps_on_a_cluster() {
+    let c = Cluster::with_settings(Store::Folder, 60_000, "");
+    let [a, b, cc] = c.start_three().try_into().ok().unwrap();
+    assert_eq!(deploy(&a.node, "old", HELLO, "").0, 200);
+    for _ in 0..3 {
+        assert_eq!(b.node.post("/v1/acme/old/counter/c1/increment", b"").0, 200);
+    }
+    let transfer = r#"
+[[migrations]]
+tag = "from-old"
+transferred_classes = [{ from_app = "old", from = "counter", to = "counter" }]
+"#;
+    // `old` still serves its counters: refused, nothing recorded.
+    let (s, v) = deploy(&a.node, "new", HELLO, transfer);
+    assert_eq!((s, code(&v)), (409, "migration_conflict"), "{v}");
+    assert_eq!(serving(&a.node, "new"), None);
+
+    assert_eq!(deploy(&a.node, "old", TESTBED, "").0, 200);
+    let (s, v) = deploy(&a.node, "new", HELLO, transfer);
+    assert_eq!(s, 200, "{v}");
+    for m in [&a, &b, &cc] {
+        wait_for("the node to open the class", || {
+            m.node.get("/v1/acme/new/counter/c1/value").0 == 200
+        });
+        assert_eq!(
+            m.node.get("/v1/acme/new/counter/c1/value").1,
+            "{\"value\":3}"
+        );
+    }
+    let out = c.folder().parent().unwrap().join("out.db");
+    assert!(!in_bucket(&c.folder(), "acme/old/counter/c1", &out));
+    assert!(in_bucket(&c.folder(), "acme/new/counter/c1", &out));
 }

@@ -87,6 +87,10 @@ fn run_settle(
         return Ok(());
     };
     replication::ensure_open(rt, repl, actor)?;
+    if !rt.keeps_index() {
+        // No index to list in; the restore's upload left nothing behind.
+        return Ok(());
+    }
     let mut own: Option<ActorDb>;
     let mut db = slot.as_mut().filter(|l| l.has_db()).map(|l| l.db());
     if db.is_none() {
@@ -100,7 +104,7 @@ fn run_settle(
     let Some(db) = db else {
         return Err(RuntimeError::ActorNotFound(actor.id.to_string()));
     };
-    if rt.keeps_index() && actor.repl.lock().needs_plan {
+    if actor.repl.lock().needs_plan {
         crate::index::plan_alone(rt, actor, db)?;
     }
     replication::flush_for_restore(rt, repl, actor, Some(db))

@@ -148,6 +148,8 @@ pub struct Deploys {
     cluster: std::sync::OnceLock<std::sync::Weak<super::ClusterState>>,
     /// Closing records a task of this node is running the migration of.
     running: Arc<parking_lot::Mutex<std::collections::HashSet<String>>>,
+    /// When this node first saw each closing record listed.
+    seen: parking_lot::Mutex<HashMap<String, std::time::Instant>>,
 }
 
 /// Marks a closing record's migration as running on this node until
@@ -208,6 +210,7 @@ impl Deploys {
             synced_total: Default::default(),
             cluster: std::sync::OnceLock::new(),
             running: Default::default(),
+            seen: parking_lot::Mutex::new(HashMap::new()),
         }
     }
 
@@ -220,18 +223,13 @@ impl Deploys {
         self.cluster.get().and_then(std::sync::Weak::upgrade)
     }
 
-    /// Whether a task of this node runs the migration of `key`.
-    pub(crate) fn running_here(&self, key: &str) -> bool {
-        self.running.lock().contains(key)
-    }
-
-    /// Marks the migration of `key` as running here.
-    pub(crate) fn run_here(&self, key: &str) -> Running {
-        self.running.lock().insert(key.to_owned());
-        Running {
+    /// Marks the migration of `key` as running here; `None` if a task of
+    /// this node runs it already.
+    pub(crate) fn try_run_here(&self, key: &str) -> Option<Running> {
+        self.running.lock().insert(key.to_owned()).then(|| Running {
             key: key.to_owned(),
             set: Arc::clone(&self.running),
-        }
+        })
     }
 
     /// Whether this node installed version `n` of the app, or a later one.
@@ -365,6 +363,18 @@ impl Deploys {
         // against the component and the bucket.
         let (prepared, migration) = self.plan_of(rt, prepared, percent).await?;
         for _ in 0..DEPLOY_ATTEMPTS_MAX {
+            // No version of an app is recorded while a migration of it is
+            // in flight (ADR 0071): its number and its prune are the
+            // migration's.
+            if !only_first && let Some(other) = self.closings_of(tenant, app).await?.first() {
+                return Err(RuntimeError::ClassMigration {
+                    code: "migration_busy",
+                    message: format!(
+                        "a migration of {tenant}/{app} is in flight (closing record `{other}`); deploy again once it is done"
+                    ),
+                }
+                .into());
+            }
             let newest = self.numbers(tenant, app).await?.last().copied();
             if only_first && newest.is_some() {
                 return Ok(None);
@@ -473,23 +483,41 @@ impl Deploys {
         })?;
         let epoch = state.acting_epoch().ok_or(RuntimeError::ShuttingDown)?;
         let (tenant, app, n) = (plan.tenant.clone(), plan.app.clone(), version.version);
-        let key = closing_key(&tenant, &app, n);
+        let nonce = super::random_hex(8)
+            .map_err(|e| RuntimeError::Internal(format!("closing record nonce: {e}")))?;
+        let key = closing_key(&tenant, &app, n, &nonce);
         let closing = Closing {
             node: state.node().to_owned(),
             epoch,
             version: n,
+            hash: version.hash.clone(),
+            deployed_ms: version.deployed_ms,
             plan,
         };
-        let _running = self.run_here(&key);
-        if !self.open_closing(&key, &closing).await? {
-            return Err(RuntimeError::ClassMigration {
+        let in_flight = |other: &str| {
+            DeployError::Runtime(RuntimeError::ClassMigration {
                 code: "migration_busy",
                 message: format!(
-                    "another migration of {tenant}/{app} is in flight (closing record `{key}`); deploy again once it is done"
+                    "another migration of {tenant}/{app} is in flight (closing record `{other}`); deploy again once it is done"
                 ),
-            }
-            .into());
+            })
+        };
+        let _running = self.try_run_here(&key);
+        if !self.open_closing(&key, &closing).await? {
+            return Err(in_flight(&key));
         }
+        // One migration of an app at a time: of two created together, the
+        // lower key goes on.
+        if let Some(other) = self
+            .closings_of(&tenant, &app)
+            .await?
+            .into_iter()
+            .find(|k| *k < key)
+        {
+            self.finish_closing(rt, &key, &closing, false).await;
+            return Err(in_flight(&other));
+        }
+        let mut unknown = false;
         let checked = async {
             self.close_everywhere(&state, rt, &key, &closing).await?;
             let (prepared, again) = self.plan_of(rt, prepared, 100).await?;
@@ -502,19 +530,42 @@ impl Deploys {
                 }));
             }
             self.check_actors(&state, rt, &closing).await?;
-            if !self.record_version(&prepared, &version, &manifest).await? {
-                return Err(DeployError::Contended {
-                    app: format!("{tenant}/{app}"),
-                });
+            // Before the version: still this node's epoch and its record (a
+            // node that saw this one's lease lapse drops it), and every
+            // node live now has closed the classes (one may have joined).
+            if state.acting_epoch() != Some(epoch) || self.read_closing(&key).await.is_err() {
+                return Err(in_flight(&key));
             }
-            Ok(prepared)
+            self.await_acks(&state, &key).await?;
+            match self.record_version(&prepared, &version, &manifest).await {
+                Ok(true) => Ok(prepared),
+                Ok(false) => Err(DeployError::Contended {
+                    app: format!("{tenant}/{app}"),
+                }),
+                Err(e) => {
+                    // The record may have landed: read once a write of it
+                    // can no longer be in flight.
+                    tokio::time::sleep(self.timeout).await;
+                    match self.recorded(&closing).await {
+                        Some(true) => Ok(prepared),
+                        Some(false) => Err(e),
+                        None => {
+                            unknown = true;
+                            Err(e)
+                        }
+                    }
+                }
+            }
         }
         .await;
         let prepared = match checked {
             Ok(p) => p,
             Err(e) => {
-                // Nothing moved and no version names the migration.
-                self.finish_closing(rt, &key).await;
+                // Nothing moved and no version names the migration (or,
+                // unknown, this node's next sync decides from the bucket).
+                if !unknown {
+                    self.finish_closing(rt, &key, &closing, false).await;
+                }
                 return Err(e);
             }
         };
@@ -523,7 +574,7 @@ impl Deploys {
         match run_moves(&state, rt, &closing).await {
             Ok(moved) => {
                 tracing::info!(%tenant, %app, version = n, moved, "class migration done");
-                self.finish_closing(rt, &key).await;
+                self.finish_closing(rt, &key, &closing, true).await;
             }
             Err(e) => {
                 // The version is recorded: the classes stay closed on every
@@ -535,6 +586,65 @@ impl Deploys {
         }
         self.prune(rt, &tenant, &app, n).await;
         installed
+    }
+
+    /// The closing records of an app's migrations in flight.
+    pub(crate) async fn closings_of(
+        &self,
+        tenant: &str,
+        app: &str,
+    ) -> Result<Vec<String>, DeployError> {
+        let keys = self
+            .bounded(
+                "list the app's versions",
+                self.bucket
+                    .list(&versions_dir(tenant, app), None, VERSIONS_LISTED_MAX),
+            )
+            .await?;
+        Ok(keys
+            .into_iter()
+            .filter(|k| super::migrations::parse_closing_key(k).is_some())
+            .collect())
+    }
+
+    /// Whether the version a closing record precedes was recorded, read
+    /// afresh: `Some(true)` if record N is the one it planned (same
+    /// component, same deploy time), `Some(false)` if there is none or
+    /// another deploy's, `None` if the bucket did not say.
+    pub(crate) async fn recorded(&self, closing: &super::migrations::Closing) -> Option<bool> {
+        let p = &closing.plan;
+        let key = record_key(&p.tenant, &p.app, closing.version);
+        let read = self
+            .bucket
+            .get_bounded(&key, "RECORD_BYTES_MAX", RECORD_BYTES_MAX);
+        match tokio::time::timeout(self.timeout, read).await {
+            Ok(Ok(bytes)) => {
+                let r: Record = serde_json::from_slice(&bytes).ok()?;
+                Some(r.version.hash == closing.hash && r.version.deployed_ms == closing.deployed_ms)
+            }
+            Ok(Err(e)) if e.is_not_found() => Some(false),
+            _ => None,
+        }
+    }
+
+    /// How long a record must have been seen before a node drops it as
+    /// never recorded: twice the bucket's timeout, past which no write of
+    /// its version's record is still in flight.
+    pub(crate) fn settle_ms(&self) -> u64 {
+        (self.timeout.as_millis() as u64).saturating_mul(2)
+    }
+
+    /// How long this node has seen the closing record `key` (0 the first
+    /// time).
+    pub(crate) fn seen_ms(&self, key: &str) -> u64 {
+        let now = wasmkeep_runtime::clock::instant();
+        let first = *self.seen.lock().entry(key.to_owned()).or_insert(now);
+        now.saturating_duration_since(first).as_millis() as u64
+    }
+
+    /// Forgets the closing records no longer listed.
+    pub(crate) fn forget_unseen(&self, listed: &[String]) {
+        self.seen.lock().retain(|k, _| listed.contains(k));
     }
 
     /// Uploads the component of `version` and creates its record,
@@ -732,9 +842,45 @@ impl Deploys {
     /// number in the bucket is not the one this node has. Returns how
     /// many it installed. An app that fails is left for the next pass.
     pub async fn sync(&self, rt: &Runtime) -> Result<usize, DeployError> {
-        // Listed under `writing`: a listing read before this node's own
-        // deploy ended would show the closing record that deploy deleted.
         let one = self.writing.lock().await;
+        self.sync_with(rt, Some(one)).await
+    }
+
+    /// [`Deploys::sync`] for the periodic task: while a deploy of this
+    /// node holds `writing` (a migration's moves may take minutes), the
+    /// installs wait for the next pass but the closing records of other
+    /// nodes' migrations are still acknowledged.
+    async fn sync_periodic(&self, rt: &Runtime) -> Result<usize, DeployError> {
+        let one = self.writing.try_lock().ok();
+        self.sync_with(rt, one).await
+    }
+
+    async fn sync_with(
+        &self,
+        rt: &Runtime,
+        one: Option<tokio::sync::MutexGuard<'_, ()>>,
+    ) -> Result<usize, DeployError> {
+        let mut installed = 0;
+        if let Some(one) = one {
+            installed = self.install_newest(rt).await?;
+            drop(one);
+        }
+        if let Some(state) = self.cluster() {
+            // Listed afresh, after the installs: the reopening of a class
+            // waits for this node to serve the version that migrated it.
+            let keys = self
+                .bounded(
+                    "list versions",
+                    self.bucket.list(VERSIONS_PREFIX, None, VERSIONS_LISTED_MAX),
+                )
+                .await?;
+            self.sync_closings(&state, rt, &keys).await;
+        }
+        Ok(installed)
+    }
+
+    /// The installs of a sync, under `writing`.
+    async fn install_newest(&self, rt: &Runtime) -> Result<usize, DeployError> {
         let keys = self
             .bounded(
                 "list versions",
@@ -755,10 +901,6 @@ impl Deploys {
                     tracing::warn!(%tenant, %app, version = n, error = %e, "could not install the cluster's version; trying again at the next sync");
                 }
             }
-        }
-        drop(one);
-        if let Some(state) = self.cluster() {
-            self.sync_closings(&state, rt, &keys).await;
         }
         Ok(installed)
     }
@@ -996,7 +1138,7 @@ pub(crate) async fn run(
             _ = tokio::time::sleep(every) => {}
             _ = stop.changed() => return,
         }
-        if let Err(e) = deploys.sync(&rt).await {
+        if let Err(e) = deploys.sync_periodic(&rt).await {
             tracing::warn!(error = %e, "could not read the cluster's versions; trying again");
         }
     }

@@ -3,8 +3,8 @@
 //! deletes or transfers classes for every node at once.
 //!
 //! ```text
-//! versions/<tenant>/<app>/closing-<N, 20 digits>              the closing record: JSON (node, epoch, N, plan)
-//! versions/<tenant>/<app>/closing-<N>.acks/<node>/<epoch>     a node's word that the classes are closed there
+//! versions/<tenant>/<app>/closing-<N, 20 digits>-<nonce>           the closing record: JSON (node, epoch, N, its record's hash and time, plan)
+//! versions/<tenant>/<app>/closing-<N>-<nonce>.acks/<node>/<epoch>   a node's word that the classes are closed there
 //! ```
 //!
 //! The deploying node:
@@ -12,14 +12,17 @@
 //! 1. plans the migrations against the component and the bucket (a
 //!    class's actors are those live in the bucket and those on its disk);
 //! 2. creates the closing record for the version number it is about to
-//!    claim, create-only (one migration of an app at a time), closes the
-//!    classes here and waits until every live node has acknowledged
+//!    claim (one migration of an app at a time: of two, the lower key goes
+//!    on, and no version of the app is recorded while one is in flight),
+//!    closes the classes here and waits until every live node has acknowledged
 //!    ([`CLOSING_WAIT_MS`]): each node, at its next sync, refuses new
 //!    events of the classes (`class_migrating`), lets its open actors of
 //!    them finish and close, releases their holds and writes its ack;
 //! 3. plans again (the same plan, or the deploy is refused), takes the
 //!    hold of every actor to move (no node serves them now) and checks it
-//!    (`Runtime::migration_check`: no message not yet delivered);
+//!    (`Runtime::migration_check`: no message not yet delivered); then,
+//!    still in its epoch and with its record in place, waits for the acks
+//!    of every node live now once more;
 //! 4. records the version (from here on the deploy happened), installs
 //!    it, and moves each actor while holding both addresses: its copy
 //!    restored at the new one, its alarm listed there, then the old one
@@ -27,11 +30,16 @@
 //! 5. deletes the acks and the closing record: each node opens the
 //!    classes at its next sync, once it serves the version.
 //!
-//! A refusal before step 4 deletes the closing record and moves nothing.
-//! A closing record whose node's lease is gone is dropped by any node if
-//! its version was never recorded, and finished by any node (its moves are
-//! idempotent, and two nodes finishing one take turns on each actor's
-//! hold) if it was.
+//! A refusal before step 4 deletes the closing record and moves nothing;
+//! every node opens the classes at its next sync (no version N is
+//! listed). A closing record whose node's lease is gone, or whose deploy
+//! on this node stopped, is finished by any node if its version was
+//! recorded (record N read afresh and matched by hash and time; its moves
+//! are idempotent, and two nodes finishing one take turns on each actor's
+//! hold) and dropped if not, once the node has seen it for longer than a
+//! write of the record could still be in flight. A record write whose
+//! outcome the deploying node could not learn leaves the decision to that
+//! rule.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -39,7 +47,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use wasmkeep_replica::bucket::Created;
-use wasmkeep_runtime::class_migrations::{ClassKey, Plan};
+use wasmkeep_runtime::class_migrations::{ClassKey, Plan, Step};
 use wasmkeep_runtime::{Runtime, RuntimeError};
 use wasmkeep_store::ActorId;
 
@@ -57,17 +65,23 @@ pub const HOLD_WAIT_MS: u64 = 30_000;
 const POLL_MS: u64 = 200;
 
 /// A closing record: the migration a deploy runs before it records
-/// version `version`.
+/// version `version`, whose record it knows by the component's hash and
+/// the deploy's time.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct Closing {
     pub node: String,
     pub epoch: u64,
     pub version: u64,
+    pub hash: String,
+    pub deployed_ms: u64,
     pub plan: Plan,
 }
 
-pub(crate) fn closing_key(tenant: &str, app: &str, n: u64) -> String {
-    format!("{VERSIONS_PREFIX}{tenant}/{app}/closing-{n:020}")
+/// A closing record's key: the version it precedes and a nonce of its
+/// own, so that a deploy tried again after a refusal never reuses a key
+/// some node still keeps classes closed for.
+pub(crate) fn closing_key(tenant: &str, app: &str, n: u64, nonce: &str) -> String {
+    format!("{VERSIONS_PREFIX}{tenant}/{app}/closing-{n:020}-{nonce}")
 }
 
 fn acks_dir(closing: &str) -> String {
@@ -83,8 +97,13 @@ pub(crate) fn parse_closing_key(key: &str) -> Option<(String, String, u64)> {
     let rest = key.strip_prefix(VERSIONS_PREFIX)?;
     let mut parts = rest.split('/');
     let (t, a, last) = (parts.next()?, parts.next()?, parts.next()?);
-    let n = last.strip_prefix("closing-")?;
-    if parts.next().is_some() || n.len() != 20 || !n.bytes().all(|b| b.is_ascii_digit()) {
+    let (n, nonce) = last.strip_prefix("closing-")?.split_once('-')?;
+    let digits = |s: &str, len: usize, hex: bool| {
+        s.len() == len
+            && s.bytes()
+                .all(|b| b.is_ascii_digit() || (hex && (b'a'..=b'f').contains(&b)))
+    };
+    if parts.next().is_some() || !digits(n, 20, false) || !digits(nonce, 16, true) {
         return None;
     }
     Some((t.to_owned(), a.to_owned(), n.parse().ok()?))
@@ -186,29 +205,32 @@ async fn hold(state: &ClusterState, id: &ActorId) -> Result<InUse, DeployError> 
     }
 }
 
-/// The actors of the plan's step sources: `(old, new)` addresses, `new`
-/// `None` for a deleted class.
-async fn moves(rt: &Runtime, plan: &Plan) -> Result<Vec<(ActorId, Option<ActorId>)>, DeployError> {
+/// The actors of one step's source class now: `(old, new)` addresses,
+/// `new` `None` for a deleted class. Listed step by step, as each runs: a
+/// chain (`a` to `b`, then `b` to `c`) finds `a`'s actors in `b`.
+async fn step_moves(
+    rt: &Runtime,
+    tenant: &str,
+    s: &Step,
+) -> Result<Vec<(ActorId, Option<ActorId>)>, DeployError> {
+    let (r, t, a, c) = (
+        rt.clone(),
+        tenant.to_owned(),
+        s.from.app.clone(),
+        s.from.class.clone(),
+    );
     let mut out = Vec::new();
-    for s in &plan.steps {
-        let (r, t, a, c) = (
-            rt.clone(),
-            plan.tenant.clone(),
-            s.from.app.clone(),
-            s.from.class.clone(),
-        );
-        for name in blocking(move || r.class_actors(&t, &a, &c)).await? {
-            let id = |app: &str, class: &str| {
-                ActorId::new(&plan.tenant, app, class, &name)
-                    .map_err(|e| DeployError::Runtime(RuntimeError::Internal(e.to_string())))
-            };
-            let old = id(&s.from.app, &s.from.class)?;
-            let new = match &s.to {
-                Some(to) => Some(id(&to.app, &to.class)?),
-                None => None,
-            };
-            out.push((old, new));
-        }
+    for name in blocking(move || r.class_actors(&t, &a, &c)).await? {
+        let id = |app: &str, class: &str| {
+            ActorId::new(tenant, app, class, &name)
+                .map_err(|e| DeployError::Runtime(RuntimeError::Internal(e.to_string())))
+        };
+        let old = id(&s.from.app, &s.from.class)?;
+        let new = match &s.to {
+            Some(to) => Some(id(&to.app, &to.class)?),
+            None => None,
+        };
+        out.push((old, new));
     }
     Ok(out)
 }
@@ -220,16 +242,18 @@ pub(crate) async fn run_moves(
     closing: &Closing,
 ) -> Result<usize, DeployError> {
     let mut moved = 0;
-    for (old, new) in moves(rt, &closing.plan).await? {
-        let _old = hold(state, &old).await?;
-        let _new = match &new {
-            Some(n) => Some(hold(state, n).await?),
-            None => None,
-        };
-        let r = rt.clone();
-        let (o, n) = (old.clone(), new.clone());
-        if blocking(move || r.migrate_actor(&o, n.as_ref())).await? {
-            moved += 1;
+    for s in &closing.plan.steps {
+        for (old, new) in step_moves(rt, &closing.plan.tenant, s).await? {
+            let _old = hold(state, &old).await?;
+            let _new = match &new {
+                Some(n) => Some(hold(state, n).await?),
+                None => None,
+            };
+            let r = rt.clone();
+            let (o, n) = (old.clone(), new.clone());
+            if blocking(move || r.migrate_actor(&o, n.as_ref())).await? {
+                moved += 1;
+            }
         }
     }
     Ok(moved)
@@ -303,7 +327,7 @@ impl Deploys {
         Ok(())
     }
 
-    async fn read_closing(&self, key: &str) -> Result<Closing, DeployError> {
+    pub(crate) async fn read_closing(&self, key: &str) -> Result<Closing, DeployError> {
         let bytes = self
             .bounded(
                 "read a closing record",
@@ -322,13 +346,12 @@ impl Deploys {
         rt: &Runtime,
         closing: &Closing,
     ) -> Result<(), DeployError> {
-        for (old, new) in moves(rt, &closing.plan).await? {
-            if new.is_none() {
-                continue;
+        for s in closing.plan.steps.iter().filter(|s| s.to.is_some()) {
+            for (old, _) in step_moves(rt, &closing.plan.tenant, s).await? {
+                let _held = hold(state, &old).await?;
+                let (r, o) = (rt.clone(), old.clone());
+                blocking(move || r.migration_check(&o)).await?;
             }
-            let _held = hold(state, &old).await?;
-            let (r, o) = (rt.clone(), old.clone());
-            blocking(move || r.migration_check(&o)).await?;
         }
         Ok(())
     }
@@ -351,48 +374,64 @@ impl Deploys {
         Ok(created != Created::AlreadyExists)
     }
 
-    /// Ends a migration of this node: its closing record gone, its classes
-    /// open here.
-    pub(crate) async fn finish_closing(&self, rt: &Runtime, key: &str) {
+    /// Ends a closing record: the acks and the record deleted, its classes
+    /// open here if its version was never recorded (`recorded` false) or
+    /// once this node serves it (else its next sync opens them).
+    pub(crate) async fn finish_closing(
+        &self,
+        rt: &Runtime,
+        key: &str,
+        closing: &Closing,
+        recorded: bool,
+    ) {
         if let Err(e) = self.end_closing(key).await {
             tracing::warn!(key, error = %e, "could not delete a closing record; the next sync tries again");
             return;
         }
-        rt.open_classes(key);
+        let p = &closing.plan;
+        if !recorded || self.installed_at_least(&p.tenant, &p.app, closing.version) {
+            rt.open_classes(key);
+        }
     }
 
-    /// The sync's part, on every node, with the pass's listing of
+    /// The sync's part, on every node, with a fresh listing of
     /// `versions/`: closes the classes of each closing record here and
-    /// acknowledges it, opens the classes of records gone (once this node
-    /// serves their version), and ends the records whose node's lease is
-    /// gone: dropped if their version was never recorded, finished if it
-    /// was.
+    /// acknowledges it; opens the classes of records gone (at once if
+    /// their version was never recorded, else once this node serves it);
+    /// and ends the records whose node's lease is gone, or whose deploy
+    /// on this node stopped: finished if their version was recorded (read
+    /// afresh), dropped if not once this node has seen the record for
+    /// longer than a write to the bucket can take.
     pub(crate) async fn sync_closings(&self, state: &ClusterState, rt: &Runtime, keys: &[String]) {
         let listed: HashSet<&String> = keys.iter().collect();
-        let records: Vec<(String, String, String, u64)> = keys
+        let records: Vec<String> = keys
             .iter()
-            .filter_map(|k| parse_closing_key(k).map(|(t, a, n)| (k.clone(), t, a, n)))
+            .filter(|k| parse_closing_key(k).is_some())
+            .cloned()
             .collect();
         for key in rt.closing_records() {
-            let gone = !records.iter().any(|r| r.0 == key);
-            let served =
-                parse_closing_key(&key).is_some_and(|(t, a, n)| self.installed_at_least(&t, &a, n));
-            if gone && served {
-                rt.open_classes(&key);
-                tracing::info!(key, "opened the classes of a finished migration");
-            }
-        }
-        for (key, tenant, app, n) in records {
-            if self.running_here(&key) {
+            if records.contains(&key) {
                 continue;
             }
-            let closing = match self.read_closing(&key).await {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::warn!(key, error = %e, "could not read a closing record");
-                    continue;
-                }
+            let open = parse_closing_key(&key).is_none_or(|(t, a, n)| {
+                !listed.contains(&super::deploys::record_key(&t, &a, n))
+                    || self.installed_at_least(&t, &a, n)
+            });
+            if open {
+                rt.open_classes(&key);
+                tracing::info!(key, "opened the classes of an ended migration");
+            }
+        }
+        self.forget_unseen(&records);
+        for key in records {
+            let Some(_running) = self.try_run_here(&key) else {
+                continue;
             };
+            // Read afresh: a record deleted since the listing is not acted on.
+            let Ok(closing) = self.read_closing(&key).await else {
+                continue;
+            };
+            let seen_ms = self.seen_ms(&key);
             let Some(epoch) = state.acting_epoch() else {
                 // Not acting yet (a node starting): the classes are closed
                 // before it serves; releases and the ack wait for its lease.
@@ -418,26 +457,27 @@ impl Deploys {
             let Some(live) = state.node_live(&closing.node, closing.epoch).await else {
                 continue;
             };
-            // This node's own migration, whose deploy stopped half-way
-            // (no task of this node runs it), is finished here too.
+            // This node's own migration, whose deploy stopped (no task of
+            // this node runs it), is ended here too.
             if live && !mine {
                 continue;
             }
-            let recorded = listed.contains(&super::deploys::record_key(&tenant, &app, n));
-            if !recorded {
-                tracing::warn!(key, node = %closing.node, "dropped a migration whose node stopped before it recorded its version");
-                self.finish_closing(rt, &key).await;
-                continue;
-            }
-            let _running = self.run_here(&key);
-            match run_moves(state, rt, &closing).await {
-                Ok(moved) => {
-                    tracing::info!(key, moved, node = %closing.node, "finished a migration whose node stopped");
-                    self.finish_closing(rt, &key).await;
+            match self.recorded(&closing).await {
+                Some(true) => match run_moves(state, rt, &closing).await {
+                    Ok(moved) => {
+                        tracing::info!(key, moved, node = %closing.node, "finished a migration whose deploy stopped");
+                        self.finish_closing(rt, &key, &closing, true).await;
+                    }
+                    Err(e) => {
+                        tracing::warn!(key, error = %e, "could not finish a migration whose deploy stopped; trying again at the next sync");
+                    }
+                },
+                Some(false) if seen_ms >= self.settle_ms() => {
+                    tracing::warn!(key, node = %closing.node, "dropped a migration whose deploy stopped before it recorded its version");
+                    self.finish_closing(rt, &key, &closing, false).await;
                 }
-                Err(e) => {
-                    tracing::warn!(key, error = %e, "could not finish a migration whose node stopped; trying again at the next sync");
-                }
+                // Not readable now, or a record of it may still land.
+                _ => {}
             }
         }
     }
@@ -449,14 +489,19 @@ mod tests {
 
     #[test]
     fn closing_keys_parse_back_and_acks_and_records_do_not() {
-        let k = closing_key("t", "a", 7);
-        assert_eq!(k, "versions/t/a/closing-00000000000000000007");
+        let k = closing_key("t", "a", 7, "00ff00ff00ff00ff");
+        assert_eq!(
+            k,
+            "versions/t/a/closing-00000000000000000007-00ff00ff00ff00ff"
+        );
         assert_eq!(parse_closing_key(&k), Some(("t".into(), "a".into(), 7)));
         for bad in [
             ack_key(&k, "n1", 3),
             "versions/t/a/00000000000000000007".to_owned(),
-            "versions/t/a/closing-7".to_owned(),
-            "versions/t/closing-00000000000000000007".to_owned(),
+            "versions/t/a/closing-00000000000000000007".to_owned(),
+            "versions/t/a/closing-7-00ff00ff00ff00ff".to_owned(),
+            "versions/t/a/closing-00000000000000000007-00FF".to_owned(),
+            "versions/t/closing-00000000000000000007-00ff00ff00ff00ff".to_owned(),
         ] {
             assert_eq!(parse_closing_key(&bad), None, "{bad}");
         }
