@@ -669,16 +669,6 @@ impl Gates {
         self.any.store(!closed.is_empty(), Ordering::Release);
     }
 
-    /// Whether `class` of `tenant`/`app` is closed.
-    pub fn is_closed(&self, tenant: &str, app: &str, class: &str) -> bool {
-        self.any.load(Ordering::Acquire)
-            && self.closed.read().contains_key(&(
-                tenant.to_owned(),
-                app.to_owned(),
-                class.to_owned(),
-            ))
-    }
-
     /// `class_migrating` for an event of a class being migrated.
     pub(crate) fn refuses(&self, id: &ActorId) -> Option<RuntimeError> {
         if !self.any.load(Ordering::Acquire) {

@@ -791,9 +791,11 @@ impl Runtime {
         crate::class_migrations::closed_records(&self.inner)
     }
 
-    /// Whether a class migration closed the class (its events refused).
-    pub fn class_closed(&self, tenant: &str, app: &str, class: &str) -> bool {
-        self.inner.migrating.is_closed(tenant, app, class)
+    /// `class_migrating` if a class migration closed the actor's class
+    /// (its events are refused): what a cluster node answers before it
+    /// would take the actor.
+    pub fn migration_refusal(&self, id: &ActorId) -> Option<RuntimeError> {
+        self.inner.migrating.refuses(id)
     }
 
     /// The names of a class's actors: on this node's disk and, with a

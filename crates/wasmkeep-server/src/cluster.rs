@@ -315,7 +315,7 @@ static UNSAFE_TAKE_CLOSED: std::sync::atomic::AtomicBool =
 /// Switches [`UNSAFE_TAKE_CLOSED`] on for the process (a `test-faults`
 /// build's `WASMKEEP_UNSAFE=migration_takes_closed_classes`).
 #[cfg(feature = "test-faults")]
-pub fn unsafe_take_closed_classes() {
+pub(crate) fn unsafe_take_closed_classes() {
     UNSAFE_TAKE_CLOSED.store(true, Ordering::Relaxed);
 }
 
@@ -534,32 +534,25 @@ impl ClusterState {
     /// Whether a class migration closed `id`'s class on this node (ADR
     /// 0071): nothing takes the actor then but the migration itself, so
     /// that its holds are free for the node that moves it.
-    pub fn class_closed(&self, id: &ActorId) -> bool {
-        #[cfg(feature = "test-faults")]
-        if UNSAFE_TAKE_CLOSED.load(Ordering::Relaxed) {
-            return false;
-        }
-        self.runtime
-            .get()
-            .is_some_and(|a| a.0.class_closed(&id.tenant, &id.app, &id.class))
+    pub(crate) fn class_closed(&self, id: &ActorId) -> bool {
+        self.refuse_if_class_closed(id).is_err()
     }
 
-    /// `class_migrating` if [`ClusterState::class_closed`].
-    pub fn refuse_if_class_closed(&self, id: &ActorId) -> Result<(), RuntimeError> {
-        if !self.class_closed(id) {
+    /// `class_migrating` if [`ClusterState::class_closed`] (the runtime's
+    /// own refusal).
+    pub(crate) fn refuse_if_class_closed(&self, id: &ActorId) -> Result<(), RuntimeError> {
+        #[cfg(feature = "test-faults")]
+        if UNSAFE_TAKE_CLOSED.load(Ordering::Relaxed) {
             return Ok(());
         }
-        Err(RuntimeError::ClassMigration {
-            code: "class_migrating",
-            message: format!(
-                "class `{}` of {}/{} is being migrated by a deploy; retry in a moment",
-                id.class, id.tenant, id.app
-            ),
-        })
+        match self.runtime.get().and_then(|a| a.0.migration_refusal(id)) {
+            Some(refused) => Err(refused),
+            None => Ok(()),
+        }
     }
 
     /// Whether `node`'s lease is live in `epoch` (`None`: unreadable now).
-    pub async fn node_live(&self, node: &str, epoch: u64) -> Option<bool> {
+    pub(crate) async fn node_live(&self, node: &str, epoch: u64) -> Option<bool> {
         view::live_in(&self.driver, &self.settings().protocol, node, epoch).await
     }
 

@@ -524,18 +524,7 @@ fn a_start_finishes_a_migration_the_node_stopped_in_with_a_bucket() {
         assert_eq!(node.post(&path, b"").0, 204);
     }
     // The deploy's answer never comes: the node aborts mid-way.
-    let addr = node.addr().to_owned();
-    let deploying = std::thread::spawn(move || {
-        let url = format!(
-            "http://{addr}/admin/v1/apps/acme/shop?manifest={}",
-            enc(RENAME)
-        );
-        ureq::put(&url).send(HELLO)
-    });
-    assert!(
-        deploying.join().unwrap().is_err(),
-        "the deploy was answered"
-    );
+    common::deploy_never_answered(node.addr(), "acme/shop", HELLO, RENAME);
     node.kill();
     let out = dir.path().join("out.db");
     let copies = ["p1", "p2", "p3"]

@@ -268,18 +268,7 @@ fn another_node_finishes_a_migration_whose_node_died_half_way() {
         assert_eq!(s, 204, "{body}");
     }
     // A's deploy is never answered: A aborts half-way.
-    let addr = a.node.addr().to_owned();
-    let deploying = std::thread::spawn(move || {
-        let url = format!(
-            "http://{addr}/admin/v1/apps/acme/shop?manifest={}",
-            enc(RENAME)
-        );
-        ureq::put(&url).send(HELLO)
-    });
-    assert!(
-        deploying.join().unwrap().is_err(),
-        "the deploy was answered"
-    );
+    common::deploy_never_answered(a.node.addr(), "acme/shop", HELLO, RENAME);
     a.node.kill();
 
     // B sees A's lease lapse and finishes the moves.

@@ -185,6 +185,26 @@ fn component_key(tenant: &str, app: &str, n: u64, hash: &str) -> String {
     format!("{COMPONENTS_PREFIX}{tenant}/{app}/{n:020}-{hash}.wasm")
 }
 
+/// The numbers of an app's versions among `keys`, ascending.
+fn numbers_in(keys: &[String], tenant: &str, app: &str) -> Vec<u64> {
+    let mut ns: Vec<u64> = keys
+        .iter()
+        .filter_map(|k| parse_record_key(k))
+        .filter(|(t, a, _)| t == tenant && a == app)
+        .map(|(_, _, n)| n)
+        .collect();
+    ns.sort_unstable();
+    ns
+}
+
+/// The closing records among `keys` (ADR 0071).
+fn closings_in(keys: &[String]) -> Vec<String> {
+    keys.iter()
+        .filter(|k| super::migrations::parse_closing_key(k).is_some())
+        .cloned()
+        .collect()
+}
+
 /// `(tenant, app, N)` of a record's key; `None` for anything else.
 pub(crate) fn parse_record_key(key: &str) -> Option<(String, String, u64)> {
     let rest = key.strip_prefix(VERSIONS_PREFIX)?;
@@ -259,23 +279,20 @@ impl Deploys {
         }
     }
 
+    /// The keys under an app's folder of `versions/`: its records, and
+    /// the closing records of its migrations in flight (ADR 0071).
+    async fn app_keys(&self, tenant: &str, app: &str) -> Result<Vec<String>, DeployError> {
+        self.bounded(
+            "list the app's versions",
+            self.bucket
+                .list(&versions_dir(tenant, app), None, VERSIONS_LISTED_MAX),
+        )
+        .await
+    }
+
     /// The numbers of an app's versions in the bucket, ascending.
     async fn numbers(&self, tenant: &str, app: &str) -> Result<Vec<u64>, DeployError> {
-        let keys = self
-            .bounded(
-                "list the app's versions",
-                self.bucket
-                    .list(&versions_dir(tenant, app), None, VERSIONS_LISTED_MAX),
-            )
-            .await?;
-        let mut ns: Vec<u64> = keys
-            .iter()
-            .filter_map(|k| parse_record_key(k))
-            .filter(|(t, a, _)| t == tenant && a == app)
-            .map(|(_, _, n)| n)
-            .collect();
-        ns.sort_unstable();
-        Ok(ns)
+        Ok(numbers_in(&self.app_keys(tenant, app).await?, tenant, app))
     }
 
     async fn record(&self, tenant: &str, app: &str, n: u64) -> Result<Record, DeployError> {
@@ -366,7 +383,8 @@ impl Deploys {
             // No version of an app is recorded while a migration of it is
             // in flight (ADR 0071): its number and its prune are the
             // migration's.
-            if !only_first && let Some(other) = self.closings_of(tenant, app).await?.first() {
+            let keys = self.app_keys(tenant, app).await?;
+            if !only_first && let Some(other) = closings_in(&keys).first() {
                 return Err(RuntimeError::ClassMigration {
                     code: "migration_busy",
                     message: format!(
@@ -375,7 +393,7 @@ impl Deploys {
                 }
                 .into());
             }
-            let newest = self.numbers(tenant, app).await?.last().copied();
+            let newest = numbers_in(&keys, tenant, app).last().copied();
             if only_first && newest.is_some() {
                 return Ok(None);
             }
@@ -508,9 +526,7 @@ impl Deploys {
         }
         // One migration of an app at a time: of two created together, the
         // lower key goes on.
-        if let Some(other) = self
-            .closings_of(&tenant, &app)
-            .await?
+        if let Some(other) = closings_in(&self.app_keys(&tenant, &app).await?)
             .into_iter()
             .find(|k| *k < key)
         {
@@ -586,25 +602,6 @@ impl Deploys {
         }
         self.prune(rt, &tenant, &app, n).await;
         installed
-    }
-
-    /// The closing records of an app's migrations in flight.
-    pub(crate) async fn closings_of(
-        &self,
-        tenant: &str,
-        app: &str,
-    ) -> Result<Vec<String>, DeployError> {
-        let keys = self
-            .bounded(
-                "list the app's versions",
-                self.bucket
-                    .list(&versions_dir(tenant, app), None, VERSIONS_LISTED_MAX),
-            )
-            .await?;
-        Ok(keys
-            .into_iter()
-            .filter(|k| super::migrations::parse_closing_key(k).is_some())
-            .collect())
     }
 
     /// Whether the version a closing record precedes was recorded, read
@@ -861,26 +858,37 @@ impl Deploys {
         one: Option<tokio::sync::MutexGuard<'_, ()>>,
     ) -> Result<usize, DeployError> {
         let mut installed = 0;
+        let mut listed = None;
         if let Some(one) = one {
-            installed = self.install_newest(rt).await?;
+            let (n, keys) = self.install_newest(rt).await?;
+            installed = n;
+            listed = Some(keys);
             drop(one);
         }
         if let Some(state) = self.cluster() {
-            // Listed afresh, after the installs: the reopening of a class
-            // waits for this node to serve the version that migrated it.
-            let keys = self
-                .bounded(
-                    "list versions",
-                    self.bucket.list(VERSIONS_PREFIX, None, VERSIONS_LISTED_MAX),
-                )
-                .await?;
+            // Listed afresh, after the installs, while migrations are about
+            // (the reopening of a class waits for this node to serve the
+            // version that migrated it); else the installs' listing serves.
+            let keys = match listed {
+                Some(keys) if closings_in(&keys).is_empty() && rt.closing_records().is_empty() => {
+                    keys
+                }
+                _ => {
+                    self.bounded(
+                        "list versions",
+                        self.bucket.list(VERSIONS_PREFIX, None, VERSIONS_LISTED_MAX),
+                    )
+                    .await?
+                }
+            };
             self.sync_closings(&state, rt, &keys).await;
         }
         Ok(installed)
     }
 
-    /// The installs of a sync, under `writing`.
-    async fn install_newest(&self, rt: &Runtime) -> Result<usize, DeployError> {
+    /// The installs of a sync, under `writing`: how many, and the listing
+    /// of `versions/` they read.
+    async fn install_newest(&self, rt: &Runtime) -> Result<(usize, Vec<String>), DeployError> {
         let keys = self
             .bounded(
                 "list versions",
@@ -902,7 +910,7 @@ impl Deploys {
                 }
             }
         }
-        Ok(installed)
+        Ok((installed, keys))
     }
 
     /// Installs version `n` of an app unless this node has it. Under

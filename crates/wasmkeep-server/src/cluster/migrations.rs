@@ -61,6 +61,9 @@ pub const CLOSING_WAIT_MS: u64 = 30_000;
 /// How long it waits for the hold of one actor to move (a node that died
 /// holding it: its lease lapses first).
 pub const HOLD_WAIT_MS: u64 = 30_000;
+/// Most acks one listing of a closing record's acks reads (one a live
+/// node: past it, a cluster's migration waits for acks it cannot see).
+pub const ACKS_LISTED_MAX: u64 = 10_000;
 /// Pause between two looks at the acks, or two tries of a hold.
 const POLL_MS: u64 = 200;
 
@@ -275,7 +278,7 @@ impl Deploys {
             let acks: HashSet<String> = self
                 .bounded(
                     "list the acks",
-                    self.bucket.list(&acks_dir(key), None, 10_000),
+                    self.bucket.list(&acks_dir(key), None, ACKS_LISTED_MAX),
                 )
                 .await?
                 .into_iter()
@@ -315,7 +318,7 @@ impl Deploys {
         let acks = self
             .bounded(
                 "list the acks",
-                self.bucket.list(&acks_dir(key), None, 10_000),
+                self.bucket.list(&acks_dir(key), None, ACKS_LISTED_MAX),
             )
             .await?;
         for a in acks {

@@ -296,7 +296,7 @@ impl Ownership {
 
     /// The actors this node holds in `epoch`, from each cell's copy of its
     /// hold (never waiting on a slot a route holds).
-    pub fn held_ids(&self, epoch: u64) -> Vec<ActorId> {
+    pub(crate) fn held_ids(&self, epoch: u64) -> Vec<ActorId> {
         self.all_cells()
             .into_iter()
             .filter(|(_, c)| {

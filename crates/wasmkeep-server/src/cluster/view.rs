@@ -165,7 +165,7 @@ enum Read {
 /// Whether `node`'s latest lease record is live in `epoch`: `None` when
 /// it could not be read. One listing of the node's folder and one read,
 /// whatever the cluster's size.
-pub async fn live_in(
+pub(crate) async fn live_in(
     driver: &BucketDriver,
     config: &ClusterConfig,
     node: &str,

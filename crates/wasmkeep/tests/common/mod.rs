@@ -267,3 +267,23 @@ pub(crate) fn code(v: &serde_json::Value) -> &str {
 pub(crate) fn enc(s: &str) -> String {
     percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
 }
+
+/// Deploys `wasm` as `tenant_app` with `manifest` through the node at
+/// `addr` and asserts that no answer comes: the node dies on the way (a
+/// crash point a test switched on).
+pub(crate) fn deploy_never_answered(
+    addr: &str,
+    tenant_app: &str,
+    wasm: &'static [u8],
+    manifest: &str,
+) {
+    let url = format!(
+        "http://{addr}/admin/v1/apps/{tenant_app}?manifest={}",
+        enc(manifest)
+    );
+    let deploying = std::thread::spawn(move || ureq::put(&url).send(wasm));
+    assert!(
+        deploying.join().unwrap().is_err(),
+        "the deploy was answered"
+    );
+}
