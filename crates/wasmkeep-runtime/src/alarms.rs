@@ -191,6 +191,27 @@ impl Alarms<'_> {
         }
     }
 
+    /// Opens the actor and looks at its committed alarm as the timer does
+    /// when one comes due: runs it if it is due, and otherwise puts it in
+    /// this node's timer. A cluster node that was handed an actor calls it
+    /// (ADR 0072): the actor's alarm is then timed here from the hand-over
+    /// on, instead of waiting for a request or a sweep to reach it.
+    /// Returns whether an alarm ran.
+    pub async fn look(&self, id: &ActorId) -> Result<bool, RuntimeError> {
+        let (tx, rx) = oneshot::channel();
+        self.inner.enqueue(
+            id,
+            Event::new(EventKind::Alarm { force: false }, Some(tx)),
+            false,
+        )?;
+        match rx.await {
+            Ok(Ok(Outcome::Alarm(ran))) => Ok(ran),
+            Ok(Ok(_)) => Ok(false),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(RuntimeError::ShuttingDown),
+        }
+    }
+
     /// Runs an actor's pending alarm now, due or not; whether there was
     /// one. Its handler sees the time it was set for in `scheduled-ms`.
     pub async fn run_now(&self, id: &ActorId) -> Result<bool, RuntimeError> {

@@ -24,6 +24,7 @@ mod fanout;
 mod history;
 mod inbound;
 mod logs;
+mod rebalance;
 mod replay_bucket;
 mod shares;
 mod sockets;
@@ -312,6 +313,7 @@ pub fn router(rt: Runtime, config: ServerConfig) -> Router {
     state.exported = start_export(&state);
     inbound::install(&state);
     history::start(&state);
+    rebalance::start(&state);
     state.rt.set_access_log(state.config.access_log);
     let admin = Router::new()
         .route("/apps", get(list_apps))
@@ -348,6 +350,8 @@ pub fn router(rt: Runtime, config: ServerConfig) -> Router {
         .route("/logs/{tenant}/{app}/{class}/{name}", get(logs::logs_route))
         .route("/node", get(show_node))
         .route("/node/drain", post(drain::start).delete(drain::stop))
+        .route("/node/take", post(rebalance::take))
+        .route("/node/give", post(rebalance::give))
         .route("/node/history", get(history::history_route))
         .route("/console/logout", post(console::logout))
         .route("/traces", get(trace_routes::recent))

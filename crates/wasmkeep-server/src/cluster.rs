@@ -46,6 +46,7 @@ pub mod identity;
 mod lease_task;
 pub mod migrations;
 pub mod ownership;
+pub mod rebalance;
 pub mod sign;
 pub mod sweep;
 pub mod view;
@@ -114,6 +115,10 @@ pub struct ClusterSettings {
     /// `None`: an id drawn at the first start and kept in the data
     /// directory.
     pub node_id: Option<String>,
+    /// How many actors a second this node hands to a node that asks for
+    /// its fair share, and whether it asks for its own when it starts
+    /// serving (`cluster_rebalance_moves_per_s`, ADR 0072; 0: neither).
+    pub rebalance_moves_per_s: u32,
 }
 
 impl ClusterSettings {
@@ -140,6 +145,7 @@ impl ClusterSettings {
                 .saturating_add(RELEASE_AFTER_IDLE_CLOSE_MS),
             deploy_sync_ms: deploys::DEPLOY_SYNC_MS,
             node_id: None,
+            rebalance_moves_per_s: rebalance::MOVES_PER_S,
         }
     }
 }
@@ -292,6 +298,9 @@ pub struct ClusterState {
     draining: std::sync::atomic::AtomicBool,
     /// Whether the task of a drain (`wasmkeep drain`) runs.
     pub(crate) drain_task: std::sync::atomic::AtomicBool,
+    /// The other nodes' asks for actors this node has not handed over yet
+    /// (planned rebalancing, ADR 0072).
+    pub(crate) gives: rebalance::Gives,
     /// Actor requests this node is routing, running or forwarding now.
     in_flight: std::sync::atomic::AtomicUsize,
     /// The alarm sweep's counters.
@@ -409,6 +418,7 @@ impl ClusterState {
             lease_counter_plus_1: AtomicU64::new(0),
             draining: std::sync::atomic::AtomicBool::new(false),
             drain_task: std::sync::atomic::AtomicBool::new(false),
+            gives: rebalance::Gives::default(),
             in_flight: std::sync::atomic::AtomicUsize::new(0),
             live: parking_lot::Mutex::new(Vec::new()),
             deploys,

@@ -125,6 +125,9 @@ pub(crate) struct NodeConfig {
     /// How often a cluster node installs the apps' newest versions from
     /// the bucket (ADR 0058).
     pub cluster_deploy_sync_ms: u64,
+    /// Planned rebalancing's pace: actors a second a node hands to one that
+    /// asks for its fair share (ADR 0072; 0: no rebalancing).
+    pub cluster_rebalance_moves_per_s: u32,
     /// The outbox's bounds and outbound HTTP's ceilings (ADR 0040).
     pub outbox_pending_max: u64,
     pub outbox_body_bytes_max: usize,
@@ -272,6 +275,7 @@ impl Default for NodeConfig {
             cluster_owner_cache_ttl_ms: wasmkeep_server::cluster::OWNER_CACHE_TTL_MS,
             cluster_actors_max: wasmkeep_server::cluster::ACTORS_MAX,
             cluster_deploy_sync_ms: wasmkeep_server::cluster::deploys::DEPLOY_SYNC_MS,
+            cluster_rebalance_moves_per_s: wasmkeep_server::cluster::rebalance::MOVES_PER_S,
             outbox_pending_max: rt.outbox.pending_max,
             outbox_body_bytes_max: rt.outbox.body_bytes_max,
             outbox_context_bytes_max: rt.outbox.context_bytes_max,
@@ -532,6 +536,7 @@ impl NodeConfig {
         settings.owner_cache_ttl_ms = self.cluster_owner_cache_ttl_ms;
         settings.actors_max = self.cluster_actors_max;
         settings.deploy_sync_ms = self.cluster_deploy_sync_ms;
+        settings.rebalance_moves_per_s = self.cluster_rebalance_moves_per_s;
         settings.node_id = self.cluster_node_id.clone();
         settings
             .check()

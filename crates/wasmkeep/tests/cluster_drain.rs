@@ -17,7 +17,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::cluster::{status, value};
+use common::cluster::{REPLICATED, send, status, value};
 use common::load::{
     Cluster, Member, Sent, Store, actor_name, busiest, check_every_value_acknowledged,
     check_history, failures_by_code, owners, read_finals, spread_load,
@@ -99,6 +99,55 @@ fn drain_under_load(store: Store) {
     let (code, stdout, stderr) = asked.node.cli(&["drain", &drained.id, "--undo"], &[]);
     assert_eq!(code, 0, "{stdout}{stderr}");
     assert_eq!(status(&drained.node)["moving_out"].as_bool(), Some(false));
+}
+
+/// A drained actor's alarm runs on the node it went to, at its time: the
+/// drain asks that node to take the actor, which opens it and times its
+/// alarm (ADR 0072). The sweep runs once in ten minutes here, and nothing
+/// reads the actor until after its alarm's time: only the hand-over can
+/// have run it before that read.
+#[test]
+fn a_drained_actors_alarm_runs_on_its_new_node_before_anything_reads_it() {
+    let c = Cluster::with_settings(Store::Folder, 60_000, "alarm_sweep_ms = 600000\n");
+    let members = [c.start("a"), c.start("b")];
+    let now_ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64
+    };
+    let path = "/v1/demo/examples/reminder/drained";
+    let due_ms = now_ms() + 8_000;
+    let set = send(
+        members[0].port,
+        "POST",
+        &format!("{path}/set?at_ms={due_ms}"),
+        &[REPLICATED],
+    );
+    assert_eq!(set.status, 200, "{}", set.body);
+    assert_eq!(set.node.as_deref(), Some(members[0].id.as_str()));
+
+    let (code, stdout, stderr) = members[1].node.cli(&["drain", &members[0].id], &[]);
+    assert_eq!(code, 0, "wasmkeep drain failed: {stdout}{stderr}");
+    assert!(
+        now_ms() < due_ms,
+        "the drain outlasted the alarm's lead: the test shows nothing"
+    );
+    assert_eq!(status(&members[0].node)["held_actors"].as_u64(), Some(0));
+    assert_eq!(status(&members[1].node)["held_actors"].as_u64(), Some(1));
+
+    std::thread::sleep(Duration::from_millis(due_ms + 2_000 - now_ms()));
+    let read_ms = now_ms();
+    let a = send(members[1].port, "GET", &format!("{path}/fired"), &[]);
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert_eq!(a.node.as_deref(), Some(members[1].id.as_str()));
+    let runs = a.body["fired"].as_array().cloned().unwrap_or_default();
+    assert_eq!(runs.len(), 1, "{}", a.body);
+    let fired_ms = runs[0]["fired_ms"].as_u64().unwrap();
+    assert!(
+        (due_ms..read_ms).contains(&fired_ms),
+        "the alarm due at {due_ms} ran at {fired_ms}, not before the read at {read_ms}"
+    );
 }
 
 #[test]

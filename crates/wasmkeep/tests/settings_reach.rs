@@ -125,6 +125,7 @@ cluster_forward_timeout_ms = 30058
 cluster_owner_cache_ttl_ms = 2059
 cluster_actors_max = 100060
 cluster_deploy_sync_ms = 2071
+cluster_rebalance_moves_per_s = 2093
 cluster_node_id = "node-reach"
 outbox_pending_max = 1061
 outbox_body_bytes_max = 1000062
@@ -454,6 +455,7 @@ fn cluster_rows(r: &mut Reach, n: &NodeConfig, cluster: &ClusterSettings) {
     reach!(r, n.cluster_owner_cache_ttl_ms => cluster.owner_cache_ttl_ms);
     reach!(r, n.cluster_actors_max => cluster.actors_max);
     reach!(r, n.cluster_deploy_sync_ms => cluster.deploy_sync_ms);
+    reach!(r, n.cluster_rebalance_moves_per_s => cluster.rebalance_moves_per_s);
     reach!(r, n.cluster_node_id => cluster.node_id);
     // Derived: a hold outlives the runtime's idle close, and a relayed
     // answer is what the owner's actor may send plus an error body.
@@ -573,6 +575,12 @@ fn each_consumers_own_default_is_the_nodes() {
             "deploy_sync_ms",
             bare.deploy_sync_ms,
             from_node.deploy_sync_ms,
+        ),
+        (
+            "cluster_rebalance_moves_per_s",
+            "rebalance_moves_per_s",
+            u64::from(bare.rebalance_moves_per_s),
+            u64::from(from_node.rebalance_moves_per_s),
         ),
         (
             "actor_idle_ms",

@@ -36,7 +36,7 @@ use serde_json::json;
 
 use wasmkeep_runtime::ActorId;
 
-use super::{ApiError, AppState, fanout};
+use super::{ApiError, AppState};
 use crate::cluster::ClusterState;
 
 /// How long the drain task waits between two rounds while actors are left.
@@ -81,21 +81,10 @@ pub(super) async fn start(State(s): State<AppState>) -> Result<Response, ApiErro
 /// (each asked its `/admin/v1/node`; one that does not answer, or is
 /// stopping, is left out).
 async fn peers(c: &ClusterState) -> Result<Vec<(String, String)>, ApiError> {
-    let view = fanout::live(c).await?;
-    let answers = fanout::ask(c, &view, &format!("{}/node", super::ADMIN_PREFIX)).await;
-    let serving: std::collections::HashSet<String> = answers
+    Ok(super::rebalance::loads(c)
+        .await?
         .into_iter()
-        .filter_map(|(node, body)| {
-            let v = fanout::json_of(body)?;
-            let n = &v["cluster"];
-            (n["serving"] == true && n["moving_out"] != true).then_some(node)
-        })
-        .collect();
-    Ok(view
-        .live
-        .iter()
-        .filter(|n| n.node != c.node() && serving.contains(&n.node))
-        .map(|n| (n.node.clone(), n.address.clone()))
+        .map(|l| (l.node, l.address))
         .collect())
 }
 
@@ -130,8 +119,12 @@ async fn run(c: Arc<ClusterState>, rt: wasmkeep_runtime::Runtime) {
                 }
             }
             let close = |id: ActorId| closed(rt.clone(), id);
+            let ask = |id: ActorId, node: String, address: String| {
+                let c = Arc::clone(&c);
+                async move { super::rebalance::ask_take(&c, &node, &address, &id).await }
+            };
             c.ownership
-                .drain_held(|| c.acting_epoch(), close, &mut later)
+                .drain_held(|| c.acting_epoch(), close, ask, &mut later)
                 .await;
             tokio::time::sleep(Duration::from_millis(DRAIN_ROUND_PAUSE_MS)).await;
         }
@@ -148,7 +141,7 @@ async fn run(c: Arc<ClusterState>, rt: wasmkeep_runtime::Runtime) {
 /// and must be gone first (a socket's close would open it again), then the
 /// runtime closes it if nothing of it is queued or running and its uploads
 /// are done (off the async threads: a close checkpoints the database).
-async fn closed(rt: wasmkeep_runtime::Runtime, id: ActorId) -> bool {
+pub(super) async fn closed(rt: wasmkeep_runtime::Runtime, id: ActorId) -> bool {
     if rt.sockets().has_sockets(&id) {
         rt.sockets().close_all(
             Some(&id),

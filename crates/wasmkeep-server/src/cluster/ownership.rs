@@ -129,14 +129,43 @@ struct Cell {
     /// take holds across the bucket's round trips): what an actor's turn
     /// tags its alarm index entries with.
     held_copy: std::sync::Mutex<Option<Held>>,
+    /// The actor came here by a rebalancing move ([`Ownership::mark_moved_in`])
+    /// and has not been released since: a rebalancing move never picks it
+    /// (never two moves of one actor in a row, ADR 0072).
+    moved_in: std::sync::atomic::AtomicBool,
 }
 
 impl Cell {
-    /// Sets the hold, and its copy, together.
+    /// Sets the hold, and its copy, together. A hold that ends forgets
+    /// that the actor was moved in.
     fn set_held(&self, slot: &mut Slot, held: Option<Held>) {
         slot.held = held;
         *self.held_copy.lock().expect("held copy") = held;
+        if held.is_none() {
+            self.moved_in.store(false, Ordering::Release);
+        }
     }
+
+    fn held_in(&self, epoch: u64) -> bool {
+        self.held_copy
+            .lock()
+            .expect("held copy")
+            .is_some_and(|h| h.epoch == epoch)
+    }
+}
+
+/// What became of one hand-over ([`Ownership::hand_over`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HandOver {
+    /// Released here, and the node asked took it.
+    Moved,
+    /// Released here; the node asked did not take it (its next request
+    /// takes it wherever it arrives).
+    Released,
+    /// Still busy at the bound ([`DRAIN_ACTOR_WAIT_MS`]): still held here.
+    Busy,
+    /// Not held here, or this node does not act.
+    NotHeld,
 }
 
 #[derive(Debug, Default)]
@@ -171,13 +200,15 @@ pub struct OwnershipCounters {
     pub releases_total: Counter,
     pub forwards_total: Counter,
     pub forward_failures_total: Counter,
+    pub moves_out_total: Counter,
+    pub moves_in_total: Counter,
 }
 
 impl OwnershipCounters {
     /// Registers the counters in `r` (under names without `_total`, which
     /// the library appends).
     pub fn register(&self, r: &mut Registry) {
-        let series: [(&str, &Counter, &str); 7] = [
+        let series: [(&str, &Counter, &str); 9] = [
             (
                 "wasmkeep_cluster_takes",
                 &self.takes_total,
@@ -212,6 +243,16 @@ impl OwnershipCounters {
                 "wasmkeep_cluster_forward_failures",
                 &self.forward_failures_total,
                 "Forwards that failed (owner unreachable, timed out, not the owner).",
+            ),
+            (
+                "wasmkeep_cluster_moves_out",
+                &self.moves_out_total,
+                "Actors this node handed to another node that took them (drain, rebalancing).",
+            ),
+            (
+                "wasmkeep_cluster_moves_in",
+                &self.moves_in_total,
+                "Actors another node handed to this one (drain, rebalancing).",
             ),
         ];
         for (name, counter, help) in series {
@@ -299,12 +340,7 @@ impl Ownership {
     pub(crate) fn held_ids(&self, epoch: u64) -> Vec<ActorId> {
         self.all_cells()
             .into_iter()
-            .filter(|(_, c)| {
-                c.held_copy
-                    .lock()
-                    .expect("held copy")
-                    .is_some_and(|h| h.epoch == epoch)
-            })
+            .filter(|(_, c)| c.held_in(epoch))
             .map(|(id, _)| id)
             .collect()
     }
@@ -547,78 +583,169 @@ impl Ownership {
         self.moving_out.lock().expect("moving out").is_some()
     }
 
-    /// One round of a drain: releases every actor held in `epoch`, one at a
-    /// time, while the node drains. For each, new requests wait on its
-    /// slot, those running finish and the runtime closes it (`close`: true
-    /// once it is closed, its queued events run, its commits uploaded and
-    /// its sockets gone), at most [`DRAIN_ACTOR_WAIT_MS`]; then its hold is
-    /// released and the requests that waited go to the node that takes it.
-    /// An actor still busy at the bound is left alone for a while (`later`:
-    /// one second, doubling after each time in a row, at most
+    /// One round of a drain: hands every actor held in the acting epoch
+    /// over, one at a time, while the node drains, each to the peer
+    /// rendezvous hashing picks for it among the drain's peers (the one a
+    /// request for it would go to once it is free): see
+    /// [`Ownership::hand_over`], `ask` being the call that asks a peer to
+    /// take it. An actor still busy at the bound is left alone for a while
+    /// (`later`: one second, doubling after each time in a row, at most
     /// [`DRAIN_BUSY_BACKOFF_MAX_MS`]), so that its requests run meanwhile.
     /// Returns how many were released.
-    pub async fn drain_held<F: std::future::Future<Output = bool>>(
+    pub async fn drain_held<F, T>(
         &self,
         acting_epoch: impl Fn() -> Option<u64>,
         close: impl Fn(ActorId) -> F,
+        ask: impl Fn(ActorId, String, String) -> T,
         later: &mut HashMap<ActorId, (u64, u32)>,
-    ) -> usize {
+    ) -> usize
+    where
+        F: std::future::Future<Output = bool>,
+        T: std::future::Future<Output = bool>,
+    {
         let mut released = 0;
         for (id, cell) in self.all_cells() {
-            if !self.is_moving_out() {
+            let Some(peers) = self.moving_out_peers() else {
                 break;
-            }
-            // Not held (the copy, without waiting on a slot a route holds),
-            // or left alone for a while.
-            if cell.held_copy.lock().expect("held copy").is_none()
-                || later.get(&id).is_some_and(|(until, _)| now_ms() < *until)
-            {
-                continue;
-            }
-            let mut slot = cell.slot.lock().await;
+            };
             let Some(epoch) = acting_epoch() else {
                 break;
             };
-            let Some(held) = slot.held.filter(|h| h.epoch == epoch) else {
+            // Not held (the copy, without waiting on a slot a route holds),
+            // or left alone for a while.
+            if !cell.held_in(epoch) || later.get(&id).is_some_and(|(until, _)| now_ms() < *until) {
                 continue;
+            }
+            let names: Vec<String> = peers.iter().map(|(n, _)| n.clone()).collect();
+            let Some((node, address)) =
+                wasmkeep_cluster::sweep::rendezvous(&id.to_string(), &names)
+                    .and_then(|pick| peers.iter().find(|(n, _)| n == pick).cloned())
+            else {
+                break;
             };
-            let Ok(root) = self.root(&id) else {
-                continue;
-            };
-            let end = now_ms() + DRAIN_ACTOR_WAIT_MS;
-            let mut idle = false;
-            while now_ms() < end {
-                if cell.in_flight.load(Ordering::Acquire) == 0 && close(id.clone()).await {
-                    idle = true;
-                    break;
+            let to = (node.as_str(), address.as_str());
+            let asked = || ask(id.clone(), node.clone(), address.clone());
+            match self.hand_over(&id, &acting_epoch, &close, to, asked).await {
+                HandOver::Busy => {
+                    let times = later.get(&id).map_or(0, |(_, n)| *n).saturating_add(1);
+                    let wait = wasmkeep_cluster::retry::RetryPolicy {
+                        first_ms: 1_000,
+                        max_ms: DRAIN_BUSY_BACKOFF_MAX_MS,
+                        retries_max: None,
+                    }
+                    .delay_ms(times);
+                    later.insert(id.clone(), (now_ms() + wait, times));
+                    tracing::warn!(actor = %id, wait_ms = wait, "drain: the actor stayed busy; tried again later");
                 }
-                tokio::time::sleep(std::time::Duration::from_millis(DRAIN_POLL_MS)).await;
-            }
-            if !idle {
-                let times = later.get(&id).map_or(0, |(_, n)| *n).saturating_add(1);
-                let wait = wasmkeep_cluster::retry::RetryPolicy {
-                    first_ms: 1_000,
-                    max_ms: DRAIN_BUSY_BACKOFF_MAX_MS,
-                    retries_max: None,
+                HandOver::Moved | HandOver::Released => {
+                    later.remove(&id);
+                    released += 1;
+                    tracing::info!(actor = %id, to = node, "drain: handed the actor over");
                 }
-                .delay_ms(times);
-                later.insert(id.clone(), (now_ms() + wait, times));
-                tracing::warn!(actor = %id, wait_ms = wait, "drain: the actor stayed busy; tried again later");
-                continue;
+                HandOver::NotHeld => {
+                    later.remove(&id);
+                }
             }
-            later.remove(&id);
-            cell.set_held(&mut slot, None);
-            slot.owner = None;
-            if self.release(&root, held, &acting_epoch).await {
-                released += 1;
-                tracing::info!(actor = %id, "drain: released the actor");
-            }
-            // A release that failed may still have landed: the actor is not
-            // held here any more either way. If the bucket still names this
-            // node, the lookup of its next request says so and this node
-            // takes it again (`route_away`); the next round releases it.
         }
         released
+    }
+
+    /// Hands the actor `id` this node holds to the node `to` (its id and
+    /// address): its new requests wait on its slot while those running
+    /// finish and the runtime closes it (`close`: true once it is closed,
+    /// its queued events run, its commits uploaded and its sockets gone),
+    /// at most [`DRAIN_ACTOR_WAIT_MS`]; then its hold is released and,
+    /// still under the slot, `ask` asks `to` to take it (true: it did).
+    /// The requests that waited then go to `to` (cached as the owner), or,
+    /// if it did not take the actor, to whichever node takes it first
+    /// (this one too). The receiving node opens the actor at once, so that
+    /// its alarm is timed there (ADR 0072).
+    pub async fn hand_over<F, T>(
+        &self,
+        id: &ActorId,
+        acting_epoch: &impl Fn() -> Option<u64>,
+        close: &impl Fn(ActorId) -> F,
+        (to, address): (&str, &str),
+        ask: impl FnOnce() -> T,
+    ) -> HandOver
+    where
+        F: std::future::Future<Output = bool>,
+        T: std::future::Future<Output = bool>,
+    {
+        let Some(cell) = self.cells.lock().expect("cells").get(id).cloned() else {
+            return HandOver::NotHeld;
+        };
+        let mut slot = cell.slot.lock().await;
+        let Some(epoch) = acting_epoch() else {
+            return HandOver::NotHeld;
+        };
+        let Some(held) = slot.held.filter(|h| h.epoch == epoch) else {
+            return HandOver::NotHeld;
+        };
+        let Ok(root) = self.root(id) else {
+            return HandOver::NotHeld;
+        };
+        let end = now_ms() + DRAIN_ACTOR_WAIT_MS;
+        let mut idle = false;
+        while now_ms() < end {
+            if cell.in_flight.load(Ordering::Acquire) == 0 && close(id.clone()).await {
+                idle = true;
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(DRAIN_POLL_MS)).await;
+        }
+        if !idle {
+            return HandOver::Busy;
+        }
+        cell.set_held(&mut slot, None);
+        slot.owner = None;
+        if !self.release(&root, held, acting_epoch).await {
+            // It may still have landed: the actor is not held here any
+            // more either way. If the bucket still names this node, the
+            // next request's take (or a drain's lookup) says so and this
+            // node takes it again; nobody else is asked to meanwhile.
+            return HandOver::Released;
+        }
+        if !ask().await {
+            return HandOver::Released;
+        }
+        self.counters.moves_out_total.inc();
+        slot.owner = Some(Owner {
+            node: to.to_owned(),
+            address: address.to_owned(),
+            until_ms: now_ms() + self.settings.owner_cache_ttl_ms,
+        });
+        HandOver::Moved
+    }
+
+    /// Up to `n` actors held in `epoch` that a rebalancing move may hand
+    /// over: not moved here by one (never two moves of one actor in a row)
+    /// and not `kept` (a closed class's), the most recently used first
+    /// (those carry the load; an actor long unused is about to be released
+    /// anyway).
+    pub(crate) fn to_give(
+        &self,
+        epoch: u64,
+        n: usize,
+        kept: impl Fn(&ActorId) -> bool,
+    ) -> Vec<ActorId> {
+        let mut held: Vec<(u64, ActorId)> = self
+            .all_cells()
+            .into_iter()
+            .filter(|(id, c)| c.held_in(epoch) && !c.moved_in.load(Ordering::Acquire) && !kept(id))
+            .map(|(id, c)| (c.last_used_ms.load(Ordering::Acquire), id))
+            .collect();
+        held.sort_by(|a, b| b.0.cmp(&a.0));
+        held.into_iter().take(n).map(|(_, id)| id).collect()
+    }
+
+    /// Marks `id`, just taken here at another node's request, as moved in
+    /// ([`Ownership::to_give`] leaves it until it is released).
+    pub(crate) fn mark_moved_in(&self, id: &ActorId) {
+        if let Some(cell) = self.cells.lock().expect("cells").get(id) {
+            cell.moved_in.store(true, Ordering::Release);
+            self.counters.moves_in_total.inc();
+        }
     }
 
     /// Drops the cached owner of `id` if it is `node` (a forward to it

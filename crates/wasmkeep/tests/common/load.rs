@@ -471,6 +471,17 @@ pub(crate) fn spread_load(
     (balancer, load)
 }
 
+/// A counter or gauge of `m`'s `/metrics` (the test fails if it is not
+/// there).
+#[allow(dead_code, reason = "not every test binary reads metrics")]
+pub(crate) fn metric(m: &Member, name: &str) -> u64 {
+    let (_, text) = m.node.get("/metrics");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in /metrics"))
+}
+
 /// The owners: the node that ran each actor's latest acknowledged write.
 pub(crate) fn owners(log: &[Sent]) -> HashMap<usize, String> {
     let mut o = HashMap::new();

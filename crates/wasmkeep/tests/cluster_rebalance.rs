@@ -1,0 +1,135 @@
+//! Planned rebalancing (issue 41, ADR 0072): a node that joins a cluster
+//! under load takes its fair share of the actors from the nodes above it,
+//! with no failed request and nothing acknowledged lost, and an actor
+//! that came to a node by a move is not moved again in a row.
+//!
+//! Real `wasmkeep serve` processes on a folder bucket, client threads
+//! sending `replicated` increments through the first two nodes only (the
+//! machinery of `cluster_load.rs`, in `common/load.rs`): whatever a node
+//! that joins later holds, it was handed. Waits poll with a generous
+//! bound; nothing asserts a time.
+
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests of real processes, sockets and threads wait and measure in real time"
+)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::cluster::status;
+use common::load::{
+    Cluster, Member, Sent, Store, check_every_value_acknowledged, check_history, failures_by_code,
+    owners, read_finals, spread_load, wait_for,
+};
+
+/// Clients wait for an answer as long as the cluster may take.
+const CLIENT_TIMEOUT: Duration = Duration::from_secs(60);
+const ACTORS: usize = 24;
+
+fn held(m: &Member) -> u64 {
+    status(&m.node)["held_actors"].as_u64().unwrap_or(0)
+}
+
+#[test]
+fn joining_nodes_take_their_fair_share_under_load_and_moved_actors_stay() {
+    let c = Cluster::new(Store::Folder);
+    let first = vec![c.start("a"), c.start("b")];
+    // 24 actors held by a and b; the clients reach only these two.
+    let (_balancer, load) = spread_load(&c, &first, ACTORS, 3, CLIENT_TIMEOUT);
+    assert_eq!(held(&first[0]) + held(&first[1]), ACTORS as u64);
+
+    // A third node joins: a share of 8, 1 of slack.
+    let third = c.start("c");
+    let joined = Instant::now();
+    wait_for("the third node to hold its share", || held(&third) >= 7);
+    assert!(held(&third) <= 8, "more than its share: {}", held(&third));
+    // Its actors answer from it (forwarded by a and b), every one of them.
+    load.wait_acknowledged(
+        ACTORS,
+        3,
+        Instant::now(),
+        "load after the third node joined",
+    );
+    let moved_in = metric(&third, "wasmkeep_cluster_moves_in_total");
+    assert!(moved_in >= 7, "moves in: {moved_in}");
+    let log = load.snapshot();
+    let later: Vec<Sent> = log.iter().filter(|s| s.started > joined).cloned().collect();
+    let on_third = owners(&later).values().filter(|n| **n == third.id).count();
+    assert!(
+        on_third >= 7,
+        "only {on_third} actors answered from the third node"
+    );
+
+    // A fourth: a share of 6. The third node's actors all came by a move
+    // and are still in use, so it gives none of them; the fourth gets
+    // what a and b hold above the share.
+    let fourth = c.start("d");
+    wait_for("the fourth node to get a's and b's excess", || {
+        held(&fourth) >= 4 && held(&first[0]) <= 6 && held(&first[1]) <= 6
+    });
+    // The fourth node asks again every round (5 s) while under its share:
+    // one more round, and the third node still gave nothing.
+    std::thread::sleep(Duration::from_secs(6));
+    assert_eq!(
+        metric(&third, "wasmkeep_cluster_moves_out_total"),
+        0,
+        "an actor moved in was moved again"
+    );
+    assert_eq!(held(&third), moved_in, "the third node's actors stayed");
+    load.wait_acknowledged(
+        ACTORS,
+        3,
+        Instant::now(),
+        "load after the fourth node joined",
+    );
+
+    let log = load.finish();
+    let failed: Vec<&Sent> = log.iter().filter(|s| s.outcome.is_err()).collect();
+    assert!(
+        failed.is_empty(),
+        "{} of {} requests failed while nodes joined: {:?}; first: {:#?}",
+        failed.len(),
+        log.len(),
+        failures_by_code(&log),
+        &failed[..failed.len().min(3)]
+    );
+    let all: Vec<&Member> = [&first[0], &first[1], &third, &fourth]
+        .into_iter()
+        .collect();
+    let finals = read_finals(&all, ACTORS);
+    let tally = check_history(&log, &finals);
+    eprintln!(
+        "rebalance: {ACTORS} actors; held a={} b={} c={} d={}; {tally}",
+        held(&first[0]),
+        held(&first[1]),
+        held(&third),
+        held(&fourth)
+    );
+    check_every_value_acknowledged(&log, &finals);
+}
+
+#[test]
+fn with_rebalancing_off_a_joining_node_takes_nothing_and_refuses_to_give() {
+    let c = Cluster::with_settings(Store::Folder, 60_000, "cluster_rebalance_moves_per_s = 0\n");
+    let first = vec![c.start("a"), c.start("b")];
+    let (_balancer, load) = spread_load(&c, &first, 8, 2, CLIENT_TIMEOUT);
+    let third = c.start("c");
+    std::thread::sleep(Duration::from_secs(6));
+    assert_eq!(held(&third), 0);
+    // Asked directly (as a node that joined would), a node with
+    // rebalancing off refuses.
+    let ask = serde_json::json!({
+        "to": third.id,
+        "address": format!("http://127.0.0.1:{}", third.port),
+        "count": 2,
+    });
+    let (status_code, body) = first[0]
+        .node
+        .post("/admin/v1/node/give", ask.to_string().as_bytes());
+    assert_eq!(status_code, 409, "{body}");
+    assert!(body.contains("not_giving"), "{body}");
+    let log = load.finish();
+    assert!(log.iter().all(|s| s.outcome.is_ok()));
+}
