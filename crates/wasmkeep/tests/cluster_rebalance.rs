@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use common::cluster::status;
 use common::load::{
     Cluster, Member, Sent, Store, check_every_value_acknowledged, check_history, failures_by_code,
-    owners, read_finals, spread_load, wait_for,
+    metric, owners, read_finals, spread_load, wait_for,
 };
 
 /// Clients wait for an answer as long as the cluster may take.

@@ -8,21 +8,21 @@
 //! hashing picks among the live ones that do not drain (read again every
 //! [`DRAIN_PEERS_REFRESH_MS`]), which takes it; a request another node
 //! forwarded to it for an actor it does not hold is refused as not its
-//! own, and the forwarding node takes the actor. A task releases the actors it holds,
-//! one at a time ([`crate::cluster::ownership::Ownership::drain_held`]):
-//! each actor's new requests wait while its running ones finish and the
-//! runtime closes it (its queued events run, its commits reach the
-//! bucket, its WebSockets are gone), then its hold is released and the
-//! waiting requests go to the node that takes it. Nothing waits for the
-//! actor to be idle: a request waits for one actor's hand-over at most.
+//! own, and the forwarding node takes the actor. A task hands the actors
+//! it holds over, one at a time
+//! ([`crate::cluster::ownership::Ownership::drain_held`]): each actor's new
+//! requests wait while its running ones finish and the runtime closes it
+//! (its queued events run, its commits reach the bucket, its WebSockets
+//! are gone), then its hold is released, the peer rendezvous hashing picks
+//! for it is asked to take it (`rebalance.rs`: it opens the actor, so its
+//! alarm is timed there at once, ADR 0072), and the waiting requests go to
+//! that peer. Nothing waits for the actor to be idle: a request waits for
+//! one actor's hand-over at most.
 //!
 //! The drained node keeps serving by forwarding until it is stopped (at
 //! once: it holds nothing) or the drain is ended. What it does not hand
 //! over: its share of the alarm index's overdue entries, which other nodes
-//! deliver as helpers once three sweep margins overdue (ADR 0065), and the
-//! alarms of its released actors, which run on their new node when a request
-//! or a sweep reaches them (up to a lease period plus grace plus a sweep
-//! late, as an orphaned alarm).
+//! deliver as helpers once three sweep margins overdue (ADR 0065).
 
 use std::collections::HashMap;
 use std::sync::Arc;

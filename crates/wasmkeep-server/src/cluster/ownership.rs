@@ -735,7 +735,7 @@ impl Ownership {
             .filter(|(id, c)| c.held_in(epoch) && !c.moved_in.load(Ordering::Acquire) && !kept(id))
             .map(|(id, c)| (c.last_used_ms.load(Ordering::Acquire), id))
             .collect();
-        held.sort_by(|a, b| b.0.cmp(&a.0));
+        held.sort_by_key(|h| std::cmp::Reverse(h.0));
         held.into_iter().take(n).map(|(_, id)| id).collect()
     }
 
