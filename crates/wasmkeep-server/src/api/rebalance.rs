@@ -243,7 +243,12 @@ async fn giving(c: Arc<ClusterState>, rt: Runtime) {
                 let want = g.count - moved;
                 let next = c
                     .ownership
-                    .to_give(epoch, want, |id| skipped.contains(id) || c.class_closed(id));
+                    // Not an actor with WebSockets: a move would close them
+                    // (1001) and their clients reconnect; a drain does
+                    // that, rebalancing does not.
+                    .to_give(epoch, want, |id| {
+                        skipped.contains(id) || c.class_closed(id) || rt.sockets().has_sockets(id)
+                    });
                 if next.is_empty() {
                     break 'ask;
                 }
