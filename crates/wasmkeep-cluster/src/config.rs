@@ -27,9 +27,6 @@ pub const ADDRESS_BYTES_MAX: usize = 300;
 /// interval (a third of the default lease period), so that a hung request
 /// leaves time for the next renewal before the node stops acting.
 pub const BUCKET_TIMEOUT_MS: u64 = 2_000;
-/// Most nodes after an entry's shard node that may deliver it, however
-/// overdue it is ([`ClusterConfig::helper_ranks`], ADR 0065).
-pub const HELPER_RANKS_MAX: usize = 8;
 
 /// The cluster's timing and size bounds. Defaults are ADR 0009's and ADR 0020's.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -102,14 +99,12 @@ impl ClusterConfig {
     /// How many nodes after an entry's shard node, in the rendezvous order
     /// of its actor's address, may deliver it when it is `overdue_ms`
     /// overdue: none before three sweep margins ([`Self::anyones_after_ms`]),
-    /// then one, then twice as many each further margin, at most
-    /// [`HELPER_RANKS_MAX`]. An entry a helper can deliver is thus tried by
-    /// one or two nodes, not by every node, and one held up long by at most
-    /// nine (at 100 nodes, every node trying every such entry made a node's
-    /// bucket requests grow with the cluster: issue 41); it reaches all of
-    /// them within `log2(HELPER_RANKS_MAX)` margins more
-    /// ([`Self::everyones_after_ms`]). An entry of an actor whose live
-    /// owner must run it is that owner's timer's to deliver, not a helper's.
+    /// then one, then twice as many each further margin. An entry a helper
+    /// can deliver is thus tried by one or two nodes, not by every node (at
+    /// 100 nodes, every node trying every such entry made a node's bucket
+    /// requests grow with the cluster: issue 41), and one that only a few
+    /// nodes can deliver reaches all of them within `log2(nodes)` margins
+    /// more ([`Self::everyones_after_ms`]).
     pub(crate) fn helper_ranks(&self, overdue_ms: u64) -> usize {
         let Some(past) = overdue_ms.checked_sub(self.anyones_after_ms()) else {
             return 0;
@@ -118,15 +113,13 @@ impl ClusterConfig {
         1usize
             .checked_shl(u32::try_from(doublings).unwrap_or(u32::MAX).min(63))
             .unwrap_or(usize::MAX)
-            .min(HELPER_RANKS_MAX)
     }
 
-    /// How overdue an entry is when every helper it may have among `nodes`
-    /// live nodes (all of them up to [`HELPER_RANKS_MAX`] plus one) may
+    /// How overdue an entry is when every one of `nodes` live nodes may
     /// deliver it ([`Self::helper_ranks`]).
     pub fn everyones_after_ms(&self, nodes: usize) -> u64 {
         let mut doublings = 0;
-        while (1usize << doublings) < nodes.saturating_sub(1).min(HELPER_RANKS_MAX) {
+        while (1usize << doublings) < nodes.saturating_sub(1) {
             doublings += 1;
         }
         self.anyones_after_ms() + doublings * self.sweep_margin_ms()
@@ -185,11 +178,11 @@ mod tests {
         assert_eq!(c.sweep_margin_ms(), 15_000);
         assert_eq!(c.anyones_after_ms(), 45_000);
         assert_eq!(
-            [0, 44_999, 45_000, 59_999, 60_000, 75_000, 90_000, 150_000].map(|o| c.helper_ranks(o)),
-            [0, 0, 1, 1, 2, 4, 8, 8]
+            [0, 44_999, 45_000, 59_999, 60_000, 75_000, 150_000].map(|o| c.helper_ranks(o)),
+            [0, 0, 1, 1, 2, 4, 128]
         );
-        // At most 8 helpers at 100 nodes, from 90 s.
-        assert_eq!(c.everyones_after_ms(100), 90_000);
+        // 99 helpers at 100 nodes: 128 ranks from 150 s.
+        assert_eq!(c.everyones_after_ms(100), 150_000);
         assert_eq!(c.everyones_after_ms(2), 45_000);
         assert_eq!(c.lease_renew_ms(), 3_333);
         assert_eq!(c.sweep_anyones_reserved(), 32);

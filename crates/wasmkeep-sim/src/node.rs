@@ -565,27 +565,9 @@ impl Ctx {
         self.with(|w| w.nodes[self.n].mem.claims.get(&actor).cloned())
     }
 
-    /// Forgets the claim. The hold may still name this node, and the
-    /// bucket holds whichever alarm landed last: the node's timer looks at
-    /// the actor again after the first retry delay, as the server's runtime
-    /// does after a failed batch (`rearm_after_failure`), and that delivery
-    /// takes the actor again, here if the hold is still this node's (from
-    /// the bucket) or finds its owner. Without it, an alarm only this node
-    /// can deliver (its hold live, its claim forgotten) waits for this
-    /// node's turn as a sweep's helper, which at most
-    /// `HELPER_RANKS_MAX` nodes past the shard get (ADR 0065).
     fn give_up(&self, actor: usize, why: &str) {
         let n = self.n;
-        let again = self.now() + self.w.borrow().cfg.retry_first_ms;
-        let had = self.with(|w| {
-            let mem = &mut w.nodes[n].mem;
-            let had = mem.claims.remove(&actor).is_some();
-            if had {
-                let at = mem.timer.get(&actor).map_or(again, |t| (*t).min(again));
-                mem.timer.insert(actor, at);
-            }
-            had
-        });
+        let had = self.with(|w| w.nodes[n].mem.claims.remove(&actor).is_some());
         if had {
             self.with(|w| w.stats.give_ups += 1);
             let label = self.label(actor);
