@@ -783,7 +783,11 @@ impl RunGate for AlarmGate {
         // A draining node takes no actor for an alarm, and does not wait on
         // one its drain is handing over (the drain holds its slot): the
         // alarm runs where the actor goes.
-        if tokio::runtime::Handle::try_current().is_ok() || state.ownership.is_moving_out() {
+        // Nor on one a rebalancing move hands over.
+        if tokio::runtime::Handle::try_current().is_ok()
+            || state.ownership.is_moving_out()
+            || state.ownership.handing_over(id)
+        {
             return false;
         }
         let wait = std::time::Duration::from_millis(ALARM_TAKE_WAIT_MS);

@@ -124,6 +124,7 @@ fn with_rebalancing_off_a_joining_node_takes_nothing_and_refuses_to_give() {
         "to": third.id,
         "address": format!("http://127.0.0.1:{}", third.port),
         "count": 2,
+        "share": 4,
     });
     let (status_code, body) = first[0]
         .node

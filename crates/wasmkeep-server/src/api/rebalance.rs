@@ -26,7 +26,7 @@ use wasmkeep_runtime::{ActorId, Runtime};
 
 use super::{ADMIN_PREFIX, ApiError, AppState, fanout};
 use crate::cluster::ClusterState;
-use crate::cluster::ownership::{HandOver, Route};
+use crate::cluster::ownership::{HandOver, Route, RouteError};
 use crate::cluster::rebalance::{
     GIVE_COUNT_MAX, Give, JOIN_WINDOW_MS, Load, ROUND_MS, asks, share,
 };
@@ -56,6 +56,7 @@ struct GiveBody {
     to: String,
     address: String,
     count: usize,
+    share: usize,
 }
 
 fn bad(code: &str, message: String) -> ApiError {
@@ -110,20 +111,26 @@ pub(super) async fn take(
     let route = c.ownership.route(&id, || c.route_epoch(), true).await;
     match route {
         Ok(Route::Local(in_use)) => {
+            // Marked while in use: this node's own gives pick no actor in
+            // use, so it is never picked before the mark.
             c.ownership.mark_moved_in(&id);
-            drop(in_use);
             let rt = s.rt.clone();
             tokio::spawn(async move {
+                // In use until it opened: a drain starting here meanwhile
+                // waits for it.
                 if let Err(e) = rt.alarms().look(&id).await {
                     tracing::warn!(actor = %id, error = %e, "an actor handed over did not open");
                 }
+                drop(in_use);
             });
             Ok(axum::Json(json!({ "taken": true })).into_response())
         }
-        Ok(Route::Forward { .. }) | Err(_) => Err(conflict(
+        Ok(Route::Forward { .. }) | Err(RouteError::NotOwner { .. }) => Err(conflict(
             "not_taken",
-            "another node holds the actor, or the take failed",
+            "another node holds the actor (a request took it first)",
         )),
+        Err(RouteError::Name(why)) => Err(bad("invalid_take", why)),
+        Err(e) => Err(super::route_error(e)),
     }
 }
 
@@ -187,9 +194,11 @@ pub(super) async fn give(
             ),
         ));
     }
+    wasmkeep_cluster::lease::validate_node(&b.to)
+        .map_err(|e| bad("invalid_give", format!("to: {e}")))?;
     wasmkeep_cluster::lease::validate_address(&b.address)
         .map_err(|e| bad("invalid_give", format!("address: {e}")))?;
-    if b.to == c.node() {
+    if b.to == c.node() || b.address == c.status().address {
         return Err(bad("invalid_give", "a node does not give to itself".into()));
     }
     if c.settings().rebalance_moves_per_s == 0 || check_taking(c).is_err() {
@@ -203,6 +212,7 @@ pub(super) async fn give(
         to: b.to,
         address: b.address,
         count: b.count,
+        share: b.share,
     }) {
         return Err(conflict(
             "gives_full",
@@ -237,6 +247,11 @@ async fn giving(c: Arc<ClusterState>, rt: Runtime) {
                     c.gives.clear();
                     break 'ask;
                 }
+                // A newer ask of the same node replaces this one; at the
+                // share the ask named, this node gives no more.
+                if c.gives.has(&g.to) || c.held_actors() <= g.share {
+                    break 'ask;
+                }
                 let Some(epoch) = c.acting_epoch() else {
                     break 'ask;
                 };
@@ -254,7 +269,7 @@ async fn giving(c: Arc<ClusterState>, rt: Runtime) {
                 }
                 for id in next {
                     let started = wasmkeep_runtime::clock::instant();
-                    let close = |id: ActorId| super::drain::closed(rt.clone(), id);
+                    let close = |id: ActorId| closed_without_sockets(rt.clone(), id);
                     let asked = || ask_take(&c, &g.to, &g.address, &id);
                     let to = (g.to.as_str(), g.address.as_str());
                     match c
@@ -263,13 +278,15 @@ async fn giving(c: Arc<ClusterState>, rt: Runtime) {
                         .await
                     {
                         HandOver::Moved => moved += 1,
-                        // The asking node refused: it drains or stops.
-                        HandOver::Released => break 'ask,
-                        HandOver::Busy | HandOver::NotHeld => {
+                        // The asking node did not take it (it drains,
+                        // stops, or did not answer in time): its next
+                        // round asks again if it still wants actors.
+                        HandOver::NotTaken => break 'ask,
+                        HandOver::Busy | HandOver::NotHeld | HandOver::Released => {
                             skipped.insert(id);
                         }
                     }
-                    if moved >= g.count {
+                    if moved >= g.count || c.gives.has(&g.to) || c.held_actors() <= g.share {
                         break 'ask;
                     }
                     tokio::time::sleep(pace.saturating_sub(started.elapsed())).await;
@@ -289,6 +306,16 @@ async fn giving(c: Arc<ClusterState>, rt: Runtime) {
             return;
         }
     }
+}
+
+/// Whether `id` is closed here, for a rebalancing move: as a drain closes
+/// it, but an actor with WebSockets open (one opened since it was picked)
+/// stays busy rather than have them closed.
+async fn closed_without_sockets(rt: Runtime, id: ActorId) -> bool {
+    if rt.sockets().has_sockets(&id) {
+        return false;
+    }
+    super::drain::closed(rt, id).await
 }
 
 /// The other serving nodes that take actors (not draining, not stopping),
@@ -349,22 +376,29 @@ async fn joining(c: Arc<ClusterState>, rt: Runtime) {
     let started = wasmkeep_runtime::clock::instant();
     let cap = c.settings().rebalance_moves_per_s as usize * (ROUND_MS / 1_000) as usize;
     while started.elapsed() < Duration::from_millis(JOIN_WINDOW_MS) {
-        if rt.is_stopping() || check_taking(&c).is_err() {
+        if rt.is_stopping() || c.is_draining() || c.ownership.is_moving_out() {
             return;
         }
-        if let Ok(others) = loads(&c).await {
+        // A round in which this node does not take actors (a lease blip)
+        // or no other node answered decides nothing.
+        if check_taking(&c).is_ok()
+            && let Ok(others) = loads(&c).await
+            && !others.is_empty()
+        {
             let mine = c.held_actors();
+            let share = share(mine, &others);
             let asked = asks(mine, &others, cap);
             if asked.is_empty() {
-                tracing::info!(
-                    held = mine,
-                    share = share(mine, &others),
-                    "rebalancing: this node holds its share"
-                );
+                tracing::info!(held = mine, share, "rebalancing: this node holds its share");
                 return;
             }
             for (giver, count) in asked {
-                let body = json!({ "to": c.node(), "address": c.status().address, "count": count });
+                let body = json!({
+                    "to": c.node(),
+                    "address": c.status().address,
+                    "count": count,
+                    "share": share,
+                });
                 let sent = send(&c, &giver.address, "give", body).await;
                 tracing::info!(
                     from = giver.node,

@@ -133,6 +133,9 @@ struct Cell {
     /// and has not been released since: a rebalancing move never picks it
     /// (never two moves of one actor in a row, ADR 0072).
     moved_in: std::sync::atomic::AtomicBool,
+    /// A hand-over holds the slot ([`Ownership::hand_over`]): the alarm
+    /// gate does not wait on it (the alarm runs where the actor goes).
+    handing_over: std::sync::atomic::AtomicBool,
 }
 
 impl Cell {
@@ -159,8 +162,11 @@ impl Cell {
 pub enum HandOver {
     /// Released here, and the node asked took it.
     Moved,
-    /// Released here; the node asked did not take it (its next request
-    /// takes it wherever it arrives).
+    /// Released here; the node asked did not take it, or did not answer
+    /// within the bound (the actor's next request takes it wherever it
+    /// arrives).
+    NotTaken,
+    /// The release failed (it may still have landed); nobody was asked.
     Released,
     /// Still busy at the bound ([`DRAIN_ACTOR_WAIT_MS`]): still held here.
     Busy,
@@ -604,10 +610,16 @@ impl Ownership {
         T: std::future::Future<Output = bool>,
     {
         let mut released = 0;
+        // Peers that did not take an actor this round (dead, stopping,
+        // draining themselves): not asked again until the next round, so
+        // that one unreachable peer costs one take's timeout, not one per
+        // actor; with none left, the rest wait for the next round.
+        let mut refused: Vec<String> = Vec::new();
         for (id, cell) in self.all_cells() {
-            let Some(peers) = self.moving_out_peers() else {
+            let Some(mut peers) = self.moving_out_peers() else {
                 break;
             };
+            peers.retain(|(n, _)| !refused.contains(n));
             let Some(epoch) = acting_epoch() else {
                 break;
             };
@@ -642,6 +654,12 @@ impl Ownership {
                     released += 1;
                     tracing::info!(actor = %id, to = node, "drain: handed the actor over");
                 }
+                HandOver::NotTaken => {
+                    later.remove(&id);
+                    released += 1;
+                    refused.push(node.clone());
+                    tracing::info!(actor = %id, peer = node, "drain: released the actor; the peer did not take it");
+                }
                 HandOver::NotHeld => {
                     later.remove(&id);
                 }
@@ -675,6 +693,28 @@ impl Ownership {
         let Some(cell) = self.cells.lock().expect("cells").get(id).cloned() else {
             return HandOver::NotHeld;
         };
+        cell.handing_over.store(true, Ordering::Release);
+        let done = self
+            .hand_over_locked(&cell, id, acting_epoch, close, (to, address), ask)
+            .await;
+        cell.handing_over.store(false, Ordering::Release);
+        done
+    }
+
+    /// [`Ownership::hand_over`] once the cell is marked.
+    async fn hand_over_locked<F, T>(
+        &self,
+        cell: &Arc<Cell>,
+        id: &ActorId,
+        acting_epoch: &impl Fn() -> Option<u64>,
+        close: &impl Fn(ActorId) -> F,
+        (to, address): (&str, &str),
+        ask: impl FnOnce() -> T,
+    ) -> HandOver
+    where
+        F: std::future::Future<Output = bool>,
+        T: std::future::Future<Output = bool>,
+    {
         let mut slot = cell.slot.lock().await;
         let Some(epoch) = acting_epoch() else {
             return HandOver::NotHeld;
@@ -707,7 +747,7 @@ impl Ownership {
             return HandOver::Released;
         }
         if !ask().await {
-            return HandOver::Released;
+            return HandOver::NotTaken;
         }
         self.counters.moves_out_total.inc();
         slot.owner = Some(Owner {
@@ -718,8 +758,18 @@ impl Ownership {
         HandOver::Moved
     }
 
+    /// Whether a hand-over holds `id`'s slot now.
+    pub fn handing_over(&self, id: &ActorId) -> bool {
+        self.cells
+            .lock()
+            .expect("cells")
+            .get(id)
+            .is_some_and(|c| c.handing_over.load(Ordering::Acquire))
+    }
+
     /// Up to `n` actors held in `epoch` that a rebalancing move may hand
-    /// over: not moved here by one (never two moves of one actor in a row)
+    /// over: not moved here by one (never two moves of one actor in a row),
+    /// not running a request now (its requests would wait for the move)
     /// and not `kept` (a closed class's), the most recently used first
     /// (those carry the load; an actor long unused is about to be released
     /// anyway).
@@ -732,7 +782,12 @@ impl Ownership {
         let mut held: Vec<(u64, ActorId)> = self
             .all_cells()
             .into_iter()
-            .filter(|(id, c)| c.held_in(epoch) && !c.moved_in.load(Ordering::Acquire) && !kept(id))
+            .filter(|(id, c)| {
+                c.held_in(epoch)
+                    && !c.moved_in.load(Ordering::Acquire)
+                    && c.in_flight.load(Ordering::Acquire) == 0
+                    && !kept(id)
+            })
             .map(|(id, c)| (c.last_used_ms.load(Ordering::Acquire), id))
             .collect();
         held.sort_by_key(|h| std::cmp::Reverse(h.0));

@@ -8,7 +8,8 @@
 //! - **Who asks.** A node that starts serving (a start, a restart) asks
 //!   for its fair share for [`JOIN_WINDOW_MS`] at most, one round every
 //!   [`ROUND_MS`]; it stops as soon as it holds its share (within
-//!   [`slack`]) or nobody holds more than theirs. Nothing else moves
+//!   [`slack`]) or nobody who answered holds more than theirs (a round in
+//!   which nobody answered does not count). Nothing else moves
 //!   actors: a node whose peers died takes their actors as requests reach
 //!   it, as before.
 //! - **The fair share** is the actors the serving nodes hold (each node's
@@ -16,15 +17,18 @@
 //!   Draining nodes and nodes that do not answer are left out.
 //! - **Who gives, how many.** Each node above the share is asked for its
 //!   excess, the most loaded first, until the asking node's deficit is
-//!   covered; one ask never exceeds what the giver moves in a round
-//!   (`cluster_rebalance_moves_per_s` × [`ROUND_MS`]), since the next
+//!   covered; one ask never exceeds a round of moves at the asking node's
+//!   `cluster_rebalance_moves_per_s` (× [`ROUND_MS`]), since the next
 //!   round asks again with fresh counts. A new ask from the same node
-//!   replaces the giver's earlier one (no double count).
+//!   replaces the giver's earlier one, waiting or being done (no double
+//!   count), and a giver stops at the share the ask names (two nodes
+//!   joining at once do not both take their share from one giver).
 //! - **How fast.** A giver hands actors over one at a time, starting at
 //!   most `cluster_rebalance_moves_per_s` a second (default
 //!   [`MOVES_PER_S`]); each hand-over waits for the actor's running
 //!   requests (at most 5 s, then another actor is tried) while its new
-//!   ones wait, so no request fails.
+//!   ones wait, so no request fails; it picks no actor running a request
+//!   at that moment.
 //! - **Which actors.** The most recently used ones it holds (they carry the
 //!   load), never one that came to it by a move and has not been released
 //!   since: **never two moves of one actor in a row**.
@@ -68,7 +72,7 @@ pub fn share(mine: usize, others: &[Load]) -> usize {
 /// `cap` bounds each ask (a giver's moves in one round).
 pub fn asks(mine: usize, others: &[Load], cap: usize) -> Vec<(Load, usize)> {
     let share = share(mine, others);
-    if mine + slack(share) > share {
+    if mine + slack(share) >= share {
         return Vec::new();
     }
     let mut need = share - mine;
@@ -86,12 +90,16 @@ pub fn asks(mine: usize, others: &[Load], cap: usize) -> Vec<(Load, usize)> {
     out
 }
 
-/// One ask a giver keeps: hand `count` actors to `to` at `address`.
+/// One ask a giver keeps: hand `count` actors to `to` at `address`, and
+/// none once it holds `share` or fewer (two nodes that join at once each
+/// ask the most loaded node for their share: it gives down to the share,
+/// not twice).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Give {
     pub to: String,
     pub address: String,
     pub count: usize,
+    pub share: usize,
 }
 
 /// The asks a giver has been sent and not yet done, one per asking node.
@@ -121,6 +129,12 @@ impl Gives {
     /// The next ask to do.
     pub fn pop(&self) -> Option<Give> {
         self.queue.lock().pop_front()
+    }
+
+    /// Whether an ask of `to` waits: a newer one than the ask being done
+    /// for it, which it replaces (counted afresh by the asking node).
+    pub fn has(&self, to: &str) -> bool {
+        self.queue.lock().iter().any(|g| g.to == to)
     }
 
     /// Whether no ask waits.
@@ -159,9 +173,10 @@ mod tests {
 
     #[test]
     fn a_node_within_its_slack_or_with_nobody_above_the_share_asks_nothing() {
-        // Share 20, slack 2: 18 or 19 held is fair.
+        // Share 20, slack 2: 18 or 19 held is fair, 17 is not.
         assert!(asks(19, &[load("a", 21), load("b", 20)], 100).is_empty());
-        assert_eq!(asks(18, &[load("a", 22), load("b", 20)], 100).len(), 1);
+        assert!(asks(18, &[load("a", 22), load("b", 20)], 100).is_empty());
+        assert_eq!(asks(17, &[load("a", 23), load("b", 20)], 100).len(), 1);
         // Nobody holds more than the share: nothing to ask for.
         assert!(asks(0, &[load("a", 1), load("b", 0)], 100).is_empty());
         assert!(asks(0, &[], 100).is_empty());
@@ -181,9 +196,11 @@ mod tests {
             to: to.into(),
             address: String::new(),
             count,
+            share: 0,
         };
         assert!(g.push(give("x", 5)));
         assert!(g.push(give("x", 3)));
+        assert!(g.has("x") && !g.has("y"));
         assert_eq!(g.pop(), Some(give("x", 3)));
         assert_eq!(g.pop(), None);
         for i in 0..GIVES_QUEUED_MAX {
