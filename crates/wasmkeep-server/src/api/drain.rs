@@ -123,8 +123,9 @@ async fn run(c: Arc<ClusterState>, rt: wasmkeep_runtime::Runtime) {
                 let c = Arc::clone(&c);
                 async move { super::rebalance::ask_take(&c, &node, &address, &id).await }
             };
+            let busy = |id: &ActorId| super::rebalance::look_again(&rt, id.clone());
             c.ownership
-                .drain_held(|| c.acting_epoch(), close, ask, &mut later)
+                .drain_held(|| c.acting_epoch(), close, ask, busy, &mut later)
                 .await;
             tokio::time::sleep(Duration::from_millis(DRAIN_ROUND_PAUSE_MS)).await;
         }

@@ -83,32 +83,43 @@ pub(super) async fn ask_with(
     c: &ClusterState,
     view: &ClusterView,
     (method, path, body): (&Method, &str, Vec<u8>),
-    (timeout_ms, bytes_max): (u64, usize),
+    bounds: (u64, usize),
 ) -> Vec<(String, Result<(StatusCode, Vec<u8>), String>)> {
-    // The forward's own bounds are these (the call's own wait is the
-    // timeout above).
-    let mut settings = c.settings().clone();
-    settings.forward_timeout_ms = timeout_ms;
-    settings.forward_response_bytes_max = bytes_max;
-    let settings = &settings;
     let asks = view.live.iter().filter(|n| n.node != c.node()).map(|n| {
         let body = body.clone();
         async move {
-            let sent = tokio::time::timeout(
-                std::time::Duration::from_millis(timeout_ms),
-                c.forwarder
-                    .forward(&n.address, method, path, &HeaderMap::new(), body, settings),
-            )
-            .await;
-            let answer = match sent {
-                Err(_) => Err(format!("no answer within {timeout_ms} ms")),
-                Ok(Err(e)) => Err(format!("{e:?}")),
-                Ok(Ok(r)) => Ok((r.status(), r.body().to_vec())),
-            };
+            let answer = send_to(c, &n.address, (method, path, body), bounds).await;
             (n.node.clone(), answer)
         }
     });
     futures_util::future::join_all(asks).await
+}
+
+/// Sends the node at `address` the signed request `(method, path, body)`,
+/// within `timeout_ms`, taking an answer of at most `bytes_max`: its
+/// status and body, or why there is none.
+pub(super) async fn send_to(
+    c: &ClusterState,
+    address: &str,
+    (method, path, body): (&Method, &str, Vec<u8>),
+    (timeout_ms, bytes_max): (u64, usize),
+) -> Result<(StatusCode, Vec<u8>), String> {
+    // The forward's own bounds are these (the call's own wait is the
+    // timeout).
+    let mut settings = c.settings().clone();
+    settings.forward_timeout_ms = timeout_ms;
+    settings.forward_response_bytes_max = bytes_max;
+    let sent = tokio::time::timeout(
+        std::time::Duration::from_millis(timeout_ms),
+        c.forwarder
+            .forward(address, method, path, &HeaderMap::new(), body, &settings),
+    )
+    .await;
+    match sent {
+        Err(_) => Err(format!("no answer within {timeout_ms} ms")),
+        Ok(Err(e)) => Err(format!("{e:?}")),
+        Ok(Ok(r)) => Ok((r.status(), r.body().to_vec())),
+    }
 }
 
 /// A node's answer as JSON (`None` if it gave none, or not JSON).

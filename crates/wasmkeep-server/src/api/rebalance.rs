@@ -5,9 +5,10 @@
 //!   node released the actor for this one: take it (as a forwarded request
 //!   would) and open it, so that its alarm is timed here from now on. A
 //!   drain (`drain.rs`) and a give both end with it.
-//! - `POST /admin/v1/node/give` (`{"to","address","count"}`): a node that
-//!   joined asks this one for `count` of its actors; a task hands them over
-//!   one at a time, at most `cluster_rebalance_moves_per_s` a second.
+//! - `POST /admin/v1/node/give` (`{"to","address","count","share"}`): a
+//!   node that joined asks this one for `count` of its actors; a task hands
+//!   them over one at a time, at most `cluster_rebalance_moves_per_s` a
+//!   second, and none once this node holds `share` or fewer.
 //! - the task every node runs when it starts serving: it reads the others'
 //!   counts and asks those above the fair share (the policy is in
 //!   `cluster/rebalance.rs`).
@@ -17,7 +18,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use axum::extract::State;
-use axum::http::{HeaderMap, Method, StatusCode};
+use axum::http::{Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::json;
@@ -150,28 +151,20 @@ pub(super) async fn ask_take(c: &ClusterState, to: &str, address: &str, id: &Act
 /// A signed `POST /admin/v1/node/<what>` to `address`: whether it
 /// answered 2xx within [`TAKE_ASK_TIMEOUT_MS`].
 async fn send(c: &ClusterState, address: &str, what: &str, body: serde_json::Value) -> bool {
-    let mut settings = c.settings().clone();
-    settings.forward_timeout_ms = TAKE_ASK_TIMEOUT_MS;
     let path = format!("{ADMIN_PREFIX}/node/{what}");
-    let headers = HeaderMap::new();
-    let sent = c.forwarder.forward(
-        address,
-        &Method::POST,
-        &path,
-        &headers,
-        body.to_string().into_bytes(),
-        &settings,
-    );
+    let request = (&Method::POST, path.as_str(), body.to_string().into_bytes());
+    let bounds = (TAKE_ASK_TIMEOUT_MS, c.settings().forward_response_bytes_max);
     matches!(
-        tokio::time::timeout(Duration::from_millis(TAKE_ASK_TIMEOUT_MS), sent).await,
-        Ok(Ok(r)) if r.status().is_success()
+        fanout::send_to(c, address, request, bounds).await,
+        Ok((status, _)) if status.is_success()
     )
 }
 
 /// `POST /admin/v1/node/give`: keeps another node's ask for `count` of
 /// this node's actors (replacing its earlier one) and starts the task that
 /// hands them over. 400 `invalid_give` for a count of 0 or above
-/// [`GIVE_COUNT_MAX`] or a bad address; 409 `not_giving` while this node
+/// [`GIVE_COUNT_MAX`], a `to` that is no node id, a bad address, or this
+/// node's own id or address; 409 `not_giving` while this node
 /// drains, stops or has rebalancing off; 409 `gives_full` past
 /// `GIVES_QUEUED_MAX` asking nodes.
 pub(super) async fn give(
@@ -182,7 +175,7 @@ pub(super) async fn give(
     let b: GiveBody = serde_json::from_slice(&body).map_err(|e| {
         bad(
             "invalid_give",
-            format!("the body must be {{\"to\",\"address\",\"count\"}}: {e}"),
+            format!("the body must be {{\"to\",\"address\",\"count\",\"share\"}}: {e}"),
         )
     })?;
     if b.count == 0 || b.count > GIVE_COUNT_MAX {
@@ -240,6 +233,9 @@ async fn giving(c: Arc<ClusterState>, rt: Runtime) {
     let pace = Duration::from_millis(1_000 / per_s);
     loop {
         while let Some(g) = c.gives.pop() {
+            // A newer ask of the same node replaces this one; at the share
+            // the ask named, this node gives no more.
+            let done = || c.gives.has(&g.to) || c.held_actors() <= g.share;
             let mut moved = 0;
             let mut skipped: std::collections::HashSet<ActorId> = std::collections::HashSet::new();
             'ask: while moved < g.count {
@@ -247,9 +243,7 @@ async fn giving(c: Arc<ClusterState>, rt: Runtime) {
                     c.gives.clear();
                     break 'ask;
                 }
-                // A newer ask of the same node replaces this one; at the
-                // share the ask named, this node gives no more.
-                if c.gives.has(&g.to) || c.held_actors() <= g.share {
+                if done() {
                     break 'ask;
                 }
                 let Some(epoch) = c.acting_epoch() else {
@@ -282,11 +276,15 @@ async fn giving(c: Arc<ClusterState>, rt: Runtime) {
                         // stops, or did not answer in time): its next
                         // round asks again if it still wants actors.
                         HandOver::NotTaken => break 'ask,
-                        HandOver::Busy | HandOver::NotHeld | HandOver::Released => {
+                        HandOver::Busy => {
+                            look_again(&rt, id.clone());
+                            skipped.insert(id);
+                        }
+                        HandOver::NotHeld | HandOver::ReleaseFailed => {
                             skipped.insert(id);
                         }
                     }
-                    if moved >= g.count || c.gives.has(&g.to) || c.held_actors() <= g.share {
+                    if moved >= g.count || done() {
                         break 'ask;
                     }
                     tokio::time::sleep(pace.saturating_sub(started.elapsed())).await;
@@ -306,6 +304,19 @@ async fn giving(c: Arc<ClusterState>, rt: Runtime) {
             return;
         }
     }
+}
+
+/// Puts the alarm of `id`, which a hand-over left here (busy), back in the
+/// node's timer: the alarm gate said no to it while the hand-over held the
+/// actor, which took it out. [`wasmkeep_runtime::Alarms::look`]
+/// runs it if it is due, and times it otherwise.
+pub(super) fn look_again(rt: &Runtime, id: ActorId) {
+    let rt = rt.clone();
+    tokio::spawn(async move {
+        if let Err(e) = rt.alarms().look(&id).await {
+            tracing::warn!(actor = %id, error = %e, "an actor's alarm could not be timed again");
+        }
+    });
 }
 
 /// Whether `id` is closed here, for a rebalancing move: as a drain closes
@@ -368,7 +379,7 @@ pub(super) fn start(s: &AppState) {
 /// ([`asks`]); done once this node holds its share or nobody is above it.
 async fn joining(c: Arc<ClusterState>, rt: Runtime) {
     while check_taking(&c).is_err() {
-        if rt.is_stopping() || c.is_draining() {
+        if rt.is_stopping() || c.is_draining() || c.ownership.is_moving_out() {
             return;
         }
         tokio::time::sleep(Duration::from_millis(SERVING_POLL_MS)).await;

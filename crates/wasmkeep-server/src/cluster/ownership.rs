@@ -129,9 +129,10 @@ struct Cell {
     /// take holds across the bucket's round trips): what an actor's turn
     /// tags its alarm index entries with.
     held_copy: std::sync::Mutex<Option<Held>>,
-    /// The actor came here by a rebalancing move ([`Ownership::mark_moved_in`])
-    /// and has not been released since: a rebalancing move never picks it
-    /// (never two moves of one actor in a row, ADR 0072).
+    /// The actor came here by a hand-over (a drain's or a give's,
+    /// [`Ownership::mark_moved_in`]) and has not been released since: a
+    /// rebalancing move never picks it (no rebalancing move of an actor
+    /// right after another move of it; a drain moves every actor, ADR 0072).
     moved_in: std::sync::atomic::AtomicBool,
     /// A hand-over holds the slot ([`Ownership::hand_over`]): the alarm
     /// gate does not wait on it (the alarm runs where the actor goes).
@@ -157,6 +158,32 @@ impl Cell {
     }
 }
 
+/// Marks a cell's hand-over for as long as it lives (a hand-over's future
+/// dropped midway leaves no mark behind).
+struct HandingOver(Arc<Cell>);
+
+impl HandingOver {
+    fn mark(cell: &Arc<Cell>) -> HandingOver {
+        cell.handing_over.store(true, Ordering::Release);
+        HandingOver(Arc::clone(cell))
+    }
+}
+
+impl Drop for HandingOver {
+    fn drop(&mut self) {
+        self.0.handing_over.store(false, Ordering::Release);
+    }
+}
+
+/// The peer rendezvous hashing picks for `id` among `peers` (id, address):
+/// the node a draining node hands the actor to, and sends its requests to
+/// while it is free.
+fn pick_peer(id: &ActorId, peers: &[(String, String)]) -> Option<(String, String)> {
+    let names: Vec<String> = peers.iter().map(|(n, _)| n.clone()).collect();
+    let pick = wasmkeep_cluster::sweep::rendezvous(&id.to_string(), &names)?;
+    peers.iter().find(|(n, _)| n == pick).cloned()
+}
+
 /// What became of one hand-over ([`Ownership::hand_over`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HandOver {
@@ -167,8 +194,11 @@ pub enum HandOver {
     /// arrives).
     NotTaken,
     /// The release failed (it may still have landed); nobody was asked.
-    Released,
+    ReleaseFailed,
     /// Still busy at the bound ([`DRAIN_ACTOR_WAIT_MS`]): still held here.
+    /// The alarm gate said no to its due alarm meanwhile (the hand-over
+    /// held it), which took it out of the node's timer: the caller puts it
+    /// back ([`wasmkeep_runtime::Alarms::look`]).
     Busy,
     /// Not held here, or this node does not act.
     NotHeld,
@@ -511,16 +541,11 @@ impl Ownership {
             Looked::Free if forwarded => return Err(RouteError::NotOwner { owner: None }),
             Looked::Owner { node, address } => (node, address),
             Looked::Free => {
-                let mut names: Vec<String> = peers.iter().map(|(n, _)| n.clone()).collect();
-                if names.len() > 1 {
-                    names.retain(|n| Some(n) != unreachable.as_ref());
+                let mut peers = peers;
+                if peers.len() > 1 {
+                    peers.retain(|(n, _)| Some(n) != unreachable.as_ref());
                 }
-                let pick = wasmkeep_cluster::sweep::rendezvous(&id.to_string(), &names)
-                    .ok_or(RouteError::NotActing)?;
-                peers
-                    .into_iter()
-                    .find(|(n, _)| n == pick)
-                    .ok_or(RouteError::NotActing)?
+                pick_peer(id, &peers).ok_or(RouteError::NotActing)?
             }
             Looked::Failed(why) => return Err(RouteError::TakeFailed(why)),
         };
@@ -594,7 +619,8 @@ impl Ownership {
     /// rendezvous hashing picks for it among the drain's peers (the one a
     /// request for it would go to once it is free): see
     /// [`Ownership::hand_over`], `ask` being the call that asks a peer to
-    /// take it. An actor still busy at the bound is left alone for a while
+    /// take it; `busy` is told of an actor that stays here (see
+    /// [`HandOver::Busy`]). An actor still busy at the bound is left alone for a while
     /// (`later`: one second, doubling after each time in a row, at most
     /// [`DRAIN_BUSY_BACKOFF_MAX_MS`]), so that its requests run meanwhile.
     /// Returns how many were released.
@@ -603,6 +629,7 @@ impl Ownership {
         acting_epoch: impl Fn() -> Option<u64>,
         close: impl Fn(ActorId) -> F,
         ask: impl Fn(ActorId, String, String) -> T,
+        busy: impl Fn(&ActorId),
         later: &mut HashMap<ActorId, (u64, u32)>,
     ) -> usize
     where
@@ -628,17 +655,16 @@ impl Ownership {
             if !cell.held_in(epoch) || later.get(&id).is_some_and(|(until, _)| now_ms() < *until) {
                 continue;
             }
-            let names: Vec<String> = peers.iter().map(|(n, _)| n.clone()).collect();
-            let Some((node, address)) =
-                wasmkeep_cluster::sweep::rendezvous(&id.to_string(), &names)
-                    .and_then(|pick| peers.iter().find(|(n, _)| n == pick).cloned())
-            else {
+            let Some((node, address)) = pick_peer(&id, &peers) else {
                 break;
             };
             let to = (node.as_str(), address.as_str());
             let asked = || ask(id.clone(), node.clone(), address.clone());
             match self.hand_over(&id, &acting_epoch, &close, to, asked).await {
                 HandOver::Busy => {
+                    // Still here: its alarm's timer entry, which the gate
+                    // dropped while the hand-over held it, is put back.
+                    busy(&id);
                     let times = later.get(&id).map_or(0, |(_, n)| *n).saturating_add(1);
                     let wait = wasmkeep_cluster::retry::RetryPolicy {
                         first_ms: 1_000,
@@ -649,10 +675,13 @@ impl Ownership {
                     later.insert(id.clone(), (now_ms() + wait, times));
                     tracing::warn!(actor = %id, wait_ms = wait, "drain: the actor stayed busy; tried again later");
                 }
-                HandOver::Moved | HandOver::Released => {
+                HandOver::Moved => {
                     later.remove(&id);
                     released += 1;
                     tracing::info!(actor = %id, to = node, "drain: handed the actor over");
+                }
+                HandOver::ReleaseFailed => {
+                    tracing::warn!(actor = %id, "drain: the release failed; tried again next round");
                 }
                 HandOver::NotTaken => {
                     later.remove(&id);
@@ -693,12 +722,9 @@ impl Ownership {
         let Some(cell) = self.cells.lock().expect("cells").get(id).cloned() else {
             return HandOver::NotHeld;
         };
-        cell.handing_over.store(true, Ordering::Release);
-        let done = self
-            .hand_over_locked(&cell, id, acting_epoch, close, (to, address), ask)
-            .await;
-        cell.handing_over.store(false, Ordering::Release);
-        done
+        let _marked = HandingOver::mark(&cell);
+        self.hand_over_locked(&cell, id, acting_epoch, close, (to, address), ask)
+            .await
     }
 
     /// [`Ownership::hand_over`] once the cell is marked.
@@ -744,7 +770,7 @@ impl Ownership {
             // more either way. If the bucket still names this node, the
             // next request's take (or a drain's lookup) says so and this
             // node takes it again; nobody else is asked to meanwhile.
-            return HandOver::Released;
+            return HandOver::ReleaseFailed;
         }
         if !ask().await {
             return HandOver::NotTaken;
@@ -770,14 +796,15 @@ impl Ownership {
     /// Up to `n` actors held in `epoch` that a rebalancing move may hand
     /// over: not moved here by one (never two moves of one actor in a row),
     /// not running a request now (its requests would wait for the move)
-    /// and not `kept` (a closed class's), the most recently used first
+    /// and not `excluded` (the caller's: a closed class's, one with
+    /// WebSockets, one already tried), the most recently used first
     /// (those carry the load; an actor long unused is about to be released
     /// anyway).
     pub(crate) fn to_give(
         &self,
         epoch: u64,
         n: usize,
-        kept: impl Fn(&ActorId) -> bool,
+        excluded: impl Fn(&ActorId) -> bool,
     ) -> Vec<ActorId> {
         let mut held: Vec<(u64, ActorId)> = self
             .all_cells()
@@ -786,7 +813,7 @@ impl Ownership {
                 c.held_in(epoch)
                     && !c.moved_in.load(Ordering::Acquire)
                     && c.in_flight.load(Ordering::Acquire) == 0
-                    && !kept(id)
+                    && !excluded(id)
             })
             .map(|(id, c)| (c.last_used_ms.load(Ordering::Acquire), id))
             .collect();

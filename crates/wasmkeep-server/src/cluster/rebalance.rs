@@ -30,8 +30,11 @@
 //!   ones wait, so no request fails; it picks no actor running a request
 //!   at that moment.
 //! - **Which actors.** The most recently used ones it holds (they carry the
-//!   load), never one that came to it by a move and has not been released
-//!   since: **never two moves of one actor in a row**.
+//!   load) that run no request at that moment, never one with WebSockets
+//!   open, never one of a class a migration closed, and never one that
+//!   came to it by a hand-over (a drain's or a give's) and has not been
+//!   released since: **no rebalancing move of an actor right after
+//!   another move of it** (a drain still moves every actor).
 
 use std::collections::VecDeque;
 
