@@ -186,7 +186,7 @@ fn pick_peer(id: &ActorId, peers: &[(String, String)]) -> Option<(String, String
 
 /// What became of one hand-over ([`Ownership::hand_over`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HandOver {
+pub(crate) enum HandOver {
     /// Released here, and the node asked took it.
     Moved,
     /// Released here; the node asked did not take it, or did not answer
@@ -707,7 +707,7 @@ impl Ownership {
     /// if it did not take the actor, to whichever node takes it first
     /// (this one too). The receiving node opens the actor at once, so that
     /// its alarm is timed there (ADR 0072).
-    pub async fn hand_over<F, T>(
+    pub(crate) async fn hand_over<F, T>(
         &self,
         id: &ActorId,
         acting_epoch: &impl Fn() -> Option<u64>,
@@ -722,25 +722,8 @@ impl Ownership {
         let Some(cell) = self.cells.lock().expect("cells").get(id).cloned() else {
             return HandOver::NotHeld;
         };
+        // Marked until this returns (or its future is dropped).
         let _marked = HandingOver::mark(&cell);
-        self.hand_over_locked(&cell, id, acting_epoch, close, (to, address), ask)
-            .await
-    }
-
-    /// [`Ownership::hand_over`] once the cell is marked.
-    async fn hand_over_locked<F, T>(
-        &self,
-        cell: &Arc<Cell>,
-        id: &ActorId,
-        acting_epoch: &impl Fn() -> Option<u64>,
-        close: &impl Fn(ActorId) -> F,
-        (to, address): (&str, &str),
-        ask: impl FnOnce() -> T,
-    ) -> HandOver
-    where
-        F: std::future::Future<Output = bool>,
-        T: std::future::Future<Output = bool>,
-    {
         let mut slot = cell.slot.lock().await;
         let Some(epoch) = acting_epoch() else {
             return HandOver::NotHeld;
@@ -785,7 +768,7 @@ impl Ownership {
     }
 
     /// Whether a hand-over holds `id`'s slot now.
-    pub fn handing_over(&self, id: &ActorId) -> bool {
+    pub(crate) fn handing_over(&self, id: &ActorId) -> bool {
         self.cells
             .lock()
             .expect("cells")

@@ -41,31 +41,31 @@ use std::collections::VecDeque;
 /// Default of `cluster_rebalance_moves_per_s`.
 pub const MOVES_PER_S: u32 = 20;
 /// How long after it starts serving a node asks for its share.
-pub const JOIN_WINDOW_MS: u64 = 60_000;
+pub(crate) const JOIN_WINDOW_MS: u64 = 60_000;
 /// How often, within that window, it reads the others' counts and asks.
-pub const ROUND_MS: u64 = 5_000;
+pub(crate) const ROUND_MS: u64 = 5_000;
 /// Most actors one ask may name (400 `invalid_give` past it).
-pub const GIVE_COUNT_MAX: usize = 100_000;
+pub(crate) const GIVE_COUNT_MAX: usize = 100_000;
 /// Most asks a giver keeps waiting, one per asking node (409
 /// `gives_full` past it).
-pub const GIVES_QUEUED_MAX: usize = 64;
+pub(crate) const GIVES_QUEUED_MAX: usize = 64;
 
 /// A node's count, as it answered.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Load {
-    pub node: String,
-    pub address: String,
-    pub held: usize,
+pub(crate) struct Load {
+    pub(crate) node: String,
+    pub(crate) address: String,
+    pub(crate) held: usize,
 }
 
 /// How far under its share a node may stay without asking: a tenth of the
 /// share, at least one actor.
-pub fn slack(share: usize) -> usize {
+pub(crate) fn slack(share: usize) -> usize {
     (share / 10).max(1)
 }
 
 /// The fair share of `mine` and `others` (the serving nodes' counts).
-pub fn share(mine: usize, others: &[Load]) -> usize {
+pub(crate) fn share(mine: usize, others: &[Load]) -> usize {
     let total = mine + others.iter().map(|l| l.held).sum::<usize>();
     total / (others.len() + 1)
 }
@@ -73,7 +73,7 @@ pub fn share(mine: usize, others: &[Load]) -> usize {
 /// What a node holding `mine` asks of `others`: (giver, how many), the
 /// most loaded first, none when it holds its share within [`slack`];
 /// `cap` bounds each ask (a giver's moves in one round).
-pub fn asks(mine: usize, others: &[Load], cap: usize) -> Vec<(Load, usize)> {
+pub(crate) fn asks(mine: usize, others: &[Load], cap: usize) -> Vec<(Load, usize)> {
     let share = share(mine, others);
     if mine + slack(share) >= share {
         return Vec::new();
@@ -98,16 +98,16 @@ pub fn asks(mine: usize, others: &[Load], cap: usize) -> Vec<(Load, usize)> {
 /// ask the most loaded node for their share: it gives down to the share,
 /// not twice).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Give {
-    pub to: String,
-    pub address: String,
-    pub count: usize,
-    pub share: usize,
+pub(crate) struct Give {
+    pub(crate) to: String,
+    pub(crate) address: String,
+    pub(crate) count: usize,
+    pub(crate) share: usize,
 }
 
 /// The asks a giver has been sent and not yet done, one per asking node.
 #[derive(Debug, Default)]
-pub struct Gives {
+pub(crate) struct Gives {
     queue: parking_lot::Mutex<VecDeque<Give>>,
     /// Whether the task that does them runs.
     pub(crate) running: std::sync::atomic::AtomicBool,
@@ -116,7 +116,7 @@ pub struct Gives {
 impl Gives {
     /// Keeps `give`, replacing an earlier ask of the same node; `false`
     /// when [`GIVES_QUEUED_MAX`] asks of other nodes wait already.
-    pub fn push(&self, give: Give) -> bool {
+    pub(crate) fn push(&self, give: Give) -> bool {
         let mut q = self.queue.lock();
         if let Some(g) = q.iter_mut().find(|g| g.to == give.to) {
             *g = give;
@@ -130,23 +130,23 @@ impl Gives {
     }
 
     /// The next ask to do.
-    pub fn pop(&self) -> Option<Give> {
+    pub(crate) fn pop(&self) -> Option<Give> {
         self.queue.lock().pop_front()
     }
 
     /// Whether an ask of `to` waits: a newer one than the ask being done
     /// for it, which it replaces (counted afresh by the asking node).
-    pub fn has(&self, to: &str) -> bool {
+    pub(crate) fn has(&self, to: &str) -> bool {
         self.queue.lock().iter().any(|g| g.to == to)
     }
 
     /// Whether no ask waits.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.queue.lock().is_empty()
     }
 
     /// Drops every ask (the node began to drain or stop).
-    pub fn clear(&self) {
+    pub(crate) fn clear(&self) {
         self.queue.lock().clear();
     }
 }
