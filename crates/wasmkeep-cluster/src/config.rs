@@ -27,6 +27,18 @@ pub const ADDRESS_BYTES_MAX: usize = 300;
 /// interval (a third of the default lease period), so that a hung request
 /// leaves time for the next renewal before the node stops acting.
 pub const BUCKET_TIMEOUT_MS: u64 = 2_000;
+/// Most nodes after an entry's shard node that help deliver it before the
+/// last resort ([`ClusterConfig::helper_ranks`]): every node trying every
+/// entry the faults held up made a node's requests in the minutes after
+/// them grow with the cluster (issue 41).
+pub const HELPER_RANKS_MAX: usize = 4;
+/// Sweep margins after [`ClusterConfig::anyones_after_ms`] at which an entry
+/// that the shard node and its helpers have not delivered is offered to
+/// more nodes again, until every node may deliver it: the last resort for
+/// an entry none of them can act on (its app not deployed on any of them).
+/// An actor's holder delivers its entries itself whatever their rank
+/// (`sweep::share_of`), so an alarm a live owner keeps does not wait for it.
+pub const LAST_RESORT_MARGINS: u64 = 20;
 
 /// The cluster's timing and size bounds. Defaults are ADR 0009's and ADR 0020's.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -96,33 +108,59 @@ impl ClusterConfig {
         3 * self.sweep_margin_ms()
     }
 
+    /// How overdue an entry is when more than [`HELPER_RANKS_MAX`] helpers
+    /// may deliver it: [`LAST_RESORT_MARGINS`] sweep margins after
+    /// [`Self::anyones_after_ms`].
+    pub fn last_resort_after_ms(&self) -> u64 {
+        self.anyones_after_ms() + LAST_RESORT_MARGINS * self.sweep_margin_ms()
+    }
+
     /// How many nodes after an entry's shard node, in the rendezvous order
     /// of its actor's address, may deliver it when it is `overdue_ms`
     /// overdue: none before three sweep margins ([`Self::anyones_after_ms`]),
-    /// then one, then twice as many each further margin. An entry a helper
-    /// can deliver is thus tried by one or two nodes, not by every node (at
-    /// 100 nodes, every node trying every such entry made a node's bucket
-    /// requests grow with the cluster: issue 41), and one that only a few
-    /// nodes can deliver reaches all of them within `log2(nodes)` margins
-    /// more ([`Self::everyones_after_ms`]).
+    /// then one, then twice as many each further margin up to
+    /// [`HELPER_RANKS_MAX`]; from [`Self::last_resort_after_ms`], twice as
+    /// many again each margin until every node may. An entry a helper can
+    /// deliver is thus tried by a few nodes, not by every node (at 100
+    /// nodes, every node trying every entry the faults held up made a
+    /// node's bucket requests grow with the cluster: issue 41), and one that
+    /// none of them can act on reaches every node within `log2(nodes)`
+    /// margins of the last resort ([`Self::everyones_after_ms`]).
     pub(crate) fn helper_ranks(&self, overdue_ms: u64) -> usize {
         let Some(past) = overdue_ms.checked_sub(self.anyones_after_ms()) else {
             return 0;
         };
-        let doublings = past / self.sweep_margin_ms().max(1);
-        1usize
-            .checked_shl(u32::try_from(doublings).unwrap_or(u32::MAX).min(63))
-            .unwrap_or(usize::MAX)
+        let margin = self.sweep_margin_ms().max(1);
+        // `from` doubled `times` times, saturating.
+        let doubled = |times: u64, from: usize| {
+            if times >= u64::from(from.leading_zeros()) {
+                usize::MAX
+            } else {
+                from << times
+            }
+        };
+        match overdue_ms.checked_sub(self.last_resort_after_ms()) {
+            None => doubled(past / margin, 1).min(HELPER_RANKS_MAX),
+            Some(last) => doubled(last / margin + 1, HELPER_RANKS_MAX),
+        }
     }
 
     /// How overdue an entry is when every one of `nodes` live nodes may
     /// deliver it ([`Self::helper_ranks`]).
     pub fn everyones_after_ms(&self, nodes: usize) -> u64 {
+        let helpers = nodes.saturating_sub(1);
+        let margin = self.sweep_margin_ms();
         let mut doublings = 0;
-        while (1usize << doublings) < nodes.saturating_sub(1) {
+        if helpers <= HELPER_RANKS_MAX {
+            while (1usize << doublings) < helpers {
+                doublings += 1;
+            }
+            return self.anyones_after_ms() + doublings * margin;
+        }
+        while (HELPER_RANKS_MAX << (doublings + 1)) < helpers {
             doublings += 1;
         }
-        self.anyones_after_ms() + doublings * self.sweep_margin_ms()
+        self.last_resort_after_ms() + doublings * margin
     }
 
     /// Deliveries a sweep keeps for anyone's entries (an eighth by default).
@@ -177,12 +215,22 @@ mod tests {
         assert_eq!(c.retry_max_ms, 300_000);
         assert_eq!(c.sweep_margin_ms(), 15_000);
         assert_eq!(c.anyones_after_ms(), 45_000);
+        assert_eq!(c.last_resort_after_ms(), 345_000);
+        assert_eq!(HELPER_RANKS_MAX, 4);
         assert_eq!(
-            [0, 44_999, 45_000, 59_999, 60_000, 75_000, 150_000].map(|o| c.helper_ranks(o)),
-            [0, 0, 1, 1, 2, 4, 128]
+            [0, 44_999, 45_000, 59_999, 60_000, 75_000, 90_000, 344_999].map(|o| c.helper_ranks(o)),
+            [0, 0, 1, 1, 2, 4, 4, 4]
         );
-        // 99 helpers at 100 nodes: 128 ranks from 150 s.
-        assert_eq!(c.everyones_after_ms(100), 150_000);
+        assert_eq!(
+            [345_000, 360_000, 375_000, 390_000, 405_000, u64::MAX].map(|o| c.helper_ranks(o)),
+            [8, 16, 32, 64, 128, usize::MAX]
+        );
+        // 99 helpers at 100 nodes: 128 ranks from 405 s; 9 at 10 nodes: 16
+        // from 360 s; 4 helpers (5 nodes) or fewer before the last resort.
+        assert_eq!(c.everyones_after_ms(100), 405_000);
+        assert_eq!(c.everyones_after_ms(10), 360_000);
+        assert_eq!(c.everyones_after_ms(9), 345_000);
+        assert_eq!(c.everyones_after_ms(5), 75_000);
         assert_eq!(c.everyones_after_ms(2), 45_000);
         assert_eq!(c.lease_renew_ms(), 3_333);
         assert_eq!(c.sweep_anyones_reserved(), 32);

@@ -175,6 +175,11 @@ pub(crate) struct SweepInput<'a> {
     /// Actors this node already has in flight or retrying: they are neither
     /// delivered again nor counted against the cap.
     pub busy: &'a BTreeSet<Address>,
+    /// Actors of this index this node holds: their entries are its own
+    /// whatever their shard, so that an alarm whose live owner lost its
+    /// timer (a failed upload, a failed open) is delivered by that owner's
+    /// sweep within a sweep margin, not only once it ranks as a helper.
+    pub held: &'a BTreeSet<Address>,
     /// A random number: where in anyone's entries this sweep starts, so that
     /// surviving nodes do not all deliver the same ones.
     pub rotation: u64,
@@ -194,7 +199,12 @@ pub(crate) fn plan_sweep(input: &SweepInput<'_>, config: &ClusterConfig) -> (Vec
         if input.busy.contains(&e.address) || !seen.insert((e.address.clone(), e.entry.at_ms)) {
             continue;
         }
-        match share_of(e, input.me, input.live_nodes, input.now_ms, config) {
+        let share = if input.held.contains(&e.address) {
+            Share::Own
+        } else {
+            share_of(e, input.me, input.live_nodes, input.now_ms, config)
+        };
+        match share {
             Share::Own => own.push(e.clone()),
             Share::Anyones => anyones.push(e.clone()),
             Share::Others => {}
@@ -227,6 +237,7 @@ pub(crate) fn plan_sweep(input: &SweepInput<'_>, config: &ClusterConfig) -> (Vec
 mod tests {
     use super::*;
     use crate::alarm_index::Entry;
+    use crate::config::HELPER_RANKS_MAX;
 
     fn key(at: u64, name: &str) -> IndexKey {
         IndexKey::new(Address::new("c", name).unwrap(), Entry::tagged(at, 1, 1)).unwrap()
@@ -302,6 +313,7 @@ mod tests {
             me: "me",
             live_nodes: &live,
             busy: &busy,
+            held: &BTreeSet::new(),
             rotation: 5,
             now_ms: now,
         };
@@ -373,12 +385,16 @@ mod tests {
             let count =
                 |overdue, s: Share| live.iter().filter(|me| share(overdue, me) == s).count();
             // One shard node; nobody helps before three margins, one node
-            // then, two a margin later, and every node from 150 s.
+            // then, two a margin later, four at most from 75 s until the
+            // last resort (345 s), and every node from 405 s.
             assert_eq!(count(10_000, Share::Own), 1);
             assert_eq!(count(44_000, Share::Anyones), 0);
             assert_eq!(count(50_000, Share::Anyones), 1);
             assert_eq!(count(65_000, Share::Anyones), 2);
-            assert_eq!(count(150_000, Share::Anyones), 99);
+            assert_eq!(count(75_000, Share::Anyones), HELPER_RANKS_MAX);
+            assert_eq!(count(344_000, Share::Anyones), HELPER_RANKS_MAX);
+            assert_eq!(count(350_000, Share::Anyones), 8);
+            assert_eq!(count(405_000, Share::Anyones), 99);
         }
         // A node that is not live ranks last.
         assert_eq!(rendezvous_rank("x", "gone", &live), 100);
@@ -398,10 +414,44 @@ mod tests {
             me: "me",
             live_nodes: &live,
             busy: &busy,
+            held: &BTreeSet::new(),
             rotation: 0,
             now_ms: 100_000,
         };
         let out = plan_sweep(&input, &cfg).0;
         assert_eq!(out, entries[2..].to_vec());
+    }
+
+    #[test]
+    fn a_holder_delivers_its_actors_entries_whatever_their_shard() {
+        let cfg = ClusterConfig::default();
+        let live: Vec<String> = (0..100).map(|i| format!("n{i}")).collect();
+        let now = 1_000_000;
+        // Overdue past the sweep margin, long before anyone helps.
+        let entries: Vec<IndexKey> = (0..200)
+            .map(|i| key(now - 20_000, &format!("a{i}")))
+            .collect();
+        let me = "n7";
+        let others: Vec<IndexKey> = entries
+            .iter()
+            .filter(|e| share_of(e, me, &live, now, &cfg) == Share::Others)
+            .cloned()
+            .collect();
+        assert!(others.len() > 150, "{}", others.len());
+        let held: BTreeSet<Address> = others[..3].iter().map(|e| e.address.clone()).collect();
+        let plan = |held: &BTreeSet<Address>| {
+            let input = SweepInput {
+                entries: &others,
+                me,
+                live_nodes: &live,
+                busy: &BTreeSet::new(),
+                held,
+                rotation: 0,
+                now_ms: now,
+            };
+            plan_sweep(&input, &cfg).0
+        };
+        assert_eq!(plan(&held), others[..3].to_vec());
+        assert!(plan(&BTreeSet::new()).is_empty());
     }
 }

@@ -32,7 +32,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 
 use wasmkeep_cluster::alarm_index::{
-    self, AlarmState, StaleContext, StaleStep, plan_event, plan_first_upload,
+    self, Address, AlarmState, StaleContext, StaleStep, plan_event, plan_first_upload,
 };
 use wasmkeep_cluster::delivery::{Delivery, Restored, plan_delivery};
 use wasmkeep_cluster::lease::{LeaseKey, NODES_PREFIX, NodeLeaseView};
@@ -293,6 +293,14 @@ pub struct Mem {
     pub lease: NodeLeaseMachine,
     /// Restored actors.
     pub claims: BTreeMap<usize, Claim>,
+    /// Actors whose hold in the bucket may name this node though it has no
+    /// claim, until it takes them again or finds them owned elsewhere: a
+    /// claim given up (a failed upload or index write: the server keeps
+    /// such an actor held, its database reopened from the bucket at its
+    /// next event), a take that failed after it wrote, a release that
+    /// failed (the server marks them `maybe_held`). The sweep counts them
+    /// as this node's own, as the server's does.
+    pub maybe_held: BTreeSet<usize>,
     /// The in-memory timer: one time per actor.
     pub timer: BTreeMap<usize, u64>,
     /// Work not yet started.
@@ -340,6 +348,7 @@ impl Mem {
             lease: NodeLeaseMachine::new(name, epoch, &sim_address(name), cfg.clone())
                 .expect("simulated node ids are valid"),
             claims: BTreeMap::new(),
+            maybe_held: BTreeSet::new(),
             timer: BTreeMap::new(),
             queue: VecDeque::new(),
             worker_waiting: Vec::new(),
@@ -567,7 +576,14 @@ impl Ctx {
 
     fn give_up(&self, actor: usize, why: &str) {
         let n = self.n;
-        let had = self.with(|w| w.nodes[n].mem.claims.remove(&actor).is_some());
+        let had = self.with(|w| {
+            let mem = &mut w.nodes[n].mem;
+            let had = mem.claims.remove(&actor).is_some();
+            if had {
+                mem.maybe_held.insert(actor);
+            }
+            had
+        });
         if had {
             self.with(|w| w.stats.give_ups += 1);
             let label = self.label(actor);
@@ -676,6 +692,7 @@ impl Ctx {
             node.mem.lease = NodeLeaseMachine::new(&node.name, e, &sim_address(&node.name), cfg)
                 .expect("valid node id");
             node.mem.claims.clear();
+            node.mem.maybe_held.clear();
             w.stats.epochs += 1;
             e
         });
@@ -787,6 +804,7 @@ impl Ctx {
     /// with a crash point before each of its writes and before the restore.
     async fn take(&self, actor: usize) -> Took {
         let n = self.n;
+        let mut wrote = false;
         let mut machine = self.with(|w| {
             let node = &w.nodes[n];
             let loaded = node.mem.claims.get(&actor).map(|c| c.generation);
@@ -809,8 +827,16 @@ impl Ctx {
                 debug_assert!(false, "the take waits for nothing");
                 return Took::Failed;
             };
+            let failed = |me: &Self| {
+                // What it wrote may have landed: its hold may name this node.
+                if wrote {
+                    me.with(|w| w.nodes[n].mem.maybe_held.insert(actor));
+                }
+                Took::Failed
+            };
             match effect {
                 TakeEffect::Bucket(op) => {
+                    wrote |= op.is_write();
                     match machine.step() {
                         TakeStep::Fence if op.is_write() => self.step("take: fence").await,
                         TakeStep::CreateHold if op.is_write() => {
@@ -844,10 +870,10 @@ impl Ctx {
                         TakeOutcome::Mine { .. } | TakeOutcome::Taken { .. } => Took::Mine,
                         TakeOutcome::Forward { node } => {
                             let idx = self.with(|w| w.nodes.iter().position(|x| x.name == node));
-                            idx.map_or(Took::Failed, Took::Forward)
+                            idx.map_or_else(|| failed(self), Took::Forward)
                         }
                         // The simulator's takes are never lookups.
-                        TakeOutcome::Failed(_) | TakeOutcome::Free => Took::Failed,
+                        TakeOutcome::Failed(_) | TakeOutcome::Free => failed(self),
                     };
                 }
             }
@@ -899,6 +925,7 @@ impl Ctx {
         let n = self.n;
         self.with(|w| {
             w.nodes[n].mem.claims.insert(actor, claim);
+            w.nodes[n].mem.maybe_held.remove(&actor);
             w.nodes[n].durable.cache.insert(actor, alarm);
         });
         // A restored actor's alarm goes into the owner's timer.
@@ -1207,6 +1234,8 @@ impl Ctx {
             Took::Mine => None,
             Took::Forward(_) => {
                 // The owner has the alarm, committed and indexed.
+                let n = self.n;
+                self.with(|w| w.nodes[n].mem.maybe_held.remove(&actor));
                 let label = self.label(actor);
                 self.log(format!("drops delivery of {label}@{at}: owned elsewhere"));
                 Some(Reached::NotOwner)
@@ -1501,7 +1530,8 @@ impl Ctx {
     }
 
     /// Releases an actor the node holds: drives `ReleaseMachine`, then drops
-    /// the claim whatever the outcome.
+    /// the claim whatever the outcome (one that did not release it is
+    /// `maybe_held`).
     async fn release(&self, actor: usize) {
         let Some(claim) = self.claim(actor) else {
             return;
@@ -1517,6 +1547,7 @@ impl Ctx {
                 w.rng.next_u64(),
             )
         });
+        let mut released = false;
         while let Some(effect) = machine.poll_effect(self.acting_epoch()) {
             match effect {
                 ReleaseEffect::Bucket(op) => {
@@ -1525,6 +1556,7 @@ impl Ctx {
                 }
                 ReleaseEffect::Done(outcome) => {
                     if let ReleaseOutcome::Released { generation } = outcome {
+                        released = true;
                         self.with(|w| w.stats.releases += 1);
                         let label = self.label(actor);
                         self.log(format!("releases {label} (g{generation})"));
@@ -1533,7 +1565,13 @@ impl Ctx {
                 }
             }
         }
-        self.with(|w| w.nodes[n].mem.claims.remove(&actor));
+        self.with(|w| {
+            let mem = &mut w.nodes[n].mem;
+            mem.claims.remove(&actor);
+            if !released {
+                mem.maybe_held.insert(actor);
+            }
+        });
     }
 
     fn retry_join_later(&self, actor: usize) {
@@ -1750,11 +1788,12 @@ async fn sweep_once(ctx: &Ctx) -> bool {
         w.stats.sweeps += 1;
         let now = w.node_now(n);
         let prefixes = w.apps.iter().map(|a| a.index_prefix.clone()).collect();
+        let held = held_by_app(w, n);
         let rotation = w.rng.next_u64();
         w.nodes[n]
             .mem
             .sweep
-            .start_pass(now, live, prefixes, rotation);
+            .start_pass(now, live, prefixes, held, rotation);
     });
     loop {
         match ctx.with(|w| w.nodes[n].mem.sweep.poll_effect()) {
@@ -1786,6 +1825,23 @@ async fn sweep_once(ctx: &Ctx) -> bool {
             }
         }
     }
+}
+
+/// The actors node `n` holds (its claims, and those it gave up whose hold
+/// may still name it), by app: the sweep counts their entries as its own
+/// whatever their shard, as the server's does. The tenant-wide index
+/// (`Options::shared_index`) gets none, as in the server.
+fn held_by_app(w: &World, n: usize) -> Vec<BTreeSet<Address>> {
+    let mut held = vec![BTreeSet::new(); w.apps.len()];
+    if w.opts.shared_index || w.opts.sweep_ignores_holds {
+        return held;
+    }
+    let mem = &w.nodes[n].mem;
+    for &a in mem.claims.keys().chain(mem.maybe_held.iter()) {
+        let actor = &w.actors[a];
+        held[actor.app].insert(actor.address.clone());
+    }
+    held
 }
 
 /// The live nodes for the sweep's sharding: the cluster's `LiveNodes`, the

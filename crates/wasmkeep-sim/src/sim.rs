@@ -50,6 +50,11 @@ pub struct Options {
     /// 41 (`wasmkeep_cluster::machine::KnownLeases` keeps the live records
     /// read): kept to show what owner lookups cost without it.
     pub take_reads_every_lease: bool,
+    /// A node's sweep leaves the entries of actors it holds to their shard
+    /// node and its helpers, as before issue 41's bounded helpers (the
+    /// server counts them as the holder's own): kept to show that an alarm
+    /// whose live owner lost its claim then waits for the last resort.
+    pub sweep_ignores_holds: bool,
     /// All apps list their entries under the tenant-wide prefix
     /// (`alarm_index::tenant_index_prefix`, `alarms/t1/`, the layout before
     /// ADR 0022) instead of their own (`alarm_index::app_index_prefix`,
@@ -159,6 +164,7 @@ impl Default for Options {
             client_per_node_ms: None,
             view_reads_every_node: false,
             take_reads_every_lease: false,
+            sweep_ignores_holds: false,
             shared_index: false,
             backlog: None,
             orphans: None,
@@ -211,6 +217,7 @@ impl Options {
             "client_per_node_ms" => self.client_per_node_ms = Some(u(value)?.max(1)),
             "view_reads_every_node" => self.view_reads_every_node = u(value)? != 0,
             "take_reads_every_lease" => self.take_reads_every_lease = u(value)? != 0,
+            "sweep_ignores_holds" => self.sweep_ignores_holds = u(value)? != 0,
             "shared_index" => self.shared_index = u(value)? != 0,
             "backlog" => self.backlog = Some(u(value)? as usize),
             "orphans" => self.orphans = Some(u(value)? as usize),

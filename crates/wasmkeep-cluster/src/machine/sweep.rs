@@ -12,7 +12,7 @@
 //! A driver's loop:
 //!
 //! ```text
-//! machine.start_pass(now, live_nodes, index_prefixes, rotation);
+//! machine.start_pass(now, live_nodes, index_prefixes, held, rotation);
 //! loop {
 //!     match machine.poll_effect() {
 //!         Some(SweepEffect::Bucket(op))  => machine.on_result(perform(op)),
@@ -25,7 +25,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
-use crate::alarm_index::{IndexKey, due_of_key};
+use crate::alarm_index::{Address, IndexKey, due_of_key};
 use crate::config::ClusterConfig;
 use crate::retry::RetryPolicy;
 use crate::sweep::{SweepCursor, SweepInput, plan_sweep, sweep_until_ms};
@@ -196,6 +196,7 @@ struct Pass {
     now_ms: u64,
     live: Vec<String>,
     prefixes: Vec<String>,
+    held: Vec<BTreeSet<Address>>,
     rotation: u64,
     listing: Option<Listing>,
     awaiting_page: bool,
@@ -231,15 +232,19 @@ impl SweepMachine {
 
     /// Starts a pass at `now_ms` over the indexes at `prefixes` (in this
     /// order), with the nodes whose leases are live (`live_nodes`, this node
-    /// included if its own lease reads as live). `rotation` is a random
+    /// included if its own lease reads as live). `held[i]` are the actors
+    /// of the index at `prefixes[i]` this node holds (their entries are its
+    /// own whatever their shard; missing: none). `rotation` is a random
     /// number: where in anyone's entries the pass starts.
     pub fn start_pass(
         &mut self,
         now_ms: u64,
         mut live_nodes: Vec<String>,
         prefixes: Vec<String>,
+        mut held: Vec<BTreeSet<Address>>,
         rotation: u64,
     ) {
+        held.resize_with(prefixes.len(), BTreeSet::new);
         assert!(self.pass.is_none(), "a pass started while one runs");
         live_nodes.sort();
         live_nodes.dedup();
@@ -254,6 +259,7 @@ impl SweepMachine {
             live: live_nodes,
             next_index: if swept { 0 } else { prefixes.len() },
             prefixes,
+            held,
             rotation,
             listing: None,
             awaiting_page: false,
@@ -394,6 +400,7 @@ impl SweepMachine {
             me: &self.me,
             live_nodes: &pass.live,
             busy: &busy,
+            held: &pass.held[l.index],
             rotation: pass.rotation.wrapping_add(l.index as u64),
             now_ms: now,
         };
@@ -490,7 +497,7 @@ mod tests {
         now: u64,
         reached: impl Fn(&SweepJob) -> Reached,
     ) -> (Vec<SweepJob>, PassSummary) {
-        m.start_pass(now, vec!["me".into()], prefixes.to_vec(), 7);
+        m.start_pass(now, vec!["me".into()], prefixes.to_vec(), Vec::new(), 7);
         let mut handed = Vec::new();
         let mut running: Vec<SweepJob> = Vec::new();
         loop {
@@ -603,12 +610,18 @@ mod tests {
     fn a_node_not_live_reads_nothing_and_a_failed_listing_skips_its_index() {
         let (mut bucket, prefixes, cfg) = setup(10, 50);
         let mut m = SweepMachine::new("me", cfg);
-        m.start_pass(1_000_000, vec!["other".into()], prefixes.clone(), 1);
+        m.start_pass(
+            1_000_000,
+            vec!["other".into()],
+            prefixes.clone(),
+            Vec::new(),
+            1,
+        );
         match m.poll_effect() {
             Some(SweepEffect::Done(s)) => assert!(!s.swept && s.jobs == 0),
             e => panic!("{e:?}"),
         }
-        m.start_pass(1_000_000, vec!["me".into()], prefixes, 1);
+        m.start_pass(1_000_000, vec!["me".into()], prefixes, Vec::new(), 1);
         assert!(matches!(m.poll_effect(), Some(SweepEffect::Bucket(_))));
         assert_eq!(m.poll_effect(), None, "one listing outstanding at a time");
         m.on_result(BucketResult::Failed);
@@ -649,7 +662,7 @@ mod tests {
     fn a_report_for_a_job_never_handed_out_is_a_driver_bug() {
         let (_, prefixes, cfg) = setup(0, 50);
         let mut m = SweepMachine::new("me", cfg);
-        m.start_pass(1, vec!["me".into()], prefixes, 1);
+        m.start_pass(1, vec!["me".into()], prefixes, Vec::new(), 1);
         let job = SweepJob {
             index: 0,
             key: key(1, "n"),

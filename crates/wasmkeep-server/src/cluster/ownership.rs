@@ -137,6 +137,15 @@ struct Cell {
     /// A hand-over holds the slot ([`Ownership::hand_over`]): the alarm
     /// gate does not wait on it (the alarm runs where the actor goes).
     handing_over: std::sync::atomic::AtomicBool,
+    /// The epoch in which a take of the actor failed or its release did
+    /// not land, so that the bucket's hold may still name this node while
+    /// the cell says it is not held (a hold written whose answer was lost,
+    /// a release that failed): nobody else can take it, and only this node
+    /// would learn so, at the actor's next request here. The sweep counts
+    /// such an actor as this node's own ([`Ownership::sweep_own_ids`]), so
+    /// that its alarm is delivered here, which takes it again or finds its
+    /// owner; a hold set or an owner found clears the mark.
+    maybe_held: std::sync::Mutex<Option<u64>>,
 }
 
 impl Cell {
@@ -147,7 +156,19 @@ impl Cell {
         *self.held_copy.lock().expect("held copy") = held;
         if held.is_none() {
             self.moved_in.store(false, Ordering::Release);
+        } else {
+            self.set_maybe_held(None);
         }
+    }
+
+    /// Marks (in `epoch`) or clears the chance that the bucket's hold
+    /// names this node while the cell does not hold the actor.
+    fn set_maybe_held(&self, epoch: Option<u64>) {
+        *self.maybe_held.lock().expect("maybe held") = epoch;
+    }
+
+    fn maybe_held_in(&self, epoch: u64) -> bool {
+        *self.maybe_held.lock().expect("maybe held") == Some(epoch)
     }
 
     fn held_in(&self, epoch: u64) -> bool {
@@ -381,6 +402,18 @@ impl Ownership {
             .collect()
     }
 
+    /// The actors whose overdue alarm entries this node's sweep delivers
+    /// whatever their shard: those it holds in `epoch`, and those whose
+    /// hold in the bucket may name it in `epoch` though it does not hold
+    /// them (a take that failed, a release that did not land).
+    pub(crate) fn sweep_own_ids(&self, epoch: u64) -> Vec<ActorId> {
+        self.all_cells()
+            .into_iter()
+            .filter(|(_, c)| c.held_in(epoch) || c.maybe_held_in(epoch))
+            .map(|(id, _)| id)
+            .collect()
+    }
+
     /// Actors this node holds in `epoch`.
     pub fn held(&self, epoch: u64) -> usize {
         let cells: Vec<Arc<Cell>> = self
@@ -416,7 +449,9 @@ impl Ownership {
         let limit = self.settings.actors_max;
         if cells.len() >= limit {
             cells.retain(|_, c| {
-                Arc::strong_count(c) > 1 || c.slot.try_lock().map_or(true, |s| s.held.is_some())
+                Arc::strong_count(c) > 1
+                    || c.maybe_held.lock().expect("maybe held").is_some()
+                    || c.slot.try_lock().map_or(true, |s| s.held.is_some())
             });
             if cells.len() >= limit {
                 return Err(RouteError::Full { limit });
@@ -483,10 +518,12 @@ impl Ownership {
                 Ok(local(&cell))
             }
             Taken::Owner { node, address } if forwarded => {
+                cell.set_maybe_held(None);
                 tracing::debug!(actor = %id, owner = node, address, "forwarded here, owned elsewhere");
                 Err(RouteError::NotOwner { owner: Some(node) })
             }
             Taken::Owner { node, address } => {
+                cell.set_maybe_held(None);
                 let until_ms = now_ms() + self.settings.owner_cache_ttl_ms;
                 slot.owner = Some(Owner {
                     node: node.clone(),
@@ -496,7 +533,11 @@ impl Ownership {
                 Ok(Route::Forward { node, address })
             }
             Taken::LostRace => Err(RouteError::TakeFailed("LostRace".into())),
-            Taken::Failed(why) => Err(RouteError::TakeFailed(why)),
+            Taken::Failed(why) => {
+                // Its hold may have landed (an answer lost on the way).
+                cell.set_maybe_held(Some(epoch));
+                Err(RouteError::TakeFailed(why))
+            }
         }
     }
 
@@ -749,6 +790,7 @@ impl Ownership {
         cell.set_held(&mut slot, None);
         slot.owner = None;
         if !self.release(&root, held, acting_epoch).await {
+            cell.set_maybe_held(Some(held.epoch));
             // It may still have landed: the actor is not held here any
             // more either way. If the bucket still names this node, the
             // next request's take (or a drain's lookup) says so and this
@@ -1018,11 +1060,14 @@ impl Ownership {
             let Ok(root) = self.root(&id) else {
                 continue;
             };
-            // Whatever the outcome, the node gives the actor up.
+            // Whatever the outcome, the node gives the actor up; a release
+            // that failed may leave the bucket naming it.
             cell.set_held(&mut slot, None);
             if self.release(&root, held, &acting_epoch).await {
                 released += 1;
                 tracing::info!(actor = %id, idle_ms = idle, "released idle actor");
+            } else {
+                cell.set_maybe_held(Some(held.epoch));
             }
         }
         released
@@ -1042,7 +1087,11 @@ impl Ownership {
                     return true;
                 }
                 Some(ReleaseEffect::Done(ReleaseOutcome::Failed(f))) => {
-                    tracing::debug!(root, failure = ?f, "release failed; the hold lapses with the lease");
+                    tracing::debug!(
+                        root,
+                        failure = ?f,
+                        "release failed; the hold may name this node until its epoch ends"
+                    );
                     return false;
                 }
                 None => return false,
@@ -1278,5 +1327,51 @@ mod tests {
             a.route(&id(), || Some(1), false).await.unwrap(),
             Route::Forward { .. }
         ));
+    }
+
+    /// A closure that answers `Some(1)` for its first `n` calls, then
+    /// `None`: the lease lapses midway through a take or a release.
+    fn acting_for(n: usize) -> impl Fn() -> Option<u64> {
+        let calls = std::sync::atomic::AtomicUsize::new(0);
+        move || (calls.fetch_add(1, Ordering::AcqRel) < n).then_some(1)
+    }
+
+    /// An actor whose hold may name this node though it does not hold it
+    /// (a take that failed, a release that did not land) is the sweep's
+    /// own until a take settles it: held again, or found owned elsewhere.
+    #[tokio::test]
+    async fn a_take_or_release_that_failed_leaves_the_actor_to_this_nodes_sweep() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = table("a", dir.path());
+        let b = table("b", dir.path());
+        live_lease(dir.path(), "a", 7);
+        assert!(a.route(&id(), acting_for(2), false).await.is_err());
+        assert!(!a.holds(&id(), 1, false));
+        assert_eq!(a.sweep_own_ids(1), vec![id()]);
+        assert!(a.sweep_own_ids(2).is_empty(), "only in the epoch it failed in");
+        // Taken again: held, no longer merely maybe.
+        let local = a.route(&id(), || Some(1), false).await.unwrap();
+        assert!(matches!(local, Route::Local(_)));
+        drop(local);
+        assert_eq!(a.held_ids(1), vec![id()]);
+        // A release that does not land leaves it the sweep's.
+        assert_eq!(a.release_idle(0, acting_for(1), |_| false).await, 0);
+        assert!(!a.holds(&id(), 1, false));
+        assert_eq!(a.sweep_own_ids(1), vec![id()]);
+        // b's take that failed marks it there; finding a as its owner
+        // clears the mark.
+        assert!(b.route(&id(), acting_for(1), false).await.is_err());
+        assert_eq!(b.sweep_own_ids(1), vec![id()]);
+        assert!(matches!(
+            b.route(&id(), || Some(1), false).await.unwrap(),
+            Route::Forward { .. }
+        ));
+        assert!(b.sweep_own_ids(1).is_empty());
+        // a's own take finds its hold and holds it again.
+        let again = a.route(&id(), || Some(1), false).await.unwrap();
+        assert!(matches!(again, Route::Local(_)));
+        drop(again);
+        assert_eq!(a.release_idle(0, || Some(1), |_| false).await, 1);
+        assert!(a.sweep_own_ids(1).is_empty(), "released: nobody's mark");
     }
 }

@@ -35,7 +35,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
 use wasmkeep_cluster::Rules;
 use wasmkeep_cluster::alarm_index::{
-    self, IndexKey, Indexed, Layout, app_index_prefix, tenant_index_prefix,
+    self, Address, IndexKey, Indexed, Layout, app_index_prefix, tenant_index_prefix,
 };
 use wasmkeep_cluster::machine::{
     BucketOp, BucketResult, DeliveryReport, LiveNodes, LiveNodesEffect, Reached, SweepEffect,
@@ -232,11 +232,13 @@ async fn pass(
         });
     }
     let indexes: Vec<Index> = indexes.into_iter().collect();
+    let held = held_by_index(state, &indexes);
     let now = now_ms();
     machine.start_pass(
         now,
         live,
         indexes.iter().map(Index::prefix).collect(),
+        held,
         super::nonce(),
     );
     // Deliveries run a bounded number at a time (the machine hands out at
@@ -281,6 +283,35 @@ async fn pass(
         .lag_ms
         .set(summary.oldest_due_ms.map_or(0, |o| now.saturating_sub(o)));
     summary.again_now
+}
+
+/// The actors this node holds or may hold (`Ownership::sweep_own_ids`), by
+/// index (an app's; the tenant-wide index has none: its entries go by
+/// their shard): their entries are this node's whatever their shard, so
+/// that an alarm whose timer this node lost (a failed upload, a failed
+/// open, an alarm gate's failed take) or whose hold it does not know it
+/// has (a take whose answer was lost, a release that failed) is delivered
+/// by its own sweep: the bounded helpers (ADR 0065) would reach it only
+/// at the last resort.
+fn held_by_index(state: &ClusterState, indexes: &[Index]) -> Vec<BTreeSet<Address>> {
+    let mut held = vec![BTreeSet::new(); indexes.len()];
+    let Some(epoch) = state.route_epoch() else {
+        return held;
+    };
+    let position: HashMap<(&str, &str), usize> = indexes
+        .iter()
+        .enumerate()
+        .filter_map(|(i, x)| Some(((x.tenant.as_str(), x.app.as_deref()?), i)))
+        .collect();
+    for id in state.ownership.sweep_own_ids(epoch) {
+        let Some(&i) = position.get(&(id.tenant.as_str(), id.app.as_str())) else {
+            continue;
+        };
+        if let Ok(address) = Address::new(id.class.as_str(), id.name.as_str()) {
+            held[i].insert(address);
+        }
+    }
+    held
 }
 
 /// Delivers one entry to each actor it may be for and reports what came of it.
