@@ -104,9 +104,9 @@
 //! again). `wasmkeep-sim --seeds 1 --set nodes=100
 //! --set actors=1000000` takes 30 to 55 s and 1.1 GB in a release build on
 //! two cores, and says whether every prefix stayed within S3's rates
-//! (`nodes/` comes closest, in the second after the faults stop, and
-//! `--seeds 1`, which runs seed 0, exceeds S3's 5,500 reads there: ADR
-//! 0065).
+//! (`nodes/` comes closest, in the second after the faults stop: 1,465
+//! reads with `--seeds 1`, which runs seed 0, against S3's 5,500; it was
+//! past them before the sweep's helpers were bounded, ADR 0073).
 //!
 //! Every request a node sends is counted ([`cost`]): per node per second by
 //! kind and by family of prefix (`nodes/`, the alarm indexes, the actors'
@@ -114,9 +114,12 @@
 //! then steady), the busiest second of each shared prefix and of any one
 //! actor's folder against S3's documented rates, and how late alarms ran,
 //! from sweeps (orphaned: nobody held the actor) and from owners' timers.
-//! `tests/scale.rs` holds a node's rate flat from 10 to 100 nodes and shows
-//! the view before ADR 0065 failing that (`view_reads_every_node`,
-//! `take_reads_every_lease` keep it runnable).
+//! `tests/scale.rs` holds a node's rate flat from 10 to 100 nodes (while
+//! faults last, the two minutes after, and steady) and shows the view
+//! before ADR 0065 failing that (`view_reads_every_node`,
+//! `take_reads_every_lease` keep it runnable), and alarms waiting for the
+//! sweep's last resort without a holder's rule (`sweep_ignores_holds`, ADR
+//! 0073).
 //!
 //! # A finding: entries nobody can act on can hold back deliveries
 //!
