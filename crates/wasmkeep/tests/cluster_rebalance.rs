@@ -28,8 +28,7 @@ use common::load::{
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(60);
 const ACTORS: usize = 24;
 
-/// A node's count of held actors (an actor whose slot a request holds at
-/// that instant is not counted: counts that must be exact are waited for).
+/// A node's count of held actors.
 fn held(m: &Member) -> u64 {
     status(&m.node)["held_actors"].as_u64().unwrap_or(0)
 }
@@ -91,29 +90,101 @@ fn joining_nodes_take_their_fair_share_under_load_and_moved_actors_stay() {
         "load after the fourth node joined",
     );
 
-    let log = load.finish();
+    check_the_run(
+        load.finish(),
+        [&first[0], &first[1], &third, &fourth],
+        "nodes joined",
+    );
+}
+
+/// No request of the run failed, and every acknowledged value is in the
+/// final state of the four nodes, once.
+fn check_the_run(log: Vec<Sent>, all: [&Member; 4], while_: &str) {
     let failed: Vec<&Sent> = log.iter().filter(|s| s.outcome.is_err()).collect();
     assert!(
         failed.is_empty(),
-        "{} of {} requests failed while nodes joined: {:?}; first: {:#?}",
+        "{} of {} requests failed while {while_}: {:?}; first: {:#?}",
         failed.len(),
         log.len(),
         failures_by_code(&log),
         &failed[..failed.len().min(3)]
     );
-    let all: Vec<&Member> = [&first[0], &first[1], &third, &fourth]
-        .into_iter()
-        .collect();
     let finals = read_finals(&all, ACTORS);
     let tally = check_history(&log, &finals);
-    eprintln!(
-        "rebalance: {ACTORS} actors; held a={} b={} c={} d={}; {tally}",
-        held(&first[0]),
-        held(&first[1]),
-        held(&third),
-        held(&fourth)
-    );
+    let counts: Vec<u64> = all.iter().map(|m| held(m)).collect();
+    eprintln!("{while_}: {ACTORS} actors; held a, b, c, d {counts:?}; {tally}");
     check_every_value_acknowledged(&log, &finals);
+}
+
+/// Two nodes that join at once count each other (a joining node's first
+/// round comes a round after it serves) and each ask a and b for their
+/// excess: a giver stops at the share the newest ask names, so a and b
+/// end at the share (6 of 24 over four nodes), never below it, the
+/// newcomers get 6 each, and neither gives what it was handed.
+#[test]
+fn two_nodes_joining_at_once_share_the_excess_and_nobody_falls_below_the_share() {
+    let c = Cluster::new(Store::Folder);
+    let first = vec![c.start("a"), c.start("b")];
+    let (_balancer, load) = spread_load(&c, &first, ACTORS, 3, CLIENT_TIMEOUT);
+    wait_for("a and b to hold every actor", || {
+        held(&first[0]) + held(&first[1]) == ACTORS as u64
+    });
+    // a's and b's lowest counts from the moment the newcomers start until
+    // a joining round and a half after the excess was given.
+    let watching = std::sync::atomic::AtomicBool::new(true);
+    let (third, fourth, lowest) = std::thread::scope(|s| {
+        let watcher = s.spawn(|| {
+            let mut lowest = (u64::MAX, u64::MAX);
+            while watching.load(std::sync::atomic::Ordering::Acquire) {
+                lowest.0 = lowest.0.min(held(&first[0]));
+                lowest.1 = lowest.1.min(held(&first[1]));
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            lowest
+        });
+        let third = s.spawn(|| c.start("c"));
+        let fourth = s.spawn(|| c.start("d"));
+        let (third, fourth) = (third.join().unwrap(), fourth.join().unwrap());
+        wait_for("a and b to give their excess", || {
+            held(&first[0]) <= 8 && held(&first[1]) <= 8 && held(&third) + held(&fourth) >= 8
+        });
+        std::thread::sleep(Duration::from_secs(8));
+        watching.store(false, std::sync::atomic::Ordering::Release);
+        (third, fourth, watcher.join().unwrap())
+    });
+    let share = (ACTORS / 4) as u64;
+    wait_for("the newcomers to hold their shares", || {
+        held(&third) == share && held(&fourth) == share
+    });
+    let moved_in = metric(&third, "wasmkeep_cluster_moves_in_total")
+        + metric(&fourth, "wasmkeep_cluster_moves_in_total");
+    let moved_out = metric(&first[0], "wasmkeep_cluster_moves_out_total")
+        + metric(&first[1], "wasmkeep_cluster_moves_out_total");
+    assert_eq!(moved_in, moved_out, "every move out was a move in");
+    assert!(
+        moved_in >= 8,
+        "the newcomers were handed only {moved_in} actors"
+    );
+    for (name, m) in [("c", &third), ("d", &fourth)] {
+        assert_eq!(
+            metric(m, "wasmkeep_cluster_moves_out_total"),
+            0,
+            "{name} gave an actor it was handed"
+        );
+    }
+    load.wait_acknowledged(ACTORS, 3, Instant::now(), "load after two nodes joined");
+    wait_for("every actor to be held once", || {
+        held(&first[0]) + held(&first[1]) + held(&third) + held(&fourth) == ACTORS as u64
+    });
+    assert!(
+        lowest.0 >= share && lowest.1 >= share,
+        "a giver fell below the share of {share} (lowest seen a/b {lowest:?})"
+    );
+    check_the_run(
+        load.finish(),
+        [&first[0], &first[1], &third, &fourth],
+        "two nodes joined at once",
+    );
 }
 
 #[test]

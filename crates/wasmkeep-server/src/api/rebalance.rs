@@ -375,8 +375,12 @@ pub(super) fn start(s: &AppState) {
 }
 
 /// From the moment the node serves, for [`JOIN_WINDOW_MS`] at most: every
-/// [`ROUND_MS`], the others' counts, and asks of those above the share
-/// ([`asks`]); done once this node holds its share or nobody is above it.
+/// [`ROUND_MS`], the first one round after it serves, the others' counts,
+/// and asks of those above the share ([`asks`]); done once this node holds
+/// its share or nobody is above it. Waiting a round first lets nodes
+/// started together count each other: asking at once, the first to serve
+/// took the share of a cluster without the others, and what it took cannot
+/// move again in a row.
 async fn joining(c: Arc<ClusterState>, rt: Runtime) {
     while check_taking(&c).is_err() {
         if rt.is_stopping() || c.is_draining() || c.ownership.is_moving_out() {
@@ -387,6 +391,7 @@ async fn joining(c: Arc<ClusterState>, rt: Runtime) {
     let started = wasmkeep_runtime::clock::instant();
     let cap = c.settings().rebalance_moves_per_s as usize * (ROUND_MS / 1_000) as usize;
     while started.elapsed() < Duration::from_millis(JOIN_WINDOW_MS) {
+        tokio::time::sleep(Duration::from_millis(ROUND_MS)).await;
         if rt.is_stopping() || c.is_draining() || c.ownership.is_moving_out() {
             return;
         }
@@ -419,6 +424,5 @@ async fn joining(c: Arc<ClusterState>, rt: Runtime) {
                 );
             }
         }
-        tokio::time::sleep(Duration::from_millis(ROUND_MS)).await;
     }
 }

@@ -7,7 +7,9 @@
 //!
 //! - **Who asks.** A node that starts serving (a start, a restart) asks
 //!   for its fair share for [`JOIN_WINDOW_MS`] at most, one round every
-//!   [`ROUND_MS`]; it stops as soon as it holds its share (within
+//!   [`ROUND_MS`], the first a round after it serves (so that nodes
+//!   started together count each other: what the first took by a share of
+//!   a smaller cluster could not move again); it stops as soon as it holds its share (within
 //!   [`slack`]) or nobody who answered holds more than theirs (a round in
 //!   which nobody answered does not count). Nothing else moves
 //!   actors: a node whose peers died takes their actors as requests reach
