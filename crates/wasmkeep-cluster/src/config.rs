@@ -37,7 +37,7 @@ pub const HELPER_RANKS_MAX: usize = 4;
 /// more nodes again, until every node may deliver it: the last resort for
 /// an entry none of them can act on (its app not deployed on any of them).
 /// An actor's holder delivers its entries itself whatever their rank
-/// (`sweep::share_of`), so an alarm a live owner keeps does not wait for it.
+/// (`sweep::plan_sweep`), so an alarm a live owner keeps does not wait for it.
 pub const LAST_RESORT_MARGINS: u64 = 20;
 
 /// The cluster's timing and size bounds. Defaults are ADR 0009's and ADR 0020's.

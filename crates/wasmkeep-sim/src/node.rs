@@ -37,7 +37,7 @@ use wasmkeep_cluster::alarm_index::{
 use wasmkeep_cluster::delivery::{Delivery, Restored, plan_delivery};
 use wasmkeep_cluster::lease::{LeaseKey, NODES_PREFIX, NodeLeaseView};
 use wasmkeep_cluster::machine::{
-    BucketOp, BucketResult, DeliveryReport, EpochEnd, KnownLeases, LeaseEffect, LiveNodes,
+    BucketOp, BucketResult, DeliveryReport, EpochEnd, Failure, KnownLeases, LeaseEffect, LiveNodes,
     LiveNodesEffect, NodeLeaseMachine, NodeViewEffect, NodeViewReader, Reached, ReleaseEffect,
     ReleaseMachine, ReleaseOutcome, SweepEffect, SweepJob, SweepMachine, TakeEffect, TakeMachine,
     TakeOutcome, TakeStep,
@@ -870,7 +870,15 @@ impl Ctx {
                         TakeOutcome::Mine { .. } | TakeOutcome::Taken { .. } => Took::Mine,
                         TakeOutcome::Forward { node } => {
                             let idx = self.with(|w| w.nodes.iter().position(|x| x.name == node));
+                            // Owned elsewhere: no hold of this node's.
+                            self.with(|w| w.nodes[n].mem.maybe_held.remove(&actor));
                             idx.map_or_else(|| failed(self), Took::Forward)
+                        }
+                        // Another node's hold landed first: none of this
+                        // node's did.
+                        TakeOutcome::Failed(Failure::LostRace) => {
+                            self.with(|w| w.nodes[n].mem.maybe_held.remove(&actor));
+                            Took::Failed
                         }
                         // The simulator's takes are never lookups.
                         TakeOutcome::Failed(_) | TakeOutcome::Free => failed(self),
@@ -1234,8 +1242,6 @@ impl Ctx {
             Took::Mine => None,
             Took::Forward(_) => {
                 // The owner has the alarm, committed and indexed.
-                let n = self.n;
-                self.with(|w| w.nodes[n].mem.maybe_held.remove(&actor));
                 let label = self.label(actor);
                 self.log(format!("drops delivery of {label}@{at}: owned elsewhere"));
                 Some(Reached::NotOwner)
@@ -1827,19 +1833,24 @@ async fn sweep_once(ctx: &Ctx) -> bool {
     }
 }
 
-/// The actors node `n` holds (its claims, and those it gave up whose hold
-/// may still name it), by app: the sweep counts their entries as its own
-/// whatever their shard, as the server's does. The tenant-wide index
-/// (`Options::shared_index`) gets none, as in the server.
+/// The actors node `n` holds or may hold (its claims and `maybe_held`), by
+/// app: the sweep counts their entries as its own whatever their shard, as
+/// the server's does. With the tenant-wide index (`Options::shared_index`)
+/// every app's prefix is that index, which the server gives every held
+/// actor of the tenant.
 fn held_by_app(w: &World, n: usize) -> Vec<BTreeSet<Address>> {
     let mut held = vec![BTreeSet::new(); w.apps.len()];
-    if w.opts.shared_index || w.opts.sweep_ignores_holds {
+    if w.opts.sweep_ignores_holds {
         return held;
     }
     let mem = &w.nodes[n].mem;
     for &a in mem.claims.keys().chain(mem.maybe_held.iter()) {
         let actor = &w.actors[a];
-        held[actor.app].insert(actor.address.clone());
+        for (app, set) in held.iter_mut().enumerate() {
+            if app == actor.app || w.opts.shared_index {
+                set.insert(actor.address.clone());
+            }
+        }
     }
     held
 }

@@ -117,14 +117,21 @@ fn requests_per_node_stay_flat_from_10_to_100_nodes() {
 /// failed, a release that failed) would wait for the last resort: the
 /// holder's sweep counts such actors as its own. At 30 nodes (more than
 /// `HELPER_RANKS_MAX` helpers), no alarm of these seeds waits that long;
-/// with the rule turned off (`sweep_ignores_holds`), some do.
+/// with the rule turned off (`sweep_ignores_holds`), some do. The quiet
+/// time is long enough (twice the delivery bound) for the run's own check
+/// that every committed alarm and entry was delivered to cover every alarm
+/// set up front, so an alarm never delivered fails the run, not only a
+/// late one.
 #[test]
 fn a_holders_sweep_delivers_what_only_it_can_before_the_last_resort() {
     let latest = |ignore: bool| -> Vec<u64> {
         [1, 2, 3, 4]
             .iter()
             .map(|seed| {
-                let r = production(*seed, 30, |o| o.sweep_ignores_holds = ignore);
+                let r = production(*seed, 30, |o| {
+                    o.sweep_ignores_holds = ignore;
+                    o.quiet_ms = 1_500_000;
+                });
                 r.cost
                     .sweep_lateness
                     .iter()

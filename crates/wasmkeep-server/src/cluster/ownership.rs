@@ -495,8 +495,16 @@ impl Ownership {
         }
         slot.owner = None;
         if let Some(peers) = self.moving_out_peers() {
-            let away =
-                self.route_away(id, &root, &mut slot, peers, epoch, forwarded, &acting_epoch);
+            let away = self.route_away(
+                id,
+                &cell,
+                &root,
+                &mut slot,
+                peers,
+                epoch,
+                forwarded,
+                &acting_epoch,
+            );
             return match away.await? {
                 Away::Forward { node, address } => Ok(Route::Forward { node, address }),
                 Away::Held(held) => {
@@ -506,21 +514,23 @@ impl Ownership {
             };
         }
         let unreachable = slot.unreachable.take();
-        match self
+        // Marked before the take: a take dropped midway (an alarm gate's
+        // timeout, a client gone) may still land its hold.
+        cell.set_maybe_held(Some(epoch));
+        let taken = self
             .take_waiting(&root, epoch, &acting_epoch, unreachable.as_deref())
-            .await
-        {
+            .await;
+        taken.settle_mark(&cell);
+        match taken {
             Taken::Held(held) => {
                 cell.set_held(&mut slot, Some(held));
                 Ok(local(&cell))
             }
             Taken::Owner { node, address } if forwarded => {
-                cell.set_maybe_held(None);
                 tracing::debug!(actor = %id, owner = node, address, "forwarded here, owned elsewhere");
                 Err(RouteError::NotOwner { owner: Some(node) })
             }
             Taken::Owner { node, address } => {
-                cell.set_maybe_held(None);
                 let until_ms = now_ms() + self.settings.owner_cache_ttl_ms;
                 slot.owner = Some(Owner {
                     node: node.clone(),
@@ -530,11 +540,7 @@ impl Ownership {
                 Ok(Route::Forward { node, address })
             }
             Taken::LostRace => Err(RouteError::TakeFailed("LostRace".into())),
-            Taken::Failed(why) => {
-                // Its hold may have landed (an answer lost on the way).
-                cell.set_maybe_held(Some(epoch));
-                Err(RouteError::TakeFailed(why))
-            }
+            Taken::Failed { why, .. } => Err(RouteError::TakeFailed(why)),
         }
     }
 
@@ -553,6 +559,7 @@ impl Ownership {
     async fn route_away(
         &self,
         id: &ActorId,
+        cell: &Cell,
         root: &str,
         slot: &mut Slot,
         peers: Vec<(String, String)>,
@@ -561,16 +568,24 @@ impl Ownership {
         acting_epoch: &impl Fn() -> Option<u64>,
     ) -> Result<Away, RouteError> {
         let unreachable = slot.unreachable.take();
-        let (node, address) = match self.look_up(root, epoch).await {
+        let looked = self.look_up(root, epoch).await;
+        if matches!(looked, Looked::Owner { .. } | Looked::Free) {
+            // The bucket names another node or none: no hold of this one.
+            cell.set_maybe_held(None);
+        }
+        let (node, address) = match looked {
             Looked::Mine => {
-                return match self.take_waiting(root, epoch, acting_epoch, None).await {
+                cell.set_maybe_held(Some(epoch));
+                let taken = self.take_waiting(root, epoch, acting_epoch, None).await;
+                taken.settle_mark(cell);
+                return match taken {
                     Taken::Held(held) => Ok(Away::Held(held)),
                     Taken::Owner { node, .. } if forwarded => {
                         Err(RouteError::NotOwner { owner: Some(node) })
                     }
                     Taken::Owner { node, address } => Ok(Away::Forward { node, address }),
                     Taken::LostRace => Err(RouteError::TakeFailed("LostRace".into())),
-                    Taken::Failed(why) => Err(RouteError::TakeFailed(why)),
+                    Taken::Failed { why, .. } => Err(RouteError::TakeFailed(why)),
                 };
             }
             Looked::Owner { node, .. } if forwarded => {
@@ -946,6 +961,7 @@ impl Ownership {
     async fn take(&self, root: &str, epoch: u64, acting: &impl Fn() -> Option<u64>) -> Taken {
         let mut m = self.take_machine(root, epoch);
         let mut takeover = false;
+        let mut wrote = false;
         let outcome = loop {
             let Some(effect) = m.poll_effect(acting()) else {
                 debug_assert!(false, "the take waits for nothing this driver owes it");
@@ -953,6 +969,7 @@ impl Ownership {
             };
             match effect {
                 TakeEffect::Bucket(op) => {
+                    wrote |= op.is_write();
                     let result = self.driver.perform(op).await;
                     m.on_result(result, now_ms());
                 }
@@ -990,19 +1007,28 @@ impl Ownership {
                 },
                 _ => {
                     self.counters.take_failures_total.inc();
-                    Taken::Failed(format!("owner `{node}` has no address to forward to"))
+                    Taken::Failed {
+                        why: format!("owner `{node}` has no address to forward to"),
+                        wrote,
+                    }
                 }
             },
             TakeOutcome::Free => {
                 debug_assert!(false, "a take is no lookup");
-                Taken::Failed("a lookup's outcome".into())
+                Taken::Failed {
+                    why: "a lookup's outcome".into(),
+                    wrote,
+                }
             }
             TakeOutcome::Failed(failure) => {
                 self.counters.take_failures_total.inc();
                 if failure == wasmkeep_cluster::machine::Failure::LostRace {
                     return Taken::LostRace;
                 }
-                Taken::Failed(format!("{failure:?}"))
+                Taken::Failed {
+                    why: format!("{failure:?}"),
+                    wrote,
+                }
             }
         }
     }
@@ -1040,6 +1066,12 @@ impl Ownership {
                 slot.owner = None;
             }
             let Some(held) = slot.held else {
+                if self
+                    .settle_maybe_held(&id, &cell, &mut slot, idle_ms, &acting_epoch)
+                    .await
+                {
+                    released += 1;
+                }
                 continue;
             };
             let Some(epoch) = acting_epoch() else {
@@ -1068,6 +1100,63 @@ impl Ownership {
             }
         }
         released
+    }
+
+    /// Settles an actor this node does not hold but whose hold may name it
+    /// ([`Cell::maybe_held`]), once it is idle for `idle_ms`: a lookup
+    /// says. Named here: taken and released (a failed release retried);
+    /// named elsewhere or nowhere: the mark goes; the bucket not answering:
+    /// the mark stays for the next pass. A mark of an earlier epoch goes
+    /// (its holds are dead). True if it released a hold.
+    async fn settle_maybe_held(
+        &self,
+        id: &ActorId,
+        cell: &Cell,
+        slot: &mut Slot,
+        idle_ms: u64,
+        acting_epoch: &impl Fn() -> Option<u64>,
+    ) -> bool {
+        let Some(marked) = *cell.maybe_held.lock().expect("maybe held") else {
+            return false;
+        };
+        let Some(epoch) = acting_epoch() else {
+            return false;
+        };
+        if marked != epoch {
+            cell.set_maybe_held(None);
+            return false;
+        }
+        let idle = now_ms().saturating_sub(cell.last_used_ms.load(Ordering::Acquire));
+        if cell.in_flight.load(Ordering::Acquire) > 0 || idle < idle_ms {
+            return false;
+        }
+        let Ok(root) = self.root(id) else {
+            return false;
+        };
+        match self.look_up(&root, epoch).await {
+            Looked::Owner { .. } | Looked::Free => {
+                cell.set_maybe_held(None);
+                false
+            }
+            Looked::Failed(_) => false,
+            Looked::Mine => {
+                let taken = self.take_waiting(&root, epoch, acting_epoch, None).await;
+                taken.settle_mark(cell);
+                let Taken::Held(held) = taken else {
+                    return false;
+                };
+                // Held for the release's sake only: given up at once.
+                cell.set_held(slot, Some(held));
+                cell.set_held(slot, None);
+                if self.release(&root, held, acting_epoch).await {
+                    tracing::info!(actor = %id, "released a hold whose release had failed");
+                    true
+                } else {
+                    cell.set_maybe_held(Some(epoch));
+                    false
+                }
+            }
+        }
     }
 
     /// Drives one [`ReleaseMachine`]; true if the `released` hold landed.
@@ -1127,7 +1216,27 @@ enum Taken {
     },
     /// Another node created its hold first.
     LostRace,
-    Failed(String),
+    /// The take failed; `wrote`: after a write (a fence, its hold), which
+    /// may have landed though its answer did not come.
+    Failed {
+        why: String,
+        wrote: bool,
+    },
+}
+
+impl Taken {
+    /// Settles the maybe-held mark set before the take: a hold found (set
+    /// with the hold) or found elsewhere, a race lost and a take that
+    /// wrote nothing leave no hold naming this node; one that failed after
+    /// a write may have, and keeps it.
+    fn settle_mark(&self, cell: &Cell) {
+        match self {
+            Taken::Held(_) | Taken::Failed { wrote: true, .. } => {}
+            Taken::Owner { .. } | Taken::LostRace | Taken::Failed { wrote: false, .. } => {
+                cell.set_maybe_held(None);
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -1334,15 +1443,26 @@ mod tests {
     }
 
     /// An actor whose hold may name this node though it does not hold it
-    /// (a take that failed, a release that did not land) is the sweep's
-    /// own until a take settles it: held again, or found owned elsewhere.
+    /// (a take that failed after a write, a release that did not land) is
+    /// the sweep's own until a take or the idle releaser settles it; a take
+    /// that wrote nothing, or found another owner, leaves no mark.
     #[tokio::test]
     async fn a_take_or_release_that_failed_leaves_the_actor_to_this_nodes_sweep() {
         let dir = tempfile::tempdir().unwrap();
         let a = table("a", dir.path());
         let b = table("b", dir.path());
         live_lease(dir.path(), "a", 7);
+        // The lease lapses before the take writes anything: no mark.
         assert!(a.route(&id(), acting_for(2), false).await.is_err());
+        assert!(holds(dir.path()).is_empty());
+        assert!(a.sweep_own_ids(1).is_empty());
+        // The hold's write fails (a file where its folder goes): as far as
+        // a knows, it may have landed.
+        let folder = dir.path().join("state/t/app/c/6e/hold");
+        std::fs::create_dir_all(folder.parent().unwrap()).unwrap();
+        std::fs::write(&folder, "not a folder").unwrap();
+        assert!(a.route(&id(), || Some(1), false).await.is_err());
+        std::fs::remove_file(&folder).unwrap();
         assert!(!a.holds(&id(), 1, false));
         assert_eq!(a.sweep_own_ids(1), vec![id()]);
         assert!(
@@ -1358,20 +1478,28 @@ mod tests {
         assert_eq!(a.release_idle(0, acting_for(1), |_| false).await, 0);
         assert!(!a.holds(&id(), 1, false));
         assert_eq!(a.sweep_own_ids(1), vec![id()]);
-        // b's take that failed marks it there; finding a as its owner
-        // clears the mark.
-        assert!(b.route(&id(), acting_for(1), false).await.is_err());
-        assert_eq!(b.sweep_own_ids(1), vec![id()]);
+        // b finds a the owner: nothing of b's is marked.
         assert!(matches!(
             b.route(&id(), || Some(1), false).await.unwrap(),
             Route::Forward { .. }
         ));
         assert!(b.sweep_own_ids(1).is_empty());
-        // a's own take finds its hold and holds it again.
-        let again = a.route(&id(), || Some(1), false).await.unwrap();
-        assert!(matches!(again, Route::Local(_)));
-        drop(again);
+        // The idle releaser settles a's mark: the bucket names a, so it
+        // takes the actor and releases it (the failed release retried).
         assert_eq!(a.release_idle(0, || Some(1), |_| false).await, 1);
-        assert!(a.sweep_own_ids(1).is_empty(), "released: nobody's mark");
+        assert!(a.sweep_own_ids(1).is_empty(), "settled");
+        assert!(
+            holds(dir.path())
+                .last()
+                .unwrap()
+                .starts_with("released a 1 ")
+        );
+        // A mark of an ended epoch just goes.
+        let local = a.route(&id(), || Some(1), false).await.unwrap();
+        drop(local);
+        assert_eq!(a.release_idle(0, acting_for(1), |_| false).await, 0);
+        assert_eq!(a.sweep_own_ids(1), vec![id()]);
+        assert_eq!(a.release_idle(0, || Some(2), |_| false).await, 0);
+        assert!(a.sweep_own_ids(1).is_empty());
     }
 }

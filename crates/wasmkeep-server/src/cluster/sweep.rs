@@ -286,8 +286,8 @@ async fn pass(
 }
 
 /// The actors this node holds or may hold (`Ownership::sweep_own_ids`), by
-/// index (an app's; the tenant-wide index has none: its entries go by
-/// their shard): their entries are this node's whatever their shard, so
+/// index (an app's, and its tenant's tenant-wide one, whose entries are
+/// delivered to every app of the tenant with the class): their entries are this node's whatever their shard, so
 /// that an alarm whose timer this node lost (a failed upload, a failed
 /// open, an alarm gate's failed take) or whose hold it does not know it
 /// has (a take whose answer was lost, a release that failed) is delivered
@@ -298,17 +298,19 @@ fn held_by_index(state: &ClusterState, indexes: &[Index]) -> Vec<BTreeSet<Addres
     let Some(epoch) = state.route_epoch() else {
         return held;
     };
-    let position: HashMap<(&str, &str), usize> = indexes
+    let position: HashMap<(&str, Option<&str>), usize> = indexes
         .iter()
         .enumerate()
-        .filter_map(|(i, x)| Some(((x.tenant.as_str(), x.app.as_deref()?), i)))
+        .map(|(i, x)| ((x.tenant.as_str(), x.app.as_deref()), i))
         .collect();
     for id in state.ownership.sweep_own_ids(epoch) {
-        let Some(&i) = position.get(&(id.tenant.as_str(), id.app.as_str())) else {
+        let Ok(address) = Address::new(id.class.as_str(), id.name.as_str()) else {
             continue;
         };
-        if let Ok(address) = Address::new(id.class.as_str(), id.name.as_str()) {
-            held[i].insert(address);
+        for app in [Some(id.app.as_str()), None] {
+            if let Some(&i) = position.get(&(id.tenant.as_str(), app)) {
+                held[i].insert(address.clone());
+            }
         }
     }
     held
