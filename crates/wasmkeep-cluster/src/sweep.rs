@@ -135,11 +135,13 @@ pub fn rendezvous<'a>(key: &str, live_nodes: &'a [String]) -> Option<&'a str> {
 /// How a swept entry relates to the node that read it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Share {
-    /// The shard is this node's.
+    /// The shard is this node's (or, in [`plan_sweep`], the actor is one
+    /// this node holds or may hold, whatever its shard: ADR 0073).
     Own,
     /// Another node's shard, but overdue enough for this node to help: three
-    /// margins for the next node in the address's rendezvous order, and
-    /// twice as many nodes each margin after ([`ClusterConfig::helper_ranks`]).
+    /// margins for the next node in the address's rendezvous order, twice
+    /// as many nodes each margin after up to `HELPER_RANKS_MAX`, more again
+    /// from the last resort ([`ClusterConfig::helper_ranks`]).
     Anyones,
     /// Another live node's; leave it.
     Others,

@@ -744,6 +744,12 @@ async fn release_task(
             .ownership
             .release_idle(idle_ms, || state.acting_epoch(), keep)
             .await;
+        // Holds that may name this node though it does not hold them (ADR
+        // 0073): looked up, and released if they do.
+        state
+            .ownership
+            .settle_marks(idle_ms, || state.acting_epoch())
+            .await;
     }
 }
 

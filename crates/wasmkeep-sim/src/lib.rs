@@ -105,8 +105,8 @@
 //! --set actors=1000000` takes 30 to 55 s and 1.1 GB in a release build on
 //! two cores, and says whether every prefix stayed within S3's rates
 //! (`nodes/` comes closest, in the second after the faults stop: 1,465
-//! reads with `--seeds 1`, which runs seed 0, against S3's 5,500; it was
-//! past them before the sweep's helpers were bounded, ADR 0073).
+//! reads with `--seeds 1`, which runs seed 0, against S3's 5,500; 4,780
+//! before the sweep's helpers were bounded, ADR 0073).
 //!
 //! Every request a node sends is counted ([`cost`]): per node per second by
 //! kind and by family of prefix (`nodes/`, the alarm indexes, the actors'

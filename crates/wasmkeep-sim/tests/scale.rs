@@ -17,7 +17,7 @@
 //! node that was down starts again and every entry the faults held up is
 //! overdue) is held flat too: the sweep's helpers are bounded
 //! (`HELPER_RANKS_MAX` after an entry's shard node until the last resort,
-//! ADR 0065), where every node trying every such entry made it grow 84%
+//! ADR 0073), where every node trying every such entry made it grow 84%
 //! from 10 to 100 nodes. What still grows there is a node that starts again
 //! learning the cluster's leases anew (one read per holder it meets).
 

