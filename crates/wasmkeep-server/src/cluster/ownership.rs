@@ -202,8 +202,10 @@ struct Mark {
 
 /// How long a maybe-held mark waits before the idle releaser looks it up
 /// ([`Ownership::settle_marks`]), and again after a lookup that failed:
-/// past any bucket call's timeout, so that a hold write still in flight
-/// when the take was dropped has landed or never will.
+/// past a bucket call's timeout (`cluster_bucket_timeout_ms`, 2 s by
+/// default; a node configured with one above this waits this long only),
+/// so that a hold write still in flight when the take was dropped has
+/// landed or never will.
 pub const SETTLE_AFTER_MS: u64 = 10_000;
 /// Marks one pass of the idle releaser settles at most.
 pub const SETTLES_PER_PASS_MAX: usize = 32;
@@ -1145,15 +1147,30 @@ impl Ownership {
     ) -> usize {
         let mut released = 0;
         let mut settled = 0;
-        for (id, cell) in self.all_cells() {
+        // Only the marked cells are copied (usually none): the table's lock
+        // is held for a scan, not for a copy of every id.
+        let marked: Vec<(ActorId, Arc<Cell>)> = self
+            .cells
+            .lock()
+            .expect("cells")
+            .iter()
+            .filter(|(_, c)| c.mark().is_some())
+            .map(|(id, c)| (id.clone(), Arc::clone(c)))
+            .collect();
+        for (id, cell) in marked {
             if settled >= SETTLES_PER_PASS_MAX {
                 break;
             }
-            let Some(mark) = cell.mark() else {
-                continue;
-            };
             let Some(epoch) = acting_epoch() else {
                 return released;
+            };
+            // Under the slot: a route's take of this actor, which marks it,
+            // holds the slot.
+            let Ok(mut slot) = cell.slot.try_lock() else {
+                continue;
+            };
+            let Some(mark) = cell.mark() else {
+                continue;
             };
             if mark.epoch != epoch {
                 cell.restore_mark(None);
@@ -1161,30 +1178,30 @@ impl Ownership {
             }
             let now = now_ms();
             let idle = now.saturating_sub(cell.last_used_ms.load(Ordering::Acquire));
-            if now < mark.since_ms + SETTLE_AFTER_MS
+            if slot.held.is_some()
+                || now < mark.since_ms + SETTLE_AFTER_MS
                 || cell.in_flight.load(Ordering::Acquire) > 0
                 || idle < idle_ms
             {
                 continue;
             }
-            let Ok(mut slot) = cell.slot.try_lock() else {
-                continue;
-            };
-            if slot.held.is_some() {
-                continue;
-            }
             settled += 1;
-            if self
+            match self
                 .settle_one(&id, &cell, &mut slot, epoch, &acting_epoch)
                 .await
             {
-                released += 1;
+                Some(true) => released += 1,
+                Some(false) => {}
+                // The bucket did not answer: the others wait for a later
+                // pass rather than hold up the releaser a lookup each.
+                None => break,
             }
         }
         released
     }
 
-    /// [`Ownership::settle_marks`] for one actor; true if it released a hold.
+    /// [`Ownership::settle_marks`] for one actor: whether it released a
+    /// hold, or `None` if the lookup failed.
     async fn settle_one(
         &self,
         id: &ActorId,
@@ -1192,36 +1209,36 @@ impl Ownership {
         slot: &mut Slot,
         epoch: u64,
         acting_epoch: &impl Fn() -> Option<u64>,
-    ) -> bool {
+    ) -> Option<bool> {
         let Ok(root) = self.root(id) else {
-            return false;
+            return Some(false);
         };
         match self.look_up(&root, epoch).await {
             Looked::Owner { .. } | Looked::Free => {
                 cell.set_maybe_held(None);
-                false
+                Some(false)
             }
             // Waits again from now.
             Looked::Failed(_) => {
                 cell.set_maybe_held(Some(epoch));
-                false
+                None
             }
             Looked::Mine => {
                 cell.set_maybe_held(Some(epoch));
                 let taken = self.take_waiting(&root, epoch, acting_epoch, None).await;
                 taken.settle_mark(cell, cell.mark());
                 let Taken::Held(held) = taken else {
-                    return false;
+                    return Some(false);
                 };
                 // Held for the release's sake only: given up at once.
                 cell.set_held(slot, Some(held));
                 cell.set_held(slot, None);
                 if self.release(&root, held, acting_epoch).await {
                     tracing::info!(actor = %id, "released a hold whose release had failed");
-                    true
+                    Some(true)
                 } else {
                     cell.set_maybe_held(Some(epoch));
-                    false
+                    None
                 }
             }
         }
