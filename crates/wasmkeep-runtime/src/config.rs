@@ -68,6 +68,12 @@ pub struct RuntimeConfig {
     /// Where actors' databases and deployed apps live.
     pub data_dir: PathBuf,
     pub durability: Durability,
+    /// With `durability = "fsync"`: a group of commits is made durable by
+    /// one `fdatasync` of the node's commit log, where every write to an
+    /// actor's write-ahead log is recorded, instead of a `syncfs` over the
+    /// actors' files (ADR 0074). A log a crash left is replayed at start
+    /// whatever this says.
+    pub commit_log: bool,
     /// Wall time one event may run before it is interrupted.
     pub event_cpu_ms_max: u64,
     /// Memory one instance may grow to: all its linear memories and tables
@@ -285,6 +291,7 @@ impl RuntimeConfig {
         RuntimeConfig {
             data_dir: data_dir.into(),
             durability: Durability::Fsync,
+            commit_log: true,
             event_cpu_ms_max: 30_000,
             instance_memory_bytes_max: 128 * 1024 * 1024,
             instances_max: 2048,

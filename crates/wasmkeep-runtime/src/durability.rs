@@ -2,16 +2,19 @@
 //!
 //! Workers commit a batch with `synchronous=NORMAL` and hand the batch's
 //! write-ahead log and its replies to this stage. One thread takes every
-//! batch waiting, makes them durable together (one `fdatasync` per file for
-//! a few files, one `syncfs` for many: see `wasmkeep_store::sync`), then
-//! releases all their replies. While it syncs, the next group gathers: that
-//! is the group commit that lets many actors share one flush.
+//! batch waiting, makes them durable together, then releases all their
+//! replies. While it syncs, the next group gathers: that is the group
+//! commit that lets many actors share one flush. With the node's commit
+//! log (ADR 0074) a group is one write and one `fdatasync` of the log;
+//! without it, or for a new actor's first batch, one `fdatasync` for a
+//! lone file and one `syncfs` for more (ADR 0004). See
+//! `wasmkeep_store::commit_log::make_durable`.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::mpsc;
 
-use wasmkeep_store::sync;
+use wasmkeep_store::commit_log::{self, CommitLog};
 
 use crate::metrics::Metrics;
 
@@ -31,13 +34,17 @@ pub struct DurabilityStage {
 }
 
 impl DurabilityStage {
-    /// Starts the stage's thread; `root` is any path on the data
-    /// directory's filesystem.
-    pub fn start(root: PathBuf, metrics: Arc<Metrics>) -> DurabilityStage {
+    /// Starts the stage's thread; `root` is the data directory, `log` the
+    /// node's commit log if it keeps one.
+    pub fn start(
+        root: PathBuf,
+        log: Option<Arc<CommitLog>>,
+        metrics: Arc<Metrics>,
+    ) -> DurabilityStage {
         let (tx, rx) = mpsc::channel::<SyncJob>();
         std::thread::Builder::new()
             .name("wasmkeep-sync".into())
-            .spawn(move || run(rx, root, metrics))
+            .spawn(move || run(rx, root, log, metrics))
             .expect("spawn the durability thread");
         DurabilityStage { tx }
     }
@@ -50,7 +57,12 @@ impl DurabilityStage {
     }
 }
 
-fn run(rx: mpsc::Receiver<SyncJob>, root: PathBuf, metrics: Arc<Metrics>) {
+fn run(
+    rx: mpsc::Receiver<SyncJob>,
+    root: PathBuf,
+    log: Option<Arc<CommitLog>>,
+    metrics: Arc<Metrics>,
+) {
     while let Ok(first) = rx.recv() {
         let mut jobs = vec![first];
         while let Ok(more) = rx.try_recv() {
@@ -63,22 +75,19 @@ fn run(rx: mpsc::Receiver<SyncJob>, root: PathBuf, metrics: Arc<Metrics>) {
         let mut dirs: Vec<&PathBuf> = jobs.iter().flat_map(|j| j.dirs.iter()).collect();
         dirs.sort();
         dirs.dedup();
-        // One syncfs covers every file and folder entry of the filesystem;
-        // a lone file is cheaper to sync by itself.
-        let result = if files.len() + dirs.len() >= sync::SYNCFS_FILES_MIN {
-            Metrics::inc(&metrics.syncfs_total);
-            sync::sync_filesystem(&root)
-        } else {
-            files
-                .iter()
-                .try_for_each(|f| sync::sync_file(f))
-                .and_then(|()| dirs.iter().try_for_each(|d| sync::sync_dir(d)))
-        };
+        let result = commit_log::make_durable(log.as_deref(), &root, &files, &dirs);
+        match &result {
+            Ok(commit_log::Durable::Log) => Metrics::inc(&metrics.commit_log_barriers_total),
+            Ok(commit_log::Durable::Syncfs) => Metrics::inc(&metrics.syncfs_total),
+            _ => {}
+        }
         Metrics::inc(&metrics.syncs_total);
         metrics
             .sync_latency
             .observe_ms(started.elapsed().as_secs_f64() * 1000.0);
-        let result = result.map_err(|e| format!("could not make the commit durable: {e}"));
+        let result = result
+            .map(|_| ())
+            .map_err(|e| format!("could not make the commit durable: {e}"));
         for job in jobs {
             (job.done)(result.clone());
         }

@@ -131,6 +131,8 @@ pub struct Metrics {
     pub databases_parked_total: Counter,
     pub syncs_total: Counter,
     pub syncfs_total: Counter,
+    /// Barriers served by one `fdatasync` of the commit log (ADR 0074).
+    pub commit_log_barriers_total: Counter,
     pub alarms_fired_total: Counter,
     /// `wasmkeep_alarms_retried_total`.
     pub alarms_failed_total: Counter,
@@ -351,7 +353,7 @@ impl Metrics {
 
     /// The series of instances, barriers and alarms.
     fn register_instances_and_alarms(&self, r: &mut Registry) {
-        let series: [(&str, &Counter, &str); 9] = [
+        let series: [(&str, &Counter, &str); 10] = [
             (
                 "wasmkeep_instantiations",
                 &self.instantiations_total,
@@ -376,6 +378,11 @@ impl Metrics {
                 "wasmkeep_syncfs",
                 &self.syncfs_total,
                 "Barriers served by one syncfs for a group.",
+            ),
+            (
+                "wasmkeep_commit_log_barriers",
+                &self.commit_log_barriers_total,
+                "Barriers served by one fdatasync of the node's commit log.",
             ),
             (
                 "wasmkeep_alarms_fired",

@@ -133,6 +133,9 @@ pub struct Inner {
     /// `open_databases_max` as it applies (derived at start if 0).
     pub(crate) open_databases_max: usize,
     pub durability: DurabilityStage,
+    /// The node's commit log (ADR 0074), with `durability = "fsync"` and
+    /// `commit_log` on; the stage makes groups durable through it.
+    pub commit_log: Option<Arc<wasmkeep_store::commit_log::CommitLog>>,
     /// The bucket side, when the node has one.
     pub replication: Option<Replication>,
     pub timer: Timer,

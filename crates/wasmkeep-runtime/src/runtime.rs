@@ -25,7 +25,7 @@ use crate::app_versions::{self, AppVersion};
 use crate::clock::Clock;
 use crate::compile_cache::CacheKey;
 use crate::compile_process::EngineSettings;
-use crate::config::RuntimeConfig;
+use crate::config::{Durability, RuntimeConfig};
 use crate::dispatch::Dispatcher;
 use crate::durability::DurabilityStage;
 use crate::error::RuntimeError;
@@ -35,6 +35,7 @@ use crate::node::{Inner, ToClose, deliver_inbound};
 use crate::outbox::{Inbound, MessageAnswer};
 use crate::replication::Replication;
 use crate::timer::Timer;
+use wasmkeep_store::commit_log::CommitLog;
 
 pub use crate::config::{EPOCH_TICK_MS, WASM_STACK_BYTES_MAX, epoch_ticks};
 
@@ -287,7 +288,12 @@ fn tenant_quotas(config: &RuntimeConfig) -> Arc<crate::quotas::Quotas> {
 
 /// The shared core of a node's runtime, from its parts: starts the
 /// durability stage and opens the apps' secrets; no worker runs yet.
-fn build_inner(config: RuntimeConfig, clock: Arc<dyn Clock>, parts: Parts) -> Arc<Inner> {
+fn build_inner(
+    config: RuntimeConfig,
+    clock: Arc<dyn Clock>,
+    parts: Parts,
+    commit_log: Option<Arc<CommitLog>>,
+) -> Arc<Inner> {
     let sandbox = config.replay_sandbox;
     let Parts {
         engine,
@@ -318,7 +324,12 @@ fn build_inner(config: RuntimeConfig, clock: Arc<dyn Clock>, parts: Parts) -> Ar
         Arc::clone(&metrics),
     );
     Arc::new(Inner {
-        durability: DurabilityStage::start(config.data_dir.clone(), Arc::clone(&metrics)),
+        durability: DurabilityStage::start(
+            config.data_dir.clone(),
+            commit_log.clone(),
+            Arc::clone(&metrics),
+        ),
+        commit_log,
         replication,
         config,
         clock,
@@ -381,8 +392,17 @@ impl Runtime {
         let _ = std::fs::remove_dir_all(config.data_dir.join("staging"));
         let _ = std::fs::remove_dir_all(config.data_dir.join("replay"));
         wasmkeep_store::memory_budget::set_node_bytes_max(config.node_memory_bytes_max);
+        // Before any actor's database opens: what a power cut took from the
+        // actors' logs is put back from the commit log (ADR 0074).
+        let store_io = |e: std::io::Error| RuntimeError::Store(e.into());
+        let commit_log = if config.durability == Durability::Fsync && config.commit_log {
+            Some(CommitLog::start(&config.data_dir).map_err(store_io)?.0)
+        } else {
+            wasmkeep_store::commit_log::recover(&config.data_dir).map_err(store_io)?;
+            None
+        };
         let parts = runtime_parts(&config)?;
-        let inner = build_inner(config, clock, parts);
+        let inner = build_inner(config, clock, parts, commit_log);
         inner.outbox.attach(Arc::downgrade(&inner));
         let rt = Runtime { inner };
         // Loading an app runs its `classes()`: the epoch must advance by
@@ -1599,6 +1619,13 @@ impl Runtime {
         for a in actors {
             a.queue.lock().retired = true;
             *a.slot.lock() = None;
+        }
+        // Every actor closed: what the log holds is made durable in the
+        // actors' files, so the next start has nothing to replay.
+        if let Some(log) = &rt.commit_log
+            && let Err(e) = log.cut_now()
+        {
+            tracing::warn!(error = %e, "could not cut the commit log at the stop");
         }
     }
 }

@@ -214,6 +214,15 @@ pub struct ActorDb {
     /// ([`crate::page_capture`]); after `conn`, so it outlives the
     /// connection that feeds it.
     capture: Option<crate::page_capture::Shared>,
+    /// Where this database's log writes are recorded, when the node keeps
+    /// a commit log ([`crate::commit_log`]); after `conn`, as `capture`.
+    /// Held, not read: the VFS reads it through the pointer `attach_tap`
+    /// gave it.
+    #[allow(dead_code)]
+    tap: Option<Arc<crate::commit_log::Tap>>,
+    /// The node keeps a commit log but this connection could not record
+    /// into it (opened without wasmkeep's VFS): SQLite syncs every commit.
+    sync_each_commit: bool,
     /// Counted in [`open_actor_databases`] while it lives.
     _counted: OpenCounted,
 }
@@ -316,6 +325,14 @@ impl ActorDb {
                 None
             }
         };
+        // Attached before anything is written, as the capture: every write
+        // to the log must be recorded (ADR 0074).
+        let tap = wal_index.as_ref().and_then(|w| {
+            let tap = Arc::new(crate::commit_log::tap_for(&path)?);
+            w.attach_tap(&tap);
+            Some(tap)
+        });
+        let sync_each_commit = tap.is_none() && crate::commit_log::covers(&path);
         let mut db = ActorDb {
             conn,
             mode: Arc::new(AtomicU8::new(MODE_RUNTIME)),
@@ -332,6 +349,8 @@ impl ActorDb {
             quota: std::cell::Cell::new(None),
             wal_index,
             capture,
+            tap,
+            sync_each_commit,
             _counted: OpenCounted::new(),
         };
         match db.configure() {
@@ -439,8 +458,14 @@ impl ActorDb {
                 .map_err(open_err)?;
         }
         // The runtime makes commits durable itself, for many actors at once
-        // (see the `sync` module); SQLite still syncs around checkpoints.
-        c.pragma_update(None, "synchronous", "NORMAL")
+        // (see the `sync` and `commit_log` modules); SQLite still syncs
+        // around checkpoints, which the commit log relies on.
+        let synchronous = if self.sync_each_commit {
+            "FULL"
+        } else {
+            "NORMAL"
+        };
+        c.pragma_update(None, "synchronous", synchronous)
             .map_err(open_err)?;
         c.pragma_update(None, "foreign_keys", true)
             .map_err(open_err)?;

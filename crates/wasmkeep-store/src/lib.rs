@@ -13,6 +13,7 @@
 //! *how*. Every method is blocking and meant to run on a worker thread.
 
 mod clock;
+pub mod commit_log;
 pub mod db;
 pub mod error;
 mod guest_functions;

@@ -72,6 +72,12 @@ struct Extra {
     /// A write-ahead log's main database file (whose `capture` its writes
     /// feed), if that file is ours; SQLite closes the log first.
     main_file: *mut ffi::sqlite3_file,
+    /// A main database file's tap into the node's commit log (ADR 0074),
+    /// when the node keeps one: every write to its log is recorded there.
+    tap: *const crate::commit_log::Tap,
+    /// Tests only: the file's path, for the power-cut recorder.
+    #[cfg(test)]
+    path: Option<std::path::PathBuf>,
     /// Tests only: lock like the unix VFS (shared for readers), the unsafe
     /// variant the lock test shows losing data.
     #[cfg(test)]
@@ -138,6 +144,20 @@ unsafe extern "C" fn x_open(
     out_flags: *mut c_int,
 ) -> c_int {
     let real_vfs = real_vfs_of(vfs);
+    #[cfg(test)]
+    let path = (!name.is_null())
+        .then(|| {
+            // SAFETY: SQLite passes a NUL-terminated name or null.
+            let s = unsafe { CStr::from_ptr(name) };
+            std::path::PathBuf::from(s.to_string_lossy().into_owned())
+        })
+        .filter(|_| flags & (ffi::SQLITE_OPEN_MAIN_DB | ffi::SQLITE_OPEN_WAL) != 0);
+    #[cfg(test)]
+    if let Some(p) = &path
+        && !p.exists()
+    {
+        crate::commit_log::tests::note(crate::commit_log::tests::Op::Create(p.clone()));
+    }
     // SAFETY: SQLite gives a file object of our szOsFile bytes; the unix
     // VFS fills in its own part at the start.
     unsafe {
@@ -182,6 +202,9 @@ unsafe extern "C" fn x_open(
             log,
             capture: ptr::null(),
             main_file,
+            tap: ptr::null(),
+            #[cfg(test)]
+            path,
             #[cfg(test)]
             shared_lock_unsafe: false,
         });
@@ -217,9 +240,56 @@ unsafe extern "C" fn x_close(f: *mut ffi::sqlite3_file) -> c_int {
 /// `f` is ours and open.
 unsafe fn write_through(f: *mut ffi::sqlite3_file, data: &[u8], offset: i64) -> c_int {
     // SAFETY: `data` is valid for its length, which SQLite's writes (at
-    // most a page, or the buffer's limit) keep within `c_int`.
+    // most a page, or the buffer's limit) keep within `c_int`; `main_file`
+    // outlives its log, and its `tap` the main file (`attach_tap`).
     unsafe {
-        (real(f).xWrite.expect("xWrite"))(f, data.as_ptr().cast(), data.len() as c_int, offset)
+        let rc =
+            (real(f).xWrite.expect("xWrite"))(f, data.as_ptr().cast(), data.len() as c_int, offset);
+        #[cfg(test)]
+        note_write(f, data, offset, rc);
+        let main = (*extra(f)).main_file;
+        if rc == ffi::SQLITE_OK
+            && !main.is_null()
+            && let Some(tap) = (*extra(main)).tap.as_ref()
+            && tap.record(offset, data).is_err()
+        {
+            // The commit must not return as if it could be made durable.
+            return ffi::SQLITE_IOERR_WRITE;
+        }
+        rc
+    }
+}
+
+/// Tests only: tells the power-cut recorder of a write that reached a
+/// database or log file.
+#[cfg(test)]
+unsafe fn note_write(f: *mut ffi::sqlite3_file, data: &[u8], offset: i64, rc: c_int) {
+    // SAFETY: the caller's.
+    unsafe {
+        note_call(f, rc, |path| crate::commit_log::tests::Op::Write {
+            path,
+            offset: offset as u64,
+            data: data.to_vec(),
+        });
+    }
+}
+
+/// Tests only: tells the power-cut recorder of a call on a database or
+/// log file that succeeded.
+///
+/// # Safety
+/// `f` is ours and open.
+#[cfg(test)]
+unsafe fn note_call(
+    f: *mut ffi::sqlite3_file,
+    rc: c_int,
+    op: impl FnOnce(std::path::PathBuf) -> crate::commit_log::tests::Op,
+) {
+    // SAFETY: the caller's.
+    if let Some(path) = unsafe { &(*extra(f)).path }
+        && rc == ffi::SQLITE_OK
+    {
+        crate::commit_log::tests::note(op(path.clone()));
     }
 }
 
@@ -362,7 +432,17 @@ unsafe extern "C" fn x_write(
                 }
                 rc
             }
-            None => (real(f).xWrite.expect("xWrite"))(f, b, n, o),
+            None => {
+                let rc = (real(f).xWrite.expect("xWrite"))(f, b, n, o);
+                #[cfg(test)]
+                note_write(
+                    f,
+                    std::slice::from_raw_parts(b.cast::<u8>(), n.max(0) as usize),
+                    o,
+                    rc,
+                );
+                rc
+            }
         }
     }
 }
@@ -380,11 +460,28 @@ unsafe fn after_flush(f: *mut ffi::sqlite3_file, call: impl FnOnce() -> c_int) -
 }
 unsafe extern "C" fn x_truncate(f: *mut ffi::sqlite3_file, n: i64) -> c_int {
     // SAFETY: as `x_read`.
-    unsafe { after_flush(f, || (real(f).xTruncate.expect("xTruncate"))(f, n)) }
+    unsafe {
+        after_flush(f, || {
+            let rc = (real(f).xTruncate.expect("xTruncate"))(f, n);
+            #[cfg(test)]
+            note_call(f, rc, |path| crate::commit_log::tests::Op::Truncate {
+                path,
+                len: n as u64,
+            });
+            rc
+        })
+    }
 }
 unsafe extern "C" fn x_sync(f: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
     // SAFETY: as `x_read`.
-    unsafe { after_flush(f, || (real(f).xSync.expect("xSync"))(f, flags)) }
+    unsafe {
+        after_flush(f, || {
+            let rc = (real(f).xSync.expect("xSync"))(f, flags);
+            #[cfg(test)]
+            note_call(f, rc, crate::commit_log::tests::Op::Sync);
+            rc
+        })
+    }
 }
 unsafe extern "C" fn x_file_size(f: *mut ffi::sqlite3_file, out: *mut i64) -> c_int {
     // SAFETY: as `x_read`.
@@ -609,6 +706,14 @@ impl WalIndex {
         // SAFETY: `extra` is valid while the connection is open (see `of`);
         // only the connection's thread touches it.
         unsafe { (*self.extra).capture = std::sync::Arc::as_ptr(capture) };
+    }
+
+    /// Makes every write to this database's log recorded by `tap` (before
+    /// the log is opened). The caller keeps `tap` alive for longer than the
+    /// connection, as it does the capture.
+    pub(crate) fn attach_tap(&self, tap: &std::sync::Arc<crate::commit_log::Tap>) {
+        // SAFETY: as `attach_capture`.
+        unsafe { (*self.extra).tap = std::sync::Arc::as_ptr(tap) };
     }
 
     /// The index's blocks, once SQLite asked for them.

@@ -290,6 +290,16 @@ impl TestNode {
         self.start();
     }
 
+    /// Kills the node as [`TestNode::crash`] does, lets `cut` change its
+    /// data directory as a power cut would have (take what only the page
+    /// cache held), then starts it again on what is left.
+    #[track_caller]
+    pub fn crash_and(&mut self, cut: impl FnOnce(&std::path::Path)) {
+        self.end(true);
+        cut(&self.data_dir());
+        self.start();
+    }
+
     /// A request to the node: `path` from the root (`/v1/...`,
     /// `/admin/v1/...`), extra headers as name and value.
     #[track_caller]

@@ -28,6 +28,10 @@ pub(crate) struct NodeConfig {
     pub listen: SocketAddr,
     pub data: PathBuf,
     pub durability: Durability,
+    /// With `durability = "fsync"`, commits are made durable through the
+    /// node's commit log (ADR 0074); `false` syncs the actors' files
+    /// instead (ADR 0004).
+    pub commit_log: bool,
     /// How a request that names no durability is answered: `local` (after
     /// the local commit) or `replicated` (once the bucket holds it). Unset:
     /// `replicated` on a cluster node (`advertise`), `local` otherwise
@@ -192,6 +196,7 @@ impl Default for NodeConfig {
             data: rt.data_dir.clone(),
             default_durability: None,
             durability: rt.durability,
+            commit_log: rt.commit_log,
             admin_token: None,
             tenant_tokens: BTreeMap::new(),
             insecure: false,
@@ -369,6 +374,7 @@ impl NodeConfig {
     pub(crate) fn runtime(&self) -> RuntimeConfig {
         let mut c = RuntimeConfig::new(&self.data);
         c.durability = self.durability;
+        c.commit_log = self.commit_log;
         c.event_cpu_ms_max = self.event_cpu_ms_max;
         c.instance_memory_bytes_max = self.instance_memory_bytes_max;
         c.instances_max = self.instances_max;

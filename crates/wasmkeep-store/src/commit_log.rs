@@ -1,0 +1,801 @@
+//! The node's commit log (ADR 0074): a commit is durable once its record is.
+//!
+//! Actors commit with `synchronous=NORMAL`: SQLite writes the commit to the
+//! actor's write-ahead log in the page cache and returns. Before a reply
+//! leaves, the commit must survive a power cut. ADR 0004 did that with one
+//! `syncfs` over every file a group of commits touched; here every write
+//! SQLite makes to an actor's write-ahead log is also appended, as a
+//! record (which database, at which offset, which bytes), to one file per
+//! node, and a group of commits is made durable by one `fdatasync` of that
+//! file. The actors' logs themselves are synced rarely, by a *cut*.
+//!
+//! The rules that make this as safe as syncing every file:
+//!
+//! - **Every write to a log is recorded, after it reached the file and
+//!   before the commit returns** (the VFS, [`crate::wal_index`], records in
+//!   the same call that hands the write to the file). A group's barrier,
+//!   which runs after its commits returned, writes and syncs every record
+//!   taken so far, so every frame and every log header of an acknowledged
+//!   commit is in the synced log.
+//! - **Replay puts the bytes back where SQLite wrote them, in the order it
+//!   wrote them** ([`recover`], before any actor opens). A log then holds
+//!   what SQLite had written into the page cache before the power went,
+//!   for every write up to the last synced record: headers included, so a
+//!   log that started over after a checkpoint starts over again, and frames
+//!   of an older generation left past the new one's end are ignored by
+//!   SQLite (their salt differs). A power cut becomes a crash of the
+//!   process, which SQLite recovers from by itself. A checkpoint is not
+//!   recorded: SQLite syncs the log before it and the database after it
+//!   (`synchronous=NORMAL`), and a log starts over only after that.
+//! - **A record only goes back into the database it was written for.**
+//!   Each record names its database file by path and by identity (device,
+//!   inode and creation time). A file put in its place since (a restore, an
+//!   actor deleted and created again) has another identity, and its
+//!   records are skipped: replaying an older database's frames into a new
+//!   one would corrupt it.
+//! - **The log forgets a record only after the file it describes is
+//!   durable.** The log is a run of numbered segments; when one is full,
+//!   appends go to the next, and a *cut* (`syncfs` of the data directory,
+//!   on a thread of its own) makes every write recorded in the older ones
+//!   durable before they are deleted. Replay takes only the newest run of
+//!   consecutive segment numbers, so an older segment whose deletion did
+//!   not reach the disk is never replayed after a newer one's was lost.
+//! - **A new file is made durable by `syncfs`, not by the log.** The first
+//!   batch of a new actor names the folders its creation wrote: such a
+//!   group is made durable by one `syncfs` ([`make_durable`]), as before
+//!   (the log records the log's writes, not a database's creation).
+//!
+//! Each rule has a test that fails without it, its unsafe variant kept
+//! runnable ([`UnsafeRules`], tests only): a recorded run's every write is
+//! followed by a simulated power cut (`tests::power_cut_at_every_write`).
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+
+use crate::sync;
+
+/// The folder of the data directory that holds the log's segments.
+pub const DIR: &str = "commit-log";
+/// A segment's size: it is written full of zeros before its first record
+/// (or is a cut segment used again), so that appending changes no file
+/// size and allocates no block, and an `fdatasync` writes the records
+/// alone. Once this full, appends go to a new segment and the full one is
+/// cut (its records forgotten once a `syncfs` made the actors' logs
+/// durable). Disk use is about three segments.
+pub const SEGMENT_BYTES: u64 = 64 * 1024 * 1024;
+/// Records held in memory, waiting for the next barrier, before the writer
+/// that adds one writes them all to the segment itself (alarms fired by
+/// the timer commit without a barrier).
+pub const PENDING_BYTES_MAX: usize = 4 * 1024 * 1024;
+/// The most bytes one record may hold; replay stops at a larger length (a
+/// torn or foreign tail). SQLite's writes to a log are at most a page (64
+/// KiB) and the VFS gathers at most 64 KiB (ADR 0029).
+pub const RECORD_BYTES_MAX: usize = 1024 * 1024;
+
+const MAGIC: u32 = 0x574b_434c;
+/// Magic, payload length, CRC-32 of the payload (mixed with the segment's
+/// number, so that a used segment's old records do not read as records
+/// when it serves again).
+const HEADER_BYTES: usize = 12;
+const SEGMENT_SUFFIX: &str = ".log";
+/// A segment ready to serve next (never read by replay).
+const SPARE: &str = "spare";
+const SPARE_TMP: &str = "spare.tmp";
+
+/// What a record's checksum is mixed with in segment `seq`.
+fn mask(seq: u64) -> u32 {
+    (seq as u32).wrapping_mul(0x9e37_79b1) ^ ((seq >> 32) as u32)
+}
+
+/// Which rule a test breaks (each runs against the safe default too).
+#[cfg(test)]
+#[derive(Default, Clone, Copy, Debug)]
+pub(crate) struct UnsafeRules {
+    /// Delete a full segment without the `syncfs` first.
+    pub(crate) cut_without_syncfs: bool,
+    /// Replay a record into whatever file is at its path now.
+    pub(crate) replay_into_any_file: bool,
+    /// Do not record a log's header (SQLite writing offset 0).
+    pub(crate) skip_log_headers: bool,
+    /// Make a new actor's first batch durable through the log alone.
+    pub(crate) new_files_through_log: bool,
+    /// Replay every segment found, not only the newest consecutive run.
+    pub(crate) replay_every_segment: bool,
+}
+
+#[cfg(test)]
+thread_local! {
+    pub(crate) static UNSAFE_RULES: std::cell::Cell<UnsafeRules> =
+        std::cell::Cell::new(UnsafeRules::default());
+}
+
+#[cfg(test)]
+fn rules() -> UnsafeRules {
+    UNSAFE_RULES.get()
+}
+
+/// A database file as the log names it: its device, inode and creation
+/// time, which a file put in its place does not share.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub(crate) struct Identity {
+    dev: u64,
+    ino: u64,
+    born_ns: u64,
+}
+
+impl Identity {
+    fn of(path: &Path) -> io::Result<Identity> {
+        let m = std::fs::metadata(path)?;
+        let born_ns = m
+            .created()
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_nanos() as u64);
+        let id = Identity {
+            dev: m.dev(),
+            ino: m.ino(),
+            born_ns,
+        };
+        #[cfg(test)]
+        let id = tests::alias(id);
+        Ok(id)
+    }
+}
+
+/// One node's commit log.
+pub struct CommitLog {
+    root: PathBuf,
+    dir: PathBuf,
+    /// [`SEGMENT_BYTES`], smaller in tests.
+    segment_bytes: u64,
+    /// Held while the spare segment is made or taken.
+    spare: Arc<Mutex<()>>,
+    /// Records not yet written to the segment, in the order they were taken.
+    pending: Mutex<Vec<u8>>,
+    segment: Mutex<Segment>,
+    /// A cut is running (at most one at a time).
+    cutting: Arc<AtomicBool>,
+    /// Bytes of records written to segments, since the node started.
+    pub bytes_total: AtomicU64,
+    /// Cuts completed (segments forgotten after a `syncfs`).
+    pub cuts_total: Arc<AtomicU64>,
+}
+
+struct Segment {
+    file: File,
+    seq: u64,
+    len: u64,
+}
+
+/// What [`recover`] found and put back.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Recovered {
+    /// Segments read (the newest consecutive run).
+    pub segments: usize,
+    /// Records written back into their logs.
+    pub replayed: u64,
+    /// Records skipped: their database is gone or was replaced.
+    pub skipped: u64,
+    /// The number the next segment takes.
+    pub next_seq: u64,
+}
+
+/// What the VFS holds for one open database: where its log's writes are
+/// recorded and the name they are recorded under.
+pub struct Tap {
+    log: Arc<CommitLog>,
+    key: Box<[u8]>,
+}
+
+impl Tap {
+    /// Records one write SQLite made to this database's log, which reached
+    /// the file. An error means the record may be lost: the caller fails
+    /// the write, so that its commit fails.
+    pub(crate) fn record(&self, offset: i64, data: &[u8]) -> io::Result<()> {
+        #[cfg(test)]
+        if rules().skip_log_headers && offset == 0 {
+            return Ok(());
+        }
+        let full = {
+            let mut p = self.log.lock_pending();
+            encode(&mut p, &self.key, offset.max(0) as u64, data);
+            p.len() >= PENDING_BYTES_MAX
+        };
+        if full {
+            self.log.write_out(&mut self.log.lock_segment())?;
+        }
+        Ok(())
+    }
+}
+
+/// Every started log, by data directory, for the VFS to find the one an
+/// actor's database belongs to (tests run several nodes in one process).
+type Started = Vec<(PathBuf, Weak<CommitLog>)>;
+
+fn logs() -> MutexGuard<'static, Started> {
+    static LOGS: OnceLock<Mutex<Started>> = OnceLock::new();
+    LOGS.get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+}
+
+/// The tap for the database file at `db_path`, if a started log's data
+/// directory holds it.
+pub(crate) fn tap_for(db_path: &Path) -> Option<Tap> {
+    let log = {
+        let mut all = logs();
+        all.retain(|(_, w)| w.strong_count() > 0);
+        all.iter()
+            .filter(|(root, _)| db_path.starts_with(root))
+            .max_by_key(|(root, _)| root.as_os_str().len())
+            .and_then(|(_, w)| w.upgrade())?
+    };
+    let rel = db_path.strip_prefix(&log.root).ok()?;
+    let id = Identity::of(db_path).ok()?;
+    let rel = rel.as_os_str().as_encoded_bytes();
+    let mut key = Vec::with_capacity(2 + rel.len() + 24);
+    key.extend_from_slice(&(rel.len() as u16).to_le_bytes());
+    key.extend_from_slice(rel);
+    key.extend_from_slice(&id.dev.to_le_bytes());
+    key.extend_from_slice(&id.ino.to_le_bytes());
+    key.extend_from_slice(&id.born_ns.to_le_bytes());
+    Some(Tap {
+        log,
+        key: key.into_boxed_slice(),
+    })
+}
+
+/// Whether a started log's data directory holds `db_path`.
+pub(crate) fn covers(db_path: &Path) -> bool {
+    logs()
+        .iter()
+        .any(|(root, w)| w.strong_count() > 0 && db_path.starts_with(root))
+}
+
+fn encode(out: &mut Vec<u8>, key: &[u8], offset: u64, data: &[u8]) {
+    let payload_len = key.len() + 8 + data.len();
+    let start = out.len();
+    out.reserve(HEADER_BYTES + payload_len);
+    out.extend_from_slice(&MAGIC.to_le_bytes());
+    out.extend_from_slice(&(payload_len as u32).to_le_bytes());
+    out.extend_from_slice(&[0; 4]);
+    out.extend_from_slice(key);
+    out.extend_from_slice(&offset.to_le_bytes());
+    out.extend_from_slice(data);
+    let crc = crc32fast::hash(&out[start + HEADER_BYTES..]);
+    out[start + 8..start + 12].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// One record read back from a segment.
+struct Record<'a> {
+    rel: &'a [u8],
+    id: Identity,
+    offset: u64,
+    data: &'a [u8],
+}
+
+/// The records of segment `seq`'s bytes, up to the first that is not one
+/// of its whole records; the second value is how many bytes were left after
+/// the last (zeros, an older use's records, or a torn write).
+fn decode(bytes: &[u8], seq: u64) -> (Vec<Record<'_>>, usize) {
+    let mut out = Vec::new();
+    let mut at = 0;
+    let u32_at = |b: &[u8], i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
+    let u64_at = |b: &[u8], i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+    while bytes.len() - at >= HEADER_BYTES {
+        let len = u32_at(bytes, at + 4) as usize;
+        if u32_at(bytes, at) != MAGIC
+            || len > RECORD_BYTES_MAX
+            || bytes.len() - at - HEADER_BYTES < len
+        {
+            break;
+        }
+        let p = &bytes[at + HEADER_BYTES..at + HEADER_BYTES + len];
+        if crc32fast::hash(p) ^ mask(seq) != u32_at(bytes, at + 8) || p.len() < 2 {
+            break;
+        }
+        let rel_len = u16::from_le_bytes([p[0], p[1]]) as usize;
+        if p.len() < 2 + rel_len + 32 {
+            break;
+        }
+        let r = 2 + rel_len;
+        out.push(Record {
+            rel: &p[2..r],
+            id: Identity {
+                dev: u64_at(p, r),
+                ino: u64_at(p, r + 8),
+                born_ns: u64_at(p, r + 16),
+            },
+            offset: u64_at(p, r + 24),
+            data: &p[r + 32..],
+        });
+        at += HEADER_BYTES + len;
+    }
+    (out, bytes.len() - at)
+}
+
+fn segment_path(dir: &Path, seq: u64) -> PathBuf {
+    dir.join(format!("{seq:020}{SEGMENT_SUFFIX}"))
+}
+
+/// The segments in `dir`, oldest first.
+fn segments(dir: &Path) -> io::Result<Vec<u64>> {
+    let mut seqs = Vec::new();
+    match std::fs::read_dir(dir) {
+        Ok(entries) => {
+            for e in entries {
+                let name = e?.file_name();
+                let name = name.to_string_lossy();
+                if let Some(n) = name.strip_suffix(SEGMENT_SUFFIX)
+                    && let Ok(seq) = n.parse::<u64>()
+                {
+                    seqs.push(seq);
+                }
+            }
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    seqs.sort_unstable();
+    Ok(seqs)
+}
+
+/// Puts every record of the data directory `root`'s log back into its
+/// database's write-ahead log, makes that durable, and deletes the
+/// segments. Run before any actor's database opens (a node's start); a
+/// directory without a log returns at once.
+pub fn recover(root: &Path) -> io::Result<Recovered> {
+    let dir = root.join(DIR);
+    let all = segments(&dir)?;
+    let mut found = Recovered {
+        next_seq: all.last().map_or(1, |s| s + 1),
+        ..Recovered::default()
+    };
+    if all.is_empty() {
+        return Ok(found);
+    }
+    // The newest run of consecutive numbers: an older segment left by a
+    // deletion the disk lost is older than everything its successor's
+    // cut made durable.
+    let mut first = all.len() - 1;
+    while first > 0 && all[first - 1] + 1 == all[first] {
+        first -= 1;
+    }
+    #[cfg(test)]
+    if rules().replay_every_segment {
+        first = 0;
+    }
+    let mut files: HashMap<(Vec<u8>, Identity), Option<File>> = HashMap::new();
+    for seq in &all[first..] {
+        let bytes = std::fs::read(segment_path(&dir, *seq))?;
+        // A segment's records end at the first bytes that are not one:
+        // before a segment follows it, each was synced whole.
+        let (records, _) = decode(&bytes, *seq);
+        found.segments += 1;
+        for r in records {
+            let file = files
+                .entry((r.rel.to_vec(), r.id))
+                .or_insert_with(|| open_log_of(root, r.rel, r.id));
+            match file {
+                Some(f) => {
+                    f.write_all_at(r.data, r.offset)?;
+                    found.replayed += 1;
+                }
+                None => found.skipped += 1,
+            }
+        }
+    }
+    // The logs written back (and any created) reach the disk before the
+    // segments that held them go.
+    sync::sync_filesystem(root)?;
+    forget(&dir, &all, &Mutex::new(()))?;
+    if found.replayed + found.skipped > 0 {
+        tracing::info!(
+            segments = found.segments,
+            replayed = found.replayed,
+            skipped = found.skipped,
+            "replayed the commit log"
+        );
+    }
+    Ok(found)
+}
+
+/// The write-ahead log of the database `rel` (under `root`), opened for
+/// writing (created if missing), if that database is still the file the
+/// record was written for.
+fn open_log_of(root: &Path, rel: &[u8], id: Identity) -> Option<File> {
+    // SAFETY: `rel` came from `as_encoded_bytes` of a path on this platform
+    // (the log is never read on another one), or is rejected below.
+    let rel = unsafe { std::ffi::OsStr::from_encoded_bytes_unchecked(rel) };
+    let rel = Path::new(rel);
+    if rel.is_absolute()
+        || rel
+            .components()
+            .any(|c| matches!(c, std::path::Component::ParentDir))
+    {
+        return None;
+    }
+    let db = root.join(rel);
+    let now = Identity::of(&db).ok()?;
+    #[cfg(test)]
+    let now = if rules().replay_into_any_file {
+        id
+    } else {
+        now
+    };
+    if now != id {
+        return None;
+    }
+    let mut wal = db.into_os_string();
+    wal.push("-wal");
+    OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(PathBuf::from(wal))
+        .ok()
+}
+
+impl CommitLog {
+    /// Replays what a previous run left ([`recover`]), then starts a new
+    /// segment and makes the log available to the databases under `root`.
+    pub fn start(root: &Path) -> io::Result<(Arc<CommitLog>, Recovered)> {
+        let recovered = recover(root)?;
+        let dir = root.join(DIR);
+        std::fs::create_dir_all(&dir)?;
+        #[cfg(not(test))]
+        let segment_bytes = SEGMENT_BYTES;
+        #[cfg(test)]
+        let segment_bytes = tests::SEGMENT_BYTES_FOR_TESTS.get();
+        let spare = Arc::new(Mutex::new(()));
+        let file = new_segment(&dir, recovered.next_seq, segment_bytes, &spare)?;
+        let log = Arc::new(CommitLog {
+            root: root.to_owned(),
+            dir,
+            segment_bytes,
+            spare,
+            pending: Mutex::new(Vec::new()),
+            segment: Mutex::new(Segment {
+                file,
+                seq: recovered.next_seq,
+                len: 0,
+            }),
+            cutting: Arc::new(AtomicBool::new(false)),
+            bytes_total: AtomicU64::new(0),
+            cuts_total: Arc::new(AtomicU64::new(0)),
+        });
+        logs().push((root.to_owned(), Arc::downgrade(&log)));
+        // The next segment is ready before this one is full.
+        let (dir, spare) = (log.dir.clone(), Arc::clone(&log.spare));
+        let ready = move || {
+            if let Err(e) = make_spare(&dir, segment_bytes, &spare) {
+                tracing::warn!(error = %e, "could not prepare the next commit log segment");
+            }
+        };
+        #[cfg(test)]
+        if tests::CUT_INLINE.get() {
+            ready();
+            return Ok((log, recovered));
+        }
+        std::thread::Builder::new()
+            .name("wasmkeep-cut".into())
+            .spawn(ready)?;
+        Ok((log, recovered))
+    }
+
+    fn lock_pending(&self) -> MutexGuard<'_, Vec<u8>> {
+        self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn lock_segment(&self) -> MutexGuard<'_, Segment> {
+        self.segment.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Writes every record taken so far to the segment (not synced). Under
+    /// the segment's lock, so records reach the file in the order taken.
+    fn write_out(&self, seg: &mut Segment) -> io::Result<()> {
+        let mut bytes = std::mem::take(&mut *self.lock_pending());
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        // Each record's checksum is mixed with this segment's number.
+        let m = mask(seg.seq).to_le_bytes();
+        let mut at = 0;
+        while at < bytes.len() {
+            let len = u32::from_le_bytes(bytes[at + 4..at + 8].try_into().expect("4 bytes"));
+            for (b, m) in bytes[at + 8..at + 12].iter_mut().zip(m) {
+                *b ^= m;
+            }
+            at += HEADER_BYTES + len as usize;
+        }
+        seg.file.write_all_at(&bytes, seg.len)?;
+        #[cfg(test)]
+        tests::note(tests::Op::Write {
+            path: segment_path(&self.dir, seg.seq),
+            offset: seg.len,
+            data: bytes.clone(),
+        });
+        seg.len += bytes.len() as u64;
+        self.bytes_total
+            .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Writes every record taken so far to the segment, not synced.
+    pub fn write_pending(&self) -> io::Result<()> {
+        self.write_out(&mut self.lock_segment())
+    }
+
+    /// Makes every record taken so far durable: one write and one
+    /// `fdatasync` of the segment. Every commit that returned before this
+    /// call is durable when it returns `Ok`.
+    pub fn barrier(&self) -> io::Result<()> {
+        let mut seg = self.lock_segment();
+        self.write_out(&mut seg)?;
+        self.sync_segment(&seg)?;
+        if seg.len >= self.segment_bytes
+            && !self.cutting.swap(true, Ordering::AcqRel)
+            && let Err(e) = self.roll(&mut seg)
+        {
+            self.cutting.store(false, Ordering::Release);
+            tracing::warn!(error = %e, "could not start a new commit log segment; \
+                the current one grows");
+        }
+        Ok(())
+    }
+
+    fn sync_segment(&self, seg: &Segment) -> io::Result<()> {
+        seg.file.sync_data()?;
+        #[cfg(test)]
+        tests::note(tests::Op::Sync(segment_path(&self.dir, seg.seq)));
+        Ok(())
+    }
+
+    /// Makes `seg` the next segment; returns its number.
+    fn next_segment(&self, seg: &mut Segment) -> io::Result<u64> {
+        let next = seg.seq + 1;
+        seg.file = new_segment(&self.dir, next, self.segment_bytes, &self.spare)?;
+        seg.seq = next;
+        seg.len = 0;
+        Ok(next)
+    }
+
+    /// Tests only: a segment ends while a cut still runs (no cut of its own).
+    #[cfg(test)]
+    pub(crate) fn roll_for_tests(&self) {
+        let mut seg = self.lock_segment();
+        self.write_out(&mut seg).unwrap();
+        self.sync_segment(&seg).unwrap();
+        self.next_segment(&mut seg).unwrap();
+    }
+
+    /// Starts the next segment and cuts the ones before it.
+    fn roll(&self, seg: &mut Segment) -> io::Result<()> {
+        let next = self.next_segment(seg)?;
+        let (root, dir) = (self.root.clone(), self.dir.clone());
+        let (cutting, cuts) = (Arc::clone(&self.cutting), Arc::clone(&self.cuts_total));
+        let (bytes, spare) = (self.segment_bytes, Arc::clone(&self.spare));
+        let cut = move || {
+            match cut(&root, &dir, next, &spare).and_then(|()| make_spare(&dir, bytes, &spare)) {
+                Ok(()) => {
+                    cuts.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(e) => tracing::warn!(error = %e, "a commit log cut failed; \
+                    its segments stay until the next"),
+            }
+            cutting.store(false, Ordering::Release);
+        };
+        #[cfg(test)]
+        if tests::CUT_INLINE.get() {
+            cut();
+            return Ok(());
+        }
+        std::thread::Builder::new()
+            .name("wasmkeep-cut".into())
+            .spawn(cut)?;
+        Ok(())
+    }
+
+    /// Makes the log's records older than the current segment durable where
+    /// they belong and forgets them (the cut a full segment starts), now.
+    pub fn cut_now(&self) -> io::Result<()> {
+        let next = {
+            let mut seg = self.lock_segment();
+            self.write_out(&mut seg)?;
+            self.sync_segment(&seg)?;
+            self.next_segment(&mut seg)?
+        };
+        cut(&self.root, &self.dir, next, &self.spare)?;
+        self.cuts_total.fetch_add(1, Ordering::Relaxed);
+        make_spare(&self.dir, self.segment_bytes, &self.spare)
+    }
+}
+
+impl Drop for CommitLog {
+    fn drop(&mut self) {
+        let me: *const CommitLog = self;
+        logs().retain(|(_, w)| w.strong_count() > 0 && !std::ptr::eq(w.as_ptr(), me));
+    }
+}
+
+/// Segment `seq`: the spare if one is ready, else a new file written full
+/// of zeros (`bytes` of them).
+fn new_segment(dir: &Path, seq: u64, bytes: u64, spare: &Mutex<()>) -> io::Result<File> {
+    let path = segment_path(dir, seq);
+    {
+        let _held = spare.lock().unwrap_or_else(|p| p.into_inner());
+        let ready = dir.join(SPARE);
+        if ready.exists() {
+            std::fs::rename(&ready, &path)?;
+            #[cfg(test)]
+            tests::note(tests::Op::Rename {
+                from: ready,
+                to: path.clone(),
+            });
+        } else {
+            zero_filled(&path, bytes)?;
+        }
+    }
+    // The segment's entry must be on disk before a record in it counts.
+    sync::sync_dir(dir)?;
+    #[cfg(test)]
+    tests::note(tests::Op::DirSync(dir.to_owned()));
+    OpenOptions::new().write(true).open(&path)
+}
+
+/// Creates `path` (replacing a file there) holding `bytes` zeros, synced.
+fn zero_filled(path: &Path, bytes: u64) -> io::Result<()> {
+    let file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(path)?;
+    #[cfg(test)]
+    tests::note(tests::Op::Create(path.to_owned()));
+    let chunk = vec![0u8; 1024 * 1024];
+    let mut at = 0;
+    while at < bytes {
+        let n = (bytes - at).min(chunk.len() as u64) as usize;
+        file.write_all_at(&chunk[..n], at)?;
+        #[cfg(test)]
+        tests::note(tests::Op::Write {
+            path: path.to_owned(),
+            offset: at,
+            data: chunk[..n].to_vec(),
+        });
+        at += n as u64;
+    }
+    file.sync_data()?;
+    #[cfg(test)]
+    tests::note(tests::Op::Sync(path.to_owned()));
+    Ok(())
+}
+
+/// Makes a spare segment ready if there is none (a full file of zeros,
+/// renamed into place once whole).
+fn make_spare(dir: &Path, bytes: u64, spare: &Mutex<()>) -> io::Result<()> {
+    let _held = spare.lock().unwrap_or_else(|p| p.into_inner());
+    let ready = dir.join(SPARE);
+    if ready.exists() {
+        return Ok(());
+    }
+    let tmp = dir.join(SPARE_TMP);
+    zero_filled(&tmp, bytes)?;
+    std::fs::rename(&tmp, &ready)?;
+    #[cfg(test)]
+    tests::note(tests::Op::Rename {
+        from: tmp,
+        to: ready,
+    });
+    Ok(())
+}
+
+/// Removes segments `seqs` (oldest first) whose records are durable where
+/// they belong; the newest becomes the spare if none is ready.
+fn forget(dir: &Path, seqs: &[u64], spare: &Mutex<()>) -> io::Result<()> {
+    let _held = spare.lock().unwrap_or_else(|p| p.into_inner());
+    let ready = dir.join(SPARE);
+    for (i, seq) in seqs.iter().enumerate() {
+        let path = segment_path(dir, *seq);
+        if i + 1 == seqs.len() && !ready.exists() {
+            std::fs::rename(&path, &ready)?;
+            #[cfg(test)]
+            tests::note(tests::Op::Rename {
+                from: path,
+                to: ready.clone(),
+            });
+        } else {
+            std::fs::remove_file(&path)?;
+            #[cfg(test)]
+            tests::note(tests::Op::Delete(path));
+        }
+    }
+    sync::sync_dir(dir)?;
+    #[cfg(test)]
+    tests::note(tests::Op::DirSync(dir.to_owned()));
+    Ok(())
+}
+
+/// Makes every write recorded in segments before `keep` durable in its own
+/// file (one `syncfs`), then forgets those segments.
+fn cut(root: &Path, dir: &Path, keep: u64, spare: &Mutex<()>) -> io::Result<()> {
+    #[cfg(test)]
+    let skip = rules().cut_without_syncfs;
+    #[cfg(not(test))]
+    let skip = false;
+    if !skip {
+        sync::sync_filesystem(root)?;
+        #[cfg(test)]
+        tests::note(tests::Op::SyncAll);
+    }
+    let dead: Vec<u64> = segments(dir)?.into_iter().filter(|s| *s < keep).collect();
+    forget(dir, &dead, spare)
+}
+
+/// How [`make_durable`] made a group durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durable {
+    /// One barrier of the commit log.
+    Log,
+    /// One `syncfs` of the data directory's filesystem.
+    Syncfs,
+    /// One `fdatasync` (or a folder's `fsync`) per path: a lone path.
+    EachFile,
+}
+
+/// Makes a group of commits durable: their write-ahead logs `files` and,
+/// for a new actor's first batch, the folders `dirs` its creation wrote.
+/// A lone path is synced by itself (`fdatasync`, or a folder's `fsync`):
+/// one actor's log costs what the commit log's would. The log's records
+/// are still written out (not synced), so that the log holds every write
+/// up to the last barrier; replaying a write already durable in its file
+/// writes what the file holds. Otherwise, with a log and no new folder,
+/// one barrier of the log; else one `syncfs` (ADR 0004).
+pub fn make_durable(
+    log: Option<&CommitLog>,
+    root: &Path,
+    files: &[&PathBuf],
+    dirs: &[&PathBuf],
+) -> io::Result<Durable> {
+    #[cfg(test)]
+    let new_through_log = rules().new_files_through_log;
+    #[cfg(not(test))]
+    let new_through_log = false;
+    if let Some(log) = log
+        && (dirs.is_empty() || new_through_log)
+        && files.len() + dirs.len() > 1
+    {
+        log.barrier()?;
+        return Ok(Durable::Log);
+    }
+    if let Some(log) = log {
+        log.write_pending()?;
+    }
+    if files.len() + dirs.len() >= sync::SYNCFS_FILES_MIN {
+        sync::sync_filesystem(root)?;
+        #[cfg(test)]
+        tests::note(tests::Op::SyncAll);
+        return Ok(Durable::Syncfs);
+    } else {
+        for f in files {
+            sync::sync_file(f)?;
+            #[cfg(test)]
+            tests::note(tests::Op::Sync(f.to_path_buf()));
+        }
+        for d in dirs {
+            sync::sync_dir(d)?;
+            #[cfg(test)]
+            tests::note(tests::Op::DirSync(d.to_path_buf()));
+        }
+    }
+    Ok(Durable::EachFile)
+}
+
+#[cfg(test)]
+#[path = "commit_log_tests.rs"]
+pub(crate) mod tests;

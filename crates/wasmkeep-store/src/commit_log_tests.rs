@@ -1,0 +1,713 @@
+//! The commit log's rules, each shown to hold by a power cut after every
+//! write of a recorded run, and shown needed by its unsafe variant.
+//!
+//! The run (`scenario`) writes to three actors through the real VFS and
+//! log, with checkpoints, a log that starts over, a cut, a close and a
+//! reopen, and a database replaced by a restore. Every write, sync, file
+//! creation, deletion and rename it makes to the data directory is
+//! recorded (`note`). For each point of the run, `Disk` rebuilds what a
+//! power cut there may leave: every synced byte; of the rest, nothing, all,
+//! or a seeded choice of writes; and of the folder entries changed since
+//! their folder was synced, each combination. The copy is recovered
+//! ([`super::recover`]) and every actor's counter read: it must hold at
+//! least what was acknowledged and no more than was committed, in a
+//! database SQLite finds whole.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use super::{CommitLog, Identity, UNSAFE_RULES, UnsafeRules, make_durable, recover};
+use crate::db::{ActorDb, OpenMode};
+use crate::limits::StoreLimits;
+
+/// One thing the run did to the data directory.
+#[derive(Clone, Debug)]
+pub(crate) enum Op {
+    Create(PathBuf),
+    Write {
+        path: PathBuf,
+        offset: u64,
+        data: Vec<u8>,
+    },
+    Truncate {
+        path: PathBuf,
+        len: u64,
+    },
+    Sync(PathBuf),
+    DirSync(PathBuf),
+    SyncAll,
+    Delete(PathBuf),
+    Rename {
+        from: PathBuf,
+        to: PathBuf,
+    },
+    /// The file at the path is the one with this identity (noted at its
+    /// first write, so a copy can stand for it).
+    Is(PathBuf, Identity),
+    /// The run acknowledged `value` for actor `actor`.
+    Ack {
+        actor: usize,
+        value: u64,
+    },
+    /// The run committed `value` for actor `actor` (not yet acknowledged).
+    Committed {
+        actor: usize,
+        value: u64,
+    },
+}
+
+thread_local! {
+    static RECORDING: RefCell<Option<Vec<Op>>> = const { RefCell::new(None) };
+    static SEEN: RefCell<HashMap<PathBuf, Identity>> = RefCell::new(HashMap::new());
+    static ALIASES: RefCell<HashMap<Identity, Identity>> = RefCell::new(HashMap::new());
+    /// Cuts run on the caller's thread (the recorder is per thread).
+    pub(crate) static CUT_INLINE: Cell<bool> = const { Cell::new(false) };
+    /// Segments small enough to copy at every power cut. At this size a
+    /// run fills none (its cut and its two segments at once are made by
+    /// hand, where the unsafe variants need them); the safe run is also
+    /// made with segments it fills several of (`FILLED_SEGMENT_BYTES`).
+    static CUTS: Cell<u64> = const { Cell::new(0) };
+    pub(crate) static SEGMENT_BYTES_FOR_TESTS: Cell<u64> = const { Cell::new(1024 * 1024) };
+}
+
+/// Records `op` if this thread records.
+pub(crate) fn note(op: Op) {
+    RECORDING.with_borrow_mut(|r| {
+        let Some(ops) = r else { return };
+        match &op {
+            Op::Write { path, .. } | Op::Truncate { path, .. } => {
+                let m = std::fs::metadata(path);
+                if let Ok(m) = m {
+                    use std::os::unix::fs::MetadataExt;
+                    let id = Identity {
+                        dev: m.dev(),
+                        ino: m.ino(),
+                        born_ns: m
+                            .created()
+                            .ok()
+                            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                            .map_or(0, |d| d.as_nanos() as u64),
+                    };
+                    let new = SEEN.with_borrow_mut(|s| s.insert(path.clone(), id) != Some(id));
+                    if new {
+                        ops.push(Op::Is(path.clone(), id));
+                    }
+                }
+            }
+            Op::Create(path) | Op::Delete(path) => {
+                SEEN.with_borrow_mut(|s| s.remove(path));
+            }
+            Op::Rename { from, to } => {
+                SEEN.with_borrow_mut(|s| {
+                    s.remove(from);
+                    s.remove(to);
+                });
+            }
+            _ => {}
+        }
+        ops.push(op);
+    });
+}
+
+/// The identity a copy's file stands for.
+pub(crate) fn alias(id: Identity) -> Identity {
+    ALIASES.with_borrow(|a| a.get(&id).copied().unwrap_or(id))
+}
+
+#[derive(Clone, Default)]
+struct Inode {
+    durable: Vec<u8>,
+    current: Vec<u8>,
+    /// Changes since the last sync, in order.
+    pending: Vec<Change>,
+    id: Option<Identity>,
+}
+
+#[derive(Clone)]
+enum Change {
+    Write(u64, Vec<u8>),
+    Truncate(u64),
+}
+
+fn apply(content: &mut Vec<u8>, c: &Change) {
+    match c {
+        Change::Write(offset, data) => {
+            let end = *offset as usize + data.len();
+            if content.len() < end {
+                content.resize(end, 0);
+            }
+            content[*offset as usize..end].copy_from_slice(data);
+        }
+        Change::Truncate(len) => content.resize(*len as usize, 0),
+    }
+}
+
+/// The data directory as the disk holds it: what is synced, and what is
+/// only in the page cache.
+#[derive(Clone, Default)]
+struct Disk {
+    inodes: Vec<Inode>,
+    names: BTreeMap<PathBuf, usize>,
+    durable_names: BTreeMap<PathBuf, usize>,
+}
+
+/// What a power cut keeps of the writes not synced.
+#[derive(Clone, Copy, Debug)]
+enum Kept {
+    Nothing,
+    All,
+    Seeded(u64),
+}
+
+impl Disk {
+    fn inode_of(&mut self, path: &Path) -> usize {
+        if let Some(i) = self.names.get(path) {
+            return *i;
+        }
+        // A file the run found there (made before the recording).
+        self.inodes.push(Inode::default());
+        let i = self.inodes.len() - 1;
+        self.names.insert(path.to_owned(), i);
+        self.durable_names.insert(path.to_owned(), i);
+        i
+    }
+
+    fn step(&mut self, op: &Op) {
+        match op {
+            Op::Create(p) => {
+                self.inodes.push(Inode::default());
+                self.names.insert(p.clone(), self.inodes.len() - 1);
+            }
+            Op::Write { path, offset, data } => {
+                let i = self.inode_of(path);
+                let c = Change::Write(*offset, data.clone());
+                apply(&mut self.inodes[i].current, &c);
+                self.inodes[i].pending.push(c);
+            }
+            Op::Truncate { path, len } => {
+                let i = self.inode_of(path);
+                let c = Change::Truncate(*len);
+                apply(&mut self.inodes[i].current, &c);
+                self.inodes[i].pending.push(c);
+            }
+            Op::Is(path, id) => {
+                let i = self.inode_of(path);
+                self.inodes[i].id = Some(*id);
+            }
+            Op::Sync(p) => {
+                let i = self.inode_of(p);
+                let n = &mut self.inodes[i];
+                n.durable = n.current.clone();
+                n.pending.clear();
+            }
+            Op::DirSync(d) => {
+                self.durable_names
+                    .retain(|p, _| p.parent() != Some(d.as_path()));
+                for (p, i) in &self.names {
+                    if p.parent() == Some(d.as_path()) {
+                        self.durable_names.insert(p.clone(), *i);
+                    }
+                }
+            }
+            Op::SyncAll => {
+                for n in &mut self.inodes {
+                    n.durable = n.current.clone();
+                    n.pending.clear();
+                }
+                self.durable_names = self.names.clone();
+            }
+            Op::Delete(p) => {
+                self.names.remove(p);
+            }
+            Op::Rename { from, to } => {
+                if let Some(i) = self.names.remove(from) {
+                    self.names.insert(to.clone(), i);
+                }
+            }
+            Op::Ack { .. } | Op::Committed { .. } => {}
+        }
+    }
+
+    /// Paths whose folder entry changed since their folder was synced.
+    fn unsettled(&self) -> Vec<PathBuf> {
+        let mut all: Vec<PathBuf> = self
+            .names
+            .keys()
+            .chain(self.durable_names.keys())
+            .filter(|p| self.names.get(*p) != self.durable_names.get(*p))
+            .cloned()
+            .collect();
+        all.sort();
+        all.dedup();
+        all
+    }
+
+    /// Writes what a power cut may leave under `to` (the run's `root`
+    /// mapped there): entries in `take_new` as the run left them, the
+    /// others as last synced; each file's content as `kept` says.
+    fn write_copy(&self, root: &Path, to: &Path, take_new: &[PathBuf], kept: Kept) {
+        let mut names = self.durable_names.clone();
+        for p in take_new {
+            match self.names.get(p) {
+                Some(i) => names.insert(p.clone(), *i),
+                None => names.remove(p),
+            };
+        }
+        let mut rng = match kept {
+            Kept::Seeded(s) => s | 1,
+            _ => 1,
+        };
+        for (p, i) in &names {
+            let n = &self.inodes[*i];
+            let content = match kept {
+                Kept::Nothing => n.durable.clone(),
+                Kept::All => n.current.clone(),
+                Kept::Seeded(_) => {
+                    let mut c = n.durable.clone();
+                    for ch in &n.pending {
+                        rng ^= rng << 13;
+                        rng ^= rng >> 7;
+                        rng ^= rng << 17;
+                        if rng % 2 == 0 {
+                            apply(&mut c, ch);
+                        }
+                    }
+                    c
+                }
+            };
+            let dest = to.join(p.strip_prefix(root).expect("under the root"));
+            std::fs::create_dir_all(dest.parent().expect("a parent")).unwrap();
+            let mut content = content;
+            if p.parent().and_then(|d| d.file_name()) == Some(std::ffi::OsStr::new(super::DIR)) {
+                // A segment's zeros past its records read as its end
+                // either way; not copying them keeps a power cut cheap.
+                let end = content.iter().rposition(|b| *b != 0).map_or(0, |i| i + 1);
+                content.truncate(end);
+            }
+            std::fs::write(&dest, content).unwrap();
+            if let Some(id) = n.id {
+                let copy = Identity::of(&dest).unwrap();
+                ALIASES.with_borrow_mut(|a| a.insert(copy, id));
+            }
+        }
+    }
+}
+
+fn limits() -> StoreLimits {
+    StoreLimits::default()
+}
+
+fn counter(db: &mut ActorDb) -> u64 {
+    db.kv_get("n")
+        .unwrap()
+        .map(|v| u64::from_le_bytes(v.try_into().unwrap()))
+        .unwrap_or(0)
+}
+
+fn commit(db: &mut ActorDb, actor: usize, value: u64) {
+    // Noted first: the commit's writes come before `commit` returns.
+    note(Op::Committed { actor, value });
+    db.begin().unwrap();
+    db.kv_put("n", &value.to_le_bytes()).unwrap();
+    db.commit().unwrap();
+}
+
+/// The run: three actors, groups of commits made durable through the
+/// log, and everything that changes a log's file besides appends.
+fn scenario(root: &Path) -> Vec<Op> {
+    RECORDING.with_borrow_mut(|r| *r = Some(Vec::new()));
+    SEEN.with_borrow_mut(|s| s.clear());
+    CUT_INLINE.set(true);
+    let (log, _) = CommitLog::start(root).unwrap();
+    let dir = |a: usize| root.join("actors").join(format!("a{a}"));
+    let mut dbs: Vec<Option<ActorDb>> = Vec::new();
+    let mut value = [0u64; 3];
+    let mut unacked: Vec<(usize, u64)> = Vec::new();
+    let durable = |dbs: &mut Vec<Option<ActorDb>>, unacked: &mut Vec<(usize, u64)>| {
+        let wals: Vec<PathBuf> = dbs.iter().flatten().map(|d| d.wal_path()).collect();
+        let mut dirs = Vec::new();
+        for d in dbs.iter_mut().flatten() {
+            dirs.extend(d.take_new_dirs());
+        }
+        let files: Vec<&PathBuf> = wals.iter().collect();
+        let dirs: Vec<&PathBuf> = dirs.iter().collect();
+        make_durable(Some(&log), root, &files, &dirs).unwrap();
+        for (actor, value) in unacked.drain(..) {
+            note(Op::Ack { actor, value });
+        }
+    };
+    for (a, v) in value.iter_mut().enumerate() {
+        let mut db = ActorDb::open(&dir(a), &limits(), OpenMode::Create)
+            .unwrap()
+            .unwrap();
+        *v = 1;
+        commit(&mut db, a, 1);
+        unacked.push((a, 1));
+        dbs.push(Some(db));
+        durable(&mut dbs, &mut unacked);
+    }
+    for round in 2..=24u64 {
+        for a in 0..3 {
+            let Some(db) = dbs[a].as_mut() else { continue };
+            value[a] = if a == 1 && round > 17 {
+                1000 + round
+            } else {
+                round
+            };
+            commit(db, a, value[a]);
+            unacked.push((a, value[a]));
+        }
+        durable(&mut dbs, &mut unacked);
+        match round {
+            // A checkpoint that empties the log: its next commit writes a
+            // new header at offset 0 of a truncated file.
+            5 => {
+                let c = dbs[0].as_ref().unwrap().conn_for_tests();
+                c.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+                    .unwrap();
+            }
+            // One that keeps the file: the next header overwrites the old
+            // one and older frames stay past the new generation's end.
+            7 => {
+                let c = dbs[1].as_ref().unwrap().conn_for_tests();
+                c.query_row("PRAGMA wal_checkpoint(RESTART)", [], |_| Ok(()))
+                    .unwrap();
+            }
+            // A segment full while a cut still runs: the next cut forgets
+            // two segments at once.
+            9 => log.roll_for_tests(),
+            11 => {
+                let c = dbs[0].as_ref().unwrap().conn_for_tests();
+                c.query_row("PRAGMA wal_checkpoint(RESTART)", [], |_| Ok(()))
+                    .unwrap();
+            }
+            12 => log.cut_now().unwrap(),
+            // Closed (SQLite checkpoints and empties its log) and opened
+            // again.
+            14 => {
+                dbs[2] = None;
+                dbs[2] = ActorDb::open(&dir(2), &limits(), OpenMode::Existing).unwrap();
+            }
+            // Actor 1's log starts over after the cut: the live segments
+            // hold its header when the restore below replaces it.
+            15 => {
+                let c = dbs[1].as_ref().unwrap().conn_for_tests();
+                c.query_row("PRAGMA wal_checkpoint(RESTART)", [], |_| Ok(()))
+                    .unwrap();
+            }
+            // A restore puts another database in actor 1's place.
+            17 => {
+                dbs[1] = None;
+                let staged = root.join("staging").join("a1");
+                let mut other = ActorDb::open(&staged, &limits(), OpenMode::Create)
+                    .unwrap()
+                    .unwrap();
+                commit(&mut other, 9, 1000);
+                drop(other);
+                let db_file = dir(1).join(crate::paths::DB_FILE);
+                let staged_file = staged.join(crate::paths::DB_FILE);
+                note(Op::SyncAll);
+                crate::sync::sync_filesystem(root).unwrap();
+                let wal = dbs_wal(&db_file);
+                std::fs::remove_file(&wal).unwrap();
+                note(Op::Delete(wal));
+                note(Op::Committed {
+                    actor: 1,
+                    value: 1000,
+                });
+                // Renamed over the old file, which the disk then holds or
+                // not, never neither.
+                std::fs::rename(&staged_file, &db_file).unwrap();
+                note(Op::Rename {
+                    from: staged_file,
+                    to: db_file,
+                });
+                crate::sync::sync_dir(&dir(1)).unwrap();
+                note(Op::DirSync(dir(1)));
+                note(Op::Ack {
+                    actor: 1,
+                    value: 1000,
+                });
+                dbs[1] = ActorDb::open(&dir(1), &limits(), OpenMode::Existing).unwrap();
+            }
+            _ => {}
+        }
+    }
+    drop(dbs);
+    CUT_INLINE.set(false);
+    // The hand-made cut at round 12 is one; a run that fills segments
+    // makes more.
+    CUTS.set(log.cuts_total.load(std::sync::atomic::Ordering::Relaxed));
+    RECORDING.with_borrow_mut(|r| r.take()).unwrap()
+}
+
+fn dbs_wal(db_file: &Path) -> PathBuf {
+    let mut s = db_file.as_os_str().to_owned();
+    s.push("-wal");
+    PathBuf::from(s)
+}
+
+/// Replays `ops` with a power cut after each; the first failure found.
+fn power_cut_at_every_write(rules: UnsafeRules) -> Result<usize, String> {
+    let run = tempfile::tempdir().unwrap();
+    let root = run.path().join("data");
+    std::fs::create_dir_all(&root).unwrap();
+    UNSAFE_RULES.set(rules);
+    let ops = scenario(&root);
+    let mut disk = Disk::default();
+    let mut acked = [0u64; 3];
+    let mut committed = [0u64; 3];
+    let mut cuts = 0;
+    for (k, op) in ops.iter().enumerate() {
+        disk.step(op);
+        match op {
+            Op::Ack { actor, value } => acked[*actor] = *value,
+            Op::Committed { actor, value } if *actor < 3 => {
+                committed[*actor] = committed[*actor].max(*value);
+            }
+            _ => {}
+        }
+        if !matches!(
+            op,
+            Op::Write { .. }
+                | Op::Truncate { .. }
+                | Op::Delete(_)
+                | Op::Rename { .. }
+                | Op::Create(_)
+                | Op::Ack { .. }
+        ) {
+            continue;
+        }
+        let unsettled = disk.unsettled();
+        let mut choices: Vec<Vec<PathBuf>> = Vec::new();
+        if unsettled.len() <= 4 {
+            for mask in 0..(1u32 << unsettled.len()) {
+                choices.push(
+                    unsettled
+                        .iter()
+                        .enumerate()
+                        .filter(|(i, _)| mask & (1 << i) != 0)
+                        .map(|(_, p)| p.clone())
+                        .collect(),
+                );
+            }
+        } else {
+            choices.push(Vec::new());
+            choices.push(unsettled.clone());
+        }
+        for take_new in &choices {
+            for kept in [Kept::Nothing, Kept::All, Kept::Seeded(k as u64 * 7919)] {
+                cuts += 1;
+                let copy = tempfile::tempdir().unwrap();
+                disk.write_copy(&root, &copy.path().join("data"), take_new, kept);
+                let found = check(copy.path(), &acked, &committed);
+                ALIASES.with_borrow_mut(|a| a.clear());
+                if let Err(e) = found {
+                    UNSAFE_RULES.set(UnsafeRules::default());
+                    return Err(format!(
+                        "power cut after op {k} ({}), entries {take_new:?}, kept {kept:?}: {e}",
+                        describe(op)
+                    ));
+                }
+            }
+        }
+    }
+    UNSAFE_RULES.set(UnsafeRules::default());
+    Ok(cuts)
+}
+
+fn describe(op: &Op) -> String {
+    match op {
+        Op::Write { path, offset, data } => {
+            format!(
+                "write of {} bytes at {offset} to {}",
+                data.len(),
+                path.display()
+            )
+        }
+        other => format!("{other:?}"),
+    }
+}
+
+/// Recovers the copy and reads every actor's counter.
+fn check(copy: &Path, acked: &[u64; 3], committed: &[u64; 3]) -> Result<(), String> {
+    let copy_root = copy.join("data");
+    std::fs::create_dir_all(&copy_root).unwrap();
+    recover(&copy_root).map_err(|e| format!("recovery failed: {e}"))?;
+    for a in 0..3 {
+        let dir = copy_root.join("actors").join(format!("a{a}"));
+        let db = ActorDb::open(&dir, &limits(), OpenMode::Existing)
+            .map_err(|e| format!("actor {a}: {e}"))?;
+        let Some(mut db) = db else {
+            if acked[a] > 0 {
+                return Err(format!(
+                    "actor {a}: its database is gone, {} acknowledged",
+                    acked[a]
+                ));
+            }
+            continue;
+        };
+        let ok: String = db
+            .conn_for_tests()
+            .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+            .map_err(|e| format!("actor {a}: {e}"))?;
+        if ok != "ok" {
+            return Err(format!("actor {a}: integrity: {ok}"));
+        }
+        let v = counter(&mut db);
+        if v < acked[a] || v > committed[a].max(acked[a]) {
+            return Err(format!(
+                "actor {a}: counter {v}, acknowledged {}, committed {}",
+                acked[a], committed[a]
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Segments a run fills several of: full segments are cut by the log
+/// itself, and cut segments serve again.
+const FILLED_SEGMENT_BYTES: u64 = 96 * 1024;
+
+#[test]
+fn power_cut_at_every_write_loses_no_acknowledged_commit() {
+    let cuts = power_cut_at_every_write(UnsafeRules::default()).unwrap();
+    assert!(cuts > 500, "only {cuts} power cuts were tried");
+}
+
+#[test]
+fn power_cut_at_every_write_of_a_run_that_fills_segments_loses_nothing() {
+    SEGMENT_BYTES_FOR_TESTS.set(FILLED_SEGMENT_BYTES);
+    let found = power_cut_at_every_write(UnsafeRules::default());
+    SEGMENT_BYTES_FOR_TESTS.set(1024 * 1024);
+    let cuts = found.unwrap();
+    assert!(cuts > 500, "only {cuts} power cuts were tried");
+    assert!(CUTS.get() >= 3, "the run cut {} times", CUTS.get());
+}
+
+#[test]
+fn a_cut_without_syncfs_loses_acknowledged_commits() {
+    let e = power_cut_at_every_write(UnsafeRules {
+        cut_without_syncfs: true,
+        ..UnsafeRules::default()
+    })
+    .unwrap_err();
+    eprintln!("{e}");
+    assert!(e.contains("acknowledged"), "{e}");
+}
+
+#[test]
+fn replaying_into_a_replaced_database_corrupts_it() {
+    let e = power_cut_at_every_write(UnsafeRules {
+        replay_into_any_file: true,
+        ..UnsafeRules::default()
+    })
+    .unwrap_err();
+    eprintln!("{e}");
+    assert!(e.contains("actor 1"), "{e}");
+}
+
+#[test]
+fn a_log_header_not_recorded_loses_acknowledged_commits() {
+    let e = power_cut_at_every_write(UnsafeRules {
+        skip_log_headers: true,
+        ..UnsafeRules::default()
+    })
+    .unwrap_err();
+    eprintln!("{e}");
+}
+
+#[test]
+fn a_new_database_made_durable_through_the_log_alone_is_lost() {
+    let e = power_cut_at_every_write(UnsafeRules {
+        new_files_through_log: true,
+        ..UnsafeRules::default()
+    })
+    .unwrap_err();
+    eprintln!("{e}");
+    assert!(e.contains("gone") || e.contains("acknowledged"), "{e}");
+}
+
+#[test]
+fn replaying_a_segment_older_than_a_gap_undoes_commits() {
+    let e = power_cut_at_every_write(UnsafeRules {
+        replay_every_segment: true,
+        ..UnsafeRules::default()
+    })
+    .unwrap_err();
+    eprintln!("{e}");
+}
+
+#[test]
+fn a_torn_record_ends_replay_and_a_foreign_database_is_skipped() {
+    let run = tempfile::tempdir().unwrap();
+    let root = run.path();
+    let (log, _) = CommitLog::start(root).unwrap();
+    let dir = root.join("actors").join("x");
+    let mut db = ActorDb::open(&dir, &limits(), OpenMode::Create)
+        .unwrap()
+        .unwrap();
+    for v in 1..=5 {
+        commit(&mut db, 0, v);
+    }
+    log.barrier().unwrap();
+    drop(db);
+    let seg = super::segment_path(&root.join(super::DIR), 1);
+    let whole = std::fs::read(&seg).unwrap();
+    let (records, left) = super::decode(&whole, 1);
+    assert!(!records.is_empty());
+    let used = whole.len() - left;
+    assert!(
+        whole[used..].iter().all(|b| *b == 0),
+        "a new segment is zeros past its records"
+    );
+    // A tail torn mid-record is not a record.
+    let mut torn = whole[..used].to_vec();
+    torn.extend_from_slice(&whole[..40]);
+    assert_eq!(super::decode(&torn, 1).0.len(), records.len());
+    // A flipped byte ends the records there.
+    let mut bad = whole.clone();
+    bad[super::HEADER_BYTES + 3] ^= 1;
+    assert!(super::decode(&bad, 1).0.is_empty());
+    // The same bytes in another segment (a used one serving again) are
+    // not its records.
+    assert!(super::decode(&whole, 2).0.is_empty());
+    // The database deleted: its records are skipped, nothing is created.
+    drop(log);
+    std::fs::remove_dir_all(&dir).unwrap();
+    let found = recover(root).unwrap();
+    assert_eq!(found.replayed, 0);
+    assert!(found.skipped > 0);
+    assert!(!dir.exists());
+    assert!(super::segments(&root.join(super::DIR)).unwrap().is_empty());
+    assert!(
+        root.join(super::DIR).join(super::SPARE).exists(),
+        "the last segment is kept to serve again"
+    );
+}
+
+#[test]
+fn records_past_the_pending_bound_reach_the_segment_without_a_barrier() {
+    let run = tempfile::tempdir().unwrap();
+    let root = run.path();
+    let (_log, _) = CommitLog::start(root).unwrap();
+    let dir = root.join("actors").join("big");
+    let mut db = ActorDb::open(&dir, &limits(), OpenMode::Create)
+        .unwrap()
+        .unwrap();
+    db.begin().unwrap();
+    for i in 0..3 {
+        db.kv_put(&format!("k{i}"), &vec![7u8; 1_900_000]).unwrap();
+    }
+    db.commit().unwrap();
+    // No barrier ran (as for an alarm the timer fired): the records past
+    // the bound are in the segment all the same, in order, whole.
+    let bytes = std::fs::read(super::segment_path(&root.join(super::DIR), 1)).unwrap();
+    let (records, _) = super::decode(&bytes, 1);
+    let written: usize = records.iter().map(|r| r.data.len()).sum();
+    assert!(
+        written >= super::PENDING_BYTES_MAX - 128 * 1024,
+        "{written} bytes of records in the segment"
+    );
+}
