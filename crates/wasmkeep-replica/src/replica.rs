@@ -630,6 +630,12 @@ fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
 /// as `actor.db.replaced-<now_ms>` (`-wal`, `-shm`, `.replica` after it, so
 /// SQLite opens the set-aside file with its WAL). Never deletes anything.
 pub fn set_aside(db_path: &Path, now_ms: u64) -> Result<PathBuf, ReplicaError> {
+    // The node's commit log names writes by their database's path (ADR
+    // 0074): the file keeps what the log held of it only once it is
+    // durable where it is, before it moves.
+    if let Some(dir) = db_path.parent() {
+        wasmkeep_store::sync::sync_filesystem(dir)?;
+    }
     let mut n = 0;
     let target = loop {
         let suffix = if n == 0 {

@@ -1099,6 +1099,10 @@ fn run_step(data: &Path, tenant: &str, s: &Step) -> Result<(), RuntimeError> {
             }
             std::fs::create_dir_all(dest.parent().expect("a class folder has a parent"))
                 .map_err(store)?;
+            // The commit log names each write by its database's path (ADR
+            // 0074): what it holds of these actors must be durable in
+            // their files before they move away from those paths.
+            wasmkeep_store::sync::sync_filesystem(data).map_err(store)?;
             std::fs::rename(&from, &dest).map_err(store)?;
             sync_parent(&dest)?;
         }

@@ -818,10 +818,10 @@ mod tests {
         assert_eq!(sample(&text, "wasmkeep_bucket_put_bytes_total"), 0.0);
         assert_eq!(types["wasmkeep_event_seconds"], "histogram");
         assert_eq!(types["wasmkeep_alarms_pending"], "gauge");
-        // 23 node series, 6 of the outbox and parked replies, 9 phase
+        // 24 node series, 6 of the outbox and parked replies, 9 phase
         // histograms, 11 of replication, 2 of recording, 1 of waits, 2 of
         // the alarm index, 6 bucket counters.
-        assert_eq!(types.len(), 60);
+        assert_eq!(types.len(), 61);
         assert_eq!(types["wasmkeep_outbox_pending"], "gauge");
         assert_eq!(types["wasmkeep_outbox_answers"], "counter");
     }

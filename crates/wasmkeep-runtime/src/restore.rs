@@ -82,6 +82,9 @@ pub(crate) fn swap(
             std::fs::remove_file(&db).map_err(io)?;
         } else {
             let aside = db.with_extension(format!("db.replaced-{}", rt.clock.now_ms()));
+            // What the commit log holds of the file under its old path
+            // must be in the file before it moves (ADR 0074).
+            wasmkeep_store::sync::sync_filesystem(&dir).map_err(io)?;
             std::fs::rename(&db, &aside).map_err(io)?;
             kept = Some(aside);
         }

@@ -67,7 +67,7 @@ pub const DIR: &str = "commit-log";
 /// alone. Once this full, appends go to a new segment and the full one is
 /// cut (its records forgotten once a `syncfs` made the actors' logs
 /// durable). Disk use is about three segments.
-pub const SEGMENT_BYTES: u64 = 64 * 1024 * 1024;
+pub const SEGMENT_BYTES: u64 = 128 * 1024 * 1024;
 /// Records held in memory, waiting for the next barrier, before the writer
 /// that adds one writes them all to the segment itself (alarms fired by
 /// the timer commit without a barrier).
