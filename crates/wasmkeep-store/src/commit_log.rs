@@ -61,17 +61,23 @@ use crate::sync;
 
 /// The folder of the data directory that holds the log's segments.
 pub const DIR: &str = "commit-log";
-/// A segment's size: it is written full of zeros before its first record
-/// (or is a cut segment used again), so that appending changes no file
-/// size and allocates no block, and an `fdatasync` writes the records
-/// alone. Once this full, appends go to a new segment and the full one is
-/// cut (its records forgotten once a `syncfs` made the actors' logs
+/// The largest a segment is made: it is written full of zeros before its
+/// first record (or is a cut segment used again), so that appending
+/// changes no file size and allocates no block, and an `fdatasync` writes
+/// the records alone. Once full, appends go to a new segment and the full
+/// one is cut (its records forgotten once a `syncfs` made the actors' logs
 /// durable). Disk use is about three segments.
 pub const SEGMENT_BYTES: u64 = 128 * 1024 * 1024;
+/// A node's first segment; each next one is twice the one before, up to
+/// [`SEGMENT_BYTES`]: a quiet node (a test's, a dev loop's) writes 8 MiB
+/// of zeros at its first start, not hundreds.
+pub const FIRST_SEGMENT_BYTES: u64 = 8 * 1024 * 1024;
 /// Records held in memory, waiting for the next barrier, before the writer
 /// that adds one writes them all to the segment itself (alarms fired by
-/// the timer commit without a barrier).
-pub const PENDING_BYTES_MAX: usize = 4 * 1024 * 1024;
+/// the timer commit without a barrier). Large enough that a burst of
+/// alarms (W2's 2,000 write about 24 MB) is written out after it, by the
+/// next barrier, not by the workers while it runs.
+pub const PENDING_BYTES_MAX: usize = 64 * 1024 * 1024;
 /// The most bytes one record may hold; replay stops at a larger length (a
 /// torn or foreign tail). SQLite's writes to a log are at most a page (64
 /// KiB) and the VFS gathers at most 64 KiB (ADR 0029).
@@ -152,11 +158,11 @@ pub struct CommitLog {
     root: PathBuf,
     dir: PathBuf,
     /// [`SEGMENT_BYTES`], smaller in tests.
-    segment_bytes: u64,
+    segment_max: u64,
     /// Held while the spare segment is made or taken.
     spare: Arc<Mutex<()>>,
     /// Records not yet written to the segment, in the order they were taken.
-    pending: Mutex<Vec<u8>>,
+    pending: Mutex<Pending>,
     segment: Mutex<Segment>,
     /// A cut is running (at most one at a time).
     cutting: Arc<AtomicBool>,
@@ -170,6 +176,8 @@ struct Segment {
     file: File,
     seq: u64,
     len: u64,
+    /// The bytes made ready for it: past them it is full.
+    capacity: u64,
 }
 
 /// What [`recover`] found and put back.
@@ -203,11 +211,11 @@ impl Tap {
         }
         let full = {
             let mut p = self.log.lock_pending();
-            encode(&mut p, &self.key, offset.max(0) as u64, data);
-            p.len() >= PENDING_BYTES_MAX
+            p.push(&self.key, offset.max(0) as u64, data);
+            p.bytes >= PENDING_BYTES_MAX
         };
         if full {
-            self.log.write_out(&mut self.log.lock_segment())?;
+            self.log.write_pending()?;
         }
         Ok(())
     }
@@ -257,9 +265,35 @@ pub(crate) fn covers(db_path: &Path) -> bool {
         .any(|(root, w)| w.strong_count() > 0 && db_path.starts_with(root))
 }
 
+/// Records waiting for the segment, in chunks: a burst of commits (an
+/// alarm burst writes tens of megabytes with no barrier) never copies what
+/// the buffer already holds to grow it, under the lock every worker takes.
+#[derive(Default)]
+struct Pending {
+    chunks: Vec<Vec<u8>>,
+    bytes: usize,
+}
+
+/// A new chunk's size (or the record's, if larger).
+const CHUNK_BYTES: usize = 1024 * 1024;
+
+impl Pending {
+    fn push(&mut self, key: &[u8], offset: u64, data: &[u8]) {
+        let need = HEADER_BYTES + key.len() + 8 + data.len();
+        if self
+            .chunks
+            .last()
+            .is_none_or(|c| c.capacity() - c.len() < need)
+        {
+            self.chunks.push(Vec::with_capacity(need.max(CHUNK_BYTES)));
+        }
+        encode(self.chunks.last_mut().expect("a chunk"), key, offset, data);
+        self.bytes += need;
+    }
+}
+
 fn encode(out: &mut Vec<u8>, key: &[u8], offset: u64, data: &[u8]) {
     let payload_len = key.len() + 8 + data.len();
-    let start = out.len();
     out.reserve(HEADER_BYTES + payload_len);
     out.extend_from_slice(&MAGIC.to_le_bytes());
     out.extend_from_slice(&(payload_len as u32).to_le_bytes());
@@ -267,8 +301,21 @@ fn encode(out: &mut Vec<u8>, key: &[u8], offset: u64, data: &[u8]) {
     out.extend_from_slice(key);
     out.extend_from_slice(&offset.to_le_bytes());
     out.extend_from_slice(data);
-    let crc = crc32fast::hash(&out[start + HEADER_BYTES..]);
-    out[start + 8..start + 12].copy_from_slice(&crc.to_le_bytes());
+    // The checksum is filled in when the record is written out, by the
+    // thread that writes it (`seal`), not by the worker that commits.
+}
+
+/// Fills in the checksum of every record in `bytes`, mixed with segment
+/// `seq`'s number.
+fn seal(bytes: &mut [u8], seq: u64) {
+    let m = mask(seq);
+    let mut at = 0;
+    while at < bytes.len() {
+        let len = u32::from_le_bytes(bytes[at + 4..at + 8].try_into().expect("4 bytes")) as usize;
+        let crc = crc32fast::hash(&bytes[at + HEADER_BYTES..at + HEADER_BYTES + len]) ^ m;
+        bytes[at + 8..at + 12].copy_from_slice(&crc.to_le_bytes());
+        at += HEADER_BYTES + len;
+    }
 }
 
 /// One record read back from a segment.
@@ -393,7 +440,7 @@ pub fn recover(root: &Path) -> io::Result<Recovered> {
     // The logs written back (and any created) reach the disk before the
     // segments that held them go.
     sync::sync_filesystem(root)?;
-    forget(&dir, &all, &Mutex::new(()))?;
+    forget(&dir, &all, 0, &Mutex::new(()))?;
     if found.replayed + found.skipped > 0 {
         tracing::info!(
             segments = found.segments,
@@ -449,21 +496,24 @@ impl CommitLog {
         let dir = root.join(DIR);
         std::fs::create_dir_all(&dir)?;
         #[cfg(not(test))]
-        let segment_bytes = SEGMENT_BYTES;
+        let segment_max = SEGMENT_BYTES;
         #[cfg(test)]
-        let segment_bytes = tests::SEGMENT_BYTES_FOR_TESTS.get();
+        let segment_max = tests::SEGMENT_BYTES_FOR_TESTS.get();
         let spare = Arc::new(Mutex::new(()));
-        let file = new_segment(&dir, recovered.next_seq, segment_bytes, &spare)?;
+        let first = FIRST_SEGMENT_BYTES.min(segment_max);
+        let (file, capacity) = new_segment(&dir, recovered.next_seq, first, &spare)?;
+        let next_bytes = (capacity * 2).min(segment_max);
         let log = Arc::new(CommitLog {
             root: root.to_owned(),
             dir,
-            segment_bytes,
+            segment_max,
             spare,
-            pending: Mutex::new(Vec::new()),
+            pending: Mutex::new(Pending::default()),
             segment: Mutex::new(Segment {
                 file,
                 seq: recovered.next_seq,
                 len: 0,
+                capacity,
             }),
             cutting: Arc::new(AtomicBool::new(false)),
             bytes_total: AtomicU64::new(0),
@@ -473,7 +523,7 @@ impl CommitLog {
         // The next segment is ready before this one is full.
         let (dir, spare) = (log.dir.clone(), Arc::clone(&log.spare));
         let ready = move || {
-            if let Err(e) = make_spare(&dir, segment_bytes, &spare) {
+            if let Err(e) = make_spare(&dir, next_bytes, &spare) {
                 tracing::warn!(error = %e, "could not prepare the next commit log segment");
             }
         };
@@ -488,7 +538,7 @@ impl CommitLog {
         Ok((log, recovered))
     }
 
-    fn lock_pending(&self) -> MutexGuard<'_, Vec<u8>> {
+    fn lock_pending(&self) -> MutexGuard<'_, Pending> {
         self.pending.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -499,36 +549,29 @@ impl CommitLog {
     /// Writes every record taken so far to the segment (not synced). Under
     /// the segment's lock, so records reach the file in the order taken.
     fn write_out(&self, seg: &mut Segment) -> io::Result<()> {
-        let mut bytes = std::mem::take(&mut *self.lock_pending());
-        if bytes.is_empty() {
-            return Ok(());
+        let taken = std::mem::take(&mut *self.lock_pending());
+        for mut bytes in taken.chunks {
+            seal(&mut bytes, seg.seq);
+            seg.file.write_all_at(&bytes, seg.len)?;
+            #[cfg(test)]
+            tests::note(tests::Op::Write {
+                path: segment_path(&self.dir, seg.seq),
+                offset: seg.len,
+                data: bytes.clone(),
+            });
+            seg.len += bytes.len() as u64;
+            self.bytes_total
+                .fetch_add(bytes.len() as u64, Ordering::Relaxed);
         }
-        // Each record's checksum is mixed with this segment's number.
-        let m = mask(seg.seq).to_le_bytes();
-        let mut at = 0;
-        while at < bytes.len() {
-            let len = u32::from_le_bytes(bytes[at + 4..at + 8].try_into().expect("4 bytes"));
-            for (b, m) in bytes[at + 8..at + 12].iter_mut().zip(m) {
-                *b ^= m;
-            }
-            at += HEADER_BYTES + len as usize;
-        }
-        seg.file.write_all_at(&bytes, seg.len)?;
-        #[cfg(test)]
-        tests::note(tests::Op::Write {
-            path: segment_path(&self.dir, seg.seq),
-            offset: seg.len,
-            data: bytes.clone(),
-        });
-        seg.len += bytes.len() as u64;
-        self.bytes_total
-            .fetch_add(bytes.len() as u64, Ordering::Relaxed);
         Ok(())
     }
 
     /// Writes every record taken so far to the segment, not synced.
     pub fn write_pending(&self) -> io::Result<()> {
-        self.write_out(&mut self.lock_segment())
+        let mut seg = self.lock_segment();
+        self.write_out(&mut seg)?;
+        self.roll_if_full(&mut seg, false);
+        Ok(())
     }
 
     /// Makes every record taken so far durable: one write and one
@@ -538,15 +581,30 @@ impl CommitLog {
         let mut seg = self.lock_segment();
         self.write_out(&mut seg)?;
         self.sync_segment(&seg)?;
-        if seg.len >= self.segment_bytes
-            && !self.cutting.swap(true, Ordering::AcqRel)
-            && let Err(e) = self.roll(&mut seg)
-        {
+        self.roll_if_full(&mut seg, true);
+        Ok(())
+    }
+
+    /// Past its capacity, the segment is followed by the next and cut (one
+    /// cut at a time: while one runs, the segment grows). A segment is
+    /// followed only once it is synced whole (`synced`, or synced here),
+    /// so that replay may take each segment's records up to its first bad
+    /// bytes and go on to the next.
+    fn roll_if_full(&self, seg: &mut Segment, synced: bool) {
+        if seg.len < seg.capacity || self.cutting.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let rolled = if synced {
+            Ok(())
+        } else {
+            self.sync_segment(seg)
+        }
+        .and_then(|()| self.roll(seg));
+        if let Err(e) = rolled {
             self.cutting.store(false, Ordering::Release);
             tracing::warn!(error = %e, "could not start a new commit log segment; \
                 the current one grows");
         }
-        Ok(())
     }
 
     fn sync_segment(&self, seg: &Segment) -> io::Result<()> {
@@ -559,10 +617,18 @@ impl CommitLog {
     /// Makes `seg` the next segment; returns its number.
     fn next_segment(&self, seg: &mut Segment) -> io::Result<u64> {
         let next = seg.seq + 1;
-        seg.file = new_segment(&self.dir, next, self.segment_bytes, &self.spare)?;
+        let bytes = self.grown(seg.capacity);
+        (seg.file, seg.capacity) = new_segment(&self.dir, next, bytes, &self.spare)?;
         seg.seq = next;
         seg.len = 0;
         Ok(next)
+    }
+
+    /// The size of the segment after one of `capacity` bytes.
+    fn grown(&self, capacity: u64) -> u64 {
+        capacity
+            .saturating_mul(2)
+            .clamp(FIRST_SEGMENT_BYTES.min(self.segment_max), self.segment_max)
     }
 
     /// Tests only: a segment ends while a cut still runs (no cut of its own).
@@ -579,9 +645,11 @@ impl CommitLog {
         let next = self.next_segment(seg)?;
         let (root, dir) = (self.root.clone(), self.dir.clone());
         let (cutting, cuts) = (Arc::clone(&self.cutting), Arc::clone(&self.cuts_total));
-        let (bytes, spare) = (self.segment_bytes, Arc::clone(&self.spare));
+        let (bytes, spare) = (self.grown(seg.capacity), Arc::clone(&self.spare));
         let cut = move || {
-            match cut(&root, &dir, next, &spare).and_then(|()| make_spare(&dir, bytes, &spare)) {
+            match cut(&root, &dir, next, bytes, &spare)
+                .and_then(|()| make_spare(&dir, bytes, &spare))
+            {
                 Ok(()) => {
                     cuts.fetch_add(1, Ordering::Relaxed);
                 }
@@ -604,15 +672,15 @@ impl CommitLog {
     /// Makes the log's records older than the current segment durable where
     /// they belong and forgets them (the cut a full segment starts), now.
     pub fn cut_now(&self) -> io::Result<()> {
-        let next = {
+        let (next, bytes) = {
             let mut seg = self.lock_segment();
             self.write_out(&mut seg)?;
             self.sync_segment(&seg)?;
-            self.next_segment(&mut seg)?
+            (self.next_segment(&mut seg)?, self.grown(seg.capacity))
         };
-        cut(&self.root, &self.dir, next, &self.spare)?;
+        cut(&self.root, &self.dir, next, bytes, &self.spare)?;
         self.cuts_total.fetch_add(1, Ordering::Relaxed);
-        make_spare(&self.dir, self.segment_bytes, &self.spare)
+        make_spare(&self.dir, bytes, &self.spare)
     }
 }
 
@@ -624,8 +692,8 @@ impl Drop for CommitLog {
 }
 
 /// Segment `seq`: the spare if one is ready, else a new file written full
-/// of zeros (`bytes` of them).
-fn new_segment(dir: &Path, seq: u64, bytes: u64, spare: &Mutex<()>) -> io::Result<File> {
+/// of zeros (`bytes` of them); and the bytes it holds.
+fn new_segment(dir: &Path, seq: u64, bytes: u64, spare: &Mutex<()>) -> io::Result<(File, u64)> {
     let path = segment_path(dir, seq);
     {
         let _held = spare.lock().unwrap_or_else(|p| p.into_inner());
@@ -645,7 +713,9 @@ fn new_segment(dir: &Path, seq: u64, bytes: u64, spare: &Mutex<()>) -> io::Resul
     sync::sync_dir(dir)?;
     #[cfg(test)]
     tests::note(tests::Op::DirSync(dir.to_owned()));
-    OpenOptions::new().write(true).open(&path)
+    let file = OpenOptions::new().write(true).open(&path)?;
+    let capacity = file.metadata()?.len();
+    Ok((file, capacity))
 }
 
 /// Creates `path` (replacing a file there) holding `bytes` zeros, synced.
@@ -676,12 +746,12 @@ fn zero_filled(path: &Path, bytes: u64) -> io::Result<()> {
     Ok(())
 }
 
-/// Makes a spare segment ready if there is none (a full file of zeros,
-/// renamed into place once whole).
+/// Makes a spare segment of at least `bytes` ready if there is none (a
+/// full file of zeros, renamed into place once whole).
 fn make_spare(dir: &Path, bytes: u64, spare: &Mutex<()>) -> io::Result<()> {
     let _held = spare.lock().unwrap_or_else(|p| p.into_inner());
     let ready = dir.join(SPARE);
-    if ready.exists() {
+    if std::fs::metadata(&ready).is_ok_and(|m| m.len() >= bytes) {
         return Ok(());
     }
     let tmp = dir.join(SPARE_TMP);
@@ -696,13 +766,17 @@ fn make_spare(dir: &Path, bytes: u64, spare: &Mutex<()>) -> io::Result<()> {
 }
 
 /// Removes segments `seqs` (oldest first) whose records are durable where
-/// they belong; the newest becomes the spare if none is ready.
-fn forget(dir: &Path, seqs: &[u64], spare: &Mutex<()>) -> io::Result<()> {
+/// they belong; the newest becomes the spare if none is ready and it holds
+/// at least `bytes`.
+fn forget(dir: &Path, seqs: &[u64], bytes: u64, spare: &Mutex<()>) -> io::Result<()> {
     let _held = spare.lock().unwrap_or_else(|p| p.into_inner());
     let ready = dir.join(SPARE);
     for (i, seq) in seqs.iter().enumerate() {
         let path = segment_path(dir, *seq);
-        if i + 1 == seqs.len() && !ready.exists() {
+        if i + 1 == seqs.len()
+            && !ready.exists()
+            && std::fs::metadata(&path).is_ok_and(|m| m.len() >= bytes)
+        {
             std::fs::rename(&path, &ready)?;
             #[cfg(test)]
             tests::note(tests::Op::Rename {
@@ -710,7 +784,13 @@ fn forget(dir: &Path, seqs: &[u64], spare: &Mutex<()>) -> io::Result<()> {
                 to: ready.clone(),
             });
         } else {
-            std::fs::remove_file(&path)?;
+            // Another cut (the stop's, beside one a full segment started)
+            // may have forgotten it already.
+            if let Err(e) = std::fs::remove_file(&path)
+                && e.kind() != io::ErrorKind::NotFound
+            {
+                return Err(e);
+            }
             #[cfg(test)]
             tests::note(tests::Op::Delete(path));
         }
@@ -723,7 +803,7 @@ fn forget(dir: &Path, seqs: &[u64], spare: &Mutex<()>) -> io::Result<()> {
 
 /// Makes every write recorded in segments before `keep` durable in its own
 /// file (one `syncfs`), then forgets those segments.
-fn cut(root: &Path, dir: &Path, keep: u64, spare: &Mutex<()>) -> io::Result<()> {
+fn cut(root: &Path, dir: &Path, keep: u64, bytes: u64, spare: &Mutex<()>) -> io::Result<()> {
     #[cfg(test)]
     let skip = rules().cut_without_syncfs;
     #[cfg(not(test))]
@@ -734,7 +814,7 @@ fn cut(root: &Path, dir: &Path, keep: u64, spare: &Mutex<()>) -> io::Result<()> 
         tests::note(tests::Op::SyncAll);
     }
     let dead: Vec<u64> = segments(dir)?.into_iter().filter(|s| *s < keep).collect();
-    forget(dir, &dead, spare)
+    forget(dir, &dead, bytes, spare)
 }
 
 /// How [`make_durable`] made a group durable.

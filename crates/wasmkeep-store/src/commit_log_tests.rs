@@ -691,23 +691,55 @@ fn a_torn_record_ends_replay_and_a_foreign_database_is_skipped() {
 fn records_past_the_pending_bound_reach_the_segment_without_a_barrier() {
     let run = tempfile::tempdir().unwrap();
     let root = run.path();
-    let (_log, _) = CommitLog::start(root).unwrap();
+    let (log, _) = CommitLog::start(root).unwrap();
     let dir = root.join("actors").join("big");
     let mut db = ActorDb::open(&dir, &limits(), OpenMode::Create)
         .unwrap()
         .unwrap();
-    db.begin().unwrap();
-    for i in 0..3 {
+    // About 70 MB of commits, past the 64 MiB bound.
+    for i in 0..36 {
+        db.begin().unwrap();
         db.kv_put(&format!("k{i}"), &vec![7u8; 1_900_000]).unwrap();
+        db.commit().unwrap();
     }
-    db.commit().unwrap();
     // No barrier ran (as for an alarm the timer fired): the records past
-    // the bound are in the segment all the same, in order, whole.
-    let bytes = std::fs::read(super::segment_path(&root.join(super::DIR), 1)).unwrap();
-    let (records, _) = super::decode(&bytes, 1);
-    let written: usize = records.iter().map(|r| r.data.len()).sum();
+    // the bound were written to the segments all the same (and, segments
+    // filling, cut since).
+    let written = log.bytes_total.load(std::sync::atomic::Ordering::Relaxed) as usize;
     assert!(
-        written >= super::PENDING_BYTES_MAX - 128 * 1024,
-        "{written} bytes of records in the segment"
+        written >= super::PENDING_BYTES_MAX,
+        "{written} bytes of records written to segments"
     );
+}
+
+/// The log is cut however groups are made durable: one actor's commits
+/// are synced in its own file (no barrier of the log), and their records,
+/// written out at each group, still fill segments that are then cut
+/// (before, such a node's segment grew without end).
+#[test]
+fn segments_fill_and_are_cut_when_groups_sync_their_own_file() {
+    let run = tempfile::tempdir().unwrap();
+    let root = run.path();
+    SEGMENT_BYTES_FOR_TESTS.set(FILLED_SEGMENT_BYTES);
+    CUT_INLINE.set(true);
+    let (log, _) = CommitLog::start(root).unwrap();
+    let dir = root.join("actors").join("hot");
+    let mut db = ActorDb::open(&dir, &limits(), OpenMode::Create)
+        .unwrap()
+        .unwrap();
+    let new_dirs = db.take_new_dirs();
+    let wal = db.wal_path();
+    let first: Vec<&PathBuf> = new_dirs.iter().collect();
+    make_durable(Some(&log), root, &[&wal], &first).unwrap();
+    for v in 1..=200 {
+        commit(&mut db, 0, v);
+        let how = make_durable(Some(&log), root, &[&wal], &[]).unwrap();
+        assert_eq!(how, super::Durable::EachFile);
+    }
+    CUT_INLINE.set(false);
+    SEGMENT_BYTES_FOR_TESTS.set(1024 * 1024);
+    let cuts = log.cuts_total.load(std::sync::atomic::Ordering::Relaxed);
+    let live = super::segments(&root.join(super::DIR)).unwrap();
+    assert!(cuts >= 3, "{cuts} cuts");
+    assert!(live.len() <= 2, "segments left: {live:?}");
 }

@@ -42,6 +42,7 @@ const NODE_TOML: &str = r#"
 listen = "0.0.0.0:9191"
 data = "settings-reach-data"
 durability = "process"
+commit_log = false
 default_durability = "local"
 admin_token = "admin-secret"
 tenant_tokens = { acme = "tenant-secret" }
@@ -273,6 +274,7 @@ fn settings_at_default(c: &NodeConfig) -> (BTreeSet<String>, Vec<String>) {
 fn runtime_rows(r: &mut Reach, n: &NodeConfig, runtime: &RuntimeConfig) {
     reach!(r, n.data => runtime.data_dir);
     reach!(r, n.durability => runtime.durability);
+    reach!(r, n.commit_log => runtime.commit_log);
     reach!(r, n.event_cpu_ms_max => runtime.event_cpu_ms_max);
     reach!(r, n.instance_memory_bytes_max => runtime.instance_memory_bytes_max);
     reach!(r, n.instances_max => runtime.instances_max);
