@@ -396,7 +396,14 @@ impl Runtime {
         // actors' logs is put back from the commit log (ADR 0074).
         let store_io = |e: std::io::Error| RuntimeError::Store(e.into());
         let commit_log = if config.durability == Durability::Fsync && config.commit_log {
-            Some(CommitLog::start(&config.data_dir).map_err(store_io)?.0)
+            match CommitLog::start(&config.data_dir) {
+                Ok((log, _)) => Some(log),
+                Err(e) if e.kind() == std::io::ErrorKind::Other => {
+                    tracing::warn!(error = %e, "no commit log: groups are made durable by syncfs");
+                    None
+                }
+                Err(e) => return Err(store_io(e)),
+            }
         } else {
             wasmkeep_store::commit_log::recover(&config.data_dir).map_err(store_io)?;
             None

@@ -44,6 +44,11 @@
 //!   batch of a new actor names the folders its creation wrote: such a
 //!   group is made durable by one `syncfs` ([`make_durable`]), as before
 //!   (the log records the log's writes, not a database's creation).
+//! - **An actor's log is never durable ahead of the log's records of it.**
+//!   A lone file is made durable by the barrier too, and the barrier runs
+//!   before SQLite syncs an actor's log (before every checkpoint): replay
+//!   of a shorter log over a file that went further would put an older
+//!   generation back over it.
 //!
 //! Each rule has a test that fails without it, its unsafe variant kept
 //! runnable ([`UnsafeRules`], tests only): a recorded run's every write is
@@ -112,6 +117,8 @@ pub(crate) struct UnsafeRules {
     pub(crate) new_files_through_log: bool,
     /// Replay every segment found, not only the newest consecutive run.
     pub(crate) replay_every_segment: bool,
+    /// Sync a lone file by itself (`fdatasync`), ahead of the log.
+    pub(crate) lone_file_by_itself: bool,
 }
 
 #[cfg(test)]
@@ -121,7 +128,7 @@ thread_local! {
 }
 
 #[cfg(test)]
-fn rules() -> UnsafeRules {
+pub(crate) fn rules() -> UnsafeRules {
     UNSAFE_RULES.get()
 }
 
@@ -166,6 +173,10 @@ pub struct CommitLog {
     segment: Mutex<Segment>,
     /// A cut is running (at most one at a time).
     cutting: Arc<AtomicBool>,
+    /// Why a write or sync of a segment failed: records may be lost, so
+    /// no commit may be called durable through the log again (until a
+    /// restart replays what reached the disk).
+    failed: Mutex<Option<String>>,
     /// Bytes of records written to segments, since the node started.
     pub bytes_total: AtomicU64,
     /// Cuts completed (segments forgotten after a `syncfs`).
@@ -201,6 +212,14 @@ pub struct Tap {
 }
 
 impl Tap {
+    /// Makes every record taken so far durable (before SQLite syncs this
+    /// database's log, which it does before every checkpoint: a
+    /// checkpoint must never carry the database past what the log can
+    /// replay).
+    pub(crate) fn barrier(&self) -> io::Result<()> {
+        self.log.barrier()
+    }
+
     /// Records one write SQLite made to this database's log, which reached
     /// the file. An error means the record may be lost: the caller fails
     /// the write, so that its commit fails.
@@ -209,6 +228,7 @@ impl Tap {
         if rules().skip_log_headers && offset == 0 {
             return Ok(());
         }
+        self.log.check()?;
         let full = {
             let mut p = self.log.lock_pending();
             p.push(&self.key, offset.max(0) as u64, data);
@@ -417,23 +437,28 @@ pub fn recover(root: &Path) -> io::Result<Recovered> {
     if rules().replay_every_segment {
         first = 0;
     }
-    let mut files: HashMap<(Vec<u8>, Identity), Option<File>> = HashMap::new();
     for seq in &all[first..] {
         let bytes = std::fs::read(segment_path(&dir, *seq))?;
         // A segment's records end at the first bytes that are not one:
         // before a segment follows it, each was synced whole.
         let (records, _) = decode(&bytes, *seq);
         found.segments += 1;
-        for r in records {
-            let file = files
-                .entry((r.rel.to_vec(), r.id))
-                .or_insert_with(|| open_log_of(root, r.rel, r.id));
-            match file {
+        // Only the order of one file's writes matters: each file is opened
+        // once a segment and closed after its records (thousands of
+        // actors would exceed the open-files limit).
+        let mut by_file: HashMap<(&[u8], Identity), Vec<&Record<'_>>> = HashMap::new();
+        for r in &records {
+            by_file.entry((r.rel, r.id)).or_default().push(r);
+        }
+        for ((rel, id), writes) in by_file {
+            match open_log_of(root, rel, id)? {
                 Some(f) => {
-                    f.write_all_at(r.data, r.offset)?;
-                    found.replayed += 1;
+                    for r in &writes {
+                        f.write_all_at(r.data, r.offset)?;
+                    }
+                    found.replayed += writes.len() as u64;
                 }
-                None => found.skipped += 1,
+                None => found.skipped += writes.len() as u64,
             }
         }
     }
@@ -455,7 +480,7 @@ pub fn recover(root: &Path) -> io::Result<Recovered> {
 /// The write-ahead log of the database `rel` (under `root`), opened for
 /// writing (created if missing), if that database is still the file the
 /// record was written for.
-fn open_log_of(root: &Path, rel: &[u8], id: Identity) -> Option<File> {
+fn open_log_of(root: &Path, rel: &[u8], id: Identity) -> io::Result<Option<File>> {
     // SAFETY: `rel` came from `as_encoded_bytes` of a path on this platform
     // (the log is never read on another one), or is rejected below.
     let rel = unsafe { std::ffi::OsStr::from_encoded_bytes_unchecked(rel) };
@@ -465,10 +490,16 @@ fn open_log_of(root: &Path, rel: &[u8], id: Identity) -> Option<File> {
             .components()
             .any(|c| matches!(c, std::path::Component::ParentDir))
     {
-        return None;
+        return Ok(None);
     }
     let db = root.join(rel);
-    let now = Identity::of(&db).ok()?;
+    // A database gone (its actor deleted) takes its records with it; any
+    // other failure to look is an error: skipping would lose them.
+    let now = match Identity::of(&db) {
+        Ok(now) => now,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
     #[cfg(test)]
     let now = if rules().replay_into_any_file {
         id
@@ -476,7 +507,7 @@ fn open_log_of(root: &Path, rel: &[u8], id: Identity) -> Option<File> {
         now
     };
     if now != id {
-        return None;
+        return Ok(None);
     }
     let mut wal = db.into_os_string();
     wal.push("-wal");
@@ -485,7 +516,7 @@ fn open_log_of(root: &Path, rel: &[u8], id: Identity) -> Option<File> {
         .create(true)
         .truncate(false)
         .open(PathBuf::from(wal))
-        .ok()
+        .map(Some)
 }
 
 impl CommitLog {
@@ -493,8 +524,17 @@ impl CommitLog {
     /// segment and makes the log available to the databases under `root`.
     pub fn start(root: &Path) -> io::Result<(Arc<CommitLog>, Recovered)> {
         let recovered = recover(root)?;
+        if std::fs::metadata(root)?.created().is_err() {
+            // Without birth times a database deleted and created again
+            // could take the old one's inode and its records (rule 2).
+            return Err(io::Error::other(
+                "the data directory's filesystem gives no file birth times, which the commit log needs",
+            ));
+        }
         let dir = root.join(DIR);
         std::fs::create_dir_all(&dir)?;
+        // The folder's own entry is durable before a record in it counts.
+        sync::sync_dir(root)?;
         #[cfg(not(test))]
         let segment_max = SEGMENT_BYTES;
         #[cfg(test)]
@@ -516,6 +556,7 @@ impl CommitLog {
                 capacity,
             }),
             cutting: Arc::new(AtomicBool::new(false)),
+            failed: Mutex::new(None),
             bytes_total: AtomicU64::new(0),
             cuts_total: Arc::new(AtomicU64::new(0)),
         });
@@ -546,13 +587,33 @@ impl CommitLog {
         self.segment.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The error a failed segment write or sync left, if any.
+    fn check(&self) -> io::Result<()> {
+        match &*self.failed.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some(why) => Err(io::Error::other(format!(
+                "the commit log failed earlier ({why}); restart the node"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// Remembers that records may be lost, and returns the error.
+    fn fail(&self, e: io::Error) -> io::Error {
+        let mut f = self.failed.lock().unwrap_or_else(|p| p.into_inner());
+        f.get_or_insert_with(|| e.to_string());
+        e
+    }
+
     /// Writes every record taken so far to the segment (not synced). Under
     /// the segment's lock, so records reach the file in the order taken.
     fn write_out(&self, seg: &mut Segment) -> io::Result<()> {
+        self.check()?;
         let taken = std::mem::take(&mut *self.lock_pending());
         for mut bytes in taken.chunks {
             seal(&mut bytes, seg.seq);
-            seg.file.write_all_at(&bytes, seg.len)?;
+            seg.file
+                .write_all_at(&bytes, seg.len)
+                .map_err(|e| self.fail(e))?;
             #[cfg(test)]
             tests::note(tests::Op::Write {
                 path: segment_path(&self.dir, seg.seq),
@@ -608,7 +669,9 @@ impl CommitLog {
     }
 
     fn sync_segment(&self, seg: &Segment) -> io::Result<()> {
-        seg.file.sync_data()?;
+        // A failed fdatasync may have dropped the pages it could not write:
+        // a later one succeeding says nothing of them.
+        seg.file.sync_data().map_err(|e| self.fail(e))?;
         #[cfg(test)]
         tests::note(tests::Op::Sync(segment_path(&self.dir, seg.seq)));
         Ok(())
@@ -830,12 +893,12 @@ pub enum Durable {
 
 /// Makes a group of commits durable: their write-ahead logs `files` and,
 /// for a new actor's first batch, the folders `dirs` its creation wrote.
-/// A lone path is synced by itself (`fdatasync`, or a folder's `fsync`):
-/// one actor's log costs what the commit log's would. The log's records
-/// are still written out (not synced), so that the log holds every write
-/// up to the last barrier; replaying a write already durable in its file
-/// writes what the file holds. Otherwise, with a log and no new folder,
-/// one barrier of the log; else one `syncfs` (ADR 0004).
+/// With a log and no new folder, one barrier of the log, whatever the
+/// number of files: an actor's own file must never be durable ahead of
+/// the log's records of it (replaying a shorter log over it would put an
+/// older generation back). Otherwise one `fdatasync` for a lone path and
+/// one `syncfs` for more (ADR 0004); with a log, its records are written
+/// out first, so that the `syncfs` makes them durable with the files.
 pub fn make_durable(
     log: Option<&CommitLog>,
     root: &Path,
@@ -843,12 +906,15 @@ pub fn make_durable(
     dirs: &[&PathBuf],
 ) -> io::Result<Durable> {
     #[cfg(test)]
-    let new_through_log = rules().new_files_through_log;
+    let (new_through_log, lone_by_itself) = (
+        rules().new_files_through_log,
+        rules().lone_file_by_itself && files.len() + dirs.len() == 1,
+    );
     #[cfg(not(test))]
-    let new_through_log = false;
+    let (new_through_log, lone_by_itself) = (false, false);
     if let Some(log) = log
         && (dirs.is_empty() || new_through_log)
-        && files.len() + dirs.len() > 1
+        && !lone_by_itself
     {
         log.barrier()?;
         return Ok(Durable::Log);

@@ -434,6 +434,32 @@ fn scenario(root: &Path) -> Vec<Op> {
             _ => {}
         }
     }
+    // One actor alone per group (the barrier for a lone file), and another
+    // committing with nobody waiting (as an alarm does) across a
+    // checkpoint that starts its log over, made durable only at the end.
+    for round in 25..=30u64 {
+        let db0 = dbs[0].as_mut().unwrap();
+        commit(db0, 0, round);
+        let wal = db0.wal_path();
+        make_durable(Some(&log), root, &[&wal], &[]).unwrap();
+        note(Op::Ack {
+            actor: 0,
+            value: round,
+        });
+        let db2 = dbs[2].as_mut().unwrap();
+        commit(db2, 2, round);
+        if round == 27 {
+            db2.conn_for_tests()
+                .query_row("PRAGMA wal_checkpoint(RESTART)", [], |_| Ok(()))
+                .unwrap();
+        }
+    }
+    let wal2 = dbs[2].as_ref().unwrap().wal_path();
+    make_durable(Some(&log), root, &[&wal2], &[]).unwrap();
+    note(Op::Ack {
+        actor: 2,
+        value: 30,
+    });
     drop(dbs);
     CUT_INLINE.set(false);
     // The hand-made cut at round 12 is one; a run that fills segments
@@ -609,6 +635,16 @@ fn replaying_into_a_replaced_database_corrupts_it() {
 }
 
 #[test]
+fn a_lone_file_synced_by_itself_ahead_of_the_log_loses_commits() {
+    let e = power_cut_at_every_write(UnsafeRules {
+        lone_file_by_itself: true,
+        ..UnsafeRules::default()
+    })
+    .unwrap_err();
+    eprintln!("{e}");
+}
+
+#[test]
 fn a_log_header_not_recorded_loses_acknowledged_commits() {
     let e = power_cut_at_every_write(UnsafeRules {
         skip_log_headers: true,
@@ -712,12 +748,12 @@ fn records_past_the_pending_bound_reach_the_segment_without_a_barrier() {
     );
 }
 
-/// The log is cut however groups are made durable: one actor's commits
-/// are synced in its own file (no barrier of the log), and their records,
-/// written out at each group, still fill segments that are then cut
-/// (before, such a node's segment grew without end).
+/// The log is cut however its records reach it: written out with no
+/// barrier (before a group's `syncfs`, or past the pending bound), they
+/// still fill segments that are then cut (before, a segment grew without
+/// end when no barrier ran).
 #[test]
-fn segments_fill_and_are_cut_when_groups_sync_their_own_file() {
+fn segments_fill_and_are_cut_when_records_are_written_without_a_barrier() {
     let run = tempfile::tempdir().unwrap();
     let root = run.path();
     SEGMENT_BYTES_FOR_TESTS.set(FILLED_SEGMENT_BYTES);
@@ -733,8 +769,7 @@ fn segments_fill_and_are_cut_when_groups_sync_their_own_file() {
     make_durable(Some(&log), root, &[&wal], &first).unwrap();
     for v in 1..=200 {
         commit(&mut db, 0, v);
-        let how = make_durable(Some(&log), root, &[&wal], &[]).unwrap();
-        assert_eq!(how, super::Durable::EachFile);
+        log.write_pending().unwrap();
     }
     CUT_INLINE.set(false);
     SEGMENT_BYTES_FOR_TESTS.set(1024 * 1024);

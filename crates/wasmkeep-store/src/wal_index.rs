@@ -476,6 +476,19 @@ unsafe extern "C" fn x_sync(f: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
     // SAFETY: as `x_read`.
     unsafe {
         after_flush(f, || {
+            // SQLite syncs a log before each checkpoint copies it into the
+            // database: the log's records of it are made durable first, so
+            // that no checkpoint carries the database past what replay can
+            // put back (ADR 0074). `main_file` outlives its log, its `tap`
+            // the main file.
+            let main = (*extra(f)).main_file;
+            if !(*extra(f)).log.is_null()
+                && !main.is_null()
+                && let Some(tap) = (*extra(main)).tap.as_ref()
+                && tap.barrier().is_err()
+            {
+                return ffi::SQLITE_IOERR_FSYNC;
+            }
             let rc = (real(f).xSync.expect("xSync"))(f, flags);
             #[cfg(test)]
             note_call(f, rc, crate::commit_log::tests::Op::Sync);
