@@ -119,6 +119,9 @@ pub(crate) struct UnsafeRules {
     pub(crate) replay_every_segment: bool,
     /// Sync a lone file by itself (`fdatasync`), ahead of the log.
     pub(crate) lone_file_by_itself: bool,
+    /// Sync an actor's log for a checkpoint by itself (`fsync`), without
+    /// the barrier first: the log may be durable ahead of its records.
+    pub(crate) sync_log_before_records: bool,
 }
 
 #[cfg(test)]

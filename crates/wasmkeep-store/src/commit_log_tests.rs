@@ -69,6 +69,11 @@ thread_local! {
     /// made with segments it fills several of (`FILLED_SEGMENT_BYTES`).
     static CUTS: Cell<u64> = const { Cell::new(0) };
     pub(crate) static SEGMENT_BYTES_FOR_TESTS: Cell<u64> = const { Cell::new(1024 * 1024) };
+    /// For each value committed, the mirror the same commit left (the
+    /// value itself, or the last one mirrored before a commit that wrote
+    /// the counter alone); and each actor's last mirrored value.
+    static MIRRORS: RefCell<(HashMap<u64, u64>, HashMap<usize, u64>)> =
+        RefCell::new((HashMap::new(), HashMap::new()));
 }
 
 /// Records `op` if this thread records.
@@ -306,10 +311,34 @@ fn counter(db: &mut ActorDb) -> u64 {
 }
 
 fn commit(db: &mut ActorDb, actor: usize, value: u64) {
+    commit_as(db, actor, value, true);
+}
+
+/// A commit of `value`, mirrored or not. The mirror is the same value in a
+/// table of its own, on another page: a database that mixes pages of two
+/// commits (a checkpoint carried past what replay puts back, whose pages
+/// replay's shorter log does not all cover) shows a mirror that no commit
+/// of its counter left.
+fn commit_as(db: &mut ActorDb, actor: usize, value: u64, mirrored: bool) {
     // Noted first: the commit's writes come before `commit` returns.
     note(Op::Committed { actor, value });
+    MIRRORS.with_borrow_mut(|(of_value, last)| {
+        if mirrored {
+            last.insert(actor, value);
+        }
+        let m = last.get(&actor).copied().unwrap_or(0);
+        assert_eq!(*of_value.entry(value).or_insert(m), m, "value {value}");
+    });
     db.begin().unwrap();
     db.kv_put("n", &value.to_le_bytes()).unwrap();
+    if mirrored {
+        db.conn_for_tests()
+            .execute_batch(&format!(
+                "CREATE TABLE IF NOT EXISTS mirror(k INTEGER PRIMARY KEY, v INTEGER);
+                 INSERT OR REPLACE INTO mirror(k, v) VALUES (1, {value});"
+            ))
+            .unwrap();
+    }
     db.commit().unwrap();
 }
 
@@ -318,6 +347,10 @@ fn commit(db: &mut ActorDb, actor: usize, value: u64) {
 fn scenario(root: &Path) -> Vec<Op> {
     RECORDING.with_borrow_mut(|r| *r = Some(Vec::new()));
     SEEN.with_borrow_mut(|s| s.clear());
+    MIRRORS.with_borrow_mut(|(of_value, last)| {
+        of_value.clear();
+        last.clear();
+    });
     CUT_INLINE.set(true);
     let (log, _) = CommitLog::start(root).unwrap();
     let dir = |a: usize| root.join("actors").join(format!("a{a}"));
@@ -460,6 +493,28 @@ fn scenario(root: &Path) -> Vec<Op> {
         actor: 2,
         value: 30,
     });
+    // A checkpoint of a commit nobody waited for, whose pages the log's
+    // acknowledged records do not all cover: actor 2 opens with an empty
+    // log, 31 (the counter alone) is acknowledged, 32 (counter and mirror)
+    // is not, a checkpoint copies both into the database, and commits
+    // nobody waits for write the next generation over the first's frames.
+    dbs[2] = None;
+    dbs[2] = ActorDb::open(&dir(2), &limits(), OpenMode::Existing).unwrap();
+    let db2 = dbs[2].as_mut().unwrap();
+    commit_as(db2, 2, 31, false);
+    let wal2 = db2.wal_path();
+    make_durable(Some(&log), root, &[&wal2], &[]).unwrap();
+    note(Op::Ack {
+        actor: 2,
+        value: 31,
+    });
+    commit_as(db2, 2, 32, true);
+    db2.conn_for_tests()
+        .query_row("PRAGMA wal_checkpoint(RESTART)", [], |_| Ok(()))
+        .unwrap();
+    for value in 33..=40 {
+        commit_as(db2, 2, value, false);
+    }
     drop(dbs);
     CUT_INLINE.set(false);
     // The hand-made cut at round 12 is one; a run that fills segments
@@ -582,6 +637,16 @@ fn check(copy: &Path, acked: &[u64; 3], committed: &[u64; 3]) -> Result<(), Stri
             return Err(format!("actor {a}: integrity: {ok}"));
         }
         let v = counter(&mut db);
+        let mirrored: Option<i64> = db
+            .conn_for_tests()
+            .query_row("SELECT v FROM mirror WHERE k = 1", [], |r| r.get(0))
+            .ok();
+        let expected = MIRRORS.with_borrow(|(of_value, _)| of_value.get(&v).copied());
+        if v > 0 && mirrored.map(|m| m as u64) != expected {
+            return Err(format!(
+                "actor {a}: pages of two commits, counter {v} and its mirror {mirrored:?}"
+            ));
+        }
         if v < acked[a] || v > committed[a].max(acked[a]) {
             return Err(format!(
                 "actor {a}: counter {v}, acknowledged {}, committed {}",
@@ -638,6 +703,16 @@ fn replaying_into_a_replaced_database_corrupts_it() {
 fn a_lone_file_synced_by_itself_ahead_of_the_log_loses_commits() {
     let e = power_cut_at_every_write(UnsafeRules {
         lone_file_by_itself: true,
+        ..UnsafeRules::default()
+    })
+    .unwrap_err();
+    eprintln!("{e}");
+}
+
+#[test]
+fn a_log_synced_for_a_checkpoint_ahead_of_its_records_mixes_commits() {
+    let e = power_cut_at_every_write(UnsafeRules {
+        sync_log_before_records: true,
         ..UnsafeRules::default()
     })
     .unwrap_err();
