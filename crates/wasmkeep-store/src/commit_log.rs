@@ -192,6 +192,10 @@ struct Segment {
     len: u64,
     /// The bytes made ready for it: past them it is full.
     capacity: u64,
+    /// Of the bytes of records ever taken ([`Pending::taken_total`]), how
+    /// many were written to a segment, and how many of those are synced.
+    written_through: u64,
+    synced_through: u64,
 }
 
 /// What [`recover`] found and put back.
@@ -295,6 +299,9 @@ pub(crate) fn covers(db_path: &Path) -> bool {
 struct Pending {
     chunks: Vec<Vec<u8>>,
     bytes: usize,
+    /// Bytes of records taken since the log started, never reset: a
+    /// barrier whose records a sync already covered returns at once.
+    taken_total: u64,
 }
 
 /// A new chunk's size (or the record's, if larger).
@@ -312,6 +319,7 @@ impl Pending {
         }
         encode(self.chunks.last_mut().expect("a chunk"), key, offset, data);
         self.bytes += need;
+        self.taken_total += need as u64;
     }
 }
 
@@ -557,6 +565,8 @@ impl CommitLog {
                 seq: recovered.next_seq,
                 len: 0,
                 capacity,
+                written_through: 0,
+                synced_through: 0,
             }),
             cutting: Arc::new(AtomicBool::new(false)),
             failed: Mutex::new(None),
@@ -611,8 +621,12 @@ impl CommitLog {
     /// the segment's lock, so records reach the file in the order taken.
     fn write_out(&self, seg: &mut Segment) -> io::Result<()> {
         self.check()?;
-        let taken = std::mem::take(&mut *self.lock_pending());
-        for mut bytes in taken.chunks {
+        let (chunks, through) = {
+            let mut p = self.lock_pending();
+            p.bytes = 0;
+            (std::mem::take(&mut p.chunks), p.taken_total)
+        };
+        for mut bytes in chunks {
             seal(&mut bytes, seg.seq);
             seg.file
                 .write_all_at(&bytes, seg.len)
@@ -627,6 +641,7 @@ impl CommitLog {
             self.bytes_total
                 .fetch_add(bytes.len() as u64, Ordering::Relaxed);
         }
+        seg.written_through = through;
         Ok(())
     }
 
@@ -640,11 +655,18 @@ impl CommitLog {
 
     /// Makes every record taken so far durable: one write and one
     /// `fdatasync` of the segment. Every commit that returned before this
-    /// call is durable when it returns `Ok`.
+    /// call is durable when it returns `Ok`. Barriers that wait for one
+    /// another share a sync: one that finds its records synced by the
+    /// barrier it waited for returns (closes checkpointing at once, with
+    /// the durability stage beside them).
     pub fn barrier(&self) -> io::Result<()> {
+        let wanted = self.lock_pending().taken_total;
         let mut seg = self.lock_segment();
+        if seg.synced_through >= wanted {
+            return self.check();
+        }
         self.write_out(&mut seg)?;
-        self.sync_segment(&seg)?;
+        self.sync_segment(&mut seg)?;
         self.roll_if_full(&mut seg, true);
         Ok(())
     }
@@ -671,10 +693,11 @@ impl CommitLog {
         }
     }
 
-    fn sync_segment(&self, seg: &Segment) -> io::Result<()> {
+    fn sync_segment(&self, seg: &mut Segment) -> io::Result<()> {
         // A failed fdatasync may have dropped the pages it could not write:
         // a later one succeeding says nothing of them.
         seg.file.sync_data().map_err(|e| self.fail(e))?;
+        seg.synced_through = seg.written_through;
         #[cfg(test)]
         tests::note(tests::Op::Sync(segment_path(&self.dir, seg.seq)));
         Ok(())
@@ -702,7 +725,7 @@ impl CommitLog {
     pub(crate) fn roll_for_tests(&self) {
         let mut seg = self.lock_segment();
         self.write_out(&mut seg).unwrap();
-        self.sync_segment(&seg).unwrap();
+        self.sync_segment(&mut seg).unwrap();
         self.next_segment(&mut seg).unwrap();
     }
 
@@ -741,7 +764,7 @@ impl CommitLog {
         let (next, bytes) = {
             let mut seg = self.lock_segment();
             self.write_out(&mut seg)?;
-            self.sync_segment(&seg)?;
+            self.sync_segment(&mut seg)?;
             (self.next_segment(&mut seg)?, self.grown(seg.capacity))
         };
         cut(&self.root, &self.dir, next, bytes, &self.spare)?;

@@ -853,3 +853,35 @@ fn segments_fill_and_are_cut_when_records_are_written_without_a_barrier() {
     assert!(cuts >= 3, "{cuts} cuts");
     assert!(live.len() <= 2, "segments left: {live:?}");
 }
+
+#[test]
+fn a_barrier_whose_records_an_earlier_sync_covered_syncs_nothing() {
+    let run = tempfile::tempdir().unwrap();
+    let root = run.path();
+    let (log, _) = CommitLog::start(root).unwrap();
+    let dir = root.join("actors").join("a");
+    let mut db = ActorDb::open(&dir, &limits(), OpenMode::Create)
+        .unwrap()
+        .unwrap();
+    commit(&mut db, 0, 1);
+    RECORDING.with_borrow_mut(|r| *r = Some(Vec::new()));
+    let syncs = || {
+        RECORDING.with_borrow(|r| {
+            r.as_ref()
+                .unwrap()
+                .iter()
+                .filter(|op| matches!(op, Op::Sync(p) if p.starts_with(root.join("commit-log"))))
+                .count()
+        })
+    };
+    log.barrier().unwrap();
+    assert_eq!(syncs(), 1, "the first barrier syncs the segment");
+    // Nothing taken since (as a close's checkpoint right after the
+    // durability stage's barrier): no second sync.
+    log.barrier().unwrap();
+    assert_eq!(syncs(), 1, "a barrier with nothing new syncs nothing");
+    commit(&mut db, 0, 2);
+    log.barrier().unwrap();
+    assert_eq!(syncs(), 2, "a new record is synced");
+    RECORDING.with_borrow_mut(|r| *r = None);
+}
