@@ -76,17 +76,17 @@ pub const SEGMENT_BYTES: u64 = 128 * 1024 * 1024;
 /// A node's first segment; each next one is twice the one before, up to
 /// [`SEGMENT_BYTES`]: a quiet node (a test's, a dev loop's) writes 8 MiB
 /// of zeros at its first start, not hundreds.
-pub const FIRST_SEGMENT_BYTES: u64 = 8 * 1024 * 1024;
+pub(crate) const FIRST_SEGMENT_BYTES: u64 = 8 * 1024 * 1024;
 /// Records held in memory, waiting for the next barrier, before the writer
 /// that adds one writes them all to the segment itself (alarms fired by
 /// the timer commit without a barrier). Large enough that a burst of
 /// alarms (W2's 2,000 write about 24 MB) is written out after it, by the
 /// next barrier, not by the workers while it runs.
-pub const PENDING_BYTES_MAX: usize = 64 * 1024 * 1024;
+pub(crate) const PENDING_BYTES_MAX: usize = 64 * 1024 * 1024;
 /// The most bytes one record may hold; replay stops at a larger length (a
 /// torn or foreign tail). SQLite's writes to a log are at most a page (64
 /// KiB) and the VFS gathers at most 64 KiB (ADR 0029).
-pub const RECORD_BYTES_MAX: usize = 1024 * 1024;
+pub(crate) const RECORD_BYTES_MAX: usize = 1024 * 1024;
 
 const MAGIC: u32 = 0x574b_434c;
 /// Magic, payload length, CRC-32 of the payload (mixed with the segment's
@@ -181,9 +181,9 @@ pub struct CommitLog {
     /// restart replays what reached the disk).
     failed: Mutex<Option<String>>,
     /// Bytes of records written to segments, since the node started.
-    pub bytes_total: AtomicU64,
+    pub(crate) bytes_total: AtomicU64,
     /// Cuts completed (segments forgotten after a `syncfs`).
-    pub cuts_total: Arc<AtomicU64>,
+    pub(crate) cuts_total: Arc<AtomicU64>,
 }
 
 struct Segment {
@@ -646,7 +646,7 @@ impl CommitLog {
     }
 
     /// Writes every record taken so far to the segment, not synced.
-    pub fn write_pending(&self) -> io::Result<()> {
+    pub(crate) fn write_pending(&self) -> io::Result<()> {
         let mut seg = self.lock_segment();
         self.write_out(&mut seg)?;
         self.roll_if_full(&mut seg, false);
@@ -659,7 +659,7 @@ impl CommitLog {
     /// another share a sync: one that finds its records synced by the
     /// barrier it waited for returns (closes checkpointing at once, with
     /// the durability stage beside them).
-    pub fn barrier(&self) -> io::Result<()> {
+    pub(crate) fn barrier(&self) -> io::Result<()> {
         let wanted = self.lock_pending().taken_total;
         let mut seg = self.lock_segment();
         if seg.synced_through >= wanted {
