@@ -395,16 +395,20 @@ impl Runtime {
         // Before any actor's database opens: what a power cut took from the
         // actors' logs is put back from the commit log (ADR 0074).
         let store_io = |e: std::io::Error| RuntimeError::Store(e.into());
-        let commit_log = if config.durability == Durability::Fsync && config.commit_log {
-            match CommitLog::start(&config.data_dir) {
-                Ok((log, _)) => Some(log),
-                Err(e) if e.kind() == std::io::ErrorKind::Other => {
-                    tracing::warn!(error = %e, "no commit log: groups are made durable by syncfs");
-                    None
-                }
-                Err(e) => return Err(store_io(e)),
-            }
+        let with_log = config.durability == Durability::Fsync && config.commit_log;
+        if with_log {
+            std::fs::create_dir_all(&config.data_dir).map_err(store_io)?;
+        }
+        let commit_log = if with_log && wasmkeep_store::commit_log::supported(&config.data_dir) {
+            Some(CommitLog::start(&config.data_dir).map_err(store_io)?.0)
         } else {
+            if with_log {
+                tracing::warn!(
+                    data = %config.data_dir.display(),
+                    "no commit log: the data directory's filesystem gives no file birth times, \
+                     which the log needs (ADR 0074); groups are made durable by syncfs"
+                );
+            }
             wasmkeep_store::commit_log::recover(&config.data_dir).map_err(store_io)?;
             None
         };

@@ -25,8 +25,9 @@
 //!   of an older generation left past the new one's end are ignored by
 //!   SQLite (their salt differs). A power cut becomes a crash of the
 //!   process, which SQLite recovers from by itself. A checkpoint is not
-//!   recorded: SQLite syncs the log before it and the database after it
-//!   (`synchronous=NORMAL`), and a log starts over only after that.
+//!   recorded: before it SQLite syncs the log, which is the barrier here
+//!   (below), after it the database (`synchronous=NORMAL`), and a log
+//!   starts over only after that.
 //! - **A record only goes back into the database it was written for.**
 //!   Each record names its database file by path and by identity (device,
 //!   inode and creation time). A file put in its place since (a restore, an
@@ -45,10 +46,17 @@
 //!   group is made durable by one `syncfs` ([`make_durable`]), as before
 //!   (the log records the log's writes, not a database's creation).
 //! - **An actor's log is never durable ahead of the log's records of it.**
-//!   A lone file is made durable by the barrier too, and the barrier runs
-//!   before SQLite syncs an actor's log (before every checkpoint): replay
-//!   of a shorter log over a file that went further would put an older
-//!   generation back over it.
+//!   A lone file is made durable by the barrier too, and SQLite's sync of
+//!   an actor's log (before every checkpoint) is the barrier instead of
+//!   the file's own `fsync`: replay of a shorter log over a file that went
+//!   further would put an older generation back over it.
+//! - **A failed `syncfs` is final.** Every `syncfs` the log relies on (a
+//!   cut's, a new actor's group) goes through a descriptor of the data
+//!   directory opened when the log started, so a write-back that failed
+//!   since is reported, once; the log then fails every later commit and
+//!   forgets no segment until a restart replays them. With no fsync of an
+//!   actor's log of its own, a `syncfs` is the only place such a failure
+//!   shows.
 //!
 //! Each rule has a test that fails without it, its unsafe variant kept
 //! runnable ([`UnsafeRules`], tests only): a recorded run's every write is
@@ -122,6 +130,9 @@ pub(crate) struct UnsafeRules {
     /// Sync an actor's log for a checkpoint by itself (`fsync`), without
     /// the barrier first: the log may be durable ahead of its records.
     pub(crate) sync_log_before_records: bool,
+    /// A cut whose `syncfs` failed leaves the log working (the next cut's
+    /// `syncfs` may succeed with the failed pages lost).
+    pub(crate) cut_failure_not_final: bool,
 }
 
 #[cfg(test)]
@@ -166,6 +177,10 @@ impl Identity {
 /// One node's commit log.
 pub struct CommitLog {
     root: PathBuf,
+    /// The data directory, open since the log started: every `syncfs` the
+    /// log relies on goes through it, so that a write-back that failed at
+    /// any time since is reported (`sync::sync_filesystem_of`).
+    root_fd: Arc<File>,
     dir: PathBuf,
     /// [`SEGMENT_BYTES`], smaller in tests.
     segment_max: u64,
@@ -176,10 +191,11 @@ pub struct CommitLog {
     segment: Mutex<Segment>,
     /// A cut is running (at most one at a time).
     cutting: Arc<AtomicBool>,
-    /// Why a write or sync of a segment failed: records may be lost, so
-    /// no commit may be called durable through the log again (until a
-    /// restart replays what reached the disk).
-    failed: Mutex<Option<String>>,
+    /// Why a write or sync of a segment, or a `syncfs` the log relies on,
+    /// failed: records or the pages they stand for may be lost, so no
+    /// commit may be called durable through the log again, and no segment
+    /// forgotten (until a restart replays what reached the disk).
+    failed: Arc<Mutex<Option<String>>>,
     /// Bytes of records written to segments, since the node started.
     pub(crate) bytes_total: AtomicU64,
     /// Cuts completed (segments forgotten after a `syncfs`).
@@ -430,6 +446,9 @@ fn segments(dir: &Path) -> io::Result<Vec<u64>> {
 pub fn recover(root: &Path) -> io::Result<Recovered> {
     let dir = root.join(DIR);
     let all = segments(&dir)?;
+    // Open before the records are written back: a write-back of them that
+    // fails is reported to the `syncfs` below (`sync::sync_filesystem_of`).
+    let root_fd = File::open(root);
     let mut found = Recovered {
         next_seq: all.last().map_or(1, |s| s + 1),
         ..Recovered::default()
@@ -475,7 +494,7 @@ pub fn recover(root: &Path) -> io::Result<Recovered> {
     }
     // The logs written back (and any created) reach the disk before the
     // segments that held them go.
-    sync::sync_filesystem(root)?;
+    sync::sync_filesystem_of(&root_fd?)?;
     forget(&dir, &all, 0, &Mutex::new(()))?;
     if found.replayed + found.skipped > 0 {
         tracing::info!(
@@ -486,6 +505,13 @@ pub fn recover(root: &Path) -> io::Result<Recovered> {
         );
     }
     Ok(found)
+}
+
+/// Whether the filesystem of the data directory `root` can hold a commit
+/// log: it must give files birth times, without which a database deleted
+/// and created again could take the old one's inode and its records.
+pub fn supported(root: &Path) -> bool {
+    std::fs::metadata(root).is_ok_and(|m| m.created().is_ok())
 }
 
 /// The write-ahead log of the database `rel` (under `root`), opened for
@@ -535,7 +561,8 @@ impl CommitLog {
     /// segment and makes the log available to the databases under `root`.
     pub fn start(root: &Path) -> io::Result<(Arc<CommitLog>, Recovered)> {
         let recovered = recover(root)?;
-        if std::fs::metadata(root)?.created().is_err() {
+        let root_fd = Arc::new(File::open(root)?);
+        if !supported(root) {
             // Without birth times a database deleted and created again
             // could take the old one's inode and its records (rule 2).
             return Err(io::Error::other(
@@ -556,6 +583,7 @@ impl CommitLog {
         let next_bytes = (capacity * 2).min(segment_max);
         let log = Arc::new(CommitLog {
             root: root.to_owned(),
+            root_fd,
             dir,
             segment_max,
             spare,
@@ -569,7 +597,7 @@ impl CommitLog {
                 synced_through: 0,
             }),
             cutting: Arc::new(AtomicBool::new(false)),
-            failed: Mutex::new(None),
+            failed: Arc::new(Mutex::new(None)),
             bytes_total: AtomicU64::new(0),
             cuts_total: Arc::new(AtomicU64::new(0)),
         });
@@ -612,9 +640,13 @@ impl CommitLog {
 
     /// Remembers that records may be lost, and returns the error.
     fn fail(&self, e: io::Error) -> io::Error {
-        let mut f = self.failed.lock().unwrap_or_else(|p| p.into_inner());
-        f.get_or_insert_with(|| e.to_string());
-        e
+        fail_in(&self.failed, e)
+    }
+
+    /// One `syncfs` of the data directory's filesystem, through the
+    /// descriptor the log opened at its start; a failure is final.
+    fn sync_filesystem(&self) -> io::Result<()> {
+        sync::sync_filesystem_of(&self.root_fd).map_err(|e| self.fail(e))
     }
 
     /// Writes every record taken so far to the segment (not synced). Under
@@ -732,11 +764,12 @@ impl CommitLog {
     /// Starts the next segment and cuts the ones before it.
     fn roll(&self, seg: &mut Segment) -> io::Result<()> {
         let next = self.next_segment(seg)?;
-        let (root, dir) = (self.root.clone(), self.dir.clone());
+        let (root_fd, dir) = (Arc::clone(&self.root_fd), self.dir.clone());
         let (cutting, cuts) = (Arc::clone(&self.cutting), Arc::clone(&self.cuts_total));
         let (bytes, spare) = (self.grown(seg.capacity), Arc::clone(&self.spare));
+        let failed = Arc::clone(&self.failed);
         let cut = move || {
-            match cut(&root, &dir, next, bytes, &spare)
+            match cut(&root_fd, &failed, &dir, next, bytes, &spare)
                 .and_then(|()| make_spare(&dir, bytes, &spare))
             {
                 Ok(()) => {
@@ -767,7 +800,14 @@ impl CommitLog {
             self.sync_segment(&mut seg)?;
             (self.next_segment(&mut seg)?, self.grown(seg.capacity))
         };
-        cut(&self.root, &self.dir, next, bytes, &self.spare)?;
+        cut(
+            &self.root_fd,
+            &self.failed,
+            &self.dir,
+            next,
+            bytes,
+            &self.spare,
+        )?;
         self.cuts_total.fetch_add(1, Ordering::Relaxed);
         make_spare(&self.dir, bytes, &self.spare)
     }
@@ -890,15 +930,51 @@ fn forget(dir: &Path, seqs: &[u64], bytes: u64, spare: &Mutex<()>) -> io::Result
     Ok(())
 }
 
+/// Remembers in `failed` that records may be lost, and returns the error.
+fn fail_in(failed: &Mutex<Option<String>>, e: io::Error) -> io::Error {
+    let mut f = failed.lock().unwrap_or_else(|p| p.into_inner());
+    f.get_or_insert_with(|| e.to_string());
+    e
+}
+
 /// Makes every write recorded in segments before `keep` durable in its own
-/// file (one `syncfs`), then forgets those segments.
-fn cut(root: &Path, dir: &Path, keep: u64, bytes: u64, spare: &Mutex<()>) -> io::Result<()> {
+/// file (one `syncfs` through the log's descriptor of the data directory,
+/// `root_fd`), then forgets those segments. A failed `syncfs` is final
+/// (`failed`): the next one may succeed with the pages that failed lost,
+/// and must not let their records go.
+fn cut(
+    root_fd: &File,
+    failed: &Mutex<Option<String>>,
+    dir: &Path,
+    keep: u64,
+    bytes: u64,
+    spare: &Mutex<()>,
+) -> io::Result<()> {
     #[cfg(test)]
     let skip = rules().cut_without_syncfs;
     #[cfg(not(test))]
     let skip = false;
+    if let Some(why) = &*failed.lock().unwrap_or_else(|p| p.into_inner()) {
+        return Err(io::Error::other(format!(
+            "the commit log failed earlier ({why}); its segments stay for the next start"
+        )));
+    }
     if !skip {
-        sync::sync_filesystem(root)?;
+        #[cfg(test)]
+        let synced = if tests::FAIL_SYNCFS.get() {
+            Err(io::Error::other("a write-back failed (injected)"))
+        } else {
+            sync::sync_filesystem_of(root_fd)
+        };
+        #[cfg(not(test))]
+        let synced = sync::sync_filesystem_of(root_fd);
+        if let Err(e) = synced {
+            #[cfg(test)]
+            if rules().cut_failure_not_final {
+                return Err(e);
+            }
+            return Err(fail_in(failed, e));
+        }
         #[cfg(test)]
         tests::note(tests::Op::SyncAll);
     }
@@ -939,11 +1015,17 @@ pub fn make_durable(
     #[cfg(not(test))]
     let (new_through_log, lone_by_itself) = (false, false);
     if let Some(log) = log
-        && (dirs.is_empty() || new_through_log)
         && !lone_by_itself
     {
-        log.barrier()?;
-        return Ok(Durable::Log);
+        if dirs.is_empty() || new_through_log {
+            log.barrier()?;
+            return Ok(Durable::Log);
+        }
+        log.write_pending()?;
+        log.sync_filesystem()?;
+        #[cfg(test)]
+        tests::note(tests::Op::SyncAll);
+        return Ok(Durable::Syncfs);
     }
     if let Some(log) = log {
         log.write_pending()?;

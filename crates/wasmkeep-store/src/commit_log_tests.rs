@@ -69,6 +69,9 @@ thread_local! {
     /// made with segments it fills several of (`FILLED_SEGMENT_BYTES`).
     static CUTS: Cell<u64> = const { Cell::new(0) };
     pub(crate) static SEGMENT_BYTES_FOR_TESTS: Cell<u64> = const { Cell::new(1024 * 1024) };
+    /// The next cut's `syncfs` fails, as one does after a write-back
+    /// failed (the kernel reports it once).
+    pub(crate) static FAIL_SYNCFS: Cell<bool> = const { Cell::new(false) };
     /// For each value committed, the mirror the same commit left (the
     /// value itself, or the last one mirrored before a commit that wrote
     /// the counter alone); and each actor's last mirrored value.
@@ -637,10 +640,17 @@ fn check(copy: &Path, acked: &[u64; 3], committed: &[u64; 3]) -> Result<(), Stri
             return Err(format!("actor {a}: integrity: {ok}"));
         }
         let v = counter(&mut db);
-        let mirrored: Option<i64> = db
-            .conn_for_tests()
-            .query_row("SELECT v FROM mirror WHERE k = 1", [], |r| r.get(0))
-            .ok();
+        // Every actor's first commit is mirrored: past value 0 the table
+        // is there, and an error reading it is not a mix of pages.
+        let mirrored: Option<i64> = if v == 0 {
+            None
+        } else {
+            Some(
+                db.conn_for_tests()
+                    .query_row("SELECT v FROM mirror WHERE k = 1", [], |r| r.get(0))
+                    .map_err(|e| format!("actor {a}: reading the mirror: {e}"))?,
+            )
+        };
         let expected = MIRRORS.with_borrow(|(of_value, _)| of_value.get(&v).copied());
         if v > 0 && mirrored.map(|m| m as u64) != expected {
             return Err(format!(
@@ -854,16 +864,22 @@ fn segments_fill_and_are_cut_when_records_are_written_without_a_barrier() {
     assert!(live.len() <= 2, "segments left: {live:?}");
 }
 
-#[test]
-fn a_barrier_whose_records_an_earlier_sync_covered_syncs_nothing() {
-    let run = tempfile::tempdir().unwrap();
-    let root = run.path();
+/// A started log under `root` and one actor that committed 1 through it.
+fn a_log_and_one_actor(root: &Path) -> (std::sync::Arc<CommitLog>, ActorDb) {
     let (log, _) = CommitLog::start(root).unwrap();
     let dir = root.join("actors").join("a");
     let mut db = ActorDb::open(&dir, &limits(), OpenMode::Create)
         .unwrap()
         .unwrap();
     commit(&mut db, 0, 1);
+    (log, db)
+}
+
+#[test]
+fn a_barrier_whose_records_an_earlier_sync_covered_syncs_nothing() {
+    let run = tempfile::tempdir().unwrap();
+    let root = run.path();
+    let (log, mut db) = a_log_and_one_actor(root);
     RECORDING.with_borrow_mut(|r| *r = Some(Vec::new()));
     let syncs = || {
         RECORDING.with_borrow(|r| {
@@ -884,4 +900,41 @@ fn a_barrier_whose_records_an_earlier_sync_covered_syncs_nothing() {
     log.barrier().unwrap();
     assert_eq!(syncs(), 2, "a new record is synced");
     RECORDING.with_borrow_mut(|r| *r = None);
+}
+
+/// A barrier's result after a cut whose `syncfs` failed, under `rules`.
+fn barrier_after_a_failed_cut(rules: UnsafeRules) -> std::io::Result<()> {
+    let run = tempfile::tempdir().unwrap();
+    let root = run.path();
+    let (log, mut db) = a_log_and_one_actor(root);
+    log.barrier().unwrap();
+    UNSAFE_RULES.set(rules);
+    FAIL_SYNCFS.set(true);
+    let cut = log.cut_now();
+    FAIL_SYNCFS.set(false);
+    assert!(cut.is_err(), "the injected failure reaches the cut");
+    // The next `syncfs` would succeed with the pages that failed lost: a
+    // commit (its records refused) or its barrier must fail instead.
+    db.begin().unwrap();
+    db.kv_put("n", &2u64.to_le_bytes()).unwrap();
+    let after = match db.commit() {
+        Ok(()) => log.barrier(),
+        Err(e) => Err(std::io::Error::other(format!("the commit failed: {e}"))),
+    };
+    UNSAFE_RULES.set(UnsafeRules::default());
+    after
+}
+
+#[test]
+fn a_cut_whose_syncfs_failed_fails_every_later_commit() {
+    barrier_after_a_failed_cut(UnsafeRules::default()).unwrap_err();
+}
+
+#[test]
+fn a_failed_cut_not_kept_as_final_lets_commits_through() {
+    barrier_after_a_failed_cut(UnsafeRules {
+        cut_failure_not_final: true,
+        ..UnsafeRules::default()
+    })
+    .unwrap();
 }

@@ -35,7 +35,16 @@ pub fn sync_dir(path: &Path) -> io::Result<()> {
 
 /// Flushes every dirty file of the filesystem that holds `path`.
 pub fn sync_filesystem(path: &Path) -> io::Result<()> {
-    let dir = File::open(path)?;
+    sync_filesystem_of(&File::open(path)?)
+}
+
+/// Flushes every dirty file of the filesystem `dir` is open on. Linux
+/// reports a failed write-back to `syncfs` only through a descriptor opened
+/// before the failure, and to each descriptor once: a caller that must not
+/// miss one keeps its descriptor from before the writes it makes durable,
+/// and treats an error as final (the next call may succeed with the pages
+/// lost).
+pub fn sync_filesystem_of(dir: &File) -> io::Result<()> {
     // SAFETY: syncfs takes a valid open descriptor, which `dir` holds for the
     // duration of the call.
     let rc = unsafe { libc::syncfs(dir.as_raw_fd()) };

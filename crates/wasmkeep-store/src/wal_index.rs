@@ -482,7 +482,9 @@ unsafe extern "C" fn x_sync(f: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
             // back as it is now, and the segments holding them stay until
             // a cut has synced the log's file (ADR 0074). A checkpoint
             // never carries the database past what replay can put back,
-            // and a close costs one fsync (the database's), not two.
+            // and a close's checkpoint costs a barrier (shared with any
+            // other waiting) and the database's fsync, not a barrier and
+            // two fsyncs.
             // `main_file` outlives its log, its `tap` the main file.
             let main = (*extra(f)).main_file;
             if !(*extra(f)).log.is_null()
