@@ -51,10 +51,11 @@
 //!   the file's own `fsync`: replay of a shorter log over a file that went
 //!   further would put an older generation back over it.
 //! - **A failed `syncfs` is final.** Every `syncfs` the log relies on (a
-//!   cut's, a new actor's group) goes through a descriptor of the data
-//!   directory opened when the log started, so a write-back that failed
-//!   since is reported, once; the log then fails every later commit and
-//!   forgets no segment until a restart replays them. With no fsync of an
+//!   cut's, a new actor's group) goes, one at a time, through a descriptor
+//!   of the data directory opened when the log started, so a write-back
+//!   that failed since is reported to it ([`FsSync`]); the log then fails
+//!   every later commit and forgets no segment until a restart replays
+//!   them. With no fsync of an
 //!   actor's log of its own, a `syncfs` is the only place such a failure
 //!   shows.
 //!
@@ -130,8 +131,8 @@ pub(crate) struct UnsafeRules {
     /// Sync an actor's log for a checkpoint by itself (`fsync`), without
     /// the barrier first: the log may be durable ahead of its records.
     pub(crate) sync_log_before_records: bool,
-    /// A cut whose `syncfs` failed leaves the log working (the next cut's
-    /// `syncfs` may succeed with the failed pages lost).
+    /// A `syncfs` of the log's that failed leaves the log working (the next
+    /// may succeed with the failed pages lost).
     pub(crate) cut_failure_not_final: bool,
 }
 
@@ -177,10 +178,8 @@ impl Identity {
 /// One node's commit log.
 pub struct CommitLog {
     root: PathBuf,
-    /// The data directory, open since the log started: every `syncfs` the
-    /// log relies on goes through it, so that a write-back that failed at
-    /// any time since is reported (`sync::sync_filesystem_of`).
-    root_fd: Arc<File>,
+    /// Every `syncfs` the log relies on ([`FsSync`]).
+    fs: Arc<FsSync>,
     dir: PathBuf,
     /// [`SEGMENT_BYTES`], smaller in tests.
     segment_max: u64,
@@ -561,7 +560,10 @@ impl CommitLog {
     /// segment and makes the log available to the databases under `root`.
     pub fn start(root: &Path) -> io::Result<(Arc<CommitLog>, Recovered)> {
         let recovered = recover(root)?;
-        let root_fd = Arc::new(File::open(root)?);
+        let fs = Arc::new(FsSync {
+            fd: File::open(root)?,
+            turn: Mutex::new(()),
+        });
         if !supported(root) {
             // Without birth times a database deleted and created again
             // could take the old one's inode and its records (rule 2).
@@ -583,7 +585,7 @@ impl CommitLog {
         let next_bytes = (capacity * 2).min(segment_max);
         let log = Arc::new(CommitLog {
             root: root.to_owned(),
-            root_fd,
+            fs,
             dir,
             segment_max,
             spare,
@@ -630,12 +632,7 @@ impl CommitLog {
 
     /// The error a failed segment write or sync left, if any.
     fn check(&self) -> io::Result<()> {
-        match &*self.failed.lock().unwrap_or_else(|p| p.into_inner()) {
-            Some(why) => Err(io::Error::other(format!(
-                "the commit log failed earlier ({why}); restart the node"
-            ))),
-            None => Ok(()),
-        }
+        check_failed(&self.failed)
     }
 
     /// Remembers that records may be lost, and returns the error.
@@ -643,10 +640,9 @@ impl CommitLog {
         fail_in(&self.failed, e)
     }
 
-    /// One `syncfs` of the data directory's filesystem, through the
-    /// descriptor the log opened at its start; a failure is final.
+    /// One `syncfs` of the data directory's filesystem ([`FsSync::sync`]).
     fn sync_filesystem(&self) -> io::Result<()> {
-        sync::sync_filesystem_of(&self.root_fd).map_err(|e| self.fail(e))
+        self.fs.sync(&self.failed)
     }
 
     /// Writes every record taken so far to the segment (not synced). Under
@@ -764,12 +760,12 @@ impl CommitLog {
     /// Starts the next segment and cuts the ones before it.
     fn roll(&self, seg: &mut Segment) -> io::Result<()> {
         let next = self.next_segment(seg)?;
-        let (root_fd, dir) = (Arc::clone(&self.root_fd), self.dir.clone());
+        let (fs, dir) = (Arc::clone(&self.fs), self.dir.clone());
         let (cutting, cuts) = (Arc::clone(&self.cutting), Arc::clone(&self.cuts_total));
         let (bytes, spare) = (self.grown(seg.capacity), Arc::clone(&self.spare));
         let failed = Arc::clone(&self.failed);
         let cut = move || {
-            match cut(&root_fd, &failed, &dir, next, bytes, &spare)
+            match cut(&fs, &failed, &dir, next, bytes, &spare)
                 .and_then(|()| make_spare(&dir, bytes, &spare))
             {
                 Ok(()) => {
@@ -800,14 +796,7 @@ impl CommitLog {
             self.sync_segment(&mut seg)?;
             (self.next_segment(&mut seg)?, self.grown(seg.capacity))
         };
-        cut(
-            &self.root_fd,
-            &self.failed,
-            &self.dir,
-            next,
-            bytes,
-            &self.spare,
-        )?;
+        cut(&self.fs, &self.failed, &self.dir, next, bytes, &self.spare)?;
         self.cuts_total.fetch_add(1, Ordering::Relaxed);
         make_spare(&self.dir, bytes, &self.spare)
     }
@@ -937,13 +926,60 @@ fn fail_in(failed: &Mutex<Option<String>>, e: io::Error) -> io::Error {
     e
 }
 
+/// The error `failed` holds, if any.
+fn check_failed(failed: &Mutex<Option<String>>) -> io::Result<()> {
+    match &*failed.lock().unwrap_or_else(|p| p.into_inner()) {
+        Some(why) => Err(io::Error::other(format!(
+            "the commit log failed earlier ({why}); restart the node"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// The data directory, open since the log started, through which every
+/// `syncfs` the log relies on goes (a cut's, a new actor's group). Linux
+/// reports a failed write-back to `syncfs` once per open file description:
+/// to the first call through it after the failure (one opened before the
+/// failure sees it even if another description saw it first). Other
+/// callers on the node (a restore, a migration) or other processes may
+/// see a failure first; this description, opened before any record, still
+/// does. Two calls through it at once could split one failure into an
+/// error and a success, so calls take turns (`turn`), and one that
+/// succeeds after another failed fails too.
+struct FsSync {
+    fd: File,
+    turn: Mutex<()>,
+}
+
+impl FsSync {
+    /// One `syncfs`; a failure is final (`failed`): the next call may
+    /// succeed with the pages that failed lost, and their records must not
+    /// be let go.
+    fn sync(&self, failed: &Mutex<Option<String>>) -> io::Result<()> {
+        let _turn = self.turn.lock().unwrap_or_else(|p| p.into_inner());
+        #[cfg(test)]
+        let synced = if tests::FAIL_SYNCFS.get() {
+            Err(io::Error::other("a write-back failed (injected)"))
+        } else {
+            sync::sync_filesystem_of(&self.fd)
+        };
+        #[cfg(not(test))]
+        let synced = sync::sync_filesystem_of(&self.fd);
+        if let Err(e) = synced {
+            #[cfg(test)]
+            if rules().cut_failure_not_final {
+                return Err(e);
+            }
+            return Err(fail_in(failed, e));
+        }
+        check_failed(failed)
+    }
+}
+
 /// Makes every write recorded in segments before `keep` durable in its own
-/// file (one `syncfs` through the log's descriptor of the data directory,
-/// `root_fd`), then forgets those segments. A failed `syncfs` is final
-/// (`failed`): the next one may succeed with the pages that failed lost,
-/// and must not let their records go.
+/// file (one `syncfs`, [`FsSync::sync`]), then forgets those segments.
 fn cut(
-    root_fd: &File,
+    fs: &FsSync,
     failed: &Mutex<Option<String>>,
     dir: &Path,
     keep: u64,
@@ -954,27 +990,10 @@ fn cut(
     let skip = rules().cut_without_syncfs;
     #[cfg(not(test))]
     let skip = false;
-    if let Some(why) = &*failed.lock().unwrap_or_else(|p| p.into_inner()) {
-        return Err(io::Error::other(format!(
-            "the commit log failed earlier ({why}); its segments stay for the next start"
-        )));
-    }
+    // A failed log keeps its segments for the next start.
+    check_failed(failed)?;
     if !skip {
-        #[cfg(test)]
-        let synced = if tests::FAIL_SYNCFS.get() {
-            Err(io::Error::other("a write-back failed (injected)"))
-        } else {
-            sync::sync_filesystem_of(root_fd)
-        };
-        #[cfg(not(test))]
-        let synced = sync::sync_filesystem_of(root_fd);
-        if let Err(e) = synced {
-            #[cfg(test)]
-            if rules().cut_failure_not_final {
-                return Err(e);
-            }
-            return Err(fail_in(failed, e));
-        }
+        fs.sync(failed)?;
         #[cfg(test)]
         tests::note(tests::Op::SyncAll);
     }

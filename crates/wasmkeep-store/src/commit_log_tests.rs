@@ -914,7 +914,10 @@ fn barrier_after_a_failed_cut(rules: UnsafeRules) -> std::io::Result<()> {
     FAIL_SYNCFS.set(false);
     assert!(cut.is_err(), "the injected failure reaches the cut");
     // The next `syncfs` would succeed with the pages that failed lost: a
-    // commit (its records refused) or its barrier must fail instead.
+    // new actor's group (made durable by one) must fail, and so must a
+    // commit (its records refused) or its barrier.
+    let (wal, dir) = (db.wal_path(), db.dir().to_owned());
+    let group = make_durable(Some(&log), root, &[&wal], &[&dir]);
     db.begin().unwrap();
     db.kv_put("n", &2u64.to_le_bytes()).unwrap();
     let after = match db.commit() {
@@ -922,12 +925,14 @@ fn barrier_after_a_failed_cut(rules: UnsafeRules) -> std::io::Result<()> {
         Err(e) => Err(std::io::Error::other(format!("the commit failed: {e}"))),
     };
     UNSAFE_RULES.set(UnsafeRules::default());
-    after
+    group.and(after)
 }
 
 #[test]
 fn a_cut_whose_syncfs_failed_fails_every_later_commit() {
-    barrier_after_a_failed_cut(UnsafeRules::default()).unwrap_err();
+    let e = barrier_after_a_failed_cut(UnsafeRules::default()).unwrap_err();
+    // The group's own `syncfs` succeeded; the failure before it counts.
+    assert!(e.to_string().contains("failed earlier"), "{e}");
 }
 
 #[test]

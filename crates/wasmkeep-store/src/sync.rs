@@ -39,11 +39,13 @@ pub fn sync_filesystem(path: &Path) -> io::Result<()> {
 }
 
 /// Flushes every dirty file of the filesystem `dir` is open on. Linux
-/// reports a failed write-back to `syncfs` only through a descriptor opened
-/// before the failure, and to each descriptor once: a caller that must not
-/// miss one keeps its descriptor from before the writes it makes durable,
-/// and treats an error as final (the next call may succeed with the pages
-/// lost).
+/// (5.8 and later) reports a failed write-back to `syncfs` once per open
+/// file description, to the first call through it after the failure; a
+/// description opened after a failure that another already saw does not
+/// see it. A caller that must not miss one keeps its description from
+/// before the writes it makes durable, lets one call through it run at a
+/// time, and treats an error as final (the next call may succeed with the
+/// pages lost).
 pub fn sync_filesystem_of(dir: &File) -> io::Result<()> {
     // SAFETY: syncfs takes a valid open descriptor, which `dir` holds for the
     // duration of the call.
