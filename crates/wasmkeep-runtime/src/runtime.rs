@@ -396,9 +396,6 @@ impl Runtime {
         // actors' logs is put back from the commit log (ADR 0074).
         let store_io = |e: std::io::Error| RuntimeError::Store(e.into());
         let with_log = config.durability == Durability::Fsync && config.commit_log;
-        if with_log {
-            std::fs::create_dir_all(&config.data_dir).map_err(store_io)?;
-        }
         let commit_log = if with_log && wasmkeep_store::commit_log::supported(&config.data_dir) {
             Some(CommitLog::start(&config.data_dir).map_err(store_io)?.0)
         } else {

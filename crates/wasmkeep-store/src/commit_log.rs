@@ -234,10 +234,9 @@ pub struct Tap {
 }
 
 impl Tap {
-    /// Makes every record taken so far durable (before SQLite syncs this
-    /// database's log, which it does before every checkpoint: a
-    /// checkpoint must never carry the database past what the log can
-    /// replay).
+    /// Makes every record taken so far durable, in place of SQLite's sync
+    /// of this database's log (before every checkpoint): a checkpoint must
+    /// never carry the database past what the log can replay.
     pub(crate) fn barrier(&self) -> io::Result<()> {
         self.log.barrier()
     }

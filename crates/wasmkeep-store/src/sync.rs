@@ -46,7 +46,7 @@ pub fn sync_filesystem(path: &Path) -> io::Result<()> {
 /// before the writes it makes durable, lets one call through it run at a
 /// time, and treats an error as final (the next call may succeed with the
 /// pages lost).
-pub fn sync_filesystem_of(dir: &File) -> io::Result<()> {
+pub(crate) fn sync_filesystem_of(dir: &File) -> io::Result<()> {
     // SAFETY: syncfs takes a valid open descriptor, which `dir` holds for the
     // duration of the call.
     let rc = unsafe { libc::syncfs(dir.as_raw_fd()) };
