@@ -180,19 +180,17 @@ fn a_node_cut_off_from_the_bucket_stops_acting_hands_over_and_rejoins() {
     let finals = read_finals(&all, ACTORS);
     let tally = check_history(&log, &finals);
 
-    // The nodes that own A's former actors now stop cleanly (releasing
-    // them); A takes each back, restoring it from the bucket.
-    let now_owned = owners(&log);
+    // The other nodes now stop cleanly (releasing what they hold of A's
+    // former actors); A serves each, taking back from the bucket any it
+    // had not taken back yet. All of them stop, not only those the load
+    // saw answer last: after the rejoin an actor can move (back to A, or
+    // between the others) after its last request, as full test runs have
+    // shown both ways.
     let a_id = a.id.clone();
-    let mut takers: Vec<usize> = cut_actors
-        .iter()
-        .map(|x| members.iter().position(|m| m.id == now_owned[x]).unwrap())
-        .collect();
-    takers.sort();
-    takers.dedup();
-    assert!(!takers.contains(&cut), "{takers:?}");
-    for t in takers {
-        assert!(members[t].node.stop().success());
+    for (t, m) in members.iter_mut().enumerate() {
+        if t != cut {
+            assert!(m.node.stop().success());
+        }
     }
     let a = &members[cut];
     for &x in &cut_actors {

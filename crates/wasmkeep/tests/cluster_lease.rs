@@ -29,6 +29,8 @@ fn wait_for(what: &str, f: impl FnMut() -> bool) {
 
 const LEASE_PERIOD_MS: u64 = 1_500;
 const LEASE_GRACE_MS: u64 = 2_000;
+/// The bucket timeout of the cut-off test: well within a renewal period.
+const BUCKET_TIMEOUT_MS: u64 = 400;
 
 struct Cluster {
     _tmp: tempfile::TempDir,
@@ -39,9 +41,11 @@ struct Cluster {
 }
 
 impl Cluster {
-    fn new() -> Cluster {
+    /// A cluster of one node with this lease period and bucket timeout.
+    fn new(period_ms: u64, bucket_timeout_ms: u64) -> Cluster {
         let tmp = tempfile::tempdir().unwrap();
-        let config = cluster::node_config(tmp.path(), LEASE_PERIOD_MS, LEASE_GRACE_MS, 400, "");
+        let config =
+            cluster::node_config(tmp.path(), period_ms, LEASE_GRACE_MS, bucket_timeout_ms, "");
         Cluster {
             bucket: tmp.path().join("bucket"),
             data: tmp.path().join("data"),
@@ -93,12 +97,16 @@ fn increment(node: &Node) -> (u16, String) {
 
 #[test]
 fn the_lease_is_registered_renewed_released_and_a_restart_takes_the_next_epoch() {
-    let c = Cluster::new();
+    // This test counts epochs, so a renewal made late by a loaded machine
+    // (another test's sync holding a bucket write up) must not lapse the
+    // lease: a longer period and a bucket call allowed a second. The
+    // cut-off test below is the one about lapses.
+    let c = Cluster::new(3_000, 1_000);
     let mut node = c.start();
     wait_for("the node to act", || status(&node)["acting"] == true);
     let s = status(&node);
     let id = s["node"].as_str().unwrap().to_owned();
-    assert_eq!(s["epoch"], 1);
+    assert_eq!(s["epoch"], 1, "{s}");
     assert_eq!(s["address"], c.advertise());
     let (code, body) = increment(&node);
     assert_eq!(code, 200, "{body}");
@@ -116,8 +124,9 @@ fn the_lease_is_registered_renewed_released_and_a_restart_takes_the_next_epoch()
             .last()
             .is_some_and(|(n, _)| *n >= seen + 3)
     });
-    let renewals = status(&node)["renewals_total"].as_u64().unwrap();
-    assert!(renewals >= 4);
+    let s = status(&node);
+    let renewals = s["renewals_total"].as_u64().unwrap();
+    assert!(renewals >= 4 && s["epoch"] == 1, "{s}");
     let (_, metrics) = node.get("/metrics");
     assert!(
         metrics.contains("wasmkeep_cluster_lease_renewals_total ")
@@ -150,7 +159,8 @@ fn the_lease_is_registered_renewed_released_and_a_restart_takes_the_next_epoch()
     let s = status(&node);
     assert_eq!(
         (s["node"].as_str().unwrap(), s["epoch"].as_u64()),
-        (id.as_str(), Some(2))
+        (id.as_str(), Some(2)),
+        "{s}"
     );
     assert!(!records(&c.bucket, &id, 2).is_empty());
     let (code, body) = increment(&node);
@@ -164,7 +174,7 @@ fn the_lease_is_registered_renewed_released_and_a_restart_takes_the_next_epoch()
 /// it acts again in a new epoch.
 #[test]
 fn a_node_cut_off_from_its_bucket_stops_acting_then_rejoins_in_a_new_epoch() {
-    let c = Cluster::new();
+    let c = Cluster::new(LEASE_PERIOD_MS, BUCKET_TIMEOUT_MS);
     let node = c.start();
     wait_for("the node to act", || status(&node)["acting"] == true);
     let id = status(&node)["node"].as_str().unwrap().to_owned();
@@ -211,10 +221,15 @@ fn a_node_cut_off_from_its_bucket_stops_acting_then_rejoins_in_a_new_epoch() {
     std::fs::remove_file(&c.bucket).unwrap();
     std::fs::rename(&away, &c.bucket).unwrap();
     wait_for("the node to act again", || status(&node)["acting"] == true);
+    // At least the cut's lapse, and a new epoch for each (a loaded machine
+    // can make a renewal late once more after the bucket returns).
     let s = status(&node);
-    assert_eq!(s["epoch"], 2, "{s}");
-    assert_eq!(s["lapsed_total"], 1, "{s}");
-    assert!(!records(&c.bucket, &id, 2).is_empty());
+    let (epoch, lapsed) = (
+        s["epoch"].as_u64().unwrap(),
+        s["lapsed_total"].as_u64().unwrap(),
+    );
+    assert!(lapsed >= 1 && epoch == lapsed + 1, "{s}");
+    assert!(!records(&c.bucket, &id, epoch).is_empty());
     wait_for("an acknowledged write", || increment(&node).0 == 200);
 }
 
@@ -271,17 +286,20 @@ fn a_configured_node_id_survives_a_lost_disk_and_its_actors_are_taken_at_once() 
         (status(&a)["node"].as_str(), status(&a)["epoch"].as_u64()),
         (Some("node-a"), Some(2))
     );
-    let mut answer = (0, String::new());
+    // Every answer before the first 200, for the message if the value is
+    // off (a refused increment must not have counted).
+    let mut answers: Vec<(u16, String)> = Vec::new();
     wait_for("the other node to serve the actor", || {
-        answer = increment(&b);
-        answer.0 == 200
+        answers.push(increment(&b));
+        answers.last().unwrap().0 == 200
     });
+    let answer = answers.last().unwrap().clone();
     assert!(
         now_ms() < expires_at_ms,
         "taken only after epoch 1's lease ran out ({expires_at_ms})"
     );
     let v: serde_json::Value = serde_json::from_str(&answer.1).unwrap();
-    assert_eq!(v["value"], 4, "{v}");
+    assert_eq!(v["value"], 4, "answers: {answers:?}");
     let (_, ended) = records(&bucket, "node-a", 1).pop().unwrap();
     assert!(ended.starts_with("fenced node-a "), "{ended}");
 }
