@@ -943,3 +943,54 @@ fn a_failed_cut_not_kept_as_final_lets_commits_through() {
     })
     .unwrap();
 }
+
+/// Records taken past what one write-out write holds reach the segment
+/// whole, in the order taken, each once: the barrier's gathering flushes
+/// a full buffer mid-way and writes a record larger than the buffer by
+/// itself.
+#[test]
+fn a_barrier_writes_many_megabytes_of_records_in_order_each_once() {
+    let run = tempfile::tempdir().unwrap();
+    let root = run.path();
+    // One segment holds them all: no roll, no cut removes it meanwhile.
+    SEGMENT_BYTES_FOR_TESTS.set(16 * 1024 * 1024);
+    let (log, recovered) = CommitLog::start(root).unwrap();
+    SEGMENT_BYTES_FOR_TESTS.set(1024 * 1024);
+    let file = root.join("actors").join("a").join("actor.db-wal");
+    std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+    std::fs::write(&file, b"").unwrap();
+    let tap = super::tap_for(&file).unwrap();
+    // About 3 MiB in 10 KiB records, then one record larger than a
+    // write-out write, then a few more.
+    let mut taken: Vec<(u64, Vec<u8>)> = (0..300u64)
+        .map(|i| (i * 10_240, vec![(i % 251) as u8; 10_240]))
+        .collect();
+    taken.push((7_000_000, vec![0xAB; 1_000_000]));
+    taken.extend((0..5u64).map(|i| (8_000_000 + i, vec![i as u8 + 1; 3_000])));
+    RECORDING.with_borrow_mut(|r| *r = Some(Vec::new()));
+    for (offset, data) in &taken {
+        tap.record(*offset as i64, data).unwrap();
+    }
+    log.barrier().unwrap();
+    let writes = RECORDING.with_borrow_mut(|r| {
+        r.take()
+            .unwrap()
+            .iter()
+            .filter(|op| matches!(op, Op::Write { path, .. } if path.starts_with(root.join(super::DIR))))
+            .count()
+    });
+    assert!(writes >= 4, "{writes} writes to the segment");
+
+    let seq = recovered.next_seq;
+    let bytes = std::fs::read(super::segment_path(&root.join(super::DIR), seq)).unwrap();
+    let (records, _) = super::decode(&bytes, seq);
+    let read: Vec<(u64, Vec<u8>)> = records
+        .iter()
+        .map(|r| (r.offset, r.data.to_vec()))
+        .collect();
+    assert_eq!(read.len(), taken.len());
+    assert!(read == taken, "records out of order, lost or twice");
+    let written = log.bytes_total.load(std::sync::atomic::Ordering::Relaxed);
+    let taken_total = log.lock_pending().taken_total;
+    assert_eq!(written, taken_total);
+}

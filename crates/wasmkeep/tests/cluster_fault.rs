@@ -72,9 +72,9 @@ fn set_aside(dir: &std::path::Path) -> usize {
 /// and none of its acknowledgements comes later. The others take its
 /// actors once its lease and grace are past, and serve them. The proxy is
 /// restored: A acts again in a new epoch and serves through forwarding.
-/// Then the nodes that took A's actors stop cleanly, and A, taking them
-/// back, serves what the bucket holds rather than its own copies (which may
-/// hold commits whose uploads the cut lost).
+/// Then the other nodes stop cleanly, and A, taking back the actors it
+/// has not taken back yet, serves what the bucket holds rather than its own
+/// copies (which may hold commits whose uploads the cut lost).
 #[test]
 fn a_node_cut_off_from_the_bucket_stops_acting_hands_over_and_rejoins() {
     const ACTORS: usize = 12;
