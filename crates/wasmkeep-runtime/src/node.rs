@@ -136,6 +136,9 @@ pub struct Inner {
     /// The node's commit log (ADR 0074), with `durability = "fsync"` and
     /// `commit_log` on; the stage makes groups durable through it.
     pub commit_log: Option<Arc<wasmkeep_store::commit_log::CommitLog>>,
+    /// Folders for new actors made ahead (ADR 0075); `None` once the node
+    /// stopped.
+    pub spares: Mutex<Option<wasmkeep_store::spare_actors::Spares>>,
     /// The bucket side, when the node has one.
     pub replication: Option<Replication>,
     pub timer: Timer,

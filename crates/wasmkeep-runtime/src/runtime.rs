@@ -293,6 +293,7 @@ fn build_inner(
     clock: Arc<dyn Clock>,
     parts: Parts,
     commit_log: Option<Arc<CommitLog>>,
+    spares: wasmkeep_store::spare_actors::Spares,
 ) -> Arc<Inner> {
     let sandbox = config.replay_sandbox;
     let Parts {
@@ -330,6 +331,7 @@ fn build_inner(
             Arc::clone(&metrics),
         ),
         commit_log,
+        spares: Mutex::new(Some(spares)),
         replication,
         config,
         clock,
@@ -409,8 +411,10 @@ impl Runtime {
             wasmkeep_store::commit_log::recover(&config.data_dir).map_err(store_io)?;
             None
         };
+        let spares =
+            wasmkeep_store::spare_actors::Spares::start(&config.data_dir).map_err(store_io)?;
         let parts = runtime_parts(&config)?;
-        let inner = build_inner(config, clock, parts, commit_log);
+        let inner = build_inner(config, clock, parts, commit_log, spares);
         inner.outbox.attach(Arc::downgrade(&inner));
         let rt = Runtime { inner };
         // Loading an app runs its `classes()`: the epoch must advance by
@@ -1628,6 +1632,9 @@ impl Runtime {
             a.queue.lock().retired = true;
             *a.slot.lock() = None;
         }
+        // No actor is made from here on: the spares' thread stops (what
+        // it made is deleted at the next start).
+        drop(rt.spares.lock().take());
         // Every actor closed: what the log holds is made durable in the
         // actors' files, so the next start has nothing to replay.
         if let Some(log) = &rt.commit_log

@@ -131,6 +131,9 @@ pub(crate) struct UnsafeRules {
     /// Sync an actor's log for a checkpoint by itself (`fsync`), without
     /// the barrier first: the log may be durable ahead of its records.
     pub(crate) sync_log_before_records: bool,
+    /// Skip the sync SQLite makes after a log's header when the log
+    /// starts over, in every log, not only a new one.
+    pub(crate) skip_every_header_sync: bool,
     /// A `syncfs` of the log's that failed leaves the log working (the next
     /// may succeed with the failed pages lost).
     pub(crate) cut_failure_not_final: bool,

@@ -392,6 +392,12 @@ fn scenario(root: &Path) -> Vec<Op> {
                 round
             };
             commit(db, a, value[a]);
+            if round == 16 && a == 1 {
+                // Again, before the group's barrier: the log that started
+                // over in round 15 reaches past its first frames, over the
+                // older generation's, before anything makes it durable.
+                commit(db, a, value[a]);
+            }
             unacked.push((a, value[a]));
         }
         durable(&mut dbs, &mut unacked);
@@ -729,6 +735,20 @@ fn a_log_synced_for_a_checkpoint_ahead_of_its_records_mixes_commits() {
     eprintln!("{e}");
 }
 
+/// The sync after a log's header is skipped only in a log that never held
+/// a frame (ADR 0075). Skipped whenever a log starts over, new frames can
+/// reach the disk over the older generation's while its header stays:
+/// recovery then lays a prefix of that generation over the database.
+#[test]
+fn a_header_sync_skipped_when_a_used_log_starts_over_mixes_commits() {
+    let e = power_cut_at_every_write(UnsafeRules {
+        skip_every_header_sync: true,
+        ..UnsafeRules::default()
+    })
+    .unwrap_err();
+    eprintln!("{e}");
+}
+
 #[test]
 fn a_log_header_not_recorded_loses_acknowledged_commits() {
     let e = power_cut_at_every_write(UnsafeRules {
@@ -875,21 +895,24 @@ fn a_log_and_one_actor(root: &Path) -> (std::sync::Arc<CommitLog>, ActorDb) {
     (log, db)
 }
 
+/// The syncs of the log's segments this thread recorded so far.
+fn segment_syncs(root: &Path) -> usize {
+    RECORDING.with_borrow(|r| {
+        r.as_ref()
+            .unwrap()
+            .iter()
+            .filter(|op| matches!(op, Op::Sync(p) if p.starts_with(root.join(super::DIR))))
+            .count()
+    })
+}
+
 #[test]
 fn a_barrier_whose_records_an_earlier_sync_covered_syncs_nothing() {
     let run = tempfile::tempdir().unwrap();
     let root = run.path();
     let (log, mut db) = a_log_and_one_actor(root);
     RECORDING.with_borrow_mut(|r| *r = Some(Vec::new()));
-    let syncs = || {
-        RECORDING.with_borrow(|r| {
-            r.as_ref()
-                .unwrap()
-                .iter()
-                .filter(|op| matches!(op, Op::Sync(p) if p.starts_with(root.join("commit-log"))))
-                .count()
-        })
-    };
+    let syncs = || segment_syncs(root);
     log.barrier().unwrap();
     assert_eq!(syncs(), 1, "the first barrier syncs the segment");
     // Nothing taken since (as a close's checkpoint right after the
@@ -899,6 +922,36 @@ fn a_barrier_whose_records_an_earlier_sync_covered_syncs_nothing() {
     commit(&mut db, 0, 2);
     log.barrier().unwrap();
     assert_eq!(syncs(), 2, "a new record is synced");
+    RECORDING.with_borrow_mut(|r| *r = None);
+}
+
+/// A new actor's first commit waits for no barrier (its log never held a
+/// frame: the sync after its header is skipped, ADR 0075); a log that
+/// starts over after a checkpoint still makes its header durable first.
+#[test]
+fn a_new_actors_first_commit_syncs_nothing_but_a_log_starting_over_does() {
+    let run = tempfile::tempdir().unwrap();
+    let root = run.path();
+    let (_log, _) = CommitLog::start(root).unwrap();
+    RECORDING.with_borrow_mut(|r| *r = Some(Vec::new()));
+    let syncs = || segment_syncs(root);
+    let mut db = ActorDb::open(&root.join("actors").join("a"), &limits(), OpenMode::Create)
+        .unwrap()
+        .unwrap();
+    commit(&mut db, 0, 1);
+    assert_eq!(syncs(), 0, "a new actor's first commit syncs nothing");
+    commit(&mut db, 0, 2);
+    db.conn_for_tests()
+        .query_row("PRAGMA wal_checkpoint(RESTART)", [], |_| Ok(()))
+        .unwrap();
+    let before = syncs();
+    assert!(before >= 1, "the checkpoint synced the log's records first");
+    commit(&mut db, 0, 3);
+    assert_eq!(
+        syncs(),
+        before + 1,
+        "a log starting over over older frames syncs its header's record"
+    );
     RECORDING.with_borrow_mut(|r| *r = None);
 }
 

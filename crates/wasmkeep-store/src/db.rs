@@ -29,6 +29,7 @@ pub use crate::sqlite_setup::sqlite_setup;
 use crate::wal_index::{VFS_NAME, WalIndex};
 
 mod awaits;
+mod creation;
 mod idempotency;
 mod outbox;
 pub mod recording;
@@ -295,7 +296,12 @@ impl ActorDb {
                 missing.push(p.to_owned());
                 d = p.parent();
             }
-            std::fs::create_dir_all(dir)?;
+            // A spare folder renamed into place, or made here (ADR 0075).
+            let spare = crate::spare_actors::take(dir)?;
+            if !spare {
+                std::fs::create_dir_all(dir)?;
+            }
+            creation::write_new_database(&path, spare, dir, limits.page_bytes)?;
             // The actor's own folder gets the new database file's entry.
             new_dirs.push(dir.to_owned());
             for m in &missing {
@@ -312,6 +318,16 @@ impl ActorDb {
             .or_else(|_| Connection::open_with_flags(&path, flags))
             .map_err(open_err)?;
         let wal_index = WalIndex::of(&conn);
+        // A new database's log never held a frame, unless a file left in
+        // the folder says otherwise (only an empty one is taken as new).
+        let log_empty =
+            || std::fs::metadata(path.with_extension("db-wal")).map_or(true, |m| m.len() == 0);
+        if !exists
+            && let Some(w) = &wal_index
+            && log_empty()
+        {
+            w.mark_log_new();
+        }
         // Attached before anything is written: the capture must see every
         // commit of this connection.
         let capture = match &wal_index {
@@ -360,17 +376,13 @@ impl ActorDb {
                     // a crash, or created the database: both zero a block.
                     w.release_zero_pages();
                 }
-                if db.created {
-                    // Creating it wrote every internal table's pages, and
-                    // they would stay cached as long as the actor is open;
-                    // its events read back only those they use (W4).
-                    db.shrink_cache();
-                }
                 Ok(Some(db))
             }
-            Err(StoreError::Corrupt(why)) if exists && interrupted_creation(&path) => {
+            Err(StoreError::Corrupt(why))
+                if exists && interrupted_creation(&path, limits.page_bytes) =>
+            {
                 // A creation that crashed before its first durable batch
-                // (see `configure`): nothing in it was ever acknowledged.
+                // (see `creation`): nothing in it was ever acknowledged.
                 drop(db);
                 let aside = path.with_extension(format!("db.incomplete-{}", unix_ms()));
                 std::fs::rename(&path, &aside)?;
@@ -385,17 +397,6 @@ impl ActorDb {
 
     fn configure(&mut self) -> Result<(), StoreError> {
         let c = &self.conn;
-        if self.created {
-            // Creating a database (switching it to WAL, writing the schema)
-            // with SQLite's own syncs costs about 3 ms, most of the cold
-            // start. Nothing in a new database is acknowledged before the
-            // first batch's durability barrier, which covers the new file
-            // and its folders (a syncfs), so creation runs without syncs.
-            // A crash before that barrier can leave a torn first page:
-            // `open` sets such a file aside (`interrupted_creation`).
-            c.pragma_update(None, "synchronous", "OFF")
-                .map_err(open_err)?;
-        }
         // The actor's connection is the only one that touches its file
         // while it is open (inspection goes through it, see `inspect`), so
         // it holds the file lock from the first read to the close: no lock
@@ -409,23 +410,6 @@ impl ActorDb {
             // Without the VFS, SQLite keeps the index in its heap only if
             // the locking mode is exclusive when it opens the log.
             c.pragma_update(None, "locking_mode", "EXCLUSIVE")
-                .map_err(open_err)?;
-        }
-        if self.created {
-            // Only a database without pages takes a page size, and only
-            // before it is switched to WAL. An invalid size is ignored by
-            // SQLite (the default stays); settings are checked where read.
-            c.pragma_update(None, "page_size", self.limits.page_bytes)
-                .map_err(open_err)?;
-        }
-        if self.created {
-            // Switching a new file to WAL writes its header in a rollback
-            // transaction, whose journal file SQLite would create and
-            // delete: an inode made and freed for each new actor, which
-            // protects nothing here (creation runs without syncs, and an
-            // interrupted creation is set aside, see above). Kept in
-            // memory instead (ADR 0031).
-            c.pragma_update(None, "journal_mode", "MEMORY")
                 .map_err(open_err)?;
         }
         if !self.created
@@ -449,12 +433,6 @@ impl ActorDb {
             // SQLite skips the index's lock calls.
             crate::wal_index::open_log(c).map_err(open_err)?;
             c.pragma_update(None, "locking_mode", "EXCLUSIVE")
-                .map_err(open_err)?;
-        }
-        if self.created {
-            // One transaction: each statement on its own would commit (and
-            // append to the WAL) separately.
-            c.execute_batch(&format!("BEGIN;{SCHEMA}COMMIT;"))
                 .map_err(open_err)?;
         }
         // The runtime makes commits durable itself, for many actors at once
@@ -1381,14 +1359,15 @@ fn keep_log_file(c: &Connection) {
 }
 
 /// Whether a database that SQLite refuses as corrupt is the remains of an
-/// interrupted creation: no bigger than its first page, with no committed
-/// frames in its write-ahead log. An acknowledged database never looks like
-/// this (its first batch was made durable, header and log alike), so
-/// setting it aside loses nothing anyone was told about.
-fn interrupted_creation(path: &Path) -> bool {
+/// interrupted creation: no bigger than a new database (see `creation`),
+/// with no committed frames in its write-ahead log. An acknowledged
+/// database never looks like this (its first batch was made durable, file
+/// and log alike), so setting it aside loses nothing anyone was told
+/// about.
+fn interrupted_creation(path: &Path, page_bytes: u32) -> bool {
     let len = |p: &Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
     let wal = path.with_extension("db-wal");
-    len(path) <= 65536 && len(&wal) <= 32
+    len(path) <= creation::new_database_bytes_max(page_bytes) && len(&wal) <= 32
 }
 
 use crate::clock::unix_ms;

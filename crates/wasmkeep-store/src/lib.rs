@@ -24,6 +24,7 @@ pub mod memory_budget;
 pub mod page_capture;
 pub mod paths;
 pub mod sandbox;
+pub mod spare_actors;
 pub mod sqlite_setup;
 pub mod stack;
 pub mod sync;

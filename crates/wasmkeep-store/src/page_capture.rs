@@ -59,7 +59,7 @@ pub fn node_bytes() -> usize {
 }
 
 /// Bytes of the log's own header (SQLite's file format).
-const LOG_HEADER_BYTES: usize = 32;
+pub(crate) const LOG_HEADER_BYTES: usize = 32;
 /// Bytes of a frame's header.
 const FRAME_HEADER_BYTES: usize = 24;
 

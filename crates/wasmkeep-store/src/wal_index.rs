@@ -35,7 +35,7 @@ use std::sync::atomic::{AtomicPtr, Ordering, fence};
 use rusqlite::ffi;
 
 use crate::log_writes::LogWrites;
-use crate::page_capture::Capture;
+use crate::page_capture::{Capture, LOG_HEADER_BYTES};
 use std::sync::Mutex;
 
 /// The name actors' connections open their database with.
@@ -75,6 +75,15 @@ struct Extra {
     /// A main database file's tap into the node's commit log (ADR 0074),
     /// when the node keeps one: every write to its log is recorded there.
     tap: *const crate::commit_log::Tap,
+    /// A main database file: its log has never held a frame (the database
+    /// was just created, its log file is new or a spare's empty one). Its
+    /// log takes this at its open.
+    new_log: bool,
+    /// A log that has never held a frame: no write but its header since
+    /// it was opened for a new database (see `x_sync`).
+    fresh_log: bool,
+    /// A log whose last write was its header (SQLite starting it over).
+    header_last: bool,
     /// Tests only: the file's path, for the power-cut recorder.
     #[cfg(test)]
     path: Option<std::path::PathBuf>,
@@ -203,6 +212,9 @@ unsafe extern "C" fn x_open(
             capture: ptr::null(),
             main_file,
             tap: ptr::null(),
+            new_log: false,
+            fresh_log: !main_file.is_null() && std::mem::take(&mut (*extra(main_file)).new_log),
+            header_last: false,
             #[cfg(test)]
             path,
             #[cfg(test)]
@@ -243,6 +255,11 @@ unsafe fn write_through(f: *mut ffi::sqlite3_file, data: &[u8], offset: i64) -> 
     // most a page, or the buffer's limit) keep within `c_int`; `main_file`
     // outlives its log, and its `tap` the main file (`attach_tap`).
     unsafe {
+        let e = extra(f);
+        (*e).header_last = offset == 0 && data.len() == LOG_HEADER_BYTES;
+        if !(*e).header_last {
+            (*e).fresh_log = false;
+        }
         let rc =
             (real(f).xWrite.expect("xWrite"))(f, data.as_ptr().cast(), data.len() as c_int, offset);
         #[cfg(test)]
@@ -462,6 +479,8 @@ unsafe extern "C" fn x_truncate(f: *mut ffi::sqlite3_file, n: i64) -> c_int {
     // SAFETY: as `x_read`.
     unsafe {
         after_flush(f, || {
+            (*extra(f)).fresh_log = false;
+            (*extra(f)).header_last = false;
             let rc = (real(f).xTruncate.expect("xTruncate"))(f, n);
             #[cfg(test)]
             note_call(f, rc, |path| crate::commit_log::tests::Op::Truncate {
@@ -476,6 +495,23 @@ unsafe extern "C" fn x_sync(f: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
     // SAFETY: as `x_read`.
     unsafe {
         after_flush(f, || {
+            // SQLite syncs a log after writing its header when the log
+            // starts over, so that the new header is on the disk before
+            // any frame of the new generation: frames landing over an older
+            // generation's under the old header would cut that generation
+            // short, and recovery would lay a prefix of it, older pages,
+            // over a database that holds its newest. A log that never held
+            // a frame (a new actor's) has no older generation: its header
+            // goes to the commit log (or the disk) with the first batch,
+            // like the frames after it. That sync was a barrier inside
+            // every new actor's first commit (ADR 0075).
+            let header_last = std::mem::take(&mut (*extra(f)).header_last);
+            let skip = header_last && (*extra(f)).fresh_log;
+            #[cfg(test)]
+            let skip = skip || (header_last && crate::commit_log::rules().skip_every_header_sync);
+            if skip {
+                return ffi::SQLITE_OK;
+            }
             // SQLite syncs a log before each checkpoint copies it into the
             // database. A recorded log's sync is the commit log's barrier
             // instead: once its records are durable, replay puts the log
@@ -740,6 +776,14 @@ impl WalIndex {
     pub(crate) fn attach_tap(&self, tap: &std::sync::Arc<crate::commit_log::Tap>) {
         // SAFETY: as `attach_capture`.
         unsafe { (*self.extra).tap = std::sync::Arc::as_ptr(tap) };
+    }
+
+    /// Says that this database's log has never held a frame (it was just
+    /// created), before the log is opened: the sync SQLite makes after its
+    /// first header is skipped (see `x_sync`).
+    pub(crate) fn mark_log_new(&self) {
+        // SAFETY: as `attach_capture`.
+        unsafe { (*self.extra).new_log = true };
     }
 
     /// The index's blocks, once SQLite asked for them.
