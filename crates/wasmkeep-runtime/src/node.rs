@@ -137,7 +137,7 @@ pub struct Inner {
     /// `commit_log` on; the stage makes groups durable through it.
     pub commit_log: Option<Arc<wasmkeep_store::commit_log::CommitLog>>,
     /// Folders for new actors made ahead (ADR 0075); `None` once the node
-    /// stopped.
+    /// stopped, or if they could not be started.
     pub spares: Mutex<Option<wasmkeep_store::spare_actors::Spares>>,
     /// The bucket side, when the node has one.
     pub replication: Option<Replication>,

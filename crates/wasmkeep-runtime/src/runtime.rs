@@ -293,7 +293,7 @@ fn build_inner(
     clock: Arc<dyn Clock>,
     parts: Parts,
     commit_log: Option<Arc<CommitLog>>,
-    spares: wasmkeep_store::spare_actors::Spares,
+    spares: Option<wasmkeep_store::spare_actors::Spares>,
 ) -> Arc<Inner> {
     let sandbox = config.replay_sandbox;
     let Parts {
@@ -331,7 +331,7 @@ fn build_inner(
             Arc::clone(&metrics),
         ),
         commit_log,
-        spares: Mutex::new(Some(spares)),
+        spares: Mutex::new(spares),
         replication,
         config,
         clock,
@@ -411,8 +411,12 @@ impl Runtime {
             wasmkeep_store::commit_log::recover(&config.data_dir).map_err(store_io)?;
             None
         };
-        let spares =
-            wasmkeep_store::spare_actors::Spares::start(&config.data_dir).map_err(store_io)?;
+        // Without spares, new actors make their own folders (ADR 0075).
+        let spares = wasmkeep_store::spare_actors::Spares::start(&config.data_dir)
+            .inspect_err(|e| {
+                tracing::warn!(error = %e, "no spare folders for new actors");
+            })
+            .ok();
         let parts = runtime_parts(&config)?;
         let inner = build_inner(config, clock, parts, commit_log, spares);
         inner.outbox.attach(Arc::downgrade(&inner));

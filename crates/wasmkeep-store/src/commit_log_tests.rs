@@ -940,6 +940,16 @@ fn a_new_actors_first_commit_syncs_nothing_but_a_log_starting_over_does() {
         .unwrap();
     commit(&mut db, 0, 1);
     assert_eq!(syncs(), 0, "a new actor's first commit syncs nothing");
+    // A spare folder's shape (ADR 0075): an empty database file and log.
+    let spare = root.join("actors").join("b");
+    std::fs::create_dir_all(&spare).unwrap();
+    std::fs::write(spare.join(crate::paths::DB_FILE), b"").unwrap();
+    std::fs::write(dbs_wal(&spare.join(crate::paths::DB_FILE)), b"").unwrap();
+    let mut other = ActorDb::open(&spare, &limits(), OpenMode::Create)
+        .unwrap()
+        .unwrap();
+    commit(&mut other, 1, 1);
+    assert_eq!(syncs(), 0, "nor one made in an empty file and log");
     commit(&mut db, 0, 2);
     db.conn_for_tests()
         .query_row("PRAGMA wal_checkpoint(RESTART)", [], |_| Ok(()))

@@ -281,36 +281,18 @@ impl ActorDb {
     ) -> Result<Option<ActorDb>, StoreError> {
         sqlite_setup();
         let path = dir.join(DB_FILE);
-        let exists = path.exists();
+        // An empty file is no database yet: what a creation interrupted
+        // before the image's first bytes leaves (SQLite would take it for
+        // an empty database of its default page size). Made again in place.
+        let exists = std::fs::metadata(&path).is_ok_and(|m| m.len() > 0);
         if !exists && mode == OpenMode::Existing {
             return Ok(None);
         }
-        let mut new_dirs = Vec::new();
-        if !exists {
-            let mut missing = Vec::new();
-            let mut d = Some(dir);
-            while let Some(p) = d {
-                if p.exists() {
-                    break;
-                }
-                missing.push(p.to_owned());
-                d = p.parent();
-            }
-            // A spare folder renamed into place, or made here (ADR 0075).
-            let spare = crate::spare_actors::take(dir)?;
-            if !spare {
-                std::fs::create_dir_all(dir)?;
-            }
-            creation::write_new_database(&path, spare, dir, limits.page_bytes)?;
-            // The actor's own folder gets the new database file's entry.
-            new_dirs.push(dir.to_owned());
-            for m in &missing {
-                if let Some(parent) = m.parent() {
-                    new_dirs.push(parent.to_owned());
-                }
-            }
-            new_dirs.dedup();
-        }
+        let new_dirs = if exists {
+            Vec::new()
+        } else {
+            creation::create(dir, &path, limits.page_bytes)?
+        };
         let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
             | OpenFlags::SQLITE_OPEN_CREATE
             | OpenFlags::SQLITE_OPEN_NO_MUTEX;
@@ -320,8 +302,10 @@ impl ActorDb {
         let wal_index = WalIndex::of(&conn);
         // A new database's log never held a frame, unless a file left in
         // the folder says otherwise (only an empty one is taken as new).
-        let log_empty =
-            || std::fs::metadata(path.with_extension("db-wal")).map_or(true, |m| m.len() == 0);
+        let log_empty = || match std::fs::metadata(path.with_extension("db-wal")) {
+            Ok(m) => m.len() == 0,
+            Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+        };
         if !exists
             && let Some(w) = &wal_index
             && log_empty()
@@ -378,9 +362,7 @@ impl ActorDb {
                 }
                 Ok(Some(db))
             }
-            Err(StoreError::Corrupt(why))
-                if exists && interrupted_creation(&path, limits.page_bytes) =>
-            {
+            Err(StoreError::Corrupt(why)) if exists && interrupted_creation(&path) => {
                 // A creation that crashed before its first durable batch
                 // (see `creation`): nothing in it was ever acknowledged.
                 drop(db);
@@ -1359,15 +1341,16 @@ fn keep_log_file(c: &Connection) {
 }
 
 /// Whether a database that SQLite refuses as corrupt is the remains of an
-/// interrupted creation: no bigger than a new database (see `creation`),
-/// with no committed frames in its write-ahead log. An acknowledged
-/// database never looks like this (its first batch was made durable, file
-/// and log alike), so setting it aside loses nothing anyone was told
-/// about.
-fn interrupted_creation(path: &Path, page_bytes: u32) -> bool {
+/// interrupted creation: no committed frames in its write-ahead log, and
+/// either no bigger than a first page, or shorter than its own header says
+/// (a new database's image with its last pages lost, see `creation`). An
+/// acknowledged database never looks like this (its first batch was made
+/// durable, file and log alike), so setting it aside loses nothing anyone
+/// was told about.
+fn interrupted_creation(path: &Path) -> bool {
     let len = |p: &Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
     let wal = path.with_extension("db-wal");
-    len(path) <= creation::new_database_bytes_max(page_bytes) && len(&wal) <= 32
+    len(&wal) <= 32 && (len(path) <= 65536 || creation::shorter_than_its_header(path))
 }
 
 use crate::clock::unix_ms;

@@ -21,9 +21,9 @@
 //! Spares left by a stop or a crash are deleted at the next start.
 //!
 //! With no spare ready (a burst of new actors faster than the thread), or
-//! if the rename fails (the actors' folder on another filesystem, a folder
-//! already at the actor's path), creation makes the folder itself, as
-//! before.
+//! if the rename fails (a folder with anything in it already at the
+//! actor's path; the actors' folder on another filesystem, after which no
+//! spare is used), creation makes the folder itself, as before.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -172,9 +172,10 @@ fn make_one(path: &Path) -> io::Result<()> {
     Ok(())
 }
 
-/// Puts a spare folder at `dir` (which must not exist; its parent is made
-/// if missing), if a started pool serves `dir` and has one ready. `false`:
-/// the caller makes the folder itself.
+/// Puts a spare folder at `dir` (which must not exist, or be an empty
+/// folder, which the rename replaces; its parent must exist), if a started
+/// pool serves `dir` and has one ready. `false`: the caller makes the
+/// folder itself.
 pub(crate) fn take(dir: &Path) -> io::Result<bool> {
     let pool = {
         let all = pools();
@@ -196,15 +197,21 @@ pub(crate) fn take(dir: &Path) -> io::Result<bool> {
         spare
     };
     pool.wake.notify_one();
-    if let Some(parent) = dir.parent() {
-        std::fs::create_dir_all(parent)?;
-    }
     match std::fs::rename(&spare, dir) {
         Ok(()) => Ok(true),
         Err(e) => {
-            // Not lost: deleted here or at the next start.
+            // Not lost: deleted here, or at the next start.
             let _ = std::fs::remove_dir_all(&spare);
-            tracing::debug!(dir = %dir.display(), error = %e, "a spare folder could not be used");
+            if e.kind() == io::ErrorKind::CrossesDevices {
+                // Every rename would fail alike: no more spares.
+                tracing::warn!(dir = %dir.display(), error = %e,
+                    "the actors' folder is on another filesystem than the spares; new actors make their own folders");
+                let mut state = pool.state();
+                state.failed = Some(e.to_string());
+                state.stop = true;
+                drop(state);
+                pool.wake.notify_all();
+            }
             Ok(false)
         }
     }

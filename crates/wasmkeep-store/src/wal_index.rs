@@ -503,8 +503,10 @@ unsafe extern "C" fn x_sync(f: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
             // over a database that holds its newest. A log that never held
             // a frame (a new actor's) has no older generation: its header
             // goes to the commit log (or the disk) with the first batch,
-            // like the frames after it. That sync was a barrier inside
-            // every new actor's first commit (ADR 0075).
+            // like the frames after it. Since new databases are written
+            // from an image (ADR 0075), that sync would be a barrier inside
+            // every new actor's first commit (SQLite made it with its syncs
+            // off while it created the file).
             let header_last = std::mem::take(&mut (*extra(f)).header_last);
             let skip = header_last && (*extra(f)).fresh_log;
             #[cfg(test)]

@@ -5,20 +5,20 @@
 //! that file (switching it to WAL, parsing and running each `CREATE
 //! TABLE`, committing them) was a fifth of a cold start's CPU (W3). The
 //! first creation in the process for a page size has SQLite make such a
-//! file once, beside the new actor's, reads it and deletes it; every
-//! creation then writes those bytes as the new actor's database file
+//! file once, in the new actor's parent folder, reads it and deletes it;
+//! every creation then writes those bytes as the new actor's database file
 //! before SQLite opens it.
 //!
 //! The image is SQLite's own output (no byte of it is set by hand), and
 //! the file is written where SQLite used to write its first page: outside
 //! the write-ahead log, with no sync, made durable with the new actor's
 //! folders by its first batch's `syncfs` (ADR 0074, rule 5). A crash
-//! before that leaves at most a short or empty file, which `ActorDb::open`
-//! already knows how to handle (set aside as an interrupted creation, or
-//! made into a database again).
+//! before that leaves an empty file, which `ActorDb::open` takes for no
+//! database and writes again, or a short one, which SQLite refuses (its
+//! header names more pages) and `ActorDb::open` sets aside.
 
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use rusqlite::{Connection, OpenFlags};
@@ -27,19 +27,8 @@ use super::{SCHEMA, open_err};
 use crate::error::StoreError;
 
 /// Name of the file the image is made in, inside the first new actor's
-/// folder (deleted once read).
+/// parent folder (deleted once read; never an actor's name, which is hex).
 const IMAGE_FILE: &str = "new-database-image.db";
-
-/// Most pages a new database holds (page 1 and the runtime's tables' root
-/// pages: five today; a test checks the image stays within this).
-const NEW_DATABASE_PAGES_MAX: u64 = 8;
-
-/// The most bytes a new database's file holds with `page_bytes` (and never
-/// less than 64 KiB, what this bound was before images): a file no longer
-/// than this, with an empty log, may be an interrupted creation.
-pub(super) fn new_database_bytes_max(page_bytes: u32) -> u64 {
-    (NEW_DATABASE_PAGES_MAX * u64::from(page_bytes)).max(65536)
-}
 
 /// Most images kept: one per page size (powers of two from 512 to 65,536).
 const IMAGES_MAX: usize = 8;
@@ -47,20 +36,50 @@ const IMAGES_MAX: usize = 8;
 /// Images made so far, by page size.
 static IMAGES: Mutex<Vec<(u32, Arc<[u8]>)>> = Mutex::new(Vec::new());
 
-/// Writes a new database at `path` holding what creating one with
-/// `page_bytes` leaves: WAL mode, the runtime's tables. The file must not
-/// exist, or be a spare folder's empty one (`spare`). `scratch` is a
-/// folder the image may be made in the first time.
-pub(super) fn write_new_database(
-    path: &Path,
-    spare: bool,
-    scratch: &Path,
-    page_bytes: u32,
-) -> Result<(), StoreError> {
-    let image = image_for(scratch, page_bytes)?;
+/// Creates the database file `path` in the actor's folder `dir` (and the
+/// folders missing on the way); returns the folders whose entries changed,
+/// which the first batch's `syncfs` must cover.
+pub(super) fn create(dir: &Path, path: &Path, page_bytes: u32) -> Result<Vec<PathBuf>, StoreError> {
+    let mut missing = Vec::new();
+    let mut d = Some(dir);
+    while let Some(p) = d {
+        if p.exists() {
+            break;
+        }
+        missing.push(p.to_owned());
+        d = p.parent();
+    }
+    // The image first (the first one for a page size is made in the
+    // parent folder): nothing is put at the actor's path unless it can be
+    // written. Then a spare folder renamed into place, or one made here.
+    let parent = dir.parent().unwrap_or(dir);
+    std::fs::create_dir_all(parent)?;
+    let image = image_for(parent, page_bytes)?;
+    if !crate::spare_actors::take(dir)? {
+        std::fs::create_dir_all(dir)?;
+    }
+    write_new_database(path, &image)?;
+    // The actor's own folder gets the new database file's entry.
+    let mut new_dirs = vec![dir.to_owned()];
+    for m in &missing {
+        if let Some(parent) = m.parent() {
+            new_dirs.push(parent.to_owned());
+        }
+    }
+    new_dirs.dedup();
+    Ok(new_dirs)
+}
+
+/// Writes `image` as a new database at `path`, which must not exist or be
+/// empty (a spare folder's file, or a creation interrupted before it was
+/// written).
+fn write_new_database(path: &Path, image: &[u8]) -> Result<(), StoreError> {
+    #[cfg(test)]
+    let existed = path.exists();
     let mut file = std::fs::OpenOptions::new()
         .write(true)
-        .create_new(!spare)
+        .create(true)
+        .truncate(false)
         .open(path)?;
     if file.metadata()?.len() != 0 {
         return Err(StoreError::Io(format!(
@@ -69,8 +88,10 @@ pub(super) fn write_new_database(
         )));
     }
     #[cfg(test)]
-    crate::commit_log::tests::note(crate::commit_log::tests::Op::Create(path.to_owned()));
-    file.write_all(&image)?;
+    if !existed {
+        crate::commit_log::tests::note(crate::commit_log::tests::Op::Create(path.to_owned()));
+    }
+    file.write_all(image)?;
     #[cfg(test)]
     crate::commit_log::tests::note(crate::commit_log::tests::Op::Write {
         path: path.to_owned(),
@@ -80,7 +101,8 @@ pub(super) fn write_new_database(
     Ok(())
 }
 
-/// The image for `page_bytes`, made in `scratch` if this is the first.
+/// The image of a new database with `page_bytes`, made in the folder
+/// `scratch` if this is the first.
 fn image_for(scratch: &Path, page_bytes: u32) -> Result<Arc<[u8]>, StoreError> {
     // Held while an image is made: two first creations at once make it once.
     let mut images = IMAGES.lock().unwrap_or_else(PoisonError::into_inner);
@@ -132,14 +154,49 @@ fn make_image(path: &Path, page_bytes: u32) -> Result<Vec<u8>, StoreError> {
     remove(&wal)?;
     let image = read?;
     // A file SQLite reopens in WAL mode says so in its header (the file
-    // format's write and read versions, bytes 18 and 19, are 2).
-    if image.len() < 512 || image[18..20] != [2, 2] {
+    // format's write and read versions, bytes 18 and 19, are 2); a torn
+    // copy of it must be told apart by its length (`shorter`), so the
+    // header's page count must be valid and match the image.
+    let counted = image.len() >= 100 && shorter(&image, image.len() as u64 - 1);
+    if image.len() < 100
+        || image[18..20] != [2, 2]
+        || !counted
+        || shorter(&image, image.len() as u64)
+    {
         return Err(StoreError::Corrupt(format!(
-            "the new-database image SQLite made is not in WAL mode ({} bytes)",
+            "the new-database image SQLite made is not in WAL mode with its pages counted in its header ({} bytes)",
             image.len()
         )));
     }
     Ok(image)
+}
+
+/// Whether the database file at `path` is shorter than its header says:
+/// the header's page count is valid (its change counter matches the
+/// version it was written for, as SQLite checks) and more pages than the
+/// file holds. `false` if the header cannot be read.
+pub(super) fn shorter_than_its_header(path: &Path) -> bool {
+    use std::io::Read;
+    let mut header = [0u8; 100];
+    let Ok(mut file) = std::fs::File::open(path) else {
+        return false;
+    };
+    let Ok(len) = file.metadata().map(|m| m.len()) else {
+        return false;
+    };
+    file.read_exact(&mut header).is_ok() && shorter(&header, len)
+}
+
+/// [`shorter_than_its_header`] of a file of `len` bytes starting with
+/// `header` (at least its first 100 bytes).
+fn shorter(header: &[u8], len: u64) -> bool {
+    let be32 = |at: usize| u32::from_be_bytes(header[at..at + 4].try_into().expect("4 bytes"));
+    let page_bytes = match u16::from_be_bytes([header[16], header[17]]) {
+        1 => 65536,
+        n => u64::from(n),
+    };
+    let pages = u64::from(be32(28));
+    pages != 0 && be32(24) == be32(92) && len < pages * page_bytes
 }
 
 #[cfg(test)]
@@ -148,9 +205,11 @@ mod tests {
     use crate::db::{ActorDb, OpenMode};
     use crate::limits::StoreLimits;
 
+    /// Page sizes no other test of this process uses: each image here is
+    /// made by this test, not found made.
     #[test]
     fn the_image_is_a_wal_database_sqlite_made_with_the_runtime_tables() {
-        for page_bytes in [4096u32, 16384] {
+        for page_bytes in [8192u32, 32768] {
             let scratch = tempfile::tempdir().unwrap();
             let image = image_for(scratch.path(), page_bytes).unwrap();
             assert_eq!(
@@ -158,7 +217,11 @@ mod tests {
                 0,
                 "the image's file and log are deleted once read"
             );
-            assert!(image.len() as u64 <= NEW_DATABASE_PAGES_MAX * u64::from(page_bytes));
+            assert!(!shorter(&image, image.len() as u64));
+            assert!(
+                shorter(&image, image.len() as u64 - 1),
+                "a torn copy is told apart"
+            );
             let dir = tempfile::tempdir().unwrap();
             let path = dir.path().join("copy.db");
             std::fs::write(&path, &image).unwrap();
@@ -192,8 +255,8 @@ mod tests {
 
     /// A power cut can keep the image's first page and lose the rest (the
     /// file is written without a sync; nothing in it was acknowledged).
-    /// With large pages the torn file is longer than 64 KiB, the bound
-    /// before images: it must still read as an interrupted creation.
+    /// With large pages the torn file is longer than 64 KiB, the bound on
+    /// a torn first page: it must still read as an interrupted creation.
     #[test]
     fn a_new_database_cut_short_is_set_aside_and_made_again() {
         let limits = StoreLimits {
@@ -226,5 +289,33 @@ mod tests {
             .filter(|e| e.file_name().to_string_lossy().contains("incomplete"))
             .count();
         assert_eq!(aside, 1, "the torn file is kept under another name");
+    }
+
+    /// A crash after the file was made and before the image was written
+    /// leaves it empty, which SQLite would open as an empty database of
+    /// its default page size: it is no actor, and a creation writes the
+    /// image into it.
+    #[test]
+    fn an_empty_database_file_is_made_again_in_place() {
+        let limits = StoreLimits {
+            page_bytes: 16384,
+            ..StoreLimits::default()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let actor = dir.path().join("a");
+        std::fs::create_dir_all(&actor).unwrap();
+        std::fs::write(actor.join(crate::paths::DB_FILE), b"").unwrap();
+        let none = ActorDb::open(&actor, &limits, OpenMode::Existing).unwrap();
+        assert!(none.is_none(), "an empty file is no actor");
+        let mut db = ActorDb::open(&actor, &limits, OpenMode::Create)
+            .unwrap()
+            .expect("created");
+        assert!(db.created(), "counted as a creation");
+        db.kv_put("k", b"v").unwrap();
+        let size: u32 = db
+            .conn_for_tests()
+            .pragma_query_value(None, "page_size", |r| r.get(0))
+            .unwrap();
+        assert_eq!(size, 16384, "the app's page size, not SQLite's default");
     }
 }
