@@ -99,7 +99,10 @@ pub(crate) fn swap(
     std::fs::rename(file, &db).map_err(io)?;
     // No copy in the folder is of the new database's history (ADR 0062).
     crate::recording::forget_bases(&dir);
-    wasmkeep_store::sync::sync_dir(&dir).map_err(io)?;
+    // The restored file's bytes, its name and any folder made for it
+    // (a restore into an actor that had no database synced only this
+    // folder's entries, not the uploaded file it staged).
+    wasmkeep_store::sync::sync_filesystem(&dir).map_err(io)?;
     wasmkeep_store::page_capture::untrack(&dir);
     Ok((replaced, kept))
 }

@@ -281,10 +281,15 @@ impl ActorDb {
     ) -> Result<Option<ActorDb>, StoreError> {
         sqlite_setup();
         let path = dir.join(DB_FILE);
-        // An empty file is no database yet: what a creation interrupted
-        // before the image's first bytes leaves (SQLite would take it for
-        // an empty database of its default page size). Made again in place.
-        let exists = std::fs::metadata(&path).is_ok_and(|m| m.len() > 0);
+        // An empty file with no frames in its log is no database yet: what
+        // a creation interrupted before the image's first bytes leaves
+        // (SQLite would take it for an empty database of its default page
+        // size). Made again in place. With frames in its log it is a
+        // database whose pages are all there.
+        let exists = match std::fs::metadata(&path) {
+            Ok(m) => m.len() > 0 || log_has_frames(&path),
+            Err(_) => false,
+        };
         if !exists && mode == OpenMode::Existing {
             return Ok(None);
         }
@@ -1342,15 +1347,20 @@ fn keep_log_file(c: &Connection) {
 
 /// Whether a database that SQLite refuses as corrupt is the remains of an
 /// interrupted creation: no committed frames in its write-ahead log, and
-/// either no bigger than a first page, or shorter than its own header says
-/// (a new database's image with its last pages lost, see `creation`). An
+/// either no bigger than a first page (64 KiB), or the start of a new
+/// database's image with its last pages lost (see `creation`). An
 /// acknowledged database never looks like this (its first batch was made
 /// durable, file and log alike), so setting it aside loses nothing anyone
 /// was told about.
 fn interrupted_creation(path: &Path) -> bool {
-    let len = |p: &Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
-    let wal = path.with_extension("db-wal");
-    len(&wal) <= 32 && (len(path) <= 65536 || creation::shorter_than_its_header(path))
+    let len = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+    !log_has_frames(path) && (len <= 65536 || creation::a_cut_short_image(path))
+}
+
+/// Whether the write-ahead log of the database at `path` holds more than
+/// its header (a log of 32 bytes or less holds no frame).
+fn log_has_frames(path: &Path) -> bool {
+    std::fs::metadata(path.with_extension("db-wal")).is_ok_and(|m| m.len() > 32)
 }
 
 use crate::clock::unix_ms;

@@ -186,6 +186,11 @@ pub(crate) fn take(dir: &Path) -> io::Result<bool> {
     let Some(pool) = pool else {
         return Ok(false);
     };
+    if std::fs::symlink_metadata(dir).is_ok() {
+        // A folder there already (one that holds a file set aside, say):
+        // the rename would fail, or replace an empty one; it is used.
+        return Ok(false);
+    }
     let spare = {
         let mut state = pool.state();
         if state.stop {

@@ -477,7 +477,18 @@ fn a_gate_keeps_alarms_of_actors_this_node_does_not_hold() {
     // The lease ended: every idle actor closes at once.
     let held_id = wasmkeep_runtime::ActorId::new("demo", "examples", "reminder", "held").unwrap();
     assert!(node.runtime().is_open(&held_id));
-    assert!(node.runtime().close_idle_now() >= 2);
+    // A reply can reach the caller a moment before its actor's turn ends
+    // (the actor is then still scheduled, and not idle): asked again
+    // until both closed (seen failing in a full run when asked once).
+    let mut closed = 0;
+    for _ in 0..400 {
+        closed += node.runtime().close_idle_now();
+        if closed >= 2 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(closed >= 2, "{closed} actors closed");
     assert_eq!(node.runtime().active_actors(), 0);
     assert!(!node.runtime().is_open(&held_id));
 }

@@ -171,24 +171,43 @@ fn make_image(path: &Path, page_bytes: u32) -> Result<Vec<u8>, StoreError> {
     Ok(image)
 }
 
-/// Whether the database file at `path` is shorter than its header says:
-/// the header's page count is valid (its change counter matches the
-/// version it was written for, as SQLite checks) and more pages than the
-/// file holds. `false` if the header cannot be read.
-pub(super) fn shorter_than_its_header(path: &Path) -> bool {
-    use std::io::Read;
-    let mut header = [0u8; 100];
-    let Ok(mut file) = std::fs::File::open(path) else {
+/// Whether the database file at `path` is a new database's image with its
+/// last pages lost: its first page is the image's (for the page size its
+/// header names; the image is made in the actor's parent folder if this
+/// process has none yet) and it is shorter than the image. An acknowledged
+/// database's first page differs (its commits changed it, or its schema
+/// holds more); a file from another SQLite version is not recognized.
+pub(super) fn a_cut_short_image(path: &Path) -> bool {
+    let Ok(file) = std::fs::read(path) else {
         return false;
     };
-    let Ok(len) = file.metadata().map(|m| m.len()) else {
+    let Some(page_bytes) = file
+        .get(16..18)
+        .map(|b| match u16::from_be_bytes([b[0], b[1]]) {
+            1 => 65536,
+            n => u32::from(n),
+        })
+    else {
         return false;
     };
-    file.read_exact(&mut header).is_ok() && shorter(&header, len)
+    if !page_bytes.is_power_of_two() || page_bytes < 512 {
+        return false;
+    }
+    let Some(scratch) = path.parent().and_then(Path::parent) else {
+        return false;
+    };
+    let Ok(image) = image_for(scratch, page_bytes) else {
+        return false;
+    };
+    let page = (page_bytes as usize).min(image.len());
+    file.len() < image.len() && file.len() >= page && file[..page] == image[..page]
 }
 
-/// [`shorter_than_its_header`] of a file of `len` bytes starting with
-/// `header` (at least its first 100 bytes).
+/// Whether a database file of `len` bytes starting with `header` (at least
+/// its first 100 bytes) is shorter than its header says: the header's page
+/// count is valid (its change counter matches the version it was written
+/// for, as SQLite checks) and more pages than the file holds, which SQLite
+/// refuses as corrupt at the open.
 fn shorter(header: &[u8], len: u64) -> bool {
     let be32 = |at: usize| u32::from_be_bytes(header[at..at + 4].try_into().expect("4 bytes"));
     let page_bytes = match u16::from_be_bytes([header[16], header[17]]) {
@@ -204,6 +223,16 @@ mod tests {
     use super::*;
     use crate::db::{ActorDb, OpenMode};
     use crate::limits::StoreLimits;
+
+    /// Cuts `file` to `len` bytes, as a power cut can leave it.
+    fn cut_to(file: &Path, len: u64) {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(file)
+            .unwrap()
+            .set_len(len)
+            .unwrap();
+    }
 
     /// Page sizes no other test of this process uses: each image here is
     /// made by this test, not found made.
@@ -271,12 +300,7 @@ mod tests {
         drop(db);
         let file = actor.join(crate::paths::DB_FILE);
         assert!(std::fs::metadata(&file).unwrap().len() > 2 * 65536);
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open(&file)
-            .unwrap()
-            .set_len(2 * 65536)
-            .unwrap();
+        cut_to(&file, 2 * 65536);
         let none = ActorDb::open(&actor, &limits, OpenMode::Existing).unwrap();
         assert!(none.is_none(), "the torn creation is no actor");
         let mut db = ActorDb::open(&actor, &limits, OpenMode::Create)
@@ -317,5 +341,52 @@ mod tests {
             .pragma_query_value(None, "page_size", |r| r.get(0))
             .unwrap();
         assert_eq!(size, 16384, "the app's page size, not SQLite's default");
+    }
+
+    /// Only a new database's image cut short is set aside: an acknowledged
+    /// database cut short the same way (its first page changed by its
+    /// commits) is refused, never replaced by an empty one.
+    #[test]
+    fn a_used_database_cut_short_is_refused_not_replaced() {
+        let limits = StoreLimits {
+            page_bytes: 65536,
+            ..StoreLimits::default()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let actor = dir.path().join("a");
+        let mut db = ActorDb::open(&actor, &limits, OpenMode::Create)
+            .unwrap()
+            .expect("created");
+        db.begin().unwrap();
+        db.conn_for_tests()
+            .execute_batch("CREATE TABLE t (v); INSERT INTO t VALUES (zeroblob(200000));")
+            .unwrap();
+        db.commit().unwrap();
+        drop(db);
+        let file = actor.join(crate::paths::DB_FILE);
+        assert!(std::fs::metadata(&file).unwrap().len() > 3 * 65536);
+        cut_to(&file, 2 * 65536);
+        assert!(ActorDb::open(&actor, &limits, OpenMode::Existing).is_err());
+        assert_eq!(
+            std::fs::metadata(&file).unwrap().len(),
+            2 * 65536,
+            "left as it is"
+        );
+    }
+
+    /// An empty database file whose log holds frames is a database (all of
+    /// its pages in the log), not a creation to make again.
+    #[test]
+    fn an_empty_database_file_with_frames_in_its_log_is_a_database() {
+        let dir = tempfile::tempdir().unwrap();
+        let actor = dir.path().join("a");
+        std::fs::create_dir_all(&actor).unwrap();
+        std::fs::write(actor.join(crate::paths::DB_FILE), b"").unwrap();
+        std::fs::write(actor.join("actor.db-wal"), vec![7u8; 4096]).unwrap();
+        let found = ActorDb::open(&actor, &StoreLimits::default(), OpenMode::Existing);
+        assert!(
+            !matches!(found, Ok(None)),
+            "taken for no database: the log's frames would be laid over a new one"
+        );
     }
 }
