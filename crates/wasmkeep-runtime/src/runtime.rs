@@ -411,12 +411,18 @@ impl Runtime {
             wasmkeep_store::commit_log::recover(&config.data_dir).map_err(store_io)?;
             None
         };
-        // Without spares, new actors make their own folders (ADR 0075).
-        let spares = wasmkeep_store::spare_actors::Spares::start(&config.data_dir)
-            .inspect_err(|e| {
-                tracing::warn!(error = %e, "no spare folders for new actors");
-            })
-            .ok();
+        // Without spares, new actors make their own folders (ADR 0075). A
+        // replay's sandbox creates no actor: its spares would only be
+        // inodes made and freed on the data's filesystem.
+        let spares = if config.replay_sandbox {
+            None
+        } else {
+            wasmkeep_store::spare_actors::Spares::start(&config.data_dir)
+                .inspect_err(|e| {
+                    tracing::warn!(error = %e, "no spare folders for new actors");
+                })
+                .ok()
+        };
         let parts = runtime_parts(&config)?;
         let inner = build_inner(config, clock, parts, commit_log, spares);
         inner.outbox.attach(Arc::downgrade(&inner));

@@ -281,15 +281,11 @@ impl ActorDb {
     ) -> Result<Option<ActorDb>, StoreError> {
         sqlite_setup();
         let path = dir.join(DB_FILE);
-        // An empty file with no frames in its log is no database yet: what
-        // a creation interrupted before the image's first bytes leaves
-        // (SQLite would take it for an empty database of its default page
-        // size). Made again in place. With frames in its log it is a
-        // database whose pages are all there.
-        let exists = match std::fs::metadata(&path) {
-            Ok(m) => m.len() > 0 || log_has_frames(&path),
-            Err(_) => false,
-        };
+        // An empty file is no database yet: what a creation interrupted
+        // before the image's bytes reached the disk leaves (SQLite would
+        // take it for an empty database of its default page size, and
+        // delete a log beside it). Made again in place (`creation`).
+        let exists = std::fs::metadata(&path).is_ok_and(|m| m.len() > 0);
         if !exists && mode == OpenMode::Existing {
             return Ok(None);
         }

@@ -58,6 +58,18 @@ pub(super) fn create(dir: &Path, path: &Path, page_bytes: u32) -> Result<Vec<Pat
     if !crate::spare_actors::take(dir)? {
         std::fs::create_dir_all(dir)?;
     }
+    // A log beside an empty file (a creation cut short after its first
+    // commit reached the page cache but before the image's length reached
+    // the disk) holds nothing anyone was told about: the first batch's
+    // `syncfs` makes the image durable before its answer. SQLite would
+    // delete it at the open; it is kept, under another name.
+    let log = path.with_extension("db-wal");
+    if std::fs::metadata(&log).is_ok_and(|m| m.len() > 0) {
+        let aside = path.with_extension(format!("db-wal.incomplete-{}", crate::clock::unix_ms()));
+        std::fs::rename(&log, &aside)?;
+        tracing::warn!(log = %log.display(), aside = %aside.display(),
+            "set aside the log of a database whose creation was interrupted");
+    }
     write_new_database(path, &image)?;
     // The actor's own folder gets the new database file's entry.
     let mut new_dirs = vec![dir.to_owned()];
@@ -172,23 +184,27 @@ fn make_image(path: &Path, page_bytes: u32) -> Result<Vec<u8>, StoreError> {
 }
 
 /// Whether the database file at `path` is a new database's image with its
-/// last pages lost: its first page is the image's (for the page size its
-/// header names; the image is made in the actor's parent folder if this
-/// process has none yet) and it is shorter than the image. An acknowledged
-/// database's first page differs (its commits changed it, or its schema
-/// holds more); a file from another SQLite version is not recognized.
+/// last pages lost: shorter than the image (for the page size its header
+/// names; the image is made in the actor's parent folder if this process
+/// has none yet, which a crash can leave there as `IMAGE_FILE`) and every
+/// byte it holds the image's. An acknowledged database differs (its
+/// commits changed a page it holds); a file from another SQLite version
+/// is not recognized. Reads at most the image's length.
 pub(super) fn a_cut_short_image(path: &Path) -> bool {
-    let Ok(file) = std::fs::read(path) else {
+    use std::io::Read;
+    let Ok(mut file) = std::fs::File::open(path) else {
         return false;
     };
-    let Some(page_bytes) = file
-        .get(16..18)
-        .map(|b| match u16::from_be_bytes([b[0], b[1]]) {
-            1 => 65536,
-            n => u32::from(n),
-        })
-    else {
+    let Ok(len) = file.metadata().map(|m| m.len()) else {
         return false;
+    };
+    let mut header = [0u8; 100];
+    if file.read_exact(&mut header).is_err() {
+        return false;
+    }
+    let page_bytes = match u16::from_be_bytes([header[16], header[17]]) {
+        1 => 65536,
+        n => u32::from(n),
     };
     if !page_bytes.is_power_of_two() || page_bytes < 512 {
         return false;
@@ -199,8 +215,14 @@ pub(super) fn a_cut_short_image(path: &Path) -> bool {
     let Ok(image) = image_for(scratch, page_bytes) else {
         return false;
     };
-    let page = (page_bytes as usize).min(image.len());
-    file.len() < image.len() && file.len() >= page && file[..page] == image[..page]
+    if len >= image.len() as u64 {
+        return false;
+    }
+    let mut rest = Vec::with_capacity(len as usize);
+    if file.read_to_end(&mut rest).is_err() || 100 + rest.len() as u64 != len {
+        return false;
+    }
+    image[..100] == header && image[100..len as usize] == rest[..]
 }
 
 /// Whether a database file of `len` bytes starting with `header` (at least
@@ -374,19 +396,44 @@ mod tests {
         );
     }
 
-    /// An empty database file whose log holds frames is a database (all of
-    /// its pages in the log), not a creation to make again.
+    /// A log beside an empty database file (a creation cut short after its
+    /// first commit reached the page cache) holds nothing acknowledged:
+    /// SQLite would delete it at the open and make an empty database of its
+    /// default page size. The creation is made again and the log kept
+    /// under another name.
     #[test]
-    fn an_empty_database_file_with_frames_in_its_log_is_a_database() {
+    fn an_empty_database_file_with_a_log_is_made_again_and_the_log_kept() {
+        let limits = StoreLimits {
+            page_bytes: 16384,
+            ..StoreLimits::default()
+        };
         let dir = tempfile::tempdir().unwrap();
         let actor = dir.path().join("a");
         std::fs::create_dir_all(&actor).unwrap();
         std::fs::write(actor.join(crate::paths::DB_FILE), b"").unwrap();
         std::fs::write(actor.join("actor.db-wal"), vec![7u8; 4096]).unwrap();
-        let found = ActorDb::open(&actor, &StoreLimits::default(), OpenMode::Existing);
-        assert!(
-            !matches!(found, Ok(None)),
-            "taken for no database: the log's frames would be laid over a new one"
-        );
+        let none = ActorDb::open(&actor, &limits, OpenMode::Existing).unwrap();
+        assert!(none.is_none(), "an empty file is no actor");
+        let mut db = ActorDb::open(&actor, &limits, OpenMode::Create)
+            .unwrap()
+            .expect("created");
+        assert!(db.created());
+        db.kv_put("k", b"v").unwrap();
+        let size: u32 = db
+            .conn_for_tests()
+            .pragma_query_value(None, "page_size", |r| r.get(0))
+            .unwrap();
+        assert_eq!(size, 16384);
+        let kept: Vec<Vec<u8>> = std::fs::read_dir(&actor)
+            .unwrap()
+            .flatten()
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .contains("db-wal.incomplete")
+            })
+            .map(|e| std::fs::read(e.path()).unwrap())
+            .collect();
+        assert_eq!(kept, [vec![7u8; 4096]], "the log, kept as it was");
     }
 }
