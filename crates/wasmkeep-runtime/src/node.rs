@@ -552,9 +552,10 @@ impl Inner {
     /// once, so a stream of new actors does not scan the map for each one.
     ///
     /// The evicted actors are closed by the closer thread, not here: a
-    /// close checkpoints the actor's log and syncs its file, about a
-    /// millisecond, and a pass of a hundred of them stalled the worker and
-    /// every actor queued behind it (ADR 0024).
+    /// close of a long log checkpoints it and syncs the file, about a
+    /// millisecond (a short one is left as it is, ADR 0076), and a pass of
+    /// a hundred of them stalled the worker and every actor queued behind
+    /// it (ADR 0024).
     pub fn make_room(&self, for_id: &ActorId) {
         let max = self.config.instances_max as u64;
         if self.instances_staying() < max {

@@ -416,7 +416,9 @@ impl ActorReplica {
     /// in flight reads it or froze it for a snapshot. A frozen connection
     /// does not checkpoint at its close (ADR 0038), so closing it now tears
     /// nothing, but the eviction waits anyway: the actor's next turn thaws
-    /// it, and a closed actor's upload then finds its log empty.
+    /// it, and a closed actor's upload then finds its log empty or short
+    /// (a close leaves one of at most 64 KiB, ADR 0076; the upload opens
+    /// the actor for it).
     pub fn snapshot_reads_file(&self) -> bool {
         self.snapshotting || (self.upload_reads_file && self.in_flight)
     }
@@ -1095,8 +1097,9 @@ fn start_upload(
     // they replaced removed after it (ADR 0009).
     let round = st.index.start_upload(covered);
     let snapshot = snapshot_slot(repl, actor, st, replica, from, streaming);
-    // A closed actor's file was checkpointed when it closed (upload_source
-    // checks that its log is empty), whatever `frozen` still says.
+    // A closed actor's file is read only if its log is empty (checked
+    // before it is read: a close leaves a short log, ADR 0076), whatever
+    // `frozen` still says.
     let file = if snapshot.is_some() {
         FileState::Current
     } else if st.snapshotting || (st.frozen && matches!(from, ImageFrom::Db(_))) {

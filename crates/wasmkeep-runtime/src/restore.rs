@@ -78,14 +78,24 @@ pub(crate) fn swap(
     let replaced = db.exists();
     let mut kept = None;
     if replaced {
+        // Its log first into the file (a close leaves a short one as it
+        // is, ADR 0076): the file is then moved or removed before its
+        // log, and a crash between the two must not leave the file
+        // without the commits in it, where the actor finds it.
+        let limits = rt
+            .app(&actor.id.tenant, &actor.id.app)
+            .map(|a| a.store_limits.clone())
+            .unwrap_or_default();
+        wasmkeep_store::db::fold_log(&dir, &limits)?;
         if rt.replication.is_some() {
             std::fs::remove_file(&db).map_err(io)?;
         } else {
-            let aside = db.with_extension(format!("db.replaced-{}", rt.clock.now_ms()));
-            // What the commit log holds of the file under its old path
-            // must be in the file before it moves (ADR 0074).
-            wasmkeep_store::sync::sync_filesystem(&dir).map_err(io)?;
-            std::fs::rename(&db, &aside).map_err(io)?;
+            // With its log, emptied above (a log that could not be would
+            // have stopped the restore), and what the commit log holds of
+            // both files under their old paths made durable first (ADR
+            // 0074).
+            let aside = wasmkeep_replica::set_aside(&db, rt.clock.now_ms())
+                .map_err(|e| RuntimeError::Store(wasmkeep_store::StoreError::Io(e.to_string())))?;
             kept = Some(aside);
         }
     }

@@ -1602,7 +1602,7 @@ impl Runtime {
     }
 
     /// Stops taking events, lets queued ones finish, and closes every
-    /// actor (SQLite checkpoints on close).
+    /// actor (a long log is checkpointed at the close, ADR 0076).
     /// Whether [`Runtime::shutdown`] has begun (background tasks of the
     /// node's edge end then).
     pub fn is_stopping(&self) -> bool {
@@ -1651,6 +1651,14 @@ impl Runtime {
             && let Err(e) = log.cut_now()
         {
             tracing::warn!(error = %e, "could not cut the commit log at the stop");
+        }
+        // Without the log, commits nobody waited for (an alarm's) are
+        // made durable here: a close no longer syncs a short log (ADR
+        // 0076).
+        if rt.commit_log.is_none()
+            && let Err(e) = wasmkeep_store::sync::sync_filesystem(&rt.config.data_dir)
+        {
+            tracing::warn!(error = %e, "could not sync the data directory at the stop");
         }
     }
 }

@@ -425,9 +425,10 @@ fn scenario(root: &Path) -> Vec<Op> {
                     .unwrap();
             }
             12 => log.cut_now().unwrap(),
-            // Closed (SQLite checkpoints and empties its log) and opened
-            // again.
+            // Closed (a log past `LOG_KEPT_AT_CLOSE_BYTES_MAX` is
+            // checkpointed and emptied, ADR 0076) and opened again.
             14 => {
+                long_log(dbs[2].as_ref().unwrap());
                 dbs[2] = None;
                 dbs[2] = ActorDb::open(&dir(2), &limits(), OpenMode::Existing).unwrap();
             }
@@ -446,6 +447,13 @@ fn scenario(root: &Path) -> Vec<Op> {
                     .unwrap()
                     .unwrap();
                 commit(&mut other, 9, 1000);
+                // A restore's file is one whole database (an operator's
+                // upload): a close would leave this short log beside it
+                // (ADR 0076), and only the file moves.
+                other
+                    .conn_for_tests()
+                    .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+                    .unwrap();
                 drop(other);
                 let db_file = dir(1).join(crate::paths::DB_FILE);
                 let staged_file = staged.join(crate::paths::DB_FILE);
@@ -507,6 +515,7 @@ fn scenario(root: &Path) -> Vec<Op> {
     // log, 31 (the counter alone) is acknowledged, 32 (counter and mirror)
     // is not, a checkpoint copies both into the database, and commits
     // nobody waits for write the next generation over the first's frames.
+    long_log(dbs[2].as_ref().unwrap());
     dbs[2] = None;
     dbs[2] = ActorDb::open(&dir(2), &limits(), OpenMode::Existing).unwrap();
     let db2 = dbs[2].as_mut().unwrap();
@@ -530,6 +539,16 @@ fn scenario(root: &Path) -> Vec<Op> {
     // makes more.
     CUTS.set(log.cuts_total.load(std::sync::atomic::Ordering::Relaxed));
     RECORDING.with_borrow_mut(|r| r.take()).unwrap()
+}
+
+/// Checks that closing `db` checkpoints its log (ADR 0076 leaves a short
+/// one as it is): the closes of the scenario are checkpoints.
+fn long_log(db: &ActorDb) {
+    let len = std::fs::metadata(db.wal_path()).unwrap().len();
+    assert!(
+        len > crate::db::LOG_KEPT_AT_CLOSE_BYTES_MAX,
+        "the log ({len} bytes) is short: its close would not checkpoint"
+    );
 }
 
 fn dbs_wal(db_file: &Path) -> PathBuf {

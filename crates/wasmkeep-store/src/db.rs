@@ -170,6 +170,14 @@ pub struct AlarmState {
 /// Pages of log after which SQLite checkpoints by itself (its default).
 const WAL_AUTOCHECKPOINT_PAGES: i64 = 1000;
 
+/// The longest log a close leaves as it is (ADR 0076): up to this many
+/// bytes in the log's file, closing the connection neither checkpoints nor
+/// syncs, and the next open reads the frames back. A longer file is
+/// checkpointed into the database and emptied at the close, as SQLite does
+/// by default. Bounds what an idle actor keeps on disk besides its
+/// database, and what its next open reads.
+pub const LOG_KEPT_AT_CLOSE_BYTES_MAX: u64 = 64 * 1024;
+
 /// Whether [`ActorDb::open`] may create a database that does not exist.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OpenMode {
@@ -269,6 +277,27 @@ impl<'a> Mode<'a> {
 impl Drop for Mode<'_> {
     fn drop(&mut self) {
         self.0.store(MODE_RUNTIME, Ordering::Relaxed);
+    }
+}
+
+impl Drop for ActorDb {
+    /// Leaves a short log as it is (ADR 0076): SQLite checkpoints at the
+    /// close only a log file longer than [`LOG_KEPT_AT_CLOSE_BYTES_MAX`]
+    /// (its length bounds the frames in it), and never one whose file is
+    /// held ([`ActorDb::hold_file`] turned the checkpoint off already).
+    fn drop(&mut self) {
+        use rusqlite::config::DbConfig;
+        let checkpoints = self
+            .conn
+            .db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE)
+            .is_ok_and(|off| !off);
+        if checkpoints
+            && std::fs::metadata(self.wal_path())
+                .is_ok_and(|m| m.len() <= LOG_KEPT_AT_CLOSE_BYTES_MAX)
+        {
+            // Failing, the close checkpoints as before: slower, not wrong.
+            let _ = self.checkpoint_on_close(false);
+        }
     }
 }
 
@@ -464,8 +493,11 @@ impl ActorDb {
         c.set_limit(Limit::SQLITE_LIMIT_FUNCTION_ARG, FUNCTION_ARGS_MAX)
             .map_err(open_err)?;
         c.set_prepared_statement_cache_capacity(64);
-        if !self.created {
-            // Databases from older versions gain any table added since.
+        if !self.created && !has_runtime_tables(c) {
+            // Databases from older versions gain any table added since
+            // (asked first: the batch is three statements to parse at
+            // every open, a cost that counted when thousands of alarms
+            // open their actors at once).
             c.execute_batch(SCHEMA).map_err(open_err)?;
         }
         harden(&self.conn).map_err(open_err)?;
@@ -1323,9 +1355,38 @@ pub struct SqliteMemory {
     pub wal_index_bytes: u64,
 }
 
-/// Makes SQLite keep the write-ahead log's file, emptied, when the
-/// connection closes, instead of deleting it: closing an actor freed an
-/// inode and opening it again made one (ADR 0031).
+/// Whether every table [`SCHEMA`] creates is in the database (SQLite reads
+/// the schema for the answer; no statement is parsed).
+fn has_runtime_tables(c: &Connection) -> bool {
+    RUNTIME_TABLES.iter().all(|table| {
+        // SAFETY: the handle is this open connection's; both names are
+        // NUL-terminated and live for the call; SQLite accepts null for
+        // the column and for each output pointer.
+        let rc = unsafe {
+            rusqlite::ffi::sqlite3_table_column_metadata(
+                c.handle(),
+                c"main".as_ptr(),
+                table.as_ptr(),
+                std::ptr::null(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
+        };
+        rc == rusqlite::ffi::SQLITE_OK
+    })
+}
+
+/// The tables [`SCHEMA`] creates.
+const RUNTIME_TABLES: [&std::ffi::CStr; 3] =
+    [c"_wasmkeep_meta", c"_wasmkeep_kv", c"_wasmkeep_alarm"];
+
+/// Makes SQLite keep the write-ahead log's file when the connection
+/// closes (emptied if the close checkpoints, ADR 0076), instead of
+/// deleting it: closing an actor freed an inode and opening it again made
+/// one (ADR 0031).
 fn keep_log_file(c: &Connection) {
     let mut on: std::ffi::c_int = 1;
     // SAFETY: SQLITE_FCNTL_PERSIST_WAL reads and writes one int through
@@ -1693,6 +1754,26 @@ pub fn read_alarm(db_path: &Path) -> Result<Option<AlarmState>, StoreError> {
     }
     let (conn, denied, guard) = open_inspection(db_path)?;
     alarm_of(&conn, &denied, &guard)
+}
+
+/// Folds a closed actor's log into its database and empties it, for a
+/// caller about to move, replace or remove the file alone: a close leaves
+/// a short log as it is (ADR 0076), and the file without it lacks the
+/// commits in it. Opens the database as the actor's own connection would
+/// (the log's sync before the checkpoint is the commit log's barrier);
+/// nothing if there is no database or its log is empty. The caller keeps
+/// the actor closed.
+pub fn fold_log(dir: &Path, limits: &StoreLimits) -> Result<(), StoreError> {
+    let log = dir.join(format!("{DB_FILE}-wal"));
+    if std::fs::metadata(&log).map_or(true, |m| m.len() == 0) {
+        return Ok(());
+    }
+    match ActorDb::open(dir, limits, OpenMode::Existing)? {
+        // Checkpointed in full and emptied, then held: the close after it
+        // has nothing to do.
+        Some(db) => db.freeze_file(),
+        None => Ok(()),
+    }
 }
 
 /// What the node's start-up scan needs of an actor it has not opened: its

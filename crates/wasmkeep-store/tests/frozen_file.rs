@@ -2,13 +2,10 @@
 //! still until it is thawed, even when the connection closes: a snapshot
 //! or a first upload reading it never sees a checkpoint land mid-read.
 
-use wasmkeep_store::{ActorDb, OpenMode, StoreLimits, Value};
+mod common;
 
-fn open(dir: &std::path::Path) -> ActorDb {
-    ActorDb::open(dir, &StoreLimits::default(), OpenMode::Create)
-        .unwrap()
-        .unwrap()
-}
+use common::{count, open};
+use wasmkeep_store::{ActorDb, Value};
 
 /// A fresh actor at `dir` with the table the tests fill.
 fn fresh(dir: &std::path::Path) -> ActorDb {
@@ -30,20 +27,6 @@ fn insert(db: &mut ActorDb, from: i64, n: i64) {
         .unwrap();
     }
     db.commit().unwrap();
-}
-
-fn count(dir: &std::path::Path) -> i64 {
-    let db = open(dir);
-    let r = db
-        .inspect(
-            "SELECT count(*) FROM t",
-            &wasmkeep_store::InspectBounds::rows(1),
-        )
-        .unwrap();
-    match r.rows[0][0] {
-        Value::Integer(n) => n,
-        ref v => panic!("{v:?}"),
-    }
 }
 
 /// Closes an actor that committed since its file was frozen (`frozen`) or

@@ -596,11 +596,27 @@ pub(crate) fn export(conn: &Conn, target: &str, at: Option<&str>, output: &Path)
     Ok(())
 }
 
+/// The database at `input` as one file: its bytes, or, if a write-ahead
+/// log with commits lies beside it (an `actor.db` copied with its
+/// `actor.db-wal`: a node leaves a short log beside a closed actor's file,
+/// ADR 0076), the committed database read through SQLite, which applies
+/// the log. The file alone would lack those commits.
+fn database_bytes(input: &Path) -> Result<Vec<u8>> {
+    let mut log = input.as_os_str().to_owned();
+    log.push("-wal");
+    if std::fs::metadata(PathBuf::from(log)).is_ok_and(|m| m.len() > 0) {
+        let image = wasmkeep_replica::Image::read_path(input)
+            .with_context(|| format!("read {} with its log", input.display()))?;
+        return Ok(image.bytes().to_vec());
+    }
+    std::fs::read(input).with_context(|| format!("read {}", input.display()))
+}
+
 /// `wasmkeep restore TARGET -i FILE` through the node: the actor's next
 /// event makes the file its database.
 pub(crate) fn restore(conn: &Conn, out: Output, target: &str, input: &Path) -> Result<()> {
     let id = crate::bucket::parse_actor(target)?;
-    let file = std::fs::read(input).with_context(|| format!("read {}", input.display()))?;
+    let file = database_bytes(input)?;
     let path = format!("{}/database", admin_actor_path(&id));
     let v = conn.json("PUT", &path, Some(file))?;
     out.print(&v, |v| {

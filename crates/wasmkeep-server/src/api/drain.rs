@@ -141,7 +141,7 @@ async fn run(c: Arc<ClusterState>, rt: wasmkeep_runtime::Runtime) {
 /// Whether `id` is closed here: its WebSockets are told to reconnect (1001)
 /// and must be gone first (a socket's close would open it again), then the
 /// runtime closes it if nothing of it is queued or running and its uploads
-/// are done (off the async threads: a close checkpoints the database).
+/// are done (off the async threads: a close may checkpoint the database).
 pub(super) async fn closed(rt: wasmkeep_runtime::Runtime, id: ActorId) -> bool {
     if rt.sockets().has_sockets(&id) {
         rt.sockets().close_all(
