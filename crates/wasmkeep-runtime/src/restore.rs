@@ -75,18 +75,27 @@ pub(crate) fn swap(
     let dir = paths::actor_dir(&rt.config.data_dir, &actor.id);
     std::fs::create_dir_all(&dir).map_err(io)?;
     let db = dir.join(paths::DB_FILE);
-    let replaced = db.exists();
+    let mut replaced = db.exists();
     let mut kept = None;
     if replaced {
         // Its log first into the file (a close leaves a short one as it
-        // is, ADR 0076): the file is then moved or removed before its
-        // log, and a crash between the two must not leave the file
-        // without the commits in it, where the actor finds it.
+        // is, ADR 0076): the file and its log are then moved (or removed)
+        // one after the other, and a crash between the two must not leave
+        // the file, without the commits in its log, where the actor finds
+        // it.
         let limits = rt
             .app(&actor.id.tenant, &actor.id.app)
             .map(|a| a.store_limits.clone())
             .unwrap_or_default();
-        wasmkeep_store::db::fold_log(&dir, &limits)?;
+        if let Err(e) = wasmkeep_store::db::fold_log(&dir, &limits) {
+            // A database that does not open (corrupt: what a restore is
+            // for) is set aside or removed with its log as it is.
+            tracing::warn!(actor = %actor.id, error = %e, "could not fold the log of the database a restore replaces");
+        }
+        // The open may have set aside a creation a crash cut short.
+        replaced = db.exists();
+    }
+    if replaced {
         if rt.replication.is_some() {
             std::fs::remove_file(&db).map_err(io)?;
         } else {

@@ -1654,8 +1654,11 @@ impl Runtime {
         }
         // Without the log, commits nobody waited for (an alarm's) are
         // made durable here: a close no longer syncs a short log (ADR
-        // 0076).
+        // 0076). Not for a node that promises no sync, nor a replay's
+        // sandbox (its files are thrown away).
         if rt.commit_log.is_none()
+            && rt.config.durability == Durability::Fsync
+            && !rt.config.replay_sandbox
             && let Err(e) = wasmkeep_store::sync::sync_filesystem(&rt.config.data_dir)
         {
             tracing::warn!(error = %e, "could not sync the data directory at the stop");

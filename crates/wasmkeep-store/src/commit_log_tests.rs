@@ -504,6 +504,26 @@ fn scenario(root: &Path) -> Vec<Op> {
                 .unwrap();
         }
     }
+    // Actor 0 closed with a short log, which the close leaves as it is
+    // (ADR 0076), opened again, and its next commit appended to that log.
+    let db0 = dbs[0].as_mut().unwrap();
+    db0.conn_for_tests()
+        .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+        .unwrap();
+    // (Values no other actor's commit uses: the mirrors are told apart by
+    // value.)
+    for value in [50, 51] {
+        if value == 51 {
+            short_log(dbs[0].as_ref().unwrap());
+            dbs[0] = None;
+            dbs[0] = ActorDb::open(&dir(0), &limits(), OpenMode::Existing).unwrap();
+        }
+        let db0 = dbs[0].as_mut().unwrap();
+        commit(db0, 0, value);
+        let wal = db0.wal_path();
+        make_durable(Some(&log), root, &[&wal], &[]).unwrap();
+        note(Op::Ack { actor: 0, value });
+    }
     let wal2 = dbs[2].as_ref().unwrap().wal_path();
     make_durable(Some(&log), root, &[&wal2], &[]).unwrap();
     note(Op::Ack {
@@ -548,6 +568,16 @@ fn long_log(db: &ActorDb) {
     assert!(
         len > crate::db::LOG_KEPT_AT_CLOSE_BYTES_MAX,
         "the log ({len} bytes) is short: its close would not checkpoint"
+    );
+}
+
+/// Checks that closing `db` leaves its log as it is (ADR 0076): a log
+/// with frames, short enough.
+fn short_log(db: &ActorDb) {
+    let len = std::fs::metadata(db.wal_path()).unwrap().len();
+    assert!(
+        len > 32 && len <= crate::db::LOG_KEPT_AT_CLOSE_BYTES_MAX,
+        "the log ({len} bytes) is not one a close keeps"
     );
 }
 

@@ -1212,7 +1212,8 @@ impl ActorDb {
         Ok(())
     }
 
-    /// Fills the write-ahead log's first frames with zeros if the file is
+    /// Fills the write-ahead log's first frames (at most
+    /// [`LOG_KEPT_AT_CLOSE_BYTES_MAX`] bytes) with zeros if the file is
     /// shorter, so that the commit of an alarm due later appends into
     /// pages the operating system already holds instead of allocating
     /// and zeroing them at the due instant (W2). Writes only past the
@@ -1220,7 +1221,9 @@ impl ActorDb {
     /// as frames (a zero frame names page 0 and not the log's salt).
     pub fn extend_log_ahead(&self, frames: u64) -> std::io::Result<()> {
         use std::os::unix::fs::FileExt;
-        let want = 32 + frames * (24 + self.page_size);
+        // Never past what a close leaves as it is (ADR 0076): a longer
+        // file would be checkpointed at every close.
+        let want = (32 + frames * (24 + self.page_size)).min(LOG_KEPT_AT_CLOSE_BYTES_MAX);
         let f = std::fs::OpenOptions::new()
             .write(true)
             .open(self.wal_path())?;
@@ -1380,7 +1383,7 @@ fn has_runtime_tables(c: &Connection) -> bool {
 }
 
 /// The tables [`SCHEMA`] creates.
-const RUNTIME_TABLES: [&std::ffi::CStr; 3] =
+pub(crate) const RUNTIME_TABLES: [&std::ffi::CStr; 3] =
     [c"_wasmkeep_meta", c"_wasmkeep_kv", c"_wasmkeep_alarm"];
 
 /// Makes SQLite keep the write-ahead log's file when the connection

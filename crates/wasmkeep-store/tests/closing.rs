@@ -100,3 +100,23 @@ fn an_open_adds_a_runtime_table_the_database_lacks() {
     db.commit().unwrap();
     assert_eq!(db.alarm().unwrap(), Some(alarm));
 }
+
+#[test]
+fn a_folded_log_leaves_every_commit_in_the_file_alone() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("a");
+    let mut db = open(&dir);
+    for _ in 0..3 {
+        insert(&mut db, 1, 100);
+    }
+    let log = db.wal_path();
+    drop(db);
+    assert!(len(&log) > 0);
+    wasmkeep_store::db::fold_log(&dir, &StoreLimits::default()).unwrap();
+    assert_eq!(len(&log), 0, "the log was not emptied");
+    // The file alone, where no log lies beside it, holds every commit.
+    let alone = tmp.path().join("b");
+    std::fs::create_dir_all(&alone).unwrap();
+    std::fs::copy(dir.join("actor.db"), alone.join("actor.db")).unwrap();
+    assert_eq!(rows(&alone), 3);
+}

@@ -301,6 +301,14 @@ mod tests {
                 tables,
                 ["_wasmkeep_alarm", "_wasmkeep_kv", "_wasmkeep_meta"]
             );
+            // What an open asks for before it skips the schema: every
+            // table the schema makes, no fewer.
+            let mut asked: Vec<String> = crate::db::RUNTIME_TABLES
+                .iter()
+                .map(|t| t.to_string_lossy().into_owned())
+                .collect();
+            asked.sort();
+            assert_eq!(asked, tables);
         }
     }
 
