@@ -75,7 +75,9 @@ pub(crate) fn swap(
     let dir = paths::actor_dir(&rt.config.data_dir, &actor.id);
     std::fs::create_dir_all(&dir).map_err(io)?;
     let db = dir.join(paths::DB_FILE);
-    let mut replaced = db.exists();
+    // An empty file is no database (ADR 0075).
+    let exists = |db: &Path| std::fs::metadata(db).is_ok_and(|m| m.len() > 0);
+    let mut replaced = exists(&db);
     let mut kept = None;
     if replaced {
         // Its log first into the file (a close leaves a short one as it
@@ -87,22 +89,35 @@ pub(crate) fn swap(
             .app(&actor.id.tenant, &actor.id.app)
             .map(|a| a.store_limits.clone())
             .unwrap_or_default();
-        if let Err(e) = wasmkeep_store::db::fold_log(&dir, &limits) {
-            // A database that does not open (corrupt: what a restore is
+        match wasmkeep_store::db::fold_log(&dir, &limits) {
+            Ok(()) => {}
+            // A database that does not open as one (what a restore is
             // for) is set aside or removed with its log as it is.
-            tracing::warn!(actor = %actor.id, error = %e, "could not fold the log of the database a restore replaces");
+            Err(e @ wasmkeep_store::StoreError::Corrupt(_)) => {
+                tracing::warn!(actor = %actor.id, error = %e, "the database a restore replaces is corrupt: its log is moved with it as it is");
+            }
+            // Anything else (busy, a failed checkpoint, the disk): nothing
+            // has changed yet, and the operator can try again.
+            Err(e) => return Err(e.into()),
         }
         // The open may have set aside a creation a crash cut short.
-        replaced = db.exists();
+        replaced = exists(&db);
     }
     if replaced {
         if rt.replication.is_some() {
+            // The log before the file: a log left beside no database
+            // would be applied by SQLite onto the file the bucket's
+            // history puts there next.
+            for suffix in ["-wal", "-shm"] {
+                let mut p = db.as_os_str().to_owned();
+                p.push(suffix);
+                let _ = std::fs::remove_file(PathBuf::from(p));
+            }
             std::fs::remove_file(&db).map_err(io)?;
         } else {
-            // With its log, emptied above (a log that could not be would
-            // have stopped the restore), and what the commit log holds of
-            // both files under their old paths made durable first (ADR
-            // 0074).
+            // With its log (emptied above unless the database is corrupt),
+            // and what the commit log holds of both files under their old
+            // paths made durable first (ADR 0074).
             let aside = wasmkeep_replica::set_aside(&db, rt.clock.now_ms())
                 .map_err(|e| RuntimeError::Store(wasmkeep_store::StoreError::Io(e.to_string())))?;
             kept = Some(aside);

@@ -1601,14 +1601,14 @@ impl Runtime {
         self.inner.actors.lock().len()
     }
 
-    /// Stops taking events, lets queued ones finish, and closes every
-    /// actor (a long log is checkpointed at the close, ADR 0076).
     /// Whether [`Runtime::shutdown`] has begun (background tasks of the
     /// node's edge end then).
     pub fn is_stopping(&self) -> bool {
         self.inner.stopping.load(Ordering::Relaxed)
     }
 
+    /// Stops taking events, lets queued ones finish, and closes every
+    /// actor (a long log is checkpointed at the close, ADR 0076).
     pub fn shutdown(&self, wait: Duration) {
         let rt = &self.inner;
         let deadline = crate::clock::instant() + wait;

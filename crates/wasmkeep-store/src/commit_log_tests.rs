@@ -504,8 +504,16 @@ fn scenario(root: &Path) -> Vec<Op> {
                 .unwrap();
         }
     }
+    let wal2 = dbs[2].as_ref().unwrap().wal_path();
+    make_durable(Some(&log), root, &[&wal2], &[]).unwrap();
+    note(Op::Ack {
+        actor: 2,
+        value: 30,
+    });
     // Actor 0 closed with a short log, which the close leaves as it is
-    // (ADR 0076), opened again, and its next commit appended to that log.
+    // (ADR 0076), opened again, and its next commit appended to that log
+    // (after actor 2's lone barrier above: this step's barriers would
+    // have made actor 2's records durable first).
     let db0 = dbs[0].as_mut().unwrap();
     db0.conn_for_tests()
         .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
@@ -524,12 +532,6 @@ fn scenario(root: &Path) -> Vec<Op> {
         make_durable(Some(&log), root, &[&wal], &[]).unwrap();
         note(Op::Ack { actor: 0, value });
     }
-    let wal2 = dbs[2].as_ref().unwrap().wal_path();
-    make_durable(Some(&log), root, &[&wal2], &[]).unwrap();
-    note(Op::Ack {
-        actor: 2,
-        value: 30,
-    });
     // A checkpoint of a commit nobody waited for, whose pages the log's
     // acknowledged records do not all cover: actor 2 opens with an empty
     // log, 31 (the counter alone) is acknowledged, 32 (counter and mirror)

@@ -607,7 +607,7 @@ fn database_bytes(input: &Path) -> Result<Vec<u8>> {
     if std::fs::metadata(PathBuf::from(log)).is_ok_and(|m| m.len() > 0) {
         let image = wasmkeep_replica::Image::read_path(input)
             .with_context(|| format!("read {} with its log", input.display()))?;
-        return Ok(image.bytes().to_vec());
+        return Ok(image.into_bytes());
     }
     std::fs::read(input).with_context(|| format!("read {}", input.display()))
 }
