@@ -33,10 +33,10 @@ use crate::paths::DB_FILE;
 
 /// Spare folders kept ready per node: a burst of this many new actors
 /// makes none of its folders on the request's path.
-pub const SPARES_READY: usize = 64;
+pub(crate) const SPARES_READY: usize = 64;
 
 /// The folder, under a node's data directory, that holds its spares.
-pub const SPARES_DIR: &str = "spare-actors";
+pub(crate) const SPARES_DIR: &str = "spare-actors";
 
 /// A node's spare folders; dropping it stops their thread (the spares on
 /// disk are deleted at the next start).
@@ -111,13 +111,15 @@ impl Spares {
     }
 
     /// Spares ready now.
-    pub fn ready(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn ready(&self) -> usize {
         self.pool.state().ready.len()
     }
 
     /// Why spares are no longer made, if they are not (creation then makes
     /// each actor's folder itself).
-    pub fn failed(&self) -> Option<String> {
+    #[cfg(test)]
+    pub(crate) fn failed(&self) -> Option<String> {
         self.pool.state().failed.clone()
     }
 }

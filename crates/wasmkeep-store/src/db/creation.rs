@@ -351,17 +351,26 @@ mod tests {
     /// image into it.
     #[test]
     fn an_empty_database_file_is_made_again_in_place() {
+        let dir = tempfile::tempdir().unwrap();
+        empty_file_made_again(&dir.path().join("a"), None);
+    }
+
+    /// An empty `actor.db` (and `log` beside it, if any) in `actor`: no
+    /// actor is found there, and a creation makes one of the app's page
+    /// size, not SQLite's default.
+    fn empty_file_made_again(actor: &std::path::Path, log: Option<&[u8]>) {
         let limits = StoreLimits {
             page_bytes: 16384,
             ..StoreLimits::default()
         };
-        let dir = tempfile::tempdir().unwrap();
-        let actor = dir.path().join("a");
-        std::fs::create_dir_all(&actor).unwrap();
+        std::fs::create_dir_all(actor).unwrap();
         std::fs::write(actor.join(crate::paths::DB_FILE), b"").unwrap();
-        let none = ActorDb::open(&actor, &limits, OpenMode::Existing).unwrap();
+        if let Some(log) = log {
+            std::fs::write(actor.join("actor.db-wal"), log).unwrap();
+        }
+        let none = ActorDb::open(actor, &limits, OpenMode::Existing).unwrap();
         assert!(none.is_none(), "an empty file is no actor");
-        let mut db = ActorDb::open(&actor, &limits, OpenMode::Create)
+        let mut db = ActorDb::open(actor, &limits, OpenMode::Create)
             .unwrap()
             .expect("created");
         assert!(db.created(), "counted as a creation");
@@ -411,27 +420,9 @@ mod tests {
     /// under another name.
     #[test]
     fn an_empty_database_file_with_a_log_is_made_again_and_the_log_kept() {
-        let limits = StoreLimits {
-            page_bytes: 16384,
-            ..StoreLimits::default()
-        };
         let dir = tempfile::tempdir().unwrap();
         let actor = dir.path().join("a");
-        std::fs::create_dir_all(&actor).unwrap();
-        std::fs::write(actor.join(crate::paths::DB_FILE), b"").unwrap();
-        std::fs::write(actor.join("actor.db-wal"), vec![7u8; 4096]).unwrap();
-        let none = ActorDb::open(&actor, &limits, OpenMode::Existing).unwrap();
-        assert!(none.is_none(), "an empty file is no actor");
-        let mut db = ActorDb::open(&actor, &limits, OpenMode::Create)
-            .unwrap()
-            .expect("created");
-        assert!(db.created());
-        db.kv_put("k", b"v").unwrap();
-        let size: u32 = db
-            .conn_for_tests()
-            .pragma_query_value(None, "page_size", |r| r.get(0))
-            .unwrap();
-        assert_eq!(size, 16384);
+        empty_file_made_again(&actor, Some(&[7u8; 4096]));
         let kept: Vec<Vec<u8>> = std::fs::read_dir(&actor)
             .unwrap()
             .flatten()
