@@ -756,12 +756,14 @@ impl Inner {
     }
 
     /// Opens actors whose alarm is due soon, so the due instant only costs
-    /// the handler.
+    /// the handler: at most as many, waiting for their alarm, as the node
+    /// holds instances (more would close the ones prepared first, whose
+    /// alarms come first; ADR 0077).
     pub(crate) fn prepare_soon(&self, now: u64) {
         if self.config.alarm_prepare_ms == 0 {
             return;
         }
-        let room = (self.config.instances_max as usize / 2).max(1);
+        let room = (self.config.instances_max as usize).max(1);
         for id in self
             .timer
             .to_prepare(now + self.config.alarm_prepare_ms, room)

@@ -120,23 +120,26 @@ impl Timer {
         out
     }
 
-    /// Actors due before `until_ms` that were not yet prepared, marking
-    /// them prepared.
+    /// Actors due before `until_ms` that were not yet prepared, earliest
+    /// first, marking them prepared: as many as keep the prepared actors
+    /// whose alarm has not been taken yet at most `max`. A bound per call
+    /// would not do: a burst larger than the node's instances, prepared
+    /// over several calls, would close the first actors prepared (the
+    /// least recently used) to open later ones, and the alarms due first
+    /// would find their actor closed (ADR 0077).
     pub fn to_prepare(&self, until_ms: u64, max: usize) -> Vec<ActorId> {
         let mut s = self.state.lock();
+        let room = max.saturating_sub(s.prepared.len());
+        let State {
+            queue, prepared, ..
+        } = &mut *s;
         let mut out = Vec::new();
-        let ids: Vec<Arc<ActorId>> = s
-            .queue
-            .iter()
-            .take_while(|(at, _)| *at <= until_ms)
-            .map(|(_, id)| Arc::clone(id))
-            .collect();
-        for id in ids {
-            if out.len() >= max {
+        for (_, id) in queue.iter().take_while(|(at, _)| *at <= until_ms) {
+            if out.len() >= room {
                 break;
             }
-            if s.prepared.insert(Arc::clone(&id)) {
-                out.push((*id).clone());
+            if prepared.insert(Arc::clone(id)) {
+                out.push((**id).clone());
             }
         }
         out
@@ -227,6 +230,24 @@ mod tests {
         assert!(t.to_prepare(20, 10).is_empty());
         t.set(&id("a"), Some(15));
         assert_eq!(t.to_prepare(20, 10), vec![id("a")]);
+    }
+
+    #[test]
+    fn prepared_actors_waiting_for_their_alarm_stay_within_the_bound() {
+        let t = Timer::default();
+        for n in ["a", "b", "c", "d", "e"] {
+            t.set(&id(n), Some(10));
+        }
+        assert_eq!(t.to_prepare(20, 2), vec![id("a"), id("b")]);
+        // Nothing more while those two wait: a third would close the
+        // first one prepared, whose alarm comes first.
+        assert!(t.to_prepare(20, 2).is_empty());
+        // Once an alarm is taken, its place goes to the next one due.
+        assert_eq!(t.pop_due(10, 1), vec![(id("a"), 10)]);
+        assert_eq!(t.to_prepare(20, 2), vec![id("c")]);
+        // An alarm moved away frees its place too.
+        t.set(&id("b"), Some(100));
+        assert_eq!(t.to_prepare(20, 2), vec![id("d")]);
     }
 
     #[test]

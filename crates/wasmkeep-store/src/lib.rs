@@ -16,6 +16,7 @@ mod clock;
 pub mod commit_log;
 pub mod db;
 pub mod error;
+mod file_lock;
 mod guest_functions;
 pub mod id;
 pub mod limits;

@@ -22,9 +22,12 @@
 //! only one using its file while it is open: the VFS takes the database's
 //! exclusive file lock at SQLite's first lock of it (the first read, before
 //! the log is opened and its index built) and keeps it until SQLite lets go
-//! of every lock, which in WAL mode is at the close. Any other connection,
-//! in this process or another, gets `SQLITE_BUSY` instead of a view of the
-//! log this index does not describe. A connection that opens without this
+//! of every lock, which in WAL mode is at the close. On Linux that lock is
+//! one the VFS takes through the file's own open file description and
+//! keeps until the close ([`crate::file_lock`], ADR 0077); elsewhere it is
+//! the `unix` VFS's. Any other connection, in this process or another,
+//! gets `SQLITE_BUSY` instead of a view of the log this index does not
+//! describe. A connection that opens without this
 //! VFS (the start-up scan, inspection of a closed actor) uses SQLite's own
 //! `-shm` file, as before.
 
@@ -60,6 +63,10 @@ struct Extra {
     main_db: bool,
     /// Whether this file holds the exclusive lock `x_lock` takes.
     exclusive: bool,
+    /// A main database file locked through its own open file description
+    /// (`crate::file_lock`, ADR 0077): its descriptor; -1 where the `unix`
+    /// VFS's own locks are used.
+    own_lock_fd: c_int,
     /// Whether this is a temporary file a statement spills to (a sort, a
     /// transient index, a temporary database): bounded per guest statement
     /// (`memory_budget::may_grow_temp_file`).
@@ -170,7 +177,7 @@ unsafe extern "C" fn x_open(
     // SAFETY: SQLite gives a file object of our szOsFile bytes; the unix
     // VFS fills in its own part at the start.
     unsafe {
-        let rc = ((*real_vfs).xOpen.expect("unix xOpen"))(real_vfs, name, f, flags, out_flags);
+        let (rc, own_lock_fd) = open_real(real_vfs, name, f, flags, out_flags);
         let methods = (*f).pMethods;
         if methods.is_null() {
             // Failed before there was a file: nothing for SQLite to close.
@@ -203,6 +210,7 @@ unsafe extern "C" fn x_open(
             shm: ptr::null_mut(),
             main_db: flags & ffi::SQLITE_OPEN_MAIN_DB != 0,
             exclusive: false,
+            own_lock_fd,
             temp: flags
                 & (ffi::SQLITE_OPEN_TEMP_JOURNAL
                     | ffi::SQLITE_OPEN_TEMP_DB
@@ -225,6 +233,47 @@ unsafe extern "C" fn x_open(
     }
 }
 
+/// Opens `name` with the `unix` VFS: a main database file, where this
+/// system allows, as a file that VFS does not lock (`crate::file_lock`),
+/// with its descriptor; otherwise as asked, with -1.
+///
+/// # Safety
+/// As `x_open`'s call of the `unix` VFS.
+unsafe fn open_real(
+    real_vfs: *mut ffi::sqlite3_vfs,
+    name: *const c_char,
+    f: *mut ffi::sqlite3_file,
+    flags: c_int,
+    out_flags: *mut c_int,
+) -> (c_int, c_int) {
+    // SAFETY: the caller's.
+    unsafe {
+        let open = (*real_vfs).xOpen.expect("unix xOpen");
+        if flags & ffi::SQLITE_OPEN_MAIN_DB == 0 {
+            return (open(real_vfs, name, f, flags, out_flags), -1);
+        }
+        crate::file_lock::close_parked();
+        if !crate::file_lock::wanted(real_vfs) {
+            return (open(real_vfs, name, f, flags, out_flags), -1);
+        }
+        let rc = open(
+            real_vfs,
+            name,
+            f,
+            crate::file_lock::unlisted(flags),
+            out_flags,
+        );
+        if rc != ffi::SQLITE_OK || (*f).pMethods.is_null() {
+            return (rc, -1);
+        }
+        if !out_flags.is_null() {
+            // What SQLite asked for, as the unix VFS would report it.
+            *out_flags = (*out_flags & !ffi::SQLITE_OPEN_TEMP_DB) | ffi::SQLITE_OPEN_MAIN_DB;
+        }
+        (rc, crate::file_lock::descriptor(f))
+    }
+}
+
 unsafe extern "C" fn x_close(f: *mut ffi::sqlite3_file) -> c_int {
     // SAFETY: `f` is ours (SQLite calls our methods only on our files);
     // `log` is null or came from `Box::into_raw` in `x_open`.
@@ -237,7 +286,16 @@ unsafe extern "C" fn x_close(f: *mut ffi::sqlite3_file) -> c_int {
             drop(Box::from_raw((*e).log));
             (*e).log = ptr::null_mut();
         }
+        let (own_lock_fd, main_db) = ((*e).own_lock_fd, (*e).main_db);
+        if own_lock_fd >= 0 && !(*e).exclusive {
+            // Never locked: closing the descriptor could drop a reader's
+            // POSIX locks (see `crate::file_lock`).
+            crate::file_lock::park_if_locked(f, own_lock_fd);
+        }
         let rc = (real(f).xClose.expect("xClose"))(f);
+        if main_db {
+            crate::file_lock::close_parked();
+        }
         if flushed != ffi::SQLITE_OK {
             flushed
         } else {
@@ -555,7 +613,9 @@ unsafe extern "C" fn x_file_size(f: *mut ffi::sqlite3_file, out: *mut i64) -> c_
 // from before the log is first read (and its index built) until SQLite lets
 // go of every lock, no other connection reads or writes it, which is what
 // makes a private index right. SQLite believes it holds the lesser lock it
-// asked for and upgrades later at no cost.
+// asked for and upgrades later at no cost. On Linux the lock is this VFS's
+// own (`crate::file_lock`), kept from the first lock to the close; else
+// the unix VFS's, kept until SQLite lets go of every lock.
 
 unsafe extern "C" fn x_lock(f: *mut ffi::sqlite3_file, level: c_int) -> c_int {
     // SAFETY: `f` is ours; the unix VFS's lock calls are made in the order
@@ -565,6 +625,22 @@ unsafe extern "C" fn x_lock(f: *mut ffi::sqlite3_file, level: c_int) -> c_int {
     unsafe {
         let e = extra(f);
         let lock = real(f).xLock.expect("xLock");
+        if (*e).own_lock_fd >= 0 {
+            // Locked through its own open file description: from the first
+            // lock to the close (`crate::file_lock`).
+            #[cfg(test)]
+            if (*e).shared_lock_unsafe {
+                return crate::file_lock::try_lock((*e).own_lock_fd, true);
+            }
+            if !(*e).exclusive {
+                let rc = crate::file_lock::try_lock((*e).own_lock_fd, false);
+                if rc != ffi::SQLITE_OK {
+                    return rc;
+                }
+                (*e).exclusive = true;
+            }
+            return ffi::SQLITE_OK;
+        }
         #[cfg(test)]
         if (*e).shared_lock_unsafe {
             return lock(f, level);
@@ -591,6 +667,10 @@ unsafe extern "C" fn x_unlock(f: *mut ffi::sqlite3_file, level: c_int) -> c_int 
     // SAFETY: as `x_lock`.
     unsafe {
         let e = extra(f);
+        if (*e).own_lock_fd >= 0 {
+            // Kept until the close releases it.
+            return ffi::SQLITE_OK;
+        }
         if (*e).main_db && (*e).exclusive {
             if level > ffi::SQLITE_LOCK_NONE {
                 // Keep the exclusive lock until SQLite lets go of all.
@@ -1073,6 +1153,71 @@ mod tests {
         // where this connection's private index does not see it, and its
         // own write goes over it.
         assert_eq!(foreign_write_after_first_read(true).unwrap(), 101);
+    }
+
+    /// A reader of this process (SQLite's own VFS, a read transaction
+    /// open) holds the file while an actor's connection gives up its first
+    /// read and closes; then another actor's connection tries to write.
+    /// Returns that write's outcome, and how many descriptors were parked
+    /// after the first close and after the reader let go (process-wide
+    /// counts: no other test parks one).
+    #[cfg(target_os = "linux")]
+    fn write_after_an_open_gave_up(close_at_once: bool) -> (Result<usize, String>, usize, usize) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.db");
+        {
+            let (c, _) = open(&path, |_| ());
+            c.execute_batch("CREATE TABLE t (n INTEGER); INSERT INTO t VALUES (1);")
+                .unwrap();
+        }
+        let reader = Connection::open(&path).unwrap();
+        reader.execute_batch("BEGIN").unwrap();
+        let n: i64 = reader
+            .query_row("SELECT n FROM t", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(n, 1);
+        crate::file_lock::tests::CLOSE_AT_ONCE_UNSAFE.set(close_at_once);
+        {
+            let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE;
+            let c = Connection::open_with_flags_and_vfs(&path, flags, VFS_NAME).unwrap();
+            c.busy_timeout(std::time::Duration::ZERO).unwrap();
+            let e = c
+                .pragma_update(None, "journal_mode", "WAL")
+                .expect_err("the reader holds the file");
+            assert!(e.to_string().contains("locked"), "{e}");
+        }
+        crate::file_lock::tests::CLOSE_AT_ONCE_UNSAFE.set(false);
+        let parked = crate::file_lock::tests::parked();
+        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE;
+        let other = Connection::open_with_flags_and_vfs(&path, flags, VFS_NAME).unwrap();
+        other.busy_timeout(std::time::Duration::ZERO).unwrap();
+        let wrote = other
+            .execute("UPDATE t SET n = 2", [])
+            .map_err(|e| e.to_string());
+        drop(other);
+        reader.execute_batch("COMMIT").unwrap();
+        drop(reader);
+        // The next open of an actor's file closes what no lock holds now.
+        drop(open(&dir.path().join("b.db"), |_| ()));
+        (wrote, parked, crate::file_lock::tests::parked())
+    }
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn an_open_that_gave_up_keeps_the_readers_lock() {
+        let (wrote, parked, left) = write_after_an_open_gave_up(false);
+        let e = wrote.expect_err("the reader still held the file");
+        assert!(e.contains("locked"), "{e}");
+        assert!(parked >= 1, "the descriptor was not kept");
+        assert_eq!(left, 0, "a descriptor stayed after the reader let go");
+    }
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn an_open_that_gave_up_and_closed_at_once_drops_the_readers_lock() {
+        // The unsafe variant: closing the descriptor dropped the reader's
+        // POSIX lock, and another connection wrote under its transaction.
+        assert_eq!(write_after_an_open_gave_up(true).0, Ok(1));
     }
 
     /// Commits a row, copies the database and its log while the connection
