@@ -702,7 +702,7 @@ async fn kill_and_restart(
 /// an alarm is handed to its actor, before it runs). Each actor records
 /// when its alarm ran, so lateness needs no earlier look at the actors;
 /// reading every actor that has not fired yet while thousands fire
-/// (20,000 at W9) would open those actors for the benchmark's own reads
+/// (`--alarms 20000`) would open those actors for the benchmark's own reads
 /// and compete with the alarms it measures. The actors are read after
 /// ([`poll_until_fired`]), whatever this found: a metric that cannot be
 /// read ends the wait early, never the check.
@@ -916,11 +916,15 @@ pub async fn w2(env: &Env<'_>, restart: bool) -> Result<RunOutput> {
     if restart {
         kill_and_restart(env, &mut node, &mut ep, due, set_s, &mut out).await?;
     }
-    // Read after a restart: the restarted node counts from zero.
-    let fired_before = scrape(&ep)
-        .await
-        .map(|m| metric_sum(&m, "wasmkeep_alarms_fired_total"))
-        .unwrap_or(0.0);
+    // A restarted node counts from zero, and may have fired some already.
+    let fired_before = if restart {
+        0.0
+    } else {
+        scrape(&ep)
+            .await
+            .map(|m| metric_sum(&m, "wasmkeep_alarms_fired_total"))
+            .unwrap_or(0.0)
+    };
     sleep_until_ms(due + ALARM_FIRST_POLL_AFTER_MS).await;
     wait_for_the_node_to_fire(&ep, fired_before, a.alarms, due).await;
     let poll_errors = poll_until_fired(env, &ep, &prefix, due).await?;

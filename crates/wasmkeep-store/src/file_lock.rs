@@ -26,19 +26,21 @@
 //! own VFS). A file whose lock was taken closes with it held, and no POSIX
 //! lock can coexist with it. A file whose lock was never taken (its open
 //! gave up because a reader held the file past the busy timeout) keeps its
-//! descriptor open, "parked", while any lock is on the file, and closes it
-//! later, at an open or close of another actor's file ([`close_parked`]).
+//! descriptor open, "parked", while a lock that may be a POSIX one is on
+//! the file ([`may_close`]), and closes it later, at an open or close of
+//! an actor's file ([`close_parked`]).
 //!
 //! The descriptor is read from the `unix` VFS's file object, whose first
 //! fields have not changed in SQLite's history. Before the first actor's
-//! file in the process, a probe on a scratch file checks that reading and
-//! that the kernel takes these locks; if not, and elsewhere than Linux,
-//! SQLite's own locks are used.
+//! file in the process, a probe on a scratch file beside the actor's
+//! folder (on the data directory's filesystem) checks that reading, and
+//! that the kernel and filesystem take these locks; if not, and elsewhere
+//! than Linux, SQLite's own locks are used.
 
-use std::ffi::{CStr, c_int};
-use std::ptr;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::ffi::{CStr, c_char, c_int};
+use std::os::unix::ffi::OsStrExt;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 
 use rusqlite::ffi;
 
@@ -49,7 +51,8 @@ const SHARED_FIRST: i64 = PENDING_BYTE + 2;
 const SHARED_SIZE: i64 = 510;
 
 /// Most descriptors kept open at once for files whose lock was never
-/// taken; past it the oldest is closed anyway (with a warning).
+/// taken; past it, once none of them may close, the oldest is closed
+/// anyway (with a warning).
 pub(crate) const PARKED_DESCRIPTORS_MAX: usize = 256;
 
 /// The start of the `unix` VFS's file object (`struct unixFile`).
@@ -61,12 +64,63 @@ struct UnixFileHead {
     fd: c_int,
 }
 
-/// Whether actors' files use these locks: on Linux, once a probe in the
-/// process found the descriptor where [`descriptor`] reads it and the
-/// kernel taking these locks ([`probe`]).
-pub(crate) fn wanted(real_vfs: *mut ffi::sqlite3_vfs) -> bool {
-    static USABLE: OnceLock<bool> = OnceLock::new();
-    *USABLE.get_or_init(|| cfg!(target_os = "linux") && probe(real_vfs))
+/// What the probe found: not yet, yes, no.
+static ANSWER: AtomicU8 = AtomicU8::new(UNKNOWN);
+const UNKNOWN: u8 = 0;
+const YES: u8 = 1;
+const NO: u8 = 2;
+
+/// Probes that could not make their file (no room, no descriptor left, a
+/// folder that cannot be written) before the process settles on SQLite's
+/// own locks.
+const PROBE_ATTEMPTS_MAX: usize = 8;
+
+/// Whether the actor's file at `db_name` uses these locks: on Linux, once
+/// a probe found the descriptor where [`descriptor`] reads it and the
+/// kernel and filesystem taking these locks ([`probe`]). The first
+/// definite answer stands for the process; a probe that could not make its
+/// file leaves this file to SQLite's own locks and the next open probes
+/// again, [`PROBE_ATTEMPTS_MAX`] times at most.
+///
+/// # Safety
+/// `db_name` is null or a NUL-terminated path (SQLite's name of the file).
+pub(crate) unsafe fn wanted(real_vfs: *mut ffi::sqlite3_vfs, db_name: *const c_char) -> bool {
+    static PROBING: Mutex<()> = Mutex::new(());
+    static FAILED: AtomicUsize = AtomicUsize::new(0);
+    if !cfg!(target_os = "linux") || db_name.is_null() {
+        return false;
+    }
+    match ANSWER.load(Ordering::Acquire) {
+        YES => return true,
+        NO => return false,
+        _ => {}
+    }
+    let _one = PROBING.lock().unwrap_or_else(|p| p.into_inner());
+    match ANSWER.load(Ordering::Acquire) {
+        YES => return true,
+        NO => return false,
+        _ => {}
+    }
+    // SAFETY: SQLite passes a NUL-terminated name.
+    let db = std::path::Path::new(std::ffi::OsStr::from_bytes(
+        unsafe { CStr::from_ptr(db_name) }.to_bytes(),
+    ));
+    // Beside the actor's folder, as the database image is (ADR 0075): a
+    // file, not a folder, so no listing of actors reads it.
+    let dir = db.parent().map(|d| d.parent().unwrap_or(d));
+    let answer = match dir.and_then(|d| probe(real_vfs, d)) {
+        Some(answer) => answer,
+        None if FAILED.fetch_add(1, Ordering::Relaxed) + 1 < PROBE_ATTEMPTS_MAX => return false,
+        None => {
+            tracing::warn!(
+                attempts = PROBE_ATTEMPTS_MAX,
+                "could not make a file to probe open file description locks: actors' files use SQLite's own locks"
+            );
+            false
+        }
+    };
+    ANSWER.store(if answer { YES } else { NO }, Ordering::Release);
+    answer
 }
 
 /// The open flags that make the `unix` VFS open a main database file
@@ -87,57 +141,67 @@ pub(crate) unsafe fn descriptor(f: *mut ffi::sqlite3_file) -> c_int {
     unsafe { (*f.cast::<UnixFileHead>()).fd }
 }
 
-/// Opens a scratch file in the temporary folder through the `unix` VFS as
-/// actors' files are opened, and checks that the descriptor [`descriptor`]
-/// reads is that file's (same device and inode) and takes an open file
-/// description lock. Any failure (no such locks in this kernel, another
-/// layout, no temporary folder) leaves SQLite's own locks in use, with a
-/// warning. Never run on an actor's file: a failed check there would
-/// close its descriptor without the parking rule.
-fn probe(real_vfs: *mut ffi::sqlite3_vfs) -> bool {
+/// Makes a scratch file in `dir` through the `unix` VFS as actors' files
+/// are opened, and checks that the descriptor [`descriptor`] reads is that
+/// file's (same device and inode) and that it takes an open file
+/// description lock. `Some(false)` (with a warning) for another layout, or
+/// a kernel or filesystem without these locks; `None` if the file could not
+/// be made. Never run on an actor's file: a failed check there would close
+/// its descriptor without the parking rule.
+fn probe(real_vfs: *mut ffi::sqlite3_vfs, dir: &std::path::Path) -> Option<bool> {
     static SEQ: AtomicUsize = AtomicUsize::new(0);
-    let path = std::env::temp_dir().join(format!(
-        "wasmkeep-lock-probe-{}-{}",
+    let path = dir.join(format!(
+        "lock-probe-{}-{}.tmp",
         std::process::id(),
         SEQ.fetch_add(1, Ordering::Relaxed)
     ));
-    // Two NULs: SQLite reads URI parameters after a database name's own.
-    let mut name = path.as_os_str().as_encoded_bytes().to_vec();
-    name.extend([0, 0]);
-    let ok = (|| {
-        // SAFETY: a zeroed, 8-byte aligned file object of the unix VFS's
-        // size, and a NUL-terminated name that outlives it; the file is
-        // closed before both go.
-        unsafe {
-            let size = (*real_vfs).szOsFile as usize;
-            let mut object = vec![0u64; size.div_ceil(8)];
-            let f = object.as_mut_ptr().cast::<ffi::sqlite3_file>();
-            let flags = unlisted(
-                ffi::SQLITE_OPEN_READWRITE | ffi::SQLITE_OPEN_CREATE | ffi::SQLITE_OPEN_MAIN_DB,
-            );
-            let open = (*real_vfs).xOpen?;
-            let rc = open(real_vfs, name.as_ptr().cast(), f, flags, ptr::null_mut());
-            if (*f).pMethods.is_null() {
-                return None;
-            }
-            let fd = descriptor(f);
-            let ok = rc == ffi::SQLITE_OK
-                && fd >= 0
-                && same_file(fd, CStr::from_bytes_until_nul(&name).ok()?)
-                && try_lock(fd, false) == ffi::SQLITE_OK;
-            ((*(*f).pMethods).xClose?)(f);
-            Some(ok)
-        }
-    })()
-    .unwrap_or(false);
+    let name = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    // A file a crash left under this name (a restarted process may have
+    // the same identifier): the unix VFS would open it read-only.
     let _ = std::fs::remove_file(&path);
-    if !ok {
+    let mut out_flags: c_int = 0;
+    // SAFETY: a zeroed, 8-byte aligned file object of the unix VFS's size,
+    // and a NUL-terminated name that outlives it (no URI flag: SQLite reads
+    // nothing past the name); the file is closed before both go.
+    let answer = unsafe {
+        let size = (*real_vfs).szOsFile as usize;
+        let mut object = vec![0u64; size.div_ceil(8)];
+        let f = object.as_mut_ptr().cast::<ffi::sqlite3_file>();
+        let flags = unlisted(
+            ffi::SQLITE_OPEN_READWRITE
+                | ffi::SQLITE_OPEN_CREATE
+                | ffi::SQLITE_OPEN_EXCLUSIVE
+                | ffi::SQLITE_OPEN_MAIN_DB,
+        );
+        let open = (*real_vfs).xOpen.expect("unix xOpen");
+        let rc = open(real_vfs, name.as_ptr(), f, flags, &mut out_flags);
+        if (*f).pMethods.is_null() {
+            return None;
+        }
+        let fd = descriptor(f);
+        let answer = if rc != ffi::SQLITE_OK || out_flags & ffi::SQLITE_OPEN_READONLY != 0 {
+            // Not made by this probe: opened read-only in its place.
+            None
+        } else if fd < 0 || !same_file(fd, &name) {
+            Some(false)
+        } else {
+            match try_lock(fd, false) {
+                ffi::SQLITE_OK => Some(true),
+                ffi::SQLITE_BUSY => None,
+                _ => Some(false),
+            }
+        };
+        ((*(*f).pMethods).xClose.expect("xClose"))(f);
+        answer
+    };
+    let _ = std::fs::remove_file(&path);
+    if answer == Some(false) {
         tracing::warn!(
             probe = %path.display(),
             "open file description locks are not usable here: actors' files use SQLite's own locks"
         );
     }
-    ok
+    answer
 }
 
 fn same_file(fd: c_int, path: &CStr) -> bool {
@@ -192,7 +256,7 @@ fn may_close(fd: c_int) -> bool {
             || (l.l_pid == -1
                 && l.l_type == libc::F_WRLCK as i16
                 && l.l_start <= PENDING_BYTE
-                && l.l_start + l.l_len >= end)
+                && (l.l_len == 0 || l.l_start + l.l_len >= end))
     })
 }
 
@@ -235,9 +299,10 @@ static PARKED: Mutex<Vec<c_int>> = Mutex::new(Vec::new());
 /// How many there are (read without the mutex at every open and close).
 static PARKED_COUNT: AtomicUsize = AtomicUsize::new(0);
 
-/// At the close of a file whose lock was never taken: if a lock lies on
-/// the file, keeps its descriptor open (taking it from `f`, so the `unix`
-/// VFS's close does not close it). Returns whether it did.
+/// At the close of a file whose lock was never taken: unless
+/// [`may_close`] allows its descriptor to close, keeps it open (taking it
+/// from `f`, so the `unix` VFS's close does not close it). Returns whether
+/// it did.
 ///
 /// # Safety
 /// `f` is a file `descriptor` returned `fd` for, not closed yet.
@@ -253,6 +318,9 @@ pub(crate) unsafe fn park_if_locked(f: *mut ffi::sqlite3_file, fd: c_int) -> boo
     unsafe { (*f.cast::<UnixFileHead>()).fd = -1 };
     let mut parked = PARKED.lock().unwrap_or_else(|p| p.into_inner());
     if parked.len() >= PARKED_DESCRIPTORS_MAX {
+        sweep(&mut parked);
+    }
+    if parked.len() >= PARKED_DESCRIPTORS_MAX {
         let oldest = parked.remove(0);
         tracing::warn!(
             limit = PARKED_DESCRIPTORS_MAX,
@@ -266,12 +334,18 @@ pub(crate) unsafe fn park_if_locked(f: *mut ffi::sqlite3_file, fd: c_int) -> boo
     true
 }
 
-/// Closes the parked descriptors whose file no longer has a lock on it.
+/// Closes the parked descriptors [`may_close`] allows to close now.
 pub(crate) fn close_parked() {
     if PARKED_COUNT.load(Ordering::Relaxed) == 0 {
         return;
     }
     let mut parked = PARKED.lock().unwrap_or_else(|p| p.into_inner());
+    sweep(&mut parked);
+    PARKED_COUNT.store(parked.len(), Ordering::Relaxed);
+}
+
+/// Closes, and takes out of `parked`, the descriptors [`may_close`] allows.
+fn sweep(parked: &mut Vec<c_int>) {
     parked.retain(|&fd| {
         if !may_close(fd) {
             return true;
@@ -280,7 +354,6 @@ pub(crate) fn close_parked() {
         unsafe { libc::close(fd) };
         false
     });
-    PARKED_COUNT.store(parked.len(), Ordering::Relaxed);
 }
 
 #[cfg(test)]
@@ -293,7 +366,23 @@ pub(crate) mod tests {
     }
 
     /// Descriptors parked now.
+    #[cfg(target_os = "linux")]
     pub(crate) fn parked() -> usize {
         super::PARKED_COUNT.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Whether the probe found these locks usable.
+    #[cfg(target_os = "linux")]
+    pub(crate) fn in_use() -> bool {
+        super::ANSWER.load(std::sync::atomic::Ordering::Acquire) == super::YES
+    }
+
+    /// Whether a descriptor of the file at `path` that never locked it may
+    /// close now (see `may_close`). The descriptor stays open: closing it
+    /// would drop this process's POSIX locks on the file.
+    #[cfg(target_os = "linux")]
+    pub(crate) fn may_close(file: &std::fs::File) -> bool {
+        use std::os::fd::AsRawFd;
+        super::may_close(file.as_raw_fd())
     }
 }

@@ -103,7 +103,13 @@ fn collect(dir: &Path, prefix: String, out: &mut Vec<String>) -> io::Result<()> 
         let Ok(name) = entry.file_name().into_string() else {
             continue;
         };
-        if !entry.file_type()?.is_dir() {
+        let is_dir = match entry.file_type() {
+            Ok(t) => t.is_dir(),
+            // Gone since the listing read it (a scratch file, ADR 0077).
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        };
+        if !is_dir {
             continue;
         }
         if let Some(part) = name.strip_suffix('+') {

@@ -9,9 +9,10 @@
 //! every open actor (24 KiB each, 24 MiB over W4's 1,000 actors).
 //!
 //! This module registers a VFS, [`VFS_NAME`], that is SQLite's `unix` VFS
-//! (files, locks, syncs: every call goes to it) except for the index's
-//! memory, and for the log's writes, which it gathers into one per commit
-//! ([`crate::log_writes`], ADR 0029). Its blocks are private anonymous mappings; after a commit,
+//! (files, syncs: every call goes to it) except for the index's memory,
+//! the main database's lock on Linux ([`crate::file_lock`]), and the log's
+//! writes, which it gathers into one per commit ([`crate::log_writes`],
+//! ADR 0029). Its blocks are private anonymous mappings; after a commit,
 //! [`WalIndex::release_zero_pages`] hands the pages that hold only zeros
 //! back to the kernel (`madvise(MADV_DONTNEED)`), after which they read as
 //! zeros again: what SQLite sees does not change. It only scans after the
@@ -253,7 +254,7 @@ unsafe fn open_real(
             return (open(real_vfs, name, f, flags, out_flags), -1);
         }
         crate::file_lock::close_parked();
-        if !crate::file_lock::wanted(real_vfs) {
+        if !crate::file_lock::wanted(real_vfs, name) {
             return (open(real_vfs, name, f, flags, out_flags), -1);
         }
         let rc = open(
@@ -1159,8 +1160,9 @@ mod tests {
     /// open) holds the file while an actor's connection gives up its first
     /// read and closes; then another actor's connection tries to write.
     /// Returns that write's outcome, and how many descriptors were parked
-    /// after the first close and after the reader let go (process-wide
-    /// counts: no other test parks one).
+    /// after the first close and once the reader let go and another
+    /// actor's connection locked the file (process-wide counts: no other
+    /// test parks one).
     #[cfg(target_os = "linux")]
     fn write_after_an_open_gave_up(close_at_once: bool) -> (Result<usize, String>, usize, usize) {
         let dir = tempfile::tempdir().unwrap();
@@ -1170,12 +1172,22 @@ mod tests {
             c.execute_batch("CREATE TABLE t (n INTEGER); INSERT INTO t VALUES (1);")
                 .unwrap();
         }
+        assert!(
+            crate::file_lock::tests::in_use(),
+            "open file description locks are not in use here"
+        );
+        // Kept open to the end: its close would drop the reader's lock.
+        let probe = std::fs::File::open(&path).unwrap();
         let reader = Connection::open(&path).unwrap();
         reader.execute_batch("BEGIN").unwrap();
         let n: i64 = reader
             .query_row("SELECT n FROM t", [], |r| r.get(0))
             .unwrap();
         assert_eq!(n, 1);
+        assert!(
+            close_at_once || !crate::file_lock::tests::may_close(&probe),
+            "a descriptor may close under a reader's POSIX lock"
+        );
         crate::file_lock::tests::CLOSE_AT_ONCE_UNSAFE.set(close_at_once);
         {
             let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE;
@@ -1195,11 +1207,22 @@ mod tests {
             .execute("UPDATE t SET n = 2", [])
             .map_err(|e| e.to_string());
         drop(other);
+        // An actor's connection opened before the reader lets go (its
+        // open keeps what is parked) and locking the file after: what is
+        // parked may close under that lock, which no POSIX lock can share.
+        let holder = Connection::open_with_flags_and_vfs(&path, flags, VFS_NAME).unwrap();
         reader.execute_batch("COMMIT").unwrap();
         drop(reader);
-        // The next open of an actor's file closes what no lock holds now.
-        drop(open(&dir.path().join("b.db"), |_| ()));
-        (wrote, parked, crate::file_lock::tests::parked())
+        holder.query_row("SELECT n FROM t", [], |_| Ok(())).unwrap();
+        assert!(
+            crate::file_lock::tests::may_close(&probe),
+            "a descriptor may not close under an actor connection's own lock"
+        );
+        crate::file_lock::close_parked();
+        let left = crate::file_lock::tests::parked();
+        drop(holder);
+        drop(probe);
+        (wrote, parked, left)
     }
 
     #[test]
@@ -1209,7 +1232,7 @@ mod tests {
         let e = wrote.expect_err("the reader still held the file");
         assert!(e.contains("locked"), "{e}");
         assert!(parked >= 1, "the descriptor was not kept");
-        assert_eq!(left, 0, "a descriptor stayed after the reader let go");
+        assert_eq!(left, 0, "a descriptor stayed under the actor's own lock");
     }
 
     #[test]
