@@ -1093,6 +1093,11 @@ pub async fn w4(env: &Env<'_>) -> Result<RunOutput> {
 const OPEN_ACTORS: usize = 1_000;
 /// W4-open's idle time: longer than the run, so every actor stays open.
 const OPEN_ACTOR_IDLE_MS: u64 = 600_000;
+/// W4-open's wait before it reads the RSS its actors added: an open actor
+/// that committed once gives back its log index's zero pages once it was
+/// idle for a second, at the reaper's next pass (ADR 0078); the figure is
+/// what an open actor holds, not what it held in its first second.
+const OPEN_ACTOR_SETTLE_MS: u64 = 2_500;
 
 /// W4-open: resident memory per open actor, Rust and TypeScript side by
 /// side on one node: 1,000 new counters of each app are touched once and
@@ -1119,7 +1124,7 @@ pub async fn w4_open(env: &Env<'_>) -> Result<RunOutput> {
                 .collect();
             let rs = client::send_all(&ep, env.args.connections, reqs).await?;
             let bad = rs.iter().filter(|r| json_of(r).and_then(|v| v["value"].as_u64()) != Some(1)).count();
-            tokio::time::sleep(Duration::from_millis(W4_SETTLE_MS)).await;
+            tokio::time::sleep(Duration::from_millis(OPEN_ACTOR_SETTLE_MS)).await;
             let after = node.rss_kib()? as f64;
             let active = scrape(&ep).await?.get("wasmkeep_instances_active").copied().unwrap_or(0.0);
             out.fig(&format!("{lang}_kib_per_open_actor"), (after - before) / OPEN_ACTORS as f64);

@@ -301,6 +301,16 @@ impl Loaded {
             .expect("a loaded actor holds its database")
     }
 
+    /// Gives back its log index's zero pages (ADR 0028), between events;
+    /// returns the bytes given back.
+    pub(crate) fn give_back_index_pages(&self) -> usize {
+        self.store
+            .data()
+            .db
+            .as_ref()
+            .map_or(0, ActorDb::give_back_index_pages)
+    }
+
     /// Whether the instance holds its database open (not closed by
     /// [`Loaded::park_db`]).
     pub(crate) fn has_db(&self) -> bool {
@@ -407,6 +417,9 @@ pub struct Actor {
     pub last_used_ms: AtomicU64,
     /// Queued for the closer thread (`Inner::make_room`).
     pub evicting: AtomicBool,
+    /// `last_used_ms` when the reaper last gave back its log index's zero
+    /// pages (`Inner::give_back_idle_index_pages`, ADR 0078).
+    pub index_given_back_at: AtomicU64,
     /// Where the actor's replica stands (unused without a bucket).
     pub repl: Mutex<ActorReplica>,
     /// Signalled when an upload of this actor ends.
@@ -428,6 +441,7 @@ impl Actor {
             slot: Mutex::new(None),
             last_used_ms: AtomicU64::new(0),
             evicting: AtomicBool::new(false),
+            index_given_back_at: AtomicU64::new(u64::MAX),
             repl: Mutex::new(ActorReplica::default()),
             repl_done: Condvar::new(),
             outbox_offered: AtomicU64::new(0),

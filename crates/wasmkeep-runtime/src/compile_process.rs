@@ -73,8 +73,10 @@ impl EngineSettings {
         c
     }
 
-    /// The node's engine.
-    pub(crate) fn engine(&self) -> Result<Engine, RuntimeError> {
+    /// The node's engine; a freed instance slot keeps up to
+    /// `keep_resident` bytes of each memory and table resident
+    /// (`instance_keep_resident_bytes`).
+    pub(crate) fn engine(&self, keep_resident: usize) -> Result<Engine, RuntimeError> {
         let mut c = self.base();
         // The pooling allocator keeps instance memory slots ready, which
         // makes instantiation a few microseconds (W3, cold start). Each
@@ -92,6 +94,18 @@ impl EngineSettings {
             .total_memories(n.saturating_mul(self.memories))
             .total_tables(n.saturating_mul(self.tables))
             .max_memory_size(self.memory_bytes_max);
+        if keep_resident > 0 {
+            // A freed slot's pages that the instance wrote are reset by
+            // writing them (the kernel's page-map scan finds them), up to
+            // `keep_resident`, instead of an `madvise` that interrupts
+            // every core, and the next instance takes no fault on them
+            // (ADR 0078). Without the scan wasmtime would write the whole
+            // first `keep_resident` bytes of every slot: the caller passes
+            // 0 there (`runtime::instance_keep_resident_bytes`).
+            pool.linear_memory_keep_resident(keep_resident)
+                .table_keep_resident(keep_resident)
+                .pagemap_scan(wasmtime::Enabled::Yes);
+        }
         c.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
         Engine::new(&c).map_err(|e| RuntimeError::Internal(format!("engine: {e:#}")))
     }

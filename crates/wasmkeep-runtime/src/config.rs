@@ -79,6 +79,17 @@ pub struct RuntimeConfig {
     /// Memory one instance may grow to: all its linear memories and tables
     /// together.
     pub instance_memory_bytes_max: usize,
+    /// Bytes of each memory and table slot of a freed instance that stay
+    /// resident for the slot's next instance: the pages the instance wrote
+    /// are reset by writing them, up to this much, instead of being handed
+    /// back to the kernel, which on a multi-core host interrupts every
+    /// core (ADR 0078). Lowered so that all slots of the instance pool
+    /// together keep at most a quarter of `node_memory_bytes_max`
+    /// ([`crate::runtime::instance_keep_resident_bytes`]; what they keep:
+    /// `wasmkeep_instance_slots_resident_bytes`); 0 hands everything back.
+    /// Used only where the kernel can report the written pages (Linux 6.7
+    /// and later).
+    pub instance_keep_resident_bytes: usize,
     /// Instances alive at once; past it the least recently used idle actor
     /// is closed to make room (a request never fails for it).
     pub instances_max: u32,
@@ -294,6 +305,7 @@ impl RuntimeConfig {
             commit_log: true,
             event_cpu_ms_max: 30_000,
             instance_memory_bytes_max: 128 * 1024 * 1024,
+            instance_keep_resident_bytes: 1024 * 1024,
             instances_max: 2048,
             open_databases_max: 0,
             actor_idle_ms: 60_000,

@@ -77,6 +77,7 @@ pub use config::{Durability, RuntimeConfig};
 pub use error::RuntimeError;
 pub use faults::Faults;
 pub use node::{OPEN_FILES_KEPT, RunGate, open_databases_max_for};
+pub use runtime::instance_keep_resident_bytes;
 pub use runtime::{ActorInfo, DeployOptions, PreparedApp, Runtime};
 pub use secrets::Secrets;
 pub use wasmkeep_store::{ActorId, StoreLimits, Value as StoreValue, memory_budget};

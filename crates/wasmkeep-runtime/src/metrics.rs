@@ -124,6 +124,9 @@ pub struct Metrics {
     pub recording_refused_total: Counter,
     pub overloaded_total: Counter,
     pub instances_active: GaugeU64,
+    /// Memory freed instance slots keep for their next instance (ADR
+    /// 0078), as the reaper last read it.
+    pub instance_slots_resident_bytes: GaugeU64,
     pub instantiations_total: Counter,
     pub evictions_total: Counter,
     /// Open actors whose database was closed (their instance kept) to stay
@@ -348,6 +351,13 @@ impl Metrics {
             "Actors with a live instance.",
             None,
             self.instances_active.clone(),
+        );
+        register(
+            r,
+            "wasmkeep_instance_slots_resident_bytes",
+            "Bytes of memories and tables that freed instance slots keep resident for their next instance (instance_keep_resident_bytes), read each second.",
+            None,
+            self.instance_slots_resident_bytes.clone(),
         );
     }
 
@@ -818,10 +828,10 @@ mod tests {
         assert_eq!(sample(&text, "wasmkeep_bucket_put_bytes_total"), 0.0);
         assert_eq!(types["wasmkeep_event_seconds"], "histogram");
         assert_eq!(types["wasmkeep_alarms_pending"], "gauge");
-        // 24 node series, 6 of the outbox and parked replies, 9 phase
+        // 25 node series, 6 of the outbox and parked replies, 9 phase
         // histograms, 11 of replication, 2 of recording, 1 of waits, 2 of
         // the alarm index, 6 bucket counters.
-        assert_eq!(types.len(), 61);
+        assert_eq!(types.len(), 62);
         assert_eq!(types["wasmkeep_outbox_pending"], "gauge");
         assert_eq!(types["wasmkeep_outbox_answers"], "counter");
     }

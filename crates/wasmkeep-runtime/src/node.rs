@@ -50,6 +50,10 @@ pub(crate) enum Closes {
 /// compiled code, logs) when it derives `open_databases_max` from the
 /// open-files limit.
 pub const OPEN_FILES_KEPT: u64 = 2_048;
+/// How long an open actor goes unused before its log index gives back
+/// its zero pages (ADR 0078): one reaper pass.
+pub(crate) const INDEX_IDLE_MS: u64 = 1_000;
+
 /// The least `open_databases_max` derived from a small open-files limit.
 pub(crate) const OPEN_DATABASES_MIN: usize = 64;
 /// Most databases one pass of `make_room_for_database` sends the closer
@@ -533,6 +537,53 @@ impl Inner {
         self.reaped.fetch_add(1, Ordering::Relaxed);
         release_free_memory();
         n
+    }
+
+    /// Gives back the log index's zero pages (ADR 0028) of the open
+    /// actors unused for `idle` ms that did not give them back since their
+    /// last event, and unmaps the index blocks kept for reuse if no open
+    /// took one since the last pass; returns the bytes given back. The
+    /// reaper calls this each pass with [`INDEX_IDLE_MS`]: an actor that
+    /// committed once (commits from the second on give the pages back
+    /// themselves) and closes sooner returns its index whole, for the next
+    /// open to reuse without a system call (ADR 0078).
+    pub(crate) fn give_back_idle_index_pages(&self, idle: u64) -> usize {
+        let now = self.elapsed_ms();
+        let idle_ones: Vec<(u64, Arc<Actor>)> = self
+            .actors
+            .lock()
+            .values()
+            .filter_map(|a| {
+                let used = a.last_used_ms.load(Ordering::Relaxed);
+                (now.saturating_sub(used) >= idle
+                    && a.index_given_back_at.load(Ordering::Relaxed) != used)
+                    .then(|| (used, Arc::clone(a)))
+            })
+            .collect();
+        let mut bytes = 0;
+        for (used, a) in idle_ones {
+            // A held lock means the actor is running: next pass.
+            let Some(slot) = a.slot.try_lock() else {
+                continue;
+            };
+            if let Some(l) = slot.as_ref() {
+                bytes += l.give_back_index_pages();
+            }
+            a.index_given_back_at.store(used, Ordering::Relaxed);
+        }
+        wasmkeep_store::db::trim_kept_index_blocks();
+        bytes
+    }
+
+    /// Reads what freed instance slots keep resident for their next
+    /// instance (ADR 0078) into `wasmkeep_instance_slots_resident_bytes`;
+    /// returns it. The reaper calls this each pass.
+    pub(crate) fn read_instance_slots_resident(&self) -> u64 {
+        let kept = self.engine.pooling_allocator_metrics().map_or(0, |pool| {
+            pool.unused_memory_bytes_resident() + pool.unused_table_bytes_resident()
+        }) as u64;
+        self.metrics.instance_slots_resident_bytes.set(kept);
+        kept
     }
 
     /// Instances that stay once the queued closes are done.

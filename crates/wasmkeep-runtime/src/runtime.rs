@@ -205,6 +205,26 @@ pub(crate) fn engine_settings(config: &RuntimeConfig) -> EngineSettings {
     }
 }
 
+/// The share of `node_memory_bytes_max` that freed instance slots may
+/// keep resident together, at most (ADR 0078).
+const SLOTS_RESIDENT_SHARE: u64 = 4;
+
+/// What each memory and table slot of a freed instance keeps resident
+/// for its next instance (ADR 0078): `instance_keep_resident_bytes`,
+/// lowered so that every slot of the pool together keeps at most a
+/// quarter of `node_memory_bytes_max`, in whole 4 KiB pages; 0 where the
+/// kernel cannot report which pages an instance wrote (before Linux 6.7).
+pub fn instance_keep_resident_bytes(config: &RuntimeConfig) -> usize {
+    if !wasmtime::PoolingAllocationConfig::is_pagemap_scan_available() {
+        return 0;
+    }
+    let s = engine_settings(config);
+    let slots = u64::from(s.instances) * u64::from(s.memories + s.tables);
+    let share = config.node_memory_bytes_max / SLOTS_RESIDENT_SHARE / slots.max(1);
+    let bytes = (config.instance_keep_resident_bytes as u64).min(share);
+    (bytes - bytes % 4096) as usize
+}
+
 /// What a node's runtime is built from besides its configuration and
 /// clock (see `Runtime::start`).
 struct Parts {
@@ -218,7 +238,7 @@ struct Parts {
 /// The engine and its linker, the node's series, and the bucket side when
 /// the node has a bucket (its upload threads start here).
 fn runtime_parts(config: &RuntimeConfig) -> Result<Parts, RuntimeError> {
-    let engine = engine_settings(config).engine()?;
+    let engine = engine_settings(config).engine(instance_keep_resident_bytes(config))?;
     let mut linker: Linker<HostState> = Linker::new(&engine);
     wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
         .map_err(|e| RuntimeError::Internal(format!("linker: {e:#}")))?;
@@ -586,6 +606,8 @@ impl Runtime {
                         return;
                     }
                     rt.reap_idle();
+                    rt.give_back_idle_index_pages(crate::node::INDEX_IDLE_MS);
+                    rt.read_instance_slots_resident();
                     rt.sockets.close_idle(rt.clock.now_ms());
                 }
             })
@@ -1201,6 +1223,22 @@ impl Runtime {
         } else {
             Err(RuntimeError::TenantNotFound(tenant.to_owned()))
         }
+    }
+
+    /// What the reaper does each pass with one second (ADR 0078): the open
+    /// actors unused for `idle_ms` give back their log index's zero pages.
+    /// Returns the bytes given back. For tests.
+    #[doc(hidden)]
+    pub fn give_back_idle_index_pages(&self, idle_ms: u64) -> usize {
+        self.inner.give_back_idle_index_pages(idle_ms)
+    }
+
+    /// The bytes freed instance slots keep resident for their next
+    /// instance now (`instance_keep_resident_bytes`, ADR 0078); also sets
+    /// `wasmkeep_instance_slots_resident_bytes`, which the reaper refreshes
+    /// each second.
+    pub fn instance_slots_resident_bytes(&self) -> u64 {
+        self.inner.read_instance_slots_resident()
     }
 
     pub fn actor_info(&self, id: &ActorId) -> Result<ActorInfo, RuntimeError> {

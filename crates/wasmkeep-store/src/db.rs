@@ -211,6 +211,9 @@ pub struct ActorDb {
     /// Calls to `set_alarm` on this connection: the runtime reads the
     /// committed alarm back after a batch only if it moved.
     alarm_writes: std::cell::Cell<u64>,
+    /// Commits on this connection: from the second on, a commit gives
+    /// back the log index's zero pages (ADR 0028, ADR 0078).
+    commits: std::cell::Cell<u64>,
     /// See [`ActorDb::keep_statements`].
     keep_statements: std::cell::Cell<bool>,
     /// The tenant's quota (its name and value) while it caps this
@@ -243,6 +246,13 @@ static OPEN_ACTOR_DATABASES: AtomicUsize = AtomicUsize::new(0);
 /// How many actors' databases ([`ActorDb`]) are open in this process.
 pub fn open_actor_databases() -> usize {
     OPEN_ACTOR_DATABASES.load(Ordering::Relaxed)
+}
+
+/// Unmaps the blocks kept for actors' log indexes (ADR 0078) unless an
+/// open took one since the last call; returns how many. The reaper calls
+/// it each pass, so that an idle node keeps none.
+pub fn trim_kept_index_blocks() -> usize {
+    crate::index_blocks::trim_unused()
 }
 
 /// One count in [`OPEN_ACTOR_DATABASES`], given back when dropped.
@@ -375,6 +385,7 @@ impl ActorDb {
             page_size: 4096,
             initialized_committed: std::cell::Cell::new(false),
             alarm_writes: std::cell::Cell::new(0),
+            commits: std::cell::Cell::new(0),
             keep_statements: std::cell::Cell::new(true),
             quota: std::cell::Cell::new(None),
             wal_index,
@@ -384,14 +395,9 @@ impl ActorDb {
             _counted: OpenCounted::new(),
         };
         match db.configure() {
-            Ok(()) => {
-                if let Some(w) = &db.wal_index {
-                    // Opening may have rebuilt the index from a log left by
-                    // a crash, or created the database: both zero a block.
-                    w.release_zero_pages();
-                }
-                Ok(Some(db))
-            }
+            // The index's zero pages stay until a second commit or until
+            // the actor has been idle a while (ADR 0078).
+            Ok(()) => Ok(Some(db)),
             Err(StoreError::Corrupt(why)) if exists && interrupted_creation(&path) => {
                 // A creation that crashed before its first durable batch
                 // (see `creation`): nothing in it was ever acknowledged.
@@ -643,9 +649,12 @@ impl ActorDb {
         self.control(SQL_BEGIN)
     }
 
-    /// Commits the batch's transaction. If the commit started the log over
-    /// (or grew its index), the index's pages left holding only zeros are
-    /// given back (ADR 0028).
+    /// Commits the batch's transaction. From the connection's second
+    /// commit on, the index's pages that hold only zeros are given back if
+    /// the log started over or grew its index (ADR 0028); after the first
+    /// they stay, so that an actor that closes after one batch (each actor
+    /// of an alarm burst) returns its index's block whole for the next
+    /// open (ADR 0078).
     pub fn commit(&mut self) -> Result<(), StoreError> {
         if let Err(e) = self.control(SQL_COMMIT) {
             // SQLite may have written the commit's frames before failing
@@ -655,10 +664,23 @@ impl ActorDb {
             }
             return Err(e);
         }
-        if let Some(w) = &self.wal_index {
-            w.release_zero_pages();
+        let commits = self.commits.get();
+        self.commits.set(commits + 1);
+        if commits > 0 {
+            self.give_back_index_pages();
         }
         Ok(())
+    }
+
+    /// Gives back the log index's pages that hold only zeros, if the log
+    /// started over or grew a block since the last time (ADR 0028); returns
+    /// the bytes given back. Commits call it from the second on; the
+    /// runtime calls it for an actor idle for a while (one that committed
+    /// once and stays open). Between transactions only.
+    pub fn give_back_index_pages(&self) -> usize {
+        self.wal_index
+            .as_ref()
+            .map_or(0, WalIndex::release_zero_pages)
     }
 
     /// Runs one of the runtime's transaction statements through the

@@ -19,6 +19,7 @@ pub mod error;
 mod file_lock;
 mod guest_functions;
 pub mod id;
+mod index_blocks;
 pub mod limits;
 mod log_writes;
 pub mod memory_budget;

@@ -12,11 +12,15 @@
 //! (files, syncs: every call goes to it) except for the index's memory,
 //! the main database's lock on Linux ([`crate::file_lock`]), and the log's
 //! writes, which it gathers into one per commit ([`crate::log_writes`],
-//! ADR 0029). Its blocks are private anonymous mappings; after a commit,
+//! ADR 0029). Its blocks are private anonymous memory, reused from one
+//! open actor to the next ([`crate::index_blocks`], ADR 0078);
 //! [`WalIndex::release_zero_pages`] hands the pages that hold only zeros
 //! back to the kernel (`madvise(MADV_DONTNEED)`), after which they read as
-//! zeros again: what SQLite sees does not change. It only scans after the
-//! log started over or grew a block, so most commits cost two loads.
+//! zeros again: what SQLite sees does not change. It runs at a
+//! connection's commits from the second on, and for an actor that has
+//! been idle for a second (an actor open for one batch returns its block
+//! whole); it only scans after the log started over or grew a block since
+//! the last time.
 //!
 //! The index is private to the connection, so the VFS's shared-memory locks
 //! are no-ops. That is right only because an actor's connection is the
@@ -107,16 +111,17 @@ struct Shm {
     region_bytes: usize,
     /// The salt and block count when zero pages were last given back.
     released_at: Option<(u64, usize)>,
+    /// Whether some page of a block was given back to the kernel (such a
+    /// block is not kept for reuse, `crate::index_blocks`).
+    gave_back: bool,
 }
 
 impl Drop for Shm {
     fn drop(&mut self) {
         for &r in &self.regions {
-            // SAFETY: each region is a mapping of `region_bytes` made by
-            // `x_shm_map` and not unmapped elsewhere.
-            unsafe {
-                libc::munmap(r.cast(), self.region_bytes);
-            }
+            // SAFETY: each region came from `index_blocks::take` with
+            // `region_bytes` in `x_shm_map`, and SQLite is done with it.
+            unsafe { crate::index_blocks::give_back(r, self.region_bytes, !self.gave_back) };
         }
     }
 }
@@ -414,6 +419,7 @@ unsafe extern "C" fn x_shm_map(
                 regions: Vec::new(),
                 region_bytes: region_bytes as usize,
                 released_at: None,
+                gave_back: false,
             }));
         }
         let shm = &mut *(*e).shm;
@@ -426,24 +432,13 @@ unsafe extern "C" fn x_shm_map(
                 return ffi::SQLITE_OK;
             }
             while shm.regions.len() <= i {
-                // Fresh anonymous memory reads as zeros and costs nothing
-                // until written.
-                let p = libc::mmap(
-                    ptr::null_mut(),
-                    shm.region_bytes,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                    -1,
-                    0,
-                );
-                if p == libc::MAP_FAILED {
+                // Zeros, as a new shared-memory file reads: a kept block
+                // (zeroed when kept) or a new one (ADR 0078).
+                let Some(p) = crate::index_blocks::take(shm.region_bytes) else {
                     *out = ptr::null_mut();
                     return ffi::SQLITE_IOERR_SHMMAP;
-                }
-                // A huge page would make a touched page cost 2 MiB where
-                // transparent huge pages are on for all memory.
-                libc::madvise(p, shm.region_bytes, libc::MADV_NOHUGEPAGE);
-                shm.regions.push(p.cast());
+                };
+                shm.regions.push(p);
             }
         }
         *out = shm.regions[i].cast();
@@ -872,15 +867,16 @@ impl WalIndex {
     /// The index's blocks, once SQLite asked for them.
     fn shm(&self) -> *mut Shm {
         // SAFETY: `extra` is valid while the connection is open (see
-        // `of`); the index is touched only by the thread using the
-        // connection, between its statements.
+        // `of`); the index is touched only by whoever holds the connection
+        // (its `ActorDb`, which the runtime reaches only under the actor's
+        // slot lock), between its statements.
         unsafe { (*self.extra).shm }
     }
 
     /// Gives back the index's pages that hold only zeros, if the log
     /// started over or grew a block since the last time. Call between
-    /// transactions, on the connection's thread. Returns the bytes given
-    /// back.
+    /// transactions, by whoever holds the connection. Returns the bytes
+    /// given back.
     pub(crate) fn release_zero_pages(&self) -> usize {
         self.release(false)
     }
@@ -933,6 +929,7 @@ impl WalIndex {
                         };
                         if rc == 0 {
                             released += off - from;
+                            shm.gave_back = true;
                         }
                         run = None;
                     }
@@ -980,7 +977,7 @@ impl WalIndex {
     }
 }
 
-fn os_page_bytes() -> usize {
+pub(crate) fn os_page_bytes() -> usize {
     // SAFETY: sysconf has no preconditions.
     let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     if n > 0 { n as usize } else { 4096 }
@@ -1108,6 +1105,55 @@ mod tests {
         assert_eq!(w.resident_bytes(), 2 * 4096);
         let n: i64 = c.query_row("SELECT n FROM t", [], |r| r.get(0)).unwrap();
         assert_eq!(n, 19);
+    }
+
+    /// Actor `a` writes five commits and closes without a checkpoint, as an
+    /// actor does (ADR 0076: its index's header then counts frames not yet
+    /// in the database), and its index's block is kept for reuse; then
+    /// actor `b`, a new database, opens and writes a row. Returns what `b`
+    /// reads back.
+    fn second_database_after_the_first_closed(keep_contents: bool) -> Result<Vec<i64>, String> {
+        let dir = tempfile::tempdir().unwrap();
+        crate::index_blocks::tests::KEEP_CONTENTS_UNSAFE.set(keep_contents);
+        {
+            let (c, _) = open(&dir.path().join("a.db"), |_| ());
+            c.set_db_config(
+                rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
+                true,
+            )
+            .unwrap();
+            c.execute_batch("CREATE TABLE t (n INTEGER)").unwrap();
+            for n in 1..=5 {
+                c.execute("INSERT INTO t VALUES (?1)", [n]).unwrap();
+            }
+        }
+        crate::index_blocks::tests::KEEP_CONTENTS_UNSAFE.set(false);
+        assert!(crate::index_blocks::kept() >= 1, "a's block was not kept");
+        let e = |e: rusqlite::Error| e.to_string();
+        sqlite_setup();
+        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE;
+        let c = Connection::open_with_flags_and_vfs(dir.path().join("b.db"), flags, VFS_NAME)
+            .map_err(e)?;
+        c.pragma_update(None, "journal_mode", "WAL").map_err(e)?;
+        open_log(&c).map_err(e)?;
+        c.execute_batch("CREATE TABLE u (n INTEGER); INSERT INTO u VALUES (100);")
+            .map_err(e)?;
+        let mut s = c.prepare("SELECT n FROM u").map_err(e)?;
+        let rows = s.query_map([], |r| r.get(0)).map_err(e)?;
+        rows.collect::<Result<Vec<i64>, _>>().map_err(e)
+    }
+
+    #[test]
+    fn a_reused_block_serves_a_new_index() {
+        assert_eq!(second_database_after_the_first_closed(false), Ok(vec![100]));
+    }
+
+    #[test]
+    fn a_reused_block_that_was_not_zeroed_serves_another_actors_index() {
+        // The unsafe variant: the block keeps `a`'s header, whose checksum
+        // holds, and SQLite reads `b`'s log at `a`'s frames.
+        let got = second_database_after_the_first_closed(true);
+        assert_ne!(got, Ok(vec![100]), "b read its own row through a's index");
     }
 
     /// Another connection (SQLite's own VFS, its own `-shm` index) writes

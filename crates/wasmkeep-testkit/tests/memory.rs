@@ -35,13 +35,43 @@ fn an_open_actor_caches_only_the_pages_its_events_use() {
 /// SQLite zeroes the write-ahead log's whole 32 KiB index when the log
 /// starts; a counter's index uses its first page (the header and the
 /// frames' page numbers) and one or two of its hash pages. The rest is
-/// given back (ADR 0028; the store's tests cover a log that starts over).
+/// given back at the connection's second commit (ADR 0028, ADR 0078; the
+/// store's tests cover a log that starts over).
 #[test]
 fn an_open_actor_keeps_only_the_wal_index_pages_it_uses() {
     let bytes = memory_of_a_counter_after_three_increments().wal_index_bytes;
     // Kept through wasmkeep's VFS (0 would mean in SQLite's heap).
     assert!(bytes > 0, "no index through the VFS");
     assert!(bytes <= 3 * 4096, "{bytes} bytes of the index resident");
+}
+
+/// An actor opened for one batch (each actor of an alarm burst) keeps its
+/// index's block whole, so that it returns it for the next open to reuse
+/// with no system call that would interrupt every core; if it stays open,
+/// the reaper gives the zero pages back once it was idle (ADR 0078).
+#[test]
+fn an_actor_opened_for_one_batch_keeps_its_wal_index_block_until_idle() {
+    let node = TestNode::new();
+    node.deploy("demo/examples", DEMO).unwrap();
+    let a = node.actor("demo/examples/counter/a");
+    assert_eq!(a.post("/increment", "").status, 200);
+    until(|| node.runtime().close_idle_now() == 1);
+    assert_eq!(a.post("/increment", "").status, 200);
+    let index = || {
+        let info = node.runtime().actor_info(a.id()).unwrap();
+        info.sqlite_memory
+            .expect("the actor is open")
+            .wal_index_bytes
+    };
+    assert_eq!(index(), 32 * 1024, "the index's block is not whole");
+    // The reaper skips an actor whose turn still holds it: until it did not.
+    // (or the node's own reaper, if this test was a second late).
+    until(|| node.runtime().give_back_idle_index_pages(0) >= 5 * 4096 || index() <= 3 * 4096);
+    let bytes = index();
+    assert!(
+        bytes > 0 && bytes <= 3 * 4096,
+        "{bytes} bytes of the index resident"
+    );
 }
 
 /// `on-init` runs once in an actor's life: the statements it ran (table
@@ -106,4 +136,66 @@ fn a_new_database_takes_the_page_size_of_its_app_and_keeps_it() {
     let info = node.runtime().actor_info(&b).unwrap();
     assert_eq!(info.database_bytes % 4096, 0);
     assert!(info.database_bytes > 0);
+}
+
+/// ADR 0078: a freed instance slot keeps the pages its instance wrote,
+/// reset, for the next instance. A hostile actor leaves a marker in its
+/// static data and in 256 KiB of heap it grew its memory for, and closes;
+/// the next actors of the same app, in the same slot or another, grow
+/// their memory as far and find the marker nowhere in it. With
+/// `instance_keep_resident_bytes` at 0 the slots keep nothing.
+#[test]
+fn a_reused_instance_slot_shows_nothing_of_the_instance_before() {
+    let key = b"slot-leftover-4f1c9e";
+    for keep in [1 << 20, 0] {
+        // One worker: every instance is made on one thread, where wasmtime
+        // offers the slot a module's last instance freed to its next one.
+        let node = TestNode::with_config(|c| {
+            c.instance_keep_resident_bytes = keep;
+            c.workers = 1;
+        });
+        let effective = wasmkeep_runtime::instance_keep_resident_bytes(node.runtime().config());
+        if keep > 0 && effective == 0 {
+            eprintln!("this kernel cannot report written pages: slots keep nothing here");
+        }
+        node.deploy("t/hostile", wasmkeep_guests::HOSTILE).unwrap();
+        let a = node.actor("t/hostile/attacker/a");
+        let left = a.post("/leave", key.as_slice());
+        assert_eq!(left.status, 200);
+        let pages = left.json()["pages"].as_u64().unwrap();
+        let find = |who: &str| {
+            let r = node
+                .actor(who)
+                .post(&format!("/find?pages={pages}"), key.as_slice());
+            r.json()["found"].as_u64().unwrap()
+        };
+        // The marker is there for the instance that wrote it.
+        let mine = find("t/hostile/attacker/a");
+        assert!(mine > 1_000, "{mine} copies of the marker");
+        until(|| node.runtime().close_idle_now() == 1);
+        let kept = node.runtime().instance_slots_resident_bytes();
+        assert_eq!(kept > 0, effective > 0, "{kept} bytes kept");
+        let mut reused = effective == 0;
+        for i in 0..8 {
+            assert_eq!(
+                find(&format!("t/hostile/attacker/b{i}")),
+                0,
+                "b{i} saw a's marker"
+            );
+            reused |= node.runtime().instance_slots_resident_bytes() < kept;
+        }
+        assert!(reused, "no actor took a's slot: the test showed nothing");
+    }
+}
+
+/// Calls `done` until it says so, for up to 10 s: a reply reaches the
+/// caller before the turn that sent it has let go of the actor.
+fn until(mut done: impl FnMut() -> bool) {
+    for _ in 0..2_000 {
+        if done() {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    panic!("not done in 10 s");
 }

@@ -42,6 +42,7 @@ pub(crate) struct NodeConfig {
     pub insecure: bool,
     pub event_cpu_ms_max: u64,
     pub instance_memory_bytes_max: usize,
+    pub instance_keep_resident_bytes: usize,
     pub instances_max: u32,
     pub open_databases_max: u32,
     pub actor_idle_ms: u64,
@@ -202,6 +203,7 @@ impl Default for NodeConfig {
             insecure: false,
             event_cpu_ms_max: rt.event_cpu_ms_max,
             instance_memory_bytes_max: rt.instance_memory_bytes_max,
+            instance_keep_resident_bytes: rt.instance_keep_resident_bytes,
             instances_max: rt.instances_max,
             open_databases_max: rt.open_databases_max,
             actor_idle_ms: rt.actor_idle_ms,
@@ -377,6 +379,7 @@ impl NodeConfig {
         c.commit_log = self.commit_log;
         c.event_cpu_ms_max = self.event_cpu_ms_max;
         c.instance_memory_bytes_max = self.instance_memory_bytes_max;
+        c.instance_keep_resident_bytes = self.instance_keep_resident_bytes;
         c.instances_max = self.instances_max;
         c.open_databases_max = self.open_databases_max;
         c.actor_idle_ms = self.actor_idle_ms;

@@ -49,6 +49,7 @@ tenant_tokens = { acme = "tenant-secret" }
 insecure = true
 event_cpu_ms_max = 31001
 instance_memory_bytes_max = 100000001
+instance_keep_resident_bytes = 1048577
 instances_max = 2003
 open_databases_max = 777
 actor_idle_ms = 61003
@@ -277,6 +278,7 @@ fn runtime_rows(r: &mut Reach, n: &NodeConfig, runtime: &RuntimeConfig) {
     reach!(r, n.commit_log => runtime.commit_log);
     reach!(r, n.event_cpu_ms_max => runtime.event_cpu_ms_max);
     reach!(r, n.instance_memory_bytes_max => runtime.instance_memory_bytes_max);
+    reach!(r, n.instance_keep_resident_bytes => runtime.instance_keep_resident_bytes);
     reach!(r, n.instances_max => runtime.instances_max);
     reach!(r, n.open_databases_max => runtime.open_databases_max);
     reach!(r, n.actor_idle_ms => runtime.actor_idle_ms);

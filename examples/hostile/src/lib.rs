@@ -224,6 +224,70 @@ fn mem_grow() -> Response {
     Response::status(501)
 }
 
+/// What `/leave` writes and `/find` looks for: each byte of the request's
+/// body XOR this, so that the bytes searched for are nowhere in memory
+/// but where `/leave` put them (the body itself differs).
+const LEAVE_MASK: u8 = 0x5a;
+
+/// Leaves the body (1 to 64 bytes), masked, in the module's static data
+/// and in 256 KiB of heap that is never freed (memory grown for it): what
+/// a later instance in the same slot must not see (ADR 0078). Answers the
+/// memory's size in 64 KiB pages.
+#[cfg(target_arch = "wasm32")]
+fn leave(body: &[u8]) -> Response {
+    // Not zeros, so that it lies in a data segment: a page the module's
+    // image fills, which a reset must restore rather than zero.
+    static LEFT: std::sync::Mutex<[u8; 64]> = std::sync::Mutex::new([1; 64]);
+    if body.is_empty() || body.len() > 64 {
+        return Response::status(400);
+    }
+    let masked: Vec<u8> = body.iter().map(|b| b ^ LEAVE_MASK).collect();
+    let mut heap = Vec::with_capacity(256 * 1024);
+    while heap.len() + masked.len() <= heap.capacity() {
+        heap.extend_from_slice(&masked);
+    }
+    std::mem::forget(heap);
+    LEFT.lock().unwrap()[..masked.len()].copy_from_slice(&masked);
+    let pages = core::arch::wasm32::memory_size(0);
+    Response::json(200, json!({ "pages": pages }).to_string())
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+fn leave(_: &[u8]) -> Response {
+    Response::status(501)
+}
+
+/// Grows the memory to `pages` (what `/leave` answered), then searches
+/// the whole of it for the body, masked as `/leave` writes it, without
+/// ever holding the masked bytes: how many places hold them.
+#[cfg(target_arch = "wasm32")]
+fn find(key: &[u8], pages: usize) -> Response {
+    use core::arch::wasm32::{memory_grow, memory_size};
+    if memory_size(0) < pages {
+        let _ = memory_grow(0, pages - memory_size(0));
+    }
+    let end = memory_size(0) * 65_536;
+    let mut found = 0u64;
+    // From 1 KiB: below it lies nothing a program writes, and address 0
+    // is Rust's null.
+    let mut at = 1024;
+    while !key.is_empty() && at + key.len() <= end {
+        let holds = key.iter().enumerate().all(|(i, k)| {
+            // SAFETY: inside the linear memory, which is all readable.
+            let b = unsafe { core::ptr::read_volatile((at + i) as *const u8) };
+            b == k ^ LEAVE_MASK
+        });
+        found += u64::from(holds);
+        at += 1;
+    }
+    Response::json(200, json!({ "found": found }).to_string())
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+fn find(_: &[u8], _: usize) -> Response {
+    Response::status(501)
+}
+
 /// Recurses with a frame the optimiser cannot remove, until the wasm stack
 /// is exhausted.
 fn recurse(depth: u64) -> u64 {
@@ -310,6 +374,8 @@ impl Actor for Attacker {
                 num(&req, "bytes", 1000)?,
             )),
             ("POST", "/mem-grow") => Ok(mem_grow()),
+            ("POST", "/leave") => Ok(leave(&req.body)),
+            ("POST", "/find") => Ok(find(&req.body, num(&req, "pages", 0)? as usize)),
             ("POST", "/stack-overflow") => {
                 let n = recurse(0);
                 Ok(Response::json(200, json!({ "depth": n }).to_string()))
