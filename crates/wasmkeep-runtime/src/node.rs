@@ -544,9 +544,10 @@ impl Inner {
     /// last event, and unmaps the index blocks kept for reuse if no open
     /// took one since the last pass; returns the bytes given back. The
     /// reaper calls this each pass with [`INDEX_IDLE_MS`]: an actor that
-    /// committed once (commits from the second on give the pages back
-    /// themselves) and closes sooner returns its index whole, for the next
-    /// open to reuse without a system call (ADR 0078).
+    /// committed a few times (from its sixteenth commit on one open, its
+    /// commits give the pages back themselves) and closes sooner returns
+    /// its index whole, for the next open to reuse without a system call
+    /// (ADR 0078).
     pub(crate) fn give_back_idle_index_pages(&self, idle: u64) -> usize {
         let now = self.elapsed_ms();
         let idle_ones: Vec<(u64, Arc<Actor>)> = self

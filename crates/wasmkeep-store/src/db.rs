@@ -211,8 +211,9 @@ pub struct ActorDb {
     /// Calls to `set_alarm` on this connection: the runtime reads the
     /// committed alarm back after a batch only if it moved.
     alarm_writes: std::cell::Cell<u64>,
-    /// Commits on this connection: from the second on, a commit gives
-    /// back the log index's zero pages (ADR 0028, ADR 0078).
+    /// Commits on this connection: from the [`COMMITS_BEFORE_GIVING_BACK`]th
+    /// on, a commit gives back the log index's zero pages (ADR 0028, ADR
+    /// 0078).
     commits: std::cell::Cell<u64>,
     /// See [`ActorDb::keep_statements`].
     keep_statements: std::cell::Cell<bool>,
@@ -254,6 +255,13 @@ pub fn open_actor_databases() -> usize {
 pub fn trim_kept_index_blocks() -> usize {
     crate::index_blocks::trim_unused()
 }
+
+/// The commit of a connection from which its commits give back the log
+/// index's zero pages (ADR 0078): an actor this busy on one open stays
+/// open, while one opened for a batch or two (an alarm's actor, prepared
+/// and fired) returns its index's block whole at its close. Earlier, the
+/// runtime's reaper gives them back once the actor was idle a second.
+const COMMITS_BEFORE_GIVING_BACK: u64 = 16;
 
 /// One count in [`OPEN_ACTOR_DATABASES`], given back when dropped.
 #[derive(Debug)]
@@ -395,8 +403,8 @@ impl ActorDb {
             _counted: OpenCounted::new(),
         };
         match db.configure() {
-            // The index's zero pages stay until a second commit or until
-            // the actor has been idle a while (ADR 0078).
+            // The index's zero pages stay until the actor is busy or idle
+            // ([`COMMITS_BEFORE_GIVING_BACK`], ADR 0078).
             Ok(()) => Ok(Some(db)),
             Err(StoreError::Corrupt(why)) if exists && interrupted_creation(&path) => {
                 // A creation that crashed before its first durable batch
@@ -649,12 +657,13 @@ impl ActorDb {
         self.control(SQL_BEGIN)
     }
 
-    /// Commits the batch's transaction. From the connection's second
-    /// commit on, the index's pages that hold only zeros are given back if
-    /// the log started over or grew its index (ADR 0028); after the first
-    /// they stay, so that an actor that closes after one batch (each actor
-    /// of an alarm burst) returns its index's block whole for the next
-    /// open (ADR 0078).
+    /// Commits the batch's transaction. From the connection's
+    /// [`COMMITS_BEFORE_GIVING_BACK`]th commit on, the index's pages that
+    /// hold only zeros are given back if the log started over or grew its
+    /// index (ADR 0028); before, they stay, so that an actor that closes
+    /// after a batch or two (each actor of an alarm burst, prepared and
+    /// fired) returns its index's block whole for the next open and makes
+    /// no system call for it (ADR 0078).
     pub fn commit(&mut self) -> Result<(), StoreError> {
         if let Err(e) = self.control(SQL_COMMIT) {
             // SQLite may have written the commit's frames before failing
@@ -664,9 +673,9 @@ impl ActorDb {
             }
             return Err(e);
         }
-        let commits = self.commits.get();
-        self.commits.set(commits + 1);
-        if commits > 0 {
+        let commits = self.commits.get() + 1;
+        self.commits.set(commits);
+        if commits >= COMMITS_BEFORE_GIVING_BACK {
             self.give_back_index_pages();
         }
         Ok(())
@@ -674,9 +683,9 @@ impl ActorDb {
 
     /// Gives back the log index's pages that hold only zeros, if the log
     /// started over or grew a block since the last time (ADR 0028); returns
-    /// the bytes given back. Commits call it from the second on; the
-    /// runtime calls it for an actor idle for a while (one that committed
-    /// once and stays open). Between transactions only.
+    /// the bytes given back. Commits call it from the
+    /// [`COMMITS_BEFORE_GIVING_BACK`]th on; the runtime calls it for an
+    /// actor idle for a second. Between transactions only.
     pub fn give_back_index_pages(&self) -> usize {
         self.wal_index
             .as_ref()

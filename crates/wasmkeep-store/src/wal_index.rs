@@ -17,10 +17,10 @@
 //! [`WalIndex::release_zero_pages`] hands the pages that hold only zeros
 //! back to the kernel (`madvise(MADV_DONTNEED)`), after which they read as
 //! zeros again: what SQLite sees does not change. It runs at a
-//! connection's commits from the second on, and for an actor that has
-//! been idle for a second (an actor open for one batch returns its block
-//! whole); it only scans after the log started over or grew a block since
-//! the last time.
+//! connection's commits from the sixteenth on, and for an actor that has
+//! been idle for a second (an actor open for a batch or two returns its
+//! block whole); it only scans after the log started over or grew a block
+//! since the last time.
 //!
 //! The index is private to the connection, so the VFS's shared-memory locks
 //! are no-ops. That is right only because an actor's connection is the
