@@ -212,17 +212,32 @@ const SLOTS_RESIDENT_SHARE: u64 = 4;
 /// What each memory and table slot of a freed instance keeps resident
 /// for its next instance (ADR 0078): `instance_keep_resident_bytes`,
 /// lowered so that every slot of the pool together keeps at most a
-/// quarter of `node_memory_bytes_max`, in whole 4 KiB pages; 0 where the
-/// kernel cannot report which pages an instance wrote (before Linux 6.7).
+/// quarter of `node_memory_bytes_max`, in whole pages of the host; 0
+/// where the kernel cannot report which pages an instance wrote (before
+/// Linux 6.7).
 pub fn instance_keep_resident_bytes(config: &RuntimeConfig) -> usize {
     if !wasmtime::PoolingAllocationConfig::is_pagemap_scan_available() {
         return 0;
     }
     let s = engine_settings(config);
-    let slots = u64::from(s.instances) * u64::from(s.memories + s.tables);
-    let share = config.node_memory_bytes_max / SLOTS_RESIDENT_SHARE / slots.max(1);
-    let bytes = (config.instance_keep_resident_bytes as u64).min(share);
-    (bytes - bytes % 4096) as usize
+    let slots = u64::from(s.instances) * (u64::from(s.memories) + u64::from(s.tables));
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
+    keep_resident_within(
+        config.instance_keep_resident_bytes as u64,
+        config.node_memory_bytes_max,
+        slots,
+        page,
+    )
+}
+
+/// `configured` bytes per slot, lowered so that `slots` slots keep at
+/// most a quarter of `budget`, rounded down to whole `page`s (wasmtime
+/// rounds up to the page: rounding down keeps the bound).
+fn keep_resident_within(configured: u64, budget: u64, slots: u64, page: u64) -> usize {
+    let share = budget / SLOTS_RESIDENT_SHARE / slots.max(1);
+    let bytes = configured.min(share);
+    usize::try_from(bytes - bytes % page.max(1)).unwrap_or(0)
 }
 
 /// What a node's runtime is built from besides its configuration and
@@ -1959,4 +1974,29 @@ pub fn all_actors(data: &std::path::Path) -> Vec<ActorId> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod keep_resident_tests {
+    use super::*;
+
+    #[test]
+    fn freed_slots_keep_at_most_a_quarter_of_the_node_budget() {
+        const MIB: u64 = 1 << 20;
+        // 12 GiB over 15,393 slots: 204 KiB each, under the 1 MiB asked.
+        let per_slot = keep_resident_within(MIB, 12 << 30, 15_393, 4096) as u64;
+        assert_eq!(per_slot, 204 * 1024);
+        assert!(per_slot * 15_393 <= (12 << 30) / 4);
+        // A budget with room: what was asked, in whole pages.
+        assert_eq!(
+            keep_resident_within(MIB + 1, 1 << 40, 15_393, 4096),
+            1 << 20
+        );
+        assert_eq!(keep_resident_within(MIB, 1 << 40, 10, 65_536), 1 << 20);
+        assert_eq!(keep_resident_within(70_000, 1 << 40, 10, 65_536), 65_536);
+        // Less than a page, a tiny budget, no slots: nothing or the share.
+        assert_eq!(keep_resident_within(4095, 1 << 40, 10, 4096), 0);
+        assert_eq!(keep_resident_within(MIB, 64 * MIB, 15_393, 4096), 0);
+        assert_eq!(keep_resident_within(MIB, 4 * MIB, 0, 4096), MIB as usize);
+    }
 }

@@ -54,17 +54,32 @@ fn an_open_actor_keeps_only_the_wal_index_pages_it_uses() {
 fn an_actor_opened_for_one_batch_keeps_its_wal_index_block_until_idle() {
     let node = TestNode::new();
     node.deploy("demo/examples", DEMO).unwrap();
-    let a = node.actor("demo/examples/counter/a");
-    assert_eq!(a.post("/increment", "").status, 200);
-    until(|| node.runtime().close_idle_now() == 1);
-    assert_eq!(a.post("/increment", "").status, 200);
-    let index = || {
+    let index = |a: &wasmkeep_testkit::ActorHandle<'_>| {
         let info = node.runtime().actor_info(a.id()).unwrap();
         info.sqlite_memory
             .expect("the actor is open")
             .wal_index_bytes
     };
-    assert_eq!(index(), 32 * 1024, "the index's block is not whole");
+    // The node's own reaper gives the pages back if the actor was idle a
+    // second before the look (a loaded machine): a new actor then, three
+    // times at most. Giving them back at the open or the batch's commit
+    // fails all three.
+    let mut whole = None;
+    for i in 0..3 {
+        let a = node.actor(&format!("demo/examples/counter/a{i}"));
+        assert_eq!(a.post("/increment", "").status, 200);
+        until(|| {
+            node.runtime().close_idle_now();
+            !node.runtime().is_open(a.id())
+        });
+        assert_eq!(a.post("/increment", "").status, 200);
+        if index(&a) == 32 * 1024 {
+            whole = Some(a);
+            break;
+        }
+    }
+    let a = whole.expect("the index's block is not whole after one batch");
+    let index = || index(&a);
     // The reaper skips an actor whose turn still holds it: until it did not.
     // (or the node's own reaper, if this test was a second late).
     until(|| node.runtime().give_back_idle_index_pages(0) >= 5 * 4096 || index() <= 3 * 4096);
