@@ -221,8 +221,7 @@ pub fn instance_keep_resident_bytes(config: &RuntimeConfig) -> usize {
     }
     let s = engine_settings(config);
     let slots = u64::from(s.instances) * (u64::from(s.memories) + u64::from(s.tables));
-    // SAFETY: sysconf has no preconditions.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
+    let page = wasmkeep_store::os_page_bytes() as u64;
     keep_resident_within(
         config.instance_keep_resident_bytes as u64,
         config.node_memory_bytes_max,

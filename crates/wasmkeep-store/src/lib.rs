@@ -32,6 +32,8 @@ pub mod stack;
 pub mod sync;
 mod wal_index;
 
+pub use wal_index::os_page_bytes;
+
 pub use db::{
     ActorDb, AlarmState, ExecResult, IdempotentAnswer, InboxSeen, InspectBounds, KvListOptions,
     OpenMode, OutboxKind, OutboxRow, QueryResult, SqliteMemory, Value,

@@ -977,7 +977,8 @@ impl WalIndex {
     }
 }
 
-pub(crate) fn os_page_bytes() -> usize {
+/// The host's memory page size (4096 if the system does not say).
+pub fn os_page_bytes() -> usize {
     // SAFETY: sysconf has no preconditions.
     let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     if n > 0 { n as usize } else { 4096 }
