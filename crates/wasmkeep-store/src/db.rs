@@ -570,6 +570,11 @@ impl ActorDb {
     }
 
     fn err(&self, e: rusqlite::Error) -> StoreError {
+        // A statement that failed may have given the log a commit frame
+        // SQLite then did not commit: the size is read again.
+        if let Some(w) = &self.wal_index {
+            w.set_committed_pages(0);
+        }
         let reason = self.denied.take();
         let refusal = memory_budget::take_refusal();
         let stopped = self.guard.take_stopped();
@@ -1289,12 +1294,23 @@ impl ActorDb {
     // ---- inspection ----
 
     /// The database's size in bytes (pages in use times page size).
+    /// Between transactions, from the last commit frame the log was given
+    /// (`WalIndex::committed_pages`): the runtime asks before and after
+    /// every batch, and SQLite prepares a `PRAGMA page_count` again at
+    /// every run (a fifth of W1's worker time). Inside a transaction, or
+    /// when not known, SQLite's own count.
     pub fn size_bytes(&self) -> Result<u64, StoreError> {
+        let tracked = self.wal_index.as_ref().filter(|_| !self.in_transaction());
+        if let Some(pages) = tracked.and_then(WalIndex::committed_pages) {
+            return Ok(u64::from(pages) * self.page_size);
+        }
         let pages: i64 = self
             .conn
-            .prepare_cached("PRAGMA page_count")
-            .and_then(|mut st| st.query_row([], |r| r.get(0)))
+            .query_row("PRAGMA page_count", [], |r| r.get(0))
             .map_err(|e| StoreError::Sql(e.to_string()))?;
+        if let Some(w) = tracked {
+            w.set_committed_pages(u32::try_from(pages).unwrap_or(0));
+        }
         Ok(pages as u64 * self.page_size)
     }
 
@@ -1844,3 +1860,6 @@ fn alarm_of(
         _ => None,
     }))
 }
+
+#[cfg(test)]
+mod size_tests;

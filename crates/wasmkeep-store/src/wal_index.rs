@@ -96,6 +96,11 @@ struct Extra {
     fresh_log: bool,
     /// A log whose last write was its header (SQLite starting it over).
     header_last: bool,
+    /// A main database file: its size in pages as of the last commit frame
+    /// its log was given (0: not known). What `PRAGMA page_count` would say
+    /// between transactions, without a statement SQLite parses at every
+    /// run (it prepares every `PRAGMA page_count` again: pragmas run once).
+    committed_pages: u32,
     /// Tests only: the file's path, for the power-cut recorder.
     #[cfg(test)]
     path: Option<std::path::PathBuf>,
@@ -229,6 +234,7 @@ unsafe extern "C" fn x_open(
             new_log: false,
             fresh_log: !main_file.is_null() && std::mem::take(&mut (*extra(main_file)).new_log),
             header_last: false,
+            committed_pages: 0,
             #[cfg(test)]
             path,
             #[cfg(test)]
@@ -494,6 +500,12 @@ unsafe extern "C" fn x_write(
                 let data = std::slice::from_raw_parts(b.cast::<u8>(), n.max(0) as usize);
                 let rc = log.write(data, o, |d, o| write_through(f, d, o));
                 let main = (*extra(f)).main_file;
+                if rc == ffi::SQLITE_OK
+                    && !main.is_null()
+                    && let Some(pages) = commit_frame_pages(data, o)
+                {
+                    (*extra(main)).committed_pages = pages;
+                }
                 if rc == ffi::SQLITE_OK && !main.is_null() {
                     // The main file outlives its log; `capture` outlives
                     // the main file (see `WalIndex::attach_capture`).
@@ -517,6 +529,20 @@ unsafe extern "C" fn x_write(
         }
     }
 }
+/// The database's size in pages a write to its log gives, if the write is
+/// the header of a commit frame. SQLite writes a frame's 24-byte header and
+/// its page in two calls; a commit frame's header holds the database's size
+/// after the commit (bytes 4–7, big-endian), every other frame's a zero. No
+/// other write to a log is 24 bytes long past the log's 32-byte header
+/// (pages are 512 bytes at least).
+fn commit_frame_pages(data: &[u8], offset: i64) -> Option<u32> {
+    if data.len() != 24 || offset < 32 {
+        return None;
+    }
+    let pages = u32::from_be_bytes([data[4], data[5], data[6], data[7]]);
+    (pages != 0).then_some(pages)
+}
+
 /// Sends a log's gathered writes, then makes the call (or returns the
 /// send's error).
 ///
@@ -854,6 +880,22 @@ impl WalIndex {
     pub(crate) fn attach_tap(&self, tap: &std::sync::Arc<crate::commit_log::Tap>) {
         // SAFETY: as `attach_capture`.
         unsafe { (*self.extra).tap = std::sync::Arc::as_ptr(tap) };
+    }
+
+    /// The database's size in pages as of the last commit its log was given
+    /// through this connection, or as last set; `None` if not known.
+    pub(crate) fn committed_pages(&self) -> Option<u32> {
+        // SAFETY: as `attach_capture`.
+        let pages = unsafe { (*self.extra).committed_pages };
+        (pages != 0).then_some(pages)
+    }
+
+    /// Sets what [`Self::committed_pages`] answers (`0`: not known), for a
+    /// size read through SQLite, or forgotten after a statement failed (it
+    /// may have written a commit frame SQLite did not commit).
+    pub(crate) fn set_committed_pages(&self, pages: u32) {
+        // SAFETY: as `attach_capture`.
+        unsafe { (*self.extra).committed_pages = pages };
     }
 
     /// Says that this database's log has never held a frame (it was just

@@ -1,0 +1,102 @@
+//! The size an actor's database reports between transactions comes from
+//! the last commit frame its log was given (`WalIndex::committed_pages`),
+//! not from SQLite: these tests hold it to SQLite's own `PRAGMA
+//! page_count` after every kind of change.
+
+use super::*;
+
+/// SQLite's own size of `db`'s database, through its connection.
+fn sqlites(db: &ActorDb) -> u64 {
+    let pages: i64 = db
+        .conn
+        .query_row("PRAGMA page_count", [], |r| r.get(0))
+        .unwrap();
+    pages as u64 * db.page_size
+}
+
+/// What `size_bytes` answers, held to SQLite's count, and whether it came
+/// from the log's commit frames rather than from SQLite.
+fn check(db: &ActorDb, after: &str) -> u64 {
+    let tracked = db.wal_index.as_ref().and_then(WalIndex::committed_pages);
+    let size = db.size_bytes().unwrap();
+    assert_eq!(size, sqlites(db), "after {after}");
+    assert_eq!(
+        tracked.map(|p| u64::from(p) * db.page_size),
+        Some(size),
+        "after {after}: known without asking SQLite"
+    );
+    size
+}
+
+/// A new actor's database in `dir`, under the default limits.
+fn new_actor(dir: &Path) -> ActorDb {
+    ActorDb::open(&dir.join("a"), &StoreLimits::default(), OpenMode::Create)
+        .unwrap()
+        .unwrap()
+}
+
+/// `sql` in a transaction of its own.
+fn batch(db: &mut ActorDb, sql: &str) {
+    db.begin().unwrap();
+    db.execute(sql, &[]).unwrap();
+    db.commit().unwrap();
+}
+
+#[test]
+fn the_size_between_transactions_is_sqlites_after_growing_shrinking_and_rolling_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut db = new_actor(dir.path());
+    // Known once read (a new database's log has no commit frame yet).
+    db.size_bytes().unwrap();
+    let new = check(&db, "the open");
+    batch(&mut db, "CREATE TABLE t(x)");
+    batch(
+        &mut db,
+        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 300) \
+         INSERT INTO t SELECT zeroblob(3000) FROM n",
+    );
+    let grown = check(&db, "300 rows of 3,000 bytes");
+    assert!(grown > new + 300 * 3000, "{grown} after {new}");
+    // A transaction that spills pages into the log and rolls back: its
+    // frames carry no commit, the size stays.
+    db.conn.execute_batch("PRAGMA cache_size = 4").unwrap();
+    db.begin().unwrap();
+    db.execute(
+        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 300) \
+         INSERT INTO t SELECT zeroblob(3000) FROM n",
+        &[],
+    )
+    .unwrap();
+    db.rollback();
+    assert_eq!(check(&db, "a rolled back transaction that spilled"), grown);
+    batch(&mut db, "DELETE FROM t");
+    assert_eq!(check(&db, "deleting every row (pages kept free)"), grown);
+    // VACUUM builds the new file in an attached temporary database.
+    db.conn.set_limit(Limit::SQLITE_LIMIT_ATTACHED, 1).unwrap();
+    db.conn.execute_batch("VACUUM").unwrap();
+    let vacuumed = check(&db, "VACUUM");
+    assert!(vacuumed < grown, "{vacuumed} after {grown}");
+    // The log starts over after a checkpoint that copied all of it.
+    db.conn
+        .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+        .unwrap();
+    batch(&mut db, "INSERT INTO t VALUES (zeroblob(20000))");
+    assert!(check(&db, "a commit into a log started over") > vacuumed);
+}
+
+#[test]
+fn a_failed_statement_makes_the_size_read_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut db = new_actor(dir.path());
+    batch(&mut db, "CREATE TABLE t(x)");
+    check(&db, "a commit");
+    db.begin().unwrap();
+    assert!(db.execute("INSERT INTO missing VALUES (1)", &[]).is_err());
+    db.rollback();
+    assert_eq!(
+        db.wal_index.as_ref().and_then(WalIndex::committed_pages),
+        None,
+        "forgotten after the failure"
+    );
+    assert_eq!(db.size_bytes().unwrap(), sqlites(&db));
+}
