@@ -504,7 +504,7 @@ pub fn recover(root: &Path) -> io::Result<Recovered> {
     // The logs written back (and any created) reach the disk before the
     // segments that held them go.
     sync::sync_filesystem_of(&root_fd?)?;
-    forget(&dir, &all, 0, &Mutex::new(()))?;
+    forget(&dir, &all, 0, segment_max(), &Mutex::new(()))?;
     if found.replayed + found.skipped > 0 {
         tracing::info!(
             segments = found.segments,
@@ -585,10 +585,13 @@ impl CommitLog {
         std::fs::create_dir_all(&dir)?;
         // The folder's own entry is durable before a record in it counts.
         sync::sync_dir(root)?;
-        #[cfg(not(test))]
-        let segment_max = SEGMENT_BYTES;
-        #[cfg(test)]
-        let segment_max = tests::SEGMENT_BYTES_FOR_TESTS.get();
+        let segment_max = segment_max();
+        // A spare an earlier run left (of another size, or grown) serves
+        // at this run's size.
+        let ready = dir.join(SPARE);
+        if ready.exists() {
+            at_most(&ready, segment_max)?;
+        }
         let spare = Arc::new(Mutex::new(()));
         let first = FIRST_SEGMENT_BYTES.min(segment_max);
         let (file, capacity) = new_segment(&dir, recovered.next_seq, first, &spare)?;
@@ -618,7 +621,7 @@ impl CommitLog {
         // The next segment is ready before this one is full.
         let (dir, spare) = (log.dir.clone(), Arc::clone(&log.spare));
         let ready = move || {
-            if let Err(e) = make_spare(&dir, next_bytes, &spare) {
+            if let Err(e) = make_spare(&dir, next_bytes, segment_max, &spare) {
                 tracing::warn!(error = %e, "could not prepare the next commit log segment");
             }
         };
@@ -792,10 +795,11 @@ impl CommitLog {
         let (fs, dir) = (Arc::clone(&self.fs), self.dir.clone());
         let (cutting, cuts) = (Arc::clone(&self.cutting), Arc::clone(&self.cuts_total));
         let (bytes, spare) = (self.grown(seg.capacity), Arc::clone(&self.spare));
+        let max = self.segment_max;
         let failed = Arc::clone(&self.failed);
         let cut = move || {
-            match cut(&fs, &failed, &dir, next, bytes, &spare)
-                .and_then(|()| make_spare(&dir, bytes, &spare))
+            match cut(&fs, &failed, &dir, next, bytes, max, &spare)
+                .and_then(|()| make_spare(&dir, bytes, max, &spare))
             {
                 Ok(()) => {
                     cuts.fetch_add(1, Ordering::Relaxed);
@@ -825,9 +829,17 @@ impl CommitLog {
             self.sync_segment(&mut seg)?;
             (self.next_segment(&mut seg)?, self.grown(seg.capacity))
         };
-        cut(&self.fs, &self.failed, &self.dir, next, bytes, &self.spare)?;
+        cut(
+            &self.fs,
+            &self.failed,
+            &self.dir,
+            next,
+            bytes,
+            self.segment_max,
+            &self.spare,
+        )?;
         self.cuts_total.fetch_add(1, Ordering::Relaxed);
-        make_spare(&self.dir, bytes, &self.spare)
+        make_spare(&self.dir, bytes, self.segment_max, &self.spare)
     }
 }
 
@@ -865,6 +877,14 @@ fn new_segment(dir: &Path, seq: u64, bytes: u64, spare: &Mutex<()>) -> io::Resul
     Ok((file, capacity))
 }
 
+/// The largest a segment is made: [`SEGMENT_BYTES`], smaller in tests.
+fn segment_max() -> u64 {
+    #[cfg(not(test))]
+    return SEGMENT_BYTES;
+    #[cfg(test)]
+    return tests::SEGMENT_BYTES_FOR_TESTS.get();
+}
+
 /// Creates `path` (replacing a file there) holding `bytes` zeros, synced.
 fn zero_filled(path: &Path, bytes: u64) -> io::Result<()> {
     let file = OpenOptions::new()
@@ -894,12 +914,13 @@ fn zero_filled(path: &Path, bytes: u64) -> io::Result<()> {
 }
 
 /// Makes a spare segment of at least `bytes` ready if there is none (a
-/// full file of zeros, renamed into place once whole).
-fn make_spare(dir: &Path, bytes: u64, spare: &Mutex<()>) -> io::Result<()> {
+/// full file of zeros, renamed into place once whole); one past `max` is
+/// cut to `max`.
+fn make_spare(dir: &Path, bytes: u64, max: u64, spare: &Mutex<()>) -> io::Result<()> {
     let _held = spare.lock().unwrap_or_else(|p| p.into_inner());
     let ready = dir.join(SPARE);
     if std::fs::metadata(&ready).is_ok_and(|m| m.len() >= bytes) {
-        return Ok(());
+        return at_most(&ready, max);
     }
     let tmp = dir.join(SPARE_TMP);
     zero_filled(&tmp, bytes)?;
@@ -912,10 +933,30 @@ fn make_spare(dir: &Path, bytes: u64, spare: &Mutex<()>) -> io::Result<()> {
     Ok(())
 }
 
+/// Cuts the segment file at `path` to `max` bytes if it is longer: a
+/// segment that grew past its size (records written while a cut ran, a
+/// burst past the pending bound) or one of an older, larger size must not
+/// serve again at that size, or every other cut would cover that much.
+/// Whatever the cut leaves are records a used segment's number masks.
+fn at_most(path: &Path, max: u64) -> io::Result<()> {
+    let file = OpenOptions::new().write(true).open(path)?;
+    if file.metadata()?.len() <= max {
+        return Ok(());
+    }
+    file.set_len(max)?;
+    #[cfg(test)]
+    tests::note(tests::Op::Truncate {
+        path: path.to_owned(),
+        len: max,
+    });
+    // Its next use's first `fdatasync` then writes no size.
+    file.sync_all()
+}
+
 /// Removes segments `seqs` (oldest first) whose records are durable where
-/// they belong; the newest becomes the spare if none is ready and it holds
-/// at least `bytes`.
-fn forget(dir: &Path, seqs: &[u64], bytes: u64, spare: &Mutex<()>) -> io::Result<()> {
+/// they belong; the newest becomes the spare (cut to `max` bytes) if none
+/// is ready and it holds at least `bytes`.
+fn forget(dir: &Path, seqs: &[u64], bytes: u64, max: u64, spare: &Mutex<()>) -> io::Result<()> {
     let _held = spare.lock().unwrap_or_else(|p| p.into_inner());
     let ready = dir.join(SPARE);
     for (i, seq) in seqs.iter().enumerate() {
@@ -930,6 +971,7 @@ fn forget(dir: &Path, seqs: &[u64], bytes: u64, spare: &Mutex<()>) -> io::Result
                 from: path,
                 to: ready.clone(),
             });
+            at_most(&ready, max)?;
         } else {
             // Another cut (the stop's, beside one a full segment started)
             // may have forgotten it already.
@@ -1013,6 +1055,7 @@ fn cut(
     dir: &Path,
     keep: u64,
     bytes: u64,
+    max: u64,
     spare: &Mutex<()>,
 ) -> io::Result<()> {
     #[cfg(test)]
@@ -1027,7 +1070,7 @@ fn cut(
         tests::note(tests::Op::SyncAll);
     }
     let dead: Vec<u64> = segments(dir)?.into_iter().filter(|s| *s < keep).collect();
-    forget(dir, &dead, bytes, spare)
+    forget(dir, &dead, bytes, max, spare)
 }
 
 /// How [`make_durable`] made a group durable.

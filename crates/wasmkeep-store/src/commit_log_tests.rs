@@ -935,6 +935,65 @@ fn segments_fill_and_are_cut_when_records_are_written_without_a_barrier() {
     assert!(live.len() <= 2, "segments left: {live:?}");
 }
 
+#[test]
+fn a_segment_larger_than_the_size_never_serves_at_its_size_again() {
+    let run = tempfile::tempdir().unwrap();
+    let root = run.path();
+    let max = SEGMENT_BYTES_FOR_TESTS.get();
+    // What a run with larger segments left: its spare.
+    let dir = root.join(super::DIR);
+    std::fs::create_dir_all(&dir).unwrap();
+    super::zero_filled(&dir.join(super::SPARE), 4 * max).unwrap();
+    CUT_INLINE.set(true);
+    let (log, _) = CommitLog::start(root).unwrap();
+    assert!(
+        log.lock_segment().capacity <= max,
+        "the old spare serves at this run's size"
+    );
+    let actor = root.join("actors").join("a");
+    let mut db = ActorDb::open(&actor, &limits(), OpenMode::Create)
+        .unwrap()
+        .unwrap();
+    let new_dirs = db.take_new_dirs();
+    let first: Vec<&PathBuf> = new_dirs.iter().collect();
+    make_durable(Some(&log), root, &[&db.wal_path()], &first).unwrap();
+    // Transactions of three times the size: each written out at once
+    // grows its segment past the size, which is then cut and kept as the
+    // spare.
+    let mut largest = 0;
+    RECORDING.with_borrow_mut(|r| *r = Some(Vec::new()));
+    for _ in 0..4 {
+        db.begin().unwrap();
+        db.execute("CREATE TABLE IF NOT EXISTS big(b)", &[])
+            .unwrap();
+        for _ in 0..6 {
+            let sql = format!("INSERT INTO big VALUES (zeroblob({}))", max / 2);
+            db.execute(&sql, &[]).unwrap();
+        }
+        db.commit().unwrap();
+        log.write_pending().unwrap();
+        largest = largest.max(log.lock_segment().capacity);
+        if let Ok(m) = std::fs::metadata(dir.join(super::SPARE)) {
+            assert!(m.len() <= max, "a spare of {} bytes", m.len());
+        }
+    }
+    CUT_INLINE.set(false);
+    let ops = RECORDING.with_borrow_mut(|r| r.take()).unwrap();
+    let grown = ops
+        .iter()
+        .filter_map(|op| match op {
+            Op::Write { path, offset, data } if path.starts_with(&dir) => {
+                Some(offset + data.len() as u64)
+            }
+            _ => None,
+        })
+        .max()
+        .unwrap_or(0);
+    assert!(grown > max, "no segment grew past the size ({grown} bytes)");
+    assert!(largest <= max, "a segment served at {largest} bytes");
+    assert!(log.cuts_total.load(std::sync::atomic::Ordering::Relaxed) >= 2);
+}
+
 /// A started log under `root` and one actor that committed 1 through it.
 fn a_log_and_one_actor(root: &Path) -> (std::sync::Arc<CommitLog>, ActorDb) {
     let (log, _) = CommitLog::start(root).unwrap();

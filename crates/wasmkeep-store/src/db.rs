@@ -478,6 +478,9 @@ impl ActorDb {
         self.page_size = c
             .pragma_query_value(None, "page_size", |r| r.get::<_, i64>(0))
             .map_err(open_err)? as u64;
+        if let Some(w) = &self.wal_index {
+            w.set_page_bytes(u32::try_from(self.page_size).unwrap_or(0));
+        }
         let pages = self.limits.database_bytes_max / self.page_size.max(512);
         c.pragma_update(None, "max_page_count", pages as i64)
             .map_err(open_err)?;

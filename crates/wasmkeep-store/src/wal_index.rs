@@ -101,6 +101,9 @@ struct Extra {
     /// between transactions, without a statement SQLite parses at every
     /// run (it prepares every `PRAGMA page_count` again: pragmas run once).
     committed_pages: u32,
+    /// A main database file: its page size, once its connection knows it
+    /// (0 until then: no commit frame is read, see `commit_frame_pages`).
+    page_bytes: u32,
     /// Tests only: the file's path, for the power-cut recorder.
     #[cfg(test)]
     path: Option<std::path::PathBuf>,
@@ -235,6 +238,7 @@ unsafe extern "C" fn x_open(
             fresh_log: !main_file.is_null() && std::mem::take(&mut (*extra(main_file)).new_log),
             header_last: false,
             committed_pages: 0,
+            page_bytes: 0,
             #[cfg(test)]
             path,
             #[cfg(test)]
@@ -502,7 +506,7 @@ unsafe extern "C" fn x_write(
                 let main = (*extra(f)).main_file;
                 if rc == ffi::SQLITE_OK
                     && !main.is_null()
-                    && let Some(pages) = commit_frame_pages(data, o)
+                    && let Some(pages) = commit_frame_pages(data, o, (*extra(main)).page_bytes)
                 {
                     (*extra(main)).committed_pages = pages;
                 }
@@ -530,13 +534,17 @@ unsafe extern "C" fn x_write(
     }
 }
 /// The database's size in pages a write to its log gives, if the write is
-/// the header of a commit frame. SQLite writes a frame's 24-byte header and
+/// the header of a commit frame of a database of `page_bytes` pages (0:
+/// not known, nothing is taken). SQLite writes a frame's 24-byte header and
 /// its page in two calls; a commit frame's header holds the database's size
-/// after the commit (bytes 4–7, big-endian), every other frame's a zero. No
-/// other write to a log is 24 bytes long past the log's 32-byte header
-/// (pages are 512 bytes at least).
-fn commit_frame_pages(data: &[u8], offset: i64) -> Option<u32> {
-    if data.len() != 24 || offset < 32 {
+/// after the commit (bytes 4–7, big-endian), every other frame's a zero.
+/// The write must start a frame: the log's 32-byte header, then frames of
+/// 24 bytes and a page each. (A commit padded to a sector boundary, with
+/// `synchronous = FULL` where the file does not promise power-safe
+/// overwrites, may be written in pieces, one of them 24 bytes of a page.)
+fn commit_frame_pages(data: &[u8], offset: i64, page_bytes: u32) -> Option<u32> {
+    let frame = i64::from(page_bytes) + 24;
+    if data.len() != 24 || page_bytes == 0 || offset < 32 || (offset - 32) % frame != 0 {
         return None;
     }
     let pages = u32::from_be_bytes([data[4], data[5], data[6], data[7]]);
@@ -890,6 +898,13 @@ impl WalIndex {
         (pages != 0).then_some(pages)
     }
 
+    /// Tells the VFS the database's page size, which places its log's
+    /// frames (it does not change while the log is in use).
+    pub(crate) fn set_page_bytes(&self, page_bytes: u32) {
+        // SAFETY: as `attach_capture`.
+        unsafe { (*self.extra).page_bytes = page_bytes };
+    }
+
     /// Sets what [`Self::committed_pages`] answers (`0`: not known), for a
     /// size read through SQLite, or forgotten after a statement failed (it
     /// may have written a commit frame SQLite did not commit).
@@ -1033,6 +1048,31 @@ mod tests {
     use rusqlite::{Connection, OpenFlags, params};
 
     use super::*;
+
+    #[test]
+    fn only_a_commit_frames_header_at_a_frames_start_gives_the_size() {
+        let mut header = [0u8; 24];
+        header[4..8].copy_from_slice(&7u32.to_be_bytes());
+        let frame = 4096 + 24;
+        assert_eq!(commit_frame_pages(&header, 32, 4096), Some(7));
+        assert_eq!(commit_frame_pages(&header, 32 + 2 * frame, 4096), Some(7));
+        // 24 bytes of a page, written in pieces (a commit padded to a sector).
+        assert_eq!(commit_frame_pages(&header, 32 + 24 + 1000, 4096), None);
+        assert_eq!(commit_frame_pages(&header, 32 + frame, 8192), None);
+        assert_eq!(
+            commit_frame_pages(&header, 32, 0),
+            None,
+            "page size unknown"
+        );
+        assert_eq!(
+            commit_frame_pages(&header, 8, 4096),
+            None,
+            "the log's header"
+        );
+        assert_eq!(commit_frame_pages(&header[..23], 32, 4096), None);
+        header[4..8].fill(0);
+        assert_eq!(commit_frame_pages(&header, 32, 4096), None, "not a commit");
+    }
     use crate::log_writes::UnsafeRules;
     use crate::sqlite_setup::sqlite_setup;
 

@@ -60,6 +60,7 @@ fn the_size_between_transactions_is_sqlites_after_growing_shrinking_and_rolling_
     // A transaction that spills pages into the log and rolls back: its
     // frames carry no commit, the size stays.
     db.conn.execute_batch("PRAGMA cache_size = 4").unwrap();
+    let log_before = std::fs::metadata(db.wal_path()).unwrap().len();
     db.begin().unwrap();
     db.execute(
         "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 300) \
@@ -67,6 +68,14 @@ fn the_size_between_transactions_is_sqlites_after_growing_shrinking_and_rolling_
         &[],
     )
     .unwrap();
+    // Inside the transaction the size is SQLite's, growth included.
+    let inside = db.size_bytes().unwrap();
+    assert_eq!(inside, sqlites(&db));
+    assert!(inside > grown, "{inside} inside, {grown} before");
+    assert!(
+        std::fs::metadata(db.wal_path()).unwrap().len() > log_before,
+        "the transaction spilled frames into the log"
+    );
     db.rollback();
     assert_eq!(check(&db, "a rolled back transaction that spilled"), grown);
     batch(&mut db, "DELETE FROM t");
@@ -99,4 +108,23 @@ fn a_failed_statement_makes_the_size_read_again() {
         "forgotten after the failure"
     );
     assert_eq!(db.size_bytes().unwrap(), sqlites(&db));
+}
+
+#[test]
+fn a_reopened_actor_reads_its_size_again_and_then_follows_its_commits() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut db = new_actor(dir.path());
+    batch(&mut db, "CREATE TABLE t(x)");
+    batch(&mut db, "INSERT INTO t VALUES (zeroblob(50000))");
+    let before = check(&db, "a commit");
+    drop(db);
+    let mut db = new_actor(dir.path());
+    assert_eq!(
+        db.wal_index.as_ref().and_then(WalIndex::committed_pages),
+        None,
+        "a new connection knows nothing yet"
+    );
+    assert_eq!(db.size_bytes().unwrap(), before);
+    batch(&mut db, "INSERT INTO t VALUES (zeroblob(50000))");
+    assert!(check(&db, "a commit after the reopen") > before);
 }
