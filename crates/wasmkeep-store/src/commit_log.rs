@@ -80,13 +80,12 @@ pub const DIR: &str = "commit-log";
 /// changes no file size and allocates no block, and an `fdatasync` writes
 /// the records alone. Once full, appends go to a new segment and the full
 /// one is cut (its records forgotten once a `syncfs` made the actors' logs
-/// durable). Disk use is about three segments. Small, so that cuts are
-/// short: a cut's `syncfs` writes back everything the actors wrote since
-/// the last one, and every barrier that waits behind it waits for that
-/// (at 128 MiB a cut took 120–140 ms in W1, barriers during it 5–13 ms,
-/// and W1's p99 was 5.2–6.7 times its p50 under `wrk`; at 16 MiB 3.4–3.7
-/// times, for about 4% fewer requests a second: ADR 0074).
-pub const SEGMENT_BYTES: u64 = 16 * 1024 * 1024;
+/// durable). Disk use is about three segments. A cut's `syncfs` writes
+/// back everything written since the last one, and every barrier behind
+/// it waits for that: at this size W1's p99 is 5–7 times its p50 under
+/// `wrk`; at 16 MiB it was 3.4–3.7 times, but W1-durable-large lost 12–18%
+/// of its rate and doubled its p99 (ADR 0074, "eighth part").
+pub const SEGMENT_BYTES: u64 = 128 * 1024 * 1024;
 /// A node's first segment; each next one is twice the one before, up to
 /// [`SEGMENT_BYTES`]: a quiet node (a test's, a dev loop's) writes 8 MiB
 /// of zeros at its first start, not the full size.
