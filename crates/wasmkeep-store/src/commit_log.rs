@@ -82,9 +82,9 @@ pub const DIR: &str = "commit-log";
 /// one is cut (its records forgotten once a `syncfs` made the actors' logs
 /// durable). Disk use is about three segments. A cut's `syncfs` writes
 /// back everything written since the last one, and every barrier behind
-/// it waits for that: at this size W1's p99 is 5–7 times its p50 under
-/// `wrk`; at 16 MiB it was 3.4–3.7 times, but W1-durable-large lost 12–18%
-/// of its rate and doubled its p99 (ADR 0074, "eighth part").
+/// it waits for that: at this size W1's p99 is about 5–7 times its p50
+/// under `wrk`; at 16 MiB it was 3.2–3.7 times, but W1-durable-large lost
+/// 11–19% of its rate and doubled its p99 (ADR 0074, "eighth part").
 pub const SEGMENT_BYTES: u64 = 128 * 1024 * 1024;
 /// A node's first segment; each next one is twice the one before, up to
 /// [`SEGMENT_BYTES`]: a quiet node (a test's, a dev loop's) writes 8 MiB
@@ -586,7 +586,8 @@ impl CommitLog {
         sync::sync_dir(root)?;
         let segment_max = segment_max();
         // A spare an earlier run left (of another size, or grown) serves
-        // at this run's size.
+        // at this run's size. No other thread touches the folder yet (the
+        // `spare` lock is made below).
         let ready = dir.join(SPARE);
         if ready.exists() {
             at_most(&ready, segment_max)?;
@@ -934,7 +935,7 @@ fn make_spare(dir: &Path, bytes: u64, max: u64, spare: &Mutex<()>) -> io::Result
 
 /// Cuts the segment file at `path` to `max` bytes if it is longer: a
 /// segment that grew past its size (records written while a cut ran, a
-/// burst past the pending bound) or one of an older, larger size must not
+/// write-out larger than the room left) or one of an older, larger size must not
 /// serve again at that size, or every other cut would cover that much.
 /// Whatever the cut leaves are records a used segment's number masks.
 fn at_most(path: &Path, max: u64) -> io::Result<()> {
@@ -949,7 +950,10 @@ fn at_most(path: &Path, max: u64) -> io::Result<()> {
         len: max,
     });
     // Its next use's first `fdatasync` then writes no size.
-    file.sync_all()
+    file.sync_all()?;
+    #[cfg(test)]
+    tests::note(tests::Op::Sync(path.to_owned()));
+    Ok(())
 }
 
 /// Removes segments `seqs` (oldest first) whose records are durable where
