@@ -50,7 +50,8 @@
 //!   an actor's log (before every checkpoint) is the barrier instead of
 //!   the file's own `fsync`: replay of a shorter log over a file that went
 //!   further would put an older generation back over it.
-//! - **A failed `syncfs` is final.** Every `syncfs` the log relies on (a
+//! - **A failed `syncfs` is final** (and so is a failed write-back a cut
+//!   runs before its `syncfs`, ADR 0080). Every `syncfs` the log relies on (a
 //!   cut's, a new actor's group) goes, one at a time, through a descriptor
 //!   of the data directory opened when the log started, so a write-back
 //!   that failed since is reported to it ([`FsSync`]); the log then fails
@@ -80,11 +81,12 @@ pub const DIR: &str = "commit-log";
 /// changes no file size and allocates no block, and an `fdatasync` writes
 /// the records alone. Once full, appends go to a new segment and the full
 /// one is cut (its records forgotten once a `syncfs` made the actors' logs
-/// durable). Disk use is about three segments. A cut's `syncfs` writes
-/// back everything written since the last one, and every barrier behind
-/// it waits for that: at this size W1's p99 is about 5–7 times its p50
-/// under `wrk`; at 16 MiB it was 3.2–3.7 times, but W1-durable-large lost
-/// 11–19% of its rate and doubled its p99 (ADR 0074, "eighth part").
+/// durable). Disk use is about three segments. A cut writes back
+/// everything written since the last one; done by one `syncfs`, every
+/// barrier behind it waited for all of it (W1's p99 5–7 times its p50
+/// under `wrk`), so the cut first writes back file by file ([`write_back`],
+/// ADR 0080). 16 MiB segments shortened the stalls too, but W1-durable-large
+/// lost 11–19% of its rate and doubled its p99 (ADR 0074, "eighth part").
 pub const SEGMENT_BYTES: u64 = 128 * 1024 * 1024;
 /// A node's first segment; each next one is twice the one before, up to
 /// [`SEGMENT_BYTES`]: a quiet node (a test's, a dev loop's) writes 8 MiB
@@ -100,6 +102,9 @@ pub(crate) const PENDING_BYTES_MAX: usize = 64 * 1024 * 1024;
 /// torn or foreign tail). SQLite's writes to a log are at most a page (64
 /// KiB) and the VFS gathers at most 64 KiB (ADR 0029).
 pub(crate) const RECORD_BYTES_MAX: usize = 1024 * 1024;
+/// The most databases a cut writes back one file at a time before its
+/// `syncfs` ([`write_back`]); the `syncfs` alone writes back the rest.
+pub(crate) const WRITE_BACK_FILES_MAX: usize = 65_536;
 
 const MAGIC: u32 = 0x574b_434c;
 /// Magic, payload length, CRC-32 of the payload (mixed with the segment's
@@ -138,8 +143,9 @@ pub(crate) struct UnsafeRules {
     /// Skip the sync SQLite makes after a log's header when the log
     /// starts over, in every log, not only a new one.
     pub(crate) skip_every_header_sync: bool,
-    /// A `syncfs` of the log's that failed leaves the log working (the next
-    /// may succeed with the failed pages lost).
+    /// A `syncfs` of the log's, or a cut's write-back of a file, that
+    /// failed leaves the log working (the next may succeed with the
+    /// failed pages lost).
     pub(crate) cut_failure_not_final: bool,
 }
 
@@ -206,6 +212,13 @@ pub struct CommitLog {
     pub(crate) bytes_total: AtomicU64,
     /// Cuts completed (segments forgotten after a `syncfs`).
     pub(crate) cuts_total: Arc<AtomicU64>,
+    /// Cuts begun: a database's tap names it in [`CommitLog::touched`]
+    /// once between two cuts.
+    epoch: AtomicU64,
+    /// The databases whose logs were written since the last cut began,
+    /// for the next one to write back ahead of its `syncfs` (at most
+    /// [`WRITE_BACK_FILES_MAX`]).
+    touched: Mutex<Vec<Arc<Path>>>,
 }
 
 struct Segment {
@@ -240,6 +253,10 @@ pub struct Recovered {
 pub struct Tap {
     log: Arc<CommitLog>,
     key: Box<[u8]>,
+    /// The database's path, for the next cut's write-back.
+    db: Arc<Path>,
+    /// The log's epoch in which this database was last named to it.
+    named_in: AtomicU64,
 }
 
 impl Tap {
@@ -259,6 +276,13 @@ impl Tap {
             return Ok(());
         }
         self.log.check()?;
+        let epoch = self.log.epoch.load(Ordering::Relaxed);
+        if self.named_in.swap(epoch, Ordering::Relaxed) != epoch {
+            let mut touched = self.log.lock_touched();
+            if touched.len() < WRITE_BACK_FILES_MAX {
+                touched.push(Arc::clone(&self.db));
+            }
+        }
         // Encoded before the lock: the copy (and any page the allocator
         // faults in for it) runs beside the other workers, not while they
         // wait (ADR 0074).
@@ -310,6 +334,8 @@ pub(crate) fn tap_for(db_path: &Path) -> Option<Tap> {
     Some(Tap {
         log,
         key: key.into_boxed_slice(),
+        db: Arc::from(db_path),
+        named_in: AtomicU64::new(u64::MAX),
     })
 }
 
@@ -616,6 +642,8 @@ impl CommitLog {
             failed: Arc::new(Mutex::new(None)),
             bytes_total: AtomicU64::new(0),
             cuts_total: Arc::new(AtomicU64::new(0)),
+            epoch: AtomicU64::new(0),
+            touched: Mutex::new(Vec::new()),
         });
         logs().push((root.to_owned(), Arc::downgrade(&log)));
         // The next segment is ready before this one is full.
@@ -638,6 +666,17 @@ impl CommitLog {
 
     fn lock_pending(&self) -> MutexGuard<'_, Pending> {
         self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The databases written since the last cut began; the next epoch
+    /// begins (each tap names its database again at its next write).
+    fn take_touched(&self) -> Vec<Arc<Path>> {
+        self.epoch.fetch_add(1, Ordering::Relaxed);
+        std::mem::take(&mut *self.lock_touched())
+    }
+
+    fn lock_touched(&self) -> MutexGuard<'_, Vec<Arc<Path>>> {
+        self.touched.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn lock_segment(&self) -> MutexGuard<'_, Segment> {
@@ -797,8 +836,9 @@ impl CommitLog {
         let (bytes, spare) = (self.grown(seg.capacity), Arc::clone(&self.spare));
         let max = self.segment_max;
         let failed = Arc::clone(&self.failed);
+        let touched = self.take_touched();
         let cut = move || {
-            match cut(&fs, &failed, &dir, next, bytes, max, &spare)
+            match cut(&fs, &failed, &dir, &touched, next, bytes, max, &spare)
                 .and_then(|()| make_spare(&dir, bytes, max, &spare))
             {
                 Ok(()) => {
@@ -833,6 +873,7 @@ impl CommitLog {
             &self.fs,
             &self.failed,
             &self.dir,
+            &self.take_touched(),
             next,
             bytes,
             self.segment_max,
@@ -1052,10 +1093,12 @@ impl FsSync {
 
 /// Makes every write recorded in segments before `keep` durable in its own
 /// file (one `syncfs`, [`FsSync::sync`]), then forgets those segments.
+#[allow(clippy::too_many_arguments)]
 fn cut(
     fs: &FsSync,
     failed: &Mutex<Option<String>>,
     dir: &Path,
+    touched: &[Arc<Path>],
     keep: u64,
     bytes: u64,
     max: u64,
@@ -1068,12 +1111,51 @@ fn cut(
     // A failed log keeps its segments for the next start.
     check_failed(failed)?;
     if !skip {
+        write_back(touched, failed)?;
         fs.sync(failed)?;
         #[cfg(test)]
         tests::note(tests::Op::SyncAll);
     }
     let dead: Vec<u64> = segments(dir)?.into_iter().filter(|s| *s < keep).collect();
     forget(dir, &dead, bytes, max, spare)
+}
+
+/// Writes back each database's file and log, one file at a time, ahead
+/// of a cut's `syncfs`, which then finds little left to write. One
+/// `syncfs` writing back everything since the last cut (120-140 ms in W1)
+/// fills the device's queue, and every barrier's cache flush behind it
+/// waits for all of it; one file's write-back at a time keeps a barrier's
+/// wait to about one file's. A file gone or not opened is left to the
+/// `syncfs`; a failed write-back is final, as a failed `syncfs` is (the
+/// pages may be lost, so no record of them may be forgotten).
+fn write_back(dbs: &[Arc<Path>], failed: &Mutex<Option<String>>) -> io::Result<()> {
+    for db in dbs {
+        let mut wal = db.as_os_str().to_owned();
+        wal.push("-wal");
+        for path in [db.as_ref(), Path::new(&wal)] {
+            let Ok(file) = File::open(path) else {
+                continue;
+            };
+            #[cfg(test)]
+            let done = if tests::FAIL_WRITE_BACK.get() {
+                Err(io::Error::other("a write-back failed (injected)"))
+            } else {
+                sync::write_back(&file)
+            };
+            #[cfg(not(test))]
+            let done = sync::write_back(&file);
+            if let Err(e) = done {
+                #[cfg(test)]
+                if rules().cut_failure_not_final {
+                    return Err(e);
+                }
+                return Err(fail_in(failed, e));
+            }
+            #[cfg(test)]
+            tests::note(tests::Op::WriteBack(path.to_owned()));
+        }
+    }
+    Ok(())
 }
 
 /// How [`make_durable`] made a group durable.

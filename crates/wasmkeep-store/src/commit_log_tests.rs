@@ -37,6 +37,10 @@ pub(crate) enum Op {
     Sync(PathBuf),
     DirSync(PathBuf),
     SyncAll,
+    /// A file's pages written back ahead of a cut's `syncfs`: nothing is
+    /// durable for it (no cache flush, no metadata), so a power cut may
+    /// still keep any part of what is pending.
+    WriteBack(PathBuf),
     Delete(PathBuf),
     Rename {
         from: PathBuf,
@@ -72,6 +76,8 @@ thread_local! {
     /// The next cut's `syncfs` fails, as one does after a write-back
     /// failed (the kernel reports it once).
     pub(crate) static FAIL_SYNCFS: Cell<bool> = const { Cell::new(false) };
+    /// A cut's write-back of each file ahead of its `syncfs` fails.
+    pub(crate) static FAIL_WRITE_BACK: Cell<bool> = const { Cell::new(false) };
     /// For each value committed, the mirror the same commit left (the
     /// value itself, or the last one mirrored before a commit that wrote
     /// the counter alone); and each actor's last mirrored value.
@@ -233,7 +239,7 @@ impl Disk {
                     self.names.insert(to.clone(), i);
                 }
             }
-            Op::Ack { .. } | Op::Committed { .. } => {}
+            Op::Ack { .. } | Op::Committed { .. } | Op::WriteBack(_) => {}
         }
     }
 
@@ -600,7 +606,14 @@ fn power_cut_at_every_write(rules: UnsafeRules) -> Result<usize, String> {
     let mut acked = [0u64; 3];
     let mut committed = [0u64; 3];
     let mut cuts = 0;
-    for (k, op) in ops.iter().enumerate() {
+    // Each power cut's seed is the index of the op it follows, not counting
+    // a cut's write-backs: they change nothing on the disk, and the run's
+    // power cuts are the same with them as without (ADR 0080).
+    let mut k = 0usize;
+    for (at, op) in ops.iter().enumerate() {
+        if at > 0 && !matches!(ops[at - 1], Op::WriteBack(_)) {
+            k += 1;
+        }
         disk.step(op);
         match op {
             Op::Ack { actor, value } => acked[*actor] = *value,
@@ -1075,16 +1088,22 @@ fn a_new_actors_first_commit_syncs_nothing_but_a_log_starting_over_does() {
     RECORDING.with_borrow_mut(|r| *r = None);
 }
 
-/// A barrier's result after a cut whose `syncfs` failed, under `rules`.
-fn barrier_after_a_failed_cut(rules: UnsafeRules) -> std::io::Result<()> {
+/// A barrier's result after a cut whose `syncfs` (or, with `write_back`,
+/// whose write-back of a file before it) failed, under `rules`.
+fn barrier_after_a_failed_cut(rules: UnsafeRules, write_back: bool) -> std::io::Result<()> {
     let run = tempfile::tempdir().unwrap();
     let root = run.path();
     let (log, mut db) = a_log_and_one_actor(root);
     log.barrier().unwrap();
     UNSAFE_RULES.set(rules);
-    FAIL_SYNCFS.set(true);
+    let fail = if write_back {
+        &FAIL_WRITE_BACK
+    } else {
+        &FAIL_SYNCFS
+    };
+    fail.set(true);
     let cut = log.cut_now();
-    FAIL_SYNCFS.set(false);
+    fail.set(false);
     assert!(cut.is_err(), "the injected failure reaches the cut");
     // The next `syncfs` would succeed with the pages that failed lost: a
     // new actor's group (made durable by one) must fail, and so must a
@@ -1103,18 +1122,69 @@ fn barrier_after_a_failed_cut(rules: UnsafeRules) -> std::io::Result<()> {
 
 #[test]
 fn a_cut_whose_syncfs_failed_fails_every_later_commit() {
-    let e = barrier_after_a_failed_cut(UnsafeRules::default()).unwrap_err();
+    let e = barrier_after_a_failed_cut(UnsafeRules::default(), false).unwrap_err();
     // The group's own `syncfs` succeeded; the failure before it counts.
     assert!(e.to_string().contains("failed earlier"), "{e}");
 }
 
 #[test]
 fn a_failed_cut_not_kept_as_final_lets_commits_through() {
-    barrier_after_a_failed_cut(UnsafeRules {
+    let unsafe_rules = UnsafeRules {
         cut_failure_not_final: true,
         ..UnsafeRules::default()
-    })
-    .unwrap();
+    };
+    barrier_after_a_failed_cut(unsafe_rules, false).unwrap();
+    barrier_after_a_failed_cut(unsafe_rules, true).unwrap();
+}
+
+#[test]
+fn a_cut_whose_write_back_failed_fails_every_later_commit() {
+    let e = barrier_after_a_failed_cut(UnsafeRules::default(), true).unwrap_err();
+    assert!(e.to_string().contains("failed earlier"), "{e}");
+}
+
+/// The files a recorded cut wrote back, in order, and whether each came
+/// before the cut's `syncfs`.
+fn written_back(ops: &[Op]) -> Vec<(PathBuf, bool)> {
+    let sync_at = ops.iter().position(|op| matches!(op, Op::SyncAll));
+    ops.iter()
+        .enumerate()
+        .filter_map(|(i, op)| match op {
+            Op::WriteBack(p) => Some((p.clone(), sync_at.is_some_and(|s| i < s))),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A cut writes back, ahead of its `syncfs`, the file and log of each
+/// database whose log was written since the last cut began, and no other.
+#[test]
+fn a_cut_writes_back_the_databases_written_since_the_last_cut_first() {
+    let run = tempfile::tempdir().unwrap();
+    let root = run.path();
+    let (log, mut a) = a_log_and_one_actor(root);
+    let mut b = ActorDb::open(&root.join("actors").join("b"), &limits(), OpenMode::Create)
+        .unwrap()
+        .unwrap();
+    commit(&mut b, 1, 1);
+    log.barrier().unwrap();
+    let files = |db: &ActorDb| {
+        let wal = db.wal_path();
+        let file = PathBuf::from(wal.to_str().unwrap().strip_suffix("-wal").unwrap());
+        vec![(file, true), (wal, true)]
+    };
+    let cut = |log: &CommitLog| {
+        RECORDING.with_borrow_mut(|r| *r = Some(Vec::new()));
+        log.cut_now().unwrap();
+        RECORDING.with_borrow_mut(|r| written_back(&r.take().unwrap()))
+    };
+    let mut both = files(&a);
+    both.extend(files(&b));
+    assert_eq!(cut(&log), both, "both databases, each before the syncfs");
+    assert_eq!(cut(&log), vec![], "nothing written since the last cut");
+    commit(&mut a, 0, 2);
+    log.barrier().unwrap();
+    assert_eq!(cut(&log), files(&a), "the one database written since");
 }
 
 /// Records taken past what one write-out write holds reach the segment

@@ -28,6 +28,24 @@ pub fn sync_file(path: &Path) -> io::Result<()> {
     }
 }
 
+/// Writes back the file's dirty pages and waits for them, without its
+/// metadata and without flushing the device's cache: it makes nothing
+/// durable, it only moves the write-back a later sync would do to now
+/// (`sync_file_range` with `WAIT_BEFORE | WRITE | WAIT_AFTER`).
+pub(crate) fn write_back(file: &File) -> io::Result<()> {
+    let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE
+        | libc::SYNC_FILE_RANGE_WRITE
+        | libc::SYNC_FILE_RANGE_WAIT_AFTER;
+    // SAFETY: `file` holds a valid open descriptor for the duration of the
+    // call; offset 0 and length 0 mean the whole file.
+    let rc = unsafe { libc::sync_file_range(file.as_raw_fd(), 0, 0, flags) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 /// Flushes a directory, making the files created in it durable.
 pub fn sync_dir(path: &Path) -> io::Result<()> {
     File::open(path)?.sync_all()
