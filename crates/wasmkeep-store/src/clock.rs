@@ -1,7 +1,8 @@
 //! The store's readings of the system's clocks, the only ones in the crate
 //! (`clippy.toml` bans `Instant::now` and `SystemTime::now` elsewhere): the
-//! instant statement deadlines count from, and the wall time that names a
-//! database set aside.
+//! instant statement deadlines count from, the wall time that names a
+//! database set aside, and the instant a commit log cut's write-back is
+//! bounded from.
 
 use std::sync::OnceLock;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -20,4 +21,10 @@ pub(crate) fn unix_ms() -> u128 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis())
         .unwrap_or(0)
+}
+
+/// The current instant (a commit log cut's write-back, ADR 0080).
+#[allow(clippy::disallowed_methods, reason = "the store's clock module")]
+pub(crate) fn now() -> Instant {
+    Instant::now()
 }

@@ -37,6 +37,7 @@
 //! - **The log forgets a record only after the file it describes is
 //!   durable.** The log is a run of numbered segments; when one is full,
 //!   appends go to the next, and a *cut* (`syncfs` of the data directory,
+//!   after the actors' logs were written back one at a time, ADR 0080;
 //!   on a thread of its own) makes every write recorded in the older ones
 //!   durable before they are deleted. Replay takes only the newest run of
 //!   consecutive segment numbers, so an older segment whose deletion did
@@ -84,7 +85,8 @@ pub const DIR: &str = "commit-log";
 /// durable). Disk use is about three segments. A cut writes back
 /// everything written since the last one; done by one `syncfs`, every
 /// barrier behind it waited for all of it (W1's p99 5–7 times its p50
-/// under `wrk`), so the cut first writes back file by file ([`write_back`],
+/// under `wrk`), so the cut first writes back the actors' logs one at a
+/// time ([`write_back`],
 /// ADR 0080). 16 MiB segments shortened the stalls too, but W1-durable-large
 /// lost 11–19% of its rate and doubled its p99 (ADR 0074, "eighth part").
 pub const SEGMENT_BYTES: u64 = 128 * 1024 * 1024;
@@ -102,9 +104,14 @@ pub(crate) const PENDING_BYTES_MAX: usize = 64 * 1024 * 1024;
 /// torn or foreign tail). SQLite's writes to a log are at most a page (64
 /// KiB) and the VFS gathers at most 64 KiB (ADR 0029).
 pub(crate) const RECORD_BYTES_MAX: usize = 1024 * 1024;
-/// The most databases a cut writes back one file at a time before its
+/// The most actors' logs a cut writes back one at a time before its
 /// `syncfs` ([`write_back`]); the `syncfs` alone writes back the rest.
 pub(crate) const WRITE_BACK_FILES_MAX: usize = 65_536;
+/// How long a cut writes back logs one at a time before it leaves the
+/// rest to its `syncfs`: a node with many actors each written a little
+/// would otherwise hold the cut (and the segment growing meanwhile) for
+/// a system call per file.
+pub(crate) const WRITE_BACK_TIME_MAX: std::time::Duration = std::time::Duration::from_secs(1);
 
 const MAGIC: u32 = 0x574b_434c;
 /// Magic, payload length, CRC-32 of the payload (mixed with the segment's
@@ -147,6 +154,10 @@ pub(crate) struct UnsafeRules {
     /// failed leaves the log working (the next may succeed with the
     /// failed pages lost).
     pub(crate) cut_failure_not_final: bool,
+    /// A cut writes back each database file too, not only its log (ADR
+    /// 0080): closing the descriptor drops this process's POSIX locks on
+    /// the file, a reader's among them.
+    pub(crate) write_back_database_files: bool,
 }
 
 #[cfg(test)]
@@ -212,13 +223,20 @@ pub struct CommitLog {
     pub(crate) bytes_total: AtomicU64,
     /// Cuts completed (segments forgotten after a `syncfs`).
     pub(crate) cuts_total: Arc<AtomicU64>,
-    /// Cuts begun: a database's tap names it in [`CommitLog::touched`]
-    /// once between two cuts.
+    /// [`Touched::epoch`], read without the lock: a tap whose log was
+    /// named in it takes no lock.
     epoch: AtomicU64,
-    /// The databases whose logs were written since the last cut began,
-    /// for the next one to write back ahead of its `syncfs` (at most
-    /// [`WRITE_BACK_FILES_MAX`]).
-    touched: Mutex<Vec<Arc<Path>>>,
+    touched: Mutex<Touched>,
+}
+
+/// The actors' logs written since the last cut began, for the next cut to
+/// write back ahead of its `syncfs` (ADR 0080).
+#[derive(Default)]
+struct Touched {
+    /// Cuts begun; a tap names its log once in each.
+    epoch: u64,
+    /// At most [`WRITE_BACK_FILES_MAX`].
+    logs: Vec<Arc<Path>>,
 }
 
 struct Segment {
@@ -253,9 +271,9 @@ pub struct Recovered {
 pub struct Tap {
     log: Arc<CommitLog>,
     key: Box<[u8]>,
-    /// The database's path, for the next cut's write-back.
-    db: Arc<Path>,
-    /// The log's epoch in which this database was last named to it.
+    /// The database's write-ahead log, for the next cut's write-back.
+    wal: Arc<Path>,
+    /// The [`Touched::epoch`] this log was last named in.
     named_in: AtomicU64,
 }
 
@@ -276,12 +294,8 @@ impl Tap {
             return Ok(());
         }
         self.log.check()?;
-        let epoch = self.log.epoch.load(Ordering::Relaxed);
-        if self.named_in.swap(epoch, Ordering::Relaxed) != epoch {
-            let mut touched = self.log.lock_touched();
-            if touched.len() < WRITE_BACK_FILES_MAX {
-                touched.push(Arc::clone(&self.db));
-            }
+        if self.named_in.load(Ordering::Relaxed) != self.log.epoch.load(Ordering::Relaxed) {
+            self.log.name(&self.wal, &self.named_in);
         }
         // Encoded before the lock: the copy (and any page the allocator
         // faults in for it) runs beside the other workers, not while they
@@ -334,7 +348,7 @@ pub(crate) fn tap_for(db_path: &Path) -> Option<Tap> {
     Some(Tap {
         log,
         key: key.into_boxed_slice(),
-        db: Arc::from(db_path),
+        wal: Arc::from(wal_of(db_path)),
         named_in: AtomicU64::new(u64::MAX),
     })
 }
@@ -548,6 +562,13 @@ pub fn supported(root: &Path) -> bool {
     std::fs::metadata(root).is_ok_and(|m| m.created().is_ok())
 }
 
+/// The write-ahead log of the database at `db` (SQLite's name for it).
+fn wal_of(db: &Path) -> PathBuf {
+    let mut wal = db.as_os_str().to_owned();
+    wal.push("-wal");
+    PathBuf::from(wal)
+}
+
 /// The write-ahead log of the database `rel` (under `root`), opened for
 /// writing (created if missing), if that database is still the file the
 /// record was written for.
@@ -580,13 +601,11 @@ fn open_log_of(root: &Path, rel: &[u8], id: Identity) -> io::Result<Option<File>
     if now != id {
         return Ok(None);
     }
-    let mut wal = db.into_os_string();
-    wal.push("-wal");
     OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(false)
-        .open(PathBuf::from(wal))
+        .open(wal_of(&db))
         .map(Some)
 }
 
@@ -643,13 +662,13 @@ impl CommitLog {
             bytes_total: AtomicU64::new(0),
             cuts_total: Arc::new(AtomicU64::new(0)),
             epoch: AtomicU64::new(0),
-            touched: Mutex::new(Vec::new()),
+            touched: Mutex::new(Touched::default()),
         });
         logs().push((root.to_owned(), Arc::downgrade(&log)));
         // The next segment is ready before this one is full.
         let (dir, spare) = (log.dir.clone(), Arc::clone(&log.spare));
         let ready = move || {
-            if let Err(e) = make_spare(&dir, next_bytes, segment_max, &spare) {
+            if let Err(e) = make_spare(&dir, next_bytes, &spare) {
                 tracing::warn!(error = %e, "could not prepare the next commit log segment");
             }
         };
@@ -668,14 +687,36 @@ impl CommitLog {
         self.pending.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The databases written since the last cut began; the next epoch
-    /// begins (each tap names its database again at its next write).
-    fn take_touched(&self) -> Vec<Arc<Path>> {
-        self.epoch.fetch_add(1, Ordering::Relaxed);
-        std::mem::take(&mut *self.lock_touched())
+    /// Names `wal` for the next cut's write-back, unless it was named
+    /// since the last cut began (`named_in`). A log first written just as
+    /// a cut takes the list (its tap read the epoch before) may be named
+    /// only at its next write: its pages are then the `syncfs`'s to write.
+    fn name(&self, wal: &Arc<Path>, named_in: &AtomicU64) {
+        let mut touched = self.lock_touched();
+        let epoch = touched.epoch;
+        if named_in.swap(epoch, Ordering::Relaxed) != epoch
+            && touched.logs.len() < WRITE_BACK_FILES_MAX
+        {
+            touched.logs.push(Arc::clone(wal));
+        }
     }
 
-    fn lock_touched(&self) -> MutexGuard<'_, Vec<Arc<Path>>> {
+    /// The logs written since the last cut began, each once; the next
+    /// epoch begins (each tap names its log again at its next write).
+    fn take_touched(&self) -> Vec<Arc<Path>> {
+        let mut logs = {
+            let mut touched = self.lock_touched();
+            touched.epoch += 1;
+            self.epoch.store(touched.epoch, Ordering::Relaxed);
+            std::mem::take(&mut touched.logs)
+        };
+        // A database closed and opened again names its log again.
+        logs.sort_unstable();
+        logs.dedup();
+        logs
+    }
+
+    fn lock_touched(&self) -> MutexGuard<'_, Touched> {
         self.touched.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -839,7 +880,7 @@ impl CommitLog {
         let touched = self.take_touched();
         let cut = move || {
             match cut(&fs, &failed, &dir, &touched, next, bytes, max, &spare)
-                .and_then(|()| make_spare(&dir, bytes, max, &spare))
+                .and_then(|()| make_spare(&dir, bytes, &spare))
             {
                 Ok(()) => {
                     cuts.fetch_add(1, Ordering::Relaxed);
@@ -861,26 +902,40 @@ impl CommitLog {
     }
 
     /// Makes the log's records older than the current segment durable where
-    /// they belong and forgets them (the cut a full segment starts), now.
+    /// they belong and forgets them (the cut a full segment starts), now:
+    /// at a stop, where no barrier waits behind the `syncfs`, so nothing is
+    /// written back ahead of it.
     pub fn cut_now(&self) -> io::Result<()> {
+        self.cut_here(false)
+    }
+
+    /// Tests only: [`CommitLog::cut_now`] with the write-back a full
+    /// segment's cut makes.
+    #[cfg(test)]
+    pub(crate) fn cut_now_writing_back(&self) -> io::Result<()> {
+        self.cut_here(true)
+    }
+
+    fn cut_here(&self, writing_back: bool) -> io::Result<()> {
         let (next, bytes) = {
             let mut seg = self.lock_segment();
             self.write_out(&mut seg)?;
             self.sync_segment(&mut seg)?;
             (self.next_segment(&mut seg)?, self.grown(seg.capacity))
         };
+        let touched = self.take_touched();
         cut(
             &self.fs,
             &self.failed,
             &self.dir,
-            &self.take_touched(),
+            if writing_back { &touched } else { &[] },
             next,
             bytes,
             self.segment_max,
             &self.spare,
         )?;
         self.cuts_total.fetch_add(1, Ordering::Relaxed);
-        make_spare(&self.dir, bytes, self.segment_max, &self.spare)
+        make_spare(&self.dir, bytes, &self.spare)
     }
 }
 
@@ -955,13 +1010,14 @@ fn zero_filled(path: &Path, bytes: u64) -> io::Result<()> {
 }
 
 /// Makes a spare segment of at least `bytes` ready if there is none (a
-/// full file of zeros, renamed into place once whole); one past `max` is
-/// cut to `max`.
-fn make_spare(dir: &Path, bytes: u64, max: u64, spare: &Mutex<()>) -> io::Result<()> {
+/// full file of zeros, renamed into place once whole).
+fn make_spare(dir: &Path, bytes: u64, spare: &Mutex<()>) -> io::Result<()> {
     let _held = spare.lock().unwrap_or_else(|p| p.into_inner());
     let ready = dir.join(SPARE);
     if std::fs::metadata(&ready).is_ok_and(|m| m.len() >= bytes) {
-        return at_most(&ready, max);
+        // A spare is never longer than `max`: the start and `forget` cut
+        // it back when they make one.
+        return Ok(());
     }
     let tmp = dir.join(SPARE_TMP);
     zero_filled(&tmp, bytes)?;
@@ -1092,13 +1148,14 @@ impl FsSync {
 }
 
 /// Makes every write recorded in segments before `keep` durable in its own
-/// file (one `syncfs`, [`FsSync::sync`]), then forgets those segments.
+/// file (the logs `wals` written back first, [`write_back`], then one
+/// `syncfs`, [`FsSync::sync`]), then forgets those segments.
 #[allow(clippy::too_many_arguments)]
 fn cut(
     fs: &FsSync,
     failed: &Mutex<Option<String>>,
     dir: &Path,
-    touched: &[Arc<Path>],
+    wals: &[Arc<Path>],
     keep: u64,
     bytes: u64,
     max: u64,
@@ -1111,7 +1168,7 @@ fn cut(
     // A failed log keeps its segments for the next start.
     check_failed(failed)?;
     if !skip {
-        write_back(touched, failed)?;
+        write_back(wals, failed)?;
         fs.sync(failed)?;
         #[cfg(test)]
         tests::note(tests::Op::SyncAll);
@@ -1120,39 +1177,67 @@ fn cut(
     forget(dir, &dead, bytes, max, spare)
 }
 
-/// Writes back each database's file and log, one file at a time, ahead
-/// of a cut's `syncfs`, which then finds little left to write. One
-/// `syncfs` writing back everything since the last cut (120-140 ms in W1)
-/// fills the device's queue, and every barrier's cache flush behind it
-/// waits for all of it; one file's write-back at a time keeps a barrier's
-/// wait to about one file's. A file gone or not opened is left to the
-/// `syncfs`; a failed write-back is final, as a failed `syncfs` is (the
-/// pages may be lost, so no record of them may be forgotten).
-fn write_back(dbs: &[Arc<Path>], failed: &Mutex<Option<String>>) -> io::Result<()> {
-    for db in dbs {
-        let mut wal = db.as_os_str().to_owned();
-        wal.push("-wal");
-        for path in [db.as_ref(), Path::new(&wal)] {
-            let Ok(file) = File::open(path) else {
-                continue;
-            };
-            #[cfg(test)]
-            let done = if tests::FAIL_WRITE_BACK.get() {
-                Err(io::Error::other("a write-back failed (injected)"))
-            } else {
-                sync::write_back(&file)
-            };
-            #[cfg(not(test))]
-            let done = sync::write_back(&file);
-            if let Err(e) = done {
+/// Writes back the actors' logs `wals`, one at a time, ahead of a cut's
+/// `syncfs`, which then finds little left to write (ADR 0080). One
+/// `syncfs` writing back everything since the last cut (120–142 ms under
+/// W1) filled the device's queue, and every barrier's cache flush behind
+/// it waited for all of it; one log's write-back at a time keeps a
+/// barrier's wait to about one log's. Only logs: an actor's database file
+/// is written by checkpoints, which SQLite syncs, and closing a
+/// descriptor of it would drop the POSIX locks a reader in this process
+/// holds on it (ADR 0077). At most [`WRITE_BACK_TIME_MAX`]; a log gone or
+/// not opened is left to the `syncfs`, and so is the rest once a
+/// write-back fails in a way that loses no page (a filesystem that does
+/// not take it). One that may have lost pages (`EIO`, `ENOSPC`,
+/// `EDQUOT`) is final, as a failed `syncfs` is: no record of them may be
+/// forgotten.
+fn write_back(wals: &[Arc<Path>], failed: &Mutex<Option<String>>) -> io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let started = crate::clock::now();
+    for wal in wals {
+        if started.elapsed() >= WRITE_BACK_TIME_MAX {
+            break;
+        }
+        let opened = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
+            .open(wal);
+        let Ok(file) = opened else {
+            continue;
+        };
+        #[cfg(test)]
+        let done = if tests::FAIL_WRITE_BACK.get() {
+            Err(io::Error::from_raw_os_error(libc::EIO))
+        } else {
+            sync::write_back(&file)
+        };
+        #[cfg(not(test))]
+        let done = sync::write_back(&file);
+        match done {
+            Ok(()) => {}
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EIO | libc::ENOSPC | libc::EDQUOT)
+                ) =>
+            {
+                let e = io::Error::new(e.kind(), format!("writing back {}: {e}", wal.display()));
                 #[cfg(test)]
                 if rules().cut_failure_not_final {
                     return Err(e);
                 }
                 return Err(fail_in(failed, e));
             }
-            #[cfg(test)]
-            tests::note(tests::Op::WriteBack(path.to_owned()));
+            Err(_) => break,
+        }
+        #[cfg(test)]
+        tests::note(tests::Op::WriteBack(wal.to_path_buf()));
+        #[cfg(test)]
+        if rules().write_back_database_files {
+            let db = wal.to_str().and_then(|w| w.strip_suffix("-wal"));
+            if let Some(Ok(file)) = db.map(File::open) {
+                sync::write_back(&file)?;
+            }
         }
     }
     Ok(())

@@ -660,7 +660,7 @@ fn power_cut_at_every_write(rules: UnsafeRules) -> Result<usize, String> {
                 if let Err(e) = found {
                     UNSAFE_RULES.set(UnsafeRules::default());
                     return Err(format!(
-                        "power cut after op {k} ({}), entries {take_new:?}, kept {kept:?}: {e}",
+                        "power cut after op {at} ({}), entries {take_new:?}, kept {kept:?}: {e}",
                         describe(op)
                     ));
                 }
@@ -1101,10 +1101,17 @@ fn barrier_after_a_failed_cut(rules: UnsafeRules, write_back: bool) -> std::io::
     } else {
         &FAIL_SYNCFS
     };
+    let segments = || super::segments(&root.join(super::DIR)).unwrap();
+    let before = segments();
     fail.set(true);
-    let cut = log.cut_now();
+    let cut = log.cut_now_writing_back();
     fail.set(false);
     assert!(cut.is_err(), "the injected failure reaches the cut");
+    let after = segments();
+    assert!(
+        before.iter().all(|s| after.contains(s)),
+        "a failed cut forgets no segment: {before:?} then {after:?}"
+    );
     // The next `syncfs` would succeed with the pages that failed lost: a
     // new actor's group (made durable by one) must fail, and so must a
     // commit (its records refused) or its barrier.
@@ -1156,35 +1163,104 @@ fn written_back(ops: &[Op]) -> Vec<(PathBuf, bool)> {
         .collect()
 }
 
-/// A cut writes back, ahead of its `syncfs`, the file and log of each
-/// database whose log was written since the last cut began, and no other.
+/// A cut writes back, ahead of its `syncfs`, the log of each database
+/// written since the last cut began, once, and no other file; the stop's
+/// cut writes back nothing.
 #[test]
-fn a_cut_writes_back_the_databases_written_since_the_last_cut_first() {
+fn a_cut_writes_back_the_logs_written_since_the_last_cut_first() {
     let run = tempfile::tempdir().unwrap();
     let root = run.path();
     let (log, mut a) = a_log_and_one_actor(root);
-    let mut b = ActorDb::open(&root.join("actors").join("b"), &limits(), OpenMode::Create)
+    let b_dir = root.join("actors").join("b");
+    let mut b = ActorDb::open(&b_dir, &limits(), OpenMode::Create)
         .unwrap()
         .unwrap();
     commit(&mut b, 1, 1);
+    // Closed and opened again: its log is named by two taps.
+    drop(b);
+    let mut b = ActorDb::open(&b_dir, &limits(), OpenMode::Existing)
+        .unwrap()
+        .unwrap();
+    commit(&mut b, 1, 2);
     log.barrier().unwrap();
-    let files = |db: &ActorDb| {
-        let wal = db.wal_path();
-        let file = PathBuf::from(wal.to_str().unwrap().strip_suffix("-wal").unwrap());
-        vec![(file, true), (wal, true)]
-    };
-    let cut = |log: &CommitLog| {
+    let cut = |log: &CommitLog, writing_back: bool| {
         RECORDING.with_borrow_mut(|r| *r = Some(Vec::new()));
-        log.cut_now().unwrap();
+        if writing_back {
+            log.cut_now_writing_back().unwrap();
+        } else {
+            log.cut_now().unwrap();
+        }
         RECORDING.with_borrow_mut(|r| written_back(&r.take().unwrap()))
     };
-    let mut both = files(&a);
-    both.extend(files(&b));
-    assert_eq!(cut(&log), both, "both databases, each before the syncfs");
-    assert_eq!(cut(&log), vec![], "nothing written since the last cut");
+    assert_eq!(
+        cut(&log, true),
+        vec![(a.wal_path(), true), (b.wal_path(), true)],
+        "both logs, each once, before the syncfs"
+    );
+    assert_eq!(
+        cut(&log, true),
+        vec![],
+        "nothing written since the last cut"
+    );
     commit(&mut a, 0, 2);
     log.barrier().unwrap();
-    assert_eq!(cut(&log), files(&a), "the one database written since");
+    assert_eq!(
+        cut(&log, true),
+        vec![(a.wal_path(), true)],
+        "the one log written since"
+    );
+    commit(&mut a, 0, 3);
+    log.barrier().unwrap();
+    assert_eq!(cut(&log, false), vec![], "the stop's cut");
+}
+
+/// Whether a reader of a closed actor's database (SQLite's own VFS, as an
+/// inspection or an upload reads one) still holds its lock after a cut
+/// wrote back that actor's log, under `rules`.
+#[cfg(target_os = "linux")]
+fn readers_lock_after_a_cut(rules: UnsafeRules) -> bool {
+    let run = tempfile::tempdir().unwrap();
+    let root = run.path();
+    let (log, db) = a_log_and_one_actor(root);
+    let wal = db.wal_path();
+    let file = PathBuf::from(wal.to_str().unwrap().strip_suffix("-wal").unwrap());
+    log.barrier().unwrap();
+    drop(db);
+    let reader = rusqlite::Connection::open(&file).unwrap();
+    reader.execute_batch("BEGIN").unwrap();
+    let _: i64 = reader
+        .query_row("SELECT count(*) FROM sqlite_schema", [], |r| r.get(0))
+        .unwrap();
+    UNSAFE_RULES.set(rules);
+    RECORDING.with_borrow_mut(|r| *r = Some(Vec::new()));
+    log.cut_now_writing_back().unwrap();
+    let backs = RECORDING.with_borrow_mut(|r| written_back(&r.take().unwrap()));
+    UNSAFE_RULES.set(UnsafeRules::default());
+    assert!(
+        backs.iter().any(|(p, _)| *p == wal),
+        "the cut wrote back the actor's log: {backs:?}"
+    );
+    let probe = std::fs::File::open(&file).unwrap();
+    let locked = !crate::file_lock::tests::may_close(&probe);
+    drop(reader);
+    locked
+}
+
+#[test]
+#[cfg(target_os = "linux")]
+fn a_cut_leaves_a_readers_lock_on_a_database_in_place() {
+    assert!(readers_lock_after_a_cut(UnsafeRules::default()));
+}
+
+#[test]
+#[cfg(target_os = "linux")]
+fn a_cut_writing_back_database_files_drops_a_readers_lock() {
+    // The unsafe variant: the database file, opened and closed for its
+    // write-back, took this process's POSIX locks on it along.
+    assert!(!readers_lock_after_a_cut(UnsafeRules {
+        write_back_database_files: true,
+        ..UnsafeRules::default()
+    }));
 }
 
 /// Records taken past what one write-out write holds reach the segment

@@ -30,6 +30,7 @@ pub mod spare_actors;
 pub mod sqlite_setup;
 pub mod stack;
 pub mod sync;
+mod wal_format;
 mod wal_index;
 
 pub use wal_index::os_page_bytes;

@@ -26,14 +26,13 @@
 
 use std::ffi::c_int;
 
+use crate::wal_format::frame_header;
+
 /// The most a log's gathered writes hold before they go to the file. A
 /// larger commit goes in several writes of about this size. The `unix`
 /// VFS writes at most 128 KiB − 1 bytes per call (it masks the length), so
 /// this stays below that.
 pub(crate) const LOG_WRITE_BUFFER_BYTES_MAX: usize = 64 * 1024;
-
-/// Bytes in a WAL frame's header (SQLite's file format).
-const FRAME_HEADER_BYTES: usize = 24;
 
 /// The OK result code of SQLite's file methods.
 const OK: c_int = 0;
@@ -72,7 +71,7 @@ impl LogWrites {
         mut file: impl FnMut(&[u8], i64) -> c_int,
     ) -> c_int {
         let completes_commit = std::mem::take(&mut self.commit_page_next);
-        let commit_header = data.len() == FRAME_HEADER_BYTES && data[4..8].iter().any(|&b| b != 0);
+        let commit_header = frame_header(data).is_some_and(|(_, pages)| pages != 0);
         let continues = offset == self.start + self.buf.len() as i64 || self.buf.is_empty();
         if !continues || self.buf.len() + data.len() > LOG_WRITE_BUFFER_BYTES_MAX {
             let rc = self.flush(&mut file);
@@ -134,6 +133,7 @@ impl LogWrites {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wal_format::FRAME_HEADER_BYTES;
 
     /// A file in memory that records each write it receives.
     #[derive(Default)]

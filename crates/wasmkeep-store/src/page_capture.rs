@@ -34,6 +34,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
+use crate::wal_format::{FRAME_HEADER_BYTES, LOG_HEADER_BYTES, frame_header};
+
 /// Most bytes of pages one actor's capture holds between two uploads
 /// (pages of committed and of open transactions). Past it the capture
 /// gives up and the next upload reads the whole database.
@@ -57,11 +59,6 @@ static NODE_BYTES: AtomicUsize = AtomicUsize::new(0);
 pub fn node_bytes() -> usize {
     NODE_BYTES.load(Ordering::Relaxed)
 }
-
-/// Bytes of the log's own header (SQLite's file format).
-pub(crate) const LOG_HEADER_BYTES: usize = 32;
-/// Bytes of a frame's header.
-const FRAME_HEADER_BYTES: usize = 24;
 
 /// One actor's captured pages.
 #[derive(Default)]
@@ -129,15 +126,15 @@ impl Capture {
             self.last_commit_at = None;
             return;
         }
-        if data.len() == FRAME_HEADER_BYTES && offset >= LOG_HEADER_BYTES as i64 {
+        if offset >= LOG_HEADER_BYTES as i64
+            && let Some((pgno, size)) = frame_header(data)
+        {
             // A new frame's header, or SQLite rewriting an earlier header
             // of this transaction (its checksums): the page follows only
             // in the first case.
             if self.last_commit_at.is_some_and(|c| offset <= c) {
                 return self.give_up("a commit that the log did not keep");
             }
-            let pgno = u32::from_be_bytes([data[0], data[1], data[2], data[3]]);
-            let size = u32::from_be_bytes([data[4], data[5], data[6], data[7]]);
             self.header = Some((offset, pgno, size));
             return;
         }

@@ -43,7 +43,8 @@ use std::sync::atomic::{AtomicPtr, Ordering, fence};
 use rusqlite::ffi;
 
 use crate::log_writes::LogWrites;
-use crate::page_capture::{Capture, LOG_HEADER_BYTES};
+use crate::page_capture::Capture;
+use crate::wal_format::{FRAME_HEADER_BYTES, LOG_HEADER_BYTES, frame_header};
 use std::sync::Mutex;
 
 /// The name actors' connections open their database with.
@@ -535,19 +536,20 @@ unsafe extern "C" fn x_write(
 }
 /// The database's size in pages a write to its log gives, if the write is
 /// the header of a commit frame of a database of `page_bytes` pages (0:
-/// not known, nothing is taken). SQLite writes a frame's 24-byte header and
-/// its page in two calls; a commit frame's header holds the database's size
-/// after the commit (bytes 4–7, big-endian), every other frame's a zero.
-/// The write must start a frame: the log's 32-byte header, then frames of
-/// 24 bytes and a page each. (A commit padded to a sector boundary, with
+/// not known, nothing is taken): a frame header ([`frame_header`]) with a
+/// size, written at a frame's start (past the log's header, at a multiple
+/// of a frame header and a page). (A commit padded to a sector boundary, with
 /// `synchronous = FULL` where the file does not promise power-safe
 /// overwrites, may be written in pieces, one of them 24 bytes of a page.)
 fn commit_frame_pages(data: &[u8], offset: i64, page_bytes: u32) -> Option<u32> {
-    let frame = i64::from(page_bytes) + 24;
-    if data.len() != 24 || page_bytes == 0 || offset < 32 || (offset - 32) % frame != 0 {
+    let (header, frame) = (LOG_HEADER_BYTES as i64, FRAME_HEADER_BYTES as i64);
+    if page_bytes == 0
+        || offset < header
+        || (offset - header) % (frame + i64::from(page_bytes)) != 0
+    {
         return None;
     }
-    let pages = u32::from_be_bytes([data[4], data[5], data[6], data[7]]);
+    let (_, pages) = frame_header(data)?;
     (pages != 0).then_some(pages)
 }
 

@@ -110,6 +110,37 @@ fn a_failed_statement_makes_the_size_read_again() {
     assert_eq!(db.size_bytes().unwrap(), sqlites(&db));
 }
 
+/// A commit that fails after its commit frame's header was written (here
+/// its frames' records are refused by a failed commit log, so the write
+/// that completes the frame fails) leaves that header's size in the log
+/// but not in the database: the size must be SQLite's again.
+#[test]
+fn a_commit_failing_after_its_commit_frame_leaves_sqlites_size() {
+    let run = tempfile::tempdir().unwrap();
+    let root = run.path();
+    let (log, _) = crate::commit_log::CommitLog::start(root).unwrap();
+    let mut db = new_actor(&root.join("actors"));
+    batch(&mut db, "CREATE TABLE t(x)");
+    let before = check(&db, "a commit");
+    let fail = &crate::commit_log::tests::FAIL_SYNCFS;
+    fail.set(true);
+    let cut = log.cut_now();
+    fail.set(false);
+    assert!(cut.is_err(), "the injected failure fails the log");
+    db.begin().unwrap();
+    db.execute("INSERT INTO t VALUES (zeroblob(50000))", &[])
+        .unwrap();
+    assert!(db.commit().is_err(), "the log refuses the commit's records");
+    db.rollback();
+    assert_eq!(
+        db.wal_index.as_ref().and_then(WalIndex::committed_pages),
+        None,
+        "the failed commit's size is forgotten"
+    );
+    assert_eq!(db.size_bytes().unwrap(), sqlites(&db));
+    assert_eq!(db.size_bytes().unwrap(), before, "nothing was committed");
+}
+
 #[test]
 fn a_reopened_actor_reads_its_size_again_and_then_follows_its_commits() {
     let dir = tempfile::tempdir().unwrap();
