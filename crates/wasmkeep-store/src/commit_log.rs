@@ -59,7 +59,9 @@
 //!   every later commit and forgets no segment until a restart replays
 //!   them. With no fsync of an
 //!   actor's log of its own, a `syncfs` is the only place such a failure
-//!   shows.
+//!   shows. A failed log refuses every write to an actor's log before it
+//!   reaches the file ([`Tap::check`]), so that a commit that returned an
+//!   error is not found committed in its log after the restart.
 //!
 //! Each rule has a test that fails without it, its unsafe variant kept
 //! runnable ([`UnsafeRules`], tests only): a recorded run's every write is
@@ -283,6 +285,12 @@ impl Tap {
     /// never carry the database past what the log can replay.
     pub(crate) fn barrier(&self) -> io::Result<()> {
         self.log.barrier()
+    }
+
+    /// The error a failed log holds, if any: no write to the log may reach
+    /// the file then (its record would be refused).
+    pub(crate) fn check(&self) -> io::Result<()> {
+        self.log.check()
     }
 
     /// Records one write SQLite made to this database's log, which reached
@@ -1015,8 +1023,9 @@ fn make_spare(dir: &Path, bytes: u64, spare: &Mutex<()>) -> io::Result<()> {
     let _held = spare.lock().unwrap_or_else(|p| p.into_inner());
     let ready = dir.join(SPARE);
     if std::fs::metadata(&ready).is_ok_and(|m| m.len() >= bytes) {
-        // A spare is never longer than `max`: the start and `forget` cut
-        // it back when they make one.
+        // The start and `forget` cut a spare back to the size when they
+        // make one (one whose cut-back failed serves once at its length
+        // and is cut back when forgotten).
         return Ok(());
     }
     let tmp = dir.join(SPARE_TMP);
@@ -1186,11 +1195,11 @@ fn cut(
 /// is written by checkpoints, which SQLite syncs, and closing a
 /// descriptor of it would drop the POSIX locks a reader in this process
 /// holds on it (ADR 0077). At most [`WRITE_BACK_TIME_MAX`]; a log gone or
-/// not opened is left to the `syncfs`, and so is the rest once a
-/// write-back fails in a way that loses no page (a filesystem that does
-/// not take it). One that may have lost pages (`EIO`, `ENOSPC`,
-/// `EDQUOT`) is final, as a failed `syncfs` is: no record of them may be
-/// forgotten.
+/// not opened is left to the `syncfs`, and so is the rest when the call
+/// is not taken ([`write_back_not_taken`]: nothing was written back, no
+/// page lost). Any other error is what the filesystem recorded for a
+/// failed write-back (`EIO`, `ENOSPC`, `EROFS`, ...): final, as a failed
+/// `syncfs` is, for no record of those pages may be forgotten.
 fn write_back(wals: &[Arc<Path>], failed: &Mutex<Option<String>>) -> io::Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
     let started = crate::clock::now();
@@ -1206,8 +1215,8 @@ fn write_back(wals: &[Arc<Path>], failed: &Mutex<Option<String>>) -> io::Result<
             continue;
         };
         #[cfg(test)]
-        let done = if tests::FAIL_WRITE_BACK.get() {
-            Err(io::Error::from_raw_os_error(libc::EIO))
+        let done = if let Some(errno) = tests::FAIL_WRITE_BACK.get() {
+            Err(io::Error::from_raw_os_error(errno))
         } else {
             sync::write_back(&file)
         };
@@ -1215,12 +1224,8 @@ fn write_back(wals: &[Arc<Path>], failed: &Mutex<Option<String>>) -> io::Result<
         let done = sync::write_back(&file);
         match done {
             Ok(()) => {}
-            Err(e)
-                if matches!(
-                    e.raw_os_error(),
-                    Some(libc::EIO | libc::ENOSPC | libc::EDQUOT)
-                ) =>
-            {
+            Err(e) if write_back_not_taken(&e) => break,
+            Err(e) => {
                 let e = io::Error::new(e.kind(), format!("writing back {}: {e}", wal.display()));
                 #[cfg(test)]
                 if rules().cut_failure_not_final {
@@ -1228,7 +1233,6 @@ fn write_back(wals: &[Arc<Path>], failed: &Mutex<Option<String>>) -> io::Result<
                 }
                 return Err(fail_in(failed, e));
             }
-            Err(_) => break,
         }
         #[cfg(test)]
         tests::note(tests::Op::WriteBack(wal.to_path_buf()));
@@ -1241,6 +1245,15 @@ fn write_back(wals: &[Arc<Path>], failed: &Mutex<Option<String>>) -> io::Result<
         }
     }
     Ok(())
+}
+
+/// Whether `sync_file_range` refused the call itself (a filesystem or a
+/// file it does not apply to), so that no page was written back or lost.
+fn write_back_not_taken(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EINVAL | libc::ESPIPE | libc::EOPNOTSUPP | libc::ENOSYS)
+    )
 }
 
 /// How [`make_durable`] made a group durable.

@@ -76,8 +76,9 @@ thread_local! {
     /// The next cut's `syncfs` fails, as one does after a write-back
     /// failed (the kernel reports it once).
     pub(crate) static FAIL_SYNCFS: Cell<bool> = const { Cell::new(false) };
-    /// A cut's write-back of each file ahead of its `syncfs` fails.
-    pub(crate) static FAIL_WRITE_BACK: Cell<bool> = const { Cell::new(false) };
+    /// A cut's write-back of each log ahead of its `syncfs` fails with
+    /// this error number.
+    pub(crate) static FAIL_WRITE_BACK: Cell<Option<i32>> = const { Cell::new(None) };
     /// For each value committed, the mirror the same commit left (the
     /// value itself, or the last one mirrored before a commit that wrote
     /// the counter alone); and each actor's last mirrored value.
@@ -936,16 +937,31 @@ fn segments_fill_and_are_cut_when_records_are_written_without_a_barrier() {
     let wal = db.wal_path();
     let first: Vec<&PathBuf> = new_dirs.iter().collect();
     make_durable(Some(&log), root, &[&wal], &first).unwrap();
+    RECORDING.with_borrow_mut(|r| *r = Some(Vec::new()));
     for v in 1..=200 {
         commit(&mut db, 0, v);
         log.write_pending().unwrap();
     }
+    let ops = RECORDING.with_borrow_mut(|r| r.take().unwrap());
     CUT_INLINE.set(false);
     SEGMENT_BYTES_FOR_TESTS.set(1024 * 1024);
     let cuts = log.cuts_total.load(std::sync::atomic::Ordering::Relaxed);
     let live = super::segments(&root.join(super::DIR)).unwrap();
     assert!(cuts >= 3, "{cuts} cuts");
     assert!(live.len() <= 2, "segments left: {live:?}");
+    // Each full segment's cut wrote the actor's log back before its
+    // `syncfs` (ADR 0080).
+    let mut written_back = false;
+    for op in &ops {
+        match op {
+            Op::WriteBack(p) if *p == wal => written_back = true,
+            Op::SyncAll => {
+                assert!(written_back, "a cut's syncfs without the write-back first");
+                written_back = false;
+            }
+            _ => {}
+        }
+    }
 }
 
 #[test]
@@ -1089,23 +1105,21 @@ fn a_new_actors_first_commit_syncs_nothing_but_a_log_starting_over_does() {
 }
 
 /// A barrier's result after a cut whose `syncfs` (or, with `write_back`,
-/// whose write-back of a file before it) failed, under `rules`.
-fn barrier_after_a_failed_cut(rules: UnsafeRules, write_back: bool) -> std::io::Result<()> {
+/// whose write-back of a log before it failed with this error number)
+/// failed, under `rules`.
+fn barrier_after_a_failed_cut(rules: UnsafeRules, write_back: Option<i32>) -> std::io::Result<()> {
     let run = tempfile::tempdir().unwrap();
     let root = run.path();
     let (log, mut db) = a_log_and_one_actor(root);
     log.barrier().unwrap();
     UNSAFE_RULES.set(rules);
-    let fail = if write_back {
-        &FAIL_WRITE_BACK
-    } else {
-        &FAIL_SYNCFS
-    };
     let segments = || super::segments(&root.join(super::DIR)).unwrap();
     let before = segments();
-    fail.set(true);
+    FAIL_WRITE_BACK.set(write_back);
+    FAIL_SYNCFS.set(write_back.is_none());
     let cut = log.cut_now_writing_back();
-    fail.set(false);
+    FAIL_WRITE_BACK.set(None);
+    FAIL_SYNCFS.set(false);
     assert!(cut.is_err(), "the injected failure reaches the cut");
     let after = segments();
     assert!(
@@ -1129,7 +1143,7 @@ fn barrier_after_a_failed_cut(rules: UnsafeRules, write_back: bool) -> std::io::
 
 #[test]
 fn a_cut_whose_syncfs_failed_fails_every_later_commit() {
-    let e = barrier_after_a_failed_cut(UnsafeRules::default(), false).unwrap_err();
+    let e = barrier_after_a_failed_cut(UnsafeRules::default(), None).unwrap_err();
     // The group's own `syncfs` succeeded; the failure before it counts.
     assert!(e.to_string().contains("failed earlier"), "{e}");
 }
@@ -1140,14 +1154,39 @@ fn a_failed_cut_not_kept_as_final_lets_commits_through() {
         cut_failure_not_final: true,
         ..UnsafeRules::default()
     };
-    barrier_after_a_failed_cut(unsafe_rules, false).unwrap();
-    barrier_after_a_failed_cut(unsafe_rules, true).unwrap();
+    barrier_after_a_failed_cut(unsafe_rules, None).unwrap();
+    barrier_after_a_failed_cut(unsafe_rules, Some(libc::EIO)).unwrap();
 }
 
 #[test]
 fn a_cut_whose_write_back_failed_fails_every_later_commit() {
-    let e = barrier_after_a_failed_cut(UnsafeRules::default(), true).unwrap_err();
-    assert!(e.to_string().contains("failed earlier"), "{e}");
+    for errno in [libc::EIO, libc::ENOSPC, libc::EROFS] {
+        let e = barrier_after_a_failed_cut(UnsafeRules::default(), Some(errno)).unwrap_err();
+        assert!(e.to_string().contains("failed earlier"), "{errno}: {e}");
+    }
+}
+
+/// A write-back the filesystem does not take (`EINVAL`, as for a file
+/// `sync_file_range` cannot write back) loses no page: the cut leaves the
+/// rest to its `syncfs` and succeeds, and commits go on.
+#[test]
+fn a_write_back_the_filesystem_does_not_take_leaves_the_cut_to_its_syncfs() {
+    let run = tempfile::tempdir().unwrap();
+    let root = run.path();
+    let (log, mut db) = a_log_and_one_actor(root);
+    log.barrier().unwrap();
+    FAIL_WRITE_BACK.set(Some(libc::EINVAL));
+    RECORDING.with_borrow_mut(|r| *r = Some(Vec::new()));
+    let cut = log.cut_now_writing_back();
+    let ops = RECORDING.with_borrow_mut(|r| r.take().unwrap());
+    FAIL_WRITE_BACK.set(None);
+    cut.unwrap();
+    assert!(
+        ops.iter().any(|op| matches!(op, Op::SyncAll)),
+        "the cut's syncfs ran"
+    );
+    commit(&mut db, 0, 2);
+    log.barrier().unwrap();
 }
 
 /// The files a recorded cut wrote back, in order, and whether each came

@@ -331,6 +331,17 @@ unsafe fn write_through(f: *mut ffi::sqlite3_file, data: &[u8], offset: i64) -> 
     // outlives its log, and its `tap` the main file (`attach_tap`).
     unsafe {
         let e = extra(f);
+        let main = (*e).main_file;
+        // A failed commit log refuses every record: the write is refused
+        // before it reaches the file, where the frames of a commit that
+        // returned an error would be found committed by SQLite's recovery
+        // of the log after the restart.
+        if !main.is_null()
+            && let Some(tap) = (*extra(main)).tap.as_ref()
+            && tap.check().is_err()
+        {
+            return ffi::SQLITE_IOERR_WRITE;
+        }
         (*e).header_last = offset == 0 && data.len() == LOG_HEADER_BYTES;
         if !(*e).header_last {
             (*e).fresh_log = false;
@@ -339,7 +350,6 @@ unsafe fn write_through(f: *mut ffi::sqlite3_file, data: &[u8], offset: i64) -> 
             (real(f).xWrite.expect("xWrite"))(f, data.as_ptr().cast(), data.len() as c_int, offset);
         #[cfg(test)]
         note_write(f, data, offset, rc);
-        let main = (*extra(f)).main_file;
         if rc == ffi::SQLITE_OK
             && !main.is_null()
             && let Some(tap) = (*extra(main)).tap.as_ref()

@@ -110,10 +110,11 @@ fn a_failed_statement_makes_the_size_read_again() {
     assert_eq!(db.size_bytes().unwrap(), sqlites(&db));
 }
 
-/// A commit that fails after its commit frame's header was written (here
-/// its frames' records are refused by a failed commit log, so the write
-/// that completes the frame fails) leaves that header's size in the log
-/// but not in the database: the size must be SQLite's again.
+/// A commit that fails after its commit frame's header was given to the
+/// log (here a failed commit log refuses the write that completes the
+/// frame) leaves that header's size with the VFS but not in the database:
+/// the size must be SQLite's again. And after the restart the failed log
+/// asks for, the commit is not found in the actor's log.
 #[test]
 fn a_commit_failing_after_its_commit_frame_leaves_sqlites_size() {
     let run = tempfile::tempdir().unwrap();
@@ -139,6 +140,20 @@ fn a_commit_failing_after_its_commit_frame_leaves_sqlites_size() {
     );
     assert_eq!(db.size_bytes().unwrap(), sqlites(&db));
     assert_eq!(db.size_bytes().unwrap(), before, "nothing was committed");
+    // The restart the failed log asks for: replay, then the actor again.
+    // The refused commit must not be found in its log by SQLite.
+    drop(db);
+    drop(log);
+    let (_log, _) = crate::commit_log::CommitLog::start(root).unwrap();
+    let db = new_actor(&root.join("actors"));
+    let rows: i64 = db
+        .conn
+        .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(
+        rows, 0,
+        "the commit that failed came back after the restart"
+    );
 }
 
 #[test]
