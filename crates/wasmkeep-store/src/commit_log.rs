@@ -1204,7 +1204,7 @@ fn write_back(wals: &[Arc<Path>], failed: &Mutex<Option<String>>) -> io::Result<
     use std::os::unix::fs::OpenOptionsExt;
     let started = crate::clock::now();
     for wal in wals {
-        if started.elapsed() >= WRITE_BACK_TIME_MAX {
+        if crate::clock::now().duration_since(started) >= WRITE_BACK_TIME_MAX {
             break;
         }
         let opened = OpenOptions::new()
