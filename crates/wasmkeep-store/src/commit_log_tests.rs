@@ -79,6 +79,9 @@ thread_local! {
     /// A cut's write-back of each log ahead of its `syncfs` fails with
     /// this error number.
     pub(crate) static FAIL_WRITE_BACK: Cell<Option<i32>> = const { Cell::new(None) };
+    /// The next record fails the log, as another thread's failed write
+    /// of the segment would between the write's check and its record.
+    pub(crate) static FAIL_RECORD: Cell<bool> = const { Cell::new(false) };
     /// For each value committed, the mirror the same commit left (the
     /// value itself, or the last one mirrored before a commit that wrote
     /// the counter alone); and each actor's last mirrored value.

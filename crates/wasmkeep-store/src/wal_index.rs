@@ -356,9 +356,54 @@ unsafe fn write_through(f: *mut ffi::sqlite3_file, data: &[u8], offset: i64) -> 
             && tap.record(offset, data).is_err()
         {
             // The commit must not return as if it could be made durable.
+            // The log failed between the check above and the record: the
+            // bytes reached the file, and SQLite's recovery of the log
+            // after the restart would find this commit, which returns an
+            // error, committed. They are taken back first.
+            take_back(f, data.len(), offset);
             return ffi::SQLITE_IOERR_WRITE;
         }
         rc
+    }
+}
+
+/// Writes zeros over `len` bytes of the log at `offset` (a write the
+/// commit log refused to record after it reached the file), and syncs the
+/// file: a frame of zeros ends SQLite's recovery of the log there, so
+/// neither a restart nor a power cut finds the refused commit. A failure
+/// is logged; the node's commit log has failed already, and nothing more
+/// can be done for this write.
+///
+/// # Safety
+/// `f` is ours and open.
+unsafe fn take_back(f: *mut ffi::sqlite3_file, len: usize, offset: i64) {
+    #[cfg(test)]
+    if crate::commit_log::rules().keep_refused_writes {
+        return;
+    }
+    let zeros = vec![0u8; len];
+    // SAFETY: the caller's; `zeros` is valid for `len` bytes, which fit in
+    // `c_int` as the refused write's did.
+    let rc = unsafe {
+        let rc = (real(f).xWrite.expect("xWrite"))(f, zeros.as_ptr().cast(), len as c_int, offset);
+        #[cfg(test)]
+        note_write(f, &zeros, offset, rc);
+        if rc == ffi::SQLITE_OK {
+            let rc = (real(f).xSync.expect("xSync"))(f, ffi::SQLITE_SYNC_NORMAL);
+            #[cfg(test)]
+            note_call(f, rc, crate::commit_log::tests::Op::Sync);
+            rc
+        } else {
+            rc
+        }
+    };
+    if rc != ffi::SQLITE_OK {
+        tracing::error!(
+            offset,
+            len,
+            rc,
+            "could not take back a write the failed commit log refused; its commit may be found after the restart"
+        );
     }
 }
 

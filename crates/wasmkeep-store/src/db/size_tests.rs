@@ -174,3 +174,52 @@ fn a_reopened_actor_reads_its_size_again_and_then_follows_its_commits() {
     batch(&mut db, "INSERT INTO t VALUES (zeroblob(50000))");
     assert!(check(&db, "a commit after the reopen") > before);
 }
+
+/// The rows found after the restart that follows a commit whose write to
+/// the actor's log reached the file and was then refused by the commit log
+/// (failed meanwhile, by another thread), under `rules`.
+fn rows_after_a_record_refused_past_the_file(rules: crate::commit_log::UnsafeRules) -> i64 {
+    let run = tempfile::tempdir().unwrap();
+    let root = run.path();
+    let (log, _) = crate::commit_log::CommitLog::start(root).unwrap();
+    let mut db = new_actor(&root.join("actors"));
+    batch(&mut db, "CREATE TABLE t(x)");
+    crate::commit_log::UNSAFE_RULES.set(rules);
+    crate::commit_log::tests::FAIL_RECORD.set(true);
+    db.begin().unwrap();
+    db.execute("INSERT INTO t VALUES (1)", &[]).unwrap();
+    let committed = db.commit();
+    crate::commit_log::tests::FAIL_RECORD.set(false);
+    crate::commit_log::UNSAFE_RULES.set(crate::commit_log::UnsafeRules::default());
+    assert!(committed.is_err(), "the refused record fails the commit");
+    db.rollback();
+    // The restart the failed log asks for: replay, then the actor again.
+    drop(db);
+    drop(log);
+    let (_log, _) = crate::commit_log::CommitLog::start(root).unwrap();
+    let db = new_actor(&root.join("actors"));
+    db.conn
+        .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+        .unwrap()
+}
+
+/// A write the log refused after it reached the actor's log is taken back
+/// (zeros, synced): the commit that returned an error is not found after
+/// the restart.
+#[test]
+fn a_write_refused_after_it_reached_the_file_is_taken_back() {
+    let rows = rows_after_a_record_refused_past_the_file(Default::default());
+    assert_eq!(
+        rows, 0,
+        "the commit that failed came back after the restart"
+    );
+}
+
+#[test]
+fn a_refused_write_left_in_the_file_brings_its_failed_commit_back() {
+    let rules = crate::commit_log::UnsafeRules {
+        keep_refused_writes: true,
+        ..Default::default()
+    };
+    assert_eq!(rows_after_a_record_refused_past_the_file(rules), 1);
+}
