@@ -248,8 +248,23 @@ impl BodyPace {
     }
 }
 
+/// What every route shares, behind one pointer: axum clones the state for
+/// each request it routes, and a clone of this is one count, not one per
+/// field (eleven counts up and down per request, on cache lines the two
+/// tokio threads pass between them).
 #[derive(Clone)]
-struct AppState {
+struct AppState(Arc<NodeState>);
+
+impl std::ops::Deref for AppState {
+    type Target = NodeState;
+
+    fn deref(&self) -> &NodeState {
+        &self.0
+    }
+}
+
+/// The node's runtime, settings and the server's own counters.
+struct NodeState {
     rt: Runtime,
     config: Arc<ServerConfig>,
     tokens: Arc<Tokens>,
@@ -273,7 +288,7 @@ struct AppState {
     trace_cap: Arc<crate::traces::FollowCap>,
 }
 
-impl AppState {
+impl NodeState {
     fn pace(&self) -> BodyPace {
         if self.config.unsafe_rules.no_body_pace {
             // The unsafe variant: a day for any body, however slow.
@@ -297,7 +312,7 @@ pub fn router(rt: Runtime, config: ServerConfig) -> Router {
         config.connections_max,
         rt.config().tenant_share_pct,
     ));
-    let mut state = AppState {
+    let mut node = NodeState {
         in_flight,
         client_sockets: Arc::new(ws::ClientSockets::new(config.sockets_per_client_max)),
         rt,
@@ -310,7 +325,8 @@ pub fn router(rt: Runtime, config: ServerConfig) -> Router {
         exported: None,
         trace_cap: Arc::default(),
     };
-    state.exported = start_export(&state);
+    node.exported = start_export(&node);
+    let state = AppState(Arc::new(node));
     inbound::install(&state);
     history::start(&state);
     rebalance::start(&state);
@@ -386,7 +402,7 @@ pub fn router(rt: Runtime, config: ServerConfig) -> Router {
 
 /// Starts the OTLP export of the node's spans when `otlp_endpoint` is set
 /// and a tokio runtime runs the router (ADR 0064).
-fn start_export(s: &AppState) -> Option<Arc<crate::traces::ExportCounters>> {
+fn start_export(s: &NodeState) -> Option<Arc<crate::traces::ExportCounters>> {
     let endpoint = s.config.otlp_endpoint.as_deref()?;
     tokio::runtime::Handle::try_current().ok()?;
     let node = s
