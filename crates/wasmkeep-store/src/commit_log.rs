@@ -297,15 +297,17 @@ impl Tap {
     }
 
     /// Records one write SQLite made to this database's log, which reached
-    /// the file. An error means the record may be lost: the caller fails
-    /// the write, so that its commit fails.
+    /// the file. An error means the record was not taken (the log failed):
+    /// the caller fails the write, so that its commit fails, and may take
+    /// the write back, as no segment will hold it.
     pub(crate) fn record(&self, offset: i64, data: &[u8]) -> io::Result<()> {
         #[cfg(test)]
         if rules().skip_log_headers && offset == 0 {
             return Ok(());
         }
         #[cfg(test)]
-        if tests::FAIL_RECORD.replace(false) {
+        if tests::FAIL_RECORD.get().fails(data) {
+            tests::FAIL_RECORD.set(tests::FailRecord::No);
             return Err(self
                 .log
                 .fail(io::Error::other("injected failure of the log")));
@@ -319,14 +321,17 @@ impl Tap {
         // wait (ADR 0074).
         let mut record = Vec::new();
         encode(&mut record, &self.key, offset.max(0) as u64, data);
-        let full = {
-            let mut p = self.log.lock_pending();
-            p.push(record);
-            p.bytes >= PENDING_BYTES_MAX
-        };
-        if full {
+        // The records past the bound are written out before this one is
+        // taken: a failure of that write leaves this record in no segment,
+        // so that the write it stands for can be taken back (the bound is
+        // passed by at most the records taken meanwhile).
+        let mut p = self.log.lock_pending();
+        if p.bytes >= PENDING_BYTES_MAX {
+            drop(p);
             self.log.write_pending()?;
+            p = self.log.lock_pending();
         }
+        p.push(record);
         Ok(())
     }
 }

@@ -61,6 +61,27 @@ pub(crate) enum Op {
     },
 }
 
+/// Which record [`FAIL_RECORD`] fails.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum FailRecord {
+    No,
+    /// The next one.
+    Next,
+    /// The next one whose bytes are all zeros (a commit's last page, a
+    /// blob's last overflow page, written apart from its frame's header).
+    NextOfZeros,
+}
+
+impl FailRecord {
+    pub(crate) fn fails(self, data: &[u8]) -> bool {
+        match self {
+            FailRecord::No => false,
+            FailRecord::Next => true,
+            FailRecord::NextOfZeros => data.iter().all(|b| *b == 0),
+        }
+    }
+}
+
 thread_local! {
     static RECORDING: RefCell<Option<Vec<Op>>> = const { RefCell::new(None) };
     static SEEN: RefCell<HashMap<PathBuf, Identity>> = RefCell::new(HashMap::new());
@@ -79,9 +100,9 @@ thread_local! {
     /// A cut's write-back of each log ahead of its `syncfs` fails with
     /// this error number.
     pub(crate) static FAIL_WRITE_BACK: Cell<Option<i32>> = const { Cell::new(None) };
-    /// The next record fails the log, as another thread's failed write
+    /// A record to come fails the log, as another thread's failed write
     /// of the segment would between the write's check and its record.
-    pub(crate) static FAIL_RECORD: Cell<bool> = const { Cell::new(false) };
+    pub(crate) static FAIL_RECORD: Cell<FailRecord> = const { Cell::new(FailRecord::No) };
     /// For each value committed, the mirror the same commit left (the
     /// value itself, or the last one mirrored before a commit that wrote
     /// the counter alone); and each actor's last mirrored value.

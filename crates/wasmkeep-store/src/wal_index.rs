@@ -12,7 +12,9 @@
 //! (files, syncs: every call goes to it) except for the index's memory,
 //! the main database's lock on Linux ([`crate::file_lock`]), and the log's
 //! writes, which it gathers into one per commit ([`crate::log_writes`],
-//! ADR 0029). Its blocks are private anonymous memory, reused from one
+//! ADR 0029), records in the node's commit log, and takes back, on its
+//! own, when the failed log refused one after it reached the file
+//! (`take_back`, ADR 0074). Its blocks are private anonymous memory, reused from one
 //! open actor to the next ([`crate::index_blocks`], ADR 0078);
 //! [`WalIndex::release_zero_pages`] hands the pages that hold only zeros
 //! back to the kernel (`madvise(MADV_DONTNEED)`), after which they read as
@@ -360,34 +362,43 @@ unsafe fn write_through(f: *mut ffi::sqlite3_file, data: &[u8], offset: i64) -> 
             // bytes reached the file, and SQLite's recovery of the log
             // after the restart would find this commit, which returns an
             // error, committed. They are taken back first.
-            take_back(f, data.len(), offset);
+            take_back(f, data, offset);
             return ffi::SQLITE_IOERR_WRITE;
         }
         rc
     }
 }
 
-/// Writes zeros over `len` bytes of the log at `offset` (a write the
-/// commit log refused to record after it reached the file), and syncs the
-/// file: a frame of zeros ends SQLite's recovery of the log there, so
-/// neither a restart nor a power cut finds the refused commit. A failure
-/// is logged; the node's commit log has failed already, and nothing more
-/// can be done for this write.
+/// Writes over `data`, a write to the log at `offset` that the commit log
+/// refused to record after it reached the file, every bit of it flipped,
+/// and syncs the file: a frame whose header or page differs from what was
+/// written fails its checksum, which ends SQLite's recovery of the log
+/// there, so neither a restart nor a power cut finds the refused commit.
+/// (Zeros would not do: a commit's last page, written apart from its
+/// frame's header, can be all zeros.) No record of it is needed: the
+/// record refused was never taken, so replay writes nothing here that this
+/// would have to undo, and a sync of the log outside the barrier can make
+/// nothing durable ahead of the log's records that a commit or checkpoint
+/// relies on, since every later barrier of the failed log fails. A
+/// failure is logged; the node's commit log has failed already, and
+/// nothing more can be done for this write.
 ///
 /// # Safety
 /// `f` is ours and open.
-unsafe fn take_back(f: *mut ffi::sqlite3_file, len: usize, offset: i64) {
+unsafe fn take_back(f: *mut ffi::sqlite3_file, data: &[u8], offset: i64) {
     #[cfg(test)]
     if crate::commit_log::rules().keep_refused_writes {
         return;
     }
-    let zeros = vec![0u8; len];
-    // SAFETY: the caller's; `zeros` is valid for `len` bytes, which fit in
-    // `c_int` as the refused write's did.
+    let len = data.len();
+    let flipped: Vec<u8> = data.iter().map(|b| !b).collect();
+    // SAFETY: the caller's; `flipped` is valid for `len` bytes, which fit
+    // in `c_int` as the refused write's did.
     let rc = unsafe {
-        let rc = (real(f).xWrite.expect("xWrite"))(f, zeros.as_ptr().cast(), len as c_int, offset);
+        let rc =
+            (real(f).xWrite.expect("xWrite"))(f, flipped.as_ptr().cast(), len as c_int, offset);
         #[cfg(test)]
-        note_write(f, &zeros, offset, rc);
+        note_write(f, &flipped, offset, rc);
         if rc == ffi::SQLITE_OK {
             let rc = (real(f).xSync.expect("xSync"))(f, ffi::SQLITE_SYNC_NORMAL);
             #[cfg(test)]

@@ -4,6 +4,7 @@
 //! page_count` after every kind of change.
 
 use super::*;
+use crate::commit_log::tests::{FAIL_RECORD, FailRecord};
 
 /// SQLite's own size of `db`'s database, through its connection.
 fn sqlites(db: &ActorDb) -> u64 {
@@ -175,22 +176,31 @@ fn a_reopened_actor_reads_its_size_again_and_then_follows_its_commits() {
     assert!(check(&db, "a commit after the reopen") > before);
 }
 
-/// The rows found after the restart that follows a commit whose write to
-/// the actor's log reached the file and was then refused by the commit log
-/// (failed meanwhile, by another thread), under `rules`.
-fn rows_after_a_record_refused_past_the_file(rules: crate::commit_log::UnsafeRules) -> i64 {
+/// The rows found after the restart that follows a commit of `sql` whose
+/// write to the actor's log reached the file and was then refused by the
+/// commit log (failed meanwhile, by another thread) as `fail` says, under
+/// `rules`; `None` if no write of the commit was refused.
+fn rows_after_a_record_refused_past_the_file(
+    rules: crate::commit_log::UnsafeRules,
+    fail: FailRecord,
+    sql: &str,
+) -> Option<i64> {
     let run = tempfile::tempdir().unwrap();
     let root = run.path();
     let (log, _) = crate::commit_log::CommitLog::start(root).unwrap();
     let mut db = new_actor(&root.join("actors"));
     batch(&mut db, "CREATE TABLE t(x)");
     crate::commit_log::UNSAFE_RULES.set(rules);
-    crate::commit_log::tests::FAIL_RECORD.set(true);
+    FAIL_RECORD.set(fail);
     db.begin().unwrap();
-    db.execute("INSERT INTO t VALUES (1)", &[]).unwrap();
+    db.execute(sql, &[]).unwrap();
     let committed = db.commit();
-    crate::commit_log::tests::FAIL_RECORD.set(false);
+    let refused = FAIL_RECORD.replace(FailRecord::No) == FailRecord::No;
     crate::commit_log::UNSAFE_RULES.set(crate::commit_log::UnsafeRules::default());
+    if !refused {
+        assert!(committed.is_ok());
+        return None;
+    }
     assert!(committed.is_err(), "the refused record fails the commit");
     db.rollback();
     // The restart the failed log asks for: replay, then the actor again.
@@ -198,21 +208,44 @@ fn rows_after_a_record_refused_past_the_file(rules: crate::commit_log::UnsafeRul
     drop(log);
     let (_log, _) = crate::commit_log::CommitLog::start(root).unwrap();
     let db = new_actor(&root.join("actors"));
-    db.conn
-        .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
-        .unwrap()
+    Some(
+        db.conn
+            .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+            .unwrap(),
+    )
+}
+
+/// The first of the commits of a growing blob whose last page is written
+/// apart from its frame's header (the log's writes are gathered up to 64
+/// KiB, so a commit of 16 frames of 4 KiB pages ends with a write of the
+/// last page alone), refused when that write is all zeros; the rows after
+/// the restart.
+fn rows_after_a_refused_page_of_zeros(rules: crate::commit_log::UnsafeRules) -> i64 {
+    for bytes in (20_000..=200_000).step_by(1_000) {
+        let sql = format!("INSERT INTO t VALUES (zeroblob({bytes}))");
+        if let Some(rows) =
+            rows_after_a_record_refused_past_the_file(rules, FailRecord::NextOfZeros, &sql)
+        {
+            return rows;
+        }
+    }
+    panic!("no commit ended with a write of zeros alone");
 }
 
 /// A write the log refused after it reached the actor's log is taken back
-/// (zeros, synced): the commit that returned an error is not found after
-/// the restart.
+/// (its bits flipped, synced): the commit that returned an error is not
+/// found after the restart.
 #[test]
 fn a_write_refused_after_it_reached_the_file_is_taken_back() {
-    let rows = rows_after_a_record_refused_past_the_file(Default::default());
+    let sql = "INSERT INTO t VALUES (1)";
+    let rows = rows_after_a_record_refused_past_the_file(Default::default(), FailRecord::Next, sql);
     assert_eq!(
-        rows, 0,
+        rows,
+        Some(0),
         "the commit that failed came back after the restart"
     );
+    // A refused write of zeros (taken back as zeros, it would stay as it was).
+    assert_eq!(rows_after_a_refused_page_of_zeros(Default::default()), 0);
 }
 
 #[test]
@@ -221,5 +254,10 @@ fn a_refused_write_left_in_the_file_brings_its_failed_commit_back() {
         keep_refused_writes: true,
         ..Default::default()
     };
-    assert_eq!(rows_after_a_record_refused_past_the_file(rules), 1);
+    let sql = "INSERT INTO t VALUES (1)";
+    assert_eq!(
+        rows_after_a_record_refused_past_the_file(rules, FailRecord::Next, sql),
+        Some(1)
+    );
+    assert_eq!(rows_after_a_refused_page_of_zeros(rules), 1);
 }
