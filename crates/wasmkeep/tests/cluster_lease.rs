@@ -185,8 +185,8 @@ fn a_node_cut_off_from_its_bucket_stops_acting_then_rejoins_in_a_new_epoch() {
     // have lapsed epoch 1).
     let cut_epoch = status(&node)["epoch"].as_u64().unwrap();
     let away = c.bucket.with_extension("away");
-    std::fs::rename(&c.bucket, &away).unwrap();
-    std::fs::write(&c.bucket, "the bucket is unreachable").unwrap();
+    std::fs::write(&away, "the bucket is unreachable").unwrap();
+    exchange(&away, &c.bucket);
 
     // Poll actor writes until the node refuses them.
     let give_up = Instant::now() + Duration::from_secs(60);
@@ -221,8 +221,8 @@ fn a_node_cut_off_from_its_bucket_stops_acting_then_rejoins_in_a_new_epoch() {
     assert_eq!(code, 503);
 
     // The bucket returns: a new epoch registers and writes are acknowledged.
-    std::fs::remove_file(&c.bucket).unwrap();
-    std::fs::rename(&away, &c.bucket).unwrap();
+    exchange(&away, &c.bucket);
+    std::fs::remove_file(&away).unwrap();
     let mut s = serde_json::Value::Null;
     wait_for("the node to act again", || {
         s = status(&node);
@@ -312,4 +312,25 @@ fn a_configured_node_id_survives_a_lost_disk_and_its_actors_are_taken_at_once() 
     assert_eq!(v["value"], 4, "answers: {answers:?}");
     let (_, ended) = records(&bucket, "node-a", 1).pop().unwrap();
     assert!(ended.starts_with("fenced node-a "), "{ended}");
+}
+
+/// Swaps the entries at `a` and `b` in one step (`renameat2` with
+/// `RENAME_EXCHANGE`). The node writes to the bucket all the while: between
+/// a removal and a rename it found the path missing and made a folder
+/// there (a CI run's rename then failed with "Directory not empty").
+fn exchange(a: &Path, b: &Path) {
+    use std::os::unix::ffi::OsStrExt;
+    let c = |p: &Path| std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap();
+    let (a, b) = (c(a), c(b));
+    // SAFETY: two valid NUL-terminated paths; the call only renames.
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            a.as_ptr(),
+            libc::AT_FDCWD,
+            b.as_ptr(),
+            libc::RENAME_EXCHANGE,
+        )
+    };
+    assert_eq!(rc, 0, "exchange: {}", std::io::Error::last_os_error());
 }
