@@ -163,6 +163,11 @@ pub(crate) struct UnsafeRules {
     /// A write to an actor's log that the log refused to record after it
     /// reached the file (the log failed meanwhile) stays in the file.
     pub(crate) keep_refused_writes: bool,
+    /// A record is taken first and the records past the pending bound
+    /// written out after it: a failure of that write-out refuses a record
+    /// that a segment may hold, which replay writes back over the write
+    /// taken back.
+    pub(crate) take_record_before_write_out: bool,
 }
 
 #[cfg(test)]
@@ -326,6 +331,16 @@ impl Tap {
         // so that the write it stands for can be taken back (the bound is
         // passed by at most the records taken meanwhile).
         let mut p = self.log.lock_pending();
+        #[cfg(test)]
+        if rules().take_record_before_write_out {
+            p.push(record);
+            let full = p.bytes >= PENDING_BYTES_MAX;
+            drop(p);
+            if full {
+                self.log.write_pending()?;
+            }
+            return Ok(());
+        }
         if p.bytes >= PENDING_BYTES_MAX {
             drop(p);
             self.log.write_pending()?;
@@ -811,6 +826,11 @@ impl CommitLog {
     pub(crate) fn write_pending(&self) -> io::Result<()> {
         let mut seg = self.lock_segment();
         self.write_out(&mut seg)?;
+        #[cfg(test)]
+        if tests::FAIL_AFTER_WRITE_OUT.replace(false) {
+            // As another thread's `fdatasync` failing right after.
+            return Err(self.fail(io::Error::other("injected failure after a write-out")));
+        }
         self.roll_if_full(&mut seg, false);
         Ok(())
     }

@@ -103,6 +103,9 @@ thread_local! {
     /// A record to come fails the log, as another thread's failed write
     /// of the segment would between the write's check and its record.
     pub(crate) static FAIL_RECORD: Cell<FailRecord> = const { Cell::new(FailRecord::No) };
+    /// The next write-out past the pending bound fails the log once its
+    /// records are in the segment's file.
+    pub(crate) static FAIL_AFTER_WRITE_OUT: Cell<bool> = const { Cell::new(false) };
     /// For each value committed, the mirror the same commit left (the
     /// value itself, or the last one mirrored before a commit that wrote
     /// the counter alone); and each actor's last mirrored value.
@@ -1375,4 +1378,84 @@ fn a_barrier_writes_many_megabytes_of_records_in_order_each_once() {
     let written = log.bytes_total.load(std::sync::atomic::Ordering::Relaxed);
     let taken_total = log.lock_pending().taken_total;
     assert_eq!(written, taken_total);
+}
+
+/// Fills the pending records to just short of the bound, then commits one
+/// value at a time into a table until a commit fails (the write-out past
+/// the bound failing the log once its records are in the segment, as a
+/// failed `fdatasync` on another thread would); whether that value is
+/// found after the restart, under `rules`.
+fn a_failed_write_out_past_the_bound_then_a_restart(rules: UnsafeRules) -> bool {
+    UNSAFE_RULES.set(rules);
+    let run = tempfile::tempdir().unwrap();
+    let root = run.path();
+    let (log, _) = CommitLog::start(root).unwrap();
+    let dir = root.join("actors").join("full");
+    let mut db = ActorDb::open(&dir, &limits(), OpenMode::Create)
+        .unwrap()
+        .unwrap();
+    // No checkpoint, whose sync would be a barrier writing everything out.
+    db.conn_for_tests()
+        .execute_batch("PRAGMA wal_autocheckpoint = 0; CREATE TABLE t(x)")
+        .unwrap();
+    let pending = || log.lock_pending().bytes;
+    let mut i = 0;
+    while pending() + 2_000_000 < super::PENDING_BYTES_MAX {
+        db.begin().unwrap();
+        db.kv_put(&format!("big{i}"), &vec![7u8; 1_900_000])
+            .unwrap();
+        db.commit().unwrap();
+        i += 1;
+    }
+    while pending() + 10_000 < super::PENDING_BYTES_MAX {
+        db.begin().unwrap();
+        db.kv_put(&format!("small{i}"), &[7u8; 4_000]).unwrap();
+        db.commit().unwrap();
+        i += 1;
+    }
+    FAIL_AFTER_WRITE_OUT.set(true);
+    let mut refused = None;
+    for v in 0..20 {
+        db.begin().unwrap();
+        db.execute(&format!("INSERT INTO t VALUES ({v})"), &[])
+            .unwrap();
+        if db.commit().is_err() {
+            db.rollback();
+            refused = Some(v);
+            break;
+        }
+    }
+    FAIL_AFTER_WRITE_OUT.set(false);
+    UNSAFE_RULES.set(UnsafeRules::default());
+    let v = refused.expect("a commit past the bound failed");
+    drop(db);
+    drop(log);
+    let (_log, _) = CommitLog::start(root).unwrap();
+    let db = ActorDb::open(&dir, &limits(), OpenMode::Existing)
+        .unwrap()
+        .unwrap();
+    let found: i64 = db
+        .conn_for_tests()
+        .query_row("SELECT count(*) FROM t WHERE x = ?1", [v], |r| r.get(0))
+        .unwrap();
+    found > 0
+}
+
+/// A record is refused only before it is taken: the records past the
+/// pending bound are written out first, so a failure there leaves the
+/// refused record in no segment, and its write, taken back, stays so.
+#[test]
+fn a_commit_refused_at_the_pending_bound_is_not_found_after_the_restart() {
+    assert!(!a_failed_write_out_past_the_bound_then_a_restart(
+        UnsafeRules::default()
+    ));
+}
+
+#[test]
+fn a_record_taken_before_a_failed_write_out_brings_its_commit_back() {
+    let rules = UnsafeRules {
+        take_record_before_write_out: true,
+        ..UnsafeRules::default()
+    };
+    assert!(a_failed_write_out_past_the_bound_then_a_restart(rules));
 }

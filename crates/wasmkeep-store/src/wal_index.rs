@@ -376,8 +376,10 @@ unsafe fn write_through(f: *mut ffi::sqlite3_file, data: &[u8], offset: i64) -> 
 /// there, so neither a restart nor a power cut finds the refused commit.
 /// (Zeros would not do: a commit's last page, written apart from its
 /// frame's header, can be all zeros.) No record of it is needed: the
-/// record refused was never taken, so replay writes nothing here that this
-/// would have to undo, and a sync of the log outside the barrier can make
+/// record refused was never taken, so replay never writes it back here
+/// (only, maybe, an earlier write of the same transaction to the same
+/// bytes, which holds no valid commit frame, ADR 0074), and a sync of the
+/// log outside the barrier can make
 /// nothing durable ahead of the log's records that a commit or checkpoint
 /// relies on, since every later barrier of the failed log fails. A
 /// failure is logged; the node's commit log has failed already, and
