@@ -14,8 +14,9 @@
 //! writes, which it gathers into one per commit ([`crate::log_writes`],
 //! ADR 0029), records in the node's commit log, and takes back, on its
 //! own, when the failed log refused one after it reached the file
-//! (`take_back`, ADR 0074). Its blocks are private anonymous memory, reused from one
-//! open actor to the next ([`crate::index_blocks`], ADR 0078);
+//! (`take_back`, ADR 0074). Its blocks are private anonymous memory,
+//! reused from one open actor to the next ([`crate::index_blocks`], ADR
+//! 0078);
 //! [`WalIndex::release_zero_pages`] hands the pages that hold only zeros
 //! back to the kernel (`madvise(MADV_DONTNEED)`), after which they read as
 //! zeros again: what SQLite sees does not change. It runs at a
@@ -379,11 +380,10 @@ unsafe fn write_through(f: *mut ffi::sqlite3_file, data: &[u8], offset: i64) -> 
 /// record refused was never taken, so replay never writes it back here
 /// (only, maybe, an earlier write of the same transaction to the same
 /// bytes, which holds no valid commit frame, ADR 0074), and a sync of the
-/// log outside the barrier can make
-/// nothing durable ahead of the log's records that a commit or checkpoint
-/// relies on, since every later barrier of the failed log fails. A
-/// failure is logged; the node's commit log has failed already, and
-/// nothing more can be done for this write.
+/// log outside the barrier can make nothing durable ahead of the log's
+/// records that a commit or checkpoint relies on, since every later
+/// barrier of the failed log fails. A failure is logged; the node's commit
+/// log has failed already, and nothing more can be done for this write.
 ///
 /// # Safety
 /// `f` is ours and open.
