@@ -423,6 +423,8 @@ impl Runtime {
     pub fn start(config: RuntimeConfig, clock: Arc<dyn Clock>) -> Result<Runtime, RuntimeError> {
         std::fs::create_dir_all(config.data_dir.join("actors"))
             .map_err(|e| RuntimeError::Store(e.into()))?;
+        wasmkeep_store::commit_log::actors_on_the_data_filesystem(&config.data_dir)
+            .map_err(RuntimeError::InvalidConfig)?;
         // Files a restore staged and a crash left behind, and replays'
         // sandboxes (ADR 0062) a crash cut short.
         let _ = std::fs::remove_dir_all(config.data_dir.join("staging"));

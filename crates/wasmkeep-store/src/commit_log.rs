@@ -33,7 +33,8 @@
 //!   inode and creation time). A file put in its place since (a restore, an
 //!   actor deleted and created again) has another identity, and its
 //!   records are skipped: replaying an older database's frames into a new
-//!   one would corrupt it.
+//!   one would corrupt it. The device number is recorded but not compared:
+//!   a reboot may number the data directory's filesystem anew.
 //! - **The log forgets a record only after the file it describes is
 //!   durable.** The log is a run of numbered segments; when one is full,
 //!   appends go to the next, and a *cut* (`syncfs` of the data directory,
@@ -45,7 +46,10 @@
 //! - **A new file is made durable by `syncfs`, not by the log.** The first
 //!   batch of a new actor names the folders its creation wrote: such a
 //!   group is made durable by one `syncfs` ([`make_durable`]), as before
-//!   (the log records the log's writes, not a database's creation).
+//!   (the log records the log's writes, not a database's creation). A
+//!   connection that closes before a batch took its folders makes them
+//!   durable at its close; a deleted actor's folder is renamed away
+//!   durably before the delete returns ([`crate::sync::delete_folder`]).
 //! - **An actor's log is never durable ahead of the log's records of it.**
 //!   A lone file is made durable by the barrier too, and SQLite's sync of
 //!   an actor's log (before every checkpoint) is the barrier instead of
@@ -168,6 +172,17 @@ pub(crate) struct UnsafeRules {
     /// that a segment may hold, which replay writes back over the write
     /// taken back.
     pub(crate) take_record_before_write_out: bool,
+    /// A database created by a connection that closes before any batch
+    /// took its new folders (a turn that failed before its first commit)
+    /// is left as the page cache holds it: the next open finds it existing
+    /// and its commits are acknowledged through the log alone.
+    pub(crate) close_unsynced_creation: bool,
+    /// An actor's folder deleted without syncing its parent folder after
+    /// the rename ([`crate::sync::delete_folder`]).
+    pub(crate) delete_without_folder_sync: bool,
+    /// Replay compares a file's device number too: after a reboot that
+    /// numbered the filesystem's device anew, every record is skipped.
+    pub(crate) identity_with_device: bool,
 }
 
 #[cfg(test)]
@@ -191,6 +206,20 @@ pub(crate) struct Identity {
 }
 
 impl Identity {
+    /// Whether `self` and `other` name the same file. The device number is
+    /// left out: the data directory's filesystem may come back under
+    /// another one after a reboot (device-mapper, NVMe and loop devices
+    /// are numbered at boot, btrfs at mount), and replay, which follows
+    /// that reboot, would skip every record. Records are only replayed
+    /// under the log's own data directory, one filesystem.
+    fn same_file(&self, other: &Identity) -> bool {
+        #[cfg(test)]
+        if rules().identity_with_device {
+            return self == other;
+        }
+        self.ino == other.ino && self.born_ns == other.born_ns
+    }
+
     fn of(path: &Path) -> io::Result<Identity> {
         let m = std::fs::metadata(path)?;
         let born_ns = m
@@ -288,6 +317,11 @@ pub struct Tap {
 }
 
 impl Tap {
+    /// The log this tap records into.
+    pub(crate) fn log(&self) -> &CommitLog {
+        &self.log
+    }
+
     /// Makes every record taken so far durable, in place of SQLite's sync
     /// of this database's log (before every checkpoint): a checkpoint must
     /// never carry the database past what the log can replay.
@@ -599,6 +633,31 @@ pub fn supported(root: &Path) -> bool {
     std::fs::metadata(root).is_ok_and(|m| m.created().is_ok())
 }
 
+/// Checks that the actors' folder `data/actors` is on the data
+/// directory's filesystem: every `syncfs` the node relies on (a cut's
+/// before it forgets segments, a new actor's, a group's without the log)
+/// syncs the data directory's, and would leave the actors' files on
+/// another one unsynced. `Err` says why, for the start to refuse.
+pub fn actors_on_the_data_filesystem(data: &Path) -> Result<(), String> {
+    let actors = data.join("actors");
+    let dev = |p: &Path| {
+        std::fs::metadata(p)
+            .map(|m| m.dev())
+            .map_err(|e| format!("could not read {}: {e}", p.display()))
+    };
+    if dev(&actors)? == dev(data)? {
+        Ok(())
+    } else {
+        Err(format!(
+            "the actors' folder {} is on another filesystem than the data directory {}: \
+             the node makes commits durable by syncing the data directory's filesystem \
+             (ADR 0074); put the whole data directory on the volume instead",
+            actors.display(),
+            data.display()
+        ))
+    }
+}
+
 /// The write-ahead log of the database at `db` (SQLite's name for it).
 fn wal_of(db: &Path) -> PathBuf {
     let mut wal = db.as_os_str().to_owned();
@@ -635,7 +694,7 @@ fn open_log_of(root: &Path, rel: &[u8], id: Identity) -> io::Result<Option<File>
     } else {
         now
     };
-    if now != id {
+    if !now.same_file(&id) {
         return Ok(None);
     }
     OpenOptions::new()

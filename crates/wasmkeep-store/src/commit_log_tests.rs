@@ -1459,3 +1459,174 @@ fn a_record_taken_before_a_failed_write_out_brings_its_commit_back() {
     };
     assert!(a_failed_write_out_past_the_bound_then_a_restart(rules));
 }
+
+/// A new actor's connection that closes before any batch took its
+/// folders (the turn that created it failed before its first commit)
+/// makes them durable at its close (`ActorDb::sync_untaken_creation`,
+/// rule 5): the next open finds the database existing, and its commits
+/// are acknowledged through the barrier alone. With the unsafe variant
+/// `close_unsynced_creation`, a power cut that keeps no unsynced folder
+/// entry loses the actor and its acknowledged commit.
+#[test]
+fn a_creation_no_batch_took_is_made_durable_at_its_close() {
+    assert_eq!(a_creation_closed_unused_then_used(false), Ok(()));
+    let lost = a_creation_closed_unused_then_used(true);
+    assert!(lost.as_ref().is_err_and(|e| e.contains("gone")), "{lost:?}");
+}
+
+/// Creates actor 0 and closes it unused, opens it again, acknowledges one
+/// commit through the barrier, then checks what a power cut right after
+/// keeps of what was synced (no unsynced entry, no unsynced page).
+fn a_creation_closed_unused_then_used(unsafe_variant: bool) -> Result<(), String> {
+    let run = tempfile::tempdir().unwrap();
+    let root = run.path().join("data");
+    std::fs::create_dir_all(&root).unwrap();
+    UNSAFE_RULES.set(UnsafeRules {
+        close_unsynced_creation: unsafe_variant,
+        ..UnsafeRules::default()
+    });
+    let (log, _) = CommitLog::start(&root).unwrap();
+    let dir = root.join("actors").join("a0");
+    RECORDING.with_borrow_mut(|r| *r = Some(Vec::new()));
+    drop(ActorDb::open(&dir, &limits(), OpenMode::Create).unwrap());
+    let mut db = ActorDb::open(&dir, &limits(), OpenMode::Existing)
+        .unwrap()
+        .expect("the database the first open made");
+    assert!(db.take_new_dirs().is_empty(), "opened as an existing actor");
+    commit(&mut db, 0, 1);
+    make_durable(Some(&log), &root, &[&db.wal_path()], &[]).unwrap();
+    note(Op::Ack { actor: 0, value: 1 });
+    let ops = RECORDING.with_borrow_mut(|r| r.take()).unwrap();
+    UNSAFE_RULES.set(UnsafeRules::default());
+    let mut disk = Disk::default();
+    for op in &ops {
+        disk.step(op);
+    }
+    let copy = tempfile::tempdir().unwrap();
+    disk.write_copy(&root, &copy.path().join("data"), &[], Kept::Nothing);
+    let found = check(copy.path(), &[1, 0, 0], &[1, 0, 0]);
+    ALIASES.with_borrow_mut(|a| a.clear());
+    drop(db);
+    found
+}
+
+/// A deleted actor's folder is gone for good before the delete returns:
+/// the rename away from its name is synced in the parent folder before
+/// the grave is removed (`sync::delete_folder`), so a power cut cannot
+/// bring the folder back, nor replay put the actor's last commits back
+/// into it. The disk model here has no folders: the test checks the sync
+/// of the parent, which the unsafe variant `delete_without_folder_sync`
+/// leaves out.
+#[test]
+fn a_deleted_actors_folder_is_synced_away_before_the_delete_returns() {
+    for unsafe_variant in [false, true] {
+        UNSAFE_RULES.set(UnsafeRules {
+            delete_without_folder_sync: unsafe_variant,
+            ..UnsafeRules::default()
+        });
+        let run = tempfile::tempdir().unwrap();
+        let class = run.path().join("actors").join("class");
+        let dir = class.join("a");
+        let mut db = ActorDb::open(&dir, &limits(), OpenMode::Create)
+            .unwrap()
+            .unwrap();
+        db.kv_put("k", b"v").unwrap();
+        drop(db);
+        let grave = class.join("a.deleted-1");
+        RECORDING.with_borrow_mut(|r| *r = Some(Vec::new()));
+        crate::sync::delete_folder(&dir, &grave).unwrap();
+        let ops = RECORDING.with_borrow_mut(|r| r.take()).unwrap();
+        UNSAFE_RULES.set(UnsafeRules::default());
+        assert!(!dir.exists() && !grave.exists());
+        let synced = ops
+            .iter()
+            .any(|op| matches!(op, Op::DirSync(d) if *d == class));
+        assert_eq!(synced, !unsafe_variant, "unsafe variant: {unsafe_variant}");
+    }
+}
+
+/// Replay finds an actor's file by inode and creation time, not by the
+/// device number, which a reboot may change (device-mapper, NVMe, loop
+/// devices, btrfs): a power cut that lost the actor's log pages, then a
+/// start on a filesystem numbered anew, still puts the acknowledged commit
+/// back. With the unsafe variant `identity_with_device`, every record is
+/// skipped and the commit is lost.
+#[test]
+fn replay_after_a_reboot_that_renumbered_the_device_puts_commits_back() {
+    assert_eq!(a_commit_replayed_on_a_renumbered_device(false), Ok(()));
+    let lost = a_commit_replayed_on_a_renumbered_device(true);
+    assert!(
+        lost.as_ref().is_err_and(|e| e.contains("acknowledged")),
+        "{lost:?}"
+    );
+}
+
+fn a_commit_replayed_on_a_renumbered_device(unsafe_variant: bool) -> Result<(), String> {
+    let run = tempfile::tempdir().unwrap();
+    let root = run.path().join("data");
+    std::fs::create_dir_all(&root).unwrap();
+    let (log, _) = CommitLog::start(&root).unwrap();
+    let dir = root.join("actors").join("a0");
+    RECORDING.with_borrow_mut(|r| *r = Some(Vec::new()));
+    let mut db = ActorDb::open(&dir, &limits(), OpenMode::Create)
+        .unwrap()
+        .unwrap();
+    let new_dirs = db.take_new_dirs();
+    let first: Vec<&PathBuf> = new_dirs.iter().collect();
+    make_durable(Some(&log), &root, &[&db.wal_path()], &first).unwrap();
+    commit(&mut db, 0, 1);
+    make_durable(Some(&log), &root, &[&db.wal_path()], &[]).unwrap();
+    note(Op::Ack { actor: 0, value: 1 });
+    let ops = RECORDING.with_borrow_mut(|r| r.take()).unwrap();
+    let mut disk = Disk::default();
+    for op in &ops {
+        disk.step(op);
+    }
+    // The power cut keeps nothing unsynced: the commit's frames are only
+    // in the log's synced segment.
+    let copy = tempfile::tempdir().unwrap();
+    disk.write_copy(&root, &copy.path().join("data"), &[], Kept::Nothing);
+    // The filesystem comes back under another device number.
+    ALIASES.with_borrow_mut(|a| {
+        for id in a.values_mut() {
+            id.dev += 1;
+        }
+    });
+    UNSAFE_RULES.set(UnsafeRules {
+        identity_with_device: unsafe_variant,
+        ..UnsafeRules::default()
+    });
+    let found = check(copy.path(), &[1, 0, 0], &[1, 0, 0]);
+    UNSAFE_RULES.set(UnsafeRules::default());
+    ALIASES.with_borrow_mut(|a| a.clear());
+    drop(db);
+    found
+}
+
+/// The actors' folder on another filesystem than the data directory (here
+/// a link to a folder on `/dev/shm`) is refused: no `syncfs` the node
+/// runs would cover it, and a cut would forget records of files never
+/// synced.
+#[test]
+fn actors_on_another_filesystem_are_refused() {
+    use std::os::unix::fs::MetadataExt;
+    let data = tempfile::tempdir().unwrap();
+    std::fs::create_dir(data.path().join("actors")).unwrap();
+    assert_eq!(super::actors_on_the_data_filesystem(data.path()), Ok(()));
+    let other = tempfile::tempdir_in("/dev/shm").expect("/dev/shm, a tmpfs on this machine");
+    let dev = |p: &Path| std::fs::metadata(p).unwrap().dev();
+    assert_ne!(
+        dev(other.path()),
+        dev(data.path()),
+        "/dev/shm is another filesystem here"
+    );
+    std::fs::remove_dir(data.path().join("actors")).unwrap();
+    std::os::unix::fs::symlink(other.path(), data.path().join("actors")).unwrap();
+    let refused = super::actors_on_the_data_filesystem(data.path());
+    assert!(
+        refused
+            .as_ref()
+            .is_err_and(|e| e.contains("another filesystem")),
+        "{refused:?}"
+    );
+}

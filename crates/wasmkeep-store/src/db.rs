@@ -305,6 +305,7 @@ impl Drop for ActorDb {
     /// held ([`ActorDb::hold_file`] turned the checkpoint off already).
     fn drop(&mut self) {
         use rusqlite::config::DbConfig;
+        self.sync_untaken_creation();
         let checkpoints = self
             .conn
             .db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE)
@@ -555,6 +556,31 @@ impl ActorDb {
     /// durable (empty if it existed, or once taken).
     pub fn take_new_dirs(&mut self) -> Vec<PathBuf> {
         std::mem::take(&mut self.new_dirs)
+    }
+
+    /// Makes a creation durable that no batch took (ADR 0074, rule 5): the
+    /// connection closes before its first commit was handed to a sync (the
+    /// turn that opened it failed), and the next open finds the database
+    /// existing, so nothing else would sync its folders before commits
+    /// are acknowledged through the log's barrier alone. Failing, it says
+    /// so in the node's log; a failed `syncfs` fails the commit log too.
+    fn sync_untaken_creation(&mut self) {
+        #[cfg(test)]
+        if crate::commit_log::rules().close_unsynced_creation {
+            return;
+        }
+        let dirs = self.take_new_dirs();
+        if dirs.is_empty() {
+            return;
+        }
+        let dirs: Vec<&PathBuf> = dirs.iter().collect();
+        let files = [self.dir.join(DB_FILE), self.wal_path()];
+        let files: Vec<&PathBuf> = files.iter().collect();
+        let log = self.tap.as_ref().map(|t| t.log());
+        if let Err(e) = crate::commit_log::make_durable(log, &self.dir, &files, &dirs) {
+            tracing::warn!(dir = %self.dir.display(), error = %e,
+                "could not make a new actor's folder durable at its close");
+        }
     }
 
     /// The actor's folder.

@@ -51,6 +51,27 @@ pub fn sync_dir(path: &Path) -> io::Result<()> {
     File::open(path)?.sync_all()
 }
 
+/// Deletes an actor's folder `dir` for good before returning: renamed to
+/// `grave` (a sibling, so that a crash mid-removal never leaves a
+/// half-deleted database where the actor would find it), the parent
+/// folder synced, then the grave removed. Without the sync, a power cut
+/// could bring the folder back under its name after the delete was
+/// acknowledged, and the commit log's replay would put the actor's last
+/// commits back into it (ADR 0074).
+pub fn delete_folder(dir: &Path, grave: &Path) -> io::Result<()> {
+    std::fs::rename(dir, grave)?;
+    #[cfg(test)]
+    let synced = !crate::commit_log::rules().delete_without_folder_sync;
+    #[cfg(not(test))]
+    let synced = true;
+    if synced && let Some(parent) = grave.parent() {
+        sync_dir(parent)?;
+        #[cfg(test)]
+        crate::commit_log::tests::note(crate::commit_log::tests::Op::DirSync(parent.to_owned()));
+    }
+    std::fs::remove_dir_all(grave)
+}
+
 /// Flushes every dirty file of the filesystem that holds `path`.
 pub fn sync_filesystem(path: &Path) -> io::Result<()> {
     sync_filesystem_of(&File::open(path)?)

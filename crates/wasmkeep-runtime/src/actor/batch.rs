@@ -1362,7 +1362,11 @@ pub(super) fn release_replies(
             crate::dispatch::drop_elsewhere(rt);
         }
     };
-    if rt.config.durability == Durability::Fsync && waiting && after.removed.is_none() {
+    // A new actor's first batch syncs its folders even with no one
+    // waiting: a later batch finds the actor existing and would not.
+    let creation = !after.dirs.is_empty();
+    if rt.config.durability == Durability::Fsync && (waiting || creation) && after.removed.is_none()
+    {
         rt.durability.submit(SyncJob {
             files: vec![after.wal],
             dirs: after.dirs,

@@ -221,11 +221,10 @@ fn run_delete(
             .counted(&actor.id.tenant, false, size.unwrap_or(0));
     }
     if existed {
-        // Renamed first so that a crash mid-removal never leaves a
-        // half-deleted database where the actor would find it.
+        // Gone for good before the reply: renamed, the class folder
+        // synced, then removed.
         let grave = dir.with_extension(format!("deleted-{}", rt.elapsed_ms()));
-        std::fs::rename(&dir, &grave)
-            .and_then(|()| std::fs::remove_dir_all(&grave))
+        wasmkeep_store::sync::delete_folder(&dir, &grave)
             .map(|()| Outcome::Deleted(true))
             .map_err(|e| RuntimeError::Store(e.into()))
     } else {
