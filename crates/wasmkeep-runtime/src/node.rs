@@ -203,6 +203,9 @@ pub struct Inner {
     pub(crate) replaying: Mutex<()>,
     /// A replay's sandbox: the time and seed of the next event.
     pub(crate) sandbox_tape: Mutex<Option<crate::guest_tape::EventTape>>,
+    /// The data directory's lock, held from the start to the end of
+    /// [`crate::Runtime::shutdown`] (`wasmkeep_store::data_lock`).
+    pub(crate) data_lock: Mutex<Option<wasmkeep_store::data_lock::DataLock>>,
 }
 
 /// Whether this node may run an actor's alarms now. A single node always

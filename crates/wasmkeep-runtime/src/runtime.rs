@@ -62,6 +62,10 @@ pub(crate) fn worker_stack_bytes() -> usize {
 
 /// How often the idle reaper looks for actors to close.
 const REAP_INTERVAL_MS: u64 = 1000;
+
+/// How long a start waits for the data directory's lock: a node of this
+/// process (or another) that is stopping lets go at the end of its stop.
+const DATA_LOCK_WAIT: Duration = Duration::from_secs(10);
 /// A worker that waited this long for work after the reaper closed actors
 /// gives the memory its allocator no longer uses back to the system.
 const WORKER_IDLE_COLLECT_MS: u64 = 500;
@@ -409,6 +413,7 @@ fn build_inner(
         recording_bytes: Default::default(),
         replaying: Mutex::new(()),
         sandbox_tape: Mutex::new(None),
+        data_lock: Mutex::new(None),
         parked: Arc::new({
             let p = crate::parked::ParkedReplies::new(parked_limits, Arc::clone(&parked_metrics));
             if sandbox { p.numbered_from_one() } else { p }
@@ -423,6 +428,11 @@ impl Runtime {
     pub fn start(config: RuntimeConfig, clock: Arc<dyn Clock>) -> Result<Runtime, RuntimeError> {
         std::fs::create_dir_all(config.data_dir.join("actors"))
             .map_err(|e| RuntimeError::Store(e.into()))?;
+        // Before anything in the folder is touched: one node at a time. A
+        // runtime of this process that is stopping lets go at the end of
+        // its shutdown.
+        let data_lock = wasmkeep_store::data_lock::DataLock::take(&config.data_dir, DATA_LOCK_WAIT)
+            .map_err(RuntimeError::InvalidConfig)?;
         wasmkeep_store::commit_log::actors_on_the_data_filesystem(&config.data_dir)
             .map_err(RuntimeError::InvalidConfig)?;
         // Files a restore staged and a crash left behind, and replays'
@@ -461,6 +471,7 @@ impl Runtime {
         };
         let parts = runtime_parts(&config)?;
         let inner = build_inner(config, clock, parts, commit_log, spares);
+        *inner.data_lock.lock() = Some(data_lock);
         inner.outbox.attach(Arc::downgrade(&inner));
         let rt = Runtime { inner };
         // Loading an app runs its `classes()`: the epoch must advance by
@@ -1717,6 +1728,8 @@ impl Runtime {
         {
             tracing::warn!(error = %e, "could not sync the data directory at the stop");
         }
+        // Another node may use the folder from here on.
+        drop(rt.data_lock.lock().take());
     }
 }
 

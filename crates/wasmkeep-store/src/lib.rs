@@ -14,6 +14,7 @@
 
 mod clock;
 pub mod commit_log;
+pub mod data_lock;
 pub mod db;
 pub mod error;
 mod file_lock;

@@ -200,13 +200,19 @@ fn live_nodes(bucket: &Bucket, settings: &Settings) -> Result<Vec<String>> {
 /// Ships every actor of a node's data folder that the bucket does not hold
 /// yet as the first entry of its chain (a node's data, moving onto a
 /// bucket). Actors the bucket already has are left alone on both sides; the
-/// node must not be running.
+/// node must not be running (its lock on the folder is taken). What a crash
+/// or power cut left in the node's commit log is replayed first, as a start
+/// would: the actors' files then hold every acknowledged commit.
 pub(crate) fn upload(bucket_url: &str, settings: &Settings, data: &Path) -> Result<()> {
     let bucket = Bucket::from_url(bucket_url).with_context(|| format!("bucket {bucket_url}"))?;
     let ids = wasmkeep_runtime::runtime::all_actors(data);
     if ids.is_empty() {
         bail!("no actors under {}", data.join("actors").display());
     }
+    let _held = wasmkeep_store::data_lock::DataLock::take(data, std::time::Duration::ZERO)
+        .map_err(anyhow::Error::msg)?;
+    wasmkeep_store::commit_log::recover(data)
+        .with_context(|| format!("replay the commit log in {}", data.display()))?;
     let now_ms = wasmkeep_runtime::Clock::now_ms(&wasmkeep_runtime::SystemClock);
     let pb = bar(ids.len() as u64, "uploading");
     let (mut shipped, mut present) = (0u64, 0u64);

@@ -424,3 +424,32 @@ fn workflows_survive_repeated_sigkill_with_each_step_run_once() {
         }
     }
 }
+
+/// Two nodes on one data directory would replay and delete each other's
+/// commit log and write the same actors: a second `serve` on a folder a
+/// running node holds refuses to start, naming the holder, and the first
+/// node goes on unharmed; once it stopped, the folder serves again.
+#[test]
+fn a_second_node_on_a_data_directory_in_use_refuses_to_start() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut first = Node::start(tmp.path(), &["--examples"]);
+    let (s, _) = first.post("/v1/demo/examples/counter/one/increment", b"");
+    assert_eq!(s, 200);
+    let second = std::process::Command::new(env!("CARGO_BIN_EXE_wasmkeep"))
+        .args(["serve", "--examples", "--listen", "127.0.0.1:0", "--data"])
+        .arg(tmp.path())
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&second.stderr);
+    assert!(!second.status.success(), "{said}");
+    assert!(
+        said.contains(&format!("in use by process {}", first.pid())),
+        "{said}"
+    );
+    let (s, body) = first.post("/v1/demo/examples/counter/one/increment", b"");
+    assert_eq!((s, body.as_str()), (200, r#"{"value":2}"#));
+    assert!(first.stop().success());
+    let again = Node::start(tmp.path(), &["--examples"]);
+    let (s, body) = again.get("/v1/demo/examples/counter/one/value");
+    assert_eq!((s, body.as_str()), (200, r#"{"value":2}"#));
+}

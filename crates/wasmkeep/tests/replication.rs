@@ -379,7 +379,10 @@ fn fork(t: &Target, tmp: &Path) {
 }
 
 /// A node that ran without a bucket moves onto one: `wasmkeep upload`
-/// ships its actors, and a fresh node on the bucket has their data.
+/// ships its actors, and a fresh node on the bucket has their data. The
+/// upload refuses to run beside the node; after the node's crash, with the
+/// actors' logs lost as a power cut may lose them, it replays the node's
+/// commit log first and ships every acknowledged write.
 fn bulk_upload(t: &Target, tmp: &Path) {
     let mut local = Node::start(&tmp.join("local"), &["--examples"]);
     for i in 0..3 {
@@ -388,13 +391,23 @@ fn bulk_upload(t: &Target, tmp: &Path) {
             assert_eq!(s, 200);
         }
     }
-    local.stop();
-    let o = std::process::Command::new(env!("CARGO_BIN_EXE_wasmkeep"))
-        .args(["upload", "--bucket", &t.url, "--data"])
-        .arg(tmp.join("local"))
-        .envs(t.env.iter().map(|(k, v)| (*k, v.as_str())))
-        .output()
-        .unwrap();
+    let upload = || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_wasmkeep"))
+            .args(["upload", "--bucket", &t.url, "--data"])
+            .arg(tmp.join("local"))
+            .envs(t.env.iter().map(|(k, v)| (*k, v.as_str())))
+            .output()
+            .unwrap()
+    };
+    let beside = upload();
+    let said = String::from_utf8_lossy(&beside.stderr);
+    assert!(
+        !beside.status.success() && said.contains("in use by process"),
+        "{said}"
+    );
+    local.kill();
+    assert_eq!(common::empty_actor_logs(&tmp.join("local")), 3);
+    let o = upload();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(
         String::from_utf8_lossy(&o.stdout).contains("3 actors uploaded"),

@@ -3,6 +3,8 @@
 //! test clock and alarms, a crash and a restart, read-only SQL, a
 //! manifest and a secret) works on a real `wasmkeep serve` process.
 
+mod common;
+
 use std::time::Duration;
 
 use wasmkeep_testnode::{Options, TestNode};
@@ -44,23 +46,6 @@ fn the_process_kit_keeps_what_was_acknowledged_across_a_crash_and_a_restart() {
     assert_eq!(odd.inspect()["name"], "a/b c");
 }
 
-/// Every actor's write-ahead log under `data`.
-fn actor_logs(data: &std::path::Path) -> Vec<std::path::PathBuf> {
-    fn walk(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
-        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                walk(&p, out);
-            } else if p.to_string_lossy().ends_with(".db-wal") {
-                out.push(p);
-            }
-        }
-    }
-    let mut out = Vec::new();
-    walk(&data.join("actors"), &mut out);
-    out
-}
-
 /// ADR 0074: with the commit log (the default), the actors' write-ahead
 /// logs are not synced per group; a power cut that takes what they held
 /// in the page cache loses nothing acknowledged, because the node puts it
@@ -79,15 +64,7 @@ fn acknowledged_after_emptied_logs(config: &str) -> Vec<i64> {
         }
     }
     node.crash_and(|data| {
-        let logs = actor_logs(data);
-        assert_eq!(logs.len(), actors, "{logs:?}");
-        for log in logs {
-            std::fs::OpenOptions::new()
-                .write(true)
-                .open(&log)
-                .and_then(|f| f.set_len(0))
-                .unwrap();
-        }
+        assert_eq!(common::empty_actor_logs(data), actors);
     });
     // An actor whose table went with its log answers an error: -1.
     (0..actors)
