@@ -495,7 +495,7 @@ async fn rebuild_staged(
 ) -> Result<(Option<PageHashes>, Position, u64, u64, u64), ReplicaError> {
     check_restore(root, listing, config)?;
     let budget = &mut Budget::new("restore_bytes_max", config.restore_bytes_max);
-    std::fs::create_dir_all(path.parent().unwrap_or(Path::new(".")))?;
+    make_folders(path.parent().unwrap_or(Path::new(".")))?;
     let mut staged = Staged::create(path, root.as_str())?;
     let (mut next, mut pos, mut time) = match listing.snaps.last() {
         Some(&(s, size)) => {
@@ -664,10 +664,42 @@ pub fn set_aside(db_path: &Path, now_ms: u64) -> Result<PathBuf, ReplicaError> {
 }
 
 /// Renames a staged image to `db_path` and syncs the folder.
+/// Makes `dir` and its missing parents, each new folder's entry synced in
+/// its parent before the restore installs anything in it: the actor's
+/// commits after a restore are acknowledged through the node's commit log
+/// alone, and a power cut that took the folder's entry would lose them
+/// (replay finds no file to put them back into, and the next open
+/// restores from the bucket again).
+fn make_folders(dir: &Path) -> std::io::Result<()> {
+    let mut missing = Vec::new();
+    let mut d = Some(dir);
+    while let Some(p) = d
+        && !p.exists()
+    {
+        missing.push(p);
+        d = p.parent();
+    }
+    std::fs::create_dir_all(dir)?;
+    for made in missing.iter().rev() {
+        if let Some(parent) = made.parent() {
+            sync_folder(parent)?;
+        }
+    }
+    Ok(())
+}
+
+/// Syncs a folder's entries.
+fn sync_folder(dir: &Path) -> std::io::Result<()> {
+    std::fs::File::open(dir)?.sync_all()?;
+    #[cfg(test)]
+    tests::SYNCED.with_borrow_mut(|s| s.push(dir.to_owned()));
+    Ok(())
+}
+
 fn install_db(staged: &Path, db_path: &Path) -> Result<(), ReplicaError> {
     let dir = db_path.parent().unwrap_or(Path::new("."));
     std::fs::rename(staged, db_path)?;
-    std::fs::File::open(dir)?.sync_all()?;
+    sync_folder(dir)?;
     Ok(())
 }
 
@@ -2570,4 +2602,36 @@ pub async fn put_back(
         replica.collect().await?;
     }
     Ok(uploaded)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+
+    thread_local! {
+        /// Folders [`sync_folder`] synced on this thread.
+        pub(super) static SYNCED: RefCell<Vec<PathBuf>> = const { RefCell::new(Vec::new()) };
+    }
+
+    /// A restore into a folder that does not exist yet (an actor new to
+    /// this node) makes every missing folder with its entry synced in its
+    /// parent, the class folder's entry for the actor's folder included.
+    #[test]
+    fn a_restores_new_folders_are_each_synced_in_their_parent() {
+        let root = tempfile::tempdir().unwrap();
+        let actors = root.path().join("actors");
+        std::fs::create_dir(&actors).unwrap();
+        let class = actors.join("t").join("app").join("class");
+        let dir = class.join("61");
+        make_folders(&dir).unwrap();
+        assert!(dir.is_dir());
+        let synced = SYNCED.with_borrow_mut(std::mem::take);
+        let app = class.parent().unwrap().to_owned();
+        let tenant = app.parent().unwrap().to_owned();
+        assert_eq!(synced, [actors, tenant, app, class]);
+        // A folder already there is not synced again.
+        make_folders(&dir).unwrap();
+        assert!(SYNCED.with_borrow(Vec::is_empty));
+    }
 }

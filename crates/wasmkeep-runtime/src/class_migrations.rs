@@ -63,6 +63,7 @@ use std::time::Duration;
 
 use parking_lot::RwLock;
 use serde::{Deserialize, Serialize};
+use wasmkeep_store::commit_log::CommitLog;
 use wasmkeep_store::{ActorId, paths};
 
 use crate::actor::{Actor, Between, Event, EventKind, Outcome};
@@ -917,7 +918,7 @@ pub(crate) fn apply(
                 rt.quotas.counted(&plan.tenant, false, size.unwrap_or(0));
             }
         }
-        run_step(data, &plan.tenant, s)?;
+        run_step(data, rt.commit_log.as_deref(), &plan.tenant, s)?;
         if let Some(to) = &s.to {
             for name in &moved {
                 let id = ActorId::new(&plan.tenant, &to.app, &to.class, name)?;
@@ -1078,7 +1079,12 @@ pub(crate) fn record_applied(
 /// A class folder is only ever removed by moving it into `<data>/trash`
 /// (emptied once the step is done, and at start): a target that holds an
 /// actor is never replaced.
-fn run_step(data: &Path, tenant: &str, s: &Step) -> Result<(), RuntimeError> {
+fn run_step(
+    data: &Path,
+    log: Option<&CommitLog>,
+    tenant: &str,
+    s: &Step,
+) -> Result<(), RuntimeError> {
     let store = |e: std::io::Error| RuntimeError::Store(e.into());
     let from = paths::class_dir(data, tenant, &s.from.app, &s.from.class);
     if !from.exists() {
@@ -1100,10 +1106,10 @@ fn run_step(data: &Path, tenant: &str, s: &Step) -> Result<(), RuntimeError> {
             std::fs::create_dir_all(dest.parent().expect("a class folder has a parent"))
                 .map_err(store)?;
             // The commit log names each write by its database's path (ADR
-            // 0074): what it holds of these actors must be durable in
-            // their files before they move away from those paths.
-            wasmkeep_store::sync::sync_filesystem(data).map_err(store)?;
-            std::fs::rename(&from, &dest).map_err(store)?;
+            // 0074): what it holds of these actors is made durable in
+            // their files before they move, and none of it is left to
+            // replay after.
+            wasmkeep_store::commit_log::move_folder(log, data, &from, &dest).map_err(store)?;
             sync_parent(&dest)?;
         }
         None => to_trash(data, &from)?,
@@ -1202,8 +1208,10 @@ pub(crate) fn finish_pending(
                 later.push((plan, version));
                 continue;
             }
+            // Before any actor opens, after the log's replay forgot every
+            // record: none names these folders.
             for s in &plan.steps {
-                run_step(data, &plan.tenant, s)?;
+                run_step(data, None, &plan.tenant, s)?;
             }
             tracing::info!(tenant = %plan.tenant, app = %plan.app, tags = ?plan.tags, "finished a class migration the node stopped in");
             finish(data, &plan, version)?;
@@ -1378,7 +1386,7 @@ mod tests {
             "[[migrations]]\ntag = \"v2\"\ndeleted_classes = [\"x\"]\n",
         );
         // The node stopped after the first step.
-        run_step(data, "acme", &plan.steps[0]).unwrap();
+        run_step(data, None, "acme", &plan.steps[0]).unwrap();
         finish_pending(data, false).unwrap();
         let moved = ActorId::new("acme", "shop", "chat", "r1").unwrap();
         assert_eq!(
@@ -1428,7 +1436,7 @@ mod tests {
         std::fs::create_dir_all(paths::actor_dir(data, &there)).unwrap();
         std::fs::write(paths::actor_db(data, &there), b"other").unwrap();
         let plan = room_to_chat_and_no_scratch();
-        let e = run_step(data, "acme", &plan.steps[0]).unwrap_err();
+        let e = run_step(data, None, "acme", &plan.steps[0]).unwrap_err();
         assert_eq!(e.code(), "migration_conflict", "{e}");
         assert_eq!(
             std::fs::read(paths::actor_db(data, &there)).unwrap(),

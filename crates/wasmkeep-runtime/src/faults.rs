@@ -162,6 +162,9 @@ fault_switches! {
         /// keeps taking its other events (no gate, ADR 0056), so they
         /// interleave with the wait.
         unsafe_await_without_gate,
+        /// Unsafe, for that test only: an outbox resume opens an actor a
+        /// cluster node does not hold (ADR 0020).
+        unsafe_resume_unheld,
     }
     millis {
         /// The closer thread holds each evicted actor this long before

@@ -206,6 +206,10 @@ pub struct Inner {
     /// The data directory's lock, held from the start to the end of
     /// [`crate::Runtime::shutdown`] (`wasmkeep_store::data_lock`).
     pub(crate) data_lock: Mutex<Option<wasmkeep_store::data_lock::DataLock>>,
+    /// Set by the first [`crate::Runtime::shutdown`]: a later call (a
+    /// cluster node's, after it released its holds) changes nothing, the
+    /// folder being another node's to use from the first one's end.
+    pub(crate) shut_down: AtomicBool,
 }
 
 /// Whether this node may run an actor's alarms now. A single node always
@@ -302,6 +306,18 @@ impl Inner {
     /// The hold generation index entries of `id` are tagged with.
     pub fn hold_generation(&self, id: &ActorId) -> Option<u64> {
         self.gate.get().and_then(|g| g.hold_generation(id))
+    }
+
+    /// Whether this node may open `id` for work no one asked of it (an
+    /// outbox resume): a node without a gate may; a cluster node only
+    /// while it holds the actor (ADR 0020: a copy opened while another
+    /// node owns it would be served, stale, after this node takes it
+    /// again), and not before its gate is attached.
+    pub(crate) fn may_open_unasked(&self, id: &ActorId) -> bool {
+        match self.gate.get() {
+            Some(g) => g.hold_generation(id).is_some(),
+            None => !self.keeps_index(),
+        }
     }
 
     /// The gate's routing epoch (0 on a single node, and while a cluster

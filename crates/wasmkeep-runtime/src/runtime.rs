@@ -414,6 +414,7 @@ fn build_inner(
         replaying: Mutex::new(()),
         sandbox_tape: Mutex::new(None),
         data_lock: Mutex::new(None),
+        shut_down: AtomicBool::new(false),
         parked: Arc::new({
             let p = crate::parked::ParkedReplies::new(parked_limits, Arc::clone(&parked_metrics));
             if sandbox { p.numbered_from_one() } else { p }
@@ -433,8 +434,11 @@ impl Runtime {
         // its shutdown.
         let data_lock = wasmkeep_store::data_lock::DataLock::take(&config.data_dir, DATA_LOCK_WAIT)
             .map_err(RuntimeError::InvalidConfig)?;
-        wasmkeep_store::commit_log::actors_on_the_data_filesystem(&config.data_dir)
-            .map_err(RuntimeError::InvalidConfig)?;
+        // Only a node that promises durability relies on its syncs.
+        if config.durability == Durability::Fsync {
+            wasmkeep_store::commit_log::actors_on_the_data_filesystem(&config.data_dir)
+                .map_err(RuntimeError::InvalidConfig)?;
+        }
         // Files a restore staged and a crash left behind, and replays'
         // sandboxes (ADR 0062) a crash cut short.
         let _ = std::fs::remove_dir_all(config.data_dir.join("staging"));
@@ -1479,6 +1483,13 @@ impl Runtime {
         &self.inner.faults
     }
 
+    /// Asks `id`'s next turn to hand its outbox to the dispatcher again, as
+    /// the start-up scan does for an actor with unsent rows (tests).
+    #[cfg(any(test, feature = "test-faults"))]
+    pub fn resume_outbox(&self, id: &ActorId) {
+        self.inner.resume_outbox(id);
+    }
+
     pub fn config(&self) -> &RuntimeConfig {
         &self.inner.config
     }
@@ -1673,9 +1684,14 @@ impl Runtime {
     }
 
     /// Stops taking events, lets queued ones finish, and closes every
-    /// actor (a long log is checkpointed at the close, ADR 0076).
+    /// actor (a long log is checkpointed at the close, ADR 0076), then
+    /// lets go of the data directory. Once: a second call does nothing
+    /// (the folder may be another node's by then, ADR 0081).
     pub fn shutdown(&self, wait: Duration) {
         let rt = &self.inner;
+        if rt.shut_down.swap(true, Ordering::SeqCst) {
+            return;
+        }
         let deadline = crate::clock::instant() + wait;
         if let Some(repl) = &rt.replication {
             crate::replication::flush_deferred(rt, repl);

@@ -34,7 +34,10 @@
 //!   actor deleted and created again) has another identity, and its
 //!   records are skipped: replaying an older database's frames into a new
 //!   one would corrupt it. The device number is recorded but not compared:
-//!   a reboot may number the data directory's filesystem anew.
+//!   a reboot may number the data directory's filesystem anew. A rename
+//!   keeps a file's identity, so a folder of actors that moves (a class
+//!   migration) is followed by a cut ([`move_folder`]): records from before
+//!   it would name the databases again after a move back.
 //! - **The log forgets a record only after the file it describes is
 //!   durable.** The log is a run of numbered segments; when one is full,
 //!   appends go to the next, and a *cut* (`syncfs` of the data directory,
@@ -186,6 +189,10 @@ pub(crate) struct UnsafeRules {
     /// Replay forgets every segment at once, the newest with the others,
     /// under one sync of their folder.
     pub(crate) forget_newest_with_the_rest: bool,
+    /// A folder of actors moves without a cut after it: records from
+    /// before the move stay, and name the databases again after a move
+    /// back.
+    pub(crate) move_without_cut: bool,
 }
 
 #[cfg(test)]
@@ -649,28 +656,77 @@ pub fn supported(root: &Path) -> bool {
     std::fs::metadata(root).is_ok_and(|m| m.created().is_ok())
 }
 
+/// Moves a folder of actors' databases from `from` to `to` (a class
+/// migration's step on a node without a bucket). A record names its
+/// database by path and identity, and a rename keeps the identity: after
+/// a move away and back, records from before the first move would name
+/// the database again, and a replay would put that older generation of
+/// its log back over the commits made since (those made at the other
+/// path are skipped). So what the log holds is made durable in the files
+/// before the move (as before any file moves under the log) and the log
+/// is cut after it: no record from before the move is left to replay.
+pub fn move_folder(log: Option<&CommitLog>, data: &Path, from: &Path, to: &Path) -> io::Result<()> {
+    match log {
+        Some(log) => {
+            log.write_pending()?;
+            log.sync_filesystem()?;
+        }
+        None => sync::sync_filesystem(data)?,
+    }
+    std::fs::rename(from, to)?;
+    #[cfg(test)]
+    let cut = !rules().move_without_cut;
+    #[cfg(not(test))]
+    let cut = true;
+    if cut && let Some(log) = log {
+        log.cut_now()?;
+    }
+    Ok(())
+}
+
 /// Checks that the actors' folder `data/actors` is on the data
-/// directory's filesystem: every `syncfs` the node relies on (a cut's
-/// before it forgets segments, a new actor's, a group's without the log)
-/// syncs the data directory's, and would leave the actors' files on
-/// another one unsynced. `Err` says why, for the start to refuse.
+/// directory's mount: every `syncfs` the node relies on (a cut's before
+/// it forgets segments, a new actor's, a group's without the log) syncs
+/// the data directory's filesystem, and would leave the actors' files on
+/// another one unsynced. Compared by mount (`statx`'s mount id, where the
+/// kernel gives it): a btrfs subvolume has a device number of its own but
+/// is synced with its filesystem. `Err` says why, for the start to refuse.
 pub fn actors_on_the_data_filesystem(data: &Path) -> Result<(), String> {
     let actors = data.join("actors");
-    let dev = |p: &Path| {
-        std::fs::metadata(p)
-            .map(|m| m.dev())
-            .map_err(|e| format!("could not read {}: {e}", p.display()))
-    };
-    if dev(&actors)? == dev(data)? {
+    if mount_of(&actors)? == mount_of(data)? {
         Ok(())
     } else {
         Err(format!(
-            "the actors' folder {} is on another filesystem than the data directory {}: \
-             the node makes commits durable by syncing the data directory's filesystem \
-             (ADR 0074); put the whole data directory on the volume instead",
+            "the actors' folder {} is mounted apart from the data directory {} \
+             (another filesystem, or another mount): the node makes commits durable \
+             by syncing the data directory's filesystem (ADR 0074); put the whole \
+             data directory on the volume instead",
             actors.display(),
             data.display()
         ))
+    }
+}
+
+/// The mount `p` is on (following links): its mount id, or its device
+/// where the kernel gives no mount id (before Linux 5.8).
+fn mount_of(p: &Path) -> Result<(bool, u64), String> {
+    use std::os::unix::ffi::OsStrExt;
+    let why = |e: io::Error| format!("could not read {}: {e}", p.display());
+    let c = std::ffi::CString::new(p.as_os_str().as_bytes())
+        .map_err(|e| why(io::Error::new(io::ErrorKind::InvalidInput, e)))?;
+    // SAFETY: a zeroed `statx` is a valid buffer for the call to fill.
+    let mut sx: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a NUL-terminated path and `sx` a writable `statx`,
+    // both alive for the call.
+    let rc = unsafe { libc::statx(libc::AT_FDCWD, c.as_ptr(), 0, libc::STATX_MNT_ID, &mut sx) };
+    if rc != 0 {
+        return Err(why(io::Error::last_os_error()));
+    }
+    if sx.stx_mask & libc::STATX_MNT_ID != 0 {
+        Ok((true, sx.stx_mnt_id))
+    } else {
+        let m = std::fs::metadata(p).map_err(why)?;
+        Ok((false, m.dev()))
     }
 }
 

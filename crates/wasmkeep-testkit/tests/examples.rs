@@ -394,6 +394,93 @@ fn sockets_of_an_actor_the_node_no_longer_holds_are_closed_with_1012() {
     );
 }
 
+/// A cluster node opens no actor it does not hold for an outbox resume
+/// (the start-up scan's, for an actor with unsent rows; ADR 0020): opened
+/// then, the copy stayed open and was served, stale, once the node took
+/// the actor again. The rows go out when the node takes it and opens it.
+/// The unsafe variant `unsafe_resume_unheld` opens it.
+#[test]
+fn an_outbox_resume_opens_no_actor_the_node_does_not_hold() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use wasmkeep_runtime::{ActorId, RunGate};
+    /// Holds every actor but `x` while set.
+    struct LostX(AtomicBool);
+    impl RunGate for LostX {
+        fn may_run(&self, id: &ActorId) -> bool {
+            self.hold_generation(id).is_some()
+        }
+        fn hold_generation(&self, id: &ActorId) -> Option<u64> {
+            (id.name != "x" || !self.0.load(Ordering::SeqCst)).then_some(1)
+        }
+    }
+    for unsafe_variant in [false, true] {
+        // One worker: the runtime's turns run in the order queued.
+        let node = TestNode::with_config(|c| c.workers = 1);
+        node.deploy("demo/examples", DEMO).unwrap();
+        let gate = Arc::new(LostX(AtomicBool::new(false)));
+        let rt = node.runtime();
+        assert!(rt.alarms().set_gate(Arc::clone(&gate) as Arc<dyn RunGate>));
+        let (x, y) = (
+            node.actor("demo/examples/counter/x"),
+            node.actor("demo/examples/counter/y"),
+        );
+        assert_eq!(x.post("/increment", "").status, 200);
+        assert_eq!(y.post("/increment", "").status, 200);
+        let end = std::time::Instant::now() + Duration::from_secs(10);
+        while rt.is_open(x.id()) {
+            rt.close_idle_now();
+            assert!(std::time::Instant::now() < end, "x never closed");
+            std::thread::sleep(Duration::from_millis(20));
+            // y stays open: asked again as x closes.
+            assert_eq!(y.get("/value").status, 200);
+        }
+        gate.0.store(true, Ordering::SeqCst);
+        rt.faults()
+            .unsafe_resume_unheld
+            .store(unsafe_variant, Ordering::SeqCst);
+        let opens = rt.metrics().phase_open.count();
+        rt.resume_outbox(x.id());
+        // y is open already: its request opens nothing, and runs after the
+        // resume's turn.
+        assert_eq!(y.get("/value").status, 200);
+        let opened = rt.metrics().phase_open.count() - opens;
+        assert_eq!(
+            opened,
+            u64::from(unsafe_variant),
+            "unsafe variant: {unsafe_variant}"
+        );
+    }
+}
+
+/// A node lets go of its data directory at the end of its first shutdown
+/// (ADR 0081); a second one (a cluster node's, after it released its
+/// holds) changes nothing there, the folder being another node's to use
+/// by then. Before, it cut the commit log again: a segment made and one
+/// forgotten under the next node's log.
+#[test]
+fn a_second_shutdown_leaves_the_data_directory_alone() {
+    let node = node();
+    let x = node.actor("demo/examples/counter/x");
+    assert_eq!(x.post("/increment", "").status, 200);
+    let rt = node.runtime();
+    let log = rt.config().data_dir.join("commit-log");
+    let names = || {
+        let mut n: Vec<String> = std::fs::read_dir(&log)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        n.sort();
+        n
+    };
+    rt.shutdown(Duration::from_secs(1));
+    let after_first = names();
+    assert!(!after_first.is_empty(), "the node keeps a commit log");
+    rt.shutdown(Duration::from_secs(1));
+    assert_eq!(names(), after_first);
+}
+
 /// One tenant cannot take every socket of the node: past its own bound it
 /// is refused, and another tenant still connects.
 #[test]

@@ -336,6 +336,22 @@ pub(super) fn open_for_turn(
     turn: &Turn,
 ) -> Option<Opened> {
     let id = &actor.id;
+    // Outbox resumes alone for an actor that is not open, which this node
+    // may not open unasked (a cluster node that does not hold it): the
+    // rows go out when the node takes the actor and opens it
+    // (`outbox_opened`).
+    if !turn.was_loaded
+        && !rt.may_open_unasked(id)
+        && !rt.faults.unsafe_resume_unheld()
+        && events
+            .iter()
+            .all(|e| matches!(e.kind, EventKind::OutboxResume { .. }))
+    {
+        for ev in events {
+            reply(ev.reply, Ok(Outcome::Done));
+        }
+        return None;
+    }
     let started = crate::clock::instant();
     let loaded = load(rt, actor, app, slot, turn.has_request);
     if !turn.was_loaded {
