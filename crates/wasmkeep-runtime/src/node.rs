@@ -61,6 +61,11 @@ pub(crate) const OPEN_DATABASES_MIN: usize = 64;
 /// instances `make_room` sends still find room.
 const DATABASES_CLOSED_PER_PASS_MAX: usize = 64;
 
+/// Actors with unsent messages a cluster node keeps to resume once it
+/// acts (the start-up scan's); past it, an actor's rows go out when it
+/// opens next.
+pub(crate) const OUTBOX_RESUMES_KEPT_MAX: usize = 100_000;
+
 /// `open_databases_max` for a setting of `configured` (0: derived) and an
 /// open-files limit of `open_files`: two files per database, within what
 /// [`OPEN_FILES_KEPT`] leaves (half the limit when it is below twice
@@ -210,6 +215,9 @@ pub struct Inner {
     /// cluster node's, after it released its holds) changes nothing, the
     /// folder being another node's to use from the first one's end.
     pub(crate) shut_down: AtomicBool,
+    /// Actors with unsent rows a cluster node found before it acted, at
+    /// most [`OUTBOX_RESUMES_KEPT_MAX`].
+    pub(crate) outbox_resumes_kept: Mutex<std::collections::HashSet<ActorId>>,
 }
 
 /// Whether this node may run an actor's alarms now. A single node always
@@ -309,14 +317,53 @@ impl Inner {
     }
 
     /// Whether this node may open `id` for work no one asked of it (an
-    /// outbox resume): a node without a gate may; a cluster node only
-    /// while it holds the actor (ADR 0020: a copy opened while another
-    /// node owns it would be served, stale, after this node takes it
-    /// again), and not before its gate is attached.
+    /// outbox resume). A node without a cluster gate may. A cluster node
+    /// takes the actor first, as for an alarm (`RunGate::may_run`; ADR
+    /// 0020: a copy opened while another node holds it would be served,
+    /// stale, once this node took it again); one another node holds sends
+    /// its rows from there when it opens. Before the node acts (its gate
+    /// not attached yet, or no lease epoch yet: the start-up scan) the
+    /// actor is kept, and resumed once it does
+    /// ([`Inner::resume_kept_outboxes`]).
     pub(crate) fn may_open_unasked(&self, id: &ActorId) -> bool {
-        match self.gate.get() {
-            Some(g) => g.hold_generation(id).is_some(),
-            None => !self.keeps_index(),
+        let acting = |g: &Arc<dyn RunGate>| g.epoch().is_some();
+        if let Some(g) = self.gate.get()
+            && acting(g)
+        {
+            return g.may_run(id);
+        }
+        if !self.keeps_index() {
+            return true;
+        }
+        let mut kept = self.outbox_resumes_kept.lock();
+        // Acting meanwhile: the reaper resumes what is kept under this lock.
+        if let Some(g) = self.gate.get()
+            && acting(g)
+        {
+            drop(kept);
+            return g.may_run(id);
+        }
+        if kept.len() < OUTBOX_RESUMES_KEPT_MAX {
+            kept.insert(id.clone());
+        } else {
+            tracing::warn!(actor = %id, limit = OUTBOX_RESUMES_KEPT_MAX,
+                "too many actors with unsent messages before the node acts: this one's go out when it opens next");
+        }
+        false
+    }
+
+    /// Resumes the outboxes [`Inner::may_open_unasked`] kept, once the
+    /// node acts (the reaper's pass).
+    pub(crate) fn resume_kept_outboxes(&self) {
+        let kept = {
+            let mut kept = self.outbox_resumes_kept.lock();
+            if kept.is_empty() || self.gate.get().is_none_or(|g| g.epoch().is_none()) {
+                return;
+            }
+            std::mem::take(&mut *kept)
+        };
+        for id in &kept {
+            self.resume_outbox(id);
         }
     }
 

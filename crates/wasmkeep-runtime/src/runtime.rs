@@ -415,6 +415,7 @@ fn build_inner(
         sandbox_tape: Mutex::new(None),
         data_lock: Mutex::new(None),
         shut_down: AtomicBool::new(false),
+        outbox_resumes_kept: Mutex::new(Default::default()),
         parked: Arc::new({
             let p = crate::parked::ParkedReplies::new(parked_limits, Arc::clone(&parked_metrics));
             if sandbox { p.numbered_from_one() } else { p }
@@ -637,6 +638,7 @@ impl Runtime {
                         return;
                     }
                     rt.reap_idle();
+                    rt.resume_kept_outboxes();
                     rt.give_back_idle_index_pages(crate::node::INDEX_IDLE_MS);
                     rt.read_instance_slots_resident();
                     rt.sockets.close_idle(rt.clock.now_ms());

@@ -685,15 +685,17 @@ pub fn move_folder(log: Option<&CommitLog>, data: &Path, from: &Path, to: &Path)
 }
 
 /// Checks that the actors' folder `data/actors` is on the data
-/// directory's mount: every `syncfs` the node relies on (a cut's before
-/// it forgets segments, a new actor's, a group's without the log) syncs
-/// the data directory's filesystem, and would leave the actors' files on
-/// another one unsynced. Compared by mount (`statx`'s mount id, where the
-/// kernel gives it): a btrfs subvolume has a device number of its own but
-/// is synced with its filesystem. `Err` says why, for the start to refuse.
+/// directory's filesystem: every `syncfs` the node relies on (a cut's
+/// before it forgets segments, a new actor's, a group's without the log)
+/// syncs the data directory's filesystem, and would leave the actors'
+/// files on another one unsynced. The same device number or the same
+/// mount (`statx`'s mount id, where the kernel gives it) passes: a bind
+/// mount of the same filesystem has its device, a btrfs subvolume its
+/// mount. `Err` says why, for the start to refuse.
 pub fn actors_on_the_data_filesystem(data: &Path) -> Result<(), String> {
     let actors = data.join("actors");
-    if mount_of(&actors)? == mount_of(data)? {
+    let (a, d) = (mount_of(&actors)?, mount_of(data)?);
+    if a.1 == d.1 || a.0.is_some_and(|m| Some(m) == d.0) {
         Ok(())
     } else {
         Err(format!(
@@ -707,11 +709,12 @@ pub fn actors_on_the_data_filesystem(data: &Path) -> Result<(), String> {
     }
 }
 
-/// The mount `p` is on (following links): its mount id, or its device
-/// where the kernel gives no mount id (before Linux 5.8).
-fn mount_of(p: &Path) -> Result<(bool, u64), String> {
+/// The mount `p` is on (following links), where the kernel says (Linux
+/// 5.8 and later, and no filter refusing `statx`), and its device number.
+fn mount_of(p: &Path) -> Result<(Option<u64>, u64), String> {
     use std::os::unix::ffi::OsStrExt;
     let why = |e: io::Error| format!("could not read {}: {e}", p.display());
+    let dev = std::fs::metadata(p).map_err(why)?.dev();
     let c = std::ffi::CString::new(p.as_os_str().as_bytes())
         .map_err(|e| why(io::Error::new(io::ErrorKind::InvalidInput, e)))?;
     // SAFETY: a zeroed `statx` is a valid buffer for the call to fill.
@@ -719,15 +722,8 @@ fn mount_of(p: &Path) -> Result<(bool, u64), String> {
     // SAFETY: `c` is a NUL-terminated path and `sx` a writable `statx`,
     // both alive for the call.
     let rc = unsafe { libc::statx(libc::AT_FDCWD, c.as_ptr(), 0, libc::STATX_MNT_ID, &mut sx) };
-    if rc != 0 {
-        return Err(why(io::Error::last_os_error()));
-    }
-    if sx.stx_mask & libc::STATX_MNT_ID != 0 {
-        Ok((true, sx.stx_mnt_id))
-    } else {
-        let m = std::fs::metadata(p).map_err(why)?;
-        Ok((false, m.dev()))
-    }
+    let mount = (rc == 0 && sx.stx_mask & libc::STATX_MNT_ID != 0).then_some(sx.stx_mnt_id);
+    Ok((mount, dev))
 }
 
 /// The write-ahead log of the database at `db` (SQLite's name for it).
@@ -1108,7 +1104,12 @@ impl CommitLog {
             &self.spare,
         )?;
         self.cuts_total.fetch_add(1, Ordering::Relaxed);
-        make_spare(&self.dir, bytes, &self.spare)
+        // The cut is done; without a spare the next segment is made when
+        // needed (a class migration's move must not fail for it).
+        if let Err(e) = make_spare(&self.dir, bytes, &self.spare) {
+            tracing::warn!(error = %e, "could not prepare the next commit log segment");
+        }
+        Ok(())
     }
 }
 

@@ -394,11 +394,12 @@ fn sockets_of_an_actor_the_node_no_longer_holds_are_closed_with_1012() {
     );
 }
 
-/// A cluster node opens no actor it does not hold for an outbox resume
-/// (the start-up scan's, for an actor with unsent rows; ADR 0020): opened
-/// then, the copy stayed open and was served, stale, once the node took
-/// the actor again. The rows go out when the node takes it and opens it.
-/// The unsafe variant `unsafe_resume_unheld` opens it.
+/// A cluster node opens an actor for an outbox resume (the start-up
+/// scan's, for an actor with unsent rows) only once its gate let it take
+/// the actor (ADR 0020): opened while another node held it, the copy
+/// stayed open and was served, stale, once the node took the actor again.
+/// Here the gate refuses `x` (another node holds it, whose opening sends
+/// the rows). The unsafe variant `unsafe_resume_unheld` opens it.
 #[test]
 fn an_outbox_resume_opens_no_actor_the_node_does_not_hold() {
     use std::sync::Arc;
@@ -412,6 +413,9 @@ fn an_outbox_resume_opens_no_actor_the_node_does_not_hold() {
         }
         fn hold_generation(&self, id: &ActorId) -> Option<u64> {
             (id.name != "x" || !self.0.load(Ordering::SeqCst)).then_some(1)
+        }
+        fn epoch(&self) -> Option<u64> {
+            Some(1)
         }
     }
     for unsafe_variant in [false, true] {

@@ -85,3 +85,34 @@ fn the_inbound_route_needs_a_nodes_signature() {
     assert_eq!(r.status, 403, "{}", r.body);
     assert_eq!(r.body["error"]["code"], "node_signature_invalid");
 }
+
+/// Messages an actor sent that were not delivered when its node died go
+/// out after the node restarts, with no request to the actor: the
+/// start-up scan finds its rows, and once the node acts (its lease
+/// registered) it takes the actor (it opens no actor it does not hold,
+/// ADR 0020) and sends them.
+#[test]
+fn unsent_messages_go_out_after_their_node_restarts() {
+    let c = Cluster::new(Store::Folder);
+    let mut a = c.start("a");
+    let mut b = c.start("b");
+    let y = pinger(b.port, "y", "/pongs", "GET");
+    assert_eq!(y.node.as_deref(), Some(b.id.as_str()));
+    // y's node dies: x's messages to y wait in x's outbox.
+    b.node.kill();
+    let sent = pinger(a.port, "x", "/ping?to=y&n=3", "POST");
+    assert_eq!(sent.status, 200, "{}", sent.body);
+    assert_eq!(sent.node.as_deref(), Some(a.id.as_str()));
+    a.node.kill();
+    let again = c.start_on(&a.data, a.port, None);
+    assert_eq!(again.id, a.id);
+    // Nothing asks x: y (taken by the restarted node once b's lease
+    // lapsed) receives the three all the same.
+    wait_for("y to receive x's messages", || {
+        let ys = pinger(again.port, "y", "/stats", "GET");
+        ys.status == 200 && ys.body["received"] == 3
+    });
+    wait_for("x's three answers", || {
+        pinger(again.port, "x", "/pongs", "GET").body["answered"] == 3
+    });
+}

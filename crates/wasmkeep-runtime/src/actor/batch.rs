@@ -336,16 +336,15 @@ pub(super) fn open_for_turn(
     turn: &Turn,
 ) -> Option<Opened> {
     let id = &actor.id;
-    // Outbox resumes alone for an actor that is not open, which this node
-    // may not open unasked (a cluster node that does not hold it): the
-    // rows go out when the node takes the actor and opens it
+    // Outbox resumes alone, for an actor this node may not open unasked
+    // now (a cluster node that could not take it; open or not, as a copy
+    // from a lapsed epoch may be): the rows go out where the actor opens
     // (`outbox_opened`).
-    if !turn.was_loaded
-        && !rt.may_open_unasked(id)
+    if events
+        .iter()
+        .all(|e| matches!(e.kind, EventKind::OutboxResume { .. }))
         && !rt.faults.unsafe_resume_unheld()
-        && events
-            .iter()
-            .all(|e| matches!(e.kind, EventKind::OutboxResume { .. }))
+        && !rt.may_open_unasked(id)
     {
         for ev in events {
             reply(ev.reply, Ok(Outcome::Done));
