@@ -186,6 +186,13 @@ pub struct ReplicaConfig {
     /// so a body that fails part-way leaves the chain naming nothing.
     /// Never set outside tests.
     pub unsafe_pointer_before_body: bool,
+    /// Test-only mutation switch: a local file whose sidecar names the
+    /// head but which no longer hashes as it is kept as ahead of the head
+    /// (`Opened::Ahead`) whatever boot of the machine wrote the sidecar,
+    /// to whichever file: after a power cut that lost a commit the bucket
+    /// holds, the next upload puts the older state over it. Never set
+    /// outside tests.
+    pub unsafe_keep_ahead_unchecked: bool,
 }
 
 impl ReplicaConfig {
@@ -287,6 +294,7 @@ impl Default for ReplicaConfig {
             unsafe_delete_erases_chain: false,
             unsafe_delta_forgets_pages: false,
             unsafe_pointer_before_body: false,
+            unsafe_keep_ahead_unchecked: false,
         };
         c.raise_bounds_to_retention();
         c

@@ -45,6 +45,13 @@ pub enum Opened {
     /// The bucket has nothing for this actor. The local file (if `local`)
     /// is untouched; the first upload creates `log/0` with every page.
     BucketEmpty { local: bool },
+    /// The local file holds commits past the bucket's head that were never
+    /// uploaded: its sidecar names the head, and was written in this boot
+    /// of the machine to this very file (a crash of the process that wrote
+    /// it loses nothing of the page cache), yet the file no longer hashes
+    /// as the head. It is kept; the next upload carries every page of it
+    /// above the head (ADR 0082).
+    Ahead,
     /// The bucket's latest state is a tombstone: the actor was deleted and
     /// has no data. A local file (from before the deletion, or commits of a
     /// new life never uploaded) was set aside under `replaced`, never
@@ -553,6 +560,120 @@ struct Sidecar {
     /// [`PageHashes::digest_hex`] of the file at `position` (or, in a
     /// sidecar written before page capture, the SHA-256 of the whole file).
     digest: Digest,
+    /// The machine's boot and the database file's identity when the
+    /// sidecar was written (`None` in a sidecar from before ADR 0082, or
+    /// where the system does not tell them): see [`Sidecar::written_here`].
+    written: Option<Written>,
+    /// The wall-clock time (ms) by which every commit of the state at
+    /// `position` was made: a commit past it was made later (see
+    /// [`may_be_ahead`]). `None` in a sidecar from before ADR 0082.
+    covers_ms: Option<u64>,
+}
+
+/// Where a sidecar was written: in which boot of the machine, to which
+/// file (inode and birth time).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Written {
+    boot: String,
+    file: String,
+}
+
+impl Written {
+    /// This boot, and the identity of the file at `db_path` now.
+    fn now(db_path: &Path) -> Option<Written> {
+        Some(Written {
+            boot: boot_id()?.to_owned(),
+            file: file_identity(db_path)?,
+        })
+    }
+}
+
+impl Sidecar {
+    /// A sidecar for `db_path` at `position`, whose state hashes as
+    /// `digest` and holds every commit made by `covers_ms`, written now.
+    fn new(db_path: &Path, position: Position, digest: Digest, covers_ms: u64) -> Sidecar {
+        Sidecar {
+            position,
+            digest,
+            written: Written::now(db_path),
+            covers_ms: Some(covers_ms),
+        }
+    }
+
+    /// Whether this sidecar was written in this boot of the machine to the
+    /// file now at `db_path`. Then every commit it covers is in the file:
+    /// the process that uploaded them had committed them to this file
+    /// first, and a crash of a process keeps what it wrote (the kernel
+    /// holds it), so the file holds the head's state or commits past it.
+    /// After a reboot (a power cut) the file may have lost commits the
+    /// bucket holds (a node without fsync, an upload that landed before its
+    /// commit was durable here), and a file put in its place may be
+    /// anything: neither says the file is ahead.
+    fn written_here(&self, db_path: &Path) -> bool {
+        self.written.is_some() && self.written == Written::now(db_path)
+    }
+}
+
+/// How much earlier than a sidecar's `covers_ms` a file's modification
+/// time may read and still count as a commit past it: filesystems stamp
+/// times from a coarse clock (a tick behind the one commits read).
+const MTIME_SLACK_MS: u64 = 1_000;
+
+/// Whether the local database at `db_path` may hold commits past the
+/// bucket's head that no upload carried, as a crash of the process that
+/// wrote it leaves them (ADR 0082): its sidecar was written in this boot
+/// to this file, and the database or its log was modified after the
+/// sidecar's state was taken. A node that did not stop cleanly opens such
+/// actors at its start, so that [`Replica::open`] finds them ahead and
+/// their next upload ships them without waiting for a request. `false`
+/// without a sidecar (the first upload's business) or for one from another
+/// boot (the open restores). A file only checkpointed since is a false
+/// alarm: its open finds it up to date.
+pub fn may_be_ahead(db_path: &Path) -> bool {
+    let Some(side) = read_sidecar(db_path) else {
+        return false;
+    };
+    if !side.written_here(db_path) {
+        return false;
+    }
+    let Some(covers_ms) = side.covers_ms else {
+        return true;
+    };
+    let modified_ms = |p: &Path| {
+        std::fs::metadata(p)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_millis() as u64)
+    };
+    let newest = modified_ms(db_path).max(modified_ms(&with_suffix(db_path, "-wal")));
+    newest.saturating_add(MTIME_SLACK_MS) >= covers_ms
+}
+
+/// This boot of the machine as Linux names it (`None` elsewhere), read
+/// once.
+fn boot_id() -> Option<&'static str> {
+    static BOOT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    BOOT.get_or_init(|| {
+        let id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+        let id = id.trim();
+        (!id.is_empty() && !id.contains(char::is_whitespace)).then(|| id.to_owned())
+    })
+    .as_deref()
+}
+
+/// The identity of the file at `path`: its inode and birth time, which a
+/// file put in its place does not share (`None` where the filesystem keeps
+/// no birth time).
+fn file_identity(path: &Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).ok()?;
+    let born = m
+        .created()
+        .ok()?
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()?;
+    Some(format!("{}:{}", m.ino(), born.as_nanos()))
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -581,12 +702,16 @@ fn read_sidecar(db_path: &Path) -> Option<Sidecar> {
     let mut seq = None;
     let mut token = None;
     let mut sha = None;
+    let (mut boot, mut file, mut covers_ms) = (None, None, None);
     for l in lines {
         match l.split_once('=') {
             Some(("seq", v)) => seq = v.parse().ok(),
             Some(("token", v)) => token = v.parse().ok(),
             Some(("pages_sha256", v)) => sha = Some(Digest::Pages(v.to_owned())),
             Some(("sha256", v)) if sha.is_none() => sha = Some(Digest::WholeFile(v.to_owned())),
+            Some(("boot", v)) => boot = Some(v.to_owned()),
+            Some(("file", v)) => file = Some(v.to_owned()),
+            Some(("covers_ms", v)) => covers_ms = v.parse().ok(),
             _ => {}
         }
     }
@@ -596,6 +721,8 @@ fn read_sidecar(db_path: &Path) -> Option<Sidecar> {
             token: token?,
         },
         digest: sha?,
+        written: boot.zip(file).map(|(boot, file)| Written { boot, file }),
+        covers_ms,
     })
 }
 
@@ -611,10 +738,16 @@ fn write_sidecar(db_path: &Path, s: &Sidecar) -> Result<(), ReplicaError> {
         Digest::Pages(d) => format!("pages_sha256={d}"),
         Digest::WholeFile(d) => format!("sha256={d}"),
     };
-    let text = format!(
+    let mut text = format!(
         "wasmkeep-replica-sidecar 1\nseq={}\ntoken={}\n{digest}\n",
         s.position.seq, s.position.token
     );
+    if let Some(w) = &s.written {
+        text.push_str(&format!("boot={}\nfile={}\n", w.boot, w.file));
+    }
+    if let Some(ms) = s.covers_ms {
+        text.push_str(&format!("covers_ms={ms}\n"));
+    }
     std::fs::write(&tmp, text)?;
     std::fs::rename(&tmp, &path)?;
     Ok(())
@@ -1219,26 +1352,50 @@ impl Replica {
             let head = self.head_position(&listing, head_seq).await?;
             if side.position == head.0
                 && let Ok(image) = Image::read_path(&self.db_path)
-                && let hashes = image.hashes()
-                && side.digest.matches(&image, &hashes)
             {
+                let hashes = image.hashes();
+                let opened = if side.digest.matches(&image, &hashes) {
+                    self.base = Some(hashes);
+                    Opened::UpToDate
+                } else if side.written_here(&self.db_path)
+                    || self.config.unsafe_keep_ahead_unchecked
+                {
+                    // Commits past the head (ADR 0082): nothing describes
+                    // the head's pages here, so the next upload carries
+                    // every page.
+                    self.base = None;
+                    Opened::Ahead
+                } else {
+                    return self.restore(&listing, head_seq, local, now_ms).await;
+                };
                 self.head = Some(head.0);
                 self.head_time_ms = head.1;
-                self.base = Some(hashes);
                 self.entries_since_snapshot = listing.logs.len() as u64;
                 // What a restore of this chain downloads besides the
                 // snapshot, so that the snapshot policy (and with it the
                 // restore bounds) holds across reopenings.
                 self.bytes_since_snapshot = self.restore_bytes(&listing.logs).await?;
-                return Ok(Opened::UpToDate);
+                return Ok(opened);
             }
         }
+        self.restore(&listing, head_seq, local, now_ms).await
+    }
+
+    /// The bucket's version of the actor written to the local path, a local
+    /// file there set aside first.
+    async fn restore(
+        &mut self,
+        listing: &Listing,
+        head_seq: u64,
+        local: bool,
+        now_ms: u64,
+    ) -> Result<Opened, ReplicaError> {
         // Rebuilt where it will be installed from, streamed (a bounded
         // buffer, whatever the database's size), and checked there before
         // the local file is touched: a bad one replaces nothing.
         let staged = with_suffix(&self.db_path, ".restoring");
         let rebuilt =
-            rebuild_staged(&self.bucket, &self.root, &listing, &self.config, &staged).await;
+            rebuild_staged(&self.bucket, &self.root, listing, &self.config, &staged).await;
         let (hashes, pos, time, n, bytes) = match rebuilt {
             Ok(r) => r,
             Err(e) => {
@@ -1264,7 +1421,7 @@ impl Replica {
             };
             return Ok(Opened::Deleted { replaced });
         };
-        let head_key = self.head_key(&listing, head_seq);
+        let head_key = self.head_key(listing, head_seq);
         if let Err(e) = quick_check(&staged, &head_key) {
             let _ = std::fs::remove_file(&staged);
             return Err(e);
@@ -1277,10 +1434,12 @@ impl Replica {
         install_db(&staged, &self.db_path)?;
         write_sidecar(
             &self.db_path,
-            &Sidecar {
-                position: pos,
-                digest: Digest::Pages(hashes.digest_hex()),
-            },
+            &Sidecar::new(
+                &self.db_path,
+                pos,
+                Digest::Pages(hashes.digest_hex()),
+                now_ms,
+            ),
         )?;
         self.base = Some(hashes);
         Ok(Opened::Restored { replaced })
@@ -1439,10 +1598,12 @@ impl Replica {
         self.head_time_ms = time_ms;
         write_sidecar(
             &self.db_path,
-            &Sidecar {
+            &Sidecar::new(
+                &self.db_path,
                 position,
-                digest: Digest::Pages(hashes.digest_hex()),
-            },
+                Digest::Pages(hashes.digest_hex()),
+                time_ms,
+            ),
         )?;
         self.base = Some(hashes);
         Ok(())

@@ -1221,6 +1221,144 @@ async fn set_aside_never_deletes(b: &Backend, name: &str) {
     }
 }
 
+/// A writer that uploaded up to seq 1 and then committed twice more
+/// without uploading (`src` is open with them): returns its replica and
+/// the file's bytes at the head.
+async fn a_writer_ahead_of_its_head(
+    b: &Backend,
+    id: &ActorId,
+    src: &mut Source,
+    config: &ReplicaConfig,
+) -> (Replica, Vec<u8>) {
+    let (mut rep, _) = Replica::open(&b.bucket, id, &src.path(), 1, config.clone(), 0)
+        .await
+        .unwrap();
+    schema(src);
+    for i in 0..2 {
+        work(src, i);
+        upload(&mut rep, src, i as u64).await.unwrap();
+    }
+    let at_head = src.close_and_read();
+    *src = Source::new(&src.dir);
+    work(src, 2);
+    work(src, 3);
+    (rep, at_head)
+}
+
+/// The writer's process dies after two commits it never uploaded (a plain
+/// write's upload waits for the interval, ADR 0034): the sidecar names the
+/// head and was written in this boot to this file, so the file is ahead of
+/// the head. The next open keeps it (ADR 0082) and the next upload ships
+/// every page of it above the head: a restore elsewhere is that file.
+async fn a_file_ahead_of_the_head_is_kept_after_a_crash(b: &Backend, name: &str) {
+    let tmp = tempfile::tempdir().unwrap();
+    let id = actor(name);
+    let mut src = Source::new(&tmp.path().join("src"));
+    let (rep, _) = a_writer_ahead_of_its_head(b, &id, &mut src, &cfg(100, 2)).await;
+    let head = rep.head();
+    // The crash: nothing of the writer runs again. (Its connection closes
+    // here; a crashed one leaves the same commits for SQLite's recovery.)
+    drop(rep);
+    let ahead = src.close_and_read();
+    let (mut rep, opened) = Replica::open(&b.bucket, &id, &src.path(), 2, cfg(100, 2), 10)
+        .await
+        .unwrap();
+    assert_eq!(
+        opened,
+        Opened::Ahead,
+        "the file with two more commits is kept"
+    );
+    assert_eq!(rep.head(), head);
+    assert!(rep.wants_image(), "no page hashes describe the head here");
+    assert_eq!(std::fs::read(src.path()).unwrap(), ahead);
+    src = Source::new(&src.dir);
+    let up = upload(&mut rep, &mut src, 20).await.unwrap();
+    assert_eq!(appended_seq(&up), head.unwrap().seq + 1);
+    let source = src.close_and_read();
+    assert!(dump_bytes(&source).contains("user 3"));
+    restored_elsewhere(b, &id, &rep, tmp.path(), cfg(100, 2), &source).await;
+}
+
+/// How the file at the head came back in place of a file the sidecar
+/// named.
+#[derive(Clone, Copy, Debug)]
+enum Back {
+    /// After a reboot (a power cut), in the same file: the sidecar's boot
+    /// is another.
+    AfterReboot,
+    /// Put in place by someone, in this boot: another file.
+    AnotherFile,
+}
+
+/// The file lost the writer's last uploaded commit (a power cut on a node
+/// without fsync, or before the commit's local barrier; the sidecar,
+/// written after the upload, survived), or another file was put in its
+/// place: the bucket's head is restored and the file set aside. With
+/// `unsafe_keep_ahead_unchecked` the older file is kept as ahead, and its
+/// next upload would put it over the head.
+async fn a_file_behind_the_head_is_restored(
+    b: &Backend,
+    name: &str,
+    back: Back,
+    unsafe_variant: bool,
+) {
+    let tmp = tempfile::tempdir().unwrap();
+    let id = actor(name);
+    let mut src = Source::new(&tmp.path().join("src"));
+    let (mut rep, older) = a_writer_ahead_of_its_head(b, &id, &mut src, &cfg(100, 2)).await;
+    upload(&mut rep, &mut src, 30).await.unwrap();
+    let at_head = src.close_and_read();
+    drop(rep);
+    match back {
+        Back::AfterReboot => {
+            // Same inode: the file itself holds the older state.
+            std::fs::write(src.path(), &older).unwrap();
+            let side = wasmkeep_replica::sidecar_path(&src.path());
+            let text = std::fs::read_to_string(&side).unwrap();
+            assert!(text.contains("\nboot="), "{text}");
+            let rebooted: String = text
+                .lines()
+                .map(|l| {
+                    if l.starts_with("boot=") {
+                        "boot=another-boot\n".to_owned()
+                    } else {
+                        format!("{l}\n")
+                    }
+                })
+                .collect();
+            std::fs::write(&side, rebooted).unwrap();
+        }
+        Back::AnotherFile => {
+            let put = src.dir.join("put");
+            std::fs::write(&put, &older).unwrap();
+            std::fs::rename(&put, src.path()).unwrap();
+        }
+    }
+    let config = ReplicaConfig {
+        unsafe_keep_ahead_unchecked: unsafe_variant,
+        ..cfg(100, 2)
+    };
+    let (_, opened) = Replica::open(&b.bucket, &id, &src.path(), 2, config, 40)
+        .await
+        .unwrap();
+    if unsafe_variant {
+        assert_eq!(
+            opened,
+            Opened::Ahead,
+            "{back:?}: the unsafe variant keeps the older file"
+        );
+        return;
+    }
+    let Opened::Restored {
+        replaced: Some(aside),
+    } = opened
+    else {
+        panic!("{back:?}: {opened:?}")
+    };
+    assert_eq!(dump(&src.path()), dump_bytes(&at_head), "{back:?}");
+    assert_eq!(dump(&aside), dump_bytes(&older), "{back:?}");
+}
+
 async fn stalled_writers(make: &impl Fn() -> Backend) {
     let stalls = [
         // Stalled past the grace and a collection: the check catches it.
@@ -1478,6 +1616,11 @@ async fn all_scenarios(make: impl Fn() -> Backend) {
     a_large_first_upload_streams_through_a_pointer(&make(), "pointer unsafe", false).await;
     point_in_time(&make(), "pitr").await;
     set_aside_never_deletes(&make(), "aside").await;
+    a_file_ahead_of_the_head_is_kept_after_a_crash(&make(), "ahead").await;
+    for (back, name) in [(Back::AfterReboot, "rebooted"), (Back::AnotherFile, "put")] {
+        a_file_behind_the_head_is_restored(&make(), name, back, false).await;
+        a_file_behind_the_head_is_restored(&make(), &format!("{name} unsafe"), back, true).await;
+    }
     delete_then_late_writers(&make(), "deleted", false).await;
     delete_then_late_writers(&make(), "deleted unsafe", true).await;
 }

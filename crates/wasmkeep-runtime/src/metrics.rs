@@ -177,6 +177,9 @@ pub struct Metrics {
     pub replica_entry_bytes_total: Counter,
     pub replica_snapshots_total: Counter,
     pub replica_restores_total: Counter,
+    /// Actors whose local file held commits past the bucket's head after
+    /// the node's crash, kept and uploaded (ADR 0082).
+    pub replica_kept_ahead_total: Counter,
     pub replica_given_up_total: Counter,
     /// Uploads built from the pages commits wrote (ADR 0036), and those
     /// that read the whole database instead.
@@ -565,7 +568,7 @@ impl Metrics {
             Some(Unit::Bytes),
             self.replica_entry_bytes_total.clone(),
         );
-        let series: [(&str, &Counter, &str); 7] = [
+        let series: [(&str, &Counter, &str); 8] = [
             (
                 "wasmkeep_replica_page_uploads",
                 &self.replica_page_uploads_total,
@@ -585,6 +588,11 @@ impl Metrics {
                 "wasmkeep_replica_restores",
                 &self.replica_restores_total,
                 "Actors whose local file was restored from the bucket.",
+            ),
+            (
+                "wasmkeep_replica_kept_ahead",
+                &self.replica_kept_ahead_total,
+                "Actors whose local file held commits past the bucket's head after the node's crash (never uploaded): kept, and uploaded whole above the head.",
             ),
             (
                 "wasmkeep_replica_given_up",
@@ -829,9 +837,9 @@ mod tests {
         assert_eq!(types["wasmkeep_event_seconds"], "histogram");
         assert_eq!(types["wasmkeep_alarms_pending"], "gauge");
         // 25 node series, 6 of the outbox and parked replies, 9 phase
-        // histograms, 11 of replication, 2 of recording, 1 of waits, 2 of
+        // histograms, 12 of replication, 2 of recording, 1 of waits, 2 of
         // the alarm index, 6 bucket counters.
-        assert_eq!(types.len(), 62);
+        assert_eq!(types.len(), 63);
         assert_eq!(types["wasmkeep_outbox_pending"], "gauge");
         assert_eq!(types["wasmkeep_outbox_answers"], "counter");
     }

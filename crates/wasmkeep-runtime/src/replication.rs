@@ -530,6 +530,15 @@ pub(crate) fn ensure_open(
             st.committed = 1;
             st.pending_since = Some(crate::clock::instant());
         }
+        Opened::Ahead => {
+            // Commits the previous process made and never uploaded (it
+            // crashed, ADR 0082): kept, and shipped whole above the head
+            // by the next upload, asked for or not.
+            tracing::info!(actor = %actor.id, "the local file holds commits the bucket lacks; kept, and uploaded next");
+            Metrics::inc(&rt.metrics.replica_kept_ahead_total);
+            st.committed = 1;
+            st.pending_since = Some(crate::clock::instant());
+        }
         Opened::Deleted { replaced } => {
             // Deleted (a tombstone heads the chain): the actor starts over
             // with no data, above the tombstone.
@@ -1624,6 +1633,17 @@ fn give_up(rt: &Inner, actor: &Actor, st: &mut ActorReplica, why: String) {
         );
     }
     st.given_up = Some(why);
+    // The next opening restores from the bucket and sets the file aside,
+    // whatever the failed upload left: a failed `replicated` request was
+    // answered with a retryable error, and its commit must not come back
+    // under its retry. Without a sidecar the file is never kept as ahead
+    // of the head (ADR 0082 keeps one only after the node's crash).
+    let sidecar = wasmkeep_replica::sidecar_path(&paths::actor_db(&rt.config.data_dir, &actor.id));
+    if let Err(e) = std::fs::remove_file(&sidecar)
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        tracing::error!(actor = %actor.id, error = %e, "could not remove the given-up actor's sidecar: its next opening may keep the local file");
+    }
     // What was captured describes a file the next opening replaces; its
     // memory goes when the last connection holding it closes.
     page_capture::untrack(&paths::actor_dir(&rt.config.data_dir, &actor.id));

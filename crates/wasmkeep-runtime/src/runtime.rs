@@ -680,17 +680,26 @@ impl Runtime {
             let threads = rt.config.worker_threads().max(1);
             let chunk = ids.len().div_ceil(threads).max(1);
             let found = AtomicU64::new(0);
-            let never_uploaded = Mutex::new(Vec::new());
+            let unshipped = Mutex::new(Vec::new());
+            // After a crash, actors whose file may hold commits no upload
+            // carried (ADR 0082) are opened too: their uploads then ship
+            // them without waiting for a request.
+            let crashed = rt
+                .data_lock
+                .lock()
+                .as_ref()
+                .is_some_and(|l| l.previous_holder_crashed());
             std::thread::scope(|s| {
                 for part in ids.chunks(chunk) {
-                    let (rt, found, never_uploaded) = (&rt, &found, &never_uploaded);
+                    let (rt, found, unshipped) = (&rt, &found, &unshipped);
                     s.spawn(move || {
                         for id in part {
                             let path = paths::actor_db(&rt.config.data_dir, id);
                             if rt.replication.is_some()
-                                && !wasmkeep_replica::sidecar_path(&path).exists()
+                                && (!wasmkeep_replica::sidecar_path(&path).exists()
+                                    || crashed && wasmkeep_replica::may_be_ahead(&path))
                             {
-                                never_uploaded.lock().push(id.clone());
+                                unshipped.lock().push(id.clone());
                             }
                             // One read for both: the alarm, and messages
                             // an earlier run did not finish delivering (ADR
@@ -726,16 +735,17 @@ impl Runtime {
                 "alarm scan done"
             );
             // Local data the bucket may never have seen (no sidecar: never
-            // uploaded or restored here): each actor's turn checks it
-            // against the bucket and ships it as its chain's first entry.
-            let never_uploaded = never_uploaded.into_inner();
-            if !never_uploaded.is_empty() {
+            // uploaded or restored here), or may lack the last commits of
+            // (after a crash): each actor's turn checks it against the
+            // bucket and ships what it lacks.
+            let unshipped = unshipped.into_inner();
+            if !unshipped.is_empty() {
                 tracing::info!(
-                    actors = never_uploaded.len(),
+                    actors = unshipped.len(),
                     "uploading local actors the bucket may lack"
                 );
             }
-            for id in never_uploaded {
+            for id in unshipped {
                 let _ = rt.enqueue(
                     &id,
                     Event::new(EventKind::Between(Between::Replicate), None),
@@ -1746,8 +1756,11 @@ impl Runtime {
         {
             tracing::warn!(error = %e, "could not sync the data directory at the stop");
         }
-        // Another node may use the folder from here on.
-        drop(rt.data_lock.lock().take());
+        // Another node may use the folder from here on; it finds this stop
+        // a clean one.
+        if let Some(lock) = rt.data_lock.lock().take() {
+            lock.stopped();
+        }
     }
 }
 

@@ -9,6 +9,11 @@
 //! So a node holds an exclusive `flock` on `DATA/node.lock` from its start
 //! to its stop, and so do the offline commands that change the folder;
 //! whoever finds it held refuses to run, naming the holder's process.
+//!
+//! The holder's number stays in the file until it stops cleanly
+//! ([`DataLock::stopped`] empties it): the next holder that finds a number
+//! there knows the previous one crashed ([`DataLock::previous_holder_crashed`];
+//! a node then looks for commits its crash left unuploaded, ADR 0082).
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Seek, Write};
@@ -25,7 +30,8 @@ const RETRY_MS: u64 = 10;
 /// A data directory held by this process until dropped.
 #[derive(Debug)]
 pub struct DataLock {
-    _file: File,
+    file: File,
+    previous_holder_crashed: bool,
 }
 
 impl DataLock {
@@ -46,6 +52,11 @@ impl DataLock {
             // SAFETY: `file` holds a valid descriptor for the call.
             let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
             if rc == 0 {
+                let mut before = String::new();
+                let previous_holder_crashed = file
+                    .rewind()
+                    .and_then(|()| file.read_to_string(&mut before))
+                    .map_or(true, |_| !before.trim().is_empty());
                 // The holder's number, for the message of whoever comes next.
                 let pid = std::process::id().to_string();
                 let written = file
@@ -56,7 +67,10 @@ impl DataLock {
                     tracing::warn!(lock = %path.display(), error = %e,
                         "could not write this process's number into the data directory's lock");
                 }
-                return Ok(DataLock { _file: file });
+                return Ok(DataLock {
+                    file,
+                    previous_holder_crashed,
+                });
             }
             let e = io::Error::last_os_error();
             if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
@@ -81,6 +95,24 @@ impl DataLock {
             path.display()
         ))
     }
+
+    /// Whether the folder's previous holder ended without
+    /// [`DataLock::stopped`]: it crashed, was killed, or the machine went
+    /// down (its number was still in the file; a file that could not be
+    /// read counts as a crash too). A folder never held did not.
+    pub fn previous_holder_crashed(&self) -> bool {
+        self.previous_holder_crashed
+    }
+
+    /// Lets go after a clean stop: the next holder finds the file empty.
+    /// (Not synced: a power cut right after may leave the number, and the
+    /// next holder then takes the stop for a crash, which only costs it a
+    /// look at its actors.)
+    pub fn stopped(self) {
+        if let Err(e) = self.file.set_len(0) {
+            tracing::warn!(error = %e, "could not mark the data directory's lock as stopped");
+        }
+    }
 }
 
 #[cfg(test)]
@@ -99,6 +131,20 @@ mod tests {
         );
         drop(first);
         DataLock::take(data.path(), Duration::ZERO).expect("free again");
+    }
+
+    #[test]
+    fn the_next_holder_knows_whether_the_last_one_stopped() {
+        let data = tempfile::tempdir().unwrap();
+        let first = DataLock::take(data.path(), Duration::ZERO).unwrap();
+        assert!(!first.previous_holder_crashed(), "a folder never held");
+        // Dropped without `stopped`, as a crash lets go.
+        drop(first);
+        let second = DataLock::take(data.path(), Duration::ZERO).unwrap();
+        assert!(second.previous_holder_crashed());
+        second.stopped();
+        let third = DataLock::take(data.path(), Duration::ZERO).unwrap();
+        assert!(!third.previous_holder_crashed());
     }
 
     #[test]

@@ -209,7 +209,7 @@ pub(crate) fn upload(bucket_url: &str, settings: &Settings, data: &Path) -> Resu
     if ids.is_empty() {
         bail!("no actors under {}", data.join("actors").display());
     }
-    let _held = wasmkeep_store::data_lock::DataLock::take(data, std::time::Duration::ZERO)
+    let held = wasmkeep_store::data_lock::DataLock::take(data, std::time::Duration::ZERO)
         .map_err(anyhow::Error::msg)?;
     wasmkeep_store::commit_log::recover(data)
         .with_context(|| format!("replay the commit log in {}", data.display()))?;
@@ -258,5 +258,11 @@ pub(crate) fn upload(bucket_url: &str, settings: &Settings, data: &Path) -> Resu
         "{shipped} actors uploaded, {present} already in the bucket (left as they are), from {}",
         data.display()
     );
+    // A node that crashed before this upload still has to look for the
+    // commits its crash left unuploaded in actors the bucket had (ADR
+    // 0082): the lock tells its next start so, unless the last one stopped.
+    if !held.previous_holder_crashed() {
+        held.stopped();
+    }
     Ok(())
 }

@@ -569,6 +569,54 @@ fn snapshots_stream_from_the_file(t: &Target, tmp: &Path) {
     assert!(value(&body) >= last, "{body}: {last} was acknowledged");
 }
 
+/// Plain writes on a node with a bucket survive the node's crash before
+/// their upload (ADR 0082). One replicated increment lands; two plain ones
+/// wait for the upload interval (20 s here) when the node is SIGKILLed.
+/// The restarted node, asked nothing, finds the file ahead of the bucket's
+/// head at its start (the lock says the last node crashed), keeps it and
+/// uploads it; it serves 3, and after it is killed too, a node with an
+/// empty folder on the same bucket reads 3. (Before, the restarted node
+/// served the bucket's 1 and set the file aside.)
+fn plain_writes_survive_the_nodes_crash(t: &Target, tmp: &Path) {
+    let config = tmp.join("slow-uploads.toml");
+    std::fs::write(&config, "replica_upload_interval_ms = 20000\n").unwrap();
+    let data = tmp.join("crashes");
+    let counter = "/v1/demo/examples/counter/plain";
+    let mut a = start_node(t, &data, &config);
+    let (s, body) = a.post(
+        &format!("{counter}/increment?wasmkeep-durability=replicated"),
+        b"",
+    );
+    assert_eq!((s, value(&body)), (200, 1), "{body}");
+    for n in 2..=3 {
+        let (s, body) = a.post(&format!("{counter}/increment"), b"");
+        assert_eq!((s, value(&body)), (200, n), "{body}");
+    }
+    let uploads = metric(&a, "wasmkeep_replica_uploads_total");
+    a.kill();
+    assert_eq!(
+        uploads, 1.0,
+        "the plain writes were uploaded before the kill"
+    );
+    let mut b = start_node(t, &data, &config);
+    let until = std::time::Instant::now() + Duration::from_secs(60);
+    while metric(&b, "wasmkeep_replica_kept_ahead_total") < 1.0
+        || metric(&b, "wasmkeep_replica_uploads_total") < 1.0
+    {
+        assert!(
+            std::time::Instant::now() < until,
+            "the restarted node did not upload the kept file by itself"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (s, body) = b.get(&format!("{counter}/value"));
+    assert_eq!((s, value(&body)), (200, 3), "{body}");
+    b.kill();
+    let fresh = start(&tmp.join("crashes-fresh"), t);
+    let (s, body) = fresh.get(&format!("{counter}/value"));
+    assert_eq!((s, value(&body)), (200, 3), "{body}");
+}
+
 #[test]
 fn on_moto() {
     let moto = Moto::start();
@@ -580,6 +628,7 @@ fn on_moto() {
     bulk_upload(&moto_target(&moto, "upload"), tmp.path());
     snapshots_stream_from_the_file(&moto_target(&moto, "snapshots"), tmp.path());
     local_data_moves_onto_the_bucket_at_start(&moto_target(&moto, "start"), tmp.path(), None);
+    plain_writes_survive_the_nodes_crash(&moto_target(&moto, "crashes"), tmp.path());
 }
 
 #[test]
