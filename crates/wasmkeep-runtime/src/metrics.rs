@@ -177,8 +177,8 @@ pub struct Metrics {
     pub replica_entry_bytes_total: Counter,
     pub replica_snapshots_total: Counter,
     pub replica_restores_total: Counter,
-    /// Actors whose local file held commits past the bucket's head after
-    /// the node's crash, kept and uploaded (ADR 0082).
+    /// Actors whose local file held commits past the bucket's head that no
+    /// upload carried, kept and uploaded (ADR 0082).
     pub replica_kept_ahead_total: Counter,
     pub replica_given_up_total: Counter,
     /// Uploads built from the pages commits wrote (ADR 0036), and those
@@ -592,7 +592,7 @@ impl Metrics {
             (
                 "wasmkeep_replica_kept_ahead",
                 &self.replica_kept_ahead_total,
-                "Actors whose local file held commits past the bucket's head after the node's crash (never uploaded): kept, and uploaded whole above the head.",
+                "Actors whose local file held commits past the bucket's head that no upload carried (the node crashed, or stopped with uploads failing): kept, and uploaded whole above the head.",
             ),
             (
                 "wasmkeep_replica_given_up",

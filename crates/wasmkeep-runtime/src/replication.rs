@@ -33,7 +33,7 @@
 //! meanwhile the actor's turns answer the same error without a request to
 //! the bucket. At most [`RESTORE_REFUSALS_MAX`] refusals are remembered.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::path::Path;
 use std::sync::Arc;
@@ -228,6 +228,13 @@ pub struct Replication {
     /// Uploads of a file larger than one part running now (at most
     /// [`FILE_UPLOADS_RUNNING_MAX`]).
     file_uploads_running: Arc<std::sync::atomic::AtomicUsize>,
+    /// After a crash (ADR 0082): the actors the start-up scan queued
+    /// because their files may hold commits no upload carried, until each
+    /// has been checked against the bucket (at most one per local actor).
+    /// A stop with any left keeps the crash marker for the next start.
+    pub(crate) crash_unchecked: Mutex<HashSet<ActorId>>,
+    /// Whether the start-up scan has queued them all.
+    pub(crate) crash_scan_done: std::sync::atomic::AtomicBool,
     io: Option<tokio::runtime::Runtime>,
 }
 
@@ -263,6 +270,8 @@ impl Replication {
             deltas_running: Default::default(),
             overdue_running: Default::default(),
             file_uploads_running: Default::default(),
+            crash_unchecked: Mutex::new(HashSet::new()),
+            crash_scan_done: std::sync::atomic::AtomicBool::new(false),
             io: Some(io),
         })
     }
@@ -505,6 +514,7 @@ pub(crate) fn ensure_open(
         }
     };
     repl.refusals.lock().forget(&actor.id);
+    repl.crash_unchecked.lock().remove(&actor.id);
     // The local file is now the head (or will be uploaded whole): the
     // pages commits write from here on describe the next entries.
     page_capture::track(&paths::actor_dir(&rt.config.data_dir, &actor.id));
@@ -1612,17 +1622,38 @@ fn give_up(rt: &Inner, actor: &Actor, st: &mut ActorReplica, why: String) {
     if unshipped > 0 {
         // Said loudly: batches committed (and maybe acknowledged, without
         // `replicated`) that the bucket never got. Their database is set
-        // aside as `actor.db.replaced-<ms>` when the actor opens again.
+        // aside as `actor.db.replaced-<ms>` when the actor opens again,
+        // unless it is still ahead of the bucket's head and no `replicated`
+        // request among them failed (ADR 0082): then it is kept.
         tracing::error!(
             actor = %actor.id,
             error = %why,
             batches = unshipped,
-            "replication failed with commits the bucket lacks: the actor reopens from the bucket \
-             and its local database, with them, is set aside beside it (actor.db.replaced-<ms>); \
-             an operator's restore goes through the node (`wasmkeep restore --server`) to avoid this"
+            "replication failed with commits the bucket lacks: the actor reopens, from the bucket \
+             with its local database set aside (actor.db.replaced-<ms>) if a replicated request \
+             failed or the chain moved, else keeping it; an operator's restore goes through the \
+             node (`wasmkeep restore --server`) to avoid this"
         );
     } else {
         tracing::warn!(actor = %actor.id, error = %why, "replication failed: giving the actor up");
+    }
+    if !st.waiters.is_empty() || st.urgent_upto > st.uploaded {
+        // `replicated` requests are answered with a retryable error (those
+        // waiting, below; those whose batch is not yet durable here, when
+        // it is: `hold_until_uploaded`): their commits must not come back
+        // under their retries. Without a sidecar the next opening restores
+        // from the bucket and sets the file aside, even after a crash
+        // right after these answers (ADR 0082 keeps a file ahead of the
+        // head only with its sidecar). So the sidecar goes first. With no
+        // such request, it stays: plain commits an upload could not ship
+        // (the bucket down after a crash, say) are kept by the next
+        // opening if the head has not moved.
+        let db = paths::actor_db(&rt.config.data_dir, &actor.id);
+        if let Err(e) = std::fs::remove_file(wasmkeep_replica::sidecar_path(&db))
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::error!(actor = %actor.id, error = %e, "could not remove the given-up actor's sidecar: a failed replicated write may come back at its next opening");
+        }
     }
     for w in std::mem::take(&mut st.waiters) {
         release(
@@ -1633,17 +1664,6 @@ fn give_up(rt: &Inner, actor: &Actor, st: &mut ActorReplica, why: String) {
         );
     }
     st.given_up = Some(why);
-    // The next opening restores from the bucket and sets the file aside,
-    // whatever the failed upload left: a failed `replicated` request was
-    // answered with a retryable error, and its commit must not come back
-    // under its retry. Without a sidecar the file is never kept as ahead
-    // of the head (ADR 0082 keeps one only after the node's crash).
-    let sidecar = wasmkeep_replica::sidecar_path(&paths::actor_db(&rt.config.data_dir, &actor.id));
-    if let Err(e) = std::fs::remove_file(&sidecar)
-        && e.kind() != std::io::ErrorKind::NotFound
-    {
-        tracing::error!(actor = %actor.id, error = %e, "could not remove the given-up actor's sidecar: its next opening may keep the local file");
-    }
     // What was captured describes a file the next opening replaces; its
     // memory goes when the last connection holding it closes.
     page_capture::untrack(&paths::actor_dir(&rt.config.data_dir, &actor.id));

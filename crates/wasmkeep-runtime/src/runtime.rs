@@ -745,6 +745,14 @@ impl Runtime {
                     "uploading local actors the bucket may lack"
                 );
             }
+            if let Some(repl) = &rt.replication {
+                if crashed {
+                    repl.crash_unchecked
+                        .lock()
+                        .extend(unshipped.iter().cloned());
+                }
+                repl.crash_scan_done.store(true, Ordering::SeqCst);
+            }
             for id in unshipped {
                 let _ = rt.enqueue(
                     &id,
@@ -1720,6 +1728,21 @@ impl Runtime {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
+        // The next start must look for unshipped commits again (ADR 0082)
+        // if this one's look is not done: an actor it queued not yet
+        // checked against the bucket, or an actor whose commits the bucket
+        // still lacks (it was down, say).
+        let look_again = rt.replication.as_ref().is_some_and(|repl| {
+            let crashed = rt
+                .data_lock
+                .lock()
+                .as_ref()
+                .is_some_and(|l| l.previous_holder_crashed());
+            (crashed
+                && (!repl.crash_scan_done.load(Ordering::SeqCst)
+                    || !repl.crash_unchecked.lock().is_empty()))
+                || rt.actors.lock().values().any(|a| !a.repl.lock().settled())
+        });
         rt.stopping.store(true, Ordering::SeqCst);
         rt.sockets.close_all(
             None,
@@ -1757,8 +1780,10 @@ impl Runtime {
             tracing::warn!(error = %e, "could not sync the data directory at the stop");
         }
         // Another node may use the folder from here on; it finds this stop
-        // a clean one.
-        if let Some(lock) = rt.data_lock.lock().take() {
+        // a clean one unless commits may still be unshipped.
+        if let Some(lock) = rt.data_lock.lock().take()
+            && !look_again
+        {
             lock.stopped();
         }
     }

@@ -576,8 +576,12 @@ fn snapshots_stream_from_the_file(t: &Target, tmp: &Path) {
 /// head at its start (the lock says the last node crashed), keeps it and
 /// uploads it; it serves 3, and after it is killed too, a node with an
 /// empty folder on the same bucket reads 3. (Before, the restarted node
-/// served the bucket's 1 and set the file aside.)
-fn plain_writes_survive_the_nodes_crash(t: &Target, tmp: &Path) {
+/// served the bucket's 1 and set the file aside.) With `down`, a node
+/// that cannot reach its bucket (`down` names one that does not exist)
+/// runs and stops cleanly in between: its stop leaves the crash marker
+/// (ADR 0082), since it could check nothing, so the next node still looks.
+fn plain_writes_survive_the_nodes_crash(t: &Target, down: Option<&Target>, tmp: &Path) {
+    std::fs::create_dir_all(tmp).unwrap();
     let config = tmp.join("slow-uploads.toml");
     std::fs::write(&config, "replica_upload_interval_ms = 20000\n").unwrap();
     let data = tmp.join("crashes");
@@ -598,6 +602,10 @@ fn plain_writes_survive_the_nodes_crash(t: &Target, tmp: &Path) {
         uploads, 1.0,
         "the plain writes were uploaded before the kill"
     );
+    if let Some(down) = down {
+        let mut cut_off = start_node(down, &data, &config);
+        assert!(cut_off.stop().success());
+    }
     let mut b = start_node(t, &data, &config);
     let until = std::time::Instant::now() + Duration::from_secs(60);
     while metric(&b, "wasmkeep_replica_kept_ahead_total") < 1.0
@@ -628,7 +636,16 @@ fn on_moto() {
     bulk_upload(&moto_target(&moto, "upload"), tmp.path());
     snapshots_stream_from_the_file(&moto_target(&moto, "snapshots"), tmp.path());
     local_data_moves_onto_the_bucket_at_start(&moto_target(&moto, "start"), tmp.path(), None);
-    plain_writes_survive_the_nodes_crash(&moto_target(&moto, "crashes"), tmp.path());
+    plain_writes_survive_the_nodes_crash(&moto_target(&moto, "crashes"), None, tmp.path());
+    let missing = Target {
+        url: "s3://no-such-bucket/nodes".into(),
+        env: moto.env(),
+    };
+    plain_writes_survive_the_nodes_crash(
+        &moto_target(&moto, "crashes-twice"),
+        Some(&missing),
+        &tmp.path().join("twice"),
+    );
 }
 
 #[test]
