@@ -51,5 +51,5 @@ pub use keys::ActorRoot;
 pub use limits::ReplicaConfig;
 pub use replica::{
     Diff, Landed, Opened, Pages, Replica, SnapshotJob, Uploaded, WholeFile, delete_all,
-    may_be_ahead, put_back, set_aside, sidecar_path,
+    may_be_ahead, put_back, set_aside, sidecar_path, void_sidecar,
 };

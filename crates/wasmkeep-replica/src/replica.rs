@@ -546,6 +546,31 @@ async fn rebuild_staged(
 
 // ---- the sidecar ----
 
+/// Marks the local database at `db_path` as one whose commits the bucket
+/// must not take from it (ADR 0082): its owner gave it up after an upload
+/// failed and answered `replicated` requests with an error. From then on
+/// its sidecar counts for nothing, whatever an upload still in flight
+/// writes into it: the next [`Replica::open`] restores from the bucket and
+/// sets the file aside, never keeping it as ahead of the head. Not synced:
+/// what it guards against is a crash of the process (after a reboot no
+/// file is kept as ahead anyway). The restore removes the mark.
+pub fn void_sidecar(db_path: &Path) -> std::io::Result<()> {
+    std::fs::write(void_path(db_path), b"")
+}
+
+/// The mark [`void_sidecar`] leaves.
+fn void_path(db_path: &Path) -> PathBuf {
+    with_suffix(db_path, ".replica-void")
+}
+
+/// Removes the mark [`void_sidecar`] left, if any.
+fn unvoid(db_path: &Path) -> Result<(), ReplicaError> {
+    match std::fs::remove_file(void_path(db_path)) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),
+        _ => Ok(()),
+    }
+}
+
 /// The file next to the local database that records which chain position
 /// the local file holds, and the SHA-256 of the file at that position.
 pub fn sidecar_path(db_path: &Path) -> PathBuf {
@@ -694,6 +719,9 @@ impl Digest {
 }
 
 fn read_sidecar(db_path: &Path) -> Option<Sidecar> {
+    if void_path(db_path).exists() {
+        return None;
+    }
     let text = std::fs::read_to_string(sidecar_path(db_path)).ok()?;
     let mut lines = text.lines();
     if lines.next()? != "wasmkeep-replica-sidecar 1" {
@@ -793,6 +821,8 @@ pub fn set_aside(db_path: &Path, now_ms: u64) -> Result<PathBuf, ReplicaError> {
         std::fs::rename(&side, sidecar_path(&target))?;
     }
     std::fs::rename(db_path, &target)?;
+    // The file it voided is gone from here.
+    unvoid(db_path)?;
     Ok(target)
 }
 
@@ -1281,10 +1311,13 @@ impl Replica {
     /// returns the replica positioned at the bucket's head.
     ///
     /// The local file is kept if its sidecar names the bucket's latest
-    /// position and its bytes still hash as recorded; otherwise it is set
-    /// aside (see [`set_aside`]) and the bucket's version written in its
-    /// place. If the bucket has nothing for the actor, nothing local is
-    /// touched. The caller must not have the database open.
+    /// position and its bytes still hash as recorded, or, after a crash of
+    /// the process that wrote it, if that sidecar was written in this boot
+    /// to this file ([`Opened::Ahead`], ADR 0082); otherwise (or if the
+    /// sidecar was voided, [`void_sidecar`]) it is set aside (see
+    /// [`set_aside`]) and the bucket's version written in its place. If the
+    /// bucket has nothing for the actor, nothing local is touched. The
+    /// caller must not have the database open.
     pub async fn open(
         bucket: &Bucket,
         id: &ActorId,
@@ -1441,6 +1474,7 @@ impl Replica {
                 now_ms,
             ),
         )?;
+        unvoid(&self.db_path)?;
         self.base = Some(hashes);
         Ok(Opened::Restored { replaced })
     }

@@ -829,15 +829,8 @@ async fn late_commit(b: &Backend, name: &str, lands_first: bool) {
         // B gives the actor up and restores: A's late commit is the state,
         // and B's own file is set aside, not deleted.
         bsrc.db = None;
-        let (_, opened) = Replica::open(&b.bucket, &id, &bpath, 3, cfg(100, 2), 77)
-            .await
-            .unwrap();
-        let Opened::Restored {
-            replaced: Some(aside),
-        } = opened
-        else {
-            panic!("expected a restore with the local file set aside: {opened:?}")
-        };
+        let aside =
+            reopen_restored(b, &id, &bpath, (3, 77), "B's upload met the chain moved").await;
         let now = dump(&bpath);
         assert!(now.contains("from a") && !now.contains("from b"), "{now}");
         assert!(dump(&aside).contains("from b"));
@@ -1202,15 +1195,7 @@ async fn set_aside_never_deletes(b: &Backend, name: &str) {
                 .unwrap();
             db.commit().unwrap();
         }
-        let (_, opened) = Replica::open(&b.bucket, &id, &path, 2, cfg(100, 2), 42)
-            .await
-            .unwrap();
-        let Opened::Restored {
-            replaced: Some(aside),
-        } = opened
-        else {
-            panic!("{opened:?}")
-        };
+        let aside = reopen_restored(b, &id, &path, (2, 42), "a file of another life").await;
         assert!(dump(&aside).contains(&format!("Integer({round}) Text(\"local\")")));
         assert!(!dump(&path).contains("local"));
         asides.push(aside);
@@ -1219,6 +1204,28 @@ async fn set_aside_never_deletes(b: &Backend, name: &str) {
     for a in &asides {
         assert!(a.exists(), "{a:?} was deleted");
     }
+}
+
+/// Opens `id`'s replica at `path` (generation `generation`, at `now_ms`),
+/// which must restore the bucket's head and set the local file aside;
+/// returns where it was set aside. `what` says why a restore was due.
+async fn reopen_restored(
+    b: &Backend,
+    id: &ActorId,
+    path: &Path,
+    (generation, now_ms): (u64, u64),
+    what: &str,
+) -> PathBuf {
+    let (_, opened) = Replica::open(&b.bucket, id, path, generation, cfg(100, 2), now_ms)
+        .await
+        .unwrap();
+    let Opened::Restored {
+        replaced: Some(aside),
+    } = opened
+    else {
+        panic!("{what}: expected a restore with the local file set aside: {opened:?}")
+    };
+    aside
 }
 
 /// A writer that uploaded up to seq 1 and then committed twice more
@@ -1357,6 +1364,34 @@ async fn a_file_behind_the_head_is_restored(
     };
     assert_eq!(dump(&src.path()), dump_bytes(&at_head), "{back:?}");
     assert_eq!(dump(&aside), dump_bytes(&older), "{back:?}");
+}
+
+/// The writer gives the actor up and voids its sidecar (an upload failed
+/// and `replicated` requests were answered with an error); an upload
+/// still in flight then lands and writes the sidecar again, naming the new
+/// head in this boot for this file; the failed request's commit is in the
+/// file past it. The next open restores the head and sets the file aside:
+/// a voided sidecar keeps nothing (ADR 0082), and the restore lifts the
+/// mark.
+async fn a_voided_sidecar_keeps_nothing(b: &Backend, name: &str) {
+    let tmp = tempfile::tempdir().unwrap();
+    let id = actor(name);
+    let mut src = Source::new(&tmp.path().join("src"));
+    let (mut rep, _) = a_writer_ahead_of_its_head(b, &id, &mut src, &cfg(100, 2)).await;
+    wasmkeep_replica::void_sidecar(&src.path()).unwrap();
+    upload(&mut rep, &mut src, 30).await.unwrap();
+    let at_head = src.close_and_read();
+    src = Source::new(&src.dir);
+    work(&mut src, 4);
+    let failed = src.close_and_read();
+    drop(rep);
+    let aside = reopen_restored(b, &id, &src.path(), (2, 40), "a voided sidecar").await;
+    assert_eq!(dump(&src.path()), dump_bytes(&at_head));
+    assert_eq!(dump(&aside), dump_bytes(&failed));
+    let (_, opened) = Replica::open(&b.bucket, &id, &src.path(), 3, cfg(100, 2), 50)
+        .await
+        .unwrap();
+    assert_eq!(opened, Opened::UpToDate, "the restore lifted the mark");
 }
 
 async fn stalled_writers(make: &impl Fn() -> Backend) {
@@ -1617,6 +1652,7 @@ async fn all_scenarios(make: impl Fn() -> Backend) {
     point_in_time(&make(), "pitr").await;
     set_aside_never_deletes(&make(), "aside").await;
     a_file_ahead_of_the_head_is_kept_after_a_crash(&make(), "ahead").await;
+    a_voided_sidecar_keeps_nothing(&make(), "voided").await;
     for (back, name) in [(Back::AfterReboot, "rebooted"), (Back::AnotherFile, "put")] {
         a_file_behind_the_head_is_restored(&make(), name, back, false).await;
         a_file_behind_the_head_is_restored(&make(), &format!("{name} unsafe"), back, true).await;

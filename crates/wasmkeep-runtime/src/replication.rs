@@ -1622,38 +1622,29 @@ fn give_up(rt: &Inner, actor: &Actor, st: &mut ActorReplica, why: String) {
     if unshipped > 0 {
         // Said loudly: batches committed (and maybe acknowledged, without
         // `replicated`) that the bucket never got. Their database is set
-        // aside as `actor.db.replaced-<ms>` when the actor opens again,
-        // unless it is still ahead of the bucket's head and no `replicated`
-        // request among them failed (ADR 0082): then it is kept.
+        // aside as `actor.db.replaced-<ms>` when the actor opens again.
         tracing::error!(
             actor = %actor.id,
             error = %why,
             batches = unshipped,
-            "replication failed with commits the bucket lacks: the actor reopens, from the bucket \
-             with its local database set aside (actor.db.replaced-<ms>) if a replicated request \
-             failed or the chain moved, else keeping it; an operator's restore goes through the \
-             node (`wasmkeep restore --server`) to avoid this"
+            "replication failed with commits the bucket lacks: the actor reopens from the bucket \
+             and its local database, with them, is set aside beside it (actor.db.replaced-<ms>); \
+             an operator's restore goes through the node (`wasmkeep restore --server`) to avoid this"
         );
     } else {
         tracing::warn!(actor = %actor.id, error = %why, "replication failed: giving the actor up");
     }
-    if !st.waiters.is_empty() || st.urgent_upto > st.uploaded {
-        // `replicated` requests are answered with a retryable error (those
-        // waiting, below; those whose batch is not yet durable here, when
-        // it is: `hold_until_uploaded`): their commits must not come back
-        // under their retries. Without a sidecar the next opening restores
-        // from the bucket and sets the file aside, even after a crash
-        // right after these answers (ADR 0082 keeps a file ahead of the
-        // head only with its sidecar). So the sidecar goes first. With no
-        // such request, it stays: plain commits an upload could not ship
-        // (the bucket down after a crash, say) are kept by the next
-        // opening if the head has not moved.
-        let db = paths::actor_db(&rt.config.data_dir, &actor.id);
-        if let Err(e) = std::fs::remove_file(wasmkeep_replica::sidecar_path(&db))
-            && e.kind() != std::io::ErrorKind::NotFound
-        {
-            tracing::error!(actor = %actor.id, error = %e, "could not remove the given-up actor's sidecar: a failed replicated write may come back at its next opening");
-        }
+    // `replicated` requests are answered with a retryable error (those
+    // waiting, below; those whose batch commits or becomes durable later,
+    // by `hold_until_uploaded`): their commits must not come back under
+    // their retries. The sidecar is voided first, so that the next opening
+    // restores from the bucket and sets the file aside even after a crash
+    // right after these answers, and even if an upload still in flight
+    // lands and writes the sidecar again (ADR 0082 keeps a file ahead of
+    // the head only by a sidecar that counts).
+    let db = paths::actor_db(&rt.config.data_dir, &actor.id);
+    if let Err(e) = wasmkeep_replica::void_sidecar(&db) {
+        tracing::error!(actor = %actor.id, error = %e, "could not void the given-up actor's sidecar: a failed replicated write may come back at its next opening");
     }
     for w in std::mem::take(&mut st.waiters) {
         release(

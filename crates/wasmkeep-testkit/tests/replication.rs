@@ -117,35 +117,6 @@ fn a_failed_upload_recovers_on_moto() {
     failed_upload_recovers(&bucket, &faults);
 }
 
-/// A plain write whose upload failed is kept (ADR 0082): no request was
-/// told it failed, and the bucket's head has not moved, so the actor's next
-/// opening finds its file ahead of the head, keeps it and ships it. (A
-/// `replicated` one is not: `failed_upload_recovers`.)
-#[test]
-fn a_plain_write_whose_upload_failed_is_kept() {
-    let (bucket, faults) = memory_bucket();
-    let node = node_with(&bucket, |c| c.replica_upload_interval_ms = 0);
-    assert_eq!(increment(&node, "a", REPLICATED).unwrap(), 1);
-    faults.fail_puts(1);
-    assert_eq!(increment(&node, "a", &[]).unwrap(), 2);
-    let metrics = node.runtime().metrics();
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while metrics.replica_given_up_total.get() < 1 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the plain write's upload did not fail"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    assert_eq!(increment(&node, "a", REPLICATED).unwrap(), 3);
-    assert_eq!(metrics.replica_kept_ahead_total.get(), 1);
-    assert_eq!(
-        bucket_logs(&bucket, &node),
-        2,
-        "the kept file went up whole"
-    );
-}
-
 /// The failed upload is a PUT the fault-injecting store refuses; the
 /// bucket behind it is real (a folder, moto) or in memory.
 fn failed_upload_recovers(bucket: &Bucket, faults: &FaultStore) {
