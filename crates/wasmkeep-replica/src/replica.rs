@@ -1379,6 +1379,10 @@ impl Replica {
                 // would only tell us what that upload reads anyway.
                 self.base = None;
             }
+            // Nothing to restore: a local file is kept whatever a failed
+            // first upload voided (its commits come back), and the mark
+            // would only keep its next sidecar from counting.
+            unvoid(&self.db_path)?;
             return Ok(Opened::BucketEmpty { local });
         };
         if local && let Some(side) = read_sidecar(&self.db_path) {
@@ -1450,6 +1454,7 @@ impl Replica {
             let replaced = if local {
                 Some(set_aside(&self.db_path, now_ms)?)
             } else {
+                unvoid(&self.db_path)?;
                 None
             };
             return Ok(Opened::Deleted { replaced });

@@ -469,11 +469,17 @@ pub(crate) fn ensure_open(
     }
     let epoch = rt.gate_epoch();
     if rt.keeps_index() && st.given_up.is_none() && st.stale_epoch(epoch) {
-        give_up(
+        // In the actor's own turn, with no upload in flight: no batch of
+        // this actor commits meanwhile, so a file the bucket holds whole
+        // needs no void (its next opening finds it up to date rather than
+        // downloading it).
+        let settled = st.committed <= st.uploaded && st.waiters.is_empty();
+        give_up_as(
             rt,
             actor,
             &mut st,
             "the node's lease lapsed since this copy was opened".into(),
+            !settled,
         );
     }
     if st.given_up.is_some() {
@@ -1617,6 +1623,13 @@ fn finish_upload(
 
 /// Marks the actor given up and fails every request waiting on the bucket.
 fn give_up(rt: &Inner, actor: &Actor, st: &mut ActorReplica, why: String) {
+    give_up_as(rt, actor, st, why, true);
+}
+
+/// [`give_up`]; `void`: whether the sidecar is voided (always, but where
+/// the caller knows no commit of the actor can be answered with an error:
+/// see `ensure_open`).
+fn give_up_as(rt: &Inner, actor: &Actor, st: &mut ActorReplica, why: String, void: bool) {
     Metrics::inc(&rt.metrics.replica_given_up_total);
     let unshipped = st.committed.saturating_sub(st.uploaded);
     if unshipped > 0 {
@@ -1642,9 +1655,8 @@ fn give_up(rt: &Inner, actor: &Actor, st: &mut ActorReplica, why: String) {
     // right after these answers, and even if an upload still in flight
     // lands and writes the sidecar again (ADR 0082 keeps a file ahead of
     // the head only by a sidecar that counts).
-    let db = paths::actor_db(&rt.config.data_dir, &actor.id);
-    if let Err(e) = wasmkeep_replica::void_sidecar(&db) {
-        tracing::error!(actor = %actor.id, error = %e, "could not void the given-up actor's sidecar: a failed replicated write may come back at its next opening");
+    if void {
+        void_sidecar(rt, &actor.id);
     }
     for w in std::mem::take(&mut st.waiters) {
         release(
@@ -1658,6 +1670,34 @@ fn give_up(rt: &Inner, actor: &Actor, st: &mut ActorReplica, why: String) {
     // What was captured describes a file the next opening replaces; its
     // memory goes when the last connection holding it closes.
     page_capture::untrack(&paths::actor_dir(&rt.config.data_dir, &actor.id));
+}
+
+/// Voids the actor's sidecar ([`wasmkeep_replica::void_sidecar`]) before
+/// `replicated` requests are answered with an error (or not at all): its
+/// next opening restores from the bucket rather than keep the file as
+/// ahead of the head with their commits (ADR 0082).
+fn void_sidecar(rt: &Inner, id: &ActorId) {
+    let db = paths::actor_db(&rt.config.data_dir, id);
+    if let Err(e) = wasmkeep_replica::void_sidecar(&db) {
+        tracing::error!(actor = %id, error = %e, "could not void the actor's sidecar: a failed replicated write may come back at its next opening");
+    }
+}
+
+/// At a stop whose wait ran out: an actor whose `replicated` requests
+/// still wait (or whose urgent commits the bucket lacks) has its sidecar
+/// voided, since those requests get an error (the node is stopping) and
+/// their commits must not come back at the next start (ADR 0082).
+pub(crate) fn void_unanswered_at_stop(rt: &Inner) {
+    let actors: Vec<Arc<Actor>> = rt.actors.lock().values().cloned().collect();
+    for a in actors {
+        let unanswered = {
+            let st = a.repl.lock();
+            !st.waiters.is_empty() || st.urgent_upto > st.uploaded
+        };
+        if unanswered {
+            void_sidecar(rt, &a.id);
+        }
+    }
 }
 
 fn release(

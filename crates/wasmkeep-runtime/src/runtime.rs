@@ -1743,6 +1743,9 @@ impl Runtime {
                     || !repl.crash_unchecked.lock().is_empty()))
                 || rt.actors.lock().values().any(|a| !a.repl.lock().settled())
         });
+        if rt.replication.is_some() {
+            crate::replication::void_unanswered_at_stop(rt);
+        }
         rt.stopping.store(true, Ordering::SeqCst);
         rt.sockets.close_all(
             None,

@@ -95,6 +95,40 @@ fn a_durable_request_answers_only_once_its_entry_is_in_the_bucket() {
     assert_eq!(bucket_logs(&bucket, &node), 2);
 }
 
+/// A stop whose wait runs out while a `replicated` request still waits on
+/// its upload voids the actor's sidecar (ADR 0082): the request gets an
+/// error (the node is stopping), so its commit must not be kept as ahead
+/// of the head at the next start and applied again under its retry.
+#[test]
+fn a_stop_that_leaves_a_replicated_request_unanswered_voids_the_sidecar() {
+    let (bucket, faults) = memory_bucket();
+    let node = node_on(&bucket);
+    assert_eq!(increment(&node, "a", REPLICATED).unwrap(), 1);
+    let void = node
+        .data_dir()
+        .join(wasmkeep_store_dir(&node, "demo/examples/counter/a"))
+        .join("actor.db.replica-void");
+    let gate = faults.hold("log/00000000000000000001");
+    std::thread::scope(|s| {
+        let waiting = s.spawn(|| increment(&node, "a", REPLICATED));
+        let exec = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        exec.block_on(gate.arrived());
+        assert!(!void.exists());
+        node.runtime().shutdown(Duration::from_millis(100));
+        let voided = void.exists();
+        // Here the held upload still lands after the stop and answers the
+        // request; a node whose process exits first answers nothing, and
+        // its client retries.
+        gate.release();
+        if let Ok(v) = waiting.join().unwrap() {
+            assert_eq!(v, 2);
+        }
+        assert!(voided, "the stop left the sidecar counting");
+    });
+}
+
 #[test]
 fn a_failed_upload_gives_the_actor_up_and_it_comes_back_from_the_bucket() {
     let (bucket, faults) = memory_bucket();
