@@ -344,6 +344,11 @@ pub struct ActorReplica {
     /// The last commit a `replicated` request waits for: an upload that
     /// carries it starts without waiting for the interval.
     urgent_upto: u64,
+    /// The last commit a client's `replicated` request (or a parked reply's
+    /// completion) waits for: past `uploaded` at a stop, its answer may be
+    /// an error (ADR 0082, `void_unanswered_at_stop`). `urgent_upto` counts
+    /// outbox sends too, whose commits no client was told failed.
+    replicated_upto: u64,
     /// A `Replicate` event is scheduled for when the interval ends.
     deferred: bool,
     /// Why the actor was given up; its next turn reopens it.
@@ -591,14 +596,15 @@ fn restore_error(id: &ActorId, e: ReplicaError) -> RuntimeError {
 /// upload if one is due and none is in flight, and returns the mark a
 /// durable request of this batch waits for. `urgent`: a `replicated`
 /// request of this batch waits for it, so its upload does not wait for the
-/// upload interval.
+/// upload interval. `replicated`: a client's request waits for it (one of
+/// the reasons for `urgent`).
 pub(crate) fn after_commit(
     rt: &Arc<Inner>,
     repl: &Replication,
     actor: &Arc<Actor>,
     db: &mut ActorDb,
     changed: bool,
-    urgent: bool,
+    (urgent, replicated): (bool, bool),
 ) -> Mark {
     let mut st = actor.repl.lock();
     thaw_if_done(actor, &mut st, db);
@@ -608,6 +614,9 @@ pub(crate) fn after_commit(
     }
     if urgent {
         st.urgent_upto = st.committed;
+    }
+    if replicated {
+        st.replicated_upto = st.committed;
     }
     let mark = Mark {
         epoch: st.epoch,
@@ -1683,16 +1692,17 @@ fn void_sidecar(rt: &Inner, id: &ActorId) {
     }
 }
 
-/// At a stop whose wait ran out: an actor whose `replicated` requests
-/// still wait (or whose urgent commits the bucket lacks) has its sidecar
-/// voided, since those requests get an error (the node is stopping) and
-/// their commits must not come back at the next start (ADR 0082).
-pub(crate) fn void_unanswered_at_stop(rt: &Inner) {
-    let actors: Vec<Arc<Actor>> = rt.actors.lock().values().cloned().collect();
+/// At a stop, once every turn has ended: an actor with commits of
+/// clients' `replicated` requests the bucket does not hold yet has its
+/// sidecar voided. The process may end before their uploads land, and
+/// their clients then get an error (or nothing) and retry: those commits
+/// must not come back at the next start as a file ahead of the head
+/// (ADR 0082).
+pub(crate) fn void_unanswered_at_stop(rt: &Inner, actors: &[Arc<Actor>]) {
     for a in actors {
         let unanswered = {
             let st = a.repl.lock();
-            !st.waiters.is_empty() || st.urgent_upto > st.uploaded
+            st.given_up.is_none() && st.replicated_upto > st.uploaded
         };
         if unanswered {
             void_sidecar(rt, &a.id);

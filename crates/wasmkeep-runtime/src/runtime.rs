@@ -1728,24 +1728,6 @@ impl Runtime {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-        // The next start must look for unshipped commits again (ADR 0082)
-        // if this one's look is not done: an actor it queued not yet
-        // checked against the bucket, or an actor whose commits the bucket
-        // still lacks (it was down, say).
-        let look_again = rt.replication.as_ref().is_some_and(|repl| {
-            let crashed = rt
-                .data_lock
-                .lock()
-                .as_ref()
-                .is_some_and(|l| l.previous_holder_crashed());
-            (crashed
-                && (!repl.crash_scan_done.load(Ordering::SeqCst)
-                    || !repl.crash_unchecked.lock().is_empty()))
-                || rt.actors.lock().values().any(|a| !a.repl.lock().settled())
-        });
-        if rt.replication.is_some() {
-            crate::replication::void_unanswered_at_stop(rt);
-        }
         rt.stopping.store(true, Ordering::SeqCst);
         rt.sockets.close_all(
             None,
@@ -1757,10 +1739,28 @@ impl Runtime {
         rt.runq.wake_all();
         rt.timer.notify();
         let actors: Vec<Arc<Actor>> = rt.actors.lock().drain().map(|(_, a)| a).collect();
-        for a in actors {
+        for a in &actors {
             a.queue.lock().retired = true;
             *a.slot.lock() = None;
         }
+        // Every turn has ended (the slot waits for a running one). The next
+        // start must look for unshipped commits again (ADR 0082) if this
+        // one's look is not done: an actor it queued not yet checked
+        // against the bucket, or one whose commits the bucket still lacks
+        // (it was down, say). Commits of `replicated` requests the bucket
+        // lacks must not come back at all.
+        let look_again = rt.replication.as_ref().is_some_and(|repl| {
+            crate::replication::void_unanswered_at_stop(rt, &actors);
+            let crashed = rt
+                .data_lock
+                .lock()
+                .as_ref()
+                .is_some_and(|l| l.previous_holder_crashed());
+            (crashed
+                && (!repl.crash_scan_done.load(Ordering::SeqCst)
+                    || !repl.crash_unchecked.lock().is_empty()))
+                || actors.iter().any(|a| !a.repl.lock().settled())
+        });
         // No actor is made from here on: the spares' thread stops (what
         // it made is deleted at the next start).
         drop(rt.spares.lock().take());

@@ -1157,20 +1157,19 @@ pub(super) fn after_commit(
             // does not wait for the upload interval.
             // So does a batch that sent something: its messages leave
             // once the bucket holds it.
-            let urgent = outbox.is_some()
-                || ran.restore.is_some()
-                || !ran.completions.is_empty()
+            let replicated = !ran.completions.is_empty()
                 || ran
                     .results
                     .iter()
                     .any(|r| r.replicated && r.reply.is_some());
+            let urgent = replicated || outbox.is_some() || ran.restore.is_some();
             Some(replication::after_commit(
                 rt,
                 repl,
                 actor,
                 l.db(),
                 changed,
-                urgent,
+                (urgent, replicated),
             ))
         }
         _ => None,
