@@ -607,16 +607,15 @@ fn plain_writes_survive_the_nodes_crash(t: &Target, down: Option<&Target>, tmp: 
         assert!(cut_off.stop().success());
     }
     let mut b = start_node(t, &data, &config);
-    let until = std::time::Instant::now() + Duration::from_secs(60);
-    while metric(&b, "wasmkeep_replica_kept_ahead_total") < 1.0
-        || metric(&b, "wasmkeep_replica_uploads_total") < 1.0
-    {
-        assert!(
-            std::time::Instant::now() < until,
-            "the restarted node did not upload the kept file by itself"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    common::cluster::wait_for(
+        "the restarted node to upload the kept file by itself",
+        60,
+        50,
+        || {
+            metric(&b, "wasmkeep_replica_kept_ahead_total") >= 1.0
+                && metric(&b, "wasmkeep_replica_uploads_total") >= 1.0
+        },
+    );
     let (s, body) = b.get(&format!("{counter}/value"));
     assert_eq!((s, value(&body)), (200, 3), "{body}");
     b.kill();
