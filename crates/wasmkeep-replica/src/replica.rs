@@ -45,6 +45,12 @@ pub enum Opened {
     /// The bucket has nothing for this actor. The local file (if `local`)
     /// is untouched; the first upload creates `log/0` with every page.
     BucketEmpty { local: bool },
+    /// The bucket has nothing for this actor, and the local file held only
+    /// commits that were given up (its sidecar voided, [`void_sidecar`]: a
+    /// new actor whose first upload failed, whose clients were told so). It
+    /// was set aside under `replaced`, never deleted; the actor starts
+    /// again with no data, and its first upload creates `log/0`.
+    SetAside { replaced: PathBuf },
     /// The local file holds commits past the bucket's head that were never
     /// uploaded: its sidecar names the head, and was written in this boot
     /// of the machine to this very file (a crash of the process that wrote
@@ -551,11 +557,29 @@ async fn rebuild_staged(
 /// failed and answered `replicated` requests with an error. From then on
 /// its sidecar counts for nothing, whatever an upload still in flight
 /// writes into it: the next [`Replica::open`] restores from the bucket and
-/// sets the file aside, never keeping it as ahead of the head. Not synced:
-/// what it guards against is a crash of the process (after a reboot no
-/// file is kept as ahead anyway). The restore removes the mark.
+/// sets the file aside, never keeping it as ahead of the head (or, with
+/// nothing in the bucket, sets it aside: [`Opened::SetAside`]). The mark
+/// and its folder's entry are synced before this returns: the commits it
+/// voids are durable through the node's commit log, and a new actor's file
+/// with no sidecar would otherwise be kept after a power cut. An actor
+/// whose folder is gone (deleted meanwhile) has nothing to void. The
+/// restore removes the mark.
 pub fn void_sidecar(db_path: &Path) -> std::io::Result<()> {
-    std::fs::write(void_path(db_path), b"")
+    let mark = match std::fs::File::create(void_path(db_path)) {
+        Ok(mark) => mark,
+        Err(e)
+            if e.kind() == std::io::ErrorKind::NotFound
+                && db_path.parent().is_some_and(|dir| !dir.exists()) =>
+        {
+            return Ok(());
+        }
+        Err(e) => return Err(e),
+    };
+    mark.sync_all()?;
+    match db_path.parent() {
+        Some(dir) => wasmkeep_store::sync::sync_dir(dir),
+        None => Ok(()),
+    }
 }
 
 /// The mark [`void_sidecar`] leaves.
@@ -1316,8 +1340,9 @@ impl Replica {
     /// to this file ([`Opened::Ahead`], ADR 0082); otherwise (or if the
     /// sidecar was voided, [`void_sidecar`]) it is set aside (see
     /// [`set_aside`]) and the bucket's version written in its place. If the
-    /// bucket has nothing for the actor, nothing local is touched. The
-    /// caller must not have the database open.
+    /// bucket has nothing for the actor, nothing local is touched, unless
+    /// its commits were given up ([`Opened::SetAside`]). The caller must
+    /// not have the database open.
     pub async fn open(
         bucket: &Bucket,
         id: &ActorId,
@@ -1374,14 +1399,18 @@ impl Replica {
         self.saw_snapshots(&listing.snap_seqs());
         let local = self.db_path.exists();
         let Some(head_seq) = listing.head() else {
-            if local {
-                // The first upload ships every page; reading the file here
-                // would only tell us what that upload reads anyway.
-                self.base = None;
+            // The first upload ships every page; reading the file here
+            // would only tell us what that upload reads anyway.
+            self.base = None;
+            if local && void_path(&self.db_path).exists() {
+                // A new actor given up before its first upload landed (or
+                // left by a stop with a `replicated` commit unshipped):
+                // clients were told its commits failed, and the bucket has
+                // none of them. The file is set aside like any given-up
+                // actor's, and the actor starts again as new.
+                let replaced = set_aside(&self.db_path, now_ms)?;
+                return Ok(Opened::SetAside { replaced });
             }
-            // Nothing to restore: a local file is kept whatever a failed
-            // first upload voided (its commits come back), and the mark
-            // would only keep its next sidecar from counting.
             unvoid(&self.db_path)?;
             return Ok(Opened::BucketEmpty { local });
         };

@@ -1394,6 +1394,53 @@ async fn a_voided_sidecar_keeps_nothing(b: &Backend, name: &str) {
     assert_eq!(opened, Opened::UpToDate, "the restore lifted the mark");
 }
 
+/// A new actor given up before its first upload landed (its sidecar
+/// voided, none written): the bucket has nothing, and the next open sets
+/// the local file aside rather than keep commits its clients were told
+/// failed. Without a void mark the file is kept, as after a crash.
+async fn a_voided_new_actor_is_set_aside(b: &Backend, name: &str) {
+    let tmp = tempfile::tempdir().unwrap();
+    let id = actor(name);
+    let mut src = Source::new(&tmp.path().join("src"));
+    schema(&mut src);
+    work(&mut src, 3);
+    let failed = src.close_and_read();
+    let (_, opened) = Replica::open(&b.bucket, &id, &src.path(), 1, cfg(100, 2), 10)
+        .await
+        .unwrap();
+    assert_eq!(opened, Opened::BucketEmpty { local: true }, "no mark: kept");
+    wasmkeep_replica::void_sidecar(&src.path()).unwrap();
+    let (_, opened) = Replica::open(&b.bucket, &id, &src.path(), 2, cfg(100, 2), 20)
+        .await
+        .unwrap();
+    let Opened::SetAside { replaced } = opened else {
+        panic!("a voided new actor's file was kept: {opened:?}")
+    };
+    assert!(!src.path().exists(), "nothing left at the actor's path");
+    assert_eq!(dump(&replaced), dump_bytes(&failed));
+    let (_, opened) = Replica::open(&b.bucket, &id, &src.path(), 3, cfg(100, 2), 30)
+        .await
+        .unwrap();
+    assert_eq!(
+        opened,
+        Opened::BucketEmpty { local: false },
+        "the mark went with the file"
+    );
+}
+
+/// Voiding an actor whose folder is gone (deleted while it was given up)
+/// has nothing to do and is no error; a folder that is there gets the mark.
+#[test]
+fn voiding_a_deleted_actor_is_no_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let gone = tmp.path().join("gone").join("actor.db");
+    wasmkeep_replica::void_sidecar(&gone).unwrap();
+    assert!(!tmp.path().join("gone").exists());
+    let here = tmp.path().join("actor.db");
+    wasmkeep_replica::void_sidecar(&here).unwrap();
+    assert!(tmp.path().join("actor.db.replica-void").exists());
+}
+
 async fn stalled_writers(make: &impl Fn() -> Backend) {
     let stalls = [
         // Stalled past the grace and a collection: the check catches it.
@@ -1653,6 +1700,7 @@ async fn all_scenarios(make: impl Fn() -> Backend) {
     set_aside_never_deletes(&make(), "aside").await;
     a_file_ahead_of_the_head_is_kept_after_a_crash(&make(), "ahead").await;
     a_voided_sidecar_keeps_nothing(&make(), "voided").await;
+    a_voided_new_actor_is_set_aside(&make(), "voided new").await;
     for (back, name) in [(Back::AfterReboot, "rebooted"), (Back::AnotherFile, "put")] {
         a_file_behind_the_head_is_restored(&make(), name, back, false).await;
         a_file_behind_the_head_is_restored(&make(), &format!("{name} unsafe"), back, true).await;

@@ -530,7 +530,7 @@ pub(crate) fn ensure_open(
     // pages commits write from here on describe the next entries.
     page_capture::track(&paths::actor_dir(&rt.config.data_dir, &actor.id));
     let mut st = actor.repl.lock();
-    st.had_state = !matches!(how, Opened::BucketEmpty { .. });
+    st.had_state = !matches!(how, Opened::BucketEmpty { .. } | Opened::SetAside { .. });
     st.opened_epoch = rt.gate_epoch();
     st.needs_plan = rt.keeps_index();
     match how {
@@ -566,6 +566,13 @@ pub(crate) fn ensure_open(
             if replaced.is_some() {
                 tracing::info!(actor = %actor.id, replaced = ?replaced, "the bucket says the actor was deleted; its local file was set aside");
             }
+            rt.timer.set(&actor.id, None);
+        }
+        Opened::SetAside { replaced } => {
+            // A new actor given up before the bucket got anything of it:
+            // what its failed batches wrote (an alarm too) is gone with
+            // the file set aside.
+            tracing::info!(actor = %actor.id, replaced = %replaced.display(), "the actor's first commits were given up before the bucket got them; its local file was set aside and it starts again as new");
             rt.timer.set(&actor.id, None);
         }
         Opened::BucketEmpty { local: false } | Opened::UpToDate => {}

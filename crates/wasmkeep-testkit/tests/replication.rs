@@ -166,30 +166,52 @@ fn failed_upload_recovers(bucket: &Bucket, faults: &FaultStore) {
     // the commit the bucket never got) aside and restores the bucket's
     // state: the failed increment is gone.
     assert_eq!(increment(&node, "a", REPLICATED).unwrap(), 2);
-    let dir = node
-        .data_dir()
-        .join(wasmkeep_store_dir(&node, "demo/examples/counter/a"));
-    let replaced: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
-        .flatten()
-        .filter(|e| {
-            let n = e.file_name().to_string_lossy().into_owned();
-            n.starts_with("actor.db.replaced-")
-                && !n.ends_with("-wal")
-                && !n.ends_with("-shm")
-                && !n.ends_with(".replica")
-        })
-        .collect();
-    let names: Vec<String> = replaced
-        .iter()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
+    let names = set_aside_files(&node, "a");
     assert_eq!(
         names.len(),
         1,
         "the diverged file is kept, set aside: {names:?}"
     );
     assert_eq!(node.runtime().metrics().replica_given_up_total.get(), 1);
+}
+
+/// A new actor's first upload failing gives it up like any other: its
+/// `replicated` first write was answered `replication_failed`, so the local
+/// file that holds it must not be what the actor's next event opens (the
+/// bucket has nothing of it; a retry would otherwise count twice).
+#[test]
+fn a_new_actors_failed_first_upload_does_not_come_back() {
+    let (bucket, faults) = memory_bucket();
+    let node = node_on(&bucket);
+    faults.fail_puts(1);
+    let err = increment(&node, "a", REPLICATED).unwrap_err();
+    assert_eq!(err.code(), "replication_failed", "{err}");
+    assert_eq!(node.runtime().metrics().replica_given_up_total.get(), 1);
+
+    // The retry finds the actor as new: the failed write is not in it.
+    assert_eq!(increment(&node, "a", REPLICATED).unwrap(), 1);
+    assert_eq!(bucket_logs(&bucket, &node), 1);
+    let names = set_aside_files(&node, "a");
+    assert_eq!(names.len(), 1, "the given-up file is set aside: {names:?}");
+}
+
+/// The database files set aside in counter `name`'s folder.
+fn set_aside_files(node: &TestNode, name: &str) -> Vec<String> {
+    let dir = node.data_dir().join(wasmkeep_store_dir(
+        node,
+        &format!("demo/examples/counter/{name}"),
+    ));
+    std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| {
+            n.starts_with("actor.db.replaced-")
+                && !n.ends_with("-wal")
+                && !n.ends_with("-shm")
+                && !n.ends_with(".replica")
+        })
+        .collect()
 }
 
 fn wasmkeep_store_dir(node: &TestNode, address: &str) -> std::path::PathBuf {
