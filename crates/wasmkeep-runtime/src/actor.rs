@@ -113,7 +113,9 @@ use batch::run_batch;
 pub use between::Between;
 use between::run_between;
 use inbound::{offer_outbox, outbox_opened, outbox_ready, run_message, run_response};
-use instance::{commit_event, end_event, ensure_init, enter, finish_call, instantiate, load};
+use instance::{
+    commit_event, drop_if_disowned, end_event, ensure_init, enter, finish_call, instantiate, load,
+};
 use request::{run_request, when_uploaded};
 use socket::{apply_socket_ops, run_socket};
 

@@ -13,10 +13,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use wasmkeep_guests::DEMO;
+use wasmkeep_guests::{DEMO, HELLO, TESTBED};
 use wasmkeep_replica::testing::{FaultStore, Moto, faulty_bucket, memory_bucket};
 use wasmkeep_replica::{ActorRoot, Bucket, ReplicaConfig};
-use wasmkeep_testkit::{RuntimeConfig, RuntimeError, TestNode};
+use wasmkeep_testkit::{RuntimeConfig, RuntimeError, StoreValue, TestNode};
 
 const REPLICATED: &[(&str, &str)] = &[("wasmkeep-durability", "replicated")];
 
@@ -193,6 +193,48 @@ fn a_new_actors_failed_first_upload_does_not_come_back() {
     assert_eq!(bucket_logs(&bucket, &node), 1);
     let names = set_aside_files(&node, "a");
     assert_eq!(names.len(), 1, "the given-up file is set aside: {names:?}");
+}
+
+/// What the admin API reads of a given-up actor is what its next event
+/// will serve, the bucket's state, not the open instance's file with the
+/// commit its client was told failed.
+#[test]
+fn a_given_up_actor_is_read_as_the_bucket_has_it() {
+    let (bucket, faults) = memory_bucket();
+    let node = node_on(&bucket);
+    let counter = node.actor("demo/examples/counter/a");
+    assert_eq!(increment(&node, "a", REPLICATED).unwrap(), 1);
+    faults.fail_puts(1);
+    let err = increment(&node, "a", REPLICATED).unwrap_err();
+    assert_eq!(err.code(), "replication_failed", "{err}");
+    assert_eq!(counter.sql_i64("SELECT n FROM counter"), 1);
+    assert_eq!(increment(&node, "a", REPLICATED).unwrap(), 2);
+}
+
+/// A class migration's copy of a given-up actor (ADR 0060) is the bucket's
+/// state, as the actor's next event would serve it, not the file with the
+/// write its client was told failed: the migration closes the actor first,
+/// and the copy's opening finds the sidecar voided (ADR 0082).
+#[test]
+fn a_class_migration_copies_a_given_up_actor_as_the_bucket_has_it() {
+    let (bucket, faults) = memory_bucket();
+    let node = node_on(&bucket);
+    node.deploy("acme/shop", TESTBED).unwrap();
+    let probe = node.actor("acme/shop/probe/p1");
+    let write =
+        |v: &str| probe.request_with_headers("POST", &format!("/write?v={v}"), REPLICATED, "");
+    write("kept").unwrap();
+    faults.fail_puts(1);
+    let err = write("failed").unwrap_err();
+    assert_eq!(err.code(), "replication_failed", "{err}");
+
+    let rename = "[[migrations]]\ntag = \"v1\"\nrenamed_classes = [{ from = \"probe\", to = \"counter\" }]\n";
+    node.deploy_with_manifest("acme/shop", HELLO, rename)
+        .unwrap();
+    let rows = node
+        .actor("acme/shop/counter/p1")
+        .sql("SELECT v FROM writes");
+    assert_eq!(rows, vec![vec![StoreValue::Text("kept".into())]]);
 }
 
 /// The database files set aside in counter `name`'s folder.

@@ -140,8 +140,10 @@ fn run_copy(
 }
 
 /// Runs an inspection between two events: through the actor's own
-/// connection if it is open, on its file otherwise.
+/// connection if it is open, on its file otherwise. A given-up actor's
+/// instance is dropped first: it reads what its next event will serve.
 fn run_inspect(rt: &Arc<Inner>, actor: &Arc<Actor>, slot: &mut Option<Loaded>, f: InspectFn) {
+    drop_if_disowned(rt, actor, slot);
     if slot.is_none()
         && let Some(repl) = &rt.replication
         && let Err(e) = replication::ensure_open(rt, repl, actor)

@@ -93,6 +93,21 @@ pub(super) fn instantiate(
     }
 }
 
+/// Drops the instance in `slot` if the bucket no longer agrees with its
+/// state (the actor was given up) or the copy is from before a lapse of
+/// the node's lease: whatever reads the actor next (an event, an
+/// inspection) opens it afresh from the bucket rather than read the
+/// commits it gave up. (A class migration's copy finds no instance: the
+/// migration closes the class's actors first.)
+pub(super) fn drop_if_disowned(rt: &Inner, actor: &Actor, slot: &mut Option<Loaded>) {
+    if rt.replication.is_some() && {
+        let st = actor.repl.lock();
+        st.given_up() || (rt.keeps_index() && st.stale_epoch(rt.gate_epoch()))
+    } {
+        *slot = None;
+    }
+}
+
 /// A current instance of the actor, taken out of `slot` (the turn owns it
 /// while it runs, and puts it back if the actor stays open) or made
 /// afresh; `Ok(None)` if the actor has no database and `create` is false.
@@ -104,15 +119,7 @@ pub(super) fn load(
     create: bool,
 ) -> Result<Option<Loaded>, RuntimeError> {
     let id = &actor.id;
-    if rt.replication.is_some() && {
-        let st = actor.repl.lock();
-        st.given_up() || (rt.keeps_index() && st.stale_epoch(rt.gate_epoch()))
-    } {
-        // The bucket no longer agrees with this instance's state, or the
-        // copy is from before a lapse of the node's lease: drop it and
-        // open the actor afresh from the bucket.
-        *slot = None;
-    }
+    drop_if_disowned(rt, actor, slot);
     // The same version keeps its instance; so does an older one while a
     // deferred deploy waits for the actor to close (ADR 0059): only on the
     // way forward, so a lowered rollout share still moves actors back.
