@@ -46,10 +46,11 @@ pub enum Opened {
     /// is untouched; the first upload creates `log/0` with every page.
     BucketEmpty { local: bool },
     /// The bucket has nothing for this actor, and the local file held only
-    /// commits that were given up (its sidecar voided, [`void_sidecar`]: a
-    /// new actor whose first upload failed, whose clients were told so). It
-    /// was set aside under `replaced`, never deleted; the actor starts
-    /// again with no data, and its first upload creates `log/0`.
+    /// commits that were given up (voided, [`void_sidecar`], with no
+    /// sidecar: a new actor whose first upload failed, whose clients were
+    /// told so). It was set aside under `replaced`, never deleted; the
+    /// actor starts again with no data, and its first upload creates
+    /// `log/0`.
     SetAside { replaced: PathBuf },
     /// The local file holds commits past the bucket's head that were never
     /// uploaded: its sidecar names the head, and was written in this boot
@@ -557,13 +558,14 @@ async fn rebuild_staged(
 /// failed and answered `replicated` requests with an error. From then on
 /// its sidecar counts for nothing, whatever an upload still in flight
 /// writes into it: the next [`Replica::open`] restores from the bucket and
-/// sets the file aside, never keeping it as ahead of the head (or, with
-/// nothing in the bucket, sets it aside: [`Opened::SetAside`]). The mark
-/// and its folder's entry are synced before this returns: the commits it
-/// voids are durable through the node's commit log, and a new actor's file
-/// with no sidecar would otherwise be kept after a power cut. An actor
-/// whose folder is gone (deleted meanwhile) has nothing to void. The
-/// restore removes the mark.
+/// sets the file aside, never keeping it as ahead of the head (or, for a
+/// new actor with nothing in the bucket, sets it aside:
+/// [`Opened::SetAside`]). A new actor's mark (no sidecar beside it) and
+/// its folder's entry are synced before this returns: the commits it voids
+/// are durable through the node's commit log, and after a power cut only
+/// the mark tells. A file with a sidecar needs no sync: after a reboot its
+/// sidecar no longer keeps it. An actor whose folder is gone (deleted
+/// meanwhile) has nothing to void. The restore removes the mark.
 pub fn void_sidecar(db_path: &Path) -> std::io::Result<()> {
     let mark = match std::fs::File::create(void_path(db_path)) {
         Ok(mark) => mark,
@@ -575,6 +577,9 @@ pub fn void_sidecar(db_path: &Path) -> std::io::Result<()> {
         }
         Err(e) => return Err(e),
     };
+    if sidecar_path(db_path).exists() {
+        return Ok(());
+    }
     mark.sync_all()?;
     match db_path.parent() {
         Some(dir) => wasmkeep_store::sync::sync_dir(dir),
@@ -845,7 +850,14 @@ pub fn set_aside(db_path: &Path, now_ms: u64) -> Result<PathBuf, ReplicaError> {
         std::fs::rename(&side, sidecar_path(&target))?;
     }
     std::fs::rename(db_path, &target)?;
-    // The file it voided is gone from here.
+    // The file it voided is gone from here. The renames reach the disk
+    // first: a power cut must not keep the mark's removal and lose them,
+    // which would bring the voided file back unmarked.
+    if void_path(db_path).exists()
+        && let Some(dir) = db_path.parent()
+    {
+        wasmkeep_store::sync::sync_dir(dir)?;
+    }
     unvoid(db_path)?;
     Ok(target)
 }
@@ -1402,12 +1414,15 @@ impl Replica {
             // The first upload ships every page; reading the file here
             // would only tell us what that upload reads anyway.
             self.base = None;
-            if local && void_path(&self.db_path).exists() {
+            if local && void_path(&self.db_path).exists() && !sidecar_path(&self.db_path).exists() {
                 // A new actor given up before its first upload landed (or
                 // left by a stop with a `replicated` commit unshipped):
-                // clients were told its commits failed, and the bucket has
-                // none of them. The file is set aside like any given-up
-                // actor's, and the actor starts again as new.
+                // clients were told its commits failed, and no bucket ever
+                // held a position of it (no sidecar). The file is set aside
+                // like any given-up actor's, and the actor starts again as
+                // new. A file with a sidecar held a position of another
+                // bucket (the node moved to an empty one): kept, as any
+                // local data the bucket has never seen.
                 let replaced = set_aside(&self.db_path, now_ms)?;
                 return Ok(Opened::SetAside { replaced });
             }

@@ -1426,6 +1426,29 @@ async fn a_voided_new_actor_is_set_aside(b: &Backend, name: &str) {
         Opened::BucketEmpty { local: false },
         "the mark went with the file"
     );
+
+    // A file that held a position of another bucket (its sidecar says so),
+    // given up there, is not a new actor's: a node moved to an empty
+    // bucket keeps it and ships it, as any local data.
+    let mut src = Source::new(&tmp.path().join("moved"));
+    schema(&mut src);
+    let other = Backend::memory();
+    let (mut rep, _) = Replica::open(&other.bucket, &id, &src.path(), 4, cfg(100, 2), 40)
+        .await
+        .unwrap();
+    upload(&mut rep, &mut src, 50).await.unwrap();
+    work(&mut src, 5);
+    drop(rep);
+    src.close_and_read();
+    wasmkeep_replica::void_sidecar(&src.path()).unwrap();
+    let (_, opened) = Replica::open(&b.bucket, &id, &src.path(), 5, cfg(100, 2), 60)
+        .await
+        .unwrap();
+    assert_eq!(
+        opened,
+        Opened::BucketEmpty { local: true },
+        "another bucket's file"
+    );
 }
 
 /// Voiding an actor whose folder is gone (deleted while it was given up)

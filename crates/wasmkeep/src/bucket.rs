@@ -230,7 +230,7 @@ pub(crate) fn upload(bucket_url: &str, settings: &Settings, data: &Path) -> Resu
             // Opening a replica here would restore over the local file.
             present += 1;
         } else {
-            let (mut replica, _) = io.block_on(wasmkeep_replica::Replica::open(
+            let (mut replica, opened) = io.block_on(wasmkeep_replica::Replica::open(
                 &bucket,
                 id,
                 &db_path,
@@ -238,6 +238,16 @@ pub(crate) fn upload(bucket_url: &str, settings: &Settings, data: &Path) -> Resu
                 settings.replica.clone(),
                 now_ms,
             ))?;
+            if let wasmkeep_replica::Opened::SetAside { replaced } = opened {
+                // Given up before its first upload landed: nothing of it
+                // was kept, nothing to ship.
+                println!(
+                    "{id}: its first commits were given up before any upload landed; set aside as {}",
+                    replaced.display()
+                );
+                pb.inc(1);
+                continue;
+            }
             // Read page by page, whatever its size (ADR 0038); through
             // SQLite if its log still holds commits.
             let uploaded = match wasmkeep_replica::WholeFile::probe(&db_path) {
