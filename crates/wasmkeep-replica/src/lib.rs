@@ -50,6 +50,6 @@ pub use image::{Image, quick_check};
 pub use keys::ActorRoot;
 pub use limits::ReplicaConfig;
 pub use replica::{
-    Diff, Landed, Opened, Pages, Replica, SnapshotJob, Uploaded, WholeFile, delete_all,
+    Diff, Landed, Opened, Pages, Replica, SnapshotJob, Uploaded, Void, WholeFile, delete_all,
     may_be_ahead, put_back, set_aside, sidecar_path, void_sidecar,
 };

@@ -2,6 +2,7 @@
 //! changes to the chain as their owner.
 
 use std::collections::BTreeMap;
+use std::io::Write as _;
 use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -46,7 +47,7 @@ pub enum Opened {
     /// is untouched; the first upload creates `log/0` with every page.
     BucketEmpty { local: bool },
     /// The bucket has nothing for this actor, and the local file held only
-    /// commits that were given up (voided, [`void_sidecar`], with no
+    /// commits that were given up (voided as [`Void::NewActor`], with no
     /// sidecar: a new actor whose first upload failed, whose clients were
     /// told so). It was set aside under `replaced`, never deleted; the
     /// actor starts again with no data, and its first upload creates
@@ -558,15 +559,16 @@ async fn rebuild_staged(
 /// failed and answered `replicated` requests with an error. From then on
 /// its sidecar counts for nothing, whatever an upload still in flight
 /// writes into it: the next [`Replica::open`] restores from the bucket and
-/// sets the file aside, never keeping it as ahead of the head (or, for a
-/// new actor with nothing in the bucket, sets it aside:
-/// [`Opened::SetAside`]). A new actor's mark (no sidecar beside it) and
-/// its folder's entry are synced before this returns: the commits it voids
-/// are durable through the node's commit log, and after a power cut only
-/// the mark tells. A file with a sidecar needs no sync: after a reboot its
-/// sidecar no longer keeps it. An actor whose folder is gone (deleted
-/// meanwhile) has nothing to void. The restore removes the mark.
-pub fn void_sidecar(db_path: &Path) -> std::io::Result<()> {
+/// sets the file aside, never keeping it as ahead of the head (or, for
+/// [`Void::NewActor`] with nothing in the bucket, sets it aside:
+/// [`Opened::SetAside`]). A new actor's mark (with no sidecar beside it)
+/// and its folder's entry are synced before this returns: the commits it
+/// voids are durable through the node's commit log, and after a power cut
+/// only the mark tells. Other marks need no sync: after a reboot a sidecar
+/// no longer keeps its file, and a file with neither is kept either way.
+/// An actor whose folder is gone (deleted meanwhile) has nothing to void.
+/// The restore removes the mark.
+pub fn void_sidecar(db_path: &Path, void: Void) -> std::io::Result<()> {
     let mark = match std::fs::File::create(void_path(db_path)) {
         Ok(mark) => mark,
         Err(e)
@@ -577,6 +579,10 @@ pub fn void_sidecar(db_path: &Path) -> std::io::Result<()> {
         }
         Err(e) => return Err(e),
     };
+    if void == Void::Commits {
+        return Ok(());
+    }
+    (&mark).write_all(NEW_ACTOR_MARK)?;
     if sidecar_path(db_path).exists() {
         return Ok(());
     }
@@ -585,6 +591,32 @@ pub fn void_sidecar(db_path: &Path) -> std::io::Result<()> {
         Some(dir) => wasmkeep_store::sync::sync_dir(dir),
         None => Ok(()),
     }
+}
+
+/// What a give-up voids ([`void_sidecar`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Void {
+    /// The commits past the sidecar's position (with no sidecar, nothing:
+    /// a file of data the bucket has not seen yet is kept).
+    Commits,
+    /// Everything in the file: the actor was new in the opening that gave
+    /// it up (no local data, nothing in the bucket), so every commit in it
+    /// was made since, and none of them reached a bucket.
+    NewActor,
+}
+
+/// What a [`Void::NewActor`] mark holds; any other mark is
+/// [`Void::Commits`].
+const NEW_ACTOR_MARK: &[u8] = b"new-actor\n";
+
+/// The kind of void mark beside `db_path`, if any.
+fn read_void(db_path: &Path) -> Option<Void> {
+    let bytes = std::fs::read(void_path(db_path)).ok()?;
+    Some(if bytes == NEW_ACTOR_MARK {
+        Void::NewActor
+    } else {
+        Void::Commits
+    })
 }
 
 /// The mark [`void_sidecar`] leaves.
@@ -1414,15 +1446,19 @@ impl Replica {
             // The first upload ships every page; reading the file here
             // would only tell us what that upload reads anyway.
             self.base = None;
-            if local && void_path(&self.db_path).exists() && !sidecar_path(&self.db_path).exists() {
+            if local
+                && read_void(&self.db_path) == Some(Void::NewActor)
+                && !sidecar_path(&self.db_path).exists()
+            {
                 // A new actor given up before its first upload landed (or
                 // left by a stop with a `replicated` commit unshipped):
-                // clients were told its commits failed, and no bucket ever
-                // held a position of it (no sidecar). The file is set aside
-                // like any given-up actor's, and the actor starts again as
-                // new. A file with a sidecar held a position of another
-                // bucket (the node moved to an empty one): kept, as any
-                // local data the bucket has never seen.
+                // clients were told its commits failed, everything in the
+                // file was committed since it was created, and no bucket
+                // ever held a position of it (no sidecar). The file is set
+                // aside like any given-up actor's, and the actor starts
+                // again as new. Any other file the bucket has never seen
+                // (data from before the node had a bucket, a node moved to
+                // an empty bucket) is kept and shipped, mark or not.
                 let replaced = set_aside(&self.db_path, now_ms)?;
                 return Ok(Opened::SetAside { replaced });
             }

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use common::{Backend, Moto, Source, actor, dump, dump_bytes};
 use wasmkeep_replica::limits::COLLECT_GRACE_MS;
 use wasmkeep_replica::{
-    At, Bucket, Entry, Kind, Opened, Pages, Replica, ReplicaConfig, ReplicaError, Uploaded,
+    At, Bucket, Entry, Kind, Opened, Pages, Replica, ReplicaConfig, ReplicaError, Uploaded, Void,
     delete_all, export,
 };
 use wasmkeep_store::{ActorDb, ActorId, OpenMode, StoreLimits, Value};
@@ -1378,7 +1378,7 @@ async fn a_voided_sidecar_keeps_nothing(b: &Backend, name: &str) {
     let id = actor(name);
     let mut src = Source::new(&tmp.path().join("src"));
     let (mut rep, _) = a_writer_ahead_of_its_head(b, &id, &mut src, &cfg(100, 2)).await;
-    wasmkeep_replica::void_sidecar(&src.path()).unwrap();
+    wasmkeep_replica::void_sidecar(&src.path(), Void::Commits).unwrap();
     upload(&mut rep, &mut src, 30).await.unwrap();
     let at_head = src.close_and_read();
     src = Source::new(&src.dir);
@@ -1394,10 +1394,12 @@ async fn a_voided_sidecar_keeps_nothing(b: &Backend, name: &str) {
     assert_eq!(opened, Opened::UpToDate, "the restore lifted the mark");
 }
 
-/// A new actor given up before its first upload landed (its sidecar
-/// voided, none written): the bucket has nothing, and the next open sets
-/// the local file aside rather than keep commits its clients were told
-/// failed. Without a void mark the file is kept, as after a crash.
+/// A new actor given up before its first upload landed (voided as new,
+/// no sidecar written): the bucket has nothing, and the next open sets the
+/// local file aside rather than keep commits its clients were told
+/// failed. Without a mark (as after a crash), with a mark of commits only
+/// (data from before the node had a bucket), or with another bucket's
+/// sidecar, the file is kept.
 async fn a_voided_new_actor_is_set_aside(b: &Backend, name: &str) {
     let tmp = tempfile::tempdir().unwrap();
     let id = actor(name);
@@ -1409,7 +1411,18 @@ async fn a_voided_new_actor_is_set_aside(b: &Backend, name: &str) {
         .await
         .unwrap();
     assert_eq!(opened, Opened::BucketEmpty { local: true }, "no mark: kept");
-    wasmkeep_replica::void_sidecar(&src.path()).unwrap();
+    // Data from before the node had a bucket, given up at its first
+    // upload: not a new actor's, kept (a review found it set aside whole).
+    wasmkeep_replica::void_sidecar(&src.path(), Void::Commits).unwrap();
+    let (_, opened) = Replica::open(&b.bucket, &id, &src.path(), 1, cfg(100, 2), 15)
+        .await
+        .unwrap();
+    assert_eq!(
+        opened,
+        Opened::BucketEmpty { local: true },
+        "older data: kept"
+    );
+    wasmkeep_replica::void_sidecar(&src.path(), Void::NewActor).unwrap();
     let (_, opened) = Replica::open(&b.bucket, &id, &src.path(), 2, cfg(100, 2), 20)
         .await
         .unwrap();
@@ -1440,7 +1453,7 @@ async fn a_voided_new_actor_is_set_aside(b: &Backend, name: &str) {
     work(&mut src, 5);
     drop(rep);
     src.close_and_read();
-    wasmkeep_replica::void_sidecar(&src.path()).unwrap();
+    wasmkeep_replica::void_sidecar(&src.path(), Void::NewActor).unwrap();
     let (_, opened) = Replica::open(&b.bucket, &id, &src.path(), 5, cfg(100, 2), 60)
         .await
         .unwrap();
@@ -1457,10 +1470,10 @@ async fn a_voided_new_actor_is_set_aside(b: &Backend, name: &str) {
 fn voiding_a_deleted_actor_is_no_error() {
     let tmp = tempfile::tempdir().unwrap();
     let gone = tmp.path().join("gone").join("actor.db");
-    wasmkeep_replica::void_sidecar(&gone).unwrap();
+    wasmkeep_replica::void_sidecar(&gone, Void::NewActor).unwrap();
     assert!(!tmp.path().join("gone").exists());
     let here = tmp.path().join("actor.db");
-    wasmkeep_replica::void_sidecar(&here).unwrap();
+    wasmkeep_replica::void_sidecar(&here, Void::NewActor).unwrap();
     assert!(tmp.path().join("actor.db.replica-void").exists());
 }
 

@@ -359,6 +359,12 @@ pub struct ActorReplica {
     /// The bucket held the actor's history (a state or a tombstone) when
     /// it was opened.
     pub(crate) had_state: bool,
+    /// This opening found no local data and an empty bucket (a new actor):
+    /// everything in its file was committed since, and a give-up voids
+    /// all of it ([`wasmkeep_replica::Void::NewActor`]). Never set for a
+    /// file the bucket has not seen yet but that held data before (a node
+    /// that ran without a bucket).
+    began_empty: bool,
     /// No batch has planned the alarm index since the actor was opened: the
     /// next commit does (migration, R4), and no upload goes before it.
     pub(crate) needs_plan: bool,
@@ -531,6 +537,10 @@ pub(crate) fn ensure_open(
     page_capture::track(&paths::actor_dir(&rt.config.data_dir, &actor.id));
     let mut st = actor.repl.lock();
     st.had_state = !matches!(how, Opened::BucketEmpty { .. } | Opened::SetAside { .. });
+    st.began_empty = matches!(
+        how,
+        Opened::BucketEmpty { local: false } | Opened::SetAside { .. }
+    );
     st.opened_epoch = rt.gate_epoch();
     st.needs_plan = rt.keeps_index();
     match how {
@@ -1672,7 +1682,7 @@ fn give_up_as(rt: &Inner, actor: &Actor, st: &mut ActorReplica, why: String, voi
     // lands and writes the sidecar again (ADR 0082 keeps a file ahead of
     // the head only by a sidecar that counts).
     if void {
-        void_sidecar(rt, &actor.id);
+        void_sidecar(rt, &actor.id, st.began_empty);
     }
     for w in std::mem::take(&mut st.waiters) {
         release(
@@ -1692,9 +1702,14 @@ fn give_up_as(rt: &Inner, actor: &Actor, st: &mut ActorReplica, why: String, voi
 /// `replicated` requests are answered with an error (or not at all): its
 /// next opening restores from the bucket rather than keep the file as
 /// ahead of the head with their commits (ADR 0082).
-fn void_sidecar(rt: &Inner, id: &ActorId) {
+fn void_sidecar(rt: &Inner, id: &ActorId, began_empty: bool) {
     let db = paths::actor_db(&rt.config.data_dir, id);
-    if let Err(e) = wasmkeep_replica::void_sidecar(&db) {
+    let void = if began_empty {
+        wasmkeep_replica::Void::NewActor
+    } else {
+        wasmkeep_replica::Void::Commits
+    };
+    if let Err(e) = wasmkeep_replica::void_sidecar(&db, void) {
         tracing::error!(actor = %id, error = %e, "could not void the actor's sidecar: a failed replicated write may come back at its next opening");
     }
 }
@@ -1707,12 +1722,15 @@ fn void_sidecar(rt: &Inner, id: &ActorId) {
 /// (ADR 0082).
 pub(crate) fn void_unanswered_at_stop(rt: &Inner, actors: &[Arc<Actor>]) {
     for a in actors {
-        let unanswered = {
+        let (unanswered, began_empty) = {
             let st = a.repl.lock();
-            st.given_up.is_none() && st.replicated_upto > st.uploaded
+            (
+                st.given_up.is_none() && st.replicated_upto > st.uploaded,
+                st.began_empty,
+            )
         };
         if unanswered {
-            void_sidecar(rt, &a.id);
+            void_sidecar(rt, &a.id, began_empty);
         }
     }
 }

@@ -195,6 +195,31 @@ fn a_new_actors_failed_first_upload_does_not_come_back() {
     assert_eq!(names.len(), 1, "the given-up file is set aside: {names:?}");
 }
 
+/// Data from before the node had a bucket is not a new actor's: on the
+/// node restarted with a bucket, the first upload (carrying it) fails and
+/// gives the actor up, and its next opening keeps the file and ships it (a
+/// review found it set aside whole, every write with it). The failed
+/// write stays in it too: with no position in any bucket, nothing tells it
+/// from the older data (ADR 0082).
+#[test]
+fn data_from_before_the_bucket_survives_a_failed_first_upload() {
+    let (bucket, faults) = memory_bucket();
+    let mut node = TestNode::new();
+    node.deploy("demo/examples", DEMO).unwrap();
+    assert_eq!(increment(&node, "a", &[]).unwrap(), 1);
+    assert_eq!(increment(&node, "a", &[]).unwrap(), 2);
+    node.restart_with_config(|c| c.bucket = Some(bucket.clone()));
+    // Every PUT fails until the request has its answer (the start-up pass
+    // may be uploading the actor beside it).
+    faults.fail_puts(u32::MAX);
+    let err = increment(&node, "a", REPLICATED).unwrap_err();
+    assert_eq!(err.code(), "replication_failed", "{err}");
+    faults.fail_puts(0);
+    assert_eq!(increment(&node, "a", REPLICATED).unwrap(), 4);
+    assert!(set_aside_files(&node, "a").is_empty());
+    assert_eq!(bucket_logs(&bucket, &node), 1);
+}
+
 /// What the admin API reads of a given-up actor is what its next event
 /// will serve, the bucket's state, not the open instance's file with the
 /// commit its client was told failed.
