@@ -1385,7 +1385,8 @@ impl Replica {
     /// sidecar was voided, [`void_sidecar`]) it is set aside (see
     /// [`set_aside`]) and the bucket's version written in its place. If the
     /// bucket has nothing for the actor, nothing local is touched, unless
-    /// its commits were given up ([`Opened::SetAside`]). The caller must
+    /// it was given up as a new actor ([`Void::NewActor`], then
+    /// [`Opened::SetAside`]). The caller must
     /// not have the database open.
     pub async fn open(
         bucket: &Bucket,

@@ -1422,6 +1422,11 @@ async fn a_voided_new_actor_is_set_aside(b: &Backend, name: &str) {
         Opened::BucketEmpty { local: true },
         "older data: kept"
     );
+    let mark = src.dir.join("actor.db.replica-void");
+    assert!(
+        !mark.exists(),
+        "the opening that kept the file lifted the mark"
+    );
     wasmkeep_replica::void_sidecar(&src.path(), Void::NewActor).unwrap();
     let (_, opened) = Replica::open(&b.bucket, &id, &src.path(), 2, cfg(100, 2), 20)
         .await

@@ -1667,7 +1667,8 @@ fn give_up_as(rt: &Inner, actor: &Actor, st: &mut ActorReplica, why: String, voi
             error = %why,
             batches = unshipped,
             "replication failed with commits the bucket lacks: the actor reopens from the bucket \
-             and its local database, with them, is set aside beside it (actor.db.replaced-<ms>); \
+             and its local database, with them, is set aside beside it (actor.db.replaced-<ms>), \
+             unless the bucket never held any of it (then it is kept and uploaded again); \
              an operator's restore goes through the node (`wasmkeep restore --server`) to avoid this"
         );
     } else {
@@ -1682,7 +1683,7 @@ fn give_up_as(rt: &Inner, actor: &Actor, st: &mut ActorReplica, why: String, voi
     // lands and writes the sidecar again (ADR 0082 keeps a file ahead of
     // the head only by a sidecar that counts).
     if void {
-        void_sidecar(rt, &actor.id, st.began_empty);
+        void_sidecar(rt, &actor.id, st.began_empty && !st.uploaded_any());
     }
     for w in std::mem::take(&mut st.waiters) {
         release(
@@ -1702,9 +1703,12 @@ fn give_up_as(rt: &Inner, actor: &Actor, st: &mut ActorReplica, why: String, voi
 /// `replicated` requests are answered with an error (or not at all): its
 /// next opening restores from the bucket rather than keep the file as
 /// ahead of the head with their commits (ADR 0082).
-fn void_sidecar(rt: &Inner, id: &ActorId, began_empty: bool) {
+/// `new_actor`: the actor was new in this opening and nothing of it
+/// reached the bucket, so every commit in its file is void
+/// ([`wasmkeep_replica::Void::NewActor`]).
+fn void_sidecar(rt: &Inner, id: &ActorId, new_actor: bool) {
     let db = paths::actor_db(&rt.config.data_dir, id);
-    let void = if began_empty {
+    let void = if new_actor {
         wasmkeep_replica::Void::NewActor
     } else {
         wasmkeep_replica::Void::Commits
@@ -1722,15 +1726,15 @@ fn void_sidecar(rt: &Inner, id: &ActorId, began_empty: bool) {
 /// (ADR 0082).
 pub(crate) fn void_unanswered_at_stop(rt: &Inner, actors: &[Arc<Actor>]) {
     for a in actors {
-        let (unanswered, began_empty) = {
+        let (unanswered, new_actor) = {
             let st = a.repl.lock();
             (
                 st.given_up.is_none() && st.replicated_upto > st.uploaded,
-                st.began_empty,
+                st.began_empty && !st.uploaded_any(),
             )
         };
         if unanswered {
-            void_sidecar(rt, &a.id, began_empty);
+            void_sidecar(rt, &a.id, new_actor);
         }
     }
 }

@@ -101,14 +101,29 @@ fn a_durable_request_answers_only_once_its_entry_is_in_the_bucket() {
 /// of the head at the next start and applied again under its retry.
 #[test]
 fn a_stop_that_leaves_a_replicated_request_unanswered_voids_the_sidecar() {
+    stop_voids(false);
+}
+
+/// The same for a new actor whose first upload is the one held: its mark
+/// says that the whole file is void (nothing of it reached the bucket), so
+/// that an opening that still finds the bucket empty sets it aside.
+#[test]
+fn a_stop_that_leaves_a_new_actors_first_write_unanswered_voids_it_whole() {
+    stop_voids(true);
+}
+
+fn stop_voids(new_actor: bool) {
     let (bucket, faults) = memory_bucket();
     let node = node_on(&bucket);
-    assert_eq!(increment(&node, "a", REPLICATED).unwrap(), 1);
+    let held: u64 = if new_actor { 0 } else { 1 };
+    if !new_actor {
+        assert_eq!(increment(&node, "a", REPLICATED).unwrap(), 1);
+    }
     let void = node
         .data_dir()
         .join(wasmkeep_store_dir(&node, "demo/examples/counter/a"))
         .join("actor.db.replica-void");
-    let gate = faults.hold("log/00000000000000000001");
+    let gate = faults.hold(&format!("log/{held:020}"));
     std::thread::scope(|s| {
         let waiting = s.spawn(|| increment(&node, "a", REPLICATED));
         let exec = tokio::runtime::Builder::new_current_thread()
@@ -117,15 +132,17 @@ fn a_stop_that_leaves_a_replicated_request_unanswered_voids_the_sidecar() {
         exec.block_on(gate.arrived());
         assert!(!void.exists());
         node.runtime().shutdown(Duration::from_millis(100));
-        let voided = void.exists();
+        let mark = std::fs::read(&void);
         // Here the held upload still lands after the stop and answers the
         // request; a node whose process exits first answers nothing, and
         // its client retries.
         gate.release();
         if let Ok(v) = waiting.join().unwrap() {
-            assert_eq!(v, 2);
+            assert_eq!(v, held as i64 + 1);
         }
-        assert!(voided, "the stop left the sidecar counting");
+        let mark = mark.expect("the stop left the sidecar counting");
+        let whole: &[u8] = if new_actor { b"new-actor\n" } else { b"" };
+        assert_eq!(mark, whole, "the mark's kind");
     });
 }
 
@@ -208,10 +225,10 @@ fn data_from_before_the_bucket_survives_a_failed_first_upload() {
     node.deploy("demo/examples", DEMO).unwrap();
     assert_eq!(increment(&node, "a", &[]).unwrap(), 1);
     assert_eq!(increment(&node, "a", &[]).unwrap(), 2);
-    node.restart_with_config(|c| c.bucket = Some(bucket.clone()));
     // Every PUT fails until the request has its answer (the start-up pass
-    // may be uploading the actor beside it).
+    // uploads the actor beside it).
     faults.fail_puts(u32::MAX);
+    node.restart_with_config(|c| c.bucket = Some(bucket.clone()));
     let err = increment(&node, "a", REPLICATED).unwrap_err();
     assert_eq!(err.code(), "replication_failed", "{err}");
     faults.fail_puts(0);
