@@ -1658,18 +1658,27 @@ fn give_up(rt: &Inner, actor: &Actor, st: &mut ActorReplica, why: String) {
 fn give_up_as(rt: &Inner, actor: &Actor, st: &mut ActorReplica, why: String, void: bool) {
     Metrics::inc(&rt.metrics.replica_given_up_total);
     let unshipped = st.committed.saturating_sub(st.uploaded);
+    // New in this opening, and nothing of it in the bucket: every commit
+    // in its file is void (ADR 0082).
+    let new_actor = st.began_empty && !st.uploaded_any();
     if unshipped > 0 {
         // Said loudly: batches committed (and maybe acknowledged, without
         // `replicated`) that the bucket never got. Their database is set
-        // aside as `actor.db.replaced-<ms>` when the actor opens again.
+        // aside as `actor.db.replaced-<ms>` when the actor opens again,
+        // unless it holds data the bucket never saw from before.
+        let what = if new_actor || st.had_state || st.uploaded_any() {
+            "the actor reopens from the bucket and its local database, with them, is set aside \
+             beside it (actor.db.replaced-<ms>)"
+        } else {
+            "the local database holds data the bucket has never seen and is kept (the failed \
+             commits with it) and uploaded at the actor's next opening"
+        };
         tracing::error!(
             actor = %actor.id,
             error = %why,
             batches = unshipped,
-            "replication failed with commits the bucket lacks: the actor reopens from the bucket \
-             and its local database, with them, is set aside beside it (actor.db.replaced-<ms>), \
-             unless the bucket never held any of it (then it is kept and uploaded again); \
-             an operator's restore goes through the node (`wasmkeep restore --server`) to avoid this"
+            "replication failed with commits the bucket lacks: {what}; an operator's restore \
+             goes through the node (`wasmkeep restore --server`) to avoid this"
         );
     } else {
         tracing::warn!(actor = %actor.id, error = %why, "replication failed: giving the actor up");
@@ -1683,7 +1692,7 @@ fn give_up_as(rt: &Inner, actor: &Actor, st: &mut ActorReplica, why: String, voi
     // lands and writes the sidecar again (ADR 0082 keeps a file ahead of
     // the head only by a sidecar that counts).
     if void {
-        void_sidecar(rt, &actor.id, st.began_empty && !st.uploaded_any());
+        void_sidecar(rt, &actor.id, new_actor);
     }
     for w in std::mem::take(&mut st.waiters) {
         release(

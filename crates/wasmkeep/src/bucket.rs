@@ -215,7 +215,7 @@ pub(crate) fn upload(bucket_url: &str, settings: &Settings, data: &Path) -> Resu
         .with_context(|| format!("replay the commit log in {}", data.display()))?;
     let now_ms = wasmkeep_runtime::Clock::now_ms(&wasmkeep_runtime::SystemClock);
     let pb = bar(ids.len() as u64, "uploading");
-    let (mut shipped, mut present) = (0u64, 0u64);
+    let (mut shipped, mut present, mut set_aside) = (0u64, 0u64, 0u64);
     let io = io()?;
     for id in &ids {
         let db_path = wasmkeep_store::paths::actor_db(data, id);
@@ -241,10 +241,11 @@ pub(crate) fn upload(bucket_url: &str, settings: &Settings, data: &Path) -> Resu
             if let wasmkeep_replica::Opened::SetAside { replaced } = opened {
                 // Given up before its first upload landed: nothing of it
                 // was kept, nothing to ship.
-                println!(
+                pb.println(format!(
                     "{id}: its first commits were given up before any upload landed; set aside as {}",
                     replaced.display()
-                );
+                ));
+                set_aside += 1;
                 pb.inc(1);
                 continue;
             }
@@ -265,7 +266,8 @@ pub(crate) fn upload(bucket_url: &str, settings: &Settings, data: &Path) -> Resu
     }
     pb.finish_and_clear();
     println!(
-        "{shipped} actors uploaded, {present} already in the bucket (left as they are), from {}",
+        "{shipped} actors uploaded, {present} already in the bucket (left as they are), \
+         {set_aside} set aside (given up before their first upload), from {}",
         data.display()
     );
     // A node that crashed before this upload still has to look for the
