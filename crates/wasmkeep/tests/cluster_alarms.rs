@@ -303,12 +303,13 @@ fn listed_dues(bucket: &Path, name: &str) -> Vec<u64> {
         .collect()
 }
 
-/// An actor whose first upload failed because its entry could not be
+/// A new actor whose first upload failed because its entry could not be
 /// listed is given up with its alarm committed locally; its next opening
-/// (the bucket still has nothing for it) lists the alarm under a fresh key
-/// before the first upload, rather than trust the entry its database
-/// records, which was never written. Then the node is killed and the
-/// alarm runs elsewhere.
+/// (the bucket still has nothing for it) sets that file aside (ADR 0082:
+/// the client was told the write failed), and the client's retry lists
+/// the alarm under a fresh key before the first upload, rather than an
+/// entry the failed database recorded, which was never written. Then the
+/// node is killed and the alarm runs elsewhere.
 #[test]
 fn a_first_upload_after_a_failed_listing_lists_the_alarm_afresh() {
     let c = Cluster::with_settings(Store::Folder, 60_000, SETTINGS);
@@ -327,15 +328,10 @@ fn a_first_upload_after_a_failed_listing_lists_the_alarm_afresh() {
     assert_eq!(failed.status, 503, "{}", failed.body);
     assert_eq!(failed.body["error"]["code"], "replication_failed");
     std::fs::remove_file(&index).unwrap();
-    // The next request reopens the actor from its local data.
-    let again = send(
-        members[0].port,
-        "GET",
-        &format!("{}/alarm", reminder("afresh")),
-        &[REPLICATED],
-    );
-    assert_eq!(again.status, 200, "{}", again.body);
-    assert_eq!(again.body["alarm"], due);
+    // The next request reopens the actor: the failed write is not in it.
+    assert_eq!(alarm_of(members[0].port, "afresh"), None);
+    assert!(listed_dues(&c.folder(), "afresh").is_empty());
+    set(members[0].port, "afresh", due);
     assert_eq!(listed_dues(&c.folder(), "afresh"), vec![due]);
     members[0].node.kill();
     wait_for("the alarm to run elsewhere", || {
