@@ -29,6 +29,7 @@ pub use crate::sqlite_setup::sqlite_setup;
 use crate::wal_index::{VFS_NAME, WalIndex};
 
 mod awaits;
+mod controls;
 mod creation;
 mod idempotency;
 mod outbox;
@@ -44,12 +45,11 @@ pub use crate::sandbox::INTERNAL_PREFIX;
 /// authorized) for itself by sending the same text.
 const GUEST_MARK: &str = "/*guest*/ ";
 
+use controls::{Control, Controls};
+
 // The runtime's own statements that run in every alarm's turn, named once
-// so that `warm_alarm_turn` prepares exactly what the turn runs.
-const SQL_BEGIN: &str = "BEGIN IMMEDIATE";
-const SQL_COMMIT: &str = "COMMIT";
-const SQL_EVENT_BEGIN: &str = "SAVEPOINT wasmkeep_event";
-const SQL_EVENT_COMMIT: &str = "RELEASE wasmkeep_event";
+// so that `warm_alarm_turn` prepares exactly what the turn runs (with the
+// transaction's, held in `Controls`).
 const SQL_ALARM_GET: &str = "SELECT at_ms, retry_count FROM _wasmkeep_alarm WHERE id = 0";
 const SQL_ALARM_CLEAR: &str = "DELETE FROM _wasmkeep_alarm WHERE id = 0";
 const SQL_ALARM_SET: &str =
@@ -189,6 +189,11 @@ pub enum OpenMode {
 
 /// One actor's open database.
 pub struct ActorDb {
+    /// The transaction statements every batch runs, held prepared on
+    /// `conn`. Declared before it: fields drop in this order, and SQLite
+    /// closes no connection with statements left (rusqlite's drop would
+    /// leave it open, its files with it).
+    controls: Controls,
     conn: Connection,
     /// Who the statement now being prepared is for (a `MODE_*` value);
     /// the authorizer applies that one's rules.
@@ -383,6 +388,7 @@ impl ActorDb {
         });
         let sync_each_commit = tap.is_none() && crate::commit_log::covers(&path);
         let mut db = ActorDb {
+            controls: Controls::default(),
             conn,
             mode: Arc::new(AtomicU8::new(MODE_RUNTIME)),
             denied: Arc::new(Denied::default()),
@@ -688,7 +694,7 @@ impl ActorDb {
 
     /// Starts the transaction that a batch of events shares.
     pub fn begin(&mut self) -> Result<(), StoreError> {
-        self.control(SQL_BEGIN)
+        self.control(Control::Begin)
     }
 
     /// Commits the batch's transaction. From the connection's
@@ -699,7 +705,7 @@ impl ActorDb {
     /// fired) returns its index's block whole for the next open and makes
     /// no system call for it (ADR 0078).
     pub fn commit(&mut self) -> Result<(), StoreError> {
-        if let Err(e) = self.control(SQL_COMMIT) {
+        if let Err(e) = self.control(Control::Commit) {
             // SQLite may have written the commit's frames before failing
             // (an allocation while indexing them): not a commit.
             if let Some(c) = &self.capture {
@@ -726,14 +732,13 @@ impl ActorDb {
             .map_or(0, WalIndex::release_zero_pages)
     }
 
-    /// Runs one of the runtime's transaction statements through the
-    /// statement cache: they run several times per event, and parsing them
-    /// each time showed in profiles.
-    fn control(&self, sql: &str) -> Result<(), StoreError> {
-        self.conn
-            .prepare_cached(sql)
-            .and_then(|mut s| s.execute([]))
-            .map(|_| ())
+    /// Runs one of the runtime's transaction statements, held prepared on
+    /// the connection (`controls`): they run several times per event, and
+    /// neither parsing them nor looking them up in the statement cache
+    /// each time is free.
+    fn control(&self, which: Control) -> Result<(), StoreError> {
+        self.controls
+            .run(&self.conn, which)
             .map_err(|e| self.err(e))
     }
 
@@ -753,18 +758,21 @@ impl ActorDb {
 
     /// Marks the start of one event inside the batch.
     pub fn event_begin(&mut self) -> Result<(), StoreError> {
-        self.control(SQL_EVENT_BEGIN)
+        self.control(Control::EventBegin)
     }
 
     /// Keeps the event's changes in the batch.
     pub fn event_commit(&mut self) -> Result<(), StoreError> {
-        self.control(SQL_EVENT_COMMIT)
+        self.control(Control::EventCommit)
     }
 
     /// Undoes the event's changes, and only its.
     pub fn event_rollback(&mut self) -> Result<(), StoreError> {
-        self.control("ROLLBACK TO wasmkeep_event")?;
-        self.control(SQL_EVENT_COMMIT)
+        self.conn
+            .prepare_cached("ROLLBACK TO wasmkeep_event")
+            .and_then(|mut s| s.execute([]))
+            .map_err(|e| self.err(e))?;
+        self.control(Control::EventCommit)
     }
 
     /// A mark that moves whenever the database changes (rows written by
@@ -1260,15 +1268,10 @@ impl ActorDb {
     /// transaction around it, reading, clearing and re-setting the alarm),
     /// so that the due instant does not parse them.
     pub fn warm_alarm_turn(&self) -> Result<(), StoreError> {
-        for sql in [
-            SQL_BEGIN,
-            SQL_COMMIT,
-            SQL_EVENT_BEGIN,
-            SQL_EVENT_COMMIT,
-            SQL_ALARM_GET,
-            SQL_ALARM_CLEAR,
-            SQL_ALARM_SET,
-        ] {
+        self.controls
+            .prepare_all(&self.conn)
+            .map_err(|e| self.err(e))?;
+        for sql in [SQL_ALARM_GET, SQL_ALARM_CLEAR, SQL_ALARM_SET] {
             self.conn
                 .prepare_cached(sql)
                 .map(drop)
