@@ -294,8 +294,9 @@ impl Dispatcher {
 
     /// Runs `then` once `ready` says a batch's commit is in the bucket (it
     /// reads the batch's rows again from the database, in the actor's
-    /// turn); not at all if the actor was given up (the bucket's state,
-    /// which it serves from now on, lacks them).
+    /// turn); not at all if the actor was given up before an upload
+    /// carried the batch (the bucket's state, which it serves from now on,
+    /// lacks them), deleted or restored.
     pub(crate) fn when_uploaded(
         &self,
         ready: tokio::sync::oneshot::Receiver<Result<crate::actor::Outcome, RuntimeError>>,

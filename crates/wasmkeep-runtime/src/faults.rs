@@ -165,12 +165,41 @@ fault_switches! {
         /// Unsafe, for that test only: an outbox resume opens an actor a
         /// cluster node does not hold (ADR 0020).
         unsafe_resume_unheld,
+        /// While set, each batch's replies are held after its sync, as a
+        /// slow disk would hold them (at most
+        /// [`DURABILITY_HELD_MS_MAX`]): a give-up can then come between a
+        /// batch's upload landing and its local sync.
+        hold_durability,
+        /// Unsafe, for that test only: a `replicated` request whose actor
+        /// was given up before its batch was durable locally is answered
+        /// `replication_failed` even if the bucket holds its batch.
+        unsafe_fail_landed_after_give_up,
     }
     millis {
         /// The closer thread holds each evicted actor this long before
         /// closing it, to show that the actor's next turn waits for the
         /// close.
         close_delay_ms,
+    }
+}
+
+/// The longest [`Faults::wait_while_durability_held`] holds a batch.
+const DURABILITY_HELD_MS_MAX: u64 = 10_000;
+
+impl Faults {
+    /// Holds the caller (releasing a batch's replies: the durability
+    /// stage's thread, or the worker when nothing waited for a sync) while
+    /// `hold_durability` is set. Nothing in a build without fault switches.
+    pub(crate) fn wait_while_durability_held(&self) {
+        if !Self::COMPILED_IN || !self.hold_durability() {
+            return;
+        }
+        let since = crate::clock::instant();
+        while self.hold_durability()
+            && since.elapsed() < std::time::Duration::from_millis(DURABILITY_HELD_MS_MAX)
+        {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
     }
 }
 

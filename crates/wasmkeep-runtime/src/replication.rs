@@ -318,9 +318,20 @@ pub(crate) struct UploadSpan {
 /// generation a durable request waits for, within one opening of the actor.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Mark {
-    /// Counts the actor's give-ups: a mark from before one is void.
+    /// Counts the actor's starts over (give-ups, deletes, an operator's
+    /// restores): a mark from before one holds only if the last was a
+    /// give-up and an upload of the mark's epoch carried it
+    /// ([`ActorReplica::landed`]).
     epoch: u64,
     upto: u64,
+}
+
+/// What an epoch of an actor's replication left when it ended.
+#[derive(Debug, Clone, Copy)]
+struct Ended {
+    epoch: u64,
+    /// The epoch's batches the bucket held.
+    uploaded: u64,
 }
 
 /// One actor's replication state.
@@ -353,6 +364,11 @@ pub struct ActorReplica {
     deferred: bool,
     /// Why the actor was given up; its next turn reopens it.
     given_up: Option<String>,
+    /// The epoch the last [`ActorReplica::reset`] ended, and how many of
+    /// its batches the bucket held by then: a `replicated` batch of that
+    /// epoch whose local sync ends after the reset is answered as done if
+    /// its upload landed (`hold_until_uploaded`).
+    ended: Option<Ended>,
     waiters: Vec<Waiter>,
     /// Alarm index writes waiting for an upload (a cluster node only).
     pub(crate) index: IndexUpkeep,
@@ -398,14 +414,44 @@ impl ActorReplica {
         self.replica.as_ref().and_then(|r| r.head()).map(|p| p.seq)
     }
 
-    /// Starts over (after a give-up or a delete): marks taken before are
-    /// void.
+    /// Starts over after a delete or an operator's restore: marks taken
+    /// before are void (the data they name was replaced: a batch of it
+    /// whose sync ends later must not release outbox rows, sockets or a
+    /// bookmark's restore into the new data).
     fn reset(&mut self) {
-        let epoch = self.epoch + 1;
+        self.start_over(None);
+    }
+
+    /// Starts over after a give-up: a mark taken before holds if an upload
+    /// carried it ([`ActorReplica::landed`]), since the next opening
+    /// restores from the bucket, which has it.
+    fn reset_after_give_up(&mut self) {
+        let ended = Ended {
+            epoch: self.epoch,
+            uploaded: self.uploaded,
+        };
+        self.start_over(Some(ended));
+    }
+
+    fn start_over(&mut self, ended: Option<Ended>) {
         *self = ActorReplica {
-            epoch,
+            epoch: self.epoch + 1,
+            ended,
             ..ActorReplica::default()
         };
+    }
+
+    /// Whether the bucket holds the batch at `mark`: an upload of its
+    /// epoch carried it, before or after a give-up (a landed upload stays
+    /// in the actor's history: the next opening restores from it). Only the
+    /// last opening's count is kept, and only across a give-up.
+    fn landed(&self, mark: Mark) -> bool {
+        if mark.epoch == self.epoch {
+            self.uploaded >= mark.upto
+        } else {
+            self.ended
+                .is_some_and(|e| e.epoch == mark.epoch && e.uploaded >= mark.upto)
+        }
     }
 
     /// Whether closing the actor now would lose track of something. A given
@@ -494,7 +540,7 @@ pub(crate) fn ensure_open(
         );
     }
     if st.given_up.is_some() {
-        st.reset();
+        st.reset_after_give_up();
     }
     if st.opened {
         return Ok(());
@@ -1791,10 +1837,43 @@ pub(crate) fn hold_until_uploaded(
     mark: Mark,
     reply: Reply,
     out: Result<Outcome, RuntimeError>,
+    spans: (Option<Instant>, Option<UploadSpan>),
+) {
+    hold(m, actor, (mark, true), reply, out, spans);
+}
+
+/// Unsafe, for the test of the rule in [`hold_until_uploaded`] only (the
+/// fault switch `unsafe_fail_landed_after_give_up`): a give-up fails the
+/// request even if the bucket holds its batch.
+pub(crate) fn hold_ignoring_landed(
+    m: &Metrics,
+    actor: &Actor,
+    mark: Mark,
+    reply: Reply,
+    out: Result<Outcome, RuntimeError>,
+    spans: (Option<Instant>, Option<UploadSpan>),
+) {
+    hold(m, actor, (mark, false), reply, out, spans);
+}
+
+fn hold(
+    m: &Metrics,
+    actor: &Actor,
+    (mark, landed_counts): (Mark, bool),
+    reply: Reply,
+    out: Result<Outcome, RuntimeError>,
     (started, upload): (Option<Instant>, Option<UploadSpan>),
 ) {
     let mut st = actor.repl.lock();
+    // The upload carrying the batch may land before the batch's local sync
+    // ends, and a give-up (a later upload failing, a stale lease) come in
+    // between: the bucket holds the batch all the same, and the actor's
+    // next opening restores it from there. Answered as done: an error would
+    // have its retry apply it twice. (Not after a delete or a restore: the
+    // data the batch belongs to was replaced.)
+    let landed = landed_counts && st.landed(mark);
     let failed = match &st.given_up {
+        _ if landed => None,
         Some(why) => Some(why.clone()),
         // Given up and started over since the commit: the bucket's state,
         // which the actor now serves, does not have it.
@@ -1812,7 +1891,7 @@ pub(crate) fn hold_until_uploaded(
             (started, upload),
         );
     }
-    if st.uploaded >= mark.upto {
+    if landed || st.uploaded >= mark.upto {
         drop(st);
         return release(m, reply, out, (started, upload));
     }
@@ -1954,10 +2033,11 @@ mod tests {
     use super::*;
 
     /// A durable request whose batch committed before the actor was given
-    /// up must fail even if its reply is released only after the actor
-    /// started over (its write is not in the state the actor now serves).
+    /// up, and that no upload carried, must fail even if its reply is
+    /// released only after the actor started over (its write is not in the
+    /// state the actor now serves).
     #[test]
-    fn a_mark_from_before_a_give_up_never_succeeds() {
+    fn an_unuploaded_mark_from_before_a_give_up_never_succeeds() {
         let actor = Actor::new(ActorId::new("t", "a", "c", "n").unwrap());
         let m = Metrics::default();
         let mark = {
@@ -1970,7 +2050,7 @@ mod tests {
         };
         // The upload failed and the next turn started over, before the
         // batch's local sync released its reply.
-        actor.repl.lock().reset();
+        actor.repl.lock().reset_after_give_up();
         let (tx, mut rx) = tokio::sync::oneshot::channel();
         hold_until_uploaded(
             &m,
@@ -2000,6 +2080,73 @@ mod tests {
             (None, None),
         );
         assert!(rx.try_recv().is_err(), "answered before its upload");
+    }
+
+    /// What `hold_until_uploaded` answers for `mark` now.
+    fn answer_now(actor: &Actor, mark: Mark) -> Option<Result<Outcome, RuntimeError>> {
+        let (tx, mut rx) = tokio::sync::oneshot::channel();
+        let m = Metrics::default();
+        hold_until_uploaded(
+            &m,
+            actor,
+            mark,
+            Reply::new(tx),
+            Ok(Outcome::Done),
+            (None, None),
+        );
+        rx.try_recv().ok()
+    }
+
+    fn failed(answer: Option<Result<Outcome, RuntimeError>>) -> bool {
+        matches!(answer, Some(Err(RuntimeError::ReplicationFailed(_))))
+    }
+
+    /// A batch whose upload landed before the actor was given up (or
+    /// started over) is in the bucket, which the actor reopens from: its
+    /// request is answered as done when its local sync ends after the
+    /// give-up, not `replication_failed`, which a retry would apply twice.
+    /// Batches past what landed still fail.
+    #[test]
+    fn a_batch_the_bucket_holds_succeeds_after_a_give_up() {
+        let actor = Actor::new(ActorId::new("t", "a", "c", "n").unwrap());
+        let (first, second) = {
+            let mut st = actor.repl.lock();
+            st.committed = 2;
+            st.uploaded = 1;
+            st.given_up = Some("a later upload failed".into());
+            let e = st.epoch;
+            (Mark { epoch: e, upto: 1 }, Mark { epoch: e, upto: 2 })
+        };
+        assert!(matches!(answer_now(&actor, first), Some(Ok(Outcome::Done))));
+        assert!(failed(answer_now(&actor, second)));
+        // The next turn started over: what the ended epoch uploaded counts.
+        actor.repl.lock().reset_after_give_up();
+        assert!(matches!(answer_now(&actor, first), Some(Ok(Outcome::Done))));
+        assert!(failed(answer_now(&actor, second)));
+        // Two starts over on, the first epoch is not known any more: it
+        // fails (its sync would have had to outlast both).
+        actor.repl.lock().reset_after_give_up();
+        assert!(failed(answer_now(&actor, first)));
+    }
+
+    /// After a delete or an operator's restore the data a mark names was
+    /// replaced: a landed mark from before fails, so that nothing waiting
+    /// on it (outbox rows, sockets, a bookmark's restore) reaches the new
+    /// data.
+    #[test]
+    fn a_landed_mark_from_before_a_delete_fails() {
+        let actor = Actor::new(ActorId::new("t", "a", "c", "n").unwrap());
+        let mark = {
+            let mut st = actor.repl.lock();
+            st.committed = 1;
+            st.uploaded = 1;
+            Mark {
+                epoch: st.epoch,
+                upto: 1,
+            }
+        };
+        actor.repl.lock().reset();
+        assert!(failed(answer_now(&actor, mark)));
     }
 
     /// Bad bucket input fails the actor as `storage_corrupt`, not as a

@@ -303,6 +303,65 @@ fn wasmkeep_store_dir(node: &TestNode, address: &str) -> std::path::PathBuf {
     wasmkeep_store::paths::actor_dir(std::path::Path::new(""), &id)
 }
 
+/// A `replicated` write whose upload landed while its local sync was
+/// still pending is answered as done although a later write's failed
+/// upload gives the actor up in between: the bucket holds it, and the
+/// actor reopens from the bucket. Answered `replication_failed`, its
+/// client's retry would count it twice.
+#[test]
+fn a_landed_write_is_done_though_the_actor_is_given_up_before_its_sync() {
+    let (first, total) = landed_then_given_up(false);
+    assert_eq!(first.unwrap(), 2);
+    assert_eq!(total, 3, "each write counted once");
+}
+
+/// The unsafe variant of the rule above: the landed write is answered
+/// `replication_failed`, and the retries count it twice.
+#[test]
+fn unsafe_failing_a_landed_write_after_a_give_up_counts_it_twice() {
+    let (first, total) = landed_then_given_up(true);
+    assert_eq!(first.unwrap_err().code(), "replication_failed");
+    assert_eq!(total, 4, "the landed write counted twice");
+}
+
+/// Counter `a` at 1; a `replicated` increment whose replies the
+/// durability stage holds until its upload has landed and a second
+/// increment's failed upload has given the actor up. Returns the first
+/// increment's answer, and the counter after the client retried each
+/// increment that failed.
+fn landed_then_given_up(unsafe_variant: bool) -> (Result<i64, RuntimeError>, i64) {
+    use std::sync::atomic::Ordering::SeqCst;
+    let (bucket, faults) = memory_bucket();
+    let node = node_on(&bucket);
+    let switches = node.runtime().faults();
+    switches
+        .unsafe_fail_landed_after_give_up
+        .store(unsafe_variant, SeqCst);
+    assert_eq!(increment(&node, "a", REPLICATED).unwrap(), 1);
+    switches.hold_durability.store(true, SeqCst);
+    let first = std::thread::scope(|s| {
+        let first = s.spawn(|| increment(&node, "a", REPLICATED));
+        wait_for_logs(&bucket, &node, 2);
+        faults.fail_puts(1);
+        let second = s.spawn(|| increment(&node, "a", REPLICATED));
+        let given_up = &node.runtime().metrics().replica_given_up_total;
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while given_up.get() == 0 {
+            assert!(std::time::Instant::now() < deadline, "never given up");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        switches.hold_durability.store(false, SeqCst);
+        let second = second.join().unwrap().unwrap_err();
+        assert_eq!(second.code(), "replication_failed", "{second}");
+        first.join().unwrap()
+    });
+    if first.is_err() {
+        increment(&node, "a", REPLICATED).unwrap();
+    }
+    let total = increment(&node, "a", REPLICATED).unwrap();
+    (first, total)
+}
+
 /// Waits (up to 20 s) until the bucket holds `n` of actor `a`'s entries.
 fn wait_for_logs(bucket: &Bucket, node: &TestNode, n: usize) {
     let deadline = std::time::Instant::now() + Duration::from_secs(20);

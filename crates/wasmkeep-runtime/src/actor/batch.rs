@@ -1306,7 +1306,12 @@ fn release_one(
                 parent: t.parent(),
                 since: crate::clock::instant(),
             });
-            replication::hold_until_uploaded(metrics, actor, mark, r, out, (started, upload));
+            let spans = (started, upload);
+            if rt.is_some_and(|rt| rt.faults.unsafe_fail_landed_after_give_up()) {
+                replication::hold_ignoring_landed(metrics, actor, mark, r, out, spans);
+            } else {
+                replication::hold_until_uploaded(metrics, actor, mark, r, out, spans);
+            }
             return;
         }
         (_, _, r) => r,
@@ -1348,6 +1353,9 @@ pub(super) fn release_replies(
             .phase_durable
             .observe_ms(committed_at.elapsed().as_secs_f64() * 1000.0);
         let rt = weak.upgrade();
+        if let Some(rt) = &rt {
+            rt.faults.wait_while_durability_held();
+        }
         for ran in &results {
             // Spans first: they are in the ring before the reply leaves.
             if let Some((t, queued)) = &ran.trace {

@@ -7,7 +7,8 @@ use super::*;
 pub const VERSION_HEADER: &str = "x-wasmkeep-version";
 
 /// Runs `then` once the bucket holds everything up to `mark` (on the
-/// outbox's runtime); never if the actor was given up meanwhile.
+/// outbox's runtime); never if the actor was given up before an upload
+/// carried it, deleted or restored meanwhile.
 pub(super) fn when_uploaded(
     rt: &Arc<Inner>,
     actor: &Arc<Actor>,
