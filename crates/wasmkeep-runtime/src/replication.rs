@@ -337,7 +337,8 @@ struct Ended {
 /// One actor's replication state.
 #[derive(Default)]
 pub struct ActorReplica {
-    /// Bumped each time the actor starts over after a give-up or delete.
+    /// Bumped each time the actor starts over (after a give-up, a delete
+    /// or an operator's restore).
     epoch: u64,
     /// The chain's owner side; an upload in flight holds it meanwhile.
     replica: Option<Replica>,
@@ -364,11 +365,16 @@ pub struct ActorReplica {
     deferred: bool,
     /// Why the actor was given up; its next turn reopens it.
     given_up: Option<String>,
-    /// The epoch the last [`ActorReplica::reset`] ended, and how many of
-    /// its batches the bucket held by then: a `replicated` batch of that
-    /// epoch whose local sync ends after the reset is answered as done if
-    /// its upload landed (`hold_until_uploaded`).
+    /// The epoch the last [`ActorReplica::reset_after_give_up`] ended, and
+    /// how many of its batches the bucket held by then: a `replicated`
+    /// batch of that epoch whose local sync ends after it is answered as
+    /// done if its upload landed (`hold_until_uploaded`).
     ended: Option<Ended>,
+    /// An operator's restore replaced the file and its upload failed: the
+    /// data this opening's batches belong to may be gone from the bucket's
+    /// head, so no landed batch of it is answered as done (as after a
+    /// successful restore, [`ActorReplica::reset`]).
+    replaced: bool,
     waiters: Vec<Waiter>,
     /// Alarm index writes waiting for an upload (a cluster node only).
     pub(crate) index: IndexUpkeep,
@@ -426,11 +432,11 @@ impl ActorReplica {
     /// carried it ([`ActorReplica::landed`]), since the next opening
     /// restores from the bucket, which has it.
     fn reset_after_give_up(&mut self) {
-        let ended = Ended {
+        let ended = (!self.replaced).then_some(Ended {
             epoch: self.epoch,
             uploaded: self.uploaded,
-        };
-        self.start_over(Some(ended));
+        });
+        self.start_over(ended);
     }
 
     fn start_over(&mut self, ended: Option<Ended>) {
@@ -447,7 +453,7 @@ impl ActorReplica {
     /// last opening's count is kept, and only across a give-up.
     fn landed(&self, mark: Mark) -> bool {
         if mark.epoch == self.epoch {
-            self.uploaded >= mark.upto
+            !self.replaced && self.uploaded >= mark.upto
         } else {
             self.ended
                 .is_some_and(|e| e.epoch == mark.epoch && e.uploaded >= mark.upto)
@@ -1980,6 +1986,7 @@ pub(crate) fn upload_restored(
         }
         Err(e) => {
             let why = format!("uploading the restored database: {e}");
+            st.replaced = true;
             give_up(rt, actor, &mut st, why.clone());
             Err(RuntimeError::ReplicationFailed(why))
         }
@@ -2146,6 +2153,27 @@ mod tests {
             }
         };
         actor.repl.lock().reset();
+        assert!(failed(answer_now(&actor, mark)));
+    }
+
+    /// The same after an operator's restore whose upload failed (a give-up
+    /// of a replaced file): before the start over and after it.
+    #[test]
+    fn a_landed_mark_from_before_a_failed_restore_fails() {
+        let actor = Actor::new(ActorId::new("t", "a", "c", "n").unwrap());
+        let mark = {
+            let mut st = actor.repl.lock();
+            st.committed = 1;
+            st.uploaded = 1;
+            st.replaced = true;
+            st.given_up = Some("uploading the restored database: refused".into());
+            Mark {
+                epoch: st.epoch,
+                upto: 1,
+            }
+        };
+        assert!(failed(answer_now(&actor, mark)));
+        actor.repl.lock().reset_after_give_up();
         assert!(failed(answer_now(&actor, mark)));
     }
 

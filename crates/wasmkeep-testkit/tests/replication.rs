@@ -350,6 +350,9 @@ fn landed_then_given_up(unsafe_variant: bool) -> (Result<i64, RuntimeError>, i64
             assert!(std::time::Instant::now() < deadline, "never given up");
             std::thread::sleep(Duration::from_millis(10));
         }
+        // The give-up came while the first write's sync was held (the hold
+        // ends by itself after 10 s).
+        assert!(!first.is_finished(), "answered before the give-up");
         switches.hold_durability.store(false, SeqCst);
         let second = second.join().unwrap().unwrap_err();
         assert_eq!(second.code(), "replication_failed", "{second}");
