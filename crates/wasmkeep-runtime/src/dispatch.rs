@@ -296,7 +296,8 @@ impl Dispatcher {
     /// reads the batch's rows again from the database, in the actor's
     /// turn); not at all if the actor was given up before an upload
     /// carried the batch (the bucket's state, which it serves from now on,
-    /// lacks them), deleted or restored.
+    /// lacks them), or deleted or restored before the batch's sync ended
+    /// (see `when_uploaded` in `actor/request.rs`).
     pub(crate) fn when_uploaded(
         &self,
         ready: tokio::sync::oneshot::Receiver<Result<crate::actor::Outcome, RuntimeError>>,

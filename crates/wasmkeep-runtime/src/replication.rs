@@ -371,9 +371,10 @@ pub struct ActorReplica {
     /// done if its upload landed (`hold_until_uploaded`).
     ended: Option<Ended>,
     /// An operator's restore replaced the file and its upload failed: the
-    /// data this opening's batches belong to may be gone from the bucket's
-    /// head, so no landed batch of it is answered as done (as after a
-    /// successful restore, [`ActorReplica::reset`]).
+    /// data the batches before it belong to may be gone from the bucket's
+    /// head, so no landed batch of this opening or of the one before is
+    /// answered as done (as after a successful restore,
+    /// [`ActorReplica::reset`]).
     replaced: bool,
     waiters: Vec<Waiter>,
     /// Alarm index writes waiting for an upload (a cluster node only).
@@ -452,8 +453,12 @@ impl ActorReplica {
     /// in the actor's history: the next opening restores from it). Only the
     /// last opening's count is kept, and only across a give-up.
     fn landed(&self, mark: Mark) -> bool {
-        if mark.epoch == self.epoch {
-            !self.replaced && self.uploaded >= mark.upto
+        if self.replaced {
+            // A restore's upload failed: the file was replaced, whatever
+            // opening the batch belonged to.
+            false
+        } else if mark.epoch == self.epoch {
+            self.uploaded >= mark.upto
         } else {
             self.ended
                 .is_some_and(|e| e.epoch == mark.epoch && e.uploaded >= mark.upto)
@@ -2128,6 +2133,10 @@ mod tests {
         assert!(failed(answer_now(&actor, second)));
         // The next turn started over: what the ended epoch uploaded counts.
         actor.repl.lock().reset_after_give_up();
+        // Its own uploads do not count for the epoch before: were the
+        // epoch not checked, `second` would pass here, and `first` after
+        // the next start over.
+        actor.repl.lock().uploaded = 2;
         assert!(matches!(answer_now(&actor, first), Some(Ok(Outcome::Done))));
         assert!(failed(answer_now(&actor, second)));
         // Two starts over on, the first epoch is not known any more: it
@@ -2174,6 +2183,24 @@ mod tests {
         };
         assert!(failed(answer_now(&actor, mark)));
         actor.repl.lock().reset_after_give_up();
+        assert!(failed(answer_now(&actor, mark)));
+
+        // A mark of the opening before the restore's: given up (a later
+        // upload failed), started over, then the restore's upload failed.
+        let actor = Actor::new(ActorId::new("t", "a", "c", "n").unwrap());
+        let mark = {
+            let mut st = actor.repl.lock();
+            st.committed = 1;
+            st.uploaded = 1;
+            st.given_up = Some("a later upload failed".into());
+            Mark {
+                epoch: st.epoch,
+                upto: 1,
+            }
+        };
+        actor.repl.lock().reset_after_give_up();
+        assert!(matches!(answer_now(&actor, mark), Some(Ok(Outcome::Done))));
+        actor.repl.lock().replaced = true;
         assert!(failed(answer_now(&actor, mark)));
     }
 

@@ -737,9 +737,8 @@ impl ActorDb {
     /// neither parsing them nor looking them up in the statement cache
     /// each time is free.
     fn control(&self, which: Control) -> Result<(), StoreError> {
-        self.controls
-            .run(&self.conn, which)
-            .map_err(|e| self.err(e))
+        // SAFETY: `controls` are only ever run on `conn`.
+        unsafe { self.controls.run(&self.conn, which) }.map_err(|e| self.err(e))
     }
 
     /// Abandons the batch's transaction, if one is open.
@@ -1268,9 +1267,8 @@ impl ActorDb {
     /// transaction around it, reading, clearing and re-setting the alarm),
     /// so that the due instant does not parse them.
     pub fn warm_alarm_turn(&self) -> Result<(), StoreError> {
-        self.controls
-            .prepare_all(&self.conn)
-            .map_err(|e| self.err(e))?;
+        // SAFETY: as in `control`.
+        unsafe { self.controls.prepare_all(&self.conn) }.map_err(|e| self.err(e))?;
         for sql in [SQL_ALARM_GET, SQL_ALARM_CLEAR, SQL_ALARM_SET] {
             self.conn
                 .prepare_cached(sql)

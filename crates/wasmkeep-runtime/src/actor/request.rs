@@ -8,7 +8,9 @@ pub const VERSION_HEADER: &str = "x-wasmkeep-version";
 
 /// Runs `then` once the bucket holds everything up to `mark` (on the
 /// outbox's runtime); never if the actor was given up before an upload
-/// carried it, deleted or restored meanwhile.
+/// carried it, or deleted or restored before the batch's sync ended (one
+/// that ends while the delete or the restore still works on the bucket
+/// goes by the upload count).
 pub(super) fn when_uploaded(
     rt: &Arc<Inner>,
     actor: &Arc<Actor>,

@@ -52,7 +52,7 @@ impl Control {
 /// A connection's prepared [`Control`] statements (null until first used).
 #[derive(Default)]
 pub(super) struct Controls {
-    stmts: [Cell<Option<std::ptr::NonNull<ffi::sqlite3_stmt>>>; 4],
+    stmts: [Cell<Option<std::ptr::NonNull<ffi::sqlite3_stmt>>>; Control::ALL.len()],
 }
 
 // SAFETY: the statements belong to the connection in the same `ActorDb`,
@@ -63,22 +63,18 @@ pub(super) struct Controls {
 unsafe impl Send for Controls {}
 
 impl Controls {
-    /// Runs `which` on `conn` (the connection every statement here was
-    /// prepared on), preparing it first if this is its first use.
-    pub(super) fn run(&self, conn: &Connection, which: Control) -> rusqlite::Result<()> {
+    /// Runs `which` on `conn`, preparing it first if this is its first use.
+    ///
+    /// # Safety
+    /// `conn` is the connection every statement held here was prepared on
+    /// (the one `ActorDb` holds beside these).
+    pub(super) unsafe fn run(&self, conn: &Connection, which: Control) -> rusqlite::Result<()> {
         // SAFETY: `handle` is the live connection; a held statement was
-        // prepared on it and is finalized only by `finalize`, before the
-        // connection closes.
+        // prepared on it (the caller's contract) and is finalized only by
+        // `finalize`, before the connection closes.
         unsafe {
             let db = conn.handle();
-            let stmt = match self.stmts[which as usize].get() {
-                Some(s) => s,
-                None => {
-                    let s = prepare(db, which)?;
-                    self.stmts[which as usize].set(Some(s));
-                    s
-                }
-            };
+            let stmt = self.stmt(db, which)?;
             let rc = ffi::sqlite3_step(stmt.as_ptr());
             // The error (if any) is read before the reset, which would
             // report it again but may change the connection's message.
@@ -93,15 +89,35 @@ impl Controls {
 
     /// Prepares every statement not yet prepared (the runtime warms an
     /// alarm's turn ahead of its due time).
-    pub(super) fn prepare_all(&self, conn: &Connection) -> rusqlite::Result<()> {
+    ///
+    /// # Safety
+    /// As [`Controls::run`].
+    pub(super) unsafe fn prepare_all(&self, conn: &Connection) -> rusqlite::Result<()> {
         for which in Control::ALL {
-            if self.stmts[which as usize].get().is_none() {
-                // SAFETY: as in `run`.
-                let s = unsafe { prepare(conn.handle(), which)? };
-                self.stmts[which as usize].set(Some(s));
-            }
+            // SAFETY: as in `run`.
+            unsafe { self.stmt(conn.handle(), which)? };
         }
         Ok(())
+    }
+
+    /// The held statement `which`, prepared on `db` if it was not yet.
+    ///
+    /// # Safety
+    /// `db` is the live connection every statement held here was prepared
+    /// on.
+    unsafe fn stmt(
+        &self,
+        db: *mut ffi::sqlite3,
+        which: Control,
+    ) -> rusqlite::Result<std::ptr::NonNull<ffi::sqlite3_stmt>> {
+        let slot = &self.stmts[which as usize];
+        if let Some(s) = slot.get() {
+            return Ok(s);
+        }
+        // SAFETY: the caller's contract.
+        let s = unsafe { prepare(db, which)? };
+        slot.set(Some(s));
+        Ok(s)
     }
 
     /// Finalizes every held statement; the connection may close after.
