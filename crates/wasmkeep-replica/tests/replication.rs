@@ -1407,16 +1407,12 @@ async fn a_voided_new_actor_is_set_aside(b: &Backend, name: &str) {
     schema(&mut src);
     work(&mut src, 3);
     let failed = src.close_and_read();
-    let (_, opened) = Replica::open(&b.bucket, &id, &src.path(), 1, cfg(100, 2), 10)
-        .await
-        .unwrap();
+    let opened = opening(b, &id, &src.path(), 1, 10).await;
     assert_eq!(opened, Opened::BucketEmpty { local: true }, "no mark: kept");
     // Data from before the node had a bucket, given up at its first
     // upload: not a new actor's, kept (a review found it set aside whole).
     wasmkeep_replica::void_sidecar(&src.path(), Void::Commits).unwrap();
-    let (_, opened) = Replica::open(&b.bucket, &id, &src.path(), 1, cfg(100, 2), 15)
-        .await
-        .unwrap();
+    let opened = opening(b, &id, &src.path(), 1, 15).await;
     assert_eq!(
         opened,
         Opened::BucketEmpty { local: true },
@@ -1428,17 +1424,13 @@ async fn a_voided_new_actor_is_set_aside(b: &Backend, name: &str) {
         "the opening that kept the file lifted the mark"
     );
     wasmkeep_replica::void_sidecar(&src.path(), Void::NewActor).unwrap();
-    let (_, opened) = Replica::open(&b.bucket, &id, &src.path(), 2, cfg(100, 2), 20)
-        .await
-        .unwrap();
+    let opened = opening(b, &id, &src.path(), 2, 20).await;
     let Opened::SetAside { replaced } = opened else {
         panic!("a voided new actor's file was kept: {opened:?}")
     };
     assert!(!src.path().exists(), "nothing left at the actor's path");
     assert_eq!(dump(&replaced), dump_bytes(&failed));
-    let (_, opened) = Replica::open(&b.bucket, &id, &src.path(), 3, cfg(100, 2), 30)
-        .await
-        .unwrap();
+    let opened = opening(b, &id, &src.path(), 3, 30).await;
     assert_eq!(
         opened,
         Opened::BucketEmpty { local: false },
@@ -1459,14 +1451,21 @@ async fn a_voided_new_actor_is_set_aside(b: &Backend, name: &str) {
     drop(rep);
     src.close_and_read();
     wasmkeep_replica::void_sidecar(&src.path(), Void::NewActor).unwrap();
-    let (_, opened) = Replica::open(&b.bucket, &id, &src.path(), 5, cfg(100, 2), 60)
-        .await
-        .unwrap();
+    let opened = opening(b, &id, &src.path(), 5, 60).await;
     assert_eq!(
         opened,
         Opened::BucketEmpty { local: true },
         "another bucket's file"
     );
+}
+
+/// What opening actor `id` from `path` finds in `b`'s bucket (`generation`
+/// and `now_ms` as `Replica::open` takes them).
+async fn opening(b: &Backend, id: &ActorId, path: &Path, generation: u64, now_ms: u64) -> Opened {
+    let (_, opened) = Replica::open(&b.bucket, id, path, generation, cfg(100, 2), now_ms)
+        .await
+        .unwrap();
+    opened
 }
 
 /// Voiding an actor whose folder is gone (deleted while it was given up)

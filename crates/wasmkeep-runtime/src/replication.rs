@@ -2151,16 +2151,7 @@ mod tests {
     /// data.
     #[test]
     fn a_landed_mark_from_before_a_delete_fails() {
-        let actor = Actor::new(ActorId::new("t", "a", "c", "n").unwrap());
-        let mark = {
-            let mut st = actor.repl.lock();
-            st.committed = 1;
-            st.uploaded = 1;
-            Mark {
-                epoch: st.epoch,
-                upto: 1,
-            }
-        };
+        let (actor, mark) = one_landed_batch(|_| {});
         actor.repl.lock().reset();
         assert!(failed(answer_now(&actor, mark)));
     }
@@ -2169,39 +2160,40 @@ mod tests {
     /// of a replaced file): before the start over and after it.
     #[test]
     fn a_landed_mark_from_before_a_failed_restore_fails() {
-        let actor = Actor::new(ActorId::new("t", "a", "c", "n").unwrap());
-        let mark = {
-            let mut st = actor.repl.lock();
-            st.committed = 1;
-            st.uploaded = 1;
+        let (actor, mark) = one_landed_batch(|st| {
             st.replaced = true;
             st.given_up = Some("uploading the restored database: refused".into());
-            Mark {
-                epoch: st.epoch,
-                upto: 1,
-            }
-        };
+        });
         assert!(failed(answer_now(&actor, mark)));
         actor.repl.lock().reset_after_give_up();
         assert!(failed(answer_now(&actor, mark)));
 
         // A mark of the opening before the restore's: given up (a later
         // upload failed), started over, then the restore's upload failed.
+        let (actor, mark) = one_landed_batch(|st| {
+            st.given_up = Some("a later upload failed".into());
+        });
+        actor.repl.lock().reset_after_give_up();
+        assert!(matches!(answer_now(&actor, mark), Some(Ok(Outcome::Done))));
+        actor.repl.lock().replaced = true;
+        assert!(failed(answer_now(&actor, mark)));
+    }
+
+    /// An actor with one batch, which the bucket holds, then `f` applied to
+    /// its state; and that batch's mark.
+    fn one_landed_batch(f: impl FnOnce(&mut ActorReplica)) -> (Actor, Mark) {
         let actor = Actor::new(ActorId::new("t", "a", "c", "n").unwrap());
         let mark = {
             let mut st = actor.repl.lock();
             st.committed = 1;
             st.uploaded = 1;
-            st.given_up = Some("a later upload failed".into());
+            f(&mut st);
             Mark {
                 epoch: st.epoch,
                 upto: 1,
             }
         };
-        actor.repl.lock().reset_after_give_up();
-        assert!(matches!(answer_now(&actor, mark), Some(Ok(Outcome::Done))));
-        actor.repl.lock().replaced = true;
-        assert!(failed(answer_now(&actor, mark)));
+        (actor, mark)
     }
 
     /// Bad bucket input fails the actor as `storage_corrupt`, not as a
